@@ -1,0 +1,304 @@
+//! Devices: enumeration and attributes without a context, and the lazily retained
+//! primary context.
+//!
+//! Everything on [`Device`] uses `cuDevice*` calls only, which need `cuInit` but no
+//! context, so listing devices and reading their attributes costs no GPU memory. The
+//! device's primary context is retained the first time a [`ThreadContext`] binds it, by
+//! exactly one thread even when many bind at once, and released when the last
+//! `Arc<Device>` (held by the caller, slices, streams, modules…) drops.
+//!
+//! ```no_run
+//! # fn main() -> gpubind::Result<()> {
+//! use gpubind::Device;
+//! for dev in Device::all()? {
+//!     let (major, minor) = dev.compute_capability()?;
+//!     println!("{}: {} (sm_{major}{minor}, {} MiB)", dev.ordinal(), dev.name(),
+//!              dev.total_memory()? >> 20);
+//!     assert!(!dev.has_retained_context()); // no context was created
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! [`ThreadContext`]: crate::ThreadContext
+
+use crate::driver::{self, Check, CudaPrimary, PrimaryCtxOps, RawContext};
+use crate::error::{Error, Result};
+use crate::sync;
+use cudarc::driver::sys;
+use std::fmt;
+use std::sync::{Arc, Weak};
+
+pub use cudarc::driver::sys::CUdevice_attribute as DeviceAttribute;
+
+/// One CUDA device, shared by `Arc`.
+///
+/// `Device::get(n)` returns the same `Arc` while one is alive, so every holder shares one
+/// lazily retained primary context.
+pub struct Device {
+    ordinal: usize,
+    raw: sys::CUdevice,
+    name: String,
+    uuid: Uuid,
+    primary: LazyPrimary<CudaPrimary>,
+}
+
+/// A device's 16-byte UUID, printed as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` like
+/// `nvidia-smi -L`. It is stable across processes, unlike ordinals, which depend on
+/// `CUDA_VISIBLE_DEVICES`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Uuid(pub [u8; 16]);
+
+impl fmt::Display for Uuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = &self.0;
+        write!(f, "GPU-")?;
+        for (i, byte) in b.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                write!(f, "-")?;
+            }
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Uuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+fn registry() -> &'static std::sync::Mutex<Vec<Weak<Device>>> {
+    static REGISTRY: std::sync::OnceLock<std::sync::Mutex<Vec<Weak<Device>>>> =
+        std::sync::OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+impl Device {
+    /// How many CUDA devices are visible. Creates no context.
+    pub fn count() -> Result<usize> {
+        driver::init()?;
+        let mut n = 0;
+        // SAFETY: cuInit succeeded; writes one int.
+        unsafe { sys::cuDeviceGetCount(&mut n) }.check("cuDeviceGetCount")?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// The device with this ordinal, or [`Error::BadOrdinal`]. Creates no context.
+    pub fn get(ordinal: usize) -> Result<Arc<Device>> {
+        let count = Device::count()?;
+        if ordinal >= count {
+            return Err(Error::BadOrdinal { ordinal, count });
+        }
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        if reg.len() < count {
+            reg.resize_with(count, Weak::new);
+        }
+        if let Some(dev) = reg[ordinal].upgrade() {
+            return Ok(dev);
+        }
+        let dev = Arc::new(Device::open(ordinal)?);
+        reg[ordinal] = Arc::downgrade(&dev);
+        Ok(dev)
+    }
+
+    /// Every visible device, in ordinal order. Creates no context.
+    pub fn all() -> Result<Vec<Arc<Device>>> {
+        (0..Device::count()?).map(Device::get).collect()
+    }
+
+    fn open(ordinal: usize) -> Result<Device> {
+        let mut raw: sys::CUdevice = 0;
+        // SAFETY: ordinal < count (checked by the caller); writes one int.
+        unsafe { sys::cuDeviceGet(&mut raw, ordinal as i32) }.check("cuDeviceGet")?;
+        let mut name = [0 as std::ffi::c_char; 256];
+        // SAFETY: the buffer holds 256 bytes and we pass that length.
+        unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, raw) }
+            .check("cuDeviceGetName")?;
+        // SAFETY: the driver wrote a NUL-terminated string into `name`.
+        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let mut uuid = sys::CUuuid { bytes: [0; 16] };
+        // SAFETY: writes 16 bytes into `uuid`.
+        unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, raw) }.check("cuDeviceGetUuid_v2")?;
+        Ok(Device {
+            ordinal,
+            raw,
+            name,
+            uuid: Uuid(uuid.bytes.map(|b| b as u8)),
+            primary: LazyPrimary::new(CudaPrimary, raw),
+        })
+    }
+
+    /// The first visible device whose UUID is `uuid`, if any.
+    pub fn by_uuid(uuid: Uuid) -> Result<Option<Arc<Device>>> {
+        Ok(Device::all()?.into_iter().find(|d| d.uuid == uuid))
+    }
+
+    /// The ordinal in this process (depends on `CUDA_VISIBLE_DEVICES`).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The marketing name, e.g. `NVIDIA H200`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The device UUID.
+    pub fn uuid(&self) -> Uuid {
+        self.uuid
+    }
+
+    /// `(major, minor)`, e.g. `(9, 0)` for Hopper.
+    pub fn compute_capability(&self) -> Result<(u32, u32)> {
+        Ok((
+            self.attribute(DeviceAttribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as u32,
+            self.attribute(DeviceAttribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32,
+        ))
+    }
+
+    /// Total device memory in bytes (`cuDeviceTotalMem`).
+    pub fn total_memory(&self) -> Result<usize> {
+        let mut bytes = 0usize;
+        // SAFETY: valid device handle; writes one size_t.
+        unsafe { sys::cuDeviceTotalMem_v2(&mut bytes, self.raw) }.check("cuDeviceTotalMem_v2")?;
+        Ok(bytes)
+    }
+
+    /// Any `CU_DEVICE_ATTRIBUTE_*` (`cuDeviceGetAttribute`).
+    pub fn attribute(&self, attr: DeviceAttribute) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: valid device handle; writes one int.
+        unsafe { sys::cuDeviceGetAttribute(&mut v, attr, self.raw) }
+            .check("cuDeviceGetAttribute")?;
+        Ok(v)
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn multiprocessor_count(&self) -> Result<u32> {
+        Ok(self.attribute(DeviceAttribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32)
+    }
+
+    /// Whether kernels on `self` can access memory of `peer` directly.
+    pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
+        if peer.ordinal == self.ordinal {
+            return Ok(true);
+        }
+        let mut v = 0;
+        // SAFETY: both handles come from cuDeviceGet; writes one int.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut v, self.raw, peer.raw) }
+            .check("cuDeviceCanAccessPeer")?;
+        Ok(v != 0)
+    }
+
+    /// Whether *this process's* `Arc<Device>` holds a retain on the primary context,
+    /// i.e. whether some thread has bound it. No driver call.
+    pub fn has_retained_context(&self) -> bool {
+        self.primary.is_retained()
+    }
+
+    /// Whether the driver reports the primary context active in this process
+    /// (`cuDevicePrimaryCtxGetState`), whoever retained it. Creates no context.
+    pub fn is_primary_context_active(&self) -> Result<bool> {
+        let (mut flags, mut active) = (0u32, 0i32);
+        // SAFETY: valid device handle; writes two ints.
+        unsafe { sys::cuDevicePrimaryCtxGetState(self.raw, &mut flags, &mut active) }
+            .check("cuDevicePrimaryCtxGetState")?;
+        Ok(active != 0)
+    }
+
+    /// The raw `CUdevice` handle, for calling cudarc or the driver directly.
+    pub fn raw_device(&self) -> sys::CUdevice {
+        self.raw
+    }
+
+    /// The primary context, retained on first call; plus the retain's unique id, which
+    /// lets a `ThreadContext` know whether this exact context is already current.
+    pub(crate) fn primary_context(&self) -> Result<(RawContext, u64)> {
+        self.primary.get()
+    }
+
+    /// Fails with [`Error::WrongDevice`] unless `other` is this device.
+    pub(crate) fn expect_same(&self, what: &'static str, other: &Device) -> Result<()> {
+        if self.ordinal == other.ordinal {
+            Ok(())
+        } else {
+            Err(Error::WrongDevice {
+                what,
+                bound: self.ordinal,
+                found: other.ordinal,
+            })
+        }
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .field("uuid", &self.uuid)
+            .field("context_retained", &self.has_retained_context())
+            .finish()
+    }
+}
+
+/// A primary context retained at most once, on first use, and released on drop.
+///
+/// Generic over the driver calls ([`PrimaryCtxOps`]) so the loom tests can model them;
+/// gpubind itself only uses `LazyPrimary<CudaPrimary>` inside [`Device`]. Public only for
+/// those tests and for people writing their own mocks.
+pub struct LazyPrimary<O: PrimaryCtxOps> {
+    ops: O,
+    device: i32,
+    state: sync::Mutex<Option<(O::Ctx, u64)>>,
+}
+
+/// Each successful retain gets a new id, so a context released and retained again is
+/// never mistaken for "still current" by a `ThreadContext`'s cache.
+static NEXT_RETAIN_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl<O: PrimaryCtxOps> LazyPrimary<O> {
+    /// Nothing retained yet.
+    pub fn new(ops: O, device: i32) -> Self {
+        LazyPrimary {
+            ops,
+            device,
+            state: sync::Mutex::new(None),
+        }
+    }
+
+    /// The context and its retain id, retaining it first if no caller has yet. Concurrent
+    /// first callers serialise on the lock: exactly one retains, the rest see its result.
+    /// A failed retain is not cached; the next call tries again.
+    pub fn get(&self) -> Result<(O::Ctx, u64)> {
+        let mut state = sync::lock(&self.state);
+        if let Some(v) = *state {
+            return Ok(v);
+        }
+        let ctx = self.ops.retain(self.device)?;
+        let id = NEXT_RETAIN_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *state = Some((ctx, id));
+        Ok((ctx, id))
+    }
+
+    /// Whether a retain is held.
+    pub fn is_retained(&self) -> bool {
+        sync::lock(&self.state).is_some()
+    }
+
+    /// The driver ops (for tests that inspect a mock).
+    pub fn ops(&self) -> &O {
+        &self.ops
+    }
+}
+
+impl<O: PrimaryCtxOps> Drop for LazyPrimary<O> {
+    fn drop(&mut self) {
+        if sync::lock(&self.state).take().is_some() {
+            self.ops.release(self.device);
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The thin layer over cudarc's `driver::sys` that the safe types are built on.
+//!
+//! Like cudarc's own `sys` / `result` / `safe` split, everything that talks to the driver
+//! directly lives here or in a small `unsafe` block next to the call, with a
+//! `// SAFETY:` comment; the public types above never see a raw `CUresult`.
+//!
+//! * [`init`] loads `libcuda` (dynamically: a machine without CUDA gets
+//!   [`Error::NoDriver`], not a panic) and calls `cuInit(0)` once per process.
+//! * [`Check`] turns a `CUresult` into [`Result`], naming the call.
+//! * [`ContextGuard`] pushes a context for the length of a scope and pops it after, so
+//!   code that must run in a given context (freeing a slice from `Drop`) leaves the
+//!   thread's current context exactly as it found it.
+//! * [`PrimaryCtxOps`] is the seam the loom tests use to model retain/release.
+
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::sync::OnceLock;
+
+/// Turns a raw `CUresult` into a [`Result`], keeping the name of the call.
+pub(crate) trait Check {
+    /// `Ok(())` on `CUDA_SUCCESS`, else [`Error::Driver`] naming `call`.
+    fn check(self, call: &'static str) -> Result<()>;
+}
+
+impl Check for sys::CUresult {
+    #[inline]
+    fn check(self, call: &'static str) -> Result<()> {
+        match self {
+            sys::CUresult::CUDA_SUCCESS => Ok(()),
+            code => Err(Error::driver(call, code)),
+        }
+    }
+}
+
+/// Whether `libcuda` can be loaded on this machine. Never panics, creates nothing.
+pub fn driver_available() -> bool {
+    // SAFETY: only tries `dlopen` on the candidate names; loads no symbol.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Loads the driver and runs `cuInit(0)` once per process; later calls return the first
+/// outcome. `cuInit` creates no context.
+pub fn init() -> Result<()> {
+    static INIT: OnceLock<Result<()>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        if !driver_available() {
+            return Err(Error::NoDriver);
+        }
+        // SAFETY: the library is present (checked above); cuInit has no preconditions.
+        unsafe { sys::cuInit(0) }.check("cuInit")
+    })
+    .clone()
+}
+
+/// Pushes `ctx` on this thread's context stack for the guard's lifetime.
+///
+/// Used where a call must run in a context that may not be the bound one (frees in
+/// `Drop`, module unloads, event queries). Skips the push/pop pair when `ctx` is already
+/// current, which is the common case of dropping a slice of the bound device.
+pub(crate) struct ContextGuard {
+    pushed: bool,
+    /// A push must be popped on the same thread: keep the guard `!Send`.
+    _same_thread: std::marker::PhantomData<*const ()>,
+}
+
+impl ContextGuard {
+    /// Makes `ctx` current until the guard drops.
+    pub(crate) fn push(ctx: sys::CUcontext) -> Result<Self> {
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one handle into `current`; needs no current context.
+        unsafe { sys::cuCtxGetCurrent(&mut current) }.check("cuCtxGetCurrent")?;
+        if current == ctx {
+            return Ok(ContextGuard {
+                pushed: false,
+                _same_thread: std::marker::PhantomData,
+            });
+        }
+        // SAFETY: `ctx` is a retained primary context (callers hold the `Arc<Device>`
+        // that keeps it retained for at least the guard's life).
+        unsafe { sys::cuCtxPushCurrent_v2(ctx) }.check("cuCtxPushCurrent_v2")?;
+        Ok(ContextGuard {
+            pushed: true,
+            _same_thread: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: pops exactly the context `push` pushed; the guard is `!Send`, so this
+            // runs on the thread that pushed, and guards nest like the scopes holding them.
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        }
+    }
+}
+
+/// The two driver calls behind lazy primary-context handling.
+///
+/// Production code uses [`CudaPrimary`]; the loom tests substitute a model that counts
+/// calls, to check that concurrent first binds retain exactly once and that the last
+/// `Arc<Device>` releases exactly once.
+pub trait PrimaryCtxOps: Send + Sync {
+    /// The context handle type.
+    type Ctx: Copy + Send + Sync;
+    /// `cuDevicePrimaryCtxRetain`.
+    fn retain(&self, device: i32) -> Result<Self::Ctx>;
+    /// `cuDevicePrimaryCtxRelease`.
+    fn release(&self, device: i32);
+}
+
+/// A `CUcontext` that may cross threads.
+///
+/// The handle is only an identifier; what may be done with it on which thread is what
+/// the safe types govern.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawContext(pub sys::CUcontext);
+// SAFETY: a CUcontext handle is a plain identifier the driver accepts from any thread.
+unsafe impl Send for RawContext {}
+// SAFETY: as above; it is never dereferenced on the Rust side.
+unsafe impl Sync for RawContext {}
+
+/// The real driver.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CudaPrimary;
+
+impl PrimaryCtxOps for CudaPrimary {
+    type Ctx = RawContext;
+    fn retain(&self, device: i32) -> Result<RawContext> {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `device` came from cuDeviceGet after cuInit; writes one handle.
+        unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, device) }
+            .check("cuDevicePrimaryCtxRetain")?;
+        Ok(RawContext(ctx))
+    }
+    fn release(&self, device: i32) {
+        // SAFETY: called once for each successful retain (enforced by LazyPrimary).
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(device) };
+    }
+}

@@ -1,0 +1,141 @@
+//! The one error type of gpubind.
+//!
+//! Every fallible call returns [`Result<T>`](crate::Result). Driver failures keep the
+//! `CUresult` and the name of the call that failed, so a message reads like
+//! `cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)`.
+
+use cudarc::driver::sys::CUresult;
+
+/// Everything that can go wrong in gpubind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `libcuda.so` could not be loaded: no NVIDIA driver on this machine.
+    #[error(
+        "no CUDA driver found: libcuda could not be loaded (is an NVIDIA driver installed and on LD_LIBRARY_PATH?)"
+    )]
+    NoDriver,
+
+    /// A CUDA driver call returned an error.
+    #[error("{call} failed: {name} ({description})")]
+    Driver {
+        /// The driver entry point, e.g. `cuMemAlloc_v2`.
+        call: &'static str,
+        /// The raw result code.
+        code: CUresult,
+        /// `cuGetErrorName`, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
+        name: String,
+        /// `cuGetErrorString`, e.g. `out of memory`.
+        description: String,
+    },
+
+    /// `ThreadContext::acquire` was called on a thread that already holds one.
+    #[error(
+        "this thread already holds a ThreadContext; drop it (or pass it down by &mut) before acquiring another"
+    )]
+    ThreadContextTaken,
+
+    /// A device ordinal that names no visible device.
+    #[error("device ordinal {ordinal} is out of range: {count} CUDA device(s) are visible")]
+    BadOrdinal {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// How many devices the driver reports.
+        count: usize,
+    },
+
+    /// A resource of one device was used with another device bound.
+    #[error("wrong device: {what} lives on device {found}, but device {bound} is bound")]
+    WrongDevice {
+        /// What was passed (e.g. "source slice").
+        what: &'static str,
+        /// The ordinal of the bound device.
+        bound: usize,
+        /// The ordinal the resource belongs to.
+        found: usize,
+    },
+
+    /// Two lengths that must agree do not.
+    #[error("size mismatch in {what}: expected {expected} elements, got {found}")]
+    SizeMismatch {
+        /// The operation.
+        what: &'static str,
+        /// The length required.
+        expected: usize,
+        /// The length given.
+        found: usize,
+    },
+
+    /// A range outside a buffer.
+    #[error("range {start}..{end} is out of bounds for a buffer of {len} elements")]
+    OutOfBounds {
+        /// Range start.
+        start: usize,
+        /// Range end (exclusive).
+        end: usize,
+        /// Buffer length.
+        len: usize,
+    },
+
+    /// The NVRTC library (`libnvrtc.so`) could not be loaded.
+    #[error(
+        "NVRTC not found: libnvrtc could not be loaded (add the CUDA toolkit's lib64, e.g. /usr/local/cuda/lib64, to LD_LIBRARY_PATH)"
+    )]
+    NoNvrtc,
+
+    /// NVRTC rejected a kernel source.
+    #[error("NVRTC failed to compile `{program}`: {status}\n{log}")]
+    Compile {
+        /// Program name given to NVRTC.
+        program: String,
+        /// The NVRTC status name.
+        status: String,
+        /// The compiler log.
+        log: String,
+    },
+
+    /// Kernel arguments that do not fit the kernel's parameter list.
+    #[error("kernel `{kernel}` launch arguments: {reason}")]
+    LaunchArgs {
+        /// Kernel name.
+        kernel: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A value that the driver would reject or that makes no sense (zero grid, bad name, …).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+impl Error {
+    /// Builds [`Error::Driver`] from a raw result code.
+    pub fn driver(call: &'static str, code: CUresult) -> Self {
+        let err = cudarc::driver::DriverError(code);
+        let name = err
+            .error_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| format!("{code:?}"));
+        let description = err
+            .error_string()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "no description".to_owned());
+        Error::Driver {
+            call,
+            code,
+            name,
+            description,
+        }
+    }
+
+    /// The driver result code, where this is a driver error.
+    pub fn driver_code(&self) -> Option<CUresult> {
+        match self {
+            Error::Driver { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

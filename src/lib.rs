@@ -1,0 +1,74 @@
+//! # gpubind: CUDA context binding as a compile-time guarantee
+//!
+//! CUDA binds a context to the calling **thread**. Code that drives several GPUs from one
+//! thread must re-bind before every call (a cost on every operation) or risk running work
+//! in the wrong context. gpubind makes the binding a value the borrow checker tracks:
+//!
+//! * [`ThreadContext`] — one token per thread (`!Send`, `!Sync`).
+//! * [`ThreadContext::bind`] borrows the token mutably and returns a [`BoundDevice`]: at
+//!   most one device is bound per thread at a time, and every operation that needs a
+//!   current context is a method of `BoundDevice` (or of a [`BoundStream`] borrowed from
+//!   it). Binding the same device again costs no driver call.
+//! * [`Device`] — `Arc`-shared, `Send + Sync`; enumeration and attributes create no
+//!   context. The primary context is retained lazily on first bind.
+//! * Resources — [`DeviceSlice`], [`Stream`], [`Event`], [`Module`] — hold an
+//!   `Arc<Device>`, need no binding to move, share or drop, and free themselves in their
+//!   own context without disturbing the thread's current binding.
+//!
+//! ```no_run
+//! use gpubind::{Device, LaunchConfig, ThreadContext};
+//!
+//! fn main() -> gpubind::Result<()> {
+//!     let mut ctx = ThreadContext::acquire()?;
+//!     let dev = Device::get(0)?;
+//!     let gpu = ctx.bind(&dev)?;
+//!     let module = gpu.compile_and_load(
+//!         r#"extern "C" __global__ void twice(float* x, unsigned n) {
+//!                unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+//!                if (i < n) x[i] *= 2.0f;
+//!            }"#,
+//!         "twice.cu",
+//!     )?;
+//!     let twice = module.function("twice")?;
+//!     let mut x = gpu.clone_htod(&[1.0f32, 2.0, 3.0])?;
+//!     let n = 3u32;
+//!     // SAFETY: (float*, unsigned) matches the kernel, which stays in bounds.
+//!     unsafe {
+//!         gpu.default_stream()
+//!             .launch(&twice, LaunchConfig::for_num_elems(n))
+//!             .arg(&mut x).arg(&n)
+//!             .launch()?;
+//!     }
+//!     assert_eq!(gpu.dtoh(&x)?, [2.0, 4.0, 6.0]);
+//!     Ok(())
+//! }
+//! ```
+//!
+//! See `docs/design.md` in the repository for the type diagram and the invariants.
+
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod context;
+pub mod device;
+pub mod driver;
+pub mod error;
+pub mod memory;
+pub mod module;
+pub mod stream;
+mod sync;
+
+pub use context::{BoundDevice, ThreadContext};
+pub use device::{Device, DeviceAttribute, Uuid};
+pub use driver::{driver_available, init};
+pub use error::{Error, Result};
+pub use memory::{
+    DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut,
+};
+pub use module::{
+    Function, KernelArg, LaunchBuilder, LaunchConfig, Module, Output, compile, nvrtc_available,
+};
+pub use stream::{BoundStream, Event, Stream};
+
+/// Raw cudarc bindings, re-exported for the escape hatches (`raw_*` methods).
+pub use cudarc;

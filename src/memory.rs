@@ -1,0 +1,483 @@
+//! Device memory: [`DeviceSlice`] and its views, and the copies on [`BoundDevice`].
+//!
+//! A `DeviceSlice<T>` owns `len` elements of device memory and an `Arc<Device>`. It needs
+//! no binding to move, share, view or drop; it is `Send + Sync`. Dropping it frees the
+//! memory in its own device's context and leaves the thread's current context as it was,
+//! even when another device is bound at the time.
+//!
+//! Reading or writing its contents needs a [`BoundDevice`] of the *same* device. That one
+//! check happens at run time (an ordinal compare, [`Error::WrongDevice`]): a slice's
+//! device is a run-time value (`Device::get(n)`), so the type system cannot tie it to a
+//! particular binding without making every slice generic over a device brand, which
+//! would forbid storing slices of several devices in one `Vec`.
+//!
+//! ```no_run
+//! # fn main() -> gpubind::Result<()> {
+//! use gpubind::{Device, ThreadContext};
+//! let mut ctx = ThreadContext::acquire()?;
+//! let dev = Device::get(0)?;
+//! let gpu = ctx.bind(&dev)?;
+//! let mut a = gpu.clone_htod(&[1u32, 2, 3, 4])?;
+//! let b = gpu.clone_htod(&[9u32, 9])?;
+//! gpu.dtod(&b, &mut a.slice_mut(1..3)?)?;   // views address a range
+//! assert_eq!(gpu.dtoh(&a)?, [1, 9, 9, 4]);
+//! # Ok(()) }
+//! ```
+//!
+//! Device memory is only reachable through a binding; a `Device` alone has no `alloc`:
+//!
+//! ```compile_fail,E0599
+//! # let dev = gpubind::Device::get(0).unwrap();
+//! let buf = dev.alloc_zeros::<f32>(16); // error[E0599]: no method `alloc_zeros` on `Arc<Device>`
+//! ```
+//!
+//! Bind first: `ctx.bind(&dev)?.alloc_zeros::<f32>(16)`.
+
+use crate::context::BoundDevice;
+use crate::device::Device;
+use crate::driver::{Check, ContextGuard};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+/// Plain data that may be copied to and from device memory byte for byte.
+///
+/// # Safety
+///
+/// Implementors must have no padding and no invalid bit patterns (any bytes a kernel
+/// writes must be a valid value), and must not own resources. `bool` and `char` are
+/// deliberately not implemented:
+///
+/// ```compile_fail,E0277
+/// # fn f(gpu: &gpubind::BoundDevice<'_>) {
+/// let flags = gpu.alloc_zeros::<bool>(8); // error[E0277]: `bool: DeviceRepr` is not satisfied
+/// # }
+/// ```
+///
+/// Use `u8` for flags.
+pub unsafe trait DeviceRepr: Copy + Send + Sync + 'static {}
+
+macro_rules! device_repr {
+    ($($t:ty),*) => { $(
+        // SAFETY: a primitive number: no padding, every bit pattern valid.
+        unsafe impl DeviceRepr for $t {}
+    )* };
+}
+device_repr!(
+    u8,
+    i8,
+    u16,
+    i16,
+    u32,
+    i32,
+    u64,
+    i64,
+    usize,
+    isize,
+    f32,
+    f64,
+    half::f16,
+    half::bf16
+);
+// SAFETY: arrays of such types have no padding between elements and no invalid values.
+unsafe impl<T: DeviceRepr, const N: usize> DeviceRepr for [T; N] {}
+
+/// Anything that names a typed range of device memory: [`DeviceSlice`], [`DeviceView`],
+/// [`DeviceViewMut`]. Sealed.
+pub trait DeviceMemory<T>: private::Sealed {
+    /// The device the memory lives on.
+    fn device(&self) -> &Arc<Device>;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    /// Whether there are no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The raw device address (0 for an empty slice).
+    fn device_ptr(&self) -> sys::CUdeviceptr;
+    /// Size in bytes.
+    fn num_bytes(&self) -> usize {
+        self.len() * std::mem::size_of::<T>()
+    }
+}
+
+/// Device memory that may be written: [`DeviceSlice`] and [`DeviceViewMut`].
+pub trait DeviceMemoryMut<T>: DeviceMemory<T> {}
+
+mod private {
+    pub trait Sealed {}
+}
+
+/// `len` elements of `T` in one device's memory.
+pub struct DeviceSlice<T: DeviceRepr> {
+    device: Arc<Device>,
+    pub(crate) ptr: sys::CUdeviceptr,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+/// A shared view of part of a [`DeviceSlice`].
+pub struct DeviceView<'a, T: DeviceRepr> {
+    device: &'a Arc<Device>,
+    pub(crate) ptr: sys::CUdeviceptr,
+    len: usize,
+    _t: PhantomData<&'a T>,
+}
+
+/// A writable view of part of a [`DeviceSlice`].
+pub struct DeviceViewMut<'a, T: DeviceRepr> {
+    device: &'a Arc<Device>,
+    pub(crate) ptr: sys::CUdeviceptr,
+    len: usize,
+    _t: PhantomData<&'a mut T>,
+}
+
+macro_rules! impl_device_memory {
+    ($ty:ident $(<$lt:lifetime>)?, $mutable:tt) => {
+        impl<$($lt,)? T: DeviceRepr> private::Sealed for $ty<$($lt,)? T> {}
+        impl<$($lt,)? T: DeviceRepr> DeviceMemory<T> for $ty<$($lt,)? T> {
+            fn device(&self) -> &Arc<Device> {
+                &self.device
+            }
+            fn len(&self) -> usize {
+                self.len
+            }
+            fn device_ptr(&self) -> sys::CUdeviceptr {
+                self.ptr
+            }
+        }
+        impl_device_memory!(@mut $mutable $ty $(<$lt>)?);
+        impl<$($lt,)? T: DeviceRepr> std::fmt::Debug for $ty<$($lt,)? T> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("device", &self.device.ordinal())
+                    .field("ptr", &format_args!("{:#x}", self.ptr))
+                    .field("len", &self.len)
+                    .field("type", &std::any::type_name::<T>())
+                    .finish()
+            }
+        }
+    };
+    (@mut mut $ty:ident $(<$lt:lifetime>)?) => {
+        impl<$($lt,)? T: DeviceRepr> DeviceMemoryMut<T> for $ty<$($lt,)? T> {}
+    };
+    (@mut const $ty:ident $(<$lt:lifetime>)?) => {};
+}
+impl_device_memory!(DeviceSlice, mut);
+impl_device_memory!(DeviceView<'a>, const);
+impl_device_memory!(DeviceViewMut<'a>, mut);
+
+/// Resolves `range` against `len` into `(start, count)`.
+fn resolve(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    if start > end || end > len {
+        return Err(Error::OutOfBounds { start, end, len });
+    }
+    Ok((start, end - start))
+}
+
+impl<T: DeviceRepr> DeviceSlice<T> {
+    /// The device this memory lives on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A shared view of `range`, or [`Error::OutOfBounds`]. Needs no binding.
+    ///
+    /// The view borrows the slice, so it cannot outlive it:
+    ///
+    /// ```compile_fail,E0597
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+    /// let view = {
+    ///     let buf = gpu.alloc_zeros::<f32>(8)?;
+    ///     buf.slice(0..4)? // error[E0597]: `buf` does not live long enough
+    /// };
+    /// # Ok(()) }
+    /// ```
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceView<'_, T>> {
+        let (start, len) = resolve(range, self.len)?;
+        Ok(DeviceView {
+            device: &self.device,
+            ptr: self.offset(start),
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// A writable view of `range`, or [`Error::OutOfBounds`]. Needs no binding.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceViewMut<'_, T>> {
+        let (start, len) = resolve(range, self.len)?;
+        Ok(DeviceViewMut {
+            device: &self.device,
+            ptr: self.offset(start),
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    fn offset(&self, start: usize) -> sys::CUdeviceptr {
+        self.ptr + (start * std::mem::size_of::<T>()) as u64
+    }
+
+    /// The raw device address (0 when empty).
+    ///
+    /// # Safety
+    ///
+    /// The address is valid while `self` lives; writes through it must stay in bounds
+    /// and must not race with gpubind operations on the same slice.
+    pub unsafe fn raw_ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// Takes ownership of `len` elements at `ptr`, allocated with `cuMemAlloc` in
+    /// `device`'s primary context; the slice frees them on drop.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be such an allocation of at least `len * size_of::<T>()` bytes, owned by
+    /// no one else.
+    pub unsafe fn from_raw(device: Arc<Device>, ptr: sys::CUdeviceptr, len: usize) -> Self {
+        DeviceSlice {
+            device,
+            ptr,
+            len,
+            _t: PhantomData,
+        }
+    }
+
+    /// Gives up ownership without freeing: returns the raw address and length.
+    pub fn into_raw(self) -> (sys::CUdeviceptr, usize) {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so the Arc is read out exactly once.
+        let _device = unsafe { std::ptr::read(&me.device) };
+        (me.ptr, me.len)
+    }
+}
+
+impl<T: DeviceRepr> Drop for DeviceSlice<T> {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        // The device is alive (we hold an Arc) and its context retained (we were
+        // allocated under a binding, which retained it for the device's whole life).
+        let Ok((ctx, _)) = self.device.primary_context() else {
+            return;
+        };
+        // Push our own context for the free and pop it after: the thread's current
+        // context is unchanged, whichever device is bound.
+        if let Ok(_guard) = ContextGuard::push(ctx.0) {
+            // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once, here.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+impl<'a> BoundDevice<'a> {
+    /// Allocates `len` uninitialised elements.
+    ///
+    /// # Safety
+    ///
+    /// The contents are whatever the memory held. Reading them before writing is not
+    /// memory-unsafe for [`DeviceRepr`] types (every bit pattern is valid), but it is
+    /// almost never what you want; prefer [`alloc_zeros`](Self::alloc_zeros) unless a
+    /// kernel or copy overwrites every element first.
+    pub unsafe fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<DeviceSlice<T>> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            Error::InvalidArgument(format!("{len} elements overflow usize bytes"))
+        })?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        if bytes > 0 {
+            // SAFETY: this device's context is current (BoundDevice invariant); writes one
+            // address.
+            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }.check("cuMemAlloc_v2")?;
+        }
+        Ok(DeviceSlice {
+            device: Arc::clone(self.device()),
+            ptr,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// Allocates `len` elements set to zero.
+    pub fn alloc_zeros<T: DeviceRepr>(&self, len: usize) -> Result<DeviceSlice<T>> {
+        // SAFETY: every byte is zeroed before the slice is returned.
+        let mut buf = unsafe { self.alloc::<T>(len)? };
+        self.memset_zeros(&mut buf)?;
+        Ok(buf)
+    }
+
+    /// Allocates a device copy of `src`.
+    pub fn clone_htod<T: DeviceRepr>(&self, src: &[T]) -> Result<DeviceSlice<T>> {
+        // SAFETY: the copy below overwrites every element.
+        let mut buf = unsafe { self.alloc::<T>(src.len())? };
+        self.htod_copy(src, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Copies `src` from the host into `dst`; lengths must match.
+    pub fn htod_copy<T: DeviceRepr>(
+        &self,
+        src: &[T],
+        dst: &mut impl DeviceMemoryMut<T>,
+    ) -> Result<()> {
+        self.expect_device("destination", dst.device())?;
+        expect_len("htod_copy", dst.len(), src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: context current; `dst` holds exactly size_of_val(src) bytes; `src` is a
+        // live host slice for the whole (synchronous) copy.
+        unsafe {
+            sys::cuMemcpyHtoD_v2(
+                dst.device_ptr(),
+                src.as_ptr().cast(),
+                std::mem::size_of_val(src),
+            )
+        }
+        .check("cuMemcpyHtoD_v2")
+    }
+
+    /// Copies `src` to a new `Vec`.
+    pub fn dtoh<T: DeviceRepr>(&self, src: &impl DeviceMemory<T>) -> Result<Vec<T>> {
+        let mut out = Vec::with_capacity(src.len());
+        self.dtoh_uninit(src, out.spare_capacity_mut())?;
+        // SAFETY: the copy initialised all `src.len()` elements.
+        unsafe { out.set_len(src.len()) };
+        Ok(out)
+    }
+
+    /// Copies `src` into the host slice `dst`; lengths must match.
+    pub fn dtoh_into<T: DeviceRepr>(
+        &self,
+        src: &impl DeviceMemory<T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        // SAFETY: `[T]` and `[MaybeUninit<T>]` have the same layout, and we only write
+        // valid `T` values (DeviceRepr: every bit pattern is valid).
+        let dst = unsafe { &mut *(dst as *mut [T] as *mut [std::mem::MaybeUninit<T>]) };
+        self.dtoh_uninit(src, dst)
+    }
+
+    fn dtoh_uninit<T: DeviceRepr>(
+        &self,
+        src: &impl DeviceMemory<T>,
+        dst: &mut [std::mem::MaybeUninit<T>],
+    ) -> Result<()> {
+        self.expect_device("source", src.device())?;
+        expect_len("dtoh", dst.len(), src.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: context current; `dst` has room for exactly `src.num_bytes()` bytes and
+        // is exclusively borrowed for the synchronous copy.
+        unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.device_ptr(), src.num_bytes()) }
+            .check("cuMemcpyDtoH_v2")
+    }
+
+    /// Copies device memory `src` into `dst` on the same device; lengths must match.
+    pub fn dtod<T: DeviceRepr>(
+        &self,
+        src: &impl DeviceMemory<T>,
+        dst: &mut impl DeviceMemoryMut<T>,
+    ) -> Result<()> {
+        self.expect_device("source", src.device())?;
+        self.expect_device("destination", dst.device())?;
+        expect_len("dtod", dst.len(), src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: context current; both ranges are live allocations of `num_bytes`.
+        unsafe { sys::cuMemcpyDtoD_v2(dst.device_ptr(), src.device_ptr(), src.num_bytes()) }
+            .check("cuMemcpyDtoD_v2")?;
+        // cuMemcpyDtoD may return before the copy finishes; make this call synchronous
+        // like its host-side siblings.
+        self.sync_default_stream()
+    }
+
+    /// Allocates a device copy of device memory `src`.
+    pub fn clone_dtod<T: DeviceRepr>(&self, src: &impl DeviceMemory<T>) -> Result<DeviceSlice<T>> {
+        // SAFETY: overwritten in full by the copy below.
+        let mut buf = unsafe { self.alloc::<T>(src.len())? };
+        self.dtod(src, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Sets every byte of `dst` to zero.
+    pub fn memset_zeros<T: DeviceRepr>(&self, dst: &mut impl DeviceMemoryMut<T>) -> Result<()> {
+        self.expect_device("destination", dst.device())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: context current; writes `num_bytes` inside the allocation.
+        unsafe { sys::cuMemsetD8_v2(dst.device_ptr(), 0, dst.num_bytes()) }
+            .check("cuMemsetD8_v2")?;
+        self.sync_default_stream()
+    }
+}
+
+/// [`Error::SizeMismatch`] unless `found == expected`.
+pub(crate) fn expect_len(what: &'static str, expected: usize, found: usize) -> Result<()> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(Error::SizeMismatch {
+            what,
+            expected,
+            found,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve;
+    use crate::Error;
+
+    #[test]
+    #[allow(clippy::reversed_empty_ranges)]
+    fn ranges_resolve_against_len() {
+        assert_eq!(resolve(.., 10).unwrap(), (0, 10));
+        assert_eq!(resolve(2..5, 10).unwrap(), (2, 3));
+        assert_eq!(resolve(2..=5, 10).unwrap(), (2, 4));
+        assert_eq!(resolve(10.., 10).unwrap(), (10, 0));
+        assert_eq!(
+            resolve(3..11, 10).unwrap_err(),
+            Error::OutOfBounds {
+                start: 3,
+                end: 11,
+                len: 10
+            }
+        );
+        assert_eq!(
+            resolve(5..3, 10).unwrap_err(),
+            Error::OutOfBounds {
+                start: 5,
+                end: 3,
+                len: 10
+            }
+        );
+    }
+}

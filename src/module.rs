@@ -1,0 +1,605 @@
+//! Kernels: NVRTC compilation, modules, functions and launches.
+//!
+//! ```no_run
+//! # fn main() -> gpubind::Result<()> {
+//! use gpubind::{Device, LaunchConfig, ThreadContext};
+//! const SRC: &str = r#"
+//! extern "C" __global__ void saxpy(float a, const float* x, float* y, unsigned n) {
+//!     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+//!     if (i < n) y[i] = a * x[i] + y[i];
+//! }"#;
+//! let mut ctx = ThreadContext::acquire()?;
+//! let dev = Device::get(0)?;
+//! let gpu = ctx.bind(&dev)?;
+//! let module = gpu.compile_and_load(SRC, "saxpy.cu")?; // cubin for this device's arch
+//! let saxpy = module.function("saxpy")?;
+//! let x = gpu.clone_htod(&[1.0f32; 1000])?;
+//! let mut y = gpu.clone_htod(&[2.0f32; 1000])?;
+//! let n = 1000u32;
+//! let stream = gpu.default_stream();
+//! // SAFETY: the arguments match the kernel's signature and it stays in bounds.
+//! unsafe {
+//!     stream.launch(&saxpy, LaunchConfig::for_num_elems(n))
+//!         .arg(&3.0f32).arg(&x).arg(&mut y).arg(&n)
+//!         .launch()?;
+//! }
+//! assert_eq!(gpu.dtoh(&y)?, vec![5.0f32; 1000]);
+//! # Ok(()) }
+//! ```
+//!
+//! A [`Module`] is a resource like a slice (it holds `Arc<Device>` and outlives binds); a
+//! [`Function`] borrows its module, so it cannot outlive it:
+//!
+//! ```compile_fail,E0597
+//! # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+//! let f = {
+//!     let module = gpu.load_ptx(".version 8.0\n.target sm_90\n.address_size 64\n")?;
+//!     module.function("k")? // error[E0597]: `module` does not live long enough
+//! };
+//! # Ok(()) }
+//! ```
+//!
+//! Launch arguments are checked against the kernel's parameter list where the driver
+//! reports it (`cuFuncGetParamInfo`, CUDA 12.4+): a wrong count or a wrong size is
+//! [`Error::LaunchArgs`], a slice of another device is [`Error::WrongDevice`].
+
+use crate::context::BoundDevice;
+use crate::device::Device;
+use crate::driver::{Check, ContextGuard};
+use crate::error::{Error, Result};
+use crate::memory::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut};
+use crate::stream::BoundStream;
+use cudarc::driver::sys;
+use cudarc::nvrtc::sys as nvrtc_sys;
+use std::ffi::{CStr, CString, c_void};
+use std::sync::Arc;
+
+/// Loaded device code of one device.
+pub struct Module {
+    device: Arc<Device>,
+    raw: sys::CUmodule,
+}
+
+// SAFETY: a CUmodule handle is a thread-agnostic identifier; gpubind calls the driver
+// on it only with its own context pushed (function lookup, unload).
+unsafe impl Send for Module {}
+// SAFETY: as above; the driver makes module queries thread-safe.
+unsafe impl Sync for Module {}
+
+/// One kernel of a [`Module`], borrowed from it.
+#[derive(Clone)]
+pub struct Function<'m> {
+    module: &'m Module,
+    raw: sys::CUfunction,
+    name: String,
+    /// Parameter sizes in bytes, where the driver can report them.
+    params: Option<Vec<usize>>,
+}
+
+impl Module {
+    /// The module's device.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// Looks up the kernel `name` (an `extern "C"` name, or the mangled one).
+    pub fn function(&self, name: &str) -> Result<Function<'_>> {
+        let cname = CString::new(name)
+            .map_err(|_| Error::InvalidArgument(format!("kernel name {name:?} contains NUL")))?;
+        let (ctx, _) = self.device.primary_context()?;
+        let _guard = ContextGuard::push(ctx.0)?;
+        let mut raw: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: valid module; its context is current; writes one handle.
+        unsafe { sys::cuModuleGetFunction(&mut raw, self.raw, cname.as_ptr()) }
+            .check("cuModuleGetFunction")?;
+        Ok(Function {
+            module: self,
+            raw,
+            name: name.to_owned(),
+            params: param_sizes(raw),
+        })
+    }
+
+    /// The raw handle.
+    ///
+    /// # Safety
+    ///
+    /// Valid while `self` lives; do not unload it.
+    pub unsafe fn raw(&self) -> sys::CUmodule {
+        self.raw
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if let Ok((ctx, _)) = self.device.primary_context() {
+            if let Ok(_guard) = ContextGuard::push(ctx.0) {
+                // SAFETY: loaded in this context, unloaded once here; no Function
+                // outlives the module (they borrow it).
+                let _ = unsafe { sys::cuModuleUnload(self.raw) };
+            }
+        }
+    }
+}
+
+/// Whether the loaded driver exports `symbol` (checked before calling entry points newer
+/// than the oldest driver we support, since a missing one would panic in cudarc's loader).
+fn driver_has(symbol: &CStr) -> bool {
+    // SAFETY: the library is loaded (cuInit succeeded before any Function exists); we only
+    // look the symbol up, never call through the pointer.
+    unsafe {
+        cudarc::driver::sys::culib()
+            .get::<*const c_void>(symbol.to_bytes())
+            .is_ok()
+    }
+}
+
+/// The kernel's parameter sizes, from `cuFuncGetParamInfo` (CUDA 12.4+), or `None` if
+/// the driver cannot tell.
+fn param_sizes(func: sys::CUfunction) -> Option<Vec<usize>> {
+    if !driver_has(c"cuFuncGetParamInfo") {
+        return None;
+    }
+    let mut sizes = Vec::new();
+    loop {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: valid function handle; writes two size_t. Past the last parameter the
+        // driver returns CUDA_ERROR_INVALID_VALUE, which ends the loop.
+        let r = unsafe { sys::cuFuncGetParamInfo(func, sizes.len(), &mut offset, &mut size) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => sizes.push(size),
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(sizes),
+            _ => return None,
+        }
+        if sizes.len() > 4096 {
+            return None;
+        }
+    }
+}
+
+impl<'m> Function<'m> {
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The module this function belongs to.
+    pub fn module(&self) -> &'m Module {
+        self.module
+    }
+
+    /// Parameter sizes in bytes, if the driver reports them.
+    pub fn param_sizes(&self) -> Option<&[usize]> {
+        self.params.as_deref()
+    }
+
+    /// The raw handle.
+    ///
+    /// # Safety
+    ///
+    /// Valid while the module lives.
+    pub unsafe fn raw(&self) -> sys::CUfunction {
+        self.raw
+    }
+}
+
+/// Grid, block and dynamic shared memory of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in x, y, z.
+    pub grid_dim: (u32, u32, u32),
+    /// Threads per block in x, y, z.
+    pub block_dim: (u32, u32, u32),
+    /// Dynamic shared memory per block, bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// One thread per element, 256 threads a block, at least one block.
+    pub fn for_num_elems(n: u32) -> Self {
+        const BLOCK: u32 = 256;
+        LaunchConfig {
+            grid_dim: (n.div_ceil(BLOCK).max(1), 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let (g, b) = (self.grid_dim, self.block_dim);
+        if [g.0, g.1, g.2, b.0, b.1, b.2].contains(&0) {
+            return Err(Error::InvalidArgument(format!(
+                "launch dimensions must be non-zero (grid {g:?}, block {b:?})"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A value that can be passed to a kernel: device memory (passed as its address) or a
+/// plain scalar (passed by value).
+///
+/// # Safety
+///
+/// `param_ptr` must point to `param_size` readable bytes that stay valid while `self` is
+/// borrowed.
+pub unsafe trait KernelArg {
+    /// Pointer to the bytes the kernel receives.
+    fn param_ptr(&self) -> *mut c_void;
+    /// How many bytes the kernel receives.
+    fn param_size(&self) -> usize;
+    /// The device the argument lives on, for memory arguments.
+    fn arg_device(&self) -> Option<&Device> {
+        None
+    }
+    /// What the argument is, for error messages.
+    fn describe(&self) -> String;
+}
+
+macro_rules! scalar_arg {
+    ($($t:ty),*) => { $(
+        // SAFETY: a scalar passed by value: its own bytes, borrowed for the launch.
+        unsafe impl KernelArg for $t {
+            fn param_ptr(&self) -> *mut c_void { self as *const $t as *mut c_void }
+            fn param_size(&self) -> usize { std::mem::size_of::<$t>() }
+            fn describe(&self) -> String { stringify!($t).to_owned() }
+        }
+    )* };
+}
+scalar_arg!(
+    u8,
+    i8,
+    u16,
+    i16,
+    u32,
+    i32,
+    u64,
+    i64,
+    usize,
+    isize,
+    f32,
+    f64,
+    half::f16,
+    half::bf16
+);
+
+macro_rules! memory_arg {
+    ($ty:ident $(<$lt:lifetime>)?) => {
+        // SAFETY: passes the address field, 8 bytes that live as long as the borrow.
+        unsafe impl<$($lt,)? T: DeviceRepr> KernelArg for $ty<$($lt,)? T> {
+            fn param_ptr(&self) -> *mut c_void {
+                &self.ptr as *const sys::CUdeviceptr as *mut c_void
+            }
+            fn param_size(&self) -> usize {
+                std::mem::size_of::<sys::CUdeviceptr>()
+            }
+            fn arg_device(&self) -> Option<&Device> {
+                Some(crate::memory::DeviceMemory::device(self))
+            }
+            fn describe(&self) -> String {
+                format!("{}<{}>", stringify!($ty), std::any::type_name::<T>())
+            }
+        }
+    };
+}
+memory_arg!(DeviceSlice);
+memory_arg!(DeviceView<'a>);
+memory_arg!(DeviceViewMut<'a>);
+
+/// Builds one kernel launch; see [`BoundStream::launch`].
+#[must_use = "a launch does nothing until `.launch()` is called"]
+pub struct LaunchBuilder<'s, 'a> {
+    stream: &'s BoundStream<'s>,
+    func: &'s Function<'s>,
+    cfg: LaunchConfig,
+    args: Vec<*mut c_void>,
+    sizes: Vec<(usize, String)>,
+    error: Option<Error>,
+    _args: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'b> BoundStream<'b> {
+    /// Starts a launch of `func` on this stream.
+    pub fn launch<'s>(
+        &'s self,
+        func: &'s Function<'_>,
+        cfg: LaunchConfig,
+    ) -> LaunchBuilder<'s, 's> {
+        let error = self
+            .bound()
+            .expect_device("kernel module", func.module.device())
+            .err();
+        LaunchBuilder {
+            stream: self,
+            func,
+            cfg,
+            args: Vec::new(),
+            sizes: Vec::new(),
+            error,
+            _args: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<'s, 'a> LaunchBuilder<'s, 'a> {
+    /// Appends an argument. Memory of another device is reported at `launch`.
+    ///
+    /// Pass `&mut slice` for buffers the kernel writes, to document intent and keep Rust
+    /// code from reading them during the call.
+    pub fn arg<'n, A: KernelArg + ?Sized>(mut self, arg: &'n A) -> LaunchBuilder<'s, 'n>
+    where
+        'a: 'n,
+    {
+        if self.error.is_none() {
+            if let Some(dev) = arg.arg_device() {
+                self.error = self
+                    .stream
+                    .bound()
+                    .expect_device("kernel argument", dev)
+                    .err();
+            }
+        }
+        self.args.push(arg.param_ptr());
+        self.sizes.push((arg.param_size(), arg.describe()));
+        LaunchBuilder {
+            stream: self.stream,
+            func: self.func,
+            cfg: self.cfg,
+            args: self.args,
+            sizes: self.sizes,
+            error: self.error,
+            _args: std::marker::PhantomData,
+        }
+    }
+
+    /// Enqueues the kernel.
+    ///
+    /// # Safety
+    ///
+    /// The kernel must only access memory inside the buffers passed to it, and the
+    /// arguments must have the types the kernel declares (gpubind checks the count and
+    /// byte sizes where the driver reports them, not the types). Buffers must not be
+    /// read from the host while the kernel may write them.
+    pub unsafe fn launch(self) -> Result<()> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        self.cfg.validate()?;
+        if let Some(expected) = &self.func.params {
+            let kernel = || self.func.name.clone();
+            if expected.len() != self.sizes.len() {
+                return Err(Error::LaunchArgs {
+                    kernel: kernel(),
+                    reason: format!(
+                        "the kernel takes {} parameter(s), {} given",
+                        expected.len(),
+                        self.sizes.len()
+                    ),
+                });
+            }
+            for (i, (want, (got, what))) in expected.iter().zip(&self.sizes).enumerate() {
+                if want != got {
+                    return Err(Error::LaunchArgs {
+                        kernel: kernel(),
+                        reason: format!(
+                            "parameter {i} is {want} bytes, but argument {i} is a {got}-byte {what}"
+                        ),
+                    });
+                }
+            }
+        }
+        let LaunchConfig {
+            grid_dim: g,
+            block_dim: b,
+            shared_mem_bytes,
+        } = self.cfg;
+        let mut args = self.args;
+        // SAFETY: the function belongs to the bound (current) context; each arg pointer
+        // points at a value borrowed for 'a, which outlives this call; the driver copies
+        // the parameter bytes before returning. Memory safety of the kernel itself is the
+        // caller's contract.
+        unsafe {
+            sys::cuLaunchKernel(
+                self.func.raw,
+                g.0,
+                g.1,
+                g.2,
+                b.0,
+                b.1,
+                b.2,
+                shared_mem_bytes,
+                self.stream.raw(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .check("cuLaunchKernel")
+    }
+}
+
+impl<'a> BoundDevice<'a> {
+    /// Loads PTX text (JIT-compiled by the driver for this device).
+    pub fn load_ptx(&self, ptx: &str) -> Result<Module> {
+        let text = CString::new(ptx)
+            .map_err(|_| Error::InvalidArgument("PTX contains a NUL byte".into()))?;
+        self.load_image(text.as_ptr().cast())
+    }
+
+    /// Loads a cubin or fatbin image.
+    pub fn load_cubin(&self, image: &[u8]) -> Result<Module> {
+        if image.len() < 16 {
+            return Err(Error::InvalidArgument(format!(
+                "a {}-byte image is no cubin",
+                image.len()
+            )));
+        }
+        self.load_image(image.as_ptr().cast())
+    }
+
+    fn load_image(&self, image: *const c_void) -> Result<Module> {
+        let mut raw: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: context current; `image` points to a NUL-terminated PTX string or a
+        // cubin, alive for the call; writes one handle.
+        unsafe { sys::cuModuleLoadData(&mut raw, image) }.check("cuModuleLoadData")?;
+        Ok(Module {
+            device: Arc::clone(self.device()),
+            raw,
+        })
+    }
+
+    /// Compiles CUDA C++ with NVRTC for this device's architecture (`sm_XY` cubin, so
+    /// nothing is JIT-compiled at load) and loads it. `name` labels errors.
+    pub fn compile_and_load(&self, src: &str, name: &str) -> Result<Module> {
+        let (major, minor) = self.device().compute_capability()?;
+        let cubin = compile(
+            src,
+            name,
+            &[format!("--gpu-architecture=sm_{major}{minor}")],
+            Output::Cubin,
+        )?;
+        self.load_cubin(&cubin)
+    }
+}
+
+/// What NVRTC should produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// PTX text (portable; JIT-compiled at load).
+    Ptx,
+    /// A cubin for the one architecture named in the options.
+    Cubin,
+}
+
+/// Whether `libnvrtc` can be loaded.
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries dlopen on candidate names.
+    unsafe { nvrtc_sys::is_culib_present() }
+}
+
+/// Compiles CUDA C++ source with NVRTC. Needs no GPU, no context and no driver: only
+/// `libnvrtc`. Options are passed through (e.g. `--gpu-architecture=sm_90`, `-DN=4`).
+pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Result<Vec<u8>> {
+    if !nvrtc_available() {
+        return Err(Error::NoNvrtc);
+    }
+    let csrc =
+        CString::new(src).map_err(|_| Error::InvalidArgument("source contains NUL".into()))?;
+    let cname =
+        CString::new(name).map_err(|_| Error::InvalidArgument("name contains NUL".into()))?;
+    let copts: Vec<CString> = options
+        .iter()
+        .map(|o| CString::new(o.as_str()))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| Error::InvalidArgument("an option contains NUL".into()))?;
+    let opt_ptrs: Vec<*const std::ffi::c_char> = copts.iter().map(|o| o.as_ptr()).collect();
+
+    let status_name = |r: nvrtc_sys::nvrtcResult| format!("{r:?}");
+    let mut prog: nvrtc_sys::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: NUL-terminated source and name, alive for the call; no headers.
+    let r = unsafe {
+        nvrtc_sys::nvrtcCreateProgram(
+            &mut prog,
+            csrc.as_ptr(),
+            cname.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(Error::Compile {
+            program: name.into(),
+            status: status_name(r),
+            log: String::new(),
+        });
+    }
+    let result = (|| {
+        // SAFETY: `prog` is a live program; the option pointers are alive for the call.
+        let r = unsafe {
+            nvrtc_sys::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr())
+        };
+        if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(Error::Compile {
+                program: name.into(),
+                status: status_name(r),
+                log: program_log(prog),
+            });
+        }
+        let mut size = 0usize;
+        let mut out;
+        // SAFETY: live, compiled program; the buffer has the size NVRTC reported.
+        let r = unsafe {
+            match output {
+                Output::Ptx => {
+                    nvrtc_sys::nvrtcGetPTXSize(prog, &mut size);
+                    out = vec![0u8; size];
+                    nvrtc_sys::nvrtcGetPTX(prog, out.as_mut_ptr().cast())
+                }
+                Output::Cubin => {
+                    nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size);
+                    out = vec![0u8; size];
+                    nvrtc_sys::nvrtcGetCUBIN(prog, out.as_mut_ptr().cast())
+                }
+            }
+        };
+        if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || out.is_empty() {
+            return Err(Error::Compile {
+                program: name.into(),
+                status: status_name(r),
+                log:
+                    "no output (for a cubin, name one real architecture: --gpu-architecture=sm_XY)"
+                        .into(),
+            });
+        }
+        if output == Output::Ptx {
+            // Drop the trailing NUL NVRTC includes in the size.
+            while out.last() == Some(&0) {
+                out.pop();
+            }
+        }
+        Ok(out)
+    })();
+    // SAFETY: destroys the program created above, once.
+    unsafe { nvrtc_sys::nvrtcDestroyProgram(&mut prog) };
+    result
+}
+
+fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
+    let mut size = 0usize;
+    // SAFETY: live program; the buffer has the size NVRTC reported.
+    unsafe {
+        if nvrtc_sys::nvrtcGetProgramLogSize(prog, &mut size)
+            != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS
+        {
+            return String::new();
+        }
+        let mut buf = vec![0u8; size];
+        nvrtc_sys::nvrtcGetProgramLog(prog, buf.as_mut_ptr().cast());
+        String::from_utf8_lossy(&buf)
+            .trim_end_matches('\0')
+            .trim()
+            .to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn for_num_elems_covers_every_element() {
+        for n in [0u32, 1, 255, 256, 257, 1 << 20] {
+            let c = LaunchConfig::for_num_elems(n);
+            assert!(c.grid_dim.0 * c.block_dim.0 >= n);
+            assert!(c.grid_dim.0 >= 1);
+        }
+    }
+
+    #[test]
+    fn zero_dimensions_are_rejected() {
+        let mut c = LaunchConfig::for_num_elems(10);
+        c.block_dim.1 = 0;
+        assert!(matches!(c.validate(), Err(Error::InvalidArgument(_))));
+        assert!(LaunchConfig::for_num_elems(10).validate().is_ok());
+    }
+}

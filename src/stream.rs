@@ -1,0 +1,361 @@
+//! Streams and events.
+//!
+//! A [`Stream`] and an [`Event`] are resources like slices: they hold an `Arc<Device>`,
+//! are `Send + Sync`, outlive the binding that created them, and are destroyed in their
+//! own context on drop. Work is enqueued through a [`BoundStream`], which borrows a
+//! [`BoundDevice`] of the stream's device, so enqueueing is only possible while that
+//! context is current:
+//!
+//! ```no_run
+//! # fn main() -> gpubind::Result<()> {
+//! use gpubind::{Device, ThreadContext};
+//! let mut ctx = ThreadContext::acquire()?;
+//! let dev = Device::get(0)?;
+//! let gpu = ctx.bind(&dev)?;
+//! let stream = gpu.new_stream()?;
+//! let (start, end) = (gpu.new_event(true)?, gpu.new_event(true)?);
+//! let s = gpu.on(&stream)?;                 // borrows `gpu`
+//! let mut buf = gpu.alloc_zeros::<u8>(1 << 20)?;
+//! s.record(&start)?;
+//! s.memset_zeros_async(&mut buf)?;
+//! s.record(&end)?;
+//! s.synchronize()?;
+//! println!("memset took {} ms", start.elapsed_ms(&end)?);
+//! # Ok(()) }
+//! ```
+//!
+//! A `BoundStream` cannot outlive the binding it borrows:
+//!
+//! ```compile_fail,E0597
+//! # use gpubind::{Device, ThreadContext};
+//! # let dev = Device::get(0).unwrap();
+//! let mut ctx = ThreadContext::acquire().unwrap();
+//! let stream = ctx.bind(&dev).unwrap().new_stream().unwrap();
+//! let s = {
+//!     let gpu = ctx.bind(&dev).unwrap();
+//!     gpu.on(&stream).unwrap() // error[E0597]: `gpu` does not live long enough
+//! };
+//! ```
+//!
+//! Keep the `Stream` (it outlives binds) and call `gpu.on(&stream)` again under the next
+//! binding.
+
+use crate::context::BoundDevice;
+use crate::device::Device;
+use crate::driver::{Check, ContextGuard};
+use crate::error::{Error, Result};
+use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, expect_len};
+use cudarc::driver::sys;
+use std::sync::Arc;
+
+/// A CUDA stream of one device (non-blocking: it does not synchronise with the legacy
+/// default stream).
+pub struct Stream {
+    device: Arc<Device>,
+    raw: sys::CUstream,
+}
+
+// SAFETY: a CUstream handle may be used from any thread whose current context is the
+// stream's; gpubind only enqueues through a BoundStream, which proves that.
+unsafe impl Send for Stream {}
+// SAFETY: the driver serialises concurrent enqueues on one stream internally.
+unsafe impl Sync for Stream {}
+
+/// A CUDA event of one device.
+pub struct Event {
+    device: Arc<Device>,
+    raw: sys::CUevent,
+}
+
+// SAFETY: as for Stream: event handles are thread-agnostic identifiers; recording needs
+// a BoundStream of the event's device; queries push the event's own context.
+unsafe impl Send for Event {}
+// SAFETY: the driver makes event operations thread-safe.
+unsafe impl Sync for Event {}
+
+impl Stream {
+    /// The stream's device.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// The raw handle, for cudarc or driver calls.
+    ///
+    /// # Safety
+    ///
+    /// Valid while `self` lives; enqueue on it only while its device is bound on the
+    /// calling thread; do not destroy it.
+    pub unsafe fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Ok((ctx, _)) = self.device.primary_context() {
+            if let Ok(_guard) = ContextGuard::push(ctx.0) {
+                // SAFETY: created by cuStreamCreate in this context, destroyed once here.
+                // Pending work completes before the driver releases the stream.
+                let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
+            }
+        }
+    }
+}
+
+impl Event {
+    /// The event's device.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// Blocks until the work before the event's last record has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        let _guard = self.own_context()?;
+        // SAFETY: valid event; its context is current for the call.
+        unsafe { sys::cuEventSynchronize(self.raw) }.check("cuEventSynchronize")
+    }
+
+    /// Whether the work before the last record has finished (non-blocking).
+    pub fn is_complete(&self) -> Result<bool> {
+        let _guard = self.own_context()?;
+        // SAFETY: valid event; its context is current for the call.
+        match unsafe { sys::cuEventQuery(self.raw) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            code => Err(Error::driver("cuEventQuery", code)),
+        }
+    }
+
+    /// Milliseconds between `self` and `end`, both recorded with timing enabled and
+    /// complete. Events of different devices give [`Error::WrongDevice`].
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        self.device.expect_same("end event", &end.device)?;
+        let _guard = self.own_context()?;
+        let mut ms = 0f32;
+        // SAFETY: two valid events of the same context, current for the call.
+        unsafe { sys::cuEventElapsedTime_v2(&mut ms, self.raw, end.raw) }
+            .check("cuEventElapsedTime")?;
+        Ok(ms)
+    }
+
+    fn own_context(&self) -> Result<ContextGuard> {
+        let (ctx, _) = self.device.primary_context()?;
+        ContextGuard::push(ctx.0)
+    }
+
+    /// The raw handle.
+    ///
+    /// # Safety
+    ///
+    /// Valid while `self` lives; do not destroy it.
+    pub unsafe fn raw(&self) -> sys::CUevent {
+        self.raw
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Ok(_guard) = self.own_context() {
+            // SAFETY: created by cuEventCreate in this context, destroyed once here.
+            let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+        }
+    }
+}
+
+/// Enqueues work on one stream while its device is bound.
+///
+/// Borrowed from a [`BoundDevice`] by [`BoundDevice::on`] or
+/// [`BoundDevice::default_stream`]; cannot outlive it.
+pub struct BoundStream<'b> {
+    bound: &'b BoundDevice<'b>,
+    raw: sys::CUstream,
+}
+
+impl<'a> BoundDevice<'a> {
+    /// Creates a non-blocking stream on the bound device.
+    pub fn new_stream(&self) -> Result<Stream> {
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: context current; writes one handle.
+        unsafe {
+            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        }
+        .check("cuStreamCreate")?;
+        Ok(Stream {
+            device: Arc::clone(self.device()),
+            raw,
+        })
+    }
+
+    /// Creates an event; `timing` enables [`Event::elapsed_ms`] (slightly slower records).
+    pub fn new_event(&self, timing: bool) -> Result<Event> {
+        let flags = if timing {
+            sys::CUevent_flags::CU_EVENT_DEFAULT
+        } else {
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING
+        };
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: context current; writes one handle.
+        unsafe { sys::cuEventCreate(&mut raw, flags as u32) }.check("cuEventCreate")?;
+        Ok(Event {
+            device: Arc::clone(self.device()),
+            raw,
+        })
+    }
+
+    /// The context's legacy default stream (the one the synchronous copies use).
+    pub fn default_stream(&self) -> BoundStream<'_> {
+        BoundStream {
+            bound: self,
+            raw: std::ptr::null_mut(),
+        }
+    }
+
+    /// `stream`, ready to take work; [`Error::WrongDevice`] if it belongs to another device.
+    pub fn on<'s>(&'s self, stream: &'s Stream) -> Result<BoundStream<'s>> {
+        self.expect_device("stream", stream.device())?;
+        Ok(BoundStream {
+            bound: self,
+            raw: stream.raw,
+        })
+    }
+
+    /// Waits for the legacy default stream.
+    pub(crate) fn sync_default_stream(&self) -> Result<()> {
+        // SAFETY: context current; the null stream is always valid.
+        unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }.check("cuStreamSynchronize")
+    }
+}
+
+impl<'b> BoundStream<'b> {
+    /// The binding this stream borrows.
+    pub fn bound(&self) -> &'b BoundDevice<'b> {
+        self.bound
+    }
+
+    /// Blocks until all work enqueued so far has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: valid stream of the current context.
+        unsafe { sys::cuStreamSynchronize(self.raw) }.check("cuStreamSynchronize")
+    }
+
+    /// Records `event` at this point of the stream.
+    pub fn record(&self, event: &Event) -> Result<()> {
+        self.bound.expect_device("event", event.device())?;
+        // SAFETY: event and stream belong to the current context.
+        unsafe { sys::cuEventRecord(event.raw, self.raw) }.check("cuEventRecord")
+    }
+
+    /// Makes later work on this stream wait for `event`. The event may belong to
+    /// another device: that is how streams of different GPUs are ordered.
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        // SAFETY: valid stream of the current context; CUDA allows events of other contexts.
+        unsafe { sys::cuStreamWaitEvent(self.raw, event.raw, 0) }.check("cuStreamWaitEvent")
+    }
+
+    /// Stream-ordered zeroing of `dst`.
+    pub fn memset_zeros_async<T: DeviceRepr>(
+        &self,
+        dst: &mut impl DeviceMemoryMut<T>,
+    ) -> Result<()> {
+        self.bound.expect_device("destination", dst.device())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: current context; in-bounds range of a live allocation, which cannot be
+        // freed before this stream runs the memset: freeing (cuMemFree) synchronises.
+        unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.raw) }
+            .check("cuMemsetD8Async")
+    }
+
+    /// Stream-ordered device-to-device copy; lengths must match.
+    pub fn dtod_async<T: DeviceRepr>(
+        &self,
+        src: &impl DeviceMemory<T>,
+        dst: &mut impl DeviceMemoryMut<T>,
+    ) -> Result<()> {
+        self.bound.expect_device("source", src.device())?;
+        self.bound.expect_device("destination", dst.device())?;
+        expect_len("dtod_async", dst.len(), src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: current context; live allocations (freeing synchronises first).
+        unsafe {
+            sys::cuMemcpyDtoDAsync_v2(
+                dst.device_ptr(),
+                src.device_ptr(),
+                src.num_bytes(),
+                self.raw,
+            )
+        }
+        .check("cuMemcpyDtoDAsync_v2")
+    }
+
+    /// Stream-ordered host-to-device copy.
+    ///
+    /// # Safety
+    ///
+    /// If `src` is page-locked (pinned or registered) memory the copy is truly
+    /// asynchronous: `src` must then stay alive and unmodified until the stream has
+    /// passed this point ([`synchronize`](Self::synchronize) or an event). For ordinary
+    /// pageable memory the driver stages the data before returning.
+    pub unsafe fn htod_async<T: DeviceRepr>(
+        &self,
+        src: &[T],
+        dst: &mut impl DeviceMemoryMut<T>,
+    ) -> Result<()> {
+        self.bound.expect_device("destination", dst.device())?;
+        expect_len("htod_async", dst.len(), src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: current context; sizes match; the caller keeps `src` alive as documented.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst.device_ptr(),
+                src.as_ptr().cast(),
+                std::mem::size_of_val(src),
+                self.raw,
+            )
+        }
+        .check("cuMemcpyHtoDAsync_v2")
+    }
+
+    /// Stream-ordered device-to-host copy.
+    ///
+    /// # Safety
+    ///
+    /// If `dst` is page-locked memory the copy is truly asynchronous: `dst` must stay
+    /// alive and untouched until the stream has passed this point. For pageable memory
+    /// the driver completes the copy before returning.
+    pub unsafe fn dtoh_async<T: DeviceRepr>(
+        &self,
+        src: &impl DeviceMemory<T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        self.bound.expect_device("source", src.device())?;
+        expect_len("dtoh_async", dst.len(), src.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: current context; sizes match; the caller keeps `dst` alive as documented.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                dst.as_mut_ptr().cast(),
+                src.device_ptr(),
+                src.num_bytes(),
+                self.raw,
+            )
+        }
+        .check("cuMemcpyDtoHAsync_v2")
+    }
+
+    /// The raw stream handle (null for the default stream).
+    ///
+    /// # Safety
+    ///
+    /// Valid while `self` lives.
+    pub unsafe fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+}

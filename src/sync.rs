@@ -1,0 +1,30 @@
+//! Synchronisation primitives, swapped for loom's models under `--cfg loom`.
+//!
+//! Only the state that the loom tests model goes through here: the per-thread
+//! [`ThreadContext`](crate::ThreadContext) slot and the lazy primary-context retain.
+
+#[cfg(loom)]
+pub(crate) use loom::sync::{Mutex, MutexGuard};
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
+
+/// Locks a mutex, recovering from poisoning: our critical sections leave the state
+/// consistent even when a panic unwinds through them (they only store a value at the end).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// Declares a thread-local with loom's model under `--cfg loom`.
+macro_rules! thread_local_slot {
+    ($(#[$m:meta])* static $name:ident: $t:ty = $init:expr;) => {
+        #[cfg(loom)]
+        loom::thread_local! { $(#[$m])* static $name: $t = $init; }
+        #[cfg(not(loom))]
+        std::thread_local! { $(#[$m])* static $name: $t = const { $init }; }
+    };
+}
+pub(crate) use thread_local_slot;
