@@ -21,7 +21,7 @@
 //!
 //! [`ThreadContext`]: crate::ThreadContext
 
-use crate::driver::{self, Check, CudaPrimary, PrimaryCtxOps, RawContext};
+use crate::driver::{self, Check, ContextGuard, CudaPrimary, PrimaryCtxOps, RawContext};
 use crate::error::{Error, Result};
 use crate::sync;
 use cudarc::driver::sys;
@@ -218,6 +218,15 @@ impl Device {
     /// lets a `ThreadContext` know whether this exact context is already current.
     pub(crate) fn primary_context(&self) -> Result<(RawContext, u64)> {
         self.primary.get()
+    }
+
+    /// Pushes this device's primary context until the guard drops (no-op if current).
+    ///
+    /// For calls that must run in this device's context whatever is bound — frees and
+    /// destroys in `Drop`, event queries, function lookups.
+    pub(crate) fn enter(&self) -> Result<ContextGuard> {
+        let (ctx, _) = self.primary_context()?;
+        ContextGuard::push(ctx.0)
     }
 
     /// Fails with [`Error::WrongDevice`] unless `other` is this device.

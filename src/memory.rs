@@ -35,7 +35,7 @@
 
 use crate::context::BoundDevice;
 use crate::device::Device;
-use crate::driver::{Check, ContextGuard};
+use crate::driver::Check;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::marker::PhantomData;
@@ -280,14 +280,10 @@ impl<T: DeviceRepr> Drop for DeviceSlice<T> {
         if self.ptr == 0 {
             return;
         }
-        // The device is alive (we hold an Arc) and its context retained (we were
-        // allocated under a binding, which retained it for the device's whole life).
-        let Ok((ctx, _)) = self.device.primary_context() else {
-            return;
-        };
         // Push our own context for the free and pop it after: the thread's current
-        // context is unchanged, whichever device is bound.
-        if let Ok(_guard) = ContextGuard::push(ctx.0) {
+        // context is unchanged, whichever device is bound. (The context is retained: we
+        // were allocated under a binding and hold an Arc<Device>.)
+        if let Ok(_guard) = self.device.enter() {
             // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once, here.
             let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
         }

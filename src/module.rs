@@ -45,7 +45,7 @@
 
 use crate::context::BoundDevice;
 use crate::device::Device;
-use crate::driver::{Check, ContextGuard};
+use crate::driver::Check;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut};
 use crate::stream::BoundStream;
@@ -86,8 +86,7 @@ impl Module {
     pub fn function(&self, name: &str) -> Result<Function<'_>> {
         let cname = CString::new(name)
             .map_err(|_| Error::InvalidArgument(format!("kernel name {name:?} contains NUL")))?;
-        let (ctx, _) = self.device.primary_context()?;
-        let _guard = ContextGuard::push(ctx.0)?;
+        let _guard = self.device.enter()?;
         let mut raw: sys::CUfunction = std::ptr::null_mut();
         // SAFETY: valid module; its context is current; writes one handle.
         unsafe { sys::cuModuleGetFunction(&mut raw, self.raw, cname.as_ptr()) }
@@ -112,12 +111,10 @@ impl Module {
 
 impl Drop for Module {
     fn drop(&mut self) {
-        if let Ok((ctx, _)) = self.device.primary_context() {
-            if let Ok(_guard) = ContextGuard::push(ctx.0) {
-                // SAFETY: loaded in this context, unloaded once here; no Function
-                // outlives the module (they borrow it).
-                let _ = unsafe { sys::cuModuleUnload(self.raw) };
-            }
+        if let Ok(_guard) = self.device.enter() {
+            // SAFETY: loaded in this context, unloaded once here; no Function
+            // outlives the module (they borrow it).
+            let _ = unsafe { sys::cuModuleUnload(self.raw) };
         }
     }
 }
@@ -330,14 +327,12 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     where
         'a: 'n,
     {
-        if self.error.is_none() {
-            if let Some(dev) = arg.arg_device() {
-                self.error = self
-                    .stream
-                    .bound()
-                    .expect_device("kernel argument", dev)
-                    .err();
-            }
+        if let (None, Some(dev)) = (&self.error, arg.arg_device()) {
+            self.error = self
+                .stream
+                .bound()
+                .expect_device("kernel argument", dev)
+                .err();
         }
         self.args.push(arg.param_ptr());
         self.sizes.push((arg.param_size(), arg.describe()));

@@ -42,7 +42,7 @@
 
 use crate::context::BoundDevice;
 use crate::device::Device;
-use crate::driver::{Check, ContextGuard};
+use crate::driver::Check;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, expect_len};
 use cudarc::driver::sys;
@@ -92,12 +92,10 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if let Ok((ctx, _)) = self.device.primary_context() {
-            if let Ok(_guard) = ContextGuard::push(ctx.0) {
-                // SAFETY: created by cuStreamCreate in this context, destroyed once here.
-                // Pending work completes before the driver releases the stream.
-                let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
-            }
+        if let Ok(_guard) = self.device.enter() {
+            // SAFETY: created by cuStreamCreate in this context, destroyed once here.
+            // Pending work completes before the driver releases the stream.
+            let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
         }
     }
 }
@@ -110,14 +108,14 @@ impl Event {
 
     /// Blocks until the work before the event's last record has finished.
     pub fn synchronize(&self) -> Result<()> {
-        let _guard = self.own_context()?;
+        let _guard = self.device.enter()?;
         // SAFETY: valid event; its context is current for the call.
         unsafe { sys::cuEventSynchronize(self.raw) }.check("cuEventSynchronize")
     }
 
     /// Whether the work before the last record has finished (non-blocking).
     pub fn is_complete(&self) -> Result<bool> {
-        let _guard = self.own_context()?;
+        let _guard = self.device.enter()?;
         // SAFETY: valid event; its context is current for the call.
         match unsafe { sys::cuEventQuery(self.raw) } {
             sys::CUresult::CUDA_SUCCESS => Ok(true),
@@ -130,17 +128,12 @@ impl Event {
     /// complete. Events of different devices give [`Error::WrongDevice`].
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         self.device.expect_same("end event", &end.device)?;
-        let _guard = self.own_context()?;
+        let _guard = self.device.enter()?;
         let mut ms = 0f32;
         // SAFETY: two valid events of the same context, current for the call.
         unsafe { sys::cuEventElapsedTime_v2(&mut ms, self.raw, end.raw) }
             .check("cuEventElapsedTime")?;
         Ok(ms)
-    }
-
-    fn own_context(&self) -> Result<ContextGuard> {
-        let (ctx, _) = self.device.primary_context()?;
-        ContextGuard::push(ctx.0)
     }
 
     /// The raw handle.
@@ -155,7 +148,7 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        if let Ok(_guard) = self.own_context() {
+        if let Ok(_guard) = self.device.enter() {
             // SAFETY: created by cuEventCreate in this context, destroyed once here.
             let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
         }
