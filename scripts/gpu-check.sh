@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over binaries built by scripts/build-gpu-bins.sh (carried in
+# .gpu-bin/). Every GPU suite, the examples, and the benches, in one call; all output goes
+# to stdout and to $OUT/gpu-check.log.
+#   GPU_CHECK_ONLY="gpu_core quickstart" limits what runs (names of binaries).
+set -u
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+LOG=${OUT:-/tmp}/gpu-check.log
+: >"$LOG"
+say() { echo "$@" | tee -a "$LOG"; }
+wanted() { [[ -z "${GPU_CHECK_ONLY:-}" ]] || [[ " $GPU_CHECK_ONLY " == *" $1 "* ]]; }
+run() { # name timeout cmd...
+  local name=$1 t=$2; shift 2
+  wanted "$name" || return 0
+  say "=== $name: $*"
+  local start=$SECONDS
+  timeout "$t" "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  say "=== $name: exit $rc after $((SECONDS - start)) s"
+  [[ $rc == 0 ]] || FAILED="$FAILED $name"
+}
+FAILED=""
+say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4)"
+for t in .gpu-bin/tests/gpu_*; do run "$(basename "$t")" 300 "$t"; done
+[[ -x .gpu-bin/examples/quickstart ]] && run quickstart 60 .gpu-bin/examples/quickstart
+for extra in ${GPU_CHECK_EXTRA:-}; do run "$(basename "${extra%% *}")" 300 $extra; done
+say "=== failed:${FAILED:- none}"
+[[ -z "$FAILED" ]]
