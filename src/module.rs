@@ -66,6 +66,12 @@ unsafe impl Send for Module {}
 // SAFETY: as above; the driver makes module queries thread-safe.
 unsafe impl Sync for Module {}
 
+// SAFETY: a CUfunction handle is a thread-agnostic identifier; launching needs a
+// BoundStream of the module's device on the launching thread.
+unsafe impl Send for Function<'_> {}
+// SAFETY: as above; Function has no interior mutability.
+unsafe impl Sync for Function<'_> {}
+
 /// One kernel of a [`Module`], borrowed from it.
 #[derive(Clone)]
 pub struct Function<'m> {

@@ -13,6 +13,8 @@
 use std::time::Instant;
 
 /// A test: returns `Err(message)` on failure (panics are caught and count as failures).
+/// A test that cannot run on this machine (say it needs 2 GPUs) returns [`skip`]'s
+/// error: it is reported as `ignored` with the reason, never as passed.
 pub type TestFn = fn() -> Result<(), String>;
 
 /// Why GPU tests cannot run here, or `None` if they can.
@@ -38,7 +40,7 @@ pub fn run_suite(suite: &str, tests: &[(&str, TestFn)]) -> ! {
     }
     let filter = std::env::var("GPUBIND_TEST_FILTER").ok();
     let start = Instant::now();
-    let (mut passed, mut failed, mut filtered) = (0, 0, 0);
+    let (mut passed, mut failed, mut filtered, mut ignored) = (0, 0, 0, 0);
     println!("\nrunning {} tests ({suite})", tests.len());
     for (name, f) in tests {
         if filter.as_deref().is_some_and(|flt| !name.contains(flt)) {
@@ -61,6 +63,10 @@ pub fn run_suite(suite: &str, tests: &[(&str, TestFn)]) -> ! {
                     t.elapsed().as_secs_f64() * 1e3
                 );
             }
+            Err(msg) if msg.starts_with(SKIP) => {
+                ignored += 1;
+                println!("test {name} ... ignored ({})", &msg[SKIP.len()..]);
+            }
             Err(msg) => {
                 failed += 1;
                 println!("test {name} ... FAILED\n    {msg}");
@@ -69,10 +75,18 @@ pub fn run_suite(suite: &str, tests: &[(&str, TestFn)]) -> ! {
     }
     let status = if failed == 0 { "ok" } else { "FAILED" };
     println!(
-        "\ntest result: {status}. {passed} passed; {failed} failed; 0 ignored; 0 measured; {filtered} filtered out; finished in {:.2}s\n",
+        "\ntest result: {status}. {passed} passed; {failed} failed; {ignored} ignored; 0 measured; {filtered} filtered out; finished in {:.2}s\n",
         start.elapsed().as_secs_f64()
     );
     std::process::exit(if failed == 0 { 0 } else { 1 });
+}
+
+const SKIP: &str = "skip: ";
+
+/// The error a test returns when this machine cannot run it, e.g.
+/// `return Err(skip("needs 2 GPUs, 1 visible"))`.
+pub fn skip(why: &str) -> String {
+    format!("{SKIP}{why}")
 }
 
 /// The role this process was re-executed for, if any.
