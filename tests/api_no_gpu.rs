@@ -33,11 +33,17 @@ assert_not_impl_any!(char: DeviceRepr);
 #[test]
 fn token_is_one_per_thread() {
     let main_token = ThreadContext::acquire().expect("first token");
-    assert_eq!(ThreadContext::acquire().unwrap_err(), Error::ThreadContextTaken);
+    assert_eq!(
+        ThreadContext::acquire().unwrap_err(),
+        Error::ThreadContextTaken
+    );
     // Another thread has its own slot, free while this one is taken.
     std::thread::spawn(|| {
         let t = ThreadContext::acquire().expect("other thread's token");
-        assert_eq!(ThreadContext::acquire().unwrap_err(), Error::ThreadContextTaken);
+        assert_eq!(
+            ThreadContext::acquire().unwrap_err(),
+            Error::ThreadContextTaken
+        );
         drop(t);
         ThreadContext::acquire().expect("re-acquire after drop");
     })
@@ -50,12 +56,33 @@ fn token_is_one_per_thread() {
 
 #[test]
 fn error_messages_name_the_problem() {
-    let e = Error::BadOrdinal { ordinal: 3, count: 1 };
-    assert_eq!(e.to_string(), "device ordinal 3 is out of range: 1 CUDA device(s) are visible");
-    let e = Error::WrongDevice { what: "source slice", bound: 1, found: 0 };
-    assert_eq!(e.to_string(), "wrong device: source slice lives on device 0, but device 1 is bound");
-    assert!(Error::NoDriver.to_string().starts_with("no CUDA driver found"));
-    assert!(Error::ThreadContextTaken.to_string().contains("already holds a ThreadContext"));
+    let e = Error::BadOrdinal {
+        ordinal: 3,
+        count: 1,
+    };
+    assert_eq!(
+        e.to_string(),
+        "device ordinal 3 is out of range: 1 CUDA device(s) are visible"
+    );
+    let e = Error::WrongDevice {
+        what: "source slice",
+        bound: 1,
+        found: 0,
+    };
+    assert_eq!(
+        e.to_string(),
+        "wrong device: source slice lives on device 0, but device 1 is bound"
+    );
+    assert!(
+        Error::NoDriver
+            .to_string()
+            .starts_with("no CUDA driver found")
+    );
+    assert!(
+        Error::ThreadContextTaken
+            .to_string()
+            .contains("already holds a ThreadContext")
+    );
 }
 
 #[test]

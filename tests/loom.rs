@@ -8,8 +8,8 @@
 use gpubind::device::LazyPrimary;
 use gpubind::driver::PrimaryCtxOps;
 use gpubind::{Error, ThreadContext};
-use loom::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use loom::sync::Arc;
+use loom::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use loom::thread;
 
 /// A model of the driver: counts retains and releases; can fail the first retains.
@@ -69,7 +69,11 @@ fn concurrent_first_binds_retain_exactly_once() {
         assert_eq!(cell.ops().retains.load(SeqCst), 1);
         assert_eq!(cell.ops().releases.load(SeqCst), 0);
         drop(cell);
-        assert_eq!(released.load(SeqCst), 1, "the last owner releases exactly once");
+        assert_eq!(
+            released.load(SeqCst),
+            1,
+            "the last owner releases exactly once"
+        );
     });
 }
 
@@ -101,7 +105,11 @@ fn failed_retain_is_retried_and_never_released() {
         assert!(cell.is_retained());
         assert_eq!(cell.ops().retains.load(SeqCst), 1);
         drop(cell);
-        assert_eq!(released.load(SeqCst), 1, "one successful retain, one release");
+        assert_eq!(
+            released.load(SeqCst),
+            1,
+            "one successful retain, one release"
+        );
     });
 }
 
@@ -111,7 +119,9 @@ fn never_bound_is_never_released() {
         let released = Arc::new(AtomicUsize::new(0));
         let cell = Arc::new(LazyPrimary::new(MockDriver::new(0, released.clone()), 0));
         let c2 = cell.clone();
-        thread::spawn(move || assert!(!c2.is_retained())).join().unwrap();
+        thread::spawn(move || assert!(!c2.is_retained()))
+            .join()
+            .unwrap();
         drop(cell);
         assert_eq!(released.load(SeqCst), 0);
     });
@@ -124,7 +134,10 @@ fn one_token_per_thread() {
             .map(|_| {
                 thread::spawn(|| {
                     let first = ThreadContext::acquire().expect("each thread gets one token");
-                    assert_eq!(ThreadContext::acquire().unwrap_err(), Error::ThreadContextTaken);
+                    assert_eq!(
+                        ThreadContext::acquire().unwrap_err(),
+                        Error::ThreadContextTaken
+                    );
                     drop(first);
                     let again = ThreadContext::acquire().expect("drop frees the slot");
                     drop(again);
@@ -135,7 +148,10 @@ fn one_token_per_thread() {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(ThreadContext::acquire().unwrap_err(), Error::ThreadContextTaken);
+        assert_eq!(
+            ThreadContext::acquire().unwrap_err(),
+            Error::ThreadContextTaken
+        );
         drop(mine);
     });
 }
