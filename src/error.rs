@@ -103,6 +103,21 @@ pub enum Error {
         reason: String,
     },
 
+    /// `libcublas` could not be loaded.
+    #[error(
+        "cuBLAS not found: libcublas could not be loaded (add the CUDA toolkit's lib64, e.g. /usr/local/cuda/lib64, to LD_LIBRARY_PATH)"
+    )]
+    NoCublas,
+
+    /// A cuBLAS call failed.
+    #[error("{call} failed: {status}")]
+    Cublas {
+        /// The cuBLAS entry point.
+        call: &'static str,
+        /// The `cublasStatus_t` name.
+        status: String,
+    },
+
     /// A value that the driver would reject or that makes no sense (zero grid, bad name, …).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -49,6 +49,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod blas;
 pub mod context;
 pub mod device;
 pub mod driver;

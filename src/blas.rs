@@ -1,0 +1,218 @@
+//! cuBLAS matrix products on gpubind memory, bound to the right context by the types.
+//!
+//! A [`Blas`] handle is created under a binding (`cublasCreate` attaches it to the current
+//! context) and, like other resources, holds an `Arc<Device>`. Products are enqueued on a
+//! [`BoundStream`] of the same device, so they run in the right context and in stream
+//! order with kernels and copies:
+//!
+//! ```no_run
+//! # fn main() -> gpubind::Result<()> {
+//! use gpubind::{blas::Matmul, Device, ThreadContext};
+//! let mut ctx = ThreadContext::acquire()?;
+//! let dev = Device::get(0)?;
+//! let gpu = ctx.bind(&dev)?;
+//! let mut blas = gpu.new_blas()?;
+//! let a = gpu.clone_htod(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])?; // 2×3, row-major
+//! let b = gpu.clone_htod(&[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0])?; // 3×2
+//! let mut c = gpu.alloc_zeros::<f32>(4)?;                       // 2×2
+//! gpu.default_stream().matmul(&mut blas, &Matmul::new(2, 2, 3), &a, &b, &mut c)?;
+//! assert_eq!(gpu.dtoh(&c)?, [4.0, 5.0, 10.0, 11.0]);
+//! # Ok(()) }
+//! ```
+
+use crate::context::BoundDevice;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::memory::{DeviceMemory, DeviceMemoryMut, expect_len};
+use crate::stream::BoundStream;
+use cudarc::cublas::sys as cublas;
+use std::sync::Arc;
+
+/// A cuBLAS handle of one device.
+///
+/// `Send` (it may move to another thread with its device) but not `Sync`: cuBLAS handles
+/// must not be used by two threads at once, and every product takes `&mut Blas`.
+pub struct Blas {
+    device: Arc<Device>,
+    handle: cublas::cublasHandle_t,
+}
+
+// SAFETY: a cuBLAS handle may be used from any thread (one at a time: `&mut self` on
+// every use) whose current context is the handle's, which BoundStream proves.
+unsafe impl Send for Blas {}
+
+fn check(status: cublas::cublasStatus_t, call: &'static str) -> Result<()> {
+    if status == cublas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Cublas {
+            call,
+            status: format!("{status:?}"),
+        })
+    }
+}
+
+impl Blas {
+    /// The handle's device.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        if let Ok(_guard) = self.device.enter() {
+            // SAFETY: created by cublasCreate in this context; destroyed once, here.
+            let _ = unsafe { cublas::cublasDestroy_v2(self.handle) };
+        }
+    }
+}
+
+impl<'a> BoundDevice<'a> {
+    /// Creates a cuBLAS handle for the bound device; [`Error::NoCublas`] if `libcublas`
+    /// cannot be loaded.
+    pub fn new_blas(&self) -> Result<Blas> {
+        // SAFETY: only tries dlopen on the candidate names.
+        if !unsafe { cublas::is_culib_present() } {
+            return Err(Error::NoCublas);
+        }
+        let mut handle: cublas::cublasHandle_t = std::ptr::null_mut();
+        // SAFETY: the bound context is current; writes one handle.
+        check(
+            unsafe { cublas::cublasCreate_v2(&mut handle) },
+            "cublasCreate_v2",
+        )?;
+        Ok(Blas {
+            device: Arc::clone(self.device()),
+            handle,
+        })
+    }
+}
+
+/// The shape of a row-major product `C[m×n] = alpha · op(A)[m×k] · op(B)[k×n] + beta · C`.
+///
+/// `op(X)` is `X` or, with `transpose_a`/`transpose_b`, `Xᵀ`; a transposed `A` is stored
+/// `k×m`, a transposed `B` `n×k`. All matrices are dense row-major.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Matmul {
+    /// Rows of C.
+    pub m: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// The shared dimension.
+    pub k: usize,
+    /// Use `Aᵀ` (A stored k×m).
+    pub transpose_a: bool,
+    /// Use `Bᵀ` (B stored n×k).
+    pub transpose_b: bool,
+    /// Scale of the product.
+    pub alpha: f32,
+    /// Scale of the old C (0 overwrites).
+    pub beta: f32,
+}
+
+impl Matmul {
+    /// `C = A · B` with `A: m×k`, `B: k×n`.
+    pub fn new(m: usize, n: usize, k: usize) -> Self {
+        Matmul {
+            m,
+            n,
+            k,
+            transpose_a: false,
+            transpose_b: false,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+
+    /// Uses `Aᵀ`.
+    pub fn transpose_a(mut self) -> Self {
+        self.transpose_a = true;
+        self
+    }
+
+    /// Uses `Bᵀ`.
+    pub fn transpose_b(mut self) -> Self {
+        self.transpose_b = true;
+        self
+    }
+
+    /// Sets `alpha` and `beta`.
+    pub fn scaled(mut self, alpha: f32, beta: f32) -> Self {
+        self.alpha = alpha;
+        self.beta = beta;
+        self
+    }
+}
+
+fn dim(v: usize) -> Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| Error::InvalidArgument(format!("matrix dimension {v} exceeds i32")))
+}
+
+impl<'b> BoundStream<'b> {
+    /// Enqueues a row-major f32 matrix product (cuBLAS SGEMM). Buffer lengths must be
+    /// exactly `m·k`, `k·n` and `m·n`; everything must live on the bound device.
+    pub fn matmul(
+        &self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        a: &impl DeviceMemory<f32>,
+        b: &impl DeviceMemory<f32>,
+        c: &mut impl DeviceMemoryMut<f32>,
+    ) -> Result<()> {
+        let bound = self.bound();
+        bound.expect_device("cuBLAS handle", blas.device())?;
+        bound.expect_device("matrix A", a.device())?;
+        bound.expect_device("matrix B", b.device())?;
+        bound.expect_device("matrix C", c.device())?;
+        let Matmul { m, n, k, .. } = *shape;
+        expect_len("matmul A (m·k)", m * k, a.len())?;
+        expect_len("matmul B (k·n)", k * n, b.len())?;
+        expect_len("matmul C (m·n)", m * n, c.len())?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let op = |t: bool| {
+            if t {
+                cublas::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublas::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the operands.
+        let lda = if shape.transpose_a { m } else { k };
+        let ldb = if shape.transpose_b { k } else { n };
+        let (m_, n_, k_) = (dim(n)?, dim(m)?, dim(k)?);
+        // SAFETY: the handle belongs to the current context (checked above); the stream
+        // is a valid stream of that context (or null for the default stream).
+        check(
+            unsafe { cublas::cublasSetStream_v2(blas.handle, self.raw().cast()) },
+            "cublasSetStream_v2",
+        )?;
+        // SAFETY: all three buffers are live device allocations of the current context
+        // with exactly the element counts the dimensions imply (checked above); alpha and
+        // beta are host scalars alive for the call (default pointer mode).
+        check(
+            unsafe {
+                cublas::cublasSgemm_v2(
+                    blas.handle,
+                    op(shape.transpose_b),
+                    op(shape.transpose_a),
+                    m_,
+                    n_,
+                    k_,
+                    &shape.alpha,
+                    b.device_ptr() as *const f32,
+                    dim(ldb.max(1))?,
+                    a.device_ptr() as *const f32,
+                    dim(lda.max(1))?,
+                    &shape.beta,
+                    c.device_ptr() as *mut f32,
+                    dim(n)?,
+                )
+            },
+            "cublasSgemm_v2",
+        )
+    }
+}
