@@ -59,28 +59,37 @@ use std::sync::Arc;
 /// Use `u8` for flags.
 pub unsafe trait DeviceRepr: Copy + Send + Sync + 'static {}
 
+/// Calls `$m!(u8, i8, …, bf16)` with every scalar type gpubind moves to and from the
+/// device, so the lists of `DeviceRepr` and `KernelArg` impls cannot drift apart.
+macro_rules! with_scalar_types {
+    ($m:ident) => {
+        $m!(
+            u8,
+            i8,
+            u16,
+            i16,
+            u32,
+            i32,
+            u64,
+            i64,
+            usize,
+            isize,
+            f32,
+            f64,
+            half::f16,
+            half::bf16
+        );
+    };
+}
+pub(crate) use with_scalar_types;
+
 macro_rules! device_repr {
     ($($t:ty),*) => { $(
         // SAFETY: a primitive number: no padding, every bit pattern valid.
         unsafe impl DeviceRepr for $t {}
     )* };
 }
-device_repr!(
-    u8,
-    i8,
-    u16,
-    i16,
-    u32,
-    i32,
-    u64,
-    i64,
-    usize,
-    isize,
-    f32,
-    f64,
-    half::f16,
-    half::bf16
-);
+with_scalar_types!(device_repr);
 // SAFETY: arrays of such types have no padding between elements and no invalid values.
 unsafe impl<T: DeviceRepr, const N: usize> DeviceRepr for [T; N] {}
 

@@ -249,22 +249,7 @@ macro_rules! scalar_arg {
         }
     )* };
 }
-scalar_arg!(
-    u8,
-    i8,
-    u16,
-    i16,
-    u32,
-    i32,
-    u64,
-    i64,
-    usize,
-    isize,
-    f32,
-    f64,
-    half::f16,
-    half::bf16
-);
+crate::memory::with_scalar_types!(scalar_arg);
 
 macro_rules! memory_arg {
     ($ty:ident $(<$lt:lifetime>)?) => {
