@@ -128,6 +128,7 @@ enum Impl {
 const IMPLS: [Impl; 3] = [Impl::Gpubind, Impl::Cudarc, Impl::Raw];
 
 /// What one call of a measured closure must do.
+#[derive(Clone, Copy)]
 enum Step {
     /// One iteration of the measured work.
     Op,
@@ -220,6 +221,48 @@ fn ck(r: sys::CUresult, call: &'static str) -> R<()> {
     } else {
         Err(gpubind::Error::driver(call, r).into())
     }
+}
+
+/// `cuStreamSynchronize`.
+fn raw_sync(stream: sys::CUstream) -> R<()> {
+    // SAFETY: callers pass a live stream of the current context.
+    ck(
+        unsafe { sys::cuStreamSynchronize(stream) },
+        "cuStreamSynchronize",
+    )
+}
+
+/// `cuLaunchKernel` with `cfg`'s dimensions.
+///
+/// # Safety
+///
+/// `f` and `stream` belong to the current context; `params` points at one pointer per
+/// kernel parameter, each to a value of that parameter's type (null for no parameters).
+#[inline]
+unsafe fn raw_launch(
+    f: sys::CUfunction,
+    cfg: LaunchConfig,
+    stream: sys::CUstream,
+    params: *mut *mut std::ffi::c_void,
+) -> R<()> {
+    let (g, b) = (cfg.grid_dim, cfg.block_dim);
+    // SAFETY: the caller's contract above.
+    let r = unsafe {
+        sys::cuLaunchKernel(
+            f,
+            g.0,
+            g.1,
+            g.2,
+            b.0,
+            b.1,
+            b.2,
+            cfg.shared_mem_bytes,
+            stream,
+            params,
+            std::ptr::null_mut(),
+        )
+    };
+    ck(r, "cuLaunchKernel")
 }
 
 fn set_current(ctx: sys::CUcontext) -> R<()> {
@@ -516,11 +559,7 @@ fn memset_row(env: &mut Env, mode: Mode, imp: Impl, n: usize) -> R<Option<f64>> 
                     unsafe { sys::cuMemsetD8Async(r.buf, 0, MEMSET_BYTES, r.stream) },
                     "cuMemsetD8Async",
                 ),
-                // SAFETY: our stream of the current context.
-                Step::Sync => ck(
-                    unsafe { sys::cuStreamSynchronize(r.stream) },
-                    "cuStreamSynchronize",
-                ),
+                Step::Sync => raw_sync(r.stream),
             })?
         }
     }))
@@ -623,30 +662,9 @@ fn empty_launch_row(env: &mut Env, mode: Mode, imp: Impl, n: usize) -> R<Option<
             }
             r.make_current()?;
             measure(mode, n, |step| match step {
-                // SAFETY: a function of the current context with no parameters.
-                Step::Op => ck(
-                    unsafe {
-                        sys::cuLaunchKernel(
-                            r.empty,
-                            1,
-                            1,
-                            1,
-                            1,
-                            1,
-                            1,
-                            0,
-                            r.stream,
-                            std::ptr::null_mut(),
-                            std::ptr::null_mut(),
-                        )
-                    },
-                    "cuLaunchKernel",
-                ),
-                // SAFETY: our stream of the current context.
-                Step::Sync => ck(
-                    unsafe { sys::cuStreamSynchronize(r.stream) },
-                    "cuStreamSynchronize",
-                ),
+                // SAFETY: a function and a stream of the current context; no parameters.
+                Step::Op => unsafe { raw_launch(r.empty, cfg, r.stream, std::ptr::null_mut()) },
+                Step::Sync => raw_sync(r.stream),
             })?
         }
     }))
@@ -699,105 +717,99 @@ fn args_launch_row(env: &mut Env, mode: Mode, imp: Impl, n: usize) -> R<Option<f
                         (&mut pb as *mut sys::CUdeviceptr).cast(),
                         (&mut pn as *mut u32).cast(),
                     ];
-                    // SAFETY: as for gpubind above; `params` points at three live values.
-                    ck(
-                        unsafe {
-                            sys::cuLaunchKernel(
-                                r.touch,
-                                1,
-                                1,
-                                1,
-                                TOUCH_N,
-                                1,
-                                1,
-                                0,
-                                r.stream,
-                                params.as_mut_ptr(),
-                                std::ptr::null_mut(),
-                            )
-                        },
-                        "cuLaunchKernel",
-                    )
+                    // SAFETY: as for gpubind above; `params` points at three live values
+                    // of the kernel's parameter types.
+                    unsafe { raw_launch(r.touch, cfg, r.stream, params.as_mut_ptr()) }
                 }
-                // SAFETY: our stream of the current context.
-                Step::Sync => ck(
-                    unsafe { sys::cuStreamSynchronize(r.stream) },
-                    "cuStreamSynchronize",
-                ),
+                Step::Sync => raw_sync(r.stream),
             })?
         }
     }))
 }
 
-/// One GPU, one context: re-bind before every op. gpubind's rebind of the bound device is
-/// a no-op by design; cudarc's two `CudaContext` objects wrap the same primary context, so
-/// its `bind_to_thread` finds it current; raw calls `cuCtxSetCurrent` before each op.
-fn rebind_row(env: &mut Env, imp: Impl, n: usize) -> R<Option<f64>> {
+/// One side of a two-context row in gpubind: a device, a stream of it, a buffer on it.
+type GSide<'x> = (&'x Arc<Device>, &'x Stream, &'x mut DeviceSlice<u8>);
+/// The same in cudarc: a stream (of some `CudaContext` object) and a buffer.
+type CSide<'x> = (&'x Arc<CudaStream>, &'x mut CudaSlice<u8>);
+/// The same in the raw driver: a context, a buffer in it, a stream of it.
+type RSide = (sys::CUcontext, sys::CUdeviceptr, sys::CUstream);
+
+/// The two sides of a two-context row for each implementation (`g: None`: gpubind
+/// cannot do the row).
+struct Pair<'x> {
+    g: Option<[GSide<'x>; 2]>,
+    c: [CSide<'x>; 2],
+    r: [RSide; 2],
+}
+
+/// One iteration = (switch to side 0, memset there, switch to side 1, memset there); the
+/// result is ns per (switch + memset), i.e. per iteration / 2.
+fn pair_row(
+    tc: &mut ThreadContext,
+    mode: Mode,
+    imp: Impl,
+    n: usize,
+    p: Pair<'_>,
+) -> R<Option<f64>> {
     let per_iter = match imp {
         Impl::Gpubind => {
-            env.tc.forget_binding();
-            let (tc, dev) = (&mut env.tc, &env.dev);
-            let g = &mut env.g;
-            measure(Mode::Wall, n, |step| {
-                match step {
-                    Step::Op => {
-                        {
-                            let gpu = tc.bind(dev)?;
-                            gpu.on(&g.stream)?.memset_zeros_async(&mut g.buf)?;
-                        }
-                        let gpu = tc.bind(dev)?;
-                        gpu.on(&g.stream2)?.memset_zeros_async(&mut g.buf2)?;
-                    }
-                    Step::Sync => {
-                        let gpu = tc.bind(dev)?;
-                        gpu.on(&g.stream)?.synchronize()?;
-                        gpu.on(&g.stream2)?.synchronize()?;
+            let Some(mut sides) = p.g else {
+                return Ok(None);
+            };
+            tc.forget_binding();
+            measure(mode, n, |step| {
+                for (dev, stream, buf) in sides.iter_mut() {
+                    let gpu = tc.bind(dev)?;
+                    let s = gpu.on(stream)?;
+                    match step {
+                        Step::Op => s.memset_zeros_async(&mut **buf)?,
+                        Step::Sync => s.synchronize()?,
                     }
                 }
                 Ok(())
             })?
         }
         Impl::Cudarc => {
-            let c = &mut env.c;
-            measure(Mode::Wall, n, |step| {
-                match step {
-                    Step::Op => {
-                        c.stream.memset_zeros(&mut c.buf)?;
-                        c.other.stream.memset_zeros(&mut c.other.buf)?;
-                    }
-                    Step::Sync => {
-                        c.stream.synchronize()?;
-                        c.other.stream.synchronize()?;
+            let mut sides = p.c;
+            measure(mode, n, |step| {
+                for (s, buf) in sides.iter_mut() {
+                    match step {
+                        Step::Op => s.memset_zeros(&mut **buf)?,
+                        Step::Sync => s.synchronize()?,
                     }
                 }
                 Ok(())
             })?
         }
-        Impl::Raw => {
-            let r = &env.r;
-            measure(Mode::Wall, n, |step| {
+        Impl::Raw => measure(mode, n, |step| {
+            for (ctx, buf, stream) in p.r {
+                set_current(ctx)?;
                 match step {
-                    Step::Op => {
-                        for (buf, stream) in [(r.buf, r.stream), (r.buf2, r.stream2)] {
-                            set_current(r.ctx)?;
-                            // SAFETY: current primary context; live allocation; our stream.
-                            ck(
-                                unsafe { sys::cuMemsetD8Async(buf, 0, MEMSET_BYTES, stream) },
-                                "cuMemsetD8Async",
-                            )?;
-                        }
-                    }
-                    Step::Sync => {
-                        set_current(r.ctx)?;
-                        // SAFETY: a current context exists.
-                        ck(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
-                    }
+                    // SAFETY: `buf` and `stream` belong to `ctx`, now current.
+                    Step::Op => ck(
+                        unsafe { sys::cuMemsetD8Async(buf, 0, MEMSET_BYTES, stream) },
+                        "cuMemsetD8Async",
+                    )?,
+                    Step::Sync => raw_sync(stream)?,
                 }
-                Ok(())
-            })?
-        }
+            }
+            Ok(())
+        })?,
     };
     Ok(Some(per_iter / 2.0))
+}
+
+/// One GPU, one context: re-bind before every op. gpubind's re-bind of the bound device is
+/// a no-op by design; cudarc's two `CudaContext` objects wrap the same primary context, so
+/// its `bind_to_thread` finds it current; raw calls `cuCtxSetCurrent` before each op.
+fn rebind_row(env: &mut Env, imp: Impl, n: usize) -> R<Option<f64>> {
+    let (g, c, r, dev) = (&mut env.g, &mut env.c, &env.r, &env.dev);
+    let p = Pair {
+        g: Some([(dev, &g.stream, &mut g.buf), (dev, &g.stream2, &mut g.buf2)]),
+        c: [(&c.stream, &mut c.buf), (&c.other.stream, &mut c.other.buf)],
+        r: [(r.ctx, r.buf, r.stream), (r.ctx, r.buf2, r.stream2)],
+    };
+    pair_row(&mut env.tc, Mode::Wall, imp, n, p)
 }
 
 /// A second, non-primary context on the same GPU with a stream and a buffer (raw side).
@@ -849,7 +861,8 @@ impl Drop for SecondContext {
 }
 
 /// One GPU, two real contexts: primary and a created one, switched before every op.
-/// gpubind binds only primary contexts, so it has no entry here.
+/// gpubind binds only primary contexts, so it has no entry here. Submit timing: the GPU
+/// time-slices between the two contexts.
 fn switch_row(
     env: &mut Env,
     second_c: &mut CudarcExtra,
@@ -857,51 +870,19 @@ fn switch_row(
     imp: Impl,
     n: usize,
 ) -> R<Option<f64>> {
-    let per_iter = match imp {
-        Impl::Gpubind => return Ok(None),
-        Impl::Cudarc => {
-            let c = &mut env.c;
-            measure(Mode::Submit, n, |step| {
-                match step {
-                    Step::Op => {
-                        c.stream.memset_zeros(&mut c.buf)?;
-                        second_c.stream.memset_zeros(&mut second_c.buf)?;
-                    }
-                    Step::Sync => {
-                        c.stream.synchronize()?;
-                        second_c.stream.synchronize()?;
-                    }
-                }
-                Ok(())
-            })?
-        }
-        Impl::Raw => {
-            let r = &env.r;
-            let two = [
-                (r.ctx, r.buf, r.stream),
-                (second_r.ctx, second_r.buf, second_r.stream),
-            ];
-            measure(Mode::Submit, n, |step| {
-                for (ctx, buf, stream) in two {
-                    set_current(ctx)?;
-                    match step {
-                        // SAFETY: `buf` and `stream` belong to `ctx`, now current.
-                        Step::Op => ck(
-                            unsafe { sys::cuMemsetD8Async(buf, 0, MEMSET_BYTES, stream) },
-                            "cuMemsetD8Async",
-                        )?,
-                        // SAFETY: as above.
-                        Step::Sync => ck(
-                            unsafe { sys::cuStreamSynchronize(stream) },
-                            "cuStreamSynchronize",
-                        )?,
-                    }
-                }
-                Ok(())
-            })?
-        }
+    let (c, r) = (&mut env.c, &env.r);
+    let p = Pair {
+        g: None,
+        c: [
+            (&c.stream, &mut c.buf),
+            (&second_c.stream, &mut second_c.buf),
+        ],
+        r: [
+            (r.ctx, r.buf, r.stream),
+            (second_r.ctx, second_r.buf, second_r.stream),
+        ],
     };
-    Ok(Some(per_iter / 2.0))
+    pair_row(&mut env.tc, Mode::Submit, imp, n, p)
 }
 
 /// Resources on a second GPU for the A/B alternation.
@@ -938,70 +919,19 @@ fn second_gpu(env: &mut Env, dev: Arc<Device>) -> R<SecondGpu> {
 
 /// Two GPUs on one thread: bind A, memset on A, bind B, memset on B, ...
 fn alternate_row(env: &mut Env, two: &mut SecondGpu, imp: Impl, n: usize) -> R<Option<f64>> {
-    let per_iter = match imp {
-        Impl::Gpubind => {
-            env.tc.forget_binding();
-            let (tc, d0, g) = (&mut env.tc, &env.dev, &mut env.g);
-            measure(Mode::Wall, n, |step| {
-                match step {
-                    Step::Op => {
-                        {
-                            let gpu = tc.bind(d0)?;
-                            gpu.on(&g.stream)?.memset_zeros_async(&mut g.buf)?;
-                        }
-                        let gpu = tc.bind(&two.dev)?;
-                        gpu.on(&two.g_stream)?.memset_zeros_async(&mut two.g_buf)?;
-                    }
-                    Step::Sync => {
-                        tc.bind(d0)?.on(&g.stream)?.synchronize()?;
-                        tc.bind(&two.dev)?.on(&two.g_stream)?.synchronize()?;
-                    }
-                }
-                Ok(())
-            })?
-        }
-        Impl::Cudarc => {
-            let c = &mut env.c;
-            measure(Mode::Wall, n, |step| {
-                match step {
-                    Step::Op => {
-                        c.stream.memset_zeros(&mut c.buf)?;
-                        two.c_stream.memset_zeros(&mut two.c_buf)?;
-                    }
-                    Step::Sync => {
-                        c.stream.synchronize()?;
-                        two.c_stream.synchronize()?;
-                    }
-                }
-                Ok(())
-            })?
-        }
-        Impl::Raw => {
-            let pair = [
-                (env.r.ctx, env.r.buf, env.r.stream),
-                (two.r.ctx, two.r.buf, two.r.stream),
-            ];
-            measure(Mode::Wall, n, |step| {
-                for (ctx, buf, stream) in pair {
-                    set_current(ctx)?;
-                    match step {
-                        // SAFETY: `buf` and `stream` belong to `ctx`, now current.
-                        Step::Op => ck(
-                            unsafe { sys::cuMemsetD8Async(buf, 0, MEMSET_BYTES, stream) },
-                            "cuMemsetD8Async",
-                        )?,
-                        // SAFETY: as above.
-                        Step::Sync => ck(
-                            unsafe { sys::cuStreamSynchronize(stream) },
-                            "cuStreamSynchronize",
-                        )?,
-                    }
-                }
-                Ok(())
-            })?
-        }
+    let (g, c, r) = (&mut env.g, &mut env.c, &env.r);
+    let p = Pair {
+        g: Some([
+            (&env.dev, &g.stream, &mut g.buf),
+            (&two.dev, &two.g_stream, &mut two.g_buf),
+        ]),
+        c: [(&c.stream, &mut c.buf), (&two.c_stream, &mut two.c_buf)],
+        r: [
+            (r.ctx, r.buf, r.stream),
+            (two.r.ctx, two.r.buf, two.r.stream),
+        ],
     };
-    Ok(Some(per_iter / 2.0))
+    pair_row(&mut env.tc, Mode::Wall, imp, n, p)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1019,6 +949,8 @@ struct Footprint {
 }
 
 fn footprint(gpu: &gpubind::BoundDevice<'_>, kind: &str) -> R<Footprint> {
+    let free = || -> R<i64> { Ok(gpu.memory_info()?.0 as i64) };
+    let before = free()?; // before the child exists
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
         .args([CHILD_ARG, kind])
@@ -1039,9 +971,6 @@ fn footprint(gpu: &gpubind::BoundDevice<'_>, kind: &str) -> R<Footprint> {
             }
         }
     };
-    let free = || -> R<i64> { Ok(gpu.memory_info()?.0 as i64) };
-
-    let before = free()?;
     let outcome = (|| -> R<Footprint> {
         let active_after_listing = ready()?;
         let after_listing = before - free()?;
