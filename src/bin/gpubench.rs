@@ -1509,3 +1509,159 @@ const NOTES: [&str; 8] = [
     "2-GPU row: bind A, memset on A, bind B, memset on B, ... for all three (raw: cuCtxSetCurrent + cuMemsetD8Async). Per op = per (switch + memset).",
     "memory rows: a child process (gpubench re-executed) lists the devices and reads attributes (gpubind: Device::all + attributes; cudarc: CudaContext::new(0) + attributes, as its safe API needs a context; raw: cuInit + cuDeviceGet*), waits, then binds (gpubind ThreadContext::bind; raw cuDevicePrimaryCtxRetain + cuCtxSetCurrent). The parent reads device-wide free memory with cuMemGetInfo before the child starts and at each phase; used = before - now.",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(vec![5.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(vec![]), None);
+    }
+
+    #[test]
+    fn options_parse_and_reject() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let o = parse_args(&args(&[])).unwrap();
+        assert_eq!((o.iters, o.rounds, o.markdown), (100_000, 5, false));
+        let o = parse_args(&args(&["--quick", "--markdown", "--rounds", "3"])).unwrap();
+        assert_eq!((o.iters, o.rounds, o.markdown), (10_000, 3, true));
+        assert_eq!(parse_args(&args(&["--iters", "7"])).unwrap().iters, 7);
+        for bad in [
+            &["--iters"][..],
+            &["--iters", "0"],
+            &["--iters", "x"],
+            &["--what"],
+        ] {
+            assert!(parse_args(&args(bad)).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn measure_runs_each_op_once_and_syncs_per_batch() {
+        for (mode, iters, syncs) in [
+            (Mode::Wall, 1000, 2),
+            (Mode::Submit, 1000, 1 + 1000usize.div_ceil(SUBMIT_BATCH)),
+            (Mode::Submit, 256, 2),
+        ] {
+            let (mut ops, mut sync) = (0usize, 0usize);
+            let ns = measure(mode, iters, |step| {
+                match step {
+                    Step::Op => ops += 1,
+                    Step::Sync => sync += 1,
+                }
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!((ops, sync), (iters, syncs));
+            assert!(ns.is_finite() && ns >= 0.0);
+        }
+        let err = measure(Mode::Wall, 10, |step| match step {
+            Step::Op => Err("boom".into()),
+            Step::Sync => Ok(()),
+        });
+        assert_eq!(err.unwrap_err().to_string(), "boom");
+    }
+
+    #[test]
+    fn bench_row_interleaves_and_takes_medians() {
+        let mut calls = Vec::new();
+        let res = bench_row(3, 1000, |imp, n| {
+            calls.push((imp, n));
+            Ok(match imp {
+                Impl::Gpubind => Some(10.0 + calls.len() as f64),
+                Impl::Cudarc => Some(20.0),
+                Impl::Raw => None,
+            })
+        })
+        .unwrap();
+        // 3 warm-ups of iters/10, then 3 rounds of 3 with a rotating order.
+        assert_eq!(calls.len(), 12);
+        assert!(calls[..3].iter().all(|&(_, n)| n == 100));
+        let order: Vec<Impl> = calls[3..].iter().map(|&(i, _)| i).collect();
+        use Impl::*;
+        assert_eq!(
+            order,
+            [
+                Gpubind, Cudarc, Raw, Cudarc, Raw, Gpubind, Raw, Gpubind, Cudarc
+            ]
+        );
+        // gpubind samples: calls #4, #9, #11 -> 14, 19, 21: median 19.
+        assert_eq!(res, [Some(19.0), Some(20.0), None]);
+    }
+
+    #[test]
+    fn rows_compute_ratios_and_goals() {
+        let row = Row {
+            label: "x".into(),
+            cells: [Cell::Ns(100.0), Cell::Ns(200.0), Cell::Ns(98.0)],
+            goal: Goal::PerOp,
+        };
+        let cols = row.columns();
+        assert_eq!(cols[1], "100 ns");
+        assert_eq!(cols[4], "1.02"); // 100/98
+        assert_eq!(cols[5], "0.50");
+        assert_eq!(cols[6], "/raw <= 1.05: met; /cudarc <= 0.80: met");
+        let slow = Row {
+            label: "y".into(),
+            cells: [Cell::Ns(120.0), Cell::Ns(130.0), Cell::Ns(100.0)],
+            goal: Goal::PerOp,
+        };
+        assert_eq!(
+            slow.columns()[6],
+            "/raw <= 1.05: MISSED; /cudarc <= 0.80: MISSED"
+        );
+        let na = Row {
+            label: "z".into(),
+            cells: [Cell::Text("n/a".into()), Cell::Ns(1.0), Cell::Ns(1.0)],
+            goal: Goal::Info,
+        };
+        assert_eq!(na.columns()[4..6], ["—", "—"]);
+        let mem = Row {
+            label: "m".into(),
+            cells: [Cell::MiB(0.0), Cell::MiB(500.0), Cell::MiB(0.0)],
+            goal: Goal::ZeroMemory,
+        };
+        assert_eq!(mem.columns()[6], "gpubind 0 MiB: met");
+        let active = Row {
+            label: "a".into(),
+            cells: [Cell::Flag(true), Cell::Flag(true), Cell::Flag(false)],
+            goal: Goal::Inactive,
+        };
+        assert_eq!(active.columns()[6], "gpubind no: MISSED");
+    }
+
+    #[test]
+    fn tables_render_as_text_and_markdown() {
+        let rows = [
+            Row {
+                label: "memset".into(),
+                cells: [Cell::Ns(1500.0), Cell::Ns(2500.0), Cell::Ns(1480.0)],
+                goal: Goal::PerOp,
+            },
+            Row {
+                label: "memory".into(),
+                cells: [Cell::MiB(0.0), Cell::MiB(512.0), Cell::MiB(0.0)],
+                goal: Goal::ZeroMemory,
+            },
+        ];
+        let md = render(&rows, true);
+        let lines: Vec<&str> = md.lines().collect();
+        assert_eq!(lines.len(), 4);
+        assert!(lines[1].starts_with("|---|"));
+        for l in &lines {
+            assert_eq!(l.matches('|').count(), HEADER.len() + 1, "{l}");
+        }
+        assert!(lines[2].contains("| 1500 ns | 2500 ns | 1480 ns | 1.01 | 0.60 |"));
+        let text = render(&rows, false);
+        let tl: Vec<&str> = text.lines().collect();
+        assert_eq!(tl.len(), 4);
+        assert!(tl[0].starts_with("measurement"));
+        assert!(tl[3].contains("512.0 MiB"));
+        // Right-aligned number columns end at the same place.
+        let end = |l: &str, pat: &str| l.find(pat).map(|i| i + pat.len());
+        assert_eq!(end(tl[2], "1500 ns"), end(tl[3], "0.0 MiB"));
+    }
+}
