@@ -9,11 +9,33 @@ mod common;
 
 use std::sync::OnceLock;
 
+/// The gpubench binary: `$GPUBENCH` if set, else the one cargo built with this test, else
+/// one next to this test binary or one folder up (for binaries copied to another machine).
+fn gpubench_path() -> Result<std::path::PathBuf, String> {
+    if let Some(p) = std::env::var_os("GPUBENCH") {
+        return Ok(p.into());
+    }
+    let mut candidates = vec![std::path::PathBuf::from(env!("CARGO_BIN_EXE_gpubench"))];
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Into::into))
+    {
+        let dir: std::path::PathBuf = dir;
+        candidates.push(dir.join("gpubench"));
+        candidates.push(dir.join("..").join("gpubench"));
+    }
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| format!("gpubench not found (set GPUBENCH): tried {candidates:?}"))
+}
+
 /// The markdown table rows of one short gpubench run, split into cells.
 fn table() -> Result<&'static Vec<Vec<String>>, String> {
     static RUN: OnceLock<Result<Vec<Vec<String>>, String>> = OnceLock::new();
     RUN.get_or_init(|| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpubench"))
+        let out = std::process::Command::new(gpubench_path()?)
             .args(["--iters", "2000", "--rounds", "1", "--markdown"])
             .output()
             .map_err(|e| format!("cannot run gpubench: {e}"))?;
