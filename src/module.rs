@@ -280,10 +280,59 @@ pub struct LaunchBuilder<'s, 'a> {
     stream: &'s BoundStream<'s>,
     func: &'s Function<'s>,
     cfg: LaunchConfig,
-    args: Vec<*mut c_void>,
-    sizes: Vec<(usize, String)>,
+    args: ArgPtrs,
+    /// The first argument of another device (or the module's device mismatch).
     error: Option<Error>,
+    /// The first argument whose size differs from the kernel's parameter, found as it
+    /// is appended (reported after the count check, as before).
+    size_error: Option<Error>,
     _args: std::marker::PhantomData<&'a ()>,
+}
+
+/// How many argument pointers a launch keeps inline before spilling to the heap.
+const INLINE_ARGS: usize = 12;
+
+/// The kernel-parameter pointer array: inline for up to [`INLINE_ARGS`] arguments, so a
+/// typical launch allocates nothing.
+enum ArgPtrs {
+    Inline([*mut c_void; INLINE_ARGS], usize),
+    Heap(Vec<*mut c_void>),
+}
+
+impl ArgPtrs {
+    fn new() -> Self {
+        ArgPtrs::Inline([std::ptr::null_mut(); INLINE_ARGS], 0)
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            ArgPtrs::Inline(_, n) => *n,
+            ArgPtrs::Heap(v) => v.len(),
+        }
+    }
+
+    fn push(&mut self, p: *mut c_void) {
+        match self {
+            ArgPtrs::Inline(a, n) if *n < INLINE_ARGS => {
+                a[*n] = p;
+                *n += 1;
+            }
+            ArgPtrs::Inline(a, _) => {
+                let mut v = Vec::with_capacity(2 * INLINE_ARGS);
+                v.extend_from_slice(a);
+                v.push(p);
+                *self = ArgPtrs::Heap(v);
+            }
+            ArgPtrs::Heap(v) => v.push(p),
+        }
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut *mut c_void {
+        match self {
+            ArgPtrs::Inline(a, _) => a.as_mut_ptr(),
+            ArgPtrs::Heap(v) => v.as_mut_ptr(),
+        }
+    }
 }
 
 impl<'b> BoundStream<'b> {
@@ -301,9 +350,9 @@ impl<'b> BoundStream<'b> {
             stream: self,
             func,
             cfg,
-            args: Vec::new(),
-            sizes: Vec::new(),
+            args: ArgPtrs::new(),
             error,
+            size_error: None,
             _args: std::marker::PhantomData,
         }
     }
@@ -325,15 +374,31 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
                 .expect_device("kernel argument", dev)
                 .err();
         }
+        let i = self.args.len();
+        if let (None, Some(&want)) = (
+            &self.size_error,
+            self.func.params.as_ref().and_then(|p| p.get(i)),
+        ) {
+            let got = arg.param_size();
+            if want != got {
+                // Only a mismatch pays for describing the argument.
+                self.size_error = Some(Error::LaunchArgs {
+                    kernel: self.func.name.clone(),
+                    reason: format!(
+                        "parameter {i} is {want} bytes, but argument {i} is a {got}-byte {}",
+                        arg.describe()
+                    ),
+                });
+            }
+        }
         self.args.push(arg.param_ptr());
-        self.sizes.push((arg.param_size(), arg.describe()));
         LaunchBuilder {
             stream: self.stream,
             func: self.func,
             cfg: self.cfg,
             args: self.args,
-            sizes: self.sizes,
             error: self.error,
+            size_error: self.size_error,
             _args: std::marker::PhantomData,
         }
     }
@@ -351,28 +416,20 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             return Err(e);
         }
         self.cfg.validate()?;
-        if let Some(expected) = &self.func.params {
-            let kernel = || self.func.name.clone();
-            if expected.len() != self.sizes.len() {
-                return Err(Error::LaunchArgs {
-                    kernel: kernel(),
-                    reason: format!(
-                        "the kernel takes {} parameter(s), {} given",
-                        expected.len(),
-                        self.sizes.len()
-                    ),
-                });
-            }
-            for (i, (want, (got, what))) in expected.iter().zip(&self.sizes).enumerate() {
-                if want != got {
-                    return Err(Error::LaunchArgs {
-                        kernel: kernel(),
-                        reason: format!(
-                            "parameter {i} is {want} bytes, but argument {i} is a {got}-byte {what}"
-                        ),
-                    });
-                }
-            }
+        if let Some(expected) = &self.func.params
+            && expected.len() != self.args.len()
+        {
+            return Err(Error::LaunchArgs {
+                kernel: self.func.name.clone(),
+                reason: format!(
+                    "the kernel takes {} parameter(s), {} given",
+                    expected.len(),
+                    self.args.len()
+                ),
+            });
+        }
+        if let Some(e) = self.size_error {
+            return Err(e);
         }
         let LaunchConfig {
             grid_dim: g,
@@ -578,6 +635,22 @@ mod tests {
             let c = LaunchConfig::for_num_elems(n);
             assert!(c.grid_dim.0 * c.block_dim.0 >= n);
             assert!(c.grid_dim.0 >= 1);
+        }
+    }
+
+    #[test]
+    fn arg_pointers_keep_order_inline_and_after_spilling() {
+        let vals: Vec<u64> = (0..3 * INLINE_ARGS as u64).collect();
+        let mut args = ArgPtrs::new();
+        for (i, v) in vals.iter().enumerate() {
+            args.push(v as *const u64 as *mut c_void);
+            assert_eq!(args.len(), i + 1);
+            assert_eq!(matches!(args, ArgPtrs::Inline(..)), i < INLINE_ARGS);
+            // SAFETY: `len()` pointers were pushed, each to a live u64 of `vals`.
+            let seen: Vec<u64> = (0..args.len())
+                .map(|k| unsafe { *(*args.as_mut_ptr().add(k) as *const u64) })
+                .collect();
+            assert_eq!(seen, vals[..=i]);
         }
     }
 
