@@ -6,6 +6,7 @@
 set -u
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export GPUBENCH=$PWD/.gpu-bin/gpubench
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 LOG=${OUT:-/tmp}/gpu-check.log
 : >"$LOG"
@@ -25,6 +26,8 @@ FAILED=""
 say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4)"
 for t in .gpu-bin/tests/gpu_*; do run "$(basename "$t")" 300 "$t"; done
 [[ -x .gpu-bin/examples/quickstart ]] && run quickstart 60 .gpu-bin/examples/quickstart
+# Benchmarks last: their tables are what docs/performance.md quotes.
+[[ -x .gpu-bin/gpubench ]] && run gpubench 300 .gpu-bin/gpubench --markdown
 for extra in ${GPU_CHECK_EXTRA:-}; do run "$(basename "${extra%% *}")" 300 $extra; done
 say "=== failed:${FAILED:- none}"
 [[ -z "$FAILED" ]]
