@@ -8,7 +8,7 @@ mod mlp;
 
 use common::{Ctx, run_suite};
 use gpubind::{Device, ThreadContext};
-use mlp::{Replica, Shape};
+use mlp::{Gradients, Replica, Shape};
 
 type R = Result<(), String>;
 
@@ -59,7 +59,7 @@ fn one_step_matches_cpu_reference() -> R {
             );
         }
     }
-    rep.sgd(&s, lr, mu).ctx("sgd")?;
+    rep.sgd(&s, lr, mu, Gradients::Local).ctx("sgd")?;
     s.synchronize().ctx("sync")?;
     let gpu_params = rep.download(&gpu, &rep.params).ctx("params")?;
     for (t, (g, c)) in gpu_params.iter().zip(&cpu_params).enumerate() {
@@ -151,7 +151,7 @@ fn tiny_training_run_loss_falls() -> R {
             let ys = &y[b * rows..(b + 1) * rows];
             rep.load_batch(&gpu, xs, ys).ctx("batch")?;
             rep.forward_backward(&s, rows).ctx("fb")?;
-            rep.sgd(&s, 0.1, 0.9).ctx("sgd")?;
+            rep.sgd(&s, 0.1, 0.9, Gradients::Local).ctx("sgd")?;
             s.synchronize().ctx("sync")?;
             total += rep.loss_sum(&gpu).ctx("loss")? / rows as f64;
         }

@@ -271,12 +271,23 @@ impl Kernels {
     }
 }
 
+/// Which gradients an SGD step uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gradients {
+    /// `Replica::grads`: one replica trains alone.
+    Local,
+    /// `Replica::reduced`: the sum over replicas, written by the all-reduce.
+    Reduced,
+}
+
 /// One data-parallel replica: parameters, gradients, momentum and activations on one device.
 pub struct Replica {
     pub shape: Shape,
     pub rows: usize,
     pub params: Vec<DeviceSlice<f32>>,
     pub grads: Vec<DeviceSlice<f32>>,
+    /// Gradients summed over all replicas (the all-reduce's output).
+    pub reduced: Vec<DeviceSlice<f32>>,
     pub vel: Vec<DeviceSlice<f32>>,
     x: DeviceSlice<f32>,
     y: DeviceSlice<u32>,
@@ -311,6 +322,10 @@ impl Replica {
                 .map(|p| gpu.clone_htod(p))
                 .collect::<Result<_>>()?,
             grads: lens
+                .iter()
+                .map(|&n| gpu.alloc_zeros(n))
+                .collect::<Result<_>>()?,
+            reduced: lens
                 .iter()
                 .map(|&n| gpu.alloc_zeros(n))
                 .collect::<Result<_>>()?,
@@ -516,15 +531,15 @@ impl Replica {
         Ok(())
     }
 
-    /// SGD with momentum on every tensor, from `self.grads`.
-    pub fn sgd(&mut self, s: &BoundStream<'_>, lr: f32, mu: f32) -> Result<()> {
+    /// SGD with momentum on every tensor, from this replica's own gradients
+    /// (`Gradients::Local`, single replica) or the all-reduced ones.
+    pub fn sgd(&mut self, s: &BoundStream<'_>, lr: f32, mu: f32, from: Gradients) -> Result<()> {
         let sgd = self.kernels.f("sgd_momentum")?;
-        for ((w, v), g) in self
-            .params
-            .iter_mut()
-            .zip(self.vel.iter_mut())
-            .zip(&self.grads)
-        {
+        let grads = match from {
+            Gradients::Local => &self.grads,
+            Gradients::Reduced => &self.reduced,
+        };
+        for ((w, v), g) in self.params.iter_mut().zip(self.vel.iter_mut()).zip(grads) {
             let n = w.len() as u32;
             // SAFETY: (float*, float*, const float*, unsigned, float, float) over n elements
             // of three equally long tensors.
