@@ -1,0 +1,196 @@
+//! The importing side: [`ImportedPool`] and [`ImportedSlice`].
+
+use super::handle::{BufferHandle, PoolHandle, PoolId};
+use super::wire::corrupt;
+use super::{PoolUsage, RawPool, check_allocation_size, device_by_uuid, disown, free_in_context};
+use crate::device::Device;
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use crate::memory::{DeviceRepr, DeviceSlice};
+use cudarc::driver::sys;
+use std::mem::ManuallyDrop;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+struct ImportedPoolInner {
+    device: Arc<Device>,
+    raw: RawPool,
+    id: PoolId,
+}
+
+impl Drop for ImportedPoolInner {
+    fn drop(&mut self) {
+        if let Ok(_guard) = self.device.enter() {
+            // SAFETY: imported once by cuMemPoolImportFromShareableHandle, destroyed once,
+            // after every ImportedSlice (each holds an Arc to us) was freed.
+            let _ = unsafe { sys::cuMemPoolDestroy(self.raw.0) };
+        }
+    }
+}
+
+/// Another process's IPC pool, imported from a [`PoolHandle`].
+///
+/// Importing needs only the driver ([`crate::init`]): no [`ThreadContext`](crate::ThreadContext)
+/// and no binding. The pool maps on the device whose **UUID** the handle names (not the
+/// exporter's ordinal, which may differ here); the calls run with that device's primary
+/// context pushed and popped, so the thread's current context is left as it was. Cheap
+/// to clone; `Send + Sync`; destroyed after its last clone and last [`ImportedSlice`].
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::ipc::{ImportedPool, recv_handles};
+/// use gpubind::ThreadContext;
+/// # let socket: std::os::unix::net::UnixStream = unimplemented!();
+/// gpubind::init()?;
+/// let (pools, buffers) = recv_handles(&socket)?;
+/// let pool = ImportedPool::import(pools.into_iter().next().unwrap())?;
+/// let buf = pool.import_buffer::<f32>(&buffers[0])?;
+/// let mut ctx = ThreadContext::acquire()?;
+/// let gpu = ctx.bind(pool.device())?;     // bind to read or write it
+/// let values = gpu.dtoh(&buf)?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ImportedPool {
+    inner: Arc<ImportedPoolInner>,
+}
+
+impl ImportedPool {
+    /// Imports the pool (`cuMemPoolImportFromShareableHandle`) on the device with the
+    /// handle's UUID, consuming the handle (its descriptor is closed afterwards: the
+    /// driver keeps its own reference).
+    ///
+    /// Errors: [`Error::UnknownDevice`] if no visible device has that UUID,
+    /// [`Error::CorruptHandle`] if the handle has no descriptor, a driver error if the
+    /// descriptor is not a CUDA pool.
+    pub fn import(handle: PoolHandle) -> Result<ImportedPool> {
+        crate::driver::init()?;
+        let device = device_by_uuid(handle.device_uuid())?;
+        let fd = handle.require_fd()?;
+        let _guard = device.enter()?;
+        let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `fd` is open for the call (the handle owns it); for POSIX descriptors
+        // the driver takes the descriptor's value in the pointer argument and does not
+        // take ownership. The device's context is current; writes one handle.
+        unsafe {
+            sys::cuMemPoolImportFromShareableHandle(
+                &mut raw,
+                std::ptr::without_provenance_mut(fd.as_raw_fd() as usize),
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        }
+        .check("cuMemPoolImportFromShareableHandle")?;
+        Ok(ImportedPool {
+            inner: Arc::new(ImportedPoolInner {
+                device,
+                raw: RawPool(raw),
+                id: handle.pool_id(),
+            }),
+        })
+    }
+
+    /// The device the pool lives on, as this process numbers it.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.inner.device
+    }
+
+    /// The exporter's pool id.
+    pub fn id(&self) -> PoolId {
+        self.inner.id
+    }
+
+    /// Memory this process has imported from the pool.
+    pub fn usage(&self) -> Result<PoolUsage> {
+        PoolUsage::of(&self.inner.device, self.inner.raw)
+    }
+
+    /// Maps one exported allocation (`cuMemPoolImportPointer`) as a typed slice.
+    ///
+    /// Checks before any driver call: the handle is valid, belongs to this pool
+    /// (`InvalidArgument` otherwise) and holds `T`s ([`Error::TypeMismatch`]). After the
+    /// import, an allocation smaller than the handle claims is unmapped again and
+    /// reported as [`Error::CorruptHandle`].
+    pub fn import_buffer<T: DeviceRepr>(&self, handle: &BufferHandle) -> Result<ImportedSlice<T>> {
+        let len = handle.layout().expect_type::<T>()?;
+        if handle.pool_id() != self.inner.id {
+            return Err(Error::InvalidArgument(format!(
+                "buffer handle belongs to pool {}, not to the imported pool {}",
+                handle.pool_id(),
+                self.inner.id
+            )));
+        }
+        if handle.device_uuid() != self.inner.device.uuid() {
+            return Err(corrupt(format!(
+                "buffer handle names device {}, but its pool lives on {}",
+                handle.device_uuid(),
+                self.inner.device.uuid()
+            )));
+        }
+        let _guard = self.inner.device.enter()?;
+        let mut data = sys::CUmemPoolPtrExportData {
+            reserved: *handle.export_data(),
+        };
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: valid imported pool; its context is current; `data` is 64 readable
+        // bytes (the driver validates their content); writes one address.
+        unsafe { sys::cuMemPoolImportPointer(&mut ptr, self.inner.raw.0, &mut data) }
+            .check("cuMemPoolImportPointer")?;
+        let unmap = |p| {
+            // SAFETY: `p` was just imported and is unmapped once.
+            unsafe { sys::cuMemFree_v2(p) }
+        };
+        if let Err(e) = check_allocation_size(ptr, len * std::mem::size_of::<T>()) {
+            free_in_context(&self.inner.device, ptr, unmap);
+            return Err(e);
+        }
+        Ok(ImportedSlice {
+            // SAFETY: `ptr` maps at least `len` elements (checked above where the driver
+            // reports the size); ImportedSlice's Drop unmaps it, never DeviceSlice's.
+            slice: ManuallyDrop::new(unsafe {
+                DeviceSlice::from_raw(Arc::clone(&self.inner.device), ptr, len)
+            }),
+            pool: Arc::clone(&self.inner),
+        })
+    }
+}
+
+impl std::fmt::Debug for ImportedPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedPool")
+            .field("device", &self.inner.device.ordinal())
+            .field("id", &self.inner.id)
+            .finish()
+    }
+}
+
+/// An allocation of another process's pool, mapped here by [`ImportedPool::import_buffer`].
+///
+/// A typed slice like [`DeviceSlice`] (core copies, views via deref, kernel argument);
+/// using it under a binding of another device is [`Error::WrongDevice`]. Holds its pool
+/// alive, so dropping the `ImportedPool` first is fine. Dropping it waits for the
+/// context's pending work, then unmaps it (`cuMemFree`).
+pub struct ImportedSlice<T: DeviceRepr> {
+    slice: ManuallyDrop<DeviceSlice<T>>,
+    pool: Arc<ImportedPoolInner>,
+}
+
+super::foreign_slice!(ImportedSlice);
+
+impl<T: DeviceRepr> ImportedSlice<T> {
+    /// The exporter's pool id.
+    pub fn pool_id(&self) -> PoolId {
+        self.pool.id
+    }
+}
+
+impl<T: DeviceRepr> Drop for ImportedSlice<T> {
+    fn drop(&mut self) {
+        let (device, ptr) = disown(&mut self.slice);
+        free_in_context(&device, ptr, |p| {
+            // SAFETY: imported by cuMemPoolImportPointer, unmapped once, after the
+            // context's pending work.
+            unsafe { sys::cuMemFree_v2(p) }
+        });
+    }
+}
