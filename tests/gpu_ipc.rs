@@ -11,10 +11,10 @@ mod common;
 
 use common::{Ctx, child_role};
 use gpubind::cudarc::driver::sys;
-use gpubind::ipc::{self, ImportedPool, MemoryPool, PoolConfig};
+use gpubind::ipc::{self, ImportedPool, MemoryPool, PoolConfig, PoolSlice};
 use gpubind::{
-    BufferHandle, Device, DeviceMemory, Error, LaunchConfig, LegacyIpcHandle, PoolHandle,
-    ThreadContext,
+    BoundDevice, BoundStream, BufferHandle, Device, DeviceMemory, Error, LaunchConfig,
+    LegacyIpcHandle, PoolHandle, ThreadContext,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -504,21 +504,42 @@ fn child_multi(conn: &UnixStream) -> R {
 
 // ---------------------------------------------------------------- parent tests
 
-fn pool_roundtrip() -> R {
+/// Device 0 bound, an IPC pool on it and a stream: what most parent tests start with.
+fn with_ipc_pool(f: impl FnOnce(&BoundDevice<'_>, &MemoryPool, &BoundStream<'_>) -> R) -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let dev = Device::get(0).ctx("device 0")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
     let pool = MemoryPool::new(&gpu, PoolConfig::default().ipc(true)).ctx("pool")?;
     let stream = gpu.new_stream().ctx("stream")?;
     let s = gpu.on(&stream).ctx("on")?;
-    let seed: u64 = rand::random();
-    let n = (1 << 20) + rand::rng().random_range(1..4096);
-    let mut buf = pool.alloc_zeros::<u32>(&s, n).ctx("alloc")?;
+    f(&gpu, &pool, &s)
+}
+
+/// `n` elements of `pattern(seed)` allocated from `pool`.
+fn filled(
+    gpu: &BoundDevice<'_>,
+    pool: &MemoryPool,
+    s: &BoundStream<'_>,
+    seed: u64,
+    n: usize,
+) -> R<PoolSlice<u32>> {
+    let mut buf = pool.alloc_zeros::<u32>(s, n).ctx("alloc")?;
     ensure!(
         gpu.dtoh(&buf).ctx("dtoh")?.iter().all(|&x| x == 0),
-        "not zeroed"
+        "alloc_zeros did not zero"
     );
     gpu.htod_copy(&pattern(seed, n), &mut buf).ctx("htod")?;
+    Ok(buf)
+}
+
+/// Hands `pool` and `buf` (holding `pattern(seed)`) to a new `roundtrip` child and
+/// checks that the parent sees the child's rewrite.
+fn roundtrip_via_child(
+    gpu: &BoundDevice<'_>,
+    pool: &MemoryPool,
+    buf: &PoolSlice<u32>,
+    seed: u64,
+) -> R {
     let child = spawn_child("roundtrip", &[])?;
     ipc::send_handles(
         &child.conn,
@@ -529,165 +550,147 @@ fn pool_roundtrip() -> R {
     send_json(&child.conn, &json!({ "seed": seed }))?;
     child.expect_done()?;
     ensure!(
-        gpu.dtoh(&buf).ctx("dtoh after child")? == pattern(seed ^ REWRITE, n),
+        gpu.dtoh(buf).ctx("dtoh after child")? == pattern(seed ^ REWRITE, buf.len()),
         "parent does not see the child's writes"
     );
     Ok(())
 }
 
+fn pool_roundtrip() -> R {
+    with_ipc_pool(|gpu, pool, s| {
+        let seed: u64 = rand::random();
+        let n = (1 << 20) + rand::rng().random_range(1..4096);
+        let buf = filled(gpu, pool, s, seed, n)?;
+        roundtrip_via_child(gpu, pool, &buf, seed)
+    })
+}
+
 fn many_buffers() -> R {
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let dev = Device::get(0).ctx("device 0")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let pool = MemoryPool::new(&gpu, PoolConfig::default().ipc(true)).ctx("pool")?;
-    let stream = gpu.new_stream().ctx("stream")?;
-    let s = gpu.on(&stream).ctx("on")?;
-    let seed: u64 = rand::random::<u64>() >> 8;
-    let mut rng = rand::rng();
-    let mut bufs = Vec::new();
-    let mut total = 0u64;
-    for i in 0..32u64 {
-        let n = rng.random_range(1..70_000);
-        let mut b = pool.alloc_zeros::<u32>(&s, n).ctx("alloc")?;
-        gpu.htod_copy(&pattern(seed + i, n), &mut b).ctx("htod")?;
-        total += (n * 4) as u64;
-        bufs.push(b);
-    }
-    let usage = pool.usage().ctx("usage")?;
-    ensure!(
-        usage.used_current >= total && usage.reserved_current >= usage.used_current,
-        "usage {usage:?} does not cover {total} bytes in use"
-    );
-    let handles: Vec<BufferHandle> = bufs
-        .iter()
-        .map(|b| b.export())
-        .collect::<Result<_, _>>()
-        .ctx("export")?;
-    let child = spawn_child("many", &[])?;
-    ipc::send_handles(&child.conn, &[pool.export().ctx("export pool")?], &handles)
-        .ctx("send_handles")?;
-    send_json(&child.conn, &json!({ "seed": seed }))?;
-    child.expect_done()?;
-    for (i, b) in bufs.iter().enumerate() {
+    with_ipc_pool(|gpu, pool, s| {
+        let seed: u64 = rand::random::<u64>() >> 8;
+        let mut rng = rand::rng();
+        let mut bufs = Vec::new();
+        let mut total = 0u64;
+        for i in 0..32u64 {
+            let n = rng.random_range(1..70_000);
+            bufs.push(filled(gpu, pool, s, seed + i, n)?);
+            total += (n * 4) as u64;
+        }
+        let usage = pool.usage().ctx("usage")?;
         ensure!(
-            gpu.dtoh(b).ctx("dtoh")? == pattern((seed + i as u64) ^ REWRITE, b.len()),
-            "buffer {i} lacks the child's writes"
+            usage.used_current >= total && usage.reserved_current >= usage.used_current,
+            "usage {usage:?} does not cover {total} bytes in use"
         );
-    }
-    Ok(())
+        let handles: Vec<BufferHandle> = bufs
+            .iter()
+            .map(|b| b.export())
+            .collect::<Result<_, _>>()
+            .ctx("export")?;
+        let child = spawn_child("many", &[])?;
+        ipc::send_handles(&child.conn, &[pool.export().ctx("export pool")?], &handles)
+            .ctx("send_handles")?;
+        send_json(&child.conn, &json!({ "seed": seed }))?;
+        child.expect_done()?;
+        for (i, b) in bufs.iter().enumerate() {
+            ensure!(
+                gpu.dtoh(b).ctx("dtoh")? == pattern((seed + i as u64) ^ REWRITE, b.len()),
+                "buffer {i} lacks the child's writes"
+            );
+        }
+        Ok(())
+    })
 }
 
 fn worker_pool() -> R {
     const WORKERS: usize = 4;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let dev = Device::get(0).ctx("device 0")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let pool = MemoryPool::new(&gpu, PoolConfig::default().ipc(true)).ctx("pool")?;
-    let stream = gpu.new_stream().ctx("stream")?;
-    let s = gpu.on(&stream).ctx("on")?;
-    let seed: u64 = rand::random();
-    let chunk = 100_000 + rand::rng().random_range(0..1000);
-    let n = chunk * WORKERS;
-    let mut buf = pool.alloc_zeros::<u32>(&s, n).ctx("alloc")?;
-    let data = pattern(seed, n);
-    gpu.htod_copy(&data, &mut buf).ctx("htod")?;
-    // One pool handle for all: each child receives its own duplicate of the descriptor.
-    let pool_handle = pool.export().ctx("export pool")?;
-    let buf_handle = buf.export().ctx("export buffer")?;
-    let children = (0..WORKERS)
-        .map(|_| spawn_child("worker", &[]))
-        .collect::<R<Vec<_>>>()?;
-    for (rank, c) in children.iter().enumerate() {
-        ipc::send_handles(
-            &c.conn,
-            std::slice::from_ref(&pool_handle),
-            std::slice::from_ref(&buf_handle),
-        )
-        .ctx("send_handles")?;
-        send_json(
-            &c.conn,
-            &json!({"seed": seed, "rank": rank + 1, "start": rank * chunk, "end": (rank + 1) * chunk}),
-        )?;
-    }
-    for c in children {
-        c.expect_done()?;
-    }
-    let got = gpu.dtoh(&buf).ctx("dtoh")?;
-    for (i, (&g, &d)) in got.iter().zip(&data).enumerate() {
-        let rank = (i / chunk + 1) as u32;
-        ensure!(
-            g == d.wrapping_add(rank),
-            "element {i}: {g} != {d} + {rank}"
-        );
-    }
-    Ok(())
+    with_ipc_pool(|gpu, pool, s| {
+        let seed: u64 = rand::random();
+        let chunk = 100_000 + rand::rng().random_range(0..1000);
+        let n = chunk * WORKERS;
+        let buf = filled(gpu, pool, s, seed, n)?;
+        let data = pattern(seed, n);
+        // One pool handle for all: each child receives its own duplicate of the descriptor.
+        let pool_handle = pool.export().ctx("export pool")?;
+        let buf_handle = buf.export().ctx("export buffer")?;
+        let children = (0..WORKERS)
+            .map(|_| spawn_child("worker", &[]))
+            .collect::<R<Vec<_>>>()?;
+        for (rank, c) in children.iter().enumerate() {
+            ipc::send_handles(
+                &c.conn,
+                std::slice::from_ref(&pool_handle),
+                std::slice::from_ref(&buf_handle),
+            )
+            .ctx("send_handles")?;
+            send_json(
+                &c.conn,
+                &json!({"seed": seed, "rank": rank + 1, "start": rank * chunk, "end": (rank + 1) * chunk}),
+            )?;
+        }
+        for c in children {
+            c.expect_done()?;
+        }
+        let got = gpu.dtoh(&buf).ctx("dtoh")?;
+        for (i, (&g, &d)) in got.iter().zip(&data).enumerate() {
+            let rank = (i / chunk + 1) as u32;
+            ensure!(
+                g == d.wrapping_add(rank),
+                "element {i}: {g} != {d} + {rank}"
+            );
+        }
+        Ok(())
+    })
 }
 
 fn killed_child() -> R {
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let dev = Device::get(0).ctx("device 0")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let pool = MemoryPool::new(&gpu, PoolConfig::default().ipc(true)).ctx("pool")?;
-    let stream = gpu.new_stream().ctx("stream")?;
-    let s = gpu.on(&stream).ctx("on")?;
-    let seed: u64 = rand::random();
-    let n = 50_000;
-    let mut buf = pool.alloc_zeros::<u32>(&s, n).ctx("alloc")?;
-    gpu.htod_copy(&pattern(seed, n), &mut buf).ctx("htod")?;
-    let mut child = spawn_child("hang", &[])?;
-    ipc::send_handles(
-        &child.conn,
-        &[pool.export().ctx("export pool")?],
-        &[buf.export().ctx("export buffer")?],
-    )
-    .ctx("send_handles")?;
-    let m = ipc::recv_message_timeout(&child.conn, CHILD_WAIT).ctx("wait for `imported`")?;
-    ensure!(m.bytes == b"imported", "child said {:?}", m.bytes);
-    child.proc.kill().ctx("SIGKILL child")?;
-    let status = child.wait()?;
-    ensure!(!status.success(), "killed child exited successfully");
-    let t = Instant::now();
-    let err = ipc::recv_message_timeout(&child.conn, Duration::from_secs(20));
-    ensure!(
-        matches!(err, Err(Error::PeerGone)),
-        "recv from a killed peer gave {err:?}"
-    );
-    ensure!(
-        t.elapsed() < Duration::from_secs(5),
-        "recv took {:?}",
-        t.elapsed()
-    );
-    let err = ipc::send_message(&child.conn, b"anyone?", &[]);
-    ensure!(
-        matches!(err, Err(Error::PeerGone)),
-        "send to a killed peer gave {err:?}"
-    );
-    // The parent's pool and buffer are intact and usable.
-    ensure!(
-        gpu.dtoh(&buf).ctx("dtoh")? == pattern(seed, n),
-        "buffer damaged"
-    );
-    let mut more = pool.alloc_zeros::<u32>(&s, n).ctx("alloc after kill")?;
-    gpu.dtod(&buf, &mut more).ctx("dtod")?;
-    ensure!(
-        gpu.dtoh(&more).ctx("dtoh")? == pattern(seed, n),
-        "copy wrong"
-    );
-    // And a new child can still import the same pool.
-    let child = spawn_child("roundtrip", &[])?;
-    ipc::send_handles(
-        &child.conn,
-        &[pool.export().ctx("export pool")?],
-        &[more.export().ctx("export buffer")?],
-    )
-    .ctx("send_handles")?;
-    send_json(&child.conn, &json!({ "seed": seed }))?;
-    child.expect_done()?;
-    ensure!(
-        gpu.dtoh(&more).ctx("dtoh")? == pattern(seed ^ REWRITE, n),
-        "second child's writes missing"
-    );
-    Ok(())
+    with_ipc_pool(|gpu, pool, s| {
+        let seed: u64 = rand::random();
+        let n = 50_000;
+        let buf = filled(gpu, pool, s, seed, n)?;
+        let mut child = spawn_child("hang", &[])?;
+        ipc::send_handles(
+            &child.conn,
+            &[pool.export().ctx("export pool")?],
+            &[buf.export().ctx("export buffer")?],
+        )
+        .ctx("send_handles")?;
+        let m = ipc::recv_message_timeout(&child.conn, CHILD_WAIT).ctx("wait for `imported`")?;
+        ensure!(m.bytes == b"imported", "child said {:?}", m.bytes);
+        child.proc.kill().ctx("SIGKILL child")?;
+        let status = child.wait()?;
+        ensure!(!status.success(), "killed child exited successfully");
+        let t = Instant::now();
+        let err = ipc::recv_message_timeout(&child.conn, Duration::from_secs(20));
+        ensure!(
+            matches!(err, Err(Error::PeerGone)),
+            "recv from a killed peer gave {err:?}"
+        );
+        ensure!(
+            t.elapsed() < Duration::from_secs(5),
+            "recv took {:?}",
+            t.elapsed()
+        );
+        let err = ipc::send_message(&child.conn, b"anyone?", &[]);
+        ensure!(
+            matches!(err, Err(Error::PeerGone)),
+            "send to a killed peer gave {err:?}"
+        );
+        // The parent's pool and buffer are intact and usable.
+        ensure!(
+            gpu.dtoh(&buf).ctx("dtoh")? == pattern(seed, n),
+            "buffer damaged"
+        );
+        let mut more = pool.alloc_zeros::<u32>(s, n).ctx("alloc after kill")?;
+        gpu.dtod(&buf, &mut more).ctx("dtod")?;
+        ensure!(
+            gpu.dtoh(&more).ctx("dtoh")? == pattern(seed, n),
+            "copy wrong"
+        );
+        // And a new child can still import the same pool.
+        gpu.htod_copy(&pattern(seed, n), &mut more).ctx("htod")?;
+        roundtrip_via_child(gpu, pool, &more, seed)?;
+        Ok(())
+    })
 }
 
 fn legacy_roundtrip() -> R {

@@ -269,61 +269,9 @@ impl BufferHandle {
         self.pool_id
     }
 
-    /// UUID of the buffer's device.
-    pub fn device_uuid(&self) -> Uuid {
-        Uuid(self.device_uuid)
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len as usize
-    }
-
-    /// Whether the buffer has no elements (never true for an exported handle).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Size of one element in bytes.
-    pub fn elem_size(&self) -> usize {
-        self.elem_size as usize
-    }
-
-    /// `std::any::type_name` of the element type in the exporting program.
-    pub fn elem_type(&self) -> &str {
-        &self.elem_type
-    }
-
     /// The opaque `CUmemPoolPtrExportData`.
     pub fn export_data(&self) -> &[u8; 64] {
         &self.export_data
-    }
-
-    pub(crate) fn layout(&self) -> Layout<'_> {
-        Layout {
-            len: self.len,
-            elem_size: self.elem_size,
-            elem_type: &self.elem_type,
-        }
-    }
-
-    /// Checks the fields are self-consistent (what [`from_bytes`](Self::from_bytes) and
-    /// imports check).
-    pub fn validate(&self) -> Result<()> {
-        self.layout().validate().map(drop)
-    }
-
-    /// The sealed byte form (magic, version, checksum).
-    pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        wire::seal(Kind::Buffer, self)
-    }
-
-    /// Parses and validates [`to_bytes`](Self::to_bytes) output; anything else is
-    /// [`Error::CorruptHandle`].
-    pub fn from_bytes(bytes: &[u8]) -> Result<BufferHandle> {
-        let h: BufferHandle = wire::open(Kind::Buffer, bytes)?;
-        h.validate()?;
-        Ok(h)
     }
 }
 
@@ -339,59 +287,70 @@ impl LegacyIpcHandle {
         }
     }
 
-    /// UUID of the allocation's device.
-    pub fn device_uuid(&self) -> Uuid {
-        Uuid(self.device_uuid)
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len as usize
-    }
-
-    /// Whether there are no elements (never true for an exported handle).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// `std::any::type_name` of the element type in the exporting program.
-    pub fn elem_type(&self) -> &str {
-        &self.elem_type
-    }
-
     /// The opaque `CUipcMemHandle` bytes.
     pub fn data(&self) -> &[u8; 64] {
         &self.data
     }
-
-    pub(crate) fn layout(&self) -> Layout<'_> {
-        Layout {
-            len: self.len,
-            elem_size: self.elem_size,
-            elem_type: &self.elem_type,
-        }
-    }
-
-    /// Checks the fields are self-consistent.
-    pub fn validate(&self) -> Result<()> {
-        self.layout().validate().map(drop)
-    }
-
-    /// The sealed byte form (magic, version, checksum).
-    pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        wire::seal(Kind::Legacy, self)
-    }
-
-    /// Parses and validates [`to_bytes`](Self::to_bytes) output.
-    pub fn from_bytes(bytes: &[u8]) -> Result<LegacyIpcHandle> {
-        let h: LegacyIpcHandle = wire::open(Kind::Legacy, bytes)?;
-        h.validate()?;
-        Ok(h)
-    }
 }
 
-macro_rules! debug_plain_handle {
-    ($ty:ident, $data:ident) => {
+/// What the two plain handle kinds share: layout accessors, validation, sealed bytes
+/// and `Debug` (which shows only the first 8 opaque bytes).
+macro_rules! plain_handle {
+    ($ty:ident, $kind:expr, $data:ident) => {
+        impl $ty {
+            /// UUID of the allocation's device.
+            pub fn device_uuid(&self) -> Uuid {
+                Uuid(self.device_uuid)
+            }
+
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                self.len as usize
+            }
+
+            /// Whether there are no elements (never true for an exported handle).
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+
+            /// Size of one element in bytes.
+            pub fn elem_size(&self) -> usize {
+                self.elem_size as usize
+            }
+
+            /// `std::any::type_name` of the element type in the exporting program.
+            pub fn elem_type(&self) -> &str {
+                &self.elem_type
+            }
+
+            pub(crate) fn layout(&self) -> Layout<'_> {
+                Layout {
+                    len: self.len,
+                    elem_size: self.elem_size,
+                    elem_type: &self.elem_type,
+                }
+            }
+
+            /// Checks the fields are self-consistent (what [`from_bytes`](Self::from_bytes)
+            /// and imports check).
+            pub fn validate(&self) -> Result<()> {
+                self.layout().validate().map(drop)
+            }
+
+            /// The sealed byte form (magic, version, checksum).
+            pub fn to_bytes(&self) -> Result<Vec<u8>> {
+                wire::seal($kind, self)
+            }
+
+            /// Parses and validates [`to_bytes`](Self::to_bytes) output; anything else is
+            /// [`Error::CorruptHandle`].
+            pub fn from_bytes(bytes: &[u8]) -> Result<$ty> {
+                let h: $ty = wire::open($kind, bytes)?;
+                h.validate()?;
+                Ok(h)
+            }
+        }
+
         impl fmt::Debug for $ty {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.debug_struct(stringify!($ty))
@@ -405,8 +364,8 @@ macro_rules! debug_plain_handle {
         }
     };
 }
-debug_plain_handle!(BufferHandle, export_data);
-debug_plain_handle!(LegacyIpcHandle, data);
+plain_handle!(BufferHandle, Kind::Buffer, export_data);
+plain_handle!(LegacyIpcHandle, Kind::Legacy, data);
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -2,7 +2,7 @@
 
 use super::handle::{BufferHandle, PoolHandle, PoolId};
 use super::wire::corrupt;
-use super::{PoolUsage, RawPool, check_allocation_size, device_by_uuid, disown, free_in_context};
+use super::{OwnedPool, PoolUsage, check_allocation_size, device_by_uuid, disown, free_in_context};
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};
@@ -11,22 +11,6 @@ use cudarc::driver::sys;
 use std::mem::ManuallyDrop;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-
-struct ImportedPoolInner {
-    device: Arc<Device>,
-    raw: RawPool,
-    id: PoolId,
-}
-
-impl Drop for ImportedPoolInner {
-    fn drop(&mut self) {
-        if let Ok(_guard) = self.device.enter() {
-            // SAFETY: imported once by cuMemPoolImportFromShareableHandle, destroyed once,
-            // after every ImportedSlice (each holds an Arc to us) was freed.
-            let _ = unsafe { sys::cuMemPoolDestroy(self.raw.0) };
-        }
-    }
-}
 
 /// Another process's IPC pool, imported from a [`PoolHandle`].
 ///
@@ -52,7 +36,7 @@ impl Drop for ImportedPoolInner {
 /// ```
 #[derive(Clone)]
 pub struct ImportedPool {
-    inner: Arc<ImportedPoolInner>,
+    inner: Arc<OwnedPool>,
 }
 
 impl ImportedPool {
@@ -82,9 +66,10 @@ impl ImportedPool {
         }
         .check("cuMemPoolImportFromShareableHandle")?;
         Ok(ImportedPool {
-            inner: Arc::new(ImportedPoolInner {
+            inner: Arc::new(OwnedPool {
                 device,
-                raw: RawPool(raw),
+                raw,
+                ipc: false,
                 id: handle.pool_id(),
             }),
         })
@@ -102,7 +87,7 @@ impl ImportedPool {
 
     /// Memory this process has imported from the pool.
     pub fn usage(&self) -> Result<PoolUsage> {
-        PoolUsage::of(&self.inner.device, self.inner.raw)
+        self.inner.usage()
     }
 
     /// Maps one exported allocation (`cuMemPoolImportPointer`) as a typed slice.
@@ -134,7 +119,7 @@ impl ImportedPool {
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: valid imported pool; its context is current; `data` is 64 readable
         // bytes (the driver validates their content); writes one address.
-        unsafe { sys::cuMemPoolImportPointer(&mut ptr, self.inner.raw.0, &mut data) }
+        unsafe { sys::cuMemPoolImportPointer(&mut ptr, self.inner.raw, &mut data) }
             .check("cuMemPoolImportPointer")?;
         let unmap = |p| {
             // SAFETY: `p` was just imported and is unmapped once.
@@ -172,7 +157,7 @@ impl std::fmt::Debug for ImportedPool {
 /// context's pending work, then unmaps it (`cuMemFree`).
 pub struct ImportedSlice<T: DeviceRepr> {
     slice: ManuallyDrop<DeviceSlice<T>>,
-    pool: Arc<ImportedPoolInner>,
+    pool: Arc<OwnedPool>,
 }
 
 super::foreign_slice!(ImportedSlice);

@@ -92,44 +92,62 @@ pub struct PoolUsage {
     pub used_high: u64,
 }
 
-impl PoolUsage {
-    fn of(device: &Device, pool: RawPool) -> Result<PoolUsage> {
+/// A pool this process must destroy — created here or imported — with its device.
+/// Shared by `Arc` between the pool value and every slice from it, so it is destroyed
+/// (in its own context) only after the last slice was freed.
+struct OwnedPool {
+    device: Arc<Device>,
+    raw: sys::CUmemoryPool,
+    /// Created with POSIX descriptor export enabled (always false for imported pools).
+    ipc: bool,
+    id: handle::PoolId,
+}
+
+// SAFETY: a pool handle is an identifier the driver accepts from any thread; gpubind
+// pushes the pool's own context around every call that uses it.
+unsafe impl Send for OwnedPool {}
+// SAFETY: as above; the driver serialises concurrent operations on one pool.
+unsafe impl Sync for OwnedPool {}
+
+impl OwnedPool {
+    /// Reads one 64-bit pool attribute (all the ones gpubind exposes are `cuuint64_t`).
+    fn get_attr(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
+        let _guard = self.device.enter()?;
+        let mut value: u64 = 0;
+        // SAFETY: valid pool in the current context; these attributes write one u64.
+        unsafe { sys::cuMemPoolGetAttribute(self.raw, attr, (&mut value as *mut u64).cast()) }
+            .check("cuMemPoolGetAttribute")?;
+        Ok(value)
+    }
+
+    /// Writes one 64-bit pool attribute.
+    fn set_attr(&self, attr: sys::CUmemPool_attribute, v: u64) -> Result<()> {
+        let _guard = self.device.enter()?;
+        let mut value = v;
+        // SAFETY: valid pool in the current context; these attributes read one u64.
+        unsafe { sys::cuMemPoolSetAttribute(self.raw, attr, (&mut value as *mut u64).cast()) }
+            .check("cuMemPoolSetAttribute")
+    }
+
+    fn usage(&self) -> Result<PoolUsage> {
         use sys::CUmemPool_attribute as A;
         Ok(PoolUsage {
-            reserved_current: get_attr(device, pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
-            reserved_high: get_attr(device, pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
-            used_current: get_attr(device, pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
-            used_high: get_attr(device, pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            reserved_current: self.get_attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            reserved_high: self.get_attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+            used_current: self.get_attr(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            used_high: self.get_attr(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
         })
     }
 }
 
-/// A `CUmemoryPool` that may cross threads.
-#[derive(Clone, Copy)]
-struct RawPool(sys::CUmemoryPool);
-// SAFETY: a pool handle is an identifier the driver accepts from any thread; gpubind
-// pushes the pool's own context around every call that uses it.
-unsafe impl Send for RawPool {}
-// SAFETY: as above; the driver serialises concurrent operations on one pool.
-unsafe impl Sync for RawPool {}
-
-/// Reads one 64-bit pool attribute (all the ones gpubind exposes are `cuuint64_t`).
-fn get_attr(device: &Device, pool: RawPool, attr: sys::CUmemPool_attribute) -> Result<u64> {
-    let _guard = device.enter()?;
-    let mut value: u64 = 0;
-    // SAFETY: valid pool in the current context; these attributes write one u64.
-    unsafe { sys::cuMemPoolGetAttribute(pool.0, attr, (&mut value as *mut u64).cast()) }
-        .check("cuMemPoolGetAttribute")?;
-    Ok(value)
-}
-
-/// Writes one 64-bit pool attribute.
-fn set_attr(device: &Device, pool: RawPool, attr: sys::CUmemPool_attribute, v: u64) -> Result<()> {
-    let _guard = device.enter()?;
-    let mut value = v;
-    // SAFETY: valid pool in the current context; these attributes read one u64.
-    unsafe { sys::cuMemPoolSetAttribute(pool.0, attr, (&mut value as *mut u64).cast()) }
-        .check("cuMemPoolSetAttribute")
+impl Drop for OwnedPool {
+    fn drop(&mut self) {
+        if let Ok(_guard) = self.device.enter() {
+            // SAFETY: created or imported once, destroyed once, here, after every slice
+            // from it (each holds an Arc to us) has been freed.
+            let _ = unsafe { sys::cuMemPoolDestroy(self.raw) };
+        }
+    }
 }
 
 /// The visible device with this UUID, or [`Error::UnknownDevice`].

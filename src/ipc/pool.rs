@@ -1,7 +1,7 @@
 //! [`MemoryPool`]: a stream-ordered memory pool on one device, optionally exportable.
 
 use super::handle::{BufferHandle, PoolHandle, PoolId};
-use super::{PoolUsage, RawPool, disown, free_in_context};
+use super::{OwnedPool, PoolUsage, disown, free_in_context};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -53,25 +53,6 @@ impl PoolConfig {
     }
 }
 
-/// The pool itself; dropped (destroyed in its own context) after the last handle to it:
-/// every [`PoolSlice`] holds an `Arc`.
-pub(crate) struct PoolInner {
-    pub(crate) device: Arc<Device>,
-    pub(crate) raw: RawPool,
-    pub(crate) ipc: bool,
-    pub(crate) id: PoolId,
-}
-
-impl Drop for PoolInner {
-    fn drop(&mut self) {
-        if let Ok(_guard) = self.device.enter() {
-            // SAFETY: created by cuMemPoolCreate, destroyed once, here, after every slice
-            // allocated from it (each holds an Arc to us) has been freed.
-            let _ = unsafe { sys::cuMemPoolDestroy(self.raw.0) };
-        }
-    }
-}
-
 /// A stream-ordered memory pool on one device (`cuMemPoolCreate`), optionally IPC
 /// capable. Cheap to clone (an `Arc`); `Send + Sync`; destroyed when the last clone and
 /// the last [`PoolSlice`] from it are gone, in its own context.
@@ -92,7 +73,7 @@ impl Drop for PoolInner {
 /// ```
 #[derive(Clone)]
 pub struct MemoryPool {
-    inner: Arc<PoolInner>,
+    inner: Arc<OwnedPool>,
 }
 
 impl MemoryPool {
@@ -120,9 +101,9 @@ impl MemoryPool {
         // the call; writes one handle.
         unsafe { sys::cuMemPoolCreate(&mut raw, &props) }.check("cuMemPoolCreate")?;
         let pool = MemoryPool {
-            inner: Arc::new(PoolInner {
+            inner: Arc::new(OwnedPool {
                 device,
-                raw: RawPool(raw),
+                raw,
                 ipc: config.ipc,
                 id: PoolId::fresh(),
             }),
@@ -162,7 +143,7 @@ impl MemoryPool {
         unsafe {
             sys::cuMemPoolExportToShareableHandle(
                 (&mut fd as *mut std::ffi::c_int).cast(),
-                self.inner.raw.0,
+                self.inner.raw,
                 sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                 0,
             )
@@ -224,10 +205,8 @@ impl MemoryPool {
         if bytes > 0 {
             // SAFETY: the stream's device (= the pool's) is bound and current; the raw
             // stream handle is used only for this enqueue, while `stream` is borrowed.
-            unsafe {
-                sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.inner.raw.0, stream.raw())
-            }
-            .check("cuMemAllocFromPoolAsync")?;
+            unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.inner.raw, stream.raw()) }
+                .check("cuMemAllocFromPoolAsync")?;
         }
         Ok(PoolSlice {
             // SAFETY: `ptr` holds `bytes` bytes on this device, owned by the new slice
@@ -241,23 +220,18 @@ impl MemoryPool {
 
     /// Reserved and used bytes, current and peak (`CU_MEMPOOL_ATTR_*_MEM_*`).
     pub fn usage(&self) -> Result<PoolUsage> {
-        PoolUsage::of(&self.inner.device, self.inner.raw)
+        self.inner.usage()
     }
 
     /// Bytes the pool keeps reserved when idle (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`).
     pub fn release_threshold(&self) -> Result<u64> {
-        super::get_attr(
-            &self.inner.device,
-            self.inner.raw,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-        )
+        self.inner
+            .get_attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
     }
 
     /// Sets the release threshold.
     pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
-        super::set_attr(
-            &self.inner.device,
-            self.inner.raw,
+        self.inner.set_attr(
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             bytes,
         )
@@ -269,7 +243,7 @@ impl MemoryPool {
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
         ] {
-            super::set_attr(&self.inner.device, self.inner.raw, attr, 0)?;
+            self.inner.set_attr(attr, 0)?;
         }
         Ok(())
     }
@@ -279,7 +253,7 @@ impl MemoryPool {
     pub fn trim_to(&self, keep: usize) -> Result<()> {
         let _guard = self.inner.device.enter()?;
         // SAFETY: valid pool; its context is current.
-        unsafe { sys::cuMemPoolTrimTo(self.inner.raw.0, keep) }.check("cuMemPoolTrimTo")
+        unsafe { sys::cuMemPoolTrimTo(self.inner.raw, keep) }.check("cuMemPoolTrimTo")
     }
 
     /// The raw pool handle.
@@ -288,7 +262,7 @@ impl MemoryPool {
     ///
     /// Valid while `self` lives; do not destroy it.
     pub unsafe fn raw(&self) -> sys::CUmemoryPool {
-        self.inner.raw.0
+        self.inner.raw
     }
 }
 
@@ -311,7 +285,7 @@ impl std::fmt::Debug for MemoryPool {
 /// with `cuMemFree`; [`free_async`](Self::free_async) is the stream-ordered alternative.
 pub struct PoolSlice<T: DeviceRepr> {
     slice: ManuallyDrop<DeviceSlice<T>>,
-    pool: Arc<PoolInner>,
+    pool: Arc<OwnedPool>,
 }
 
 super::foreign_slice!(PoolSlice);
