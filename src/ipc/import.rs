@@ -34,6 +34,17 @@ use std::sync::Arc;
 /// let values = gpu.dtoh(&buf)?;
 /// # Ok(()) }
 /// ```
+///
+/// An imported pool only maps the exporter's allocations; allocating from it is not
+/// possible (the driver forbids it, and the type has no `alloc`):
+///
+/// ```compile_fail,E0599
+/// # fn f(pool: &gpubind::ImportedPool, s: &gpubind::BoundStream<'_>) {
+/// let buf = pool.alloc_zeros::<u8>(s, 16); // error[E0599]: no method named `alloc_zeros`
+/// # }
+/// ```
+///
+/// Allocate in the exporting process and send a [`BufferHandle`].
 #[derive(Clone)]
 pub struct ImportedPool {
     inner: Arc<OwnedPool>,

@@ -283,6 +283,18 @@ impl std::fmt::Debug for MemoryPool {
 /// core copy and launch accepts it, and it derefs to `&DeviceSlice<T>` for views. It
 /// holds the pool alive. Dropping it waits for its context's pending work and frees it
 /// with `cuMemFree`; [`free_async`](Self::free_async) is the stream-ordered alternative.
+///
+/// The deref is read-only: the pool allocation inside can never be swapped with (or
+/// replaced by) an ordinary `DeviceSlice`, which would free it the wrong way:
+///
+/// ```compile_fail,E0596
+/// # use gpubind::{DeviceSlice, PoolSlice};
+/// fn swap(a: &mut PoolSlice<f32>, b: &mut DeviceSlice<f32>) {
+///     std::mem::swap(&mut **a, b); // error[E0596]: cannot borrow data in dereference as mutable
+/// }
+/// ```
+///
+/// Write through [`slice_mut`](Self::slice_mut) views or pass `&mut slice` to copies.
 pub struct PoolSlice<T: DeviceRepr> {
     slice: ManuallyDrop<DeviceSlice<T>>,
     pool: Arc<OwnedPool>,
