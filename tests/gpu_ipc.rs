@@ -288,14 +288,20 @@ fn child_many(conn: &UnixStream) -> R {
     let (mut pools, buffers) = ipc::recv_handles(conn).ctx("recv_handles")?;
     let seed = u64_of(&recv_json(conn)?, "seed")?;
     ensure!(pools.len() == 1, "expected one pool");
+    let dup = pools[0].try_clone().ctx("dup pool handle")?;
     let pool = ImportedPool::import(pools.remove(0)).ctx("import pool")?;
+    // Importing the same pool again gives the same pool, imported once.
+    let again = ImportedPool::import(dup).ctx("import pool again")?;
+    ensure!(again.same_pool(&pool), "a second import made a second pool");
     let mut slices = Vec::new();
     for (i, h) in buffers.iter().enumerate() {
+        let from = if i % 2 == 0 { &pool } else { &again };
         slices.push(
-            pool.import_buffer::<u32>(h)
+            from.import_buffer::<u32>(h)
                 .ctx(&format!("import buffer {i}"))?,
         );
     }
+    drop(again);
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(pool.device()).ctx("bind")?;
     for (i, s) in slices.iter_mut().enumerate() {

@@ -10,7 +10,15 @@ use crate::memory::{DeviceRepr, DeviceSlice};
 use cudarc::driver::sys;
 use std::mem::ManuallyDrop;
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+/// The pools this process has imported, by id, so a pool is imported once.
+type Registry = Mutex<Vec<(PoolId, Weak<OwnedPool>)>>;
+
+fn imported_pools() -> &'static Registry {
+    static IMPORTED: OnceLock<Registry> = OnceLock::new();
+    IMPORTED.get_or_init(Default::default)
+}
 
 /// Another process's IPC pool, imported from a [`PoolHandle`].
 ///
@@ -55,6 +63,10 @@ impl ImportedPool {
     /// handle's UUID, consuming the handle (its descriptor is closed afterwards: the
     /// driver keeps its own reference).
     ///
+    /// A pool already imported by this process (and still alive) is not imported again:
+    /// the call returns that `ImportedPool` (so the driver's pool is destroyed exactly
+    /// once, after its last user).
+    ///
     /// Errors: [`Error::UnknownDevice`] if no visible device has that UUID,
     /// [`Error::CorruptHandle`] if the handle has no descriptor, a driver error if the
     /// descriptor is not a CUDA pool.
@@ -62,6 +74,18 @@ impl ImportedPool {
         crate::driver::init()?;
         let device = device_by_uuid(handle.device_uuid())?;
         let fd = handle.require_fd()?;
+        // Held across the import, so two threads importing one pool import it once.
+        let mut imported = imported_pools().lock().unwrap_or_else(|p| p.into_inner());
+        imported.retain(|(_, pool)| pool.strong_count() > 0);
+        let id = handle.pool_id();
+        if let Some(inner) = imported
+            .iter()
+            .filter(|(known, _)| *known == id)
+            .find_map(|(_, pool)| pool.upgrade())
+            .filter(|inner| inner.device.uuid() == device.uuid())
+        {
+            return Ok(ImportedPool { inner });
+        }
         let _guard = device.enter()?;
         let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `fd` is open for the call (the handle owns it); for POSIX descriptors
@@ -76,14 +100,19 @@ impl ImportedPool {
             )
         }
         .check("cuMemPoolImportFromShareableHandle")?;
-        Ok(ImportedPool {
-            inner: Arc::new(OwnedPool {
-                device,
-                raw,
-                ipc: false,
-                id: handle.pool_id(),
-            }),
-        })
+        let inner = Arc::new(OwnedPool {
+            device,
+            raw,
+            ipc: false,
+            id,
+        });
+        imported.push((id, Arc::downgrade(&inner)));
+        Ok(ImportedPool { inner })
+    }
+
+    /// Whether `self` and `other` are the same imported pool (one import).
+    pub fn same_pool(&self, other: &ImportedPool) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// The device the pool lives on, as this process numbers it.
