@@ -1020,6 +1020,12 @@ fn multi_device() -> R {
             "cross-device dtoh must be WrongDevice"
         );
     }
+    if devices[1]
+        .can_access_peer(&devices[0])
+        .ctx("can_access_peer")?
+    {
+        pools[0].grant_access(&devices[1]).ctx("grant_access")?;
+    }
     let uuids = format!("{},{}", devices[1].uuid(), devices[0].uuid());
     // Both orders; the second child also numbers the devices the other way round.
     for (round, (order, env)) in [

@@ -125,6 +125,13 @@ impl ImportedPool {
         self.inner.id
     }
 
+    /// Lets kernels on `peer` access the pool's memory (`cuMemPoolSetAccess`, read and
+    /// write). A pool is always accessible from its own device; peers need peer access
+    /// support ([`Device::can_access_peer`]).
+    pub fn grant_access(&self, peer: &Device) -> Result<()> {
+        self.inner.grant_access(peer)
+    }
+
     /// Memory this process has imported from the pool.
     pub fn usage(&self) -> Result<PoolUsage> {
         self.inner.usage()

@@ -129,6 +129,20 @@ impl OwnedPool {
             .check("cuMemPoolSetAttribute")
     }
 
+    /// Lets kernels on `peer` read and write the pool's memory (`cuMemPoolSetAccess`).
+    fn grant_access(&self, peer: &Device) -> Result<()> {
+        let _guard = self.device.enter()?;
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: peer.raw_device(),
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: valid pool in the current context; reads one descriptor.
+        unsafe { sys::cuMemPoolSetAccess(self.raw, &desc, 1) }.check("cuMemPoolSetAccess")
+    }
+
     fn usage(&self) -> Result<PoolUsage> {
         use sys::CUmemPool_attribute as A;
         Ok(PoolUsage {

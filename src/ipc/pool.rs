@@ -218,6 +218,13 @@ impl MemoryPool {
         })
     }
 
+    /// Lets kernels on `peer` access the pool's memory (`cuMemPoolSetAccess`, read and
+    /// write). A pool is always accessible from its own device; peers need peer access
+    /// support ([`Device::can_access_peer`]).
+    pub fn grant_access(&self, peer: &Device) -> Result<()> {
+        self.inner.grant_access(peer)
+    }
+
     /// Reserved and used bytes, current and peak (`CU_MEMPOOL_ATTR_*_MEM_*`).
     pub fn usage(&self) -> Result<PoolUsage> {
         self.inner.usage()
