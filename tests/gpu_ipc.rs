@@ -54,6 +54,7 @@ fn main() {
                 core_interop,
             ),
             ("multi_device_buffers_both_orders", multi_device),
+            ("importer_closes_after_exporter_died", exporter_dies_first),
         ],
     )
 }
@@ -238,6 +239,8 @@ fn run_child(role: &str) -> R {
         "legacy" => child_legacy(&conn),
         "corrupt" => child_corrupt(&conn),
         "multi" => child_multi(&conn),
+        "exporter" => child_exporter(&conn),
+        "late" => child_late_importer(&conn),
         other => Err(format!("unknown child role {other}")),
     }
 }
@@ -505,6 +508,56 @@ fn child_multi(conn: &UnixStream) -> R {
         );
     }
     drop(imported);
+    done(conn)
+}
+
+/// An exporting child: allocates `pattern(seed)` from an IPC pool, sends the handles to
+/// the parent, and on `exit` leaves at once, without dropping anything (as if it died).
+fn child_exporter(conn: &UnixStream) -> R {
+    let job = recv_json(conn)?;
+    let (seed, n) = (u64_of(&job, "seed")?, u64_of(&job, "n")? as usize);
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let dev = Device::get(0).ctx("device 0")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let pool = MemoryPool::new(&gpu, PoolConfig::default().ipc(true)).ctx("pool")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let mut buf = pool
+        .alloc_zeros::<u32>(&gpu.on(&stream).ctx("on")?, n)
+        .ctx("alloc")?;
+    gpu.htod_copy(&pattern(seed, n), &mut buf).ctx("htod")?;
+    ipc::send_handles(
+        conn,
+        &[pool.export().ctx("export pool")?],
+        &[buf.export().ctx("export buffer")?],
+    )
+    .ctx("send_handles")?;
+    let m = ipc::recv_message_timeout(conn, CHILD_WAIT).ctx("wait for exit")?;
+    ensure!(m.bytes == b"exit", "exporter got {:?}", m.bytes);
+    std::process::exit(0); // no destructors: the pool and buffer are never freed here
+}
+
+/// Imports what the (other) exporting child made, checks it, then, after the exporter
+/// is gone, drops its imports: that must neither crash nor hang.
+fn child_late_importer(conn: &UnixStream) -> R {
+    let (mut pools, buffers) = ipc::recv_handles(conn).ctx("recv_handles")?;
+    let seed = u64_of(&recv_json(conn)?, "seed")?;
+    let pool = ImportedPool::import(pools.remove(0)).ctx("import pool")?;
+    let buf = pool
+        .import_buffer::<u32>(&buffers[0])
+        .ctx("import buffer")?;
+    {
+        let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+        let gpu = ctx.bind(pool.device()).ctx("bind")?;
+        ensure!(
+            gpu.dtoh(&buf).ctx("dtoh")? == pattern(seed, buf.len()),
+            "data relayed through the parent is wrong"
+        );
+    }
+    ipc::send_message(conn, b"imported", &[]).ctx("send imported")?;
+    let m = ipc::recv_message_timeout(conn, CHILD_WAIT).ctx("wait for go")?;
+    ensure!(m.bytes == b"go", "importer got {:?}", m.bytes);
+    drop(pool);
+    drop(buf);
     done(conn)
 }
 
@@ -1068,4 +1121,32 @@ fn multi_device() -> R {
         }
     }
     Ok(())
+}
+
+/// A buffer made by one child, relayed by the parent (which never touches the GPU
+/// here) to a second child; the exporter then dies without freeing, and the importer
+/// closes its imports afterwards.
+fn exporter_dies_first() -> R {
+    let seed: u64 = rand::random();
+    let n = 65_536 + rand::rng().random_range(0..1000u64);
+    let exporter = spawn_child("exporter", &[])?;
+    send_json(&exporter.conn, &json!({ "seed": seed, "n": n }))?;
+    let (pools, buffers) = ipc::recv_handles_timeout(&exporter.conn, CHILD_WAIT)
+        .ctx("handles from the exporting child")?;
+    let importer = spawn_child("late", &[])?;
+    ipc::send_handles(&importer.conn, &pools, &buffers).ctx("relay handles")?;
+    drop(pools); // the parent's copies of the descriptors
+    send_json(&importer.conn, &json!({ "seed": seed }))?;
+    let m = ipc::recv_message_timeout(&importer.conn, CHILD_WAIT).ctx("wait for imported")?;
+    ensure!(m.bytes == b"imported", "importer said {:?}", m.bytes);
+    ipc::send_message(&exporter.conn, b"exit", &[]).ctx("send exit")?;
+    let mut exporter = exporter;
+    let status = exporter.wait()?;
+    ensure!(
+        status.success(),
+        "exporter exited {status}: {}",
+        stderr_of(&mut exporter.proc)
+    );
+    ipc::send_message(&importer.conn, b"go", &[]).ctx("send go")?;
+    importer.expect_done()
 }
