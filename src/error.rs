@@ -121,6 +121,67 @@ pub enum Error {
     /// A value that the driver would reject or that makes no sense (zero grid, bad name, …).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    /// Serialized IPC data (a handle or a socket message) failed validation: bad magic,
+    /// unsupported version, checksum mismatch, truncation, malformed fields.
+    #[error("corrupt IPC handle or message: {reason}")]
+    CorruptHandle {
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// An IPC handle names a device (by UUID) that is not visible in this process.
+    #[error(
+        "no visible CUDA device has UUID {uuid} (is it hidden by CUDA_VISIBLE_DEVICES in this process?)"
+    )]
+    UnknownDevice {
+        /// The UUID the handle names.
+        uuid: crate::device::Uuid,
+    },
+
+    /// The peer process closed its end of an IPC socket (exited or was killed) before a
+    /// message was complete.
+    #[error(
+        "the IPC peer closed the connection (exited or crashed) before the message was complete"
+    )]
+    PeerGone,
+
+    /// Exporting from a memory pool that was created without IPC support.
+    #[error(
+        "this memory pool was not created for IPC; create it with PoolConfig::default().ipc(true) to export it"
+    )]
+    NotIpcPool,
+
+    /// An operating-system I/O call failed.
+    #[error("{what} failed: {message}")]
+    Io {
+        /// The call, e.g. `recvmsg`.
+        what: &'static str,
+        /// The error kind.
+        kind: std::io::ErrorKind,
+        /// The OS error message.
+        message: String,
+    },
+
+    /// Waiting on an IPC socket took longer than allowed.
+    #[error("timed out after {after_ms} ms waiting for {what}")]
+    Timeout {
+        /// What was awaited.
+        what: &'static str,
+        /// How long was waited.
+        after_ms: u64,
+    },
+
+    /// An imported buffer was requested as an element type other than the exported one.
+    #[error(
+        "type mismatch: the handle describes elements of type {handle}, but {requested} was requested"
+    )]
+    TypeMismatch {
+        /// Element type (and size) recorded in the handle.
+        handle: String,
+        /// Element type (and size) asked for.
+        requested: String,
+    },
 }
 
 impl Error {

@@ -54,6 +54,7 @@ pub mod context;
 pub mod device;
 pub mod driver;
 pub mod error;
+pub mod ipc;
 pub mod memory;
 pub mod module;
 pub mod stream;
@@ -63,6 +64,10 @@ pub use context::{BoundDevice, ThreadContext};
 pub use device::{Device, DeviceAttribute, Uuid};
 pub use driver::{driver_available, init};
 pub use error::{Error, Result};
+pub use ipc::{
+    BufferHandle, ImportedPool, ImportedSlice, LegacyIpcHandle, LegacySlice, MemoryPool,
+    PoolConfig, PoolHandle, PoolSlice,
+};
 pub use memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut,
 };

@@ -115,7 +115,7 @@ pub trait DeviceMemory<T>: private::Sealed {
 /// Device memory that may be written: [`DeviceSlice`] and [`DeviceViewMut`].
 pub trait DeviceMemoryMut<T>: DeviceMemory<T> {}
 
-mod private {
+pub(crate) mod private {
     pub trait Sealed {}
 }
 

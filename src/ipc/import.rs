@@ -1,0 +1,228 @@
+//! The importing side: [`ImportedPool`] and [`ImportedSlice`].
+
+use super::handle::{BufferHandle, PoolHandle, PoolId};
+use super::wire::corrupt;
+use super::{OwnedPool, PoolUsage, check_allocation_size, device_by_uuid, disown, free_in_context};
+use crate::device::Device;
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use crate::memory::{DeviceRepr, DeviceSlice};
+use cudarc::driver::sys;
+use std::mem::ManuallyDrop;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+/// The pools this process has imported, by id, so a pool is imported once.
+type Registry = Mutex<Vec<(PoolId, Weak<OwnedPool>)>>;
+
+fn imported_pools() -> &'static Registry {
+    static IMPORTED: OnceLock<Registry> = OnceLock::new();
+    IMPORTED.get_or_init(Default::default)
+}
+
+/// Another process's IPC pool, imported from a [`PoolHandle`].
+///
+/// Importing needs only the driver ([`crate::init`]): no [`ThreadContext`](crate::ThreadContext)
+/// and no binding. The pool maps on the device whose **UUID** the handle names (not the
+/// exporter's ordinal, which may differ here); the calls run with that device's primary
+/// context pushed and popped, so the thread's current context is left as it was. Cheap
+/// to clone; `Send + Sync`; destroyed after its last clone and last [`ImportedSlice`].
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::ipc::{ImportedPool, recv_handles};
+/// use gpubind::ThreadContext;
+/// # let socket: std::os::unix::net::UnixStream = unimplemented!();
+/// gpubind::init()?;
+/// let (pools, buffers) = recv_handles(&socket)?;
+/// let pool = ImportedPool::import(pools.into_iter().next().unwrap())?;
+/// let buf = pool.import_buffer::<f32>(&buffers[0])?;
+/// let mut ctx = ThreadContext::acquire()?;
+/// let gpu = ctx.bind(pool.device())?;     // bind to read or write it
+/// let values = gpu.dtoh(&buf)?;
+/// # Ok(()) }
+/// ```
+///
+/// An imported pool only maps the exporter's allocations; allocating from it is not
+/// possible (the driver forbids it, and the type has no `alloc`):
+///
+/// ```compile_fail,E0599
+/// # fn f(pool: &gpubind::ImportedPool, s: &gpubind::BoundStream<'_>) {
+/// let buf = pool.alloc_zeros::<u8>(s, 16); // error[E0599]: no method named `alloc_zeros`
+/// # }
+/// ```
+///
+/// Allocate in the exporting process and send a [`BufferHandle`].
+#[derive(Clone)]
+pub struct ImportedPool {
+    inner: Arc<OwnedPool>,
+}
+
+impl ImportedPool {
+    /// Imports the pool (`cuMemPoolImportFromShareableHandle`) on the device with the
+    /// handle's UUID, consuming the handle (its descriptor is closed afterwards: the
+    /// driver keeps its own reference).
+    ///
+    /// A pool already imported by this process (and still alive) is not imported again:
+    /// the call returns that `ImportedPool` (so the driver's pool is destroyed exactly
+    /// once, after its last user).
+    ///
+    /// Errors: [`Error::UnknownDevice`] if no visible device has that UUID,
+    /// [`Error::CorruptHandle`] if the handle has no descriptor, a driver error if the
+    /// descriptor is not a CUDA pool.
+    pub fn import(handle: PoolHandle) -> Result<ImportedPool> {
+        crate::driver::init()?;
+        let device = device_by_uuid(handle.device_uuid())?;
+        let fd = handle.require_fd()?;
+        // Held across the import, so two threads importing one pool import it once.
+        let mut imported = imported_pools().lock().unwrap_or_else(|p| p.into_inner());
+        imported.retain(|(_, pool)| pool.strong_count() > 0);
+        let id = handle.pool_id();
+        if let Some(inner) = imported
+            .iter()
+            .filter(|(known, _)| *known == id)
+            .find_map(|(_, pool)| pool.upgrade())
+            .filter(|inner| inner.device.uuid() == device.uuid())
+        {
+            return Ok(ImportedPool { inner });
+        }
+        let _guard = device.enter()?;
+        let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `fd` is open for the call (the handle owns it); for POSIX descriptors
+        // the driver takes the descriptor's value in the pointer argument and does not
+        // take ownership. The device's context is current; writes one handle.
+        unsafe {
+            sys::cuMemPoolImportFromShareableHandle(
+                &mut raw,
+                std::ptr::without_provenance_mut(fd.as_raw_fd() as usize),
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        }
+        .check("cuMemPoolImportFromShareableHandle")?;
+        let inner = Arc::new(OwnedPool {
+            device,
+            raw,
+            ipc: false,
+            id,
+        });
+        imported.push((id, Arc::downgrade(&inner)));
+        Ok(ImportedPool { inner })
+    }
+
+    /// Whether `self` and `other` are the same imported pool (one import).
+    pub fn same_pool(&self, other: &ImportedPool) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// The device the pool lives on, as this process numbers it.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.inner.device
+    }
+
+    /// The exporter's pool id.
+    pub fn id(&self) -> PoolId {
+        self.inner.id
+    }
+
+    /// Lets kernels on `peer` access the pool's memory (`cuMemPoolSetAccess`, read and
+    /// write). A pool is always accessible from its own device; peers need peer access
+    /// support ([`Device::can_access_peer`]).
+    pub fn grant_access(&self, peer: &Device) -> Result<()> {
+        self.inner.grant_access(peer)
+    }
+
+    /// Memory this process has imported from the pool.
+    pub fn usage(&self) -> Result<PoolUsage> {
+        self.inner.usage()
+    }
+
+    /// Maps one exported allocation (`cuMemPoolImportPointer`) as a typed slice.
+    ///
+    /// Checks before any driver call: the handle is valid, belongs to this pool
+    /// (`InvalidArgument` otherwise) and holds `T`s ([`Error::TypeMismatch`]). After the
+    /// import, an allocation smaller than the handle claims is unmapped again and
+    /// reported as [`Error::CorruptHandle`].
+    pub fn import_buffer<T: DeviceRepr>(&self, handle: &BufferHandle) -> Result<ImportedSlice<T>> {
+        let len = handle.layout().expect_type::<T>()?;
+        if handle.pool_id() != self.inner.id {
+            return Err(Error::InvalidArgument(format!(
+                "buffer handle belongs to pool {}, not to the imported pool {}",
+                handle.pool_id(),
+                self.inner.id
+            )));
+        }
+        if handle.device_uuid() != self.inner.device.uuid() {
+            return Err(corrupt(format!(
+                "buffer handle names device {}, but its pool lives on {}",
+                handle.device_uuid(),
+                self.inner.device.uuid()
+            )));
+        }
+        let _guard = self.inner.device.enter()?;
+        let mut data = sys::CUmemPoolPtrExportData {
+            reserved: *handle.export_data(),
+        };
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: valid imported pool; its context is current; `data` is 64 readable
+        // bytes (the driver validates their content); writes one address.
+        unsafe { sys::cuMemPoolImportPointer(&mut ptr, self.inner.raw, &mut data) }
+            .check("cuMemPoolImportPointer")?;
+        let unmap = |p| {
+            // SAFETY: `p` was just imported and is unmapped once.
+            unsafe { sys::cuMemFree_v2(p) }
+        };
+        if let Err(e) = check_allocation_size(ptr, len * std::mem::size_of::<T>()) {
+            free_in_context(&self.inner.device, ptr, unmap);
+            return Err(e);
+        }
+        Ok(ImportedSlice {
+            // SAFETY: `ptr` maps at least `len` elements (checked above where the driver
+            // reports the size); ImportedSlice's Drop unmaps it, never DeviceSlice's.
+            slice: ManuallyDrop::new(unsafe {
+                DeviceSlice::from_raw(Arc::clone(&self.inner.device), ptr, len)
+            }),
+            pool: Arc::clone(&self.inner),
+        })
+    }
+}
+
+impl std::fmt::Debug for ImportedPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedPool")
+            .field("device", &self.inner.device.ordinal())
+            .field("id", &self.inner.id)
+            .finish()
+    }
+}
+
+/// An allocation of another process's pool, mapped here by [`ImportedPool::import_buffer`].
+///
+/// A typed slice like [`DeviceSlice`] (core copies, views via deref, kernel argument);
+/// using it under a binding of another device is [`Error::WrongDevice`]. Holds its pool
+/// alive, so dropping the `ImportedPool` first is fine. Dropping it waits for the
+/// context's pending work, then unmaps it (`cuMemFree`).
+pub struct ImportedSlice<T: DeviceRepr> {
+    slice: ManuallyDrop<DeviceSlice<T>>,
+    pool: Arc<OwnedPool>,
+}
+
+super::foreign_slice!(ImportedSlice);
+
+impl<T: DeviceRepr> ImportedSlice<T> {
+    /// The exporter's pool id.
+    pub fn pool_id(&self) -> PoolId {
+        self.pool.id
+    }
+}
+
+impl<T: DeviceRepr> Drop for ImportedSlice<T> {
+    fn drop(&mut self) {
+        let (device, ptr) = disown(&mut self.slice);
+        free_in_context(&device, ptr, |p| {
+            // SAFETY: imported by cuMemPoolImportPointer, unmapped once, after the
+            // context's pending work.
+            unsafe { sys::cuMemFree_v2(p) }
+        });
+    }
+}

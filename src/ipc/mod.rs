@@ -1,0 +1,318 @@
+//! Device memory shared between processes: IPC memory pools, their buffers, legacy
+//! IPC handles, and the Unix-socket transport that carries them.
+//!
+//! * [`MemoryPool`] — a stream-ordered pool on a bound device (`cuMemPoolCreate`),
+//!   exportable when created with [`PoolConfig::ipc`]. [`MemoryPool::alloc_zeros`]
+//!   returns a [`PoolSlice<T>`], a typed slice that every core copy and launch accepts.
+//! * Export: [`MemoryPool::export`] gives a [`PoolHandle`] (a POSIX file descriptor plus
+//!   the pool's id and device UUID); [`PoolSlice::export`] gives a [`BufferHandle`]
+//!   (`cuMemPoolExportPointer`'s 64 bytes, length, element type, pool id).
+//! * Transport: [`send_handles`] / [`recv_handles`] over a [`UnixStream`]: one framed,
+//!   checksummed message, descriptors by `SCM_RIGHTS`, bounded sizes, timeouts.
+//! * Import in the other process: [`ImportedPool::import`] then
+//!   [`ImportedPool::import_buffer`] give an [`ImportedSlice<T>`]. Importing needs
+//!   only [`crate::init`] — never a hidden `cuCtxSetCurrent`: the driver calls run with
+//!   the device's context pushed and popped. The device is found by UUID, so a child with
+//!   a different `CUDA_VISIBLE_DEVICES` order maps each buffer on the right GPU.
+//! * Legacy IPC: [`LegacyIpcHandle::export`] of a [`DeviceSlice`], opened as a
+//!   [`LegacySlice<T>`].
+//!
+//! ```no_run
+//! # fn main() -> gpubind::Result<()> {
+//! use gpubind::ipc::{self, MemoryPool, PoolConfig};
+//! use gpubind::{Device, ThreadContext};
+//! use std::os::unix::net::UnixStream;
+//! let (parent_end, child_end) = UnixStream::pair().map_err(|e| ipc::io_error("socketpair", &e))?;
+//! // exporter
+//! let mut ctx = ThreadContext::acquire()?;
+//! let dev = Device::get(0)?;
+//! let gpu = ctx.bind(&dev)?;
+//! let pool = MemoryPool::new(&gpu, PoolConfig::default().ipc(true))?;
+//! let stream = gpu.new_stream()?;
+//! let mut buf = pool.alloc_zeros::<u32>(&gpu.on(&stream)?, 256)?;
+//! gpu.htod_copy(&[7u32; 256], &mut buf)?;
+//! ipc::send_handles(&parent_end, &[pool.export()?], &[buf.export()?])?;
+//! // importer (normally another process: see examples/ipc_workers.rs)
+//! let (pools, buffers) = ipc::recv_handles(&child_end)?;
+//! # Ok(()) }
+//! ```
+//!
+//! Protocol rules the types cannot enforce across processes (see `docs/ipc.md`): the
+//! exporter keeps a buffer (and its pool) alive until every importer has dropped its
+//! imported slice — have importers answer after dropping, and wait for the answer or the
+//! importer's exit; a process may only access an allocation after it is ready
+//! ([`MemoryPool::alloc_zeros`] waits for that before returning).
+
+mod handle;
+mod import;
+mod legacy;
+mod pool;
+mod socket;
+mod wire;
+
+pub use handle::{BufferHandle, LegacyIpcHandle, PoolHandle, PoolId};
+pub use import::{ImportedPool, ImportedSlice};
+pub use legacy::LegacySlice;
+pub use pool::{MemoryPool, PoolConfig, PoolSlice};
+pub use socket::{
+    DEFAULT_TIMEOUT, MAX_FDS, MAX_MESSAGE_BYTES, Message, recv_handles, recv_handles_timeout,
+    recv_message, recv_message_timeout, send_handles, send_message, send_message_timeout,
+};
+
+use crate::device::{Device, Uuid};
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use crate::memory::{DeviceRepr, DeviceSlice};
+use cudarc::driver::sys;
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+
+#[cfg(doc)]
+use std::os::unix::net::UnixStream;
+
+/// [`Error::Io`] from a `std::io::Error`, naming the call.
+pub fn io_error(what: &'static str, e: &std::io::Error) -> Error {
+    Error::Io {
+        what,
+        kind: e.kind(),
+        message: e.to_string(),
+    }
+}
+
+/// Bytes reserved and in use by a pool, now and at their peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PoolUsage {
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
+    pub reserved_current: u64,
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`.
+    pub reserved_high: u64,
+    /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`.
+    pub used_current: u64,
+    /// `CU_MEMPOOL_ATTR_USED_MEM_HIGH`.
+    pub used_high: u64,
+}
+
+/// A pool this process must destroy — created here or imported — with its device.
+/// Shared by `Arc` between the pool value and every slice from it, so it is destroyed
+/// (in its own context) only after the last slice was freed.
+struct OwnedPool {
+    device: Arc<Device>,
+    raw: sys::CUmemoryPool,
+    /// Created with POSIX descriptor export enabled (always false for imported pools).
+    ipc: bool,
+    id: handle::PoolId,
+}
+
+// SAFETY: a pool handle is an identifier the driver accepts from any thread; gpubind
+// pushes the pool's own context around every call that uses it.
+unsafe impl Send for OwnedPool {}
+// SAFETY: as above; the driver serialises concurrent operations on one pool.
+unsafe impl Sync for OwnedPool {}
+
+impl OwnedPool {
+    /// Reads one 64-bit pool attribute (all the ones gpubind exposes are `cuuint64_t`).
+    fn get_attr(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
+        let _guard = self.device.enter()?;
+        let mut value: u64 = 0;
+        // SAFETY: valid pool in the current context; these attributes write one u64.
+        unsafe { sys::cuMemPoolGetAttribute(self.raw, attr, (&mut value as *mut u64).cast()) }
+            .check("cuMemPoolGetAttribute")?;
+        Ok(value)
+    }
+
+    /// Writes one 64-bit pool attribute.
+    fn set_attr(&self, attr: sys::CUmemPool_attribute, v: u64) -> Result<()> {
+        let _guard = self.device.enter()?;
+        let mut value = v;
+        // SAFETY: valid pool in the current context; these attributes read one u64.
+        unsafe { sys::cuMemPoolSetAttribute(self.raw, attr, (&mut value as *mut u64).cast()) }
+            .check("cuMemPoolSetAttribute")
+    }
+
+    /// Lets kernels on `peer` read and write the pool's memory (`cuMemPoolSetAccess`).
+    fn grant_access(&self, peer: &Device) -> Result<()> {
+        let _guard = self.device.enter()?;
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: peer.raw_device(),
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: valid pool in the current context; reads one descriptor.
+        unsafe { sys::cuMemPoolSetAccess(self.raw, &desc, 1) }.check("cuMemPoolSetAccess")
+    }
+
+    fn usage(&self) -> Result<PoolUsage> {
+        use sys::CUmemPool_attribute as A;
+        Ok(PoolUsage {
+            reserved_current: self.get_attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            reserved_high: self.get_attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+            used_current: self.get_attr(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            used_high: self.get_attr(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+        })
+    }
+}
+
+impl Drop for OwnedPool {
+    fn drop(&mut self) {
+        if let Ok(_guard) = self.device.enter() {
+            // SAFETY: created or imported once, destroyed once, here, after every slice
+            // from it (each holds an Arc to us) has been freed.
+            let _ = unsafe { sys::cuMemPoolDestroy(self.raw) };
+        }
+    }
+}
+
+/// The visible device with this UUID, or [`Error::UnknownDevice`].
+fn device_by_uuid(uuid: Uuid) -> Result<Arc<Device>> {
+    Device::by_uuid(uuid)?.ok_or(Error::UnknownDevice { uuid })
+}
+
+/// Takes the slice out of its `ManuallyDrop` without freeing it: its device and address.
+/// Call once, from the owner's `Drop` (or a consuming method); the slot is dead after.
+fn disown<T: DeviceRepr>(
+    slot: &mut ManuallyDrop<DeviceSlice<T>>,
+) -> (Arc<Device>, sys::CUdeviceptr) {
+    // SAFETY: every caller uses the slot exactly once, as the last thing it does with it.
+    let slice = unsafe { ManuallyDrop::take(slot) };
+    let device = Arc::clone(slice.device());
+    let (ptr, _) = slice.into_raw();
+    (device, ptr)
+}
+
+/// In `device`'s context (pushed and popped): waits for its pending work, then `free(ptr)`.
+/// Does nothing for a null address. Errors are dropped: this runs from `Drop`.
+fn free_in_context(
+    device: &Device,
+    ptr: sys::CUdeviceptr,
+    free: impl FnOnce(sys::CUdeviceptr) -> sys::CUresult,
+) {
+    if ptr == 0 {
+        return;
+    }
+    if let Ok(_guard) = device.enter() {
+        // SAFETY: the device's context is current for the call.
+        let _ = unsafe { sys::cuCtxSynchronize() };
+        let _ = free(ptr);
+    }
+}
+
+/// [`Error::CorruptHandle`] if the driver reports the allocation at `ptr` smaller than
+/// `bytes`. A driver that cannot tell (an error from the query) is given the benefit of
+/// the doubt. Run with the allocation's context current.
+fn check_allocation_size(ptr: sys::CUdeviceptr, bytes: usize) -> Result<()> {
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: writes one address and one size_t; `ptr` is a mapped device address.
+    let res = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+    if res == sys::CUresult::CUDA_SUCCESS {
+        let available = (base + size as u64).saturating_sub(ptr) as usize;
+        if available < bytes {
+            return Err(wire::corrupt(format!(
+                "the handle describes {bytes} bytes, but the mapped allocation has {available}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The parts of the core slice API that the three foreign slice types share: memory
+/// traits (so core copies work), deref to `&DeviceSlice<T>` (views), `slice_mut`,
+/// kernel argument, `Debug`. Each type has a `slice: ManuallyDrop<DeviceSlice<T>>`.
+macro_rules! foreign_slice {
+    ($ty:ident) => {
+        impl<T: $crate::memory::DeviceRepr> $crate::memory::private::Sealed for $ty<T> {}
+
+        impl<T: $crate::memory::DeviceRepr> $crate::memory::DeviceMemory<T> for $ty<T> {
+            fn device(&self) -> &std::sync::Arc<$crate::device::Device> {
+                self.slice.device()
+            }
+            fn len(&self) -> usize {
+                self.slice.len()
+            }
+            fn device_ptr(&self) -> cudarc::driver::sys::CUdeviceptr {
+                self.slice.ptr
+            }
+        }
+
+        impl<T: $crate::memory::DeviceRepr> $crate::memory::DeviceMemoryMut<T> for $ty<T> {}
+
+        impl<T: $crate::memory::DeviceRepr> std::ops::Deref for $ty<T> {
+            type Target = $crate::memory::DeviceSlice<T>;
+            /// Read-only access to the core slice API (`len`, `slice`, `device`, …).
+            fn deref(&self) -> &Self::Target {
+                &self.slice
+            }
+        }
+
+        impl<T: $crate::memory::DeviceRepr> $ty<T> {
+            /// A writable view of `range`, or [`Error::OutOfBounds`](crate::Error::OutOfBounds).
+            pub fn slice_mut(
+                &mut self,
+                range: impl std::ops::RangeBounds<usize>,
+            ) -> $crate::error::Result<$crate::memory::DeviceViewMut<'_, T>> {
+                self.slice.slice_mut(range)
+            }
+        }
+
+        // SAFETY: passes the inner slice's address field: 8 bytes that live as long as
+        // the borrow of `self`.
+        unsafe impl<T: $crate::memory::DeviceRepr> $crate::module::KernelArg for $ty<T> {
+            fn param_ptr(&self) -> *mut std::ffi::c_void {
+                &self.slice.ptr as *const cudarc::driver::sys::CUdeviceptr as *mut std::ffi::c_void
+            }
+            fn param_size(&self) -> usize {
+                std::mem::size_of::<cudarc::driver::sys::CUdeviceptr>()
+            }
+            fn arg_device(&self) -> Option<&$crate::device::Device> {
+                Some(self.slice.device())
+            }
+            fn describe(&self) -> String {
+                format!("{}<{}>", stringify!($ty), std::any::type_name::<T>())
+            }
+        }
+
+        impl<T: $crate::memory::DeviceRepr> std::fmt::Debug for $ty<T> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("device", &self.slice.device().ordinal())
+                    .field("ptr", &format_args!("{:#x}", self.slice.ptr))
+                    .field("len", &self.slice.len())
+                    .field("type", &std::any::type_name::<T>())
+                    .finish()
+            }
+        }
+    };
+}
+use foreign_slice;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn resources_are_send_and_sync() {
+        assert_send_sync::<MemoryPool>();
+        assert_send_sync::<PoolSlice<f32>>();
+        assert_send_sync::<ImportedPool>();
+        assert_send_sync::<ImportedSlice<u8>>();
+        assert_send_sync::<LegacySlice<u64>>();
+        assert_send_sync::<PoolHandle>();
+        assert_send_sync::<BufferHandle>();
+    }
+
+    #[test]
+    fn import_without_a_driver_or_device_is_a_typed_error() {
+        // On a machine without CUDA: NoDriver. With CUDA: this UUID names no device.
+        let bogus = serde_json::json!({
+            "pool_id": "00".repeat(16), "device_uuid": "ab".repeat(16), "device_ordinal": 0
+        });
+        let handle: PoolHandle = serde_json::from_value(bogus).unwrap();
+        match ImportedPool::import(handle) {
+            Err(Error::NoDriver) | Err(Error::UnknownDevice { .. }) => {}
+            other => panic!("expected NoDriver or UnknownDevice, got {other:?}"),
+        }
+    }
+}

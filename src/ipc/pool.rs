@@ -1,0 +1,387 @@
+//! [`MemoryPool`]: a stream-ordered memory pool on one device, optionally exportable.
+
+use super::handle::{BufferHandle, PoolHandle, PoolId};
+use super::{OwnedPool, PoolUsage, disown, free_in_context};
+use crate::context::BoundDevice;
+use crate::device::Device;
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use crate::memory::{DeviceRepr, DeviceSlice};
+use crate::stream::BoundStream;
+use cudarc::driver::sys;
+use std::mem::ManuallyDrop;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+/// How to create a [`MemoryPool`].
+///
+/// ```
+/// use gpubind::ipc::PoolConfig;
+/// let cfg = PoolConfig::default().ipc(true).release_threshold(64 << 20);
+/// assert!(cfg.is_ipc());
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct PoolConfig {
+    ipc: bool,
+    max_size: usize,
+    release_threshold: Option<u64>,
+}
+
+impl PoolConfig {
+    /// Makes the pool exportable to other processes with POSIX file descriptors
+    /// (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`). Off by default.
+    pub fn ipc(mut self, on: bool) -> Self {
+        self.ipc = on;
+        self
+    }
+
+    /// Caps the pool's reserved memory (0, the default, means no cap beyond the device).
+    pub fn max_size(mut self, bytes: usize) -> Self {
+        self.max_size = bytes;
+        self
+    }
+
+    /// Sets `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` right after creation.
+    pub fn release_threshold(mut self, bytes: u64) -> Self {
+        self.release_threshold = Some(bytes);
+        self
+    }
+
+    /// Whether the pool will be exportable.
+    pub fn is_ipc(&self) -> bool {
+        self.ipc
+    }
+}
+
+/// A stream-ordered memory pool on one device (`cuMemPoolCreate`), optionally IPC
+/// capable. Cheap to clone (an `Arc`); `Send + Sync`; destroyed when the last clone and
+/// the last [`PoolSlice`] from it are gone, in its own context.
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::ipc::{MemoryPool, PoolConfig};
+/// use gpubind::{Device, ThreadContext};
+/// let mut ctx = ThreadContext::acquire()?;
+/// let dev = Device::get(0)?;
+/// let gpu = ctx.bind(&dev)?;
+/// let pool = MemoryPool::new(&gpu, PoolConfig::default().ipc(true))?;
+/// let stream = gpu.new_stream()?;
+/// let mut buf = pool.alloc_zeros::<f32>(&gpu.on(&stream)?, 1024)?;
+/// gpu.htod_copy(&vec![1.0; 1024], &mut buf)?;     // core copies accept pool slices
+/// let (pool_handle, buf_handle) = (pool.export()?, buf.export()?);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemoryPool {
+    inner: Arc<OwnedPool>,
+}
+
+impl MemoryPool {
+    /// Creates a pool of pinned device memory on the bound device.
+    pub fn new(gpu: &BoundDevice<'_>, config: PoolConfig) -> Result<MemoryPool> {
+        let device = Arc::clone(gpu.device());
+        let props = sys::CUmemPoolProps {
+            allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            handleTypes: if config.ipc {
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            } else {
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+            },
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device.raw_device(),
+            },
+            win32SecurityAttributes: std::ptr::null_mut(),
+            maxSize: config.max_size,
+            usage: 0,
+            reserved: [0; 54],
+        };
+        let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: the bound context is current; `props` is fully initialised and outlives
+        // the call; writes one handle.
+        unsafe { sys::cuMemPoolCreate(&mut raw, &props) }.check("cuMemPoolCreate")?;
+        let pool = MemoryPool {
+            inner: Arc::new(OwnedPool {
+                device,
+                raw,
+                ipc: config.ipc,
+                id: PoolId::fresh(),
+            }),
+        };
+        if let Some(bytes) = config.release_threshold {
+            pool.set_release_threshold(bytes)?;
+        }
+        Ok(pool)
+    }
+
+    /// The pool's device.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.inner.device
+    }
+
+    /// The pool's id (carried by its pool and buffer handles).
+    pub fn id(&self) -> PoolId {
+        self.inner.id
+    }
+
+    /// Whether the pool was created with [`PoolConfig::ipc`].
+    pub fn is_ipc(&self) -> bool {
+        self.inner.ipc
+    }
+
+    /// Exports the pool as a POSIX file descriptor (`cuMemPoolExportToShareableHandle`);
+    /// each call makes a new descriptor. [`Error::NotIpcPool`] unless the pool was
+    /// created with [`PoolConfig::ipc`].
+    pub fn export(&self) -> Result<PoolHandle> {
+        if !self.inner.ipc {
+            return Err(Error::NotIpcPool);
+        }
+        let _guard = self.inner.device.enter()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: the pool's context is current; for POSIX_FILE_DESCRIPTOR the driver
+        // writes one int through the pointer.
+        unsafe {
+            sys::cuMemPoolExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                self.inner.raw,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        }
+        .check("cuMemPoolExportToShareableHandle")?;
+        if fd < 0 {
+            return Err(Error::InvalidArgument(format!(
+                "cuMemPoolExportToShareableHandle returned descriptor {fd}"
+            )));
+        }
+        // SAFETY: the driver just created `fd` for us; nobody else owns or closes it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(PoolHandle::new(
+            self.inner.id,
+            self.inner.device.uuid(),
+            self.inner.device.ordinal(),
+            fd,
+        ))
+    }
+
+    /// Allocates `len` zeroed elements from the pool on `stream` and waits for the
+    /// stream, so the slice can be used right away on any stream of its device (and
+    /// exported). For stream-ordered use without the wait see
+    /// [`alloc_async`](Self::alloc_async).
+    pub fn alloc_zeros<T: DeviceRepr>(
+        &self,
+        stream: &BoundStream<'_>,
+        len: usize,
+    ) -> Result<PoolSlice<T>> {
+        // SAFETY: zeroed on the same stream, and the stream is waited for before the
+        // slice is handed out, so no other stream can see it before both are done.
+        let mut buf = unsafe { self.alloc_async::<T>(stream, len)? };
+        stream.memset_zeros_async(&mut buf)?;
+        stream.synchronize()?;
+        Ok(buf)
+    }
+
+    /// Allocates `len` uninitialised elements from the pool, ordered on `stream`
+    /// (`cuMemAllocFromPoolAsync`); returns at once.
+    ///
+    /// # Safety
+    ///
+    /// The memory exists only once `stream` reaches the allocation: work on *other*
+    /// streams (including the synchronous copies of [`BoundDevice`], which use the legacy
+    /// default stream) and other processes (after [`PoolSlice::export`]) must be ordered
+    /// after it (`stream.synchronize()` or an event). The contents are uninitialised.
+    pub unsafe fn alloc_async<T: DeviceRepr>(
+        &self,
+        stream: &BoundStream<'_>,
+        len: usize,
+    ) -> Result<PoolSlice<T>> {
+        stream
+            .bound()
+            .expect_device("memory pool", &self.inner.device)?;
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            Error::InvalidArgument(format!("{len} elements overflow usize bytes"))
+        })?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        if bytes > 0 {
+            // SAFETY: the stream's device (= the pool's) is bound and current; the raw
+            // stream handle is used only for this enqueue, while `stream` is borrowed.
+            unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.inner.raw, stream.raw()) }
+                .check("cuMemAllocFromPoolAsync")?;
+        }
+        Ok(PoolSlice {
+            // SAFETY: `ptr` holds `bytes` bytes on this device, owned by the new slice
+            // only; the DeviceSlice never frees it (ManuallyDrop): PoolSlice's Drop does.
+            slice: ManuallyDrop::new(unsafe {
+                DeviceSlice::from_raw(Arc::clone(&self.inner.device), ptr, len)
+            }),
+            pool: Arc::clone(&self.inner),
+        })
+    }
+
+    /// Lets kernels on `peer` access the pool's memory (`cuMemPoolSetAccess`, read and
+    /// write). A pool is always accessible from its own device; peers need peer access
+    /// support ([`Device::can_access_peer`]).
+    pub fn grant_access(&self, peer: &Device) -> Result<()> {
+        self.inner.grant_access(peer)
+    }
+
+    /// Reserved and used bytes, current and peak (`CU_MEMPOOL_ATTR_*_MEM_*`).
+    pub fn usage(&self) -> Result<PoolUsage> {
+        self.inner.usage()
+    }
+
+    /// Bytes the pool keeps reserved when idle (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`).
+    pub fn release_threshold(&self) -> Result<u64> {
+        self.inner
+            .get_attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+    }
+
+    /// Sets the release threshold.
+    pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        self.inner.set_attr(
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            bytes,
+        )
+    }
+
+    /// Resets the peak (`*_HIGH`) counters to the current values.
+    pub fn reset_peaks(&self) -> Result<()> {
+        for attr in [
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+        ] {
+            self.inner.set_attr(attr, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Releases reserved memory above `keep` bytes back to the device (`cuMemPoolTrimTo`;
+    /// a no-op for IPC pools, whose memory the driver does not release).
+    pub fn trim_to(&self, keep: usize) -> Result<()> {
+        let _guard = self.inner.device.enter()?;
+        // SAFETY: valid pool; its context is current.
+        unsafe { sys::cuMemPoolTrimTo(self.inner.raw, keep) }.check("cuMemPoolTrimTo")
+    }
+
+    /// The raw pool handle.
+    ///
+    /// # Safety
+    ///
+    /// Valid while `self` lives; do not destroy it.
+    pub unsafe fn raw(&self) -> sys::CUmemoryPool {
+        self.inner.raw
+    }
+}
+
+impl std::fmt::Debug for MemoryPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryPool")
+            .field("device", &self.inner.device.ordinal())
+            .field("id", &self.inner.id)
+            .field("ipc", &self.inner.ipc)
+            .finish()
+    }
+}
+
+/// `len` elements allocated from a [`MemoryPool`].
+///
+/// Behaves like a [`DeviceSlice`]: it implements [`DeviceMemory`](crate::DeviceMemory)
+/// and [`DeviceMemoryMut`](crate::DeviceMemoryMut) and is a kernel argument, so every
+/// core copy and launch accepts it, and it derefs to `&DeviceSlice<T>` for views. It
+/// holds the pool alive. Dropping it waits for its context's pending work and frees it
+/// with `cuMemFree`; [`free_async`](Self::free_async) is the stream-ordered alternative.
+///
+/// The deref is read-only: the pool allocation inside can never be swapped with (or
+/// replaced by) an ordinary `DeviceSlice`, which would free it the wrong way:
+///
+/// ```compile_fail,E0596
+/// # use gpubind::{DeviceSlice, PoolSlice};
+/// fn swap(a: &mut PoolSlice<f32>, b: &mut DeviceSlice<f32>) {
+///     std::mem::swap(&mut **a, b); // error[E0596]: cannot borrow data in dereference as mutable
+/// }
+/// ```
+///
+/// Write through [`slice_mut`](Self::slice_mut) views or pass `&mut slice` to copies.
+pub struct PoolSlice<T: DeviceRepr> {
+    slice: ManuallyDrop<DeviceSlice<T>>,
+    pool: Arc<OwnedPool>,
+}
+
+super::foreign_slice!(PoolSlice);
+
+impl<T: DeviceRepr> PoolSlice<T> {
+    /// The id of the pool this slice came from.
+    pub fn pool_id(&self) -> PoolId {
+        self.pool.id
+    }
+
+    /// Exports the allocation (`cuMemPoolExportPointer`) for a process that imported the
+    /// pool. [`Error::NotIpcPool`] for a pool created without IPC; empty slices cannot be
+    /// exported.
+    ///
+    /// The exporting process must keep the slice alive until every importer has dropped
+    /// its [`ImportedSlice`](super::ImportedSlice) (tell it to, and wait for the answer).
+    pub fn export(&self) -> Result<BufferHandle> {
+        if !self.pool.ipc {
+            return Err(Error::NotIpcPool);
+        }
+        if self.slice.is_empty() {
+            return Err(Error::InvalidArgument(
+                "an empty pool slice has no allocation to export".into(),
+            ));
+        }
+        let _guard = self.pool.device.enter()?;
+        let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
+        // SAFETY: `ptr` is a live allocation of this IPC pool; its context is current;
+        // writes 64 bytes into `data`.
+        unsafe { sys::cuMemPoolExportPointer(&mut data, self.slice.ptr) }
+            .check("cuMemPoolExportPointer")?;
+        Ok(BufferHandle::new::<T>(
+            self.pool.id,
+            self.pool.device.uuid(),
+            data.reserved,
+            self.slice.len(),
+        ))
+    }
+
+    /// Frees the slice ordered on `stream` (`cuMemFreeAsync`), without waiting.
+    ///
+    /// # Safety
+    ///
+    /// Every use of the slice on other streams, and in importing processes, must be
+    /// complete or ordered before this point of `stream`.
+    pub unsafe fn free_async(self, stream: &BoundStream<'_>) -> Result<()> {
+        stream
+            .bound()
+            .expect_device("pool slice", &self.pool.device)?;
+        let mut me = ManuallyDrop::new(self);
+        let (device, ptr) = disown(&mut me.slice);
+        // SAFETY: `me` is never used or dropped again, so the Arc is moved out once.
+        let pool = unsafe { std::ptr::read(&me.pool) };
+        if ptr == 0 {
+            return Ok(());
+        }
+        // SAFETY: `ptr` came from this pool and is freed once; the stream belongs to the
+        // current context; ordering against other work is the caller's contract.
+        let queued = unsafe { sys::cuMemFreeAsync(ptr, stream.raw()) }.check("cuMemFreeAsync");
+        if queued.is_err() {
+            free_in_context(&device, ptr, |p| {
+                // SAFETY: the async free was refused, so `ptr` is still ours to free once.
+                unsafe { sys::cuMemFree_v2(p) }
+            });
+        }
+        drop(pool);
+        queued
+    }
+}
+
+impl<T: DeviceRepr> Drop for PoolSlice<T> {
+    fn drop(&mut self) {
+        let (device, ptr) = disown(&mut self.slice);
+        free_in_context(&device, ptr, |p| {
+            // SAFETY: a live allocation of our pool, freed once, after the context's
+            // pending work (free_in_context synchronises first).
+            unsafe { sys::cuMemFree_v2(p) }
+        });
+    }
+}
