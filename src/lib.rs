@@ -51,10 +51,14 @@
 
 pub mod blas;
 pub mod context;
+pub mod copy;
 pub mod device;
+pub mod dlpack;
 pub mod driver;
 pub mod error;
 pub mod ipc;
+pub mod host;
+pub mod managed;
 pub mod memory;
 pub mod module;
 pub mod stream;
@@ -75,6 +79,10 @@ pub use module::{
     Function, KernelArg, LaunchBuilder, LaunchConfig, Module, Output, compile, nvrtc_available,
 };
 pub use stream::{BoundStream, Event, Stream};
+pub use copy::{CopyDest, CopyScope, CopySource, Endpoint, MemoryKind};
+pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
+pub use managed::{Advice, Location, ManagedSlice};
+pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
 
 /// Raw cudarc bindings, re-exported for the escape hatches (`raw_*` methods).
 pub use cudarc;
