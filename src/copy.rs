@@ -200,7 +200,12 @@ macro_rules! copy_endpoints {
 pub(crate) use copy_endpoints;
 
 fn device_endpoint<T: DeviceRepr>(m: &impl crate::memory::DeviceMemory<T>) -> Endpoint<'_> {
-    Endpoint::new(m.device_ptr(), m.len(), MemoryKind::Device, Some(m.device()))
+    Endpoint::new(
+        m.device_ptr(),
+        m.len(),
+        MemoryKind::Device,
+        Some(m.device()),
+    )
 }
 
 impl<T: DeviceRepr> DeviceSlice<T> {

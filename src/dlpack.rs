@@ -610,8 +610,7 @@ impl<T: DlpackDtype, M: ManagedTensor> ImportedTensor<T, M> {
         accept: impl FnOnce(DLDevice) -> Result<(MemoryKind, Option<Arc<Device>>)>,
     ) -> Result<Self> {
         let owner = Owned(
-            NonNull::new(ptr)
-                .ok_or_else(|| Error::InvalidArgument("null DLPack tensor".into()))?,
+            NonNull::new(ptr).ok_or_else(|| Error::InvalidArgument("null DLPack tensor".into()))?,
         );
         // From here every early return drops `owner`, which calls the deleter once.
         // SAFETY: live tensor owned by `owner`.
@@ -639,7 +638,9 @@ impl<T: DlpackDtype, M: ManagedTensor> ImportedTensor<T, M> {
         let shape: Vec<i64> = if ndim == 0 {
             Vec::new()
         } else if t.shape.is_null() {
-            return Err(Error::InvalidArgument("DLPack tensor with null shape".into()));
+            return Err(Error::InvalidArgument(
+                "DLPack tensor with null shape".into(),
+            ));
         } else {
             // SAFETY: DLPack: `shape` points to `ndim` extents while the tensor lives.
             unsafe { std::slice::from_raw_parts(t.shape, ndim) }.to_vec()
@@ -669,7 +670,10 @@ impl<T: DlpackDtype, M: ManagedTensor> ImportedTensor<T, M> {
         if len > 0 && (t.data.is_null() || addr % std::mem::align_of::<T>() as u64 != 0) {
             return Err(mismatch(
                 "layout",
-                format!("a non-null address aligned to {}", std::mem::align_of::<T>()),
+                format!(
+                    "a non-null address aligned to {}",
+                    std::mem::align_of::<T>()
+                ),
                 format!("{addr:#x}"),
             ));
         }

@@ -65,13 +65,17 @@ pub mod stream;
 mod sync;
 
 pub use context::{BoundDevice, ThreadContext};
+pub use copy::{CopyDest, CopyScope, CopySource, Endpoint, MemoryKind};
 pub use device::{Device, DeviceAttribute, Uuid};
+pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
 pub use driver::{driver_available, init};
 pub use error::{Error, Result};
 pub use ipc::{
     BufferHandle, ImportedPool, ImportedSlice, LegacyIpcHandle, LegacySlice, MemoryPool,
     PoolConfig, PoolHandle, PoolSlice,
 };
+pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
+pub use managed::{Advice, Location, ManagedSlice};
 pub use memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut,
 };
@@ -79,10 +83,6 @@ pub use module::{
     Function, KernelArg, LaunchBuilder, LaunchConfig, Module, Output, compile, nvrtc_available,
 };
 pub use stream::{BoundStream, Event, Stream};
-pub use copy::{CopyDest, CopyScope, CopySource, Endpoint, MemoryKind};
-pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
-pub use managed::{Advice, Location, ManagedSlice};
-pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
 
 /// Raw cudarc bindings, re-exported for the escape hatches (`raw_*` methods).
 pub use cudarc;

@@ -14,7 +14,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 #[test]
 fn layouts_match_dlpack_h() {
     // typedef struct { uint32_t major; uint32_t minor; } DLPackVersion;
-    assert_eq!((size_of::<DLPackVersion>(), align_of::<DLPackVersion>()), (8, 4));
+    assert_eq!(
+        (size_of::<DLPackVersion>(), align_of::<DLPackVersion>()),
+        (8, 4)
+    );
     assert_eq!(offset_of!(DLPackVersion, major), 0);
     assert_eq!(offset_of!(DLPackVersion, minor), 4);
     // DLDeviceType is a C enum (int32_t).
@@ -80,7 +83,10 @@ fn enum_values_match_dlpack_h() {
         (type_code::INT, type_code::UINT, type_code::FLOAT),
         (0, 1, 2)
     );
-    assert_eq!((type_code::BFLOAT, type_code::COMPLEX, type_code::BOOL), (4, 5, 6));
+    assert_eq!(
+        (type_code::BFLOAT, type_code::COMPLEX, type_code::BOOL),
+        (4, 5, 6)
+    );
     assert_eq!(DLPACK_FLAG_BITMASK_READ_ONLY, 1);
     assert_eq!(dlpack::DLPACK_FLAG_BITMASK_IS_COPIED, 2);
     assert_eq!(dlpack::DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED, 4);
@@ -97,10 +103,38 @@ fn enum_values_match_dlpack_h() {
             lanes: 1
         }
     );
-    assert_eq!(i64::DTYPE, DLDataType { code: 0, bits: 64, lanes: 1 });
-    assert_eq!(u8::DTYPE, DLDataType { code: 1, bits: 8, lanes: 1 });
-    assert_eq!(half::bf16::DTYPE, DLDataType { code: 4, bits: 16, lanes: 1 });
-    assert_eq!(half::f16::DTYPE, DLDataType { code: 2, bits: 16, lanes: 1 });
+    assert_eq!(
+        i64::DTYPE,
+        DLDataType {
+            code: 0,
+            bits: 64,
+            lanes: 1
+        }
+    );
+    assert_eq!(
+        u8::DTYPE,
+        DLDataType {
+            code: 1,
+            bits: 8,
+            lanes: 1
+        }
+    );
+    assert_eq!(
+        half::bf16::DTYPE,
+        DLDataType {
+            code: 4,
+            bits: 16,
+            lanes: 1
+        }
+    );
+    assert_eq!(
+        half::f16::DTYPE,
+        DLDataType {
+            code: 2,
+            bits: 16,
+            lanes: 1
+        }
+    );
 }
 
 #[test]
@@ -114,7 +148,10 @@ fn export_vec_fills_every_field() {
     assert!(!m.manager_ctx.is_null());
     assert!(m.deleter.is_some());
     let dl = t.tensor();
-    assert_eq!(dl.data as *const f32, base, "the Vec's buffer is exported, not copied");
+    assert_eq!(
+        dl.data as *const f32, base,
+        "the Vec's buffer is exported, not copied"
+    );
     assert_eq!(
         dl.device,
         DLDevice {
@@ -123,7 +160,14 @@ fn export_vec_fills_every_field() {
         }
     );
     assert_eq!(dl.ndim, 3);
-    assert_eq!(dl.dtype, DLDataType { code: 2, bits: 32, lanes: 1 });
+    assert_eq!(
+        dl.dtype,
+        DLDataType {
+            code: 2,
+            bits: 32,
+            lanes: 1
+        }
+    );
     assert_eq!(dl.byte_offset, 0);
     // SAFETY: the exported tensor is alive; shape/strides hold ndim values.
     let (shape, strides) = unsafe {
@@ -170,10 +214,11 @@ fn versioned_export_import_round_trip() {
 #[test]
 fn legacy_export_import_round_trip() {
     let data: Vec<u16> = (0..10).collect();
-    let raw = dlpack::export_legacy(data.clone(), &[10]).unwrap().into_raw();
+    let raw = dlpack::export_legacy(data.clone(), &[10])
+        .unwrap()
+        .into_raw();
     // SAFETY: as above, legacy struct.
-    let imported =
-        unsafe { ImportedTensor::<u16, DLManagedTensor>::from_raw_cpu(raw) }.unwrap();
+    let imported = unsafe { ImportedTensor::<u16, DLManagedTensor>::from_raw_cpu(raw) }.unwrap();
     assert_eq!(imported.as_slice().unwrap(), &data[..]);
 }
 
@@ -257,7 +302,11 @@ fn import_calls_the_deleter_once_on_drop() {
     // SAFETY: `p` is a live tensor we own and hand over.
     let t = unsafe { ImportedTensor::<f32>::from_raw_cpu(p) }.unwrap();
     assert_eq!(t.as_slice().unwrap(), values);
-    assert_eq!(CALLS.load(Ordering::SeqCst), 0, "not deleted while imported");
+    assert_eq!(
+        CALLS.load(Ordering::SeqCst),
+        0,
+        "not deleted while imported"
+    );
     drop(t);
     assert_eq!(CALLS.load(Ordering::SeqCst), 1);
 }
@@ -271,7 +320,11 @@ fn failed_imports_call_the_deleter_once_and_say_why() {
         (
             fake(
                 data.clone(),
-                DLDataType { code: 0, bits: 32, lanes: 1 },
+                DLDataType {
+                    code: 0,
+                    bits: 32,
+                    lanes: 1,
+                },
                 &[6],
                 None,
                 CPU,
@@ -307,7 +360,11 @@ fn failed_imports_call_the_deleter_once_and_say_why() {
             Error::DlpackMismatch { what: w, .. } => assert_eq!(w, what, "case {i}"),
             other => panic!("case {i}: unexpected {other}"),
         }
-        assert_eq!(CALLS.load(Ordering::SeqCst), i + 1, "deleter once per failure");
+        assert_eq!(
+            CALLS.load(Ordering::SeqCst),
+            i + 1,
+            "deleter once per failure"
+        );
     }
     // A major version we do not know: only the deleter may be touched.
     let p = fake(data, F32, &[6], None, CPU, &CALLS);
@@ -315,7 +372,16 @@ fn failed_imports_call_the_deleter_once_and_say_why() {
     unsafe { (*p).version.major = 2 };
     // SAFETY: handed over.
     let err = unsafe { ImportedTensor::<f32>::from_raw_cpu(p) }.unwrap_err();
-    assert!(matches!(err, Error::DlpackMismatch { what: "version", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::DlpackMismatch {
+                what: "version",
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert_eq!(CALLS.load(Ordering::SeqCst), 4);
     // Null is an error, not a crash.
     // SAFETY: null is allowed by the contract.
@@ -328,7 +394,14 @@ fn import_accepts_unit_strides_offsets_and_honours_read_only() {
     static CALLS: AtomicUsize = AtomicUsize::new(0);
     let values: Vec<f32> = (0..8).map(|i| i as f32 * 0.5).collect();
     // Shape [1, 6] with a junk stride on the unit dimension, and byte_offset 8 (skip 2).
-    let p = fake(f32_bytes(&values), F32, &[1, 6], Some(&[999, 1]), CPU, &CALLS);
+    let p = fake(
+        f32_bytes(&values),
+        F32,
+        &[1, 6],
+        Some(&[999, 1]),
+        CPU,
+        &CALLS,
+    );
     // SAFETY: `p` is live and ours.
     unsafe {
         (*p).dl_tensor.byte_offset = 8;
