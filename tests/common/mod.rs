@@ -32,7 +32,10 @@ pub fn gpu_unavailable() -> Option<String> {
 /// Runs `tests` (or prints one skip line) and exits the process with the outcome.
 pub fn run_suite(suite: &str, tests: &[(&str, TestFn)]) -> ! {
     if let Some(why) = gpu_unavailable() {
-        println!("SKIPPED {suite}: all {} GPU tests skipped: {why}", tests.len());
+        println!(
+            "SKIPPED {suite}: all {} GPU tests skipped: {why}",
+            tests.len()
+        );
         std::process::exit(0);
     }
     let filter = std::env::var("GPUBIND_TEST_FILTER").ok();
@@ -55,7 +58,10 @@ pub fn run_suite(suite: &str, tests: &[(&str, TestFn)]) -> ! {
         match outcome {
             Ok(()) => {
                 passed += 1;
-                println!("test {name} ... ok ({:.1} ms)", t.elapsed().as_secs_f64() * 1e3);
+                println!(
+                    "test {name} ... ok ({:.1} ms)",
+                    t.elapsed().as_secs_f64() * 1e3
+                );
             }
             Err(msg) if msg.starts_with(SKIP) => {
                 ignored += 1;
