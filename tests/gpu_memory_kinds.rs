@@ -303,8 +303,8 @@ fn managed_touched_by_host_and_kernel() -> TestResult {
             m.as_mut_slice().ctx("as_mut_slice")?.copy_from_slice(&x);
             gpu.advise(&m, Advice::SetPreferredLocation(Location::Device(&dev)))
                 .ctx("advise preferred device")?;
-            gpu.advise(&m, Advice::SetAccessedBy(Location::Host))
-                .ctx("advise accessed by host")?;
+            gpu.advise(&m, Advice::SetAccessedBy(Location::Device(&dev)))
+                .ctx("advise accessed by device")?;
             let s = gpu.default_stream();
             s.prefetch(&m, Location::Device(&dev))
                 .ctx("prefetch to device")?;
@@ -342,7 +342,7 @@ fn managed_touched_by_host_and_kernel() -> TestResult {
             check_eq!(m.as_slice().ctx("as_slice")?, want, "second pass n={n}");
             gpu.advise(&m, Advice::UnsetReadMostly)
                 .ctx("unset read mostly")?;
-            gpu.advise(&m, Advice::UnsetAccessedBy(Location::Host))
+            gpu.advise(&m, Advice::UnsetAccessedBy(Location::Device(&dev)))
                 .ctx("unset accessed")?;
         }
         Ok(())
@@ -469,7 +469,13 @@ fn shm_child(role: &str) -> ! {
         .flat_map(|i| pattern(i, seed).to_ne_bytes())
         .collect();
     let code = match role {
-        "shm_writer" => match std::fs::write(&path, &want) {
+        // Write in place: truncating a file that another process has mapped (and
+        // page-locked) would pull its pages away.
+        "shm_writer" => match std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &want))
+        {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("child write failed: {e}");
@@ -510,7 +516,7 @@ fn run_child(role: &str, path: &std::path::Path, seed: u32, n: usize) -> TestRes
 
 fn registered_shared_mapping_between_processes() -> TestResult {
     let path = shm_path();
-    let n = (1 << 20) + 1024; // not a page multiple of elements: a partial last page
+    let n = (1 << 20) + 1000; // 4 MiB + 4000 bytes: the last page is partly used
     let result = (|| {
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -919,8 +925,8 @@ fn managed_over_allocation_is_refused() -> TestResult {
             }
             other => return Err(format!("over-allocation gave {other:?}")),
         }
-        // Elements, not bytes: u64 counts 8 bytes each.
-        match gpu.alloc_managed::<u64>(free / 8 + 1) {
+        // Elements, not bytes: u64 counts 8 bytes each (1 GiB over, whatever `free` does).
+        match gpu.alloc_managed::<u64>(free / 8 + (1 << 27)) {
             Err(Error::ManagedTooLarge { .. }) => {}
             other => return Err(format!("u64 over-allocation gave {other:?}")),
         }
