@@ -220,12 +220,21 @@ pub trait ManagedTensor: private::Sealed + Sized {
     fn version(&self) -> Option<DLPackVersion>;
     /// The flags (0 for the legacy struct).
     fn flags(&self) -> u64;
+    /// The deleter.
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)>;
     /// Calls the deleter of `ptr`, if any.
     ///
     /// # Safety
     ///
     /// `ptr` is a live managed tensor owned by the caller; it is invalid afterwards.
-    unsafe fn delete(ptr: NonNull<Self>);
+    unsafe fn delete(ptr: NonNull<Self>) {
+        // SAFETY: the caller owns the live struct; the deleter field is readable for any
+        // major version (the ABI keeps everything up to `flags` stable).
+        if let Some(d) = unsafe { ptr.as_ref() }.deleter() {
+            // SAFETY: the producer's deleter, called once with its own pointer.
+            unsafe { d(ptr.as_ptr()) }
+        }
+    }
     #[doc(hidden)]
     fn assemble(
         dl_tensor: DLTensor,
@@ -244,23 +253,31 @@ mod private {
     impl Sealed for super::DLManagedTensorVersioned {}
 }
 
+/// The accessors both managed structs share (same field names).
+macro_rules! managed_fields {
+    () => {
+        fn dl_tensor(&self) -> &DLTensor {
+            &self.dl_tensor
+        }
+        fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+            self.deleter
+        }
+        fn manager_ctx(&self) -> *mut c_void {
+            self.manager_ctx
+        }
+        fn set_manager_ctx(&mut self, ctx: *mut c_void) {
+            self.manager_ctx = ctx;
+        }
+    };
+}
+
 impl ManagedTensor for DLManagedTensorVersioned {
-    fn dl_tensor(&self) -> &DLTensor {
-        &self.dl_tensor
-    }
+    managed_fields!();
     fn version(&self) -> Option<DLPackVersion> {
         Some(self.version)
     }
     fn flags(&self) -> u64 {
         self.flags
-    }
-    unsafe fn delete(ptr: NonNull<Self>) {
-        // SAFETY: the caller owns the live struct; reading the deleter field is valid for
-        // any major version (the ABI keeps everything up to `flags` stable).
-        if let Some(d) = unsafe { (*ptr.as_ptr()).deleter } {
-            // SAFETY: the producer's deleter, called once with its own pointer.
-            unsafe { d(ptr.as_ptr()) }
-        }
     }
     fn assemble(
         dl_tensor: DLTensor,
@@ -275,30 +292,15 @@ impl ManagedTensor for DLManagedTensorVersioned {
             dl_tensor,
         }
     }
-    fn manager_ctx(&self) -> *mut c_void {
-        self.manager_ctx
-    }
-    fn set_manager_ctx(&mut self, ctx: *mut c_void) {
-        self.manager_ctx = ctx;
-    }
 }
 
 impl ManagedTensor for DLManagedTensor {
-    fn dl_tensor(&self) -> &DLTensor {
-        &self.dl_tensor
-    }
+    managed_fields!();
     fn version(&self) -> Option<DLPackVersion> {
         None
     }
     fn flags(&self) -> u64 {
         0
-    }
-    unsafe fn delete(ptr: NonNull<Self>) {
-        // SAFETY: the caller owns the live struct.
-        if let Some(d) = unsafe { (*ptr.as_ptr()).deleter } {
-            // SAFETY: the producer's deleter, called once with its own pointer.
-            unsafe { d(ptr.as_ptr()) }
-        }
     }
     fn assemble(
         dl_tensor: DLTensor,
@@ -310,12 +312,6 @@ impl ManagedTensor for DLManagedTensor {
             manager_ctx,
             deleter: Some(deleter),
         }
-    }
-    fn manager_ctx(&self) -> *mut c_void {
-        self.manager_ctx
-    }
-    fn set_manager_ctx(&mut self, ctx: *mut c_void) {
-        self.manager_ctx = ctx;
     }
 }
 

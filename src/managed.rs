@@ -32,8 +32,8 @@ use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::{Device, DeviceAttribute};
 use crate::driver::Check;
 use crate::error::{Error, Result};
-use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr};
-use crate::module::KernelArg;
+use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, impl_device_memory, private};
+use crate::module::{KernelArg, memory_arg};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -112,19 +112,9 @@ impl Advice<'_> {
     }
 }
 
-impl<T: DeviceRepr> crate::memory::private::Sealed for ManagedSlice<T> {}
-impl<T: DeviceRepr> DeviceMemory<T> for ManagedSlice<T> {
-    fn device(&self) -> &Arc<Device> {
-        &self.device
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn device_ptr(&self) -> sys::CUdeviceptr {
-        self.ptr
-    }
-}
-impl<T: DeviceRepr> DeviceMemoryMut<T> for ManagedSlice<T> {}
+// DeviceMemory/DeviceMemoryMut and Debug, as for DeviceSlice; KernelArg passes the address.
+impl_device_memory!(ManagedSlice, mut);
+memory_arg!(ManagedSlice);
 
 impl<T: DeviceRepr> ManagedSlice<T> {
     /// The device it was allocated on.
@@ -192,35 +182,7 @@ impl<T: DeviceRepr> Drop for ManagedSlice<T> {
     }
 }
 
-impl<T: DeviceRepr> std::fmt::Debug for ManagedSlice<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ManagedSlice")
-            .field("device", &self.device.ordinal())
-            .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("len", &self.len)
-            .field("type", &std::any::type_name::<T>())
-            .finish()
-    }
-}
-
 copy_endpoints!(ManagedSlice, mut);
-
-// SAFETY: passes the address field, 8 bytes living as long as the borrow; managed memory
-// is valid device memory for kernels of its context.
-unsafe impl<T: DeviceRepr> KernelArg for ManagedSlice<T> {
-    fn param_ptr(&self) -> *mut c_void {
-        &self.ptr as *const sys::CUdeviceptr as *mut c_void
-    }
-    fn param_size(&self) -> usize {
-        std::mem::size_of::<sys::CUdeviceptr>()
-    }
-    fn arg_device(&self) -> Option<&Device> {
-        Some(&self.device)
-    }
-    fn describe(&self) -> String {
-        format!("ManagedSlice<{}>", std::any::type_name::<T>())
-    }
-}
 
 impl<'a> BoundDevice<'a> {
     /// Allocates `len` zeroed elements of managed memory.
