@@ -30,6 +30,20 @@
 //! # Ok::<(), gpubind::Error>(())
 //! ```
 //!
+//! An exported buffer must own its memory: a registration that borrows a `Vec` cannot be
+//! exported, because the consumer could outlive the borrow:
+//!
+//! ```compile_fail,E0597
+//! # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+//! let mut v = vec![0f32; 4];
+//! let reg = gpu.register_host(&mut v, Default::default())?;
+//! let t = gpubind::dlpack::export(reg, &[4])?; // error[E0597]: `v` does not live long enough
+//! # Ok(()) }
+//! ```
+//!
+//! Register an owned `Vec` instead: `gpu.register_vec(v, Default::default())?` is a
+//! `RegisteredHost<'static, f32>`.
+//!
 //! # Import
 //!
 //! [`BoundDevice::import_dlpack`] (and the host-only [`ImportedTensor::from_raw_cpu`])
