@@ -68,6 +68,31 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Device memory ([`DeviceSlice`] and views) needs no such long borrow: the host reaches it
+//! only through stream-ordered or synchronising calls, and freeing it waits for pending
+//! work. [`CopyScope::copy_to_device`] and [`CopyScope::copy_from_device`] therefore borrow
+//! only the host side until the scope ends, so a whole pipeline — upload, kernel,
+//! download — fits in one scope with a single synchronisation:
+//!
+//! ```no_run
+//! # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>,
+//! #      k: &gpubind::Function<'_>) -> gpubind::Result<()> {
+//! let input = gpu.pinned_from_slice(&[1.0f32; 1024], Default::default())?;
+//! let mut output = gpu.alloc_pinned::<f32>(1024, Default::default())?;
+//! let mut d = gpu.alloc_zeros::<f32>(1024)?;
+//! let n = 1024u32;
+//! s.copy_scope(|scope| {
+//!     scope.copy_to_device(&input, &mut d)?;
+//!     // SAFETY: `k` takes (float*, unsigned) and stays in bounds.
+//!     unsafe {
+//!         scope.stream().launch(k, gpubind::LaunchConfig::for_num_elems(n))
+//!             .arg(&mut d).arg(&n).launch()?;
+//!     }
+//!     scope.copy_from_device(&d, &mut output)
+//! })?;
+//! # Ok(()) }
+//! ```
+//!
 //! Code that manages the synchronisation itself can use the `unsafe`
 //! [`BoundStream::copy_async`].
 
@@ -420,8 +445,44 @@ impl<'s, 'env> CopyScope<'s, 'env> {
         unsafe { self.stream.copy_async(src, dst) }
     }
 
+    /// Enqueues a copy of `src` (any kind) into device memory `dst`. Only `src` stays
+    /// borrowed until the scope ends; `dst` is free again after this call, so kernels
+    /// and further copies on this stream can use it — stream order runs them after the
+    /// copy. (The host cannot reach device memory except through stream-ordered or
+    /// synchronising calls, and freeing it waits for pending work.)
+    pub fn copy_to_device<T, S, D>(&self, src: &'env S, dst: &mut D) -> Result<()>
+    where
+        T: DeviceRepr,
+        S: CopySource<T> + ?Sized,
+        D: CopyDest<T> + DeviceOnlyMemory + ?Sized,
+    {
+        // SAFETY: `src` is borrowed for 'env (see `copy`); `dst` is device-only memory,
+        // which the host cannot touch directly and whose free synchronises.
+        unsafe { self.stream.copy_async(src, dst) }
+    }
+
+    /// Enqueues a copy of device memory `src` into `dst` (any kind). Only `dst` stays
+    /// borrowed until the scope ends.
+    pub fn copy_from_device<T, S, D>(&self, src: &S, dst: &'env mut D) -> Result<()>
+    where
+        T: DeviceRepr,
+        S: CopySource<T> + DeviceOnlyMemory + ?Sized,
+        D: CopyDest<T> + ?Sized,
+    {
+        // SAFETY: as in `copy_to_device`, with the roles swapped.
+        unsafe { self.stream.copy_async(src, dst) }
+    }
+
     /// The stream, to record events or launch kernels between copies.
     pub fn stream(&self) -> &'s BoundStream<'s> {
         self.stream
     }
 }
+
+/// Memory only the device reaches: [`DeviceSlice`] and its views (not managed memory,
+/// which the host can read directly). Sealed. Such memory need not stay borrowed until
+/// a [`CopyScope`] ends; see [`CopyScope::copy_to_device`].
+pub trait DeviceOnlyMemory: seal::Sealed {}
+impl<T: DeviceRepr> DeviceOnlyMemory for DeviceSlice<T> {}
+impl<T: DeviceRepr> DeviceOnlyMemory for DeviceView<'_, T> {}
+impl<T: DeviceRepr> DeviceOnlyMemory for DeviceViewMut<'_, T> {}

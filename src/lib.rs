@@ -65,7 +65,7 @@ pub mod stream;
 mod sync;
 
 pub use context::{BoundDevice, ThreadContext};
-pub use copy::{CopyDest, CopyScope, CopySource, Endpoint, MemoryKind};
+pub use copy::{CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind};
 pub use device::{Device, DeviceAttribute, Uuid};
 pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
 pub use driver::{driver_available, init};

@@ -627,6 +627,41 @@ fn async_pinned_copies_on_stream() -> TestResult {
             "a 256 MiB pinned copy had already finished when the enqueue returned: not async"
         );
         check_eq!(back, data, "pinned -> device -> pinned on a stream");
+        // A whole pipeline in one scope: upload, kernel, download, one synchronisation.
+        let module = gpu.compile_and_load(KERNELS, "kinds.cu").ctx("compile")?;
+        let copy_k = module.function("copy_u32").ctx("copy_u32")?;
+        let mut dev2 = gpu.alloc_zeros::<u32>(n).ctx("alloc")?;
+        let mut back2 = gpu
+            .alloc_pinned::<u32>(n, PinnedOptions::default())
+            .ctx("pin")?;
+        let nn = n as u32;
+        let data3 = random_u32(n);
+        let src3 = gpu
+            .pinned_from_slice(&data3, PinnedOptions::default())
+            .ctx("pin")?;
+        let pending = s
+            .copy_scope(|scope| {
+                scope.copy_to_device(&src3, &mut dev)?;
+                // SAFETY: (const unsigned*, unsigned*, unsigned) matches; in bounds.
+                unsafe {
+                    scope
+                        .stream()
+                        .launch(&copy_k, LaunchConfig::for_num_elems(nn))
+                        .arg(&dev)
+                        .arg(&mut dev2)
+                        .arg(&nn)
+                        .launch()?;
+                }
+                scope.copy_from_device(&dev2, &mut back2)?;
+                scope.stream().record(&done)?;
+                Ok(!done.is_complete()?)
+            })
+            .ctx("pipeline scope")?;
+        ensure!(
+            pending,
+            "the pipeline had finished when its enqueue returned: not async"
+        );
+        check_eq!(back2, data3, "upload -> kernel -> download in one scope");
         // The unsafe form, synchronised by hand; and a scope whose closure fails still syncs.
         let data2 = random_u32(n);
         let mut src2 = gpu
