@@ -975,6 +975,76 @@ fn managed_over_allocation_is_refused() -> TestResult {
     })
 }
 
+/// Memory of one device used under a binding of another (needs 2 GPUs).
+fn other_device_memory_is_refused() -> TestResult {
+    let devices = Device::all().ctx("Device::all")?;
+    if devices.len() < 2 {
+        return Err(common::skip(&format!(
+            "needs 2 GPUs, {} visible",
+            devices.len()
+        )));
+    }
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let data = random_u32(1000);
+    let (pinned1, portable1, managed1, dev1, exported1) = {
+        let g1 = ctx.bind(&devices[1]).ctx("bind 1")?;
+        let p = g1
+            .pinned_from_slice(&data, PinnedOptions::default())
+            .ctx("pinned")?;
+        let pp = g1
+            .pinned_from_slice(
+                &data,
+                PinnedOptions {
+                    portable: true,
+                    write_combined: false,
+                },
+            )
+            .ctx("portable")?;
+        let mut m = g1.alloc_managed::<u32>(1000).ctx("managed")?;
+        m.as_mut_slice().ctx("as_mut_slice")?.copy_from_slice(&data);
+        let d = g1.clone_htod(&data).ctx("clone_htod")?;
+        let e = export_counted(g1.clone_htod(&data).ctx("clone_htod")?, &[1000])?;
+        (p, pp, m, d, e)
+    };
+    let g0 = ctx.bind(&devices[0]).ctx("bind 0")?;
+    let mut out = g0.alloc_zeros::<u32>(1000).ctx("alloc")?;
+    let wrong = |r: gpubind::Result<()>, what: &str| -> TestResult {
+        match r {
+            Err(Error::WrongDevice {
+                bound: 0, found: 1, ..
+            }) => Ok(()),
+            other => Err(format!("{what}: expected WrongDevice, got {other:?}")),
+        }
+    };
+    wrong(
+        g0.copy(&pinned1, &mut out),
+        "non-portable pinned of device 1",
+    )?;
+    wrong(g0.copy(&managed1, &mut out), "managed of device 1")?;
+    wrong(g0.copy(&dev1, &mut out), "device slice of device 1")?;
+    let s = g0.default_stream();
+    wrong(
+        s.copy_scope(|sc| sc.copy(&dev1, &mut out)),
+        "scoped copy from device 1",
+    )?;
+    // Portable pinned memory works under any binding.
+    g0.copy(&portable1, &mut out)
+        .ctx("portable pinned under device 0")?;
+    check_eq!(g0.dtoh(&out).ctx("dtoh")?, data, "portable pinned copy");
+    // A kDLCUDA tensor of device 1 is refused under device 0, and freed once.
+    let before = DELETER_CALLS.load(Ordering::SeqCst);
+    // SAFETY: handed over.
+    match unsafe { g0.import_dlpack::<u32, _>(exported1) } {
+        Err(Error::DlpackMismatch { what: "device", .. }) => {}
+        other => return Err(format!("device-1 tensor under device 0: {other:?}")),
+    }
+    ensure!(
+        DELETER_CALLS.load(Ordering::SeqCst) == before + 1,
+        "deleter not called once"
+    );
+    Ok(())
+}
+
 fn main() {
     if let Some(role) = common::child_role() {
         shm_child(&role);
@@ -1008,6 +1078,10 @@ fn main() {
             (
                 "managed_over_allocation_is_refused",
                 managed_over_allocation_is_refused,
+            ),
+            (
+                "other_device_memory_is_refused",
+                other_device_memory_is_refused,
             ),
         ],
     )
