@@ -56,8 +56,8 @@ pub mod device;
 pub mod dlpack;
 pub mod driver;
 pub mod error;
-pub mod ipc;
 pub mod host;
+pub mod ipc;
 pub mod managed;
 pub mod memory;
 pub mod module;
@@ -70,11 +70,11 @@ pub use device::{Device, DeviceAttribute, Uuid};
 pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
 pub use driver::{driver_available, init};
 pub use error::{Error, Result};
+pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
 pub use ipc::{
     BufferHandle, ImportedPool, ImportedSlice, LegacyIpcHandle, LegacySlice, MemoryPool,
     PoolConfig, PoolHandle, PoolSlice,
 };
-pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
 pub use managed::{Advice, Location, ManagedSlice};
 pub use memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut,
