@@ -100,6 +100,7 @@ use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::Result;
+use crate::ipc::{ImportedSlice, LegacySlice, PoolSlice};
 use crate::memory::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, expect_len};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
@@ -205,22 +206,25 @@ pub trait CopyDest<T: DeviceRepr>: CopySource<T> {
 /// for `mut`, writable memory).
 macro_rules! copy_endpoints {
     ($ty:ident $(<$lt:lifetime>)?, $mutable:tt) => {
+        copy_endpoints!($ty $(<$lt>)?, $mutable, Self::endpoint);
+    };
+    ($ty:ident $(<$lt:lifetime>)?, $mutable:tt, $endpoint:expr) => {
         impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::seal::Sealed for $ty<$($lt,)? T> {}
         impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::CopySource<T> for $ty<$($lt,)? T> {
             fn source(&self) -> $crate::copy::Endpoint<'_> {
-                self.endpoint()
+                ($endpoint)(self)
             }
         }
-        copy_endpoints!(@mut $mutable $ty $(<$lt>)?);
+        copy_endpoints!(@mut $mutable $ty $(<$lt>)?, $endpoint);
     };
-    (@mut mut $ty:ident $(<$lt:lifetime>)?) => {
+    (@mut mut $ty:ident $(<$lt:lifetime>)?, $endpoint:expr) => {
         impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::CopyDest<T> for $ty<$($lt,)? T> {
             fn dest(&mut self) -> $crate::error::Result<$crate::copy::Endpoint<'_>> {
-                Ok(self.endpoint())
+                Ok(($endpoint)(self))
             }
         }
     };
-    (@mut const $ty:ident $(<$lt:lifetime>)?) => {};
+    (@mut const $ty:ident $(<$lt:lifetime>)?, $endpoint:expr) => {};
 }
 pub(crate) use copy_endpoints;
 
@@ -233,24 +237,21 @@ fn device_endpoint<T: DeviceRepr>(m: &impl crate::memory::DeviceMemory<T>) -> En
     )
 }
 
-impl<T: DeviceRepr> DeviceSlice<T> {
-    fn endpoint(&self) -> Endpoint<'_> {
-        device_endpoint(self)
-    }
+/// Copy endpoints for the plain device-memory types (all `DeviceMemory`, host-unreachable).
+macro_rules! device_kinds {
+    ($($ty:ident $(<$lt:lifetime>)?, $mutable:tt;)*) => { $(
+        copy_endpoints!($ty $(<$lt>)?, $mutable, device_endpoint);
+        impl<$($lt,)? T: DeviceRepr> DeviceOnlyMemory for $ty<$($lt,)? T> {}
+    )* };
 }
-impl<T: DeviceRepr> DeviceView<'_, T> {
-    fn endpoint(&self) -> Endpoint<'_> {
-        device_endpoint(self)
-    }
+device_kinds! {
+    DeviceSlice, mut;
+    DeviceView<'a>, const;
+    DeviceViewMut<'a>, mut;
+    PoolSlice, mut;
+    ImportedSlice, mut;
+    LegacySlice, mut;
 }
-impl<T: DeviceRepr> DeviceViewMut<'_, T> {
-    fn endpoint(&self) -> Endpoint<'_> {
-        device_endpoint(self)
-    }
-}
-copy_endpoints!(DeviceSlice, mut);
-copy_endpoints!(DeviceView<'a>, const);
-copy_endpoints!(DeviceViewMut<'a>, mut);
 
 fn pageable<T>(s: &[T]) -> Endpoint<'_> {
     Endpoint::new(s.as_ptr() as u64, s.len(), MemoryKind::Pageable, None)
@@ -479,10 +480,7 @@ impl<'s, 'env> CopyScope<'s, 'env> {
     }
 }
 
-/// Memory only the device reaches: [`DeviceSlice`] and its views (not managed memory,
-/// which the host can read directly). Sealed. Such memory need not stay borrowed until
+/// Memory only the device reaches: [`DeviceSlice`] and its views, and the IPC pool slices
+/// (not managed memory, which the host can read directly). Sealed. Such memory need not stay borrowed until
 /// a [`CopyScope`] ends; see [`CopyScope::copy_to_device`].
 pub trait DeviceOnlyMemory: seal::Sealed {}
-impl<T: DeviceRepr> DeviceOnlyMemory for DeviceSlice<T> {}
-impl<T: DeviceRepr> DeviceOnlyMemory for DeviceView<'_, T> {}
-impl<T: DeviceRepr> DeviceOnlyMemory for DeviceViewMut<'_, T> {}

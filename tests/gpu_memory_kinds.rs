@@ -271,6 +271,26 @@ fn copies_between_every_pair() -> TestResult {
                 }
             }
         }
+        // Pool slices (stream-ordered pool memory) are device memory for copies too.
+        let pool = gpubind::MemoryPool::new(gpu, gpubind::PoolConfig::default()).ctx("pool")?;
+        let data = random_u32(10_000);
+        let pinned = gpu
+            .pinned_from_slice(&data, PinnedOptions::default())
+            .ctx("pin")?;
+        let mut ps = pool
+            .alloc_zeros::<u32>(&gpu.default_stream(), data.len())
+            .ctx("pool alloc")?;
+        s.copy_scope(|scope| scope.copy_to_device(&pinned, &mut ps))
+            .ctx("pinned -> pool slice")?;
+        let mut m = gpu.alloc_managed::<u32>(data.len()).ctx("managed")?;
+        gpu.copy(&ps, &mut m).ctx("pool slice -> managed")?;
+        check_eq!(
+            m.as_slice().ctx("as_slice")?,
+            data,
+            "pinned -> pool slice -> managed"
+        );
+        drop(ps);
+        drop(pool);
         // Views and mismatched lengths.
         let data = random_u32(64);
         let d = gpu.clone_htod(&data).ctx("clone_htod")?;
