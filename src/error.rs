@@ -182,6 +182,38 @@ pub enum Error {
         /// Element type (and size) asked for.
         requested: String,
     },
+
+    /// A managed allocation larger than the device's free memory was refused before
+    /// asking the driver (over-subscribing managed memory can stall the whole GPU).
+    #[error(
+        "managed allocation of {requested} bytes refused: device {device} has only {free} bytes free"
+    )]
+    ManagedTooLarge {
+        /// The device ordinal.
+        device: usize,
+        /// Bytes asked for.
+        requested: usize,
+        /// Bytes free on the device (`cuMemGetInfo`) at the time of the request.
+        free: usize,
+    },
+
+    /// A DLPack tensor that does not fit what the importer asked for.
+    #[error("DLPack {what} mismatch: expected {expected}, found {found}")]
+    DlpackMismatch {
+        /// What differs: "version", "device", "dtype", "layout" or "shape".
+        what: &'static str,
+        /// What was required.
+        expected: String,
+        /// What the tensor has.
+        found: String,
+    },
+
+    /// A write to memory that is read-only (e.g. a DLPack tensor flagged read-only).
+    #[error("{what} is read-only")]
+    ReadOnly {
+        /// What was written to.
+        what: &'static str,
+    },
 }
 
 impl Error {

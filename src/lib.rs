@@ -51,23 +51,31 @@
 
 pub mod blas;
 pub mod context;
+pub mod copy;
 pub mod device;
+pub mod dlpack;
 pub mod driver;
 pub mod error;
+pub mod host;
 pub mod ipc;
+pub mod managed;
 pub mod memory;
 pub mod module;
 pub mod stream;
 mod sync;
 
 pub use context::{BoundDevice, ThreadContext};
+pub use copy::{CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind};
 pub use device::{Device, DeviceAttribute, Uuid};
+pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
 pub use driver::{driver_available, init};
 pub use error::{Error, Result};
+pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
 pub use ipc::{
     BufferHandle, ImportedPool, ImportedSlice, LegacyIpcHandle, LegacySlice, MemoryPool,
     PoolConfig, PoolHandle, PoolSlice,
 };
+pub use managed::{Advice, Location, ManagedSlice};
 pub use memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut,
 };

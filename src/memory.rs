@@ -177,6 +177,7 @@ macro_rules! impl_device_memory {
 impl_device_memory!(DeviceSlice, mut);
 impl_device_memory!(DeviceView<'a>, const);
 impl_device_memory!(DeviceViewMut<'a>, mut);
+pub(crate) use impl_device_memory;
 
 /// Resolves `range` against `len` into `(start, count)`.
 fn resolve(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {

@@ -273,6 +273,7 @@ macro_rules! memory_arg {
 memory_arg!(DeviceSlice);
 memory_arg!(DeviceView<'a>);
 memory_arg!(DeviceViewMut<'a>);
+pub(crate) use memory_arg;
 
 /// Builds one kernel launch; see [`BoundStream::launch`].
 #[must_use = "a launch does nothing until `.launch()` is called"]

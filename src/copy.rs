@@ -1,0 +1,486 @@
+//! Copies between every pair of memory kinds, synchronous and stream-ordered.
+//!
+//! Every buffer kind is a [`CopySource`] (and, when writable, a [`CopyDest`]):
+//!
+//! | kind | type | [`MemoryKind`] |
+//! | --- | --- | --- |
+//! | pageable host | `[T]`, `Vec<T>` | `Pageable` |
+//! | pinned host (`cuMemHostAlloc`) | [`PinnedHostBuffer`](crate::PinnedHostBuffer) | `Pinned` |
+//! | registered host (`cuMemHostRegister`) | [`RegisteredHost`](crate::RegisteredHost) | `Registered` |
+//! | device (`cuMemAlloc`) | [`DeviceSlice`](crate::DeviceSlice), views | `Device` |
+//! | managed (`cuMemAllocManaged`) | [`ManagedSlice`](crate::ManagedSlice) | `Managed` |
+//! | imported DLPack tensor | [`ImportedTensor`](crate::dlpack::ImportedTensor) | by its device type |
+//!
+//! so one generic pair of calls covers all of them: [`BoundDevice::copy`] (returns when the
+//! copy is done) and [`CopyScope::copy`] inside [`BoundStream::copy_scope`]
+//! (stream-ordered; truly asynchronous for page-locked host memory).
+//!
+//! ```no_run
+//! # fn main() -> gpubind::Result<()> {
+//! use gpubind::{Device, PinnedOptions, ThreadContext};
+//! let mut ctx = ThreadContext::acquire()?;
+//! let dev = Device::get(0)?;
+//! let gpu = ctx.bind(&dev)?;
+//! let mut pinned = gpu.alloc_pinned::<f32>(1 << 20, PinnedOptions::default())?;
+//! pinned.fill(1.5);
+//! let mut dev_buf = gpu.alloc_zeros::<f32>(1 << 20)?;
+//! let stream = gpu.new_stream()?;
+//! let s = gpu.on(&stream)?;
+//! s.copy_scope(|scope| {
+//!     scope.copy(&pinned, &mut dev_buf)?;      // asynchronous DMA
+//!     // `pinned` is borrowed until the scope ends: it cannot be written or dropped here
+//!     Ok(())
+//! })?;                                          // the stream is synchronised here
+//! assert_eq!(gpu.dtoh(&dev_buf)?[0], 1.5);
+//! # Ok(()) }
+//! ```
+//!
+//! # Why a scope and not a guard
+//!
+//! A guard returned by an async copy (`PendingCopy<'a>`, synchronising on drop) would not
+//! be sound: `std::mem::forget(guard)` ends the borrow without the synchronisation, after
+//! which the pinned buffer could be freed or written while the DMA engine still reads it.
+//! [`BoundStream::copy_scope`] synchronises in its own frame before it returns (or
+//! unwinds), like [`std::thread::scope`], so nothing the caller does can skip it. Writing a
+//! buffer while a copy from it is pending does not compile:
+//!
+//! ```compile_fail,E0506
+//! # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>) -> gpubind::Result<()> {
+//! let mut pinned = gpu.alloc_pinned::<u8>(16, Default::default())?;
+//! let mut d = gpu.alloc_zeros::<u8>(16)?;
+//! s.copy_scope(|scope| {
+//!     scope.copy(&pinned, &mut d)?;
+//!     pinned[0] = 7; // error[E0506]: `pinned[_]` is assigned to here but it was already borrowed
+//!     Ok(())
+//! })?;
+//! # Ok(()) }
+//! ```
+//!
+//! and a buffer that would die inside the scope cannot be handed to it:
+//!
+//! ```compile_fail,E0597
+//! # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>) -> gpubind::Result<()> {
+//! let mut d = gpu.alloc_zeros::<u8>(16)?;
+//! s.copy_scope(|scope| {
+//!     let short_lived = vec![1u8; 16];
+//!     scope.copy(&short_lived, &mut d) // error[E0597]: `short_lived` does not live long enough
+//! })?;
+//! # Ok(()) }
+//! ```
+//!
+//! Device memory ([`DeviceSlice`] and views) needs no such long borrow: the host reaches it
+//! only through stream-ordered or synchronising calls, and freeing it waits for pending
+//! work. [`CopyScope::copy_to_device`] and [`CopyScope::copy_from_device`] therefore borrow
+//! only the host side until the scope ends, so a whole pipeline — upload, kernel,
+//! download — fits in one scope with a single synchronisation:
+//!
+//! ```no_run
+//! # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>,
+//! #      k: &gpubind::Function<'_>) -> gpubind::Result<()> {
+//! let input = gpu.pinned_from_slice(&[1.0f32; 1024], Default::default())?;
+//! let mut output = gpu.alloc_pinned::<f32>(1024, Default::default())?;
+//! let mut d = gpu.alloc_zeros::<f32>(1024)?;
+//! let n = 1024u32;
+//! s.copy_scope(|scope| {
+//!     scope.copy_to_device(&input, &mut d)?;
+//!     // SAFETY: `k` takes (float*, unsigned) and stays in bounds.
+//!     unsafe {
+//!         scope.stream().launch(k, gpubind::LaunchConfig::for_num_elems(n))
+//!             .arg(&mut d).arg(&n).launch()?;
+//!     }
+//!     scope.copy_from_device(&d, &mut output)
+//! })?;
+//! # Ok(()) }
+//! ```
+//!
+//! Code that manages the synchronisation itself can use the `unsafe`
+//! [`BoundStream::copy_async`].
+
+use crate::context::BoundDevice;
+use crate::device::Device;
+use crate::driver::Check;
+use crate::error::Result;
+use crate::ipc::{ImportedSlice, LegacySlice, PoolSlice};
+use crate::memory::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, expect_len};
+use crate::stream::BoundStream;
+use cudarc::driver::sys;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// What memory a copy endpoint is: decides which driver copy runs and whether the copy can
+/// overlap with the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Ordinary pageable host memory (`[T]`, `Vec<T>`, DLPack `kDLCPU`).
+    Pageable,
+    /// Page-locked host memory from `cuMemHostAlloc` (DLPack `kDLCUDAHost`).
+    Pinned,
+    /// Existing host memory page-locked by `cuMemHostRegister`.
+    Registered,
+    /// Device memory from `cuMemAlloc` (DLPack `kDLCUDA`).
+    Device,
+    /// Managed (unified) memory from `cuMemAllocManaged` (DLPack `kDLCUDAManaged`).
+    Managed,
+}
+
+impl MemoryKind {
+    /// Whether the endpoint is a host address (copied with the host-side driver calls).
+    pub fn is_host(self) -> bool {
+        matches!(
+            self,
+            MemoryKind::Pageable | MemoryKind::Pinned | MemoryKind::Registered
+        )
+    }
+
+    /// Whether the memory is page-locked host memory (copies from/to it are truly async).
+    pub fn is_page_locked(self) -> bool {
+        matches!(self, MemoryKind::Pinned | MemoryKind::Registered)
+    }
+}
+
+/// One side of a copy: an address range, its kind, and the device (if any) that must be
+/// bound to use it. Produced by [`CopySource::source`] / [`CopyDest::dest`].
+#[derive(Clone, Copy, Debug)]
+pub struct Endpoint<'a> {
+    pub(crate) addr: u64,
+    pub(crate) len: usize,
+    pub(crate) kind: MemoryKind,
+    pub(crate) device: Option<&'a Arc<Device>>,
+}
+
+impl<'a> Endpoint<'a> {
+    /// An endpoint; `addr` is a host pointer (as an integer) for host kinds.
+    pub(crate) fn new(
+        addr: u64,
+        len: usize,
+        kind: MemoryKind,
+        device: Option<&'a Arc<Device>>,
+    ) -> Self {
+        Endpoint {
+            addr,
+            len,
+            kind,
+            device,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The memory kind.
+    pub fn kind(&self) -> MemoryKind {
+        self.kind
+    }
+
+    /// The device that must be bound to copy from/to this memory, if any.
+    pub fn device(&self) -> Option<&'a Arc<Device>> {
+        self.device
+    }
+}
+
+pub(crate) mod seal {
+    pub trait Sealed {}
+}
+
+/// Memory that can be copied from. Sealed: implemented by every buffer kind of gpubind,
+/// by `[T]` and by `Vec<T>`.
+pub trait CopySource<T: DeviceRepr>: seal::Sealed {
+    /// The readable range. It stays valid and unchanged while `self` is borrowed.
+    fn source(&self) -> Endpoint<'_>;
+}
+
+/// Memory that can be copied into.
+pub trait CopyDest<T: DeviceRepr>: CopySource<T> {
+    /// The writable range, or an error if the memory is read-only.
+    fn dest(&mut self) -> Result<Endpoint<'_>>;
+}
+
+/// Implements the copy traits for a type with `fn endpoint(&self) -> Endpoint<'_>` (and,
+/// for `mut`, writable memory).
+macro_rules! copy_endpoints {
+    ($ty:ident $(<$lt:lifetime>)?, $mutable:tt) => {
+        copy_endpoints!($ty $(<$lt>)?, $mutable, Self::endpoint);
+    };
+    ($ty:ident $(<$lt:lifetime>)?, $mutable:tt, $endpoint:expr) => {
+        impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::seal::Sealed for $ty<$($lt,)? T> {}
+        impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::CopySource<T> for $ty<$($lt,)? T> {
+            fn source(&self) -> $crate::copy::Endpoint<'_> {
+                ($endpoint)(self)
+            }
+        }
+        copy_endpoints!(@mut $mutable $ty $(<$lt>)?, $endpoint);
+    };
+    (@mut mut $ty:ident $(<$lt:lifetime>)?, $endpoint:expr) => {
+        impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::CopyDest<T> for $ty<$($lt,)? T> {
+            fn dest(&mut self) -> $crate::error::Result<$crate::copy::Endpoint<'_>> {
+                Ok(($endpoint)(self))
+            }
+        }
+    };
+    (@mut const $ty:ident $(<$lt:lifetime>)?, $endpoint:expr) => {};
+}
+pub(crate) use copy_endpoints;
+
+fn device_endpoint<T: DeviceRepr>(m: &impl crate::memory::DeviceMemory<T>) -> Endpoint<'_> {
+    Endpoint::new(
+        m.device_ptr(),
+        m.len(),
+        MemoryKind::Device,
+        Some(m.device()),
+    )
+}
+
+/// Copy endpoints for the plain device-memory types (all `DeviceMemory`, host-unreachable).
+macro_rules! device_kinds {
+    ($($ty:ident $(<$lt:lifetime>)?, $mutable:tt;)*) => { $(
+        copy_endpoints!($ty $(<$lt>)?, $mutable, device_endpoint);
+        impl<$($lt,)? T: DeviceRepr> DeviceOnlyMemory for $ty<$($lt,)? T> {}
+    )* };
+}
+device_kinds! {
+    DeviceSlice, mut;
+    DeviceView<'a>, const;
+    DeviceViewMut<'a>, mut;
+    PoolSlice, mut;
+    ImportedSlice, mut;
+    LegacySlice, mut;
+}
+
+fn pageable<T>(s: &[T]) -> Endpoint<'_> {
+    Endpoint::new(s.as_ptr() as u64, s.len(), MemoryKind::Pageable, None)
+}
+
+impl<T: DeviceRepr> seal::Sealed for [T] {}
+impl<T: DeviceRepr> CopySource<T> for [T] {
+    fn source(&self) -> Endpoint<'_> {
+        pageable(self)
+    }
+}
+impl<T: DeviceRepr> CopyDest<T> for [T] {
+    fn dest(&mut self) -> Result<Endpoint<'_>> {
+        Ok(Endpoint::new(
+            self.as_mut_ptr() as u64,
+            self.len(),
+            MemoryKind::Pageable,
+            None,
+        ))
+    }
+}
+impl<T: DeviceRepr> seal::Sealed for Vec<T> {}
+impl<T: DeviceRepr> CopySource<T> for Vec<T> {
+    fn source(&self) -> Endpoint<'_> {
+        pageable(self)
+    }
+}
+impl<T: DeviceRepr> CopyDest<T> for Vec<T> {
+    fn dest(&mut self) -> Result<Endpoint<'_>> {
+        self.as_mut_slice().dest()
+    }
+}
+
+/// Enqueues one copy of `src` into `dst` on `stream` (host-to-host: synchronises `stream`
+/// and copies on the CPU, which keeps stream order).
+///
+/// # Safety
+///
+/// `stream` is a stream of the bound (current) context, and both memory ranges stay valid
+/// (and `dst` unaliased) until `stream` has passed this point.
+unsafe fn enqueue<T: DeviceRepr>(
+    bound: &BoundDevice<'_>,
+    stream: sys::CUstream,
+    src: Endpoint<'_>,
+    dst: Endpoint<'_>,
+) -> Result<()> {
+    if let Some(d) = src.device {
+        bound.expect_device("copy source", d)?;
+    }
+    if let Some(d) = dst.device {
+        bound.expect_device("copy destination", d)?;
+    }
+    expect_len("copy", dst.len, src.len)?;
+    let bytes = src.len * std::mem::size_of::<T>();
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY (all arms): the context is current (BoundDevice invariant) and `stream`
+    // belongs to it; both ranges hold `bytes` bytes and outlive the copy (the caller's
+    // contract); host endpoints carry host pointers, the others device addresses.
+    unsafe {
+        match (src.kind.is_host(), dst.kind.is_host()) {
+            (true, true) => {
+                sys::cuStreamSynchronize(stream).check("cuStreamSynchronize")?;
+                // `dst` comes from an exclusive borrow, so the ranges do not overlap.
+                std::ptr::copy_nonoverlapping(src.addr as *const u8, dst.addr as *mut u8, bytes);
+                Ok(())
+            }
+            (true, false) => sys::cuMemcpyHtoDAsync_v2(
+                dst.addr,
+                src.addr as *const std::ffi::c_void,
+                bytes,
+                stream,
+            )
+            .check("cuMemcpyHtoDAsync_v2"),
+            (false, true) => sys::cuMemcpyDtoHAsync_v2(
+                dst.addr as *mut std::ffi::c_void,
+                src.addr,
+                bytes,
+                stream,
+            )
+            .check("cuMemcpyDtoHAsync_v2"),
+            (false, false) => sys::cuMemcpyDtoDAsync_v2(dst.addr, src.addr, bytes, stream)
+                .check("cuMemcpyDtoDAsync_v2"),
+        }
+    }
+}
+
+impl<'a> BoundDevice<'a> {
+    /// Copies `src` into `dst` — any pair of memory kinds — and returns when the copy is
+    /// complete. Lengths must match ([`Error::SizeMismatch`](crate::Error::SizeMismatch));
+    /// device and managed memory, and non-portable pinned or registered memory, must
+    /// belong to the bound device ([`Error::WrongDevice`](crate::Error::WrongDevice)).
+    ///
+    /// ```no_run
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+    /// let managed = gpu.alloc_managed::<u32>(4)?;
+    /// let mut host = vec![7u32; 4];
+    /// gpu.copy(&managed, &mut host)?;
+    /// assert_eq!(host, [0; 4]);
+    /// # Ok(()) }
+    /// ```
+    pub fn copy<T, S, D>(&self, src: &S, dst: &mut D) -> Result<()>
+    where
+        T: DeviceRepr,
+        S: CopySource<T> + ?Sized,
+        D: CopyDest<T> + ?Sized,
+    {
+        let stream = self.default_stream();
+        // SAFETY: the legacy default stream of the current context; the stream is
+        // synchronised below, while `src` and `dst` are still borrowed.
+        unsafe { stream.copy_async(src, dst)? };
+        stream.synchronize()
+    }
+}
+
+impl<'b> BoundStream<'b> {
+    /// Enqueues a copy of `src` into `dst` (any pair of kinds) without waiting.
+    ///
+    /// # Safety
+    ///
+    /// With page-locked host memory (pinned, registered) or device/managed memory on both
+    /// sides, the copy runs after this call returns: both buffers must stay alive, `dst`
+    /// must not be read or written and `src` not written, until this stream has passed
+    /// this point ([`synchronize`](Self::synchronize), or an event recorded after it).
+    /// [`copy_scope`](Self::copy_scope) is the safe form of this call.
+    pub unsafe fn copy_async<T, S, D>(&self, src: &S, dst: &mut D) -> Result<()>
+    where
+        T: DeviceRepr,
+        S: CopySource<T> + ?Sized,
+        D: CopyDest<T> + ?Sized,
+    {
+        let dst = dst.dest()?;
+        // SAFETY: this stream belongs to the bound context (BoundStream invariant); the
+        // buffers' lifetime is the caller's contract.
+        unsafe { enqueue::<T>(self.bound(), self.raw(), src.source(), dst) }
+    }
+
+    /// Runs `f`, in which [`CopyScope::copy`] enqueues asynchronous copies on this stream,
+    /// then synchronises the stream (also if `f` fails or panics) and returns `f`'s value.
+    ///
+    /// Buffers given to the scope stay borrowed until it returns, so they can be neither
+    /// freed nor touched by the host while a copy may still be running. See the
+    /// [module documentation](self) for why this is a scope rather than a guard.
+    pub fn copy_scope<'env, R>(
+        &self,
+        f: impl for<'s> FnOnce(&'s CopyScope<'s, 'env>) -> Result<R>,
+    ) -> Result<R> {
+        /// Synchronises on unwind, so a panic in `f` cannot end the borrows early.
+        struct SyncOnUnwind<'x>(&'x BoundStream<'x>, bool);
+        impl Drop for SyncOnUnwind<'_> {
+            fn drop(&mut self) {
+                if self.1 {
+                    let _ = self.0.synchronize();
+                }
+            }
+        }
+        let mut guard = SyncOnUnwind(self, true);
+        let scope = CopyScope {
+            stream: self,
+            _env: PhantomData,
+        };
+        let out = f(&scope);
+        guard.1 = false;
+        let synced = self.synchronize();
+        let out = out?;
+        synced?;
+        Ok(out)
+    }
+}
+
+/// Enqueues stream-ordered copies whose buffers stay borrowed until the scope ends; see
+/// [`BoundStream::copy_scope`].
+pub struct CopyScope<'s, 'env> {
+    stream: &'s BoundStream<'s>,
+    /// Invariant in `'env`, so borrows handed to `copy` cannot be shortened to the scope.
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+impl<'s, 'env> CopyScope<'s, 'env> {
+    /// Enqueues a copy of `src` into `dst` (any pair of memory kinds; lengths must match).
+    /// Both stay borrowed until the scope has synchronised the stream.
+    pub fn copy<T, S, D>(&self, src: &'env S, dst: &'env mut D) -> Result<()>
+    where
+        T: DeviceRepr,
+        S: CopySource<T> + ?Sized,
+        D: CopyDest<T> + ?Sized,
+    {
+        // SAFETY: `src` and `dst` are borrowed for 'env, which outlives the
+        // `copy_scope` call; `copy_scope` synchronises the stream before returning or
+        // unwinding, so the copy completes while both borrows are held.
+        unsafe { self.stream.copy_async(src, dst) }
+    }
+
+    /// Enqueues a copy of `src` (any kind) into device memory `dst`. Only `src` stays
+    /// borrowed until the scope ends; `dst` is free again after this call, so kernels
+    /// and further copies on this stream can use it — stream order runs them after the
+    /// copy. (The host cannot reach device memory except through stream-ordered or
+    /// synchronising calls, and freeing it waits for pending work.)
+    pub fn copy_to_device<T, S, D>(&self, src: &'env S, dst: &mut D) -> Result<()>
+    where
+        T: DeviceRepr,
+        S: CopySource<T> + ?Sized,
+        D: CopyDest<T> + DeviceOnlyMemory + ?Sized,
+    {
+        // SAFETY: `src` is borrowed for 'env (see `copy`); `dst` is device-only memory,
+        // which the host cannot touch directly and whose free synchronises.
+        unsafe { self.stream.copy_async(src, dst) }
+    }
+
+    /// Enqueues a copy of device memory `src` into `dst` (any kind). Only `dst` stays
+    /// borrowed until the scope ends.
+    pub fn copy_from_device<T, S, D>(&self, src: &S, dst: &'env mut D) -> Result<()>
+    where
+        T: DeviceRepr,
+        S: CopySource<T> + DeviceOnlyMemory + ?Sized,
+        D: CopyDest<T> + ?Sized,
+    {
+        // SAFETY: as in `copy_to_device`, with the roles swapped.
+        unsafe { self.stream.copy_async(src, dst) }
+    }
+
+    /// The stream, to record events or launch kernels between copies.
+    pub fn stream(&self) -> &'s BoundStream<'s> {
+        self.stream
+    }
+}
+
+/// Memory only the device reaches: [`DeviceSlice`] and its views, and the IPC pool slices
+/// (not managed memory, which the host can read directly). Sealed. Such memory need not stay borrowed until
+/// a [`CopyScope`] ends; see [`CopyScope::copy_to_device`].
+pub trait DeviceOnlyMemory: seal::Sealed {}

@@ -1,0 +1,418 @@
+//! Page-locked host memory: [`PinnedHostBuffer`] (`cuMemHostAlloc`) and
+//! [`RegisteredHost`] (`cuMemHostRegister` over memory you already have).
+//!
+//! Both give safe `&[T]` / `&mut [T]` access (they deref to slices, and share the
+//! [`HostMemory`] trait), are [`CopySource`](crate::CopySource) /
+//! [`CopyDest`](crate::CopyDest) for copies with any other kind (truly asynchronous
+//! inside [`BoundStream::copy_scope`](crate::BoundStream::copy_scope)), and are mapped
+//! into the device's address space, so a kernel can read and write them directly (pass
+//! them as launch arguments).
+//!
+//! ```no_run
+//! # fn main() -> gpubind::Result<()> {
+//! use gpubind::{Device, PinnedOptions, RegisterOptions, ThreadContext};
+//! let mut ctx = ThreadContext::acquire()?;
+//! let dev = Device::get(0)?;
+//! let gpu = ctx.bind(&dev)?;
+//! let pinned = gpu.pinned_from_slice(&[1u32, 2, 3], PinnedOptions::default())?;
+//! let mut mine = vec![0u32; 3];
+//! {
+//!     let mut reg = gpu.register_host(&mut mine, RegisterOptions::default())?;
+//!     gpu.copy(&pinned, &mut reg)?;            // host-to-host through the driver's view
+//!     assert_eq!(&reg[..], [1, 2, 3]);
+//! }                                            // unregistered here; `mine` is free again
+//! mine.push(4);
+//! # Ok(()) }
+//! ```
+//!
+//! The registered memory stays borrowed while registered:
+//!
+//! ```compile_fail,E0499
+//! # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+//! let mut mine = vec![0u8; 64];
+//! let reg = gpu.register_host(&mut mine, Default::default())?;
+//! mine.push(1); // error[E0499]: `mine` is borrowed by the registration
+//! drop(reg);
+//! # Ok(()) }
+//! ```
+//!
+//! # Which context owns the memory
+//!
+//! Both kinds keep an `Arc<Device>` of the device they were created under, also when
+//! portable: the driver ties the allocation (or registration) to that context and frees
+//! it with the context, so the context must outlive it. *Portable* memory is page-locked
+//! for every context and may be used under a binding of any device; non-portable memory
+//! only under its own device ([`Error::WrongDevice`](crate::Error::WrongDevice)).
+
+use crate::context::BoundDevice;
+use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
+use crate::device::Device;
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use crate::memory::DeviceRepr;
+use crate::module::KernelArg;
+use cudarc::driver::sys;
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Options for [`BoundDevice::alloc_pinned`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PinnedOptions {
+    /// `CU_MEMHOSTALLOC_PORTABLE`: page-locked for every context, usable under any binding.
+    pub portable: bool,
+    /// `CU_MEMHOSTALLOC_WRITECOMBINED`: faster host-to-device transfers, very slow host
+    /// reads. For buffers the host only writes.
+    pub write_combined: bool,
+}
+
+/// Options for [`BoundDevice::register_host`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegisterOptions {
+    /// `CU_MEMHOSTREGISTER_PORTABLE`: page-locked for every context.
+    pub portable: bool,
+}
+
+/// Host memory the CPU reads and writes directly: [`PinnedHostBuffer`] and
+/// [`RegisteredHost`].
+pub trait HostMemory<T: DeviceRepr>: crate::copy::CopyDest<T> {
+    /// The contents.
+    fn as_slice(&self) -> &[T];
+    /// The contents, writable.
+    fn as_mut_slice(&mut self) -> &mut [T];
+    /// The device whose context owns the page-locking.
+    fn device(&self) -> &Arc<Device>;
+    /// Whether the memory is page-locked for all contexts.
+    fn is_portable(&self) -> bool;
+}
+
+/// The part both host kinds share: a page-locked, device-mapped host range.
+struct LockedRange<T> {
+    device: Arc<Device>,
+    ptr: NonNull<T>,
+    len: usize,
+    /// The mapped device address (`cuMemHostGetDevicePointer`), 0 when empty.
+    dptr: sys::CUdeviceptr,
+    portable: bool,
+    kind: MemoryKind,
+}
+
+// SAFETY: the range is plain `T: Send + Sync` data owned (or exclusively borrowed) by the
+// wrapper; the driver handles are thread-agnostic, and frees push their own context.
+unsafe impl<T: Send> Send for LockedRange<T> {}
+// SAFETY: shared access only hands out `&[T]`.
+unsafe impl<T: Sync> Sync for LockedRange<T> {}
+
+impl<T: DeviceRepr> LockedRange<T> {
+    fn endpoint(&self) -> Endpoint<'_> {
+        let owner = (!self.portable).then_some(&self.device);
+        Endpoint::new(self.ptr.as_ptr() as u64, self.len, self.kind, owner)
+    }
+
+    fn as_slice(&self) -> &[T] {
+        // SAFETY: `ptr` points to `len` initialised `T`s (zeroed or caller data) that the
+        // wrapper owns or borrows exclusively for its life; shared borrow of `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as above, with an exclusive borrow of `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The device address the driver mapped `ptr` to.
+    fn mapped_address(ptr: NonNull<T>) -> Result<sys::CUdeviceptr> {
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: the caller's context is current and `ptr` is page-locked and mapped in
+        // it (DEVICEMAP); writes one address.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, ptr.as_ptr().cast(), 0) }
+            .check("cuMemHostGetDevicePointer_v2")?;
+        Ok(dptr)
+    }
+}
+
+/// `len` elements of page-locked host memory (`cuMemHostAlloc`), zeroed on allocation.
+///
+/// Derefs to `[T]`. Mapped into the device's address space (a kernel may access it
+/// directly: pass it as a launch argument). Freed with `cuMemFreeHost` in its own
+/// context on drop.
+pub struct PinnedHostBuffer<T: DeviceRepr> {
+    range: LockedRange<T>,
+}
+
+/// An existing host range page-locked with `cuMemHostRegister` for as long as this value
+/// lives; unregistered on drop.
+///
+/// Borrows the memory mutably for `'a` ([`BoundDevice::register_host`]), or owns a `Vec`
+/// (`RegisteredHost<'static, T>`, from [`BoundDevice::register_vec`]). Works on any host
+/// memory the driver can lock, including an `mmap(MAP_SHARED)` region shared with
+/// other processes. Derefs to `[T]`; mapped for kernels like [`PinnedHostBuffer`].
+pub struct RegisteredHost<'a, T: DeviceRepr> {
+    range: LockedRange<T>,
+    /// `Some(capacity)` when the range is an owned `Vec`'s buffer.
+    owned_capacity: Option<usize>,
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+impl<T: DeviceRepr> PinnedHostBuffer<T> {
+    fn endpoint(&self) -> Endpoint<'_> {
+        self.range.endpoint()
+    }
+    fn kernel_range(&self) -> &LockedRange<T> {
+        &self.range
+    }
+}
+
+impl<T: DeviceRepr> RegisteredHost<'_, T> {
+    fn endpoint(&self) -> Endpoint<'_> {
+        self.range.endpoint()
+    }
+    fn kernel_range(&self) -> &LockedRange<T> {
+        &self.range
+    }
+
+    /// Unregisters and gives back the owned `Vec`, or `None` for a borrowed range
+    /// (which is then simply unregistered).
+    pub fn into_vec(self) -> Option<Vec<T>> {
+        let mut me = std::mem::ManuallyDrop::new(self);
+        me.unregister();
+        // SAFETY: `me` is never dropped, so the Arc is read out (and dropped) once.
+        drop(unsafe { std::ptr::read(&me.range.device) });
+        let cap = me.owned_capacity?;
+        // SAFETY: ptr/len/cap are those of the Vec `register_vec` took apart; it is
+        // rebuilt exactly once.
+        Some(unsafe { Vec::from_raw_parts(me.range.ptr.as_ptr(), me.range.len, cap) })
+    }
+
+    fn unregister(&mut self) {
+        if self.range.len == 0 {
+            return;
+        }
+        if let Ok(_guard) = self.range.device.enter() {
+            // SAFETY: registered in this context by `register_raw`; unregistered once.
+            let _ = unsafe { sys::cuMemHostUnregister(self.range.ptr.as_ptr().cast()) };
+        }
+    }
+}
+
+impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
+    fn drop(&mut self) {
+        if self.range.len == 0 {
+            return;
+        }
+        if let Ok(_guard) = self.range.device.enter() {
+            // SAFETY: allocated by cuMemHostAlloc in this context; freed once, here.
+            let _ = unsafe { sys::cuMemFreeHost(self.range.ptr.as_ptr().cast()) };
+        }
+    }
+}
+
+impl<T: DeviceRepr> Drop for RegisteredHost<'_, T> {
+    fn drop(&mut self) {
+        self.unregister();
+        if let Some(cap) = self.owned_capacity {
+            // SAFETY: the Vec taken apart by `register_vec`, rebuilt once after the
+            // memory was unregistered.
+            drop(unsafe { Vec::from_raw_parts(self.range.ptr.as_ptr(), self.range.len, cap) });
+        }
+    }
+}
+
+/// Deref, HostMemory, Debug, copy endpoints and kernel-argument passing for a host kind.
+macro_rules! host_kind {
+    ($ty:ident $(<$lt:lifetime>)?) => {
+        impl<$($lt,)? T: DeviceRepr> std::ops::Deref for $ty<$($lt,)? T> {
+            type Target = [T];
+            fn deref(&self) -> &[T] {
+                self.range.as_slice()
+            }
+        }
+        impl<$($lt,)? T: DeviceRepr> std::ops::DerefMut for $ty<$($lt,)? T> {
+            fn deref_mut(&mut self) -> &mut [T] {
+                self.range.as_mut_slice()
+            }
+        }
+        impl<$($lt,)? T: DeviceRepr> HostMemory<T> for $ty<$($lt,)? T> {
+            fn as_slice(&self) -> &[T] {
+                self.range.as_slice()
+            }
+            fn as_mut_slice(&mut self) -> &mut [T] {
+                self.range.as_mut_slice()
+            }
+            fn device(&self) -> &Arc<Device> {
+                &self.range.device
+            }
+            fn is_portable(&self) -> bool {
+                self.range.portable
+            }
+        }
+        impl<$($lt,)? T: DeviceRepr> std::fmt::Debug for $ty<$($lt,)? T> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("device", &self.range.device.ordinal())
+                    .field("ptr", &self.range.ptr)
+                    .field("len", &self.range.len)
+                    .field("portable", &self.range.portable)
+                    .field("type", &std::any::type_name::<T>())
+                    .finish()
+            }
+        }
+        copy_endpoints!($ty $(<$lt>)?, mut);
+        // SAFETY: passes the mapped device address, a field that lives as long as the
+        // borrow; the memory is mapped (DEVICEMAP) in the owning context.
+        unsafe impl<$($lt,)? T: DeviceRepr> KernelArg for $ty<$($lt,)? T> {
+            fn param_ptr(&self) -> *mut c_void {
+                &self.kernel_range().dptr as *const sys::CUdeviceptr as *mut c_void
+            }
+            fn param_size(&self) -> usize {
+                std::mem::size_of::<sys::CUdeviceptr>()
+            }
+            fn arg_device(&self) -> Option<&Device> {
+                let r = self.kernel_range();
+                (!r.portable).then_some(&*r.device)
+            }
+            fn describe(&self) -> String {
+                format!("{}<{}>", stringify!($ty), std::any::type_name::<T>())
+            }
+        }
+    };
+}
+host_kind!(PinnedHostBuffer);
+host_kind!(RegisteredHost<'a>);
+
+fn byte_len<T>(len: usize) -> Result<usize> {
+    len.checked_mul(std::mem::size_of::<T>())
+        .ok_or_else(|| Error::InvalidArgument(format!("{len} elements overflow usize bytes")))
+}
+
+impl<'a> BoundDevice<'a> {
+    /// Allocates `len` zeroed elements of page-locked, device-mapped host memory.
+    pub fn alloc_pinned<T: DeviceRepr>(
+        &self,
+        len: usize,
+        opts: PinnedOptions,
+    ) -> Result<PinnedHostBuffer<T>> {
+        let bytes = byte_len::<T>(len)?;
+        let mut range = LockedRange {
+            device: Arc::clone(self.device()),
+            ptr: NonNull::dangling(),
+            len: 0,
+            dptr: 0,
+            portable: opts.portable,
+            kind: MemoryKind::Pinned,
+        };
+        if bytes > 0 {
+            let mut flags = sys::CU_MEMHOSTALLOC_DEVICEMAP;
+            if opts.portable {
+                flags |= sys::CU_MEMHOSTALLOC_PORTABLE;
+            }
+            if opts.write_combined {
+                flags |= sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+            }
+            let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: this context is current; writes one pointer.
+            unsafe { sys::cuMemHostAlloc(&mut p, bytes, flags) }.check("cuMemHostAlloc")?;
+            let ptr = NonNull::new(p.cast::<T>()).ok_or_else(|| {
+                Error::InvalidArgument("cuMemHostAlloc returned a null pointer".into())
+            })?;
+            // From here the buffer owns the allocation and frees it on any early return.
+            range.ptr = ptr;
+            range.len = len;
+            // SAFETY: `bytes` writable bytes at `ptr`, just allocated, not yet shared.
+            unsafe { std::ptr::write_bytes(ptr.as_ptr().cast::<u8>(), 0, bytes) };
+        }
+        let mut buf = PinnedHostBuffer { range };
+        if bytes > 0 {
+            buf.range.dptr = LockedRange::mapped_address(buf.range.ptr)?;
+        }
+        Ok(buf)
+    }
+
+    /// A pinned copy of `src`.
+    pub fn pinned_from_slice<T: DeviceRepr>(
+        &self,
+        src: &[T],
+        opts: PinnedOptions,
+    ) -> Result<PinnedHostBuffer<T>> {
+        let mut buf = self.alloc_pinned(src.len(), opts)?;
+        buf.copy_from_slice(src);
+        Ok(buf)
+    }
+
+    /// Page-locks `mem` (`cuMemHostRegister`, mapped for kernels) until the returned
+    /// value drops; `mem` stays borrowed until then.
+    pub fn register_host<'m, T: DeviceRepr>(
+        &self,
+        mem: &'m mut [T],
+        opts: RegisterOptions,
+    ) -> Result<RegisteredHost<'m, T>> {
+        let len = mem.len();
+        // SAFETY: the borrow of `mem` is held (PhantomData) for the result's life and
+        // the range is never reached through `mem` meanwhile.
+        unsafe { self.register_raw(NonNull::from(mem).cast(), len, None, opts) }
+    }
+
+    /// Page-locks the buffer of `vec`, which the result owns; get it back with
+    /// [`RegisteredHost::into_vec`]. A `'static` registration can be exported to DLPack.
+    pub fn register_vec<T: DeviceRepr>(
+        &self,
+        vec: Vec<T>,
+        opts: RegisterOptions,
+    ) -> Result<RegisteredHost<'static, T>> {
+        let mut vec = std::mem::ManuallyDrop::new(vec);
+        let (ptr, len, cap) = (vec.as_mut_ptr(), vec.len(), vec.capacity());
+        // SAFETY: ptr/len/cap are the Vec's, taken apart once (ManuallyDrop); the result
+        // owns and rebuilds it (also when registering fails: it is constructed first).
+        unsafe {
+            self.register_raw(
+                NonNull::new(ptr).unwrap_or(NonNull::dangling()),
+                len,
+                Some(cap),
+                opts,
+            )
+        }
+    }
+
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` is initialised memory of `T` that the result may use exclusively for
+    /// its life (with `owned_capacity`, a `Vec` buffer it owns).
+    unsafe fn register_raw<'m, T: DeviceRepr>(
+        &self,
+        ptr: NonNull<T>,
+        len: usize,
+        owned_capacity: Option<usize>,
+        opts: RegisterOptions,
+    ) -> Result<RegisteredHost<'m, T>> {
+        let bytes = byte_len::<T>(len)?;
+        let mut reg = RegisteredHost {
+            range: LockedRange {
+                device: Arc::clone(self.device()),
+                ptr,
+                len: 0, // not registered yet: Drop must not unregister
+                dptr: 0,
+                portable: opts.portable,
+                kind: MemoryKind::Registered,
+            },
+            owned_capacity,
+            _borrow: PhantomData,
+        };
+        if bytes > 0 {
+            let mut flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+            if opts.portable {
+                flags |= sys::CU_MEMHOSTREGISTER_PORTABLE;
+            }
+            // SAFETY: this context is current; the range is live host memory of `bytes`
+            // bytes (caller's contract).
+            unsafe { sys::cuMemHostRegister_v2(ptr.as_ptr().cast(), bytes, flags) }
+                .check("cuMemHostRegister_v2")?;
+            reg.range.len = len;
+            reg.range.dptr = LockedRange::mapped_address(ptr)?;
+        } else {
+            reg.range.len = 0;
+        }
+        // An empty owned Vec must still be rebuilt with its real length (0) on drop.
+        Ok(reg)
+    }
+}

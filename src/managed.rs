@@ -1,0 +1,257 @@
+//! Managed (unified) memory: [`ManagedSlice`], from `cuMemAllocManaged`.
+//!
+//! Managed memory has one address valid on the host and on the device; the driver
+//! migrates pages on demand. A `ManagedSlice<T>` is device memory for every gpubind API
+//! (it implements [`DeviceMemory`] / [`DeviceMemoryMut`], so `dtoh`, `dtod`, memsets and
+//! kernel launches take it) and also gives host access through
+//! [`as_slice`](ManagedSlice::as_slice) / [`as_mut_slice`](ManagedSlice::as_mut_slice).
+//! [`BoundStream::prefetch`] migrates it ahead of use and [`BoundDevice::advise`] sets
+//! placement hints.
+//!
+//! ```no_run
+//! # fn main() -> gpubind::Result<()> {
+//! use gpubind::{Advice, Device, Location, ThreadContext};
+//! let mut ctx = ThreadContext::acquire()?;
+//! let dev = Device::get(0)?;
+//! let gpu = ctx.bind(&dev)?;
+//! let mut m = gpu.alloc_managed::<f32>(1024)?;   // zeroed
+//! m.as_mut_slice()?.fill(2.0);                   // written by the host
+//! gpu.advise(&m, Advice::SetPreferredLocation(Location::Device(&dev)))?;
+//! let s = gpu.default_stream();
+//! s.prefetch(&m, Location::Device(&dev))?;       // migrate before a kernel uses it
+//! s.synchronize()?;
+//! assert_eq!(gpu.dtoh(&m)?[0], 2.0);
+//! # Ok(()) }
+//! ```
+//!
+//! Asking for more managed memory than the device has free is refused up front with
+//! [`Error::ManagedTooLarge`]: over-subscribed managed memory can stall the whole GPU.
+
+use crate::context::BoundDevice;
+use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
+use crate::device::{Device, DeviceAttribute};
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, impl_device_memory, private};
+use crate::module::{KernelArg, memory_arg};
+use crate::stream::BoundStream;
+use cudarc::driver::sys;
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// `len` elements of managed memory, attached globally (`CU_MEM_ATTACH_GLOBAL`).
+pub struct ManagedSlice<T: DeviceRepr> {
+    device: Arc<Device>,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    /// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`: whether the host may touch the
+    /// memory while the device runs work. Without it host access synchronises first.
+    concurrent: bool,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: plain `T` data and an address; frees push the owning context.
+unsafe impl<T: DeviceRepr> Send for ManagedSlice<T> {}
+// SAFETY: shared access only reads.
+unsafe impl<T: DeviceRepr> Sync for ManagedSlice<T> {}
+
+/// Where managed memory should live, for [`BoundStream::prefetch`] and [`Advice`].
+#[derive(Clone, Copy, Debug)]
+pub enum Location<'d> {
+    /// Host memory (`CU_MEM_LOCATION_TYPE_HOST`).
+    Host,
+    /// A device's memory (`CU_MEM_LOCATION_TYPE_DEVICE`).
+    Device(&'d Device),
+}
+
+impl Location<'_> {
+    fn raw(self) -> sys::CUmemLocation {
+        match self {
+            Location::Host => sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+                id: 0,
+            },
+            Location::Device(d) => sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: d.raw_device(),
+            },
+        }
+    }
+}
+
+/// A `cuMemAdvise` hint.
+#[derive(Clone, Copy, Debug)]
+pub enum Advice<'d> {
+    /// Data is mostly read: the driver may keep read-only copies on several processors.
+    SetReadMostly,
+    /// Undoes [`SetReadMostly`](Self::SetReadMostly).
+    UnsetReadMostly,
+    /// Prefer to keep the pages at this location.
+    SetPreferredLocation(Location<'d>),
+    /// Removes the preferred location.
+    UnsetPreferredLocation,
+    /// This processor will access the data: keep it mapped there.
+    SetAccessedBy(Location<'d>),
+    /// Undoes [`SetAccessedBy`](Self::SetAccessedBy) for this processor.
+    UnsetAccessedBy(Location<'d>),
+}
+
+impl Advice<'_> {
+    fn raw(self) -> (sys::CUmem_advise, sys::CUmemLocation) {
+        use sys::CUmem_advise::*;
+        let none = Location::Host.raw();
+        match self {
+            Advice::SetReadMostly => (CU_MEM_ADVISE_SET_READ_MOSTLY, none),
+            Advice::UnsetReadMostly => (CU_MEM_ADVISE_UNSET_READ_MOSTLY, none),
+            Advice::SetPreferredLocation(l) => (CU_MEM_ADVISE_SET_PREFERRED_LOCATION, l.raw()),
+            Advice::UnsetPreferredLocation => (CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION, none),
+            Advice::SetAccessedBy(l) => (CU_MEM_ADVISE_SET_ACCESSED_BY, l.raw()),
+            Advice::UnsetAccessedBy(l) => (CU_MEM_ADVISE_UNSET_ACCESSED_BY, l.raw()),
+        }
+    }
+}
+
+// DeviceMemory/DeviceMemoryMut and Debug, as for DeviceSlice; KernelArg passes the address.
+impl_device_memory!(ManagedSlice, mut);
+memory_arg!(ManagedSlice);
+
+impl<T: DeviceRepr> ManagedSlice<T> {
+    /// The device it was allocated on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn endpoint(&self) -> Endpoint<'_> {
+        Endpoint::new(self.ptr, self.len, MemoryKind::Managed, Some(&self.device))
+    }
+
+    /// On devices without concurrent managed access the host may not touch managed memory
+    /// while the device runs anything: wait for the context first.
+    fn host_access_ready(&self) -> Result<()> {
+        if self.concurrent || self.len == 0 {
+            return Ok(());
+        }
+        let _guard = self.device.enter()?;
+        // SAFETY: the owning context is current for the call.
+        unsafe { sys::cuCtxSynchronize() }.check("cuCtxSynchronize")
+    }
+
+    /// The contents, read by the host (pages migrate on demand). Waits for the device
+    /// first where the device cannot share managed memory concurrently.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        self.host_access_ready()?;
+        if self.len == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: `len` initialised (zeroed at allocation) elements at a host-accessible
+        // managed address, alive while `self` is borrowed.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr as *const T, self.len) })
+    }
+
+    /// The contents, written by the host.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.host_access_ready()?;
+        if self.len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: as in `as_slice`, with an exclusive borrow.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, self.len) })
+    }
+}
+
+impl<T: DeviceRepr> Drop for ManagedSlice<T> {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        if let Ok(_guard) = self.device.enter() {
+            // SAFETY: from cuMemAllocManaged in this context; freed once, here.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+copy_endpoints!(ManagedSlice, mut);
+
+impl<'a> BoundDevice<'a> {
+    /// Allocates `len` zeroed elements of managed memory.
+    ///
+    /// Refused with [`Error::ManagedTooLarge`] (before calling the driver) when the
+    /// request exceeds the device's free memory (`cuMemGetInfo`).
+    pub fn alloc_managed<T: DeviceRepr>(&self, len: usize) -> Result<ManagedSlice<T>> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            Error::InvalidArgument(format!("{len} elements overflow usize bytes"))
+        })?;
+        let (free, _total) = self.memory_info()?;
+        if bytes > free {
+            return Err(Error::ManagedTooLarge {
+                device: self.ordinal(),
+                requested: bytes,
+                free,
+            });
+        }
+        let concurrent = self
+            .device()
+            .attribute(DeviceAttribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)?
+            != 0;
+        let mut ptr: sys::CUdeviceptr = 0;
+        if bytes > 0 {
+            // SAFETY: this context is current; writes one address.
+            unsafe {
+                sys::cuMemAllocManaged(
+                    &mut ptr,
+                    bytes,
+                    sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
+                )
+            }
+            .check("cuMemAllocManaged")?;
+        }
+        let mut m = ManagedSlice {
+            device: Arc::clone(self.device()),
+            ptr,
+            len,
+            concurrent,
+            _t: PhantomData,
+        };
+        self.memset_zeros(&mut m)?;
+        Ok(m)
+    }
+
+    /// Gives the driver a placement hint for `mem` (`cuMemAdvise_v2`).
+    pub fn advise<T: DeviceRepr>(&self, mem: &ManagedSlice<T>, advice: Advice<'_>) -> Result<()> {
+        self.expect_device("managed memory", &mem.device)?;
+        if mem.ptr == 0 {
+            return Ok(());
+        }
+        let (advice, location) = advice.raw();
+        // SAFETY: context current; the range is one live managed allocation.
+        unsafe { sys::cuMemAdvise_v2(mem.ptr, mem.num_bytes(), advice, location) }
+            .check("cuMemAdvise_v2")
+    }
+}
+
+impl<'b> BoundStream<'b> {
+    /// Stream-ordered migration of `mem` to `to` (`cuMemPrefetchAsync_v2`). The contents
+    /// are unchanged; only where the pages live.
+    pub fn prefetch<T: DeviceRepr>(&self, mem: &ManagedSlice<T>, to: Location<'_>) -> Result<()> {
+        self.bound().expect_device("managed memory", &mem.device)?;
+        if mem.ptr == 0 {
+            return Ok(());
+        }
+        // SAFETY: context current, stream of it; one live managed allocation (freeing
+        // it synchronises first, so the prefetch cannot outlive it).
+        unsafe { sys::cuMemPrefetchAsync_v2(mem.ptr, mem.num_bytes(), to.raw(), 0, self.raw()) }
+            .check("cuMemPrefetchAsync_v2")
+    }
+}
