@@ -49,6 +49,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod collective;
 pub mod context;
 pub mod device;
 pub mod driver;
@@ -58,6 +59,10 @@ pub mod module;
 pub mod stream;
 mod sync;
 
+pub use collective::{
+    Backend, CollectiveType, CommOptions, Communicator, Group, Op, RankComm, Transport,
+    nccl_available,
+};
 pub use context::{BoundDevice, ThreadContext};
 pub use device::{Device, DeviceAttribute, Uuid};
 pub use driver::{driver_available, init};

@@ -30,7 +30,10 @@ pub fn gpu_unavailable() -> Option<String> {
 /// Runs `tests` (or prints one skip line) and exits the process with the outcome.
 pub fn run_suite(suite: &str, tests: &[(&str, TestFn)]) -> ! {
     if let Some(why) = gpu_unavailable() {
-        println!("SKIPPED {suite}: all {} GPU tests skipped: {why}", tests.len());
+        println!(
+            "SKIPPED {suite}: all {} GPU tests skipped: {why}",
+            tests.len()
+        );
         std::process::exit(0);
     }
     let filter = std::env::var("GPUBIND_TEST_FILTER").ok();
@@ -53,7 +56,10 @@ pub fn run_suite(suite: &str, tests: &[(&str, TestFn)]) -> ! {
         match outcome {
             Ok(()) => {
                 passed += 1;
-                println!("test {name} ... ok ({:.1} ms)", t.elapsed().as_secs_f64() * 1e3);
+                println!(
+                    "test {name} ... ok ({:.1} ms)",
+                    t.elapsed().as_secs_f64() * 1e3
+                );
             }
             Err(msg) => {
                 failed += 1;

@@ -1,0 +1,4 @@
+mod common;
+fn main() {
+    common::run_suite("gpu_collective", &[]);
+}
