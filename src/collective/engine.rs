@@ -343,9 +343,11 @@ fn copy(
             unsafe { sys::cuMemcpyPeerAsync(dst.0, dctx.0, src.0, sctx.0, bytes, lane.stream) }
                 .check("cuMemcpyPeerAsync")
         }
-        // SAFETY: as above, within one context.
-        None => unsafe { sys::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, lane.stream) }
-            .check("cuMemcpyDtoDAsync_v2"),
+        // SAFETY: as above, within one context (either side may be mapped pinned host
+        // memory: cuMemcpyAsync infers the direction from the unified addresses).
+        None => {
+            unsafe { sys::cuMemcpyAsync(dst.0, src.0, bytes, lane.stream) }.check("cuMemcpyAsync")
+        }
     })
 }
 

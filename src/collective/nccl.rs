@@ -236,6 +236,10 @@ impl NcclComm {
     /// The pointers in `call` must be live device allocations of the sizes the call
     /// implies, on this communicator's device; `stream` must belong to that device.
     pub(crate) unsafe fn issue(&self, call: &Call, stream: sys::CUstream) -> Result<()> {
+        if call.count == 0 {
+            // Nothing to move; empty buffers have null addresses, which NCCL may reject.
+            return Ok(());
+        }
         let api = api()?;
         let _restore = RestoreCurrent::new()?;
         let dt = call.dtype.nccl;
