@@ -243,10 +243,14 @@ fn reps_for(bytes: usize, reps: usize) -> usize {
 }
 
 fn one_gpu_table(ctx: &mut ThreadContext, dev: &Arc<Device>, a: &Args) -> Res<()> {
-    let own1 = Communicator::new(ctx, &[dev.clone()], CommOptions::kernels())?;
+    let own1 = Communicator::new(ctx, std::slice::from_ref(dev), CommOptions::kernels())?;
     let own2 = Communicator::new(ctx, &[dev.clone(), dev.clone()], CommOptions::kernels())?;
     let nccl1 = if nccl_available() {
-        Some(Communicator::new(ctx, &[dev.clone()], CommOptions::nccl())?)
+        Some(Communicator::new(
+            ctx,
+            std::slice::from_ref(dev),
+            CommOptions::nccl(),
+        )?)
     } else {
         None
     };
