@@ -291,99 +291,121 @@ pub(crate) fn chunk(count: usize, parts: usize, i: usize, esize: usize) -> (usiz
     (lo, hi)
 }
 
-/// Makes every listed lane wait for every other listed lane's work so far.
-fn barrier(exec: &mut dyn Exec, lanes: &[Lane], which: &[usize]) -> Result<()> {
-    if which.len() <= 1 {
-        return Ok(());
+/// One collective's enqueueing: the executor, the lanes and the element type.
+struct Run<'r> {
+    exec: &'r mut dyn Exec,
+    sh: &'r Shared,
+    lanes: &'r [Lane],
+    dtype: DType,
+    /// Ranks taking part (the divisor of [`Op::Avg`]).
+    nranks: usize,
+}
+
+impl Run<'_> {
+    /// Runs `f` on lane `l`'s stream with its device current.
+    fn on(&mut self, l: usize, f: &mut dyn FnMut(sys::CUstream) -> Result<()>) -> Result<()> {
+        let lane = &self.lanes[l];
+        self.exec.run_in(&lane.device, &mut || f(lane.stream))
     }
-    for &l in which {
-        let lane = &lanes[l];
-        exec.run_in(&lane.device, &mut || {
-            // SAFETY: event and stream belong to the current context.
-            unsafe { sys::cuEventRecord(lane.event, lane.stream) }.check("cuEventRecord")
-        })?;
-    }
-    for &p in which {
-        let lane = &lanes[p];
-        exec.run_in(&lane.device, &mut || {
-            for &q in which {
-                if q != p {
+
+    /// Makes every listed lane wait for every other listed lane's work so far.
+    fn barrier(&mut self, which: &[usize]) -> Result<()> {
+        if which.len() <= 1 {
+            return Ok(());
+        }
+        let lanes = self.lanes;
+        for &l in which {
+            self.on(l, &mut |stream| {
+                // SAFETY: event and stream belong to the current context.
+                unsafe { sys::cuEventRecord(lanes[l].event, stream) }.check("cuEventRecord")
+            })?;
+        }
+        for &p in which {
+            self.on(p, &mut |stream| {
+                for &q in which.iter().filter(|&&q| q != p) {
                     // SAFETY: the stream is the current context's; waiting on another
                     // context's event is allowed.
-                    unsafe { sys::cuStreamWaitEvent(lane.stream, lanes[q].event, 0) }
+                    unsafe { sys::cuStreamWaitEvent(stream, lanes[q].event, 0) }
                         .check("cuStreamWaitEvent")?;
                 }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// A stream-ordered copy on lane `l` from `src` (on `src_dev`) to `dst` (on
+    /// `dst_dev`); either may be mapped pinned host memory of the lane's device.
+    fn copy(
+        &mut self,
+        l: usize,
+        dst: (u64, &Device),
+        src: (u64, &Device),
+        bytes: usize,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let peer = if dst.1.ordinal() != src.1.ordinal() {
+            Some((dst.1.primary_context()?.0, src.1.primary_context()?.0))
+        } else {
+            None
+        };
+        self.on(l, &mut |stream| match peer {
+            // SAFETY: live device allocations of `bytes` (callers' contract), ordered by
+            // the surrounding barriers; the stream is the current context's.
+            Some((dctx, sctx)) => {
+                unsafe { sys::cuMemcpyPeerAsync(dst.0, dctx.0, src.0, sctx.0, bytes, stream) }
+                    .check("cuMemcpyPeerAsync")
             }
-            Ok(())
-        })?;
+            // SAFETY: as above, within one context (either side may be mapped pinned
+            // host memory: cuMemcpyAsync infers the direction from unified addresses).
+            None => {
+                unsafe { sys::cuMemcpyAsync(dst.0, src.0, bytes, stream) }.check("cuMemcpyAsync")
+            }
+        })
     }
-    Ok(())
-}
 
-/// A stream-ordered copy on `lane` between device buffers of `src_dev` and `dst_dev`.
-fn copy(
-    exec: &mut dyn Exec,
-    lane: &Lane,
-    dst: (u64, &Device),
-    src: (u64, &Device),
-    bytes: usize,
-) -> Result<()> {
-    if bytes == 0 {
-        return Ok(());
+    /// `outs[*][i] = op(ins[*][i])` for `i < n` on lane `l`; a plain copy when there is
+    /// one input and one output.
+    fn reduce(&mut self, l: usize, op: Op, ins: &[u64], outs: &[u64], n: usize) -> Result<()> {
+        if n == 0 || outs.is_empty() {
+            return Ok(());
+        }
+        let dev = Arc::clone(&self.lanes[l].device);
+        if ins.len() == 1 && outs.len() == 1 && (op != Op::Avg || self.nranks == 1) {
+            return self.copy(l, (outs[0], &dev), (ins[0], &dev), n * self.dtype.size);
+        }
+        let ks = self.sh.kernels(&dev)?;
+        let (dtype, nranks) = (self.dtype, self.nranks);
+        self.on(l, &mut |stream| {
+            // SAFETY: the lane's device is current and the stream is its; the pointers
+            // are accessible from it (local, peer-enabled or mapped host: the
+            // transport) and address `n` elements each, kept alive and ordered by the
+            // callers' barriers.
+            unsafe { ks.reduce(stream, dtype, op, ins, outs, n, nranks) }
+        })
     }
-    let peer = if dst.1.ordinal() != src.1.ordinal() {
-        Some((dst.1.primary_context()?.0, src.1.primary_context()?.0))
-    } else {
-        None
-    };
-    exec.run_in(&lane.device, &mut || match peer {
-        // SAFETY: live device allocations of `bytes` (callers' contract), ordered by
-        // the surrounding barriers; the stream is the current context's.
-        Some((dctx, sctx)) => {
-            unsafe { sys::cuMemcpyPeerAsync(dst.0, dctx.0, src.0, sctx.0, bytes, lane.stream) }
-                .check("cuMemcpyPeerAsync")
-        }
-        // SAFETY: as above, within one context (either side may be mapped pinned host
-        // memory: cuMemcpyAsync infers the direction from the unified addresses).
-        None => {
-            unsafe { sys::cuMemcpyAsync(dst.0, src.0, bytes, lane.stream) }.check("cuMemcpyAsync")
-        }
-    })
-}
 
-/// Enqueues a reduction (or copy, with one input) on `lane`; a single copy is done by
-/// the copy path of the driver instead of a kernel.
-#[allow(clippy::too_many_arguments)]
-fn reduce_on(
-    exec: &mut dyn Exec,
-    sh: &Shared,
-    lane: &Lane,
-    dtype: DType,
-    op: Op,
-    ins: &[u64],
-    outs: &[u64],
-    n: usize,
-    nranks: usize,
-) -> Result<()> {
-    if n == 0 || outs.is_empty() {
-        return Ok(());
+    /// Device to pinned host on lane `l`.
+    fn dtoh(&mut self, l: usize, host: *mut c_void, src: u64, bytes: usize) -> Result<()> {
+        self.on(l, &mut |stream| {
+            // SAFETY: `host` is `bytes` inside a pinned staging buffer, `src` a live
+            // allocation of `bytes`; ordered by the barriers.
+            unsafe { sys::cuMemcpyDtoHAsync_v2(host, src, bytes, stream) }
+                .check("cuMemcpyDtoHAsync_v2")
+        })
     }
-    if ins.len() == 1 && outs.len() == 1 && (op != Op::Avg || nranks == 1) {
-        return copy(
-            exec,
-            lane,
-            (outs[0], &lane.device),
-            (ins[0], &lane.device),
-            n * dtype.size,
-        );
+
+    /// Pinned host to device on lane `l`.
+    fn htod(&mut self, l: usize, dst: u64, host: *mut c_void, bytes: usize) -> Result<()> {
+        self.on(l, &mut |stream| {
+            // SAFETY: `dst` is a live allocation of `bytes`; the pinned source was
+            // filled before the preceding barrier.
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dst, host, bytes, stream) }
+                .check("cuMemcpyHtoDAsync_v2")
+        })
     }
-    let ks = sh.kernels(&lane.device)?;
-    exec.run_in(&lane.device, &mut || {
-        // SAFETY: the lane's device is current and the stream is its; the pointers are
-        // accessible from it (local, peer-enabled or mapped host: the transport) and
-        // address `n` elements each, kept alive and ordered by the callers' barriers.
-        unsafe { ks.reduce(lane.stream, dtype, op, ins, outs, n, nranks) }
-    })
 }
 
 /// Runs one matched collective: `calls[r]` is rank `r`'s part (same kind, type and
@@ -399,12 +421,18 @@ pub(crate) fn collective(
     let Some(first) = calls.first() else {
         return Ok(());
     };
-    let (dtype, c, es) = (first.dtype, first.count, first.dtype.size);
+    let (c, es) = (first.count, first.dtype.size);
     if c == 0 {
         return Ok(());
     }
+    let mut run = Run {
+        exec,
+        sh,
+        lanes,
+        dtype: first.dtype,
+        nranks: n,
+    };
     let all: Vec<usize> = (0..lanes.len()).collect();
-    let lane_of = |r: usize| &lanes[rank_lane[r]];
     let ranks_of = |l: usize| (0..n).filter(move |&r| rank_lane[r] == l);
     let at = |p: u64, elems: usize| p + (elems * es) as u64;
     let send: Vec<u64> = calls.iter().map(|x| x.send).collect();
@@ -420,138 +448,91 @@ pub(crate) fn collective(
         let slot_bytes = elems * es;
         let st = sh.staging(StageKey::Coll, slot_bytes * stagers.len(), lanes)?;
         for (i, &r) in stagers.iter().enumerate() {
-            let lane = lane_of(r);
             let host = st.host.wrapping_byte_add(i * slot_bytes);
-            exec.run_in(&lane.device, &mut || {
-                // SAFETY: pinned destination inside the staging buffer; `send[r]` is a
-                // live allocation of `slot_bytes`; ordered by the barriers.
-                unsafe { sys::cuMemcpyDtoHAsync_v2(host, send[r], slot_bytes, lane.stream) }
-                    .check("cuMemcpyDtoHAsync_v2")
-            })?;
+            run.dtoh(rank_lane[r], host, send[r], slot_bytes)?;
         }
-        barrier(exec, lanes, &all)?;
+        run.barrier(&all)?;
+        // The mapped slots as lane `l`'s device sees them, `extra` elements in.
         let slots = |l: usize, extra: usize| -> Result<Vec<u64>> {
             let base = st.dptr(&lanes[l].device)?;
             Ok((0..stagers.len())
                 .map(|i| base + (i * slot_bytes + extra * es) as u64)
                 .collect())
         };
-        let htod = |exec: &mut dyn Exec, q: usize, bytes: usize| {
-            let lane = lane_of(q);
-            exec.run_in(&lane.device, &mut || {
-                // SAFETY: `recv[q]` holds `bytes`; the pinned source is filled (barrier).
-                unsafe { sys::cuMemcpyHtoDAsync_v2(recv[q], st.host, bytes, lane.stream) }
-                    .check("cuMemcpyHtoDAsync_v2")
-            })
-        };
         match first.kind {
             Kind::AllReduce(op) => {
-                for (l, lane) in lanes.iter().enumerate() {
+                for l in 0..nl {
                     let outs: Vec<u64> = ranks_of(l).map(|q| recv[q]).collect();
-                    reduce_on(exec, sh, lane, dtype, op, &slots(l, 0)?, &outs, c, n)?;
+                    run.reduce(l, op, &slots(l, 0)?, &outs, c)?;
                 }
             }
             Kind::Reduce(op, root) => {
                 let l = rank_lane[root];
-                reduce_on(
-                    exec,
-                    sh,
-                    &lanes[l],
-                    dtype,
-                    op,
-                    &slots(l, 0)?,
-                    &[recv[root]],
-                    c,
-                    n,
-                )?;
+                run.reduce(l, op, &slots(l, 0)?, &[recv[root]], c)?;
             }
             Kind::Broadcast(root) => {
                 for q in (0..n).filter(|&q| q != root) {
-                    htod(exec, q, c * es)?;
+                    run.htod(rank_lane[q], recv[q], st.host, c * es)?;
                 }
             }
             Kind::AllGather => {
                 for q in 0..n {
-                    htod(exec, q, n * c * es)?;
+                    run.htod(rank_lane[q], recv[q], st.host, n * c * es)?;
                 }
             }
             Kind::ReduceScatter(op) => {
                 for q in 0..n {
                     let l = rank_lane[q];
-                    reduce_on(
-                        exec,
-                        sh,
-                        &lanes[l],
-                        dtype,
-                        op,
-                        &slots(l, q * c)?,
-                        &[recv[q]],
-                        c,
-                        n,
-                    )?;
+                    run.reduce(l, op, &slots(l, q * c)?, &[recv[q]], c)?;
                 }
             }
             Kind::Send(_) | Kind::Recv(_) => return Err(not_collective()),
         }
-        return barrier(exec, lanes, &all);
+        return run.barrier(&all);
     }
 
-    barrier(exec, lanes, &all)?;
+    run.barrier(&all)?;
     match first.kind {
         Kind::AllReduce(op) | Kind::Reduce(op, _) => {
-            let root = match first.kind {
-                Kind::Reduce(_, root) => Some(root),
-                _ => None,
-            };
-            for (l, lane) in lanes.iter().enumerate() {
+            for l in 0..nl {
                 let (lo, hi) = chunk(c, nl, l, es);
                 let ins: Vec<u64> = send.iter().map(|&p| at(p, lo)).collect();
-                let outs: Vec<u64> = match root {
-                    Some(root) => vec![at(recv[root], lo)],
-                    None => recv.iter().map(|&p| at(p, lo)).collect(),
+                let outs: Vec<u64> = match first.kind {
+                    Kind::Reduce(_, root) => vec![at(recv[root], lo)],
+                    _ => recv.iter().map(|&p| at(p, lo)).collect(),
                 };
-                reduce_on(exec, sh, lane, dtype, op, &ins, &outs, hi - lo, n)?;
+                run.reduce(l, op, &ins, &outs, hi - lo)?;
             }
         }
         Kind::Broadcast(root) => {
-            for (l, lane) in lanes.iter().enumerate() {
+            for l in 0..nl {
                 let (lo, hi) = chunk(c, nl, l, es);
                 let outs: Vec<u64> = (0..n)
                     .filter(|&q| q != root)
                     .map(|q| at(recv[q], lo))
                     .collect();
-                reduce_on(
-                    exec,
-                    sh,
-                    lane,
-                    dtype,
-                    Op::Sum,
-                    &[at(send[root], lo)],
-                    &outs,
-                    hi - lo,
-                    n,
-                )?;
+                run.reduce(l, Op::Sum, &[at(send[root], lo)], &outs, hi - lo)?;
             }
         }
         Kind::AllGather => {
-            for (l, lane) in lanes.iter().enumerate() {
+            for l in 0..nl {
                 for r in ranks_of(l) {
                     let outs: Vec<u64> = recv.iter().map(|&p| at(p, r * c)).collect();
-                    reduce_on(exec, sh, lane, dtype, Op::Sum, &[send[r]], &outs, c, n)?;
+                    run.reduce(l, Op::Sum, &[send[r]], &outs, c)?;
                 }
             }
         }
         Kind::ReduceScatter(op) => {
-            for (l, lane) in lanes.iter().enumerate() {
+            for l in 0..nl {
                 for q in ranks_of(l) {
                     let ins: Vec<u64> = send.iter().map(|&p| at(p, q * c)).collect();
-                    reduce_on(exec, sh, lane, dtype, op, &ins, &[recv[q]], c, n)?;
+                    run.reduce(l, op, &ins, &[recv[q]], c)?;
                 }
             }
         }
         Kind::Send(_) | Kind::Recv(_) => return Err(not_collective()),
     }
-    barrier(exec, lanes, &all)
+    run.barrier(&all)
 }
 
 fn not_collective() -> Error {
@@ -571,33 +552,26 @@ pub(crate) fn p2p(
     if bytes == 0 {
         return Ok(());
     }
+    let mut run = Run {
+        exec,
+        sh,
+        lanes,
+        dtype: send.dtype,
+        nranks: 2,
+    };
     let which: Vec<usize> = if sl == rl { vec![sl] } else { vec![sl, rl] };
-    let (slane, rlane) = (&lanes[sl], &lanes[rl]);
     if !sh.staged {
-        barrier(exec, lanes, &which)?;
-        copy(
-            exec,
-            rlane,
-            (recv.recv, &rlane.device),
-            (send.send, &slane.device),
-            bytes,
-        )?;
-        return barrier(exec, lanes, &which);
+        run.barrier(&which)?;
+        let (sdev, rdev) = (&lanes[sl].device, &lanes[rl].device);
+        run.copy(rl, (recv.recv, rdev), (send.send, sdev), bytes)?;
+        return run.barrier(&which);
     }
     let key = StageKey::Pair(send.rank.min(recv.rank), send.rank.max(recv.rank));
     let st = sh.staging(key, bytes, lanes)?;
-    exec.run_in(&slane.device, &mut || {
-        // SAFETY: pinned destination of `bytes`; live source; ordered by barriers.
-        unsafe { sys::cuMemcpyDtoHAsync_v2(st.host, send.send, bytes, slane.stream) }
-            .check("cuMemcpyDtoHAsync_v2")
-    })?;
-    barrier(exec, lanes, &which)?;
-    exec.run_in(&rlane.device, &mut || {
-        // SAFETY: live destination of `bytes`; the pinned source is filled (barrier).
-        unsafe { sys::cuMemcpyHtoDAsync_v2(recv.recv, st.host, bytes, rlane.stream) }
-            .check("cuMemcpyHtoDAsync_v2")
-    })?;
-    barrier(exec, lanes, &which)
+    run.dtoh(sl, st.host, send.send, bytes)?;
+    run.barrier(&which)?;
+    run.htod(rl, recv.recv, st.host, bytes)?;
+    run.barrier(&which)
 }
 
 #[cfg(test)]

@@ -788,14 +788,14 @@ impl ThreadContext {
 }
 
 impl<'c, 'b> Group<'c, 'b> {
-    fn push(
+    fn push<T: CollectiveType>(
         &mut self,
         rank: usize,
         kind: Kind,
-        dtype: DType,
         send: Option<Buf<'_>>,
         recv: Option<Buf<'_>>,
     ) -> Result<()> {
+        let dtype = DType::of::<T>();
         let n = self.comm.len();
         let device = self
             .comm
@@ -814,14 +814,7 @@ impl<'c, 'b> Group<'c, 'b> {
         recv: &'b mut impl DeviceMemoryMut<T>,
         op: Op,
     ) -> Result<()> {
-        let kind = Kind::AllReduce(op);
-        self.push(
-            rank,
-            kind,
-            DType::of::<T>(),
-            Some(buf(send)),
-            Some(buf(recv)),
-        )
+        self.push::<T>(rank, Kind::AllReduce(op), Some(buf(send)), Some(buf(recv)))
     }
 
     /// Rank `rank`'s part of a reduce to `root`: only the root's `recv` is written
@@ -834,11 +827,9 @@ impl<'c, 'b> Group<'c, 'b> {
         op: Op,
         root: usize,
     ) -> Result<()> {
-        let kind = Kind::Reduce(op, root);
-        self.push(
+        self.push::<T>(
             rank,
-            kind,
-            DType::of::<T>(),
+            Kind::Reduce(op, root),
             Some(buf(send)),
             Some(buf(recv)),
         )
@@ -853,13 +844,7 @@ impl<'c, 'b> Group<'c, 'b> {
         root: usize,
     ) -> Result<()> {
         let b = buf(buf_);
-        self.push(
-            rank,
-            Kind::Broadcast(root),
-            DType::of::<T>(),
-            Some(b),
-            Some(b),
-        )
+        self.push::<T>(rank, Kind::Broadcast(root), Some(b), Some(b))
     }
 
     /// Rank `rank`'s part of an all-gather: `recv[r*n..(r+1)*n] = send of rank r`,
@@ -870,14 +855,7 @@ impl<'c, 'b> Group<'c, 'b> {
         send: &'b impl DeviceMemory<T>,
         recv: &'b mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
-        let kind = Kind::AllGather;
-        self.push(
-            rank,
-            kind,
-            DType::of::<T>(),
-            Some(buf(send)),
-            Some(buf(recv)),
-        )
+        self.push::<T>(rank, Kind::AllGather, Some(buf(send)), Some(buf(recv)))
     }
 
     /// Rank `rank`'s part of a reduce-scatter: `recv = op(block rank of every send)`,
@@ -889,11 +867,9 @@ impl<'c, 'b> Group<'c, 'b> {
         recv: &'b mut impl DeviceMemoryMut<T>,
         op: Op,
     ) -> Result<()> {
-        let kind = Kind::ReduceScatter(op);
-        self.push(
+        self.push::<T>(
             rank,
-            kind,
-            DType::of::<T>(),
+            Kind::ReduceScatter(op),
             Some(buf(send)),
             Some(buf(recv)),
         )
@@ -907,13 +883,7 @@ impl<'c, 'b> Group<'c, 'b> {
         data: &'b impl DeviceMemory<T>,
         peer: usize,
     ) -> Result<()> {
-        self.push(
-            rank,
-            Kind::Send(peer),
-            DType::of::<T>(),
-            Some(buf(data)),
-            None,
-        )
+        self.push::<T>(rank, Kind::Send(peer), Some(buf(data)), None)
     }
 
     /// Rank `rank` receives into `data` from `peer`.
@@ -923,13 +893,7 @@ impl<'c, 'b> Group<'c, 'b> {
         data: &'b mut impl DeviceMemoryMut<T>,
         peer: usize,
     ) -> Result<()> {
-        self.push(
-            rank,
-            Kind::Recv(peer),
-            DType::of::<T>(),
-            None,
-            Some(buf(data)),
-        )
+        self.push::<T>(rank, Kind::Recv(peer), None, Some(buf(data)))
     }
 }
 
@@ -985,14 +949,14 @@ impl RankComm {
         &self.device
     }
 
-    fn call(
+    fn call<T: CollectiveType>(
         &mut self,
         stream: &BoundStream<'_>,
         kind: Kind,
-        dtype: DType,
         send: Option<Buf<'_>>,
         recv: Option<Buf<'_>>,
     ) -> Result<()> {
+        let dtype = DType::of::<T>();
         let RankComm {
             rank,
             nranks,
@@ -1088,11 +1052,9 @@ impl RankComm {
         recv: &mut impl DeviceMemoryMut<T>,
         op: Op,
     ) -> Result<()> {
-        let kind = Kind::AllReduce(op);
-        self.call(
+        self.call::<T>(
             stream,
-            kind,
-            DType::of::<T>(),
+            Kind::AllReduce(op),
             Some(buf(send)),
             Some(buf(recv)),
         )
@@ -1107,11 +1069,9 @@ impl RankComm {
         op: Op,
         root: usize,
     ) -> Result<()> {
-        let kind = Kind::Reduce(op, root);
-        self.call(
+        self.call::<T>(
             stream,
-            kind,
-            DType::of::<T>(),
+            Kind::Reduce(op, root),
             Some(buf(send)),
             Some(buf(recv)),
         )
@@ -1125,13 +1085,7 @@ impl RankComm {
         root: usize,
     ) -> Result<()> {
         let b = buf(data);
-        self.call(
-            stream,
-            Kind::Broadcast(root),
-            DType::of::<T>(),
-            Some(b),
-            Some(b),
-        )
+        self.call::<T>(stream, Kind::Broadcast(root), Some(b), Some(b))
     }
 
     /// This rank's part of an all-gather (`recv.len() == nranks * send.len()`).
@@ -1141,14 +1095,7 @@ impl RankComm {
         send: &impl DeviceMemory<T>,
         recv: &mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
-        let kind = Kind::AllGather;
-        self.call(
-            stream,
-            kind,
-            DType::of::<T>(),
-            Some(buf(send)),
-            Some(buf(recv)),
-        )
+        self.call::<T>(stream, Kind::AllGather, Some(buf(send)), Some(buf(recv)))
     }
 
     /// This rank's part of a reduce-scatter (`send.len() == nranks * recv.len()`).
@@ -1159,11 +1106,9 @@ impl RankComm {
         recv: &mut impl DeviceMemoryMut<T>,
         op: Op,
     ) -> Result<()> {
-        let kind = Kind::ReduceScatter(op);
-        self.call(
+        self.call::<T>(
             stream,
-            kind,
-            DType::of::<T>(),
+            Kind::ReduceScatter(op),
             Some(buf(send)),
             Some(buf(recv)),
         )
@@ -1176,13 +1121,7 @@ impl RankComm {
         data: &impl DeviceMemory<T>,
         peer: usize,
     ) -> Result<()> {
-        self.call(
-            stream,
-            Kind::Send(peer),
-            DType::of::<T>(),
-            Some(buf(data)),
-            None,
-        )
+        self.call::<T>(stream, Kind::Send(peer), Some(buf(data)), None)
     }
 
     /// Receives into `data` from `peer` (own kernels: blocks until `peer` sends).
@@ -1192,13 +1131,7 @@ impl RankComm {
         data: &mut impl DeviceMemoryMut<T>,
         peer: usize,
     ) -> Result<()> {
-        self.call(
-            stream,
-            Kind::Recv(peer),
-            DType::of::<T>(),
-            None,
-            Some(buf(data)),
-        )
+        self.call::<T>(stream, Kind::Recv(peer), None, Some(buf(data)))
     }
 }
 
