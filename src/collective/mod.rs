@@ -276,6 +276,13 @@ impl Default for CommOptions {
     }
 }
 
+// Handles move between threads; a Communicator (NCCL handles inside) and a RankComm are
+// never shared between threads.
+static_assertions::assert_impl_all!(Communicator: Send);
+static_assertions::assert_not_impl_any!(Communicator: Sync);
+static_assertions::assert_impl_all!(RankComm: Send);
+static_assertions::assert_not_impl_any!(RankComm: Sync);
+
 /// What one rank's call does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
