@@ -979,10 +979,15 @@ impl RankComm {
             Kind::Send(p) | Kind::Recv(p) => Some(p),
             _ => None,
         };
-        if p2p_peer == Some(rank) {
-            return Err(Error::InvalidArgument(
-                "a RankComm cannot send to itself (use a Communicator group)".into(),
-            ));
+        match p2p_peer {
+            Some(p) if p == rank => {
+                return Err(Error::InvalidArgument(
+                    "a RankComm cannot send to itself (use a Communicator group)".into(),
+                ));
+            }
+            // No partner would ever join that meeting: fail here instead of waiting.
+            Some(p) if p >= nranks => return Err(rank_error("peer", p, nranks)),
+            _ => {}
         }
         match inner {
             RankInner::Nccl { id, comm } => {
