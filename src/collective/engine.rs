@@ -203,6 +203,8 @@ struct Staging {
     /// `(device ordinal, device address of the buffer)` for each user device.
     dptrs: Vec<(usize, u64)>,
     users: Vec<Arc<Device>>,
+    /// The context it was allocated in (and is freed in).
+    owner: Arc<Device>,
 }
 
 // SAFETY: the pointer is only handed to the driver and to kernels; the buffer is
@@ -219,9 +221,11 @@ impl Staging {
                 users.push(Arc::clone(d));
             }
         }
-        let owner = users
-            .first()
-            .ok_or_else(|| Error::InvalidArgument("no device to stage for".into()))?;
+        let owner = Arc::clone(
+            users
+                .first()
+                .ok_or_else(|| Error::InvalidArgument("no device to stage for".into()))?,
+        );
         let mut host: *mut c_void = std::ptr::null_mut();
         {
             let _guard = owner.enter()?;
@@ -240,6 +244,7 @@ impl Staging {
             bytes,
             dptrs: Vec::new(),
             users: Vec::new(),
+            owner,
         };
         for d in users {
             let _guard = d.enter()?;
@@ -271,9 +276,7 @@ impl Drop for Staging {
                 let _ = unsafe { sys::cuCtxSynchronize() };
             }
         }
-        if let Some(owner) = self.users.first()
-            && let Ok(_guard) = owner.enter()
-        {
+        if let Ok(_guard) = self.owner.enter() {
             // SAFETY: allocated by cuMemHostAlloc, freed once, no work pending on it.
             let _ = unsafe { sys::cuMemFreeHost(self.host) };
         }
