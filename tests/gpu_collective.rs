@@ -712,8 +712,15 @@ fn all_reduce_256mb() -> R {
     let d = dev0()?;
     let count = 64 << 20;
     let mut rng = StdRng::seed_from_u64(seed());
+    // Bulk random bits (fast even unoptimised), mapped to [-1, 1).
     let host: Vec<Vec<f32>> = (0..2)
-        .map(|_| (0..count).map(|_| rng.random_range(-1.0f32..1.0)).collect())
+        .map(|_| {
+            let mut bits = vec![0u32; count];
+            rng.fill(&mut bits[..]);
+            bits.iter()
+                .map(|&b| (b >> 8) as f32 * (2.0 / (1u32 << 24) as f32) - 1.0)
+                .collect()
+        })
         .collect();
     let mut configs = vec![
         (1usize, CommOptions::kernels()),
