@@ -466,6 +466,33 @@ fn kernels_group_ranks_on_one_gpu() -> R {
     Ok(())
 }
 
+/// More ranks than one kernel launch takes pointers (16): folded in several passes.
+fn kernels_many_ranks_on_one_gpu() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev0()?;
+    let mut rng = StdRng::seed_from_u64(seed());
+    for n in [17, 40] {
+        let devices = vec![Arc::clone(&d); n];
+        let comm = Communicator::new(&mut ctx, &devices, CommOptions::kernels()).ctx("new")?;
+        for which in [
+            Which::AllReduce(Op::Sum),
+            Which::AllReduce(Op::Avg),
+            Which::AllReduce(Op::Max),
+            Which::Reduce(Op::Sum, n - 1),
+            Which::ReduceScatter(Op::Sum),
+            Which::Broadcast(3),
+            Which::AllGather,
+        ] {
+            for count in [1, 1001] {
+                group_case::<f32>(&mut ctx, &comm, which, count, &mut rng, true)?;
+                group_case::<i32>(&mut ctx, &comm, which, count, &mut rng, true)?;
+                group_case::<u8>(&mut ctx, &comm, which, count, &mut rng, true)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn kernels_group_host_staged() -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let d = dev0()?;
@@ -829,6 +856,10 @@ fn main() {
             (
                 "kernels_group_ranks_on_one_gpu",
                 kernels_group_ranks_on_one_gpu,
+            ),
+            (
+                "kernels_many_ranks_on_one_gpu",
+                kernels_many_ranks_on_one_gpu,
             ),
             ("kernels_group_host_staged", kernels_group_host_staged),
             (
