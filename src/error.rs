@@ -214,6 +214,39 @@ pub enum Error {
         /// What was written to.
         what: &'static str,
     },
+
+    /// The NCCL library (`libnccl.so.2`) could not be loaded.
+    #[error(
+        "NCCL not found: libnccl.so.2 could not be loaded (install NCCL and add the directory holding libnccl.so.2 to LD_LIBRARY_PATH, or set GPUBIND_NCCL_LIB to its path)"
+    )]
+    NoNccl,
+
+    /// An NCCL call returned an error.
+    #[error("{call} failed: {name} ({description})")]
+    Nccl {
+        /// The NCCL entry point, e.g. `ncclAllReduce`.
+        call: &'static str,
+        /// The raw `ncclResult_t`.
+        code: i32,
+        /// The result's name, e.g. `ncclInvalidUsage`.
+        name: String,
+        /// `ncclGetErrorString`.
+        description: String,
+    },
+
+    /// Two ranks of one NCCL communicator on the same device (NCCL refuses this in one
+    /// process; the own-kernel backend allows it).
+    #[error(
+        "NCCL needs a distinct device per rank in one process: ranks {first} and {second} are both on device {ordinal} (use Backend::Kernels for several ranks on one GPU)"
+    )]
+    DuplicateDevice {
+        /// The shared device.
+        ordinal: usize,
+        /// The first rank on it.
+        first: usize,
+        /// The second rank on it.
+        second: usize,
+    },
 }
 
 impl Error {

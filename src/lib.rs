@@ -50,6 +50,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod blas;
+pub mod collective;
 pub mod context;
 pub mod copy;
 pub mod device;
@@ -64,6 +65,10 @@ pub mod module;
 pub mod stream;
 mod sync;
 
+pub use collective::{
+    Backend, CollectiveType, CommOptions, Communicator, Group, Op, RankComm, Transport,
+    nccl_available,
+};
 pub use context::{BoundDevice, ThreadContext};
 pub use copy::{CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind};
 pub use device::{Device, DeviceAttribute, Uuid};

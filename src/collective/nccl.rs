@@ -1,0 +1,349 @@
+//! The NCCL backend: `libnccl` loaded at run time, its calls, and its communicators.
+//!
+//! The types (`ncclUniqueId`, the data-type and reduction-operator codes) are cudarc's
+//! (`cudarc::nccl::sys`). The entry points are resolved here with `libloading` instead
+//! of through cudarc's loader, for two reasons: cudarc panics when a symbol or the
+//! library is missing (we want [`Error::NoNccl`]), and its candidate names do not
+//! include `libnccl.so.2`, the only name most NCCL installs (apt `libnccl2`, pip
+//! `nvidia-nccl-cu*`) provide without the `-dev` package. Nothing is loaded until a
+//! NCCL communicator is created or [`nccl_available`](super::nccl_available) is asked.
+//!
+//! NCCL uses the CUDA runtime, which may change the calling thread's current context
+//! (`cudaSetDevice`). Every call here runs under [`RestoreCurrent`], which puts the
+//! context the thread had back, so gpubind's binding invariant survives NCCL.
+
+use super::{Call, Kind, Op};
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use cudarc::nccl::sys::{ncclDataType_t, ncclRedOp_t, ncclUniqueId};
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::OnceLock;
+
+type Comm = *mut c_void;
+type Stream = *mut c_void;
+type Res = c_int;
+
+/// The NCCL entry points gpubind uses (stable since NCCL 2.10).
+pub(crate) struct Api {
+    _lib: libloading::Library,
+    get_version: unsafe extern "C" fn(*mut c_int) -> Res,
+    get_unique_id: unsafe extern "C" fn(*mut ncclUniqueId) -> Res,
+    comm_init_all: unsafe extern "C" fn(*mut Comm, c_int, *const c_int) -> Res,
+    comm_init_rank: unsafe extern "C" fn(*mut Comm, c_int, ncclUniqueId, c_int) -> Res,
+    comm_destroy: unsafe extern "C" fn(Comm) -> Res,
+    get_error_string: unsafe extern "C" fn(Res) -> *const c_char,
+    group_start: unsafe extern "C" fn() -> Res,
+    group_end: unsafe extern "C" fn() -> Res,
+    #[allow(clippy::type_complexity)]
+    all_reduce:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> Res,
+    #[allow(clippy::type_complexity)]
+    reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        c_int,
+        Comm,
+        Stream,
+    ) -> Res,
+    #[allow(clippy::type_complexity)]
+    broadcast:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> Res,
+    all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> Res,
+    #[allow(clippy::type_complexity)]
+    reduce_scatter:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> Res,
+    send: unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, Stream) -> Res,
+    recv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, Stream) -> Res,
+}
+
+/// Library names tried in order (after `$GPUBIND_NCCL_LIB`).
+const LIB_NAMES: [&str; 3] = ["libnccl.so.2", "libnccl.so", "libnccl.so.1"];
+
+impl Api {
+    fn load() -> Option<Api> {
+        let env = std::env::var("GPUBIND_NCCL_LIB").ok();
+        let lib = env
+            .iter()
+            .map(String::as_str)
+            .chain(LIB_NAMES)
+            // SAFETY: loading NCCL runs its (side-effect free) ELF initialisers only.
+            .find_map(|name| unsafe { libloading::Library::new(name) }.ok())?;
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the field's type is the C prototype of this NCCL entry point
+                // (nccl.h, unchanged since NCCL 2.10); the pointer stays valid while
+                // `_lib` (kept in the same struct) is loaded.
+                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }.ok()?
+            };
+        }
+        Some(Api {
+            get_version: sym!("ncclGetVersion"),
+            get_unique_id: sym!("ncclGetUniqueId"),
+            comm_init_all: sym!("ncclCommInitAll"),
+            comm_init_rank: sym!("ncclCommInitRank"),
+            comm_destroy: sym!("ncclCommDestroy"),
+            get_error_string: sym!("ncclGetErrorString"),
+            group_start: sym!("ncclGroupStart"),
+            group_end: sym!("ncclGroupEnd"),
+            all_reduce: sym!("ncclAllReduce"),
+            reduce: sym!("ncclReduce"),
+            broadcast: sym!("ncclBroadcast"),
+            all_gather: sym!("ncclAllGather"),
+            reduce_scatter: sym!("ncclReduceScatter"),
+            send: sym!("ncclSend"),
+            recv: sym!("ncclRecv"),
+            _lib: lib,
+        })
+    }
+
+    /// Turns an `ncclResult_t` into a [`Result`], naming the call.
+    fn check(&self, call: &'static str, code: Res) -> Result<()> {
+        if code == 0 {
+            return Ok(());
+        }
+        // SAFETY: ncclGetErrorString accepts any code and returns a static string.
+        let text = unsafe { (self.get_error_string)(code) };
+        let description = if text.is_null() {
+            "no description".to_owned()
+        } else {
+            // SAFETY: non-null, NUL-terminated, static.
+            unsafe { CStr::from_ptr(text) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        Err(Error::Nccl {
+            call,
+            code,
+            name: result_name(code).to_owned(),
+            description,
+        })
+    }
+}
+
+/// The name of an `ncclResult_t` value.
+pub(crate) fn result_name(code: i32) -> &'static str {
+    match code {
+        0 => "ncclSuccess",
+        1 => "ncclUnhandledCudaError",
+        2 => "ncclSystemError",
+        3 => "ncclInternalError",
+        4 => "ncclInvalidArgument",
+        5 => "ncclInvalidUsage",
+        6 => "ncclRemoteError",
+        7 => "ncclInProgress",
+        8 => "ncclTimeout",
+        _ => "unknown ncclResult_t",
+    }
+}
+
+/// The loaded library, or [`Error::NoNccl`].
+pub(crate) fn api() -> Result<&'static Api> {
+    static API: OnceLock<Option<Api>> = OnceLock::new();
+    API.get_or_init(Api::load).as_ref().ok_or(Error::NoNccl)
+}
+
+/// Whether `libnccl` can be loaded (tries `$GPUBIND_NCCL_LIB`, `libnccl.so.2`,
+/// `libnccl.so`). Needs no GPU.
+pub fn nccl_available() -> bool {
+    api().is_ok()
+}
+
+/// The NCCL version as `(major, minor, patch)`, or [`Error::NoNccl`].
+pub fn nccl_version() -> Result<(u32, u32, u32)> {
+    let api = api()?;
+    let mut v: c_int = 0;
+    // SAFETY: writes one int.
+    api.check("ncclGetVersion", unsafe { (api.get_version)(&mut v) })?;
+    let v = v.max(0) as u32;
+    Ok((v / 10000, (v / 100) % 100, v % 100))
+}
+
+/// Restores the thread's current context on drop if NCCL (the CUDA runtime) changed it.
+pub(crate) struct RestoreCurrent {
+    saved: sys::CUcontext,
+    _same_thread: std::marker::PhantomData<*const ()>,
+}
+
+impl RestoreCurrent {
+    pub(crate) fn new() -> Result<Self> {
+        let mut saved: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        unsafe { sys::cuCtxGetCurrent(&mut saved) }.check("cuCtxGetCurrent")?;
+        Ok(RestoreCurrent {
+            saved,
+            _same_thread: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for RestoreCurrent {
+    fn drop(&mut self) {
+        let mut now: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one handle; `saved` was current on this thread when we were
+        // created and is kept retained by the caller's binding (or is null).
+        unsafe {
+            if sys::cuCtxGetCurrent(&mut now) == sys::CUresult::CUDA_SUCCESS && now != self.saved {
+                let _ = sys::cuCtxSetCurrent(self.saved);
+            }
+        }
+    }
+}
+
+/// One NCCL communicator handle (one rank), destroyed on drop.
+pub(crate) struct NcclComm {
+    raw: Comm,
+}
+
+// SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not
+// concurrent; gpubind only uses it through `&mut` (RankComm) or from a `!Sync`
+// Communicator, so no two threads ever call NCCL on one handle at once.
+unsafe impl Send for NcclComm {}
+
+impl NcclComm {
+    /// `ncclCommInitAll` over `ordinals` (distinct devices), from one thread.
+    pub(crate) fn init_all(ordinals: &[usize]) -> Result<Vec<NcclComm>> {
+        let api = api()?;
+        let devs: Vec<c_int> = ordinals.iter().map(|&o| o as c_int).collect();
+        let mut raw: Vec<Comm> = vec![std::ptr::null_mut(); devs.len()];
+        let _restore = RestoreCurrent::new()?;
+        // SAFETY: `raw` has room for `devs.len()` handles; `devs` lists valid ordinals.
+        let code =
+            unsafe { (api.comm_init_all)(raw.as_mut_ptr(), devs.len() as c_int, devs.as_ptr()) };
+        api.check("ncclCommInitAll", code)?;
+        Ok(raw.into_iter().map(|raw| NcclComm { raw }).collect())
+    }
+
+    /// `ncclCommInitRank`; the rank's device must be current (NCCL takes the runtime's
+    /// current device). Blocks until all `nranks` ranks have called it.
+    pub(crate) fn init_rank(nranks: usize, id: &ncclUniqueId, rank: usize) -> Result<NcclComm> {
+        let api = api()?;
+        let mut raw: Comm = std::ptr::null_mut();
+        let _restore = RestoreCurrent::new()?;
+        // SAFETY: writes one handle; `id` came from ncclGetUniqueId.
+        let code = unsafe { (api.comm_init_rank)(&mut raw, nranks as c_int, *id, rank as c_int) };
+        api.check("ncclCommInitRank", code)?;
+        Ok(NcclComm { raw })
+    }
+
+    /// Enqueues `call` (already validated) on `stream`, whose device is current.
+    ///
+    /// # Safety
+    ///
+    /// The pointers in `call` must be live device allocations of the sizes the call
+    /// implies, on this communicator's device; `stream` must belong to that device.
+    pub(crate) unsafe fn issue(&self, call: &Call, stream: sys::CUstream) -> Result<()> {
+        if call.count == 0 {
+            // Nothing to move; empty buffers have null addresses, which NCCL may reject.
+            return Ok(());
+        }
+        let api = api()?;
+        let _restore = RestoreCurrent::new()?;
+        let dt = call.dtype.nccl;
+        let (send, recv) = (call.send as *const c_void, call.recv as *mut c_void);
+        let s = stream as Stream;
+        let n = call.count;
+        let c = self.raw;
+        // SAFETY: the caller's contract; NCCL only enqueues work on `s`.
+        let (name, code) = unsafe {
+            match call.kind {
+                Kind::AllReduce(op) => (
+                    "ncclAllReduce",
+                    (api.all_reduce)(send, recv, n, dt, red_op(op), c, s),
+                ),
+                Kind::Reduce(op, root) => (
+                    "ncclReduce",
+                    (api.reduce)(send, recv, n, dt, red_op(op), root as c_int, c, s),
+                ),
+                Kind::Broadcast(root) => (
+                    "ncclBroadcast",
+                    (api.broadcast)(send, recv, n, dt, root as c_int, c, s),
+                ),
+                Kind::AllGather => ("ncclAllGather", (api.all_gather)(send, recv, n, dt, c, s)),
+                Kind::ReduceScatter(op) => (
+                    "ncclReduceScatter",
+                    (api.reduce_scatter)(send, recv, n, dt, red_op(op), c, s),
+                ),
+                Kind::Send(peer) => ("ncclSend", (api.send)(send, n, dt, peer as c_int, c, s)),
+                Kind::Recv(peer) => ("ncclRecv", (api.recv)(recv, n, dt, peer as c_int, c, s)),
+            }
+        };
+        api.check(name, code)
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        if let Ok(api) = api() {
+            let _restore = RestoreCurrent::new();
+            // SAFETY: created by ncclCommInit*, destroyed once here (NCCL waits for the
+            // communicator's pending work and, for ranks of one process, frees the
+            // shared resources when the last rank is destroyed).
+            let _ = unsafe { (api.comm_destroy)(self.raw) };
+        }
+    }
+}
+
+/// A fresh `ncclUniqueId` for `ncclCommInitRank`.
+pub(crate) fn unique_id() -> Result<ncclUniqueId> {
+    let api = api()?;
+    let mut id = ncclUniqueId { internal: [0; 128] };
+    // SAFETY: writes one 128-byte id.
+    api.check("ncclGetUniqueId", unsafe { (api.get_unique_id)(&mut id) })?;
+    Ok(id)
+}
+
+/// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` (which is called even if `f`
+/// fails); returns the first error.
+pub(crate) fn group(f: impl FnOnce() -> Result<()>) -> Result<()> {
+    let api = api()?;
+    let _restore = RestoreCurrent::new()?;
+    // SAFETY: no arguments; pairs with the ncclGroupEnd below.
+    api.check("ncclGroupStart", unsafe { (api.group_start)() })?;
+    let inner = f();
+    // SAFETY: closes the group opened above.
+    let end = api.check("ncclGroupEnd", unsafe { (api.group_end)() });
+    inner.and(end)
+}
+
+/// NCCL's code for a reduction operator.
+pub(crate) fn red_op(op: Op) -> c_int {
+    (match op {
+        Op::Sum => ncclRedOp_t::ncclSum,
+        Op::Prod => ncclRedOp_t::ncclProd,
+        Op::Min => ncclRedOp_t::ncclMin,
+        Op::Max => ncclRedOp_t::ncclMax,
+        Op::Avg => ncclRedOp_t::ncclAvg,
+    }) as c_int
+}
+
+/// NCCL's code for a data type.
+pub(crate) const fn dtype_code(t: ncclDataType_t) -> c_int {
+    t as c_int
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_is_a_typed_error() {
+        if !nccl_available() {
+            assert_eq!(nccl_version().unwrap_err(), Error::NoNccl);
+            assert!(Error::NoNccl.to_string().contains("LD_LIBRARY_PATH"));
+        } else {
+            assert!(nccl_version().unwrap().0 >= 2);
+        }
+    }
+
+    #[test]
+    fn codes_match_nccl_h() {
+        assert_eq!(red_op(Op::Sum), 0);
+        assert_eq!(red_op(Op::Avg), 4);
+        assert_eq!(dtype_code(ncclDataType_t::ncclBfloat16), 9);
+        assert_eq!(result_name(5), "ncclInvalidUsage");
+    }
+}

@@ -1,0 +1,883 @@
+//! GPU tests of the collectives (`harness = false`): every op on every data type against
+//! a CPU reference on fresh random data, for the own-kernel backend (N = 1..4 ranks on
+//! one GPU, direct and host-staged, one thread driving all ranks and one thread per
+//! rank) and for NCCL (one device, one thread per rank), plus N = all devices when the
+//! machine has more than one. The seed is printed so a failure can be replayed with
+//! `GPUBIND_TEST_SEED=<seed>`.
+
+mod common;
+
+use common::Ctx;
+use gpubind::{
+    CollectiveType, CommOptions, Communicator, Device, DeviceSlice, Error, Op, RankComm,
+    ThreadContext, Transport, nccl_available,
+};
+use half::{bf16, f16};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+
+type R = Result<(), String>;
+
+/// An element type with a CPU reference.
+trait TestType: CollectiveType + Copy + PartialEq + std::fmt::Debug + Send + Sync {
+    /// Relative rounding unit (0 for exact types).
+    const EPS: f64;
+    fn sample(rng: &mut StdRng, op: Option<Op>) -> Self;
+    fn reference(vals: &[Self], op: Op) -> Self;
+    /// The magnitude the rounding error of combining `vals` scales with.
+    fn mag(vals: &[Self], op: Op) -> f64;
+    fn to_f64(self) -> f64;
+    fn zero() -> Self;
+}
+
+macro_rules! float_type {
+    ($t:ty, $eps:expr, $to:expr, $from:expr) => {
+        impl TestType for $t {
+            const EPS: f64 = $eps;
+            fn sample(rng: &mut StdRng, op: Option<Op>) -> Self {
+                let v: f64 = match op {
+                    Some(Op::Prod) => {
+                        let m = rng.random_range(0.5..1.5);
+                        if rng.random::<bool>() { m } else { -m }
+                    }
+                    _ => rng.random_range(-1.0..1.0),
+                };
+                $from(v)
+            }
+            fn reference(vals: &[Self], op: Op) -> Self {
+                let xs = vals.iter().map(|&v| $to(v));
+                $from(match op {
+                    Op::Sum => xs.sum(),
+                    Op::Prod => xs.product(),
+                    Op::Min => xs.fold(f64::INFINITY, f64::min),
+                    Op::Max => xs.fold(f64::NEG_INFINITY, f64::max),
+                    Op::Avg => xs.sum::<f64>() / vals.len() as f64,
+                })
+            }
+            fn mag(vals: &[Self], op: Op) -> f64 {
+                let xs = vals.iter().map(|&v| $to(v).abs());
+                match op {
+                    Op::Sum | Op::Avg => xs.sum(),
+                    Op::Prod => xs.product(),
+                    Op::Min | Op::Max => 0.0,
+                }
+            }
+            fn to_f64(self) -> f64 {
+                $to(self)
+            }
+            fn zero() -> Self {
+                $from(0.0)
+            }
+        }
+    };
+}
+float_type!(f32, f32::EPSILON as f64, |v: f32| v as f64, |v: f64| v
+    as f32);
+float_type!(f64, f64::EPSILON, |v: f64| v, |v: f64| v);
+float_type!(f16, 9.77e-4, |v: f16| v.to_f64(), f16::from_f64);
+float_type!(bf16, 7.82e-3, |v: bf16| v.to_f64(), bf16::from_f64);
+
+macro_rules! int_type {
+    ($t:ty, $sum:expr, $prod:expr) => {
+        impl TestType for $t {
+            const EPS: f64 = 0.0;
+            fn sample(rng: &mut StdRng, op: Option<Op>) -> Self {
+                match op {
+                    Some(Op::Sum | Op::Avg) => rng.random_range($sum),
+                    Some(Op::Prod) => rng.random_range($prod),
+                    _ => rng.random(),
+                }
+            }
+            fn reference(vals: &[Self], op: Op) -> Self {
+                let it = vals.iter().copied();
+                match op {
+                    Op::Sum => it.fold(0, <$t>::wrapping_add),
+                    Op::Prod => it.fold(1, <$t>::wrapping_mul),
+                    Op::Min => it.min().unwrap_or(0),
+                    Op::Max => it.max().unwrap_or(0),
+                    Op::Avg => it.fold(0, <$t>::wrapping_add) / vals.len() as $t,
+                }
+            }
+            fn mag(_: &[Self], _: Op) -> f64 {
+                0.0
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn zero() -> Self {
+                0
+            }
+        }
+    };
+}
+int_type!(i32, -1000..1000, -3..4);
+int_type!(i64, -1000..1000, -3..4);
+int_type!(u8, 0..60, 1..4);
+
+/// One collective, described rank-independently.
+#[derive(Debug, Clone, Copy)]
+enum Which {
+    AllReduce(Op),
+    Reduce(Op, usize),
+    Broadcast(usize),
+    AllGather,
+    ReduceScatter(Op),
+    /// rank r sends to r+1 and receives from r-1.
+    Ring,
+}
+
+const OPS: [Op; 5] = [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::Avg];
+const SIZES: [usize; 5] = [0, 1, 7, 1001, 65537];
+
+fn all_whiches(n: usize) -> Vec<Which> {
+    let mut v = Vec::new();
+    for op in OPS {
+        v.push(Which::AllReduce(op));
+        v.push(Which::Reduce(op, n / 2));
+        v.push(Which::ReduceScatter(op));
+    }
+    v.push(Which::Broadcast(n - 1));
+    v.push(Which::AllGather);
+    v.push(Which::Ring);
+    v
+}
+
+impl Which {
+    fn op(self) -> Option<Op> {
+        match self {
+            Which::AllReduce(op) | Which::Reduce(op, _) | Which::ReduceScatter(op) => Some(op),
+            _ => None,
+        }
+    }
+    fn in_len(self, n: usize, count: usize) -> usize {
+        match self {
+            Which::ReduceScatter(_) => n * count,
+            _ => count,
+        }
+    }
+    fn out_len(self, n: usize, count: usize) -> usize {
+        match self {
+            Which::AllGather => n * count,
+            _ => count,
+        }
+    }
+}
+
+/// Fresh inputs, and the initial contents of the outputs (random, so a missed write
+/// shows; zero for reduce, whose non-root outputs must stay untouched).
+struct Case<T> {
+    inputs: Vec<Vec<T>>,
+    outputs: Vec<Vec<T>>,
+}
+
+fn make_case<T: TestType>(rng: &mut StdRng, which: Which, n: usize, count: usize) -> Case<T> {
+    let inputs = (0..n)
+        .map(|_| {
+            (0..which.in_len(n, count))
+                .map(|_| T::sample(rng, which.op()))
+                .collect()
+        })
+        .collect::<Vec<Vec<T>>>();
+    let outputs = (0..n)
+        .map(|r| match which {
+            Which::Broadcast(_) => inputs[r].clone(),
+            Which::Reduce(..) => vec![T::zero(); count],
+            _ => (0..which.out_len(n, count))
+                .map(|_| T::sample(rng, None))
+                .collect(),
+        })
+        .collect();
+    Case { inputs, outputs }
+}
+
+/// What rank r's output must be: `(want, magnitudes, exact)`, or `None` if unchecked.
+fn expected<T: TestType>(
+    which: Which,
+    case: &Case<T>,
+    count: usize,
+    r: usize,
+    strict: bool,
+) -> Option<(Vec<T>, Vec<f64>, bool)> {
+    let n = case.inputs.len();
+    let reduce_at = |op: Op, base: usize| -> (Vec<T>, Vec<f64>) {
+        (0..count)
+            .map(|e| {
+                let vals: Vec<T> = case.inputs.iter().map(|v| v[base + e]).collect();
+                (T::reference(&vals, op), T::mag(&vals, op))
+            })
+            .unzip()
+    };
+    Some(match which {
+        Which::AllReduce(op) => {
+            let (w, m) = reduce_at(op, 0);
+            (w, m, false)
+        }
+        Which::Reduce(op, root) if r == root => {
+            let (w, m) = reduce_at(op, 0);
+            (w, m, false)
+        }
+        Which::Reduce(..) if strict => (vec![T::zero(); count], vec![0.0; count], true),
+        Which::Reduce(..) => return None,
+        Which::ReduceScatter(op) => {
+            let (w, m) = reduce_at(op, r * count);
+            (w, m, false)
+        }
+        Which::Broadcast(root) => (case.inputs[root].clone(), vec![0.0; count], true),
+        Which::AllGather => (case.inputs.concat(), vec![0.0; n * count], true),
+        Which::Ring => (case.inputs[(r + n - 1) % n].clone(), vec![0.0; count], true),
+    })
+}
+
+fn compare<T: TestType>(
+    what: &str,
+    got: &[T],
+    want: &[T],
+    mag: &[f64],
+    exact: bool,
+    n: usize,
+) -> R {
+    ensure!(
+        got.len() == want.len(),
+        "{what}: {} elements, want {}",
+        got.len(),
+        want.len()
+    );
+    for i in 0..got.len() {
+        let ok = if exact || T::EPS == 0.0 {
+            got[i] == want[i]
+        } else {
+            let w = want[i].to_f64();
+            let tol = T::EPS * ((n as f64 + 2.0) * mag[i] + w.abs()) + 1e-30;
+            (got[i].to_f64() - w).abs() <= tol
+        };
+        ensure!(
+            ok,
+            "{what}: element {i} of {}: got {:?}, want {:?}",
+            got.len(),
+            got[i],
+            want[i]
+        );
+    }
+    Ok(())
+}
+
+fn check_outputs<T: TestType>(
+    what: &str,
+    which: Which,
+    case: &Case<T>,
+    count: usize,
+    outs: &[Vec<T>],
+    strict: bool,
+) -> R {
+    let n = case.inputs.len();
+    for (r, got) in outs.iter().enumerate() {
+        if let Some((want, mag, exact)) = expected(which, case, count, r, strict) {
+            compare(&format!("{what} rank {r}"), got, &want, &mag, exact, n)?;
+        }
+    }
+    Ok(())
+}
+
+fn seed() -> u64 {
+    std::env::var("GPUBIND_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random)
+}
+
+/// Runs `which` through a group on `comm` and checks every rank's output.
+fn group_case<T: TestType>(
+    ctx: &mut ThreadContext,
+    comm: &Communicator,
+    which: Which,
+    count: usize,
+    rng: &mut StdRng,
+    strict: bool,
+) -> R {
+    let n = comm.len();
+    let case = make_case::<T>(rng, which, n, count);
+    let what = format!("{which:?} {} count {count} N={n}", T::NAME);
+    let mut sends: Vec<DeviceSlice<T>> = Vec::new();
+    let mut outs: Vec<DeviceSlice<T>> = Vec::new();
+    for r in 0..n {
+        let gpu = ctx.bind(comm.device(r).ok_or("rank")?).ctx("bind")?;
+        sends.push(gpu.clone_htod(&case.inputs[r]).ctx("upload")?);
+        outs.push(gpu.clone_htod(&case.outputs[r]).ctx("upload")?);
+    }
+    ctx.group(comm, |g| {
+        for (r, (s, o)) in sends.iter().zip(outs.iter_mut()).enumerate() {
+            match which {
+                Which::AllReduce(op) => g.all_reduce(r, s, o, op)?,
+                Which::Reduce(op, root) => g.reduce(r, s, o, op, root)?,
+                Which::Broadcast(root) => g.broadcast(r, o, root)?,
+                Which::AllGather => g.all_gather(r, s, o)?,
+                Which::ReduceScatter(op) => g.reduce_scatter(r, s, o, op)?,
+                Which::Ring => {
+                    g.send(r, s, (r + 1) % n)?;
+                    g.recv(r, o, (r + n - 1) % n)?;
+                }
+            }
+        }
+        Ok(())
+    })
+    .ctx(&what)?;
+    comm.synchronize(ctx).ctx("synchronize")?;
+    let mut got = Vec::new();
+    for (r, o) in outs.iter().enumerate() {
+        let gpu = ctx.bind(comm.device(r).ok_or("rank")?).ctx("bind")?;
+        got.push(gpu.dtoh(o).ctx("download")?);
+    }
+    check_outputs(&what, which, &case, count, &got, strict)
+}
+
+/// Runs `which` with one thread per rank, each driving its `RankComm`.
+fn thread_case<T: TestType>(
+    comms: &mut Vec<RankComm>,
+    which: Which,
+    count: usize,
+    rng: &mut StdRng,
+    strict: bool,
+) -> R {
+    let n = comms.len();
+    let case = make_case::<T>(rng, which, n, count);
+    let what = format!(
+        "{which:?} {} count {count} N={n} (thread per rank)",
+        T::NAME
+    );
+    let taken: Vec<RankComm> = std::mem::take(comms);
+    let results: Vec<(RankComm, Result<Vec<T>, String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = taken
+            .into_iter()
+            .map(|mut comm| {
+                let case = &case;
+                s.spawn(move || {
+                    let out = (|| -> Result<Vec<T>, String> {
+                        let r = comm.rank();
+                        let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+                        let dev = Arc::clone(comm.device());
+                        let gpu = ctx.bind(&dev).ctx("bind")?;
+                        let stream = gpu.new_stream().ctx("stream")?;
+                        let send = gpu.clone_htod(&case.inputs[r]).ctx("upload")?;
+                        let mut out = gpu.clone_htod(&case.outputs[r]).ctx("upload")?;
+                        let st = gpu.on(&stream).ctx("on")?;
+                        match which {
+                            Which::AllReduce(op) => comm.all_reduce(&st, &send, &mut out, op),
+                            Which::Reduce(op, root) => comm.reduce(&st, &send, &mut out, op, root),
+                            Which::Broadcast(root) => comm.broadcast(&st, &mut out, root),
+                            Which::AllGather => comm.all_gather(&st, &send, &mut out),
+                            Which::ReduceScatter(op) => {
+                                comm.reduce_scatter(&st, &send, &mut out, op)
+                            }
+                            Which::Ring if n == 1 => gpu.dtod(&send, &mut out),
+                            // Even ranks send first, odd ranks receive first, so the
+                            // blocking rendezvous cannot deadlock.
+                            Which::Ring => {
+                                let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+                                if r % 2 == 0 {
+                                    comm.send(&st, &send, to)
+                                        .and_then(|()| comm.recv(&st, &mut out, from))
+                                } else {
+                                    comm.recv(&st, &mut out, from)
+                                        .and_then(|()| comm.send(&st, &send, to))
+                                }
+                            }
+                        }
+                        .ctx("collective")?;
+                        st.synchronize().ctx("synchronize")?;
+                        gpu.dtoh(&out).ctx("download")
+                    })();
+                    (comm, out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
+    });
+    let mut outs = Vec::new();
+    let mut first_err = None;
+    for (comm, out) in results {
+        comms.push(comm);
+        match out {
+            Ok(v) => outs.push(v),
+            Err(e) => {
+                first_err.get_or_insert(format!("{what}: rank {}: {e}", comms.len() - 1));
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    check_outputs(&what, which, &case, count, &outs, strict)
+}
+
+macro_rules! each_type {
+    ($f:ident($($a:expr),*)) => {{
+        $f::<f32>($($a),*)?;
+        $f::<f64>($($a),*)?;
+        $f::<f16>($($a),*)?;
+        $f::<bf16>($($a),*)?;
+        $f::<i32>($($a),*)?;
+        $f::<i64>($($a),*)?;
+        $f::<u8>($($a),*)?;
+    }};
+}
+
+/// Every op, type and size through groups on `comm`.
+fn group_matrix(ctx: &mut ThreadContext, comm: &Communicator, strict: bool, sizes: &[usize]) -> R {
+    let s = seed();
+    println!("    seed {s}, N={} ({:?})", comm.len(), comm.backend());
+    let mut rng = StdRng::seed_from_u64(s);
+    for which in all_whiches(comm.len()) {
+        for &count in sizes {
+            each_type!(group_case(ctx, comm, which, count, &mut rng, strict));
+        }
+    }
+    Ok(())
+}
+
+fn thread_matrix(comms: &mut Vec<RankComm>, strict: bool, sizes: &[usize]) -> R {
+    let s = seed();
+    println!("    seed {s}, N={} threads", comms.len());
+    let mut rng = StdRng::seed_from_u64(s);
+    for which in all_whiches(comms.len()) {
+        for &count in sizes {
+            each_type!(thread_case(comms, which, count, &mut rng, strict));
+        }
+    }
+    Ok(())
+}
+
+fn dev0() -> Result<Arc<Device>, String> {
+    Device::get(0).ctx("device 0")
+}
+
+fn kernels_group_ranks_on_one_gpu() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev0()?;
+    for n in 1..=4 {
+        let devices = vec![Arc::clone(&d); n];
+        let comm = Communicator::new(&mut ctx, &devices, CommOptions::kernels()).ctx("new")?;
+        ensure!(!comm.is_host_staged(), "one device must be direct");
+        group_matrix(&mut ctx, &comm, true, &SIZES)?;
+    }
+    Ok(())
+}
+
+/// More ranks than one kernel launch takes pointers (16): folded in several passes.
+fn kernels_many_ranks_on_one_gpu() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev0()?;
+    let mut rng = StdRng::seed_from_u64(seed());
+    for n in [17, 40] {
+        let devices = vec![Arc::clone(&d); n];
+        let comm = Communicator::new(&mut ctx, &devices, CommOptions::kernels()).ctx("new")?;
+        for which in [
+            Which::AllReduce(Op::Sum),
+            Which::AllReduce(Op::Avg),
+            Which::AllReduce(Op::Max),
+            Which::Reduce(Op::Sum, n - 1),
+            Which::ReduceScatter(Op::Sum),
+            Which::Broadcast(3),
+            Which::AllGather,
+        ] {
+            for count in [1, 1001] {
+                group_case::<f32>(&mut ctx, &comm, which, count, &mut rng, true)?;
+                group_case::<i32>(&mut ctx, &comm, which, count, &mut rng, true)?;
+                group_case::<u8>(&mut ctx, &comm, which, count, &mut rng, true)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn kernels_group_host_staged() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev0()?;
+    for n in [1, 3] {
+        let devices = vec![Arc::clone(&d); n];
+        let opts = CommOptions::kernels().with_transport(Transport::HostStaged);
+        let comm = Communicator::new(&mut ctx, &devices, opts).ctx("new")?;
+        ensure!(comm.is_host_staged(), "forced staging");
+        group_matrix(&mut ctx, &comm, true, &[0, 1, 1001])?;
+    }
+    Ok(())
+}
+
+fn kernels_thread_per_rank_on_one_gpu() -> R {
+    let d = dev0()?;
+    for (n, transport) in [
+        (1, Transport::Auto),
+        (2, Transport::Auto),
+        (3, Transport::Auto),
+        (2, Transport::HostStaged),
+    ] {
+        let devices = vec![Arc::clone(&d); n];
+        let opts = CommOptions::kernels().with_transport(transport);
+        let mut comms = Communicator::init_all(&devices, opts).ctx("init_all")?;
+        println!("    {transport:?}");
+        thread_matrix(&mut comms, true, &[0, 1, 1001])?;
+    }
+    Ok(())
+}
+
+fn multi_gpu_devices() -> Result<Option<Vec<Arc<Device>>>, String> {
+    let all = Device::all().ctx("devices")?;
+    if all.len() < 2 {
+        println!("    only 1 device: multi-GPU cases skipped");
+        return Ok(None);
+    }
+    Ok(Some(all))
+}
+
+fn kernels_all_devices() -> R {
+    let Some(devices) = multi_gpu_devices()? else {
+        return Ok(());
+    };
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    for transport in [Transport::Auto, Transport::HostStaged] {
+        let opts = CommOptions::kernels().with_transport(transport);
+        let comm = Communicator::new(&mut ctx, &devices, opts).ctx("new")?;
+        println!("    {transport:?}: host staged = {}", comm.is_host_staged());
+        group_matrix(&mut ctx, &comm, true, &SIZES)?;
+        drop(comm);
+        let mut comms = Communicator::init_all(&devices, opts).ctx("init_all")?;
+        thread_matrix(&mut comms, true, &[0, 1, 1001])?;
+    }
+    // Two ranks per device.
+    let doubled: Vec<Arc<Device>> = devices.iter().chain(devices.iter()).cloned().collect();
+    let comm = Communicator::new(&mut ctx, &doubled, CommOptions::kernels()).ctx("new")?;
+    group_matrix(&mut ctx, &comm, true, &[1, 1001])
+}
+
+/// Returns false (after checking the typed error) when NCCL is not installed.
+fn nccl_present(ctx: &mut ThreadContext) -> Result<bool, String> {
+    if nccl_available() {
+        return Ok(true);
+    }
+    let e = Communicator::new(ctx, &[dev0()?], CommOptions::nccl()).unwrap_err();
+    ensure!(e == Error::NoNccl, "want NoNccl, got {e}");
+    ensure!(e.to_string().contains("LD_LIBRARY_PATH"), "{e}");
+    println!("    NCCL not installed: checked Error::NoNccl only");
+    Ok(false)
+}
+
+fn nccl_group_one_device() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    if !nccl_present(&mut ctx)? {
+        return Ok(());
+    }
+    println!(
+        "    NCCL {:?}",
+        gpubind::collective::nccl_version().ctx("version")?
+    );
+    let comm = Communicator::new(&mut ctx, &[dev0()?], CommOptions::nccl()).ctx("new")?;
+    group_matrix(&mut ctx, &comm, false, &SIZES)
+}
+
+fn nccl_thread_per_rank_one_device() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    if !nccl_present(&mut ctx)? {
+        return Ok(());
+    }
+    drop(ctx);
+    let mut comms = Communicator::init_all(&[dev0()?], CommOptions::nccl()).ctx("init_all")?;
+    thread_matrix(&mut comms, false, &[0, 1, 1001])
+}
+
+fn nccl_all_devices() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    if !nccl_present(&mut ctx)? {
+        return Ok(());
+    }
+    let Some(devices) = multi_gpu_devices()? else {
+        return Ok(());
+    };
+    let comm = Communicator::new(&mut ctx, &devices, CommOptions::nccl()).ctx("new")?;
+    group_matrix(&mut ctx, &comm, false, &SIZES)?;
+    drop(comm);
+    drop(ctx);
+    let mut comms = Communicator::init_all(&devices, CommOptions::nccl()).ctx("init_all")?;
+    thread_matrix(&mut comms, false, &[0, 1, 1001])
+}
+
+fn nccl_rejects_ranks_on_one_gpu() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    if !nccl_present(&mut ctx)? {
+        return Ok(());
+    }
+    let d = dev0()?;
+    let e = Communicator::new(&mut ctx, &[d.clone(), d.clone()], CommOptions::nccl()).unwrap_err();
+    ensure!(
+        e == Error::DuplicateDevice {
+            ordinal: 0,
+            first: 0,
+            second: 1
+        },
+        "got {e}"
+    );
+    let e = Communicator::init_all(&[d.clone(), d], CommOptions::nccl()).unwrap_err();
+    ensure!(matches!(e, Error::DuplicateDevice { .. }), "got {e}");
+    Ok(())
+}
+
+fn mismatched_lengths_are_typed_errors() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev0()?;
+    let mut backends = vec![CommOptions::kernels()];
+    if nccl_available() {
+        backends.push(CommOptions::nccl());
+    }
+    for opts in backends {
+        let devices = if opts.backend == gpubind::Backend::Nccl {
+            vec![Arc::clone(&d)]
+        } else {
+            vec![Arc::clone(&d); 2]
+        };
+        let n = devices.len();
+        let comm = Communicator::new(&mut ctx, &devices, opts).ctx("new")?;
+        let gpu = ctx.bind(&d).ctx("bind")?;
+        let a = gpu.alloc_zeros::<f32>(10).ctx("alloc")?;
+        let mut b = gpu.alloc_zeros::<f32>(11).ctx("alloc")?;
+        let mut c = gpu.alloc_zeros::<f32>(10).ctx("alloc")?;
+        let e = ctx
+            .group(&comm, |g| g.all_reduce(0, &a, &mut b, Op::Sum))
+            .unwrap_err();
+        ensure!(
+            e == Error::SizeMismatch {
+                what: "all_reduce",
+                expected: 10,
+                found: 11
+            },
+            "all_reduce: {e}"
+        );
+        let e = ctx
+            .group(&comm, |g| g.all_gather(0, &a, &mut b))
+            .unwrap_err();
+        ensure!(
+            e == Error::SizeMismatch {
+                what: "all_gather",
+                expected: 10 * n,
+                found: 11
+            },
+            "all_gather: {e}"
+        );
+        let e = ctx
+            .group(&comm, |g| g.reduce_scatter(0, &b, &mut c, Op::Max))
+            .unwrap_err();
+        ensure!(
+            matches!(
+                e,
+                Error::SizeMismatch {
+                    what: "reduce_scatter",
+                    ..
+                }
+            ),
+            "reduce_scatter: {e}"
+        );
+        let e = ctx.group(&comm, |g| g.broadcast(0, &mut c, n)).unwrap_err();
+        ensure!(
+            matches!(e, Error::InvalidArgument(_)),
+            "root out of range: {e}"
+        );
+        if n == 2 {
+            // Counts that differ between ranks are caught before anything runs.
+            let (gpu_a, mut o1, mut o2) = {
+                let gpu = ctx.bind(&d).ctx("bind")?;
+                (
+                    gpu.alloc_zeros::<f32>(11).ctx("alloc")?,
+                    gpu.alloc_zeros::<f32>(10).ctx("alloc")?,
+                    gpu.alloc_zeros::<f32>(11).ctx("alloc")?,
+                )
+            };
+            let e = ctx
+                .group(&comm, |g| {
+                    g.all_reduce(0, &a, &mut o1, Op::Sum)?;
+                    g.all_reduce(1, &gpu_a, &mut o2, Op::Sum)
+                })
+                .unwrap_err();
+            ensure!(
+                e == Error::SizeMismatch {
+                    what: "all_reduce",
+                    expected: 10,
+                    found: 11
+                },
+                "cross-rank: {e}"
+            );
+            let e = ctx.group(&comm, |g| g.send(0, &a, 1)).unwrap_err();
+            ensure!(
+                matches!(e, Error::InvalidArgument(_)),
+                "unmatched send: {e}"
+            );
+        }
+        // The 1:1 pattern reports the same errors.
+        let mut comms = Communicator::init_all(&devices[..1], opts).ctx("init_all")?;
+        let gpu = ctx.bind(&d).ctx("bind")?;
+        let st = gpu.default_stream();
+        let e = comms[0].all_reduce(&st, &a, &mut b, Op::Sum).unwrap_err();
+        ensure!(
+            matches!(
+                e,
+                Error::SizeMismatch {
+                    what: "all_reduce",
+                    ..
+                }
+            ),
+            "rank comm: {e}"
+        );
+    }
+    Ok(())
+}
+
+/// One 256 MB f32 all-reduce (64 Mi elements per rank): own kernels with N = 1 and
+/// N = 2 ranks on one GPU, and NCCL with N = 1. One f32 addition rounds exactly like
+/// the CPU's, so the result must match bit for bit.
+fn all_reduce_256mb() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev0()?;
+    let count = 64 << 20;
+    let mut rng = StdRng::seed_from_u64(seed());
+    // Bulk random bits (fast even unoptimised), mapped to [-1, 1).
+    let host: Vec<Vec<f32>> = (0..2)
+        .map(|_| {
+            let mut bits = vec![0u32; count];
+            rng.fill(&mut bits[..]);
+            bits.iter()
+                .map(|&b| (b >> 8) as f32 * (2.0 / (1u32 << 24) as f32) - 1.0)
+                .collect()
+        })
+        .collect();
+    let mut configs = vec![
+        (1usize, CommOptions::kernels()),
+        (2, CommOptions::kernels()),
+    ];
+    if nccl_available() {
+        configs.push((1, CommOptions::nccl()));
+    }
+    for (n, opts) in configs {
+        let devices = vec![Arc::clone(&d); n];
+        let comm = Communicator::new(&mut ctx, &devices, opts).ctx("new")?;
+        let gpu = ctx.bind(&d).ctx("bind")?;
+        let sends: Vec<DeviceSlice<f32>> = host[..n]
+            .iter()
+            .map(|h| gpu.clone_htod(h))
+            .collect::<gpubind::Result<_>>()
+            .ctx("upload")?;
+        let mut outs: Vec<DeviceSlice<f32>> = (0..n)
+            .map(|_| gpu.alloc_zeros::<f32>(count))
+            .collect::<gpubind::Result<_>>()
+            .ctx("alloc")?;
+        ctx.group(&comm, |g| {
+            for (r, (s, o)) in sends.iter().zip(outs.iter_mut()).enumerate() {
+                g.all_reduce(r, s, o, Op::Sum)?;
+            }
+            Ok(())
+        })
+        .ctx("group")?;
+        comm.synchronize(&mut ctx).ctx("sync")?;
+        let gpu = ctx.bind(&d).ctx("bind")?;
+        for (r, o) in outs.iter().enumerate() {
+            let got = gpu.dtoh(o).ctx("download")?;
+            let bad = (0..count).find(|&i| {
+                let want = if n == 1 {
+                    host[0][i]
+                } else {
+                    host[0][i] + host[1][i]
+                };
+                got[i] != want
+            });
+            ensure!(
+                bad.is_none(),
+                "{:?} N={n} rank {r}: element {bad:?} wrong",
+                opts.backend
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Several collectives in one group, and views (unaligned offsets) as buffers.
+fn several_calls_in_one_group_and_views() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev0()?;
+    let comm =
+        Communicator::new(&mut ctx, &[d.clone(), d.clone()], CommOptions::kernels()).ctx("new")?;
+    let mut rng = StdRng::seed_from_u64(seed());
+    let host: Vec<Vec<f32>> = (0..2)
+        .map(|_| (0..1003).map(|_| rng.random_range(-1.0..1.0)).collect())
+        .collect();
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let s0 = gpu.clone_htod(&host[0]).ctx("up")?;
+    let s1 = gpu.clone_htod(&host[1]).ctx("up")?;
+    let mut o0 = gpu.alloc_zeros::<f32>(1003).ctx("alloc")?;
+    let mut o1 = gpu.alloc_zeros::<f32>(1003).ctx("alloc")?;
+    let mut m0 = gpu.alloc_zeros::<f32>(1000).ctx("alloc")?;
+    let mut m1 = gpu.alloc_zeros::<f32>(1000).ctx("alloc")?;
+    let (v0, v1) = (s0.slice(3..).ctx("view")?, s1.slice(3..).ctx("view")?);
+    drop(gpu);
+    ctx.group(&comm, |g| {
+        g.all_reduce(0, &s0, &mut o0, Op::Sum)?;
+        g.all_reduce(1, &s1, &mut o1, Op::Sum)?;
+        g.all_reduce(0, &v0, &mut m0, Op::Max)?;
+        g.all_reduce(1, &v1, &mut m1, Op::Max)
+    })
+    .ctx("group")?;
+    comm.synchronize(&mut ctx).ctx("sync")?;
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let (go, gm) = (gpu.dtoh(&o1).ctx("down")?, gpu.dtoh(&m0).ctx("down")?);
+    for i in 0..1003 {
+        let want = host[0][i] + host[1][i];
+        ensure!(go[i] == want, "sum {i}: {} vs {want}", go[i]);
+    }
+    for i in 0..1000 {
+        let want = host[0][i + 3].max(host[1][i + 3]);
+        ensure!(gm[i] == want, "max {i}: {} vs {want}", gm[i]);
+    }
+    Ok(())
+}
+
+fn main() {
+    // SAFETY: single-threaded here (before run_suite starts any test or thread), so no
+    // other thread reads the environment concurrently. NVLS (multicast) stays off.
+    unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    common::run_suite(
+        "gpu_collective",
+        &[
+            (
+                "mismatched_lengths_are_typed_errors",
+                mismatched_lengths_are_typed_errors,
+            ),
+            (
+                "several_calls_in_one_group_and_views",
+                several_calls_in_one_group_and_views,
+            ),
+            (
+                "kernels_group_ranks_on_one_gpu",
+                kernels_group_ranks_on_one_gpu,
+            ),
+            (
+                "kernels_many_ranks_on_one_gpu",
+                kernels_many_ranks_on_one_gpu,
+            ),
+            ("kernels_group_host_staged", kernels_group_host_staged),
+            (
+                "kernels_thread_per_rank_on_one_gpu",
+                kernels_thread_per_rank_on_one_gpu,
+            ),
+            ("kernels_all_devices", kernels_all_devices),
+            (
+                "nccl_rejects_ranks_on_one_gpu",
+                nccl_rejects_ranks_on_one_gpu,
+            ),
+            ("nccl_group_one_device", nccl_group_one_device),
+            (
+                "nccl_thread_per_rank_one_device",
+                nccl_thread_per_rank_one_device,
+            ),
+            ("nccl_all_devices", nccl_all_devices),
+            ("all_reduce_256mb", all_reduce_256mb),
+        ],
+    )
+}
