@@ -24,7 +24,7 @@ run() { # name timeout cmd...
 }
 FAILED=""
 say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4)"
-for t in .gpu-bin/tests/gpu_*; do run "$(basename "$t")" 300 "$t"; done
+for t in .gpu-bin/tests/gpu_*; do run "$(basename "$t")" "${GPU_TEST_TIMEOUT:-180}" "$t"; done
 # Examples, with the arguments they are checked with.
 ex() { local name=$1; shift; [[ -x .gpu-bin/examples/$name ]] && run "$name" "$@"; }
 ex quickstart 60 .gpu-bin/examples/quickstart
@@ -32,7 +32,9 @@ ex ipc_workers 120 .gpu-bin/examples/ipc_workers 4
 ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 10
 ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0
 # Benchmarks last: their tables are what docs/performance.md quotes.
-[[ -x .gpu-bin/gpubench ]] && run gpubench 300 .gpu-bin/gpubench --markdown
+[[ -x .gpu-bin/gpubench ]] && run gpubench 240 .gpu-bin/gpubench --markdown
+ex bench_copy 240 .gpu-bin/examples/bench_copy
+ex bench_collective 240 .gpu-bin/examples/bench_collective
 for extra in ${GPU_CHECK_EXTRA:-}; do run "$(basename "${extra%% *}")" 300 $extra; done
 say "=== failed:${FAILED:- none}"
 [[ -z "$FAILED" ]]
