@@ -20,7 +20,7 @@ for line in sys.stdin:
 # Examples and bins (whatever exists).
 cargo build --release --examples --bins 2>&1 | grep -E "^(error|warning: unused)" || true
 for f in target/release/examples/*; do
-  [[ -x "$f" && -f "$f" && "$f" != *-* && "$f" != *.d ]] && cp "$f" .gpu-bin/examples/
+  [[ -x "$f" && -f "$f" && "$(basename "$f")" != *-* && "$f" != *.d ]] && cp "$f" .gpu-bin/examples/
 done
 for f in target/release/*; do
   [[ -x "$f" && -f "$f" && "$f" != *.d && "$(basename "$f")" != *.so ]] && cp "$f" .gpu-bin/
