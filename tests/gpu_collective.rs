@@ -523,19 +523,20 @@ fn kernels_thread_per_rank_on_one_gpu() -> R {
     Ok(())
 }
 
-fn multi_gpu_devices() -> Result<Option<Vec<Arc<Device>>>, String> {
+/// Every device, or the harness's skip when fewer than 2 are visible.
+fn multi_gpu_devices() -> Result<Vec<Arc<Device>>, String> {
     let all = Device::all().ctx("devices")?;
     if all.len() < 2 {
-        println!("    only 1 device: multi-GPU cases skipped");
-        return Ok(None);
+        return Err(common::skip(&format!(
+            "needs 2 GPUs, {} visible",
+            all.len()
+        )));
     }
-    Ok(Some(all))
+    Ok(all)
 }
 
 fn kernels_all_devices() -> R {
-    let Some(devices) = multi_gpu_devices()? else {
-        return Ok(());
-    };
+    let devices = multi_gpu_devices()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     for transport in [Transport::Auto, Transport::HostStaged] {
         let opts = CommOptions::kernels().with_transport(transport);
@@ -592,9 +593,7 @@ fn nccl_all_devices() -> R {
     if !nccl_present(&mut ctx)? {
         return Ok(());
     }
-    let Some(devices) = multi_gpu_devices()? else {
-        return Ok(());
-    };
+    let devices = multi_gpu_devices()?;
     let comm = Communicator::new(&mut ctx, &devices, CommOptions::nccl()).ctx("new")?;
     group_matrix(&mut ctx, &comm, false, &SIZES)?;
     drop(comm);
