@@ -168,7 +168,81 @@ fn tiny_training_run_loss_falls() -> R {
     Ok(())
 }
 
+/// Data parallelism through the group all-reduce: 2 ranks on one GPU (own kernels) and 1
+/// rank through NCCL must take the same step as one replica on the whole batch, and the
+/// two replicas must stay identical.
+fn data_parallel_step_matches_single_replica() -> R {
+    use gpubind::collective::{CommOptions, Communicator};
+    let seed: u64 = rand::random();
+    println!("    seed {seed}");
+    let batch = 512;
+    let (lr, mu) = (0.05f32, 0.9f32);
+    let params = mlp::init_params(SHAPE, seed);
+    let (x, y) = mlp::teacher_data(SHAPE, batch, seed ^ 3);
+    let dev = Device::get(0).ctx("device")?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    // Reference: one replica, whole batch.
+    let reference = {
+        let gpu = ctx.bind(&dev).ctx("bind")?;
+        let mut rep = Replica::new(&gpu, SHAPE, &params, batch).ctx("replica")?;
+        rep.load_batch(&gpu, &x, &y).ctx("batch")?;
+        let s = gpu.default_stream();
+        rep.forward_backward(&s, batch).ctx("fb")?;
+        rep.sgd(&s, lr, mu, Gradients::Local).ctx("sgd")?;
+        gpu.synchronize().ctx("sync")?;
+        rep.download(&gpu, &rep.params).ctx("params")?
+    };
+    let mut cases = vec![(
+        "own kernels, 2 ranks on GPU 0",
+        vec![dev.clone(), dev.clone()],
+        CommOptions::kernels(),
+    )];
+    if gpubind::nccl_available() {
+        cases.push(("NCCL, 1 rank", vec![dev.clone()], CommOptions::nccl()));
+    } else {
+        println!("    libnccl not found: NCCL case not run");
+    }
+    for (label, devices, options) in cases {
+        let comm = Communicator::new(&mut ctx, &devices, options).ctx("communicator")?;
+        let shard = batch / devices.len();
+        let mut replicas = Vec::new();
+        for d in &devices {
+            let gpu = ctx.bind(d).ctx("bind")?;
+            replicas.push(Replica::new(&gpu, SHAPE, &params, shard).ctx("replica")?);
+        }
+        let loss =
+            mlp::data_parallel_step(&mut ctx, &comm, &devices, &mut replicas, &x, &y, lr, mu)
+                .ctx("data_parallel_step")?;
+        let got: Vec<Vec<Vec<f32>>> = devices
+            .iter()
+            .zip(&replicas)
+            .map(|(d, rep)| {
+                let gpu = ctx.bind(d).map_err(|e| e.to_string())?;
+                rep.download(&gpu, &rep.params).map_err(|e| e.to_string())
+            })
+            .collect::<Result<_, String>>()?;
+        for (r, p) in got.iter().enumerate() {
+            ensure!(p == &got[0], "{label}: replica {r} diverged from replica 0");
+            for (t, (a, b)) in p.iter().zip(&reference).enumerate() {
+                for (i, (u, v)) in a.iter().zip(b).enumerate() {
+                    ensure!(
+                        (u - v).abs() <= 1e-5 * v.abs().max(1e-2),
+                        "{label}: param {t}[{i}] {u} vs single-replica {v}"
+                    );
+                }
+            }
+        }
+        println!(
+            "    {label}: loss {:.4}; replicas identical and equal to the single-replica step",
+            loss / batch as f64
+        );
+    }
+    Ok(())
+}
+
 fn main() {
+    // SAFETY: single-threaded here (before any test or thread starts). NVLS stays off.
+    unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
     run_suite(
         "gpu_train",
         &[
@@ -178,6 +252,10 @@ fn main() {
             ),
             ("matmul_matches_cpu", matmul_matches_cpu),
             ("tiny_training_run_loss_falls", tiny_training_run_loss_falls),
+            (
+                "data_parallel_step_matches_single_replica",
+                data_parallel_step_matches_single_replica,
+            ),
         ],
     );
 }

@@ -17,9 +17,9 @@
 #[path = "mlp.rs"]
 mod mlp;
 
-use gpubind::collective::{CommOptions, Communicator, Op};
+use gpubind::collective::{CommOptions, Communicator};
 use gpubind::{Device, Error, ThreadContext};
-use mlp::{Gradients, Replica, Shape};
+use mlp::{Replica, Shape};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -162,40 +162,17 @@ fn run(args: &Args) -> gpubind::Result<()> {
         let start = Instant::now();
         let mut loss_sum = 0.0f64;
         for step in 0..args.steps_per_epoch {
-            // Forward + backward of every rank's shard, each on its own device's stream.
-            for (r, (dev, rep)) in devices.iter().zip(replicas.iter_mut()).enumerate() {
-                let rows = step * args.batch + r * shard;
-                let gpu = ctx.bind(dev)?;
-                rep.load_batch(
-                    &gpu,
-                    &x[rows * input..(rows + shard) * input],
-                    &y[rows..rows + shard],
-                )?;
-                let stream = comm.stream(r).expect("rank exists");
-                rep.forward_backward(&gpu.on(stream)?, args.batch)?;
-            }
-            // Sum of every rank's gradients (each pre-scaled by 1/batch: the mean).
-            ctx.group(&comm, |g| {
-                for (r, rep) in replicas.iter_mut().enumerate() {
-                    for (local, sum) in rep.grads.iter().zip(rep.reduced.iter_mut()) {
-                        g.all_reduce(r, local, sum, Op::Sum)?;
-                    }
-                }
-                Ok(())
-            })?;
-            for (r, (dev, rep)) in devices.iter().zip(replicas.iter_mut()).enumerate() {
-                let gpu = ctx.bind(dev)?;
-                rep.sgd(
-                    &gpu.on(comm.stream(r).expect("rank exists"))?,
-                    args.lr,
-                    mu,
-                    Gradients::Reduced,
-                )?;
-            }
-            comm.synchronize(&mut ctx)?;
-            for (dev, rep) in devices.iter().zip(&replicas) {
-                loss_sum += rep.loss_sum(&ctx.bind(dev)?)?;
-            }
+            let rows = step * args.batch;
+            loss_sum += mlp::data_parallel_step(
+                &mut ctx,
+                &comm,
+                &devices,
+                &mut replicas,
+                &x[rows * input..(rows + args.batch) * input],
+                &y[rows..rows + args.batch],
+                args.lr,
+                mu,
+            )?;
         }
         let secs = start.elapsed().as_secs_f64();
         let samples = args.batch * args.steps_per_epoch;

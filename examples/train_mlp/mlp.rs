@@ -4,8 +4,11 @@
 #![allow(dead_code)]
 
 use gpubind::blas::{Blas, Matmul};
+use gpubind::collective::{Communicator, Op};
 use gpubind::{BoundDevice, BoundStream, DeviceSlice, Function, LaunchConfig, Module, Result};
+use gpubind::{Device, ThreadContext};
 use rand::{Rng, SeedableRng};
+use std::sync::Arc;
 
 /// Layer widths: input, hidden, hidden, classes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -575,4 +578,55 @@ impl Replica {
     ) -> Result<Vec<Vec<f32>>> {
         which.iter().map(|t| gpu.dtoh(t)).collect()
     }
+}
+
+/// One data-parallel step over every rank of `comm`: rank `r` (on `devices[r]`) trains on
+/// rows `r·shard .. (r+1)·shard` of the batch `x`/`y`; gradients are summed over the ranks
+/// with one group all-reduce (each is pre-scaled by 1/batch, so the sum is the mean) and
+/// every replica takes the same SGD step. Returns the batch's summed loss.
+#[allow(clippy::too_many_arguments)]
+pub fn data_parallel_step(
+    ctx: &mut ThreadContext,
+    comm: &Communicator,
+    devices: &[Arc<Device>],
+    replicas: &mut [Replica],
+    x: &[f32],
+    y: &[u32],
+    lr: f32,
+    mu: f32,
+) -> Result<f64> {
+    let batch = y.len();
+    let shard = batch / replicas.len();
+    let input = replicas[0].shape.input;
+    // Forward + backward of every rank's shard, each on its device's communicator stream.
+    for (r, (dev, rep)) in devices.iter().zip(replicas.iter_mut()).enumerate() {
+        let gpu = ctx.bind(dev)?;
+        let rows = r * shard;
+        rep.load_batch(
+            &gpu,
+            &x[rows * input..(rows + shard) * input],
+            &y[rows..rows + shard],
+        )?;
+        let stream = comm.stream(r).expect("one stream per rank");
+        rep.forward_backward(&gpu.on(stream)?, batch)?;
+    }
+    ctx.group(comm, |g| {
+        for (r, rep) in replicas.iter_mut().enumerate() {
+            for (local, sum) in rep.grads.iter().zip(rep.reduced.iter_mut()) {
+                g.all_reduce(r, local, sum, Op::Sum)?;
+            }
+        }
+        Ok(())
+    })?;
+    for (r, (dev, rep)) in devices.iter().zip(replicas.iter_mut()).enumerate() {
+        let gpu = ctx.bind(dev)?;
+        let stream = comm.stream(r).expect("one stream per rank");
+        rep.sgd(&gpu.on(stream)?, lr, mu, Gradients::Reduced)?;
+    }
+    comm.synchronize(ctx)?;
+    let mut loss = 0.0;
+    for (dev, rep) in devices.iter().zip(replicas.iter()) {
+        loss += rep.loss_sum(&ctx.bind(dev)?)?;
+    }
+    Ok(loss)
 }
