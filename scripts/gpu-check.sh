@@ -34,9 +34,9 @@ ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0
 [[ -f .gpu-bin/examples/libdlpack_torch.so ]] &&
   run dlpack_torch 120 python3 scripts/dlpack_torch.py .gpu-bin/examples/libdlpack_torch.so
 # Benchmarks last: their tables are what docs/performance.md quotes.
-[[ -x .gpu-bin/gpubench ]] && run gpubench 240 .gpu-bin/gpubench --markdown
-ex bench_copy 240 .gpu-bin/examples/bench_copy
-ex bench_collective 240 .gpu-bin/examples/bench_collective
+[[ -x .gpu-bin/gpubench ]] && run gpubench 150 .gpu-bin/gpubench --markdown
+ex bench_copy 120 .gpu-bin/examples/bench_copy
+ex bench_collective 150 .gpu-bin/examples/bench_collective --reps 10
 for extra in ${GPU_CHECK_EXTRA:-}; do run "$(basename "${extra%% *}")" 300 $extra; done
 say "=== failed:${FAILED:- none}"
 [[ -z "$FAILED" ]]

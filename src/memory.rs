@@ -343,7 +343,13 @@ impl<'a> BoundDevice<'a> {
         Ok(buf)
     }
 
-    /// Copies `src` from the host into `dst`; lengths must match.
+    /// Copies `src` from the host into `dst`; lengths must match. When it returns the
+    /// data is on the device, visible to work on any stream.
+    ///
+    /// (`cuMemcpyHtoD` alone is not enough for that: from pageable memory it returns once
+    /// the data is *staged*, and the DMA into `dst` completes later, ordered only with the
+    /// legacy default stream. A kernel on a non-blocking stream could read `dst` too early,
+    /// so this call also waits for the legacy stream.)
     pub fn htod_copy<T: DeviceRepr>(
         &self,
         src: &[T],
@@ -355,7 +361,7 @@ impl<'a> BoundDevice<'a> {
             return Ok(());
         }
         // SAFETY: context current; `dst` holds exactly size_of_val(src) bytes; `src` is a
-        // live host slice for the whole (synchronous) copy.
+        // live host slice until the copy has completed (waited for below).
         unsafe {
             sys::cuMemcpyHtoD_v2(
                 dst.device_ptr(),
@@ -363,7 +369,8 @@ impl<'a> BoundDevice<'a> {
                 std::mem::size_of_val(src),
             )
         }
-        .check("cuMemcpyHtoD_v2")
+        .check("cuMemcpyHtoD_v2")?;
+        self.sync_default_stream()
     }
 
     /// Copies `src` to a new `Vec`.

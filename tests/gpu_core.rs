@@ -181,6 +181,34 @@ fn views_and_memset() -> R {
     Ok(())
 }
 
+/// A synchronous upload is complete when it returns, also for work on a non-blocking
+/// stream (cuMemcpyHtoD alone returns once pageable data is staged).
+fn htod_copy_is_visible_to_other_streams() -> R {
+    let mut rng = rng();
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let n = 64 << 20; // 256 MiB: the DMA outlasts the staging by far
+    let data: Vec<u32> = (0..n).map(|_| rng.random()).collect();
+    let mut dst = gpu.alloc_zeros::<u32>(n).ctx("alloc")?;
+    let mut copy = gpu.alloc_zeros::<u32>(n).ctx("alloc")?;
+    for round in 0..3 {
+        gpu.htod_copy(&data, &mut dst).ctx("htod_copy")?;
+        s.dtod_async(&dst, &mut copy).ctx("dtod_async")?;
+        s.synchronize().ctx("sync")?;
+        let got = gpu.dtoh(&copy).ctx("dtoh")?;
+        let stale = got.iter().zip(&data).filter(|(a, b)| a != b).count();
+        ensure!(
+            stale == 0,
+            "round {round}: {stale} of {n} elements read before the upload landed"
+        );
+        gpu.memset_zeros(&mut dst).ctx("memset")?;
+    }
+    Ok(())
+}
+
 fn saxpy_matches_cpu() -> R {
     let mut rng = rng();
     let dev = dev0()?;
@@ -792,6 +820,10 @@ fn main() {
             ),
             ("roundtrip_sizes_and_types", roundtrip_sizes_and_types),
             ("views_and_memset", views_and_memset),
+            (
+                "htod_copy_is_visible_to_other_streams",
+                htod_copy_is_visible_to_other_streams,
+            ),
             ("saxpy_matches_cpu", saxpy_matches_cpu),
             (
                 "streams_and_events_order_work",

@@ -50,6 +50,10 @@ fn main() {
             ("non_ipc_pool_unknown_device_missing_fd", local_errors),
             ("pool_attributes", pool_attributes),
             (
+                "every_allocation_size_exports",
+                every_allocation_size_exports,
+            ),
+            (
                 "pool_slices_work_with_core_copies_and_kernels",
                 core_interop,
             ),
@@ -274,7 +278,6 @@ fn child_roundtrip(conn: &UnixStream) -> R {
         "importing u32 data as f32 must be a TypeMismatch"
     );
     ensure!(buf.pool_id() == pool.id(), "pool id of imported slice");
-    pool.usage().ctx("imported pool usage")?;
     drop(pool); // the slice keeps the imported pool alive
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(buf.device()).ctx("bind")?;
@@ -902,6 +905,47 @@ fn local_errors() -> R {
 fn bound_context(gpu: &gpubind::BoundDevice<'_>) -> sys::CUcontext {
     // SAFETY: only compared, never used.
     unsafe { gpu.raw_context() }
+}
+
+/// Every allocation size of an IPC pool can be exported (the pool rounds allocations up
+/// to the driver's granularity). Also prints, for the record, which *raw* sizes the driver
+/// itself agrees to export.
+fn every_allocation_size_exports() -> R {
+    with_ipc_pool(|gpu, pool, s| {
+        let mut raw_report = Vec::new();
+        for bytes in [
+            4usize,
+            4096,
+            40_000,
+            1 << 20,
+            (2 << 20) - 4,
+            2 << 20,
+            (2 << 20) + 4,
+        ] {
+            let mut p: sys::CUdeviceptr = 0;
+            // SAFETY: a raw allocation from the pool on the bound stream, waited for,
+            // exported and freed below; nothing else uses it.
+            let exported = unsafe {
+                sys::cuMemAllocFromPoolAsync(&mut p, bytes, pool.raw(), s.raw());
+                sys::cuStreamSynchronize(s.raw());
+                let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
+                let r = sys::cuMemPoolExportPointer(&mut data, p);
+                sys::cuMemFreeAsync(p, s.raw());
+                sys::cuStreamSynchronize(s.raw());
+                r
+            };
+            raw_report.push(format!("{bytes} B: {exported:?}"));
+        }
+        println!(
+            "    raw cuMemPoolExportPointer by size: {}",
+            raw_report.join(", ")
+        );
+        for n in [1usize, 1000, 10_000, 100_000, 1 << 20, (1 << 20) + 7] {
+            let buf = filled(gpu, pool, s, n as u64, n)?;
+            buf.export().ctx(&format!("export of {n} u32"))?;
+        }
+        Ok(())
+    })
 }
 
 fn pool_attributes() -> R {

@@ -2,7 +2,7 @@
 
 use super::handle::{BufferHandle, PoolHandle, PoolId};
 use super::wire::corrupt;
-use super::{OwnedPool, PoolUsage, check_allocation_size, device_by_uuid, disown, free_in_context};
+use super::{OwnedPool, check_allocation_size, device_by_uuid, disown, free_in_context};
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};
@@ -105,6 +105,7 @@ impl ImportedPool {
             raw,
             ipc: false,
             id,
+            granule: 1,
         });
         imported.push((id, Arc::downgrade(&inner)));
         Ok(ImportedPool { inner })
@@ -130,11 +131,6 @@ impl ImportedPool {
     /// support ([`Device::can_access_peer`]).
     pub fn grant_access(&self, peer: &Device) -> Result<()> {
         self.inner.grant_access(peer)
-    }
-
-    /// Memory this process has imported from the pool.
-    pub fn usage(&self) -> Result<PoolUsage> {
-        self.inner.usage()
     }
 
     /// Maps one exported allocation (`cuMemPoolImportPointer`) as a typed slice.

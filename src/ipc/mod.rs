@@ -101,6 +101,9 @@ struct OwnedPool {
     /// Created with POSIX descriptor export enabled (always false for imported pools).
     ipc: bool,
     id: handle::PoolId,
+    /// IPC pools round every allocation up to this many bytes (the driver's allocation
+    /// granularity), so that each allocation can be exported; 1 for other pools.
+    granule: usize,
 }
 
 // SAFETY: a pool handle is an identifier the driver accepts from any thread; gpubind

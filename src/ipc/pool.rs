@@ -96,6 +96,11 @@ impl MemoryPool {
             usage: 0,
             reserved: [0; 54],
         };
+        let granule = if config.ipc {
+            export_granularity(&props)?
+        } else {
+            1
+        };
         let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: the bound context is current; `props` is fully initialised and outlives
         // the call; writes one handle.
@@ -106,6 +111,7 @@ impl MemoryPool {
                 raw,
                 ipc: config.ipc,
                 id: PoolId::fresh(),
+                granule,
             }),
         };
         if let Some(bytes) = config.release_threshold {
@@ -201,6 +207,10 @@ impl MemoryPool {
         let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
             Error::InvalidArgument(format!("{len} elements overflow usize bytes"))
         })?;
+        // IPC pools hand out whole granules: the driver refuses to export smaller
+        // sub-allocations (CUDA_ERROR_INVALID_VALUE from cuMemPoolExportPointer, seen on
+        // an H200 with driver 580 for a 40 KB allocation).
+        let bytes = bytes.div_ceil(self.inner.granule) * self.inner.granule;
         let mut ptr: sys::CUdeviceptr = 0;
         if bytes > 0 {
             // SAFETY: the stream's device (= the pool's) is bound and current; the raw
@@ -380,8 +390,35 @@ impl<T: DeviceRepr> Drop for PoolSlice<T> {
         let (device, ptr) = disown(&mut self.slice);
         free_in_context(&device, ptr, |p| {
             // SAFETY: a live allocation of our pool, freed once, after the context's
-            // pending work (free_in_context synchronises first).
-            unsafe { sys::cuMemFree_v2(p) }
+            // pending work (free_in_context synchronises first). Freed on the legacy
+            // stream and waited for, so the pool counts it as free when drop returns.
+            unsafe {
+                match sys::cuMemFreeAsync(p, std::ptr::null_mut()) {
+                    sys::CUresult::CUDA_SUCCESS => sys::cuStreamSynchronize(std::ptr::null_mut()),
+                    refused => refused,
+                }
+            }
         });
     }
+}
+
+/// The allocation granularity of an IPC pool's memory (`cuMemGetAllocationGranularity`,
+/// minimum), at least 1.
+fn export_granularity(props: &sys::CUmemPoolProps) -> Result<usize> {
+    // SAFETY: an all-zero CUmemAllocationProp is valid (plain integers and a null pointer).
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = props.allocType;
+    prop.requestedHandleTypes = props.handleTypes;
+    prop.location = props.location;
+    let mut granule = 0usize;
+    // SAFETY: `prop` is initialised; writes one size_t; needs no context.
+    unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut granule,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    }
+    .check("cuMemGetAllocationGranularity")?;
+    Ok(granule.max(1))
 }
