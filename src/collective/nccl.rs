@@ -196,6 +196,8 @@ impl Drop for RestoreCurrent {
 /// One NCCL communicator handle (one rank), destroyed on drop.
 pub(crate) struct NcclComm {
     raw: Comm,
+    /// Ranks in the communicator.
+    nranks: usize,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not
@@ -214,7 +216,8 @@ impl NcclComm {
         let code =
             unsafe { (api.comm_init_all)(raw.as_mut_ptr(), devs.len() as c_int, devs.as_ptr()) };
         api.check("ncclCommInitAll", code)?;
-        Ok(raw.into_iter().map(|raw| NcclComm { raw }).collect())
+        let nranks = raw.len();
+        Ok(raw.into_iter().map(|raw| NcclComm { raw, nranks }).collect())
     }
 
     /// `ncclCommInitRank`; the rank's device must be current (NCCL takes the runtime's
@@ -226,7 +229,7 @@ impl NcclComm {
         // SAFETY: writes one handle; `id` came from ncclGetUniqueId.
         let code = unsafe { (api.comm_init_rank)(&mut raw, nranks as c_int, *id, rank as c_int) };
         api.check("ncclCommInitRank", code)?;
-        Ok(NcclComm { raw })
+        Ok(NcclComm { raw, nranks })
     }
 
     /// Enqueues `call` (already validated) on `stream`, whose device is current.
@@ -247,16 +250,17 @@ impl NcclComm {
         let s = stream as Stream;
         let n = call.count;
         let c = self.raw;
+        let op_code = |op| red_op(op, self.nranks);
         // SAFETY: the caller's contract; NCCL only enqueues work on `s`.
         let (name, code) = unsafe {
             match call.kind {
                 Kind::AllReduce(op) => (
                     "ncclAllReduce",
-                    (api.all_reduce)(send, recv, n, dt, red_op(op), c, s),
+                    (api.all_reduce)(send, recv, n, dt, op_code(op), c, s),
                 ),
                 Kind::Reduce(op, root) => (
                     "ncclReduce",
-                    (api.reduce)(send, recv, n, dt, red_op(op), root as c_int, c, s),
+                    (api.reduce)(send, recv, n, dt, op_code(op), root as c_int, c, s),
                 ),
                 Kind::Broadcast(root) => (
                     "ncclBroadcast",
@@ -265,7 +269,7 @@ impl NcclComm {
                 Kind::AllGather => ("ncclAllGather", (api.all_gather)(send, recv, n, dt, c, s)),
                 Kind::ReduceScatter(op) => (
                     "ncclReduceScatter",
-                    (api.reduce_scatter)(send, recv, n, dt, red_op(op), c, s),
+                    (api.reduce_scatter)(send, recv, n, dt, op_code(op), c, s),
                 ),
                 Kind::Send(peer) => ("ncclSend", (api.send)(send, n, dt, peer as c_int, c, s)),
                 Kind::Recv(peer) => ("ncclRecv", (api.recv)(recv, n, dt, peer as c_int, c, s)),
@@ -309,9 +313,15 @@ pub(crate) fn group(f: impl FnOnce() -> Result<()>) -> Result<()> {
     inner.and(end)
 }
 
-/// NCCL's code for a reduction operator.
-pub(crate) fn red_op(op: Op) -> c_int {
+/// NCCL's code for a reduction operator, in a communicator of `nranks` ranks.
+///
+/// With one rank the average *is* the sum, and NCCL is asked for `ncclSum`: NCCL 2.28.3's
+/// `ncclAvg` on one rank returned a wrong last element for 65537 f64 values on an H200
+/// (`gpu_collective`, twice, while `ncclSum` and our kernels were right). With more ranks
+/// `ncclAvg` is used as is (not yet run: needs 2+ GPUs).
+pub(crate) fn red_op(op: Op, nranks: usize) -> c_int {
     (match op {
+        Op::Avg if nranks == 1 => ncclRedOp_t::ncclSum,
         Op::Sum => ncclRedOp_t::ncclSum,
         Op::Prod => ncclRedOp_t::ncclProd,
         Op::Min => ncclRedOp_t::ncclMin,
@@ -341,8 +351,9 @@ mod tests {
 
     #[test]
     fn codes_match_nccl_h() {
-        assert_eq!(red_op(Op::Sum), 0);
-        assert_eq!(red_op(Op::Avg), 4);
+        assert_eq!(red_op(Op::Sum, 2), 0);
+        assert_eq!(red_op(Op::Avg, 2), 4);
+        assert_eq!(red_op(Op::Avg, 1), 0, "one rank: the average is the sum");
         assert_eq!(dtype_code(ncclDataType_t::ncclBfloat16), 9);
         assert_eq!(result_name(5), "ncclInvalidUsage");
     }
