@@ -217,7 +217,10 @@ impl NcclComm {
             unsafe { (api.comm_init_all)(raw.as_mut_ptr(), devs.len() as c_int, devs.as_ptr()) };
         api.check("ncclCommInitAll", code)?;
         let nranks = raw.len();
-        Ok(raw.into_iter().map(|raw| NcclComm { raw, nranks }).collect())
+        Ok(raw
+            .into_iter()
+            .map(|raw| NcclComm { raw, nranks })
+            .collect())
     }
 
     /// `ncclCommInitRank`; the rank's device must be current (NCCL takes the runtime's

@@ -105,7 +105,7 @@ impl ImportedPool {
             raw,
             ipc: false,
             id,
-            granule: 1,
+            export_fd: None,
         });
         imported.push((id, Arc::downgrade(&inner)));
         Ok(ImportedPool { inner })

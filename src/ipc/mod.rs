@@ -101,9 +101,12 @@ struct OwnedPool {
     /// Created with POSIX descriptor export enabled (always false for imported pools).
     ipc: bool,
     id: handle::PoolId,
-    /// IPC pools round every allocation up to this many bytes (the driver's allocation
-    /// granularity), so that each allocation can be exported; 1 for other pools.
-    granule: usize,
+    /// For an IPC pool, the descriptor from its first `cuMemPoolExportToShareableHandle`,
+    /// made at creation and kept for the pool's life: the driver refuses to export
+    /// pointers of a pool that was never exported (CUDA_ERROR_INVALID_VALUE from
+    /// cuMemPoolExportPointer, seen on an H200 with driver 580). `export()` hands out
+    /// duplicates of it.
+    export_fd: Option<std::os::fd::OwnedFd>,
 }
 
 // SAFETY: a pool handle is an identifier the driver accepts from any thread; gpubind

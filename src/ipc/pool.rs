@@ -96,23 +96,23 @@ impl MemoryPool {
             usage: 0,
             reserved: [0; 54],
         };
-        let granule = if config.ipc {
-            export_granularity(&props)?
-        } else {
-            1
-        };
         let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: the bound context is current; `props` is fully initialised and outlives
         // the call; writes one handle.
         unsafe { sys::cuMemPoolCreate(&mut raw, &props) }.check("cuMemPoolCreate")?;
+        let mut owned = OwnedPool {
+            device,
+            raw,
+            ipc: config.ipc,
+            id: PoolId::fresh(),
+            export_fd: None,
+        };
+        if config.ipc {
+            // On failure `owned` drops here and destroys the pool.
+            owned.export_fd = Some(export_shareable_handle(raw)?);
+        }
         let pool = MemoryPool {
-            inner: Arc::new(OwnedPool {
-                device,
-                raw,
-                ipc: config.ipc,
-                id: PoolId::fresh(),
-                granule,
-            }),
+            inner: Arc::new(owned),
         };
         if let Some(bytes) = config.release_threshold {
             pool.set_release_threshold(bytes)?;
@@ -135,33 +135,17 @@ impl MemoryPool {
         self.inner.ipc
     }
 
-    /// Exports the pool as a POSIX file descriptor (`cuMemPoolExportToShareableHandle`);
-    /// each call makes a new descriptor. [`Error::NotIpcPool`] unless the pool was
-    /// created with [`PoolConfig::ipc`].
+    /// Exports the pool as a POSIX file descriptor: each call returns a new duplicate of
+    /// the descriptor `cuMemPoolExportToShareableHandle` made when the pool was created
+    /// (the driver exports no pointer of a pool it has not exported).
+    /// [`Error::NotIpcPool`] unless the pool was created with [`PoolConfig::ipc`].
     pub fn export(&self) -> Result<PoolHandle> {
-        if !self.inner.ipc {
+        let Some(kept) = &self.inner.export_fd else {
             return Err(Error::NotIpcPool);
-        }
-        let _guard = self.inner.device.enter()?;
-        let mut fd: std::ffi::c_int = -1;
-        // SAFETY: the pool's context is current; for POSIX_FILE_DESCRIPTOR the driver
-        // writes one int through the pointer.
-        unsafe {
-            sys::cuMemPoolExportToShareableHandle(
-                (&mut fd as *mut std::ffi::c_int).cast(),
-                self.inner.raw,
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        }
-        .check("cuMemPoolExportToShareableHandle")?;
-        if fd < 0 {
-            return Err(Error::InvalidArgument(format!(
-                "cuMemPoolExportToShareableHandle returned descriptor {fd}"
-            )));
-        }
-        // SAFETY: the driver just created `fd` for us; nobody else owns or closes it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        };
+        let fd = kept
+            .try_clone()
+            .map_err(|e| super::io_error("dup of the pool's descriptor", &e))?;
         Ok(PoolHandle::new(
             self.inner.id,
             self.inner.device.uuid(),
@@ -207,10 +191,6 @@ impl MemoryPool {
         let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
             Error::InvalidArgument(format!("{len} elements overflow usize bytes"))
         })?;
-        // IPC pools hand out whole granules: the driver refuses to export smaller
-        // sub-allocations (CUDA_ERROR_INVALID_VALUE from cuMemPoolExportPointer, seen on
-        // an H200 with driver 580 for a 40 KB allocation).
-        let bytes = bytes.div_ceil(self.inner.granule) * self.inner.granule;
         let mut ptr: sys::CUdeviceptr = 0;
         if bytes > 0 {
             // SAFETY: the stream's device (= the pool's) is bound and current; the raw
@@ -402,23 +382,26 @@ impl<T: DeviceRepr> Drop for PoolSlice<T> {
     }
 }
 
-/// The allocation granularity of an IPC pool's memory (`cuMemGetAllocationGranularity`,
-/// minimum), at least 1.
-fn export_granularity(props: &sys::CUmemPoolProps) -> Result<usize> {
-    // SAFETY: an all-zero CUmemAllocationProp is valid (plain integers and a null pointer).
-    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-    prop.type_ = props.allocType;
-    prop.requestedHandleTypes = props.handleTypes;
-    prop.location = props.location;
-    let mut granule = 0usize;
-    // SAFETY: `prop` is initialised; writes one size_t; needs no context.
+/// `cuMemPoolExportToShareableHandle` as a POSIX descriptor; the pool's context must be
+/// current.
+fn export_shareable_handle(raw: sys::CUmemoryPool) -> Result<OwnedFd> {
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: for POSIX_FILE_DESCRIPTOR the driver writes one int through the pointer;
+    // the caller has the pool's context current.
     unsafe {
-        sys::cuMemGetAllocationGranularity(
-            &mut granule,
-            &prop,
-            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        sys::cuMemPoolExportToShareableHandle(
+            (&mut fd as *mut std::ffi::c_int).cast(),
+            raw,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
         )
     }
-    .check("cuMemGetAllocationGranularity")?;
-    Ok(granule.max(1))
+    .check("cuMemPoolExportToShareableHandle")?;
+    if fd < 0 {
+        return Err(Error::InvalidArgument(format!(
+            "cuMemPoolExportToShareableHandle returned descriptor {fd}"
+        )));
+    }
+    // SAFETY: the driver just created `fd` for us; nobody else owns or closes it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
