@@ -89,7 +89,8 @@ fn every_per_op_row_is_measured() -> Result<(), String> {
     for label in [
         "memset 256 B async, stream (wall)",
         "memset 256 B async, stream (submit)",
-        "htod 4 B sync (wall)",
+        "htod 4 B, landed per op (wall)",
+        "htod 4 B async, stream (wall)",
         "empty kernel launch (wall)",
         "empty kernel launch (submit)",
         "launch, 3 args",

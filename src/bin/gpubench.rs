@@ -565,6 +565,10 @@ fn memset_row(env: &mut Env, mode: Mode, imp: Impl, n: usize) -> R<Option<f64>> 
     }))
 }
 
+/// A 4-byte upload that has *landed* when the op returns: gpubind `htod_copy` (copy, then
+/// wait for the legacy stream, because a pageable `cuMemcpyHtoD` returns once the data is
+/// staged); raw `cuMemcpyHtoD_v2` + `cuStreamSynchronize(0)`; cudarc `memcpy_htod` +
+/// `synchronize` on the default stream of a single-stream context.
 fn htod_row(env: &mut Env, imp: Impl, n: usize) -> R<Option<f64>> {
     let host = [7u32];
     Ok(Some(match imp {
@@ -578,9 +582,53 @@ fn htod_row(env: &mut Env, imp: Impl, n: usize) -> R<Option<f64>> {
             })?
         }
         Impl::Cudarc => {
-            // cudarc 0.19 has no synchronous htod: memcpy_htod on the default stream of a
-            // single-stream context is its closest equivalent (pageable source).
             let (s, word) = (&env.c.single_default, &mut env.c.word);
+            measure(Mode::Wall, n, |step| match step {
+                Step::Op => {
+                    s.memcpy_htod(&host, word)?;
+                    Ok(s.synchronize()?)
+                }
+                Step::Sync => Ok(s.synchronize()?),
+            })?
+        }
+        Impl::Raw => {
+            let r = &env.r;
+            r.make_current()?;
+            measure(Mode::Wall, n, |step| match step {
+                // SAFETY: current context; 4 live bytes on each side; the wait makes the
+                // copy complete before `host` could go away.
+                Step::Op => {
+                    ck(
+                        unsafe { sys::cuMemcpyHtoD_v2(r.word, host.as_ptr().cast(), 4) },
+                        "cuMemcpyHtoD_v2",
+                    )?;
+                    raw_sync(std::ptr::null_mut())
+                }
+                // SAFETY: a current context exists.
+                Step::Sync => ck(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize"),
+            })?
+        }
+    }))
+}
+
+/// A stream-ordered 4-byte upload from pageable memory, not waited for per op: gpubind
+/// `BoundStream::htod_async`, cudarc `memcpy_htod` on its stream, raw `cuMemcpyHtoDAsync_v2`.
+fn htod_async_row(env: &mut Env, imp: Impl, n: usize) -> R<Option<f64>> {
+    let host = [7u32];
+    Ok(Some(match imp {
+        Impl::Gpubind => {
+            env.tc.forget_binding();
+            let gpu = env.tc.bind(&env.dev)?;
+            let s = gpu.on(&env.g.stream)?;
+            let word = &mut env.g.word;
+            measure(Mode::Wall, n, |step| match step {
+                // SAFETY: `host` is pageable and outlives the final synchronize.
+                Step::Op => Ok(unsafe { s.htod_async(&host, word) }?),
+                Step::Sync => Ok(s.synchronize()?),
+            })?
+        }
+        Impl::Cudarc => {
+            let (s, word) = (&env.c.stream, &mut env.c.word);
             measure(Mode::Wall, n, |step| match step {
                 Step::Op => Ok(s.memcpy_htod(&host, word)?),
                 Step::Sync => Ok(s.synchronize()?),
@@ -590,13 +638,13 @@ fn htod_row(env: &mut Env, imp: Impl, n: usize) -> R<Option<f64>> {
             let r = &env.r;
             r.make_current()?;
             measure(Mode::Wall, n, |step| match step {
-                // SAFETY: current context; 4 live bytes on each side; synchronous copy.
+                // SAFETY: current context; 4 live bytes on each side; `host` outlives the
+                // final synchronize; our stream.
                 Step::Op => ck(
-                    unsafe { sys::cuMemcpyHtoD_v2(r.word, host.as_ptr().cast(), 4) },
-                    "cuMemcpyHtoD_v2",
+                    unsafe { sys::cuMemcpyHtoDAsync_v2(r.word, host.as_ptr().cast(), 4, r.stream) },
+                    "cuMemcpyHtoDAsync_v2",
                 ),
-                // SAFETY: a current context exists.
-                Step::Sync => ck(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize"),
+                Step::Sync => raw_sync(r.stream),
             })?
         }
     }))
@@ -1398,9 +1446,13 @@ fn run(opts: &Opts) -> R<bool> {
         let res = bench_row(rounds, n, |imp, k| memset_row(&mut env, mode, imp, k));
         push(&mut rows, label, Goal::PerOp, res);
     }
-    let label = "htod 4 B sync (wall)";
+    let label = "htod 4 B, landed per op (wall)";
     progress(label);
     let res = bench_row(rounds, n, |imp, k| htod_row(&mut env, imp, k));
+    push(&mut rows, label, Goal::PerOp, res);
+    let label = "htod 4 B async, stream (wall)";
+    progress(label);
+    let res = bench_row(rounds, n, |imp, k| htod_async_row(&mut env, imp, k));
     push(&mut rows, label, Goal::PerOp, res);
     for (label, mode) in [
         ("empty kernel launch (wall)", Mode::Wall),
@@ -1502,7 +1554,7 @@ fn run(opts: &Opts) -> R<bool> {
 const NOTES: [&str; 8] = [
     "wall: Instant around the whole loop plus the final synchronize (throughput; a queue that fills up makes this GPU-bound). submit: only the time inside the enqueueing calls, in batches of 256 ops with an untimed synchronize between batches (host cost per op).",
     "gpubind: one bind, then BoundStream / BoundDevice methods (ThreadContext::bind is outside the loop except in the re-bind and alternation rows). cudarc: CudaStream methods, which call bind_to_thread (cuCtxGetCurrent, and cuCtxSetCurrent when another context is current) on every op; its streams come from new_stream, so its default event tracking (cuStreamWaitEvent/cuEventRecord per buffer use) is on. raw: the bare cudarc::driver::sys call with the context already current.",
-    "htod 4 B sync: gpubind htod_copy and raw use cuMemcpyHtoD_v2; cudarc 0.19 has no synchronous htod, so its memcpy_htod (cuMemcpyHtoDAsync from pageable memory) on the default stream of a single-stream context is used.",
+    "htod 4 B, landed per op: each op is an upload that has reached device memory when it returns. gpubind htod_copy = cuMemcpyHtoD_v2 + a wait for the legacy stream (a pageable cuMemcpyHtoD returns once the data is staged, before the DMA lands); raw = the same two calls; cudarc 0.19 = memcpy_htod + synchronize on the default stream of a single-stream context. htod 4 B async: gpubind BoundStream::htod_async, cudarc memcpy_htod on its stream, raw cuMemcpyHtoDAsync_v2, one synchronize at the end.",
     "kernels are NVRTC-compiled once to a cubin for this GPU and loaded by each implementation; launches use 1 block (1 thread for `empty`, 32 for `touch(float*, const float*, unsigned)`).",
     "re-bind row, 1 GPU: gpubind binds the same device before each op (a no-op: no driver call); cudarc alternates two CudaContext objects of the same ordinal, which wrap the same primary context (bind_to_thread finds it current); raw calls cuCtxSetCurrent(primary) before each op.",
     "switch row, 1 GPU: a real context switch before each op between the primary context and a second context (cudarc CudaContext::new_non_primary, raw cuCtxCreate_v4). gpubind only binds primary contexts, so it has no entry; on one GPU it never needs to switch. Fewer iterations (iters/20), submit timing.",
