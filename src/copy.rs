@@ -7,7 +7,7 @@
 //! | pageable host | `[T]`, `Vec<T>` | `Pageable` |
 //! | pinned host (`cuMemHostAlloc`) | [`PinnedHostBuffer`](crate::PinnedHostBuffer) | `Pinned` |
 //! | registered host (`cuMemHostRegister`) | [`RegisteredHost`](crate::RegisteredHost) | `Registered` |
-//! | device (`cuMemAlloc`) | [`DeviceSlice`](crate::DeviceSlice), views | `Device` |
+//! | device (`cuMemAlloc`) | [`DeviceSlice`], views | `Device` |
 //! | managed (`cuMemAllocManaged`) | [`ManagedSlice`](crate::ManagedSlice) | `Managed` |
 //! | imported DLPack tensor | [`ImportedTensor`](crate::dlpack::ImportedTensor) | by its device type |
 //!

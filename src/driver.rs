@@ -6,8 +6,8 @@
 //!
 //! * [`init`] loads `libcuda` (dynamically: a machine without CUDA gets
 //!   [`Error::NoDriver`], not a panic) and calls `cuInit(0)` once per process.
-//! * [`Check`] turns a `CUresult` into [`Result`], naming the call.
-//! * [`ContextGuard`] pushes a context for the length of a scope and pops it after, so
+//! * `Check` turns a `CUresult` into [`Result`], naming the call.
+//! * `ContextGuard` pushes a context for the length of a scope and pops it after, so
 //!   code that must run in a given context (freeing a slice from `Drop`) leaves the
 //!   thread's current context exactly as it found it.
 //! * [`PrimaryCtxOps`] is the seam the loom tests use to model retain/release.

@@ -42,7 +42,7 @@
 //! portable: the driver ties the allocation (or registration) to that context and frees
 //! it with the context, so the context must outlive it. *Portable* memory is page-locked
 //! for every context and may be used under a binding of any device; non-portable memory
-//! only under its own device ([`Error::WrongDevice`](crate::Error::WrongDevice)).
+//! only under its own device ([`Error::WrongDevice`]).
 
 use crate::context::BoundDevice;
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
