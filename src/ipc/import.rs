@@ -103,7 +103,6 @@ impl ImportedPool {
         let inner = Arc::new(OwnedPool {
             device,
             raw,
-            ipc: false,
             id,
             export_fd: None,
         });

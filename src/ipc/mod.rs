@@ -98,8 +98,6 @@ pub struct PoolUsage {
 struct OwnedPool {
     device: Arc<Device>,
     raw: sys::CUmemoryPool,
-    /// Created with POSIX descriptor export enabled (always false for imported pools).
-    ipc: bool,
     id: handle::PoolId,
     /// For an IPC pool, the descriptor from its first `cuMemPoolExportToShareableHandle`,
     /// made at creation and kept for the pool's life: the driver refuses to export
@@ -116,6 +114,12 @@ unsafe impl Send for OwnedPool {}
 unsafe impl Sync for OwnedPool {}
 
 impl OwnedPool {
+    /// Whether the pool was created for export (imported pools never are): exactly the
+    /// pools that hold an export descriptor.
+    fn is_ipc(&self) -> bool {
+        self.export_fd.is_some()
+    }
+
     /// Reads one 64-bit pool attribute (all the ones gpubind exposes are `cuuint64_t`).
     fn get_attr(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
         let _guard = self.device.enter()?;

@@ -103,7 +103,6 @@ impl MemoryPool {
         let mut owned = OwnedPool {
             device,
             raw,
-            ipc: config.ipc,
             id: PoolId::fresh(),
             export_fd: None,
         };
@@ -132,7 +131,7 @@ impl MemoryPool {
 
     /// Whether the pool was created with [`PoolConfig::ipc`].
     pub fn is_ipc(&self) -> bool {
-        self.inner.ipc
+        self.inner.is_ipc()
     }
 
     /// Exports the pool as a POSIX file descriptor: each call returns a new duplicate of
@@ -268,7 +267,7 @@ impl std::fmt::Debug for MemoryPool {
         f.debug_struct("MemoryPool")
             .field("device", &self.inner.device.ordinal())
             .field("id", &self.inner.id)
-            .field("ipc", &self.inner.ipc)
+            .field("ipc", &self.inner.is_ipc())
             .finish()
     }
 }
@@ -312,7 +311,7 @@ impl<T: DeviceRepr> PoolSlice<T> {
     /// The exporting process must keep the slice alive until every importer has dropped
     /// its [`ImportedSlice`](super::ImportedSlice) (tell it to, and wait for the answer).
     pub fn export(&self) -> Result<BufferHandle> {
-        if !self.pool.ipc {
+        if !self.pool.is_ipc() {
             return Err(Error::NotIpcPool);
         }
         if self.slice.is_empty() {
