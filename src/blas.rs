@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+use crate::access::Access;
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -167,12 +168,20 @@ impl<'b> BoundStream<'b> {
         bound.expect_device("matrix B", b.device())?;
         bound.expect_device("matrix C", c.device())?;
         let Matmul { m, n, k, .. } = *shape;
-        expect_len("matmul A (m·k)", m * k, a.len())?;
-        expect_len("matmul B (k·n)", k * n, b.len())?;
-        expect_len("matmul C (m·n)", m * n, c.len())?;
+        let elems = |x: usize, y: usize| {
+            x.checked_mul(y).ok_or_else(|| {
+                Error::InvalidArgument(format!("matmul: {x}·{y} elements overflow usize"))
+            })
+        };
+        expect_len("matmul A (m·k)", elems(m, k)?, a.len())?;
+        expect_len("matmul B (k·n)", elems(k, n)?, b.len())?;
+        expect_len("matmul C (m·n)", elems(m, n)?, c.len())?;
         if m == 0 || n == 0 {
             return Ok(());
         }
+        self.track(a.tracker(), Access::Read)?;
+        self.track(b.tracker(), Access::Read)?;
+        self.track(c.tracker(), Access::Write)?;
         let op = |t: bool| {
             if t {
                 cublas::cublasOperation_t::CUBLAS_OP_T
@@ -191,8 +200,9 @@ impl<'b> BoundStream<'b> {
             "cublasSetStream_v2",
         )?;
         // SAFETY: all three buffers are live device allocations of the current context
-        // with exactly the element counts the dimensions imply (checked above); alpha and
-        // beta are host scalars alive for the call (default pointer mode).
+        // with exactly the element counts the dimensions imply (checked above), ordered
+        // after their other pending uses and freed only after this one (tracked above);
+        // alpha and beta are host scalars alive for the call (default pointer mode).
         check(
             unsafe {
                 cublas::cublasSgemm_v2(

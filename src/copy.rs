@@ -96,6 +96,7 @@
 //! Code that manages the synchronisation itself can use the `unsafe`
 //! [`BoundStream::copy_async`].
 
+use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -146,6 +147,9 @@ pub struct Endpoint<'a> {
     pub(crate) len: usize,
     pub(crate) kind: MemoryKind,
     pub(crate) device: Option<&'a Arc<Device>>,
+    /// The allocation's pending GPU uses (`None` for memory gpubind does not own:
+    /// pageable host memory, imported DLPack tensors).
+    pub(crate) tracker: Option<&'a AccessTracker>,
 }
 
 impl<'a> Endpoint<'a> {
@@ -161,6 +165,15 @@ impl<'a> Endpoint<'a> {
             len,
             kind,
             device,
+            tracker: None,
+        }
+    }
+
+    /// The same endpoint, ordered through `tracker`.
+    pub(crate) fn tracked(self, tracker: &'a AccessTracker) -> Self {
+        Endpoint {
+            tracker: Some(tracker),
+            ..self
         }
     }
 
@@ -235,6 +248,7 @@ fn device_endpoint<T: DeviceRepr>(m: &impl crate::memory::DeviceMemory<T>) -> En
         MemoryKind::Device,
         Some(m.device()),
     )
+    .tracked(m.tracker())
 }
 
 /// Copy endpoints for the plain device-memory types (all `DeviceMemory`, host-unreachable).
@@ -285,19 +299,49 @@ impl<T: DeviceRepr> CopyDest<T> for Vec<T> {
     }
 }
 
+/// How a copy is ordered against the buffers' other uses.
+#[derive(Clone, Copy)]
+enum Order {
+    /// On a stream: other streams' conflicting uses are waited for on the device, and the
+    /// copy is recorded as a use on this stream.
+    Stream,
+    /// Synchronously: conflicting uses are waited for on the host first; the caller waits
+    /// for the copy before returning.
+    Host,
+}
+
+/// Orders the copy's two endpoints after their conflicting pending uses.
+fn order(
+    bound_stream: &BoundStream<'_>,
+    how: Order,
+    src: &Endpoint<'_>,
+    dst: &Endpoint<'_>,
+) -> Result<()> {
+    for (ep, access) in [(src, Access::Read), (dst, Access::Write)] {
+        if let Some(t) = ep.tracker {
+            match how {
+                Order::Stream => bound_stream.track(t, access)?,
+                Order::Host => t.host_use(access)?,
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Enqueues one copy of `src` into `dst` on `stream` (host-to-host: synchronises `stream`
 /// and copies on the CPU, which keeps stream order).
 ///
 /// # Safety
 ///
-/// `stream` is a stream of the bound (current) context, and both memory ranges stay valid
-/// (and `dst` unaliased) until `stream` has passed this point.
+/// `stream` is a stream of the bound (current) context; untracked endpoints (host memory)
+/// stay valid (and `dst` unaliased) until `stream` has passed this point.
 unsafe fn enqueue<T: DeviceRepr>(
-    bound: &BoundDevice<'_>,
-    stream: sys::CUstream,
+    stream: &BoundStream<'_>,
+    how: Order,
     src: Endpoint<'_>,
     dst: Endpoint<'_>,
 ) -> Result<()> {
+    let bound = stream.bound();
     if let Some(d) = src.device {
         bound.expect_device("copy source", d)?;
     }
@@ -309,32 +353,31 @@ unsafe fn enqueue<T: DeviceRepr>(
     if bytes == 0 {
         return Ok(());
     }
-    // SAFETY (all arms): the context is current (BoundDevice invariant) and `stream`
-    // belongs to it; both ranges hold `bytes` bytes and outlive the copy (the caller's
-    // contract); host endpoints carry host pointers, the others device addresses.
+    order(stream, how, &src, &dst)?;
+    // SAFETY: `raw` is the stream's handle, valid while `stream` is borrowed.
+    let raw = unsafe { stream.raw() };
+    // SAFETY (all arms): the context is current (BoundDevice invariant) and `raw`
+    // belongs to it; both ranges hold `bytes` bytes; tracked endpoints are ordered after
+    // their other uses (above) and freed only after this one; untracked ones outlive the
+    // copy (the caller's contract); host endpoints carry host pointers, the others device
+    // addresses.
     unsafe {
         match (src.kind.is_host(), dst.kind.is_host()) {
             (true, true) => {
-                sys::cuStreamSynchronize(stream).check("cuStreamSynchronize")?;
+                sys::cuStreamSynchronize(raw).check("cuStreamSynchronize")?;
                 // `dst` comes from an exclusive borrow, so the ranges do not overlap.
                 std::ptr::copy_nonoverlapping(src.addr as *const u8, dst.addr as *mut u8, bytes);
                 Ok(())
             }
-            (true, false) => sys::cuMemcpyHtoDAsync_v2(
-                dst.addr,
-                src.addr as *const std::ffi::c_void,
-                bytes,
-                stream,
-            )
-            .check("cuMemcpyHtoDAsync_v2"),
-            (false, true) => sys::cuMemcpyDtoHAsync_v2(
-                dst.addr as *mut std::ffi::c_void,
-                src.addr,
-                bytes,
-                stream,
-            )
-            .check("cuMemcpyDtoHAsync_v2"),
-            (false, false) => sys::cuMemcpyDtoDAsync_v2(dst.addr, src.addr, bytes, stream)
+            (true, false) => {
+                sys::cuMemcpyHtoDAsync_v2(dst.addr, src.addr as *const std::ffi::c_void, bytes, raw)
+                    .check("cuMemcpyHtoDAsync_v2")
+            }
+            (false, true) => {
+                sys::cuMemcpyDtoHAsync_v2(dst.addr as *mut std::ffi::c_void, src.addr, bytes, raw)
+                    .check("cuMemcpyDtoHAsync_v2")
+            }
+            (false, false) => sys::cuMemcpyDtoDAsync_v2(dst.addr, src.addr, bytes, raw)
                 .check("cuMemcpyDtoDAsync_v2"),
         }
     }
@@ -361,9 +404,10 @@ impl<'a> BoundDevice<'a> {
         D: CopyDest<T> + ?Sized,
     {
         let stream = self.default_stream();
+        let dst = dst.dest()?;
         // SAFETY: the legacy default stream of the current context; the stream is
         // synchronised below, while `src` and `dst` are still borrowed.
-        unsafe { stream.copy_async(src, dst)? };
+        unsafe { enqueue::<T>(&stream, Order::Host, src.source(), dst)? };
         stream.synchronize()
     }
 }
@@ -373,10 +417,12 @@ impl<'b> BoundStream<'b> {
     ///
     /// # Safety
     ///
-    /// With page-locked host memory (pinned, registered) or device/managed memory on both
-    /// sides, the copy runs after this call returns: both buffers must stay alive, `dst`
-    /// must not be read or written and `src` not written, until this stream has passed
-    /// this point ([`synchronize`](Self::synchronize), or an event recorded after it).
+    /// The copy may run after this call returns. Host memory on either side (pageable,
+    /// pinned, registered, or an imported DLPack tensor) must stay alive, `dst` must not
+    /// be read or written by the host and `src` not written by the host, until this
+    /// stream has passed this point ([`synchronize`](Self::synchronize), or an event
+    /// recorded after it). gpubind's device, pool and managed buffers need no such care:
+    /// their other uses are ordered around the copy, and their frees wait for it.
     /// [`copy_scope`](Self::copy_scope) is the safe form of this call.
     pub unsafe fn copy_async<T, S, D>(&self, src: &S, dst: &mut D) -> Result<()>
     where
@@ -387,7 +433,7 @@ impl<'b> BoundStream<'b> {
         let dst = dst.dest()?;
         // SAFETY: this stream belongs to the bound context (BoundStream invariant); the
         // buffers' lifetime is the caller's contract.
-        unsafe { enqueue::<T>(self.bound(), self.raw(), src.source(), dst) }
+        unsafe { enqueue::<T>(self, Order::Stream, src.source(), dst) }
     }
 
     /// Runs `f`, in which [`CopyScope::copy`] enqueues asynchronous copies on this stream,

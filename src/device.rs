@@ -21,6 +21,7 @@
 //!
 //! [`ThreadContext`]: crate::ThreadContext
 
+use crate::access::PooledEvent;
 use crate::driver::{self, Check, ContextGuard, CudaPrimary, PrimaryCtxOps, RawContext};
 use crate::error::{Error, Result};
 use crate::sync;
@@ -40,6 +41,8 @@ pub struct Device {
     name: String,
     uuid: Uuid,
     primary: LazyPrimary<CudaPrimary>,
+    /// Events for stream hand-offs (`crate::access`), created on demand and reused.
+    events: std::sync::Mutex<Vec<PooledEvent>>,
 }
 
 /// A device's 16-byte UUID, printed as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` like
@@ -128,6 +131,7 @@ impl Device {
             name,
             uuid: Uuid(uuid.bytes.map(|b| b as u8)),
             primary: LazyPrimary::new(CudaPrimary, raw),
+            events: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -229,6 +233,29 @@ impl Device {
         ContextGuard::push(ctx.0)
     }
 
+    /// An event of this device's primary context for a stream hand-off: from the pool, or
+    /// new. Give it back with [`return_event`](Self::return_event).
+    pub(crate) fn take_event(&self) -> Result<PooledEvent> {
+        if let Some(e) = self.events.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(e);
+        }
+        let _guard = self.enter()?;
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: this device's context is current; writes one handle.
+        unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }
+            .check("cuEventCreate")?;
+        Ok(PooledEvent(raw))
+    }
+
+    /// Returns a hand-off event to the pool (once nothing will wait on a later record of
+    /// it through this use: `cuStreamWaitEvent` captures the event's state at the call).
+    pub(crate) fn return_event(&self, event: PooledEvent) {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(event);
+    }
+
     /// Fails with [`Error::WrongDevice`] unless `other` is this device.
     pub(crate) fn expect_same(&self, what: &'static str, other: &Device) -> Result<()> {
         if self.ordinal == other.ordinal {
@@ -239,6 +266,23 @@ impl Device {
                 bound: self.ordinal,
                 found: other.ordinal,
             })
+        }
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let events = std::mem::take(self.events.get_mut().unwrap_or_else(|p| p.into_inner()));
+        if events.is_empty() || !self.has_retained_context() {
+            return;
+        }
+        if let Ok(_guard) = self.enter() {
+            for e in events {
+                // SAFETY: created by cuEventCreate in this (still retained) context and
+                // destroyed once, here; no wait refers to it any more (waits capture
+                // the event's state when enqueued).
+                let _ = unsafe { sys::cuEventDestroy_v2(e.0) };
+            }
         }
     }
 }

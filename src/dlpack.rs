@@ -370,7 +370,13 @@ pub trait DlpackExport: private_export::Sealed + Send + 'static {
 }
 
 mod private_export {
-    pub trait Sealed {}
+    pub trait Sealed {
+        /// Waits for every pending stream-ordered use of the buffer: a DLPack consumer
+        /// uses the memory on its own streams, which gpubind cannot order.
+        fn settle(&mut self) -> crate::Result<()> {
+            Ok(())
+        }
+    }
 }
 
 const HOST0: DLDevice = DLDevice {
@@ -385,6 +391,18 @@ const CUDA_HOST0: DLDevice = DLDevice {
 macro_rules! exportable {
     ($ty:ty, |$b:ident| $parts:expr) => {
         impl<T: DlpackDtype> private_export::Sealed for $ty {}
+        exportable!(@export $ty, |$b| $parts);
+    };
+    ($ty:ty, tracked: |$t:ident| $tracker:expr, |$b:ident| $parts:expr) => {
+        impl<T: DlpackDtype> private_export::Sealed for $ty {
+            fn settle(&mut self) -> crate::Result<()> {
+                let $t = self;
+                $tracker.wait_all()
+            }
+        }
+        exportable!(@export $ty, |$b| $parts);
+    };
+    (@export $ty:ty, |$b:ident| $parts:expr) => {
         impl<T: DlpackDtype> DlpackExport for $ty {
             type Elem = T;
             fn dlpack_parts(&self) -> (*mut c_void, usize, DLDevice) {
@@ -395,7 +413,7 @@ macro_rules! exportable {
     };
 }
 exportable!(Vec<T>, |b| (b.as_ptr() as *mut c_void, b.len(), HOST0));
-exportable!(DeviceSlice<T>, |b| (
+exportable!(DeviceSlice<T>, tracked: |t| t.tracker_mut(), |b| (
     b.device_ptr() as *mut c_void,
     b.len(),
     DLDevice {
@@ -403,17 +421,17 @@ exportable!(DeviceSlice<T>, |b| (
         device_id: b.device().ordinal() as i32
     }
 ));
-exportable!(PinnedHostBuffer<T>, |b| (
+exportable!(PinnedHostBuffer<T>, tracked: |t| t.tracker_mut(), |b| (
     b.as_ptr() as *mut c_void,
     b.len(),
     CUDA_HOST0
 ));
-exportable!(RegisteredHost<'static, T>, |b| (
+exportable!(RegisteredHost<'static, T>, tracked: |t| t.tracker_mut(), |b| (
     b.as_ptr() as *mut c_void,
     b.len(),
     CUDA_HOST0
 ));
-exportable!(ManagedSlice<T>, |b| (
+exportable!(ManagedSlice<T>, tracked: |t| t.tracker_mut(), |b| (
     b.device_ptr() as *mut c_void,
     b.len(),
     DLDevice {
@@ -510,9 +528,10 @@ impl<M: ManagedTensor> std::fmt::Debug for ExportedTensor<M> {
 }
 
 fn export_as<B: DlpackExport, M: ManagedTensor>(
-    buffer: B,
+    mut buffer: B,
     shape: &[i64],
 ) -> Result<ExportedTensor<M>> {
+    buffer.settle()?;
     let (data, len, device) = buffer.dlpack_parts();
     let n = shape_len(shape)?;
     crate::memory::expect_len("DLPack export shape", len, n)?;

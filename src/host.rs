@@ -44,6 +44,7 @@
 //! for every context and may be used under a binding of any device; non-portable memory
 //! only under its own device ([`Error::WrongDevice`]).
 
+use crate::access::AccessTracker;
 use crate::context::BoundDevice;
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::Device;
@@ -96,6 +97,8 @@ struct LockedRange<T> {
     dptr: sys::CUdeviceptr,
     portable: bool,
     kind: MemoryKind,
+    /// Pending stream-ordered uses (copies, kernels reading the mapped address).
+    tracker: AccessTracker,
 }
 
 // SAFETY: the range is plain `T: Send + Sync` data owned (or exclusively borrowed) by the
@@ -107,7 +110,7 @@ unsafe impl<T: Sync> Sync for LockedRange<T> {}
 impl<T: DeviceRepr> LockedRange<T> {
     fn endpoint(&self) -> Endpoint<'_> {
         let owner = (!self.portable).then_some(&self.device);
-        Endpoint::new(self.ptr.as_ptr() as u64, self.len, self.kind, owner)
+        Endpoint::new(self.ptr.as_ptr() as u64, self.len, self.kind, owner).tracked(&self.tracker)
     }
 
     fn as_slice(&self) -> &[T] {
@@ -156,6 +159,11 @@ pub struct RegisteredHost<'a, T: DeviceRepr> {
 }
 
 impl<T: DeviceRepr> PinnedHostBuffer<T> {
+    /// The tracker, for callers that hold the buffer exclusively.
+    pub(crate) fn tracker_mut(&mut self) -> &mut AccessTracker {
+        &mut self.range.tracker
+    }
+
     fn endpoint(&self) -> Endpoint<'_> {
         self.range.endpoint()
     }
@@ -165,6 +173,11 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
 }
 
 impl<T: DeviceRepr> RegisteredHost<'_, T> {
+    /// The tracker, for callers that hold the range exclusively.
+    pub(crate) fn tracker_mut(&mut self) -> &mut AccessTracker {
+        &mut self.range.tracker
+    }
+
     fn endpoint(&self) -> Endpoint<'_> {
         self.range.endpoint()
     }
@@ -177,18 +190,28 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
     pub fn into_vec(self) -> Option<Vec<T>> {
         let mut me = std::mem::ManuallyDrop::new(self);
         me.unregister();
-        // SAFETY: `me` is never dropped, so the Arc is read out (and dropped) once.
-        drop(unsafe { std::ptr::read(&me.range.device) });
+        // SAFETY: `me` is never dropped, so the Arc and the tracker are read out (and
+        // dropped) once.
+        drop(unsafe {
+            (
+                std::ptr::read(&me.range.device),
+                std::ptr::read(&me.range.tracker),
+            )
+        });
         let cap = me.owned_capacity?;
         // SAFETY: ptr/len/cap are those of the Vec `register_vec` took apart; it is
         // rebuilt exactly once.
         Some(unsafe { Vec::from_raw_parts(me.range.ptr.as_ptr(), me.range.len, cap) })
     }
 
+    /// Waits for the device's pending uses of the range, then unregisters it. The memory
+    /// goes back to its owner after this, so it cannot be leaked: if the wait fails (a
+    /// faulted context, which runs no more work) it is unregistered all the same.
     fn unregister(&mut self) {
         if self.range.len == 0 {
             return;
         }
+        let _ = self.range.tracker.wait_all();
         if let Ok(_guard) = self.range.device.enter() {
             // SAFETY: registered in this context by `register_raw`; unregistered once.
             let _ = unsafe { sys::cuMemHostUnregister(self.range.ptr.as_ptr().cast()) };
@@ -198,11 +221,13 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
 
 impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
     fn drop(&mut self) {
-        if self.range.len == 0 {
+        if self.range.len == 0 || self.range.tracker.wait_all().is_err() {
+            // Nothing to free, or the device may still use it: leak rather than free.
             return;
         }
         if let Ok(_guard) = self.range.device.enter() {
-            // SAFETY: allocated by cuMemHostAlloc in this context; freed once, here.
+            // SAFETY: allocated by cuMemHostAlloc in this context; no use is pending
+            // (waited for above); freed once, here.
             let _ = unsafe { sys::cuMemFreeHost(self.range.ptr.as_ptr().cast()) };
         }
     }
@@ -275,6 +300,9 @@ macro_rules! host_kind {
             fn describe(&self) -> String {
                 format!("{}<{}>", stringify!($ty), std::any::type_name::<T>())
             }
+            fn access_tracker(&self) -> Option<&AccessTracker> {
+                Some(&self.kernel_range().tracker)
+            }
         }
     };
 }
@@ -301,6 +329,7 @@ impl<'a> BoundDevice<'a> {
             dptr: 0,
             portable: opts.portable,
             kind: MemoryKind::Pinned,
+            tracker: AccessTracker::default(),
         };
         if bytes > 0 {
             let mut flags = sys::CU_MEMHOSTALLOC_DEVICEMAP;
@@ -394,6 +423,7 @@ impl<'a> BoundDevice<'a> {
                 dptr: 0,
                 portable: opts.portable,
                 kind: MemoryKind::Registered,
+                tracker: AccessTracker::default(),
             },
             owned_capacity,
             _borrow: PhantomData,

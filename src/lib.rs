@@ -49,6 +49,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod access;
 pub mod blas;
 pub mod collective;
 pub mod context;

@@ -27,6 +27,7 @@
 //! Asking for more managed memory than the device has free is refused up front with
 //! [`Error::ManagedTooLarge`]: over-subscribed managed memory can stall the whole GPU.
 
+use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::{Device, DeviceAttribute};
@@ -48,6 +49,7 @@ pub struct ManagedSlice<T: DeviceRepr> {
     /// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`: whether the host may touch the
     /// memory while the device runs work. Without it host access synchronises first.
     concurrent: bool,
+    tracker: AccessTracker,
     _t: PhantomData<T>,
 }
 
@@ -132,8 +134,14 @@ impl<T: DeviceRepr> ManagedSlice<T> {
         self.len == 0
     }
 
+    /// The tracker, for callers that hold the slice exclusively.
+    pub(crate) fn tracker_mut(&mut self) -> &mut AccessTracker {
+        &mut self.tracker
+    }
+
     fn endpoint(&self) -> Endpoint<'_> {
         Endpoint::new(self.ptr, self.len, MemoryKind::Managed, Some(&self.device))
+            .tracked(&self.tracker)
     }
 
     /// On devices without concurrent managed access the host may not touch managed memory
@@ -147,9 +155,16 @@ impl<T: DeviceRepr> ManagedSlice<T> {
         unsafe { sys::cuCtxSynchronize() }.check("cuCtxSynchronize")
     }
 
-    /// The contents, read by the host (pages migrate on demand). Waits for the device
-    /// first where the device cannot share managed memory concurrently.
+    /// The contents, read by the host (pages migrate on demand).
+    ///
+    /// Waits first for the pending stream-ordered writes of this slice (kernels, copies,
+    /// memsets, collectives on any stream), so the returned `&[T]` never changes under
+    /// the reference; on devices without concurrent managed access, for the whole
+    /// context. Device *reads* may continue meanwhile.
     pub fn as_slice(&self) -> Result<&[T]> {
+        if self.len > 0 {
+            self.tracker.host_use(Access::Read)?;
+        }
         self.host_access_ready()?;
         if self.len == 0 {
             return Ok(&[]);
@@ -159,8 +174,13 @@ impl<T: DeviceRepr> ManagedSlice<T> {
         Ok(unsafe { std::slice::from_raw_parts(self.ptr as *const T, self.len) })
     }
 
-    /// The contents, written by the host.
+    /// The contents, written by the host. Waits first for every pending stream-ordered
+    /// use of this slice (reads too), as well as what [`as_slice`](Self::as_slice) waits
+    /// for.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        if self.len > 0 {
+            self.tracker.host_use(Access::Write)?;
+        }
         self.host_access_ready()?;
         if self.len == 0 {
             return Ok(&mut []);
@@ -172,11 +192,13 @@ impl<T: DeviceRepr> ManagedSlice<T> {
 
 impl<T: DeviceRepr> Drop for ManagedSlice<T> {
     fn drop(&mut self) {
-        if self.ptr == 0 {
+        if self.ptr == 0 || self.tracker.wait_all().is_err() {
+            // Nothing to free, or the device may still use it: leak rather than free.
             return;
         }
         if let Ok(_guard) = self.device.enter() {
-            // SAFETY: from cuMemAllocManaged in this context; freed once, here.
+            // SAFETY: from cuMemAllocManaged in this context; no use is pending (waited
+            // for above); freed once, here.
             let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
         }
     }
@@ -222,6 +244,7 @@ impl<'a> BoundDevice<'a> {
             ptr,
             len,
             concurrent,
+            tracker: AccessTracker::default(),
             _t: PhantomData,
         };
         self.memset_zeros(&mut m)?;
@@ -249,8 +272,10 @@ impl<'b> BoundStream<'b> {
         if mem.ptr == 0 {
             return Ok(());
         }
-        // SAFETY: context current, stream of it; one live managed allocation (freeing
-        // it synchronises first, so the prefetch cannot outlive it).
+        // Migration keeps the contents: ordered like a read.
+        self.track(&mem.tracker, Access::Read)?;
+        // SAFETY: context current, stream of it; one live managed allocation, whose free
+        // waits for this prefetch (tracked above).
         unsafe { sys::cuMemPrefetchAsync_v2(mem.ptr, mem.num_bytes(), to.raw(), 0, self.raw()) }
             .check("cuMemPrefetchAsync_v2")
     }

@@ -33,6 +33,7 @@
 //!
 //! Bind first: `ctx.bind(&dev)?.alloc_zeros::<f32>(16)`.
 
+use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -115,21 +116,33 @@ pub trait DeviceMemory<T>: private::Sealed {
 /// Device memory that may be written: [`DeviceSlice`] and [`DeviceViewMut`].
 pub trait DeviceMemoryMut<T>: DeviceMemory<T> {}
 
+pub(crate) use private::Sealed as Tracked;
+
 pub(crate) mod private {
-    pub trait Sealed {}
+    /// Seals the memory traits and gives gpubind the allocation's access tracker.
+    pub trait Sealed {
+        /// The pending stream-ordered uses of the allocation this memory belongs to.
+        fn tracker(&self) -> &crate::access::AccessTracker;
+    }
 }
 
 /// `len` elements of `T` in one device's memory.
+///
+/// Stream-ordered work on it is ordered by gpubind: a use on another stream waits for
+/// the conflicting pending uses, the synchronous calls and drops wait on the host (see
+/// `docs/safety.md`), so safe code cannot race the GPU on it.
 pub struct DeviceSlice<T: DeviceRepr> {
     device: Arc<Device>,
     pub(crate) ptr: sys::CUdeviceptr,
     len: usize,
+    tracker: AccessTracker,
     _t: PhantomData<T>,
 }
 
 /// A shared view of part of a [`DeviceSlice`].
 pub struct DeviceView<'a, T: DeviceRepr> {
     device: &'a Arc<Device>,
+    tracker: &'a AccessTracker,
     pub(crate) ptr: sys::CUdeviceptr,
     len: usize,
     _t: PhantomData<&'a T>,
@@ -138,6 +151,7 @@ pub struct DeviceView<'a, T: DeviceRepr> {
 /// A writable view of part of a [`DeviceSlice`].
 pub struct DeviceViewMut<'a, T: DeviceRepr> {
     device: &'a Arc<Device>,
+    tracker: &'a AccessTracker,
     pub(crate) ptr: sys::CUdeviceptr,
     len: usize,
     _t: PhantomData<&'a mut T>,
@@ -145,7 +159,11 @@ pub struct DeviceViewMut<'a, T: DeviceRepr> {
 
 macro_rules! impl_device_memory {
     ($ty:ident $(<$lt:lifetime>)?, $mutable:tt) => {
-        impl<$($lt,)? T: DeviceRepr> private::Sealed for $ty<$($lt,)? T> {}
+        impl<$($lt,)? T: DeviceRepr> private::Sealed for $ty<$($lt,)? T> {
+            fn tracker(&self) -> &$crate::access::AccessTracker {
+                &self.tracker
+            }
+        }
         impl<$($lt,)? T: DeviceRepr> DeviceMemory<T> for $ty<$($lt,)? T> {
             fn device(&self) -> &Arc<Device> {
                 &self.device
@@ -229,6 +247,7 @@ impl<T: DeviceRepr> DeviceSlice<T> {
         let (start, len) = resolve(range, self.len)?;
         Ok(DeviceView {
             device: &self.device,
+            tracker: &self.tracker,
             ptr: self.offset(start),
             len,
             _t: PhantomData,
@@ -240,6 +259,7 @@ impl<T: DeviceRepr> DeviceSlice<T> {
         let (start, len) = resolve(range, self.len)?;
         Ok(DeviceViewMut {
             device: &self.device,
+            tracker: &self.tracker,
             ptr: self.offset(start),
             len,
             _t: PhantomData,
@@ -255,7 +275,10 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// # Safety
     ///
     /// The address is valid while `self` lives; writes through it must stay in bounds
-    /// and must not race with gpubind operations on the same slice.
+    /// and must not race with gpubind operations on the same slice. gpubind does not see
+    /// work done through the address: order it yourself against gpubind's uses (for
+    /// example, synchronise the stream you used before handing the slice back to gpubind
+    /// calls, and let gpubind calls finish — `synchronize` — before using the address).
     pub unsafe fn raw_ptr(&self) -> sys::CUdeviceptr {
         self.ptr
     }
@@ -272,16 +295,47 @@ impl<T: DeviceRepr> DeviceSlice<T> {
             device,
             ptr,
             len,
+            tracker: AccessTracker::default(),
             _t: PhantomData,
         }
     }
 
-    /// Gives up ownership without freeing: returns the raw address and length.
-    pub fn into_raw(self) -> (sys::CUdeviceptr, usize) {
+    /// Gives up ownership without freeing: waits for every pending use of the slice
+    /// (stream-ordered work gpubind enqueued on it), then returns the raw address and
+    /// length. If a wait fails (a faulted context) the error is returned and the slice is
+    /// dropped as usual.
+    pub fn into_raw(mut self) -> Result<(sys::CUdeviceptr, usize)> {
+        self.tracker.wait_all()?;
         let me = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `me` is never dropped, so the Arc is read out exactly once.
-        let _device = unsafe { std::ptr::read(&me.device) };
-        (me.ptr, me.len)
+        // SAFETY: `me` is never dropped, so the Arc and the tracker are read out (and
+        // dropped) exactly once.
+        let _parts = unsafe { (std::ptr::read(&me.device), std::ptr::read(&me.tracker)) };
+        Ok((me.ptr, me.len))
+    }
+
+    /// The tracker, for callers that hold the slice exclusively.
+    pub(crate) fn tracker_mut(&mut self) -> &mut AccessTracker {
+        &mut self.tracker
+    }
+
+    /// Hands the allocation to a caller that frees it in stream order, without waiting:
+    /// the caller has ordered the free after every pending use (a `track` of a write on
+    /// the freeing stream).
+    pub(crate) fn into_raw_ordered_on_stream(self) -> (Arc<Device>, sys::CUdeviceptr) {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so the Arc and the tracker are read out once.
+        let (device, _tracker) =
+            unsafe { (std::ptr::read(&me.device), std::ptr::read(&me.tracker)) };
+        (device, me.ptr)
+    }
+
+    /// Waits for the pending uses and hands the allocation to a caller that frees it
+    /// itself: `Some((device, ptr))`, or `None` when a wait failed — then the memory may
+    /// still be in use by the device and is leaked rather than freed under it.
+    pub(crate) fn disown_for_free(self) -> Option<(Arc<Device>, sys::CUdeviceptr)> {
+        let device = Arc::clone(&self.device);
+        // On failure `into_raw` drops the slice, whose Drop leaks it (its wait fails too).
+        self.into_raw().ok().map(|(ptr, _)| (device, ptr))
     }
 }
 
@@ -290,11 +344,17 @@ impl<T: DeviceRepr> Drop for DeviceSlice<T> {
         if self.ptr == 0 {
             return;
         }
+        // Free only after every stream-ordered use has finished. If that cannot be
+        // known (a faulted context), leak rather than free memory the device may use.
+        if self.tracker.wait_all().is_err() {
+            return;
+        }
         // Push our own context for the free and pop it after: the thread's current
         // context is unchanged, whichever device is bound. (The context is retained: we
         // were allocated under a binding and hold an Arc<Device>.)
         if let Ok(_guard) = self.device.enter() {
-            // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once, here.
+            // SAFETY: `ptr` came from cuMemAlloc in this context, no use of it is pending
+            // (waited for above), and it is freed once, here.
             let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
         }
     }
@@ -323,6 +383,7 @@ impl<'a> BoundDevice<'a> {
             device: Arc::clone(self.device()),
             ptr,
             len,
+            tracker: AccessTracker::default(),
             _t: PhantomData,
         })
     }
@@ -360,6 +421,7 @@ impl<'a> BoundDevice<'a> {
         if src.is_empty() {
             return Ok(());
         }
+        dst.tracker().host_use(Access::Write)?;
         // SAFETY: context current; `dst` holds exactly size_of_val(src) bytes; `src` is a
         // live host slice until the copy has completed (waited for below).
         unsafe {
@@ -404,6 +466,7 @@ impl<'a> BoundDevice<'a> {
         if dst.is_empty() {
             return Ok(());
         }
+        src.tracker().host_use(Access::Read)?;
         // SAFETY: context current; `dst` has room for exactly `src.num_bytes()` bytes and
         // is exclusively borrowed for the synchronous copy.
         unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.device_ptr(), src.num_bytes()) }
@@ -422,6 +485,8 @@ impl<'a> BoundDevice<'a> {
         if src.is_empty() {
             return Ok(());
         }
+        src.tracker().host_use(Access::Read)?;
+        dst.tracker().host_use(Access::Write)?;
         // SAFETY: context current; both ranges are live allocations of `num_bytes`.
         unsafe { sys::cuMemcpyDtoD_v2(dst.device_ptr(), src.device_ptr(), src.num_bytes()) }
             .check("cuMemcpyDtoD_v2")?;
@@ -444,7 +509,9 @@ impl<'a> BoundDevice<'a> {
         if dst.is_empty() {
             return Ok(());
         }
-        // SAFETY: context current; writes `num_bytes` inside the allocation.
+        dst.tracker().host_use(Access::Write)?;
+        // SAFETY: context current; writes `num_bytes` inside the allocation, whose
+        // pending uses have finished (waited for above).
         unsafe { sys::cuMemsetD8_v2(dst.device_ptr(), 0, dst.num_bytes()) }
             .check("cuMemsetD8_v2")?;
         self.sync_default_stream()

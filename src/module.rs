@@ -43,6 +43,7 @@
 //! reports it (`cuFuncGetParamInfo`, CUDA 12.4+): a wrong count or a wrong size is
 //! [`Error::LaunchArgs`], a slice of another device is [`Error::WrongDevice`].
 
+use crate::access::Access;
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -237,6 +238,12 @@ pub unsafe trait KernelArg {
     }
     /// What the argument is, for error messages.
     fn describe(&self) -> String;
+    /// The pending-use tracker of the gpubind allocation this argument passes, if any:
+    /// the launch is ordered after its conflicting uses and recorded as a write.
+    #[doc(hidden)]
+    fn access_tracker(&self) -> Option<&crate::access::AccessTracker> {
+        None
+    }
 }
 
 macro_rules! scalar_arg {
@@ -266,6 +273,9 @@ macro_rules! memory_arg {
             }
             fn describe(&self) -> String {
                 format!("{}<{}>", stringify!($ty), std::any::type_name::<T>())
+            }
+            fn access_tracker(&self) -> Option<&crate::access::AccessTracker> {
+                Some(crate::memory::Tracked::tracker(self))
             }
         }
     };
@@ -362,8 +372,11 @@ impl<'b> BoundStream<'b> {
 impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// Appends an argument. Memory of another device is reported at `launch`.
     ///
-    /// Pass `&mut slice` for buffers the kernel writes, to document intent and keep Rust
-    /// code from reading them during the call.
+    /// A gpubind buffer passed here is ordered like a write: the launch runs after every
+    /// pending use of it on other streams, and later uses (on any stream, from the host,
+    /// or its free) wait for the kernel. (A kernel may write through any pointer, so
+    /// gpubind cannot treat a buffer passed by shared reference as read-only.) Pass
+    /// `&mut slice` for buffers the kernel writes, to document intent.
     pub fn arg<'n, A: KernelArg + ?Sized>(mut self, arg: &'n A) -> LaunchBuilder<'s, 'n>
     where
         'a: 'n,
@@ -374,6 +387,9 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
                 .bound()
                 .expect_device("kernel argument", dev)
                 .err();
+        }
+        if let (None, Some(t)) = (&self.error, arg.access_tracker()) {
+            self.error = self.stream.track(t, Access::Write).err();
         }
         let i = self.args.len();
         if let (None, Some(&want)) = (
@@ -408,10 +424,21 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     ///
     /// # Safety
     ///
-    /// The kernel must only access memory inside the buffers passed to it, and the
-    /// arguments must have the types the kernel declares (gpubind checks the count and
-    /// byte sizes where the driver reports them, not the types). Buffers must not be
-    /// read from the host while the kernel may write them.
+    /// * The arguments must have the types the kernel declares (gpubind checks the count
+    ///   and byte sizes where the driver reports them, not the types).
+    /// * The kernel must only access memory inside the buffers passed to it.
+    /// * gpubind's device, pool and managed buffers passed as arguments need nothing
+    ///   more: the launch is ordered after their pending uses, and their later uses and
+    ///   frees are ordered after the kernel. Any *other* memory the kernel reaches — device
+    ///   addresses passed as plain integers or inside your own structs, and page-locked
+    ///   host buffers ([`PinnedHostBuffer`](crate::PinnedHostBuffer),
+    ///   [`RegisteredHost`](crate::RegisteredHost)), which the host reads and writes
+    ///   directly through `Deref` — must stay alive and must not be accessed by the host
+    ///   or by other streams until this stream has passed the launch (synchronize it, or
+    ///   record and wait for an event).
+    /// * A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must be passed as
+    ///   `&mut`: a shared one may be read by the host through
+    ///   [`as_slice`](crate::ManagedSlice::as_slice) while the launch is enqueued.
     pub unsafe fn launch(self) -> Result<()> {
         if let Some(e) = self.error {
             return Err(e);

@@ -40,6 +40,7 @@
 //! Keep the `Stream` (it outlives binds) and call `gpu.on(&stream)` again under the next
 //! binding.
 
+use crate::access::{Access, AccessTracker, StreamInner, StreamRef, StreamSlot};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -50,16 +51,12 @@ use std::sync::Arc;
 
 /// A CUDA stream of one device (non-blocking: it does not synchronise with the legacy
 /// default stream).
+///
+/// Dropping it is always fine: buffers that still have work pending on it keep the
+/// underlying CUDA stream alive until they no longer need to order anything after it.
 pub struct Stream {
-    device: Arc<Device>,
-    raw: sys::CUstream,
+    inner: Arc<StreamInner>,
 }
-
-// SAFETY: a CUstream handle may be used from any thread whose current context is the
-// stream's; gpubind only enqueues through a BoundStream, which proves that.
-unsafe impl Send for Stream {}
-// SAFETY: the driver serialises concurrent enqueues on one stream internally.
-unsafe impl Sync for Stream {}
 
 /// A CUDA event of one device.
 pub struct Event {
@@ -76,7 +73,7 @@ unsafe impl Sync for Event {}
 impl Stream {
     /// The stream's device.
     pub fn device(&self) -> &Arc<Device> {
-        &self.device
+        &self.inner.device
     }
 
     /// The raw handle, for cudarc or driver calls.
@@ -86,17 +83,20 @@ impl Stream {
     /// Valid while `self` lives; enqueue on it only while its device is bound on the
     /// calling thread; do not destroy it.
     pub unsafe fn raw(&self) -> sys::CUstream {
-        self.raw
+        self.inner.raw
+    }
+
+    pub(crate) fn to_ref(&self) -> StreamRef {
+        StreamRef::Owned(Arc::clone(&self.inner))
     }
 }
 
-impl Drop for Stream {
-    fn drop(&mut self) {
-        if let Ok(_guard) = self.device.enter() {
-            // SAFETY: created by cuStreamCreate in this context, destroyed once here.
-            // Pending work completes before the driver releases the stream.
-            let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
-        }
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("device", &self.inner.device.ordinal())
+            .field("id", &self.inner.id)
+            .finish()
     }
 }
 
@@ -161,7 +161,7 @@ impl Drop for Event {
 /// [`BoundDevice::default_stream`]; cannot outlive it.
 pub struct BoundStream<'b> {
     bound: &'b BoundDevice<'b>,
-    raw: sys::CUstream,
+    slot: StreamSlot<'b>,
 }
 
 impl<'a> BoundDevice<'a> {
@@ -174,8 +174,7 @@ impl<'a> BoundDevice<'a> {
         }
         .check("cuStreamCreate")?;
         Ok(Stream {
-            device: Arc::clone(self.device()),
-            raw,
+            inner: Arc::new(StreamInner::new(Arc::clone(self.device()), raw)),
         })
     }
 
@@ -199,7 +198,7 @@ impl<'a> BoundDevice<'a> {
     pub fn default_stream(&self) -> BoundStream<'_> {
         BoundStream {
             bound: self,
-            raw: std::ptr::null_mut(),
+            slot: StreamSlot::Legacy(self.device()),
         }
     }
 
@@ -208,7 +207,7 @@ impl<'a> BoundDevice<'a> {
         self.expect_device("stream", stream.device())?;
         Ok(BoundStream {
             bound: self,
-            raw: stream.raw,
+            slot: StreamSlot::Owned(&stream.inner),
         })
     }
 
@@ -225,24 +224,39 @@ impl<'b> BoundStream<'b> {
         self.bound
     }
 
+    /// Orders a use of `mem` on this stream after its conflicting pending uses (on other
+    /// streams) and records it; see `crate::access`. Every stream-ordered operation on a
+    /// gpubind buffer calls this before enqueueing.
+    pub(crate) fn track(&self, mem: &AccessTracker, access: Access) -> Result<()> {
+        mem.stream_use(self.slot, access)
+    }
+
+    /// This stream as a tracker remembers it.
+    pub(crate) fn to_ref(&self) -> StreamRef {
+        self.slot.to_ref()
+    }
+
     /// Blocks until all work enqueued so far has finished.
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: valid stream of the current context.
-        unsafe { sys::cuStreamSynchronize(self.raw) }.check("cuStreamSynchronize")
+        unsafe { sys::cuStreamSynchronize(self.slot.raw()) }.check("cuStreamSynchronize")
     }
 
     /// Records `event` at this point of the stream.
     pub fn record(&self, event: &Event) -> Result<()> {
         self.bound.expect_device("event", event.device())?;
         // SAFETY: event and stream belong to the current context.
-        unsafe { sys::cuEventRecord(event.raw, self.raw) }.check("cuEventRecord")
+        unsafe { sys::cuEventRecord(event.raw, self.slot.raw()) }.check("cuEventRecord")
     }
 
     /// Makes later work on this stream wait for `event`. The event may belong to
     /// another device: that is how streams of different GPUs are ordered.
+    ///
+    /// gpubind orders its own buffers between streams by itself; events are for timing
+    /// and for ordering work gpubind does not see (raw handles, other libraries).
     pub fn wait(&self, event: &Event) -> Result<()> {
         // SAFETY: valid stream of the current context; CUDA allows events of other contexts.
-        unsafe { sys::cuStreamWaitEvent(self.raw, event.raw, 0) }.check("cuStreamWaitEvent")
+        unsafe { sys::cuStreamWaitEvent(self.slot.raw(), event.raw, 0) }.check("cuStreamWaitEvent")
     }
 
     /// Stream-ordered zeroing of `dst`.
@@ -254,9 +268,10 @@ impl<'b> BoundStream<'b> {
         if dst.is_empty() {
             return Ok(());
         }
-        // SAFETY: current context; in-bounds range of a live allocation, which cannot be
-        // freed before this stream runs the memset: freeing (cuMemFree) synchronises.
-        unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.raw) }
+        self.track(dst.tracker(), Access::Write)?;
+        // SAFETY: current context; in-bounds range of a live allocation, whose other uses
+        // are ordered before this one (tracked above) and whose free waits for it.
+        unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.slot.raw()) }
             .check("cuMemsetD8Async")
     }
 
@@ -272,13 +287,16 @@ impl<'b> BoundStream<'b> {
         if src.is_empty() {
             return Ok(());
         }
-        // SAFETY: current context; live allocations (freeing synchronises first).
+        self.track(src.tracker(), Access::Read)?;
+        self.track(dst.tracker(), Access::Write)?;
+        // SAFETY: current context; live allocations whose other uses are ordered around
+        // this one (tracked above) and whose frees wait for it.
         unsafe {
             sys::cuMemcpyDtoDAsync_v2(
                 dst.device_ptr(),
                 src.device_ptr(),
                 src.num_bytes(),
-                self.raw,
+                self.slot.raw(),
             )
         }
         .check("cuMemcpyDtoDAsync_v2")
@@ -291,7 +309,8 @@ impl<'b> BoundStream<'b> {
     /// If `src` is page-locked (pinned or registered) memory the copy is truly
     /// asynchronous: `src` must then stay alive and unmodified until the stream has
     /// passed this point ([`synchronize`](Self::synchronize) or an event). For ordinary
-    /// pageable memory the driver stages the data before returning.
+    /// pageable memory the driver stages the data before returning. (`dst` needs no care:
+    /// its other uses are ordered around this copy by gpubind.)
     pub unsafe fn htod_async<T: DeviceRepr>(
         &self,
         src: &[T],
@@ -302,13 +321,15 @@ impl<'b> BoundStream<'b> {
         if src.is_empty() {
             return Ok(());
         }
-        // SAFETY: current context; sizes match; the caller keeps `src` alive as documented.
+        self.track(dst.tracker(), Access::Write)?;
+        // SAFETY: current context; sizes match; `dst` is tracked; the caller keeps `src`
+        // alive as documented.
         unsafe {
             sys::cuMemcpyHtoDAsync_v2(
                 dst.device_ptr(),
                 src.as_ptr().cast(),
                 std::mem::size_of_val(src),
-                self.raw,
+                self.slot.raw(),
             )
         }
         .check("cuMemcpyHtoDAsync_v2")
@@ -331,13 +352,15 @@ impl<'b> BoundStream<'b> {
         if dst.is_empty() {
             return Ok(());
         }
-        // SAFETY: current context; sizes match; the caller keeps `dst` alive as documented.
+        self.track(src.tracker(), Access::Read)?;
+        // SAFETY: current context; sizes match; `src` is tracked; the caller keeps `dst`
+        // alive as documented.
         unsafe {
             sys::cuMemcpyDtoHAsync_v2(
                 dst.as_mut_ptr().cast(),
                 src.device_ptr(),
                 src.num_bytes(),
-                self.raw,
+                self.slot.raw(),
             )
         }
         .check("cuMemcpyDtoHAsync_v2")
@@ -347,8 +370,9 @@ impl<'b> BoundStream<'b> {
     ///
     /// # Safety
     ///
-    /// Valid while `self` lives.
+    /// Valid while `self` lives. Work enqueued on it through the handle is not seen by
+    /// gpubind's ordering of its buffers: order it yourself (events, synchronize).
     pub unsafe fn raw(&self) -> sys::CUstream {
-        self.raw
+        self.slot.raw()
     }
 }

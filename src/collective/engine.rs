@@ -31,6 +31,7 @@
 use super::kernels::KernelSet;
 use super::lock;
 use super::{Call, DType, Kind, Op, Transport};
+use crate::access::{AccessTracker, StreamRef};
 use crate::context::{BoundDevice, ThreadContext};
 use crate::device::Device;
 use crate::driver::Check;
@@ -68,6 +69,8 @@ impl Exec for Enter {
 /// One stream taking part in a collective, with its barrier event.
 pub(crate) struct Lane {
     pub(crate) device: Arc<Device>,
+    /// The stream as buffer trackers remember it (keeps it alive while they do).
+    pub(crate) stream_ref: StreamRef,
     pub(crate) stream: sys::CUstream,
     pub(crate) event: sys::CUevent,
 }
@@ -205,6 +208,18 @@ struct Staging {
     users: Vec<Arc<Device>>,
     /// The context it was allocated in (and is freed in).
     owner: Arc<Device>,
+    /// The lanes of the last collective that used it: the next one waits for them, so a
+    /// rank that switches streams between calls cannot overwrite data still being read.
+    tracker: AccessTracker,
+}
+
+impl Staging {
+    /// Orders `lanes` (each with its device's context pushed) after every pending use of
+    /// the buffer, and records them as its users.
+    fn use_on(&self, lanes: &[&Lane]) -> Result<()> {
+        let refs: Vec<StreamRef> = lanes.iter().map(|l| l.stream_ref.clone()).collect();
+        self.tracker.lanes_use(&refs)
+    }
 }
 
 // SAFETY: the pointer is only handed to the driver and to kernels; the buffer is
@@ -245,6 +260,7 @@ impl Staging {
             dptrs: Vec::new(),
             users: Vec::new(),
             owner,
+            tracker: AccessTracker::default(),
         };
         for d in users {
             let _guard = d.enter()?;
@@ -269,12 +285,10 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        // Wait for every stream that may still read or write the buffer.
-        for u in &self.users {
-            if let Ok(_guard) = u.enter() {
-                // SAFETY: the context is current.
-                let _ = unsafe { sys::cuCtxSynchronize() };
-            }
+        // Wait for the streams that may still read or write the buffer; if that cannot be
+        // established (a faulted context), leak it rather than free it under the device.
+        if self.tracker.wait_all().is_err() {
+            return;
         }
         if let Ok(_guard) = self.owner.enter() {
             // SAFETY: allocated by cuMemHostAlloc, freed once, no work pending on it.
@@ -450,6 +464,7 @@ pub(crate) fn collective(
         };
         let slot_bytes = elems * es;
         let st = sh.staging(StageKey::Coll, slot_bytes * stagers.len(), lanes)?;
+        st.use_on(&lanes.iter().collect::<Vec<_>>())?;
         for (i, &r) in stagers.iter().enumerate() {
             let host = st.host.wrapping_byte_add(i * slot_bytes);
             run.dtoh(rank_lane[r], host, send[r], slot_bytes)?;
@@ -571,6 +586,7 @@ pub(crate) fn p2p(
     }
     let key = StageKey::Pair(send.rank.min(recv.rank), send.rank.max(recv.rank));
     let st = sh.staging(key, bytes, lanes)?;
+    st.use_on(&which.iter().map(|&l| &lanes[l]).collect::<Vec<_>>())?;
     run.dtoh(sl, st.host, send.send, bytes)?;
     run.barrier(&which)?;
     run.htod(rl, recv.recv, st.host, bytes)?;

@@ -120,6 +120,7 @@ mod rendezvous;
 
 pub use nccl::{nccl_available, nccl_version};
 
+use crate::access::{Access, AccessTracker};
 use crate::context::ThreadContext;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -331,6 +332,8 @@ struct Buf<'x> {
     device: &'x Device,
     len: usize,
     ptr: u64,
+    /// The allocation's pending uses: the collective is ordered after them.
+    tracker: &'x AccessTracker,
 }
 
 fn buf<T, M: DeviceMemory<T>>(m: &M) -> Buf<'_> {
@@ -338,7 +341,23 @@ fn buf<T, M: DeviceMemory<T>>(m: &M) -> Buf<'_> {
         device: m.device(),
         len: m.len(),
         ptr: m.device_ptr(),
+        tracker: m.tracker(),
     }
+}
+
+/// How a collective uses its buffers: `send` is read, `recv` written (one write when
+/// they are the same buffer, as in broadcast).
+fn uses<'x>(send: Option<Buf<'x>>, recv: Option<Buf<'x>>) -> Vec<(&'x AccessTracker, Access)> {
+    let mut v = Vec::with_capacity(2);
+    if let Some(r) = recv {
+        v.push((r.tracker, Access::Write));
+    }
+    if let Some(s) = send
+        && !recv.is_some_and(|r| std::ptr::eq(r.tracker, s.tracker))
+    {
+        v.push((s.tracker, Access::Read));
+    }
+    v
 }
 
 fn rank_error(what: &str, rank: usize, nranks: usize) -> Error {
@@ -693,6 +712,7 @@ impl Communicator {
             .iter()
             .map(|(s, e)| Lane {
                 device: Arc::clone(s.device()),
+                stream_ref: s.to_ref(),
                 // SAFETY: both live in `self.lanes` for the whole group, which borrows
                 // `self`; they are only used with their device bound.
                 stream: unsafe { s.raw() },
@@ -702,8 +722,20 @@ impl Communicator {
             .collect()
     }
 
-    fn run(&self, ctx: &mut ThreadContext, calls: &[Call]) -> Result<()> {
+    fn run(
+        &self,
+        ctx: &mut ThreadContext,
+        calls: &[Call],
+        tracked: &[(usize, &AccessTracker, Access)],
+    ) -> Result<()> {
         let plan = plan(self.len(), calls)?;
+        // Each rank's buffers are used on its lane's stream (the engine's barriers order
+        // the other lanes after it): order that stream after their pending uses.
+        for &(rank, tracker, access) in tracked {
+            let gpu = ctx.bind(&self.devices[rank])?;
+            gpu.on(&self.lanes[self.rank_lane[rank]].0)?
+                .track(tracker, access)?;
+        }
         match &self.engine {
             Engine::Kernels(shared) => {
                 let lanes = self.engine_lanes();
@@ -769,6 +801,8 @@ impl std::fmt::Debug for Communicator {
 pub struct Group<'c, 'b> {
     comm: &'c Communicator,
     calls: Vec<Call>,
+    /// Each call's buffers: `(rank, tracker, how the collective uses it)`.
+    tracked: Vec<(usize, &'b AccessTracker, Access)>,
     _buffers: PhantomData<&'b mut ()>,
 }
 
@@ -787,10 +821,11 @@ impl ThreadContext {
         let mut g = Group {
             comm,
             calls: Vec::new(),
+            tracked: Vec::new(),
             _buffers: PhantomData,
         };
         f(&mut g)?;
-        comm.run(self, &g.calls)
+        comm.run(self, &g.calls, &g.tracked)
     }
 }
 
@@ -799,8 +834,8 @@ impl<'c, 'b> Group<'c, 'b> {
         &mut self,
         rank: usize,
         kind: Kind,
-        send: Option<Buf<'_>>,
-        recv: Option<Buf<'_>>,
+        send: Option<Buf<'b>>,
+        recv: Option<Buf<'b>>,
     ) -> Result<()> {
         let dtype = DType::of::<T>();
         let n = self.comm.len();
@@ -810,6 +845,8 @@ impl<'c, 'b> Group<'c, 'b> {
             .ok_or_else(|| rank_error("rank", rank, n))?;
         let call = make_call(n, rank, device, kind, dtype, send, recv)?;
         self.calls.push(call);
+        self.tracked
+            .extend(uses(send, recv).into_iter().map(|(t, a)| (rank, t, a)));
         Ok(())
     }
 
@@ -989,6 +1026,15 @@ impl RankComm {
             Some(p) if p >= nranks => return Err(rank_error("peer", p, nranks)),
             _ => {}
         }
+        // This rank's buffers are used on its stream (the engine's barriers and NCCL order
+        // everything else after it): order it after their pending uses. A failure is
+        // posted like any other, so the other ranks learn of it.
+        let call = call.and_then(|call| {
+            for (tracker, access) in uses(send, recv) {
+                stream.track(tracker, access)?;
+            }
+            Ok(call)
+        });
         match inner {
             RankInner::Nccl { id, comm } => {
                 let call = call?;
@@ -1016,6 +1062,7 @@ impl RankComm {
                     Ok((
                         Lane {
                             device: Arc::clone(device),
+                            stream_ref: stream.to_ref(),
                             // SAFETY: the stream is borrowed for this call, which does
                             // not return before the collective is enqueued.
                             stream: unsafe { stream.raw() },

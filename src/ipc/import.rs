@@ -213,10 +213,12 @@ impl<T: DeviceRepr> ImportedSlice<T> {
 
 impl<T: DeviceRepr> Drop for ImportedSlice<T> {
     fn drop(&mut self) {
-        let (device, ptr) = disown(&mut self.slice);
+        let Some((device, ptr)) = disown(&mut self.slice) else {
+            return;
+        };
         free_in_context(&device, ptr, |p| {
-            // SAFETY: imported by cuMemPoolImportPointer, unmapped once, after the
-            // context's pending work.
+            // SAFETY: imported by cuMemPoolImportPointer, unmapped once, after its own
+            // pending uses in this process (`disown` waited for them).
             unsafe { sys::cuMemFree_v2(p) }
         });
     }

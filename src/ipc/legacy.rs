@@ -87,9 +87,12 @@ super::foreign_slice!(LegacySlice);
 
 impl<T: DeviceRepr> Drop for LegacySlice<T> {
     fn drop(&mut self) {
-        let (device, ptr) = disown(&mut self.slice);
+        let Some((device, ptr)) = disown(&mut self.slice) else {
+            return;
+        };
         free_in_context(&device, ptr, |p| {
-            // SAFETY: opened by cuIpcOpenMemHandle, closed once, after pending work.
+            // SAFETY: opened by cuIpcOpenMemHandle, closed once, after its own pending
+            // uses in this process (`disown` waited for them).
             unsafe { sys::cuIpcCloseMemHandle(p) }
         });
     }

@@ -179,20 +179,22 @@ fn device_by_uuid(uuid: Uuid) -> Result<Arc<Device>> {
     Device::by_uuid(uuid)?.ok_or(Error::UnknownDevice { uuid })
 }
 
-/// Takes the slice out of its `ManuallyDrop` without freeing it: its device and address.
-/// Call once, from the owner's `Drop` (or a consuming method); the slot is dead after.
+/// Takes the slice out of its `ManuallyDrop` without freeing it, once every pending
+/// stream-ordered use of it has finished: its device and address, or `None` if that
+/// could not be established (a faulted context: the mapping is then leaked, not freed
+/// under the device). Call once, from the owner's `Drop` (or a consuming method); the
+/// slot is dead after.
 fn disown<T: DeviceRepr>(
     slot: &mut ManuallyDrop<DeviceSlice<T>>,
-) -> (Arc<Device>, sys::CUdeviceptr) {
+) -> Option<(Arc<Device>, sys::CUdeviceptr)> {
     // SAFETY: every caller uses the slot exactly once, as the last thing it does with it.
     let slice = unsafe { ManuallyDrop::take(slot) };
-    let device = Arc::clone(slice.device());
-    let (ptr, _) = slice.into_raw();
-    (device, ptr)
+    slice.disown_for_free()
 }
 
-/// In `device`'s context (pushed and popped): waits for its pending work, then `free(ptr)`.
-/// Does nothing for a null address. Errors are dropped: this runs from `Drop`.
+/// In `device`'s context (pushed and popped): `free(ptr)`. Does nothing for a null
+/// address. The caller has waited for the allocation's own pending uses (`disown`), so
+/// no whole-context synchronisation is needed. Errors are dropped: this runs from `Drop`.
 fn free_in_context(
     device: &Device,
     ptr: sys::CUdeviceptr,
@@ -202,8 +204,6 @@ fn free_in_context(
         return;
     }
     if let Ok(_guard) = device.enter() {
-        // SAFETY: the device's context is current for the call.
-        let _ = unsafe { sys::cuCtxSynchronize() };
         let _ = free(ptr);
     }
 }
@@ -231,7 +231,11 @@ fn check_allocation_size(ptr: sys::CUdeviceptr, bytes: usize) -> Result<()> {
 /// kernel argument, `Debug`. Each type has a `slice: ManuallyDrop<DeviceSlice<T>>`.
 macro_rules! foreign_slice {
     ($ty:ident) => {
-        impl<T: $crate::memory::DeviceRepr> $crate::memory::private::Sealed for $ty<T> {}
+        impl<T: $crate::memory::DeviceRepr> $crate::memory::private::Sealed for $ty<T> {
+            fn tracker(&self) -> &$crate::access::AccessTracker {
+                $crate::memory::Tracked::tracker(&*self.slice)
+            }
+        }
 
         impl<T: $crate::memory::DeviceRepr> $crate::memory::DeviceMemory<T> for $ty<T> {
             fn device(&self) -> &std::sync::Arc<$crate::device::Device> {
@@ -279,6 +283,9 @@ macro_rules! foreign_slice {
             }
             fn describe(&self) -> String {
                 format!("{}<{}>", stringify!($ty), std::any::type_name::<T>())
+            }
+            fn access_tracker(&self) -> Option<&$crate::access::AccessTracker> {
+                Some($crate::memory::Tracked::tracker(&*self.slice))
             }
         }
 

@@ -2,6 +2,7 @@
 
 use super::handle::{BufferHandle, PoolHandle, PoolId};
 use super::{OwnedPool, PoolUsage, disown, free_in_context};
+use crate::access::Access;
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -197,12 +198,13 @@ impl MemoryPool {
             unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.inner.raw, stream.raw()) }
                 .check("cuMemAllocFromPoolAsync")?;
         }
+        // SAFETY: `ptr` holds `bytes` bytes on this device, owned by the new slice only;
+        // the DeviceSlice never frees it (ManuallyDrop): PoolSlice's Drop does.
+        let slice = unsafe { DeviceSlice::from_raw(Arc::clone(&self.inner.device), ptr, len) };
+        // The memory exists from this point of `stream` on: every other use waits for it.
+        stream.track(crate::memory::Tracked::tracker(&slice), Access::Write)?;
         Ok(PoolSlice {
-            // SAFETY: `ptr` holds `bytes` bytes on this device, owned by the new slice
-            // only; the DeviceSlice never frees it (ManuallyDrop): PoolSlice's Drop does.
-            slice: ManuallyDrop::new(unsafe {
-                DeviceSlice::from_raw(Arc::clone(&self.inner.device), ptr, len)
-            }),
+            slice: ManuallyDrop::new(slice),
             pool: Arc::clone(&self.inner),
         })
     }
@@ -333,31 +335,43 @@ impl<T: DeviceRepr> PoolSlice<T> {
         ))
     }
 
-    /// Frees the slice ordered on `stream` (`cuMemFreeAsync`), without waiting.
+    /// Frees the slice ordered on `stream` (`cuMemFreeAsync`), without waiting: the free
+    /// is ordered after every pending use of the slice in this process (on any stream),
+    /// as gpubind tracks them.
     ///
     /// # Safety
     ///
-    /// Every use of the slice on other streams, and in importing processes, must be
-    /// complete or ordered before this point of `stream`.
+    /// Every use of the slice in importing processes must be complete before `stream`
+    /// reaches the free (gpubind cannot see other processes' work).
     pub unsafe fn free_async(self, stream: &BoundStream<'_>) -> Result<()> {
         stream
             .bound()
             .expect_device("pool slice", &self.pool.device)?;
+        stream.track(crate::memory::Tracked::tracker(&*self.slice), Access::Write)?;
         let mut me = ManuallyDrop::new(self);
-        let (device, ptr) = disown(&mut me.slice);
-        // SAFETY: `me` is never used or dropped again, so the Arc is moved out once.
-        let pool = unsafe { std::ptr::read(&me.pool) };
+        // SAFETY: `me` is never used or dropped again, so the slice and the Arc are moved
+        // out once.
+        let (slice, pool) =
+            unsafe { (ManuallyDrop::take(&mut me.slice), std::ptr::read(&me.pool)) };
+        // Every pending use is ordered before this point of `stream` (tracked above).
+        let (device, ptr) = slice.into_raw_ordered_on_stream();
         if ptr == 0 {
             return Ok(());
         }
         // SAFETY: `ptr` came from this pool and is freed once; the stream belongs to the
-        // current context; ordering against other work is the caller's contract.
+        // current context and every use in this process is ordered before it (above);
+        // other processes' uses are the caller's contract.
         let queued = unsafe { sys::cuMemFreeAsync(ptr, stream.raw()) }.check("cuMemFreeAsync");
         if queued.is_err() {
-            free_in_context(&device, ptr, |p| {
-                // SAFETY: the async free was refused, so `ptr` is still ours to free once.
-                unsafe { sys::cuMemFree_v2(p) }
-            });
+            // Refused: the memory is still ours. Wait for the stream (which orders every
+            // use) and free it synchronously.
+            if stream.synchronize().is_ok() {
+                free_in_context(&device, ptr, |p| {
+                    // SAFETY: the async free was refused, so `ptr` is still ours to free
+                    // once; its uses are complete (the stream was synchronised).
+                    unsafe { sys::cuMemFree_v2(p) }
+                });
+            }
         }
         drop(pool);
         queued
@@ -366,11 +380,13 @@ impl<T: DeviceRepr> PoolSlice<T> {
 
 impl<T: DeviceRepr> Drop for PoolSlice<T> {
     fn drop(&mut self) {
-        let (device, ptr) = disown(&mut self.slice);
+        let Some((device, ptr)) = disown(&mut self.slice) else {
+            return;
+        };
         free_in_context(&device, ptr, |p| {
-            // SAFETY: a live allocation of our pool, freed once, after the context's
-            // pending work (free_in_context synchronises first). Freed on the legacy
-            // stream and waited for, so the pool counts it as free when drop returns.
+            // SAFETY: a live allocation of our pool, freed once, after its own pending
+            // uses (`disown` waited for them). Freed on the legacy stream and waited for,
+            // so the pool counts it as free when drop returns.
             unsafe {
                 match sys::cuMemFreeAsync(p, std::ptr::null_mut()) {
                     sys::CUresult::CUDA_SUCCESS => sys::cuStreamSynchronize(std::ptr::null_mut()),
