@@ -76,6 +76,9 @@ pub(crate) struct HostWait<S> {
     pub(crate) streams: Vec<S>,
     epoch: u64,
     access: Access,
+    /// A use was recorded but possibly not yet enqueued when the snapshot was taken: the
+    /// synchronisation may not cover it, so nothing may be forgotten.
+    keep: bool,
 }
 
 impl<S: TrackedStream> AccessState<S> {
@@ -131,13 +134,14 @@ impl<S: TrackedStream> AccessState<S> {
             streams,
             epoch: self.epoch,
             access,
+            keep: false,
         }
     }
 
     /// Forgets the uses `wait` synchronised, unless a stream-ordered use was added since
     /// (then the state is left as it is: still correct, only more conservative).
     pub(crate) fn host_waited(&mut self, wait: &HostWait<S>) {
-        if self.epoch != wait.epoch {
+        if wait.keep || self.epoch != wait.epoch {
             return;
         }
         self.writer = None;
@@ -146,12 +150,14 @@ impl<S: TrackedStream> AccessState<S> {
         }
     }
 
-    /// Every stream with a pending use (for drops).
+    /// Every stream with a pending use.
+    #[cfg(test)]
     pub(crate) fn all_pending(&self) -> Vec<S> {
         self.writer.iter().chain(&self.readers).cloned().collect()
     }
 
     /// Whether no use is pending.
+    #[cfg(test)]
     pub(crate) fn is_idle(&self) -> bool {
         self.writer.is_none() && self.readers.is_empty()
     }
@@ -263,9 +269,43 @@ impl StreamRef {
 ///
 /// Public only as an unnameable type of hidden trait methods; nothing outside gpubind
 /// can construct or inspect it.
-#[derive(Default)]
 pub struct AccessTracker {
     state: sync::Mutex<AccessState<StreamRef>>,
+    /// Uses recorded but not yet known to be enqueued (their [`UseGuard`] is alive).
+    in_flight: sync::AtomicUsize,
+}
+
+impl Default for AccessTracker {
+    fn default() -> Self {
+        AccessTracker {
+            state: sync::Mutex::new(AccessState::default()),
+            in_flight: sync::AtomicUsize::new(0),
+        }
+    }
+}
+
+/// Held from recording a use until the operation is enqueued: while one is alive, a host
+/// wait does not forget anything (its synchronisation may precede the enqueue).
+#[must_use = "hold the guard until the operation is enqueued"]
+pub(crate) struct UseGuard<'t> {
+    in_flight: Option<&'t sync::AtomicUsize>,
+}
+
+impl UseGuard<'_> {
+    /// A guard that guards nothing (for operations that track no buffer).
+    pub(crate) fn none() -> UseGuard<'static> {
+        UseGuard { in_flight: None }
+    }
+}
+
+impl Drop for UseGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(n) = self.in_flight {
+            // Release: a host wait that reads the count (Acquire) and sees this
+            // decrement also sees everything enqueued before it.
+            n.fetch_sub(1, std::sync::atomic::Ordering::Release);
+        }
+    }
 }
 
 impl std::fmt::Debug for AccessTracker {
@@ -312,27 +352,34 @@ impl StreamSlot<'_> {
 
 impl AccessTracker {
     /// Orders a use of kind `access` on `on` (a stream of the current context) after the
-    /// conflicting pending uses, and records it. Call before enqueueing the operation.
+    /// conflicting pending uses, and records it. Call before enqueueing the operation and
+    /// hold the guard until it is enqueued.
     ///
     /// Runs under the tracker's lock, so two threads sharing the allocation are ordered
     /// one way or the other. Nothing is recorded if a wait cannot be enqueued.
-    pub(crate) fn stream_use(&self, on: StreamSlot<'_>, access: Access) -> Result<()> {
+    pub(crate) fn stream_use(&self, on: StreamSlot<'_>, access: Access) -> Result<UseGuard<'_>> {
         let mut st = sync::lock(&self.state);
         let id = on.id();
-        if !st.is_ordered_on(id, access) {
-            for from in st.stream_waits(id, access) {
-                from.enqueue_wait(on.raw())?;
-            }
+        if st.is_ordered_on(id, access) {
+            // The fast path: one compare, no driver call, nothing cloned.
+            st.commit_stream_slot(on, access);
+            return Ok(begin(&self.in_flight));
         }
-        st.commit_stream_slot(on, access);
-        Ok(())
+        drop(st);
+        stream_use_with(
+            &self.state,
+            &self.in_flight,
+            &on.to_ref(),
+            access,
+            |from, to| from.enqueue_wait(to.raw()),
+        )
     }
 
     /// Orders a write on every stream of `on` (the lanes of a collective, any devices)
     /// after the pending uses, and records the lanes as the users: the next use anywhere
     /// waits for all of them. (They are recorded as readers, which a later write waits
     /// for; every use of a staging buffer is such a write.)
-    pub(crate) fn lanes_use(&self, on: &[StreamRef]) -> Result<()> {
+    pub(crate) fn lanes_use(&self, on: &[StreamRef]) -> Result<UseGuard<'_>> {
         let mut st = sync::lock(&self.state);
         for s in on {
             let waits = st.stream_waits(s.id(), Access::Write);
@@ -348,48 +395,84 @@ impl AccessTracker {
         st.readers.clear();
         st.readers.extend(on.iter().cloned());
         st.epoch = st.epoch.wrapping_add(1);
-        Ok(())
+        Ok(begin(&self.in_flight))
     }
 
     /// Blocks until the pending uses that conflict with a host access of kind `access`
     /// have finished, then forgets them. The synchronous calls of `BoundDevice` and the
     /// host views of managed memory call this first.
     pub(crate) fn host_use(&self, access: Access) -> Result<()> {
-        let wait = {
-            let st = sync::lock(&self.state);
-            if st.writer.is_none() && (access == Access::Read || st.readers.is_empty()) {
-                return Ok(());
-            }
-            st.host_waits(access)
-        };
-        for s in &wait.streams {
-            s.synchronize()?;
-        }
-        sync::lock(&self.state).host_waited(&wait);
-        Ok(())
+        host_use_with(&self.state, &self.in_flight, access, StreamRef::synchronize)
     }
 
     /// Waits for every pending use (before the memory is freed), and forgets them.
     /// Returns the first error; the uses are forgotten only if every wait succeeded.
     pub(crate) fn wait_all(&mut self) -> Result<()> {
-        let st = match self.state.get_mut() {
-            Ok(st) => st,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if st.is_idle() {
+        host_use_with(
+            &self.state,
+            &self.in_flight,
+            Access::Write,
+            StreamRef::synchronize,
+        )
+    }
+}
+
+/// Counts a recorded use as in flight until the returned guard drops. Called under the
+/// tracker's lock, so a host wait that takes the lock afterwards sees the count.
+fn begin(in_flight: &sync::AtomicUsize) -> UseGuard<'_> {
+    in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    UseGuard {
+        in_flight: Some(in_flight),
+    }
+}
+
+/// The locking protocol of a stream-ordered use, over any stream type (the loom models
+/// run it with mock streams): under the lock, enqueue `wait(from, on)` for every
+/// conflicting stream, then record the use as in flight. Holding the lock while
+/// enqueueing waits (which never blocks) orders two threads that share the allocation.
+pub(crate) fn stream_use_with<'t, S: TrackedStream>(
+    state: &sync::Mutex<AccessState<S>>,
+    in_flight: &'t sync::AtomicUsize,
+    on: &S,
+    access: Access,
+    mut wait: impl FnMut(&S, &S) -> Result<()>,
+) -> Result<UseGuard<'t>> {
+    let mut st = sync::lock(state);
+    for from in st.stream_waits(on.id(), access) {
+        wait(&from, on)?;
+    }
+    st.commit_stream(on, access);
+    Ok(begin(in_flight))
+}
+
+/// The locking protocol of a host access: snapshot the conflicting streams under the
+/// lock, synchronise them without it (a host wait may be long), then forget what was
+/// waited for — unless a stream-ordered use arrived meanwhile (the epoch moved) or was
+/// recorded but maybe not yet enqueued when the snapshot was taken (in flight).
+pub(crate) fn host_use_with<S: TrackedStream>(
+    state: &sync::Mutex<AccessState<S>>,
+    in_flight: &sync::AtomicUsize,
+    access: Access,
+    mut synchronize: impl FnMut(&S) -> Result<()>,
+) -> Result<()> {
+    let wait = {
+        let st = sync::lock(state);
+        if st.writer.is_none() && (access == Access::Read || st.readers.is_empty()) {
             return Ok(());
         }
-        for s in st.all_pending() {
-            s.synchronize()?;
-        }
-        *st = AccessState::default();
-        Ok(())
+        let mut wait = st.host_waits(access);
+        wait.keep = in_flight.load(std::sync::atomic::Ordering::Acquire) != 0;
+        wait
+    };
+    for s in &wait.streams {
+        synchronize(s)?;
     }
+    sync::lock(state).host_waited(&wait);
+    Ok(())
 }
 
 impl AccessState<StreamRef> {
     fn commit_stream_slot(&mut self, on: StreamSlot<'_>, access: Access) {
-        // The fast path: nothing changes and nothing is cloned.
         let id = on.id();
         let unchanged = match access {
             Access::Write => {
@@ -484,5 +567,151 @@ mod tests {
         let w = st.host_waits(Access::Write);
         st.host_waited(&w);
         assert!(st.is_idle());
+    }
+}
+
+/// Model checks of the tracker's locking protocol with loom (`.ci/run` runs them with
+/// `RUSTFLAGS="--cfg loom"`): the production functions `stream_use_with` and
+/// `host_use_with`, over mock streams whose "completion" is an atomic flag.
+#[cfg(all(test, loom))]
+mod loom_models {
+    use super::*;
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use loom::thread;
+
+    /// A mock stream: `done` is set when the host synchronises it.
+    #[derive(Clone)]
+    struct M {
+        id: u64,
+        done: Arc<AtomicBool>,
+    }
+    impl TrackedStream for M {
+        fn id(&self) -> u64 {
+            self.id
+        }
+    }
+    fn stream(id: u64) -> M {
+        M {
+            id,
+            done: Arc::new(AtomicBool::new(false)),
+        }
+    }
+    fn with_writer(w: &M) -> (Arc<sync::Mutex<AccessState<M>>>, Arc<sync::AtomicUsize>) {
+        let mut st = AccessState::default();
+        st.commit_stream(w, Access::Write);
+        (
+            Arc::new(sync::Mutex::new(st)),
+            Arc::new(sync::AtomicUsize::new(0)),
+        )
+    }
+
+    /// A host read and a device read on another stream race: the device read either
+    /// waits for the pending write or runs after the host saw it complete.
+    #[test]
+    fn device_read_never_skips_an_unfinished_write() {
+        loom::model(|| {
+            let w = stream(1);
+            let (state, in_flight) = with_writer(&w);
+            let host = {
+                let (state, in_flight) = (state.clone(), in_flight.clone());
+                thread::spawn(move || {
+                    host_use_with(&state, &in_flight, Access::Read, |s| {
+                        s.done.store(true, SeqCst);
+                        Ok(())
+                    })
+                    .unwrap();
+                })
+            };
+            let reader = stream(2);
+            let mut waited_for_writer = false;
+            let guard = stream_use_with(&state, &in_flight, &reader, Access::Read, |from, _| {
+                waited_for_writer |= from.id == 1;
+                Ok(())
+            })
+            .unwrap();
+            assert!(
+                waited_for_writer || w.done.load(SeqCst),
+                "a read skipped a write that had not finished"
+            );
+            drop(guard);
+            host.join().unwrap();
+        });
+    }
+
+    /// Two device reads on different streams both wait for the write, and both stay
+    /// recorded (a later write waits for each).
+    #[test]
+    fn concurrent_readers_both_wait_and_are_kept() {
+        loom::model(|| {
+            let w = stream(1);
+            let (state, in_flight) = with_writer(&w);
+            let spawn_reader = |id: u64| {
+                let (state, in_flight) = (state.clone(), in_flight.clone());
+                thread::spawn(move || {
+                    let mut waited = false;
+                    let g = stream_use_with(
+                        &state,
+                        &in_flight,
+                        &stream(id),
+                        Access::Read,
+                        |from, _| {
+                            waited |= from.id == 1;
+                            Ok(())
+                        },
+                    )
+                    .unwrap();
+                    drop(g);
+                    waited
+                })
+            };
+            let (a, b) = (spawn_reader(2), spawn_reader(3));
+            assert!(a.join().unwrap() && b.join().unwrap());
+            let st = sync::lock(&state);
+            let mut waits: Vec<u64> = st
+                .stream_waits(4, Access::Write)
+                .iter()
+                .map(|s| s.id)
+                .collect();
+            waits.sort();
+            assert_eq!(waits, [1, 2, 3]);
+        });
+    }
+
+    /// A host wait racing a new use on the *same* stream it synchronises must not forget
+    /// that use unless its synchronisation came after the use was enqueued.
+    #[test]
+    fn host_wait_forgets_only_enqueued_uses() {
+        loom::model(|| {
+            let w = stream(1);
+            let (state, in_flight) = with_writer(&w);
+            let enqueued = Arc::new(AtomicBool::new(false));
+            let host = {
+                let (state, in_flight, enqueued) =
+                    (state.clone(), in_flight.clone(), enqueued.clone());
+                thread::spawn(move || {
+                    let mut synced_after_enqueue = false;
+                    host_use_with(&state, &in_flight, Access::Read, |_| {
+                        synced_after_enqueue = enqueued.load(SeqCst);
+                        Ok(())
+                    })
+                    .unwrap();
+                    synced_after_enqueue
+                })
+            };
+            // A kernel writing through a shared reference, on the same stream: record,
+            // enqueue, release the guard.
+            let guard =
+                stream_use_with(&state, &in_flight, &w, Access::Write, |_, _| Ok(())).unwrap();
+            enqueued.store(true, SeqCst);
+            drop(guard);
+            let synced_after_enqueue = host.join().unwrap();
+            let st = sync::lock(&state);
+            let kept = st.writer.as_ref().is_some_and(|s| s.id == 1);
+            assert!(
+                kept || synced_after_enqueue,
+                "a use was forgotten by a host wait that did not cover it"
+            );
+        });
     }
 }

@@ -179,9 +179,11 @@ impl<'b> BoundStream<'b> {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        self.track(a.tracker(), Access::Read)?;
-        self.track(b.tracker(), Access::Read)?;
-        self.track(c.tracker(), Access::Write)?;
+        let _uses = [
+            self.track(a.tracker(), Access::Read)?,
+            self.track(b.tracker(), Access::Read)?,
+            self.track(c.tracker(), Access::Write)?,
+        ];
         let op = |t: bool| {
             if t {
                 cublas::cublasOperation_t::CUBLAS_OP_T

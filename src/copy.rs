@@ -96,7 +96,7 @@
 //! Code that manages the synchronisation itself can use the `unsafe`
 //! [`BoundStream::copy_async`].
 
-use crate::access::{Access, AccessTracker};
+use crate::access::{Access, AccessTracker, UseGuard};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -310,22 +310,27 @@ enum Order {
     Host,
 }
 
-/// Orders the copy's two endpoints after their conflicting pending uses.
-fn order(
+/// Orders the copy's two endpoints after their conflicting pending uses. Hold the guards
+/// until the copy is enqueued.
+fn order<'t>(
     bound_stream: &BoundStream<'_>,
     how: Order,
-    src: &Endpoint<'_>,
-    dst: &Endpoint<'_>,
-) -> Result<()> {
-    for (ep, access) in [(src, Access::Read), (dst, Access::Write)] {
+    src: &Endpoint<'t>,
+    dst: &Endpoint<'t>,
+) -> Result<[UseGuard<'t>; 2]> {
+    let mut guards = [UseGuard::none(), UseGuard::none()];
+    for (slot, (ep, access)) in guards
+        .iter_mut()
+        .zip([(src, Access::Read), (dst, Access::Write)])
+    {
         if let Some(t) = ep.tracker {
             match how {
-                Order::Stream => bound_stream.track(t, access)?,
+                Order::Stream => *slot = bound_stream.track(t, access)?,
                 Order::Host => t.host_use(access)?,
             }
         }
     }
-    Ok(())
+    Ok(guards)
 }
 
 /// Enqueues one copy of `src` into `dst` on `stream` (host-to-host: synchronises `stream`
@@ -353,7 +358,7 @@ unsafe fn enqueue<T: DeviceRepr>(
     if bytes == 0 {
         return Ok(());
     }
-    order(stream, how, &src, &dst)?;
+    let _uses = order(stream, how, &src, &dst)?;
     // SAFETY: `raw` is the stream's handle, valid while `stream` is borrowed.
     let raw = unsafe { stream.raw() };
     // SAFETY (all arms): the context is current (BoundDevice invariant) and `raw`

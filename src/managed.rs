@@ -273,7 +273,7 @@ impl<'b> BoundStream<'b> {
             return Ok(());
         }
         // Migration keeps the contents: ordered like a read.
-        self.track(&mem.tracker, Access::Read)?;
+        let _use = self.track(&mem.tracker, Access::Read)?;
         // SAFETY: context current, stream of it; one live managed allocation, whose free
         // waits for this prefetch (tracked above).
         unsafe { sys::cuMemPrefetchAsync_v2(mem.ptr, mem.num_bytes(), to.raw(), 0, self.raw()) }

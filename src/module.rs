@@ -43,7 +43,7 @@
 //! reports it (`cuFuncGetParamInfo`, CUDA 12.4+): a wrong count or a wrong size is
 //! [`Error::LaunchArgs`], a slice of another device is [`Error::WrongDevice`].
 
-use crate::access::Access;
+use crate::access::{Access, UseGuard};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -297,11 +297,40 @@ pub struct LaunchBuilder<'s, 'a> {
     /// The first argument whose size differs from the kernel's parameter, found as it
     /// is appended (reported after the count check, as before).
     size_error: Option<Error>,
+    /// The buffer arguments' recorded uses, held until the kernel is enqueued.
+    uses: Uses<'a>,
     _args: std::marker::PhantomData<&'a ()>,
 }
 
 /// How many argument pointers a launch keeps inline before spilling to the heap.
 const INLINE_ARGS: usize = 12;
+
+/// The use guards of a launch's buffer arguments: inline for up to [`INLINE_ARGS`], so a
+/// typical launch allocates nothing.
+struct Uses<'a> {
+    inline: [UseGuard<'a>; INLINE_ARGS],
+    n: usize,
+    spill: Vec<UseGuard<'a>>,
+}
+
+impl<'a> Uses<'a> {
+    fn new() -> Self {
+        Uses {
+            inline: std::array::from_fn(|_| UseGuard::none()),
+            n: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, g: UseGuard<'a>) {
+        if self.n < INLINE_ARGS {
+            self.inline[self.n] = g;
+            self.n += 1;
+        } else {
+            self.spill.push(g);
+        }
+    }
+}
 
 /// The kernel-parameter pointer array: inline for up to [`INLINE_ARGS`] arguments, so a
 /// typical launch allocates nothing.
@@ -364,6 +393,7 @@ impl<'b> BoundStream<'b> {
             args: ArgPtrs::new(),
             error,
             size_error: None,
+            uses: Uses::new(),
             _args: std::marker::PhantomData,
         }
     }
@@ -388,8 +418,13 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
                 .expect_device("kernel argument", dev)
                 .err();
         }
+        // The guards so far live for 'a, which outlives 'n: shorten them to 'n.
+        let mut uses: Uses<'n> = self.uses;
         if let (None, Some(t)) = (&self.error, arg.access_tracker()) {
-            self.error = self.stream.track(t, Access::Write).err();
+            match self.stream.track(t, Access::Write) {
+                Ok(g) => uses.push(g),
+                Err(e) => self.error = Some(e),
+            }
         }
         let i = self.args.len();
         if let (None, Some(&want)) = (
@@ -416,6 +451,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             args: self.args,
             error: self.error,
             size_error: self.size_error,
+            uses,
             _args: std::marker::PhantomData,
         }
     }

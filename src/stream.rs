@@ -40,7 +40,7 @@
 //! Keep the `Stream` (it outlives binds) and call `gpu.on(&stream)` again under the next
 //! binding.
 
-use crate::access::{Access, AccessTracker, StreamInner, StreamRef, StreamSlot};
+use crate::access::{Access, AccessTracker, StreamInner, StreamRef, StreamSlot, UseGuard};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -227,7 +227,8 @@ impl<'b> BoundStream<'b> {
     /// Orders a use of `mem` on this stream after its conflicting pending uses (on other
     /// streams) and records it; see `crate::access`. Every stream-ordered operation on a
     /// gpubind buffer calls this before enqueueing.
-    pub(crate) fn track(&self, mem: &AccessTracker, access: Access) -> Result<()> {
+    /// Hold the returned guard until the operation is enqueued.
+    pub(crate) fn track<'t>(&self, mem: &'t AccessTracker, access: Access) -> Result<UseGuard<'t>> {
         mem.stream_use(self.slot, access)
     }
 
@@ -268,7 +269,7 @@ impl<'b> BoundStream<'b> {
         if dst.is_empty() {
             return Ok(());
         }
-        self.track(dst.tracker(), Access::Write)?;
+        let _use = self.track(dst.tracker(), Access::Write)?;
         // SAFETY: current context; in-bounds range of a live allocation, whose other uses
         // are ordered before this one (tracked above) and whose free waits for it.
         unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.slot.raw()) }
@@ -287,8 +288,8 @@ impl<'b> BoundStream<'b> {
         if src.is_empty() {
             return Ok(());
         }
-        self.track(src.tracker(), Access::Read)?;
-        self.track(dst.tracker(), Access::Write)?;
+        let _read = self.track(src.tracker(), Access::Read)?;
+        let _write = self.track(dst.tracker(), Access::Write)?;
         // SAFETY: current context; live allocations whose other uses are ordered around
         // this one (tracked above) and whose frees wait for it.
         unsafe {
@@ -321,7 +322,7 @@ impl<'b> BoundStream<'b> {
         if src.is_empty() {
             return Ok(());
         }
-        self.track(dst.tracker(), Access::Write)?;
+        let _use = self.track(dst.tracker(), Access::Write)?;
         // SAFETY: current context; sizes match; `dst` is tracked; the caller keeps `src`
         // alive as documented.
         unsafe {
@@ -352,7 +353,7 @@ impl<'b> BoundStream<'b> {
         if dst.is_empty() {
             return Ok(());
         }
-        self.track(src.tracker(), Access::Read)?;
+        let _use = self.track(src.tracker(), Access::Read)?;
         // SAFETY: current context; sizes match; `src` is tracked; the caller keeps `dst`
         // alive as documented.
         unsafe {

@@ -31,7 +31,7 @@
 use super::kernels::KernelSet;
 use super::lock;
 use super::{Call, DType, Kind, Op, Transport};
-use crate::access::{AccessTracker, StreamRef};
+use crate::access::{AccessTracker, StreamRef, UseGuard};
 use crate::context::{BoundDevice, ThreadContext};
 use crate::device::Device;
 use crate::driver::Check;
@@ -216,7 +216,7 @@ struct Staging {
 impl Staging {
     /// Orders `lanes` (each with its device's context pushed) after every pending use of
     /// the buffer, and records them as its users.
-    fn use_on(&self, lanes: &[&Lane]) -> Result<()> {
+    fn use_on(&self, lanes: &[&Lane]) -> Result<UseGuard<'_>> {
         let refs: Vec<StreamRef> = lanes.iter().map(|l| l.stream_ref.clone()).collect();
         self.tracker.lanes_use(&refs)
     }
@@ -464,7 +464,7 @@ pub(crate) fn collective(
         };
         let slot_bytes = elems * es;
         let st = sh.staging(StageKey::Coll, slot_bytes * stagers.len(), lanes)?;
-        st.use_on(&lanes.iter().collect::<Vec<_>>())?;
+        let _staging_use = st.use_on(&lanes.iter().collect::<Vec<_>>())?;
         for (i, &r) in stagers.iter().enumerate() {
             let host = st.host.wrapping_byte_add(i * slot_bytes);
             run.dtoh(rank_lane[r], host, send[r], slot_bytes)?;
@@ -586,7 +586,7 @@ pub(crate) fn p2p(
     }
     let key = StageKey::Pair(send.rank.min(recv.rank), send.rank.max(recv.rank));
     let st = sh.staging(key, bytes, lanes)?;
-    st.use_on(&which.iter().map(|&l| &lanes[l]).collect::<Vec<_>>())?;
+    let _staging_use = st.use_on(&which.iter().map(|&l| &lanes[l]).collect::<Vec<_>>())?;
     run.dtoh(sl, st.host, send.send, bytes)?;
     run.barrier(&which)?;
     run.htod(rl, recv.recv, st.host, bytes)?;

@@ -731,10 +731,13 @@ impl Communicator {
         let plan = plan(self.len(), calls)?;
         // Each rank's buffers are used on its lane's stream (the engine's barriers order
         // the other lanes after it): order that stream after their pending uses.
+        let mut _uses = Vec::with_capacity(tracked.len());
         for &(rank, tracker, access) in tracked {
             let gpu = ctx.bind(&self.devices[rank])?;
-            gpu.on(&self.lanes[self.rank_lane[rank]].0)?
-                .track(tracker, access)?;
+            _uses.push(
+                gpu.on(&self.lanes[self.rank_lane[rank]].0)?
+                    .track(tracker, access)?,
+            );
         }
         match &self.engine {
             Engine::Kernels(shared) => {
@@ -1029,9 +1032,10 @@ impl RankComm {
         // This rank's buffers are used on its stream (the engine's barriers and NCCL order
         // everything else after it): order it after their pending uses. A failure is
         // posted like any other, so the other ranks learn of it.
+        let mut _uses = Vec::with_capacity(2);
         let call = call.and_then(|call| {
             for (tracker, access) in uses(send, recv) {
-                stream.track(tracker, access)?;
+                _uses.push(stream.track(tracker, access)?);
             }
             Ok(call)
         });

@@ -202,7 +202,8 @@ impl MemoryPool {
         // the DeviceSlice never frees it (ManuallyDrop): PoolSlice's Drop does.
         let slice = unsafe { DeviceSlice::from_raw(Arc::clone(&self.inner.device), ptr, len) };
         // The memory exists from this point of `stream` on: every other use waits for it.
-        stream.track(crate::memory::Tracked::tracker(&slice), Access::Write)?;
+        // (Recorded after the enqueue, so the guard can end at once.)
+        drop(stream.track(crate::memory::Tracked::tracker(&slice), Access::Write)?);
         Ok(PoolSlice {
             slice: ManuallyDrop::new(slice),
             pool: Arc::clone(&self.inner),
@@ -347,7 +348,8 @@ impl<T: DeviceRepr> PoolSlice<T> {
         stream
             .bound()
             .expect_device("pool slice", &self.pool.device)?;
-        stream.track(crate::memory::Tracked::tracker(&*self.slice), Access::Write)?;
+        drop(stream.track(crate::memory::Tracked::tracker(&*self.slice), Access::Write)?);
+        // No other use can begin: `self` is owned here.
         let mut me = ManuallyDrop::new(self);
         // SAFETY: `me` is never used or dropped again, so the slice and the Arc are moved
         // out once.
