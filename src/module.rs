@@ -43,7 +43,7 @@
 //! reports it (`cuFuncGetParamInfo`, CUDA 12.4+): a wrong count or a wrong size is
 //! [`Error::LaunchArgs`], a slice of another device is [`Error::WrongDevice`].
 
-use crate::access::{Access, UseGuard};
+use crate::access::{Access, AccessTracker, UseGuard};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -59,6 +59,9 @@ use std::sync::Arc;
 pub struct Module {
     device: Arc<Device>,
     raw: sys::CUmodule,
+    /// The streams its kernels were launched on (as reads: launches stay concurrent), so
+    /// the unload waits for them.
+    launches: AccessTracker,
 }
 
 // SAFETY: a CUmodule handle is a thread-agnostic identifier; gpubind calls the driver
@@ -118,9 +121,15 @@ impl Module {
 
 impl Drop for Module {
     fn drop(&mut self) {
+        // Unload only once no launched kernel can still run; if that cannot be known (a
+        // faulted context), leak the module instead.
+        if self.launches.wait_all().is_err() {
+            return;
+        }
         if let Ok(_guard) = self.device.enter() {
-            // SAFETY: loaded in this context, unloaded once here; no Function
-            // outlives the module (they borrow it).
+            // SAFETY: loaded in this context, unloaded once here, after every kernel
+            // launched from it has finished (waited for above); no Function outlives the
+            // module (they borrow it).
             let _ = unsafe { sys::cuModuleUnload(self.raw) };
         }
     }
@@ -495,6 +504,10 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         if let Some(e) = self.size_error {
             return Err(e);
         }
+        // The module's unload waits for this launch.
+        let _module_use = self
+            .stream
+            .track(&self.func.module.launches, Access::Read)?;
         let LaunchConfig {
             grid_dim: g,
             block_dim: b,
@@ -551,6 +564,7 @@ impl<'a> BoundDevice<'a> {
         Ok(Module {
             device: Arc::clone(self.device()),
             raw,
+            launches: AccessTracker::default(),
         })
     }
 
