@@ -69,8 +69,9 @@
 //! ```
 //!
 //! Device memory ([`DeviceSlice`] and views) needs no such long borrow: the host reaches it
-//! only through stream-ordered or synchronising calls, and freeing it waits for pending
-//! work. [`CopyScope::copy_to_device`] and [`CopyScope::copy_from_device`] therefore borrow
+//! only through gpubind's calls, which its access tracker orders after the pending copy
+//! (a `dtoh` inside the scope waits for it; a copy on another stream waits on the device),
+//! and freeing it waits for the copy too (`docs/safety.md`). [`CopyScope::copy_to_device`] and [`CopyScope::copy_from_device`] therefore borrow
 //! only the host side until the scope ends, so a whole pipeline — upload, kernel,
 //! download — fits in one scope with a single synchronisation:
 //!
@@ -509,7 +510,8 @@ impl<'s, 'env> CopyScope<'s, 'env> {
         D: CopyDest<T> + DeviceOnlyMemory + ?Sized,
     {
         // SAFETY: `src` is borrowed for 'env (see `copy`); `dst` is device-only memory,
-        // which the host cannot touch directly and whose free synchronises.
+        // which the host cannot touch directly: its other uses and its free are ordered
+        // after this copy by its tracker.
         unsafe { self.stream.copy_async(src, dst) }
     }
 

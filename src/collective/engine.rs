@@ -12,7 +12,8 @@
 //! is one lane). The first barrier orders the work after each rank's earlier work on
 //! its stream (its inputs are ready); the second orders each rank's later work after
 //! every lane's reads and writes of its buffers, so the caller may reuse or free them
-//! (a free synchronises the rank's context, whose stream now waits on the others).
+//! (a buffer's tracker records the rank's lane as its last use, so later uses and frees
+//! wait for that lane, which waits for the others).
 //!
 //! Direct algorithms (`L` lanes, `N` ranks, `c` elements):
 //! * all_reduce: lane `l` reduces chunk `l` of `[0, c)` over all `N` inputs and writes
