@@ -313,6 +313,9 @@ impl<T: DeviceRepr> PoolSlice<T> {
     ///
     /// The exporting process must keep the slice alive until every importer has dropped
     /// its [`ImportedSlice`](super::ImportedSlice) (tell it to, and wait for the answer).
+    ///
+    /// Waits first for the slice's pending stream-ordered uses in this process: the
+    /// importer's work is not ordered after them by anything else.
     pub fn export(&self) -> Result<BufferHandle> {
         if !self.pool.is_ipc() {
             return Err(Error::NotIpcPool);
@@ -322,6 +325,7 @@ impl<T: DeviceRepr> PoolSlice<T> {
                 "an empty pool slice has no allocation to export".into(),
             ));
         }
+        crate::memory::Tracked::tracker(&*self.slice).host_use(Access::Write)?;
         let _guard = self.pool.device.enter()?;
         let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
         // SAFETY: `ptr` is a live allocation of this IPC pool; its context is current;
