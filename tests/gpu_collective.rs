@@ -553,23 +553,23 @@ fn kernels_all_devices() -> R {
     group_matrix(&mut ctx, &comm, true, &[1, 1001])
 }
 
-/// Returns false (after checking the typed error) when NCCL is not installed.
-fn nccl_present(ctx: &mut ThreadContext) -> Result<bool, String> {
+/// `Ok` when NCCL is installed; otherwise checks the typed error and returns the
+/// harness's skip, so the test is reported `ignored (SKIPPED: …)`, never as passed.
+fn nccl_present(ctx: &mut ThreadContext) -> R {
     if nccl_available() {
-        return Ok(true);
+        return Ok(());
     }
     let e = Communicator::new(ctx, &[dev0()?], CommOptions::nccl()).unwrap_err();
     ensure!(e == Error::NoNccl, "want NoNccl, got {e}");
     ensure!(e.to_string().contains("LD_LIBRARY_PATH"), "{e}");
-    println!("    NCCL not installed: checked Error::NoNccl only");
-    Ok(false)
+    Err(common::skip(
+        "NCCL is not installed (Error::NoNccl checked)",
+    ))
 }
 
 fn nccl_group_one_device() -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    if !nccl_present(&mut ctx)? {
-        return Ok(());
-    }
+    nccl_present(&mut ctx)?;
     println!(
         "    NCCL {:?}",
         gpubind::collective::nccl_version().ctx("version")?
@@ -580,9 +580,7 @@ fn nccl_group_one_device() -> R {
 
 fn nccl_thread_per_rank_one_device() -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    if !nccl_present(&mut ctx)? {
-        return Ok(());
-    }
+    nccl_present(&mut ctx)?;
     drop(ctx);
     let mut comms = Communicator::init_all(&[dev0()?], CommOptions::nccl()).ctx("init_all")?;
     thread_matrix(&mut comms, false, &[0, 1, 1001])
@@ -590,9 +588,7 @@ fn nccl_thread_per_rank_one_device() -> R {
 
 fn nccl_all_devices() -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    if !nccl_present(&mut ctx)? {
-        return Ok(());
-    }
+    nccl_present(&mut ctx)?;
     let devices = multi_gpu_devices()?;
     let comm = Communicator::new(&mut ctx, &devices, CommOptions::nccl()).ctx("new")?;
     group_matrix(&mut ctx, &comm, false, &SIZES)?;
@@ -604,9 +600,7 @@ fn nccl_all_devices() -> R {
 
 fn nccl_rejects_ranks_on_one_gpu() -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    if !nccl_present(&mut ctx)? {
-        return Ok(());
-    }
+    nccl_present(&mut ctx)?;
     let d = dev0()?;
     let e = Communicator::new(&mut ctx, &[d.clone(), d.clone()], CommOptions::nccl()).unwrap_err();
     ensure!(
@@ -628,6 +622,8 @@ fn mismatched_lengths_are_typed_errors() -> R {
     let mut backends = vec![CommOptions::kernels()];
     if nccl_available() {
         backends.push(CommOptions::nccl());
+    } else {
+        println!("    SKIPPED: the NCCL part (libnccl not found)");
     }
     for opts in backends {
         let devices = if opts.backend == gpubind::Backend::Nccl {
@@ -754,6 +750,8 @@ fn all_reduce_256mb() -> R {
     ];
     if nccl_available() {
         configs.push((1, CommOptions::nccl()));
+    } else {
+        println!("    SKIPPED: the NCCL part (libnccl not found)");
     }
     for (n, opts) in configs {
         let devices = vec![Arc::clone(&d); n];

@@ -200,7 +200,7 @@ fn data_parallel_step_matches_single_replica() -> R {
     if gpubind::nccl_available() {
         cases.push(("NCCL, 1 rank", vec![dev.clone()], CommOptions::nccl()));
     } else {
-        println!("    libnccl not found: NCCL case not run");
+        println!("    SKIPPED: the NCCL case (libnccl not found)");
     }
     for (label, devices, options) in cases {
         let comm = Communicator::new(&mut ctx, &devices, options).ctx("communicator")?;

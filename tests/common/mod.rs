@@ -17,28 +17,135 @@ use std::time::Instant;
 /// error: it is reported as `ignored` with the reason, never as passed.
 pub type TestFn = fn() -> Result<(), String>;
 
-/// Why GPU tests cannot run here, or `None` if they can.
-pub fn gpu_unavailable() -> Option<String> {
+/// Whether the GPU tests can run here.
+pub enum Availability {
+    /// A driver and at least one device: run.
+    Ready,
+    /// No driver, or a driver that reports no device: print one SKIPPED line.
+    Absent(String),
+    /// A driver is there but failed: the suite FAILS (a broken driver is not "no GPU").
+    Broken(String),
+}
+
+/// Decides whether GPU tests run, skip (no driver or no device) or fail (any other error).
+pub fn gpu_availability() -> Availability {
+    use gpubind::cudarc::driver::sys::CUresult;
     if !gpubind::driver_available() {
-        return Some("no CUDA driver found (libcuda not loadable)".into());
+        return Availability::Absent("no CUDA driver found (libcuda not loadable)".into());
     }
     match gpubind::Device::count() {
-        Ok(0) => Some("the CUDA driver reports no device".into()),
-        Ok(_) => None,
-        Err(e) => Some(format!("CUDA init failed: {e}")),
+        Ok(0) => Availability::Absent("the CUDA driver reports no device".into()),
+        Ok(_) => Availability::Ready,
+        Err(gpubind::Error::NoDriver) => {
+            Availability::Absent("no CUDA driver found (libcuda not loadable)".into())
+        }
+        Err(gpubind::Error::Driver {
+            code: CUresult::CUDA_ERROR_NO_DEVICE,
+            ..
+        }) => Availability::Absent("cuInit: no CUDA-capable device".into()),
+        Err(e) => Availability::Broken(format!("CUDA init failed: {e}")),
     }
 }
 
+/// Why GPU tests cannot run here, or `None` if they can (a broken driver counts as
+/// "can": the suite then runs and its tests fail with the driver's error).
+pub fn gpu_unavailable() -> Option<String> {
+    match gpu_availability() {
+        Availability::Absent(why) => Some(why),
+        Availability::Ready | Availability::Broken(_) => None,
+    }
+}
+
+/// Seconds one test may run before the suite fails (`GPUBIND_TEST_TIMEOUT`, default 120).
+fn test_timeout() -> std::time::Duration {
+    let secs = std::env::var("GPUBIND_TEST_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(120);
+    std::time::Duration::from_secs(secs)
+}
+
+/// The error for a `GPUBIND_TEST_FILTER` that matches none of `tests` (checked before
+/// anything else, GPU or not: a typo must fail, not look green).
+pub fn filter_error(suite: &str, tests: &[(&str, TestFn)], filter: Option<&str>) -> Option<String> {
+    let flt = filter?;
+    (!tests.iter().any(|(name, _)| name.contains(flt))).then(|| {
+        format!(
+            "{suite}: FAILED: GPUBIND_TEST_FILTER={flt:?} matches none of its {} tests",
+            tests.len()
+        )
+    })
+}
+
+/// Runs `f` on its own thread; `Err` if it panics or runs past `limit` (then the whole
+/// process is about to exit: a hung test cannot be stopped, only reported).
+pub fn run_with_timeout(f: TestFn, limit: std::time::Duration) -> Result<(), String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("gpu-test".into())
+        .spawn(move || {
+            let outcome = std::panic::catch_unwind(f).unwrap_or_else(|p| {
+                Err(p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "panicked".into()))
+            });
+            let _ = tx.send(outcome);
+        })
+        .map_err(|e| format!("could not start the test thread: {e}"))?;
+    match rx.recv_timeout(limit) {
+        Ok(outcome) => outcome,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(format!(
+            "{TIMEOUT}{} s (GPUBIND_TEST_TIMEOUT)",
+            limit.as_secs()
+        )),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            Err("the test thread ended without a result".into())
+        }
+    }
+}
+
+const TIMEOUT: &str = "timed out after ";
+
 /// Runs `tests` (or prints one skip line) and exits the process with the outcome.
+///
+/// * No driver or no device: one `SKIPPED` line, exit 0. Any other driver failure: the
+///   suite fails.
+/// * `GPUBIND_TEST_FILTER=substr` runs only matching tests; a filter that matches none
+///   fails the suite (a typo must not look green).
+/// * Each test runs under a timeout (`GPUBIND_TEST_TIMEOUT` seconds, default 120); a
+///   test past it fails the suite at once.
+/// * A test that cannot run here (needs 2 GPUs, needs NCCL) returns [`skip`]'s error and
+///   is reported `ignored (SKIPPED: why)`, never as passed.
 pub fn run_suite(suite: &str, tests: &[(&str, TestFn)]) -> ! {
-    if let Some(why) = gpu_unavailable() {
+    let filter = std::env::var("GPUBIND_TEST_FILTER").ok();
+    if let Some(why) = filter_error(suite, tests, filter.as_deref()) {
+        println!("{why}");
         println!(
-            "SKIPPED {suite}: all {} GPU tests skipped: {why}",
+            "\ntest result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; {} filtered out; finished in 0.00s\n",
             tests.len()
         );
-        std::process::exit(0);
+        std::process::exit(1);
     }
-    let filter = std::env::var("GPUBIND_TEST_FILTER").ok();
+    match gpu_availability() {
+        Availability::Absent(why) => {
+            println!(
+                "SKIPPED {suite}: all {} GPU tests skipped: {why}",
+                tests.len()
+            );
+            std::process::exit(0);
+        }
+        Availability::Broken(why) => {
+            println!("{suite}: FAILED before any test: {why}");
+            println!(
+                "\ntest result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s\n"
+            );
+            std::process::exit(1);
+        }
+        Availability::Ready => {}
+    }
+    let limit = test_timeout();
     let start = Instant::now();
     let (mut passed, mut failed, mut filtered, mut ignored) = (0, 0, 0, 0);
     println!("\nrunning {} tests ({suite})", tests.len());
@@ -48,13 +155,7 @@ pub fn run_suite(suite: &str, tests: &[(&str, TestFn)]) -> ! {
             continue;
         }
         let t = Instant::now();
-        let outcome = std::panic::catch_unwind(*f).unwrap_or_else(|p| {
-            Err(p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panicked".into()))
-        });
+        let outcome = run_with_timeout(*f, limit);
         match outcome {
             Ok(()) => {
                 passed += 1;
@@ -65,11 +166,19 @@ pub fn run_suite(suite: &str, tests: &[(&str, TestFn)]) -> ! {
             }
             Err(msg) if msg.starts_with(SKIP) => {
                 ignored += 1;
-                println!("test {name} ... ignored ({})", &msg[SKIP.len()..]);
+                println!("test {name} ... ignored (SKIPPED: {})", &msg[SKIP.len()..]);
             }
             Err(msg) => {
                 failed += 1;
                 println!("test {name} ... FAILED\n    {msg}");
+                if msg.starts_with(TIMEOUT) {
+                    // The hung test's thread cannot be stopped: report and stop here.
+                    println!(
+                        "\ntest result: FAILED. {passed} passed; {failed} failed; {ignored} ignored; 0 measured; {filtered} filtered out; finished in {:.2}s\n",
+                        start.elapsed().as_secs_f64()
+                    );
+                    std::process::exit(1);
+                }
             }
         }
     }

@@ -23,7 +23,7 @@ fn run() -> gpubind::Result<()> {
 
 fn main() {
     match run() {
-        Err(Error::NoDriver) => println!("no CUDA driver; nothing to run"),
+        Err(Error::NoDriver) => println!("SKIPPED: no CUDA driver; compiled, nothing run"),
         other => other.unwrap(),
     }
 }
