@@ -17,6 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 type R = Result<(), String>;
+/// Two reductions' results, per rank.
+type Pair = Result<(Vec<i32>, Vec<i32>), String>;
 
 const KERNELS: &str = r#"
 // Spins for `cycles` clock ticks, then writes `value` to every element.
@@ -341,12 +343,12 @@ fn rank_comm_stream_switch_host_staged() -> R {
     for round in 0..3 {
         let opts = CommOptions::kernels().with_transport(Transport::HostStaged);
         let comms = Communicator::init_all(&[dev.clone(), dev.clone()], opts).ctx("init_all")?;
-        let results: Vec<Result<(Vec<i32>, Vec<i32>), String>> = std::thread::scope(|s| {
+        let results: Vec<Pair> = std::thread::scope(|s| {
             let handles: Vec<_> = comms
                 .into_iter()
                 .map(|mut comm| {
                     let dev = dev.clone();
-                    s.spawn(move || -> Result<(Vec<i32>, Vec<i32>), String> {
+                    s.spawn(move || -> Pair {
                         let rank = comm.rank() as i32;
                         let mut ctx = ThreadContext::acquire().ctx("acquire")?;
                         let gpu = ctx.bind(&dev).ctx("bind")?;
@@ -398,8 +400,8 @@ fn nccl_group_inputs_rewritten_after_return() -> R {
     }
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let comm =
-        Communicator::new(&mut ctx, &[dev.clone()], CommOptions::nccl()).ctx("communicator")?;
+    let comm = Communicator::new(&mut ctx, std::slice::from_ref(&dev), CommOptions::nccl())
+        .ctx("communicator")?;
     let (module, mut input, mut out) = {
         let gpu = ctx.bind(&dev).ctx("bind")?;
         (
