@@ -37,6 +37,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Within one process, safe code never gets two live owning slices of one allocation
+//! nor a slice longer than its mapping: importing what this process exported is
+//! [`Error::SameProcessImport`], importing an allocation a live slice already maps is
+//! [`Error::AlreadyImported`], a length the mapping does not cover (or cannot be
+//! checked) is [`Error::CorruptHandle`], and a legacy export of anything but a whole
+//! `cuMemAlloc` allocation is [`Error::NotLegacyExportable`] (`docs/ipc.md`,
+//! "Soundness").
+//!
 //! Protocol rules the types cannot enforce across processes (see `docs/ipc.md`): the
 //! exporter keeps a buffer (and its pool) alive until every importer has dropped its
 //! imported slice — have importers answer after dropping, and wait for the answer or the
