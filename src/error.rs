@@ -152,6 +152,39 @@ pub enum Error {
     )]
     NotIpcPool,
 
+    /// Importing a handle that this same process exported: the pool (or allocation) is
+    /// already owned here, and a second owning slice of it would free and use the same
+    /// memory unordered. Use the exporting [`MemoryPool`](crate::ipc::MemoryPool) /
+    /// slice directly instead.
+    #[error(
+        "{what} was exported by this same process: importing it here would give two owners of one allocation (use the exporting pool or slice directly)"
+    )]
+    SameProcessImport {
+        /// What was imported, e.g. `pool 0a1b…` or `legacy IPC handle`.
+        what: String,
+    },
+
+    /// Importing an allocation that a live slice of this process already maps (the same
+    /// buffer handle imported twice, or two handles naming one allocation). Two owning
+    /// slices of one mapping would alias and unmap it twice.
+    #[error(
+        "{what} is already imported in this process and still mapped by a live slice: use that slice, or drop it before importing again"
+    )]
+    AlreadyImported {
+        /// What was imported, e.g. `buffer of pool 0a1b…` or `legacy IPC handle`.
+        what: String,
+    },
+
+    /// [`LegacyIpcHandle::export`](crate::ipc::LegacyIpcHandle::export) of memory that is
+    /// not a whole plain `cuMemAlloc` allocation (pool memory, imported memory, or a
+    /// pointer that is not the allocation's base): the handle would describe the wrong
+    /// memory to the importer.
+    #[error("cannot export this memory as a legacy IPC handle: {reason}")]
+    NotLegacyExportable {
+        /// Why the memory was refused.
+        reason: String,
+    },
+
     /// An operating-system I/O call failed.
     #[error("{what} failed: {message}")]
     Io {

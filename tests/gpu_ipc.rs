@@ -59,6 +59,11 @@ fn main() {
             ),
             ("multi_device_buffers_both_orders", multi_device),
             ("importer_closes_after_exporter_died", exporter_dies_first),
+            ("same_process_import_is_refused", same_process_import),
+            (
+                "double_import_refused_until_dropped_and_inflated_length",
+                double_import,
+            ),
         ],
     )
 }
@@ -245,6 +250,8 @@ fn run_child(role: &str) -> R {
         "multi" => child_multi(&conn),
         "exporter" => child_exporter(&conn),
         "late" => child_late_importer(&conn),
+        "selfimport" => child_self_import(&conn),
+        "double" => child_double(&conn),
         other => Err(format!("unknown child role {other}")),
     }
 }
@@ -389,6 +396,25 @@ fn child_legacy(conn: &UnixStream) -> R {
         "legacy open left a context current"
     );
     let mut buf = good.open::<u32>().ctx("open legacy handle")?;
+    // The driver would hand back the same (reference-counted) mapping: a second live
+    // LegacySlice of it would alias the first.
+    match good.open::<u32>() {
+        Err(Error::AlreadyImported { .. }) => {}
+        other => {
+            return Err(format!(
+                "second open of a live legacy handle: expected AlreadyImported, got {other:?}"
+            ));
+        }
+    }
+    // Memory opened from another process is not ours to export again.
+    match LegacyIpcHandle::export(&*buf) {
+        Err(Error::NotLegacyExportable { .. }) => {}
+        other => {
+            return Err(format!(
+                "legacy export of a LegacySlice: expected NotLegacyExportable, got {other:?}"
+            ));
+        }
+    }
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(buf.device()).ctx("bind")?;
     ensure!(
@@ -399,6 +425,15 @@ fn child_legacy(conn: &UnixStream) -> R {
         .ctx("htod")?;
     gpu.synchronize().ctx("sync")?;
     drop(buf);
+    // Once the first slice is gone, the handle opens again.
+    let again = good
+        .open::<u32>()
+        .ctx("open again after the first slice dropped")?;
+    ensure!(
+        gpu.dtoh(&again).ctx("dtoh again")? == pattern(seed ^ REWRITE, again.len()),
+        "reopened legacy slice reads wrong data"
+    );
+    drop(again);
     done(conn)
 }
 
@@ -564,6 +599,248 @@ fn child_late_importer(conn: &UnixStream) -> R {
     ensure!(m.bytes == b"go", "importer got {:?}", m.bytes);
     drop(pool);
     drop(buf);
+    done(conn)
+}
+
+/// Same-process imports, all in this child (so that a driver that misbehaves takes down
+/// only the child): importing its own pool (by its handle, and by a handle whose id was
+/// rewritten) and opening its own legacy handle must never give a second owner of its
+/// memory; legacy export of a pool slice is refused.
+fn child_self_import(conn: &UnixStream) -> R {
+    let seed: u64 = rand::random();
+    let n = 10_000;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let dev = Device::get(0).ctx("device 0")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let pool = MemoryPool::new(&gpu, PoolConfig::default().ipc(true)).ctx("pool")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let mut buf = pool.alloc_zeros::<u32>(&s, n).ctx("alloc")?;
+    gpu.htod_copy(&pattern(seed, n), &mut buf).ctx("htod")?;
+    let bh = buf.export().ctx("export buffer")?;
+
+    // 1. The pool's own handle.
+    match ImportedPool::import(pool.export().ctx("export pool")?) {
+        Err(Error::SameProcessImport { .. }) => {}
+        Err(e) => {
+            return Err(format!(
+                "own pool import: expected SameProcessImport, got {e}"
+            ));
+        }
+        Ok(p) => {
+            // Do not drop it: it may be our own pool a second time.
+            std::mem::forget(p);
+            return Err("own pool import succeeded".into());
+        }
+    }
+    // Also through a second clone of the pool and after more allocations.
+    let clone = pool.clone();
+    let other = pool.alloc_zeros::<u8>(&s, 123).ctx("alloc 2")?;
+    ensure!(
+        matches!(
+            ImportedPool::import(clone.export().ctx("export clone")?),
+            Err(Error::SameProcessImport { .. })
+        ),
+        "own pool import through a clone was not SameProcessImport"
+    );
+    drop(other);
+
+    // 2. The pool's descriptor with a rewritten id (plain serde data). Whatever the
+    //    driver does with our own descriptor, no second owner of `buf` may come out.
+    let forged_id = json!("11".repeat(16));
+    let mut honest = pool.export().ctx("export pool")?;
+    let fd = honest
+        .take_fd()
+        .ok_or("exported pool handle has no descriptor")?;
+    let forged_pool: PoolHandle = tamper(&honest, "pool_id", forged_id.clone())?;
+    let forged_pool = forged_pool.with_fd(fd);
+    let forged_buf: BufferHandle = tamper(&bh, "pool_id", forged_id)?;
+    match ImportedPool::import(forged_pool) {
+        Err(e) => eprintln!("child: forged-id import of our own pool refused: {e}"),
+        Ok(p) => match p.import_buffer::<u32>(&forged_buf) {
+            Err(e) => eprintln!("child: forged-id buffer import refused: {e}"),
+            Ok(alias) if alias.device_ptr() == buf.device_ptr() => {
+                std::mem::forget(alias); // dropping it would free `buf`'s memory
+                return Err(format!(
+                    "a forged-id import of our own buffer aliases it at {:#x}",
+                    buf.device_ptr()
+                ));
+            }
+            Ok(distinct) => {
+                eprintln!(
+                    "child: forged-id import gave a distinct mapping ({:#x} vs {:#x})",
+                    distinct.device_ptr(),
+                    buf.device_ptr()
+                );
+                drop(distinct);
+            }
+        },
+    }
+
+    // 3. Legacy: our own handle is refused before the driver is asked.
+    let plain = gpu.clone_htod(&pattern(seed, n)).ctx("clone_htod")?;
+    let lh = LegacyIpcHandle::export(&plain).ctx("legacy export of a plain slice")?;
+    match lh.open::<u32>() {
+        Err(Error::SameProcessImport { .. }) => {}
+        Err(e) => {
+            return Err(format!(
+                "own legacy open: expected SameProcessImport, got {e}"
+            ));
+        }
+        Ok(l) => {
+            std::mem::forget(l);
+            return Err("own legacy handle opened in the exporting process".into());
+        }
+    }
+    // Through its sealed bytes too (a copy is the same handle).
+    let copy = LegacyIpcHandle::from_bytes(&lh.to_bytes().ctx("bytes")?).ctx("from_bytes")?;
+    ensure!(
+        matches!(copy.open::<u32>(), Err(Error::SameProcessImport { .. })),
+        "own legacy handle (from bytes) was not SameProcessImport"
+    );
+
+    // 4. Legacy export of pool memory (reached through PoolSlice's deref) is refused.
+    match LegacyIpcHandle::export(&*buf) {
+        Err(Error::NotLegacyExportable { .. }) => {}
+        other => {
+            return Err(format!(
+                "legacy export of a pool slice: expected NotLegacyExportable, got {other:?}"
+            ));
+        }
+    }
+
+    // Everything of ours is intact.
+    ensure!(
+        gpu.dtoh(&buf).ctx("dtoh")? == pattern(seed, n),
+        "own pool buffer changed"
+    );
+    ensure!(
+        gpu.dtoh(&plain).ctx("dtoh")? == pattern(seed, n),
+        "own plain buffer changed"
+    );
+    drop(buf);
+    drop(pool);
+    drop(clone);
+    done(conn)
+}
+
+/// `cuMemGetAddressRange` of `ptr`: bytes from `ptr` to the end of its allocation, as
+/// the driver reports it. Needs a context of the allocation's device current.
+fn mapped_bytes_from(ptr: sys::CUdeviceptr) -> R<u64> {
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: writes one address and one size_t into our locals; the driver validates
+    // `ptr`.
+    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuMemGetAddressRange_v2: {r:?}"));
+    }
+    Ok(base + size as u64 - ptr)
+}
+
+/// A process that has an IPC pool of its own imports one buffer: a second live import
+/// of it (same pool value, the pool imported again, or a rewritten length) is
+/// `AlreadyImported`; after the first slice drops it imports again; an imported slice
+/// cannot be exported as a legacy handle; a length one element beyond what the driver
+/// maps is `CorruptHandle`. Answers `{ "mapped": bytes }`, then `done`.
+fn child_double(conn: &UnixStream) -> R {
+    let (mut pools, buffers) = ipc::recv_handles(conn).ctx("recv_handles")?;
+    let seed = u64_of(&recv_json(conn)?, "seed")?;
+    ensure!(
+        pools.len() == 1 && buffers.len() == 1,
+        "expected 1 pool + 1 buffer"
+    );
+    let handle = &buffers[0];
+    let n = handle.len();
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    // An IPC pool of our own, alive during the imports (the import path then also asks
+    // the driver which pool each imported buffer belongs to).
+    let dev0 = Device::get(0).ctx("device 0")?;
+    let (own_pool, own_buf) = {
+        let gpu = ctx.bind(&dev0).ctx("bind device 0")?;
+        let p = MemoryPool::new(&gpu, PoolConfig::default().ipc(true)).ctx("own pool")?;
+        let stream = gpu.new_stream().ctx("stream")?;
+        let b = p
+            .alloc_zeros::<u32>(&gpu.on(&stream).ctx("on")?, 1000)
+            .ctx("own alloc")?;
+        (p, b)
+    };
+    let dup = pools[0].try_clone().ctx("dup pool handle")?;
+    let pool = ImportedPool::import(pools.remove(0)).ctx("import pool")?;
+    let first = pool.import_buffer::<u32>(handle).ctx("first import")?;
+    let expect_already = |what: &str, r: Result<gpubind::ImportedSlice<u32>, Error>| match r {
+        Err(Error::AlreadyImported { .. }) => Ok(()),
+        other => Err(format!("{what}: expected AlreadyImported, got {other:?}")),
+    };
+    expect_already("same handle again", pool.import_buffer::<u32>(handle))?;
+    let again = ImportedPool::import(dup).ctx("import pool again")?;
+    ensure!(again.same_pool(&pool), "a second import made a second pool");
+    expect_already(
+        "through the pool imported again",
+        again.import_buffer::<u32>(handle),
+    )?;
+    let shorter: BufferHandle = tamper(handle, "len", json!(n as u64 - 1))?;
+    expect_already(
+        "the same export data with a shorter length",
+        pool.import_buffer::<u32>(&shorter),
+    )?;
+
+    let gpu = ctx.bind(pool.device()).ctx("bind")?;
+    ensure!(
+        gpu.dtoh(&first).ctx("dtoh first")? == pattern(seed, n),
+        "first import reads wrong data"
+    );
+    let mapped = mapped_bytes_from(first.device_ptr())?;
+    ensure!(
+        mapped >= (n * 4) as u64,
+        "the driver maps {mapped} bytes for a buffer of {} bytes",
+        n * 4
+    );
+    match LegacyIpcHandle::export(&*first) {
+        Err(Error::NotLegacyExportable { .. }) => {}
+        other => {
+            return Err(format!(
+                "legacy export of an ImportedSlice: expected NotLegacyExportable, got {other:?}"
+            ));
+        }
+    }
+    drop(first);
+    let second = pool
+        .import_buffer::<u32>(handle)
+        .ctx("import again after the first slice dropped")?;
+    ensure!(
+        gpu.dtoh(&second).ctx("dtoh second")? == pattern(seed, n),
+        "second import reads wrong data"
+    );
+    drop(second);
+
+    // One element beyond what the driver maps (not just beyond the exporter's length:
+    // the pool may round allocations up).
+    let over = mapped / 4 + 1;
+    let inflated: BufferHandle = tamper(handle, "len", json!(over))?;
+    match pool.import_buffer::<u32>(&inflated) {
+        Err(Error::CorruptHandle { .. }) => {}
+        Ok(s) => {
+            return Err(format!(
+                "a length of {over} u32 ({} bytes, {mapped} mapped) was accepted: {s:?}",
+                over * 4
+            ));
+        }
+        Err(e) => {
+            return Err(format!(
+                "inflated by one element: expected CorruptHandle, got {e}"
+            ));
+        }
+    }
+    // The refused import left nothing behind: the good handle imports again.
+    let third = pool
+        .import_buffer::<u32>(handle)
+        .ctx("import after the refused one")?;
+    drop(third);
+    drop(again);
+    drop(pool);
+    drop(own_buf);
+    drop(own_pool);
+    send_json(conn, &json!({ "mapped": mapped }))?;
     done(conn)
 }
 
@@ -784,6 +1061,28 @@ fn legacy_roundtrip() -> R {
         ),
         "exporting an empty slice must fail"
     );
+    // The exporting process cannot open its own handle (refused before the driver).
+    ensure!(
+        matches!(good.open::<u32>(), Err(Error::SameProcessImport { .. })),
+        "opening our own legacy handle must be SameProcessImport"
+    );
+    // Pool memory reaches `export` through PoolSlice's deref: refused, not exported as
+    // a handle of some other allocation.
+    {
+        let pool = MemoryPool::new(&gpu, PoolConfig::default()).ctx("pool")?;
+        let stream = gpu.new_stream().ctx("stream")?;
+        let ps = pool
+            .alloc_zeros::<u32>(&gpu.on(&stream).ctx("on")?, 4096)
+            .ctx("pool alloc")?;
+        match LegacyIpcHandle::export(&*ps) {
+            Err(Error::NotLegacyExportable { .. }) => {}
+            other => {
+                return Err(format!(
+                    "legacy export of a pool slice: expected NotLegacyExportable, got {other:?}"
+                ));
+            }
+        }
+    }
     let child = spawn_child("legacy", &[])?;
     ipc::send_message(&child.conn, &good.to_bytes().ctx("bytes")?, &[]).ctx("send")?;
     ipc::send_message(&child.conn, &bad.to_bytes().ctx("bytes")?, &[]).ctx("send")?;
@@ -1195,4 +1494,47 @@ fn exporter_dies_first() -> R {
     );
     ipc::send_message(&importer.conn, b"go", &[]).ctx("send go")?;
     importer.expect_done()
+}
+
+/// A process importing its own pool or legacy handle (in a child, see
+/// `child_self_import`).
+fn same_process_import() -> R {
+    spawn_child("selfimport", &[])?.expect_done()
+}
+
+/// Double imports and a length one element beyond the mapping (see `child_double`). The
+/// buffer is a whole number of 2 MiB pages, so a pool that maps exactly the rounded size
+/// makes "one beyond the mapping" one beyond the exporter's length.
+fn double_import() -> R {
+    with_ipc_pool(|gpu, pool, s| {
+        let seed: u64 = rand::random();
+        let n = 3 * (2 << 20) / 4;
+        let buf = filled(gpu, pool, s, seed, n)?;
+        let child = spawn_child("double", &[])?;
+        ipc::send_handles(
+            &child.conn,
+            &[pool.export().ctx("export pool")?],
+            &[buf.export().ctx("export buffer")?],
+        )
+        .ctx("send_handles")?;
+        send_json(&child.conn, &json!({ "seed": seed }))?;
+        let report = recv_json(&child.conn);
+        let mapped = report.as_ref().ok().and_then(|r| r["mapped"].as_u64());
+        child.expect_done()?;
+        let mapped = mapped.ok_or_else(|| format!("child sent no mapped size: {report:?}"))?;
+        println!(
+            "    importer maps {mapped} bytes for a buffer of {} bytes{}",
+            n * 4,
+            if mapped > (n * 4) as u64 {
+                " (the length check only bounds slices by what the driver maps)"
+            } else {
+                ""
+            }
+        );
+        ensure!(
+            gpu.dtoh(&buf).ctx("dtoh")? == pattern(seed, n),
+            "buffer changed"
+        );
+        Ok(())
+    })
 }

@@ -1,8 +1,11 @@
 //! The importing side: [`ImportedPool`] and [`ImportedSlice`].
 
 use super::handle::{BufferHandle, PoolHandle, PoolId};
+use super::registry::{self, ImportKey, LiveImport};
 use super::wire::corrupt;
-use super::{OwnedPool, check_allocation_size, device_by_uuid, disown, free_in_context};
+use super::{
+    OwnedPool, check_allocation_size, device_by_uuid, disown, free_in_context, pointer_attribute,
+};
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};
@@ -67,7 +70,9 @@ impl ImportedPool {
     /// the call returns that `ImportedPool` (so the driver's pool is destroyed exactly
     /// once, after its last user).
     ///
-    /// Errors: [`Error::UnknownDevice`] if no visible device has that UUID,
+    /// Errors: [`Error::SameProcessImport`] for a pool this process created (and still
+    /// has: importing it would give two owners of each of its allocations),
+    /// [`Error::UnknownDevice`] if no visible device has that UUID,
     /// [`Error::CorruptHandle`] if the handle has no descriptor, a driver error if the
     /// descriptor is not a CUDA pool.
     pub fn import(handle: PoolHandle) -> Result<ImportedPool> {
@@ -78,6 +83,14 @@ impl ImportedPool {
         let mut imported = imported_pools().lock().unwrap_or_else(|p| p.into_inner());
         imported.retain(|(_, pool)| pool.strong_count() > 0);
         let id = handle.pool_id();
+        // Held across the driver call too (always taken after `imported`, never before),
+        // so a pool of ours cannot be destroyed and its handle reused in between.
+        let own = registry::lock();
+        if own.is_own_pool(id) {
+            return Err(Error::SameProcessImport {
+                what: format!("pool {id}"),
+            });
+        }
         if let Some(inner) = imported
             .iter()
             .filter(|(known, _)| *known == id)
@@ -100,6 +113,15 @@ impl ImportedPool {
             )
         }
         .check("cuMemPoolImportFromShareableHandle")?;
+        if own.is_own_raw_pool(raw as usize) {
+            // The descriptor is one of our own pools' (its handle's id was rewritten) and
+            // the driver gave back that very pool: not ours to destroy a second time, so
+            // it is left alone (no OwnedPool is made for it).
+            return Err(Error::SameProcessImport {
+                what: format!("pool {id} (the driver returned a pool this process created)"),
+            });
+        }
+        drop(own);
         let inner = Arc::new(OwnedPool {
             device,
             raw,
@@ -135,9 +157,18 @@ impl ImportedPool {
     /// Maps one exported allocation (`cuMemPoolImportPointer`) as a typed slice.
     ///
     /// Checks before any driver call: the handle is valid, belongs to this pool
-    /// (`InvalidArgument` otherwise) and holds `T`s ([`Error::TypeMismatch`]). After the
-    /// import, an allocation smaller than the handle claims is unmapped again and
-    /// reported as [`Error::CorruptHandle`].
+    /// (`InvalidArgument` otherwise) and holds `T`s ([`Error::TypeMismatch`]), and this
+    /// process has no live slice imported from the same handle ([`Error::AlreadyImported`]:
+    /// two owning slices of one mapping would alias and unmap it twice; importing again
+    /// after that slice is dropped is fine).
+    ///
+    /// Checks after the import: the mapping overlaps no live imported slice
+    /// ([`Error::AlreadyImported`]), is not memory of a pool this process created
+    /// ([`Error::SameProcessImport`]), and holds at least the length the handle claims
+    /// ([`Error::CorruptHandle`], also when the driver cannot report the mapping's size).
+    /// A mapping refused for its size is unmapped again; one refused because it may be
+    /// memory that a live slice of this process owns is left mapped (unmapping it could
+    /// free the other slice's memory; it is released when the process exits).
     pub fn import_buffer<T: DeviceRepr>(&self, handle: &BufferHandle) -> Result<ImportedSlice<T>> {
         let len = handle.layout().expect_type::<T>()?;
         if handle.pool_id() != self.inner.id {
@@ -154,6 +185,17 @@ impl ImportedPool {
                 self.inner.device.uuid()
             )));
         }
+        let bytes = len * std::mem::size_of::<T>();
+        let key = ImportKey::Pool(self.inner.id, *handle.export_data());
+        // Held until the slice is registered: imports in this process are serialised, so
+        // no other import can map (or register) this allocation in between.
+        let mut reg = registry::lock();
+        if reg.is_own_pool(self.inner.id) {
+            return Err(Error::SameProcessImport {
+                what: format!("pool {}", self.inner.id),
+            });
+        }
+        reg.check_key(&key)?;
         let _guard = self.inner.device.enter()?;
         let mut data = sys::CUmemPoolPtrExportData {
             reserved: *handle.export_data(),
@@ -163,21 +205,61 @@ impl ImportedPool {
         // bytes (the driver validates their content); writes one address.
         unsafe { sys::cuMemPoolImportPointer(&mut ptr, self.inner.raw, &mut data) }
             .check("cuMemPoolImportPointer")?;
-        let unmap = |p| {
-            // SAFETY: `p` was just imported and is unmapped once.
-            unsafe { sys::cuMemFree_v2(p) }
-        };
-        if let Err(e) = check_allocation_size(ptr, len * std::mem::size_of::<T>()) {
-            free_in_context(&self.inner.device, ptr, unmap);
+        // Refusals that leave the mapping in place: `ptr` may be memory a live slice of
+        // this process owns (the driver may hand back an existing mapping), and whether
+        // cuMemFree here would only drop a reference or free it is not documented.
+        if reg.overlaps(ptr, bytes as u64) {
+            return Err(Error::AlreadyImported {
+                what: format!(
+                    "{} (mapped at {ptr:#x}, which a live imported slice covers)",
+                    key.describe()
+                ),
+            });
+        }
+        if reg.has_own_pools() {
+            // Only a process with IPC pools of its own can be handed its own memory
+            // (through a pool handle whose id was rewritten). Fail closed if the driver
+            // cannot say which pool the memory belongs to.
+            match pointer_attribute(
+                ptr,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+            ) {
+                Ok(pool) if reg.is_own_raw_pool(pool as usize) => {
+                    return Err(Error::SameProcessImport {
+                        what: format!(
+                            "a buffer of pool {} (the memory belongs to a pool this process created)",
+                            self.inner.id
+                        ),
+                    });
+                }
+                Ok(_) => {}
+                // The driver error itself (cuPointerGetAttribute): the mapping stays.
+                Err(e) => return Err(e),
+            }
+        }
+        if let Err(e) = check_allocation_size(ptr, bytes) {
+            free_in_context(&self.inner.device, ptr, |p| {
+                // SAFETY: `p` was just imported by this call and is unmapped once. No
+                // other slice of this process owns it: it overlaps no live import, and it
+                // is no allocation of an IPC pool of ours (none is alive, or the driver
+                // named another pool as its owner above).
+                unsafe { sys::cuMemFree_v2(p) }
+            });
             return Err(e);
         }
+        let live = reg.insert(key, ptr, bytes as u64)?;
+        drop(reg);
         Ok(ImportedSlice {
-            // SAFETY: `ptr` maps at least `len` elements (checked above where the driver
-            // reports the size); ImportedSlice's Drop unmaps it, never DeviceSlice's.
+            // SAFETY: `ptr` maps at least `len` elements (checked above); it overlaps no
+            // other live import and is no allocation of this process's own IPC pools (the
+            // only memory of ours a pool import can reach), so no other slice here frees
+            // or hands out `&mut` to it; ImportedSlice's Drop unmaps it, never
+            // DeviceSlice's.
             slice: ManuallyDrop::new(unsafe {
                 DeviceSlice::from_raw(Arc::clone(&self.inner.device), ptr, len)
             }),
             pool: Arc::clone(&self.inner),
+            _live: live,
         })
     }
 }
@@ -200,6 +282,9 @@ impl std::fmt::Debug for ImportedPool {
 pub struct ImportedSlice<T: DeviceRepr> {
     slice: ManuallyDrop<DeviceSlice<T>>,
     pool: Arc<OwnedPool>,
+    /// This import's registry entry: dropped after `Drop` has unmapped the slice, and
+    /// only then may the allocation be imported again.
+    _live: LiveImport,
 }
 
 super::foreign_slice!(ImportedSlice);

@@ -37,6 +37,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Within one process, safe code never gets two live owning slices of one allocation
+//! nor a slice longer than its mapping: importing what this process exported is
+//! [`Error::SameProcessImport`], importing an allocation a live slice already maps is
+//! [`Error::AlreadyImported`], a length the mapping does not cover (or cannot be
+//! checked) is [`Error::CorruptHandle`], and a legacy export of anything but a whole
+//! `cuMemAlloc` allocation is [`Error::NotLegacyExportable`] (`docs/ipc.md`,
+//! "Soundness").
+//!
 //! Protocol rules the types cannot enforce across processes (see `docs/ipc.md`): the
 //! exporter keeps a buffer (and its pool) alive until every importer has dropped its
 //! imported slice — have importers answer after dropping, and wait for the answer or the
@@ -47,6 +55,7 @@ mod handle;
 mod import;
 mod legacy;
 mod pool;
+mod registry;
 mod socket;
 mod wire;
 
@@ -166,10 +175,17 @@ impl OwnedPool {
 
 impl Drop for OwnedPool {
     fn drop(&mut self) {
+        // A pool created here stays in the registry of own pools until it is destroyed,
+        // so an import of it is refused for as long as any of its slices lives. The lock
+        // is held across the destroy: no import can see the raw handle in between.
+        let mut own = self.is_ipc().then(registry::lock);
         if let Ok(_guard) = self.device.enter() {
             // SAFETY: created or imported once, destroyed once, here, after every slice
             // from it (each holds an Arc to us) has been freed.
             let _ = unsafe { sys::cuMemPoolDestroy(self.raw) };
+        }
+        if let Some(reg) = own.as_mut() {
+            reg.remove_own_pool(self.id);
         }
     }
 }
@@ -208,22 +224,48 @@ fn free_in_context(
     }
 }
 
-/// [`Error::CorruptHandle`] if the driver reports the allocation at `ptr` smaller than
-/// `bytes`. A driver that cannot tell (an error from the query) is given the benefit of
-/// the doubt. Run with the allocation's context current.
+/// Checks that `bytes` bytes from `ptr` lie in the allocation the driver mapped there
+/// (`cuMemGetAddressRange`). Fails closed: [`Error::CorruptHandle`] if the allocation is
+/// smaller than the handle claims, *or* if the driver cannot report its range (then the
+/// length cannot be verified, and a slice longer than its mapping would be unsound). Run
+/// with the allocation's context current; on error the caller unmaps `ptr`.
 fn check_allocation_size(ptr: sys::CUdeviceptr, bytes: usize) -> Result<()> {
-    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
-    // SAFETY: writes one address and one size_t; `ptr` is a mapped device address.
-    let res = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
-    if res == sys::CUresult::CUDA_SUCCESS {
-        let available = (base + size as u64).saturating_sub(ptr) as usize;
-        if available < bytes {
-            return Err(wire::corrupt(format!(
-                "the handle describes {bytes} bytes, but the mapped allocation has {available}"
-            )));
-        }
+    let (base, size) = allocation_range(ptr).map_err(|e| {
+        wire::corrupt(format!(
+            "the driver could not report the size of the mapped allocation ({e}), so the \
+             handle's length of {bytes} bytes cannot be verified"
+        ))
+    })?;
+    let available = (base + size as u64).saturating_sub(ptr) as usize;
+    if ptr < base || available < bytes {
+        return Err(wire::corrupt(format!(
+            "the handle describes {bytes} bytes, but the mapped allocation has {available} \
+             from the imported address"
+        )));
     }
     Ok(())
+}
+
+/// `cuMemGetAddressRange` of `ptr`: the base and size of the allocation holding it. Run
+/// with a context of the allocation's device current.
+fn allocation_range(ptr: sys::CUdeviceptr) -> Result<(sys::CUdeviceptr, usize)> {
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: writes one address and one size_t into our locals; the driver validates
+    // `ptr` (an unknown address is an error, not UB).
+    unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }
+        .check("cuMemGetAddressRange_v2")?;
+    Ok((base, size))
+}
+
+/// `cuPointerGetAttribute` for an attribute of at most 8 bytes (a pointer, handle,
+/// boolean or integer), read back as a `u64` (zero-extended: the buffer starts zeroed).
+fn pointer_attribute(ptr: sys::CUdeviceptr, attr: sys::CUpointer_attribute) -> Result<u64> {
+    let mut value: u64 = 0;
+    // SAFETY: the callers pass only attributes whose value is at most 8 bytes (an
+    // unsigned int, a bool or a handle), which fit in `value`; the driver validates `ptr`.
+    unsafe { sys::cuPointerGetAttribute((&mut value as *mut u64).cast(), attr, ptr) }
+        .check("cuPointerGetAttribute")?;
+    Ok(value)
 }
 
 /// The parts of the core slice API that the three foreign slice types share: memory

@@ -110,6 +110,9 @@ impl MemoryPool {
         if config.ipc {
             // On failure `owned` drops here and destroys the pool.
             owned.export_fd = Some(export_shareable_handle(raw)?);
+            // Importing this pool in this process is refused from now until it is
+            // destroyed (OwnedPool's Drop removes the entry).
+            super::registry::lock().add_own_pool(owned.id, raw as usize);
         }
         let pool = MemoryPool {
             inner: Arc::new(owned),
