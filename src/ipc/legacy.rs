@@ -32,7 +32,8 @@ impl LegacyIpcHandle {
     /// of its allocation. When the driver cannot answer the checks' queries, the export
     /// is refused too (fail closed).
     ///
-    /// The exporter must keep `slice` alive until every importer has dropped its
+    /// Waits first for the slice's pending stream-ordered uses in this process. The
+    /// exporter must keep `slice` alive until every importer has dropped its
     /// [`LegacySlice`].
     pub fn export<T: DeviceRepr>(slice: &DeviceSlice<T>) -> Result<LegacyIpcHandle> {
         if slice.is_empty() {
@@ -40,6 +41,8 @@ impl LegacyIpcHandle {
                 "an empty slice has no allocation to export".into(),
             ));
         }
+        // The importer's work is ordered after nothing of ours: let pending uses finish.
+        crate::memory::Tracked::tracker(slice).host_use(crate::access::Access::Write)?;
         let refuse = |reason: String| Error::NotLegacyExportable { reason };
         // Held to the end, so the handle is recorded as ours before anyone can open it.
         let mut reg = registry::lock();
