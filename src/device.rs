@@ -214,8 +214,8 @@ impl Device {
         self.raw
     }
 
-    /// The primary context, retained on first call; plus the retain's unique id, which
-    /// lets a `ThreadContext` know whether this exact context is already current.
+    /// The primary context, retained on first call; plus the retain's unique id (each
+    /// successful retain gets a fresh one).
     pub(crate) fn primary_context(&self) -> Result<(RawContext, u64)> {
         self.primary.get()
     }
@@ -265,8 +265,9 @@ pub struct LazyPrimary<O: PrimaryCtxOps> {
     state: sync::Mutex<Option<(O::Ctx, u64)>>,
 }
 
-/// Each successful retain gets a new id, so a context released and retained again is
-/// never mistaken for "still current" by a `ThreadContext`'s cache.
+/// Each successful retain gets a new id, so a context released and retained again can be
+/// told apart from the earlier retain. (`ThreadContext::bind` no longer caches it: it
+/// asks the driver which context is current.)
 static NEXT_RETAIN_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl<O: PrimaryCtxOps> LazyPrimary<O> {

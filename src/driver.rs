@@ -10,6 +10,8 @@
 //! * `ContextGuard` pushes a context for the length of a scope and pops it after, so
 //!   code that must run in a given context (freeing a slice from `Drop`) leaves the
 //!   thread's current context exactly as it found it.
+//! * `make_current` checks the thread's current context (`cuCtxGetCurrent`) and sets
+//!   it only when it differs: what `bind` and every bound operation use.
 //! * [`PrimaryCtxOps`] is the seam the loom tests use to model retain/release.
 
 use crate::error::{Error, Result};
@@ -50,6 +52,25 @@ pub fn init() -> Result<()> {
         unsafe { sys::cuInit(0) }.check("cuInit")
     })
     .clone()
+}
+
+/// Makes `ctx` current on this thread unless it already is.
+///
+/// Always asks the driver (`cuCtxGetCurrent`, a thread-local read inside the driver) and
+/// calls `cuCtxSetCurrent` only when the answer differs, so code outside gpubind that
+/// changed the thread's context (cudarc's `CudaContext::new`, `new_non_primary`,
+/// `bind_to_thread`, a dropped `CudaContext`, another library) is always noticed.
+/// `cuCtxSetCurrent` replaces the top of the thread's context stack, as a bind does.
+pub(crate) fn make_current(ctx: sys::CUcontext) -> Result<()> {
+    let mut current: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one handle into `current`; needs no current context.
+    unsafe { sys::cuCtxGetCurrent(&mut current) }.check("cuCtxGetCurrent")?;
+    if current != ctx {
+        // SAFETY: callers pass a retained primary context and hold the `Arc<Device>` that
+        // keeps it retained for the call; setting it current affects only this thread.
+        unsafe { sys::cuCtxSetCurrent(ctx) }.check("cuCtxSetCurrent")?;
+    }
+    Ok(())
 }
 
 /// Pushes `ctx` on this thread's context stack for the guard's lifetime.

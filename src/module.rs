@@ -481,8 +481,9 @@ impl<'a> BoundDevice<'a> {
     }
 
     fn load_image(&self, image: *const c_void) -> Result<Module> {
+        self.ensure_current()?;
         let mut raw: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: context current; `image` points to a NUL-terminated PTX string or a
+        // SAFETY: context current (just checked); `image` points to a NUL-terminated PTX string or a
         // cubin, alive for the call; writes one handle.
         unsafe { sys::cuModuleLoadData(&mut raw, image) }.check("cuModuleLoadData")?;
         Ok(Module {
