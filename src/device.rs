@@ -256,10 +256,15 @@ impl fmt::Debug for Device {
 
 /// A primary context retained at most once, on first use, and released on drop.
 ///
-/// Generic over the driver calls ([`PrimaryCtxOps`]) so the loom tests can model them;
-/// gpubind itself only uses `LazyPrimary<CudaPrimary>` inside [`Device`]. Public only for
-/// those tests and for people writing their own mocks.
-pub struct LazyPrimary<O: PrimaryCtxOps> {
+/// Generic over the driver calls (`PrimaryCtxOps`) so the loom tests (`src/loom_tests.rs`)
+/// can model them; gpubind itself only uses `LazyPrimary<CudaPrimary>` inside [`Device`].
+/// Crate-private: a public `LazyPrimary<CudaPrimary>` could be built and dropped by safe
+/// code, releasing a retain that it never took.
+///
+/// ```compile_fail,E0603
+/// use gpubind::device::LazyPrimary; // error[E0603]: struct `LazyPrimary` is private
+/// ```
+pub(crate) struct LazyPrimary<O: PrimaryCtxOps> {
     ops: O,
     device: i32,
     state: sync::Mutex<Option<(O::Ctx, u64)>>,
@@ -272,7 +277,7 @@ static NEXT_RETAIN_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU
 
 impl<O: PrimaryCtxOps> LazyPrimary<O> {
     /// Nothing retained yet.
-    pub fn new(ops: O, device: i32) -> Self {
+    pub(crate) fn new(ops: O, device: i32) -> Self {
         LazyPrimary {
             ops,
             device,
@@ -283,7 +288,7 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
     /// The context and its retain id, retaining it first if no caller has yet. Concurrent
     /// first callers serialise on the lock: exactly one retains, the rest see its result.
     /// A failed retain is not cached; the next call tries again.
-    pub fn get(&self) -> Result<(O::Ctx, u64)> {
+    pub(crate) fn get(&self) -> Result<(O::Ctx, u64)> {
         let mut state = sync::lock(&self.state);
         if let Some(v) = *state {
             return Ok(v);
@@ -295,12 +300,13 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
     }
 
     /// Whether a retain is held.
-    pub fn is_retained(&self) -> bool {
+    pub(crate) fn is_retained(&self) -> bool {
         sync::lock(&self.state).is_some()
     }
 
-    /// The driver ops (for tests that inspect a mock).
-    pub fn ops(&self) -> &O {
+    /// The driver ops (for the loom tests, which inspect a mock).
+    #[cfg(all(test, loom))]
+    pub(crate) fn ops(&self) -> &O {
         &self.ops
     }
 }

@@ -65,6 +65,11 @@ pub mod module;
 pub mod stream;
 mod sync;
 
+/// Loom model checks of the crate-private primary-context seam and the token slot; run
+/// with `RUSTFLAGS="--cfg loom" cargo test --release --lib loom_tests` (`.ci/run` does).
+#[cfg(all(test, loom))]
+mod loom_tests;
+
 pub use collective::{
     Backend, CollectiveType, CommOptions, Communicator, Group, Op, RankComm, Transport,
     nccl_available,
