@@ -58,6 +58,7 @@ pub mod dlpack;
 pub mod driver;
 pub mod error;
 pub mod host;
+mod image;
 pub mod ipc;
 pub mod managed;
 pub mod memory;

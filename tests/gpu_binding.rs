@@ -10,7 +10,7 @@ mod common;
 
 use common::{Ctx, run_suite, skip};
 use gpubind::cudarc::driver::{CudaContext, sys};
-use gpubind::{Device, LaunchConfig, ThreadContext};
+use gpubind::{Device, Error, LaunchConfig, Output, ThreadContext};
 use std::sync::Arc;
 
 type R = Result<(), String>;
@@ -240,6 +240,55 @@ fn alloc_during_foreign_switch() -> R {
     Ok(())
 }
 
+/// NVRTC's cubins pass `load_cubin`'s validation; cut or corrupted copies are
+/// `InvalidArgument` before the driver sees them.
+fn nvrtc_cubin_validates_and_corruption_is_refused() -> R {
+    if !gpubind::nvrtc_available() {
+        return Err(skip("NVRTC (libnvrtc) not found"));
+    }
+    let dev = dev0()?;
+    let (major, minor) = dev.compute_capability().ctx("compute_capability")?;
+    let cubin = gpubind::compile(
+        FILL,
+        "fill.cu",
+        &[format!("--gpu-architecture=sm_{major}{minor}")],
+        Output::Cubin,
+    )
+    .ctx("compile")?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.load_cubin(&cubin).ctx("load_cubin of NVRTC's cubin")?;
+    module.function("fill").ctx("function")?;
+    println!("    NVRTC cubin: {} bytes, accepted", cubin.len());
+    let mut refused = 0;
+    for len in [0, 15, 63, 64, cubin.len() / 2, cubin.len() - 1] {
+        match gpu.load_cubin(&cubin[..len]) {
+            Err(Error::InvalidArgument(_)) => refused += 1,
+            Err(e) => {
+                return Err(format!(
+                    "a cubin cut to {len} bytes: {e} (not InvalidArgument)"
+                ));
+            }
+            Ok(_) => return Err(format!("a cubin cut to {len} bytes was loaded")),
+        }
+    }
+    let mut bad = cubin.clone();
+    bad[40..48].copy_from_slice(&u64::MAX.to_le_bytes()); // e_shoff
+    ensure!(
+        matches!(gpu.load_cubin(&bad), Err(Error::InvalidArgument(_))),
+        "a cubin with e_shoff = u64::MAX was not refused"
+    );
+    ensure!(
+        matches!(
+            gpu.load_cubin(b".version 8.0\n.target sm_90\n.address_size 64\n"),
+            Err(Error::InvalidArgument(_))
+        ),
+        "PTX given to load_cubin was not refused"
+    );
+    println!("    {} truncations and a bad e_shoff refused", refused);
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_binding",
@@ -253,6 +302,10 @@ fn main() {
                 module_load_during_foreign_switch,
             ),
             ("alloc_during_foreign_switch", alloc_during_foreign_switch),
+            (
+                "nvrtc_cubin_validates_and_corruption_is_refused",
+                nvrtc_cubin_validates_and_corruption_is_refused,
+            ),
         ],
     );
 }
