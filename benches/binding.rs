@@ -1,35 +1,19 @@
-//! CPU-side costs of gpubind that need no GPU (criterion).
+//! CPU-side costs of gpubind, through the public API only (criterion).
 //!
-//! What a bind costs *besides* the driver call: taking and returning the per-thread
-//! token, and the lazily retained primary context's fast path (`LazyPrimary::get` once
-//! retained: one uncontended lock), modelled here with a mock of the two driver calls.
-//! Plus `LaunchConfig::for_num_elems` and `Uuid` formatting. The GPU-side costs (bind
-//! fast path with a real context, memsets, copies, launches) are in `gpubench`
-//! (`src/bin/gpubench.rs`, see docs/performance.md).
+//! What needs no GPU: taking and returning the per-thread token, the cached outcome of
+//! `init` (which every `Device::count`/`get` starts with), `LaunchConfig::for_num_elems`
+//! and `Uuid` formatting. With a GPU, also the whole `bind` fast path — the lazily
+//! retained context's uncontended lock plus the `cuCtxGetCurrent` check that replaced
+//! the token's cache (no `cuCtxSetCurrent`: the context is already current). Without a
+//! GPU that bench prints why it was skipped. The other GPU-side costs (memsets, copies,
+//! launches) are in `gpubench` (`src/bin/gpubench.rs`, see docs/performance.md).
 //!
 //! `cargo bench --bench binding` (a few seconds; add `-- --quick` for a faster pass).
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use gpubind::device::LazyPrimary;
-use gpubind::driver::PrimaryCtxOps;
-use gpubind::{Error, LaunchConfig, ThreadContext, Uuid};
+use gpubind::{Device, Error, LaunchConfig, ThreadContext, Uuid};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-
-/// Counts retains; never touches a driver.
-#[derive(Default)]
-struct MockPrimary {
-    retains: AtomicUsize,
-}
-
-impl PrimaryCtxOps for MockPrimary {
-    type Ctx = usize;
-    fn retain(&self, _device: i32) -> gpubind::Result<usize> {
-        Ok(self.retains.fetch_add(1, Ordering::Relaxed) + 1)
-    }
-    fn release(&self, _device: i32) {}
-}
 
 fn token(c: &mut Criterion) {
     c.bench_function("ThreadContext::acquire + drop", |b| {
@@ -45,21 +29,28 @@ fn token(c: &mut Criterion) {
     drop(held);
 }
 
-fn lazy_primary(c: &mut Criterion) {
-    let lazy = LazyPrimary::new(MockPrimary::default(), 0);
-    lazy.get().unwrap();
-    c.bench_function(
-        "LazyPrimary::get, already retained (bind's CPU part)",
-        |b| b.iter(|| black_box(lazy.get().unwrap())),
-    );
-    // The fast path must never retain again.
-    assert_eq!(lazy.ops().retains.load(Ordering::Relaxed), 1);
-    c.bench_function("LazyPrimary::new + first get + drop", |b| {
-        b.iter(|| {
-            let l = LazyPrimary::new(MockPrimary::default(), black_box(0));
-            black_box(l.get().unwrap());
-        })
+fn init(c: &mut Criterion) {
+    let first = gpubind::init();
+    c.bench_function("gpubind::init, after the first call", |b| {
+        b.iter(|| assert_eq!(black_box(gpubind::init()), first))
     });
+}
+
+fn bind(c: &mut Criterion) {
+    let dev = match Device::get(0) {
+        Ok(dev) => dev,
+        Err(e) => {
+            println!("ThreadContext::bind, same device again: skipped (no GPU: {e})");
+            return;
+        }
+    };
+    let mut ctx = ThreadContext::acquire().unwrap();
+    // The first bind retains the primary context and makes it current.
+    drop(ctx.bind(&dev).unwrap());
+    c.bench_function(
+        "ThreadContext::bind, same device again (lock + cuCtxGetCurrent)",
+        |b| b.iter(|| drop(black_box(ctx.bind(black_box(&dev)).unwrap()))),
+    );
 }
 
 fn launch_config(c: &mut Criterion) {
@@ -84,6 +75,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(30);
-    targets = token, lazy_primary, launch_config, uuid
+    targets = token, init, bind, launch_config, uuid
 }
 criterion_main!(benches);

@@ -11,8 +11,11 @@
 //!   context. Everything that needs a current context — allocations, copies, streams,
 //!   module loads, launches — is a method of `BoundDevice` or of a type borrowed from it.
 //!
-//! Binding is cheap: the token remembers which context it made current and skips
-//! `cuCtxSetCurrent` when you bind the same device again.
+//! Binding is cheap: `bind` asks the driver which context is current (`cuCtxGetCurrent`,
+//! a thread-local read) and calls `cuCtxSetCurrent` only when it is not already the
+//! device's primary context. It never trusts a cached answer, because code outside
+//! gpubind (cudarc's safe `CudaContext` API, re-exported as [`crate::cudarc`], or any
+//! other library) can change the thread's current context behind the token.
 //!
 //! # One thread, many GPUs
 //!
@@ -81,7 +84,7 @@
 //! Acquire a token inside the thread instead (see "One thread per GPU" above).
 
 use crate::device::Device;
-use crate::driver::{Check, RawContext};
+use crate::driver::{self, Check, RawContext};
 use crate::error::{Error, Result};
 use crate::sync::thread_local_slot;
 use cudarc::driver::sys;
@@ -107,8 +110,6 @@ thread_local_slot! {
 /// Acquiring needs no driver, so it works (and is tested) on machines without a GPU.
 #[derive(Debug)]
 pub struct ThreadContext {
-    /// Retain id of the context this token last made current, if it knows one.
-    current: Option<u64>,
     /// `*mut ()` makes the token `!Send` and `!Sync`.
     _not_send: PhantomData<*mut ()>,
 }
@@ -122,7 +123,6 @@ impl ThreadContext {
             } else {
                 taken.set(true);
                 Ok(ThreadContext {
-                    current: None,
                     _not_send: PhantomData,
                 })
             }
@@ -132,21 +132,18 @@ impl ThreadContext {
     /// Makes `device`'s primary context current on this thread and returns the proof.
     ///
     /// Retains the primary context on the first bind of this device in the process.
-    /// If this token already made that context current, no driver call is made.
+    /// Always checks the thread's current context with `cuCtxGetCurrent` (a thread-local
+    /// read in the driver) and calls `cuCtxSetCurrent` only when it differs, so a context
+    /// made current by code outside gpubind is never mistaken for the device's.
     ///
     /// The returned [`BoundDevice`] borrows `self` mutably: no second device can be
     /// bound through this token while it lives.
     pub fn bind(&mut self, device: &Arc<Device>) -> Result<BoundDevice<'_>> {
-        let (ctx, retain_id) = device.primary_context()?;
-        if self.current != Some(retain_id) {
-            // Forget first: if the call fails the thread's current context is unknown.
-            self.current = None;
-            // SAFETY: `ctx` is retained for as long as `device` (an Arc we clone into
-            // the BoundDevice) lives; setting it current affects only this thread, whose
-            // single token `self` is.
-            unsafe { sys::cuCtxSetCurrent(ctx.0) }.check("cuCtxSetCurrent")?;
-            self.current = Some(retain_id);
-        }
+        let (ctx, _retain_id) = device.primary_context()?;
+        // `ctx` is retained for as long as `device` (an Arc we clone into the
+        // BoundDevice) lives; making it current affects only this thread, whose single
+        // token `self` is.
+        driver::make_current(ctx.0)?;
         Ok(BoundDevice {
             device: Arc::clone(device),
             ctx,
@@ -154,15 +151,13 @@ impl ThreadContext {
         })
     }
 
-    /// Forgets which context this token made current, so the next [`bind`](Self::bind)
-    /// calls `cuCtxSetCurrent` again.
+    /// Does nothing; kept so existing callers compile.
     ///
-    /// Call this after code outside gpubind changed the thread's current context
-    /// (cudarc's `bind_to_thread`, a raw `cuCtxSetCurrent`, another library). gpubind's
-    /// own drops restore the context they change, so they never need it.
-    pub fn forget_binding(&mut self) {
-        self.current = None;
-    }
+    /// The token used to cache which context it made current, and this cleared the
+    /// cache after code outside gpubind changed the thread's context. [`bind`](Self::bind)
+    /// now asks the driver every time (and every [`BoundDevice`] operation re-checks),
+    /// so there is nothing to forget.
+    pub fn forget_binding(&mut self) {}
 }
 
 impl Drop for ThreadContext {
@@ -204,6 +199,44 @@ impl Drop for ThreadContext {
 /// ```
 ///
 /// Pass `&mut ThreadContext` down instead and bind where the work is done.
+///
+/// # The current context during a binding
+///
+/// The borrow checker proves that no *gpubind* code rebinds the thread while a
+/// `BoundDevice` lives. It cannot stop other code on the same thread from changing the
+/// current context in the middle of a binding, and some of that code is safe: cudarc's
+/// `CudaContext::new` and `CudaContext::new_non_primary` (reachable as
+/// `gpubind::cudarc::driver::CudaContext`) leave their context current, and every cudarc
+/// operation calls `bind_to_thread` first:
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::{Device, ThreadContext};
+/// let mut ctx = ThreadContext::acquire()?;
+/// let dev = Device::get(0)?;
+/// let gpu = ctx.bind(&dev)?;
+/// // Safe code, and now another context is current on this thread:
+/// let other = gpubind::cudarc::driver::CudaContext::new_non_primary(0, 0).unwrap();
+/// // gpubind notices: this module is loaded into device 0's primary context.
+/// let module = gpu.load_ptx(".version 8.0\n.target sm_90\n.address_size 64\n")?;
+/// drop(other); // destroying the foreign context cannot take the module with it
+/// # Ok(()) }
+/// ```
+///
+/// So the invariant a `BoundDevice` keeps is about its *operations*, not about every
+/// instant: **each operation that depends on the current context (allocation, module
+/// load, synchronous copies, stream and event creation, launches, `synchronize`, …)
+/// runs with this device's primary context current.** Each such operation first checks
+/// the thread's current context with `cuCtxGetCurrent` — a thread-local read inside the
+/// driver, on the order of 10 ns, next to driver calls that cost microseconds — and calls
+/// `cuCtxSetCurrent` only when it differs. The check runs in release builds too. Nothing
+/// can change the context between the check and the driver call, because both happen on
+/// this thread inside one gpubind call.
+///
+/// After an operation, the bound context may stay current where a foreign library had
+/// set its own: gpubind does not restore foreign contexts, just as cudarc's
+/// `bind_to_thread` does not. Code that needs its context back sets it again (cudarc
+/// does so before each of its operations).
 pub struct BoundDevice<'a> {
     device: Arc<Device>,
     ctx: RawContext,
@@ -224,27 +257,48 @@ impl<'a> BoundDevice<'a> {
 
     /// Waits for all work in this context (`cuCtxSynchronize`).
     pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: this context is current (the type's invariant).
+        self.ensure_current()?;
+        // SAFETY: this context is current (just checked); no arguments.
         unsafe { sys::cuCtxSynchronize() }.check("cuCtxSynchronize")
     }
 
     /// `(free, total)` device memory in bytes, as this context sees it (`cuMemGetInfo`).
     pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.ensure_current()?;
         let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: this context is current; writes two size_t.
+        // SAFETY: this context is current (just checked); writes two size_t.
         unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }.check("cuMemGetInfo_v2")?;
         Ok((free, total))
     }
 
     /// The raw `CUcontext`, for calling cudarc or the driver directly.
     ///
+    /// Changing the thread's current context with it (or with any other handle) is
+    /// allowed: the next operation through a `BoundDevice` sets its own context again.
+    ///
     /// # Safety
     ///
-    /// The handle is valid while this `BoundDevice` lives. Code that uses it must leave
-    /// this context current when it returns (or call
-    /// [`ThreadContext::forget_binding`] afterwards), and must not destroy it.
+    /// The handle is valid while this `BoundDevice` lives. Code that uses it must not
+    /// destroy it, reset the device, or release a retain of the primary context that it
+    /// did not take itself.
     pub unsafe fn raw_context(&self) -> sys::CUcontext {
         self.ctx.0
+    }
+
+    /// Makes sure this device's primary context is current on this thread before a
+    /// driver call that acts on the current context.
+    ///
+    /// Calls `cuCtxGetCurrent` (a thread-local read in the driver) and, only when the
+    /// answer is not the bound context, `cuCtxSetCurrent` with it. Returns the driver's
+    /// error if either call fails, in which case the operation must not go on.
+    ///
+    /// Every `BoundDevice` (and `BoundStream`) operation that depends on the current
+    /// context calls this first: code outside gpubind may have changed the context
+    /// during the binding (see "The current context during a binding" above).
+    #[inline]
+    pub(crate) fn ensure_current(&self) -> Result<()> {
+        // The bound context stays retained while `self.device` lives.
+        driver::make_current(self.ctx.0)
     }
 
     /// [`Error::WrongDevice`] unless `other` is the bound device.

@@ -218,8 +218,8 @@ impl Device {
         self.raw
     }
 
-    /// The primary context, retained on first call; plus the retain's unique id, which
-    /// lets a `ThreadContext` know whether this exact context is already current.
+    /// The primary context, retained on first call; plus the retain's unique id (each
+    /// successful retain gets a fresh one).
     pub(crate) fn primary_context(&self) -> Result<(RawContext, u64)> {
         self.primary.get()
     }
@@ -300,22 +300,28 @@ impl fmt::Debug for Device {
 
 /// A primary context retained at most once, on first use, and released on drop.
 ///
-/// Generic over the driver calls ([`PrimaryCtxOps`]) so the loom tests can model them;
-/// gpubind itself only uses `LazyPrimary<CudaPrimary>` inside [`Device`]. Public only for
-/// those tests and for people writing their own mocks.
-pub struct LazyPrimary<O: PrimaryCtxOps> {
+/// Generic over the driver calls (`PrimaryCtxOps`) so the loom tests (`src/loom_tests.rs`)
+/// can model them; gpubind itself only uses `LazyPrimary<CudaPrimary>` inside [`Device`].
+/// Crate-private: a public `LazyPrimary<CudaPrimary>` could be built and dropped by safe
+/// code, releasing a retain that it never took.
+///
+/// ```compile_fail,E0603
+/// use gpubind::device::LazyPrimary; // error[E0603]: struct `LazyPrimary` is private
+/// ```
+pub(crate) struct LazyPrimary<O: PrimaryCtxOps> {
     ops: O,
     device: i32,
     state: sync::Mutex<Option<(O::Ctx, u64)>>,
 }
 
-/// Each successful retain gets a new id, so a context released and retained again is
-/// never mistaken for "still current" by a `ThreadContext`'s cache.
+/// Each successful retain gets a new id, so a context released and retained again can be
+/// told apart from the earlier retain. (`ThreadContext::bind` no longer caches it: it
+/// asks the driver which context is current.)
 static NEXT_RETAIN_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl<O: PrimaryCtxOps> LazyPrimary<O> {
     /// Nothing retained yet.
-    pub fn new(ops: O, device: i32) -> Self {
+    pub(crate) fn new(ops: O, device: i32) -> Self {
         LazyPrimary {
             ops,
             device,
@@ -326,7 +332,7 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
     /// The context and its retain id, retaining it first if no caller has yet. Concurrent
     /// first callers serialise on the lock: exactly one retains, the rest see its result.
     /// A failed retain is not cached; the next call tries again.
-    pub fn get(&self) -> Result<(O::Ctx, u64)> {
+    pub(crate) fn get(&self) -> Result<(O::Ctx, u64)> {
         let mut state = sync::lock(&self.state);
         if let Some(v) = *state {
             return Ok(v);
@@ -338,12 +344,13 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
     }
 
     /// Whether a retain is held.
-    pub fn is_retained(&self) -> bool {
+    pub(crate) fn is_retained(&self) -> bool {
         sync::lock(&self.state).is_some()
     }
 
-    /// The driver ops (for tests that inspect a mock).
-    pub fn ops(&self) -> &O {
+    /// The driver ops (for the loom tests, which inspect a mock).
+    #[cfg(all(test, loom))]
+    pub(crate) fn ops(&self) -> &O {
         &self.ops
     }
 }

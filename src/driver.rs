@@ -10,7 +10,26 @@
 //! * `ContextGuard` pushes a context for the length of a scope and pops it after, so
 //!   code that must run in a given context (freeing a slice from `Drop`) leaves the
 //!   thread's current context exactly as it found it.
-//! * [`PrimaryCtxOps`] is the seam the loom tests use to model retain/release.
+//! * `make_current` checks the thread's current context (`cuCtxGetCurrent`) and sets
+//!   it only when it differs: what `bind` and every bound operation use.
+//! * `PrimaryCtxOps` is the seam the loom tests use to model retain/release.
+//!
+//! Only [`init`] and [`driver_available`] are public. The seam — `PrimaryCtxOps`, its
+//! driver implementation `CudaPrimary` (whose `release` drops a primary-context retain)
+//! and the `RawContext` handle — is crate-private, so safe code outside gpubind cannot
+//! release or destroy a context that live slices depend on:
+//!
+//! ```compile_fail,E0603
+//! use gpubind::driver::CudaPrimary; // error[E0603]: struct `CudaPrimary` is private
+//! ```
+//!
+//! ```compile_fail,E0603
+//! use gpubind::driver::PrimaryCtxOps; // error[E0603]: trait `PrimaryCtxOps` is private
+//! ```
+//!
+//! ```compile_fail,E0603
+//! use gpubind::driver::RawContext; // error[E0603]: struct `RawContext` is private
+//! ```
 
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -50,6 +69,25 @@ pub fn init() -> Result<()> {
         unsafe { sys::cuInit(0) }.check("cuInit")
     })
     .clone()
+}
+
+/// Makes `ctx` current on this thread unless it already is.
+///
+/// Always asks the driver (`cuCtxGetCurrent`, a thread-local read inside the driver) and
+/// calls `cuCtxSetCurrent` only when the answer differs, so code outside gpubind that
+/// changed the thread's context (cudarc's `CudaContext::new`, `new_non_primary`,
+/// `bind_to_thread`, a dropped `CudaContext`, another library) is always noticed.
+/// `cuCtxSetCurrent` replaces the top of the thread's context stack, as a bind does.
+pub(crate) fn make_current(ctx: sys::CUcontext) -> Result<()> {
+    let mut current: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one handle into `current`; needs no current context.
+    unsafe { sys::cuCtxGetCurrent(&mut current) }.check("cuCtxGetCurrent")?;
+    if current != ctx {
+        // SAFETY: callers pass a retained primary context and hold the `Arc<Device>` that
+        // keeps it retained for the call; setting it current affects only this thread.
+        unsafe { sys::cuCtxSetCurrent(ctx) }.check("cuCtxSetCurrent")?;
+    }
+    Ok(())
 }
 
 /// Pushes `ctx` on this thread's context stack for the guard's lifetime.
@@ -98,10 +136,13 @@ impl Drop for ContextGuard {
 
 /// The two driver calls behind lazy primary-context handling.
 ///
-/// Production code uses [`CudaPrimary`]; the loom tests substitute a model that counts
-/// calls, to check that concurrent first binds retain exactly once and that the last
-/// `Arc<Device>` releases exactly once.
-pub trait PrimaryCtxOps: Send + Sync {
+/// Production code uses `CudaPrimary`; the loom tests (`src/loom_tests.rs`) substitute a
+/// model that counts calls, to check that concurrent first binds retain exactly once and
+/// that the last `Arc<Device>` releases exactly once.
+///
+/// Crate-private on purpose: `release` drops a retain that live slices, streams and
+/// modules depend on, so only `LazyPrimary`'s `Drop` may call it.
+pub(crate) trait PrimaryCtxOps: Send + Sync {
     /// The context handle type.
     type Ctx: Copy + Send + Sync;
     /// `cuDevicePrimaryCtxRetain`.
@@ -115,15 +156,16 @@ pub trait PrimaryCtxOps: Send + Sync {
 /// The handle is only an identifier; what may be done with it on which thread is what
 /// the safe types govern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RawContext(pub sys::CUcontext);
+pub(crate) struct RawContext(pub(crate) sys::CUcontext);
 // SAFETY: a CUcontext handle is a plain identifier the driver accepts from any thread.
 unsafe impl Send for RawContext {}
 // SAFETY: as above; it is never dereferenced on the Rust side.
 unsafe impl Sync for RawContext {}
 
-/// The real driver.
+/// The real driver. Crate-private: its `release` is only sound as the one release that
+/// matches `LazyPrimary`'s one retain.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct CudaPrimary;
+pub(crate) struct CudaPrimary;
 
 impl PrimaryCtxOps for CudaPrimary {
     type Ctx = RawContext;

@@ -59,12 +59,18 @@ pub mod dlpack;
 pub mod driver;
 pub mod error;
 pub mod host;
+mod image;
 pub mod ipc;
 pub mod managed;
 pub mod memory;
 pub mod module;
 pub mod stream;
 mod sync;
+
+/// Loom model checks of the crate-private primary-context seam and the token slot; run
+/// with `RUSTFLAGS="--cfg loom" cargo test --release --lib loom_tests` (`.ci/run` does).
+#[cfg(all(test, loom))]
+mod loom_tests;
 
 pub use collective::{
     Backend, CollectiveType, CommOptions, Communicator, Group, Op, RankComm, Transport,

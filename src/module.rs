@@ -542,24 +542,51 @@ impl<'a> BoundDevice<'a> {
     pub fn load_ptx(&self, ptx: &str) -> Result<Module> {
         let text = CString::new(ptx)
             .map_err(|_| Error::InvalidArgument("PTX contains a NUL byte".into()))?;
-        self.load_image(text.as_ptr().cast())
+        // SAFETY: `text` is NUL-terminated and alive for the call, so the driver, which
+        // reads PTX up to its NUL, stays inside it.
+        unsafe { self.load_image(text.as_ptr().cast()) }
     }
 
-    /// Loads a cubin or fatbin image.
+    /// Loads a cubin (ELF64, as NVRTC or `nvcc -cubin` write) or fatbin image.
+    ///
+    /// The driver is given only a pointer (`cuModuleLoadData`) and learns the image's
+    /// length from its headers, so the image is validated first: an ELF's header,
+    /// section and program tables, every section's and segment's bytes, its string
+    /// tables and the symbol and relocation indices must lie inside `image`; a fatbin's
+    /// header, contents and every entry likewise (an uncompressed ELF entry is checked as
+    /// a cubin). Anything else — including PTX, which goes through
+    /// [`load_ptx`](Self::load_ptx) — is [`Error::InvalidArgument`], before any driver
+    /// call:
+    ///
+    /// ```no_run
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>) {
+    /// use gpubind::Error;
+    /// let cut_short = [0x7f, b'E', b'L', b'F', 2, 1, 1, 0]; // an ELF header's first bytes
+    /// assert!(matches!(gpu.load_cubin(&cut_short), Err(Error::InvalidArgument(_))));
+    /// # }
+    /// ```
+    ///
+    /// The contents of NVIDIA-specific sections (code, `.nv.info` records) are the
+    /// driver's to check, inside the bounds validated here.
     pub fn load_cubin(&self, image: &[u8]) -> Result<Module> {
-        if image.len() < 16 {
-            return Err(Error::InvalidArgument(format!(
-                "a {}-byte image is no cubin",
-                image.len()
-            )));
-        }
-        self.load_image(image.as_ptr().cast())
+        crate::image::validate(image)?;
+        // SAFETY: `validate` checked that every structure the image's headers describe
+        // (and so every byte the driver reads) lies inside `image`, which is alive for
+        // the call.
+        unsafe { self.load_image(image.as_ptr().cast()) }
     }
 
-    fn load_image(&self, image: *const c_void) -> Result<Module> {
+    /// `cuModuleLoadData` in this device's primary context.
+    ///
+    /// # Safety
+    ///
+    /// `image` must point to a NUL-terminated PTX string or to a cubin/fatbin whose
+    /// headers describe only bytes that are readable for the length of the call.
+    unsafe fn load_image(&self, image: *const c_void) -> Result<Module> {
+        self.ensure_current()?;
         let mut raw: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: context current; `image` points to a NUL-terminated PTX string or a
-        // cubin, alive for the call; writes one handle.
+        // SAFETY: the bound context is current (just checked); `image` is readable as
+        // far as its format says (the caller's contract); writes one handle.
         unsafe { sys::cuModuleLoadData(&mut raw, image) }.check("cuModuleLoadData")?;
         Ok(Module {
             device: Arc::clone(self.device()),

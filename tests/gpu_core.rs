@@ -449,7 +449,7 @@ fn mem_info() -> (usize, usize) {
     (f, t)
 }
 
-fn bind_skips_driver_call_when_current() -> R {
+fn bind_checks_the_current_context() -> R {
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let primary = {
@@ -461,20 +461,23 @@ fn bind_skips_driver_call_when_current() -> R {
         current_context() == primary,
         "bind did not make the primary context current"
     );
-    // Change the binding behind the token's back: the token still believes `primary` is
-    // current, so a re-bind makes no driver call and the thread stays unbound.
-    // SAFETY: unbinds this thread; restored below.
+    // Change the binding behind the token's back: bind asks the driver (cuCtxGetCurrent)
+    // instead of trusting a cache, so a re-bind makes the primary context current again.
+    // SAFETY: unbinds this thread; the re-bind below restores it.
     unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) };
     drop(ctx.bind(&dev).ctx("rebind")?);
     ensure!(
-        current_context().is_null(),
-        "re-bind of the current device called cuCtxSetCurrent"
+        current_context() == primary,
+        "re-bind after the thread was unbound behind the token left it unbound"
     );
-    ctx.forget_binding();
-    drop(ctx.bind(&dev).ctx("bind after forget")?);
+    // And the same through a live binding: its operations re-check.
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    // SAFETY: unbinds this thread; the next operation through `gpu` restores it.
+    unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) };
+    gpu.synchronize().ctx("synchronize")?;
     ensure!(
         current_context() == primary,
-        "bind after forget_binding did not set the context"
+        "an operation through a live binding ran with no context current"
     );
     Ok(())
 }
@@ -834,8 +837,8 @@ fn main() {
                 drop_leaves_current_context_unchanged,
             ),
             (
-                "bind_skips_driver_call_when_current",
-                bind_skips_driver_call_when_current,
+                "bind_checks_the_current_context",
+                bind_checks_the_current_context,
             ),
             ("errors_for_bad_input", errors_for_bad_input),
             ("wrong_device_is_an_error", wrong_device_is_an_error),

@@ -1,13 +1,16 @@
 //! Model checks (loom) of the two pieces of shared state gpubind keeps:
 //! the per-thread `ThreadContext` slot and the lazy, once-only primary-context retain.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test --release --test loom` (`.ci/run` does).
-//! Without `--cfg loom` this file compiles to nothing.
-#![cfg(loom)]
+//! In the crate (not under `tests/`) because the retain/release seam they model,
+//! `PrimaryCtxOps` and `LazyPrimary`, is crate-private: public, it let safe code release
+//! a primary context under live slices.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --lib loom_tests`
+//! (`.ci/run` does). Compiled only under `cfg(all(test, loom))`.
 
-use gpubind::device::LazyPrimary;
-use gpubind::driver::PrimaryCtxOps;
-use gpubind::{Error, ThreadContext};
+use crate::device::LazyPrimary;
+use crate::driver::PrimaryCtxOps;
+use crate::{Error, ThreadContext};
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use loom::thread;
@@ -36,7 +39,7 @@ impl MockDriver {
 
 impl PrimaryCtxOps for MockDriver {
     type Ctx = u64;
-    fn retain(&self, device: i32) -> gpubind::Result<u64> {
+    fn retain(&self, device: i32) -> crate::Result<u64> {
         if self.attempts.fetch_add(1, SeqCst) < self.fail_first {
             return Err(Error::InvalidArgument("mock retain failure".into()));
         }

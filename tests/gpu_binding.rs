@@ -1,0 +1,311 @@
+//! GPU tests of the binding invariant against code outside gpubind that changes the
+//! thread's current context: cudarc's safe `CudaContext::new_non_primary` (re-exported as
+//! `gpubind::cudarc`) leaves its fresh context current, before a bind (stale binding) or
+//! in the middle of one. Without a driver: one SKIPPED line.
+//!
+//! Run: `cargo test --test gpu_binding` (on a GPU machine, or the built binary directly).
+
+#[macro_use]
+mod common;
+
+use common::{Ctx, run_suite, skip};
+use gpubind::cudarc::driver::{CudaContext, sys};
+use gpubind::{Device, Error, LaunchConfig, Output, ThreadContext};
+use std::sync::Arc;
+
+type R = Result<(), String>;
+
+fn dev0() -> Result<Arc<Device>, String> {
+    Device::get(0).ctx("Device::get(0)")
+}
+
+fn current_context() -> Result<sys::CUcontext, String> {
+    let mut c = std::ptr::null_mut();
+    // SAFETY: writes one handle; needs no current context.
+    let r = unsafe { sys::cuCtxGetCurrent(&mut c) };
+    ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuCtxGetCurrent: {r:?}");
+    Ok(c)
+}
+
+/// The device's primary context handle, as the driver reports it
+/// (`cuDevicePrimaryCtxRetain`, released again at once). Call it while gpubind holds its
+/// own retain (after a bind), so the release cannot deactivate the context.
+fn primary_handle(dev: &Device) -> Result<sys::CUcontext, String> {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: valid device handle; writes one handle; the retain is released below.
+    let r = unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev.raw_device()) };
+    ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "cuDevicePrimaryCtxRetain: {r:?}"
+    );
+    // SAFETY: releases exactly the retain taken above; gpubind's own retain remains.
+    let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev.raw_device()) };
+    ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "cuDevicePrimaryCtxRelease: {r:?}"
+    );
+    Ok(ctx)
+}
+
+/// The context a device allocation belongs to (`CU_POINTER_ATTRIBUTE_CONTEXT`).
+fn context_of(ptr: sys::CUdeviceptr) -> Result<sys::CUcontext, String> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one CUcontext for a pointer the caller allocated; needs no current
+    // context (unified addressing).
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ctx as *mut sys::CUcontext).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+            ptr,
+        )
+    };
+    ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "cuPointerGetAttribute(CONTEXT): {r:?}"
+    );
+    Ok(ctx)
+}
+
+/// A non-primary context on device 0 made current by cudarc's *safe* API.
+fn foreign_context() -> Result<Arc<CudaContext>, String> {
+    let foreign = CudaContext::new_non_primary(0, 0).ctx("CudaContext::new_non_primary(0)")?;
+    ensure!(
+        current_context()? == foreign.cu_ctx(),
+        "setup: new_non_primary did not leave its context current"
+    );
+    Ok(foreign)
+}
+
+const FILL: &str = r#"
+extern "C" __global__ void fill(unsigned* out, unsigned n, unsigned value) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+"#;
+
+/// The audit's case: bind, unbind, a foreign context becomes current behind the token,
+/// bind the same device again. The old token cache skipped `cuCtxSetCurrent` here and the
+/// allocation landed in the foreign context (and died with it).
+fn rebind_after_foreign_context_switch() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    drop(ctx.bind(&dev).ctx("first bind")?);
+    let primary = primary_handle(&dev)?;
+    ensure!(
+        current_context()? == primary,
+        "the first bind did not make the primary context current"
+    );
+
+    let foreign = foreign_context()?;
+    ensure!(foreign.cu_ctx() != primary, "setup: foreign == primary");
+    let data: Vec<u32> = (0..4096).map(|i| i * 3 + 1).collect();
+    let buf = {
+        let gpu = ctx.bind(&dev).ctx("bind after the foreign switch")?;
+        ensure!(
+            current_context()? == primary,
+            "bind left the foreign context current (stale binding)"
+        );
+        gpu.clone_htod(&data).ctx("clone_htod")?
+    };
+    // SAFETY: only read, to ask the driver which context owns it.
+    let owner = context_of(unsafe { buf.raw_ptr() })?;
+    println!(
+        "    primary {primary:?}, foreign {:?}, allocation in {owner:?}",
+        foreign.cu_ctx()
+    );
+    ensure!(
+        owner == primary,
+        "the allocation belongs to {owner:?}, not the primary context {primary:?} (foreign {:?})",
+        foreign.cu_ctx()
+    );
+
+    // Destroying the foreign context must not take the allocation with it.
+    drop(foreign);
+    let gpu = ctx
+        .bind(&dev)
+        .ctx("bind after dropping the foreign context")?;
+    ensure!(
+        current_context()? == primary,
+        "bind after the drop did not make the primary context current"
+    );
+    let back = gpu
+        .dtoh(&buf)
+        .ctx("dtoh after the foreign context was destroyed")?;
+    ensure!(back == data, "dtoh after the foreign drop read wrong data");
+    Ok(())
+}
+
+/// A foreign context becomes current *during* a binding; a module load through the live
+/// `BoundDevice` must land in the primary context (checked by using the module after the
+/// foreign context is destroyed), and `synchronize`/`memory_info` must act on it too.
+fn module_load_during_foreign_switch() -> R {
+    if !gpubind::nvrtc_available() {
+        return Err(skip("NVRTC (libnvrtc) not found"));
+    }
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let primary = primary_handle(&dev)?;
+
+    let foreign = foreign_context()?;
+    gpu.synchronize()
+        .ctx("synchronize during the foreign switch")?;
+    ensure!(
+        current_context()? == primary,
+        "synchronize ran with the foreign context current"
+    );
+    // Switch again before each operation: each one checks for itself.
+    let switch = |what: &str| -> R {
+        foreign.bind_to_thread().ctx("foreign bind_to_thread")?;
+        ensure!(
+            current_context()? == foreign.cu_ctx(),
+            "setup before {what}: the foreign context is not current"
+        );
+        Ok(())
+    };
+    switch("memory_info")?;
+    gpu.memory_info().ctx("memory_info")?;
+    ensure!(
+        current_context()? == primary,
+        "memory_info ran with the foreign context current"
+    );
+    switch("compile_and_load")?;
+    let module = gpu
+        .compile_and_load(FILL, "fill.cu")
+        .ctx("compile_and_load during the foreign switch")?;
+    ensure!(
+        current_context()? == primary,
+        "the module load left the foreign context current"
+    );
+    drop(foreign); // destroys the foreign context; a module loaded there would die too
+
+    let fill = module
+        .function("fill")
+        .ctx("function lookup after the foreign context was destroyed")?;
+    let n = 1000u32;
+    let out = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc_zeros")?;
+    // SAFETY: (unsigned*, unsigned, unsigned) matches the kernel; it stays below n.
+    unsafe {
+        gpu.default_stream()
+            .launch(&fill, LaunchConfig::for_num_elems(n))
+            .arg(&out)
+            .arg(&n)
+            .arg(&7u32)
+            .launch()
+            .ctx("launch")?;
+    }
+    let back = gpu.dtoh(&out).ctx("dtoh")?;
+    ensure!(
+        back.iter().all(|&v| v == 7),
+        "the kernel of the module loaded during the switch did not run"
+    );
+    Ok(())
+}
+
+/// A foreign context becomes current during a binding; an allocation through the live
+/// `BoundDevice` must land in the primary context. Needs memory.rs's allocations to call
+/// `BoundDevice::ensure_current` first.
+fn alloc_during_foreign_switch() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let primary = primary_handle(&dev)?;
+    let foreign = foreign_context()?;
+    let data: Vec<f32> = (0..1024).map(|i| i as f32 * 0.5).collect();
+    let buf = gpu
+        .clone_htod(&data)
+        .ctx("clone_htod during the foreign switch")?;
+    // SAFETY: only read, to ask the driver which context owns it.
+    let owner = context_of(unsafe { buf.raw_ptr() })?;
+    let zeros = gpu
+        .alloc_zeros::<f32>(1024)
+        .ctx("alloc_zeros during the foreign switch")?;
+    // SAFETY: as above.
+    let owner2 = context_of(unsafe { zeros.raw_ptr() })?;
+    println!(
+        "    primary {primary:?}, foreign {:?}; clone_htod in {owner:?}, alloc_zeros in {owner2:?}",
+        foreign.cu_ctx()
+    );
+    ensure!(
+        owner == primary && owner2 == primary,
+        "an allocation made through a live BoundDevice landed in the foreign context \
+         (clone_htod in {owner:?}, alloc_zeros in {owner2:?}, primary {primary:?}): the \
+         allocation path does not call BoundDevice::ensure_current"
+    );
+    drop(foreign);
+    let back = gpu
+        .dtoh(&buf)
+        .ctx("dtoh after the foreign context was destroyed")?;
+    ensure!(back == data, "dtoh after the foreign drop read wrong data");
+    Ok(())
+}
+
+/// NVRTC's cubins pass `load_cubin`'s validation; cut or corrupted copies are
+/// `InvalidArgument` before the driver sees them.
+fn nvrtc_cubin_validates_and_corruption_is_refused() -> R {
+    if !gpubind::nvrtc_available() {
+        return Err(skip("NVRTC (libnvrtc) not found"));
+    }
+    let dev = dev0()?;
+    let (major, minor) = dev.compute_capability().ctx("compute_capability")?;
+    let cubin = gpubind::compile(
+        FILL,
+        "fill.cu",
+        &[format!("--gpu-architecture=sm_{major}{minor}")],
+        Output::Cubin,
+    )
+    .ctx("compile")?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.load_cubin(&cubin).ctx("load_cubin of NVRTC's cubin")?;
+    module.function("fill").ctx("function")?;
+    println!("    NVRTC cubin: {} bytes, accepted", cubin.len());
+    let mut refused = 0;
+    for len in [0, 15, 63, 64, cubin.len() / 2, cubin.len() - 1] {
+        match gpu.load_cubin(&cubin[..len]) {
+            Err(Error::InvalidArgument(_)) => refused += 1,
+            Err(e) => {
+                return Err(format!(
+                    "a cubin cut to {len} bytes: {e} (not InvalidArgument)"
+                ));
+            }
+            Ok(_) => return Err(format!("a cubin cut to {len} bytes was loaded")),
+        }
+    }
+    let mut bad = cubin.clone();
+    bad[40..48].copy_from_slice(&u64::MAX.to_le_bytes()); // e_shoff
+    ensure!(
+        matches!(gpu.load_cubin(&bad), Err(Error::InvalidArgument(_))),
+        "a cubin with e_shoff = u64::MAX was not refused"
+    );
+    ensure!(
+        matches!(
+            gpu.load_cubin(b".version 8.0\n.target sm_90\n.address_size 64\n"),
+            Err(Error::InvalidArgument(_))
+        ),
+        "PTX given to load_cubin was not refused"
+    );
+    println!("    {} truncations and a bad e_shoff refused", refused);
+    Ok(())
+}
+
+fn main() {
+    run_suite(
+        "gpu_binding",
+        &[
+            (
+                "rebind_after_foreign_context_switch",
+                rebind_after_foreign_context_switch,
+            ),
+            (
+                "module_load_during_foreign_switch",
+                module_load_during_foreign_switch,
+            ),
+            ("alloc_during_foreign_switch", alloc_during_foreign_switch),
+            (
+                "nvrtc_cubin_validates_and_corruption_is_refused",
+                nvrtc_cubin_validates_and_corruption_is_refused,
+            ),
+        ],
+    );
+}
