@@ -1,31 +1,38 @@
 //! Stream-ordered access tracking: what makes gpubind's stream-ordered operations free of
 //! data races without a driver call per operation.
 //!
-//! gpubind's streams are non-blocking, and the synchronous calls of [`BoundDevice`] run on
+//! gpubind's streams are non-blocking, and the synchronous calls of `BoundDevice` run on
 //! the legacy default stream, so nothing in CUDA orders work on one stream after work on
 //! another. Borrowing a buffer only while an operation is *enqueued* therefore does not
 //! stop a later operation — on another stream, or from the host — from touching it while
 //! the first still runs. Every allocation ([`DeviceSlice`](crate::DeviceSlice), the IPC
-//! slices built on it, [`ManagedSlice`](crate::ManagedSlice), page-locked host buffers)
-//! carries an [`AccessTracker`] that remembers its *pending* stream-ordered uses:
+//! slices built on it, [`ManagedSlice`](crate::ManagedSlice), page-locked host buffers,
+//! modules, the collectives' staging) carries an [`AccessTracker`] that remembers its
+//! *pending* stream-ordered uses:
 //!
-//! * the last **write** (a stream), and the **reads** since it (a set of streams);
-//! * a use on the stream that already holds it costs one compare under an uncontended
-//!   lock and no driver call;
-//! * a use on **another stream** makes that stream wait, on the device, for an event
-//!   recorded on each conflicting stream at that moment (`cuEventRecord` +
-//!   `cuStreamWaitEvent`, with events from a per-device pool): a write waits for the last
-//!   write and every read since; a read waits only for the last write, so concurrent
-//!   readers stay concurrent;
-//! * **host** access and the synchronous calls wait on the host (`cuStreamSynchronize`)
-//!   for the conflicting streams, after which those uses are known complete and forgotten;
+//! * the streams of the last **write** (usually one), and the streams of the **reads**
+//!   since;
+//! * an operation **claims** every buffer it touches: it locks their trackers (in address
+//!   order, so two operations never deadlock), makes its stream wait on the device for
+//!   each conflicting use on *another* stream (an event recorded on that stream, from a
+//!   per-device pool, and `cuStreamWaitEvent`), enqueues itself, records its own use and
+//!   only then unlocks. Waits, enqueue and record are one step: no other use of the buffer
+//!   can slip between them;
+//! * a use on the stream that already orders everything costs one compare under an
+//!   uncontended lock and no driver call; a read waits only for the last write, so
+//!   concurrent readers stay concurrent;
+//! * **host** access and the synchronous calls claim the buffer too: they wait on the host
+//!   (`cuStreamSynchronize`) for the conflicting streams, forget those uses, and hold the
+//!   lock until their own copy has finished;
 //! * **dropping** the allocation waits for every pending use before the memory is freed.
 //!
-//! The state machine ([`AccessState`]) is generic over the stream type so the loom models
-//! check it with a mock; [`AccessTracker`] runs it over real streams.
+//! The state machine ([`AccessState`]) and the steps taken under the lock are generic over
+//! the stream type, so the loom models run the same code with mock streams.
 
 use crate::device::Device;
 use crate::driver::Check;
+#[cfg(test)]
+use crate::error::Error;
 use crate::error::Result;
 use crate::sync;
 use cudarc::driver::sys;
@@ -41,130 +48,182 @@ pub(crate) enum Access {
     Write,
 }
 
-/// A stream as the state machine sees it: cloneable, with an identity.
+impl Access {
+    /// The stronger of two accesses (a buffer read and written by one operation is written).
+    fn max(self, other: Access) -> Access {
+        if self == Access::Write || other == Access::Write {
+            Access::Write
+        } else {
+            Access::Read
+        }
+    }
+}
+
+/// A stream as the state machine sees it.
 pub(crate) trait TrackedStream: Clone {
     /// Equal ids name the same stream (stream order holds between their uses).
     fn id(&self) -> u64;
+    /// Whether everything enqueued on the stream so far has finished (`cuStreamQuery`);
+    /// `false` when unknown. Used only to prune long reader lists.
+    fn is_idle(&self) -> bool;
 }
+
+/// Above this many reader streams, a new reader first drops the idle ones.
+const PRUNE_READERS_AT: usize = 8;
 
 /// The pending uses of one allocation.
 ///
-/// Invariant: every stream-ordered use of the allocation that has not been observed
-/// complete is ordered (by stream order or by an event wait) before the end of the
-/// `writer` stream's or of one of the `readers` streams' work as enqueued so far; and every
-/// read since the last write is ordered after that write.
+/// Invariant: every stream-ordered use of the allocation that is not known complete was
+/// enqueued on one of the `writers` or `readers` streams (or on a stream that was made to
+/// wait for it before it was forgotten), before the tracker's lock was released; every
+/// read recorded in `readers` is ordered after every use recorded in `writers`.
 #[derive(Debug)]
 pub(crate) struct AccessState<S> {
-    writer: Option<S>,
+    writers: Vec<S>,
     readers: Vec<S>,
-    /// Bumped by every stream-ordered use, so a host wait forgets only what it waited for.
-    epoch: u64,
 }
 
 impl<S> Default for AccessState<S> {
     fn default() -> Self {
         AccessState {
-            writer: None,
+            writers: Vec::new(),
             readers: Vec::new(),
-            epoch: 0,
         }
     }
-}
-
-/// What a host-side wait needs: the streams to synchronise and the epoch it saw.
-pub(crate) struct HostWait<S> {
-    pub(crate) streams: Vec<S>,
-    epoch: u64,
-    access: Access,
-    /// A use was recorded but possibly not yet enqueued when the snapshot was taken: the
-    /// synchronisation may not cover it, so nothing may be forgotten.
-    keep: bool,
 }
 
 impl<S: TrackedStream> AccessState<S> {
-    /// The streams `on` must wait for before a use of kind `access` (none when the use
-    /// is on the stream that already orders everything).
-    pub(crate) fn stream_waits(&self, on: u64, access: Access) -> Vec<S> {
-        let mut waits = Vec::new();
-        if let Some(w) = &self.writer
-            && w.id() != on
-        {
-            waits.push(w.clone());
-        }
-        if access == Access::Write {
-            waits.extend(self.readers.iter().filter(|r| r.id() != on).cloned());
-        }
-        waits
-    }
-
-    /// Records a use on `on` whose waits (from [`stream_waits`](Self::stream_waits)) have
-    /// been enqueued.
-    pub(crate) fn commit_stream(&mut self, on: &S, access: Access) {
-        self.epoch = self.epoch.wrapping_add(1);
-        match access {
-            Access::Write => {
-                if self.writer.as_ref().map(|w| w.id()) != Some(on.id()) {
-                    self.writer = Some(on.clone());
-                }
-                self.readers.clear();
-            }
-            Access::Read => {
-                let orders_it = self.writer.as_ref().is_some_and(|w| w.id() == on.id())
-                    || self.readers.iter().any(|r| r.id() == on.id());
-                if !orders_it {
-                    self.readers.push(on.clone());
-                }
-            }
-        }
-    }
-
-    /// Whether a use of kind `access` on `on` needs nothing but a commit: the fast path.
+    /// Whether a use of kind `access` on stream `on` conflicts with nothing on another
+    /// stream: the fast path, where no wait is needed.
     pub(crate) fn is_ordered_on(&self, on: u64, access: Access) -> bool {
-        let writer_ok = self.writer.as_ref().is_none_or(|w| w.id() == on);
-        writer_ok && (access == Access::Read || self.readers.iter().all(|r| r.id() == on))
+        self.writers.iter().all(|w| w.id() == on)
+            && (access == Access::Read || self.readers.iter().all(|r| r.id() == on))
     }
 
-    /// The streams the host must synchronise before an access of kind `access`.
-    pub(crate) fn host_waits(&self, access: Access) -> HostWait<S> {
-        let mut streams: Vec<S> = self.writer.iter().cloned().collect();
+    /// Calls `wait(from)` for every stream whose pending use conflicts with a use of kind
+    /// `access` on `on` (the write streams; for a write, the read streams too).
+    pub(crate) fn wait_conflicts(
+        &self,
+        on: u64,
+        access: Access,
+        mut wait: impl FnMut(&S) -> Result<()>,
+    ) -> Result<()> {
+        for w in self.writers.iter().filter(|w| w.id() != on) {
+            wait(w)?;
+        }
         if access == Access::Write {
-            streams.extend(self.readers.iter().cloned());
+            for r in self.readers.iter().filter(|r| r.id() != on) {
+                wait(r)?;
+            }
         }
-        HostWait {
-            streams,
-            epoch: self.epoch,
-            access,
-            keep: false,
-        }
+        Ok(())
     }
 
-    /// Forgets the uses `wait` synchronised, unless a stream-ordered use was added since
-    /// (then the state is left as it is: still correct, only more conservative).
-    pub(crate) fn host_waited(&mut self, wait: &HostWait<S>) {
-        if wait.keep || self.epoch != wait.epoch {
+    /// Records the uses of one claim (all enqueued, after their conflicts), moving what
+    /// they replace into `grave` (dropped by the caller after unlocking: dropping a
+    /// stream may destroy it). Writes replace every earlier use; reads are added.
+    pub(crate) fn commit(
+        &mut self,
+        uses: &[(u64, Access)],
+        make: impl Fn(u64) -> S,
+        grave: &mut Vec<S>,
+    ) {
+        let writes = uses.iter().filter(|(_, a)| *a == Access::Write);
+        if writes.clone().next().is_some() {
+            let unchanged = self.readers.is_empty()
+                && self.writers.len() == writes.clone().count()
+                && writes
+                    .clone()
+                    .all(|(id, _)| self.writers.iter().any(|w| w.id() == *id))
+                && uses.iter().all(|(_, a)| *a == Access::Write);
+            if !unchanged {
+                grave.append(&mut self.writers);
+                grave.append(&mut self.readers);
+                for (id, _) in writes {
+                    if !self.writers.iter().any(|w| w.id() == *id) {
+                        self.writers.push(make(*id));
+                    }
+                }
+                for (id, _) in uses.iter().filter(|(_, a)| *a == Access::Read) {
+                    if !self.writers.iter().any(|w| w.id() == *id)
+                        && !self.readers.iter().any(|r| r.id() == *id)
+                    {
+                        self.readers.push(make(*id));
+                    }
+                }
+            }
             return;
         }
-        self.writer = None;
-        if wait.access == Access::Write {
-            self.readers.clear();
+        for (id, _) in uses {
+            let ordered = self.writers.iter().any(|w| w.id() == *id)
+                || self.readers.iter().any(|r| r.id() == *id);
+            if ordered {
+                continue;
+            }
+            if self.readers.len() >= PRUNE_READERS_AT {
+                let (idle, busy): (Vec<S>, Vec<S>) = std::mem::take(&mut self.readers)
+                    .into_iter()
+                    .partition(S::is_idle);
+                self.readers = busy;
+                grave.extend(idle);
+            }
+            self.readers.push(make(*id));
         }
     }
 
-    /// Every stream with a pending use.
-    #[cfg(test)]
-    pub(crate) fn all_pending(&self) -> Vec<S> {
-        self.writer.iter().chain(&self.readers).cloned().collect()
+    /// Synchronises (on the host) every stream whose pending use conflicts with a host
+    /// access of kind `access`, then forgets those uses. On the first failure nothing is
+    /// forgotten. Runs under the tracker's lock.
+    pub(crate) fn host_wait(
+        &mut self,
+        access: Access,
+        mut synchronize: impl FnMut(&S) -> Result<()>,
+        grave: &mut Vec<S>,
+    ) -> Result<()> {
+        for w in &self.writers {
+            synchronize(w)?;
+        }
+        if access == Access::Write {
+            for r in &self.readers {
+                synchronize(r)?;
+            }
+            grave.append(&mut self.readers);
+        }
+        grave.append(&mut self.writers);
+        Ok(())
+    }
+
+    /// Synchronises every pending use, all of them even if one fails; forgets them only if
+    /// every one succeeded, and returns the first error.
+    pub(crate) fn wait_all(&mut self, mut synchronize: impl FnMut(&S) -> Result<()>) -> Result<()> {
+        let mut first = Ok(());
+        for s in self.writers.iter().chain(&self.readers) {
+            if let Err(e) = synchronize(s)
+                && first.is_ok()
+            {
+                first = Err(e);
+            }
+        }
+        if first.is_ok() {
+            self.writers.clear();
+            self.readers.clear();
+        }
+        first
     }
 
     /// Whether no use is pending.
-    #[cfg(test)]
     pub(crate) fn is_idle(&self) -> bool {
-        self.writer.is_none() && self.readers.is_empty()
+        self.writers.is_empty() && self.readers.is_empty()
+    }
+
+    #[cfg(test)]
+    fn ids(v: &[S]) -> Vec<u64> {
+        v.iter().map(TrackedStream::id).collect()
     }
 }
 
 /// The stream behind a [`Stream`](crate::Stream): destroyed when the last holder (the
-/// `Stream`, or a tracker that still orders work on it) lets go.
+/// `Stream`, or a tracker that still orders work after it) lets go.
 pub(crate) struct StreamInner {
     pub(crate) device: Arc<Device>,
     pub(crate) raw: sys::CUstream,
@@ -214,26 +273,33 @@ pub(crate) enum StreamRef {
 
 impl TrackedStream for StreamRef {
     fn id(&self) -> u64 {
-        match self {
-            StreamRef::Legacy(d) => LEGACY_ID | d.ordinal() as u64,
-            StreamRef::Owned(s) => s.id,
-        }
+        self.slot().id()
+    }
+
+    fn is_idle(&self) -> bool {
+        let Ok(_guard) = self.device().enter() else {
+            return false;
+        };
+        // SAFETY: the stream is alive (held by self); its context is current.
+        (unsafe { sys::cuStreamQuery(self.raw()) }) == sys::CUresult::CUDA_SUCCESS
     }
 }
 
 impl StreamRef {
-    fn device(&self) -> &Arc<Device> {
+    /// The borrowed form.
+    pub(crate) fn slot(&self) -> StreamSlot<'_> {
         match self {
-            StreamRef::Legacy(d) => d,
-            StreamRef::Owned(s) => &s.device,
+            StreamRef::Legacy(d) => StreamSlot::Legacy(d),
+            StreamRef::Owned(s) => StreamSlot::Owned(s),
         }
     }
 
+    fn device(&self) -> &Arc<Device> {
+        self.slot().device()
+    }
+
     fn raw(&self) -> sys::CUstream {
-        match self {
-            StreamRef::Legacy(_) => std::ptr::null_mut(),
-            StreamRef::Owned(s) => s.raw,
-        }
+        self.slot().raw()
     }
 
     /// Blocks until the work enqueued on this stream so far has finished.
@@ -244,8 +310,8 @@ impl StreamRef {
         unsafe { sys::cuStreamSynchronize(self.raw()) }.check("cuStreamSynchronize")
     }
 
-    /// Makes `to` (a stream of the current context) wait on the device for the work
-    /// enqueued on `self` so far.
+    /// Makes `to` wait on the device for the work enqueued on `self` so far. `to`'s
+    /// context must be current (or `to` must be a non-null stream).
     fn enqueue_wait(&self, to: sys::CUstream) -> Result<()> {
         let device = self.device();
         let event = device.take_event()?;
@@ -255,8 +321,8 @@ impl StreamRef {
             unsafe { sys::cuEventRecord(event.0, self.raw()) }.check("cuEventRecord")
         };
         let waited = recorded.and_then(|()| {
-            // SAFETY: `to` is a live stream of the current context (the caller's
-            // BoundStream); the event may belong to another context, which CUDA allows.
+            // SAFETY: `to` is a live stream of the current context; the event may belong
+            // to another context, which CUDA allows.
             unsafe { sys::cuStreamWaitEvent(to, event.0, 0) }.check("cuStreamWaitEvent")
         });
         // The wait captured the event's state: it may be recorded again at once.
@@ -265,69 +331,16 @@ impl StreamRef {
     }
 }
 
-/// The pending stream-ordered uses of one allocation; see the [module docs](self).
-///
-/// Public only as an unnameable type of hidden trait methods; nothing outside gpubind
-/// can construct or inspect it.
-pub struct AccessTracker {
-    state: sync::Mutex<AccessState<StreamRef>>,
-    /// Uses recorded but not yet known to be enqueued (their [`UseGuard`] is alive).
-    in_flight: sync::AtomicUsize,
-}
-
-impl Default for AccessTracker {
-    fn default() -> Self {
-        AccessTracker {
-            state: sync::Mutex::new(AccessState::default()),
-            in_flight: sync::AtomicUsize::new(0),
-        }
-    }
-}
-
-/// Held from recording a use until the operation is enqueued: while one is alive, a host
-/// wait does not forget anything (its synchronisation may precede the enqueue).
-#[must_use = "hold the guard until the operation is enqueued"]
-pub(crate) struct UseGuard<'t> {
-    in_flight: Option<&'t sync::AtomicUsize>,
-}
-
-impl UseGuard<'_> {
-    /// A guard that guards nothing (for operations that track no buffer).
-    pub(crate) fn none() -> UseGuard<'static> {
-        UseGuard { in_flight: None }
-    }
-}
-
-impl Drop for UseGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(n) = self.in_flight {
-            // Release: a host wait that reads the count (Acquire) and sees this
-            // decrement also sees everything enqueued before it.
-            n.fetch_sub(1, std::sync::atomic::Ordering::Release);
-        }
-    }
-}
-
-impl std::fmt::Debug for AccessTracker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let st = sync::lock(&self.state);
-        f.debug_struct("AccessTracker")
-            .field("writer", &st.writer.as_ref().map(TrackedStream::id))
-            .field("readers", &st.readers.len())
-            .finish()
-    }
-}
-
-/// The stream an operation is enqueued on, borrowed from a [`BoundStream`](crate::BoundStream).
+/// A stream borrowed for one operation (no reference count touched on the fast path).
 #[derive(Clone, Copy)]
 pub(crate) enum StreamSlot<'a> {
-    /// The legacy default stream of this (bound) device.
+    /// The legacy default stream of this device.
     Legacy(&'a Arc<Device>),
     /// A gpubind stream.
     Owned(&'a Arc<StreamInner>),
 }
 
-impl StreamSlot<'_> {
+impl<'a> StreamSlot<'a> {
     pub(crate) fn id(self) -> u64 {
         match self {
             StreamSlot::Legacy(d) => LEGACY_ID | d.ordinal() as u64,
@@ -342,6 +355,13 @@ impl StreamSlot<'_> {
         }
     }
 
+    fn device(self) -> &'a Arc<Device> {
+        match self {
+            StreamSlot::Legacy(d) => d,
+            StreamSlot::Owned(s) => &s.device,
+        }
+    }
+
     pub(crate) fn to_ref(self) -> StreamRef {
         match self {
             StreamSlot::Legacy(d) => StreamRef::Legacy(Arc::clone(d)),
@@ -350,145 +370,234 @@ impl StreamSlot<'_> {
     }
 }
 
-impl AccessTracker {
-    /// Orders a use of kind `access` on `on` (a stream of the current context) after the
-    /// conflicting pending uses, and records it. Call before enqueueing the operation and
-    /// hold the guard until it is enqueued.
-    ///
-    /// Runs under the tracker's lock, so two threads sharing the allocation are ordered
-    /// one way or the other. Nothing is recorded if a wait cannot be enqueued.
-    pub(crate) fn stream_use(&self, on: StreamSlot<'_>, access: Access) -> Result<UseGuard<'_>> {
-        let mut st = sync::lock(&self.state);
-        let id = on.id();
-        if st.is_ordered_on(id, access) {
-            // The fast path: one compare, no driver call, nothing cloned.
-            st.commit_stream_slot(on, access);
-            return Ok(begin(&self.in_flight));
+/// The pending stream-ordered uses of one allocation; see the [module docs](self).
+///
+/// Public only as an unnameable type of hidden trait methods; nothing outside gpubind
+/// can construct a meaningful one or inspect it.
+pub struct AccessTracker {
+    state: sync::Mutex<AccessState<StreamRef>>,
+}
+
+impl Default for AccessTracker {
+    fn default() -> Self {
+        AccessTracker {
+            state: sync::Mutex::new(AccessState::default()),
         }
-        drop(st);
-        stream_use_with(
-            &self.state,
-            &self.in_flight,
-            &on.to_ref(),
-            access,
-            |from, to| from.enqueue_wait(to.raw()),
-        )
+    }
+}
+
+impl std::fmt::Debug for AccessTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = sync::lock(&self.state);
+        f.debug_struct("AccessTracker")
+            .field("writers", &st.writers.len())
+            .field("readers", &st.readers.len())
+            .finish()
+    }
+}
+
+impl AccessTracker {
+    /// Waits for every pending use (before the memory is freed or handed away) and
+    /// forgets them: all streams are synchronised even if one fails; the first error is
+    /// returned and then nothing is forgotten.
+    pub(crate) fn wait_all(&mut self) -> Result<()> {
+        let st = match self.state.get_mut() {
+            Ok(st) => st,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if st.is_idle() {
+            return Ok(());
+        }
+        st.wait_all(StreamRef::synchronize)
     }
 
-    /// Orders a write on every stream of `on` (the lanes of a collective, any devices)
-    /// after the pending uses, and records the lanes as the users: the next use anywhere
-    /// waits for all of them. (They are recorded as readers, which a later write waits
-    /// for; every use of a staging buffer is such a write.)
-    pub(crate) fn lanes_use(&self, on: &[StreamRef]) -> Result<UseGuard<'_>> {
-        let mut st = sync::lock(&self.state);
-        for s in on {
-            let waits = st.stream_waits(s.id(), Access::Write);
-            if waits.is_empty() {
+    /// A host access of kind `access` that needs nothing held afterwards (the borrow of
+    /// the memory excludes conflicting uses from then on): waits and forgets.
+    pub(crate) fn host_access(&self, access: Access) -> Result<()> {
+        let mut grave = Vec::new();
+        let out = {
+            let mut st = sync::lock(&self.state);
+            st.host_wait(access, StreamRef::synchronize, &mut grave)
+        };
+        drop(grave);
+        out
+    }
+}
+
+/// One buffer an operation touches, and how.
+pub(crate) type Use<'t> = Option<(&'t AccessTracker, Access)>;
+
+/// A locked tracker within a claim.
+pub(crate) struct Held<'t> {
+    guard: sync::MutexGuard<'t, AccessState<StreamRef>>,
+    access: Access,
+}
+
+/// Sorts `uses` by tracker address (so every thread locks in the same order) and merges
+/// uses of one tracker; `None`s go last.
+fn sort_and_merge(uses: &mut [Use<'_>]) {
+    uses.sort_unstable_by_key(|u| u.map_or(usize::MAX, |(t, _)| t as *const _ as usize));
+    for i in 1..uses.len() {
+        if let (Some((a, aa)), Some((b, ba))) = (uses[i - 1], uses[i])
+            && std::ptr::eq(a, b)
+        {
+            uses[i - 1] = Some((a, aa.max(ba)));
+            uses[i] = None;
+        }
+    }
+}
+
+/// Locks the trackers of `uses` (sorted and merged) into `held`.
+fn lock_all<'t>(uses: &mut [Use<'t>], held: &mut [Option<Held<'t>>]) {
+    sort_and_merge(uses);
+    for (u, h) in uses.iter().zip(held.iter_mut()) {
+        if let Some((t, access)) = *u {
+            *h = Some(Held {
+                guard: sync::lock(&t.state),
+                access,
+            });
+        }
+    }
+}
+
+/// An operation's claim on the buffers it touches, on one stream: taken before the
+/// operation is enqueued, recorded and released (in `Drop`) after. See the module docs.
+#[must_use = "hold the claim until the operation is enqueued"]
+pub(crate) struct Claim<'t, 's, H: AsMut<[Option<Held<'t>>]>> {
+    held: H,
+    on: StreamSlot<'s>,
+    _t: std::marker::PhantomData<&'t ()>,
+}
+
+/// Storage for the locks of a claim of at most `N` buffers.
+pub(crate) type Locks<'t, const N: usize> = [Option<Held<'t>>; N];
+
+/// Empty lock storage.
+pub(crate) fn locks<'t, const N: usize>() -> Locks<'t, N> {
+    std::array::from_fn(|_| None)
+}
+
+/// Claims `uses` (at most as many as `held` has room for) for an operation on `on`, whose
+/// context is current: locks the trackers and makes `on` wait for every conflicting use.
+pub(crate) fn claim<'t, 's, H: AsMut<[Option<Held<'t>>]>>(
+    on: StreamSlot<'s>,
+    uses: &mut [Use<'t>],
+    mut held: H,
+) -> Result<Claim<'t, 's, H>> {
+    lock_all(uses, held.as_mut());
+    let id = on.id();
+    for h in held.as_mut().iter().flatten() {
+        if !h.guard.is_ordered_on(id, h.access) {
+            h.guard
+                .wait_conflicts(id, h.access, |from| from.enqueue_wait(on.raw()))?;
+        }
+    }
+    Ok(Claim {
+        held,
+        on,
+        _t: std::marker::PhantomData,
+    })
+}
+
+impl<'t, H: AsMut<[Option<Held<'t>>]>> Drop for Claim<'t, '_, H> {
+    fn drop(&mut self) {
+        // Record the operation's uses, unlock, then drop what they replaced.
+        let mut grave = Vec::new();
+        let on = self.on;
+        for slot in self.held.as_mut().iter_mut() {
+            if let Some(mut h) = slot.take() {
+                h.guard
+                    .commit(&[(on.id(), h.access)], |_| on.to_ref(), &mut grave);
+            }
+        }
+        drop(grave);
+    }
+}
+
+/// Claims `uses` for a host access or a synchronous call: locks the trackers, waits on the
+/// host for every conflicting use and forgets it. The locks are held until the returned
+/// value drops, so no stream-ordered use can start while the synchronous copy runs.
+pub(crate) fn host_claim<'t, H: AsMut<[Option<Held<'t>>]>>(
+    uses: &mut [Use<'t>],
+    mut held: H,
+) -> Result<H> {
+    lock_all(uses, held.as_mut());
+    let mut grave = Vec::new();
+    for h in held.as_mut().iter_mut().flatten() {
+        let access = h.access;
+        h.guard
+            .host_wait(access, StreamRef::synchronize, &mut grave)?;
+    }
+    Ok(held)
+}
+
+/// One locked tracker of a lane claim, with its uses.
+type LaneHeld<'t> = (
+    sync::MutexGuard<'t, AccessState<StreamRef>>,
+    Vec<(StreamRef, Access)>,
+);
+
+/// A claim on buffers used on several streams (a collective's lanes, of any devices):
+/// every use names its stream; each stream waits for the conflicts of its own uses.
+#[must_use = "hold the claim until the operation is enqueued"]
+pub(crate) struct LaneClaim<'t> {
+    /// `(tracker, its uses)`, locked, sorted by tracker address.
+    held: Vec<LaneHeld<'t>>,
+}
+
+/// Claims each `(tracker, access, stream)`; the streams' contexts are pushed as needed.
+pub(crate) fn claim_lanes<'t>(
+    mut uses: Vec<(&'t AccessTracker, Access, StreamRef)>,
+) -> Result<LaneClaim<'t>> {
+    uses.sort_by_key(|(t, _, _)| *t as *const AccessTracker as usize);
+    let mut held: Vec<LaneHeld<'t>> = Vec::new();
+    let mut last: Option<*const AccessTracker> = None;
+    for (t, access, s) in uses {
+        if last != Some(t as *const _) {
+            held.push((sync::lock(&t.state), Vec::new()));
+            last = Some(t as *const _);
+        }
+        if let Some((_, v)) = held.last_mut() {
+            match v.iter_mut().find(|(x, _)| x.id() == s.id()) {
+                Some((_, a)) => *a = a.max(access),
+                None => v.push((s, access)),
+            }
+        }
+    }
+    for (st, v) in &held {
+        for (s, access) in v {
+            if st.is_ordered_on(s.id(), *access) {
                 continue;
             }
             let _guard = s.device().enter()?;
-            for from in waits {
-                from.enqueue_wait(s.raw())?;
-            }
-        }
-        st.writer = None;
-        st.readers.clear();
-        st.readers.extend(on.iter().cloned());
-        st.epoch = st.epoch.wrapping_add(1);
-        Ok(begin(&self.in_flight))
-    }
-
-    /// Blocks until the pending uses that conflict with a host access of kind `access`
-    /// have finished, then forgets them. The synchronous calls of `BoundDevice` and the
-    /// host views of managed memory call this first.
-    pub(crate) fn host_use(&self, access: Access) -> Result<()> {
-        host_use_with(&self.state, &self.in_flight, access, StreamRef::synchronize)
-    }
-
-    /// Waits for every pending use (before the memory is freed), and forgets them.
-    /// Returns the first error; the uses are forgotten only if every wait succeeded.
-    pub(crate) fn wait_all(&mut self) -> Result<()> {
-        host_use_with(
-            &self.state,
-            &self.in_flight,
-            Access::Write,
-            StreamRef::synchronize,
-        )
-    }
-}
-
-/// Counts a recorded use as in flight until the returned guard drops. Called under the
-/// tracker's lock, so a host wait that takes the lock afterwards sees the count.
-fn begin(in_flight: &sync::AtomicUsize) -> UseGuard<'_> {
-    in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    UseGuard {
-        in_flight: Some(in_flight),
-    }
-}
-
-/// The locking protocol of a stream-ordered use, over any stream type (the loom models
-/// run it with mock streams): under the lock, enqueue `wait(from, on)` for every
-/// conflicting stream, then record the use as in flight. Holding the lock while
-/// enqueueing waits (which never blocks) orders two threads that share the allocation.
-pub(crate) fn stream_use_with<'t, S: TrackedStream>(
-    state: &sync::Mutex<AccessState<S>>,
-    in_flight: &'t sync::AtomicUsize,
-    on: &S,
-    access: Access,
-    mut wait: impl FnMut(&S, &S) -> Result<()>,
-) -> Result<UseGuard<'t>> {
-    let mut st = sync::lock(state);
-    for from in st.stream_waits(on.id(), access) {
-        wait(&from, on)?;
-    }
-    st.commit_stream(on, access);
-    Ok(begin(in_flight))
-}
-
-/// The locking protocol of a host access: snapshot the conflicting streams under the
-/// lock, synchronise them without it (a host wait may be long), then forget what was
-/// waited for — unless a stream-ordered use arrived meanwhile (the epoch moved) or was
-/// recorded but maybe not yet enqueued when the snapshot was taken (in flight).
-pub(crate) fn host_use_with<S: TrackedStream>(
-    state: &sync::Mutex<AccessState<S>>,
-    in_flight: &sync::AtomicUsize,
-    access: Access,
-    mut synchronize: impl FnMut(&S) -> Result<()>,
-) -> Result<()> {
-    let wait = {
-        let st = sync::lock(state);
-        if st.writer.is_none() && (access == Access::Read || st.readers.is_empty()) {
-            return Ok(());
-        }
-        let mut wait = st.host_waits(access);
-        wait.keep = in_flight.load(std::sync::atomic::Ordering::Acquire) != 0;
-        wait
-    };
-    for s in &wait.streams {
-        synchronize(s)?;
-    }
-    sync::lock(state).host_waited(&wait);
-    Ok(())
-}
-
-impl AccessState<StreamRef> {
-    fn commit_stream_slot(&mut self, on: StreamSlot<'_>, access: Access) {
-        let id = on.id();
-        let unchanged = match access {
-            Access::Write => {
-                self.writer.as_ref().map(TrackedStream::id) == Some(id) && self.readers.is_empty()
-            }
-            Access::Read => {
-                self.writer.as_ref().map(TrackedStream::id) == Some(id)
-                    || self.readers.iter().any(|r| r.id() == id)
-            }
-        };
-        if unchanged {
-            self.epoch = self.epoch.wrapping_add(1);
-        } else {
-            self.commit_stream(&on.to_ref(), access);
+            st.wait_conflicts(s.id(), *access, |from| from.enqueue_wait(s.raw()))?;
         }
     }
+    Ok(LaneClaim { held })
+}
+
+impl Drop for LaneClaim<'_> {
+    fn drop(&mut self) {
+        let mut grave = Vec::new();
+        for (mut st, v) in self.held.drain(..) {
+            let ids: Vec<(u64, Access)> = v.iter().map(|(s, a)| (s.id(), *a)).collect();
+            let make = |id: u64| {
+                v.iter()
+                    .find(|(s, _)| s.id() == id)
+                    .map(|(s, _)| s.clone())
+                    .unwrap_or_else(|| unreachable_stream(&v))
+            };
+            st.commit(&ids, make, &mut grave);
+            drop(st);
+        }
+        drop(grave);
+    }
+}
+
+/// `commit` only asks for ids it was given; this is never reached, and returns the first
+/// stream rather than panicking in a `Drop`.
+fn unreachable_stream(v: &[(StreamRef, Access)]) -> StreamRef {
+    v[0].0.clone()
 }
 
 /// A pooled `CUevent` (timing disabled) of one device's primary context.
@@ -508,20 +617,34 @@ mod tests {
         fn id(&self) -> u64 {
             self.0
         }
+        fn is_idle(&self) -> bool {
+            self.0 >= 100
+        }
     }
 
-    fn ids(v: &[S]) -> Vec<u64> {
-        v.iter().map(|s| s.0).collect()
+    fn commit1(st: &mut AccessState<S>, id: u64, a: Access) {
+        let mut grave = Vec::new();
+        st.commit(&[(id, a)], S, &mut grave);
+    }
+
+    fn conflicts(st: &AccessState<S>, on: u64, a: Access) -> Vec<u64> {
+        let mut v = Vec::new();
+        st.wait_conflicts(on, a, |s| {
+            v.push(s.0);
+            Ok(())
+        })
+        .unwrap();
+        v
     }
 
     #[test]
     fn same_stream_uses_need_no_wait() {
         let mut st = AccessState::<S>::default();
         assert!(st.is_ordered_on(1, Access::Write));
-        st.commit_stream(&S(1), Access::Write);
+        commit1(&mut st, 1, Access::Write);
         assert!(st.is_ordered_on(1, Access::Write));
         assert!(st.is_ordered_on(1, Access::Read));
-        st.commit_stream(&S(1), Access::Read);
+        commit1(&mut st, 1, Access::Read);
         assert!(
             st.readers.is_empty(),
             "a read on the writer's stream is ordered by it"
@@ -531,48 +654,126 @@ mod tests {
     #[test]
     fn reads_wait_for_the_writer_only_and_stay_concurrent() {
         let mut st = AccessState::<S>::default();
-        st.commit_stream(&S(1), Access::Write);
-        assert_eq!(ids(&st.stream_waits(2, Access::Read)), [1]);
-        st.commit_stream(&S(2), Access::Read);
-        assert_eq!(ids(&st.stream_waits(3, Access::Read)), [1]);
-        st.commit_stream(&S(3), Access::Read);
-        // A write waits for the writer and both readers.
-        assert_eq!(ids(&st.stream_waits(4, Access::Write)), [1, 2, 3]);
-        // A write on a reader's stream skips that reader.
-        assert_eq!(ids(&st.stream_waits(2, Access::Write)), [1, 3]);
-        st.commit_stream(&S(2), Access::Write);
-        assert_eq!(ids(&st.all_pending()), [2]);
+        commit1(&mut st, 1, Access::Write);
+        assert_eq!(conflicts(&st, 2, Access::Read), [1]);
+        commit1(&mut st, 2, Access::Read);
+        assert_eq!(conflicts(&st, 3, Access::Read), [1]);
+        commit1(&mut st, 3, Access::Read);
+        assert_eq!(conflicts(&st, 4, Access::Write), [1, 2, 3]);
+        assert_eq!(conflicts(&st, 2, Access::Write), [1, 3]);
+        commit1(&mut st, 2, Access::Write);
+        assert_eq!(AccessState::ids(&st.writers), [2]);
+        assert!(st.readers.is_empty());
     }
 
     #[test]
-    fn host_waits_forget_only_what_they_waited_for() {
+    fn a_claim_on_several_streams_keeps_every_write() {
         let mut st = AccessState::<S>::default();
-        st.commit_stream(&S(1), Access::Write);
-        st.commit_stream(&S(2), Access::Read);
-        let w = st.host_waits(Access::Read);
-        assert_eq!(ids(&w.streams), [1]);
-        st.host_waited(&w);
-        assert!(st.writer.is_none());
-        assert_eq!(
-            ids(&st.readers),
-            [2],
-            "a host read leaves device reads pending"
+        let mut grave = Vec::new();
+        st.commit(
+            &[(1, Access::Write), (2, Access::Write), (3, Access::Read)],
+            S,
+            &mut grave,
         );
-        let w = st.host_waits(Access::Write);
-        assert_eq!(ids(&w.streams), [2]);
-        // A use that arrives between the snapshot and the end of the wait is kept.
-        st.commit_stream(&S(3), Access::Read);
-        st.host_waited(&w);
-        assert_eq!(ids(&st.readers), [2, 3]);
-        let w = st.host_waits(Access::Write);
-        st.host_waited(&w);
+        assert_eq!(AccessState::ids(&st.writers), [1, 2]);
+        assert_eq!(AccessState::ids(&st.readers), [3]);
+        // A host read waits for both writers.
+        let mut synced = Vec::new();
+        st.host_wait(
+            Access::Read,
+            |s| {
+                synced.push(s.0);
+                Ok(())
+            },
+            &mut grave,
+        )
+        .unwrap();
+        assert_eq!(synced, [1, 2]);
+        assert_eq!(AccessState::ids(&st.readers), [3]);
+    }
+
+    #[test]
+    fn host_waits_forget_what_they_waited_for_and_keep_it_on_failure() {
+        let mut st = AccessState::<S>::default();
+        commit1(&mut st, 1, Access::Write);
+        commit1(&mut st, 2, Access::Read);
+        let mut grave = Vec::new();
+        let e = st.host_wait(
+            Access::Write,
+            |_| Err(Error::InvalidArgument("mock".into())),
+            &mut grave,
+        );
+        assert!(e.is_err());
+        assert_eq!(
+            AccessState::ids(&st.writers),
+            [1],
+            "nothing forgotten on failure"
+        );
+        st.host_wait(Access::Read, |_| Ok(()), &mut grave).unwrap();
+        assert!(st.writers.is_empty());
+        assert_eq!(
+            AccessState::ids(&st.readers),
+            [2],
+            "a host read leaves device reads"
+        );
+        st.host_wait(Access::Write, |_| Ok(()), &mut grave).unwrap();
         assert!(st.is_idle());
+    }
+
+    #[test]
+    fn wait_all_tries_every_stream() {
+        let mut st = AccessState::<S>::default();
+        commit1(&mut st, 1, Access::Write);
+        commit1(&mut st, 2, Access::Read);
+        commit1(&mut st, 3, Access::Read);
+        let mut tried = Vec::new();
+        let e = st.wait_all(|s| {
+            tried.push(s.0);
+            if s.0 == 1 {
+                Err(Error::InvalidArgument("mock".into()))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(e.is_err());
+        assert_eq!(tried, [1, 2, 3]);
+        assert!(!st.is_idle());
+    }
+
+    #[test]
+    fn idle_readers_are_pruned() {
+        let mut st = AccessState::<S>::default();
+        for id in 100..100 + PRUNE_READERS_AT as u64 {
+            commit1(&mut st, id, Access::Read);
+        }
+        commit1(&mut st, 7, Access::Read);
+        assert_eq!(AccessState::ids(&st.readers), [7]);
+    }
+
+    #[test]
+    fn sorting_merges_one_tracker_used_twice() {
+        let (a, b) = (AccessTracker::default(), AccessTracker::default());
+        let mut uses = [
+            Some((&b, Access::Read)),
+            Some((&a, Access::Read)),
+            None,
+            Some((&b, Access::Write)),
+        ];
+        sort_and_merge(&mut uses);
+        let n = uses.iter().flatten().count();
+        assert_eq!(n, 2);
+        assert!(
+            uses.iter()
+                .flatten()
+                .any(|(t, x)| std::ptr::eq(*t, &b) && *x == Access::Write)
+        );
     }
 }
 
-/// Model checks of the tracker's locking protocol with loom (`.ci/run` runs them with
-/// `RUSTFLAGS="--cfg loom"`): the production functions `stream_use_with` and
-/// `host_use_with`, over mock streams whose "completion" is an atomic flag.
+/// Model checks of the claim protocol with loom (`.ci/run` runs them with
+/// `RUSTFLAGS="--cfg loom"`): the production steps (`is_ordered_on`, `wait_conflicts`,
+/// `commit`, `host_wait`) under the same lock, over mock streams that record what
+/// happened on them.
 #[cfg(all(test, loom))]
 mod loom_models {
     use super::*;
@@ -580,138 +781,137 @@ mod loom_models {
     use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
     use loom::thread;
 
-    /// A mock stream: `done` is set when the host synchronises it.
+    /// A mock stream. `enqueued` is set once the operation claimed on it is enqueued.
     #[derive(Clone)]
     struct M {
         id: u64,
-        done: Arc<AtomicBool>,
+        enqueued: Arc<AtomicBool>,
     }
     impl TrackedStream for M {
         fn id(&self) -> u64 {
             self.id
         }
+        fn is_idle(&self) -> bool {
+            false
+        }
     }
     fn stream(id: u64) -> M {
         M {
             id,
-            done: Arc::new(AtomicBool::new(false)),
+            enqueued: Arc::new(AtomicBool::new(false)),
         }
     }
-    fn with_writer(w: &M) -> (Arc<sync::Mutex<AccessState<M>>>, Arc<sync::AtomicUsize>) {
-        let mut st = AccessState::default();
-        st.commit_stream(w, Access::Write);
-        (
-            Arc::new(sync::Mutex::new(st)),
-            Arc::new(sync::AtomicUsize::new(0)),
-        )
-    }
 
-    /// A host read and a device read on another stream race: the device read either
-    /// waits for the pending write or runs after the host saw it complete.
-    #[test]
-    fn device_read_never_skips_an_unfinished_write() {
-        loom::model(|| {
-            let w = stream(1);
-            let (state, in_flight) = with_writer(&w);
-            let host = {
-                let (state, in_flight) = (state.clone(), in_flight.clone());
-                thread::spawn(move || {
-                    host_use_with(&state, &in_flight, Access::Read, |s| {
-                        s.done.store(true, SeqCst);
-                        Ok(())
-                    })
-                    .unwrap();
-                })
-            };
-            let reader = stream(2);
-            let mut waited_for_writer = false;
-            let guard = stream_use_with(&state, &in_flight, &reader, Access::Read, |from, _| {
-                waited_for_writer |= from.id == 1;
+    /// The stream-claim protocol: lock; wait for conflicts (the event recorded on `from`
+    /// must come after `from`'s operation was enqueued); enqueue; commit; unlock.
+    fn stream_op(state: &sync::Mutex<AccessState<M>>, on: &M, access: Access) -> Vec<u64> {
+        let mut st = sync::lock(state);
+        let mut waited = Vec::new();
+        if !st.is_ordered_on(on.id, access) {
+            st.wait_conflicts(on.id, access, |from| {
+                assert!(
+                    from.enqueued.load(SeqCst),
+                    "an event was recorded on stream {} before its operation was enqueued",
+                    from.id
+                );
+                waited.push(from.id);
                 Ok(())
             })
             .unwrap();
+        }
+        on.enqueued.store(true, SeqCst);
+        let mut grave = Vec::new();
+        let on2 = on.clone();
+        st.commit(&[(on.id, access)], move |_| on2.clone(), &mut grave);
+        waited
+    }
+
+    /// Two writes on different streams: whichever comes second waits for the first, and
+    /// never on an event recorded before the first was enqueued (the audit's race).
+    #[test]
+    fn cross_stream_writes_are_ordered_one_way() {
+        loom::model(|| {
+            let state = Arc::new(sync::Mutex::new(AccessState::<M>::default()));
+            let (s1, s2) = (stream(1), stream(2));
+            let t = {
+                let (state, s1) = (state.clone(), s1.clone());
+                thread::spawn(move || stream_op(&state, &s1, Access::Write))
+            };
+            let w2 = stream_op(&state, &s2, Access::Write);
+            let w1 = t.join().unwrap();
             assert!(
-                waited_for_writer || w.done.load(SeqCst),
-                "a read skipped a write that had not finished"
+                (w1 == [2]) ^ (w2 == [1]),
+                "exactly one write waits for the other: {w1:?} {w2:?}"
             );
-            drop(guard);
+        });
+    }
+
+    /// A synchronous copy (host claim, lock held while it runs) and a kernel on a stream
+    /// never overlap, and the kernel is ordered after any write the copy waited for.
+    #[test]
+    fn sync_copy_excludes_device_use() {
+        loom::model(|| {
+            let w = stream(1);
+            w.enqueued.store(true, SeqCst);
+            let mut st = AccessState::<M>::default();
+            let w2 = w.clone();
+            st.commit(&[(1, Access::Write)], move |_| w2.clone(), &mut Vec::new());
+            let state = Arc::new(sync::Mutex::new(st));
+            let copying = Arc::new(AtomicBool::new(false));
+            let host = {
+                let (state, copying) = (state.clone(), copying.clone());
+                thread::spawn(move || {
+                    let mut st = sync::lock(&state);
+                    st.host_wait(Access::Read, |_| Ok(()), &mut Vec::new())
+                        .unwrap();
+                    copying.store(true, SeqCst);
+                    thread::yield_now();
+                    copying.store(false, SeqCst);
+                })
+            };
+            let k = stream(2);
+            {
+                let mut st = sync::lock(&state);
+                assert!(
+                    !copying.load(SeqCst),
+                    "a kernel started during a synchronous copy"
+                );
+                st.wait_conflicts(2, Access::Write, |_| Ok(())).unwrap();
+                k.enqueued.store(true, SeqCst);
+                let k2 = k.clone();
+                st.commit(&[(2, Access::Write)], move |_| k2.clone(), &mut Vec::new());
+            }
             host.join().unwrap();
         });
     }
 
-    /// Two device reads on different streams both wait for the write, and both stay
-    /// recorded (a later write waits for each).
+    /// Two readers on different streams both wait for the write and both stay recorded,
+    /// so a later write waits for each.
     #[test]
     fn concurrent_readers_both_wait_and_are_kept() {
         loom::model(|| {
             let w = stream(1);
-            let (state, in_flight) = with_writer(&w);
-            let spawn_reader = |id: u64| {
-                let (state, in_flight) = (state.clone(), in_flight.clone());
-                thread::spawn(move || {
-                    let mut waited = false;
-                    let g = stream_use_with(
-                        &state,
-                        &in_flight,
-                        &stream(id),
-                        Access::Read,
-                        |from, _| {
-                            waited |= from.id == 1;
-                            Ok(())
-                        },
-                    )
-                    .unwrap();
-                    drop(g);
-                    waited
-                })
+            w.enqueued.store(true, SeqCst);
+            let mut st = AccessState::<M>::default();
+            let w2 = w.clone();
+            st.commit(&[(1, Access::Write)], move |_| w2.clone(), &mut Vec::new());
+            let state = Arc::new(sync::Mutex::new(st));
+            let t = {
+                let state = state.clone();
+                thread::spawn(move || stream_op(&state, &stream(2), Access::Read))
             };
-            let (a, b) = (spawn_reader(2), spawn_reader(3));
-            assert!(a.join().unwrap() && b.join().unwrap());
+            let a = stream_op(&state, &stream(3), Access::Read);
+            let b = t.join().unwrap();
+            assert_eq!((a, b), (vec![1], vec![1]));
             let st = sync::lock(&state);
-            let mut waits: Vec<u64> = st
-                .stream_waits(4, Access::Write)
-                .iter()
-                .map(|s| s.id)
-                .collect();
+            let mut waits = Vec::new();
+            st.wait_conflicts(4, Access::Write, |s| {
+                waits.push(s.id);
+                Ok(())
+            })
+            .unwrap();
             waits.sort();
             assert_eq!(waits, [1, 2, 3]);
-        });
-    }
-
-    /// A host wait racing a new use on the *same* stream it synchronises must not forget
-    /// that use unless its synchronisation came after the use was enqueued.
-    #[test]
-    fn host_wait_forgets_only_enqueued_uses() {
-        loom::model(|| {
-            let w = stream(1);
-            let (state, in_flight) = with_writer(&w);
-            let enqueued = Arc::new(AtomicBool::new(false));
-            let host = {
-                let (state, in_flight, enqueued) =
-                    (state.clone(), in_flight.clone(), enqueued.clone());
-                thread::spawn(move || {
-                    let mut synced_after_enqueue = false;
-                    host_use_with(&state, &in_flight, Access::Read, |_| {
-                        synced_after_enqueue = enqueued.load(SeqCst);
-                        Ok(())
-                    })
-                    .unwrap();
-                    synced_after_enqueue
-                })
-            };
-            // A kernel writing through a shared reference, on the same stream: record,
-            // enqueue, release the guard.
-            let guard =
-                stream_use_with(&state, &in_flight, &w, Access::Write, |_, _| Ok(())).unwrap();
-            enqueued.store(true, SeqCst);
-            drop(guard);
-            let synced_after_enqueue = host.join().unwrap();
-            let st = sync::lock(&state);
-            let kept = st.writer.as_ref().is_some_and(|s| s.id == 1);
-            assert!(
-                kept || synced_after_enqueue,
-                "a use was forgotten by a host wait that did not cover it"
-            );
         });
     }
 }

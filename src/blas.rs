@@ -179,11 +179,11 @@ impl<'b> BoundStream<'b> {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let _uses = [
-            self.track(a.tracker(), Access::Read)?,
-            self.track(b.tracker(), Access::Read)?,
-            self.track(c.tracker(), Access::Write)?,
-        ];
+        let _claim = self.claim([
+            Some((a.tracker(), Access::Read)),
+            Some((b.tracker(), Access::Read)),
+            Some((c.tracker(), Access::Write)),
+        ])?;
         let op = |t: bool| {
             if t {
                 cublas::cublasOperation_t::CUBLAS_OP_T

@@ -97,7 +97,7 @@
 //! Code that manages the synchronisation itself can use the `unsafe`
 //! [`BoundStream::copy_async`].
 
-use crate::access::{Access, AccessTracker, UseGuard};
+use crate::access::{Access, AccessTracker, Claim, Locks, host_claim, locks};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -306,32 +306,36 @@ enum Order {
     /// On a stream: other streams' conflicting uses are waited for on the device, and the
     /// copy is recorded as a use on this stream.
     Stream,
-    /// Synchronously: conflicting uses are waited for on the host first; the caller waits
-    /// for the copy before returning.
+    /// Synchronously: conflicting uses are waited for on the host first, and the copy
+    /// has finished (the stream is synchronised) before the claim is released.
     Host,
 }
 
-/// Orders the copy's two endpoints after their conflicting pending uses. Hold the guards
-/// until the copy is enqueued.
-fn order<'t>(
-    bound_stream: &BoundStream<'_>,
+/// The copy's claim on its tracked endpoints, held until the copy is enqueued (stream) or
+/// finished (host).
+enum Claimed<'t, 's> {
+    Stream(#[allow(dead_code)] Claim<'t, 's, Locks<'t, 2>>),
+    Host(#[allow(dead_code)] Locks<'t, 2>),
+}
+
+/// Claims the copy's two endpoints (untracked ones need nothing).
+fn order<'t, 's>(
+    bound_stream: &BoundStream<'s>,
     how: Order,
     src: &Endpoint<'t>,
     dst: &Endpoint<'t>,
-) -> Result<[UseGuard<'t>; 2]> {
-    let mut guards = [UseGuard::none(), UseGuard::none()];
-    for (slot, (ep, access)) in guards
-        .iter_mut()
-        .zip([(src, Access::Read), (dst, Access::Write)])
-    {
-        if let Some(t) = ep.tracker {
-            match how {
-                Order::Stream => *slot = bound_stream.track(t, access)?,
-                Order::Host => t.host_use(access)?,
-            }
+) -> Result<Claimed<'t, 's>> {
+    let uses = [
+        src.tracker.map(|t| (t, Access::Read)),
+        dst.tracker.map(|t| (t, Access::Write)),
+    ];
+    Ok(match how {
+        Order::Stream => Claimed::Stream(bound_stream.claim(uses)?),
+        Order::Host => {
+            let mut uses = uses;
+            Claimed::Host(host_claim(&mut uses, locks::<2>())?)
         }
-    }
-    Ok(guards)
+    })
 }
 
 /// Enqueues one copy of `src` into `dst` on `stream` (host-to-host: synchronises `stream`
@@ -359,7 +363,8 @@ unsafe fn enqueue<T: DeviceRepr>(
     if bytes == 0 {
         return Ok(());
     }
-    let _uses = order(stream, how, &src, &dst)?;
+    bound.ensure_current()?;
+    let _claimed = order(stream, how, &src, &dst)?;
     // SAFETY: `raw` is the stream's handle, valid while `stream` is borrowed.
     let raw = unsafe { stream.raw() };
     // SAFETY (all arms): the context is current (BoundDevice invariant) and `raw`
@@ -367,7 +372,7 @@ unsafe fn enqueue<T: DeviceRepr>(
     // their other uses (above) and freed only after this one; untracked ones outlive the
     // copy (the caller's contract); host endpoints carry host pointers, the others device
     // addresses.
-    unsafe {
+    let enqueued: Result<()> = unsafe {
         match (src.kind.is_host(), dst.kind.is_host()) {
             (true, true) => {
                 sys::cuStreamSynchronize(raw).check("cuStreamSynchronize")?;
@@ -386,7 +391,13 @@ unsafe fn enqueue<T: DeviceRepr>(
             (false, false) => sys::cuMemcpyDtoDAsync_v2(dst.addr, src.addr, bytes, raw)
                 .check("cuMemcpyDtoDAsync_v2"),
         }
+    };
+    enqueued?;
+    if let Order::Host = how {
+        // Still claimed: nothing can use the buffers until the copy has landed.
+        stream.synchronize()?;
     }
+    Ok(())
 }
 
 impl<'a> BoundDevice<'a> {
@@ -411,10 +422,10 @@ impl<'a> BoundDevice<'a> {
     {
         let stream = self.default_stream();
         let dst = dst.dest()?;
-        // SAFETY: the legacy default stream of the current context; the stream is
-        // synchronised below, while `src` and `dst` are still borrowed.
-        unsafe { enqueue::<T>(&stream, Order::Host, src.source(), dst)? };
-        stream.synchronize()
+        // SAFETY: the legacy default stream of the current context; with `Order::Host`
+        // the copy has finished when `enqueue` returns, while `src` and `dst` are still
+        // borrowed.
+        unsafe { enqueue::<T>(&stream, Order::Host, src.source(), dst) }
     }
 }
 

@@ -163,7 +163,7 @@ impl<T: DeviceRepr> ManagedSlice<T> {
     /// context. Device *reads* may continue meanwhile.
     pub fn as_slice(&self) -> Result<&[T]> {
         if self.len > 0 {
-            self.tracker.host_use(Access::Read)?;
+            self.tracker.host_access(Access::Read)?;
         }
         self.host_access_ready()?;
         if self.len == 0 {
@@ -179,7 +179,7 @@ impl<T: DeviceRepr> ManagedSlice<T> {
     /// for.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
         if self.len > 0 {
-            self.tracker.host_use(Access::Write)?;
+            self.tracker.host_access(Access::Write)?;
         }
         self.host_access_ready()?;
         if self.len == 0 {
@@ -273,7 +273,7 @@ impl<'b> BoundStream<'b> {
             return Ok(());
         }
         // Migration keeps the contents: ordered like a read.
-        let _use = self.track(&mem.tracker, Access::Read)?;
+        let _claim = self.claim([Some((&mem.tracker, Access::Read))])?;
         // SAFETY: context current, stream of it; one live managed allocation, whose free
         // waits for this prefetch (tracked above).
         unsafe { sys::cuMemPrefetchAsync_v2(mem.ptr, mem.num_bytes(), to.raw(), 0, self.raw()) }

@@ -33,7 +33,7 @@
 //!
 //! Bind first: `ctx.bind(&dev)?.alloc_zeros::<f32>(16)`.
 
-use crate::access::{Access, AccessTracker};
+use crate::access::{Access, AccessTracker, host_claim, locks};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -332,10 +332,14 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// Waits for the pending uses and hands the allocation to a caller that frees it
     /// itself: `Some((device, ptr))`, or `None` when a wait failed — then the memory may
     /// still be in use by the device and is leaked rather than freed under it.
-    pub(crate) fn disown_for_free(self) -> Option<(Arc<Device>, sys::CUdeviceptr)> {
-        let device = Arc::clone(&self.device);
-        // On failure `into_raw` drops the slice, whose Drop leaks it (its wait fails too).
-        self.into_raw().ok().map(|(ptr, _)| (device, ptr))
+    pub(crate) fn disown_for_free(mut self) -> Option<(Arc<Device>, sys::CUdeviceptr)> {
+        let waited = self.tracker.wait_all();
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so the Arc and the tracker are read out once.
+        let (device, _tracker) =
+            unsafe { (std::ptr::read(&me.device), std::ptr::read(&me.tracker)) };
+        // On failure the memory is leaked: never freed (the wrong way, or under the device).
+        waited.ok().map(|()| (device, me.ptr))
     }
 }
 
@@ -375,7 +379,8 @@ impl<'a> BoundDevice<'a> {
         })?;
         let mut ptr: sys::CUdeviceptr = 0;
         if bytes > 0 {
-            // SAFETY: this device's context is current (BoundDevice invariant); writes one
+            self.ensure_current()?;
+            // SAFETY: this device's context is current (checked just above); writes one
             // address.
             unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }.check("cuMemAlloc_v2")?;
         }
@@ -421,7 +426,9 @@ impl<'a> BoundDevice<'a> {
         if src.is_empty() {
             return Ok(());
         }
-        dst.tracker().host_use(Access::Write)?;
+        self.ensure_current()?;
+        // Held until the copy has landed: no stream-ordered use can start meanwhile.
+        let _held = host_claim(&mut [Some((dst.tracker(), Access::Write))], locks::<1>())?;
         // SAFETY: context current; `dst` holds exactly size_of_val(src) bytes; `src` is a
         // live host slice until the copy has completed (waited for below).
         unsafe {
@@ -466,7 +473,8 @@ impl<'a> BoundDevice<'a> {
         if dst.is_empty() {
             return Ok(());
         }
-        src.tracker().host_use(Access::Read)?;
+        self.ensure_current()?;
+        let _held = host_claim(&mut [Some((src.tracker(), Access::Read))], locks::<1>())?;
         // SAFETY: context current; `dst` has room for exactly `src.num_bytes()` bytes and
         // is exclusively borrowed for the synchronous copy.
         unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.device_ptr(), src.num_bytes()) }
@@ -485,8 +493,14 @@ impl<'a> BoundDevice<'a> {
         if src.is_empty() {
             return Ok(());
         }
-        src.tracker().host_use(Access::Read)?;
-        dst.tracker().host_use(Access::Write)?;
+        self.ensure_current()?;
+        let _held = host_claim(
+            &mut [
+                Some((src.tracker(), Access::Read)),
+                Some((dst.tracker(), Access::Write)),
+            ],
+            locks::<2>(),
+        )?;
         // SAFETY: context current; both ranges are live allocations of `num_bytes`.
         unsafe { sys::cuMemcpyDtoD_v2(dst.device_ptr(), src.device_ptr(), src.num_bytes()) }
             .check("cuMemcpyDtoD_v2")?;
@@ -509,7 +523,8 @@ impl<'a> BoundDevice<'a> {
         if dst.is_empty() {
             return Ok(());
         }
-        dst.tracker().host_use(Access::Write)?;
+        self.ensure_current()?;
+        let _held = host_claim(&mut [Some((dst.tracker(), Access::Write))], locks::<1>())?;
         // SAFETY: context current; writes `num_bytes` inside the allocation, whose
         // pending uses have finished (waited for above).
         unsafe { sys::cuMemsetD8_v2(dst.device_ptr(), 0, dst.num_bytes()) }

@@ -43,7 +43,7 @@
 //! reports it (`cuFuncGetParamInfo`, CUDA 12.4+): a wrong count or a wrong size is
 //! [`Error::LaunchArgs`], a slice of another device is [`Error::WrongDevice`].
 
-use crate::access::{Access, AccessTracker, UseGuard};
+use crate::access::{self, Access, AccessTracker, Use};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -306,37 +306,39 @@ pub struct LaunchBuilder<'s, 'a> {
     /// The first argument whose size differs from the kernel's parameter, found as it
     /// is appended (reported after the count check, as before).
     size_error: Option<Error>,
-    /// The buffer arguments' recorded uses, held until the kernel is enqueued.
-    uses: Uses<'a>,
+    /// The buffer arguments, claimed (with the module) when the kernel is enqueued.
+    tracked: Tracked<'a>,
     _args: std::marker::PhantomData<&'a ()>,
 }
 
 /// How many argument pointers a launch keeps inline before spilling to the heap.
 const INLINE_ARGS: usize = 12;
 
-/// The use guards of a launch's buffer arguments: inline for up to [`INLINE_ARGS`], so a
-/// typical launch allocates nothing.
-struct Uses<'a> {
-    inline: [UseGuard<'a>; INLINE_ARGS],
+/// The gpubind buffers a launch passes: inline for up to [`INLINE_ARGS`] (the last inline
+/// slot is the module's), so a typical launch allocates nothing.
+struct Tracked<'a> {
+    inline: [Use<'a>; INLINE_ARGS + 1],
     n: usize,
-    spill: Vec<UseGuard<'a>>,
+    spill: Vec<Use<'a>>,
 }
 
-impl<'a> Uses<'a> {
+impl<'a> Tracked<'a> {
     fn new() -> Self {
-        Uses {
-            inline: std::array::from_fn(|_| UseGuard::none()),
+        Tracked {
+            inline: [None; INLINE_ARGS + 1],
             n: 0,
             spill: Vec::new(),
         }
     }
 
-    fn push(&mut self, g: UseGuard<'a>) {
+    /// Every buffer argument is claimed as written: a kernel may write through any
+    /// pointer it is given.
+    fn push(&mut self, t: &'a AccessTracker) {
         if self.n < INLINE_ARGS {
-            self.inline[self.n] = g;
+            self.inline[self.n] = Some((t, Access::Write));
             self.n += 1;
         } else {
-            self.spill.push(g);
+            self.spill.push(Some((t, Access::Write)));
         }
     }
 }
@@ -402,7 +404,7 @@ impl<'b> BoundStream<'b> {
             args: ArgPtrs::new(),
             error,
             size_error: None,
-            uses: Uses::new(),
+            tracked: Tracked::new(),
             _args: std::marker::PhantomData,
         }
     }
@@ -427,13 +429,10 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
                 .expect_device("kernel argument", dev)
                 .err();
         }
-        // The guards so far live for 'a, which outlives 'n: shorten them to 'n.
-        let mut uses: Uses<'n> = self.uses;
-        if let (None, Some(t)) = (&self.error, arg.access_tracker()) {
-            match self.stream.track(t, Access::Write) {
-                Ok(g) => uses.push(g),
-                Err(e) => self.error = Some(e),
-            }
+        // The buffers so far live for 'a, which outlives 'n: shorten to 'n.
+        let mut tracked: Tracked<'n> = self.tracked;
+        if let Some(t) = arg.access_tracker() {
+            tracked.push(t);
         }
         let i = self.args.len();
         if let (None, Some(&want)) = (
@@ -460,7 +459,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             args: self.args,
             error: self.error,
             size_error: self.size_error,
-            uses,
+            tracked,
             _args: std::marker::PhantomData,
         }
     }
@@ -504,10 +503,24 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         if let Some(e) = self.size_error {
             return Err(e);
         }
-        // The module's unload waits for this launch.
-        let _module_use = self
-            .stream
-            .track(&self.func.module.launches, Access::Read)?;
+        // Claim the buffers (and the module, whose unload waits for this launch) from
+        // before the enqueue until after it: the launch is ordered after their pending
+        // uses, and recorded as their latest.
+        let module_use = Some((&self.func.module.launches, Access::Read));
+        let mut tracked = self.tracked;
+        let _claim_inline;
+        let _claim_spilled;
+        if tracked.spill.is_empty() {
+            tracked.inline[INLINE_ARGS] = module_use;
+            _claim_inline = self.stream.claim(tracked.inline)?;
+        } else {
+            let mut uses: Vec<Use<'_>> = tracked.inline.to_vec();
+            uses.append(&mut tracked.spill);
+            uses.push(module_use);
+            let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
+            self.stream.bound().ensure_current()?;
+            _claim_spilled = access::claim(self.stream.slot(), &mut uses, locks)?;
+        }
         let LaunchConfig {
             grid_dim: g,
             block_dim: b,

@@ -40,7 +40,7 @@
 //! Keep the `Stream` (it outlives binds) and call `gpu.on(&stream)` again under the next
 //! binding.
 
-use crate::access::{Access, AccessTracker, StreamInner, StreamRef, StreamSlot, UseGuard};
+use crate::access::{self, Access, Claim, Locks, StreamInner, StreamRef, StreamSlot, Use};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -167,6 +167,7 @@ pub struct BoundStream<'b> {
 impl<'a> BoundDevice<'a> {
     /// Creates a non-blocking stream on the bound device.
     pub fn new_stream(&self) -> Result<Stream> {
+        self.ensure_current()?;
         let mut raw: sys::CUstream = std::ptr::null_mut();
         // SAFETY: context current; writes one handle.
         unsafe {
@@ -180,6 +181,7 @@ impl<'a> BoundDevice<'a> {
 
     /// Creates an event; `timing` enables [`Event::elapsed_ms`] (slightly slower records).
     pub fn new_event(&self, timing: bool) -> Result<Event> {
+        self.ensure_current()?;
         let flags = if timing {
             sys::CUevent_flags::CU_EVENT_DEFAULT
         } else {
@@ -213,6 +215,7 @@ impl<'a> BoundDevice<'a> {
 
     /// Waits for the legacy default stream.
     pub(crate) fn sync_default_stream(&self) -> Result<()> {
+        self.ensure_current()?;
         // SAFETY: context current; the null stream is always valid.
         unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }.check("cuStreamSynchronize")
     }
@@ -224,12 +227,21 @@ impl<'b> BoundStream<'b> {
         self.bound
     }
 
-    /// Orders a use of `mem` on this stream after its conflicting pending uses (on other
-    /// streams) and records it; see `crate::access`. Every stream-ordered operation on a
-    /// gpubind buffer calls this before enqueueing.
-    /// Hold the returned guard until the operation is enqueued.
-    pub(crate) fn track<'t>(&self, mem: &'t AccessTracker, access: Access) -> Result<UseGuard<'t>> {
-        mem.stream_use(self.slot, access)
+    /// Claims the buffers an operation on this stream touches: orders the stream after
+    /// their conflicting pending uses and, when the claim drops, records the operation as
+    /// their latest use; see `crate::access`. Every stream-ordered operation on gpubind
+    /// buffers holds one from before its enqueue until after it.
+    pub(crate) fn claim<'t, const N: usize>(
+        &self,
+        mut uses: [Use<'t>; N],
+    ) -> Result<Claim<'t, 'b, Locks<'t, N>>> {
+        self.bound.ensure_current()?;
+        access::claim(self.slot, &mut uses, access::locks::<N>())
+    }
+
+    /// The stream, borrowed for a claim with room for more buffers.
+    pub(crate) fn slot(&self) -> StreamSlot<'b> {
+        self.slot
     }
 
     /// This stream as a tracker remembers it.
@@ -239,12 +251,14 @@ impl<'b> BoundStream<'b> {
 
     /// Blocks until all work enqueued so far has finished.
     pub fn synchronize(&self) -> Result<()> {
+        self.bound.ensure_current()?;
         // SAFETY: valid stream of the current context.
         unsafe { sys::cuStreamSynchronize(self.slot.raw()) }.check("cuStreamSynchronize")
     }
 
     /// Records `event` at this point of the stream.
     pub fn record(&self, event: &Event) -> Result<()> {
+        self.bound.ensure_current()?;
         self.bound.expect_device("event", event.device())?;
         // SAFETY: event and stream belong to the current context.
         unsafe { sys::cuEventRecord(event.raw, self.slot.raw()) }.check("cuEventRecord")
@@ -256,6 +270,7 @@ impl<'b> BoundStream<'b> {
     /// gpubind orders its own buffers between streams by itself; events are for timing
     /// and for ordering work gpubind does not see (raw handles, other libraries).
     pub fn wait(&self, event: &Event) -> Result<()> {
+        self.bound.ensure_current()?;
         // SAFETY: valid stream of the current context; CUDA allows events of other contexts.
         unsafe { sys::cuStreamWaitEvent(self.slot.raw(), event.raw, 0) }.check("cuStreamWaitEvent")
     }
@@ -269,7 +284,7 @@ impl<'b> BoundStream<'b> {
         if dst.is_empty() {
             return Ok(());
         }
-        let _use = self.track(dst.tracker(), Access::Write)?;
+        let _claim = self.claim([Some((dst.tracker(), Access::Write))])?;
         // SAFETY: current context; in-bounds range of a live allocation, whose other uses
         // are ordered before this one (tracked above) and whose free waits for it.
         unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.slot.raw()) }
@@ -288,8 +303,10 @@ impl<'b> BoundStream<'b> {
         if src.is_empty() {
             return Ok(());
         }
-        let _read = self.track(src.tracker(), Access::Read)?;
-        let _write = self.track(dst.tracker(), Access::Write)?;
+        let _claim = self.claim([
+            Some((src.tracker(), Access::Read)),
+            Some((dst.tracker(), Access::Write)),
+        ])?;
         // SAFETY: current context; live allocations whose other uses are ordered around
         // this one (tracked above) and whose frees wait for it.
         unsafe {
@@ -322,7 +339,7 @@ impl<'b> BoundStream<'b> {
         if src.is_empty() {
             return Ok(());
         }
-        let _use = self.track(dst.tracker(), Access::Write)?;
+        let _claim = self.claim([Some((dst.tracker(), Access::Write))])?;
         // SAFETY: current context; sizes match; `dst` is tracked; the caller keeps `src`
         // alive as documented.
         unsafe {
@@ -353,7 +370,7 @@ impl<'b> BoundStream<'b> {
         if dst.is_empty() {
             return Ok(());
         }
-        let _use = self.track(src.tracker(), Access::Read)?;
+        let _claim = self.claim([Some((src.tracker(), Access::Read))])?;
         // SAFETY: current context; sizes match; `src` is tracked; the caller keeps `dst`
         // alive as documented.
         unsafe {

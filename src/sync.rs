@@ -5,10 +5,10 @@
 //! buffers' access trackers (`crate::access`).
 
 #[cfg(loom)]
-pub(crate) use loom::sync::{Mutex, MutexGuard, atomic::AtomicUsize};
+pub(crate) use loom::sync::{Mutex, MutexGuard};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Mutex, MutexGuard, atomic::AtomicUsize};
+pub(crate) use std::sync::{Mutex, MutexGuard};
 
 /// Locks a mutex, recovering from poisoning: our critical sections leave the state
 /// consistent even when a panic unwinds through them (they only store a value at the end).

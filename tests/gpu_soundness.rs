@@ -426,6 +426,81 @@ fn nccl_group_inputs_rewritten_after_return() -> R {
     all_eq(&gpu.dtoh(&out).ctx("dtoh")?, 4, "NCCL sum")
 }
 
+/// A launch built on stream A but enqueued only after a read of the same buffer on
+/// stream B: the kernel is ordered after the read (claims are taken at `launch()`, not at
+/// `arg()`), so the read sees the data from before the kernel.
+fn launch_is_ordered_when_enqueued_not_when_built() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let m = kernels(&gpu)?;
+    let (fill, spin_f) = (
+        m.function("slow_fill").ctx("function")?,
+        m.function("spin").ctx("function")?,
+    );
+    let (sa, sb) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let (a, b) = (gpu.on(&sa).ctx("on")?, gpu.on(&sb).ctx("on")?);
+    let buf = gpu.alloc_zeros::<u32>(N as usize).ctx("alloc")?;
+    let mut out = gpu.clone_htod(&vec![7u32; N as usize]).ctx("htod")?;
+    let fast = 0i64;
+    let pending = a
+        .launch(&fill, LaunchConfig::for_num_elems(N))
+        .arg(&buf)
+        .arg(&N)
+        .arg(&VALUE);
+    spin(&b, &spin_f)?; // B's read runs late
+    b.dtod_async(&buf, &mut out).ctx("dtod_async on B")?;
+    // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; in bounds.
+    unsafe { pending.arg(&fast).launch() }.ctx("launch")?;
+    all_eq(&gpu.dtoh(&out).ctx("dtoh out")?, 0, "read enqueued before the launch")?;
+    all_eq(&gpu.dtoh(&buf).ctx("dtoh buf")?, VALUE, "the kernel's write")
+}
+
+/// 1:1 ranks drop their `RankComm` right after enqueueing a collective behind a busy
+/// stream: the kernels' module is unloaded only after they ran, so the sums are exact.
+fn rank_comm_dropped_while_collective_queued() -> R {
+    let dev = dev0()?;
+    for round in 0..3 {
+        let comms = Communicator::init_all(&[dev.clone(), dev.clone()], CommOptions::kernels())
+            .ctx("init_all")?;
+        let results: Vec<Result<Vec<i32>, String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|mut comm| {
+                    let dev = dev.clone();
+                    s.spawn(move || -> Result<Vec<i32>, String> {
+                        let rank = comm.rank() as i32;
+                        let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+                        let gpu = ctx.bind(&dev).ctx("bind")?;
+                        let m = kernels(&gpu)?;
+                        let spin_f = m.function("spin").ctx("function")?;
+                        let stream = gpu.new_stream().ctx("stream")?;
+                        let input = gpu.clone_htod(&vec![rank + 1; N as usize]).ctx("htod")?;
+                        let mut out = gpu.alloc_zeros::<i32>(N as usize).ctx("alloc")?;
+                        let s = gpu.on(&stream).ctx("on")?;
+                        spin(&s, &spin_f)?;
+                        comm.all_reduce(&s, &input, &mut out, Op::Sum)
+                            .ctx("all_reduce")?;
+                        drop(comm);
+                        gpu.dtoh(&out).ctx("dtoh")
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("rank thread panicked".into())))
+                .collect()
+        });
+        for (r, res) in results.into_iter().enumerate() {
+            all_eq(&res?, 3, &format!("round {round}, rank {r}"))?;
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_soundness",
@@ -467,6 +542,14 @@ fn main() {
             (
                 "nccl_group_inputs_rewritten_after_return",
                 nccl_group_inputs_rewritten_after_return,
+            ),
+            (
+                "launch_is_ordered_when_enqueued_not_when_built",
+                launch_is_ordered_when_enqueued_not_when_built,
+            ),
+            (
+                "rank_comm_dropped_while_collective_queued",
+                rank_comm_dropped_while_collective_queued,
             ),
         ],
     )

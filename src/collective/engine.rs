@@ -32,7 +32,7 @@
 use super::kernels::KernelSet;
 use super::lock;
 use super::{Call, DType, Kind, Op, Transport};
-use crate::access::{AccessTracker, StreamRef, UseGuard};
+use crate::access::{Access, AccessTracker, LaneClaim, StreamRef, claim_lanes};
 use crate::context::{BoundDevice, ThreadContext};
 use crate::device::Device;
 use crate::driver::Check;
@@ -87,6 +87,26 @@ pub(crate) struct Shared {
     kernels: Mutex<HashMap<usize, Arc<KernelSet>>>,
     staging: Mutex<HashMap<StageKey, Arc<Staging>>>,
     staged: bool,
+    /// The lanes the kernels were launched on (their launches bypass `Module`'s own
+    /// tracking): dropping `Shared` waits for them before the modules unload.
+    work: AccessTracker,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // If the wait fails (a faulted context) the modules are unloaded all the same:
+        // a faulted context runs no more kernels.
+        let _ = self.work.wait_all();
+    }
+}
+
+/// Claims `sh`'s kernels' use of `lanes` for one collective (held until it is enqueued).
+fn claim_work<'t>(sh: &'t Shared, lanes: impl Iterator<Item = &'t Lane>) -> Result<LaneClaim<'t>> {
+    claim_lanes(
+        lanes
+            .map(|l| (&sh.work, Access::Read, l.stream_ref.clone()))
+            .collect(),
+    )
 }
 
 /// Which staging buffer: one for collectives, one per pair of ranks for send/recv
@@ -138,6 +158,7 @@ impl Shared {
             kernels: Mutex::new(HashMap::new()),
             staging: Mutex::new(HashMap::new()),
             staged,
+            work: AccessTracker::default(),
         })
     }
 
@@ -217,9 +238,13 @@ struct Staging {
 impl Staging {
     /// Orders `lanes` (each with its device's context pushed) after every pending use of
     /// the buffer, and records them as its users.
-    fn use_on(&self, lanes: &[&Lane]) -> Result<UseGuard<'_>> {
-        let refs: Vec<StreamRef> = lanes.iter().map(|l| l.stream_ref.clone()).collect();
-        self.tracker.lanes_use(&refs)
+    fn use_on(&self, lanes: &[&Lane]) -> Result<LaneClaim<'_>> {
+        claim_lanes(
+            lanes
+                .iter()
+                .map(|l| (&self.tracker, Access::Write, l.stream_ref.clone()))
+                .collect(),
+        )
     }
 }
 
@@ -443,6 +468,7 @@ pub(crate) fn collective(
     if c == 0 {
         return Ok(());
     }
+    let _work = claim_work(sh, lanes.iter())?;
     let mut run = Run {
         exec,
         sh,
@@ -571,6 +597,7 @@ pub(crate) fn p2p(
     if bytes == 0 {
         return Ok(());
     }
+    let _work = claim_work(sh, lanes.iter())?;
     let mut run = Run {
         exec,
         sh,

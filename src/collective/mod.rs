@@ -120,7 +120,7 @@ mod rendezvous;
 
 pub use nccl::{nccl_available, nccl_version};
 
-use crate::access::{Access, AccessTracker};
+use crate::access::{Access, AccessTracker, claim_lanes};
 use crate::context::ThreadContext;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -731,14 +731,15 @@ impl Communicator {
         let plan = plan(self.len(), calls)?;
         // Each rank's buffers are used on its lane's stream (the engine's barriers order
         // the other lanes after it): order that stream after their pending uses.
-        let mut _uses = Vec::with_capacity(tracked.len());
-        for &(rank, tracker, access) in tracked {
-            let gpu = ctx.bind(&self.devices[rank])?;
-            _uses.push(
-                gpu.on(&self.lanes[self.rank_lane[rank]].0)?
-                    .track(tracker, access)?,
-            );
-        }
+        // Claimed from before the enqueue until after it, so nothing slips in between.
+        let _claim = claim_lanes(
+            tracked
+                .iter()
+                .map(|&(rank, tracker, access)| {
+                    (tracker, access, self.lanes[self.rank_lane[rank]].0.to_ref())
+                })
+                .collect(),
+        )?;
         match &self.engine {
             Engine::Kernels(shared) => {
                 let lanes = self.engine_lanes();
@@ -944,10 +945,48 @@ impl<'c, 'b> Group<'c, 'b> {
     }
 }
 
+/// A tracker of a buffer posted to a 1:1 meeting by a rank thread.
+#[derive(Clone, Copy)]
+struct TrackerPtr(*const AccessTracker);
+
+// SAFETY: the pointer is dereferenced only by the thread that runs the meeting, while the
+// posting thread is blocked in `Meeting::meet` with the buffer borrowed (it returns only
+// after the meeting's closure has finished).
+unsafe impl Send for TrackerPtr {}
+
+/// One rank's part of a 1:1 collective: its lane, its validated call and its buffers.
+struct RankPost {
+    lane: Lane,
+    call: Call,
+    uses: Vec<(TrackerPtr, Access)>,
+}
+
+/// Claims every rank's buffers on that rank's lane, then runs `enqueue` with the lanes
+/// and calls, holding the claim until it returns. The first rank's error, if any, wins.
+fn enqueue_posts(
+    posts: Vec<Result<RankPost>>,
+    enqueue: impl FnOnce(&[Lane], &[Call]) -> Result<()>,
+) -> Result<()> {
+    let posts = posts.into_iter().collect::<Result<Vec<_>>>()?;
+    let mut claims = Vec::new();
+    for p in &posts {
+        for &(TrackerPtr(t), access) in &p.uses {
+            // SAFETY: see `TrackerPtr`: the posting thread keeps the buffer borrowed until
+            // this meeting has run.
+            let tracker = unsafe { &*t };
+            claims.push((tracker, access, p.lane.stream_ref.clone()));
+        }
+    }
+    let _claim = claim_lanes(claims)?;
+    let (lanes, calls): (Vec<Lane>, Vec<Call>) =
+        posts.into_iter().map(|p| (p.lane, p.call)).unzip();
+    enqueue(&lanes, &calls)
+}
+
 /// What the threads of one own-kernel 1:1 communicator share.
 struct World {
     shared: engine::Shared,
-    meet: Meeting<Result<(Lane, Call)>>,
+    meet: Meeting<Result<RankPost>>,
 }
 
 enum RankInner {
@@ -1030,15 +1069,9 @@ impl RankComm {
             _ => {}
         }
         // This rank's buffers are used on its stream (the engine's barriers and NCCL order
-        // everything else after it): order it after their pending uses. A failure is
-        // posted like any other, so the other ranks learn of it.
-        let mut _uses = Vec::with_capacity(2);
-        let call = call.and_then(|call| {
-            for (tracker, access) in uses(send, recv) {
-                _uses.push(stream.track(tracker, access)?);
-            }
-            Ok(call)
-        });
+        // everything else after it): they are claimed on it from before the enqueue until
+        // after it.
+        let used = uses(send, recv);
         match inner {
             RankInner::Nccl { id, comm } => {
                 let call = call?;
@@ -1048,7 +1081,9 @@ impl RankComm {
                 let Some(comm) = comm.as_ref() else {
                     return Err(Error::InvalidArgument("NCCL init failed".into()));
                 };
-                // SAFETY: validated against this rank's device; the stream is bound.
+                let _claim = stream.claim([used.first().copied(), used.get(1).copied()])?;
+                // SAFETY: validated against this rank's device; the stream is bound; the
+                // buffers are claimed (ordered after their other uses) until enqueued.
                 unsafe { comm.issue(&call, stream.raw()) }
             }
             RankInner::Kernels { world, event } => {
@@ -1063,8 +1098,8 @@ impl RankComm {
                         // thread borrows mutably until the meeting ends.
                         unsafe { e.raw() }
                     });
-                    Ok((
-                        Lane {
+                    Ok(RankPost {
+                        lane: Lane {
                             device: Arc::clone(device),
                             stream_ref: stream.to_ref(),
                             // SAFETY: the stream is borrowed for this call, which does
@@ -1073,19 +1108,20 @@ impl RankComm {
                             event: ev.unwrap_or(std::ptr::null_mut()),
                         },
                         call,
-                    ))
+                        uses: used
+                            .iter()
+                            .map(|&(t, a)| (TrackerPtr(t as *const AccessTracker), a))
+                            .collect(),
+                    })
                 });
                 let shared = &world.shared;
                 match p2p_peer {
                     None => world.meet.meet(Key::Coll, nranks, rank, post, |posts| {
-                        let (lanes, calls): (Vec<Lane>, Vec<Call>) = posts
-                            .into_iter()
-                            .collect::<Result<Vec<_>>>()?
-                            .into_iter()
-                            .unzip();
-                        check_matched(&calls)?;
-                        let rank_lane: Vec<usize> = (0..calls.len()).collect();
-                        engine::collective(&mut Enter, shared, &lanes, &rank_lane, &calls)
+                        enqueue_posts(posts, |lanes, calls| {
+                            check_matched(calls)?;
+                            let rank_lane: Vec<usize> = (0..calls.len()).collect();
+                            engine::collective(&mut Enter, shared, lanes, &rank_lane, calls)
+                        })
                     }),
                     Some(peer) => {
                         let (key, slot) = match kind {
@@ -1093,13 +1129,10 @@ impl RankComm {
                             _ => (Key::Pair(peer, rank), 1),
                         };
                         world.meet.meet(key, 2, slot, post, |posts| {
-                            let (lanes, calls): (Vec<Lane>, Vec<Call>) = posts
-                                .into_iter()
-                                .collect::<Result<Vec<_>>>()?
-                                .into_iter()
-                                .unzip();
-                            check_pair(&calls[0], &calls[1])?;
-                            engine::p2p(&mut Enter, shared, &lanes, (0, 1), &calls[0], &calls[1])
+                            enqueue_posts(posts, |lanes, calls| {
+                                check_pair(&calls[0], &calls[1])?;
+                                engine::p2p(&mut Enter, shared, lanes, (0, 1), &calls[0], &calls[1])
+                            })
                         })
                     }
                 }

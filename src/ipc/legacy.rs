@@ -42,7 +42,7 @@ impl LegacyIpcHandle {
             ));
         }
         // The importer's work is ordered after nothing of ours: let pending uses finish.
-        crate::memory::Tracked::tracker(slice).host_use(crate::access::Access::Write)?;
+        crate::memory::Tracked::tracker(slice).host_access(crate::access::Access::Write)?;
         let refuse = |reason: String| Error::NotLegacyExportable { reason };
         // Held to the end, so the handle is recorded as ours before anyone can open it.
         let mut reg = registry::lock();

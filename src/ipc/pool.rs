@@ -205,8 +205,11 @@ impl MemoryPool {
         // the DeviceSlice never frees it (ManuallyDrop): PoolSlice's Drop does.
         let slice = unsafe { DeviceSlice::from_raw(Arc::clone(&self.inner.device), ptr, len) };
         // The memory exists from this point of `stream` on: every other use waits for it.
-        // (Recorded after the enqueue, so the guard can end at once.)
-        drop(stream.track(crate::memory::Tracked::tracker(&slice), Access::Write)?);
+        // Recorded after the enqueue (the slice is new: nothing to wait for).
+        drop(stream.claim([Some((
+            crate::memory::Tracked::tracker(&slice),
+            Access::Write,
+        ))])?);
         Ok(PoolSlice {
             slice: ManuallyDrop::new(slice),
             pool: Arc::clone(&self.inner),
@@ -328,7 +331,7 @@ impl<T: DeviceRepr> PoolSlice<T> {
                 "an empty pool slice has no allocation to export".into(),
             ));
         }
-        crate::memory::Tracked::tracker(&*self.slice).host_use(Access::Write)?;
+        crate::memory::Tracked::tracker(&*self.slice).host_access(Access::Write)?;
         let _guard = self.pool.device.enter()?;
         let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
         // SAFETY: `ptr` is a live allocation of this IPC pool; its context is current;
@@ -355,8 +358,11 @@ impl<T: DeviceRepr> PoolSlice<T> {
         stream
             .bound()
             .expect_device("pool slice", &self.pool.device)?;
-        drop(stream.track(crate::memory::Tracked::tracker(&*self.slice), Access::Write)?);
-        // No other use can begin: `self` is owned here.
+        // Owned here, so no other use can begin between this claim and the free.
+        drop(stream.claim([Some((
+            crate::memory::Tracked::tracker(&*self.slice),
+            Access::Write,
+        ))])?);
         let mut me = ManuallyDrop::new(self);
         // SAFETY: `me` is never used or dropped again, so the slice and the Arc are moved
         // out once.
