@@ -411,6 +411,18 @@ impl AccessTracker {
         st.wait_all(StreamRef::synchronize)
     }
 
+    /// Records a read on `on` that needs no ordering before it (the tracker is never
+    /// written: a module's launches) and no claim across its enqueue (what it guards — the
+    /// module's unload — cannot happen while the launch borrows the module).
+    pub(crate) fn note_read(&self, on: StreamSlot<'_>) {
+        let mut grave = Vec::new();
+        {
+            let mut st = sync::lock(&self.state);
+            st.commit(&[(on.id(), Access::Read)], |_| on.to_ref(), &mut grave);
+        }
+        drop(grave);
+    }
+
     /// A host access of kind `access` that needs nothing held afterwards (the borrow of
     /// the memory excludes conflicting uses from then on): waits and forgets.
     pub(crate) fn host_access(&self, access: Access) -> Result<()> {

@@ -73,6 +73,7 @@ impl<'a> BoundDevice<'a> {
     /// Creates a cuBLAS handle for the bound device; [`Error::NoCublas`] if `libcublas`
     /// cannot be loaded.
     pub fn new_blas(&self) -> Result<Blas> {
+        self.ensure_current()?;
         // SAFETY: only tries dlopen on the candidate names.
         if !unsafe { cublas::is_culib_present() } {
             return Err(Error::NoCublas);

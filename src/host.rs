@@ -321,6 +321,7 @@ impl<'a> BoundDevice<'a> {
         len: usize,
         opts: PinnedOptions,
     ) -> Result<PinnedHostBuffer<T>> {
+        self.ensure_current()?;
         let bytes = byte_len::<T>(len)?;
         let mut range = LockedRange {
             device: Arc::clone(self.device()),
@@ -376,6 +377,7 @@ impl<'a> BoundDevice<'a> {
         mem: &'m mut [T],
         opts: RegisterOptions,
     ) -> Result<RegisteredHost<'m, T>> {
+        self.ensure_current()?;
         let len = mem.len();
         // SAFETY: the borrow of `mem` is held (PhantomData) for the result's life and
         // the range is never reached through `mem` meanwhile.
@@ -414,6 +416,7 @@ impl<'a> BoundDevice<'a> {
         owned_capacity: Option<usize>,
         opts: RegisterOptions,
     ) -> Result<RegisteredHost<'m, T>> {
+        self.ensure_current()?;
         let bytes = byte_len::<T>(len)?;
         let mut reg = RegisteredHost {
             range: LockedRange {

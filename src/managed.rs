@@ -253,6 +253,7 @@ impl<'a> BoundDevice<'a> {
 
     /// Gives the driver a placement hint for `mem` (`cuMemAdvise_v2`).
     pub fn advise<T: DeviceRepr>(&self, mem: &ManagedSlice<T>, advice: Advice<'_>) -> Result<()> {
+        self.ensure_current()?;
         self.expect_device("managed memory", &mem.device)?;
         if mem.ptr == 0 {
             return Ok(());

@@ -314,10 +314,10 @@ pub struct LaunchBuilder<'s, 'a> {
 /// How many argument pointers a launch keeps inline before spilling to the heap.
 const INLINE_ARGS: usize = 12;
 
-/// The gpubind buffers a launch passes: inline for up to [`INLINE_ARGS`] (the last inline
-/// slot is the module's), so a typical launch allocates nothing.
+/// The gpubind buffers a launch passes: inline for up to [`INLINE_ARGS`], so a typical
+/// launch allocates nothing.
 struct Tracked<'a> {
-    inline: [Use<'a>; INLINE_ARGS + 1],
+    inline: [Use<'a>; INLINE_ARGS],
     n: usize,
     spill: Vec<Use<'a>>,
 }
@@ -325,7 +325,7 @@ struct Tracked<'a> {
 impl<'a> Tracked<'a> {
     fn new() -> Self {
         Tracked {
-            inline: [None; INLINE_ARGS + 1],
+            inline: [None; INLINE_ARGS],
             n: 0,
             spill: Vec::new(),
         }
@@ -503,24 +503,23 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         if let Some(e) = self.size_error {
             return Err(e);
         }
-        // Claim the buffers (and the module, whose unload waits for this launch) from
-        // before the enqueue until after it: the launch is ordered after their pending
-        // uses, and recorded as their latest.
-        let module_use = Some((&self.func.module.launches, Access::Read));
+        // Claim the buffers from before the enqueue until after it: the launch is ordered
+        // after their pending uses, and recorded as their latest.
         let mut tracked = self.tracked;
         let _claim_inline;
         let _claim_spilled;
         if tracked.spill.is_empty() {
-            tracked.inline[INLINE_ARGS] = module_use;
             _claim_inline = self.stream.claim(tracked.inline)?;
         } else {
             let mut uses: Vec<Use<'_>> = tracked.inline.to_vec();
             uses.append(&mut tracked.spill);
-            uses.push(module_use);
             let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
             self.stream.bound().ensure_current()?;
             _claim_spilled = access::claim(self.stream.slot(), &mut uses, locks)?;
         }
+        // The module's unload waits for this launch (the launch borrows the module, so the
+        // unload cannot race the enqueue).
+        self.func.module.launches.note_read(self.stream.slot());
         let LaunchConfig {
             grid_dim: g,
             block_dim: b,

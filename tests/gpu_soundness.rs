@@ -455,8 +455,16 @@ fn launch_is_ordered_when_enqueued_not_when_built() -> R {
     b.dtod_async(&buf, &mut out).ctx("dtod_async on B")?;
     // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; in bounds.
     unsafe { pending.arg(&fast).launch() }.ctx("launch")?;
-    all_eq(&gpu.dtoh(&out).ctx("dtoh out")?, 0, "read enqueued before the launch")?;
-    all_eq(&gpu.dtoh(&buf).ctx("dtoh buf")?, VALUE, "the kernel's write")
+    all_eq(
+        &gpu.dtoh(&out).ctx("dtoh out")?,
+        0,
+        "read enqueued before the launch",
+    )?;
+    all_eq(
+        &gpu.dtoh(&buf).ctx("dtoh buf")?,
+        VALUE,
+        "the kernel's write",
+    )
 }
 
 /// 1:1 ranks drop their `RankComm` right after enqueueing a collective behind a busy
@@ -491,7 +499,10 @@ fn rank_comm_dropped_while_collective_queued() -> R {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err("rank thread panicked".into())))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("rank thread panicked".into()))
+                })
                 .collect()
         });
         for (r, res) in results.into_iter().enumerate() {

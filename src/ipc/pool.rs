@@ -179,10 +179,10 @@ impl MemoryPool {
     ///
     /// # Safety
     ///
-    /// The memory exists only once `stream` reaches the allocation: work on *other*
-    /// streams (including the synchronous copies of [`BoundDevice`], which use the legacy
-    /// default stream) and other processes (after [`PoolSlice::export`]) must be ordered
-    /// after it (`stream.synchronize()` or an event). The contents are uninitialised.
+    /// The contents are uninitialised: read them only after writing them. (The memory
+    /// exists only once `stream` reaches the allocation; gpubind orders every later use
+    /// of the slice in this process after that point, and [`PoolSlice::export`] waits for
+    /// it before another process can see the buffer.)
     pub unsafe fn alloc_async<T: DeviceRepr>(
         &self,
         stream: &BoundStream<'_>,
