@@ -929,8 +929,8 @@ fn handoff_row(env: &mut Env, mode: Mode, imp: Impl, n: usize) -> R<Option<f64>>
     Ok(Some(per_iter / 2.0))
 }
 
-/// One GPU, one context: re-bind before every op. gpubind's re-bind of the bound device is
-/// a no-op by design; cudarc's two `CudaContext` objects wrap the same primary context, so
+/// One GPU, one context: re-bind before every op. gpubind's re-bind of the bound device
+/// checks the current context (`cuCtxGetCurrent`) and sets nothing; cudarc's two `CudaContext` objects wrap the same primary context, so
 /// its `bind_to_thread` finds it current; raw calls `cuCtxSetCurrent` before each op.
 fn rebind_row(env: &mut Env, imp: Impl, n: usize) -> R<Option<f64>> {
     let (g, c, r, dev) = (&mut env.g, &mut env.c, &env.r, &env.dev);
@@ -1651,10 +1651,10 @@ fn run(opts: &Opts) -> R<bool> {
 
 const NOTES: [&str; 8] = [
     "wall: Instant around the whole loop plus the final synchronize (throughput; a queue that fills up makes this GPU-bound). submit: only the time inside the enqueueing calls, in batches of 256 ops with an untimed synchronize between batches (host cost per op).",
-    "gpubind: one bind, then BoundStream / BoundDevice methods (ThreadContext::bind is outside the loop except in the re-bind and alternation rows). cudarc: CudaStream methods, which call bind_to_thread (cuCtxGetCurrent, and cuCtxSetCurrent when another context is current) on every op; its streams come from new_stream, so its default event tracking (cuStreamWaitEvent/cuEventRecord per buffer use) is on. raw: the bare cudarc::driver::sys call with the context already current.",
+    "gpubind: one bind, then BoundStream / BoundDevice methods (ThreadContext::bind is outside the loop except in the re-bind and alternation rows); every op checks the current context (cuCtxGetCurrent) and claims its buffers (an uncontended lock; a hand-off records an event on the previous stream and makes the next one wait). cudarc: CudaStream methods, which call bind_to_thread (cuCtxGetCurrent, and cuCtxSetCurrent when another context is current) on every op; its streams come from new_stream, so its default event tracking (cuStreamWaitEvent/cuEventRecord per buffer use) is on. raw: the bare cudarc::driver::sys call with the context already current.",
     "htod 4 B, landed per op: each op is an upload that has reached device memory when it returns. gpubind htod_copy = cuMemcpyHtoD_v2 + a wait for the legacy stream (a pageable cuMemcpyHtoD returns once the data is staged, before the DMA lands); raw = the same two calls; cudarc 0.19 = memcpy_htod + synchronize on the default stream of a single-stream context. htod 4 B async: gpubind BoundStream::htod_async, cudarc memcpy_htod on its stream, raw cuMemcpyHtoDAsync_v2, one synchronize at the end.",
     "kernels are NVRTC-compiled once to a cubin for this GPU and loaded by each implementation; launches use 1 block (1 thread for `empty`, 32 for `touch(float*, const float*, unsigned)`).",
-    "re-bind row, 1 GPU: gpubind binds the same device before each op (a no-op: no driver call); cudarc alternates two CudaContext objects of the same ordinal, which wrap the same primary context (bind_to_thread finds it current); raw calls cuCtxSetCurrent(primary) before each op.",
+    "re-bind row, 1 GPU: gpubind binds the same device before each op (one cuCtxGetCurrent, nothing set); cudarc alternates two CudaContext objects of the same ordinal, which wrap the same primary context (bind_to_thread finds it current); raw calls cuCtxSetCurrent(primary) before each op.",
     "switch row, 1 GPU: a real context switch before each op between the primary context and a second context (cudarc CudaContext::new_non_primary, raw cuCtxCreate_v4). gpubind only binds primary contexts, so it has no entry; on one GPU it never needs to switch. Fewer iterations (iters/20), submit timing.",
     "2-GPU row: bind A, memset on A, bind B, memset on B, ... for all three (raw: cuCtxSetCurrent + cuMemsetD8Async). Per op = per (switch + memset).",
     "memory rows: a child process (gpubench re-executed) lists the devices and reads attributes (gpubind: Device::all + attributes; cudarc: CudaContext::new(0) + attributes, as its safe API needs a context; raw: cuInit + cuDeviceGet*), waits, then binds (gpubind ThreadContext::bind; raw cuDevicePrimaryCtxRetain + cuCtxSetCurrent). The parent reads device-wide free memory with cuMemGetInfo before the child starts and at each phase; used = before - now.",
