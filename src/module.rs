@@ -317,9 +317,9 @@ const INLINE_ARGS: usize = 12;
 /// The gpubind buffers a launch passes: inline for up to [`INLINE_ARGS`], so a typical
 /// launch allocates nothing.
 struct Tracked<'a> {
-    inline: [Use<'a>; INLINE_ARGS],
+    inline: [Option<&'a AccessTracker>; INLINE_ARGS],
     n: usize,
-    spill: Vec<Use<'a>>,
+    spill: Vec<&'a AccessTracker>,
 }
 
 impl<'a> Tracked<'a> {
@@ -331,15 +331,22 @@ impl<'a> Tracked<'a> {
         }
     }
 
-    /// Every buffer argument is claimed as written: a kernel may write through any
-    /// pointer it is given.
     fn push(&mut self, t: &'a AccessTracker) {
         if self.n < INLINE_ARGS {
-            self.inline[self.n] = Some((t, Access::Write));
+            self.inline[self.n] = Some(t);
             self.n += 1;
         } else {
-            self.spill.push(Some((t, Access::Write)));
+            self.spill.push(t);
         }
+    }
+
+    /// Every buffer argument is claimed as written: a kernel may write through any
+    /// pointer it is given.
+    fn uses(&self) -> impl Iterator<Item = Use<'a>> + '_ {
+        self.inline[..self.n]
+            .iter()
+            .map(|t| t.map(|t| (t, Access::Write)))
+            .chain(self.spill.iter().map(|&t| Some((t, Access::Write))))
     }
 }
 
@@ -505,16 +512,27 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         }
         // Claim the buffers from before the enqueue until after it: the launch is ordered
         // after their pending uses, and recorded as their latest.
-        let mut tracked = self.tracked;
+        self.stream.bound().ensure_current()?;
+        let tracked = self.tracked;
+        let n = tracked.n + tracked.spill.len();
+        let mut inline_uses: [Use<'_>; INLINE_ARGS] = [None; INLINE_ARGS];
+        let mut inline_locks = access::locks::<INLINE_ARGS>();
         let _claim_inline;
         let _claim_spilled;
-        if tracked.spill.is_empty() {
-            _claim_inline = self.stream.claim(tracked.inline)?;
+        if n == 0 {
+            // Nothing to claim (scalars only).
+        } else if n <= INLINE_ARGS {
+            for (slot, u) in inline_uses.iter_mut().zip(tracked.uses()) {
+                *slot = u;
+            }
+            _claim_inline = access::claim(
+                self.stream.slot(),
+                &mut inline_uses[..n],
+                &mut inline_locks[..n],
+            )?;
         } else {
-            let mut uses: Vec<Use<'_>> = tracked.inline.to_vec();
-            uses.append(&mut tracked.spill);
+            let mut uses: Vec<Use<'_>> = tracked.uses().collect();
             let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
-            self.stream.bound().ensure_current()?;
             _claim_spilled = access::claim(self.stream.slot(), &mut uses, locks)?;
         }
         // The module's unload waits for this launch (the launch borrows the module, so the

@@ -289,6 +289,110 @@ fn nvrtc_cubin_validates_and_corruption_is_refused() -> R {
     Ok(())
 }
 
+/// What the driver does with stream-ordered calls on a *gpubind* stream while a foreign
+/// context is current (the question behind the per-operation context check's cost): each
+/// call must either succeed and act on the stream's context — right data, the foreign
+/// context left current — or return an error; never act elsewhere. Prints the codes.
+fn stream_ops_with_a_foreign_context_current() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let n = 1u32 << 16;
+    let bytes = n as usize * 4;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(FILL, "fill.cu").ctx("compile")?;
+    let fill = module.function("fill").ctx("function")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let event = gpu.new_event(false).ctx("event")?;
+    let a = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    let b = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    let c = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    // SAFETY: raw handles of live objects, used below only while they live.
+    let (raw_s, raw_e, raw_f, pa, pb, pc) = unsafe {
+        (
+            stream.raw(),
+            event.raw(),
+            fill.raw(),
+            a.raw_ptr(),
+            b.raw_ptr(),
+            c.raw_ptr(),
+        )
+    };
+    let foreign = foreign_context()?;
+    let mut codes = Vec::new();
+    let value = 0xABCDu32;
+    // SAFETY (all calls): live allocations of `bytes`, a live stream, event and function of
+    // the primary context; the kernel writes `n` elements of `c`; `params` point at live
+    // locals for the call.
+    unsafe {
+        codes.push((
+            "cuMemsetD32Async",
+            sys::cuMemsetD32Async(pa, 7, n as usize, raw_s),
+        ));
+        codes.push((
+            "cuMemcpyDtoDAsync_v2",
+            sys::cuMemcpyDtoDAsync_v2(pb, pa, bytes, raw_s),
+        ));
+        let mut pc_arg = pc;
+        let mut n_arg = n;
+        let mut v_arg = value;
+        let mut params = [
+            (&mut pc_arg as *mut u64).cast::<std::ffi::c_void>(),
+            (&mut n_arg as *mut u32).cast(),
+            (&mut v_arg as *mut u32).cast(),
+        ];
+        codes.push((
+            "cuLaunchKernel",
+            sys::cuLaunchKernel(
+                raw_f,
+                n.div_ceil(256),
+                1,
+                1,
+                256,
+                1,
+                1,
+                0,
+                raw_s,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+        ));
+        codes.push(("cuEventRecord", sys::cuEventRecord(raw_e, raw_s)));
+        codes.push(("cuStreamWaitEvent", sys::cuStreamWaitEvent(raw_s, raw_e, 0)));
+        codes.push(("cuStreamSynchronize", sys::cuStreamSynchronize(raw_s)));
+    }
+    let still_foreign = current_context()? == foreign.cu_ctx();
+    for (call, code) in &codes {
+        println!("    foreign context current: {call} -> {code:?}");
+    }
+    ensure!(
+        still_foreign,
+        "a stream-ordered call changed the current context"
+    );
+    drop(gpu);
+    let gpu = ctx.bind(&dev).ctx("re-bind")?;
+    let ok = |i: usize| codes[i].1 == sys::CUresult::CUDA_SUCCESS;
+    if ok(0) {
+        ensure!(
+            gpu.dtoh(&a).ctx("dtoh a")?.iter().all(|&x| x == 7),
+            "memset landed elsewhere"
+        );
+    }
+    if ok(0) && ok(1) {
+        ensure!(
+            gpu.dtoh(&b).ctx("dtoh b")?.iter().all(|&x| x == 7),
+            "copy landed elsewhere"
+        );
+    }
+    if ok(2) {
+        ensure!(
+            gpu.dtoh(&c).ctx("dtoh c")?.iter().all(|&x| x == value),
+            "kernel wrote elsewhere"
+        );
+    }
+    drop(foreign);
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_binding",
@@ -305,6 +409,10 @@ fn main() {
             (
                 "nvrtc_cubin_validates_and_corruption_is_refused",
                 nvrtc_cubin_validates_and_corruption_is_refused,
+            ),
+            (
+                "stream_ops_with_a_foreign_context_current",
+                stream_ops_with_a_foreign_context_current,
             ),
         ],
     );

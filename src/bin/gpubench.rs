@@ -929,6 +929,24 @@ fn handoff_row(env: &mut Env, mode: Mode, imp: Impl, n: usize) -> R<Option<f64>>
     Ok(Some(per_iter / 2.0))
 }
 
+/// The driver call behind gpubind's per-operation binding check, alone (raw column only):
+/// what each gpubind operation pays for `cuCtxGetCurrent`.
+fn ctx_check_row(env: &mut Env, imp: Impl, n: usize) -> R<Option<f64>> {
+    if imp != Impl::Raw {
+        return Ok(None);
+    }
+    env.r.make_current()?;
+    let mut sink: sys::CUcontext = std::ptr::null_mut();
+    Ok(Some(measure(Mode::Submit, n, |step| match step {
+        // SAFETY: writes one handle.
+        Step::Op => ck(
+            unsafe { sys::cuCtxGetCurrent(&mut sink) },
+            "cuCtxGetCurrent",
+        ),
+        Step::Sync => Ok(()),
+    })?))
+}
+
 /// One GPU, one context: re-bind before every op. gpubind's re-bind of the bound device
 /// checks the current context (`cuCtxGetCurrent`) and sets nothing; cudarc's two `CudaContext` objects wrap the same primary context, so
 /// its `bind_to_thread` finds it current; raw calls `cuCtxSetCurrent` before each op.
@@ -1566,6 +1584,11 @@ fn run(opts: &Opts) -> R<bool> {
         let res = bench_row(rounds, n / 2, |imp, k| handoff_row(&mut env, mode, imp, k));
         push(&mut rows, label, Goal::Handoff, res);
     }
+
+    let label = "cuCtxGetCurrent alone (gpubind's per-op binding check)";
+    progress(label);
+    let res = bench_row(rounds, n, |imp, k| ctx_check_row(&mut env, imp, k));
+    push(&mut rows, label, Goal::Info, res);
 
     let label = "1 GPU: re-bind same ctx + memset, per op (wall)";
     progress(label);
