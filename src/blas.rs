@@ -180,6 +180,8 @@ impl<'b> BoundStream<'b> {
         if m == 0 || n == 0 {
             return Ok(());
         }
+        // cuBLAS launches through the runtime, which uses the current context.
+        bound.ensure_current()?;
         let _claim = self.claim([
             Some((a.tracker(), Access::Read)),
             Some((b.tracker(), Access::Read)),

@@ -233,6 +233,12 @@ impl Drop for ThreadContext {
 /// can change the context between the check and the driver call, because both happen on
 /// this thread inside one gpubind call.
 ///
+/// Stream-ordered work on a gpubind [`Stream`](crate::Stream) (memsets, copies, launches,
+/// events, `synchronize` through [`BoundDevice::on`]) needs no such check: the driver runs
+/// it in the stream's own context whatever is current, which the GPU suite `gpu_binding`
+/// asserts. Work on the legacy default stream ([`default_stream`](Self::default_stream))
+/// is checked like the rest, since that stream is the current context's.
+///
 /// After an operation, the bound context may stay current where a foreign library had
 /// set its own: gpubind does not restore foreign contexts, just as cudarc's
 /// `bind_to_thread` does not. Code that needs its context back sets it again (cudarc

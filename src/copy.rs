@@ -363,7 +363,7 @@ unsafe fn enqueue<T: DeviceRepr>(
     if bytes == 0 {
         return Ok(());
     }
-    bound.ensure_current()?;
+    stream.ensure_stream_context()?;
     let _claimed = order(stream, how, &src, &dst)?;
     // SAFETY: `raw` is the stream's handle, valid while `stream` is borrowed.
     let raw = unsafe { stream.raw() };

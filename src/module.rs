@@ -512,7 +512,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         }
         // Claim the buffers from before the enqueue until after it: the launch is ordered
         // after their pending uses, and recorded as their latest.
-        self.stream.bound().ensure_current()?;
+        self.stream.ensure_stream_context()?;
         let tracked = self.tracked;
         let n = tracked.n + tracked.spill.len();
         let mut inline_uses: [Use<'_>; INLINE_ARGS] = [None; INLINE_ARGS];

@@ -235,8 +235,19 @@ impl<'b> BoundStream<'b> {
         &self,
         mut uses: [Use<'t>; N],
     ) -> Result<Claim<'t, 'b, Locks<'t, N>>> {
-        self.bound.ensure_current()?;
+        self.ensure_stream_context()?;
         access::claim(self.slot, &mut uses, access::locks::<N>())
+    }
+
+    /// The context check a stream-ordered operation needs. None on a gpubind [`Stream`]:
+    /// the driver runs work enqueued on a stream in the stream's own context, whatever is
+    /// current (asserted on the GPU by `gpu_binding::stream_ops_with_a_foreign_context_current`).
+    /// The bound context on the legacy default stream, which is the *current* context's.
+    pub(crate) fn ensure_stream_context(&self) -> Result<()> {
+        match self.slot {
+            StreamSlot::Legacy(_) => self.bound.ensure_current(),
+            StreamSlot::Owned(_) => Ok(()),
+        }
     }
 
     /// The stream, borrowed for a claim with room for more buffers.
@@ -251,14 +262,14 @@ impl<'b> BoundStream<'b> {
 
     /// Blocks until all work enqueued so far has finished.
     pub fn synchronize(&self) -> Result<()> {
-        self.bound.ensure_current()?;
+        self.ensure_stream_context()?;
         // SAFETY: valid stream of the current context.
         unsafe { sys::cuStreamSynchronize(self.slot.raw()) }.check("cuStreamSynchronize")
     }
 
     /// Records `event` at this point of the stream.
     pub fn record(&self, event: &Event) -> Result<()> {
-        self.bound.ensure_current()?;
+        self.ensure_stream_context()?;
         self.bound.expect_device("event", event.device())?;
         // SAFETY: event and stream belong to the current context.
         unsafe { sys::cuEventRecord(event.raw, self.slot.raw()) }.check("cuEventRecord")
@@ -270,7 +281,7 @@ impl<'b> BoundStream<'b> {
     /// gpubind orders its own buffers between streams by itself; events are for timing
     /// and for ordering work gpubind does not see (raw handles, other libraries).
     pub fn wait(&self, event: &Event) -> Result<()> {
-        self.bound.ensure_current()?;
+        self.ensure_stream_context()?;
         // SAFETY: valid stream of the current context; CUDA allows events of other contexts.
         unsafe { sys::cuStreamWaitEvent(self.slot.raw(), event.raw, 0) }.check("cuStreamWaitEvent")
     }

@@ -370,26 +370,56 @@ fn stream_ops_with_a_foreign_context_current() -> R {
     );
     drop(gpu);
     let gpu = ctx.bind(&dev).ctx("re-bind")?;
-    let ok = |i: usize| codes[i].1 == sys::CUresult::CUDA_SUCCESS;
-    if ok(0) {
+    for (call, code) in &codes {
         ensure!(
-            gpu.dtoh(&a).ctx("dtoh a")?.iter().all(|&x| x == 7),
-            "memset landed elsewhere"
+            *code == sys::CUresult::CUDA_SUCCESS,
+            "{call} on a gpubind stream with a foreign context current: {code:?}"
         );
     }
-    if ok(0) && ok(1) {
-        ensure!(
-            gpu.dtoh(&b).ctx("dtoh b")?.iter().all(|&x| x == 7),
-            "copy landed elsewhere"
-        );
+    ensure!(
+        gpu.dtoh(&a).ctx("dtoh a")?.iter().all(|&x| x == 7),
+        "memset landed elsewhere"
+    );
+    ensure!(
+        gpu.dtoh(&b).ctx("dtoh b")?.iter().all(|&x| x == 7),
+        "copy landed elsewhere"
+    );
+    ensure!(
+        gpu.dtoh(&c).ctx("dtoh c")?.iter().all(|&x| x == value),
+        "kernel wrote elsewhere"
+    );
+    // The same through the safe API, the foreign context switched in during the binding.
+    let (mut a, mut b, mut c) = (a, b, c);
+    let foreign2 = foreign_context()?;
+    let s = gpu.on(&stream).ctx("on")?;
+    s.memset_zeros_async(&mut a).ctx("memset_zeros_async")?;
+    s.dtod_async(&a, &mut b).ctx("dtod_async")?;
+    let v2 = value + 1;
+    // SAFETY: (unsigned*, unsigned, unsigned) matches; the kernel writes `n` elements.
+    unsafe {
+        s.launch(&fill, LaunchConfig::for_num_elems(n))
+            .arg(&mut c)
+            .arg(&n)
+            .arg(&v2)
+            .launch()
     }
-    if ok(2) {
-        ensure!(
-            gpu.dtoh(&c).ctx("dtoh c")?.iter().all(|&x| x == value),
-            "kernel wrote elsewhere"
-        );
-    }
+    .ctx("launch")?;
+    s.record(&event).ctx("record")?;
+    s.synchronize().ctx("synchronize")?;
+    ensure!(
+        current_context()? == foreign2.cu_ctx(),
+        "a stream-ordered gpubind call changed the current context"
+    );
+    drop(foreign2);
     drop(foreign);
+    ensure!(
+        gpu.dtoh(&b).ctx("dtoh b")?.iter().all(|&x| x == 0),
+        "safe dtod_async"
+    );
+    ensure!(
+        gpu.dtoh(&c).ctx("dtoh c")?.iter().all(|&x| x == v2),
+        "safe launch"
+    );
     Ok(())
 }
 
