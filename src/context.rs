@@ -139,6 +139,7 @@ impl ThreadContext {
     /// The returned [`BoundDevice`] borrows `self` mutably: no second device can be
     /// bound through this token while it lives.
     pub fn bind(&mut self, device: &Arc<Device>) -> Result<BoundDevice<'_>> {
+        device.check_poison()?;
         let (ctx, _retain_id) = device.primary_context()?;
         // `ctx` is retained for as long as `device` (an Arc we clone into the
         // BoundDevice) lives; making it current affects only this thread, whose single
@@ -303,6 +304,7 @@ impl<'a> BoundDevice<'a> {
     /// during the binding (see "The current context during a binding" above).
     #[inline]
     pub(crate) fn ensure_current(&self) -> Result<()> {
+        self.device.check_poison()?;
         // The bound context stays retained while `self.device` lives.
         driver::make_current(self.ctx.0)
     }

@@ -24,6 +24,7 @@
 use crate::access::PooledEvent;
 use crate::driver::{self, Check, ContextGuard, CudaPrimary, PrimaryCtxOps, RawContext};
 use crate::error::{Error, Result};
+use crate::poison::PoisonState;
 use crate::sync;
 use cudarc::driver::sys;
 use std::fmt;
@@ -43,6 +44,8 @@ pub struct Device {
     primary: LazyPrimary<CudaPrimary>,
     /// Events for stream hand-offs (`crate::access`), created on demand and reused.
     events: std::sync::Mutex<Vec<PooledEvent>>,
+    /// Whether a sticky error poisoned the context, and the last kernel launched.
+    poison: PoisonState,
 }
 
 /// A device's 16-byte UUID, printed as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` like
@@ -132,6 +135,7 @@ impl Device {
             uuid: Uuid(uuid.bytes.map(|b| b as u8)),
             primary: LazyPrimary::new(CudaPrimary, raw),
             events: std::sync::Mutex::new(Vec::new()),
+            poison: PoisonState::default(),
         })
     }
 
@@ -229,8 +233,53 @@ impl Device {
     /// For calls that must run in this device's context whatever is bound — frees and
     /// destroys in `Drop`, event queries, function lookups.
     pub(crate) fn enter(&self) -> Result<ContextGuard> {
+        self.check_poison()?;
         let (ctx, _) = self.primary_context()?;
         ContextGuard::push(ctx.0)
+    }
+
+    /// Whether a sticky error (an illegal address, a device-side assert, …) poisoned this
+    /// device's context; see [`poison`](crate::poison) for what that means and how to
+    /// recover.
+    pub fn is_poisoned(&self) -> bool {
+        self.poison.get().is_some()
+    }
+
+    /// [`Error::ContextPoisoned`] if the context is poisoned: called before any driver
+    /// call into it.
+    #[inline]
+    pub(crate) fn check_poison(&self) -> Result<()> {
+        match self.poison.get() {
+            None => Ok(()),
+            Some(p) => Err(crate::poison::error(self, p)),
+        }
+    }
+
+    /// The poison state (records the last kernel launched, and the first sticky error).
+    pub(crate) fn poison_state(&self) -> &PoisonState {
+        &self.poison
+    }
+
+    /// The live device whose primary context is current on this thread, if any.
+    pub(crate) fn of_current_context() -> Option<Arc<Device>> {
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one handle; needs no current context.
+        unsafe { sys::cuCtxGetCurrent(&mut current) }
+            .check("cuCtxGetCurrent")
+            .ok()?;
+        if current.is_null() {
+            return None;
+        }
+        // `try_lock`: a sticky error reported while this thread holds the registry (in
+        // `Device::get`) must not deadlock; it is then reported as a plain driver error.
+        let reg = match registry().try_lock() {
+            Ok(r) => r,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        reg.iter()
+            .filter_map(Weak::upgrade)
+            .find(|d| d.primary.peek().is_some_and(|c| c.0 == current))
     }
 
     /// An event of this device's primary context for a stream hand-off: from the pool, or
@@ -341,6 +390,11 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
         let id = NEXT_RETAIN_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         *state = Some((ctx, id));
         Ok((ctx, id))
+    }
+
+    /// The retained context, if one is held (retains nothing).
+    pub(crate) fn peek(&self) -> Option<O::Ctx> {
+        sync::lock(&self.state).map(|(c, _)| c)
     }
 
     /// Whether a retain is held.

@@ -46,6 +46,10 @@ impl Check for sys::CUresult {
     fn check(self, call: &'static str) -> Result<()> {
         match self {
             sys::CUresult::CUDA_SUCCESS => Ok(()),
+            code if crate::poison::is_sticky(code) => {
+                Err(crate::poison::on_sticky(call, code)
+                    .unwrap_or_else(|| Error::driver(call, code)))
+            }
             code => Err(Error::driver(call, code)),
         }
     }

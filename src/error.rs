@@ -280,11 +280,46 @@ pub enum Error {
         /// The second rank on it.
         second: usize,
     },
+
+    /// A sticky error (an illegal address, a device-side assert, …) made the device's
+    /// context unusable; every later operation on the device reports this at once.
+    /// Recovery: drop every gpubind value of the device and `Device::get` it again (a
+    /// fresh context), or restart the process if another library still holds the
+    /// context (see `gpubind::poison`).
+    #[error(
+        "device {device}'s context is poisoned: {first_call} failed with {name} ({description}){}; it is unusable now — drop every gpubind value of device {device} (buffers, streams, modules, Arc<Device>) and call Device::get again for a fresh context, or restart the process",
+        kernel.as_deref().map(|k| format!(" after kernel `{k}`")).unwrap_or_default()
+    )]
+    ContextPoisoned {
+        /// The device ordinal.
+        device: usize,
+        /// The first call that reported the sticky error.
+        first_call: &'static str,
+        /// Its result code.
+        code: CUresult,
+        /// `cuGetErrorName`.
+        name: String,
+        /// `cuGetErrorString`.
+        description: String,
+        /// The last kernel launched on the device before the failure, when known.
+        kernel: Option<String>,
+    },
 }
 
 impl Error {
     /// Builds [`Error::Driver`] from a raw result code.
     pub fn driver(call: &'static str, code: CUresult) -> Self {
+        let (name, description) = Error::driver_names(code);
+        Error::Driver {
+            call,
+            code,
+            name,
+            description,
+        }
+    }
+
+    /// `cuGetErrorName` and `cuGetErrorString` of `code`.
+    pub(crate) fn driver_names(code: CUresult) -> (String, String) {
         let err = cudarc::driver::DriverError(code);
         let name = err
             .error_name()
@@ -294,18 +329,13 @@ impl Error {
             .error_string()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "no description".to_owned());
-        Error::Driver {
-            call,
-            code,
-            name,
-            description,
-        }
+        (name, description)
     }
 
-    /// The driver result code, where this is a driver error.
+    /// The driver result code, where this is a driver error (or a poisoned context).
     pub fn driver_code(&self) -> Option<CUresult> {
         match self {
-            Error::Driver { code, .. } => Some(*code),
+            Error::Driver { code, .. } | Error::ContextPoisoned { code, .. } => Some(*code),
             _ => None,
         }
     }

@@ -64,6 +64,7 @@ pub mod ipc;
 pub mod managed;
 pub mod memory;
 pub mod module;
+pub mod poison;
 pub mod stream;
 mod sync;
 

@@ -49,6 +49,7 @@ use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut};
+use crate::poison::KernelName;
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
 use cudarc::nvrtc::sys as nvrtc_sys;
@@ -82,6 +83,9 @@ pub struct Function<'m> {
     module: &'m Module,
     raw: sys::CUfunction,
     name: String,
+    /// The name, interned: what a launch records as the device's last kernel (one atomic
+    /// store), for `Error::ContextPoisoned`.
+    interned: &'static KernelName,
     /// Parameter sizes in bytes, where the driver can report them.
     params: Option<Vec<usize>>,
 }
@@ -105,6 +109,7 @@ impl Module {
             module: self,
             raw,
             name: name.to_owned(),
+            interned: crate::poison::intern(name),
             params: param_sizes(raw),
         })
     }
@@ -538,6 +543,12 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         // The module's unload waits for this launch (the launch borrows the module, so the
         // unload cannot race the enqueue).
         self.func.module.launches.note_read(self.stream.slot());
+        // Named in the error if this kernel poisons the context.
+        self.stream
+            .bound()
+            .device()
+            .poison_state()
+            .launching(self.func.interned);
         let LaunchConfig {
             grid_dim: g,
             block_dim: b,

@@ -246,7 +246,7 @@ impl<'b> BoundStream<'b> {
     pub(crate) fn ensure_stream_context(&self) -> Result<()> {
         match self.slot {
             StreamSlot::Legacy(_) => self.bound.ensure_current(),
-            StreamSlot::Owned(_) => Ok(()),
+            StreamSlot::Owned(_) => self.bound.device().check_poison(),
         }
     }
 
