@@ -392,9 +392,14 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
         Ok((ctx, id))
     }
 
-    /// The retained context, if one is held (retains nothing).
+    /// The retained context, if one is held (retains nothing). `None` also when the state
+    /// is locked — by this thread inside [`get`](Self::get), when the retain itself reports
+    /// a sticky error: never block here.
     pub(crate) fn peek(&self) -> Option<O::Ctx> {
-        sync::lock(&self.state).map(|(c, _)| c)
+        match self.state.try_lock() {
+            Ok(g) => g.map(|(c, _)| c),
+            Err(_) => None,
+        }
     }
 
     /// Whether a retain is held.

@@ -20,21 +20,27 @@ extern "C" __global__ void write_null(unsigned long long p) {
 }
 "#;
 
-/// Runs this binary again as `role`; returns its stdout, or the failure with its output.
+/// Runs this binary again as `role`, echoing its output line by line (so a hang shows how
+/// far it got); returns its stdout, or the failure.
 fn run_child(role: &str) -> Result<String, String> {
-    let out = Command::new(std::env::current_exe().ctx("current_exe")?)
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(std::env::current_exe().ctx("current_exe")?)
         .env("GPUBIND_CHILD", role)
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .spawn()
         .ctx("spawn child")?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    for line in stdout.lines() {
+    let out = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+    let mut stdout = String::new();
+    for line in out.lines() {
+        let line = line.ctx("read child")?;
         println!("    child: {line}");
+        stdout += &line;
+        stdout.push('\n');
     }
+    let status = child.wait().ctx("wait child")?;
     ensure!(
-        out.status.success(),
-        "child {role} failed ({}):\n{stdout}\n{stderr}",
-        out.status
+        status.success(),
+        "child {role} failed ({status}):\n{stdout}"
     );
     Ok(stdout)
 }
@@ -86,6 +92,7 @@ fn child_poison() -> R {
                 .launch()
         }
         .ctx("launch")?;
+        println!("launched write_null");
         let e = s.synchronize().err().ok_or("a null write did not fault")?;
         println!("first error: {e}");
         expect_poisoned(&e, "synchronize")?;
@@ -107,16 +114,20 @@ fn child_poison() -> R {
             .ok_or("new_stream on a poisoned context worked")?;
         expect_poisoned(&e, "new_stream")?;
         println!("later calls: typed ContextPoisoned");
+        println!("dropping the device's values");
     } // buffers, stream, module: dropped without touching the context (leaked)
+    println!("dropped");
     let e = ctx
         .bind(&dev)
         .err()
         .ok_or("bind of a poisoned device worked")?;
     expect_poisoned(&e, "bind")?;
     drop(dev); // the last Arc<Device>: the primary context is released
+    println!("released the device");
     let dev = Device::get(0).ctx("Device::get again")?;
     ensure!(!dev.is_poisoned(), "a fresh Device starts healthy");
     let gpu = ctx.bind(&dev).ctx("bind after recovery")?;
+    println!("bound again");
     let back = gpu
         .dtoh(&gpu.clone_htod(&[5u32; 1024]).ctx("htod")?)
         .ctx("dtoh")?;
