@@ -476,7 +476,7 @@ mod tests {
         let pools: Vec<_> = (0..2u8)
             .map(|i| {
                 let fd: OwnedFd = pipe_with(&[b'a' + i]).into();
-                PoolHandle::new(PoolId::fresh(), Uuid([i; 16]), i as usize, fd)
+                PoolHandle::new(PoolId::fresh().unwrap(), Uuid([i; 16]), i as usize, fd)
             })
             .collect();
         let buffers: Vec<_> = (0..32).map(|i| sample_buffer(i + 1, i as u8)).collect();
@@ -496,7 +496,7 @@ mod tests {
         // A pool handle without a descriptor cannot be sent.
         let (a, b) = UnixStream::pair().unwrap();
         let fd: OwnedFd = pipe_with(b"").into();
-        let mut h = PoolHandle::new(PoolId::fresh(), Uuid([0; 16]), 0, fd);
+        let mut h = PoolHandle::new(PoolId::fresh().unwrap(), Uuid([0; 16]), 0, fd);
         drop(h.take_fd());
         assert!(matches!(
             send_handles(&a, &[h], &[]),
