@@ -5,7 +5,8 @@
 //! `// SAFETY:` comment; the public types above never see a raw `CUresult`.
 //!
 //! * [`init`] loads `libcuda` (dynamically: a machine without CUDA gets
-//!   [`Error::NoDriver`], not a panic) and calls `cuInit(0)` once per process.
+//!   [`Error::NoDriver`], not a panic) and calls `cuInit(0)` until it has succeeded
+//!   once (a failure is not cached: the next call retries).
 //! * `Check` turns a `CUresult` into [`Result`], naming the call.
 //! * `ContextGuard` pushes a context for the length of a scope and pops it after, so
 //!   code that must run in a given context (freeing a slice from `Drop`) leaves the
@@ -33,7 +34,8 @@
 
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 /// Turns a raw `CUresult` into a [`Result`], keeping the name of the call.
 pub(crate) trait Check {
@@ -61,18 +63,56 @@ pub fn driver_available() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
-/// Loads the driver and runs `cuInit(0)` once per process; later calls return the first
-/// outcome. `cuInit` creates no context.
+/// Loads the driver and runs `cuInit(0)`, once it has succeeded never again.
+///
+/// Only success is cached: after a failure (no driver yet, a transient `cuInit` error)
+/// the next call tries again, so one early failure does not poison the process. (The
+/// driver itself may keep answering a failed `cuInit` with the same error.) Concurrent
+/// first calls are serialised; once one succeeded, later calls cost one atomic load.
+/// `cuInit` creates no context.
 pub fn init() -> Result<()> {
-    static INIT: OnceLock<Result<()>> = OnceLock::new();
-    INIT.get_or_init(|| {
+    static INIT: InitOnce = InitOnce::new();
+    INIT.run(|| {
         if !driver_available() {
             return Err(Error::NoDriver);
         }
         // SAFETY: the library is present (checked above); cuInit has no preconditions.
         unsafe { sys::cuInit(0) }.check("cuInit")
     })
-    .clone()
+}
+
+/// Runs a fallible initialisation until it first succeeds; remembers only success.
+///
+/// Callers racing a first run wait on one mutex, so at most one attempt runs at a time
+/// and, after a success, none runs again.
+pub(crate) struct InitOnce {
+    done: AtomicBool,
+    attempt: Mutex<()>,
+}
+
+impl InitOnce {
+    pub(crate) const fn new() -> Self {
+        InitOnce {
+            done: AtomicBool::new(false),
+            attempt: Mutex::new(()),
+        }
+    }
+
+    /// `Ok(())` if an earlier `run` succeeded; else runs `f` (under the lock), and
+    /// remembers its success. A failure is returned and not remembered.
+    pub(crate) fn run(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        if self.done.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // A panic in `f` poisons nothing we rely on: `done` is only set after success.
+        let _attempt = self.attempt.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.done.load(Ordering::Acquire) {
+            return Ok(()); // another caller succeeded while we waited
+        }
+        f()?;
+        self.done.store(true, Ordering::Release);
+        Ok(())
+    }
 }
 
 /// Makes `ctx` current on this thread unless it already is.
@@ -183,5 +223,79 @@ impl PrimaryCtxOps for CudaPrimary {
     fn release(&self, device: i32) {
         // SAFETY: called once for each successful retain (enforced by LazyPrimary).
         let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(device) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    fn transient() -> Error {
+        Error::InvalidArgument("transient".into())
+    }
+
+    #[test]
+    fn init_once_retries_after_failure_and_caches_success() {
+        let once = InitOnce::new();
+        let calls = AtomicUsize::new(0);
+        let attempt = || {
+            // Fails twice, then succeeds.
+            match calls.fetch_add(1, Ordering::SeqCst) {
+                0 | 1 => Err(transient()),
+                _ => Ok(()),
+            }
+        };
+        assert_eq!(once.run(attempt), Err(transient()));
+        assert_eq!(once.run(attempt), Err(transient()));
+        assert_eq!(once.run(attempt), Ok(()));
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        // Success is cached: `f` never runs again.
+        assert_eq!(once.run(|| panic!("must not run after success")), Ok(()));
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn init_once_recovers_from_a_panicking_attempt() {
+        let once = InitOnce::new();
+        let panicked = std::panic::catch_unwind(|| once.run(|| panic!("boom")));
+        assert!(panicked.is_err());
+        assert_eq!(once.run(|| Err(Error::NoDriver)), Err(Error::NoDriver));
+        assert_eq!(once.run(|| Ok(())), Ok(()));
+    }
+
+    #[test]
+    fn init_once_runs_one_success_under_contention() {
+        let once = Arc::new(InitOnce::new());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (once, calls) = (once.clone(), calls.clone());
+                std::thread::spawn(move || {
+                    once.run(|| {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        Ok(())
+                    })
+                })
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), Ok(()));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn init_without_a_driver_is_rechecked_not_cached() {
+        // Without libcuda every call checks again (and says NoDriver); with one, init
+        // succeeds or reports the driver's error. Either way no panic.
+        for _ in 0..3 {
+            match init() {
+                Ok(()) | Err(Error::NoDriver) | Err(Error::Driver { .. }) => {}
+                Err(other) => panic!("unexpected {other:?}"),
+            }
+        }
     }
 }

@@ -196,13 +196,47 @@ pub enum Error {
         message: String,
     },
 
-    /// Waiting on an IPC socket took longer than allowed.
+    /// Waiting on an IPC socket took longer than allowed: for a message from the peer,
+    /// or (sending) for the peer to read a message that does not fit the socket buffer.
     #[error("timed out after {after_ms} ms waiting for {what}")]
     Timeout {
         /// What was awaited.
         what: &'static str,
         /// How long was waited.
         after_ms: u64,
+    },
+
+    /// This process ran out of file descriptors while receiving an IPC message: the
+    /// kernel could not install the descriptors the message carried (`EMFILE`, the
+    /// `RLIMIT_NOFILE` soft limit; or `ENFILE`, the system-wide limit), closed them and
+    /// truncated the control data (`MSG_CTRUNC`). Not the peer's fault: close
+    /// descriptors here or raise the limit.
+    #[error(
+        "the receiving process ran out of file descriptors (EMFILE: RLIMIT_NOFILE soft limit {}, or the system-wide ENFILE limit): the kernel dropped the file descriptors of an IPC message after {received} arrived; close descriptors or raise the limit (ulimit -n / setrlimit)",
+        fmt_limit(.soft_limit)
+    )]
+    FdLimit {
+        /// Descriptors of the message that did arrive (and are closed again).
+        received: usize,
+        /// This process's `RLIMIT_NOFILE` soft limit when the error was seen (`None`:
+        /// unlimited).
+        soft_limit: Option<u64>,
+    },
+
+    /// The process at the other end of an IPC socket runs as a user the peer policy
+    /// does not allow (`SO_PEERCRED`, checked before anything is sent or received).
+    #[error(
+        "IPC peer not allowed: the peer process (pid {peer_pid}) runs as uid {peer_uid}, this process as uid {own_uid}, and the peer policy allows {allowed} (use TransportOptions::peer with PeerPolicy::Uids or PeerPolicy::AnyUid to accept it)"
+    )]
+    PeerNotAllowed {
+        /// The peer's process id (as of its `connect`).
+        peer_pid: i32,
+        /// The peer's effective uid (as of its `connect`).
+        peer_uid: u32,
+        /// This process's effective uid.
+        own_uid: u32,
+        /// What the policy allows, in words.
+        allowed: String,
     },
 
     /// An imported buffer was requested as an element type other than the exported one.
@@ -339,6 +373,11 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// An rlimit for a message: the number, or `unlimited`.
+fn fmt_limit(limit: &Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
 }
 
 /// `Result` with [`Error`].

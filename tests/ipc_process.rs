@@ -47,30 +47,76 @@ fn child_entry() {
                 .unwrap();
             std::thread::sleep(Duration::from_secs(60));
         }
+        // Runs out of descriptors on purpose (RLIMIT_NOFILE lowered, the free slots
+        // filled), then receives a message carrying descriptors and reports the outcome.
+        "fdlimit" => {
+            let limit = libc::rlimit {
+                rlim_cur: 64,
+                rlim_max: 64,
+            };
+            // SAFETY: setrlimit reads one rlimit struct that lives on our stack; this
+            // child process only lowers its own limit.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+            let mut filler = Vec::new();
+            loop {
+                match std::fs::File::open("/dev/null") {
+                    Ok(f) => filler.push(f),
+                    Err(e) if e.raw_os_error() == Some(libc::EMFILE) => break,
+                    Err(e) => panic!("open: {e}"),
+                }
+            }
+            let outcome = ipc::recv_message(&conn);
+            drop(filler);
+            let reply = match outcome {
+                Ok(m) => format!("ok: {} descriptors", m.fds.len()),
+                Err(e) => format!("{e:?}\n{e}"),
+            };
+            ipc::send_message(&conn, reply.as_bytes(), &[]).unwrap();
+        }
+        // Runs as another uid (the parent set it): the default policy must refuse the
+        // parent in both directions; then it reports with the policy widened.
+        "other_uid" => {
+            let recv = ipc::recv_message_timeout(&conn, Duration::from_secs(5));
+            let send = ipc::send_message(&conn, b"should not arrive", &[]);
+            let any = ipc::TransportOptions::default().peer(ipc::PeerPolicy::AnyUid);
+            let reply = format!("recv: {:?}\nsend: {:?}", recv.map(|m| m.bytes), send);
+            ipc::send_message_with(&conn, reply.as_bytes(), &[], &any).unwrap();
+        }
         other => panic!("unknown role {other}"),
     }
 }
 
 fn spawn(role: &str) -> (Child, UnixStream) {
+    spawn_with(role, |_| {})
+}
+
+/// Starts the child for `role` (after `adjust` set up its command) and accepts its
+/// connection.
+fn spawn_with(role: &str, adjust: impl FnOnce(&mut Command)) -> (Child, UnixStream) {
     let path = std::env::temp_dir().join(format!(
         "gpubind-ipc-process-{}-{role}.sock",
         std::process::id()
     ));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();
+    // Anyone may connect: the peer check, not the file mode, is under test.
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     listener.set_nonblocking(true).unwrap();
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args(["child_entry", "--exact", "--test-threads=1"])
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["child_entry", "--exact", "--test-threads=1"])
         .env(ROLE, role)
         .env(SOCKET, &path)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stdout(Stdio::null());
+    adjust(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
     let start = Instant::now();
     let conn = loop {
         match listener.accept() {
             Ok((c, _)) => break c,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Some(status) = child.try_wait().unwrap() {
+                    panic!("child exited with {status} before connecting");
+                }
                 assert!(
                     start.elapsed() < Duration::from_secs(60),
                     "child never connected"
@@ -146,4 +192,81 @@ fn a_child_killed_mid_message_is_peer_gone() {
         ipc::send_message(&conn, b"x", &[]).unwrap_err(),
         Error::PeerGone
     );
+}
+
+#[test]
+fn a_child_out_of_descriptors_reports_fd_limit() {
+    let (mut child, conn) = spawn("fdlimit");
+    let (a, b) = (pipe_with("one"), pipe_with("two"));
+    {
+        use std::os::fd::AsFd;
+        ipc::send_message(&conn, b"two descriptors", &[a.as_fd(), b.as_fd()]).unwrap();
+    }
+    let reply = ipc::recv_message_timeout(&conn, Duration::from_secs(30)).unwrap();
+    assert!(child.wait().unwrap().success());
+    let reply = String::from_utf8(reply.bytes).unwrap();
+    // Typed (the Debug form names the variant), with the limit the child set, and a
+    // message that puts the blame on the receiving process, not on the sender.
+    assert!(
+        reply.starts_with("FdLimit { received: 0, soft_limit: Some(64) }"),
+        "{reply}"
+    );
+    assert!(
+        reply.contains("the receiving process ran out of file descriptors"),
+        "{reply}"
+    );
+    assert!(
+        !reply.contains("more file descriptors than the limit"),
+        "{reply}"
+    );
+}
+
+#[test]
+fn a_peer_of_another_uid_is_refused_both_ways() {
+    // SAFETY: geteuid has no preconditions.
+    let own = unsafe { libc::geteuid() };
+    if own != 0 {
+        println!(
+            "SKIPPED a_peer_of_another_uid_is_refused_both_ways: needs root to start a child as another uid (running as uid {own})"
+        );
+        return;
+    }
+    let other: u32 = 65534; // nobody
+    let (mut child, conn) = spawn_with("other_uid", |cmd| {
+        use std::os::unix::process::CommandExt;
+        cmd.uid(other).gid(other);
+    });
+    let cred = ipc::peer_credentials(&conn).unwrap();
+    assert_eq!(cred.uid, other);
+    assert_eq!(cred.pid as u32, child.id());
+    // Default policy: refused before a byte is read or written, naming both uids.
+    let err = ipc::recv_message(&conn).unwrap_err();
+    assert!(
+        matches!(&err, Error::PeerNotAllowed { peer_uid, own_uid: 0, .. } if *peer_uid == other),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("uid 65534") && text.contains("uid 0"),
+        "{text}"
+    );
+    assert!(matches!(
+        ipc::send_message(&conn, b"x", &[]),
+        Err(Error::PeerNotAllowed { .. })
+    ));
+    // Allowed by a list naming it: the child's report arrives.
+    let allow = ipc::TransportOptions::default()
+        .peer(ipc::PeerPolicy::Uids(vec![other]))
+        .timeout(Duration::from_secs(30));
+    let reply = ipc::recv_message_with(&conn, &allow).unwrap();
+    assert!(child.wait().unwrap().success());
+    let reply = String::from_utf8(reply.bytes).unwrap();
+    // The child refused us the same way (its recv and send both failed on the check;
+    // our refused send put nothing on the wire).
+    assert!(
+        reply.contains("recv: Err(PeerNotAllowed { peer_pid: ")
+            && reply.contains("peer_uid: 0, own_uid: 65534"),
+        "{reply}"
+    );
+    assert!(reply.contains("send: Err(PeerNotAllowed"), "{reply}");
 }

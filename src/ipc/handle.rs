@@ -12,31 +12,30 @@ use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Longest element type name a handle may carry.
 pub(crate) const MAX_TYPE_NAME: usize = 256;
 
-/// A memory pool's identity, unique on this host: the exporter's pid, a per-process
-/// counter and the creation time. Buffer handles name the pool they belong to, so a
-/// buffer is never imported into the wrong pool.
+/// A memory pool's identity: 16 bytes from the operating system's CSPRNG (`getrandom`),
+/// so ids are unique in practice (128 random bits) and cannot be guessed from a pid, a
+/// counter or a clock. Buffer handles name the pool they belong to, so a buffer is never
+/// imported into the wrong pool.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PoolId(#[serde(with = "hex")] pub(crate) [u8; 16]);
 
 impl PoolId {
-    /// A new id, different from every other one made on this host.
-    pub(crate) fn fresh() -> PoolId {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
+    /// A new random id; [`Error::Io`] if the OS random source fails (it does not block
+    /// once the kernel's pool is initialised, early in boot).
+    pub(crate) fn fresh() -> Result<PoolId> {
         let mut b = [0u8; 16];
-        b[0..4].copy_from_slice(&std::process::id().to_le_bytes());
-        b[4..8].copy_from_slice(&seq.to_le_bytes());
-        b[8..16].copy_from_slice(&nanos.to_le_bytes());
-        PoolId(b)
+        getrandom::fill(&mut b).map_err(|e| {
+            let io = match e.raw_os_error() {
+                Some(code) => std::io::Error::from_raw_os_error(code),
+                None => std::io::Error::other(e.to_string()),
+            };
+            super::io_error("getrandom (pool id)", &io)
+        })?;
+        Ok(PoolId(b))
     }
 
     /// The raw 16 bytes.
@@ -384,7 +383,7 @@ pub(crate) mod tests {
 
     #[test]
     fn pool_handle_round_trips_without_its_fd() {
-        let h = PoolHandle::new(PoolId::fresh(), Uuid([3; 16]), 2, pipe_fd());
+        let h = PoolHandle::new(PoolId::fresh().unwrap(), Uuid([3; 16]), 2, pipe_fd());
         let back = PoolHandle::from_bytes(&h.to_bytes().unwrap()).unwrap();
         assert_eq!(back.pool_id(), h.pool_id());
         assert_eq!(back.device_uuid(), h.device_uuid());
@@ -408,8 +407,27 @@ pub(crate) mod tests {
 
     #[test]
     fn pool_ids_are_unique() {
-        let ids: std::collections::HashSet<_> = (0..1000).map(|_| PoolId::fresh()).collect();
+        let ids: std::collections::HashSet<_> =
+            (0..1000).map(|_| PoolId::fresh().unwrap()).collect();
         assert_eq!(ids.len(), 1000);
+    }
+
+    #[test]
+    fn pool_ids_are_random_in_every_byte() {
+        // No byte is derived from the pid, a counter or the clock: across 1000 ids every
+        // position takes many values (uniform bytes give ~250 distinct of 256; the old
+        // pid | counter | time scheme had constant pid bytes and near-constant high bytes).
+        let ids: Vec<[u8; 16]> = (0..1000).map(|_| PoolId::fresh().unwrap().0).collect();
+        for pos in 0..16 {
+            let distinct: std::collections::HashSet<u8> = ids.iter().map(|id| id[pos]).collect();
+            assert!(
+                distinct.len() > 150,
+                "byte {pos} took only {} values",
+                distinct.len()
+            );
+        }
+        let pid = std::process::id().to_le_bytes();
+        assert!(ids.iter().filter(|id| id[0..4] == pid).count() <= 1);
     }
 
     #[test]

@@ -8,7 +8,10 @@
 //!   the pool's id and device UUID); [`PoolSlice::export`] gives a [`BufferHandle`]
 //!   (`cuMemPoolExportPointer`'s 64 bytes, length, element type, pool id).
 //! * Transport: [`send_handles`] / [`recv_handles`] over a [`UnixStream`]: one framed,
-//!   checksummed message, descriptors by `SCM_RIGHTS`, bounded sizes, timeouts.
+//!   checksummed message, descriptors by `SCM_RIGHTS`, bounded sizes, timeouts in both
+//!   directions ([`Duration::MAX`](std::time::Duration::MAX) = none), and a check of the
+//!   peer's uid (`SO_PEERCRED`, [`PeerPolicy`]; by default the peer must be the same
+//!   user). [`TransportOptions`] sets both for the `_with` forms.
 //! * Import in the other process: [`ImportedPool::import`] then
 //!   [`ImportedPool::import_buffer`] give an [`ImportedSlice<T>`]. Importing needs
 //!   only [`crate::init`] — never a hidden `cuCtxSetCurrent`: the driver calls run with
@@ -64,8 +67,10 @@ pub use import::{ImportedPool, ImportedSlice};
 pub use legacy::LegacySlice;
 pub use pool::{MemoryPool, PoolConfig, PoolSlice};
 pub use socket::{
-    DEFAULT_TIMEOUT, MAX_FDS, MAX_MESSAGE_BYTES, Message, recv_handles, recv_handles_timeout,
-    recv_message, recv_message_timeout, send_handles, send_message, send_message_timeout,
+    DEFAULT_TIMEOUT, MAX_FDS, MAX_MESSAGE_BYTES, Message, PeerCredentials, PeerPolicy,
+    TransportOptions, check_peer, peer_credentials, recv_handles, recv_handles_timeout,
+    recv_handles_with, recv_message, recv_message_timeout, recv_message_with, send_handles,
+    send_handles_with, send_message, send_message_timeout, send_message_with,
 };
 
 use crate::device::{Device, Uuid};

@@ -97,6 +97,8 @@ impl MemoryPool {
             usage: 0,
             reserved: [0; 54],
         };
+        // Before the pool exists: a failing random source then leaves nothing behind.
+        let id = PoolId::fresh()?;
         let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: the bound context is current; `props` is fully initialised and outlives
         // the call; writes one handle.
@@ -104,7 +106,7 @@ impl MemoryPool {
         let mut owned = OwnedPool {
             device,
             raw,
-            id: PoolId::fresh(),
+            id,
             export_fd: None,
         };
         if config.ipc {

@@ -10,9 +10,16 @@
 //! `sendmsg` calls only if the kernel took part of the bytes). The receiver checks the
 //! magic, the bounds ([`MAX_MESSAGE_BYTES`], [`MAX_FDS`]) and that exactly the
 //! announced number of descriptors arrived. Every wait is bounded by a timeout
-//! (`poll` before each call), so a silent or dead peer gives [`Error::Timeout`] or
-//! [`Error::PeerGone`], never a hang. Received descriptors are `OwnedFd`s from the first
-//! moment: on any error they are closed, nothing leaks.
+//! (`poll` before each call, and every `sendmsg` / `recvmsg` is non-blocking), so a
+//! silent, dead or no longer reading peer gives [`Error::Timeout`] or
+//! [`Error::PeerGone`], never a hang; [`Duration::MAX`] (or any timeout whose deadline
+//! does not fit in an [`Instant`]) means no timeout. Received descriptors are `OwnedFd`s
+//! from the first moment: on any error they are closed, nothing leaks.
+//!
+//! Before anything is sent or received, the peer's credentials (`SO_PEERCRED`) are
+//! checked against a [`PeerPolicy`] (by default: the same effective uid as this
+//! process), so descriptors never go to, nor are taken from, a process of another user
+//! unless the caller allowed it.
 //!
 //! After an error the stream may be in the middle of a message: drop the connection.
 
@@ -28,7 +35,7 @@ use rustix::net::{
 use serde::{Deserialize, Serialize};
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -42,6 +49,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const FRAME_MAGIC: [u8; 4] = *b"GBIM";
 const FRAME_HEADER: usize = 12;
 
+/// Longest single `poll`: the loop re-checks the deadline after each, so this only keeps
+/// the timespec handed to the kernel small.
+const MAX_POLL_SLICE: Duration = Duration::from_secs(3600);
+
 /// One received message: its bytes and the descriptors that came with it.
 #[derive(Debug)]
 pub struct Message {
@@ -51,33 +62,223 @@ pub struct Message {
     pub fds: Vec<OwnedFd>,
 }
 
+/// Which peer processes a socket may exchange messages with, judged by the peer's
+/// credentials as the kernel recorded them when the connection was made (`SO_PEERCRED`:
+/// the effective uid at `connect` / `socketpair` time).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PeerPolicy {
+    /// The peer's effective uid must be this process's effective uid (the default).
+    #[default]
+    SameUid,
+    /// Any peer: no uid check. Use only where the socket's reachability is already
+    /// restricted (e.g. a `socketpair` shared with your own child).
+    AnyUid,
+    /// The peer's effective uid must be one of these (this process's own uid is not
+    /// implied: list it if it is allowed).
+    Uids(Vec<u32>),
+}
+
+impl PeerPolicy {
+    /// Whether a peer running as `peer_uid` is allowed, this process running as `own_uid`.
+    pub fn allows(&self, own_uid: u32, peer_uid: u32) -> bool {
+        match self {
+            PeerPolicy::SameUid => peer_uid == own_uid,
+            PeerPolicy::AnyUid => true,
+            PeerPolicy::Uids(uids) => uids.contains(&peer_uid),
+        }
+    }
+
+    fn describe(&self, own_uid: u32) -> String {
+        match self {
+            PeerPolicy::SameUid => format!("only this process's own uid {own_uid}"),
+            PeerPolicy::AnyUid => "any uid".into(),
+            PeerPolicy::Uids(uids) => format!("only the uids {uids:?}"),
+        }
+    }
+}
+
+/// The credentials of the process at the other end of a Unix socket (`SO_PEERCRED`), as
+/// they were when it connected (or created the socket pair).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCredentials {
+    /// The peer's process id (0 when the peer is in a pid namespace this process
+    /// cannot see).
+    pub pid: i32,
+    /// The peer's effective user id.
+    pub uid: u32,
+    /// The peer's effective group id.
+    pub gid: u32,
+}
+
+/// `SO_PEERCRED` of `stream`: who is at the other end.
+pub fn peer_credentials(stream: &UnixStream) -> Result<PeerCredentials> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let size = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let mut len = size;
+    // SAFETY: `stream` keeps the descriptor open for the call; SO_PEERCRED writes at most
+    // `len` bytes (one `struct ucred`) into `cred`, which lives on our stack, and stores
+    // the length written in `len`. (Read through libc, not rustix, whose `UCred` holds a
+    // non-zero pid type: the kernel reports pid 0 for a peer outside our pid namespace.)
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(super::io_error("getsockopt(SO_PEERCRED)", &e));
+    }
+    if len != size {
+        return Err(super::io_error(
+            "getsockopt(SO_PEERCRED)",
+            &std::io::Error::other(format!("returned {len} bytes, expected {size}")),
+        ));
+    }
+    Ok(PeerCredentials {
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
+    })
+}
+
+/// [`Error::PeerNotAllowed`] unless `policy` allows `peer` for a process running as
+/// `own_uid`.
+fn judge_peer(policy: &PeerPolicy, own_uid: u32, peer: PeerCredentials) -> Result<()> {
+    if policy.allows(own_uid, peer.uid) {
+        return Ok(());
+    }
+    Err(Error::PeerNotAllowed {
+        peer_pid: peer.pid,
+        peer_uid: peer.uid,
+        own_uid,
+        allowed: policy.describe(own_uid),
+    })
+}
+
+/// Reads the peer's credentials of `stream` and checks them against `policy`
+/// ([`Error::PeerNotAllowed`] on a mismatch); returns them. [`PeerPolicy::AnyUid`]
+/// accepts whatever they are.
+pub fn check_peer(stream: &UnixStream, policy: &PeerPolicy) -> Result<PeerCredentials> {
+    let peer = peer_credentials(stream)?;
+    if *policy != PeerPolicy::AnyUid {
+        judge_peer(policy, rustix::process::geteuid().as_raw(), peer)?;
+    }
+    Ok(peer)
+}
+
+/// How a send or receive waits and whom it talks to: a timeout for the whole message
+/// and a [`PeerPolicy`].
+///
+/// ```
+/// use gpubind::ipc::{PeerPolicy, TransportOptions};
+/// use std::time::Duration;
+/// let patient = TransportOptions::default().timeout(Duration::MAX); // no timeout
+/// let shared = TransportOptions::default().peer(PeerPolicy::Uids(vec![1000, 1001]));
+/// # let _ = (patient, shared);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransportOptions {
+    timeout: Duration,
+    peer: PeerPolicy,
+}
+
+impl Default for TransportOptions {
+    /// [`DEFAULT_TIMEOUT`] and [`PeerPolicy::SameUid`].
+    fn default() -> Self {
+        TransportOptions {
+            timeout: DEFAULT_TIMEOUT,
+            peer: PeerPolicy::SameUid,
+        }
+    }
+}
+
+impl TransportOptions {
+    /// The longest a whole message may take to send or arrive. [`Duration::MAX`] (or
+    /// any duration whose deadline overflows [`Instant`]) waits without limit.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Which peers are accepted (checked before anything is sent or received).
+    pub fn peer(mut self, policy: PeerPolicy) -> Self {
+        self.peer = policy;
+        self
+    }
+
+    /// The timeout set.
+    pub fn get_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The peer policy set.
+    pub fn get_peer(&self) -> &PeerPolicy {
+        &self.peer
+    }
+}
+
+/// When a wait must end: `now + timeout`, or never where that does not fit in an
+/// [`Instant`] (e.g. [`Duration::MAX`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Deadline {
+    at: Option<Instant>,
+    timeout: Duration,
+}
+
+impl Deadline {
+    /// The deadline `timeout` from now; none (wait forever) if it overflows.
+    pub(crate) fn after(timeout: Duration) -> Deadline {
+        Deadline {
+            at: Instant::now().checked_add(timeout),
+            timeout,
+        }
+    }
+
+    /// Time left, capped at [`MAX_POLL_SLICE`]; `Ok(None)` when there is no deadline,
+    /// [`Error::Timeout`] naming `what` once it has passed.
+    fn poll_slice(&self, what: &'static str) -> Result<Option<Duration>> {
+        let Some(at) = self.at else {
+            return Ok(None);
+        };
+        let now = Instant::now();
+        if now >= at {
+            return Err(Error::Timeout {
+                what,
+                after_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
+            });
+        }
+        Ok(Some((at - now).min(MAX_POLL_SLICE)))
+    }
+}
+
 fn errno_error(what: &'static str, e: Errno) -> Error {
     let io = std::io::Error::from(e);
     super::io_error(what, &io)
 }
 
 /// Waits until `stream` is readable/writable or the deadline passes.
-fn wait(stream: &UnixStream, flags: PollFlags, deadline: Instant, timeout: Duration) -> Result<()> {
+fn wait(stream: &UnixStream, flags: PollFlags, deadline: &Deadline) -> Result<()> {
     let what = if flags.contains(PollFlags::IN) {
         "an IPC message from the peer"
     } else {
-        "the peer to accept an IPC message"
+        "the peer to read an IPC message (it stopped reading and the socket buffer is full)"
     };
     loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(Error::Timeout {
-                what,
-                after_ms: timeout.as_millis() as u64,
-            });
-        }
-        let left = deadline - now;
-        let ts = Timespec {
-            tv_sec: left.as_secs() as i64,
+        let ts = deadline.poll_slice(what)?.map(|left| Timespec {
+            tv_sec: left.as_secs() as i64, // at most MAX_POLL_SLICE
             tv_nsec: i64::from(left.subsec_nanos()),
-        };
+        });
         let mut fds = [PollFd::new(stream, flags)];
-        match rustix::event::poll(&mut fds, Some(&ts)) {
+        match rustix::event::poll(&mut fds, ts.as_ref()) {
             Ok(0) => continue, // loop re-checks the deadline
             // Readable, writable, hung up or in error: the next call tells which.
             Ok(_) => return Ok(()),
@@ -87,27 +288,50 @@ fn wait(stream: &UnixStream, flags: PollFlags, deadline: Instant, timeout: Durat
     }
 }
 
+/// The error for a `recvmsg` whose control data the kernel truncated (`MSG_CTRUNC`)
+/// after `received` descriptors of this call arrived. The control buffer holds
+/// [`MAX_FDS`] descriptors, so a truncation with fewer in it means the kernel could not
+/// install the rest in this process: it ran out of descriptors (`EMFILE` against
+/// `RLIMIT_NOFILE`, or `ENFILE`), and the kernel closed the ones it could not install.
+fn truncated_control(received: usize) -> Error {
+    if received < MAX_FDS {
+        Error::FdLimit {
+            received,
+            soft_limit: rustix::process::getrlimit(rustix::process::Resource::Nofile).current,
+        }
+    } else {
+        corrupt(format!(
+            "the peer sent more file descriptors than the limit of {MAX_FDS}"
+        ))
+    }
+}
+
 /// One `recvmsg` into `buf`, collecting descriptors. `Ok(0)` means end of stream.
 fn recv_some(
     stream: &UnixStream,
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
-    deadline: Instant,
-    timeout: Duration,
+    deadline: &Deadline,
 ) -> Result<usize> {
     loop {
-        wait(stream, PollFlags::IN, deadline, timeout)?;
+        wait(stream, PollFlags::IN, deadline)?;
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let mut iov = [IoSliceMut::new(buf)];
-        match rustix::net::recvmsg(stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+        // Non-blocking: another reader may have taken what `poll` saw.
+        let flags = RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT;
+        match rustix::net::recvmsg(stream, &mut iov, &mut control, flags) {
             Ok(msg) => {
+                let before = fds.len();
                 for cmsg in control.drain() {
                     if let RecvAncillaryMessage::ScmRights(received) = cmsg {
                         fds.extend(received);
                     }
                 }
-                if msg.flags.contains(ReturnFlags::CTRUNC) || fds.len() > MAX_FDS {
+                if msg.flags.contains(ReturnFlags::CTRUNC) {
+                    return Err(truncated_control(fds.len() - before));
+                }
+                if fds.len() > MAX_FDS {
                     return Err(corrupt(format!(
                         "the peer sent more file descriptors than the limit of {MAX_FDS}"
                     )));
@@ -126,11 +350,10 @@ fn recv_exact(
     stream: &UnixStream,
     mut buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
-    deadline: Instant,
-    timeout: Duration,
+    deadline: &Deadline,
 ) -> Result<()> {
     while !buf.is_empty() {
-        let n = recv_some(stream, buf, fds, deadline, timeout)?;
+        let n = recv_some(stream, buf, fds, deadline)?;
         if n == 0 {
             return Err(Error::PeerGone);
         }
@@ -139,12 +362,30 @@ fn recv_exact(
     Ok(())
 }
 
-/// Sends one framed message carrying `fds`, waiting at most `timeout`.
+/// Sends one framed message carrying `fds`, waiting at most `timeout` (the peer must be
+/// allowed by [`PeerPolicy::SameUid`]).
 pub fn send_message_timeout(
     stream: &UnixStream,
     bytes: &[u8],
     fds: &[BorrowedFd<'_>],
     timeout: Duration,
+) -> Result<()> {
+    send_message_with(
+        stream,
+        bytes,
+        fds,
+        &TransportOptions::default().timeout(timeout),
+    )
+}
+
+/// Sends one framed message carrying `fds`: checks the peer against `options`' policy,
+/// then sends, waiting at most `options`' timeout for the peer to take all of it (a peer
+/// that stopped reading gives [`Error::Timeout`] once the socket buffer is full).
+pub fn send_message_with(
+    stream: &UnixStream,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+    options: &TransportOptions,
 ) -> Result<()> {
     if bytes.len() > MAX_MESSAGE_BYTES {
         return Err(Error::InvalidArgument(format!(
@@ -158,7 +399,8 @@ pub fn send_message_timeout(
             fds.len()
         )));
     }
-    let deadline = Instant::now() + timeout;
+    let deadline = Deadline::after(options.timeout);
+    check_peer(stream, &options.peer)?;
     let mut frame = Vec::with_capacity(FRAME_HEADER + bytes.len());
     frame.extend_from_slice(&FRAME_MAGIC);
     frame.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
@@ -166,8 +408,8 @@ pub fn send_message_timeout(
     frame.extend_from_slice(bytes);
     let mut sent = 0;
     while sent < frame.len() {
-        wait(stream, PollFlags::OUT, deadline, timeout)?;
-        // Descriptors ride on the first sendmsg only.
+        wait(stream, PollFlags::OUT, &deadline)?;
+        // Descriptors ride on the first sendmsg that takes any bytes.
         let with_fds = if sent == 0 { fds } else { &[] };
         let mut space =
             vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(with_fds.len()))];
@@ -178,7 +420,11 @@ pub fn send_message_timeout(
             ));
         }
         let iov = [IoSlice::new(&frame[sent..])];
-        match rustix::net::sendmsg(stream, &iov, &mut control, SendFlags::NOSIGNAL) {
+        // Non-blocking: a blocking sendmsg of more than the socket buffer holds would
+        // wait, without bound, for a peer that may never read again. This way it takes
+        // what fits and the loop waits (bounded) for room for the rest.
+        let flags = SendFlags::NOSIGNAL | SendFlags::DONTWAIT;
+        match rustix::net::sendmsg(stream, &iov, &mut control, flags) {
             Ok(n) => sent += n,
             Err(Errno::INTR) | Err(Errno::AGAIN) => continue,
             Err(Errno::PIPE) | Err(Errno::CONNRESET) => return Err(Error::PeerGone),
@@ -188,21 +434,32 @@ pub fn send_message_timeout(
     Ok(())
 }
 
-/// [`send_message_timeout`] with [`DEFAULT_TIMEOUT`].
+/// [`send_message_with`] with the default [`TransportOptions`] ([`DEFAULT_TIMEOUT`],
+/// [`PeerPolicy::SameUid`]).
 pub fn send_message(stream: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
-    send_message_timeout(stream, bytes, fds, DEFAULT_TIMEOUT)
+    send_message_with(stream, bytes, fds, &TransportOptions::default())
 }
 
-/// Receives one framed message, waiting at most `timeout` for all of it.
+/// Receives one framed message, waiting at most `timeout` for all of it (the peer must
+/// be allowed by [`PeerPolicy::SameUid`]).
+pub fn recv_message_timeout(stream: &UnixStream, timeout: Duration) -> Result<Message> {
+    recv_message_with(stream, &TransportOptions::default().timeout(timeout))
+}
+
+/// Receives one framed message: checks the peer against `options`' policy, then waits
+/// at most `options`' timeout for all of the message.
 ///
 /// A peer that closed the socket (exited, crashed, was killed) before or during the
 /// message gives [`Error::PeerGone`]; garbage or limits exceeded give
-/// [`Error::CorruptHandle`]; silence gives [`Error::Timeout`].
-pub fn recv_message_timeout(stream: &UnixStream, timeout: Duration) -> Result<Message> {
-    let deadline = Instant::now() + timeout;
+/// [`Error::CorruptHandle`]; silence gives [`Error::Timeout`]; descriptors this process
+/// had no room for (`EMFILE`) give [`Error::FdLimit`]; a peer of another user (by
+/// default) gives [`Error::PeerNotAllowed`].
+pub fn recv_message_with(stream: &UnixStream, options: &TransportOptions) -> Result<Message> {
+    let deadline = Deadline::after(options.timeout);
+    check_peer(stream, &options.peer)?;
     let mut fds = Vec::new();
     let mut header = [0u8; FRAME_HEADER];
-    recv_exact(stream, &mut header, &mut fds, deadline, timeout)?;
+    recv_exact(stream, &mut header, &mut fds, &deadline)?;
     if header[0..4] != FRAME_MAGIC {
         return Err(corrupt(format!(
             "bad message magic {:02x?} (expected \"GBIM\")",
@@ -222,7 +479,7 @@ pub fn recv_message_timeout(stream: &UnixStream, timeout: Duration) -> Result<Me
         )));
     }
     let mut bytes = vec![0u8; len];
-    recv_exact(stream, &mut bytes, &mut fds, deadline, timeout)?;
+    recv_exact(stream, &mut bytes, &mut fds, &deadline)?;
     if fds.len() != nfds {
         return Err(corrupt(format!(
             "message announced {nfds} file descriptors but {} arrived",
@@ -232,9 +489,10 @@ pub fn recv_message_timeout(stream: &UnixStream, timeout: Duration) -> Result<Me
     Ok(Message { bytes, fds })
 }
 
-/// [`recv_message_timeout`] with [`DEFAULT_TIMEOUT`].
+/// [`recv_message_with`] with the default [`TransportOptions`] ([`DEFAULT_TIMEOUT`],
+/// [`PeerPolicy::SameUid`]).
 pub fn recv_message(stream: &UnixStream) -> Result<Message> {
-    recv_message_timeout(stream, DEFAULT_TIMEOUT)
+    recv_message_with(stream, &TransportOptions::default())
 }
 
 #[derive(Serialize)]
@@ -253,11 +511,22 @@ struct BundleIn {
 /// Sends pool handles (their descriptors by `SCM_RIGHTS`) and buffer handles as one
 /// message: a sealed (checksummed) bundle plus one descriptor per pool, in order.
 ///
-/// The handles stay valid here; the peer receives duplicates of the descriptors.
+/// The handles stay valid here; the peer receives duplicates of the descriptors. Uses
+/// the default [`TransportOptions`]; see [`send_handles_with`].
 pub fn send_handles(
     stream: &UnixStream,
     pools: &[PoolHandle],
     buffers: &[BufferHandle],
+) -> Result<()> {
+    send_handles_with(stream, pools, buffers, &TransportOptions::default())
+}
+
+/// [`send_handles`] with a timeout and peer policy of your choice.
+pub fn send_handles_with(
+    stream: &UnixStream,
+    pools: &[PoolHandle],
+    buffers: &[BufferHandle],
+    options: &TransportOptions,
 ) -> Result<()> {
     let fds = pools
         .iter()
@@ -269,21 +538,31 @@ pub fn send_handles(
         })
         .collect::<Result<Vec<_>>>()?;
     let bytes = wire::seal(Kind::Bundle, &BundleOut { pools, buffers })?;
-    send_message(stream, &bytes, &fds)
+    send_message_with(stream, &bytes, &fds, options)
 }
 
-/// [`recv_handles_timeout`] with [`DEFAULT_TIMEOUT`].
+/// [`recv_handles_with`] with the default [`TransportOptions`] ([`DEFAULT_TIMEOUT`],
+/// [`PeerPolicy::SameUid`]).
 pub fn recv_handles(stream: &UnixStream) -> Result<(Vec<PoolHandle>, Vec<BufferHandle>)> {
-    recv_handles_timeout(stream, DEFAULT_TIMEOUT)
+    recv_handles_with(stream, &TransportOptions::default())
 }
 
-/// Receives what [`send_handles`] sent: pool handles with their descriptors attached and
-/// validated buffer handles.
+/// [`recv_handles_with`] with `timeout` and [`PeerPolicy::SameUid`].
 pub fn recv_handles_timeout(
     stream: &UnixStream,
     timeout: Duration,
 ) -> Result<(Vec<PoolHandle>, Vec<BufferHandle>)> {
-    let Message { bytes, fds } = recv_message_timeout(stream, timeout)?;
+    recv_handles_with(stream, &TransportOptions::default().timeout(timeout))
+}
+
+/// Receives what [`send_handles`] sent: pool handles with their descriptors attached and
+/// validated buffer handles. Errors as [`recv_message_with`], and
+/// [`Error::CorruptHandle`] for a bundle that does not open or validate.
+pub fn recv_handles_with(
+    stream: &UnixStream,
+    options: &TransportOptions,
+) -> Result<(Vec<PoolHandle>, Vec<BufferHandle>)> {
+    let Message { bytes, fds } = recv_message_with(stream, options)?;
     let bundle: BundleIn = wire::open(Kind::Bundle, &bytes)?;
     if bundle.pools.len() != fds.len() {
         return Err(corrupt(format!(
@@ -476,7 +755,7 @@ mod tests {
         let pools: Vec<_> = (0..2u8)
             .map(|i| {
                 let fd: OwnedFd = pipe_with(&[b'a' + i]).into();
-                PoolHandle::new(PoolId::fresh(), Uuid([i; 16]), i as usize, fd)
+                PoolHandle::new(PoolId::fresh().unwrap(), Uuid([i; 16]), i as usize, fd)
             })
             .collect();
         let buffers: Vec<_> = (0..32).map(|i| sample_buffer(i + 1, i as u8)).collect();
@@ -496,7 +775,7 @@ mod tests {
         // A pool handle without a descriptor cannot be sent.
         let (a, b) = UnixStream::pair().unwrap();
         let fd: OwnedFd = pipe_with(b"").into();
-        let mut h = PoolHandle::new(PoolId::fresh(), Uuid([0; 16]), 0, fd);
+        let mut h = PoolHandle::new(PoolId::fresh().unwrap(), Uuid([0; 16]), 0, fd);
         drop(h.take_fd());
         assert!(matches!(
             send_handles(&a, &[h], &[]),
@@ -555,5 +834,220 @@ mod tests {
         let msg = recv_message(&b).unwrap();
         assert_eq!(read_fd(msg.fds.into_iter().next().unwrap()), b"survives");
         assert_eq!(recv_message(&b).unwrap_err(), Error::PeerGone);
+    }
+
+    /// Runs `f` on a thread and fails (instead of hanging the suite) if it takes longer
+    /// than `limit`.
+    fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(limit)
+            .expect("the call blocked past its timeout")
+    }
+
+    #[test]
+    fn send_to_a_peer_that_stopped_reading_times_out() {
+        // 3 MB is far more than a Unix socket buffer (~208 KiB): before non-blocking
+        // sendmsg this blocked forever inside the kernel.
+        let (a, b) = UnixStream::pair().unwrap();
+        let big = vec![7u8; 3_000_000];
+        let (err, elapsed) = within(Duration::from_secs(20), move || {
+            let t = Instant::now();
+            let err = send_message_timeout(&a, &big, &[], SHORT).unwrap_err();
+            (err, t.elapsed())
+        });
+        assert!(
+            matches!(err, Error::Timeout { what, after_ms: 300 } if what.contains("stopped reading")),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("timed out after 300 ms"), "{err}");
+        assert!(elapsed >= SHORT && elapsed < SHORT * 10, "{elapsed:?}");
+        drop(b);
+    }
+
+    #[test]
+    fn slow_reader_gets_a_large_message_within_the_timeout() {
+        // The reader starts late and reads in small steps: the sender waits for room
+        // (bounded) instead of failing, and the message arrives whole, descriptor included.
+        let (a, b) = UnixStream::pair().unwrap();
+        let big: Vec<u8> = (0..1_000_000u32).map(|i| (i * 13) as u8).collect();
+        let expect = big.clone();
+        let sender = std::thread::spawn(move || {
+            let p = pipe_with(b"slow");
+            send_message_timeout(&a, &big, &[p.as_fd()], Duration::from_secs(20))
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let msg = recv_message(&b).unwrap();
+        sender.join().unwrap().unwrap();
+        assert_eq!(msg.bytes, expect);
+        assert_eq!(read_fd(msg.fds.into_iter().next().unwrap()), b"slow");
+    }
+
+    #[test]
+    fn duration_max_means_no_timeout() {
+        // `Instant::now() + Duration::MAX` panics; these must not.
+        for t in [
+            Duration::MAX,
+            Duration::from_secs(u64::MAX),
+            Duration::new(u64::MAX, 5),
+        ] {
+            let d = Deadline::after(t);
+            assert!(d.at.is_none(), "{t:?} should mean no deadline");
+            assert_eq!(d.poll_slice("x").unwrap(), None);
+        }
+        // A deadline that fits is kept.
+        let d = Deadline::after(Duration::from_secs(1));
+        assert!(d.at.is_some());
+        assert!(d.poll_slice("x").unwrap().unwrap() <= Duration::from_secs(1));
+        // Whole sends and receives with no timeout; the message arrives late.
+        let (a, b) = UnixStream::pair().unwrap();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            let p = pipe_with(b"late");
+            send_message_timeout(&a, b"late", &[p.as_fd()], Duration::MAX).unwrap();
+            let opts = TransportOptions::default().timeout(Duration::MAX);
+            send_handles_with(&a, &[], &[sample_buffer(2, 2)], &opts).unwrap();
+            a
+        });
+        let msg = within(Duration::from_secs(20), move || {
+            let msg = recv_message_timeout(&b, Duration::MAX).unwrap();
+            let (pools, bufs) = recv_handles_timeout(&b, Duration::MAX).unwrap();
+            assert!(pools.is_empty());
+            assert_eq!(bufs, [sample_buffer(2, 2)]);
+            msg
+        });
+        drop(t.join().unwrap());
+        assert_eq!(msg.bytes, b"late");
+        assert_eq!(read_fd(msg.fds.into_iter().next().unwrap()), b"late");
+    }
+
+    #[test]
+    fn too_many_fds_from_the_peer_is_not_fd_exhaustion() {
+        // A peer that sends more descriptors than the control buffer holds: the kernel
+        // truncates with MAX_FDS of them in the buffer. That is the peer's doing
+        // (CorruptHandle), not this process running out of descriptors (FdLimit).
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut frame = FRAME_MAGIC.to_vec();
+        frame.extend_from_slice(&1u32.to_le_bytes());
+        frame.extend_from_slice(&(MAX_FDS as u32 + 1).to_le_bytes());
+        frame.push(b'!');
+        let p = pipe_with(b"x");
+        let fds = vec![p.as_fd(); MAX_FDS + 1];
+        let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS + 1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+        rustix::net::sendmsg(
+            &a,
+            &[IoSlice::new(&frame)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        )
+        .unwrap();
+        let err = recv_message_timeout(&b, SHORT).unwrap_err();
+        assert!(
+            matches!(&err, Error::CorruptHandle { reason } if reason.contains("more file descriptors than the limit")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn control_truncation_is_classified() {
+        // Fewer descriptors than the buffer holds, yet truncated: the kernel could not
+        // install them here (EMFILE / ENFILE).
+        for received in [0, 1, MAX_FDS - 1] {
+            let err = truncated_control(received);
+            assert!(
+                matches!(err, Error::FdLimit { received: r, .. } if r == received),
+                "{err:?}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains("receiving process ran out of file descriptors"),
+                "{text}"
+            );
+            assert!(
+                text.contains("EMFILE") && text.contains("RLIMIT_NOFILE"),
+                "{text}"
+            );
+        }
+        assert!(matches!(
+            truncated_control(MAX_FDS),
+            Error::CorruptHandle { .. }
+        ));
+        let limited = Error::FdLimit {
+            received: 0,
+            soft_limit: Some(64),
+        };
+        assert!(limited.to_string().contains("soft limit 64"), "{limited}");
+        let unlimited = Error::FdLimit {
+            received: 0,
+            soft_limit: None,
+        };
+        assert!(unlimited.to_string().contains("soft limit unlimited"));
+    }
+
+    #[test]
+    fn peer_policy_judges_uids() {
+        let peer = |uid| PeerCredentials {
+            pid: 4242,
+            uid,
+            gid: uid,
+        };
+        assert_eq!(judge_peer(&PeerPolicy::SameUid, 1000, peer(1000)), Ok(()));
+        let err = judge_peer(&PeerPolicy::SameUid, 1000, peer(1001)).unwrap_err();
+        assert_eq!(
+            err,
+            Error::PeerNotAllowed {
+                peer_pid: 4242,
+                peer_uid: 1001,
+                own_uid: 1000,
+                allowed: "only this process's own uid 1000".into(),
+            }
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("uid 1001") && text.contains("uid 1000") && text.contains("4242"),
+            "{text}"
+        );
+        assert_eq!(judge_peer(&PeerPolicy::AnyUid, 1000, peer(0)), Ok(()));
+        let some = PeerPolicy::Uids(vec![0, 1002]);
+        assert_eq!(judge_peer(&some, 1000, peer(1002)), Ok(()));
+        assert_eq!(judge_peer(&some, 1000, peer(0)), Ok(()));
+        // The own uid is not implied by a list.
+        let err = judge_peer(&some, 1000, peer(1000)).unwrap_err();
+        assert!(err.to_string().contains("[0, 1002]"), "{err}");
+        assert_eq!(PeerPolicy::default(), PeerPolicy::SameUid);
+        let opts = TransportOptions::default();
+        assert_eq!(opts.get_timeout(), DEFAULT_TIMEOUT);
+        assert_eq!(opts.get_peer(), &PeerPolicy::SameUid);
+    }
+
+    #[test]
+    fn socketpair_peer_is_this_process() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let cred = peer_credentials(&a).unwrap();
+        assert_eq!(cred.pid as u32, std::process::id());
+        assert_eq!(cred.uid, rustix::process::geteuid().as_raw());
+        assert_eq!(cred.gid, rustix::process::getegid().as_raw());
+        assert_eq!(check_peer(&a, &PeerPolicy::SameUid), Ok(cred));
+        // A list without our uid refuses, before anything is sent: nothing arrives.
+        let own = cred.uid;
+        let other = PeerPolicy::Uids(vec![own.wrapping_add(1)]);
+        let opts = TransportOptions::default().peer(other).timeout(SHORT);
+        let err = send_message_with(&a, b"x", &[], &opts).unwrap_err();
+        assert!(
+            matches!(err, Error::PeerNotAllowed { own_uid, peer_uid, .. } if own_uid == own && peer_uid == own),
+            "{err:?}"
+        );
+        assert!(matches!(
+            recv_message_with(&b, &opts),
+            Err(Error::PeerNotAllowed { .. })
+        ));
+        assert!(matches!(
+            recv_message_timeout(&b, SHORT),
+            Err(Error::Timeout { .. })
+        ));
     }
 }
