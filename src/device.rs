@@ -43,6 +43,27 @@ pub struct Device {
     primary: LazyPrimary<CudaPrimary>,
     /// Events for stream hand-offs (`crate::access`), created on demand and reused.
     events: std::sync::Mutex<Vec<PooledEvent>>,
+    /// The launch limits, read on first launch (`cuDeviceGetAttribute`, no context).
+    limits: std::sync::OnceLock<DeviceLimits>,
+}
+
+/// The device attributes a launch configuration must respect, read once per [`Device`]
+/// (see [`Device::launch_limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeviceLimits {
+    /// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`.
+    pub(crate) max_threads_per_block: u32,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X/Y/Z`.
+    pub(crate) max_block_dim: [u32; 3],
+    /// `CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X/Y/Z`.
+    pub(crate) max_grid_dim: [u32; 3],
+    /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK`: static plus dynamic shared
+    /// memory a block gets without opting in (48 KiB).
+    pub(crate) shared_per_block: u32,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`: the most a kernel can opt
+    /// in to (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`); 0 where the device has
+    /// no opt-in.
+    pub(crate) shared_per_block_optin: u32,
 }
 
 /// A device's 16-byte UUID, printed as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` like
@@ -132,6 +153,7 @@ impl Device {
             uuid: Uuid(uuid.bytes.map(|b| b as u8)),
             primary: LazyPrimary::new(CudaPrimary, raw),
             events: std::sync::Mutex::new(Vec::new()),
+            limits: std::sync::OnceLock::new(),
         })
     }
 
@@ -195,6 +217,33 @@ impl Device {
         unsafe { sys::cuDeviceCanAccessPeer(&mut v, self.raw, peer.raw) }
             .check("cuDeviceCanAccessPeer")?;
         Ok(v != 0)
+    }
+
+    /// The launch limits, read from the driver on first use and kept (attributes need no
+    /// context). A failed read is returned and not cached.
+    pub(crate) fn launch_limits(&self) -> Result<&DeviceLimits> {
+        if let Some(l) = self.limits.get() {
+            return Ok(l);
+        }
+        use DeviceAttribute as A;
+        let attr = |a| -> Result<u32> { Ok(self.attribute(a)?.max(0) as u32) };
+        let read = DeviceLimits {
+            max_threads_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            max_block_dim: [
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+            ],
+            max_grid_dim: [
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+            ],
+            shared_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
+            shared_per_block_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        };
+        // A concurrent first launch may have filled it meanwhile: same values either way.
+        Ok(self.limits.get_or_init(|| read))
     }
 
     /// Whether *this process's* `Arc<Device>` holds a retain on the primary context,
