@@ -325,12 +325,32 @@ impl Drop for Device {
         if events.is_empty() || !self.has_retained_context() {
             return;
         }
-        if let Ok(_guard) = self.enter() {
-            for e in events {
-                // SAFETY: created by cuEventCreate in this (still retained) context and
-                // destroyed once, here; no wait refers to it any more (waits capture
-                // the event's state when enqueued).
-                let _ = unsafe { sys::cuEventDestroy_v2(e.0) };
+        let ordinal = Some(self.ordinal);
+        let n = events.len();
+        match self.enter() {
+            Err(e) => crate::faults::report_drop(
+                format_args!("the Device's {n} pooled hand-off events"),
+                ordinal,
+                crate::faults::ENTER,
+                &e,
+                crate::faults::LEAKED,
+            ),
+            Ok(_guard) => {
+                for ev in events {
+                    // SAFETY: created by cuEventCreate in this (still retained, current)
+                    // context and destroyed once, here; no wait refers to it any more
+                    // (waits capture the event's state when enqueued).
+                    let r = unsafe { sys::cuEventDestroy_v2(ev.0) };
+                    if let Err(e) = r.check("cuEventDestroy_v2") {
+                        crate::faults::report_drop(
+                            format_args!("a pooled hand-off event of the Device"),
+                            ordinal,
+                            crate::faults::RELEASE,
+                            &e,
+                            crate::faults::MAYBE_LEAKED,
+                        );
+                    }
+                }
             }
         }
     }

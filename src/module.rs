@@ -164,16 +164,21 @@ impl Module {
 impl Drop for Module {
     fn drop(&mut self) {
         // Unload only once no launched kernel can still run; if that cannot be known (a
-        // faulted context), leak the module instead.
-        if self.launches.wait_all().is_err() {
-            return;
-        }
-        if let Ok(_guard) = self.device.enter() {
-            // SAFETY: loaded in this context, unloaded once here, after every kernel
-            // launched from it has finished (waited for above); no Function outlives the
-            // module (they borrow it).
-            let _ = unsafe { sys::cuModuleUnload(self.raw) };
-        }
+        // faulted context), leak the module instead (and log it).
+        let waited = self.launches.wait_all();
+        let raw = self.raw;
+        crate::faults::release(
+            format_args!("a Module"),
+            &self.device,
+            waited,
+            "cuModuleUnload",
+            || {
+                // SAFETY: loaded in this context (current while this runs), unloaded once
+                // here, after every kernel launched from it has finished (run only after
+                // the wait succeeded); no Function outlives the module (they borrow it).
+                unsafe { sys::cuModuleUnload(raw) }
+            },
+        );
     }
 }
 
