@@ -253,11 +253,19 @@ impl StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
-        if let Ok(_guard) = self.device.enter() {
-            // SAFETY: created by cuStreamCreate in this context, destroyed once, here.
-            // Pending work completes before the driver releases the stream.
-            let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
-        }
+        let raw = self.raw;
+        crate::faults::release(
+            format_args!("a Stream"),
+            &self.device,
+            Ok(()),
+            "cuStreamDestroy_v2",
+            || {
+                // SAFETY: created by cuStreamCreate in this context (current while this
+                // runs), destroyed once, here. Pending work completes before the driver
+                // releases the stream.
+                unsafe { sys::cuStreamDestroy_v2(raw) }
+            },
+        );
     }
 }
 

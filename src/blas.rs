@@ -62,9 +62,29 @@ impl Blas {
 
 impl Drop for Blas {
     fn drop(&mut self) {
-        if let Ok(_guard) = self.device.enter() {
-            // SAFETY: created by cublasCreate in this context; destroyed once, here.
-            let _ = unsafe { cublas::cublasDestroy_v2(self.handle) };
+        let ordinal = Some(self.device.ordinal());
+        match self.device.enter() {
+            Err(e) => crate::faults::report_drop(
+                format_args!("a cuBLAS handle"),
+                ordinal,
+                crate::faults::ENTER,
+                &e,
+                crate::faults::LEAKED,
+            ),
+            Ok(_guard) => {
+                // SAFETY: created by cublasCreate in this context (current here);
+                // destroyed once, here.
+                let status = unsafe { cublas::cublasDestroy_v2(self.handle) };
+                if let Err(e) = check(status, "cublasDestroy_v2") {
+                    crate::faults::report_drop(
+                        format_args!("a cuBLAS handle"),
+                        ordinal,
+                        crate::faults::RELEASE,
+                        &e,
+                        crate::faults::MAYBE_LEAKED,
+                    );
+                }
+            }
         }
     }
 }

@@ -467,8 +467,16 @@ impl<'b> BoundStream<'b> {
         struct SyncOnUnwind<'x>(&'x BoundStream<'x>, bool);
         impl Drop for SyncOnUnwind<'_> {
             fn drop(&mut self) {
-                if self.1 {
-                    let _ = self.0.synchronize();
+                if self.1
+                    && let Err(e) = self.0.synchronize()
+                {
+                    crate::faults::report_drop(
+                        format_args!("a copy scope, unwinding"),
+                        Some(self.0.bound().device().ordinal()),
+                        "synchronizing its stream",
+                        &e,
+                        "its borrows end anyway: a faulted context runs no more copies",
+                    );
                 }
             }
         }

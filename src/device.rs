@@ -46,6 +46,27 @@ pub struct Device {
     events: std::sync::Mutex<Vec<PooledEvent>>,
     /// Whether a sticky error poisoned the context, and the last kernel launched.
     poison: PoisonState,
+    /// The launch limits, read on first launch (`cuDeviceGetAttribute`, no context).
+    limits: std::sync::OnceLock<DeviceLimits>,
+}
+
+/// The device attributes a launch configuration must respect, read once per [`Device`]
+/// (see [`Device::launch_limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeviceLimits {
+    /// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`.
+    pub(crate) max_threads_per_block: u32,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X/Y/Z`.
+    pub(crate) max_block_dim: [u32; 3],
+    /// `CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X/Y/Z`.
+    pub(crate) max_grid_dim: [u32; 3],
+    /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK`: static plus dynamic shared
+    /// memory a block gets without opting in (48 KiB).
+    pub(crate) shared_per_block: u32,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`: the most a kernel can opt
+    /// in to (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`); 0 where the device has
+    /// no opt-in.
+    pub(crate) shared_per_block_optin: u32,
 }
 
 /// A device's 16-byte UUID, printed as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` like
@@ -136,6 +157,7 @@ impl Device {
             primary: LazyPrimary::new(CudaPrimary, raw),
             events: std::sync::Mutex::new(Vec::new()),
             poison: PoisonState::default(),
+            limits: std::sync::OnceLock::new(),
         })
     }
 
@@ -199,6 +221,33 @@ impl Device {
         unsafe { sys::cuDeviceCanAccessPeer(&mut v, self.raw, peer.raw) }
             .check("cuDeviceCanAccessPeer")?;
         Ok(v != 0)
+    }
+
+    /// The launch limits, read from the driver on first use and kept (attributes need no
+    /// context). A failed read is returned and not cached.
+    pub(crate) fn launch_limits(&self) -> Result<&DeviceLimits> {
+        if let Some(l) = self.limits.get() {
+            return Ok(l);
+        }
+        use DeviceAttribute as A;
+        let attr = |a| -> Result<u32> { Ok(self.attribute(a)?.max(0) as u32) };
+        let read = DeviceLimits {
+            max_threads_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            max_block_dim: [
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+            ],
+            max_grid_dim: [
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+            ],
+            shared_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
+            shared_per_block_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        };
+        // A concurrent first launch may have filled it meanwhile: same values either way.
+        Ok(self.limits.get_or_init(|| read))
     }
 
     /// Whether *this process's* `Arc<Device>` holds a retain on the primary context,
@@ -325,12 +374,32 @@ impl Drop for Device {
         if events.is_empty() || !self.has_retained_context() {
             return;
         }
-        if let Ok(_guard) = self.enter() {
-            for e in events {
-                // SAFETY: created by cuEventCreate in this (still retained) context and
-                // destroyed once, here; no wait refers to it any more (waits capture
-                // the event's state when enqueued).
-                let _ = unsafe { sys::cuEventDestroy_v2(e.0) };
+        let ordinal = Some(self.ordinal);
+        let n = events.len();
+        match self.enter() {
+            Err(e) => crate::faults::report_drop(
+                format_args!("the Device's {n} pooled hand-off events"),
+                ordinal,
+                crate::faults::ENTER,
+                &e,
+                crate::faults::LEAKED,
+            ),
+            Ok(_guard) => {
+                for ev in events {
+                    // SAFETY: created by cuEventCreate in this (still retained, current)
+                    // context and destroyed once, here; no wait refers to it any more
+                    // (waits capture the event's state when enqueued).
+                    let r = unsafe { sys::cuEventDestroy_v2(ev.0) };
+                    if let Err(e) = r.check("cuEventDestroy_v2") {
+                        crate::faults::report_drop(
+                            format_args!("a pooled hand-off event of the Device"),
+                            ordinal,
+                            crate::faults::RELEASE,
+                            &e,
+                            crate::faults::MAYBE_LEAKED,
+                        );
+                    }
+                }
             }
         }
     }

@@ -173,7 +173,16 @@ impl Drop for ContextGuard {
             let mut popped: sys::CUcontext = std::ptr::null_mut();
             // SAFETY: pops exactly the context `push` pushed; the guard is `!Send`, so this
             // runs on the thread that pushed, and guards nest like the scopes holding them.
-            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+            let r = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+            if let Err(e) = r.check("cuCtxPopCurrent_v2") {
+                crate::faults::report_drop(
+                    format_args!("a context guard"),
+                    None,
+                    "popping the context it pushed",
+                    &e,
+                    "the thread's current context may not be restored",
+                );
+            }
         }
     }
 }
@@ -222,7 +231,16 @@ impl PrimaryCtxOps for CudaPrimary {
     }
     fn release(&self, device: i32) {
         // SAFETY: called once for each successful retain (enforced by LazyPrimary).
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(device) };
+        let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(device) };
+        if let Err(e) = r.check("cuDevicePrimaryCtxRelease_v2") {
+            crate::faults::report_drop(
+                format_args!("the last Arc<Device> (CUdevice {device})"),
+                None,
+                "releasing the primary context",
+                &e,
+                "the context may stay retained (leaked)",
+            );
+        }
     }
 }
 

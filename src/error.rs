@@ -103,6 +103,23 @@ pub enum Error {
         reason: String,
     },
 
+    /// A launch configuration over a limit of the device or of the kernel (threads per
+    /// block, a block or grid dimension, shared memory), refused before the driver is
+    /// called. `what` says what is over which limit, whose (the device's or the
+    /// kernel's) and its attribute name, e.g. "threads per block exceed the device's
+    /// CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK".
+    #[error("kernel `{kernel}`: {what}: {requested} requested, limit {limit}")]
+    LaunchLimit {
+        /// Kernel name.
+        kernel: String,
+        /// What is over which limit.
+        what: &'static str,
+        /// What the configuration asks for (threads, blocks or bytes).
+        requested: u64,
+        /// The most the limit allows.
+        limit: u64,
+    },
+
     /// `libcublas` could not be loaded.
     #[error(
         "cuBLAS not found: libcublas could not be loaded (add the CUDA toolkit's lib64, e.g. /usr/local/cuda/lib64, to LD_LIBRARY_PATH)"

@@ -211,25 +211,76 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
         if self.range.len == 0 {
             return;
         }
-        let _ = self.range.tracker.wait_all();
-        if let Ok(_guard) = self.range.device.enter() {
-            // SAFETY: registered in this context by `register_raw`; unregistered once.
-            let _ = unsafe { sys::cuMemHostUnregister(self.range.ptr.as_ptr().cast()) };
+        let what = || {
+            format!(
+                "RegisteredHost<{}> of {} elements",
+                std::any::type_name::<T>(),
+                self.range.len
+            )
+        };
+        let ordinal = Some(self.range.device.ordinal());
+        if let Err(e) = self.range.tracker.wait_all() {
+            crate::faults::report_drop(
+                format_args!("{}", what()),
+                ordinal,
+                crate::faults::WAIT,
+                &e,
+                "unregistering it anyway: the memory goes back to its owner either way, and \
+                 a faulted context runs no more work",
+            );
+        }
+        match self.range.device.enter() {
+            Err(e) => crate::faults::report_drop(
+                format_args!("{}", what()),
+                ordinal,
+                crate::faults::ENTER,
+                &e,
+                "it stays page-locked (the registration is leaked)",
+            ),
+            Ok(_guard) => {
+                let ptr = self.range.ptr.as_ptr();
+                // SAFETY: registered in this context (current here) by `register_raw`;
+                // unregistered once.
+                let r = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
+                if let Err(e) = r.check("cuMemHostUnregister") {
+                    crate::faults::report_drop(
+                        format_args!("{}", what()),
+                        ordinal,
+                        crate::faults::RELEASE,
+                        &e,
+                        "it may stay page-locked (the registration may be leaked)",
+                    );
+                }
+            }
         }
     }
 }
 
 impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
     fn drop(&mut self) {
-        if self.range.len == 0 || self.range.tracker.wait_all().is_err() {
-            // Nothing to free, or the device may still use it: leak rather than free.
+        if self.range.len == 0 {
             return;
         }
-        if let Ok(_guard) = self.range.device.enter() {
-            // SAFETY: allocated by cuMemHostAlloc in this context; no use is pending
-            // (waited for above); freed once, here.
-            let _ = unsafe { sys::cuMemFreeHost(self.range.ptr.as_ptr().cast()) };
-        }
+        // If the wait fails the device may still use the memory: it is leaked rather
+        // than freed (and the failure logged).
+        let waited = self.range.tracker.wait_all();
+        let ptr = self.range.ptr.as_ptr();
+        crate::faults::release(
+            format_args!(
+                "PinnedHostBuffer<{}> of {} elements",
+                std::any::type_name::<T>(),
+                self.range.len
+            ),
+            &self.range.device,
+            waited,
+            "cuMemFreeHost",
+            || {
+                // SAFETY: allocated by cuMemHostAlloc in this context (current while this
+                // runs); no use is pending (run only after the wait succeeded); freed
+                // once, here.
+                unsafe { sys::cuMemFreeHost(ptr.cast()) }
+            },
+        );
     }
 }
 

@@ -58,6 +58,7 @@ pub mod device;
 pub mod dlpack;
 pub mod driver;
 pub mod error;
+mod faults;
 pub mod host;
 mod image;
 pub mod ipc;

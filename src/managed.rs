@@ -192,15 +192,29 @@ impl<T: DeviceRepr> ManagedSlice<T> {
 
 impl<T: DeviceRepr> Drop for ManagedSlice<T> {
     fn drop(&mut self) {
-        if self.ptr == 0 || self.tracker.wait_all().is_err() {
-            // Nothing to free, or the device may still use it: leak rather than free.
+        if self.ptr == 0 {
             return;
         }
-        if let Ok(_guard) = self.device.enter() {
-            // SAFETY: from cuMemAllocManaged in this context; no use is pending (waited
-            // for above); freed once, here.
-            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
-        }
+        // If the wait fails the device may still use the memory: it is leaked rather
+        // than freed (and the failure logged).
+        let waited = self.tracker.wait_all();
+        let ptr = self.ptr;
+        crate::faults::release(
+            format_args!(
+                "ManagedSlice<{}> of {} elements",
+                std::any::type_name::<T>(),
+                self.len
+            ),
+            &self.device,
+            waited,
+            "cuMemFree_v2",
+            || {
+                // SAFETY: from cuMemAllocManaged in this context (current while this
+                // runs); no use is pending (run only after the wait succeeded); freed
+                // once, here.
+                unsafe { sys::cuMemFree_v2(ptr) }
+            },
+        );
     }
 }
 

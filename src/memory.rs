@@ -330,16 +330,16 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     }
 
     /// Waits for the pending uses and hands the allocation to a caller that frees it
-    /// itself: `Some((device, ptr))`, or `None` when a wait failed — then the memory may
-    /// still be in use by the device and is leaked rather than freed under it.
-    pub(crate) fn disown_for_free(mut self) -> Option<(Arc<Device>, sys::CUdeviceptr)> {
+    /// itself: `(device, ptr, waited)`. The caller may free `ptr` only when `waited` is
+    /// `Ok`: after a failed wait the memory may still be in use by the device and must be
+    /// leaked rather than freed under it (the caller reports the failure).
+    pub(crate) fn disown_for_free(mut self) -> (Arc<Device>, sys::CUdeviceptr, Result<()>) {
         let waited = self.tracker.wait_all();
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never dropped, so the Arc and the tracker are read out once.
         let (device, _tracker) =
             unsafe { (std::ptr::read(&me.device), std::ptr::read(&me.tracker)) };
-        // On failure the memory is leaked: never freed (the wrong way, or under the device).
-        waited.ok().map(|()| (device, me.ptr))
+        (device, me.ptr, waited)
     }
 }
 
@@ -350,17 +350,28 @@ impl<T: DeviceRepr> Drop for DeviceSlice<T> {
         }
         // Free only after every stream-ordered use has finished. If that cannot be
         // known (a faulted context), leak rather than free memory the device may use.
-        if self.tracker.wait_all().is_err() {
-            return;
-        }
-        // Push our own context for the free and pop it after: the thread's current
-        // context is unchanged, whichever device is bound. (The context is retained: we
-        // were allocated under a binding and hold an Arc<Device>.)
-        if let Ok(_guard) = self.device.enter() {
-            // SAFETY: `ptr` came from cuMemAlloc in this context, no use of it is pending
-            // (waited for above), and it is freed once, here.
-            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
-        }
+        let waited = self.tracker.wait_all();
+        let ptr = self.ptr;
+        // `release` pushes our own context for the free and pops it after: the thread's
+        // current context is unchanged, whichever device is bound. (The context is
+        // retained: we were allocated under a binding and hold an Arc<Device>.) Failures
+        // are logged.
+        crate::faults::release(
+            format_args!(
+                "DeviceSlice<{}> of {} elements",
+                std::any::type_name::<T>(),
+                self.len
+            ),
+            &self.device,
+            waited,
+            "cuMemFree_v2",
+            || {
+                // SAFETY: `ptr` came from cuMemAlloc in this context (current while this
+                // runs), no use of it is pending (`release` runs this only after the wait
+                // succeeded), and it is freed once, here.
+                unsafe { sys::cuMemFree_v2(ptr) }
+            },
+        );
     }
 }
 

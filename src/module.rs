@@ -42,10 +42,21 @@
 //! Launch arguments are checked against the kernel's parameter list where the driver
 //! reports it (`cuFuncGetParamInfo`, CUDA 12.4+): a wrong count or a wrong size is
 //! [`Error::LaunchArgs`], a slice of another device is [`Error::WrongDevice`].
+//!
+//! The launch configuration is checked against the device's and the kernel's limits
+//! before the driver sees it: threads per block (the device's, and the kernel's own,
+//! lower for kernels with many registers or `__launch_bounds__`), each block and grid
+//! dimension, and static plus dynamic shared memory. Over a limit is
+//! [`Error::LaunchLimit`], naming the limit. Dynamic shared memory above the default
+//! per-block amount (48 KiB) needs the kernel's opt-in: raise
+//! `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` with `cuFuncSetAttribute` on
+//! [`Function::raw`]; gpubind reads the attribute at such a launch, so a raise is seen.
+//! The device limits are read once per [`Device`], the kernel's at
+//! [`Module::function`]: a launch pays a few compares.
 
 use crate::access::{self, Access, AccessTracker, Use};
 use crate::context::BoundDevice;
-use crate::device::Device;
+use crate::device::{Device, DeviceLimits};
 use crate::driver::Check;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut};
@@ -88,6 +99,31 @@ pub struct Function<'m> {
     interned: &'static KernelName,
     /// Parameter sizes in bytes, where the driver can report them.
     params: Option<Vec<usize>>,
+    /// The kernel's own launch limits, read once at lookup.
+    limits: FunctionLimits,
+}
+
+/// The launch limits of one kernel that do not change after it is loaded, read by
+/// [`Module::function`] (`cuFuncGetAttribute`).
+///
+/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` is not kept: code holding the raw
+/// handle may raise it (`cuFuncSetAttribute`) at any time, so a launch that needs more
+/// than the default reads it then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FunctionLimits {
+    /// `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`: at most the device's, fewer for a kernel
+    /// whose registers (or `__launch_bounds__`) allow fewer threads.
+    pub(crate) max_threads_per_block: u32,
+    /// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`: the kernel's static shared memory.
+    pub(crate) static_shared: u32,
+}
+
+/// `cuFuncGetAttribute`. The function's context must be current.
+fn func_attribute(func: sys::CUfunction, attr: sys::CUfunction_attribute) -> Result<u32> {
+    let mut v = 0;
+    // SAFETY: a valid function handle of the current context; writes one int.
+    unsafe { sys::cuFuncGetAttribute(&mut v, attr, func) }.check("cuFuncGetAttribute")?;
+    Ok(v.max(0) as u32)
 }
 
 impl Module {
@@ -105,12 +141,18 @@ impl Module {
         // SAFETY: valid module; its context is current; writes one handle.
         unsafe { sys::cuModuleGetFunction(&mut raw, self.raw, cname.as_ptr()) }
             .check("cuModuleGetFunction")?;
+        use sys::CUfunction_attribute as A;
+        let limits = FunctionLimits {
+            max_threads_per_block: func_attribute(raw, A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            static_shared: func_attribute(raw, A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+        };
         Ok(Function {
             module: self,
             raw,
             name: name.to_owned(),
             interned: crate::poison::intern(name),
             params: param_sizes(raw),
+            limits,
         })
     }
 
@@ -127,16 +169,21 @@ impl Module {
 impl Drop for Module {
     fn drop(&mut self) {
         // Unload only once no launched kernel can still run; if that cannot be known (a
-        // faulted context), leak the module instead.
-        if self.launches.wait_all().is_err() {
-            return;
-        }
-        if let Ok(_guard) = self.device.enter() {
-            // SAFETY: loaded in this context, unloaded once here, after every kernel
-            // launched from it has finished (waited for above); no Function outlives the
-            // module (they borrow it).
-            let _ = unsafe { sys::cuModuleUnload(self.raw) };
-        }
+        // faulted context), leak the module instead (and log it).
+        let waited = self.launches.wait_all();
+        let raw = self.raw;
+        crate::faults::release(
+            format_args!("a Module"),
+            &self.device,
+            waited,
+            "cuModuleUnload",
+            || {
+                // SAFETY: loaded in this context (current while this runs), unloaded once
+                // here, after every kernel launched from it has finished (run only after
+                // the wait succeeded); no Function outlives the module (they borrow it).
+                unsafe { sys::cuModuleUnload(raw) }
+            },
+        );
     }
 }
 
@@ -191,7 +238,8 @@ impl<'m> Function<'m> {
         self.params.as_deref()
     }
 
-    /// The raw handle.
+    /// The raw handle (e.g. for `cuFuncSetAttribute` with
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, which launches honour).
     ///
     /// # Safety
     ///
@@ -229,6 +277,86 @@ impl LaunchConfig {
             return Err(Error::InvalidArgument(format!(
                 "launch dimensions must be non-zero (grid {g:?}, block {b:?})"
             )));
+        }
+        Ok(())
+    }
+
+    /// Checks the configuration against the device's and the kernel's limits, so a launch
+    /// the driver would refuse is a typed [`Error::LaunchLimit`] instead. In order: threads
+    /// per block (the device's, then the kernel's), block dimensions, grid dimensions,
+    /// static plus dynamic shared memory against the device's opt-in ceiling, and — only
+    /// when that total is over the default per-block amount, which every kernel may use —
+    /// the dynamic part against the kernel's current
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, read by `max_dynamic_shared`.
+    pub(crate) fn check_limits(
+        &self,
+        kernel: &str,
+        dev: &DeviceLimits,
+        func: &FunctionLimits,
+        max_dynamic_shared: impl FnOnce() -> Result<u32>,
+    ) -> Result<()> {
+        let over = |what: &'static str, requested: u64, limit: u64| {
+            if requested > limit {
+                Err(Error::LaunchLimit {
+                    kernel: kernel.to_owned(),
+                    what,
+                    requested,
+                    limit,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        let b = [self.block_dim.0, self.block_dim.1, self.block_dim.2].map(u64::from);
+        let g = [self.grid_dim.0, self.grid_dim.1, self.grid_dim.2].map(u64::from);
+        // Saturates only for blocks of more than 2^64 threads, which are over any limit.
+        let threads = b[0].saturating_mul(b[1]).saturating_mul(b[2]);
+        over(
+            "threads per block exceed the device's CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK",
+            threads,
+            dev.max_threads_per_block.into(),
+        )?;
+        over(
+            "threads per block exceed the kernel's CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK \
+             (its register use or __launch_bounds__ allow fewer than the device)",
+            threads,
+            func.max_threads_per_block.into(),
+        )?;
+        const BLOCK: [&str; 3] = [
+            "block dimension x exceeds the device's CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X",
+            "block dimension y exceeds the device's CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y",
+            "block dimension z exceeds the device's CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z",
+        ];
+        const GRID: [&str; 3] = [
+            "grid dimension x exceeds the device's CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X",
+            "grid dimension y exceeds the device's CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y",
+            "grid dimension z exceeds the device's CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z",
+        ];
+        for i in 0..3 {
+            over(BLOCK[i], b[i], dev.max_block_dim[i].into())?;
+        }
+        for i in 0..3 {
+            over(GRID[i], g[i], dev.max_grid_dim[i].into())?;
+        }
+        let dynamic = u64::from(self.shared_mem_bytes);
+        let total = u64::from(func.static_shared) + dynamic;
+        // Devices without an opt-in report 0: their ceiling is the default amount.
+        let ceiling = dev.shared_per_block_optin.max(dev.shared_per_block);
+        over(
+            "shared memory per block (static + dynamic bytes) exceeds the device's \
+             CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+            total,
+            ceiling.into(),
+        )?;
+        if total > u64::from(dev.shared_per_block) {
+            over(
+                "dynamic shared memory (bytes) exceeds the kernel's \
+                 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (raise it with \
+                 cuFuncSetAttribute, up to the device's opt-in maximum less the kernel's \
+                 static shared memory)",
+                dynamic,
+                max_dynamic_shared()?.into(),
+            )?;
         }
         Ok(())
     }
@@ -478,6 +606,11 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
 
     /// Enqueues the kernel.
     ///
+    /// Fails before the driver is called with [`Error::InvalidArgument`] for a zero
+    /// dimension, [`Error::LaunchLimit`] for a configuration over a device or kernel
+    /// limit (see the [module docs](self)), [`Error::LaunchArgs`] or
+    /// [`Error::WrongDevice`] for arguments that do not fit.
+    ///
     /// # Safety
     ///
     /// * The arguments must have the types the kernel declares (gpubind checks the count
@@ -500,6 +633,21 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             return Err(e);
         }
         self.cfg.validate()?;
+        let func = self.func;
+        self.cfg.check_limits(
+            &func.name,
+            func.module.device.launch_limits()?,
+            &func.limits,
+            || {
+                // Only for a launch over the default shared memory (rare): the attribute
+                // may have been raised through the raw handle since the lookup.
+                let _guard = func.module.device.enter()?;
+                func_attribute(
+                    func.raw,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                )
+            },
+        )?;
         if let Some(expected) = &self.func.params
             && expected.len() != self.args.len()
         {
@@ -798,6 +946,199 @@ mod tests {
                 .collect();
             assert_eq!(seen, vals[..=i]);
         }
+    }
+
+    /// An H200's limits.
+    const H200: DeviceLimits = DeviceLimits {
+        max_threads_per_block: 1024,
+        max_block_dim: [1024, 1024, 64],
+        max_grid_dim: [i32::MAX as u32, 65535, 65535],
+        shared_per_block: 48 << 10,
+        shared_per_block_optin: 227 << 10,
+    };
+    const PLAIN: FunctionLimits = FunctionLimits {
+        max_threads_per_block: 1024,
+        static_shared: 0,
+    };
+
+    fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32), shared: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: grid,
+            block_dim: block,
+            shared_mem_bytes: shared,
+        }
+    }
+
+    /// The limit a configuration is refused for: `(what, requested, limit)`.
+    fn refused(
+        c: LaunchConfig,
+        func: &FunctionLimits,
+        max_dynamic: u32,
+    ) -> Option<(&'static str, u64, u64)> {
+        match c.check_limits("k", &H200, func, || Ok(max_dynamic)) {
+            Ok(()) => None,
+            Err(Error::LaunchLimit {
+                kernel,
+                what,
+                requested,
+                limit,
+            }) => {
+                assert_eq!(kernel, "k");
+                Some((what, requested, limit))
+            }
+            Err(e) => panic!("not a LaunchLimit: {e:?}"),
+        }
+    }
+
+    #[test]
+    fn threads_per_block_over_the_device_limit_are_refused() {
+        let (what, req, lim) = refused(cfg((1, 1, 1), (2048, 1, 1), 0), &PLAIN, 0).unwrap();
+        assert!(what.contains("device's CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK"));
+        assert_eq!((req, lim), (2048, 1024));
+        // The product counts, not only one dimension.
+        let (what, req, _) = refused(cfg((1, 1, 1), (32, 32, 2), 0), &PLAIN, 0).unwrap();
+        assert!(what.contains("MAX_THREADS_PER_BLOCK"));
+        assert_eq!(req, 2048);
+        // Absurd blocks saturate rather than overflow.
+        let huge = cfg((1, 1, 1), (u32::MAX, u32::MAX, u32::MAX), 0);
+        assert_eq!(refused(huge, &PLAIN, 0).unwrap().1, u64::MAX);
+        let e = cfg((1, 1, 1), (2048, 1, 1), 0)
+            .check_limits("saxpy", &H200, &PLAIN, || Ok(0))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "kernel `saxpy`: threads per block exceed the device's \
+             CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: 2048 requested, limit 1024"
+        );
+    }
+
+    #[test]
+    fn threads_per_block_over_the_kernel_limit_are_refused() {
+        let heavy = FunctionLimits {
+            max_threads_per_block: 128,
+            static_shared: 0,
+        };
+        let (what, req, lim) = refused(cfg((1, 1, 1), (256, 1, 1), 0), &heavy, 0).unwrap();
+        assert!(what.contains("kernel's CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK"));
+        assert_eq!((req, lim), (256, 128));
+        assert_eq!(refused(cfg((1, 1, 1), (128, 1, 1), 0), &heavy, 0), None);
+    }
+
+    #[test]
+    fn block_and_grid_dimensions_are_checked_one_by_one() {
+        let cases = [
+            (cfg((1, 1, 1), (1, 1, 65), 0), "MAX_BLOCK_DIM_Z", 65, 64),
+            (
+                cfg((1, 1, 1), (1, 1025, 1), 0),
+                "MAX_THREADS_PER_BLOCK",
+                1025,
+                1024,
+            ),
+            (
+                cfg((1, 65536, 1), (1, 1, 1), 0),
+                "MAX_GRID_DIM_Y",
+                65536,
+                65535,
+            ),
+            (
+                cfg((1, 1, 65536), (1, 1, 1), 0),
+                "MAX_GRID_DIM_Z",
+                65536,
+                65535,
+            ),
+            (
+                cfg((1 << 31, 1, 1), (1, 1, 1), 0),
+                "MAX_GRID_DIM_X",
+                1 << 31,
+                (1 << 31) - 1,
+            ),
+        ];
+        for (c, name, req, lim) in cases {
+            let (what, r, l) = refused(c, &PLAIN, 0).unwrap();
+            assert!(what.contains(name), "{what} for {c:?}");
+            assert_eq!((r, l), (req, lim), "{c:?}");
+        }
+        // A device with a smaller y limit on blocks.
+        let mut small = H200;
+        small.max_block_dim[1] = 512;
+        let e = cfg((1, 1, 1), (1, 513, 1), 0).check_limits("k", &small, &PLAIN, || Ok(0));
+        assert!(
+            matches!(e, Err(Error::LaunchLimit { what, requested: 513, limit: 512, .. })
+            if what.contains("MAX_BLOCK_DIM_Y"))
+        );
+    }
+
+    #[test]
+    fn shared_memory_over_the_opt_in_ceiling_is_refused() {
+        let optin = 227u64 << 10;
+        let (what, req, lim) =
+            refused(cfg((1, 1, 1), (1, 1, 1), (227 << 10) + 1), &PLAIN, u32::MAX).unwrap();
+        assert!(what.contains("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"));
+        assert_eq!((req, lim), (optin + 1, optin));
+        // Static shared memory counts towards the ceiling.
+        let with_static = FunctionLimits {
+            max_threads_per_block: 1024,
+            static_shared: 1 << 10,
+        };
+        let (what, req, _) =
+            refused(cfg((1, 1, 1), (1, 1, 1), 227 << 10), &with_static, u32::MAX).unwrap();
+        assert!(what.contains("OPTIN"));
+        assert_eq!(req, optin + 1024);
+        // A device without opt-in (reports 0): the default amount is the ceiling.
+        let mut old = H200;
+        old.shared_per_block_optin = 0;
+        let e = cfg((1, 1, 1), (1, 1, 1), (48 << 10) + 4)
+            .check_limits("k", &old, &PLAIN, || Ok(u32::MAX));
+        assert!(matches!(e, Err(Error::LaunchLimit { limit, .. }) if limit == 48 << 10));
+    }
+
+    #[test]
+    fn dynamic_shared_memory_over_the_default_needs_the_kernels_opt_in() {
+        // 64 KiB with the kernel's attribute at its default: refused, naming the attribute.
+        let (what, req, lim) =
+            refused(cfg((1, 1, 1), (1, 1, 1), 64 << 10), &PLAIN, 48 << 10).unwrap();
+        assert!(what.contains("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES"));
+        assert_eq!((req, lim), (64 << 10, 48 << 10));
+        // Raised: accepted, up to the device's opt-in maximum.
+        assert_eq!(
+            refused(cfg((1, 1, 1), (1, 1, 1), 64 << 10), &PLAIN, 227 << 10),
+            None
+        );
+        assert_eq!(
+            refused(cfg((1, 1, 1), (1, 1, 1), 227 << 10), &PLAIN, 227 << 10),
+            None
+        );
+        // Within the default amount the attribute is not read at all.
+        let mut read = false;
+        let c = cfg((1, 1, 1), (1, 1, 1), 48 << 10);
+        assert!(
+            c.check_limits("k", &H200, &PLAIN, || {
+                read = true;
+                Ok(0)
+            })
+            .is_ok()
+        );
+        assert!(
+            !read,
+            "the kernel's attribute was read for a default-sized launch"
+        );
+        // A failure to read it is returned.
+        let e = cfg((1, 1, 1), (1, 1, 1), 64 << 10).check_limits("k", &H200, &PLAIN, || {
+            Err(Error::InvalidArgument("no attribute".into()))
+        });
+        assert_eq!(e, Err(Error::InvalidArgument("no attribute".into())));
+    }
+
+    #[test]
+    fn maximal_configurations_pass() {
+        let max = cfg((i32::MAX as u32, 65535, 65535), (1024, 1, 1), 227 << 10);
+        assert_eq!(refused(max, &PLAIN, 227 << 10), None);
+        assert_eq!(refused(cfg((1, 1, 1), (1, 1024, 1), 0), &PLAIN, 0), None);
+        assert_eq!(refused(cfg((1, 1, 1), (16, 1, 64), 0), &PLAIN, 0), None);
+        assert_eq!(
+            refused(LaunchConfig::for_num_elems(u32::MAX), &PLAIN, 0),
+            None
+        );
     }
 
     #[test]

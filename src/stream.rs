@@ -148,10 +148,18 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        if let Ok(_guard) = self.device.enter() {
-            // SAFETY: created by cuEventCreate in this context, destroyed once here.
-            let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
-        }
+        let raw = self.raw;
+        crate::faults::release(
+            format_args!("an Event"),
+            &self.device,
+            Ok(()),
+            "cuEventDestroy_v2",
+            || {
+                // SAFETY: created by cuEventCreate in this context (current while this
+                // runs), destroyed once here.
+                unsafe { sys::cuEventDestroy_v2(raw) }
+            },
+        );
     }
 }
 

@@ -798,6 +798,434 @@ fn child_release() -> R {
     Ok(())
 }
 
+/// Kernels for the launch-limit tests.
+const LIMITS: &str = r#"
+// Every thread adds one to its block's counter.
+extern "C" __global__ void count_threads(unsigned* out) {
+    unsigned block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    atomicAdd(&out[block], 1u);
+}
+// Fills `words` words of dynamic shared memory, reads them back in reverse order (so
+// other threads' words), counts mismatches into out[0] and leaves the last word in out[1].
+extern "C" __global__ void fill_shared(unsigned* out, unsigned words) {
+    extern __shared__ unsigned s[];
+    for (unsigned i = threadIdx.x; i < words; i += blockDim.x) s[i] = i * 3u + 1u;
+    __syncthreads();
+    unsigned bad = 0;
+    for (unsigned i = threadIdx.x; i < words; i += blockDim.x) {
+        unsigned j = words - 1u - i;
+        if (s[j] != j * 3u + 1u) bad++;
+    }
+    atomicAdd(&out[0], bad);
+    if (threadIdx.x == 0) out[1] = s[words - 1u];
+}
+// At most 128 threads a block: the kernel's own limit is below the device's.
+extern "C" __global__ void __launch_bounds__(128) bounded(unsigned* out) {
+    out[threadIdx.x] = threadIdx.x + 1u;
+}
+"#;
+
+fn dev_attr(dev: &Device, a: gpubind::DeviceAttribute) -> Result<u32, String> {
+    let v = dev.attribute(a).ctx("cuDeviceGetAttribute")?;
+    u32::try_from(v).map_err(|_| format!("{a:?} = {v}"))
+}
+
+/// `cuFuncGetAttribute`; the function's context must be current.
+fn func_attr(f: &gpubind::Function<'_>, a: sys::CUfunction_attribute) -> Result<u32, String> {
+    let mut v = 0;
+    // SAFETY: a live function (its module outlives `f`) of the current context; writes
+    // one int.
+    let r = unsafe { sys::cuFuncGetAttribute(&mut v, a, f.raw()) };
+    ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "cuFuncGetAttribute({a:?}): {r:?}"
+    );
+    u32::try_from(v).map_err(|_| format!("{a:?} = {v}"))
+}
+
+fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32), shared: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: block,
+        shared_mem_bytes: shared,
+    }
+}
+
+/// `Err` unless `e` is a [`Error::LaunchLimit`] for `kernel` whose `what` contains
+/// `name`, with these numbers.
+fn expect_limit(e: Result<(), Error>, kernel: &str, name: &str, requested: u64, limit: u64) -> R {
+    match &e {
+        Err(
+            err @ Error::LaunchLimit {
+                kernel: k,
+                what,
+                requested: r,
+                limit: l,
+            },
+        ) if k == kernel && what.contains(name) && *r == requested && *l == limit => {
+            let msg = err.to_string();
+            ensure!(
+                msg.contains(kernel) && msg.contains(&requested.to_string()),
+                "message {msg:?} names neither kernel nor request"
+            );
+            println!("    {msg}");
+            Ok(())
+        }
+        _ => Err(format!(
+            "expected LaunchLimit {{ {kernel}, {name}, {requested} > {limit} }}, got {e:?}"
+        )),
+    }
+}
+
+/// Blocks over the device's threads per block, over a block dimension, and over the
+/// kernel's own (`__launch_bounds__`) limit are typed errors, the driver never sees
+/// them (nothing runs, no sticky error), and launches at the limits work.
+fn launch_limit_threads_per_block() -> R {
+    use gpubind::DeviceAttribute as A;
+    let dev = dev0()?;
+    let max_threads = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+    let max_z = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?;
+    ensure!(
+        max_threads < 2048 && max_z < 2048,
+        "device allows {max_threads} threads, z {max_z}: the test assumes fewer than 2048"
+    );
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(LIMITS, "limits.cu").ctx("compile")?;
+    let count = module.function("count_threads").ctx("function")?;
+    let bounded = module.function("bounded").ctx("function")?;
+    let s = gpu.default_stream();
+    let mut out = gpu.alloc_zeros::<u32>(1024).ctx("alloc")?;
+    // SAFETY: refused before the driver is called.
+    let e = unsafe {
+        s.launch(&count, cfg((1, 1, 1), (2048, 1, 1), 0))
+            .arg(&mut out)
+            .launch()
+    };
+    expect_limit(
+        e,
+        "count_threads",
+        "device's CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK",
+        2048,
+        max_threads.into(),
+    )?;
+    // SAFETY: refused before the driver is called.
+    let e = unsafe {
+        s.launch(&count, cfg((1, 1, 1), (1, 1, max_z + 1), 0))
+            .arg(&mut out)
+            .launch()
+    };
+    expect_limit(
+        e,
+        "count_threads",
+        "CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z",
+        (max_z + 1).into(),
+        max_z.into(),
+    )?;
+    // The kernel's own limit, below the device's.
+    let fmax = func_attr(
+        &bounded,
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+    )?;
+    ensure!(
+        (1..=128).contains(&fmax),
+        "__launch_bounds__(128) kernel reports {fmax} threads per block"
+    );
+    // SAFETY: refused before the driver is called.
+    let e = unsafe {
+        s.launch(&bounded, cfg((1, 1, 1), (fmax + 1, 1, 1), 0))
+            .arg(&mut out)
+            .launch()
+    };
+    expect_limit(
+        e,
+        "bounded",
+        "kernel's CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK",
+        (fmax + 1).into(),
+        fmax.into(),
+    )?;
+    ensure!(
+        gpu.dtoh(&out).ctx("dtoh")?.iter().all(|&v| v == 0),
+        "a refused launch ran"
+    );
+    // At the limits: the context is healthy and both kernels run.
+    // SAFETY: (unsigned*) matches; thread i writes out[i], i < fmax <= 1024.
+    unsafe {
+        s.launch(&bounded, cfg((1, 1, 1), (fmax, 1, 1), 0))
+            .arg(&mut out)
+            .launch()
+    }
+    .ctx("bounded at its limit")?;
+    let got = gpu.dtoh(&out).ctx("dtoh")?;
+    for (i, &v) in got.iter().enumerate() {
+        let want = if (i as u32) < fmax { i as u32 + 1 } else { 0 };
+        ensure!(v == want, "bounded: out[{i}] = {v}, want {want}");
+    }
+    let mut counts = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
+    // SAFETY: (unsigned*) matches; one block: every thread adds to counts[0].
+    unsafe {
+        s.launch(&count, cfg((1, 1, 1), (max_threads, 1, 1), 0))
+            .arg(&mut counts)
+            .launch()
+    }
+    .ctx("block of the device's maximum")?;
+    let got = gpu.dtoh(&counts).ctx("dtoh")?;
+    ensure!(
+        got == [max_threads],
+        "{got:?} threads ran, want {max_threads}"
+    );
+    Ok(())
+}
+
+/// Grids over the device's y, z (and x, where u32 can exceed it) limits are typed errors.
+fn launch_limit_grid_dims() -> R {
+    use gpubind::DeviceAttribute as A;
+    let dev = dev0()?;
+    let gy = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?;
+    let gz = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?;
+    let gx = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?;
+    ensure!(gy == 65535 && gz == 65535, "grid limits y {gy}, z {gz}");
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(LIMITS, "limits.cu").ctx("compile")?;
+    let count = module.function("count_threads").ctx("function")?;
+    let s = gpu.default_stream();
+    let mut out = gpu.alloc_zeros::<u32>(4).ctx("alloc")?;
+    let cases = [
+        (
+            (1, 65536, 1),
+            "CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y",
+            65536u64,
+            u64::from(gy),
+        ),
+        (
+            (1, 1, 65536),
+            "CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z",
+            65536,
+            u64::from(gz),
+        ),
+    ];
+    for (grid, name, requested, limit) in cases {
+        // SAFETY: refused before the driver is called.
+        let e = unsafe {
+            s.launch(&count, cfg(grid, (1, 1, 1), 0))
+                .arg(&mut out)
+                .launch()
+        };
+        expect_limit(e, "count_threads", name, requested, limit)?;
+    }
+    if let Some(x) = gx.checked_add(1) {
+        // SAFETY: refused before the driver is called.
+        let e = unsafe {
+            s.launch(&count, cfg((x, 1, 1), (1, 1, 1), 0))
+                .arg(&mut out)
+                .launch()
+        };
+        expect_limit(
+            e,
+            "count_threads",
+            "CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X",
+            x.into(),
+            gx.into(),
+        )?;
+    }
+    ensure!(
+        gpu.dtoh(&out).ctx("dtoh")?.iter().all(|&v| v == 0),
+        "a refused launch ran"
+    );
+    // SAFETY: (unsigned*) matches; 2x2x1 blocks of one thread write out[0..4].
+    unsafe {
+        s.launch(&count, cfg((2, 2, 1), (1, 1, 1), 0))
+            .arg(&mut out)
+            .launch()
+    }
+    .ctx("small grid after the refusals")?;
+    ensure!(gpu.dtoh(&out).ctx("dtoh")? == [1; 4], "small grid");
+    Ok(())
+}
+
+/// Shared memory over the device's opt-in ceiling, and over the kernel's dynamic limit
+/// before it opted in, are typed errors; nothing runs.
+fn launch_limit_shared_memory() -> R {
+    use gpubind::DeviceAttribute as A;
+    use sys::CUfunction_attribute as F;
+    let dev = dev0()?;
+    let optin = dev_attr(
+        &dev,
+        A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+    )?;
+    let per_block = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?;
+    ensure!(
+        optin > per_block + 4096,
+        "opt-in {optin} bytes, default {per_block}: the test needs an opt-in above the default"
+    );
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(LIMITS, "limits.cu").ctx("compile")?;
+    let fill = module.function("fill_shared").ctx("function")?;
+    let static_shared = func_attr(&fill, F::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?;
+    let dyn_default = func_attr(&fill, F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)?;
+    println!(
+        "    opt-in {optin} B, default {per_block} B, kernel static {static_shared} B, \
+         kernel dynamic limit {dyn_default} B"
+    );
+    let s = gpu.default_stream();
+    let mut out = gpu.alloc_zeros::<u32>(2).ctx("alloc")?;
+    // Over the opt-in ceiling: nothing can make it fit.
+    let over = optin - static_shared + 4;
+    let words = over / 4;
+    // SAFETY: refused before the driver is called.
+    let e = unsafe {
+        s.launch(&fill, cfg((1, 1, 1), (128, 1, 1), over))
+            .arg(&mut out)
+            .arg(&words)
+            .launch()
+    };
+    expect_limit(
+        e,
+        "fill_shared",
+        "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+        u64::from(optin) + 4,
+        optin.into(),
+    )?;
+    // Over the default, within the opt-in, but the kernel has not opted in.
+    let mid = per_block + 4096;
+    ensure!(
+        static_shared + mid <= optin && mid > dyn_default,
+        "the kernel's default dynamic limit {dyn_default} already allows {mid} bytes, or \
+         {static_shared} static + {mid} is over the opt-in"
+    );
+    let words = mid / 4;
+    // SAFETY: refused before the driver is called.
+    let e = unsafe {
+        s.launch(&fill, cfg((1, 1, 1), (128, 1, 1), mid))
+            .arg(&mut out)
+            .arg(&words)
+            .launch()
+    };
+    expect_limit(
+        e,
+        "fill_shared",
+        "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
+        mid.into(),
+        dyn_default.into(),
+    )?;
+    ensure!(
+        gpu.dtoh(&out).ctx("dtoh")? == [0, 0],
+        "a refused launch ran"
+    );
+    Ok(())
+}
+
+/// The largest valid configurations still launch and compute: a block of the device's
+/// maximum threads over the maximal y grid, maximal z blocks and grid, and all of the
+/// opt-in shared memory once the kernel opts in (the opt-in is read at launch time).
+fn launch_limit_maximal_config_launches() -> R {
+    use gpubind::DeviceAttribute as A;
+    use sys::CUfunction_attribute as F;
+    let dev = dev0()?;
+    let max_threads = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+    let (by, bz) = (
+        dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+        dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+    );
+    let (gy, gz) = (
+        dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+        dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+    );
+    let optin = dev_attr(
+        &dev,
+        A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+    )?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(LIMITS, "limits.cu").ctx("compile")?;
+    let count = module.function("count_threads").ctx("function")?;
+    let fill = module.function("fill_shared").ctx("function")?;
+    let s = gpu.default_stream();
+    // Maximal block (in x) over the maximal grid in y.
+    let kmax = func_attr(&count, F::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+    let threads = max_threads.min(kmax);
+    let mut per_block = gpu.alloc_zeros::<u32>(gy as usize).ctx("alloc")?;
+    // SAFETY: (unsigned*) matches; block b adds to per_block[b], b < gy.
+    unsafe {
+        s.launch(&count, cfg((1, gy, 1), (threads, 1, 1), 0))
+            .arg(&mut per_block)
+            .launch()
+    }
+    .ctx("maximal y grid of maximal blocks")?;
+    let got = gpu.dtoh(&per_block).ctx("dtoh")?;
+    if let Some((b, v)) = got.iter().enumerate().find(|(_, v)| **v != threads) {
+        return Err(format!(
+            "block {b} of {gy}: {v} threads ran, want {threads}"
+        ));
+    }
+    // Maximal z block over the maximal z grid; maximal y block.
+    let mut per_block = gpu.alloc_zeros::<u32>(gz as usize).ctx("alloc")?;
+    // SAFETY: as above; block b < gz.
+    unsafe {
+        s.launch(&count, cfg((1, 1, gz), (1, 1, bz.min(threads)), 0))
+            .arg(&mut per_block)
+            .launch()
+    }
+    .ctx("maximal z grid of maximal z blocks")?;
+    let got = gpu.dtoh(&per_block).ctx("dtoh")?;
+    ensure!(
+        got.iter().all(|&v| v == bz.min(threads)),
+        "z: some block ran other than {} threads",
+        bz.min(threads)
+    );
+    let mut one = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
+    // SAFETY: as above; one block.
+    unsafe {
+        s.launch(&count, cfg((1, 1, 1), (1, by.min(threads), 1), 0))
+            .arg(&mut one)
+            .launch()
+    }
+    .ctx("maximal y block")?;
+    ensure!(
+        gpu.dtoh(&one).ctx("dtoh")? == [by.min(threads)],
+        "y block count"
+    );
+    // All of the opt-in shared memory, after the kernel opts in through the raw handle.
+    let static_shared = func_attr(&fill, F::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?;
+    let dynamic = optin - static_shared;
+    // SAFETY: a live function of the current context; the driver checks the value.
+    let r = unsafe {
+        sys::cuFuncSetAttribute(
+            fill.raw(),
+            F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            dynamic as i32,
+        )
+    };
+    ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "cuFuncSetAttribute: {r:?}"
+    );
+    let words = dynamic / 4;
+    let fthreads = max_threads.min(func_attr(
+        &fill,
+        F::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+    )?);
+    let mut out = gpu.alloc_zeros::<u32>(2).ctx("alloc")?;
+    // SAFETY: (unsigned*, unsigned) matches; the kernel touches s[0..words), inside the
+    // `dynamic` bytes given, and out[0..2).
+    unsafe {
+        s.launch(&fill, cfg((1, 1, 1), (fthreads, 1, 1), dynamic))
+            .arg(&mut out)
+            .arg(&words)
+            .launch()
+    }
+    .ctx("all of the opt-in shared memory")?;
+    let got = gpu.dtoh(&out).ctx("dtoh")?;
+    ensure!(
+        got == [0, (words - 1) * 3 + 1],
+        "shared memory of {dynamic} bytes: {got:?} (mismatches, last word)"
+    );
+    println!("    {threads}x{gy} blocks, {dynamic} B dynamic shared memory launched");
+    Ok(())
+}
+
 fn main() {
     match child_role().as_deref() {
         Some("enumerate") => std::process::exit(child_enumerate().map(|_| 0).unwrap_or_else(|e| {
@@ -847,6 +1275,16 @@ fn main() {
                 one_thread_many_gpus_and_module_reuse,
             ),
             ("thread_per_gpu_with_scope", thread_per_gpu_with_scope),
+            (
+                "launch_limit_threads_per_block",
+                launch_limit_threads_per_block,
+            ),
+            ("launch_limit_grid_dims", launch_limit_grid_dims),
+            ("launch_limit_shared_memory", launch_limit_shared_memory),
+            (
+                "launch_limit_maximal_config_launches",
+                launch_limit_maximal_config_launches,
+            ),
         ],
     );
 }

@@ -96,7 +96,15 @@ impl Drop for Shared {
     fn drop(&mut self) {
         // If the wait fails (a faulted context) the modules are unloaded all the same:
         // a faulted context runs no more kernels.
-        let _ = self.work.wait_all();
+        if let Err(e) = self.work.wait_all() {
+            crate::faults::report_drop(
+                format_args!("a communicator's own-kernel backend"),
+                None,
+                crate::faults::WAIT,
+                &e,
+                "its kernel modules are unloaded anyway: a faulted context runs no more kernels",
+            );
+        }
     }
 }
 
@@ -313,13 +321,20 @@ impl Drop for Staging {
     fn drop(&mut self) {
         // Wait for the streams that may still read or write the buffer; if that cannot be
         // established (a faulted context), leak it rather than free it under the device.
-        if self.tracker.wait_all().is_err() {
-            return;
-        }
-        if let Ok(_guard) = self.owner.enter() {
-            // SAFETY: allocated by cuMemHostAlloc, freed once, no work pending on it.
-            let _ = unsafe { sys::cuMemFreeHost(self.host) };
-        }
+        let waited = self.tracker.wait_all();
+        let host = self.host;
+        crate::faults::release(
+            format_args!("a collective staging buffer of {} bytes", self.bytes),
+            &self.owner,
+            waited,
+            "cuMemFreeHost",
+            || {
+                // SAFETY: allocated by cuMemHostAlloc in the owner's context (current
+                // while this runs), freed once, with no work pending on it (run only after
+                // the wait succeeded).
+                unsafe { sys::cuMemFreeHost(host) }
+            },
+        );
     }
 }
 

@@ -778,10 +778,34 @@ impl Drop for Communicator {
     fn drop(&mut self) {
         // Let pending collectives finish before the streams, NCCL communicators and
         // staging buffers go away.
+        // If that fails (a faulted context, which runs no more work), they go anyway.
+        const ANYWAY: &str = "its streams, communicators and staging are released anyway: \
+                              staging waits for its own uses, and a faulted context runs no \
+                              more work";
         for (stream, _) in &self.lanes {
-            if let Ok(_guard) = stream.device().enter() {
-                // SAFETY: a live stream of the current context.
-                let _ = unsafe { cudarc::driver::sys::cuStreamSynchronize(stream.raw()) };
+            let device = stream.device();
+            let ordinal = Some(device.ordinal());
+            match device.enter() {
+                Err(e) => crate::faults::report_drop(
+                    format_args!("a Communicator"),
+                    ordinal,
+                    crate::faults::ENTER,
+                    &e,
+                    ANYWAY,
+                ),
+                Ok(_guard) => {
+                    // SAFETY: a live stream of the current context.
+                    let r = unsafe { cudarc::driver::sys::cuStreamSynchronize(stream.raw()) };
+                    if let Err(e) = crate::driver::Check::check(r, "cuStreamSynchronize") {
+                        crate::faults::report_drop(
+                            format_args!("a Communicator"),
+                            ordinal,
+                            "waiting for its lane's pending collectives",
+                            &e,
+                            ANYWAY,
+                        );
+                    }
+                }
             }
         }
     }

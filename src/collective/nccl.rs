@@ -183,12 +183,25 @@ impl RestoreCurrent {
 impl Drop for RestoreCurrent {
     fn drop(&mut self) {
         let mut now: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: writes one handle; `saved` was current on this thread when we were
-        // created and is kept retained by the caller's binding (or is null).
-        unsafe {
-            if sys::cuCtxGetCurrent(&mut now) == sys::CUresult::CUDA_SUCCESS && now != self.saved {
-                let _ = sys::cuCtxSetCurrent(self.saved);
+        // SAFETY: writes one handle.
+        let got = unsafe { sys::cuCtxGetCurrent(&mut now) }.check("cuCtxGetCurrent");
+        let restored = got.and_then(|()| {
+            if now == self.saved {
+                return Ok(());
             }
+            // SAFETY: `saved` was current on this thread when we were created and is
+            // kept retained by the caller's binding (or is null).
+            unsafe { sys::cuCtxSetCurrent(self.saved) }.check("cuCtxSetCurrent")
+        });
+        if let Err(e) = restored {
+            crate::faults::report_drop(
+                format_args!("the context restorer around an NCCL call"),
+                None,
+                "restoring the thread's context",
+                &e,
+                "the thread's current context may be NCCL's (gpubind's next bound operation \
+                 sets its own again)",
+            );
         }
     }
 }
@@ -284,13 +297,40 @@ impl NcclComm {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        if let Ok(api) = api() {
-            let _restore = RestoreCurrent::new();
-            // SAFETY: created by ncclCommInit*, destroyed once here (NCCL waits for the
-            // communicator's pending work and, for ranks of one process, frees the
-            // shared resources when the last rank is destroyed).
-            let _ = unsafe { (api.comm_destroy)(self.raw) };
+        let what = format_args!("an NCCL communicator of {} ranks", self.nranks);
+        let api = match api() {
+            Ok(api) => api,
+            Err(e) => {
+                // Not reached: the communicator was created through the same library.
+                crate::faults::report_drop(what, None, "loading NCCL", &e, crate::faults::LEAKED);
+                return;
+            }
+        };
+        // Without a restorer NCCL may leave its context current; the destroy goes on.
+        let restore = RestoreCurrent::new();
+        if let Err(e) = &restore {
+            crate::faults::report_drop(
+                what,
+                None,
+                "saving the thread's context",
+                e,
+                "destroying it anyway; the thread's context may not be restored after",
+            );
         }
+        // SAFETY: created by ncclCommInit*, destroyed once here (NCCL waits for the
+        // communicator's pending work and, for ranks of one process, frees the shared
+        // resources when the last rank is destroyed).
+        let code = unsafe { (api.comm_destroy)(self.raw) };
+        if let Err(e) = api.check("ncclCommDestroy", code) {
+            crate::faults::report_drop(
+                what,
+                None,
+                crate::faults::RELEASE,
+                &e,
+                crate::faults::MAYBE_LEAKED,
+            );
+        }
+        drop(restore);
     }
 }
 

@@ -4,7 +4,8 @@ use super::handle::{BufferHandle, PoolHandle, PoolId};
 use super::registry::{self, ImportKey, LiveImport};
 use super::wire::corrupt;
 use super::{
-    OwnedPool, check_allocation_size, device_by_uuid, disown, free_in_context, pointer_attribute,
+    OwnedPool, check_allocation_size, device_by_uuid, disown_and_free, free_in_context,
+    pointer_attribute,
 };
 use crate::device::Device;
 use crate::driver::Check;
@@ -238,7 +239,8 @@ impl ImportedPool {
             }
         }
         if let Err(e) = check_allocation_size(ptr, bytes) {
-            free_in_context(&self.inner.device, ptr, |p| {
+            let what = format_args!("an imported pool buffer that failed its size check");
+            free_in_context(what, &self.inner.device, ptr, "cuMemFree_v2", |p| {
                 // SAFETY: `p` was just imported by this call and is unmapped once. No
                 // other slice of this process owns it: it overlaps no live import, and it
                 // is no allocation of an IPC pool of ours (none is alive, or the driver
@@ -298,12 +300,15 @@ impl<T: DeviceRepr> ImportedSlice<T> {
 
 impl<T: DeviceRepr> Drop for ImportedSlice<T> {
     fn drop(&mut self) {
-        let Some((device, ptr)) = disown(&mut self.slice) else {
-            return;
-        };
-        free_in_context(&device, ptr, |p| {
-            // SAFETY: imported by cuMemPoolImportPointer, unmapped once, after its own
-            // pending uses in this process (`disown` waited for them).
+        let len = self.slice.len();
+        let what = format_args!(
+            "ImportedSlice<{}> of {len} elements",
+            std::any::type_name::<T>()
+        );
+        disown_and_free(&mut self.slice, what, "cuMemFree_v2", |p| {
+            // SAFETY: imported by cuMemPoolImportPointer, unmapped once, in its context,
+            // after its own pending uses in this process (run only after the wait
+            // succeeded).
             unsafe { sys::cuMemFree_v2(p) }
         });
     }

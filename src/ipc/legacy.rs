@@ -9,7 +9,7 @@
 use super::handle::LegacyIpcHandle;
 use super::registry::{self, ImportKey, LiveImport};
 use super::{
-    allocation_range, check_allocation_size, device_by_uuid, disown, free_in_context,
+    allocation_range, check_allocation_size, device_by_uuid, disown_and_free, free_in_context,
     pointer_attribute,
 };
 use crate::driver::Check;
@@ -150,7 +150,8 @@ impl LegacyIpcHandle {
         };
         let bytes = len * std::mem::size_of::<T>();
         if reg.overlaps(ptr, bytes as u64) {
-            free_in_context(&device, ptr, close);
+            let what = format_args!("a legacy IPC mapping that overlaps a live import");
+            free_in_context(what, &device, ptr, "cuIpcCloseMemHandle", close);
             return Err(Error::AlreadyImported {
                 what: format!(
                     "{} (mapped at {ptr:#x}, which a live imported slice covers)",
@@ -159,7 +160,8 @@ impl LegacyIpcHandle {
             });
         }
         if let Err(e) = check_allocation_size(ptr, bytes) {
-            free_in_context(&device, ptr, close);
+            let what = format_args!("a legacy IPC mapping that failed its size check");
+            free_in_context(what, &device, ptr, "cuIpcCloseMemHandle", close);
             return Err(e);
         }
         let live = reg.insert(key, ptr, bytes as u64)?;
@@ -188,12 +190,14 @@ super::foreign_slice!(LegacySlice);
 
 impl<T: DeviceRepr> Drop for LegacySlice<T> {
     fn drop(&mut self) {
-        let Some((device, ptr)) = disown(&mut self.slice) else {
-            return;
-        };
-        free_in_context(&device, ptr, |p| {
-            // SAFETY: opened by cuIpcOpenMemHandle, closed once, after its own pending
-            // uses in this process (`disown` waited for them).
+        let len = self.slice.len();
+        let what = format_args!(
+            "LegacySlice<{}> of {len} elements",
+            std::any::type_name::<T>()
+        );
+        disown_and_free(&mut self.slice, what, "cuIpcCloseMemHandle", |p| {
+            // SAFETY: opened by cuIpcOpenMemHandle, closed once, in its context, after
+            // its own pending uses in this process (run only after the wait succeeded).
             unsafe { sys::cuIpcCloseMemHandle(p) }
         });
     }

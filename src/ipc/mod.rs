@@ -184,11 +184,18 @@ impl Drop for OwnedPool {
         // so an import of it is refused for as long as any of its slices lives. The lock
         // is held across the destroy: no import can see the raw handle in between.
         let mut own = self.is_ipc().then(registry::lock);
-        if let Ok(_guard) = self.device.enter() {
-            // SAFETY: created or imported once, destroyed once, here, after every slice
-            // from it (each holds an Arc to us) has been freed.
-            let _ = unsafe { sys::cuMemPoolDestroy(self.raw) };
-        }
+        let raw = self.raw;
+        crate::faults::release(
+            format_args!("a memory pool"),
+            &self.device,
+            Ok(()),
+            "cuMemPoolDestroy",
+            || {
+                // SAFETY: created or imported once, destroyed once, here, in its context,
+                // after every slice from it (each holds an Arc to us) has been freed.
+                unsafe { sys::cuMemPoolDestroy(raw) }
+            },
+        );
         if let Some(reg) = own.as_mut() {
             reg.remove_own_pool(self.id);
         }
@@ -200,33 +207,42 @@ fn device_by_uuid(uuid: Uuid) -> Result<Arc<Device>> {
     Device::by_uuid(uuid)?.ok_or(Error::UnknownDevice { uuid })
 }
 
-/// Takes the slice out of its `ManuallyDrop` without freeing it, once every pending
-/// stream-ordered use of it has finished: its device and address, or `None` if that
-/// could not be established (a faulted context: the mapping is then leaked, not freed
-/// under the device). Call once, from the owner's `Drop` (or a consuming method); the
+/// Takes the slice out of its `ManuallyDrop` without the `DeviceSlice`'s own free, waits
+/// for every pending stream-ordered use of it and then, in its device's context, runs
+/// `free(ptr)` (the driver call `call`). If the wait fails (a faulted context) the
+/// mapping is leaked, not freed under the device; every failure is logged, naming
+/// `what`. Nothing is freed for a null address. Call once, from the owner's `Drop`; the
 /// slot is dead after.
-fn disown<T: DeviceRepr>(
+fn disown_and_free<T: DeviceRepr>(
     slot: &mut ManuallyDrop<DeviceSlice<T>>,
-) -> Option<(Arc<Device>, sys::CUdeviceptr)> {
+    what: std::fmt::Arguments<'_>,
+    call: &'static str,
+    free: impl FnOnce(sys::CUdeviceptr) -> sys::CUresult,
+) {
     // SAFETY: every caller uses the slot exactly once, as the last thing it does with it.
     let slice = unsafe { ManuallyDrop::take(slot) };
-    slice.disown_for_free()
+    let (device, ptr, waited) = slice.disown_for_free();
+    if ptr == 0 {
+        return;
+    }
+    crate::faults::release(what, &device, waited, call, || free(ptr));
 }
 
-/// In `device`'s context (pushed and popped): `free(ptr)`. Does nothing for a null
-/// address. The caller has waited for the allocation's own pending uses (`disown`), so
-/// no whole-context synchronisation is needed. Errors are dropped: this runs from `Drop`.
+/// In `device`'s context (pushed and popped): `free(ptr)` (the driver call `call`), for
+/// memory with no pending use (just mapped, or its stream synchronised). Does nothing
+/// for a null address. Failures cannot be returned (cleanup paths): they are logged,
+/// naming `what`.
 fn free_in_context(
+    what: std::fmt::Arguments<'_>,
     device: &Device,
     ptr: sys::CUdeviceptr,
+    call: &'static str,
     free: impl FnOnce(sys::CUdeviceptr) -> sys::CUresult,
 ) {
     if ptr == 0 {
         return;
     }
-    if let Ok(_guard) = device.enter() {
-        let _ = free(ptr);
-    }
+    crate::faults::release(what, device, Ok(()), call, || free(ptr));
 }
 
 /// Checks that `bytes` bytes from `ptr` lie in the allocation the driver mapped there

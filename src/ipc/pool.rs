@@ -1,7 +1,7 @@
 //! [`MemoryPool`]: a stream-ordered memory pool on one device, optionally exportable.
 
 use super::handle::{BufferHandle, PoolHandle, PoolId};
-use super::{OwnedPool, PoolUsage, disown, free_in_context};
+use super::{OwnedPool, PoolUsage, disown_and_free, free_in_context};
 use crate::access::Access;
 use crate::context::BoundDevice;
 use crate::device::Device;
@@ -383,7 +383,11 @@ impl<T: DeviceRepr> PoolSlice<T> {
             // Refused: the memory is still ours. Wait for the stream (which orders every
             // use) and free it synchronously.
             if stream.synchronize().is_ok() {
-                free_in_context(&device, ptr, |p| {
+                let what = format_args!(
+                    "PoolSlice<{}> whose cuMemFreeAsync was refused",
+                    std::any::type_name::<T>()
+                );
+                free_in_context(what, &device, ptr, "cuMemFree_v2", |p| {
                     // SAFETY: the async free was refused, so `ptr` is still ours to free
                     // once; its uses are complete (the stream was synchronised).
                     unsafe { sys::cuMemFree_v2(p) }
@@ -397,13 +401,17 @@ impl<T: DeviceRepr> PoolSlice<T> {
 
 impl<T: DeviceRepr> Drop for PoolSlice<T> {
     fn drop(&mut self) {
-        let Some((device, ptr)) = disown(&mut self.slice) else {
-            return;
-        };
-        free_in_context(&device, ptr, |p| {
+        let len = self.slice.len();
+        let what = format_args!(
+            "PoolSlice<{}> of {len} elements",
+            std::any::type_name::<T>()
+        );
+        let call = "cuMemFreeAsync (legacy stream) + cuStreamSynchronize";
+        disown_and_free(&mut self.slice, what, call, |p| {
             // SAFETY: a live allocation of our pool, freed once, after its own pending
-            // uses (`disown` waited for them). Freed on the legacy stream and waited for,
-            // so the pool counts it as free when drop returns.
+            // uses (run only after the wait for them succeeded), in its context. Freed on
+            // the legacy stream and waited for, so the pool counts it as free when drop
+            // returns.
             unsafe {
                 match sys::cuMemFreeAsync(p, std::ptr::null_mut()) {
                     sys::CUresult::CUDA_SUCCESS => sys::cuStreamSynchronize(std::ptr::null_mut()),

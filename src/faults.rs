@@ -1,0 +1,144 @@
+//! Failures that cannot be returned: a `Drop` that cannot release what it owns (a wait,
+//! a context push, a free, unload or destroy that fails) reports it at warn level
+//! through the `log` facade, which costs nothing without a logger. Every report names
+//! what was dropped, its device, the failed step with the call (in the error) and what
+//! became of the resource. Nothing is logged on success.
+
+use crate::device::Device;
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::fmt;
+
+/// The step of a drop that waits for the resource's pending stream-ordered uses.
+pub(crate) const WAIT: &str = "waiting for its pending uses";
+/// The step of a drop that makes the resource's context current.
+pub(crate) const ENTER: &str = "entering its device's context";
+/// The step of a drop that frees, unloads or destroys the resource.
+pub(crate) const RELEASE: &str = "releasing it";
+
+/// After a failed wait: nothing is released while the device may still use it.
+pub(crate) const LEAKED_UNWAITED: &str =
+    "it is leaked, not released, because the device may still use it";
+/// After a failed context push: the release call was never made.
+pub(crate) const LEAKED: &str = "it is leaked (not released)";
+/// After a release call that failed.
+pub(crate) const MAYBE_LEAKED: &str = "the driver did not release it, so it may be leaked";
+
+/// Reports a failure a `Drop` cannot return, at warn level:
+/// `gpubind: dropping {what} (device {d}): {step}: {error}; {outcome}`.
+pub(crate) fn report_drop(
+    what: fmt::Arguments<'_>,
+    device: Option<usize>,
+    step: &str,
+    error: &Error,
+    outcome: &str,
+) {
+    match device {
+        Some(d) => {
+            log::warn!("gpubind: dropping {what} (device {d}): {step}: {error}; {outcome}")
+        }
+        None => log::warn!("gpubind: dropping {what}: {step}: {error}; {outcome}"),
+    }
+}
+
+/// The end of a resource's `Drop`: given the result of waiting for its pending uses,
+/// enters `device`'s context and runs `release` (the driver call `call`). A failed wait
+/// leaks the resource (`release` is not run); every failure is reported.
+pub(crate) fn release(
+    what: fmt::Arguments<'_>,
+    device: &Device,
+    waited: Result<()>,
+    call: &'static str,
+    release: impl FnOnce() -> sys::CUresult,
+) {
+    let ordinal = Some(device.ordinal());
+    if let Err(e) = waited {
+        report_drop(what, ordinal, WAIT, &e, LEAKED_UNWAITED);
+        return;
+    }
+    match device.enter() {
+        Err(e) => report_drop(what, ordinal, ENTER, &e, LEAKED),
+        Ok(_guard) => {
+            if let Err(e) = release().check(call) {
+                report_drop(what, ordinal, RELEASE, &e, MAYBE_LEAKED);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Keeps every record logged by this test binary.
+    struct Capture(Mutex<Vec<(log::Level, String)>>);
+
+    impl log::Log for Capture {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            v.push((record.level(), record.args().to_string()));
+        }
+        fn flush(&self) {}
+    }
+
+    static CAPTURE: Capture = Capture(Mutex::new(Vec::new()));
+
+    /// The report names what was dropped, its device, the step, the call and its error,
+    /// and the outcome, at warn level. (The drops themselves need a GPU to fail: see
+    /// the GPU suites.)
+    #[test]
+    fn a_drop_failure_is_reported_at_warn_level() {
+        let _ = log::set_logger(&CAPTURE);
+        log::set_max_level(log::LevelFilter::Trace);
+        // Built by hand: `Error::driver` asks libcuda for the names.
+        let err = Error::Driver {
+            call: "cuStreamSynchronize",
+            code: sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+            name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+            description: "an illegal memory access was encountered".into(),
+        };
+        report_drop(
+            format_args!("DeviceSlice<{}> of {} elements", "f32", 1024),
+            Some(3),
+            WAIT,
+            &err,
+            LEAKED_UNWAITED,
+        );
+        report_drop(
+            format_args!("an NCCL communicator"),
+            None,
+            RELEASE,
+            &err,
+            MAYBE_LEAKED,
+        );
+        let v = CAPTURE.0.lock().unwrap_or_else(|p| p.into_inner());
+        let ours: Vec<_> = v
+            .iter()
+            .filter(|(_, m)| m.starts_with("gpubind: dropping"))
+            .collect();
+        assert_eq!(ours.len(), 2, "{v:?}");
+        let (level, msg) = ours[0];
+        assert_eq!(*level, log::Level::Warn);
+        assert!(
+            msg.starts_with(
+                "gpubind: dropping DeviceSlice<f32> of 1024 elements (device 3): \
+                 waiting for its pending uses: cuStreamSynchronize failed: "
+            ),
+            "{msg}"
+        );
+        assert!(msg.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{msg}");
+        assert!(msg.ends_with("it is leaked, not released, because the device may still use it"));
+        assert!(
+            ours[1]
+                .1
+                .starts_with("gpubind: dropping an NCCL communicator: releasing it: "),
+            "{}",
+            ours[1].1
+        );
+    }
+}
