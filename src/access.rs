@@ -534,6 +534,42 @@ impl<'t, H: AsMut<[Option<Held<'t>>]>> Drop for Claim<'t, '_, H> {
     }
 }
 
+/// A claim on one buffer held exclusively (`&mut`): no other reference to its tracker
+/// exists, so no lock is needed; otherwise the same as [`claim`].
+#[must_use = "hold the claim until the operation is enqueued"]
+pub(crate) struct ExclusiveClaim<'t, 's> {
+    state: &'t mut AccessState<StreamRef>,
+    access: Access,
+    on: StreamSlot<'s>,
+}
+
+/// Claims `tracker` (held exclusively) for a use of kind `access` on `on`, whose context
+/// is current or which is a gpubind stream.
+pub(crate) fn claim_exclusive<'t, 's>(
+    on: StreamSlot<'s>,
+    tracker: &'t mut AccessTracker,
+    access: Access,
+) -> Result<ExclusiveClaim<'t, 's>> {
+    let state = match tracker.state.get_mut() {
+        Ok(st) => st,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    let id = on.id();
+    if !state.is_ordered_on(id, access) {
+        state.wait_conflicts(id, access, |from| from.enqueue_wait(on.raw()))?;
+    }
+    Ok(ExclusiveClaim { state, access, on })
+}
+
+impl Drop for ExclusiveClaim<'_, '_> {
+    fn drop(&mut self) {
+        let mut grave = Vec::new();
+        let on = self.on;
+        self.state
+            .commit(&[(on.id(), self.access)], |_| on.to_ref(), &mut grave);
+    }
+}
+
 /// Claims `uses` for a host access or a synchronous call: locks the trackers, waits on the
 /// host for every conflicting use and forgets it. The locks are held until the returned
 /// value drops, so no stream-ordered use can start while the synchronous copy runs.

@@ -114,7 +114,11 @@ pub trait DeviceMemory<T>: private::Sealed {
 }
 
 /// Device memory that may be written: [`DeviceSlice`] and [`DeviceViewMut`].
-pub trait DeviceMemoryMut<T>: DeviceMemory<T> {}
+pub trait DeviceMemoryMut<T>: DeviceMemory<T> {
+    /// The allocation's tracker, held exclusively: a claim through it needs no lock.
+    #[doc(hidden)]
+    fn tracker_mut(&mut self) -> &mut AccessTracker;
+}
 
 pub(crate) use private::Sealed as Tracked;
 
@@ -151,7 +155,7 @@ pub struct DeviceView<'a, T: DeviceRepr> {
 /// A writable view of part of a [`DeviceSlice`].
 pub struct DeviceViewMut<'a, T: DeviceRepr> {
     device: &'a Arc<Device>,
-    tracker: &'a AccessTracker,
+    tracker: &'a mut AccessTracker,
     pub(crate) ptr: sys::CUdeviceptr,
     len: usize,
     _t: PhantomData<&'a mut T>,
@@ -188,7 +192,11 @@ macro_rules! impl_device_memory {
         }
     };
     (@mut mut $ty:ident $(<$lt:lifetime>)?) => {
-        impl<$($lt,)? T: DeviceRepr> DeviceMemoryMut<T> for $ty<$($lt,)? T> {}
+        impl<$($lt,)? T: DeviceRepr> DeviceMemoryMut<T> for $ty<$($lt,)? T> {
+            fn tracker_mut(&mut self) -> &mut $crate::access::AccessTracker {
+                &mut self.tracker
+            }
+        }
     };
     (@mut const $ty:ident $(<$lt:lifetime>)?) => {};
 }
@@ -257,10 +265,11 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// A writable view of `range`, or [`Error::OutOfBounds`]. Needs no binding.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceViewMut<'_, T>> {
         let (start, len) = resolve(range, self.len)?;
+        let ptr = self.offset(start);
         Ok(DeviceViewMut {
             device: &self.device,
-            tracker: &self.tracker,
-            ptr: self.offset(start),
+            tracker: &mut self.tracker,
+            ptr,
             len,
             _t: PhantomData,
         })

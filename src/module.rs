@@ -668,13 +668,17 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         self.stream.ensure_stream_context()?;
         let tracked = self.tracked;
         let n = tracked.n + tracked.spill.len();
-        let mut inline_uses: [Use<'_>; INLINE_ARGS] = [None; INLINE_ARGS];
-        let mut inline_locks = access::locks::<INLINE_ARGS>();
+        // Initialised only when there is something to claim (the common empty or
+        // scalar-only launch pays nothing).
+        let mut inline_uses: [Use<'_>; INLINE_ARGS];
+        let mut inline_locks: access::Locks<'_, INLINE_ARGS>;
         let _claim_inline;
         let _claim_spilled;
         if n == 0 {
             // Nothing to claim (scalars only).
         } else if n <= INLINE_ARGS {
+            inline_uses = [None; INLINE_ARGS];
+            inline_locks = access::locks::<INLINE_ARGS>();
             for (slot, u) in inline_uses.iter_mut().zip(tracked.uses()) {
                 *slot = u;
             }

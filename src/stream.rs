@@ -40,7 +40,9 @@
 //! Keep the `Stream` (it outlives binds) and call `gpu.on(&stream)` again under the next
 //! binding.
 
-use crate::access::{self, Access, Claim, Locks, StreamInner, StreamRef, StreamSlot, Use};
+use crate::access::{
+    self, Access, AccessTracker, Claim, Locks, StreamInner, StreamRef, StreamSlot, Use,
+};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -247,6 +249,16 @@ impl<'b> BoundStream<'b> {
         access::claim(self.slot, &mut uses, access::locks::<N>())
     }
 
+    /// Claims one buffer held exclusively (no lock needed); see [`claim`](Self::claim).
+    pub(crate) fn claim_mut<'t>(
+        &self,
+        tracker: &'t mut AccessTracker,
+        access: Access,
+    ) -> Result<access::ExclusiveClaim<'t, 'b>> {
+        self.ensure_stream_context()?;
+        access::claim_exclusive(self.slot, tracker, access)
+    }
+
     /// The context check a stream-ordered operation needs. None on a gpubind [`Stream`]:
     /// the driver runs work enqueued on a stream in the stream's own context, whatever is
     /// current (asserted on the GPU by `gpu_binding::stream_ops_with_a_foreign_context_current`).
@@ -303,11 +315,11 @@ impl<'b> BoundStream<'b> {
         if dst.is_empty() {
             return Ok(());
         }
-        let _claim = self.claim([Some((dst.tracker(), Access::Write))])?;
+        let (ptr, bytes) = (dst.device_ptr(), dst.num_bytes());
+        let _claim = self.claim_mut(dst.tracker_mut(), Access::Write)?;
         // SAFETY: current context; in-bounds range of a live allocation, whose other uses
         // are ordered before this one (tracked above) and whose free waits for it.
-        unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.slot.raw()) }
-            .check("cuMemsetD8Async")
+        unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, self.slot.raw()) }.check("cuMemsetD8Async")
     }
 
     /// Stream-ordered device-to-device copy; lengths must match.
@@ -322,19 +334,14 @@ impl<'b> BoundStream<'b> {
         if src.is_empty() {
             return Ok(());
         }
-        let _claim = self.claim([
-            Some((src.tracker(), Access::Read)),
-            Some((dst.tracker(), Access::Write)),
-        ])?;
+        // `src` and `dst` are different allocations (one is borrowed mutably).
+        let dst_ptr = dst.device_ptr();
+        let _read = self.claim([Some((src.tracker(), Access::Read))])?;
+        let _write = self.claim_mut(dst.tracker_mut(), Access::Write)?;
         // SAFETY: current context; live allocations whose other uses are ordered around
         // this one (tracked above) and whose frees wait for it.
         unsafe {
-            sys::cuMemcpyDtoDAsync_v2(
-                dst.device_ptr(),
-                src.device_ptr(),
-                src.num_bytes(),
-                self.slot.raw(),
-            )
+            sys::cuMemcpyDtoDAsync_v2(dst_ptr, src.device_ptr(), src.num_bytes(), self.slot.raw())
         }
         .check("cuMemcpyDtoDAsync_v2")
     }
@@ -358,12 +365,13 @@ impl<'b> BoundStream<'b> {
         if src.is_empty() {
             return Ok(());
         }
-        let _claim = self.claim([Some((dst.tracker(), Access::Write))])?;
+        let dst_ptr = dst.device_ptr();
+        let _claim = self.claim_mut(dst.tracker_mut(), Access::Write)?;
         // SAFETY: current context; sizes match; `dst` is tracked; the caller keeps `src`
         // alive as documented.
         unsafe {
             sys::cuMemcpyHtoDAsync_v2(
-                dst.device_ptr(),
+                dst_ptr,
                 src.as_ptr().cast(),
                 std::mem::size_of_val(src),
                 self.slot.raw(),

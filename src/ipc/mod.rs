@@ -312,7 +312,11 @@ macro_rules! foreign_slice {
             }
         }
 
-        impl<T: $crate::memory::DeviceRepr> $crate::memory::DeviceMemoryMut<T> for $ty<T> {}
+        impl<T: $crate::memory::DeviceRepr> $crate::memory::DeviceMemoryMut<T> for $ty<T> {
+            fn tracker_mut(&mut self) -> &mut $crate::access::AccessTracker {
+                self.slice.tracker_mut()
+            }
+        }
 
         impl<T: $crate::memory::DeviceRepr> std::ops::Deref for $ty<T> {
             type Target = $crate::memory::DeviceSlice<T>;
