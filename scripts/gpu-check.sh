@@ -38,5 +38,20 @@ ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0
 ex bench_copy 120 .gpu-bin/examples/bench_copy
 ex bench_collective 150 .gpu-bin/examples/bench_collective --reps 10
 for extra in ${GPU_CHECK_EXTRA:-}; do run "$(basename "${extra%% *}")" 300 $extra; done
+# compute-sanitizer over GPU suites: GPU_CHECK_SANITIZE="memcheck:gpu_core,gpu_soundness
+# racecheck:gpu_soundness ..." (tool:suite,suite). memcheck runs with the leak check.
+# Driver API errors are not counted (--report-api-errors no): the suites provoke them on
+# purpose (bad input tests, the cuFuncGetParamInfo probe that ends at the last
+# parameter); they are listed separately with GPU_CHECK_API_ERRORS=1.
+SAN=/usr/local/cuda/bin/compute-sanitizer
+for spec in ${GPU_CHECK_SANITIZE:-}; do
+  tool=${spec%%:*}
+  extra=""; [[ $tool == memcheck ]] && extra="--leak-check full"
+  for suite in $(echo "${spec#*:}" | tr , ' '); do
+    GPUBIND_TEST_TIMEOUT=600 run "sanitize-$tool-$suite" 590 \
+      "$SAN" --tool "$tool" $extra --report-api-errors no --error-exitcode 3 \
+      .gpu-bin/tests/"$suite"
+  done
+done
 say "=== failed:${FAILED:- none}"
 [[ -z "$FAILED" ]]
