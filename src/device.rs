@@ -129,6 +129,39 @@ impl Device {
         Ok(dev)
     }
 
+    /// Resets device `ordinal`'s primary context (`cuDevicePrimaryCtxReset`): destroys it
+    /// with everything in it, so the next bind starts with a fresh one. The way back from a
+    /// poisoned context ([`Error::ContextPoisoned`]) when releasing gpubind's retain does not
+    /// reset it (the driver keeps a context that faulted).
+    ///
+    /// Refused with [`Error::InvalidArgument`] while any gpubind value of the device is
+    /// alive (an `Arc<Device>`, and so any buffer, stream, event or module): drop them
+    /// first.
+    ///
+    /// # Safety
+    ///
+    /// No other code in this process may still use the device's primary context: other
+    /// libraries sharing it (cudarc's `CudaContext::new`, PyTorch, cuBLAS handles you
+    /// created yourself) lose every allocation and handle in it.
+    pub unsafe fn reset_primary_context(ordinal: usize) -> Result<()> {
+        let count = Device::count()?;
+        if ordinal >= count {
+            return Err(Error::BadOrdinal { ordinal, count });
+        }
+        let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        if reg.get(ordinal).is_some_and(|w| w.strong_count() > 0) {
+            return Err(Error::InvalidArgument(format!(
+                "device {ordinal} still has live gpubind values (an Arc<Device>, buffers, streams, events or modules); drop them before resetting its primary context"
+            )));
+        }
+        let mut raw: sys::CUdevice = 0;
+        // SAFETY: ordinal < count; writes one int.
+        unsafe { sys::cuDeviceGet(&mut raw, ordinal as i32) }.check("cuDeviceGet")?;
+        // SAFETY: no gpubind value uses the context (checked above, under the registry lock,
+        // so no Device can be created meanwhile); other users are the caller's contract.
+        unsafe { sys::cuDevicePrimaryCtxReset_v2(raw) }.check("cuDevicePrimaryCtxReset_v2")
+    }
+
     /// Every visible device, in ordinal order. Creates no context.
     pub fn all() -> Result<Vec<Arc<Device>>> {
         (0..Device::count()?).map(Device::get).collect()

@@ -334,11 +334,11 @@ pub enum Error {
 
     /// A sticky error (an illegal address, a device-side assert, …) made the device's
     /// context unusable; every later operation on the device reports this at once.
-    /// Recovery: drop every gpubind value of the device and `Device::get` it again (a
-    /// fresh context), or restart the process if another library still holds the
-    /// context (see `gpubind::poison`).
+    /// Recovery: drop every gpubind value of the device, reset its primary context
+    /// (`Device::reset_primary_context`, when no other library uses it) and `Device::get`
+    /// it again, or restart the process (see `gpubind::poison`).
     #[error(
-        "device {device}'s context is poisoned: {first_call} failed with {name} ({description}){}; it is unusable now — drop every gpubind value of device {device} (buffers, streams, modules, Arc<Device>) and call Device::get again for a fresh context, or restart the process",
+        "device {device}'s context is poisoned: {first_call} failed with {name} ({description}){}; it is unusable now — drop every gpubind value of device {device} (buffers, streams, modules, Arc<Device>), then Device::reset_primary_context({device}) (if no other library uses the context) and Device::get again, or restart the process",
         kernel.as_deref().map(|k| format!(" after kernel `{k}`")).unwrap_or_default()
     )]
     ContextPoisoned {

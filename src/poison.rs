@@ -16,12 +16,13 @@
 //! * drops skip their driver calls and leak instead (`Device::enter` refuses), so nothing
 //!   touches the dead context;
 //! * **recovery**: drop every gpubind value of that device (buffers, streams, events,
-//!   modules, communicators and the `Arc<Device>`s). The last one releases gpubind's
-//!   retain of the primary context; when no other code in the process retains it, the
-//!   driver destroys it, and the next [`Device::get`] starts with a fresh, healthy
-//!   context. If another library still holds the primary context, it stays poisoned:
-//!   the first call reports `ContextPoisoned` again, and only a new process recovers.
-//!   ([`Device::is_poisoned`] tells whether a live device is.)
+//!   modules, communicators and the `Arc<Device>`s), then reset the primary context with
+//!   [`Device::reset_primary_context`] — `unsafe`, because other libraries sharing the
+//!   primary context lose everything in it — and [`Device::get`] a fresh device. Releasing
+//!   gpubind's retain alone is not enough: on the H200 (driver 580) the driver kept the
+//!   faulted context, and a new retain reported the sticky error again. Where other code
+//!   still uses the context, only a new process recovers. ([`Device::is_poisoned`] tells
+//!   whether a live device is.)
 
 use crate::device::Device;
 use crate::error::Error;

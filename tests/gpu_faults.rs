@@ -122,8 +122,13 @@ fn child_poison() -> R {
         .err()
         .ok_or("bind of a poisoned device worked")?;
     expect_poisoned(&e, "bind")?;
-    drop(dev); // the last Arc<Device>: the primary context is released
+    drop(dev); // the last Arc<Device>: gpubind's retain is released
     println!("released the device");
+    // The driver keeps a faulted primary context: reset it (nothing else in this process
+    // uses device 0).
+    // SAFETY: no other code in this child process uses device 0's primary context.
+    unsafe { Device::reset_primary_context(0) }.ctx("reset_primary_context")?;
+    println!("reset the primary context");
     let dev = Device::get(0).ctx("Device::get again")?;
     ensure!(!dev.is_poisoned(), "a fresh Device starts healthy");
     let gpu = ctx.bind(&dev).ctx("bind after recovery")?;
