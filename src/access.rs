@@ -315,7 +315,8 @@ impl StreamRef {
         let _guard = self.device().enter()?;
         // SAFETY: the stream is alive (held by self) and its context is current for the
         // call (the null stream resolves to that context's legacy stream).
-        unsafe { sys::cuStreamSynchronize(self.raw()) }.check("cuStreamSynchronize")
+        unsafe { sys::cuStreamSynchronize(self.raw()) }
+            .check_on(self.device(), "cuStreamSynchronize")
     }
 
     /// Makes `to` wait on the device for the work enqueued on `self` so far. `to`'s
@@ -326,7 +327,7 @@ impl StreamRef {
         let recorded = {
             let _guard = device.enter()?;
             // SAFETY: `event` and the stream belong to `device`'s context, current here.
-            unsafe { sys::cuEventRecord(event.0, self.raw()) }.check("cuEventRecord")
+            unsafe { sys::cuEventRecord(event.0, self.raw()) }.check_on(device, "cuEventRecord")
         };
         let waited = recorded.and_then(|()| {
             // SAFETY: `to` is a live stream of the current context; the event may belong
@@ -457,12 +458,19 @@ pub(crate) struct Held<'t> {
 /// uses of one tracker; `None`s go last.
 fn sort_and_merge(uses: &mut [Use<'_>]) {
     uses.sort_unstable_by_key(|u| u.map_or(usize::MAX, |(t, _)| t as *const _ as usize));
-    for i in 1..uses.len() {
-        if let (Some((a, aa)), Some((b, ba))) = (uses[i - 1], uses[i])
-            && std::ptr::eq(a, b)
-        {
-            uses[i - 1] = Some((a, aa.max(ba)));
-            uses[i] = None;
+    // Merge every run of one tracker into its first entry (a buffer passed three times
+    // must be locked once, not twice: std's Mutex is not reentrant).
+    let mut kept: Option<usize> = None;
+    for i in 0..uses.len() {
+        let Some((t, a)) = uses[i] else { continue };
+        match kept {
+            Some(k) if uses[k].is_some_and(|(kt, _)| std::ptr::eq(kt, t)) => {
+                if let Some((kt, ka)) = uses[k] {
+                    uses[k] = Some((kt, ka.max(a)));
+                }
+                uses[i] = None;
+            }
+            _ => kept = Some(i),
         }
     }
 }
@@ -804,6 +812,35 @@ mod tests {
         }
         commit1(&mut st, 7, Access::Read);
         assert_eq!(AccessState::ids(&st.readers), [7]);
+    }
+
+    #[test]
+    fn sorting_merges_one_tracker_used_many_times() {
+        let (a, b) = (AccessTracker::default(), AccessTracker::default());
+        let mut uses = [
+            Some((&a, Access::Write)),
+            Some((&b, Access::Read)),
+            Some((&a, Access::Read)),
+            Some((&a, Access::Read)),
+            None,
+            Some((&b, Access::Read)),
+            Some((&a, Access::Read)),
+        ];
+        sort_and_merge(&mut uses);
+        let kept: Vec<_> = uses.iter().flatten().collect();
+        assert_eq!(kept.len(), 2, "one entry per tracker");
+        assert!(
+            kept.iter()
+                .any(|(t, x)| std::ptr::eq(*t, &a) && *x == Access::Write)
+        );
+        assert!(
+            kept.iter()
+                .any(|(t, x)| std::ptr::eq(*t, &b) && *x == Access::Read)
+        );
+        // And locking them does not deadlock.
+        let mut held = locks::<7>();
+        lock_all(&mut uses, &mut held);
+        assert_eq!(held.iter().flatten().count(), 2);
     }
 
     #[test]

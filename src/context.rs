@@ -266,7 +266,7 @@ impl<'a> BoundDevice<'a> {
     pub fn synchronize(&self) -> Result<()> {
         self.ensure_current()?;
         // SAFETY: this context is current (just checked); no arguments.
-        unsafe { sys::cuCtxSynchronize() }.check("cuCtxSynchronize")
+        unsafe { sys::cuCtxSynchronize() }.check_on(&self.device, "cuCtxSynchronize")
     }
 
     /// `(free, total)` device memory in bytes, as this context sees it (`cuMemGetInfo`).

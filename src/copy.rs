@@ -375,21 +375,21 @@ unsafe fn enqueue<T: DeviceRepr>(
     let enqueued: Result<()> = unsafe {
         match (src.kind.is_host(), dst.kind.is_host()) {
             (true, true) => {
-                sys::cuStreamSynchronize(raw).check("cuStreamSynchronize")?;
+                sys::cuStreamSynchronize(raw).check_on(bound.device(), "cuStreamSynchronize")?;
                 // `dst` comes from an exclusive borrow, so the ranges do not overlap.
                 std::ptr::copy_nonoverlapping(src.addr as *const u8, dst.addr as *mut u8, bytes);
                 Ok(())
             }
             (true, false) => {
                 sys::cuMemcpyHtoDAsync_v2(dst.addr, src.addr as *const std::ffi::c_void, bytes, raw)
-                    .check("cuMemcpyHtoDAsync_v2")
+                    .check_on(bound.device(), "cuMemcpyHtoDAsync_v2")
             }
             (false, true) => {
                 sys::cuMemcpyDtoHAsync_v2(dst.addr as *mut std::ffi::c_void, src.addr, bytes, raw)
-                    .check("cuMemcpyDtoHAsync_v2")
+                    .check_on(bound.device(), "cuMemcpyDtoHAsync_v2")
             }
             (false, false) => sys::cuMemcpyDtoDAsync_v2(dst.addr, src.addr, bytes, raw)
-                .check("cuMemcpyDtoDAsync_v2"),
+                .check_on(bound.device(), "cuMemcpyDtoDAsync_v2"),
         }
     };
     enqueued?;

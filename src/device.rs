@@ -307,7 +307,14 @@ impl Device {
     /// The primary context, retained on first call; plus the retain's unique id (each
     /// successful retain gets a fresh one).
     pub(crate) fn primary_context(&self) -> Result<(RawContext, u64)> {
-        self.primary.get()
+        self.primary.get().map_err(|e| match e {
+            // The driver reports a sticky error of the process at the retain: poison.
+            Error::Driver { call, code, .. } if crate::poison::is_sticky(code) => {
+                let p = self.poison.poison(call, code).clone();
+                crate::poison::error(self, &p)
+            }
+            e => e,
+        })
     }
 
     /// Pushes this device's primary context until the guard drops (no-op if current).
@@ -340,28 +347,6 @@ impl Device {
     /// The poison state (records the last kernel launched, and the first sticky error).
     pub(crate) fn poison_state(&self) -> &PoisonState {
         &self.poison
-    }
-
-    /// The live device whose primary context is current on this thread, if any.
-    pub(crate) fn of_current_context() -> Option<Arc<Device>> {
-        let mut current: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: writes one handle; needs no current context.
-        unsafe { sys::cuCtxGetCurrent(&mut current) }
-            .check("cuCtxGetCurrent")
-            .ok()?;
-        if current.is_null() {
-            return None;
-        }
-        // `try_lock`: a sticky error reported while this thread holds the registry (in
-        // `Device::get`) must not deadlock; it is then reported as a plain driver error.
-        let reg = match registry().try_lock() {
-            Ok(r) => r,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        reg.iter()
-            .filter_map(Weak::upgrade)
-            .find(|d| d.primary.peek().is_some_and(|c| c.0 == current))
     }
 
     /// An event of this device's primary context for a stream hand-off: from the pool, or
@@ -492,16 +477,6 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
         let id = NEXT_RETAIN_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         *state = Some((ctx, id));
         Ok((ctx, id))
-    }
-
-    /// The retained context, if one is held (retains nothing). `None` also when the state
-    /// is locked — by this thread inside [`get`](Self::get), when the retain itself reports
-    /// a sticky error: never block here.
-    pub(crate) fn peek(&self) -> Option<O::Ctx> {
-        match self.state.try_lock() {
-            Ok(g) => g.map(|(c, _)| c),
-            Err(_) => None,
-        }
     }
 
     /// Whether a retain is held.

@@ -41,6 +41,9 @@ use std::sync::{Mutex, PoisonError};
 pub(crate) trait Check {
     /// `Ok(())` on `CUDA_SUCCESS`, else [`Error::Driver`] naming `call`.
     fn check(self, call: &'static str) -> Result<()>;
+    /// As [`check`](Self::check) for a call on `device`'s context or one of its streams:
+    /// a sticky error poisons `device` and is [`Error::ContextPoisoned`].
+    fn check_on(self, device: &crate::device::Device, call: &'static str) -> Result<()>;
 }
 
 impl Check for sys::CUresult {
@@ -48,9 +51,17 @@ impl Check for sys::CUresult {
     fn check(self, call: &'static str) -> Result<()> {
         match self {
             sys::CUresult::CUDA_SUCCESS => Ok(()),
+            code => Err(Error::driver(call, code)),
+        }
+    }
+
+    #[inline]
+    fn check_on(self, device: &crate::device::Device, call: &'static str) -> Result<()> {
+        match self {
+            sys::CUresult::CUDA_SUCCESS => Ok(()),
             code if crate::poison::is_sticky(code) => {
-                Err(crate::poison::on_sticky(call, code)
-                    .unwrap_or_else(|| Error::driver(call, code)))
+                let p = device.poison_state().poison(call, code).clone();
+                Err(crate::poison::error(device, &p))
             }
             code => Err(Error::driver(call, code)),
         }

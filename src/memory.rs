@@ -402,7 +402,8 @@ impl<'a> BoundDevice<'a> {
             self.ensure_current()?;
             // SAFETY: this device's context is current (checked just above); writes one
             // address.
-            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }.check("cuMemAlloc_v2")?;
+            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }
+                .check_on(self.device(), "cuMemAlloc_v2")?;
         }
         Ok(DeviceSlice {
             device: Arc::clone(self.device()),
@@ -458,7 +459,7 @@ impl<'a> BoundDevice<'a> {
                 std::mem::size_of_val(src),
             )
         }
-        .check("cuMemcpyHtoD_v2")?;
+        .check_on(self.device(), "cuMemcpyHtoD_v2")?;
         self.sync_default_stream()
     }
 
@@ -498,7 +499,7 @@ impl<'a> BoundDevice<'a> {
         // SAFETY: context current; `dst` has room for exactly `src.num_bytes()` bytes and
         // is exclusively borrowed for the synchronous copy.
         unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.device_ptr(), src.num_bytes()) }
-            .check("cuMemcpyDtoH_v2")
+            .check_on(self.device(), "cuMemcpyDtoH_v2")
     }
 
     /// Copies device memory `src` into `dst` on the same device; lengths must match.
@@ -523,7 +524,7 @@ impl<'a> BoundDevice<'a> {
         )?;
         // SAFETY: context current; both ranges are live allocations of `num_bytes`.
         unsafe { sys::cuMemcpyDtoD_v2(dst.device_ptr(), src.device_ptr(), src.num_bytes()) }
-            .check("cuMemcpyDtoD_v2")?;
+            .check_on(self.device(), "cuMemcpyDtoD_v2")?;
         // cuMemcpyDtoD may return before the copy finishes; make this call synchronous
         // like its host-side siblings.
         self.sync_default_stream()
@@ -548,7 +549,7 @@ impl<'a> BoundDevice<'a> {
         // SAFETY: context current; writes `num_bytes` inside the allocation, whose
         // pending uses have finished (waited for above).
         unsafe { sys::cuMemsetD8_v2(dst.device_ptr(), 0, dst.num_bytes()) }
-            .check("cuMemsetD8_v2")?;
+            .check_on(self.device(), "cuMemsetD8_v2")?;
         self.sync_default_stream()
     }
 }

@@ -726,7 +726,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
                 std::ptr::null_mut(),
             )
         }
-        .check("cuLaunchKernel")
+        .check_on(self.stream.bound().device(), "cuLaunchKernel")
     }
 }
 

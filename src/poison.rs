@@ -6,9 +6,11 @@
 //! help, the error surfaces at some unrelated later call (`cuMemcpyDtoH_v2 failed:
 //! CUDA_ERROR_ILLEGAL_ADDRESS`), and drops call into the dead context.
 //!
-//! gpubind recognises these codes where any driver call returns them (`Check`), finds the
-//! device whose primary context is current, and marks that [`Device`] **poisoned** with
-//! the first failing call, its code and the last kernel launched on the device. From then
+//! gpubind recognises these codes where a call on a device's context or streams returns
+//! them (synchronisations, copies, launches, allocations, event waits: `Check::check_on`
+//! with the operation's own device, never a guess from the current context), and marks
+//! that [`Device`] **poisoned** with the first failing call, its code and the last kernel
+//! launched on the device. From then
 //! on:
 //!
 //! * every operation on the device returns [`Error::ContextPoisoned`] at once, without
@@ -134,15 +136,6 @@ pub(crate) fn error(device: &Device, p: &Poison) -> Error {
         description,
         kernel: p.kernel.map(str::to_owned),
     }
-}
-
-/// Called by `Check` for a sticky `code` from `call`: poisons the device whose primary
-/// context is current and returns the typed error, or `None` when no gpubind device's
-/// context is current (then the plain driver error is returned).
-pub(crate) fn on_sticky(call: &'static str, code: CUresult) -> Option<Error> {
-    let device = Device::of_current_context()?;
-    let p = device.poison_state().poison(call, code).clone();
-    Some(error(&device, &p))
 }
 
 #[cfg(test)]

@@ -112,7 +112,7 @@ impl Event {
     pub fn synchronize(&self) -> Result<()> {
         let _guard = self.device.enter()?;
         // SAFETY: valid event; its context is current for the call.
-        unsafe { sys::cuEventSynchronize(self.raw) }.check("cuEventSynchronize")
+        unsafe { sys::cuEventSynchronize(self.raw) }.check_on(&self.device, "cuEventSynchronize")
     }
 
     /// Whether the work before the last record has finished (non-blocking).
@@ -134,7 +134,7 @@ impl Event {
         let mut ms = 0f32;
         // SAFETY: two valid events of the same context, current for the call.
         unsafe { sys::cuEventElapsedTime_v2(&mut ms, self.raw, end.raw) }
-            .check("cuEventElapsedTime")?;
+            .check_on(&self.device, "cuEventElapsedTime")?;
         Ok(ms)
     }
 
@@ -227,7 +227,8 @@ impl<'a> BoundDevice<'a> {
     pub(crate) fn sync_default_stream(&self) -> Result<()> {
         self.ensure_current()?;
         // SAFETY: context current; the null stream is always valid.
-        unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }.check("cuStreamSynchronize")
+        unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }
+            .check_on(self.device(), "cuStreamSynchronize")
     }
 }
 
@@ -284,7 +285,8 @@ impl<'b> BoundStream<'b> {
     pub fn synchronize(&self) -> Result<()> {
         self.ensure_stream_context()?;
         // SAFETY: valid stream of the current context.
-        unsafe { sys::cuStreamSynchronize(self.slot.raw()) }.check("cuStreamSynchronize")
+        unsafe { sys::cuStreamSynchronize(self.slot.raw()) }
+            .check_on(self.bound.device(), "cuStreamSynchronize")
     }
 
     /// Records `event` at this point of the stream.
@@ -292,7 +294,8 @@ impl<'b> BoundStream<'b> {
         self.ensure_stream_context()?;
         self.bound.expect_device("event", event.device())?;
         // SAFETY: event and stream belong to the current context.
-        unsafe { sys::cuEventRecord(event.raw, self.slot.raw()) }.check("cuEventRecord")
+        unsafe { sys::cuEventRecord(event.raw, self.slot.raw()) }
+            .check_on(self.bound.device(), "cuEventRecord")
     }
 
     /// Makes later work on this stream wait for `event`. The event may belong to
@@ -303,7 +306,8 @@ impl<'b> BoundStream<'b> {
     pub fn wait(&self, event: &Event) -> Result<()> {
         self.ensure_stream_context()?;
         // SAFETY: valid stream of the current context; CUDA allows events of other contexts.
-        unsafe { sys::cuStreamWaitEvent(self.slot.raw(), event.raw, 0) }.check("cuStreamWaitEvent")
+        unsafe { sys::cuStreamWaitEvent(self.slot.raw(), event.raw, 0) }
+            .check_on(self.bound.device(), "cuStreamWaitEvent")
     }
 
     /// Stream-ordered zeroing of `dst`.
@@ -319,7 +323,8 @@ impl<'b> BoundStream<'b> {
         let _claim = self.claim_mut(dst.tracker_mut(), Access::Write)?;
         // SAFETY: current context; in-bounds range of a live allocation, whose other uses
         // are ordered before this one (tracked above) and whose free waits for it.
-        unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, self.slot.raw()) }.check("cuMemsetD8Async")
+        unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, self.slot.raw()) }
+            .check_on(self.bound.device(), "cuMemsetD8Async")
     }
 
     /// Stream-ordered device-to-device copy; lengths must match.
@@ -343,7 +348,7 @@ impl<'b> BoundStream<'b> {
         unsafe {
             sys::cuMemcpyDtoDAsync_v2(dst_ptr, src.device_ptr(), src.num_bytes(), self.slot.raw())
         }
-        .check("cuMemcpyDtoDAsync_v2")
+        .check_on(self.bound.device(), "cuMemcpyDtoDAsync_v2")
     }
 
     /// Stream-ordered host-to-device copy.
@@ -377,7 +382,7 @@ impl<'b> BoundStream<'b> {
                 self.slot.raw(),
             )
         }
-        .check("cuMemcpyHtoDAsync_v2")
+        .check_on(self.bound.device(), "cuMemcpyHtoDAsync_v2")
     }
 
     /// Stream-ordered device-to-host copy.
@@ -408,7 +413,7 @@ impl<'b> BoundStream<'b> {
                 self.slot.raw(),
             )
         }
-        .check("cuMemcpyDtoHAsync_v2")
+        .check_on(self.bound.device(), "cuMemcpyDtoHAsync_v2")
     }
 
     /// The raw stream handle (null for the default stream).

@@ -120,7 +120,7 @@ mod rendezvous;
 
 pub use nccl::{nccl_available, nccl_version};
 
-use crate::access::{Access, AccessTracker, claim_lanes};
+use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};
 use crate::context::ThreadContext;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -740,6 +740,12 @@ impl Communicator {
                 })
                 .collect(),
         )?;
+        let lane_refs: Vec<StreamRef> = self.lanes.iter().map(|(s, _)| s.to_ref()).collect();
+        let out = self.enqueue(ctx, calls, &plan);
+        settle_on_error(&lane_refs, out)
+    }
+
+    fn enqueue(&self, ctx: &mut ThreadContext, calls: &[Call], plan: &Plan) -> Result<()> {
         match &self.engine {
             Engine::Kernels(shared) => {
                 let lanes = self.engine_lanes();
@@ -1004,7 +1010,21 @@ fn enqueue_posts(
     let _claim = claim_lanes(claims)?;
     let (lanes, calls): (Vec<Lane>, Vec<Call>) =
         posts.into_iter().map(|p| (p.lane, p.call)).unzip();
-    enqueue(&lanes, &calls)
+    let refs: Vec<StreamRef> = lanes.iter().map(|l| l.stream_ref.clone()).collect();
+    settle_on_error(&refs, enqueue(&lanes, &calls))
+}
+
+/// A collective that failed part-way may have left work on one lane touching buffers
+/// recorded on another (its closing barrier was never enqueued): wait for every lane on
+/// the host before the claim is released, so the trackers are true again. Best effort:
+/// the first error (the enqueue's) is returned.
+fn settle_on_error(lanes: &[StreamRef], out: Result<()>) -> Result<()> {
+    if out.is_err() {
+        for l in lanes {
+            let _ = l.synchronize();
+        }
+    }
+    out
 }
 
 /// What the threads of one own-kernel 1:1 communicator share.

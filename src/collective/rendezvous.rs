@@ -66,7 +66,14 @@ impl<P> Meeting<P> {
         if table.arrived == parties {
             let posts: Vec<P> = table.posts.iter_mut().filter_map(Option::take).collect();
             table.arrived = 0;
-            let outcome = run(posts);
+            // A panic in `run` must still wake the other parties (with an error), or they
+            // would wait forever.
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(posts)))
+                .unwrap_or_else(|_| {
+                    Err(Error::InvalidArgument(
+                        "a collective panicked while being enqueued for all ranks".into(),
+                    ))
+                });
             table.outcome = outcome.clone();
             table.generation += 1;
             self.wake.notify_all();

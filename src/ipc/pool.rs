@@ -80,6 +80,7 @@ pub struct MemoryPool {
 impl MemoryPool {
     /// Creates a pool of pinned device memory on the bound device.
     pub fn new(gpu: &BoundDevice<'_>, config: PoolConfig) -> Result<MemoryPool> {
+        gpu.ensure_current()?;
         let device = Arc::clone(gpu.device());
         let props = sys::CUmemPoolProps {
             allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -193,6 +194,8 @@ impl MemoryPool {
         stream
             .bound()
             .expect_device("memory pool", &self.inner.device)?;
+        // The null stream is the *current* context's: check it before enqueueing.
+        stream.ensure_stream_context()?;
         let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
             Error::InvalidArgument(format!("{len} elements overflow usize bytes"))
         })?;
