@@ -17,14 +17,14 @@
 //!   calling into the context (binding, allocation, copies, launches, stream work);
 //! * drops skip their driver calls and leak instead (`Device::enter` refuses), so nothing
 //!   touches the dead context;
-//! * **recovery**: drop every gpubind value of that device (buffers, streams, events,
-//!   modules, communicators and the `Arc<Device>`s), then reset the primary context with
-//!   [`Device::reset_primary_context`] — `unsafe`, because other libraries sharing the
-//!   primary context lose everything in it — and [`Device::get`] a fresh device. Releasing
-//!   gpubind's retain alone is not enough: on the H200 (driver 580) the driver kept the
-//!   faulted context, and a new retain reported the sticky error again. Where other code
-//!   still uses the context, only a new process recovers. ([`Device::is_poisoned`] tells
-//!   whether a live device is.)
+//! * **recovery**: CUDA documents these errors as fatal to the process, and the H200
+//!   (driver 580) behaves so: after a null-pointer write, neither releasing gpubind's
+//!   retain nor [`Device::reset_primary_context`] made a new retain succeed — it reported
+//!   the sticky error again (typed: the fresh [`Device`] is poisoned in turn). **Restart the
+//!   process.** Where a driver does clear the state, the path is: drop every gpubind value
+//!   of the device, [`Device::reset_primary_context`] (`unsafe`: other libraries sharing
+//!   the primary context lose everything in it), then [`Device::get`] a fresh device.
+//!   ([`Device::is_poisoned`] tells whether a live device is.)
 
 use crate::device::Device;
 use crate::error::Error;
