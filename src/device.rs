@@ -142,7 +142,10 @@ impl Device {
     ///
     /// No other code in this process may still use the device's primary context: other
     /// libraries sharing it (cudarc's `CudaContext::new`, PyTorch, cuBLAS handles you
-    /// created yourself) lose every allocation and handle in it.
+    /// created yourself) lose every allocation and handle in it. And no other thread may
+    /// be dropping the device's last gpubind values concurrently: a `Device` whose last
+    /// `Arc` is gone but whose drop has not yet released its retain is not seen by the
+    /// check.
     pub unsafe fn reset_primary_context(ordinal: usize) -> Result<()> {
         let count = Device::count()?;
         if ordinal >= count {
