@@ -46,7 +46,7 @@ use crate::access::{
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, expect_len};
 use cudarc::driver::sys;
 use std::sync::Arc;
