@@ -127,7 +127,7 @@ impl Event {
     }
 
     /// Milliseconds between `self` and `end`, both recorded with timing enabled and
-    /// complete. Events of different devices give [`Error::WrongDevice`].
+    /// complete. Events of different devices give [`Error::WrongDevice`](crate::Error::WrongDevice).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         self.device.expect_same("end event", &end.device)?;
         let _guard = self.device.enter()?;
@@ -214,7 +214,7 @@ impl<'a> BoundDevice<'a> {
         }
     }
 
-    /// `stream`, ready to take work; [`Error::WrongDevice`] if it belongs to another device.
+    /// `stream`, ready to take work; [`Error::WrongDevice`](crate::Error::WrongDevice) if it belongs to another device.
     pub fn on<'s>(&'s self, stream: &'s Stream) -> Result<BoundStream<'s>> {
         self.expect_device("stream", stream.device())?;
         Ok(BoundStream {
