@@ -6,7 +6,7 @@
 //! retained context's uncontended lock plus the `cuCtxGetCurrent` check that replaced
 //! the token's cache (no `cuCtxSetCurrent`: the context is already current). Without a
 //! GPU that bench prints why it was skipped. The other GPU-side costs (memsets, copies,
-//! launches) are in `gpubench` (`src/bin/gpubench.rs`, see docs/performance.md).
+//! launches) are in `gpubench` (`examples/gpubench.rs`, see docs/performance.md).
 //!
 //! `cargo bench --bench binding` (a few seconds; add `-- --quick` for a faster pass).
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds every GPU test binary, example and bench binary in release mode and copies them,
-# stripped, into .gpu-bin/ (ignored by git) so they can be carried to a GPU machine that
+# Builds every GPU test binary and example (gpubench included) in release mode and copies
+# them, stripped, into .gpu-bin/ (ignored by git) so they can be carried to a GPU machine that
 # has no cargo. Then run `bash scripts/gpu-check.sh` there (see README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,13 +17,11 @@ for line in sys.stdin:
         if name.startswith("gpu_"):
             shutil.copy(m["executable"], ".gpu-bin/tests/" + name)
 '
-# Examples and bins (whatever exists).
-cargo build --release --examples --bins 2>&1 | grep -E "^(error|warning: unused)" || true
+# Examples (gpubench is one: the crate has no binaries of its own, so `cargo install`
+# installs nothing). Only the unhashed names: the hashed ones are cargo's copies.
+cargo build --release --examples 2>&1 | grep -E "^(error|warning: unused)" || true
 for f in target/release/examples/*; do
   [[ -x "$f" && -f "$f" && "$(basename "$f")" != *-* && "$f" != *.d ]] && cp "$f" .gpu-bin/examples/
 done
-for f in target/release/*; do
-  [[ -x "$f" && -f "$f" && "$f" != *.d && "$(basename "$f")" != *.so ]] && cp "$f" .gpu-bin/
-done
-strip .gpu-bin/tests/* .gpu-bin/examples/* .gpu-bin/* 2>/dev/null || true
+strip .gpu-bin/tests/* .gpu-bin/examples/* 2>/dev/null || true
 du -sh .gpu-bin; ls -R .gpu-bin

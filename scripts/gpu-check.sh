@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export GPUBENCH=$PWD/.gpu-bin/gpubench
+export GPUBENCH=$PWD/.gpu-bin/examples/gpubench
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 LOG=${OUT:-/tmp}/gpu-check.log
 : >"$LOG"
@@ -34,7 +34,7 @@ ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0
 [[ -f .gpu-bin/examples/libdlpack_torch.so ]] &&
   run dlpack_torch 120 python3 scripts/dlpack_torch.py .gpu-bin/examples/libdlpack_torch.so
 # Benchmarks last: their tables are what docs/performance.md quotes.
-[[ -x .gpu-bin/gpubench ]] && run gpubench 150 .gpu-bin/gpubench --markdown
+ex gpubench 150 .gpu-bin/examples/gpubench --markdown
 ex bench_copy 120 .gpu-bin/examples/bench_copy
 ex bench_collective 150 .gpu-bin/examples/bench_collective --reps 10
 for extra in ${GPU_CHECK_EXTRA:-}; do run "$(basename "${extra%% *}")" 300 $extra; done

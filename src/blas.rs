@@ -38,6 +38,14 @@ pub struct Blas {
     handle: cublas::cublasHandle_t,
 }
 
+impl std::fmt::Debug for Blas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Blas")
+            .field("device", &self.device.ordinal())
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: a cuBLAS handle may be used from any thread (one at a time: `&mut self` on
 // every use) whose current context is the handle's, which BoundStream proves.
 unsafe impl Send for Blas {}

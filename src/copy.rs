@@ -502,6 +502,14 @@ pub struct CopyScope<'s, 'env> {
     _env: PhantomData<&'env mut &'env ()>,
 }
 
+impl std::fmt::Debug for CopyScope<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyScope")
+            .field("stream", self.stream)
+            .finish()
+    }
+}
+
 impl<'s, 'env> CopyScope<'s, 'env> {
     /// Enqueues a copy of `src` into `dst` (any pair of memory kinds; lengths must match).
     /// Both stay borrowed until the scope has synchronised the stream.

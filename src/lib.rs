@@ -47,6 +47,7 @@
 //! See `docs/design.md` in the repository for the type diagram and the invariants.
 
 #![warn(missing_docs)]
+#![warn(missing_debug_implementations)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod access;

@@ -76,6 +76,14 @@ pub struct Module {
     launches: AccessTracker,
 }
 
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module")
+            .field("device", &self.device.ordinal())
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: a CUmodule handle is a thread-agnostic identifier; gpubind calls the driver
 // on it only with its own context pushed (function lookup, unload).
 unsafe impl Send for Module {}
@@ -101,6 +109,17 @@ pub struct Function<'m> {
     params: Option<Vec<usize>>,
     /// The kernel's own launch limits, read once at lookup.
     limits: FunctionLimits,
+}
+
+impl std::fmt::Debug for Function<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Function")
+            .field("name", &self.name)
+            .field("device", &self.module.device.ordinal())
+            .field("param_sizes", &self.params)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The launch limits of one kernel that do not change after it is loaded, read by
@@ -442,6 +461,18 @@ pub struct LaunchBuilder<'s, 'a> {
     /// The buffer arguments, claimed (with the module) when the kernel is enqueued.
     tracked: Tracked<'a>,
     _args: std::marker::PhantomData<&'a ()>,
+}
+
+impl std::fmt::Debug for LaunchBuilder<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchBuilder")
+            .field("function", &self.func.name)
+            .field("stream", self.stream)
+            .field("config", &self.cfg)
+            .field("args", &self.args.len())
+            .field("error", &self.error.as_ref().or(self.size_error.as_ref()))
+            .finish_non_exhaustive()
+    }
 }
 
 /// How many argument pointers a launch keeps inline before spilling to the heap.

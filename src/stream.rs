@@ -66,6 +66,14 @@ pub struct Event {
     raw: sys::CUevent,
 }
 
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event")
+            .field("device", &self.device.ordinal())
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: as for Stream: event handles are thread-agnostic identifiers; recording needs
 // a BoundStream of the event's device; queries push the event's own context.
 unsafe impl Send for Event {}
@@ -172,6 +180,18 @@ impl Drop for Event {
 pub struct BoundStream<'b> {
     bound: &'b BoundDevice<'b>,
     slot: StreamSlot<'b>,
+}
+
+impl std::fmt::Debug for BoundStream<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("BoundStream");
+        d.field("device", &self.bound.device().ordinal());
+        match self.slot {
+            StreamSlot::Legacy(_) => d.field("stream", &"legacy default"),
+            StreamSlot::Owned(s) => d.field("stream", &s.id),
+        };
+        d.finish()
+    }
 }
 
 impl<'a> BoundDevice<'a> {

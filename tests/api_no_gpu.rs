@@ -3,6 +3,7 @@
 
 use gpubind::*;
 use static_assertions::{assert_impl_all, assert_not_impl_any};
+use std::fmt::Debug;
 use std::sync::Arc;
 
 // The token and everything that proves a binding stay on their thread.
@@ -23,6 +24,70 @@ assert_impl_all!(Event: Send, Sync);
 assert_impl_all!(Module: Send, Sync);
 assert_impl_all!(Function<'static>: Send, Sync, Clone);
 assert_impl_all!(Error: Send, Sync, Clone, std::error::Error);
+
+// Every public type is `Debug` (handles print their device and identity, never memory
+// contents or raw pointers' targets). `#![warn(missing_debug_implementations)]` in lib.rs
+// catches a new type in the library; this list fails the test build if one regresses.
+assert_impl_all!(ThreadContext: Debug);
+assert_impl_all!(BoundDevice<'static>: Debug);
+assert_impl_all!(BoundStream<'static>: Debug);
+assert_impl_all!(Device: Debug);
+assert_impl_all!(DeviceAttribute: Debug);
+assert_impl_all!(Uuid: Debug);
+assert_impl_all!(Error: Debug);
+assert_impl_all!(Stream: Debug);
+assert_impl_all!(Event: Debug);
+assert_impl_all!(Module: Debug);
+assert_impl_all!(Function<'static>: Debug);
+assert_impl_all!(LaunchBuilder<'static, 'static>: Debug);
+assert_impl_all!(LaunchConfig: Debug);
+assert_impl_all!(Output: Debug);
+assert_impl_all!(DeviceSlice<f32>: Debug);
+assert_impl_all!(DeviceView<'static, f32>: Debug);
+assert_impl_all!(DeviceViewMut<'static, f32>: Debug);
+assert_impl_all!(CopyScope<'static, 'static>: Debug);
+assert_impl_all!(Endpoint<'static>: Debug);
+assert_impl_all!(MemoryKind: Debug);
+assert_impl_all!(PinnedHostBuffer<f32>: Debug);
+assert_impl_all!(PinnedOptions: Debug);
+assert_impl_all!(RegisteredHost<'static, f32>: Debug);
+assert_impl_all!(RegisterOptions: Debug);
+assert_impl_all!(ManagedSlice<f32>: Debug);
+assert_impl_all!(Advice<'static>: Debug);
+assert_impl_all!(Location<'static>: Debug);
+assert_impl_all!(gpubind::blas::Blas: Debug);
+assert_impl_all!(gpubind::blas::Matmul: Debug);
+assert_impl_all!(Backend: Debug);
+assert_impl_all!(CommOptions: Debug);
+assert_impl_all!(Communicator: Debug);
+assert_impl_all!(Group<'static, 'static>: Debug);
+assert_impl_all!(Op: Debug);
+assert_impl_all!(RankComm: Debug);
+assert_impl_all!(Transport: Debug);
+assert_impl_all!(ExportedTensor: Debug);
+assert_impl_all!(ImportedTensor<f32>: Debug);
+assert_impl_all!(gpubind::dlpack::DLPackVersion: Debug);
+assert_impl_all!(gpubind::dlpack::DLDeviceType: Debug);
+assert_impl_all!(gpubind::dlpack::DLDevice: Debug);
+assert_impl_all!(gpubind::dlpack::DLDataType: Debug);
+assert_impl_all!(gpubind::dlpack::DLTensor: Debug);
+assert_impl_all!(gpubind::dlpack::DLManagedTensor: Debug);
+assert_impl_all!(gpubind::dlpack::DLManagedTensorVersioned: Debug);
+assert_impl_all!(BufferHandle: Debug);
+assert_impl_all!(LegacyIpcHandle: Debug);
+assert_impl_all!(PoolHandle: Debug);
+assert_impl_all!(gpubind::ipc::PoolId: Debug);
+assert_impl_all!(gpubind::ipc::PoolUsage: Debug);
+assert_impl_all!(PoolConfig: Debug);
+assert_impl_all!(MemoryPool: Debug);
+assert_impl_all!(PoolSlice<f32>: Debug);
+assert_impl_all!(ImportedPool: Debug);
+assert_impl_all!(ImportedSlice<f32>: Debug);
+assert_impl_all!(LegacySlice<f32>: Debug);
+assert_impl_all!(gpubind::ipc::Message: Debug);
+assert_impl_all!(gpubind::ipc::PeerCredentials: Debug);
+assert_impl_all!(gpubind::ipc::PeerPolicy: Debug);
+assert_impl_all!(gpubind::ipc::TransportOptions: Debug);
 
 // Plain data only.
 assert_impl_all!(f32: DeviceRepr);

@@ -1,4 +1,4 @@
-//! GPU checks of the `gpubench` binary: a short run measures every row, and its memory
+//! GPU checks of the `gpubench` example program: a short run measures every row, and its memory
 //! rows can tell a process with a context from one without.
 //!
 //! Runs `gpubench --iters 2000 --rounds 1 --markdown` once and inspects the table. The
@@ -9,26 +9,36 @@ mod common;
 
 use std::sync::OnceLock;
 
-/// The gpubench binary: `$GPUBENCH` if set, else the one cargo built with this test, else
-/// one next to this test binary or one folder up (for binaries copied to another machine).
+/// The gpubench binary (the `gpubench` example): `$GPUBENCH` if set, else
+/// `../examples/gpubench` from this test binary's folder (`target/<profile>/deps/` ->
+/// `target/<profile>/examples/`, and `.gpu-bin/tests/` -> `.gpu-bin/examples/` for
+/// binaries copied by `scripts/build-gpu-bins.sh`), else one next to this test binary.
+///
+/// `cargo test` builds examples, but `cargo test --test gpu_perf` alone does not: then
+/// `cargo build --example gpubench` (with `--release` for a release test) first.
 fn gpubench_path() -> Result<std::path::PathBuf, String> {
     if let Some(p) = std::env::var_os("GPUBENCH") {
         return Ok(p.into());
     }
-    let mut candidates = vec![std::path::PathBuf::from(env!("CARGO_BIN_EXE_gpubench"))];
+    let name = format!("gpubench{}", std::env::consts::EXE_SUFFIX);
+    let mut candidates = Vec::new();
     if let Some(dir) = std::env::current_exe()
         .ok()
-        .and_then(|e| e.parent().map(Into::into))
+        .and_then(|e| e.parent().map(std::path::Path::to_path_buf))
     {
-        let dir: std::path::PathBuf = dir;
-        candidates.push(dir.join("gpubench"));
-        candidates.push(dir.join("..").join("gpubench"));
+        candidates.push(dir.join("..").join("examples").join(&name));
+        candidates.push(dir.join(&name));
     }
     candidates
         .iter()
         .find(|p| p.is_file())
         .cloned()
-        .ok_or_else(|| format!("gpubench not found (set GPUBENCH): tried {candidates:?}"))
+        .ok_or_else(|| {
+            format!(
+                "gpubench not found: build it with `cargo build --example gpubench` (add \
+                 --release for a release test) or set GPUBENCH; tried {candidates:?}"
+            )
+        })
 }
 
 /// The markdown table rows of one short gpubench run, split into cells.

@@ -840,6 +840,16 @@ pub struct Group<'c, 'b> {
     _buffers: PhantomData<&'b mut ()>,
 }
 
+impl std::fmt::Debug for Group<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("communicator", self.comm)
+            .field("calls", &self.calls.len())
+            .field("buffers", &self.tracked.len())
+            .finish()
+    }
+}
+
 impl ThreadContext {
     /// Records the collective calls `f` makes on `g` for any of `comm`'s ranks and
     /// enqueues them when `f` returns `Ok` (nothing is enqueued if it fails), binding

@@ -6,7 +6,7 @@
 //! library is missing (we want [`Error::NoNccl`]), and its candidate names do not
 //! include `libnccl.so.2`, the only name most NCCL installs (apt `libnccl2`, pip
 //! `nvidia-nccl-cu*`) provide without the `-dev` package. Nothing is loaded until a
-//! NCCL communicator is created or [`nccl_available`](super::nccl_available) is asked.
+//! NCCL communicator is created or [`nccl_available`] is asked.
 //!
 //! NCCL uses the CUDA runtime, which may change the calling thread's current context
 //! (`cudaSetDevice`). Every call here runs under [`RestoreCurrent`], which puts the

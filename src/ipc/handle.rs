@@ -2,7 +2,7 @@
 //!
 //! All three handle types derive `serde::{Serialize, Deserialize}` (so they can be
 //! embedded in your own messages) and have `to_bytes` / `from_bytes`, which wrap the
-//! serde form in the checksummed envelope of [`wire`](super::wire). A [`PoolHandle`]'s
+//! serde form in the checksummed envelope of [`wire`]. A [`PoolHandle`]'s
 //! file descriptor is never serialized: it travels beside the bytes, by `SCM_RIGHTS`
 //! ([`send_handles`](super::send_handles)).
 
