@@ -139,6 +139,19 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// A run-time choice that needs an optional part of gpubind left out of this build:
+    /// the collectives' `Backend::Nccl` without the `nccl` feature.
+    /// (Whole modules behind a feature are absent instead, a compile-time error.)
+    #[error(
+        "{what} needs gpubind's `{feature}` feature, which this build leaves out (enable it: gpubind = {{ features = [\"{feature}\"] }})"
+    )]
+    FeatureDisabled {
+        /// The Cargo feature, e.g. `nccl`.
+        feature: &'static str,
+        /// What needed it, e.g. `the NCCL backend`.
+        what: &'static str,
+    },
+
     /// Serialized IPC data (a handle or a socket message) failed validation: bad magic,
     /// unsupported version, checksum mismatch, truncation, malformed fields.
     #[error("corrupt IPC handle or message: {reason}")]

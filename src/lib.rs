@@ -49,19 +49,28 @@
 #![warn(missing_docs)]
 #![warn(missing_debug_implementations)]
 #![deny(unsafe_op_in_unsafe_fn)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod access;
+#[cfg(feature = "cublas")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub mod blas;
+#[cfg(feature = "collective")]
+#[cfg_attr(docsrs, doc(cfg(feature = "collective")))]
 pub mod collective;
 pub mod context;
 pub mod copy;
 pub mod device;
+#[cfg(feature = "dlpack")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dlpack")))]
 pub mod dlpack;
 pub mod driver;
 pub mod error;
 mod faults;
 pub mod host;
 mod image;
+#[cfg(feature = "ipc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub mod ipc;
 pub mod managed;
 pub mod memory;
@@ -75,6 +84,8 @@ mod sync;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
+#[cfg(feature = "collective")]
+#[cfg_attr(docsrs, doc(cfg(feature = "collective")))]
 pub use collective::{
     Backend, CollectiveType, CommOptions, Communicator, Group, Op, RankComm, Transport,
     nccl_available,
@@ -82,10 +93,14 @@ pub use collective::{
 pub use context::{BoundDevice, ThreadContext};
 pub use copy::{CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind};
 pub use device::{Device, DeviceAttribute, Uuid};
+#[cfg(feature = "dlpack")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dlpack")))]
 pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
 pub use driver::{driver_available, init};
 pub use error::{Error, Result};
 pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
+#[cfg(feature = "ipc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub use ipc::{
     BufferHandle, ImportedPool, ImportedSlice, LegacyIpcHandle, LegacySlice, MemoryPool,
     PoolConfig, PoolHandle, PoolSlice,

@@ -135,6 +135,7 @@ impl<T: DeviceRepr> ManagedSlice<T> {
     }
 
     /// The tracker, for callers that hold the slice exclusively.
+    #[cfg(feature = "dlpack")]
     pub(crate) fn tracker_mut(&mut self) -> &mut AccessTracker {
         &mut self.tracker
     }

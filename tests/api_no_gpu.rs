@@ -55,39 +55,60 @@ assert_impl_all!(RegisterOptions: Debug);
 assert_impl_all!(ManagedSlice<f32>: Debug);
 assert_impl_all!(Advice<'static>: Debug);
 assert_impl_all!(Location<'static>: Debug);
-assert_impl_all!(gpubind::blas::Blas: Debug);
-assert_impl_all!(gpubind::blas::Matmul: Debug);
-assert_impl_all!(Backend: Debug);
-assert_impl_all!(CommOptions: Debug);
-assert_impl_all!(Communicator: Debug);
-assert_impl_all!(Group<'static, 'static>: Debug);
-assert_impl_all!(Op: Debug);
-assert_impl_all!(RankComm: Debug);
-assert_impl_all!(Transport: Debug);
-assert_impl_all!(ExportedTensor: Debug);
-assert_impl_all!(ImportedTensor<f32>: Debug);
-assert_impl_all!(gpubind::dlpack::DLPackVersion: Debug);
-assert_impl_all!(gpubind::dlpack::DLDeviceType: Debug);
-assert_impl_all!(gpubind::dlpack::DLDevice: Debug);
-assert_impl_all!(gpubind::dlpack::DLDataType: Debug);
-assert_impl_all!(gpubind::dlpack::DLTensor: Debug);
-assert_impl_all!(gpubind::dlpack::DLManagedTensor: Debug);
-assert_impl_all!(gpubind::dlpack::DLManagedTensorVersioned: Debug);
-assert_impl_all!(BufferHandle: Debug);
-assert_impl_all!(LegacyIpcHandle: Debug);
-assert_impl_all!(PoolHandle: Debug);
-assert_impl_all!(gpubind::ipc::PoolId: Debug);
-assert_impl_all!(gpubind::ipc::PoolUsage: Debug);
-assert_impl_all!(PoolConfig: Debug);
-assert_impl_all!(MemoryPool: Debug);
-assert_impl_all!(PoolSlice<f32>: Debug);
-assert_impl_all!(ImportedPool: Debug);
-assert_impl_all!(ImportedSlice<f32>: Debug);
-assert_impl_all!(LegacySlice<f32>: Debug);
-assert_impl_all!(gpubind::ipc::Message: Debug);
-assert_impl_all!(gpubind::ipc::PeerCredentials: Debug);
-assert_impl_all!(gpubind::ipc::PeerPolicy: Debug);
-assert_impl_all!(gpubind::ipc::TransportOptions: Debug);
+
+// The optional parts (Cargo features, all on by default) are checked when built.
+#[cfg(feature = "cublas")]
+mod cublas_api {
+    use super::*;
+    assert_impl_all!(gpubind::blas::Blas: Debug);
+    assert_impl_all!(gpubind::blas::Matmul: Debug);
+}
+
+#[cfg(feature = "collective")]
+mod collective_api {
+    use super::*;
+    assert_impl_all!(Backend: Debug);
+    assert_impl_all!(CommOptions: Debug);
+    assert_impl_all!(Communicator: Debug);
+    assert_impl_all!(Group<'static, 'static>: Debug);
+    assert_impl_all!(Op: Debug);
+    assert_impl_all!(RankComm: Debug);
+    assert_impl_all!(Transport: Debug);
+}
+
+#[cfg(feature = "dlpack")]
+mod dlpack_api {
+    use super::*;
+    assert_impl_all!(ExportedTensor: Debug);
+    assert_impl_all!(ImportedTensor<f32>: Debug);
+    assert_impl_all!(gpubind::dlpack::DLPackVersion: Debug);
+    assert_impl_all!(gpubind::dlpack::DLDeviceType: Debug);
+    assert_impl_all!(gpubind::dlpack::DLDevice: Debug);
+    assert_impl_all!(gpubind::dlpack::DLDataType: Debug);
+    assert_impl_all!(gpubind::dlpack::DLTensor: Debug);
+    assert_impl_all!(gpubind::dlpack::DLManagedTensor: Debug);
+    assert_impl_all!(gpubind::dlpack::DLManagedTensorVersioned: Debug);
+}
+
+#[cfg(feature = "ipc")]
+mod ipc_api {
+    use super::*;
+    assert_impl_all!(BufferHandle: Debug);
+    assert_impl_all!(LegacyIpcHandle: Debug);
+    assert_impl_all!(PoolHandle: Debug);
+    assert_impl_all!(gpubind::ipc::PoolId: Debug);
+    assert_impl_all!(gpubind::ipc::PoolUsage: Debug);
+    assert_impl_all!(PoolConfig: Debug);
+    assert_impl_all!(MemoryPool: Debug);
+    assert_impl_all!(PoolSlice<f32>: Debug);
+    assert_impl_all!(ImportedPool: Debug);
+    assert_impl_all!(ImportedSlice<f32>: Debug);
+    assert_impl_all!(LegacySlice<f32>: Debug);
+    assert_impl_all!(gpubind::ipc::Message: Debug);
+    assert_impl_all!(gpubind::ipc::PeerCredentials: Debug);
+    assert_impl_all!(gpubind::ipc::PeerPolicy: Debug);
+    assert_impl_all!(gpubind::ipc::TransportOptions: Debug);
+}
 
 // Plain data only.
 assert_impl_all!(f32: DeviceRepr);
@@ -147,6 +168,37 @@ fn error_messages_name_the_problem() {
         Error::ThreadContextTaken
             .to_string()
             .contains("already holds a ThreadContext")
+    );
+}
+
+#[test]
+fn feature_disabled_names_the_feature() {
+    let e = Error::FeatureDisabled {
+        feature: "nccl",
+        what: "the NCCL backend",
+    };
+    assert_eq!(
+        e.to_string(),
+        "the NCCL backend needs gpubind's `nccl` feature, which this build leaves out \
+         (enable it: gpubind = { features = [\"nccl\"] })"
+    );
+}
+
+/// Collectives without the `nccl` feature: the NCCL backend is a typed error at run time.
+#[cfg(all(feature = "collective", not(feature = "nccl")))]
+#[test]
+fn nccl_backend_without_its_feature_is_a_typed_error() {
+    assert!(!nccl_available());
+    let e = gpubind::collective::nccl_version().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::FeatureDisabled {
+                feature: "nccl",
+                ..
+            }
+        ),
+        "{e}"
     );
 }
 
