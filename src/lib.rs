@@ -97,7 +97,7 @@ pub use device::{Device, DeviceAttribute, Uuid};
 #[cfg_attr(docsrs, doc(cfg(feature = "dlpack")))]
 pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
 pub use driver::{driver_available, init};
-pub use error::{Error, Result};
+pub use error::{DriverErrorCode, Error, Result};
 pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
 #[cfg(feature = "ipc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
