@@ -44,6 +44,35 @@
 //! }
 //! ```
 //!
+//! # Features
+//!
+//! The core above (devices, binding, memory of every kind, streams, events, NVRTC modules
+//! and launches, copies) is always built. All on by default:
+//!
+//! * `collective` — `gpubind::collective`: communicators and groups, with gpubind's own
+//!   kernels.
+//! * `nccl` — the NCCL backend of the collectives (implies `collective`). Without it,
+//!   `Backend::Nccl` is [`Error::FeatureDisabled`].
+//! * `cublas` — `gpubind::blas`: cuBLAS matrix products.
+//! * `ipc` — `gpubind::ipc`: device memory shared between processes.
+//! * `dlpack` — `gpubind::dlpack`: DLPack export and import.
+//!
+//! [`Error`] is the same enum in every build.
+//!
+//! # gpubind's types and `gpubind::cudarc` (semver)
+//!
+//! Public signatures use gpubind's types ([`Error`], [`DriverErrorCode`],
+//! [`DeviceAttribute`], …), not cudarc's. cudarc types appear only in the raw escape
+//! hatches, which exist to hand them out or take them: the `raw()` handles of
+//! [`Stream`], [`BoundStream`], [`Event`], [`Module`], [`Function`] (and of `MemoryPool`),
+//! [`BoundDevice::raw_context`], [`Device::raw_device`], [`Device::attribute_raw`],
+//! [`DeviceSlice::raw_ptr`] / [`from_raw`](DeviceSlice::from_raw) /
+//! [`into_raw`](DeviceSlice::into_raw), and the conversions
+//! [`DriverErrorCode::as_cudarc`], `From<CUresult> for DriverErrorCode` and
+//! `From<DeviceAttribute> for CUdevice_attribute`. The [`cudarc`] re-export is part of
+//! gpubind's semver contract: moving to a cudarc release that is breaking by Cargo's
+//! rules (0.19 → 0.20) is a breaking gpubind release.
+//!
 //! See `docs/design.md` in the repository for the type diagram and the invariants.
 
 #![warn(missing_docs)]
@@ -114,5 +143,8 @@ pub use module::{
 };
 pub use stream::{BoundStream, Event, Stream};
 
-/// Raw cudarc bindings, re-exported for the escape hatches (`raw_*` methods).
+/// Raw cudarc bindings, re-exported for the escape hatches (`raw*` methods and the
+/// conversions listed in the [crate docs](crate#gpubinds-types-and-gpubindcudarc-semver)).
+/// Part of gpubind's semver contract: a breaking cudarc upgrade is a breaking gpubind
+/// release.
 pub use cudarc;
