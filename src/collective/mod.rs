@@ -13,7 +13,9 @@
 //!   peers cannot reach each other, through mapped pinned host memory ([`Transport`]).
 //! * [`Backend::Nccl`] — `libnccl.so.2`, loaded at run time ([`Error::NoNccl`] names
 //!   `LD_LIBRARY_PATH` when it is missing). NCCL needs a distinct device per rank in one
-//!   process ([`Error::DuplicateDevice`]).
+//!   process ([`Error::DuplicateDevice`]). Built with the `nccl` feature (default);
+//!   without it this backend is [`Error::FeatureDisabled`] and [`nccl_available`] is
+//!   `false`.
 //!
 //! # One thread, N GPUs: groups
 //!
@@ -218,7 +220,9 @@ impl DType {
 pub enum Backend {
     /// gpubind's own NVRTC kernels (any ranks, including several on one GPU).
     Kernels,
-    /// NCCL (`libnccl.so.2`), one distinct device per rank.
+    /// NCCL (`libnccl.so.2`), one distinct device per rank. Needs the `nccl` feature
+    /// (default): without it, creating a communicator with it is
+    /// [`Error::FeatureDisabled`].
     Nccl,
 }
 
@@ -253,7 +257,7 @@ impl CommOptions {
         }
     }
 
-    /// NCCL.
+    /// NCCL (see [`Backend::Nccl`] for the `nccl` feature).
     pub fn nccl() -> Self {
         CommOptions {
             backend: Backend::Nccl,
