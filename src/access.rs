@@ -731,6 +731,7 @@ pub(crate) fn host_claim<'t, H: AsMut<[Option<Held<'t>>]>>(
 }
 
 /// One locked tracker of a lane claim, with its uses.
+#[cfg(feature = "collective")]
 type LaneHeld<'t> = (
     sync::MutexGuard<'t, AccessState<StreamRef>>,
     Vec<(StreamRef, Access)>,
@@ -738,6 +739,7 @@ type LaneHeld<'t> = (
 
 /// A claim on buffers used on several streams (a collective's lanes, of any devices):
 /// every use names its stream; each stream waits for the conflicts of its own uses.
+#[cfg(feature = "collective")]
 #[must_use = "hold the claim until the operation is enqueued"]
 pub(crate) struct LaneClaim<'t> {
     /// `(tracker, its uses)`, locked, sorted by tracker address.
@@ -745,6 +747,7 @@ pub(crate) struct LaneClaim<'t> {
 }
 
 /// Claims each `(tracker, access, stream)`; the streams' contexts are pushed as needed.
+#[cfg(feature = "collective")]
 pub(crate) fn claim_lanes<'t>(
     mut uses: Vec<(&'t AccessTracker, Access, StreamRef)>,
 ) -> Result<LaneClaim<'t>> {
@@ -775,6 +778,7 @@ pub(crate) fn claim_lanes<'t>(
     Ok(LaneClaim { held })
 }
 
+#[cfg(feature = "collective")]
 impl Drop for LaneClaim<'_> {
     fn drop(&mut self) {
         let mut grave = Grave::new();
@@ -795,6 +799,7 @@ impl Drop for LaneClaim<'_> {
 
 /// `commit` only asks for ids it was given; this is never reached, and returns the first
 /// stream rather than panicking in a `Drop`.
+#[cfg(feature = "collective")]
 fn unreachable_stream(v: &[(StreamRef, Access)]) -> StreamRef {
     v[0].0.clone()
 }
