@@ -53,6 +53,7 @@
 mod access;
 pub mod blas;
 pub mod collective;
+pub mod compat;
 pub mod context;
 pub mod copy;
 pub mod device;
@@ -79,6 +80,7 @@ pub use collective::{
     Backend, CollectiveType, CommOptions, Communicator, Group, Op, RankComm, Transport,
     nccl_available,
 };
+pub use compat::{DriverVersion, driver_version};
 pub use context::{BoundDevice, ThreadContext};
 pub use copy::{CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind};
 pub use device::{Device, DeviceAttribute, Uuid};

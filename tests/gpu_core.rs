@@ -391,11 +391,8 @@ fn drop_leaves_current_context_unchanged() -> R {
         // SAFETY: read-only access to the handle.
         unsafe { gpu1.raw_context() }
     } else {
-        // SAFETY: creates a fresh context on device 0 (pushed current); destroyed below.
-        let r = unsafe { sys::cuCtxCreate_v4(&mut own, std::ptr::null_mut(), 0, dev.raw_device()) };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(format!("cuCtxCreate: {r:?}"));
-        }
+        // A fresh context on device 0 (pushed current); destroyed below.
+        own = common::create_context(dev.raw_device())?;
         own
     };
     ensure!(
