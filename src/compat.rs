@@ -327,7 +327,6 @@ pub(crate) static MEM_PREFETCH_ASYNC_V2: EntryPoint = EntryPoint::new(
 );
 
 /// Every entry point gpubind resolves by version (docs/compat.md lists the same).
-#[cfg(test)]
 pub(crate) static ENTRY_POINTS: [&EntryPoint; 5] = [
     &EVENT_ELAPSED_TIME_V2,
     &EVENT_ELAPSED_TIME,
@@ -335,6 +334,54 @@ pub(crate) static ENTRY_POINTS: [&EntryPoint; 5] = [
     &MEM_ADVISE_V2,
     &MEM_PREFETCH_ASYNC_V2,
 ];
+
+/// One version-dependent driver entry point, as gpubind finds it on this driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EntryPointStatus {
+    /// The versioned symbol, e.g. `cuEventElapsedTime_v2`.
+    pub symbol: &'static str,
+    /// The CUDA version that introduced it.
+    pub since: DriverVersion,
+    /// `Ok(())` where gpubind calls it on this driver; else [`Error::Unsupported`] (the
+    /// driver, or the cap, is older than `since`, or the driver does not export it).
+    pub status: Result<()>,
+}
+
+/// Every driver entry point gpubind looks up by version, and whether this driver (as
+/// capped by [`ASSUME_DRIVER_VERSION_ENV`]) has it: a compatibility report.
+///
+/// Runs [`init`](crate::init) first, so a driver older than 12.2 is
+/// [`Error::DriverTooOld`]; an entry point the driver lacks is an
+/// [`Error::Unsupported`] in its `status`, not an error of the call.
+///
+/// ```no_run
+/// for ep in gpubind::compat::entry_points()? {
+///     match &ep.status {
+///         Ok(()) => println!("{} (CUDA {}): used", ep.symbol, ep.since),
+///         Err(e) => println!("{}: {e}", ep.symbol),
+///     }
+/// }
+/// # Ok::<(), gpubind::Error>(())
+/// ```
+pub fn entry_points() -> Result<Vec<EntryPointStatus>> {
+    crate::init()?;
+    ENTRY_POINTS
+        .iter()
+        .map(|ep| {
+            let status = match ep.address() {
+                Ok(_) => Ok(()),
+                Err(e @ Error::Unsupported { .. }) => Err(e),
+                Err(other) => return Err(other),
+            };
+            Ok(EntryPointStatus {
+                symbol: ep.symbol,
+                since: ep.since,
+                status,
+            })
+        })
+        .collect()
+}
 
 /// `cuEventElapsedTime{,_v2}`: milliseconds between two events.
 pub(crate) type EventElapsedTime =
