@@ -318,8 +318,8 @@ pub(crate) static FUNC_GET_PARAM_INFO: EntryPoint = EntryPoint::new(
 /// bindings' version).
 pub(crate) static MEM_ADVISE_V2: EntryPoint =
     EntryPoint::new(c"cuMemAdvise", "cuMemAdvise_v2", DriverVersion::MINIMUM);
-/// `cuMemPrefetchAsync_v2` (CUDA 12.2; CUDA 13 headers renamed a third variant to
-/// `cuMemPrefetchAsync`, so the version asked for matters).
+/// `cuMemPrefetchAsync_v2` (CUDA 12.2; the plain name is the original signature before
+/// CUDA 13 and this one from 13, so the version asked for matters).
 pub(crate) static MEM_PREFETCH_ASYNC_V2: EntryPoint = EntryPoint::new(
     c"cuMemPrefetchAsync",
     "cuMemPrefetchAsync_v2",

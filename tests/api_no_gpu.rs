@@ -34,6 +34,8 @@ assert_impl_all!(BoundStream<'static>: Debug);
 assert_impl_all!(Device: Debug);
 assert_impl_all!(DeviceAttribute: Debug);
 assert_impl_all!(Uuid: Debug);
+assert_impl_all!(gpubind::DriverVersion: Debug, Send, Sync, Copy, Ord, std::fmt::Display);
+assert_impl_all!(gpubind::compat::EntryPointStatus: Debug, Send, Sync, Clone);
 assert_impl_all!(Error: Debug);
 assert_impl_all!(Stream: Debug);
 assert_impl_all!(Event: Debug);
