@@ -198,6 +198,15 @@ pub fn driver_version() -> Result<DriverVersion> {
     Ok(*VERSION.get_or_init(|| effective(real, cap)))
 }
 
+/// [`Error::DriverTooOld`] for versions before [`DriverVersion::MINIMUM`].
+pub(crate) fn require_minimum(found: DriverVersion) -> Result<()> {
+    let needed = DriverVersion::MINIMUM;
+    if found < needed {
+        return Err(Error::DriverTooOld { found, needed });
+    }
+    Ok(())
+}
+
 /// A driver entry point gpubind calls only where the driver has it.
 ///
 /// `base` is the name `cuGetProcAddress` takes (no `_v2` suffix); `since` is both the
@@ -539,6 +548,28 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), ENTRY_POINTS.len());
+    }
+
+    #[test]
+    fn drivers_before_12_2_are_refused_naming_both_versions() {
+        assert_eq!(require_minimum(DriverVersion::new(12, 2)), Ok(()));
+        assert_eq!(require_minimum(DriverVersion::new(13, 0)), Ok(()));
+        for old in [DriverVersion::new(12, 1), DriverVersion::new(11, 8)] {
+            let e = require_minimum(old).unwrap_err();
+            assert_eq!(
+                e,
+                Error::DriverTooOld {
+                    found: old,
+                    needed: DriverVersion::MINIMUM
+                }
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&old.to_string()) && msg.contains("12.2"),
+                "{msg}"
+            );
+            assert!(msg.contains("GPUBIND_ASSUME_DRIVER_VERSION"), "{msg}");
+        }
     }
 
     #[test]

@@ -139,11 +139,7 @@ pub fn init() -> Result<()> {
         if !driver_available() {
             return Err(Error::NoDriver);
         }
-        let found = crate::compat::driver_version()?;
-        let needed = crate::DriverVersion::MINIMUM;
-        if found < needed {
-            return Err(Error::DriverTooOld { found, needed });
-        }
+        crate::compat::require_minimum(crate::compat::driver_version()?)?;
         // SAFETY: the library is present (checked above); cuInit has no preconditions.
         unsafe { sys::cuInit(0) }.check("cuInit")
     })
