@@ -91,8 +91,10 @@ pub(crate) fn loadable(stems: &[&str]) -> bool {
         .any(|name| unsafe { libloading::Library::new(name) }.is_ok())
 }
 
-/// The file names tried for each stem, in order: `libcuda.so`, `libcuda.so.1`,
-/// `libnvrtc.so.13`, ... (Windows: `nvcuda.dll`, `nvrtc64_130_0.dll`, `cublas64_13.dll`).
+/// The file names tried for each stem: `libcuda.so`, `libcuda.so.1`, `libnvrtc.so.13`
+/// (the bindings' major version), `libnvrtc.so.12` (a 12.x toolkit beside an old
+/// driver), ... (Windows: `nvcuda.dll`, `nvrtc64_130_0.dll`, `cublas64_12.dll`, ...).
+/// Every name is one cudarc's `dynamic-loading` loader tries as well.
 fn library_names(stems: &[&str]) -> Vec<String> {
     use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
     let major = sys::CUDA_VERSION / 1000;
@@ -100,13 +102,17 @@ fn library_names(stems: &[&str]) -> Vec<String> {
     for stem in stems {
         names.push(format!("{DLL_PREFIX}{stem}{DLL_SUFFIX}"));
         if cfg!(windows) {
-            names.push(format!("{DLL_PREFIX}{stem}64_{major}{DLL_SUFFIX}"));
-            names.push(format!("{DLL_PREFIX}{stem}64_{major}0_0{DLL_SUFFIX}"));
+            for v in [major.to_string(), "12".into()] {
+                names.push(format!("{DLL_PREFIX}{stem}64_{v}{DLL_SUFFIX}"));
+                names.push(format!("{DLL_PREFIX}{stem}64_{v}0_0{DLL_SUFFIX}"));
+            }
         } else {
-            names.push(format!("{DLL_PREFIX}{stem}{DLL_SUFFIX}.{major}"));
-            names.push(format!("{DLL_PREFIX}{stem}{DLL_SUFFIX}.1"));
+            for v in [major.to_string(), "12".into(), "11".into(), "1".into()] {
+                names.push(format!("{DLL_PREFIX}{stem}{DLL_SUFFIX}.{v}"));
+            }
         }
     }
+    names.dedup();
     names
 }
 
@@ -316,6 +322,24 @@ mod tests {
 
     fn transient() -> Error {
         Error::InvalidArgument("transient".into())
+    }
+
+    #[test]
+    fn library_names_cover_the_sonames() {
+        let names = library_names(&["cuda", "nvrtc"]);
+        if cfg!(target_os = "linux") {
+            let major = sys::CUDA_VERSION / 1000;
+            for want in [
+                "libcuda.so".to_owned(),
+                "libcuda.so.1".to_owned(),
+                format!("libnvrtc.so.{major}"),
+                "libnvrtc.so.12".to_owned(),
+            ] {
+                assert!(names.contains(&want), "{want} not in {names:?}");
+            }
+        }
+        // The first name of each stem is the plain one.
+        assert!(names[0].contains("cuda") && !names[0].contains("nvrtc"));
     }
 
     #[test]
