@@ -636,7 +636,8 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// # Safety
     ///
     /// * The arguments must have the types the kernel declares (gpubind checks the count
-    ///   and byte sizes where the driver reports them, not the types).
+    ///   and byte sizes where the driver reports them, i.e. from CUDA 12.4; never the
+    ///   types).
     /// * The kernel must only access memory inside the buffers passed to it.
     /// * gpubind's device, pool and managed buffers passed as arguments need nothing
     ///   more: the launch is ordered after their pending uses, and their later uses and
