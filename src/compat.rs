@@ -263,7 +263,7 @@ impl EntryPoint {
         .or_else(|e| match e {
             // The driver's answer for a symbol it does not have (with the status below).
             Error::Driver {
-                code: sys::CUresult::CUDA_ERROR_NOT_FOUND,
+                code: crate::error::DriverErrorCode::NOT_FOUND,
                 ..
             } => Ok(()),
             e => Err(e),
