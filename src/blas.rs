@@ -102,8 +102,7 @@ impl<'a> BoundDevice<'a> {
     /// cannot be loaded.
     pub fn new_blas(&self) -> Result<Blas> {
         self.ensure_current()?;
-        // SAFETY: only tries dlopen on the candidate names.
-        if !unsafe { cublas::is_culib_present() } {
+        if !crate::driver::loadable(&["cublas"]) {
             return Err(Error::NoCublas);
         }
         let mut handle: cublas::cublasHandle_t = std::ptr::null_mut();

@@ -114,6 +114,31 @@ pub enum Error {
     )]
     NoDriver,
 
+    /// The driver is older than gpubind supports (CUDA 12.2, driver branch R535), or
+    /// `GPUBIND_ASSUME_DRIVER_VERSION` caps it below that. Returned by `init`.
+    #[error(
+        "the CUDA driver supports CUDA {found}, gpubind needs CUDA {needed} or newer (driver R535 or later); if {found} is less than the driver's real version, unset GPUBIND_ASSUME_DRIVER_VERSION"
+    )]
+    DriverTooOld {
+        /// The version the driver reports (capped by `GPUBIND_ASSUME_DRIVER_VERSION`).
+        found: crate::DriverVersion,
+        /// The oldest version gpubind runs on (`DriverVersion::MINIMUM`).
+        needed: crate::DriverVersion,
+    },
+
+    /// The operation needs a driver entry point that this driver (or the version
+    /// `GPUBIND_ASSUME_DRIVER_VERSION` caps it at) does not have, and nothing older does
+    /// the same job. docs/compat.md lists the entry points and their fallbacks.
+    #[error("{what} needs a CUDA {needs} driver; this one supports CUDA {found}")]
+    Unsupported {
+        /// The driver entry point, e.g. `cuFuncGetParamInfo`.
+        what: &'static str,
+        /// The CUDA version that introduced it.
+        needs: crate::DriverVersion,
+        /// The driver's version as gpubind uses it (capped, where a cap is set).
+        found: crate::DriverVersion,
+    },
+
     /// A CUDA driver call returned an error.
     #[error("{call} failed: {name} ({description})")]
     Driver {

@@ -87,6 +87,7 @@ pub mod blas;
 #[cfg(feature = "collective")]
 #[cfg_attr(docsrs, doc(cfg(feature = "collective")))]
 pub mod collective;
+pub mod compat;
 pub mod context;
 pub mod copy;
 pub mod device;
@@ -119,6 +120,7 @@ pub use collective::{
     Backend, CollectiveType, CommOptions, Communicator, Group, Op, RankComm, Transport,
     nccl_available,
 };
+pub use compat::{DriverVersion, driver_version};
 pub use context::{BoundDevice, ThreadContext};
 pub use copy::{CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind};
 pub use device::{Device, DeviceAttribute, Uuid};

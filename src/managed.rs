@@ -28,6 +28,7 @@
 //! [`Error::ManagedTooLarge`]: over-subscribed managed memory can stall the whole GPU.
 
 use crate::access::{Access, AccessTracker};
+use crate::compat;
 use crate::context::BoundDevice;
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::{Device, DeviceAttribute};
@@ -70,14 +71,13 @@ pub enum Location<'d> {
 impl Location<'_> {
     fn raw(self) -> sys::CUmemLocation {
         match self {
-            Location::Host => sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
-                id: 0,
-            },
-            Location::Device(d) => sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: d.raw_device(),
-            },
+            Location::Host => {
+                crate::compat::mem_location(sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, 0)
+            }
+            Location::Device(d) => crate::compat::mem_location(
+                sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                d.raw_device(),
+            ),
         }
     }
 }
@@ -274,9 +274,12 @@ impl<'a> BoundDevice<'a> {
             return Ok(());
         }
         let (advice, location) = advice.raw();
+        // SAFETY: `MemAdviseV2` is cuMemAdvise_v2's prototype
+        // (CUdeviceptr, size_t, CUmem_advise, CUmemLocation) -> CUresult.
+        let advise = unsafe { compat::MEM_ADVISE_V2.get::<compat::MemAdviseV2>() }?;
         // SAFETY: context current; the range is one live managed allocation.
-        unsafe { sys::cuMemAdvise_v2(mem.ptr, mem.num_bytes(), advice, location) }
-            .check("cuMemAdvise_v2")
+        unsafe { advise(mem.ptr, mem.num_bytes(), advice, location) }
+            .check(compat::MEM_ADVISE_V2.symbol)
     }
 }
 
@@ -288,11 +291,15 @@ impl<'b> BoundStream<'b> {
         if mem.ptr == 0 {
             return Ok(());
         }
+        // SAFETY: `MemPrefetchAsyncV2` is cuMemPrefetchAsync_v2's prototype
+        // (CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream) -> CUresult.
+        let prefetch =
+            unsafe { compat::MEM_PREFETCH_ASYNC_V2.get::<compat::MemPrefetchAsyncV2>() }?;
         // Migration keeps the contents: ordered like a read.
         let _claim = self.claim([Some((&mem.tracker, Access::Read))])?;
         // SAFETY: context current, stream of it; one live managed allocation, whose free
         // waits for this prefetch (tracked above).
-        unsafe { sys::cuMemPrefetchAsync_v2(mem.ptr, mem.num_bytes(), to.raw(), 0, self.raw()) }
-            .check("cuMemPrefetchAsync_v2")
+        unsafe { prefetch(mem.ptr, mem.num_bytes(), to.raw(), 0, self.raw()) }
+            .check(compat::MEM_PREFETCH_ASYNC_V2.symbol)
     }
 }

@@ -40,7 +40,8 @@
 //! ```
 //!
 //! Launch arguments are checked against the kernel's parameter list where the driver
-//! reports it (`cuFuncGetParamInfo`, CUDA 12.4+): a wrong count or a wrong size is
+//! reports it (`cuFuncGetParamInfo`, CUDA 12.4+; older drivers, or a version capped
+//! below 12.4 with `GPUBIND_ASSUME_DRIVER_VERSION`, skip the check): a wrong count or a wrong size is
 //! [`Error::LaunchArgs`], a slice of another device is [`Error::WrongDevice`].
 //!
 //! The launch configuration is checked against the device's and the kernel's limits
@@ -64,7 +65,7 @@ use crate::poison::KernelName;
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
 use cudarc::nvrtc::sys as nvrtc_sys;
-use std::ffi::{CStr, CString, c_void};
+use std::ffi::{CString, c_void};
 use std::sync::Arc;
 
 /// Loaded device code of one device.
@@ -206,30 +207,20 @@ impl Drop for Module {
     }
 }
 
-/// Whether the loaded driver exports `symbol` (checked before calling entry points newer
-/// than the oldest driver we support, since a missing one would panic in cudarc's loader).
-fn driver_has(symbol: &CStr) -> bool {
-    // SAFETY: the library is loaded (cuInit succeeded before any Function exists); we only
-    // look the symbol up, never call through the pointer.
-    unsafe {
-        cudarc::driver::sys::culib()
-            .get::<*const c_void>(symbol.to_bytes())
-            .is_ok()
-    }
-}
-
-/// The kernel's parameter sizes, from `cuFuncGetParamInfo` (CUDA 12.4+), or `None` if
-/// the driver cannot tell.
+/// The kernel's parameter sizes, from `cuFuncGetParamInfo` (CUDA 12.4+, looked up by
+/// version: see `crate::compat`), or `None` if the driver cannot tell.
 fn param_sizes(func: sys::CUfunction) -> Option<Vec<usize>> {
-    if !driver_has(c"cuFuncGetParamInfo") {
-        return None;
-    }
+    // SAFETY: `FuncGetParamInfo` is cuFuncGetParamInfo's prototype
+    // (CUfunction, size_t, size_t*, size_t*) -> CUresult.
+    let get_param_info =
+        unsafe { crate::compat::FUNC_GET_PARAM_INFO.get::<crate::compat::FuncGetParamInfo>() }
+            .ok()?;
     let mut sizes = Vec::new();
     loop {
         let (mut offset, mut size) = (0usize, 0usize);
         // SAFETY: valid function handle; writes two size_t. Past the last parameter the
         // driver returns CUDA_ERROR_INVALID_VALUE, which ends the loop.
-        let r = unsafe { sys::cuFuncGetParamInfo(func, sizes.len(), &mut offset, &mut size) };
+        let r = unsafe { get_param_info(func, sizes.len(), &mut offset, &mut size) };
         match r {
             sys::CUresult::CUDA_SUCCESS => sizes.push(size),
             sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(sizes),
@@ -650,7 +641,8 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// # Safety
     ///
     /// * The arguments must have the types the kernel declares (gpubind checks the count
-    ///   and byte sizes where the driver reports them, not the types).
+    ///   and byte sizes where the driver reports them, i.e. from CUDA 12.4; never the
+    ///   types).
     /// * The kernel must only access memory inside the buffers passed to it.
     /// * gpubind's device, pool and managed buffers passed as arguments need nothing
     ///   more: the launch is ordered after their pending uses, and their later uses and
@@ -848,8 +840,7 @@ pub enum Output {
 
 /// Whether `libnvrtc` can be loaded.
 pub fn nvrtc_available() -> bool {
-    // SAFETY: only tries dlopen on candidate names.
-    unsafe { nvrtc_sys::is_culib_present() }
+    crate::driver::loadable(&["nvrtc"])
 }
 
 /// Compiles CUDA C++ source with NVRTC. Needs no GPU, no context and no driver: only
