@@ -381,8 +381,58 @@ impl LaunchConfig {
     }
 }
 
-/// A value that can be passed to a kernel: device memory (passed as its address) or a
-/// plain scalar (passed by value).
+/// A value that can be passed to a kernel: device memory (passed as its address) or
+/// plain data (passed by value).
+///
+/// Every [`DeviceRepr`] type is a `KernelArg` passed by value, so one
+/// `unsafe impl DeviceRepr` is all a `#[repr(C)]` struct needs to be a kernel parameter
+/// (as with cudarc's `DeviceRepr`), besides being the element type of a buffer:
+///
+/// ```no_run
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, module: &gpubind::Module) -> gpubind::Result<()> {
+/// use gpubind::{DeviceRepr, LaunchConfig};
+/// // extern "C" __global__ void affine(Affine p, float* x, unsigned n) { … }
+/// // with `struct Affine { float scale; float shift; unsigned n; unsigned pad; };`
+/// #[repr(C)]
+/// #[derive(Clone, Copy)]
+/// struct Affine {
+///     scale: f32,
+///     shift: f32,
+///     n: u32,
+///     pad: u32, // explicit: DeviceRepr types have no padding
+/// }
+/// // SAFETY: repr(C), four 4-byte fields (no padding), every bit pattern valid.
+/// unsafe impl DeviceRepr for Affine {}
+///
+/// let affine = module.function("affine")?;
+/// let mut x = gpu.clone_htod(&[1.0f32; 64])?;
+/// let p = Affine { scale: 2.0, shift: 1.0, n: 64, pad: 0 };
+/// // SAFETY: (Affine, float*, unsigned) matches the kernel, which stays in bounds.
+/// unsafe {
+///     gpu.default_stream()
+///         .launch(&affine, LaunchConfig::for_num_elems(64))
+///         .arg(&p).arg(&mut x).arg(&64u32)
+///         .launch()?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// gpubind buffers are passed as their address *and* claimed by the launch (ordered after
+/// their pending uses). They can never be passed as plain data: a `DeviceRepr` type is
+/// `Copy`, which an owning buffer is not, so a struct holding one cannot implement it:
+///
+/// ```compile_fail,E0204
+/// #[repr(C)]
+/// #[derive(Clone, Copy)] // error[E0204]: `DeviceSlice<f32>` is not `Copy`
+/// struct Smuggled {
+///     buf: gpubind::DeviceSlice<f32>,
+/// }
+/// ```
+///
+/// A raw device address (`u64`, from the `unsafe` [`DeviceSlice::raw_ptr`]) *is* plain
+/// data and may be passed by value, alone or inside a struct: gpubind neither tracks nor
+/// keeps alive what it points to, which is why [`LaunchBuilder::launch`] is `unsafe` and
+/// its contract names such memory.
 ///
 /// # Safety
 ///
@@ -407,17 +457,20 @@ pub unsafe trait KernelArg {
     }
 }
 
-macro_rules! scalar_arg {
-    ($($t:ty),*) => { $(
-        // SAFETY: a scalar passed by value: its own bytes, borrowed for the launch.
-        unsafe impl KernelArg for $t {
-            fn param_ptr(&self) -> *mut c_void { self as *const $t as *mut c_void }
-            fn param_size(&self) -> usize { std::mem::size_of::<$t>() }
-            fn describe(&self) -> String { stringify!($t).to_owned() }
-        }
-    )* };
+// SAFETY: plain data passed by value: the kernel receives the value's own
+// `size_of::<T>()` bytes, borrowed for the launch. `DeviceRepr` promises no padding (every
+// byte initialised) and no owned resources, so copying the bytes is all the driver does.
+unsafe impl<T: DeviceRepr> KernelArg for T {
+    fn param_ptr(&self) -> *mut c_void {
+        self as *const T as *mut c_void
+    }
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<T>()
+    }
+    fn describe(&self) -> String {
+        std::any::type_name::<T>().to_owned()
+    }
 }
-crate::memory::with_scalar_types!(scalar_arg);
 
 macro_rules! memory_arg {
     ($ty:ident $(<$lt:lifetime>)?) => {
