@@ -228,6 +228,10 @@ pub(crate) struct StreamInner {
     pub(crate) device: Arc<Device>,
     pub(crate) raw: sys::CUstream,
     pub(crate) id: u64,
+    /// Set for a stream shared with cudarc ([`crate::interop`]): cudarc owns the handle
+    /// and destroys it when the last `Arc<CudaStream>` goes; this keeps it alive while
+    /// gpubind (a `Stream`, or a tracker ordering work after it) still needs it.
+    pub(crate) cudarc: Option<Arc<cudarc::driver::CudaStream>>,
 }
 
 // SAFETY: a CUstream handle is a thread-agnostic identifier; gpubind enqueues on it only
@@ -247,12 +251,33 @@ impl StreamInner {
             device,
             raw,
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            cudarc: None,
+        }
+    }
+
+    /// A stream created and owned by cudarc, shared with gpubind: never destroyed here.
+    pub(crate) fn shared(device: Arc<Device>, stream: Arc<cudarc::driver::CudaStream>) -> Self {
+        StreamInner {
+            device,
+            raw: stream.cu_stream(),
+            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            cudarc: Some(stream),
         }
     }
 }
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
+        if let Some(stream) = self.cudarc.take() {
+            // cudarc's, not ours: let go of our reference (cudarc destroys the stream
+            // with its last one), leaving the thread's current context as it was.
+            crate::interop::drop_in_context(
+                format_args!("a Stream shared with cudarc"),
+                &self.device,
+                stream,
+            );
+            return;
+        }
         let raw = self.raw;
         crate::faults::release(
             format_args!("a Stream"),
@@ -406,6 +431,17 @@ impl std::fmt::Debug for AccessTracker {
 }
 
 impl AccessTracker {
+    /// A tracker whose allocation has one pending write, on `on` (memory adopted with
+    /// work still queued on it).
+    pub(crate) fn written_on(on: StreamRef) -> Self {
+        let mut state = AccessState::default();
+        let mut grave = Vec::new();
+        state.commit(&[(on.id(), Access::Write)], |_| on.clone(), &mut grave);
+        AccessTracker {
+            state: sync::Mutex::new(state),
+        }
+    }
+
     /// Waits for every pending use (before the memory is freed or handed away) and
     /// forgets them: all streams are synchronised even if one fails; the first error is
     /// returned and then nothing is forgotten.

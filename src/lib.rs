@@ -62,6 +62,7 @@ pub mod error;
 mod faults;
 pub mod host;
 mod image;
+pub mod interop;
 pub mod ipc;
 pub mod managed;
 pub mod memory;
