@@ -64,6 +64,7 @@ pub mod host;
 mod image;
 pub mod interop;
 pub mod ipc;
+pub mod libs;
 pub mod managed;
 pub mod memory;
 pub mod module;

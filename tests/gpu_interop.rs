@@ -403,6 +403,89 @@ fn shared_stream_lifetimes() -> R {
     Ok(())
 }
 
+/// Item 2 of issue 11: NVRTC (and cuBLAS) match the driver, and the PTX fallback for a
+/// GPU the NVRTC does not know runs (the driver JIT-compiles PTX of an older arch).
+fn libraries_match_the_driver_and_ptx_fallback_runs() -> R {
+    let nvrtc = gpubind::libs::nvrtc_info().ctx("nvrtc_info")?;
+    println!("    NVRTC {nvrtc:?}");
+    let overridden = |var: &str| std::env::var(var).is_ok_and(|v| !v.is_empty());
+    if let Some(d) = nvrtc.driver_major
+        && !overridden("GPUBIND_NVRTC_PATH")
+    {
+        ensure!(
+            nvrtc.version.0 <= d,
+            "NVRTC {:?} newer than driver {d}",
+            nvrtc.version
+        );
+    }
+    ensure!(
+        nvrtc.driver_major.is_some(),
+        "no driver version read on a GPU machine"
+    );
+    match gpubind::libs::cublas_info() {
+        Ok(c) => {
+            println!("    cuBLAS {c:?}");
+            if !overridden("GPUBIND_CUBLAS_PATH") {
+                ensure!(
+                    c.version.0 <= nvrtc.driver_major.unwrap_or(u32::MAX),
+                    "cuBLAS {c:?} newer than the driver"
+                );
+            }
+        }
+        Err(e) => println!("    cuBLAS: {e}"),
+    }
+    let dev = dev0()?;
+    let (major, minor) = dev.compute_capability().ctx("compute_capability")?;
+    let cc = (major * 10 + minor) as i32;
+    let archs = gpubind::libs::nvrtc_supported_archs().ctx("archs")?;
+    println!("    sm_{cc}; NVRTC supports {archs:?}");
+    // The fallback's mechanism: PTX for the newest supported arch *below* the device's
+    // (what an NVRTC older than the GPU gets), JIT-compiled by the driver at load.
+    let older = archs
+        .as_deref()
+        .and_then(|a| a.iter().copied().filter(|&x| x < cc).max())
+        .unwrap_or(75.min(cc));
+    let ptx = gpubind::compile(
+        AFFINE,
+        "affine.cu",
+        &[format!("--gpu-architecture=compute_{older}")],
+        gpubind::Output::Ptx,
+    )
+    .ctx("compile PTX")?;
+    let ptx = String::from_utf8(ptx).map_err(|e| e.to_string())?;
+    ensure!(ptx.contains(&format!(".target sm_{older}")), "PTX target");
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.load_ptx(&ptx).ctx("load_ptx (driver JIT)")?;
+    let affine = module.function("affine").ctx("function")?;
+    let p = Affine {
+        scale: 2.0,
+        shift: 1.0,
+        n: 256,
+        stride: 1,
+        bias: [0.5, 0.5],
+    };
+    let dx = gpu.clone_htod(&vec![3.0f32; 256]).ctx("htod")?;
+    let mut dy = gpu.alloc_zeros::<f32>(256).ctx("alloc")?;
+    // SAFETY: (Affine, const float*, float*) matches; 256 elements, stride 1.
+    unsafe {
+        gpu.default_stream()
+            .launch(&affine, LaunchConfig::for_num_elems(256))
+            .arg(&p)
+            .arg(&dx)
+            .arg(&mut dy)
+            .launch()
+    }
+    .ctx("launch")?;
+    let got = gpu.dtoh(&dy).ctx("dtoh")?;
+    ensure!(
+        got.iter().all(|&y| y == 7.0),
+        "JIT-compiled kernel: {:?}",
+        &got[..4]
+    );
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_interop",
@@ -421,6 +504,10 @@ fn main() {
                 adopted_slice_is_ordered_and_owned,
             ),
             ("shared_stream_lifetimes", shared_stream_lifetimes),
+            (
+                "libraries_match_the_driver_and_ptx_fallback_runs",
+                libraries_match_the_driver_and_ptx_fallback_runs,
+            ),
         ],
     );
 }
