@@ -26,7 +26,6 @@
 //! (`LD_LIBRARY_PATH`) for those.
 
 use crate::error::{Error, Result};
-use cudarc::nvrtc::sys::nvrtcProgram;
 use std::ffi::{c_char, c_int};
 use std::sync::OnceLock;
 
@@ -230,7 +229,7 @@ fn open_lib(name: &str) -> std::result::Result<libloading::Library, String> {
 pub(crate) struct Nvrtc {
     _lib: libloading::Library,
     pub(crate) create_program: unsafe extern "C" fn(
-        *mut nvrtcProgram,
+        *mut NvrtcProgram,
         *const c_char,
         *const c_char,
         c_int,
@@ -238,14 +237,14 @@ pub(crate) struct Nvrtc {
         *const *const c_char,
     ) -> c_int,
     pub(crate) compile_program:
-        unsafe extern "C" fn(nvrtcProgram, c_int, *const *const c_char) -> c_int,
-    pub(crate) destroy_program: unsafe extern "C" fn(*mut nvrtcProgram) -> c_int,
-    pub(crate) get_ptx_size: unsafe extern "C" fn(nvrtcProgram, *mut usize) -> c_int,
-    pub(crate) get_ptx: unsafe extern "C" fn(nvrtcProgram, *mut c_char) -> c_int,
-    pub(crate) get_cubin_size: unsafe extern "C" fn(nvrtcProgram, *mut usize) -> c_int,
-    pub(crate) get_cubin: unsafe extern "C" fn(nvrtcProgram, *mut c_char) -> c_int,
-    pub(crate) get_log_size: unsafe extern "C" fn(nvrtcProgram, *mut usize) -> c_int,
-    pub(crate) get_log: unsafe extern "C" fn(nvrtcProgram, *mut c_char) -> c_int,
+        unsafe extern "C" fn(NvrtcProgram, c_int, *const *const c_char) -> c_int,
+    pub(crate) destroy_program: unsafe extern "C" fn(*mut NvrtcProgram) -> c_int,
+    pub(crate) get_ptx_size: unsafe extern "C" fn(NvrtcProgram, *mut usize) -> c_int,
+    pub(crate) get_ptx: unsafe extern "C" fn(NvrtcProgram, *mut c_char) -> c_int,
+    pub(crate) get_cubin_size: unsafe extern "C" fn(NvrtcProgram, *mut usize) -> c_int,
+    pub(crate) get_cubin: unsafe extern "C" fn(NvrtcProgram, *mut c_char) -> c_int,
+    pub(crate) get_log_size: unsafe extern "C" fn(NvrtcProgram, *mut usize) -> c_int,
+    pub(crate) get_log: unsafe extern "C" fn(NvrtcProgram, *mut c_char) -> c_int,
     /// `nvrtcGetNumSupportedArchs` and `nvrtcGetSupportedArchs` (NVRTC 11.2+).
     #[allow(clippy::type_complexity)]
     supported: Option<(
@@ -294,21 +293,21 @@ impl Nvrtc {
 struct NvrtcSyms {
     version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int,
     create_program: unsafe extern "C" fn(
-        *mut nvrtcProgram,
+        *mut NvrtcProgram,
         *const c_char,
         *const c_char,
         c_int,
         *const *const c_char,
         *const *const c_char,
     ) -> c_int,
-    compile_program: unsafe extern "C" fn(nvrtcProgram, c_int, *const *const c_char) -> c_int,
-    destroy_program: unsafe extern "C" fn(*mut nvrtcProgram) -> c_int,
-    get_ptx_size: unsafe extern "C" fn(nvrtcProgram, *mut usize) -> c_int,
-    get_ptx: unsafe extern "C" fn(nvrtcProgram, *mut c_char) -> c_int,
-    get_cubin_size: unsafe extern "C" fn(nvrtcProgram, *mut usize) -> c_int,
-    get_cubin: unsafe extern "C" fn(nvrtcProgram, *mut c_char) -> c_int,
-    get_log_size: unsafe extern "C" fn(nvrtcProgram, *mut usize) -> c_int,
-    get_log: unsafe extern "C" fn(nvrtcProgram, *mut c_char) -> c_int,
+    compile_program: unsafe extern "C" fn(NvrtcProgram, c_int, *const *const c_char) -> c_int,
+    destroy_program: unsafe extern "C" fn(*mut NvrtcProgram) -> c_int,
+    get_ptx_size: unsafe extern "C" fn(NvrtcProgram, *mut usize) -> c_int,
+    get_ptx: unsafe extern "C" fn(NvrtcProgram, *mut c_char) -> c_int,
+    get_cubin_size: unsafe extern "C" fn(NvrtcProgram, *mut usize) -> c_int,
+    get_cubin: unsafe extern "C" fn(NvrtcProgram, *mut c_char) -> c_int,
+    get_log_size: unsafe extern "C" fn(NvrtcProgram, *mut usize) -> c_int,
+    get_log: unsafe extern "C" fn(NvrtcProgram, *mut c_char) -> c_int,
     #[allow(clippy::type_complexity)]
     supported: Option<(
         unsafe extern "C" fn(*mut c_int) -> c_int,
@@ -407,8 +406,12 @@ pub(crate) struct Cublas {
     pub(crate) info: LibraryInfo,
 }
 
-/// `cublasHandle_t`.
-pub(crate) type CublasHandle = cudarc::cublas::sys::cublasHandle_t;
+/// `cublasHandle_t` (opaque). Plain pointers rather than cudarc's types, so this module
+/// needs none of cudarc's NVRTC or cuBLAS bindings.
+pub(crate) type CublasHandle = *mut std::ffi::c_void;
+
+/// `NvrtcProgram` (opaque).
+pub(crate) type NvrtcProgram = *mut std::ffi::c_void;
 
 /// Resolved cuBLAS symbols with their library and version.
 type CublasParts = (libloading::Library, CublasSyms);

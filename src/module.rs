@@ -63,7 +63,6 @@ use crate::memory::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut};
 use crate::poison::KernelName;
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
-use cudarc::nvrtc::sys as nvrtc_sys;
 use std::ffi::{CStr, CString, c_void};
 use std::sync::Arc;
 
@@ -959,7 +958,7 @@ pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Res
         status: crate::libs::nvrtc_status_name(r),
         log,
     };
-    let mut prog: nvrtc_sys::nvrtcProgram = std::ptr::null_mut();
+    let mut prog: crate::libs::NvrtcProgram = std::ptr::null_mut();
     // SAFETY: NUL-terminated source and name, alive for the call; no headers.
     let r = unsafe {
         (nvrtc.create_program)(
@@ -1012,7 +1011,7 @@ pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Res
     result
 }
 
-fn program_log(nvrtc: &crate::libs::Nvrtc, prog: nvrtc_sys::nvrtcProgram) -> String {
+fn program_log(nvrtc: &crate::libs::Nvrtc, prog: crate::libs::NvrtcProgram) -> String {
     let mut size = 0usize;
     // SAFETY: live program; writes one size_t.
     if unsafe { (nvrtc.get_log_size)(prog, &mut size) } != crate::libs::NVRTC_SUCCESS {
