@@ -389,7 +389,16 @@ impl<'b> BoundStream<'b> {
         };
         // Record the slice's write event here, after the waits: cudarc makes every stream
         // that uses the view wait for it, so cudarc work anywhere follows gpubind's.
+        // cudarc notes a failed record only in its context's error state: look there (and
+        // leave what was there before for cudarc's user).
+        let ctx = cstream.context();
+        let earlier = ctx.check_err();
         drop(DevicePtrMut::device_ptr_mut(&mut *lent.slice, cstream));
+        let recorded = ctx.check_err();
+        ctx.record_err(earlier);
+        ctx.record_err(recorded);
+        // On failure `lent` settles as it drops, and the claim records the (empty) lend.
+        recorded.map_err(|e| cudarc_error(device, "CudaEvent::record", e))?;
         let out = f(&mut lent.slice);
         lent.settle()?;
         Ok(out)
