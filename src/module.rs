@@ -879,7 +879,9 @@ impl<'a> BoundDevice<'a> {
     /// the newest architecture it knows below the device's instead (`compute_XY`), which
     /// the driver JIT-compiles for the device at load. A device older than every
     /// architecture the NVRTC supports is [`Error::Compile`] naming the supported range.
-    /// Which NVRTC is used: [`crate::libs`].
+    /// Which NVRTC is used: [`crate::libs`] (never a newer major version than the
+    /// driver's; PTX from an NVRTC of a newer *minor* version than the driver can still be
+    /// refused at load, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, where a cubin would load).
     pub fn compile_and_load(&self, src: &str, name: &str) -> Result<Module> {
         let (major, minor) = self.device().compute_capability()?;
         let cc = i32::try_from(major * 10 + minor).unwrap_or(i32::MAX);
