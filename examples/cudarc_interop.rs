@@ -36,7 +36,6 @@ fn main() {
 
 /// Why this example cannot run here, if it cannot (a broken driver is not a reason).
 fn skip_reason() -> Option<String> {
-    use gpubind::cudarc::driver::sys::CUresult;
     if !gpubind::driver_available() {
         return Some("no CUDA driver found (libcuda not loadable)".into());
     }
@@ -44,7 +43,7 @@ fn skip_reason() -> Option<String> {
         Ok(0) => return Some("the CUDA driver reports no device".into()),
         Err(Error::NoDriver) => return Some("no CUDA driver found".into()),
         Err(Error::Driver {
-            code: CUresult::CUDA_ERROR_NO_DEVICE,
+            code: gpubind::DriverErrorCode::NO_DEVICE,
             ..
         }) => return Some("cuInit: no CUDA-capable device".into()),
         _ => {}

@@ -1165,8 +1165,9 @@ fn footprint_child(kind: &str) -> R<()> {
         )?;
         Ok(active != 0)
     };
-    let sm = DeviceAttribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
-    let clock = DeviceAttribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE;
+    // cudarc's and the driver's attribute values (gpubind's own: DeviceAttribute).
+    let sm = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+    let clock = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE;
     match kind {
         "gpubind" => {
             let devs = Device::all()?;
@@ -1177,7 +1178,10 @@ fn footprint_child(kind: &str) -> R<()> {
                     d.compute_capability()?,
                     d.total_memory()?,
                 );
-                let _ = (d.multiprocessor_count()?, d.attribute(clock)?);
+                let _ = (
+                    d.multiprocessor_count()?,
+                    d.attribute(DeviceAttribute::ClockRate)?,
+                );
             }
             let d0 = devs.first().ok_or("no device")?;
             let mut active = false;

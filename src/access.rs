@@ -100,6 +100,22 @@ impl<S: TrackedStream> AccessState<S> {
             && (access == Access::Read || self.readers.iter().all(|r| r.id() == on))
     }
 
+    /// Whether recording one use of kind `access` on `on` would change nothing: the
+    /// stream is already the only writer (a write), or already recorded (a read). The
+    /// fast path of every commit: a stream reusing a buffer touches no reference count.
+    #[inline]
+    pub(crate) fn commit_is_noop(&self, on: u64, access: Access) -> bool {
+        match access {
+            Access::Write => {
+                self.readers.is_empty() && self.writers.len() == 1 && self.writers[0].id() == on
+            }
+            Access::Read => {
+                self.writers.iter().any(|w| w.id() == on)
+                    || self.readers.iter().any(|r| r.id() == on)
+            }
+        }
+    }
+
     /// Calls `wait(from)` for every stream whose pending use conflicts with a use of kind
     /// `access` on `on` (the write streams; for a write, the read streams too).
     pub(crate) fn wait_conflicts(
@@ -126,7 +142,7 @@ impl<S: TrackedStream> AccessState<S> {
         &mut self,
         uses: &[(u64, Access)],
         make: impl Fn(u64) -> S,
-        grave: &mut Vec<S>,
+        grave: &mut Grave<S>,
     ) {
         let writes = uses.iter().filter(|(_, a)| *a == Access::Write);
         if writes.clone().next().is_some() {
@@ -137,8 +153,8 @@ impl<S: TrackedStream> AccessState<S> {
                     .all(|(id, _)| self.writers.iter().any(|w| w.id() == *id))
                 && uses.iter().all(|(_, a)| *a == Access::Write);
             if !unchanged {
-                grave.append(&mut self.writers);
-                grave.append(&mut self.readers);
+                grave.take_all(&mut self.writers);
+                grave.take_all(&mut self.readers);
                 for (id, _) in writes {
                     if !self.writers.iter().any(|w| w.id() == *id) {
                         self.writers.push(make(*id));
@@ -165,7 +181,9 @@ impl<S: TrackedStream> AccessState<S> {
                     .into_iter()
                     .partition(S::is_idle);
                 self.readers = busy;
-                grave.extend(idle);
+                for s in idle {
+                    grave.push(s);
+                }
             }
             self.readers.push(make(*id));
         }
@@ -178,7 +196,7 @@ impl<S: TrackedStream> AccessState<S> {
         &mut self,
         access: Access,
         mut synchronize: impl FnMut(&S) -> Result<()>,
-        grave: &mut Vec<S>,
+        grave: &mut Grave<S>,
     ) -> Result<()> {
         for w in &self.writers {
             synchronize(w)?;
@@ -187,9 +205,9 @@ impl<S: TrackedStream> AccessState<S> {
             for r in &self.readers {
                 synchronize(r)?;
             }
-            grave.append(&mut self.readers);
+            grave.take_all(&mut self.readers);
         }
-        grave.append(&mut self.writers);
+        grave.take_all(&mut self.writers);
         Ok(())
     }
 
@@ -222,17 +240,62 @@ impl<S: TrackedStream> AccessState<S> {
     }
 }
 
+/// What a commit or a host wait replaces: streams to let go of once the tracker is
+/// unlocked (dropping the last reference to a stream destroys it, a driver call that
+/// should not run under the lock). Inline for the usual one or two (a hand-off replaces
+/// one writer), so the hot path allocates nothing.
+pub(crate) struct Grave<S> {
+    inline: [Option<S>; 2],
+    spill: Vec<S>,
+}
+
+impl<S> Grave<S> {
+    pub(crate) fn new() -> Self {
+        Grave {
+            inline: [None, None],
+            spill: Vec::new(),
+        }
+    }
+
+    pub(crate) fn push(&mut self, s: S) {
+        match self.inline.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some(s),
+            None => self.spill.push(s),
+        }
+    }
+
+    /// Moves every element of `v` here, keeping `v`'s capacity for what replaces them.
+    pub(crate) fn take_all(&mut self, v: &mut Vec<S>) {
+        for s in v.drain(..) {
+            self.push(s);
+        }
+    }
+}
+
 /// The stream behind a [`Stream`](crate::Stream): destroyed when the last holder (the
 /// `Stream`, or a tracker that still orders work after it) lets go.
 pub(crate) struct StreamInner {
     pub(crate) device: Arc<Device>,
     pub(crate) raw: sys::CUstream,
     pub(crate) id: u64,
+    /// The event this stream's hand-offs record (created at the first one): see
+    /// [`StreamInner::enqueue_wait`].
+    handoff: std::sync::OnceLock<HandoffEvent>,
     /// Set for a stream shared with cudarc ([`crate::interop`]): cudarc owns the handle
     /// and destroys it when the last `Arc<CudaStream>` goes; this keeps it alive while
     /// gpubind (a `Stream`, or a tracker ordering work after it) still needs it.
     pub(crate) cudarc: Option<Arc<cudarc::driver::CudaStream>>,
 }
+
+/// A `CU_EVENT_DISABLE_TIMING` event of a stream's context, only ever recorded on that
+/// stream.
+struct HandoffEvent(sys::CUevent);
+
+// SAFETY: an event handle is a thread-agnostic identifier; the driver serialises calls on
+// it.
+unsafe impl Send for HandoffEvent {}
+// SAFETY: as above; concurrent records on the one stream are harmless (see enqueue_wait).
+unsafe impl Sync for HandoffEvent {}
 
 // SAFETY: a CUstream handle is a thread-agnostic identifier; gpubind enqueues on it only
 // with its device's context current (through a BoundStream, or a ContextGuard).
@@ -251,6 +314,7 @@ impl StreamInner {
             device,
             raw,
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            handoff: std::sync::OnceLock::new(),
             cudarc: None,
         }
     }
@@ -261,16 +325,76 @@ impl StreamInner {
             device,
             raw: stream.cu_stream(),
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            handoff: std::sync::OnceLock::new(),
             cudarc: Some(stream),
         }
     }
+
+    /// This stream's hand-off event, created in its context at the first use.
+    fn handoff_event(&self) -> Result<sys::CUevent> {
+        if let Some(e) = self.handoff.get() {
+            return Ok(e.0);
+        }
+        let created = {
+            let _guard = self.device.enter()?;
+            let mut raw: sys::CUevent = std::ptr::null_mut();
+            let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+            // SAFETY: this stream's context is current; writes one handle.
+            unsafe { sys::cuEventCreate(&mut raw, flags) }
+                .check_on(&self.device, "cuEventCreate")?;
+            raw
+        };
+        if let Err(lost) = self.handoff.set(HandoffEvent(created)) {
+            // Another thread created one first: keep theirs.
+            destroy_event(&self.device, lost.0);
+        }
+        Ok(self.handoff.get().map_or(created, |e| e.0))
+    }
+
+    /// Makes `to` wait on the device for the work enqueued on this stream so far, with an
+    /// event recorded on this stream (no lock, no context switch: the driver runs work on
+    /// a stream in the stream's own context, whatever is current; asserted on the GPU by
+    /// `gpu_binding::stream_ops_with_a_foreign_context_current`).
+    ///
+    /// The one event may be recorded by several threads at once. `cuStreamWaitEvent`
+    /// captures the event's most recent record at the call, which on this thread is at or
+    /// after its own record (records are calls on this stream, in the order they are
+    /// made): `to` may wait for *more* of this stream than it needed, never less. And it
+    /// cannot wait for work that waits on `to` later: whatever this stream had enqueued
+    /// before that record was enqueued before the wait was.
+    fn enqueue_wait(&self, to: sys::CUstream) -> Result<()> {
+        self.device.check_poison()?;
+        let event = self.handoff_event()?;
+        // SAFETY: `event` belongs to this stream's context; the stream lives (borrowed).
+        unsafe { sys::cuEventRecord(event, self.raw) }.check_on(&self.device, "cuEventRecord")?;
+        // SAFETY: `to` is a live stream of the current context (or a gpubind stream); the
+        // event may belong to another context, which CUDA allows.
+        unsafe { sys::cuStreamWaitEvent(to, event, 0) }.check("cuStreamWaitEvent")
+    }
+}
+
+/// Destroys an event of `device`'s context (a drop: failures are logged).
+fn destroy_event(device: &Device, event: sys::CUevent) {
+    crate::faults::release(
+        format_args!("a stream's hand-off event"),
+        device,
+        Ok(()),
+        "cuEventDestroy_v2",
+        // SAFETY: created by cuEventCreate in this context (current while this runs),
+        // destroyed once, here; the driver releases it once pending records complete.
+        || unsafe { sys::cuEventDestroy_v2(event) },
+    );
 }
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
         if let Some(stream) = self.cudarc.take() {
-            // cudarc's, not ours: let go of our reference (cudarc destroys the stream
-            // with its last one), leaving the thread's current context as it was.
+            // Its hand-off event is ours; the stream is cudarc's: let go of our reference
+            // (cudarc destroys the stream with its last one), leaving the thread's
+            // current context as it was.
+            if let Some(event) = self.handoff.take() {
+                destroy_event(&self.device, event.0);
+            }
             crate::interop::drop_in_context(
                 format_args!("a Stream shared with cudarc"),
                 &self.device,
@@ -291,6 +415,9 @@ impl Drop for StreamInner {
                 unsafe { sys::cuStreamDestroy_v2(raw) }
             },
         );
+        if let Some(event) = self.handoff.take() {
+            destroy_event(&self.device, event.0);
+        }
     }
 }
 
@@ -347,7 +474,10 @@ impl StreamRef {
     /// Makes `to` wait on the device for the work enqueued on `self` so far. `to`'s
     /// context must be current (or `to` must be a non-null stream).
     fn enqueue_wait(&self, to: sys::CUstream) -> Result<()> {
-        let device = self.device();
+        let device = match self {
+            StreamRef::Owned(s) => return s.enqueue_wait(to),
+            StreamRef::Legacy(device) => device,
+        };
         let event = device.take_event()?;
         let recorded = {
             let _guard = device.enter()?;
@@ -435,7 +565,7 @@ impl AccessTracker {
     /// work still queued on it).
     pub(crate) fn written_on(on: StreamRef) -> Self {
         let mut state = AccessState::default();
-        let mut grave = Vec::new();
+        let mut grave = Grave::new();
         state.commit(&[(on.id(), Access::Write)], |_| on.clone(), &mut grave);
         AccessTracker {
             state: sync::Mutex::new(state),
@@ -460,18 +590,22 @@ impl AccessTracker {
     /// written: a module's launches) and no claim across its enqueue (what it guards — the
     /// module's unload — cannot happen while the launch borrows the module).
     pub(crate) fn note_read(&self, on: StreamSlot<'_>) {
-        let mut grave = Vec::new();
-        {
-            let mut st = sync::lock(&self.state);
-            st.commit(&[(on.id(), Access::Read)], |_| on.to_ref(), &mut grave);
+        let id = on.id();
+        let mut st = sync::lock(&self.state);
+        // The usual case, a launch on a stream already recorded: nothing changes.
+        if st.commit_is_noop(id, Access::Read) {
+            return;
         }
+        let mut grave = Grave::new();
+        st.commit(&[(id, Access::Read)], |_| on.to_ref(), &mut grave);
+        drop(st);
         drop(grave);
     }
 
     /// A host access of kind `access` that needs nothing held afterwards (the borrow of
     /// the memory excludes conflicting uses from then on): waits and forgets.
     pub(crate) fn host_access(&self, access: Access) -> Result<()> {
-        let mut grave = Vec::new();
+        let mut grave = Grave::new();
         let out = {
             let mut st = sync::lock(&self.state);
             st.host_wait(access, StreamRef::synchronize, &mut grave)
@@ -566,12 +700,15 @@ pub(crate) fn claim<'t, 's, H: AsMut<[Option<Held<'t>>]>>(
 impl<'t, H: AsMut<[Option<Held<'t>>]>> Drop for Claim<'t, '_, H> {
     fn drop(&mut self) {
         // Record the operation's uses, unlock, then drop what they replaced.
-        let mut grave = Vec::new();
+        let mut grave = Grave::new();
         let on = self.on;
+        let id = on.id();
         for slot in self.held.as_mut().iter_mut() {
-            if let Some(mut h) = slot.take() {
+            if let Some(mut h) = slot.take()
+                && !h.guard.commit_is_noop(id, h.access)
+            {
                 h.guard
-                    .commit(&[(on.id(), h.access)], |_| on.to_ref(), &mut grave);
+                    .commit(&[(id, h.access)], |_| on.to_ref(), &mut grave);
             }
         }
         drop(grave);
@@ -607,8 +744,11 @@ pub(crate) fn claim_exclusive<'t, 's>(
 
 impl Drop for ExclusiveClaim<'_, '_> {
     fn drop(&mut self) {
-        let mut grave = Vec::new();
         let on = self.on;
+        if self.state.commit_is_noop(on.id(), self.access) {
+            return;
+        }
+        let mut grave = Grave::new();
         self.state
             .commit(&[(on.id(), self.access)], |_| on.to_ref(), &mut grave);
     }
@@ -622,7 +762,7 @@ pub(crate) fn host_claim<'t, H: AsMut<[Option<Held<'t>>]>>(
     mut held: H,
 ) -> Result<H> {
     lock_all(uses, held.as_mut());
-    let mut grave = Vec::new();
+    let mut grave = Grave::new();
     for h in held.as_mut().iter_mut().flatten() {
         let access = h.access;
         h.guard
@@ -632,6 +772,7 @@ pub(crate) fn host_claim<'t, H: AsMut<[Option<Held<'t>>]>>(
 }
 
 /// One locked tracker of a lane claim, with its uses.
+#[cfg(feature = "collective")]
 type LaneHeld<'t> = (
     sync::MutexGuard<'t, AccessState<StreamRef>>,
     Vec<(StreamRef, Access)>,
@@ -639,6 +780,7 @@ type LaneHeld<'t> = (
 
 /// A claim on buffers used on several streams (a collective's lanes, of any devices):
 /// every use names its stream; each stream waits for the conflicts of its own uses.
+#[cfg(feature = "collective")]
 #[must_use = "hold the claim until the operation is enqueued"]
 pub(crate) struct LaneClaim<'t> {
     /// `(tracker, its uses)`, locked, sorted by tracker address.
@@ -646,6 +788,7 @@ pub(crate) struct LaneClaim<'t> {
 }
 
 /// Claims each `(tracker, access, stream)`; the streams' contexts are pushed as needed.
+#[cfg(feature = "collective")]
 pub(crate) fn claim_lanes<'t>(
     mut uses: Vec<(&'t AccessTracker, Access, StreamRef)>,
 ) -> Result<LaneClaim<'t>> {
@@ -676,9 +819,10 @@ pub(crate) fn claim_lanes<'t>(
     Ok(LaneClaim { held })
 }
 
+#[cfg(feature = "collective")]
 impl Drop for LaneClaim<'_> {
     fn drop(&mut self) {
-        let mut grave = Vec::new();
+        let mut grave = Grave::new();
         for (mut st, v) in self.held.drain(..) {
             let ids: Vec<(u64, Access)> = v.iter().map(|(s, a)| (s.id(), *a)).collect();
             let make = |id: u64| {
@@ -696,6 +840,7 @@ impl Drop for LaneClaim<'_> {
 
 /// `commit` only asks for ids it was given; this is never reached, and returns the first
 /// stream rather than panicking in a `Drop`.
+#[cfg(feature = "collective")]
 fn unreachable_stream(v: &[(StreamRef, Access)]) -> StreamRef {
     v[0].0.clone()
 }
@@ -723,8 +868,50 @@ mod tests {
     }
 
     fn commit1(st: &mut AccessState<S>, id: u64, a: Access) {
-        let mut grave = Vec::new();
+        let mut grave = Grave::new();
         st.commit(&[(id, a)], S, &mut grave);
+    }
+
+    /// The commit fast path agrees with `commit`: whenever it says "no change", a commit
+    /// changes nothing, and it says so for a stream reusing a buffer it alone holds. Every
+    /// state reachable in up to four commits over three streams (plus the idle 100s that
+    /// pruning drops) is checked against every next use.
+    #[test]
+    fn commit_fast_path_agrees_with_commit() {
+        let uses: Vec<(u64, Access)> = [1, 2, 3]
+            .into_iter()
+            .flat_map(|id| [(id, Access::Read), (id, Access::Write)])
+            .collect();
+        let mut states = vec![AccessState::<S>::default()];
+        let mut fast = 0;
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for st in &states {
+                for &(id, a) in &uses {
+                    let mut after = AccessState {
+                        writers: st.writers.clone(),
+                        readers: st.readers.clone(),
+                    };
+                    commit1(&mut after, id, a);
+                    if st.commit_is_noop(id, a) {
+                        fast += 1;
+                        assert_eq!(
+                            (&after.writers, &after.readers),
+                            (&st.writers, &st.readers),
+                            "fast path for {a:?} on {id} from {st:?}"
+                        );
+                    }
+                    next.push(after);
+                }
+            }
+            states = next;
+        }
+        let mut st = AccessState::<S>::default();
+        commit1(&mut st, 1, Access::Write);
+        assert!(st.commit_is_noop(1, Access::Write));
+        assert!(st.commit_is_noop(1, Access::Read));
+        assert!(!st.commit_is_noop(2, Access::Read));
+        assert!(fast > 100, "the fast path was taken {fast} times");
     }
 
     fn conflicts(st: &AccessState<S>, on: u64, a: Access) -> Vec<u64> {
@@ -769,7 +956,7 @@ mod tests {
     #[test]
     fn a_claim_on_several_streams_keeps_every_write() {
         let mut st = AccessState::<S>::default();
-        let mut grave = Vec::new();
+        let mut grave = Grave::new();
         st.commit(
             &[(1, Access::Write), (2, Access::Write), (3, Access::Read)],
             S,
@@ -797,7 +984,7 @@ mod tests {
         let mut st = AccessState::<S>::default();
         commit1(&mut st, 1, Access::Write);
         commit1(&mut st, 2, Access::Read);
-        let mut grave = Vec::new();
+        let mut grave = Grave::new();
         let e = st.host_wait(
             Access::Write,
             |_| Err(Error::InvalidArgument("mock".into())),
@@ -949,7 +1136,7 @@ mod loom_models {
             .unwrap();
         }
         on.enqueued.store(true, SeqCst);
-        let mut grave = Vec::new();
+        let mut grave = Grave::new();
         let on2 = on.clone();
         st.commit(&[(on.id, access)], move |_| on2.clone(), &mut grave);
         waited
@@ -984,7 +1171,11 @@ mod loom_models {
             w.enqueued.store(true, SeqCst);
             let mut st = AccessState::<M>::default();
             let w2 = w.clone();
-            st.commit(&[(1, Access::Write)], move |_| w2.clone(), &mut Vec::new());
+            st.commit(
+                &[(1, Access::Write)],
+                move |_| w2.clone(),
+                &mut Grave::new(),
+            );
             let state = Arc::new(sync::Mutex::new(st));
             let copying = Arc::new(AtomicBool::new(false));
             let host = {
@@ -1023,7 +1214,11 @@ mod loom_models {
             w.enqueued.store(true, SeqCst);
             let mut st = AccessState::<M>::default();
             let w2 = w.clone();
-            st.commit(&[(1, Access::Write)], move |_| w2.clone(), &mut Vec::new());
+            st.commit(
+                &[(1, Access::Write)],
+                move |_| w2.clone(),
+                &mut Grave::new(),
+            );
             let state = Arc::new(sync::Mutex::new(st));
             let t = {
                 let state = state.clone();

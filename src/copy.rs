@@ -102,6 +102,7 @@ use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::Result;
+#[cfg(feature = "ipc")]
 use crate::ipc::{ImportedSlice, LegacySlice, PoolSlice};
 use crate::memory::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, expect_len};
 use crate::stream::BoundStream;
@@ -263,6 +264,9 @@ device_kinds! {
     DeviceSlice, mut;
     DeviceView<'a>, const;
     DeviceViewMut<'a>, mut;
+}
+#[cfg(feature = "ipc")]
+device_kinds! {
     PoolSlice, mut;
     ImportedSlice, mut;
     LegacySlice, mut;

@@ -30,7 +30,173 @@ use cudarc::driver::sys;
 use std::fmt;
 use std::sync::{Arc, Weak};
 
-pub use cudarc::driver::sys::CUdevice_attribute as DeviceAttribute;
+macro_rules! device_attributes {
+    ($($(#[$doc:meta])* $name:ident = $raw:ident,)*) => {
+        /// A device attribute for [`Device::attribute`]: gpubind's names for the common
+        /// `CU_DEVICE_ATTRIBUTE_*` values (not cudarc's enum, so a cudarc update does not
+        /// change this type). `#[non_exhaustive]`: more may be added. Any other attribute
+        /// can be read through the raw escape hatch [`Device::attribute_raw`].
+        ///
+        /// ```
+        /// use gpubind::DeviceAttribute;
+        /// let a = DeviceAttribute::MaxThreadsPerBlock;
+        /// assert_eq!(a.name(), "CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK");
+        /// assert_eq!(a.to_string(), a.name());
+        /// assert!(DeviceAttribute::ALL.contains(&a));
+        /// ```
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum DeviceAttribute {
+            $($(#[$doc])* $name,)*
+        }
+
+        impl DeviceAttribute {
+            /// Every attribute of this enum, in declaration order.
+            pub const ALL: &'static [DeviceAttribute] = &[$(DeviceAttribute::$name,)*];
+
+            /// The driver's name, e.g. `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(DeviceAttribute::$name => stringify!($raw),)*
+                }
+            }
+
+            /// The driver's value of this attribute.
+            pub(crate) fn to_sys(self) -> sys::CUdevice_attribute {
+                match self {
+                    $(DeviceAttribute::$name => sys::CUdevice_attribute::$raw,)*
+                }
+            }
+        }
+    };
+}
+
+device_attributes! {
+    /// Maximum threads per block.
+    MaxThreadsPerBlock = CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+    /// Maximum block dimension x.
+    MaxBlockDimX = CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X,
+    /// Maximum block dimension y.
+    MaxBlockDimY = CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y,
+    /// Maximum block dimension z.
+    MaxBlockDimZ = CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z,
+    /// Maximum grid dimension x.
+    MaxGridDimX = CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X,
+    /// Maximum grid dimension y.
+    MaxGridDimY = CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y,
+    /// Maximum grid dimension z.
+    MaxGridDimZ = CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z,
+    /// Shared memory a block may use without opting in, in bytes.
+    MaxSharedMemoryPerBlock = CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+    /// Shared memory a block may use after opting in (`cuFuncSetAttribute`), in bytes.
+    MaxSharedMemoryPerBlockOptin = CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+    /// Constant memory, in bytes.
+    TotalConstantMemory = CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY,
+    /// Threads per warp.
+    WarpSize = CU_DEVICE_ATTRIBUTE_WARP_SIZE,
+    /// Largest pitch of a pitched copy, in bytes.
+    MaxPitch = CU_DEVICE_ATTRIBUTE_MAX_PITCH,
+    /// 32-bit registers available to a block.
+    MaxRegistersPerBlock = CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK,
+    /// Typical clock rate, in kHz.
+    ClockRate = CU_DEVICE_ATTRIBUTE_CLOCK_RATE,
+    /// Streaming multiprocessors.
+    MultiprocessorCount = CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    /// 1 when kernels have a run-time limit (a display watchdog).
+    KernelExecTimeout = CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT,
+    /// 1 for a GPU integrated with the host's memory.
+    Integrated = CU_DEVICE_ATTRIBUTE_INTEGRATED,
+    /// 1 when host memory can be mapped into the device's address space.
+    CanMapHostMemory = CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY,
+    /// The compute mode (0 default, 2 prohibited, 3 exclusive process).
+    ComputeMode = CU_DEVICE_ATTRIBUTE_COMPUTE_MODE,
+    /// 1 when kernels of one context may run concurrently.
+    ConcurrentKernels = CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS,
+    /// 1 when ECC is on.
+    EccEnabled = CU_DEVICE_ATTRIBUTE_ECC_ENABLED,
+    /// PCI bus id.
+    PciBusId = CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
+    /// PCI device (slot) id.
+    PciDeviceId = CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID,
+    /// PCI domain id.
+    PciDomainId = CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID,
+    /// Peak memory clock, in kHz.
+    MemoryClockRate = CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE,
+    /// Global memory bus width, in bits.
+    GlobalMemoryBusWidth = CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH,
+    /// L2 cache size, in bytes.
+    L2CacheSize = CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
+    /// Maximum resident threads per multiprocessor.
+    MaxThreadsPerMultiprocessor = CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+    /// Copy engines that can run concurrently with kernels.
+    AsyncEngineCount = CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT,
+    /// 1 when the device shares a unified address space with the host.
+    UnifiedAddressing = CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
+    /// Compute capability, major number.
+    ComputeCapabilityMajor = CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+    /// Compute capability, minor number.
+    ComputeCapabilityMinor = CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+    /// 1 when streams may have priorities.
+    StreamPrioritiesSupported = CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED,
+    /// Shared memory per multiprocessor, in bytes.
+    MaxSharedMemoryPerMultiprocessor = CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+    /// 32-bit registers per multiprocessor.
+    MaxRegistersPerMultiprocessor = CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR,
+    /// 1 when the device can allocate managed memory.
+    ManagedMemory = CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY,
+    /// 1 when the device is on a multi-GPU board.
+    MultiGpuBoard = CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD,
+    /// 1 when device-host atomics are native.
+    HostNativeAtomicSupported = CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED,
+    /// 1 when kernels can access pageable host memory coherently.
+    PageableMemoryAccess = CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+    /// 1 when host and device may access managed memory concurrently.
+    ConcurrentManagedAccess = CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+    /// 1 when compute preemption is supported.
+    ComputePreemptionSupported = CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED,
+    /// 1 when cooperative kernels can be launched.
+    CooperativeLaunch = CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
+    /// 1 when pageable access goes through the host's page tables.
+    PageableMemoryAccessUsesHostPageTables = CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
+    /// 1 when the host can access managed memory directly, without migration.
+    DirectManagedMemAccessFromHost = CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
+    /// Maximum resident blocks per multiprocessor.
+    MaxBlocksPerMultiprocessor = CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR,
+    /// Largest persisting L2 cache set-aside, in bytes.
+    MaxPersistingL2CacheSize = CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE,
+    /// Largest access-policy window, in bytes.
+    MaxAccessPolicyWindowSize = CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE,
+    /// Shared memory the driver reserves per block, in bytes.
+    ReservedSharedMemoryPerBlock = CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+    /// 1 when the virtual memory management APIs (`cuMemMap`, …) are supported.
+    VirtualAddressManagementSupported = CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+    /// 1 when `cuMemHostRegister` is supported.
+    HostRegisterSupported = CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED,
+    /// 1 when host memory can be registered read-only.
+    ReadOnlyHostRegisterSupported = CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
+    /// 1 when stream-ordered memory pools (`cuMemAllocAsync`) are supported.
+    MemoryPoolsSupported = CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+    /// Bit mask of the handle types memory pools can export for IPC.
+    MempoolSupportedHandleTypes = CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
+    /// 1 when allocations can be exported as POSIX file descriptors.
+    HandleTypePosixFileDescriptorSupported = CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+    /// 1 when GPUDirect RDMA is supported.
+    GpuDirectRdmaSupported = CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED,
+}
+
+impl fmt::Display for DeviceAttribute {
+    /// The driver's name ([`DeviceAttribute::name`]).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The raw value, for calling cudarc or the driver directly.
+impl From<DeviceAttribute> for sys::CUdevice_attribute {
+    fn from(a: DeviceAttribute) -> Self {
+        a.to_sys()
+    }
+}
 
 /// One CUDA device, shared by `Arc`.
 ///
@@ -220,8 +386,8 @@ impl Device {
     /// `(major, minor)`, e.g. `(9, 0)` for Hopper.
     pub fn compute_capability(&self) -> Result<(u32, u32)> {
         Ok((
-            self.attribute(DeviceAttribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as u32,
-            self.attribute(DeviceAttribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32,
+            self.attribute(DeviceAttribute::ComputeCapabilityMajor)? as u32,
+            self.attribute(DeviceAttribute::ComputeCapabilityMinor)? as u32,
         ))
     }
 
@@ -233,10 +399,35 @@ impl Device {
         Ok(bytes)
     }
 
-    /// Any `CU_DEVICE_ATTRIBUTE_*` (`cuDeviceGetAttribute`).
+    /// A device attribute (`cuDeviceGetAttribute`). Creates no context.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, DeviceAttribute};
+    /// let dev = Device::get(0)?;
+    /// let warp = dev.attribute(DeviceAttribute::WarpSize)?;
+    /// assert_eq!(warp, 32);
+    /// # Ok(()) }
+    /// ```
     pub fn attribute(&self, attr: DeviceAttribute) -> Result<i32> {
+        self.attribute_raw(attr.to_sys())
+    }
+
+    /// Raw escape hatch: any `CU_DEVICE_ATTRIBUTE_*` of the driver, as cudarc names it
+    /// (for attributes [`DeviceAttribute`] does not list). Takes a cudarc type: see the
+    /// crate docs on `gpubind::cudarc` and semver.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::cudarc::driver::sys::CUdevice_attribute as A;
+    /// let dev = gpubind::Device::get(0)?;
+    /// let numa = dev.attribute_raw(A::CU_DEVICE_ATTRIBUTE_NUMA_CONFIG)?;
+    /// # let _ = numa; Ok(()) }
+    /// ```
+    pub fn attribute_raw(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
         let mut v = 0;
-        // SAFETY: valid device handle; writes one int.
+        // SAFETY: valid device handle; writes one int. An attribute value this driver
+        // does not know is refused with CUDA_ERROR_INVALID_VALUE (a typed error).
         unsafe { sys::cuDeviceGetAttribute(&mut v, attr, self.raw) }
             .check("cuDeviceGetAttribute")?;
         Ok(v)
@@ -244,7 +435,7 @@ impl Device {
 
     /// Number of streaming multiprocessors.
     pub fn multiprocessor_count(&self) -> Result<u32> {
-        Ok(self.attribute(DeviceAttribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32)
+        Ok(self.attribute(DeviceAttribute::MultiprocessorCount)? as u32)
     }
 
     /// Whether kernels on `self` can access memory of `peer` directly.
@@ -268,19 +459,19 @@ impl Device {
         use DeviceAttribute as A;
         let attr = |a| -> Result<u32> { Ok(self.attribute(a)?.max(0) as u32) };
         let read = DeviceLimits {
-            max_threads_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            max_threads_per_block: attr(A::MaxThreadsPerBlock)?,
             max_block_dim: [
-                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
-                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
-                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+                attr(A::MaxBlockDimX)?,
+                attr(A::MaxBlockDimY)?,
+                attr(A::MaxBlockDimZ)?,
             ],
             max_grid_dim: [
-                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
-                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
-                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+                attr(A::MaxGridDimX)?,
+                attr(A::MaxGridDimY)?,
+                attr(A::MaxGridDimZ)?,
             ],
-            shared_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
-            shared_per_block_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+            shared_per_block: attr(A::MaxSharedMemoryPerBlock)?,
+            shared_per_block_optin: attr(A::MaxSharedMemoryPerBlockOptin)?,
         };
         // A concurrent first launch may have filled it meanwhile: same values either way.
         Ok(self.limits.get_or_init(|| read))
@@ -312,8 +503,8 @@ impl Device {
     pub(crate) fn primary_context(&self) -> Result<(RawContext, u64)> {
         self.primary.get().map_err(|e| match e {
             // The driver reports a sticky error of the process at the retain: poison.
-            Error::Driver { call, code, .. } if crate::poison::is_sticky(code) => {
-                let p = self.poison.poison(call, code).clone();
+            Error::Driver { call, code, .. } if crate::poison::is_sticky(code.as_cudarc()) => {
+                let p = self.poison.poison(call, code.as_cudarc()).clone();
                 crate::poison::error(self, &p)
             }
             e => e,

@@ -59,12 +59,20 @@ impl Check for sys::CUresult {
     fn check_on(self, device: &crate::device::Device, call: &'static str) -> Result<()> {
         match self {
             sys::CUresult::CUDA_SUCCESS => Ok(()),
-            code if crate::poison::is_sticky(code) => {
-                let p = device.poison_state().poison(call, code).clone();
-                Err(crate::poison::error(device, &p))
-            }
-            code => Err(Error::driver(call, code)),
+            code => Err(failed_on(device, call, code)),
         }
+    }
+}
+
+/// The error of a failed call on `device` (out of line: the success path stays a compare).
+#[cold]
+#[inline(never)]
+fn failed_on(device: &crate::device::Device, call: &'static str, code: sys::CUresult) -> Error {
+    if crate::poison::is_sticky(code) {
+        let p = device.poison_state().poison(call, code).clone();
+        crate::poison::error(device, &p)
+    } else {
+        Error::driver(call, code)
     }
 }
 

@@ -1,10 +1,108 @@
 //! The one error type of gpubind.
 //!
 //! Every fallible call returns [`Result<T>`](crate::Result). Driver failures keep the
-//! `CUresult` and the name of the call that failed, so a message reads like
-//! `cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)`.
+//! result code (a [`DriverErrorCode`]) and the name of the call that failed, so a message
+//! reads like `cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)`.
 
 use cudarc::driver::sys::CUresult;
+use std::fmt;
+
+/// A CUDA driver result code (a `CUresult` other than `CUDA_SUCCESS`): the `code` of
+/// [`Error::Driver`] and [`Error::ContextPoisoned`].
+///
+/// gpubind's own type, not cudarc's enum, so matching on it does not tie code to a cudarc
+/// version. Compare with the constants, or by [`name`](Self::name) or [`raw`](Self::raw)
+/// value:
+///
+/// ```
+/// use gpubind::DriverErrorCode;
+/// let oom = DriverErrorCode::OUT_OF_MEMORY;
+/// assert_eq!(oom.name(), "CUDA_ERROR_OUT_OF_MEMORY");
+/// assert_eq!(oom.raw(), 2);
+/// assert_eq!(oom.to_string(), "CUDA_ERROR_OUT_OF_MEMORY");
+/// ```
+///
+/// The raw escape hatches convert to and from cudarc's `CUresult`
+/// ([`as_cudarc`](Self::as_cudarc), `From<CUresult>`), for code that calls the driver
+/// itself.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DriverErrorCode(CUresult);
+
+impl DriverErrorCode {
+    /// `CUDA_ERROR_INVALID_VALUE` (1).
+    pub const INVALID_VALUE: Self = Self(CUresult::CUDA_ERROR_INVALID_VALUE);
+    /// `CUDA_ERROR_OUT_OF_MEMORY` (2).
+    pub const OUT_OF_MEMORY: Self = Self(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    /// `CUDA_ERROR_NOT_INITIALIZED` (3).
+    pub const NOT_INITIALIZED: Self = Self(CUresult::CUDA_ERROR_NOT_INITIALIZED);
+    /// `CUDA_ERROR_NO_DEVICE` (100).
+    pub const NO_DEVICE: Self = Self(CUresult::CUDA_ERROR_NO_DEVICE);
+    /// `CUDA_ERROR_INVALID_DEVICE` (101).
+    pub const INVALID_DEVICE: Self = Self(CUresult::CUDA_ERROR_INVALID_DEVICE);
+    /// `CUDA_ERROR_INVALID_CONTEXT` (201).
+    pub const INVALID_CONTEXT: Self = Self(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    /// `CUDA_ERROR_INVALID_HANDLE` (400).
+    pub const INVALID_HANDLE: Self = Self(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    /// `CUDA_ERROR_NOT_FOUND` (500).
+    pub const NOT_FOUND: Self = Self(CUresult::CUDA_ERROR_NOT_FOUND);
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS` (700).
+    pub const ILLEGAL_ADDRESS: Self = Self(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    /// `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES` (701).
+    pub const LAUNCH_OUT_OF_RESOURCES: Self = Self(CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+    /// `CUDA_ERROR_LAUNCH_TIMEOUT` (702).
+    pub const LAUNCH_TIMEOUT: Self = Self(CUresult::CUDA_ERROR_LAUNCH_TIMEOUT);
+    /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED` (704).
+    pub const PEER_ACCESS_ALREADY_ENABLED: Self =
+        Self(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    /// `CUDA_ERROR_ASSERT` (710), a device-side assert.
+    pub const ASSERT: Self = Self(CUresult::CUDA_ERROR_ASSERT);
+    /// `CUDA_ERROR_LAUNCH_FAILED` (719).
+    pub const LAUNCH_FAILED: Self = Self(CUresult::CUDA_ERROR_LAUNCH_FAILED);
+    /// `CUDA_ERROR_NOT_PERMITTED` (800).
+    pub const NOT_PERMITTED: Self = Self(CUresult::CUDA_ERROR_NOT_PERMITTED);
+    /// `CUDA_ERROR_NOT_SUPPORTED` (801).
+    pub const NOT_SUPPORTED: Self = Self(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    /// `CUDA_ERROR_UNKNOWN` (999).
+    pub const UNKNOWN: Self = Self(CUresult::CUDA_ERROR_UNKNOWN);
+
+    /// The numeric value, as in `cuda.h`.
+    pub fn raw(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// The `cuda.h` name, e.g. `CUDA_ERROR_ILLEGAL_ADDRESS` (what `cuGetErrorName`
+    /// returns; known without a driver).
+    pub fn name(self) -> String {
+        format!("{:?}", self.0)
+    }
+
+    /// Raw escape hatch: the code as cudarc's `CUresult` (a cudarc type: see the crate
+    /// docs on `gpubind::cudarc` and semver).
+    pub fn as_cudarc(self) -> CUresult {
+        self.0
+    }
+}
+
+/// Raw escape hatch: a `CUresult` from a driver call made directly (through
+/// `gpubind::cudarc`), e.g. for [`Error::driver`].
+impl From<CUresult> for DriverErrorCode {
+    fn from(code: CUresult) -> Self {
+        DriverErrorCode(code)
+    }
+}
+
+impl fmt::Display for DriverErrorCode {
+    /// The name ([`DriverErrorCode::name`]).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl fmt::Debug for DriverErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DriverErrorCode({:?} = {})", self.0, self.raw())
+    }
+}
 
 /// Everything that can go wrong in gpubind.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -21,8 +119,8 @@ pub enum Error {
     Driver {
         /// The driver entry point, e.g. `cuMemAlloc_v2`.
         call: &'static str,
-        /// The raw result code.
-        code: CUresult,
+        /// The result code.
+        code: DriverErrorCode,
         /// `cuGetErrorName`, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
         name: String,
         /// `cuGetErrorString`, e.g. `out of memory`.
@@ -138,6 +236,19 @@ pub enum Error {
     /// A value that the driver would reject or that makes no sense (zero grid, bad name, …).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    /// A run-time choice that needs an optional part of gpubind left out of this build:
+    /// the collectives' `Backend::Nccl` without the `nccl` feature.
+    /// (Whole modules behind a feature are absent instead, a compile-time error.)
+    #[error(
+        "{what} needs gpubind's `{feature}` feature, which this build leaves out (enable it: gpubind = {{ features = [\"{feature}\"] }})"
+    )]
+    FeatureDisabled {
+        /// The Cargo feature, e.g. `nccl`.
+        feature: &'static str,
+        /// What needed it, e.g. `the NCCL backend`.
+        what: &'static str,
+    },
 
     /// Serialized IPC data (a handle or a socket message) failed validation: bad magic,
     /// unsupported version, checksum mismatch, truncation, malformed fields.
@@ -347,7 +458,7 @@ pub enum Error {
         /// The first call that reported the sticky error.
         first_call: &'static str,
         /// Its result code.
-        code: CUresult,
+        code: DriverErrorCode,
         /// `cuGetErrorName`.
         name: String,
         /// `cuGetErrorString`.
@@ -358,9 +469,12 @@ pub enum Error {
 }
 
 impl Error {
-    /// Builds [`Error::Driver`] from a raw result code.
-    pub fn driver(call: &'static str, code: CUresult) -> Self {
-        let (name, description) = Error::driver_names(code);
+    /// Builds [`Error::Driver`] from a result code (a [`DriverErrorCode`], or cudarc's
+    /// `CUresult` of a driver call made directly), asking the driver for its name and
+    /// description.
+    pub fn driver(call: &'static str, code: impl Into<DriverErrorCode>) -> Self {
+        let code = code.into();
+        let (name, description) = Error::driver_names(code.0);
         Error::Driver {
             call,
             code,
@@ -371,6 +485,14 @@ impl Error {
 
     /// `cuGetErrorName` and `cuGetErrorString` of `code`.
     pub(crate) fn driver_names(code: CUresult) -> (String, String) {
+        if !crate::driver::driver_available() {
+            // `Error::driver` is public: without libcuda, asking it would panic in
+            // cudarc's loader. The name is known without it.
+            return (
+                DriverErrorCode(code).name(),
+                "no description (no CUDA driver loaded)".to_owned(),
+            );
+        }
         let err = cudarc::driver::DriverError(code);
         let name = err
             .error_name()
@@ -384,7 +506,7 @@ impl Error {
     }
 
     /// The driver result code, where this is a driver error (or a poisoned context).
-    pub fn driver_code(&self) -> Option<CUresult> {
+    pub fn driver_code(&self) -> Option<DriverErrorCode> {
         match self {
             Error::Driver { code, .. } | Error::ContextPoisoned { code, .. } => Some(*code),
             _ => None,

@@ -98,7 +98,7 @@ mod tests {
         // Built by hand: `Error::driver` asks libcuda for the names.
         let err = Error::Driver {
             call: "cuStreamSynchronize",
-            code: sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+            code: crate::DriverErrorCode::ILLEGAL_ADDRESS,
             name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
             description: "an illegal memory access was encountered".into(),
         };

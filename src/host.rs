@@ -160,6 +160,7 @@ pub struct RegisteredHost<'a, T: DeviceRepr> {
 
 impl<T: DeviceRepr> PinnedHostBuffer<T> {
     /// The tracker, for callers that hold the buffer exclusively.
+    #[cfg(feature = "dlpack")]
     pub(crate) fn tracker_mut(&mut self) -> &mut AccessTracker {
         &mut self.range.tracker
     }
@@ -174,6 +175,7 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
 
 impl<T: DeviceRepr> RegisteredHost<'_, T> {
     /// The tracker, for callers that hold the range exclusively.
+    #[cfg(feature = "dlpack")]
     pub(crate) fn tracker_mut(&mut self) -> &mut AccessTracker {
         &mut self.range.tracker
     }

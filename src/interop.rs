@@ -72,37 +72,30 @@
 //! owns: that is cudarc's contract, which gpubind cannot strengthen. `docs/safety.md`,
 //! "cudarc interop", has the full argument.
 //!
-//! # Example: cuBLAS through cudarc on gpubind buffers
+//! # Example
 //!
 //! ```no_run
 //! # fn main() -> gpubind::Result<()> {
-//! use gpubind::cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 //! use gpubind::{Device, ThreadContext};
 //! let mut ctx = ThreadContext::acquire()?;
 //! let dev = Device::get(0)?;
 //! let gpu = ctx.bind(&dev)?;
-//! let stream = gpu.new_cudarc_stream()?;            // created and owned by cudarc
-//! let blas = CudaBlas::new(stream.cudarc_stream().unwrap().clone()).unwrap();
-//! let (mut a, mut b) = (gpu.clone_htod(&[1.0f32; 4])?, gpu.clone_htod(&[2.0f32; 4])?);
-//! let mut c = gpu.alloc_zeros::<f32>(4)?;
+//! let stream = gpu.new_cudarc_stream()?;             // created and owned by cudarc
+//! let cs = stream.cudarc_stream().unwrap().clone();   // cudarc's Arc<CudaStream>
 //! let s = gpu.on(&stream)?;
-//! s.lend_to_cudarc(&mut a, |a| {
-//!     s.lend_to_cudarc(&mut b, |b| {
-//!         s.lend_mut_to_cudarc(&mut c, |mut c| {
-//!             let cfg = GemmConfig {
-//!                 transa: cublasOperation_t::CUBLAS_OP_N,
-//!                 transb: cublasOperation_t::CUBLAS_OP_N,
-//!                 m: 2, n: 2, k: 2, alpha: 1.0f32, lda: 2, ldb: 2, beta: 0.0, ldc: 2,
-//!             };
-//!             // SAFETY: 2×2 matrices in buffers of 4 elements.
-//!             unsafe { blas.gemm(cfg, &a, &b, &mut c) }
-//!         })
-//!     })
-//! })???
-//! .unwrap();
-//! assert_eq!(gpu.dtoh(&c)?, [4.0; 4]);               // ordered after the gemm
+//! let mut a = gpu.clone_htod(&[1.0f32, 2.0, 3.0])?;
+//! // cudarc reads gpubind memory (into a slice cudarc allocates) ...
+//! let copy = s.lend_to_cudarc(&mut a, |a| cs.clone_dtod(&a))?.unwrap();
+//! // ... and writes it.
+//! s.lend_mut_to_cudarc(&mut a, |mut a| cs.memset_zeros(&mut a))?.unwrap();
+//! assert_eq!(gpu.dtoh(&a)?, [0.0; 3]);                // ordered after cudarc's memset
+//! // The cudarc slice moves into gpubind, ordered after cudarc's copy.
+//! let copy = gpu.adopt_cudarc_slice(copy)?;
+//! assert_eq!(gpu.dtoh(&copy)?, [1.0, 2.0, 3.0]);
 //! # Ok(()) }
 //! ```
+//!
+//! `examples/cudarc_interop.rs` runs cudarc's `CudaBlas` sgemm on lent gpubind buffers.
 //!
 //! The lent view cannot leave the closure:
 //!

@@ -44,18 +44,54 @@
 //! }
 //! ```
 //!
+//! # Features
+//!
+//! The core above (devices, binding, memory of every kind, streams, events, NVRTC modules
+//! and launches, copies) is always built. All on by default:
+//!
+//! * `collective` — `gpubind::collective`: communicators and groups, with gpubind's own
+//!   kernels.
+//! * `nccl` — the NCCL backend of the collectives (implies `collective`). Without it,
+//!   `Backend::Nccl` is [`Error::FeatureDisabled`].
+//! * `cublas` — `gpubind::blas`: cuBLAS matrix products.
+//! * `ipc` — `gpubind::ipc`: device memory shared between processes.
+//! * `dlpack` — `gpubind::dlpack`: DLPack export and import.
+//!
+//! [`Error`] is the same enum in every build.
+//!
+//! # gpubind's types and `gpubind::cudarc` (semver)
+//!
+//! Public signatures use gpubind's types ([`Error`], [`DriverErrorCode`],
+//! [`DeviceAttribute`], …), not cudarc's. cudarc types appear only in the raw escape
+//! hatches, which exist to hand them out or take them: the `raw()` handles of
+//! [`Stream`], [`BoundStream`], [`Event`], [`Module`], [`Function`] (and of `MemoryPool`),
+//! [`BoundDevice::raw_context`], [`Device::raw_device`], [`Device::attribute_raw`],
+//! [`DeviceSlice::raw_ptr`] / [`from_raw`](DeviceSlice::from_raw) /
+//! [`into_raw`](DeviceSlice::into_raw), and the conversions
+//! [`DriverErrorCode::as_cudarc`], `From<CUresult> for DriverErrorCode` and
+//! `From<DeviceAttribute> for CUdevice_attribute`. The [`cudarc`] re-export is part of
+//! gpubind's semver contract: moving to a cudarc release that is breaking by Cargo's
+//! rules (0.19 → 0.20) is a breaking gpubind release.
+//!
 //! See `docs/design.md` in the repository for the type diagram and the invariants.
 
 #![warn(missing_docs)]
 #![warn(missing_debug_implementations)]
 #![deny(unsafe_op_in_unsafe_fn)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod access;
+#[cfg(feature = "cublas")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub mod blas;
+#[cfg(feature = "collective")]
+#[cfg_attr(docsrs, doc(cfg(feature = "collective")))]
 pub mod collective;
 pub mod context;
 pub mod copy;
 pub mod device;
+#[cfg(feature = "dlpack")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dlpack")))]
 pub mod dlpack;
 pub mod driver;
 pub mod error;
@@ -63,6 +99,8 @@ mod faults;
 pub mod host;
 mod image;
 pub mod interop;
+#[cfg(feature = "ipc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub mod ipc;
 pub mod libs;
 pub mod managed;
@@ -77,6 +115,8 @@ mod sync;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
+#[cfg(feature = "collective")]
+#[cfg_attr(docsrs, doc(cfg(feature = "collective")))]
 pub use collective::{
     Backend, CollectiveType, CommOptions, Communicator, Group, Op, RankComm, Transport,
     nccl_available,
@@ -84,10 +124,14 @@ pub use collective::{
 pub use context::{BoundDevice, ThreadContext};
 pub use copy::{CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind};
 pub use device::{Device, DeviceAttribute, Uuid};
+#[cfg(feature = "dlpack")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dlpack")))]
 pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
 pub use driver::{driver_available, init};
-pub use error::{Error, Result};
+pub use error::{DriverErrorCode, Error, Result};
 pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
+#[cfg(feature = "ipc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub use ipc::{
     BufferHandle, ImportedPool, ImportedSlice, LegacyIpcHandle, LegacySlice, MemoryPool,
     PoolConfig, PoolHandle, PoolSlice,
@@ -101,5 +145,8 @@ pub use module::{
 };
 pub use stream::{BoundStream, Event, Stream};
 
-/// Raw cudarc bindings, re-exported for the escape hatches (`raw_*` methods).
+/// Raw cudarc bindings, re-exported for the escape hatches (`raw*` methods and the
+/// conversions listed in the [crate docs](crate#gpubinds-types-and-gpubindcudarc-semver)).
+/// Part of gpubind's semver contract: a breaking cudarc upgrade is a breaking gpubind
+/// release.
 pub use cudarc;

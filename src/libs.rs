@@ -61,6 +61,7 @@ pub(crate) fn nvrtc_status_name(code: c_int) -> String {
 }
 
 /// The name of a `cublasStatus_t` value.
+#[cfg(feature = "cublas")]
 pub(crate) fn cublas_status_name(code: c_int) -> String {
     let name = match code {
         0 => "CUBLAS_STATUS_SUCCESS",
@@ -82,6 +83,7 @@ pub(crate) fn cublas_status_name(code: c_int) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lib {
     Nvrtc,
+    #[cfg(feature = "cublas")]
     Cublas,
 }
 
@@ -94,6 +96,7 @@ impl Lib {
     fn env_var(self) -> &'static str {
         match self {
             Lib::Nvrtc => "GPUBIND_NVRTC_PATH",
+            #[cfg(feature = "cublas")]
             Lib::Cublas => "GPUBIND_CUBLAS_PATH",
         }
     }
@@ -103,6 +106,7 @@ impl Lib {
         match (self, major) {
             (Lib::Nvrtc, 11) => "libnvrtc.so.11.2".to_owned(),
             (Lib::Nvrtc, m) => format!("libnvrtc.so.{m}"),
+            #[cfg(feature = "cublas")]
             (Lib::Cublas, m) => format!("libcublas.so.{m}"),
         }
     }
@@ -110,6 +114,7 @@ impl Lib {
     fn dev_name(self) -> &'static str {
         match self {
             Lib::Nvrtc => "libnvrtc.so",
+            #[cfg(feature = "cublas")]
             Lib::Cublas => "libcublas.so",
         }
     }
@@ -381,6 +386,7 @@ pub(crate) fn nvrtc() -> Result<&'static Nvrtc> {
 }
 
 /// The cuBLAS entry points gpubind uses.
+#[cfg(feature = "cublas")]
 pub(crate) struct Cublas {
     _lib: libloading::Library,
     pub(crate) create: unsafe extern "C" fn(*mut CublasHandle) -> c_int,
@@ -408,14 +414,17 @@ pub(crate) struct Cublas {
 
 /// `cublasHandle_t` (opaque). Plain pointers rather than cudarc's types, so this module
 /// needs none of cudarc's NVRTC or cuBLAS bindings.
+#[cfg(feature = "cublas")]
 pub(crate) type CublasHandle = *mut std::ffi::c_void;
 
 /// `NvrtcProgram` (opaque).
 pub(crate) type NvrtcProgram = *mut std::ffi::c_void;
 
 /// Resolved cuBLAS symbols with their library and version.
+#[cfg(feature = "cublas")]
 type CublasParts = (libloading::Library, CublasSyms);
 
+#[cfg(feature = "cublas")]
 struct CublasSyms {
     create: unsafe extern "C" fn(*mut CublasHandle) -> c_int,
     destroy: unsafe extern "C" fn(CublasHandle) -> c_int,
@@ -440,6 +449,7 @@ struct CublasSyms {
     get_property: unsafe extern "C" fn(c_int, *mut c_int) -> c_int,
 }
 
+#[cfg(feature = "cublas")]
 impl CublasSyms {
     fn resolve(lib: &libloading::Library) -> std::result::Result<Self, String> {
         Ok(CublasSyms {
@@ -452,6 +462,7 @@ impl CublasSyms {
     }
 }
 
+#[cfg(feature = "cublas")]
 fn open_cublas(name: &str) -> Probe<CublasParts> {
     let lib = match open_lib(name) {
         Ok(l) => l,
@@ -475,6 +486,7 @@ fn open_cublas(name: &str) -> Probe<CublasParts> {
 }
 
 /// The cuBLAS gpubind uses, loaded on first call; [`Error::NoCublas`] if none fits.
+#[cfg(feature = "cublas")]
 pub(crate) fn cublas() -> Result<&'static Cublas> {
     static CUBLAS: OnceLock<std::result::Result<Cublas, String>> = OnceLock::new();
     CUBLAS
@@ -507,6 +519,8 @@ pub fn nvrtc_supported_archs() -> Result<Option<Vec<i32>>> {
 }
 
 /// The cuBLAS gpubind's [`Blas`](crate::blas::Blas) uses, or [`Error::NoCublas`].
+#[cfg(feature = "cublas")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub fn cublas_info() -> Result<LibraryInfo> {
     cublas().map(|c| c.info.clone())
 }
@@ -559,6 +573,7 @@ mod tests {
             candidates(Lib::Nvrtc, Some(12), None),
             names(&["libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so"])
         );
+        #[cfg(feature = "cublas")]
         assert_eq!(
             candidates(Lib::Cublas, Some(13), None),
             names(&[
@@ -581,6 +596,11 @@ mod tests {
             ),
             names(&["/opt/cuda-12/lib64/libnvrtc.so.12"])
         );
+        assert_eq!(
+            candidates(Lib::Nvrtc, Some(12), Some(""))[0],
+            "libnvrtc.so.12"
+        );
+        #[cfg(feature = "cublas")]
         assert_eq!(
             candidates(Lib::Cublas, Some(12), Some(""))[0],
             "libcublas.so.12"
@@ -634,11 +654,11 @@ mod tests {
         let (_, name, _) = choose(&c, Some(12), false, machine(files)).unwrap();
         assert_eq!(name, "libnvrtc.so");
         // A 13 driver takes 13 before 12.
-        let files = &[("libcublas.so.12", (12, 9)), ("libcublas.so.13", (13, 1))];
-        let c = candidates(Lib::Cublas, Some(13), None);
+        let files = &[("libnvrtc.so.12", (12, 9)), ("libnvrtc.so.13", (13, 1))];
+        let c = candidates(Lib::Nvrtc, Some(13), None);
         assert_eq!(
             choose(&c, Some(13), false, machine(files)).unwrap().1,
-            "libcublas.so.13"
+            "libnvrtc.so.13"
         );
     }
 

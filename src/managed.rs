@@ -135,6 +135,7 @@ impl<T: DeviceRepr> ManagedSlice<T> {
     }
 
     /// The tracker, for callers that hold the slice exclusively.
+    #[cfg(feature = "dlpack")]
     pub(crate) fn tracker_mut(&mut self) -> &mut AccessTracker {
         &mut self.tracker
     }
@@ -239,7 +240,7 @@ impl<'a> BoundDevice<'a> {
         }
         let concurrent = self
             .device()
-            .attribute(DeviceAttribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)?
+            .attribute(DeviceAttribute::ConcurrentManagedAccess)?
             != 0;
         let mut ptr: sys::CUdeviceptr = 0;
         if bytes > 0 {

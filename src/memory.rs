@@ -326,6 +326,7 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     }
 
     /// The tracker, for callers that hold the slice exclusively.
+    #[cfg(any(feature = "dlpack", feature = "ipc"))]
     pub(crate) fn tracker_mut(&mut self) -> &mut AccessTracker {
         &mut self.tracker
     }
@@ -333,6 +334,7 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// Hands the allocation to a caller that frees it in stream order, without waiting:
     /// the caller has ordered the free after every pending use (a `track` of a write on
     /// the freeing stream).
+    #[cfg(feature = "ipc")]
     pub(crate) fn into_raw_ordered_on_stream(self) -> (Arc<Device>, sys::CUdeviceptr) {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never dropped, so the Arc and the tracker are read out once.
@@ -345,6 +347,7 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// itself: `(device, ptr, waited)`. The caller may free `ptr` only when `waited` is
     /// `Ok`: after a failed wait the memory may still be in use by the device and must be
     /// leaked rather than freed under it (the caller reports the failure).
+    #[cfg(feature = "ipc")]
     pub(crate) fn disown_for_free(mut self) -> (Arc<Device>, sys::CUdeviceptr, Result<()>) {
         let waited = self.tracker.wait_all();
         let me = std::mem::ManuallyDrop::new(self);

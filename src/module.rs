@@ -505,11 +505,12 @@ pub struct LaunchBuilder<'s, 'a> {
     func: &'s Function<'s>,
     cfg: LaunchConfig,
     args: ArgPtrs,
-    /// The first argument of another device (or the module's device mismatch).
-    error: Option<Error>,
+    /// The first argument of another device (or the module's device mismatch). Boxed,
+    /// like `size_error`: the builder is moved at every `arg`, and errors are rare.
+    error: Option<Box<Error>>,
     /// The first argument whose size differs from the kernel's parameter, found as it
     /// is appended (reported after the count check, as before).
-    size_error: Option<Error>,
+    size_error: Option<Box<Error>>,
     /// The buffer arguments, claimed (with the module) when the kernel is enqueued.
     tracked: Tracked<'a>,
     _args: std::marker::PhantomData<&'a ()>,
@@ -539,6 +540,7 @@ struct Tracked<'a> {
 }
 
 impl<'a> Tracked<'a> {
+    #[inline]
     fn new() -> Self {
         Tracked {
             inline: [None; INLINE_ARGS],
@@ -547,6 +549,7 @@ impl<'a> Tracked<'a> {
         }
     }
 
+    #[inline]
     fn push(&mut self, t: &'a AccessTracker) {
         if self.n < INLINE_ARGS {
             self.inline[self.n] = Some(t);
@@ -574,10 +577,12 @@ enum ArgPtrs {
 }
 
 impl ArgPtrs {
+    #[inline]
     fn new() -> Self {
         ArgPtrs::Inline([std::ptr::null_mut(); INLINE_ARGS], 0)
     }
 
+    #[inline]
     fn len(&self) -> usize {
         match self {
             ArgPtrs::Inline(_, n) => *n,
@@ -585,6 +590,7 @@ impl ArgPtrs {
         }
     }
 
+    #[inline]
     fn push(&mut self, p: *mut c_void) {
         match self {
             ArgPtrs::Inline(a, n) if *n < INLINE_ARGS => {
@@ -601,6 +607,7 @@ impl ArgPtrs {
         }
     }
 
+    #[inline]
     fn as_mut_ptr(&mut self) -> *mut *mut c_void {
         match self {
             ArgPtrs::Inline(a, _) => a.as_mut_ptr(),
@@ -611,15 +618,17 @@ impl ArgPtrs {
 
 impl<'b> BoundStream<'b> {
     /// Starts a launch of `func` on this stream.
-    pub fn launch<'s>(
+    #[inline]
+    pub fn launch<'s, 'a>(
         &'s self,
         func: &'s Function<'_>,
         cfg: LaunchConfig,
-    ) -> LaunchBuilder<'s, 's> {
+    ) -> LaunchBuilder<'s, 'a> {
         let error = self
             .bound()
             .expect_device("kernel module", func.module.device())
-            .err();
+            .err()
+            .map(Box::new);
         LaunchBuilder {
             stream: self,
             func,
@@ -640,51 +649,47 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// pending use of it on other streams, and later uses (on any stream, from the host,
     /// or its free) wait for the kernel. (A kernel may write through any pointer, so
     /// gpubind cannot treat a buffer passed by shared reference as read-only.) Pass
-    /// `&mut slice` for buffers the kernel writes, to document intent.
-    pub fn arg<'n, A: KernelArg + ?Sized>(mut self, arg: &'n A) -> LaunchBuilder<'s, 'n>
-    where
-        'a: 'n,
-    {
-        if let (None, Some(dev)) = (&self.error, arg.arg_device()) {
-            self.error = self
+    /// `&mut slice` for buffers the kernel writes, to document intent (and, for a
+    /// [`ManagedSlice`](crate::ManagedSlice), to keep the host out of it while the builder
+    /// lives; clippy's `unnecessary_mut_passed` does not see that and may be allowed).
+    ///
+    /// The builder is taken by `&mut` (as in cudarc), so a chain
+    /// `stream.launch(&f, cfg).arg(&a).arg(&b).launch()` moves nothing; to build one
+    /// across statements, keep it in a variable: `let mut l = stream.launch(&f, cfg);
+    /// l.arg(&a); unsafe { l.launch() }`. It may be launched again.
+    #[inline(always)]
+    pub fn arg<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
+        let this = self;
+        if let (None, Some(dev)) = (&this.error, arg.arg_device()) {
+            this.error = this
                 .stream
                 .bound()
                 .expect_device("kernel argument", dev)
-                .err();
+                .err()
+                .map(Box::new);
         }
-        // The buffers so far live for 'a, which outlives 'n: shorten to 'n.
-        let mut tracked: Tracked<'n> = self.tracked;
         if let Some(t) = arg.access_tracker() {
-            tracked.push(t);
+            this.tracked.push(t);
         }
-        let i = self.args.len();
+        let i = this.args.len();
         if let (None, Some(&want)) = (
-            &self.size_error,
-            self.func.params.as_ref().and_then(|p| p.get(i)),
+            &this.size_error,
+            this.func.params.as_ref().and_then(|p| p.get(i)),
         ) {
             let got = arg.param_size();
             if want != got {
                 // Only a mismatch pays for describing the argument.
-                self.size_error = Some(Error::LaunchArgs {
-                    kernel: self.func.name.clone(),
+                this.size_error = Some(Box::new(Error::LaunchArgs {
+                    kernel: this.func.name.clone(),
                     reason: format!(
                         "parameter {i} is {want} bytes, but argument {i} is a {got}-byte {}",
                         arg.describe()
                     ),
-                });
+                }));
             }
         }
-        self.args.push(arg.param_ptr());
-        LaunchBuilder {
-            stream: self.stream,
-            func: self.func,
-            cfg: self.cfg,
-            args: self.args,
-            error: self.error,
-            size_error: self.size_error,
-            tracked,
-            _args: std::marker::PhantomData,
-        }
+        this.args.push(arg.param_ptr());
+        this
     }
 
     /// Enqueues the kernel.
@@ -711,9 +716,9 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// * A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must be passed as
     ///   `&mut`: a shared one may be read by the host through
     ///   [`as_slice`](crate::ManagedSlice::as_slice) while the launch is enqueued.
-    pub unsafe fn launch(self) -> Result<()> {
-        if let Some(e) = self.error {
-            return Err(e);
+    pub unsafe fn launch(&mut self) -> Result<()> {
+        if let Some(e) = &self.error {
+            return Err((**e).clone());
         }
         self.cfg.validate()?;
         let func = self.func;
@@ -743,13 +748,13 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
                 ),
             });
         }
-        if let Some(e) = self.size_error {
-            return Err(e);
+        if let Some(e) = &self.size_error {
+            return Err((**e).clone());
         }
         // Claim the buffers from before the enqueue until after it: the launch is ordered
         // after their pending uses, and recorded as their latest.
         self.stream.ensure_stream_context()?;
-        let tracked = self.tracked;
+        let tracked = &self.tracked;
         let n = tracked.n + tracked.spill.len();
         // Initialised only when there is something to claim (the common empty or
         // scalar-only launch pays nothing).
@@ -789,7 +794,6 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             block_dim: b,
             shared_mem_bytes,
         } = self.cfg;
-        let mut args = self.args;
         // SAFETY: the function belongs to the bound (current) context; each arg pointer
         // points at a value borrowed for 'a, which outlives this call; the driver copies
         // the parameter bytes before returning. Memory safety of the kernel itself is the
@@ -805,7 +809,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
                 b.2,
                 shared_mem_bytes,
                 self.stream.raw(),
-                args.as_mut_ptr(),
+                self.args.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
         }

@@ -131,7 +131,7 @@ pub(crate) fn error(device: &Device, p: &Poison) -> Error {
     Error::ContextPoisoned {
         device: device.ordinal(),
         first_call: p.call,
-        code: p.code,
+        code: p.code.into(),
         name,
         description,
         kernel: p.kernel.map(str::to_owned),

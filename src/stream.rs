@@ -40,9 +40,7 @@
 //! Keep the `Stream` (it outlives binds) and call `gpu.on(&stream)` again under the next
 //! binding.
 
-use crate::access::{
-    self, Access, AccessTracker, Claim, Locks, StreamInner, StreamRef, StreamSlot, Use,
-};
+use crate::access::{self, Access, AccessTracker, Claim, Locks, StreamInner, StreamSlot, Use};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
@@ -96,8 +94,9 @@ impl Stream {
         self.inner.raw
     }
 
-    pub(crate) fn to_ref(&self) -> StreamRef {
-        StreamRef::Owned(Arc::clone(&self.inner))
+    #[cfg(feature = "collective")]
+    pub(crate) fn to_ref(&self) -> access::StreamRef {
+        access::StreamRef::Owned(Arc::clone(&self.inner))
     }
 
     /// A `Stream` around `inner` (a stream shared with cudarc: [`crate::interop`]).
@@ -309,7 +308,8 @@ impl<'b> BoundStream<'b> {
     }
 
     /// This stream as a tracker remembers it.
-    pub(crate) fn to_ref(&self) -> StreamRef {
+    #[cfg(feature = "collective")]
+    pub(crate) fn to_ref(&self) -> access::StreamRef {
         self.slot.to_ref()
     }
 

@@ -32,7 +32,8 @@ assert_impl_all!(ThreadContext: Debug);
 assert_impl_all!(BoundDevice<'static>: Debug);
 assert_impl_all!(BoundStream<'static>: Debug);
 assert_impl_all!(Device: Debug);
-assert_impl_all!(DeviceAttribute: Debug);
+assert_impl_all!(DeviceAttribute: Debug, Copy, Eq, std::hash::Hash, std::fmt::Display);
+assert_impl_all!(DriverErrorCode: Debug, Copy, Eq, std::hash::Hash, std::fmt::Display);
 assert_impl_all!(Uuid: Debug);
 assert_impl_all!(Error: Debug);
 assert_impl_all!(Stream: Debug);
@@ -55,39 +56,60 @@ assert_impl_all!(RegisterOptions: Debug);
 assert_impl_all!(ManagedSlice<f32>: Debug);
 assert_impl_all!(Advice<'static>: Debug);
 assert_impl_all!(Location<'static>: Debug);
-assert_impl_all!(gpubind::blas::Blas: Debug);
-assert_impl_all!(gpubind::blas::Matmul: Debug);
-assert_impl_all!(Backend: Debug);
-assert_impl_all!(CommOptions: Debug);
-assert_impl_all!(Communicator: Debug);
-assert_impl_all!(Group<'static, 'static>: Debug);
-assert_impl_all!(Op: Debug);
-assert_impl_all!(RankComm: Debug);
-assert_impl_all!(Transport: Debug);
-assert_impl_all!(ExportedTensor: Debug);
-assert_impl_all!(ImportedTensor<f32>: Debug);
-assert_impl_all!(gpubind::dlpack::DLPackVersion: Debug);
-assert_impl_all!(gpubind::dlpack::DLDeviceType: Debug);
-assert_impl_all!(gpubind::dlpack::DLDevice: Debug);
-assert_impl_all!(gpubind::dlpack::DLDataType: Debug);
-assert_impl_all!(gpubind::dlpack::DLTensor: Debug);
-assert_impl_all!(gpubind::dlpack::DLManagedTensor: Debug);
-assert_impl_all!(gpubind::dlpack::DLManagedTensorVersioned: Debug);
-assert_impl_all!(BufferHandle: Debug);
-assert_impl_all!(LegacyIpcHandle: Debug);
-assert_impl_all!(PoolHandle: Debug);
-assert_impl_all!(gpubind::ipc::PoolId: Debug);
-assert_impl_all!(gpubind::ipc::PoolUsage: Debug);
-assert_impl_all!(PoolConfig: Debug);
-assert_impl_all!(MemoryPool: Debug);
-assert_impl_all!(PoolSlice<f32>: Debug);
-assert_impl_all!(ImportedPool: Debug);
-assert_impl_all!(ImportedSlice<f32>: Debug);
-assert_impl_all!(LegacySlice<f32>: Debug);
-assert_impl_all!(gpubind::ipc::Message: Debug);
-assert_impl_all!(gpubind::ipc::PeerCredentials: Debug);
-assert_impl_all!(gpubind::ipc::PeerPolicy: Debug);
-assert_impl_all!(gpubind::ipc::TransportOptions: Debug);
+
+// The optional parts (Cargo features, all on by default) are checked when built.
+#[cfg(feature = "cublas")]
+mod cublas_api {
+    use super::*;
+    assert_impl_all!(gpubind::blas::Blas: Debug);
+    assert_impl_all!(gpubind::blas::Matmul: Debug);
+}
+
+#[cfg(feature = "collective")]
+mod collective_api {
+    use super::*;
+    assert_impl_all!(Backend: Debug);
+    assert_impl_all!(CommOptions: Debug);
+    assert_impl_all!(Communicator: Debug);
+    assert_impl_all!(Group<'static, 'static>: Debug);
+    assert_impl_all!(Op: Debug);
+    assert_impl_all!(RankComm: Debug);
+    assert_impl_all!(Transport: Debug);
+}
+
+#[cfg(feature = "dlpack")]
+mod dlpack_api {
+    use super::*;
+    assert_impl_all!(ExportedTensor: Debug);
+    assert_impl_all!(ImportedTensor<f32>: Debug);
+    assert_impl_all!(gpubind::dlpack::DLPackVersion: Debug);
+    assert_impl_all!(gpubind::dlpack::DLDeviceType: Debug);
+    assert_impl_all!(gpubind::dlpack::DLDevice: Debug);
+    assert_impl_all!(gpubind::dlpack::DLDataType: Debug);
+    assert_impl_all!(gpubind::dlpack::DLTensor: Debug);
+    assert_impl_all!(gpubind::dlpack::DLManagedTensor: Debug);
+    assert_impl_all!(gpubind::dlpack::DLManagedTensorVersioned: Debug);
+}
+
+#[cfg(feature = "ipc")]
+mod ipc_api {
+    use super::*;
+    assert_impl_all!(BufferHandle: Debug);
+    assert_impl_all!(LegacyIpcHandle: Debug);
+    assert_impl_all!(PoolHandle: Debug);
+    assert_impl_all!(gpubind::ipc::PoolId: Debug);
+    assert_impl_all!(gpubind::ipc::PoolUsage: Debug);
+    assert_impl_all!(PoolConfig: Debug);
+    assert_impl_all!(MemoryPool: Debug);
+    assert_impl_all!(PoolSlice<f32>: Debug);
+    assert_impl_all!(ImportedPool: Debug);
+    assert_impl_all!(ImportedSlice<f32>: Debug);
+    assert_impl_all!(LegacySlice<f32>: Debug);
+    assert_impl_all!(gpubind::ipc::Message: Debug);
+    assert_impl_all!(gpubind::ipc::PeerCredentials: Debug);
+    assert_impl_all!(gpubind::ipc::PeerPolicy: Debug);
+    assert_impl_all!(gpubind::ipc::TransportOptions: Debug);
+}
 
 // Plain data only.
 assert_impl_all!(f32: DeviceRepr);
@@ -147,6 +169,173 @@ fn error_messages_name_the_problem() {
         Error::ThreadContextTaken
             .to_string()
             .contains("already holds a ThreadContext")
+    );
+}
+
+/// Driver result codes are gpubind's own type: names and values as in `cuda.h`, Display
+/// as the name, and the raw conversions to and from cudarc's `CUresult` round-trip.
+#[test]
+fn driver_error_codes_have_names_and_values() {
+    use gpubind::cudarc::driver::sys::CUresult;
+    let codes = [
+        (
+            DriverErrorCode::INVALID_VALUE,
+            1,
+            "CUDA_ERROR_INVALID_VALUE",
+        ),
+        (
+            DriverErrorCode::OUT_OF_MEMORY,
+            2,
+            "CUDA_ERROR_OUT_OF_MEMORY",
+        ),
+        (
+            DriverErrorCode::NOT_INITIALIZED,
+            3,
+            "CUDA_ERROR_NOT_INITIALIZED",
+        ),
+        (DriverErrorCode::NO_DEVICE, 100, "CUDA_ERROR_NO_DEVICE"),
+        (
+            DriverErrorCode::INVALID_DEVICE,
+            101,
+            "CUDA_ERROR_INVALID_DEVICE",
+        ),
+        (
+            DriverErrorCode::INVALID_CONTEXT,
+            201,
+            "CUDA_ERROR_INVALID_CONTEXT",
+        ),
+        (
+            DriverErrorCode::INVALID_HANDLE,
+            400,
+            "CUDA_ERROR_INVALID_HANDLE",
+        ),
+        (DriverErrorCode::NOT_FOUND, 500, "CUDA_ERROR_NOT_FOUND"),
+        (
+            DriverErrorCode::ILLEGAL_ADDRESS,
+            700,
+            "CUDA_ERROR_ILLEGAL_ADDRESS",
+        ),
+        (
+            DriverErrorCode::LAUNCH_OUT_OF_RESOURCES,
+            701,
+            "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+        ),
+        (
+            DriverErrorCode::LAUNCH_TIMEOUT,
+            702,
+            "CUDA_ERROR_LAUNCH_TIMEOUT",
+        ),
+        (
+            DriverErrorCode::PEER_ACCESS_ALREADY_ENABLED,
+            704,
+            "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
+        ),
+        (DriverErrorCode::ASSERT, 710, "CUDA_ERROR_ASSERT"),
+        (
+            DriverErrorCode::LAUNCH_FAILED,
+            719,
+            "CUDA_ERROR_LAUNCH_FAILED",
+        ),
+        (
+            DriverErrorCode::NOT_PERMITTED,
+            800,
+            "CUDA_ERROR_NOT_PERMITTED",
+        ),
+        (
+            DriverErrorCode::NOT_SUPPORTED,
+            801,
+            "CUDA_ERROR_NOT_SUPPORTED",
+        ),
+        (DriverErrorCode::UNKNOWN, 999, "CUDA_ERROR_UNKNOWN"),
+    ];
+    for (code, raw, name) in codes {
+        assert_eq!(code.raw(), raw, "{name}");
+        assert_eq!(code.name(), name);
+        assert_eq!(code.to_string(), name);
+        assert_eq!(DriverErrorCode::from(code.as_cudarc()), code);
+    }
+    assert_eq!(
+        DriverErrorCode::from(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS),
+        DriverErrorCode::ILLEGAL_ADDRESS
+    );
+    assert_ne!(DriverErrorCode::ASSERT, DriverErrorCode::ILLEGAL_ADDRESS);
+    assert_eq!(
+        format!("{:?}", DriverErrorCode::ILLEGAL_ADDRESS),
+        "DriverErrorCode(CUDA_ERROR_ILLEGAL_ADDRESS = 700)"
+    );
+
+    // The error's message is unchanged: call, name, description.
+    let e = Error::Driver {
+        call: "cuMemAlloc_v2",
+        code: DriverErrorCode::OUT_OF_MEMORY,
+        name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+        description: "out of memory".into(),
+    };
+    assert_eq!(
+        e.to_string(),
+        "cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)"
+    );
+    assert_eq!(e.driver_code(), Some(DriverErrorCode::OUT_OF_MEMORY));
+    assert_eq!(Error::NoDriver.driver_code(), None);
+    // Built from cudarc's code of a direct driver call; the name even without a driver.
+    let e = Error::driver("cuMemAlloc_v2", CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    assert!(
+        matches!(&e, Error::Driver { code, name, .. }
+            if *code == DriverErrorCode::OUT_OF_MEMORY && name == "CUDA_ERROR_OUT_OF_MEMORY"),
+        "{e:?}"
+    );
+}
+
+/// Device attributes are gpubind's own enum; each maps to the cudarc value of its name.
+#[test]
+fn device_attributes_map_to_the_driver_names() {
+    use gpubind::cudarc::driver::sys::CUdevice_attribute as Raw;
+    assert_eq!(
+        Raw::from(DeviceAttribute::MaxThreadsPerBlock),
+        Raw::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+    );
+    assert_eq!(
+        DeviceAttribute::ComputeCapabilityMajor.to_string(),
+        "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"
+    );
+    let mut names = std::collections::HashSet::new();
+    for &a in DeviceAttribute::ALL {
+        // cudarc's Debug is the C name: the mapping and `name` agree for every attribute.
+        assert_eq!(a.name(), format!("{:?}", Raw::from(a)));
+        assert_eq!(a.to_string(), a.name());
+        assert!(names.insert(a.name()), "{a:?} listed twice");
+    }
+    assert_eq!(names.len(), 55);
+}
+
+#[test]
+fn feature_disabled_names_the_feature() {
+    let e = Error::FeatureDisabled {
+        feature: "nccl",
+        what: "the NCCL backend",
+    };
+    assert_eq!(
+        e.to_string(),
+        "the NCCL backend needs gpubind's `nccl` feature, which this build leaves out \
+         (enable it: gpubind = { features = [\"nccl\"] })"
+    );
+}
+
+/// Collectives without the `nccl` feature: the NCCL backend is a typed error at run time.
+#[cfg(all(feature = "collective", not(feature = "nccl")))]
+#[test]
+fn nccl_backend_without_its_feature_is_a_typed_error() {
+    assert!(!nccl_available());
+    let e = gpubind::collective::nccl_version().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::FeatureDisabled {
+                feature: "nccl",
+                ..
+            }
+        ),
+        "{e}"
     );
 }
 

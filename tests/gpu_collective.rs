@@ -560,6 +560,21 @@ fn nccl_present(ctx: &mut ThreadContext) -> R {
         return Ok(());
     }
     let e = Communicator::new(ctx, &[dev0()?], CommOptions::nccl()).unwrap_err();
+    if cfg!(not(feature = "nccl")) {
+        ensure!(
+            matches!(
+                e,
+                Error::FeatureDisabled {
+                    feature: "nccl",
+                    ..
+                }
+            ),
+            "want FeatureDisabled, got {e}"
+        );
+        return Err(common::skip(
+            "gpubind built without its `nccl` feature (Error::FeatureDisabled checked)",
+        ));
+    }
     ensure!(e == Error::NoNccl, "want NoNccl, got {e}");
     ensure!(e.to_string().contains("LD_LIBRARY_PATH"), "{e}");
     Err(common::skip(

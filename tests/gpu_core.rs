@@ -883,8 +883,8 @@ fn expect_limit(e: Result<(), Error>, kernel: &str, name: &str, requested: u64, 
 fn launch_limit_threads_per_block() -> R {
     use gpubind::DeviceAttribute as A;
     let dev = dev0()?;
-    let max_threads = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
-    let max_z = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?;
+    let max_threads = dev_attr(&dev, A::MaxThreadsPerBlock)?;
+    let max_z = dev_attr(&dev, A::MaxBlockDimZ)?;
     ensure!(
         max_threads < 2048 && max_z < 2048,
         "device allows {max_threads} threads, z {max_z}: the test assumes fewer than 2048"
@@ -981,9 +981,9 @@ fn launch_limit_threads_per_block() -> R {
 fn launch_limit_grid_dims() -> R {
     use gpubind::DeviceAttribute as A;
     let dev = dev0()?;
-    let gy = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?;
-    let gz = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?;
-    let gx = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?;
+    let gy = dev_attr(&dev, A::MaxGridDimY)?;
+    let gz = dev_attr(&dev, A::MaxGridDimZ)?;
+    let gx = dev_attr(&dev, A::MaxGridDimX)?;
     ensure!(gy == 65535 && gz == 65535, "grid limits y {gy}, z {gz}");
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
@@ -1050,11 +1050,8 @@ fn launch_limit_shared_memory() -> R {
     use gpubind::DeviceAttribute as A;
     use sys::CUfunction_attribute as F;
     let dev = dev0()?;
-    let optin = dev_attr(
-        &dev,
-        A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-    )?;
-    let per_block = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?;
+    let optin = dev_attr(&dev, A::MaxSharedMemoryPerBlockOptin)?;
+    let per_block = dev_attr(&dev, A::MaxSharedMemoryPerBlock)?;
     ensure!(
         optin > per_block + 4096,
         "opt-in {optin} bytes, default {per_block}: the test needs an opt-in above the default"
@@ -1124,19 +1121,16 @@ fn launch_limit_maximal_config_launches() -> R {
     use gpubind::DeviceAttribute as A;
     use sys::CUfunction_attribute as F;
     let dev = dev0()?;
-    let max_threads = dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+    let max_threads = dev_attr(&dev, A::MaxThreadsPerBlock)?;
     let (by, bz) = (
-        dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
-        dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+        dev_attr(&dev, A::MaxBlockDimY)?,
+        dev_attr(&dev, A::MaxBlockDimZ)?,
     );
     let (gy, gz) = (
-        dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
-        dev_attr(&dev, A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+        dev_attr(&dev, A::MaxGridDimY)?,
+        dev_attr(&dev, A::MaxGridDimZ)?,
     );
-    let optin = dev_attr(
-        &dev,
-        A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-    )?;
+    let optin = dev_attr(&dev, A::MaxSharedMemoryPerBlockOptin)?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
     let module = gpu.compile_and_load(LIMITS, "limits.cu").ctx("compile")?;

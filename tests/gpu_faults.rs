@@ -8,8 +8,7 @@
 mod common;
 
 use common::{Ctx, child_role, run_suite};
-use gpubind::cudarc::driver::sys::CUresult;
-use gpubind::{Device, Error, LaunchConfig, ThreadContext};
+use gpubind::{Device, DriverErrorCode, Error, LaunchConfig, ThreadContext};
 use std::process::Command;
 
 type R = Result<(), String>;
@@ -55,7 +54,7 @@ fn expect_poisoned(e: &Error, what: &str) -> R {
             ..
         } => {
             ensure!(
-                *code == CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+                *code == DriverErrorCode::ILLEGAL_ADDRESS,
                 "{what}: code {code:?}"
             );
             ensure!(

@@ -1,5 +1,6 @@
 //! GPU tests of the memory kinds (pinned, registered, managed, device), the copies between
-//! every pair of them, and DLPack export/import on a real device.
+//! every pair of them, and DLPack export/import on a real device (feature `dlpack`; the
+//! pool-slice copies need feature `ipc`).
 //!
 //! Run: `cargo test --test gpu_memory_kinds` (prints one SKIPPED line without a GPU).
 
@@ -9,6 +10,7 @@
 mod common;
 
 use common::Ctx;
+#[cfg(feature = "dlpack")]
 use gpubind::dlpack::{
     self, DLDataType, DLDevice, DLDeviceType, DLManagedTensorVersioned, DLPackVersion, DLTensor,
 };
@@ -18,9 +20,14 @@ use gpubind::{
     ThreadContext,
 };
 use rand::Rng;
+// The DLPack tests' (feature `dlpack`).
+#[cfg(feature = "dlpack")]
 use std::collections::HashMap;
+#[cfg(feature = "dlpack")]
 use std::ffi::c_void;
+#[cfg(feature = "dlpack")]
 use std::sync::Mutex;
+#[cfg(feature = "dlpack")]
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 type TestResult = Result<(), String>;
@@ -272,25 +279,28 @@ fn copies_between_every_pair() -> TestResult {
             }
         }
         // Pool slices (stream-ordered pool memory) are device memory for copies too.
-        let pool = gpubind::MemoryPool::new(gpu, gpubind::PoolConfig::default()).ctx("pool")?;
-        let data = random_u32(10_000);
-        let pinned = gpu
-            .pinned_from_slice(&data, PinnedOptions::default())
-            .ctx("pin")?;
-        let mut ps = pool
-            .alloc_zeros::<u32>(&gpu.default_stream(), data.len())
-            .ctx("pool alloc")?;
-        s.copy_scope(|scope| scope.copy_to_device(&pinned, &mut ps))
-            .ctx("pinned -> pool slice")?;
-        let mut m = gpu.alloc_managed::<u32>(data.len()).ctx("managed")?;
-        gpu.copy(&ps, &mut m).ctx("pool slice -> managed")?;
-        check_eq!(
-            m.as_slice().ctx("as_slice")?,
-            data,
-            "pinned -> pool slice -> managed"
-        );
-        drop(ps);
-        drop(pool);
+        #[cfg(feature = "ipc")]
+        {
+            let pool = gpubind::MemoryPool::new(gpu, gpubind::PoolConfig::default()).ctx("pool")?;
+            let data = random_u32(10_000);
+            let pinned = gpu
+                .pinned_from_slice(&data, PinnedOptions::default())
+                .ctx("pin")?;
+            let mut ps = pool
+                .alloc_zeros::<u32>(&gpu.default_stream(), data.len())
+                .ctx("pool alloc")?;
+            s.copy_scope(|scope| scope.copy_to_device(&pinned, &mut ps))
+                .ctx("pinned -> pool slice")?;
+            let mut m = gpu.alloc_managed::<u32>(data.len()).ctx("managed")?;
+            gpu.copy(&ps, &mut m).ctx("pool slice -> managed")?;
+            check_eq!(
+                m.as_slice().ctx("as_slice")?,
+                data,
+                "pinned -> pool slice -> managed"
+            );
+            drop(ps);
+            drop(pool);
+        }
         // Views and mismatched lengths.
         let data = random_u32(64);
         let d = gpu.clone_htod(&data).ctx("clone_htod")?;
@@ -706,10 +716,14 @@ fn async_pinned_copies_on_stream() -> TestResult {
 
 // ---- DLPack on the device -------------------------------------------------------------
 
+#[cfg(feature = "dlpack")]
 type Deleter = unsafe extern "C" fn(*mut DLManagedTensorVersioned);
+#[cfg(feature = "dlpack")]
 static REAL_DELETERS: Mutex<Option<HashMap<usize, Deleter>>> = Mutex::new(None);
+#[cfg(feature = "dlpack")]
 static DELETER_CALLS: AtomicUsize = AtomicUsize::new(0);
 
+#[cfg(feature = "dlpack")]
 /// Stands in for an exported tensor's deleter: counts, then calls the real one.
 unsafe extern "C" fn counting_deleter(p: *mut DLManagedTensorVersioned) {
     DELETER_CALLS.fetch_add(1, Ordering::SeqCst);
@@ -725,6 +739,7 @@ unsafe extern "C" fn counting_deleter(p: *mut DLManagedTensorVersioned) {
     }
 }
 
+#[cfg(feature = "dlpack")]
 /// Exports `buf` and swaps its deleter for the counting one.
 fn export_counted<B: gpubind::DlpackExport>(
     buf: B,
@@ -743,6 +758,7 @@ fn export_counted<B: gpubind::DlpackExport>(
     Ok(raw)
 }
 
+#[cfg(feature = "dlpack")]
 fn dlpack_round_trip_every_kind() -> TestResult {
     with_gpu(|gpu| {
         let ordinal = gpu.ordinal() as i32;
@@ -818,6 +834,7 @@ fn dlpack_round_trip_every_kind() -> TestResult {
     })
 }
 
+#[cfg(feature = "dlpack")]
 /// A tensor over `d`'s memory that `d` keeps owning; its deleter only counts.
 fn borrowed_tensor(
     d: &DeviceSlice<f32>,
@@ -849,8 +866,10 @@ fn borrowed_tensor(
         },
     }))
 }
+#[cfg(feature = "dlpack")]
 static BORROWED_CALLS: AtomicUsize = AtomicUsize::new(0);
 
+#[cfg(feature = "dlpack")]
 fn dlpack_bad_imports_are_typed_errors() -> TestResult {
     with_gpu(|gpu| {
         let ordinal = gpu.ordinal() as i32;
@@ -1006,7 +1025,7 @@ fn other_device_memory_is_refused() -> TestResult {
     }
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let data = random_u32(1000);
-    let (pinned1, portable1, managed1, dev1, exported1) = {
+    let (pinned1, portable1, managed1, dev1) = {
         let g1 = ctx.bind(&devices[1]).ctx("bind 1")?;
         let p = g1
             .pinned_from_slice(&data, PinnedOptions::default())
@@ -1023,8 +1042,12 @@ fn other_device_memory_is_refused() -> TestResult {
         let mut m = g1.alloc_managed::<u32>(1000).ctx("managed")?;
         m.as_mut_slice().ctx("as_mut_slice")?.copy_from_slice(&data);
         let d = g1.clone_htod(&data).ctx("clone_htod")?;
-        let e = export_counted(g1.clone_htod(&data).ctx("clone_htod")?, &[1000])?;
-        (p, pp, m, d, e)
+        (p, pp, m, d)
+    };
+    #[cfg(feature = "dlpack")]
+    let exported1 = {
+        let g1 = ctx.bind(&devices[1]).ctx("bind 1")?;
+        export_counted(g1.clone_htod(&data).ctx("clone_htod")?, &[1000])?
     };
     let g0 = ctx.bind(&devices[0]).ctx("bind 0")?;
     let mut out = g0.alloc_zeros::<u32>(1000).ctx("alloc")?;
@@ -1052,16 +1075,19 @@ fn other_device_memory_is_refused() -> TestResult {
         .ctx("portable pinned under device 0")?;
     check_eq!(g0.dtoh(&out).ctx("dtoh")?, data, "portable pinned copy");
     // A kDLCUDA tensor of device 1 is refused under device 0, and freed once.
-    let before = DELETER_CALLS.load(Ordering::SeqCst);
-    // SAFETY: handed over.
-    match unsafe { g0.import_dlpack::<u32, _>(exported1) } {
-        Err(Error::DlpackMismatch { what: "device", .. }) => {}
-        other => return Err(format!("device-1 tensor under device 0: {other:?}")),
+    #[cfg(feature = "dlpack")]
+    {
+        let before = DELETER_CALLS.load(Ordering::SeqCst);
+        // SAFETY: handed over.
+        match unsafe { g0.import_dlpack::<u32, _>(exported1) } {
+            Err(Error::DlpackMismatch { what: "device", .. }) => {}
+            other => return Err(format!("device-1 tensor under device 0: {other:?}")),
+        }
+        ensure!(
+            DELETER_CALLS.load(Ordering::SeqCst) == before + 1,
+            "deleter not called once"
+        );
     }
-    ensure!(
-        DELETER_CALLS.load(Ordering::SeqCst) == before + 1,
-        "deleter not called once"
-    );
     Ok(())
 }
 
@@ -1090,7 +1116,9 @@ fn main() {
                 "async_pinned_copies_on_stream",
                 async_pinned_copies_on_stream,
             ),
+            #[cfg(feature = "dlpack")]
             ("dlpack_round_trip_every_kind", dlpack_round_trip_every_kind),
+            #[cfg(feature = "dlpack")]
             (
                 "dlpack_bad_imports_are_typed_errors",
                 dlpack_bad_imports_are_typed_errors,

@@ -13,7 +13,9 @@
 //!   peers cannot reach each other, through mapped pinned host memory ([`Transport`]).
 //! * [`Backend::Nccl`] — `libnccl.so.2`, loaded at run time ([`Error::NoNccl`] names
 //!   `LD_LIBRARY_PATH` when it is missing). NCCL needs a distinct device per rank in one
-//!   process ([`Error::DuplicateDevice`]).
+//!   process ([`Error::DuplicateDevice`]). Built with the `nccl` feature (default);
+//!   without it this backend is [`Error::FeatureDisabled`] and [`nccl_available`] is
+//!   `false`.
 //!
 //! # One thread, N GPUs: groups
 //!
@@ -115,6 +117,9 @@
 
 mod engine;
 mod kernels;
+// Without the `nccl` feature a stand-in with the same crate-internal API: nothing NCCL
+// is compiled or linked, and `Backend::Nccl` is a typed error (`Error::FeatureDisabled`).
+#[cfg_attr(not(feature = "nccl"), path = "nccl_off.rs")]
 mod nccl;
 mod rendezvous;
 
@@ -126,11 +131,9 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr};
 use crate::stream::{BoundStream, Event, Stream};
-use cudarc::nccl::sys::{ncclDataType_t, ncclUniqueId};
 use engine::{Enter, Lane};
 use rendezvous::{Key, Meeting};
 use std::collections::{BTreeMap, VecDeque};
-use std::ffi::c_int;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -170,31 +173,28 @@ pub trait CollectiveType: DeviceRepr + sealed::Sealed {
     const NAME: &'static str;
     /// The C type the kernels use for it.
     const C_TYPE: &'static str;
-    /// The NCCL data type.
-    const NCCL: ncclDataType_t;
     #[doc(hidden)]
     const INDEX: usize;
 }
 
 macro_rules! collective_type {
-    ($($t:ty => $idx:literal, $nccl:ident;)*) => { $(
+    ($($t:ty => $idx:literal;)*) => { $(
         impl sealed::Sealed for $t {}
         impl CollectiveType for $t {
             const NAME: &'static str = kernels::DTYPES[$idx].0;
             const C_TYPE: &'static str = kernels::DTYPES[$idx].1;
-            const NCCL: ncclDataType_t = ncclDataType_t::$nccl;
             const INDEX: usize = $idx;
         }
     )* };
 }
 collective_type! {
-    f32 => 0, ncclFloat32;
-    f64 => 1, ncclFloat64;
-    half::f16 => 2, ncclFloat16;
-    half::bf16 => 3, ncclBfloat16;
-    i32 => 4, ncclInt32;
-    i64 => 5, ncclInt64;
-    u8 => 6, ncclUint8;
+    f32 => 0;
+    f64 => 1;
+    half::f16 => 2;
+    half::bf16 => 3;
+    i32 => 4;
+    i64 => 5;
+    u8 => 6;
 }
 
 /// A data type at run time.
@@ -203,7 +203,6 @@ pub(crate) struct DType {
     pub(crate) name: &'static str,
     pub(crate) size: usize,
     pub(crate) index: usize,
-    pub(crate) nccl: c_int,
 }
 
 impl DType {
@@ -212,7 +211,6 @@ impl DType {
             name: T::NAME,
             size: std::mem::size_of::<T>(),
             index: T::INDEX,
-            nccl: nccl::dtype_code(T::NCCL),
         }
     }
 }
@@ -222,7 +220,9 @@ impl DType {
 pub enum Backend {
     /// gpubind's own NVRTC kernels (any ranks, including several on one GPU).
     Kernels,
-    /// NCCL (`libnccl.so.2`), one distinct device per rank.
+    /// NCCL (`libnccl.so.2`), one distinct device per rank. Needs the `nccl` feature
+    /// (default): without it, creating a communicator with it is
+    /// [`Error::FeatureDisabled`].
     Nccl,
 }
 
@@ -257,7 +257,7 @@ impl CommOptions {
         }
     }
 
-    /// NCCL.
+    /// NCCL (see [`Backend::Nccl`] for the `nccl` feature).
     pub fn nccl() -> Self {
         CommOptions {
             backend: Backend::Nccl,
@@ -1049,7 +1049,7 @@ enum RankInner {
         event: Option<Event>,
     },
     Nccl {
-        id: ncclUniqueId,
+        id: nccl::UniqueId,
         comm: Option<nccl::NcclComm>,
     },
 }

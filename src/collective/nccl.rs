@@ -23,6 +23,8 @@ use std::sync::OnceLock;
 type Comm = *mut c_void;
 type Stream = *mut c_void;
 type Res = c_int;
+/// The id `ncclCommInitRank` ranks meet by.
+pub(crate) type UniqueId = ncclUniqueId;
 
 /// The NCCL entry points gpubind uses (stable since NCCL 2.10).
 pub(crate) struct Api {
@@ -261,7 +263,7 @@ impl NcclComm {
         }
         let api = api()?;
         let _restore = RestoreCurrent::new()?;
-        let dt = call.dtype.nccl;
+        let dt = dtype_code(call.dtype.index);
         let (send, recv) = (call.send as *const c_void, call.recv as *mut c_void);
         let s = stream as Stream;
         let n = call.count;
@@ -373,9 +375,21 @@ pub(crate) fn red_op(op: Op, nranks: usize) -> c_int {
     }) as c_int
 }
 
-/// NCCL's code for a data type.
-pub(crate) const fn dtype_code(t: ncclDataType_t) -> c_int {
-    t as c_int
+/// NCCL's data types, at [`CollectiveType::INDEX`](super::CollectiveType::INDEX).
+const DTYPES: [ncclDataType_t; 7] = [
+    ncclDataType_t::ncclFloat32,
+    ncclDataType_t::ncclFloat64,
+    ncclDataType_t::ncclFloat16,
+    ncclDataType_t::ncclBfloat16,
+    ncclDataType_t::ncclInt32,
+    ncclDataType_t::ncclInt64,
+    ncclDataType_t::ncclUint8,
+];
+
+/// NCCL's code for the data type at `index` (a [`super::CollectiveType::INDEX`], always
+/// in range: the trait is sealed).
+pub(crate) fn dtype_code(index: usize) -> c_int {
+    DTYPES.get(index).map_or(-1, |&t| t as c_int)
 }
 
 #[cfg(test)]
@@ -397,7 +411,12 @@ mod tests {
         assert_eq!(red_op(Op::Sum, 2), 0);
         assert_eq!(red_op(Op::Avg, 2), 4);
         assert_eq!(red_op(Op::Avg, 1), 0, "one rank: the average is the sum");
-        assert_eq!(dtype_code(ncclDataType_t::ncclBfloat16), 9);
+        assert_eq!(
+            dtype_code(<half::bf16 as super::super::CollectiveType>::INDEX),
+            9
+        );
+        assert_eq!(dtype_code(<f32 as super::super::CollectiveType>::INDEX), 7);
+        assert_eq!(dtype_code(<u8 as super::super::CollectiveType>::INDEX), 1);
         assert_eq!(result_name(5), "ncclInvalidUsage");
     }
 }

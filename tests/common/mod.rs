@@ -29,7 +29,6 @@ pub enum Availability {
 
 /// Decides whether GPU tests run, skip (no driver or no device) or fail (any other error).
 pub fn gpu_availability() -> Availability {
-    use gpubind::cudarc::driver::sys::CUresult;
     if !gpubind::driver_available() {
         return Availability::Absent("no CUDA driver found (libcuda not loadable)".into());
     }
@@ -40,7 +39,7 @@ pub fn gpu_availability() -> Availability {
             Availability::Absent("no CUDA driver found (libcuda not loadable)".into())
         }
         Err(gpubind::Error::Driver {
-            code: CUresult::CUDA_ERROR_NO_DEVICE,
+            code: gpubind::DriverErrorCode::NO_DEVICE,
             ..
         }) => Availability::Absent("cuInit: no CUDA-capable device".into()),
         Err(e) => Availability::Broken(format!("CUDA init failed: {e}")),
