@@ -422,6 +422,7 @@ fn libraries_match_the_driver_and_ptx_fallback_runs() -> R {
         nvrtc.driver_major.is_some(),
         "no driver version read on a GPU machine"
     );
+    #[cfg(feature = "cublas")]
     match gpubind::libs::cublas_info() {
         Ok(c) => {
             println!("    cuBLAS {c:?}");
