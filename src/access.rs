@@ -1182,7 +1182,7 @@ mod loom_models {
                 let (state, copying) = (state.clone(), copying.clone());
                 thread::spawn(move || {
                     let mut st = sync::lock(&state);
-                    st.host_wait(Access::Read, |_| Ok(()), &mut Vec::new())
+                    st.host_wait(Access::Read, |_| Ok(()), &mut Grave::new())
                         .unwrap();
                     copying.store(true, SeqCst);
                     thread::yield_now();
@@ -1199,7 +1199,11 @@ mod loom_models {
                 st.wait_conflicts(2, Access::Write, |_| Ok(())).unwrap();
                 k.enqueued.store(true, SeqCst);
                 let k2 = k.clone();
-                st.commit(&[(2, Access::Write)], move |_| k2.clone(), &mut Vec::new());
+                st.commit(
+                    &[(2, Access::Write)],
+                    move |_| k2.clone(),
+                    &mut Grave::new(),
+                );
             }
             host.join().unwrap();
         });
