@@ -99,9 +99,11 @@ pub mod error;
 mod faults;
 pub mod host;
 mod image;
+pub mod interop;
 #[cfg(feature = "ipc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub mod ipc;
+pub mod libs;
 pub mod managed;
 pub mod memory;
 pub mod module;

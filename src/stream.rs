@@ -98,6 +98,18 @@ impl Stream {
     pub(crate) fn to_ref(&self) -> access::StreamRef {
         access::StreamRef::Owned(Arc::clone(&self.inner))
     }
+
+    /// A `Stream` around `inner` (a stream shared with cudarc: [`crate::interop`]).
+    pub(crate) fn from_inner(inner: StreamInner) -> Stream {
+        Stream {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The stream behind this one.
+    pub(crate) fn inner(&self) -> &Arc<StreamInner> {
+        &self.inner
+    }
 }
 
 impl std::fmt::Debug for Stream {
