@@ -203,13 +203,32 @@ fn bench_row(
         f(imp, warm)?;
     }
     let mut samples: [Vec<f64>; 3] = Default::default();
+    let mut paired = Vec::new();
     for r in 0..rounds {
+        let mut round = [None; 3];
         for k in 0..3 {
             let imp = IMPLS[(r + k) % 3];
             if let Some(ns) = f(imp, iters)? {
                 samples[imp as usize].push(ns);
+                round[imp as usize] = Some(ns);
             }
         }
+        if let [Some(g), _, Some(raw)] = round
+            && raw > 0.0
+        {
+            paired.push(g / raw);
+        }
+    }
+    // The same ratio paired within each round (the three ran back to back), which cancels
+    // drift between rounds: its spread says how far one run's ratio can be trusted.
+    if let Some(m) = median(paired.clone()) {
+        let (lo, hi) = paired
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        eprintln!(
+            "gpubench:   gpubind/raw paired per round: median {m:.3}, min {lo:.3}, max {hi:.3} ({} rounds)",
+            paired.len()
+        );
     }
     Ok(samples.map(median))
 }

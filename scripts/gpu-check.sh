@@ -71,7 +71,7 @@ for spec in ${GPU_CHECK_SANITIZE:-}; do
     say "=== $name"
     start=$SECONDS
     GPUBIND_TEST_TIMEOUT=600 timeout "${GPU_SANITIZE_TIMEOUT:-590}" "$SAN" --tool "$tool" $extra \
-      --report-api-errors explicit --print-limit 100000 --show-backtrace device \
+      --report-api-errors explicit --print-limit 100000 --show-backtrace "${GPU_SANITIZE_BACKTRACE:-device}" \
       .gpu-bin/tests/"$suite" >"$slog" 2>&1
     rc=$?
     grep -E "^(test |test result|=========.*(SUMMARY|Invalid|Race|Barrier|Leaked))" "$slog" |
