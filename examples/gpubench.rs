@@ -994,7 +994,10 @@ impl SecondContext {
             buf: 0,
         };
         // cuCtxCreate_v4 needs a CUDA 12.5 driver (and bindings); the v2 variant, asked
-        // for by version as gpubind does it (docs/compat.md), exists on every driver.
+        // for by version as gpubind does it (docs/compat.md), exists on every driver. Asked
+        // for as CUDA 11.0's: cuGetProcAddress returns the newest variant at or below the
+        // version, and at 12.2 that is cuCtxCreate_v3 (11.4), whose first parameters are
+        // execution-affinity ones (v2's arguments then fail with INVALID_DEVICE).
         type CtxCreateV2 = unsafe extern "C" fn(
             *mut sys::CUcontext,
             std::ffi::c_uint,
@@ -1008,7 +1011,7 @@ impl SecondContext {
                 sys::cuGetProcAddress_v2(
                     c"cuCtxCreate".as_ptr(),
                     &mut pfn,
-                    12020,
+                    11000,
                     sys::CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_DEFAULT as u64,
                     &mut status,
                 )
@@ -1018,7 +1021,7 @@ impl SecondContext {
         if pfn.is_null() {
             return Err(format!("cuCtxCreate_v2 not found ({status:?})").into());
         }
-        // SAFETY: the driver's cuCtxCreate for CUDA 12.2 is cuCtxCreate_v2, whose
+        // SAFETY: the driver's cuCtxCreate for CUDA 11.0 is cuCtxCreate_v2, whose
         // prototype is `CtxCreateV2`; the pointer stays valid while libcuda is loaded.
         let create = unsafe { std::mem::transmute::<*mut std::ffi::c_void, CtxCreateV2>(pfn) };
         // SAFETY: valid device; no flags; the new context becomes current and is

@@ -178,11 +178,21 @@ pub struct LibraryInfo {
     pub driver_major: Option<u32>,
 }
 
-/// The driver's major version, if a driver is there: [`crate::driver_version`], so a cap
-/// set with `GPUBIND_ASSUME_DRIVER_VERSION` steers the choice too (and the H200 can
-/// exercise a 12.x driver's choice for real).
+/// The driver's major version (`cuDriverGetVersion / 1000`), if a driver is there.
+///
+/// The real one, not the version `GPUBIND_ASSUME_DRIVER_VERSION` caps: the cap makes
+/// gpubind use old *driver entry points*, while the libraries on the machine are the
+/// machine's (a 13.x driver with only CUDA 13's NVRTC installed would find no NVRTC at
+/// all under a 12.x cap, so nothing capped could compile a kernel).
 fn driver_major() -> Option<u32> {
-    crate::driver_version().ok().map(|v| v.major())
+    if !crate::driver_available() {
+        return None;
+    }
+    let mut v: c_int = 0;
+    // SAFETY: libcuda is loadable (checked above), so cudarc's loader finds the symbol;
+    // writes one int; needs no cuInit.
+    let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS && v > 0).then_some(v as u32 / 1000)
 }
 
 /// Loads `lib` by the rules of the module docs with `open` resolving one candidate.

@@ -225,9 +225,12 @@ macro_rules! ensure {
 }
 
 /// Creates a non-primary context on `dev` (pushed current), on every driver and with
-/// every binding version: `cuCtxCreate` looked up for CUDA 12.2, which is
-/// `cuCtxCreate_v2(CUcontext*, unsigned, CUdevice)` (`cuCtxCreate_v4` needs 12.5). The
-/// caller destroys it (`cuCtxDestroy_v2`).
+/// every binding version: `cuCtxCreate` looked up for CUDA 11.0, which is
+/// `cuCtxCreate_v2(CUcontext*, unsigned, CUdevice)`. (`cuGetProcAddress` returns the
+/// newest variant at or below the version asked for: at 12.2 that is `cuCtxCreate_v3`,
+/// CUDA 11.4's, which takes execution-affinity parameters first — called with v2's
+/// arguments it fails with `CUDA_ERROR_INVALID_DEVICE`, as seen on the H200.) The caller
+/// destroys it (`cuCtxDestroy_v2`).
 pub fn create_context(
     dev: gpubind::cudarc::driver::sys::CUdevice,
 ) -> Result<gpubind::cudarc::driver::sys::CUcontext, String> {
@@ -241,17 +244,17 @@ pub fn create_context(
         sys::cuGetProcAddress_v2(
             c"cuCtxCreate".as_ptr(),
             &mut pfn,
-            12020,
+            11000,
             sys::CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_DEFAULT as u64,
             &mut status,
         )
     };
     if r != sys::CUresult::CUDA_SUCCESS || pfn.is_null() {
         return Err(format!(
-            "cuGetProcAddress_v2(cuCtxCreate, 12020): {r:?} {status:?}"
+            "cuGetProcAddress_v2(cuCtxCreate, 11000): {r:?} {status:?}"
         ));
     }
-    // SAFETY: the CUDA 12.2 variant of cuCtxCreate is cuCtxCreate_v2, whose prototype is
+    // SAFETY: the CUDA 11.0 variant of cuCtxCreate is cuCtxCreate_v2, whose prototype is
     // `CtxCreateV2`; the pointer stays valid while libcuda is loaded.
     let create = unsafe { std::mem::transmute::<*mut std::ffi::c_void, CtxCreateV2>(pfn) };
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
