@@ -1158,7 +1158,11 @@ mod loom_models {
                 st.wait_conflicts(2, Access::Write, |_| Ok(())).unwrap();
                 k.enqueued.store(true, SeqCst);
                 let k2 = k.clone();
-                st.commit(&[(2, Access::Write)], move |_| k2.clone(), &mut Grave::new());
+                st.commit(
+                    &[(2, Access::Write)],
+                    move |_| k2.clone(),
+                    &mut Grave::new(),
+                );
             }
             host.join().unwrap();
         });

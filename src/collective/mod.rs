@@ -115,6 +115,7 @@
 //! wrap. Calls of one group act as if concurrent: no call may read another call's
 //! output. Work is enqueued, not finished, when a call returns.
 
+mod bootstrap;
 mod engine;
 mod kernels;
 // Without the `nccl` feature a stand-in with the same crate-internal API: nothing NCCL
@@ -123,6 +124,10 @@ mod kernels;
 mod nccl;
 mod rendezvous;
 
+pub use bootstrap::{
+    DEFAULT_PORT, DEFAULT_TIMEOUT, LaunchEnv, Launcher, NCCL_UNIQUE_ID_BYTES, NcclUniqueId,
+    PORT_VAR, PROTOCOL_VERSION, TIMEOUT_VAR,
+};
 pub use nccl::{nccl_available, nccl_version};
 
 use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};
@@ -660,7 +665,15 @@ impl Communicator {
                 check_distinct(devices)?;
                 let id = nccl::unique_id()?;
                 Ok((0..nranks)
-                    .map(|r| make(r, RankInner::Nccl { id, comm: None }))
+                    .map(|r| {
+                        make(
+                            r,
+                            RankInner::Nccl {
+                                id: Some(id),
+                                comm: None,
+                            },
+                        )
+                    })
                     .collect())
             }
         }
@@ -1049,7 +1062,8 @@ enum RankInner {
         event: Option<Event>,
     },
     Nccl {
-        id: nccl::UniqueId,
+        /// The id of a lazily made communicator (`None`: made already, one per process).
+        id: Option<nccl::UniqueId>,
         comm: Option<nccl::NcclComm>,
     },
 }
@@ -1087,6 +1101,86 @@ impl RankComm {
     /// This rank's device.
     pub fn device(&self) -> &Arc<Device> {
         &self.device
+    }
+
+    /// One rank of an NCCL communicator whose ranks are separate processes (on this
+    /// machine or others): rank `rank` of `nranks`, on `device`, meeting the others by
+    /// `id` (rank 0's [`NcclUniqueId::new`], handed to every rank, e.g. by
+    /// [`LaunchEnv::exchange_id`]). The same calls as any `RankComm` follow.
+    ///
+    /// NCCL's initialisation is non-blocking (`ncclCommInitRankConfig`, `blocking = 0`)
+    /// and polled: if the other ranks have not all joined within `timeout` the
+    /// communicator is aborted (`ncclCommAbort`) and [`Error::PeerTimeout`] returned;
+    /// an error NCCL reports is [`Error::Nccl`]. Every later call first polls
+    /// `ncclCommGetAsyncError` and waits at most `timeout` for NCCL to enqueue it. (With
+    /// NCCL older than 2.14 initialisation is the blocking `ncclCommInitRank`, not
+    /// bounded.) NCCL needs a distinct GPU per rank, across processes too.
+    ///
+    /// Without the `nccl` feature: [`Error::FeatureDisabled`].
+    pub fn init_process(
+        ctx: &mut ThreadContext,
+        device: &Arc<Device>,
+        rank: usize,
+        nranks: usize,
+        id: &NcclUniqueId,
+        timeout: std::time::Duration,
+    ) -> Result<RankComm> {
+        if rank >= nranks {
+            return Err(rank_error("rank", rank, nranks));
+        }
+        if i32::try_from(nranks).is_err() {
+            return Err(Error::InvalidArgument(format!(
+                "{nranks} ranks is more than NCCL takes"
+            )));
+        }
+        nccl::api()?;
+        let comm = {
+            // NCCL takes the device from the thread's current context.
+            let _gpu = ctx.bind(device)?;
+            nccl::NcclComm::init_rank_process(nranks, id.as_bytes(), rank, timeout)?
+        };
+        ctx.forget_binding();
+        Ok(RankComm {
+            rank,
+            nranks,
+            device: Arc::clone(device),
+            inner: RankInner::Nccl {
+                id: None,
+                comm: Some(comm),
+            },
+        })
+    }
+
+    /// This process's rank of the job `env` describes, on NCCL: the id is exchanged
+    /// ([`LaunchEnv::exchange_id`]), then [`init_process`](Self::init_process) with
+    /// `env.rank`, `env.world_size` and `env.timeout`. `device` is usually
+    /// `Device::get(env.local_rank)` (or 0 where the launcher gives each process one
+    /// GPU through `CUDA_VISIBLE_DEVICES`).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::collective::LaunchEnv;
+    /// use gpubind::{Device, Op, RankComm, ThreadContext};
+    /// let env = LaunchEnv::from_env()?; // torchrun, mpirun, srun
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let dev = Device::get(env.local_rank)?;
+    /// let mut comm = RankComm::from_launch(&mut ctx, &dev, &env)?;
+    /// let gpu = ctx.bind(&dev)?;
+    /// let stream = gpu.new_stream()?;
+    /// let send = gpu.clone_htod(&[env.rank as f32; 1024])?;
+    /// let mut sum = gpu.alloc_zeros::<f32>(1024)?;
+    /// let s = gpu.on(&stream)?;
+    /// comm.all_reduce(&s, &send, &mut sum, Op::Sum)?;
+    /// s.synchronize()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn from_launch(
+        ctx: &mut ThreadContext,
+        device: &Arc<Device>,
+        env: &LaunchEnv,
+    ) -> Result<RankComm> {
+        let id = env.exchange_id()?;
+        Self::init_process(ctx, device, env.rank, env.world_size, &id, env.timeout)
     }
 
     fn call<T: CollectiveType>(
@@ -1129,7 +1223,9 @@ impl RankComm {
         match inner {
             RankInner::Nccl { id, comm } => {
                 let call = call?;
-                if comm.is_none() {
+                if comm.is_none()
+                    && let Some(id) = id
+                {
                     *comm = Some(nccl::NcclComm::init_rank(nranks, id, rank)?);
                 }
                 let Some(comm) = comm.as_ref() else {
