@@ -816,13 +816,13 @@ fn serve(
                 Some(format!(
                     "a process at {from} claims rank {r}, which is not in 1..{world} (rank 0 is this process)"
                 ))
-            } else if let Some(first) = &peers[r] {
-                Some(format!(
-                    "rank {r} checked in twice (from {} and from {from}): two processes have the same rank",
-                    first.addr
-                ))
             } else {
-                None
+                peers[r].as_ref().map(|first| {
+                    format!(
+                        "rank {r} checked in twice (from {} and from {from}): two processes have the same rank",
+                        first.addr
+                    )
+                })
             };
             if let Some(reason) = reject {
                 offenders.push(stream);

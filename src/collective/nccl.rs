@@ -354,16 +354,16 @@ impl NcclComm {
             bound: Some(timeout),
             aborted: std::cell::Cell::new(false),
         };
-        if code != IN_PROGRESS {
-            if let Err(e) = api.check("ncclCommInitRankConfig", code) {
-                if raw.is_null() {
-                    // Nothing was made: nothing to destroy.
-                    std::mem::forget(comm);
-                } else {
-                    comm.abort();
-                }
-                return Err(e);
+        if code != IN_PROGRESS
+            && let Err(e) = api.check("ncclCommInitRankConfig", code)
+        {
+            if raw.is_null() {
+                // Nothing was made: nothing to destroy.
+                std::mem::forget(comm);
+            } else {
+                comm.abort();
             }
+            return Err(e);
         }
         comm.wait_ready("ncclCommInitRankConfig", "NCCL's initialisation", deadline)?;
         Ok(comm)
