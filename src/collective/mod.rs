@@ -105,7 +105,19 @@
 //!
 //! With the own-kernel backend a `RankComm` call blocks its thread until every rank has
 //! made the matching call (the last to arrive enqueues the collective on all streams);
-//! `send`/`recv` block until the partner arrives.
+//! `send`/`recv` block until the partner arrives. Never for ever: past
+//! [`CommOptions::timeout`] the call returns [`Error::PeerTimeout`] naming the ranks that
+//! did not come (and the communicator is unusable after); a rank whose `RankComm` is
+//! dropped (its thread returned early, or panicked) makes every call that waits for it
+//! return [`Error::PeerFailed`] naming it, at once. Ranks that disagree on the op, the
+//! data type or the length all get the same typed error, and nothing is enqueued.
+//!
+//! # One rank per process, many machines
+//!
+//! [`RankComm::from_launch`] reads the launcher's variables ([`LaunchEnv`]: torchrun,
+//! mpirun, srun), exchanges NCCL's unique id over TCP ([`LaunchEnv::exchange_id`]) and
+//! makes this process's rank with NCCL ([`RankComm::init_process`]); the same calls
+//! follow. See docs/collective.md, "Deployment".
 //!
 //! # Semantics
 //!
@@ -251,7 +263,15 @@ pub struct CommOptions {
     pub backend: Backend,
     /// The own-kernel backend's transport (ignored by NCCL).
     pub transport: Transport,
+    /// How long a [`RankComm`] of the own-kernel backend waits for the other ranks to
+    /// join a call ([`DEFAULT_COLLECTIVE_TIMEOUT`] unless set): past it the call returns
+    /// [`Error::PeerTimeout`] naming the ranks that did not come, and the communicator
+    /// is unusable (every later call returns that error).
+    pub timeout: std::time::Duration,
 }
+
+/// The default [`CommOptions::timeout`]: 300 s.
+pub const DEFAULT_COLLECTIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl CommOptions {
     /// Own kernels, [`Transport::Auto`].
@@ -259,6 +279,7 @@ impl CommOptions {
         CommOptions {
             backend: Backend::Kernels,
             transport: Transport::Auto,
+            timeout: DEFAULT_COLLECTIVE_TIMEOUT,
         }
     }
 
@@ -267,12 +288,18 @@ impl CommOptions {
         CommOptions {
             backend: Backend::Nccl,
             transport: Transport::Auto,
+            timeout: DEFAULT_COLLECTIVE_TIMEOUT,
         }
     }
 
     /// The same options with another transport.
     pub fn with_transport(self, transport: Transport) -> Self {
         CommOptions { transport, ..self }
+    }
+
+    /// The same options with another [`timeout`](Self::timeout).
+    pub fn with_timeout(self, timeout: std::time::Duration) -> Self {
+        CommOptions { timeout, ..self }
     }
 }
 
@@ -648,6 +675,8 @@ impl Communicator {
                 let world = Arc::new(World {
                     shared: engine::Shared::new(devices, options.transport)?,
                     meet: Meeting::new(),
+                    ranks: (0..nranks).collect(),
+                    timeout: options.timeout,
                 });
                 Ok((0..nranks)
                     .map(|r| {
@@ -1003,8 +1032,10 @@ impl<'c, 'b> Group<'c, 'b> {
 struct TrackerPtr(*const AccessTracker);
 
 // SAFETY: the pointer is dereferenced only by the thread that runs the meeting, while the
-// posting thread is blocked in `Meeting::meet` with the buffer borrowed (it returns only
-// after the meeting's closure has finished).
+// posting thread is blocked in `Meeting::meet` with the buffer borrowed: it returns only
+// after the meeting's closure has finished, or (timeout, a departed peer) after taking its
+// post back under the meeting's lock, which the run holds from taking the posts to its
+// end, so a withdrawn post is never run.
 unsafe impl Send for TrackerPtr {}
 
 /// One rank's part of a 1:1 collective: its lane, its validated call and its buffers.
@@ -1054,6 +1085,10 @@ fn settle_on_error(lanes: &[StreamRef], out: Result<()>) -> Result<()> {
 struct World {
     shared: engine::Shared,
     meet: Meeting<Result<RankPost>>,
+    /// `0..nranks`: the parties of a collective.
+    ranks: Vec<usize>,
+    /// How long a rank waits for the others.
+    timeout: std::time::Duration,
 }
 
 enum RankInner {
@@ -1075,6 +1110,20 @@ pub struct RankComm {
     nranks: usize,
     device: Arc<Device>,
     inner: RankInner,
+}
+
+impl Drop for RankComm {
+    fn drop(&mut self) {
+        // Own kernels: the other ranks must not wait for this one any more.
+        if let RankInner::Kernels { world, .. } = &self.inner {
+            let why = if std::thread::panicking() {
+                "its thread panicked (its RankComm was dropped while unwinding)"
+            } else {
+                "its RankComm was dropped"
+            };
+            world.meet.depart(self.rank, why);
+        }
+    }
 }
 
 impl std::fmt::Debug for RankComm {
@@ -1266,24 +1315,40 @@ impl RankComm {
                 });
                 let shared = &world.shared;
                 match p2p_peer {
-                    None => world.meet.meet(Key::Coll, nranks, rank, post, |posts| {
-                        enqueue_posts(posts, |lanes, calls| {
-                            check_matched(calls)?;
-                            let rank_lane: Vec<usize> = (0..calls.len()).collect();
-                            engine::collective(&mut Enter, shared, lanes, &rank_lane, calls)
-                        })
-                    }),
-                    Some(peer) => {
-                        let (key, slot) = match kind {
-                            Kind::Send(_) => (Key::Pair(rank, peer), 0),
-                            _ => (Key::Pair(peer, rank), 1),
-                        };
-                        world.meet.meet(key, 2, slot, post, |posts| {
+                    None => world.meet.meet(
+                        Key::Coll,
+                        &world.ranks,
+                        rank,
+                        post,
+                        world.timeout,
+                        |posts| {
                             enqueue_posts(posts, |lanes, calls| {
-                                check_pair(&calls[0], &calls[1])?;
-                                engine::p2p(&mut Enter, shared, lanes, (0, 1), &calls[0], &calls[1])
+                                check_matched(calls)?;
+                                let rank_lane: Vec<usize> = (0..calls.len()).collect();
+                                engine::collective(&mut Enter, shared, lanes, &rank_lane, calls)
                             })
-                        })
+                        },
+                    ),
+                    Some(peer) => {
+                        let (key, slot, pair) = match kind {
+                            Kind::Send(_) => (Key::Pair(rank, peer), 0, [rank, peer]),
+                            _ => (Key::Pair(peer, rank), 1, [peer, rank]),
+                        };
+                        world
+                            .meet
+                            .meet(key, &pair, slot, post, world.timeout, |posts| {
+                                enqueue_posts(posts, |lanes, calls| {
+                                    check_pair(&calls[0], &calls[1])?;
+                                    engine::p2p(
+                                        &mut Enter,
+                                        shared,
+                                        lanes,
+                                        (0, 1),
+                                        &calls[0],
+                                        &calls[1],
+                                    )
+                                })
+                            })
                     }
                 }
             }
