@@ -423,6 +423,8 @@ impl NcclComm {
         // SAFETY: a live communicator, aborted once (the flag above); `raw` is never
         // used after (every use checks `aborted`).
         let code = unsafe { (nb.abort)(self.raw) };
+        // ncclInProgress: NCCL finishes the abort itself.
+        let code = if code == IN_PROGRESS { 0 } else { code };
         if let Err(e) = api.check("ncclCommAbort", code) {
             crate::faults::report_drop(
                 format_args!("an NCCL communicator of {} ranks", self.nranks),
@@ -542,6 +544,13 @@ impl Drop for NcclComm {
         // communicator's pending work and, for ranks of one process, frees the shared
         // resources when the last rank is destroyed).
         let code = unsafe { (api.comm_destroy)(self.raw) };
+        // A non-blocking communicator may answer ncclInProgress: NCCL finishes the
+        // teardown itself (the handle is not used again here).
+        let code = if self.bound.is_some() && code == IN_PROGRESS {
+            0
+        } else {
+            code
+        };
         if let Err(e) = api.check("ncclCommDestroy", code) {
             crate::faults::report_drop(
                 what,
