@@ -746,13 +746,11 @@ fn serve(
     let mut offenders: Vec<TcpStream> = Vec::new();
     let started = Instant::now();
     let outcome = (|| -> Result<NcclUniqueId> {
-        while let Some(missing) = Some(
-            (1..world)
-                .filter(|&r| peers[r].is_none())
-                .collect::<Vec<_>>(),
-        )
-        .filter(|m| !m.is_empty())
-        {
+        loop {
+            let missing: Vec<usize> = (1..world).filter(|&r| peers[r].is_none()).collect();
+            if missing.is_empty() {
+                break;
+            }
             if Instant::now() >= deadline {
                 return Err(Error::PeerTimeout {
                     what: format!("every rank to check in at rank 0 (port {})", env.port),
@@ -765,6 +763,14 @@ fn serve(
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
                     std::thread::sleep(Duration::from_millis(10));
                     continue;
+                }
+                // EMFILE: rank 0 holds one connection per rank until the end.
+                Err(e) if e.raw_os_error() == Some(24) => {
+                    return Err(Error::Rendezvous {
+                        reason: format!(
+                            "rank 0 ran out of file descriptors ({e}) holding one connection per rank for a world of {world}: raise its limit (ulimit -n) above the world size"
+                        ),
+                    });
                 }
                 Err(e) => return Err(io("accepting a rendezvous connection")(e)),
             };
