@@ -1306,6 +1306,35 @@ mod tests {
         assert!(encode_error(&long).len() <= MAX_PAYLOAD);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_never_panic_the_decoders(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+        ) {
+            let _ = decode(&bytes);
+            let _ = decode_error(&bytes);
+            let _ = LaunchEnv::from_vars(|k| {
+                (k == "RANK" || k == "WORLD_SIZE")
+                    .then(|| String::from_utf8_lossy(&bytes).into_owned())
+            });
+        }
+
+        #[test]
+        fn a_frame_with_a_valid_header_and_a_random_body_is_refused(
+            world in 1u32..100, rank in 0u32..100,
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+        ) {
+            let mut bytes = encode(&Frame { kind: Kind::Hello, world, rank, payload: body.clone() });
+            // Replace the checksum with body-derived bytes unless they happen to agree.
+            let n = bytes.len();
+            let fake: [u8; 8] = std::array::from_fn(|i| body.get(i).copied().unwrap_or(0));
+            if bytes[n - 8..] != fake {
+                bytes[n - 8..].copy_from_slice(&fake);
+                proptest::prop_assert!(decode(&bytes).is_err());
+            }
+        }
+    }
+
     fn free_port() -> u16 {
         TcpListener::bind("127.0.0.1:0")
             .unwrap()
