@@ -1335,6 +1335,21 @@ mod tests {
         }
     }
 
+    #[test]
+    fn unique_id_needs_nccl_not_a_gpu() {
+        match NcclUniqueId::new() {
+            Ok(a) => {
+                // Two ids differ (each names its own bootstrap listener and a random magic).
+                let b = NcclUniqueId::new().unwrap();
+                assert_ne!(a, b);
+            }
+            Err(e) => assert!(
+                matches!(e, Error::NoNccl | Error::FeatureDisabled { .. }),
+                "{e:?}"
+            ),
+        }
+    }
+
     fn free_port() -> u16 {
         TcpListener::bind("127.0.0.1:0")
             .unwrap()
