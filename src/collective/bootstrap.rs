@@ -382,8 +382,8 @@ impl LaunchEnv {
     /// id made elsewhere.
     ///
     /// Returns once every rank has the id and acknowledged it, so no rank starts NCCL
-    /// with a wrong world. Every wait is bounded by `timeout` (peers wait up to a quarter
-    /// longer for rank 0's verdict). Errors, the same on every rank that reached rank 0:
+    /// with a wrong world. Every wait is bounded by `timeout` (peers wait a quarter
+    /// longer, at least 2 s, for rank 0's verdict). Errors, the same on every rank that reached rank 0:
     /// [`Error::Rendezvous`] (garbage, wrong version, duplicate rank, different world
     /// sizes, a port in use), [`Error::PeerFailed`] (a rank closed its connection
     /// part-way), [`Error::PeerTimeout`] naming the ranks that never came. A rank that
@@ -991,9 +991,10 @@ fn join(env: &LaunchEnv, deadline: Instant) -> Result<NcclUniqueId> {
         ),
     };
     write_frame(&mut stream, &frame(Kind::Hello), deadline).map_err(lost)?;
-    // Rank 0 decides at its own deadline, which may be a little after ours: wait a
-    // quarter longer for its verdict (which names the missing ranks).
-    let verdict_by = deadline + env.timeout / 4;
+    // Rank 0 decides at its own deadline, which may be a little after ours (it may have
+    // started later): wait a quarter longer, at least 2 s, for its verdict (which names
+    // the missing ranks).
+    let verdict_by = deadline + (env.timeout / 4).max(Duration::from_secs(2));
     let expect = |stream: &mut TcpStream, want: Kind, stage: &str| -> Result<Frame> {
         let f = read_frame(stream, verdict_by).map_err(|fail| match fail {
             ReadFail::Closed { .. } => Error::PeerFailed {
