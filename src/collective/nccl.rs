@@ -76,23 +76,17 @@ struct NonBlockingApi {
     abort: unsafe extern "C" fn(Comm) -> Res,
 }
 
-/// The first fields of `ncclConfig_t`, as NCCL 2.14 defined it. NCCL reads `size` bytes
-/// and, for a `version` older than its own, takes its defaults for every later field
-/// (`parseCommConfig` in init.cc), so this prefix is valid for every NCCL >= 2.14.
+/// `ncclConfig_t` as NCCL 2.14 defined it (the first four fields of every later one).
+/// NCCL reads at most `size` bytes of it and, for a `version` older than its own, takes
+/// its defaults for every field added since (`parseCommConfig` in init.cc), so this is
+/// a valid config for every NCCL >= 2.14: it asks for `blocking = 0` and nothing else.
 #[repr(C)]
 struct ConfigV214 {
     size: usize,
     magic: std::ffi::c_uint,
     version: std::ffi::c_uint,
     blocking: c_int,
-    cga_cluster_size: c_int,
-    min_ctas: c_int,
-    max_ctas: c_int,
-    net_name: *const c_char,
 }
-
-/// `NCCL_CONFIG_UNDEF_INT`: "NCCL picks".
-const CONFIG_UNDEF_INT: c_int = c_int::MIN;
 /// `ncclInProgress`.
 const IN_PROGRESS: Res = 7;
 
@@ -335,15 +329,11 @@ impl NcclComm {
             // NCCL_VERSION(2, 14, 0)
             version: 21400,
             blocking: 0,
-            cga_cluster_size: CONFIG_UNDEF_INT,
-            min_ctas: CONFIG_UNDEF_INT,
-            max_ctas: CONFIG_UNDEF_INT,
-            net_name: std::ptr::null(),
         };
         let mut raw: Comm = std::ptr::null_mut();
         let deadline = Instant::now() + timeout;
-        // SAFETY: writes one handle; `config` is a valid NCCL 2.14 config prefix (its
-        // `size` says how much NCCL may read) living across the call; `uid` is 128
+        // SAFETY: writes one handle; `config` is a valid NCCL 2.14 config (its `size`
+        // says how much NCCL may read; NCCL copies it during the call); `uid` is 128
         // bytes, as NCCL's id is.
         let code = unsafe {
             (nb.init_rank_config)(&mut raw, nranks as c_int, uid, rank as c_int, &mut config)
@@ -660,5 +650,9 @@ mod tests {
         assert_eq!(dtype_code(<f32 as super::super::CollectiveType>::INDEX), 7);
         assert_eq!(dtype_code(<u8 as super::super::CollectiveType>::INDEX), 1);
         assert_eq!(result_name(5), "ncclInvalidUsage");
+        assert_eq!(result_name(IN_PROGRESS), "ncclInProgress");
+        // nccl.h 2.14: size_t size; unsigned magic, version; int blocking.
+        assert_eq!(std::mem::size_of::<ConfigV214>(), 24);
+        assert_eq!(std::mem::offset_of!(ConfigV214, blocking), 16);
     }
 }
