@@ -203,13 +203,32 @@ fn bench_row(
         f(imp, warm)?;
     }
     let mut samples: [Vec<f64>; 3] = Default::default();
+    let mut paired = Vec::new();
     for r in 0..rounds {
+        let mut round = [None; 3];
         for k in 0..3 {
             let imp = IMPLS[(r + k) % 3];
             if let Some(ns) = f(imp, iters)? {
                 samples[imp as usize].push(ns);
+                round[imp as usize] = Some(ns);
             }
         }
+        if let [Some(g), _, Some(raw)] = round
+            && raw > 0.0
+        {
+            paired.push(g / raw);
+        }
+    }
+    // The same ratio paired within each round (the three ran back to back), which cancels
+    // drift between rounds: its spread says how far one run's ratio can be trusted.
+    if let Some(m) = median(paired.clone()) {
+        let (lo, hi) = paired
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        eprintln!(
+            "gpubench:   gpubind/raw paired per round: median {m:.3}, min {lo:.3}, max {hi:.3} ({} rounds)",
+            paired.len()
+        );
     }
     Ok(samples.map(median))
 }
@@ -974,12 +993,37 @@ impl SecondContext {
             stream: std::ptr::null_mut(),
             buf: 0,
         };
-        // SAFETY: valid device; no creation parameters; the new context becomes current
-        // and is destroyed in Drop (which frees everything made in it).
+        // cuCtxCreate_v4 needs a CUDA 12.5 driver (and bindings); the v2 variant, asked
+        // for by version as gpubind does it (docs/compat.md), exists on every driver.
+        type CtxCreateV2 = unsafe extern "C" fn(
+            *mut sys::CUcontext,
+            std::ffi::c_uint,
+            sys::CUdevice,
+        ) -> sys::CUresult;
+        let mut pfn: *mut std::ffi::c_void = std::ptr::null_mut();
+        let mut status = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
+        // SAFETY: NUL-terminated name; writes one pointer and one status.
         ck(
-            unsafe { sys::cuCtxCreate_v4(&mut s.ctx, std::ptr::null_mut(), 0, dev) },
-            "cuCtxCreate_v4",
+            unsafe {
+                sys::cuGetProcAddress_v2(
+                    c"cuCtxCreate".as_ptr(),
+                    &mut pfn,
+                    12020,
+                    sys::CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_DEFAULT as u64,
+                    &mut status,
+                )
+            },
+            "cuGetProcAddress_v2(cuCtxCreate)",
         )?;
+        if pfn.is_null() {
+            return Err(format!("cuCtxCreate_v2 not found ({status:?})").into());
+        }
+        // SAFETY: the driver's cuCtxCreate for CUDA 12.2 is cuCtxCreate_v2, whose
+        // prototype is `CtxCreateV2`; the pointer stays valid while libcuda is loaded.
+        let create = unsafe { std::mem::transmute::<*mut std::ffi::c_void, CtxCreateV2>(pfn) };
+        // SAFETY: valid device; no flags; the new context becomes current and is
+        // destroyed in Drop (which frees everything made in it).
+        ck(unsafe { create(&mut s.ctx, 0, dev) }, "cuCtxCreate_v2")?;
         // SAFETY: the new context is current; each call writes one handle/address.
         unsafe {
             ck(
@@ -1682,7 +1726,7 @@ const NOTES: [&str; 8] = [
     "htod 4 B, landed per op: each op is an upload that has reached device memory when it returns. gpubind htod_copy = cuMemcpyHtoD_v2 + a wait for the legacy stream (a pageable cuMemcpyHtoD returns once the data is staged, before the DMA lands); raw = the same two calls; cudarc 0.19 = memcpy_htod + synchronize on the default stream of a single-stream context. htod 4 B async: gpubind BoundStream::htod_async, cudarc memcpy_htod on its stream, raw cuMemcpyHtoDAsync_v2, one synchronize at the end.",
     "kernels are NVRTC-compiled once to a cubin for this GPU and loaded by each implementation; launches use 1 block (1 thread for `empty`, 32 for `touch(float*, const float*, unsigned)`).",
     "re-bind row, 1 GPU: gpubind binds the same device before each op (one cuCtxGetCurrent, nothing set); cudarc alternates two CudaContext objects of the same ordinal, which wrap the same primary context (bind_to_thread finds it current); raw calls cuCtxSetCurrent(primary) before each op.",
-    "switch row, 1 GPU: a real context switch before each op between the primary context and a second context (cudarc CudaContext::new_non_primary, raw cuCtxCreate_v4). gpubind only binds primary contexts, so it has no entry; on one GPU it never needs to switch. Fewer iterations (iters/20), submit timing.",
+    "switch row, 1 GPU: a real context switch before each op between the primary context and a second context (cudarc CudaContext::new_non_primary, raw cuCtxCreate_v2). gpubind only binds primary contexts, so it has no entry; on one GPU it never needs to switch. Fewer iterations (iters/20), submit timing.",
     "2-GPU row: bind A, memset on A, bind B, memset on B, ... for all three (raw: cuCtxSetCurrent + cuMemsetD8Async). Per op = per (switch + memset).",
     "memory rows: a child process (gpubench re-executed) lists the devices and reads attributes (gpubind: Device::all + attributes; cudarc: CudaContext::new(0) + attributes, as its safe API needs a context; raw: cuInit + cuDeviceGet*), waits, then binds (gpubind ThreadContext::bind; raw cuDevicePrimaryCtxRetain + cuCtxSetCurrent). The parent reads device-wide free memory with cuMemGetInfo before the child starts and at each phase; used = before - now.",
 ];

@@ -281,6 +281,10 @@ pub(crate) struct StreamInner {
     /// The event this stream's hand-offs record (created at the first one): see
     /// [`StreamInner::enqueue_wait`].
     handoff: std::sync::OnceLock<HandoffEvent>,
+    /// Set for a stream shared with cudarc ([`crate::interop`]): cudarc owns the handle
+    /// and destroys it when the last `Arc<CudaStream>` goes; this keeps it alive while
+    /// gpubind (a `Stream`, or a tracker ordering work after it) still needs it.
+    pub(crate) cudarc: Option<Arc<cudarc::driver::CudaStream>>,
 }
 
 /// A `CU_EVENT_DISABLE_TIMING` event of a stream's context, only ever recorded on that
@@ -311,6 +315,18 @@ impl StreamInner {
             raw,
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
             handoff: std::sync::OnceLock::new(),
+            cudarc: None,
+        }
+    }
+
+    /// A stream created and owned by cudarc, shared with gpubind: never destroyed here.
+    pub(crate) fn shared(device: Arc<Device>, stream: Arc<cudarc::driver::CudaStream>) -> Self {
+        StreamInner {
+            device,
+            raw: stream.cu_stream(),
+            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            handoff: std::sync::OnceLock::new(),
+            cudarc: Some(stream),
         }
     }
 
@@ -372,6 +388,20 @@ fn destroy_event(device: &Device, event: sys::CUevent) {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
+        if let Some(stream) = self.cudarc.take() {
+            // Its hand-off event is ours; the stream is cudarc's: let go of our reference
+            // (cudarc destroys the stream with its last one), leaving the thread's
+            // current context as it was.
+            if let Some(event) = self.handoff.take() {
+                destroy_event(&self.device, event.0);
+            }
+            crate::interop::drop_in_context(
+                format_args!("a Stream shared with cudarc"),
+                &self.device,
+                stream,
+            );
+            return;
+        }
         let raw = self.raw;
         crate::faults::release(
             format_args!("a Stream"),
@@ -531,6 +561,17 @@ impl std::fmt::Debug for AccessTracker {
 }
 
 impl AccessTracker {
+    /// A tracker whose allocation has one pending write, on `on` (memory adopted with
+    /// work still queued on it).
+    pub(crate) fn written_on(on: StreamRef) -> Self {
+        let mut state = AccessState::default();
+        let mut grave = Grave::new();
+        state.commit(&[(on.id(), Access::Write)], |_| on.clone(), &mut grave);
+        AccessTracker {
+            state: sync::Mutex::new(state),
+        }
+    }
+
     /// Waits for every pending use (before the memory is freed or handed away) and
     /// forgets them: all streams are synchronised even if one fails; the first error is
     /// returned and then nothing is forgotten.

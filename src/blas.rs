@@ -24,9 +24,9 @@ use crate::access::Access;
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::libs::{self, CublasHandle};
 use crate::memory::{DeviceMemory, DeviceMemoryMut, expect_len};
 use crate::stream::BoundStream;
-use cudarc::cublas::sys as cublas;
 use std::sync::Arc;
 
 /// A cuBLAS handle of one device.
@@ -35,7 +35,7 @@ use std::sync::Arc;
 /// must not be used by two threads at once, and every product takes `&mut Blas`.
 pub struct Blas {
     device: Arc<Device>,
-    handle: cublas::cublasHandle_t,
+    handle: CublasHandle,
 }
 
 impl std::fmt::Debug for Blas {
@@ -50,13 +50,13 @@ impl std::fmt::Debug for Blas {
 // every use) whose current context is the handle's, which BoundStream proves.
 unsafe impl Send for Blas {}
 
-fn check(status: cublas::cublasStatus_t, call: &'static str) -> Result<()> {
-    if status == cublas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+fn check(status: std::ffi::c_int, call: &'static str) -> Result<()> {
+    if status == 0 {
         Ok(())
     } else {
         Err(Error::Cublas {
             call,
-            status: format!("{status:?}"),
+            status: libs::cublas_status_name(status),
         })
     }
 }
@@ -80,9 +80,11 @@ impl Drop for Blas {
                 crate::faults::LEAKED,
             ),
             Ok(_guard) => {
+                // A handle exists only if the library loaded (it created the handle).
+                let Ok(api) = libs::cublas() else { return };
                 // SAFETY: created by cublasCreate in this context (current here);
                 // destroyed once, here.
-                let status = unsafe { cublas::cublasDestroy_v2(self.handle) };
+                let status = unsafe { (api.destroy)(self.handle) };
                 if let Err(e) = check(status, "cublasDestroy_v2") {
                     crate::faults::report_drop(
                         format_args!("a cuBLAS handle"),
@@ -98,20 +100,14 @@ impl Drop for Blas {
 }
 
 impl<'a> BoundDevice<'a> {
-    /// Creates a cuBLAS handle for the bound device; [`Error::NoCublas`] if `libcublas`
-    /// cannot be loaded.
+    /// Creates a cuBLAS handle for the bound device; [`Error::NoCublas`] if no `libcublas`
+    /// fitting the driver can be loaded (which one: [`crate::libs`]).
     pub fn new_blas(&self) -> Result<Blas> {
         self.ensure_current()?;
-        // SAFETY: only tries dlopen on the candidate names.
-        if !unsafe { cublas::is_culib_present() } {
-            return Err(Error::NoCublas);
-        }
-        let mut handle: cublas::cublasHandle_t = std::ptr::null_mut();
+        let api = libs::cublas()?;
+        let mut handle: CublasHandle = std::ptr::null_mut();
         // SAFETY: the bound context is current; writes one handle.
-        check(
-            unsafe { cublas::cublasCreate_v2(&mut handle) },
-            "cublasCreate_v2",
-        )?;
+        check(unsafe { (api.create)(&mut handle) }, "cublasCreate_v2")?;
         Ok(Blas {
             device: Arc::clone(self.device()),
             handle,
@@ -215,13 +211,10 @@ impl<'b> BoundStream<'b> {
             Some((b.tracker(), Access::Read)),
             Some((c.tracker(), Access::Write)),
         ])?;
-        let op = |t: bool| {
-            if t {
-                cublas::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                cublas::cublasOperation_t::CUBLAS_OP_N
-            }
-        };
+        // The library is loaded: `blas` was created through it.
+        let api = libs::cublas()?;
+        // cublasOperation_t: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
+        let op = |t: bool| std::ffi::c_int::from(t);
         // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the operands.
         let lda = if shape.transpose_a { m } else { k };
         let ldb = if shape.transpose_b { k } else { n };
@@ -229,7 +222,7 @@ impl<'b> BoundStream<'b> {
         // SAFETY: the handle belongs to the current context (checked above); the stream
         // is a valid stream of that context (or null for the default stream).
         check(
-            unsafe { cublas::cublasSetStream_v2(blas.handle, self.raw().cast()) },
+            unsafe { (api.set_stream)(blas.handle, self.raw().cast()) },
             "cublasSetStream_v2",
         )?;
         // SAFETY: all three buffers are live device allocations of the current context
@@ -238,7 +231,7 @@ impl<'b> BoundStream<'b> {
         // alpha and beta are host scalars alive for the call (default pointer mode).
         check(
             unsafe {
-                cublas::cublasSgemm_v2(
+                (api.sgemm)(
                     blas.handle,
                     op(shape.transpose_b),
                     op(shape.transpose_a),

@@ -5,8 +5,9 @@
 //! `// SAFETY:` comment; the public types above never see a raw `CUresult`.
 //!
 //! * [`init`] loads `libcuda` (dynamically: a machine without CUDA gets
-//!   [`Error::NoDriver`], not a panic) and calls `cuInit(0)` until it has succeeded
-//!   once (a failure is not cached: the next call retries).
+//!   [`Error::NoDriver`], not a panic), refuses drivers older than CUDA 12.2
+//!   ([`Error::DriverTooOld`]) and calls `cuInit(0)` until it has succeeded once (a
+//!   failure is not cached: the next call retries).
 //! * `Check` turns a `CUresult` into [`Result`], naming the call.
 //! * `ContextGuard` pushes a context for the length of a scope and pops it after, so
 //!   code that must run in a given context (freeing a slice from `Drop`) leaves the
@@ -78,8 +79,49 @@ fn failed_on(device: &crate::device::Device, call: &'static str, code: sys::CUre
 
 /// Whether `libcuda` can be loaded on this machine. Never panics, creates nothing.
 pub fn driver_available() -> bool {
-    // SAFETY: only tries `dlopen` on the candidate names; loads no symbol.
-    unsafe { sys::is_culib_present() }
+    loadable(&["cuda", "nvcuda"])
+}
+
+/// Whether one of the usual names of a CUDA library (`cuda`, `nvrtc`, `cublas`) loads.
+///
+/// gpubind's own check rather than cudarc's `is_culib_present`, which exists only under
+/// cudarc's `dynamic-loading` (a crate in the tree enabling `dynamic-linking`, as
+/// candle-core does, removes it). The names are ones cudarc's loader also tries, for the
+/// major version of its bindings, so a library found here is one cudarc's `dynamic-loading`
+/// finds too; under `dynamic-linking` the library is already loaded under its soname
+/// (`libcuda.so.1`, `libnvrtc.so.13`), which is in the list.
+pub(crate) fn loadable(stems: &[&str]) -> bool {
+    library_names(stems)
+        .iter()
+        // SAFETY: loading a CUDA library runs its ELF initialisers only (no GPU work);
+        // the handle is closed again at once (the library stays mapped while loaded
+        // elsewhere, as cudarc's own check does it).
+        .any(|name| unsafe { libloading::Library::new(name) }.is_ok())
+}
+
+/// The file names tried for each stem: `libcuda.so`, `libcuda.so.1`, `libnvrtc.so.13`
+/// (the bindings' major version), `libnvrtc.so.12` (a 12.x toolkit beside an old
+/// driver), ... (Windows: `nvcuda.dll`, `nvrtc64_130_0.dll`, `cublas64_12.dll`, ...).
+/// Every name is one cudarc's `dynamic-loading` loader tries as well.
+fn library_names(stems: &[&str]) -> Vec<String> {
+    use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
+    let major = sys::CUDA_VERSION / 1000;
+    let mut names = Vec::new();
+    for stem in stems {
+        names.push(format!("{DLL_PREFIX}{stem}{DLL_SUFFIX}"));
+        if cfg!(windows) {
+            for v in [major.to_string(), "12".into()] {
+                names.push(format!("{DLL_PREFIX}{stem}64_{v}{DLL_SUFFIX}"));
+                names.push(format!("{DLL_PREFIX}{stem}64_{v}0_0{DLL_SUFFIX}"));
+            }
+        } else {
+            for v in [major.to_string(), "12".into(), "11".into(), "1".into()] {
+                names.push(format!("{DLL_PREFIX}{stem}{DLL_SUFFIX}.{v}"));
+            }
+        }
+    }
+    names.dedup();
+    names
 }
 
 /// Loads the driver and runs `cuInit(0)`, once it has succeeded never again.
@@ -89,12 +131,29 @@ pub fn driver_available() -> bool {
 /// driver itself may keep answering a failed `cuInit` with the same error.) Concurrent
 /// first calls are serialised; once one succeeded, later calls cost one atomic load.
 /// `cuInit` creates no context.
+///
+/// Drivers older than CUDA 12.2 ([`DriverVersion::MINIMUM`](crate::DriverVersion::MINIMUM),
+/// or a version capped below it with `GPUBIND_ASSUME_DRIVER_VERSION`, see
+/// [`driver_version`](crate::driver_version)) are [`Error::DriverTooOld`], naming both
+/// versions; a cap that does not parse is [`Error::InvalidArgument`].
+///
+/// ```no_run
+/// match gpubind::init() {
+///     Ok(()) => println!("CUDA {} driver", gpubind::driver_version()?),
+///     Err(gpubind::Error::DriverTooOld { found, needed }) => {
+///         eprintln!("driver supports CUDA {found}, gpubind needs {needed}")
+///     }
+///     Err(e) => return Err(e),
+/// }
+/// # Ok::<(), gpubind::Error>(())
+/// ```
 pub fn init() -> Result<()> {
     static INIT: InitOnce = InitOnce::new();
     INIT.run(|| {
         if !driver_available() {
             return Err(Error::NoDriver);
         }
+        crate::compat::require_minimum(crate::compat::driver_version()?)?;
         // SAFETY: the library is present (checked above); cuInit has no preconditions.
         unsafe { sys::cuInit(0) }.check("cuInit")
     })
@@ -274,6 +333,24 @@ mod tests {
     }
 
     #[test]
+    fn library_names_cover_the_sonames() {
+        let names = library_names(&["cuda", "nvrtc"]);
+        if cfg!(target_os = "linux") {
+            let major = sys::CUDA_VERSION / 1000;
+            for want in [
+                "libcuda.so".to_owned(),
+                "libcuda.so.1".to_owned(),
+                format!("libnvrtc.so.{major}"),
+                "libnvrtc.so.12".to_owned(),
+            ] {
+                assert!(names.contains(&want), "{want} not in {names:?}");
+            }
+        }
+        // The first name of each stem is the plain one.
+        assert!(names[0].contains("cuda") && !names[0].contains("nvrtc"));
+    }
+
+    #[test]
     fn init_once_retries_after_failure_and_caches_success() {
         let once = InitOnce::new();
         let calls = AtomicUsize::new(0);
@@ -330,7 +407,10 @@ mod tests {
         // succeeds or reports the driver's error. Either way no panic.
         for _ in 0..3 {
             match init() {
-                Ok(()) | Err(Error::NoDriver) | Err(Error::Driver { .. }) => {}
+                Ok(())
+                | Err(Error::NoDriver)
+                | Err(Error::Driver { .. })
+                | Err(Error::DriverTooOld { .. }) => {}
                 Err(other) => panic!("unexpected {other:?}"),
             }
         }

@@ -114,6 +114,31 @@ pub enum Error {
     )]
     NoDriver,
 
+    /// The driver is older than gpubind supports (CUDA 12.2, driver branch R535), or
+    /// `GPUBIND_ASSUME_DRIVER_VERSION` caps it below that. Returned by `init`.
+    #[error(
+        "the CUDA driver supports CUDA {found}, gpubind needs CUDA {needed} or newer (driver R535 or later); if {found} is less than the driver's real version, unset GPUBIND_ASSUME_DRIVER_VERSION"
+    )]
+    DriverTooOld {
+        /// The version the driver reports (capped by `GPUBIND_ASSUME_DRIVER_VERSION`).
+        found: crate::DriverVersion,
+        /// The oldest version gpubind runs on (`DriverVersion::MINIMUM`).
+        needed: crate::DriverVersion,
+    },
+
+    /// The operation needs a driver entry point that this driver (or the version
+    /// `GPUBIND_ASSUME_DRIVER_VERSION` caps it at) does not have, and nothing older does
+    /// the same job. docs/compat.md lists the entry points and their fallbacks.
+    #[error("{what} needs a CUDA {needs} driver; this one supports CUDA {found}")]
+    Unsupported {
+        /// The driver entry point, e.g. `cuFuncGetParamInfo`.
+        what: &'static str,
+        /// The CUDA version that introduced it.
+        needs: crate::DriverVersion,
+        /// The driver's version as gpubind uses it (capped, where a cap is set).
+        found: crate::DriverVersion,
+    },
+
     /// A CUDA driver call returned an error.
     #[error("{call} failed: {name} ({description})")]
     Driver {
@@ -237,6 +262,18 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// The device lacks a capability this operation needs, and nothing safe replaces it.
+    #[error("device {device} lacks {capability}, which {what} needs{}", hint.map(|h| format!("; {h}")).unwrap_or_default())]
+    DeviceLacks {
+        /// The device's ordinal.
+        device: usize,
+        /// The missing capability, e.g. `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`.
+        capability: &'static str,
+        /// What needed it.
+        what: &'static str,
+        /// What to do instead, if anything.
+        hint: Option<&'static str>,
+    },
     /// A run-time choice that needs an optional part of gpubind left out of this build:
     /// the collectives' `Backend::Nccl` without the `nccl` feature.
     /// (Whole modules behind a feature are absent instead, a compile-time error.)
@@ -576,3 +613,31 @@ fn fmt_limit(limit: &Option<u64>) -> String {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_lacks_names_the_capability_and_the_way_out() {
+        let e = Error::DeviceLacks {
+            device: 3,
+            capability: "CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS",
+            what: "a host reference into managed memory (as_slice/as_mut_slice)",
+            hint: Some("copy with BoundDevice::dtoh / htod_copy instead"),
+        };
+        assert_eq!(
+            e.to_string(),
+            "device 3 lacks CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, which a host reference \
+             into managed memory (as_slice/as_mut_slice) needs; copy with BoundDevice::dtoh / \
+             htod_copy instead"
+        );
+        let bare = Error::DeviceLacks {
+            device: 0,
+            capability: "X",
+            what: "Y",
+            hint: None,
+        };
+        assert_eq!(bare.to_string(), "device 0 lacks X, which Y needs");
+    }
+}

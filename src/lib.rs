@@ -87,6 +87,7 @@ pub mod blas;
 #[cfg(feature = "collective")]
 #[cfg_attr(docsrs, doc(cfg(feature = "collective")))]
 pub mod collective;
+pub mod compat;
 pub mod context;
 pub mod copy;
 pub mod device;
@@ -98,9 +99,11 @@ pub mod error;
 mod faults;
 pub mod host;
 mod image;
+pub mod interop;
 #[cfg(feature = "ipc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub mod ipc;
+pub mod libs;
 pub mod managed;
 pub mod memory;
 pub mod module;
@@ -119,6 +122,7 @@ pub use collective::{
     Backend, CollectiveType, CommOptions, Communicator, Group, LaunchEnv, NcclUniqueId, Op,
     RankComm, Transport, nccl_available,
 };
+pub use compat::{DriverVersion, driver_version};
 pub use context::{BoundDevice, ThreadContext};
 pub use copy::{CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind};
 pub use device::{Device, DeviceAttribute, Uuid};

@@ -28,6 +28,7 @@
 //! [`Error::ManagedTooLarge`]: over-subscribed managed memory can stall the whole GPU.
 
 use crate::access::{Access, AccessTracker};
+use crate::compat;
 use crate::context::BoundDevice;
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::{Device, DeviceAttribute};
@@ -47,7 +48,7 @@ pub struct ManagedSlice<T: DeviceRepr> {
     ptr: sys::CUdeviceptr,
     len: usize,
     /// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`: whether the host may touch the
-    /// memory while the device runs work. Without it host access synchronises first.
+    /// memory while the device runs work. Without it host references are refused.
     concurrent: bool,
     tracker: AccessTracker,
     _t: PhantomData<T>,
@@ -70,14 +71,13 @@ pub enum Location<'d> {
 impl Location<'_> {
     fn raw(self) -> sys::CUmemLocation {
         match self {
-            Location::Host => sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
-                id: 0,
-            },
-            Location::Device(d) => sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: d.raw_device(),
-            },
+            Location::Host => {
+                crate::compat::mem_location(sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, 0)
+            }
+            Location::Device(d) => crate::compat::mem_location(
+                sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                d.raw_device(),
+            ),
         }
     }
 }
@@ -146,22 +146,31 @@ impl<T: DeviceRepr> ManagedSlice<T> {
     }
 
     /// On devices without concurrent managed access the host may not touch managed memory
-    /// while the device runs anything: wait for the context first.
+    /// while the device runs *anything* (the process gets SIGSEGV/SIGBUS), and a reference
+    /// handed out cannot stop another thread or library from launching work meanwhile:
+    /// host references are refused there ([`Error::DeviceLacks`]); copies work.
     fn host_access_ready(&self) -> Result<()> {
         if self.concurrent || self.len == 0 {
             return Ok(());
         }
-        let _guard = self.device.enter()?;
-        // SAFETY: the owning context is current for the call.
-        unsafe { sys::cuCtxSynchronize() }.check("cuCtxSynchronize")
+        Err(Error::DeviceLacks {
+            device: self.device.ordinal(),
+            capability: "CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS",
+            what: "a host reference into managed memory (as_slice/as_mut_slice)",
+            hint: Some("copy with BoundDevice::dtoh / htod_copy instead"),
+        })
     }
 
     /// The contents, read by the host (pages migrate on demand).
     ///
     /// Waits first for the pending stream-ordered writes of this slice (kernels, copies,
     /// memsets, collectives on any stream), so the returned `&[T]` never changes under
-    /// the reference; on devices without concurrent managed access, for the whole
-    /// context. Device *reads* may continue meanwhile.
+    /// the reference. Device *reads* may continue meanwhile.
+    ///
+    /// On a device without concurrent managed access (`CONCURRENT_MANAGED_ACCESS` 0:
+    /// Windows, some embedded and older GPUs) this is [`Error::DeviceLacks`]: the host may
+    /// not touch managed memory there while the device runs any work, which a reference
+    /// cannot guarantee; copy the data out with [`BoundDevice::dtoh`](crate::BoundDevice::dtoh).
     pub fn as_slice(&self) -> Result<&[T]> {
         if self.len > 0 {
             self.tracker.host_access(Access::Read)?;
@@ -176,8 +185,8 @@ impl<T: DeviceRepr> ManagedSlice<T> {
     }
 
     /// The contents, written by the host. Waits first for every pending stream-ordered
-    /// use of this slice (reads too), as well as what [`as_slice`](Self::as_slice) waits
-    /// for.
+    /// use of this slice (reads too); refused like [`as_slice`](Self::as_slice) on
+    /// devices without concurrent managed access.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
         if self.len > 0 {
             self.tracker.host_access(Access::Write)?;
@@ -274,9 +283,12 @@ impl<'a> BoundDevice<'a> {
             return Ok(());
         }
         let (advice, location) = advice.raw();
+        // SAFETY: `MemAdviseV2` is cuMemAdvise_v2's prototype
+        // (CUdeviceptr, size_t, CUmem_advise, CUmemLocation) -> CUresult.
+        let advise = unsafe { compat::MEM_ADVISE_V2.get::<compat::MemAdviseV2>() }?;
         // SAFETY: context current; the range is one live managed allocation.
-        unsafe { sys::cuMemAdvise_v2(mem.ptr, mem.num_bytes(), advice, location) }
-            .check("cuMemAdvise_v2")
+        unsafe { advise(mem.ptr, mem.num_bytes(), advice, location) }
+            .check(compat::MEM_ADVISE_V2.symbol)
     }
 }
 
@@ -288,11 +300,15 @@ impl<'b> BoundStream<'b> {
         if mem.ptr == 0 {
             return Ok(());
         }
+        // SAFETY: `MemPrefetchAsyncV2` is cuMemPrefetchAsync_v2's prototype
+        // (CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream) -> CUresult.
+        let prefetch =
+            unsafe { compat::MEM_PREFETCH_ASYNC_V2.get::<compat::MemPrefetchAsyncV2>() }?;
         // Migration keeps the contents: ordered like a read.
         let _claim = self.claim([Some((&mem.tracker, Access::Read))])?;
         // SAFETY: context current, stream of it; one live managed allocation, whose free
         // waits for this prefetch (tracked above).
-        unsafe { sys::cuMemPrefetchAsync_v2(mem.ptr, mem.num_bytes(), to.raw(), 0, self.raw()) }
-            .check("cuMemPrefetchAsync_v2")
+        unsafe { prefetch(mem.ptr, mem.num_bytes(), to.raw(), 0, self.raw()) }
+            .check(compat::MEM_PREFETCH_ASYNC_V2.symbol)
     }
 }

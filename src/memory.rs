@@ -58,10 +58,14 @@ use std::sync::Arc;
 /// ```
 ///
 /// Use `u8` for flags.
+///
+/// Every `DeviceRepr` type is also a [`KernelArg`](crate::KernelArg) passed by value, so
+/// one `unsafe impl DeviceRepr for MyParams {}` lets a `#[repr(C)]` struct be both a
+/// buffer element and a kernel parameter.
 pub unsafe trait DeviceRepr: Copy + Send + Sync + 'static {}
 
 /// Calls `$m!(u8, i8, …, bf16)` with every scalar type gpubind moves to and from the
-/// device, so the lists of `DeviceRepr` and `KernelArg` impls cannot drift apart.
+/// device (each is `DeviceRepr`, and so a by-value `KernelArg`).
 macro_rules! with_scalar_types {
     ($m:ident) => {
         $m!(
@@ -82,7 +86,6 @@ macro_rules! with_scalar_types {
         );
     };
 }
-pub(crate) use with_scalar_types;
 
 macro_rules! device_repr {
     ($($t:ty),*) => { $(

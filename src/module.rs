@@ -40,7 +40,8 @@
 //! ```
 //!
 //! Launch arguments are checked against the kernel's parameter list where the driver
-//! reports it (`cuFuncGetParamInfo`, CUDA 12.4+): a wrong count or a wrong size is
+//! reports it (`cuFuncGetParamInfo`, CUDA 12.4+; older drivers, or a version capped
+//! below 12.4 with `GPUBIND_ASSUME_DRIVER_VERSION`, skip the check): a wrong count or a wrong size is
 //! [`Error::LaunchArgs`], a slice of another device is [`Error::WrongDevice`].
 //!
 //! The launch configuration is checked against the device's and the kernel's limits
@@ -63,8 +64,7 @@ use crate::memory::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut};
 use crate::poison::KernelName;
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
-use cudarc::nvrtc::sys as nvrtc_sys;
-use std::ffi::{CStr, CString, c_void};
+use std::ffi::{CString, c_void};
 use std::sync::Arc;
 
 /// Loaded device code of one device.
@@ -206,30 +206,20 @@ impl Drop for Module {
     }
 }
 
-/// Whether the loaded driver exports `symbol` (checked before calling entry points newer
-/// than the oldest driver we support, since a missing one would panic in cudarc's loader).
-fn driver_has(symbol: &CStr) -> bool {
-    // SAFETY: the library is loaded (cuInit succeeded before any Function exists); we only
-    // look the symbol up, never call through the pointer.
-    unsafe {
-        cudarc::driver::sys::culib()
-            .get::<*const c_void>(symbol.to_bytes())
-            .is_ok()
-    }
-}
-
-/// The kernel's parameter sizes, from `cuFuncGetParamInfo` (CUDA 12.4+), or `None` if
-/// the driver cannot tell.
+/// The kernel's parameter sizes, from `cuFuncGetParamInfo` (CUDA 12.4+, looked up by
+/// version: see `crate::compat`), or `None` if the driver cannot tell.
 fn param_sizes(func: sys::CUfunction) -> Option<Vec<usize>> {
-    if !driver_has(c"cuFuncGetParamInfo") {
-        return None;
-    }
+    // SAFETY: `FuncGetParamInfo` is cuFuncGetParamInfo's prototype
+    // (CUfunction, size_t, size_t*, size_t*) -> CUresult.
+    let get_param_info =
+        unsafe { crate::compat::FUNC_GET_PARAM_INFO.get::<crate::compat::FuncGetParamInfo>() }
+            .ok()?;
     let mut sizes = Vec::new();
     loop {
         let (mut offset, mut size) = (0usize, 0usize);
         // SAFETY: valid function handle; writes two size_t. Past the last parameter the
         // driver returns CUDA_ERROR_INVALID_VALUE, which ends the loop.
-        let r = unsafe { sys::cuFuncGetParamInfo(func, sizes.len(), &mut offset, &mut size) };
+        let r = unsafe { get_param_info(func, sizes.len(), &mut offset, &mut size) };
         match r {
             sys::CUresult::CUDA_SUCCESS => sizes.push(size),
             sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(sizes),
@@ -381,8 +371,58 @@ impl LaunchConfig {
     }
 }
 
-/// A value that can be passed to a kernel: device memory (passed as its address) or a
-/// plain scalar (passed by value).
+/// A value that can be passed to a kernel: device memory (passed as its address) or
+/// plain data (passed by value).
+///
+/// Every [`DeviceRepr`] type is a `KernelArg` passed by value, so one
+/// `unsafe impl DeviceRepr` is all a `#[repr(C)]` struct needs to be a kernel parameter
+/// (as with cudarc's `DeviceRepr`), besides being the element type of a buffer:
+///
+/// ```no_run
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, module: &gpubind::Module) -> gpubind::Result<()> {
+/// use gpubind::{DeviceRepr, LaunchConfig};
+/// // extern "C" __global__ void affine(Affine p, float* x, unsigned n) { … }
+/// // with `struct Affine { float scale; float shift; unsigned n; unsigned pad; };`
+/// #[repr(C)]
+/// #[derive(Clone, Copy)]
+/// struct Affine {
+///     scale: f32,
+///     shift: f32,
+///     n: u32,
+///     pad: u32, // explicit: DeviceRepr types have no padding
+/// }
+/// // SAFETY: repr(C), four 4-byte fields (no padding), every bit pattern valid.
+/// unsafe impl DeviceRepr for Affine {}
+///
+/// let affine = module.function("affine")?;
+/// let mut x = gpu.clone_htod(&[1.0f32; 64])?;
+/// let p = Affine { scale: 2.0, shift: 1.0, n: 64, pad: 0 };
+/// // SAFETY: (Affine, float*, unsigned) matches the kernel, which stays in bounds.
+/// unsafe {
+///     gpu.default_stream()
+///         .launch(&affine, LaunchConfig::for_num_elems(64))
+///         .arg(&p).arg(&mut x).arg(&64u32)
+///         .launch()?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// gpubind buffers are passed as their address *and* claimed by the launch (ordered after
+/// their pending uses). They can never be passed as plain data: a `DeviceRepr` type is
+/// `Copy`, which an owning buffer is not, so a struct holding one cannot implement it:
+///
+/// ```compile_fail,E0204
+/// #[repr(C)]
+/// #[derive(Clone, Copy)] // error[E0204]: `DeviceSlice<f32>` is not `Copy`
+/// struct Smuggled {
+///     buf: gpubind::DeviceSlice<f32>,
+/// }
+/// ```
+///
+/// A raw device address (`u64`, from the `unsafe` [`DeviceSlice::raw_ptr`]) *is* plain
+/// data and may be passed by value, alone or inside a struct: gpubind neither tracks nor
+/// keeps alive what it points to, which is why [`LaunchBuilder::launch`] is `unsafe` and
+/// its contract names such memory.
 ///
 /// # Safety
 ///
@@ -407,17 +447,20 @@ pub unsafe trait KernelArg {
     }
 }
 
-macro_rules! scalar_arg {
-    ($($t:ty),*) => { $(
-        // SAFETY: a scalar passed by value: its own bytes, borrowed for the launch.
-        unsafe impl KernelArg for $t {
-            fn param_ptr(&self) -> *mut c_void { self as *const $t as *mut c_void }
-            fn param_size(&self) -> usize { std::mem::size_of::<$t>() }
-            fn describe(&self) -> String { stringify!($t).to_owned() }
-        }
-    )* };
+// SAFETY: plain data passed by value: the kernel receives the value's own
+// `size_of::<T>()` bytes, borrowed for the launch. `DeviceRepr` promises no padding (every
+// byte initialised) and no owned resources, so copying the bytes is all the driver does.
+unsafe impl<T: DeviceRepr> KernelArg for T {
+    fn param_ptr(&self) -> *mut c_void {
+        self as *const T as *mut c_void
+    }
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<T>()
+    }
+    fn describe(&self) -> String {
+        std::any::type_name::<T>().to_owned()
+    }
 }
-crate::memory::with_scalar_types!(scalar_arg);
 
 macro_rules! memory_arg {
     ($ty:ident $(<$lt:lifetime>)?) => {
@@ -650,7 +693,8 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// # Safety
     ///
     /// * The arguments must have the types the kernel declares (gpubind checks the count
-    ///   and byte sizes where the driver reports them, not the types).
+    ///   and byte sizes where the driver reports them, i.e. from CUDA 12.4; never the
+    ///   types).
     /// * The kernel must only access memory inside the buffers passed to it.
     /// * gpubind's device, pool and managed buffers passed as arguments need nothing
     ///   more: the launch is ordered after their pending uses, and their later uses and
@@ -823,17 +867,54 @@ impl<'a> BoundDevice<'a> {
         })
     }
 
-    /// Compiles CUDA C++ with NVRTC for this device's architecture (`sm_XY` cubin, so
-    /// nothing is JIT-compiled at load) and loads it. `name` labels errors.
+    /// Compiles CUDA C++ with NVRTC for this device's architecture and loads it. `name`
+    /// labels errors.
+    ///
+    /// Normally a cubin for `sm_XY`, so nothing is JIT-compiled at load. An NVRTC older
+    /// than the GPU (one whose `nvrtcGetSupportedArchs` lacks `sm_XY`) compiles PTX for
+    /// the newest architecture it knows below the device's instead (`compute_XY`), which
+    /// the driver JIT-compiles for the device at load. A device older than every
+    /// architecture the NVRTC supports is [`Error::Compile`] naming the supported range.
+    /// Which NVRTC is used: [`crate::libs`] (never a newer major version than the
+    /// driver's; PTX from an NVRTC of a newer *minor* version than the driver can still be
+    /// refused at load, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, where a cubin would load).
     pub fn compile_and_load(&self, src: &str, name: &str) -> Result<Module> {
         let (major, minor) = self.device().compute_capability()?;
-        let cubin = compile(
-            src,
-            name,
-            &[format!("--gpu-architecture=sm_{major}{minor}")],
-            Output::Cubin,
-        )?;
-        self.load_cubin(&cubin)
+        let cc = i32::try_from(major * 10 + minor).unwrap_or(i32::MAX);
+        let nvrtc = crate::libs::nvrtc()?;
+        let target =
+            crate::libs::pick_target(nvrtc.supported_archs().as_deref(), cc).map_err(|log| {
+                Error::Compile {
+                    program: name.into(),
+                    status: format!("no target for sm_{cc}"),
+                    log,
+                }
+            })?;
+        match target {
+            crate::libs::Target::Cubin(arch) => {
+                let cubin = compile(
+                    src,
+                    name,
+                    &[format!("--gpu-architecture=sm_{arch}")],
+                    Output::Cubin,
+                )?;
+                self.load_cubin(&cubin)
+            }
+            crate::libs::Target::Ptx(arch) => {
+                let ptx = compile(
+                    src,
+                    name,
+                    &[format!("--gpu-architecture=compute_{arch}")],
+                    Output::Ptx,
+                )?;
+                let ptx = String::from_utf8(ptx).map_err(|_| Error::Compile {
+                    program: name.into(),
+                    status: "PTX is not UTF-8".into(),
+                    log: String::new(),
+                })?;
+                self.load_ptx(&ptx)
+            }
+        }
     }
 }
 
@@ -846,18 +927,17 @@ pub enum Output {
     Cubin,
 }
 
-/// Whether `libnvrtc` can be loaded.
+/// Whether an NVRTC gpubind can use can be loaded (see [`crate::libs`] for which one:
+/// the driver's major version first, `GPUBIND_NVRTC_PATH` to override).
 pub fn nvrtc_available() -> bool {
-    // SAFETY: only tries dlopen on candidate names.
-    unsafe { nvrtc_sys::is_culib_present() }
+    crate::libs::nvrtc().is_ok()
 }
 
 /// Compiles CUDA C++ source with NVRTC. Needs no GPU, no context and no driver: only
-/// `libnvrtc`. Options are passed through (e.g. `--gpu-architecture=sm_90`, `-DN=4`).
+/// `libnvrtc` (chosen as [`crate::libs`] describes). Options are passed through (e.g.
+/// `--gpu-architecture=sm_90`, `-DN=4`).
 pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Result<Vec<u8>> {
-    if !nvrtc_available() {
-        return Err(Error::NoNvrtc);
-    }
+    let nvrtc = crate::libs::nvrtc()?;
     let csrc =
         CString::new(src).map_err(|_| Error::InvalidArgument("source contains NUL".into()))?;
     let cname =
@@ -868,12 +948,18 @@ pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Res
         .collect::<std::result::Result<_, _>>()
         .map_err(|_| Error::InvalidArgument("an option contains NUL".into()))?;
     let opt_ptrs: Vec<*const std::ffi::c_char> = copts.iter().map(|o| o.as_ptr()).collect();
+    let n_opts = i32::try_from(opt_ptrs.len())
+        .map_err(|_| Error::InvalidArgument(format!("{} options", opt_ptrs.len())))?;
 
-    let status_name = |r: nvrtc_sys::nvrtcResult| format!("{r:?}");
-    let mut prog: nvrtc_sys::nvrtcProgram = std::ptr::null_mut();
+    let failed = |r: i32, log: String| Error::Compile {
+        program: name.into(),
+        status: crate::libs::nvrtc_status_name(r),
+        log,
+    };
+    let mut prog: crate::libs::NvrtcProgram = std::ptr::null_mut();
     // SAFETY: NUL-terminated source and name, alive for the call; no headers.
     let r = unsafe {
-        nvrtc_sys::nvrtcCreateProgram(
+        (nvrtc.create_program)(
             &mut prog,
             csrc.as_ptr(),
             cname.as_ptr(),
@@ -882,50 +968,33 @@ pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Res
             std::ptr::null(),
         )
     };
-    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(Error::Compile {
-            program: name.into(),
-            status: status_name(r),
-            log: String::new(),
-        });
+    if r != crate::libs::NVRTC_SUCCESS {
+        return Err(failed(r, String::new()));
     }
     let result = (|| {
         // SAFETY: `prog` is a live program; the option pointers are alive for the call.
-        let r = unsafe {
-            nvrtc_sys::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr())
-        };
-        if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-            return Err(Error::Compile {
-                program: name.into(),
-                status: status_name(r),
-                log: program_log(prog),
-            });
+        let r = unsafe { (nvrtc.compile_program)(prog, n_opts, opt_ptrs.as_ptr()) };
+        if r != crate::libs::NVRTC_SUCCESS {
+            return Err(failed(r, program_log(nvrtc, prog)));
         }
-        let mut size = 0usize;
-        let mut out;
-        // SAFETY: live, compiled program; the buffer has the size NVRTC reported.
-        let r = unsafe {
-            match output {
-                Output::Ptx => {
-                    nvrtc_sys::nvrtcGetPTXSize(prog, &mut size);
-                    out = vec![0u8; size];
-                    nvrtc_sys::nvrtcGetPTX(prog, out.as_mut_ptr().cast())
-                }
-                Output::Cubin => {
-                    nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size);
-                    out = vec![0u8; size];
-                    nvrtc_sys::nvrtcGetCUBIN(prog, out.as_mut_ptr().cast())
-                }
-            }
+        let (get_size, get) = match output {
+            Output::Ptx => (nvrtc.get_ptx_size, nvrtc.get_ptx),
+            Output::Cubin => (nvrtc.get_cubin_size, nvrtc.get_cubin),
         };
-        if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || out.is_empty() {
-            return Err(Error::Compile {
-                program: name.into(),
-                status: status_name(r),
-                log:
-                    "no output (for a cubin, name one real architecture: --gpu-architecture=sm_XY)"
-                        .into(),
-            });
+        let mut size = 0usize;
+        // SAFETY: live, compiled program; writes one size_t.
+        let mut r = unsafe { get_size(prog, &mut size) };
+        let mut out = vec![0u8; size];
+        if r == crate::libs::NVRTC_SUCCESS && size > 0 {
+            // SAFETY: live, compiled program; the buffer has the size NVRTC reported.
+            r = unsafe { get(prog, out.as_mut_ptr().cast()) };
+        }
+        if r != crate::libs::NVRTC_SUCCESS || out.is_empty() {
+            return Err(failed(
+                r,
+                "no output (for a cubin, name one real architecture: --gpu-architecture=sm_XY)"
+                    .into(),
+            ));
         }
         if output == Output::Ptx {
             // Drop the trailing NUL NVRTC includes in the size.
@@ -936,26 +1005,25 @@ pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Res
         Ok(out)
     })();
     // SAFETY: destroys the program created above, once.
-    unsafe { nvrtc_sys::nvrtcDestroyProgram(&mut prog) };
+    unsafe { (nvrtc.destroy_program)(&mut prog) };
     result
 }
 
-fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
+fn program_log(nvrtc: &crate::libs::Nvrtc, prog: crate::libs::NvrtcProgram) -> String {
     let mut size = 0usize;
-    // SAFETY: live program; the buffer has the size NVRTC reported.
-    unsafe {
-        if nvrtc_sys::nvrtcGetProgramLogSize(prog, &mut size)
-            != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS
-        {
-            return String::new();
-        }
-        let mut buf = vec![0u8; size];
-        nvrtc_sys::nvrtcGetProgramLog(prog, buf.as_mut_ptr().cast());
-        String::from_utf8_lossy(&buf)
-            .trim_end_matches('\0')
-            .trim()
-            .to_owned()
+    // SAFETY: live program; writes one size_t.
+    if unsafe { (nvrtc.get_log_size)(prog, &mut size) } != crate::libs::NVRTC_SUCCESS {
+        return String::new();
     }
+    let mut buf = vec![0u8; size.max(1)];
+    // SAFETY: live program; the buffer has (at least) the size NVRTC reported.
+    if unsafe { (nvrtc.get_log)(prog, buf.as_mut_ptr().cast()) } != crate::libs::NVRTC_SUCCESS {
+        return String::new();
+    }
+    String::from_utf8_lossy(&buf)
+        .trim_end_matches('\0')
+        .trim()
+        .to_owned()
 }
 
 #[cfg(test)]

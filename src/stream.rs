@@ -98,6 +98,18 @@ impl Stream {
     pub(crate) fn to_ref(&self) -> access::StreamRef {
         access::StreamRef::Owned(Arc::clone(&self.inner))
     }
+
+    /// A `Stream` around `inner` (a stream shared with cudarc: [`crate::interop`]).
+    pub(crate) fn from_inner(inner: StreamInner) -> Stream {
+        Stream {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The stream behind this one.
+    pub(crate) fn inner(&self) -> &Arc<StreamInner> {
+        &self.inner
+    }
 }
 
 impl std::fmt::Debug for Stream {
@@ -135,13 +147,16 @@ impl Event {
 
     /// Milliseconds between `self` and `end`, both recorded with timing enabled and
     /// complete. Events of different devices give [`Error::WrongDevice`](crate::Error::WrongDevice).
+    ///
+    /// Calls `cuEventElapsedTime_v2` on drivers from CUDA 12.8 and the original
+    /// `cuEventElapsedTime` before (both looked up by version, see `docs/compat.md`).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         self.device.expect_same("end event", &end.device)?;
         let _guard = self.device.enter()?;
+        let (elapsed, call) = crate::compat::event_elapsed_time()?;
         let mut ms = 0f32;
         // SAFETY: two valid events of the same context, current for the call.
-        unsafe { sys::cuEventElapsedTime_v2(&mut ms, self.raw, end.raw) }
-            .check_on(&self.device, "cuEventElapsedTime")?;
+        unsafe { elapsed(&mut ms, self.raw, end.raw) }.check_on(&self.device, call)?;
         Ok(ms)
     }
 

@@ -35,6 +35,8 @@ assert_impl_all!(Device: Debug);
 assert_impl_all!(DeviceAttribute: Debug, Copy, Eq, std::hash::Hash, std::fmt::Display);
 assert_impl_all!(DriverErrorCode: Debug, Copy, Eq, std::hash::Hash, std::fmt::Display);
 assert_impl_all!(Uuid: Debug);
+assert_impl_all!(gpubind::DriverVersion: Debug, Send, Sync, Copy, Ord, std::fmt::Display);
+assert_impl_all!(gpubind::compat::EntryPointStatus: Debug, Send, Sync, Clone);
 assert_impl_all!(Error: Debug);
 assert_impl_all!(Stream: Debug);
 assert_impl_all!(Event: Debug);

@@ -157,10 +157,10 @@ impl OwnedPool {
     fn grant_access(&self, peer: &Device) -> Result<()> {
         let _guard = self.device.enter()?;
         let desc = sys::CUmemAccessDesc {
-            location: sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: peer.raw_device(),
-            },
+            location: crate::compat::mem_location(
+                sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                peer.raw_device(),
+            ),
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: valid pool in the current context; reads one descriptor.

@@ -82,22 +82,23 @@ impl MemoryPool {
     pub fn new(gpu: &BoundDevice<'_>, config: PoolConfig) -> Result<MemoryPool> {
         gpu.ensure_current()?;
         let device = Arc::clone(gpu.device());
-        let props = sys::CUmemPoolProps {
-            allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            handleTypes: if config.ipc {
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-            } else {
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
-            },
-            location: sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: device.raw_device(),
-            },
-            win32SecurityAttributes: std::ptr::null_mut(),
-            maxSize: config.max_size,
-            usage: 0,
-            reserved: [0; 54],
+        // Zeroed, then the fields every binding version has: the rest (`usage`, later
+        // fields, `reserved`) differs between CUDA versions and must be zero.
+        // SAFETY: an all-zero CUmemPoolProps is valid: integers, a null pointer, a
+        // bit-flag newtype (handle types) and enums whose zero is a variant (`…_INVALID`).
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = if config.ipc {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
         };
+        props.location = crate::compat::mem_location(
+            sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            device.raw_device(),
+        );
+        props.win32SecurityAttributes = std::ptr::null_mut();
+        props.maxSize = config.max_size;
         // Before the pool exists: a failing random source then leaves nothing behind.
         let id = PoolId::fresh()?;
         let mut raw: sys::CUmemoryPool = std::ptr::null_mut();

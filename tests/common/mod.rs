@@ -223,3 +223,42 @@ macro_rules! ensure {
         }
     };
 }
+
+/// Creates a non-primary context on `dev` (pushed current), on every driver and with
+/// every binding version: `cuCtxCreate` looked up for CUDA 12.2, which is
+/// `cuCtxCreate_v2(CUcontext*, unsigned, CUdevice)` (`cuCtxCreate_v4` needs 12.5). The
+/// caller destroys it (`cuCtxDestroy_v2`).
+pub fn create_context(
+    dev: gpubind::cudarc::driver::sys::CUdevice,
+) -> Result<gpubind::cudarc::driver::sys::CUcontext, String> {
+    use gpubind::cudarc::driver::sys;
+    type CtxCreateV2 =
+        unsafe extern "C" fn(*mut sys::CUcontext, std::ffi::c_uint, sys::CUdevice) -> sys::CUresult;
+    let mut pfn: *mut std::ffi::c_void = std::ptr::null_mut();
+    let mut status = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
+    // SAFETY: NUL-terminated name; writes one pointer and one status.
+    let r = unsafe {
+        sys::cuGetProcAddress_v2(
+            c"cuCtxCreate".as_ptr(),
+            &mut pfn,
+            12020,
+            sys::CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_DEFAULT as u64,
+            &mut status,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS || pfn.is_null() {
+        return Err(format!(
+            "cuGetProcAddress_v2(cuCtxCreate, 12020): {r:?} {status:?}"
+        ));
+    }
+    // SAFETY: the CUDA 12.2 variant of cuCtxCreate is cuCtxCreate_v2, whose prototype is
+    // `CtxCreateV2`; the pointer stays valid while libcuda is loaded.
+    let create = unsafe { std::mem::transmute::<*mut std::ffi::c_void, CtxCreateV2>(pfn) };
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid device, no flags; writes one handle.
+    let r = unsafe { create(&mut ctx, 0, dev) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuCtxCreate_v2: {r:?}"));
+    }
+    Ok(ctx)
+}

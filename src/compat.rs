@@ -1,0 +1,604 @@
+//! Driver versions, and the driver entry points that not every supported driver has.
+//!
+//! gpubind runs on every driver from CUDA 12.2 (R535) up, whatever CUDA version its
+//! cudarc bindings were generated from (see `docs/compat.md`). Entry points newer than
+//! 12.2 are never called through cudarc's per-symbol loader (which panics on a missing
+//! symbol) nor linked by name: they are looked up with `cuGetProcAddress_v2`, asking for
+//! the ABI of the CUDA version that introduced them, and only when the driver's version
+//! is at least that one. Where an older entry point does the same job it is used instead
+//! (`cuEventElapsedTime` where `cuEventElapsedTime_v2` is missing); where none does, the
+//! operation is [`Error::Unsupported`], naming what it needs, or (for checks that are an
+//! extra, like the launch-argument check of `cuFuncGetParamInfo`) skipped.
+//!
+//! [`driver_version`] is the version gpubind acts on. Setting the environment variable
+//! [`ASSUME_DRIVER_VERSION_ENV`] (`GPUBIND_ASSUME_DRIVER_VERSION`, e.g. `12020` or
+//! `12.2`) caps it: gpubind behaves as if the driver reported the smaller of its real
+//! version and the cap, so a new driver exercises every old-driver path for real. It is
+//! read once per process.
+//!
+//! ```no_run
+//! let v = gpubind::driver_version()?;
+//! println!("driver supports CUDA {v}"); // e.g. "driver supports CUDA 13.0"
+//! assert!(v >= gpubind::DriverVersion::MINIMUM);
+//! # Ok::<(), gpubind::Error>(())
+//! ```
+
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::ffi::{CStr, c_void};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::OnceLock;
+
+/// The environment variable that caps the driver version gpubind assumes.
+///
+/// Its value is a CUDA version, as the driver API writes it (`12020`) or as
+/// `major.minor` (`12.2`). An empty value means no cap; anything else that does not
+/// parse makes [`init`](crate::init) and [`driver_version`] fail with
+/// [`Error::InvalidArgument`] naming the variable. A cap can only lower the version:
+/// capping above the real one changes nothing.
+pub const ASSUME_DRIVER_VERSION_ENV: &str = "GPUBIND_ASSUME_DRIVER_VERSION";
+
+/// A CUDA version: what a driver supports (`cuDriverGetVersion`) or what an entry point
+/// needs.
+///
+/// Ordered by (major, minor); displayed as `major.minor`.
+///
+/// ```
+/// use gpubind::DriverVersion;
+/// let v = DriverVersion::from_raw(12020).unwrap();
+/// assert_eq!((v.major(), v.minor()), (12, 2));
+/// assert_eq!(v.to_string(), "12.2");
+/// assert_eq!(v.raw(), 12020);
+/// assert_eq!("12.2".parse::<DriverVersion>().unwrap(), v);
+/// assert!(DriverVersion::new(13, 0) > v);
+/// assert!(DriverVersion::from_raw(-1).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DriverVersion {
+    major: u32,
+    minor: u32,
+}
+
+impl DriverVersion {
+    /// The oldest driver gpubind runs on: CUDA 12.2 (driver branch R535).
+    pub const MINIMUM: DriverVersion = DriverVersion::new(12, 2);
+
+    /// `major.minor`. Minor versions above 99 are clamped to 99.
+    pub const fn new(major: u32, minor: u32) -> DriverVersion {
+        let minor = if minor > 99 { 99 } else { minor };
+        DriverVersion { major, minor }
+    }
+
+    /// From the driver API's encoding, `1000 * major + 10 * minor` (`12020` is 12.2).
+    /// Zero, negative and absurd values (above 1000.0) are [`Error::InvalidArgument`].
+    pub fn from_raw(raw: i32) -> Result<DriverVersion> {
+        if !(1000..1_000_000).contains(&raw) {
+            return Err(Error::InvalidArgument(format!(
+                "{raw} is not a CUDA version (expected 1000 * major + 10 * minor, e.g. 12020)"
+            )));
+        }
+        let raw = raw as u32;
+        Ok(DriverVersion::new(raw / 1000, (raw % 1000) / 10))
+    }
+
+    /// The driver API's encoding, `1000 * major + 10 * minor`.
+    pub const fn raw(self) -> i32 {
+        (self.major * 1000 + self.minor * 10) as i32
+    }
+
+    /// The major version (12 for 12.2).
+    pub const fn major(self) -> u32 {
+        self.major
+    }
+
+    /// The minor version (2 for 12.2).
+    pub const fn minor(self) -> u32 {
+        self.minor
+    }
+}
+
+impl fmt::Display for DriverVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl FromStr for DriverVersion {
+    type Err = Error;
+
+    /// `12020` (the driver API's encoding) or `12.2`; surrounding spaces are ignored.
+    fn from_str(s: &str) -> Result<DriverVersion> {
+        let bad = || {
+            Error::InvalidArgument(format!(
+                "{s:?} is not a CUDA version (expected e.g. 12020 or 12.2)"
+            ))
+        };
+        let t = s.trim();
+        if let Some((major, minor)) = t.split_once('.') {
+            let major: u32 = major.parse().map_err(|_| bad())?;
+            let minor: u32 = minor.parse().map_err(|_| bad())?;
+            if !(1..1000).contains(&major) || minor > 99 {
+                return Err(bad());
+            }
+            Ok(DriverVersion::new(major, minor))
+        } else {
+            let raw: i32 = t.parse().map_err(|_| bad())?;
+            DriverVersion::from_raw(raw).map_err(|_| bad())
+        }
+    }
+}
+
+/// Parses the cap variable's value: unset or empty is no cap.
+pub(crate) fn parse_cap(value: Option<&str>) -> Result<Option<DriverVersion>> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|e| {
+            let reason = match e {
+                Error::InvalidArgument(r) => r,
+                other => other.to_string(),
+            };
+            Error::InvalidArgument(format!("{ASSUME_DRIVER_VERSION_ENV}: {reason}"))
+        }),
+    }
+}
+
+/// The cap from the environment, read once per process.
+fn cap() -> Result<Option<DriverVersion>> {
+    static CAP: OnceLock<Result<Option<DriverVersion>>> = OnceLock::new();
+    CAP.get_or_init(|| match std::env::var(ASSUME_DRIVER_VERSION_ENV) {
+        Ok(v) => parse_cap(Some(&v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::InvalidArgument(format!(
+            "{ASSUME_DRIVER_VERSION_ENV}: {v:?} is not a CUDA version (expected e.g. 12020 or 12.2)"
+        ))),
+    })
+    .clone()
+}
+
+/// The version gpubind acts on: the smaller of the real one and the cap.
+pub(crate) fn effective(real: DriverVersion, cap: Option<DriverVersion>) -> DriverVersion {
+    cap.map_or(real, |c| real.min(c))
+}
+
+/// The CUDA version the driver supports (`cuDriverGetVersion`), as gpubind uses it:
+/// capped by [`ASSUME_DRIVER_VERSION_ENV`] when that is set.
+///
+/// Needs `libcuda` but no `cuInit` and no GPU context; [`Error::NoDriver`] without a
+/// driver. The answer is cached after the first success. [`init`](crate::init) refuses
+/// drivers older than [`DriverVersion::MINIMUM`] with [`Error::DriverTooOld`].
+///
+/// ```no_run
+/// let v = gpubind::driver_version()?;
+/// if v < gpubind::DriverVersion::new(12, 8) {
+///     println!("CUDA {v} driver: Event::elapsed_ms uses cuEventElapsedTime");
+/// }
+/// # Ok::<(), gpubind::Error>(())
+/// ```
+pub fn driver_version() -> Result<DriverVersion> {
+    static VERSION: OnceLock<DriverVersion> = OnceLock::new();
+    if let Some(v) = VERSION.get() {
+        return Ok(*v);
+    }
+    let cap = cap()?;
+    if !crate::driver::driver_available() {
+        return Err(Error::NoDriver);
+    }
+    let mut raw = 0;
+    // SAFETY: the library is present (checked above); cuDriverGetVersion needs no cuInit
+    // and writes one int.
+    unsafe { sys::cuDriverGetVersion(&mut raw) }.check("cuDriverGetVersion")?;
+    let real = DriverVersion::from_raw(raw).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "cuDriverGetVersion reported {raw}, not a CUDA version"
+        ))
+    })?;
+    Ok(*VERSION.get_or_init(|| effective(real, cap)))
+}
+
+/// [`Error::DriverTooOld`] for versions before [`DriverVersion::MINIMUM`].
+pub(crate) fn require_minimum(found: DriverVersion) -> Result<()> {
+    let needed = DriverVersion::MINIMUM;
+    if found < needed {
+        return Err(Error::DriverTooOld { found, needed });
+    }
+    Ok(())
+}
+
+/// A driver entry point gpubind calls only where the driver has it.
+///
+/// `base` is the name `cuGetProcAddress` takes (no `_v2` suffix); `since` is both the
+/// CUDA version that introduced this variant and the `cudaVersion` passed to
+/// `cuGetProcAddress_v2`, which picks the variant (`cuEventElapsedTime` at 12.8 is
+/// `cuEventElapsedTime_v2`, at 12.2 the original).
+pub(crate) struct EntryPoint {
+    /// The name as `cuGetProcAddress` takes it.
+    pub(crate) base: &'static CStr,
+    /// The versioned symbol this resolves to, for messages and error names.
+    pub(crate) symbol: &'static str,
+    /// The CUDA version that introduced the variant (and that is asked for).
+    pub(crate) since: DriverVersion,
+    /// The address once looked up: `Some(0)` never, `Some(addr)` found, `None` missing.
+    resolved: OnceLock<Option<usize>>,
+}
+
+impl EntryPoint {
+    const fn new(base: &'static CStr, symbol: &'static str, since: DriverVersion) -> Self {
+        EntryPoint {
+            base,
+            symbol,
+            since,
+            resolved: OnceLock::new(),
+        }
+    }
+
+    /// The entry point's address, looked up once; [`Error::Unsupported`] when the
+    /// (capped) driver version is older than `since` or the driver does not export it.
+    pub(crate) fn address(&self) -> Result<*mut c_void> {
+        if let Some(found) = self.resolved.get() {
+            return self.found(*found);
+        }
+        let version = driver_version()?;
+        if version < self.since {
+            // Not cached: the same answer every time, and it costs one compare.
+            return Err(self.unsupported(version));
+        }
+        let mut pfn: *mut c_void = std::ptr::null_mut();
+        let mut status = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
+        // SAFETY: `base` is NUL-terminated and static; writes one pointer and one status.
+        // cuGetProcAddress_v2 exists in every driver gpubind runs on (CUDA 12.0+) and is
+        // an ordinary cudarc sys function under every linking mode.
+        unsafe {
+            sys::cuGetProcAddress_v2(
+                self.base.as_ptr(),
+                &mut pfn,
+                self.since.raw(),
+                sys::CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_DEFAULT as u64,
+                &mut status,
+            )
+        }
+        .check("cuGetProcAddress_v2")
+        .or_else(|e| match e {
+            // The driver's answer for a symbol it does not have (with the status below).
+            Error::Driver {
+                code: crate::error::DriverErrorCode::NOT_FOUND,
+                ..
+            } => Ok(()),
+            e => Err(e),
+        })?;
+        let found = (status == sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS
+            && !pfn.is_null())
+        .then_some(pfn as usize);
+        self.found(*self.resolved.get_or_init(|| found))
+    }
+
+    fn found(&self, found: Option<usize>) -> Result<*mut c_void> {
+        match found {
+            Some(addr) => Ok(addr as *mut c_void),
+            None => Err(self.unsupported(driver_version()?)),
+        }
+    }
+
+    fn unsupported(&self, found: DriverVersion) -> Error {
+        Error::Unsupported {
+            what: self.symbol,
+            needs: self.since,
+            found,
+        }
+    }
+
+    /// The entry point as a typed function pointer.
+    ///
+    /// # Safety
+    ///
+    /// `F` must be an `unsafe extern "C" fn` with the C prototype of `symbol` (the
+    /// variant of `since`).
+    pub(crate) unsafe fn get<F: Copy>(&self) -> Result<F> {
+        const { assert!(size_of::<F>() == size_of::<*mut c_void>()) };
+        let addr = self.address()?;
+        // SAFETY: `addr` is the non-null address of `symbol` in the loaded driver, which
+        // stays loaded for the process; the caller guarantees `F` is its prototype.
+        Ok(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&addr) })
+    }
+}
+
+/// `cuEventElapsedTime_v2` (CUDA 12.8).
+pub(crate) static EVENT_ELAPSED_TIME_V2: EntryPoint = EntryPoint::new(
+    c"cuEventElapsedTime",
+    "cuEventElapsedTime_v2",
+    DriverVersion::new(12, 8),
+);
+/// The original `cuEventElapsedTime`, the fallback on drivers before 12.8 (every driver
+/// still exports it for programs built against older toolkits).
+pub(crate) static EVENT_ELAPSED_TIME: EntryPoint = EntryPoint::new(
+    c"cuEventElapsedTime",
+    "cuEventElapsedTime",
+    DriverVersion::MINIMUM,
+);
+/// `cuFuncGetParamInfo` (CUDA 12.4): without it launch arguments are not checked.
+pub(crate) static FUNC_GET_PARAM_INFO: EntryPoint = EntryPoint::new(
+    c"cuFuncGetParamInfo",
+    "cuFuncGetParamInfo",
+    DriverVersion::new(12, 4),
+);
+/// `cuMemAdvise_v2` (CUDA 12.2, the floor; looked up so the ABI is pinned whatever the
+/// bindings' version).
+pub(crate) static MEM_ADVISE_V2: EntryPoint =
+    EntryPoint::new(c"cuMemAdvise", "cuMemAdvise_v2", DriverVersion::MINIMUM);
+/// `cuMemPrefetchAsync_v2` (CUDA 12.2; the plain name is the original signature before
+/// CUDA 13 and this one from 13, so the version asked for matters).
+pub(crate) static MEM_PREFETCH_ASYNC_V2: EntryPoint = EntryPoint::new(
+    c"cuMemPrefetchAsync",
+    "cuMemPrefetchAsync_v2",
+    DriverVersion::MINIMUM,
+);
+
+/// Every entry point gpubind resolves by version (docs/compat.md lists the same).
+pub(crate) static ENTRY_POINTS: [&EntryPoint; 5] = [
+    &EVENT_ELAPSED_TIME_V2,
+    &EVENT_ELAPSED_TIME,
+    &FUNC_GET_PARAM_INFO,
+    &MEM_ADVISE_V2,
+    &MEM_PREFETCH_ASYNC_V2,
+];
+
+/// One version-dependent driver entry point, as gpubind finds it on this driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EntryPointStatus {
+    /// The versioned symbol, e.g. `cuEventElapsedTime_v2`.
+    pub symbol: &'static str,
+    /// The CUDA version that introduced it.
+    pub since: DriverVersion,
+    /// `Ok(())` where gpubind calls it on this driver; else [`Error::Unsupported`] (the
+    /// driver, or the cap, is older than `since`, or the driver does not export it).
+    pub status: Result<()>,
+}
+
+/// Every driver entry point gpubind looks up by version, and whether this driver (as
+/// capped by [`ASSUME_DRIVER_VERSION_ENV`]) has it: a compatibility report.
+///
+/// Runs [`init`](crate::init) first, so a driver older than 12.2 is
+/// [`Error::DriverTooOld`]; an entry point the driver lacks is an
+/// [`Error::Unsupported`] in its `status`, not an error of the call.
+///
+/// ```no_run
+/// for ep in gpubind::compat::entry_points()? {
+///     match &ep.status {
+///         Ok(()) => println!("{} (CUDA {}): used", ep.symbol, ep.since),
+///         Err(e) => println!("{}: {e}", ep.symbol),
+///     }
+/// }
+/// # Ok::<(), gpubind::Error>(())
+/// ```
+pub fn entry_points() -> Result<Vec<EntryPointStatus>> {
+    crate::init()?;
+    ENTRY_POINTS
+        .iter()
+        .map(|ep| {
+            let status = match ep.address() {
+                Ok(_) => Ok(()),
+                Err(e @ Error::Unsupported { .. }) => Err(e),
+                Err(other) => return Err(other),
+            };
+            Ok(EntryPointStatus {
+                symbol: ep.symbol,
+                since: ep.since,
+                status,
+            })
+        })
+        .collect()
+}
+
+/// `cuEventElapsedTime{,_v2}`: milliseconds between two events.
+pub(crate) type EventElapsedTime =
+    unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> sys::CUresult;
+/// `cuFuncGetParamInfo`.
+pub(crate) type FuncGetParamInfo =
+    unsafe extern "C" fn(sys::CUfunction, usize, *mut usize, *mut usize) -> sys::CUresult;
+/// `cuMemAdvise_v2`.
+pub(crate) type MemAdviseV2 = unsafe extern "C" fn(
+    sys::CUdeviceptr,
+    usize,
+    sys::CUmem_advise,
+    sys::CUmemLocation,
+) -> sys::CUresult;
+/// `cuMemPrefetchAsync_v2`.
+pub(crate) type MemPrefetchAsyncV2 = unsafe extern "C" fn(
+    sys::CUdeviceptr,
+    usize,
+    sys::CUmemLocation,
+    std::ffi::c_uint,
+    sys::CUstream,
+) -> sys::CUresult;
+
+/// The elapsed-time entry point this driver has: `_v2` from 12.8, else the original.
+pub(crate) fn event_elapsed_time() -> Result<(EventElapsedTime, &'static str)> {
+    // SAFETY: both variants have the prototype of `EventElapsedTime`
+    // (float*, CUevent, CUevent) -> CUresult.
+    match unsafe { EVENT_ELAPSED_TIME_V2.get::<EventElapsedTime>() } {
+        Ok(f) => Ok((f, EVENT_ELAPSED_TIME_V2.symbol)),
+        Err(Error::Unsupported { .. }) => {
+            // SAFETY: as above.
+            let f = unsafe { EVENT_ELAPSED_TIME.get::<EventElapsedTime>() }?;
+            Ok((f, EVENT_ELAPSED_TIME.symbol))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A `CUmemLocation` of `type_` and `id`, whatever the bindings' version (CUDA 13.2
+/// turned `id` into a member of an anonymous union; the layout is unchanged).
+pub(crate) fn mem_location(type_: sys::CUmemLocationType, id: i32) -> sys::CUmemLocation {
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Plain {
+        type_: sys::CUmemLocationType,
+        id: std::ffi::c_int,
+    }
+    static_assertions::assert_eq_size!(Plain, sys::CUmemLocation);
+    static_assertions::assert_eq_align!(Plain, sys::CUmemLocation);
+    // SAFETY: `CUmemLocation` is `#[repr(C)] { CUmemLocationType type_; int id }` in
+    // every binding version, or (13.2+) `{ type_; union { int id; ... } }`, whose union
+    // is 4 bytes at offset 4 with `id` at its start: the same layout as `Plain` (sizes
+    // and alignments asserted above), and every bit pattern of the union is valid.
+    unsafe { std::mem::transmute::<Plain, sys::CUmemLocation>(Plain { type_, id }) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse_both_spellings() {
+        let v = DriverVersion::new(12, 2);
+        assert_eq!("12020".parse::<DriverVersion>(), Ok(v));
+        assert_eq!(" 12.2 ".parse::<DriverVersion>(), Ok(v));
+        assert_eq!(
+            "13000".parse::<DriverVersion>(),
+            Ok(DriverVersion::new(13, 0))
+        );
+        assert_eq!(
+            "12.9".parse::<DriverVersion>(),
+            Ok(DriverVersion::new(12, 9))
+        );
+        assert_eq!(DriverVersion::from_raw(12080).unwrap().to_string(), "12.8");
+        assert_eq!(DriverVersion::from_raw(13020).unwrap().raw(), 13020);
+        // The driver's own encoding rounds down odd values the same way.
+        assert_eq!(
+            DriverVersion::from_raw(12025).unwrap(),
+            DriverVersion::new(12, 2)
+        );
+    }
+
+    #[test]
+    fn bad_versions_are_typed_errors() {
+        for bad in [
+            "", "abc", "12", "-12020", "0", "12.", ".2", "12.100", "12.2.1", "1e4", "99999999",
+        ] {
+            match bad.parse::<DriverVersion>() {
+                Err(Error::InvalidArgument(msg)) => {
+                    assert!(msg.contains("not a CUDA version"), "{bad:?}: {msg}")
+                }
+                other => panic!("{bad:?} parsed as {other:?}"),
+            }
+        }
+        assert!(DriverVersion::from_raw(0).is_err());
+        assert!(DriverVersion::from_raw(i32::MIN).is_err());
+        assert!(DriverVersion::from_raw(i32::MAX).is_err());
+    }
+
+    #[test]
+    fn versions_order_by_major_then_minor() {
+        assert!(DriverVersion::new(12, 9) < DriverVersion::new(13, 0));
+        assert!(DriverVersion::new(12, 2) < DriverVersion::new(12, 10));
+        assert_eq!(DriverVersion::MINIMUM.raw(), 12020);
+        assert_eq!(DriverVersion::new(12, 250).minor(), 99);
+    }
+
+    #[test]
+    fn cap_parsing() {
+        assert_eq!(parse_cap(None), Ok(None));
+        assert_eq!(parse_cap(Some("")), Ok(None));
+        assert_eq!(parse_cap(Some("  ")), Ok(None));
+        assert_eq!(
+            parse_cap(Some("12020")),
+            Ok(Some(DriverVersion::new(12, 2)))
+        );
+        assert_eq!(parse_cap(Some("11.8")), Ok(Some(DriverVersion::new(11, 8))));
+        match parse_cap(Some("twelve")) {
+            Err(Error::InvalidArgument(msg)) => {
+                assert!(msg.starts_with(ASSUME_DRIVER_VERSION_ENV), "{msg}");
+                assert!(msg.contains("\"twelve\""), "{msg}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_cap_only_lowers() {
+        let real = DriverVersion::new(13, 0);
+        assert_eq!(effective(real, None), real);
+        assert_eq!(
+            effective(real, Some(DriverVersion::new(12, 2))),
+            DriverVersion::new(12, 2)
+        );
+        assert_eq!(effective(real, Some(DriverVersion::new(13, 2))), real);
+    }
+
+    #[test]
+    fn entry_point_table() {
+        // Base names carry no version suffix (cuGetProcAddress picks the variant by
+        // version); each versioned symbol starts with its base name.
+        for ep in ENTRY_POINTS {
+            let base = ep.base.to_str().unwrap();
+            assert!(!base.ends_with("_v2"), "{base}");
+            assert!(ep.symbol.starts_with(base), "{} / {base}", ep.symbol);
+            assert!(ep.since >= DriverVersion::MINIMUM, "{}", ep.symbol);
+        }
+        assert_eq!(EVENT_ELAPSED_TIME_V2.since, DriverVersion::new(12, 8));
+        assert_eq!(FUNC_GET_PARAM_INFO.since, DriverVersion::new(12, 4));
+        // The fallback is older than the entry point it replaces, for the same base.
+        assert!(EVENT_ELAPSED_TIME.since < EVENT_ELAPSED_TIME_V2.since);
+        assert_eq!(EVENT_ELAPSED_TIME.base, EVENT_ELAPSED_TIME_V2.base);
+        // No symbol listed twice.
+        let mut names: Vec<_> = ENTRY_POINTS.iter().map(|e| e.symbol).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), ENTRY_POINTS.len());
+    }
+
+    #[test]
+    fn drivers_before_12_2_are_refused_naming_both_versions() {
+        assert_eq!(require_minimum(DriverVersion::new(12, 2)), Ok(()));
+        assert_eq!(require_minimum(DriverVersion::new(13, 0)), Ok(()));
+        for old in [DriverVersion::new(12, 1), DriverVersion::new(11, 8)] {
+            let e = require_minimum(old).unwrap_err();
+            assert_eq!(
+                e,
+                Error::DriverTooOld {
+                    found: old,
+                    needed: DriverVersion::MINIMUM
+                }
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&old.to_string()) && msg.contains("12.2"),
+                "{msg}"
+            );
+            assert!(msg.contains("GPUBIND_ASSUME_DRIVER_VERSION"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn unsupported_names_both_versions() {
+        let e = FUNC_GET_PARAM_INFO.unsupported(DriverVersion::new(12, 2));
+        let msg = e.to_string();
+        assert!(msg.contains("cuFuncGetParamInfo"), "{msg}");
+        assert!(msg.contains("12.4") && msg.contains("12.2"), "{msg}");
+    }
+
+    #[test]
+    fn mem_location_fields() {
+        let loc = mem_location(sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, 3);
+        assert_eq!(
+            loc.type_,
+            sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+        );
+        // SAFETY: `loc` is a plain 8-byte struct; read its second int.
+        let id = unsafe { *(&loc as *const sys::CUmemLocation).cast::<i32>().add(1) };
+        assert_eq!(id, 3);
+    }
+
+    #[test]
+    fn driver_version_without_a_driver_is_typed() {
+        // Here (no libcuda) NoDriver; on a GPU machine a version at least 1.0.
+        match driver_version() {
+            Ok(v) => assert!(v.major() >= 1),
+            Err(Error::NoDriver) | Err(Error::InvalidArgument(_)) => {}
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,501 @@
+//! Crossing over to cudarc's safe API (re-exported as [`crate::cudarc`]) and back.
+//!
+//! gpubind and cudarc's `CudaContext::new` use the same thing: a device's **primary
+//! context**. Memory, streams and events of one are valid in the other; what differs is
+//! who frees them and how each library orders work on a buffer (gpubind: the buffer's
+//! access tracker; cudarc: a read and a write event per `CudaSlice`). The conversions
+//! here keep both bookkeepings true.
+//!
+//! | from | to | how | ownership |
+//! | --- | --- | --- | --- |
+//! | [`BoundDevice`] | `Arc<CudaContext>` | [`BoundDevice::cudarc_context`] | cudarc retains the primary context itself; both retains are released independently |
+//! | `CudaContext` | `Arc<Device>` | [`device_of`] | refuses a non-primary context |
+//! | `Arc<CudaStream>` | [`Stream`] | [`BoundDevice::stream_from_cudarc`], [`BoundDevice::new_cudarc_stream`] | cudarc owns the CUDA stream; the `Stream` (and any buffer still ordered after it) keeps an `Arc` to it |
+//! | [`Stream`] | `Arc<CudaStream>` | [`Stream::cudarc_stream`] | only for streams cudarc owns (above) |
+//! | `CudaSlice<T>` | [`DeviceSlice<T>`] | [`BoundDevice::adopt_cudarc_slice`] | moves: gpubind frees it; pending cudarc work is ordered first |
+//! | a gpubind buffer | `CudaView<T>` / `CudaViewMut<T>` | [`BoundStream::lend_to_cudarc`] / [`BoundStream::lend_mut_to_cudarc`] | lent for a closure; stays gpubind's |
+//!
+//! # The rules, and why
+//!
+//! * **A gpubind buffer is only ever *lent* to cudarc, for the length of a closure, on a
+//!   stream both libraries know** (one made by [`BoundDevice::new_cudarc_stream`]). The
+//!   closure gets a `CudaView`/`CudaViewMut`, which borrows a `CudaSlice` gpubind keeps,
+//!   so the closure cannot keep the memory, swap it out, or free it: no second owner
+//!   exists at any point. The lend borrows the buffer mutably, so no gpubind operation can
+//!   touch it meanwhile (no lock is held while your code runs).
+//!   Before the closure: the stream waits for the buffer's pending gpubind uses, and the
+//!   lent slice's cudarc write event is recorded there, so cudarc work on *any* stream
+//!   (cudarc makes every stream wait for that event) comes after them. After the closure
+//!   (also when it panics): the stream waits for cudarc's read and write events of the
+//!   slice (every use cudarc recorded, on any stream) and for the legacy default stream,
+//!   and the lend is recorded in the buffer's tracker as a read
+//!   ([`lend_to_cudarc`](BoundStream::lend_to_cudarc)) or a write
+//!   ([`lend_mut_to_cudarc`](BoundStream::lend_mut_to_cudarc)) on that stream: later
+//!   gpubind uses, and the free, wait for it. The slice is then given up with
+//!   `CudaSlice::leak`, so cudarc never frees gpubind's memory.
+//! * **No owning hand-over from gpubind to cudarc.** A `CudaSlice` frees with
+//!   `cuMemFreeAsync` where the device has memory pools, and CUDA documents that call only
+//!   for stream-ordered allocations, not for `cuMemAlloc` memory. Lend instead, or
+//!   allocate with cudarc and [adopt](BoundDevice::adopt_cudarc_slice). (The `unsafe`
+//!   road stays open: [`DeviceSlice::into_raw`] and cudarc's `upgrade_device_ptr`.)
+//! * **A cudarc slice moves into gpubind whole.** `adopt_cudarc_slice` takes the
+//!   `CudaSlice` by value, makes its stream wait for cudarc's events (`leak`), and gives
+//!   the [`DeviceSlice`] a pending write on that stream: the allocation itself (cudarc
+//!   allocates in stream order) and every use cudarc recorded come before any gpubind use.
+//!   gpubind frees it with `cuMemFree`, which CUDA documents for both `cuMemAlloc` and
+//!   `cuMemAllocAsync` memory (for the latter with no implicit synchronisation: gpubind
+//!   waits for the pending uses first, as for every buffer). Where cudarc did not record
+//!   the slice's uses (its context never created a stream, or tracking is off), or the
+//!   slice lives on the per-thread stream, the adoption waits for the whole context on
+//!   the host instead (`cuCtxSynchronize`).
+//! * **A stream stays owned by the library that created it.** cudarc destroys a
+//!   `CudaStream` it created when its last `Arc` goes, and gives out `Arc` clones freely,
+//!   so a stream gpubind created cannot be handed to cudarc safely (a clone could outlive
+//!   the `Stream`). The other way works: gpubind holds an `Arc<CudaStream>` for as long
+//!   as it needs the stream. [`Stream::cudarc_stream`] is `None` for gpubind's own streams.
+//! * **One context.** Every conversion checks that the cudarc object belongs to this
+//!   device's primary context (a non-primary `CudaContext` is refused), since gpubind's
+//!   resources live only there.
+//!
+//! # What gpubind trusts of cudarc
+//!
+//! Ordering inside a lend is cudarc's: work on the lent view is ordered by cudarc's
+//! events exactly as work on a `CudaSlice` that cudarc owns. A lend is refused on a
+//! stream whose `CudaContext` object does not order slices with events (it never created
+//! a stream, or the `unsafe` `disable_event_tracking` was called). cudarc records a use
+//! of the view only on streams of a `CudaContext` object that orders with events;
+//! gpubind adds waits for the legacy default stream and this thread's per-thread default
+//! stream, where cudarc's other work goes. A use cudarc leaves unrecorded elsewhere — the
+//! view sent to another thread and used there on a per-thread stream of a context object
+//! without streams, or on a stream of a *non-primary* context (cudarc cannot record the
+//! primary context's event there) — is as unordered as it would be on a slice cudarc
+//! owns: that is cudarc's contract, which gpubind cannot strengthen. `docs/safety.md`,
+//! "cudarc interop", has the full argument.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # fn main() -> gpubind::Result<()> {
+//! use gpubind::{Device, ThreadContext};
+//! let mut ctx = ThreadContext::acquire()?;
+//! let dev = Device::get(0)?;
+//! let gpu = ctx.bind(&dev)?;
+//! let stream = gpu.new_cudarc_stream()?;             // created and owned by cudarc
+//! let cs = stream.cudarc_stream().unwrap().clone();   // cudarc's Arc<CudaStream>
+//! let s = gpu.on(&stream)?;
+//! let mut a = gpu.clone_htod(&[1.0f32, 2.0, 3.0])?;
+//! // cudarc reads gpubind memory (into a slice cudarc allocates) ...
+//! let copy = s.lend_to_cudarc(&mut a, |a| cs.clone_dtod(&a))?.unwrap();
+//! // ... and writes it.
+//! s.lend_mut_to_cudarc(&mut a, |mut a| cs.memset_zeros(&mut a))?.unwrap();
+//! assert_eq!(gpu.dtoh(&a)?, [0.0; 3]);                // ordered after cudarc's memset
+//! // The cudarc slice moves into gpubind, ordered after cudarc's copy.
+//! let copy = gpu.adopt_cudarc_slice(copy)?;
+//! assert_eq!(gpu.dtoh(&copy)?, [1.0, 2.0, 3.0]);
+//! # Ok(()) }
+//! ```
+//!
+//! `examples/cudarc_interop.rs` runs cudarc's `CudaBlas` sgemm on lent gpubind buffers.
+//!
+//! The lent view cannot leave the closure:
+//!
+//! ```compile_fail
+//! # fn f(s: &gpubind::BoundStream<'_>, buf: &mut gpubind::DeviceSlice<f32>) {
+//! let escaped = s.lend_to_cudarc(buf, |view| view); // error: lifetime may not live long enough
+//! # }
+//! ```
+
+use crate::access::{Access, AccessTracker, StreamInner, StreamRef, StreamSlot};
+use crate::context::BoundDevice;
+use crate::device::Device;
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use crate::memory::{DeviceMemoryMut, DeviceRepr, DeviceSlice};
+use crate::stream::{BoundStream, Stream};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtrMut, DriverError, sys,
+};
+use std::sync::{Arc, Mutex, Weak};
+
+/// cudarc's per-thread default stream handle (`CU_STREAM_PER_THREAD`).
+const PER_THREAD: sys::CUstream = 0x2 as sys::CUstream;
+
+/// A cudarc error as gpubind's, naming the cudarc call; sticky codes poison `device`.
+fn cudarc_error(device: &Device, call: &'static str, e: DriverError) -> Error {
+    match e.0.check_on(device, call) {
+        Err(err) => err,
+        Ok(()) => Error::driver(call, e.0),
+    }
+}
+
+/// The live `CudaContext` handed out per device ordinal: one cudarc context object per
+/// device while any is alive (cudarc keeps its stream count, and so whether it orders a
+/// slice's uses with events, per object; and its first stream synchronises the context).
+/// Weak, so gpubind never keeps a primary-context retain of its own here.
+static CONTEXTS: Mutex<Vec<(usize, Weak<CudaContext>)>> = Mutex::new(Vec::new());
+
+impl BoundDevice<'_> {
+    /// cudarc's handle on this device's primary context: the context every gpubind
+    /// resource of the device lives in, so cudarc objects made from it work on gpubind
+    /// memory and streams through the conversions of this module.
+    ///
+    /// The same `Arc` is returned while one is alive. It holds its own retain of the
+    /// primary context (`cuDevicePrimaryCtxRetain`), released when the last clone
+    /// drops; gpubind's retain is unaffected.
+    pub fn cudarc_context(&self) -> Result<Arc<CudaContext>> {
+        self.ensure_current()?;
+        let ordinal = self.ordinal();
+        let mut live = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+        live.retain(|(_, w)| w.strong_count() > 0);
+        let cached = live
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .and_then(|(_, w)| w.upgrade());
+        let ctx = match cached {
+            Some(ctx) => ctx,
+            None => {
+                let ctx = CudaContext::new(ordinal)
+                    .map_err(|e| cudarc_error(self.device(), "CudaContext::new", e))?;
+                live.push((ordinal, Arc::downgrade(&ctx)));
+                ctx
+            }
+        };
+        drop(live);
+        self.expect_primary("cudarc context", &ctx)?;
+        Ok(ctx)
+    }
+
+    /// A new stream created (and owned) by cudarc in this device's primary context,
+    /// shared with gpubind: usable with [`on`](Self::on) like any [`Stream`], and as
+    /// cudarc's `Arc<CudaStream>` through [`Stream::cudarc_stream`]. The stream to lend
+    /// buffers on ([`BoundStream::lend_to_cudarc`]).
+    ///
+    /// cudarc synchronises the context when its context object creates its first stream.
+    pub fn new_cudarc_stream(&self) -> Result<Stream> {
+        let ctx = self.cudarc_context()?;
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| cudarc_error(self.device(), "CudaContext::new_stream", e))?;
+        self.stream_from_cudarc(stream)
+    }
+
+    /// Shares a cudarc stream of this device's primary context with gpubind. cudarc keeps
+    /// owning it; the returned [`Stream`] (and every buffer still ordered after work on
+    /// it) holds an `Arc` to it.
+    ///
+    /// [`Error::WrongDevice`] for a stream of another device; [`Error::InvalidArgument`]
+    /// for a stream of a non-primary context, and for cudarc's default and per-thread
+    /// streams (not streams of their own: use [`default_stream`](Self::default_stream)
+    /// for the legacy one).
+    pub fn stream_from_cudarc(&self, stream: Arc<CudaStream>) -> Result<Stream> {
+        self.expect_primary("cudarc stream", stream.context())?;
+        let raw = stream.cu_stream();
+        if raw.is_null() || raw == PER_THREAD {
+            return Err(Error::InvalidArgument(format!(
+                "cudarc's {} stream is not a stream of its own; gpubind shares only streams \
+                 cudarc created (CudaContext::new_stream, CudaStream::fork)",
+                if raw.is_null() {
+                    "default (legacy)"
+                } else {
+                    "per-thread default"
+                }
+            )));
+        }
+        Ok(Stream::from_inner(StreamInner::shared(
+            Arc::clone(self.device()),
+            stream,
+        )))
+    }
+
+    /// Takes ownership of a cudarc slice of this device: the memory is gpubind's from now
+    /// on (freed by the returned [`DeviceSlice`]), and every use cudarc had queued on it
+    /// — its allocation, and the reads and writes cudarc recorded with its events — is
+    /// ordered before any gpubind use.
+    ///
+    /// [`Error::WrongDevice`] or [`Error::InvalidArgument`] (a non-primary context) leave
+    /// the slice to cudarc, which frees it as usual.
+    pub fn adopt_cudarc_slice<T: DeviceRepr>(&self, slice: CudaSlice<T>) -> Result<DeviceSlice<T>> {
+        self.expect_primary("cudarc slice", slice.context())?;
+        let len = slice.len();
+        let stream = Arc::clone(slice.stream());
+        let ctx = Arc::clone(slice.context());
+        // Whether cudarc recorded the slice's uses with events (see the module docs).
+        let tracked = ctx.is_managing_stream_synchronization();
+        // Stale errors of cudarc's own calls are not ours to judge: keep them for cudarc.
+        let earlier = ctx.check_err();
+        // `leak` makes `stream` wait for the slice's read and write events and gives up
+        // cudarc's ownership: from here the allocation is ours alone.
+        let ptr = slice.leak();
+        let settled = ctx.check_err();
+        ctx.record_err(earlier);
+        ctx.record_err(settled);
+        let raw = stream.cu_stream();
+        // Device-side hand-over: `stream` now follows every use cudarc recorded; add the
+        // legacy and this thread's per-thread default streams, where cudarc's untracked
+        // work goes (the legacy stream already waits for the per-thread ones).
+        let device_side = tracked
+            && settled.is_ok()
+            && raw != PER_THREAD
+            && (raw.is_null()
+                || (wait_on(self.device(), raw, std::ptr::null_mut()).is_ok()
+                    && wait_on(self.device(), raw, PER_THREAD).is_ok()));
+        let tracker = if !device_side {
+            // Untracked uses, the per-thread stream (a different stream on every thread)
+            // or a failed wait: wait for the whole context on the host instead.
+            self.synchronize()?;
+            AccessTracker::default()
+        } else if raw.is_null() {
+            AccessTracker::written_on(StreamRef::Legacy(Arc::clone(self.device())))
+        } else {
+            AccessTracker::written_on(StreamRef::Owned(Arc::new(StreamInner::shared(
+                Arc::clone(self.device()),
+                stream,
+            ))))
+        };
+        // SAFETY: `ptr` is a cudarc allocation (cuMemAlloc or cuMemAllocAsync) of this
+        // device's primary context (checked above) holding `len` elements of `T`; `leak`
+        // gave up cudarc's ownership, so no one else frees it; cuMemFree (what the slice
+        // calls on drop) is valid for both kinds of allocation, and the slice frees only
+        // after waiting for its pending uses, which `tracker` (set below) orders after
+        // everything cudarc queued on the memory.
+        let mut adopted = unsafe { DeviceSlice::from_raw(Arc::clone(self.device()), ptr, len) };
+        *adopted.tracker_mut() = tracker;
+        Ok(adopted)
+    }
+
+    /// [`Error::WrongDevice`] unless `ctx` is this device's primary context.
+    fn expect_primary(&self, what: &'static str, ctx: &CudaContext) -> Result<()> {
+        if ctx.ordinal() != self.ordinal() {
+            return Err(Error::WrongDevice {
+                what,
+                bound: self.ordinal(),
+                found: ctx.ordinal(),
+            });
+        }
+        // SAFETY: the handle is only compared, never used.
+        let primary = unsafe { self.raw_context() };
+        if !ctx.is_primary() || ctx.cu_ctx() != primary {
+            return Err(Error::InvalidArgument(format!(
+                "a {what} of a non-primary context of device {}: gpubind's resources live in \
+                 the primary context (use CudaContext::new or BoundDevice::cudarc_context)",
+                self.ordinal()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The device whose primary context `ctx` is, to bind with gpubind; [`Error::InvalidArgument`]
+/// for a non-primary context (gpubind works only in primary contexts).
+pub fn device_of(ctx: &CudaContext) -> Result<Arc<Device>> {
+    if !ctx.is_primary() {
+        return Err(Error::InvalidArgument(format!(
+            "a non-primary cudarc context of device {}: gpubind binds only primary contexts",
+            ctx.ordinal()
+        )));
+    }
+    Device::get(ctx.ordinal())
+}
+
+impl Stream {
+    /// cudarc's handle on this stream, for a stream cudarc owns
+    /// ([`BoundDevice::new_cudarc_stream`], [`BoundDevice::stream_from_cudarc`]); `None`
+    /// for a stream gpubind created (cudarc would be free to keep clones of it past the
+    /// `Stream`, so gpubind never gives its own streams to cudarc).
+    pub fn cudarc_stream(&self) -> Option<&Arc<CudaStream>> {
+        self.inner().cudarc.as_ref()
+    }
+}
+
+impl<'b> BoundStream<'b> {
+    /// Lends `buf` to cudarc as a read-only `CudaView` for the length of `f`, on this
+    /// stream (one cudarc owns: [`BoundDevice::new_cudarc_stream`]). See the
+    /// [module docs](self) for the ordering on both sides; to gpubind the lend is a read
+    /// on this stream. Returns what `f` returns.
+    ///
+    /// [`Error::InvalidArgument`] on a stream cudarc does not own, [`Error::WrongDevice`]
+    /// for a buffer of another device.
+    pub fn lend_to_cudarc<T: DeviceRepr, R>(
+        &self,
+        buf: &mut impl DeviceMemoryMut<T>,
+        f: impl FnOnce(CudaView<'_, T>) -> R,
+    ) -> Result<R> {
+        self.lend(buf, Access::Read, |slice| f(slice.as_view()))
+    }
+
+    /// Lends `buf` to cudarc as a writable `CudaViewMut` for the length of `f`, on this
+    /// stream; to gpubind the lend is a write. Otherwise as
+    /// [`lend_to_cudarc`](Self::lend_to_cudarc).
+    pub fn lend_mut_to_cudarc<T: DeviceRepr, R>(
+        &self,
+        buf: &mut impl DeviceMemoryMut<T>,
+        f: impl FnOnce(CudaViewMut<'_, T>) -> R,
+    ) -> Result<R> {
+        self.lend(buf, Access::Write, |slice| f(slice.as_view_mut()))
+    }
+
+    fn lend<T: DeviceRepr, R>(
+        &self,
+        buf: &mut impl DeviceMemoryMut<T>,
+        access: Access,
+        f: impl FnOnce(&mut CudaSlice<T>) -> R,
+    ) -> Result<R> {
+        let StreamSlot::Owned(inner) = self.slot() else {
+            return Err(not_shared());
+        };
+        let Some(cstream) = inner.cudarc.as_ref() else {
+            return Err(not_shared());
+        };
+        if !cstream.context().is_managing_stream_synchronization() {
+            return Err(Error::InvalidArgument(
+                "the cudarc context of this stream does not order slices with events (it has \
+                 no stream of its own, or event tracking was disabled), so cudarc's work on a \
+                 lent buffer could not be ordered; lend on a stream from \
+                 BoundDevice::new_cudarc_stream"
+                    .into(),
+            ));
+        }
+        let device = self.bound().device();
+        self.bound().expect_device("lent buffer", buf.device())?;
+        let (ptr, len) = (buf.device_ptr(), buf.len());
+        // This stream waits for the buffer's conflicting pending uses; the lend is
+        // recorded as the buffer's latest use when `_claim` drops, after `lent` (declared
+        // later, so dropped first, on unwinding too) has ordered cudarc's work before it.
+        let _claim = self.claim_mut(buf.tracker_mut(), access)?;
+        let slice = std::panic::catch_unwind(|| {
+            // SAFETY: `ptr` holds `len` elements of `T` of this device's primary context
+            // (cstream's context, checked when the stream was shared), initialised as a
+            // DeviceRepr buffer always is. The CudaSlice never frees it: `Lent` leaks it
+            // on every path, and only views of it reach the caller's closure.
+            unsafe { cstream.upgrade_device_ptr::<T>(ptr, len) }
+        })
+        .map_err(|_| {
+            Error::InvalidArgument(
+                "cudarc could not create the events of a lent slice (cuEventCreate failed)".into(),
+            )
+        })?;
+        let mut lent = Lent {
+            slice: std::mem::ManuallyDrop::new(slice),
+            stream: cstream,
+            device,
+            settled: false,
+        };
+        // Record the slice's write event here, after the waits: cudarc makes every stream
+        // that uses the view wait for it, so cudarc work anywhere follows gpubind's.
+        // cudarc notes a failed record only in its context's error state: look there (and
+        // leave what was there before for cudarc's user).
+        let ctx = cstream.context();
+        let earlier = ctx.check_err();
+        drop(DevicePtrMut::device_ptr_mut(&mut *lent.slice, cstream));
+        let recorded = ctx.check_err();
+        ctx.record_err(earlier);
+        ctx.record_err(recorded);
+        // On failure `lent` settles as it drops, and the claim records the (empty) lend.
+        recorded.map_err(|e| cudarc_error(device, "CudaEvent::record", e))?;
+        let out = f(&mut lent.slice);
+        lent.settle()?;
+        Ok(out)
+    }
+}
+
+fn not_shared() -> Error {
+    Error::InvalidArgument(
+        "buffers are lent to cudarc on a stream cudarc owns (BoundDevice::new_cudarc_stream \
+         or stream_from_cudarc), not on a gpubind stream or the legacy default stream"
+            .into(),
+    )
+}
+
+/// A gpubind buffer wrapped as a `CudaSlice` for a lend: never dropped as one.
+struct Lent<'s, T> {
+    slice: std::mem::ManuallyDrop<CudaSlice<T>>,
+    stream: &'s Arc<CudaStream>,
+    device: &'s Arc<Device>,
+    settled: bool,
+}
+
+impl<T> Lent<'_, T> {
+    /// Orders every cudarc use of the lent memory before the lend stream's position (the
+    /// tracker then records the lend there) and gives the slice up without freeing it.
+    fn settle(&mut self) -> Result<()> {
+        self.settled = true;
+        let ctx = Arc::clone(self.stream.context());
+        let earlier = ctx.check_err();
+        // SAFETY: taken once (`settled` guards the Drop); the slice is not used again.
+        let slice = unsafe { std::mem::ManuallyDrop::take(&mut self.slice) };
+        // `leak` makes the lend stream wait for the slice's read and write events (every
+        // use cudarc recorded, on any stream) and frees nothing.
+        let _ = slice.leak();
+        let events = ctx.check_err();
+        // Leave cudarc's error channel as it was (the newer error wins, as in cudarc).
+        ctx.record_err(earlier);
+        ctx.record_err(events);
+        let raw = self.stream.cu_stream();
+        let waited = events
+            .map_err(|e| cudarc_error(self.device, "CudaSlice::leak", e))
+            .and_then(|()| wait_on(self.device, raw, std::ptr::null_mut()))
+            .and_then(|()| wait_on(self.device, raw, PER_THREAD));
+        if waited.is_err() {
+            // Nothing ordered the lend stream after cudarc's work: wait for all of it.
+            let _guard = self.device.enter()?;
+            // SAFETY: the device's context is current (entered); no arguments.
+            unsafe { sys::cuCtxSynchronize() }.check_on(self.device, "cuCtxSynchronize")?;
+        }
+        Ok(())
+    }
+}
+
+impl<T> Drop for Lent<'_, T> {
+    fn drop(&mut self) {
+        // Only on unwinding out of the closure (or a failure before `settle`).
+        if !self.settled
+            && let Err(e) = self.settle()
+        {
+            crate::faults::report_drop(
+                format_args!("a buffer lent to cudarc"),
+                Some(self.device.ordinal()),
+                crate::faults::WAIT,
+                &e,
+                "later gpubind uses of the buffer may not be ordered after cudarc's",
+            );
+        }
+    }
+}
+
+/// Makes `to` wait on the device for the work enqueued on `from` so far (a pooled event).
+fn wait_on(device: &Device, to: sys::CUstream, from: sys::CUstream) -> Result<()> {
+    let _guard = device.enter()?;
+    let event = device.take_event()?;
+    // SAFETY: the event and `from` belong to this device's primary context, current here
+    // (the null and per-thread handles resolve to its legacy and this thread's per-thread
+    // stream).
+    let mut r = unsafe { sys::cuEventRecord(event.0, from) }.check_on(device, "cuEventRecord");
+    if r.is_ok() {
+        // SAFETY: `to` is a live stream of the current context and the event was just
+        // recorded; the wait captures the event's state when enqueued.
+        r = unsafe { sys::cuStreamWaitEvent(to, event.0, 0) }.check_on(device, "cuStreamWaitEvent");
+    }
+    // The wait captured the event's state: it may be recorded again at once.
+    device.return_event(event);
+    r
+}
+
+/// Drops `value` (a cudarc object, whose drop makes its context current) inside
+/// `device`'s context, so the thread's current context is left as it was; on a poisoned
+/// or unreachable context the value is leaked (and the failure logged), like every
+/// gpubind resource.
+pub(crate) fn drop_in_context<V>(what: std::fmt::Arguments<'_>, device: &Device, value: V) {
+    match device.enter() {
+        Ok(_guard) => drop(value),
+        Err(e) => {
+            crate::faults::report_drop(
+                what,
+                Some(device.ordinal()),
+                crate::faults::ENTER,
+                &e,
+                crate::faults::LEAKED,
+            );
+            std::mem::forget(value);
+        }
+    }
+}

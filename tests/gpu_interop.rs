@@ -1,0 +1,514 @@
+//! GPU tests of by-value struct arguments, the cudarc interop (`gpubind::interop`) and
+//! NVRTC's target choice. Without a driver: one SKIPPED line.
+//!
+//! Run: `cargo test --test gpu_interop` (on a GPU machine, or the built binary directly).
+
+// Buffers a kernel writes are passed as `&mut` to document intent (gpubind's convention).
+#![allow(clippy::unnecessary_mut_passed)]
+
+#[macro_use]
+mod common;
+
+use common::{Ctx, run_suite};
+use gpubind::cudarc::driver::{CudaContext, CudaSlice, sys};
+use gpubind::{BoundDevice, BoundStream, Device, DeviceRepr, Error, LaunchConfig, ThreadContext};
+use std::sync::Arc;
+
+type R = Result<(), String>;
+
+fn dev0() -> Result<Arc<Device>, String> {
+    Device::get(0).ctx("Device::get(0)")
+}
+
+/// A kernel parameter struct, passed by value. Its C twin below has the same layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Affine {
+    scale: f32,
+    shift: f32,
+    n: u32,
+    stride: u32,
+    bias: [f64; 2],
+}
+// SAFETY: repr(C), 4 × 4 bytes then 2 × 8 (offset 16): no padding; every bit pattern is
+// a valid value; no owned resources.
+unsafe impl DeviceRepr for Affine {}
+
+const AFFINE: &str = r#"
+struct Affine { float scale; float shift; unsigned n; unsigned stride; double bias[2]; };
+extern "C" __global__ void affine(Affine p, const float* x, float* y) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < p.n) y[i] = p.scale * x[i * p.stride] + p.shift + (float)(p.bias[0] - p.bias[1]);
+}
+"#;
+
+/// Item 7 of issue 11: `unsafe impl DeviceRepr` is enough to pass a struct by value.
+fn struct_by_value_reaches_the_kernel() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu
+        .compile_and_load(AFFINE, "affine.cu")
+        .ctx("compile_and_load")?;
+    let affine = module.function("affine").ctx("function")?;
+    ensure!(
+        affine.param_sizes().is_none_or(|p| p == [32, 8, 8]),
+        "param sizes {:?}",
+        affine.param_sizes()
+    );
+    let p = Affine {
+        scale: 3.0,
+        shift: -0.5,
+        n: 1000,
+        stride: 2,
+        bias: [10.0, 2.5],
+    };
+    let x: Vec<f32> = (0..2 * p.n).map(|i| i as f32 * 0.25).collect();
+    let dx = gpu.clone_htod(&x).ctx("htod")?;
+    let mut dy = gpu.alloc_zeros::<f32>(p.n as usize).ctx("alloc")?;
+    // SAFETY: (Affine, const float*, float*) matches the kernel; it reads x[i * 2] for
+    // i < 1000 (inside 2000 elements) and writes y[i] for i < 1000.
+    unsafe {
+        gpu.default_stream()
+            .launch(&affine, LaunchConfig::for_num_elems(p.n))
+            .arg(&p)
+            .arg(&dx)
+            .arg(&mut dy)
+            .launch()
+    }
+    .ctx("launch")?;
+    let got = gpu.dtoh(&dy).ctx("dtoh")?;
+    for i in 0..p.n as usize {
+        let want = p.scale * x[i * 2] + p.shift + (p.bias[0] - p.bias[1]) as f32;
+        ensure!(got[i] == want, "y[{i}] = {} != {want}", got[i]);
+    }
+    // A struct of the wrong size is refused where the driver reports parameter sizes.
+    if affine.param_sizes().is_some() {
+        let small = [0u32; 4];
+        // SAFETY: refused before the driver is called (16 bytes for a 32-byte parameter).
+        let r = unsafe {
+            gpu.default_stream()
+                .launch(&affine, LaunchConfig::for_num_elems(1))
+                .arg(&small)
+                .arg(&dx)
+                .arg(&mut dy)
+                .launch()
+        };
+        ensure!(
+            matches!(r, Err(gpubind::Error::LaunchArgs { .. })),
+            "16-byte struct for a 32-byte parameter: {r:?}"
+        );
+    }
+    Ok(())
+}
+
+const KERNELS: &str = r#"
+// Spins for `cycles` clock ticks, then writes `value` to every element.
+extern "C" __global__ void slow_fill(unsigned* out, unsigned n, unsigned value, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+extern "C" __global__ void copy(const unsigned* in, unsigned* out, unsigned n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i];
+}
+"#;
+
+/// ~20 ms at ~2 GHz: long enough that unordered work would overtake it.
+const SLOW: i64 = 40_000_000;
+
+fn slow_fill(
+    s: &BoundStream<'_>,
+    f: &gpubind::Function<'_>,
+    buf: &mut gpubind::DeviceSlice<u32>,
+    value: u32,
+) -> R {
+    let n = buf.len() as u32;
+    // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; the kernel checks i < n.
+    unsafe {
+        s.launch(f, LaunchConfig::for_num_elems(n))
+            .arg(buf)
+            .arg(&n)
+            .arg(&value)
+            .arg(&SLOW)
+            .launch()
+    }
+    .ctx("launch slow_fill")
+}
+
+fn copy(
+    s: &BoundStream<'_>,
+    f: &gpubind::Function<'_>,
+    src: &gpubind::DeviceSlice<u32>,
+    dst: &mut gpubind::DeviceSlice<u32>,
+) -> R {
+    let n = src.len() as u32;
+    // SAFETY: (const unsigned*, unsigned*, unsigned) matches; both hold n elements.
+    unsafe {
+        s.launch(f, LaunchConfig::for_num_elems(n))
+            .arg(src)
+            .arg(dst)
+            .arg(&n)
+            .launch()
+    }
+    .ctx("launch copy")
+}
+
+fn all_equal(what: &str, got: &[u32], want: u32) -> R {
+    if let Some(i) = got.iter().position(|&x| x != want) {
+        return Err(format!(
+            "{what}: element {i} is {:#x}, want {want:#x}",
+            got[i]
+        ));
+    }
+    Ok(())
+}
+
+fn primary_handle(gpu: &BoundDevice<'_>) -> sys::CUcontext {
+    // SAFETY: only compared.
+    unsafe { gpu.raw_context() }
+}
+
+/// The cudarc context is the primary one; other contexts and non-streams are refused.
+fn cudarc_context_is_the_primary_context() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let c = gpu.cudarc_context().ctx("cudarc_context")?;
+    ensure!(c.is_primary(), "not primary");
+    ensure!(c.cu_ctx() == primary_handle(&gpu), "another context");
+    let again = gpu.cudarc_context().ctx("cudarc_context again")?;
+    ensure!(
+        Arc::ptr_eq(&c, &again),
+        "a second cudarc object while one lives"
+    );
+    ensure!(
+        gpubind::interop::device_of(&c).ctx("device_of")?.ordinal() == 0,
+        "device_of"
+    );
+    // Refusals.
+    let foreign = CudaContext::new_non_primary(0, 0).map_err(|e| format!("{e:?}"))?;
+    let r = gpubind::interop::device_of(&foreign);
+    ensure!(
+        matches!(r, Err(Error::InvalidArgument(_))),
+        "device_of(non-primary): {r:?}"
+    );
+    let fs = foreign.new_stream().map_err(|e| format!("{e:?}"))?;
+    let r = gpu.stream_from_cudarc(fs);
+    ensure!(
+        matches!(r, Err(Error::InvalidArgument(_))),
+        "non-primary stream: {r:?}"
+    );
+    drop(foreign);
+    let r = gpu.stream_from_cudarc(c.default_stream());
+    ensure!(
+        matches!(r, Err(Error::InvalidArgument(_))),
+        "null stream: {r:?}"
+    );
+    let r = gpu.stream_from_cudarc(c.per_thread_stream());
+    ensure!(
+        matches!(r, Err(Error::InvalidArgument(_))),
+        "per-thread stream: {r:?}"
+    );
+    // Lending needs a stream cudarc owns.
+    let mut buf = gpu.alloc_zeros::<u32>(4).ctx("alloc")?;
+    let own = gpu.new_stream().ctx("new_stream")?;
+    ensure!(
+        own.cudarc_stream().is_none(),
+        "gpubind's stream given to cudarc"
+    );
+    let r = gpu.on(&own).ctx("on")?.lend_to_cudarc(&mut buf, |_| ());
+    ensure!(
+        matches!(r, Err(Error::InvalidArgument(_))),
+        "lend on own stream: {r:?}"
+    );
+    let r = gpu.default_stream().lend_mut_to_cudarc(&mut buf, |_| ());
+    ensure!(
+        matches!(r, Err(Error::InvalidArgument(_))),
+        "lend on legacy: {r:?}"
+    );
+    Ok(())
+}
+
+/// A lent buffer: cudarc's work (on the lend stream and on another cudarc stream) comes
+/// after gpubind's pending write, and gpubind's later uses come after cudarc's.
+fn lend_is_ordered_both_ways() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "k.cu").ctx("compile")?;
+    let (fill, copy_k) = (
+        module.function("slow_fill").ctx("slow_fill")?,
+        module.function("copy").ctx("copy")?,
+    );
+    let n = 1 << 16;
+    let mut buf = gpu.alloc_zeros::<u32>(n).ctx("alloc")?;
+    let mut dummy = gpu.alloc_zeros::<u32>(256).ctx("alloc")?;
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let shared = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let cs = shared.cudarc_stream().ok_or("not cudarc's")?.clone();
+    let other = cs.context().new_stream().map_err(|e| format!("{e:?}"))?;
+    let sh = gpu.on(&shared).ctx("on shared")?;
+
+    // Before: a slow gpubind write on s1, then cudarc reads on two streams.
+    slow_fill(&gpu.on(&s1).ctx("on")?, &fill, &mut buf, 5)?;
+    let (here, there): (CudaSlice<u32>, CudaSlice<u32>) = sh
+        .lend_to_cudarc(&mut buf, |v| {
+            let a = cs.clone_dtod(&v).map_err(|e| format!("{e:?}"))?;
+            let b = other.clone_dtod(&v).map_err(|e| format!("{e:?}"))?;
+            Ok::<_, String>((a, b))
+        })
+        .ctx("lend")??;
+    let here = cs.clone_dtoh(&here).map_err(|e| format!("{e:?}"))?;
+    let there = other.clone_dtoh(&there).map_err(|e| format!("{e:?}"))?;
+    all_equal("cudarc read on the lend stream", &here, 5)?;
+    all_equal("cudarc read on another cudarc stream", &there, 5)?;
+
+    // After: cudarc writes behind slow work, on the lend stream and on another stream;
+    // gpubind then reads on its own stream.
+    for (name, on_other) in [("lend stream", false), ("another cudarc stream", true)] {
+        let value = if on_other { 9 } else { 7 };
+        slow_fill(&gpu.on(&s1).ctx("on")?, &fill, &mut buf, value)?;
+        gpu.on(&s1).ctx("on")?.synchronize().ctx("sync")?;
+        // Delay the cudarc stream used below with a slow kernel of gpubind's.
+        if on_other {
+            let os = gpu.stream_from_cudarc(other.clone()).ctx("share other")?;
+            slow_fill(&gpu.on(&os).ctx("on other")?, &fill, &mut dummy, 1)?;
+        } else {
+            slow_fill(&sh, &fill, &mut dummy, 1)?;
+        }
+        sh.lend_mut_to_cudarc(&mut buf, |mut v| {
+            let s = if on_other { &other } else { &cs };
+            s.memset_zeros(&mut v).map_err(|e| format!("{e:?}"))
+        })
+        .ctx("lend_mut")??;
+        let mut out = gpu.alloc_zeros::<u32>(n).ctx("alloc out")?;
+        gpu.memset_zeros(&mut out).ctx("memset")?;
+        copy(&gpu.on(&s2).ctx("on")?, &copy_k, &buf, &mut out)?;
+        all_equal(
+            &format!("gpubind read after a cudarc write on the {name}"),
+            &gpu.dtoh(&out).ctx("dtoh")?,
+            0,
+        )?;
+    }
+    // A panic in the closure still leaves the buffer gpubind's, ordered, and unfreed.
+    slow_fill(&gpu.on(&s1).ctx("on")?, &fill, &mut buf, 3)?;
+    gpu.on(&s1).ctx("on")?.synchronize().ctx("sync")?;
+    slow_fill(&sh, &fill, &mut dummy, 1)?;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = sh.lend_mut_to_cudarc(&mut buf, |mut v| {
+            let _ = cs.memset_zeros(&mut v);
+            panic!("inside a lend");
+        });
+    }));
+    ensure!(r.is_err(), "the panic was lost");
+    all_equal("after a panicking lend", &gpu.dtoh(&buf).ctx("dtoh")?, 0)?;
+    Ok(())
+}
+
+/// A cudarc slice adopted by gpubind: cudarc's queued work comes first; gpubind frees it.
+fn adopted_slice_is_ordered_and_owned() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "k.cu").ctx("compile")?;
+    let (fill, copy_k) = (
+        module.function("slow_fill").ctx("slow_fill")?,
+        module.function("copy").ctx("copy")?,
+    );
+    let n = 1 << 16;
+    let shared = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let cs = shared.cudarc_stream().ok_or("not cudarc's")?.clone();
+    let mut dummy = gpu.alloc_zeros::<u32>(256).ctx("alloc")?;
+    let (free_before, _) = gpu.memory_info().ctx("memory_info")?;
+    for round in 0..3u32 {
+        let mut c: CudaSlice<u32> = cs.alloc_zeros(n).map_err(|e| format!("{e:?}"))?;
+        // Slow work ahead of cudarc's write on its stream.
+        slow_fill(&gpu.on(&shared).ctx("on")?, &fill, &mut dummy, 1)?;
+        let pattern: Vec<u32> = (0..n as u32).map(|i| i ^ round).collect();
+        cs.memcpy_htod(&pattern, &mut c)
+            .map_err(|e| format!("{e:?}"))?;
+        let adopted = gpu.adopt_cudarc_slice(c).ctx("adopt")?;
+        ensure!(adopted.len() == n, "len {}", adopted.len());
+        let s2 = gpu.new_stream().ctx("stream")?;
+        let mut out = gpu.alloc_zeros::<u32>(n).ctx("alloc")?;
+        copy(&gpu.on(&s2).ctx("on")?, &copy_k, &adopted, &mut out)?;
+        let got = gpu.dtoh(&out).ctx("dtoh")?;
+        ensure!(
+            got == pattern,
+            "round {round}: gpubind read before cudarc's write landed"
+        );
+        drop(adopted); // gpubind frees cudarc's allocation
+    }
+    gpu.synchronize().ctx("synchronize")?;
+    let (free_after, _) = gpu.memory_info().ctx("memory_info")?;
+    // Pool memory may stay reserved; freed allocations must not pile up (3 × 256 KiB).
+    ensure!(
+        free_after + (8 << 20) >= free_before,
+        "free memory {free_before} -> {free_after}"
+    );
+    Ok(())
+}
+
+/// A stream cudarc owns outlives whichever side lets go first; dropping gpubind's handle
+/// leaves the thread's current context alone.
+fn shared_stream_lifetimes() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut buf = gpu.alloc_zeros::<u32>(1024).ctx("alloc")?;
+    let current = || {
+        let mut cur: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        unsafe { sys::cuCtxGetCurrent(&mut cur) };
+        cur
+    };
+    // cudarc lets go first: gpubind keeps the stream usable, and the last holder (the
+    // buffer's record of its use) destroys it through cudarc, leaving no context current.
+    let shared = {
+        let c = gpu.cudarc_context().ctx("cudarc_context")?;
+        let s = c.new_stream().map_err(|e| format!("{e:?}"))?;
+        gpu.stream_from_cudarc(s).ctx("stream_from_cudarc")?
+    };
+    let s = gpu.on(&shared).ctx("on")?;
+    s.memset_zeros_async(&mut buf).ctx("memset on shared")?;
+    s.synchronize().ctx("sync shared")?;
+    s.memset_zeros_async(&mut buf).ctx("memset on shared")?;
+    drop(shared);
+    // SAFETY: unbinds this thread; the next gpubind operation binds again.
+    unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) };
+    drop(buf); // waits, frees, then lets go of the last Arc<CudaStream>
+    ensure!(
+        current().is_null(),
+        "dropping cudarc's stream left a context current"
+    );
+    // gpubind lets go first: cudarc's Arc still works.
+    let gpu = ctx.bind(&dev).ctx("bind again")?;
+    let mut buf = gpu.alloc_zeros::<u32>(1024).ctx("alloc")?;
+    let shared = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let cs = shared.cudarc_stream().ok_or("not cudarc's")?.clone();
+    gpu.on(&shared)
+        .ctx("on")?
+        .memset_zeros_async(&mut buf)
+        .ctx("memset")?;
+    drop(shared);
+    drop(buf);
+    cs.synchronize()
+        .map_err(|e| format!("cudarc stream after gpubind let go: {e:?}"))?;
+    Ok(())
+}
+
+/// Item 2 of issue 11: NVRTC (and cuBLAS) match the driver, and the PTX fallback for a
+/// GPU the NVRTC does not know runs (the driver JIT-compiles PTX of an older arch).
+fn libraries_match_the_driver_and_ptx_fallback_runs() -> R {
+    let nvrtc = gpubind::libs::nvrtc_info().ctx("nvrtc_info")?;
+    println!("    NVRTC {nvrtc:?}");
+    let overridden = |var: &str| std::env::var(var).is_ok_and(|v| !v.is_empty());
+    if let Some(d) = nvrtc.driver_major
+        && !overridden("GPUBIND_NVRTC_PATH")
+    {
+        ensure!(
+            nvrtc.version.0 <= d,
+            "NVRTC {:?} newer than driver {d}",
+            nvrtc.version
+        );
+    }
+    ensure!(
+        nvrtc.driver_major.is_some(),
+        "no driver version read on a GPU machine"
+    );
+    #[cfg(feature = "cublas")]
+    match gpubind::libs::cublas_info() {
+        Ok(c) => {
+            println!("    cuBLAS {c:?}");
+            if !overridden("GPUBIND_CUBLAS_PATH") {
+                ensure!(
+                    c.version.0 <= nvrtc.driver_major.unwrap_or(u32::MAX),
+                    "cuBLAS {c:?} newer than the driver"
+                );
+            }
+        }
+        Err(e) => println!("    cuBLAS: {e}"),
+    }
+    let dev = dev0()?;
+    let (major, minor) = dev.compute_capability().ctx("compute_capability")?;
+    let cc = (major * 10 + minor) as i32;
+    let archs = gpubind::libs::nvrtc_supported_archs().ctx("archs")?;
+    println!("    sm_{cc}; NVRTC supports {archs:?}");
+    // The fallback's mechanism: PTX for the newest supported arch *below* the device's
+    // (what an NVRTC older than the GPU gets), JIT-compiled by the driver at load.
+    let older = archs
+        .as_deref()
+        .and_then(|a| a.iter().copied().filter(|&x| x < cc).max())
+        .unwrap_or(75.min(cc));
+    let ptx = gpubind::compile(
+        AFFINE,
+        "affine.cu",
+        &[format!("--gpu-architecture=compute_{older}")],
+        gpubind::Output::Ptx,
+    )
+    .ctx("compile PTX")?;
+    let ptx = String::from_utf8(ptx).map_err(|e| e.to_string())?;
+    ensure!(ptx.contains(&format!(".target sm_{older}")), "PTX target");
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.load_ptx(&ptx).ctx("load_ptx (driver JIT)")?;
+    let affine = module.function("affine").ctx("function")?;
+    let p = Affine {
+        scale: 2.0,
+        shift: 1.0,
+        n: 256,
+        stride: 1,
+        bias: [0.5, 0.5],
+    };
+    let dx = gpu.clone_htod(&vec![3.0f32; 256]).ctx("htod")?;
+    let mut dy = gpu.alloc_zeros::<f32>(256).ctx("alloc")?;
+    // SAFETY: (Affine, const float*, float*) matches; 256 elements, stride 1.
+    unsafe {
+        gpu.default_stream()
+            .launch(&affine, LaunchConfig::for_num_elems(256))
+            .arg(&p)
+            .arg(&dx)
+            .arg(&mut dy)
+            .launch()
+    }
+    .ctx("launch")?;
+    let got = gpu.dtoh(&dy).ctx("dtoh")?;
+    ensure!(
+        got.iter().all(|&y| y == 7.0),
+        "JIT-compiled kernel: {:?}",
+        &got[..4]
+    );
+    Ok(())
+}
+
+fn main() {
+    run_suite(
+        "gpu_interop",
+        &[
+            (
+                "struct_by_value_reaches_the_kernel",
+                struct_by_value_reaches_the_kernel,
+            ),
+            (
+                "cudarc_context_is_the_primary_context",
+                cudarc_context_is_the_primary_context,
+            ),
+            ("lend_is_ordered_both_ways", lend_is_ordered_both_ways),
+            (
+                "adopted_slice_is_ordered_and_owned",
+                adopted_slice_is_ordered_and_owned,
+            ),
+            ("shared_stream_lifetimes", shared_stream_lifetimes),
+            (
+                "libraries_match_the_driver_and_ptx_fallback_runs",
+                libraries_match_the_driver_and_ptx_fallback_runs,
+            ),
+        ],
+    );
+}
