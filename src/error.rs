@@ -480,6 +480,52 @@ pub enum Error {
         second: usize,
     },
 
+    /// A launcher environment variable (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+    /// `GPUBIND_RDZV_PORT`, `SLURM_PROCID`, …) that is missing, not a number, out of
+    /// range or inconsistent with another (see `gpubind::collective::LaunchEnv`).
+    #[error("launcher environment: {variable}: {reason}")]
+    LaunchEnv {
+        /// The variable, e.g. `WORLD_SIZE`.
+        variable: String,
+        /// What is wrong with it, and what to set.
+        reason: String,
+    },
+
+    /// The multi-process rendezvous failed on bad input: a frame that is not gpubind's
+    /// (wrong magic, version or checksum), two processes with one rank, ranks launched
+    /// with different world sizes, a rank out of range, a port that cannot be used. Every
+    /// rank that reached rank 0 gets the same error (rank 0 sends it to each).
+    #[error("rendezvous failed: {reason}")]
+    Rendezvous {
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// Another rank failed: it exited, crashed or closed its connection part-way, or
+    /// reported an error of its own.
+    #[error("rank {rank} failed: {reason}")]
+    PeerFailed {
+        /// The rank that failed.
+        rank: usize,
+        /// What was seen.
+        reason: String,
+    },
+
+    /// Other ranks did not do their part within the timeout (the rendezvous timeout,
+    /// `GPUBIND_RDZV_TIMEOUT`, or the one given to NCCL's initialisation).
+    #[error(
+        "timed out after {after_ms} ms waiting for {what} (missing: {})",
+        fmt_ranks(.ranks)
+    )]
+    PeerTimeout {
+        /// What was awaited.
+        what: String,
+        /// The ranks that did not arrive (empty: not known, e.g. inside NCCL).
+        ranks: Vec<usize>,
+        /// How long was waited.
+        after_ms: u64,
+    },
+
     /// A sticky error (an illegal address, a device-side assert, …) made the device's
     /// context unusable; every later operation on the device reports this at once.
     /// Recovery: drop every gpubind value of the device, reset its primary context
@@ -549,6 +595,15 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// A list of ranks for a message: `rank(s) 1, 3`, or `unknown ranks`.
+fn fmt_ranks(ranks: &[usize]) -> String {
+    if ranks.is_empty() {
+        return "unknown ranks".to_owned();
+    }
+    let list: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+    format!("rank(s) {}", list.join(", "))
 }
 
 /// An rlimit for a message: the number, or `unlimited`.

@@ -119,8 +119,8 @@ mod loom_tests;
 #[cfg(feature = "collective")]
 #[cfg_attr(docsrs, doc(cfg(feature = "collective")))]
 pub use collective::{
-    Backend, CollectiveType, CommOptions, Communicator, Group, Op, RankComm, Transport,
-    nccl_available,
+    Backend, CollectiveType, CommOptions, Communicator, Group, LaunchEnv, NcclUniqueId, Op,
+    RankComm, Transport, nccl_available,
 };
 pub use compat::{DriverVersion, driver_version};
 pub use context::{BoundDevice, ThreadContext};

@@ -523,6 +523,132 @@ fn kernels_thread_per_rank_on_one_gpu() -> R {
     Ok(())
 }
 
+/// One rank thread of `kernels_rank_comm_never_hangs`: sleeps `delay`, then all-reduces
+/// `len` values (or, with `len == None`, drops its `RankComm` without a call; with
+/// `panic`, panics first). Returns the call's outcome and how long it took.
+fn never_hangs_rank(
+    mut comm: RankComm,
+    len: Option<usize>,
+    delay: std::time::Duration,
+    panic: bool,
+) -> Result<(gpubind::Result<()>, std::time::Duration), String> {
+    let d = Arc::clone(comm.device());
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    std::thread::sleep(delay);
+    if panic {
+        panic!("rank {} panics on purpose", comm.rank());
+    }
+    let Some(n) = len else {
+        drop(comm);
+        return Ok((Ok(()), std::time::Duration::ZERO));
+    };
+    let send = gpu.clone_htod(&vec![1.0f32; n]).ctx("htod")?;
+    let mut out = gpu.alloc_zeros::<f32>(n).ctx("alloc")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let t = std::time::Instant::now();
+    let r = comm.all_reduce(&s, &send, &mut out, Op::Sum);
+    Ok((r, t.elapsed()))
+}
+
+/// The 1:1 own-kernel pattern never hangs: a rank that drops its `RankComm`, panics,
+/// comes too late or calls with another length makes every other rank return a typed
+/// error (naming it where it is known), well within the timeout.
+fn kernels_rank_comm_never_hangs() -> R {
+    use std::time::Duration;
+    let d = dev0()?;
+    let devices = vec![Arc::clone(&d); 3];
+    type Plan = [(Option<usize>, u64, bool); 3];
+    let run = |timeout_ms: u64,
+               plan: Plan|
+     -> Result<Vec<(gpubind::Result<()>, Duration)>, String> {
+        let opts = CommOptions::kernels().with_timeout(Duration::from_millis(timeout_ms));
+        let comms = Communicator::init_all(&devices, opts).ctx("init_all")?;
+        std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .zip(plan)
+                .map(|(c, (len, delay, panic))| {
+                    s.spawn(move || never_hangs_rank(c, len, Duration::from_millis(delay), panic))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| match h.join() {
+                    Ok(r) => r,
+                    Err(_) => Ok((Ok(()), Duration::ZERO)), // the panicking rank
+                })
+                .collect()
+        })
+    };
+    // Rank 2 drops its RankComm after 300 ms, timeout 60 s: PeerFailed at once.
+    let got = run(
+        60_000,
+        [
+            (Some(1000), 0, false),
+            (Some(1000), 0, false),
+            (None, 300, false),
+        ],
+    )?;
+    for (r, (out, took)) in got[..2].iter().enumerate() {
+        ensure!(
+            matches!(out, Err(Error::PeerFailed { rank: 2, .. }))
+                && *took < Duration::from_secs(10),
+            "drop: rank {r} got {out:?} after {took:?}"
+        );
+    }
+    // Rank 1 panics: PeerFailed naming it, saying so.
+    let got = run(
+        60_000,
+        [
+            (Some(1000), 0, false),
+            (Some(1000), 200, true),
+            (Some(1000), 0, false),
+        ],
+    )?;
+    for r in [0, 2] {
+        let (out, took) = &got[r];
+        ensure!(
+            matches!(out, Err(Error::PeerFailed { rank: 1, reason }) if reason.contains("panicked"))
+                && *took < Duration::from_secs(10),
+            "panic: rank {r} got {out:?} after {took:?}"
+        );
+    }
+    // Rank 2 comes 4 s late (after the 500 ms timeout, even with a slow first NVRTC compile): the others time out naming it, and rank 2
+    // gets the same error at once (the communicator is broken).
+    let got = run(
+        500,
+        [
+            (Some(1000), 0, false),
+            (Some(1000), 0, false),
+            (Some(1000), 4000, false),
+        ],
+    )?;
+    for (r, (out, took)) in got.iter().enumerate() {
+        ensure!(
+            matches!(out, Err(Error::PeerTimeout { ranks, .. }) if ranks.contains(&2))
+                && *took < Duration::from_secs(5),
+            "late: rank {r} got {out:?} after {took:?}"
+        );
+    }
+    // Different lengths: the same typed error on every rank, nothing enqueued.
+    let got = run(
+        60_000,
+        [
+            (Some(1000), 0, false),
+            (Some(1001), 0, false),
+            (Some(1000), 0, false),
+        ],
+    )?;
+    for (r, (out, _)) in got.iter().enumerate() {
+        ensure!(
+            matches!(out, Err(Error::SizeMismatch { .. })),
+            "lengths: rank {r} got {out:?}"
+        );
+    }
+    Ok(())
+}
+
 /// Every device, or the harness's skip when fewer than 2 are visible.
 fn multi_gpu_devices() -> Result<Vec<Arc<Device>>, String> {
     let all = Device::all().ctx("devices")?;
@@ -877,6 +1003,10 @@ fn main() {
             (
                 "kernels_thread_per_rank_on_one_gpu",
                 kernels_thread_per_rank_on_one_gpu,
+            ),
+            (
+                "kernels_rank_comm_never_hangs",
+                kernels_rank_comm_never_hangs,
             ),
             ("kernels_all_devices", kernels_all_devices),
             (

@@ -105,7 +105,19 @@
 //!
 //! With the own-kernel backend a `RankComm` call blocks its thread until every rank has
 //! made the matching call (the last to arrive enqueues the collective on all streams);
-//! `send`/`recv` block until the partner arrives.
+//! `send`/`recv` block until the partner arrives. Never for ever: past
+//! [`CommOptions::timeout`] the call returns [`Error::PeerTimeout`] naming the ranks that
+//! did not come (and the communicator is unusable after); a rank whose `RankComm` is
+//! dropped (its thread returned early, or panicked) makes every call that waits for it
+//! return [`Error::PeerFailed`] naming it, at once. Ranks that disagree on the op, the
+//! data type or the length all get the same typed error, and nothing is enqueued.
+//!
+//! # One rank per process, many machines
+//!
+//! [`RankComm::from_launch`] reads the launcher's variables ([`LaunchEnv`]: torchrun,
+//! mpirun, srun), exchanges NCCL's unique id over TCP ([`LaunchEnv::exchange_id`]) and
+//! makes this process's rank with NCCL ([`RankComm::init_process`]); the same calls
+//! follow. See docs/collective.md, "Deployment".
 //!
 //! # Semantics
 //!
@@ -115,6 +127,7 @@
 //! wrap. Calls of one group act as if concurrent: no call may read another call's
 //! output. Work is enqueued, not finished, when a call returns.
 
+mod bootstrap;
 mod engine;
 mod kernels;
 // Without the `nccl` feature a stand-in with the same crate-internal API: nothing NCCL
@@ -123,6 +136,10 @@ mod kernels;
 mod nccl;
 mod rendezvous;
 
+pub use bootstrap::{
+    DEFAULT_PORT, DEFAULT_TIMEOUT, LaunchEnv, Launcher, NCCL_UNIQUE_ID_BYTES, NcclUniqueId,
+    PORT_VAR, PROTOCOL_VERSION, TIMEOUT_VAR,
+};
 pub use nccl::{nccl_available, nccl_version};
 
 use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};
@@ -246,7 +263,15 @@ pub struct CommOptions {
     pub backend: Backend,
     /// The own-kernel backend's transport (ignored by NCCL).
     pub transport: Transport,
+    /// How long a [`RankComm`] of the own-kernel backend waits for the other ranks to
+    /// join a call ([`DEFAULT_COLLECTIVE_TIMEOUT`] unless set): past it the call returns
+    /// [`Error::PeerTimeout`] naming the ranks that did not come, and the communicator
+    /// is unusable (every later call returns that error).
+    pub timeout: std::time::Duration,
 }
+
+/// The default [`CommOptions::timeout`]: 300 s.
+pub const DEFAULT_COLLECTIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl CommOptions {
     /// Own kernels, [`Transport::Auto`].
@@ -254,6 +279,7 @@ impl CommOptions {
         CommOptions {
             backend: Backend::Kernels,
             transport: Transport::Auto,
+            timeout: DEFAULT_COLLECTIVE_TIMEOUT,
         }
     }
 
@@ -262,12 +288,18 @@ impl CommOptions {
         CommOptions {
             backend: Backend::Nccl,
             transport: Transport::Auto,
+            timeout: DEFAULT_COLLECTIVE_TIMEOUT,
         }
     }
 
     /// The same options with another transport.
     pub fn with_transport(self, transport: Transport) -> Self {
         CommOptions { transport, ..self }
+    }
+
+    /// The same options with another [`timeout`](Self::timeout).
+    pub fn with_timeout(self, timeout: std::time::Duration) -> Self {
+        CommOptions { timeout, ..self }
     }
 }
 
@@ -643,6 +675,8 @@ impl Communicator {
                 let world = Arc::new(World {
                     shared: engine::Shared::new(devices, options.transport)?,
                     meet: Meeting::new(),
+                    ranks: (0..nranks).collect(),
+                    timeout: options.timeout,
                 });
                 Ok((0..nranks)
                     .map(|r| {
@@ -660,7 +694,15 @@ impl Communicator {
                 check_distinct(devices)?;
                 let id = nccl::unique_id()?;
                 Ok((0..nranks)
-                    .map(|r| make(r, RankInner::Nccl { id, comm: None }))
+                    .map(|r| {
+                        make(
+                            r,
+                            RankInner::Nccl {
+                                id: Some(id),
+                                comm: None,
+                            },
+                        )
+                    })
                     .collect())
             }
         }
@@ -990,8 +1032,10 @@ impl<'c, 'b> Group<'c, 'b> {
 struct TrackerPtr(*const AccessTracker);
 
 // SAFETY: the pointer is dereferenced only by the thread that runs the meeting, while the
-// posting thread is blocked in `Meeting::meet` with the buffer borrowed (it returns only
-// after the meeting's closure has finished).
+// posting thread is blocked in `Meeting::meet` with the buffer borrowed: it returns only
+// after the meeting's closure has finished, or (timeout, a departed peer) after taking its
+// post back under the meeting's lock, which the run holds from taking the posts to its
+// end, so a withdrawn post is never run.
 unsafe impl Send for TrackerPtr {}
 
 /// One rank's part of a 1:1 collective: its lane, its validated call and its buffers.
@@ -1041,6 +1085,10 @@ fn settle_on_error(lanes: &[StreamRef], out: Result<()>) -> Result<()> {
 struct World {
     shared: engine::Shared,
     meet: Meeting<Result<RankPost>>,
+    /// `0..nranks`: the parties of a collective.
+    ranks: Vec<usize>,
+    /// How long a rank waits for the others.
+    timeout: std::time::Duration,
 }
 
 enum RankInner {
@@ -1049,7 +1097,8 @@ enum RankInner {
         event: Option<Event>,
     },
     Nccl {
-        id: nccl::UniqueId,
+        /// The id of a lazily made communicator (`None`: made already, one per process).
+        id: Option<nccl::UniqueId>,
         comm: Option<nccl::NcclComm>,
     },
 }
@@ -1061,6 +1110,20 @@ pub struct RankComm {
     nranks: usize,
     device: Arc<Device>,
     inner: RankInner,
+}
+
+impl Drop for RankComm {
+    fn drop(&mut self) {
+        // Own kernels: the other ranks must not wait for this one any more.
+        if let RankInner::Kernels { world, .. } = &self.inner {
+            let why = if std::thread::panicking() {
+                "its thread panicked (its RankComm was dropped while unwinding)"
+            } else {
+                "its RankComm was dropped"
+            };
+            world.meet.depart(self.rank, why);
+        }
+    }
 }
 
 impl std::fmt::Debug for RankComm {
@@ -1087,6 +1150,86 @@ impl RankComm {
     /// This rank's device.
     pub fn device(&self) -> &Arc<Device> {
         &self.device
+    }
+
+    /// One rank of an NCCL communicator whose ranks are separate processes (on this
+    /// machine or others): rank `rank` of `nranks`, on `device`, meeting the others by
+    /// `id` (rank 0's [`NcclUniqueId::new`], handed to every rank, e.g. by
+    /// [`LaunchEnv::exchange_id`]). The same calls as any `RankComm` follow.
+    ///
+    /// NCCL's initialisation is non-blocking (`ncclCommInitRankConfig`, `blocking = 0`)
+    /// and polled: if the other ranks have not all joined within `timeout` the
+    /// communicator is aborted (`ncclCommAbort`) and [`Error::PeerTimeout`] returned;
+    /// an error NCCL reports is [`Error::Nccl`]. Every later call first polls
+    /// `ncclCommGetAsyncError` and waits at most `timeout` for NCCL to enqueue it. (With
+    /// NCCL older than 2.14 initialisation is the blocking `ncclCommInitRank`, not
+    /// bounded.) NCCL needs a distinct GPU per rank, across processes too.
+    ///
+    /// Without the `nccl` feature: [`Error::FeatureDisabled`].
+    pub fn init_process(
+        ctx: &mut ThreadContext,
+        device: &Arc<Device>,
+        rank: usize,
+        nranks: usize,
+        id: &NcclUniqueId,
+        timeout: std::time::Duration,
+    ) -> Result<RankComm> {
+        if rank >= nranks {
+            return Err(rank_error("rank", rank, nranks));
+        }
+        if i32::try_from(nranks).is_err() {
+            return Err(Error::InvalidArgument(format!(
+                "{nranks} ranks is more than NCCL takes"
+            )));
+        }
+        nccl::api()?;
+        let comm = {
+            // NCCL takes the device from the thread's current context.
+            let _gpu = ctx.bind(device)?;
+            nccl::NcclComm::init_rank_process(nranks, id.as_bytes(), rank, timeout)?
+        };
+        ctx.forget_binding();
+        Ok(RankComm {
+            rank,
+            nranks,
+            device: Arc::clone(device),
+            inner: RankInner::Nccl {
+                id: None,
+                comm: Some(comm),
+            },
+        })
+    }
+
+    /// This process's rank of the job `env` describes, on NCCL: the id is exchanged
+    /// ([`LaunchEnv::exchange_id`]), then [`init_process`](Self::init_process) with
+    /// `env.rank`, `env.world_size` and `env.timeout`. `device` is usually
+    /// `Device::get(env.local_rank)` (or 0 where the launcher gives each process one
+    /// GPU through `CUDA_VISIBLE_DEVICES`).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::collective::LaunchEnv;
+    /// use gpubind::{Device, Op, RankComm, ThreadContext};
+    /// let env = LaunchEnv::from_env()?; // torchrun, mpirun, srun
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let dev = Device::get(env.local_rank)?;
+    /// let mut comm = RankComm::from_launch(&mut ctx, &dev, &env)?;
+    /// let gpu = ctx.bind(&dev)?;
+    /// let stream = gpu.new_stream()?;
+    /// let send = gpu.clone_htod(&[env.rank as f32; 1024])?;
+    /// let mut sum = gpu.alloc_zeros::<f32>(1024)?;
+    /// let s = gpu.on(&stream)?;
+    /// comm.all_reduce(&s, &send, &mut sum, Op::Sum)?;
+    /// s.synchronize()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn from_launch(
+        ctx: &mut ThreadContext,
+        device: &Arc<Device>,
+        env: &LaunchEnv,
+    ) -> Result<RankComm> {
+        let id = env.exchange_id()?;
+        Self::init_process(ctx, device, env.rank, env.world_size, &id, env.timeout)
     }
 
     fn call<T: CollectiveType>(
@@ -1129,7 +1272,9 @@ impl RankComm {
         match inner {
             RankInner::Nccl { id, comm } => {
                 let call = call?;
-                if comm.is_none() {
+                if comm.is_none()
+                    && let Some(id) = id
+                {
                     *comm = Some(nccl::NcclComm::init_rank(nranks, id, rank)?);
                 }
                 let Some(comm) = comm.as_ref() else {
@@ -1170,24 +1315,40 @@ impl RankComm {
                 });
                 let shared = &world.shared;
                 match p2p_peer {
-                    None => world.meet.meet(Key::Coll, nranks, rank, post, |posts| {
-                        enqueue_posts(posts, |lanes, calls| {
-                            check_matched(calls)?;
-                            let rank_lane: Vec<usize> = (0..calls.len()).collect();
-                            engine::collective(&mut Enter, shared, lanes, &rank_lane, calls)
-                        })
-                    }),
-                    Some(peer) => {
-                        let (key, slot) = match kind {
-                            Kind::Send(_) => (Key::Pair(rank, peer), 0),
-                            _ => (Key::Pair(peer, rank), 1),
-                        };
-                        world.meet.meet(key, 2, slot, post, |posts| {
+                    None => world.meet.meet(
+                        Key::Coll,
+                        &world.ranks,
+                        rank,
+                        post,
+                        world.timeout,
+                        |posts| {
                             enqueue_posts(posts, |lanes, calls| {
-                                check_pair(&calls[0], &calls[1])?;
-                                engine::p2p(&mut Enter, shared, lanes, (0, 1), &calls[0], &calls[1])
+                                check_matched(calls)?;
+                                let rank_lane: Vec<usize> = (0..calls.len()).collect();
+                                engine::collective(&mut Enter, shared, lanes, &rank_lane, calls)
                             })
-                        })
+                        },
+                    ),
+                    Some(peer) => {
+                        let (key, slot, pair) = match kind {
+                            Kind::Send(_) => (Key::Pair(rank, peer), 0, [rank, peer]),
+                            _ => (Key::Pair(peer, rank), 1, [peer, rank]),
+                        };
+                        world
+                            .meet
+                            .meet(key, &pair, slot, post, world.timeout, |posts| {
+                                enqueue_posts(posts, |lanes, calls| {
+                                    check_pair(&calls[0], &calls[1])?;
+                                    engine::p2p(
+                                        &mut Enter,
+                                        shared,
+                                        lanes,
+                                        (0, 1),
+                                        &calls[0],
+                                        &calls[1],
+                                    )
+                                })
+                            })
                     }
                 }
             }

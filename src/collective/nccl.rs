@@ -19,6 +19,7 @@ use cudarc::driver::sys;
 use cudarc::nccl::sys::{ncclDataType_t, ncclRedOp_t, ncclUniqueId};
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 type Comm = *mut c_void;
 type Stream = *mut c_void;
@@ -60,7 +61,34 @@ pub(crate) struct Api {
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> Res,
     send: unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, Stream) -> Res,
     recv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, Stream) -> Res,
+    /// The bounded (non-blocking) initialisation, where the library has all three
+    /// (`ncclCommInitRankConfig` needs NCCL 2.14; the other two are older).
+    nonblocking: Option<NonBlockingApi>,
 }
+
+/// The entry points of NCCL's non-blocking mode.
+#[derive(Clone, Copy)]
+struct NonBlockingApi {
+    #[allow(clippy::type_complexity)]
+    init_rank_config:
+        unsafe extern "C" fn(*mut Comm, c_int, ncclUniqueId, c_int, *mut ConfigV214) -> Res,
+    get_async_error: unsafe extern "C" fn(Comm, *mut Res) -> Res,
+    abort: unsafe extern "C" fn(Comm) -> Res,
+}
+
+/// `ncclConfig_t` as NCCL 2.14 defined it (the first four fields of every later one).
+/// NCCL reads at most `size` bytes of it and, for a `version` older than its own, takes
+/// its defaults for every field added since (`parseCommConfig` in init.cc), so this is
+/// a valid config for every NCCL >= 2.14: it asks for `blocking = 0` and nothing else.
+#[repr(C)]
+struct ConfigV214 {
+    size: usize,
+    magic: std::ffi::c_uint,
+    version: std::ffi::c_uint,
+    blocking: c_int,
+}
+/// `ncclInProgress`.
+const IN_PROGRESS: Res = 7;
 
 /// Library names tried in order (after `$GPUBIND_NCCL_LIB`).
 const LIB_NAMES: [&str; 3] = ["libnccl.so.2", "libnccl.so", "libnccl.so.1"];
@@ -98,6 +126,13 @@ impl Api {
             reduce_scatter: sym!("ncclReduceScatter"),
             send: sym!("ncclSend"),
             recv: sym!("ncclRecv"),
+            nonblocking: (|| {
+                Some(NonBlockingApi {
+                    init_rank_config: sym!("ncclCommInitRankConfig"),
+                    get_async_error: sym!("ncclCommGetAsyncError"),
+                    abort: sym!("ncclCommAbort"),
+                })
+            })(),
             _lib: lib,
         })
     }
@@ -213,6 +248,11 @@ pub(crate) struct NcclComm {
     raw: Comm,
     /// Ranks in the communicator.
     nranks: usize,
+    /// Non-blocking communicators (one rank per process): how long any one wait for
+    /// NCCL may take before the communicator is aborted.
+    bound: Option<Duration>,
+    /// Set once `ncclCommAbort` freed `raw`: nothing may use it after.
+    aborted: std::cell::Cell<bool>,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not
@@ -234,7 +274,12 @@ impl NcclComm {
         let nranks = raw.len();
         Ok(raw
             .into_iter()
-            .map(|raw| NcclComm { raw, nranks })
+            .map(|raw| NcclComm {
+                raw,
+                nranks,
+                bound: None,
+                aborted: std::cell::Cell::new(false),
+            })
             .collect())
     }
 
@@ -247,7 +292,138 @@ impl NcclComm {
         // SAFETY: writes one handle; `id` came from ncclGetUniqueId.
         let code = unsafe { (api.comm_init_rank)(&mut raw, nranks as c_int, *id, rank as c_int) };
         api.check("ncclCommInitRank", code)?;
-        Ok(NcclComm { raw, nranks })
+        Ok(NcclComm {
+            raw,
+            nranks,
+            bound: None,
+            aborted: std::cell::Cell::new(false),
+        })
+    }
+
+    /// One rank of a communicator whose ranks are other processes (or threads), made
+    /// with NCCL's non-blocking initialisation and polled until `timeout`: a peer that
+    /// never comes is [`Error::PeerTimeout`] and the half-made communicator is aborted.
+    /// The rank's device must be current. With an NCCL older than 2.14 (no
+    /// `ncclCommInitRankConfig`) the blocking `ncclCommInitRank` is used: unbounded.
+    pub(crate) fn init_rank_process(
+        nranks: usize,
+        id: &[u8; 128],
+        rank: usize,
+        timeout: Duration,
+    ) -> Result<NcclComm> {
+        let api = api()?;
+        let mut uid = ncclUniqueId { internal: [0; 128] };
+        for (d, s) in uid.internal.iter_mut().zip(id) {
+            *d = *s as c_char;
+        }
+        let Some(nb) = api.nonblocking else {
+            log::warn!(
+                "NCCL older than 2.14 (no ncclCommInitRankConfig): ncclCommInitRank is not bounded by the timeout"
+            );
+            return Self::init_rank(nranks, &uid, rank);
+        };
+        let _restore = RestoreCurrent::new()?;
+        let mut config = ConfigV214 {
+            size: std::mem::size_of::<ConfigV214>(),
+            magic: 0xcafe_beef,
+            // NCCL_VERSION(2, 14, 0)
+            version: 21400,
+            blocking: 0,
+        };
+        let mut raw: Comm = std::ptr::null_mut();
+        let deadline = Instant::now() + timeout;
+        // SAFETY: writes one handle; `config` is a valid NCCL 2.14 config (its `size`
+        // says how much NCCL may read; NCCL copies it during the call); `uid` is 128
+        // bytes, as NCCL's id is.
+        let code = unsafe {
+            (nb.init_rank_config)(&mut raw, nranks as c_int, uid, rank as c_int, &mut config)
+        };
+        let comm = NcclComm {
+            raw,
+            nranks,
+            bound: Some(timeout),
+            aborted: std::cell::Cell::new(false),
+        };
+        if code != IN_PROGRESS
+            && let Err(e) = api.check("ncclCommInitRankConfig", code)
+        {
+            if raw.is_null() {
+                // Nothing was made: nothing to destroy.
+                std::mem::forget(comm);
+            } else {
+                comm.abort();
+            }
+            return Err(e);
+        }
+        comm.wait_ready("ncclCommInitRankConfig", "NCCL's initialisation", deadline)?;
+        Ok(comm)
+    }
+
+    /// Polls `ncclCommGetAsyncError` until the communicator is no longer in progress.
+    /// An error, or `deadline` passing, aborts the communicator (NCCL's advice: a
+    /// communicator that failed is not used again) and is returned.
+    fn wait_ready(&self, call: &'static str, what: &str, deadline: Instant) -> Result<()> {
+        let (Some(nb), Some(bound)) = (api()?.nonblocking, self.bound) else {
+            return Ok(());
+        };
+        if self.aborted.get() {
+            return Err(aborted_error());
+        }
+        let api = api()?;
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let mut state: Res = 0;
+            // SAFETY: a live communicator (not aborted: checked above, and every abort
+            // below returns); writes one result.
+            let code = unsafe { (nb.get_async_error)(self.raw, &mut state) };
+            if let Err(e) = api.check("ncclCommGetAsyncError", code) {
+                self.abort();
+                return Err(e);
+            }
+            match state {
+                0 => return Ok(()),
+                IN_PROGRESS => {}
+                failed => {
+                    self.abort();
+                    return Err(api.check(call, failed).err().unwrap_or_else(aborted_error));
+                }
+            }
+            if Instant::now() >= deadline {
+                self.abort();
+                return Err(Error::PeerTimeout {
+                    what: format!(
+                        "{what} ({call} still in progress; the communicator was aborted)"
+                    ),
+                    ranks: Vec::new(),
+                    after_ms: bound.as_millis().min(u128::from(u64::MAX)) as u64,
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    /// `ncclCommAbort`, once; the handle is not used after.
+    fn abort(&self) {
+        if self.aborted.replace(true) {
+            return;
+        }
+        let Ok(api) = api() else { return };
+        let Some(nb) = api.nonblocking else { return };
+        // SAFETY: a live communicator, aborted once (the flag above); `raw` is never
+        // used after (every use checks `aborted`).
+        let code = unsafe { (nb.abort)(self.raw) };
+        // ncclInProgress: NCCL finishes the abort itself.
+        let code = if code == IN_PROGRESS { 0 } else { code };
+        if let Err(e) = api.check("ncclCommAbort", code) {
+            crate::faults::report_drop(
+                format_args!("an NCCL communicator of {} ranks", self.nranks),
+                None,
+                "aborting it",
+                &e,
+                crate::faults::MAYBE_LEAKED,
+            );
+        }
     }
 
     /// Enqueues `call` (already validated) on `stream`, whose device is current.
@@ -262,7 +438,20 @@ impl NcclComm {
             return Ok(());
         }
         let api = api()?;
+        if self.aborted.get() {
+            return Err(aborted_error());
+        }
         let _restore = RestoreCurrent::new()?;
+        // A non-blocking communicator: an error NCCL saw in the background (a peer
+        // that failed) is reported before more work is queued behind it.
+        let bound = self.bound;
+        if let Some(b) = bound {
+            self.wait_ready(
+                "ncclCommGetAsyncError",
+                "NCCL's previous call",
+                Instant::now() + b,
+            )?;
+        }
         let dt = dtype_code(call.dtype.index);
         let (send, recv) = (call.send as *const c_void, call.recv as *mut c_void);
         let s = stream as Stream;
@@ -293,12 +482,34 @@ impl NcclComm {
                 Kind::Recv(peer) => ("ncclRecv", (api.recv)(recv, n, dt, peer as c_int, c, s)),
             }
         };
-        api.check(name, code)
+        match bound {
+            // Non-blocking: the call may still be enqueueing; it is done (and its
+            // buffers may be released to other uses) once NCCL says so.
+            Some(b) if code == IN_PROGRESS => {
+                self.wait_ready(name, "NCCL to enqueue the collective", Instant::now() + b)
+            }
+            _ => api.check(name, code),
+        }
     }
 }
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
+        if self.aborted.get() {
+            // ncclCommAbort freed it.
+            return;
+        }
+        if let (Some(_), Ok(Some(nb))) = (self.bound, api().map(|a| a.nonblocking)) {
+            // A communicator NCCL reports failed (a peer died) may never finish its
+            // work: ncclCommDestroy would wait for it. Abort it instead.
+            let mut state: Res = 0;
+            // SAFETY: live (not aborted); writes one result.
+            let code = unsafe { (nb.get_async_error)(self.raw, &mut state) };
+            if code != 0 || (state != 0 && state != IN_PROGRESS) {
+                self.abort();
+                return;
+            }
+        }
         let what = format_args!("an NCCL communicator of {} ranks", self.nranks);
         let api = match api() {
             Ok(api) => api,
@@ -323,6 +534,13 @@ impl Drop for NcclComm {
         // communicator's pending work and, for ranks of one process, frees the shared
         // resources when the last rank is destroyed).
         let code = unsafe { (api.comm_destroy)(self.raw) };
+        // A non-blocking communicator may answer ncclInProgress: NCCL finishes the
+        // teardown itself (the handle is not used again here).
+        let code = if self.bound.is_some() && code == IN_PROGRESS {
+            0
+        } else {
+            code
+        };
         if let Err(e) = api.check("ncclCommDestroy", code) {
             crate::faults::report_drop(
                 what,
@@ -334,6 +552,20 @@ impl Drop for NcclComm {
         }
         drop(restore);
     }
+}
+
+/// The error for a use of an aborted communicator.
+fn aborted_error() -> Error {
+    Error::InvalidArgument(
+        "this NCCL communicator was aborted after an earlier error or timeout: make a new one"
+            .into(),
+    )
+}
+
+/// A fresh unique id, as bytes.
+pub(crate) fn unique_id_bytes() -> Result<[u8; 128]> {
+    let id = unique_id()?;
+    Ok(id.internal.map(|c| c as u8))
 }
 
 /// A fresh `ncclUniqueId` for `ncclCommInitRank`.
@@ -418,5 +650,9 @@ mod tests {
         assert_eq!(dtype_code(<f32 as super::super::CollectiveType>::INDEX), 7);
         assert_eq!(dtype_code(<u8 as super::super::CollectiveType>::INDEX), 1);
         assert_eq!(result_name(5), "ncclInvalidUsage");
+        assert_eq!(result_name(IN_PROGRESS), "ncclInProgress");
+        // nccl.h 2.14: size_t size; unsigned magic, version; int blocking.
+        assert_eq!(std::mem::size_of::<ConfigV214>(), 24);
+        assert_eq!(std::mem::offset_of!(ConfigV214, blocking), 16);
     }
 }

@@ -57,12 +57,26 @@ impl NcclComm {
         match *id {}
     }
 
+    pub(crate) fn init_rank_process(
+        _nranks: usize,
+        _id: &[u8; 128],
+        _rank: usize,
+        _timeout: std::time::Duration,
+    ) -> Result<NcclComm> {
+        Err(disabled())
+    }
+
     /// # Safety
     ///
     /// None needed: there is no value to call it on.
     pub(crate) unsafe fn issue(&self, _call: &Call, _stream: sys::CUstream) -> Result<()> {
         match self.never {}
     }
+}
+
+/// Always [`Error::FeatureDisabled`].
+pub(crate) fn unique_id_bytes() -> Result<[u8; 128]> {
+    Err(disabled())
 }
 
 /// Always [`Error::FeatureDisabled`].
@@ -97,6 +111,10 @@ mod tests {
         assert!(e.to_string().contains("`nccl` feature"), "{e}");
         assert!(matches!(api(), Err(Error::FeatureDisabled { .. })));
         assert!(matches!(unique_id(), Err(Error::FeatureDisabled { .. })));
+        assert!(matches!(
+            unique_id_bytes(),
+            Err(Error::FeatureDisabled { .. })
+        ));
         assert!(matches!(
             NcclComm::init_all(&[0]),
             Err(Error::FeatureDisabled { .. })

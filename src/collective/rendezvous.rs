@@ -2,17 +2,39 @@
 //! last to arrive enqueues the whole collective on every rank's stream, and all return
 //! its outcome. The others block meanwhile, which keeps their streams and buffers (the
 //! borrows their calls hold) alive until everything is enqueued.
+//!
+//! No wait is unbounded: a party waits at most its timeout, then withdraws its post and
+//! returns [`Error::PeerTimeout`] naming the ranks that did not come; the meeting set is
+//! then *broken* (the ranks are out of step) and every waiting and later meeting returns
+//! that error at once. A rank that leaves ([`Meeting::depart`]: its `RankComm` dropped,
+//! its thread panicking) fails every meeting it is a party of with
+//! [`Error::PeerFailed`] naming it, at once.
+//!
+//! Posts are only touched under the lock: the last arrival takes them and runs the
+//! collective holding it, and a party withdraws its post (on a timeout or a failure)
+//! holding it. So a post is either used by a run that its party waits for, or taken
+//! back unused before its party returns.
 
 use super::lock;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Which meeting: the communicator's collectives, or the sends from `.0` to `.1`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub(crate) enum Key {
     Coll,
     Pair(usize, usize),
+}
+
+impl Key {
+    fn describe(&self) -> String {
+        match self {
+            Key::Coll => "the collective".to_owned(),
+            Key::Pair(s, d) => format!("the send from rank {s} to rank {d}"),
+        }
+    }
 }
 
 struct Table<P> {
@@ -22,32 +44,63 @@ struct Table<P> {
     outcome: Result<()>,
 }
 
+struct State<P> {
+    tables: HashMap<Key, Table<P>>,
+    /// Ranks that left, with why.
+    departed: HashMap<usize, String>,
+    /// Set by the first timeout: the ranks are out of step for good.
+    broken: Option<Error>,
+}
+
 /// A set of meetings with a fixed number of parties each.
 pub(crate) struct Meeting<P> {
-    state: Mutex<HashMap<Key, Table<P>>>,
+    state: Mutex<State<P>>,
     wake: Condvar,
 }
 
 impl<P> Meeting<P> {
     pub(crate) fn new() -> Self {
         Meeting {
-            state: Mutex::new(HashMap::new()),
+            state: Mutex::new(State {
+                tables: HashMap::new(),
+                departed: HashMap::new(),
+                broken: None,
+            }),
             wake: Condvar::new(),
         }
     }
 
-    /// Posts `post` as party `slot` of `parties` at `key` and waits for the others; the
-    /// last to arrive runs `run` on all posts (in slot order) while the others wait.
+    /// Rank `rank` leaves for good (`why`, e.g. "its RankComm was dropped"): every
+    /// meeting it is a party of fails with [`Error::PeerFailed`], now and later.
+    pub(crate) fn depart(&self, rank: usize, why: &str) {
+        let mut state = lock(&self.state);
+        state.departed.entry(rank).or_insert_with(|| why.to_owned());
+        drop(state);
+        self.wake.notify_all();
+    }
+
+    /// Posts `post` as party `slot` of the meeting at `key`, whose parties are the
+    /// ranks `ranks` (slot `i` is rank `ranks[i]`), and waits for the others, at most
+    /// `timeout`; the last to arrive runs `run` on all posts (in slot order) while the
+    /// others wait.
     pub(crate) fn meet(
         &self,
         key: Key,
-        parties: usize,
+        ranks: &[usize],
         slot: usize,
         post: P,
+        timeout: Duration,
         run: impl FnOnce(Vec<P>) -> Result<()>,
     ) -> Result<()> {
+        let parties = ranks.len();
         let mut state = lock(&self.state);
-        let table = state.entry(key).or_insert_with(|| Table {
+        if let Some(e) = &state.broken {
+            return Err(e.clone());
+        }
+        if let Some(e) = departed_party(&state, ranks, slot, None) {
+            return Err(e);
+        }
+        let table = state.tables.entry(key).or_insert_with(|| Table {
             generation: 0,
             posts: (0..parties).map(|_| None).collect(),
             arrived: 0,
@@ -79,24 +132,90 @@ impl<P> Meeting<P> {
             self.wake.notify_all();
             return outcome;
         }
+        let started = Instant::now();
+        let deadline = started + timeout;
         loop {
+            let left = deadline.saturating_duration_since(Instant::now());
             state = self
                 .wake
-                .wait(state)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if let Some(t) = state.get(&key)
+                .wait_timeout(state, left)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
+            // Done (even if something failed since: the run used our post).
+            if let Some(t) = state.tables.get(&key)
                 && t.generation != generation
             {
                 return t.outcome.clone();
             }
+            let failure = if let Some(e) = &state.broken {
+                Some(e.clone())
+            } else if let Some(e) = departed_party(&state, ranks, slot, Some(key)) {
+                Some(e)
+            } else if Instant::now() >= deadline {
+                let missing = state.tables.get(&key).map_or_else(Vec::new, |t| {
+                    (0..parties)
+                        .filter(|&i| i != slot && t.posts[i].is_none())
+                        .map(|i| ranks[i])
+                        .collect()
+                });
+                let e = Error::PeerTimeout {
+                    what: format!(
+                        "the other ranks to join {} (the communicator's ranks are out of step now: every later call fails with this error)",
+                        key.describe()
+                    ),
+                    ranks: missing,
+                    after_ms: started.elapsed().as_millis().min(u128::from(u64::MAX)) as u64,
+                };
+                state.broken = Some(e.clone());
+                Some(e)
+            } else {
+                None
+            };
+            if let Some(e) = failure {
+                // Withdraw the post: nobody will run it now.
+                if let Some(t) = state.tables.get_mut(&key)
+                    && let Some(p) = t.posts.get_mut(slot)
+                    && p.take().is_some()
+                {
+                    t.arrived -= 1;
+                }
+                drop(state);
+                self.wake.notify_all();
+                return Err(e);
+            }
         }
     }
+}
+
+/// The error for a party of `ranks` (other than `slot`) that departed without posting
+/// (to the meeting at `key`, when given).
+fn departed_party<P>(
+    state: &State<P>,
+    ranks: &[usize],
+    slot: usize,
+    key: Option<Key>,
+) -> Option<Error> {
+    ranks.iter().enumerate().find_map(|(i, r)| {
+        if i == slot {
+            return None;
+        }
+        let why = state.departed.get(r)?;
+        let posted = key
+            .and_then(|k| state.tables.get(&k))
+            .is_some_and(|t| t.posts.get(i).is_some_and(Option::is_some));
+        (!posted).then(|| Error::PeerFailed {
+            rank: *r,
+            reason: why.clone(),
+        })
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const LONG: Duration = Duration::from_secs(60);
 
     #[test]
     fn last_arrival_runs_once_and_all_see_the_outcome() {
@@ -108,7 +227,7 @@ mod tests {
                     .map(|slot| {
                         let (m, runs) = (&m, &runs);
                         s.spawn(move || {
-                            m.meet(Key::Coll, 4, slot, slot * 10, |posts| {
+                            m.meet(Key::Coll, &[0, 1, 2, 3], slot, slot * 10, LONG, |posts| {
                                 runs.fetch_add(1, Ordering::SeqCst);
                                 assert_eq!(posts, vec![0, 10, 20, 30]);
                                 if round == 1 {
@@ -133,10 +252,11 @@ mod tests {
     fn joining_twice_is_an_error() {
         let m = Meeting::<u8>::new();
         std::thread::scope(|s| {
-            let h = s.spawn(|| m.meet(Key::Pair(0, 1), 2, 0, 1, |_| Ok(())));
+            let h = s.spawn(|| m.meet(Key::Pair(0, 1), &[0, 1], 0, 1, LONG, |_| Ok(())));
             // Wait until slot 0 is taken, then try it again from here.
             loop {
                 let taken = lock(&m.state)
+                    .tables
                     .get(&Key::Pair(0, 1))
                     .is_some_and(|t| t.arrived == 1);
                 if taken {
@@ -145,15 +265,121 @@ mod tests {
                 std::thread::yield_now();
             }
             assert!(matches!(
-                m.meet(Key::Pair(0, 1), 2, 0, 2, |_| Ok(())),
+                m.meet(Key::Pair(0, 1), &[0, 1], 0, 2, LONG, |_| Ok(())),
                 Err(Error::InvalidArgument(_))
             ));
-            m.meet(Key::Pair(0, 1), 2, 1, 3, |posts| {
+            m.meet(Key::Pair(0, 1), &[0, 1], 1, 3, LONG, |posts| {
                 assert_eq!(posts, vec![1, 3]);
                 Ok(())
             })
             .unwrap();
             h.join().unwrap().unwrap();
         });
+    }
+
+    #[test]
+    fn a_missing_rank_times_out_naming_it_and_breaks_the_set() {
+        let m = Meeting::<u8>::new();
+        let ran = AtomicUsize::new(0);
+        let t0 = Instant::now();
+        let outcomes: Vec<Result<()>> = std::thread::scope(|s| {
+            let hs: Vec<_> = [0usize, 2]
+                .into_iter()
+                .map(|slot| {
+                    let (m, ran) = (&m, &ran);
+                    s.spawn(move || {
+                        m.meet(
+                            Key::Coll,
+                            &[0, 1, 2],
+                            slot,
+                            0,
+                            Duration::from_millis(200),
+                            |_| {
+                                ran.fetch_add(1, Ordering::SeqCst);
+                                Ok(())
+                            },
+                        )
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        for o in &outcomes {
+            match o {
+                Err(Error::PeerTimeout { ranks, .. }) => assert!(ranks.contains(&1), "{o:?}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Late rank 1 and any later meeting: the same error at once, nothing run.
+        let t1 = Instant::now();
+        let late = m.meet(Key::Coll, &[0, 1, 2], 1, 0, LONG, |_| Ok(()));
+        assert!(matches!(late, Err(Error::PeerTimeout { .. })), "{late:?}");
+        let pair = m.meet(Key::Pair(0, 2), &[0, 2], 0, 0, LONG, |_| Ok(()));
+        assert!(matches!(pair, Err(Error::PeerTimeout { .. })), "{pair:?}");
+        assert!(t1.elapsed() < Duration::from_secs(1));
+        // Both withdrew their posts.
+        assert_eq!(lock(&m.state).tables[&Key::Coll].arrived, 0);
+    }
+
+    #[test]
+    fn a_departed_rank_fails_its_meetings_at_once() {
+        let m = Meeting::<u8>::new();
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            let waiting = s.spawn(|| m.meet(Key::Coll, &[0, 1], 0, 0, LONG, |_| Ok(())));
+            // Let it post, then rank 1 leaves.
+            while lock(&m.state)
+                .tables
+                .get(&Key::Coll)
+                .is_none_or(|t| t.arrived == 0)
+            {
+                std::thread::yield_now();
+            }
+            m.depart(1, "its RankComm was dropped");
+            let got = waiting.join().unwrap();
+            assert_eq!(
+                got,
+                Err(Error::PeerFailed {
+                    rank: 1,
+                    reason: "its RankComm was dropped".into()
+                })
+            );
+        });
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        // Later meetings with rank 1 fail at once; meetings without it still work.
+        assert!(matches!(
+            m.meet(Key::Pair(0, 1), &[0, 1], 0, 0, LONG, |_| Ok(())),
+            Err(Error::PeerFailed { rank: 1, .. })
+        ));
+        std::thread::scope(|s| {
+            let h = s.spawn(|| m.meet(Key::Pair(0, 2), &[0, 2], 0, 5, LONG, |_| Ok(())));
+            m.meet(Key::Pair(0, 2), &[0, 2], 1, 6, LONG, |posts| {
+                assert_eq!(posts, vec![5, 6]);
+                Ok(())
+            })
+            .unwrap();
+            h.join().unwrap().unwrap();
+        });
+    }
+
+    #[test]
+    fn a_panicking_run_fails_every_party() {
+        let m = Meeting::<u8>::new();
+        let outcomes: Vec<Result<()>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|slot| {
+                    let m = &m;
+                    s.spawn(move || {
+                        m.meet(Key::Coll, &[0, 1], slot, 0, LONG, |_| panic!("enqueue bug"))
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for o in outcomes {
+            assert!(matches!(o, Err(Error::InvalidArgument(ref m)) if m.contains("panicked")));
+        }
     }
 }

@@ -1,0 +1,432 @@
+//! The multi-process rendezvous (`LaunchEnv::exchange_id_with`) between real processes
+//! on loopback, without a GPU: every rank gets the same id, and every bad input (a
+//! duplicate rank, a wrong world size, a rank that never comes, garbage, a wrong
+//! protocol version, a rank that dies or is killed part-way) is a typed error on every
+//! process, well within the timeout.
+//!
+//! The ranks are this test binary re-run as `<exe> child_entry --exact --nocapture`
+//! with the launcher's variables (`RANK`, `WORLD_SIZE`, …) and `GPUBIND_RDZV_TEST_ROLE`
+//! set; each prints one `RDZV-RESULT` line. `child_entry` does nothing in a normal run.
+//! Frames the tests forge are encoded here from the wire format documented in
+//! docs/collective.md ("Deployment"), independently of the library's encoder.
+
+#![cfg(feature = "collective")]
+
+use gpubind::Error;
+use gpubind::collective::{LaunchEnv, NcclUniqueId};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROLE: &str = "GPUBIND_RDZV_TEST_ROLE";
+const RESULT: &str = "RDZV-RESULT ";
+
+/// Every variable `LaunchEnv` reads: cleared in the children, so the parent's own
+/// environment (a CI runner under Slurm, say) cannot leak in.
+const LAUNCH_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_NNODES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GPUBIND_RDZV_PORT",
+    "GPUBIND_RDZV_TIMEOUT",
+];
+
+/// The id rank 0 hands out in these tests.
+fn test_id() -> NcclUniqueId {
+    let bytes: Vec<u8> = (0..128u32).map(|i| (i * 7 + 3) as u8).collect();
+    NcclUniqueId::from_bytes(&bytes).unwrap()
+}
+
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// A frame as docs/collective.md specifies it.
+fn forge(version: u16, kind: u8, world: u32, rank: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = b"GBRZ".to_vec();
+    v.extend_from_slice(&version.to_le_bytes());
+    v.push(kind);
+    v.push(0);
+    v.extend_from_slice(&world.to_le_bytes());
+    v.extend_from_slice(&rank.to_le_bytes());
+    v.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    v.extend_from_slice(payload);
+    let sum = fnv1a64(&v);
+    v.extend_from_slice(&sum.to_le_bytes());
+    v
+}
+
+fn connect_retrying(port: u16) -> TcpStream {
+    let start = Instant::now();
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => return s,
+            Err(e) if start.elapsed() < Duration::from_secs(10) => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("cannot reach rank 0: {e}"),
+        }
+    }
+}
+
+/// Entry point of the child processes (a no-op unless `GPUBIND_RDZV_TEST_ROLE` is set).
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let port = || -> u16 { std::env::var("GPUBIND_RDZV_PORT").unwrap().parse().unwrap() };
+    let var = |k: &str| -> u32 { std::env::var(k).unwrap().parse().unwrap() };
+    match role.as_str() {
+        // A real rank: the library's rendezvous.
+        "rank" => {
+            let out = LaunchEnv::from_env().and_then(|env| env.exchange_id_with(|| Ok(test_id())));
+            match out {
+                Ok(id) => println!("{RESULT}ok {id}"),
+                Err(e) => println!("{RESULT}err {e:?}"),
+            }
+        }
+        // Writes bytes that are not a frame, after a pause (so the real ranks have
+        // checked in), then prints what rank 0 answered.
+        "garbage" => {
+            std::thread::sleep(Duration::from_millis(1500));
+            let mut s = connect_retrying(port());
+            s.write_all(b"GET / HTTP/1.1\r\nHost: rank0\r\n\r\n")
+                .unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut answer = Vec::new();
+            let _ = s.read_to_end(&mut answer);
+            println!(
+                "{RESULT}answer {}",
+                String::from_utf8_lossy(&answer[..4.min(answer.len())])
+            );
+        }
+        // A well-formed hello of another protocol version.
+        "version2" => {
+            let mut s = connect_retrying(port());
+            s.write_all(&forge(2, 1, var("WORLD_SIZE"), var("RANK"), &[]))
+                .unwrap();
+            let mut answer = Vec::new();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let _ = s.read_to_end(&mut answer);
+            println!(
+                "{RESULT}answer {}",
+                String::from_utf8_lossy(&answer[..4.min(answer.len())])
+            );
+        }
+        // Checks in with a valid hello, then exits at once (dies mid-handshake).
+        "hello_then_exit" => {
+            let mut s = connect_retrying(port());
+            s.write_all(&forge(1, 1, var("WORLD_SIZE"), var("RANK"), &[]))
+                .unwrap();
+            println!("{RESULT}exiting");
+            std::process::exit(0);
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts one process as `role` with torchrun-style variables for `rank` of `world`.
+fn spawn(role: &str, rank: usize, world: usize, port: u16, timeout_s: f64) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["child_entry", "--exact", "--nocapture", "--test-threads=1"]);
+    for v in LAUNCH_VARS {
+        cmd.env_remove(v);
+    }
+    cmd.env(ROLE, role)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("GPUBIND_RDZV_PORT", port.to_string())
+        .env("GPUBIND_RDZV_TIMEOUT", timeout_s.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    cmd.spawn().unwrap()
+}
+
+/// Waits for `child` (killing it and failing past `limit`) and returns its result line.
+fn result(mut child: Child, limit: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a rank hung: still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    out.lines()
+        .find_map(|l| l.split_once(RESULT).map(|(_, r)| r))
+        .unwrap_or_else(|| panic!("no result line in the child's output:\n{out}"))
+        .to_owned()
+}
+
+fn results(children: Vec<Child>, limit: Duration) -> Vec<String> {
+    children.into_iter().map(|c| result(c, limit)).collect()
+}
+
+#[test]
+fn four_processes_get_rank_zeros_id() {
+    let port = free_port();
+    let children: Vec<Child> = (0..4).map(|r| spawn("rank", r, 4, port, 20.0)).collect();
+    let expected = format!("ok {}", test_id());
+    for (r, got) in results(children, Duration::from_secs(30))
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(got, &expected, "rank {r}");
+    }
+}
+
+#[test]
+fn duplicate_rank_fails_every_process() {
+    let port = free_port();
+    let children = vec![
+        spawn("rank", 0, 3, port, 3.0),
+        spawn("rank", 1, 3, port, 3.0),
+        spawn("rank", 1, 3, port, 3.0),
+    ];
+    for (i, got) in results(children, Duration::from_secs(8)).iter().enumerate() {
+        assert!(
+            got.starts_with("err Rendezvous") && got.contains("rank 1 checked in twice"),
+            "process {i}: {got}"
+        );
+    }
+}
+
+#[test]
+fn different_world_sizes_fail_every_process() {
+    let port = free_port();
+    let children = vec![
+        spawn("rank", 0, 2, port, 3.0),
+        spawn("rank", 1, 3, port, 3.0),
+    ];
+    for (i, got) in results(children, Duration::from_secs(8)).iter().enumerate() {
+        assert!(
+            got.starts_with("err Rendezvous") && got.contains("world size of 3, rank 0 with 2"),
+            "process {i}: {got}"
+        );
+    }
+}
+
+#[test]
+fn rank_that_never_comes_is_named_on_every_process() {
+    let port = free_port();
+    let start = Instant::now();
+    let children = vec![
+        spawn("rank", 0, 3, port, 1.0),
+        spawn("rank", 1, 3, port, 1.0),
+    ];
+    for (i, got) in results(children, Duration::from_secs(8)).iter().enumerate() {
+        assert!(
+            got.starts_with("err PeerTimeout") && got.contains("ranks: [2]"),
+            "process {i}: {got}"
+        );
+    }
+    assert!(start.elapsed() < Duration::from_secs(8));
+}
+
+#[test]
+fn rank_zero_that_never_comes_is_a_timeout_naming_it() {
+    let port = free_port();
+    let start = Instant::now();
+    let got = result(spawn("rank", 1, 2, port, 1.0), Duration::from_secs(8));
+    assert!(
+        got.starts_with("err PeerTimeout") && got.contains("ranks: [0]"),
+        "{got}"
+    );
+    // 1 s timeout (connecting: no verdict to wait for), plus start-up.
+    assert!(
+        start.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn garbage_on_the_port_fails_rank_zero_and_is_answered() {
+    let port = free_port();
+    let children = vec![
+        spawn("rank", 0, 3, port, 4.0),
+        spawn("rank", 1, 3, port, 4.0),
+        spawn("garbage", 2, 3, port, 4.0),
+    ];
+    let got = results(children, Duration::from_secs(10));
+    assert!(
+        got[0].starts_with("err Rendezvous") && got[0].contains("not a gpubind rendezvous hello"),
+        "rank 0: {}",
+        got[0]
+    );
+    // Rank 1 checked in long before the garbage came (1.5 s later): it gets rank 0's
+    // error.
+    assert_eq!(got[1], got[0], "rank 1");
+    // The stranger is told too, in a frame.
+    assert_eq!(got[2], "answer GBRZ");
+}
+
+#[test]
+fn another_protocol_version_fails_every_process() {
+    let port = free_port();
+    let children = vec![
+        spawn("rank", 0, 2, port, 3.0),
+        spawn("version2", 1, 2, port, 3.0),
+    ];
+    let got = results(children, Duration::from_secs(8));
+    assert!(
+        got[0].starts_with("err Rendezvous") && got[0].contains("protocol version 2"),
+        "{}",
+        got[0]
+    );
+    assert_eq!(got[1], "answer GBRZ");
+}
+
+#[test]
+fn rank_dying_mid_handshake_is_named_on_every_process() {
+    let port = free_port();
+    let children = vec![
+        spawn("rank", 0, 3, port, 3.0),
+        spawn("rank", 1, 3, port, 3.0),
+        spawn("hello_then_exit", 2, 3, port, 3.0),
+    ];
+    let got = results(children, Duration::from_secs(8));
+    for (r, g) in got[..2].iter().enumerate() {
+        assert!(g.starts_with("err PeerFailed { rank: 2"), "rank {r}: {g}");
+    }
+    assert_eq!(got[2], "exiting");
+}
+
+#[test]
+fn killed_rank_is_named_on_every_other_process() {
+    let port = free_port();
+    let r0 = spawn("rank", 0, 3, port, 3.0);
+    let mut r1 = spawn("rank", 1, 3, port, 3.0);
+    std::thread::sleep(Duration::from_millis(500));
+    r1.kill().unwrap();
+    r1.wait().unwrap();
+    let r2 = spawn("rank", 2, 3, port, 3.0);
+    let start = Instant::now();
+    for (r, g) in results(vec![r0, r2], Duration::from_secs(8))
+        .iter()
+        .enumerate()
+    {
+        // Killed after its hello: PeerFailed; killed before it: it never came.
+        let named = g.starts_with("err PeerFailed { rank: 1")
+            || (g.starts_with("err PeerTimeout") && g.contains("ranks: [1]"));
+        assert!(named, "rank {}: {g}", 2 * r);
+    }
+    assert!(start.elapsed() < Duration::from_secs(8));
+}
+
+/// A fake rank 0 in this process: accepts one connection, reads the hello, then runs
+/// `answer` on the stream.
+fn fake_rank0(
+    answer: impl FnOnce(TcpStream) + Send + 'static,
+) -> (u16, std::thread::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let h = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 28];
+        s.read_exact(&mut hello).unwrap();
+        assert_eq!(&hello[..4], b"GBRZ");
+        answer(s);
+    });
+    (port, h)
+}
+
+#[test]
+fn rank_zero_closing_mid_handshake_is_peer_failed() {
+    let (port, h) = fake_rank0(drop);
+    let got = result(spawn("rank", 1, 2, port, 3.0), Duration::from_secs(8));
+    assert!(got.starts_with("err PeerFailed { rank: 0"), "{got}");
+    h.join().unwrap();
+}
+
+#[test]
+fn rank_zero_answering_garbage_is_a_rendezvous_error() {
+    let (port, h) = fake_rank0(|mut s| {
+        s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap();
+    });
+    let got = result(spawn("rank", 1, 2, port, 3.0), Duration::from_secs(8));
+    assert!(
+        got.starts_with("err Rendezvous") && got.contains("not a gpubind rendezvous frame"),
+        "{got}"
+    );
+    h.join().unwrap();
+}
+
+#[test]
+fn rank_zero_of_another_version_is_a_rendezvous_error() {
+    let (port, h) = fake_rank0(|mut s| {
+        s.write_all(&forge(9, 2, 2, 1, &[0; 128])).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    });
+    let got = result(spawn("rank", 1, 2, port, 3.0), Duration::from_secs(8));
+    assert!(
+        got.starts_with("err Rendezvous") && got.contains("protocol version 9"),
+        "{got}"
+    );
+    h.join().unwrap();
+}
+
+#[test]
+fn a_port_in_use_is_a_rendezvous_error_naming_the_variable() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let env = LaunchEnv::from_vars(|k| match k {
+        "RANK" => Some("0".into()),
+        "WORLD_SIZE" => Some("2".into()),
+        "LOCAL_RANK" => Some("0".into()),
+        "MASTER_ADDR" => Some("127.0.0.1".into()),
+        "GPUBIND_RDZV_PORT" => Some(port.to_string()),
+        _ => None,
+    })
+    .unwrap();
+    let e = env.exchange_id_with(|| Ok(test_id())).unwrap_err();
+    assert!(
+        matches!(&e, Error::Rendezvous { reason } if reason.contains("GPUBIND_RDZV_PORT")),
+        "{e:?}"
+    );
+}
