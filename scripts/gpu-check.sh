@@ -71,12 +71,19 @@ for spec in ${GPU_CHECK_SANITIZE:-}; do
     say "=== $name"
     start=$SECONDS
     GPUBIND_TEST_TIMEOUT=600 timeout "${GPU_SANITIZE_TIMEOUT:-590}" "$SAN" --tool "$tool" $extra \
-      --report-api-errors explicit --print-limit 100000 --show-backtrace "${GPU_SANITIZE_BACKTRACE:-device}" \
+      --report-api-errors explicit --print-limit 100000 --show-backtrace "${GPU_SANITIZE_BACKTRACE:-yes}" \
       .gpu-bin/tests/"$suite" >"$slog" 2>&1
     rc=$?
     grep -E "^(test |test result|=========.*(SUMMARY|Invalid|Race|Barrier|Leaked))" "$slog" |
       grep -v "Program hit" | tail -60 | tee -a "$LOG"
-    python3 scripts/sanitizer_summary.py "$slog" | tee -a "$LOG"
+    # gpu_ipc's leaks that are not leaks (docs/faults.md, "Sanitizer findings"): pool
+    # imports unmapped with cuMemFree, which compute-sanitizer does not count as freed
+    # (gpu_ipc asserts the address is unmapped after the drop), and the exporter child
+    # that dies without freeing on purpose.
+    explained=()
+    [[ $tool == memcheck && $suite == gpu_ipc ]] && explained=(--explained cuMemPoolImportPointer
+      --explained cuMemAllocFromPoolAsync@importer_closes_after_exporter_died)
+    python3 scripts/sanitizer_summary.py "$slog" "${explained[@]}" | tee -a "$LOG"
     src=${PIPESTATUS[0]}
     say "=== $name: suite exit $rc, sanitizer summary exit $src after $((SECONDS - start)) s"
     [[ $rc == 0 && $src == 0 ]] || FAILED="$FAILED $name"

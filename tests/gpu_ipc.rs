@@ -293,8 +293,28 @@ fn child_roundtrip(conn: &UnixStream) -> R {
     gpu.htod_copy(&pattern(seed ^ REWRITE, buf.len()), &mut buf)
         .ctx("htod imported")?;
     gpu.synchronize().ctx("sync")?;
+    // SAFETY: only compared and asked about below, after the slice is gone.
+    let addr = unsafe { buf.raw_ptr() };
+    ensure!(
+        mapped(addr),
+        "the imported buffer is not mapped while alive"
+    );
     drop(buf);
+    // The drop unmapped it in this process (cuMemFree), whatever the exporter does.
+    ensure!(
+        !mapped(addr),
+        "the imported buffer is still mapped after its drop"
+    );
     done(conn)
+}
+
+/// Whether `addr` lies in an allocation mapped in the current context
+/// (`cuMemGetAddressRange` succeeds).
+fn mapped(addr: sys::CUdeviceptr) -> bool {
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: writes one address and one size; any address may be asked about.
+    (unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) })
+        == sys::CUresult::CUDA_SUCCESS
 }
 
 fn child_many(conn: &UnixStream) -> R {
