@@ -241,7 +241,9 @@ impl BoundDevice<'_> {
                     && wait_on(self.device(), raw, PER_THREAD).is_ok()));
         let tracker = if !device_side {
             // Untracked uses, the per-thread stream (a different stream on every thread)
-            // or a failed wait: wait for the whole context on the host instead.
+            // or a failed wait: wait for the whole context on the host instead. If even
+            // that fails, the allocation (already taken from cudarc) is leaked: freeing
+            // memory that work may still use would be worse.
             self.synchronize()?;
             AccessTracker::default()
         } else if raw.is_null() {

@@ -172,10 +172,10 @@ impl<T: DeviceRepr> ManagedSlice<T> {
     /// not touch managed memory there while the device runs any work, which a reference
     /// cannot guarantee; copy the data out with [`BoundDevice::dtoh`](crate::BoundDevice::dtoh).
     pub fn as_slice(&self) -> Result<&[T]> {
+        self.host_access_ready()?;
         if self.len > 0 {
             self.tracker.host_access(Access::Read)?;
         }
-        self.host_access_ready()?;
         if self.len == 0 {
             return Ok(&[]);
         }
@@ -188,10 +188,10 @@ impl<T: DeviceRepr> ManagedSlice<T> {
     /// use of this slice (reads too); refused like [`as_slice`](Self::as_slice) on
     /// devices without concurrent managed access.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.host_access_ready()?;
         if self.len > 0 {
             self.tracker.host_access(Access::Write)?;
         }
-        self.host_access_ready()?;
         if self.len == 0 {
             return Ok(&mut []);
         }

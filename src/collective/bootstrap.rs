@@ -399,7 +399,7 @@ impl LaunchEnv {
                 self.rank, self.world_size
             )));
         }
-        let deadline = Instant::now() + self.timeout;
+        let deadline = super::deadline_after(self.timeout);
         if self.world_size == 1 {
             return make_id();
         }

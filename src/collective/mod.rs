@@ -159,6 +159,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// `timeout` from now, saturating: `Instant::now() + Duration::MAX` (the natural way to
+/// say "wait for ever") would panic; a deadline 136 years out does not, and is never met.
+pub(crate) fn deadline_after(timeout: std::time::Duration) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(u64::from(u32::MAX)))
+}
+
 /// A reduction operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -266,7 +274,12 @@ pub struct CommOptions {
     /// How long a [`RankComm`] of the own-kernel backend waits for the other ranks to
     /// join a call ([`DEFAULT_COLLECTIVE_TIMEOUT`] unless set): past it the call returns
     /// [`Error::PeerTimeout`] naming the ranks that did not come, and the communicator
-    /// is unusable (every later call returns that error).
+    /// is unusable (every later call returns that error). `Duration::MAX` waits for ever.
+    ///
+    /// Not (yet) bounded by it: the NCCL backend *within one process*
+    /// ([`Communicator::init_all`] with NCCL) initialises each rank with the blocking
+    /// `ncclCommInitRank` at its first call, so a rank that never calls holds the others
+    /// up. [`RankComm::init_process`] (one rank per process) is bounded.
     pub timeout: std::time::Duration,
 }
 
@@ -811,7 +824,7 @@ impl Communicator {
                         // SAFETY: `c` was validated against this rank's device; its
                         // buffers are borrowed by the group until it returns and the
                         // stream is the rank's, bound now.
-                        unsafe { comms[c.rank].issue(c, s.raw())? };
+                        unsafe { comms[c.rank].issue(c, s.raw(), gpu.device())? };
                     }
                     Ok(())
                 });
@@ -1283,7 +1296,7 @@ impl RankComm {
                 let _claim = stream.claim([used.first().copied(), used.get(1).copied()])?;
                 // SAFETY: validated against this rank's device; the stream is bound; the
                 // buffers are claimed (ordered after their other uses) until enqueued.
-                unsafe { comm.issue(&call, stream.raw()) }
+                unsafe { comm.issue(&call, stream.raw(), stream.bound().device()) }
             }
             RankInner::Kernels { world, event } => {
                 let post = call.and_then(|call| {

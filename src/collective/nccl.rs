@@ -331,7 +331,7 @@ impl NcclComm {
             blocking: 0,
         };
         let mut raw: Comm = std::ptr::null_mut();
-        let deadline = Instant::now() + timeout;
+        let deadline = super::deadline_after(timeout);
         // SAFETY: writes one handle; `config` is a valid NCCL 2.14 config (its `size`
         // says how much NCCL may read; NCCL copies it during the call); `uid` is 128
         // bytes, as NCCL's id is.
@@ -426,13 +426,21 @@ impl NcclComm {
         }
     }
 
-    /// Enqueues `call` (already validated) on `stream`, whose device is current.
+    /// Enqueues `call` (already validated) on `stream`, whose device (`device`) is current.
+    ///
+    /// A non-blocking communicator whose enqueue is still in progress at the timeout is
+    /// aborted, and `device` is poisoned (see the comment at the end).
     ///
     /// # Safety
     ///
     /// The pointers in `call` must be live device allocations of the sizes the call
     /// implies, on this communicator's device; `stream` must belong to that device.
-    pub(crate) unsafe fn issue(&self, call: &Call, stream: sys::CUstream) -> Result<()> {
+    pub(crate) unsafe fn issue(
+        &self,
+        call: &Call,
+        stream: sys::CUstream,
+        device: &crate::device::Device,
+    ) -> Result<()> {
         if call.count == 0 {
             // Nothing to move; empty buffers have null addresses, which NCCL may reject.
             return Ok(());
@@ -449,7 +457,7 @@ impl NcclComm {
             self.wait_ready(
                 "ncclCommGetAsyncError",
                 "NCCL's previous call",
-                Instant::now() + b,
+                super::deadline_after(b),
             )?;
         }
         let dt = dtype_code(call.dtype.index);
@@ -486,12 +494,31 @@ impl NcclComm {
             // Non-blocking: the call may still be enqueueing; it is done (and its
             // buffers may be released to other uses) once NCCL says so.
             Some(b) if code == IN_PROGRESS => {
-                self.wait_ready(name, "NCCL to enqueue the collective", Instant::now() + b)
+                let out = self.wait_ready(
+                    name,
+                    "NCCL to enqueue the collective",
+                    super::deadline_after(b),
+                );
+                if out.is_err() {
+                    // The communicator was aborted while NCCL was still enqueueing: its
+                    // kernel may yet land on `stream` after this returns and the buffers'
+                    // claims record their use, so nothing would order a later free or
+                    // reuse after it. Poison the device (sound, if drastic): later gpubind
+                    // calls on it fail at once and drops leak rather than free memory
+                    // the kernel may still touch; the error says to restart the process.
+                    device
+                        .poison_state()
+                        .poison(ABANDONED_ENQUEUE, sys::CUresult::CUDA_ERROR_UNKNOWN);
+                }
+                out
             }
             _ => api.check(name, code),
         }
     }
 }
+
+/// The "first call" of a device poisoned by an NCCL enqueue abandoned mid-way.
+const ABANDONED_ENQUEUE: &str = "an NCCL collective aborted while NCCL was still enqueueing it (its kernel may still be queued on the stream, so the buffers it uses cannot be freed or reused safely)";
 
 impl Drop for NcclComm {
     fn drop(&mut self) {

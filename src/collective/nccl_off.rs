@@ -69,7 +69,12 @@ impl NcclComm {
     /// # Safety
     ///
     /// None needed: there is no value to call it on.
-    pub(crate) unsafe fn issue(&self, _call: &Call, _stream: sys::CUstream) -> Result<()> {
+    pub(crate) unsafe fn issue(
+        &self,
+        _call: &Call,
+        _stream: sys::CUstream,
+        _device: &crate::device::Device,
+    ) -> Result<()> {
         match self.never {}
     }
 }

@@ -93,6 +93,10 @@ impl<P> Meeting<P> {
         run: impl FnOnce(Vec<P>) -> Result<()>,
     ) -> Result<()> {
         let parties = ranks.len();
+        // Before posting: nothing after the post may panic without withdrawing it (a
+        // `Duration::MAX` timeout, "wait for ever", would overflow `Instant + timeout`).
+        let started = Instant::now();
+        let deadline = started.checked_add(timeout);
         let mut state = lock(&self.state);
         if let Some(e) = &state.broken {
             return Err(e.clone());
@@ -132,15 +136,52 @@ impl<P> Meeting<P> {
             self.wake.notify_all();
             return outcome;
         }
-        let started = Instant::now();
-        let deadline = started + timeout;
+        // Wait for the run. If anything in the wait panics, the post is withdrawn before
+        // the panic goes on: the caller's buffers (whose pointers and trackers the post
+        // holds) are freed by the unwind, so no later arrival may run it.
+        let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            self.wait_for_run(state, key, ranks, slot, generation, started, deadline)
+        }));
+        match waited {
+            Ok(outcome) => outcome,
+            Err(panic) => {
+                let mut state = lock(&self.state);
+                withdraw(&mut state, key, slot);
+                drop(state);
+                self.wake.notify_all();
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    /// The waiting part of [`meet`](Self::meet), with the post in place: returns the run's
+    /// outcome, or an error after withdrawing the post.
+    #[allow(clippy::too_many_arguments)]
+    fn wait_for_run(
+        &self,
+        mut state: std::sync::MutexGuard<'_, State<P>>,
+        key: Key,
+        ranks: &[usize],
+        slot: usize,
+        generation: u64,
+        started: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        let parties = ranks.len();
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            state = self
-                .wake
-                .wait_timeout(state, left)
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .0;
+            state = match deadline {
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    self.wake
+                        .wait_timeout(state, left)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .0
+                }
+                None => self
+                    .wake
+                    .wait(state)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            };
             // Done (even if something failed since: the run used our post).
             if let Some(t) = state.tables.get(&key)
                 && t.generation != generation
@@ -151,7 +192,7 @@ impl<P> Meeting<P> {
                 Some(e.clone())
             } else if let Some(e) = departed_party(&state, ranks, slot, Some(key)) {
                 Some(e)
-            } else if Instant::now() >= deadline {
+            } else if deadline.is_some_and(|d| Instant::now() >= d) {
                 let missing = state.tables.get(&key).map_or_else(Vec::new, |t| {
                     (0..parties)
                         .filter(|&i| i != slot && t.posts[i].is_none())
@@ -173,17 +214,23 @@ impl<P> Meeting<P> {
             };
             if let Some(e) = failure {
                 // Withdraw the post: nobody will run it now.
-                if let Some(t) = state.tables.get_mut(&key)
-                    && let Some(p) = t.posts.get_mut(slot)
-                    && p.take().is_some()
-                {
-                    t.arrived -= 1;
-                }
+                withdraw(&mut state, key, slot);
                 drop(state);
                 self.wake.notify_all();
                 return Err(e);
             }
         }
+    }
+}
+
+/// Takes party `slot`'s post back out of the meeting at `key`, if it is still there (not
+/// yet taken by a run).
+fn withdraw<P>(state: &mut State<P>, key: Key, slot: usize) {
+    if let Some(t) = state.tables.get_mut(&key)
+        && let Some(p) = t.posts.get_mut(slot)
+        && p.take().is_some()
+    {
+        t.arrived -= 1;
     }
 }
 
@@ -216,6 +263,54 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     const LONG: Duration = Duration::from_secs(60);
+
+    /// `Duration::MAX` ("wait for ever") is a timeout like any other: no `Instant`
+    /// overflow (which used to panic after the post was in the table, leaving it there
+    /// for a later arrival to run on freed buffers), and the meeting completes.
+    #[test]
+    fn duration_max_waits_without_overflow() {
+        let m = Meeting::<usize>::new();
+        let outcomes: Vec<Result<()>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|slot| {
+                    let m = &m;
+                    s.spawn(move || {
+                        if slot == 1 {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        m.meet(Key::Coll, &[0, 1], slot, slot, Duration::MAX, |posts| {
+                            assert_eq!(posts, vec![0, 1]);
+                            Ok(())
+                        })
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    }
+
+    /// A withdrawn post is gone for the next run, and withdrawing twice (or a post a run
+    /// already took) changes nothing.
+    #[test]
+    fn withdraw_takes_back_only_a_post_still_there() {
+        let m = Meeting::<&'static str>::new();
+        let mut state = lock(&m.state);
+        state.tables.insert(
+            Key::Coll,
+            Table {
+                generation: 0,
+                posts: vec![Some("stale"), None],
+                arrived: 1,
+                outcome: Ok(()),
+            },
+        );
+        withdraw(&mut state, Key::Coll, 0);
+        withdraw(&mut state, Key::Coll, 0);
+        withdraw(&mut state, Key::Coll, 1);
+        let t = &state.tables[&Key::Coll];
+        assert_eq!((t.posts.clone(), t.arrived), (vec![None, None], 0));
+    }
 
     #[test]
     fn last_arrival_runs_once_and_all_see_the_outcome() {
