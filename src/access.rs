@@ -144,6 +144,26 @@ impl<S: TrackedStream> AccessState<S> {
         make: impl Fn(u64) -> S,
         grave: &mut Grave<S>,
     ) {
+        // The hand-off: one write on another stream than the one writer, no readers. The
+        // same outcome as below (the write replaces the old writer), swapped in place.
+        if let [(id, Access::Write)] = uses
+            && self.readers.is_empty()
+            && let [w] = self.writers.as_mut_slice()
+            && w.id() != *id
+        {
+            grave.push(std::mem::replace(w, make(*id)));
+            return;
+        }
+        self.commit_general(uses, make, grave);
+    }
+
+    /// [`commit`](Self::commit) without its hand-off fast path.
+    fn commit_general(
+        &mut self,
+        uses: &[(u64, Access)],
+        make: impl Fn(u64) -> S,
+        grave: &mut Grave<S>,
+    ) {
         let writes = uses.iter().filter(|(_, a)| *a == Access::Write);
         if writes.clone().next().is_some() {
             let unchanged = self.readers.is_empty()
@@ -905,6 +925,23 @@ mod tests {
                 }
             }
             states = next;
+        }
+        // And the hand-off swap in `commit` gives what the general path gives.
+        for st in &states {
+            for &(id, a) in &uses {
+                let fresh = || AccessState {
+                    writers: st.writers.clone(),
+                    readers: st.readers.clone(),
+                };
+                let (mut fast_path, mut general) = (fresh(), fresh());
+                commit1(&mut fast_path, id, a);
+                general.commit_general(&[(id, a)], S, &mut Grave::new());
+                assert_eq!(
+                    (&fast_path.writers, &fast_path.readers),
+                    (&general.writers, &general.readers),
+                    "{a:?} on {id} from {st:?}"
+                );
+            }
         }
         let mut st = AccessState::<S>::default();
         commit1(&mut st, 1, Access::Write);

@@ -84,3 +84,16 @@ CUresult cuLaunchKernel(H f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
   (void)p; (void)e; OK; }
 CUresult cuGetErrorName(CUresult r, const char **s) { (void)r; *s = "CUDA_ERROR_STUB"; OK; }
 CUresult cuGetErrorString(CUresult r, const char **s) { (void)r; *s = "stub"; OK; }
+/* Entry points gpubind looks up by version (src/compat.rs): the ones the stand-in has. */
+CUresult cuEventElapsedTime(float *ms, H a, H b) { (void)a; (void)b; *ms = 1.0f; OK; }
+CUresult cuEventElapsedTime_v2(float *ms, H a, H b) { (void)a; (void)b; *ms = 1.0f; OK; }
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags,
+                             int *status) {
+  (void)version; (void)flags;
+  *pfn = 0;
+  if (strcmp(symbol, "cuFuncGetParamInfo") == 0) *pfn = (void *)cuFuncGetParamInfo;
+  else if (strcmp(symbol, "cuEventElapsedTime") == 0)
+    *pfn = version >= 12080 ? (void *)cuEventElapsedTime_v2 : (void *)cuEventElapsedTime;
+  if (status) *status = *pfn ? 0 : 1; /* CU_GET_PROC_ADDRESS_SUCCESS / SYMBOL_NOT_FOUND */
+  return *pfn ? 0 : 500;              /* CUDA_ERROR_NOT_FOUND */
+}
