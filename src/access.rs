@@ -720,15 +720,16 @@ pub(crate) fn claim<'t, 's, H: AsMut<[Option<Held<'t>>]>>(
 impl<'t, H: AsMut<[Option<Held<'t>>]>> Drop for Claim<'t, '_, H> {
     fn drop(&mut self) {
         // Record the operation's uses, unlock, then drop what they replaced.
-        let mut grave = Grave::new();
+        // Made only if a commit replaces something (the usual launch replaces nothing).
+        let mut grave: Option<Grave<StreamRef>> = None;
         let on = self.on;
         let id = on.id();
         for slot in self.held.as_mut().iter_mut() {
             if let Some(mut h) = slot.take()
                 && !h.guard.commit_is_noop(id, h.access)
             {
-                h.guard
-                    .commit(&[(id, h.access)], |_| on.to_ref(), &mut grave);
+                let grave = grave.get_or_insert_with(Grave::new);
+                h.guard.commit(&[(id, h.access)], |_| on.to_ref(), grave);
             }
         }
         drop(grave);

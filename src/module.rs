@@ -522,6 +522,9 @@ impl std::fmt::Debug for LaunchBuilder<'_, '_> {
 /// How many argument pointers a launch keeps inline before spilling to the heap.
 const INLINE_ARGS: usize = 12;
 
+/// Up to this many buffer arguments, a launch claims them with smaller inline arrays.
+const FEW_ARGS: usize = 4;
+
 /// The gpubind buffers a launch passes: inline for up to [`INLINE_ARGS`], so a typical
 /// launch allocates nothing.
 struct Tracked<'a> {
@@ -540,7 +543,7 @@ impl<'a> Tracked<'a> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, t: &'a AccessTracker) {
         if self.n < INLINE_ARGS {
             self.inline[self.n] = Some(t);
@@ -581,7 +584,7 @@ impl ArgPtrs {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, p: *mut c_void) {
         match self {
             ArgPtrs::Inline(a, n) if *n < INLINE_ARGS => {
@@ -752,10 +755,22 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         // scalar-only launch pays nothing).
         let mut inline_uses: [Use<'_>; INLINE_ARGS];
         let mut inline_locks: access::Locks<'_, INLINE_ARGS>;
+        let mut few_uses: [Use<'_>; FEW_ARGS];
+        let mut few_locks: access::Locks<'_, FEW_ARGS>;
+        let _claim_few;
         let _claim_inline;
         let _claim_spilled;
         if n == 0 {
             // Nothing to claim (scalars only).
+        } else if n <= FEW_ARGS {
+            // The usual launch: smaller arrays to fill and to drop.
+            few_uses = [None; FEW_ARGS];
+            few_locks = access::locks::<FEW_ARGS>();
+            for (slot, u) in few_uses.iter_mut().zip(tracked.uses()) {
+                *slot = u;
+            }
+            _claim_few =
+                access::claim(self.stream.slot(), &mut few_uses[..n], &mut few_locks[..n])?;
         } else if n <= INLINE_ARGS {
             inline_uses = [None; INLINE_ARGS];
             inline_locks = access::locks::<INLINE_ARGS>();
