@@ -397,23 +397,7 @@ pub(crate) struct Cublas {
     pub(crate) create: unsafe extern "C" fn(*mut CublasHandle) -> c_int,
     pub(crate) destroy: unsafe extern "C" fn(CublasHandle) -> c_int,
     pub(crate) set_stream: unsafe extern "C" fn(CublasHandle, *mut std::ffi::c_void) -> c_int,
-    #[allow(clippy::type_complexity)]
-    pub(crate) sgemm: unsafe extern "C" fn(
-        CublasHandle,
-        c_int,
-        c_int,
-        c_int,
-        c_int,
-        c_int,
-        *const f32,
-        *const f32,
-        c_int,
-        *const f32,
-        c_int,
-        *const f32,
-        *mut f32,
-        c_int,
-    ) -> c_int,
+    pub(crate) sgemm: SgemmFn,
     pub(crate) info: LibraryInfo,
 }
 
@@ -421,6 +405,26 @@ pub(crate) struct Cublas {
 /// needs none of cudarc's NVRTC or cuBLAS bindings.
 #[cfg(feature = "cublas")]
 pub(crate) type CublasHandle = *mut std::ffi::c_void;
+
+/// `cublasSgemm_v2(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)`,
+/// with host scalars (cublas_api.h).
+#[cfg(feature = "cublas")]
+pub(crate) type SgemmFn = unsafe extern "C" fn(
+    CublasHandle,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    *const f32,
+    *const f32,
+    c_int,
+    *const f32,
+    c_int,
+    *const f32,
+    *mut f32,
+    c_int,
+) -> c_int;
 
 /// `NvrtcProgram` (opaque).
 pub(crate) type NvrtcProgram = *mut std::ffi::c_void;
@@ -434,23 +438,7 @@ struct CublasSyms {
     create: unsafe extern "C" fn(*mut CublasHandle) -> c_int,
     destroy: unsafe extern "C" fn(CublasHandle) -> c_int,
     set_stream: unsafe extern "C" fn(CublasHandle, *mut std::ffi::c_void) -> c_int,
-    #[allow(clippy::type_complexity)]
-    sgemm: unsafe extern "C" fn(
-        CublasHandle,
-        c_int,
-        c_int,
-        c_int,
-        c_int,
-        c_int,
-        *const f32,
-        *const f32,
-        c_int,
-        *const f32,
-        c_int,
-        *const f32,
-        *mut f32,
-        c_int,
-    ) -> c_int,
+    sgemm: SgemmFn,
     get_property: unsafe extern "C" fn(c_int, *mut c_int) -> c_int,
 }
 
