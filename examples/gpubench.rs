@@ -220,17 +220,33 @@ fn bench_row(
         }
     }
     // The same ratio paired within each round (the three ran back to back), which cancels
-    // drift between rounds: its spread says how far one run's ratio can be trusted.
-    if let Some(m) = median(paired.clone()) {
+    // drift between rounds: its spread says how far one run's ratio can be trusted. The
+    // table shows it (and judges the goals by its median): see `Row::paired`.
+    let stats = median(paired.clone()).map(|m| {
         let (lo, hi) = paired
             .iter()
             .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-        eprintln!(
-            "gpubench:   gpubind/raw paired per round: median {m:.3}, min {lo:.3}, max {hi:.3} ({} rounds)",
-            paired.len()
-        );
-    }
+        Paired {
+            median: m,
+            min: lo,
+            max: hi,
+        }
+    });
+    LAST_PAIRED.with(|p| p.set(stats));
     Ok(samples.map(median))
+}
+
+/// gpubind/raw measured back to back within each round: the median and range over rounds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Paired {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+thread_local! {
+    /// The paired ratio of the last `bench_row` (read by the row it becomes).
+    static LAST_PAIRED: std::cell::Cell<Option<Paired>> = const { std::cell::Cell::new(None) };
 }
 
 /// `Err` naming `call` unless `r` is success.
@@ -1352,6 +1368,9 @@ struct Row {
     label: String,
     cells: [Cell; 3],
     goal: Goal,
+    /// gpubind/raw paired per round, where measured; the goals are judged by its median
+    /// (drift between rounds cancels), else by the ratio of the medians.
+    paired: Option<Paired>,
 }
 
 impl Row {
@@ -1362,7 +1381,7 @@ impl Row {
     }
 
     fn goal_text(&self) -> String {
-        let r_raw = self.ratio(Impl::Raw);
+        let r_raw = self.paired.map(|p| p.median).or(self.ratio(Impl::Raw));
         let r_cu = self.ratio(Impl::Cudarc);
         let mark = |ok: Option<bool>| match ok {
             Some(true) => "met",
@@ -1402,18 +1421,22 @@ impl Row {
             self.cells[1].show(),
             self.cells[2].show(),
             ratio(self.ratio(Impl::Raw)),
+            self.paired.map_or("—".to_owned(), |p| {
+                format!("{:.3} ({:.2}–{:.2})", p.median, p.min, p.max)
+            }),
             ratio(self.ratio(Impl::Cudarc)),
             self.goal_text(),
         ]
     }
 }
 
-const HEADER: [&str; 7] = [
+const HEADER: [&str; 8] = [
     "measurement",
     "gpubind",
     "cudarc 0.19",
     "raw driver",
     "gpubind/raw",
+    "paired /raw (min–max)",
     "gpubind/cudarc",
     "goal",
 ];
@@ -1562,16 +1585,19 @@ fn run(opts: &Opts) -> R<bool> {
             label: "GPU memory after listing + attributes (child)".into(),
             cells: pick3(&|fp| mib(fp.after_listing)),
             goal: Goal::ZeroMemory,
+            paired: None,
         });
         mem_rows.push(Row {
             label: "primary context active after listing (child)".into(),
             cells: pick3(&|fp| Cell::Flag(fp.active_after_listing)),
             goal: Goal::Inactive,
+            paired: None,
         });
         mem_rows.push(Row {
             label: "GPU memory after first bind (child)".into(),
             cells: pick3(&|fp| mib(fp.after_bind)),
             goal: Goal::Info,
+            paired: None,
         });
     }
 
@@ -1590,6 +1616,7 @@ fn run(opts: &Opts) -> R<bool> {
             label: label.to_owned(),
             cells,
             goal,
+            paired: LAST_PAIRED.with(|p| p.take()),
         });
     };
 
@@ -1681,6 +1708,7 @@ fn run(opts: &Opts) -> R<bool> {
                 Cell::Text("—".into()),
             ],
             goal: Goal::Info,
+            paired: None,
         });
     }
     rows.extend(mem_rows);
@@ -1692,6 +1720,7 @@ fn run(opts: &Opts) -> R<bool> {
             Cell::Text("—".into()),
         ],
         goal: Goal::Info,
+        paired: None,
     });
 
     let md = opts.markdown;
@@ -1817,44 +1846,90 @@ mod tests {
     }
 
     #[test]
+    fn bench_row_pairs_gpubind_with_raw_per_round() {
+        // Raw drifts from round to round (100, 200, 400 ns); gpubind is always 1.1x the
+        // raw figure of its own round: the paired ratio is 1.1 in every round.
+        let mut measured = 0usize;
+        let res = bench_row(3, 1000, |imp, n| {
+            if n == 100 {
+                return Ok(Some(1.0)); // warm-up
+            }
+            let base = [100.0, 200.0, 400.0][measured / 3];
+            measured += 1;
+            Ok(Some(match imp {
+                Impl::Raw => base,
+                Impl::Gpubind => 1.1 * base,
+                Impl::Cudarc => 1.0,
+            }))
+        })
+        .unwrap();
+        assert!(res[0].is_some() && res[2].is_some());
+        let p = LAST_PAIRED.with(|p| p.take()).expect("paired stats");
+        assert!((p.median - 1.1).abs() < 1e-9, "{p:?}");
+        assert!(
+            (p.min - 1.1).abs() < 1e-9 && (p.max - 1.1).abs() < 1e-9,
+            "{p:?}"
+        );
+    }
+
+    #[test]
     fn rows_compute_ratios_and_goals() {
         let row = Row {
             label: "x".into(),
             cells: [Cell::Ns(100.0), Cell::Ns(200.0), Cell::Ns(98.0)],
             goal: Goal::PerOp,
+            paired: None,
         };
         let cols = row.columns();
         assert_eq!(cols[1], "100 ns");
         assert_eq!(cols[4], "1.02"); // 100/98
-        assert_eq!(cols[5], "0.50");
-        assert_eq!(cols[6], "/raw <= 1.03: met; /cudarc <= 0.80: met");
+        assert_eq!(cols[5], "—"); // no paired ratio measured
+        assert_eq!(cols[6], "0.50");
+        assert_eq!(cols[7], "/raw <= 1.03: met; /cudarc <= 0.80: met");
+        // A paired ratio, where measured, is shown and judges the goal: here the ratio
+        // of the medians (1.02) would meet it, the paired median (1.04) does not.
+        let drifting = Row {
+            paired: Some(Paired {
+                median: 1.04,
+                min: 0.97,
+                max: 1.12,
+            }),
+            ..row
+        };
+        let cols = drifting.columns();
+        assert_eq!(cols[5], "1.040 (0.97–1.12)");
+        assert_eq!(cols[7], "/raw <= 1.03: MISSED; /cudarc <= 0.80: met");
         let slow = Row {
             label: "y".into(),
             cells: [Cell::Ns(120.0), Cell::Ns(130.0), Cell::Ns(100.0)],
             goal: Goal::PerOp,
+            paired: None,
         };
         assert_eq!(
-            slow.columns()[6],
+            slow.columns()[7],
             "/raw <= 1.03: MISSED; /cudarc <= 0.80: MISSED"
         );
         let na = Row {
             label: "z".into(),
             cells: [Cell::Text("n/a".into()), Cell::Ns(1.0), Cell::Ns(1.0)],
             goal: Goal::Info,
+            paired: None,
         };
-        assert_eq!(na.columns()[4..6], ["—", "—"]);
+        assert_eq!(na.columns()[4..7], ["—", "—", "—"]);
         let mem = Row {
             label: "m".into(),
             cells: [Cell::MiB(0.0), Cell::MiB(500.0), Cell::MiB(0.0)],
             goal: Goal::ZeroMemory,
+            paired: None,
         };
-        assert_eq!(mem.columns()[6], "gpubind 0 MiB: met");
+        assert_eq!(mem.columns()[7], "gpubind 0 MiB: met");
         let active = Row {
             label: "a".into(),
             cells: [Cell::Flag(true), Cell::Flag(true), Cell::Flag(false)],
             goal: Goal::Inactive,
+            paired: None,
         };
-        assert_eq!(active.columns()[6], "gpubind no: MISSED");
+        assert_eq!(active.columns()[7], "gpubind no: MISSED");
     }
 
     #[test]
@@ -1864,11 +1939,13 @@ mod tests {
                 label: "memset".into(),
                 cells: [Cell::Ns(1500.0), Cell::Ns(2500.0), Cell::Ns(1480.0)],
                 goal: Goal::PerOp,
+                paired: None,
             },
             Row {
                 label: "memory".into(),
                 cells: [Cell::MiB(0.0), Cell::MiB(512.0), Cell::MiB(0.0)],
                 goal: Goal::ZeroMemory,
+                paired: None,
             },
         ];
         let md = render(&rows, true);
@@ -1878,7 +1955,7 @@ mod tests {
         for l in &lines {
             assert_eq!(l.matches('|').count(), HEADER.len() + 1, "{l}");
         }
-        assert!(lines[2].contains("| 1500 ns | 2500 ns | 1480 ns | 1.01 | 0.60 |"));
+        assert!(lines[2].contains("| 1500 ns | 2500 ns | 1480 ns | 1.01 | — | 0.60 |"));
         let text = render(&rows, false);
         let tl: Vec<&str> = text.lines().collect();
         assert_eq!(tl.len(), 4);
