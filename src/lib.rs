@@ -140,7 +140,7 @@ pub use ipc::{
 };
 pub use managed::{Advice, Location, ManagedSlice};
 pub use memory::{
-    DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut,
+    DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, MemsetValue,
 };
 pub use module::{
     Function, KernelArg, LaunchBuilder, LaunchConfig, Module, Output, compile, nvrtc_available,

@@ -45,7 +45,7 @@ use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::Result;
-use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, expect_len};
+use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, MemsetValue, expect_len};
 use cudarc::driver::sys;
 use std::sync::Arc;
 
@@ -360,6 +360,47 @@ impl<'b> BoundStream<'b> {
         // are ordered before this one (tracked above) and whose free waits for it.
         unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, self.slot.raw()) }
             .check_on(self.bound.device(), "cuMemsetD8Async")
+    }
+
+    /// Stream-ordered fill: sets every element of `dst` to `value` (1-, 2- and 4-byte
+    /// element types: [`MemsetValue`](crate::MemsetValue); `cuMemsetD8Async` /
+    /// `D16Async` / `D32Async`). Ordered with the other uses of `dst` like any
+    /// stream-ordered write.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let stream = gpu.new_stream()?;
+    /// let mut buf = gpu.alloc_zeros::<f32>(1024)?;
+    /// gpu.on(&stream)?.memset_async(&mut buf, 1.5)?;
+    /// assert!(gpu.dtoh(&buf)?.iter().all(|&x| x == 1.5)); // dtoh waits for the fill
+    /// # Ok(()) }
+    /// ```
+    pub fn memset_async<T: MemsetValue>(
+        &self,
+        dst: &mut impl DeviceMemoryMut<T>,
+        value: T,
+    ) -> Result<()> {
+        self.bound.expect_device("destination", dst.device())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let (ptr, len) = (dst.device_ptr(), dst.len());
+        let _claim = self.claim_mut(dst.tracker_mut(), Access::Write)?;
+        // SAFETY: stream of the bound device (context checked by the claim); in-bounds
+        // range of a live allocation, whose other uses are ordered before this one
+        // (tracked above) and whose free waits for it.
+        unsafe {
+            crate::memory::memset_raw(
+                self.bound.device(),
+                ptr,
+                len,
+                value.memset_pattern(),
+                Some(self.slot.raw()),
+            )
+        }
     }
 
     /// Stream-ordered device-to-device copy; lengths must match.

@@ -1,0 +1,218 @@
+//! GPU tests of the driver features of issue 14 item 2 (memset with a value, stream
+//! priorities, event flags, function attributes, occupancy, peer access). Without a
+//! driver: one SKIPPED line.
+//!
+//! Run: `cargo test --test gpu_driver_features` (on a GPU machine, or the built binary).
+
+// Buffers a kernel writes are passed as `&mut` to document intent (gpubind's convention).
+#![allow(clippy::unnecessary_mut_passed)]
+
+#[macro_use]
+mod common;
+
+use common::{Ctx, run_suite};
+use gpubind::{Device, Error, LaunchConfig, ThreadContext};
+use std::sync::Arc;
+
+type R = Result<(), String>;
+
+fn dev0() -> Result<Arc<Device>, String> {
+    Device::get(0).ctx("Device::get(0)")
+}
+
+const KERNELS: &str = r#"
+// Spins for `cycles` clock ticks, then writes `value` to every element.
+extern "C" __global__ void slow_fill(unsigned* out, unsigned n, unsigned value, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+"#;
+
+/// `memset` fills exactly the sub-view, with the value of each width, and leaves the
+/// rest of the buffer alone.
+fn memset_fills_a_sub_view_exactly() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+
+    let mut b16 = gpu.alloc_zeros::<u16>(16).ctx("alloc u16")?;
+    gpu.memset(&mut b16.slice_mut(3..11).ctx("view")?, 0xABCD)
+        .ctx("memset u16")?;
+    let got = gpu.dtoh(&b16).ctx("dtoh u16")?;
+    let want: Vec<u16> = (0..16)
+        .map(|i| if (3..11).contains(&i) { 0xABCD } else { 0 })
+        .collect();
+    ensure!(got == want, "u16: {got:x?} != {want:x?}");
+
+    let mut b8 = gpu.clone_htod(&[1u8; 7]).ctx("htod u8")?;
+    gpu.memset(&mut b8.slice_mut(1..).ctx("view")?, 0xEEu8)
+        .ctx("memset u8")?;
+    ensure!(
+        gpu.dtoh(&b8).ctx("dtoh u8")? == [1, 0xEE, 0xEE, 0xEE, 0xEE, 0xEE, 0xEE],
+        "u8 fill"
+    );
+
+    let mut b32 = gpu.alloc_zeros::<u32>(5).ctx("alloc u32")?;
+    gpu.memset(&mut b32.slice_mut(..4).ctx("view")?, 0xDEAD_BEEFu32)
+        .ctx("memset u32")?;
+    ensure!(
+        gpu.dtoh(&b32).ctx("dtoh u32")? == [0xDEAD_BEEF, 0xDEAD_BEEF, 0xDEAD_BEEF, 0xDEAD_BEEF, 0],
+        "u32 fill"
+    );
+
+    let mut f = gpu.alloc_zeros::<f32>(1000).ctx("alloc f32")?;
+    gpu.memset(&mut f, -2.5f32).ctx("memset f32")?;
+    ensure!(
+        gpu.dtoh(&f).ctx("dtoh f32")?.iter().all(|&x| x == -2.5),
+        "f32 fill"
+    );
+
+    let mut h = gpu.alloc_zeros::<half::bf16>(9).ctx("alloc bf16")?;
+    let v = half::bf16::from_f32(0.75);
+    gpu.memset(&mut h, v).ctx("memset bf16")?;
+    ensure!(gpu.dtoh(&h).ctx("dtoh bf16")? == [v; 9], "bf16 fill");
+
+    // Empty views are a no-op, not a driver error.
+    gpu.memset(&mut b16.slice_mut(5..5).ctx("empty view")?, 1u16)
+        .ctx("memset empty")?;
+    let s = gpu.new_stream().ctx("stream")?;
+    gpu.on(&s)
+        .ctx("on")?
+        .memset_async(&mut b16.slice_mut(16..).ctx("empty view")?, 1u16)
+        .ctx("memset_async empty")?;
+    ensure!(gpu.dtoh(&b16).ctx("dtoh")? == want, "empty memsets wrote");
+    Ok(())
+}
+
+/// `memset_async` on one stream is ordered after a slow kernel writing the same buffer
+/// on another stream (the claim), and only touches its view.
+fn memset_async_is_ordered_after_other_streams() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "kernels.cu").ctx("compile")?;
+    let slow_fill = module.function("slow_fill").ctx("function")?;
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let n = 1u32 << 16;
+    let mut buf = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    let (value, cycles) = (7u32, 20_000_000i64); // ~10 ms
+    let a = gpu.on(&s1).ctx("on s1")?;
+    // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
+    unsafe {
+        a.launch(&slow_fill, LaunchConfig::for_num_elems(n))
+            .arg(&mut buf)
+            .arg(&n)
+            .arg(&value)
+            .arg(&cycles)
+            .launch()
+    }
+    .ctx("launch")?;
+    let b = gpu.on(&s2).ctx("on s2")?;
+    b.memset_async(&mut buf.slice_mut(100..200).ctx("view")?, 0x1234_5678u32)
+        .ctx("memset_async")?;
+    b.memset_async(&mut buf.slice_mut(300..301).ctx("view")?, 9u32)
+        .ctx("memset_async")?;
+    b.synchronize().ctx("sync s2")?;
+    let got = gpu.dtoh(&buf).ctx("dtoh")?;
+    for (i, &x) in got.iter().enumerate() {
+        let want = match i {
+            100..200 => 0x1234_5678,
+            300 => 9,
+            _ => value,
+        };
+        ensure!(
+            x == want,
+            "element {i}: {x:#x}, want {want:#x} (memset not ordered after the kernel?)"
+        );
+    }
+    Ok(())
+}
+
+/// A misaligned address (only memory adopted from raw pointers can have one) is a typed
+/// error before the driver is called.
+fn memset_of_a_misaligned_address_is_typed() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let (base, len) = gpu
+        .alloc_zeros::<u8>(16)
+        .ctx("alloc")?
+        .into_raw()
+        .ctx("into_raw")?;
+    // SAFETY: 7 u16 (14 bytes) from base + 1 lie inside the 16-byte allocation; the
+    // slice is never dropped (into_raw below), so nothing frees the inner address.
+    let mut odd = unsafe { gpubind::DeviceSlice::<u16>::from_raw(Arc::clone(&dev), base + 1, 7) };
+    let e = gpu.memset(&mut odd, 0xABCDu16).err();
+    let s = gpu.new_stream().ctx("stream")?;
+    let e_async = gpu.on(&s).ctx("on")?.memset_async(&mut odd, 1u16).err();
+    odd.into_raw().ctx("into_raw odd")?;
+    // SAFETY: `base` is the 16-byte allocation given up above; this slice frees it.
+    let whole = unsafe { gpubind::DeviceSlice::<u8>::from_raw(Arc::clone(&dev), base, len) };
+    ensure!(
+        gpu.dtoh(&whole).ctx("dtoh")? == [0u8; 16],
+        "a refused memset wrote"
+    );
+    for (what, e) in [("memset", e), ("memset_async", e_async)] {
+        ensure!(
+            matches!(&e, Some(Error::InvalidArgument(m)) if m.contains("aligned")),
+            "{what}: {e:?}"
+        );
+    }
+    Ok(())
+}
+
+/// A buffer of another device is refused with a typed error (needs 2 GPUs).
+fn memset_of_another_device_is_typed() -> R {
+    if Device::count().ctx("count")? < 2 {
+        return Err(common::skip("needs 2 GPUs"));
+    }
+    let (d0, d1) = (dev0()?, Device::get(1).ctx("Device::get(1)")?);
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let mut other = ctx
+        .bind(&d1)
+        .ctx("bind 1")?
+        .alloc_zeros::<u16>(4)
+        .ctx("alloc")?;
+    let gpu = ctx.bind(&d0).ctx("bind 0")?;
+    let e = gpu.memset(&mut other, 1u16).err();
+    ensure!(
+        matches!(e, Some(Error::WrongDevice { .. })),
+        "memset: {e:?}"
+    );
+    let s = gpu.new_stream().ctx("stream")?;
+    let e = gpu.on(&s).ctx("on")?.memset_async(&mut other, 1u16).err();
+    ensure!(
+        matches!(e, Some(Error::WrongDevice { .. })),
+        "memset_async: {e:?}"
+    );
+    Ok(())
+}
+
+fn main() {
+    run_suite(
+        "gpu_driver_features",
+        &[
+            (
+                "memset_fills_a_sub_view_exactly",
+                memset_fills_a_sub_view_exactly,
+            ),
+            (
+                "memset_async_is_ordered_after_other_streams",
+                memset_async_is_ordered_after_other_streams,
+            ),
+            (
+                "memset_of_a_misaligned_address_is_typed",
+                memset_of_a_misaligned_address_is_typed,
+            ),
+            (
+                "memset_of_another_device_is_typed",
+                memset_of_another_device_is_typed,
+            ),
+        ],
+    )
+}
