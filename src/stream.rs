@@ -84,6 +84,27 @@ impl Stream {
         &self.inner.device
     }
 
+    /// The stream's priority (`cuStreamGetPriority`): 0 for [`BoundDevice::new_stream`],
+    /// the value given to [`BoundDevice::new_stream_with_priority`]. Needs no binding.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// # let mut ctx = gpubind::ThreadContext::acquire()?;
+    /// # let gpu = ctx.bind(&gpubind::Device::get(0)?)?;
+    /// assert_eq!(gpu.new_stream()?.priority()?, 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn priority(&self) -> Result<i32> {
+        let device = &self.inner.device;
+        let _guard = device.enter()?;
+        let mut p = 0;
+        // SAFETY: a live stream of `device`, whose context is current for the call;
+        // writes one int.
+        unsafe { sys::cuStreamGetPriority(self.inner.raw, &mut p) }
+            .check_on(device, "cuStreamGetPriority")?;
+        Ok(p)
+    }
+
     /// The raw handle, for cudarc or driver calls.
     ///
     /// # Safety
@@ -208,8 +229,33 @@ impl std::fmt::Debug for BoundStream<'_> {
     }
 }
 
+/// The stream priorities a device supports, from
+/// [`BoundDevice::stream_priority_range`]. Lower numbers are higher priorities: `greatest`
+/// is numerically the smallest (e.g. -5 on recent GPUs) and `least` the largest (0, the
+/// priority of [`BoundDevice::new_stream`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StreamPriorityRange {
+    /// The lowest priority, numerically the largest (the default, 0).
+    pub least: i32,
+    /// The highest priority, numerically the smallest.
+    pub greatest: i32,
+}
+
+impl StreamPriorityRange {
+    /// Whether `priority` is one the device supports (`greatest..=least`).
+    ///
+    /// ```
+    /// let r = gpubind::StreamPriorityRange { least: 0, greatest: -5 };
+    /// assert!(r.contains(-5) && r.contains(0) && !r.contains(1) && !r.contains(-6));
+    /// ```
+    pub fn contains(self, priority: i32) -> bool {
+        (self.greatest..=self.least).contains(&priority)
+    }
+}
+
 impl<'a> BoundDevice<'a> {
-    /// Creates a non-blocking stream on the bound device.
+    /// Creates a non-blocking stream on the bound device, of the default (lowest)
+    /// priority.
     pub fn new_stream(&self) -> Result<Stream> {
         self.ensure_current()?;
         let mut raw: sys::CUstream = std::ptr::null_mut();
@@ -218,6 +264,70 @@ impl<'a> BoundDevice<'a> {
             sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
         }
         .check("cuStreamCreate")?;
+        Ok(Stream {
+            inner: Arc::new(StreamInner::new(Arc::clone(self.device()), raw)),
+        })
+    }
+
+    /// The stream priorities the bound device supports (`cuCtxGetStreamPriorityRange`).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let range = gpu.stream_priority_range()?;
+    /// let urgent = gpu.new_stream_with_priority(range.greatest)?;
+    /// assert_eq!(urgent.priority()?, range.greatest);
+    /// # Ok(()) }
+    /// ```
+    pub fn stream_priority_range(&self) -> Result<StreamPriorityRange> {
+        self.ensure_current()?;
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: context current; writes two ints.
+        unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) }
+            .check_on(self.device(), "cuCtxGetStreamPriorityRange")?;
+        Ok(StreamPriorityRange { least, greatest })
+    }
+
+    /// Creates a non-blocking stream of `priority` (lower numbers are higher priorities;
+    /// see [`stream_priority_range`](Self::stream_priority_range)). Work of a higher
+    /// priority stream is scheduled first where both are pending; it does not preempt
+    /// running blocks.
+    ///
+    /// A priority outside the device's range is [`Error::StreamPriority`](crate::Error::StreamPriority)
+    /// (the driver would clamp it silently).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, Error, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let range = gpu.stream_priority_range()?;
+    /// let e = gpu.new_stream_with_priority(range.greatest - 1).unwrap_err();
+    /// assert!(matches!(e, Error::StreamPriority { .. }));
+    /// # Ok(()) }
+    /// ```
+    pub fn new_stream_with_priority(&self, priority: i32) -> Result<Stream> {
+        let range = self.stream_priority_range()?;
+        if !range.contains(priority) {
+            return Err(crate::Error::StreamPriority {
+                device: self.ordinal(),
+                requested: priority,
+                greatest: range.greatest,
+                least: range.least,
+            });
+        }
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: context current (checked by stream_priority_range); writes one handle.
+        unsafe {
+            sys::cuStreamCreateWithPriority(
+                &mut raw,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                priority,
+            )
+        }
+        .check_on(self.device(), "cuStreamCreateWithPriority")?;
         Ok(Stream {
             inner: Arc::new(StreamInner::new(Arc::clone(self.device()), raw)),
         })

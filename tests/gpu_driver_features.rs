@@ -193,6 +193,66 @@ fn memset_of_another_device_is_typed() -> R {
     Ok(())
 }
 
+/// The priority range is sane, a stream reports the priority it was created with, and
+/// one outside the range is a typed error naming the range.
+fn stream_priorities_round_trip() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let range = gpu.stream_priority_range().ctx("range")?;
+    println!("    priority range {range:?}");
+    ensure!(
+        range.greatest <= range.least && range.least == 0,
+        "range {range:?}"
+    );
+    ensure!(
+        gpu.new_stream()
+            .ctx("new_stream")?
+            .priority()
+            .ctx("priority")?
+            == 0,
+        "a plain stream is not of priority 0"
+    );
+    for p in range.greatest..=range.least {
+        let s = gpu
+            .new_stream_with_priority(p)
+            .ctx("new_stream_with_priority")?;
+        let got = s.priority().ctx("priority")?;
+        ensure!(got == p, "asked for priority {p}, the stream reports {got}");
+        // The stream works and stays non-blocking like new_stream's.
+        let mut buf = gpu.alloc_zeros::<u32>(64).ctx("alloc")?;
+        let b = gpu.on(&s).ctx("on")?;
+        b.memset_async(&mut buf, p as u32).ctx("memset_async")?;
+        b.synchronize().ctx("sync")?;
+        ensure!(
+            gpu.dtoh(&buf).ctx("dtoh")? == [p as u32; 64],
+            "work on priority {p}"
+        );
+    }
+    for bad in [range.greatest - 1, range.least + 1, i32::MIN, i32::MAX] {
+        let e = gpu.new_stream_with_priority(bad).err();
+        ensure!(
+            e == Some(Error::StreamPriority {
+                device: 0,
+                requested: bad,
+                greatest: range.greatest,
+                least: range.least,
+            }),
+            "priority {bad}: {e:?}"
+        );
+    }
+    // `priority` needs no binding: ask with the token dropped.
+    let s = gpu
+        .new_stream_with_priority(range.greatest)
+        .ctx("new_stream_with_priority")?;
+    drop(ctx);
+    ensure!(
+        s.priority().ctx("priority unbound")? == range.greatest,
+        "priority without a binding"
+    );
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_driver_features",
@@ -213,6 +273,7 @@ fn main() {
                 "memset_of_another_device_is_typed",
                 memset_of_another_device_is_typed,
             ),
+            ("stream_priorities_round_trip", stream_priorities_round_trip),
         ],
     )
 }
