@@ -145,7 +145,7 @@ pub use memory::{
 pub use module::{
     Function, KernelArg, LaunchBuilder, LaunchConfig, Module, Output, compile, nvrtc_available,
 };
-pub use stream::{BoundStream, Event, Stream, StreamPriorityRange};
+pub use stream::{BoundStream, Event, EventFlags, Stream, StreamPriorityRange};
 
 /// Raw cudarc bindings, re-exported for the escape hatches (`raw*` methods and the
 /// conversions listed in the [crate docs](crate#gpubinds-types-and-gpubindcudarc-semver)).

@@ -62,13 +62,89 @@ pub struct Stream {
 pub struct Event {
     device: Arc<Device>,
     raw: sys::CUevent,
+    flags: EventFlags,
 }
 
 impl std::fmt::Debug for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Event")
             .field("device", &self.device.ordinal())
+            .field("flags", &self.flags)
             .finish_non_exhaustive()
+    }
+}
+
+/// How [`BoundDevice::new_event_with`] creates an event. [`EventFlags::new`] (also the
+/// `Default`) is what `new_event(true)` creates: timing enabled, spin-waiting
+/// `synchronize`.
+///
+/// ```
+/// use gpubind::EventFlags;
+/// let f = EventFlags::new().timing(false).blocking_sync(true);
+/// assert!(!f.has_timing() && f.has_blocking_sync());
+/// assert_eq!(EventFlags::default(), EventFlags::new());
+/// ```
+///
+/// (Interprocess events, `CU_EVENT_INTERPROCESS`, are not offered: gpubind's IPC orders
+/// shared memory itself.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventFlags {
+    timing: bool,
+    blocking_sync: bool,
+}
+
+impl Default for EventFlags {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EventFlags {
+    /// Timing enabled, spin-waiting: the driver's default (`CU_EVENT_DEFAULT`).
+    pub const fn new() -> Self {
+        EventFlags {
+            timing: true,
+            blocking_sync: false,
+        }
+    }
+
+    /// Whether the event records timestamps for [`Event::elapsed_ms`]. Off
+    /// (`CU_EVENT_DISABLE_TIMING`) makes records and waits cheaper; `elapsed_ms` on such
+    /// an event is then a driver error (`CUDA_ERROR_INVALID_HANDLE`).
+    pub const fn timing(mut self, on: bool) -> Self {
+        self.timing = on;
+        self
+    }
+
+    /// Whether a host thread in [`Event::synchronize`] blocks (sleeps) until the event
+    /// completes (`CU_EVENT_BLOCKING_SYNC`), instead of spinning: frees the CPU core,
+    /// adds wake-up latency.
+    pub const fn blocking_sync(mut self, on: bool) -> Self {
+        self.blocking_sync = on;
+        self
+    }
+
+    /// Whether timing is enabled.
+    pub const fn has_timing(self) -> bool {
+        self.timing
+    }
+
+    /// Whether `synchronize` blocks instead of spinning.
+    pub const fn has_blocking_sync(self) -> bool {
+        self.blocking_sync
+    }
+
+    /// The `CUevent_flags` bits for `cuEventCreate`.
+    fn raw(self) -> u32 {
+        use sys::CUevent_flags as F;
+        let mut bits = F::CU_EVENT_DEFAULT as u32;
+        if !self.timing {
+            bits |= F::CU_EVENT_DISABLE_TIMING as u32;
+        }
+        if self.blocking_sync {
+            bits |= F::CU_EVENT_BLOCKING_SYNC as u32;
+        }
+        bits
     }
 }
 
@@ -146,6 +222,11 @@ impl Event {
     /// The event's device.
     pub fn device(&self) -> &Arc<Device> {
         &self.device
+    }
+
+    /// The flags the event was created with.
+    pub fn flags(&self) -> EventFlags {
+        self.flags
     }
 
     /// Blocks until the work before the event's last record has finished.
@@ -334,19 +415,35 @@ impl<'a> BoundDevice<'a> {
     }
 
     /// Creates an event; `timing` enables [`Event::elapsed_ms`] (slightly slower records).
+    /// The same as [`new_event_with`](Self::new_event_with)`(EventFlags::new().timing(timing))`.
     pub fn new_event(&self, timing: bool) -> Result<Event> {
+        self.new_event_with(EventFlags::new().timing(timing))
+    }
+
+    /// Creates an event with `flags` (`cuEventCreate`).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, EventFlags, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// // A marker for ordering only, whose `synchronize` sleeps instead of spinning.
+    /// let done = gpu.new_event_with(EventFlags::new().timing(false).blocking_sync(true))?;
+    /// gpu.default_stream().record(&done)?;
+    /// done.synchronize()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn new_event_with(&self, flags: EventFlags) -> Result<Event> {
         self.ensure_current()?;
-        let flags = if timing {
-            sys::CUevent_flags::CU_EVENT_DEFAULT
-        } else {
-            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING
-        };
         let mut raw: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: context current; writes one handle.
-        unsafe { sys::cuEventCreate(&mut raw, flags as u32) }.check("cuEventCreate")?;
+        // SAFETY: context current; writes one handle; `flags.raw()` combines only
+        // CU_EVENT_BLOCKING_SYNC and CU_EVENT_DISABLE_TIMING.
+        unsafe { sys::cuEventCreate(&mut raw, flags.raw()) }
+            .check_on(self.device(), "cuEventCreate")?;
         Ok(Event {
             device: Arc::clone(self.device()),
             raw,
+            flags,
         })
     }
 
@@ -610,5 +707,35 @@ impl<'b> BoundStream<'b> {
     /// gpubind's ordering of its buffers: order it yourself (events, synchronize).
     pub unsafe fn raw(&self) -> sys::CUstream {
         self.slot.raw()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EventFlags, StreamPriorityRange};
+
+    #[test]
+    fn event_flags_map_to_the_driver_bits() {
+        assert_eq!(EventFlags::new().raw(), 0); // CU_EVENT_DEFAULT
+        assert_eq!(EventFlags::new().timing(false).raw(), 2); // DISABLE_TIMING
+        assert_eq!(EventFlags::new().blocking_sync(true).raw(), 1); // BLOCKING_SYNC
+        assert_eq!(EventFlags::new().timing(false).blocking_sync(true).raw(), 3);
+        let f = EventFlags::default().timing(false);
+        assert!(!f.has_timing() && !f.has_blocking_sync());
+    }
+
+    #[test]
+    fn priority_range_is_inclusive_both_ends() {
+        let r = StreamPriorityRange {
+            least: 0,
+            greatest: -5,
+        };
+        assert!((-5..=0).all(|p| r.contains(p)));
+        assert!(![-6, 1, i32::MIN, i32::MAX].iter().any(|&p| r.contains(p)));
+        let single = StreamPriorityRange {
+            least: 0,
+            greatest: 0,
+        };
+        assert!(single.contains(0) && !single.contains(-1));
     }
 }

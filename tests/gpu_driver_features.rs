@@ -11,7 +11,7 @@
 mod common;
 
 use common::{Ctx, run_suite};
-use gpubind::{Device, Error, LaunchConfig, ThreadContext};
+use gpubind::{Device, Error, EventFlags, LaunchConfig, ThreadContext};
 use std::sync::Arc;
 
 type R = Result<(), String>;
@@ -253,6 +253,73 @@ fn stream_priorities_round_trip() -> R {
     Ok(())
 }
 
+/// Every combination of event flags creates an event that orders and waits; the flags
+/// read back; only timing events measure time, the others are a typed driver error.
+fn event_flags_create_working_events() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "kernels.cu").ctx("compile")?;
+    let slow_fill = module.function("slow_fill").ctx("function")?;
+    let s = gpu.new_stream().ctx("stream")?;
+    let n = 1024u32;
+    let mut buf = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    let plain = gpu.new_event(true).ctx("new_event")?;
+    ensure!(plain.flags() == EventFlags::new(), "new_event(true) flags");
+    ensure!(
+        gpu.new_event(false).ctx("new_event")?.flags() == EventFlags::new().timing(false),
+        "new_event(false) flags"
+    );
+    for timing in [true, false] {
+        for blocking in [true, false] {
+            let flags = EventFlags::new().timing(timing).blocking_sync(blocking);
+            let (start, end) = (
+                gpu.new_event_with(flags).ctx("new_event_with")?,
+                gpu.new_event_with(flags).ctx("new_event_with")?,
+            );
+            ensure!(end.flags() == flags, "flags read back {:?}", end.flags());
+            let b = gpu.on(&s).ctx("on")?;
+            b.record(&start).ctx("record")?;
+            let (value, cycles) = (u32::from(timing) * 2 + u32::from(blocking), 20_000_000i64);
+            // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
+            unsafe {
+                b.launch(&slow_fill, LaunchConfig::for_num_elems(n))
+                    .arg(&mut buf)
+                    .arg(&n)
+                    .arg(&value)
+                    .arg(&cycles)
+                    .launch()
+            }
+            .ctx("launch")?;
+            b.record(&end).ctx("record")?;
+            ensure!(
+                !end.is_complete().ctx("query")?,
+                "{flags:?}: the slow kernel finished before the check"
+            );
+            end.synchronize().ctx("event synchronize")?;
+            ensure!(
+                end.is_complete().ctx("query")?,
+                "{flags:?}: synchronize returned before the event completed"
+            );
+            match start.elapsed_ms(&end) {
+                Ok(ms) if timing => {
+                    // ~10 ms of spinning at ~2 GHz; at least 1 ms at any clock.
+                    let spun = ms >= 1.0;
+                    ensure!(spun, "{flags:?}: elapsed {ms} ms");
+                }
+                Err(Error::Driver { code, .. })
+                    if !timing && code == gpubind::DriverErrorCode::INVALID_HANDLE => {}
+                other => return Err(format!("{flags:?}: elapsed_ms gave {other:?}")),
+            }
+            ensure!(
+                gpu.dtoh(&buf).ctx("dtoh")? == vec![value; n as usize],
+                "{flags:?}: kernel result"
+            );
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_driver_features",
@@ -274,6 +341,10 @@ fn main() {
                 memset_of_another_device_is_typed,
             ),
             ("stream_priorities_round_trip", stream_priorities_round_trip),
+            (
+                "event_flags_create_working_events",
+                event_flags_create_working_events,
+            ),
         ],
     )
 }
