@@ -143,7 +143,8 @@ pub use memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, MemsetValue,
 };
 pub use module::{
-    Function, KernelArg, LaunchBuilder, LaunchConfig, Module, Output, compile, nvrtc_available,
+    Function, FunctionAttributes, KernelArg, LaunchBuilder, LaunchConfig, Module, Output,
+    PotentialBlockSize, compile, nvrtc_available,
 };
 pub use stream::{BoundStream, Event, EventFlags, Stream, StreamPriorityRange};
 

@@ -28,6 +28,20 @@ extern "C" __global__ void slow_fill(unsigned* out, unsigned n, unsigned value, 
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = value;
 }
+// 1 KiB of static shared memory plus `blockDim.x` floats of dynamic shared memory (and
+// whatever more the launch gives, untouched).
+extern "C" __global__ void uses_shared(float* out, unsigned n) {
+    extern __shared__ float dyn[];
+    __shared__ float fixed[256];
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    fixed[threadIdx.x % 256] = 1.0f;
+    dyn[threadIdx.x] = (float)i;
+    __syncthreads();
+    if (i < n) out[i] = dyn[threadIdx.x] + fixed[threadIdx.x % 256];
+}
+extern "C" __global__ void __launch_bounds__(128) bounded(unsigned* out) {
+    out[blockIdx.x * blockDim.x + threadIdx.x] = threadIdx.x;
+}
 "#;
 
 /// `memset` fills exactly the sub-view, with the value of each width, and leaves the
@@ -320,6 +334,236 @@ fn event_flags_create_working_events() -> R {
     Ok(())
 }
 
+fn cc_version(dev: &Device) -> Result<u32, String> {
+    let (major, minor) = dev.compute_capability().ctx("compute_capability")?;
+    Ok(major * 10 + minor)
+}
+
+/// Attributes are plausible, match the kernels' source (static shared memory, launch
+/// bounds) and the architectures: the device's binary, the PTX target asked for.
+fn function_attributes_match_the_kernels() -> R {
+    let dev = dev0()?;
+    let cc = cc_version(&dev)?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "kernels.cu").ctx("compile")?;
+    let slow = module
+        .function("slow_fill")
+        .ctx("function")?
+        .attributes()
+        .ctx("attributes")?;
+    println!("    slow_fill: {slow:?}");
+    ensure!(slow.registers_per_thread > 0, "registers {slow:?}");
+    ensure!(
+        slow.max_threads_per_block > 0 && slow.max_threads_per_block <= 1024,
+        "max threads {slow:?}"
+    );
+    ensure!(slow.static_shared_bytes == 0, "static shared {slow:?}");
+    ensure!(
+        slow.binary_version == cc,
+        "binary version {} on sm_{cc}",
+        slow.binary_version
+    );
+    ensure!(
+        slow.ptx_version > 0 && slow.ptx_version <= cc,
+        "ptx version {} on sm_{cc}",
+        slow.ptx_version
+    );
+    let shared = module
+        .function("uses_shared")
+        .ctx("function")?
+        .attributes()
+        .ctx("attributes")?;
+    ensure!(
+        shared.static_shared_bytes == 1024,
+        "uses_shared has 256 floats of static shared memory: {shared:?}"
+    );
+    let bounded = module
+        .function("bounded")
+        .ctx("function")?
+        .attributes()
+        .ctx("attributes")?;
+    ensure!(
+        bounded.max_threads_per_block > 0 && bounded.max_threads_per_block <= 128,
+        "__launch_bounds__(128): {bounded:?}"
+    );
+
+    // PTX for an older virtual architecture, JIT-compiled: the PTX version is the one
+    // asked for, the binary the device's.
+    let older = if cc > 75 { 75 } else { cc };
+    let ptx = gpubind::compile(
+        KERNELS,
+        "kernels.cu",
+        &[format!("--gpu-architecture=compute_{older}")],
+        gpubind::Output::Ptx,
+    )
+    .ctx("compile PTX")?;
+    let ptx = String::from_utf8(ptx).map_err(|e| e.to_string())?;
+    let jit = gpu.load_ptx(&ptx).ctx("load_ptx")?;
+    let a = jit
+        .function("slow_fill")
+        .ctx("function")?
+        .attributes()
+        .ctx("attributes")?;
+    ensure!(
+        a.ptx_version == older && a.binary_version == cc,
+        "compute_{older} PTX on sm_{cc}: {a:?}"
+    );
+    // Attributes need no binding.
+    let f = module.function("slow_fill").ctx("function")?;
+    drop(ctx);
+    ensure!(
+        f.attributes().ctx("attributes unbound")? == slow,
+        "attributes without a binding differ"
+    );
+    Ok(())
+}
+
+/// A launch over 48 KiB of shared memory is refused until the kernel opts in with
+/// `set_max_dynamic_shared_memory`, then runs; over the device's ceiling is refused.
+fn dynamic_shared_memory_opt_in_is_seen_by_launches() -> R {
+    use gpubind::DeviceAttribute as A;
+    let dev = dev0()?;
+    let optin = dev
+        .attribute(A::MaxSharedMemoryPerBlockOptin)
+        .ctx("attribute")? as u32;
+    let default = dev.attribute(A::MaxSharedMemoryPerBlock).ctx("attribute")? as u32;
+    if optin <= default {
+        return Err(common::skip("the device has no shared memory opt-in"));
+    }
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "kernels.cu").ctx("compile")?;
+    let f = module.function("uses_shared").ctx("function")?;
+    let want = default + 16 * 1024; // 64 KiB of dynamic on a 48 KiB default
+    let n = 256u32;
+    let cfg = LaunchConfig {
+        shared_mem_bytes: want,
+        ..LaunchConfig::for_num_elems(n)
+    };
+    let mut out = gpu.alloc_zeros::<f32>(n as usize).ctx("alloc")?;
+    let s = gpu.default_stream();
+    // SAFETY: (float*, unsigned) matches; one block of 256 covers n.
+    let before = unsafe { s.launch(&f, cfg).arg(&mut out).arg(&n).launch() }.err();
+    ensure!(
+        matches!(&before, Some(Error::LaunchLimit { what, .. }) if what.contains("MAX_DYNAMIC_SHARED")),
+        "before the opt-in: {before:?}"
+    );
+    f.set_max_dynamic_shared_memory(want)
+        .ctx("set_max_dynamic_shared_memory")?;
+    let attrs = f.attributes().ctx("attributes")?;
+    ensure!(
+        attrs.max_dynamic_shared_bytes == want,
+        "attribute after the opt-in: {attrs:?}"
+    );
+    // The attribute is the kernel's: a new lookup sees it too.
+    let again = module.function("uses_shared").ctx("function")?;
+    // SAFETY: as above.
+    unsafe { s.launch(&again, cfg).arg(&mut out).arg(&n).launch() }.ctx("launch after opt-in")?;
+    let got = gpu.dtoh(&out).ctx("dtoh")?;
+    ensure!(
+        got.iter().enumerate().all(|(i, &x)| x == i as f32 + 1.0),
+        "kernel result"
+    );
+    let ceiling = optin - attrs.static_shared_bytes;
+    let e = f.set_max_dynamic_shared_memory(ceiling + 1).err();
+    ensure!(
+        matches!(&e, Some(Error::LaunchLimit { requested, limit, .. })
+            if *requested == u64::from(ceiling) + 1 && *limit == u64::from(ceiling)),
+        "over the ceiling: {e:?}"
+    );
+    f.set_max_dynamic_shared_memory(ceiling)
+        .ctx("set to the ceiling")?;
+    ensure!(
+        f.attributes().ctx("attributes")?.max_dynamic_shared_bytes == ceiling,
+        "the ceiling itself is allowed"
+    );
+    Ok(())
+}
+
+/// The occupancy calculator: positive, consistent between its two queries and with the
+/// device's thread limit; more shared memory never raises it; bad block sizes typed.
+fn occupancy_queries_are_consistent() -> R {
+    use gpubind::DeviceAttribute as A;
+    let dev = dev0()?;
+    let sms = dev.multiprocessor_count().ctx("sms")?;
+    let per_sm = dev
+        .attribute(A::MaxThreadsPerMultiprocessor)
+        .ctx("attribute")? as u32;
+    let optin = dev
+        .attribute(A::MaxSharedMemoryPerBlockOptin)
+        .ctx("attribute")? as u32;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "kernels.cu").ctx("compile")?;
+    let f = module.function("slow_fill").ctx("function")?;
+    let max_threads = f.attributes().ctx("attributes")?.max_threads_per_block;
+    let best = f
+        .max_potential_block_size(0)
+        .ctx("max_potential_block_size")?;
+    println!("    slow_fill: {best:?} on {sms} SMs");
+    ensure!(
+        best.block_size > 0 && best.block_size <= max_threads && best.block_size % 32 == 0,
+        "block size {best:?} (kernel max {max_threads})"
+    );
+    let active = f
+        .max_active_blocks_per_sm(best.block_size, 0)
+        .ctx("max_active_blocks_per_sm")?;
+    ensure!(active > 0, "no block of the best size fits");
+    ensure!(
+        active * best.block_size <= per_sm,
+        "{active} blocks of {} exceed {per_sm} threads per SM",
+        best.block_size
+    );
+    ensure!(
+        best.min_grid_size == active * sms,
+        "min grid {} != {active} blocks per SM x {sms} SMs",
+        best.min_grid_size
+    );
+    for bs in [32u32, 64, 128, 256, 512, max_threads] {
+        let n = f.max_active_blocks_per_sm(bs, 0).ctx("occupancy")?;
+        ensure!(
+            n > 0 && n * bs <= per_sm,
+            "{n} blocks of {bs} on an SM of {per_sm} threads"
+        );
+        ensure!(
+            n * bs <= active * best.block_size,
+            "{bs} threads give more occupancy ({n} blocks) than the best size"
+        );
+    }
+    // Shared memory only lowers occupancy: a block with nearly all of it fits once.
+    let g = module.function("uses_shared").ctx("function")?;
+    let ceiling = optin - g.attributes().ctx("attributes")?.static_shared_bytes;
+    g.set_max_dynamic_shared_memory(ceiling).ctx("opt in")?;
+    let few = g
+        .max_active_blocks_per_sm(128, ceiling as usize)
+        .ctx("occupancy")?;
+    let many = g.max_active_blocks_per_sm(128, 0).ctx("occupancy")?;
+    ensure!(
+        few == 1 && many > few,
+        "128 threads with {ceiling} B shared: {few} blocks, without: {many}"
+    );
+    let gb = g
+        .max_potential_block_size(ceiling as usize)
+        .ctx("potential")?;
+    ensure!(
+        gb.block_size > 0 && gb.min_grid_size == sms,
+        "one block per SM with all the shared memory: {gb:?}"
+    );
+    // Bad block sizes.
+    let e = f.max_active_blocks_per_sm(0, 0).err();
+    ensure!(
+        matches!(e, Some(Error::InvalidArgument(_))),
+        "block of 0: {e:?}"
+    );
+    let e = f.max_active_blocks_per_sm(max_threads + 1, 0).err();
+    ensure!(
+        matches!(e, Some(Error::LaunchLimit { .. })),
+        "block over the kernel's limit: {e:?}"
+    );
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_driver_features",
@@ -344,6 +588,18 @@ fn main() {
             (
                 "event_flags_create_working_events",
                 event_flags_create_working_events,
+            ),
+            (
+                "function_attributes_match_the_kernels",
+                function_attributes_match_the_kernels,
+            ),
+            (
+                "dynamic_shared_memory_opt_in_is_seen_by_launches",
+                dynamic_shared_memory_opt_in_is_seen_by_launches,
+            ),
+            (
+                "occupancy_queries_are_consistent",
+                occupancy_queries_are_consistent,
             ),
         ],
     )
