@@ -262,6 +262,19 @@ pub enum Error {
         least: i32,
     },
 
+    /// [`BoundDevice::enable_peer_access`](crate::BoundDevice::enable_peer_access) for a
+    /// pair of devices without peer access (`cuDeviceCanAccessPeer` says no: no NVLink or
+    /// PCIe peer path, or an IOMMU in the way).
+    #[error(
+        "device {device} cannot access device {peer}'s memory directly (cuDeviceCanAccessPeer reports no peer path); copy through host memory instead"
+    )]
+    NoPeerAccess {
+        /// The device that would read and write.
+        device: usize,
+        /// The device whose memory it would access.
+        peer: usize,
+    },
+
     /// `libcublas` could not be loaded.
     #[error(
         "cuBLAS not found: libcublas could not be loaded (add the CUDA toolkit's lib64, e.g. /usr/local/cuda/lib64, to LD_LIBRARY_PATH)"
@@ -658,6 +671,16 @@ mod tests {
             hint: None,
         };
         assert_eq!(bare.to_string(), "device 0 lacks X, which Y needs");
+    }
+
+    #[test]
+    fn no_peer_access_names_both_devices_and_the_way_out() {
+        let e = Error::NoPeerAccess { device: 0, peer: 3 };
+        assert_eq!(
+            e.to_string(),
+            "device 0 cannot access device 3's memory directly (cuDeviceCanAccessPeer reports \
+             no peer path); copy through host memory instead"
+        );
     }
 
     #[test]

@@ -39,6 +39,11 @@ extern "C" __global__ void uses_shared(float* out, unsigned n) {
     __syncthreads();
     if (i < n) out[i] = dyn[threadIdx.x] + fixed[threadIdx.x % 256];
 }
+// Writes `value` through a raw address (a peer's buffer).
+extern "C" __global__ void write_through(unsigned* p, unsigned n, unsigned value) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = value;
+}
 extern "C" __global__ void __launch_bounds__(128) bounded(unsigned* out) {
     out[blockIdx.x * blockDim.x + threadIdx.x] = threadIdx.x;
 }
@@ -564,6 +569,74 @@ fn occupancy_queries_are_consistent() -> R {
     Ok(())
 }
 
+/// Peer access: to the bound device itself is a typed error (runs on one GPU); between
+/// two GPUs with a peer path, enabling it (twice: idempotent) lets a kernel on device 0
+/// write device 1's memory; without a path, a typed error.
+fn peer_access_enables_direct_writes() -> R {
+    let d0 = dev0()?;
+    ensure!(
+        d0.can_access_peer(&d0).ctx("can_access_peer self")?,
+        "a device reaches its own memory"
+    );
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    {
+        let gpu = ctx.bind(&d0).ctx("bind")?;
+        let e = gpu.enable_peer_access(&d0).err();
+        ensure!(
+            matches!(&e, Some(Error::InvalidArgument(m)) if m.contains("itself")),
+            "peer access to itself: {e:?}"
+        );
+    }
+    if Device::count().ctx("count")? < 2 {
+        return Err(common::skip("needs 2 GPUs for the peer part"));
+    }
+    let d1 = Device::get(1).ctx("Device::get(1)")?;
+    let n = 4096u32;
+    let mut remote = ctx
+        .bind(&d1)
+        .ctx("bind 1")?
+        .alloc_zeros::<u32>(n as usize)
+        .ctx("alloc on 1")?;
+    let gpu = ctx.bind(&d0).ctx("bind 0")?;
+    if !d0.can_access_peer(&d1).ctx("can_access_peer")? {
+        let e = gpu.enable_peer_access(&d1).err();
+        ensure!(
+            e == Some(Error::NoPeerAccess { device: 0, peer: 1 }),
+            "no peer path: {e:?}"
+        );
+        return Err(common::skip("devices 0 and 1 have no peer path"));
+    }
+    gpu.enable_peer_access(&d1).ctx("enable_peer_access")?;
+    gpu.enable_peer_access(&d1)
+        .ctx("enable_peer_access again")?;
+    let module = gpu.compile_and_load(KERNELS, "kernels.cu").ctx("compile")?;
+    let f = module.function("write_through").ctx("function")?;
+    // SAFETY: the address is only written by the kernel below, which is synchronised
+    // before the buffer is used again through gpubind.
+    let addr: u64 = unsafe { remote.raw_ptr() };
+    let value = 0x5EE5_0001u32;
+    let s = gpu.new_stream().ctx("stream")?;
+    let b = gpu.on(&s).ctx("on")?;
+    // SAFETY: (unsigned*, unsigned, unsigned) matches (the address passed by value as a
+    // 64-bit pointer); n elements of device 1's buffer, reachable after the enable.
+    unsafe {
+        b.launch(&f, LaunchConfig::for_num_elems(n))
+            .arg(&addr)
+            .arg(&n)
+            .arg(&value)
+            .launch()
+    }
+    .ctx("launch")?;
+    b.synchronize().ctx("sync")?;
+    drop(gpu);
+    let gpu1 = ctx.bind(&d1).ctx("bind 1 again")?;
+    ensure!(
+        gpu1.dtoh(&remote).ctx("dtoh on 1")? == vec![value; n as usize],
+        "device 0's kernel did not write device 1's buffer"
+    );
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_driver_features",
@@ -600,6 +673,10 @@ fn main() {
             (
                 "occupancy_queries_are_consistent",
                 occupancy_queries_are_consistent,
+            ),
+            (
+                "peer_access_enables_direct_writes",
+                peer_access_enables_direct_writes,
             ),
         ],
     )
