@@ -131,6 +131,12 @@ fn memset_async_is_ordered_after_other_streams() -> R {
             .launch()
     }
     .ctx("launch")?;
+    let done = gpu.new_event(false).ctx("event")?;
+    a.record(&done).ctx("record")?;
+    ensure!(
+        !done.is_complete().ctx("query")?,
+        "the slow kernel finished before the memsets were enqueued: nothing to order"
+    );
     let b = gpu.on(&s2).ctx("on s2")?;
     b.memset_async(&mut buf.slice_mut(100..200).ctx("view")?, 0x1234_5678u32)
         .ctx("memset_async")?;
