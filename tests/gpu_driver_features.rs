@@ -598,7 +598,7 @@ fn peer_access_enables_direct_writes() -> R {
     }
     let d1 = Device::get(1).ctx("Device::get(1)")?;
     let n = 4096u32;
-    let mut remote = ctx
+    let remote = ctx
         .bind(&d1)
         .ctx("bind 1")?
         .alloc_zeros::<u32>(n as usize)
