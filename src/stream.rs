@@ -570,7 +570,7 @@ impl<'b> BoundStream<'b> {
     }
 
     /// Stream-ordered fill: sets every element of `dst` to `value` (1-, 2- and 4-byte
-    /// element types: [`MemsetValue`](crate::MemsetValue); `cuMemsetD8Async` /
+    /// element types: [`MemsetValue`]; `cuMemsetD8Async` /
     /// `D16Async` / `D32Async`). Ordered with the other uses of `dst` like any
     /// stream-ordered write.
     ///
