@@ -278,6 +278,50 @@ impl<'a> BoundDevice<'a> {
         Ok((free, total))
     }
 
+    /// Lets kernels and copies of the bound device access `peer`'s memory directly
+    /// (`cuCtxEnablePeerAccess` in the bound context for `peer`'s primary context).
+    /// Access is one way: `peer` reaching this device's memory needs the call the other
+    /// way round. Already enabled is `Ok`. It stays enabled for the life of the contexts
+    /// (gpubind offers no disable: work in flight, such as a collective's kernels, may
+    /// rely on it).
+    ///
+    /// The bound device itself is [`Error::InvalidArgument`]; a pair without a peer path
+    /// ([`Device::can_access_peer`] is `false`) is [`Error::NoPeerAccess`].
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, ThreadContext};
+    /// let (d0, d1) = (Device::get(0)?, Device::get(1)?);
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&d0)?;
+    /// if d0.can_access_peer(&d1)? {
+    ///     gpu.enable_peer_access(&d1)?; // kernels on d0 may now dereference d1's buffers
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn enable_peer_access(&self, peer: &Arc<Device>) -> Result<()> {
+        if peer.ordinal() == self.ordinal() {
+            return Err(Error::InvalidArgument(format!(
+                "peer access from device {} to itself: a device always accesses its own memory",
+                self.ordinal()
+            )));
+        }
+        if !self.device.can_access_peer(peer)? {
+            return Err(Error::NoPeerAccess {
+                device: self.ordinal(),
+                peer: peer.ordinal(),
+            });
+        }
+        let (peer_ctx, _) = peer.primary_context()?;
+        self.ensure_current()?;
+        // SAFETY: the bound context is current (just checked); `peer_ctx` is `peer`'s
+        // primary context, retained while `peer` lives; flags must be 0.
+        match unsafe { sys::cuCtxEnablePeerAccess(peer_ctx.0, 0) } {
+            sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+            code => code.check_on(&self.device, "cuCtxEnablePeerAccess"),
+        }
+    }
+
     /// The raw `CUcontext`, for calling cudarc or the driver directly.
     ///
     /// Changing the thread's current context with it (or with any other handle) is

@@ -438,7 +438,16 @@ impl Device {
         Ok(self.attribute(DeviceAttribute::MultiprocessorCount)? as u32)
     }
 
-    /// Whether kernels on `self` can access memory of `peer` directly.
+    /// Whether kernels on `self` can access memory of `peer` directly
+    /// (`cuDeviceCanAccessPeer`; needs no context; `true` for the device itself). Access
+    /// is then enabled with [`BoundDevice::enable_peer_access`](crate::BoundDevice::enable_peer_access).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// let (d0, d1) = (gpubind::Device::get(0)?, gpubind::Device::get(1)?);
+    /// println!("0 -> 1 peer access: {}", d0.can_access_peer(&d1)?);
+    /// # Ok(()) }
+    /// ```
     pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
         if peer.ordinal == self.ordinal {
             return Ok(true);

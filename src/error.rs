@@ -243,6 +243,38 @@ pub enum Error {
         limit: u64,
     },
 
+    /// A stream priority outside the device's range
+    /// ([`BoundDevice::stream_priority_range`](crate::BoundDevice::stream_priority_range)),
+    /// refused rather than clamped by the driver as `cuStreamCreateWithPriority` would.
+    /// Lower numbers are higher priorities: the range runs from `greatest` (e.g. -5) to
+    /// `least` (0, the default).
+    #[error(
+        "stream priority {requested} is outside device {device}'s range {greatest}..={least} (lower numbers are higher priorities; {least} is the default)"
+    )]
+    StreamPriority {
+        /// The device's ordinal.
+        device: usize,
+        /// The priority asked for.
+        requested: i32,
+        /// The highest priority (numerically the lowest value).
+        greatest: i32,
+        /// The lowest priority (numerically the highest value, the default).
+        least: i32,
+    },
+
+    /// [`BoundDevice::enable_peer_access`](crate::BoundDevice::enable_peer_access) for a
+    /// pair of devices without peer access (`cuDeviceCanAccessPeer` says no: no NVLink or
+    /// PCIe peer path, or an IOMMU in the way).
+    #[error(
+        "device {device} cannot access device {peer}'s memory directly (cuDeviceCanAccessPeer reports no peer path); copy through host memory instead"
+    )]
+    NoPeerAccess {
+        /// The device that would read and write.
+        device: usize,
+        /// The device whose memory it would access.
+        peer: usize,
+    },
+
     /// `libcublas` could not be loaded.
     #[error(
         "cuBLAS not found: libcublas could not be loaded (add the CUDA toolkit's lib64, e.g. /usr/local/cuda/lib64, to LD_LIBRARY_PATH)"
@@ -641,5 +673,30 @@ mod tests {
             hint: None,
         };
         assert_eq!(bare.to_string(), "device 0 lacks X, which Y needs");
+    }
+
+    #[test]
+    fn no_peer_access_names_both_devices_and_the_way_out() {
+        let e = Error::NoPeerAccess { device: 0, peer: 3 };
+        assert_eq!(
+            e.to_string(),
+            "device 0 cannot access device 3's memory directly (cuDeviceCanAccessPeer reports \
+             no peer path); copy through host memory instead"
+        );
+    }
+
+    #[test]
+    fn stream_priority_names_the_range_and_its_order() {
+        let e = Error::StreamPriority {
+            device: 1,
+            requested: -9,
+            greatest: -5,
+            least: 0,
+        };
+        assert_eq!(
+            e.to_string(),
+            "stream priority -9 is outside device 1's range -5..=0 (lower numbers are higher \
+             priorities; 0 is the default)"
+        );
     }
 }

@@ -140,12 +140,13 @@ pub use ipc::{
 };
 pub use managed::{Advice, Location, ManagedSlice};
 pub use memory::{
-    DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut,
+    DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, MemsetValue,
 };
 pub use module::{
-    Function, KernelArg, LaunchBuilder, LaunchConfig, Module, Output, compile, nvrtc_available,
+    Function, FunctionAttributes, KernelArg, LaunchBuilder, LaunchConfig, Module, Output,
+    PotentialBlockSize, compile, nvrtc_available,
 };
-pub use stream::{BoundStream, Event, Stream};
+pub use stream::{BoundStream, Event, EventFlags, Stream, StreamPriorityRange};
 
 /// Raw cudarc bindings, re-exported for the escape hatches (`raw*` methods and the
 /// conversions listed in the [crate docs](crate#gpubinds-types-and-gpubindcudarc-semver)).

@@ -97,6 +97,86 @@ with_scalar_types!(device_repr);
 // SAFETY: arrays of such types have no padding between elements and no invalid values.
 unsafe impl<T: DeviceRepr, const N: usize> DeviceRepr for [T; N] {}
 
+/// An element type that [`BoundDevice::memset`] and
+/// [`BoundStream::memset_async`](crate::BoundStream::memset_async) can fill a buffer
+/// with: a type 1, 2 or 4 bytes wide (`cuMemsetD8` / `D16` / `D32` write one such value
+/// per element). Sealed; implemented for `u8`, `i8`, `u16`, `i16`, `u32`, `i32`, `f32`,
+/// `f16` and `bf16`.
+///
+/// Other widths have no driver memset and do not compile:
+///
+/// ```compile_fail,E0277
+/// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+/// let mut buf = gpu.alloc_zeros::<u64>(8)?;
+/// gpu.memset(&mut buf, 7u64)?; // error[E0277]: `u64: MemsetValue` is not satisfied
+/// # Ok(()) }
+/// ```
+///
+/// Fill those with a kernel, or with a copy from the host.
+pub trait MemsetValue: DeviceRepr + private::MemsetSealed {}
+
+macro_rules! memset_value {
+    ($($t:ty => $variant:ident($conv:expr)),* $(,)?) => { $(
+        impl private::MemsetSealed for $t {
+            fn memset_pattern(self) -> private::MemsetPattern {
+                let conv: fn($t) -> _ = $conv;
+                private::MemsetPattern::$variant(conv(self))
+            }
+        }
+        impl MemsetValue for $t {}
+    )* };
+}
+memset_value!(
+    u8 => D8(|v| v),
+    i8 => D8(|v| v as u8),
+    u16 => D16(|v| v),
+    i16 => D16(|v| v as u16),
+    u32 => D32(|v| v),
+    i32 => D32(|v| v as u32),
+    f32 => D32(f32::to_bits),
+    half::f16 => D16(half::f16::to_bits),
+    half::bf16 => D16(half::bf16::to_bits),
+);
+
+/// Fills `len` elements at `ptr` with `pattern`: synchronous with respect to the host
+/// (ordered on the legacy default stream) when `stream` is `None`, else enqueued on it.
+/// A misaligned `ptr` (possible only for memory adopted from raw pointers) is refused
+/// before the driver is called.
+///
+/// # Safety
+///
+/// `ptr..ptr + len * width` must be device memory of the current context (or of
+/// `stream`'s) that nothing else uses until the fill is ordered after (the caller's
+/// claim), and `stream`, if given, a valid stream.
+pub(crate) unsafe fn memset_raw(
+    device: &Device,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    pattern: private::MemsetPattern,
+    stream: Option<sys::CUstream>,
+) -> Result<()> {
+    use private::MemsetPattern as P;
+    let width = pattern.width();
+    if !ptr.is_multiple_of(width as u64) {
+        return Err(Error::InvalidArgument(format!(
+            "memset of {width}-byte values needs a {width}-byte aligned address, got {ptr:#x}"
+        )));
+    }
+    // SAFETY (all arms): the caller guarantees the range and the stream; `len` counts
+    // elements of `width` bytes, as each entry point expects.
+    let (code, call) = unsafe {
+        match (pattern, stream) {
+            (P::D8(v), None) => (sys::cuMemsetD8_v2(ptr, v, len), "cuMemsetD8_v2"),
+            (P::D16(v), None) => (sys::cuMemsetD16_v2(ptr, v, len), "cuMemsetD16_v2"),
+            (P::D32(v), None) => (sys::cuMemsetD32_v2(ptr, v, len), "cuMemsetD32_v2"),
+            (P::D8(v), Some(s)) => (sys::cuMemsetD8Async(ptr, v, len, s), "cuMemsetD8Async"),
+            (P::D16(v), Some(s)) => (sys::cuMemsetD16Async(ptr, v, len, s), "cuMemsetD16Async"),
+            (P::D32(v), Some(s)) => (sys::cuMemsetD32Async(ptr, v, len, s), "cuMemsetD32Async"),
+        }
+    };
+    code.check_on(device, call)
+}
+
 /// Anything that names a typed range of device memory: [`DeviceSlice`], [`DeviceView`],
 /// [`DeviceViewMut`]. Sealed.
 pub trait DeviceMemory<T>: private::Sealed {
@@ -130,6 +210,34 @@ pub(crate) mod private {
     pub trait Sealed {
         /// The pending stream-ordered uses of the allocation this memory belongs to.
         fn tracker(&self) -> &crate::access::AccessTracker;
+    }
+
+    /// Seals [`MemsetValue`](super::MemsetValue): the driver memset a value needs.
+    pub trait MemsetSealed {
+        /// The value as the driver's memset of its width takes it.
+        fn memset_pattern(self) -> MemsetPattern;
+    }
+
+    /// One value of 1, 2 or 4 bytes, for `cuMemsetD8` / `D16` / `D32`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum MemsetPattern {
+        /// `cuMemsetD8*`.
+        D8(u8),
+        /// `cuMemsetD16*`.
+        D16(u16),
+        /// `cuMemsetD32*`.
+        D32(u32),
+    }
+
+    impl MemsetPattern {
+        /// Bytes per element.
+        pub fn width(self) -> usize {
+            match self {
+                MemsetPattern::D8(_) => 1,
+                MemsetPattern::D16(_) => 2,
+                MemsetPattern::D32(_) => 4,
+            }
+        }
     }
 }
 
@@ -544,6 +652,46 @@ impl<'a> BoundDevice<'a> {
         Ok(buf)
     }
 
+    /// Sets every element of `dst` to `value` (1-, 2- and 4-byte element types:
+    /// [`MemsetValue`]). Synchronous like [`memset_zeros`](Self::memset_zeros): it waits
+    /// for the pending uses of `dst` first and returns once the fill has landed.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let mut buf = gpu.alloc_zeros::<u16>(4)?;
+    /// gpu.memset(&mut buf.slice_mut(1..3)?, 0xABCD)?;
+    /// assert_eq!(gpu.dtoh(&buf)?, [0, 0xABCD, 0xABCD, 0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn memset<T: MemsetValue>(
+        &self,
+        dst: &mut impl DeviceMemoryMut<T>,
+        value: T,
+    ) -> Result<()> {
+        self.expect_device("destination", dst.device())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.ensure_current()?;
+        let _held = host_claim(&mut [Some((dst.tracker(), Access::Write))], locks::<1>())?;
+        // SAFETY: context current; `len` elements inside the allocation, whose pending
+        // uses have finished (waited for above) and which no new use can start on while
+        // `_held` lives.
+        unsafe {
+            memset_raw(
+                self.device(),
+                dst.device_ptr(),
+                dst.len(),
+                value.memset_pattern(),
+                None,
+            )
+        }?;
+        self.sync_default_stream()
+    }
+
     /// Sets every byte of `dst` to zero.
     pub fn memset_zeros<T: DeviceRepr>(&self, dst: &mut impl DeviceMemoryMut<T>) -> Result<()> {
         self.expect_device("destination", dst.device())?;
@@ -575,8 +723,31 @@ pub(crate) fn expect_len(what: &'static str, expected: usize, found: usize) -> R
 
 #[cfg(test)]
 mod tests {
+    use super::private::{MemsetPattern as P, MemsetSealed};
     use super::resolve;
     use crate::Error;
+
+    #[test]
+    fn memset_values_pick_the_driver_call_of_their_width() {
+        assert_eq!(0xABu8.memset_pattern(), P::D8(0xAB));
+        assert_eq!((-1i8).memset_pattern(), P::D8(0xFF));
+        assert_eq!(0xABCDu16.memset_pattern(), P::D16(0xABCD));
+        assert_eq!((-2i16).memset_pattern(), P::D16(0xFFFE));
+        assert_eq!(0xDEAD_BEEFu32.memset_pattern(), P::D32(0xDEAD_BEEF));
+        assert_eq!((-1i32).memset_pattern(), P::D32(u32::MAX));
+        assert_eq!(1.5f32.memset_pattern(), P::D32(1.5f32.to_bits()));
+        let h = half::f16::from_f32(-0.25);
+        assert_eq!(h.memset_pattern(), P::D16(h.to_bits()));
+        let b = half::bf16::from_f32(3.0);
+        assert_eq!(b.memset_pattern(), P::D16(b.to_bits()));
+        // The width always equals the element's size.
+        fn width<T: super::MemsetValue>(v: T) -> bool {
+            v.memset_pattern().width() == std::mem::size_of::<T>()
+        }
+        assert!(width(1u8) && width(1i8) && width(1u16) && width(1i16));
+        assert!(width(1u32) && width(1i32) && width(1f32));
+        assert!(width(half::f16::ONE) && width(half::bf16::ONE));
+    }
 
     #[test]
     #[allow(clippy::reversed_empty_ranges)]

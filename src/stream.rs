@@ -45,7 +45,7 @@ use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::Result;
-use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, expect_len};
+use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, MemsetValue, expect_len};
 use cudarc::driver::sys;
 use std::sync::Arc;
 
@@ -62,13 +62,89 @@ pub struct Stream {
 pub struct Event {
     device: Arc<Device>,
     raw: sys::CUevent,
+    flags: EventFlags,
 }
 
 impl std::fmt::Debug for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Event")
             .field("device", &self.device.ordinal())
+            .field("flags", &self.flags)
             .finish_non_exhaustive()
+    }
+}
+
+/// How [`BoundDevice::new_event_with`] creates an event. [`EventFlags::new`] (also the
+/// `Default`) is what `new_event(true)` creates: timing enabled, spin-waiting
+/// `synchronize`.
+///
+/// ```
+/// use gpubind::EventFlags;
+/// let f = EventFlags::new().timing(false).blocking_sync(true);
+/// assert!(!f.has_timing() && f.has_blocking_sync());
+/// assert_eq!(EventFlags::default(), EventFlags::new());
+/// ```
+///
+/// (Interprocess events, `CU_EVENT_INTERPROCESS`, are not offered: gpubind's IPC orders
+/// shared memory itself.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventFlags {
+    timing: bool,
+    blocking_sync: bool,
+}
+
+impl Default for EventFlags {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EventFlags {
+    /// Timing enabled, spin-waiting: the driver's default (`CU_EVENT_DEFAULT`).
+    pub const fn new() -> Self {
+        EventFlags {
+            timing: true,
+            blocking_sync: false,
+        }
+    }
+
+    /// Whether the event records timestamps for [`Event::elapsed_ms`]. Off
+    /// (`CU_EVENT_DISABLE_TIMING`) makes records and waits cheaper; `elapsed_ms` on such
+    /// an event is then a driver error (`CUDA_ERROR_INVALID_HANDLE`).
+    pub const fn timing(mut self, on: bool) -> Self {
+        self.timing = on;
+        self
+    }
+
+    /// Whether a host thread in [`Event::synchronize`] blocks (sleeps) until the event
+    /// completes (`CU_EVENT_BLOCKING_SYNC`), instead of spinning: frees the CPU core,
+    /// adds wake-up latency.
+    pub const fn blocking_sync(mut self, on: bool) -> Self {
+        self.blocking_sync = on;
+        self
+    }
+
+    /// Whether timing is enabled.
+    pub const fn has_timing(self) -> bool {
+        self.timing
+    }
+
+    /// Whether `synchronize` blocks instead of spinning.
+    pub const fn has_blocking_sync(self) -> bool {
+        self.blocking_sync
+    }
+
+    /// The `CUevent_flags` bits for `cuEventCreate`.
+    fn raw(self) -> u32 {
+        use sys::CUevent_flags as F;
+        let mut bits = F::CU_EVENT_DEFAULT as u32;
+        if !self.timing {
+            bits |= F::CU_EVENT_DISABLE_TIMING as u32;
+        }
+        if self.blocking_sync {
+            bits |= F::CU_EVENT_BLOCKING_SYNC as u32;
+        }
+        bits
     }
 }
 
@@ -82,6 +158,27 @@ impl Stream {
     /// The stream's device.
     pub fn device(&self) -> &Arc<Device> {
         &self.inner.device
+    }
+
+    /// The stream's priority (`cuStreamGetPriority`): 0 for [`BoundDevice::new_stream`],
+    /// the value given to [`BoundDevice::new_stream_with_priority`]. Needs no binding.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// # let mut ctx = gpubind::ThreadContext::acquire()?;
+    /// # let gpu = ctx.bind(&gpubind::Device::get(0)?)?;
+    /// assert_eq!(gpu.new_stream()?.priority()?, 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn priority(&self) -> Result<i32> {
+        let device = &self.inner.device;
+        let _guard = device.enter()?;
+        let mut p = 0;
+        // SAFETY: a live stream of `device`, whose context is current for the call;
+        // writes one int.
+        unsafe { sys::cuStreamGetPriority(self.inner.raw, &mut p) }
+            .check_on(device, "cuStreamGetPriority")?;
+        Ok(p)
     }
 
     /// The raw handle, for cudarc or driver calls.
@@ -125,6 +222,11 @@ impl Event {
     /// The event's device.
     pub fn device(&self) -> &Arc<Device> {
         &self.device
+    }
+
+    /// The flags the event was created with.
+    pub fn flags(&self) -> EventFlags {
+        self.flags
     }
 
     /// Blocks until the work before the event's last record has finished.
@@ -208,8 +310,33 @@ impl std::fmt::Debug for BoundStream<'_> {
     }
 }
 
+/// The stream priorities a device supports, from
+/// [`BoundDevice::stream_priority_range`]. Lower numbers are higher priorities: `greatest`
+/// is numerically the smallest (e.g. -5 on recent GPUs) and `least` the largest (0, the
+/// priority of [`BoundDevice::new_stream`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StreamPriorityRange {
+    /// The lowest priority, numerically the largest (the default, 0).
+    pub least: i32,
+    /// The highest priority, numerically the smallest.
+    pub greatest: i32,
+}
+
+impl StreamPriorityRange {
+    /// Whether `priority` is one the device supports (`greatest..=least`).
+    ///
+    /// ```
+    /// let r = gpubind::StreamPriorityRange { least: 0, greatest: -5 };
+    /// assert!(r.contains(-5) && r.contains(0) && !r.contains(1) && !r.contains(-6));
+    /// ```
+    pub fn contains(self, priority: i32) -> bool {
+        (self.greatest..=self.least).contains(&priority)
+    }
+}
+
 impl<'a> BoundDevice<'a> {
-    /// Creates a non-blocking stream on the bound device.
+    /// Creates a non-blocking stream on the bound device, of the default (lowest)
+    /// priority.
     pub fn new_stream(&self) -> Result<Stream> {
         self.ensure_current()?;
         let mut raw: sys::CUstream = std::ptr::null_mut();
@@ -223,20 +350,100 @@ impl<'a> BoundDevice<'a> {
         })
     }
 
-    /// Creates an event; `timing` enables [`Event::elapsed_ms`] (slightly slower records).
-    pub fn new_event(&self, timing: bool) -> Result<Event> {
+    /// The stream priorities the bound device supports (`cuCtxGetStreamPriorityRange`).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let range = gpu.stream_priority_range()?;
+    /// let urgent = gpu.new_stream_with_priority(range.greatest)?;
+    /// assert_eq!(urgent.priority()?, range.greatest);
+    /// # Ok(()) }
+    /// ```
+    pub fn stream_priority_range(&self) -> Result<StreamPriorityRange> {
         self.ensure_current()?;
-        let flags = if timing {
-            sys::CUevent_flags::CU_EVENT_DEFAULT
-        } else {
-            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING
-        };
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: context current; writes two ints.
+        unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) }
+            .check_on(self.device(), "cuCtxGetStreamPriorityRange")?;
+        Ok(StreamPriorityRange { least, greatest })
+    }
+
+    /// Creates a non-blocking stream of `priority` (lower numbers are higher priorities;
+    /// see [`stream_priority_range`](Self::stream_priority_range)). Work of a higher
+    /// priority stream is scheduled first where both are pending; it does not preempt
+    /// running blocks.
+    ///
+    /// A priority outside the device's range is [`Error::StreamPriority`](crate::Error::StreamPriority)
+    /// (the driver would clamp it silently).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, Error, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let range = gpu.stream_priority_range()?;
+    /// let e = gpu.new_stream_with_priority(range.greatest - 1).unwrap_err();
+    /// assert!(matches!(e, Error::StreamPriority { .. }));
+    /// # Ok(()) }
+    /// ```
+    pub fn new_stream_with_priority(&self, priority: i32) -> Result<Stream> {
+        let range = self.stream_priority_range()?;
+        if !range.contains(priority) {
+            return Err(crate::Error::StreamPriority {
+                device: self.ordinal(),
+                requested: priority,
+                greatest: range.greatest,
+                least: range.least,
+            });
+        }
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: context current (checked by stream_priority_range); writes one handle.
+        unsafe {
+            sys::cuStreamCreateWithPriority(
+                &mut raw,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                priority,
+            )
+        }
+        .check_on(self.device(), "cuStreamCreateWithPriority")?;
+        Ok(Stream {
+            inner: Arc::new(StreamInner::new(Arc::clone(self.device()), raw)),
+        })
+    }
+
+    /// Creates an event; `timing` enables [`Event::elapsed_ms`] (slightly slower records).
+    /// The same as [`new_event_with`](Self::new_event_with)`(EventFlags::new().timing(timing))`.
+    pub fn new_event(&self, timing: bool) -> Result<Event> {
+        self.new_event_with(EventFlags::new().timing(timing))
+    }
+
+    /// Creates an event with `flags` (`cuEventCreate`).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, EventFlags, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// // A marker for ordering only, whose `synchronize` sleeps instead of spinning.
+    /// let done = gpu.new_event_with(EventFlags::new().timing(false).blocking_sync(true))?;
+    /// gpu.default_stream().record(&done)?;
+    /// done.synchronize()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn new_event_with(&self, flags: EventFlags) -> Result<Event> {
+        self.ensure_current()?;
         let mut raw: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: context current; writes one handle.
-        unsafe { sys::cuEventCreate(&mut raw, flags as u32) }.check("cuEventCreate")?;
+        // SAFETY: context current; writes one handle; `flags.raw()` combines only
+        // CU_EVENT_BLOCKING_SYNC and CU_EVENT_DISABLE_TIMING.
+        unsafe { sys::cuEventCreate(&mut raw, flags.raw()) }
+            .check_on(self.device(), "cuEventCreate")?;
         Ok(Event {
             device: Arc::clone(self.device()),
             raw,
+            flags,
         })
     }
 
@@ -362,6 +569,47 @@ impl<'b> BoundStream<'b> {
             .check_on(self.bound.device(), "cuMemsetD8Async")
     }
 
+    /// Stream-ordered fill: sets every element of `dst` to `value` (1-, 2- and 4-byte
+    /// element types: [`MemsetValue`]; `cuMemsetD8Async` /
+    /// `D16Async` / `D32Async`). Ordered with the other uses of `dst` like any
+    /// stream-ordered write.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let stream = gpu.new_stream()?;
+    /// let mut buf = gpu.alloc_zeros::<f32>(1024)?;
+    /// gpu.on(&stream)?.memset_async(&mut buf, 1.5)?;
+    /// assert!(gpu.dtoh(&buf)?.iter().all(|&x| x == 1.5)); // dtoh waits for the fill
+    /// # Ok(()) }
+    /// ```
+    pub fn memset_async<T: MemsetValue>(
+        &self,
+        dst: &mut impl DeviceMemoryMut<T>,
+        value: T,
+    ) -> Result<()> {
+        self.bound.expect_device("destination", dst.device())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let (ptr, len) = (dst.device_ptr(), dst.len());
+        let _claim = self.claim_mut(dst.tracker_mut(), Access::Write)?;
+        // SAFETY: stream of the bound device (context checked by the claim); in-bounds
+        // range of a live allocation, whose other uses are ordered before this one
+        // (tracked above) and whose free waits for it.
+        unsafe {
+            crate::memory::memset_raw(
+                self.bound.device(),
+                ptr,
+                len,
+                value.memset_pattern(),
+                Some(self.slot.raw()),
+            )
+        }
+    }
+
     /// Stream-ordered device-to-device copy; lengths must match.
     pub fn dtod_async<T: DeviceRepr>(
         &self,
@@ -459,5 +707,35 @@ impl<'b> BoundStream<'b> {
     /// gpubind's ordering of its buffers: order it yourself (events, synchronize).
     pub unsafe fn raw(&self) -> sys::CUstream {
         self.slot.raw()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EventFlags, StreamPriorityRange};
+
+    #[test]
+    fn event_flags_map_to_the_driver_bits() {
+        assert_eq!(EventFlags::new().raw(), 0); // CU_EVENT_DEFAULT
+        assert_eq!(EventFlags::new().timing(false).raw(), 2); // DISABLE_TIMING
+        assert_eq!(EventFlags::new().blocking_sync(true).raw(), 1); // BLOCKING_SYNC
+        assert_eq!(EventFlags::new().timing(false).blocking_sync(true).raw(), 3);
+        let f = EventFlags::default().timing(false);
+        assert!(!f.has_timing() && !f.has_blocking_sync());
+    }
+
+    #[test]
+    fn priority_range_is_inclusive_both_ends() {
+        let r = StreamPriorityRange {
+            least: 0,
+            greatest: -5,
+        };
+        assert!((-5..=0).all(|p| r.contains(p)));
+        assert!(![-6, 1, i32::MIN, i32::MAX].iter().any(|&p| r.contains(p)));
+        let single = StreamPriorityRange {
+            least: 0,
+            greatest: 0,
+        };
+        assert!(single.contains(0) && !single.contains(-1));
     }
 }
