@@ -703,20 +703,6 @@ impl AccessTracker {
         st.wait_all(|s| s.synchronize_within(deadline, limit))
     }
 
-    /// [`wait_all`](Self::wait_all) without a time limit, for memory that cannot be
-    /// leaked: a `RegisteredHost` gives its pages back to their borrower when its drop
-    /// returns, so its drop must not return while the device may still use them.
-    pub(crate) fn wait_all_unbounded(&mut self) -> Result<()> {
-        let st = match self.state.get_mut() {
-            Ok(st) => st,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if st.is_idle() {
-            return Ok(());
-        }
-        st.wait_all(StreamRef::synchronize)
-    }
-
     /// Records a read on `on` that needs no ordering before it (the tracker is never
     /// written: a module's launches) and no claim across its enqueue (what it guards — the
     /// module's unload — cannot happen while the launch borrows the module).

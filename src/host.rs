@@ -221,9 +221,7 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
             )
         };
         let ordinal = Some(self.range.device.ordinal());
-        // Unbounded, unlike other drops: the pages go back to their borrower when this
-        // returns, so they cannot be leaked past a kernel that still uses them.
-        if let Err(e) = self.range.tracker.wait_all_unbounded() {
+        if let Err(e) = self.range.tracker.wait_all() {
             crate::faults::report_drop(
                 format_args!("{}", what()),
                 ordinal,
