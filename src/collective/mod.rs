@@ -824,7 +824,7 @@ impl Communicator {
                         // SAFETY: `c` was validated against this rank's device; its
                         // buffers are borrowed by the group until it returns and the
                         // stream is the rank's, bound now.
-                        unsafe { comms[c.rank].issue(c, s.raw(), gpu.device())? };
+                        unsafe { comms[c.rank].issue(c, s.raw())? };
                     }
                     Ok(())
                 });
@@ -1296,7 +1296,7 @@ impl RankComm {
                 let _claim = stream.claim([used.first().copied(), used.get(1).copied()])?;
                 // SAFETY: validated against this rank's device; the stream is bound; the
                 // buffers are claimed (ordered after their other uses) until enqueued.
-                unsafe { comm.issue(&call, stream.raw(), stream.bound().device()) }
+                unsafe { comm.issue(&call, stream.raw()) }
             }
             RankInner::Kernels { world, event } => {
                 let post = call.and_then(|call| {

@@ -426,21 +426,17 @@ impl NcclComm {
         }
     }
 
-    /// Enqueues `call` (already validated) on `stream`, whose device (`device`) is current.
+    /// Enqueues `call` (already validated) on `stream`, whose device is current.
     ///
     /// A non-blocking communicator whose enqueue is still in progress at the timeout is
-    /// aborted, and `device` is poisoned (see the comment at the end).
+    /// aborted and the call fails. Open question (docs/safety.md, "NCCL"): whether NCCL
+    /// can still append the kernel to `stream` after the abort returns.
     ///
     /// # Safety
     ///
     /// The pointers in `call` must be live device allocations of the sizes the call
     /// implies, on this communicator's device; `stream` must belong to that device.
-    pub(crate) unsafe fn issue(
-        &self,
-        call: &Call,
-        stream: sys::CUstream,
-        device: &crate::device::Device,
-    ) -> Result<()> {
+    pub(crate) unsafe fn issue(&self, call: &Call, stream: sys::CUstream) -> Result<()> {
         if call.count == 0 {
             // Nothing to move; empty buffers have null addresses, which NCCL may reject.
             return Ok(());
@@ -493,32 +489,15 @@ impl NcclComm {
         match bound {
             // Non-blocking: the call may still be enqueueing; it is done (and its
             // buffers may be released to other uses) once NCCL says so.
-            Some(b) if code == IN_PROGRESS => {
-                let out = self.wait_ready(
-                    name,
-                    "NCCL to enqueue the collective",
-                    super::deadline_after(b),
-                );
-                if out.is_err() {
-                    // The communicator was aborted while NCCL was still enqueueing: its
-                    // kernel may yet land on `stream` after this returns and the buffers'
-                    // claims record their use, so nothing would order a later free or
-                    // reuse after it. Poison the device (sound, if drastic): later gpubind
-                    // calls on it fail at once and drops leak rather than free memory
-                    // the kernel may still touch; the error says to restart the process.
-                    device
-                        .poison_state()
-                        .poison(ABANDONED_ENQUEUE, sys::CUresult::CUDA_ERROR_UNKNOWN);
-                }
-                out
-            }
+            Some(b) if code == IN_PROGRESS => self.wait_ready(
+                name,
+                "NCCL to enqueue the collective",
+                super::deadline_after(b),
+            ),
             _ => api.check(name, code),
         }
     }
 }
-
-/// The "first call" of a device poisoned by an NCCL enqueue abandoned mid-way.
-const ABANDONED_ENQUEUE: &str = "an NCCL collective aborted while NCCL was still enqueueing it (its kernel may still be queued on the stream, so the buffers it uses cannot be freed or reused safely)";
 
 impl Drop for NcclComm {
     fn drop(&mut self) {

@@ -69,12 +69,7 @@ impl NcclComm {
     /// # Safety
     ///
     /// None needed: there is no value to call it on.
-    pub(crate) unsafe fn issue(
-        &self,
-        _call: &Call,
-        _stream: sys::CUstream,
-        _device: &crate::device::Device,
-    ) -> Result<()> {
+    pub(crate) unsafe fn issue(&self, _call: &Call, _stream: sys::CUstream) -> Result<()> {
         match self.never {}
     }
 }
