@@ -355,15 +355,7 @@ impl StreamInner {
         if let Some(e) = self.handoff.get() {
             return Ok(e.0);
         }
-        let created = {
-            let _guard = self.device.enter()?;
-            let mut raw: sys::CUevent = std::ptr::null_mut();
-            let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-            // SAFETY: this stream's context is current; writes one handle.
-            unsafe { sys::cuEventCreate(&mut raw, flags) }
-                .check_on(&self.device, "cuEventCreate")?;
-            raw
-        };
+        let created = self.device.new_handoff_event()?;
         if let Err(lost) = self.handoff.set(HandoffEvent(created)) {
             // Another thread created one first: keep theirs.
             destroy_event(&self.device, lost.0);

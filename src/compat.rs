@@ -183,6 +183,13 @@ pub fn driver_version() -> Result<DriverVersion> {
         return Ok(*v);
     }
     let cap = cap()?;
+    let real = real_driver_version()?;
+    Ok(*VERSION.get_or_init(|| effective(real, cap)))
+}
+
+/// The driver's own version (`cuDriverGetVersion`), ignoring the cap: for what is the
+/// machine's rather than gpubind's choice, like which NVRTC is installed.
+pub(crate) fn real_driver_version() -> Result<DriverVersion> {
     if !crate::driver::driver_available() {
         return Err(Error::NoDriver);
     }
@@ -190,12 +197,11 @@ pub fn driver_version() -> Result<DriverVersion> {
     // SAFETY: the library is present (checked above); cuDriverGetVersion needs no cuInit
     // and writes one int.
     unsafe { sys::cuDriverGetVersion(&mut raw) }.check("cuDriverGetVersion")?;
-    let real = DriverVersion::from_raw(raw).map_err(|_| {
+    DriverVersion::from_raw(raw).map_err(|_| {
         Error::InvalidArgument(format!(
             "cuDriverGetVersion reported {raw}, not a CUDA version"
         ))
-    })?;
-    Ok(*VERSION.get_or_init(|| effective(real, cap)))
+    })
 }
 
 /// [`Error::DriverTooOld`] for versions before [`DriverVersion::MINIMUM`].

@@ -558,12 +558,18 @@ impl Device {
         if let Some(e) = self.events.lock().unwrap_or_else(|p| p.into_inner()).pop() {
             return Ok(e);
         }
+        self.new_handoff_event().map(PooledEvent)
+    }
+
+    /// A new `CU_EVENT_DISABLE_TIMING` event of this device's primary context, for
+    /// hand-offs (the pool's, and each gpubind stream's own). The caller destroys it.
+    pub(crate) fn new_handoff_event(&self) -> Result<sys::CUevent> {
         let _guard = self.enter()?;
         let mut raw: sys::CUevent = std::ptr::null_mut();
         // SAFETY: this device's context is current; writes one handle.
         unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }
-            .check("cuEventCreate")?;
-        Ok(PooledEvent(raw))
+            .check_on(self, "cuEventCreate")?;
+        Ok(raw)
     }
 
     /// Returns a hand-off event to the pool (once nothing will wait on a later record of

@@ -185,14 +185,7 @@ pub struct LibraryInfo {
 /// machine's (a 13.x driver with only CUDA 13's NVRTC installed would find no NVRTC at
 /// all under a 12.x cap, so nothing capped could compile a kernel).
 fn driver_major() -> Option<u32> {
-    if !crate::driver_available() {
-        return None;
-    }
-    let mut v: c_int = 0;
-    // SAFETY: libcuda is loadable (checked above), so cudarc's loader finds the symbol;
-    // writes one int; needs no cuInit.
-    let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
-    (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS && v > 0).then_some(v as u32 / 1000)
+    crate::compat::real_driver_version().ok().map(|v| v.major())
 }
 
 /// Loads `lib` by the rules of the module docs with `open` resolving one candidate.

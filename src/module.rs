@@ -776,6 +776,16 @@ impl<'a> Tracked<'a> {
         }
     }
 
+    /// The first `N` of [`uses`](Self::uses), padded with `None` (for `n <= N` buffers).
+    #[inline(always)]
+    fn uses_array<const N: usize>(&self) -> [Use<'a>; N] {
+        let mut out = [None; N];
+        for (slot, u) in out.iter_mut().zip(self.uses()) {
+            *slot = u;
+        }
+        out
+    }
+
     /// Every buffer argument is claimed as written: a kernel may write through any
     /// pointer it is given.
     fn uses(&self) -> impl Iterator<Item = Use<'a>> + '_ {
@@ -987,19 +997,13 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             // Nothing to claim (scalars only).
         } else if n <= FEW_ARGS {
             // The usual launch: smaller arrays to fill and to drop.
-            few_uses = [None; FEW_ARGS];
+            few_uses = tracked.uses_array::<FEW_ARGS>();
             few_locks = access::locks::<FEW_ARGS>();
-            for (slot, u) in few_uses.iter_mut().zip(tracked.uses()) {
-                *slot = u;
-            }
             _claim_few =
                 access::claim(self.stream.slot(), &mut few_uses[..n], &mut few_locks[..n])?;
         } else if n <= INLINE_ARGS {
-            inline_uses = [None; INLINE_ARGS];
+            inline_uses = tracked.uses_array::<INLINE_ARGS>();
             inline_locks = access::locks::<INLINE_ARGS>();
-            for (slot, u) in inline_uses.iter_mut().zip(tracked.uses()) {
-                *slot = u;
-            }
             _claim_inline = access::claim(
                 self.stream.slot(),
                 &mut inline_uses[..n],
