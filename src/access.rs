@@ -31,13 +31,12 @@
 
 use crate::device::Device;
 use crate::driver::Check;
-#[cfg(test)]
-use crate::error::Error;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sync;
 use cudarc::driver::sys;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Whether an operation reads or writes a buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,14 +231,25 @@ impl<S: TrackedStream> AccessState<S> {
     }
 
     /// Synchronises every pending use, all of them even if one fails; forgets them only if
-    /// every one succeeded, and returns the first error.
+    /// every one succeeded, and returns the first error — but a failure that does not
+    /// mean "poisoned" ([`crate::faults::nothing_runs_after`]) wins over one that does.
     pub(crate) fn wait_all(&mut self, mut synchronize: impl FnMut(&S) -> Result<()>) -> Result<()> {
-        let mut first = Ok(());
+        let mut first: Result<()> = Ok(());
         for s in self.writers.iter().chain(&self.readers) {
-            if let Err(e) = synchronize(s)
-                && first.is_ok()
-            {
-                first = Err(e);
+            if let Err(e) = synchronize(s) {
+                // Keep the first error, unless it says "poisoned" and this one does not:
+                // callers release after a poisoned context's failure (it runs nothing
+                // more), so any other failure must win.
+                let replace = match &first {
+                    Ok(()) => true,
+                    Err(f) => {
+                        crate::faults::nothing_runs_after(f)
+                            && !crate::faults::nothing_runs_after(&e)
+                    }
+                };
+                if replace {
+                    first = Err(e);
+                }
             }
         }
         if first.is_ok() {
@@ -289,6 +299,101 @@ impl<S> Grave<S> {
         for s in v.drain(..) {
             self.push(s);
         }
+    }
+}
+
+/// Why [`poll_until_idle`] stopped.
+#[derive(Debug, PartialEq)]
+enum Polled {
+    /// The query failed with this code (not `CUDA_ERROR_NOT_READY`).
+    Failed(sys::CUresult),
+    /// Still busy at the deadline, after this many milliseconds.
+    TimedOut(u64),
+}
+
+/// Calls `query` (a `cuStreamQuery`) until it answers `CUDA_SUCCESS`, a failure, or the
+/// deadline passes: spinning (with `yield_now`) for the first 200 µs, which keeps short
+/// waits as prompt as a blocking synchronize, then sleeping 50 µs doubling to 1 ms.
+fn poll_until_idle(
+    mut query: impl FnMut() -> sys::CUresult,
+    deadline: Option<Instant>,
+    limit: Duration,
+) -> std::result::Result<(), Polled> {
+    let started = Instant::now();
+    let mut pause = Duration::from_micros(50);
+    loop {
+        match query() {
+            sys::CUresult::CUDA_SUCCESS => return Ok(()),
+            sys::CUresult::CUDA_ERROR_NOT_READY => {}
+            code => return Err(Polled::Failed(code)),
+        }
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            let ms = limit.as_millis().min(u128::from(u64::MAX)) as u64;
+            return Err(Polled::TimedOut(ms));
+        }
+        if now.duration_since(started) < Duration::from_micros(200) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+}
+
+/// How long a drop (a buffer's, a module's, a communicator's; also `into_raw`, a DLPack
+/// export) waits for its pending stream-ordered uses before giving up and leaking what the
+/// device may still use: `GPUBIND_DROP_TIMEOUT` in seconds (`0` = do not wait: leak
+/// whatever is still busy; `none` = wait without a limit, as `cuStreamSynchronize`
+/// would), default 300 s; read once. A value that does not parse is logged and the
+/// default used.
+pub(crate) fn drop_timeout() -> Duration {
+    static LIMIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| parse_drop_timeout(std::env::var("GPUBIND_DROP_TIMEOUT").ok().as_deref()))
+}
+
+/// The default of [`drop_timeout`].
+pub(crate) const DEFAULT_DROP_TIMEOUT: Duration = Duration::from_secs(300);
+
+fn parse_drop_timeout(value: Option<&str>) -> Duration {
+    match value.map(str::trim) {
+        None | Some("") => DEFAULT_DROP_TIMEOUT,
+        Some(v) if v.eq_ignore_ascii_case("none") => Duration::MAX,
+        Some(v) => match v.parse::<u64>() {
+            Ok(secs) => Duration::from_secs(secs),
+            Err(_) => {
+                log::warn!(
+                    "GPUBIND_DROP_TIMEOUT={v:?} is not a number of seconds; using {} s",
+                    DEFAULT_DROP_TIMEOUT.as_secs()
+                );
+                DEFAULT_DROP_TIMEOUT
+            }
+        },
+    }
+}
+
+/// The streams (by id: ids are never reused) on which a bounded wait has given up and
+/// which have not been seen idle since: see [`StreamRef::synchronize_within`]. Rarely
+/// more than a few entries; an entry of a stream destroyed while busy stays (a few bytes).
+struct GaveUp;
+
+static GAVE_UP: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+
+impl GaveUp {
+    fn list() -> std::sync::MutexGuard<'static, Vec<u64>> {
+        GAVE_UP.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn contains(id: u64) -> bool {
+        Self::list().contains(&id)
+    }
+    fn remember(id: u64) {
+        let mut v = Self::list();
+        if !v.contains(&id) {
+            v.push(id);
+        }
+    }
+    fn forget(id: u64) {
+        Self::list().retain(|&x| x != id);
     }
 }
 
@@ -483,6 +588,62 @@ impl StreamRef {
             .check_on(self.device(), "cuStreamSynchronize")
     }
 
+    /// [`synchronize`](Self::synchronize), giving up at `deadline` (`None`: never) with
+    /// [`Error::Timeout`].
+    ///
+    /// One limit per stream, not per buffer: once a wait on this stream has given up, the
+    /// next wait on it queries once and gives up at once while the stream is still busy
+    /// (so a hundred buffers last used by one kernel that never ends cost one timeout,
+    /// not a hundred), and waits normally again once the stream has been seen idle.
+    pub(crate) fn synchronize_within(
+        &self,
+        deadline: Option<Instant>,
+        limit: Duration,
+    ) -> Result<()> {
+        let id = self.id();
+        let gave_up_before = GaveUp::contains(id);
+        let deadline = if gave_up_before {
+            Some(Instant::now())
+        } else {
+            deadline
+        };
+        let _guard = self.device().enter()?;
+        let polled = poll_until_idle(
+            || {
+                // SAFETY: the stream is alive (held by self) and its context is current.
+                unsafe { sys::cuStreamQuery(self.raw()) }
+            },
+            deadline,
+            limit,
+        );
+        match polled {
+            Ok(()) => {
+                if gave_up_before {
+                    GaveUp::forget(id);
+                }
+                Ok(())
+            }
+            Err(Polled::Failed(code)) => Err(code
+                .check_on(self.device(), "cuStreamQuery")
+                .err()
+                .unwrap_or_else(|| Error::driver("cuStreamQuery", code))),
+            Err(Polled::TimedOut(after_ms)) => {
+                GaveUp::remember(id);
+                Err(Error::Timeout {
+                    what: if gave_up_before {
+                        "a buffer's pending GPU work to finish before freeing it \
+                         (GPUBIND_DROP_TIMEOUT; an earlier wait on the same stream already \
+                         gave up, so this one did not wait again)"
+                    } else {
+                        "a buffer's pending GPU work to finish before freeing it \
+                         (GPUBIND_DROP_TIMEOUT)"
+                    },
+                    after_ms: if gave_up_before { 0 } else { after_ms },
+                })
+            }
+        }
+    }
+
     /// Makes `to` wait on the device for the work enqueued on `self` so far. `to`'s
     /// context must be current (or `to` must be a non-null stream).
     fn enqueue_wait(&self, to: sys::CUstream) -> Result<()> {
@@ -587,6 +748,11 @@ impl AccessTracker {
     /// Waits for every pending use (before the memory is freed or handed away) and
     /// forgets them: all streams are synchronised even if one fails; the first error is
     /// returned and then nothing is forgotten.
+    ///
+    /// Bounded: past [`drop_timeout`] (`GPUBIND_DROP_TIMEOUT`, default 300 s) the wait
+    /// gives up with [`Error::Timeout`], so a drop after a kernel that never ends (a
+    /// collective waiting for a dead peer, a spinning kernel) leaks the memory and logs
+    /// it instead of blocking for ever.
     pub(crate) fn wait_all(&mut self) -> Result<()> {
         let st = match self.state.get_mut() {
             Ok(st) => st,
@@ -595,7 +761,9 @@ impl AccessTracker {
         if st.is_idle() {
             return Ok(());
         }
-        st.wait_all(StreamRef::synchronize)
+        let limit = drop_timeout();
+        let deadline = Instant::now().checked_add(limit);
+        st.wait_all(|s| s.synchronize_within(deadline, limit))
     }
 
     /// Records a read on `on` that needs no ordering before it (the tracker is never
@@ -883,6 +1051,65 @@ mod tests {
     fn commit1(st: &mut AccessState<S>, id: u64, a: Access) {
         let mut grave = Grave::new();
         st.commit(&[(id, a)], S, &mut grave);
+    }
+
+    #[test]
+    fn polling_ends_on_success_failure_or_the_deadline() {
+        use sys::CUresult::*;
+        let long = Duration::from_secs(60);
+        // Busy three times, then idle.
+        let mut n = 0;
+        let r = poll_until_idle(
+            || {
+                n += 1;
+                if n < 4 {
+                    CUDA_ERROR_NOT_READY
+                } else {
+                    CUDA_SUCCESS
+                }
+            },
+            Instant::now().checked_add(long),
+            long,
+        );
+        assert_eq!((r, n), (Ok(()), 4));
+        // A failure is returned as it is.
+        let r = poll_until_idle(|| CUDA_ERROR_ILLEGAL_ADDRESS, None, long);
+        assert_eq!(r, Err(Polled::Failed(CUDA_ERROR_ILLEGAL_ADDRESS)));
+        // Never idle: gives up at the deadline, not before, and not long after.
+        let limit = Duration::from_millis(30);
+        let t = Instant::now();
+        let r = poll_until_idle(
+            || CUDA_ERROR_NOT_READY,
+            Instant::now().checked_add(limit),
+            limit,
+        );
+        let took = t.elapsed();
+        assert_eq!(r, Err(Polled::TimedOut(30)));
+        assert!(took >= limit && took < Duration::from_secs(2), "{took:?}");
+        // A zero limit: one query, then leak.
+        let mut calls = 0;
+        let r = poll_until_idle(
+            || {
+                calls += 1;
+                CUDA_ERROR_NOT_READY
+            },
+            Some(Instant::now()),
+            Duration::ZERO,
+        );
+        assert_eq!((r, calls), (Err(Polled::TimedOut(0)), 1));
+    }
+
+    #[test]
+    fn drop_timeout_parses_seconds_and_falls_back() {
+        assert_eq!(parse_drop_timeout(None), DEFAULT_DROP_TIMEOUT);
+        assert_eq!(parse_drop_timeout(Some("")), DEFAULT_DROP_TIMEOUT);
+        assert_eq!(parse_drop_timeout(Some(" 5 ")), Duration::from_secs(5));
+        assert_eq!(parse_drop_timeout(Some("0")), Duration::ZERO);
+        assert_eq!(parse_drop_timeout(Some("five")), DEFAULT_DROP_TIMEOUT);
+        assert_eq!(parse_drop_timeout(Some("-1")), DEFAULT_DROP_TIMEOUT);
+        assert_eq!(parse_drop_timeout(Some("None")), Duration::MAX);
+        // `none` means no deadline at all (no overflow, no panic).
+        assert_eq!(Instant::now().checked_add(Duration::MAX), None);
     }
 
     /// The commit fast path agrees with `commit`: whenever it says "no change", a commit

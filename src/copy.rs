@@ -467,19 +467,33 @@ impl<'b> BoundStream<'b> {
         &self,
         f: impl for<'s> FnOnce(&'s CopyScope<'s, 'env>) -> Result<R>,
     ) -> Result<R> {
-        /// Synchronises on unwind, so a panic in `f` cannot end the borrows early.
+        /// Synchronises on unwind, so a panic in `f` cannot end the borrows early; for at
+        /// most `GPUBIND_DROP_TIMEOUT`. The borrowed host memory goes back to its owner
+        /// when the unwinding goes on, so a wait that fails while the device may still
+        /// copy (it gave up on a stream that is still busy) aborts the process instead.
         struct SyncOnUnwind<'x>(&'x BoundStream<'x>, bool);
         impl Drop for SyncOnUnwind<'_> {
             fn drop(&mut self) {
-                if self.1
-                    && let Err(e) = self.0.synchronize()
-                {
+                if !self.1 {
+                    return;
+                }
+                let limit = crate::access::drop_timeout();
+                let deadline = std::time::Instant::now().checked_add(limit);
+                if let Err(e) = self.0.to_ref().synchronize_within(deadline, limit) {
+                    let ordinal = Some(self.0.bound().device().ordinal());
+                    if !crate::faults::nothing_runs_after(&e) {
+                        crate::faults::abort_unreleasable(
+                            format_args!("a copy scope, unwinding"),
+                            ordinal,
+                            &e,
+                        );
+                    }
                     crate::faults::report_drop(
                         format_args!("a copy scope, unwinding"),
-                        Some(self.0.bound().device().ordinal()),
+                        ordinal,
                         "synchronizing its stream",
                         &e,
-                        "its borrows end anyway: a faulted context runs no more copies",
+                        "its borrows end anyway: a poisoned context runs no more copies",
                     );
                 }
             }

@@ -393,8 +393,10 @@ pub enum Error {
         message: String,
     },
 
-    /// Waiting on an IPC socket took longer than allowed: for a message from the peer,
-    /// or (sending) for the peer to read a message that does not fit the socket buffer.
+    /// Waiting took longer than allowed: on an IPC socket, for a message from the peer
+    /// or (sending) for the peer to read a message that does not fit the socket buffer;
+    /// or, in a drop, `into_raw` or a DLPack export, for a buffer's pending GPU work
+    /// (`GPUBIND_DROP_TIMEOUT`; a drop then leaks the memory and logs it).
     #[error("timed out after {after_ms} ms waiting for {what}")]
     Timeout {
         /// What was awaited.

@@ -25,6 +25,40 @@ pub(crate) const LEAKED: &str = "it is leaked (not released)";
 /// After a release call that failed.
 pub(crate) const MAYBE_LEAKED: &str = "the driver did not release it, so it may be leaked";
 
+/// Whether a failed wait for a resource's pending uses means the device will run none of
+/// them any more: only [`Error::ContextPoisoned`] (a sticky error: the context executes no
+/// more work). After any other failure — above all [`Error::Timeout`], a wait that gave
+/// up on work still running — the device may still use the resource, so a drop must leak
+/// it (or, where it cannot, not return: see [`abort_unreleasable`]).
+pub(crate) fn nothing_runs_after(error: &Error) -> bool {
+    matches!(error, Error::ContextPoisoned { .. })
+}
+
+/// For the one kind of resource a drop can neither free nor leak — memory that goes back
+/// to its Rust owner when the drop returns (a [`RegisteredHost`](crate::RegisteredHost)
+/// over borrowed pages, the host side of a [`copy_scope`](crate::BoundStream::copy_scope)
+/// that is unwinding) — when waiting for the device's uses failed while the device may
+/// still run them: returning would let the owner reuse or free pages the GPU still
+/// writes (a use after free in safe code), and waiting on would hang without bound. The
+/// process is aborted with the reason, after logging it at error level.
+#[cold]
+pub(crate) fn abort_unreleasable(
+    what: fmt::Arguments<'_>,
+    device: Option<usize>,
+    error: &Error,
+) -> ! {
+    let dev = device.map(|d| format!(" (device {d})")).unwrap_or_default();
+    let msg = format!(
+        "gpubind: dropping {what}{dev}: waiting for the GPU's pending uses failed: {error}; \
+         the memory goes back to its owner when the drop returns, but the GPU may still \
+         use it, so gpubind aborts the process instead of allowing a use after free \
+         (raise GPUBIND_DROP_TIMEOUT if the work is only slow; docs/faults.md)"
+    );
+    log::error!("{msg}");
+    eprintln!("{msg}");
+    std::process::abort()
+}
+
 /// Reports a failure a `Drop` cannot return, at warn level:
 /// `gpubind: dropping {what} (device {d}): {step}: {error}; {outcome}`.
 pub(crate) fn report_drop(
@@ -44,26 +78,32 @@ pub(crate) fn report_drop(
 
 /// The end of a resource's `Drop`: given the result of waiting for its pending uses,
 /// enters `device`'s context and runs `release` (the driver call `call`). A failed wait
-/// leaks the resource (`release` is not run); every failure is reported.
+/// leaks the resource (`release` is not run); every failure is reported. Returns whether
+/// the resource was released (`false`: leaked, or maybe leaked).
 pub(crate) fn release(
     what: fmt::Arguments<'_>,
     device: &Device,
     waited: Result<()>,
     call: &'static str,
     release: impl FnOnce() -> sys::CUresult,
-) {
+) -> bool {
     let ordinal = Some(device.ordinal());
     if let Err(e) = waited {
         report_drop(what, ordinal, WAIT, &e, LEAKED_UNWAITED);
-        return;
+        return false;
     }
     match device.enter() {
-        Err(e) => report_drop(what, ordinal, ENTER, &e, LEAKED),
-        Ok(_guard) => {
-            if let Err(e) = release().check(call) {
-                report_drop(what, ordinal, RELEASE, &e, MAYBE_LEAKED);
-            }
+        Err(e) => {
+            report_drop(what, ordinal, ENTER, &e, LEAKED);
+            false
         }
+        Ok(_guard) => match release().check(call) {
+            Ok(()) => true,
+            Err(e) => {
+                report_drop(what, ordinal, RELEASE, &e, MAYBE_LEAKED);
+                false
+            }
+        },
     }
 }
 

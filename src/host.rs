@@ -188,10 +188,13 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
     }
 
     /// Unregisters and gives back the owned `Vec`, or `None` for a borrowed range
-    /// (which is then simply unregistered).
+    /// (which is then simply unregistered). `None` too, for an owned `Vec`, if the
+    /// device's pending uses of it could not be waited for (a wait past
+    /// `GPUBIND_DROP_TIMEOUT`): the `Vec` is then leaked, with its registration, and the
+    /// leak logged at warn level — the device may still write it.
     pub fn into_vec(self) -> Option<Vec<T>> {
         let mut me = std::mem::ManuallyDrop::new(self);
-        me.unregister();
+        let released = me.unregister();
         // SAFETY: `me` is never dropped, so the Arc and the tracker are read out (and
         // dropped) once.
         drop(unsafe {
@@ -200,18 +203,25 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
                 std::ptr::read(&me.range.tracker),
             )
         });
-        let cap = me.owned_capacity?;
+        let cap = me.owned_capacity.filter(|_| released)?;
         // SAFETY: ptr/len/cap are those of the Vec `register_vec` took apart; it is
-        // rebuilt exactly once.
+        // rebuilt exactly once, and only when no device use of it can be pending.
         Some(unsafe { Vec::from_raw_parts(me.range.ptr.as_ptr(), me.range.len, cap) })
     }
 
-    /// Waits for the device's pending uses of the range, then unregisters it. The memory
-    /// goes back to its owner after this, so it cannot be leaked: if the wait fails (a
-    /// faulted context, which runs no more work) it is unregistered all the same.
-    fn unregister(&mut self) {
+    /// Waits for the device's pending uses of the range, then unregisters it; returns
+    /// whether the memory may go back to its owner (`false`: leaked, with its
+    /// registration).
+    ///
+    /// If the wait fails because the context is poisoned (it runs no more work), the
+    /// range is unregistered all the same. If it fails otherwise (a wait that gave up
+    /// after `GPUBIND_DROP_TIMEOUT`: the device may still use the memory), an owned `Vec`
+    /// is leaked; borrowed memory cannot be — it goes back to its owner when this
+    /// returns — so the process is aborted rather than let safe code reach pages the GPU
+    /// still writes ([`crate::faults::abort_unreleasable`]).
+    fn unregister(&mut self) -> bool {
         if self.range.len == 0 {
-            return;
+            return true;
         }
         let what = || {
             format!(
@@ -222,13 +232,25 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
         };
         let ordinal = Some(self.range.device.ordinal());
         if let Err(e) = self.range.tracker.wait_all() {
+            if !crate::faults::nothing_runs_after(&e) {
+                if self.owned_capacity.is_none() {
+                    crate::faults::abort_unreleasable(format_args!("{}", what()), ordinal, &e);
+                }
+                crate::faults::report_drop(
+                    format_args!("{}", what()),
+                    ordinal,
+                    crate::faults::WAIT,
+                    &e,
+                    "its Vec is leaked, still registered, because the device may still use it",
+                );
+                return false;
+            }
             crate::faults::report_drop(
                 format_args!("{}", what()),
                 ordinal,
                 crate::faults::WAIT,
                 &e,
-                "unregistering it anyway: the memory goes back to its owner either way, and \
-                 a faulted context runs no more work",
+                "unregistering it anyway: the context is poisoned and runs no more work",
             );
         }
         match self.range.device.enter() {
@@ -255,6 +277,7 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
                 }
             }
         }
+        true
     }
 }
 
@@ -288,8 +311,8 @@ impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
 
 impl<T: DeviceRepr> Drop for RegisteredHost<'_, T> {
     fn drop(&mut self) {
-        self.unregister();
-        if let Some(cap) = self.owned_capacity {
+        let released = self.unregister();
+        if let Some(cap) = self.owned_capacity.filter(|_| released) {
             // SAFETY: the Vec taken apart by `register_vec`, rebuilt once after the
             // memory was unregistered.
             drop(unsafe { Vec::from_raw_parts(self.range.ptr.as_ptr(), self.range.len, cap) });

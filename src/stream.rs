@@ -518,7 +518,6 @@ impl<'b> BoundStream<'b> {
     }
 
     /// This stream as a tracker remembers it.
-    #[cfg(feature = "collective")]
     pub(crate) fn to_ref(&self) -> access::StreamRef {
         self.slot.to_ref()
     }

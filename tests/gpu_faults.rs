@@ -22,9 +22,15 @@ extern "C" __global__ void write_null(unsigned long long p) {
 /// Runs this binary again as `role`, echoing its output line by line (so a hang shows how
 /// far it got); returns its stdout, or the failure.
 fn run_child(role: &str) -> Result<String, String> {
+    run_child_with(role, &[])
+}
+
+/// [`run_child`] with extra environment variables.
+fn run_child_with(role: &str, env: &[(&str, &str)]) -> Result<String, String> {
     use std::io::{BufRead, BufReader};
     let mut child = Command::new(std::env::current_exe().ctx("current_exe")?)
         .env("GPUBIND_CHILD", role)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .ctx("spawn child")?;
@@ -171,18 +177,263 @@ fn poisoned_context_is_typed_and_recovers() -> R {
     Ok(())
 }
 
+/// A kernel that spins for about `ns` nanoseconds of GPU time, writing `p` at the end.
+const SPIN: &str = r#"
+extern "C" __global__ void spin_then_write(unsigned* p, unsigned long long ns) {
+    unsigned long long start;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    unsigned long long now = start;
+    while (now - start < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }
+    *p = 7u;
+}
+"#;
+
+/// Whether `ptr` is still a live device allocation (`cuMemGetAddressRange` finds it): a
+/// leaked buffer is, a freed one is not.
+fn still_mapped(ptr: u64) -> bool {
+    use gpubind::cudarc::driver::sys;
+    let (mut base, mut size) = (0u64, 0usize);
+    // SAFETY: writes one address and one size; the caller's context is current.
+    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+    r == sys::CUresult::CUDA_SUCCESS && base <= ptr && ptr < base + size as u64
+}
+
+/// Launches `spin_then_write(p, ns)` on `s`.
+fn spin<A: gpubind::KernelArg + ?Sized>(
+    s: &gpubind::BoundStream<'_>,
+    f: &gpubind::Function<'_>,
+    p: &A,
+    ns: u64,
+) -> R {
+    // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it writes one u32
+    // into `p`, which holds at least one.
+    unsafe {
+        s.launch(f, LaunchConfig::for_num_elems(1))
+            .arg(p)
+            .arg(&ns)
+            .launch()
+    }
+    .ctx("launch spin_then_write")
+}
+
+/// The child, with `GPUBIND_DROP_TIMEOUT=1`: drops while a kernel spins for 6 s.
+/// - 50 device buffers whose last use is queued behind the kernel: the first drop gives
+///   up after about 1 s, the 49 others at once (one limit per stream); all 50 stay mapped
+///   (leaked, not freed under the kernel).
+/// - an owned registered `Vec` the kernel writes: `into_vec` gives `None` (leaked).
+/// - a `Communicator` whose lane runs a second spinning kernel: its drop returns after
+///   about 1 s more (its own stream's limit).
+/// - the module the kernels run from: leaked, not unloaded.
+/// Then the kernels finish and the process exits cleanly.
+fn child_bounded_drop() -> R {
+    use std::time::{Duration, Instant};
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let dev = Device::get(0).ctx("Device::get")?;
+    let comm = gpubind::Communicator::new(
+        &mut ctx,
+        std::slice::from_ref(&dev),
+        gpubind::CommOptions::kernels(),
+    )
+    .ctx("communicator")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
+    let f = module.function("spin_then_write").ctx("function")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let ns: u64 = 6_000_000_000;
+    let mut bufs = Vec::new();
+    for _ in 0..50 {
+        bufs.push(gpu.alloc_zeros::<u32>(1).ctx("alloc")?);
+    }
+    spin(&s, &f, &bufs[0], ns)?;
+    for b in &mut bufs[1..] {
+        s.memset_async(b, 5u32)
+            .ctx("memset_async behind the kernel")?;
+    }
+    let owned = gpu
+        .register_vec(vec![0u32; 16], gpubind::RegisterOptions::default())
+        .ctx("register_vec")?;
+    spin(&s, &f, &owned, 0)?; // queued behind the first kernel
+    let lane = comm.stream(0).ok_or("no lane 0")?;
+    let lane_buf = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
+    spin(&gpu.on(lane).ctx("on lane")?, &f, &lane_buf, ns)?;
+    // SAFETY: the addresses are only compared and queried, never dereferenced.
+    let ptrs: Vec<u64> = bufs.iter().map(|b| unsafe { b.raw_ptr() }).collect();
+
+    let t = Instant::now();
+    drop(bufs);
+    let buffers_took = t.elapsed();
+    println!("50 buffer drops returned after {buffers_took:?} with the kernel still running");
+    ensure!(
+        buffers_took >= Duration::from_millis(900) && buffers_took < Duration::from_secs(3),
+        "50 drops took {buffers_took:?}, expected about 1 s in all (GPUBIND_DROP_TIMEOUT=1, one \
+         limit per stream)"
+    );
+    let leaked = ptrs.iter().filter(|&&p| still_mapped(p)).count();
+    ensure!(
+        leaked == 50,
+        "only {leaked} of 50 buffers are still mapped: freed under the kernel"
+    );
+    ensure!(
+        owned_into_vec_is_none(owned),
+        "into_vec of a registered Vec still written by the device gave it back"
+    );
+    let t = Instant::now();
+    drop(comm);
+    let comm_took = t.elapsed();
+    println!("Communicator drop returned after {comm_took:?}");
+    ensure!(
+        comm_took >= Duration::from_millis(900) && comm_took < Duration::from_secs(3),
+        "Communicator drop took {comm_took:?}, expected about 1 s"
+    );
+    drop(lane_buf);
+    drop(f);
+    drop(module);
+    s.synchronize().ctx("the kernel finishes")?;
+    gpu.synchronize().ctx("every kernel finishes")?;
+    ensure!(
+        ptrs.iter().all(|&p| still_mapped(p)),
+        "a leaked buffer was freed later"
+    );
+    println!("kernel finished; exiting");
+    Ok(())
+}
+
+fn owned_into_vec_is_none(owned: gpubind::RegisteredHost<'static, u32>) -> bool {
+    owned.into_vec().is_none()
+}
+
+/// The child: a kernel spins for 4 s, then writes a *borrowed* registered range, which
+/// is dropped at once with `GPUBIND_DROP_TIMEOUT=1`. The pages go back to their owner
+/// when the drop returns, so gpubind must abort rather than return.
+fn child_borrowed_registration_aborts() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let dev = Device::get(0).ctx("Device::get")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
+    let f = module.function("spin_then_write").ctx("function")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let mut mine = vec![0u32; 16];
+    let reg = gpu
+        .register_host(&mut mine, gpubind::RegisterOptions::default())
+        .ctx("register_host")?;
+    spin(&s, &f, &reg, 4_000_000_000)?;
+    println!("dropping the registration while the kernel runs");
+    drop(reg);
+    // Not reached: the drop aborts.
+    println!("RETURNED: the pages went back to their owner with the kernel running");
+    mine[0] = 1;
+    Ok(())
+}
+
+/// The child: while a kernel spins for 4 s on one stream, a buffer with no pending use
+/// is allocated and dropped (a plain `cuMemFree`). Prints how long the drop took: CUDA
+/// documents only that `cuMemFree` *may* synchronise the device.
+fn child_unrelated_free() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let dev = Device::get(0).ctx("Device::get")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
+    let f = module.function("spin_then_write").ctx("function")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let busy = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
+    let unrelated = gpu.alloc_zeros::<u32>(1 << 20).ctx("alloc")?;
+    spin(&s, &f, &busy, 4_000_000_000)?;
+    let t = std::time::Instant::now();
+    drop(unrelated);
+    println!("UNRELATED_FREE_MS {}", t.elapsed().as_millis());
+    s.synchronize().ctx("the kernel finishes")?;
+    Ok(())
+}
+
+/// A drop of a buffer that no pending work uses does not wait for unrelated work (a
+/// kernel spinning on another stream): it returns well before the kernel ends.
+fn unrelated_drop_does_not_wait_for_other_work() -> R {
+    let out = run_child("unrelated_free")?;
+    let ms: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("UNRELATED_FREE_MS "))
+        .ok_or_else(|| format!("no timing in child output:\n{out}"))?
+        .trim()
+        .parse()
+        .ctx("parse timing")?;
+    ensure!(
+        ms < 2000,
+        "dropping an unused buffer took {ms} ms while a 4 s kernel ran elsewhere: the free \
+         waited for unrelated work"
+    );
+    Ok(())
+}
+
+/// A drop never blocks without bound: past `GPUBIND_DROP_TIMEOUT` it leaks instead, one
+/// limit per stream.
+fn drop_after_a_long_kernel_is_bounded() -> R {
+    let out = run_child_with("bounded_drop", &[("GPUBIND_DROP_TIMEOUT", "1")])?;
+    ensure!(out.contains("kernel finished"), "child output:\n{out}");
+    Ok(())
+}
+
+/// What cannot be leaked is not returned to its owner under a running kernel either: the
+/// process aborts, with the reason on stderr.
+fn borrowed_registration_past_the_limit_aborts() -> R {
+    use std::os::unix::process::ExitStatusExt;
+    let out = Command::new(std::env::current_exe().ctx("current_exe")?)
+        .env("GPUBIND_CHILD", "borrowed_abort")
+        .env("GPUBIND_DROP_TIMEOUT", "1")
+        .output()
+        .ctx("run child")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("    child stdout: {stdout}\n    child stderr: {stderr}");
+    ensure!(
+        out.status.signal() == Some(6),
+        "expected SIGABRT, got {:?}",
+        out.status
+    );
+    ensure!(!stdout.contains("RETURNED"), "the drop returned");
+    ensure!(
+        stderr.contains("RegisteredHost<u32> of 16 elements")
+            && stderr.contains("aborts the process"),
+        "stderr does not name the registration and the abort:\n{stderr}"
+    );
+    Ok(())
+}
+
 fn main() {
-    if let Some("poison") = child_role().as_deref() {
-        std::process::exit(child_poison().map(|_| 0).unwrap_or_else(|e| {
+    let exit = |r: R| {
+        std::process::exit(r.map(|_| 0).unwrap_or_else(|e| {
             println!("child error: {e}");
             1
-        }));
+        }))
+    };
+    match child_role().as_deref() {
+        Some("poison") => exit(child_poison()),
+        Some("bounded_drop") => exit(child_bounded_drop()),
+        Some("borrowed_abort") => exit(child_borrowed_registration_aborts()),
+        Some("unrelated_free") => exit(child_unrelated_free()),
+        _ => {}
     }
     run_suite(
         "gpu_faults",
-        &[(
-            "poisoned_context_is_typed_and_recovers",
-            poisoned_context_is_typed_and_recovers,
-        )],
+        &[
+            (
+                "poisoned_context_is_typed_and_recovers",
+                poisoned_context_is_typed_and_recovers,
+            ),
+            (
+                "drop_after_a_long_kernel_is_bounded",
+                drop_after_a_long_kernel_is_bounded,
+            ),
+            (
+                "borrowed_registration_past_the_limit_aborts",
+                borrowed_registration_past_the_limit_aborts,
+            ),
+            (
+                "unrelated_drop_does_not_wait_for_other_work",
+                unrelated_drop_does_not_wait_for_other_work,
+            ),
+        ],
     )
 }

@@ -94,16 +94,34 @@ pub(crate) struct Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // If the wait fails (a faulted context) the modules are unloaded all the same:
-        // a faulted context runs no more kernels.
+        // If the wait fails because a context is poisoned, the modules are unloaded all
+        // the same: a poisoned context runs no more kernels. Any other failure (a wait
+        // that gave up after GPUBIND_DROP_TIMEOUT: a kernel may still run) leaks them.
         if let Err(e) = self.work.wait_all() {
-            crate::faults::report_drop(
-                format_args!("a communicator's own-kernel backend"),
-                None,
-                crate::faults::WAIT,
-                &e,
-                "its kernel modules are unloaded anyway: a faulted context runs no more kernels",
-            );
+            if crate::faults::nothing_runs_after(&e) {
+                crate::faults::report_drop(
+                    format_args!("a communicator's own-kernel backend"),
+                    None,
+                    crate::faults::WAIT,
+                    &e,
+                    "its kernel modules are unloaded anyway: a poisoned context runs no more \
+                     kernels",
+                );
+            } else {
+                crate::faults::report_drop(
+                    format_args!("a communicator's own-kernel backend"),
+                    None,
+                    crate::faults::WAIT,
+                    &e,
+                    "its kernel modules are leaked, not unloaded, because a kernel may still \
+                     run",
+                );
+                let kernels = std::mem::take(match self.kernels.get_mut() {
+                    Ok(k) => k,
+                    Err(p) => p.into_inner(),
+                });
+                std::mem::forget(kernels);
+            }
         }
     }
 }

@@ -838,35 +838,39 @@ impl Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         // Let pending collectives finish before the streams, NCCL communicators and
-        // staging buffers go away.
-        // If that fails (a faulted context, which runs no more work), they go anyway.
-        const ANYWAY: &str = "its streams, communicators and staging are released anyway: \
-                              staging waits for its own uses, and a faulted context runs no \
-                              more work";
+        // staging buffers go away, for at most GPUBIND_DROP_TIMEOUT in all.
+        // If a lane's wait fails because its context is poisoned (it runs no more work),
+        // they go anyway. If it gives up on work still running (a collective waiting for
+        // a peer that died), the NCCL communicators are aborted (`ncclCommAbort` is
+        // NCCL's way to end pending operations without waiting), the own-kernel modules
+        // are leaked and staging buffers, which wait for their own uses, are leaked too:
+        // nothing is freed under running work, and the drop returns.
+        let limit = crate::access::drop_timeout();
+        let deadline = std::time::Instant::now().checked_add(limit);
+        let mut work_may_run = false;
         for (stream, _) in &self.lanes {
-            let device = stream.device();
-            let ordinal = Some(device.ordinal());
-            match device.enter() {
-                Err(e) => crate::faults::report_drop(
+            let ordinal = Some(stream.device().ordinal());
+            if let Err(e) = stream.to_ref().synchronize_within(deadline, limit) {
+                let runs = !crate::faults::nothing_runs_after(&e);
+                work_may_run |= runs;
+                crate::faults::report_drop(
                     format_args!("a Communicator"),
                     ordinal,
-                    crate::faults::ENTER,
+                    "waiting for its lane's pending collectives",
                     &e,
-                    ANYWAY,
-                ),
-                Ok(_guard) => {
-                    // SAFETY: a live stream of the current context.
-                    let r = unsafe { cudarc::driver::sys::cuStreamSynchronize(stream.raw()) };
-                    if let Err(e) = crate::driver::Check::check(r, "cuStreamSynchronize") {
-                        crate::faults::report_drop(
-                            format_args!("a Communicator"),
-                            ordinal,
-                            "waiting for its lane's pending collectives",
-                            &e,
-                            ANYWAY,
-                        );
-                    }
-                }
+                    if runs {
+                        "its NCCL communicators are aborted; kernel modules and staging \
+                         buffers still in use are leaked"
+                    } else {
+                        "its streams, communicators and staging are released anyway: a \
+                         poisoned context runs no more work"
+                    },
+                );
+            }
+        }
+        if work_may_run && let Engine::Nccl(comms) = &self.engine {
+            for c in comms {
+                c.abort();
             }
         }
     }

@@ -404,7 +404,7 @@ impl NcclComm {
     }
 
     /// `ncclCommAbort`, once; the handle is not used after.
-    fn abort(&self) {
+    pub(crate) fn abort(&self) {
         if self.aborted.replace(true) {
             return;
         }

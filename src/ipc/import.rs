@@ -261,7 +261,7 @@ impl ImportedPool {
                 DeviceSlice::from_raw(Arc::clone(&self.inner.device), ptr, len)
             }),
             pool: Arc::clone(&self.inner),
-            _live: live,
+            live,
         })
     }
 }
@@ -286,7 +286,7 @@ pub struct ImportedSlice<T: DeviceRepr> {
     pool: Arc<OwnedPool>,
     /// This import's registry entry: dropped after `Drop` has unmapped the slice, and
     /// only then may the allocation be imported again.
-    _live: LiveImport,
+    live: LiveImport,
 }
 
 super::foreign_slice!(ImportedSlice);
@@ -305,11 +305,14 @@ impl<T: DeviceRepr> Drop for ImportedSlice<T> {
             "ImportedSlice<{}> of {len} elements",
             std::any::type_name::<T>()
         );
-        disown_and_free(&mut self.slice, what, "cuMemFree_v2", |p| {
+        let unmapped = disown_and_free(&mut self.slice, what, "cuMemFree_v2", |p| {
             // SAFETY: imported by cuMemPoolImportPointer, unmapped once, in its context,
             // after its own pending uses in this process (run only after the wait
             // succeeded).
             unsafe { sys::cuMemFree_v2(p) }
         });
+        if !unmapped {
+            self.live.keep();
+        }
     }
 }

@@ -171,7 +171,7 @@ impl LegacyIpcHandle {
             // other live import of this process (so no other slice here owns it);
             // LegacySlice's Drop closes it, never DeviceSlice's.
             slice: ManuallyDrop::new(unsafe { DeviceSlice::from_raw(device, ptr, len) }),
-            _live: live,
+            live,
         })
     }
 }
@@ -183,7 +183,7 @@ pub struct LegacySlice<T: DeviceRepr> {
     slice: ManuallyDrop<DeviceSlice<T>>,
     /// This open's registry entry: dropped after `Drop` has closed the mapping, and only
     /// then may the handle be opened again.
-    _live: LiveImport,
+    live: LiveImport,
 }
 
 super::foreign_slice!(LegacySlice);
@@ -195,10 +195,13 @@ impl<T: DeviceRepr> Drop for LegacySlice<T> {
             "LegacySlice<{}> of {len} elements",
             std::any::type_name::<T>()
         );
-        disown_and_free(&mut self.slice, what, "cuIpcCloseMemHandle", |p| {
+        let unmapped = disown_and_free(&mut self.slice, what, "cuIpcCloseMemHandle", |p| {
             // SAFETY: opened by cuIpcOpenMemHandle, closed once, in its context, after
             // its own pending uses in this process (run only after the wait succeeded).
             unsafe { sys::cuIpcCloseMemHandle(p) }
         });
+        if !unmapped {
+            self.live.keep();
+        }
     }
 }

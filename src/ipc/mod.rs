@@ -212,20 +212,21 @@ fn device_by_uuid(uuid: Uuid) -> Result<Arc<Device>> {
 /// `free(ptr)` (the driver call `call`). If the wait fails (a faulted context) the
 /// mapping is leaked, not freed under the device; every failure is logged, naming
 /// `what`. Nothing is freed for a null address. Call once, from the owner's `Drop`; the
-/// slot is dead after.
+/// slot is dead after. Returns whether the mapping is gone (`false`: leaked, so an
+/// import registry entry must stay: see [`registry::LiveImport::keep`]).
 fn disown_and_free<T: DeviceRepr>(
     slot: &mut ManuallyDrop<DeviceSlice<T>>,
     what: std::fmt::Arguments<'_>,
     call: &'static str,
     free: impl FnOnce(sys::CUdeviceptr) -> sys::CUresult,
-) {
+) -> bool {
     // SAFETY: every caller uses the slot exactly once, as the last thing it does with it.
     let slice = unsafe { ManuallyDrop::take(slot) };
     let (device, ptr, waited) = slice.disown_for_free();
     if ptr == 0 {
-        return;
+        return true;
     }
-    crate::faults::release(what, &device, waited, call, || free(ptr));
+    crate::faults::release(what, &device, waited, call, || free(ptr))
 }
 
 /// In `device`'s context (pushed and popped): `free(ptr)` (the driver call `call`), for

@@ -147,7 +147,11 @@ impl State {
         let end = ptr.saturating_add(bytes.max(1));
         self.keys.insert(key.clone());
         self.ranges.insert(ptr, end);
-        Ok(LiveImport { key, start: ptr })
+        Ok(LiveImport {
+            key,
+            start: ptr,
+            kept: false,
+        })
     }
 
     fn remove(&mut self, key: &ImportKey, start: u64) {
@@ -161,11 +165,25 @@ impl State {
 pub(crate) struct LiveImport {
     key: ImportKey,
     start: u64,
+    /// Set by [`keep`](Self::keep): the entry outlives the guard.
+    kept: bool,
+}
+
+impl LiveImport {
+    /// Keeps the entry for the rest of the process: the slice's drop leaked its mapping
+    /// (the device may still use it, e.g. a wait past `GPUBIND_DROP_TIMEOUT`), so a new
+    /// import of the same allocation would alias memory that earlier, untracked work may
+    /// still write. Importing it again is then [`Error::AlreadyImported`].
+    pub(crate) fn keep(&mut self) {
+        self.kept = true;
+    }
 }
 
 impl Drop for LiveImport {
     fn drop(&mut self) {
-        lock().remove(&self.key, self.start);
+        if !self.kept {
+            lock().remove(&self.key, self.start);
+        }
     }
 }
 
