@@ -107,6 +107,25 @@ pub(crate) fn release(
     }
 }
 
+/// [`release`] for a call that may wait for the whole device (`cuMemFree` of
+/// `cuMemAlloc` or managed memory, `cuMemFreeHost`, `cuMemHostUnregister`,
+/// `cuModuleUnload`): made on the device's release thread, waited for up to
+/// `GPUBIND_DROP_TIMEOUT` ([`crate::release`]). Returns whether the resource is gone or
+/// going (`false`: leaked, or maybe leaked).
+pub(crate) fn release_bounded(
+    what: fmt::Arguments<'_>,
+    device: &std::sync::Arc<Device>,
+    waited: Result<()>,
+    call: &'static str,
+    release: crate::release::ReleaseCall,
+) -> bool {
+    if let Err(e) = waited {
+        report_drop(what, Some(device.ordinal()), WAIT, &e, LEAKED_UNWAITED);
+        return false;
+    }
+    crate::release::release(what, device, call, release) != crate::release::Released::Failed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

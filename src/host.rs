@@ -253,30 +253,22 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
                 "unregistering it anyway: the context is poisoned and runs no more work",
             );
         }
-        match self.range.device.enter() {
-            Err(e) => crate::faults::report_drop(
-                format_args!("{}", what()),
-                ordinal,
-                crate::faults::ENTER,
-                &e,
-                "it stays page-locked (the registration is leaked)",
-            ),
-            Ok(_guard) => {
-                let ptr = self.range.ptr.as_ptr();
-                // SAFETY: registered in this context (current here) by `register_raw`;
-                // unregistered once.
-                let r = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
-                if let Err(e) = r.check("cuMemHostUnregister") {
-                    crate::faults::report_drop(
-                        format_args!("{}", what()),
-                        ordinal,
-                        crate::faults::RELEASE,
-                        &e,
-                        "it may stay page-locked (the registration may be leaked)",
-                    );
-                }
-            }
-        }
+        // Made on the device's release thread, waited for up to GPUBIND_DROP_TIMEOUT
+        // (cuMemHostUnregister waits for the whole device: crate::release). If it goes
+        // on in the background the pages go back to their owner still registered, which
+        // is sound: no device use of them is pending (waited for above) and nothing of
+        // gpubind names their device address any more.
+        let ptr = self.range.ptr.as_ptr() as usize;
+        crate::release::release(
+            format_args!("{}", what()),
+            &self.range.device,
+            "cuMemHostUnregister",
+            Box::new(move || {
+                // SAFETY: registered in this context (current while this runs) by
+                // `register_raw`; unregistered once.
+                unsafe { sys::cuMemHostUnregister(ptr as *mut std::ffi::c_void) }
+            }),
+        );
         true
     }
 }
@@ -289,8 +281,8 @@ impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
         // If the wait fails the device may still use the memory: it is leaked rather
         // than freed (and the failure logged).
         let waited = self.range.tracker.wait_all();
-        let ptr = self.range.ptr.as_ptr();
-        crate::faults::release(
+        let ptr = self.range.ptr.as_ptr() as usize;
+        crate::faults::release_bounded(
             format_args!(
                 "PinnedHostBuffer<{}> of {} elements",
                 std::any::type_name::<T>(),
@@ -299,12 +291,12 @@ impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
             &self.range.device,
             waited,
             "cuMemFreeHost",
-            || {
+            Box::new(move || {
                 // SAFETY: allocated by cuMemHostAlloc in this context (current while this
                 // runs); no use is pending (run only after the wait succeeded); freed
                 // once, here.
-                unsafe { sys::cuMemFreeHost(ptr.cast()) }
-            },
+                unsafe { sys::cuMemFreeHost(ptr as *mut std::ffi::c_void) }
+            }),
         );
     }
 }

@@ -108,6 +108,7 @@ pub mod managed;
 pub mod memory;
 pub mod module;
 pub mod poison;
+mod release;
 pub mod stream;
 mod sync;
 

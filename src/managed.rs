@@ -209,7 +209,7 @@ impl<T: DeviceRepr> Drop for ManagedSlice<T> {
         // than freed (and the failure logged).
         let waited = self.tracker.wait_all();
         let ptr = self.ptr;
-        crate::faults::release(
+        crate::faults::release_bounded(
             format_args!(
                 "ManagedSlice<{}> of {} elements",
                 std::any::type_name::<T>(),
@@ -218,12 +218,12 @@ impl<T: DeviceRepr> Drop for ManagedSlice<T> {
             &self.device,
             waited,
             "cuMemFree_v2",
-            || {
+            Box::new(move || {
                 // SAFETY: from cuMemAllocManaged in this context (current while this
                 // runs); no use is pending (run only after the wait succeeded); freed
                 // once, here.
                 unsafe { sys::cuMemFree_v2(ptr) }
-            },
+            }),
         );
     }
 }

@@ -475,11 +475,11 @@ impl<T: DeviceRepr> Drop for DeviceSlice<T> {
         // known (a faulted context), leak rather than free memory the device may use.
         let waited = self.tracker.wait_all();
         let ptr = self.ptr;
-        // `release` pushes our own context for the free and pops it after: the thread's
+        // `release_bounded` pushes our own context for the free and pops it after: the thread's
         // current context is unchanged, whichever device is bound. (The context is
         // retained: we were allocated under a binding and hold an Arc<Device>.) Failures
         // are logged.
-        crate::faults::release(
+        crate::faults::release_bounded(
             format_args!(
                 "DeviceSlice<{}> of {} elements",
                 std::any::type_name::<T>(),
@@ -488,12 +488,12 @@ impl<T: DeviceRepr> Drop for DeviceSlice<T> {
             &self.device,
             waited,
             "cuMemFree_v2",
-            || {
+            Box::new(move || {
                 // SAFETY: `ptr` came from cuMemAlloc in this context (current while this
                 // runs), no use of it is pending (`release` runs this only after the wait
                 // succeeded), and it is freed once, here.
                 unsafe { sys::cuMemFree_v2(ptr) }
-            },
+            }),
         );
     }
 }

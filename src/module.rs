@@ -195,18 +195,18 @@ impl Drop for Module {
         // Unload only once no launched kernel can still run; if that cannot be known (a
         // faulted context), leak the module instead (and log it).
         let waited = self.launches.wait_all();
-        let raw = self.raw;
-        crate::faults::release(
+        let raw = self.raw as usize;
+        crate::faults::release_bounded(
             format_args!("a Module"),
             &self.device,
             waited,
             "cuModuleUnload",
-            || {
+            Box::new(move || {
                 // SAFETY: loaded in this context (current while this runs), unloaded once
                 // here, after every kernel launched from it has finished (run only after
                 // the wait succeeded); no Function outlives the module (they borrow it).
-                unsafe { sys::cuModuleUnload(raw) }
-            },
+                unsafe { sys::cuModuleUnload(raw as sys::CUmodule) }
+            }),
         );
     }
 }

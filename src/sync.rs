@@ -1,14 +1,15 @@
 //! Synchronisation primitives, swapped for loom's models under `--cfg loom`.
 //!
 //! Only the state that the loom tests model goes through here: the per-thread
-//! [`ThreadContext`](crate::ThreadContext) slot, the lazy primary-context retain and the
-//! buffers' access trackers (`crate::access`).
+//! [`ThreadContext`](crate::ThreadContext) slot, the lazy primary-context retain, the
+//! buffers' access trackers (`crate::access`) and the hand-over of a release to its
+//! device's release thread (`crate::release`).
 
 #[cfg(loom)]
-pub(crate) use loom::sync::{Mutex, MutexGuard};
+pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard, atomic::AtomicUsize};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Mutex, MutexGuard};
+pub(crate) use std::sync::{Condvar, Mutex, MutexGuard, atomic::AtomicUsize};
 
 /// Locks a mutex, recovering from poisoning: our critical sections leave the state
 /// consistent even when a panic unwinds through them (they only store a value at the end).

@@ -340,18 +340,18 @@ impl Drop for Staging {
         // Wait for the streams that may still read or write the buffer; if that cannot be
         // established (a faulted context), leak it rather than free it under the device.
         let waited = self.tracker.wait_all();
-        let host = self.host;
-        crate::faults::release(
+        let host = self.host as usize;
+        crate::faults::release_bounded(
             format_args!("a collective staging buffer of {} bytes", self.bytes),
             &self.owner,
             waited,
             "cuMemFreeHost",
-            || {
+            Box::new(move || {
                 // SAFETY: allocated by cuMemHostAlloc in the owner's context (current
                 // while this runs), freed once, with no work pending on it (run only after
                 // the wait succeeded).
-                unsafe { sys::cuMemFreeHost(host) }
-            },
+                unsafe { sys::cuMemFreeHost(host as *mut std::ffi::c_void) }
+            }),
         );
     }
 }

@@ -1,0 +1,458 @@
+//! Release calls that may wait for the whole device, run with a time limit.
+//!
+//! Some driver release calls synchronise with *every* piece of work on the device, not
+//! only with the resource's own: measured on an H200 (driver 580), `cuMemFree` of
+//! `cuMemAlloc` memory, `cuMemFree` of managed memory, `cuMemFreeHost`,
+//! `cuMemHostUnregister` and `cuModuleUnload` each returned only when a kernel spinning
+//! on an unrelated stream ended (3 s), while `cuStreamDestroy`, `cuEventDestroy` and
+//! `cuMemFree` of stream-ordered (pool) memory returned at once. CUDA documents this only
+//! as "may perform implicit synchronization". A drop that made such a call inline would
+//! block for as long as any kernel anywhere on the device runs: without bound, if one
+//! never ends.
+//!
+//! So a drop hands such a call to its device's **release thread** (one per device,
+//! started on first use) and waits for it up to `GPUBIND_DROP_TIMEOUT`
+//! ([`crate::access::drop_timeout`]). Normally the call finishes long before, and the
+//! drop returns after the resource is gone, as if the call had been made inline. If the
+//! limit passes, the drop logs that the release goes on in the background and returns;
+//! the resource is unreachable by then (its owner is being dropped), and its own uses
+//! were waited for before, so finishing later is sound. While a release the drop gave up
+//! on is still running, later drops of the device do not wait at all (the thread is busy
+//! behind the same unrelated work): one limit per device, not one per drop.
+//!
+//! The release thread makes the resource's context current itself (push/pop), as the
+//! inline release did, so the dropping thread's binding is never touched.
+
+use crate::device::Device;
+use crate::driver::Check;
+use crate::error::Error;
+use crate::sync::{self, AtomicUsize, Condvar};
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// A release call: the driver call's name and the call itself, made with the resource's
+/// context current. `Send + 'static`: it runs on the release thread.
+pub(crate) type ReleaseCall = Box<dyn FnOnce() -> cudarc::driver::sys::CUresult + Send>;
+
+/// How a [`release`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// The call returned success before the drop returned.
+    Done,
+    /// The call failed, or the context could not be entered (logged): the resource may
+    /// be leaked.
+    Failed,
+    /// The limit passed first: the call goes on on the release thread (logged), which
+    /// logs its failure, if any, when it ends.
+    InBackground,
+}
+
+/// A failure a release reports: the step (e.g. [`crate::faults::RELEASE`]) and the error.
+type Failure = Option<(&'static str, Error)>;
+
+/// What the dropping thread and the release thread share about one job.
+enum JobState {
+    /// The release thread has not finished; the dropping thread still waits.
+    Waiting,
+    /// The dropping thread stopped waiting; the release thread reports a failure itself,
+    /// naming this (what was dropped, and its device).
+    Abandoned(String, Option<usize>),
+    /// Finished while the dropping thread waited, with its failure, if any.
+    Finished(Failure),
+}
+
+/// The hand-over of one job between the caller (a drop) and the release thread.
+struct Handshake {
+    state: sync::Mutex<JobState>,
+    ready: Condvar,
+}
+
+/// What the release thread must report itself: the caller gave up on the job.
+type LateReport = (String, Option<usize>, Failure);
+
+impl Handshake {
+    fn new() -> Handshake {
+        Handshake {
+            state: sync::Mutex::new(JobState::Waiting),
+            ready: Condvar::new(),
+        }
+    }
+
+    /// Release thread: the job ended with `failure`. If the caller still waits it is
+    /// woken and given the failure; if it gave up, the counter is decremented and the
+    /// report is returned, for the release thread to log.
+    fn finish(&self, failure: Failure, abandoned: &AtomicUsize) -> Option<LateReport> {
+        let mut st = sync::lock(&self.state);
+        match std::mem::replace(&mut *st, JobState::Finished(None)) {
+            JobState::Abandoned(what, ordinal) => {
+                abandoned.fetch_sub(1, Ordering::AcqRel);
+                Some((what, ordinal, failure))
+            }
+            _ => {
+                *st = JobState::Finished(failure);
+                self.ready.notify_all();
+                None
+            }
+        }
+    }
+
+    /// Caller: waits until the job ends (`Some(failure)`) or `deadline` passes (`None`:
+    /// no deadline). At the deadline, under the same lock, the job is marked abandoned
+    /// (named by `what`) and the counter incremented: exactly one side reports.
+    fn wait(
+        &self,
+        deadline: Option<Instant>,
+        abandoned: &AtomicUsize,
+        what: impl FnOnce() -> (String, Option<usize>),
+    ) -> Option<Failure> {
+        let mut st = sync::lock(&self.state);
+        loop {
+            if let JobState::Finished(failure) = &mut *st {
+                return Some(failure.take());
+            }
+            let now = Instant::now();
+            match deadline {
+                Some(d) if now >= d => break,
+                Some(d) => {
+                    st = self
+                        .ready
+                        .wait_timeout(st, d - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+                None => st = self.ready.wait(st).unwrap_or_else(|p| p.into_inner()),
+            }
+        }
+        let (name, ordinal) = what();
+        *st = JobState::Abandoned(name, ordinal);
+        abandoned.fetch_add(1, Ordering::AcqRel);
+        None
+    }
+}
+
+/// One job: the work (which drops everything it captured before it returns) and where to
+/// say it ended.
+struct Job {
+    work: Box<dyn FnOnce() -> Failure + Send>,
+    slot: Arc<Handshake>,
+}
+
+/// A release thread.
+struct Worker {
+    queue: Mutex<mpsc::Sender<Job>>,
+    /// Jobs a caller gave up waiting for that have not ended: while any is pending,
+    /// callers hand their job over without waiting.
+    abandoned: Arc<AtomicUsize>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How [`Worker::run`] ended.
+enum Outcome {
+    Finished(Failure),
+    /// Still running at the deadline: the worker reports a failure itself.
+    Abandoned,
+    /// The worker thread is gone: the job is given back, not run.
+    NoWorker(Box<dyn FnOnce() -> Failure + Send>),
+}
+
+impl std::fmt::Debug for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Finished(failure) => write!(f, "Finished({failure:?})"),
+            Outcome::Abandoned => f.write_str("Abandoned"),
+            Outcome::NoWorker(_) => f.write_str("NoWorker"),
+        }
+    }
+}
+
+impl Worker {
+    fn spawn(name: String) -> std::io::Result<Worker> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let abandoned = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&abandoned);
+        std::thread::Builder::new().name(name).spawn(move || {
+            for job in rx {
+                run_job(job, &counter);
+            }
+        })?;
+        Ok(Worker {
+            queue: Mutex::new(tx),
+            abandoned,
+        })
+    }
+
+    /// Hands `work` to the thread and waits for it until `limit` has passed (`None`: no
+    /// limit), or not at all while an earlier abandoned job is still running. `what`
+    /// names the resource if the job is abandoned.
+    fn run(
+        &self,
+        work: Box<dyn FnOnce() -> Failure + Send>,
+        limit: Option<Duration>,
+        what: impl FnOnce() -> (String, Option<usize>),
+    ) -> Outcome {
+        let slot = Arc::new(Handshake::new());
+        let job = Job {
+            work,
+            slot: Arc::clone(&slot),
+        };
+        if let Err(mpsc::SendError(job)) = lock(&self.queue).send(job) {
+            return Outcome::NoWorker(job.work);
+        }
+        let deadline = if self.abandoned.load(Ordering::Acquire) > 0 {
+            Some(Instant::now())
+        } else {
+            limit.and_then(|l| Instant::now().checked_add(l))
+        };
+        match slot.wait(deadline, &self.abandoned, what) {
+            Some(failure) => Outcome::Finished(failure),
+            None => Outcome::Abandoned,
+        }
+    }
+}
+
+/// The release thread of device `ordinal` (started on first use), or `None` if the
+/// thread cannot be spawned (then calls run inline).
+fn worker(ordinal: usize) -> Option<&'static Worker> {
+    static WORKERS: OnceLock<Mutex<Vec<Option<&'static Worker>>>> = OnceLock::new();
+    let mut all = lock(WORKERS.get_or_init(|| Mutex::new(Vec::new())));
+    if all.len() <= ordinal {
+        all.resize(ordinal + 1, None);
+    }
+    if let Some(w) = all[ordinal] {
+        return Some(w);
+    }
+    match Worker::spawn(format!("gpubind-release-{ordinal}")) {
+        Ok(w) => {
+            // Leaked on purpose: one per device for the life of the process.
+            let w: &'static Worker = Box::leak(Box::new(w));
+            all[ordinal] = Some(w);
+            Some(w)
+        }
+        Err(e) => {
+            log::warn!(
+                "gpubind: cannot start the release thread of device {ordinal} ({e}); \
+                 releases run inline (without a time limit)"
+            );
+            None
+        }
+    }
+}
+
+/// Enters the context and makes the call: the failure, if any.
+fn enter_and_call(device: &Device, call_name: &'static str, call: ReleaseCall) -> Failure {
+    match device.enter() {
+        Err(e) => Some((crate::faults::ENTER, e)),
+        Ok(_guard) => call()
+            .check(call_name)
+            .err()
+            .map(|e| (crate::faults::RELEASE, e)),
+    }
+}
+
+fn run_job(job: Job, abandoned: &AtomicUsize) {
+    let Job { work, slot } = job;
+    // `work` drops what it captured (an Arc<Device>) before it returns, so a caller that
+    // is told the job finished holds the last references again.
+    let failure = work();
+    match slot.finish(failure, abandoned) {
+        Some((what, ordinal, Some((step, e)))) => crate::faults::report_drop(
+            format_args!("{what}"),
+            ordinal,
+            step,
+            &e,
+            crate::faults::MAYBE_LEAKED,
+        ),
+        Some((what, _, None)) => {
+            log::info!("gpubind: dropping {what}: the release finished in the background")
+        }
+        None => {}
+    }
+}
+
+/// Runs `call` (the driver call `call_name`) in `device`'s context on the device's
+/// release thread and waits for it up to [`crate::access::drop_timeout`]; reports a
+/// failure naming `what`. See the [module docs](self).
+pub(crate) fn release(
+    what: fmt::Arguments<'_>,
+    device: &Arc<Device>,
+    call_name: &'static str,
+    call: ReleaseCall,
+) -> Released {
+    let limit = crate::access::drop_timeout();
+    let ordinal = device.ordinal();
+    let finished = |failure: Failure| match failure {
+        None => Released::Done,
+        Some((step, e)) => {
+            let outcome = if step == crate::faults::ENTER {
+                crate::faults::LEAKED
+            } else {
+                crate::faults::MAYBE_LEAKED
+            };
+            crate::faults::report_drop(what, Some(ordinal), step, &e, outcome);
+            Released::Failed
+        }
+    };
+    // Unbounded by request, or a poisoned context (entering fails at once): no thread.
+    if limit == Duration::MAX || device.is_poisoned() {
+        return finished(enter_and_call(device, call_name, call));
+    }
+    let Some(worker) = worker(ordinal) else {
+        return finished(enter_and_call(device, call_name, call));
+    };
+    let dev = Arc::clone(device);
+    let work = Box::new(move || enter_and_call(&dev, call_name, call));
+    match worker.run(work, Some(limit), || (what.to_string(), Some(ordinal))) {
+        Outcome::Finished(failure) => finished(failure),
+        Outcome::NoWorker(work) => finished(work()),
+        Outcome::Abandoned => {
+            log::warn!(
+                "gpubind: dropping {what} (device {ordinal}): {call_name} did not return \
+                 within GPUBIND_DROP_TIMEOUT ({} ms): it waits for unrelated work on the \
+                 device (CUDA may synchronise the whole device in this call); the release \
+                 goes on in the background",
+                limit.as_millis()
+            );
+            Released::InBackground
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    fn gate() -> (mpsc::Sender<()>, Box<dyn FnOnce() -> Failure + Send>) {
+        let (open, wait) = channel::<()>();
+        let work: Box<dyn FnOnce() -> Failure + Send> = Box::new(move || {
+            let _ = wait.recv();
+            None
+        });
+        (open, work)
+    }
+
+    fn what() -> (String, Option<usize>) {
+        ("a test resource".into(), Some(0))
+    }
+
+    /// A job that ends in time is waited for and its failure handed back; one that does
+    /// not is abandoned at the limit; while it is stuck, later jobs are not waited for at
+    /// all; once it ends, waiting resumes.
+    #[test]
+    fn waits_up_to_the_limit_then_once_per_stuck_worker() {
+        let w = Worker::spawn("release-test".into()).expect("spawn");
+        let limit = Some(Duration::from_millis(100));
+        // Ends at once, with a failure: handed back.
+        let failing: Box<dyn FnOnce() -> Failure + Send> =
+            Box::new(|| Some((crate::faults::RELEASE, Error::InvalidArgument("x".into()))));
+        match w.run(failing, limit, what) {
+            Outcome::Finished(Some((step, _))) => assert_eq!(step, crate::faults::RELEASE),
+            other => panic!("{other:?}"),
+        }
+        // Stuck: abandoned after about the limit.
+        let (open, stuck) = gate();
+        let t = Instant::now();
+        assert!(matches!(w.run(stuck, limit, what), Outcome::Abandoned));
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_millis(100) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+        assert_eq!(w.abandoned.load(Ordering::Acquire), 1);
+        // Queued behind the stuck one: not waited for.
+        let t = Instant::now();
+        assert!(matches!(
+            w.run(Box::new(|| None), limit, what),
+            Outcome::Abandoned
+        ));
+        assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+        // Unstuck: both end, the counter returns to 0, and waiting resumes.
+        open.send(()).expect("open");
+        let t = Instant::now();
+        while w.abandoned.load(Ordering::Acquire) != 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "abandoned jobs never ended"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        match w.run(Box::new(|| None), limit, what) {
+            Outcome::Finished(None) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// No limit: the caller waits for as long as the job takes.
+    #[test]
+    fn no_limit_waits_for_the_job() {
+        let w = Worker::spawn("release-test-2".into()).expect("spawn");
+        let (open, slow) = gate();
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            open.send(()).expect("open");
+        });
+        let t = Instant::now();
+        assert!(matches!(w.run(slow, None, what), Outcome::Finished(None)));
+        assert!(t.elapsed() >= Duration::from_millis(150));
+        opener.join().expect("opener");
+    }
+}
+
+/// Model checks of the hand-over (`.ci/run` runs them with `RUSTFLAGS="--cfg loom"`):
+/// whatever the interleaving, exactly one side ends a job's story — the caller gets the
+/// failure, or the release thread reports it — and the abandoned-job counter returns to
+/// zero; a caller without a deadline is always woken.
+#[cfg(all(test, loom))]
+mod loom_models {
+    use super::*;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    fn failure() -> Failure {
+        Some((crate::faults::RELEASE, Error::InvalidArgument("x".into())))
+    }
+
+    /// The caller gives up at once (its deadline has passed) while the release thread
+    /// finishes: either may win the lock.
+    #[test]
+    fn loom_release_give_up_races_finish() {
+        loom::model(|| {
+            let hs = Arc::new(Handshake::new());
+            let abandoned = Arc::new(AtomicUsize::new(0));
+            let (h2, a2) = (Arc::clone(&hs), Arc::clone(&abandoned));
+            let worker = thread::spawn(move || h2.finish(failure(), &a2));
+            let got = hs.wait(Some(Instant::now()), &abandoned, || ("r".into(), Some(0)));
+            let late = worker.join().unwrap();
+            match (got, late) {
+                (Some(f), None) => assert!(f.is_some()),
+                (None, Some((what, _, f))) => {
+                    assert_eq!(what, "r");
+                    assert!(f.is_some());
+                }
+                (g, l) => panic!("both or neither reported: {g:?} / {l:?}"),
+            }
+            assert_eq!(abandoned.load(Ordering::Acquire), 0);
+        });
+    }
+
+    /// Without a deadline the caller always gets the result: no lost wake-up.
+    #[test]
+    fn loom_release_waiter_is_always_woken() {
+        loom::model(|| {
+            let hs = Arc::new(Handshake::new());
+            let abandoned = Arc::new(AtomicUsize::new(0));
+            let (h2, a2) = (Arc::clone(&hs), Arc::clone(&abandoned));
+            let worker = thread::spawn(move || h2.finish(None, &a2));
+            let got = hs.wait(None, &abandoned, || ("r".into(), None));
+            assert!(matches!(got, Some(None)));
+            assert!(worker.join().unwrap().is_none());
+            assert_eq!(abandoned.load(Ordering::Acquire), 0);
+        });
+    }
+}
