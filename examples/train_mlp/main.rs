@@ -3,25 +3,39 @@
 //! ```text
 //! cargo run --release --example train_mlp -- [--devices 0,1 | --devices 0,0] [--epochs 20]
 //!     [--batch 4096] [--hidden 256] [--lr 0.1] [--backend kernels|nccl] [--seed 1]
+//!     [--steps 16]
 //! ```
 //!
 //! Each rank (an entry of `--devices`; default: every visible device, once) holds a full
 //! replica of the model and one shard of every batch. A step is: bind each rank's device
-//! and enqueue forward + backward on its communicator stream (cuBLAS products and NVRTC
-//! kernels), then one `ctx.group` all-reduce of the gradients over all ranks, then an SGD
-//! step on every replica. The types make sure each rank's work runs in its own context.
-//! The same device may be listed twice (`--devices 0,0`) to exercise two ranks on one GPU.
+//! and enqueue, on its communicator stream, the upload of its shard from page-locked
+//! memory, forward + backward (cuBLAS products and NVRTC kernels), then one `ctx.group`
+//! all-reduce of the flat gradients over all ranks, then one fused SGD launch on every
+//! replica; the step's loss is written by a kernel straight into page-locked host memory.
+//! The host enqueues all steps of an epoch (`--steps`) and waits once per epoch. The types
+//! make sure each rank's work runs in its own context. The same device may be listed
+//! twice (`--devices 0,0`) to exercise two ranks on one GPU.
 //!
 //! The task is synthetic and seeded: labels are the argmax of a fixed random teacher MLP.
+//!
+//! The last line is machine-readable (`scripts/compare-train.sh` reads it):
+//! `RESULT impl=gpubind mode=eager batch=B ranks=R samples_per_s=S tflops=T frac_fp32=F`,
+//! with `tflops` counted as `2·M·N·K` per matrix product of the step
+//! ([`mlp::Shape::flops_per_sample`]) over epochs 1.. and `frac_fp32` its fraction of
+//! [`H200_FP32_TFLOPS`] times the number of distinct devices.
 
 #[path = "mlp.rs"]
 mod mlp;
 
 use gpubind::collective::{CommOptions, Communicator};
 use gpubind::{Device, Error, ThreadContext};
-use mlp::{Replica, Shape};
+use mlp::{Kernels, PinnedBatch, Replica, Shape};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Dense FP32 peak of one H200 SXM without tensor cores, TFLOP/s: NVIDIA's H200 datasheet
+/// gives 67; it is 16,896 FP32 lanes × 2 FLOP (FMA) × 1.98 GHz boost = 66.9.
+const H200_FP32_TFLOPS: f64 = 67.0;
 
 struct Args {
     devices: Option<Vec<usize>>,
@@ -108,7 +122,7 @@ fn run(args: &Args) -> gpubind::Result<()> {
         None => Device::all()?,
     };
     let ranks = devices.len();
-    if args.batch % ranks != 0 {
+    if !args.batch.is_multiple_of(ranks) {
         return Err(Error::InvalidArgument(format!(
             "--batch {} is not divisible by {ranks} ranks",
             args.batch
@@ -126,6 +140,7 @@ fn run(args: &Args) -> gpubind::Result<()> {
     let params = mlp::init_params(shape, args.seed.wrapping_add(17));
 
     let mut ctx = ThreadContext::acquire()?;
+    let steps = args.steps_per_epoch;
     let options = if args.nccl {
         CommOptions::nccl()
     } else {
@@ -133,10 +148,28 @@ fn run(args: &Args) -> gpubind::Result<()> {
     };
     let comm = Communicator::new(&mut ctx, &devices, options)?;
     let mut replicas = Vec::with_capacity(ranks);
-    for dev in &devices {
+    let mut kernels = Vec::with_capacity(ranks);
+    // batches[step][rank]: each rank's shard of each step, page-locked once, up front.
+    let mut batches: Vec<Vec<PinnedBatch>> = (0..steps).map(|_| Vec::new()).collect();
+    for (r, dev) in devices.iter().enumerate() {
         let gpu = ctx.bind(dev)?;
-        replicas.push(Replica::new(&gpu, shape, &params, shard)?);
+        replicas.push(Replica::with_loss_slots(
+            &gpu, shape, &params, shard, steps,
+        )?);
+        kernels.push(Kernels::load(&gpu)?);
+        for (step, shards) in batches.iter_mut().enumerate() {
+            let rows = step * args.batch + r * shard;
+            shards.push(PinnedBatch::new(
+                &gpu,
+                &x[rows * shape.input..(rows + shard) * shape.input],
+                &y[rows..rows + shard],
+            )?);
+        }
     }
+    let fns = kernels
+        .iter()
+        .map(Kernels::fns)
+        .collect::<gpubind::Result<Vec<_>>>()?;
     let names: Vec<String> = devices
         .iter()
         .map(|d| format!("{}:{}", d.ordinal(), d.name()))
@@ -153,28 +186,26 @@ fn run(args: &Args) -> gpubind::Result<()> {
         args.steps_per_epoch
     );
 
-    let (mu, input) = (0.9f32, shape.input);
+    let mu = 0.9f32;
     let mut first_loss = None;
     let mut last_loss = 0.0;
     let mut total_samples = 0usize;
     let mut total_time = 0.0f64;
     for epoch in 0..args.epochs {
         let start = Instant::now();
-        let mut loss_sum = 0.0f64;
-        for step in 0..args.steps_per_epoch {
-            let rows = step * args.batch;
-            loss_sum += mlp::data_parallel_step(
-                &mut ctx,
-                &comm,
-                &devices,
-                &mut replicas,
-                &x[rows * input..(rows + args.batch) * input],
-                &y[rows..rows + args.batch],
-                args.lr,
-                mu,
-            )?;
-        }
+        let losses = mlp::train_steps(
+            &mut ctx,
+            &comm,
+            &devices,
+            &mut replicas,
+            &fns,
+            &batches,
+            args.batch,
+            args.lr,
+            mu,
+        )?;
         let secs = start.elapsed().as_secs_f64();
+        let loss_sum: f64 = losses.iter().sum();
         let samples = args.batch * args.steps_per_epoch;
         if epoch > 0 {
             // The first epoch includes warm-up (cuBLAS heuristics, first launches).
@@ -194,7 +225,7 @@ fn run(args: &Args) -> gpubind::Result<()> {
     let gpu = ctx.bind(&devices[0])?;
     let rep = &mut replicas[0];
     rep.load_batch(&gpu, &test_x, &test_y)?;
-    rep.forward(&gpu.default_stream())?;
+    rep.forward(&gpu.default_stream(), &fns[0])?;
     gpu.synchronize()?;
     let logits = rep.logits(&gpu)?;
     let correct = (0..shard)
@@ -212,6 +243,15 @@ fn run(args: &Args) -> gpubind::Result<()> {
         first_loss.unwrap_or(0.0),
         100.0 * correct as f64 / shard as f64,
         args.epochs
+    );
+    let tflops = throughput * shape.flops_per_sample() / 1e12;
+    let mut distinct: Vec<usize> = devices.iter().map(|d| d.ordinal()).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    println!(
+        "RESULT impl=gpubind mode=eager batch={} ranks={ranks} samples_per_s={throughput:.0} tflops={tflops:.3} frac_fp32={:.4}",
+        args.batch,
+        tflops / (H200_FP32_TFLOPS * distinct.len() as f64)
     );
     Ok(())
 }
