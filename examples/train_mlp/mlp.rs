@@ -329,7 +329,7 @@ mod tests {
         assert!(u32_of("x", i32::MAX as usize).is_ok());
         assert!(matches!(
             u32_of("x", i32::MAX as usize + 1),
-            Err(Error::InvalidArgument(_))
+            Err(gpubind::Error::InvalidArgument(_))
         ));
         let cfg = elementwise(u32::MAX);
         assert_eq!(cfg.grid_dim.0, 4096);
