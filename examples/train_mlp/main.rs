@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release --example train_mlp -- [--devices 0,1 | --devices 0,0] [--epochs 20]
 //!     [--batch 4096] [--hidden 256] [--lr 0.1] [--backend kernels|nccl] [--seed 1]
-//!     [--steps 16]
+//!     [--steps 16] [--dump-data DIR]
 //! ```
 //!
 //! Each rank (an entry of `--devices`; default: every visible device, once) holds a full
@@ -17,6 +17,11 @@
 //! twice (`--devices 0,0`) to exercise two ranks on one GPU.
 //!
 //! The task is synthetic and seeded: labels are the argmax of a fixed random teacher MLP.
+//!
+//! `--dump-data DIR` writes the run's training data and initial parameters (little-endian
+//! raw files: `x.f32` rows×input, `y.u32`, `params.f32` with W1 b1 W2 b2 W3 b3 back to
+//! back, each W row-major input×output, and `meta.txt`) and exits without touching a GPU:
+//! `scripts/torch_mlp.py --data DIR` trains PyTorch on exactly the same data and weights.
 //!
 //! The last line is machine-readable (`scripts/compare-train.sh` reads it):
 //! `RESULT impl=gpubind mode=eager batch=B ranks=R samples_per_s=S tflops=T frac_fp32=F`,
@@ -46,6 +51,7 @@ struct Args {
     nccl: bool,
     seed: u64,
     steps_per_epoch: usize,
+    dump_data: Option<std::path::PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -58,6 +64,7 @@ fn parse_args() -> Result<Args, String> {
         nccl: false,
         seed: 1,
         steps_per_epoch: 16,
+        dump_data: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -81,6 +88,7 @@ fn parse_args() -> Result<Args, String> {
             "--lr" => a.lr = val()?.parse().map_err(|e| format!("--lr: {e}"))?,
             "--seed" => a.seed = val()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--steps" => a.steps_per_epoch = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
+            "--dump-data" => a.dump_data = Some(val()?.into()),
             "--backend" => {
                 a.nccl = match val()?.as_str() {
                     "nccl" => true,
@@ -113,7 +121,62 @@ fn main() {
     }
 }
 
+/// Writes the training data and the initial parameters for `scripts/torch_mlp.py`.
+fn dump_data(
+    dir: &std::path::Path,
+    args: &Args,
+    shape: Shape,
+    x: &[f32],
+    y: &[u32],
+    params: &[Vec<f32>],
+) -> gpubind::Result<()> {
+    let io = |what: &str, e: std::io::Error| {
+        Error::InvalidArgument(format!("--dump-data {}: {what}: {e}", dir.display()))
+    };
+    fn bytes<T: Copy>(v: &[T], to_le: impl Fn(T) -> [u8; 4]) -> Vec<u8> {
+        v.iter().flat_map(|&e| to_le(e)).collect()
+    }
+    std::fs::create_dir_all(dir).map_err(|e| io("create", e))?;
+    let flat: Vec<f32> = params.iter().flatten().copied().collect();
+    for (name, data) in [
+        ("x.f32", bytes(x, f32::to_le_bytes)),
+        ("y.u32", bytes(y, u32::to_le_bytes)),
+        ("params.f32", bytes(&flat, f32::to_le_bytes)),
+    ] {
+        std::fs::write(dir.join(name), data).map_err(|e| io(name, e))?;
+    }
+    let meta = format!(
+        "input {}\nhidden {}\nclasses {}\nbatch {}\nsteps {}\nseed {}\nrows {}\n",
+        shape.input,
+        shape.hidden,
+        shape.classes,
+        args.batch,
+        args.steps_per_epoch,
+        args.seed,
+        y.len()
+    );
+    std::fs::write(dir.join("meta.txt"), meta).map_err(|e| io("meta.txt", e))?;
+    println!(
+        "train_mlp: wrote {} rows and {} parameters to {}",
+        y.len(),
+        flat.len(),
+        dir.display()
+    );
+    Ok(())
+}
+
 fn run(args: &Args) -> gpubind::Result<()> {
+    if let Some(dir) = &args.dump_data {
+        // No GPU needed: the data and the initial weights are made on the CPU.
+        let shape = Shape {
+            input: 32,
+            hidden: args.hidden,
+            classes: 8,
+        };
+        let (x, y) = mlp::teacher_data(shape, args.batch * args.steps_per_epoch, args.seed);
+        let params = mlp::init_params(shape, args.seed.wrapping_add(17));
+        return dump_data(dir, args, shape, &x, &y, &params);
+    }
     let devices: Vec<Arc<Device>> = match &args.devices {
         Some(list) => list
             .iter()
