@@ -264,8 +264,8 @@ fn data_parallel_step_matches_single_replica() -> R {
     Ok(())
 }
 
-/// Checks GPU tensors against the CPU's, each to 1e-4 of its largest magnitude.
-fn close_to(label: &str, gpu: &[Vec<f32>], cpu: &[Vec<f32>]) -> R {
+/// Checks GPU tensors against the CPU's (f64 sums), each to `tol` of its largest magnitude.
+fn close_to(label: &str, gpu: &[Vec<f32>], cpu: &[Vec<f32>], tol: f32) -> R {
     ensure!(
         gpu.len() == cpu.len(),
         "{label}: {} tensors vs {}",
@@ -282,8 +282,8 @@ fn close_to(label: &str, gpu: &[Vec<f32>], cpu: &[Vec<f32>]) -> R {
         let scale = max_abs(c).max(1e-6);
         for (i, (a, b)) in g.iter().zip(c).enumerate() {
             ensure!(
-                (a - b).abs() <= 1e-4 * scale,
-                "{label}: tensor {t}[{i}]: gpu {a} cpu {b} (max |cpu| {scale})"
+                (a - b).abs() <= tol * scale,
+                "{label}: tensor {t}[{i}]: gpu {a} cpu {b} (max |cpu| {scale}, tolerance {tol})"
             );
         }
     }
@@ -330,7 +330,10 @@ fn reductions_match_cpu_at_odd_sizes() -> R {
             (gpu_loss - cpu_loss).abs() <= 1e-4 * cpu_loss.abs().max(1.0),
             "{label}: loss {gpu_loss} vs cpu {cpu_loss}"
         );
-        close_to(&label, &rep.grads(&gpu).ctx("grads")?, &cpu_grads)?;
+        // FP32 sums over `rows` terms (cuBLAS's and ours) drift from the f64 reference
+        // like sqrt(rows); a wrong index or a lost chunk is off by O(1).
+        let tol = 1e-4 * (rows as f32 / 256.0).sqrt().max(1.0);
+        close_to(&label, &rep.grads(&gpu).ctx("grads")?, &cpu_grads, tol)?;
         println!("    {label}: loss and gradients match");
     }
     Ok(())
