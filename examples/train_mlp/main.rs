@@ -38,8 +38,8 @@ use mlp::{Kernels, PinnedBatch, Replica, Shape};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Dense FP32 peak of one H200 SXM without tensor cores, TFLOP/s: NVIDIA's H200 datasheet
-/// gives 67; it is 16,896 FP32 lanes × 2 FLOP (FMA) × 1.98 GHz boost = 66.9.
+/// Dense FP32 peak of one H200 SXM without tensor cores, TFLOP/s: 16,896 FP32 lanes × 2
+/// FLOP (FMA) × 1.98 GHz boost = 66.9 (docs/performance.md cites the sources).
 const H200_FP32_TFLOPS: f64 = 67.0;
 
 struct Args {
