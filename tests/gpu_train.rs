@@ -522,6 +522,11 @@ fn bad_arguments_are_typed_errors() -> R {
     let s = gpu.default_stream();
     let e = rep.forward_backward_slot(&s, &f, 16, 2).unwrap_err();
     ensure!(matches!(e, Error::InvalidArgument(_)), "slot 2 of 2: {e:?}");
+    let e = rep.forward_backward_slot(&s, &f, 0, 0).unwrap_err();
+    ensure!(
+        matches!(e, Error::InvalidArgument(_)),
+        "global batch 0: {e:?}"
+    );
     let (x, y) = mlp::teacher_data(SHAPE, 8, 3);
     let short = PinnedBatch::new(&gpu, &x, &y).ctx("pinned")?;
     let e = rep.upload(&s, &short).unwrap_err();

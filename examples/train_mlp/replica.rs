@@ -37,9 +37,12 @@ impl PinnedBatch {
 
 /// One data-parallel replica: parameters, gradients, momentum and activations on one
 /// device. Parameters, gradients and momentum are flat ([`Shape::offsets`]).
+///
+/// Every field is private: the kernels' bounds follow from `shape` and `rows` matching the
+/// buffers allocated for them, so neither can change after construction.
 pub struct Replica {
-    pub shape: Shape,
-    pub rows: usize,
+    shape: Shape,
+    rows: usize,
     params: DeviceSlice<f32>,
     pub(crate) grads: DeviceSlice<f32>,
     /// Gradients summed over all replicas (the all-reduce's output).
@@ -59,7 +62,7 @@ pub struct Replica {
     /// page-locked memory (slot = the step's index in its epoch): no copy and no host
     /// wait per step.
     losses: PinnedHostBuffer<f32>,
-    pub blas: Blas,
+    blas: Blas,
 }
 
 impl Replica {
@@ -126,6 +129,16 @@ impl Replica {
             losses: gpu.alloc_pinned(slots, PinnedOptions::default())?,
             blas: gpu.new_blas()?,
         })
+    }
+
+    /// The layer widths.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// Rows of this replica's shard.
+    pub fn rows(&self) -> usize {
+        self.rows
     }
 
     /// Columns of the partial-sum matrix: b1, b2, b3, then the loss.
@@ -200,6 +213,11 @@ impl Replica {
         global_rows: usize,
         slot: usize,
     ) -> Result<()> {
+        if global_rows == 0 {
+            return Err(Error::InvalidArgument(
+                "train_mlp: the global batch (the gradients' 1/rows scale) is 0".into(),
+            ));
+        }
         if slot >= self.losses.len() {
             return Err(Error::InvalidArgument(format!(
                 "train_mlp: loss slot {slot} of {}",

@@ -103,7 +103,7 @@ pub fn data_parallel_step(
     expect_ranks(comm, devices.len(), replicas.len(), fns.len())?;
     let batch = y.len();
     let shard = batch / replicas.len();
-    let input = replicas[0].shape.input;
+    let input = replicas[0].shape().input;
     if shard * replicas.len() != batch || x.len() != batch * input {
         return Err(Error::InvalidArgument(format!(
             "train_mlp: a batch of {batch} rows ({} inputs) does not split into {} shards",
