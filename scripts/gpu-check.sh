@@ -4,6 +4,8 @@
 # to stdout and to $OUT/gpu-check.log.
 #   GPU_CHECK_ONLY="gpu_core quickstart" limits what runs (names of binaries; the capped
 #   reruns are named capped-12.2-gpu_core and capped-12.2-gpu_memory_kinds).
+#   GPU_CHECK_TRAIN_COMPARE=1 adds scripts/compare-train.sh (train_mlp against PyTorch
+#   eager and CUDA graph at batch 4096 and 65536; needs torch; named compare-train).
 set -u
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -49,6 +51,8 @@ ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0
 ex gpubench 150 .gpu-bin/examples/gpubench --markdown
 ex bench_copy 120 .gpu-bin/examples/bench_copy
 ex bench_collective 150 .gpu-bin/examples/bench_collective --reps 10
+# train_mlp against PyTorch, docs/performance.md ("train_mlp against PyTorch"): optional.
+[[ ${GPU_CHECK_TRAIN_COMPARE:-0} == 1 ]] && run compare-train 900 bash scripts/compare-train.sh
 for extra in ${GPU_CHECK_EXTRA:-}; do run "$(basename "${extra%% *}")" 300 $extra; done
 # compute-sanitizer over GPU suites: GPU_CHECK_SANITIZE="memcheck:gpu_core,gpu_soundness
 # racecheck:gpu_soundness ..." (tool:suite,suite; "all" = every suite). memcheck runs with

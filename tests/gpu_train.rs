@@ -1,5 +1,7 @@
 //! GPU tests of the training example's model (examples/train_mlp/mlp.rs): one step matches
-//! the CPU reference, and a tiny training run's loss falls.
+//! the CPU reference (also at sizes that exercise the reduction kernels' edges), a tiny
+//! training run's loss falls, the asynchronous epoch path gives the same bits as the
+//! step-by-step one and as itself on a second run, and bad shapes are typed errors.
 
 #[macro_use]
 mod common;
@@ -8,7 +10,7 @@ mod mlp;
 
 use common::{Ctx, run_suite};
 use gpubind::{Device, ThreadContext};
-use mlp::{Gradients, Replica, Shape};
+use mlp::{Gradients, Kernels, PinnedBatch, Replica, Shape};
 
 type R = Result<(), String>;
 
@@ -39,17 +41,19 @@ fn one_step_matches_cpu_reference() -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
     let mut rep = Replica::new(&gpu, SHAPE, &params, rows).ctx("replica")?;
+    let kernels = Kernels::load(&gpu).ctx("kernels")?;
+    let f = kernels.fns().ctx("fns")?;
     rep.load_batch(&gpu, &x, &y).ctx("batch")?;
     let stream = gpu.new_stream().ctx("stream")?;
     let s = gpu.on(&stream).ctx("on")?;
-    rep.forward_backward(&s, rows).ctx("forward_backward")?;
+    rep.forward_backward(&s, &f, rows).ctx("forward_backward")?;
     s.synchronize().ctx("sync")?;
     let gpu_loss = rep.loss_sum(&gpu).ctx("loss")?;
     ensure!(
         ((gpu_loss - cpu_loss) / cpu_loss).abs() < 1e-4,
         "loss {gpu_loss} vs cpu {cpu_loss}"
     );
-    let gpu_grads = rep.download(&gpu, &rep.grads).ctx("grads")?;
+    let gpu_grads = rep.grads(&gpu).ctx("grads")?;
     for (t, (g, c)) in gpu_grads.iter().zip(&cpu_grads).enumerate() {
         let scale = max_abs(c).max(1e-12);
         for (i, (a, b)) in g.iter().zip(c).enumerate() {
@@ -59,9 +63,9 @@ fn one_step_matches_cpu_reference() -> R {
             );
         }
     }
-    rep.sgd(&s, lr, mu, Gradients::Local).ctx("sgd")?;
+    rep.sgd(&s, &f, lr, mu, Gradients::Local).ctx("sgd")?;
     s.synchronize().ctx("sync")?;
-    let gpu_params = rep.download(&gpu, &rep.params).ctx("params")?;
+    let gpu_params = rep.params(&gpu).ctx("params")?;
     for (t, (g, c)) in gpu_params.iter().zip(&cpu_params).enumerate() {
         for (i, (a, b)) in g.iter().zip(c).enumerate() {
             ensure!(
@@ -141,6 +145,8 @@ fn tiny_training_run_loss_falls() -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
     let mut rep = Replica::new(&gpu, SHAPE, &params, rows).ctx("replica")?;
+    let kernels = Kernels::load(&gpu).ctx("kernels")?;
+    let f = kernels.fns().ctx("fns")?;
     let stream = gpu.new_stream().ctx("stream")?;
     let s = gpu.on(&stream).ctx("on")?;
     let (mut first, mut last) = (None, 0.0);
@@ -150,8 +156,8 @@ fn tiny_training_run_loss_falls() -> R {
             let xs = &x[b * rows * SHAPE.input..(b + 1) * rows * SHAPE.input];
             let ys = &y[b * rows..(b + 1) * rows];
             rep.load_batch(&gpu, xs, ys).ctx("batch")?;
-            rep.forward_backward(&s, rows).ctx("fb")?;
-            rep.sgd(&s, 0.1, 0.9, Gradients::Local).ctx("sgd")?;
+            rep.forward_backward(&s, &f, rows).ctx("fb")?;
+            rep.sgd(&s, &f, 0.1, 0.9, Gradients::Local).ctx("sgd")?;
             s.synchronize().ctx("sync")?;
             total += rep.loss_sum(&gpu).ctx("loss")? / rows as f64;
         }
@@ -185,12 +191,14 @@ fn data_parallel_step_matches_single_replica() -> R {
     let reference = {
         let gpu = ctx.bind(&dev).ctx("bind")?;
         let mut rep = Replica::new(&gpu, SHAPE, &params, batch).ctx("replica")?;
+        let kernels = Kernels::load(&gpu).ctx("kernels")?;
+        let f = kernels.fns().ctx("fns")?;
         rep.load_batch(&gpu, &x, &y).ctx("batch")?;
         let s = gpu.default_stream();
-        rep.forward_backward(&s, batch).ctx("fb")?;
-        rep.sgd(&s, lr, mu, Gradients::Local).ctx("sgd")?;
+        rep.forward_backward(&s, &f, batch).ctx("fb")?;
+        rep.sgd(&s, &f, lr, mu, Gradients::Local).ctx("sgd")?;
         gpu.synchronize().ctx("sync")?;
-        rep.download(&gpu, &rep.params).ctx("params")?
+        rep.params(&gpu).ctx("params")?
     };
     let mut cases = vec![(
         "own kernels, 2 ranks on GPU 0",
@@ -206,19 +214,35 @@ fn data_parallel_step_matches_single_replica() -> R {
         let comm = Communicator::new(&mut ctx, &devices, options).ctx("communicator")?;
         let shard = batch / devices.len();
         let mut replicas = Vec::new();
+        let mut kernels = Vec::new();
         for d in &devices {
             let gpu = ctx.bind(d).ctx("bind")?;
             replicas.push(Replica::new(&gpu, SHAPE, &params, shard).ctx("replica")?);
+            kernels.push(Kernels::load(&gpu).ctx("kernels")?);
         }
-        let loss =
-            mlp::data_parallel_step(&mut ctx, &comm, &devices, &mut replicas, &x, &y, lr, mu)
-                .ctx("data_parallel_step")?;
+        let fns = kernels
+            .iter()
+            .map(Kernels::fns)
+            .collect::<gpubind::Result<Vec<_>>>()
+            .ctx("fns")?;
+        let loss = mlp::data_parallel_step(
+            &mut ctx,
+            &comm,
+            &devices,
+            &mut replicas,
+            &fns,
+            &x,
+            &y,
+            lr,
+            mu,
+        )
+        .ctx("data_parallel_step")?;
         let got: Vec<Vec<Vec<f32>>> = devices
             .iter()
             .zip(&replicas)
             .map(|(d, rep)| {
                 let gpu = ctx.bind(d).map_err(|e| e.to_string())?;
-                rep.download(&gpu, &rep.params).map_err(|e| e.to_string())
+                rep.params(&gpu).map_err(|e| e.to_string())
             })
             .collect::<Result<_, String>>()?;
         for (r, p) in got.iter().enumerate() {
@@ -240,6 +264,275 @@ fn data_parallel_step_matches_single_replica() -> R {
     Ok(())
 }
 
+/// Checks GPU tensors against the CPU's (f64 sums), each to `tol` of its largest magnitude.
+fn close_to(label: &str, gpu: &[Vec<f32>], cpu: &[Vec<f32>], tol: f32) -> R {
+    ensure!(
+        gpu.len() == cpu.len(),
+        "{label}: {} tensors vs {}",
+        gpu.len(),
+        cpu.len()
+    );
+    for (t, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+        ensure!(
+            g.len() == c.len(),
+            "{label}: tensor {t} has {} elements vs {}",
+            g.len(),
+            c.len()
+        );
+        let scale = max_abs(c).max(1e-6);
+        for (i, (a, b)) in g.iter().zip(c).enumerate() {
+            ensure!(
+                (a - b).abs() <= tol * scale,
+                "{label}: tensor {t}[{i}]: gpu {a} cpu {b} (max |cpu| {scale}, tolerance {tol})"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One step's loss and gradients match the CPU at shapes that exercise the reduction
+/// kernels' edges: row counts that are not multiples of the 64-row chunks or of a block's
+/// rows, more rows than 1024 chunks (several rows per chunk, empty last chunks), hidden
+/// widths that are not multiples of 32, and 1, 3, 5 and 32 classes (1, 4, 8 and 32 lanes
+/// per softmax row).
+fn reductions_match_cpu_at_odd_sizes() -> R {
+    let seed: u64 = rand::random();
+    println!("    seed {seed}");
+    let dev = Device::get(0).ctx("device")?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let kernels = Kernels::load(&gpu).ctx("kernels")?;
+    let f = kernels.fns().ctx("fns")?;
+    let s = gpu.default_stream();
+    for (input, hidden, classes, rows) in [
+        (16, 40, 5, 1000),
+        (16, 64, 4, 8229),
+        (8, 33, 32, 70),
+        (8, 16, 1, 3),
+        (4, 8, 3, 70_001),
+    ] {
+        let shape = Shape {
+            input,
+            hidden,
+            classes,
+        };
+        let label = format!("{input}-{hidden}-{hidden}-{classes}, {rows} rows");
+        let params = mlp::init_params(shape, seed);
+        let (x, y) = mlp::teacher_data(shape, rows, seed ^ 11);
+        // Scale by a global batch twice the shard, as a 2-rank step would.
+        let (cpu_loss, cpu_grads) = mlp::cpu_gradients(shape, &params, &x, &y, 2 * rows);
+        let mut rep = Replica::new(&gpu, shape, &params, rows).ctx("replica")?;
+        rep.load_batch(&gpu, &x, &y).ctx("batch")?;
+        rep.forward_backward(&s, &f, 2 * rows)
+            .ctx("forward_backward")?;
+        let gpu_loss = rep.loss_sum(&gpu).ctx("loss")?;
+        ensure!(
+            (gpu_loss - cpu_loss).abs() <= 1e-4 * cpu_loss.abs().max(1.0),
+            "{label}: loss {gpu_loss} vs cpu {cpu_loss}"
+        );
+        // FP32 sums over `rows` terms (cuBLAS's and ours) drift from the f64 reference
+        // like sqrt(rows); a wrong index or a lost chunk is off by O(1).
+        let tol = 1e-4 * (rows as f32 / 256.0).sqrt().max(1.0);
+        close_to(&label, &rep.grads(&gpu).ctx("grads")?, &cpu_grads, tol)?;
+        println!("    {label}: loss and gradients match");
+    }
+    Ok(())
+}
+
+/// Trains `steps` steps of `batch` rows from `params` on `devices` (one communicator),
+/// through the epoch path (`train_steps`: page-locked uploads, loss slots, one host wait)
+/// or step by step (`data_parallel_step`). Returns the per-step losses and every
+/// replica's parameters.
+#[allow(clippy::too_many_arguments)]
+fn train_run(
+    ctx: &mut ThreadContext,
+    devices: &[std::sync::Arc<Device>],
+    params: &[Vec<f32>],
+    x: &[f32],
+    y: &[u32],
+    batch: usize,
+    steps: usize,
+    epoch_path: bool,
+) -> Result<(Vec<f64>, Vec<Vec<Vec<f32>>>), String> {
+    use gpubind::collective::{CommOptions, Communicator};
+    let (lr, mu) = (0.05f32, 0.9f32);
+    let comm = Communicator::new(ctx, devices, CommOptions::kernels()).ctx("communicator")?;
+    let shard = batch / devices.len();
+    let input = SHAPE.input;
+    let mut replicas = Vec::new();
+    let mut kernels = Vec::new();
+    let mut batches: Vec<Vec<PinnedBatch>> = (0..steps).map(|_| Vec::new()).collect();
+    for (r, d) in devices.iter().enumerate() {
+        let gpu = ctx.bind(d).ctx("bind")?;
+        replicas.push(Replica::with_loss_slots(&gpu, SHAPE, params, shard, steps).ctx("replica")?);
+        kernels.push(Kernels::load(&gpu).ctx("kernels")?);
+        for (step, shards) in batches.iter_mut().enumerate() {
+            let rows = step * batch + r * shard;
+            shards.push(
+                PinnedBatch::new(
+                    &gpu,
+                    &x[rows * input..(rows + shard) * input],
+                    &y[rows..rows + shard],
+                )
+                .ctx("pinned batch")?,
+            );
+        }
+    }
+    let fns = kernels
+        .iter()
+        .map(Kernels::fns)
+        .collect::<gpubind::Result<Vec<_>>>()
+        .ctx("fns")?;
+    let losses = if epoch_path {
+        mlp::train_steps(
+            ctx,
+            &comm,
+            devices,
+            &mut replicas,
+            &fns,
+            &batches,
+            batch,
+            lr,
+            mu,
+        )
+        .ctx("train_steps")?
+    } else {
+        let mut losses = Vec::new();
+        for step in 0..steps {
+            let rows = step * batch;
+            losses.push(
+                mlp::data_parallel_step(
+                    ctx,
+                    &comm,
+                    devices,
+                    &mut replicas,
+                    &fns,
+                    &x[rows * input..(rows + batch) * input],
+                    &y[rows..rows + batch],
+                    lr,
+                    mu,
+                )
+                .ctx("data_parallel_step")?,
+            );
+        }
+        losses
+    };
+    let mut out = Vec::new();
+    for (d, rep) in devices.iter().zip(&replicas) {
+        let gpu = ctx.bind(d).ctx("bind")?;
+        out.push(rep.params(&gpu).ctx("params")?);
+    }
+    Ok((losses, out))
+}
+
+/// The epoch path (asynchronous uploads from page-locked memory, losses written by a
+/// kernel into page-locked slots, one host wait for all steps) takes exactly the steps of
+/// the step-by-step path, bit for bit; a second run from the same seed repeats the bits
+/// (every reduction has a fixed order); replicas stay identical; and every step's loss is
+/// finite and positive. For 1 rank and for 2 ranks on GPU 0.
+fn epoch_path_matches_step_by_step_and_repeats() -> R {
+    let seed: u64 = rand::random();
+    println!("    seed {seed}");
+    let (batch, steps) = (512, 6);
+    let params = mlp::init_params(SHAPE, seed);
+    let (x, y) = mlp::teacher_data(SHAPE, batch * steps, seed ^ 5);
+    let dev = Device::get(0).ctx("device")?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    for ranks in [1, 2] {
+        let devices = vec![dev.clone(); ranks];
+        let (l_step, p_step) = train_run(&mut ctx, &devices, &params, &x, &y, batch, steps, false)?;
+        let (l_epoch, p_epoch) =
+            train_run(&mut ctx, &devices, &params, &x, &y, batch, steps, true)?;
+        let (l_again, p_again) =
+            train_run(&mut ctx, &devices, &params, &x, &y, batch, steps, true)?;
+        ensure!(
+            l_epoch.len() == steps && l_epoch.iter().all(|l| l.is_finite() && *l > 0.0),
+            "{ranks} rank(s): losses {l_epoch:?}"
+        );
+        ensure!(
+            l_epoch == l_step,
+            "{ranks} rank(s): epoch losses {l_epoch:?} vs step-by-step {l_step:?}"
+        );
+        ensure!(
+            p_epoch == p_step,
+            "{ranks} rank(s): epoch-path parameters differ from step-by-step"
+        );
+        ensure!(
+            l_again == l_epoch,
+            "{ranks} rank(s): second run's losses {l_again:?} vs {l_epoch:?}"
+        );
+        ensure!(
+            p_again == p_epoch,
+            "{ranks} rank(s): second run's parameters differ"
+        );
+        for (r, p) in p_epoch.iter().enumerate() {
+            ensure!(
+                p == &p_epoch[0],
+                "{ranks} rank(s): replica {r} diverged from replica 0"
+            );
+        }
+        println!(
+            "    {ranks} rank(s): loss {:.4} -> {:.4}; epoch path = step-by-step = second run, bit for bit",
+            l_epoch[0] / batch as f64,
+            l_epoch[steps - 1] / batch as f64
+        );
+    }
+    Ok(())
+}
+
+/// Bad shapes and arguments are typed errors, not launches that go out of bounds.
+fn bad_arguments_are_typed_errors() -> R {
+    use gpubind::Error;
+    let dev = Device::get(0).ctx("device")?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let kernels = Kernels::load(&gpu).ctx("kernels")?;
+    let f = kernels.fns().ctx("fns")?;
+    let wide = Shape {
+        input: 4,
+        hidden: 8,
+        classes: 33,
+    };
+    let e = Replica::new(&gpu, wide, &mlp::init_params(wide, 1), 16).err();
+    ensure!(
+        matches!(e, Some(Error::InvalidArgument(_))),
+        "33 classes: {e:?}"
+    );
+    let params = mlp::init_params(SHAPE, 1);
+    let e = Replica::new(&gpu, SHAPE, &params[..5], 16).err();
+    ensure!(
+        matches!(e, Some(Error::InvalidArgument(_))),
+        "5 tensors: {e:?}"
+    );
+    let e = Replica::with_loss_slots(&gpu, SHAPE, &params, 16, 0).err();
+    ensure!(
+        matches!(e, Some(Error::InvalidArgument(_))),
+        "0 slots: {e:?}"
+    );
+    let e = Replica::new(&gpu, SHAPE, &params, 1 << 28).err();
+    ensure!(
+        matches!(e, Some(Error::InvalidArgument(_))),
+        "2^28 rows × 64: {e:?}"
+    );
+    let mut rep = Replica::with_loss_slots(&gpu, SHAPE, &params, 16, 2).ctx("replica")?;
+    let s = gpu.default_stream();
+    let e = rep.forward_backward_slot(&s, &f, 16, 2).unwrap_err();
+    ensure!(matches!(e, Error::InvalidArgument(_)), "slot 2 of 2: {e:?}");
+    let e = rep.forward_backward_slot(&s, &f, 0, 0).unwrap_err();
+    ensure!(
+        matches!(e, Error::InvalidArgument(_)),
+        "global batch 0: {e:?}"
+    );
+    let (x, y) = mlp::teacher_data(SHAPE, 8, 3);
+    let short = PinnedBatch::new(&gpu, &x, &y).ctx("pinned")?;
+    let e = rep.upload(&s, &short).unwrap_err();
+    ensure!(
+        matches!(e, Error::SizeMismatch { .. }),
+        "8-row batch into 16 rows: {e:?}"
+    );
+    Ok(())
+}
+
 fn main() {
     // SAFETY: single-threaded here (before any test or thread starts). NVLS stays off.
     unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
@@ -255,6 +548,18 @@ fn main() {
             (
                 "data_parallel_step_matches_single_replica",
                 data_parallel_step_matches_single_replica,
+            ),
+            (
+                "reductions_match_cpu_at_odd_sizes",
+                reductions_match_cpu_at_odd_sizes,
+            ),
+            (
+                "epoch_path_matches_step_by_step_and_repeats",
+                epoch_path_matches_step_by_step_and_repeats,
+            ),
+            (
+                "bad_arguments_are_typed_errors",
+                bad_arguments_are_typed_errors,
             ),
         ],
     );

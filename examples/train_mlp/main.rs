@@ -3,25 +3,44 @@
 //! ```text
 //! cargo run --release --example train_mlp -- [--devices 0,1 | --devices 0,0] [--epochs 20]
 //!     [--batch 4096] [--hidden 256] [--lr 0.1] [--backend kernels|nccl] [--seed 1]
+//!     [--steps 16] [--dump-data DIR]
 //! ```
 //!
 //! Each rank (an entry of `--devices`; default: every visible device, once) holds a full
 //! replica of the model and one shard of every batch. A step is: bind each rank's device
-//! and enqueue forward + backward on its communicator stream (cuBLAS products and NVRTC
-//! kernels), then one `ctx.group` all-reduce of the gradients over all ranks, then an SGD
-//! step on every replica. The types make sure each rank's work runs in its own context.
-//! The same device may be listed twice (`--devices 0,0`) to exercise two ranks on one GPU.
+//! and enqueue, on its communicator stream, the upload of its shard from page-locked
+//! memory, forward + backward (cuBLAS products and NVRTC kernels), then one `ctx.group`
+//! all-reduce of the flat gradients over all ranks, then one fused SGD launch on every
+//! replica; the step's loss is written by a kernel straight into page-locked host memory.
+//! The host enqueues all steps of an epoch (`--steps`) and waits once per epoch. The types
+//! make sure each rank's work runs in its own context. The same device may be listed
+//! twice (`--devices 0,0`) to exercise two ranks on one GPU.
 //!
 //! The task is synthetic and seeded: labels are the argmax of a fixed random teacher MLP.
+//!
+//! `--dump-data DIR` writes the run's training data and initial parameters (little-endian
+//! raw files: `x.f32` rows×input, `y.u32`, `params.f32` with W1 b1 W2 b2 W3 b3 back to
+//! back, each W row-major input×output, and `meta.txt`) and exits without touching a GPU:
+//! `scripts/torch_mlp.py --data DIR` trains PyTorch on exactly the same data and weights.
+//!
+//! The last line is machine-readable (`scripts/compare-train.sh` reads it):
+//! `RESULT impl=gpubind mode=eager batch=B ranks=R samples_per_s=S tflops=T frac_fp32=F`,
+//! with `tflops` counted as `2·M·N·K` per matrix product of the step
+//! ([`mlp::Shape::flops_per_sample`]) over epochs 1.. and `frac_fp32` its fraction of
+//! [`H200_FP32_TFLOPS`] times the number of distinct devices.
 
 #[path = "mlp.rs"]
 mod mlp;
 
 use gpubind::collective::{CommOptions, Communicator};
 use gpubind::{Device, Error, ThreadContext};
-use mlp::{Replica, Shape};
+use mlp::{Kernels, PinnedBatch, Replica, Shape};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Dense FP32 peak of one H200 SXM without tensor cores, TFLOP/s: 16,896 FP32 lanes × 2
+/// FLOP (FMA) × 1.98 GHz boost = 66.9 (docs/performance.md cites the sources).
+const H200_FP32_TFLOPS: f64 = 67.0;
 
 struct Args {
     devices: Option<Vec<usize>>,
@@ -32,6 +51,7 @@ struct Args {
     nccl: bool,
     seed: u64,
     steps_per_epoch: usize,
+    dump_data: Option<std::path::PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -44,6 +64,7 @@ fn parse_args() -> Result<Args, String> {
         nccl: false,
         seed: 1,
         steps_per_epoch: 16,
+        dump_data: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -67,6 +88,7 @@ fn parse_args() -> Result<Args, String> {
             "--lr" => a.lr = val()?.parse().map_err(|e| format!("--lr: {e}"))?,
             "--seed" => a.seed = val()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--steps" => a.steps_per_epoch = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
+            "--dump-data" => a.dump_data = Some(val()?.into()),
             "--backend" => {
                 a.nccl = match val()?.as_str() {
                     "nccl" => true,
@@ -99,7 +121,62 @@ fn main() {
     }
 }
 
+/// Writes the training data and the initial parameters for `scripts/torch_mlp.py`.
+fn dump_data(
+    dir: &std::path::Path,
+    args: &Args,
+    shape: Shape,
+    x: &[f32],
+    y: &[u32],
+    params: &[Vec<f32>],
+) -> gpubind::Result<()> {
+    let io = |what: &str, e: std::io::Error| {
+        Error::InvalidArgument(format!("--dump-data {}: {what}: {e}", dir.display()))
+    };
+    fn bytes<T: Copy>(v: &[T], to_le: impl Fn(T) -> [u8; 4]) -> Vec<u8> {
+        v.iter().flat_map(|&e| to_le(e)).collect()
+    }
+    std::fs::create_dir_all(dir).map_err(|e| io("create", e))?;
+    let flat: Vec<f32> = params.iter().flatten().copied().collect();
+    for (name, data) in [
+        ("x.f32", bytes(x, f32::to_le_bytes)),
+        ("y.u32", bytes(y, u32::to_le_bytes)),
+        ("params.f32", bytes(&flat, f32::to_le_bytes)),
+    ] {
+        std::fs::write(dir.join(name), data).map_err(|e| io(name, e))?;
+    }
+    let meta = format!(
+        "input {}\nhidden {}\nclasses {}\nbatch {}\nsteps {}\nseed {}\nrows {}\n",
+        shape.input,
+        shape.hidden,
+        shape.classes,
+        args.batch,
+        args.steps_per_epoch,
+        args.seed,
+        y.len()
+    );
+    std::fs::write(dir.join("meta.txt"), meta).map_err(|e| io("meta.txt", e))?;
+    println!(
+        "train_mlp: wrote {} rows and {} parameters to {}",
+        y.len(),
+        flat.len(),
+        dir.display()
+    );
+    Ok(())
+}
+
 fn run(args: &Args) -> gpubind::Result<()> {
+    if let Some(dir) = &args.dump_data {
+        // No GPU needed: the data and the initial weights are made on the CPU.
+        let shape = Shape {
+            input: 32,
+            hidden: args.hidden,
+            classes: 8,
+        };
+        let (x, y) = mlp::teacher_data(shape, args.batch * args.steps_per_epoch, args.seed);
+        let params = mlp::init_params(shape, args.seed.wrapping_add(17));
+        return dump_data(dir, args, shape, &x, &y, &params);
+    }
     let devices: Vec<Arc<Device>> = match &args.devices {
         Some(list) => list
             .iter()
@@ -108,7 +185,7 @@ fn run(args: &Args) -> gpubind::Result<()> {
         None => Device::all()?,
     };
     let ranks = devices.len();
-    if args.batch % ranks != 0 {
+    if !args.batch.is_multiple_of(ranks) {
         return Err(Error::InvalidArgument(format!(
             "--batch {} is not divisible by {ranks} ranks",
             args.batch
@@ -126,6 +203,7 @@ fn run(args: &Args) -> gpubind::Result<()> {
     let params = mlp::init_params(shape, args.seed.wrapping_add(17));
 
     let mut ctx = ThreadContext::acquire()?;
+    let steps = args.steps_per_epoch;
     let options = if args.nccl {
         CommOptions::nccl()
     } else {
@@ -133,10 +211,28 @@ fn run(args: &Args) -> gpubind::Result<()> {
     };
     let comm = Communicator::new(&mut ctx, &devices, options)?;
     let mut replicas = Vec::with_capacity(ranks);
-    for dev in &devices {
+    let mut kernels = Vec::with_capacity(ranks);
+    // batches[step][rank]: each rank's shard of each step, page-locked once, up front.
+    let mut batches: Vec<Vec<PinnedBatch>> = (0..steps).map(|_| Vec::new()).collect();
+    for (r, dev) in devices.iter().enumerate() {
         let gpu = ctx.bind(dev)?;
-        replicas.push(Replica::new(&gpu, shape, &params, shard)?);
+        replicas.push(Replica::with_loss_slots(
+            &gpu, shape, &params, shard, steps,
+        )?);
+        kernels.push(Kernels::load(&gpu)?);
+        for (step, shards) in batches.iter_mut().enumerate() {
+            let rows = step * args.batch + r * shard;
+            shards.push(PinnedBatch::new(
+                &gpu,
+                &x[rows * shape.input..(rows + shard) * shape.input],
+                &y[rows..rows + shard],
+            )?);
+        }
     }
+    let fns = kernels
+        .iter()
+        .map(Kernels::fns)
+        .collect::<gpubind::Result<Vec<_>>>()?;
     let names: Vec<String> = devices
         .iter()
         .map(|d| format!("{}:{}", d.ordinal(), d.name()))
@@ -153,28 +249,26 @@ fn run(args: &Args) -> gpubind::Result<()> {
         args.steps_per_epoch
     );
 
-    let (mu, input) = (0.9f32, shape.input);
+    let mu = 0.9f32;
     let mut first_loss = None;
     let mut last_loss = 0.0;
     let mut total_samples = 0usize;
     let mut total_time = 0.0f64;
     for epoch in 0..args.epochs {
         let start = Instant::now();
-        let mut loss_sum = 0.0f64;
-        for step in 0..args.steps_per_epoch {
-            let rows = step * args.batch;
-            loss_sum += mlp::data_parallel_step(
-                &mut ctx,
-                &comm,
-                &devices,
-                &mut replicas,
-                &x[rows * input..(rows + args.batch) * input],
-                &y[rows..rows + args.batch],
-                args.lr,
-                mu,
-            )?;
-        }
+        let losses = mlp::train_steps(
+            &mut ctx,
+            &comm,
+            &devices,
+            &mut replicas,
+            &fns,
+            &batches,
+            args.batch,
+            args.lr,
+            mu,
+        )?;
         let secs = start.elapsed().as_secs_f64();
+        let loss_sum: f64 = losses.iter().sum();
         let samples = args.batch * args.steps_per_epoch;
         if epoch > 0 {
             // The first epoch includes warm-up (cuBLAS heuristics, first launches).
@@ -194,7 +288,7 @@ fn run(args: &Args) -> gpubind::Result<()> {
     let gpu = ctx.bind(&devices[0])?;
     let rep = &mut replicas[0];
     rep.load_batch(&gpu, &test_x, &test_y)?;
-    rep.forward(&gpu.default_stream())?;
+    rep.forward(&gpu.default_stream(), &fns[0])?;
     gpu.synchronize()?;
     let logits = rep.logits(&gpu)?;
     let correct = (0..shard)
@@ -212,6 +306,15 @@ fn run(args: &Args) -> gpubind::Result<()> {
         first_loss.unwrap_or(0.0),
         100.0 * correct as f64 / shard as f64,
         args.epochs
+    );
+    let tflops = throughput * shape.flops_per_sample() / 1e12;
+    let mut distinct: Vec<usize> = devices.iter().map(|d| d.ordinal()).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    println!(
+        "RESULT impl=gpubind mode=eager batch={} ranks={ranks} samples_per_s={throughput:.0} tflops={tflops:.3} frac_fp32={:.4}",
+        args.batch,
+        tflops / (H200_FP32_TFLOPS * distinct.len() as f64)
     );
     Ok(())
 }

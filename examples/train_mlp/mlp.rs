@@ -1,14 +1,22 @@
 //! The model of `train_mlp`: a 3-layer MLP classifier (ReLU, softmax cross-entropy) trained
 //! by SGD with momentum, on the GPU (cuBLAS products + NVRTC elementwise kernels) and, for
 //! checking, on the CPU. Shared by the example and `tests/gpu_train.rs`.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
+// Buffers a kernel writes are passed as `&mut` to document intent (see LaunchBuilder::arg).
+#![allow(clippy::unnecessary_mut_passed)]
 
-use gpubind::blas::{Blas, Matmul};
-use gpubind::collective::{Communicator, Op};
-use gpubind::{BoundDevice, BoundStream, DeviceSlice, Function, LaunchConfig, Module, Result};
-use gpubind::{Device, ThreadContext};
 use rand::{Rng, SeedableRng};
-use std::sync::Arc;
+
+#[path = "kernels.rs"]
+mod kernels;
+#[path = "replica.rs"]
+mod replica;
+#[path = "step.rs"]
+mod step;
+
+pub use kernels::{Fns, KERNELS, Kernels};
+pub use replica::{Gradients, PinnedBatch, Replica};
+pub use step::{data_parallel_step, enqueue_step, train_steps};
 
 /// Layer widths: input, hidden, hidden, classes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,6 +48,52 @@ impl Shape {
             l[2].0 * l[2].1,
             l[2].1,
         ]
+    }
+    /// Offset of each tensor (W1, b1, W2, b2, W3, b3) in the flat device layout, which
+    /// stores the weights first and the biases after them, `[W1 W2 W3 b1 b2 b3]`, so that
+    /// the three bias gradients are one contiguous range (one reduction kernel writes
+    /// them) and SGD and the all-reduce each cover every parameter in one call.
+    pub fn offsets(&self) -> [usize; 6] {
+        let n = self.tensor_lens();
+        let (w1, w2, w3) = (0, n[0], n[0] + n[2]);
+        let b1 = w3 + n[4];
+        [w1, b1, w2, b1 + n[1], w3, b1 + n[1] + n[3]]
+    }
+    /// Total number of parameters.
+    pub fn param_count(&self) -> usize {
+        self.tensor_lens().iter().sum()
+    }
+    /// Where the biases start in the flat layout.
+    pub fn bias_offset(&self) -> usize {
+        self.offsets()[1]
+    }
+    /// The range of tensor `t` (0..6, order W1, b1, W2, b2, W3, b3) in the flat layout.
+    pub fn range(&self, t: usize) -> std::ops::Range<usize> {
+        let off = self.offsets()[t];
+        off..off + self.tensor_lens()[t]
+    }
+    /// The six tensors laid out flat.
+    pub fn flatten(&self, tensors: &[Vec<f32>]) -> Vec<f32> {
+        let mut flat = vec![0.0; self.param_count()];
+        for (t, v) in tensors.iter().enumerate() {
+            flat[self.range(t)].copy_from_slice(v);
+        }
+        flat
+    }
+    /// The flat layout split back into the six tensors.
+    pub fn split(&self, flat: &[f32]) -> Vec<Vec<f32>> {
+        (0..Self::TENSORS)
+            .map(|t| flat[self.range(t)].to_vec())
+            .collect()
+    }
+    /// Floating-point operations of one training step per sample, counting `2·M·N·K` per
+    /// matrix product: the three forward products, the three weight gradients and the two
+    /// activation gradients (layer 1's input gradient is not computed). Elementwise work
+    /// is not counted.
+    pub fn flops_per_sample(&self) -> f64 {
+        let [l1, l2, l3] = self.layers();
+        let mac = |l: (usize, usize)| (l.0 * l.1) as f64;
+        2.0 * (3.0 * (mac(l1) + mac(l2) + mac(l3)) - mac(l1))
     }
 }
 
@@ -101,6 +155,26 @@ pub fn cpu_matmul(
     ta: bool,
     tb: bool,
 ) -> Vec<f32> {
+    if !ta && !tb {
+        // Row by row with the sums in f64, each over p in ascending order: the same
+        // operations as the general loop below, in a cache-friendly order (the teacher's
+        // labels for a million rows take seconds, not minutes).
+        let mut c = vec![0.0f32; m * n];
+        let mut row = vec![0.0f64; n];
+        for i in 0..m {
+            row.iter_mut().for_each(|v| *v = 0.0);
+            for p in 0..k {
+                let av = a[i * k + p] as f64;
+                for (s, &bv) in row.iter_mut().zip(&b[p * n..(p + 1) * n]) {
+                    *s += av * bv as f64;
+                }
+            }
+            for (cv, &s) in c[i * n..(i + 1) * n].iter_mut().zip(&row) {
+                *cv = s as f32;
+            }
+        }
+        return c;
+    }
     let mut c = vec![0.0f32; m * n];
     for i in 0..m {
         for j in 0..n {
@@ -210,423 +284,91 @@ pub fn cpu_sgd(p: &mut [Vec<f32>], vel: &mut [Vec<f32>], g: &[Vec<f32>], lr: f32
     }
 }
 
-// ---------------------------------------------------------------- GPU
+#[cfg(test)]
+mod tests {
+    use super::kernels::{elementwise, u32_of};
+    use super::*;
 
-pub const KERNELS: &str = r#"
-extern "C" __global__ void bias_act(float* z, const float* b, unsigned rows, unsigned cols, int relu) {
-    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < rows * cols) {
-        float v = z[i] + b[i % cols];
-        z[i] = (relu && v < 0.0f) ? 0.0f : v;
-    }
-}
-// One thread per row: softmax, per-row loss, d loss / d logits scaled by `scale`.
-extern "C" __global__ void softmax_xent(const float* logits, const unsigned* labels, float* dlogits,
-                                        float* loss, unsigned rows, unsigned cols, float scale) {
-    unsigned r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    const float* row = logits + r * cols;
-    float m = row[0];
-    for (unsigned j = 1; j < cols; ++j) m = fmaxf(m, row[j]);
-    float s = 0.0f;
-    for (unsigned j = 0; j < cols; ++j) s += expf(row[j] - m);
-    unsigned y = labels[r];
-    for (unsigned j = 0; j < cols; ++j) {
-        float p = expf(row[j] - m) / s;
-        dlogits[r * cols + j] = (p - (j == y ? 1.0f : 0.0f)) * scale;
-    }
-    loss[r] = -logf(expf(row[y] - m) / s);
-}
-extern "C" __global__ void relu_back(float* d, const float* a, unsigned n) {
-    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n && a[i] <= 0.0f) d[i] = 0.0f;
-}
-extern "C" __global__ void col_sum(const float* d, float* out, unsigned rows, unsigned cols) {
-    unsigned c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
-    float s = 0.0f;
-    for (unsigned r = 0; r < rows; ++r) s += d[r * cols + c];
-    out[c] = s;
-}
-extern "C" __global__ void sgd_momentum(float* w, float* v, const float* g, unsigned n, float lr, float mu) {
-    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float vi = mu * v[i] + g[i];
-        v[i] = vi;
-        w[i] -= lr * vi;
-    }
-}
-"#;
+    const SHAPE: Shape = Shape {
+        input: 32,
+        hidden: 256,
+        classes: 8,
+    };
 
-/// The compiled kernels of one device.
-pub struct Kernels {
-    module: Module,
-}
-
-impl Kernels {
-    pub fn load(gpu: &BoundDevice<'_>) -> Result<Self> {
-        Ok(Kernels {
-            module: gpu.compile_and_load(KERNELS, "train_mlp.cu")?,
-        })
-    }
-    fn f(&self, name: &str) -> Result<Function<'_>> {
-        self.module.function(name)
-    }
-}
-
-/// Which gradients an SGD step uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gradients {
-    /// `Replica::grads`: one replica trains alone.
-    Local,
-    /// `Replica::reduced`: the sum over replicas, written by the all-reduce.
-    Reduced,
-}
-
-/// One data-parallel replica: parameters, gradients, momentum and activations on one device.
-pub struct Replica {
-    pub shape: Shape,
-    pub rows: usize,
-    pub params: Vec<DeviceSlice<f32>>,
-    pub grads: Vec<DeviceSlice<f32>>,
-    /// Gradients summed over all replicas (the all-reduce's output).
-    pub reduced: Vec<DeviceSlice<f32>>,
-    pub vel: Vec<DeviceSlice<f32>>,
-    x: DeviceSlice<f32>,
-    y: DeviceSlice<u32>,
-    a1: DeviceSlice<f32>,
-    a2: DeviceSlice<f32>,
-    logits: DeviceSlice<f32>,
-    d1: DeviceSlice<f32>,
-    d2: DeviceSlice<f32>,
-    loss: DeviceSlice<f32>,
-    pub blas: Blas,
-    pub kernels: Kernels,
-}
-
-fn launch_cfg(n: usize) -> LaunchConfig {
-    LaunchConfig::for_num_elems(n as u32)
-}
-
-impl Replica {
-    /// Uploads `params` and allocates buffers for shards of `rows` rows.
-    pub fn new(
-        gpu: &BoundDevice<'_>,
-        shape: Shape,
-        params: &[Vec<f32>],
-        rows: usize,
-    ) -> Result<Self> {
-        let lens = shape.tensor_lens();
-        Ok(Replica {
-            shape,
-            rows,
-            params: params
-                .iter()
-                .map(|p| gpu.clone_htod(p))
-                .collect::<Result<_>>()?,
-            grads: lens
-                .iter()
-                .map(|&n| gpu.alloc_zeros(n))
-                .collect::<Result<_>>()?,
-            reduced: lens
-                .iter()
-                .map(|&n| gpu.alloc_zeros(n))
-                .collect::<Result<_>>()?,
-            vel: lens
-                .iter()
-                .map(|&n| gpu.alloc_zeros(n))
-                .collect::<Result<_>>()?,
-            x: gpu.alloc_zeros(rows * shape.input)?,
-            y: gpu.alloc_zeros(rows)?,
-            a1: gpu.alloc_zeros(rows * shape.hidden)?,
-            a2: gpu.alloc_zeros(rows * shape.hidden)?,
-            logits: gpu.alloc_zeros(rows * shape.classes)?,
-            d1: gpu.alloc_zeros(rows * shape.hidden)?,
-            d2: gpu.alloc_zeros(rows * shape.hidden)?,
-            loss: gpu.alloc_zeros(rows)?,
-            blas: gpu.new_blas()?,
-            kernels: Kernels::load(gpu)?,
-        })
+    #[test]
+    fn flat_layout_puts_weights_first_and_biases_together() {
+        let n = SHAPE.tensor_lens();
+        let off = SHAPE.offsets();
+        assert_eq!(off, [0, 75_776, 8192, 76_032, 73_728, 76_288]);
+        assert_eq!(SHAPE.param_count(), 76_296);
+        assert_eq!(SHAPE.bias_offset(), n[0] + n[2] + n[4]);
+        // The bias range is b1, b2, b3 back to back, ending at the last parameter.
+        assert_eq!(off[3], off[1] + n[1]);
+        assert_eq!(off[5], off[3] + n[3]);
+        assert_eq!(off[5] + n[5], SHAPE.param_count());
+        // Every parameter belongs to exactly one tensor.
+        let mut seen = vec![0u8; SHAPE.param_count()];
+        for t in 0..Shape::TENSORS {
+            SHAPE.range(t).for_each(|i| seen[i] += 1);
+        }
+        assert!(seen.iter().all(|&c| c == 1));
     }
 
-    /// Uploads one shard (`x`: rows×input, `y`: rows).
-    pub fn load_batch(&mut self, gpu: &BoundDevice<'_>, x: &[f32], y: &[u32]) -> Result<()> {
-        gpu.htod_copy(x, &mut self.x)?;
-        gpu.htod_copy(y, &mut self.y)
-    }
-
-    /// Forward pass into `self.logits`.
-    pub fn forward(&mut self, s: &BoundStream<'_>) -> Result<()> {
-        let (rows, sh) = (self.rows, self.shape);
-        let [l1, l2, l3] = sh.layers();
-        let bias_act = self.kernels.f("bias_act")?;
-        let (r, relu, linear) = (rows as u32, 1i32, 0i32);
-        s.matmul(
-            &mut self.blas,
-            &Matmul::new(rows, l1.1, l1.0),
-            &self.x,
-            &self.params[0],
-            &mut self.a1,
-        )?;
-        let c1 = l1.1 as u32;
-        // SAFETY: (float*, const float*, unsigned, unsigned, int) matches bias_act, which
-        // stays inside rows*cols elements of z and cols of b.
-        unsafe {
-            s.launch(&bias_act, launch_cfg(rows * l1.1))
-                .arg(&mut self.a1)
-                .arg(&self.params[1])
-                .arg(&r)
-                .arg(&c1)
-                .arg(&relu)
-                .launch()?
+    #[test]
+    fn flatten_and_split_round_trip() {
+        let shape = Shape {
+            input: 3,
+            hidden: 5,
+            classes: 2,
         };
-        s.matmul(
-            &mut self.blas,
-            &Matmul::new(rows, l2.1, l2.0),
-            &self.a1,
-            &self.params[2],
-            &mut self.a2,
-        )?;
-        let c2 = l2.1 as u32;
-        // SAFETY: as above.
-        unsafe {
-            s.launch(&bias_act, launch_cfg(rows * l2.1))
-                .arg(&mut self.a2)
-                .arg(&self.params[3])
-                .arg(&r)
-                .arg(&c2)
-                .arg(&relu)
-                .launch()?
-        };
-        s.matmul(
-            &mut self.blas,
-            &Matmul::new(rows, l3.1, l3.0),
-            &self.a2,
-            &self.params[4],
-            &mut self.logits,
-        )?;
-        let c3 = l3.1 as u32;
-        // SAFETY: as above.
-        unsafe {
-            s.launch(&bias_act, launch_cfg(rows * l3.1))
-                .arg(&mut self.logits)
-                .arg(&self.params[5])
-                .arg(&r)
-                .arg(&c3)
-                .arg(&linear)
-                .launch()?
-        };
-        Ok(())
+        let tensors: Vec<Vec<f32>> = shape
+            .tensor_lens()
+            .iter()
+            .enumerate()
+            .map(|(t, &n)| (0..n).map(|i| (t * 1000 + i) as f32).collect())
+            .collect();
+        let flat = shape.flatten(&tensors);
+        assert_eq!(flat.len(), shape.param_count());
+        assert_eq!(shape.split(&flat), tensors);
+        assert_eq!(flat[shape.bias_offset()], 1000.0, "b1 starts the biases");
     }
 
-    /// Forward + backward: gradients (scaled by `1/global_rows`) into `self.grads`,
-    /// per-row losses into `self.loss`.
-    pub fn forward_backward(&mut self, s: &BoundStream<'_>, global_rows: usize) -> Result<()> {
-        self.forward(s)?;
-        let (rows, sh) = (self.rows, self.shape);
-        let [l1, l2, l3] = sh.layers();
-        let (r, scale) = (rows as u32, 1.0f32 / global_rows as f32);
-        let (xent, relu_back, col_sum) = (
-            self.kernels.f("softmax_xent")?,
-            self.kernels.f("relu_back")?,
-            self.kernels.f("col_sum")?,
+    #[test]
+    fn row_major_matmul_matches_the_general_loop_bit_for_bit() {
+        let (m, n, k) = (7, 5, 9);
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) / 3.0)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 53 % 13) as f32 - 6.0) / 7.0)
+            .collect();
+        let fast = cpu_matmul(&a, &b, m, n, k, false, false);
+        // The general loop on Bᵀ stored n×k gives the same sums in the same order.
+        let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+        let general = cpu_matmul(&a, &bt, m, n, k, false, true);
+        assert_eq!(fast, general);
+    }
+
+    #[test]
+    fn flops_count_eight_products() {
+        // Forward 32·256 + 256·256 + 256·8 = 75,776 MACs; weight gradients the same;
+        // activation gradients of layers 3 and 2: 2,048 + 65,536. Two FLOPs a MAC.
+        assert_eq!(
+            SHAPE.flops_per_sample(),
+            2.0 * (75_776.0 + 75_776.0 + 67_584.0)
         );
-        let classes = sh.classes as u32;
-        // d2 (rows×hidden) is reused for dlogits (rows×classes ≤ rows×hidden) via a view.
-        let mut dz3 = self.d2.slice_mut(..rows * sh.classes)?;
-        // SAFETY: signature (const float*, const unsigned*, float*, float*, unsigned, unsigned,
-        // float) matches; one thread per row, each inside its row.
-        unsafe {
-            s.launch(&xent, launch_cfg(rows))
-                .arg(&self.logits)
-                .arg(&self.y)
-                .arg(&mut dz3)
-                .arg(&mut self.loss)
-                .arg(&r)
-                .arg(&classes)
-                .arg(&scale)
-                .launch()?
-        };
-        // Layer 3: dW3 = A2ᵀ·dZ3, db3 = colsum(dZ3), dA2 = dZ3·W3ᵀ (into d1).
-        s.matmul(
-            &mut self.blas,
-            &Matmul::new(l3.0, l3.1, rows).transpose_a(),
-            &self.a2,
-            &dz3,
-            &mut self.grads[4],
-        )?;
-        // SAFETY: (const float*, float*, unsigned, unsigned): one thread per column.
-        unsafe {
-            s.launch(&col_sum, launch_cfg(l3.1))
-                .arg(&dz3)
-                .arg(&mut self.grads[5])
-                .arg(&r)
-                .arg(&classes)
-                .launch()?
-        };
-        s.matmul(
-            &mut self.blas,
-            &Matmul::new(rows, l3.0, l3.1).transpose_b(),
-            &dz3,
-            &self.params[4],
-            &mut self.d1,
-        )?;
-        drop(dz3);
-        let n_hidden = (rows * sh.hidden) as u32;
-        let hidden = sh.hidden as u32;
-        // SAFETY: (float*, const float*, unsigned) over rows*hidden elements.
-        unsafe {
-            s.launch(&relu_back, launch_cfg(rows * sh.hidden))
-                .arg(&mut self.d1)
-                .arg(&self.a2)
-                .arg(&n_hidden)
-                .launch()?
-        };
-        // Layer 2: dW2 = A1ᵀ·dZ2, db2, dA1 = dZ2·W2ᵀ (into d2).
-        s.matmul(
-            &mut self.blas,
-            &Matmul::new(l2.0, l2.1, rows).transpose_a(),
-            &self.a1,
-            &self.d1,
-            &mut self.grads[2],
-        )?;
-        // SAFETY: as above.
-        unsafe {
-            s.launch(&col_sum, launch_cfg(l2.1))
-                .arg(&self.d1)
-                .arg(&mut self.grads[3])
-                .arg(&r)
-                .arg(&hidden)
-                .launch()?
-        };
-        s.matmul(
-            &mut self.blas,
-            &Matmul::new(rows, l2.0, l2.1).transpose_b(),
-            &self.d1,
-            &self.params[2],
-            &mut self.d2,
-        )?;
-        // SAFETY: as above.
-        unsafe {
-            s.launch(&relu_back, launch_cfg(rows * sh.hidden))
-                .arg(&mut self.d2)
-                .arg(&self.a1)
-                .arg(&n_hidden)
-                .launch()?
-        };
-        // Layer 1: dW1 = Xᵀ·dZ1, db1.
-        s.matmul(
-            &mut self.blas,
-            &Matmul::new(l1.0, l1.1, rows).transpose_a(),
-            &self.x,
-            &self.d2,
-            &mut self.grads[0],
-        )?;
-        // SAFETY: as above.
-        unsafe {
-            s.launch(&col_sum, launch_cfg(l1.1))
-                .arg(&self.d2)
-                .arg(&mut self.grads[1])
-                .arg(&r)
-                .arg(&hidden)
-                .launch()?
-        };
-        Ok(())
     }
 
-    /// SGD with momentum on every tensor, from this replica's own gradients
-    /// (`Gradients::Local`, single replica) or the all-reduced ones.
-    pub fn sgd(&mut self, s: &BoundStream<'_>, lr: f32, mu: f32, from: Gradients) -> Result<()> {
-        let sgd = self.kernels.f("sgd_momentum")?;
-        let grads = match from {
-            Gradients::Local => &self.grads,
-            Gradients::Reduced => &self.reduced,
-        };
-        for ((w, v), g) in self.params.iter_mut().zip(self.vel.iter_mut()).zip(grads) {
-            let n = w.len() as u32;
-            // SAFETY: (float*, float*, const float*, unsigned, float, float) over n elements
-            // of three equally long tensors.
-            unsafe {
-                s.launch(&sgd, launch_cfg(w.len()))
-                    .arg(w)
-                    .arg(v)
-                    .arg(g)
-                    .arg(&n)
-                    .arg(&lr)
-                    .arg(&mu)
-                    .launch()?
-            };
-        }
-        Ok(())
+    #[test]
+    fn kernel_indices_are_bounded() {
+        assert_eq!(u32_of("x", 5).unwrap(), 5);
+        assert!(u32_of("x", i32::MAX as usize).is_ok());
+        assert!(matches!(
+            u32_of("x", i32::MAX as usize + 1),
+            Err(gpubind::Error::InvalidArgument(_))
+        ));
+        let cfg = elementwise(u32::MAX);
+        assert_eq!(cfg.grid_dim.0, 4096);
+        assert_eq!(elementwise(0).grid_dim.0, 1);
     }
-
-    /// Sum of the per-row losses of the last `forward_backward`.
-    pub fn loss_sum(&self, gpu: &BoundDevice<'_>) -> Result<f64> {
-        Ok(gpu.dtoh(&self.loss)?.iter().map(|&v| v as f64).sum())
-    }
-
-    /// Logits of the last forward pass.
-    pub fn logits(&self, gpu: &BoundDevice<'_>) -> Result<Vec<f32>> {
-        gpu.dtoh(&self.logits)
-    }
-
-    /// Parameters back on the host.
-    pub fn download(
-        &self,
-        gpu: &BoundDevice<'_>,
-        which: &[DeviceSlice<f32>],
-    ) -> Result<Vec<Vec<f32>>> {
-        which.iter().map(|t| gpu.dtoh(t)).collect()
-    }
-}
-
-/// One data-parallel step over every rank of `comm`: rank `r` (on `devices[r]`) trains on
-/// rows `r·shard .. (r+1)·shard` of the batch `x`/`y`; gradients are summed over the ranks
-/// with one group all-reduce (each is pre-scaled by 1/batch, so the sum is the mean) and
-/// every replica takes the same SGD step. Returns the batch's summed loss.
-#[allow(clippy::too_many_arguments)]
-pub fn data_parallel_step(
-    ctx: &mut ThreadContext,
-    comm: &Communicator,
-    devices: &[Arc<Device>],
-    replicas: &mut [Replica],
-    x: &[f32],
-    y: &[u32],
-    lr: f32,
-    mu: f32,
-) -> Result<f64> {
-    let batch = y.len();
-    let shard = batch / replicas.len();
-    let input = replicas[0].shape.input;
-    // Forward + backward of every rank's shard, each on its device's communicator stream.
-    for (r, (dev, rep)) in devices.iter().zip(replicas.iter_mut()).enumerate() {
-        let gpu = ctx.bind(dev)?;
-        let rows = r * shard;
-        rep.load_batch(
-            &gpu,
-            &x[rows * input..(rows + shard) * input],
-            &y[rows..rows + shard],
-        )?;
-        let stream = comm.stream(r).expect("one stream per rank");
-        rep.forward_backward(&gpu.on(stream)?, batch)?;
-    }
-    ctx.group(comm, |g| {
-        for (r, rep) in replicas.iter_mut().enumerate() {
-            for (local, sum) in rep.grads.iter().zip(rep.reduced.iter_mut()) {
-                g.all_reduce(r, local, sum, Op::Sum)?;
-            }
-        }
-        Ok(())
-    })?;
-    for (r, (dev, rep)) in devices.iter().zip(replicas.iter_mut()).enumerate() {
-        let gpu = ctx.bind(dev)?;
-        let stream = comm.stream(r).expect("one stream per rank");
-        rep.sgd(&gpu.on(stream)?, lr, mu, Gradients::Reduced)?;
-    }
-    comm.synchronize(ctx)?;
-    let mut loss = 0.0;
-    for (dev, rep) in devices.iter().zip(replicas.iter()) {
-        loss += rep.loss_sum(&ctx.bind(dev)?)?;
-    }
-    Ok(loss)
 }
