@@ -342,8 +342,11 @@ pub struct ProcessGroup {
     timeout: Duration,
     /// Calls so far (the sequence number of the next header).
     seq: u64,
-    /// Done notices still owed by each peer (for reads of this rank's staging).
+    /// Done notices still owed by each peer (for reads of this rank's staging; may go
+    /// negative while a notice overtakes the count).
     owed: Vec<i64>,
+    /// Peers that read this rank's staging since it was last written.
+    readers: Vec<bool>,
     /// The first error: every later call returns it.
     broken: Option<Error>,
     /// Peers that said bye or closed their socket.
@@ -402,6 +405,7 @@ impl ProcessGroup {
             timeout,
             seq: 0,
             owed: vec![0; world],
+            readers: vec![false; world],
             broken: None,
             gone: vec![false; world],
         };
@@ -834,17 +838,21 @@ impl ProcessGroup {
     pub(crate) fn expect_done(&mut self, readers: &[usize]) {
         for &q in readers {
             self.owed[q] += 1;
+            self.readers[q] = true;
         }
     }
 
-    /// Waits for every owed done notice; returns the ranks that owed one.
+    /// Waits for every owed done notice; returns the ranks that read this rank's
+    /// staging since the last call (their done events are recorded now, so polling them
+    /// is meaningful), and forgets them.
     pub(crate) fn collect_done(&mut self) -> Result<Vec<usize>> {
         let started = Instant::now();
         let deadline = super::deadline_after(self.timeout);
-        let owing: Vec<usize> = (0..self.world).filter(|&q| self.owed[q] > 0).collect();
+        let owing: Vec<usize> = (0..self.world).filter(|&q| self.readers[q]).collect();
         loop {
             let pending: Vec<usize> = (0..self.world).filter(|&q| self.owed[q] > 0).collect();
             if pending.is_empty() {
+                self.readers.fill(false);
                 return Ok(owing);
             }
             let what = "the other ranks to finish reading this rank's staging buffer";

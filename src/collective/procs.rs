@@ -136,7 +136,7 @@ pub(crate) struct ProcsRank {
     done: IpcEvent,
     /// Whether `done` was ever recorded (the drop's wait).
     peers: Vec<Option<Peer>>,
-    kernels: KernelSet,
+    kernels: ManuallyDrop<KernelSet>,
 }
 
 // SAFETY: the raw event handles are thread-agnostic identifiers used only with their
@@ -208,7 +208,7 @@ impl ProcsRank {
             ready,
             done,
             peers: (0..world).map(|_| None).collect(),
-            kernels,
+            kernels: ManuallyDrop::new(kernels),
         };
         let exchanged = me.exchange_exports();
         if let Err(e) = exchanged {
@@ -239,8 +239,13 @@ impl ProcsRank {
         };
         for q in (0..world).filter(|&q| q != rank) {
             let s = self.stream_to(q)?;
-            ipc::send_handles_with(s, &[self.pool.export()?], &[buffer.clone()], &opts)
-                .map_err(|e| fail(q, e))?;
+            ipc::send_handles_with(
+                s,
+                &[self.pool.export()?],
+                std::slice::from_ref(&buffer),
+                &opts,
+            )
+            .map_err(|e| fail(q, e))?;
             ipc::send_message_with(s, &events, &[], &opts).map_err(|e| fail(q, e))?;
         }
         for q in (0..world).filter(|&q| q != rank) {
@@ -368,7 +373,15 @@ impl ProcsRank {
         let out = self.run_inner(stream, call);
         match out {
             Ok(()) => Ok(()),
-            Err(e) => Err(self.group.fail(e)),
+            Err(e) => {
+                // A step that failed part-way may have left copies or reads on the
+                // stream without the closing `done` record: let them finish (this
+                // process's own work never waits on another process, so this ends)
+                // before the caller's claim on the buffers is released.
+                // SAFETY: the caller's bound stream, its context current.
+                let _ = unsafe { sys::cuStreamSynchronize(stream) };
+                Err(self.group.fail(e))
+            }
         }
     }
 
@@ -532,7 +545,13 @@ impl ProcsRank {
     fn settle_own(&self) -> bool {
         let deadline = super::deadline_after(self.group.timeout());
         loop {
-            match self.done.is_complete() {
+            // `done` closes each step; `ready` follows a staging copy (the last record
+            // when a step failed between the two).
+            let both = self
+                .done
+                .is_complete()
+                .and_then(|d| Ok(d && self.ready.is_complete()?));
+            match both {
                 Ok(true) => return true,
                 Ok(false) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_micros(200))
@@ -554,6 +573,10 @@ impl Drop for ProcsRank {
                 unsafe { ManuallyDrop::drop(&mut p.staging) };
             }
             // Otherwise leaked: a read may still be running.
+        }
+        if own_done {
+            // SAFETY: dropped once, here; no launch of it is pending.
+            unsafe { ManuallyDrop::drop(&mut self.kernels) };
         }
         let all_left = self.group.leave();
         if own_done && all_left {
