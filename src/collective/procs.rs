@@ -132,9 +132,10 @@ pub(crate) struct ProcsRank {
     bytes: usize,
     staging: ManuallyDrop<PoolSlice<u8>>,
     pool: ManuallyDrop<MemoryPool>,
-    ready: IpcEvent,
-    done: IpcEvent,
-    /// Whether `done` was ever recorded (the drop's wait).
+    /// Destroyed only once every peer has said bye (an operation on an imported event
+    /// after its exporter destroyed it is undefined behaviour).
+    ready: ManuallyDrop<IpcEvent>,
+    done: ManuallyDrop<IpcEvent>,
     peers: Vec<Option<Peer>>,
     kernels: ManuallyDrop<KernelSet>,
 }
@@ -205,8 +206,8 @@ impl ProcsRank {
             bytes,
             staging: ManuallyDrop::new(staging),
             pool: ManuallyDrop::new(pool),
-            ready,
-            done,
+            ready: ManuallyDrop::new(ready),
+            done: ManuallyDrop::new(done),
             peers: (0..world).map(|_| None).collect(),
             kernels: ManuallyDrop::new(kernels),
         };
@@ -326,20 +327,17 @@ impl ProcsRank {
                     rank: q,
                     reason: "its events were not imported".into(),
                 })?;
+                // A closed socket first: the event of a process that is gone may be
+                // destroyed, and must not be queried then.
+                if self.group.peer_closed(q) {
+                    return Err(Error::PeerFailed {
+                        rank: q,
+                        reason: "its process exited or was killed while this rank waited for its GPU work".into(),
+                    });
+                }
                 let ev = if done { &p.done } else { &p.ready };
-                let complete = ev.is_complete();
-                match complete {
-                    Ok(true) => {}
-                    Ok(false) | Err(_) if self.group.peer_closed(q) => {
-                        return Err(Error::PeerFailed {
-                            rank: q,
-                            reason:
-                                "its process exited or was killed before its GPU work completed"
-                                    .into(),
-                        });
-                    }
-                    Ok(false) => still.push(q),
-                    Err(e) => return Err(e),
+                if !ev.is_complete()? {
+                    still.push(q);
                 }
             }
             pending = still;
@@ -572,13 +570,24 @@ impl Drop for ProcsRank {
                 // SAFETY: dropped once, here; this rank's reads of it have completed.
                 unsafe { ManuallyDrop::drop(&mut p.staging) };
             }
-            // Otherwise leaked: a read may still be running.
+            // Otherwise leaked (it holds its pool): a read may still be running.
         }
+        // The imported events go before the byes: a peer destroys its own events once
+        // every rank has said bye. (No stream of this process waits on them.)
+        self.peers.clear();
         if own_done {
             // SAFETY: dropped once, here; no launch of it is pending.
             unsafe { ManuallyDrop::drop(&mut self.kernels) };
         }
         let all_left = self.group.leave();
+        if all_left {
+            // SAFETY: dropped once, here; every peer has closed its imports of them (it
+            // said bye after dropping them, or its process is gone).
+            unsafe {
+                ManuallyDrop::drop(&mut self.ready);
+                ManuallyDrop::drop(&mut self.done);
+            }
+        }
         if own_done && all_left {
             // SAFETY: dropped once, here; no peer maps it any more (each said bye after
             // dropping its import, or its process is gone).
