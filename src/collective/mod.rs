@@ -119,6 +119,13 @@
 //! makes this process's rank with NCCL ([`RankComm::init_process`]); the same calls
 //! follow. See docs/collective.md, "Deployment".
 //!
+//! On one machine, `RankComm::init_process_kernels` (or `from_launch_kernels`; feature
+//! `ipc`) makes a rank of the own-kernel backend instead:
+//! any number of processes per GPU (NCCL refuses that), staging buffers shared through IPC
+//! memory pools, a Unix-socket `ProcessGroup` on which the ranks agree on every call
+//! before anything is enqueued, and every wait bounded. See docs/collective.md, "One
+//! node, one rank per process, own kernels".
+//!
 //! # Semantics
 //!
 //! As in NCCL: `count` is per rank for all_reduce, reduce and broadcast; all_gather's
@@ -1273,6 +1280,8 @@ impl RankComm {
     /// waits (at most `timeout`) for the peers to release this rank's staging; past
     /// it the staging is leaked, not freed under them. See docs/collective.md,
     /// "One node, one rank per process".
+    #[cfg(feature = "ipc")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
     pub fn init_process_kernels(
         ctx: &mut ThreadContext,
         device: &Arc<Device>,
@@ -1293,6 +1302,8 @@ impl RankComm {
     /// [`init_process_kernels`](Self::init_process_kernels) for the job `env` describes
     /// (every rank on this machine): key `MASTER_ADDR:port`, `env.rank`,
     /// `env.world_size`, `env.timeout`.
+    #[cfg(feature = "ipc")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
     pub fn from_launch_kernels(
         ctx: &mut ThreadContext,
         device: &Arc<Device>,
