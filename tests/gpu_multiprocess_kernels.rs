@@ -372,7 +372,7 @@ fn dtype_mismatch_is_typed_on_every_rank() -> R {
 fn killed_rank_fails_the_others_typed() -> R {
     use std::io::{BufRead, BufReader};
     let key = format!("gpu-pk-killed-{}", std::process::id());
-    let timeout_ms = 10_000;
+    let timeout_ms = 20_000;
     let mut kids: Vec<Child> = (0..3)
         .map(|r| spawn("killed", r, 3, &key, timeout_ms))
         .collect();

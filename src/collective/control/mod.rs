@@ -246,10 +246,17 @@ impl ProcessGroup {
                 .set_nonblocking(false)
                 .map_err(|e| ipc::io_error("control socket", &e))?;
             let opts = self.transport(deadline);
-            let m = ipc::recv_message_with(&stream, &opts).map_err(|e| match e {
-                Error::CorruptHandle { reason } => garbage(reason),
-                other => other,
-            })?;
+            let m = match ipc::recv_message_with(&stream, &opts) {
+                Ok(m) => m,
+                // A process of another user (the abstract namespace is open to every
+                // process of the network namespace): not a rank; ignored.
+                Err(e @ Error::PeerNotAllowed { .. }) => {
+                    log::warn!("gpubind: rank {rank} of job {key:?} ignored a connection: {e}");
+                    continue;
+                }
+                Err(Error::CorruptHandle { reason }) => return Err(garbage(reason)),
+                Err(e) => return Err(e),
+            };
             let reject = |e: Error| {
                 let _ = ipc::send_message_with(
                     &stream,
@@ -665,24 +672,27 @@ impl ProcessGroup {
                 let _ = self.send_to(q, &bye, started, deadline);
             }
         }
+        let mut clean = true;
         loop {
             let pending: Vec<usize> = (0..self.world)
                 .filter(|&q| q != self.rank && !self.gone[q])
                 .collect();
             if pending.is_empty() {
-                return true;
+                return clean;
             }
             match self.recv_raw(&pending, started, deadline, "the other ranks' byes") {
                 // A bye, or a closed connection: that peer is done with this rank.
                 Ok((q, Ok(Msg::Bye))) | Ok((q, Err(Error::PeerFailed { .. }))) => {
                     self.gone[q] = true
                 }
-                // Anything else (a late header, a done notice, an abort, garbage):
-                // skipped; garbage ends that connection.
+                // Garbage ends that connection; whatever sent it may still map this
+                // rank's exports, so they are not freed.
                 Ok((q, Err(_))) => {
                     self.gone[q] = true;
                     self.peers[q] = None;
+                    clean = false;
                 }
+                // Anything else (a late header, a done notice, an abort): skipped.
                 Ok((_, Ok(_))) => {}
                 Err(_) => return false,
             }
