@@ -1353,8 +1353,12 @@ impl RankComm {
         match inner {
             #[cfg(feature = "ipc")]
             RankInner::Procs(p) => {
-                let call = call?;
-                let _claim = stream.claim([used.first().copied(), used.get(1).copied()])?;
+                // A call this rank cannot make would leave the others waiting for its
+                // header: they are told (the communicator is broken for all).
+                let call = call.map_err(|e| p.fail(e))?;
+                let _claim = stream
+                    .claim([used.first().copied(), used.get(1).copied()])
+                    .map_err(|e| p.fail(e))?;
                 // SAFETY: the stream is bound (its device current) and borrowed for this
                 // call; the buffers are validated against this rank's device and
                 // claimed (ordered after their other uses) until the call returns.

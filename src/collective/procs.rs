@@ -364,6 +364,14 @@ impl ProcsRank {
         Ok(())
     }
 
+    /// Breaks the communicator with `e` (told to every peer); returns `e`.
+    pub(crate) fn fail(&mut self, e: Error) -> Error {
+        if let Some(first) = self.group.error() {
+            return first.clone();
+        }
+        self.group.fail(e)
+    }
+
     /// Runs one validated call on `stream` (this rank's device bound and current);
     /// the caller holds the claim on the call's buffers.
     pub(crate) fn run(&mut self, stream: sys::CUstream, call: &Call) -> Result<()> {
