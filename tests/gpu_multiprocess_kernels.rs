@@ -4,6 +4,7 @@
 //! * every op × dtype, bit-exact against a host computation (worlds 2 and 4; world 1 in
 //!   this process), including calls larger than the staging buffer (several steps);
 //! * ranks that disagree on the length or the type: the same typed error on every rank;
+//!   a rank whose call is invalid (its own `SizeMismatch`): the others `PeerFailed`;
 //! * a rank killed mid-collective: the others fail typed, naming it, within the timeout;
 //! * dropping the communicators at the end is bounded (the bye handshake).
 //!
@@ -246,6 +247,19 @@ fn child() -> Result<String, String> {
             };
             Ok(format!("{:?}", r.err()))
         }
+        // Rank 1 makes a call it cannot make (recv shorter than send): its own
+        // SizeMismatch; the others learn of it.
+        "local" => {
+            let gpu = ctx.bind(&d).ctx("bind")?;
+            let stream = gpu.new_stream().ctx("stream")?;
+            let s = gpu.on(&stream).ctx("on")?;
+            let a: DeviceSlice<f32> = gpu.alloc_zeros(1000).ctx("alloc")?;
+            let mut b: DeviceSlice<f32> = gpu
+                .alloc_zeros(if rank == 1 { 10 } else { 1000 })
+                .ctx("alloc")?;
+            let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+            Ok(format!("{:?}", r.err()))
+        }
         "killed" => {
             let gpu = ctx.bind(&d).ctx("bind")?;
             let stream = gpu.new_stream().ctx("stream")?;
@@ -369,6 +383,21 @@ fn dtype_mismatch_is_typed_on_every_rank() -> R {
     mismatch_is_typed_on_every_rank("dtype", "i32")
 }
 
+fn a_rank_with_a_bad_call_fails_the_others_at_once() -> R {
+    let t = Instant::now();
+    let out = job("local", 3, 30_000)?;
+    ensure!(out[1].starts_with("Some(SizeMismatch"), "{out:?}");
+    for o in [&out[0], &out[2]] {
+        ensure!(o.starts_with("Some(PeerFailed { rank: 1"), "{out:?}");
+    }
+    ensure!(
+        t.elapsed() < Duration::from_secs(25),
+        "took {:?}",
+        t.elapsed()
+    );
+    Ok(())
+}
+
 fn killed_rank_fails_the_others_typed() -> R {
     use std::io::{BufRead, BufReader};
     let key = format!("gpu-pk-killed-{}", std::process::id());
@@ -441,6 +470,10 @@ fn main() {
             (
                 "dtype_mismatch_is_typed_on_every_rank",
                 dtype_mismatch_is_typed_on_every_rank,
+            ),
+            (
+                "a_rank_with_a_bad_call_fails_the_others_at_once",
+                a_rank_with_a_bad_call_fails_the_others_at_once,
             ),
             (
                 "killed_rank_fails_the_others_typed",

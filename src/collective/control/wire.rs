@@ -135,7 +135,6 @@ pub(super) fn error_parts(own_rank: usize, e: &Error) -> (usize, u8, String) {
         Error::InvalidArgument(m) if m.starts_with("collective mismatch") => {
             (own_rank, CODE_MISMATCH, m.clone())
         }
-        Error::SizeMismatch { .. } => (own_rank, CODE_MISMATCH, e.to_string()),
         Error::Rendezvous { reason } => (own_rank, CODE_BAD_SETUP, reason.clone()),
         other => (own_rank, CODE_FAILED, other.to_string()),
     }
