@@ -18,9 +18,15 @@
 //!    2 × bytes) as a percentage of the copy's memory bandwidth (goal: ≥ 80 %).
 //! 2. N = 1, every op, own vs NCCL (ratio of algbw).
 //! 3. N = all devices (when more than one), every op, own vs NCCL (ratio of busbw).
+//! 4. Own kernels, N = 2 and 4 ranks on GPU 0: in one process (a `Communicator` of N
+//!    ranks on one device, events-timed) against N processes
+//!    (`RankComm::init_process_kernels`, this binary re-run N times; rank 0's host time
+//!    of call + synchronize, median). `--max-bytes` and `--reps` apply; sizes up to
+//!    64 MiB at most.
 
 use gpubind::{
-    CommOptions, Communicator, Device, DeviceSlice, Op, Stream, ThreadContext, nccl_available,
+    CommOptions, Communicator, Device, DeviceSlice, Op, RankComm, Stream, ThreadContext,
+    nccl_available,
 };
 use std::sync::Arc;
 
@@ -372,7 +378,120 @@ fn ops_table(ctx: &mut ThreadContext, devices: &[Arc<Device>], a: &Args, title: 
     Ok(())
 }
 
+/// The environment variable that makes this binary a rank of table 4:
+/// `rank,world,key,max_bytes,reps,warmup`.
+const PROC_VAR: &str = "GPUBIND_BENCH_PROC";
+
+/// A rank of table 4: all_reduce(Sum) of f32 for every size; rank 0 prints
+/// `PROC <bytes> <median seconds>` lines.
+fn proc_rank(spec: &str) -> Res<()> {
+    let f: Vec<&str> = spec.split(',').collect();
+    let [rank, world, key, max, reps, warmup] = f[..] else {
+        return Err(format!("bad {PROC_VAR}: {spec}").into());
+    };
+    let (rank, world): (usize, usize) = (rank.parse()?, world.parse()?);
+    let (max, reps, warmup): (usize, usize, usize) = (max.parse()?, reps.parse()?, warmup.parse()?);
+    let mut ctx = ThreadContext::acquire()?;
+    let dev = Device::get(0)?;
+    let timeout = std::time::Duration::from_secs(120);
+    let mut comm = RankComm::init_process_kernels(&mut ctx, &dev, rank, world, key, timeout)?;
+    let gpu = ctx.bind(&dev)?;
+    let stream = gpu.new_stream()?;
+    let s = gpu.on(&stream)?;
+    for bytes in sizes(max) {
+        let count = bytes / 4;
+        let send = gpu.alloc_zeros::<f32>(count)?;
+        let mut recv = gpu.alloc_zeros::<f32>(count)?;
+        for _ in 0..warmup {
+            comm.all_reduce(&s, &send, &mut recv, Op::Sum)?;
+        }
+        s.synchronize()?;
+        let mut ts = Vec::new();
+        for _ in 0..reps_for(bytes, reps) {
+            let t = std::time::Instant::now();
+            comm.all_reduce(&s, &send, &mut recv, Op::Sum)?;
+            s.synchronize()?;
+            ts.push(t.elapsed().as_secs_f64());
+        }
+        ts.sort_by(f64::total_cmp);
+        if rank == 0 {
+            println!("PROC {bytes} {}", ts[ts.len() / 2]);
+        }
+    }
+    Ok(())
+}
+
+/// Table 4 for `world` ranks on `dev`.
+fn procs_table(ctx: &mut ThreadContext, dev: &Arc<Device>, a: &Args, world: usize) -> Res<()> {
+    let max = a.max_bytes.min(64 << 20);
+    let key = format!("bench-collective-{}-{world}", std::process::id());
+    let kids: Vec<std::process::Child> = (0..world)
+        .map(|r| {
+            std::process::Command::new(std::env::current_exe()?)
+                .env(
+                    PROC_VAR,
+                    format!("{r},{world},{key},{max},{},{}", a.reps, a.warmup),
+                )
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    let mut rows = std::collections::BTreeMap::new();
+    let mut failed = Vec::new();
+    for (r, k) in kids.into_iter().enumerate() {
+        let out = k.wait_with_output()?;
+        if !out.status.success() {
+            failed.push(r);
+        }
+        for l in String::from_utf8_lossy(&out.stdout).lines() {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if let ["PROC", b, t] = w[..] {
+                rows.insert(b.parse::<usize>()?, t.parse::<f64>()?);
+            }
+        }
+    }
+    let inproc = Communicator::new(ctx, &vec![dev.clone(); world], CommOptions::kernels())?;
+    println!(
+        "\n## 4. Own kernels, {world} ranks on GPU {}: one process vs {world} processes (all_reduce f32)",
+        dev.ordinal()
+    );
+    println!("in-process: events-timed; processes: rank 0's host time of call + synchronize");
+    println!(
+        "{:>9} | {:>10} {:>9} | {:>10} {:>9} | {:>8}",
+        "bytes", "1proc us", "algbw", "Nproc us", "algbw", "N/1"
+    );
+    for bytes in sizes(max) {
+        let one = time_op(
+            ctx,
+            &inproc,
+            BenchOp::AllReduce,
+            bytes,
+            a,
+            reps_for(bytes, a.reps),
+        )?;
+        let (t1, b1) = one.map_or((f64::NAN, f64::NAN), |(b, t)| (t, gbps(b, t)));
+        let tn = rows.get(&bytes).copied().unwrap_or(f64::NAN);
+        let bn = gbps(bytes, tn);
+        println!(
+            "{:>9} | {:>10.2} {:>9.2} | {:>10.2} {:>9.2} | {:>8.2}",
+            fmt_bytes(bytes),
+            t1 * 1e6,
+            b1,
+            tn * 1e6,
+            bn,
+            bn / b1
+        );
+    }
+    if !failed.is_empty() {
+        println!("(rank process(es) {failed:?} failed: their rows are NaN)");
+    }
+    Ok(())
+}
+
 fn main() -> Res<()> {
+    if let Ok(spec) = std::env::var(PROC_VAR) {
+        return proc_rank(&spec);
+    }
     // SAFETY: single-threaded at this point; nothing reads the environment concurrently.
     // NVLS (NVLink multicast) stays off.
     unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
@@ -397,11 +516,14 @@ fn main() -> Res<()> {
     let mut ctx = ThreadContext::acquire()?;
     let d0 = devices.first().ok_or("no device")?.clone();
     one_gpu_table(&mut ctx, &d0, &a)?;
-    ops_table(&mut ctx, &[d0], &a, "2. Every op, N=1")?;
+    ops_table(&mut ctx, std::slice::from_ref(&d0), &a, "2. Every op, N=1")?;
     if devices.len() > 1 {
         ops_table(&mut ctx, &devices, &a, "3. Every op, N = all devices")?;
     } else {
         println!("\n## 3. N = all devices: skipped (only 1 device)");
+    }
+    for world in [2, 4] {
+        procs_table(&mut ctx, &d0, &a, world)?;
     }
     Ok(())
 }

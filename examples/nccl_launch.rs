@@ -14,6 +14,13 @@
 //! (Across machines set `MASTER_ADDR` to rank 0's host for mpirun/srun; torchrun sets
 //! it.) `GPUBIND_RDZV_TIMEOUT=<seconds>` bounds the rendezvous and NCCL's
 //! initialisation (default 300). Exits 1 with the typed error on any failure.
+//!
+//! `--kernels` uses gpubind's own kernels instead of NCCL (`RankComm::from_launch_kernels`:
+//! every rank on one machine, any number per GPU), e.g. 4 processes on one GPU:
+//!
+//! ```text
+//! torchrun --standalone --nproc-per-node 4 --no-python target/release/examples/nccl_launch --kernels
+//! ```
 
 use gpubind::collective::LaunchEnv;
 use gpubind::{Device, Op, RankComm, ThreadContext};
@@ -29,7 +36,12 @@ fn run() -> gpubind::Result<String> {
     };
     let dev = Device::get(ordinal)?;
     let mut ctx = ThreadContext::acquire()?;
-    let mut comm = RankComm::from_launch(&mut ctx, &dev, &env)?;
+    let kernels = std::env::args().any(|a| a == "--kernels");
+    let mut comm = if kernels {
+        RankComm::from_launch_kernels(&mut ctx, &dev, &env)?
+    } else {
+        RankComm::from_launch(&mut ctx, &dev, &env)?
+    };
     let gpu = ctx.bind(&dev)?;
     let stream = gpu.new_stream()?;
     let n = 1 << 20;
@@ -48,8 +60,11 @@ fn run() -> gpubind::Result<String> {
         )));
     }
     Ok(format!(
-        "rank {} of {w} ({:?}, local rank {}, GPU {ordinal}): all_reduce ok ({want})",
-        env.rank, env.launcher, env.local_rank
+        "rank {} of {w} ({:?}, local rank {}, GPU {ordinal}, {}): all_reduce ok ({want})",
+        env.rank,
+        env.launcher,
+        env.local_rank,
+        if kernels { "own kernels" } else { "NCCL" }
     ))
 }
 

@@ -235,7 +235,7 @@ impl Shared {
 }
 
 /// `cuCtxEnablePeerAccess` in `a`'s context for `b` (already enabled is fine).
-fn enable_peer_access(a: &Arc<Device>, b: &Arc<Device>) -> Result<()> {
+pub(crate) fn enable_peer_access(a: &Arc<Device>, b: &Arc<Device>) -> Result<()> {
     let (peer, _) = b.primary_context()?;
     let _guard = a.enter()?;
     // SAFETY: `a`'s context is current; `peer` is a retained primary context.

@@ -119,6 +119,13 @@
 //! makes this process's rank with NCCL ([`RankComm::init_process`]); the same calls
 //! follow. See docs/collective.md, "Deployment".
 //!
+//! On one machine, `RankComm::init_process_kernels` (or `from_launch_kernels`; feature
+//! `ipc`) makes a rank of the own-kernel backend instead:
+//! any number of processes per GPU (NCCL refuses that), staging buffers shared through IPC
+//! memory pools, a Unix-socket `ProcessGroup` on which the ranks agree on every call
+//! before anything is enqueued, and every wait bounded. See docs/collective.md, "One
+//! node, one rank per process, own kernels".
+//!
 //! # Semantics
 //!
 //! As in NCCL: `count` is per rank for all_reduce, reduce and broadcast; all_gather's
@@ -128,19 +135,27 @@
 //! output. Work is enqueued, not finished, when a call returns.
 
 mod bootstrap;
+#[cfg(feature = "ipc")]
+mod control;
 mod engine;
 mod kernels;
 // Without the `nccl` feature a stand-in with the same crate-internal API: nothing NCCL
 // is compiled or linked, and `Backend::Nccl` is a typed error (`Error::FeatureDisabled`).
 #[cfg_attr(not(feature = "nccl"), path = "nccl_off.rs")]
 mod nccl;
+#[cfg(feature = "ipc")]
+mod procs;
 mod rendezvous;
 
 pub use bootstrap::{
     DEFAULT_PORT, DEFAULT_TIMEOUT, LaunchEnv, Launcher, NCCL_UNIQUE_ID_BYTES, NcclUniqueId,
     PORT_VAR, PROTOCOL_VERSION, TIMEOUT_VAR,
 };
+#[cfg(feature = "ipc")]
+pub use control::ProcessGroup;
 pub use nccl::{nccl_available, nccl_version};
+#[cfg(feature = "ipc")]
+pub use procs::PROCESS_STAGING_BYTES;
 
 use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};
 use crate::context::ThreadContext;
@@ -1118,6 +1133,9 @@ enum RankInner {
         id: Option<nccl::UniqueId>,
         comm: Option<nccl::NcclComm>,
     },
+    /// Own kernels, one rank per process on one machine.
+    #[cfg(feature = "ipc")]
+    Procs(Box<procs::ProcsRank>),
 }
 
 /// One rank of a communicator, for the thread that drives that rank's device (see
@@ -1249,6 +1267,56 @@ impl RankComm {
         Self::init_process(ctx, device, env.rank, env.world_size, &id, env.timeout)
     }
 
+    /// One rank of an own-kernel communicator whose ranks are separate processes on
+    /// this machine (any number of them per GPU: NCCL refuses that): rank `rank` of
+    /// `nranks`, on `device`, in the job named `key` (any string the ranks share). The
+    /// same calls as any `RankComm` follow, for every op and type.
+    ///
+    /// Each rank's staging buffer ([`PROCESS_STAGING_BYTES`]) comes from an IPC memory
+    /// pool and is imported by every peer, with two interprocess events; a host-side
+    /// [`ProcessGroup`] (Unix sockets) carries one header per call, so ranks that
+    /// disagree on the op, the type, the length or the root all get the same typed
+    /// error before anything is enqueued. Every wait is bounded by `timeout`: a peer
+    /// that exits or is killed is [`Error::PeerFailed`] naming it, one that stays away
+    /// [`Error::PeerTimeout`]; after an error the communicator is unusable. Each call
+    /// returns once its reads are enqueued, which is after the peers' inputs have been
+    /// staged (host-side waits, never a stream waiting on another process). Dropping
+    /// waits (at most `timeout`) for the peers to release this rank's staging; past
+    /// it the staging is leaked, not freed under them. See docs/collective.md,
+    /// "One node, one rank per process".
+    #[cfg(feature = "ipc")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
+    pub fn init_process_kernels(
+        ctx: &mut ThreadContext,
+        device: &Arc<Device>,
+        rank: usize,
+        nranks: usize,
+        key: &str,
+        timeout: std::time::Duration,
+    ) -> Result<RankComm> {
+        let p = procs::ProcsRank::new(ctx, device, rank, nranks, key, timeout)?;
+        Ok(RankComm {
+            rank,
+            nranks,
+            device: Arc::clone(device),
+            inner: RankInner::Procs(Box::new(p)),
+        })
+    }
+
+    /// [`init_process_kernels`](Self::init_process_kernels) for the job `env` describes
+    /// (every rank on this machine): key `MASTER_ADDR:port`, `env.rank`,
+    /// `env.world_size`, `env.timeout`.
+    #[cfg(feature = "ipc")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
+    pub fn from_launch_kernels(
+        ctx: &mut ThreadContext,
+        device: &Arc<Device>,
+        env: &LaunchEnv,
+    ) -> Result<RankComm> {
+        let key = format!("{}:{}", env.master_addr, env.port);
+        Self::init_process_kernels(ctx, device, env.rank, env.world_size, &key, env.timeout)
+    }
+
     fn call<T: CollectiveType>(
         &mut self,
         stream: &BoundStream<'_>,
@@ -1287,6 +1355,19 @@ impl RankComm {
         // after it.
         let used = uses(send, recv);
         match inner {
+            #[cfg(feature = "ipc")]
+            RankInner::Procs(p) => {
+                // A call this rank cannot make would leave the others waiting for its
+                // header: they are told (the communicator is broken for all).
+                let call = call.map_err(|e| p.fail(e))?;
+                let _claim = stream
+                    .claim([used.first().copied(), used.get(1).copied()])
+                    .map_err(|e| p.fail(e))?;
+                // SAFETY: the stream is bound (its device current) and borrowed for this
+                // call; the buffers are validated against this rank's device and
+                // claimed (ordered after their other uses) until the call returns.
+                p.run(unsafe { stream.raw() }, &call)
+            }
             RankInner::Nccl { id, comm } => {
                 let call = call?;
                 if comm.is_none()

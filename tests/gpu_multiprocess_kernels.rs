@@ -1,0 +1,484 @@
+//! GPU tests of the own-kernel backend with one rank per process on one machine
+//! (`RankComm::init_process_kernels`), `harness = false`: 2–4 processes share GPU 0.
+//!
+//! * every op × dtype, bit-exact against a host computation (worlds 2 and 4; world 1 in
+//!   this process), including calls larger than the staging buffer (several steps);
+//! * ranks that disagree on the length or the type: the same typed error on every rank;
+//!   a rank whose call is invalid (its own `SizeMismatch`): the others `PeerFailed`;
+//! * a rank killed mid-collective: the others fail typed, naming it, within the timeout;
+//! * dropping the communicators at the end is bounded (the bye handshake).
+//!
+//! Children are this binary re-run with `GPUBIND_CHILD=pk` and `GPUBIND_PK` set to
+//! `scenario,rank,world,key,timeout_ms`; each prints one `PK-RESULT` line.
+
+mod common;
+
+use common::{Ctx, child_role, run_suite};
+use gpubind::{CollectiveType, Device, DeviceSlice, Error, Op, RankComm, ThreadContext};
+use half::{bf16, f16};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+type R = Result<(), String>;
+const RESULT: &str = "PK-RESULT ";
+
+/// Rank `r`'s element `i`: small integers, exact in every dtype, sums and averages of
+/// up to 4 ranks exact too; products stay ≤ 16.
+fn value(r: usize, i: usize, prod: bool) -> f64 {
+    if prod {
+        (1 + (r + i) % 2) as f64
+    } else {
+        (1 + (r * 7 + i * 3) % 11) as f64
+    }
+}
+
+fn host_reduce(op: Op, world: usize, i: usize) -> f64 {
+    let prod = op == Op::Prod;
+    let xs: Vec<f64> = (0..world).map(|r| value(r, i, prod)).collect();
+    match op {
+        Op::Sum => xs.iter().sum(),
+        Op::Prod => xs.iter().product(),
+        Op::Min => xs.iter().cloned().fold(f64::MAX, f64::min),
+        Op::Max => xs.iter().cloned().fold(f64::MIN, f64::max),
+        // Integers truncate; with these values and worlds of 1, 2, 4 floats are exact.
+        Op::Avg => xs.iter().sum::<f64>() / world as f64,
+    }
+}
+
+fn mine<T>(rank: usize, n: usize, prod: bool, from: fn(f64) -> T) -> Vec<T> {
+    (0..n).map(|i| from(value(rank, i, prod))).collect()
+}
+
+/// Every op of this rank against the host, for one dtype and length.
+fn ops<T>(ctx: &mut ThreadContext, comm: &mut RankComm, n: usize, from: fn(f64) -> T) -> R
+where
+    T: CollectiveType + Copy + PartialEq + std::fmt::Debug,
+{
+    let (rank, world) = (comm.rank(), comm.nranks());
+    let d = Arc::clone(comm.device());
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let name = T::NAME;
+    let trunc = |x: f64| -> f64 {
+        if name.starts_with('f') || name == "bf16" {
+            x
+        } else {
+            x.trunc()
+        }
+    };
+    for op in [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::Avg] {
+        let send: DeviceSlice<T> = gpu
+            .clone_htod(&mine(rank, n, op == Op::Prod, from))
+            .ctx("htod")?;
+        let mut out: DeviceSlice<T> = gpu.alloc_zeros(n).ctx("alloc")?;
+        comm.all_reduce(&s, &send, &mut out, op)
+            .map_err(|e| format!("all_reduce: {e:?}"))?;
+        s.synchronize().ctx("sync")?;
+        let want: Vec<T> = (0..n)
+            .map(|i| from(trunc(host_reduce(op, world, i))))
+            .collect();
+        let got = gpu.dtoh(&out).ctx("dtoh")?;
+        if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
+            return Err(format!(
+                "all_reduce {op:?} {name} n={n}: [{i}] {:?} != {:?}",
+                got[i], want[i]
+            ));
+        }
+    }
+    let send: DeviceSlice<T> = gpu.clone_htod(&mine(rank, n, false, from)).ctx("htod")?;
+    // reduce(Sum) to the last rank.
+    let root = world - 1;
+    let mut red: DeviceSlice<T> = gpu.alloc_zeros(n).ctx("alloc")?;
+    comm.reduce(&s, &send, &mut red, Op::Sum, root)
+        .map_err(|e| format!("reduce: {e:?}"))?;
+    // broadcast from rank 1 % world.
+    let broot = 1 % world;
+    let mut bc: DeviceSlice<T> = gpu.clone_htod(&mine(rank, n, false, from)).ctx("htod")?;
+    comm.broadcast(&s, &mut bc, broot)
+        .map_err(|e| format!("broadcast: {e:?}"))?;
+    let mut gat: DeviceSlice<T> = gpu.alloc_zeros(n * world).ctx("alloc")?;
+    comm.all_gather(&s, &send, &mut gat)
+        .map_err(|e| format!("all_gather: {e:?}"))?;
+    // reduce_scatter(Max) over n * world inputs: element j of block b is value(r, b*n+j).
+    let big: DeviceSlice<T> = gpu
+        .clone_htod(&mine(rank, n * world, false, from))
+        .ctx("htod")?;
+    let mut sca: DeviceSlice<T> = gpu.alloc_zeros(n).ctx("alloc")?;
+    comm.reduce_scatter(&s, &big, &mut sca, Op::Max)
+        .map_err(|e| format!("reduce_scatter: {e:?}"))?;
+    s.synchronize().ctx("sync")?;
+    let red_want: Vec<T> = if rank == root {
+        (0..n)
+            .map(|i| from(host_reduce(Op::Sum, world, i)))
+            .collect()
+    } else {
+        vec![from(0.0); n]
+    };
+    ensure!(
+        gpu.dtoh(&red).ctx("dtoh")? == red_want,
+        "reduce {name} n={n}"
+    );
+    ensure!(
+        gpu.dtoh(&bc).ctx("dtoh")? == mine(broot, n, false, from),
+        "broadcast {name} n={n}"
+    );
+    let gat_want: Vec<T> = (0..world).flat_map(|q| mine(q, n, false, from)).collect();
+    ensure!(
+        gpu.dtoh(&gat).ctx("dtoh")? == gat_want,
+        "all_gather {name} n={n}"
+    );
+    let sca_want: Vec<T> = (0..n)
+        .map(|j| from(host_reduce(Op::Max, world, rank * n + j)))
+        .collect();
+    ensure!(
+        gpu.dtoh(&sca).ctx("dtoh")? == sca_want,
+        "reduce_scatter {name} n={n}"
+    );
+    // send/recv in pairs (2k, 2k+1): even sends then receives, odd the reverse.
+    if world >= 2 && !(world % 2 == 1 && rank == world - 1) {
+        let peer = rank ^ 1;
+        let mut got: DeviceSlice<T> = gpu.alloc_zeros(n).ctx("alloc")?;
+        if rank % 2 == 0 {
+            comm.send(&s, &send, peer)
+                .map_err(|e| format!("send: {e:?}"))?;
+            comm.recv(&s, &mut got, peer)
+                .map_err(|e| format!("recv: {e:?}"))?;
+        } else {
+            comm.recv(&s, &mut got, peer)
+                .map_err(|e| format!("recv: {e:?}"))?;
+            comm.send(&s, &send, peer)
+                .map_err(|e| format!("send: {e:?}"))?;
+        }
+        s.synchronize().ctx("sync")?;
+        ensure!(
+            gpu.dtoh(&got).ctx("dtoh")? == mine(peer, n, false, from),
+            "send/recv {name} n={n}"
+        );
+    }
+    Ok(())
+}
+
+fn all_dtypes(ctx: &mut ThreadContext, comm: &mut RankComm, n: usize) -> R {
+    ops::<f32>(ctx, comm, n, |x| x as f32)?;
+    ops::<f64>(ctx, comm, n, |x| x)?;
+    ops::<f16>(ctx, comm, n, f16::from_f64)?;
+    ops::<bf16>(ctx, comm, n, bf16::from_f64)?;
+    ops::<i32>(ctx, comm, n, |x| x as i32)?;
+    ops::<i64>(ctx, comm, n, |x| x as i64)?;
+    ops::<u8>(ctx, comm, n, |x| x as u8)
+}
+
+/// One all_reduce(Sum) of f32 larger than the staging buffer (several steps).
+fn big_all_reduce(ctx: &mut ThreadContext, comm: &mut RankComm) -> R {
+    let (rank, world) = (comm.rank(), comm.nranks());
+    let n = gpubind::collective::PROCESS_STAGING_BYTES / 4 * 2 + 12_345;
+    let d = Arc::clone(comm.device());
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let send = gpu
+        .clone_htod(&mine(rank, n, false, |x| x as f32))
+        .ctx("htod")?;
+    let mut out: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+    for _ in 0..3 {
+        comm.all_reduce(&s, &send, &mut out, Op::Sum)
+            .map_err(|e| format!("big all_reduce: {e:?}"))?;
+    }
+    s.synchronize().ctx("sync")?;
+    let got = gpu.dtoh(&out).ctx("dtoh")?;
+    let bad = (0..n).find(|&i| got[i] != host_reduce(Op::Sum, world, i) as f32);
+    ensure!(bad.is_none(), "big all_reduce differs at {bad:?}");
+    Ok(())
+}
+
+fn spec() -> (String, usize, usize, String, Duration) {
+    let v = std::env::var("GPUBIND_PK").expect("GPUBIND_PK");
+    let f: Vec<&str> = v.split(',').collect();
+    (
+        f[0].to_owned(),
+        f[1].parse().unwrap(),
+        f[2].parse().unwrap(),
+        f[3].to_owned(),
+        Duration::from_millis(f[4].parse().unwrap()),
+    )
+}
+
+/// A child rank: runs its scenario and prints the result line.
+fn child() -> Result<String, String> {
+    let (scenario, rank, world, key, timeout) = spec();
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = Device::get(0).ctx("Device::get")?;
+    let mut comm = RankComm::init_process_kernels(&mut ctx, &d, rank, world, &key, timeout)
+        .map_err(|e| format!("init: {e:?}"))?;
+    match scenario.as_str() {
+        "all" => {
+            all_dtypes(&mut ctx, &mut comm, 1003)?;
+            all_dtypes(&mut ctx, &mut comm, 1)?;
+            big_all_reduce(&mut ctx, &mut comm)?;
+            let t = Instant::now();
+            drop(comm);
+            ensure!(
+                t.elapsed() < Duration::from_secs(10),
+                "drop took {:?}",
+                t.elapsed()
+            );
+            Ok("ok".into())
+        }
+        "length" | "dtype" => {
+            let gpu = ctx.bind(&d).ctx("bind")?;
+            let stream = gpu.new_stream().ctx("stream")?;
+            let s = gpu.on(&stream).ctx("on")?;
+            let n = if scenario == "length" && rank == 1 {
+                999
+            } else {
+                1000
+            };
+            let r = if scenario == "dtype" && rank == 2 {
+                let a: DeviceSlice<i32> = gpu.alloc_zeros(n).ctx("alloc")?;
+                let mut b: DeviceSlice<i32> = gpu.alloc_zeros(n).ctx("alloc")?;
+                comm.all_reduce(&s, &a, &mut b, Op::Sum)
+            } else {
+                let a: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+                let mut b: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+                comm.all_reduce(&s, &a, &mut b, Op::Sum)
+            };
+            Ok(format!("{:?}", r.err()))
+        }
+        // Rank 1 makes a call it cannot make (recv shorter than send): its own
+        // SizeMismatch; the others learn of it.
+        "local" => {
+            let gpu = ctx.bind(&d).ctx("bind")?;
+            let stream = gpu.new_stream().ctx("stream")?;
+            let s = gpu.on(&stream).ctx("on")?;
+            let a: DeviceSlice<f32> = gpu.alloc_zeros(1000).ctx("alloc")?;
+            let mut b: DeviceSlice<f32> = gpu
+                .alloc_zeros(if rank == 1 { 10 } else { 1000 })
+                .ctx("alloc")?;
+            let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+            Ok(format!("{:?}", r.err()))
+        }
+        "killed" => {
+            let gpu = ctx.bind(&d).ctx("bind")?;
+            let stream = gpu.new_stream().ctx("stream")?;
+            let s = gpu.on(&stream).ctx("on")?;
+            let n = 1 << 20;
+            let a = gpu.clone_htod(&vec![1.0f32; n]).ctx("htod")?;
+            let mut b: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+            for i in 0..1_000_000 {
+                if let Err(e) = comm.all_reduce(&s, &a, &mut b, Op::Sum) {
+                    return Ok(format!("{:?}", Some(e)));
+                }
+                if i == 10 {
+                    println!("{RESULT}looping");
+                    use std::io::Write;
+                    std::io::stdout().flush().unwrap();
+                }
+            }
+            Ok("never failed".into())
+        }
+        other => Err(format!("unknown scenario {other}")),
+    }
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+fn spawn(scenario: &str, rank: usize, world: usize, key: &str, timeout_ms: u64) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .env("GPUBIND_CHILD", "pk")
+        .env(
+            "GPUBIND_PK",
+            format!("{scenario},{rank},{world},{key},{timeout_ms}"),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn")
+}
+
+fn result(mut child: Child, limit: Duration) -> Result<String, String> {
+    let t = Instant::now();
+    while child.try_wait().ctx("try_wait")?.is_none() {
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("a rank process hung past {limit:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().ctx("wait")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    Ok(text
+        .lines()
+        .filter_map(|l| l.find(RESULT).map(|i| l[i + RESULT.len()..].to_owned()))
+        .next_back()
+        .unwrap_or_else(|| format!("no result: {text}")))
+}
+
+fn job(scenario: &str, world: usize, timeout_ms: u64) -> Result<Vec<String>, String> {
+    let key = format!(
+        "gpu-pk-{scenario}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    );
+    let children: Vec<Child> = (0..world)
+        .map(|r| spawn(scenario, r, world, &key, timeout_ms))
+        .collect();
+    children
+        .into_iter()
+        .map(|c| result(c, Duration::from_secs(170)))
+        .collect()
+}
+
+fn every_op_and_dtype_world_1() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = Device::get(0).ctx("Device::get")?;
+    let key = format!("gpu-pk-one-{}", std::process::id());
+    let mut comm =
+        RankComm::init_process_kernels(&mut ctx, &d, 0, 1, &key, Duration::from_secs(30))
+            .map_err(|e| format!("{e:?}"))?;
+    all_dtypes(&mut ctx, &mut comm, 1003)
+}
+
+fn every_op_and_dtype_2_processes() -> R {
+    let out = job("all", 2, 60_000)?;
+    ensure!(out.iter().all(|o| o == "ok"), "{out:?}");
+    Ok(())
+}
+
+fn every_op_and_dtype_4_processes() -> R {
+    let out = job("all", 4, 60_000)?;
+    ensure!(out.iter().all(|o| o == "ok"), "{out:?}");
+    Ok(())
+}
+
+fn mismatch_is_typed_on_every_rank(scenario: &str, needle: &str) -> R {
+    let t = Instant::now();
+    let out = job(scenario, 3, 30_000)?;
+    for o in &out {
+        ensure!(
+            o.starts_with("Some(InvalidArgument(\"collective mismatch") && o.contains(needle),
+            "{out:?}"
+        );
+    }
+    ensure!(
+        out.iter().all(|o| o == &out[0]),
+        "not the same error everywhere: {out:?}"
+    );
+    ensure!(
+        t.elapsed() < Duration::from_secs(25),
+        "took {:?}",
+        t.elapsed()
+    );
+    Ok(())
+}
+
+fn length_mismatch_is_typed_on_every_rank() -> R {
+    mismatch_is_typed_on_every_rank("length", "rank 1 called all_reduce(Sum) of 999 f32")
+}
+
+fn dtype_mismatch_is_typed_on_every_rank() -> R {
+    mismatch_is_typed_on_every_rank("dtype", "i32")
+}
+
+fn a_rank_with_a_bad_call_fails_the_others_at_once() -> R {
+    let t = Instant::now();
+    let out = job("local", 3, 30_000)?;
+    ensure!(out[1].starts_with("Some(SizeMismatch"), "{out:?}");
+    for o in [&out[0], &out[2]] {
+        ensure!(o.starts_with("Some(PeerFailed { rank: 1"), "{out:?}");
+    }
+    ensure!(
+        t.elapsed() < Duration::from_secs(25),
+        "took {:?}",
+        t.elapsed()
+    );
+    Ok(())
+}
+
+fn killed_rank_fails_the_others_typed() -> R {
+    use std::io::{BufRead, BufReader};
+    let key = format!("gpu-pk-killed-{}", std::process::id());
+    let timeout_ms = 20_000;
+    let mut kids: Vec<Child> = (0..3)
+        .map(|r| spawn("killed", r, 3, &key, timeout_ms))
+        .collect();
+    let mut lines = BufReader::new(kids[2].stdout.take().unwrap()).lines();
+    loop {
+        let l = lines
+            .next()
+            .ok_or("rank 2 ended before looping")?
+            .ctx("read")?;
+        if l.contains("PK-RESULT looping") {
+            break;
+        }
+    }
+    let t = Instant::now();
+    kids[2].kill().ctx("kill")?;
+    let _ = kids[2].wait();
+    let out: Vec<String> = kids
+        .drain(..2)
+        .map(|c| result(c, Duration::from_secs(60)))
+        .collect::<Result<_, _>>()?;
+    for o in &out {
+        ensure!(
+            o.starts_with("Some(PeerFailed { rank: 2")
+                || (o.starts_with("Some(PeerTimeout") && o.contains("ranks: [2")),
+            "{out:?}"
+        );
+    }
+    ensure!(
+        t.elapsed() < Duration::from_millis(timeout_ms + 5_000),
+        "the others took {:?}",
+        t.elapsed()
+    );
+    Ok(())
+}
+
+fn main() {
+    if child_role().as_deref() == Some("pk") {
+        match child() {
+            Ok(line) => {
+                println!("{RESULT}{line}");
+                std::process::exit(0)
+            }
+            Err(e) => {
+                println!("{RESULT}child error: {e}");
+                std::process::exit(1)
+            }
+        }
+    }
+    let _ = Error::PeerGone; // the error type is part of the assertions' text
+    run_suite(
+        "gpu_multiprocess_kernels",
+        &[
+            ("every_op_and_dtype_world_1", every_op_and_dtype_world_1),
+            (
+                "every_op_and_dtype_2_processes",
+                every_op_and_dtype_2_processes,
+            ),
+            (
+                "every_op_and_dtype_4_processes",
+                every_op_and_dtype_4_processes,
+            ),
+            (
+                "length_mismatch_is_typed_on_every_rank",
+                length_mismatch_is_typed_on_every_rank,
+            ),
+            (
+                "dtype_mismatch_is_typed_on_every_rank",
+                dtype_mismatch_is_typed_on_every_rank,
+            ),
+            (
+                "a_rank_with_a_bad_call_fails_the_others_at_once",
+                a_rank_with_a_bad_call_fails_the_others_at_once,
+            ),
+            (
+                "killed_rank_fails_the_others_typed",
+                killed_rank_fails_the_others_typed,
+            ),
+        ],
+    );
+}
