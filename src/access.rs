@@ -372,29 +372,92 @@ fn parse_drop_timeout(value: Option<&str>) -> Duration {
     }
 }
 
-/// The streams (by id: ids are never reused) on which a bounded wait has given up and
-/// which have not been seen idle since: see [`StreamRef::synchronize_within`]. Rarely
-/// more than a few entries; an entry of a stream destroyed while busy stays (a few bytes).
+/// The streams (by id) on which a bounded wait has given up, each with an event recorded
+/// on it at that moment: see [`StreamRef::synchronize_within`]. A later wait gives up at
+/// once only while that event has not completed, i.e. while the work that made the first
+/// wait give up still runs; once it has, the entry goes and waits get the full limit
+/// again, whatever else synchronised the stream meanwhile. Entries go with their stream
+/// (`StreamInner`'s drop) and, for a legacy stream, with a reset of its context. Rarely
+/// more than a few.
 struct GaveUp;
 
-static GAVE_UP: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+/// An event handle, kept as an integer so the list is `Send`.
+type EventHandle = usize;
+
+static GAVE_UP: std::sync::Mutex<Vec<(u64, EventHandle)>> = std::sync::Mutex::new(Vec::new());
 
 impl GaveUp {
-    fn list() -> std::sync::MutexGuard<'static, Vec<u64>> {
+    fn list() -> std::sync::MutexGuard<'static, Vec<(u64, EventHandle)>> {
         GAVE_UP.lock().unwrap_or_else(|p| p.into_inner())
     }
-    fn contains(id: u64) -> bool {
-        Self::list().contains(&id)
-    }
-    fn remember(id: u64) {
+
+    /// Whether the work a wait on stream `id` gave up on still runs. Its context must be
+    /// current. An entry whose event has completed (or cannot be queried) is removed.
+    fn still_busy(id: u64) -> bool {
         let mut v = Self::list();
-        if !v.contains(&id) {
-            v.push(id);
+        let Some(k) = v.iter().position(|&(x, _)| x == id) else {
+            return false;
+        };
+        let event = v[k].1 as sys::CUevent;
+        // SAFETY: the event was created in this stream's context, which is current, and
+        // is destroyed only under this lock, after leaving the list.
+        let r = unsafe { sys::cuEventQuery(event) };
+        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return true;
+        }
+        v.swap_remove(k);
+        // SAFETY: as above; removed from the list first, so destroyed once.
+        unsafe { sys::cuEventDestroy_v2(event) };
+        false
+    }
+
+    /// Remembers that a wait on `raw` (id `id`) gave up: records an event on it. Its
+    /// context must be current. Best effort: without an event, later waits simply get
+    /// the full limit.
+    fn remember(id: u64, raw: sys::CUstream) {
+        let mut v = Self::list();
+        if v.iter().any(|&(x, _)| x == id) {
+            return;
+        }
+        let mut event: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: writes one handle; the context is current.
+        let created = unsafe {
+            sys::cuEventCreate(
+                &mut event,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as std::ffi::c_uint,
+            )
+        };
+        if created != sys::CUresult::CUDA_SUCCESS {
+            return;
+        }
+        // SAFETY: a live event and a live stream of the current context.
+        if unsafe { sys::cuEventRecord(event, raw) } != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: created above, never recorded, destroyed once.
+            unsafe { sys::cuEventDestroy_v2(event) };
+            return;
+        }
+        v.push((id, event as EventHandle));
+    }
+
+    /// Forgets stream `id` (being destroyed, or its context reset); destroys its event
+    /// when `destroy` (its context is current), else lets it go with its context.
+    fn forget_stream(id: u64, destroy: bool) {
+        let mut v = Self::list();
+        if let Some(k) = v.iter().position(|&(x, _)| x == id) {
+            let (_, event) = v.swap_remove(k);
+            if destroy {
+                // SAFETY: created in the current context, removed from the list first, so
+                // destroyed once.
+                unsafe { sys::cuEventDestroy_v2(event as sys::CUevent) };
+            }
         }
     }
-    fn forget(id: u64) {
-        Self::list().retain(|&x| x != id);
-    }
+}
+
+/// Forgets what bounded waits remembered about device `ordinal`'s legacy stream: its
+/// primary context is being reset, and the next context's legacy stream has the same id.
+pub(crate) fn forget_legacy_gave_up(ordinal: usize) {
+    GaveUp::forget_stream(LEGACY_ID | ordinal as u64, false);
 }
 
 /// The stream behind a [`Stream`](crate::Stream): destroyed when the last holder (the
@@ -491,7 +554,7 @@ impl StreamInner {
 }
 
 /// Destroys an event of `device`'s context (a drop: failures are logged).
-fn destroy_event(device: &Device, event: sys::CUevent) {
+fn destroy_event(device: &Arc<Device>, event: sys::CUevent) {
     crate::faults::release(
         format_args!("a stream's hand-off event"),
         device,
@@ -520,6 +583,10 @@ impl Drop for StreamInner {
             return;
         }
         let raw = self.raw;
+        match self.device.enter() {
+            Ok(_guard) => GaveUp::forget_stream(self.id, true),
+            Err(_) => GaveUp::forget_stream(self.id, false),
+        }
         crate::faults::release(
             format_args!("a Stream"),
             &self.device,
@@ -591,23 +658,26 @@ impl StreamRef {
     /// [`synchronize`](Self::synchronize), giving up at `deadline` (`None`: never) with
     /// [`Error::Timeout`].
     ///
-    /// One limit per stream, not per buffer: once a wait on this stream has given up, the
-    /// next wait on it queries once and gives up at once while the stream is still busy
-    /// (so a hundred buffers last used by one kernel that never ends cost one timeout,
-    /// not a hundred), and waits normally again once the stream has been seen idle.
+    /// One limit per stream, not per buffer: once a wait on this stream has given up, later
+    /// waits on it give up at once for as long as the work it gave up on still runs (an
+    /// event recorded at that moment says; so a hundred buffers last used by one kernel
+    /// that never ends cost one timeout, not a hundred), and get the full limit again
+    /// once that work has finished.
     pub(crate) fn synchronize_within(
         &self,
         deadline: Option<Instant>,
         limit: Duration,
     ) -> Result<()> {
         let id = self.id();
-        let gave_up_before = GaveUp::contains(id);
-        let deadline = if gave_up_before {
-            Some(Instant::now())
-        } else {
-            deadline
-        };
         let _guard = self.device().enter()?;
+        if GaveUp::still_busy(id) {
+            return Err(Error::Timeout {
+                what: "a buffer's pending GPU work to finish before freeing it \
+                       (GPUBIND_DROP_TIMEOUT; an earlier wait on the same stream gave up on \
+                       work that still runs, so this one did not wait again)",
+                after_ms: 0,
+            });
+        }
         let polled = poll_until_idle(
             || {
                 // SAFETY: the stream is alive (held by self) and its context is current.
@@ -617,28 +687,17 @@ impl StreamRef {
             limit,
         );
         match polled {
-            Ok(()) => {
-                if gave_up_before {
-                    GaveUp::forget(id);
-                }
-                Ok(())
-            }
+            Ok(()) => Ok(()),
             Err(Polled::Failed(code)) => Err(code
                 .check_on(self.device(), "cuStreamQuery")
                 .err()
                 .unwrap_or_else(|| Error::driver("cuStreamQuery", code))),
             Err(Polled::TimedOut(after_ms)) => {
-                GaveUp::remember(id);
+                GaveUp::remember(id, self.raw());
                 Err(Error::Timeout {
-                    what: if gave_up_before {
-                        "a buffer's pending GPU work to finish before freeing it \
-                         (GPUBIND_DROP_TIMEOUT; an earlier wait on the same stream already \
-                         gave up, so this one did not wait again)"
-                    } else {
-                        "a buffer's pending GPU work to finish before freeing it \
-                         (GPUBIND_DROP_TIMEOUT)"
-                    },
-                    after_ms: if gave_up_before { 0 } else { after_ms },
+                    what: "a buffer's pending GPU work to finish before freeing it \
+                           (GPUBIND_DROP_TIMEOUT)",
+                    after_ms,
                 })
             }
         }

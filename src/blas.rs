@@ -70,32 +70,29 @@ impl Blas {
 
 impl Drop for Blas {
     fn drop(&mut self) {
-        let ordinal = Some(self.device.ordinal());
-        match self.device.enter() {
-            Err(e) => crate::faults::report_drop(
-                format_args!("a cuBLAS handle"),
-                ordinal,
-                crate::faults::ENTER,
-                &e,
-                crate::faults::LEAKED,
-            ),
-            Ok(_guard) => {
-                // A handle exists only if the library loaded (it created the handle).
-                let Ok(api) = libs::cublas() else { return };
-                // SAFETY: created by cublasCreate in this context (current here);
-                // destroyed once, here.
-                let status = unsafe { (api.destroy)(self.handle) };
-                if let Err(e) = check(status, "cublasDestroy_v2") {
-                    crate::faults::report_drop(
-                        format_args!("a cuBLAS handle"),
-                        ordinal,
-                        crate::faults::RELEASE,
-                        &e,
-                        crate::faults::MAYBE_LEAKED,
-                    );
+        // A handle exists only if the library loaded (it created the handle).
+        let Ok(api) = libs::cublas() else { return };
+        let destroy = api.destroy;
+        let handle = self.handle as usize;
+        // cuBLAS documents that cublasDestroy synchronises the device, so it runs on the
+        // release thread, bounded by GPUBIND_DROP_TIMEOUT (crate::release).
+        crate::release::release(
+            format_args!("a cuBLAS handle"),
+            &self.device,
+            "cublasDestroy_v2",
+            Box::new(move || {
+                // SAFETY: created by cublasCreate in this context (current while this
+                // runs); destroyed once, here.
+                let status = unsafe { destroy(handle as CublasHandle) };
+                match check(status, "cublasDestroy_v2") {
+                    Ok(()) => cudarc::driver::sys::CUresult::CUDA_SUCCESS,
+                    Err(e) => {
+                        log::warn!("gpubind: dropping a cuBLAS handle: {e}");
+                        cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN
+                    }
                 }
-            }
-        }
+            }),
+        );
     }
 }
 

@@ -323,6 +323,15 @@ impl Device {
                 "device {ordinal} still has live gpubind values (an Arc<Device>, buffers, streams, events or modules); drop them before resetting its primary context"
             )));
         }
+        // A release a drop gave up waiting for (GPUBIND_DROP_TIMEOUT) may still hold the
+        // device, or be dropping its last `Arc` on the release thread.
+        let releasing = crate::release::in_flight(ordinal);
+        if releasing > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "device {ordinal} still has {releasing} release(s) running on gpubind's release thread (a drop gave up waiting for GPU work, GPUBIND_DROP_TIMEOUT); wait for the device's work to finish, or restart the process"
+            )));
+        }
+        crate::access::forget_legacy_gave_up(ordinal);
         let mut raw: sys::CUdevice = 0;
         // SAFETY: ordinal < count; writes one int.
         unsafe { sys::cuDeviceGet(&mut raw, ordinal as i32) }.check("cuDeviceGet")?;

@@ -9,6 +9,7 @@ use crate::driver::Check;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::fmt;
+use std::sync::Arc;
 
 /// The step of a drop that waits for the resource's pending stream-ordered uses.
 pub(crate) const WAIT: &str = "waiting for its pending uses";
@@ -82,14 +83,14 @@ pub(crate) fn report_drop(
 /// the resource was released (`false`: leaked, or maybe leaked).
 pub(crate) fn release(
     what: fmt::Arguments<'_>,
-    device: &Device,
+    device: &Arc<Device>,
     waited: Result<()>,
     call: &'static str,
     release: impl FnOnce() -> sys::CUresult,
 ) -> bool {
     let ordinal = Some(device.ordinal());
     if let Err(e) = waited {
-        report_drop(what, ordinal, WAIT, &e, LEAKED_UNWAITED);
+        leak_unwaited(what, device, &e);
         return false;
     }
     match device.enter() {
@@ -114,16 +115,33 @@ pub(crate) fn release(
 /// going (`false`: leaked, or maybe leaked).
 pub(crate) fn release_bounded(
     what: fmt::Arguments<'_>,
-    device: &std::sync::Arc<Device>,
+    device: &Arc<Device>,
     waited: Result<()>,
     call: &'static str,
     release: crate::release::ReleaseCall,
-) -> bool {
+) -> crate::release::Released {
     if let Err(e) = waited {
-        report_drop(what, Some(device.ordinal()), WAIT, &e, LEAKED_UNWAITED);
-        return false;
+        leak_unwaited(what, device, &e);
+        return crate::release::Released::Failed;
     }
-    crate::release::release(what, device, call, release) != crate::release::Released::Failed
+    crate::release::release(what, device, call, release)
+}
+
+/// A resource is leaked because waiting for its pending uses failed: reports it, and —
+/// unless the context is poisoned (it runs nothing more) — keeps the device's context
+/// alive for the rest of the process, so work that may still use the leaked resource is
+/// never torn down with the context when the last `Arc<Device>` goes.
+pub(crate) fn leak_unwaited(what: fmt::Arguments<'_>, device: &Arc<Device>, error: &Error) {
+    report_drop(what, Some(device.ordinal()), WAIT, error, LEAKED_UNWAITED);
+    if !nothing_runs_after(error) {
+        keep_context_alive(device);
+    }
+}
+
+/// Keeps `device` (and so its primary-context retain) alive until the process exits: for
+/// resources leaked while GPU work may still use them.
+pub(crate) fn keep_context_alive(device: &Arc<Device>) {
+    std::mem::forget(Arc::clone(device));
 }
 
 #[cfg(test)]

@@ -210,15 +210,22 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
     }
 
     /// Waits for the device's pending uses of the range, then unregisters it; returns
-    /// whether the memory may go back to its owner (`false`: leaked, with its
-    /// registration).
+    /// whether an owned `Vec` may be rebuilt and freed (`false`: it is leaked).
     ///
-    /// If the wait fails because the context is poisoned (it runs no more work), the
-    /// range is unregistered all the same. If it fails otherwise (a wait that gave up
-    /// after `GPUBIND_DROP_TIMEOUT`: the device may still use the memory), an owned `Vec`
-    /// is leaked; borrowed memory cannot be — it goes back to its owner when this
-    /// returns — so the process is aborted rather than let safe code reach pages the GPU
-    /// still writes ([`crate::faults::abort_unreleasable`]).
+    /// - The wait fails because the context is poisoned (it runs no more work): the
+    ///   registration is released as far as the context allows (a poisoned context
+    ///   refuses entry, so it is leaked with the context); the memory goes back.
+    /// - The wait fails otherwise (above all a wait that gave up after
+    ///   `GPUBIND_DROP_TIMEOUT`: the device may still use the memory): an owned `Vec` is
+    ///   leaked, still registered, and the context kept alive; borrowed memory cannot be
+    ///   leaked — it goes back to its owner when the drop returns — so the process is
+    ///   aborted rather than let safe code reach pages the GPU still writes
+    ///   ([`crate::faults::abort_unreleasable`]).
+    /// - `cuMemHostUnregister` waits for the whole device, so it runs on the release
+    ///   thread ([`crate::release`]). If it does not end within the limit, the pages
+    ///   would go back still registered, and a later copy to memory reusing their
+    ///   addresses could reach the old, still-pinned pages instead: an owned `Vec` is
+    ///   leaked then, and borrowed memory aborts the process, as above.
     fn unregister(&mut self) -> bool {
         if self.range.len == 0 {
             return true;
@@ -231,9 +238,10 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
             )
         };
         let ordinal = Some(self.range.device.ordinal());
+        let borrowed = self.owned_capacity.is_none();
         if let Err(e) = self.range.tracker.wait_all() {
             if !crate::faults::nothing_runs_after(&e) {
-                if self.owned_capacity.is_none() {
+                if borrowed {
                     crate::faults::abort_unreleasable(format_args!("{}", what()), ordinal, &e);
                 }
                 crate::faults::report_drop(
@@ -243,6 +251,7 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
                     &e,
                     "its Vec is leaked, still registered, because the device may still use it",
                 );
+                crate::faults::keep_context_alive(&self.range.device);
                 return false;
             }
             crate::faults::report_drop(
@@ -250,16 +259,13 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
                 ordinal,
                 crate::faults::WAIT,
                 &e,
-                "unregistering it anyway: the context is poisoned and runs no more work",
+                "the memory goes back to its owner: the context is poisoned and runs no \
+                 more work",
             );
+            return true;
         }
-        // Made on the device's release thread, waited for up to GPUBIND_DROP_TIMEOUT
-        // (cuMemHostUnregister waits for the whole device: crate::release). If it goes
-        // on in the background the pages go back to their owner still registered, which
-        // is sound: no device use of them is pending (waited for above) and nothing of
-        // gpubind names their device address any more.
         let ptr = self.range.ptr.as_ptr() as usize;
-        crate::release::release(
+        let released = crate::release::release(
             format_args!("{}", what()),
             &self.range.device,
             "cuMemHostUnregister",
@@ -269,7 +275,25 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
                 unsafe { sys::cuMemHostUnregister(ptr as *mut std::ffi::c_void) }
             }),
         );
-        true
+        match released {
+            crate::release::Released::Done => true,
+            crate::release::Released::InBackground if borrowed => {
+                crate::faults::abort_unreleasable(
+                    format_args!("{}", what()),
+                    ordinal,
+                    &Error::Timeout {
+                        what: "cuMemHostUnregister, which waits for all of the device's work \
+                               (GPUBIND_DROP_TIMEOUT)",
+                        after_ms: crate::access::drop_timeout()
+                            .as_millis()
+                            .min(u64::MAX.into()) as u64,
+                    },
+                )
+            }
+            // An owned Vec whose registration is still (or may still be) in place stays
+            // allocated: leaked rather than handed to the allocator while pinned.
+            crate::release::Released::InBackground | crate::release::Released::Failed => false,
+        }
     }
 }
 

@@ -146,6 +146,10 @@ struct Worker {
     /// Jobs a caller gave up waiting for that have not ended: while any is pending,
     /// callers hand their job over without waiting.
     abandoned: Arc<AtomicUsize>,
+    /// Jobs handed over and not yet ended (their work, and what it captured — perhaps
+    /// the device's last `Arc` — dropped): `Device::reset_primary_context` refuses while
+    /// any is.
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -175,15 +179,18 @@ impl Worker {
     fn spawn(name: String) -> std::io::Result<Worker> {
         let (tx, rx) = mpsc::channel::<Job>();
         let abandoned = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&abandoned);
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (counter, running) = (Arc::clone(&abandoned), Arc::clone(&in_flight));
         std::thread::Builder::new().name(name).spawn(move || {
             for job in rx {
                 run_job(job, &counter);
+                running.fetch_sub(1, Ordering::AcqRel);
             }
         })?;
         Ok(Worker {
             queue: Mutex::new(tx),
             abandoned,
+            in_flight,
         })
     }
 
@@ -201,7 +208,9 @@ impl Worker {
             work,
             slot: Arc::clone(&slot),
         };
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
         if let Err(mpsc::SendError(job)) = lock(&self.queue).send(job) {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Outcome::NoWorker(job.work);
         }
         let deadline = if self.abandoned.load(Ordering::Acquire) > 0 {
@@ -218,8 +227,15 @@ impl Worker {
 
 /// The release thread of device `ordinal` (started on first use), or `None` if the
 /// thread cannot be spawned (then calls run inline).
+static WORKERS: OnceLock<Mutex<Vec<Option<&'static Worker>>>> = OnceLock::new();
+
+/// The release thread of device `ordinal` if it was started.
+fn worker_if_started(ordinal: usize) -> Option<&'static Worker> {
+    let all = lock(WORKERS.get()?);
+    all.get(ordinal).copied().flatten()
+}
+
 fn worker(ordinal: usize) -> Option<&'static Worker> {
-    static WORKERS: OnceLock<Mutex<Vec<Option<&'static Worker>>>> = OnceLock::new();
     let mut all = lock(WORKERS.get_or_init(|| Mutex::new(Vec::new())));
     if all.len() <= ordinal {
         all.resize(ordinal + 1, None);
@@ -244,6 +260,12 @@ fn worker(ordinal: usize) -> Option<&'static Worker> {
     }
 }
 
+/// How many releases of device `ordinal` are still running on its release thread (handed
+/// over by drops whose limit passed, or in progress).
+pub(crate) fn in_flight(ordinal: usize) -> usize {
+    worker_if_started(ordinal).map_or(0, |w| w.in_flight.load(Ordering::Acquire))
+}
+
 /// Enters the context and makes the call: the failure, if any.
 fn enter_and_call(device: &Device, call_name: &'static str, call: ReleaseCall) -> Failure {
     match device.enter() {
@@ -255,12 +277,28 @@ fn enter_and_call(device: &Device, call_name: &'static str, call: ReleaseCall) -
     }
 }
 
+/// Runs one job on the release thread. A panic in the release call (or in a logger it
+/// reaches) is caught: the job fails, its caller is told, and the thread goes on.
 fn run_job(job: Job, abandoned: &AtomicUsize) {
     let Job { work, slot } = job;
-    // `work` drops what it captured (an Arc<Device>) before it returns, so a caller that
-    // is told the job finished holds the last references again.
-    let failure = work();
-    match slot.finish(failure, abandoned) {
+    // `work` drops what it captured (an Arc<Device>) before it returns (or unwinds), so a
+    // caller that is told the job finished holds the last references again.
+    let failure =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|_| {
+            Some((
+                crate::faults::RELEASE,
+                Error::InvalidArgument(
+                    "the release call panicked on gpubind's release thread".into(),
+                ),
+            ))
+        });
+    let late = slot.finish(failure, abandoned);
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| report_late(late)));
+}
+
+/// The release thread's own report of a job its caller gave up on.
+fn report_late(late: Option<LateReport>) {
+    match late {
         Some((what, ordinal, Some((step, e)))) => crate::faults::report_drop(
             format_args!("{what}"),
             ordinal,
@@ -275,6 +313,9 @@ fn run_job(job: Job, abandoned: &AtomicUsize) {
     }
 }
 
+/// The least a drop waits for a release call: see [`release`].
+const RELEASE_FLOOR: Duration = Duration::from_millis(100);
+
 /// Runs `call` (the driver call `call_name`) in `device`'s context on the device's
 /// release thread and waits for it up to [`crate::access::drop_timeout`]; reports a
 /// failure naming `what`. See the [module docs](self).
@@ -284,7 +325,10 @@ pub(crate) fn release(
     call_name: &'static str,
     call: ReleaseCall,
 ) -> Released {
-    let limit = crate::access::drop_timeout();
+    // At least RELEASE_FLOOR even with GPUBIND_DROP_TIMEOUT=0 ("do not wait for pending
+    // uses"): these calls normally take microseconds, and a release that always went to
+    // the background would make every free asynchronous.
+    let limit = crate::access::drop_timeout().max(RELEASE_FLOOR);
     let ordinal = device.ordinal();
     let finished = |failure: Failure| match failure {
         None => Released::Done,
@@ -375,7 +419,8 @@ mod tests {
         // Unstuck: both end, the counter returns to 0, and waiting resumes.
         open.send(()).expect("open");
         let t = Instant::now();
-        while w.abandoned.load(Ordering::Acquire) != 0 {
+        assert_eq!(w.in_flight.load(Ordering::Acquire), 2);
+        while w.abandoned.load(Ordering::Acquire) != 0 || w.in_flight.load(Ordering::Acquire) != 0 {
             assert!(
                 t.elapsed() < Duration::from_secs(5),
                 "abandoned jobs never ended"
@@ -386,6 +431,15 @@ mod tests {
             Outcome::Finished(None) => {}
             other => panic!("{other:?}"),
         }
+        // A release call that panics fails its job; the thread goes on.
+        match w.run(Box::new(|| panic!("in a release call")), limit, what) {
+            Outcome::Finished(Some((step, _))) => assert_eq!(step, crate::faults::RELEASE),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            w.run(Box::new(|| None), limit, what),
+            Outcome::Finished(None)
+        ));
     }
 
     /// No limit: the caller waits for as long as the job takes.

@@ -289,10 +289,26 @@ fn child_bounded_drop() -> R {
         "Communicator drop took {comm_took:?}, expected 1 to 2 s"
     );
     drop(lane_buf);
-    drop(f);
-    drop(module);
     s.synchronize().ctx("the kernel finishes")?;
     gpu.synchronize().ctx("every kernel finishes")?;
+    // The stream a wait gave up on is waited for normally again once the work it gave up
+    // on has ended: a borrowed registration written by a 50 ms kernel on it is waited for
+    // (neither given up on at once, which would abort, nor returned early).
+    let mut mine = vec![0u32; 16];
+    {
+        let reg = gpu
+            .register_host(&mut mine, gpubind::RegisterOptions::default())
+            .ctx("register_host")?;
+        spin(&s, &f, &reg, 50_000_000)?;
+        drop(reg);
+    }
+    ensure!(
+        mine[0] == 7,
+        "the registration came back before the kernel wrote it: {}",
+        mine[0]
+    );
+    drop(f);
+    drop(module);
     ensure!(
         ptrs.iter().all(|&p| still_mapped(p)),
         "a leaked buffer was freed later"

@@ -94,9 +94,11 @@ pub(crate) struct Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // If the wait fails because a context is poisoned, the modules are unloaded all
-        // the same: a poisoned context runs no more kernels. Any other failure (a wait
-        // that gave up after GPUBIND_DROP_TIMEOUT: a kernel may still run) leaks them.
+        // If the wait fails because a context is poisoned, the modules are dropped as
+        // usual (a poisoned context runs no more kernels; it refuses to be entered, so
+        // they go with it). Any other failure (a wait that gave up after
+        // GPUBIND_DROP_TIMEOUT: a kernel may still run) leaks them, and with them their
+        // Arc<Device>, so the context outlives the kernels.
         if let Err(e) = self.work.wait_all() {
             if crate::faults::nothing_runs_after(&e) {
                 crate::faults::report_drop(
@@ -104,7 +106,7 @@ impl Drop for Shared {
                     None,
                     crate::faults::WAIT,
                     &e,
-                    "its kernel modules are unloaded anyway: a poisoned context runs no more \
+                    "its kernel modules are dropped anyway: a poisoned context runs no more \
                      kernels",
                 );
             } else {

@@ -212,13 +212,14 @@ fn device_by_uuid(uuid: Uuid) -> Result<Arc<Device>> {
 /// `free(ptr)` (the driver call `call`). If the wait fails (a faulted context) the
 /// mapping is leaked, not freed under the device; every failure is logged, naming
 /// `what`. Nothing is freed for a null address. Call once, from the owner's `Drop`; the
-/// slot is dead after. Returns whether the mapping is gone (`false`: leaked, so an
-/// import registry entry must stay: see [`registry::LiveImport::keep`]).
+/// slot is dead after. Returns whether the mapping is gone (`false`: leaked, or its
+/// release still running in the background, so an import registry entry must stay: see
+/// [`registry::LiveImport::keep`]).
 fn disown_and_free<T: DeviceRepr>(
     slot: &mut ManuallyDrop<DeviceSlice<T>>,
     what: std::fmt::Arguments<'_>,
     call: &'static str,
-    free: impl FnOnce(sys::CUdeviceptr) -> sys::CUresult,
+    free: fn(sys::CUdeviceptr) -> sys::CUresult,
 ) -> bool {
     // SAFETY: every caller uses the slot exactly once, as the last thing it does with it.
     let slice = unsafe { ManuallyDrop::take(slot) };
@@ -226,7 +227,10 @@ fn disown_and_free<T: DeviceRepr>(
     if ptr == 0 {
         return true;
     }
-    crate::faults::release(what, &device, waited, call, || free(ptr))
+    // On the release thread, bounded (crate::release): some of these calls may wait for
+    // the whole device. Only a release that ended counts as unmapped.
+    crate::faults::release_bounded(what, &device, waited, call, Box::new(move || free(ptr)))
+        == crate::release::Released::Done
 }
 
 /// In `device`'s context (pushed and popped): `free(ptr)` (the driver call `call`), for
@@ -235,7 +239,7 @@ fn disown_and_free<T: DeviceRepr>(
 /// naming `what`.
 fn free_in_context(
     what: std::fmt::Arguments<'_>,
-    device: &Device,
+    device: &Arc<Device>,
     ptr: sys::CUdeviceptr,
     call: &'static str,
     free: impl FnOnce(sys::CUdeviceptr) -> sys::CUresult,
