@@ -277,8 +277,19 @@ fn destroy_graph(graph: sys::CUgraph) {
 pub struct Capture<'c, 'buf> {
     session: &'c RefCell<Session<'buf>>,
     device: &'c Arc<Device>,
-    stream: sys::CUstream,
+    stream: CaptureStream,
 }
+
+/// A capturing stream's handle. `Send`/`Sync` as an identifier: what keeps a [`Capture`]
+/// on its thread is its session (a `RefCell`).
+#[derive(Clone, Copy)]
+struct CaptureStream(sys::CUstream);
+
+// SAFETY: a CUstream handle is a thread-agnostic identifier; nothing is reached through it
+// without a `Capture`, which is `!Send` and `!Sync`.
+unsafe impl Send for CaptureStream {}
+// SAFETY: as above.
+unsafe impl Sync for CaptureStream {}
 
 impl std::fmt::Debug for Capture<'_, '_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -333,7 +344,7 @@ impl<'a> BoundDevice<'a> {
         let out = f(&mut Capture {
             session: &session,
             device,
-            stream: origin,
+            stream: CaptureStream(origin),
         });
         let ended = active.end();
         let raw = match (out, ended) {
@@ -396,7 +407,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         // SAFETY: a capturing stream of the bound context: recorded, not run. The range
         // is in bounds of a live allocation that the graph borrows for 'buf and claims at
         // each launch.
-        unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.stream) }
+        unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.stream.0) }
             .check_on(self.device, "cuMemsetD8Async")
     }
 
@@ -419,7 +430,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
                 dst.device_ptr(),
                 dst.len(),
                 value.memset_pattern(),
-                Some(self.stream),
+                Some(self.stream.0),
             )
         }
     }
@@ -451,7 +462,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         // SAFETY: a capturing stream of the bound context: recorded, not run. Both ranges
         // are in bounds of live allocations the graph borrows for 'buf and claims at each
         // launch; they do not overlap (checked above, or different allocations).
-        unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, src.num_bytes(), self.stream) }
+        unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, src.num_bytes(), self.stream.0) }
             .check_on(self.device, "cuMemcpyDtoDAsync_v2")
     }
 
@@ -477,7 +488,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     where
         F: FnOnce(&mut Capture<'c, 'buf>, &mut Capture<'c, 'buf>) -> Result<R>,
     {
-        let main = self.stream;
+        let main = self.stream.0;
         // Created with this thread's capture mode relaxed: a capture in thread-local mode
         // prohibits "potentially unsafe" calls on its thread, and the driver does not
         // list which (creating a stream or an event synchronises with nothing).
@@ -502,11 +513,11 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         let mut other = Capture {
             session: self.session,
             device: self.device,
-            stream: branch,
+            stream: CaptureStream(branch),
         };
         let out = f(self, &mut other);
         // The closure may have swapped the two handles: this one is `main` again.
-        self.stream = main;
+        self.stream = CaptureStream(main);
         let joined = join.join();
         let r = out?;
         joined?;
@@ -523,7 +534,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// it forks joined back). A call the capture forbids (a synchronisation, a query)
     /// invalidates it: [`BoundDevice::capture`] then fails.
     pub unsafe fn raw_stream(&self) -> sys::CUstream {
-        self.stream
+        self.stream.0
     }
 }
 
@@ -671,7 +682,7 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
                 b.1,
                 b.2,
                 shared_mem_bytes,
-                self.capture.stream,
+                self.capture.stream.0,
                 self.args.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
