@@ -720,4 +720,16 @@ mod tests {
              priorities; 0 is the default)"
         );
     }
+
+    #[test]
+    fn graph_update_names_the_reason_and_the_way_out() {
+        let e = Error::GraphUpdate {
+            reason: "the topology changed".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "the executable graph cannot be updated in place: the topology changed; \
+             instantiate the new graph instead"
+        );
+    }
 }

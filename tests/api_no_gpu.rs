@@ -207,6 +207,21 @@ fn driver_error_codes_have_names_and_values() {
         ),
         (DriverErrorCode::NO_DEVICE, 100, "CUDA_ERROR_NO_DEVICE"),
         (
+            DriverErrorCode::STREAM_CAPTURE_UNSUPPORTED,
+            900,
+            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+        ),
+        (
+            DriverErrorCode::STREAM_CAPTURE_INVALIDATED,
+            901,
+            "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+        ),
+        (
+            DriverErrorCode::STREAM_CAPTURE_UNJOINED,
+            904,
+            "CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
+        ),
+        (
             DriverErrorCode::INVALID_DEVICE,
             101,
             "CUDA_ERROR_INVALID_DEVICE",
