@@ -101,6 +101,10 @@ pub struct Graph<'buf> {
     uses: Uses<'buf>,
 }
 
+/// Up to this many trackers (buffers, modules and the executable graph's own), a graph
+/// launch claims them with inline arrays.
+const INLINE_USES: usize = 8;
+
 /// An executable graph: launched on a bound stream with [`launch`](Self::launch), any
 /// number of times; [`update`](Self::update)d from a graph of the same shape.
 ///
@@ -792,11 +796,34 @@ impl<'buf> GraphExec<'buf> {
     pub fn launch(&self, stream: &BoundStream<'_>) -> Result<()> {
         stream.bound().expect_device("graph", &self.device)?;
         stream.ensure_stream_context()?;
-        let mut uses: Vec<Use<'_>> = Vec::with_capacity(self.uses.trackers.len() + 1);
-        uses.extend(self.uses.trackers.iter().map(|&(t, a)| Some((t, a))));
-        uses.push(Some((&self.launches, Access::Write)));
-        let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
-        let _claim = access::claim(stream.slot(), &mut uses, locks)?;
+        // The graph's buffers and modules, and this executable graph's own launches (so
+        // its drop waits for them), claimed from before the enqueue until after it.
+        let n = self.uses.trackers.len() + 1;
+        let all = self
+            .uses
+            .trackers
+            .iter()
+            .map(|&(t, a)| Some((t, a)))
+            .chain(std::iter::once(Some((&self.launches, Access::Write))));
+        if n <= INLINE_USES {
+            // The usual graph: no allocation.
+            let mut uses: [Use<'_>; INLINE_USES] = [None; INLINE_USES];
+            for (slot, u) in uses.iter_mut().zip(all) {
+                *slot = u;
+            }
+            let mut locks = access::locks::<INLINE_USES>();
+            let _claim = access::claim(stream.slot(), &mut uses[..n], &mut locks[..n])?;
+            self.enqueue(stream)
+        } else {
+            let mut uses: Vec<Use<'_>> = all.collect();
+            let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
+            let _claim = access::claim(stream.slot(), &mut uses, locks)?;
+            self.enqueue(stream)
+        }
+    }
+
+    /// `cuGraphLaunch` on `stream`, under the caller's claim.
+    fn enqueue(&self, stream: &BoundStream<'_>) -> Result<()> {
         if let Some(k) = self.uses.last_kernel {
             self.device.poison_state().launching(k);
         }
