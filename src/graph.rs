@@ -75,6 +75,16 @@
 //! * **Ending.** The capture is ended when the closure returns, errs or panics; an
 //!   invalidated capture (e.g. by an illegal call through a raw handle) is the driver's
 //!   error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, …) and yields no graph.
+//!
+//! # Not capturable (yet)
+//!
+//! Collectives (neither backend: the handle has no collective operation, and nothing
+//! else can enqueue onto the capture's streams), host-device copies (a captured copy
+//! reads or writes its host memory at every launch; it would need page-locked buffers
+//! borrowed for the graph's lifetime), stream-ordered allocation, child graphs and
+//! events of the caller's own. Kernel arguments are borrowed for the graph's lifetime,
+//! scalars included (their bytes are copied at capture, but the builder does not tell
+//! them apart from buffers).
 
 use crate::access::{self, Access, AccessTracker, Use};
 use crate::context::BoundDevice;
