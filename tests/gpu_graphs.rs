@@ -226,6 +226,48 @@ fn graph_launch_waits_for_writes_on_other_streams() -> R {
     Ok(())
 }
 
+/// A graph reads its inputs when it runs, not when it was captured: between launches
+/// the input is rewritten by a slow kernel on another stream (a kernel may take a buffer
+/// the graph borrows, by `&`), and each launch sees the new contents.
+fn graph_reads_inputs_at_each_launch() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+    let slow_fill = module.function("slow_fill").ctx("function")?;
+    let n = 1u32 << 16;
+    let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc x")?;
+    let y = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc y")?;
+    let graph = gpu.capture(|c| c.dtod(&x, &y)).ctx("capture")?;
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let cycles = SLOW;
+    for value in [11u32, 12, 13] {
+        let w = gpu.on(&s2).ctx("on s2")?;
+        // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
+        unsafe {
+            w.launch(&slow_fill, LaunchConfig::for_num_elems(n))
+                .arg(&x)
+                .arg(&n)
+                .arg(&value)
+                .arg(&cycles)
+                .launch()
+        }
+        .ctx("slow fill")?;
+        exec.launch(&gpu.on(&s1).ctx("on s1")?).ctx("launch")?;
+        let got = gpu.dtoh(&y).ctx("dtoh")?;
+        ensure!(
+            got.iter().all(|&v| v == value),
+            "launch after fill {value}: y[0] = {} (the graph did not wait for the write, or read a stale input)",
+            got[0]
+        );
+    }
+    Ok(())
+}
+
 /// Fork/join: both branches run, the work after the fork sees both, forks nest; the
 /// graph has the nodes captured on every branch.
 fn fork_join_runs_branches_and_joins() -> R {
@@ -573,6 +615,10 @@ fn main() {
             (
                 "graph_launch_waits_for_writes_on_other_streams",
                 graph_launch_waits_for_writes_on_other_streams,
+            ),
+            (
+                "graph_reads_inputs_at_each_launch",
+                graph_reads_inputs_at_each_launch,
             ),
             (
                 "fork_join_runs_branches_and_joins",
