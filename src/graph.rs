@@ -82,9 +82,7 @@
 //! else can enqueue onto the capture's streams), host-device copies (a captured copy
 //! reads or writes its host memory at every launch; it would need page-locked buffers
 //! borrowed for the graph's lifetime), stream-ordered allocation, child graphs and
-//! events of the caller's own. Kernel arguments are borrowed for the graph's lifetime,
-//! scalars included (their bytes are copied at capture, but the builder does not tell
-//! them apart from buffers).
+//! events of the caller's own.
 
 use crate::access::{self, Access, AccessTracker, Use};
 use crate::context::BoundDevice;
@@ -401,6 +399,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             func,
             cfg,
             args: Vec::new(),
+            values: Vec::new(),
             buffers: Vec::new(),
             error,
         }
@@ -609,6 +608,9 @@ pub struct CaptureLaunch<'l, 'c, 'buf> {
     func: &'l Function<'buf>,
     cfg: LaunchConfig,
     args: Vec<*mut c_void>,
+    /// Arguments given by value ([`value`](CaptureLaunch::value)), boxed so their
+    /// addresses in `args` stay put.
+    values: Vec<Box<dyn std::any::Any>>,
     buffers: Vec<&'buf AccessTracker>,
     error: Option<Error>,
 }
@@ -628,7 +630,8 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
     /// Appends an argument, borrowed for the graph's lifetime. A gpubind buffer passed
     /// here is claimed as written at every launch of the graph (see
     /// [`LaunchBuilder::arg`](crate::LaunchBuilder::arg)). Errors (another device's
-    /// memory, a size mismatch) are reported by [`launch`](Self::launch).
+    /// memory, a size mismatch) are reported by [`launch`](Self::launch). Plain data
+    /// that does not live as long as the graph goes by [`value`](Self::value).
     pub fn arg<A: KernelArg + ?Sized>(&mut self, arg: &'buf A) -> &mut Self {
         if self.error.is_none()
             && let Some(dev) = arg.arg_device()
@@ -649,6 +652,44 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
             self.buffers.push(t);
         }
         self.args.push(arg.param_ptr());
+        self
+    }
+
+    /// Appends a plain-data argument by value: the kernel node keeps a copy of its bytes
+    /// (taken at capture), so unlike [`arg`](Self::arg) nothing stays borrowed. For
+    /// scalars computed inside the capture:
+    ///
+    /// ```no_run
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, scale: &gpubind::Function<'_>) -> gpubind::Result<()> {
+    /// use gpubind::LaunchConfig;
+    /// let x = gpu.alloc_zeros::<f32>(1024)?;
+    /// let graph = gpu.capture(|c| {
+    ///     for k in 0..4u32 {
+    ///         // SAFETY: (float*, unsigned, float) matches `scale`, which stays in bounds.
+    ///         unsafe {
+    ///             c.launch(scale, LaunchConfig::for_num_elems(1024))
+    ///                 .arg(&x).value(1024u32).value(k as f32 + 0.5)
+    ///                 .launch()?
+    ///         };
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn value<T: DeviceRepr>(&mut self, v: T) -> &mut Self {
+        if self.error.is_none() {
+            self.error = self
+                .func
+                .check_arg_size(self.args.len(), std::mem::size_of::<T>(), || {
+                    std::any::type_name::<T>().to_owned()
+                })
+                .err();
+        }
+        let boxed = Box::new(v);
+        // The heap copy does not move when the box does: the pointer stays valid while
+        // `self.values` holds it.
+        self.args.push(&*boxed as *const T as *mut c_void);
+        self.values.push(boxed);
         self
     }
 

@@ -41,7 +41,8 @@ extern "C" __global__ void sum(const unsigned* a, const unsigned* b, unsigned* o
 /// About 50 ms of spinning on an H200 (1.98 GHz).
 const SLOW: i64 = 100_000_000;
 
-/// A memset, K kernels and a copy: nothing runs at capture time; every launch (on a
+/// A memset, K kernels (scalar arguments by reference and by value) and a copy: nothing
+/// runs at capture time; every launch (on a
 /// gpubind stream and on the legacy default stream) replays all of it exactly; the node
 /// count is what was captured.
 fn capture_replays_kernels_memsets_and_copies() -> R {
@@ -59,14 +60,16 @@ fn capture_replays_kernels_memsets_and_copies() -> R {
         .capture(|c| {
             c.memset_zeros(&x)?;
             for v in &increments {
+                let mut l = c.launch(&add, LaunchConfig::for_num_elems(n));
+                l.arg(&x).arg(&n);
+                // Half by reference, half by value (copied at capture).
+                if v % 2 == 0 {
+                    l.arg(v);
+                } else {
+                    l.value(*v);
+                }
                 // SAFETY: (unsigned*, unsigned, unsigned) matches; bounds checked.
-                unsafe {
-                    c.launch(&add, LaunchConfig::for_num_elems(n))
-                        .arg(&x)
-                        .arg(&n)
-                        .arg(v)
-                        .launch()?
-                };
+                unsafe { l.launch()? };
             }
             c.dtod(&x, &y)
         })
