@@ -42,9 +42,8 @@ extern "C" __global__ void sum(const unsigned* a, const unsigned* b, unsigned* o
 const SLOW: i64 = 100_000_000;
 
 /// A memset, K kernels (scalar arguments by reference and by value) and a copy: nothing
-/// runs at capture time; every launch (on a
-/// gpubind stream and on the legacy default stream) replays all of it exactly; the node
-/// count is what was captured.
+/// runs at capture time; every launch (on a gpubind stream and on the legacy default
+/// stream) replays all of it exactly; the node count is what was captured.
 fn capture_replays_kernels_memsets_and_copies() -> R {
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
