@@ -6,7 +6,8 @@
 //! ```
 //!
 //! Prints the machine, then ONE table: per-operation cost of a small async memset, a
-//! 4-byte synchronous host-to-device copy and kernel launches; the cost of switching
+//! 4-byte synchronous host-to-device copy and kernel launches (one by one, and 16 of them
+//! as one CUDA graph launch); the cost of switching
 //! contexts on one thread; and the GPU memory a process uses after listing devices and
 //! after its first bind (measured from a child process). Each per-op figure is the median
 //! of `R` rounds that interleave the three implementations, after a warm-up.
@@ -494,6 +495,8 @@ struct Env {
     r: RawSide,
     /// Why no kernels could be compiled, if so.
     kernel_error: Option<String>,
+    /// The kernels' cubin, for the graph rows' own modules.
+    cubin: Option<Vec<u8>>,
 }
 
 fn setup(mut tc: ThreadContext, dev: Arc<Device>) -> R<Env> {
@@ -565,6 +568,7 @@ fn setup(mut tc: ThreadContext, dev: Arc<Device>) -> R<Env> {
         c,
         r,
         kernel_error,
+        cubin,
     })
 }
 
@@ -819,6 +823,220 @@ fn args_launch_row(env: &mut Env, mode: Mode, imp: Impl, n: usize) -> R<Option<f
                     // SAFETY: as for gpubind above; `params` points at three live values
                     // of the kernel's parameter types.
                     unsafe { raw_launch(r.touch, cfg, r.stream, params.as_mut_ptr()) }
+                }
+                Step::Sync => raw_sync(r.stream),
+            })?
+        }
+    }))
+}
+
+/// Kernels per graph in the graph rows.
+const GRAPH_K: usize = 16;
+
+/// The graph rows' resources: per implementation, a graph of [`GRAPH_K`] `touch`
+/// launches, and what launching the same kernels one by one needs. gpubind's graph
+/// borrows its module and buffers (`'g`).
+struct GraphBench<'g> {
+    g_func: gpubind::Function<'g>,
+    g_a: &'g DeviceSlice<f32>,
+    g_b: &'g DeviceSlice<f32>,
+    g_exec: gpubind::GraphExec<'g>,
+    /// A context object with event tracking off (cudarc's capture needs it: a capture may
+    /// not wait on events recorded outside it), its stream, kernel and buffers.
+    c_graph: cudarc::driver::CudaGraph,
+    c_stream: Arc<CudaStream>,
+    c_func: CudaFunction,
+    c_a: CudaSlice<f32>,
+    c_b: CudaSlice<f32>,
+    _c_module: Arc<CudaModule>,
+    _c_ctx: Arc<CudaContext>,
+    r_graph: sys::CUgraph,
+    r_exec: sys::CUgraphExec,
+}
+
+impl<'g> GraphBench<'g> {
+    fn new(
+        env: &mut Env,
+        module: &'g Module,
+        g_a: &'g DeviceSlice<f32>,
+        g_b: &'g DeviceSlice<f32>,
+    ) -> R<GraphBench<'g>> {
+        let cubin = env.cubin.clone().ok_or_else(|| env.no_kernels())?;
+        let (cfg, len) = (touch_cfg(), TOUCH_N);
+        // gpubind.
+        env.tc.forget_binding();
+        let (g_func, g_exec) = {
+            let gpu = env.tc.bind(&env.dev)?;
+            let f = module.function("touch")?;
+            let graph = gpu.capture(|c| {
+                for _ in 0..GRAPH_K {
+                    // SAFETY: (float*, const float*, unsigned) matches `touch`; it stays
+                    // inside the TOUCH_N elements of both buffers.
+                    unsafe { c.launch(&f, cfg).arg(g_a).arg(g_b).arg(&TOUCH_N).launch()? };
+                }
+                Ok(())
+            })?;
+            let exec = graph.instantiate()?;
+            (f, exec)
+        };
+        // cudarc.
+        let c_ctx = CudaContext::new(env.dev.ordinal())?;
+        // SAFETY: everything on this context object runs on its one stream.
+        unsafe { c_ctx.disable_event_tracking() };
+        let c_stream = c_ctx.new_stream()?;
+        let c_module = c_ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin))?;
+        let c_func = c_module.load_function("touch")?;
+        let mut c_a = c_stream.alloc_zeros::<f32>(TOUCH_N as usize)?;
+        let c_b = c_stream.alloc_zeros::<f32>(TOUCH_N as usize)?;
+        c_stream.synchronize()?;
+        c_stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let captured = (|| -> R<()> {
+            for _ in 0..GRAPH_K {
+                let mut lb = c_stream.launch_builder(&c_func);
+                lb.arg(&mut c_a).arg(&c_b).arg(&len);
+                // SAFETY: as for gpubind above.
+                unsafe { lb.launch(cudarc_cfg(cfg)) }?;
+            }
+            Ok(())
+        })();
+        let ended = c_stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        captured?;
+        let c_graph = ended?.ok_or("cudarc: end_capture returned no graph")?;
+        // raw.
+        let r = &env.r;
+        r.make_current()?;
+        let (mut pa, mut pb, mut pn) = (r.a, r.b, len);
+        let mut params: [*mut std::ffi::c_void; 3] = [
+            (&mut pa as *mut sys::CUdeviceptr).cast(),
+            (&mut pb as *mut sys::CUdeviceptr).cast(),
+            (&mut pn as *mut u32).cast(),
+        ];
+        let (mut r_graph, mut r_exec) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: a stream of the current context; ended below.
+        ck(
+            unsafe { sys::cuStreamBeginCapture_v2(r.stream, mode) },
+            "cuStreamBeginCapture_v2",
+        )?;
+        let captured = (0..GRAPH_K).try_for_each(|_| {
+            // SAFETY: as for gpubind above; `params` points at three live values.
+            unsafe { raw_launch(r.touch, cfg, r.stream, params.as_mut_ptr()) }
+        });
+        // SAFETY: ends the capture begun above; writes one handle.
+        let ended = ck(
+            unsafe { sys::cuStreamEndCapture(r.stream, &mut r_graph) },
+            "cuStreamEndCapture",
+        );
+        captured?;
+        ended?;
+        // SAFETY: the graph just captured, in the current context; writes one handle.
+        let inst = ck(
+            unsafe { sys::cuGraphInstantiateWithFlags(&mut r_exec, r_graph, 0) },
+            "cuGraphInstantiateWithFlags",
+        );
+        env.tc.forget_binding();
+        let gb = GraphBench {
+            g_func,
+            g_a,
+            g_b,
+            g_exec,
+            c_graph,
+            c_stream,
+            c_func,
+            c_a,
+            c_b,
+            _c_module: c_module,
+            _c_ctx: c_ctx,
+            r_graph,
+            r_exec,
+        };
+        inst?;
+        Ok(gb)
+    }
+}
+
+impl Drop for GraphBench<'_> {
+    fn drop(&mut self) {
+        // SAFETY: destroys the raw graph and executable graph created in `new` (null if
+        // not), once; the rows synchronised their stream after the last launch.
+        unsafe {
+            if !self.r_exec.is_null() {
+                sys::cuGraphExecDestroy(self.r_exec);
+            }
+            if !self.r_graph.is_null() {
+                sys::cuGraphDestroy(self.r_graph);
+            }
+        }
+    }
+}
+
+/// [`GRAPH_K`] `touch` kernels per op: launched one by one, or (`graph`) as one graph
+/// launch. ns per group of `GRAPH_K` kernels.
+fn graph_row(
+    env: &mut Env,
+    gb: &mut GraphBench<'_>,
+    graph: bool,
+    imp: Impl,
+    n: usize,
+) -> R<Option<f64>> {
+    let (cfg, len) = (touch_cfg(), TOUCH_N);
+    Ok(Some(match imp {
+        Impl::Gpubind => {
+            env.tc.forget_binding();
+            let gpu = env.tc.bind(&env.dev)?;
+            let s = gpu.on(&env.g.stream)?;
+            let (f, a, b, exec) = (&gb.g_func, gb.g_a, gb.g_b, &gb.g_exec);
+            measure(Mode::Wall, n, |step| match step {
+                Step::Op if graph => Ok(exec.launch(&s)?),
+                Step::Op => {
+                    for _ in 0..GRAPH_K {
+                        // SAFETY: as in `GraphBench::new`.
+                        unsafe { s.launch(f, cfg).arg(a).arg(b).arg(&len).launch() }?;
+                    }
+                    Ok(())
+                }
+                Step::Sync => Ok(s.synchronize()?),
+            })?
+        }
+        Impl::Cudarc => {
+            let s = Arc::clone(&gb.c_stream);
+            let ccfg = cudarc_cfg(cfg);
+            measure(Mode::Wall, n, |step| match step {
+                Step::Op if graph => Ok(gb.c_graph.launch()?),
+                Step::Op => {
+                    for _ in 0..GRAPH_K {
+                        let mut lb = s.launch_builder(&gb.c_func);
+                        lb.arg(&mut gb.c_a).arg(&gb.c_b).arg(&len);
+                        // SAFETY: as in `GraphBench::new`.
+                        unsafe { lb.launch(ccfg) }?;
+                    }
+                    Ok(())
+                }
+                Step::Sync => Ok(s.synchronize()?),
+            })?
+        }
+        Impl::Raw => {
+            let r = &env.r;
+            r.make_current()?;
+            let (mut pa, mut pb, mut pn) = (r.a, r.b, len);
+            let exec = gb.r_exec;
+            measure(Mode::Wall, n, |step| match step {
+                Step::Op if graph => ck(
+                    // SAFETY: an executable graph and a stream of the current context.
+                    unsafe { sys::cuGraphLaunch(exec, r.stream) },
+                    "cuGraphLaunch",
+                ),
+                Step::Op => {
+                    let mut params: [*mut std::ffi::c_void; 3] = [
+                        (&mut pa as *mut sys::CUdeviceptr).cast(),
+                        (&mut pb as *mut sys::CUdeviceptr).cast(),
+                        (&mut pn as *mut u32).cast(),
+                    ];
+                    for _ in 0..GRAPH_K {
+                        // SAFETY: as in `GraphBench::new`.
+                        unsafe { raw_launch(r.touch, cfg, r.stream, params.as_mut_ptr()) }?;
+                    }
+                    Ok(())
                 }
                 Step::Sync => raw_sync(r.stream),
             })?
@@ -1651,6 +1869,43 @@ fn run(opts: &Opts) -> R<bool> {
     });
     push(&mut rows, label, Goal::PerOp, res);
 
+    // Graphs: GRAPH_K kernels one by one, then the same as one graph launch. gpubind's
+    // graph borrows its own module and buffers (not `env`'s, which the rows borrow
+    // mutably).
+    let (g_module, g_a, g_b) = {
+        env.tc.forget_binding();
+        let gpu = env.tc.bind(&env.dev)?;
+        let m = env
+            .cubin
+            .as_deref()
+            .map(|c| gpu.load_cubin(c))
+            .transpose()?;
+        let a = gpu.alloc_zeros::<f32>(TOUCH_N as usize)?;
+        let b = gpu.alloc_zeros::<f32>(TOUCH_N as usize)?;
+        (m, a, b)
+    };
+    let mut graphs = match &g_module {
+        Some(m) => GraphBench::new(&mut env, m, &g_a, &g_b),
+        None => Err(env.no_kernels()),
+    };
+    for (label, graph) in [
+        (
+            "16 kernels (3 args), launched one by one, per 16 (wall)",
+            false,
+        ),
+        ("the same 16 kernels as one graph launch (wall)", true),
+    ] {
+        progress(label);
+        let res = match &mut graphs {
+            Ok(gb) => bench_row(rounds, (n / GRAPH_K).max(100), |imp, k| {
+                graph_row(&mut env, gb, graph, imp, k)
+            }),
+            Err(e) => Err(e.to_string().into()),
+        };
+        push(&mut rows, label, Goal::Info, res);
+    }
+    drop(graphs);
+
     for (label, mode) in [
         ("hand-off A->B + memset 256 B, per op (wall)", Mode::Wall),
         (
@@ -1752,7 +2007,7 @@ fn run(opts: &Opts) -> R<bool> {
     Ok(errors.is_empty())
 }
 
-const NOTES: [&str; 8] = [
+const NOTES: [&str; 9] = [
     "wall: Instant around the whole loop plus the final synchronize (throughput; a queue that fills up makes this GPU-bound). submit: only the time inside the enqueueing calls, in batches of 256 ops with an untimed synchronize between batches (host cost per op).",
     "gpubind: one bind, then BoundStream / BoundDevice methods (ThreadContext::bind is outside the loop except in the re-bind and alternation rows); every op checks the current context (cuCtxGetCurrent) and claims its buffers (an uncontended lock; a hand-off records an event on the previous stream and makes the next one wait). cudarc: CudaStream methods, which call bind_to_thread (cuCtxGetCurrent, and cuCtxSetCurrent when another context is current) on every op; its streams come from new_stream, so its default event tracking (cuStreamWaitEvent/cuEventRecord per buffer use) is on. raw: the bare cudarc::driver::sys call with the context already current.",
     "htod 4 B, landed per op: each op is an upload that has reached device memory when it returns. gpubind htod_copy = cuMemcpyHtoD_v2 + a wait for the legacy stream (a pageable cuMemcpyHtoD returns once the data is staged, before the DMA lands); raw = the same two calls; cudarc 0.19 = memcpy_htod + synchronize on the default stream of a single-stream context. htod 4 B async: gpubind BoundStream::htod_async, cudarc memcpy_htod on its stream, raw cuMemcpyHtoDAsync_v2, one synchronize at the end.",
@@ -1760,6 +2015,7 @@ const NOTES: [&str; 8] = [
     "re-bind row, 1 GPU: gpubind binds the same device before each op (one cuCtxGetCurrent, nothing set); cudarc alternates two CudaContext objects of the same ordinal, which wrap the same primary context (bind_to_thread finds it current); raw calls cuCtxSetCurrent(primary) before each op.",
     "switch row, 1 GPU: a real context switch before each op between the primary context and a second context (cudarc CudaContext::new_non_primary, raw cuCtxCreate_v2). gpubind only binds primary contexts, so it has no entry; on one GPU it never needs to switch. Fewer iterations (iters/20), submit timing.",
     "2-GPU row: bind A, memset on A, bind B, memset on B, ... for all three (raw: cuCtxSetCurrent + cuMemsetD8Async). Per op = per (switch + memset).",
+    "graph rows: 16 launches of `touch` (as in the 3-arg row), one by one or captured once into a graph and launched as one (cuGraphLaunch), per group of 16. gpubind: BoundDevice::capture + GraphExec::launch (which claims the graph's 2 buffers once per graph launch); cudarc 0.19: CudaStream::begin_capture / end_capture + CudaGraph::launch on a context object with event tracking disabled (its capture cannot wait on events recorded outside it; the one-by-one cudarc row uses that stream too); raw: cuStreamBeginCapture_v2 / cuStreamEndCapture / cuGraphInstantiateWithFlags / cuGraphLaunch.",
     "memory rows: a child process (gpubench re-executed) lists the devices and reads attributes (gpubind: Device::all + attributes; cudarc: CudaContext::new(0) + attributes, as its safe API needs a context; raw: cuInit + cuDeviceGet*), waits, then binds (gpubind ThreadContext::bind; raw cuDevicePrimaryCtxRetain + cuCtxSetCurrent). The parent reads device-wide free memory with cuMemGetInfo before the child starts and at each phase; used = before - now.",
 ];
 

@@ -62,6 +62,17 @@ impl DriverErrorCode {
     pub const NOT_PERMITTED: Self = Self(CUresult::CUDA_ERROR_NOT_PERMITTED);
     /// `CUDA_ERROR_NOT_SUPPORTED` (801).
     pub const NOT_SUPPORTED: Self = Self(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` (900): a call not allowed while a stream
+    /// captures.
+    pub const STREAM_CAPTURE_UNSUPPORTED: Self =
+        Self(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` (901): the capture was invalidated by an
+    /// earlier error.
+    pub const STREAM_CAPTURE_INVALIDATED: Self =
+        Self(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNJOINED` (904): a stream forked into a capture was not
+    /// joined back.
+    pub const STREAM_CAPTURE_UNJOINED: Self = Self(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
     /// `CUDA_ERROR_UNKNOWN` (999).
     pub const UNKNOWN: Self = Self(CUresult::CUDA_ERROR_UNKNOWN);
 
@@ -288,6 +299,18 @@ pub enum Error {
         call: &'static str,
         /// The `cublasStatus_t` name.
         status: String,
+    },
+
+    /// [`GraphExec::update`](crate::graph::GraphExec::update) could not update the
+    /// executable graph in place (`CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`): the new graph
+    /// differs in more than parameters. The executable graph is unchanged; instantiate
+    /// the new graph instead.
+    #[error(
+        "the executable graph cannot be updated in place: {reason}; instantiate the new graph instead"
+    )]
+    GraphUpdate {
+        /// Why, from the driver's `CUgraphExecUpdateResult`.
+        reason: String,
     },
 
     /// A value that the driver would reject or that makes no sense (zero grid, bad name, …).
@@ -697,6 +720,18 @@ mod tests {
             e.to_string(),
             "stream priority -9 is outside device 1's range -5..=0 (lower numbers are higher \
              priorities; 0 is the default)"
+        );
+    }
+
+    #[test]
+    fn graph_update_names_the_reason_and_the_way_out() {
+        let e = Error::GraphUpdate {
+            reason: "the topology changed".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "the executable graph cannot be updated in place: the topology changed; \
+             instantiate the new graph instead"
         );
     }
 }

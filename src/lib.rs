@@ -97,6 +97,7 @@ pub mod dlpack;
 pub mod driver;
 pub mod error;
 mod faults;
+pub mod graph;
 pub mod host;
 mod image;
 pub mod interop;
@@ -132,6 +133,7 @@ pub use device::{Device, DeviceAttribute, Uuid};
 pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
 pub use driver::{driver_available, init};
 pub use error::{DriverErrorCode, Error, Result};
+pub use graph::{Capture, CaptureLaunch, Graph, GraphExec};
 pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
 #[cfg(feature = "ipc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]

@@ -843,6 +843,70 @@ impl ArgPtrs {
     }
 }
 
+impl<'m> Function<'m> {
+    /// The checks [`LaunchBuilder::launch`] makes before the driver call, for a launch of
+    /// `nargs` arguments of `cfg` (used by graph capture, [`crate::graph`]; the launch
+    /// builder keeps its own inlined copy on its hot path).
+    pub(crate) fn check_launch(&self, cfg: &LaunchConfig, nargs: usize) -> Result<()> {
+        cfg.validate()?;
+        cfg.check_limits(
+            &self.name,
+            self.module.device.launch_limits()?,
+            &self.limits,
+            || {
+                let _guard = self.module.device.enter()?;
+                func_attribute(
+                    self.raw,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                )
+            },
+        )?;
+        if let Some(expected) = &self.params
+            && expected.len() != nargs
+        {
+            return Err(Error::LaunchArgs {
+                kernel: self.name.clone(),
+                reason: format!(
+                    "the kernel takes {} parameter(s), {nargs} given",
+                    expected.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Error::LaunchArgs`] if argument `i` (of `size` bytes) does not fit parameter `i`
+    /// where the driver reports the sizes.
+    pub(crate) fn check_arg_size(
+        &self,
+        i: usize,
+        size: usize,
+        describe: impl FnOnce() -> String,
+    ) -> Result<()> {
+        match self.params.as_ref().and_then(|p| p.get(i)) {
+            Some(&want) if want != size => Err(Error::LaunchArgs {
+                kernel: self.name.clone(),
+                reason: format!(
+                    "parameter {i} is {want} bytes, but argument {i} is a {size}-byte {}",
+                    describe()
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The module's tracker of the streams its kernels run on (its unload waits for
+    /// them): graph launches record themselves there too.
+    pub(crate) fn module_launches(&self) -> &'m AccessTracker {
+        &self.module.launches
+    }
+
+    /// The name as recorded for [`Error::ContextPoisoned`].
+    pub(crate) fn interned(&self) -> &'static KernelName {
+        self.interned
+    }
+}
+
 impl<'b> BoundStream<'b> {
     /// Starts a launch of `func` on this stream.
     #[inline]

@@ -11,6 +11,14 @@ assert_not_impl_any!(ThreadContext: Send, Sync);
 assert_not_impl_any!(BoundDevice<'static>: Send, Sync);
 assert_not_impl_any!(BoundStream<'static>: Send, Sync);
 assert_not_impl_any!(LaunchBuilder<'static, 'static>: Send, Sync);
+// A capture is ended on the thread that began it; graphs are not internally synchronised
+// by the driver (one thread at a time, but they may move).
+assert_not_impl_any!(gpubind::Capture<'static, 'static>: Send, Sync);
+assert_not_impl_any!(gpubind::CaptureLaunch<'static, 'static, 'static>: Send, Sync);
+assert_impl_all!(gpubind::Graph<'static>: Send);
+assert_not_impl_any!(gpubind::Graph<'static>: Sync);
+assert_impl_all!(gpubind::GraphExec<'static>: Send);
+assert_not_impl_any!(gpubind::GraphExec<'static>: Sync);
 
 // Devices and resources are shared freely.
 assert_impl_all!(Device: Send, Sync);
@@ -31,6 +39,8 @@ assert_impl_all!(Error: Send, Sync, Clone, std::error::Error);
 assert_impl_all!(ThreadContext: Debug);
 assert_impl_all!(BoundDevice<'static>: Debug);
 assert_impl_all!(BoundStream<'static>: Debug);
+assert_impl_all!(gpubind::Graph<'static>: Debug);
+assert_impl_all!(gpubind::GraphExec<'static>: Debug);
 assert_impl_all!(Device: Debug);
 assert_impl_all!(DeviceAttribute: Debug, Copy, Eq, std::hash::Hash, std::fmt::Display);
 assert_impl_all!(DriverErrorCode: Debug, Copy, Eq, std::hash::Hash, std::fmt::Display);
@@ -196,6 +206,21 @@ fn driver_error_codes_have_names_and_values() {
             "CUDA_ERROR_NOT_INITIALIZED",
         ),
         (DriverErrorCode::NO_DEVICE, 100, "CUDA_ERROR_NO_DEVICE"),
+        (
+            DriverErrorCode::STREAM_CAPTURE_UNSUPPORTED,
+            900,
+            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+        ),
+        (
+            DriverErrorCode::STREAM_CAPTURE_INVALIDATED,
+            901,
+            "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+        ),
+        (
+            DriverErrorCode::STREAM_CAPTURE_UNJOINED,
+            904,
+            "CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
+        ),
         (
             DriverErrorCode::INVALID_DEVICE,
             101,

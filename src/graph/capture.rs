@@ -1,0 +1,599 @@
+//! The capture: [`BoundDevice::capture`], the [`Capture`] handle and its kernel-launch
+//! builder [`CaptureLaunch`], and the guards that end a capture and join its forks on
+//! every exit (see the [module docs](super)).
+
+use super::{Graph, Uses};
+use crate::access::{Access, AccessTracker};
+use crate::context::BoundDevice;
+use crate::copy::DeviceOnlyMemory;
+use crate::device::Device;
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, MemsetValue};
+use crate::module::{Function, KernelArg, LaunchConfig};
+use cudarc::driver::sys;
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// What one capture owns: the streams it created, the events of its forks, and what the
+/// captured work uses. Shared (through a `RefCell`) by the handles of one capture.
+struct Session<'buf> {
+    device: Arc<Device>,
+    uses: Uses<'buf>,
+    /// Every stream this capture created (the origin first): destroyed after it ends.
+    streams: Vec<sys::CUstream>,
+    /// Fork and join events (created for this capture, not pooled: their last records
+    /// are in the capture), destroyed after it ends.
+    events: Vec<sys::CUevent>,
+}
+
+impl Session<'_> {
+    /// A new private non-blocking stream of the (current) context, destroyed with the
+    /// session.
+    fn new_stream(&mut self) -> Result<sys::CUstream> {
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: the bound context is current (checked by `capture`, and the binding is
+        // borrowed by the closure for the whole capture); writes one handle.
+        unsafe {
+            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        }
+        .check_on(&self.device, "cuStreamCreate")?;
+        self.streams.push(raw);
+        Ok(raw)
+    }
+
+    /// A new timing-disabled event of the device, destroyed with the session.
+    fn event(&mut self) -> Result<sys::CUevent> {
+        let e = self.device.new_handoff_event()?;
+        self.events.push(e);
+        Ok(e)
+    }
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        // The capture has ended (`Active` drops first): nothing refers to these streams.
+        for &s in &self.streams {
+            crate::faults::release(
+                format_args!("a capture stream"),
+                &self.device,
+                Ok(()),
+                "cuStreamDestroy_v2",
+                // SAFETY: created by `new_stream` in this context, destroyed once, here.
+                || unsafe { sys::cuStreamDestroy_v2(s) },
+            );
+        }
+        for &e in &self.events {
+            crate::faults::release(
+                format_args!("a capture's fork event"),
+                &self.device,
+                Ok(()),
+                "cuEventDestroy_v2",
+                // SAFETY: created by `event` in this context, destroyed once, here.
+                || unsafe { sys::cuEventDestroy_v2(e) },
+            );
+        }
+    }
+}
+
+/// An ongoing capture on the origin stream: ended exactly once, by [`Active::end`] or
+/// (on an early return or a panic) by the drop, which discards the graph.
+struct Active<'d> {
+    device: &'d Device,
+    origin: sys::CUstream,
+    ended: bool,
+}
+
+impl Active<'_> {
+    fn end(&mut self) -> Result<sys::CUgraph> {
+        self.ended = true;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: `origin` is capturing (begun by `capture`, on this thread: the handles
+        // are !Send); writes one handle.
+        let r = unsafe { sys::cuStreamEndCapture(self.origin, &mut graph) }
+            .check_on(self.device, "cuStreamEndCapture");
+        match r {
+            Ok(()) if !graph.is_null() => Ok(graph),
+            Ok(()) => Err(Error::InvalidArgument(
+                "cuStreamEndCapture returned no graph".into(),
+            )),
+            Err(e) => {
+                destroy_graph(graph);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            // An early return or a panic: end the capture so the thread and the stream
+            // leave capture mode, and discard whatever was captured.
+            let _ = self.end().map(destroy_graph);
+        }
+    }
+}
+
+/// Destroys a graph (null: nothing). The context needs not be current for it.
+fn destroy_graph(graph: sys::CUgraph) {
+    if !graph.is_null() {
+        // SAFETY: a graph returned by cuStreamEndCapture, owned here, destroyed once.
+        let r = unsafe { sys::cuGraphDestroy(graph) };
+        if let Err(e) = crate::driver::Check::check(r, "cuGraphDestroy") {
+            crate::faults::report_drop(
+                format_args!("a captured graph that was not kept"),
+                None,
+                crate::faults::RELEASE,
+                &e,
+                crate::faults::MAYBE_LEAKED,
+            );
+        }
+    }
+}
+
+/// The handle of an ongoing capture ([`BoundDevice::capture`]): its methods enqueue into
+/// the graph being recorded, and are the only way to. Each use of a buffer borrows it for
+/// the graph's lifetime `'buf`.
+///
+/// Not `Send`: a capture is ended on the thread that began it.
+pub struct Capture<'c, 'buf> {
+    session: &'c RefCell<Session<'buf>>,
+    device: &'c Arc<Device>,
+    stream: CaptureStream,
+}
+
+/// A capturing stream's handle. `Send`/`Sync` as an identifier: what keeps a [`Capture`]
+/// on its thread is its session (a `RefCell`).
+#[derive(Clone, Copy)]
+struct CaptureStream(sys::CUstream);
+
+// SAFETY: a CUstream handle is a thread-agnostic identifier; nothing is reached through it
+// without a `Capture`, which is `!Send` and `!Sync`.
+unsafe impl Send for CaptureStream {}
+// SAFETY: as above.
+unsafe impl Sync for CaptureStream {}
+
+impl std::fmt::Debug for Capture<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capture")
+            .field("device", &self.device.ordinal())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> BoundDevice<'a> {
+    /// Records the work `f` enqueues through its [`Capture`] handle into a [`Graph`]
+    /// (stream capture, `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`, on a private stream; see
+    /// the [module docs](crate::graph)). Nothing runs until the graph is instantiated and
+    /// launched.
+    ///
+    /// The capture is ended when `f` returns, fails or panics. `f`'s error is returned
+    /// (the partial graph is discarded); a capture the driver invalidated is its error,
+    /// e.g. [`Error::Driver`] with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
+    ///
+    /// While `f` runs, this thread may still use gpubind normally (that work runs at
+    /// once); the driver refuses calls on this thread that could synchronise with the
+    /// capture (e.g. a synchronous copy may fail with
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), which also invalidates it.
+    pub fn capture<'buf, F>(&self, f: F) -> Result<Graph<'buf>>
+    where
+        F: for<'c> FnOnce(&mut Capture<'c, 'buf>) -> Result<()>,
+    {
+        self.ensure_current()?;
+        let device = self.device();
+        let session = RefCell::new(Session {
+            device: Arc::clone(device),
+            uses: Uses::default(),
+            streams: Vec::new(),
+            events: Vec::new(),
+        });
+        let origin = session.borrow_mut().new_stream()?;
+        // SAFETY: a stream of the current context, created above and known to no one
+        // else; thread-local mode leaves other threads' calls alone.
+        unsafe {
+            sys::cuStreamBeginCapture_v2(
+                origin,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .check_on(device, "cuStreamBeginCapture_v2")?;
+        // Declared after `session`: dropped (capture ended) before its streams are.
+        let mut active = Active {
+            device,
+            origin,
+            ended: false,
+        };
+        let out = f(&mut Capture {
+            session: &session,
+            device,
+            stream: CaptureStream(origin),
+        });
+        let ended = active.end();
+        let raw = match (out, ended) {
+            (Ok(()), Ok(raw)) => raw,
+            (Err(e), ended) => {
+                let _ = ended.map(destroy_graph);
+                return Err(e);
+            }
+            (Ok(()), Err(e)) => return Err(e),
+        };
+        let uses = std::mem::take(&mut session.borrow_mut().uses);
+        Ok(Graph {
+            device: Arc::clone(device),
+            raw,
+            uses,
+        })
+    }
+}
+
+impl<'c, 'buf> Capture<'c, 'buf> {
+    fn record(&self, t: &'buf AccessTracker, access: Access) {
+        self.session.borrow_mut().uses.add(t, access);
+    }
+
+    /// Starts a kernel launch into the graph: the same builder as
+    /// [`BoundStream::launch`](crate::BoundStream::launch), except that its arguments are borrowed for the graph's
+    /// lifetime, and the buffers among them are claimed at each launch of the graph
+    /// (as written).
+    pub fn launch<'l>(
+        &'l mut self,
+        func: &'l Function<'buf>,
+        cfg: LaunchConfig,
+    ) -> CaptureLaunch<'l, 'c, 'buf> {
+        let error = self
+            .device
+            .expect_same("kernel module", func.module().device())
+            .err();
+        CaptureLaunch {
+            capture: self,
+            func,
+            cfg,
+            args: Vec::new(),
+            values: Vec::new(),
+            buffers: Vec::new(),
+            error,
+        }
+    }
+
+    /// Zeroes `dst` at each launch of the graph. `dst` is borrowed for the graph's
+    /// lifetime; only writable device-only memory is accepted (see the module docs).
+    pub fn memset_zeros<T, D>(&mut self, dst: &'buf D) -> Result<()>
+    where
+        T: DeviceRepr,
+        D: DeviceMemoryMut<T> + DeviceOnlyMemory + ?Sized,
+    {
+        self.device.expect_same("destination", dst.device())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.record(dst.tracker(), Access::Write);
+        // SAFETY: a capturing stream of the bound context: recorded, not run. The range
+        // is in bounds of a live allocation that the graph borrows for 'buf and claims at
+        // each launch.
+        unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.stream.0) }
+            .check_on(self.device, "cuMemsetD8Async")
+    }
+
+    /// Fills `dst` with `value` at each launch of the graph (1-, 2- and 4-byte types, as
+    /// [`BoundStream::memset_async`](crate::BoundStream::memset_async)).
+    pub fn memset<T, D>(&mut self, dst: &'buf D, value: T) -> Result<()>
+    where
+        T: MemsetValue,
+        D: DeviceMemoryMut<T> + DeviceOnlyMemory + ?Sized,
+    {
+        self.device.expect_same("destination", dst.device())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.record(dst.tracker(), Access::Write);
+        // SAFETY: as in `memset_zeros`.
+        unsafe {
+            crate::memory::memset_raw(
+                self.device,
+                dst.device_ptr(),
+                dst.len(),
+                value.memset_pattern(),
+                Some(self.stream.0),
+            )
+        }
+    }
+
+    /// Copies `src` into `dst` at each launch of the graph; lengths must match. Both may
+    /// be parts of one allocation if they do not overlap
+    /// ([`Error::InvalidArgument`] otherwise).
+    pub fn dtod<T, S, D>(&mut self, src: &'buf S, dst: &'buf D) -> Result<()>
+    where
+        T: DeviceRepr,
+        S: DeviceMemory<T> + ?Sized,
+        D: DeviceMemoryMut<T> + DeviceOnlyMemory + ?Sized,
+    {
+        self.device.expect_same("source", src.device())?;
+        self.device.expect_same("destination", dst.device())?;
+        crate::memory::expect_len("dtod", dst.len(), src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let bytes = src.num_bytes() as u64;
+        let (s, d) = (src.device_ptr(), dst.device_ptr());
+        if std::ptr::eq(src.tracker(), dst.tracker()) && s < d + bytes && d < s + bytes {
+            return Err(Error::InvalidArgument(format!(
+                "dtod: source {s:#x} and destination {d:#x} overlap ({bytes} bytes each)"
+            )));
+        }
+        self.record(src.tracker(), Access::Read);
+        self.record(dst.tracker(), Access::Write);
+        // SAFETY: a capturing stream of the bound context: recorded, not run. Both ranges
+        // are in bounds of live allocations the graph borrows for 'buf and claims at each
+        // launch; they do not overlap (checked above, or different allocations).
+        unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, src.num_bytes(), self.stream.0) }
+            .check_on(self.device, "cuMemcpyDtoDAsync_v2")
+    }
+
+    /// Runs `f` with this handle and a second one, on another stream of the capture that
+    /// forks from here: work enqueued through the two is independent (concurrent in the
+    /// graph), and everything the branch enqueued is joined back before `fork` returns —
+    /// also when `f` fails or panics — so a capture cannot end with an un-joined fork.
+    /// Forks nest.
+    ///
+    /// ```no_run
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+    /// let (a, b) = (gpu.alloc_zeros::<u32>(1 << 20)?, gpu.alloc_zeros::<u32>(1 << 20)?);
+    /// let graph = gpu.capture(|c| {
+    ///     c.fork(|main, branch| {
+    ///         main.memset(&a, 1u32)?;   // these two run concurrently
+    ///         branch.memset(&b, 2u32)
+    ///     })?;
+    ///     c.dtod(&a, &b)                // after both
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fork<R, F>(&mut self, f: F) -> Result<R>
+    where
+        F: FnOnce(&mut Capture<'c, 'buf>, &mut Capture<'c, 'buf>) -> Result<R>,
+    {
+        let main = self.stream.0;
+        // Created with this thread's capture mode relaxed: a capture in thread-local mode
+        // prohibits "potentially unsafe" calls on its thread, and the driver does not
+        // list which (creating a stream or an event synchronises with nothing).
+        let (branch, forked, joined) = relaxed(|| {
+            let mut s = self.session.borrow_mut();
+            Ok::<_, Error>((s.new_stream()?, s.event()?, s.event()?))
+        })??;
+        // SAFETY: `forked` is an event of this context; `main` is capturing: the record
+        // marks this point of the capture, and the wait makes `branch` (private, idle)
+        // join the capture from here.
+        unsafe { sys::cuEventRecord(forked, main) }.check_on(self.device, "cuEventRecord")?;
+        // SAFETY: as above.
+        unsafe { sys::cuStreamWaitEvent(branch, forked, 0) }
+            .check_on(self.device, "cuStreamWaitEvent")?;
+        let mut join = Join {
+            device: self.device,
+            branch,
+            main,
+            event: joined,
+            done: false,
+        };
+        let mut other = Capture {
+            session: self.session,
+            device: self.device,
+            stream: CaptureStream(branch),
+        };
+        let out = f(self, &mut other);
+        // The closure may have swapped the two handles: this one is `main` again.
+        self.stream = CaptureStream(main);
+        let joined = join.join();
+        let r = out?;
+        joined?;
+        Ok(r)
+    }
+
+    /// The raw handle of the capturing stream.
+    ///
+    /// # Safety
+    ///
+    /// Valid during the closure only. Work enqueued through it enters the graph but is
+    /// not tracked: the memory it uses must outlive every launch of the graph and be
+    /// ordered around them by the caller. It must leave the capture joined (every stream
+    /// it forks joined back). A call the capture forbids (a synchronisation, a query)
+    /// invalidates it: [`BoundDevice::capture`] then fails.
+    pub unsafe fn raw_stream(&self) -> sys::CUstream {
+        self.stream.0
+    }
+}
+
+/// Runs `f` with this thread's stream capture mode set to relaxed, then restores the
+/// previous mode (`cuThreadExchangeStreamCaptureMode`, push-pop as the driver's docs
+/// advise).
+fn relaxed<R>(f: impl FnOnce() -> R) -> Result<R> {
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: swaps one enum value of this thread's state.
+    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }
+        .check("cuThreadExchangeStreamCaptureMode")?;
+    struct Restore(sys::CUstreamCaptureMode);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: as above; puts back the mode saved before `f`.
+            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut self.0) };
+        }
+    }
+    let _restore = Restore(mode);
+    Ok(f())
+}
+
+/// Joins a fork's branch back into its main stream, once: by [`Join::join`], or by the
+/// drop on a panic.
+struct Join<'d> {
+    device: &'d Device,
+    branch: sys::CUstream,
+    main: sys::CUstream,
+    event: sys::CUevent,
+    done: bool,
+}
+
+impl Join<'_> {
+    fn join(&mut self) -> Result<()> {
+        self.done = true;
+        // SAFETY: `event` is an event of this context, `branch` a capturing stream of the
+        // capture: recording marks the branch's end; `main` waiting on it joins it.
+        unsafe { sys::cuEventRecord(self.event, self.branch) }
+            .check_on(self.device, "cuEventRecord")?;
+        // SAFETY: as above.
+        unsafe { sys::cuStreamWaitEvent(self.main, self.event, 0) }
+            .check_on(self.device, "cuStreamWaitEvent")
+    }
+}
+
+impl Drop for Join<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.join();
+        }
+    }
+}
+
+/// A kernel launch being captured; see [`Capture::launch`].
+#[must_use = "a launch does nothing until `.launch()` is called"]
+pub struct CaptureLaunch<'l, 'c, 'buf> {
+    capture: &'l mut Capture<'c, 'buf>,
+    func: &'l Function<'buf>,
+    cfg: LaunchConfig,
+    args: Vec<*mut c_void>,
+    /// Arguments given by value ([`value`](CaptureLaunch::value)), boxed so their
+    /// addresses in `args` stay put.
+    values: Vec<Box<dyn std::any::Any>>,
+    buffers: Vec<&'buf AccessTracker>,
+    error: Option<Error>,
+}
+
+impl std::fmt::Debug for CaptureLaunch<'_, '_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaptureLaunch")
+            .field("function", &self.func.name())
+            .field("config", &self.cfg)
+            .field("args", &self.args.len())
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'buf> CaptureLaunch<'_, '_, 'buf> {
+    /// Appends an argument, borrowed for the graph's lifetime. A gpubind buffer passed
+    /// here is claimed as written at every launch of the graph (see
+    /// [`LaunchBuilder::arg`](crate::LaunchBuilder::arg)). Errors (another device's
+    /// memory, a size mismatch) are reported by [`launch`](Self::launch). Plain data
+    /// that does not live as long as the graph goes by [`value`](Self::value).
+    pub fn arg<A: KernelArg + ?Sized>(&mut self, arg: &'buf A) -> &mut Self {
+        if self.error.is_none()
+            && let Some(dev) = arg.arg_device()
+        {
+            self.error = self
+                .capture
+                .device
+                .expect_same("kernel argument", dev)
+                .err();
+        }
+        if self.error.is_none() {
+            self.error = self
+                .func
+                .check_arg_size(self.args.len(), arg.param_size(), || arg.describe())
+                .err();
+        }
+        if let Some(t) = arg.access_tracker() {
+            self.buffers.push(t);
+        }
+        self.args.push(arg.param_ptr());
+        self
+    }
+
+    /// Appends a plain-data argument by value: the kernel node keeps a copy of its bytes
+    /// (taken at capture), so unlike [`arg`](Self::arg) nothing stays borrowed. For
+    /// scalars computed inside the capture:
+    ///
+    /// ```no_run
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, scale: &gpubind::Function<'_>) -> gpubind::Result<()> {
+    /// use gpubind::LaunchConfig;
+    /// let x = gpu.alloc_zeros::<f32>(1024)?;
+    /// let graph = gpu.capture(|c| {
+    ///     for k in 0..4u32 {
+    ///         // SAFETY: (float*, unsigned, float) matches `scale`, which stays in bounds.
+    ///         unsafe {
+    ///             c.launch(scale, LaunchConfig::for_num_elems(1024))
+    ///                 .arg(&x).value(1024u32).value(k as f32 + 0.5)
+    ///                 .launch()?
+    ///         };
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn value<T: DeviceRepr>(&mut self, v: T) -> &mut Self {
+        if self.error.is_none() {
+            self.error = self
+                .func
+                .check_arg_size(self.args.len(), std::mem::size_of::<T>(), || {
+                    std::any::type_name::<T>().to_owned()
+                })
+                .err();
+        }
+        let boxed = Box::new(v);
+        // The heap copy does not move when the box does: the pointer stays valid while
+        // `self.values` holds it.
+        self.args.push(&*boxed as *const T as *mut c_void);
+        self.values.push(boxed);
+        self
+    }
+
+    /// Captures the kernel launch (it runs at each launch of the graph). The same checks
+    /// as [`LaunchBuilder::launch`](crate::LaunchBuilder::launch), before the driver is
+    /// called. May be called again (another node).
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`LaunchBuilder::launch`](crate::LaunchBuilder::launch), for every
+    /// launch of the graph: argument types match the kernel, the kernel stays inside the
+    /// buffers passed, and any other memory it reaches (raw addresses, page-locked host
+    /// buffers) stays alive and unused by the host and other streams while any launch of
+    /// the graph may run. A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must
+    /// not be read through [`as_slice`](crate::ManagedSlice::as_slice) while a launch may
+    /// run (the graph borrows it shared).
+    pub unsafe fn launch(&mut self) -> Result<()> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        self.func.check_launch(&self.cfg, self.args.len())?;
+        for &t in &self.buffers {
+            self.capture.record(t, Access::Write);
+        }
+        // The module's unload waits for the graph's launches.
+        self.capture
+            .record(self.func.module_launches(), Access::Read);
+        self.capture.session.borrow_mut().uses.last_kernel = Some(self.func.interned());
+        let LaunchConfig {
+            grid_dim: g,
+            block_dim: b,
+            shared_mem_bytes,
+        } = self.cfg;
+        // SAFETY: the function belongs to the bound (current) context and the stream is
+        // capturing: the driver records a kernel node, copying the parameter bytes, which
+        // point at values borrowed for 'buf. The kernel's memory safety at each launch of
+        // the graph is the caller's contract.
+        unsafe {
+            sys::cuLaunchKernel(
+                self.func.raw(),
+                g.0,
+                g.1,
+                g.2,
+                b.0,
+                b.1,
+                b.2,
+                shared_mem_bytes,
+                self.capture.stream.0,
+                self.args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .check_on(self.capture.device, "cuLaunchKernel")
+    }
+}

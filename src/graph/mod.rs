@@ -1,0 +1,402 @@
+//! CUDA graphs: stream capture as a typestate, and executable graphs that launch on a
+//! bound stream.
+//!
+//! [`BoundDevice::capture`](crate::BoundDevice::capture) records stream-ordered work into a [`Graph`] instead of
+//! running it. The closure receives a [`Capture`] handle whose methods are the only
+//! operations that can enter the graph — kernel launches, memsets, device-to-device copies
+//! and [`fork`](Capture::fork)s — so nothing that would invalidate a capture (a
+//! synchronisation, a host copy, an allocation) can be enqueued into it:
+//!
+//! ```no_run
+//! # fn main() -> gpubind::Result<()> {
+//! use gpubind::{Device, LaunchConfig, ThreadContext};
+//! let mut ctx = ThreadContext::acquire()?;
+//! let gpu = ctx.bind(&Device::get(0)?)?;
+//! let module = gpu.compile_and_load(
+//!     r#"extern "C" __global__ void add_one(float* x, unsigned n) {
+//!            unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+//!            if (i < n) x[i] += 1.0f;
+//!        }"#,
+//!     "add_one.cu",
+//! )?;
+//! let add_one = module.function("add_one")?;
+//! let x = gpu.alloc_zeros::<f32>(1024)?;
+//! let n = 1024u32;
+//! let graph = gpu.capture(|c| {
+//!     c.memset_zeros(&x)?;
+//!     for _ in 0..10 {
+//!         // SAFETY: (float*, unsigned) matches the kernel, which stays in bounds.
+//!         unsafe { c.launch(&add_one, LaunchConfig::for_num_elems(n)).arg(&x).arg(&n).launch()? };
+//!     }
+//!     Ok(())
+//! })?;
+//! let exec = graph.instantiate()?;
+//! let stream = gpu.new_stream()?;
+//! exec.launch(&gpu.on(&stream)?)?;
+//! assert!(gpu.dtoh(&x)?.iter().all(|&v| v == 10.0)); // dtoh waits for the graph
+//! # Ok(()) }
+//! ```
+//!
+//! The handle has no synchronous operations:
+//!
+//! ```compile_fail,E0599
+//! # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+//! gpu.capture(|c| c.synchronize())?; // error[E0599]: no method named `synchronize`
+//! # Ok(()) }
+//! ```
+//!
+//! # How it stays sound
+//!
+//! * **A private stream.** The capture runs on a non-blocking stream gpubind creates for
+//!   it (and on one more per [`fork`](Capture::fork)), in
+//!   `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`. No other handle to those streams exists and
+//!   no buffer's tracker ever names them, so no other code — another thread, or gpubind's
+//!   own hand-off events — can enqueue on them or fork them into another capture while
+//!   they capture. (Capturing on a user's [`Stream`](crate::Stream) would not give that:
+//!   a `&mut BoundStream` does not stop a second `gpu.on(&stream)`, and a buffer last used
+//!   on the stream makes the next use elsewhere record an event on it.)
+//! * **Nothing runs at capture time**, so the capture tells no tracker anything. The graph
+//!   records which allocations it reads and writes; each [`GraphExec::launch`] *claims*
+//!   them on its stream like a kernel launch does: it waits for their conflicting pending
+//!   uses on other streams, enqueues the graph, and records the launch as their latest
+//!   use. Host reads, synchronous copies, other streams and drops after a launch wait for
+//!   it; a launch after work elsewhere waits for that work.
+//! * **Borrows.** A `Graph<'buf>` and its `GraphExec<'buf>` borrow every buffer and module
+//!   they use for `'buf` (shared borrows: a graph may write a buffer that other code reads
+//!   between launches, the claims order them). So they cannot outlive what they use, and
+//!   nothing can be freed while a launch is pending (the tracker's drop waits for it).
+//!   Shared borrows are enough for the graph's writes only because every other access to
+//!   device-only memory goes through the same tracker: memsets and copies therefore
+//!   accept only writable device-only memory ([`DeviceOnlyMemory`](crate::DeviceOnlyMemory)), never
+//!   [`ManagedSlice`](crate::ManagedSlice) (whose host slices are not claimed while held)
+//!   nor a read-only [`DeviceView`](crate::DeviceView).
+//! * **Joins.** A fork is joined back when its closure returns — even on an error or a
+//!   panic — so an un-joined capture cannot be built.
+//! * **Ending.** The capture is ended when the closure returns, errs or panics; an
+//!   invalidated capture (e.g. by an illegal call through a raw handle) is the driver's
+//!   error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, …) and yields no graph.
+//!
+//! # Not capturable (yet)
+//!
+//! Collectives (neither backend: the handle has no collective operation, and nothing
+//! else can enqueue onto the capture's streams), host-device copies (a captured copy
+//! reads or writes its host memory at every launch; it would need page-locked buffers
+//! borrowed for the graph's lifetime), stream-ordered allocation, child graphs and
+//! events of the caller's own.
+
+mod capture;
+
+pub use capture::{Capture, CaptureLaunch};
+
+use crate::access::{self, Access, AccessTracker, Use};
+use crate::device::Device;
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use crate::poison::KernelName;
+use crate::stream::BoundStream;
+use cudarc::driver::sys;
+use std::sync::Arc;
+
+/// A captured CUDA graph: the recorded work, and the buffers and modules it uses,
+/// borrowed for `'buf`. Not runnable itself: [`instantiate`](Self::instantiate) it.
+///
+/// `Send` (not `Sync`: the driver does not synchronise calls on one graph).
+pub struct Graph<'buf> {
+    device: Arc<Device>,
+    raw: sys::CUgraph,
+    uses: Uses<'buf>,
+}
+
+/// Up to this many trackers (buffers, modules and the executable graph's own), a graph
+/// launch claims them with inline arrays.
+const INLINE_USES: usize = 8;
+
+/// An executable graph: launched on a bound stream with [`launch`](Self::launch), any
+/// number of times; [`update`](Self::update)d from a graph of the same shape.
+///
+/// Borrows what its graph borrows (`'buf`). `Send`, not `Sync` (the driver does not
+/// synchronise calls on one executable graph). Dropping it waits for its pending launches.
+pub struct GraphExec<'buf> {
+    device: Arc<Device>,
+    raw: sys::CUgraphExec,
+    uses: Uses<'buf>,
+    /// The streams of this graph's pending launches: the drop waits for them.
+    launches: AccessTracker,
+}
+
+/// The allocations (and module launch trackers) a graph uses, one entry per tracker with
+/// the strongest access, plus the last kernel captured (for the poison message).
+#[derive(Clone, Default)]
+struct Uses<'buf> {
+    trackers: Vec<(&'buf AccessTracker, Access)>,
+    last_kernel: Option<&'static KernelName>,
+}
+
+impl<'buf> Uses<'buf> {
+    fn add(&mut self, t: &'buf AccessTracker, access: Access) {
+        match self.trackers.iter_mut().find(|(x, _)| std::ptr::eq(*x, t)) {
+            Some((_, a)) => {
+                if access == Access::Write {
+                    *a = Access::Write;
+                }
+            }
+            None => self.trackers.push((t, access)),
+        }
+    }
+}
+
+// SAFETY: a CUgraph is a thread-agnostic identifier; gpubind calls the driver on it only
+// with its device's context pushed, and `&mut`/owned access (no `Sync`) serialises the
+// calls, as the driver requires. The borrowed trackers are `Sync`.
+unsafe impl Send for Graph<'_> {}
+// SAFETY: as for Graph; `launch` takes `&self` but the type is not `Sync`, so calls on one
+// executable graph never run concurrently.
+unsafe impl Send for GraphExec<'_> {}
+
+impl std::fmt::Debug for Graph<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph")
+            .field("device", &self.device.ordinal())
+            .field("buffers", &self.uses.trackers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for GraphExec<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphExec")
+            .field("device", &self.device.ordinal())
+            .field("buffers", &self.uses.trackers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'buf> Graph<'buf> {
+    /// The graph's device.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// How many nodes the graph has (`cuGraphGetNodes`).
+    pub fn node_count(&self) -> Result<usize> {
+        let _guard = self.device.enter()?;
+        let mut n = 0usize;
+        // SAFETY: a live graph; a null array asks for the count only.
+        unsafe { sys::cuGraphGetNodes(self.raw, std::ptr::null_mut(), &mut n) }
+            .check_on(&self.device, "cuGraphGetNodes")?;
+        Ok(n)
+    }
+
+    /// Instantiates the graph (`cuGraphInstantiateWithFlags`): an executable graph that
+    /// borrows what this one borrows. The graph may be dropped, changed or instantiated
+    /// again afterwards.
+    pub fn instantiate(&self) -> Result<GraphExec<'buf>> {
+        let _guard = self.device.enter()?;
+        let mut raw: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: a live graph of this context (current for the call); writes one handle.
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut raw, self.raw, 0) }
+            .check_on(&self.device, "cuGraphInstantiateWithFlags")?;
+        Ok(GraphExec {
+            device: Arc::clone(&self.device),
+            raw,
+            uses: self.uses.clone(),
+            launches: AccessTracker::default(),
+        })
+    }
+
+    /// The raw handle.
+    ///
+    /// # Safety
+    ///
+    /// Valid while `self` lives; do not destroy it. Nodes added through it are not
+    /// tracked (their memory is the caller's to keep alive and ordered).
+    pub unsafe fn raw(&self) -> sys::CUgraph {
+        self.raw
+    }
+}
+
+impl Drop for Graph<'_> {
+    fn drop(&mut self) {
+        let raw = self.raw;
+        crate::faults::release(
+            format_args!("a Graph"),
+            &self.device,
+            Ok(()),
+            "cuGraphDestroy",
+            // SAFETY: created by cuStreamEndCapture, destroyed once, here; executable
+            // graphs instantiated from it are independent of it.
+            || unsafe { sys::cuGraphDestroy(raw) },
+        );
+    }
+}
+
+/// What [`GraphExec::update`] reports when the driver cannot update in place
+/// (`CUgraphExecUpdateResult`).
+fn update_result_name(r: sys::CUgraphExecUpdateResult) -> &'static str {
+    use sys::CUgraphExecUpdateResult as R;
+    match r {
+        R::CU_GRAPH_EXEC_UPDATE_SUCCESS => "success",
+        R::CU_GRAPH_EXEC_UPDATE_ERROR => "the update failed for an unexpected reason",
+        R::CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED => {
+            "the topology changed (nodes or dependencies added or removed)"
+        }
+        R::CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED => "a node's type changed",
+        R::CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED => {
+            "a kernel node's function changed in a way that cannot be updated"
+        }
+        R::CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED => {
+            "a node's parameters changed in a way that cannot be updated"
+        }
+        R::CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED => {
+            "something about the node is not supported by updates"
+        }
+        R::CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE => {
+            "a kernel node's function changed in an unsupported way"
+        }
+        #[allow(unreachable_patterns)]
+        _ => "an unknown update result",
+    }
+}
+
+impl<'buf> GraphExec<'buf> {
+    /// The graph's device.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// Launches the graph on `stream` (`cuGraphLaunch`), a stream of the graph's device.
+    /// The launch is ordered after the pending uses, on other streams, of the buffers the
+    /// graph uses (writes after everything, reads after writes), and their later uses,
+    /// host accesses and drops wait for it — as for a kernel launch. Launches of one
+    /// executable graph are also ordered among themselves by the driver.
+    pub fn launch(&self, stream: &BoundStream<'_>) -> Result<()> {
+        stream.bound().expect_device("graph", &self.device)?;
+        stream.ensure_stream_context()?;
+        // The graph's buffers and modules, and this executable graph's own launches (so
+        // its drop waits for them), claimed from before the enqueue until after it.
+        let n = self.uses.trackers.len() + 1;
+        let all = self
+            .uses
+            .trackers
+            .iter()
+            .map(|&(t, a)| Some((t, a)))
+            .chain(std::iter::once(Some((&self.launches, Access::Write))));
+        if n <= INLINE_USES {
+            // The usual graph: no allocation.
+            let mut uses: [Use<'_>; INLINE_USES] = [None; INLINE_USES];
+            for (slot, u) in uses.iter_mut().zip(all) {
+                *slot = u;
+            }
+            let mut locks = access::locks::<INLINE_USES>();
+            let _claim = access::claim(stream.slot(), &mut uses[..n], &mut locks[..n])?;
+            self.enqueue(stream)
+        } else {
+            let mut uses: Vec<Use<'_>> = all.collect();
+            let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
+            let _claim = access::claim(stream.slot(), &mut uses, locks)?;
+            self.enqueue(stream)
+        }
+    }
+
+    /// `cuGraphLaunch` on `stream`, under the caller's claim.
+    fn enqueue(&self, stream: &BoundStream<'_>) -> Result<()> {
+        if let Some(k) = self.uses.last_kernel {
+            self.device.poison_state().launching(k);
+        }
+        // SAFETY: a live executable graph of this device, launched on a stream of it
+        // (context checked above); everything it uses is borrowed for 'buf and ordered by
+        // the claim held across the enqueue.
+        unsafe { sys::cuGraphLaunch(self.raw, stream.raw()) }
+            .check_on(&self.device, "cuGraphLaunch")
+    }
+
+    /// Updates this executable graph in place from `graph` (`cuGraphExecUpdate_v2`):
+    /// `graph` must have the same topology (the same nodes, of the same types, with the
+    /// same dependencies); kernel parameters, memset values and copy addresses may
+    /// differ. Launches already enqueued are not affected. From now on the launches claim
+    /// what `graph` uses.
+    ///
+    /// [`Error::GraphUpdate`] when the driver refuses (the executable graph is unchanged),
+    /// [`Error::WrongDevice`] for a graph of another device.
+    pub fn update(&mut self, graph: &Graph<'buf>) -> Result<()> {
+        self.device.expect_same("graph", &graph.device)?;
+        let _guard = self.device.enter()?;
+        let mut info = sys::CUgraphExecUpdateResultInfo {
+            result: sys::CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
+            errorNode: std::ptr::null_mut(),
+            errorFromNode: std::ptr::null_mut(),
+        };
+        // SAFETY: a live executable graph and a live graph of this context (current for
+        // the call); writes the result info. `&mut self` (and !Sync) excludes a
+        // concurrent launch.
+        let r = unsafe { sys::cuGraphExecUpdate_v2(self.raw, graph.raw, &mut info) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => {
+                self.uses = graph.uses.clone();
+                Ok(())
+            }
+            sys::CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => Err(Error::GraphUpdate {
+                reason: update_result_name(info.result).to_owned(),
+            }),
+            code => code.check_on(&self.device, "cuGraphExecUpdate_v2"),
+        }
+    }
+
+    /// The raw handle.
+    ///
+    /// # Safety
+    ///
+    /// Valid while `self` lives; do not destroy it. Launches and changes made through it
+    /// are not seen by gpubind's ordering of the graph's buffers.
+    pub unsafe fn raw(&self) -> sys::CUgraphExec {
+        self.raw
+    }
+}
+
+impl Drop for GraphExec<'_> {
+    fn drop(&mut self) {
+        let waited = self.launches.wait_all();
+        let raw = self.raw as usize;
+        // On the release thread, bounded like the other releases that may wait for the
+        // whole device (crate::release): unmeasured for cuGraphExecDestroy.
+        crate::faults::release_bounded(
+            format_args!("a GraphExec"),
+            &self.device,
+            waited,
+            "cuGraphExecDestroy",
+            // SAFETY: instantiated by cuGraphInstantiateWithFlags in this context (current
+            // while this runs), destroyed once, here, after its launches finished (waited
+            // above).
+            Box::new(move || unsafe { sys::cuGraphExecDestroy(raw as sys::CUgraphExec) }),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uses_keep_one_entry_per_tracker_with_the_strongest_access() {
+        let (a, b) = (AccessTracker::default(), AccessTracker::default());
+        let mut u = Uses::default();
+        u.add(&a, Access::Read);
+        u.add(&b, Access::Write);
+        u.add(&a, Access::Write);
+        u.add(&b, Access::Read);
+        u.add(&a, Access::Read);
+        assert_eq!(u.trackers.len(), 2);
+        assert!(u.trackers.iter().all(|(_, acc)| *acc == Access::Write));
+    }
+
+    #[test]
+    fn update_results_are_named() {
+        use sys::CUgraphExecUpdateResult as R;
+        assert!(
+            update_result_name(R::CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED).contains("topology")
+        );
+        assert!(
+            update_result_name(R::CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED).contains("type")
+        );
+    }
+}

@@ -1,0 +1,655 @@
+//! GPU tests of CUDA graphs (issue 14 item 1): capture through the typestate handle,
+//! instantiate, launch, update; the ordering of graph launches with the buffers' other
+//! uses; forks; failing and panicking captures. Without a driver: one SKIPPED line.
+//!
+//! Run: `cargo test --test gpu_graphs` (on a GPU machine, or the built binary).
+
+// Buffers a kernel writes are passed as `&mut` to document intent (gpubind's convention).
+#![allow(clippy::unnecessary_mut_passed)]
+
+#[macro_use]
+mod common;
+
+use common::{Ctx, run_suite, skip};
+use gpubind::{Device, DriverErrorCode, Error, LaunchConfig, ThreadContext};
+use std::sync::Arc;
+
+type R = Result<(), String>;
+
+fn dev0() -> Result<Arc<Device>, String> {
+    Device::get(0).ctx("Device::get(0)")
+}
+
+const KERNELS: &str = r#"
+// Spins for `cycles` clock ticks, then writes `value` to every element.
+extern "C" __global__ void slow_fill(unsigned* out, unsigned n, unsigned value, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+extern "C" __global__ void add(unsigned* x, unsigned n, unsigned v) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += v;
+}
+extern "C" __global__ void sum(const unsigned* a, const unsigned* b, unsigned* out, unsigned n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+"#;
+
+/// About 50 ms of spinning on an H200 (1.98 GHz).
+const SLOW: i64 = 100_000_000;
+
+/// A memset, K kernels (scalar arguments by reference and by value) and a copy: nothing
+/// runs at capture time; every launch (on a gpubind stream and on the legacy default
+/// stream) replays all of it exactly; the node count is what was captured.
+fn capture_replays_kernels_memsets_and_copies() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+    let add = module.function("add").ctx("function")?;
+    let n = 10_000u32;
+    let x = gpu.clone_htod(&vec![5u32; n as usize]).ctx("htod x")?;
+    let y = gpu.clone_htod(&vec![99u32; n as usize]).ctx("htod y")?;
+    const K: u32 = 6;
+    let increments: Vec<u32> = (1..=K).collect(); // arguments live as long as the graph
+    let graph = gpu
+        .capture(|c| {
+            c.memset_zeros(&x)?;
+            for v in &increments {
+                let mut l = c.launch(&add, LaunchConfig::for_num_elems(n));
+                l.arg(&x).arg(&n);
+                // Half by reference, half by value (copied at capture).
+                if v % 2 == 0 {
+                    l.arg(v);
+                } else {
+                    l.value(*v);
+                }
+                // SAFETY: (unsigned*, unsigned, unsigned) matches; bounds checked.
+                unsafe { l.launch()? };
+            }
+            c.dtod(&x, &y)
+        })
+        .ctx("capture")?;
+    ensure!(
+        gpu.dtoh(&x).ctx("dtoh x")?.iter().all(|&v| v == 5)
+            && gpu.dtoh(&y).ctx("dtoh y")?.iter().all(|&v| v == 99),
+        "the capture ran work instead of recording it"
+    );
+    let nodes = graph.node_count().ctx("node_count")?;
+    ensure!(nodes == K as usize + 2, "{nodes} nodes, want {}", K + 2);
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let want = K * (K + 1) / 2;
+    let stream = gpu.new_stream().ctx("stream")?;
+    for round in 0..3 {
+        exec.launch(&gpu.on(&stream).ctx("on")?).ctx("launch")?;
+        let got = gpu.dtoh(&y).ctx("dtoh")?;
+        ensure!(
+            got.iter().all(|&v| v == want),
+            "round {round}: y[0] = {}, want {want} everywhere",
+            got[0]
+        );
+    }
+    // The legacy default stream.
+    exec.launch(&gpu.default_stream()).ctx("launch on legacy")?;
+    ensure!(
+        gpu.dtoh(&y).ctx("dtoh")?.iter().all(|&v| v == want),
+        "legacy-stream launch"
+    );
+    Ok(())
+}
+
+/// A graph launch is a pending write of its buffers: a host read right after it, and a
+/// copy from them on another stream, wait for it (the graph was still running when both were
+/// issued).
+fn graph_launch_is_ordered_before_host_reads_and_other_streams() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+    let slow_fill = module.function("slow_fill").ctx("function")?;
+    let n = 1u32 << 16;
+    let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    let (value, cycles) = (7u32, SLOW);
+    let graph = gpu
+        .capture(|c| {
+            // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
+            unsafe {
+                c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
+                    .arg(&x)
+                    .arg(&n)
+                    .arg(&value)
+                    .arg(&cycles)
+                    .launch()
+            }
+        })
+        .ctx("capture")?;
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let a = gpu.on(&s1).ctx("on s1")?;
+    let done = gpu.new_event(false).ctx("event")?;
+
+    // A host read.
+    exec.launch(&a).ctx("launch")?;
+    a.record(&done).ctx("record")?;
+    ensure!(
+        !done.is_complete().ctx("query")?,
+        "the graph finished before the host read was issued: nothing to order"
+    );
+    let got = gpu.dtoh(&x).ctx("dtoh")?;
+    ensure!(
+        got.iter().all(|&v| v == value),
+        "host read did not wait for the graph: x[0] = {}",
+        got[0]
+    );
+
+    // Another stream: a copy of x there must read the graph's fill.
+    exec.launch(&a).ctx("launch 2")?;
+    a.record(&done).ctx("record")?;
+    ensure!(
+        !done.is_complete().ctx("query")?,
+        "the graph finished before the copy was enqueued: nothing to order"
+    );
+    let b = gpu.on(&s2).ctx("on s2")?;
+    // A read of x on s2 (x is borrowed shared by the graph): a copy into y.
+    let mut y = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc y")?;
+    b.dtod_async(&x, &mut y).ctx("dtod on s2")?;
+    b.synchronize().ctx("sync s2")?;
+    let got = gpu.dtoh(&y).ctx("dtoh y")?;
+    ensure!(
+        got.iter().all(|&v| v == value),
+        "s2's copy did not wait for the graph on s1: y[0] = {}",
+        got[0]
+    );
+    Ok(())
+}
+
+/// A graph launch waits for a write of its buffer on another stream outside the graph
+/// (the capture itself cannot: it ran before that write was enqueued).
+fn graph_launch_waits_for_writes_on_other_streams() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+    let slow_fill = module.function("slow_fill").ctx("function")?;
+    let add = module.function("add").ctx("function")?;
+    let n = 1u32 << 16;
+    let mut x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    // The slow write on s1 first (x is not yet borrowed by a graph).
+    let a = gpu.on(&s1).ctx("on s1")?;
+    let (value, cycles) = (40u32, SLOW);
+    // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
+    unsafe {
+        a.launch(&slow_fill, LaunchConfig::for_num_elems(n))
+            .arg(&mut x)
+            .arg(&n)
+            .arg(&value)
+            .arg(&cycles)
+            .launch()
+    }
+    .ctx("slow fill")?;
+    let done = gpu.new_event(false).ctx("event")?;
+    a.record(&done).ctx("record")?;
+    let two = 2u32;
+    let graph = gpu
+        .capture(|c| {
+            // SAFETY: (unsigned*, unsigned, unsigned) matches; bounds checked.
+            unsafe {
+                c.launch(&add, LaunchConfig::for_num_elems(n))
+                    .arg(&x)
+                    .arg(&n)
+                    .arg(&two)
+                    .launch()
+            }
+        })
+        .ctx("capture")?;
+    let exec = graph.instantiate().ctx("instantiate")?;
+    ensure!(
+        !done.is_complete().ctx("query")?,
+        "the slow fill finished before the graph launch: nothing to order"
+    );
+    exec.launch(&gpu.on(&s2).ctx("on s2")?).ctx("launch")?;
+    let got = gpu.dtoh(&x).ctx("dtoh")?;
+    ensure!(
+        got.iter().all(|&v| v == value + 2),
+        "the graph did not wait for s1's fill: x[0] = {}, want {}",
+        got[0],
+        value + 2
+    );
+    Ok(())
+}
+
+/// A graph reads its inputs when it runs, not when it was captured: between launches
+/// the input is rewritten by a slow kernel on another stream (a kernel may take a buffer
+/// the graph borrows, by `&`), and each launch sees the new contents.
+fn graph_reads_inputs_at_each_launch() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+    let slow_fill = module.function("slow_fill").ctx("function")?;
+    let n = 1u32 << 16;
+    let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc x")?;
+    let y = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc y")?;
+    let graph = gpu.capture(|c| c.dtod(&x, &y)).ctx("capture")?;
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let cycles = SLOW;
+    for value in [11u32, 12, 13] {
+        let w = gpu.on(&s2).ctx("on s2")?;
+        // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
+        unsafe {
+            w.launch(&slow_fill, LaunchConfig::for_num_elems(n))
+                .arg(&x)
+                .arg(&n)
+                .arg(&value)
+                .arg(&cycles)
+                .launch()
+        }
+        .ctx("slow fill")?;
+        exec.launch(&gpu.on(&s1).ctx("on s1")?).ctx("launch")?;
+        let got = gpu.dtoh(&y).ctx("dtoh")?;
+        ensure!(
+            got.iter().all(|&v| v == value),
+            "launch after fill {value}: y[0] = {} (the graph did not wait for the write, or read a stale input)",
+            got[0]
+        );
+    }
+    Ok(())
+}
+
+/// Fork/join: both branches run, the work after the fork sees both, forks nest; the
+/// graph has the nodes captured on every branch.
+fn fork_join_runs_branches_and_joins() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+    let sum = module.function("sum").ctx("function")?;
+    let n = 4096u32;
+    let a = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    let b = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    let c3 = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    let out = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    let graph = gpu
+        .capture(|c| {
+            c.fork(|main, branch| {
+                main.memset(&a, 1u32)?;
+                branch.fork(|b1, b2| {
+                    b1.memset(&b, 20u32)?;
+                    b2.memset(&c3, 300u32)
+                })?;
+                // After the nested join: b and c3 are written.
+                branch.dtod(&c3, &out)
+            })?;
+            // After the outer join: a, b, out (= c3) are written.
+            // SAFETY: (const unsigned*, const unsigned*, unsigned*, unsigned) matches.
+            unsafe {
+                c.launch(&sum, LaunchConfig::for_num_elems(n))
+                    .arg(&a)
+                    .arg(&b)
+                    .arg(&out)
+                    .arg(&n)
+                    .launch()?
+            };
+            Ok(())
+        })
+        .ctx("capture")?;
+    let nodes = graph.node_count().ctx("node_count")?;
+    ensure!(
+        nodes >= 5,
+        "{nodes} nodes: fewer than the 5 captured operations"
+    );
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let s = gpu.new_stream().ctx("stream")?;
+    exec.launch(&gpu.on(&s).ctx("on")?).ctx("launch")?;
+    let got = gpu.dtoh(&out).ctx("dtoh")?;
+    ensure!(
+        got.iter().all(|&v| v == 21),
+        "out[0] = {}, want 1 + 20 = 21 (branches not joined before the sum?)",
+        got[0]
+    );
+    ensure!(
+        gpu.dtoh(&c3).ctx("dtoh c3")?.iter().all(|&v| v == 300),
+        "nested branch did not run"
+    );
+    Ok(())
+}
+
+/// `update` with changed kernel parameters (value and buffer) takes effect at the next
+/// launch, and the launches then claim the new buffer; a graph of another shape is
+/// `Error::GraphUpdate` and leaves the executable graph as it was.
+fn update_changes_kernel_parameters() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+    let slow_fill = module.function("slow_fill").ctx("function")?;
+    let n = 1u32 << 16;
+    let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc x")?;
+    let y = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc y")?;
+    let (five, nine, quick, slow) = (5u32, 9u32, 0i64, SLOW);
+    let fill = |buf, value, cycles| {
+        gpu.capture(|c| {
+            // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
+            unsafe {
+                c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
+                    .arg(buf)
+                    .arg(&n)
+                    .arg(value)
+                    .arg(cycles)
+                    .launch()
+            }
+        })
+    };
+    let g1 = fill(&x, &five, &quick).ctx("capture 1")?;
+    let mut exec = g1.instantiate().ctx("instantiate")?;
+    let s = gpu.new_stream().ctx("stream")?;
+    exec.launch(&gpu.on(&s).ctx("on")?).ctx("launch 1")?;
+    ensure!(
+        gpu.dtoh(&x).ctx("dtoh")?.iter().all(|&v| v == 5),
+        "first graph"
+    );
+
+    // Same shape, other buffer, other value, slow: y's host read must wait for it.
+    let g2 = fill(&y, &nine, &slow).ctx("capture 2")?;
+    exec.update(&g2).ctx("update")?;
+    let st = gpu.on(&s).ctx("on")?;
+    exec.launch(&st).ctx("launch 2")?;
+    let done = gpu.new_event(false).ctx("event")?;
+    st.record(&done).ctx("record")?;
+    ensure!(
+        !done.is_complete().ctx("query")?,
+        "the updated graph finished before the host read: nothing to order"
+    );
+    ensure!(
+        gpu.dtoh(&y).ctx("dtoh y")?.iter().all(|&v| v == 9),
+        "the update's buffer and value were not used, or y's read did not wait"
+    );
+    ensure!(
+        gpu.dtoh(&x).ctx("dtoh x")?.iter().all(|&v| v == 5),
+        "the updated graph still wrote x"
+    );
+
+    // Another topology: two kernels.
+    let g3 = gpu
+        .capture(|c| {
+            for _ in 0..2 {
+                // SAFETY: as above.
+                unsafe {
+                    c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
+                        .arg(&x)
+                        .arg(&n)
+                        .arg(&five)
+                        .arg(&quick)
+                        .launch()?
+                };
+            }
+            Ok(())
+        })
+        .ctx("capture 3")?;
+    match exec.update(&g3) {
+        Err(Error::GraphUpdate { reason }) => ensure!(!reason.is_empty(), "empty reason"),
+        other => return Err(format!("update to another topology: {other:?}")),
+    }
+    exec.launch(&gpu.on(&s).ctx("on")?).ctx("launch 3")?;
+    ensure!(
+        gpu.dtoh(&y).ctx("dtoh y")?.iter().all(|&v| v == 9),
+        "a refused update changed the executable graph"
+    );
+    Ok(())
+}
+
+/// An illegal call through the raw escape (synchronising the capturing stream) fails and
+/// invalidates the capture: `capture` returns the driver's typed error, no graph, and the
+/// thread is out of capture mode afterwards (a new capture and a synchronous copy work,
+/// and the first capture's memset never ran).
+fn invalidated_capture_is_a_typed_error() -> R {
+    use gpubind::cudarc::driver::sys;
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let x = gpu.alloc_zeros::<u32>(256).ctx("alloc")?;
+    let mut sync_result = sys::CUresult::CUDA_SUCCESS;
+    let r = gpu.capture(|c| {
+        c.memset(&x, 3u32)?;
+        // SAFETY: a live stream; the call is illegal during capture on purpose.
+        sync_result = unsafe { sys::cuStreamSynchronize(c.raw_stream()) };
+        Ok(())
+    });
+    ensure!(
+        sync_result != sys::CUresult::CUDA_SUCCESS,
+        "synchronising a capturing stream succeeded"
+    );
+    match r {
+        Err(Error::Driver { code, call, .. })
+            if code == DriverErrorCode::STREAM_CAPTURE_INVALIDATED
+                || code == DriverErrorCode::STREAM_CAPTURE_UNSUPPORTED =>
+        {
+            ensure!(call == "cuStreamEndCapture", "failed in {call}");
+        }
+        other => {
+            return Err(format!(
+                "want a capture error from cuStreamEndCapture, got {other:?} (sync gave {sync_result:?})"
+            ));
+        }
+    }
+    ensure!(
+        gpu.dtoh(&x)
+            .ctx("dtoh after failed capture")?
+            .iter()
+            .all(|&v| v == 0),
+        "the failed capture's memset ran"
+    );
+    let g = gpu.capture(|c| c.memset(&x, 4u32)).ctx("capture again")?;
+    g.instantiate()
+        .ctx("instantiate")?
+        .launch(&gpu.default_stream())
+        .ctx("launch")?;
+    ensure!(
+        gpu.dtoh(&x).ctx("dtoh")?.iter().all(|&v| v == 4),
+        "second capture"
+    );
+    Ok(())
+}
+
+/// The closure's error is returned as is; a panic (inside a fork) ends the capture and
+/// joins the fork: afterwards the thread captures and copies normally, and nothing of the
+/// abandoned captures ran. A copy onto an overlapping range is refused.
+fn closure_errors_and_panics_end_the_capture() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let x = gpu.alloc_zeros::<u32>(256).ctx("alloc")?;
+    let y = gpu.alloc_zeros::<u32>(256).ctx("alloc")?;
+    let r = gpu.capture(|c| {
+        c.memset(&x, 1u32)?;
+        Err(Error::InvalidArgument("mine".into()))
+    });
+    ensure!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m == "mine"),
+        "closure error not returned as is: {r:?}"
+    );
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = gpu.capture(|c| {
+            c.fork(|main, branch| {
+                main.memset(&x, 2u32)?;
+                branch.memset(&y, 2u32)?;
+                panic!("inside a fork");
+            })
+        });
+    }));
+    ensure!(panicked.is_err(), "the panic did not propagate");
+    ensure!(
+        gpu.dtoh(&x).ctx("dtoh x")?.iter().all(|&v| v == 0)
+            && gpu.dtoh(&y).ctx("dtoh y")?.iter().all(|&v| v == 0),
+        "an abandoned capture ran"
+    );
+    let mut overlap = None;
+    let g = gpu
+        .capture(|c| {
+            overlap = Some(c.dtod(&x, &x));
+            c.memset(&y, 5u32)
+        })
+        .ctx("capture after panic")?;
+    ensure!(
+        matches!(overlap, Some(Err(Error::InvalidArgument(_)))),
+        "overlapping dtod: {overlap:?}"
+    );
+    g.instantiate()
+        .ctx("instantiate")?
+        .launch(&gpu.default_stream())
+        .ctx("launch")?;
+    ensure!(
+        gpu.dtoh(&y).ctx("dtoh")?.iter().all(|&v| v == 5),
+        "capture after a panic"
+    );
+    Ok(())
+}
+
+/// Dropping an executable graph waits for its pending launch (the slow kernel is
+/// running when the drop starts, finished when it returns); the buffer is then free to
+/// drop.
+fn dropping_an_exec_waits_for_its_launches() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+    let slow_fill = module.function("slow_fill").ctx("function")?;
+    let n = 1u32 << 16;
+    let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    let (value, cycles) = (3u32, SLOW);
+    let s = gpu.new_stream().ctx("stream")?;
+    let done = gpu.new_event(false).ctx("event")?;
+    {
+        let graph = gpu
+            .capture(|c| {
+                // SAFETY: (unsigned*, unsigned, unsigned, long long) matches.
+                unsafe {
+                    c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
+                        .arg(&x)
+                        .arg(&n)
+                        .arg(&value)
+                        .arg(&cycles)
+                        .launch()
+                }
+            })
+            .ctx("capture")?;
+        let exec = graph.instantiate().ctx("instantiate")?;
+        drop(graph); // the executable graph does not need it
+        let st = gpu.on(&s).ctx("on")?;
+        exec.launch(&st).ctx("launch")?;
+        st.record(&done).ctx("record")?;
+        ensure!(
+            !done.is_complete().ctx("query")?,
+            "the graph finished before the drop: nothing to wait for"
+        );
+        drop(exec);
+        ensure!(
+            done.is_complete().ctx("query")?,
+            "GraphExec's drop returned before its launch finished"
+        );
+    }
+    drop(x);
+    Ok(())
+}
+
+/// An empty capture is a graph of no nodes that instantiates and launches.
+fn empty_capture_instantiates_and_launches() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let g = gpu.capture(|_| Ok(())).ctx("capture")?;
+    ensure!(g.node_count().ctx("nodes")? == 0, "nodes in an empty graph");
+    let exec = g.instantiate().ctx("instantiate")?;
+    let s = gpu.new_stream().ctx("stream")?;
+    let st = gpu.on(&s).ctx("on")?;
+    exec.launch(&st).ctx("launch")?;
+    st.synchronize().ctx("sync")?;
+    Ok(())
+}
+
+/// A graph of device 0 launched on a stream of device 1 is `Error::WrongDevice`.
+fn launch_on_another_device_is_refused() -> R {
+    if Device::count().ctx("count")? < 2 {
+        return Err(skip("needs 2 GPUs"));
+    }
+    let (d0, d1) = (dev0()?, Device::get(1).ctx("get 1")?);
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let x;
+    let exec = {
+        let gpu = ctx.bind(&d0).ctx("bind 0")?;
+        x = gpu.alloc_zeros::<u32>(16).ctx("alloc")?;
+        let g = gpu.capture(|c| c.memset(&x, 1u32)).ctx("capture")?;
+        g.instantiate().ctx("instantiate")?
+    };
+    let gpu1 = ctx.bind(&d1).ctx("bind 1")?;
+    match exec.launch(&gpu1.default_stream()) {
+        Err(Error::WrongDevice { .. }) => Ok(()),
+        other => Err(format!("launch on device 1: {other:?}")),
+    }
+}
+
+fn main() {
+    run_suite(
+        "gpu_graphs",
+        &[
+            (
+                "capture_replays_kernels_memsets_and_copies",
+                capture_replays_kernels_memsets_and_copies,
+            ),
+            (
+                "graph_launch_is_ordered_before_host_reads_and_other_streams",
+                graph_launch_is_ordered_before_host_reads_and_other_streams,
+            ),
+            (
+                "graph_launch_waits_for_writes_on_other_streams",
+                graph_launch_waits_for_writes_on_other_streams,
+            ),
+            (
+                "graph_reads_inputs_at_each_launch",
+                graph_reads_inputs_at_each_launch,
+            ),
+            (
+                "fork_join_runs_branches_and_joins",
+                fork_join_runs_branches_and_joins,
+            ),
+            (
+                "update_changes_kernel_parameters",
+                update_changes_kernel_parameters,
+            ),
+            (
+                "invalidated_capture_is_a_typed_error",
+                invalidated_capture_is_a_typed_error,
+            ),
+            (
+                "closure_errors_and_panics_end_the_capture",
+                closure_errors_and_panics_end_the_capture,
+            ),
+            (
+                "dropping_an_exec_waits_for_its_launches",
+                dropping_an_exec_waits_for_its_launches,
+            ),
+            (
+                "empty_capture_instantiates_and_launches",
+                empty_capture_instantiates_and_launches,
+            ),
+            (
+                "launch_on_another_device_is_refused",
+                launch_on_another_device_is_refused,
+            ),
+        ],
+    )
+}
