@@ -410,13 +410,21 @@ impl<T: DeviceRepr> Drop for PoolSlice<T> {
             "PoolSlice<{}> of {len} elements",
             std::any::type_name::<T>()
         );
-        let freed = disown_and_free(&mut self.slice, what, "cuMemFree_v2", |p| {
+        let call = "cuMemFreeAsync (legacy stream) + cuStreamSynchronize";
+        // On the release thread, bounded (disown_and_free): the legacy stream's sync waits
+        // for whatever else runs on it. (A plain cuMemFree of pool memory does not wait,
+        // but the pool's usage counters did not see that free on the H200.)
+        let freed = disown_and_free(&mut self.slice, what, call, |p| {
             // SAFETY: a live allocation of our pool, freed once, after its own pending
-            // uses (run only after the wait for them succeeded), in its context. cuMemFree
-            // of stream-ordered (pool) memory frees at once, without synchronising
-            // anything (CUDA documents this; measured on the H200), so the pool counts it
-            // as free when the drop returns.
-            unsafe { sys::cuMemFree_v2(p) }
+            // uses (run only after the wait for them succeeded), in its context. Freed on
+            // the legacy stream and waited for, so the pool counts it as free when the
+            // drop returns.
+            unsafe {
+                match sys::cuMemFreeAsync(p, std::ptr::null_mut()) {
+                    sys::CUresult::CUDA_SUCCESS => sys::cuStreamSynchronize(std::ptr::null_mut()),
+                    refused => refused,
+                }
+            }
         });
         if !freed {
             // Leaked while the device may still use it: the pool (and its entry in the
