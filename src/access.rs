@@ -614,6 +614,20 @@ impl AccessTracker {
         drop(grave);
     }
 
+    /// Turns every pending read into a pending write (a module's launches, once it has
+    /// global views: what they wrote must be waited for by later reads too). The
+    /// invariant holds: writes have no ordering among themselves to keep, and the reads
+    /// were ordered after the old writes, which stay.
+    pub(crate) fn reads_become_writes(&self) {
+        let mut st = sync::lock(&self.state);
+        let st = &mut *st;
+        for r in st.readers.drain(..) {
+            if !st.writers.iter().any(|w| w.id() == r.id()) {
+                st.writers.push(r);
+            }
+        }
+    }
+
     /// A host access of kind `access` that needs nothing held afterwards (the borrow of
     /// the memory excludes conflicting uses from then on): waits and forgets.
     pub(crate) fn host_access(&self, access: Access) -> Result<()> {

@@ -97,12 +97,14 @@ pub mod dlpack;
 pub mod driver;
 pub mod error;
 mod faults;
+pub mod global;
 pub mod host;
 mod image;
 pub mod interop;
 #[cfg(feature = "ipc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub mod ipc;
+pub mod launch;
 pub mod libs;
 pub mod managed;
 pub mod memory;
@@ -131,6 +133,7 @@ pub use device::{Device, DeviceAttribute, Uuid};
 pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
 pub use driver::{driver_available, init};
 pub use error::{DriverErrorCode, Error, Result};
+pub use global::ModuleGlobal;
 pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
 #[cfg(feature = "ipc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
@@ -138,6 +141,7 @@ pub use ipc::{
     BufferHandle, ImportedPool, ImportedSlice, LegacyIpcHandle, LegacySlice, MemoryPool,
     PoolConfig, PoolHandle, PoolSlice,
 };
+pub use launch::{ClusterScheduling, LaunchExBuilder};
 pub use managed::{Advice, Location, ManagedSlice};
 pub use memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, MemsetValue,

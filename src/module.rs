@@ -75,11 +75,33 @@ use std::sync::Arc;
 /// Loaded device code of one device.
 pub struct Module {
     device: Arc<Device>,
-    raw: sys::CUmodule,
-    /// The streams its kernels were launched on (as reads: launches stay concurrent), so
-    /// the unload waits for them.
-    launches: AccessTracker,
+    pub(crate) raw: sys::CUmodule,
+    /// The loaded image, shared with the module's globals ([`Module::global`]): unloaded
+    /// when the module and every global view of it are gone, after their pending uses.
+    pub(crate) loaded: Arc<Loaded>,
+    /// Set by the first [`Module::global`] (under `&mut self`, so no launch of this
+    /// module is being built meanwhile): from then on each launch claims
+    /// `loaded.uses` as a write, since any kernel of the module may write any of its
+    /// globals without being passed them.
+    pub(crate) globals: bool,
 }
+
+/// A loaded `CUmodule`: what [`Module`] and its globals ([`ModuleGlobal`](crate::ModuleGlobal))
+/// share, and whose drop unloads it.
+pub(crate) struct Loaded {
+    pub(crate) device: Arc<Device>,
+    raw: sys::CUmodule,
+    /// The pending uses of the module: its launches (as reads while it has no global
+    /// views: launches stay concurrent; as writes once it has), and the copies and
+    /// launches that name one of its globals. The unload waits for all of them.
+    pub(crate) uses: AccessTracker,
+}
+
+// SAFETY: a CUmodule handle is a thread-agnostic identifier; it is unloaded once, in
+// `Drop`, with its own context pushed.
+unsafe impl Send for Loaded {}
+// SAFETY: as above; `Loaded` itself is only read (the tracker has its own lock).
+unsafe impl Sync for Loaded {}
 
 impl std::fmt::Debug for Module {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -143,7 +165,10 @@ pub(crate) struct FunctionLimits {
 }
 
 /// `cuFuncGetAttribute`. The function's context must be current.
-fn func_attribute(func: sys::CUfunction, attr: sys::CUfunction_attribute) -> Result<u32> {
+pub(crate) fn func_attribute(
+    func: sys::CUfunction,
+    attr: sys::CUfunction_attribute,
+) -> Result<u32> {
     let mut v = 0;
     // SAFETY: a valid function handle of the current context; writes one int.
     unsafe { sys::cuFuncGetAttribute(&mut v, attr, func) }.check("cuFuncGetAttribute")?;
@@ -190,11 +215,11 @@ impl Module {
     }
 }
 
-impl Drop for Module {
+impl Drop for Loaded {
     fn drop(&mut self) {
-        // Unload only once no launched kernel can still run; if that cannot be known (a
-        // faulted context), leak the module instead (and log it).
-        let waited = self.launches.wait_all();
+        // Unload only once no launched kernel (and no copy of a global) can still run; if
+        // that cannot be known (a faulted context), leak the module instead (and log it).
+        let waited = self.uses.wait_all();
         let raw = self.raw;
         crate::faults::release(
             format_args!("a Module"),
@@ -203,8 +228,10 @@ impl Drop for Module {
             "cuModuleUnload",
             || {
                 // SAFETY: loaded in this context (current while this runs), unloaded once
-                // here, after every kernel launched from it has finished (run only after
-                // the wait succeeded); no Function outlives the module (they borrow it).
+                // here, after every kernel launched from it and every copy of one of its
+                // globals has finished (run only after the wait succeeded); no Function
+                // outlives the module (they borrow it), and no global view outlives this
+                // `Loaded` (each holds the Arc).
                 unsafe { sys::cuModuleUnload(raw) }
             },
         );
@@ -245,6 +272,16 @@ impl<'m> Function<'m> {
     /// The module this function belongs to.
     pub fn module(&self) -> &'m Module {
         self.module
+    }
+
+    /// The raw handle, for gpubind's own calls (valid while the module lives).
+    pub(crate) fn raw_handle(&self) -> sys::CUfunction {
+        self.raw
+    }
+
+    /// The kernel's launch limits read at lookup.
+    pub(crate) fn limits(&self) -> &FunctionLimits {
+        &self.limits
     }
 
     /// Parameter sizes in bytes, if the driver reports them.
@@ -425,7 +462,11 @@ impl<'m> Function<'m> {
 }
 
 /// See [`Function::max_active_blocks_per_sm`].
-fn check_block_size(kernel: &str, block_size: u32, limits: &FunctionLimits) -> Result<()> {
+pub(crate) fn check_block_size(
+    kernel: &str,
+    block_size: u32,
+    limits: &FunctionLimits,
+) -> Result<()> {
     if block_size == 0 {
         return Err(Error::InvalidArgument(format!(
             "kernel `{kernel}`: an occupancy query for blocks of 0 threads"
@@ -503,7 +544,7 @@ impl LaunchConfig {
         }
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let (g, b) = (self.grid_dim, self.block_dim);
         if [g.0, g.1, g.2, b.0, b.1, b.2].contains(&0) {
             return Err(Error::InvalidArgument(format!(
@@ -715,9 +756,9 @@ pub(crate) use memory_arg;
 /// Builds one kernel launch; see [`BoundStream::launch`].
 #[must_use = "a launch does nothing until `.launch()` is called"]
 pub struct LaunchBuilder<'s, 'a> {
-    stream: &'s BoundStream<'s>,
-    func: &'s Function<'s>,
-    cfg: LaunchConfig,
+    pub(crate) stream: &'s BoundStream<'s>,
+    pub(crate) func: &'s Function<'s>,
+    pub(crate) cfg: LaunchConfig,
     args: ArgPtrs,
     /// The first argument of another device (or the module's device mismatch). Boxed,
     /// like `size_error`: the builder is moved at every `arg`, and errors are rare.
@@ -931,7 +972,10 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// * The arguments must have the types the kernel declares (gpubind checks the count
     ///   and byte sizes where the driver reports them, i.e. from CUDA 12.4; never the
     ///   types).
-    /// * The kernel must only access memory inside the buffers passed to it.
+    /// * The kernel must only access memory inside the buffers passed to it, and the
+    ///   globals of its own module (never writing a `__constant__` one through a
+    ///   pointer): gpubind orders those against their views' uses (see
+    ///   [`Module::global`]).
     /// * gpubind's device, pool and managed buffers passed as arguments need nothing
     ///   more: the launch is ordered after their pending uses, and their later uses and
     ///   frees are ordered after the kernel. Any *other* memory the kernel reaches — device
@@ -945,6 +989,58 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     ///   `&mut`: a shared one may be read by the host through
     ///   [`as_slice`](crate::ManagedSlice::as_slice) while the launch is enqueued.
     pub unsafe fn launch(&mut self) -> Result<()> {
+        let call_driver = |func, cfg: &LaunchConfig, stream, params| {
+            let LaunchConfig {
+                grid_dim: g,
+                block_dim: b,
+                shared_mem_bytes,
+            } = *cfg;
+            // SAFETY: `enqueue`'s contract: a function of the current context, a stream of
+            // it, parameters alive for the call (the driver copies them before returning).
+            unsafe {
+                sys::cuLaunchKernel(
+                    func,
+                    g.0,
+                    g.1,
+                    g.2,
+                    b.0,
+                    b.1,
+                    b.2,
+                    shared_mem_bytes,
+                    stream,
+                    params,
+                    std::ptr::null_mut(),
+                )
+            }
+        };
+        // SAFETY: the caller's contract is this function's; `call_driver` enqueues the
+        // kernel with exactly what it is given.
+        unsafe { self.enqueue(|_| Ok(()), "cuLaunchKernel", call_driver) }
+    }
+
+    /// The path every launch takes, ordinary or with attributes ([`crate::launch`]): the
+    /// configuration and argument checks, then `check` (the attributes' own checks,
+    /// before anything is claimed), then the claim of the buffer arguments (and of the
+    /// module's globals once it has any), then `call_driver(function, config, stream,
+    /// parameters)`, run with the claim held, whose status is reported as `call`.
+    /// Inlined into each caller, so the ordinary launch compiles to what it was.
+    ///
+    /// # Safety
+    ///
+    /// [`launch`](Self::launch)'s contract; `call_driver` must enqueue the kernel with
+    /// exactly the function, configuration, stream and parameters it is given.
+    #[inline(always)]
+    pub(crate) unsafe fn enqueue(
+        &mut self,
+        check: impl FnOnce(&Self) -> Result<()>,
+        call: &'static str,
+        call_driver: impl FnOnce(
+            sys::CUfunction,
+            &LaunchConfig,
+            sys::CUstream,
+            *mut *mut c_void,
+        ) -> sys::CUresult,
+    ) -> Result<()> {
         if let Some(e) = &self.error {
             return Err((**e).clone());
         }
@@ -979,11 +1075,17 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         if let Some(e) = &self.size_error {
             return Err((**e).clone());
         }
+        check(self)?;
         // Claim the buffers from before the enqueue until after it: the launch is ordered
         // after their pending uses, and recorded as their latest.
         self.stream.ensure_stream_context()?;
         let tracked = &self.tracked;
-        let n = tracked.n + tracked.spill.len();
+        // A module with global views: its kernels may write them, so the launch is
+        // claimed as a write of the module's tracker with the buffers (and recorded by
+        // the claim, not by `note_read` below).
+        let module = self.func.module;
+        let globals = module.globals.then_some(&module.loaded.uses);
+        let n = tracked.n + tracked.spill.len() + usize::from(globals.is_some());
         // Initialised only when there is something to claim (the common empty or
         // scalar-only launch pays nothing).
         let mut inline_uses: [Use<'_>; INLINE_ARGS];
@@ -998,11 +1100,17 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         } else if n <= FEW_ARGS {
             // The usual launch: smaller arrays to fill and to drop.
             few_uses = tracked.uses_array::<FEW_ARGS>();
+            if let Some(g) = globals {
+                few_uses[n - 1] = Some((g, Access::Write));
+            }
             few_locks = access::locks::<FEW_ARGS>();
             _claim_few =
                 access::claim(self.stream.slot(), &mut few_uses[..n], &mut few_locks[..n])?;
         } else if n <= INLINE_ARGS {
             inline_uses = tracked.uses_array::<INLINE_ARGS>();
+            if let Some(g) = globals {
+                inline_uses[n - 1] = Some((g, Access::Write));
+            }
             inline_locks = access::locks::<INLINE_ARGS>();
             _claim_inline = access::claim(
                 self.stream.slot(),
@@ -1011,43 +1119,29 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             )?;
         } else {
             let mut uses: Vec<Use<'_>> = tracked.uses().collect();
+            uses.extend(globals.map(|g| Some((g, Access::Write))));
             let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
             _claim_spilled = access::claim(self.stream.slot(), &mut uses, locks)?;
         }
-        // The module's unload waits for this launch (the launch borrows the module, so the
-        // unload cannot race the enqueue).
-        self.func.module.launches.note_read(self.stream.slot());
+        if globals.is_none() {
+            // The module's unload waits for this launch (the launch borrows the module, so
+            // the unload cannot race the enqueue).
+            module.loaded.uses.note_read(self.stream.slot());
+        }
         // Named in the error if this kernel poisons the context.
         self.stream
             .bound()
             .device()
             .poison_state()
             .launching(self.func.interned);
-        let LaunchConfig {
-            grid_dim: g,
-            block_dim: b,
-            shared_mem_bytes,
-        } = self.cfg;
-        // SAFETY: the function belongs to the bound (current) context; each arg pointer
-        // points at a value borrowed for 'a, which outlives this call; the driver copies
-        // the parameter bytes before returning. Memory safety of the kernel itself is the
-        // caller's contract.
-        unsafe {
-            sys::cuLaunchKernel(
-                self.func.raw,
-                g.0,
-                g.1,
-                g.2,
-                b.0,
-                b.1,
-                b.2,
-                shared_mem_bytes,
-                self.stream.raw(),
-                self.args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .check_on(self.stream.bound().device(), "cuLaunchKernel")
+        // SAFETY: the stream's handle, valid while it is borrowed.
+        let stream = unsafe { self.stream.raw() };
+        // The function belongs to the bound (current) context; each arg pointer points at
+        // a value borrowed for 'a, which outlives this call; the driver copies the
+        // parameter bytes before returning. Memory safety of the kernel itself is the
+        // caller's contract (see `call_driver`'s, in this function's `# Safety`).
+        let status = call_driver(self.func.raw, &self.cfg, stream, self.args.as_mut_ptr());
+        status.check_on(self.stream.bound().device(), call)
     }
 }
 
@@ -1105,7 +1199,12 @@ impl<'a> BoundDevice<'a> {
         Ok(Module {
             device: Arc::clone(self.device()),
             raw,
-            launches: AccessTracker::default(),
+            loaded: Arc::new(Loaded {
+                device: Arc::clone(self.device()),
+                raw,
+                uses: AccessTracker::default(),
+            }),
+            globals: false,
         })
     }
 
