@@ -214,7 +214,7 @@ pub(crate) fn global_len(
     if size == 0 {
         return Err(refuse("the element type has size 0".into()));
     }
-    if bytes == 0 || bytes % size != 0 {
+    if bytes == 0 || !bytes.is_multiple_of(size) {
         return Err(refuse(format!(
             "the variable is {bytes} bytes, not a whole non-zero number of {size}-byte elements"
         )));

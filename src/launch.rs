@@ -417,7 +417,7 @@ pub(crate) fn check_cluster(
             shape.required
         )));
     }
-    if grid.0 % cx != 0 || grid.1 % cy != 0 || grid.2 % cz != 0 {
+    if !grid.0.is_multiple_of(cx) || !grid.1.is_multiple_of(cy) || !grid.2.is_multiple_of(cz) {
         return Err(Error::ClusterGrid {
             kernel: kernel.to_owned(),
             grid,

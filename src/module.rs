@@ -59,6 +59,11 @@
 //! [`Function::max_potential_block_size`] are the driver's occupancy calculator.
 //! The device limits are read once per [`Device`], the kernel's at
 //! [`Module::function`]: a launch pays a few compares.
+//!
+//! A module's `__device__` and `__constant__` variables are typed device memory through
+//! [`Module::global`] ([`crate::global`]); cooperative, cluster and prioritised launches
+//! are [`LaunchBuilder::cooperative`], [`LaunchBuilder::cluster`] and
+//! [`LaunchBuilder::priority`] ([`crate::launch`]).
 
 use crate::access::{self, Access, AccessTracker, Use};
 use crate::context::BoundDevice;

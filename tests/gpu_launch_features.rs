@@ -138,6 +138,17 @@ fn globals_work_with_every_copy() -> R {
     gpu.copy(&wide_val[..], &mut wide).ctx("copy wide")?;
     ensure!(gpu.dtoh(&wide).ctx("dtoh wide")? == wide_val, "wide");
 
+    // A view cannot be lent to cudarc (its tracker is the module's): a typed refusal.
+    let cs = gpu.new_cudarc_stream().ctx("cudarc stream")?;
+    let lent = gpu
+        .on(&cs)
+        .ctx("on cudarc stream")?
+        .lend_to_cudarc(&mut counter, |_| ());
+    ensure!(
+        matches!(lent, Err(Error::InvalidArgument(ref m)) if m.contains("module global")),
+        "lending a global: {lent:?}"
+    );
+
     // Stream-ordered: a pinned upload into the constant on one stream, then `apply` on
     // another stream must see it (the launch is claimed after the copy).
     let (s1, s2) = (gpu.new_stream().ctx("s1")?, gpu.new_stream().ctx("s2")?);
