@@ -8,7 +8,7 @@
 //! | pinned host (`cuMemHostAlloc`) | [`PinnedHostBuffer`](crate::PinnedHostBuffer) | `Pinned` |
 //! | registered host (`cuMemHostRegister`) | [`RegisteredHost`](crate::RegisteredHost) | `Registered` |
 //! | device (`cuMemAlloc`) | [`DeviceSlice`], views | `Device` |
-//! | a module's `__device__` / `__constant__` variable | [`ModuleGlobal`](crate::ModuleGlobal) | `Device` |
+//! | a module's `__device__` / `__constant__` variable | [`ModuleGlobal`] | `Device` |
 //! | managed (`cuMemAllocManaged`) | [`ManagedSlice`](crate::ManagedSlice) | `Managed` |
 //! | imported DLPack tensor | [`ImportedTensor`](crate::dlpack::ImportedTensor) | by its device type |
 //!

@@ -141,6 +141,11 @@ pub struct Function<'m> {
     params: Option<Vec<usize>>,
     /// The kernel's own launch limits, read once at lookup.
     limits: FunctionLimits,
+    /// The module's tracker (`Loaded::uses`), borrowed from it.
+    uses: &'m AccessTracker,
+    /// Whether the module had global views at lookup. It cannot change while this
+    /// `Function` lives: [`Module::global`] takes `&mut Module`, this borrows it.
+    globals: bool,
 }
 
 impl std::fmt::Debug for Function<'_> {
@@ -205,6 +210,8 @@ impl Module {
             raw,
             name: name.to_owned(),
             interned: crate::poison::intern(name),
+            uses: &self.loaded.uses,
+            globals: self.globals,
             params: param_sizes(raw),
             limits,
         })
@@ -1084,13 +1091,12 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         // Claim the buffers from before the enqueue until after it: the launch is ordered
         // after their pending uses, and recorded as their latest.
         self.stream.ensure_stream_context()?;
+        if self.func.globals {
+            // SAFETY: forwarded: this function's contract.
+            return unsafe { self.enqueue_claiming_globals(call, call_driver) };
+        }
         let tracked = &self.tracked;
-        // A module with global views: its kernels may write them, so the launch is
-        // claimed as a write of the module's tracker with the buffers (and recorded by
-        // the claim, not by `note_read` below).
-        let module = self.func.module;
-        let globals = module.globals.then_some(&module.loaded.uses);
-        let n = tracked.n + tracked.spill.len() + usize::from(globals.is_some());
+        let n = tracked.n + tracked.spill.len();
         // Initialised only when there is something to claim (the common empty or
         // scalar-only launch pays nothing).
         let mut inline_uses: [Use<'_>; INLINE_ARGS];
@@ -1105,17 +1111,11 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         } else if n <= FEW_ARGS {
             // The usual launch: smaller arrays to fill and to drop.
             few_uses = tracked.uses_array::<FEW_ARGS>();
-            if let Some(g) = globals {
-                few_uses[n - 1] = Some((g, Access::Write));
-            }
             few_locks = access::locks::<FEW_ARGS>();
             _claim_few =
                 access::claim(self.stream.slot(), &mut few_uses[..n], &mut few_locks[..n])?;
         } else if n <= INLINE_ARGS {
             inline_uses = tracked.uses_array::<INLINE_ARGS>();
-            if let Some(g) = globals {
-                inline_uses[n - 1] = Some((g, Access::Write));
-            }
             inline_locks = access::locks::<INLINE_ARGS>();
             _claim_inline = access::claim(
                 self.stream.slot(),
@@ -1124,15 +1124,61 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             )?;
         } else {
             let mut uses: Vec<Use<'_>> = tracked.uses().collect();
-            uses.extend(globals.map(|g| Some((g, Access::Write))));
             let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
             _claim_spilled = access::claim(self.stream.slot(), &mut uses, locks)?;
         }
-        if globals.is_none() {
-            // The module's unload waits for this launch (the launch borrows the module, so
-            // the unload cannot race the enqueue).
-            module.loaded.uses.note_read(self.stream.slot());
-        }
+        // The module's unload waits for this launch (the launch borrows the module, so the
+        // unload cannot race the enqueue).
+        self.func.uses.note_read(self.stream.slot());
+        // SAFETY: forwarded (the claim is held until this returns).
+        unsafe { self.call_driver(call, call_driver) }
+    }
+
+    /// [`enqueue`](Self::enqueue)'s claim for a module with global views (its kernels
+    /// may write them without being passed them): the module's tracker is claimed as a
+    /// write together with the buffers, in the one sorted claim (which records the
+    /// launch; no `note_read`). Kept out of the ordinary path.
+    ///
+    /// # Safety
+    ///
+    /// As for `enqueue`; the stream context is checked.
+    #[cold]
+    #[inline(never)]
+    unsafe fn enqueue_claiming_globals(
+        &mut self,
+        call: &'static str,
+        call_driver: impl FnOnce(
+            sys::CUfunction,
+            &LaunchConfig,
+            sys::CUstream,
+            *mut *mut c_void,
+        ) -> sys::CUresult,
+    ) -> Result<()> {
+        let mut uses: Vec<Use<'_>> = self.tracked.uses().collect();
+        uses.push(Some((self.func.uses, Access::Write)));
+        let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
+        let _claim = access::claim(self.stream.slot(), &mut uses, locks)?;
+        // SAFETY: forwarded (the claim is held until this returns).
+        unsafe { self.call_driver(call, call_driver) }
+    }
+
+    /// The last step of every launch, with its claim held: notes the kernel for
+    /// `Error::ContextPoisoned`, then enqueues it.
+    ///
+    /// # Safety
+    ///
+    /// As for [`enqueue`](Self::enqueue), with the launch's buffers claimed.
+    #[inline(always)]
+    unsafe fn call_driver(
+        &mut self,
+        call: &'static str,
+        call_driver: impl FnOnce(
+            sys::CUfunction,
+            &LaunchConfig,
+            sys::CUstream,
+            *mut *mut c_void,
+        ) -> sys::CUresult,
+    ) -> Result<()> {
         // Named in the error if this kernel poisons the context.
         self.stream
             .bound()
@@ -1144,7 +1190,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         // The function belongs to the bound (current) context; each arg pointer points at
         // a value borrowed for 'a, which outlives this call; the driver copies the
         // parameter bytes before returning. Memory safety of the kernel itself is the
-        // caller's contract (see `call_driver`'s, in this function's `# Safety`).
+        // caller's contract (see `call_driver`'s, in `enqueue`'s `# Safety`).
         let status = call_driver(self.func.raw, &self.cfg, stream, self.args.as_mut_ptr());
         status.check_on(self.stream.bound().device(), call)
     }

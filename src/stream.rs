@@ -248,7 +248,7 @@ impl Event {
     }
 
     /// Milliseconds between `self` and `end`, both recorded with timing enabled and
-    /// complete. Events of different devices give [`Error::WrongDevice`](crate::Error::WrongDevice).
+    /// complete. Events of different devices give [`Error::WrongDevice`].
     ///
     /// Calls `cuEventElapsedTime_v2` on drivers from CUDA 12.8 and the original
     /// `cuEventElapsedTime` before (both looked up by version, see `docs/compat.md`).
@@ -376,7 +376,7 @@ impl<'a> BoundDevice<'a> {
     /// priority stream is scheduled first where both are pending; it does not preempt
     /// running blocks.
     ///
-    /// A priority outside the device's range is [`Error::StreamPriority`](crate::Error::StreamPriority)
+    /// A priority outside the device's range is [`Error::StreamPriority`]
     /// (the driver would clamp it silently).
     ///
     /// ```no_run
@@ -455,7 +455,7 @@ impl<'a> BoundDevice<'a> {
         }
     }
 
-    /// `stream`, ready to take work; [`Error::WrongDevice`](crate::Error::WrongDevice) if it belongs to another device.
+    /// `stream`, ready to take work; [`Error::WrongDevice`] if it belongs to another device.
     pub fn on<'s>(&'s self, stream: &'s Stream) -> Result<BoundStream<'s>> {
         self.expect_device("stream", stream.device())?;
         Ok(BoundStream {

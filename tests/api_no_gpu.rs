@@ -11,6 +11,7 @@ assert_not_impl_any!(ThreadContext: Send, Sync);
 assert_not_impl_any!(BoundDevice<'static>: Send, Sync);
 assert_not_impl_any!(BoundStream<'static>: Send, Sync);
 assert_not_impl_any!(LaunchBuilder<'static, 'static>: Send, Sync);
+assert_not_impl_any!(LaunchExBuilder<'static, 'static>: Send, Sync);
 
 // Devices and resources are shared freely.
 assert_impl_all!(Device: Send, Sync);
@@ -23,6 +24,9 @@ assert_impl_all!(Stream: Send, Sync);
 assert_impl_all!(Event: Send, Sync);
 assert_impl_all!(Module: Send, Sync);
 assert_impl_all!(Function<'static>: Send, Sync, Clone);
+assert_impl_all!(ModuleGlobal<f32>: Send, Sync, Clone, Debug);
+assert_impl_all!(ModuleGlobal<[u64; 2]>: CopySource<[u64; 2]>, CopyDest<[u64; 2]>, DeviceMemoryMut<[u64; 2]>, KernelArg, DeviceOnlyMemory);
+assert_impl_all!(ClusterScheduling: Debug, Copy, Eq, Default);
 assert_impl_all!(Error: Send, Sync, Clone, std::error::Error);
 
 // Every public type is `Debug` (handles print their device and identity, never memory
@@ -43,6 +47,7 @@ assert_impl_all!(Event: Debug);
 assert_impl_all!(Module: Debug);
 assert_impl_all!(Function<'static>: Debug);
 assert_impl_all!(LaunchBuilder<'static, 'static>: Debug);
+assert_impl_all!(LaunchExBuilder<'static, 'static>: Debug);
 assert_impl_all!(LaunchConfig: Debug);
 assert_impl_all!(Output: Debug);
 assert_impl_all!(DeviceSlice<f32>: Debug);
