@@ -45,11 +45,25 @@
 //!
 //! Cooperative and cluster launches together are [`Error::InvalidArgument`] (the
 //! co-residency check would have to count clusters; gpubind does not offer it).
+//!
+//! # Kernel source
+//!
+//! NVRTC has no built-in `cooperative_groups.h`: `#include <cooperative_groups.h>` fails
+//! ("could not open source file") unless the toolkit's include directory is passed, so
+//! compile such kernels with [`compile`](crate::compile) and
+//! `-I/usr/local/cuda/include` (then [`load_cubin`](crate::BoundDevice::load_cubin)).
+//! `this_grid().sync()` needs no `-rdc` since CUDA 11. Without the headers, a grid
+//! barrier can use the cooperative launch's workspace directly, as cooperative groups
+//! does: its address is `{%envreg2, %envreg1}` (low, high), null for other launches, and
+//! its second 32-bit word is the barrier (`tests/gpu_launch_features.rs` has one). The
+//! cluster registers (`%cluster_ctarank`, `%cluster_nctarank`, `%clusterid`) and
+//! distributed shared memory (`mapa.shared::cluster`, `ld.shared::cluster`,
+//! `barrier.cluster.arrive` / `wait`) are plain PTX, usable through inline `asm` (sm_90).
 
 use crate::compat::{LAUNCH_KERNEL_EX, OCCUPANCY_MAX_ACTIVE_CLUSTERS};
 use crate::driver::Check;
 use crate::error::{Error, Result};
-use crate::module::{Function, KernelArg, LaunchBuilder, LaunchConfig};
+use crate::module::{DriverLaunch, Function, KernelArg, LaunchBuilder, LaunchConfig};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
@@ -267,21 +281,44 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
     /// grid, and a cluster kernel that uses the cluster's barrier or shared memory, must
     /// be launched with those attributes (else the sync is undefined).
     pub unsafe fn launch(&mut self) -> Result<()> {
-        let attrs = self.attrs;
         // SAFETY: `LaunchKernelEx` is cuLaunchKernelEx's prototype
         // (const CUlaunchConfig*, CUfunction, void**, void**) -> CUresult.
         let launch_ex = unsafe { LAUNCH_KERNEL_EX.get::<LaunchKernelEx>() }?;
-        let check = |b: &LaunchBuilder<'_, '_>| check_attributes(b, &attrs);
-        let call_driver = |func, cfg: &LaunchConfig, stream, params| {
-            let (mut list, n) = attrs.to_sys();
-            let config = sys_config(cfg, stream, &mut list, n);
-            // SAFETY: `enqueue`'s contract (the function, stream and parameters it
-            // checked); `config` and the attribute list it points to live for the call.
-            unsafe { launch_ex(&config, func, params, std::ptr::null_mut()) }
+        let driver = WithAttributes {
+            attrs: self.attrs,
+            launch_ex,
         };
-        // SAFETY: the caller's contract is this function's; `call_driver` enqueues the
+        // SAFETY: the caller's contract is this function's; `WithAttributes` enqueues the
         // kernel with exactly the configuration, stream and parameters it is given.
-        unsafe { self.inner.enqueue(check, "cuLaunchKernelEx", call_driver) }
+        unsafe { self.inner.enqueue(driver) }
+    }
+}
+
+/// The end of a launch with attributes: their checks, then `cuLaunchKernelEx`.
+struct WithAttributes {
+    attrs: Attributes,
+    launch_ex: LaunchKernelEx,
+}
+
+impl DriverLaunch for WithAttributes {
+    const NAME: &'static str = "cuLaunchKernelEx";
+
+    fn check(&self, launch: &LaunchBuilder<'_, '_>) -> Result<()> {
+        check_attributes(launch, &self.attrs)
+    }
+
+    unsafe fn call(
+        self,
+        func: sys::CUfunction,
+        cfg: &LaunchConfig,
+        stream: sys::CUstream,
+        params: *mut *mut c_void,
+    ) -> sys::CUresult {
+        let (mut list, n) = self.attrs.to_sys();
+        let config = sys_config(cfg, stream, &mut list, n);
+        // SAFETY: the trait's contract (the function, stream and parameters the shared
+        // path checked); `config` and the attribute list it points to live for the call.
+        unsafe { (self.launch_ex)(&config, func, params, std::ptr::null_mut()) }
     }
 }
 

@@ -1001,100 +1001,31 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     ///   `&mut`: a shared one may be read by the host through
     ///   [`as_slice`](crate::ManagedSlice::as_slice) while the launch is enqueued.
     pub unsafe fn launch(&mut self) -> Result<()> {
-        let call_driver = |func, cfg: &LaunchConfig, stream, params| {
-            let LaunchConfig {
-                grid_dim: g,
-                block_dim: b,
-                shared_mem_bytes,
-            } = *cfg;
-            // SAFETY: `enqueue`'s contract: a function of the current context, a stream of
-            // it, parameters alive for the call (the driver copies them before returning).
-            unsafe {
-                sys::cuLaunchKernel(
-                    func,
-                    g.0,
-                    g.1,
-                    g.2,
-                    b.0,
-                    b.1,
-                    b.2,
-                    shared_mem_bytes,
-                    stream,
-                    params,
-                    std::ptr::null_mut(),
-                )
-            }
-        };
-        // SAFETY: the caller's contract is this function's; `call_driver` enqueues the
-        // kernel with exactly what it is given.
-        unsafe { self.enqueue(|_| Ok(()), "cuLaunchKernel", call_driver) }
+        // SAFETY: the caller's contract is this function's; `Plain` enqueues the kernel
+        // with exactly what it is given.
+        unsafe { self.enqueue(Plain) }
     }
 
     /// The path every launch takes, ordinary or with attributes ([`crate::launch`]): the
-    /// configuration and argument checks, then `check` (the attributes' own checks,
-    /// before anything is claimed), then the claim of the buffer arguments (and of the
-    /// module's globals once it has any), then `call_driver(function, config, stream,
-    /// parameters)`, run with the claim held, whose status is reported as `call`.
-    /// Inlined into each caller, so the ordinary launch compiles to what it was.
+    /// configuration and argument checks, then `driver.check` (the attributes' own
+    /// checks, before anything is claimed), then the claim of the buffer arguments (and
+    /// of the module's tracker once it has global views), then `driver.call`, with the
+    /// claim held. Inlined into each caller, so the ordinary launch compiles to what it
+    /// was.
     ///
     /// # Safety
     ///
-    /// [`launch`](Self::launch)'s contract; `call_driver` must enqueue the kernel with
-    /// exactly the function, configuration, stream and parameters it is given.
+    /// [`launch`](Self::launch)'s contract.
     #[inline(always)]
-    pub(crate) unsafe fn enqueue(
-        &mut self,
-        check: impl FnOnce(&Self) -> Result<()>,
-        call: &'static str,
-        call_driver: impl FnOnce(
-            sys::CUfunction,
-            &LaunchConfig,
-            sys::CUstream,
-            *mut *mut c_void,
-        ) -> sys::CUresult,
-    ) -> Result<()> {
-        if let Some(e) = &self.error {
-            return Err((**e).clone());
+    pub(crate) unsafe fn enqueue(&mut self, driver: impl DriverLaunch) -> Result<()> {
+        if self.func.globals {
+            // SAFETY: forwarded: this function's contract.
+            return unsafe { self.enqueue_claiming_globals(driver) };
         }
-        self.cfg.validate()?;
-        let func = self.func;
-        self.cfg.check_limits(
-            &func.name,
-            func.module.device.launch_limits()?,
-            &func.limits,
-            || {
-                // Only for a launch over the default shared memory (rare): the attribute
-                // may have been raised through the raw handle since the lookup.
-                let _guard = func.module.device.enter()?;
-                func_attribute(
-                    func.raw,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                )
-            },
-        )?;
-        if let Some(expected) = &self.func.params
-            && expected.len() != self.args.len()
-        {
-            return Err(Error::LaunchArgs {
-                kernel: self.func.name.clone(),
-                reason: format!(
-                    "the kernel takes {} parameter(s), {} given",
-                    expected.len(),
-                    self.args.len()
-                ),
-            });
-        }
-        if let Some(e) = &self.size_error {
-            return Err((**e).clone());
-        }
-        check(self)?;
+        self.check_launch(&driver)?;
         // Claim the buffers from before the enqueue until after it: the launch is ordered
         // after their pending uses, and recorded as their latest.
         self.stream.ensure_stream_context()?;
-        if self.func.globals {
-            // SAFETY: forwarded: this function's contract.
-            return unsafe { self.enqueue_claiming_globals(call, call_driver) };
-        }
         let tracked = &self.tracked;
         let n = tracked.n + tracked.spill.len();
         // Initialised only when there is something to claim (the common empty or
@@ -1131,7 +1062,49 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         // unload cannot race the enqueue).
         self.func.uses.note_read(self.stream.slot());
         // SAFETY: forwarded (the claim is held until this returns).
-        unsafe { self.call_driver(call, call_driver) }
+        unsafe { self.call_driver(driver) }
+    }
+
+    /// The checks of every launch, before anything is claimed: the builder's recorded
+    /// errors, the configuration against the limits, the argument count, then the
+    /// driver call's own (`driver.check`).
+    #[inline(always)]
+    fn check_launch(&self, driver: &impl DriverLaunch) -> Result<()> {
+        if let Some(e) = &self.error {
+            return Err((**e).clone());
+        }
+        self.cfg.validate()?;
+        let func = self.func;
+        self.cfg.check_limits(
+            &func.name,
+            func.module.device.launch_limits()?,
+            &func.limits,
+            || {
+                // Only for a launch over the default shared memory (rare): the attribute
+                // may have been raised through the raw handle since the lookup.
+                let _guard = func.module.device.enter()?;
+                func_attribute(
+                    func.raw,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                )
+            },
+        )?;
+        if let Some(expected) = &self.func.params
+            && expected.len() != self.args.len()
+        {
+            return Err(Error::LaunchArgs {
+                kernel: self.func.name.clone(),
+                reason: format!(
+                    "the kernel takes {} parameter(s), {} given",
+                    expected.len(),
+                    self.args.len()
+                ),
+            });
+        }
+        if let Some(e) = &self.size_error {
+            return Err((**e).clone());
+        }
+        driver.check(self)
     }
 
     /// [`enqueue`](Self::enqueue)'s claim for a module with global views (its kernels
@@ -1141,25 +1114,36 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     ///
     /// # Safety
     ///
-    /// As for `enqueue`; the stream context is checked.
+    /// As for `enqueue`.
     #[cold]
     #[inline(never)]
-    unsafe fn enqueue_claiming_globals(
-        &mut self,
-        call: &'static str,
-        call_driver: impl FnOnce(
-            sys::CUfunction,
-            &LaunchConfig,
-            sys::CUstream,
-            *mut *mut c_void,
-        ) -> sys::CUresult,
-    ) -> Result<()> {
-        let mut uses: Vec<Use<'_>> = self.tracked.uses().collect();
-        uses.push(Some((self.func.uses, Access::Write)));
-        let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
-        let _claim = access::claim(self.stream.slot(), &mut uses, locks)?;
+    unsafe fn enqueue_claiming_globals(&mut self, driver: impl DriverLaunch) -> Result<()> {
+        self.check_launch(&driver)?;
+        self.stream.ensure_stream_context()?;
+        let tracked = &self.tracked;
+        let n = tracked.n + tracked.spill.len() + 1;
+        let module = Some((self.func.uses, Access::Write));
+        let mut inline_uses: [Use<'_>; INLINE_ARGS];
+        let mut inline_locks: access::Locks<'_, INLINE_ARGS>;
+        let _claim_inline;
+        let _claim_spilled;
+        if n <= INLINE_ARGS {
+            inline_uses = tracked.uses_array::<INLINE_ARGS>();
+            inline_uses[n - 1] = module;
+            inline_locks = access::locks::<INLINE_ARGS>();
+            _claim_inline = access::claim(
+                self.stream.slot(),
+                &mut inline_uses[..n],
+                &mut inline_locks[..n],
+            )?;
+        } else {
+            let mut uses: Vec<Use<'_>> = tracked.uses().collect();
+            uses.push(module);
+            let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
+            _claim_spilled = access::claim(self.stream.slot(), &mut uses, locks)?;
+        }
         // SAFETY: forwarded (the claim is held until this returns).
-        unsafe { self.call_driver(call, call_driver) }
+        unsafe { self.call_driver(driver) }
     }
 
     /// The last step of every launch, with its claim held: notes the kernel for
@@ -1169,16 +1153,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     ///
     /// As for [`enqueue`](Self::enqueue), with the launch's buffers claimed.
     #[inline(always)]
-    unsafe fn call_driver(
-        &mut self,
-        call: &'static str,
-        call_driver: impl FnOnce(
-            sys::CUfunction,
-            &LaunchConfig,
-            sys::CUstream,
-            *mut *mut c_void,
-        ) -> sys::CUresult,
-    ) -> Result<()> {
+    unsafe fn call_driver<D: DriverLaunch>(&mut self, driver: D) -> Result<()> {
         // Named in the error if this kernel poisons the context.
         self.stream
             .bound()
@@ -1190,9 +1165,75 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         // The function belongs to the bound (current) context; each arg pointer points at
         // a value borrowed for 'a, which outlives this call; the driver copies the
         // parameter bytes before returning. Memory safety of the kernel itself is the
-        // caller's contract (see `call_driver`'s, in `enqueue`'s `# Safety`).
-        let status = call_driver(self.func.raw, &self.cfg, stream, self.args.as_mut_ptr());
-        status.check_on(self.stream.bound().device(), call)
+        // caller's contract (and `DriverLaunch::call`'s).
+        // SAFETY: as just said.
+        let status =
+            unsafe { driver.call(self.func.raw, &self.cfg, stream, self.args.as_mut_ptr()) };
+        status.check_on(self.stream.bound().device(), D::NAME)
+    }
+}
+
+/// The driver call that ends a launch, and the checks it needs first: [`Plain`]
+/// (`cuLaunchKernel`) or a launch with attributes (`cuLaunchKernelEx`, [`crate::launch`]).
+/// A trait rather than closures so that the ordinary launch inlines it.
+pub(crate) trait DriverLaunch {
+    /// The entry point, for errors.
+    const NAME: &'static str;
+    /// Checks beyond the ordinary launch's, before anything is claimed.
+    fn check(&self, launch: &LaunchBuilder<'_, '_>) -> Result<()>;
+    /// Enqueues `func` with `cfg` on `stream` with `params`.
+    ///
+    /// # Safety
+    ///
+    /// `func` and `stream` belong to the current context; `params` points to one valid
+    /// pointer per kernel parameter, each to that parameter's bytes, alive for the call;
+    /// the launch's buffers are claimed; the kernel's own conduct is
+    /// [`LaunchBuilder::launch`]'s contract. Implementations enqueue exactly this.
+    unsafe fn call(
+        self,
+        func: sys::CUfunction,
+        cfg: &LaunchConfig,
+        stream: sys::CUstream,
+        params: *mut *mut c_void,
+    ) -> sys::CUresult;
+}
+
+/// The ordinary launch: `cuLaunchKernel`, nothing more to check.
+pub(crate) struct Plain;
+
+impl DriverLaunch for Plain {
+    const NAME: &'static str = "cuLaunchKernel";
+
+    #[inline(always)]
+    fn check(&self, _: &LaunchBuilder<'_, '_>) -> Result<()> {
+        Ok(())
+    }
+
+    #[inline(always)]
+    unsafe fn call(
+        self,
+        func: sys::CUfunction,
+        cfg: &LaunchConfig,
+        stream: sys::CUstream,
+        params: *mut *mut c_void,
+    ) -> sys::CUresult {
+        // SAFETY: the trait's contract: a function and stream of the current context,
+        // parameters alive for the call (the driver copies them before returning).
+        unsafe {
+            sys::cuLaunchKernel(
+                func,
+                cfg.grid_dim.0,
+                cfg.grid_dim.1,
+                cfg.grid_dim.2,
+                cfg.block_dim.0,
+                cfg.block_dim.1,
+                cfg.block_dim.2,
+                cfg.shared_mem_bytes,
+                stream,
+                params,
+                std::ptr::null_mut(),
+            )
+        }
     }
 }
 

@@ -406,6 +406,116 @@ fn cooperative_launch_syncs_the_grid() -> R {
     Ok(())
 }
 
+const CG_GRID_SUM: &str = r#"
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+extern "C" __global__ void cg_grid_sum(const unsigned* in, unsigned* partial, unsigned* out, unsigned n) {
+    cg::grid_group grid = cg::this_grid();
+    unsigned tid = (unsigned)grid.thread_rank();
+    unsigned nthreads = (unsigned)grid.size();
+    unsigned s = 0;
+    for (unsigned i = tid; i < n; i += nthreads) s += in[i];
+    partial[tid] = s;
+    grid.sync();
+    if (tid == 0) {
+        unsigned total = 0;
+        for (unsigned i = 0; i < nthreads; ++i) total += partial[i];
+        out[0] = total;
+        out[1] = nthreads;
+        out[2] = grid.is_valid() ? 1u : 0u;
+    }
+}
+"#;
+
+/// The CUDA toolkit's include directory, if it has `cooperative_groups.h` (NVRTC has no
+/// built-in copy of the header).
+fn toolkit_include() -> Option<String> {
+    let mut dirs: Vec<String> = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .map(|d| format!("{d}/include"))
+        .collect();
+    dirs.push("/usr/local/cuda/include".into());
+    dirs.into_iter().find(|d| {
+        std::path::Path::new(d)
+            .join("cooperative_groups.h")
+            .exists()
+    })
+}
+
+/// cooperative_groups' own `this_grid().sync()`, compiled by NVRTC with the toolkit's
+/// headers (`-I`; the header is not built into NVRTC), works with gpubind's cooperative
+/// launch: exact sum, `is_valid()`. Skipped where no toolkit headers are installed or
+/// NVRTC cannot compile them.
+fn cooperative_groups_grid_sync_with_the_toolkit_headers() -> R {
+    let Some(include) = toolkit_include() else {
+        return Err(common::skip(
+            "no cooperative_groups.h (set CUDA_HOME, or install the toolkit in /usr/local/cuda)",
+        ));
+    };
+    let dev = dev0()?;
+    let (major, minor) = dev.compute_capability().ctx("cc")?;
+    let opts = [
+        format!("--gpu-architecture=sm_{major}{minor}"),
+        format!("-I{include}"),
+    ];
+    let cubin = match gpubind::module::compile(
+        CG_GRID_SUM,
+        "cg_grid_sum.cu",
+        &opts,
+        gpubind::Output::Cubin,
+    ) {
+        Ok(c) => c,
+        Err(Error::Compile { status, log, .. }) => {
+            let first = log.lines().next().unwrap_or("").to_owned();
+            return Err(common::skip(&format!(
+                "NVRTC cannot compile cooperative_groups.h from {include}: {status}: {first}"
+            )));
+        }
+        Err(e) => return Err(format!("compile: {e}")),
+    };
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.load_cubin(&cubin).ctx("load")?;
+    let k = module.function("cg_grid_sum").ctx("function")?;
+    let block = 128u32;
+    let per_sm = k.max_active_blocks_per_sm(block, 0).ctx("occupancy")?;
+    let blocks = per_sm * dev.multiprocessor_count().ctx("SMs")?;
+    let n = 1u32 << 18;
+    let input: Vec<u32> = (0..n).map(|i| (i * 7) % 31).collect();
+    let want: u32 = input.iter().sum();
+    let input = gpu.clone_htod(&input).ctx("htod")?;
+    let mut partial = gpu
+        .alloc_zeros::<u32>((blocks * block) as usize)
+        .ctx("alloc")?;
+    let mut out = gpu.alloc_zeros::<u32>(3).ctx("alloc")?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: (const unsigned*, unsigned*, unsigned*, unsigned) matches; one partial per
+    // thread, three outputs.
+    unsafe {
+        gpu.default_stream()
+            .launch(&k, cfg)
+            .cooperative()
+            .arg(&input)
+            .arg(&mut partial)
+            .arg(&mut out)
+            .arg(&n)
+            .launch()
+    }
+    .ctx("cooperative launch")?;
+    let got = gpu.dtoh(&out).ctx("dtoh")?;
+    ensure!(
+        got == [want, blocks * block, 1],
+        "cg grid sum: {got:?}, want [{want}, {}, 1]",
+        blocks * block
+    );
+    Ok(())
+}
+
 const CLUSTERS: &str = r#"
 __device__ unsigned sreg_cluster_ctarank() { unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
 __device__ unsigned sreg_cluster_nctarank() { unsigned r; asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r)); return r; }
@@ -718,6 +828,10 @@ fn main() {
             (
                 "cooperative_launch_syncs_the_grid",
                 cooperative_launch_syncs_the_grid,
+            ),
+            (
+                "cooperative_groups_grid_sync_with_the_toolkit_headers",
+                cooperative_groups_grid_sync_with_the_toolkit_headers,
             ),
             (
                 "cluster_launch_ranks_are_exact",
