@@ -1018,14 +1018,48 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// [`launch`](Self::launch)'s contract.
     #[inline(always)]
     pub(crate) unsafe fn enqueue(&mut self, driver: impl DriverLaunch) -> Result<()> {
+        if let Some(e) = &self.error {
+            return Err((**e).clone());
+        }
+        self.cfg.validate()?;
+        let func = self.func;
+        self.cfg.check_limits(
+            &func.name,
+            func.module.device.launch_limits()?,
+            &func.limits,
+            || {
+                // Only for a launch over the default shared memory (rare): the attribute
+                // may have been raised through the raw handle since the lookup.
+                let _guard = func.module.device.enter()?;
+                func_attribute(
+                    func.raw,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                )
+            },
+        )?;
+        if let Some(expected) = &self.func.params
+            && expected.len() != self.args.len()
+        {
+            return Err(Error::LaunchArgs {
+                kernel: self.func.name.clone(),
+                reason: format!(
+                    "the kernel takes {} parameter(s), {} given",
+                    expected.len(),
+                    self.args.len()
+                ),
+            });
+        }
+        if let Some(e) = &self.size_error {
+            return Err((**e).clone());
+        }
+        driver.check(self)?;
+        // Claim the buffers from before the enqueue until after it: the launch is ordered
+        // after their pending uses, and recorded as their latest.
+        self.stream.ensure_stream_context()?;
         if self.func.globals {
             // SAFETY: forwarded: this function's contract.
             return unsafe { self.enqueue_claiming_globals(driver) };
         }
-        self.check_launch(&driver)?;
-        // Claim the buffers from before the enqueue until after it: the launch is ordered
-        // after their pending uses, and recorded as their latest.
-        self.stream.ensure_stream_context()?;
         let tracked = &self.tracked;
         let n = tracked.n + tracked.spill.len();
         // Initialised only when there is something to claim (the common empty or
@@ -1065,48 +1099,6 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         unsafe { self.call_driver(driver) }
     }
 
-    /// The checks of every launch, before anything is claimed: the builder's recorded
-    /// errors, the configuration against the limits, the argument count, then the
-    /// driver call's own (`driver.check`).
-    #[inline(always)]
-    fn check_launch(&self, driver: &impl DriverLaunch) -> Result<()> {
-        if let Some(e) = &self.error {
-            return Err((**e).clone());
-        }
-        self.cfg.validate()?;
-        let func = self.func;
-        self.cfg.check_limits(
-            &func.name,
-            func.module.device.launch_limits()?,
-            &func.limits,
-            || {
-                // Only for a launch over the default shared memory (rare): the attribute
-                // may have been raised through the raw handle since the lookup.
-                let _guard = func.module.device.enter()?;
-                func_attribute(
-                    func.raw,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                )
-            },
-        )?;
-        if let Some(expected) = &self.func.params
-            && expected.len() != self.args.len()
-        {
-            return Err(Error::LaunchArgs {
-                kernel: self.func.name.clone(),
-                reason: format!(
-                    "the kernel takes {} parameter(s), {} given",
-                    expected.len(),
-                    self.args.len()
-                ),
-            });
-        }
-        if let Some(e) = &self.size_error {
-            return Err((**e).clone());
-        }
-        driver.check(self)
-    }
-
     /// [`enqueue`](Self::enqueue)'s claim for a module with global views (its kernels
     /// may write them without being passed them): the module's tracker is claimed as a
     /// write together with the buffers, in the one sorted claim (which records the
@@ -1114,12 +1106,10 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     ///
     /// # Safety
     ///
-    /// As for `enqueue`.
+    /// As for `enqueue`; the stream context is checked.
     #[cold]
     #[inline(never)]
     unsafe fn enqueue_claiming_globals(&mut self, driver: impl DriverLaunch) -> Result<()> {
-        self.check_launch(&driver)?;
-        self.stream.ensure_stream_context()?;
         let tracked = &self.tracked;
         let n = tracked.n + tracked.spill.len() + 1;
         let module = Some((self.func.uses, Access::Write));
