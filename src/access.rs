@@ -598,16 +598,26 @@ impl AccessTracker {
         st.wait_all(StreamRef::synchronize)
     }
 
-    /// Records a read on `on` that needs no ordering before it (the tracker is never
-    /// written: a module's launches) and no claim across its enqueue (what it guards — the
-    /// module's unload — cannot happen while the launch borrows the module).
+    /// Records a read on `on` that needs no ordering before it (the tracker has no
+    /// writes: the launches of a module without global views) and no claim across its
+    /// enqueue (what it guards — the module's unload — cannot happen while the launch
+    /// borrows the module). Inlined: the usual case is a lock, a compare and an unlock.
+    #[inline]
     pub(crate) fn note_read(&self, on: StreamSlot<'_>) {
         let id = on.id();
-        let mut st = sync::lock(&self.state);
+        let st = sync::lock(&self.state);
         // The usual case, a launch on a stream already recorded: nothing changes.
         if st.commit_is_noop(id, Access::Read) {
             return;
         }
+        Self::note_new_read(st, on);
+    }
+
+    /// [`note_read`](Self::note_read) for a stream not recorded yet.
+    #[cold]
+    #[inline(never)]
+    fn note_new_read(mut st: sync::MutexGuard<'_, AccessState<StreamRef>>, on: StreamSlot<'_>) {
+        let id = on.id();
         let mut grave = Grave::new();
         st.commit(&[(id, Access::Read)], |_| on.to_ref(), &mut grave);
         drop(st);
