@@ -1152,11 +1152,11 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             .launching(self.func.interned);
         // SAFETY: the stream's handle, valid while it is borrowed.
         let stream = unsafe { self.stream.raw() };
-        // The function belongs to the bound (current) context; each arg pointer points at
-        // a value borrowed for 'a, which outlives this call; the driver copies the
-        // parameter bytes before returning. Memory safety of the kernel itself is the
-        // caller's contract (and `DriverLaunch::call`'s).
-        // SAFETY: as just said.
+        // SAFETY: `DriverLaunch::call`'s contract: the function belongs to the bound
+        // (current) context and the stream to it; each arg pointer points at a value
+        // borrowed for 'a, which outlives this call (the driver copies the parameter bytes
+        // before returning); the buffers are claimed (the caller's). Memory safety of the
+        // kernel itself is the caller's contract.
         let status =
             unsafe { driver.call(self.func.raw, &self.cfg, stream, self.args.as_mut_ptr()) };
         status.check_on(self.stream.bound().device(), D::NAME)

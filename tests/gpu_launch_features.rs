@@ -138,6 +138,24 @@ fn globals_work_with_every_copy() -> R {
     gpu.copy(&wide_val[..], &mut wide).ctx("copy wide")?;
     ensure!(gpu.dtoh(&wide).ctx("dtoh wide")? == wide_val, "wide");
 
+    // The stream-ordered writes lock the shared tracker (no exclusive claim): memsets,
+    // dtod and htod on a stream, each seen by the host read that follows.
+    let s0 = gpu.new_stream().ctx("stream")?;
+    let on = gpu.on(&s0).ctx("on")?;
+    on.memset_async(&mut counter, 77u32).ctx("memset_async")?;
+    ensure!(gpu.dtoh(&counter).ctx("dtoh")? == [77], "memset_async");
+    on.memset_zeros_async(&mut counter)
+        .ctx("memset_zeros_async")?;
+    ensure!(gpu.dtoh(&counter).ctx("dtoh")? == [0], "memset_zeros_async");
+    on.dtod_async(&saved, &mut coeffs).ctx("dtod_async")?;
+    ensure!(
+        gpu.dtoh(&coeffs).ctx("dtoh")? == c1,
+        "dtod_async into a global"
+    );
+    // SAFETY: pageable source: the driver stages it before returning.
+    unsafe { on.htod_async(&[9u32], &mut counter) }.ctx("htod_async")?;
+    ensure!(gpu.dtoh(&counter).ctx("dtoh")? == [9], "htod_async");
+
     // A view cannot be lent to cudarc (its tracker is the module's): a typed refusal.
     let cs = gpu.new_cudarc_stream().ctx("cudarc stream")?;
     let lent = gpu
