@@ -694,6 +694,19 @@ fn cluster_launch_ranks_are_exact() -> R {
         matches!(e, Err(Error::InvalidArgument(_))),
         "cooperative and clusters: {e:?}"
     );
+    // SAFETY: never enqueued.
+    let e = unsafe {
+        stream
+            .launch(&k, cfg)
+            .priority(0)
+            .cluster_scheduling(ClusterScheduling::Spread)
+            .arg(&mut out)
+            .launch()
+    };
+    ensure!(
+        matches!(e, Err(Error::InvalidArgument(ref m)) if m.contains("scheduling")),
+        "a scheduling policy without clusters: {e:?}"
+    );
     ensure!(
         matches!(
             k.max_active_clusters(cfg, (0, 1, 1)),
