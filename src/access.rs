@@ -259,6 +259,16 @@ impl<S: TrackedStream> AccessState<S> {
         first
     }
 
+    /// Every pending read becomes a pending write (see
+    /// [`AccessTracker::reads_become_writes`]).
+    pub(crate) fn reads_become_writes(&mut self) {
+        for r in self.readers.drain(..) {
+            if !self.writers.iter().any(|w| w.id() == r.id()) {
+                self.writers.push(r);
+            }
+        }
+    }
+
     /// Whether no use is pending.
     pub(crate) fn is_idle(&self) -> bool {
         self.writers.is_empty() && self.readers.is_empty()
@@ -825,20 +835,38 @@ impl AccessTracker {
         st.wait_all(|s| s.synchronize_within(deadline, limit))
     }
 
-    /// Records a read on `on` that needs no ordering before it (the tracker is never
-    /// written: a module's launches) and no claim across its enqueue (what it guards — the
-    /// module's unload — cannot happen while the launch borrows the module).
+    /// Records a read on `on` that needs no ordering before it (the tracker has no
+    /// writes: the launches of a module without global views) and no claim across its
+    /// enqueue (what it guards — the module's unload — cannot happen while the launch
+    /// borrows the module). Inlined: the usual case is a lock, a compare and an unlock.
+    #[inline]
     pub(crate) fn note_read(&self, on: StreamSlot<'_>) {
         let id = on.id();
-        let mut st = sync::lock(&self.state);
+        let st = sync::lock(&self.state);
         // The usual case, a launch on a stream already recorded: nothing changes.
         if st.commit_is_noop(id, Access::Read) {
             return;
         }
+        Self::note_new_read(st, on);
+    }
+
+    /// [`note_read`](Self::note_read) for a stream not recorded yet.
+    #[cold]
+    #[inline(never)]
+    fn note_new_read(mut st: sync::MutexGuard<'_, AccessState<StreamRef>>, on: StreamSlot<'_>) {
+        let id = on.id();
         let mut grave = Grave::new();
         st.commit(&[(id, Access::Read)], |_| on.to_ref(), &mut grave);
         drop(st);
         drop(grave);
+    }
+
+    /// Turns every pending read into a pending write (a module's launches, once it has
+    /// global views: what they wrote must be waited for by later reads too). The
+    /// invariant holds: writes have no ordering among themselves to keep, and the reads
+    /// were ordered after the old writes, which stay.
+    pub(crate) fn reads_become_writes(&self) {
+        sync::lock(&self.state).reads_become_writes();
     }
 
     /// A host access of kind `access` that needs nothing held afterwards (the borrow of
@@ -1355,6 +1383,39 @@ mod tests {
         assert!(e.is_err());
         assert_eq!(tried, [1, 2, 3]);
         assert!(!st.is_idle());
+    }
+
+    #[test]
+    fn reads_become_writes_and_later_reads_wait_for_them() {
+        // A module's launches on streams 1 and 2 (reads), then its first global view.
+        let mut st = AccessState::<S>::default();
+        commit1(&mut st, 1, Access::Read);
+        commit1(&mut st, 2, Access::Read);
+        assert!(
+            conflicts(&st, 3, Access::Read).is_empty(),
+            "reads wait for no read"
+        );
+        st.reads_become_writes();
+        assert_eq!(AccessState::ids(&st.writers), [1, 2]);
+        assert!(st.readers.is_empty());
+        // A host or stream read of the global now waits for both launches.
+        assert_eq!(conflicts(&st, 3, Access::Read), [1, 2]);
+        // A stream both wrote and read is kept once.
+        let mut st = AccessState::<S>::default();
+        commit1(&mut st, 1, Access::Write);
+        commit1(&mut st, 2, Access::Read);
+        st.reads_become_writes();
+        assert_eq!(AccessState::ids(&st.writers), [1, 2]);
+        let mut st = AccessState::<S>::default();
+        st.commit(
+            &[(1, Access::Write), (2, Access::Write)],
+            S,
+            &mut Grave::new(),
+        );
+        st.readers.push(S(2));
+        st.reads_become_writes();
+        assert_eq!(AccessState::ids(&st.writers), [1, 2]);
+        assert!(st.readers.is_empty());
     }
 
     #[test]

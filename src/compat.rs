@@ -341,13 +341,28 @@ pub(crate) static MEM_PREFETCH_ASYNC_V2: EntryPoint = EntryPoint::new(
     DriverVersion::MINIMUM,
 );
 
+/// `cuLaunchKernelEx` (CUDA 12.0, below the floor; looked up so launches with
+/// attributes never go through cudarc's loader).
+pub(crate) static LAUNCH_KERNEL_EX: EntryPoint = EntryPoint::new(
+    c"cuLaunchKernelEx",
+    "cuLaunchKernelEx",
+    DriverVersion::MINIMUM,
+);
+/// `cuOccupancyMaxActiveClusters` (CUDA 12.0, below the floor; as above).
+pub(crate) static OCCUPANCY_MAX_ACTIVE_CLUSTERS: EntryPoint = EntryPoint::new(
+    c"cuOccupancyMaxActiveClusters",
+    "cuOccupancyMaxActiveClusters",
+    DriverVersion::MINIMUM,
+);
 /// Every entry point gpubind resolves by version (docs/compat.md lists the same).
-pub(crate) static ENTRY_POINTS: [&EntryPoint; 5] = [
+pub(crate) static ENTRY_POINTS: [&EntryPoint; 7] = [
     &EVENT_ELAPSED_TIME_V2,
     &EVENT_ELAPSED_TIME,
     &FUNC_GET_PARAM_INFO,
     &MEM_ADVISE_V2,
     &MEM_PREFETCH_ASYNC_V2,
+    &LAUNCH_KERNEL_EX,
+    &OCCUPANCY_MAX_ACTIVE_CLUSTERS,
 ];
 
 /// One version-dependent driver entry point, as gpubind finds it on this driver.

@@ -8,6 +8,7 @@
 //! | pinned host (`cuMemHostAlloc`) | [`PinnedHostBuffer`](crate::PinnedHostBuffer) | `Pinned` |
 //! | registered host (`cuMemHostRegister`) | [`RegisteredHost`](crate::RegisteredHost) | `Registered` |
 //! | device (`cuMemAlloc`) | [`DeviceSlice`], views | `Device` |
+//! | a module's `__device__` / `__constant__` variable | [`ModuleGlobal`] | `Device` |
 //! | managed (`cuMemAllocManaged`) | [`ManagedSlice`](crate::ManagedSlice) | `Managed` |
 //! | imported DLPack tensor | [`ImportedTensor`](crate::dlpack::ImportedTensor) | by its device type |
 //!
@@ -102,6 +103,7 @@ use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::Result;
+use crate::global::ModuleGlobal;
 #[cfg(feature = "ipc")]
 use crate::ipc::{ImportedSlice, LegacySlice, PoolSlice};
 use crate::memory::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, expect_len};
@@ -264,6 +266,7 @@ device_kinds! {
     DeviceSlice, mut;
     DeviceView<'a>, const;
     DeviceViewMut<'a>, mut;
+    ModuleGlobal, mut;
 }
 #[cfg(feature = "ipc")]
 device_kinds! {

@@ -254,6 +254,43 @@ pub enum Error {
         limit: u64,
     },
 
+    /// [`Module::global`](crate::Module::global) for a name the module does not define
+    /// (`cuModuleGetGlobal_v2` answers `CUDA_ERROR_NOT_FOUND`).
+    #[error(
+        "the module has no global `{name}` (a `__device__` or `__constant__` variable at namespace scope; C++ names inside a namespace or class are mangled)"
+    )]
+    GlobalNotFound {
+        /// The name looked up.
+        name: String,
+    },
+
+    /// [`Module::global`](crate::Module::global) with an element type that does not fit
+    /// the symbol: its size is not a whole, non-zero number of elements, or its address
+    /// is not aligned for the element type.
+    #[error("global `{name}` cannot be viewed as {element}: {reason}")]
+    GlobalType {
+        /// The symbol's name.
+        name: String,
+        /// The element type asked for.
+        element: &'static str,
+        /// What does not fit, with both sizes (or the address and alignment).
+        reason: String,
+    },
+
+    /// A cluster launch whose grid is not a whole number of clusters in some dimension
+    /// (`CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`), refused before the driver is called.
+    #[error(
+        "kernel `{kernel}`: grid {grid:?} is not a whole number of clusters of {cluster:?} blocks (each grid dimension must be a multiple of the cluster's)"
+    )]
+    ClusterGrid {
+        /// Kernel name.
+        kernel: String,
+        /// The grid, in blocks.
+        grid: (u32, u32, u32),
+        /// The cluster, in blocks.
+        cluster: (u32, u32, u32),
+    },
+
     /// A stream priority outside the device's range
     /// ([`BoundDevice::stream_priority_range`](crate::BoundDevice::stream_priority_range)),
     /// refused rather than clamped by the driver as `cuStreamCreateWithPriority` would.

@@ -363,7 +363,14 @@ impl<'b> BoundStream<'b> {
         // This stream waits for the buffer's conflicting pending uses; the lend is
         // recorded as the buffer's latest use when `_claim` drops, after `lent` (declared
         // later, so dropped first, on unwinding too) has ordered cudarc's work before it.
-        let _claim = self.claim_mut(buf.tracker_mut(), access)?;
+        let tracker = buf.tracker_mut().ok_or_else(|| {
+            Error::InvalidArgument(
+                "a module global cannot be lent to cudarc (the module's launches share its \
+                 tracker); copy it into a DeviceSlice and lend that"
+                    .into(),
+            )
+        })?;
+        let _claim = self.claim_mut(tracker, access)?;
         let slice = std::panic::catch_unwind(|| {
             // SAFETY: `ptr` holds `len` elements of `T` of this device's primary context
             // (cstream's context, checked when the stream was shared), initialised as a

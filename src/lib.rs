@@ -97,6 +97,7 @@ pub mod dlpack;
 pub mod driver;
 pub mod error;
 mod faults;
+pub mod global;
 pub mod graph;
 pub mod host;
 mod image;
@@ -104,6 +105,7 @@ pub mod interop;
 #[cfg(feature = "ipc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub mod ipc;
+pub mod launch;
 pub mod libs;
 pub mod managed;
 pub mod memory;
@@ -133,6 +135,7 @@ pub use device::{Device, DeviceAttribute, Uuid};
 pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
 pub use driver::{driver_available, init};
 pub use error::{DriverErrorCode, Error, Result};
+pub use global::ModuleGlobal;
 pub use graph::{Capture, CaptureLaunch, Graph, GraphExec};
 pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
 #[cfg(feature = "ipc")]
@@ -141,6 +144,7 @@ pub use ipc::{
     BufferHandle, ImportedPool, ImportedSlice, LegacyIpcHandle, LegacySlice, MemoryPool,
     PoolConfig, PoolHandle, PoolSlice,
 };
+pub use launch::{ClusterScheduling, LaunchExBuilder};
 pub use managed::{Advice, Location, ManagedSlice};
 pub use memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, MemsetValue,

@@ -196,11 +196,18 @@ pub trait DeviceMemory<T>: private::Sealed {
     }
 }
 
-/// Device memory that may be written: [`DeviceSlice`] and [`DeviceViewMut`].
+/// Device memory that may be written: [`DeviceSlice`], [`DeviceViewMut`], and the
+/// other writable kinds (managed, pool and imported slices, module globals).
 pub trait DeviceMemoryMut<T>: DeviceMemory<T> {
     /// The allocation's tracker, held exclusively: a claim through it needs no lock.
+    /// `None` for memory whose tracker is shared ([`ModuleGlobal`](crate::ModuleGlobal)).
     #[doc(hidden)]
-    fn tracker_mut(&mut self) -> &mut AccessTracker;
+    fn tracker_mut(&mut self) -> Option<&mut AccessTracker>;
+    /// Whether the tracker is shared (`tracker_mut` is `None`): claims go through its lock.
+    #[doc(hidden)]
+    fn shares_tracker(&self) -> bool {
+        false
+    }
 }
 
 pub(crate) use private::Sealed as Tracked;
@@ -304,8 +311,8 @@ macro_rules! impl_device_memory {
     };
     (@mut mut $ty:ident $(<$lt:lifetime>)?) => {
         impl<$($lt,)? T: DeviceRepr> DeviceMemoryMut<T> for $ty<$($lt,)? T> {
-            fn tracker_mut(&mut self) -> &mut $crate::access::AccessTracker {
-                &mut self.tracker
+            fn tracker_mut(&mut self) -> Option<&mut $crate::access::AccessTracker> {
+                Some(&mut self.tracker)
             }
         }
     };
@@ -434,7 +441,6 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     }
 
     /// The tracker, for callers that hold the slice exclusively.
-    #[cfg(any(feature = "dlpack", feature = "ipc"))]
     pub(crate) fn tracker_mut(&mut self) -> &mut AccessTracker {
         &mut self.tracker
     }

@@ -59,6 +59,11 @@
 //! [`Function::max_potential_block_size`] are the driver's occupancy calculator.
 //! The device limits are read once per [`Device`], the kernel's at
 //! [`Module::function`]: a launch pays a few compares.
+//!
+//! A module's `__device__` and `__constant__` variables are typed device memory through
+//! [`Module::global`] ([`crate::global`]); cooperative, cluster and prioritised launches
+//! are [`LaunchBuilder::cooperative`], [`LaunchBuilder::cluster`] and
+//! [`LaunchBuilder::priority`] ([`crate::launch`]).
 
 use crate::access::{self, Access, AccessTracker, Use};
 use crate::context::BoundDevice;
@@ -75,11 +80,33 @@ use std::sync::Arc;
 /// Loaded device code of one device.
 pub struct Module {
     device: Arc<Device>,
-    raw: sys::CUmodule,
-    /// The streams its kernels were launched on (as reads: launches stay concurrent), so
-    /// the unload waits for them.
-    launches: AccessTracker,
+    pub(crate) raw: sys::CUmodule,
+    /// The loaded image, shared with the module's globals ([`Module::global`]): unloaded
+    /// when the module and every global view of it are gone, after their pending uses.
+    pub(crate) loaded: Arc<Loaded>,
+    /// Set by the first [`Module::global`] (under `&mut self`, so no launch of this
+    /// module is being built meanwhile): from then on each launch claims
+    /// `loaded.uses` as a write, since any kernel of the module may write any of its
+    /// globals without being passed them.
+    pub(crate) globals: bool,
 }
+
+/// A loaded `CUmodule`: what [`Module`] and its globals ([`ModuleGlobal`](crate::ModuleGlobal))
+/// share, and whose drop unloads it.
+pub(crate) struct Loaded {
+    pub(crate) device: Arc<Device>,
+    raw: sys::CUmodule,
+    /// The pending uses of the module: its launches (as reads while it has no global
+    /// views: launches stay concurrent; as writes once it has), and the copies and
+    /// launches that name one of its globals. The unload waits for all of them.
+    pub(crate) uses: AccessTracker,
+}
+
+// SAFETY: a CUmodule handle is a thread-agnostic identifier; it is unloaded once, in
+// `Drop`, with its own context pushed.
+unsafe impl Send for Loaded {}
+// SAFETY: as above; `Loaded` itself is only read (the tracker has its own lock).
+unsafe impl Sync for Loaded {}
 
 impl std::fmt::Debug for Module {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -114,6 +141,11 @@ pub struct Function<'m> {
     params: Option<Vec<usize>>,
     /// The kernel's own launch limits, read once at lookup.
     limits: FunctionLimits,
+    /// The module's tracker (`Loaded::uses`), borrowed from it.
+    uses: &'m AccessTracker,
+    /// Whether the module had global views at lookup. It cannot change while this
+    /// `Function` lives: [`Module::global`] takes `&mut Module`, this borrows it.
+    globals: bool,
 }
 
 impl std::fmt::Debug for Function<'_> {
@@ -143,7 +175,10 @@ pub(crate) struct FunctionLimits {
 }
 
 /// `cuFuncGetAttribute`. The function's context must be current.
-fn func_attribute(func: sys::CUfunction, attr: sys::CUfunction_attribute) -> Result<u32> {
+pub(crate) fn func_attribute(
+    func: sys::CUfunction,
+    attr: sys::CUfunction_attribute,
+) -> Result<u32> {
     let mut v = 0;
     // SAFETY: a valid function handle of the current context; writes one int.
     unsafe { sys::cuFuncGetAttribute(&mut v, attr, func) }.check("cuFuncGetAttribute")?;
@@ -175,6 +210,8 @@ impl Module {
             raw,
             name: name.to_owned(),
             interned: crate::poison::intern(name),
+            uses: &self.loaded.uses,
+            globals: self.globals,
             params: param_sizes(raw),
             limits,
         })
@@ -190,11 +227,11 @@ impl Module {
     }
 }
 
-impl Drop for Module {
+impl Drop for Loaded {
     fn drop(&mut self) {
-        // Unload only once no launched kernel can still run; if that cannot be known (a
-        // faulted context), leak the module instead (and log it).
-        let waited = self.launches.wait_all();
+        // Unload only once no launched kernel (and no copy of a global) can still run; if
+        // that cannot be known (a faulted context), leak the module instead (and log it).
+        let waited = self.uses.wait_all();
         let raw = self.raw as usize;
         crate::faults::release_bounded(
             format_args!("a Module"),
@@ -203,8 +240,10 @@ impl Drop for Module {
             "cuModuleUnload",
             Box::new(move || {
                 // SAFETY: loaded in this context (current while this runs), unloaded once
-                // here, after every kernel launched from it has finished (run only after
-                // the wait succeeded); no Function outlives the module (they borrow it).
+                // here, after every kernel launched from it and every copy of one of its
+                // globals has finished (run only after the wait succeeded); no Function
+                // outlives the module (they borrow it), and no global view outlives this
+                // `Loaded` (each holds the Arc).
                 unsafe { sys::cuModuleUnload(raw as sys::CUmodule) }
             }),
         );
@@ -245,6 +284,16 @@ impl<'m> Function<'m> {
     /// The module this function belongs to.
     pub fn module(&self) -> &'m Module {
         self.module
+    }
+
+    /// The raw handle, for gpubind's own calls (valid while the module lives).
+    pub(crate) fn raw_handle(&self) -> sys::CUfunction {
+        self.raw
+    }
+
+    /// The kernel's launch limits read at lookup.
+    pub(crate) fn limits(&self) -> &FunctionLimits {
+        &self.limits
     }
 
     /// Parameter sizes in bytes, if the driver reports them.
@@ -425,7 +474,11 @@ impl<'m> Function<'m> {
 }
 
 /// See [`Function::max_active_blocks_per_sm`].
-fn check_block_size(kernel: &str, block_size: u32, limits: &FunctionLimits) -> Result<()> {
+pub(crate) fn check_block_size(
+    kernel: &str,
+    block_size: u32,
+    limits: &FunctionLimits,
+) -> Result<()> {
     if block_size == 0 {
         return Err(Error::InvalidArgument(format!(
             "kernel `{kernel}`: an occupancy query for blocks of 0 threads"
@@ -503,7 +556,7 @@ impl LaunchConfig {
         }
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let (g, b) = (self.grid_dim, self.block_dim);
         if [g.0, g.1, g.2, b.0, b.1, b.2].contains(&0) {
             return Err(Error::InvalidArgument(format!(
@@ -715,9 +768,9 @@ pub(crate) use memory_arg;
 /// Builds one kernel launch; see [`BoundStream::launch`].
 #[must_use = "a launch does nothing until `.launch()` is called"]
 pub struct LaunchBuilder<'s, 'a> {
-    stream: &'s BoundStream<'s>,
-    func: &'s Function<'s>,
-    cfg: LaunchConfig,
+    pub(crate) stream: &'s BoundStream<'s>,
+    pub(crate) func: &'s Function<'s>,
+    pub(crate) cfg: LaunchConfig,
     args: ArgPtrs,
     /// The first argument of another device (or the module's device mismatch). Boxed,
     /// like `size_error`: the builder is moved at every `arg`, and errors are rare.
@@ -896,9 +949,18 @@ impl<'m> Function<'m> {
     }
 
     /// The module's tracker of the streams its kernels run on (its unload waits for
-    /// them): graph launches record themselves there too.
-    pub(crate) fn module_launches(&self) -> &'m AccessTracker {
-        &self.module.launches
+    /// them), and how a launch uses it: a write when the module has global views (any of
+    /// its kernels may write a global without being passed it), else a read. Graph
+    /// launches record themselves there too.
+    pub(crate) fn module_use(&self) -> (&'m AccessTracker, Access) {
+        (
+            self.uses,
+            if self.globals {
+                Access::Write
+            } else {
+                Access::Read
+            },
+        )
     }
 
     /// The name as recorded for [`Error::ContextPoisoned`].
@@ -995,7 +1057,10 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// * The arguments must have the types the kernel declares (gpubind checks the count
     ///   and byte sizes where the driver reports them, i.e. from CUDA 12.4; never the
     ///   types).
-    /// * The kernel must only access memory inside the buffers passed to it.
+    /// * The kernel must only access memory inside the buffers passed to it, and the
+    ///   globals of its own module (never writing a `__constant__` one through a
+    ///   pointer): gpubind orders those against their views' uses (see
+    ///   [`Module::global`]).
     /// * gpubind's device, pool and managed buffers passed as arguments need nothing
     ///   more: the launch is ordered after their pending uses, and their later uses and
     ///   frees are ordered after the kernel. Any *other* memory the kernel reaches — device
@@ -1009,6 +1074,23 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     ///   `&mut`: a shared one may be read by the host through
     ///   [`as_slice`](crate::ManagedSlice::as_slice) while the launch is enqueued.
     pub unsafe fn launch(&mut self) -> Result<()> {
+        // SAFETY: the caller's contract is this function's; `Plain` enqueues the kernel
+        // with exactly what it is given.
+        unsafe { self.enqueue(Plain) }
+    }
+
+    /// The path every launch takes, ordinary or with attributes ([`crate::launch`]): the
+    /// configuration and argument checks, then `driver.check` (the attributes' own
+    /// checks, before anything is claimed), then the claim of the buffer arguments (and
+    /// of the module's tracker once it has global views), then `driver.call`, with the
+    /// claim held. Inlined into each caller, so the ordinary launch compiles to what it
+    /// was.
+    ///
+    /// # Safety
+    ///
+    /// [`launch`](Self::launch)'s contract.
+    #[inline(always)]
+    pub(crate) unsafe fn enqueue(&mut self, driver: impl DriverLaunch) -> Result<()> {
         if let Some(e) = &self.error {
             return Err((**e).clone());
         }
@@ -1043,9 +1125,14 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         if let Some(e) = &self.size_error {
             return Err((**e).clone());
         }
+        driver.check(self)?;
         // Claim the buffers from before the enqueue until after it: the launch is ordered
         // after their pending uses, and recorded as their latest.
         self.stream.ensure_stream_context()?;
+        if self.func.globals {
+            // SAFETY: forwarded: this function's contract.
+            return unsafe { self.enqueue_claiming_globals(driver) };
+        }
         let tracked = &self.tracked;
         let n = tracked.n + tracked.spill.len();
         // Initialised only when there is something to claim (the common empty or
@@ -1080,38 +1167,136 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         }
         // The module's unload waits for this launch (the launch borrows the module, so the
         // unload cannot race the enqueue).
-        self.func.module.launches.note_read(self.stream.slot());
+        self.func.uses.note_read(self.stream.slot());
+        // SAFETY: forwarded (the claim is held until this returns).
+        unsafe { self.call_driver(driver) }
+    }
+
+    /// [`enqueue`](Self::enqueue)'s claim for a module with global views (its kernels
+    /// may write them without being passed them): the module's tracker is claimed as a
+    /// write together with the buffers, in the one sorted claim (which records the
+    /// launch; no `note_read`). Kept out of the ordinary path.
+    ///
+    /// # Safety
+    ///
+    /// As for `enqueue`; the stream context is checked.
+    #[cold]
+    #[inline(never)]
+    unsafe fn enqueue_claiming_globals(&mut self, driver: impl DriverLaunch) -> Result<()> {
+        let tracked = &self.tracked;
+        let n = tracked.n + tracked.spill.len() + 1;
+        let module = Some((self.func.uses, Access::Write));
+        let mut inline_uses: [Use<'_>; INLINE_ARGS];
+        let mut inline_locks: access::Locks<'_, INLINE_ARGS>;
+        let _claim_inline;
+        let _claim_spilled;
+        if n <= INLINE_ARGS {
+            inline_uses = tracked.uses_array::<INLINE_ARGS>();
+            inline_uses[n - 1] = module;
+            inline_locks = access::locks::<INLINE_ARGS>();
+            _claim_inline = access::claim(
+                self.stream.slot(),
+                &mut inline_uses[..n],
+                &mut inline_locks[..n],
+            )?;
+        } else {
+            let mut uses: Vec<Use<'_>> = tracked.uses().collect();
+            uses.push(module);
+            let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
+            _claim_spilled = access::claim(self.stream.slot(), &mut uses, locks)?;
+        }
+        // SAFETY: forwarded (the claim is held until this returns).
+        unsafe { self.call_driver(driver) }
+    }
+
+    /// The last step of every launch, with its claim held: notes the kernel for
+    /// `Error::ContextPoisoned`, then enqueues it.
+    ///
+    /// # Safety
+    ///
+    /// As for [`enqueue`](Self::enqueue), with the launch's buffers claimed.
+    #[inline(always)]
+    unsafe fn call_driver<D: DriverLaunch>(&mut self, driver: D) -> Result<()> {
         // Named in the error if this kernel poisons the context.
         self.stream
             .bound()
             .device()
             .poison_state()
             .launching(self.func.interned);
-        let LaunchConfig {
-            grid_dim: g,
-            block_dim: b,
-            shared_mem_bytes,
-        } = self.cfg;
-        // SAFETY: the function belongs to the bound (current) context; each arg pointer
-        // points at a value borrowed for 'a, which outlives this call; the driver copies
-        // the parameter bytes before returning. Memory safety of the kernel itself is the
-        // caller's contract.
+        // SAFETY: the stream's handle, valid while it is borrowed.
+        let stream = unsafe { self.stream.raw() };
+        // SAFETY: `DriverLaunch::call`'s contract: the function belongs to the bound
+        // (current) context and the stream to it; each arg pointer points at a value
+        // borrowed for 'a, which outlives this call (the driver copies the parameter bytes
+        // before returning); the buffers are claimed (the caller's). Memory safety of the
+        // kernel itself is the caller's contract.
+        let status =
+            unsafe { driver.call(self.func.raw, &self.cfg, stream, self.args.as_mut_ptr()) };
+        status.check_on(self.stream.bound().device(), D::NAME)
+    }
+}
+
+/// The driver call that ends a launch, and the checks it needs first: [`Plain`]
+/// (`cuLaunchKernel`) or a launch with attributes (`cuLaunchKernelEx`, [`crate::launch`]).
+/// A trait rather than closures so that the ordinary launch inlines it.
+pub(crate) trait DriverLaunch {
+    /// The entry point, for errors.
+    const NAME: &'static str;
+    /// Checks beyond the ordinary launch's, before anything is claimed.
+    fn check(&self, launch: &LaunchBuilder<'_, '_>) -> Result<()>;
+    /// Enqueues `func` with `cfg` on `stream` with `params`.
+    ///
+    /// # Safety
+    ///
+    /// `func` and `stream` belong to the current context; `params` points to one valid
+    /// pointer per kernel parameter, each to that parameter's bytes, alive for the call;
+    /// the launch's buffers are claimed; the kernel's own conduct is
+    /// [`LaunchBuilder::launch`]'s contract. Implementations enqueue exactly this.
+    unsafe fn call(
+        self,
+        func: sys::CUfunction,
+        cfg: &LaunchConfig,
+        stream: sys::CUstream,
+        params: *mut *mut c_void,
+    ) -> sys::CUresult;
+}
+
+/// The ordinary launch: `cuLaunchKernel`, nothing more to check.
+pub(crate) struct Plain;
+
+impl DriverLaunch for Plain {
+    const NAME: &'static str = "cuLaunchKernel";
+
+    #[inline(always)]
+    fn check(&self, _: &LaunchBuilder<'_, '_>) -> Result<()> {
+        Ok(())
+    }
+
+    #[inline(always)]
+    unsafe fn call(
+        self,
+        func: sys::CUfunction,
+        cfg: &LaunchConfig,
+        stream: sys::CUstream,
+        params: *mut *mut c_void,
+    ) -> sys::CUresult {
+        // SAFETY: the trait's contract: a function and stream of the current context,
+        // parameters alive for the call (the driver copies them before returning).
         unsafe {
             sys::cuLaunchKernel(
-                self.func.raw,
-                g.0,
-                g.1,
-                g.2,
-                b.0,
-                b.1,
-                b.2,
-                shared_mem_bytes,
-                self.stream.raw(),
-                self.args.as_mut_ptr(),
+                func,
+                cfg.grid_dim.0,
+                cfg.grid_dim.1,
+                cfg.grid_dim.2,
+                cfg.block_dim.0,
+                cfg.block_dim.1,
+                cfg.block_dim.2,
+                cfg.shared_mem_bytes,
+                stream,
+                params,
                 std::ptr::null_mut(),
             )
         }
-        .check_on(self.stream.bound().device(), "cuLaunchKernel")
     }
 }
 
@@ -1169,7 +1354,12 @@ impl<'a> BoundDevice<'a> {
         Ok(Module {
             device: Arc::clone(self.device()),
             raw,
-            launches: AccessTracker::default(),
+            loaded: Arc::new(Loaded {
+                device: Arc::clone(self.device()),
+                raw,
+                uses: AccessTracker::default(),
+            }),
+            globals: false,
         })
     }
 

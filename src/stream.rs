@@ -44,8 +44,8 @@ use crate::access::{self, Access, AccessTracker, Claim, Locks, StreamInner, Stre
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
-use crate::error::Result;
-use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, MemsetValue, expect_len};
+use crate::error::{Error, Result};
+use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, MemsetValue, Tracked, expect_len};
 use cudarc::driver::sys;
 use std::sync::Arc;
 
@@ -248,7 +248,7 @@ impl Event {
     }
 
     /// Milliseconds between `self` and `end`, both recorded with timing enabled and
-    /// complete. Events of different devices give [`Error::WrongDevice`](crate::Error::WrongDevice).
+    /// complete. Events of different devices give [`Error::WrongDevice`].
     ///
     /// Calls `cuEventElapsedTime_v2` on drivers from CUDA 12.8 and the original
     /// `cuEventElapsedTime` before (both looked up by version, see `docs/compat.md`).
@@ -376,7 +376,7 @@ impl<'a> BoundDevice<'a> {
     /// priority stream is scheduled first where both are pending; it does not preempt
     /// running blocks.
     ///
-    /// A priority outside the device's range is [`Error::StreamPriority`](crate::Error::StreamPriority)
+    /// A priority outside the device's range is [`Error::StreamPriority`]
     /// (the driver would clamp it silently).
     ///
     /// ```no_run
@@ -455,7 +455,7 @@ impl<'a> BoundDevice<'a> {
         }
     }
 
-    /// `stream`, ready to take work; [`Error::WrongDevice`](crate::Error::WrongDevice) if it belongs to another device.
+    /// `stream`, ready to take work; [`Error::WrongDevice`] if it belongs to another device.
     pub fn on<'s>(&'s self, stream: &'s Stream) -> Result<BoundStream<'s>> {
         self.expect_device("stream", stream.device())?;
         Ok(BoundStream {
@@ -471,6 +471,13 @@ impl<'a> BoundDevice<'a> {
         unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }
             .check_on(self.device(), "cuStreamSynchronize")
     }
+}
+
+/// The claim of a written destination: see [`BoundStream::claim_write`]. Held until the
+/// write is enqueued; records it when dropped.
+pub(crate) enum WriteClaim<'t, 'b> {
+    Exclusive(#[allow(dead_code)] access::ExclusiveClaim<'t, 'b>),
+    Shared(#[allow(dead_code)] Claim<'t, 'b, Locks<'t, 1>>),
 }
 
 impl<'b> BoundStream<'b> {
@@ -499,6 +506,28 @@ impl<'b> BoundStream<'b> {
     ) -> Result<access::ExclusiveClaim<'t, 'b>> {
         self.ensure_stream_context()?;
         access::claim_exclusive(self.slot, tracker, access)
+    }
+
+    /// Claims the destination of a write: exclusively (no lock) where `dst` holds its
+    /// tracker alone, through the tracker's lock where it shares it (a module global).
+    pub(crate) fn claim_write<'t, T>(
+        &self,
+        dst: &'t mut (impl DeviceMemoryMut<T> + ?Sized),
+    ) -> Result<WriteClaim<'t, 'b>> {
+        if dst.shares_tracker() {
+            let dst: &'t _ = dst;
+            return Ok(WriteClaim::Shared(
+                self.claim([Some((Tracked::tracker(dst), Access::Write))])?,
+            ));
+        }
+        match dst.tracker_mut() {
+            Some(tracker) => Ok(WriteClaim::Exclusive(
+                self.claim_mut(tracker, Access::Write)?,
+            )),
+            None => Err(Error::InvalidArgument(
+                "memory without a tracker of its own must report shares_tracker".into(),
+            )),
+        }
     }
 
     /// The context check a stream-ordered operation needs. None on a gpubind [`Stream`]:
@@ -561,7 +590,7 @@ impl<'b> BoundStream<'b> {
             return Ok(());
         }
         let (ptr, bytes) = (dst.device_ptr(), dst.num_bytes());
-        let _claim = self.claim_mut(dst.tracker_mut(), Access::Write)?;
+        let _claim = self.claim_write(dst)?;
         // SAFETY: current context; in-bounds range of a live allocation, whose other uses
         // are ordered before this one (tracked above) and whose free waits for it.
         unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, self.slot.raw()) }
@@ -594,7 +623,7 @@ impl<'b> BoundStream<'b> {
             return Ok(());
         }
         let (ptr, len) = (dst.device_ptr(), dst.len());
-        let _claim = self.claim_mut(dst.tracker_mut(), Access::Write)?;
+        let _claim = self.claim_write(dst)?;
         // SAFETY: stream of the bound device (context checked by the claim); in-bounds
         // range of a live allocation, whose other uses are ordered before this one
         // (tracked above) and whose free waits for it.
@@ -624,7 +653,7 @@ impl<'b> BoundStream<'b> {
         // `src` and `dst` are different allocations (one is borrowed mutably).
         let dst_ptr = dst.device_ptr();
         let _read = self.claim([Some((src.tracker(), Access::Read))])?;
-        let _write = self.claim_mut(dst.tracker_mut(), Access::Write)?;
+        let _write = self.claim_write(dst)?;
         // SAFETY: current context; live allocations whose other uses are ordered around
         // this one (tracked above) and whose frees wait for it.
         unsafe {
@@ -653,7 +682,7 @@ impl<'b> BoundStream<'b> {
             return Ok(());
         }
         let dst_ptr = dst.device_ptr();
-        let _claim = self.claim_mut(dst.tracker_mut(), Access::Write)?;
+        let _claim = self.claim_write(dst)?;
         // SAFETY: current context; sizes match; `dst` is tracked; the caller keeps `src`
         // alive as documented.
         unsafe {

@@ -19,6 +19,7 @@ assert_impl_all!(gpubind::Graph<'static>: Send);
 assert_not_impl_any!(gpubind::Graph<'static>: Sync);
 assert_impl_all!(gpubind::GraphExec<'static>: Send);
 assert_not_impl_any!(gpubind::GraphExec<'static>: Sync);
+assert_not_impl_any!(LaunchExBuilder<'static, 'static>: Send, Sync);
 
 // Devices and resources are shared freely.
 assert_impl_all!(Device: Send, Sync);
@@ -31,6 +32,9 @@ assert_impl_all!(Stream: Send, Sync);
 assert_impl_all!(Event: Send, Sync);
 assert_impl_all!(Module: Send, Sync);
 assert_impl_all!(Function<'static>: Send, Sync, Clone);
+assert_impl_all!(ModuleGlobal<f32>: Send, Sync, Clone, Debug);
+assert_impl_all!(ModuleGlobal<[u64; 2]>: CopySource<[u64; 2]>, CopyDest<[u64; 2]>, DeviceMemoryMut<[u64; 2]>, KernelArg, DeviceOnlyMemory);
+assert_impl_all!(ClusterScheduling: Debug, Copy, Eq, Default);
 assert_impl_all!(Error: Send, Sync, Clone, std::error::Error);
 
 // Every public type is `Debug` (handles print their device and identity, never memory
@@ -53,6 +57,7 @@ assert_impl_all!(Event: Debug);
 assert_impl_all!(Module: Debug);
 assert_impl_all!(Function<'static>: Debug);
 assert_impl_all!(LaunchBuilder<'static, 'static>: Debug);
+assert_impl_all!(LaunchExBuilder<'static, 'static>: Debug);
 assert_impl_all!(LaunchConfig: Debug);
 assert_impl_all!(Output: Debug);
 assert_impl_all!(DeviceSlice<f32>: Debug);

@@ -566,9 +566,10 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
         for &t in &self.buffers {
             self.capture.record(t, Access::Write);
         }
-        // The module's unload waits for the graph's launches.
-        self.capture
-            .record(self.func.module_launches(), Access::Read);
+        // The module's unload waits for the graph's launches; with global views, the
+        // launches are ordered against the globals' other uses like a write.
+        let (module, access) = self.func.module_use();
+        self.capture.record(module, access);
         self.capture.session.borrow_mut().uses.last_kernel = Some(self.func.interned());
         let LaunchConfig {
             grid_dim: g,

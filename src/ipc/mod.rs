@@ -318,8 +318,8 @@ macro_rules! foreign_slice {
         }
 
         impl<T: $crate::memory::DeviceRepr> $crate::memory::DeviceMemoryMut<T> for $ty<T> {
-            fn tracker_mut(&mut self) -> &mut $crate::access::AccessTracker {
-                self.slice.tracker_mut()
+            fn tracker_mut(&mut self) -> Option<&mut $crate::access::AccessTracker> {
+                Some(self.slice.tracker_mut())
             }
         }
 
