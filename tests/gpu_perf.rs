@@ -107,7 +107,18 @@ fn every_per_op_row_is_measured() -> Result<(), String> {
         "1 GPU: re-bind same ctx",
     ] {
         let r = row(label)?;
-        ensure!(r.len() == 7, "{label}: {r:?}");
+        // measurement, gpubind, cudarc, raw, gpubind/raw, paired /raw (min–max),
+        // gpubind/cudarc, goal.
+        ensure!(r.len() == 8, "{label}: {r:?}");
+        let paired: f64 = r[5]
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("{label}: paired ratio {:?}", r[5]))?;
+        ensure!(
+            paired.is_finite() && paired > 0.0,
+            "{label}: paired ratio {paired}"
+        );
         for cell in &r[1..4] {
             let v = ns(cell).map_err(|e| format!("{label}: {e}"))?;
             ensure!(v > 0.0 && v < 1e7, "{label}: implausible {v} ns");
