@@ -19,14 +19,25 @@
 //! assert_eq!(gpu.dtoh(&c)?, [4.0, 5.0, 10.0, 11.0]);
 //! # Ok(()) }
 //! ```
+//!
+//! Each handle owns a workspace (device memory, 32 MiB on Hopper and later, 4 MiB
+//! before, as NVIDIA recommends) that it gives cuBLAS before every product
+//! (`cublasSetWorkspace_v2`), so cuBLAS never allocates its own. Every product claims the
+//! workspace as written: products of one handle on different streams run one after the
+//! other (use a handle per stream for concurrency). Products can also be captured into a
+//! CUDA graph ([`Capture::matmul`]); the graph then keeps the workspace alive, not the
+//! handle.
 
-use crate::access::Access;
+use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
+use crate::copy::DeviceOnlyMemory;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::graph::{Capture, Owned};
 use crate::libs::{self, CublasHandle};
-use crate::memory::{DeviceMemory, DeviceMemoryMut, expect_len};
+use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceSlice, Tracked, expect_len};
 use crate::stream::BoundStream;
+use cudarc::driver::sys;
 use std::sync::Arc;
 
 /// A cuBLAS handle of one device.
@@ -36,6 +47,33 @@ use std::sync::Arc;
 pub struct Blas {
     device: Arc<Device>,
     handle: CublasHandle,
+    /// The handle's workspace (`cublasSetWorkspace_v2`), set before every product: cuBLAS
+    /// then never allocates one of its own, which a graph capture cannot have. Shared
+    /// with the graphs whose products use it.
+    workspace: Arc<Workspace>,
+}
+
+/// A cuBLAS workspace: device memory the products of one [`Blas`] (eager and captured)
+/// use as scratch. Every product claims it as written, so products of one handle on
+/// different streams, and launches of graphs that captured them, are ordered around it.
+struct Workspace {
+    buf: DeviceSlice<u8>,
+}
+
+impl Owned for Workspace {
+    fn tracker(&self) -> &AccessTracker {
+        Tracked::tracker(&self.buf)
+    }
+}
+
+/// The workspace size NVIDIA recommends for cuBLAS (`cublasSetWorkspace`): 32 MiB on
+/// Hopper (compute capability 9.x) and later, 4 MiB before.
+fn workspace_bytes(compute_capability: (u32, u32)) -> usize {
+    if compute_capability.0 >= 9 {
+        32 << 20
+    } else {
+        4 << 20
+    }
 }
 
 impl std::fmt::Debug for Blas {
@@ -102,12 +140,16 @@ impl<'a> BoundDevice<'a> {
     pub fn new_blas(&self) -> Result<Blas> {
         self.ensure_current()?;
         let api = libs::cublas()?;
+        let bytes = workspace_bytes(self.device().compute_capability()?);
+        // SAFETY: scratch that cuBLAS writes before it reads; never read by gpubind.
+        let buf = unsafe { self.alloc::<u8>(bytes)? };
         let mut handle: CublasHandle = std::ptr::null_mut();
         // SAFETY: the bound context is current; writes one handle.
         check(unsafe { (api.create)(&mut handle) }, "cublasCreate_v2")?;
         Ok(Blas {
             device: Arc::clone(self.device()),
             handle,
+            workspace: Arc::new(Workspace { buf }),
         })
     }
 }
@@ -173,22 +215,34 @@ fn dim(v: usize) -> Result<i32> {
         .map_err(|_| Error::InvalidArgument(format!("matrix dimension {v} exceeds i32")))
 }
 
-impl<'b> BoundStream<'b> {
-    /// Enqueues a row-major f32 matrix product (cuBLAS SGEMM). Buffer lengths must be
-    /// exactly `m·k`, `k·n` and `m·n`; everything must live on the bound device.
-    pub fn matmul(
-        &self,
-        blas: &mut Blas,
+/// A checked product: buffer lengths match the shape; `None` when C is empty.
+struct Gemm {
+    m: i32,
+    n: i32,
+    k: i32,
+    lda: i32,
+    ldb: i32,
+}
+
+impl Gemm {
+    /// Checks the devices (against `device`) and the buffer lengths against `shape`.
+    fn check<A, B, C>(
+        device: &Device,
+        blas: &Blas,
         shape: &Matmul,
-        a: &impl DeviceMemory<f32>,
-        b: &impl DeviceMemory<f32>,
-        c: &mut impl DeviceMemoryMut<f32>,
-    ) -> Result<()> {
-        let bound = self.bound();
-        bound.expect_device("cuBLAS handle", blas.device())?;
-        bound.expect_device("matrix A", a.device())?;
-        bound.expect_device("matrix B", b.device())?;
-        bound.expect_device("matrix C", c.device())?;
+        a: &A,
+        b: &B,
+        c: &C,
+    ) -> Result<Option<Gemm>>
+    where
+        A: DeviceMemory<f32> + ?Sized,
+        B: DeviceMemory<f32> + ?Sized,
+        C: DeviceMemory<f32> + ?Sized,
+    {
+        device.expect_same("cuBLAS handle", blas.device())?;
+        device.expect_same("matrix A", a.device())?;
+        device.expect_same("matrix B", b.device())?;
+        device.expect_same("matrix C", c.device())?;
         let Matmul { m, n, k, .. } = *shape;
         let elems = |x: usize, y: usize| {
             x.checked_mul(y).ok_or_else(|| {
@@ -199,53 +253,207 @@ impl<'b> BoundStream<'b> {
         expect_len("matmul B (k·n)", elems(k, n)?, b.len())?;
         expect_len("matmul C (m·n)", elems(m, n)?, c.len())?;
         if m == 0 || n == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        // cuBLAS launches through the runtime, which uses the current context.
-        bound.ensure_current()?;
-        let _claim = self.claim([
-            Some((a.tracker(), Access::Read)),
-            Some((b.tracker(), Access::Read)),
-            Some((c.tracker(), Access::Write)),
-        ])?;
+        let lda = if shape.transpose_a { m } else { k };
+        let ldb = if shape.transpose_b { k } else { n };
+        Ok(Some(Gemm {
+            m: dim(m)?,
+            n: dim(n)?,
+            k: dim(k)?,
+            lda: dim(lda.max(1))?,
+            ldb: dim(ldb.max(1))?,
+        }))
+    }
+
+    /// Points `blas` at `stream` and its workspace, and enqueues the product there.
+    ///
+    /// # Safety
+    ///
+    /// `blas`'s context is current and `stream` is one of its streams (or null). The
+    /// addresses are live allocations of that context with the lengths `check` accepted,
+    /// and they and the workspace stay alive and unused by other streams until the
+    /// product has run (the caller's claim or the graph's).
+    unsafe fn enqueue(
+        &self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        stream: sys::CUstream,
+        (a, b, c): (u64, u64, u64),
+    ) -> Result<()> {
         // The library is loaded: `blas` was created through it.
         let api = libs::cublas()?;
         // cublasOperation_t: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
         let op = |t: bool| std::ffi::c_int::from(t);
-        // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the operands.
-        let lda = if shape.transpose_a { m } else { k };
-        let ldb = if shape.transpose_b { k } else { n };
-        let (m_, n_, k_) = (dim(n)?, dim(m)?, dim(k)?);
-        // SAFETY: the handle belongs to the current context (checked above); the stream
-        // is a valid stream of that context (or null for the default stream).
+        // SAFETY: the handle belongs to the current context (the caller's contract); the
+        // stream is a stream of that context (or null for the default stream).
         check(
-            unsafe { (api.set_stream)(blas.handle, self.raw().cast()) },
+            unsafe { (api.set_stream)(blas.handle, stream.cast()) },
             "cublasSetStream_v2",
         )?;
-        // SAFETY: all three buffers are live device allocations of the current context
-        // with exactly the element counts the dimensions imply (checked above), ordered
-        // after their other pending uses and freed only after this one (tracked above);
-        // alpha and beta are host scalars alive for the call (default pointer mode).
+        // cublasSetStream resets the handle to cuBLAS's own workspace pool: set ours
+        // after it, for this stream.
+        let ws = &blas.workspace.buf;
+        // SAFETY: a live allocation of the handle's context, 256-byte aligned (cuMemAlloc),
+        // of the size given; kept alive by the Blas (and by every graph that captured a
+        // product with it) and ordered by the claims on its tracker.
+        check(
+            unsafe { (api.set_workspace)(blas.handle, ws.device_ptr() as _, ws.len()) },
+            "cublasSetWorkspace_v2",
+        )?;
+        // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the operands.
+        // SAFETY: the caller's contract: live buffers with exactly the element counts the
+        // dimensions imply, ordered and kept alive; alpha and beta are host scalars alive
+        // for the call (default pointer mode), read during it.
         check(
             unsafe {
                 (api.sgemm)(
                     blas.handle,
                     op(shape.transpose_b),
                     op(shape.transpose_a),
-                    m_,
-                    n_,
-                    k_,
+                    self.n,
+                    self.m,
+                    self.k,
                     &shape.alpha,
-                    b.device_ptr() as *const f32,
-                    dim(ldb.max(1))?,
-                    a.device_ptr() as *const f32,
-                    dim(lda.max(1))?,
+                    b as *const f32,
+                    self.ldb,
+                    a as *const f32,
+                    self.lda,
                     &shape.beta,
-                    c.device_ptr() as *mut f32,
-                    dim(n)?,
+                    c as *mut f32,
+                    self.n,
                 )
             },
             "cublasSgemm_v2",
         )
+    }
+}
+
+impl<'b> BoundStream<'b> {
+    /// Enqueues a row-major f32 matrix product (cuBLAS SGEMM). Buffer lengths must be
+    /// exactly `m·k`, `k·n` and `m·n`; everything must live on the bound device.
+    ///
+    /// The product uses the handle's workspace, which every product of the handle claims
+    /// as written: products of one [`Blas`] on different streams run one after another
+    /// (use one handle per stream for concurrent products).
+    pub fn matmul(
+        &self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        a: &impl DeviceMemory<f32>,
+        b: &impl DeviceMemory<f32>,
+        c: &mut impl DeviceMemoryMut<f32>,
+    ) -> Result<()> {
+        let bound = self.bound();
+        let Some(gemm) = Gemm::check(bound.device(), blas, shape, a, b, c)? else {
+            return Ok(());
+        };
+        // cuBLAS launches through the runtime, which uses the current context.
+        bound.ensure_current()?;
+        let workspace = Arc::clone(&blas.workspace);
+        let _claim = self.claim([
+            Some((a.tracker(), Access::Read)),
+            Some((b.tracker(), Access::Read)),
+            Some((c.tracker(), Access::Write)),
+            Some((workspace.tracker(), Access::Write)),
+        ])?;
+        let ptrs = (a.device_ptr(), b.device_ptr(), c.device_ptr());
+        // SAFETY: the handle's context is current (checked above) and the stream is one
+        // of its streams; the buffers were checked against the shape and, with the
+        // workspace, are claimed for this stream until after the enqueue (their later
+        // uses and frees wait for it).
+        unsafe { gemm.enqueue(blas, shape, self.raw(), ptrs) }
+    }
+}
+
+impl<'c, 'buf> Capture<'c, 'buf> {
+    /// Captures a row-major f32 matrix product (cuBLAS SGEMM) into the graph: the same
+    /// shapes and checks as [`BoundStream::matmul`]. `a` and `b` are read, `c` written
+    /// at each launch of the graph; all three are borrowed for the graph's lifetime, and
+    /// `c` must not overlap `a` or `b` ([`Error::InvalidArgument`]).
+    ///
+    /// cuBLAS handles are not part of a graph — only the kernels the product enqueues
+    /// are — so `blas` is free again when this returns, and may be dropped before the
+    /// graph. The handle's workspace, which those kernels use at every launch, is not:
+    /// the graph keeps it alive and claims it as written at each launch, ordered against
+    /// the handle's other products and other graphs that use it.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{blas::Matmul, Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let mut blas = gpu.new_blas()?;
+    /// let a = gpu.clone_htod(&[1.0f32, 2.0, 3.0, 4.0])?;
+    /// let b = gpu.clone_htod(&[1.0f32, 0.0, 0.0, 1.0])?;
+    /// let c = gpu.alloc_zeros::<f32>(4)?;
+    /// let graph = gpu.capture(|cap| cap.matmul(&mut blas, &Matmul::new(2, 2, 2), &a, &b, &c))?;
+    /// drop(blas); // the graph keeps the workspace
+    /// let exec = graph.instantiate()?;
+    /// exec.launch(&gpu.default_stream())?;
+    /// assert_eq!(gpu.dtoh(&c)?, [1.0, 2.0, 3.0, 4.0]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The matrices stay borrowed while the graph lives:
+    ///
+    /// ```compile_fail,E0505
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> gpubind::Result<()> {
+    /// use gpubind::blas::Matmul;
+    /// let (a, b, c) = (gpu.alloc_zeros::<f32>(4)?, gpu.alloc_zeros::<f32>(4)?, gpu.alloc_zeros::<f32>(4)?);
+    /// let graph = gpu.capture(|cap| cap.matmul(blas, &Matmul::new(2, 2, 2), &a, &b, &c))?;
+    /// drop(c); // error[E0505]: cannot move out of `c` because it is borrowed
+    /// let _ = graph.instantiate()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn matmul<A, B, C>(
+        &mut self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        a: &'buf A,
+        b: &'buf B,
+        c: &'buf C,
+    ) -> Result<()>
+    where
+        A: DeviceMemory<f32> + ?Sized,
+        B: DeviceMemory<f32> + ?Sized,
+        C: DeviceMemoryMut<f32> + DeviceOnlyMemory + ?Sized,
+    {
+        let device = self.device();
+        let Some(gemm) = Gemm::check(device, blas, shape, a, b, c)? else {
+            return Ok(());
+        };
+        let (cp, cb) = (c.device_ptr(), c.num_bytes() as u64);
+        let overlaps = |t: &AccessTracker, p: u64, bytes: usize| {
+            std::ptr::eq(t, c.tracker()) && p < cp + cb && cp < p + bytes as u64
+        };
+        if overlaps(a.tracker(), a.device_ptr(), a.num_bytes())
+            || overlaps(b.tracker(), b.device_ptr(), b.num_bytes())
+        {
+            return Err(Error::InvalidArgument(
+                "matmul: C overlaps A or B (the product would read what it writes)".into(),
+            ));
+        }
+        self.record(a.tracker(), Access::Read);
+        self.record(b.tracker(), Access::Read);
+        self.record(c.tracker(), Access::Write);
+        self.record_owned(Arc::clone(&blas.workspace) as Arc<dyn Owned>, Access::Write);
+        let ptrs = (a.device_ptr(), b.device_ptr(), c.device_ptr());
+        let stream = self.stream_handle();
+        // SAFETY: the capture's context is current for the whole capture (`capture`
+        // checked it; the binding is borrowed meanwhile) and the stream is its capturing
+        // stream: cuBLAS's kernels are recorded, not run. The buffers were checked against
+        // the shape; the graph borrows them for 'buf, holds the workspace, and claims all
+        // of them at each launch.
+        let out = unsafe { gemm.enqueue(blas, shape, stream, ptrs) };
+        // Leave the handle on no stream of the capture (the stream is destroyed when the
+        // capture ends); this also drops the workspace setting. Every product sets both.
+        let api = libs::cublas()?;
+        // SAFETY: the handle's context is current; the null stream is always valid.
+        let reset = check(
+            unsafe { (api.set_stream)(blas.handle, std::ptr::null_mut()) },
+            "cublasSetStream_v2",
+        );
+        out.and(reset)
     }
 }

@@ -390,6 +390,8 @@ pub(crate) struct Cublas {
     pub(crate) create: unsafe extern "C" fn(*mut CublasHandle) -> c_int,
     pub(crate) destroy: unsafe extern "C" fn(CublasHandle) -> c_int,
     pub(crate) set_stream: unsafe extern "C" fn(CublasHandle, *mut std::ffi::c_void) -> c_int,
+    /// `cublasSetWorkspace_v2(handle, workspace, bytes)`.
+    pub(crate) set_workspace: SetWorkspaceFn,
     pub(crate) sgemm: SgemmFn,
     pub(crate) info: LibraryInfo,
 }
@@ -398,6 +400,11 @@ pub(crate) struct Cublas {
 /// needs none of cudarc's NVRTC or cuBLAS bindings.
 #[cfg(feature = "cublas")]
 pub(crate) type CublasHandle = *mut std::ffi::c_void;
+
+/// `cublasSetWorkspace_v2(handle, workspace, workspaceSizeInBytes)` (cublas_api.h).
+#[cfg(feature = "cublas")]
+pub(crate) type SetWorkspaceFn =
+    unsafe extern "C" fn(CublasHandle, *mut std::ffi::c_void, usize) -> c_int;
 
 /// `cublasSgemm_v2(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)`,
 /// with host scalars (cublas_api.h).
@@ -431,6 +438,7 @@ struct CublasSyms {
     create: unsafe extern "C" fn(*mut CublasHandle) -> c_int,
     destroy: unsafe extern "C" fn(CublasHandle) -> c_int,
     set_stream: unsafe extern "C" fn(CublasHandle, *mut std::ffi::c_void) -> c_int,
+    set_workspace: SetWorkspaceFn,
     sgemm: SgemmFn,
     get_property: unsafe extern "C" fn(c_int, *mut c_int) -> c_int,
 }
@@ -442,6 +450,7 @@ impl CublasSyms {
             create: sym!(lib, "cublasCreate_v2"),
             destroy: sym!(lib, "cublasDestroy_v2"),
             set_stream: sym!(lib, "cublasSetStream_v2"),
+            set_workspace: sym!(lib, "cublasSetWorkspace_v2"),
             sgemm: sym!(lib, "cublasSgemm_v2"),
             get_property: sym!(lib, "cublasGetProperty"),
         })
@@ -482,6 +491,7 @@ pub(crate) fn cublas() -> Result<&'static Cublas> {
                 create: s.create,
                 destroy: s.destroy,
                 set_stream: s.set_stream,
+                set_workspace: s.set_workspace,
                 sgemm: s.sgemm,
                 info,
             })

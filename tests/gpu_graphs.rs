@@ -32,6 +32,10 @@ extern "C" __global__ void add(unsigned* x, unsigned n, unsigned v) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += v;
 }
+extern "C" __global__ void addf(float* x, unsigned n, float v) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += v;
+}
 extern "C" __global__ void sum(const unsigned* a, const unsigned* b, unsigned* out, unsigned n) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i];
@@ -602,6 +606,152 @@ fn launch_on_another_device_is_refused() -> R {
     }
 }
 
+/// Row-major `A[m×k] · B[k×n]` on the host, in f64 (exact for the small integers used).
+#[cfg(feature = "cublas")]
+fn host_matmul(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut c = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let s: f64 = (0..k)
+                .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                .sum();
+            c[i * n + j] = s as f32;
+        }
+    }
+    c
+}
+
+/// Row-major transpose of a `rows×cols` matrix.
+#[cfg(feature = "cublas")]
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = x[r * cols + c];
+        }
+    }
+    t
+}
+
+/// Captured cuBLAS products (issue 14 item 3): `C = A·B` and `D = 2·(Aᵀ)ᵀ·(Bᵀ)ᵀ` on
+/// integer-valued f32 matrices are bit-exact against the host at every launch, with `A`
+/// changed between launches by a kernel on another stream (the graph holds the buffers
+/// shared and reads them at each launch); the Blas is dropped before the first launch
+/// (the graph keeps its workspace); eager products of the same handle on two streams
+/// before and after stay exact; a C that overlaps A is refused.
+#[cfg(feature = "cublas")]
+fn captured_matmul_is_exact_at_every_launch() -> R {
+    use gpubind::blas::Matmul;
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+    let addf = module.function("addf").ctx("function addf")?;
+    let (m, n, k) = (37usize, 19usize, 23usize);
+    let a_host: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+    let b_host: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 13) as f32 - 6.0).collect();
+    let a = gpu.clone_htod(&a_host).ctx("htod a")?;
+    let at = gpu.clone_htod(&transpose(&a_host, m, k)).ctx("htod at")?;
+    let b = gpu.clone_htod(&b_host).ctx("htod b")?;
+    let bt = gpu.clone_htod(&transpose(&b_host, k, n)).ctx("htod bt")?;
+    let c = gpu.alloc_zeros::<f32>(m * n).ctx("alloc c")?;
+    let d = gpu.alloc_zeros::<f32>(m * n).ctx("alloc d")?;
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let plain = Matmul::new(m, n, k);
+    let transposed = Matmul::new(m, n, k)
+        .transpose_a()
+        .transpose_b()
+        .scaled(2.0, 0.0);
+    // Eager first (the handle's workspace is then in use on the default stream).
+    let mut e = gpu.alloc_zeros::<f32>(m * n).ctx("alloc e")?;
+    gpu.default_stream()
+        .matmul(&mut blas, &plain, &a, &b, &mut e)
+        .ctx("eager matmul")?;
+    let graph = gpu
+        .capture(|cap| {
+            cap.matmul(&mut blas, &plain, &a, &b, &c)?;
+            cap.matmul(&mut blas, &transposed, &at, &bt, &d)
+        })
+        .ctx("capture")?;
+    ensure!(
+        gpu.dtoh(&c).ctx("dtoh c")?.iter().all(|&v| v == 0.0),
+        "the capture ran the product instead of recording it"
+    );
+    ensure!(
+        graph.node_count().ctx("node_count")? >= 2,
+        "the graph has {} nodes, expected at least one per product",
+        graph.node_count().ctx("node_count")?
+    );
+    // An overlapping C is refused before cuBLAS is called.
+    let tiny = gpu.alloc_zeros::<f32>(1).ctx("alloc tiny")?;
+    let tiny_view = tiny.slice(..).ctx("view")?;
+    let one = Matmul::new(1, 1, 1);
+    let refused = gpu.capture(|cap| cap.matmul(&mut blas, &one, &tiny_view, &tiny_view, &tiny));
+    ensure!(
+        matches!(refused, Err(Error::InvalidArgument(_))),
+        "C overlapping A: {refused:?}"
+    );
+    // Eager products of the handle on another stream, concurrently with the graph.
+    let other = gpu.new_stream().ctx("stream")?;
+    let mut f = gpu.alloc_zeros::<f32>(m * n).ctx("alloc f")?;
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let mut a_now = a_host.clone();
+    for step in 0..4u32 {
+        if step == 2 {
+            drop(blas);
+            blas = gpu.new_blas().ctx("new_blas again")?;
+        }
+        let delta = step as f32 + 1.0;
+        let count = (m * k) as u32;
+        let w = gpu.on(&s2).ctx("on s2")?;
+        for x in [&a, &at] {
+            // SAFETY: (float*, unsigned, float) matches `addf`, which stays in bounds.
+            unsafe {
+                w.launch(&addf, LaunchConfig::for_num_elems(count))
+                    .arg(x)
+                    .arg(&count)
+                    .arg(&delta)
+                    .launch()
+            }
+            .ctx("addf")?;
+        }
+        a_now.iter_mut().for_each(|v| *v += delta);
+        exec.launch(&gpu.on(&s1).ctx("on s1")?).ctx("launch")?;
+        gpu.on(&other)
+            .ctx("on other")?
+            .matmul(&mut blas, &plain, &a, &b, &mut f)
+            .ctx("eager matmul on another stream")?;
+        let want = host_matmul(&a_now, &b_host, m, n, k);
+        let want2: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
+        let (got_c, got_d, got_f) = (
+            gpu.dtoh(&c).ctx("dtoh c")?,
+            gpu.dtoh(&d).ctx("dtoh d")?,
+            gpu.dtoh(&f).ctx("dtoh f")?,
+        );
+        ensure!(
+            got_c == want,
+            "launch {step}: C differs from the host product"
+        );
+        ensure!(
+            got_d == want2,
+            "launch {step}: D (transposed, alpha 2) differs"
+        );
+        ensure!(
+            got_f == want,
+            "launch {step}: the eager product on another stream differs"
+        );
+    }
+    ensure!(
+        gpu.dtoh(&e).ctx("dtoh e")? == host_matmul(&a_host, &b_host, m, n, k),
+        "the first eager product differs"
+    );
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_graphs",
@@ -649,6 +799,11 @@ fn main() {
             (
                 "launch_on_another_device_is_refused",
                 launch_on_another_device_is_refused,
+            ),
+            #[cfg(feature = "cublas")]
+            (
+                "captured_matmul_is_exact_at_every_launch",
+                captured_matmul_is_exact_at_every_launch,
             ),
         ],
     )

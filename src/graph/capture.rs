@@ -2,7 +2,7 @@
 //! builder [`CaptureLaunch`], and the guards that end a capture and join its forks on
 //! every exit (see the [module docs](super)).
 
-use super::{Graph, Uses};
+use super::{Graph, Owned, Uses};
 use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
 use crate::copy::DeviceOnlyMemory;
@@ -229,8 +229,27 @@ impl<'a> BoundDevice<'a> {
 }
 
 impl<'c, 'buf> Capture<'c, 'buf> {
-    fn record(&self, t: &'buf AccessTracker, access: Access) {
+    /// Records that the captured work uses `t`'s allocation: each launch of the graph
+    /// claims it with `access`.
+    pub(crate) fn record(&self, t: &'buf AccessTracker, access: Access) {
         self.session.borrow_mut().uses.add(t, access);
+    }
+
+    /// Records memory the graph keeps alive itself (see `Uses::owned`), claimed with
+    /// `access` at each launch.
+    pub(crate) fn record_owned(&self, o: Arc<dyn Owned>, access: Access) {
+        self.session.borrow_mut().uses.add_owned(o, access);
+    }
+
+    /// The capture's device.
+    pub(crate) fn device(&self) -> &'c Arc<Device> {
+        self.device
+    }
+
+    /// The capturing stream: work enqueued on it enters the graph. For gpubind's own
+    /// capturable operations, which record what they use first.
+    pub(crate) fn stream_handle(&self) -> sys::CUstream {
+        self.stream.0
     }
 
     /// Starts a kernel launch into the graph: the same builder as

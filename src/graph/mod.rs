@@ -3,8 +3,9 @@
 //!
 //! [`BoundDevice::capture`](crate::BoundDevice::capture) records stream-ordered work into a [`Graph`] instead of
 //! running it. The closure receives a [`Capture`] handle whose methods are the only
-//! operations that can enter the graph — kernel launches, memsets, device-to-device copies
-//! and [`fork`](Capture::fork)s — so nothing that would invalidate a capture (a
+//! operations that can enter the graph — kernel launches, memsets, device-to-device copies,
+//! [`fork`](Capture::fork)s, cuBLAS products (`Capture::matmul`, feature `cublas`) and the
+//! one-device all-reduce (`Capture::all_reduce`, feature `collective`) — so nothing that would invalidate a capture (a
 //! synchronisation, a host copy, an allocation) can be enqueued into it:
 //!
 //! ```no_run
@@ -72,6 +73,10 @@
 //!   nor a read-only [`DeviceView`](crate::DeviceView).
 //! * **Joins.** A fork is joined back when its closure returns — even on an error or a
 //!   panic — so an un-joined capture cannot be built.
+//! * **Memory the graph owns.** A captured cuBLAS product's kernels use the handle's
+//!   workspace at every launch; the graph holds that workspace (an `Arc` shared with the
+//!   `Blas`) and claims it as written at each launch, so the handle itself may be reused
+//!   or dropped once the product is captured.
 //! * **Ending.** The capture is ended when the closure returns, errs or panics; an
 //!   invalidated capture (e.g. by an illegal call through a raw handle) is the driver's
 //!   error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, …) and yields no graph.
@@ -129,7 +134,18 @@ pub struct GraphExec<'buf> {
 #[derive(Clone, Default)]
 struct Uses<'buf> {
     trackers: Vec<(&'buf AccessTracker, Access)>,
+    /// Memory the graph keeps alive itself rather than borrows (a cuBLAS workspace: the
+    /// [`Blas`](crate::blas::Blas) that owns it may be dropped before the graph), claimed
+    /// at each launch like the borrowed buffers.
+    owned: Vec<(Arc<dyn Owned>, Access)>,
     last_kernel: Option<&'static KernelName>,
+}
+
+/// Device memory a graph holds by `Arc` (see `Uses::owned`): its tracker orders the
+/// graph's launches against its other uses, and its drop waits for them.
+pub(crate) trait Owned: Send + Sync {
+    /// The allocation's tracker.
+    fn tracker(&self) -> &AccessTracker;
 }
 
 impl<'buf> Uses<'buf> {
@@ -142,6 +158,35 @@ impl<'buf> Uses<'buf> {
             }
             None => self.trackers.push((t, access)),
         }
+    }
+
+    /// Keeps `o` alive with the graph and claims it with `access` at each launch.
+    fn add_owned(&mut self, o: Arc<dyn Owned>, access: Access) {
+        match self
+            .owned
+            .iter_mut()
+            .find(|(x, _)| std::ptr::eq(x.tracker(), o.tracker()))
+        {
+            Some((_, a)) => {
+                if access == Access::Write {
+                    *a = Access::Write;
+                }
+            }
+            None => self.owned.push((o, access)),
+        }
+    }
+
+    /// How many trackers a launch claims (without the executable graph's own).
+    fn len(&self) -> usize {
+        self.trackers.len() + self.owned.len()
+    }
+
+    /// Every tracker a launch claims, with its access.
+    fn all(&self) -> impl Iterator<Item = (&AccessTracker, Access)> {
+        self.trackers
+            .iter()
+            .copied()
+            .chain(self.owned.iter().map(|(o, a)| (o.tracker(), *a)))
     }
 }
 
@@ -157,7 +202,7 @@ impl std::fmt::Debug for Graph<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Graph")
             .field("device", &self.device.ordinal())
-            .field("buffers", &self.uses.trackers.len())
+            .field("buffers", &self.uses.len())
             .finish_non_exhaustive()
     }
 }
@@ -166,7 +211,7 @@ impl std::fmt::Debug for GraphExec<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GraphExec")
             .field("device", &self.device.ordinal())
-            .field("buffers", &self.uses.trackers.len())
+            .field("buffers", &self.uses.len())
             .finish_non_exhaustive()
     }
 }
@@ -274,12 +319,11 @@ impl<'buf> GraphExec<'buf> {
         stream.ensure_stream_context()?;
         // The graph's buffers and modules, and this executable graph's own launches (so
         // its drop waits for them), claimed from before the enqueue until after it.
-        let n = self.uses.trackers.len() + 1;
+        let n = self.uses.len() + 1;
         let all = self
             .uses
-            .trackers
-            .iter()
-            .map(|&(t, a)| Some((t, a)))
+            .all()
+            .map(Some)
             .chain(std::iter::once(Some((&self.launches, Access::Write))));
         if n <= INLINE_USES {
             // The usual graph: no allocation.
