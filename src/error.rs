@@ -350,6 +350,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// An operation that cannot be recorded into a CUDA graph (e.g. a collective whose
+    /// ranks span several devices: a graph runs on one device). Nothing was captured
+    /// for it; the capture goes on (return the error from the closure to abandon it).
+    #[error("{what} cannot be captured into a CUDA graph: {reason}")]
+    NotCapturable {
+        /// What was refused, e.g. `an NCCL collective`.
+        what: &'static str,
+        /// Why, and what can be captured instead.
+        reason: String,
+    },
+
     /// A value that the driver would reject or that makes no sense (zero grid, bad name, …).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -758,6 +769,17 @@ mod tests {
             "stream priority -9 is outside device 1's range -5..=0 (lower numbers are higher \
              priorities; 0 is the default)"
         );
+    }
+
+    #[test]
+    fn not_capturable_names_what_and_why() {
+        let e = Error::NotCapturable {
+            what: "an NCCL collective",
+            reason: "a graph belongs to one device".into(),
+        };
+        let msg = e.to_string();
+        assert!(msg.contains("an NCCL collective cannot be captured into a CUDA graph"));
+        assert!(msg.contains("one device"));
     }
 
     #[test]

@@ -36,6 +36,10 @@ extern "C" __global__ void addf(float* x, unsigned n, float v) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += v;
 }
+extern "C" __global__ void addi(int* x, unsigned n, int v) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += v;
+}
 extern "C" __global__ void sum(const unsigned* a, const unsigned* b, unsigned* out, unsigned n) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i];
@@ -752,6 +756,307 @@ fn captured_matmul_is_exact_at_every_launch() -> R {
     Ok(())
 }
 
+/// The host's all-reduce of one element, as the collective kernels compute it: a left
+/// fold over the ranks in order (integers wrap), then the division for `Avg`.
+#[cfg(feature = "collective")]
+trait HostReduce: gpubind::CollectiveType + Copy + std::fmt::Debug {
+    fn combine(op: gpubind::Op, a: Self, b: Self) -> Self;
+    fn div(a: Self, n: usize) -> Self;
+    /// A small value (exact in every op for a few ranks), varying with rank and index.
+    fn input(rank: usize, i: usize) -> Self;
+    /// The bits, for a bit-exact comparison.
+    fn bits(self) -> u64;
+    /// The kernel that adds a constant, and the constant.
+    const ADD: (&'static str, Self);
+}
+
+#[cfg(feature = "collective")]
+impl HostReduce for f32 {
+    fn combine(op: gpubind::Op, a: f32, b: f32) -> f32 {
+        use gpubind::Op;
+        match op {
+            Op::Sum | Op::Avg => a + b,
+            Op::Prod => a * b,
+            Op::Min => {
+                if b < a {
+                    b
+                } else {
+                    a
+                }
+            }
+            _ => {
+                if a < b {
+                    b
+                } else {
+                    a
+                }
+            }
+        }
+    }
+    fn div(a: f32, n: usize) -> f32 {
+        a / n as f32
+    }
+    fn input(rank: usize, i: usize) -> f32 {
+        ((i * 7 + rank * 5) % 9) as f32 - 4.0
+    }
+    fn bits(self) -> u64 {
+        u64::from(self.to_bits())
+    }
+    const ADD: (&'static str, f32) = ("addf", 1.0);
+}
+
+#[cfg(feature = "collective")]
+impl HostReduce for i32 {
+    fn combine(op: gpubind::Op, a: i32, b: i32) -> i32 {
+        use gpubind::Op;
+        match op {
+            Op::Sum | Op::Avg => a.wrapping_add(b),
+            Op::Prod => a.wrapping_mul(b),
+            Op::Min => a.min(b),
+            _ => a.max(b),
+        }
+    }
+    fn div(a: i32, n: usize) -> i32 {
+        a / n as i32
+    }
+    fn input(rank: usize, i: usize) -> i32 {
+        // Large magnitudes too, so Sum and Prod wrap.
+        if i.is_multiple_of(97) {
+            i32::MAX - rank as i32 * 3
+        } else {
+            ((i * 11 + rank * 3) % 13) as i32 - 6
+        }
+    }
+    fn bits(self) -> u64 {
+        u64::from(self as u32)
+    }
+    const ADD: (&'static str, i32) = ("addi", 1);
+}
+
+/// Captures every op's all-reduce over `ranks` ranks on device 0 into one graph and
+/// checks each output bit-exactly against the host, at two launches with the inputs
+/// changed in between (by a kernel on another stream).
+#[cfg(feature = "collective")]
+fn check_captured_all_reduce<T: HostReduce>(ranks: usize) -> R {
+    use gpubind::{CommOptions, Communicator, Op};
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let comm = Communicator::new(&mut ctx, &vec![dev.clone(); ranks], CommOptions::kernels())
+        .ctx("communicator")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+    let add = module.function(T::ADD.0).ctx("function")?;
+    let count = 4099usize; // the vector body and the scalar tail
+    let mut host: Vec<Vec<T>> = (0..ranks)
+        .map(|r| (0..count).map(|i| T::input(r, i)).collect())
+        .collect();
+    let sends = host
+        .iter()
+        .map(|h| gpu.clone_htod(h))
+        .collect::<Result<Vec<_>, _>>()
+        .ctx("htod sends")?;
+    const OPS: [Op; 5] = [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::Avg];
+    let outs = OPS
+        .iter()
+        .map(|_| (0..ranks).map(|_| gpu.alloc_zeros::<T>(count)).collect())
+        .collect::<Result<Vec<Vec<_>>, _>>()
+        .ctx("alloc outs")?;
+    let send_refs: Vec<_> = sends.iter().collect();
+    let graph = gpu
+        .capture(|c| {
+            for (op, out) in OPS.iter().zip(&outs) {
+                let out_refs: Vec<_> = out.iter().collect();
+                c.all_reduce(&comm, &send_refs, &out_refs, *op)?;
+            }
+            Ok(())
+        })
+        .ctx("capture")?;
+    ensure!(
+        gpu.dtoh(&outs[0][0])
+            .ctx("dtoh")?
+            .iter()
+            .all(|v| v.bits() == 0),
+        "the capture ran the all-reduce instead of recording it"
+    );
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    for launch in 0..2 {
+        if launch == 1 {
+            let n = count as u32;
+            let w = gpu.on(&s2).ctx("on s2")?;
+            for (s, h) in sends.iter().zip(&mut host) {
+                // SAFETY: (T*, unsigned, T) matches the kernel, which stays in bounds.
+                unsafe {
+                    w.launch(&add, LaunchConfig::for_num_elems(n))
+                        .arg(s)
+                        .arg(&n)
+                        .arg(&T::ADD.1)
+                        .launch()
+                }
+                .ctx("add")?;
+                h.iter_mut()
+                    .for_each(|v| *v = T::combine(Op::Sum, *v, T::ADD.1));
+            }
+        }
+        exec.launch(&gpu.on(&s1).ctx("on s1")?).ctx("launch")?;
+        for (op, out) in OPS.iter().zip(&outs) {
+            let want: Vec<T> = (0..count)
+                .map(|i| {
+                    let acc = (1..ranks).fold(host[0][i], |a, r| T::combine(*op, a, host[r][i]));
+                    if *op == Op::Avg {
+                        T::div(acc, ranks)
+                    } else {
+                        acc
+                    }
+                })
+                .collect();
+            for (r, o) in out.iter().enumerate() {
+                let got = gpu.dtoh(o).ctx("dtoh")?;
+                if let Some(i) = (0..count).find(|&i| got[i].bits() != want[i].bits()) {
+                    return Err(format!(
+                        "{ranks} ranks, {}, {op:?}, launch {launch}, rank {r}: element {i} is \
+                         {:?}, the host says {:?}",
+                        T::NAME,
+                        got[i],
+                        want[i]
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A captured all-reduce of 2 and 3 ranks on GPU 0 (one kernel on one stream), every op,
+/// f32 and i32: bit-exact against the host at every launch.
+#[cfg(feature = "collective")]
+fn captured_all_reduce_is_bit_exact() -> R {
+    for ranks in [2, 3] {
+        check_captured_all_reduce::<f32>(ranks)?;
+        check_captured_all_reduce::<i32>(ranks)?;
+    }
+    Ok(())
+}
+
+/// What a captured all-reduce refuses, before anything is captured: a host-staged
+/// communicator and an NCCL one (`Error::NotCapturable`, if NCCL loads), the wrong
+/// number of buffers and overlapping outputs (`Error::InvalidArgument`); the capture is
+/// still usable after a refusal (the closure carries on and the graph launches).
+#[cfg(feature = "collective")]
+fn captured_all_reduce_refusals() -> R {
+    use gpubind::{CommOptions, Communicator, Op, Transport};
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let two = vec![dev.clone(), dev.clone()];
+    let comm = Communicator::new(&mut ctx, &two, CommOptions::kernels()).ctx("communicator")?;
+    let staged = Communicator::new(
+        &mut ctx,
+        &two,
+        CommOptions::kernels().with_transport(Transport::HostStaged),
+    )
+    .ctx("staged communicator")?;
+    let nccl = match Communicator::new(&mut ctx, std::slice::from_ref(&dev), CommOptions::nccl()) {
+        Ok(c) => Some(c),
+        Err(Error::NoNccl) | Err(Error::FeatureDisabled { .. }) => None,
+        Err(e) => return Err(format!("NCCL communicator: {e}")),
+    };
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let a = gpu.clone_htod(&[1.0f32; 64]).ctx("htod")?;
+    let b = gpu.clone_htod(&[2.0f32; 64]).ctx("htod")?;
+    let big = gpu.alloc_zeros::<f32>(128).ctx("alloc")?;
+    let (lo, hi) = (
+        big.slice(0..64).ctx("view")?,
+        big.slice(32..96).ctx("view")?,
+    );
+    let out = [
+        gpu.alloc_zeros::<f32>(64).ctx("alloc")?,
+        gpu.alloc_zeros::<f32>(64).ctx("alloc")?,
+    ];
+    let mut seen = Vec::new();
+    let graph = gpu
+        .capture(|c| {
+            let r = c.all_reduce(&staged, &[&a, &b], &[&out[0], &out[1]], Op::Sum);
+            seen.push((
+                "host-staged",
+                matches!(r, Err(Error::NotCapturable { .. })),
+                format!("{r:?}"),
+            ));
+            if let Some(nccl) = &nccl {
+                let r = c.all_reduce(nccl, &[&a], &[&out[0]], Op::Sum);
+                seen.push((
+                    "NCCL",
+                    matches!(r, Err(Error::NotCapturable { .. })),
+                    format!("{r:?}"),
+                ));
+            }
+            let r = c.all_reduce(&comm, &[&a], &[&out[0]], Op::Sum);
+            seen.push((
+                "one buffer for two ranks",
+                matches!(r, Err(Error::InvalidArgument(_))),
+                format!("{r:?}"),
+            ));
+            // Read-only views are not outputs; overlapping outputs need writable memory
+            // of one allocation: the same buffer twice.
+            let r = c.all_reduce(&comm, &[&a, &b], &[&out[0], &out[0]], Op::Sum);
+            seen.push((
+                "one output twice",
+                matches!(r, Err(Error::InvalidArgument(_))),
+                format!("{r:?}"),
+            ));
+            let r = c.all_reduce(&comm, &[&a, &out[1]], &[&out[0], &out[1]], Op::Sum);
+            seen.push((
+                "an output that is an input",
+                matches!(r, Err(Error::InvalidArgument(_))),
+                format!("{r:?}"),
+            ));
+            // Overlapping inputs are fine (only read).
+            c.all_reduce(&comm, &[&lo, &hi], &[&out[0], &out[1]], Op::Max)
+        })
+        .ctx("capture")?;
+    for (what, ok, got) in &seen {
+        ensure!(*ok, "{what}: {got}");
+    }
+    graph
+        .instantiate()
+        .ctx("instantiate")?
+        .launch(&gpu.default_stream())
+        .ctx("launch")?;
+    ensure!(
+        gpu.dtoh(&out[1]).ctx("dtoh")?.iter().all(|&v| v == 0.0),
+        "max of zeros is not zero"
+    );
+    Ok(())
+}
+
+/// A communicator with ranks on devices 0 and 1 is `Error::NotCapturable` (a graph runs
+/// on one device). SKIPPED with one GPU.
+#[cfg(feature = "collective")]
+fn captured_all_reduce_over_two_devices_is_refused() -> R {
+    use gpubind::{CommOptions, Communicator, Op};
+    if Device::count().ctx("count")? < 2 {
+        return Err(skip("needs 2 GPUs"));
+    }
+    let (d0, d1) = (dev0()?, Device::get(1).ctx("get 1")?);
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let comm = Communicator::new(&mut ctx, &[d0.clone(), d1], CommOptions::kernels())
+        .ctx("communicator")?;
+    let gpu = ctx.bind(&d0).ctx("bind")?;
+    let a = gpu.clone_htod(&[1i32; 64]).ctx("htod")?;
+    let out = gpu.alloc_zeros::<i32>(64).ctx("alloc")?;
+    let out2 = gpu.alloc_zeros::<i32>(64).ctx("alloc")?;
+    let r = gpu.capture(|c| c.all_reduce(&comm, &[&a, &a], &[&out, &out2], Op::Sum));
+    match r {
+        Err(Error::NotCapturable { reason, .. }) => {
+            ensure!(reason.contains("one device"), "reason: {reason}");
+            Ok(())
+        }
+        other => Err(format!("a two-device all-reduce: {other:?}")),
+    }
+}
+
 fn main() {
     run_suite(
         "gpu_graphs",
@@ -804,6 +1109,18 @@ fn main() {
             (
                 "captured_matmul_is_exact_at_every_launch",
                 captured_matmul_is_exact_at_every_launch,
+            ),
+            #[cfg(feature = "collective")]
+            (
+                "captured_all_reduce_is_bit_exact",
+                captured_all_reduce_is_bit_exact,
+            ),
+            #[cfg(feature = "collective")]
+            ("captured_all_reduce_refusals", captured_all_reduce_refusals),
+            #[cfg(feature = "collective")]
+            (
+                "captured_all_reduce_over_two_devices_is_refused",
+                captured_all_reduce_over_two_devices_is_refused,
             ),
         ],
     )

@@ -206,7 +206,14 @@ impl Shared {
         Ok(())
     }
 
-    fn kernels(&self, device: &Device) -> Result<Arc<KernelSet>> {
+    /// The tracker of this backend's kernel launches: its drop waits for them (a
+    /// captured collective records it in its graph).
+    pub(crate) fn work(&self) -> &AccessTracker {
+        &self.work
+    }
+
+    /// The device's kernels (loaded by [`ensure_kernels`](Self::ensure_kernels)).
+    pub(crate) fn kernels(&self, device: &Device) -> Result<Arc<KernelSet>> {
         lock(&self.kernels)
             .get(&device.ordinal())
             .cloned()

@@ -133,8 +133,17 @@
 //! divides the sum by `nranks` (truncating for integers). Integer sums and products
 //! wrap. Calls of one group act as if concurrent: no call may read another call's
 //! output. Work is enqueued, not finished, when a call returns.
+//!
+//! # CUDA graphs
+//!
+//! An all-reduce over a [`Communicator`] of the own-kernel backend whose ranks all live
+//! on one device is a single kernel on a single stream, and can be captured into a graph
+//! of that device ([`Capture::all_reduce`](crate::Capture::all_reduce)). Every other
+//! collective — ranks on several devices, the host-staged transport, NCCL — is
+//! [`Error::NotCapturable`].
 
 mod bootstrap;
+mod capture;
 #[cfg(feature = "ipc")]
 mod control;
 mod engine;

@@ -83,8 +83,10 @@
 //!
 //! # Not capturable (yet)
 //!
-//! Collectives (neither backend: the handle has no collective operation, and nothing
-//! else can enqueue onto the capture's streams), host-device copies (a captured copy
+//! Collectives other than the one-device own-kernel all-reduce (`Capture::all_reduce`:
+//! ranks on several devices, the host-staged transport and NCCL are
+//! [`Error::NotCapturable`]; nothing else can enqueue onto the capture's streams),
+//! host-device copies (a captured copy
 //! reads or writes its host memory at every launch; it would need page-locked buffers
 //! borrowed for the graph's lifetime), stream-ordered allocation, child graphs and
 //! events of the caller's own.
