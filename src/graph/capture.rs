@@ -237,17 +237,20 @@ impl<'c, 'buf> Capture<'c, 'buf> {
 
     /// Records memory the graph keeps alive itself (see `Uses::owned`), claimed with
     /// `access` at each launch.
+    #[cfg_attr(not(feature = "cublas"), allow(dead_code))]
     pub(crate) fn record_owned(&self, o: Arc<dyn Owned>, access: Access) {
         self.session.borrow_mut().uses.add_owned(o, access);
     }
 
     /// The capture's device.
+    #[cfg_attr(not(any(feature = "cublas", feature = "collective")), allow(dead_code))]
     pub(crate) fn device(&self) -> &'c Arc<Device> {
         self.device
     }
 
     /// The capturing stream: work enqueued on it enters the graph. For gpubind's own
     /// capturable operations, which record what they use first.
+    #[cfg_attr(not(any(feature = "cublas", feature = "collective")), allow(dead_code))]
     pub(crate) fn stream_handle(&self) -> sys::CUstream {
         self.stream.0
     }

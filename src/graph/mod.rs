@@ -163,6 +163,7 @@ impl<'buf> Uses<'buf> {
     }
 
     /// Keeps `o` alive with the graph and claims it with `access` at each launch.
+    #[cfg_attr(not(feature = "cublas"), allow(dead_code))]
     fn add_owned(&mut self, o: Arc<dyn Owned>, access: Access) {
         match self
             .owned
