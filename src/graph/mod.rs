@@ -195,7 +195,8 @@ impl<'buf> Uses<'buf> {
 
 // SAFETY: a CUgraph is a thread-agnostic identifier; gpubind calls the driver on it only
 // with its device's context pushed, and `&mut`/owned access (no `Sync`) serialises the
-// calls, as the driver requires. The borrowed trackers are `Sync`.
+// calls, as the driver requires. The borrowed trackers are `Sync`, and the memory held by
+// `Arc` (`Uses::owned`) is `Send + Sync` (the `Owned` bound).
 unsafe impl Send for Graph<'_> {}
 // SAFETY: as for Graph; `launch` takes `&self` but the type is not `Sync`, so calls on one
 // executable graph never run concurrently.
