@@ -440,12 +440,18 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         self.record_owned(Arc::clone(&blas.workspace) as Arc<dyn Owned>, Access::Write);
         let ptrs = (a.device_ptr(), b.device_ptr(), c.device_ptr());
         let stream = self.stream_handle();
-        // SAFETY: the capture's context is current for the whole capture (`capture`
-        // checked it; the binding is borrowed meanwhile) and the stream is its capturing
-        // stream: cuBLAS's kernels are recorded, not run. The buffers were checked against
-        // the shape; the graph borrows them for 'buf, holds the workspace, and claims all
-        // of them at each launch.
-        let out = unsafe { gemm.enqueue(blas, shape, stream, ptrs) };
+        // Products of one handle on two branches of a fork would share the workspace
+        // within a launch: the second is ordered after the first.
+        let workspace = Arc::clone(&blas.workspace);
+        let out = self.exclusive_use(workspace.tracker(), || {
+            // SAFETY: the capture's context is current for the whole capture (`capture`
+            // checked it; the binding is borrowed meanwhile) and the stream is its
+            // capturing stream: cuBLAS's kernels are recorded, not run. The buffers were
+            // checked against the shape; the graph borrows them for 'buf, holds the
+            // workspace, and claims all of them at each launch; within the graph, the
+            // workspace's uses are ordered (`exclusive_use`).
+            unsafe { gemm.enqueue(blas, shape, stream, ptrs) }
+        });
         // Leave the handle on no stream of the capture (the stream is destroyed when the
         // capture ends); this also drops the workspace setting. Every product sets both.
         let api = libs::cublas()?;

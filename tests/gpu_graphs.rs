@@ -756,6 +756,72 @@ fn captured_matmul_is_exact_at_every_launch() -> R {
     Ok(())
 }
 
+/// Two products of one Blas captured on the two branches of a fork (which run
+/// concurrently in the graph) are ordered one after the other, since they share the
+/// handle's workspace: with a long shared dimension (cuBLAS may split it and use the
+/// workspace for partial sums), both results are exact at every launch; a third product
+/// after the join sees both.
+#[cfg(feature = "cublas")]
+fn captured_matmuls_on_forked_branches_take_turns_with_the_workspace() -> R {
+    use gpubind::blas::Matmul;
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let (m, n, k) = (16usize, 16usize, 1usize << 16);
+    // 0/1 entries: every partial and full sum is an exact small integer in f32.
+    let a1_host: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7 + i / 5) % 3 == 0) as u32 as f32)
+        .collect();
+    let a2_host: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 5 + i / 3) % 4 == 0) as u32 as f32)
+        .collect();
+    let b_host: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 3 + i / 7) % 2 == 0) as u32 as f32)
+        .collect();
+    let a1 = gpu.clone_htod(&a1_host).ctx("htod a1")?;
+    let a2 = gpu.clone_htod(&a2_host).ctx("htod a2")?;
+    let b = gpu.clone_htod(&b_host).ctx("htod b")?;
+    let c1 = gpu.alloc_zeros::<f32>(m * n).ctx("alloc c1")?;
+    let c2 = gpu.alloc_zeros::<f32>(m * n).ctx("alloc c2")?;
+    let ident: Vec<f32> = (0..n * n)
+        .map(|i| (i % (n + 1) == 0) as u32 as f32)
+        .collect();
+    let eye = gpu.clone_htod(&ident).ctx("htod eye")?;
+    let c3 = gpu.alloc_zeros::<f32>(m * n).ctx("alloc c3")?;
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let shape = Matmul::new(m, n, k);
+    let graph = gpu
+        .capture(|c| {
+            c.fork(|main, branch| {
+                main.matmul(&mut blas, &shape, &a1, &b, &c1)?;
+                branch.matmul(&mut blas, &shape, &a2, &b, &c2)
+            })?;
+            // After the join: c3 = c1 · I.
+            c.matmul(&mut blas, &Matmul::new(m, n, n), &c1, &eye, &c3)
+        })
+        .ctx("capture")?;
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let want1 = host_matmul(&a1_host, &b_host, m, n, k);
+    let want2 = host_matmul(&a2_host, &b_host, m, n, k);
+    let stream = gpu.new_stream().ctx("stream")?;
+    for launch in 0..5 {
+        exec.launch(&gpu.on(&stream).ctx("on")?).ctx("launch")?;
+        ensure!(
+            gpu.dtoh(&c1).ctx("dtoh c1")? == want1,
+            "launch {launch}: C1 differs"
+        );
+        ensure!(
+            gpu.dtoh(&c2).ctx("dtoh c2")? == want2,
+            "launch {launch}: C2 differs"
+        );
+        ensure!(
+            gpu.dtoh(&c3).ctx("dtoh c3")? == want1,
+            "launch {launch}: C3 = C1·I differs"
+        );
+    }
+    Ok(())
+}
+
 /// The host's all-reduce of one element, as the collective kernels compute it: a left
 /// fold over the ranks in order (integers wrap), then the division for `Avg`.
 #[cfg(feature = "collective")]
@@ -1122,6 +1188,11 @@ fn main() {
             (
                 "captured_matmul_is_exact_at_every_launch",
                 captured_matmul_is_exact_at_every_launch,
+            ),
+            #[cfg(feature = "cublas")]
+            (
+                "captured_matmuls_on_forked_branches_take_turns_with_the_workspace",
+                captured_matmuls_on_forked_branches_take_turns_with_the_workspace,
             ),
             #[cfg(feature = "collective")]
             (

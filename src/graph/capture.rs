@@ -26,6 +26,11 @@ struct Session<'buf> {
     /// Fork and join events (created for this capture, not pooled: their last records
     /// are in the capture), destroyed after it ends.
     events: Vec<sys::CUevent>,
+    /// Scratch memory that captured operations share invisibly (a cuBLAS workspace): the
+    /// allocation, and the capture stream and event (one of `events`) of its last use,
+    /// so that its next use on another branch is ordered after it (see
+    /// [`Capture::exclusive_use`]).
+    scratch: Vec<(*const AccessTracker, sys::CUstream, sys::CUevent)>,
 }
 
 impl Session<'_> {
@@ -188,6 +193,7 @@ impl<'a> BoundDevice<'a> {
             uses: Uses::default(),
             streams: Vec::new(),
             events: Vec::new(),
+            scratch: Vec::new(),
         });
         let origin = session.borrow_mut().new_stream()?;
         // SAFETY: a stream of the current context, created above and known to no one
@@ -240,6 +246,52 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     #[cfg_attr(not(feature = "cublas"), allow(dead_code))]
     pub(crate) fn record_owned(&self, o: Arc<dyn Owned>, access: Access) {
         self.session.borrow_mut().uses.add_owned(o, access);
+    }
+
+    /// Runs `op`, which enqueues work that uses the scratch memory tracked by `t` on this
+    /// handle's stream, ordered after the previous use of that memory in this capture if
+    /// it was on another of the capture's streams (a fork's branch), so one launch of the
+    /// graph never runs two such uses concurrently. The graph's claim orders launches
+    /// against other uses; this orders the graph's own nodes. For memory whose users do
+    /// not see each other's use (a cuBLAS workspace, set on the handle, not passed).
+    #[cfg_attr(not(feature = "cublas"), allow(dead_code))]
+    pub(crate) fn exclusive_use(
+        &self,
+        t: &AccessTracker,
+        op: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let here = self.stream.0;
+        let last = {
+            let s = self.session.borrow();
+            s.scratch
+                .iter()
+                .find(|(x, _, _)| std::ptr::eq(*x, t))
+                .map(|&(_, stream, event)| (stream, event))
+        };
+        let event = match last {
+            Some((stream, event)) => {
+                if stream != here {
+                    // SAFETY: `event` was last recorded on `stream`, a capturing stream of
+                    // this capture, right after the previous use; waiting on it from
+                    // `here` (capturing, same capture) adds that dependency to the graph.
+                    unsafe { sys::cuStreamWaitEvent(here, event, 0) }
+                        .check_on(self.device, "cuStreamWaitEvent")?;
+                }
+                event
+            }
+            // Created with the capture mode relaxed, as in `fork`.
+            None => relaxed(|| self.session.borrow_mut().event())??,
+        };
+        op()?;
+        // SAFETY: `event` is an event of this context created for this capture; recording
+        // it on the capturing stream marks the point after this use.
+        unsafe { sys::cuEventRecord(event, here) }.check_on(self.device, "cuEventRecord")?;
+        let mut s = self.session.borrow_mut();
+        match s.scratch.iter_mut().find(|(x, _, _)| std::ptr::eq(*x, t)) {
+            Some(entry) => *entry = (t, here, event),
+            None => s.scratch.push((t, here, event)),
+        }
+        Ok(())
     }
 
     /// The capture's device.
