@@ -416,10 +416,11 @@ mod tests {
             Outcome::Abandoned
         ));
         assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
-        // Unstuck: both end, the counter returns to 0, and waiting resumes.
+        // Both are still in flight (the first is stuck, the second queued behind it).
+        assert_eq!(w.in_flight.load(Ordering::Acquire), 2);
+        // Unstuck: both end, the counters return to 0, and waiting resumes.
         open.send(()).expect("open");
         let t = Instant::now();
-        assert_eq!(w.in_flight.load(Ordering::Acquire), 2);
         while w.abandoned.load(Ordering::Acquire) != 0 || w.in_flight.load(Ordering::Acquire) != 0 {
             assert!(
                 t.elapsed() < Duration::from_secs(5),
