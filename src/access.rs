@@ -31,6 +31,7 @@
 
 use crate::device::Device;
 use crate::driver::Check;
+use crate::drop_wait::{GaveUp, Polled, drop_timeout, poll_until_idle};
 use crate::error::{Error, Result};
 use crate::sync;
 use cudarc::driver::sys;
@@ -312,164 +313,6 @@ impl<S> Grave<S> {
     }
 }
 
-/// Why [`poll_until_idle`] stopped.
-#[derive(Debug, PartialEq)]
-enum Polled {
-    /// The query failed with this code (not `CUDA_ERROR_NOT_READY`).
-    Failed(sys::CUresult),
-    /// Still busy at the deadline, after this many milliseconds.
-    TimedOut(u64),
-}
-
-/// Calls `query` (a `cuStreamQuery`) until it answers `CUDA_SUCCESS`, a failure, or the
-/// deadline passes: spinning (with `yield_now`) for the first 200 µs, which keeps short
-/// waits as prompt as a blocking synchronize, then sleeping 50 µs doubling to 1 ms.
-fn poll_until_idle(
-    mut query: impl FnMut() -> sys::CUresult,
-    deadline: Option<Instant>,
-    limit: Duration,
-) -> std::result::Result<(), Polled> {
-    let started = Instant::now();
-    let mut pause = Duration::from_micros(50);
-    loop {
-        match query() {
-            sys::CUresult::CUDA_SUCCESS => return Ok(()),
-            sys::CUresult::CUDA_ERROR_NOT_READY => {}
-            code => return Err(Polled::Failed(code)),
-        }
-        let now = Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
-            let ms = limit.as_millis().min(u128::from(u64::MAX)) as u64;
-            return Err(Polled::TimedOut(ms));
-        }
-        if now.duration_since(started) < Duration::from_micros(200) {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
-        }
-    }
-}
-
-/// How long a drop (a buffer's, a module's, a communicator's; also `into_raw`, a DLPack
-/// export) waits for its pending stream-ordered uses before giving up and leaking what the
-/// device may still use: `GPUBIND_DROP_TIMEOUT` in seconds (`0` = do not wait: leak
-/// whatever is still busy; `none` = wait without a limit, as `cuStreamSynchronize`
-/// would), default 300 s; read once. A value that does not parse is logged and the
-/// default used.
-pub(crate) fn drop_timeout() -> Duration {
-    static LIMIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| parse_drop_timeout(std::env::var("GPUBIND_DROP_TIMEOUT").ok().as_deref()))
-}
-
-/// The default of [`drop_timeout`].
-pub(crate) const DEFAULT_DROP_TIMEOUT: Duration = Duration::from_secs(300);
-
-fn parse_drop_timeout(value: Option<&str>) -> Duration {
-    match value.map(str::trim) {
-        None | Some("") => DEFAULT_DROP_TIMEOUT,
-        Some(v) if v.eq_ignore_ascii_case("none") => Duration::MAX,
-        Some(v) => match v.parse::<u64>() {
-            Ok(secs) => Duration::from_secs(secs),
-            Err(_) => {
-                log::warn!(
-                    "GPUBIND_DROP_TIMEOUT={v:?} is not a number of seconds; using {} s",
-                    DEFAULT_DROP_TIMEOUT.as_secs()
-                );
-                DEFAULT_DROP_TIMEOUT
-            }
-        },
-    }
-}
-
-/// The streams (by id) on which a bounded wait has given up, each with an event recorded
-/// on it at that moment: see [`StreamRef::synchronize_within`]. A later wait gives up at
-/// once only while that event has not completed, i.e. while the work that made the first
-/// wait give up still runs; once it has, the entry goes and waits get the full limit
-/// again, whatever else synchronised the stream meanwhile. Entries go with their stream
-/// (`StreamInner`'s drop) and, for a legacy stream, with a reset of its context. Rarely
-/// more than a few.
-struct GaveUp;
-
-/// An event handle, kept as an integer so the list is `Send`.
-type EventHandle = usize;
-
-static GAVE_UP: std::sync::Mutex<Vec<(u64, EventHandle)>> = std::sync::Mutex::new(Vec::new());
-
-impl GaveUp {
-    fn list() -> std::sync::MutexGuard<'static, Vec<(u64, EventHandle)>> {
-        GAVE_UP.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whether the work a wait on stream `id` gave up on still runs. Its context must be
-    /// current. An entry whose event has completed (or cannot be queried) is removed.
-    fn still_busy(id: u64) -> bool {
-        let mut v = Self::list();
-        let Some(k) = v.iter().position(|&(x, _)| x == id) else {
-            return false;
-        };
-        let event = v[k].1 as sys::CUevent;
-        // SAFETY: the event was created in this stream's context, which is current, and
-        // is destroyed only under this lock, after leaving the list.
-        let r = unsafe { sys::cuEventQuery(event) };
-        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
-            return true;
-        }
-        v.swap_remove(k);
-        // SAFETY: as above; removed from the list first, so destroyed once.
-        unsafe { sys::cuEventDestroy_v2(event) };
-        false
-    }
-
-    /// Remembers that a wait on `raw` (id `id`) gave up: records an event on it. Its
-    /// context must be current. Best effort: without an event, later waits simply get
-    /// the full limit.
-    fn remember(id: u64, raw: sys::CUstream) {
-        let mut v = Self::list();
-        if v.iter().any(|&(x, _)| x == id) {
-            return;
-        }
-        let mut event: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: writes one handle; the context is current.
-        let created = unsafe {
-            sys::cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as std::ffi::c_uint,
-            )
-        };
-        if created != sys::CUresult::CUDA_SUCCESS {
-            return;
-        }
-        // SAFETY: a live event and a live stream of the current context.
-        if unsafe { sys::cuEventRecord(event, raw) } != sys::CUresult::CUDA_SUCCESS {
-            // SAFETY: created above, never recorded, destroyed once.
-            unsafe { sys::cuEventDestroy_v2(event) };
-            return;
-        }
-        v.push((id, event as EventHandle));
-    }
-
-    /// Forgets stream `id` (being destroyed, or its context reset); destroys its event
-    /// when `destroy` (its context is current), else lets it go with its context.
-    fn forget_stream(id: u64, destroy: bool) {
-        let mut v = Self::list();
-        if let Some(k) = v.iter().position(|&(x, _)| x == id) {
-            let (_, event) = v.swap_remove(k);
-            if destroy {
-                // SAFETY: created in the current context, removed from the list first, so
-                // destroyed once.
-                unsafe { sys::cuEventDestroy_v2(event as sys::CUevent) };
-            }
-        }
-    }
-}
-
-/// Forgets what bounded waits remembered about device `ordinal`'s legacy stream: its
-/// primary context is being reset, and the next context's legacy stream has the same id.
-pub(crate) fn forget_legacy_gave_up(ordinal: usize) {
-    GaveUp::forget_stream(LEGACY_ID | ordinal as u64, false);
-}
-
 /// The stream behind a [`Stream`](crate::Stream): destroyed when the last holder (the
 /// `Stream`, or a tracker that still orders work after it) lets go.
 pub(crate) struct StreamInner {
@@ -504,7 +347,7 @@ unsafe impl Sync for StreamInner {}
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Ids of legacy default streams: one per device ordinal, never equal to a counter id.
-const LEGACY_ID: u64 = 1 << 63;
+pub(crate) const LEGACY_ID: u64 = 1 << 63;
 
 impl StreamInner {
     pub(crate) fn new(device: Arc<Device>, raw: sys::CUstream) -> StreamInner {
@@ -1152,65 +995,6 @@ mod tests {
     fn commit1(st: &mut AccessState<S>, id: u64, a: Access) {
         let mut grave = Grave::new();
         st.commit(&[(id, a)], S, &mut grave);
-    }
-
-    #[test]
-    fn polling_ends_on_success_failure_or_the_deadline() {
-        use sys::CUresult::*;
-        let long = Duration::from_secs(60);
-        // Busy three times, then idle.
-        let mut n = 0;
-        let r = poll_until_idle(
-            || {
-                n += 1;
-                if n < 4 {
-                    CUDA_ERROR_NOT_READY
-                } else {
-                    CUDA_SUCCESS
-                }
-            },
-            Instant::now().checked_add(long),
-            long,
-        );
-        assert_eq!((r, n), (Ok(()), 4));
-        // A failure is returned as it is.
-        let r = poll_until_idle(|| CUDA_ERROR_ILLEGAL_ADDRESS, None, long);
-        assert_eq!(r, Err(Polled::Failed(CUDA_ERROR_ILLEGAL_ADDRESS)));
-        // Never idle: gives up at the deadline, not before, and not long after.
-        let limit = Duration::from_millis(30);
-        let t = Instant::now();
-        let r = poll_until_idle(
-            || CUDA_ERROR_NOT_READY,
-            Instant::now().checked_add(limit),
-            limit,
-        );
-        let took = t.elapsed();
-        assert_eq!(r, Err(Polled::TimedOut(30)));
-        assert!(took >= limit && took < Duration::from_secs(2), "{took:?}");
-        // A zero limit: one query, then leak.
-        let mut calls = 0;
-        let r = poll_until_idle(
-            || {
-                calls += 1;
-                CUDA_ERROR_NOT_READY
-            },
-            Some(Instant::now()),
-            Duration::ZERO,
-        );
-        assert_eq!((r, calls), (Err(Polled::TimedOut(0)), 1));
-    }
-
-    #[test]
-    fn drop_timeout_parses_seconds_and_falls_back() {
-        assert_eq!(parse_drop_timeout(None), DEFAULT_DROP_TIMEOUT);
-        assert_eq!(parse_drop_timeout(Some("")), DEFAULT_DROP_TIMEOUT);
-        assert_eq!(parse_drop_timeout(Some(" 5 ")), Duration::from_secs(5));
-        assert_eq!(parse_drop_timeout(Some("0")), Duration::ZERO);
-        assert_eq!(parse_drop_timeout(Some("five")), DEFAULT_DROP_TIMEOUT);
-        assert_eq!(parse_drop_timeout(Some("-1")), DEFAULT_DROP_TIMEOUT);
-        assert_eq!(parse_drop_timeout(Some("None")), Duration::MAX);
-        // `none` means no deadline at all (no overflow, no panic).
-        assert_eq!(Instant::now().checked_add(Duration::MAX), None);
     }
 
     /// The commit fast path agrees with `commit`: whenever it says "no change", a commit

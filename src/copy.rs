@@ -480,7 +480,7 @@ impl<'b> BoundStream<'b> {
                 if !self.1 {
                     return;
                 }
-                let limit = crate::access::drop_timeout();
+                let limit = crate::drop_wait::drop_timeout();
                 let deadline = std::time::Instant::now().checked_add(limit);
                 if let Err(e) = self.0.to_ref().synchronize_within(deadline, limit) {
                     let ordinal = Some(self.0.bound().device().ordinal());

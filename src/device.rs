@@ -331,7 +331,7 @@ impl Device {
                 "device {ordinal} still has {releasing} release(s) running on gpubind's release thread (a drop gave up waiting for GPU work, GPUBIND_DROP_TIMEOUT); wait for the device's work to finish, or restart the process"
             )));
         }
-        crate::access::forget_legacy_gave_up(ordinal);
+        crate::drop_wait::forget_legacy_gave_up(ordinal);
         let mut raw: sys::CUdevice = 0;
         // SAFETY: ordinal < count; writes one int.
         unsafe { sys::cuDeviceGet(&mut raw, ordinal as i32) }.check("cuDeviceGet")?;

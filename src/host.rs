@@ -284,7 +284,7 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
                     &Error::Timeout {
                         what: "cuMemHostUnregister, which waits for all of the device's work \
                                (GPUBIND_DROP_TIMEOUT)",
-                        after_ms: crate::access::drop_timeout()
+                        after_ms: crate::drop_wait::drop_timeout()
                             .as_millis()
                             .min(u64::MAX.into()) as u64,
                     },

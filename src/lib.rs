@@ -95,6 +95,7 @@ pub mod device;
 #[cfg_attr(docsrs, doc(cfg(feature = "dlpack")))]
 pub mod dlpack;
 pub mod driver;
+mod drop_wait;
 pub mod error;
 mod faults;
 pub mod global;

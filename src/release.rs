@@ -12,7 +12,7 @@
 //!
 //! So a drop hands such a call to its device's **release thread** (one per device,
 //! started on first use) and waits for it up to `GPUBIND_DROP_TIMEOUT`
-//! ([`crate::access::drop_timeout`]). Normally the call finishes long before, and the
+//! ([`crate::drop_wait::drop_timeout`]). Normally the call finishes long before, and the
 //! drop returns after the resource is gone, as if the call had been made inline. If the
 //! limit passes, the drop logs that the release goes on in the background and returns;
 //! the resource is unreachable by then (its owner is being dropped), and its own uses
@@ -317,7 +317,7 @@ fn report_late(late: Option<LateReport>) {
 const RELEASE_FLOOR: Duration = Duration::from_millis(100);
 
 /// Runs `call` (the driver call `call_name`) in `device`'s context on the device's
-/// release thread and waits for it up to [`crate::access::drop_timeout`]; reports a
+/// release thread and waits for it up to [`crate::drop_wait::drop_timeout`]; reports a
 /// failure naming `what`. See the [module docs](self).
 pub(crate) fn release(
     what: fmt::Arguments<'_>,
@@ -328,7 +328,7 @@ pub(crate) fn release(
     // At least RELEASE_FLOOR even with GPUBIND_DROP_TIMEOUT=0 ("do not wait for pending
     // uses"): these calls normally take microseconds, and a release that always went to
     // the background would make every free asynchronous.
-    let limit = crate::access::drop_timeout().max(RELEASE_FLOOR);
+    let limit = crate::drop_wait::drop_timeout().max(RELEASE_FLOOR);
     let ordinal = device.ordinal();
     let finished = |failure: Failure| match failure {
         None => Released::Done,

@@ -869,7 +869,7 @@ impl Drop for Communicator {
         // NCCL's way to end pending operations without waiting), the own-kernel modules
         // are leaked and staging buffers, which wait for their own uses, are leaked too:
         // nothing is freed under running work, and the drop returns.
-        let limit = crate::access::drop_timeout();
+        let limit = crate::drop_wait::drop_timeout();
         let deadline = std::time::Instant::now().checked_add(limit);
         let mut work_may_run = false;
         for (stream, _) in &self.lanes {
