@@ -443,10 +443,13 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         // Products of one handle on two branches of a fork would share the workspace
         // within a launch: the second is ordered after the first.
         let workspace = Arc::clone(&blas.workspace);
+        // Code outside gpubind may have changed the thread's context since the capture
+        // began (cudarc can, from safe code): make the capture's device current for the
+        // cuBLAS calls (nothing is pushed when it already is).
+        let _current = self.device().enter()?;
         let out = self.exclusive_use(workspace.tracker(), || {
-            // SAFETY: the capture's context is current for the whole capture (`capture`
-            // checked it; the binding is borrowed meanwhile) and the stream is its
-            // capturing stream: cuBLAS's kernels are recorded, not run. The buffers were
+            // SAFETY: the capture device's context is current (entered just above) and the
+            // stream is its capturing stream: cuBLAS's kernels are recorded, not run. The buffers were
             // checked against the shape; the graph borrows them for 'buf, holds the
             // workspace, and claims all of them at each launch; within the graph, the
             // workspace's uses are ordered (`exclusive_use`).

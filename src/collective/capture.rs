@@ -196,8 +196,11 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         self.record(shared.work(), Access::Read);
         let ins: Vec<u64> = sends.iter().map(|s| s.device_ptr()).collect();
         let outs: Vec<u64> = recvs.iter().map(|r| r.device_ptr()).collect();
+        // Code outside gpubind may have changed the thread's context since the capture
+        // began: make the capture's device current for the launches.
+        let _current = device.enter()?;
         // SAFETY: the kernels are the capture device's (every rank is on it, checked by
-        // `capturable`), whose context is current for the whole capture; the stream is
+        // `capturable`), whose context is current (entered just above); the stream is
         // the capturing stream, so the kernels are recorded, not run. Every address is a
         // live allocation of this device with `count` elements of T (checked above),
         // borrowed for 'buf and claimed at each launch; outputs overlap nothing (checked).

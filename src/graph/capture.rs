@@ -282,7 +282,10 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             // Created with the capture mode relaxed, as in `fork`.
             None => relaxed(|| self.session.borrow_mut().event())??,
         };
-        op()?;
+        // Recorded after the use even when it failed: a failed product may have recorded
+        // some of its kernels already, and a caller that ignores the error must still
+        // find the next use of `t` ordered after them.
+        let out = op();
         // SAFETY: `event` is an event of this context created for this capture; recording
         // it on the capturing stream marks the point after this use.
         unsafe { sys::cuEventRecord(event, here) }.check_on(self.device, "cuEventRecord")?;
@@ -291,7 +294,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             Some(entry) => *entry = (t, here, event),
             None => s.scratch.push((t, here, event)),
         }
-        Ok(())
+        out
     }
 
     /// The capture's device.
