@@ -210,6 +210,29 @@ pub trait DeviceMemoryMut<T>: DeviceMemory<T> {
     }
 }
 
+/// [`Error::InvalidArgument`] when a copy's source and destination overlap. Only memory
+/// that shares its tracker can (views of module globals: two views of one variable, a
+/// clone); everything else is kept apart by the borrow of the destination, so this is one
+/// compare for it.
+pub(crate) fn refuse_overlap<T, S, D>(what: &str, src: &S, dst: &D) -> Result<()>
+where
+    S: DeviceMemory<T> + ?Sized,
+    D: DeviceMemoryMut<T> + ?Sized,
+{
+    if !std::ptr::eq(src.tracker(), dst.tracker()) {
+        return Ok(());
+    }
+    let (s, d) = (src.device_ptr(), dst.device_ptr());
+    let (sn, dn) = (src.num_bytes() as u64, dst.num_bytes() as u64);
+    if s < d.saturating_add(dn) && d < s.saturating_add(sn) {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: the source ({s:#x}, {sn} bytes) and the destination ({d:#x}, {dn} \
+             bytes) overlap (two views of one module global)"
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) use private::Sealed as Tracked;
 
 pub(crate) mod private {
@@ -634,6 +657,7 @@ impl<'a> BoundDevice<'a> {
         if src.is_empty() {
             return Ok(());
         }
+        refuse_overlap("dtod", src, dst)?;
         self.ensure_current()?;
         let _held = host_claim(
             &mut [

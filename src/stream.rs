@@ -650,16 +650,38 @@ impl<'b> BoundStream<'b> {
         if src.is_empty() {
             return Ok(());
         }
-        // `src` and `dst` are different allocations (one is borrowed mutably).
+        crate::memory::refuse_overlap("dtod_async", src, dst)?;
         let dst_ptr = dst.device_ptr();
+        let copy = || {
+            // SAFETY: current context; live allocations that do not overlap (checked
+            // above), whose other uses are ordered around this one (claimed by the
+            // caller) and whose frees wait for it.
+            unsafe {
+                sys::cuMemcpyDtoDAsync_v2(
+                    dst_ptr,
+                    src.device_ptr(),
+                    src.num_bytes(),
+                    self.slot.raw(),
+                )
+            }
+            .check_on(self.bound.device(), "cuMemcpyDtoDAsync_v2")
+        };
+        if dst.shares_tracker() {
+            // A module global's tracker may also be the source's (two views of one
+            // module's globals), and two such copies in opposite directions on two threads
+            // must not lock the trackers in opposite orders: one claim, sorted and merged.
+            let dst: &_ = dst;
+            let _claim = self.claim([
+                Some((src.tracker(), Access::Read)),
+                Some((Tracked::tracker(dst), Access::Write)),
+            ])?;
+            return copy();
+        }
+        // `src` and `dst` are different allocations: `dst` holds its tracker alone and is
+        // borrowed mutably.
         let _read = self.claim([Some((src.tracker(), Access::Read))])?;
         let _write = self.claim_write(dst)?;
-        // SAFETY: current context; live allocations whose other uses are ordered around
-        // this one (tracked above) and whose frees wait for it.
-        unsafe {
-            sys::cuMemcpyDtoDAsync_v2(dst_ptr, src.device_ptr(), src.num_bytes(), self.slot.raw())
-        }
-        .check_on(self.bound.device(), "cuMemcpyDtoDAsync_v2")
+        copy()
     }
 
     /// Stream-ordered host-to-device copy.

@@ -244,6 +244,75 @@ fn globals_order_kernels_that_use_them_by_name() -> R {
     Ok(())
 }
 
+const TWO_GLOBALS: &str = r#"
+__device__ unsigned ga[4];
+__device__ unsigned gb[4];
+extern "C" __global__ void touch_globals() { ga[0] += 0u; gb[0] += 0u; }
+"#;
+
+/// Copies between two globals of one module (which share one tracker) neither deadlock
+/// nor race: stream-ordered copies take one merged claim, also when two threads copy in
+/// opposite directions at once; a copy whose source and destination overlap (a view and
+/// its clone) is refused.
+fn copies_between_globals_of_one_module() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut module = gpu.compile_and_load(TWO_GLOBALS, "two.cu").ctx("compile")?;
+    let mut a = module.global::<u32>("ga").ctx("ga")?;
+    let mut b = module.global::<u32>("gb").ctx("gb")?;
+    gpu.htod_copy(&[1u32, 2, 3, 4], &mut a).ctx("htod")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    s.dtod_async(&a, &mut b)
+        .ctx("dtod_async between two globals")?;
+    s.synchronize().ctx("sync")?;
+    ensure!(
+        gpu.dtoh(&b).ctx("dtoh")? == [1, 2, 3, 4],
+        "gb after the copy"
+    );
+    for (what, r) in [
+        ("dtod_async", s.dtod_async(&a, &mut a.clone())),
+        ("dtod", gpu.dtod(&a, &mut a.clone())),
+    ] {
+        ensure!(
+            matches!(r, Err(Error::InvalidArgument(_))),
+            "{what} of a global onto its own clone: {r:?}"
+        );
+    }
+    drop(s);
+    drop(gpu);
+    // Opposite directions on two threads, many times: no lock-order deadlock.
+    let (a2, b2) = (a.clone(), b.clone());
+    let worker = std::thread::spawn(move || -> R {
+        let (mut a2, b2) = (a2, b2);
+        let mut ctx = ThreadContext::acquire().ctx("acquire (thread)")?;
+        let gpu = ctx.bind(&dev0()?).ctx("bind (thread)")?;
+        let stream = gpu.new_stream().ctx("stream (thread)")?;
+        let s = gpu.on(&stream).ctx("on (thread)")?;
+        for _ in 0..200 {
+            s.dtod_async(&b2, &mut a2).ctx("b -> a")?;
+        }
+        s.synchronize().ctx("sync (thread)")
+    });
+    {
+        let gpu = ctx.bind(&dev).ctx("bind")?;
+        let s = gpu.on(&stream).ctx("on")?;
+        for _ in 0..200 {
+            s.dtod_async(&a, &mut b).ctx("a -> b")?;
+        }
+        s.synchronize().ctx("sync")?;
+    }
+    worker.join().map_err(|_| "the copying thread panicked")??;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    ensure!(
+        gpu.dtoh(&a).ctx("dtoh a")? == [1, 2, 3, 4] && gpu.dtoh(&b).ctx("dtoh b")? == [1, 2, 3, 4],
+        "the globals changed"
+    );
+    drop(module);
+    Ok(())
+}
+
 /// A view keeps the loaded module alive: usable after the `Module` is dropped.
 fn a_global_outlives_its_module_handle() -> R {
     let dev = dev0()?;
@@ -857,6 +926,10 @@ fn main() {
         "gpu_launch_features",
         &[
             ("globals_work_with_every_copy", globals_work_with_every_copy),
+            (
+                "copies_between_globals_of_one_module",
+                copies_between_globals_of_one_module,
+            ),
             (
                 "globals_order_kernels_that_use_them_by_name",
                 globals_order_kernels_that_use_them_by_name,
