@@ -285,7 +285,8 @@ fn socket_of(key: &str, rank: usize) -> SocketAddr {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    SocketAddr::from_abstract_name(format!("gpubind-pc-{h:016x}-{rank}").as_bytes()).unwrap()
+    let uid = rustix::process::geteuid().as_raw();
+    SocketAddr::from_abstract_name(format!("gpubind-pc-{uid}-{h:016x}-{rank}").as_bytes()).unwrap()
 }
 
 #[test]

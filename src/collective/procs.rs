@@ -587,7 +587,14 @@ impl Drop for ProcsRank {
             // SAFETY: dropped once, here; no launch of it is pending.
             unsafe { ManuallyDrop::drop(&mut self.kernels) };
         }
-        let all_left = self.group.leave();
+        let all_left = if own_done {
+            self.group.leave()
+        } else {
+            // This rank's reads of peers' staging may still run: no bye, and the
+            // connections stay open (leaked), so every peer keeps its staging.
+            self.group.leave_still_mapped();
+            false
+        };
         if all_left {
             // SAFETY: dropped once, here; every peer has closed its imports of them (it
             // said bye after dropping them, or its process is gone).

@@ -21,7 +21,7 @@
 //! | … | reject, abort: failed rank u32, code u8, UTF-8 reason |
 //! | … | done: sequence u64 |
 //!
-//! Rank `r` listens on the abstract socket `gpubind-pc-<hash of the key>-<r>` (Linux's
+//! Rank `r` listens on the abstract socket `gpubind-pc-<euid>-<hash of the key>-<r>` (Linux's
 //! abstract namespace: no file to clean up, gone with the process); it connects to every
 //! lower rank and accepts every higher one.
 
@@ -618,6 +618,22 @@ impl ProcessGroup {
         let Some(s) = self.stream(q) else {
             return false;
         };
+        // A peer that closed its end is seen even with messages of its still unread
+        // (a peek returns data then): poll reports the hang-up regardless.
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(s, PollFlags::RDHUP)];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        if let Ok(n) = rustix::event::poll(&mut fds, Some(&zero))
+            && n > 0
+            && fds[0]
+                .revents()
+                .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
+        {
+            return true;
+        }
         let mut b = [0u8; 1];
         matches!(
             rustix::net::recv(
@@ -663,6 +679,18 @@ impl ProcessGroup {
     /// Says bye to every peer, then waits (at most the timeout) until each has said bye
     /// or closed its socket. `true` when all did: no peer uses this rank's exports any
     /// more.
+    /// Leaves without a bye while this rank may still read a peer's staging (its own
+    /// work did not settle in time): the sockets are leaked, not closed, so no peer takes
+    /// a closed connection for "done with my exports" — each peer's own leave then times
+    /// out and leaks its staging instead of freeing it under this rank's reads.
+    pub(crate) fn leave_still_mapped(&mut self) {
+        for s in self.peers.iter_mut() {
+            if let Some(stream) = s.take() {
+                std::mem::forget(stream);
+            }
+        }
+    }
+
     pub(crate) fn leave(&mut self) -> bool {
         let started = Instant::now();
         let deadline = super::deadline_after(self.timeout);

@@ -276,7 +276,10 @@ pub(super) fn key_hash(key: &str) -> u64 {
 
 /// The abstract socket name of `rank` in the job `key`.
 pub(crate) fn socket_name(key: &str, rank: usize) -> String {
-    format!("gpubind-pc-{:016x}-{rank}", key_hash(key))
+    // The effective uid keeps two users' jobs with the same key (the default torchrun
+    // port) apart: abstract names are host-wide.
+    let uid = rustix::process::geteuid().as_raw();
+    format!("gpubind-pc-{uid}-{:016x}-{rank}", key_hash(key))
 }
 
 #[cfg(test)]
