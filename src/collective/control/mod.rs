@@ -91,6 +91,25 @@ impl std::fmt::Debug for ProcessGroup {
     }
 }
 
+/// Connects to the abstract socket `name` without ever blocking: a non-blocking
+/// `connect` fails (`EAGAIN`) instead of sleeping when the listener's backlog is full (a
+/// stopped listener, or a squatter that never accepts), so the caller's retry loop keeps
+/// its deadline. The stream is returned in blocking mode, as `connect` would give it.
+fn connect_without_blocking(name: &str) -> std::io::Result<UnixStream> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )?;
+    let addr = SocketAddrUnix::new_abstract_name(name.as_bytes())?;
+    rustix::net::connect(&fd, &addr)?;
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
 impl ProcessGroup {
     /// Joins the job `key` (any string the ranks share, e.g. the launcher's
     /// `MASTER_ADDR:MASTER_PORT`) as `rank` of `world`, on this machine, waiting at most
@@ -184,10 +203,9 @@ impl ProcessGroup {
         };
         // Lower ranks: connect (they may not listen yet: retry until the deadline).
         for q in 0..rank {
-            let addr = SocketAddr::from_abstract_name(socket_name(key, q).as_bytes())
-                .map_err(|e| ipc::io_error("abstract socket name", &e))?;
+            let name = socket_name(key, q);
             let stream = loop {
-                match UnixStream::connect_addr(&addr) {
+                match connect_without_blocking(&name) {
                     Ok(s) => break s,
                     Err(_) if Instant::now() < deadline => {
                         std::thread::sleep(Duration::from_millis(5));
