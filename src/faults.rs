@@ -93,18 +93,40 @@ pub(crate) fn release(
         leak_unwaited(what, device, &e);
         return false;
     }
+    report_failure(what, ordinal, enter_and_call(device, call, release))
+}
+
+/// A release's failure, if any: the step that failed ([`ENTER`] or [`RELEASE`]) and the
+/// error.
+pub(crate) type Failure = Option<(&'static str, Error)>;
+
+/// Makes `device`'s context current (pushed and popped) and makes the release call
+/// `call_name`.
+pub(crate) fn enter_and_call(
+    device: &Device,
+    call_name: &'static str,
+    call: impl FnOnce() -> sys::CUresult,
+) -> Failure {
     match device.enter() {
-        Err(e) => {
-            report_drop(what, ordinal, ENTER, &e, LEAKED);
+        Err(e) => Some((ENTER, e)),
+        Ok(_guard) => call().check(call_name).err().map(|e| (RELEASE, e)),
+    }
+}
+
+/// Reports a release's failure, if any (a context that could not be entered leaked the
+/// resource; a failed call may have); returns whether it succeeded.
+pub(crate) fn report_failure(
+    what: fmt::Arguments<'_>,
+    device: Option<usize>,
+    failure: Failure,
+) -> bool {
+    match failure {
+        None => true,
+        Some((step, e)) => {
+            let outcome = if step == ENTER { LEAKED } else { MAYBE_LEAKED };
+            report_drop(what, device, step, &e, outcome);
             false
         }
-        Ok(_guard) => match release().check(call) {
-            Ok(()) => true,
-            Err(e) => {
-                report_drop(what, ordinal, RELEASE, &e, MAYBE_LEAKED);
-                false
-            }
-        },
     }
 }
 

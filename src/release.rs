@@ -24,7 +24,6 @@
 //! inline release did, so the dropping thread's binding is never touched.
 
 use crate::device::Device;
-use crate::driver::Check;
 use crate::error::Error;
 use crate::sync::{self, AtomicUsize, Condvar};
 use std::fmt;
@@ -50,8 +49,7 @@ pub(crate) enum Released {
     InBackground,
 }
 
-/// A failure a release reports: the step (e.g. [`crate::faults::RELEASE`]) and the error.
-type Failure = Option<(&'static str, Error)>;
+use crate::faults::{Failure, enter_and_call};
 
 /// What the dropping thread and the release thread share about one job.
 enum JobState {
@@ -266,17 +264,6 @@ pub(crate) fn in_flight(ordinal: usize) -> usize {
     worker_if_started(ordinal).map_or(0, |w| w.in_flight.load(Ordering::Acquire))
 }
 
-/// Enters the context and makes the call: the failure, if any.
-fn enter_and_call(device: &Device, call_name: &'static str, call: ReleaseCall) -> Failure {
-    match device.enter() {
-        Err(e) => Some((crate::faults::ENTER, e)),
-        Ok(_guard) => call()
-            .check(call_name)
-            .err()
-            .map(|e| (crate::faults::RELEASE, e)),
-    }
-}
-
 /// Runs one job on the release thread. A panic in the release call (or in a logger it
 /// reaches) is caught: the job fails, its caller is told, and the thread goes on.
 fn run_job(job: Job, abandoned: &AtomicUsize) {
@@ -298,18 +285,10 @@ fn run_job(job: Job, abandoned: &AtomicUsize) {
 
 /// The release thread's own report of a job its caller gave up on.
 fn report_late(late: Option<LateReport>) {
-    match late {
-        Some((what, ordinal, Some((step, e)))) => crate::faults::report_drop(
-            format_args!("{what}"),
-            ordinal,
-            step,
-            &e,
-            crate::faults::MAYBE_LEAKED,
-        ),
-        Some((what, _, None)) => {
-            log::info!("gpubind: dropping {what}: the release finished in the background")
-        }
-        None => {}
+    if let Some((what, ordinal, failure)) = late
+        && crate::faults::report_failure(format_args!("{what}"), ordinal, failure)
+    {
+        log::info!("gpubind: dropping {what}: the release finished in the background")
     }
 }
 
@@ -330,15 +309,10 @@ pub(crate) fn release(
     // the background would make every free asynchronous.
     let limit = crate::drop_wait::drop_timeout().max(RELEASE_FLOOR);
     let ordinal = device.ordinal();
-    let finished = |failure: Failure| match failure {
-        None => Released::Done,
-        Some((step, e)) => {
-            let outcome = if step == crate::faults::ENTER {
-                crate::faults::LEAKED
-            } else {
-                crate::faults::MAYBE_LEAKED
-            };
-            crate::faults::report_drop(what, Some(ordinal), step, &e, outcome);
+    let finished = |failure: Failure| {
+        if crate::faults::report_failure(what, Some(ordinal), failure) {
+            Released::Done
+        } else {
             Released::Failed
         }
     };
