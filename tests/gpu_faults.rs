@@ -224,6 +224,7 @@ fn spin<A: gpubind::KernelArg + ?Sized>(
 /// - a `Communicator` whose lane runs a second spinning kernel: its drop returns after
 ///   about 1 s more (its own stream's limit).
 /// - the module the kernels run from: leaked, not unloaded.
+///
 /// Then the kernels finish and the process exits cleanly.
 fn child_bounded_drop() -> R {
     use std::time::{Duration, Instant};
@@ -329,10 +330,10 @@ fn owned_into_vec_is_none(owned: gpubind::RegisteredHost<'static, u32>) -> bool 
     owned.into_vec().is_none()
 }
 
-/// The child: a kernel spins for 4 s, then writes a *borrowed* registered range, which
-/// is dropped at once with `GPUBIND_DROP_TIMEOUT=1`. The pages go back to their owner
-/// when the drop returns, so gpubind must abort rather than return.
-fn child_borrowed_registration_aborts() -> R {
+/// Binds device 0, loads [`SPIN`] and makes a stream, then runs `body` with them.
+fn with_spinner(
+    body: impl FnOnce(&gpubind::BoundDevice<'_>, &gpubind::Function<'_>, &gpubind::BoundStream<'_>) -> R,
+) -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let dev = Device::get(0).ctx("Device::get")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
@@ -340,17 +341,26 @@ fn child_borrowed_registration_aborts() -> R {
     let f = module.function("spin_then_write").ctx("function")?;
     let stream = gpu.new_stream().ctx("stream")?;
     let s = gpu.on(&stream).ctx("on")?;
-    let mut mine = vec![0u32; 16];
-    let reg = gpu
-        .register_host(&mut mine, gpubind::RegisterOptions::default())
-        .ctx("register_host")?;
-    spin(&s, &f, &reg, 4_000_000_000)?;
-    println!("dropping the registration while the kernel runs");
-    drop(reg);
-    // Not reached: the drop aborts.
-    println!("RETURNED: the pages went back to their owner with the kernel running");
-    mine[0] = 1;
-    Ok(())
+    body(&gpu, &f, &s)
+}
+
+/// The child: a kernel spins for 4 s, then writes a *borrowed* registered range, which
+/// is dropped at once with `GPUBIND_DROP_TIMEOUT=1`. The pages go back to their owner
+/// when the drop returns, so gpubind must abort rather than return.
+fn child_borrowed_registration_aborts() -> R {
+    with_spinner(|gpu, f, s| {
+        let mut mine = vec![0u32; 16];
+        let reg = gpu
+            .register_host(&mut mine, gpubind::RegisterOptions::default())
+            .ctx("register_host")?;
+        spin(s, f, &reg, 4_000_000_000)?;
+        println!("dropping the registration while the kernel runs");
+        drop(reg);
+        // Not reached: the drop aborts.
+        println!("RETURNED: the pages went back to their owner with the kernel running");
+        mine[0] = 1;
+        Ok(())
+    })
 }
 
 /// The child, with `GPUBIND_DROP_TIMEOUT=1`: while a kernel spins for 4 s on one stream,
@@ -360,37 +370,32 @@ fn child_borrowed_registration_aborts() -> R {
 /// still stuck behind the same kernel). Both are freed once the kernel has ended.
 fn child_unrelated_free() -> R {
     use std::time::{Duration, Instant};
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let dev = Device::get(0).ctx("Device::get")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
-    let f = module.function("spin_then_write").ctx("function")?;
-    let stream = gpu.new_stream().ctx("stream")?;
-    let s = gpu.on(&stream).ctx("on")?;
-    let busy = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
-    let first = gpu.alloc_zeros::<u32>(1 << 20).ctx("alloc")?;
-    let second = gpu.alloc_zeros::<u32>(1 << 20).ctx("alloc")?;
-    // SAFETY: only queried, never dereferenced.
-    let ptrs = unsafe { [first.raw_ptr(), second.raw_ptr()] };
-    spin(&s, &f, &busy, 4_000_000_000)?;
-    let t = Instant::now();
-    drop(first);
-    let first_ms = t.elapsed().as_millis();
-    let t = Instant::now();
-    drop(second);
-    let second_ms = t.elapsed().as_millis();
-    println!("UNRELATED_FREE_MS {first_ms} {second_ms}");
-    s.synchronize().ctx("the kernel finishes")?;
-    let t = Instant::now();
-    while ptrs.iter().any(|&p| still_mapped(p)) {
-        ensure!(
-            t.elapsed() < Duration::from_secs(5),
-            "the buffers were not freed in the background after the kernel ended"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    println!("FREED_AFTER_KERNEL_MS {}", t.elapsed().as_millis());
-    Ok(())
+    with_spinner(|gpu, f, s| {
+        let busy = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
+        let first = gpu.alloc_zeros::<u32>(1 << 20).ctx("alloc")?;
+        let second = gpu.alloc_zeros::<u32>(1 << 20).ctx("alloc")?;
+        // SAFETY: only queried, never dereferenced.
+        let ptrs = unsafe { [first.raw_ptr(), second.raw_ptr()] };
+        spin(s, f, &busy, 4_000_000_000)?;
+        let t = Instant::now();
+        drop(first);
+        let first_ms = t.elapsed().as_millis();
+        let t = Instant::now();
+        drop(second);
+        let second_ms = t.elapsed().as_millis();
+        println!("UNRELATED_FREE_MS {first_ms} {second_ms}");
+        s.synchronize().ctx("the kernel finishes")?;
+        let t = Instant::now();
+        while ptrs.iter().any(|&p| still_mapped(p)) {
+            ensure!(
+                t.elapsed() < Duration::from_secs(5),
+                "the buffers were not freed in the background after the kernel ended"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        println!("FREED_AFTER_KERNEL_MS {}", t.elapsed().as_millis());
+        Ok(())
+    })
 }
 
 /// A drop of a buffer no pending work uses is bounded even when the driver's free waits
