@@ -417,7 +417,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     where
         A: DeviceMemory<f32> + ?Sized,
         B: DeviceMemory<f32> + ?Sized,
-        C: DeviceMemoryMut<f32> + DeviceOnlyMemory + ?Sized,
+        C: DeviceMemory<f32> + DeviceOnlyMemory + ?Sized,
     {
         let device = self.device();
         let Some(gemm) = Gemm::check(device, blas, shape, a, b, c)? else {

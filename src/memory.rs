@@ -40,7 +40,7 @@ use crate::driver::Check;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::marker::PhantomData;
-use std::ops::{Bound, RangeBounds};
+use std::ops::{Bound, Range, RangeBounds};
 use std::sync::Arc;
 
 /// Plain data that may be copied to and from device memory byte for byte.
@@ -212,8 +212,8 @@ pub trait DeviceMemoryMut<T>: DeviceMemory<T> {
 
 /// [`Error::InvalidArgument`] when a copy's source and destination overlap. Only memory
 /// that shares its tracker can (views of module globals: two views of one variable, a
-/// clone); everything else is kept apart by the borrow of the destination, so this is one
-/// compare for it.
+/// clone; views from one `get_disjoint_mut` never overlap); everything else is kept apart
+/// by the borrow of the destination, so this is one compare for it.
 pub(crate) fn refuse_overlap<T, S, D>(what: &str, src: &S, dst: &D) -> Result<()>
 where
     S: DeviceMemory<T> + ?Sized,
@@ -227,7 +227,7 @@ where
     if s < d.saturating_add(dn) && d < s.saturating_add(sn) {
         return Err(Error::InvalidArgument(format!(
             "{what}: the source ({s:#x}, {sn} bytes) and the destination ({d:#x}, {dn} \
-             bytes) overlap (two views of one module global)"
+             bytes) overlap (two views of one allocation)"
         )));
     }
     Ok(())
@@ -293,10 +293,15 @@ pub struct DeviceView<'a, T: DeviceRepr> {
     _t: PhantomData<&'a T>,
 }
 
-/// A writable view of part of a [`DeviceSlice`].
+/// A writable view of part of a [`DeviceSlice`]: from
+/// [`slice_mut`](DeviceSlice::slice_mut) (one view, holding the slice's tracker alone) or
+/// [`get_disjoint_mut`](DeviceSlice::get_disjoint_mut) /
+/// [`split_at_mut`](DeviceSlice::split_at_mut) (several views of disjoint ranges, whose
+/// stream-ordered uses are ordered through the tracker they share, like those of one
+/// module's globals).
 pub struct DeviceViewMut<'a, T: DeviceRepr> {
     device: &'a Arc<Device>,
-    tracker: &'a mut AccessTracker,
+    tracker: ViewTracker<'a>,
     pub(crate) ptr: sys::CUdeviceptr,
     len: usize,
     _t: PhantomData<&'a mut T>,
@@ -340,11 +345,59 @@ macro_rules! impl_device_memory {
         }
     };
     (@mut const $ty:ident $(<$lt:lifetime>)?) => {};
+    (@mut view $ty:ident $(<$lt:lifetime>)?) => {
+        impl<$($lt,)? T: DeviceRepr> DeviceMemoryMut<T> for $ty<$($lt,)? T> {
+            fn tracker_mut(&mut self) -> Option<&mut $crate::access::AccessTracker> {
+                match &mut self.tracker {
+                    ViewTracker::Alone(t) => Some(t),
+                    ViewTracker::Shared(_) => None,
+                }
+            }
+            fn shares_tracker(&self) -> bool {
+                matches!(self.tracker, ViewTracker::Shared(_))
+            }
+        }
+    };
 }
 impl_device_memory!(DeviceSlice, mut);
 impl_device_memory!(DeviceView<'a>, const);
-impl_device_memory!(DeviceViewMut<'a>, mut);
+impl_device_memory!(DeviceViewMut<'a>, view);
+
+/// The tracker a [`DeviceViewMut`] reaches: its slice's, held alone (claims need no lock)
+/// or shared with the other views of one [`DeviceSlice::get_disjoint_mut`] (claims go
+/// through its lock, as for module globals).
+enum ViewTracker<'a> {
+    Alone(&'a mut AccessTracker),
+    Shared(&'a AccessTracker),
+}
+
+impl std::ops::Deref for ViewTracker<'_> {
+    type Target = AccessTracker;
+    fn deref(&self) -> &AccessTracker {
+        match self {
+            ViewTracker::Alone(t) => t,
+            ViewTracker::Shared(t) => t,
+        }
+    }
+}
 pub(crate) use impl_device_memory;
+
+/// [`Error::OutOfBounds`] for a range past `len` (or reversed), [`Error::InvalidArgument`]
+/// for two overlapping ranges (an empty range overlaps nothing).
+fn check_disjoint(ranges: &[Range<usize>], len: usize) -> Result<()> {
+    for (i, r) in ranges.iter().enumerate() {
+        resolve(r.clone(), len)?;
+        let overlaps = |o: &&Range<usize>| {
+            !r.is_empty() && !o.is_empty() && r.start < o.end && o.start < r.end
+        };
+        if let Some((j, o)) = ranges[..i].iter().enumerate().find(|(_, o)| overlaps(o)) {
+            return Err(Error::InvalidArgument(format!(
+                "get_disjoint_mut: range {i} ({r:?}) overlaps range {j} ({o:?})"
+            )));
+        }
+    }
+    Ok(())
+}
 
 /// Resolves `range` against `len` into `(start, count)`.
 fn resolve(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
@@ -409,11 +462,71 @@ impl<T: DeviceRepr> DeviceSlice<T> {
         let ptr = self.offset(start);
         Ok(DeviceViewMut {
             device: &self.device,
-            tracker: &mut self.tracker,
+            tracker: ViewTracker::Alone(&mut self.tracker),
             ptr,
             len,
             _t: PhantomData,
         })
+    }
+
+    /// Writable views of `N` disjoint ranges at once, like [`slice::get_disjoint_mut`]:
+    /// [`Error::OutOfBounds`] for a range past the end, [`Error::InvalidArgument`] when two
+    /// ranges overlap (empty ranges overlap nothing). Needs no binding.
+    ///
+    /// Each view may be written by its own stream-ordered work — a kernel, a product, a
+    /// collective — while the others are used elsewhere, and a [capture](crate::graph)
+    /// can borrow all of them for its graph. The views share the slice's access tracker:
+    /// a use of one view on another stream is ordered after the pending uses of every view
+    /// (more waiting than the disjoint ranges need, never less).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let mut grads = gpu.alloc_zeros::<f32>(10)?;
+    /// let [mut weights, mut bias] = grads.get_disjoint_mut([0..8, 8..10])?;
+    /// let s = gpu.default_stream();
+    /// s.memset_async(&mut weights, 1.0)?;
+    /// s.memset_async(&mut bias, 2.0)?;
+    /// assert_eq!(gpu.dtoh(&grads)?[7..9], [1.0, 2.0]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The views borrow the slice mutably, so nothing else can reach it while they live:
+    ///
+    /// ```compile_fail,E0502
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+    /// let mut grads = gpu.alloc_zeros::<f32>(10)?;
+    /// let [mut w, _b] = grads.get_disjoint_mut([0..8, 8..10])?;
+    /// let all = gpu.dtoh(&grads)?; // error[E0502]: `grads` is also borrowed as mutable
+    /// gpu.default_stream().memset_async(&mut w, 1.0)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn get_disjoint_mut<const N: usize>(
+        &mut self,
+        ranges: [Range<usize>; N],
+    ) -> Result<[DeviceViewMut<'_, T>; N]> {
+        check_disjoint(&ranges, self.len)?;
+        let tracker: &AccessTracker = &self.tracker;
+        Ok(ranges.map(|r| DeviceViewMut {
+            device: &self.device,
+            tracker: ViewTracker::Shared(tracker),
+            ptr: self.offset(r.start),
+            len: r.len(),
+            _t: PhantomData,
+        }))
+    }
+
+    /// Two writable views, of `..mid` and `mid..`: [`get_disjoint_mut`](Self::get_disjoint_mut)
+    /// with those ranges ([`Error::OutOfBounds`] when `mid` is past the end).
+    pub fn split_at_mut(
+        &mut self,
+        mid: usize,
+    ) -> Result<(DeviceViewMut<'_, T>, DeviceViewMut<'_, T>)> {
+        let len = self.len;
+        let [head, tail] = self.get_disjoint_mut([0..mid, mid..len.max(mid)])?;
+        Ok((head, tail))
     }
 
     fn offset(&self, start: usize) -> sys::CUdeviceptr {
@@ -754,8 +867,57 @@ pub(crate) fn expect_len(what: &'static str, expected: usize, found: usize) -> R
 #[cfg(test)]
 mod tests {
     use super::private::{MemsetPattern as P, MemsetSealed};
-    use super::resolve;
+    use super::{check_disjoint, resolve};
     use crate::Error;
+    use proptest::prelude::*;
+
+    #[test]
+    fn disjoint_ranges_are_checked() {
+        assert!(check_disjoint(&[0..8, 8..10], 10).is_ok());
+        assert!(check_disjoint(&[8..10, 0..8, 3..3, 5..5], 10).is_ok());
+        assert!(matches!(
+            check_disjoint(&[0..8, 7..10], 10),
+            Err(Error::InvalidArgument(m)) if m.contains("range 1 (7..10) overlaps range 0 (0..8)")
+        ));
+        assert!(matches!(
+            check_disjoint(&[0..8, 8..11], 10),
+            Err(Error::OutOfBounds {
+                start: 8,
+                end: 11,
+                len: 10
+            })
+        ));
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = [5..3];
+        assert!(matches!(
+            check_disjoint(&reversed, 10),
+            Err(Error::OutOfBounds { .. })
+        ));
+    }
+
+    proptest! {
+        /// Accepted ranges are in bounds and no byte is in two of them.
+        #[test]
+        fn accepted_ranges_are_disjoint(
+            ranges in proptest::collection::vec((0usize..40, 0usize..40), 0..6),
+            len in 0usize..40,
+        ) {
+            let ranges: Vec<_> = ranges.into_iter().map(|(a, b)| a..b).collect();
+            let mut owner = vec![None; 40];
+            let ok = check_disjoint(&ranges, len).is_ok();
+            let mut disjoint = true;
+            for (i, r) in ranges.iter().enumerate() {
+                if r.start > r.end || r.end > len {
+                    disjoint = false;
+                    continue;
+                }
+                for slot in &mut owner[r.clone()] {
+                    disjoint &= slot.replace(i).is_none();
+                }
+            }
+            prop_assert_eq!(ok, disjoint);
+        }
+    }
 
     #[test]
     fn memset_values_pick_the_driver_call_of_their_width() {

@@ -18,7 +18,7 @@ use crate::access::{Access, AccessTracker};
 use crate::copy::DeviceOnlyMemory;
 use crate::error::{Error, Result};
 use crate::graph::Capture;
-use crate::memory::{DeviceMemory, DeviceMemoryMut};
+use crate::memory::DeviceMemory;
 
 /// A buffer's place, for the overlap check: its allocation's tracker (by address) and
 /// its byte range.
@@ -149,7 +149,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     where
         T: CollectiveType,
         S: DeviceMemory<T> + ?Sized,
-        D: DeviceMemoryMut<T> + DeviceOnlyMemory + ?Sized,
+        D: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
     {
         let device = self.device();
         let shared = capturable(comm, device)?;

@@ -9,7 +9,8 @@ use crate::copy::DeviceOnlyMemory;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};
-use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, MemsetValue};
+use crate::host::HostMemory;
+use crate::memory::{DeviceMemory, DeviceRepr, MemsetValue};
 use crate::module::{Function, KernelArg, LaunchConfig};
 use cudarc::driver::sys;
 use std::cell::RefCell;
@@ -335,11 +336,12 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     }
 
     /// Zeroes `dst` at each launch of the graph. `dst` is borrowed for the graph's
-    /// lifetime; only writable device-only memory is accepted (see the module docs).
+    /// lifetime; only device-only memory is accepted — any shared view of it included (see
+    /// the module docs).
     pub fn memset_zeros<T, D>(&mut self, dst: &'buf D) -> Result<()>
     where
         T: DeviceRepr,
-        D: DeviceMemoryMut<T> + DeviceOnlyMemory + ?Sized,
+        D: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
     {
         self.device.expect_same("destination", dst.device())?;
         if dst.is_empty() {
@@ -358,7 +360,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     pub fn memset<T, D>(&mut self, dst: &'buf D, value: T) -> Result<()>
     where
         T: MemsetValue,
-        D: DeviceMemoryMut<T> + DeviceOnlyMemory + ?Sized,
+        D: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
     {
         self.device.expect_same("destination", dst.device())?;
         if dst.is_empty() {
@@ -384,7 +386,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     where
         T: DeviceRepr,
         S: DeviceMemory<T> + ?Sized,
-        D: DeviceMemoryMut<T> + DeviceOnlyMemory + ?Sized,
+        D: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
     {
         self.device.expect_same("source", src.device())?;
         self.device.expect_same("destination", dst.device())?;
@@ -406,6 +408,76 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         // launch; they do not overlap (checked above, or different allocations).
         unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, src.num_bytes(), self.stream.0) }
             .check_on(self.device, "cuMemcpyDtoDAsync_v2")
+    }
+
+    /// Copies page-locked host memory into `dst` at each launch of the graph: the way to
+    /// feed a graph new input from the host (lengths must match). Both are borrowed for
+    /// the graph's lifetime, so the host cannot write `src` while a launch may read it
+    /// (its `&mut` access is borrowed away); to feed a different batch each launch,
+    /// capture one graph per page-locked batch (they may share everything else), or write
+    /// the input between launches with a kernel or a copy on a stream. Non-portable
+    /// page-locked memory must belong to the capture's device
+    /// ([`Error::WrongDevice`]); pageable memory cannot be captured (it is not a
+    /// [`HostMemory`]).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, PinnedOptions, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let batch = gpu.pinned_from_slice(&[1.0f32, 2.0, 3.0], PinnedOptions::default())?;
+    /// let x = gpu.alloc_zeros::<f32>(3)?;
+    /// let graph = gpu.capture(|c| c.copy_from_host(&batch, &x))?;
+    /// graph.instantiate()?.launch(&gpu.default_stream())?;
+    /// assert_eq!(gpu.dtoh(&x)?, [1.0, 2.0, 3.0]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// ```compile_fail,E0502
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+    /// let mut batch = gpu.pinned_from_slice(&[1.0f32; 3], Default::default())?;
+    /// let x = gpu.alloc_zeros::<f32>(3)?;
+    /// let graph = gpu.capture(|c| c.copy_from_host(&batch, &x))?;
+    /// batch[0] = 5.0; // error[E0502]: the graph may read `batch` at any launch
+    /// graph.instantiate()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn copy_from_host<T, S, D>(&mut self, src: &'buf S, dst: &'buf D) -> Result<()>
+    where
+        T: DeviceRepr,
+        S: HostMemory<T> + ?Sized,
+        D: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
+    {
+        let from = src.source();
+        if let Some(owner) = from.device() {
+            self.device.expect_same("page-locked source", owner)?;
+        }
+        self.device.expect_same("destination", dst.device())?;
+        crate::memory::expect_len("copy_from_host", dst.len(), from.len())?;
+        if from.is_empty() {
+            return Ok(());
+        }
+        let Some(tracker) = from.tracker else {
+            return Err(Error::InvalidArgument(
+                "copy_from_host: page-locked memory without a tracker".into(),
+            ));
+        };
+        self.record(tracker, Access::Read);
+        self.record(dst.tracker(), Access::Write);
+        // SAFETY: a capturing stream of the bound context: recorded, not run. `from` is
+        // page-locked host memory of `len` elements (mapped for this device: portable, or
+        // owned by it), `dst` a device range of the same length; the graph borrows both
+        // for 'buf (the host can neither free nor write `src` meanwhile) and claims both
+        // at each launch.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst.device_ptr(),
+                from.addr as *const c_void,
+                dst.num_bytes(),
+                self.stream.0,
+            )
+        }
+        .check_on(self.device, "cuMemcpyHtoDAsync_v2")
     }
 
     /// Runs `f` with this handle and a second one, on another stream of the capture that

@@ -4,9 +4,10 @@
 //! [`BoundDevice::capture`](crate::BoundDevice::capture) records stream-ordered work into a [`Graph`] instead of
 //! running it. The closure receives a [`Capture`] handle whose methods are the only
 //! operations that can enter the graph — kernel launches, memsets, device-to-device copies,
+//! copies from page-locked host memory,
 //! [`fork`](Capture::fork)s, cuBLAS products (`Capture::matmul`, feature `cublas`) and the
 //! one-device all-reduce (`Capture::all_reduce`, feature `collective`) — so nothing that would invalidate a capture (a
-//! synchronisation, a host copy, an allocation) can be enqueued into it:
+//! synchronisation, a synchronous copy, an allocation) can be enqueued into it:
 //!
 //! ```no_run
 //! # fn main() -> gpubind::Result<()> {
@@ -67,10 +68,13 @@
 //!   between launches, the claims order them). So they cannot outlive what they use, and
 //!   nothing can be freed while a launch is pending (the tracker's drop waits for it).
 //!   Shared borrows are enough for the graph's writes only because every other access to
-//!   device-only memory goes through the same tracker: memsets and copies therefore
-//!   accept only writable device-only memory ([`DeviceOnlyMemory`](crate::DeviceOnlyMemory)), never
-//!   [`ManagedSlice`](crate::ManagedSlice) (whose host slices are not claimed while held)
-//!   nor a read-only [`DeviceView`](crate::DeviceView).
+//!   device-only memory goes through the same tracker: the captured operations therefore
+//!   write only device-only memory ([`DeviceOnlyMemory`](crate::DeviceOnlyMemory)), never
+//!   [`ManagedSlice`](crate::ManagedSlice) (whose host slices are not claimed while held).
+//!   Within that, a shared [`DeviceView`](crate::DeviceView) is as writable in a graph as
+//!   the `&DeviceSlice` it comes from (as it already is as a kernel argument): a graph
+//!   can write part of a buffer (`&grads.slice(range)?`) while it reads another part or
+//!   the whole, and every one of those uses is claimed at each launch.
 //! * **Joins.** A fork is joined back when its closure returns — even on an error or a
 //!   panic — so an un-joined capture cannot be built.
 //! * **Memory the graph owns.** A captured cuBLAS product's kernels use the handle's
@@ -86,9 +90,9 @@
 //! Collectives other than the one-device own-kernel all-reduce (`Capture::all_reduce`:
 //! ranks on several devices, the host-staged transport and NCCL are
 //! [`Error::NotCapturable`]; nothing else can enqueue onto the capture's streams),
-//! host-device copies (a captured copy
-//! reads or writes its host memory at every launch; it would need page-locked buffers
-//! borrowed for the graph's lifetime), stream-ordered allocation, child graphs and
+//! device-to-host copies (a captured copy writes its host memory at every launch, and the
+//! host reads page-locked memory through `&`: host-to-device copies from page-locked
+//! memory are capturable, [`Capture::copy_from_host`]), stream-ordered allocation, child graphs and
 //! events of the caller's own.
 
 mod capture;
