@@ -45,6 +45,7 @@ ex cudarc_interop 60 .gpu-bin/examples/cudarc_interop
 ex ipc_workers 120 .gpu-bin/examples/ipc_workers 4
 ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 10
 ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0
+ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0 --graph
 [[ -f .gpu-bin/examples/libdlpack_torch.so ]] &&
   run dlpack_torch 120 python3 scripts/dlpack_torch.py .gpu-bin/examples/libdlpack_torch.so
 # Benchmarks last: their tables are what docs/performance.md quotes.

@@ -888,7 +888,7 @@ mod tests {
             })
         ));
         #[allow(clippy::reversed_empty_ranges)]
-        let reversed = [5..3];
+        let reversed = [0..1, 5..3];
         assert!(matches!(
             check_disjoint(&reversed, 10),
             Err(Error::OutOfBounds { .. })

@@ -339,10 +339,20 @@ fn reductions_match_cpu_at_odd_sizes() -> R {
     Ok(())
 }
 
-/// Trains `steps` steps of `batch` rows from `params` on `devices` (one communicator),
-/// through the epoch path (`train_steps`: page-locked uploads, loss slots, one host wait)
-/// or step by step (`data_parallel_step`). Returns the per-step losses and every
-/// replica's parameters.
+/// How [`train_run`] drives the steps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    /// `data_parallel_step`: synchronous upload, one host wait per step.
+    StepByStep,
+    /// `train_steps`: page-locked uploads, loss slots, one host wait per epoch.
+    Epoch,
+    /// `capture_steps` once, then `launch_steps` per epoch: one CUDA graph per step.
+    Graph,
+}
+
+/// Trains `epochs` × `steps` steps of `batch` rows from `params` on `devices` (one
+/// communicator) along `path`. Returns the per-step losses and every replica's
+/// parameters.
 #[allow(clippy::too_many_arguments)]
 fn train_run(
     ctx: &mut ThreadContext,
@@ -351,8 +361,8 @@ fn train_run(
     x: &[f32],
     y: &[u32],
     batch: usize,
-    steps: usize,
-    epoch_path: bool,
+    (epochs, steps): (usize, usize),
+    path: Path,
 ) -> Result<(Vec<f64>, Vec<Vec<Vec<f32>>>), String> {
     use gpubind::collective::{CommOptions, Communicator};
     let (lr, mu) = (0.05f32, 0.9f32);
@@ -383,40 +393,70 @@ fn train_run(
         .map(Kernels::fns)
         .collect::<gpubind::Result<Vec<_>>>()
         .ctx("fns")?;
-    let losses = if epoch_path {
-        mlp::train_steps(
-            ctx,
-            &comm,
-            devices,
-            &mut replicas,
-            &fns,
-            &batches,
-            batch,
-            lr,
-            mu,
-        )
-        .ctx("train_steps")?
-    } else {
-        let mut losses = Vec::new();
-        for step in 0..steps {
-            let rows = step * batch;
-            losses.push(
-                mlp::data_parallel_step(
-                    ctx,
-                    &comm,
-                    devices,
-                    &mut replicas,
-                    &fns,
-                    &x[rows * input..(rows + batch) * input],
-                    &y[rows..rows + batch],
-                    lr,
-                    mu,
-                )
-                .ctx("data_parallel_step")?,
-            );
+    let mut losses = Vec::new();
+    match path {
+        Path::Epoch => {
+            for _ in 0..epochs {
+                losses.extend(
+                    mlp::train_steps(
+                        ctx,
+                        &comm,
+                        devices,
+                        &mut replicas,
+                        &fns,
+                        &batches,
+                        batch,
+                        lr,
+                        mu,
+                    )
+                    .ctx("train_steps")?,
+                );
+            }
         }
-        losses
-    };
+        Path::StepByStep => {
+            for step in (0..epochs).flat_map(|_| 0..steps) {
+                let rows = step * batch;
+                losses.push(
+                    mlp::data_parallel_step(
+                        ctx,
+                        &comm,
+                        devices,
+                        &mut replicas,
+                        &fns,
+                        &x[rows * input..(rows + batch) * input],
+                        &y[rows..rows + batch],
+                        lr,
+                        mu,
+                    )
+                    .ctx("data_parallel_step")?,
+                );
+            }
+        }
+        Path::Graph => {
+            let gpu = ctx.bind(&devices[0]).ctx("bind")?;
+            let views = replicas
+                .iter()
+                .map(mlp::StepViews::new)
+                .collect::<gpubind::Result<Vec<_>>>()
+                .ctx("views")?;
+            let plan = mlp::StepPlan {
+                comm: &comm,
+                views: &views,
+                fns: &fns,
+                global_batch: batch,
+                lr,
+                mu,
+            };
+            let mut blas = gpu.new_blas().ctx("blas")?;
+            let graphs = mlp::capture_steps(&gpu, &mut blas, &plan, &batches).ctx("capture")?;
+            drop(blas); // the graphs keep its workspace
+            let stream = gpu.new_stream().ctx("stream")?;
+            for _ in 0..epochs {
+                losses
+                    .extend(mlp::launch_steps(&gpu, &stream, &graphs, &views).ctx("launch_steps")?);
+            }
+        }
+    }
     let mut out = Vec::new();
     for (d, rep) in devices.iter().zip(&replicas) {
         let gpu = ctx.bind(d).ctx("bind")?;
@@ -440,11 +480,12 @@ fn epoch_path_matches_step_by_step_and_repeats() -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     for ranks in [1, 2] {
         let devices = vec![dev.clone(); ranks];
-        let (l_step, p_step) = train_run(&mut ctx, &devices, &params, &x, &y, batch, steps, false)?;
-        let (l_epoch, p_epoch) =
-            train_run(&mut ctx, &devices, &params, &x, &y, batch, steps, true)?;
-        let (l_again, p_again) =
-            train_run(&mut ctx, &devices, &params, &x, &y, batch, steps, true)?;
+        let run = |ctx: &mut ThreadContext, path| {
+            train_run(ctx, &devices, &params, &x, &y, batch, (1, steps), path)
+        };
+        let (l_step, p_step) = run(&mut ctx, Path::StepByStep)?;
+        let (l_epoch, p_epoch) = run(&mut ctx, Path::Epoch)?;
+        let (l_again, p_again) = run(&mut ctx, Path::Epoch)?;
         ensure!(
             l_epoch.len() == steps && l_epoch.iter().all(|l| l.is_finite() && *l > 0.0),
             "{ranks} rank(s): losses {l_epoch:?}"
@@ -475,6 +516,53 @@ fn epoch_path_matches_step_by_step_and_repeats() -> R {
             "    {ranks} rank(s): loss {:.4} -> {:.4}; epoch path = step-by-step = second run, bit for bit",
             l_epoch[0] / batch as f64,
             l_epoch[steps - 1] / batch as f64
+        );
+    }
+    Ok(())
+}
+
+/// `--graph`: one CUDA graph per step (upload, forward, backward, all-reduce, SGD of
+/// every rank) takes exactly the eager epoch path's steps, bit for bit, over three epochs
+/// (each graph launched three times: it reads its inputs and the evolving parameters at
+/// each launch, and writes its loss slot again); for 1 rank and 2 ranks on GPU 0. (Ranks
+/// on two devices: `Capture::all_reduce` refuses them with `NotCapturable`, tested in
+/// gpu_graphs where 2 GPUs are visible.)
+fn graph_steps_match_eager_bit_for_bit() -> R {
+    let seed: u64 = rand::random();
+    println!("    seed {seed}");
+    let (batch, steps, epochs) = (512, 4, 3);
+    let params = mlp::init_params(SHAPE, seed);
+    let (x, y) = mlp::teacher_data(SHAPE, batch * steps, seed ^ 9);
+    let dev = Device::get(0).ctx("device")?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    for ranks in [1, 2] {
+        let devices = vec![dev.clone(); ranks];
+        let run = |ctx: &mut ThreadContext, path| {
+            train_run(ctx, &devices, &params, &x, &y, batch, (epochs, steps), path)
+        };
+        let (l_eager, p_eager) = run(&mut ctx, Path::Epoch)?;
+        let (l_graph, p_graph) = run(&mut ctx, Path::Graph)?;
+        ensure!(
+            l_graph.len() == epochs * steps && l_graph.iter().all(|l| l.is_finite() && *l > 0.0),
+            "{ranks} rank(s): graph losses {l_graph:?}"
+        );
+        ensure!(
+            l_graph == l_eager,
+            "{ranks} rank(s): graph losses {l_graph:?} vs eager {l_eager:?}"
+        );
+        ensure!(
+            p_graph == p_eager,
+            "{ranks} rank(s): graph parameters differ from eager"
+        );
+        ensure!(
+            l_graph[epochs * steps - 1] < l_graph[0],
+            "{ranks} rank(s): the loss did not fall: {l_graph:?}"
+        );
+        println!(
+            "    {ranks} rank(s): loss {:.4} -> {:.4} over {} graph launches = eager, bit for bit",
+            l_graph[0] / batch as f64,
+            l_graph[epochs * steps - 1] / batch as f64,
+            epochs * steps
         );
     }
     Ok(())
@@ -556,6 +644,10 @@ fn main() {
             (
                 "epoch_path_matches_step_by_step_and_repeats",
                 epoch_path_matches_step_by_step_and_repeats,
+            ),
+            (
+                "graph_steps_match_eager_bit_for_bit",
+                graph_steps_match_eager_bit_for_bit,
             ),
             (
                 "bad_arguments_are_typed_errors",

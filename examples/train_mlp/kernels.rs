@@ -175,6 +175,24 @@ pub(crate) fn elementwise(n: u32) -> LaunchConfig {
     }
 }
 
+/// `softmax_xent`'s launch: one block of 256 threads per chunk of rows (`parts` chunks).
+pub(crate) fn xent_config(parts: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (parts, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `col_finish`'s launch: one block of 128 threads per column of the partial sums.
+pub(crate) fn finish_config(width: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (width, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 fn expect_elems(what: &str, len: usize, want: usize) -> Result<()> {
     if len == want {
         Ok(())
@@ -182,6 +200,28 @@ fn expect_elems(what: &str, len: usize, want: usize) -> Result<()> {
         Err(Error::InvalidArgument(format!(
             "train_mlp: {what} has {len} elements, the kernel needs {want}"
         )))
+    }
+}
+
+/// `z += b` per row, then ReLU if `relu`: the launch and its scalar arguments, once
+/// the buffers' lengths were checked (the kernel's bounds follow from them).
+pub(crate) struct BiasAct {
+    pub(crate) cfg: LaunchConfig,
+    pub(crate) rows: u32,
+    pub(crate) cols: u32,
+    pub(crate) relu: i32,
+}
+
+impl BiasAct {
+    pub(crate) fn new(z: usize, b: usize, rows: u32, cols: u32, relu: bool) -> Result<Self> {
+        expect_elems("bias_act z", z, rows as usize * cols as usize)?;
+        expect_elems("bias_act b", b, cols as usize)?;
+        Ok(BiasAct {
+            cfg: elementwise(rows * cols),
+            rows,
+            cols,
+            relu: i32::from(relu),
+        })
     }
 }
 
@@ -195,24 +235,64 @@ pub(crate) fn bias_act(
     cols: u32,
     relu: bool,
 ) -> Result<()> {
-    expect_elems("bias_act z", z.len(), rows as usize * cols as usize)?;
-    expect_elems("bias_act b", b.len(), cols as usize)?;
-    let relu = i32::from(relu);
+    let k = BiasAct::new(z.len(), b.len(), rows, cols, relu)?;
     // SAFETY: (float*, const float*, unsigned, unsigned, int) matches bias_act, which
-    // stays inside rows·cols elements of z and cols of b (their lengths, checked above).
+    // stays inside rows·cols elements of z and cols of b (their lengths, checked by
+    // BiasAct::new).
     unsafe {
-        s.launch(&f.bias_act, elementwise(rows * cols))
+        s.launch(&f.bias_act, k.cfg)
             .arg(z)
             .arg(b)
-            .arg(&rows)
-            .arg(&cols)
-            .arg(&relu)
+            .arg(&k.rows)
+            .arg(&k.cols)
+            .arg(&k.relu)
             .launch()
     }
 }
 
 /// `d = 0` where `a <= 0`, and the column sums of the result per chunk of rows into
-/// columns `poff..poff+cols` of `partial` (row stride `pstride`).
+/// columns `poff..poff+cols` of `partial` (row stride `pstride`): the launch and its
+/// scalars, once the lengths were checked.
+pub(crate) struct ReluBack {
+    pub(crate) cfg: LaunchConfig,
+    pub(crate) scalars: [u32; 4],
+}
+
+impl ReluBack {
+    /// `lens`: of d, a and partial.
+    pub(crate) fn new(
+        lens: [usize; 3],
+        rows: u32,
+        cols: u32,
+        pstride: u32,
+        poff: u32,
+        parts: u32,
+    ) -> Result<Self> {
+        let n = rows as usize * cols as usize;
+        expect_elems("relu_back_colsum d", lens[0], n)?;
+        expect_elems("relu_back_colsum a", lens[1], n)?;
+        expect_elems(
+            "relu_back_colsum partial",
+            lens[2],
+            parts as usize * pstride as usize,
+        )?;
+        if poff as usize + cols as usize > pstride as usize {
+            return Err(Error::InvalidArgument(format!(
+                "train_mlp: partial columns {poff}+{cols} exceed the stride {pstride}"
+            )));
+        }
+        Ok(ReluBack {
+            cfg: LaunchConfig {
+                grid_dim: (cols.div_ceil(32), parts, 1),
+                block_dim: (32, 8, 1),
+                shared_mem_bytes: 0,
+            },
+            scalars: [rows, cols, pstride, poff],
+        })
+    }
+}
+
+/// [`ReluBack`] on a stream.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn relu_back_colsum(
     s: &BoundStream<'_>,
@@ -226,37 +306,28 @@ pub(crate) fn relu_back_colsum(
     poff: u32,
     parts: u32,
 ) -> Result<()> {
-    let n = rows as usize * cols as usize;
-    expect_elems("relu_back_colsum d", d.len(), n)?;
-    expect_elems("relu_back_colsum a", a.len(), n)?;
-    expect_elems(
-        "relu_back_colsum partial",
-        partial.len(),
-        parts as usize * pstride as usize,
+    let k = ReluBack::new(
+        [d.len(), a.len(), partial.len()],
+        rows,
+        cols,
+        pstride,
+        poff,
+        parts,
     )?;
-    if poff as usize + cols as usize > pstride as usize {
-        return Err(Error::InvalidArgument(format!(
-            "train_mlp: partial columns {poff}+{cols} exceed the stride {pstride}"
-        )));
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (cols.div_ceil(32), parts, 1),
-        block_dim: (32, 8, 1),
-        shared_mem_bytes: 0,
-    };
+    let [rows, cols, pstride, poff] = &k.scalars;
     // SAFETY: (float*, const float*, float*, unsigned ×4) matches relu_back_colsum. It
-    // touches rows·cols elements of d and a (their lengths, checked above) and writes
-    // partial rows < parts (gridDim.y) at columns poff..poff+cols ≤ pstride, inside
-    // parts·pstride elements (checked above).
+    // touches rows·cols elements of d and a (their lengths, checked by ReluBack::new)
+    // and writes partial rows < parts (gridDim.y) at columns poff..poff+cols ≤ pstride,
+    // inside parts·pstride elements (checked too).
     unsafe {
-        s.launch(&f.relu_back_colsum, cfg)
+        s.launch(&f.relu_back_colsum, k.cfg)
             .arg(d)
             .arg(a)
             .arg(partial)
-            .arg(&rows)
-            .arg(&cols)
-            .arg(&pstride)
-            .arg(&poff)
+            .arg(rows)
+            .arg(cols)
+            .arg(pstride)
+            .arg(poff)
             .launch()
     }
 }

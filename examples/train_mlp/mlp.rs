@@ -7,6 +7,8 @@
 
 use rand::{Rng, SeedableRng};
 
+#[path = "graph.rs"]
+mod graph;
 #[path = "kernels.rs"]
 mod kernels;
 #[path = "replica.rs"]
@@ -14,6 +16,7 @@ mod replica;
 #[path = "step.rs"]
 mod step;
 
+pub use graph::{StepPlan, StepViews, capture_steps, launch_steps};
 pub use kernels::{Fns, KERNELS, Kernels};
 pub use replica::{Gradients, PinnedBatch, Replica};
 pub use step::{data_parallel_step, enqueue_step, train_steps};

@@ -1,7 +1,8 @@
 //! One data-parallel replica on one device, and page-locked batches to feed it.
 
 use super::Shape;
-use super::kernels::{Fns, bias_act, elementwise, relu_back_colsum, u32_of};
+use super::kernels::xent_config;
+use super::kernels::{Fns, bias_act, elementwise, finish_config, relu_back_colsum, u32_of};
 use gpubind::blas::{Blas, Matmul};
 use gpubind::{BoundDevice, BoundStream, DeviceSlice, Error, LaunchConfig, Result};
 use gpubind::{PinnedHostBuffer, PinnedOptions};
@@ -16,13 +17,14 @@ pub enum Gradients {
 }
 
 /// One rank's shard of one batch in page-locked host memory. Written once, by
-/// [`PinnedBatch::new`], and never again (the fields are private and nothing hands out
+/// [`PinnedBatch::new`], and never again (the fields are private to the model's modules
+/// and nothing hands out
 /// `&mut` access), so stream-ordered uploads from it need no scope: the host cannot write
 /// it while a copy reads it, and dropping it waits for the copies (they are tracked uses
 /// of the buffers).
 pub struct PinnedBatch {
-    x: PinnedHostBuffer<f32>,
-    y: PinnedHostBuffer<u32>,
+    pub(super) x: PinnedHostBuffer<f32>,
+    pub(super) y: PinnedHostBuffer<u32>,
 }
 
 impl PinnedBatch {
@@ -38,31 +40,32 @@ impl PinnedBatch {
 /// One data-parallel replica: parameters, gradients, momentum and activations on one
 /// device. Parameters, gradients and momentum are flat ([`Shape::offsets`]).
 ///
-/// Every field is private: the kernels' bounds follow from `shape` and `rows` matching the
-/// buffers allocated for them, so neither can change after construction.
+/// Every field is private to the model's modules (this one, the step and the graph
+/// capture, none of which assigns one after construction): the kernels' bounds follow
+/// from `shape` and `rows` matching the buffers allocated for them.
 pub struct Replica {
-    shape: Shape,
-    rows: usize,
-    params: DeviceSlice<f32>,
-    pub(crate) grads: DeviceSlice<f32>,
+    pub(super) shape: Shape,
+    pub(super) rows: usize,
+    pub(super) params: DeviceSlice<f32>,
+    pub(super) grads: DeviceSlice<f32>,
     /// Gradients summed over all replicas (the all-reduce's output).
-    pub(crate) reduced: DeviceSlice<f32>,
-    vel: DeviceSlice<f32>,
-    x: DeviceSlice<f32>,
-    y: DeviceSlice<u32>,
-    a1: DeviceSlice<f32>,
-    a2: DeviceSlice<f32>,
-    logits: DeviceSlice<f32>,
-    d1: DeviceSlice<f32>,
-    d2: DeviceSlice<f32>,
+    pub(super) reduced: DeviceSlice<f32>,
+    pub(super) vel: DeviceSlice<f32>,
+    pub(super) x: DeviceSlice<f32>,
+    pub(super) y: DeviceSlice<u32>,
+    pub(super) a1: DeviceSlice<f32>,
+    pub(super) a2: DeviceSlice<f32>,
+    pub(super) logits: DeviceSlice<f32>,
+    pub(super) d1: DeviceSlice<f32>,
+    pub(super) d2: DeviceSlice<f32>,
     /// Per-chunk partial sums of the bias gradients and the loss (`parts × width()`).
-    partial: DeviceSlice<f32>,
-    parts: usize,
+    pub(super) partial: DeviceSlice<f32>,
+    pub(super) parts: usize,
     /// Each step's summed loss, written by the reduction kernel straight into mapped
     /// page-locked memory (slot = the step's index in its epoch): no copy and no host
     /// wait per step.
-    losses: PinnedHostBuffer<f32>,
-    blas: Blas,
+    pub(super) losses: PinnedHostBuffer<f32>,
+    pub(super) blas: Blas,
 }
 
 impl Replica {
@@ -142,7 +145,7 @@ impl Replica {
     }
 
     /// Columns of the partial-sum matrix: b1, b2, b3, then the loss.
-    fn width(shape: Shape) -> usize {
+    pub(super) fn width(shape: Shape) -> usize {
         2 * shape.hidden + shape.classes + 1
     }
 
@@ -251,11 +254,7 @@ impl Replica {
         let mut dz3 = d2.slice_mut(..rows * c)?;
         let lpr = (c as u32).next_power_of_two();
         let (c32, pstride, poff3) = (c as u32, w32, (2 * h) as u32);
-        let xent_cfg = LaunchConfig {
-            grid_dim: (parts, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let xent_cfg = xent_config(parts);
         // SAFETY: softmax_xent takes (const float*, const unsigned*, float*, float*,
         // unsigned ×3, float, unsigned ×2), matched here. Block g reads and writes rows
         // inside rows·classes elements of logits and dlogits (chunk bounds are clamped to
@@ -323,11 +322,7 @@ impl Replica {
         )?;
         // The three bias gradients and the loss, from the partial sums.
         let mut biases = grads.slice_mut(sh.bias_offset()..)?;
-        let finish_cfg = LaunchConfig {
-            grid_dim: (w32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let finish_cfg = finish_config(w32);
         let slot32 = slot as u32;
         // SAFETY: col_finish takes (const float*, float*, float*, unsigned ×3), matched.
         // It reads parts·width elements of partial (its length), writes out[c] for
