@@ -3,7 +3,10 @@
 //! ```text
 //! cargo run --release --example train_mlp -- [--devices 0,1 | --devices 0,0] [--epochs 20]
 //!     [--batch 4096] [--hidden 256] [--lr 0.1] [--backend kernels|nccl] [--seed 1]
-//!     [--steps 16] [--dump-data DIR]
+//!     [--steps 16] [--dump-data DIR] [--save-run DIR]
+//! # one process per rank (process.rs): under a launcher, or started by train_mlp itself
+//! torchrun --standalone --nproc-per-node N --no-python train_mlp --launcher env [--backend kernels|nccl] …
+//! cargo run --release --example train_mlp -- --spawn N [--backend kernels|nccl] [--devices 0,0] …
 //! ```
 //!
 //! Each rank (an entry of `--devices`; default: every visible device, once) holds a full
@@ -15,6 +18,19 @@
 //! The host enqueues all steps of an epoch (`--steps`) and waits once per epoch. The types
 //! make sure each rank's work runs in its own context. The same device may be listed
 //! twice (`--devices 0,0`) to exercise two ranks on one GPU.
+//!
+//! `--launcher env` runs one rank per process ([`process`]): rank, world size and local
+//! rank come from the launcher's variables (torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! `MASTER_ADDR`, or mpirun's and Slurm's, as `gpubind::collective::LaunchEnv` maps them);
+//! `--devices` then lists one device per local rank (default: the local rank modulo the
+//! visible devices). The backend is `--backend`'s, else NCCL unless two local ranks share
+//! a GPU, then the own kernels (one machine only). Each process trains its shard of every
+//! batch, the all-reduce goes through a `RankComm`, and rank 0 prints the lines below.
+//! `--spawn N` ([`launch`]) starts N such processes itself, with torchrun's variables on
+//! 127.0.0.1, forwards rank 0's output, and fails (killing the rest) if one rank fails.
+//! With the own kernels, `--spawn 2 --devices 0,0` and the in-process `--devices 0,0` give
+//! the same losses and parameters bit for bit (see [`process`]). `--save-run DIR` writes
+//! every step's loss and the final parameters ([`process::save_run`]) for comparing runs.
 //!
 //! The task is synthetic and seeded: labels are the argmax of a fixed random teacher MLP.
 //!
@@ -29,8 +45,12 @@
 //! ([`mlp::Shape::flops_per_sample`]) over epochs 1.. and `frac_fp32` its fraction of
 //! [`H200_FP32_TFLOPS`] times the number of distinct devices.
 
+#[path = "launch.rs"]
+mod launch;
 #[path = "mlp.rs"]
 mod mlp;
+#[path = "process.rs"]
+mod process;
 
 use gpubind::collective::{CommOptions, Communicator};
 use gpubind::{Device, Error, ThreadContext};
@@ -48,10 +68,16 @@ struct Args {
     batch: usize,
     hidden: usize,
     lr: f32,
-    nccl: bool,
+    /// `--backend`: `Some(true)` NCCL, `Some(false)` own kernels, `None` not given.
+    nccl: Option<bool>,
     seed: u64,
     steps_per_epoch: usize,
     dump_data: Option<std::path::PathBuf>,
+    /// `--launcher env`: one rank per process, from the launcher's variables.
+    launcher_env: bool,
+    /// `--spawn N`: start N ranks of this program.
+    spawn: Option<usize>,
+    save_run: Option<std::path::PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -61,10 +87,13 @@ fn parse_args() -> Result<Args, String> {
         batch: 4096,
         hidden: 256,
         lr: 0.1,
-        nccl: false,
+        nccl: None,
         seed: 1,
         steps_per_epoch: 16,
         dump_data: None,
+        launcher_env: false,
+        spawn: None,
+        save_run: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -89,10 +118,16 @@ fn parse_args() -> Result<Args, String> {
             "--seed" => a.seed = val()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--steps" => a.steps_per_epoch = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--dump-data" => a.dump_data = Some(val()?.into()),
+            "--save-run" => a.save_run = Some(val()?.into()),
+            "--launcher" => match val()?.as_str() {
+                "env" => a.launcher_env = true,
+                other => return Err(format!("--launcher: {other:?} is not env")),
+            },
+            "--spawn" => a.spawn = Some(val()?.parse().map_err(|e| format!("--spawn: {e}"))?),
             "--backend" => {
                 a.nccl = match val()?.as_str() {
-                    "nccl" => true,
-                    "kernels" => false,
+                    "nccl" => Some(true),
+                    "kernels" => Some(false),
                     other => {
                         return Err(format!("--backend: {other:?} is neither nccl nor kernels"));
                     }
@@ -103,6 +138,15 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.batch == 0 || a.epochs == 0 || a.steps_per_epoch == 0 {
         return Err("--batch, --epochs and --steps must be positive".into());
+    }
+    if a.spawn == Some(0) {
+        return Err("--spawn needs at least 1 rank".into());
+    }
+    if a.spawn.is_some() && a.launcher_env {
+        return Err("--spawn starts its ranks with --launcher env itself: give one of them".into());
+    }
+    if (a.spawn.is_some() || a.launcher_env) && a.dump_data.is_some() {
+        return Err("--dump-data runs in one process: drop --spawn and --launcher".into());
     }
     Ok(a)
 }
@@ -115,7 +159,14 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = run(&args) {
+    let outcome = if let Some(ranks) = args.spawn {
+        launch::spawn(ranks)
+    } else if args.launcher_env {
+        process::run(&args)
+    } else {
+        run(&args).map_err(|e| e.to_string())
+    };
+    if let Err(e) = outcome {
         eprintln!("train_mlp: {e}");
         std::process::exit(1);
     }
@@ -204,7 +255,7 @@ fn run(args: &Args) -> gpubind::Result<()> {
 
     let mut ctx = ThreadContext::acquire()?;
     let steps = args.steps_per_epoch;
-    let options = if args.nccl {
+    let options = if args.nccl == Some(true) {
         CommOptions::nccl()
     } else {
         CommOptions::kernels()
@@ -254,6 +305,7 @@ fn run(args: &Args) -> gpubind::Result<()> {
     let mut last_loss = 0.0;
     let mut total_samples = 0usize;
     let mut total_time = 0.0f64;
+    let mut all_losses = Vec::with_capacity(args.epochs * args.steps_per_epoch);
     for epoch in 0..args.epochs {
         let start = Instant::now();
         let losses = mlp::train_steps(
@@ -268,6 +320,7 @@ fn run(args: &Args) -> gpubind::Result<()> {
             mu,
         )?;
         let secs = start.elapsed().as_secs_f64();
+        all_losses.extend_from_slice(&losses);
         let loss_sum: f64 = losses.iter().sum();
         let samples = args.batch * args.steps_per_epoch;
         if epoch > 0 {
@@ -316,5 +369,8 @@ fn run(args: &Args) -> gpubind::Result<()> {
         args.batch,
         tflops / (H200_FP32_TFLOPS * distinct.len() as f64)
     );
+    if let Some(dir) = &args.save_run {
+        process::save_run(dir, &all_losses, &replicas[0].params(&gpu)?)?;
+    }
     Ok(())
 }
