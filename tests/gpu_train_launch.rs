@@ -160,7 +160,8 @@ fn result_lines(stdout: &str) -> Vec<String> {
         .lines()
         .filter_map(|l| {
             if l.starts_with("epoch ") {
-                l.split("  ").next().map(str::to_owned)
+                // "epoch   0: loss 1.2345  678 samples/s": all but the samples/s.
+                l.rsplit_once("  ").map(|(head, _)| head.to_owned())
             } else if l.starts_with("final: ") {
                 l.split(", ").take(2).collect::<Vec<_>>().join(", ").into()
             } else {

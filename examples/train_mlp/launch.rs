@@ -1,4 +1,7 @@
-//! `train_mlp --spawn N`: a small built-in launcher. Starts N copies of this executable
+//! Where `train_mlp`'s ranks run ([`device_of`], [`choose_nccl`]: one process per rank,
+//! see `process.rs`) and `train_mlp --spawn N` ([`spawn`]), a small built-in launcher.
+//!
+//! `--spawn N` Starts N copies of this executable
 //! with the variables torchrun gives its workers (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 //! `LOCAL_WORLD_SIZE`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`) plus `GPUBIND_RDZV_PORT`,
 //! the same arguments without `--spawn N` and with `--launcher env`, and waits for all.
@@ -18,8 +21,68 @@
 //! * On Linux each rank is killed if the spawner dies (`PR_SET_PDEATHSIG`), so a killed
 //!   spawner leaves no ranks behind.
 
+use gpubind::Error;
+use gpubind::collective::LaunchEnv;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+/// The device of local rank `local_rank`: `--devices`' entry for it (one per local rank),
+/// else the local rank modulo the visible devices (so where the launcher shows each
+/// process one GPU, `CUDA_VISIBLE_DEVICES` or `srun --gpus-per-task 1`, it is device 0).
+pub fn device_of(
+    devices: Option<&[usize]>,
+    local_rank: usize,
+    count: usize,
+) -> Result<usize, Error> {
+    match devices {
+        Some(list) => list.get(local_rank).copied().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "--devices lists {} device(s), but this process is local rank {local_rank}: list one device per process on this machine",
+                list.len()
+            ))
+        }),
+        None if count == 0 => Err(Error::InvalidArgument(
+            "no CUDA device is visible to this process".into(),
+        )),
+        None => Ok(local_rank % count),
+    }
+}
+
+/// Whether to use NCCL: `--backend` when given; else NCCL unless two ranks of this
+/// machine map to one GPU (NCCL refuses that), then the own kernels — which work on one
+/// machine only, so a job over several machines with shared GPUs is an error. Every rank
+/// of a machine computes the same answer from the same inputs (the launcher's local
+/// world size, `--devices`, the visible device count).
+pub fn choose_nccl(
+    backend: Option<bool>,
+    env: &LaunchEnv,
+    devices: Option<&[usize]>,
+    count: usize,
+) -> Result<bool, Error> {
+    if let Some(nccl) = backend {
+        return Ok(nccl);
+    }
+    let Some(local) = env.local_world_size else {
+        return Err(Error::InvalidArgument(
+            "the launcher does not say how many ranks run on this machine: choose the backend with --backend nccl|kernels".into(),
+        ));
+    };
+    let mut seen = Vec::with_capacity(local);
+    for l in 0..local {
+        let d = device_of(devices, l, count)?;
+        if seen.contains(&d) {
+            if env.world_size > local {
+                return Err(Error::InvalidArgument(format!(
+                    "local ranks share GPU {d}: NCCL refuses that, and the own-kernel backend (--backend kernels) works on one machine only, but this job spans machines ({} ranks, {local} here)",
+                    env.world_size
+                )));
+            }
+            return Ok(false);
+        }
+        seen.push(d);
+    }
+    Ok(true)
+}
 
 /// How long the other ranks get to end on their own after one failed.
 const GRACE: Duration = Duration::from_secs(2);
@@ -105,10 +168,11 @@ fn kill_rest(ranks: &mut [(usize, Child, Option<ExitStatus>)]) -> Vec<usize> {
     killed
 }
 
-/// Runs `world` ranks of this program; `Err` names the first rank that failed.
-pub fn spawn(world: usize) -> Result<(), String> {
+/// Runs `world` ranks of this program (`std::env::current_exe`), each with `args` (this
+/// process's arguments) through [`rank_args`]; `Err` names the first rank that failed.
+pub fn spawn(world: usize, args: impl IntoIterator<Item = String>) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("--spawn: this executable: {e}"))?;
-    let args = rank_args(std::env::args().skip(1));
+    let args = rank_args(args);
     let ports = free_ports().map_err(|e| format!("--spawn: no free port on 127.0.0.1: {e}"))?;
     let mut ranks: Vec<(usize, Child, Option<ExitStatus>)> = Vec::with_capacity(world);
     for rank in 0..world {

@@ -160,7 +160,7 @@ fn main() {
         }
     };
     let outcome = if let Some(ranks) = args.spawn {
-        launch::spawn(ranks)
+        launch::spawn(ranks, std::env::args().skip(1))
     } else if args.launcher_env {
         process::run(&args)
     } else {

@@ -21,70 +21,13 @@
 //! `gather_losses`). NCCL's all-reduce has its own order: with more than two ranks its
 //! sums may differ in the last bits from the own kernels' (with two, `a + b == b + a`).
 
+use super::launch::{choose_nccl, device_of};
 use super::mlp::{self, Gradients, Kernels, PinnedBatch, Replica, Shape};
 use super::{Args, H200_FP32_TFLOPS};
 use gpubind::collective::LaunchEnv;
 use gpubind::{Device, Error, Op, RankComm, ThreadContext};
 use std::path::Path;
 use std::time::Instant;
-
-/// The device of local rank `local_rank`: `--devices`' entry for it (one per local rank),
-/// else the local rank modulo the visible devices (so where the launcher shows each
-/// process one GPU, `CUDA_VISIBLE_DEVICES` or `srun --gpus-per-task 1`, it is device 0).
-pub fn device_of(
-    devices: Option<&[usize]>,
-    local_rank: usize,
-    count: usize,
-) -> Result<usize, Error> {
-    match devices {
-        Some(list) => list.get(local_rank).copied().ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "--devices lists {} device(s), but this process is local rank {local_rank}: list one device per process on this machine",
-                list.len()
-            ))
-        }),
-        None if count == 0 => Err(Error::InvalidArgument(
-            "no CUDA device is visible to this process".into(),
-        )),
-        None => Ok(local_rank % count),
-    }
-}
-
-/// Whether to use NCCL: `--backend` when given; else NCCL unless two ranks of this
-/// machine map to one GPU (NCCL refuses that), then the own kernels — which work on one
-/// machine only, so a job over several machines with shared GPUs is an error. Every rank
-/// of a machine computes the same answer from the same inputs (the launcher's local
-/// world size, `--devices`, the visible device count).
-pub fn choose_nccl(
-    backend: Option<bool>,
-    env: &LaunchEnv,
-    devices: Option<&[usize]>,
-    count: usize,
-) -> Result<bool, Error> {
-    if let Some(nccl) = backend {
-        return Ok(nccl);
-    }
-    let Some(local) = env.local_world_size else {
-        return Err(Error::InvalidArgument(
-            "the launcher does not say how many ranks run on this machine: choose the backend with --backend nccl|kernels".into(),
-        ));
-    };
-    let mut seen = Vec::with_capacity(local);
-    for l in 0..local {
-        let d = device_of(devices, l, count)?;
-        if seen.contains(&d) {
-            if env.world_size > local {
-                return Err(Error::InvalidArgument(format!(
-                    "local ranks share GPU {d}: NCCL refuses that, and the own-kernel backend (--backend kernels) works on one machine only, but this job spans machines ({} ranks, {local} here)",
-                    env.world_size
-                )));
-            }
-            return Ok(false);
-        }
-        seen.push(d);
-    }
-    Ok(true)
-}
 
 /// FNV-1a 64 of this machine's host name: which ranks share a machine, for the count of
 /// distinct GPUs in the `RESULT` line.
@@ -125,15 +68,23 @@ pub fn run(args: &Args) -> Result<(), String> {
 
 fn run_rank(args: &Args, env: &LaunchEnv) -> gpubind::Result<()> {
     let (rank, world) = (env.rank, env.world_size);
-    let count = Device::count()?;
-    let ordinal = device_of(args.devices.as_deref(), env.local_rank, count)?;
-    let nccl = choose_nccl(args.nccl, env, args.devices.as_deref(), count)?;
+    if let (Some(list), Some(local)) = (&args.devices, env.local_world_size)
+        && list.len() != local
+    {
+        return Err(Error::InvalidArgument(format!(
+            "--devices lists {} device(s) for {local} processes on this machine: list one per local rank",
+            list.len()
+        )));
+    }
     if !args.batch.is_multiple_of(world) {
         return Err(Error::InvalidArgument(format!(
             "--batch {} is not divisible by {world} ranks",
             args.batch
         )));
     }
+    let count = Device::count()?;
+    let ordinal = device_of(args.devices.as_deref(), env.local_rank, count)?;
+    let nccl = choose_nccl(args.nccl, env, args.devices.as_deref(), count)?;
     let dev = Device::get(ordinal)?;
     let mut ctx = ThreadContext::acquire()?;
     let mut comm = if nccl {
