@@ -19,7 +19,8 @@
 //!   bounded here: each rank's waits are bounded by the library's timeouts
 //!   (`GPUBIND_RDZV_TIMEOUT`, the collective timeout).
 //! * On Linux each rank is killed if the spawner dies (`PR_SET_PDEATHSIG`), so a killed
-//!   spawner leaves no ranks behind.
+//!   spawner leaves no ranks behind. (The signal follows the thread that started the
+//!   rank: `spawn` is meant for the main thread, which lives as long as the spawner.)
 
 use gpubind::Error;
 use gpubind::collective::LaunchEnv;
