@@ -205,16 +205,24 @@ fn same_run(a: (&str, &Run), b: (&str, &Run)) -> R {
     Ok(())
 }
 
-fn in_process() -> Result<Run, String> {
-    let mut cmd = Command::new(train_mlp()?);
-    cmd.args(["--devices", "0,0"]).args(SIZE);
-    let r = run_ok("in-process --devices 0,0", cmd)?;
-    ensure!(
-        r.stdout.contains("backend Kernels"),
-        "in-process: not the own kernels:\n{}",
-        r.stdout
-    );
-    Ok(r)
+/// The reference: the in-process run on two ranks of GPU 0 (run once, shared by the
+/// tests).
+fn in_process() -> Result<&'static Run, String> {
+    static REFERENCE: std::sync::OnceLock<Result<Run, String>> = std::sync::OnceLock::new();
+    REFERENCE
+        .get_or_init(|| {
+            let mut cmd = Command::new(train_mlp()?);
+            cmd.args(["--devices", "0,0"]).args(SIZE);
+            let r = run_ok("in-process --devices 0,0", cmd)?;
+            ensure!(
+                r.stdout.contains("backend Kernels"),
+                "in-process: not the own kernels:\n{}",
+                r.stdout
+            );
+            Ok(r)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// `--spawn 2 --backend kernels --devices 0,0` = the in-process `--devices 0,0`, bit for
@@ -232,7 +240,7 @@ fn spawned_run_matches_in_process_bit_for_bit() -> R {
         "--spawn 2: not rank 0's output alone:\n{}",
         spawned.stdout
     );
-    same_run(("in-process", &reference), ("--spawn 2", &spawned))?;
+    same_run(("in-process", reference), ("--spawn 2", &spawned))?;
     let mut cmd = Command::new(train_mlp()?);
     cmd.args(["--spawn", "2", "--devices", "0,0"]).args(SIZE);
     let auto = run_ok("--spawn 2, no --backend", cmd)?;
@@ -242,7 +250,7 @@ fn spawned_run_matches_in_process_bit_for_bit() -> R {
         auto.stdout
     );
     same_run(
-        ("in-process", &reference),
+        ("in-process", reference),
         ("--spawn 2 (auto backend)", &auto),
     )?;
     println!("    per-step losses, final parameters and printed results identical");
@@ -277,7 +285,7 @@ fn torchrun_launch_matches_in_process() -> R {
         "torchrun: rank 0 did not read torchrun's variables:\n{}",
         launched.stdout
     );
-    same_run(("in-process", &reference), ("torchrun", &launched))
+    same_run(("in-process", reference), ("torchrun", &launched))
 }
 
 /// A rank that fails (rank 1 on a device that does not exist) makes `--spawn` exit
