@@ -46,6 +46,15 @@ ex ipc_workers 120 .gpu-bin/examples/ipc_workers 4
 ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 10
 ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0
 ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0 --graph
+# One process per rank (docs/collective.md, "A complete training program"): the built-in
+# spawner and torchrun, 2 processes on GPU 0 with the own kernels across processes.
+ex train_mlp 300 .gpu-bin/examples/train_mlp --spawn 2 --backend kernels --devices 0,0 --epochs 3
+if command -v torchrun >/dev/null; then
+  ex train_mlp 300 torchrun --standalone --nproc-per-node 2 --no-python .gpu-bin/examples/train_mlp \
+    --launcher env --backend kernels --devices 0,0 --epochs 3
+elif wanted train_mlp; then
+  say "=== train_mlp under torchrun: SKIPPED (torchrun not on PATH)"
+fi
 [[ -f .gpu-bin/examples/libdlpack_torch.so ]] &&
   run dlpack_torch 120 python3 scripts/dlpack_torch.py .gpu-bin/examples/libdlpack_torch.so
 # Benchmarks last: their tables are what docs/performance.md quotes.

@@ -3,7 +3,10 @@
 //! ```text
 //! cargo run --release --example train_mlp -- [--devices 0,1 | --devices 0,0] [--epochs 20]
 //!     [--batch 4096] [--hidden 256] [--lr 0.1] [--backend kernels|nccl] [--seed 1]
-//!     [--steps 16] [--graph] [--dump-data DIR]
+//!     [--steps 16] [--graph] [--dump-data DIR] [--save-run DIR]
+//! # one process per rank (process.rs): under a launcher, or started by train_mlp itself
+//! torchrun --standalone --nproc-per-node N --no-python train_mlp --launcher env [--backend kernels|nccl] …
+//! cargo run --release --example train_mlp -- --spawn N [--backend kernels|nccl] [--devices 0,0] …
 //! ```
 //!
 //! Each rank (an entry of `--devices`; default: every visible device, once) holds a full
@@ -21,6 +24,19 @@
 //! (`graph.rs`). The results are bit-identical to the eager run's. The all-reduce can be
 //! captured only when every rank is on one device (`--devices 0` or `0,0`, own kernels).
 //!
+//! `--launcher env` runs one rank per process ([`process`]): rank, world size and local
+//! rank come from the launcher's variables (torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! `MASTER_ADDR`, or mpirun's and Slurm's, as `gpubind::collective::LaunchEnv` maps them);
+//! `--devices` then lists one device per local rank (default: the local rank modulo the
+//! visible devices). The backend is `--backend`'s, else NCCL unless two local ranks share
+//! a GPU, then the own kernels (one machine only). Each process trains its shard of every
+//! batch, the all-reduce goes through a `RankComm`, and rank 0 prints the lines below.
+//! `--spawn N` ([`launch`]) starts N such processes itself, with torchrun's variables on
+//! 127.0.0.1, forwards rank 0's output, and fails (killing the rest) if one rank fails.
+//! With the own kernels, `--spawn 2 --devices 0,0` and the in-process `--devices 0,0` give
+//! the same losses and parameters bit for bit (see [`process`]). `--save-run DIR` writes
+//! every step's loss and the final parameters ([`process::save_run`]) for comparing runs.
+//!
 //! The task is synthetic and seeded: labels are the argmax of a fixed random teacher MLP.
 //!
 //! `--dump-data DIR` writes the run's training data and initial parameters (little-endian
@@ -34,8 +50,12 @@
 //! ([`mlp::Shape::flops_per_sample`]) over epochs 1.. and `frac_fp32` its fraction of
 //! [`H200_FP32_TFLOPS`] times the number of distinct devices.
 
+#[path = "launch.rs"]
+mod launch;
 #[path = "mlp.rs"]
 mod mlp;
+#[path = "process.rs"]
+mod process;
 
 use gpubind::collective::{CommOptions, Communicator};
 use gpubind::{Device, Error, ThreadContext};
@@ -53,11 +73,17 @@ struct Args {
     batch: usize,
     hidden: usize,
     lr: f32,
-    nccl: bool,
+    /// `--backend`: `Some(true)` NCCL, `Some(false)` own kernels, `None` not given.
+    nccl: Option<bool>,
     seed: u64,
     steps_per_epoch: usize,
     dump_data: Option<std::path::PathBuf>,
     graph: bool,
+    /// `--launcher env`: one rank per process, from the launcher's variables.
+    launcher_env: bool,
+    /// `--spawn N`: start N ranks of this program.
+    spawn: Option<usize>,
+    save_run: Option<std::path::PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -67,11 +93,14 @@ fn parse_args() -> Result<Args, String> {
         batch: 4096,
         hidden: 256,
         lr: 0.1,
-        nccl: false,
+        nccl: None,
         seed: 1,
         steps_per_epoch: 16,
         dump_data: None,
         graph: false,
+        launcher_env: false,
+        spawn: None,
+        save_run: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -97,10 +126,16 @@ fn parse_args() -> Result<Args, String> {
             "--steps" => a.steps_per_epoch = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--dump-data" => a.dump_data = Some(val()?.into()),
             "--graph" => a.graph = true,
+            "--save-run" => a.save_run = Some(val()?.into()),
+            "--launcher" => match val()?.as_str() {
+                "env" => a.launcher_env = true,
+                other => return Err(format!("--launcher: {other:?} is not env")),
+            },
+            "--spawn" => a.spawn = Some(val()?.parse().map_err(|e| format!("--spawn: {e}"))?),
             "--backend" => {
                 a.nccl = match val()?.as_str() {
-                    "nccl" => true,
-                    "kernels" => false,
+                    "nccl" => Some(true),
+                    "kernels" => Some(false),
                     other => {
                         return Err(format!("--backend: {other:?} is neither nccl nor kernels"));
                     }
@@ -111,6 +146,15 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.batch == 0 || a.epochs == 0 || a.steps_per_epoch == 0 {
         return Err("--batch, --epochs and --steps must be positive".into());
+    }
+    if a.spawn == Some(0) {
+        return Err("--spawn needs at least 1 rank".into());
+    }
+    if a.spawn.is_some() && a.launcher_env {
+        return Err("--spawn starts its ranks with --launcher env itself: give one of them".into());
+    }
+    if (a.spawn.is_some() || a.launcher_env) && a.dump_data.is_some() {
+        return Err("--dump-data runs in one process: drop --spawn and --launcher".into());
     }
     Ok(a)
 }
@@ -123,7 +167,14 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = run(&args) {
+    let outcome = if let Some(ranks) = args.spawn {
+        launch::spawn(ranks, std::env::args().skip(1))
+    } else if args.launcher_env {
+        process::run(&args)
+    } else {
+        run(&args).map_err(|e| e.to_string())
+    };
+    if let Err(e) = outcome {
         eprintln!("train_mlp: {e}");
         std::process::exit(1);
     }
@@ -212,7 +263,7 @@ fn run(args: &Args) -> gpubind::Result<()> {
 
     let mut ctx = ThreadContext::acquire()?;
     let steps = args.steps_per_epoch;
-    let options = if args.nccl {
+    let options = if args.nccl == Some(true) {
         CommOptions::nccl()
     } else {
         CommOptions::kernels()
@@ -277,11 +328,11 @@ fn run(args: &Args) -> gpubind::Result<()> {
         let mut blas = gpu.new_blas()?;
         let graphs = mlp::capture_steps(&gpu, &mut blas, &plan, &batches)?;
         let stream = gpu.new_stream()?;
-        train_epochs(args.epochs, samples, || {
+        train_epochs(args.epochs, samples, true, || {
             mlp::launch_steps(&gpu, &stream, &graphs, &views)
         })?
     } else {
-        train_epochs(args.epochs, samples, || {
+        train_epochs(args.epochs, samples, true, || {
             mlp::train_steps(
                 &mut ctx,
                 &comm,
@@ -299,6 +350,7 @@ fn run(args: &Args) -> gpubind::Result<()> {
         first_loss,
         last_loss,
         throughput,
+        step_losses,
     } = trained;
 
     // Accuracy of rank 0's replica on held-out data (all replicas hold the same weights).
@@ -329,6 +381,9 @@ fn run(args: &Args) -> gpubind::Result<()> {
         args.batch,
         tflops / (H200_FP32_TFLOPS * distinct.len() as f64)
     );
+    if let Some(dir) = &args.save_run {
+        process::save_run(dir, &step_losses, &replicas[0].params(&gpu)?)?;
+    }
     Ok(())
 }
 
@@ -339,21 +394,26 @@ struct Trained {
     /// Samples per second over epochs 1.. (the first includes warm-up: cuBLAS
     /// heuristics, first launches).
     throughput: f64,
+    /// Every step's summed loss, epoch by epoch.
+    step_losses: Vec<f64>,
 }
 
 /// Runs `epochs` epochs of `samples` samples each (`epoch` returns each step's summed
-/// loss) and prints one line per epoch.
+/// loss) and, if `print`, prints one line per epoch.
 fn train_epochs(
     epochs: usize,
     samples: usize,
+    print: bool,
     mut epoch: impl FnMut() -> gpubind::Result<Vec<f64>>,
 ) -> gpubind::Result<Trained> {
+    let mut step_losses = Vec::new();
     let (mut first_loss, mut last_loss) = (None, 0.0);
     let (mut total_samples, mut total_time) = (0usize, 0.0f64);
     for e in 0..epochs {
         let start = Instant::now();
         let losses = epoch()?;
         let secs = start.elapsed().as_secs_f64();
+        step_losses.extend_from_slice(&losses);
         if e > 0 {
             total_samples += samples;
             total_time += secs;
@@ -361,10 +421,12 @@ fn train_epochs(
         let loss = losses.iter().sum::<f64>() / samples as f64;
         first_loss.get_or_insert(loss);
         last_loss = loss;
-        println!(
-            "epoch {e:>3}: loss {loss:.4}  {:.0} samples/s",
-            samples as f64 / secs
-        );
+        if print {
+            println!(
+                "epoch {e:>3}: loss {loss:.4}  {:.0} samples/s",
+                samples as f64 / secs
+            );
+        }
     }
     Ok(Trained {
         first_loss: first_loss.unwrap_or(0.0),
@@ -374,6 +436,7 @@ fn train_epochs(
         } else {
             0.0
         },
+        step_losses,
     })
 }
 

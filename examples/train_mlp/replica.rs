@@ -47,9 +47,9 @@ pub struct Replica {
     pub(super) shape: Shape,
     pub(super) rows: usize,
     pub(super) params: DeviceSlice<f32>,
-    pub(super) grads: DeviceSlice<f32>,
+    pub(crate) grads: DeviceSlice<f32>,
     /// Gradients summed over all replicas (the all-reduce's output).
-    pub(super) reduced: DeviceSlice<f32>,
+    pub(crate) reduced: DeviceSlice<f32>,
     pub(super) vel: DeviceSlice<f32>,
     pub(super) x: DeviceSlice<f32>,
     pub(super) y: DeviceSlice<u32>,
