@@ -10,6 +10,10 @@
 //! report `ignored (SKIPPED: needs 2 GPUs)` on one GPU (NCCL refuses two ranks on one
 //! GPU, across processes too).
 //!
+//! Dropping a rank is bounded (`nccl_rank_drop_is_bounded`, world 1 in a child with
+//! `GPUBIND_DROP_TIMEOUT=1`): idle, it is destroyed at once; with its last call queued
+//! behind a spinning kernel, it is aborted after the limit and logged.
+//!
 //! Children are this binary re-run with `GPUBIND_CHILD=<role>` and the launcher's
 //! variables set.
 
@@ -280,6 +284,154 @@ fn nccl_rank_exiting_before_init() -> R {
     Ok(())
 }
 
+/// A kernel that spins for `ns` nanoseconds, then writes 7 to `*p`.
+const SPIN: &str = r#"
+extern "C" __global__ void spin_then_write(unsigned* p, unsigned long long ns) {
+    unsigned long long start;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    unsigned long long now = start;
+    while (now - start < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }
+    *p = 7u;
+}
+"#;
+
+/// Prints gpubind's warnings on stdout (`WARN: +<ms since DROP_START> …`), for the
+/// parent to read.
+struct PrintWarnings;
+
+/// When the child began the drop.
+static DROP_START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+impl log::Log for PrintWarnings {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            let ms = DROP_START.get().map_or(0, |t| t.elapsed().as_millis());
+            println!("WARN: +{ms} {}", r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// Spawns this binary as `role` with `GPUBIND_DROP_TIMEOUT=1` (world 1, no launcher
+/// variables needed).
+fn spawn_drop_child(role: &str) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .env("GPUBIND_CHILD", role)
+        .env("GPUBIND_DROP_TIMEOUT", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn")
+}
+
+/// The drop of an NCCL `RankComm` (world 1, non-blocking) whose work has finished
+/// destroys it at once (no timeout, no abort logged); the drop of one whose last call is
+/// queued behind a kernel spinning for 6 s gives up after `GPUBIND_DROP_TIMEOUT` (1 s),
+/// aborts the communicator (logged) and returns (how long `ncclCommAbort` itself takes
+/// is printed: NCCL's, at most the kernel's 6 s); the stream then finishes without a
+/// hang.
+fn nccl_rank_drop_is_bounded() -> R {
+    nccl_present()?;
+    let (ok, out) = finish(spawn_drop_child("drop_idle"), Duration::from_secs(120))?;
+    ensure!(ok, "idle child failed:\n{out}");
+    let ms: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("NCCL_DROP_MS "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no NCCL_DROP_MS line:\n{out}"))?;
+    println!("    idle RankComm drop: {ms} ms");
+    ensure!(
+        ms < 900 && !out.contains("WARN:"),
+        "the drop of an idle communicator waited {ms} ms or warned:\n{out}"
+    );
+    let (ok, out) = finish(spawn_drop_child("drop_pending"), Duration::from_secs(120))?;
+    ensure!(ok, "pending child failed:\n{out}");
+    let ms: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("NCCL_DROP_MS "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no NCCL_DROP_MS line:\n{out}"))?;
+    println!("    pending RankComm drop: {ms} ms");
+    for l in out
+        .lines()
+        .filter(|l| l.starts_with("WARN:") || l.starts_with("AFTER"))
+    {
+        println!("    {l}");
+    }
+    // The wait gives up at the limit (the warning is logged just before
+    // ncclCommAbort); the abort itself is NCCL's (not bounded by gpubind: it may wait
+    // for the spinning kernel, at most its 6 s).
+    let warned: u64 = out
+        .lines()
+        .find(|l| l.contains("ncclCommAbort"))
+        .and_then(|l| l.strip_prefix("WARN: +"))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no warning that the communicator was aborted:\n{out}"))?;
+    ensure!(
+        (900..2500).contains(&warned) && out.contains("GPUBIND_DROP_TIMEOUT"),
+        "the drop gave up after {warned} ms, expected about 1 s (GPUBIND_DROP_TIMEOUT=1):\n{out}"
+    );
+    ensure!(
+        ms < 10_000,
+        "the drop returned only after {ms} ms (ncclCommAbort waited beyond the kernel?)"
+    );
+    Ok(())
+}
+
+/// Child of [`nccl_rank_drop_is_bounded`]: `pending` queues the all-reduce behind a
+/// 6 s kernel before dropping the communicator; prints `NCCL_DROP_MS <ms>`.
+fn child_drop(pending: bool) -> R {
+    let _ = log::set_logger(&PrintWarnings);
+    log::set_max_level(log::LevelFilter::Warn);
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev(0)?;
+    let id = NcclUniqueId::new().ctx("unique id")?;
+    let mut comm =
+        RankComm::init_process(&mut ctx, &d, 0, 1, &id, Duration::from_secs(60)).ctx("init")?;
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
+    let f = module.function("spin_then_write").ctx("function")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let n = 1 << 20;
+    let send = gpu.clone_htod(&vec![3.0f32; n]).ctx("htod")?;
+    let mut out = gpu.alloc_zeros::<f32>(n).ctx("alloc")?;
+    let flag = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
+    if pending {
+        let ns: u64 = 6_000_000_000;
+        // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it writes one
+        // u32 into `flag`, which holds one.
+        unsafe {
+            s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
+                .arg(&flag)
+                .arg(&ns)
+                .launch()
+        }
+        .ctx("launch spin")?;
+    }
+    comm.all_reduce(&s, &send, &mut out, Op::Sum)
+        .ctx("all_reduce")?;
+    if !pending {
+        s.synchronize().ctx("sync")?;
+    }
+    let t = *DROP_START.get_or_init(Instant::now);
+    drop(comm);
+    println!("NCCL_DROP_MS {}", t.elapsed().as_millis());
+    // Bounded by the test's child limit: after an abort the queued work must still end
+    // (or fail typed), never hang.
+    let synced = s.synchronize();
+    println!("AFTER stream synchronize: {synced:?}");
+    if synced.is_ok() {
+        let got = gpu.dtoh(&out).ctx("dtoh")?;
+        println!("AFTER result[0] = {}", got[0]);
+    }
+    Ok(())
+}
+
 /// Child: one rank from the launcher's variables; all-reduces `rank + 1` and checks the
 /// sum; prints `rank R of W: ok` or the error.
 fn child_rank() -> Result<String, String> {
@@ -326,6 +478,13 @@ fn main() {
                 }
             }
         }
+        Some(role @ ("drop_idle" | "drop_pending")) => match child_drop(role == "drop_pending") {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                println!("child error: {e}");
+                std::process::exit(1)
+            }
+        },
         Some("exit_after_rendezvous") => {
             let env = LaunchEnv::from_env().expect("from_env");
             match env.exchange_id() {
@@ -348,6 +507,7 @@ fn main() {
                 "nccl_init_times_out_when_a_rank_never_comes",
                 nccl_init_times_out_when_a_rank_never_comes,
             ),
+            ("nccl_rank_drop_is_bounded", nccl_rank_drop_is_bounded),
             ("nccl_two_processes", nccl_two_processes),
             (
                 "nccl_rank_exiting_before_init",

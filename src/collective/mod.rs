@@ -300,10 +300,11 @@ pub struct CommOptions {
     /// [`Error::PeerTimeout`] naming the ranks that did not come, and the communicator
     /// is unusable (every later call returns that error). `Duration::MAX` waits for ever.
     ///
-    /// Not (yet) bounded by it: the NCCL backend *within one process*
-    /// ([`Communicator::init_all`] with NCCL) initialises each rank with the blocking
-    /// `ncclCommInitRank` at its first call, so a rank that never calls holds the others
-    /// up. [`RankComm::init_process`] (one rank per process) is bounded.
+    /// A [`RankComm`] of the NCCL backend ([`Communicator::init_all`] with NCCL) waits
+    /// at most this long for NCCL's initialisation at its first call (non-blocking
+    /// `ncclCommInitRankConfig`, polled; past it the communicator is aborted and the call
+    /// returns [`Error::PeerTimeout`]) and for NCCL to enqueue each call. (With an NCCL
+    /// older than 2.14 the initialisation is the blocking `ncclCommInitRank`.)
     pub timeout: std::time::Duration,
 }
 
@@ -692,8 +693,11 @@ impl Communicator {
     /// its rank's device and passes a stream of it to every call.
     ///
     /// Own kernels: ranks may share a device (each thread's stream is its own lane).
-    /// NCCL: gets an `ncclUniqueId` here; each rank runs `ncclCommInitRank` on its
-    /// first call (which therefore waits for all ranks' first calls).
+    /// NCCL: gets an `ncclUniqueId` here; each rank initialises its NCCL communicator
+    /// on its first call (which therefore waits for all ranks' first calls, at most
+    /// [`CommOptions::timeout`]). Dropping an NCCL `RankComm` waits for its last call
+    /// at most `GPUBIND_DROP_TIMEOUT`, then aborts the communicator instead of
+    /// destroying it (docs/collective.md, "Failure semantics").
     pub fn init_all(devices: &[Arc<Device>], options: CommOptions) -> Result<Vec<RankComm>> {
         if devices.is_empty() {
             return Err(Error::InvalidArgument(
@@ -736,6 +740,7 @@ impl Communicator {
                             r,
                             RankInner::Nccl {
                                 id: Some(id),
+                                timeout: options.timeout,
                                 comm: None,
                             },
                         )
@@ -1138,8 +1143,11 @@ enum RankInner {
         event: Option<Event>,
     },
     Nccl {
-        /// The id of a lazily made communicator (`None`: made already, one per process).
+        /// The id of a lazily made communicator (`None`: made already, or tried and
+        /// failed).
         id: Option<nccl::UniqueId>,
+        /// How long the lazy initialisation and each call wait for NCCL.
+        timeout: std::time::Duration,
         comm: Option<nccl::NcclComm>,
     },
     /// Own kernels, one rank per process on one machine.
@@ -1209,6 +1217,11 @@ impl RankComm {
     /// NCCL older than 2.14 initialisation is the blocking `ncclCommInitRank`, not
     /// bounded.) NCCL needs a distinct GPU per rank, across processes too.
     ///
+    /// Dropping it is bounded by `GPUBIND_DROP_TIMEOUT`: it waits for the rank's last
+    /// call while polling `ncclCommGetAsyncError`, finalizes the communicator
+    /// (`ncclCommFinalize`, polled), then destroys it; a timeout or an error NCCL reports
+    /// (a dead peer) aborts it (`ncclCommAbort`) instead, with a warning logged.
+    ///
     /// Without the `nccl` feature: [`Error::FeatureDisabled`].
     pub fn init_process(
         ctx: &mut ThreadContext,
@@ -1239,6 +1252,7 @@ impl RankComm {
             device: Arc::clone(device),
             inner: RankInner::Nccl {
                 id: None,
+                timeout,
                 comm: Some(comm),
             },
         })
@@ -1377,20 +1391,31 @@ impl RankComm {
                 // claimed (ordered after their other uses) until the call returns.
                 p.run(unsafe { stream.raw() }, &call)
             }
-            RankInner::Nccl { id, comm } => {
+            RankInner::Nccl { id, timeout, comm } => {
                 let call = call?;
                 if comm.is_none()
-                    && let Some(id) = id
+                    && let Some(id) = id.take()
                 {
-                    *comm = Some(nccl::NcclComm::init_rank(nranks, id, rank)?);
+                    // Non-blocking and polled (bounded by the communicator's timeout),
+                    // as one rank per process; NCCL older than 2.14: the blocking call.
+                    // Taken: a failed (aborted) initialisation is not retried.
+                    let bytes = nccl::id_bytes(&id);
+                    *comm = Some(nccl::NcclComm::init_rank_process(
+                        nranks, &bytes, rank, *timeout,
+                    )?);
                 }
-                let Some(comm) = comm.as_ref() else {
-                    return Err(Error::InvalidArgument("NCCL init failed".into()));
+                let Some(comm) = comm.as_mut() else {
+                    return Err(Error::InvalidArgument(
+                        "this rank's NCCL initialisation failed earlier: make a new communicator"
+                            .into(),
+                    ));
                 };
                 let _claim = stream.claim([used.first().copied(), used.get(1).copied()])?;
                 // SAFETY: validated against this rank's device; the stream is bound; the
                 // buffers are claimed (ordered after their other uses) until enqueued.
-                unsafe { comm.issue(&call, stream.raw()) }
+                unsafe { comm.issue(&call, stream.raw()) }?;
+                // What the communicator's drop waits for (bounded).
+                comm.note_issued(stream)
             }
             RankInner::Kernels { world, event } => {
                 let post = call.and_then(|call| {
