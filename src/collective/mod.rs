@@ -1299,7 +1299,8 @@ impl RankComm {
     /// pool and is imported by every peer, with two interprocess events; a host-side
     /// [`ProcessGroup`] (Unix sockets) carries one header per call, so ranks that
     /// disagree on the op, the type, the length or the root all get the same typed
-    /// error before anything is enqueued. Every wait is bounded by `timeout`: a peer
+    /// error before anything is enqueued. Every wait is bounded by `timeout` (one
+    /// deadline for the start, for each call and for the drop, not one per wait): a peer
     /// that exits or is killed is [`Error::PeerFailed`] naming it, one that stays away
     /// [`Error::PeerTimeout`]; after an error the communicator is unusable. Each call
     /// returns once its reads are enqueued, which is after the peers' inputs have been
