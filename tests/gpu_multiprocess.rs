@@ -432,6 +432,100 @@ fn child_drop(pending: bool) -> R {
     Ok(())
 }
 
+/// Two processes (one GPU each) through `from_launch`, whose call check is on by
+/// default: rank 1 all-reduces 999 elements where rank 0 has 1000. Both get the same
+/// `InvalidArgument("collective mismatch …")` before NCCL enqueues anything (instead of
+/// a hang or a short read), and the next call fails at once with it.
+fn nccl_mismatch_is_typed_on_every_process() -> R {
+    nccl_present()?;
+    two_gpus()?;
+    let port = free_port();
+    let kids: Vec<Child> = (0..2)
+        .map(|r| spawn_rank("mismatch", r, 2, port, 20))
+        .collect();
+    let mut outs = Vec::new();
+    for c in kids {
+        let (_, out) = finish(c, Duration::from_secs(120))?;
+        outs.push(out);
+    }
+    for (r, out) in outs.iter().enumerate() {
+        ensure!(
+            out.contains("MISMATCH InvalidArgument(\"collective mismatch: rank 0 called all_reduce(Sum) of 1000 f32")
+                && out.contains("rank 1 called all_reduce(Sum) of 999 f32")
+                && out.contains("AGAIN same"),
+            "rank {r}:\n{out}"
+        );
+    }
+    Ok(())
+}
+
+/// Two processes (one GPU each): rank 1 exits after one all-reduce; rank 0's next one
+/// fails typed, naming rank 1, within the timeout (the call check sees the closed
+/// connection before NCCL is asked).
+fn nccl_rank_exiting_between_calls_is_named() -> R {
+    nccl_present()?;
+    two_gpus()?;
+    let port = free_port();
+    let t = Instant::now();
+    let kids: Vec<Child> = (0..2)
+        .map(|r| spawn_rank("exit_after_one", r, 2, port, 20))
+        .collect();
+    let mut outs = Vec::new();
+    for c in kids {
+        let (_, out) = finish(c, Duration::from_secs(120))?;
+        outs.push(out);
+    }
+    ensure!(outs[1].contains("EXITING"), "rank 1:\n{}", outs[1]);
+    ensure!(
+        outs[0].contains("SECOND Some(PeerFailed { rank: 1"),
+        "rank 0:\n{}",
+        outs[0]
+    );
+    ensure!(
+        t.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        t.elapsed()
+    );
+    Ok(())
+}
+
+/// Children of the two tests above (`role` "mismatch" or "exit_after_one").
+fn child_checked(role: &str) -> R {
+    let env = LaunchEnv::from_env().ctx("from_env")?;
+    ensure!(env.check_calls, "the call check is on by default");
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev(env.local_rank)?;
+    let mut comm = RankComm::from_launch(&mut ctx, &d, &env).map_err(|e| format!("{e:?}"))?;
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let n = if role == "mismatch" && env.rank == 1 {
+        999
+    } else {
+        1000
+    };
+    let send = gpu.clone_htod(&vec![1.0f32; n]).ctx("htod")?;
+    let mut sum = gpu.alloc_zeros::<f32>(n).ctx("alloc")?;
+    let first = comm.all_reduce(&s, &send, &mut sum, Op::Sum);
+    if role == "mismatch" {
+        let e = first.err().ok_or("the mismatched all_reduce succeeded")?;
+        println!("MISMATCH {e:?}");
+        let again = comm.all_reduce(&s, &send, &mut sum, Op::Sum);
+        let same = again.as_ref().err() == Some(&e);
+        println!("AGAIN {}", if same { "same" } else { "different" });
+        return Ok(());
+    }
+    first.map_err(|e| format!("first all_reduce: {e:?}"))?;
+    s.synchronize().ctx("sync")?;
+    if env.rank == 1 {
+        println!("EXITING");
+        std::process::exit(0);
+    }
+    let second = comm.all_reduce(&s, &send, &mut sum, Op::Sum);
+    println!("SECOND {:?}", second.err());
+    Ok(())
+}
+
 /// Child: one rank from the launcher's variables; all-reduces `rank + 1` and checks the
 /// sum; prints `rank R of W: ok` or the error.
 fn child_rank() -> Result<String, String> {
@@ -478,6 +572,13 @@ fn main() {
                 }
             }
         }
+        Some(role @ ("mismatch" | "exit_after_one")) => match child_checked(role) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                println!("child error: {e}");
+                std::process::exit(1)
+            }
+        },
         Some(role @ ("drop_idle" | "drop_pending")) => match child_drop(role == "drop_pending") {
             Ok(()) => std::process::exit(0),
             Err(e) => {
@@ -509,6 +610,14 @@ fn main() {
             ),
             ("nccl_rank_drop_is_bounded", nccl_rank_drop_is_bounded),
             ("nccl_two_processes", nccl_two_processes),
+            (
+                "nccl_mismatch_is_typed_on_every_process",
+                nccl_mismatch_is_typed_on_every_process,
+            ),
+            (
+                "nccl_rank_exiting_between_calls_is_named",
+                nccl_rank_exiting_between_calls_is_named,
+            ),
             (
                 "nccl_rank_exiting_before_init",
                 nccl_rank_exiting_before_init,

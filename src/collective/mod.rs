@@ -117,7 +117,8 @@
 //! [`RankComm::from_launch`] reads the launcher's variables ([`LaunchEnv`]: torchrun,
 //! mpirun, srun), exchanges NCCL's unique id over TCP ([`LaunchEnv::exchange_id`]) and
 //! makes this process's rank with NCCL ([`RankComm::init_process`]); the same calls
-//! follow. See docs/collective.md, "Deployment".
+//! follow, and the ranks agree on every collective through rank 0 before NCCL enqueues
+//! it ([`CallCheck`], [`LaunchEnv::check_calls`]). See docs/collective.md, "Deployment".
 //!
 //! On one machine, `RankComm::init_process_kernels` (or `from_launch_kernels`; feature
 //! `ipc`) makes a rank of the own-kernel backend instead:
@@ -143,6 +144,7 @@
 //! [`Error::NotCapturable`].
 
 mod bootstrap;
+mod callcheck;
 mod capture;
 #[cfg(feature = "ipc")]
 mod control;
@@ -157,9 +159,10 @@ mod procs;
 mod rendezvous;
 
 pub use bootstrap::{
-    DEFAULT_PORT, DEFAULT_TIMEOUT, LaunchEnv, Launcher, NCCL_UNIQUE_ID_BYTES, NcclUniqueId,
-    PORT_VAR, PROTOCOL_VERSION, TIMEOUT_VAR,
+    CHECK_VAR, DEFAULT_PORT, DEFAULT_TIMEOUT, LaunchEnv, Launcher, NCCL_UNIQUE_ID_BYTES,
+    NcclUniqueId, PORT_VAR, PROTOCOL_VERSION, TIMEOUT_VAR,
 };
+pub use callcheck::CallCheck;
 #[cfg(feature = "ipc")]
 pub use control::ProcessGroup;
 pub use nccl::{nccl_available, nccl_version};
@@ -742,6 +745,7 @@ impl Communicator {
                                 id: Some(id),
                                 timeout: options.timeout,
                                 comm: None,
+                                check: None,
                             },
                         )
                     })
@@ -1149,6 +1153,9 @@ enum RankInner {
         /// How long the lazy initialisation and each call wait for NCCL.
         timeout: std::time::Duration,
         comm: Option<nccl::NcclComm>,
+        /// One rank per process from `from_launch`: the agreement on every collective
+        /// through rank 0 (`None`: not checked).
+        check: Option<Box<CallCheck>>,
     },
     /// Own kernels, one rank per process on one machine.
     #[cfg(feature = "ipc")]
@@ -1254,6 +1261,7 @@ impl RankComm {
                 id: None,
                 timeout,
                 comm: Some(comm),
+                check: None,
             },
         })
     }
@@ -1263,6 +1271,15 @@ impl RankComm {
     /// `env.rank`, `env.world_size` and `env.timeout`. `device` is usually
     /// `Device::get(env.local_rank)` (or 0 where the launcher gives each process one
     /// GPU through `CUDA_VISIBLE_DEVICES`).
+    ///
+    /// With [`LaunchEnv::check_calls`] (`GPUBIND_CHECK_CALLS`, on by default) the
+    /// rendezvous connections are kept as a [`CallCheck`]: before each collective the
+    /// ranks agree on the op, type, length and root through rank 0, so ranks that
+    /// disagree all get the same [`Error::InvalidArgument`] ("collective mismatch …")
+    /// with nothing enqueued, and a rank that failed its own call, exited or stays away
+    /// is [`Error::PeerFailed`] / [`Error::PeerTimeout`] naming it on every other rank.
+    /// One round trip to rank 0 per collective; `send`/`recv` are not checked. See
+    /// docs/collective.md, "Ranks agree before NCCL enqueues".
     ///
     /// ```no_run
     /// # fn main() -> gpubind::Result<()> {
@@ -1286,8 +1303,16 @@ impl RankComm {
         device: &Arc<Device>,
         env: &LaunchEnv,
     ) -> Result<RankComm> {
-        let id = env.exchange_id()?;
-        Self::init_process(ctx, device, env.rank, env.world_size, &id, env.timeout)
+        let (id, check) = if env.check_calls {
+            env.exchange_id_checked_with(NcclUniqueId::new)?
+        } else {
+            (env.exchange_id()?, None)
+        };
+        let mut comm = Self::init_process(ctx, device, env.rank, env.world_size, &id, env.timeout)?;
+        if let RankInner::Nccl { check: c, .. } = &mut comm.inner {
+            *c = check.map(Box::new);
+        }
+        Ok(comm)
     }
 
     /// One rank of an own-kernel communicator whose ranks are separate processes on
@@ -1392,8 +1417,23 @@ impl RankComm {
                 // claimed (ordered after their other uses) until the call returns.
                 p.run(unsafe { stream.raw() }, &call)
             }
-            RankInner::Nccl { id, timeout, comm } => {
-                let call = call?;
+            RankInner::Nccl {
+                id,
+                timeout,
+                comm,
+                check,
+            } => {
+                // One rank per process: the ranks agree on the collective through rank 0
+                // before anything is enqueued; a call this rank cannot make is told to
+                // the others at the same collective (send/recv are not checked).
+                let call = match (call, check.as_mut()) {
+                    (Ok(call), Some(check)) => {
+                        check.agree_call(&call)?;
+                        call
+                    }
+                    (Err(e), Some(check)) if p2p_peer.is_none() => return Err(check.fail(e)),
+                    (call, _) => call?,
+                };
                 if comm.is_none()
                     && let Some(id) = id.take()
                 {
