@@ -902,8 +902,9 @@ impl Drop for Communicator {
             }
         }
         if work_may_run && let Engine::Nccl(comms) = &self.engine {
-            for c in comms {
-                c.abort();
+            // On each device's release thread, bounded like the waits above.
+            for (c, d) in comms.iter().zip(&self.devices) {
+                c.abort_bounded(Some(d));
             }
         }
     }

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use cudarc::nccl::sys::{ncclDataType_t, ncclRedOp_t, ncclUniqueId};
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 type Comm = *mut c_void;
@@ -509,6 +509,56 @@ impl NcclComm {
         }
     }
 
+    /// `ncclCommAbort` for a drop, bounded: made on the device's release thread
+    /// ([`crate::release`]) and waited for at most `GPUBIND_DROP_TIMEOUT`, then left to
+    /// finish in the background (NCCL's abort does not wait for peers, but may wait
+    /// for work queued on the device before the aborted collectives). `device` is the
+    /// communicator's (else the device of its last call's event); inline when neither is
+    /// known (no call was ever enqueued, so nothing of the rank's runs).
+    pub(crate) fn abort_bounded(&self, device: Option<&Arc<crate::device::Device>>) {
+        let device = device
+            .cloned()
+            .or_else(|| self.last.as_ref().map(|e| Arc::clone(e.device())));
+        let (Ok(api), Some(device)) = (api(), device) else {
+            self.abort();
+            return;
+        };
+        let Some(nb) = api.nonblocking else {
+            // No abort looked up (NCCL older than 2.14): the caller reports the leak.
+            self.aborted.set(true);
+            return;
+        };
+        if self.aborted.replace(true) {
+            return;
+        }
+        let (raw, nranks) = (self.raw as usize, self.nranks);
+        crate::release::release(
+            format_args!("an NCCL communicator of {nranks} ranks"),
+            &device,
+            "ncclCommAbort",
+            Box::new(move || {
+                // NCCL (the CUDA runtime) may change the release thread's current
+                // context: put the pushed one back before it is popped.
+                let _restore = RestoreCurrent::new();
+                // SAFETY: a live communicator, aborted once (the flag above, set before
+                // this job was handed over); `raw` is never used again by gpubind.
+                let code = unsafe { (nb.abort)(raw as Comm) };
+                // ncclInProgress: NCCL finishes the abort itself.
+                let code = if code == IN_PROGRESS { 0 } else { code };
+                if let Err(e) = api.check("ncclCommAbort", code) {
+                    crate::faults::report_drop(
+                        format_args!("an NCCL communicator of {nranks} ranks"),
+                        None,
+                        "aborting it",
+                        &e,
+                        crate::faults::MAYBE_LEAKED,
+                    );
+                }
+                sys::CUresult::CUDA_SUCCESS
+            }),
+        );
+    }
+
     /// Records an event on `stream` (the one the rank's last call was enqueued on):
     /// the drop waits for it, with a limit, before it destroys the communicator.
     pub(crate) fn note_issued(&mut self, stream: &crate::stream::BoundStream<'_>) -> Result<()> {
@@ -662,7 +712,7 @@ impl Drop for NcclComm {
                  ncclCommAbort"
             };
             crate::faults::report_drop(format_args!("{}", what()), device, step, &e, outcome);
-            self.abort();
+            self.abort_bounded(None);
             drop(restore);
             return;
         }

@@ -68,7 +68,7 @@ impl NcclComm {
     }
 
     /// Nothing to abort: there is no value to call it on.
-    pub(crate) fn abort(&self) {}
+    pub(crate) fn abort_bounded(&self, _device: Option<&std::sync::Arc<crate::device::Device>>) {}
 
     /// # Safety
     ///
