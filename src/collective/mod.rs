@@ -700,7 +700,7 @@ impl Communicator {
     /// on its first call (which therefore waits for all ranks' first calls, at most
     /// [`CommOptions::timeout`]). Dropping an NCCL `RankComm` waits for its last call
     /// at most `GPUBIND_DROP_TIMEOUT`, then aborts the communicator instead of
-    /// destroying it (docs/collective.md, "Failure semantics").
+    /// destroying it (docs/collective.md, "Dropping an NCCL `RankComm`").
     pub fn init_all(devices: &[Arc<Device>], options: CommOptions) -> Result<Vec<RankComm>> {
         if devices.is_empty() {
             return Err(Error::InvalidArgument(
