@@ -97,6 +97,8 @@ struct Args {
     max_bytes: usize,
     reps: usize,
     warmup: usize,
+    /// Only table 5 (needs no GPU).
+    call_check_only: bool,
 }
 
 fn args() -> Res<Args> {
@@ -104,6 +106,7 @@ fn args() -> Res<Args> {
         max_bytes: 1 << 30,
         reps: 20,
         warmup: 3,
+        call_check_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -117,8 +120,11 @@ fn args() -> Res<Args> {
             "--max-bytes" => a.max_bytes = value()?,
             "--reps" => a.reps = value()?.max(1),
             "--warmup" => a.warmup = value()?,
+            "--call-check-only" => a.call_check_only = true,
             "-h" | "--help" => {
-                println!("bench_collective [--max-bytes B] [--reps N] [--warmup N]");
+                println!(
+                    "bench_collective [--max-bytes B] [--reps N] [--warmup N] [--call-check-only]"
+                );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other}").into()),
@@ -488,17 +494,109 @@ fn procs_table(ctx: &mut ThreadContext, dev: &Arc<Device>, a: &Args, world: usiz
     Ok(())
 }
 
+/// The environment variable that makes this binary a rank of table 5:
+/// `rank,world,port,ops`.
+const CHECK_PROC_VAR: &str = "GPUBIND_BENCH_CHECK";
+
+/// A rank of table 5: the rendezvous on loopback, then `ops` agreements on a made-up
+/// collective (what `RankComm::from_launch` adds to each NCCL collective); rank 0 prints
+/// `CHECK <median us> <p99 us>`.
+fn check_rank(spec: &str) -> Res<()> {
+    let f: Vec<&str> = spec.split(',').collect();
+    let [rank, world, port, ops] = f[..] else {
+        return Err(format!("bad {CHECK_PROC_VAR}: {spec}").into());
+    };
+    let ops: usize = ops.parse()?;
+    let vars = [
+        ("RANK", rank.to_owned()),
+        ("WORLD_SIZE", world.to_owned()),
+        ("LOCAL_RANK", rank.to_owned()),
+        ("LOCAL_WORLD_SIZE", world.to_owned()),
+        ("GPUBIND_RDZV_PORT", port.to_owned()),
+        ("GPUBIND_RDZV_TIMEOUT", "60".to_owned()),
+    ];
+    let env = gpubind::collective::LaunchEnv::from_vars(|k| {
+        vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+    })?;
+    let id = gpubind::collective::NcclUniqueId::from_bytes(&[1; 128])?;
+    let (_, check) = env.exchange_id_checked_with(|| Ok(id))?;
+    let mut check = check.ok_or("a world of one has no check")?;
+    for _ in 0..ops / 10 {
+        check.agree_for_test(9, 0, 1 << 20)?;
+    }
+    let mut ts = Vec::with_capacity(ops);
+    for _ in 0..ops {
+        let t = std::time::Instant::now();
+        check.agree_for_test(9, 0, 1 << 20)?;
+        ts.push(t.elapsed().as_secs_f64());
+    }
+    ts.sort_by(f64::total_cmp);
+    if env.rank == 0 {
+        println!(
+            "CHECK {} {}",
+            ts[ts.len() / 2] * 1e6,
+            ts[ts.len() * 99 / 100] * 1e6
+        );
+    }
+    Ok(())
+}
+
+/// Table 5: the cost per collective of the agreement NCCL ranks across processes make
+/// through rank 0 before enqueueing (`GPUBIND_CHECK_CALLS`, on by default), on loopback
+/// TCP between `world` processes. Needs no GPU.
+fn call_check_table() -> Res<()> {
+    println!(
+        "\n## 5. NCCL across processes: cost of the agreement on every collective ({}, loopback TCP)",
+        gpubind::collective::CHECK_VAR
+    );
+    println!("rank 0's time per agreement (all ranks calling in a loop); off: 0");
+    println!("{:>6} | {:>10} {:>10}", "ranks", "median us", "p99 us");
+    for world in [2usize, 4, 8] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let kids: Vec<std::process::Child> = (0..world)
+            .map(|r| {
+                std::process::Command::new(std::env::current_exe()?)
+                    .env(CHECK_PROC_VAR, format!("{r},{world},{port},5000"))
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+            })
+            .collect::<Result<_, _>>()?;
+        let mut row = None;
+        for k in kids {
+            let out = k.wait_with_output()?;
+            for l in String::from_utf8_lossy(&out.stdout).lines() {
+                if let ["CHECK", m, p] = l.split_whitespace().collect::<Vec<_>>()[..] {
+                    row = Some((m.parse::<f64>()?, p.parse::<f64>()?));
+                }
+            }
+        }
+        match row {
+            Some((m, p)) => println!("{world:>6} | {m:>10.1} {p:>10.1}"),
+            None => println!("{world:>6} | (a rank failed)"),
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Res<()> {
     if let Ok(spec) = std::env::var(PROC_VAR) {
         return proc_rank(&spec);
+    }
+    if let Ok(spec) = std::env::var(CHECK_PROC_VAR) {
+        return check_rank(&spec);
     }
     // SAFETY: single-threaded at this point; nothing reads the environment concurrently.
     // NVLS (NVLink multicast) stays off.
     unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
     let a = args()?;
+    if a.call_check_only {
+        return call_check_table();
+    }
     if !gpubind::driver_available() {
-        println!("bench_collective: no CUDA driver, nothing to measure");
-        return Ok(());
+        println!("bench_collective: no CUDA driver; only table 5 (no GPU needed)");
+        return call_check_table();
     }
     let devices = Device::all()?;
     println!("# bench_collective: {} device(s)", devices.len());
@@ -525,5 +623,5 @@ fn main() -> Res<()> {
     for world in [2, 4] {
         procs_table(&mut ctx, &d0, &a, world)?;
     }
-    Ok(())
+    call_check_table()
 }

@@ -10,6 +10,10 @@
 //! report `ignored (SKIPPED: needs 2 GPUs)` on one GPU (NCCL refuses two ranks on one
 //! GPU, across processes too).
 //!
+//! Dropping a rank is bounded (`nccl_rank_drop_is_bounded`, world 1 in a child with
+//! `GPUBIND_DROP_TIMEOUT=1`): idle, it is destroyed at once; with its last call queued
+//! behind a spinning kernel, it is aborted after the limit and logged.
+//!
 //! Children are this binary re-run with `GPUBIND_CHILD=<role>` and the launcher's
 //! variables set.
 
@@ -280,6 +284,250 @@ fn nccl_rank_exiting_before_init() -> R {
     Ok(())
 }
 
+/// A kernel that spins for `ns` nanoseconds, then writes 7 to `*p`.
+const SPIN: &str = r#"
+extern "C" __global__ void spin_then_write(unsigned* p, unsigned long long ns) {
+    unsigned long long start;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    unsigned long long now = start;
+    while (now - start < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }
+    *p = 7u;
+}
+"#;
+
+/// Prints gpubind's warnings on stdout (`WARN: +<ms since DROP_START> …`), for the
+/// parent to read.
+struct PrintWarnings;
+
+/// When the child began the drop.
+static DROP_START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+impl log::Log for PrintWarnings {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            let ms = DROP_START.get().map_or(0, |t| t.elapsed().as_millis());
+            println!("WARN: +{ms} {}", r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// Spawns this binary as `role` with `GPUBIND_DROP_TIMEOUT=1` (world 1, no launcher
+/// variables needed).
+fn spawn_drop_child(role: &str) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .env("GPUBIND_CHILD", role)
+        .env("GPUBIND_DROP_TIMEOUT", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn")
+}
+
+/// The drop of an NCCL `RankComm` (world 1, non-blocking) whose work has finished
+/// destroys it at once (no timeout, no abort logged); the drop of one whose last call is
+/// queued behind a kernel spinning for 6 s gives up after `GPUBIND_DROP_TIMEOUT` (1 s),
+/// aborts the communicator (logged; `ncclCommAbort` on the release thread, waited for
+/// at most the limit again) and returns within about 2 s; the stream then finishes
+/// without a hang.
+fn nccl_rank_drop_is_bounded() -> R {
+    nccl_present()?;
+    let (ok, out) = finish(spawn_drop_child("drop_idle"), Duration::from_secs(120))?;
+    ensure!(ok, "idle child failed:\n{out}");
+    let ms: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("NCCL_DROP_MS "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no NCCL_DROP_MS line:\n{out}"))?;
+    println!("    idle RankComm drop: {ms} ms");
+    ensure!(
+        ms < 900 && !out.contains("WARN:"),
+        "the drop of an idle communicator waited {ms} ms or warned:\n{out}"
+    );
+    let (ok, out) = finish(spawn_drop_child("drop_pending"), Duration::from_secs(120))?;
+    ensure!(ok, "pending child failed:\n{out}");
+    let ms: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("NCCL_DROP_MS "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no NCCL_DROP_MS line:\n{out}"))?;
+    println!("    pending RankComm drop: {ms} ms");
+    for l in out
+        .lines()
+        .filter(|l| l.starts_with("WARN:") || l.starts_with("AFTER"))
+    {
+        println!("    {l}");
+    }
+    // The wait gives up at the limit (the warning is logged just before
+    // ncclCommAbort); the abort runs on the release thread, waited for at most the
+    // limit again (if NCCL's abort waits for the spinning kernel, it finishes in the
+    // background): about 2 s in all, never the kernel's 6 s.
+    let warned: u64 = out
+        .lines()
+        .find(|l| l.contains("ncclCommAbort"))
+        .and_then(|l| l.strip_prefix("WARN: +"))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no warning that the communicator was aborted:\n{out}"))?;
+    ensure!(
+        (900..2500).contains(&warned) && out.contains("GPUBIND_DROP_TIMEOUT"),
+        "the drop gave up after {warned} ms, expected about 1 s (GPUBIND_DROP_TIMEOUT=1):\n{out}"
+    );
+    ensure!(
+        ms < 4_000,
+        "the drop returned only after {ms} ms: expected at most about 2 s (the wait's 1 s, \
+         then at most 1 s for ncclCommAbort on the release thread)"
+    );
+    Ok(())
+}
+
+/// Child of [`nccl_rank_drop_is_bounded`]: `pending` queues the all-reduce behind a
+/// 6 s kernel before dropping the communicator; prints `NCCL_DROP_MS <ms>`.
+fn child_drop(pending: bool) -> R {
+    let _ = log::set_logger(&PrintWarnings);
+    log::set_max_level(log::LevelFilter::Warn);
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev(0)?;
+    let id = NcclUniqueId::new().ctx("unique id")?;
+    let mut comm =
+        RankComm::init_process(&mut ctx, &d, 0, 1, &id, Duration::from_secs(60)).ctx("init")?;
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
+    let f = module.function("spin_then_write").ctx("function")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let n = 1 << 20;
+    let send = gpu.clone_htod(&vec![3.0f32; n]).ctx("htod")?;
+    let mut out = gpu.alloc_zeros::<f32>(n).ctx("alloc")?;
+    let flag = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
+    if pending {
+        let ns: u64 = 6_000_000_000;
+        // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it writes one
+        // u32 into `flag`, which holds one.
+        unsafe {
+            s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
+                .arg(&flag)
+                .arg(&ns)
+                .launch()
+        }
+        .ctx("launch spin")?;
+    }
+    comm.all_reduce(&s, &send, &mut out, Op::Sum)
+        .ctx("all_reduce")?;
+    if !pending {
+        s.synchronize().ctx("sync")?;
+    }
+    let t = *DROP_START.get_or_init(Instant::now);
+    drop(comm);
+    println!("NCCL_DROP_MS {}", t.elapsed().as_millis());
+    // Bounded by the test's child limit: after an abort the queued work must still end
+    // (or fail typed), never hang.
+    let synced = s.synchronize();
+    println!("AFTER stream synchronize: {synced:?}");
+    if synced.is_ok() {
+        let got = gpu.dtoh(&out).ctx("dtoh")?;
+        println!("AFTER result[0] = {}", got[0]);
+    }
+    Ok(())
+}
+
+/// Two processes (one GPU each) through `from_launch`, whose call check is on by
+/// default: rank 1 all-reduces 999 elements where rank 0 has 1000. Both get the same
+/// `InvalidArgument("collective mismatch …")` before NCCL enqueues anything (instead of
+/// a hang or a short read), and the next call fails at once with it.
+fn nccl_mismatch_is_typed_on_every_process() -> R {
+    nccl_present()?;
+    two_gpus()?;
+    let port = free_port();
+    let kids: Vec<Child> = (0..2)
+        .map(|r| spawn_rank("mismatch", r, 2, port, 20))
+        .collect();
+    let mut outs = Vec::new();
+    for c in kids {
+        let (_, out) = finish(c, Duration::from_secs(120))?;
+        outs.push(out);
+    }
+    for (r, out) in outs.iter().enumerate() {
+        ensure!(
+            out.contains("MISMATCH InvalidArgument(\"collective mismatch: rank 0 called all_reduce(Sum) of 1000 f32")
+                && out.contains("rank 1 called all_reduce(Sum) of 999 f32")
+                && out.contains("AGAIN same"),
+            "rank {r}:\n{out}"
+        );
+    }
+    Ok(())
+}
+
+/// Two processes (one GPU each): rank 1 exits after one all-reduce; rank 0's next one
+/// fails typed, naming rank 1, within the timeout (the call check sees the closed
+/// connection before NCCL is asked).
+fn nccl_rank_exiting_between_calls_is_named() -> R {
+    nccl_present()?;
+    two_gpus()?;
+    let port = free_port();
+    let t = Instant::now();
+    let kids: Vec<Child> = (0..2)
+        .map(|r| spawn_rank("exit_after_one", r, 2, port, 20))
+        .collect();
+    let mut outs = Vec::new();
+    for c in kids {
+        let (_, out) = finish(c, Duration::from_secs(120))?;
+        outs.push(out);
+    }
+    ensure!(outs[1].contains("EXITING"), "rank 1:\n{}", outs[1]);
+    ensure!(
+        outs[0].contains("SECOND Some(PeerFailed { rank: 1"),
+        "rank 0:\n{}",
+        outs[0]
+    );
+    ensure!(
+        t.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        t.elapsed()
+    );
+    Ok(())
+}
+
+/// Children of the two tests above (`role` "mismatch" or "exit_after_one").
+fn child_checked(role: &str) -> R {
+    let env = LaunchEnv::from_env().ctx("from_env")?;
+    ensure!(env.check_calls, "the call check is on by default");
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev(env.local_rank)?;
+    let mut comm = RankComm::from_launch(&mut ctx, &d, &env).map_err(|e| format!("{e:?}"))?;
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let n = if role == "mismatch" && env.rank == 1 {
+        999
+    } else {
+        1000
+    };
+    let send = gpu.clone_htod(&vec![1.0f32; n]).ctx("htod")?;
+    let mut sum = gpu.alloc_zeros::<f32>(n).ctx("alloc")?;
+    let first = comm.all_reduce(&s, &send, &mut sum, Op::Sum);
+    if role == "mismatch" {
+        let e = first.err().ok_or("the mismatched all_reduce succeeded")?;
+        println!("MISMATCH {e:?}");
+        let again = comm.all_reduce(&s, &send, &mut sum, Op::Sum);
+        let same = again.as_ref().err() == Some(&e);
+        println!("AGAIN {}", if same { "same" } else { "different" });
+        return Ok(());
+    }
+    first.map_err(|e| format!("first all_reduce: {e:?}"))?;
+    s.synchronize().ctx("sync")?;
+    if env.rank == 1 {
+        println!("EXITING");
+        std::process::exit(0);
+    }
+    let second = comm.all_reduce(&s, &send, &mut sum, Op::Sum);
+    println!("SECOND {:?}", second.err());
+    Ok(())
+}
+
 /// Child: one rank from the launcher's variables; all-reduces `rank + 1` and checks the
 /// sum; prints `rank R of W: ok` or the error.
 fn child_rank() -> Result<String, String> {
@@ -326,6 +574,20 @@ fn main() {
                 }
             }
         }
+        Some(role @ ("mismatch" | "exit_after_one")) => match child_checked(role) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                println!("child error: {e}");
+                std::process::exit(1)
+            }
+        },
+        Some(role @ ("drop_idle" | "drop_pending")) => match child_drop(role == "drop_pending") {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                println!("child error: {e}");
+                std::process::exit(1)
+            }
+        },
         Some("exit_after_rendezvous") => {
             let env = LaunchEnv::from_env().expect("from_env");
             match env.exchange_id() {
@@ -348,7 +610,16 @@ fn main() {
                 "nccl_init_times_out_when_a_rank_never_comes",
                 nccl_init_times_out_when_a_rank_never_comes,
             ),
+            ("nccl_rank_drop_is_bounded", nccl_rank_drop_is_bounded),
             ("nccl_two_processes", nccl_two_processes),
+            (
+                "nccl_mismatch_is_typed_on_every_process",
+                nccl_mismatch_is_typed_on_every_process,
+            ),
+            (
+                "nccl_rank_exiting_between_calls_is_named",
+                nccl_rank_exiting_between_calls_is_named,
+            ),
             (
                 "nccl_rank_exiting_before_init",
                 nccl_rank_exiting_before_init,

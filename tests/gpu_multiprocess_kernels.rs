@@ -6,6 +6,7 @@
 //! * ranks that disagree on the length or the type: the same typed error on every rank;
 //!   a rank whose call is invalid (its own `SizeMismatch`): the others `PeerFailed`;
 //! * a rank killed mid-collective: the others fail typed, naming it, within the timeout;
+//! * a call that fails while the caller's stream is busy returns by its deadline;
 //! * dropping the communicators at the end is bounded (the bye handshake).
 //!
 //! Children are this binary re-run with `GPUBIND_CHILD=pk` and `GPUBIND_PK` set to
@@ -279,9 +280,53 @@ fn child() -> Result<String, String> {
             }
             Ok("never failed".into())
         }
+        // Rank 0's stream is busy with a 15 s kernel when its call fails (rank 1 calls
+        // another length): the call returns at its deadline, not after the kernel;
+        // the drop is bounded too.
+        "busy" => {
+            let gpu = ctx.bind(&d).ctx("bind")?;
+            let stream = gpu.new_stream().ctx("stream")?;
+            let s = gpu.on(&stream).ctx("on")?;
+            let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
+            let f = module.function("spin_then_write").ctx("function")?;
+            let flag = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
+            if rank == 0 {
+                let ns: u64 = 15_000_000_000;
+                // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it
+                // writes one u32 into `flag`, which holds one.
+                unsafe {
+                    s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
+                        .arg(&flag)
+                        .arg(&ns)
+                        .launch()
+                }
+                .ctx("launch spin")?;
+            }
+            let n = if rank == 1 { 999 } else { 1000 };
+            let a: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+            let mut b: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+            let t = Instant::now();
+            let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+            let call_ms = t.elapsed().as_millis();
+            let t = Instant::now();
+            drop(comm);
+            let drop_ms = t.elapsed().as_millis();
+            Ok(format!("{:?} call_ms={call_ms} drop_ms={drop_ms}", r.err()))
+        }
         other => Err(format!("unknown scenario {other}")),
     }
 }
+
+/// A kernel that spins for `ns` nanoseconds, then writes 7 to `*p`.
+const SPIN: &str = r#"
+extern "C" __global__ void spin_then_write(unsigned* p, unsigned long long ns) {
+    unsigned long long start;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    unsigned long long now = start;
+    while (now - start < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }
+    *p = 7u;
+}
+"#;
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
@@ -398,6 +443,46 @@ fn a_rank_with_a_bad_call_fails_the_others_at_once() -> R {
     Ok(())
 }
 
+/// The `ms` after `name=` in a result line.
+fn ms_of(line: &str, name: &str) -> Result<u128, String> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no {name} in {line:?}"))
+}
+
+/// A call that fails while the caller's stream is busy (rank 0 queued a 15 s kernel
+/// before it; rank 1 calls another length): both ranks get the mismatch, and rank 0's
+/// call returns by its deadline (5 s), not after the kernel — the failed step's wait for
+/// the stream is bounded. Both drops are bounded too (rank 0's own work has not settled:
+/// it leaves without a bye and leaks its staging; rank 1 waits for a bye that never
+/// comes, at most the timeout, and leaks its own).
+fn a_failed_step_on_a_busy_stream_returns_by_its_deadline() -> R {
+    let out = job("busy", 2, 5_000)?;
+    for o in &out {
+        ensure!(
+            o.starts_with("Some(InvalidArgument(\"collective mismatch"),
+            "{out:?}"
+        );
+    }
+    let (call0, drop0) = (ms_of(&out[0], "call_ms")?, ms_of(&out[0], "drop_ms")?);
+    let (call1, drop1) = (ms_of(&out[1], "call_ms")?, ms_of(&out[1], "drop_ms")?);
+    println!(
+        "    rank 0: call {call0} ms, drop {drop0} ms; rank 1: call {call1} ms, drop {drop1} ms"
+    );
+    ensure!(
+        (4_500..12_000).contains(&call0),
+        "rank 0's failed call returned after {call0} ms: expected about its 5 s deadline \
+         (not the 15 s kernel, not at once)"
+    );
+    ensure!(call1 < 5_000, "rank 1's call took {call1} ms");
+    ensure!(
+        drop0 < 12_000 && drop1 < 12_000,
+        "drops took {drop0} / {drop1} ms (timeout 5 s)"
+    );
+    Ok(())
+}
+
 fn killed_rank_fails_the_others_typed() -> R {
     use std::io::{BufRead, BufReader};
     let key = format!("gpu-pk-killed-{}", std::process::id());
@@ -478,6 +563,10 @@ fn main() {
             (
                 "killed_rank_fails_the_others_typed",
                 killed_rank_fails_the_others_typed,
+            ),
+            (
+                "a_failed_step_on_a_busy_stream_returns_by_its_deadline",
+                a_failed_step_on_a_busy_stream_returns_by_its_deadline,
             ),
         ],
     );

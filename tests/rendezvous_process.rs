@@ -124,10 +124,10 @@ fn child_entry() {
                 String::from_utf8_lossy(&answer[..4.min(answer.len())])
             );
         }
-        // A well-formed hello of another protocol version.
-        "version2" => {
+        // A well-formed hello of another protocol version (this build speaks 2).
+        "version3" => {
             let mut s = connect_retrying(port());
-            s.write_all(&forge(2, 1, var("WORLD_SIZE"), var("RANK"), &[]))
+            s.write_all(&forge(3, 1, var("WORLD_SIZE"), var("RANK"), &[]))
                 .unwrap();
             let mut answer = Vec::new();
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -140,7 +140,7 @@ fn child_entry() {
         // Checks in with a valid hello, then exits at once (dies mid-handshake).
         "hello_then_exit" => {
             let mut s = connect_retrying(port());
-            s.write_all(&forge(1, 1, var("WORLD_SIZE"), var("RANK"), &[]))
+            s.write_all(&forge(2, 1, var("WORLD_SIZE"), var("RANK"), &[]))
                 .unwrap();
             println!("{RESULT}exiting");
             std::process::exit(0);
@@ -311,11 +311,11 @@ fn another_protocol_version_fails_every_process() {
     let port = free_port();
     let children = vec![
         spawn("rank", 0, 2, port, 3.0),
-        spawn("version2", 1, 2, port, 3.0),
+        spawn("version3", 1, 2, port, 3.0),
     ];
     let got = results(children, Duration::from_secs(8));
     assert!(
-        got[0].starts_with("err Rendezvous") && got[0].contains("protocol version 2"),
+        got[0].starts_with("err Rendezvous") && got[0].contains("protocol version 3"),
         "{}",
         got[0]
     );

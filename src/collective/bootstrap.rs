@@ -5,25 +5,27 @@
 //! See docs/collective.md, "Deployment", for the launcher table, the port choice, the
 //! wire format and the failure semantics.
 //!
-//! # Wire format (version 1)
+//! # Wire format (version 2)
 //!
 //! Every message is one frame, all integers little-endian:
 //!
 //! | bytes | field |
 //! |---|---|
 //! | 4 | magic `GBRZ` |
-//! | 2 | protocol version (1) |
-//! | 1 | kind: 1 hello, 2 id, 3 ack, 4 go, 5 abort |
+//! | 2 | protocol version (2) |
+//! | 1 | kind: 1 hello, 2 id, 3 ack, 4 go, 5 abort, 6 call, 7 agreed |
 //! | 1 | reserved, 0 |
 //! | 4 | world size of the sender's job |
 //! | 4 | rank (hello, ack: the sender's; id, go, abort: the addressee's) |
 //! | 4 | payload length (at most 4096) |
-//! | n | payload (id: the 128 id bytes; abort: the error, see `encode_error`) |
+//! | n | payload (hello: nothing, or flags u8 — bit 0: the rank keeps the connection to agree on every collective, see `callcheck`; id: the 128 id bytes; abort: the error, see `encode_error`; call: a collective's header) |
 //! | 8 | FNV-1a 64 of everything before it |
 //!
 //! A peer connects to rank 0 and sends `hello`; once every rank has checked in, rank 0
 //! sends each `id`, waits for every `ack`, then sends `go`. Any failure on rank 0 sends
-//! `abort` (carrying the typed error) to every rank connected so far.
+//! `abort` (carrying the typed error) to every rank connected so far. Version 2 added the
+//! hello's flags and the `call`/`agreed` frames of the per-collective agreement
+//! (`callcheck`), which goes on over the same connections.
 
 use crate::error::{Error, Result};
 use std::io::{ErrorKind, Read, Write};
@@ -182,6 +184,10 @@ pub const TIMEOUT_VAR: &str = "GPUBIND_RDZV_TIMEOUT";
 /// The port when neither `GPUBIND_RDZV_PORT` nor `MASTER_PORT` is set: PyTorch's
 /// default `MASTER_PORT` (29500) plus one.
 pub const DEFAULT_PORT: u16 = 29501;
+/// gpubind's variable that turns the agreement on every NCCL collective across processes
+/// off (`0`, `false`, `off`, `no`) or on (`1`, `true`, `on`, `yes`; the default): see
+/// [`LaunchEnv::check_calls`].
+pub const CHECK_VAR: &str = "GPUBIND_CHECK_CALLS";
 /// The rendezvous (and NCCL init) timeout when `GPUBIND_RDZV_TIMEOUT` is not set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -208,6 +214,13 @@ pub struct LaunchEnv {
     /// Bound on every wait of the rendezvous and of NCCL's initialisation
     /// (`GPUBIND_RDZV_TIMEOUT` seconds, else [`DEFAULT_TIMEOUT`]).
     pub timeout: Duration,
+    /// Whether [`RankComm::from_launch`](super::RankComm::from_launch) makes the ranks
+    /// agree on every collective (op, type, length, root) through rank 0 before NCCL
+    /// enqueues it, so that a mismatch is the same typed error on every rank instead of
+    /// a hang or corrupt data (`GPUBIND_CHECK_CALLS`, default on; it costs one round
+    /// trip to rank 0 per collective: docs/collective.md, "Ranks agree before NCCL
+    /// enqueues"). Every rank must use the same setting (checked at the rendezvous).
+    pub check_calls: bool,
 }
 
 fn env_err(variable: &str, reason: impl Into<String>) -> Error {
@@ -340,6 +353,16 @@ impl LaunchEnv {
             }
             (None, None) => DEFAULT_PORT,
         };
+        let check_calls = match get(CHECK_VAR).map(|v| v.to_ascii_lowercase()).as_deref() {
+            None | Some("1" | "true" | "on" | "yes") => true,
+            Some("0" | "false" | "off" | "no") => false,
+            Some(v) => {
+                return Err(env_err(
+                    CHECK_VAR,
+                    format!("{v:?} is not one of 1/true/on/yes or 0/false/off/no"),
+                ));
+            }
+        };
         let timeout = match get(TIMEOUT_VAR) {
             None => DEFAULT_TIMEOUT,
             Some(v) => match v.parse::<f64>() {
@@ -361,12 +384,20 @@ impl LaunchEnv {
             master_addr,
             port,
             timeout,
+            check_calls,
         })
     }
 
     /// The same environment with another timeout.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// The same environment with the agreement on every collective on or off (see
+    /// [`check_calls`](Self::check_calls)).
+    pub fn with_call_check(mut self, on: bool) -> Self {
+        self.check_calls = on;
         self
     }
 
@@ -393,6 +424,39 @@ impl LaunchEnv {
         &self,
         make_id: impl FnOnce() -> Result<NcclUniqueId>,
     ) -> Result<NcclUniqueId> {
+        self.exchange(make_id, 0).map(|(id, _)| id)
+    }
+
+    /// [`exchange_id_with`](Self::exchange_id_with), keeping the rendezvous connections
+    /// as the job's [`CallCheck`](super::CallCheck), through which the ranks agree on
+    /// every collective before NCCL enqueues it (`None` for a world of one, which has
+    /// nobody to disagree with). Every rank of the job must call this one (rank 0
+    /// refuses a mix with a `Rendezvous` error naming [`CHECK_VAR`]).
+    /// [`RankComm::from_launch`](super::RankComm::from_launch) uses it when
+    /// [`check_calls`](Self::check_calls) is on.
+    pub fn exchange_id_checked_with(
+        &self,
+        make_id: impl FnOnce() -> Result<NcclUniqueId>,
+    ) -> Result<(NcclUniqueId, Option<super::CallCheck>)> {
+        let (id, links) = self.exchange(make_id, HELLO_CHECKS_CALLS)?;
+        let check = match links {
+            Links::None => None,
+            Links::Rank0(streams) => Some(super::CallCheck::rank0(streams, self.timeout)),
+            Links::Peer(stream) => Some(super::CallCheck::peer(
+                stream,
+                self.rank,
+                self.world_size,
+                self.timeout,
+            )),
+        };
+        Ok((id, check))
+    }
+
+    fn exchange(
+        &self,
+        make_id: impl FnOnce() -> Result<NcclUniqueId>,
+        flags: u8,
+    ) -> Result<(NcclUniqueId, Links)> {
         if self.rank >= self.world_size {
             return Err(Error::InvalidArgument(format!(
                 "rank {} is out of range for a world of {}",
@@ -401,7 +465,7 @@ impl LaunchEnv {
         }
         let deadline = super::deadline_after(self.timeout);
         if self.world_size == 1 {
-            return make_id();
+            return Ok((make_id()?, Links::None));
         }
         if u32::try_from(self.world_size).is_err() {
             return Err(Error::InvalidArgument(format!(
@@ -410,29 +474,47 @@ impl LaunchEnv {
             )));
         }
         if self.rank == 0 {
-            serve(self, deadline, make_id)
+            let (id, streams) = serve(self, deadline, make_id, flags)?;
+            Ok((id, Links::Rank0(streams)))
         } else {
-            join(self, deadline)
+            let (id, stream) = join(self, deadline, flags)?;
+            Ok((id, Links::Peer(stream)))
         }
     }
 }
+
+/// The connections a rendezvous leaves: none (a world of one), rank 0's one per rank
+/// (`None` at its own index), or a rank's one to rank 0.
+enum Links {
+    None,
+    Rank0(Vec<Option<TcpStream>>),
+    Peer(TcpStream),
+}
+
+/// Hello flag: the rank keeps the connection for the per-collective agreement.
+const HELLO_CHECKS_CALLS: u8 = 1;
 
 // ---------------------------------------------------------------------------------------
 // Frames
 
 const MAGIC: [u8; 4] = *b"GBRZ";
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this build speaks (2: the hello's flags and the per-collective
+/// `call`/`agreed` frames).
+pub const PROTOCOL_VERSION: u16 = 2;
 const HEADER: usize = 20;
 const MAX_PAYLOAD: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(super) enum Kind {
     Hello = 1,
     Id = 2,
     Ack = 3,
     Go = 4,
     Abort = 5,
+    /// A rank's header of its next collective (to rank 0).
+    Call = 6,
+    /// Rank 0's verdict: every rank called the same collective.
+    Agreed = 7,
 }
 
 impl Kind {
@@ -443,17 +525,19 @@ impl Kind {
             3 => Kind::Ack,
             4 => Kind::Go,
             5 => Kind::Abort,
+            6 => Kind::Call,
+            7 => Kind::Agreed,
             _ => return None,
         })
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Frame {
-    kind: Kind,
-    world: u32,
-    rank: u32,
-    payload: Vec<u8>,
+pub(super) struct Frame {
+    pub(super) kind: Kind,
+    pub(super) world: u32,
+    pub(super) rank: u32,
+    pub(super) payload: Vec<u8>,
 }
 
 fn fnv1a64(parts: &[&[u8]]) -> u64 {
@@ -484,7 +568,7 @@ fn encode(f: &Frame) -> Vec<u8> {
 
 /// Why a frame could not be read.
 #[derive(Debug)]
-enum ReadFail {
+pub(super) enum ReadFail {
     /// The peer closed the connection after `got` bytes of the frame.
     Closed { got: usize },
     /// Nothing complete before the deadline.
@@ -592,7 +676,10 @@ fn read_full(
     Ok(())
 }
 
-fn read_frame(s: &mut TcpStream, deadline: Instant) -> std::result::Result<Frame, ReadFail> {
+pub(super) fn read_frame(
+    s: &mut TcpStream,
+    deadline: Instant,
+) -> std::result::Result<Frame, ReadFail> {
     let mut header = [0u8; HEADER];
     // The magic first: a stranger speaking another protocol is named as such even if it
     // sent fewer bytes than a header.
@@ -619,18 +706,20 @@ fn read_frame(s: &mut TcpStream, deadline: Instant) -> std::result::Result<Frame
     })
 }
 
-fn write_frame(s: &mut TcpStream, f: &Frame, deadline: Instant) -> std::io::Result<()> {
+pub(super) fn write_frame(s: &mut TcpStream, f: &Frame, deadline: Instant) -> std::io::Result<()> {
     let left = deadline.saturating_duration_since(Instant::now());
     s.set_write_timeout(Some(left.max(Duration::from_millis(1))))?;
     s.write_all(&encode(f))?;
     s.flush()
 }
 
-// An error carried by an abort frame: code u8, rank u32, after_ms u64, n u16, n ranks
-// u32, then the text (reason or what), UTF-8.
-fn encode_error(e: &Error) -> Vec<u8> {
+// An error carried by an abort frame: code u8 (1 Rendezvous, 2 PeerFailed, 3
+// PeerTimeout, 4 InvalidArgument: a collective mismatch), rank u32, after_ms u64, n u16,
+// n ranks u32, then the text (reason or what), UTF-8.
+pub(super) fn encode_error(e: &Error) -> Vec<u8> {
     let (code, rank, after, ranks, text): (u8, usize, u64, &[usize], String) = match e {
         Error::Rendezvous { reason } => (1, 0, 0, &[], reason.clone()),
+        Error::InvalidArgument(text) => (4, 0, 0, &[], text.clone()),
         Error::PeerFailed { rank, reason } => (2, *rank, 0, &[], reason.clone()),
         Error::PeerTimeout {
             what,
@@ -656,7 +745,7 @@ fn encode_error(e: &Error) -> Vec<u8> {
     v
 }
 
-fn decode_error(p: &[u8]) -> Error {
+pub(super) fn decode_error(p: &[u8]) -> Error {
     let undecodable = || Error::Rendezvous {
         reason: "rank 0 aborted the rendezvous with an undecodable reason".into(),
     };
@@ -680,6 +769,7 @@ fn decode_error(p: &[u8]) -> Error {
             ranks,
             after_ms,
         },
+        4 => Error::InvalidArgument(text),
         _ => undecodable(),
     }
 }
@@ -715,7 +805,8 @@ fn serve(
     env: &LaunchEnv,
     deadline: Instant,
     make_id: impl FnOnce() -> Result<NcclUniqueId>,
-) -> Result<NcclUniqueId> {
+    flags: u8,
+) -> Result<(NcclUniqueId, Vec<Option<TcpStream>>)> {
     let addr = listen_addr(env);
     let listener = TcpListener::bind(addr).map_err(|e| Error::Rendezvous {
         reason: format!(
@@ -822,6 +913,19 @@ fn serve(
                 Some(format!(
                     "a process at {from} claims rank {r}, which is not in 1..{world} (rank 0 is this process)"
                 ))
+            } else if hello.payload.first().copied().unwrap_or(0) != flags {
+                let on = |f: u8| {
+                    if f & HELLO_CHECKS_CALLS != 0 {
+                        "on"
+                    } else {
+                        "off"
+                    }
+                };
+                Some(format!(
+                    "rank {r} (at {from}) has the agreement on every collective {}, rank 0 has it {} ({CHECK_VAR}, or RankComm::from_launch on one rank and exchange_id on another): set it alike on every rank",
+                    on(hello.payload.first().copied().unwrap_or(0)),
+                    on(flags)
+                ))
             } else {
                 peers[r].as_ref().map(|first| {
                     format!(
@@ -926,13 +1030,16 @@ fn serve(
             let _ = write_frame(s, &f, tell_by);
         }
     }
-    outcome
+    let id = outcome?;
+    // The connections stay open for the per-collective agreement (dropped, i.e. closed,
+    // by a plain `exchange_id`).
+    Ok((id, peers.into_iter().map(|p| p.map(|p| p.stream)).collect()))
 }
 
 // ---------------------------------------------------------------------------------------
 // Other ranks
 
-fn join(env: &LaunchEnv, deadline: Instant) -> Result<NcclUniqueId> {
+fn join(env: &LaunchEnv, deadline: Instant, flags: u8) -> Result<(NcclUniqueId, TcpStream)> {
     let started = Instant::now();
     let target = format!("{}:{}", env.master_addr, env.port);
     let never_came = |what: String| Error::PeerTimeout {
@@ -990,11 +1097,17 @@ fn join(env: &LaunchEnv, deadline: Instant) -> Result<NcclUniqueId> {
             "the connection to rank 0 at {target} broke: {e} (rank 0 exited or crashed)"
         ),
     };
-    write_frame(&mut stream, &frame(Kind::Hello), deadline).map_err(lost)?;
+    let hello = Frame {
+        payload: vec![flags],
+        ..frame(Kind::Hello)
+    };
+    write_frame(&mut stream, &hello, deadline).map_err(lost)?;
     // Rank 0 decides at its own deadline, which may be a little after ours (it may have
     // started later): wait a quarter longer, at least 2 s, for its verdict (which names
     // the missing ranks).
-    let verdict_by = deadline + (env.timeout / 4).max(Duration::from_secs(2));
+    let verdict_by = deadline
+        .checked_add((env.timeout / 4).max(Duration::from_secs(2)))
+        .unwrap_or(deadline);
     let expect = |stream: &mut TcpStream, want: Kind, stage: &str| -> Result<Frame> {
         let f = read_frame(stream, verdict_by).map_err(|fail| match fail {
             ReadFail::Closed { .. } => Error::PeerFailed {
@@ -1033,7 +1146,7 @@ fn join(env: &LaunchEnv, deadline: Instant) -> Result<NcclUniqueId> {
     })?;
     write_frame(&mut stream, &frame(Kind::Ack), verdict_by).map_err(lost)?;
     expect(&mut stream, Kind::Go, "the go-ahead")?;
-    Ok(id)
+    Ok((id, stream))
 }
 
 #[cfg(test)]
@@ -1267,8 +1380,8 @@ mod tests {
             assert!(decode(&bytes[..n]).is_err());
         }
         let mut wrong_version = bytes.clone();
-        wrong_version[4] = 2;
-        assert!(decode(&wrong_version).unwrap_err().contains("version 2"));
+        wrong_version[4] = 3;
+        assert!(decode(&wrong_version).unwrap_err().contains("version 3"));
         let mut wrong_magic = bytes.clone();
         wrong_magic[0] = b'X';
         assert!(decode(&wrong_magic).unwrap_err().contains("magic"));
@@ -1292,6 +1405,7 @@ mod tests {
                 ranks: vec![2, 5],
                 after_ms: 1500,
             },
+            Error::InvalidArgument("collective mismatch: rank 0 called …".into()),
         ];
         for e in errors {
             assert_eq!(decode_error(&encode_error(&e)), e);
@@ -1369,6 +1483,7 @@ mod tests {
             master_addr: "127.0.0.1".into(),
             port,
             timeout: Duration::from_millis(timeout_ms),
+            check_calls: true,
         }
     }
 

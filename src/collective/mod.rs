@@ -117,7 +117,8 @@
 //! [`RankComm::from_launch`] reads the launcher's variables ([`LaunchEnv`]: torchrun,
 //! mpirun, srun), exchanges NCCL's unique id over TCP ([`LaunchEnv::exchange_id`]) and
 //! makes this process's rank with NCCL ([`RankComm::init_process`]); the same calls
-//! follow. See docs/collective.md, "Deployment".
+//! follow, and the ranks agree on every collective through rank 0 before NCCL enqueues
+//! it ([`CallCheck`], [`LaunchEnv::check_calls`]). See docs/collective.md, "Deployment".
 //!
 //! On one machine, `RankComm::init_process_kernels` (or `from_launch_kernels`; feature
 //! `ipc`) makes a rank of the own-kernel backend instead:
@@ -143,6 +144,7 @@
 //! [`Error::NotCapturable`].
 
 mod bootstrap;
+mod callcheck;
 mod capture;
 #[cfg(feature = "ipc")]
 mod control;
@@ -157,9 +159,10 @@ mod procs;
 mod rendezvous;
 
 pub use bootstrap::{
-    DEFAULT_PORT, DEFAULT_TIMEOUT, LaunchEnv, Launcher, NCCL_UNIQUE_ID_BYTES, NcclUniqueId,
-    PORT_VAR, PROTOCOL_VERSION, TIMEOUT_VAR,
+    CHECK_VAR, DEFAULT_PORT, DEFAULT_TIMEOUT, LaunchEnv, Launcher, NCCL_UNIQUE_ID_BYTES,
+    NcclUniqueId, PORT_VAR, PROTOCOL_VERSION, TIMEOUT_VAR,
 };
+pub use callcheck::CallCheck;
 #[cfg(feature = "ipc")]
 pub use control::ProcessGroup;
 pub use nccl::{nccl_available, nccl_version};
@@ -300,10 +303,11 @@ pub struct CommOptions {
     /// [`Error::PeerTimeout`] naming the ranks that did not come, and the communicator
     /// is unusable (every later call returns that error). `Duration::MAX` waits for ever.
     ///
-    /// Not (yet) bounded by it: the NCCL backend *within one process*
-    /// ([`Communicator::init_all`] with NCCL) initialises each rank with the blocking
-    /// `ncclCommInitRank` at its first call, so a rank that never calls holds the others
-    /// up. [`RankComm::init_process`] (one rank per process) is bounded.
+    /// A [`RankComm`] of the NCCL backend ([`Communicator::init_all`] with NCCL) waits
+    /// at most this long for NCCL's initialisation at its first call (non-blocking
+    /// `ncclCommInitRankConfig`, polled; past it the communicator is aborted and the call
+    /// returns [`Error::PeerTimeout`]) and for NCCL to enqueue each call. (With an NCCL
+    /// older than 2.14 the initialisation is the blocking `ncclCommInitRank`.)
     pub timeout: std::time::Duration,
 }
 
@@ -692,8 +696,11 @@ impl Communicator {
     /// its rank's device and passes a stream of it to every call.
     ///
     /// Own kernels: ranks may share a device (each thread's stream is its own lane).
-    /// NCCL: gets an `ncclUniqueId` here; each rank runs `ncclCommInitRank` on its
-    /// first call (which therefore waits for all ranks' first calls).
+    /// NCCL: gets an `ncclUniqueId` here; each rank initialises its NCCL communicator
+    /// on its first call (which therefore waits for all ranks' first calls, at most
+    /// [`CommOptions::timeout`]). Dropping an NCCL `RankComm` waits for its last call
+    /// at most `GPUBIND_DROP_TIMEOUT`, then aborts the communicator instead of
+    /// destroying it (docs/collective.md, "Dropping an NCCL `RankComm`").
     pub fn init_all(devices: &[Arc<Device>], options: CommOptions) -> Result<Vec<RankComm>> {
         if devices.is_empty() {
             return Err(Error::InvalidArgument(
@@ -736,7 +743,9 @@ impl Communicator {
                             r,
                             RankInner::Nccl {
                                 id: Some(id),
+                                timeout: options.timeout,
                                 comm: None,
+                                check: None,
                             },
                         )
                     })
@@ -893,8 +902,9 @@ impl Drop for Communicator {
             }
         }
         if work_may_run && let Engine::Nccl(comms) = &self.engine {
-            for c in comms {
-                c.abort();
+            // On each device's release thread, bounded like the waits above.
+            for (c, d) in comms.iter().zip(&self.devices) {
+                c.abort_bounded(Some(d));
             }
         }
     }
@@ -1138,9 +1148,15 @@ enum RankInner {
         event: Option<Event>,
     },
     Nccl {
-        /// The id of a lazily made communicator (`None`: made already, one per process).
+        /// The id of a lazily made communicator (`None`: made already, or tried and
+        /// failed).
         id: Option<nccl::UniqueId>,
+        /// How long the lazy initialisation and each call wait for NCCL.
+        timeout: std::time::Duration,
         comm: Option<nccl::NcclComm>,
+        /// One rank per process from `from_launch`: the agreement on every collective
+        /// through rank 0 (`None`: not checked).
+        check: Option<Box<CallCheck>>,
     },
     /// Own kernels, one rank per process on one machine.
     #[cfg(feature = "ipc")]
@@ -1209,6 +1225,11 @@ impl RankComm {
     /// NCCL older than 2.14 initialisation is the blocking `ncclCommInitRank`, not
     /// bounded.) NCCL needs a distinct GPU per rank, across processes too.
     ///
+    /// Dropping it is bounded by `GPUBIND_DROP_TIMEOUT`: it waits for the rank's last
+    /// call while polling `ncclCommGetAsyncError`, finalizes the communicator
+    /// (`ncclCommFinalize`, polled), then destroys it; a timeout or an error NCCL reports
+    /// (a dead peer) aborts it (`ncclCommAbort`) instead, with a warning logged.
+    ///
     /// Without the `nccl` feature: [`Error::FeatureDisabled`].
     pub fn init_process(
         ctx: &mut ThreadContext,
@@ -1239,7 +1260,9 @@ impl RankComm {
             device: Arc::clone(device),
             inner: RankInner::Nccl {
                 id: None,
+                timeout,
                 comm: Some(comm),
+                check: None,
             },
         })
     }
@@ -1249,6 +1272,15 @@ impl RankComm {
     /// `env.rank`, `env.world_size` and `env.timeout`. `device` is usually
     /// `Device::get(env.local_rank)` (or 0 where the launcher gives each process one
     /// GPU through `CUDA_VISIBLE_DEVICES`).
+    ///
+    /// With [`LaunchEnv::check_calls`] (`GPUBIND_CHECK_CALLS`, on by default) the
+    /// rendezvous connections are kept as a [`CallCheck`]: before each collective the
+    /// ranks agree on the op, type, length and root through rank 0, so ranks that
+    /// disagree all get the same [`Error::InvalidArgument`] ("collective mismatch …")
+    /// with nothing enqueued, and a rank that failed its own call, exited or stays away
+    /// is [`Error::PeerFailed`] / [`Error::PeerTimeout`] naming it on every other rank.
+    /// One round trip to rank 0 per collective; `send`/`recv` are not checked. See
+    /// docs/collective.md, "Ranks agree before NCCL enqueues".
     ///
     /// ```no_run
     /// # fn main() -> gpubind::Result<()> {
@@ -1272,8 +1304,16 @@ impl RankComm {
         device: &Arc<Device>,
         env: &LaunchEnv,
     ) -> Result<RankComm> {
-        let id = env.exchange_id()?;
-        Self::init_process(ctx, device, env.rank, env.world_size, &id, env.timeout)
+        let (id, check) = if env.check_calls {
+            env.exchange_id_checked_with(NcclUniqueId::new)?
+        } else {
+            (env.exchange_id()?, None)
+        };
+        let mut comm = Self::init_process(ctx, device, env.rank, env.world_size, &id, env.timeout)?;
+        if let RankInner::Nccl { check: c, .. } = &mut comm.inner {
+            *c = check.map(Box::new);
+        }
+        Ok(comm)
     }
 
     /// One rank of an own-kernel communicator whose ranks are separate processes on
@@ -1285,7 +1325,8 @@ impl RankComm {
     /// pool and is imported by every peer, with two interprocess events; a host-side
     /// [`ProcessGroup`] (Unix sockets) carries one header per call, so ranks that
     /// disagree on the op, the type, the length or the root all get the same typed
-    /// error before anything is enqueued. Every wait is bounded by `timeout`: a peer
+    /// error before anything is enqueued. Every wait is bounded by `timeout` (one
+    /// deadline for the start, for each call and for the drop, not one per wait): a peer
     /// that exits or is killed is [`Error::PeerFailed`] naming it, one that stays away
     /// [`Error::PeerTimeout`]; after an error the communicator is unusable. Each call
     /// returns once its reads are enqueued, which is after the peers' inputs have been
@@ -1377,20 +1418,46 @@ impl RankComm {
                 // claimed (ordered after their other uses) until the call returns.
                 p.run(unsafe { stream.raw() }, &call)
             }
-            RankInner::Nccl { id, comm } => {
-                let call = call?;
+            RankInner::Nccl {
+                id,
+                timeout,
+                comm,
+                check,
+            } => {
+                // One rank per process: the ranks agree on the collective through rank 0
+                // before anything is enqueued; a call this rank cannot make is told to
+                // the others at the same collective (send/recv are not checked).
+                let call = match (call, check.as_mut()) {
+                    (Ok(call), Some(check)) => {
+                        check.agree_call(&call)?;
+                        call
+                    }
+                    (Err(e), Some(check)) if p2p_peer.is_none() => return Err(check.fail(e)),
+                    (call, _) => call?,
+                };
                 if comm.is_none()
-                    && let Some(id) = id
+                    && let Some(id) = id.take()
                 {
-                    *comm = Some(nccl::NcclComm::init_rank(nranks, id, rank)?);
+                    // Non-blocking and polled (bounded by the communicator's timeout),
+                    // as one rank per process; NCCL older than 2.14: the blocking call.
+                    // Taken: a failed (aborted) initialisation is not retried.
+                    let bytes = nccl::id_bytes(&id);
+                    *comm = Some(nccl::NcclComm::init_rank_process(
+                        nranks, &bytes, rank, *timeout,
+                    )?);
                 }
-                let Some(comm) = comm.as_ref() else {
-                    return Err(Error::InvalidArgument("NCCL init failed".into()));
+                let Some(comm) = comm.as_mut() else {
+                    return Err(Error::InvalidArgument(
+                        "this rank's NCCL initialisation failed earlier: make a new communicator"
+                            .into(),
+                    ));
                 };
                 let _claim = stream.claim([used.first().copied(), used.get(1).copied()])?;
                 // SAFETY: validated against this rank's device; the stream is bound; the
                 // buffers are claimed (ordered after their other uses) until enqueued.
-                unsafe { comm.issue(&call, stream.raw()) }
+                unsafe { comm.issue(&call, stream.raw()) }?;
+                // What the communicator's drop waits for (bounded).
+                comm.note_issued(stream)
             }
             RankInner::Kernels { world, event } => {
                 let post = call.and_then(|call| {

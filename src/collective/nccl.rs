@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use cudarc::nccl::sys::{ncclDataType_t, ncclRedOp_t, ncclUniqueId};
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 type Comm = *mut c_void;
@@ -74,6 +74,10 @@ struct NonBlockingApi {
         unsafe extern "C" fn(*mut Comm, c_int, ncclUniqueId, c_int, *mut ConfigV214) -> Res,
     get_async_error: unsafe extern "C" fn(Comm, *mut Res) -> Res,
     abort: unsafe extern "C" fn(Comm) -> Res,
+    /// `ncclCommFinalize` (NCCL 2.14, like `ncclCommInitRankConfig`): on a non-blocking
+    /// communicator it flushes the pending work in NCCL's background and answers
+    /// `ncclInProgress`, so a drop can wait for it with a limit.
+    finalize: unsafe extern "C" fn(Comm) -> Res,
 }
 
 /// `ncclConfig_t` as NCCL 2.14 defined it (the first four fields of every later one).
@@ -131,6 +135,7 @@ impl Api {
                     init_rank_config: sym!("ncclCommInitRankConfig"),
                     get_async_error: sym!("ncclCommGetAsyncError"),
                     abort: sym!("ncclCommAbort"),
+                    finalize: sym!("ncclCommFinalize"),
                 })
             })(),
             _lib: lib,
@@ -253,6 +258,9 @@ pub(crate) struct NcclComm {
     bound: Option<Duration>,
     /// Set once `ncclCommAbort` freed `raw`: nothing may use it after.
     aborted: std::cell::Cell<bool>,
+    /// Recorded on the caller's stream after each call a `RankComm` enqueued: what its
+    /// drop waits for (a `Communicator` waits for its own streams before its drop).
+    last: Option<crate::stream::Event>,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not
@@ -279,6 +287,7 @@ impl NcclComm {
                 nranks,
                 bound: None,
                 aborted: std::cell::Cell::new(false),
+                last: None,
             })
             .collect())
     }
@@ -297,6 +306,7 @@ impl NcclComm {
             nranks,
             bound: None,
             aborted: std::cell::Cell::new(false),
+            last: None,
         })
     }
 
@@ -343,6 +353,7 @@ impl NcclComm {
             nranks,
             bound: Some(timeout),
             aborted: std::cell::Cell::new(false),
+            last: None,
         };
         if code != IN_PROGRESS
             && let Err(e) = api.check("ncclCommInitRankConfig", code)
@@ -497,48 +508,218 @@ impl NcclComm {
             _ => api.check(name, code),
         }
     }
+
+    /// `ncclCommAbort` for a drop, bounded: made on the device's release thread
+    /// ([`crate::release`]) and waited for at most `GPUBIND_DROP_TIMEOUT`, then left to
+    /// finish in the background (NCCL's abort does not wait for peers, but may wait
+    /// for work queued on the device before the aborted collectives). `device` is the
+    /// communicator's (else the device of its last call's event); inline when neither is
+    /// known (no call was ever enqueued, so nothing of the rank's runs).
+    pub(crate) fn abort_bounded(&self, device: Option<&Arc<crate::device::Device>>) {
+        let device = device
+            .cloned()
+            .or_else(|| self.last.as_ref().map(|e| Arc::clone(e.device())));
+        let (Ok(api), Some(device)) = (api(), device) else {
+            self.abort();
+            return;
+        };
+        let Some(nb) = api.nonblocking else {
+            // No abort looked up (NCCL older than 2.14): the caller reports the leak.
+            self.aborted.set(true);
+            return;
+        };
+        if self.aborted.replace(true) {
+            return;
+        }
+        let (raw, nranks) = (self.raw as usize, self.nranks);
+        crate::release::release(
+            format_args!("an NCCL communicator of {nranks} ranks"),
+            &device,
+            "ncclCommAbort",
+            Box::new(move || {
+                // NCCL (the CUDA runtime) may change the release thread's current
+                // context: put the pushed one back before it is popped.
+                let _restore = RestoreCurrent::new();
+                // SAFETY: a live communicator, aborted once (the flag above, set before
+                // this job was handed over); `raw` is never used again by gpubind.
+                let code = unsafe { (nb.abort)(raw as Comm) };
+                // ncclInProgress: NCCL finishes the abort itself.
+                let code = if code == IN_PROGRESS { 0 } else { code };
+                if let Err(e) = api.check("ncclCommAbort", code) {
+                    crate::faults::report_drop(
+                        format_args!("an NCCL communicator of {nranks} ranks"),
+                        None,
+                        "aborting it",
+                        &e,
+                        crate::faults::MAYBE_LEAKED,
+                    );
+                }
+                sys::CUresult::CUDA_SUCCESS
+            }),
+        );
+    }
+
+    /// Records an event on `stream` (the one the rank's last call was enqueued on):
+    /// the drop waits for it, with a limit, before it destroys the communicator.
+    pub(crate) fn note_issued(&mut self, stream: &crate::stream::BoundStream<'_>) -> Result<()> {
+        if self.last.is_none() {
+            let flags = crate::stream::EventFlags::new().timing(false);
+            self.last = Some(stream.bound().new_event_with(flags)?);
+        }
+        match &self.last {
+            Some(ev) => stream.record(ev),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the rank's pending work — the last call a `RankComm` enqueued — until
+    /// `deadline`, polling NCCL's async error alongside: an error NCCL reports (a peer
+    /// failed) ends the wait at once. `Ok` once the work has finished.
+    fn settle(&self, deadline: Option<Instant>, limit: Duration) -> Result<()> {
+        let api = api()?;
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let mut busy = false;
+            if let Some(nb) = api.nonblocking {
+                let mut state: Res = 0;
+                // SAFETY: a live communicator (the drop checked `aborted`); writes one
+                // result.
+                let code = unsafe { (nb.get_async_error)(self.raw, &mut state) };
+                api.check("ncclCommGetAsyncError", code)?;
+                match state {
+                    0 => {}
+                    // A non-blocking call still in progress (not left so by gpubind's
+                    // own calls, which wait for it; counted as pending work).
+                    IN_PROGRESS => busy = true,
+                    failed => return api.check("ncclCommGetAsyncError", failed),
+                }
+            }
+            if let Some(ev) = &self.last {
+                busy |= !ev.is_complete()?;
+            }
+            if !busy {
+                return Ok(());
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::Timeout {
+                    what: "an NCCL communicator's pending collectives to finish before \
+                           destroying it (GPUBIND_DROP_TIMEOUT)",
+                    after_ms: limit.as_millis().min(u128::from(u64::MAX)) as u64,
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// `ncclCommFinalize` of a non-blocking communicator, polled until NCCL says it is
+    /// done or `deadline` passes (an error or the timeout is returned; the caller
+    /// aborts). Nothing to do for a blocking one (its destroy flushes, and its pending
+    /// work is known to be finished).
+    fn finalize(&self, deadline: Option<Instant>, limit: Duration) -> Result<()> {
+        let api = api()?;
+        let (Some(nb), Some(_)) = (api.nonblocking, self.bound) else {
+            return Ok(());
+        };
+        // SAFETY: a live, non-blocking communicator, finalized once (the drop runs
+        // once); with `blocking = 0` NCCL does the flush in its background and answers
+        // `ncclInProgress`.
+        let code = unsafe { (nb.finalize)(self.raw) };
+        if code != IN_PROGRESS {
+            api.check("ncclCommFinalize", code)?;
+        }
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let mut state: Res = 0;
+            // SAFETY: live (not aborted, not destroyed); writes one result.
+            let code = unsafe { (nb.get_async_error)(self.raw, &mut state) };
+            api.check("ncclCommGetAsyncError", code)?;
+            match state {
+                0 => return Ok(()),
+                IN_PROGRESS => {}
+                failed => return api.check("ncclCommFinalize", failed),
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::Timeout {
+                    what: "NCCL to finalize a communicator (ncclCommFinalize, \
+                           GPUBIND_DROP_TIMEOUT)",
+                    after_ms: limit.as_millis().min(u128::from(u64::MAX)) as u64,
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
 }
 
 impl Drop for NcclComm {
+    /// Bounded, like every gpubind drop (`GPUBIND_DROP_TIMEOUT`, one limit for the
+    /// whole drop): waits for the rank's last enqueued call while polling NCCL's async
+    /// error; on a non-blocking communicator, `ncclCommFinalize` polled to its end; then
+    /// `ncclCommDestroy`, which has nothing left to wait for. A timeout or an error NCCL
+    /// reports aborts the communicator (`ncclCommAbort`: NCCL's way to end pending
+    /// operations without waiting for peers) instead, and is logged.
     fn drop(&mut self) {
         if self.aborted.get() {
             // ncclCommAbort freed it.
             return;
         }
-        if let (Some(_), Ok(Some(nb))) = (self.bound, api().map(|a| a.nonblocking)) {
-            // A communicator NCCL reports failed (a peer died) may never finish its
-            // work: ncclCommDestroy would wait for it. Abort it instead.
-            let mut state: Res = 0;
-            // SAFETY: live (not aborted); writes one result.
-            let code = unsafe { (nb.get_async_error)(self.raw, &mut state) };
-            if code != 0 || (state != 0 && state != IN_PROGRESS) {
-                self.abort();
-                return;
-            }
-        }
-        let what = format_args!("an NCCL communicator of {} ranks", self.nranks);
+        let nranks = self.nranks;
+        let what = || format!("an NCCL communicator of {nranks} ranks");
+        let device = self.last.as_ref().map(|e| e.device().ordinal());
         let api = match api() {
             Ok(api) => api,
             Err(e) => {
                 // Not reached: the communicator was created through the same library.
-                crate::faults::report_drop(what, None, "loading NCCL", &e, crate::faults::LEAKED);
+                crate::faults::report_drop(
+                    format_args!("{}", what()),
+                    device,
+                    "loading NCCL",
+                    &e,
+                    crate::faults::LEAKED,
+                );
                 return;
             }
         };
-        // Without a restorer NCCL may leave its context current; the destroy goes on.
+        let limit = crate::drop_wait::drop_timeout();
+        let deadline = Instant::now().checked_add(limit);
+        // Without a restorer NCCL may leave its context current; the drop goes on.
         let restore = RestoreCurrent::new();
         if let Err(e) = &restore {
             crate::faults::report_drop(
-                what,
-                None,
+                format_args!("{}", what()),
+                device,
                 "saving the thread's context",
                 e,
-                "destroying it anyway; the thread's context may not be restored after",
+                "going on; the thread's context may not be restored after",
             );
         }
-        // SAFETY: created by ncclCommInit*, destroyed once here (NCCL waits for the
-        // communicator's pending work and, for ranks of one process, frees the shared
-        // resources when the last rank is destroyed).
+        let flushed = self
+            .settle(deadline, limit)
+            .map_err(|e| (crate::faults::WAIT, e))
+            .and_then(|()| {
+                self.finalize(deadline, limit)
+                    .map_err(|e| (crate::faults::RELEASE, e))
+            });
+        if let Err((step, e)) = flushed {
+            let outcome = if api.nonblocking.is_some() {
+                "it is aborted (ncclCommAbort) instead of destroyed: its pending collectives \
+                 are cancelled"
+            } else {
+                // NCCL older than 2.14: no abort is looked up; never destroyed under
+                // pending work either.
+                "it is leaked (not destroyed): this NCCL (older than 2.14) gives gpubind no \
+                 ncclCommAbort"
+            };
+            crate::faults::report_drop(format_args!("{}", what()), device, step, &e, outcome);
+            self.abort_bounded(None);
+            drop(restore);
+            return;
+        }
+        // SAFETY: created by ncclCommInit*, destroyed once here. Its pending work has
+        // finished (settled above) and a non-blocking one is finalized, so NCCL frees
+        // local resources only (for ranks of one process, the shared ones when the last
+        // rank is destroyed).
         let code = unsafe { (api.comm_destroy)(self.raw) };
         // A non-blocking communicator may answer ncclInProgress: NCCL finishes the
         // teardown itself (the handle is not used again here).
@@ -549,8 +730,8 @@ impl Drop for NcclComm {
         };
         if let Err(e) = api.check("ncclCommDestroy", code) {
             crate::faults::report_drop(
-                what,
-                None,
+                format_args!("{}", what()),
+                device,
                 crate::faults::RELEASE,
                 &e,
                 crate::faults::MAYBE_LEAKED,
@@ -568,10 +749,14 @@ fn aborted_error() -> Error {
     )
 }
 
+/// The bytes of `id`.
+pub(crate) fn id_bytes(id: &UniqueId) -> [u8; 128] {
+    id.internal.map(|c| c as u8)
+}
+
 /// A fresh unique id, as bytes.
 pub(crate) fn unique_id_bytes() -> Result<[u8; 128]> {
-    let id = unique_id()?;
-    Ok(id.internal.map(|c| c as u8))
+    Ok(id_bytes(&unique_id()?))
 }
 
 /// A fresh `ncclUniqueId` for `ncclCommInitRank`.

@@ -53,10 +53,6 @@ impl NcclComm {
         Err(disabled())
     }
 
-    pub(crate) fn init_rank(_nranks: usize, id: &UniqueId, _rank: usize) -> Result<NcclComm> {
-        match *id {}
-    }
-
     pub(crate) fn init_rank_process(
         _nranks: usize,
         _id: &[u8; 128],
@@ -66,8 +62,13 @@ impl NcclComm {
         Err(disabled())
     }
 
+    /// Never called: there is no value to call it on.
+    pub(crate) fn note_issued(&mut self, _stream: &crate::stream::BoundStream<'_>) -> Result<()> {
+        match self.never {}
+    }
+
     /// Nothing to abort: there is no value to call it on.
-    pub(crate) fn abort(&self) {}
+    pub(crate) fn abort_bounded(&self, _device: Option<&std::sync::Arc<crate::device::Device>>) {}
 
     /// # Safety
     ///
@@ -75,6 +76,11 @@ impl NcclComm {
     pub(crate) unsafe fn issue(&self, _call: &Call, _stream: sys::CUstream) -> Result<()> {
         match self.never {}
     }
+}
+
+/// Never called: there is no id.
+pub(crate) fn id_bytes(id: &UniqueId) -> [u8; 128] {
+    match *id {}
 }
 
 /// Always [`Error::FeatureDisabled`].

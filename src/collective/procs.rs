@@ -26,7 +26,7 @@
 //! a typed error, not a stream stuck for ever. The price: a step's reads are enqueued
 //! only once the peers' staging copies have completed.
 
-use super::control::{Header, KIND_RECV, KIND_SEND, ProcessGroup};
+use super::control::{Budget, Header, KIND_RECV, KIND_SEND, ProcessGroup};
 use super::kernels::KernelSet;
 use super::{Call, Kind, Op};
 use crate::context::ThreadContext;
@@ -138,6 +138,10 @@ pub(crate) struct ProcsRank {
     done: ManuallyDrop<IpcEvent>,
     peers: Vec<Option<Peer>>,
     kernels: ManuallyDrop<KernelSet>,
+    /// A failed step left work on a stream that neither finished by its deadline nor
+    /// could be followed by a `done` record: the drop treats this rank's own reads as
+    /// unsettled (no bye; the peers keep their staging).
+    unsettled: bool,
 }
 
 // SAFETY: the raw event handles are thread-agnostic identifiers used only with their
@@ -185,6 +189,8 @@ impl ProcsRank {
         timeout: Duration,
     ) -> Result<ProcsRank> {
         let bytes = PROCESS_STAGING_BYTES;
+        // One deadline for the whole start: the mesh, then the export exchange.
+        let budget = Budget::new(timeout);
         let mut group = ProcessGroup::connect_staging(rank, world, key, timeout, bytes as u64)?;
         let made = (|| {
             let gpu = ctx.bind(device)?;
@@ -210,8 +216,9 @@ impl ProcsRank {
             done: ManuallyDrop::new(done),
             peers: (0..world).map(|_| None).collect(),
             kernels: ManuallyDrop::new(kernels),
+            unsettled: false,
         };
-        let exchanged = me.exchange_exports();
+        let exchanged = me.exchange_exports(&budget);
         if let Err(e) = exchanged {
             return Err(me.group.fail(e));
         }
@@ -220,9 +227,10 @@ impl ProcsRank {
 
     /// Sends this rank's pool, staging and event handles to every peer and imports
     /// theirs.
-    fn exchange_exports(&mut self) -> Result<()> {
+    fn exchange_exports(&mut self, budget: &Budget) -> Result<()> {
         let (rank, world) = (self.group.rank(), self.group.world_size());
-        let opts = TransportOptions::default().timeout(self.group.timeout());
+        // Each message gets what is left of the start's budget, not a timeout of its own.
+        let opts = || TransportOptions::default().timeout(budget.left());
         let buffer = self.staging.export()?;
         let mut events = self.ready.handle()?.to_vec();
         events.extend_from_slice(&self.done.handle()?);
@@ -231,10 +239,10 @@ impl ProcsRank {
                 rank: q,
                 reason: "its process exited or closed its connection during the start".into(),
             },
-            Error::Timeout { after_ms, .. } => Error::PeerTimeout {
+            Error::Timeout { .. } => Error::PeerTimeout {
                 what: format!("rank {q}'s staging exports"),
                 ranks: vec![q],
-                after_ms,
+                after_ms: budget.after_ms(),
             },
             other => other,
         };
@@ -244,15 +252,16 @@ impl ProcsRank {
                 s,
                 &[self.pool.export()?],
                 std::slice::from_ref(&buffer),
-                &opts,
+                &opts(),
             )
             .map_err(|e| fail(q, e))?;
-            ipc::send_message_with(s, &events, &[], &opts).map_err(|e| fail(q, e))?;
+            ipc::send_message_with(s, &events, &[], &opts()).map_err(|e| fail(q, e))?;
         }
         for q in (0..world).filter(|&q| q != rank) {
             let s = self.stream_to(q)?;
-            let (mut pools, buffers) = ipc::recv_handles_with(s, &opts).map_err(|e| fail(q, e))?;
-            let m = ipc::recv_message_with(s, &opts).map_err(|e| fail(q, e))?;
+            let (mut pools, buffers) =
+                ipc::recv_handles_with(s, &opts()).map_err(|e| fail(q, e))?;
+            let m = ipc::recv_message_with(s, &opts()).map_err(|e| fail(q, e))?;
             let (Some(ph), Some(bh), 1, 1, 128) = (
                 pools.pop(),
                 buffers.first(),
@@ -314,10 +323,10 @@ impl ProcsRank {
     }
 
     /// Polls the `ready` (or `done`) events of `ranks` until all have completed, at most
-    /// the timeout; a rank whose socket closed meanwhile is [`Error::PeerFailed`].
-    fn poll(&self, ranks: &[usize], done: bool) -> Result<()> {
-        let started = Instant::now();
-        let deadline = super::deadline_after(self.group.timeout());
+    /// until the operation's deadline; a rank whose socket closed meanwhile is
+    /// [`Error::PeerFailed`].
+    fn poll(&self, ranks: &[usize], done: bool, budget: &Budget) -> Result<()> {
+        let deadline = budget.deadline;
         let mut pending: Vec<usize> = ranks.to_vec();
         let mut spins = 0u32;
         while !pending.is_empty() {
@@ -351,7 +360,7 @@ impl ProcsRank {
                         if done { "done" } else { "ready" }
                     ),
                     ranks: pending,
-                    after_ms: started.elapsed().as_millis().min(u128::from(u64::MAX)) as u64,
+                    after_ms: budget.after_ms(),
                 });
             }
             spins += 1;
@@ -376,22 +385,51 @@ impl ProcsRank {
     /// the caller holds the claim on the call's buffers.
     pub(crate) fn run(&mut self, stream: sys::CUstream, call: &Call) -> Result<()> {
         self.group.check()?;
-        let out = self.run_inner(stream, call);
+        // One deadline for the whole call, however many steps and waits it takes.
+        let budget = Budget::new(self.group.timeout());
+        let out = self.run_inner(stream, call, &budget);
         match out {
             Ok(()) => Ok(()),
             Err(e) => {
-                // A step that failed part-way may have left copies or reads on the
-                // stream without the closing `done` record: let them finish (this
-                // process's own work never waits on another process, so this ends)
-                // before the caller's claim on the buffers is released.
-                // SAFETY: the caller's bound stream, its context current.
-                let _ = unsafe { sys::cuStreamSynchronize(stream) };
-                Err(self.group.fail(e))
+                // Tell the peers first: they must not wait on this rank.
+                let e = self.group.fail(e);
+                self.settle_failed_step(stream, &budget);
+                Err(e)
             }
         }
     }
 
-    fn run_inner(&mut self, s: sys::CUstream, call: &Call) -> Result<()> {
+    /// After a step failed part-way: it may have left copies or reads of the peers'
+    /// staging on `s` without the closing `done` record. Waits for the stream until the
+    /// call's deadline (this process's own work never waits on another process, so it
+    /// normally ends at once); if it has not finished by then, records `done` after it,
+    /// so the drop's bounded wait for this rank's own work covers those reads (and keeps
+    /// the peers' staging mapped while they may run). If even that record fails, the
+    /// rank is marked unsettled: its drop then leaves without a bye, as for reads that
+    /// did not settle. The caller's buffers need nothing more: their claim records the
+    /// use on `s`, so their next user or free waits for it.
+    fn settle_failed_step(&mut self, s: sys::CUstream, budget: &Budget) {
+        let limit = budget.deadline.saturating_duration_since(budget.started);
+        let idle = crate::drop_wait::poll_until_idle(
+            || {
+                // SAFETY: the caller's bound stream, its context current.
+                unsafe { sys::cuStreamQuery(s) }
+            },
+            Some(budget.deadline),
+            limit,
+        );
+        if idle.is_ok() {
+            return;
+        }
+        // SAFETY: the caller's bound stream (its context current) and this rank's own
+        // event.
+        let recorded = unsafe { sys::cuEventRecord(self.done.raw, s) };
+        if recorded != sys::CUresult::CUDA_SUCCESS {
+            self.unsettled = true;
+        }
+    }
+
+    fn run_inner(&mut self, s: sys::CUstream, call: &Call, budget: &Budget) -> Result<()> {
         let (rank, n) = (self.group.rank(), self.group.world_size());
         let es = call.dtype.size;
         let c = call.count;
@@ -430,10 +468,8 @@ impl ProcsRank {
                 call,
                 &h,
                 (lo, len),
-                &stagers,
-                &reads,
-                &readers,
-                &partners,
+                (&stagers, &reads, &readers, &partners),
+                budget,
             )?;
             lo = hi;
             if lo >= c {
@@ -443,17 +479,14 @@ impl ProcsRank {
     }
 
     /// One step (see the module docs) over elements `[lo, lo + len)`.
-    #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
         s: sys::CUstream,
         call: &Call,
         h: &Header,
         (lo, len): (usize, usize),
-        stagers: &[usize],
-        reads: &[usize],
-        readers: &[usize],
-        partners: &[usize],
+        (stagers, reads, readers, partners): (&[usize], &[usize], &[usize], &[usize]),
+        budget: &Budget,
     ) -> Result<()> {
         let (rank, n) = (self.group.rank(), self.group.world_size());
         let es = call.dtype.size;
@@ -465,8 +498,8 @@ impl ProcsRank {
         unsafe { sys::cuStreamWaitEvent(s, self.done.raw, 0) }.check("cuStreamWaitEvent")?;
         // 2. Stage, once nobody reads the previous contents any more.
         if stagers.contains(&rank) {
-            let owing = self.group.collect_done()?;
-            self.poll(&owing, true)?;
+            let owing = self.group.collect_done(budget)?;
+            self.poll(&owing, true, budget)?;
             let stg = self.staging.device_ptr();
             if bytes > 0 {
                 match call.kind {
@@ -498,11 +531,11 @@ impl ProcsRank {
         // 3. Ready is recorded before the header goes out.
         // SAFETY: as in 1.
         unsafe { sys::cuEventRecord(self.ready.raw, s) }.check("cuEventRecord")?;
-        self.group.agree(*h, partners)?;
+        self.group.agree(*h, partners, budget)?;
         // From here on the peers follow the same plan: count the done notices owed.
         self.group.expect_done(readers);
         // 5. Read the peers' staging once it is filled.
-        self.poll(reads, false)?;
+        self.poll(reads, false, budget)?;
         let reading = !reads.is_empty()
             || matches!(
                 call.kind,
@@ -542,14 +575,18 @@ impl ProcsRank {
         // SAFETY: as in 1.
         unsafe { sys::cuEventRecord(self.done.raw, s) }.check("cuEventRecord")?;
         for &q in reads {
-            self.group.send_done(q)?;
+            self.group.send_done(q, budget)?;
         }
         Ok(())
     }
 
-    /// Waits (bounded) for this rank's own GPU work on the exchanged buffers.
-    fn settle_own(&self) -> bool {
-        let deadline = super::deadline_after(self.group.timeout());
+    /// Waits (until the drop's deadline) for this rank's own GPU work on the exchanged
+    /// buffers. `false` if it did not finish, or a failed step could not be covered.
+    fn settle_own(&self, budget: &Budget) -> bool {
+        if self.unsettled {
+            return false;
+        }
+        let deadline = budget.deadline;
         loop {
             // `done` closes each step; `ready` follows a staging copy (the last record
             // when a step failed between the two).
@@ -571,8 +608,10 @@ impl ProcsRank {
 impl Drop for ProcsRank {
     fn drop(&mut self) {
         // This rank's reads of the peers' staging, then its imports, then the byes; only
-        // when every peer has said bye (or is gone) is its own staging freed.
-        let own_done = self.settle_own();
+        // when every peer has said bye (or is gone) is its own staging freed. One
+        // deadline for the whole drop.
+        let budget = Budget::new(self.group.timeout());
+        let own_done = self.settle_own(&budget);
         for p in self.peers.iter_mut().flatten() {
             if own_done {
                 // SAFETY: dropped once, here; this rank's reads of it have completed.
@@ -588,7 +627,7 @@ impl Drop for ProcsRank {
             unsafe { ManuallyDrop::drop(&mut self.kernels) };
         }
         let all_left = if own_done {
-            self.group.leave()
+            self.group.leave(&budget)
         } else {
             // This rank's reads of peers' staging may still run: no bye, and the
             // connections stay open (leaked), so every peer keeps its staging.

@@ -5,7 +5,7 @@
 //! finished reading a rank's staging buffer) and aborts (a rank failed: every other
 //! rank learns which, and why).
 //!
-//! # Wire format (version 1)
+//! # Wire format (version 2)
 //!
 //! Each message is one frame of [`crate::ipc::send_message`] (magic `GBIM`, length,
 //! descriptor count; the peer must run as the same user, `SO_PEERCRED`). Its payload,
@@ -14,12 +14,12 @@
 //! | bytes | field |
 //! |---|---|
 //! | 4 | magic `GBPC` |
-//! | 2 | protocol version (1) |
+//! | 2 | protocol version (2) |
 //! | 1 | type: 1 hello, 2 welcome, 3 reject, 4 call, 5 abort, 6 done, 7 bye |
 //! | … | hello: world u32, rank u32, key hash u64, staging bytes u64 |
 //! | … | call: sequence u64, kind u8, op u8, dtype u8, 0 u8, root/peer u32, count u64 |
 //! | … | reject, abort: failed rank u32, code u8, UTF-8 reason |
-//! | … | done: sequence u64 |
+//! | … | done: sequence u64 of the step read (checked: the oldest one owed) |
 //!
 //! Rank `r` listens on the abstract socket `gpubind-pc-<euid>-<hash of the key>-<r>` (Linux's
 //! abstract namespace: no file to clean up, gone with the process); it connects to every
@@ -39,6 +39,37 @@ pub(crate) use wire::{Header, KIND_RECV, KIND_SEND};
 
 fn after_ms(started: Instant) -> u64 {
     started.elapsed().as_millis().min(u128::from(u64::MAX)) as u64
+}
+
+/// One operation's time limit: every wait of the operation (a call of the own-kernel
+/// backend across processes, its start, its drop) ends by the same deadline, so the
+/// worst case is the timeout once, not once per wait.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Budget {
+    /// When the operation began (for the `after_ms` of its errors).
+    pub(crate) started: Instant,
+    /// When its waits give up.
+    pub(crate) deadline: Instant,
+}
+
+impl Budget {
+    /// A budget of `timeout` from now (`Duration::MAX`: practically without limit).
+    pub(crate) fn new(timeout: Duration) -> Budget {
+        Budget {
+            started: Instant::now(),
+            deadline: super::deadline_after(timeout),
+        }
+    }
+
+    /// What is left of it (zero once spent).
+    pub(crate) fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Milliseconds since the operation began.
+    pub(crate) fn after_ms(&self) -> u64 {
+        after_ms(self.started)
+    }
 }
 
 /// The host-side channel between the ranks of a one-machine job, one process per rank:
@@ -70,9 +101,11 @@ pub struct ProcessGroup {
     timeout: Duration,
     /// Calls so far (the sequence number of the next header).
     seq: u64,
-    /// Done notices still owed by each peer (for reads of this rank's staging; may go
-    /// negative while a notice overtakes the count).
-    owed: Vec<i64>,
+    /// The done notices still owed by each peer, by the sequence number of the step in
+    /// which it read this rank's staging (oldest first). A notice is checked against
+    /// the front: a peer's notices come in order on its socket, and one for any other
+    /// step is a protocol error naming that peer.
+    owed: Vec<std::collections::VecDeque<u64>>,
     /// Peers that read this rank's staging since it was last written.
     readers: Vec<bool>,
     /// The first error: every later call returns it.
@@ -151,7 +184,7 @@ impl ProcessGroup {
             peers: (0..world).map(|_| None).collect(),
             timeout,
             seq: 0,
-            owed: vec![0; world],
+            owed: vec![std::collections::VecDeque::new(); world],
             readers: vec![false; world],
             broken: None,
             gone: vec![false; world],
@@ -491,8 +524,8 @@ impl ProcessGroup {
         loop {
             let (q, got) = self.recv_raw(from, started, deadline, what)?;
             match got? {
-                // May come before this rank counted it owed (the count goes negative).
-                Msg::Done(_) => self.owed[q] -= 1,
+                // Owed for an earlier step (a peer's notice precedes its next header).
+                Msg::Done(seq) => self.count_done(q, seq)?,
                 Msg::Abort(e) => return Err(e),
                 Msg::Bye => {
                     self.gone[q] = true;
@@ -509,11 +542,15 @@ impl ProcessGroup {
     /// Exchanges this rank's header with `peers` (all other ranks for a collective, the
     /// partner for send/recv) and checks they agree: every rank of a collective sees the
     /// same headers, so a mismatch is the same typed error on each.
-    pub(crate) fn agree(&mut self, mut own: Header, peers: &[usize]) -> Result<()> {
+    pub(crate) fn agree(
+        &mut self,
+        mut own: Header,
+        peers: &[usize],
+        budget: &Budget,
+    ) -> Result<()> {
         own.seq = self.seq;
         self.seq += 1;
-        let started = Instant::now();
-        let deadline = super::deadline_after(self.timeout);
+        let (started, deadline) = (budget.started, budget.deadline);
         let msg = encode_call(&own);
         for &q in peers {
             self.send_to(q, &msg, started, deadline)?;
@@ -579,31 +616,66 @@ impl ProcessGroup {
         Ok(())
     }
 
-    /// Tells rank `q` that this rank has finished reading its staging (the done event
-    /// is recorded).
-    pub(crate) fn send_done(&mut self, q: usize) -> Result<()> {
-        let started = Instant::now();
-        let deadline = super::deadline_after(self.timeout);
-        self.send_to(q, &encode(DONE, &self.seq.to_le_bytes()), started, deadline)
+    /// The sequence number of the step last agreed (the one a done notice sent now is
+    /// for).
+    fn last_step(&self) -> u64 {
+        self.seq.saturating_sub(1)
     }
 
-    /// Counts one done notice owed by each of `readers`.
+    /// Tells rank `q` that this rank has finished reading its staging in the step last
+    /// agreed (the done event is recorded); the notice carries that step's sequence
+    /// number.
+    pub(crate) fn send_done(&mut self, q: usize, budget: &Budget) -> Result<()> {
+        let seq = self.last_step();
+        self.send_to(
+            q,
+            &encode(DONE, &seq.to_le_bytes()),
+            budget.started,
+            budget.deadline,
+        )
+    }
+
+    /// Counts one done notice owed by each of `readers` for the step last agreed.
     pub(crate) fn expect_done(&mut self, readers: &[usize]) {
+        let seq = self.last_step();
         for &q in readers {
-            self.owed[q] += 1;
+            self.owed[q].push_back(seq);
             self.readers[q] = true;
+        }
+    }
+
+    /// Counts off a done notice for step `seq` from rank `q`: it must be the oldest one
+    /// `q` owes, else the peer does not follow the protocol (typed, naming it).
+    fn count_done(&mut self, q: usize, seq: u64) -> Result<()> {
+        match self.owed[q].front() {
+            Some(&want) if want == seq => {
+                self.owed[q].pop_front();
+                Ok(())
+            }
+            want => Err(Error::PeerFailed {
+                rank: q,
+                reason: format!(
+                    "it broke the control protocol: a done notice for step {seq}, while rank {} {}",
+                    self.rank,
+                    match want {
+                        Some(w) => format!("expected one for step {w}"),
+                        None => "expected none".to_owned(),
+                    }
+                ),
+            }),
         }
     }
 
     /// Waits for every owed done notice; returns the ranks that read this rank's
     /// staging since the last call (their done events are recorded now, so polling them
     /// is meaningful), and forgets them.
-    pub(crate) fn collect_done(&mut self) -> Result<Vec<usize>> {
-        let started = Instant::now();
-        let deadline = super::deadline_after(self.timeout);
+    pub(crate) fn collect_done(&mut self, budget: &Budget) -> Result<Vec<usize>> {
+        let (started, deadline) = (budget.started, budget.deadline);
         let owing: Vec<usize> = (0..self.world).filter(|&q| self.readers[q]).collect();
         loop {
-            let pending: Vec<usize> = (0..self.world).filter(|&q| self.owed[q] > 0).collect();
+            let pending: Vec<usize> = (0..self.world)
+                .filter(|&q| !self.owed[q].is_empty())
+                .collect();
             if pending.is_empty() {
                 self.readers.fill(false);
                 return Ok(owing);
@@ -611,7 +683,7 @@ impl ProcessGroup {
             let what = "the other ranks to finish reading this rank's staging buffer";
             let (q, got) = self.recv_raw(&pending, started, deadline, what)?;
             match got? {
-                Msg::Done(_) => self.owed[q] -= 1,
+                Msg::Done(seq) => self.count_done(q, seq)?,
                 Msg::Abort(e) => return Err(e),
                 Msg::Bye => {
                     self.gone[q] = true;
@@ -675,7 +747,8 @@ impl ProcessGroup {
             arg: 0,
             count: 0,
         };
-        self.guarded(|g| g.agree(h, &peers))
+        let budget = Budget::new(self.timeout);
+        self.guarded(|g| g.agree(h, &peers, &budget))
     }
 
     /// Agreement on a made-up call, for tests of the control channel without a GPU:
@@ -691,7 +764,8 @@ impl ProcessGroup {
             arg: 0,
             count,
         };
-        self.guarded(|g| g.agree(h, &peers))
+        let budget = Budget::new(self.timeout);
+        self.guarded(|g| g.agree(h, &peers, &budget))
     }
 
     /// Says bye to every peer, then waits (at most the timeout) until each has said bye
@@ -709,9 +783,8 @@ impl ProcessGroup {
         }
     }
 
-    pub(crate) fn leave(&mut self) -> bool {
-        let started = Instant::now();
-        let deadline = super::deadline_after(self.timeout);
+    pub(crate) fn leave(&mut self, budget: &Budget) -> bool {
+        let (started, deadline) = (budget.started, budget.deadline);
         let bye = encode(BYE, &[]);
         for q in 0..self.world {
             if q != self.rank && !self.gone[q] {
@@ -745,3 +818,6 @@ impl ProcessGroup {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,7 +5,9 @@ use crate::error::{Error, Result};
 
 pub(super) const MAGIC: &[u8; 4] = b"GBPC";
 /// The control channel's protocol version.
-pub(crate) const VERSION: u16 = 1;
+/// Version 2: a done notice carries the sequence number of the step read (version 1
+/// sent the next one, and it was not checked).
+pub(crate) const VERSION: u16 = 2;
 
 pub(super) const HELLO: u8 = 1;
 pub(super) const WELCOME: u8 = 2;
@@ -108,7 +110,8 @@ pub(super) enum Msg {
     Reject(Error),
     Call(Header),
     Abort(Error),
-    Done(#[allow(dead_code)] u64),
+    /// The sequence number of the step whose reads are done.
+    Done(u64),
     Bye,
 }
 
@@ -336,10 +339,10 @@ mod tests {
         let mut longer = good.clone();
         longer.push(0);
         assert!(matches!(decode(0, &longer), Err(Error::Rendezvous { .. })));
-        let mut v2 = good.clone();
-        v2[4] = 2;
-        match decode(0, &v2) {
-            Err(Error::Rendezvous { reason }) => assert!(reason.contains("version 2")),
+        let mut v3 = good.clone();
+        v3[4] = 3;
+        match decode(0, &v3) {
+            Err(Error::Rendezvous { reason }) => assert!(reason.contains("version 3")),
             other => panic!("{other:?}"),
         }
         let mut unknown = good;

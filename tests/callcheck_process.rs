@@ -1,0 +1,330 @@
+//! The agreement of NCCL ranks across processes on every collective (`CallCheck`, made
+//! by `LaunchEnv::exchange_id_checked_with`), between real processes on loopback and
+//! without a GPU or NCCL: ranks that agree pass; ranks that disagree on the length or
+//! the type all get the same typed error; a rank whose own call fails, exits, stays
+//! silent or is rank 0 and dies makes every other rank fail typed, naming it, within the
+//! timeout; a job that mixes checking and non-checking ranks is refused at the
+//! rendezvous.
+//!
+//! The ranks are this test binary re-run as `<exe> child_entry --exact --nocapture`
+//! with the launcher's variables and `GPUBIND_CHECK_TEST_ROLE` set; each prints one
+//! `CHECK-RESULT` line. `child_entry` does nothing in a normal run.
+
+#![cfg(feature = "collective")]
+
+use gpubind::collective::{LaunchEnv, NcclUniqueId};
+use std::io::Read;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROLE: &str = "GPUBIND_CHECK_TEST_ROLE";
+const RESULT: &str = "CHECK-RESULT ";
+
+/// Every variable `LaunchEnv` reads, cleared in the children.
+const LAUNCH_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_NNODES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GPUBIND_RDZV_PORT",
+    "GPUBIND_RDZV_TIMEOUT",
+    "GPUBIND_CHECK_CALLS",
+];
+
+fn test_id() -> NcclUniqueId {
+    NcclUniqueId::from_bytes(&[5u8; 128]).unwrap()
+}
+
+/// Entry point of the child processes (a no-op unless `GPUBIND_CHECK_TEST_ROLE` is set).
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let env = LaunchEnv::from_env().expect("launcher variables");
+    let rank = env.rank;
+    if role == "plain" {
+        // A rank that does not check calls (exchange_id, as for init_process).
+        let out = env.exchange_id_with(|| Ok(test_id()));
+        println!("{RESULT}{}", show(out.map(|_| ())));
+        return;
+    }
+    let (id, check) = match env.exchange_id_checked_with(|| Ok(test_id())) {
+        Ok(x) => x,
+        Err(e) => {
+            println!("{RESULT}{}", show(Err(e)));
+            return;
+        }
+    };
+    assert_eq!(id, test_id());
+    let Some(mut check) = check else {
+        println!("{RESULT}no check (world of one)");
+        return;
+    };
+    assert_eq!((check.rank(), check.world_size()), (rank, env.world_size));
+    let (kind, mut dtype, mut count) = (9u8, 0u8, 1000u64);
+    match (role.as_str(), rank) {
+        ("exit", 1) | ("rank0_exits", 0) => {
+            println!("{RESULT}exiting");
+            std::process::exit(0);
+        }
+        ("silent", 1) => {
+            std::thread::sleep(env.timeout * 3);
+            println!("{RESULT}slept");
+            return;
+        }
+        ("local", 1) => {
+            // Agrees once, then its next call is one it cannot make.
+            let first = check.agree_for_test(kind, dtype, count);
+            let e = check.fail_for_test("recv shorter than send");
+            println!("{RESULT}{} then {e:?}", show(first));
+            return;
+        }
+        ("length", 2) => count = 999,
+        ("dtype", 1) => dtype = 4,
+        _ => {}
+    }
+    let mut out = Ok(());
+    for _ in 0..3 {
+        out = check.agree_for_test(kind, dtype, count);
+        if out.is_err() {
+            break;
+        }
+    }
+    // A broken check returns the same error at once.
+    if let Err(e) = &out {
+        let t = Instant::now();
+        let again = check.agree_for_test(kind, dtype, count);
+        assert_eq!(again.as_ref().err(), Some(e));
+        assert!(t.elapsed() < Duration::from_millis(100));
+    }
+    println!("{RESULT}{}", show(out));
+}
+
+fn show(r: gpubind::Result<()>) -> String {
+    match r {
+        Ok(()) => "ok".into(),
+        Err(e) => format!("err {e:?}"),
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn(role: &str, rank: usize, world: usize, port: u16, timeout_s: f64) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["child_entry", "--exact", "--nocapture", "--test-threads=1"]);
+    for v in LAUNCH_VARS {
+        cmd.env_remove(v);
+    }
+    cmd.env(ROLE, role)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("GPUBIND_RDZV_PORT", port.to_string())
+        .env("GPUBIND_RDZV_TIMEOUT", timeout_s.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    cmd.spawn().unwrap()
+}
+
+fn result(mut child: Child, limit: Duration) -> String {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a rank hung: still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    out.lines()
+        .find_map(|l| l.split_once(RESULT).map(|(_, r)| r))
+        .unwrap_or_else(|| panic!("no result line in the child's output:\n{out}"))
+        .to_owned()
+}
+
+/// Runs `world` ranks as `role` (the roles pick which rank misbehaves).
+fn job(role: &str, world: usize, timeout_s: f64, limit: Duration) -> Vec<String> {
+    let port = free_port();
+    let kids: Vec<Child> = (0..world)
+        .map(|r| spawn(role, r, world, port, timeout_s))
+        .collect();
+    kids.into_iter().map(|c| result(c, limit)).collect()
+}
+
+#[test]
+fn agreeing_ranks_pass() {
+    let got = job("agree", 4, 20.0, Duration::from_secs(30));
+    assert!(got.iter().all(|g| g == "ok"), "{got:?}");
+}
+
+#[test]
+fn a_length_mismatch_is_the_same_typed_error_on_every_rank() {
+    let t = Instant::now();
+    let got = job("length", 3, 20.0, Duration::from_secs(30));
+    for g in &got {
+        assert!(
+            g.starts_with(
+                "err InvalidArgument(\"collective mismatch: rank 0 called a test call of 1000"
+            ) && g.contains("rank 2 called a test call of 999"),
+            "{got:?}"
+        );
+    }
+    assert!(got.iter().all(|g| g == &got[0]), "not the same: {got:?}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+#[test]
+fn a_dtype_mismatch_is_the_same_typed_error_on_every_rank() {
+    let got = job("dtype", 3, 20.0, Duration::from_secs(30));
+    for g in &got {
+        assert!(
+            g.contains("collective mismatch")
+                && g.contains("rank 1 called a test call of 1000 i32"),
+            "{got:?}"
+        );
+    }
+    assert!(got.iter().all(|g| g == &got[0]), "not the same: {got:?}");
+}
+
+#[test]
+fn a_rank_whose_call_fails_fails_the_others_naming_it() {
+    let got = job("local", 3, 20.0, Duration::from_secs(30));
+    assert!(
+        got[1].starts_with("ok then InvalidArgument(\"recv shorter than send\")"),
+        "{got:?}"
+    );
+    for g in [&got[0], &got[2]] {
+        assert!(
+            g.starts_with("err PeerFailed { rank: 1") && g.contains("recv shorter than send"),
+            "{got:?}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_exits_fails_the_others_naming_it() {
+    let t = Instant::now();
+    let got = job("exit", 3, 20.0, Duration::from_secs(30));
+    assert_eq!(got[1], "exiting");
+    for g in [&got[0], &got[2]] {
+        assert!(g.starts_with("err PeerFailed { rank: 1"), "{got:?}");
+    }
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+#[test]
+fn rank_zero_exiting_fails_the_others_naming_it() {
+    let got = job("rank0_exits", 3, 20.0, Duration::from_secs(30));
+    assert_eq!(got[0], "exiting");
+    for g in &got[1..] {
+        assert!(g.starts_with("err PeerFailed { rank: 0"), "{got:?}");
+    }
+}
+
+#[test]
+fn a_silent_rank_times_out_naming_it_on_every_rank() {
+    let t = Instant::now();
+    let port = free_port();
+    let kids: Vec<Child> = (0..3).map(|r| spawn("silent", r, 3, port, 1.0)).collect();
+    let mut kids = kids.into_iter();
+    let (zero, one, two) = (
+        kids.next().unwrap(),
+        kids.next().unwrap(),
+        kids.next().unwrap(),
+    );
+    let got0 = result(zero, Duration::from_secs(20));
+    let got2 = result(two, Duration::from_secs(20));
+    let took = t.elapsed();
+    for g in [&got0, &got2] {
+        assert!(
+            g.starts_with("err PeerTimeout") && g.contains("ranks: [1]"),
+            "{got0} / {got2}"
+        );
+    }
+    assert!(
+        took < Duration::from_secs(8),
+        "took {took:?} for a 1 s timeout"
+    );
+    assert_eq!(result(one, Duration::from_secs(20)), "slept");
+}
+
+#[test]
+fn mixing_checking_and_plain_ranks_is_refused_at_the_rendezvous() {
+    let port = free_port();
+    let kids = vec![
+        spawn("agree", 0, 2, port, 5.0),
+        spawn("plain", 1, 2, port, 5.0),
+    ];
+    let got: Vec<String> = kids
+        .into_iter()
+        .map(|c| result(c, Duration::from_secs(20)))
+        .collect();
+    for g in &got {
+        assert!(
+            g.starts_with("err Rendezvous") && g.contains("GPUBIND_CHECK_CALLS"),
+            "{got:?}"
+        );
+    }
+}
+
+#[test]
+fn the_variable_turns_the_check_off_and_bad_values_are_typed() {
+    let base = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "0"),
+        ("MASTER_ADDR", "127.0.0.1"),
+    ];
+    let env_with = |v: Option<&str>| {
+        LaunchEnv::from_vars(|k| {
+            if k == "GPUBIND_CHECK_CALLS" {
+                return v.map(str::to_owned);
+            }
+            base.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, x)| x.to_string())
+        })
+    };
+    assert!(env_with(None).unwrap().check_calls, "on by default");
+    assert!(!env_with(Some("0")).unwrap().check_calls);
+    assert!(!env_with(Some("Off")).unwrap().check_calls);
+    assert!(env_with(Some("yes")).unwrap().check_calls);
+    match env_with(Some("maybe")) {
+        Err(gpubind::Error::LaunchEnv { variable, .. }) => {
+            assert_eq!(variable, "GPUBIND_CHECK_CALLS")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!env_with(None).unwrap().with_call_check(false).check_calls);
+}
