@@ -901,9 +901,9 @@ impl Drop for Communicator {
                 );
             }
         }
-        if work_may_run && let Engine::Nccl(comms) = &self.engine {
+        if work_may_run && let Engine::Nccl(comms) = &mut self.engine {
             // On each device's release thread, bounded like the waits above.
-            for (c, d) in comms.iter().zip(&self.devices) {
+            for (c, d) in comms.iter_mut().zip(&self.devices) {
                 c.abort_bounded(Some(d));
             }
         }

@@ -515,7 +515,7 @@ impl NcclComm {
     /// for work queued on the device before the aborted collectives). `device` is the
     /// communicator's (else the device of its last call's event); inline when neither is
     /// known (no call was ever enqueued, so nothing of the rank's runs).
-    pub(crate) fn abort_bounded(&self, device: Option<&Arc<crate::device::Device>>) {
+    pub(crate) fn abort_bounded(&mut self, device: Option<&Arc<crate::device::Device>>) {
         let device = device
             .cloned()
             .or_else(|| self.last.as_ref().map(|e| Arc::clone(e.device())));
@@ -532,6 +532,11 @@ impl NcclComm {
             return;
         }
         let (raw, nranks) = (self.raw as usize, self.nranks);
+        // The last call's event goes with the abort and is destroyed after it, on the
+        // release thread: destroyed here it could wait (inside the driver) for the abort
+        // that is stuck behind the device's work, past the drop's limit (seen on the H200:
+        // the drop returned only when a 6 s kernel ended).
+        let last = self.last.take();
         crate::release::release(
             format_args!("an NCCL communicator of {nranks} ranks"),
             &device,
@@ -554,6 +559,7 @@ impl NcclComm {
                         crate::faults::MAYBE_LEAKED,
                     );
                 }
+                drop(last);
                 sys::CUresult::CUDA_SUCCESS
             }),
         );
