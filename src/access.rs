@@ -714,6 +714,22 @@ impl AccessTracker {
 
     /// A host access of kind `access` that needs nothing held afterwards (the borrow of
     /// the memory excludes conflicting uses from then on): waits and forgets.
+    /// [`host_access`](Self::host_access) for a caller that holds the tracker
+    /// exclusively: no lock, and nothing at all when no use is pending.
+    pub(crate) fn host_access_mut(&mut self, access: Access) -> Result<()> {
+        let st = match self.state.get_mut() {
+            Ok(st) => st,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if st.is_idle() {
+            return Ok(());
+        }
+        let mut grave = Grave::new();
+        let out = st.host_wait(access, StreamRef::synchronize, &mut grave);
+        drop(grave);
+        out
+    }
+
     pub(crate) fn host_access(&self, access: Access) -> Result<()> {
         let mut grave = Grave::new();
         let out = {

@@ -348,6 +348,9 @@ impl<'b> BoundStream<'b> {
         let Some(gemm) = Gemm::check(bound.device(), blas, shape, a, b, c)? else {
             return Ok(());
         };
+        // Only memory that shares a tracker can alias `c` here (a module global and its
+        // clone): everything else is kept apart by the `&mut` borrow of `c`.
+        refuse_c_overlap(a, b, &*c)?;
         // cuBLAS launches through the runtime, which uses the current context.
         bound.ensure_current()?;
         let workspace = Arc::clone(&blas.workspace);
@@ -364,6 +367,30 @@ impl<'b> BoundStream<'b> {
         // uses and frees wait for it).
         unsafe { gemm.enqueue(blas, shape, self.raw(), ptrs) }
     }
+}
+
+/// [`Error::InvalidArgument`] when C overlaps A or B (one allocation, overlapping bytes):
+/// the product would read what it writes.
+fn refuse_c_overlap<A, B, C>(a: &A, b: &B, c: &C) -> Result<()>
+where
+    A: DeviceMemory<f32> + ?Sized,
+    B: DeviceMemory<f32> + ?Sized,
+    C: DeviceMemory<f32> + ?Sized,
+{
+    let (cp, cb) = (c.device_ptr(), c.num_bytes() as u64);
+    let overlaps = |t: &AccessTracker, p: u64, bytes: usize| {
+        std::ptr::eq(t, c.tracker())
+            && p < cp.saturating_add(cb)
+            && cp < p.saturating_add(bytes as u64)
+    };
+    if overlaps(a.tracker(), a.device_ptr(), a.num_bytes())
+        || overlaps(b.tracker(), b.device_ptr(), b.num_bytes())
+    {
+        return Err(Error::InvalidArgument(
+            "matmul: C overlaps A or B (the product would read what it writes)".into(),
+        ));
+    }
+    Ok(())
 }
 
 impl<'c, 'buf> Capture<'c, 'buf> {
@@ -423,20 +450,21 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         let Some(gemm) = Gemm::check(device, blas, shape, a, b, c)? else {
             return Ok(());
         };
+        refuse_c_overlap(a, b, c)?;
         let (cp, cb) = (c.device_ptr(), c.num_bytes() as u64);
-        let overlaps = |t: &AccessTracker, p: u64, bytes: usize| {
-            std::ptr::eq(t, c.tracker()) && p < cp + cb && cp < p + bytes as u64
-        };
-        if overlaps(a.tracker(), a.device_ptr(), a.num_bytes())
-            || overlaps(b.tracker(), b.device_ptr(), b.num_bytes())
-        {
-            return Err(Error::InvalidArgument(
-                "matmul: C overlaps A or B (the product would read what it writes)".into(),
-            ));
-        }
-        self.record(a.tracker(), Access::Read);
-        self.record(b.tracker(), Access::Read);
-        self.record(c.tracker(), Access::Write);
+        self.record_span(
+            a.tracker(),
+            Access::Read,
+            a.device_ptr(),
+            a.num_bytes() as u64,
+        )?;
+        self.record_span(
+            b.tracker(),
+            Access::Read,
+            b.device_ptr(),
+            b.num_bytes() as u64,
+        )?;
+        self.record_span(c.tracker(), Access::Write, cp, cb)?;
         self.record_owned(Arc::clone(&blas.workspace) as Arc<dyn Owned>, Access::Write);
         let ptrs = (a.device_ptr(), b.device_ptr(), c.device_ptr());
         let stream = self.stream_handle();
@@ -447,13 +475,16 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         // began (cudarc can, from safe code): make the capture's device current for the
         // cuBLAS calls (nothing is pushed when it already is).
         let _current = self.device().enter()?;
-        let out = self.exclusive_use(workspace.tracker(), || {
-            // SAFETY: the capture device's context is current (entered just above) and the
-            // stream is its capturing stream: cuBLAS's kernels are recorded, not run. The buffers were
-            // checked against the shape; the graph borrows them for 'buf, holds the
-            // workspace, and claims all of them at each launch; within the graph, the
-            // workspace's uses are ordered (`exclusive_use`).
-            unsafe { gemm.enqueue(blas, shape, stream, ptrs) }
+        let out = self.marked(|| {
+            self.exclusive_use(workspace.tracker(), || {
+                // SAFETY: the capture device's context is current (entered just above)
+                // and the stream is its capturing stream: cuBLAS's kernels are recorded,
+                // not run. The buffers were checked against the shape; the graph borrows
+                // them for 'buf, holds the workspace, and claims all of them at each
+                // launch; within the graph, the workspace's uses are ordered
+                // (`exclusive_use`), and so are the buffers' (`record_span`, `marked`).
+                unsafe { gemm.enqueue(blas, shape, stream, ptrs) }
+            })
         });
         // Leave the handle on no stream of the capture (the stream is destroyed when the
         // capture ends); this also drops the workspace setting. Every product sets both.

@@ -370,6 +370,19 @@ unsafe fn enqueue<T: DeviceRepr>(
     if bytes == 0 {
         return Ok(());
     }
+    // Two endpoints of one allocation (views sharing a tracker: module globals) must not
+    // overlap; everything else is kept apart by the borrow of the destination.
+    if let (Some(a), Some(b)) = (src.tracker, dst.tracker)
+        && std::ptr::eq(a, b)
+        && src.addr < dst.addr.saturating_add(bytes as u64)
+        && dst.addr < src.addr.saturating_add(bytes as u64)
+    {
+        return Err(crate::error::Error::InvalidArgument(format!(
+            "copy: the source ({:#x}) and the destination ({:#x}) overlap ({bytes} bytes \
+             each, one allocation)",
+            src.addr, dst.addr
+        )));
+    }
     stream.ensure_stream_context()?;
     let _claimed = order(stream, how, &src, &dst)?;
     // SAFETY: `raw` is the stream's handle, valid while `stream` is borrowed.

@@ -44,7 +44,7 @@
 //! for every context and may be used under a binding of any device; non-portable memory
 //! only under its own device ([`Error::WrongDevice`]).
 
-use crate::access::AccessTracker;
+use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::Device;
@@ -88,6 +88,25 @@ pub trait HostMemory<T: DeviceRepr>: crate::copy::CopyDest<T> {
     fn is_portable(&self) -> bool;
 }
 
+/// Page-locked memory a CUDA graph may read at every launch
+/// ([`Capture::copy_from_host`](crate::Capture::copy_from_host)): a [`PinnedHostBuffer`],
+/// or a [`RegisteredHost`] that owns its pages or borrows them for `'static`. Their host
+/// writes wait for the GPU's pending uses, which keeps the host off the pages even when
+/// the graph's borrow ended early (a forgotten `GraphExec`). A registration that borrows
+/// shorter-lived memory is not one: forgetting it would end the borrow of the pages
+/// without any wait, and the owner could write or free them under a launch.
+///
+/// Sealed.
+pub trait CaptureSource<T: DeviceRepr>: HostMemory<T> + capture_source::Sealed {}
+
+mod capture_source {
+    pub trait Sealed {}
+}
+impl<T: DeviceRepr> capture_source::Sealed for PinnedHostBuffer<T> {}
+impl<T: DeviceRepr> CaptureSource<T> for PinnedHostBuffer<T> {}
+impl<T: DeviceRepr> capture_source::Sealed for RegisteredHost<'static, T> {}
+impl<T: DeviceRepr> CaptureSource<T> for RegisteredHost<'static, T> {}
+
 /// The part both host kinds share: a page-locked, device-mapped host range.
 struct LockedRange<T> {
     device: Arc<Device>,
@@ -119,8 +138,33 @@ impl<T: DeviceRepr> LockedRange<T> {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The contents, writable — after the GPU's pending uses of them have finished.
+    ///
+    /// The host must not write what a copy or kernel may still read. Safe code cannot
+    /// reach such a pending read through a borrow (the borrow of `self` ends only when
+    /// the operation that reads is ordered), but it can when that borrow is gone early:
+    /// a graph with a captured upload ([`Capture::copy_from_host`](crate::Capture::copy_from_host))
+    /// whose `GraphExec` was forgotten (`std::mem::forget`) or whose drop gave up at
+    /// `GPUBIND_DROP_TIMEOUT`. So the write waits for every pending use recorded in the
+    /// tracker (nothing when none is pending: one compare, no lock).
     fn as_mut_slice(&mut self) -> &mut [T] {
-        // SAFETY: as above, with an exclusive borrow of `self`.
+        if let Err(e) = self.tracker.host_access_mut(Access::Write)
+            && !self.device.is_poisoned()
+        {
+            // The GPU may still read the pages and the wait failed: handing out `&mut`
+            // would let the host race it. A poisoned context runs nothing more.
+            let msg = format!(
+                "gpubind: writing page-locked memory of device {}: waiting for the GPU's \
+                 pending uses failed: {e}; the GPU may still use it, so gpubind aborts the \
+                 process instead of allowing a data race",
+                self.device.ordinal()
+            );
+            log::error!("{msg}");
+            eprintln!("{msg}");
+            std::process::abort();
+        }
+        // SAFETY: as above, with an exclusive borrow of `self`; no GPU use is pending
+        // (waited for above, or the context is poisoned and runs nothing more).
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 

@@ -365,8 +365,9 @@ impl<'b> BoundStream<'b> {
         // later, so dropped first, on unwinding too) has ordered cudarc's work before it.
         let tracker = buf.tracker_mut().ok_or_else(|| {
             Error::InvalidArgument(
-                "a module global cannot be lent to cudarc (the module's launches share its \
-                 tracker); copy it into a DeviceSlice and lend that"
+                "memory whose tracker is shared (a module global, or a view from \
+                 get_disjoint_mut/split_at_mut) cannot be lent to cudarc: the lend holds its \
+                 claim while cudarc runs; lend the whole DeviceSlice, or copy into one"
                     .into(),
             )
         })?;

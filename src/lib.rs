@@ -138,7 +138,9 @@ pub use driver::{driver_available, init};
 pub use error::{DriverErrorCode, Error, Result};
 pub use global::ModuleGlobal;
 pub use graph::{Capture, CaptureLaunch, Graph, GraphExec};
-pub use host::{HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost};
+pub use host::{
+    CaptureSource, HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost,
+};
 #[cfg(feature = "ipc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub use ipc::{

@@ -200,7 +200,8 @@ pub trait DeviceMemory<T>: private::Sealed {
 /// other writable kinds (managed, pool and imported slices, module globals).
 pub trait DeviceMemoryMut<T>: DeviceMemory<T> {
     /// The allocation's tracker, held exclusively: a claim through it needs no lock.
-    /// `None` for memory whose tracker is shared ([`ModuleGlobal`](crate::ModuleGlobal)).
+    /// `None` for memory whose tracker is shared ([`ModuleGlobal`](crate::ModuleGlobal),
+    /// the views of [`DeviceSlice::get_disjoint_mut`]).
     #[doc(hidden)]
     fn tracker_mut(&mut self) -> Option<&mut AccessTracker>;
     /// Whether the tracker is shared (`tracker_mut` is `None`): claims go through its lock.
@@ -473,11 +474,13 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// [`Error::OutOfBounds`] for a range past the end, [`Error::InvalidArgument`] when two
     /// ranges overlap (empty ranges overlap nothing). Needs no binding.
     ///
-    /// Each view may be written by its own stream-ordered work — a kernel, a product, a
-    /// collective — while the others are used elsewhere, and a [capture](crate::graph)
-    /// can borrow all of them for its graph. The views share the slice's access tracker:
-    /// a use of one view on another stream is ordered after the pending uses of every view
-    /// (more waiting than the disjoint ranges need, never less).
+    /// Each view is a destination of its own for stream-ordered work — a kernel, a
+    /// product, a collective, a copy between two of them. The views share the slice's
+    /// access tracker, so ordering is per slice, not per view: a use of one view on
+    /// another stream waits for the pending uses of every view (more waiting than the
+    /// disjoint ranges need, never less: writes to two views from two streams run one
+    /// after the other). In a [capture](crate::graph) no `&mut` view is needed: shared
+    /// [`slice`](Self::slice) views are writable there.
     ///
     /// ```no_run
     /// # fn main() -> gpubind::Result<()> {

@@ -721,6 +721,13 @@ pub unsafe trait KernelArg {
     fn access_tracker(&self) -> Option<&crate::access::AccessTracker> {
         None
     }
+    /// The device bytes the argument passes (address, length), within the allocation of
+    /// [`access_tracker`](Self::access_tracker): what the kernel may touch through it
+    /// (the launch contract). `None`: the whole allocation.
+    #[doc(hidden)]
+    fn arg_span(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 // SAFETY: plain data passed by value: the kernel receives the value's own
@@ -756,6 +763,10 @@ macro_rules! memory_arg {
             }
             fn access_tracker(&self) -> Option<&crate::access::AccessTracker> {
                 Some(crate::memory::Tracked::tracker(self))
+            }
+            fn arg_span(&self) -> Option<(u64, u64)> {
+                let m: &dyn crate::memory::DeviceMemory<T> = self;
+                Some((m.device_ptr(), m.num_bytes() as u64))
             }
         }
     };

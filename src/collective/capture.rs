@@ -186,35 +186,39 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         }
         let kernels = shared.kernels(device)?;
         for s in sends {
-            self.record(s.tracker(), Access::Read);
+            self.record_span(
+                s.tracker(),
+                Access::Read,
+                s.device_ptr(),
+                s.num_bytes() as u64,
+            )?;
         }
         for r in recvs {
-            self.record(r.tracker(), Access::Write);
+            self.record_span(
+                r.tracker(),
+                Access::Write,
+                r.device_ptr(),
+                r.num_bytes() as u64,
+            )?;
         }
         // The communicator's drop waits for the launches of its kernels (as for its
         // eager collectives); it is borrowed for 'buf anyway.
-        self.record(shared.work(), Access::Read);
+        self.record(shared.work(), Access::Read)?;
         let ins: Vec<u64> = sends.iter().map(|s| s.device_ptr()).collect();
         let outs: Vec<u64> = recvs.iter().map(|r| r.device_ptr()).collect();
         // Code outside gpubind may have changed the thread's context since the capture
         // began: make the capture's device current for the launches.
         let _current = device.enter()?;
-        // SAFETY: the kernels are the capture device's (every rank is on it, checked by
-        // `capturable`), whose context is current (entered just above); the stream is
-        // the capturing stream, so the kernels are recorded, not run. Every address is a
-        // live allocation of this device with `count` elements of T (checked above),
-        // borrowed for 'buf and claimed at each launch; outputs overlap nothing (checked).
-        unsafe {
-            kernels.reduce(
-                self.stream_handle(),
-                DType::of::<T>(),
-                op,
-                &ins,
-                &outs,
-                count,
-                n,
-            )
-        }
+        let stream = self.stream_handle();
+        self.marked(|| {
+            // SAFETY: the kernels are the capture device's (every rank is on it, checked
+            // by `capturable`), whose context is current (entered just above); the stream
+            // is the capturing stream, so the kernels are recorded, not run. Every address
+            // is a live allocation of this device with `count` elements of T (checked
+            // above), borrowed for 'buf and claimed at each launch; outputs overlap
+            // nothing (checked).
+            unsafe { kernels.reduce(stream, DType::of::<T>(), op, &ins, &outs, count, n) }
+        })
     }
 }
 

@@ -9,7 +9,7 @@ use crate::copy::DeviceOnlyMemory;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};
-use crate::host::HostMemory;
+use crate::host::CaptureSource;
 use crate::memory::{DeviceMemory, DeviceRepr, MemsetValue};
 use crate::module::{Function, KernelArg, LaunchConfig};
 use cudarc::driver::sys;
@@ -32,6 +32,36 @@ struct Session<'buf> {
     /// so that its next use on another branch is ordered after it (see
     /// [`Capture::exclusive_use`]).
     scratch: Vec<(*const AccessTracker, sys::CUstream, sys::CUevent)>,
+    /// Forks not yet joined. While one is open, work captured on two streams may run
+    /// concurrently within one launch of the graph, so each captured use is ordered
+    /// after the conflicting uses captured before it on the other streams (`hazards`).
+    open_forks: usize,
+    /// The uses captured while a fork was open, each with the stream it was captured on
+    /// and an event recorded there right after it.
+    hazards: Vec<(Span, sys::CUstream, sys::CUevent)>,
+    /// The uses of the operation being captured: `hazards` once it is enqueued
+    /// ([`Capture::mark`]).
+    pending: Vec<Span>,
+}
+
+/// Bytes `lo..hi` of the allocation tracked by `tracker`, and whether they are written.
+#[derive(Clone, Copy)]
+struct Span {
+    tracker: *const AccessTracker,
+    lo: u64,
+    hi: u64,
+    write: bool,
+}
+
+impl Span {
+    /// Whether two uses of memory race if they run concurrently: one allocation,
+    /// overlapping bytes, at least one write.
+    fn conflicts(&self, other: &Span) -> bool {
+        std::ptr::eq(self.tracker, other.tracker)
+            && (self.write || other.write)
+            && self.lo < other.hi
+            && other.lo < self.hi
+    }
 }
 
 impl Session<'_> {
@@ -195,6 +225,9 @@ impl<'a> BoundDevice<'a> {
             streams: Vec::new(),
             events: Vec::new(),
             scratch: Vec::new(),
+            open_forks: 0,
+            hazards: Vec::new(),
+            pending: Vec::new(),
         });
         let origin = session.borrow_mut().new_stream()?;
         // SAFETY: a stream of the current context, created above and known to no one
@@ -236,10 +269,80 @@ impl<'a> BoundDevice<'a> {
 }
 
 impl<'c, 'buf> Capture<'c, 'buf> {
-    /// Records that the captured work uses `t`'s allocation: each launch of the graph
-    /// claims it with `access`.
-    pub(crate) fn record(&self, t: &'buf AccessTracker, access: Access) {
-        self.session.borrow_mut().uses.add(t, access);
+    /// Records that the captured work uses `t`'s allocation (all of it, as far as this
+    /// capture's ordering is concerned): each launch of the graph claims it with
+    /// `access`. Call before enqueueing the use, and [`mark`](Self::mark) after.
+    pub(crate) fn record(&self, t: &'buf AccessTracker, access: Access) -> Result<()> {
+        self.record_span(t, access, 0, u64::MAX)
+    }
+
+    /// [`record`](Self::record) of `bytes` bytes at device address `lo` of `t`'s
+    /// allocation. While a fork is open, the capturing stream first waits for every
+    /// conflicting use captured on another stream of this capture (the same allocation,
+    /// overlapping bytes, one of them a write), so no launch of the graph runs two of
+    /// them at once.
+    pub(crate) fn record_span(
+        &self,
+        t: &'buf AccessTracker,
+        access: Access,
+        lo: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        let here = self.stream.0;
+        let span = Span {
+            tracker: t,
+            lo,
+            hi: lo.saturating_add(bytes),
+            write: access == Access::Write,
+        };
+        let mut s = self.session.borrow_mut();
+        s.uses.add(t, access);
+        if s.open_forks == 0 {
+            return Ok(());
+        }
+        s.pending.push(span);
+        let mut waited: Vec<sys::CUevent> = Vec::new();
+        for &(h, stream, event) in &s.hazards {
+            if stream != here && h.conflicts(&span) && !waited.contains(&event) {
+                // SAFETY: `event` was recorded on `stream`, a capturing stream of this
+                // capture, right after the earlier use; waiting on it from `here`
+                // (capturing, same capture) adds that dependency to the graph.
+                unsafe { sys::cuStreamWaitEvent(here, event, 0) }
+                    .check_on(self.device, "cuStreamWaitEvent")?;
+                waited.push(event);
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the capture of one operation (call it after enqueueing, also when that
+    /// failed: part of it may be in the graph): while a fork is open, the uses it
+    /// recorded become hazards that later uses on other streams are ordered after.
+    pub(crate) fn mark(&self) -> Result<()> {
+        let here = self.stream.0;
+        if self.session.borrow().pending.is_empty() {
+            return Ok(());
+        }
+        // Created with the capture mode relaxed, as in `fork`.
+        let event = relaxed(|| self.session.borrow_mut().event())??;
+        // SAFETY: an event of this context created for this capture; recorded on the
+        // capturing stream, it marks the point after the operation.
+        unsafe { sys::cuEventRecord(event, here) }.check_on(self.device, "cuEventRecord")?;
+        let mut s = self.session.borrow_mut();
+        let spans = std::mem::take(&mut s.pending);
+        s.hazards
+            .extend(spans.into_iter().map(|span| (span, here, event)));
+        Ok(())
+    }
+
+    /// Runs `op` (which enqueues one operation whose uses were recorded), then
+    /// [`mark`](Self::mark)s it: `op`'s error first, else the mark's.
+    pub(crate) fn marked<R>(&self, op: impl FnOnce() -> Result<R>) -> Result<R> {
+        let out = op();
+        let marked = self.mark();
+        let r = out?;
+        marked?;
+        Ok(r)
     }
 
     /// Records memory the graph keeps alive itself (see `Uses::owned`), claimed with
@@ -347,12 +450,19 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         if dst.is_empty() {
             return Ok(());
         }
-        self.record(dst.tracker(), Access::Write);
-        // SAFETY: a capturing stream of the bound context: recorded, not run. The range
-        // is in bounds of a live allocation that the graph borrows for 'buf and claims at
-        // each launch.
-        unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.stream.0) }
-            .check_on(self.device, "cuMemsetD8Async")
+        self.record_span(
+            dst.tracker(),
+            Access::Write,
+            dst.device_ptr(),
+            dst.num_bytes() as u64,
+        )?;
+        self.marked(|| {
+            // SAFETY: a capturing stream of the bound context: recorded, not run. The
+            // range is in bounds of a live allocation that the graph borrows for 'buf and
+            // claims at each launch.
+            unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.stream.0) }
+                .check_on(self.device, "cuMemsetD8Async")
+        })
     }
 
     /// Fills `dst` with `value` at each launch of the graph (1-, 2- and 4-byte types, as
@@ -366,17 +476,24 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         if dst.is_empty() {
             return Ok(());
         }
-        self.record(dst.tracker(), Access::Write);
-        // SAFETY: as in `memset_zeros`.
-        unsafe {
-            crate::memory::memset_raw(
-                self.device,
-                dst.device_ptr(),
-                dst.len(),
-                value.memset_pattern(),
-                Some(self.stream.0),
-            )
-        }
+        self.record_span(
+            dst.tracker(),
+            Access::Write,
+            dst.device_ptr(),
+            dst.num_bytes() as u64,
+        )?;
+        self.marked(|| {
+            // SAFETY: as in `memset_zeros`.
+            unsafe {
+                crate::memory::memset_raw(
+                    self.device,
+                    dst.device_ptr(),
+                    dst.len(),
+                    value.memset_pattern(),
+                    Some(self.stream.0),
+                )
+            }
+        })
     }
 
     /// Copies `src` into `dst` at each launch of the graph; lengths must match. Both may
@@ -401,24 +518,29 @@ impl<'c, 'buf> Capture<'c, 'buf> {
                 "dtod: source {s:#x} and destination {d:#x} overlap ({bytes} bytes each)"
             )));
         }
-        self.record(src.tracker(), Access::Read);
-        self.record(dst.tracker(), Access::Write);
-        // SAFETY: a capturing stream of the bound context: recorded, not run. Both ranges
-        // are in bounds of live allocations the graph borrows for 'buf and claims at each
-        // launch; they do not overlap (checked above, or different allocations).
-        unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, src.num_bytes(), self.stream.0) }
-            .check_on(self.device, "cuMemcpyDtoDAsync_v2")
+        self.record_span(src.tracker(), Access::Read, s, bytes)?;
+        self.record_span(dst.tracker(), Access::Write, d, bytes)?;
+        self.marked(|| {
+            // SAFETY: a capturing stream of the bound context: recorded, not run. Both
+            // ranges are in bounds of live allocations the graph borrows for 'buf and
+            // claims at each launch; they do not overlap (checked above, or different
+            // allocations).
+            unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, src.num_bytes(), self.stream.0) }
+                .check_on(self.device, "cuMemcpyDtoDAsync_v2")
+        })
     }
 
     /// Copies page-locked host memory into `dst` at each launch of the graph: the way to
-    /// feed a graph new input from the host (lengths must match). Both are borrowed for
-    /// the graph's lifetime, so the host cannot write `src` while a launch may read it
-    /// (its `&mut` access is borrowed away); to feed a different batch each launch,
-    /// capture one graph per page-locked batch (they may share everything else), or write
-    /// the input between launches with a kernel or a copy on a stream. Non-portable
-    /// page-locked memory must belong to the capture's device
-    /// ([`Error::WrongDevice`]); pageable memory cannot be captured (it is not a
-    /// [`HostMemory`]).
+    /// feed a graph input from the host (lengths must match). Both are borrowed for the
+    /// graph's lifetime, and `src` is claimed as read at each launch, so the host writes
+    /// `src` only between launches: its `&mut` access is borrowed away while the graph
+    /// lives, and once it is back, a write waits for the launches still reading (see
+    /// [`CaptureSource`]: only memory whose writes wait, and which no forgotten borrow can
+    /// hand back early, is accepted). To feed a different batch each launch, capture one
+    /// graph per page-locked batch (they may share everything else), or write the input
+    /// between launches with a kernel or a copy on a stream. Non-portable page-locked
+    /// memory must belong to the capture's device ([`Error::WrongDevice`]); pageable
+    /// memory cannot be captured (it is not a [`CaptureSource`]).
     ///
     /// ```no_run
     /// # fn main() -> gpubind::Result<()> {
@@ -442,10 +564,23 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// graph.instantiate()?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// A registration that borrows its pages is refused (forgetting it would give them
+    /// back while a launch may read them); register an owned `Vec`
+    /// ([`register_vec`](crate::BoundDevice::register_vec)) instead:
+    ///
+    /// ```compile_fail,E0597
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+    /// let x = gpu.alloc_zeros::<f32>(3)?;
+    /// let mut v = vec![1.0f32; 3];
+    /// let reg = gpu.register_host(&mut v, Default::default())?; // error[E0597]: needs 'static
+    /// let graph = gpu.capture(|c| c.copy_from_host(&reg, &x))?;
+    /// # Ok(()) }
+    /// ```
     pub fn copy_from_host<T, S, D>(&mut self, src: &'buf S, dst: &'buf D) -> Result<()>
     where
         T: DeviceRepr,
-        S: HostMemory<T> + ?Sized,
+        S: CaptureSource<T> + ?Sized,
         D: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
     {
         let from = src.source();
@@ -462,22 +597,31 @@ impl<'c, 'buf> Capture<'c, 'buf> {
                 "copy_from_host: page-locked memory without a tracker".into(),
             ));
         };
-        self.record(tracker, Access::Read);
-        self.record(dst.tracker(), Access::Write);
-        // SAFETY: a capturing stream of the bound context: recorded, not run. `from` is
-        // page-locked host memory of `len` elements (mapped for this device: portable, or
-        // owned by it), `dst` a device range of the same length; the graph borrows both
-        // for 'buf (the host can neither free nor write `src` meanwhile) and claims both
-        // at each launch.
-        unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                dst.device_ptr(),
-                from.addr as *const c_void,
-                dst.num_bytes(),
-                self.stream.0,
-            )
-        }
-        .check_on(self.device, "cuMemcpyHtoDAsync_v2")
+        self.record_span(tracker, Access::Read, from.addr, dst.num_bytes() as u64)?;
+        self.record_span(
+            dst.tracker(),
+            Access::Write,
+            dst.device_ptr(),
+            dst.num_bytes() as u64,
+        )?;
+        self.marked(|| {
+            // SAFETY: a capturing stream of the bound context: recorded, not run. `from`
+            // is page-locked host memory of `len` elements (mapped for this device:
+            // portable, or owned by it), `dst` a device range of the same length; the
+            // graph borrows both for 'buf and claims both at each launch. The host cannot
+            // free or write `src` under a launch even if that borrow ends early (a
+            // forgotten GraphExec): its drop and its host writes wait for the claimed
+            // read (`CaptureSource`).
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    dst.device_ptr(),
+                    from.addr as *const c_void,
+                    dst.num_bytes(),
+                    self.stream.0,
+                )
+            }
+            .check_on(self.device, "cuMemcpyHtoDAsync_v2")
+        })
     }
 
     /// Runs `f` with this handle and a second one, on another stream of the capture that
@@ -529,10 +673,20 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             device: self.device,
             stream: CaptureStream(branch),
         };
+        self.session.borrow_mut().open_forks += 1;
         let out = f(self, &mut other);
         // The closure may have swapped the two handles: this one is `main` again.
         self.stream = CaptureStream(main);
         let joined = join.join();
+        {
+            let mut s = self.session.borrow_mut();
+            s.open_forks -= 1;
+            if s.open_forks == 0 {
+                // Every branch is joined: what follows on the origin stream is ordered
+                // after all of it.
+                s.hazards.clear();
+            }
+        }
         let r = out?;
         joined?;
         Ok(r)
@@ -612,7 +766,8 @@ pub struct CaptureLaunch<'l, 'c, 'buf> {
     /// Arguments given by value ([`value`](CaptureLaunch::value)), boxed so their
     /// addresses in `args` stay put.
     values: Vec<Box<dyn std::any::Any>>,
-    buffers: Vec<&'buf AccessTracker>,
+    /// The gpubind buffers among the arguments, and the bytes each passes (`None`: all).
+    buffers: Vec<(&'buf AccessTracker, Option<(u64, u64)>)>,
     error: Option<Error>,
 }
 
@@ -650,7 +805,7 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
                 .err();
         }
         if let Some(t) = arg.access_tracker() {
-            self.buffers.push(t);
+            self.buffers.push((t, arg.arg_span()));
         }
         self.args.push(arg.param_ptr());
         self
@@ -712,38 +867,45 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
             return Err(e.clone());
         }
         self.func.check_launch(&self.cfg, self.args.len())?;
-        for &t in &self.buffers {
-            self.capture.record(t, Access::Write);
+        // The kernel stays inside the bytes each argument passes (the launch contract).
+        for &(t, span) in &self.buffers {
+            match span {
+                Some((lo, bytes)) => self.capture.record_span(t, Access::Write, lo, bytes)?,
+                None => self.capture.record(t, Access::Write)?,
+            }
         }
         // The module's unload waits for the graph's launches; with global views, the
         // launches are ordered against the globals' other uses like a write.
         let (module, access) = self.func.module_use();
-        self.capture.record(module, access);
+        self.capture.record(module, access)?;
         self.capture.session.borrow_mut().uses.last_kernel = Some(self.func.interned());
         let LaunchConfig {
             grid_dim: g,
             block_dim: b,
             shared_mem_bytes,
         } = self.cfg;
-        // SAFETY: the function belongs to the bound (current) context and the stream is
-        // capturing: the driver records a kernel node, copying the parameter bytes, which
-        // point at values borrowed for 'buf. The kernel's memory safety at each launch of
-        // the graph is the caller's contract.
-        unsafe {
-            sys::cuLaunchKernel(
-                self.func.raw(),
-                g.0,
-                g.1,
-                g.2,
-                b.0,
-                b.1,
-                b.2,
-                shared_mem_bytes,
-                self.capture.stream.0,
-                self.args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .check_on(self.capture.device, "cuLaunchKernel")
+        let (func, stream, args) = (self.func, self.capture.stream.0, &mut self.args);
+        self.capture.marked(|| {
+            // SAFETY: the function belongs to the bound (current) context and the stream
+            // is capturing: the driver records a kernel node, copying the parameter
+            // bytes, which point at values borrowed for 'buf. The kernel's memory safety
+            // at each launch of the graph is the caller's contract.
+            unsafe {
+                sys::cuLaunchKernel(
+                    func.raw(),
+                    g.0,
+                    g.1,
+                    g.2,
+                    b.0,
+                    b.1,
+                    b.2,
+                    shared_mem_bytes,
+                    stream,
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .check_on(self.capture.device, "cuLaunchKernel")
+        })
     }
 }

@@ -73,8 +73,17 @@
 //!   [`ManagedSlice`](crate::ManagedSlice) (whose host slices are not claimed while held).
 //!   Within that, a shared [`DeviceView`](crate::DeviceView) is as writable in a graph as
 //!   the `&DeviceSlice` it comes from (as it already is as a kernel argument): a graph
-//!   can write part of a buffer (`&grads.slice(range)?`) while it reads another part or
-//!   the whole, and every one of those uses is claimed at each launch.
+//!   can write part of a buffer (a `grads.slice(range)?` view made before the capture,
+//!   so that it lives as long as the graph) while it reads another part or the whole,
+//!   and every one of those uses is claimed at each launch.
+//! * **Forks.** The branches of a [`fork`](Capture::fork) run concurrently within a
+//!   launch, so uses captured on two branches that touch the same bytes (one of them a
+//!   write) are ordered inside the graph, in the order they were captured; uses of
+//!   disjoint bytes stay concurrent.
+//! * **Page-locked input** ([`Capture::copy_from_host`]) is claimed as read at each
+//!   launch, and the host's writes to page-locked memory wait for its pending uses, so a
+//!   graph whose borrow ended early (a forgotten `GraphExec`) still has its input to
+//!   itself until it has read it.
 //! * **Joins.** A fork is joined back when its closure returns — even on an error or a
 //!   panic — so an un-joined capture cannot be built.
 //! * **Memory the graph owns.** A captured cuBLAS product's kernels use the handle's
