@@ -246,6 +246,7 @@ fn worker(ordinal: usize) -> Option<&'static Worker> {
             // Leaked on purpose: one per device for the life of the process.
             let w: &'static Worker = Box::leak(Box::new(w));
             all[ordinal] = Some(w);
+            wait_at_exit();
             Some(w)
         }
         Err(e) => {
@@ -256,6 +257,52 @@ fn worker(ordinal: usize) -> Option<&'static Worker> {
             None
         }
     }
+}
+
+/// Registers, once, a process-exit hook that gives the releases still running on the
+/// release threads (handed over by drops whose limit passed) up to `GPUBIND_DROP_TIMEOUT`
+/// to finish before the process exits. Without it, `exit` runs the CUDA and NCCL
+/// libraries' own teardown while a release thread is inside one of their calls (seen on
+/// the H200: a process whose NCCL communicator's abort was still running when `main`
+/// returned exited unsuccessfully). Registered after those libraries were loaded (a
+/// release thread starts only for a device in use), so it runs before their teardown
+/// (`atexit` handlers run in reverse order).
+fn wait_at_exit() {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    extern "C" fn on_exit() {
+        let limit = crate::drop_wait::drop_timeout();
+        let deadline = std::time::Instant::now().checked_add(limit);
+        let running = || {
+            WORKERS.get().map_or(0, |all| {
+                lock(all)
+                    .iter()
+                    .flatten()
+                    .map(|w| w.in_flight.load(Ordering::Acquire))
+                    .sum::<usize>()
+            })
+        };
+        while running() > 0 && deadline.is_none_or(|d| std::time::Instant::now() < d) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let left = running();
+        if left > 0 {
+            log::warn!(
+                "gpubind: the process exits while {left} release call(s) still run on the \
+                 release threads (GPUBIND_DROP_TIMEOUT passed at exit too)"
+            );
+        }
+    }
+    unsafe extern "C" {
+        fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+    }
+    REGISTERED.call_once(|| {
+        // SAFETY: the C library's `atexit` with a function that lives as long as the
+        // program (a plain fn); it only reads atomics behind a lock and sleeps.
+        let r = unsafe { atexit(on_exit) };
+        if r != 0 {
+            log::warn!("gpubind: atexit failed: releases still running at exit are not awaited");
+        }
+    });
 }
 
 /// How many releases of device `ordinal` are still running on its release thread (handed

@@ -172,6 +172,9 @@ fn finish(mut child: Child, limit: Duration) -> Result<(bool, String), String> {
     let status = child.wait().ctx("wait")?;
     let mut out = String::new();
     std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).ctx("read")?;
+    if !status.success() {
+        out.push_str(&format!("(the process ended with {status})\n"));
+    }
     Ok((status.success(), out))
 }
 
