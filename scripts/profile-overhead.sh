@@ -9,7 +9,7 @@
 #   CASES="launch3" bash scripts/profile-overhead.sh
 # Each case runs twice (1000 and 3000 iterations); per-op = difference / 2000, so set-up
 # and tear-down cancel. Writes callgrind files to target/profile-overhead/ for
-# `callgrind_annotate --inclusive=no FILE src/module.rs` (line numbers need
+# `callgrind_annotate --inclusive=no FILE src/module/launch_builder.rs` (line numbers need
 # CARGO_PROFILE_RELEASE_DEBUG=line-tables-only, set below).
 set -euo pipefail
 cd "$(dirname "$0")/.."

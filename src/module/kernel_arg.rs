@@ -1,0 +1,137 @@
+//! [`KernelArg`]: what a launch may pass to a kernel (plain data by value, gpubind
+//! buffers by address), and `memory_arg!`, its impl for buffer types.
+
+use crate::device::Device;
+use crate::memory::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut};
+use cudarc::driver::sys;
+use std::ffi::c_void;
+
+/// A value that can be passed to a kernel: device memory (passed as its address) or
+/// plain data (passed by value).
+///
+/// Every [`DeviceRepr`] type is a `KernelArg` passed by value, so one
+/// `unsafe impl DeviceRepr` is all a `#[repr(C)]` struct needs to be a kernel parameter
+/// (as with cudarc's `DeviceRepr`), besides being the element type of a buffer:
+///
+/// ```no_run
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, module: &gpubind::Module) -> gpubind::Result<()> {
+/// use gpubind::{DeviceRepr, LaunchConfig};
+/// // extern "C" __global__ void affine(Affine p, float* x, unsigned n) { … }
+/// // with `struct Affine { float scale; float shift; unsigned n; unsigned pad; };`
+/// #[repr(C)]
+/// #[derive(Clone, Copy)]
+/// struct Affine {
+///     scale: f32,
+///     shift: f32,
+///     n: u32,
+///     pad: u32, // explicit: DeviceRepr types have no padding
+/// }
+/// // SAFETY: repr(C), four 4-byte fields (no padding), every bit pattern valid.
+/// unsafe impl DeviceRepr for Affine {}
+///
+/// let affine = module.function("affine")?;
+/// let mut x = gpu.clone_htod(&[1.0f32; 64])?;
+/// let p = Affine { scale: 2.0, shift: 1.0, n: 64, pad: 0 };
+/// // SAFETY: (Affine, float*, unsigned) matches the kernel, which stays in bounds.
+/// unsafe {
+///     gpu.default_stream()
+///         .launch(&affine, LaunchConfig::for_num_elems(64))
+///         .arg(&p).arg(&mut x).arg(&64u32)
+///         .launch()?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// gpubind buffers are passed as their address *and* claimed by the launch (ordered after
+/// their pending uses). They can never be passed as plain data: a `DeviceRepr` type is
+/// `Copy`, which an owning buffer is not, so a struct holding one cannot implement it:
+///
+/// ```compile_fail,E0204
+/// #[repr(C)]
+/// #[derive(Clone, Copy)] // error[E0204]: `DeviceSlice<f32>` is not `Copy`
+/// struct Smuggled {
+///     buf: gpubind::DeviceSlice<f32>,
+/// }
+/// ```
+///
+/// A raw device address (`u64`, from the `unsafe` [`DeviceSlice::raw_ptr`]) *is* plain
+/// data and may be passed by value, alone or inside a struct: gpubind neither tracks nor
+/// keeps alive what it points to, which is why
+/// [`LaunchBuilder::launch`](super::LaunchBuilder::launch) is `unsafe` and its contract
+/// names such memory.
+///
+/// # Safety
+///
+/// `param_ptr` must point to `param_size` readable bytes that stay valid while `self` is
+/// borrowed.
+pub unsafe trait KernelArg {
+    /// Pointer to the bytes the kernel receives.
+    fn param_ptr(&self) -> *mut c_void;
+    /// How many bytes the kernel receives.
+    fn param_size(&self) -> usize;
+    /// The device the argument lives on, for memory arguments.
+    fn arg_device(&self) -> Option<&Device> {
+        None
+    }
+    /// What the argument is, for error messages.
+    fn describe(&self) -> String;
+    /// The pending-use tracker of the gpubind allocation this argument passes, if any:
+    /// the launch is ordered after its conflicting uses and recorded as a write.
+    #[doc(hidden)]
+    fn access_tracker(&self) -> Option<&crate::access::AccessTracker> {
+        None
+    }
+    /// The device bytes the argument passes (address, length), within the allocation of
+    /// [`access_tracker`](Self::access_tracker): what the kernel may touch through it
+    /// (the launch contract). `None`: the whole allocation.
+    #[doc(hidden)]
+    fn arg_span(&self) -> Option<(u64, u64)> {
+        None
+    }
+}
+
+// SAFETY: plain data passed by value: the kernel receives the value's own
+// `size_of::<T>()` bytes, borrowed for the launch. `DeviceRepr` promises no padding (every
+// byte initialised) and no owned resources, so copying the bytes is all the driver does.
+unsafe impl<T: DeviceRepr> KernelArg for T {
+    fn param_ptr(&self) -> *mut c_void {
+        self as *const T as *mut c_void
+    }
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<T>()
+    }
+    fn describe(&self) -> String {
+        std::any::type_name::<T>().to_owned()
+    }
+}
+
+macro_rules! memory_arg {
+    ($ty:ident $(<$lt:lifetime>)?) => {
+        // SAFETY: passes the address field, 8 bytes that live as long as the borrow.
+        unsafe impl<$($lt,)? T: DeviceRepr> KernelArg for $ty<$($lt,)? T> {
+            fn param_ptr(&self) -> *mut c_void {
+                &self.ptr as *const sys::CUdeviceptr as *mut c_void
+            }
+            fn param_size(&self) -> usize {
+                std::mem::size_of::<sys::CUdeviceptr>()
+            }
+            fn arg_device(&self) -> Option<&Device> {
+                Some(crate::memory::DeviceMemory::device(self))
+            }
+            fn describe(&self) -> String {
+                format!("{}<{}>", stringify!($ty), std::any::type_name::<T>())
+            }
+            fn access_tracker(&self) -> Option<&crate::access::AccessTracker> {
+                Some(crate::memory::Tracked::tracker(self))
+            }
+            fn arg_span(&self) -> Option<(u64, u64)> {
+                let m: &dyn crate::memory::DeviceMemory<T> = self;
+                Some((m.device_ptr(), m.num_bytes() as u64))
+            }
+        }
+    };
+}
+memory_arg!(DeviceSlice);
+memory_arg!(DeviceView<'a>);
+memory_arg!(DeviceViewMut<'a>);
+pub(crate) use memory_arg;

@@ -1,0 +1,568 @@
+//! [`LaunchBuilder`]: one kernel launch, from [`BoundStream::launch`] to the driver call:
+//! argument collection, the checks, the claim of the buffer arguments (and of the
+//! module's tracker), and [`DriverLaunch`], the call that ends it.
+
+use super::{Function, KernelArg, LaunchConfig, func_attribute};
+use crate::access::{self, Access, AccessTracker, Use};
+use crate::driver::Check;
+use crate::error::{Error, Result};
+use crate::poison::KernelName;
+use crate::stream::BoundStream;
+use cudarc::driver::sys;
+use std::ffi::c_void;
+
+/// Builds one kernel launch; see [`BoundStream::launch`].
+#[must_use = "a launch does nothing until `.launch()` is called"]
+pub struct LaunchBuilder<'s, 'a> {
+    pub(crate) stream: &'s BoundStream<'s>,
+    pub(crate) func: &'s Function<'s>,
+    pub(crate) cfg: LaunchConfig,
+    args: ArgPtrs,
+    /// The first argument of another device (or the module's device mismatch). Boxed,
+    /// like `size_error`: the builder is moved at every `arg`, and errors are rare.
+    error: Option<Box<Error>>,
+    /// The first argument whose size differs from the kernel's parameter, found as it
+    /// is appended (reported after the count check, as before).
+    size_error: Option<Box<Error>>,
+    /// The buffer arguments, claimed (with the module) when the kernel is enqueued.
+    tracked: Tracked<'a>,
+    _args: std::marker::PhantomData<&'a ()>,
+}
+
+impl std::fmt::Debug for LaunchBuilder<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchBuilder")
+            .field("function", &self.func.name)
+            .field("stream", self.stream)
+            .field("config", &self.cfg)
+            .field("args", &self.args.len())
+            .field("error", &self.error.as_ref().or(self.size_error.as_ref()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// How many argument pointers a launch keeps inline before spilling to the heap.
+const INLINE_ARGS: usize = 12;
+
+/// Up to this many buffer arguments, a launch claims them with smaller inline arrays.
+const FEW_ARGS: usize = 4;
+
+/// The gpubind buffers a launch passes: inline for up to [`INLINE_ARGS`], so a typical
+/// launch allocates nothing.
+struct Tracked<'a> {
+    inline: [Option<&'a AccessTracker>; INLINE_ARGS],
+    n: usize,
+    spill: Vec<&'a AccessTracker>,
+}
+
+impl<'a> Tracked<'a> {
+    #[inline]
+    fn new() -> Self {
+        Tracked {
+            inline: [None; INLINE_ARGS],
+            n: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    #[inline(always)]
+    fn push(&mut self, t: &'a AccessTracker) {
+        if self.n < INLINE_ARGS {
+            self.inline[self.n] = Some(t);
+            self.n += 1;
+        } else {
+            self.spill.push(t);
+        }
+    }
+
+    /// The first `N` of [`uses`](Self::uses), padded with `None` (for `n <= N` buffers).
+    #[inline(always)]
+    fn uses_array<const N: usize>(&self) -> [Use<'a>; N] {
+        let mut out = [None; N];
+        for (slot, u) in out.iter_mut().zip(self.uses()) {
+            *slot = u;
+        }
+        out
+    }
+
+    /// Every buffer argument is claimed as written: a kernel may write through any
+    /// pointer it is given.
+    fn uses(&self) -> impl Iterator<Item = Use<'a>> + '_ {
+        self.inline[..self.n]
+            .iter()
+            .map(|t| t.map(|t| (t, Access::Write)))
+            .chain(self.spill.iter().map(|&t| Some((t, Access::Write))))
+    }
+}
+
+/// The kernel-parameter pointer array: inline for up to [`INLINE_ARGS`] arguments, so a
+/// typical launch allocates nothing.
+enum ArgPtrs {
+    Inline([*mut c_void; INLINE_ARGS], usize),
+    Heap(Vec<*mut c_void>),
+}
+
+impl ArgPtrs {
+    #[inline]
+    fn new() -> Self {
+        ArgPtrs::Inline([std::ptr::null_mut(); INLINE_ARGS], 0)
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        match self {
+            ArgPtrs::Inline(_, n) => *n,
+            ArgPtrs::Heap(v) => v.len(),
+        }
+    }
+
+    #[inline(always)]
+    fn push(&mut self, p: *mut c_void) {
+        match self {
+            ArgPtrs::Inline(a, n) if *n < INLINE_ARGS => {
+                a[*n] = p;
+                *n += 1;
+            }
+            ArgPtrs::Inline(a, _) => {
+                let mut v = Vec::with_capacity(2 * INLINE_ARGS);
+                v.extend_from_slice(a);
+                v.push(p);
+                *self = ArgPtrs::Heap(v);
+            }
+            ArgPtrs::Heap(v) => v.push(p),
+        }
+    }
+
+    #[inline]
+    fn as_mut_ptr(&mut self) -> *mut *mut c_void {
+        match self {
+            ArgPtrs::Inline(a, _) => a.as_mut_ptr(),
+            ArgPtrs::Heap(v) => v.as_mut_ptr(),
+        }
+    }
+}
+
+impl<'m> Function<'m> {
+    /// The checks [`LaunchBuilder::launch`] makes before the driver call, for a launch of
+    /// `nargs` arguments of `cfg` (used by graph capture, [`crate::graph`]; the launch
+    /// builder keeps its own inlined copy on its hot path).
+    pub(crate) fn check_launch(&self, cfg: &LaunchConfig, nargs: usize) -> Result<()> {
+        cfg.validate()?;
+        cfg.check_limits(
+            &self.name,
+            self.module.device.launch_limits()?,
+            &self.limits,
+            || {
+                let _guard = self.module.device.enter()?;
+                func_attribute(
+                    self.raw,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                )
+            },
+        )?;
+        if let Some(expected) = &self.params
+            && expected.len() != nargs
+        {
+            return Err(Error::LaunchArgs {
+                kernel: self.name.clone(),
+                reason: format!(
+                    "the kernel takes {} parameter(s), {nargs} given",
+                    expected.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Error::LaunchArgs`] if argument `i` (of `size` bytes) does not fit parameter `i`
+    /// where the driver reports the sizes.
+    pub(crate) fn check_arg_size(
+        &self,
+        i: usize,
+        size: usize,
+        describe: impl FnOnce() -> String,
+    ) -> Result<()> {
+        match self.params.as_ref().and_then(|p| p.get(i)) {
+            Some(&want) if want != size => Err(Error::LaunchArgs {
+                kernel: self.name.clone(),
+                reason: format!(
+                    "parameter {i} is {want} bytes, but argument {i} is a {size}-byte {}",
+                    describe()
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The module's tracker of the streams its kernels run on (its unload waits for
+    /// them), and how a launch uses it: a write when the module has global views (any of
+    /// its kernels may write a global without being passed it), else a read. Graph
+    /// launches record themselves there too.
+    pub(crate) fn module_use(&self) -> (&'m AccessTracker, Access) {
+        (
+            self.uses,
+            if self.globals {
+                Access::Write
+            } else {
+                Access::Read
+            },
+        )
+    }
+
+    /// The name as recorded for [`Error::ContextPoisoned`].
+    pub(crate) fn interned(&self) -> &'static KernelName {
+        self.interned
+    }
+}
+
+impl<'b> BoundStream<'b> {
+    /// Starts a launch of `func` on this stream.
+    #[inline]
+    pub fn launch<'s, 'a>(
+        &'s self,
+        func: &'s Function<'_>,
+        cfg: LaunchConfig,
+    ) -> LaunchBuilder<'s, 'a> {
+        let error = self
+            .bound()
+            .expect_device("kernel module", func.module.device())
+            .err()
+            .map(Box::new);
+        LaunchBuilder {
+            stream: self,
+            func,
+            cfg,
+            args: ArgPtrs::new(),
+            error,
+            size_error: None,
+            tracked: Tracked::new(),
+            _args: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<'s, 'a> LaunchBuilder<'s, 'a> {
+    /// Appends an argument. Memory of another device is reported at `launch`.
+    ///
+    /// A gpubind buffer passed here is ordered like a write: the launch runs after every
+    /// pending use of it on other streams, and later uses (on any stream, from the host,
+    /// or its free) wait for the kernel. (A kernel may write through any pointer, so
+    /// gpubind cannot treat a buffer passed by shared reference as read-only.) Pass
+    /// `&mut slice` for buffers the kernel writes, to document intent (and, for a
+    /// [`ManagedSlice`](crate::ManagedSlice), to keep the host out of it while the builder
+    /// lives; clippy's `unnecessary_mut_passed` does not see that and may be allowed).
+    ///
+    /// The builder is taken by `&mut` (as in cudarc), so a chain
+    /// `stream.launch(&f, cfg).arg(&a).arg(&b).launch()` moves nothing; to build one
+    /// across statements, keep it in a variable: `let mut l = stream.launch(&f, cfg);
+    /// l.arg(&a); unsafe { l.launch() }`. It may be launched again.
+    #[inline(always)]
+    pub fn arg<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
+        let this = self;
+        if let (None, Some(dev)) = (&this.error, arg.arg_device()) {
+            this.error = this
+                .stream
+                .bound()
+                .expect_device("kernel argument", dev)
+                .err()
+                .map(Box::new);
+        }
+        if let Some(t) = arg.access_tracker() {
+            this.tracked.push(t);
+        }
+        let i = this.args.len();
+        if let (None, Some(&want)) = (
+            &this.size_error,
+            this.func.params.as_ref().and_then(|p| p.get(i)),
+        ) {
+            let got = arg.param_size();
+            if want != got {
+                // Only a mismatch pays for describing the argument.
+                this.size_error = Some(Box::new(Error::LaunchArgs {
+                    kernel: this.func.name.clone(),
+                    reason: format!(
+                        "parameter {i} is {want} bytes, but argument {i} is a {got}-byte {}",
+                        arg.describe()
+                    ),
+                }));
+            }
+        }
+        this.args.push(arg.param_ptr());
+        this
+    }
+
+    /// Enqueues the kernel.
+    ///
+    /// Fails before the driver is called with [`Error::InvalidArgument`] for a zero
+    /// dimension, [`Error::LaunchLimit`] for a configuration over a device or kernel
+    /// limit (see the [module docs](crate::module)), [`Error::LaunchArgs`] or
+    /// [`Error::WrongDevice`] for arguments that do not fit.
+    ///
+    /// # Safety
+    ///
+    /// * The arguments must have the types the kernel declares (gpubind checks the count
+    ///   and byte sizes where the driver reports them, i.e. from CUDA 12.4; never the
+    ///   types).
+    /// * The kernel must only access memory inside the buffers passed to it, and the
+    ///   globals of its own module (never writing a `__constant__` one through a
+    ///   pointer): gpubind orders those against their views' uses (see
+    ///   [`Module::global`](super::Module::global)).
+    /// * gpubind's device, pool and managed buffers passed as arguments need nothing
+    ///   more: the launch is ordered after their pending uses, and their later uses and
+    ///   frees are ordered after the kernel. Any *other* memory the kernel reaches — device
+    ///   addresses passed as plain integers or inside your own structs, and page-locked
+    ///   host buffers ([`PinnedHostBuffer`](crate::PinnedHostBuffer),
+    ///   [`RegisteredHost`](crate::RegisteredHost)), which the host reads and writes
+    ///   directly through `Deref` — must stay alive and must not be accessed by the host
+    ///   or by other streams until this stream has passed the launch (synchronize it, or
+    ///   record and wait for an event).
+    /// * A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must be passed as
+    ///   `&mut`: a shared one may be read by the host through
+    ///   [`as_slice`](crate::ManagedSlice::as_slice) while the launch is enqueued.
+    pub unsafe fn launch(&mut self) -> Result<()> {
+        // SAFETY: the caller's contract is this function's; `Plain` enqueues the kernel
+        // with exactly what it is given.
+        unsafe { self.enqueue(Plain) }
+    }
+
+    /// The path every launch takes, ordinary or with attributes ([`crate::launch`]): the
+    /// configuration and argument checks, then `driver.check` (the attributes' own
+    /// checks, before anything is claimed), then the claim of the buffer arguments (and
+    /// of the module's tracker once it has global views), then `driver.call`, with the
+    /// claim held. Inlined into each caller, so the ordinary launch compiles to what it
+    /// was.
+    ///
+    /// # Safety
+    ///
+    /// [`launch`](Self::launch)'s contract.
+    #[inline(always)]
+    pub(crate) unsafe fn enqueue(&mut self, driver: impl DriverLaunch) -> Result<()> {
+        if let Some(e) = &self.error {
+            return Err((**e).clone());
+        }
+        self.cfg.validate()?;
+        let func = self.func;
+        self.cfg.check_limits(
+            &func.name,
+            func.module.device.launch_limits()?,
+            &func.limits,
+            || {
+                // Only for a launch over the default shared memory (rare): the attribute
+                // may have been raised through the raw handle since the lookup.
+                let _guard = func.module.device.enter()?;
+                func_attribute(
+                    func.raw,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                )
+            },
+        )?;
+        if let Some(expected) = &self.func.params
+            && expected.len() != self.args.len()
+        {
+            return Err(Error::LaunchArgs {
+                kernel: self.func.name.clone(),
+                reason: format!(
+                    "the kernel takes {} parameter(s), {} given",
+                    expected.len(),
+                    self.args.len()
+                ),
+            });
+        }
+        if let Some(e) = &self.size_error {
+            return Err((**e).clone());
+        }
+        driver.check(self)?;
+        // Claim the buffers from before the enqueue until after it: the launch is ordered
+        // after their pending uses, and recorded as their latest.
+        self.stream.ensure_stream_context()?;
+        if self.func.globals {
+            // SAFETY: forwarded: this function's contract.
+            return unsafe { self.enqueue_claiming_globals(driver) };
+        }
+        let tracked = &self.tracked;
+        let n = tracked.n + tracked.spill.len();
+        // Initialised only when there is something to claim (the common empty or
+        // scalar-only launch pays nothing).
+        let mut inline_uses: [Use<'_>; INLINE_ARGS];
+        let mut inline_locks: access::Locks<'_, INLINE_ARGS>;
+        let mut few_uses: [Use<'_>; FEW_ARGS];
+        let mut few_locks: access::Locks<'_, FEW_ARGS>;
+        let _claim_few;
+        let _claim_inline;
+        let _claim_spilled;
+        if n == 0 {
+            // Nothing to claim (scalars only).
+        } else if n <= FEW_ARGS {
+            // The usual launch: smaller arrays to fill and to drop.
+            few_uses = tracked.uses_array::<FEW_ARGS>();
+            few_locks = access::locks::<FEW_ARGS>();
+            _claim_few =
+                access::claim(self.stream.slot(), &mut few_uses[..n], &mut few_locks[..n])?;
+        } else if n <= INLINE_ARGS {
+            inline_uses = tracked.uses_array::<INLINE_ARGS>();
+            inline_locks = access::locks::<INLINE_ARGS>();
+            _claim_inline = access::claim(
+                self.stream.slot(),
+                &mut inline_uses[..n],
+                &mut inline_locks[..n],
+            )?;
+        } else {
+            let mut uses: Vec<Use<'_>> = tracked.uses().collect();
+            let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
+            _claim_spilled = access::claim(self.stream.slot(), &mut uses, locks)?;
+        }
+        // The module's unload waits for this launch (the launch borrows the module, so the
+        // unload cannot race the enqueue).
+        self.func.uses.note_read(self.stream.slot());
+        // SAFETY: forwarded (the claim is held until this returns).
+        unsafe { self.call_driver(driver) }
+    }
+
+    /// [`enqueue`](Self::enqueue)'s claim for a module with global views (its kernels
+    /// may write them without being passed them): the module's tracker is claimed as a
+    /// write together with the buffers, in the one sorted claim (which records the
+    /// launch; no `note_read`). Kept out of the ordinary path.
+    ///
+    /// # Safety
+    ///
+    /// As for `enqueue`; the stream context is checked.
+    #[cold]
+    #[inline(never)]
+    unsafe fn enqueue_claiming_globals(&mut self, driver: impl DriverLaunch) -> Result<()> {
+        let tracked = &self.tracked;
+        let n = tracked.n + tracked.spill.len() + 1;
+        let module = Some((self.func.uses, Access::Write));
+        let mut inline_uses: [Use<'_>; INLINE_ARGS];
+        let mut inline_locks: access::Locks<'_, INLINE_ARGS>;
+        let _claim_inline;
+        let _claim_spilled;
+        if n <= INLINE_ARGS {
+            inline_uses = tracked.uses_array::<INLINE_ARGS>();
+            inline_uses[n - 1] = module;
+            inline_locks = access::locks::<INLINE_ARGS>();
+            _claim_inline = access::claim(
+                self.stream.slot(),
+                &mut inline_uses[..n],
+                &mut inline_locks[..n],
+            )?;
+        } else {
+            let mut uses: Vec<Use<'_>> = tracked.uses().collect();
+            uses.push(module);
+            let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
+            _claim_spilled = access::claim(self.stream.slot(), &mut uses, locks)?;
+        }
+        // SAFETY: forwarded (the claim is held until this returns).
+        unsafe { self.call_driver(driver) }
+    }
+
+    /// The last step of every launch, with its claim held: notes the kernel for
+    /// `Error::ContextPoisoned`, then enqueues it.
+    ///
+    /// # Safety
+    ///
+    /// As for [`enqueue`](Self::enqueue), with the launch's buffers claimed.
+    #[inline(always)]
+    unsafe fn call_driver<D: DriverLaunch>(&mut self, driver: D) -> Result<()> {
+        // Named in the error if this kernel poisons the context.
+        self.stream
+            .bound()
+            .device()
+            .poison_state()
+            .launching(self.func.interned);
+        // SAFETY: the stream's handle, valid while it is borrowed.
+        let stream = unsafe { self.stream.raw() };
+        // SAFETY: `DriverLaunch::call`'s contract: the function belongs to the bound
+        // (current) context and the stream to it; each arg pointer points at a value
+        // borrowed for 'a, which outlives this call (the driver copies the parameter bytes
+        // before returning); the buffers are claimed (the caller's). Memory safety of the
+        // kernel itself is the caller's contract.
+        let status =
+            unsafe { driver.call(self.func.raw, &self.cfg, stream, self.args.as_mut_ptr()) };
+        status.check_on(self.stream.bound().device(), D::NAME)
+    }
+}
+
+/// The driver call that ends a launch, and the checks it needs first: [`Plain`]
+/// (`cuLaunchKernel`) or a launch with attributes (`cuLaunchKernelEx`, [`crate::launch`]).
+/// A trait rather than closures so that the ordinary launch inlines it.
+pub(crate) trait DriverLaunch {
+    /// The entry point, for errors.
+    const NAME: &'static str;
+    /// Checks beyond the ordinary launch's, before anything is claimed.
+    fn check(&self, launch: &LaunchBuilder<'_, '_>) -> Result<()>;
+    /// Enqueues `func` with `cfg` on `stream` with `params`.
+    ///
+    /// # Safety
+    ///
+    /// `func` and `stream` belong to the current context; `params` points to one valid
+    /// pointer per kernel parameter, each to that parameter's bytes, alive for the call;
+    /// the launch's buffers are claimed; the kernel's own conduct is
+    /// [`LaunchBuilder::launch`]'s contract. Implementations enqueue exactly this.
+    unsafe fn call(
+        self,
+        func: sys::CUfunction,
+        cfg: &LaunchConfig,
+        stream: sys::CUstream,
+        params: *mut *mut c_void,
+    ) -> sys::CUresult;
+}
+
+/// The ordinary launch: `cuLaunchKernel`, nothing more to check.
+pub(crate) struct Plain;
+
+impl DriverLaunch for Plain {
+    const NAME: &'static str = "cuLaunchKernel";
+
+    #[inline(always)]
+    fn check(&self, _: &LaunchBuilder<'_, '_>) -> Result<()> {
+        Ok(())
+    }
+
+    #[inline(always)]
+    unsafe fn call(
+        self,
+        func: sys::CUfunction,
+        cfg: &LaunchConfig,
+        stream: sys::CUstream,
+        params: *mut *mut c_void,
+    ) -> sys::CUresult {
+        // SAFETY: the trait's contract: a function and stream of the current context,
+        // parameters alive for the call (the driver copies them before returning).
+        unsafe {
+            sys::cuLaunchKernel(
+                func,
+                cfg.grid_dim.0,
+                cfg.grid_dim.1,
+                cfg.grid_dim.2,
+                cfg.block_dim.0,
+                cfg.block_dim.1,
+                cfg.block_dim.2,
+                cfg.shared_mem_bytes,
+                stream,
+                params,
+                std::ptr::null_mut(),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arg_pointers_keep_order_inline_and_after_spilling() {
+        let vals: Vec<u64> = (0..3 * INLINE_ARGS as u64).collect();
+        let mut args = ArgPtrs::new();
+        for (i, v) in vals.iter().enumerate() {
+            args.push(v as *const u64 as *mut c_void);
+            assert_eq!(args.len(), i + 1);
+            assert_eq!(matches!(args, ArgPtrs::Inline(..)), i < INLINE_ARGS);
+            // SAFETY: `len()` pointers were pushed, each to a live u64 of `vals`.
+            let seen: Vec<u64> = (0..args.len())
+                .map(|k| unsafe { *(*args.as_mut_ptr().add(k) as *const u64) })
+                .collect();
+            assert_eq!(seen, vals[..=i]);
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! [`LaunchConfig`]: grid, block and shared memory of a launch, and its checks against
+//! the device's and the kernel's limits.
+
+use super::FunctionLimits;
+use crate::device::DeviceLimits;
+use crate::error::{Error, Result};
+
+/// Grid, block and dynamic shared memory of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in x, y, z.
+    pub grid_dim: (u32, u32, u32),
+    /// Threads per block in x, y, z.
+    pub block_dim: (u32, u32, u32),
+    /// Dynamic shared memory per block, bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// One thread per element, 256 threads a block, at least one block.
+    pub fn for_num_elems(n: u32) -> Self {
+        const BLOCK: u32 = 256;
+        LaunchConfig {
+            grid_dim: (n.div_ceil(BLOCK).max(1), 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let (g, b) = (self.grid_dim, self.block_dim);
+        if [g.0, g.1, g.2, b.0, b.1, b.2].contains(&0) {
+            return Err(Error::InvalidArgument(format!(
+                "launch dimensions must be non-zero (grid {g:?}, block {b:?})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks the configuration against the device's and the kernel's limits, so a launch
+    /// the driver would refuse is a typed [`Error::LaunchLimit`] instead. In order: threads
+    /// per block (the device's, then the kernel's), block dimensions, grid dimensions,
+    /// static plus dynamic shared memory against the device's opt-in ceiling, and — only
+    /// when that total is over the default per-block amount, which every kernel may use —
+    /// the dynamic part against the kernel's current
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, read by `max_dynamic_shared`.
+    pub(crate) fn check_limits(
+        &self,
+        kernel: &str,
+        dev: &DeviceLimits,
+        func: &FunctionLimits,
+        max_dynamic_shared: impl FnOnce() -> Result<u32>,
+    ) -> Result<()> {
+        let over = |what: &'static str, requested: u64, limit: u64| {
+            if requested > limit {
+                Err(Error::LaunchLimit {
+                    kernel: kernel.to_owned(),
+                    what,
+                    requested,
+                    limit,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        let b = [self.block_dim.0, self.block_dim.1, self.block_dim.2].map(u64::from);
+        let g = [self.grid_dim.0, self.grid_dim.1, self.grid_dim.2].map(u64::from);
+        // Saturates only for blocks of more than 2^64 threads, which are over any limit.
+        let threads = b[0].saturating_mul(b[1]).saturating_mul(b[2]);
+        over(
+            "threads per block exceed the device's CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK",
+            threads,
+            dev.max_threads_per_block.into(),
+        )?;
+        over(
+            "threads per block exceed the kernel's CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK \
+             (its register use or __launch_bounds__ allow fewer than the device)",
+            threads,
+            func.max_threads_per_block.into(),
+        )?;
+        const BLOCK: [&str; 3] = [
+            "block dimension x exceeds the device's CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X",
+            "block dimension y exceeds the device's CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y",
+            "block dimension z exceeds the device's CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z",
+        ];
+        const GRID: [&str; 3] = [
+            "grid dimension x exceeds the device's CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X",
+            "grid dimension y exceeds the device's CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y",
+            "grid dimension z exceeds the device's CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z",
+        ];
+        for i in 0..3 {
+            over(BLOCK[i], b[i], dev.max_block_dim[i].into())?;
+        }
+        for i in 0..3 {
+            over(GRID[i], g[i], dev.max_grid_dim[i].into())?;
+        }
+        let dynamic = u64::from(self.shared_mem_bytes);
+        let total = u64::from(func.static_shared) + dynamic;
+        // Devices without an opt-in report 0: their ceiling is the default amount.
+        let ceiling = dev.shared_per_block_optin.max(dev.shared_per_block);
+        over(
+            "shared memory per block (static + dynamic bytes) exceeds the device's \
+             CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+            total,
+            ceiling.into(),
+        )?;
+        if total > u64::from(dev.shared_per_block) {
+            over(
+                "dynamic shared memory (bytes) exceeds the kernel's \
+                 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (raise it with \
+                 cuFuncSetAttribute, up to the device's opt-in maximum less the kernel's \
+                 static shared memory)",
+                dynamic,
+                max_dynamic_shared()?.into(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn for_num_elems_covers_every_element() {
+        for n in [0u32, 1, 255, 256, 257, 1 << 20] {
+            let c = LaunchConfig::for_num_elems(n);
+            assert!(c.grid_dim.0 * c.block_dim.0 >= n);
+            assert!(c.grid_dim.0 >= 1);
+        }
+    }
+
+    /// An H200's limits.
+    const H200: DeviceLimits = DeviceLimits {
+        max_threads_per_block: 1024,
+        max_block_dim: [1024, 1024, 64],
+        max_grid_dim: [i32::MAX as u32, 65535, 65535],
+        shared_per_block: 48 << 10,
+        shared_per_block_optin: 227 << 10,
+    };
+    const PLAIN: FunctionLimits = FunctionLimits {
+        max_threads_per_block: 1024,
+        static_shared: 0,
+    };
+
+    fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32), shared: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: grid,
+            block_dim: block,
+            shared_mem_bytes: shared,
+        }
+    }
+
+    /// The limit a configuration is refused for: `(what, requested, limit)`.
+    fn refused(
+        c: LaunchConfig,
+        func: &FunctionLimits,
+        max_dynamic: u32,
+    ) -> Option<(&'static str, u64, u64)> {
+        match c.check_limits("k", &H200, func, || Ok(max_dynamic)) {
+            Ok(()) => None,
+            Err(Error::LaunchLimit {
+                kernel,
+                what,
+                requested,
+                limit,
+            }) => {
+                assert_eq!(kernel, "k");
+                Some((what, requested, limit))
+            }
+            Err(e) => panic!("not a LaunchLimit: {e:?}"),
+        }
+    }
+
+    #[test]
+    fn threads_per_block_over_the_device_limit_are_refused() {
+        let (what, req, lim) = refused(cfg((1, 1, 1), (2048, 1, 1), 0), &PLAIN, 0).unwrap();
+        assert!(what.contains("device's CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK"));
+        assert_eq!((req, lim), (2048, 1024));
+        // The product counts, not only one dimension.
+        let (what, req, _) = refused(cfg((1, 1, 1), (32, 32, 2), 0), &PLAIN, 0).unwrap();
+        assert!(what.contains("MAX_THREADS_PER_BLOCK"));
+        assert_eq!(req, 2048);
+        // Absurd blocks saturate rather than overflow.
+        let huge = cfg((1, 1, 1), (u32::MAX, u32::MAX, u32::MAX), 0);
+        assert_eq!(refused(huge, &PLAIN, 0).unwrap().1, u64::MAX);
+        let e = cfg((1, 1, 1), (2048, 1, 1), 0)
+            .check_limits("saxpy", &H200, &PLAIN, || Ok(0))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "kernel `saxpy`: threads per block exceed the device's \
+             CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: 2048 requested, limit 1024"
+        );
+    }
+
+    #[test]
+    fn threads_per_block_over_the_kernel_limit_are_refused() {
+        let heavy = FunctionLimits {
+            max_threads_per_block: 128,
+            static_shared: 0,
+        };
+        let (what, req, lim) = refused(cfg((1, 1, 1), (256, 1, 1), 0), &heavy, 0).unwrap();
+        assert!(what.contains("kernel's CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK"));
+        assert_eq!((req, lim), (256, 128));
+        assert_eq!(refused(cfg((1, 1, 1), (128, 1, 1), 0), &heavy, 0), None);
+    }
+
+    #[test]
+    fn block_and_grid_dimensions_are_checked_one_by_one() {
+        let cases = [
+            (cfg((1, 1, 1), (1, 1, 65), 0), "MAX_BLOCK_DIM_Z", 65, 64),
+            (
+                cfg((1, 1, 1), (1, 1025, 1), 0),
+                "MAX_THREADS_PER_BLOCK",
+                1025,
+                1024,
+            ),
+            (
+                cfg((1, 65536, 1), (1, 1, 1), 0),
+                "MAX_GRID_DIM_Y",
+                65536,
+                65535,
+            ),
+            (
+                cfg((1, 1, 65536), (1, 1, 1), 0),
+                "MAX_GRID_DIM_Z",
+                65536,
+                65535,
+            ),
+            (
+                cfg((1 << 31, 1, 1), (1, 1, 1), 0),
+                "MAX_GRID_DIM_X",
+                1 << 31,
+                (1 << 31) - 1,
+            ),
+        ];
+        for (c, name, req, lim) in cases {
+            let (what, r, l) = refused(c, &PLAIN, 0).unwrap();
+            assert!(what.contains(name), "{what} for {c:?}");
+            assert_eq!((r, l), (req, lim), "{c:?}");
+        }
+        // A device with a smaller y limit on blocks.
+        let mut small = H200;
+        small.max_block_dim[1] = 512;
+        let e = cfg((1, 1, 1), (1, 513, 1), 0).check_limits("k", &small, &PLAIN, || Ok(0));
+        assert!(
+            matches!(e, Err(Error::LaunchLimit { what, requested: 513, limit: 512, .. })
+            if what.contains("MAX_BLOCK_DIM_Y"))
+        );
+    }
+
+    #[test]
+    fn shared_memory_over_the_opt_in_ceiling_is_refused() {
+        let optin = 227u64 << 10;
+        let (what, req, lim) =
+            refused(cfg((1, 1, 1), (1, 1, 1), (227 << 10) + 1), &PLAIN, u32::MAX).unwrap();
+        assert!(what.contains("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"));
+        assert_eq!((req, lim), (optin + 1, optin));
+        // Static shared memory counts towards the ceiling.
+        let with_static = FunctionLimits {
+            max_threads_per_block: 1024,
+            static_shared: 1 << 10,
+        };
+        let (what, req, _) =
+            refused(cfg((1, 1, 1), (1, 1, 1), 227 << 10), &with_static, u32::MAX).unwrap();
+        assert!(what.contains("OPTIN"));
+        assert_eq!(req, optin + 1024);
+        // A device without opt-in (reports 0): the default amount is the ceiling.
+        let mut old = H200;
+        old.shared_per_block_optin = 0;
+        let e = cfg((1, 1, 1), (1, 1, 1), (48 << 10) + 4)
+            .check_limits("k", &old, &PLAIN, || Ok(u32::MAX));
+        assert!(matches!(e, Err(Error::LaunchLimit { limit, .. }) if limit == 48 << 10));
+    }
+
+    #[test]
+    fn dynamic_shared_memory_over_the_default_needs_the_kernels_opt_in() {
+        // 64 KiB with the kernel's attribute at its default: refused, naming the attribute.
+        let (what, req, lim) =
+            refused(cfg((1, 1, 1), (1, 1, 1), 64 << 10), &PLAIN, 48 << 10).unwrap();
+        assert!(what.contains("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES"));
+        assert_eq!((req, lim), (64 << 10, 48 << 10));
+        // Raised: accepted, up to the device's opt-in maximum.
+        assert_eq!(
+            refused(cfg((1, 1, 1), (1, 1, 1), 64 << 10), &PLAIN, 227 << 10),
+            None
+        );
+        assert_eq!(
+            refused(cfg((1, 1, 1), (1, 1, 1), 227 << 10), &PLAIN, 227 << 10),
+            None
+        );
+        // Within the default amount the attribute is not read at all.
+        let mut read = false;
+        let c = cfg((1, 1, 1), (1, 1, 1), 48 << 10);
+        assert!(
+            c.check_limits("k", &H200, &PLAIN, || {
+                read = true;
+                Ok(0)
+            })
+            .is_ok()
+        );
+        assert!(
+            !read,
+            "the kernel's attribute was read for a default-sized launch"
+        );
+        // A failure to read it is returned.
+        let e = cfg((1, 1, 1), (1, 1, 1), 64 << 10).check_limits("k", &H200, &PLAIN, || {
+            Err(Error::InvalidArgument("no attribute".into()))
+        });
+        assert_eq!(e, Err(Error::InvalidArgument("no attribute".into())));
+    }
+
+    #[test]
+    fn maximal_configurations_pass() {
+        let max = cfg((i32::MAX as u32, 65535, 65535), (1024, 1, 1), 227 << 10);
+        assert_eq!(refused(max, &PLAIN, 227 << 10), None);
+        assert_eq!(refused(cfg((1, 1, 1), (1, 1024, 1), 0), &PLAIN, 0), None);
+        assert_eq!(refused(cfg((1, 1, 1), (16, 1, 64), 0), &PLAIN, 0), None);
+        assert_eq!(
+            refused(LaunchConfig::for_num_elems(u32::MAX), &PLAIN, 0),
+            None
+        );
+    }
+
+    #[test]
+    fn zero_dimensions_are_rejected() {
+        let mut c = LaunchConfig::for_num_elems(10);
+        c.block_dim.1 = 0;
+        assert!(matches!(c.validate(), Err(Error::InvalidArgument(_))));
+        assert!(LaunchConfig::for_num_elems(10).validate().is_ok());
+    }
+}
