@@ -1,5 +1,7 @@
 //! NCCL's unique id as a value: bytes, hex text, and `ncclGetUniqueId`.
 
+#[cfg(doc)]
+use super::LaunchEnv;
 use crate::error::{Error, Result};
 
 /// Size of an NCCL unique id (`NCCL_UNIQUE_ID_BYTES` in nccl.h).
