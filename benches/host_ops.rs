@@ -12,6 +12,9 @@
 //! `host_ops <case> <iterations>`; cases: memset-{gpubind,raw}, handoff-{gpubind,raw},
 //! launch0-{gpubind,raw}, launch3-{gpubind,raw}.
 
+// Buffers a kernel writes are passed as `&mut` to document intent (gpubind's convention).
+#![allow(clippy::unnecessary_mut_passed)]
+
 use gpubind::cudarc::driver::sys;
 use gpubind::{Device, LaunchConfig, ThreadContext};
 use std::error::Error;

@@ -280,7 +280,6 @@ fn copies_between_globals_of_one_module() -> R {
             "{what} of a global onto its own clone: {r:?}"
         );
     }
-    drop(s);
     drop(gpu);
     // Opposite directions on two threads, many times: no lock-order deadlock.
     let (a2, b2) = (a.clone(), b.clone());

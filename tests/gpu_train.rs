@@ -339,6 +339,9 @@ fn reductions_match_cpu_at_odd_sizes() -> R {
     Ok(())
 }
 
+/// One replica's parameters: the six tensors.
+type ReplicaParams = Vec<Vec<f32>>;
+
 /// How [`train_run`] drives the steps.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Path {
@@ -363,7 +366,7 @@ fn train_run(
     batch: usize,
     (epochs, steps): (usize, usize),
     path: Path,
-) -> Result<(Vec<f64>, Vec<Vec<Vec<f32>>>), String> {
+) -> Result<(Vec<f64>, Vec<ReplicaParams>), String> {
     use gpubind::collective::{CommOptions, Communicator};
     let (lr, mu) = (0.05f32, 0.9f32);
     let comm = Communicator::new(ctx, devices, CommOptions::kernels()).ctx("communicator")?;

@@ -218,8 +218,12 @@ impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
 #[macro_export]
 macro_rules! ensure {
     ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err(format!($($msg)+));
+        // Bound first: `!` on a comparison of floats would read as `!(a < b)`.
+        {
+            let holds: bool = $cond;
+            if !holds {
+                return Err(format!($($msg)+));
+            }
         }
     };
 }
