@@ -176,10 +176,13 @@ fn rank_main(role: &str) -> ! {
     let env = LaunchEnv::from_env().unwrap();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let var = |k: &str| std::env::var(k).unwrap_or_default();
-    eprintln!(
-        "env {} of {} local {} {:?} port {}",
+    // One write of the whole line: stderr is unbuffered, and `eprintln!` writes its pieces
+    // one by one, so three ranks' lines interleaved mid-line (seen in CI).
+    let line = format!(
+        "env {} of {} local {} {:?} port {}\n",
         env.rank, env.world_size, env.local_rank, env.launcher, env.port
     );
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     match role {
         "report" => {
             println!(
