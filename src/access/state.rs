@@ -1,0 +1,260 @@
+//! The state machine of one allocation's pending uses ([`AccessState`]), generic over
+//! the stream type so that unit tests and loom models drive it with mock streams.
+
+use crate::error::Result;
+
+use super::Access;
+
+/// A stream as the state machine sees it.
+pub(crate) trait TrackedStream: Clone {
+    /// Equal ids name the same stream (stream order holds between their uses).
+    fn id(&self) -> u64;
+    /// Whether everything enqueued on the stream so far has finished (`cuStreamQuery`);
+    /// `false` when unknown. Used only to prune long reader lists.
+    fn is_idle(&self) -> bool;
+}
+
+/// Above this many reader streams, a new reader first drops the idle ones.
+pub(super) const PRUNE_READERS_AT: usize = 8;
+
+/// The pending uses of one allocation.
+///
+/// Invariant: every stream-ordered use of the allocation that is not known complete was
+/// enqueued on one of the `writers` or `readers` streams (or on a stream that was made to
+/// wait for it before it was forgotten), before the tracker's lock was released; every
+/// read recorded in `readers` is ordered after every use recorded in `writers`.
+#[derive(Debug)]
+pub(crate) struct AccessState<S> {
+    pub(super) writers: Vec<S>,
+    pub(super) readers: Vec<S>,
+}
+
+impl<S> Default for AccessState<S> {
+    fn default() -> Self {
+        AccessState {
+            writers: Vec::new(),
+            readers: Vec::new(),
+        }
+    }
+}
+
+impl<S: TrackedStream> AccessState<S> {
+    /// Whether a use of kind `access` on stream `on` conflicts with nothing on another
+    /// stream: the fast path, where no wait is needed.
+    pub(crate) fn is_ordered_on(&self, on: u64, access: Access) -> bool {
+        self.writers.iter().all(|w| w.id() == on)
+            && (access == Access::Read || self.readers.iter().all(|r| r.id() == on))
+    }
+
+    /// Whether recording one use of kind `access` on `on` would change nothing: the
+    /// stream is already the only writer (a write), or already recorded (a read). The
+    /// fast path of every commit: a stream reusing a buffer touches no reference count.
+    #[inline]
+    pub(crate) fn commit_is_noop(&self, on: u64, access: Access) -> bool {
+        match access {
+            Access::Write => {
+                self.readers.is_empty() && self.writers.len() == 1 && self.writers[0].id() == on
+            }
+            Access::Read => {
+                self.writers.iter().any(|w| w.id() == on)
+                    || self.readers.iter().any(|r| r.id() == on)
+            }
+        }
+    }
+
+    /// Calls `wait(from)` for every stream whose pending use conflicts with a use of kind
+    /// `access` on `on` (the write streams; for a write, the read streams too).
+    pub(crate) fn wait_conflicts(
+        &self,
+        on: u64,
+        access: Access,
+        mut wait: impl FnMut(&S) -> Result<()>,
+    ) -> Result<()> {
+        for w in self.writers.iter().filter(|w| w.id() != on) {
+            wait(w)?;
+        }
+        if access == Access::Write {
+            for r in self.readers.iter().filter(|r| r.id() != on) {
+                wait(r)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the uses of one claim (all enqueued, after their conflicts), moving what
+    /// they replace into `grave` (dropped by the caller after unlocking: dropping a
+    /// stream may destroy it). Writes replace every earlier use; reads are added.
+    pub(crate) fn commit(
+        &mut self,
+        uses: &[(u64, Access)],
+        make: impl Fn(u64) -> S,
+        grave: &mut Grave<S>,
+    ) {
+        // The hand-off: one write on another stream than the one writer, no readers. The
+        // same outcome as below (the write replaces the old writer), swapped in place.
+        if let [(id, Access::Write)] = uses
+            && self.readers.is_empty()
+            && let [w] = self.writers.as_mut_slice()
+            && w.id() != *id
+        {
+            grave.push(std::mem::replace(w, make(*id)));
+            return;
+        }
+        self.commit_general(uses, make, grave);
+    }
+
+    /// [`commit`](Self::commit) without its hand-off fast path.
+    pub(super) fn commit_general(
+        &mut self,
+        uses: &[(u64, Access)],
+        make: impl Fn(u64) -> S,
+        grave: &mut Grave<S>,
+    ) {
+        let writes = uses.iter().filter(|(_, a)| *a == Access::Write);
+        if writes.clone().next().is_some() {
+            let unchanged = self.readers.is_empty()
+                && self.writers.len() == writes.clone().count()
+                && writes
+                    .clone()
+                    .all(|(id, _)| self.writers.iter().any(|w| w.id() == *id))
+                && uses.iter().all(|(_, a)| *a == Access::Write);
+            if !unchanged {
+                grave.take_all(&mut self.writers);
+                grave.take_all(&mut self.readers);
+                for (id, _) in writes {
+                    if !self.writers.iter().any(|w| w.id() == *id) {
+                        self.writers.push(make(*id));
+                    }
+                }
+                for (id, _) in uses.iter().filter(|(_, a)| *a == Access::Read) {
+                    if !self.writers.iter().any(|w| w.id() == *id)
+                        && !self.readers.iter().any(|r| r.id() == *id)
+                    {
+                        self.readers.push(make(*id));
+                    }
+                }
+            }
+            return;
+        }
+        for (id, _) in uses {
+            let ordered = self.writers.iter().any(|w| w.id() == *id)
+                || self.readers.iter().any(|r| r.id() == *id);
+            if ordered {
+                continue;
+            }
+            if self.readers.len() >= PRUNE_READERS_AT {
+                let (idle, busy): (Vec<S>, Vec<S>) = std::mem::take(&mut self.readers)
+                    .into_iter()
+                    .partition(S::is_idle);
+                self.readers = busy;
+                for s in idle {
+                    grave.push(s);
+                }
+            }
+            self.readers.push(make(*id));
+        }
+    }
+
+    /// Synchronises (on the host) every stream whose pending use conflicts with a host
+    /// access of kind `access`, then forgets those uses. On the first failure nothing is
+    /// forgotten. Runs under the tracker's lock.
+    pub(crate) fn host_wait(
+        &mut self,
+        access: Access,
+        mut synchronize: impl FnMut(&S) -> Result<()>,
+        grave: &mut Grave<S>,
+    ) -> Result<()> {
+        for w in &self.writers {
+            synchronize(w)?;
+        }
+        if access == Access::Write {
+            for r in &self.readers {
+                synchronize(r)?;
+            }
+            grave.take_all(&mut self.readers);
+        }
+        grave.take_all(&mut self.writers);
+        Ok(())
+    }
+
+    /// Synchronises every pending use, all of them even if one fails; forgets them only if
+    /// every one succeeded, and returns the first error — but a failure that does not
+    /// mean "poisoned" ([`crate::faults::nothing_runs_after`]) wins over one that does.
+    pub(crate) fn wait_all(&mut self, mut synchronize: impl FnMut(&S) -> Result<()>) -> Result<()> {
+        let mut first: Result<()> = Ok(());
+        for s in self.writers.iter().chain(&self.readers) {
+            if let Err(e) = synchronize(s) {
+                // Keep the first error, unless it says "poisoned" and this one does not:
+                // callers release after a poisoned context's failure (it runs nothing
+                // more), so any other failure must win.
+                let replace = match &first {
+                    Ok(()) => true,
+                    Err(f) => {
+                        crate::faults::nothing_runs_after(f)
+                            && !crate::faults::nothing_runs_after(&e)
+                    }
+                };
+                if replace {
+                    first = Err(e);
+                }
+            }
+        }
+        if first.is_ok() {
+            self.writers.clear();
+            self.readers.clear();
+        }
+        first
+    }
+
+    /// Every pending read becomes a pending write (see
+    /// [`AccessTracker::reads_become_writes`]).
+    pub(crate) fn reads_become_writes(&mut self) {
+        for r in self.readers.drain(..) {
+            if !self.writers.iter().any(|w| w.id() == r.id()) {
+                self.writers.push(r);
+            }
+        }
+    }
+
+    /// Whether no use is pending.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.writers.is_empty() && self.readers.is_empty()
+    }
+
+    #[cfg(test)]
+    pub(super) fn ids(v: &[S]) -> Vec<u64> {
+        v.iter().map(TrackedStream::id).collect()
+    }
+}
+
+/// What a commit or a host wait replaces: streams to let go of once the tracker is
+/// unlocked (dropping the last reference to a stream destroys it, a driver call that
+/// should not run under the lock). Inline for the usual one or two (a hand-off replaces
+/// one writer), so the hot path allocates nothing.
+pub(crate) struct Grave<S> {
+    inline: [Option<S>; 2],
+    spill: Vec<S>,
+}
+
+impl<S> Grave<S> {
+    pub(crate) fn new() -> Self {
+        Grave {
+            inline: [None, None],
+            spill: Vec::new(),
+        }
+    }
+
+    pub(crate) fn push(&mut self, s: S) {
+        match self.inline.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some(s),
+            None => self.spill.push(s),
+        }
+    }
+
+    /// Moves every element of `v` here, keeping `v`'s capacity for what replaces them.
+    pub(crate) fn take_all(&mut self, v: &mut Vec<S>) {
+        for s in v.drain(..) {
+            self.push(s);
+        }
+    }
+}

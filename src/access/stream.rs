@@ -1,0 +1,320 @@
+//! The streams a tracker remembers: [`StreamInner`] (a gpubind stream and its hand-off
+//! event), [`StreamRef`] (a held reference to a stream, or the legacy default stream)
+//! and [`StreamSlot`] (the borrowed form a claim names its stream by).
+
+use crate::device::Device;
+use crate::driver::Check;
+use crate::drop_wait::{GaveUp, Polled, poll_until_idle};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::TrackedStream;
+
+/// The stream behind a [`Stream`](crate::Stream): destroyed when the last holder (the
+/// `Stream`, or a tracker that still orders work after it) lets go.
+pub(crate) struct StreamInner {
+    pub(crate) device: Arc<Device>,
+    pub(crate) raw: sys::CUstream,
+    pub(crate) id: u64,
+    /// The event this stream's hand-offs record (created at the first one): see
+    /// [`StreamInner::enqueue_wait`].
+    handoff: std::sync::OnceLock<HandoffEvent>,
+    /// Set for a stream shared with cudarc ([`crate::interop`]): cudarc owns the handle
+    /// and destroys it when the last `Arc<CudaStream>` goes; this keeps it alive while
+    /// gpubind (a `Stream`, or a tracker ordering work after it) still needs it.
+    pub(crate) cudarc: Option<Arc<cudarc::driver::CudaStream>>,
+}
+
+/// A `CU_EVENT_DISABLE_TIMING` event of a stream's context, only ever recorded on that
+/// stream.
+struct HandoffEvent(sys::CUevent);
+
+// SAFETY: an event handle is a thread-agnostic identifier; the driver serialises calls on
+// it.
+unsafe impl Send for HandoffEvent {}
+// SAFETY: as above; concurrent records on the one stream are harmless (see enqueue_wait).
+unsafe impl Sync for HandoffEvent {}
+
+// SAFETY: a CUstream handle is a thread-agnostic identifier; gpubind enqueues on it only
+// with its device's context current (through a BoundStream, or a ContextGuard).
+unsafe impl Send for StreamInner {}
+// SAFETY: the driver serialises concurrent calls on one stream.
+unsafe impl Sync for StreamInner {}
+
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Ids of legacy default streams: one per device ordinal, never equal to a counter id.
+pub(crate) const LEGACY_ID: u64 = 1 << 63;
+
+impl StreamInner {
+    pub(crate) fn new(device: Arc<Device>, raw: sys::CUstream) -> StreamInner {
+        StreamInner {
+            device,
+            raw,
+            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            handoff: std::sync::OnceLock::new(),
+            cudarc: None,
+        }
+    }
+
+    /// A stream created and owned by cudarc, shared with gpubind: never destroyed here.
+    pub(crate) fn shared(device: Arc<Device>, stream: Arc<cudarc::driver::CudaStream>) -> Self {
+        StreamInner {
+            device,
+            raw: stream.cu_stream(),
+            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            handoff: std::sync::OnceLock::new(),
+            cudarc: Some(stream),
+        }
+    }
+
+    /// This stream's hand-off event, created in its context at the first use.
+    fn handoff_event(&self) -> Result<sys::CUevent> {
+        if let Some(e) = self.handoff.get() {
+            return Ok(e.0);
+        }
+        let created = self.device.new_handoff_event()?;
+        if let Err(lost) = self.handoff.set(HandoffEvent(created)) {
+            // Another thread created one first: keep theirs.
+            destroy_event(&self.device, lost.0);
+        }
+        Ok(self.handoff.get().map_or(created, |e| e.0))
+    }
+
+    /// Makes `to` wait on the device for the work enqueued on this stream so far, with an
+    /// event recorded on this stream (no lock, no context switch: the driver runs work on
+    /// a stream in the stream's own context, whatever is current; asserted on the GPU by
+    /// `gpu_binding::stream_ops_with_a_foreign_context_current`).
+    ///
+    /// The one event may be recorded by several threads at once. `cuStreamWaitEvent`
+    /// captures the event's most recent record at the call, which on this thread is at or
+    /// after its own record (records are calls on this stream, in the order they are
+    /// made): `to` may wait for *more* of this stream than it needed, never less. And it
+    /// cannot wait for work that waits on `to` later: whatever this stream had enqueued
+    /// before that record was enqueued before the wait was.
+    fn enqueue_wait(&self, to: sys::CUstream) -> Result<()> {
+        self.device.check_poison()?;
+        let event = self.handoff_event()?;
+        // SAFETY: `event` belongs to this stream's context; the stream lives (borrowed).
+        unsafe { sys::cuEventRecord(event, self.raw) }.check_on(&self.device, "cuEventRecord")?;
+        // SAFETY: `to` is a live stream of the current context (or a gpubind stream); the
+        // event may belong to another context, which CUDA allows.
+        unsafe { sys::cuStreamWaitEvent(to, event, 0) }.check("cuStreamWaitEvent")
+    }
+}
+
+/// Destroys an event of `device`'s context (a drop: failures are logged).
+fn destroy_event(device: &Arc<Device>, event: sys::CUevent) {
+    crate::faults::release(
+        format_args!("a stream's hand-off event"),
+        device,
+        Ok(()),
+        "cuEventDestroy_v2",
+        // SAFETY: created by cuEventCreate in this context (current while this runs),
+        // destroyed once, here; the driver releases it once pending records complete.
+        || unsafe { sys::cuEventDestroy_v2(event) },
+    );
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        if let Some(stream) = self.cudarc.take() {
+            // Its hand-off event is ours; the stream is cudarc's: let go of our reference
+            // (cudarc destroys the stream with its last one), leaving the thread's
+            // current context as it was.
+            if let Some(event) = self.handoff.take() {
+                destroy_event(&self.device, event.0);
+            }
+            crate::interop::drop_in_context(
+                format_args!("a Stream shared with cudarc"),
+                &self.device,
+                stream,
+            );
+            return;
+        }
+        let raw = self.raw;
+        match self.device.enter() {
+            Ok(_guard) => GaveUp::forget_stream(self.id, true),
+            Err(_) => GaveUp::forget_stream(self.id, false),
+        }
+        crate::faults::release(
+            format_args!("a Stream"),
+            &self.device,
+            Ok(()),
+            "cuStreamDestroy_v2",
+            || {
+                // SAFETY: created by cuStreamCreate in this context (current while this
+                // runs), destroyed once, here. Pending work completes before the driver
+                // releases the stream.
+                unsafe { sys::cuStreamDestroy_v2(raw) }
+            },
+        );
+        if let Some(event) = self.handoff.take() {
+            destroy_event(&self.device, event.0);
+        }
+    }
+}
+
+/// A stream a tracker remembers: keeps it (and its context) alive until the use is known
+/// complete.
+#[derive(Clone)]
+pub(crate) enum StreamRef {
+    /// The legacy default stream of this device's primary context.
+    Legacy(Arc<Device>),
+    /// A stream gpubind created.
+    Owned(Arc<StreamInner>),
+}
+
+impl TrackedStream for StreamRef {
+    fn id(&self) -> u64 {
+        self.slot().id()
+    }
+
+    fn is_idle(&self) -> bool {
+        let Ok(_guard) = self.device().enter() else {
+            return false;
+        };
+        // SAFETY: the stream is alive (held by self); its context is current.
+        (unsafe { sys::cuStreamQuery(self.raw()) }) == sys::CUresult::CUDA_SUCCESS
+    }
+}
+
+impl StreamRef {
+    /// The borrowed form.
+    pub(crate) fn slot(&self) -> StreamSlot<'_> {
+        match self {
+            StreamRef::Legacy(d) => StreamSlot::Legacy(d),
+            StreamRef::Owned(s) => StreamSlot::Owned(s),
+        }
+    }
+
+    pub(super) fn device(&self) -> &Arc<Device> {
+        self.slot().device()
+    }
+
+    pub(super) fn raw(&self) -> sys::CUstream {
+        self.slot().raw()
+    }
+
+    /// Blocks until the work enqueued on this stream so far has finished.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let _guard = self.device().enter()?;
+        // SAFETY: the stream is alive (held by self) and its context is current for the
+        // call (the null stream resolves to that context's legacy stream).
+        unsafe { sys::cuStreamSynchronize(self.raw()) }
+            .check_on(self.device(), "cuStreamSynchronize")
+    }
+
+    /// [`synchronize`](Self::synchronize), giving up at `deadline` (`None`: never) with
+    /// [`Error::Timeout`].
+    ///
+    /// One limit per stream, not per buffer: once a wait on this stream has given up, later
+    /// waits on it give up at once for as long as the work it gave up on still runs (an
+    /// event recorded at that moment says; so a hundred buffers last used by one kernel
+    /// that never ends cost one timeout, not a hundred), and get the full limit again
+    /// once that work has finished.
+    pub(crate) fn synchronize_within(
+        &self,
+        deadline: Option<Instant>,
+        limit: Duration,
+    ) -> Result<()> {
+        let id = self.id();
+        let _guard = self.device().enter()?;
+        if GaveUp::still_busy(id) {
+            return Err(Error::Timeout {
+                what: "a buffer's pending GPU work to finish before freeing it \
+                       (GPUBIND_DROP_TIMEOUT; an earlier wait on the same stream gave up on \
+                       work that still runs, so this one did not wait again)",
+                after_ms: 0,
+            });
+        }
+        let polled = poll_until_idle(
+            || {
+                // SAFETY: the stream is alive (held by self) and its context is current.
+                unsafe { sys::cuStreamQuery(self.raw()) }
+            },
+            deadline,
+            limit,
+        );
+        match polled {
+            Ok(()) => Ok(()),
+            Err(Polled::Failed(code)) => Err(code
+                .check_on(self.device(), "cuStreamQuery")
+                .err()
+                .unwrap_or_else(|| Error::driver("cuStreamQuery", code))),
+            Err(Polled::TimedOut(after_ms)) => {
+                GaveUp::remember(id, self.raw());
+                Err(Error::Timeout {
+                    what: "a buffer's pending GPU work to finish before freeing it \
+                           (GPUBIND_DROP_TIMEOUT)",
+                    after_ms,
+                })
+            }
+        }
+    }
+
+    /// Makes `to` wait on the device for the work enqueued on `self` so far. `to`'s
+    /// context must be current (or `to` must be a non-null stream).
+    pub(super) fn enqueue_wait(&self, to: sys::CUstream) -> Result<()> {
+        let device = match self {
+            StreamRef::Owned(s) => return s.enqueue_wait(to),
+            StreamRef::Legacy(device) => device,
+        };
+        let event = device.take_event()?;
+        let recorded = {
+            let _guard = device.enter()?;
+            // SAFETY: `event` and the stream belong to `device`'s context, current here.
+            unsafe { sys::cuEventRecord(event.0, self.raw()) }.check_on(device, "cuEventRecord")
+        };
+        let waited = recorded.and_then(|()| {
+            // SAFETY: `to` is a live stream of the current context; the event may belong
+            // to another context, which CUDA allows.
+            unsafe { sys::cuStreamWaitEvent(to, event.0, 0) }.check("cuStreamWaitEvent")
+        });
+        // The wait captured the event's state: it may be recorded again at once.
+        device.return_event(event);
+        waited
+    }
+}
+
+/// A stream borrowed for one operation (no reference count touched on the fast path).
+#[derive(Clone, Copy)]
+pub(crate) enum StreamSlot<'a> {
+    /// The legacy default stream of this device.
+    Legacy(&'a Arc<Device>),
+    /// A gpubind stream.
+    Owned(&'a Arc<StreamInner>),
+}
+
+impl<'a> StreamSlot<'a> {
+    pub(crate) fn id(self) -> u64 {
+        match self {
+            StreamSlot::Legacy(d) => LEGACY_ID | d.ordinal() as u64,
+            StreamSlot::Owned(s) => s.id,
+        }
+    }
+
+    pub(crate) fn raw(self) -> sys::CUstream {
+        match self {
+            StreamSlot::Legacy(_) => std::ptr::null_mut(),
+            StreamSlot::Owned(s) => s.raw,
+        }
+    }
+
+    fn device(self) -> &'a Arc<Device> {
+        match self {
+            StreamSlot::Legacy(d) => d,
+            StreamSlot::Owned(s) => &s.device,
+        }
+    }
+
+    pub(crate) fn to_ref(self) -> StreamRef {
+        match self {
+            StreamSlot::Legacy(d) => StreamRef::Legacy(Arc::clone(d)),
+            StreamSlot::Owned(s) => StreamRef::Owned(Arc::clone(s)),
+        }
+    }
+}
