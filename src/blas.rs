@@ -451,20 +451,9 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             return Ok(());
         };
         refuse_c_overlap(a, b, c)?;
-        let (cp, cb) = (c.device_ptr(), c.num_bytes() as u64);
-        self.record_span(
-            a.tracker(),
-            Access::Read,
-            a.device_ptr(),
-            a.num_bytes() as u64,
-        )?;
-        self.record_span(
-            b.tracker(),
-            Access::Read,
-            b.device_ptr(),
-            b.num_bytes() as u64,
-        )?;
-        self.record_span(c.tracker(), Access::Write, cp, cb)?;
+        self.record_memory(a, Access::Read)?;
+        self.record_memory(b, Access::Read)?;
+        self.record_memory(c, Access::Write)?;
         self.record_owned(Arc::clone(&blas.workspace) as Arc<dyn Owned>, Access::Write);
         let ptrs = (a.device_ptr(), b.device_ptr(), c.device_ptr());
         let stream = self.stream_handle();

@@ -186,20 +186,10 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         }
         let kernels = shared.kernels(device)?;
         for s in sends {
-            self.record_span(
-                s.tracker(),
-                Access::Read,
-                s.device_ptr(),
-                s.num_bytes() as u64,
-            )?;
+            self.record_memory(*s, Access::Read)?;
         }
         for r in recvs {
-            self.record_span(
-                r.tracker(),
-                Access::Write,
-                r.device_ptr(),
-                r.num_bytes() as u64,
-            )?;
+            self.record_memory(*r, Access::Write)?;
         }
         // The communicator's drop waits for the launches of its kernels (as for its
         // eager collectives); it is borrowed for 'buf anyway.

@@ -276,6 +276,15 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         self.record_span(t, access, 0, u64::MAX)
     }
 
+    /// [`record_span`](Self::record_span) of all of `m` (its allocation, address and
+    /// size).
+    pub(crate) fn record_memory<T, M>(&self, m: &'buf M, access: Access) -> Result<()>
+    where
+        M: DeviceMemory<T> + ?Sized,
+    {
+        self.record_span(m.tracker(), access, m.device_ptr(), m.num_bytes() as u64)
+    }
+
     /// [`record`](Self::record) of `bytes` bytes at device address `lo` of `t`'s
     /// allocation. While a fork is open, the capturing stream first waits for every
     /// conflicting use captured on another stream of this capture (the same allocation,
@@ -450,12 +459,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         if dst.is_empty() {
             return Ok(());
         }
-        self.record_span(
-            dst.tracker(),
-            Access::Write,
-            dst.device_ptr(),
-            dst.num_bytes() as u64,
-        )?;
+        self.record_memory(dst, Access::Write)?;
         self.marked(|| {
             // SAFETY: a capturing stream of the bound context: recorded, not run. The
             // range is in bounds of a live allocation that the graph borrows for 'buf and
@@ -476,12 +480,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         if dst.is_empty() {
             return Ok(());
         }
-        self.record_span(
-            dst.tracker(),
-            Access::Write,
-            dst.device_ptr(),
-            dst.num_bytes() as u64,
-        )?;
+        self.record_memory(dst, Access::Write)?;
         self.marked(|| {
             // SAFETY: as in `memset_zeros`.
             unsafe {
@@ -518,8 +517,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
                 "dtod: source {s:#x} and destination {d:#x} overlap ({bytes} bytes each)"
             )));
         }
-        self.record_span(src.tracker(), Access::Read, s, bytes)?;
-        self.record_span(dst.tracker(), Access::Write, d, bytes)?;
+        self.record_memory(src, Access::Read)?;
+        self.record_memory(dst, Access::Write)?;
         self.marked(|| {
             // SAFETY: a capturing stream of the bound context: recorded, not run. Both
             // ranges are in bounds of live allocations the graph borrows for 'buf and
@@ -598,12 +597,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             ));
         };
         self.record_span(tracker, Access::Read, from.addr, dst.num_bytes() as u64)?;
-        self.record_span(
-            dst.tracker(),
-            Access::Write,
-            dst.device_ptr(),
-            dst.num_bytes() as u64,
-        )?;
+        self.record_memory(dst, Access::Write)?;
         self.marked(|| {
             // SAFETY: a capturing stream of the bound context: recorded, not run. `from`
             // is page-locked host memory of `len` elements (mapped for this device:
