@@ -11,16 +11,12 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, run_suite, skip};
+use common::{Ctx, dev0, run_suite, skip};
 use gpubind::cudarc::driver::{CudaContext, sys};
 use gpubind::{Device, Error, LaunchConfig, Output, ThreadContext};
 use std::sync::Arc;
 
 type R = Result<(), String>;
-
-fn dev0() -> Result<Arc<Device>, String> {
-    Device::get(0).ctx("Device::get(0)")
-}
 
 fn current_context() -> Result<sys::CUcontext, String> {
     let mut c = std::ptr::null_mut();

@@ -8,7 +8,7 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, child_role, run_suite};
+use common::{Ctx, child_role, dev0, run_suite};
 use gpubind::cudarc::driver::sys;
 use gpubind::{Device, Error, LaunchConfig, ThreadContext};
 use rand::{Rng, SeedableRng};
@@ -22,10 +22,6 @@ fn rng() -> rand::rngs::StdRng {
     let seed: u64 = rand::rng().random();
     println!("    seed {seed}");
     rand::rngs::StdRng::seed_from_u64(seed)
-}
-
-fn dev0() -> Result<Arc<Device>, String> {
-    Device::get(0).ctx("Device::get(0)")
 }
 
 fn current_context() -> sys::CUcontext {

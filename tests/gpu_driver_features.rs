@@ -10,15 +10,11 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, run_suite};
+use common::{Ctx, dev0, run_suite};
 use gpubind::{Device, Error, EventFlags, LaunchConfig, ThreadContext};
 use std::sync::Arc;
 
 type R = Result<(), String>;
-
-fn dev0() -> Result<Arc<Device>, String> {
-    Device::get(0).ctx("Device::get(0)")
-}
 
 const KERNELS: &str = r#"
 // Spins for `cycles` clock ticks, then writes `value` to every element.

@@ -12,15 +12,10 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, run_suite};
-use gpubind::{Device, Error, LaunchConfig, PinnedOptions, ThreadContext};
-use std::sync::Arc;
+use common::{Ctx, dev0, run_suite};
+use gpubind::{Error, LaunchConfig, PinnedOptions, ThreadContext};
 
 type R = Result<(), String>;
-
-fn dev0() -> Result<Arc<Device>, String> {
-    Device::get(0).ctx("Device::get(0)")
-}
 
 const KERNELS: &str = r#"
 // Spins for `cycles` clock ticks, then writes `value` to every element.

@@ -10,15 +10,10 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, run_suite, skip};
+use common::{Ctx, dev0, run_suite, skip};
 use gpubind::{Device, DriverErrorCode, Error, LaunchConfig, ThreadContext};
-use std::sync::Arc;
 
 type R = Result<(), String>;
-
-fn dev0() -> Result<Arc<Device>, String> {
-    Device::get(0).ctx("Device::get(0)")
-}
 
 const KERNELS: &str = r#"
 // Spins for `cycles` clock ticks, then writes `value` to every element.

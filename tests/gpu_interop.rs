@@ -9,16 +9,12 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, run_suite};
+use common::{Ctx, dev0, run_suite};
 use gpubind::cudarc::driver::{CudaContext, CudaSlice, sys};
-use gpubind::{BoundDevice, BoundStream, Device, DeviceRepr, Error, LaunchConfig, ThreadContext};
+use gpubind::{BoundDevice, BoundStream, DeviceRepr, Error, LaunchConfig, ThreadContext};
 use std::sync::Arc;
 
 type R = Result<(), String>;
-
-fn dev0() -> Result<Arc<Device>, String> {
-    Device::get(0).ctx("Device::get(0)")
-}
 
 /// A kernel parameter struct, passed by value. Its C twin below has the same layout.
 #[repr(C)]

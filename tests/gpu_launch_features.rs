@@ -10,15 +10,10 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, run_suite};
+use common::{Ctx, dev0, run_suite};
 use gpubind::{ClusterScheduling, Device, Error, LaunchConfig, PinnedOptions, ThreadContext};
-use std::sync::Arc;
 
 type R = Result<(), String>;
-
-fn dev0() -> Result<Arc<Device>, String> {
-    Device::get(0).ctx("Device::get(0)")
-}
 
 const GLOBALS: &str = r#"
 __constant__ float coeffs[4];

@@ -8,12 +8,11 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, run_suite};
+use common::{Ctx, dev0, run_suite};
 use gpubind::{
-    BoundDevice, BoundStream, CommOptions, Communicator, Device, Function, LaunchConfig, Module,
-    Op, PinnedOptions, ThreadContext, Transport, nccl_available,
+    BoundDevice, BoundStream, CommOptions, Communicator, Function, LaunchConfig, Module, Op,
+    PinnedOptions, ThreadContext, Transport, nccl_available,
 };
-use std::sync::Arc;
 use std::time::Duration;
 
 type R = Result<(), String>;
@@ -39,10 +38,6 @@ extern "C" __global__ void spin(long long cycles) {
 const SLOW: i64 = 40_000_000;
 const N: u32 = 1 << 16;
 const VALUE: u32 = 0xC0FFEE;
-
-fn dev0() -> Result<Arc<Device>, String> {
-    Device::get(0).ctx("Device::get(0)")
-}
 
 fn kernels(gpu: &BoundDevice<'_>) -> Result<Module, String> {
     gpu.compile_and_load(KERNELS, "soundness.cu").ctx("compile")

@@ -214,6 +214,11 @@ impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
     }
 }
 
+/// Device 0, or the error as a test failure.
+pub fn dev0() -> Result<std::sync::Arc<gpubind::Device>, String> {
+    gpubind::Device::get(0).ctx("Device::get(0)")
+}
+
 /// `Err` unless `cond`.
 #[macro_export]
 macro_rules! ensure {
