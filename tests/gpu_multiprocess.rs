@@ -137,12 +137,8 @@ fn nccl_world_one_from_launch() -> R {
 
 fn spawn_rank(role: &str, rank: usize, world: usize, port: u16, timeout_s: u32) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    for v in [
-        "GPUBIND_RDZV_PORT",
-        "OMPI_COMM_WORLD_RANK",
-        "PMI_RANK",
-        "SLURM_PROCID",
-    ] {
+    // Every variable `LaunchEnv` reads, then torchrun's for this rank.
+    for v in LaunchEnv::VARIABLES {
         cmd.env_remove(v);
     }
     cmd.env("GPUBIND_CHILD", role)

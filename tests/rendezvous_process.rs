@@ -22,32 +22,6 @@ use std::time::{Duration, Instant};
 const ROLE: &str = "GPUBIND_RDZV_TEST_ROLE";
 const RESULT: &str = "RDZV-RESULT ";
 
-/// Every variable `LaunchEnv` reads: cleared in the children, so the parent's own
-/// environment (a CI runner under Slurm, say) cannot leak in.
-const LAUNCH_VARS: &[&str] = &[
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "MPI_LOCALRANKID",
-    "MPI_LOCALNRANKS",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-    "SLURM_NTASKS_PER_NODE",
-    "SLURM_NNODES",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "GPUBIND_RDZV_PORT",
-    "GPUBIND_RDZV_TIMEOUT",
-];
-
 /// The id rank 0 hands out in these tests.
 fn test_id() -> NcclUniqueId {
     let bytes: Vec<u8> = (0..128u32).map(|i| (i * 7 + 3) as u8).collect();
@@ -161,7 +135,9 @@ fn free_port() -> u16 {
 fn spawn(role: &str, rank: usize, world: usize, port: u16, timeout_s: f64) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["child_entry", "--exact", "--nocapture", "--test-threads=1"]);
-    for v in LAUNCH_VARS {
+    // Every variable `LaunchEnv` reads: the parent's own (a CI runner under Slurm, say)
+    // must not leak into the ranks.
+    for v in LaunchEnv::VARIABLES {
         cmd.env_remove(v);
     }
     cmd.env(ROLE, role)

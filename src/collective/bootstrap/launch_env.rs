@@ -112,6 +112,33 @@ fn env_err(variable: &str, reason: impl Into<String>) -> Error {
 }
 
 impl LaunchEnv {
+    /// Every variable [`from_vars`](Self::from_vars) may read: what a wrapper that starts
+    /// ranks itself, or a test, clears so that an outer launcher's values cannot leak in.
+    pub const VARIABLES: &'static [&'static str] = &[
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "MPI_LOCALRANKID",
+        "MPI_LOCALNRANKS",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_LOCALID",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_NNODES",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        PORT_VAR,
+        TIMEOUT_VAR,
+        CHECK_VAR,
+    ];
+
     /// Reads the process environment (see [`from_vars`](Self::from_vars)).
     pub fn from_env() -> Result<LaunchEnv> {
         Self::from_vars(|name| std::env::var(name).ok())
@@ -287,6 +314,56 @@ impl LaunchEnv {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    /// `VARIABLES` names every variable `from_vars` asks for, on the paths of every
+    /// launcher and of the optional variables, and no name twice.
+    #[test]
+    fn variables_lists_every_variable_read() {
+        let mut envs: Vec<Vec<(&str, &str)>> = vec![vec![]];
+        for l in LAUNCHERS {
+            envs.push(vec![
+                (l.1, "0"),
+                (l.2, "2"),
+                (l.3, "0"),
+                // Fewer local ranks than ranks: Slurm then asks how many nodes.
+                (l.4, "1"),
+                ("SLURM_NNODES", "1"),
+                ("MASTER_ADDR", "node0"),
+                ("MASTER_PORT", "29500"),
+                (PORT_VAR, "29600"),
+                (TIMEOUT_VAR, "5"),
+                (CHECK_VAR, "1"),
+            ]);
+        }
+        let asked = std::cell::RefCell::new(Vec::<String>::new());
+        for pairs in &envs {
+            let _ = LaunchEnv::from_vars(|k| {
+                asked.borrow_mut().push(k.to_owned());
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            });
+        }
+        let asked = asked.into_inner();
+        for name in &asked {
+            assert!(
+                LaunchEnv::VARIABLES.contains(&name.as_str()),
+                "from_vars reads {name}, which VARIABLES does not list"
+            );
+        }
+        for v in LaunchEnv::VARIABLES {
+            assert!(asked.iter().any(|a| a == v), "{v} is listed but never read");
+        }
+        let mut sorted = LaunchEnv::VARIABLES.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(
+            sorted.len(),
+            LaunchEnv::VARIABLES.len(),
+            "a name is listed twice"
+        );
+    }
 
     fn env_of(pairs: &[(&str, &str)]) -> Result<LaunchEnv> {
         let map: HashMap<String, String> = pairs
