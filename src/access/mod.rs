@@ -309,6 +309,7 @@ pub(crate) struct ExclusiveClaim<'t, 's> {
 
 /// Claims `tracker` (held exclusively) for a use of kind `access` on `on`, whose context
 /// is current or which is a gpubind stream.
+#[inline]
 pub(crate) fn claim_exclusive<'t, 's>(
     on: StreamSlot<'s>,
     tracker: &'t mut AccessTracker,
@@ -326,11 +327,21 @@ pub(crate) fn claim_exclusive<'t, 's>(
 }
 
 impl Drop for ExclusiveClaim<'_, '_> {
+    /// Inlined: the usual drop (a stream reusing a buffer it alone holds) is one compare.
+    #[inline]
     fn drop(&mut self) {
-        let on = self.on;
-        if self.state.commit_is_noop(on.id(), self.access) {
-            return;
+        if !self.state.commit_is_noop(self.on.id(), self.access) {
+            self.commit();
         }
+    }
+}
+
+impl ExclusiveClaim<'_, '_> {
+    /// Records the use, when that changes the state (out of the inlined drop).
+    #[cold]
+    #[inline(never)]
+    fn commit(&mut self) {
+        let on = self.on;
         let mut grave = Grave::new();
         self.state
             .commit(&[(on.id(), self.access)], |_| on.to_ref(), &mut grave);

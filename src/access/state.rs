@@ -23,15 +23,28 @@ pub(super) const PRUNE_READERS_AT: usize = 8;
 /// enqueued on one of the `writers` or `readers` streams (or on a stream that was made to
 /// wait for it before it was forgotten), before the tracker's lock was released; every
 /// read recorded in `readers` is ordered after every use recorded in `writers`.
+///
+/// `sole` caches the one case every hot path asks about: it is the id of the only pending
+/// use when that is a write (`writers == [s]`, no readers), else [`NO_SOLE`]. A stream
+/// reusing a buffer it alone holds then compares one word of the tracker, instead of
+/// reading the writer list's heap block and the writer stream's id behind it (two
+/// dependent loads that a driver call in between tends to evict from the cache). Every
+/// method that changes `writers` or `readers` ends with [`refresh`](Self::refresh).
 #[derive(Debug)]
 pub(crate) struct AccessState<S> {
+    sole: u64,
     pub(super) writers: Vec<S>,
     pub(super) readers: Vec<S>,
 }
 
+/// [`AccessState::sole`] when the pending uses are not one write: no stream id (gpubind
+/// stream ids count up from 1; the legacy streams' are `LEGACY_ID | ordinal`).
+const NO_SOLE: u64 = u64::MAX;
+
 impl<S> Default for AccessState<S> {
     fn default() -> Self {
         AccessState {
+            sole: NO_SOLE,
             writers: Vec::new(),
             readers: Vec::new(),
         }
@@ -39,11 +52,48 @@ impl<S> Default for AccessState<S> {
 }
 
 impl<S: TrackedStream> AccessState<S> {
+    /// A state with these pending uses (tests and models build states directly).
+    #[cfg(test)]
+    pub(super) fn with_uses(writers: Vec<S>, readers: Vec<S>) -> Self {
+        let mut st = AccessState {
+            sole: NO_SOLE,
+            writers,
+            readers,
+        };
+        st.refresh();
+        st
+    }
+
+    /// Recomputes `sole` after `writers` or `readers` changed.
+    #[inline]
+    fn refresh(&mut self) {
+        self.sole = match self.writers.as_slice() {
+            [w] if self.readers.is_empty() => w.id(),
+            _ => NO_SOLE,
+        };
+    }
+
+    /// Whether `on` holds the only pending use, a write (the cached fast path).
+    #[inline(always)]
+    fn is_sole_writer(&self, on: u64) -> bool {
+        debug_assert_eq!(
+            self.sole,
+            match self.writers.as_slice() {
+                [w] if self.readers.is_empty() => w.id(),
+                _ => NO_SOLE,
+            },
+            "AccessState::sole is stale"
+        );
+        self.sole == on
+    }
+
     /// Whether a use of kind `access` on stream `on` conflicts with nothing on another
     /// stream: the fast path, where no wait is needed.
+    #[inline]
     pub(crate) fn is_ordered_on(&self, on: u64, access: Access) -> bool {
-        self.writers.iter().all(|w| w.id() == on)
-            && (access == Access::Read || self.readers.iter().all(|r| r.id() == on))
+        self.is_sole_writer(on)
+            || (self.writers.iter().all(|w| w.id() == on)
+                && (access == Access::Read || self.readers.iter().all(|r| r.id() == on)))
     }
 
     /// Whether recording one use of kind `access` on `on` would change nothing: the
@@ -51,6 +101,9 @@ impl<S: TrackedStream> AccessState<S> {
     /// fast path of every commit: a stream reusing a buffer touches no reference count.
     #[inline]
     pub(crate) fn commit_is_noop(&self, on: u64, access: Access) -> bool {
+        if self.is_sole_writer(on) {
+            return true;
+        }
         match access {
             Access::Write => {
                 self.readers.is_empty() && self.writers.len() == 1 && self.writers[0].id() == on
@@ -98,6 +151,7 @@ impl<S: TrackedStream> AccessState<S> {
             && w.id() != *id
         {
             grave.push(std::mem::replace(w, make(*id)));
+            self.sole = *id;
             return;
         }
         self.commit_general(uses, make, grave);
@@ -105,6 +159,17 @@ impl<S: TrackedStream> AccessState<S> {
 
     /// [`commit`](Self::commit) without its hand-off fast path.
     pub(super) fn commit_general(
+        &mut self,
+        uses: &[(u64, Access)],
+        make: impl Fn(u64) -> S,
+        grave: &mut Grave<S>,
+    ) {
+        self.commit_lists(uses, make, grave);
+        self.refresh();
+    }
+
+    /// The list changes of [`commit_general`](Self::commit_general).
+    fn commit_lists(
         &mut self,
         uses: &[(u64, Access)],
         make: impl Fn(u64) -> S,
@@ -174,6 +239,7 @@ impl<S: TrackedStream> AccessState<S> {
             grave.take_all(&mut self.readers);
         }
         grave.take_all(&mut self.writers);
+        self.refresh();
         Ok(())
     }
 
@@ -202,6 +268,7 @@ impl<S: TrackedStream> AccessState<S> {
         if first.is_ok() {
             self.writers.clear();
             self.readers.clear();
+            self.refresh();
         }
         first
     }
@@ -214,6 +281,7 @@ impl<S: TrackedStream> AccessState<S> {
                 self.writers.push(r);
             }
         }
+        self.refresh();
     }
 
     /// Whether no use is pending.

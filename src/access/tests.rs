@@ -36,10 +36,7 @@ fn commit_fast_path_agrees_with_commit() {
         let mut next = Vec::new();
         for st in &states {
             for &(id, a) in &uses {
-                let mut after = AccessState {
-                    writers: st.writers.clone(),
-                    readers: st.readers.clone(),
-                };
+                let mut after = AccessState::with_uses(st.writers.clone(), st.readers.clone());
                 commit1(&mut after, id, a);
                 if st.commit_is_noop(id, a) {
                     fast += 1;
@@ -57,10 +54,7 @@ fn commit_fast_path_agrees_with_commit() {
     // And the hand-off swap in `commit` gives what the general path gives.
     for st in &states {
         for &(id, a) in &uses {
-            let fresh = || AccessState {
-                writers: st.writers.clone(),
-                readers: st.readers.clone(),
-            };
+            let fresh = || AccessState::with_uses(st.writers.clone(), st.readers.clone());
             let (mut fast_path, mut general) = (fresh(), fresh());
             commit1(&mut fast_path, id, a);
             general.commit_general(&[(id, a)], S, &mut Grave::new());

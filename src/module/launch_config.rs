@@ -44,7 +44,49 @@ impl LaunchConfig {
     /// when that total is over the default per-block amount, which every kernel may use —
     /// the dynamic part against the kernel's current
     /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, read by `max_dynamic_shared`.
+    #[inline]
     pub(crate) fn check_limits(
+        &self,
+        kernel: &str,
+        dev: &DeviceLimits,
+        func: &FunctionLimits,
+        max_dynamic_shared: impl FnOnce() -> Result<u32>,
+    ) -> Result<()> {
+        if self.within_default_limits(dev, func) {
+            return Ok(());
+        }
+        self.check_limits_one_by_one(kernel, dev, func, max_dynamic_shared)
+    }
+
+    /// Whether the configuration passes every check of
+    /// [`check_limits`](Self::check_limits) without needing the kernel's dynamic
+    /// shared-memory attribute (its total shared memory is within the default per-block
+    /// amount): the usual launch, decided with a few compares and no branch per limit.
+    /// `false` sends the launch through the checks one by one, which name the first limit
+    /// exceeded (or pass, for shared memory over the default amount).
+    #[inline(always)]
+    fn within_default_limits(&self, dev: &DeviceLimits, func: &FunctionLimits) -> bool {
+        let b = [self.block_dim.0, self.block_dim.1, self.block_dim.2].map(u64::from);
+        let g = [self.grid_dim.0, self.grid_dim.1, self.grid_dim.2].map(u64::from);
+        // Saturates as in the checks one by one (only for blocks over any limit).
+        let threads = b[0].saturating_mul(b[1]).saturating_mul(b[2]);
+        let max_threads = dev.max_threads_per_block.min(func.max_threads_per_block);
+        let total_shared = u64::from(func.static_shared) + u64::from(self.shared_mem_bytes);
+        (threads <= u64::from(max_threads))
+            & (b[0] <= u64::from(dev.max_block_dim[0]))
+            & (b[1] <= u64::from(dev.max_block_dim[1]))
+            & (b[2] <= u64::from(dev.max_block_dim[2]))
+            & (g[0] <= u64::from(dev.max_grid_dim[0]))
+            & (g[1] <= u64::from(dev.max_grid_dim[1]))
+            & (g[2] <= u64::from(dev.max_grid_dim[2]))
+            & (total_shared <= u64::from(dev.shared_per_block))
+    }
+
+    /// [`check_limits`](Self::check_limits), one limit at a time, naming the first one
+    /// exceeded.
+    #[cold]
+    #[inline(never)]
+    fn check_limits_one_by_one(
         &self,
         kernel: &str,
         dev: &DeviceLimits,
@@ -171,6 +213,69 @@ mod tests {
             }
             Err(e) => panic!("not a LaunchLimit: {e:?}"),
         }
+    }
+
+    /// The quick check never passes a configuration the checks one by one refuse, and
+    /// it passes the usual ones: every combination of dimensions and shared memory at,
+    /// around and far over each limit (a kernel with a lower thread limit and static
+    /// shared memory too).
+    #[test]
+    fn the_quick_check_agrees_with_the_checks_one_by_one() {
+        let dims = [
+            1u32,
+            2,
+            63,
+            64,
+            65,
+            1023,
+            1024,
+            1025,
+            65535,
+            65536,
+            u32::MAX,
+        ];
+        let shared = [
+            0u32,
+            1,
+            (48 << 10) - 512,
+            48 << 10,
+            (48 << 10) + 1,
+            227 << 10,
+            u32::MAX,
+        ];
+        let tight = FunctionLimits {
+            max_threads_per_block: 256,
+            static_shared: 512,
+        };
+        let mut quick = 0;
+        for func in [&PLAIN, &tight] {
+            for &x in &dims {
+                for &y in &dims[..6] {
+                    for &z in &dims[..6] {
+                        for &sh in &shared {
+                            for c in [cfg((x, y, z), (1, 1, 1), sh), cfg((1, 1, 1), (x, y, z), sh)]
+                            {
+                                let one_by_one =
+                                    c.check_limits_one_by_one("k", &H200, func, || Ok(64 << 10));
+                                if c.within_default_limits(&H200, func) {
+                                    quick += 1;
+                                    assert!(one_by_one.is_ok(), "{c:?} {func:?}: {one_by_one:?}");
+                                }
+                                let both = c.check_limits("k", &H200, func, || Ok(64 << 10));
+                                assert_eq!(
+                                    both.map_err(|e| e.to_string()),
+                                    one_by_one.map_err(|e| e.to_string())
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            quick > 1000,
+            "the quick check passed only {quick} configurations"
+        );
     }
 
     #[test]
