@@ -31,19 +31,15 @@ fn current_context() -> sys::CUcontext {
     c
 }
 
-const SAXPY: &str = r#"
+const SAXPY: &str = concat!(
+    r#"
 extern "C" __global__ void saxpy(float a, const float* x, float* y, unsigned n) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = a * x[i] + y[i];
 }
-// Spins for `cycles` clock ticks, then writes `value` to every element.
-extern "C" __global__ void slow_fill(unsigned* out, unsigned n, unsigned value, long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = value;
-}
-"#;
+"#,
+    common::slow_fill_cuda!()
+);
 
 fn roundtrip<T>(gpu: &gpubind::BoundDevice<'_>, data: &[T]) -> R
 where

@@ -16,14 +16,9 @@ use std::sync::Arc;
 
 type R = Result<(), String>;
 
-const KERNELS: &str = r#"
-// Spins for `cycles` clock ticks, then writes `value` to every element.
-extern "C" __global__ void slow_fill(unsigned* out, unsigned n, unsigned value, long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = value;
-}
+const KERNELS: &str = concat!(
+    common::slow_fill_cuda!(),
+    r#"
 // 1 KiB of static shared memory plus `blockDim.x` floats of dynamic shared memory (and
 // whatever more the launch gives, untouched).
 extern "C" __global__ void uses_shared(float* out, unsigned n) {
@@ -43,7 +38,8 @@ extern "C" __global__ void write_through(unsigned* p, unsigned n, unsigned value
 extern "C" __global__ void __launch_bounds__(128) bounded(unsigned* out) {
     out[blockIdx.x * blockDim.x + threadIdx.x] = threadIdx.x;
 }
-"#;
+"#
+);
 
 /// `memset` fills exactly the sub-view, with the value of each width, and leaves the
 /// rest of the buffer alone.

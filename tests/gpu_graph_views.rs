@@ -17,20 +17,16 @@ use gpubind::{Error, LaunchConfig, PinnedOptions, ThreadContext};
 
 type R = Result<(), String>;
 
-const KERNELS: &str = r#"
-// Spins for `cycles` clock ticks, then writes `value` to every element.
-extern "C" __global__ void slow_fill(unsigned* out, unsigned n, unsigned value, long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = value;
-}
+const KERNELS: &str = concat!(
+    common::slow_fill_cuda!(),
+    r#"
 // out[i] = a[i] * 2 + 1
 extern "C" __global__ void twice_plus_one(const unsigned* a, unsigned* out, unsigned n) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] * 2u + 1u;
 }
-"#;
+"#
+);
 
 /// About 50 ms of spinning on an H200 (1.98 GHz).
 const SLOW: i64 = 100_000_000;

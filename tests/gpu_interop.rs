@@ -98,19 +98,15 @@ fn struct_by_value_reaches_the_kernel() -> R {
     Ok(())
 }
 
-const KERNELS: &str = r#"
-// Spins for `cycles` clock ticks, then writes `value` to every element.
-extern "C" __global__ void slow_fill(unsigned* out, unsigned n, unsigned value, long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = value;
-}
+const KERNELS: &str = concat!(
+    common::slow_fill_cuda!(),
+    r#"
 extern "C" __global__ void copy(const unsigned* in, unsigned* out, unsigned n) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = in[i];
 }
-"#;
+"#
+);
 
 /// ~20 ms at ~2 GHz: long enough that unordered work would overtake it.
 const SLOW: i64 = 40_000_000;

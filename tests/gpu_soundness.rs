@@ -19,20 +19,16 @@ type R = Result<(), String>;
 /// Two reductions' results, per rank.
 type Pair = Result<(Vec<i32>, Vec<i32>), String>;
 
-const KERNELS: &str = r#"
-// Spins for `cycles` clock ticks, then writes `value` to every element.
-extern "C" __global__ void slow_fill(unsigned* out, unsigned n, unsigned value, long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = value;
-}
+const KERNELS: &str = concat!(
+    common::slow_fill_cuda!(),
+    r#"
 // Spins, touching nothing: keeps a stream busy.
 extern "C" __global__ void spin(long long cycles) {
     long long start = clock64();
     while (clock64() - start < cycles) { }
 }
-"#;
+"#
+);
 
 /// About 20 ms at the H200's ~1.8 GHz: far longer than any enqueue.
 const SLOW: i64 = 40_000_000;

@@ -12,6 +12,27 @@
 
 use std::time::Instant;
 
+/// CUDA C source of `slow_fill(out, n, value, cycles)`: spins for `cycles` clock ticks,
+/// then writes `value` to `out[0..n]` — the slow writer the ordering tests race against.
+/// A literal, for `concat!` into a suite's kernel source. (Not every suite uses it: the
+/// file's `dead_code` allowance does not cover macros and imports.)
+#[allow(unused_macros)]
+macro_rules! slow_fill_cuda {
+    () => {
+        r#"
+// Spins for `cycles` clock ticks, then writes `value` to every element.
+extern "C" __global__ void slow_fill(unsigned* out, unsigned n, unsigned value, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+"#
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use slow_fill_cuda;
+
 /// A test: returns `Err(message)` on failure (panics are caught and count as failures).
 /// A test that cannot run on this machine (say it needs 2 GPUs) returns [`skip`]'s
 /// error: it is reported as `ignored` with the reason, never as passed.
