@@ -43,13 +43,24 @@ fn err() -> Error {
     Error::NoNccl
 }
 
-/// The owner: one call (which may fail inside), then its drop. The watchdog: two rounds,
-/// the second of which finds a failure. Every interleaving: nobody is ever inside NCCL
-/// with another party or after the abort, the abort happens exactly once when a failure
-/// was seen, and a communicator aborted is never destroyed.
+/// How the owner fails in the model.
+#[derive(Clone, Copy, PartialEq)]
+enum OwnerFails {
+    /// Its call succeeds.
+    No,
+    /// Inside its call (NCCL's error, an enqueue's timeout).
+    Inside,
+    /// From outside the gate (a `Communicator` aborting, the drop's wait failing).
+    Outside,
+}
+
+/// The owner: one call (which may fail inside), or a failure from outside, then its drop.
+/// The watchdog: two rounds, the second of which finds a failure. Every interleaving:
+/// nobody is ever inside NCCL with another party or after the abort, the abort happens
+/// exactly once when a failure was seen, and a communicator aborted is never destroyed.
 #[test]
 fn loom_watchdog_gate_aborts_once_and_never_under_a_call() {
-    for owner_fails in [false, true] {
+    for owner_fails in [OwnerFails::No, OwnerFails::Inside, OwnerFails::Outside] {
         loom::model(move || {
             let gate = Arc::new(sync::Mutex::new(Gate::<u32>::default()));
             let h = Arc::new(Handle::default());
@@ -73,6 +84,9 @@ fn loom_watchdog_gate_aborts_once_and_never_under_a_call() {
                     }
                 })
             };
+            if owner_fails == OwnerFails::Outside && sync::lock(&gate).fail(err(), None) {
+                h.abort();
+            }
             // The owner's call.
             let entered = loop {
                 match sync::lock(&gate).owner_enter() {
@@ -83,7 +97,7 @@ fn loom_watchdog_gate_aborts_once_and_never_under_a_call() {
             };
             if entered {
                 h.call();
-                let take = if owner_fails {
+                let take = if owner_fails == OwnerFails::Inside {
                     sync::lock(&gate).fail(err(), Some(Who::Owner))
                 } else {
                     false
@@ -112,7 +126,8 @@ fn loom_watchdog_gate_aborts_once_and_never_under_a_call() {
                 1,
                 "aborted {aborts}, destroyed {destroys}"
             );
-            if owner_fails && entered {
+            if owner_fails == OwnerFails::Outside || (owner_fails == OwnerFails::Inside && entered)
+            {
                 assert_eq!(aborts, 1);
             }
         });

@@ -385,13 +385,28 @@ impl Watched {
             Round::Go(q) => q,
         };
         let now = Instant::now();
-        let (done, mut verdict) = scan(&mut queue, timeout, now, |e| e.is_complete());
-        if verdict.is_none() {
-            // SAFETY: the watchdog is inside the gate: the owner is not in NCCL, the
-            // communicator is neither aborted nor destroyed (both need the gate, which
-            // waits for this round to end).
-            verdict = unsafe { super::nccl::poll_raw(self.raw) }.err();
-        }
+        // Inside the gate, a panic (a logger's, say) must still end the round, or the
+        // owner would wait for it for ever: it becomes the verdict.
+        let looked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let (done, verdict) = scan(&mut queue, timeout, now, |e| e.is_complete());
+            if verdict.is_some() {
+                return (done, verdict);
+            }
+            // SAFETY: the watchdog is inside the gate: the owner is not in NCCL, and the
+            // communicator is neither aborted nor destroyed (an abort is taken only by
+            // the last party to leave, the drop destroys only after the gate closed with
+            // nobody inside, and neither happens before this round ends).
+            (done, unsafe { super::nccl::poll_raw(self.raw) }.err())
+        }));
+        let (done, verdict) = looked.unwrap_or_else(|_| {
+            (
+                Vec::new(),
+                Some(Error::InvalidArgument(
+                    "gpubind's NCCL watchdog panicked while watching this communicator:                      it was aborted"
+                        .into(),
+                )),
+            )
+        });
         let (take, keep) = sync::lock(&self.gate).watch_end(queue, done, verdict, now);
         if take {
             spawn_abort(Arc::clone(self), self.take_events());
