@@ -12,7 +12,7 @@
 //! (`cudaSetDevice`). Every call here runs under [`RestoreCurrent`], which puts the
 //! context the thread had back, so gpubind's binding invariant survives NCCL.
 
-use super::watchdog::{self, Close, Watched, Who};
+use super::watchdog::{self, Close, Watched};
 use super::{Call, Kind, Op};
 use crate::driver::Check;
 use crate::error::{Error, Result};
@@ -22,7 +22,7 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-type Comm = *mut c_void;
+pub(super) type Comm = *mut c_void;
 type Stream = *mut c_void;
 type Res = c_int;
 /// The id `ncclCommInitRank` ranks meet by.
@@ -251,9 +251,9 @@ impl Drop for RestoreCurrent {
 
 /// One NCCL communicator handle (one rank), destroyed on drop.
 pub(crate) struct NcclComm {
-    raw: Comm,
+    pub(super) raw: Comm,
     /// Ranks in the communicator.
-    nranks: usize,
+    pub(super) nranks: usize,
     /// Non-blocking communicators (one rank per process): how long any one wait for
     /// NCCL may take before the communicator is aborted, and how long a call may stay in
     /// flight before the watchdog aborts it.
@@ -263,7 +263,7 @@ pub(crate) struct NcclComm {
     /// aborted, or about to be, and never used again), and the events recorded after
     /// each call a `RankComm` enqueued (what the watchdog times and the drop waits for;
     /// a `Communicator` waits for its own streams before its drop).
-    watch: Arc<Watched>,
+    pub(super) watch: Arc<Watched>,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not
@@ -374,29 +374,6 @@ impl NcclComm {
                 gate: crate::sync::Mutex::new(watchdog::Gate::default()),
             }),
         }
-    }
-
-    /// The owner leaves the gate (after `watch.owner_enter()`), aborting inline in the
-    /// (theoretical) case that the abort fell to it on the way out.
-    fn owner_leave(&self) {
-        if crate::sync::lock(&self.watch.gate).owner_leave() {
-            // SAFETY: taken once through the gate, nobody inside; never used after.
-            unsafe { abort_raw(self.raw as usize, self.nranks) };
-        }
-    }
-
-    /// Records `e` as the communicator's verdict (the first one stays: later calls
-    /// return it) and aborts it inline if the abort falls to the owner (`inside`: the
-    /// owner is inside the gate now). Returns `e`.
-    fn fail_owner(&self, e: Error, inside: bool) -> Error {
-        let take =
-            crate::sync::lock(&self.watch.gate).fail(e.clone(), inside.then_some(Who::Owner));
-        if take {
-            // SAFETY: taken once through the gate: nobody else is inside NCCL on this
-            // communicator and nobody enters after (the verdict is set).
-            unsafe { abort_raw(self.raw as usize, self.nranks) };
-        }
-        e
     }
 
     /// Polls `ncclCommGetAsyncError` until the communicator is no longer in progress.
@@ -592,87 +569,6 @@ impl NcclComm {
                 sys::CUresult::CUDA_SUCCESS
             }),
         );
-    }
-
-    /// Records an event on `stream` (the one the rank's call `op` was just enqueued on)
-    /// and hands it to the watchdog as work in flight: it is timed against the
-    /// communicator's timeout, and the drop waits for it, with a limit, before it
-    /// destroys the communicator. Events of finished calls are reused.
-    pub(crate) fn note_issued(
-        &mut self,
-        stream: &crate::stream::BoundStream<'_>,
-        op: &'static str,
-    ) -> Result<()> {
-        let spare = crate::sync::lock(&self.watch.gate).spare.pop();
-        let ev = match spare {
-            Some(ev) => ev,
-            None => {
-                let flags = crate::stream::EventFlags::new().timing(false);
-                stream.bound().new_event_with(flags)?
-            }
-        };
-        stream.record(&ev)?;
-        self.note_in_flight(ev, op);
-        Ok(())
-    }
-
-    /// Work of this communicator in flight up to `event` (already recorded on the
-    /// stream after it, e.g. after a graph launch that contains its collectives): the
-    /// watchdog polls NCCL's async error while it runs and aborts the communicator if it
-    /// runs longer than the communicator's timeout; the drop waits for it. `op` names
-    /// the work in the timeout's message. Ignored (the event dropped) once the
-    /// communicator failed.
-    pub(crate) fn note_in_flight(&self, event: crate::stream::Event, op: &'static str) {
-        self.watch.note_in_flight(event, op);
-    }
-
-    /// The communicator's verdict, if it failed (no NCCL call).
-    pub(crate) fn verdict(&self) -> Option<Error> {
-        crate::sync::lock(&self.watch.gate).verdict().cloned()
-    }
-
-    /// The communicator's verdict if it failed (an error NCCL reported, a timeout of the
-    /// watchdog or of a call: the same error every later call returns); else polls
-    /// `ncclCommGetAsyncError` (non-blocking communicators) and, on an error, aborts the
-    /// communicator (on a thread of its own) and returns it.
-    pub(crate) fn check(&self) -> Result<()> {
-        if self.watch.timeout.is_none() {
-            let g = crate::sync::lock(&self.watch.gate);
-            return g.verdict().map_or(Ok(()), |v| Err(v.clone()));
-        }
-        self.watch.owner_enter()?;
-        // SAFETY: the owner is inside the gate: the communicator is live and nobody else
-        // is inside NCCL on it.
-        let polled = unsafe { poll_raw(self.raw as usize) };
-        let mut gate = crate::sync::lock(&self.watch.gate);
-        let take = match &polled {
-            Err(e) => gate.fail(e.clone(), Some(Who::Owner)),
-            Ok(()) => false,
-        };
-        let take = gate.owner_leave() || take;
-        drop(gate);
-        if take {
-            watchdog::spawn_abort(Arc::clone(&self.watch), self.watch.take_events());
-        }
-        polled
-    }
-
-    /// Waits on the host until `stream`'s work so far has finished, or the communicator
-    /// fails (its verdict is returned at once, even while the stream still runs).
-    pub(crate) fn wait(&mut self, stream: &crate::stream::BoundStream<'_>) -> Result<()> {
-        self.check()?;
-        let flags = crate::stream::EventFlags::new().timing(false);
-        let ev = stream.bound().new_event_with(flags)?;
-        stream.record(&ev)?;
-        let mut pause = Duration::from_micros(20);
-        loop {
-            if ev.is_complete()? {
-                return self.check();
-            }
-            self.check()?;
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
-        }
     }
 
     /// Waits for the rank's pending work — the last call a `RankComm` enqueued — until

@@ -577,6 +577,8 @@ fn wait_at_exit() {
     });
 }
 
+mod comm;
+
 #[cfg(all(test, not(loom)))]
 mod tests;
 
