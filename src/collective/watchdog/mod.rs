@@ -519,6 +519,9 @@ pub(crate) fn spawn_abort(w: Arc<Watched>, events: Vec<Event>) {
             // NCCL's abort works on the communicator's device; push its context so that
             // the CUDA runtime inside NCCL finds it (a fresh thread has none).
             let _guard = device.as_ref().and_then(|d| d.enter().ok());
+            // NCCL (the CUDA runtime) may change the thread's current context: put the
+            // pushed one back before the guard pops it (as the release thread does).
+            let _restore = super::nccl::RestoreCurrent::new();
             // SAFETY: the abort was taken once through the gate, with nobody inside
             // NCCL on this communicator, and nobody enters it after (the verdict is
             // set); the owner's drop sees it aborted and does not destroy it.
