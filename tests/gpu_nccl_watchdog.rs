@@ -348,6 +348,9 @@ fn spawn_rank(rank: usize, port: u16) -> Child {
         .env("MASTER_ADDR", "127.0.0.1")
         .env("MASTER_PORT", (port - 1).to_string())
         .env("GPUBIND_RDZV_TIMEOUT", "5")
+        // If the abort did not end the NCCL kernel, the buffers' drops would wait this
+        // long at exit (then leak), rather than the default 300 s.
+        .env("GPUBIND_DROP_TIMEOUT", "5")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     cmd.spawn().expect("spawn")
