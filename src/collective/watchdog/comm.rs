@@ -38,17 +38,32 @@ impl NcclComm {
     /// communicator's timeout, and the drop waits for it, with a limit, before it
     /// destroys the communicator. Events of finished calls are reused.
     pub(crate) fn note_issued(&mut self, stream: &BoundStream<'_>, op: &'static str) -> Result<()> {
-        let spare = sync::lock(&self.watch.gate).spare.pop();
-        let ev = match spare {
-            Some(ev) => ev,
-            None => {
-                let flags = EventFlags::new().timing(false);
-                stream.bound().new_event_with(flags)?
-            }
-        };
-        stream.record(&ev)?;
+        let ev = self.spare_event(stream)?;
+        if let Err(e) = stream.record(&ev) {
+            self.give_back(ev);
+            return Err(e);
+        }
         self.note_in_flight(ev, op);
         Ok(())
+    }
+
+    /// An event of the communicator's spares, or a new one.
+    fn spare_event(&self, stream: &BoundStream<'_>) -> Result<Event> {
+        let spare = sync::lock(&self.watch.gate).spare.pop();
+        match spare {
+            Some(ev) => Ok(ev),
+            None => stream
+                .bound()
+                .new_event_with(EventFlags::new().timing(false)),
+        }
+    }
+
+    /// Keeps `ev` for later calls. Events are never destroyed on the owner's thread
+    /// after use: an abort may be running (on another thread), and destroying an event
+    /// could wait for it inside the driver (seen on the H200 with a drop). They go with
+    /// the communicator's state.
+    fn give_back(&self, ev: Event) {
+        sync::lock(&self.watch.gate).spare.push(ev);
     }
 
     /// Work of this communicator in flight up to `event` (already recorded on the
@@ -96,17 +111,19 @@ impl NcclComm {
     /// fails (its verdict is returned at once, even while the stream still runs).
     pub(crate) fn wait(&mut self, stream: &BoundStream<'_>) -> Result<()> {
         self.check()?;
-        let flags = EventFlags::new().timing(false);
-        let ev = stream.bound().new_event_with(flags)?;
-        stream.record(&ev)?;
+        let ev = self.spare_event(stream)?;
         let mut pause = Duration::from_micros(20);
-        loop {
-            if ev.is_complete()? {
-                return self.check();
+        let out = stream.record(&ev).and_then(|()| {
+            loop {
+                if ev.is_complete()? {
+                    break self.check();
+                }
+                self.check()?;
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
             }
-            self.check()?;
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
-        }
+        });
+        self.give_back(ev);
+        out
     }
 }

@@ -203,16 +203,14 @@ impl<E> Gate<E> {
     }
 
     /// Owner: work in flight, recorded by `event` (already recorded on the stream after
-    /// it). `Err(event)` if the communicator failed (the event is given back). `Ok(true)`:
-    /// the communicator must be put on the watchdog's list.
-    pub(crate) fn note_in_flight(
-        &mut self,
-        event: E,
-        op: &'static str,
-        now: Instant,
-    ) -> std::result::Result<bool, E> {
+    /// it). `true`: the communicator must be put on the watchdog's list. Once the
+    /// communicator failed the event is only kept (not watched): it is destroyed with
+    /// the communicator's state, never on the owner's thread while an abort may run
+    /// (destroying an event could wait for the abort inside the driver).
+    pub(crate) fn note_in_flight(&mut self, event: E, op: &'static str, now: Instant) -> bool {
         if self.verdict.is_some() || self.closed {
-            return Err(event);
+            self.spare.push(event);
+            return false;
         }
         self.seq += 1;
         self.queue.push_back(InFlight {
@@ -221,7 +219,7 @@ impl<E> Gate<E> {
             seq: self.seq,
             since: now,
         });
-        Ok(!std::mem::replace(&mut self.registered, true))
+        !std::mem::replace(&mut self.registered, true)
     }
 
     /// Watchdog: the start of its round on this communicator.
@@ -356,10 +354,8 @@ impl Watched {
     /// Owner: `event` was recorded after `op`; the watchdog watches it.
     pub(crate) fn note_in_flight(self: &Arc<Self>, event: Event, op: &'static str) {
         let register = sync::lock(&self.gate).note_in_flight(event, op, Instant::now());
-        match register {
-            Ok(true) if self.timeout.is_some() => register_comm(self),
-            // A failed communicator: the event is dropped here, on the owner's thread.
-            Ok(_) | Err(_) => {}
+        if register && self.timeout.is_some() {
+            register_comm(self);
         }
     }
 
@@ -402,7 +398,8 @@ impl Watched {
             (
                 Vec::new(),
                 Some(Error::InvalidArgument(
-                    "gpubind's NCCL watchdog panicked while watching this communicator:                      it was aborted"
+                    "gpubind's NCCL watchdog panicked while watching this communicator: it was \
+                     aborted"
                         .into(),
                 )),
             )
