@@ -666,7 +666,20 @@ impl Drop for NcclComm {
     fn drop(&mut self) {
         match self.watch.close() {
             // ncclCommAbort freed it (or is freeing it, on the thread that took it).
-            Close::Aborted | Close::Busy => return,
+            Close::Aborted => return,
+            Close::Busy => {
+                crate::faults::report_drop(
+                    format_args!("an NCCL communicator of {} ranks", self.nranks),
+                    None,
+                    crate::faults::WAIT,
+                    &Error::Timeout {
+                        what: "gpubind's NCCL watchdog to finish polling it",
+                        after_ms: watchdog::ROUND_LIMIT.as_millis() as u64,
+                    },
+                    crate::faults::LEAKED,
+                );
+                return;
+            }
             Close::Live => {}
         }
         // From here the drop alone uses the handle.

@@ -38,6 +38,18 @@ use std::time::{Duration, Instant};
 pub(crate) const POLL: Duration = Duration::from_millis(2);
 /// How long the watchdog thread stays without work before it exits.
 pub(crate) const LINGER: Duration = Duration::from_secs(1);
+/// The longest the owner waits for a watchdog round on its communicator (normally
+/// microseconds: a `cuEventQuery` or two and `ncclCommGetAsyncError`).
+pub(crate) const ROUND_LIMIT: Duration = Duration::from_secs(10);
+
+/// The owner's error when a watchdog round did not end within [`ROUND_LIMIT`].
+fn round_stuck() -> Error {
+    Error::Timeout {
+        what: "gpubind's NCCL watchdog to finish polling this communicator (a driver or \
+               NCCL call that does not return)",
+        after_ms: ROUND_LIMIT.as_millis() as u64,
+    }
+}
 
 /// Which party is inside NCCL on a communicator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -324,8 +336,10 @@ pub(crate) struct Watched {
 
 impl Watched {
     /// The owner enters the gate, waiting out a watchdog round in progress (it makes
-    /// only non-blocking calls).
+    /// only non-blocking calls). Should a round not end within [`ROUND_LIMIT`] (a driver
+    /// call that hangs), the owner's call fails instead of waiting for ever.
     pub(crate) fn owner_enter(&self) -> Result<()> {
+        let start = Instant::now();
         let mut pause = Duration::from_micros(5);
         loop {
             match sync::lock(&self.gate).owner_enter() {
@@ -333,16 +347,23 @@ impl Watched {
                 Enter::Refused(e) => return Err(e),
                 Enter::Busy => {}
             }
+            if start.elapsed() > ROUND_LIMIT {
+                return Err(round_stuck());
+            }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_micros(200));
         }
     }
 
-    /// Closes the gate for the owner's drop (see [`Gate::close`]).
+    /// Closes the gate for the owner's drop (see [`Gate::close`]). Past [`ROUND_LIMIT`]
+    /// with a round still in progress: `Close::Busy`, and the drop leaks the
+    /// communicator (it can neither destroy nor abort it under the watchdog).
     pub(crate) fn close(&self) -> Close {
+        let start = Instant::now();
         let mut pause = Duration::from_micros(5);
         loop {
             match sync::lock(&self.gate).close() {
+                Close::Busy if start.elapsed() > ROUND_LIMIT => return Close::Busy,
                 Close::Busy => {}
                 other => return other,
             }
