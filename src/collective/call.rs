@@ -26,7 +26,7 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Kind::AllReduce(_) => "all_reduce",
             Kind::Reduce(..) => "reduce",

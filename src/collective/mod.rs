@@ -163,6 +163,8 @@ mod procs;
 mod rank_comm;
 mod rendezvous;
 mod types;
+#[cfg(feature = "nccl")]
+mod watchdog;
 
 pub use bootstrap::{
     CHECK_VAR, DEFAULT_PORT, DEFAULT_TIMEOUT, LaunchEnv, Launcher, NCCL_UNIQUE_ID_BYTES,

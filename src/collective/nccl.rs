@@ -12,6 +12,7 @@
 //! (`cudaSetDevice`). Every call here runs under [`RestoreCurrent`], which puts the
 //! context the thread had back, so gpubind's binding invariant survives NCCL.
 
+use super::watchdog::{self, Close, Watched};
 use super::{Call, Kind, Op};
 use crate::driver::Check;
 use crate::error::{Error, Result};
@@ -21,7 +22,7 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-type Comm = *mut c_void;
+pub(super) type Comm = *mut c_void;
 type Stream = *mut c_void;
 type Res = c_int;
 /// The id `ncclCommInitRank` ranks meet by.
@@ -250,17 +251,19 @@ impl Drop for RestoreCurrent {
 
 /// One NCCL communicator handle (one rank), destroyed on drop.
 pub(crate) struct NcclComm {
-    raw: Comm,
+    pub(super) raw: Comm,
     /// Ranks in the communicator.
-    nranks: usize,
+    pub(super) nranks: usize,
     /// Non-blocking communicators (one rank per process): how long any one wait for
-    /// NCCL may take before the communicator is aborted.
+    /// NCCL may take before the communicator is aborted, and how long a call may stay in
+    /// flight before the watchdog aborts it.
     bound: Option<Duration>,
-    /// Set once `ncclCommAbort` freed `raw`: nothing may use it after.
-    aborted: std::cell::Cell<bool>,
-    /// Recorded on the caller's stream after each call a `RankComm` enqueued: what its
-    /// drop waits for (a `Communicator` waits for its own streams before its drop).
-    last: Option<crate::stream::Event>,
+    /// What the communicator shares with the NCCL watchdog ([`super::watchdog`]): the
+    /// gate every use of `raw` goes through (its verdict once it failed: then `raw` is
+    /// aborted, or about to be, and never used again), and the events recorded after
+    /// each call a `RankComm` enqueued (what the watchdog times and the drop waits for;
+    /// a `Communicator` waits for its own streams before its drop).
+    pub(super) watch: Arc<Watched>,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not
@@ -282,13 +285,7 @@ impl NcclComm {
         let nranks = raw.len();
         Ok(raw
             .into_iter()
-            .map(|raw| NcclComm {
-                raw,
-                nranks,
-                bound: None,
-                aborted: std::cell::Cell::new(false),
-                last: None,
-            })
+            .map(|raw| NcclComm::new(raw, nranks, None))
             .collect())
     }
 
@@ -301,13 +298,7 @@ impl NcclComm {
         // SAFETY: writes one handle; `id` came from ncclGetUniqueId.
         let code = unsafe { (api.comm_init_rank)(&mut raw, nranks as c_int, *id, rank as c_int) };
         api.check("ncclCommInitRank", code)?;
-        Ok(NcclComm {
-            raw,
-            nranks,
-            bound: None,
-            aborted: std::cell::Cell::new(false),
-            last: None,
-        })
+        Ok(NcclComm::new(raw, nranks, None))
     }
 
     /// One rank of a communicator whose ranks are other processes (or threads), made
@@ -348,92 +339,83 @@ impl NcclComm {
         let code = unsafe {
             (nb.init_rank_config)(&mut raw, nranks as c_int, uid, rank as c_int, &mut config)
         };
-        let comm = NcclComm {
-            raw,
-            nranks,
-            bound: Some(timeout),
-            aborted: std::cell::Cell::new(false),
-            last: None,
-        };
+        let comm = NcclComm::new(raw, nranks, Some(timeout));
         if code != IN_PROGRESS
             && let Err(e) = api.check("ncclCommInitRankConfig", code)
         {
             if raw.is_null() {
                 // Nothing was made: nothing to destroy.
                 std::mem::forget(comm);
-            } else {
-                comm.abort();
+                return Err(e);
             }
-            return Err(e);
+            return Err(comm.fail_owner(e, false));
         }
-        comm.wait_ready("ncclCommInitRankConfig", "NCCL's initialisation", deadline)?;
+        // Nobody else knows the communicator yet (the watchdog sees it at its first
+        // call): the owner is alone inside.
+        comm.watch.owner_enter()?;
+        let ready = comm.wait_ready("ncclCommInitRankConfig", "NCCL's initialisation", deadline);
+        comm.owner_leave();
+        ready?;
         Ok(comm)
+    }
+
+    /// A communicator around `raw`; `bound`: non-blocking, with this timeout (watched,
+    /// where NCCL has `ncclCommAbort`).
+    fn new(raw: Comm, nranks: usize, bound: Option<Duration>) -> NcclComm {
+        let watched = bound.filter(|_| api().is_ok_and(|a| a.nonblocking.is_some()));
+        NcclComm {
+            raw,
+            nranks,
+            bound,
+            watch: Arc::new(Watched {
+                raw: raw as usize,
+                nranks,
+                timeout: watched,
+                gate: crate::sync::Mutex::new(watchdog::Gate::default()),
+            }),
+        }
     }
 
     /// Polls `ncclCommGetAsyncError` until the communicator is no longer in progress.
     /// An error, or `deadline` passing, aborts the communicator (NCCL's advice: a
-    /// communicator that failed is not used again) and is returned.
+    /// communicator that failed is not used again) and is returned. The owner is inside
+    /// the gate.
     fn wait_ready(&self, call: &'static str, what: &str, deadline: Instant) -> Result<()> {
         let (Some(nb), Some(bound)) = (api()?.nonblocking, self.bound) else {
             return Ok(());
         };
-        if self.aborted.get() {
-            return Err(aborted_error());
-        }
         let api = api()?;
         let mut pause = Duration::from_micros(50);
         loop {
             let mut state: Res = 0;
-            // SAFETY: a live communicator (not aborted: checked above, and every abort
-            // below returns); writes one result.
+            // SAFETY: a live communicator (the owner is inside the gate, which the
+            // verdict closes; every abort below returns); writes one result.
             let code = unsafe { (nb.get_async_error)(self.raw, &mut state) };
             if let Err(e) = api.check("ncclCommGetAsyncError", code) {
-                self.abort();
-                return Err(e);
+                return Err(self.fail_owner(e, true));
             }
             match state {
                 0 => return Ok(()),
                 IN_PROGRESS => {}
                 failed => {
-                    self.abort();
-                    return Err(api.check(call, failed).err().unwrap_or_else(aborted_error));
+                    let e = api.check(call, failed).err().unwrap_or_else(aborted_error);
+                    return Err(self.fail_owner(e, true));
                 }
             }
             if Instant::now() >= deadline {
-                self.abort();
-                return Err(Error::PeerTimeout {
-                    what: format!(
-                        "{what} ({call} still in progress; the communicator was aborted)"
-                    ),
-                    ranks: Vec::new(),
-                    after_ms: bound.as_millis().min(u128::from(u64::MAX)) as u64,
-                });
+                return Err(self.fail_owner(
+                    Error::PeerTimeout {
+                        what: format!(
+                            "{what} ({call} still in progress; the communicator was aborted)"
+                        ),
+                        ranks: Vec::new(),
+                        after_ms: bound.as_millis().min(u128::from(u64::MAX)) as u64,
+                    },
+                    true,
+                ));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(5));
-        }
-    }
-
-    /// `ncclCommAbort`, once; the handle is not used after.
-    pub(crate) fn abort(&self) {
-        if self.aborted.replace(true) {
-            return;
-        }
-        let Ok(api) = api() else { return };
-        let Some(nb) = api.nonblocking else { return };
-        // SAFETY: a live communicator, aborted once (the flag above); `raw` is never
-        // used after (every use checks `aborted`).
-        let code = unsafe { (nb.abort)(self.raw) };
-        // ncclInProgress: NCCL finishes the abort itself.
-        let code = if code == IN_PROGRESS { 0 } else { code };
-        if let Err(e) = api.check("ncclCommAbort", code) {
-            crate::faults::report_drop(
-                format_args!("an NCCL communicator of {} ranks", self.nranks),
-                None,
-                "aborting it",
-                &e,
-                crate::faults::MAYBE_LEAKED,
-            );
         }
     }
 
@@ -453,10 +435,22 @@ impl NcclComm {
             return Ok(());
         }
         let api = api()?;
-        if self.aborted.get() {
-            return Err(aborted_error());
-        }
         let _restore = RestoreCurrent::new()?;
+        // The communicator's verdict if it failed (nothing is enqueued); else the owner
+        // is inside the gate until the call is enqueued.
+        self.watch.owner_enter()?;
+        // SAFETY: the caller's contract, passed on.
+        let issued = unsafe { self.issue_inside(api, call, stream) };
+        self.owner_leave();
+        issued
+    }
+
+    /// [`issue`](Self::issue) with the owner inside the gate.
+    ///
+    /// # Safety
+    ///
+    /// As [`issue`](Self::issue).
+    unsafe fn issue_inside(&self, api: &Api, call: &Call, stream: sys::CUstream) -> Result<()> {
         // A non-blocking communicator: an error NCCL saw in the background (a peer
         // that failed) is reported before more work is queued behind it.
         let bound = self.bound;
@@ -513,30 +507,42 @@ impl NcclComm {
     /// ([`crate::release`]) and waited for at most `GPUBIND_DROP_TIMEOUT`, then left to
     /// finish in the background (NCCL's abort does not wait for peers, but may wait
     /// for work queued on the device before the aborted collectives). `device` is the
-    /// communicator's (else the device of its last call's event); inline when neither is
-    /// known (no call was ever enqueued, so nothing of the rank's runs).
+    /// communicator's (else the device of its calls' events); inline when neither is
+    /// known (no call was ever enqueued, so nothing of the rank's runs). Nothing happens
+    /// if the communicator was aborted already (by its owner or the watchdog).
     pub(crate) fn abort_bounded(&mut self, device: Option<&Arc<crate::device::Device>>) {
+        if !crate::sync::lock(&self.watch.gate).fail(aborted_error(), None) {
+            return;
+        }
+        let events = self.watch.take_events();
+        self.abort_taken(device, events);
+    }
+
+    /// The abort `abort_bounded` (or the drop) took through the gate, on the release
+    /// thread; `events` (the calls' events) are destroyed after it, there.
+    fn abort_taken(
+        &self,
+        device: Option<&Arc<crate::device::Device>>,
+        events: Vec<crate::stream::Event>,
+    ) {
         let device = device
             .cloned()
-            .or_else(|| self.last.as_ref().map(|e| Arc::clone(e.device())));
+            .or_else(|| events.first().map(|e| Arc::clone(e.device())));
         let (Ok(api), Some(device)) = (api(), device) else {
-            self.abort();
+            // SAFETY: taken once through the gate; nothing of the rank was enqueued.
+            unsafe { abort_raw(self.raw as usize, self.nranks) };
             return;
         };
         let Some(nb) = api.nonblocking else {
-            // No abort looked up (NCCL older than 2.14): the caller reports the leak.
-            self.aborted.set(true);
+            // No abort looked up (NCCL older than 2.14): the caller reports the leak
+            // (the verdict is set: the drop does not destroy it either).
             return;
         };
-        if self.aborted.replace(true) {
-            return;
-        }
         let (raw, nranks) = (self.raw as usize, self.nranks);
-        // The last call's event goes with the abort and is destroyed after it, on the
-        // release thread: destroyed here it could wait (inside the driver) for the abort
-        // that is stuck behind the device's work, past the drop's limit (seen on the H200:
-        // the drop returned only when a 6 s kernel ended).
-        let last = self.last.take();
+        // The calls' events go with the abort and are destroyed after it, on the release
+        // thread: destroyed here one could wait (inside the driver) for the abort that is
+        // stuck behind the device's work, past the drop's limit (seen on the H200: the
+        // drop returned only when a 6 s kernel ended).
         crate::release::release(
             format_args!("an NCCL communicator of {nranks} ranks"),
             &device,
@@ -545,8 +551,8 @@ impl NcclComm {
                 // NCCL (the CUDA runtime) may change the release thread's current
                 // context: put the pushed one back before it is popped.
                 let _restore = RestoreCurrent::new();
-                // SAFETY: a live communicator, aborted once (the flag above, set before
-                // this job was handed over); `raw` is never used again by gpubind.
+                // SAFETY: a live communicator, aborted once (taken through the gate
+                // before this job was handed over); `raw` is never used again.
                 let code = unsafe { (nb.abort)(raw as Comm) };
                 // ncclInProgress: NCCL finishes the abort itself.
                 let code = if code == IN_PROGRESS { 0 } else { code };
@@ -559,37 +565,29 @@ impl NcclComm {
                         crate::faults::MAYBE_LEAKED,
                     );
                 }
-                drop(last);
+                drop(events);
                 sys::CUresult::CUDA_SUCCESS
             }),
         );
     }
 
-    /// Records an event on `stream` (the one the rank's last call was enqueued on):
-    /// the drop waits for it, with a limit, before it destroys the communicator.
-    pub(crate) fn note_issued(&mut self, stream: &crate::stream::BoundStream<'_>) -> Result<()> {
-        if self.last.is_none() {
-            let flags = crate::stream::EventFlags::new().timing(false);
-            self.last = Some(stream.bound().new_event_with(flags)?);
-        }
-        match &self.last {
-            Some(ev) => stream.record(ev),
-            None => Ok(()),
-        }
-    }
-
     /// Waits for the rank's pending work — the last call a `RankComm` enqueued — until
     /// `deadline`, polling NCCL's async error alongside: an error NCCL reports (a peer
     /// failed) ends the wait at once. `Ok` once the work has finished.
-    fn settle(&self, deadline: Option<Instant>, limit: Duration) -> Result<()> {
+    fn settle(
+        &self,
+        pending: &[crate::stream::Event],
+        deadline: Option<Instant>,
+        limit: Duration,
+    ) -> Result<()> {
         let api = api()?;
         let mut pause = Duration::from_micros(50);
         loop {
             let mut busy = false;
             if let Some(nb) = api.nonblocking {
                 let mut state: Res = 0;
-                // SAFETY: a live communicator (the drop checked `aborted`); writes one
-                // result.
+                // SAFETY: a live communicator (the drop closed the gate and found no
+                // verdict; the watchdog lets go); writes one result.
                 let code = unsafe { (nb.get_async_error)(self.raw, &mut state) };
                 api.check("ncclCommGetAsyncError", code)?;
                 match state {
@@ -600,7 +598,7 @@ impl NcclComm {
                     failed => return api.check("ncclCommGetAsyncError", failed),
                 }
             }
-            if let Some(ev) = &self.last {
+            for ev in pending {
                 busy |= !ev.is_complete()?;
             }
             if !busy {
@@ -666,13 +664,29 @@ impl Drop for NcclComm {
     /// reports aborts the communicator (`ncclCommAbort`: NCCL's way to end pending
     /// operations without waiting for peers) instead, and is logged.
     fn drop(&mut self) {
-        if self.aborted.get() {
-            // ncclCommAbort freed it.
-            return;
+        match self.watch.close() {
+            // ncclCommAbort freed it (or is freeing it, on the thread that took it).
+            Close::Aborted => return,
+            Close::Busy => {
+                crate::faults::report_drop(
+                    format_args!("an NCCL communicator of {} ranks", self.nranks),
+                    None,
+                    crate::faults::WAIT,
+                    &Error::Timeout {
+                        what: "gpubind's NCCL watchdog to finish polling it",
+                        after_ms: watchdog::ROUND_LIMIT.as_millis() as u64,
+                    },
+                    crate::faults::LEAKED,
+                );
+                return;
+            }
+            Close::Live => {}
         }
+        // From here the drop alone uses the handle.
+        let pending = self.watch.take_events();
         let nranks = self.nranks;
         let what = || format!("an NCCL communicator of {nranks} ranks");
-        let device = self.last.as_ref().map(|e| e.device().ordinal());
+        let device = pending.first().map(|e| e.device().ordinal());
         let api = match api() {
             Ok(api) => api,
             Err(e) => {
@@ -701,7 +715,7 @@ impl Drop for NcclComm {
             );
         }
         let flushed = self
-            .settle(deadline, limit)
+            .settle(&pending, deadline, limit)
             .map_err(|e| (crate::faults::WAIT, e))
             .and_then(|()| {
                 self.finalize(deadline, limit)
@@ -718,7 +732,9 @@ impl Drop for NcclComm {
                  ncclCommAbort"
             };
             crate::faults::report_drop(format_args!("{}", what()), device, step, &e, outcome);
-            self.abort_bounded(None);
+            if crate::sync::lock(&self.watch.gate).fail(e, None) {
+                self.abort_taken(None, pending);
+            }
             drop(restore);
             return;
         }
@@ -744,6 +760,52 @@ impl Drop for NcclComm {
             );
         }
         drop(restore);
+    }
+}
+
+/// `ncclCommGetAsyncError` of `raw`: `Err` with what NCCL reports if the communicator
+/// failed (`ncclInProgress` is not a failure).
+///
+/// # Safety
+///
+/// `raw` is a live communicator nobody else calls NCCL on during this call (the caller
+/// is inside its gate).
+pub(crate) unsafe fn poll_raw(raw: usize) -> Result<()> {
+    let api = api()?;
+    let Some(nb) = api.nonblocking else {
+        return Ok(());
+    };
+    let mut state: Res = 0;
+    // SAFETY: the caller's contract; writes one result.
+    let code = unsafe { (nb.get_async_error)(raw as Comm, &mut state) };
+    api.check("ncclCommGetAsyncError", code)?;
+    match state {
+        0 | IN_PROGRESS => Ok(()),
+        failed => api.check("ncclCommGetAsyncError", failed),
+    }
+}
+
+/// `ncclCommAbort` of `raw` (a communicator of `nranks`), logging a failure.
+///
+/// # Safety
+///
+/// `raw` is a live communicator, aborted once (taken through its gate), nobody else is
+/// inside NCCL on it, and it is never used after.
+pub(crate) unsafe fn abort_raw(raw: usize, nranks: usize) {
+    let Ok(api) = api() else { return };
+    let Some(nb) = api.nonblocking else { return };
+    // SAFETY: the caller's contract.
+    let code = unsafe { (nb.abort)(raw as Comm) };
+    // ncclInProgress: NCCL finishes the abort itself.
+    let code = if code == IN_PROGRESS { 0 } else { code };
+    if let Err(e) = api.check("ncclCommAbort", code) {
+        crate::faults::report_drop(
+            format_args!("an NCCL communicator of {nranks} ranks"),
+            None,
+            "aborting it",
+            &e,
+            crate::faults::MAYBE_LEAKED,
+        );
     }
 }
 

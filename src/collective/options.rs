@@ -45,8 +45,10 @@ pub struct CommOptions {
     /// A [`RankComm`] of the NCCL backend ([`Communicator::init_all`] with NCCL) waits
     /// at most this long for NCCL's initialisation at its first call (non-blocking
     /// `ncclCommInitRankConfig`, polled; past it the communicator is aborted and the call
-    /// returns [`Error::PeerTimeout`]) and for NCCL to enqueue each call. (With an NCCL
-    /// older than 2.14 the initialisation is the blocking `ncclCommInitRank`.)
+    /// returns [`Error::PeerTimeout`]) and for NCCL to enqueue each call, and its
+    /// watchdog aborts it when a call stays unfinished on the GPU longer than this
+    /// ([`RankComm::check`]). (With an NCCL older than 2.14 the initialisation is the
+    /// blocking `ncclCommInitRank`, and nothing is watched.)
     pub timeout: std::time::Duration,
 }
 

@@ -1,8 +1,6 @@
 //! [`RankComm`]: one rank of a communicator, for the thread (or process) that drives
 //! that rank's device.
 
-#[cfg(doc)]
-use super::Communicator;
 use super::call::{Buf, Call, Kind, buf, check_matched, check_pair, make_call, rank_error, uses};
 use super::engine::{self, Enter, Lane};
 #[cfg(feature = "ipc")]
@@ -10,6 +8,8 @@ use super::procs;
 use super::rendezvous::{Key, Meeting};
 use super::types::{CollectiveType, DType, Op};
 use super::{CallCheck, LaunchEnv, NcclUniqueId, nccl, settle_on_error};
+#[cfg(doc)]
+use super::{CommOptions, Communicator};
 #[cfg(all(doc, feature = "ipc"))]
 use super::{PROCESS_STAGING_BYTES, ProcessGroup};
 use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};
@@ -154,6 +154,11 @@ impl RankComm {
     /// NCCL older than 2.14 initialisation is the blocking `ncclCommInitRank`, not
     /// bounded.) NCCL needs a distinct GPU per rank, across processes too.
     ///
+    /// While its calls run on the GPU, NCCL's watchdog thread watches them: on an error
+    /// NCCL reports (a peer died) or a call unfinished after `timeout`, the communicator
+    /// is aborted, so waits on the stream return; [`check`](Self::check) and every later
+    /// call then return that error (docs/collective.md, "The NCCL watchdog").
+    ///
     /// Dropping it is bounded by `GPUBIND_DROP_TIMEOUT`: it waits for the rank's last
     /// call while polling `ncclCommGetAsyncError`, finalizes the communicator
     /// (`ncclCommFinalize`, polled), then destroys it; a timeout or an error NCCL reports
@@ -296,6 +301,73 @@ impl RankComm {
         Self::init_process_kernels(ctx, device, env.rank, env.world_size, &key, env.timeout)
     }
 
+    /// Whether this rank's communicator is still usable: `Err` with the error that
+    /// broke it, the same one every later call returns at once.
+    ///
+    /// With NCCL (one rank per process, or one thread per rank from
+    /// [`Communicator::init_all`]) a watchdog thread watches the rank's calls while they
+    /// run on the GPU: if NCCL reports an error (a peer died: [`Error::Nccl`] from
+    /// `ncclCommGetAsyncError`, e.g. `ncclRemoteError` or `ncclSystemError`) or a call
+    /// stays unfinished longer than the communicator's timeout (the `timeout` given to
+    /// [`init_process`](Self::init_process), `env.timeout` for
+    /// [`from_launch`](Self::from_launch), [`CommOptions::timeout`] for
+    /// [`Communicator::init_all`]: [`Error::PeerTimeout`] naming the op and how long it
+    /// ran), the communicator is aborted (`ncclCommAbort`), which ends its kernels, so
+    /// the caller's stream waits return. A training loop calls `check` after its stream
+    /// synchronize to tell a normal step from one whose collectives were aborted: after
+    /// an abort the outputs of the aborted collectives are unspecified (but initialized
+    /// values of `T`). `check` also polls `ncclCommGetAsyncError` itself.
+    ///
+    /// The own-kernel backends report failures from their calls (each bounded): `Ok`.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// # use gpubind::collective::LaunchEnv;
+    /// # use gpubind::{Device, Op, RankComm, ThreadContext};
+    /// # let env = LaunchEnv::from_env()?;
+    /// # let mut ctx = ThreadContext::acquire()?;
+    /// # let dev = Device::get(env.local_rank)?;
+    /// let mut comm = RankComm::from_launch(&mut ctx, &dev, &env)?;
+    /// let gpu = ctx.bind(&dev)?;
+    /// let stream = gpu.new_stream()?;
+    /// let s = gpu.on(&stream)?;
+    /// let grads = gpu.alloc_zeros::<f32>(1024)?;
+    /// let mut sum = gpu.alloc_zeros::<f32>(1024)?;
+    /// comm.all_reduce(&s, &grads, &mut sum, Op::Sum)?;
+    /// s.synchronize()?; // returns even if a peer died: the watchdog aborts
+    /// comm.check()?; // Err(PeerTimeout / Nccl) if this step's collectives were aborted
+    /// # Ok(()) }
+    /// ```
+    pub fn check(&self) -> Result<()> {
+        match &self.inner {
+            RankInner::Nccl { comm: Some(c), .. } => c.check(),
+            RankInner::Nccl {
+                comm: None,
+                id: None,
+                ..
+            } => Err(Error::InvalidArgument(
+                "this rank's NCCL initialisation failed earlier: make a new communicator".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits on the host until the work enqueued on `stream` so far has finished, or
+    /// this rank's communicator fails: then its error (see [`check`](Self::check)) is
+    /// returned at once, even while the stream still runs. `Ok` means the stream's work
+    /// finished and the communicator is sound. Other backends: waits for the stream,
+    /// then `Ok`. `stream` must be of this rank's device.
+    pub fn wait(&mut self, stream: &BoundStream<'_>) -> Result<()> {
+        stream.bound().expect_device("stream", &self.device)?;
+        match &mut self.inner {
+            RankInner::Nccl { comm: Some(c), .. } => c.wait(stream),
+            _ => {
+                self.check()?;
+                stream.synchronize()
+            }
+        }
+    }
+
     fn call<T: CollectiveType>(
         &mut self,
         stream: &BoundStream<'_>,
@@ -353,6 +425,15 @@ impl RankComm {
                 comm,
                 check,
             } => {
+                // A communicator that failed (NCCL's error, the watchdog's timeout):
+                // its verdict at once, nothing enqueued; the others of a checked job
+                // are told at this collective.
+                if let Some(v) = comm.as_ref().and_then(|c| c.verdict()) {
+                    return Err(match check.as_mut() {
+                        Some(check) if p2p_peer.is_none() => check.fail(v),
+                        _ => v,
+                    });
+                }
                 // One rank per process: the ranks agree on the collective through rank 0
                 // before anything is enqueued; a call this rank cannot make is told to
                 // the others at the same collective (send/recv are not checked).
@@ -385,8 +466,8 @@ impl RankComm {
                 // SAFETY: validated against this rank's device; the stream is bound; the
                 // buffers are claimed (ordered after their other uses) until enqueued.
                 unsafe { comm.issue(&call, stream.raw()) }?;
-                // What the communicator's drop waits for (bounded).
-                comm.note_issued(stream)
+                // What the watchdog times and the communicator's drop waits for.
+                comm.note_issued(stream, kind.name())
             }
             RankInner::Kernels { world, event } => {
                 let post = call.and_then(|call| {

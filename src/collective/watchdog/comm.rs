@@ -1,0 +1,129 @@
+//! The watched side of an NCCL communicator: [`NcclComm`]'s calls that go through its
+//! gate (the owner leaving it, a failure, `check`, `wait`) and the in-flight record the
+//! watchdog times (`note_issued`, `note_in_flight`).
+
+use super::super::nccl::{NcclComm, abort_raw, poll_raw};
+use super::{Who, spawn_abort};
+use crate::error::{Error, Result};
+use crate::stream::{BoundStream, Event, EventFlags};
+use crate::sync;
+use std::sync::Arc;
+use std::time::Duration;
+
+impl NcclComm {
+    /// The owner leaves the gate (after `watch.owner_enter()`), aborting inline in the
+    /// (theoretical) case that the abort fell to it on the way out.
+    pub(in crate::collective) fn owner_leave(&self) {
+        if sync::lock(&self.watch.gate).owner_leave() {
+            // SAFETY: taken once through the gate, nobody inside; never used after.
+            unsafe { abort_raw(self.raw as usize, self.nranks) };
+        }
+    }
+
+    /// Records `e` as the communicator's verdict (the first one stays: later calls
+    /// return it) and aborts it inline if the abort falls to the owner (`inside`: the
+    /// owner is inside the gate now). Returns `e`.
+    pub(in crate::collective) fn fail_owner(&self, e: Error, inside: bool) -> Error {
+        let take = sync::lock(&self.watch.gate).fail(e.clone(), inside.then_some(Who::Owner));
+        if take {
+            // SAFETY: taken once through the gate: nobody else is inside NCCL on this
+            // communicator and nobody enters after (the verdict is set).
+            unsafe { abort_raw(self.raw as usize, self.nranks) };
+        }
+        e
+    }
+
+    /// Records an event on `stream` (the one the rank's call `op` was just enqueued on)
+    /// and hands it to the watchdog as work in flight: it is timed against the
+    /// communicator's timeout, and the drop waits for it, with a limit, before it
+    /// destroys the communicator. Events of finished calls are reused.
+    pub(crate) fn note_issued(&mut self, stream: &BoundStream<'_>, op: &'static str) -> Result<()> {
+        let ev = self.spare_event(stream)?;
+        if let Err(e) = stream.record(&ev) {
+            self.give_back(ev);
+            return Err(e);
+        }
+        self.note_in_flight(ev, op);
+        Ok(())
+    }
+
+    /// An event of the communicator's spares, or a new one.
+    fn spare_event(&self, stream: &BoundStream<'_>) -> Result<Event> {
+        let spare = sync::lock(&self.watch.gate).spare.pop();
+        match spare {
+            Some(ev) => Ok(ev),
+            None => stream
+                .bound()
+                .new_event_with(EventFlags::new().timing(false)),
+        }
+    }
+
+    /// Keeps `ev` for later calls. Events are never destroyed on the owner's thread
+    /// after use: an abort may be running (on another thread), and destroying an event
+    /// could wait for it inside the driver (seen on the H200 with a drop). They go with
+    /// the communicator's state.
+    fn give_back(&self, ev: Event) {
+        sync::lock(&self.watch.gate).spare.push(ev);
+    }
+
+    /// Work of this communicator in flight up to `event` (already recorded on the
+    /// stream after it, e.g. after a graph launch that contains its collectives): the
+    /// watchdog polls NCCL's async error while it runs and aborts the communicator if it
+    /// runs longer than the communicator's timeout; the drop waits for it. `op` names
+    /// the work in the timeout's message. Ignored (the event dropped) once the
+    /// communicator failed.
+    pub(crate) fn note_in_flight(&self, event: Event, op: &'static str) {
+        self.watch.note_in_flight(event, op);
+    }
+
+    /// The communicator's verdict, if it failed (no NCCL call).
+    pub(crate) fn verdict(&self) -> Option<Error> {
+        sync::lock(&self.watch.gate).verdict().cloned()
+    }
+
+    /// The communicator's verdict if it failed (an error NCCL reported, a timeout of the
+    /// watchdog or of a call: the same error every later call returns); else polls
+    /// `ncclCommGetAsyncError` (non-blocking communicators) and, on an error, aborts the
+    /// communicator (on a thread of its own) and returns it.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.watch.timeout.is_none() {
+            let g = sync::lock(&self.watch.gate);
+            return g.verdict().map_or(Ok(()), |v| Err(v.clone()));
+        }
+        self.watch.owner_enter()?;
+        // SAFETY: the owner is inside the gate: the communicator is live and nobody else
+        // is inside NCCL on it.
+        let polled = unsafe { poll_raw(self.raw as usize) };
+        let mut gate = sync::lock(&self.watch.gate);
+        let take = match &polled {
+            Err(e) => gate.fail(e.clone(), Some(Who::Owner)),
+            Ok(()) => false,
+        };
+        let take = gate.owner_leave() || take;
+        drop(gate);
+        if take {
+            spawn_abort(Arc::clone(&self.watch), self.watch.take_events());
+        }
+        polled
+    }
+
+    /// Waits on the host until `stream`'s work so far has finished, or the communicator
+    /// fails (its verdict is returned at once, even while the stream still runs).
+    pub(crate) fn wait(&mut self, stream: &BoundStream<'_>) -> Result<()> {
+        self.check()?;
+        let ev = self.spare_event(stream)?;
+        let mut pause = Duration::from_micros(20);
+        let out = stream.record(&ev).and_then(|()| {
+            loop {
+                if ev.is_complete()? {
+                    break self.check();
+                }
+                self.check()?;
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
+        });
+        self.give_back(ev);
+        out
+    }
+}

@@ -1,0 +1,607 @@
+//! The NCCL watchdog: one background thread per process that watches every non-blocking
+//! NCCL communicator (a [`RankComm`](super::RankComm) of NCCL) with work in flight, polls
+//! `ncclCommGetAsyncError`, and aborts (`ncclCommAbort`) a communicator whose peer failed
+//! or whose work outlived its timeout, so that the caller's own waits (a stream
+//! synchronize, a `dtoh`, an event) return instead of spinning for ever behind an NCCL
+//! kernel waiting for a dead peer.
+//!
+//! **One thread for the process**, not one per communicator: a process has few
+//! communicators, and one thread costs one wake-up per period instead of one per
+//! communicator; what could make one communicator hold up the others — an
+//! `ncclCommAbort` that waits for the device — runs on a thread of its own
+//! ([`spawn_abort`]), never on the watchdog. The thread starts when a communicator first
+//! records work in flight, sleeps on a condition variable while no communicator has any
+//! (no polling when idle) and exits after [`LINGER`] without work; a later call starts it
+//! again.
+//!
+//! **The gate** ([`Gate`]) is the state each communicator shares with the watchdog. NCCL
+//! forbids two threads calling into one communicator at once (its "Thread Safety" page),
+//! so the owner's calls and the watchdog's polls exclude each other through it: the
+//! watchdog starts a round only while the owner is outside NCCL (else it skips the
+//! communicator this round: the owner's own call polls the same error), and the owner
+//! waits for a round already started, which is only non-blocking calls
+//! (`cuEventQuery`, `ncclCommGetAsyncError`). No lock is held while anyone calls NCCL or
+//! the driver. A failure (the watchdog's, or the owner's own) sets the communicator's
+//! verdict once; the abort is taken exactly once, by whichever party is the last to leave
+//! NCCL after the verdict, so `ncclCommAbort` never runs while anyone else is inside the
+//! communicator, and after it nobody enters (every later call returns the verdict).
+
+use crate::error::{Error, Result};
+use crate::stream::Event;
+use crate::sync;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// How often the watchdog looks at communicators with work in flight.
+pub(crate) const POLL: Duration = Duration::from_millis(2);
+/// How long the watchdog thread stays without work before it exits.
+pub(crate) const LINGER: Duration = Duration::from_secs(1);
+/// The longest the owner waits for a watchdog round on its communicator (normally
+/// microseconds: a `cuEventQuery` or two and `ncclCommGetAsyncError`).
+pub(crate) const ROUND_LIMIT: Duration = Duration::from_secs(10);
+
+/// The owner's error when a watchdog round did not end within [`ROUND_LIMIT`].
+fn round_stuck() -> Error {
+    Error::Timeout {
+        what: "gpubind's NCCL watchdog to finish polling this communicator (a driver or \
+               NCCL call that does not return)",
+        after_ms: ROUND_LIMIT.as_millis() as u64,
+    }
+}
+
+/// Which party is inside NCCL on a communicator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Who {
+    /// The thread that owns the communicator (its calls, `check`, its drop). (The
+    /// watchdog records its failures after leaving NCCL: it passes `None`.)
+    Owner,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AbortStep {
+    /// No verdict.
+    No,
+    /// A verdict, but someone is still inside NCCL: the last to leave takes the abort.
+    Asked,
+    /// Taken by one party, which calls `ncclCommAbort` (once).
+    Taken,
+}
+
+/// The owner's answer from [`Gate::owner_enter`].
+#[derive(Debug, PartialEq)]
+pub(crate) enum Enter {
+    /// Inside: call NCCL, then [`Gate::owner_leave`].
+    Go,
+    /// The watchdog's round is running (non-blocking calls only): try again shortly.
+    Busy,
+    /// The communicator failed (and is aborted, or about to be): this error.
+    Refused(Error),
+}
+
+/// The owner's answer from [`Gate::close`] (its drop).
+#[derive(Debug, PartialEq)]
+pub(crate) enum Close {
+    /// The watchdog's round is running: try again shortly.
+    Busy,
+    /// No verdict: the owner alone may use the handle from now on (the watchdog lets go),
+    /// to finish and destroy it.
+    Live,
+    /// Aborted (or being aborted by the party that took it): nothing more to do.
+    Aborted,
+}
+
+/// One call (or graph launch) of a communicator whose work may still run: the event
+/// recorded after it, what it was, and since when it may have been running.
+pub(crate) struct InFlight<E> {
+    pub(crate) event: E,
+    /// The op, for the timeout's message ("all_reduce").
+    pub(crate) op: &'static str,
+    /// The rank's call number (1 = its first).
+    pub(crate) seq: u64,
+    /// When it was enqueued, or when the call before it was seen finished, if later: a
+    /// collective queued behind another of the communicator is not timed while the
+    /// earlier one runs.
+    pub(crate) since: Instant,
+}
+
+/// What a communicator and the watchdog share (under one mutex).
+pub(crate) struct Gate<E> {
+    verdict: Option<Error>,
+    abort: AbortStep,
+    owner_in: bool,
+    watch_in: bool,
+    closed: bool,
+    /// In the watchdog's list.
+    registered: bool,
+    seq: u64,
+    /// Work in flight, oldest first.
+    pub(crate) queue: VecDeque<InFlight<E>>,
+    /// Events whose work finished, for the next calls.
+    pub(crate) spare: Vec<E>,
+}
+
+impl<E> Default for Gate<E> {
+    fn default() -> Self {
+        Gate {
+            verdict: None,
+            abort: AbortStep::No,
+            owner_in: false,
+            watch_in: false,
+            closed: false,
+            registered: false,
+            seq: 0,
+            queue: VecDeque::new(),
+            spare: Vec::new(),
+        }
+    }
+}
+
+/// What the watchdog does with a communicator this round.
+pub(crate) enum Round<E> {
+    /// The owner is inside NCCL: skip it this round.
+    Skip,
+    /// Closed or aborted: take it off the list.
+    Leave,
+    /// Inside: the work in flight, taken out to be looked at without the lock; hand it
+    /// back with [`Gate::watch_end`].
+    Go(VecDeque<InFlight<E>>),
+}
+
+impl<E> Gate<E> {
+    /// The verdict, if the communicator failed.
+    pub(crate) fn verdict(&self) -> Option<&Error> {
+        self.verdict.as_ref()
+    }
+
+    /// Owner: before a call into NCCL on the handle.
+    pub(crate) fn owner_enter(&mut self) -> Enter {
+        if let Some(v) = &self.verdict {
+            return Enter::Refused(v.clone());
+        }
+        if self.watch_in {
+            return Enter::Busy;
+        }
+        self.owner_in = true;
+        Enter::Go
+    }
+
+    /// Owner: after its call. `true`: the owner takes the abort (a verdict came while it
+    /// was inside).
+    pub(crate) fn owner_leave(&mut self) -> bool {
+        self.owner_in = false;
+        self.take_abort(None)
+    }
+
+    /// Records a failure (the first one wins: it is what every later call returns).
+    /// `who`: the caller's part if it is inside NCCL now. `true`: the caller takes the
+    /// abort and must make it now (nobody else is inside).
+    pub(crate) fn fail(&mut self, why: Error, who: Option<Who>) -> bool {
+        if self.verdict.is_none() {
+            self.verdict = Some(why);
+        }
+        if self.abort == AbortStep::No {
+            self.abort = AbortStep::Asked;
+        }
+        self.take_abort(who)
+    }
+
+    fn take_abort(&mut self, who: Option<Who>) -> bool {
+        let others_in = match who {
+            Some(Who::Owner) => self.watch_in,
+            None => self.owner_in || self.watch_in,
+        };
+        if self.abort == AbortStep::Asked && !others_in {
+            self.abort = AbortStep::Taken;
+            return true;
+        }
+        false
+    }
+
+    /// Owner's drop: from now on the watchdog lets go of the communicator.
+    pub(crate) fn close(&mut self) -> Close {
+        self.closed = true;
+        if self.watch_in {
+            return Close::Busy;
+        }
+        if self.verdict.is_some() {
+            // Nobody is inside (the owner is dropping, the watchdog is out): any abort
+            // asked was taken by the last to leave.
+            debug_assert_eq!(self.abort, AbortStep::Taken);
+            return Close::Aborted;
+        }
+        Close::Live
+    }
+
+    /// Owner: work in flight, recorded by `event` (already recorded on the stream after
+    /// it). `true`: the communicator must be put on the watchdog's list. Once the
+    /// communicator failed the event is only kept (not watched): it is destroyed with
+    /// the communicator's state, never on the owner's thread while an abort may run
+    /// (destroying an event could wait for the abort inside the driver).
+    pub(crate) fn note_in_flight(&mut self, event: E, op: &'static str, now: Instant) -> bool {
+        if self.verdict.is_some() || self.closed {
+            self.spare.push(event);
+            return false;
+        }
+        self.seq += 1;
+        self.queue.push_back(InFlight {
+            event,
+            op,
+            seq: self.seq,
+            since: now,
+        });
+        !std::mem::replace(&mut self.registered, true)
+    }
+
+    /// Watchdog: the start of its round on this communicator.
+    pub(crate) fn watch_begin(&mut self) -> Round<E> {
+        if self.closed || self.verdict.is_some() {
+            self.registered = false;
+            return Round::Leave;
+        }
+        if self.owner_in {
+            return Round::Skip;
+        }
+        self.watch_in = true;
+        Round::Go(std::mem::take(&mut self.queue))
+    }
+
+    /// Watchdog: the end of its round. `rest`: the entries still running, oldest first;
+    /// `done`: the events of finished ones; `verdict`: a failure it found. Returns
+    /// `(take_abort, keep_watching)`.
+    pub(crate) fn watch_end(
+        &mut self,
+        rest: VecDeque<InFlight<E>>,
+        done: Vec<E>,
+        verdict: Option<Error>,
+        now: Instant,
+    ) -> (bool, bool) {
+        let finished_some = !done.is_empty();
+        self.spare.extend(done);
+        // Entries noted during the round go after the older ones.
+        let newer = std::mem::replace(&mut self.queue, rest);
+        self.queue.extend(newer);
+        if finished_some && let Some(front) = self.queue.front_mut() {
+            front.since = front.since.max(now);
+        }
+        self.watch_in = false;
+        let take = match verdict {
+            Some(v) => self.fail(v, None),
+            None => self.take_abort(None),
+        };
+        let keep = self.verdict.is_none() && !self.closed && !self.queue.is_empty();
+        if !keep {
+            self.registered = false;
+        }
+        (take, keep)
+    }
+}
+
+/// The watchdog's look at the work in flight: pops every finished entry (oldest first),
+/// and returns, with their events, a [`Error::PeerTimeout`] if the oldest unfinished one
+/// has run longer than `timeout`, or the error of a failed query.
+pub(crate) fn scan<E>(
+    queue: &mut VecDeque<InFlight<E>>,
+    timeout: Duration,
+    now: Instant,
+    mut complete: impl FnMut(&E) -> Result<bool>,
+) -> (Vec<E>, Option<Error>) {
+    let mut done = Vec::new();
+    while let Some(front) = queue.front_mut() {
+        if !done.is_empty() {
+            front.since = front.since.max(now);
+        }
+        match complete(&front.event) {
+            Ok(true) => {
+                if let Some(e) = queue.pop_front() {
+                    done.push(e.event);
+                }
+            }
+            Ok(false) => {
+                let ran = now.saturating_duration_since(front.since);
+                if ran > timeout {
+                    return (
+                        done,
+                        Some(Error::PeerTimeout {
+                            what: format!(
+                                "NCCL {} (call #{} of this rank) to finish; gpubind's NCCL \
+                                 watchdog aborted the communicator (ncclCommAbort): a peer \
+                                 died, hangs, or never made the call",
+                                front.op, front.seq
+                            ),
+                            ranks: Vec::new(),
+                            after_ms: ran.as_millis().min(u128::from(u64::MAX)) as u64,
+                        }),
+                    );
+                }
+                return (done, None);
+            }
+            Err(e) => return (done, Some(e)),
+        }
+    }
+    (done, None)
+}
+
+/// One watched communicator: its handle and what it shares with the watchdog.
+pub(crate) struct Watched {
+    /// The `ncclComm_t`, as an address.
+    pub(crate) raw: usize,
+    pub(crate) nranks: usize,
+    /// How long a call may stay in flight: the communicator's timeout (`None`: not
+    /// watched — a blocking communicator, or an NCCL without `ncclCommAbort`).
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) gate: sync::Mutex<Gate<Event>>,
+}
+
+impl Watched {
+    /// The owner enters the gate, waiting out a watchdog round in progress (it makes
+    /// only non-blocking calls). Should a round not end within [`ROUND_LIMIT`] (a driver
+    /// call that hangs), the owner's call fails instead of waiting for ever.
+    pub(crate) fn owner_enter(&self) -> Result<()> {
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(5);
+        loop {
+            match sync::lock(&self.gate).owner_enter() {
+                Enter::Go => return Ok(()),
+                Enter::Refused(e) => return Err(e),
+                Enter::Busy => {}
+            }
+            if start.elapsed() > ROUND_LIMIT {
+                return Err(round_stuck());
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_micros(200));
+        }
+    }
+
+    /// Closes the gate for the owner's drop (see [`Gate::close`]). Past [`ROUND_LIMIT`]
+    /// with a round still in progress: `Close::Busy`, and the drop leaks the
+    /// communicator (it can neither destroy nor abort it under the watchdog).
+    pub(crate) fn close(&self) -> Close {
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(5);
+        loop {
+            match sync::lock(&self.gate).close() {
+                Close::Busy if start.elapsed() > ROUND_LIMIT => return Close::Busy,
+                Close::Busy => {}
+                other => return other,
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_micros(200));
+        }
+    }
+
+    /// Owner: `event` was recorded after `op`; the watchdog watches it.
+    pub(crate) fn note_in_flight(self: &Arc<Self>, event: Event, op: &'static str) {
+        let register = sync::lock(&self.gate).note_in_flight(event, op, Instant::now());
+        if register && self.timeout.is_some() {
+            register_comm(self);
+        }
+    }
+
+    /// The events of the communicator's work, taken out (for its drop or abort).
+    pub(crate) fn take_events(&self) -> Vec<Event> {
+        let mut g = sync::lock(&self.gate);
+        let mut all: Vec<Event> = std::mem::take(&mut g.queue)
+            .into_iter()
+            .map(|e| e.event)
+            .collect();
+        all.append(&mut g.spare);
+        all
+    }
+
+    /// One watchdog round. `false`: take it off the list.
+    fn round(self: &Arc<Self>) -> bool {
+        let Some(timeout) = self.timeout else {
+            return false;
+        };
+        let mut queue = match sync::lock(&self.gate).watch_begin() {
+            Round::Skip => return true,
+            Round::Leave => return false,
+            Round::Go(q) => q,
+        };
+        let now = Instant::now();
+        // Inside the gate, a panic (a logger's, say) must still end the round, or the
+        // owner would wait for it for ever: it becomes the verdict.
+        let looked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let (done, verdict) = scan(&mut queue, timeout, now, |e| e.is_complete());
+            if verdict.is_some() {
+                return (done, verdict);
+            }
+            // SAFETY: the watchdog is inside the gate: the owner is not in NCCL, and the
+            // communicator is neither aborted nor destroyed (an abort is taken only by
+            // the last party to leave, the drop destroys only after the gate closed with
+            // nobody inside, and neither happens before this round ends).
+            (done, unsafe { super::nccl::poll_raw(self.raw) }.err())
+        }));
+        let (done, verdict) = looked.unwrap_or_else(|_| {
+            (
+                Vec::new(),
+                Some(Error::InvalidArgument(
+                    "gpubind's NCCL watchdog panicked while watching this communicator: it was \
+                     aborted"
+                        .into(),
+                )),
+            )
+        });
+        let (take, keep) = sync::lock(&self.gate).watch_end(queue, done, verdict, now);
+        if take {
+            spawn_abort(Arc::clone(self), self.take_events());
+        }
+        keep
+    }
+}
+
+/// The communicators with work in flight, and whether the thread runs.
+struct Registry {
+    comms: Vec<Arc<Watched>>,
+    running: bool,
+}
+
+static REGISTRY: std::sync::Mutex<Registry> = std::sync::Mutex::new(Registry {
+    comms: Vec::new(),
+    running: false,
+});
+static WAKE: std::sync::Condvar = std::sync::Condvar::new();
+/// Set at process exit: the watchdog stops.
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// Aborts running on their own threads.
+static ABORTS: AtomicUsize = AtomicUsize::new(0);
+
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Puts `w` on the watchdog's list, starting the thread if it is not running.
+fn register_comm(w: &Arc<Watched>) {
+    let mut reg = registry();
+    reg.comms.push(Arc::clone(w));
+    if !reg.running && !EXITING.load(Ordering::Acquire) {
+        match std::thread::Builder::new()
+            .name("gpubind-nccl-watchdog".into())
+            .spawn(run)
+        {
+            Ok(_) => {
+                reg.running = true;
+                wait_at_exit();
+            }
+            Err(e) => log::warn!(
+                "gpubind: cannot start the NCCL watchdog thread ({e}): NCCL collectives \
+                 are not watched (a dead peer can leave this process's stream waits \
+                 hanging)"
+            ),
+        }
+    }
+    WAKE.notify_all();
+}
+
+/// Whether the watchdog thread is running (for tests).
+#[cfg(all(test, not(loom)))]
+fn running() -> bool {
+    registry().running
+}
+
+/// The watchdog thread.
+fn run() {
+    loop {
+        let comms = {
+            let mut reg = registry();
+            let idle_since = Instant::now();
+            loop {
+                if EXITING.load(Ordering::Acquire) {
+                    reg.running = false;
+                    WAKE.notify_all();
+                    return;
+                }
+                if !reg.comms.is_empty() {
+                    break;
+                }
+                let left = LINGER.saturating_sub(idle_since.elapsed());
+                if left.is_zero() {
+                    reg.running = false;
+                    return;
+                }
+                reg = WAKE
+                    .wait_timeout(reg, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            reg.comms.clone()
+        };
+        for w in &comms {
+            // A panic (a logger's) must not kill the watchdog of every communicator.
+            let keep = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.round()))
+                .unwrap_or(false);
+            if !keep {
+                let mut reg = registry();
+                if let Some(i) = reg.comms.iter().position(|c| Arc::ptr_eq(c, w)) {
+                    reg.comms.swap_remove(i);
+                }
+            }
+        }
+        drop(comms);
+        std::thread::sleep(POLL);
+    }
+}
+
+/// `ncclCommAbort` of `w` on a thread of its own (it may wait for work queued on the
+/// device), then the events of its work are dropped there too (destroying one could
+/// wait for the abort inside the driver). Counted, so that process exit waits for it.
+pub(crate) fn spawn_abort(w: Arc<Watched>, events: Vec<Event>) {
+    ABORTS.fetch_add(1, Ordering::AcqRel);
+    wait_at_exit();
+    let job = move || {
+        let device = events.first().map(|e| Arc::clone(e.device()));
+        {
+            // NCCL's abort works on the communicator's device; push its context so that
+            // the CUDA runtime inside NCCL finds it (a fresh thread has none).
+            let _guard = device.as_ref().and_then(|d| d.enter().ok());
+            // NCCL (the CUDA runtime) may change the thread's current context: put the
+            // pushed one back before the guard pops it (as the release thread does).
+            let _restore = super::nccl::RestoreCurrent::new();
+            // SAFETY: the abort was taken once through the gate, with nobody inside
+            // NCCL on this communicator, and nobody enters it after (the verdict is
+            // set); the owner's drop sees it aborted and does not destroy it.
+            unsafe { super::nccl::abort_raw(w.raw, w.nranks) };
+        }
+        drop(events);
+        ABORTS.fetch_sub(1, Ordering::AcqRel);
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("gpubind-nccl-abort".into())
+        .spawn(job)
+    {
+        // The job was moved into the failed spawn and dropped with it: the counter is
+        // put back, and the abort is not made (the communicator is leaked, its verdict
+        // stands).
+        ABORTS.fetch_sub(1, Ordering::AcqRel);
+        log::warn!(
+            "gpubind: cannot start a thread for ncclCommAbort ({e}): the NCCL \
+             communicator is leaked, not aborted"
+        );
+    }
+}
+
+/// Registers, once, a process-exit hook that stops the watchdog and gives aborts still
+/// running up to `GPUBIND_DROP_TIMEOUT` to finish, so that `exit` does not tear NCCL and
+/// CUDA down under them (as `crate::release`'s hook does for the release threads).
+/// Registered after NCCL was loaded (a communicator exists), so it runs before NCCL's own
+/// teardown.
+fn wait_at_exit() {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    extern "C" fn on_exit() {
+        EXITING.store(true, Ordering::Release);
+        WAKE.notify_all();
+        let limit = crate::drop_wait::drop_timeout();
+        let deadline = Instant::now().checked_add(limit);
+        let busy = || registry().running || ABORTS.load(Ordering::Acquire) > 0;
+        while busy() && deadline.is_none_or(|d| Instant::now() < d) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if busy() {
+            log::warn!(
+                "gpubind: the process exits while an NCCL abort (or the NCCL watchdog) \
+                 still runs (GPUBIND_DROP_TIMEOUT passed at exit)"
+            );
+        }
+    }
+    unsafe extern "C" {
+        fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+    }
+    REGISTERED.call_once(|| {
+        // SAFETY: the C library's `atexit` with a plain fn that lives as long as the
+        // program; it stores an atomic, notifies, and polls a lock and an atomic.
+        if unsafe { atexit(on_exit) } != 0 {
+            log::warn!("gpubind: atexit failed: the NCCL watchdog is not stopped at exit");
+        }
+    });
+}
+
+mod comm;
+
+#[cfg(all(test, not(loom)))]
+mod tests;
+
+#[cfg(all(test, loom))]
+mod loom_models;
