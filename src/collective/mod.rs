@@ -160,6 +160,7 @@ mod nccl;
 mod options;
 #[cfg(feature = "ipc")]
 mod procs;
+mod rank_capture;
 mod rank_comm;
 mod rendezvous;
 mod types;

@@ -261,6 +261,11 @@ pub(crate) struct NcclComm {
     /// Recorded on the caller's stream after each call a `RankComm` enqueued: what its
     /// drop waits for (a `Communicator` waits for its own streams before its drop).
     last: Option<crate::stream::Event>,
+    /// The order of this rank's work on the device: each eager `RankComm` call and each
+    /// launch of a graph holding its captured collectives claims it as written, so they
+    /// run one after the other in issue order; the drop waits for its pending uses too
+    /// (a graph launched after the last eager call).
+    order: crate::access::AccessTracker,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not
@@ -288,6 +293,7 @@ impl NcclComm {
                 bound: None,
                 aborted: std::cell::Cell::new(false),
                 last: None,
+                order: Default::default(),
             })
             .collect())
     }
@@ -307,6 +313,7 @@ impl NcclComm {
             bound: None,
             aborted: std::cell::Cell::new(false),
             last: None,
+            order: Default::default(),
         })
     }
 
@@ -354,6 +361,7 @@ impl NcclComm {
             bound: Some(timeout),
             aborted: std::cell::Cell::new(false),
             last: None,
+            order: Default::default(),
         };
         if code != IN_PROGRESS
             && let Err(e) = api.check("ncclCommInitRankConfig", code)
@@ -565,6 +573,12 @@ impl NcclComm {
         );
     }
 
+    /// The tracker of this rank's work order on the device (eager calls and graph
+    /// launches, claimed as written by each).
+    pub(crate) fn order(&self) -> &crate::access::AccessTracker {
+        &self.order
+    }
+
     /// Records an event on `stream` (the one the rank's last call was enqueued on):
     /// the drop waits for it, with a limit, before it destroys the communicator.
     pub(crate) fn note_issued(&mut self, stream: &crate::stream::BoundStream<'_>) -> Result<()> {
@@ -603,6 +617,8 @@ impl NcclComm {
             if let Some(ev) = &self.last {
                 busy |= !ev.is_complete()?;
             }
+            // Graph launches (of captured collectives) after the last eager call.
+            busy |= !self.order.pending_finished();
             if !busy {
                 return Ok(());
             }

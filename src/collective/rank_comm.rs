@@ -84,8 +84,11 @@ pub(super) enum RankInner {
         timeout: std::time::Duration,
         comm: Option<nccl::NcclComm>,
         /// One rank per process from `from_launch`: the agreement on every collective
-        /// through rank 0 (`None`: not checked).
-        check: Option<Box<CallCheck>>,
+        /// through rank 0 (`None`: not checked). In a lock because the launches of
+        /// graphs holding this rank's captured collectives agree through it too (they
+        /// borrow the `RankComm` shared, and may run on other threads); eager calls
+        /// (`&mut self`) reach it without locking.
+        check: std::sync::Mutex<Option<CallCheck>>,
     },
     /// Own kernels, one rank per process on one machine.
     #[cfg(feature = "ipc")]
@@ -191,7 +194,7 @@ impl RankComm {
                 id: None,
                 timeout,
                 comm: Some(comm),
-                check: None,
+                check: std::sync::Mutex::new(None),
             },
         })
     }
@@ -240,7 +243,8 @@ impl RankComm {
         };
         let mut comm = Self::init_process(ctx, device, env.rank, env.world_size, &id, env.timeout)?;
         if let RankInner::Nccl { check: c, .. } = &mut comm.inner {
-            *c = check.map(Box::new);
+            *c.get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = check;
         }
         Ok(comm)
     }
@@ -356,6 +360,9 @@ impl RankComm {
                 // One rank per process: the ranks agree on the collective through rank 0
                 // before anything is enqueued; a call this rank cannot make is told to
                 // the others at the same collective (send/recv are not checked).
+                let check = check
+                    .get_mut()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let call = match (call, check.as_mut()) {
                     (Ok(call), Some(check)) => {
                         check.agree_call(&call)?;
@@ -381,10 +388,18 @@ impl RankComm {
                             .into(),
                     ));
                 };
-                let _claim = stream.claim([used.first().copied(), used.get(1).copied()])?;
-                // SAFETY: validated against this rank's device; the stream is bound; the
-                // buffers are claimed (ordered after their other uses) until enqueued.
-                unsafe { comm.issue(&call, stream.raw()) }?;
+                {
+                    // The rank's order too: after its graph launches on other streams.
+                    let _claim = stream.claim([
+                        used.first().copied(),
+                        used.get(1).copied(),
+                        Some((comm.order(), Access::Write)),
+                    ])?;
+                    // SAFETY: validated against this rank's device; the stream is bound;
+                    // the buffers are claimed (ordered after their other uses) until
+                    // enqueued.
+                    unsafe { comm.issue(&call, stream.raw()) }?;
+                }
                 // What the communicator's drop waits for (bounded).
                 comm.note_issued(stream)
             }

@@ -153,7 +153,34 @@ struct Uses<'buf> {
     /// [`Blas`](crate::blas::Blas) that owns it may be dropped before the graph), claimed
     /// at each launch like the borrowed buffers.
     owned: Vec<(Arc<dyn Owned>, Access)>,
+    /// The ranks whose captured NCCL collectives are in the graph (one entry per rank,
+    /// sorted by address so launches take their locks in one order), each with the
+    /// headers its collectives agreed at capture: every launch agrees on them with the
+    /// rank's peers first (see [`LaunchAgreement`]).
+    agreements: Vec<(&'buf dyn LaunchAgreement, Vec<u8>)>,
     last_kernel: Option<&'static KernelName>,
+}
+
+/// What a launch of a graph holding a rank's captured NCCL collectives does first
+/// (feature `nccl`): agree with the rank's peers that they launch the graph of the same
+/// collective capture, then enqueue — under a lock of the rank's, so the rank's launches
+/// reach the device in the order they agreed. `Err` enqueues nothing.
+pub(crate) trait LaunchAgreement: Sync {
+    /// Agrees on a launch of a graph whose collectives through this rank agreed
+    /// `record` at capture, then runs `launch` (the claim and the enqueue) before any
+    /// other launch through this rank can agree.
+    fn agree_then(&self, record: &[u8], launch: &mut dyn FnMut() -> Result<()>) -> Result<()>;
+}
+
+/// Runs `launch` inside every agreement of `gates`, the first outermost.
+fn agreed(
+    gates: &[(&dyn LaunchAgreement, Vec<u8>)],
+    launch: &mut dyn FnMut() -> Result<()>,
+) -> Result<()> {
+    match gates.split_first() {
+        None => launch(),
+        Some(((gate, record), rest)) => gate.agree_then(record, &mut || agreed(rest, launch)),
+    }
 }
 
 /// Device memory a graph holds by `Arc` (see `Uses::owned`): its tracker orders the
@@ -189,6 +216,20 @@ impl<'buf> Uses<'buf> {
                 }
             }
             None => self.owned.push((o, access)),
+        }
+    }
+
+    /// Appends `record` to what the launches agree on through `gate` (see
+    /// [`LaunchAgreement`]).
+    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    fn add_agreement(&mut self, gate: &'buf dyn LaunchAgreement, record: &[u8]) {
+        let key = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
+        match self
+            .agreements
+            .binary_search_by_key(&key(gate), |(g, _)| key(*g))
+        {
+            Ok(i) => self.agreements[i].1.extend_from_slice(record),
+            Err(i) => self.agreements.insert(i, (gate, record.to_vec())),
         }
     }
 
@@ -331,9 +372,27 @@ impl<'buf> GraphExec<'buf> {
     /// graph uses (writes after everything, reads after writes), and their later uses,
     /// host accesses and drops wait for it — as for a kernel launch. Launches of one
     /// executable graph are also ordered among themselves by the driver.
+    ///
+    /// A graph holding a rank's captured NCCL collectives (`Capture::rank_all_reduce`
+    /// and its siblings, feature `collective`) first agrees with the rank's peers, when
+    /// the rank checks its calls (`RankComm::from_launch`, `GPUBIND_CHECK_CALLS`), that
+    /// they launch the graph of the same collective capture:
+    /// one round trip to rank 0 per launch; a peer that calls something else instead gets
+    /// the same typed error as this rank, and nothing is enqueued.
     pub fn launch(&self, stream: &BoundStream<'_>) -> Result<()> {
         stream.bound().expect_device("graph", &self.device)?;
         stream.ensure_stream_context()?;
+        if self.uses.agreements.is_empty() {
+            self.claim_and_enqueue(stream)
+        } else {
+            agreed(&self.uses.agreements, &mut || {
+                self.claim_and_enqueue(stream)
+            })
+        }
+    }
+
+    /// Claims the graph's buffers on `stream`, enqueues it and records the launch.
+    fn claim_and_enqueue(&self, stream: &BoundStream<'_>) -> Result<()> {
         // The graph's buffers and modules, and this executable graph's own launches (so
         // its drop waits for them), claimed from before the enqueue until after it.
         let n = self.uses.len() + 1;

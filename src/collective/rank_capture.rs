@@ -1,0 +1,321 @@
+//! One rank's NCCL collectives captured into a CUDA graph of its device:
+//! [`Capture::rank_all_reduce`] and its siblings, all through one code path
+//! (`rank_collective`), and what every launch of such a graph does first (the
+//! [`LaunchAgreement`] of the rank's [`CallCheck`]).
+//!
+//! NCCL (2.9 and later) records a collective enqueued on a capturing stream into the
+//! graph instead of running it; whether a collective is captured is a collective
+//! property (every rank captures it), and every launch of the graph is a collective of
+//! the ranks of that capture, each launching the graph of the same capture. So:
+//!
+//! * only a [`RankComm`] of the NCCL backend (one rank per thread or per process, one
+//!   device per rank) is capturable; its communicator must exist already (NCCL's
+//!   initialisation allocates, which a capture forbids): make one eager call first when
+//!   it is made lazily ([`Communicator::init_all`](super::Communicator::init_all));
+//! * the buffers are recorded like every captured operation's (inputs read, outputs
+//!   written, borrowed for the graph's lifetime; an output overlapping an input is
+//!   refused, and broadcast is in place by its signature), and so is the rank's order
+//!   tracker ([`NcclComm::order`](super::nccl)), claimed as written by every launch like
+//!   by every eager call: the rank's collectives, eager or graphed, reach the device in
+//!   issue order, and the communicator's drop waits for the graph launches too;
+//! * the `RankComm` is borrowed (shared) for the graph's lifetime, so it outlives every
+//!   launch, and its eager calls (`&mut self`) wait until the graphs are gone;
+//! * with a [`CallCheck`], each captured collective agrees with the peers at capture
+//!   time under its own "captured" kind (a peer calling it eagerly is a mismatch), and
+//!   each launch agrees on one header naming the capture (a digest of the agreed
+//!   headers, sequence numbers included), inside the check's lock, which it holds until
+//!   the launch is enqueued.
+//!
+//! Not capturable, with [`Error::NotCapturable`]: a `RankComm` of own kernels (its
+//! ranks meet on the host at every call) and send/recv (no method).
+
+use super::call::{Buf, Kind, buf, make_call};
+use super::rank_comm::RankInner;
+use super::types::{CollectiveType, DType, Op};
+use super::{CallCheck, RankComm, nccl};
+use crate::access::Access;
+use crate::copy::DeviceOnlyMemory;
+use crate::error::{Error, Result};
+use crate::graph::{Capture, LaunchAgreement};
+use crate::memory::DeviceMemory;
+use std::sync::{Mutex, PoisonError};
+
+impl LaunchAgreement for Mutex<Option<CallCheck>> {
+    fn agree_then(&self, record: &[u8], launch: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let mut check = self.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(check) = check.as_mut() else {
+            return launch();
+        };
+        check.agree_launch(record)?;
+        // The peers were told to go ahead: a launch that fails here tells them at their
+        // next collective instead of leaving them waiting in this one for ever.
+        launch().map_err(|e| check.fail(e))
+    }
+}
+
+/// The NCCL communicator of `comm` and its call check, if `comm`'s collectives can be
+/// captured (see the module docs).
+fn capturable(comm: &RankComm) -> Result<(&nccl::NcclComm, &Mutex<Option<CallCheck>>)> {
+    match &comm.inner {
+        RankInner::Nccl {
+            comm: Some(nccl),
+            check,
+            ..
+        } => Ok((nccl, check)),
+        RankInner::Nccl { id: Some(_), .. } => Err(Error::NotCapturable {
+            what: "an NCCL collective of a RankComm not yet initialised",
+            reason: "this rank's NCCL communicator is created at its first collective \
+                     (Communicator::init_all), and NCCL's initialisation allocates, which a \
+                     capture forbids: make one eager call on every rank before capturing"
+                .into(),
+        }),
+        RankInner::Nccl { .. } => Err(Error::InvalidArgument(
+            "this rank's NCCL initialisation failed earlier: make a new communicator".into(),
+        )),
+        RankInner::Kernels { .. } => Err(Error::NotCapturable {
+            what: "a collective of an own-kernel RankComm",
+            reason: "its ranks' threads meet on the host at every call (one of them \
+                     enqueues the collective for all), which a graph launch cannot do; \
+                     capture Capture::all_reduce on a Communicator whose ranks all live on \
+                     the capturing device, or use the NCCL backend"
+                .into(),
+        }),
+        #[cfg(feature = "ipc")]
+        RankInner::Procs(_) => Err(Error::NotCapturable {
+            what: "a collective of a process-rank own-kernel RankComm",
+            reason: "each call exchanges a header with the peers over a Unix socket and \
+                     waits on the host for their staging copies, which a graph launch cannot \
+                     do; use an NCCL RankComm (RankComm::init_process / from_launch)"
+                .into(),
+        }),
+    }
+}
+
+/// Whether two buffers share a byte of one allocation.
+fn overlap(a: &Buf<'_>, b: &Buf<'_>) -> bool {
+    let ((ta, la, na), (tb, lb, nb)) = (a.span(), b.span());
+    std::ptr::eq(ta, tb) && la < lb.saturating_add(nb) && lb < la.saturating_add(na)
+}
+
+impl<'c, 'buf> Capture<'c, 'buf> {
+    /// Captures this rank's part of an all-reduce over `comm`, a [`RankComm`] of the
+    /// NCCL backend on the capturing device: at each launch of the graph, `recv` gets
+    /// `op` over every rank's `send`, as
+    /// [`RankComm::all_reduce`](super::RankComm::all_reduce) would.
+    ///
+    /// Every rank must capture the same collectives in the same order (NCCL's rule for
+    /// graphs), and launch the graph of that capture each time its peers launch theirs
+    /// (one graph per rank, launched as a collective). With a [`CallCheck`]
+    /// ([`RankComm::from_launch`], `GPUBIND_CHECK_CALLS`) both are checked: at capture,
+    /// each collective agrees with the peers as an eager call does, as a *captured*
+    /// collective (a peer calling it eagerly is the same [`Error::InvalidArgument`]
+    /// "collective mismatch" on every rank); at each [`GraphExec::launch`]
+    /// (crate::GraphExec::launch), the ranks agree that they launch the graphs of the
+    /// same capture (one round trip to rank 0 per launch).
+    ///
+    /// `send` is claimed as read and `recv` as written at each launch, both borrowed for
+    /// the graph's lifetime; they must not overlap ([`Error::InvalidArgument`]). `comm`
+    /// is borrowed for the graph's lifetime too (its eager calls wait until the graph is
+    /// dropped), and its drop waits (bounded) for the graph's launches. Its NCCL
+    /// communicator must exist already ([`Error::NotCapturable`] for one made at its
+    /// first call, as [`Communicator::init_all`](super::Communicator::init_all)'s are);
+    /// a `RankComm` of own kernels is [`Error::NotCapturable`]. An NCCL call that fails
+    /// during the capture discards the graph ([`BoundDevice::capture`]
+    /// (crate::BoundDevice::capture) returns that error).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::collective::LaunchEnv;
+    /// use gpubind::{Device, Op, RankComm, ThreadContext};
+    /// let env = LaunchEnv::from_env()?; // torchrun, mpirun, srun
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let dev = Device::get(env.local_rank)?;
+    /// let comm = RankComm::from_launch(&mut ctx, &dev, &env)?;
+    /// let gpu = ctx.bind(&dev)?;
+    /// let grads = gpu.clone_htod(&[env.rank as f32; 1024])?;
+    /// let sum = gpu.alloc_zeros::<f32>(1024)?;
+    /// let graph = gpu.capture(|c| c.rank_all_reduce(&comm, &grads, &sum, Op::Sum))?;
+    /// let exec = graph.instantiate()?;
+    /// let stream = gpu.new_stream()?;
+    /// for _ in 0..10 {
+    ///     exec.launch(&gpu.on(&stream)?)?; // every rank launches its graph
+    /// }
+    /// let total = gpu.dtoh(&sum)?; // waits for the last launch
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The communicator cannot be dropped while the graph lives:
+    ///
+    /// ```compile_fail,E0505
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, comm: gpubind::RankComm) -> gpubind::Result<()> {
+    /// let (a, b) = (gpu.alloc_zeros::<f32>(8)?, gpu.alloc_zeros::<f32>(8)?);
+    /// let graph = gpu.capture(|c| c.rank_all_reduce(&comm, &a, &b, gpubind::Op::Sum))?;
+    /// drop(comm); // error[E0505]: the graph borrows it
+    /// graph.instantiate()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn rank_all_reduce<T, S, D>(
+        &mut self,
+        comm: &'buf RankComm,
+        send: &'buf S,
+        recv: &'buf D,
+        op: Op,
+    ) -> Result<()>
+    where
+        T: CollectiveType,
+        S: DeviceMemory<T> + ?Sized,
+        D: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
+    {
+        self.rank_collective::<T>(comm, Kind::AllReduce(op), buf(send), buf(recv))
+    }
+
+    /// Captures this rank's part of a reduce to `root` (only the root's `recv` is
+    /// written); see [`rank_all_reduce`](Self::rank_all_reduce).
+    pub fn rank_reduce<T, S, D>(
+        &mut self,
+        comm: &'buf RankComm,
+        send: &'buf S,
+        recv: &'buf D,
+        op: Op,
+        root: usize,
+    ) -> Result<()>
+    where
+        T: CollectiveType,
+        S: DeviceMemory<T> + ?Sized,
+        D: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
+    {
+        self.rank_collective::<T>(comm, Kind::Reduce(op, root), buf(send), buf(recv))
+    }
+
+    /// Captures this rank's part of an in-place broadcast from `root` (`data` is read on
+    /// the root, written on the others: claimed as written); see
+    /// [`rank_all_reduce`](Self::rank_all_reduce).
+    pub fn rank_broadcast<T, D>(
+        &mut self,
+        comm: &'buf RankComm,
+        data: &'buf D,
+        root: usize,
+    ) -> Result<()>
+    where
+        T: CollectiveType,
+        D: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
+    {
+        let b = buf(data);
+        self.rank_collective::<T>(comm, Kind::Broadcast(root), b, b)
+    }
+
+    /// Captures this rank's part of an all-gather (`recv.len() == nranks * send.len()`);
+    /// see [`rank_all_reduce`](Self::rank_all_reduce).
+    pub fn rank_all_gather<T, S, D>(
+        &mut self,
+        comm: &'buf RankComm,
+        send: &'buf S,
+        recv: &'buf D,
+    ) -> Result<()>
+    where
+        T: CollectiveType,
+        S: DeviceMemory<T> + ?Sized,
+        D: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
+    {
+        self.rank_collective::<T>(comm, Kind::AllGather, buf(send), buf(recv))
+    }
+
+    /// Captures this rank's part of a reduce-scatter (`send.len() == nranks *
+    /// recv.len()`); see [`rank_all_reduce`](Self::rank_all_reduce).
+    pub fn rank_reduce_scatter<T, S, D>(
+        &mut self,
+        comm: &'buf RankComm,
+        send: &'buf S,
+        recv: &'buf D,
+        op: Op,
+    ) -> Result<()>
+    where
+        T: CollectiveType,
+        S: DeviceMemory<T> + ?Sized,
+        D: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
+    {
+        self.rank_collective::<T>(comm, Kind::ReduceScatter(op), buf(send), buf(recv))
+    }
+
+    /// The one code path of the captured rank collectives: validate (as an eager call,
+    /// plus no overlap of output and input unless they are the one buffer of a
+    /// broadcast), agree with the peers, record the buffers, the rank's order and the
+    /// launch agreement, then let NCCL record the collective on the capturing stream.
+    fn rank_collective<T: CollectiveType>(
+        &mut self,
+        comm: &'buf RankComm,
+        kind: Kind,
+        send: Buf<'buf>,
+        recv: Buf<'buf>,
+    ) -> Result<()> {
+        let (nccl, check) = capturable(comm)?;
+        let device = self.device();
+        let call = device
+            .expect_same("communicator", &comm.device)
+            .and_then(|()| {
+                make_call(
+                    comm.nranks,
+                    comm.rank,
+                    &comm.device,
+                    kind,
+                    DType::of::<T>(),
+                    Some(send),
+                    Some(recv),
+                )
+            })
+            .and_then(|call| {
+                let in_place = matches!(kind, Kind::Broadcast(_));
+                if !in_place && overlap(&send, &recv) {
+                    return Err(Error::InvalidArgument(format!(
+                        "{}: the receive buffer overlaps the send buffer (a captured \
+                         collective borrows both shared; use separate buffers)",
+                        kind.name()
+                    )));
+                }
+                Ok(call)
+            });
+        // As an eager call: the ranks agree before anything is recorded, and a call this
+        // rank cannot make is told to the others at the same collective.
+        let record = {
+            let mut guard = check.lock().unwrap_or_else(PoisonError::into_inner);
+            match (call, guard.as_mut()) {
+                (Ok(call), Some(c)) => Some((call, Some(c.agree_captured(&call)?))),
+                (Err(e), Some(c)) => return Err(c.fail(e)),
+                (Ok(call), None) => Some((call, None)),
+                (Err(e), None) => return Err(e),
+            }
+        };
+        let Some((call, header)) = record else {
+            return Ok(());
+        };
+        if let Some(h) = &header {
+            self.record_agreement(check, h);
+        }
+        if call.count == 0 {
+            // Nothing to move (NCCL is not called, as eagerly).
+            return Ok(());
+        }
+        let (t, lo, bytes) = recv.span();
+        self.record_span(t, Access::Write, lo, bytes)?;
+        if !matches!(kind, Kind::Broadcast(_)) {
+            let (t, lo, bytes) = send.span();
+            self.record_span(t, Access::Read, lo, bytes)?;
+        }
+        self.record(nccl.order(), Access::Write)?;
+        // Code outside gpubind may have changed the thread's context since the capture
+        // began: make the capture's device current for NCCL.
+        let _current = device.enter()?;
+        let stream = self.stream_handle();
+        self.marked(|| {
+            // SAFETY: the call is validated against this rank's device, which is the
+            // capture's (checked above) and current; the stream is the capturing stream,
+            // so NCCL records the collective into the graph instead of running it. Its
+            // buffers are live allocations of the sizes the call implies, borrowed for
+            // 'buf and claimed at each launch, and do not overlap unless they are one
+            // buffer (broadcast, which NCCL does in place); the communicator is borrowed
+            // for 'buf, and its drop waits for the launches (the order tracker).
+            unsafe { nccl.issue(&call, stream) }
+        })
+        .map_err(|e| self.discard_graph(e))
+    }
+}
