@@ -146,7 +146,7 @@ impl Communicator {
                                 id: Some(id),
                                 timeout: options.timeout,
                                 comm: None,
-                                check: std::sync::Mutex::new(None),
+                                gate: Default::default(),
                             },
                         )
                     })

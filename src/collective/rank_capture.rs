@@ -33,16 +33,45 @@ use super::call::{Buf, Kind, buf, make_call};
 use super::rank_comm::RankInner;
 use super::types::{CollectiveType, DType, Op};
 use super::{CallCheck, RankComm, nccl};
-use crate::access::Access;
+use crate::access::{Access, AccessTracker};
 use crate::copy::DeviceOnlyMemory;
 use crate::error::{Error, Result};
 use crate::graph::{Capture, LaunchAgreement};
 use crate::memory::DeviceMemory;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-impl LaunchAgreement for Mutex<Option<CallCheck>> {
+/// What every launch of a graph holding an NCCL rank's captured collectives goes
+/// through (one per NCCL `RankComm`; the graph borrows it with the `RankComm`).
+#[derive(Default)]
+pub(super) struct Gate {
+    /// The rank's call check (`None`: not checked). Eager calls reach it through
+    /// `&mut` (no lock); captures and graph launches, through a shared borrow, lock it.
+    check: Mutex<Option<CallCheck>>,
+    /// Set once an NCCL call made through a shared borrow (a capture) failed: the
+    /// communicator may have been aborted (`ncclCommAbort` frees it), so no graph of it
+    /// may launch again.
+    failed: AtomicBool,
+}
+
+impl Gate {
+    /// The check, for an eager call (which holds the `RankComm` mutably: no lock).
+    pub(super) fn check_mut(&mut self) -> &mut Option<CallCheck> {
+        self.check.get_mut().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl LaunchAgreement for Gate {
     fn agree_then(&self, record: &[u8], launch: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        let mut check = self.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut check = self.check.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.failed.load(Ordering::Acquire) {
+            return Err(Error::InvalidArgument(
+                "an NCCL call of this rank failed during a later capture, and its \
+                 communicator may have been aborted: graphs of it no longer launch (make a \
+                 new communicator and capture again)"
+                    .into(),
+            ));
+        }
         let Some(check) = check.as_mut() else {
             return launch();
         };
@@ -53,15 +82,15 @@ impl LaunchAgreement for Mutex<Option<CallCheck>> {
     }
 }
 
-/// The NCCL communicator of `comm` and its call check, if `comm`'s collectives can be
+/// The NCCL communicator of `comm` and its gate, if `comm`'s collectives can be
 /// captured (see the module docs).
-fn capturable(comm: &RankComm) -> Result<(&nccl::NcclComm, &Mutex<Option<CallCheck>>)> {
+fn capturable(comm: &RankComm) -> Result<(&nccl::NcclComm, &Gate)> {
     match &comm.inner {
         RankInner::Nccl {
             comm: Some(nccl),
-            check,
+            gate,
             ..
-        } => Ok((nccl, check)),
+        } => Ok((nccl, gate)),
         RankInner::Nccl { id: Some(_), .. } => Err(Error::NotCapturable {
             what: "an NCCL collective of a RankComm not yet initialised",
             reason: "this rank's NCCL communicator is created at its first collective \
@@ -91,9 +120,11 @@ fn capturable(comm: &RankComm) -> Result<(&nccl::NcclComm, &Mutex<Option<CallChe
     }
 }
 
+/// A buffer's allocation (its tracker), address and size in bytes.
+type Span<'a> = (&'a AccessTracker, u64, u64);
+
 /// Whether two buffers share a byte of one allocation.
-fn overlap(a: &Buf<'_>, b: &Buf<'_>) -> bool {
-    let ((ta, la, na), (tb, lb, nb)) = (a.span(), b.span());
+fn overlap((ta, la, na): Span<'_>, (tb, lb, nb): Span<'_>) -> bool {
     std::ptr::eq(ta, tb) && la < lb.saturating_add(nb) && lb < la.saturating_add(na)
 }
 
@@ -248,7 +279,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         send: Buf<'buf>,
         recv: Buf<'buf>,
     ) -> Result<()> {
-        let (nccl, check) = capturable(comm)?;
+        let (nccl, gate) = capturable(comm)?;
         let device = self.device();
         let call = device
             .expect_same("communicator", &comm.device)
@@ -265,7 +296,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             })
             .and_then(|call| {
                 let in_place = matches!(kind, Kind::Broadcast(_));
-                if !in_place && overlap(&send, &recv) {
+                if !in_place && overlap(send.span(), recv.span()) {
                     return Err(Error::InvalidArgument(format!(
                         "{}: the receive buffer overlaps the send buffer (a captured \
                          collective borrows both shared; use separate buffers)",
@@ -277,7 +308,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         // As an eager call: the ranks agree before anything is recorded, and a call this
         // rank cannot make is told to the others at the same collective.
         let record = {
-            let mut guard = check.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut guard = gate.check.lock().unwrap_or_else(PoisonError::into_inner);
             match (call, guard.as_mut()) {
                 (Ok(call), Some(c)) => Some((call, Some(c.agree_captured(&call)?))),
                 (Err(e), Some(c)) => return Err(c.fail(e)),
@@ -288,9 +319,9 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         let Some((call, header)) = record else {
             return Ok(());
         };
-        if let Some(h) = &header {
-            self.record_agreement(check, h);
-        }
+        // Every launch goes through the gate (the failure flag), and agrees on the
+        // header when the rank checks its calls.
+        self.record_agreement(gate, header.as_ref().map_or(&[][..], |h| &h[..]));
         if call.count == 0 {
             // Nothing to move (NCCL is not called, as eagerly).
             return Ok(());
@@ -316,6 +347,43 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             // for 'buf, and its drop waits for the launches (the order tracker).
             unsafe { nccl.issue(&call, stream) }
         })
-        .map_err(|e| self.discard_graph(e))
+        .map_err(|e| {
+            // The communicator may be aborted now (`issue` aborts it on a timeout or an
+            // error NCCL reports): graphs captured from it earlier stay borrowed, and must
+            // not launch its kernels again.
+            gate.failed.store(true, Ordering::Release);
+            self.discard_graph(e)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlap_is_shared_bytes_of_one_allocation() {
+        let (a, b) = (AccessTracker::default(), AccessTracker::default());
+        assert!(overlap((&a, 0, 64), (&a, 63, 1)));
+        assert!(overlap((&a, 16, 8), (&a, 0, 64)));
+        assert!(!overlap((&a, 0, 64), (&a, 64, 64)), "adjacent");
+        assert!(!overlap((&a, 0, 64), (&b, 0, 64)), "another allocation");
+        assert!(!overlap((&a, 0, 0), (&a, 0, 64)), "empty");
+        assert!(
+            !overlap((&a, u64::MAX - 1, 8), (&a, 0, 8)),
+            "no wrap-around"
+        );
+    }
+
+    /// A gate that refuses every launch: nothing is enqueued, and the error says why.
+    #[test]
+    fn a_failed_gate_launches_nothing() {
+        let gate = Gate::default();
+        let mut launched = 0;
+        assert!(gate.agree_then(&[], &mut || Ok(launched += 1)).is_ok());
+        gate.failed.store(true, Ordering::Release);
+        let e = gate.agree_then(&[], &mut || Ok(launched += 1)).unwrap_err();
+        assert_eq!(launched, 1);
+        assert!(e.to_string().contains("no longer launch"), "{e}");
     }
 }

@@ -2,14 +2,17 @@
 //! that rank's device.
 
 #[cfg(doc)]
+use super::CallCheck;
+#[cfg(doc)]
 use super::Communicator;
 use super::call::{Buf, Call, Kind, buf, check_matched, check_pair, make_call, rank_error, uses};
 use super::engine::{self, Enter, Lane};
 #[cfg(feature = "ipc")]
 use super::procs;
+use super::rank_capture::Gate;
 use super::rendezvous::{Key, Meeting};
 use super::types::{CollectiveType, DType, Op};
-use super::{CallCheck, LaunchEnv, NcclUniqueId, nccl, settle_on_error};
+use super::{LaunchEnv, NcclUniqueId, nccl, settle_on_error};
 #[cfg(all(doc, feature = "ipc"))]
 use super::{PROCESS_STAGING_BYTES, ProcessGroup};
 use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};
@@ -83,12 +86,11 @@ pub(super) enum RankInner {
         /// How long the lazy initialisation and each call wait for NCCL.
         timeout: std::time::Duration,
         comm: Option<nccl::NcclComm>,
-        /// One rank per process from `from_launch`: the agreement on every collective
-        /// through rank 0 (`None`: not checked). In a lock because the launches of
-        /// graphs holding this rank's captured collectives agree through it too (they
-        /// borrow the `RankComm` shared, and may run on other threads); eager calls
-        /// (`&mut self`) reach it without locking.
-        check: std::sync::Mutex<Option<CallCheck>>,
+        /// What the launches of graphs holding this rank's captured collectives go
+        /// through, with the agreement on every collective through rank 0 (one rank per
+        /// process from `from_launch`; `None`: not checked), which eager calls
+        /// (`&mut self`) reach without locking.
+        gate: Gate,
     },
     /// Own kernels, one rank per process on one machine.
     #[cfg(feature = "ipc")]
@@ -194,7 +196,7 @@ impl RankComm {
                 id: None,
                 timeout,
                 comm: Some(comm),
-                check: std::sync::Mutex::new(None),
+                gate: Gate::default(),
             },
         })
     }
@@ -242,9 +244,8 @@ impl RankComm {
             (env.exchange_id()?, None)
         };
         let mut comm = Self::init_process(ctx, device, env.rank, env.world_size, &id, env.timeout)?;
-        if let RankInner::Nccl { check: c, .. } = &mut comm.inner {
-            *c.get_mut()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = check;
+        if let RankInner::Nccl { gate, .. } = &mut comm.inner {
+            *gate.check_mut() = check;
         }
         Ok(comm)
     }
@@ -355,14 +356,12 @@ impl RankComm {
                 id,
                 timeout,
                 comm,
-                check,
+                gate,
             } => {
                 // One rank per process: the ranks agree on the collective through rank 0
                 // before anything is enqueued; a call this rank cannot make is told to
                 // the others at the same collective (send/recv are not checked).
-                let check = check
-                    .get_mut()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let check = gate.check_mut();
                 let call = match (call, check.as_mut()) {
                     (Ok(call), Some(check)) => {
                         check.agree_call(&call)?;

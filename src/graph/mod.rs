@@ -436,10 +436,23 @@ impl<'buf> GraphExec<'buf> {
     /// differ. Launches already enqueued are not affected. From now on the launches claim
     /// what `graph` uses.
     ///
-    /// [`Error::GraphUpdate`] when the driver refuses (the executable graph is unchanged),
-    /// [`Error::WrongDevice`] for a graph of another device.
+    /// [`Error::GraphUpdate`] when the driver refuses (the executable graph is unchanged)
+    /// or either graph holds captured NCCL collectives (NCCL's state for them belongs to
+    /// the graph they were captured into), [`Error::WrongDevice`] for a graph of another
+    /// device.
     pub fn update(&mut self, graph: &Graph<'buf>) -> Result<()> {
         self.device.expect_same("graph", &graph.device)?;
+        if !self.uses.agreements.is_empty() || !graph.uses.agreements.is_empty() {
+            // NCCL keeps what a captured collective needs at run time with the graph it
+            // was captured into (CUDA user objects): an executable graph updated to run
+            // another capture's collectives would use state that capture's graph frees.
+            // And each launch is a collective of one capture's ranks.
+            return Err(Error::GraphUpdate {
+                reason: "a graph holding captured NCCL collectives cannot be updated (nor \
+                         updated to): instantiate the new graph instead"
+                    .into(),
+            });
+        }
         let _guard = self.device.enter()?;
         let mut info = sys::CUgraphExecUpdateResultInfo {
             result: sys::CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
@@ -507,6 +520,60 @@ mod tests {
         u.add(&a, Access::Read);
         assert_eq!(u.trackers.len(), 2);
         assert!(u.trackers.iter().all(|(_, acc)| *acc == Access::Write));
+    }
+
+    /// A launch agreement that logs what it was asked and may refuse.
+    struct Gate {
+        name: u8,
+        refuse: bool,
+        log: std::sync::Mutex<Vec<(u8, Vec<u8>)>>,
+    }
+
+    impl LaunchAgreement for Gate {
+        fn agree_then(&self, record: &[u8], launch: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+            self.log.lock().unwrap().push((self.name, record.to_vec()));
+            if self.refuse {
+                return Err(Error::InvalidArgument(format!(
+                    "gate {} refused",
+                    self.name
+                )));
+            }
+            launch()
+        }
+    }
+
+    fn gate(name: u8, refuse: bool) -> Gate {
+        Gate {
+            name,
+            refuse,
+            log: Default::default(),
+        }
+    }
+
+    #[test]
+    fn agreements_keep_one_entry_per_gate_in_address_order_and_gate_the_launch() {
+        let (a, b) = (gate(1, false), gate(2, false));
+        let mut u = Uses::default();
+        u.add_agreement(&b, &[10]);
+        u.add_agreement(&a, &[20]);
+        u.add_agreement(&b, &[30, 31]);
+        assert_eq!(u.agreements.len(), 2);
+        let addr = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
+        assert!(addr(u.agreements[0].0) < addr(u.agreements[1].0));
+        let mut launched = 0;
+        agreed(&u.agreements, &mut || Ok(launched += 1)).unwrap();
+        assert_eq!(launched, 1);
+        assert_eq!(b.log.lock().unwrap().as_slice(), &[(2, vec![10, 30, 31])]);
+        assert_eq!(a.log.lock().unwrap().as_slice(), &[(1, vec![20])]);
+
+        // One refusing gate: nothing launches, and its error is the launch's.
+        let (c, d) = (gate(3, false), gate(4, true));
+        let mut u = Uses::default();
+        u.add_agreement(&c, &[]);
+        u.add_agreement(&d, &[]);
+        let e = agreed(&u.agreements, &mut || Ok(launched += 1)).unwrap_err();
+        assert_eq!(launched, 1);
+        assert!(e.to_string().contains("gate 4 refused"));
     }
 
     #[test]
