@@ -140,8 +140,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// ([`RankComm::from_launch`], `GPUBIND_CHECK_CALLS`) both are checked: at capture,
     /// each collective agrees with the peers as an eager call does, as a *captured*
     /// collective (a peer calling it eagerly is the same [`Error::InvalidArgument`]
-    /// "collective mismatch" on every rank); at each [`GraphExec::launch`]
-    /// (crate::GraphExec::launch), the ranks agree that they launch the graphs of the
+    /// "collective mismatch" on every rank); at each
+    /// [`GraphExec::launch`](crate::GraphExec::launch), the ranks agree that they launch the graphs of the
     /// same capture (one round trip to rank 0 per launch).
     ///
     /// `send` is claimed as read and `recv` as written at each launch, both borrowed for
@@ -151,8 +151,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// communicator must exist already ([`Error::NotCapturable`] for one made at its
     /// first call, as [`Communicator::init_all`](super::Communicator::init_all)'s are);
     /// a `RankComm` of own kernels is [`Error::NotCapturable`]. An NCCL call that fails
-    /// during the capture discards the graph ([`BoundDevice::capture`]
-    /// (crate::BoundDevice::capture) returns that error).
+    /// during the capture discards the graph
+    /// ([`BoundDevice::capture`](crate::BoundDevice::capture) returns that error).
     ///
     /// ```no_run
     /// # fn main() -> gpubind::Result<()> {

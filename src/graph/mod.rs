@@ -5,9 +5,12 @@
 //! running it. The closure receives a [`Capture`] handle whose methods are the only
 //! operations that can enter the graph — kernel launches, memsets, device-to-device copies,
 //! copies from page-locked host memory,
-//! [`fork`](Capture::fork)s, cuBLAS products (`Capture::matmul`, feature `cublas`) and the
-//! one-device all-reduce (`Capture::all_reduce`, feature `collective`) — so nothing that would invalidate a capture (a
-//! synchronisation, a synchronous copy, an allocation) can be enqueued into it:
+//! [`fork`](Capture::fork)s, cuBLAS products (`Capture::matmul`, feature `cublas`), the
+//! one-device all-reduce (`Capture::all_reduce`, feature `collective`) and one NCCL
+//! rank's collectives (`Capture::rank_all_reduce`, `rank_reduce`, `rank_broadcast`,
+//! `rank_all_gather`, `rank_reduce_scatter` on a `RankComm`) — so nothing that would
+//! invalidate a capture (a synchronisation, a synchronous copy, an allocation) can be
+//! enqueued into it:
 //!
 //! ```no_run
 //! # fn main() -> gpubind::Result<()> {
@@ -93,12 +96,23 @@
 //! * **Ending.** The capture is ended when the closure returns, errs or panics; an
 //!   invalidated capture (e.g. by an illegal call through a raw handle) is the driver's
 //!   error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, …) and yields no graph.
+//! * **NCCL collectives** (`Capture::rank_all_reduce` and its siblings). One rank's part,
+//!   on its device, as NCCL captures it; every rank captures the same collectives and
+//!   launches the graph of that capture together (NCCL's rules). The graph borrows the
+//!   `RankComm`; its buffers are recorded like a kernel's, and so is the rank's order
+//!   tracker, which eager calls claim too, so the rank's collectives reach the device in
+//!   issue order and the communicator's drop waits (bounded) for graph launches. With
+//!   the rank's call check, each launch first agrees with the peers on the capture it
+//!   replays (one round trip to rank 0). A graph holding NCCL collectives is not
+//!   [`update`](GraphExec::update)d. See docs/collective.md, "CUDA graphs".
 //!
 //! # Not capturable (yet)
 //!
-//! Collectives other than the one-device own-kernel all-reduce (`Capture::all_reduce`:
-//! ranks on several devices, the host-staged transport and NCCL are
-//! [`Error::NotCapturable`]; nothing else can enqueue onto the capture's streams),
+//! Collectives other than the one-device own-kernel all-reduce (`Capture::all_reduce`)
+//! and an NCCL `RankComm`'s collectives (`Capture::rank_*`): a `Communicator` with ranks
+//! on several devices, the host-staged transport, NCCL driven by one thread for several
+//! devices, and `RankComm`s of own kernels are [`Error::NotCapturable`]; send/recv have
+//! no capture method; nothing else can enqueue onto the capture's streams),
 //! device-to-host copies (a captured copy writes its host memory at every launch, and the
 //! host reads page-locked memory through `&`: host-to-device copies from page-locked
 //! memory are capturable, [`Capture::copy_from_host`]), stream-ordered allocation, child graphs and
