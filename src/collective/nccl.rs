@@ -264,8 +264,9 @@ pub(crate) struct NcclComm {
     /// The order of this rank's work on the device: each eager `RankComm` call and each
     /// launch of a graph holding its captured collectives claims it as written, so they
     /// run one after the other in issue order; the drop waits for its pending uses too
-    /// (a graph launched after the last eager call).
-    order: crate::access::AccessTracker,
+    /// (a graph launched after the last eager call). Boxed: `RankComm`'s enum of
+    /// backends holds this struct inline.
+    order: Box<crate::access::AccessTracker>,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not

@@ -90,7 +90,7 @@ pub(super) enum RankInner {
         /// through, with the agreement on every collective through rank 0 (one rank per
         /// process from `from_launch`; `None`: not checked), which eager calls
         /// (`&mut self`) reach without locking.
-        gate: Gate,
+        gate: Box<Gate>,
     },
     /// Own kernels, one rank per process on one machine.
     #[cfg(feature = "ipc")]
@@ -196,7 +196,7 @@ impl RankComm {
                 id: None,
                 timeout,
                 comm: Some(comm),
-                gate: Gate::default(),
+                gate: Box::default(),
             },
         })
     }
