@@ -366,7 +366,8 @@ fn child_forgotten_exec() -> R {
 fn rank_capture_refusals_are_typed() -> R {
     let d = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let kernels = Communicator::init_all(&[d.clone()], CommOptions::kernels()).ctx("init_all")?;
+    let kernels =
+        Communicator::init_all(std::slice::from_ref(&d), CommOptions::kernels()).ctx("init_all")?;
     {
         let gpu = ctx.bind(&d).ctx("bind")?;
         let (x, y) = (
@@ -388,7 +389,8 @@ fn rank_capture_refusals_are_typed() -> R {
         );
     }
     nccl_present()?;
-    let mut lazy = Communicator::init_all(&[d.clone()], CommOptions::nccl()).ctx("init_all")?;
+    let mut lazy =
+        Communicator::init_all(std::slice::from_ref(&d), CommOptions::nccl()).ctx("init_all")?;
     let gpu = ctx.bind(&d).ctx("bind")?;
     let x = gpu.clone_htod(&[2.0f32; 64]).ctx("htod")?;
     let mut y = gpu.alloc_zeros::<f32>(64).ctx("alloc")?;

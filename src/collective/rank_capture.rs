@@ -380,9 +380,20 @@ mod tests {
     fn a_failed_gate_launches_nothing() {
         let gate = Gate::default();
         let mut launched = 0;
-        assert!(gate.agree_then(&[], &mut || Ok(launched += 1)).is_ok());
+        assert!(
+            gate.agree_then(&[], &mut || {
+                launched += 1;
+                Ok(())
+            })
+            .is_ok()
+        );
         gate.failed.store(true, Ordering::Release);
-        let e = gate.agree_then(&[], &mut || Ok(launched += 1)).unwrap_err();
+        let e = gate
+            .agree_then(&[], &mut || {
+                launched += 1;
+                Ok(())
+            })
+            .unwrap_err();
         assert_eq!(launched, 1);
         assert!(e.to_string().contains("no longer launch"), "{e}");
     }

@@ -575,7 +575,11 @@ mod tests {
         let addr = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
         assert!(addr(u.agreements[0].0) < addr(u.agreements[1].0));
         let mut launched = 0;
-        agreed(&u.agreements, &mut || Ok(launched += 1)).unwrap();
+        agreed(&u.agreements, &mut || {
+            launched += 1;
+            Ok(())
+        })
+        .unwrap();
         assert_eq!(launched, 1);
         assert_eq!(b.log.lock().unwrap().as_slice(), &[(2, vec![10, 30, 31])]);
         assert_eq!(a.log.lock().unwrap().as_slice(), &[(1, vec![20])]);
@@ -585,7 +589,11 @@ mod tests {
         let mut u = Uses::default();
         u.add_agreement(&c, &[]);
         u.add_agreement(&d, &[]);
-        let e = agreed(&u.agreements, &mut || Ok(launched += 1)).unwrap_err();
+        let e = agreed(&u.agreements, &mut || {
+            launched += 1;
+            Ok(())
+        })
+        .unwrap_err();
         assert_eq!(launched, 1);
         assert!(e.to_string().contains("gate 4 refused"));
     }
