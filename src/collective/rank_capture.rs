@@ -38,7 +38,7 @@ use crate::copy::DeviceOnlyMemory;
 use crate::error::{Error, Result};
 use crate::graph::{Capture, LaunchAgreement};
 use crate::memory::DeviceMemory;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 /// What every launch of a graph holding an NCCL rank's captured collectives goes
@@ -52,12 +52,24 @@ pub(super) struct Gate {
     /// communicator may have been aborted (`ncclCommAbort` frees it), so no graph of it
     /// may launch again.
     failed: AtomicBool,
+    /// How many graphs and executable graphs holding the rank's captured collectives
+    /// live. Once the `RankComm` is no longer borrowed, any left were forgotten
+    /// (`mem::forget`): NCCL destroys, finalizes or aborts a communicator only after
+    /// every graph that captured it is destroyed, so the drop leaks it instead of
+    /// waiting for ever (see [`Gate::forgotten_graphs`]).
+    graphs: AtomicUsize,
 }
 
 impl Gate {
     /// The check, for an eager call (which holds the `RankComm` mutably: no lock).
     pub(super) fn check_mut(&mut self) -> &mut Option<CallCheck> {
         self.check.get_mut().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many graphs of the rank's collectives still live. Called with the `RankComm`
+    /// held mutably (its drop): no graph borrows it any more, so these were forgotten.
+    pub(super) fn forgotten_graphs(&mut self) -> usize {
+        *self.graphs.get_mut()
     }
 }
 
@@ -79,6 +91,14 @@ impl LaunchAgreement for Gate {
         // The peers were told to go ahead: a launch that fails here tells them at their
         // next collective instead of leaving them waiting in this one for ever.
         launch().map_err(|e| check.fail(e))
+    }
+
+    fn retain(&self) {
+        self.graphs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn release(&self) {
+        self.graphs.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -108,6 +108,29 @@ pub struct RankComm {
 
 impl Drop for RankComm {
     fn drop(&mut self) {
+        // NCCL: a graph that captured this rank's collectives and was forgotten
+        // (`mem::forget`: its borrow of this RankComm ended, it was never destroyed) keeps
+        // NCCL's finalize, destroy and abort waiting for ever for its destruction, and its
+        // launches may still run: the communicator is leaked (valid for them), not hung on.
+        if let RankInner::Nccl { comm, gate, .. } = &mut self.inner {
+            let forgotten = gate.forgotten_graphs();
+            if forgotten > 0
+                && let Some(c) = comm.take()
+            {
+                std::mem::forget(c);
+                crate::faults::report_drop(
+                    format_args!("an NCCL communicator of {} ranks", self.nranks),
+                    Some(self.device.ordinal()),
+                    crate::faults::RELEASE,
+                    &Error::InvalidArgument(format!(
+                        "{forgotten} CUDA graph(s) holding its captured collectives were \
+                         forgotten (never dropped), and NCCL destroys a communicator only \
+                         after every graph that captured it"
+                    )),
+                    crate::faults::LEAKED,
+                );
+            }
+        }
         // Own kernels: the other ranks must not wait for this one any more.
         if let RankInner::Kernels { world, .. } = &self.inner {
             let why = if std::thread::panicking() {

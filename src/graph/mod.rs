@@ -160,7 +160,11 @@ pub struct GraphExec<'buf> {
 
 /// The allocations (and module launch trackers) a graph uses, one entry per tracker with
 /// the strongest access, plus the last kernel captured (for the poison message).
-#[derive(Clone, Default)]
+///
+/// Each value counts once, for as long as it lives, in every gate it holds
+/// ([`LaunchAgreement::retain`]/[`release`](LaunchAgreement::release)): a graph and its
+/// executable graphs each hold one.
+#[derive(Default)]
 struct Uses<'buf> {
     trackers: Vec<(&'buf AccessTracker, Access)>,
     /// Memory the graph keeps alive itself rather than borrows (a cuBLAS workspace: the
@@ -184,6 +188,36 @@ pub(crate) trait LaunchAgreement: Sync {
     /// `record` at capture, then runs `launch` (the claim and the enqueue) before any
     /// other launch through this rank can agree.
     fn agree_then(&self, record: &[u8], launch: &mut dyn FnMut() -> Result<()>) -> Result<()>;
+
+    /// One more graph or executable graph holds this gate (NCCL does not destroy a
+    /// communicator while a graph that captured it lives: the rank's drop needs to know
+    /// whether one was forgotten).
+    fn retain(&self);
+
+    /// [`retain`](Self::retain)'s graph is gone.
+    fn release(&self);
+}
+
+impl Clone for Uses<'_> {
+    fn clone(&self) -> Self {
+        for (gate, _) in &self.agreements {
+            gate.retain();
+        }
+        Uses {
+            trackers: self.trackers.clone(),
+            owned: self.owned.clone(),
+            agreements: self.agreements.clone(),
+            last_kernel: self.last_kernel,
+        }
+    }
+}
+
+impl Drop for Uses<'_> {
+    fn drop(&mut self) {
+        for (gate, _) in &self.agreements {
+            gate.release();
+        }
+    }
 }
 
 /// Runs `launch` inside every agreement of `gates`, the first outermost.
@@ -243,7 +277,10 @@ impl<'buf> Uses<'buf> {
             .binary_search_by_key(&key(gate), |(g, _)| key(*g))
         {
             Ok(i) => self.agreements[i].1.extend_from_slice(record),
-            Err(i) => self.agreements.insert(i, (gate, record.to_vec())),
+            Err(i) => {
+                gate.retain();
+                self.agreements.insert(i, (gate, record.to_vec()));
+            }
         }
     }
 
@@ -541,6 +578,7 @@ mod tests {
         name: u8,
         refuse: bool,
         log: std::sync::Mutex<Vec<(u8, Vec<u8>)>>,
+        held: std::sync::atomic::AtomicUsize,
     }
 
     impl LaunchAgreement for Gate {
@@ -554,6 +592,14 @@ mod tests {
             }
             launch()
         }
+
+        fn retain(&self) {
+            self.held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+
+        fn release(&self) {
+            self.held.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     fn gate(name: u8, refuse: bool) -> Gate {
@@ -561,6 +607,7 @@ mod tests {
             name,
             refuse,
             log: Default::default(),
+            held: Default::default(),
         }
     }
 
@@ -583,6 +630,15 @@ mod tests {
         assert_eq!(launched, 1);
         assert_eq!(b.log.lock().unwrap().as_slice(), &[(2, vec![10, 30, 31])]);
         assert_eq!(a.log.lock().unwrap().as_slice(), &[(1, vec![20])]);
+        // Every live `Uses` holding a gate counts once in it (a graph and each
+        // executable graph instantiated from it).
+        let held = |g: &Gate| g.held.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!((held(&a), held(&b)), (1, 1));
+        let exec = u.clone();
+        assert_eq!((held(&a), held(&b)), (2, 2));
+        drop(u);
+        drop(exec);
+        assert_eq!((held(&a), held(&b)), (0, 0));
 
         // One refusing gate: nothing launches, and its error is the launch's.
         let (c, d) = (gate(3, false), gate(4, true));
