@@ -19,7 +19,10 @@
 //!   by every eager call: the rank's collectives, eager or graphed, reach the device in
 //!   issue order, and the communicator's drop waits for the graph launches too;
 //! * the `RankComm` is borrowed (shared) for the graph's lifetime, so it outlives every
-//!   launch, and its eager calls (`&mut self`) wait until the graphs are gone;
+//!   launch, and its eager calls (`&mut self`) do not compile while a graph of it lives;
+//!   every graph counts itself in the rank's [`Gate`], so a drop that finds graphs left
+//!   (forgotten ones: NCCL would wait for their destruction for ever) leaks the
+//!   communicator instead;
 //! * with a [`CallCheck`], each captured collective agrees with the peers at capture
 //!   time under its own "captured" kind (a peer calling it eagerly is a mismatch), and
 //!   each launch agrees on one header naming the capture (a digest of the agreed
@@ -77,12 +80,17 @@ impl LaunchAgreement for Gate {
     fn agree_then(&self, record: &[u8], launch: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         let mut check = self.check.lock().unwrap_or_else(PoisonError::into_inner);
         if self.failed.load(Ordering::Acquire) {
-            return Err(Error::InvalidArgument(
+            let e = Error::InvalidArgument(
                 "an NCCL call of this rank failed during a later capture, and its \
                  communicator may have been aborted: graphs of it no longer launch (make a \
                  new communicator and capture again)"
                     .into(),
-            ));
+            );
+            // The peers learn it at this launch instead of waiting for this rank.
+            return Err(match check.as_mut() {
+                Some(c) => c.fail(e),
+                None => e,
+            });
         }
         let Some(check) = check.as_mut() else {
             return launch();
@@ -166,8 +174,9 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     ///
     /// `send` is claimed as read and `recv` as written at each launch, both borrowed for
     /// the graph's lifetime; they must not overlap ([`Error::InvalidArgument`]). `comm`
-    /// is borrowed for the graph's lifetime too (its eager calls wait until the graph is
-    /// dropped), and its drop waits (bounded) for the graph's launches. Its NCCL
+    /// is borrowed for the graph's lifetime too (its eager calls, which take `&mut`, do
+    /// not compile while the graph lives), and its drop waits (bounded) for the graph's
+    /// launches. Its NCCL
     /// communicator must exist already ([`Error::NotCapturable`] for one made at its
     /// first call, as [`Communicator::init_all`](super::Communicator::init_all)'s are);
     /// a `RankComm` of own kernels is [`Error::NotCapturable`]. An NCCL call that fails
