@@ -214,6 +214,19 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// graph.instantiate()?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// nor called eagerly (a second communicator serves eager collectives between
+    /// launches):
+    ///
+    /// ```compile_fail,E0502
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, mut comm: gpubind::RankComm) -> gpubind::Result<()> {
+    /// let (a, b) = (gpu.alloc_zeros::<f32>(8)?, gpu.alloc_zeros::<f32>(8)?);
+    /// let mut other = gpu.alloc_zeros::<f32>(8)?;
+    /// let graph = gpu.capture(|c| c.rank_all_reduce(&comm, &a, &b, gpubind::Op::Sum))?;
+    /// comm.all_reduce(&gpu.default_stream(), &a, &mut other, gpubind::Op::Sum)?; // error[E0502]
+    /// graph.instantiate()?;
+    /// # Ok(()) }
+    /// ```
     pub fn rank_all_reduce<T, S, D>(
         &mut self,
         comm: &'buf RankComm,
