@@ -368,33 +368,52 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             // Nothing to move (NCCL is not called, as eagerly).
             return Ok(());
         }
-        let (t, lo, bytes) = recv.span();
-        self.record_span(t, Access::Write, lo, bytes)?;
-        if !matches!(kind, Kind::Broadcast(_)) {
-            let (t, lo, bytes) = send.span();
-            self.record_span(t, Access::Read, lo, bytes)?;
-        }
-        self.record(nccl.order(), Access::Write)?;
-        // Code outside gpubind may have changed the thread's context since the capture
-        // began: make the capture's device current for NCCL.
-        let _current = device.enter()?;
-        let stream = self.stream_handle();
-        self.marked(|| {
-            // SAFETY: the call is validated against this rank's device, which is the
-            // capture's (checked above) and current; the stream is the capturing stream,
-            // so NCCL records the collective into the graph instead of running it. Its
-            // buffers are live allocations of the sizes the call implies, borrowed for
-            // 'buf and claimed at each launch, and do not overlap unless they are one
-            // buffer (broadcast, which NCCL does in place); the communicator is borrowed
-            // for 'buf, and its drop waits for the launches (the order tracker).
-            unsafe { nccl.issue(&call, stream) }
-        })
-        .map_err(|e| {
-            // The communicator may be aborted now (`issue` aborts it on a timeout or an
-            // error NCCL reports): graphs captured from it earlier stay borrowed, and must
-            // not launch its kernels again.
-            gate.failed.store(true, Ordering::Release);
-            self.discard_graph(e)
+        // From here a failure leaves this rank's graph without a collective its peers
+        // agreed on: the graph is discarded (a launch of it would agree on the capture
+        // and then not take part), and the peers are told at their next collective.
+        let recorded = (|| {
+            let (t, lo, bytes) = recv.span();
+            self.record_span(t, Access::Write, lo, bytes)?;
+            if !matches!(kind, Kind::Broadcast(_)) {
+                let (t, lo, bytes) = send.span();
+                self.record_span(t, Access::Read, lo, bytes)?;
+            }
+            self.record(nccl.order(), Access::Write)
+        })();
+        let issued = recorded.and_then(|()| {
+            // Code outside gpubind may have changed the thread's context since the
+            // capture began: make the capture's device current for NCCL.
+            let _current = device.enter()?;
+            let stream = self.stream_handle();
+            self.marked(|| {
+                // SAFETY: the call is validated against this rank's device, which is the
+                // capture's (checked above) and current; the stream is the capturing
+                // stream, so NCCL records the collective into the graph instead of
+                // running it. Its buffers are live allocations of the sizes the call
+                // implies, borrowed for 'buf and claimed at each launch, and do not
+                // overlap unless they are one buffer (broadcast, which NCCL does in
+                // place); the communicator is borrowed for 'buf, and its drop waits for
+                // the launches (the order tracker).
+                unsafe { nccl.issue(&call, stream) }
+            })
+            .inspect_err(|_| {
+                // The communicator may be aborted now (`issue` aborts it on a timeout or
+                // an error NCCL reports): graphs captured from it earlier stay borrowed,
+                // and must not launch its kernels again.
+                gate.failed.store(true, Ordering::Release);
+            })
+        });
+        issued.map_err(|e| {
+            let e = self.discard_graph(e);
+            match gate
+                .check
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_mut()
+            {
+                Some(c) => c.fail(e),
+                None => e,
+            }
         })
     }
 }
