@@ -351,8 +351,9 @@ pub enum Error {
     },
 
     /// An operation that cannot be recorded into a CUDA graph (e.g. a collective whose
-    /// ranks span several devices: a graph runs on one device). Nothing was captured
-    /// for it; the capture goes on (return the error from the closure to abandon it).
+    /// ranks span several devices driven by one thread, or a `RankComm` of own kernels,
+    /// whose ranks meet on the host at every call). Nothing was captured for it; the
+    /// capture goes on (return the error from the closure to abandon it).
     #[error("{what} cannot be captured into a CUDA graph: {reason}")]
     NotCapturable {
         /// What was refused, e.g. `an NCCL collective`.

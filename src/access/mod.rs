@@ -120,6 +120,19 @@ impl AccessTracker {
         st.wait_all(|s| s.synchronize_within(deadline, limit))
     }
 
+    /// Whether every pending use has finished (`cuStreamQuery` of each stream, which
+    /// reports the stream's later work too; a stream that cannot be queried counts as
+    /// busy). Forgets nothing: for a drop that polls, with a limit, alongside other
+    /// conditions (an NCCL communicator's drop waits so for its graph launches).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    pub(crate) fn pending_finished(&self) -> bool {
+        let st = sync::lock(&self.state);
+        st.writers
+            .iter()
+            .chain(&st.readers)
+            .all(TrackedStream::is_idle)
+    }
+
     /// Records a read on `on` that needs no ordering before it (the tracker has no
     /// writes: the launches of a module without global views) and no claim across its
     /// enqueue (what it guards — the module's unload — cannot happen while the launch

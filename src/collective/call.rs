@@ -57,16 +57,25 @@ pub(super) struct Buf<'x> {
     device: &'x Device,
     len: usize,
     ptr: u64,
+    bytes: u64,
     /// The allocation's pending uses: the collective is ordered after them.
     tracker: &'x AccessTracker,
 }
 
-pub(super) fn buf<T, M: DeviceMemory<T>>(m: &M) -> Buf<'_> {
+pub(super) fn buf<T, M: DeviceMemory<T> + ?Sized>(m: &M) -> Buf<'_> {
     Buf {
         device: m.device(),
         len: m.len(),
         ptr: m.device_ptr(),
+        bytes: m.num_bytes() as u64,
         tracker: m.tracker(),
+    }
+}
+
+impl<'x> Buf<'x> {
+    /// The allocation's tracker, and the buffer's address and size in bytes.
+    pub(super) fn span(&self) -> (&'x AccessTracker, u64, u64) {
+        (self.tracker, self.ptr, self.bytes)
     }
 }
 

@@ -20,9 +20,20 @@
 //! broken and every later call returns that error at once (the ranks are out of step).
 //!
 //! Header payload (24 bytes, little-endian): sequence u64, kind u8 (1 all_reduce,
-//! 2 reduce, 3 broadcast, 4 all_gather, 5 reduce_scatter, 9.. tests), op u8 (0 sum,
-//! 1 prod, 2 min, 3 max, 4 avg), dtype u8 (`CollectiveType::INDEX`), 0 u8, root u32,
-//! count u64.
+//! 2 reduce, 3 broadcast, 4 all_gather, 5 reduce_scatter, 9.. tests; the same plus
+//! [`CAPTURED`] for a collective captured into a CUDA graph; [`GRAPH_LAUNCH`] for a
+//! launch of such a graph), op u8 (0 sum, 1 prod, 2 min, 3 max, 4 avg), dtype u8
+//! (`CollectiveType::INDEX`), 0 u8, root u32 (a graph launch: how many collectives the
+//! graph holds), count u64 (a graph launch: the digest of its captured headers).
+//!
+//! CUDA graphs (NCCL's rules: whether a collective is captured is a collective property,
+//! and every rank must launch the graph of the same collective capture): a captured
+//! collective agrees at capture time like an eager one but under its own kinds, so a
+//! rank that captures while a peer calls eagerly is a mismatch; each launch of the graph
+//! agrees on one header, kind [`GRAPH_LAUNCH`], whose count is an FNV-1a digest of the
+//! headers (sequence numbers included) its collectives agreed at capture. The sequence
+//! numbers make the digest name the capture, not only its shape: two graphs captured
+//one after the other with the same collectives have different digests.
 
 use super::bootstrap::{Frame, Kind as FrameKind, ReadFail, decode_error, encode_error};
 use super::bootstrap::{read_frame, write_frame};
@@ -42,7 +53,21 @@ struct Header {
     count: u64,
 }
 
-const HEADER_BYTES: usize = 24;
+/// The length of an encoded header.
+pub(crate) const HEADER_BYTES: usize = 24;
+
+/// Added to a collective's kind when it is captured into a CUDA graph.
+pub(crate) const CAPTURED: u8 = 16;
+
+/// The kind of a graph launch's header.
+pub(crate) const GRAPH_LAUNCH: u8 = 6;
+
+/// FNV-1a (64 bits) of `bytes`: the digest of a graph's captured headers.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
 
 fn op_code(op: Op) -> u8 {
     match op {
@@ -109,7 +134,18 @@ impl Header {
             .get(usize::from(self.op))
             .copied()
             .unwrap_or("?");
-        let what = match self.kind {
+        if self.kind == GRAPH_LAUNCH {
+            return format!(
+                "a launch of a CUDA graph of {} captured collective(s), digest {:#018x} \
+                 (collective #{})",
+                self.root, self.count, self.seq
+            );
+        }
+        let (base, captured) = match self.kind {
+            k if (CAPTURED + 1..CAPTURED + 9).contains(&k) => (k - CAPTURED, "captured "),
+            k => (k, ""),
+        };
+        let what = match base {
             1 => format!("all_reduce({op})"),
             2 => format!("reduce({op}, root {})", self.root),
             3 => format!("broadcast(root {})", self.root),
@@ -121,7 +157,7 @@ impl Header {
             .get(usize::from(self.dtype))
             .map_or("?", |t| t.0);
         format!(
-            "{what} of {} {dtype} (collective #{})",
+            "{captured}{what} of {} {dtype} (collective #{})",
             self.count, self.seq
         )
     }
@@ -212,6 +248,40 @@ impl CallCheck {
             Some(h) => self.agree(h),
             None => self.check(),
         }
+    }
+
+    /// Agrees on `call` captured into a CUDA graph (a collective: send/recv are not
+    /// captured): as [`agree_call`](Self::agree_call), under the captured kind, so a
+    /// peer calling it eagerly is a mismatch. Returns the agreed header (with its
+    /// sequence number), which the graph keeps for [`agree_launch`](Self::agree_launch).
+    pub(super) fn agree_captured(&mut self, call: &Call) -> Result<[u8; HEADER_BYTES]> {
+        let Some(mut h) = Header::of(call) else {
+            return Err(Error::InvalidArgument(
+                "send/recv are not captured through a RankComm".into(),
+            ));
+        };
+        h.kind += CAPTURED;
+        self.agree(h)?;
+        h.seq = self.seq - 1;
+        let mut out = [0u8; HEADER_BYTES];
+        out.copy_from_slice(&h.encode());
+        Ok(out)
+    }
+
+    /// Agrees on a launch of a graph whose collectives agreed `record` (their headers
+    /// from [`agree_captured`](Self::agree_captured), in capture order) at capture time:
+    /// one header naming how many there are and a digest of them, so the peers must be
+    /// launching the graph of the same capture, not an eager call or another graph.
+    pub(super) fn agree_launch(&mut self, record: &[u8]) -> Result<()> {
+        let n = record.len() / HEADER_BYTES;
+        self.agree(Header {
+            seq: 0,
+            kind: GRAPH_LAUNCH,
+            op: 0,
+            dtype: 0,
+            root: u32::try_from(n).unwrap_or(u32::MAX),
+            count: fnv1a(record),
+        })
     }
 
     /// Agreement on a made-up collective, for tests and the bench without a GPU:
@@ -502,5 +572,137 @@ mod tests {
         assert!(!h.same_call(&Header { count: 999, ..h }));
         assert!(!h.same_call(&Header { dtype: 0, ..h }));
         assert!(!h.same_call(&Header { root: 0, ..h }));
+    }
+
+    /// Rank 0 and rank 1 of a two-rank check over a loopback connection.
+    fn pair() -> (CallCheck, CallCheck) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (at0, _) = listener.accept().unwrap();
+        let t = Duration::from_secs(20);
+        (
+            CallCheck::rank0(vec![None, Some(at0)], t),
+            CallCheck::peer(peer, 1, 2, t),
+        )
+    }
+
+    fn all_reduce_call(rank: usize, count: usize) -> Call {
+        Call {
+            rank,
+            kind: Kind::AllReduce(Op::Sum),
+            dtype: super::super::types::DType::of::<f32>(),
+            count,
+            send: 0,
+            recv: 0,
+        }
+    }
+
+    /// A rank capturing a collective while its peer calls it eagerly: the same typed
+    /// mismatch on both, naming the captured one.
+    #[test]
+    fn capturing_rank_and_eager_peer_get_the_same_mismatch() {
+        let (mut r0, mut r1) = pair();
+        let peer = std::thread::spawn(move || r1.agree_call(&all_reduce_call(1, 64)));
+        let own = r0.agree_captured(&all_reduce_call(0, 64));
+        let theirs = peer.join().unwrap();
+        let e = own.unwrap_err();
+        assert_eq!(theirs.unwrap_err(), e);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("rank 0 called captured all_reduce(Sum) of 64 f32")
+                && msg.contains("rank 1 called all_reduce(Sum) of 64 f32"),
+            "{msg}"
+        );
+    }
+
+    /// Both ranks capture, then launch: the same graph agrees at every launch; a peer
+    /// that calls an eager collective (or launches another capture's graph) where rank 0
+    /// launches gets the same mismatch as rank 0.
+    #[test]
+    fn graph_launches_agree_on_the_capture() {
+        let (mut r0, mut r1) = pair();
+        let peer = std::thread::spawn(move || {
+            let rec = r1.agree_captured(&all_reduce_call(1, 64))?;
+            for _ in 0..3 {
+                r1.agree_launch(&rec)?;
+            }
+            // Rank 0 launches its graph once more; this rank calls eagerly instead.
+            r1.agree_call(&all_reduce_call(1, 64))
+        });
+        let rec = r0.agree_captured(&all_reduce_call(0, 64)).unwrap();
+        for _ in 0..3 {
+            r0.agree_launch(&rec).unwrap();
+        }
+        let e = r0.agree_launch(&rec).unwrap_err();
+        assert_eq!(peer.join().unwrap().unwrap_err(), e);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("rank 0 called a launch of a CUDA graph of 1 captured collective(s)")
+                && msg.contains("rank 1 called all_reduce(Sum) of 64 f32"),
+            "{msg}"
+        );
+
+        // Graphs of two captures of the same shape are different graphs.
+        let (mut r0, mut r1) = pair();
+        let peer = std::thread::spawn(move || {
+            let first = r1.agree_captured(&all_reduce_call(1, 64))?;
+            let _second = r1.agree_captured(&all_reduce_call(1, 64))?;
+            r1.agree_launch(&first)
+        });
+        let _first = r0.agree_captured(&all_reduce_call(0, 64)).unwrap();
+        let second = r0.agree_captured(&all_reduce_call(0, 64)).unwrap();
+        let e = r0.agree_launch(&second).unwrap_err();
+        assert_eq!(peer.join().unwrap().unwrap_err(), e);
+        assert!(e.to_string().contains("collective mismatch"), "{e}");
+    }
+
+    #[test]
+    fn captured_and_graph_launch_headers_differ_from_eager_ones() {
+        let eager = Header {
+            seq: 3,
+            kind: 1,
+            op: 0,
+            dtype: 0,
+            root: 0,
+            count: 4096,
+        };
+        let captured = Header {
+            kind: 1 + CAPTURED,
+            ..eager
+        };
+        // A rank capturing while a peer calls eagerly: a mismatch, and it says which.
+        assert!(!eager.same_call(&captured));
+        assert_eq!(
+            captured.describe(),
+            "captured all_reduce(Sum) of 4096 f32 (collective #3)"
+        );
+        // Launch digests: the captured headers, sequence numbers included.
+        let rec = |hs: &[Header]| hs.iter().flat_map(|h| h.encode()).collect::<Vec<u8>>();
+        let launch = |r: &[u8]| Header {
+            seq: 9,
+            kind: GRAPH_LAUNCH,
+            op: 0,
+            dtype: 0,
+            root: (r.len() / HEADER_BYTES) as u32,
+            count: fnv1a(r),
+        };
+        let a = rec(&[captured]);
+        let same_shape_other_capture = rec(&[Header { seq: 4, ..captured }]);
+        let other_len = rec(&[Header {
+            count: 4095,
+            ..captured
+        }]);
+        assert!(launch(&a).same_call(&launch(&a)));
+        assert!(!launch(&a).same_call(&launch(&same_shape_other_capture)));
+        assert!(!launch(&a).same_call(&launch(&other_len)));
+        assert!(!launch(&a).same_call(&launch(&rec(&[captured, captured]))));
+        assert!(!launch(&a).same_call(&eager));
+        assert!(
+            launch(&a)
+                .describe()
+                .starts_with("a launch of a CUDA graph of 1 captured collective(s), digest 0x")
+        );
+        // FNV-1a's published test vector.
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 }

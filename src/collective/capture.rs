@@ -1,16 +1,18 @@
 //! Collectives captured into a CUDA graph: [`Capture::all_reduce`], for the one case
-//! that is a single kernel on a single stream — a [`Communicator`] of the own-kernel
-//! backend whose ranks all live on the capturing device (they share one lane, and the
-//! engine reduces them in one pass by a kernel reading all their buffers).
+//! of a [`Communicator`] that is a single kernel on a single stream — a communicator of
+//! the own-kernel backend whose ranks all live on the capturing device (they share one
+//! lane, and the engine reduces them in one pass by a kernel reading all their buffers).
+//! One rank's NCCL collectives ([`RankComm`](super::RankComm) of the NCCL backend) are
+//! captured by `Capture::rank_all_reduce` and its siblings (`rank_capture.rs`).
 //!
-//! Everything else is [`Error::NotCapturable`]: ranks on several devices (a graph runs
-//! on one device; the engine would need one stream per device and barriers between
-//! them), the host-staged transport (its copies go through pinned host memory that the
-//! communicator reuses between calls), and NCCL (NCCL can capture its own operations
-//! into a graph per device, but a communicator here has one device per rank, so the
-//! collective would span several graphs). A [`RankComm`](super::RankComm) is one rank
-//! of a collective that other threads join at run time: not capturable either (the
-//! handle has no method for it).
+//! Every other `Communicator` collective is [`Error::NotCapturable`]: ranks on several
+//! devices (a graph of this capture runs on one device; the engine would need one stream
+//! per device and barriers between them), the host-staged transport (its copies go
+//! through pinned host memory that the communicator reuses between calls), and NCCL with
+//! one thread driving every device (NCCL documents that several GPUs per process with
+//! graph capture may deadlock — `cudaGraphLaunch` may block, preventing the launch on
+//! the other GPUs — and recommends one GPU per process: capture each rank's part from
+//! its own thread or process through an NCCL `RankComm` instead).
 
 use super::engine::Shared;
 use super::{CollectiveType, Communicator, DType, Engine, Op};
@@ -69,11 +71,15 @@ fn capturable<'a>(comm: &'a Communicator, device: &crate::device::Device) -> Res
         Engine::Kernels(shared) => shared,
         Engine::Nccl(_) => {
             return Err(Error::NotCapturable {
-                what: "an NCCL collective",
-                reason: "NCCL can capture its operations into a graph per device, but this \
-                         communicator has one device per rank and a CUDA graph runs on one \
-                         device; use a communicator of the own-kernel backend \
-                         (CommOptions::kernels()) with every rank on the capturing device"
+                what: "an NCCL collective of a Communicator",
+                reason: "one thread drives every rank's device here, and NCCL documents that \
+                         several GPUs per process with graph capture may deadlock \
+                         (cudaGraphLaunch may block, preventing the launch on the other \
+                         GPUs); capture each rank's part from its own thread or process with \
+                         Capture::rank_all_reduce on an NCCL RankComm \
+                         (Communicator::init_all, RankComm::init_process), or use a \
+                         communicator of the own-kernel backend (CommOptions::kernels()) with \
+                         every rank on the capturing device"
                     .into(),
             });
         }
@@ -116,7 +122,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// Only for a communicator of the own-kernel backend whose ranks all live on the
     /// capturing device (direct transport): one kernel reading every rank's input; any
     /// other communicator is [`Error::NotCapturable`] (see the
-    /// [module docs](crate::collective)). `sends` and `recvs` have one buffer per rank,
+    /// [module docs](crate::collective)); an NCCL rank's part is captured through its
+    /// [`RankComm`](super::RankComm) ([`rank_all_reduce`](Self::rank_all_reduce)). `sends` and `recvs` have one buffer per rank,
     /// all of one length; outputs must not overlap each other or any input
     /// ([`Error::InvalidArgument`]: they are shared borrows). Like the other captured
     /// operations, the buffers are borrowed for the graph's lifetime, inputs claimed as

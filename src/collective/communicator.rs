@@ -146,7 +146,7 @@ impl Communicator {
                                 id: Some(id),
                                 timeout: options.timeout,
                                 comm: None,
-                                check: None,
+                                gate: Default::default(),
                             },
                         )
                     })

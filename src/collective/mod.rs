@@ -139,8 +139,15 @@
 //!
 //! An all-reduce over a [`Communicator`] of the own-kernel backend whose ranks all live
 //! on one device is a single kernel on a single stream, and can be captured into a graph
-//! of that device ([`Capture::all_reduce`](crate::Capture::all_reduce)). Every other
-//! collective — ranks on several devices, the host-staged transport, NCCL — is
+//! of that device ([`Capture::all_reduce`](crate::Capture::all_reduce)). One rank of an
+//! NCCL [`RankComm`] (one rank per thread or process, any number of nodes) captures its
+//! collectives into a graph of its device
+//! ([`Capture::rank_all_reduce`](crate::Capture::rank_all_reduce), `rank_reduce`,
+//! `rank_broadcast`, `rank_all_gather`, `rank_reduce_scatter`): every rank captures the
+//! same ones and launches its graph with the others, agreed with them at capture and at
+//! each launch when the rank checks its calls (docs/collective.md, "CUDA graphs"). Every
+//! other collective — a `Communicator` with ranks on several devices, the host-staged
+//! transport, NCCL driven by one thread for several devices, own-kernel `RankComm`s — is
 //! [`Error::NotCapturable`].
 
 mod bootstrap;
@@ -160,6 +167,7 @@ mod nccl;
 mod options;
 #[cfg(feature = "ipc")]
 mod procs;
+mod rank_capture;
 mod rank_comm;
 mod rendezvous;
 mod types;

@@ -264,6 +264,12 @@ pub(crate) struct NcclComm {
     /// each call a `RankComm` enqueued (what the watchdog times and the drop waits for;
     /// a `Communicator` waits for its own streams before its drop).
     pub(super) watch: Arc<Watched>,
+    /// The order of this rank's work on the device: each eager `RankComm` call and each
+    /// launch of a graph holding its captured collectives claims it as written, so they
+    /// run one after the other in issue order; the drop waits for its pending uses too
+    /// (a graph launched after the last eager call). Boxed: `RankComm`'s enum of
+    /// backends holds this struct inline.
+    order: Box<crate::access::AccessTracker>,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not
@@ -373,7 +379,14 @@ impl NcclComm {
                 timeout: watched,
                 gate: crate::sync::Mutex::new(watchdog::Gate::default()),
             }),
+            order: Default::default(),
         }
+    }
+
+    /// The tracker of this rank's work order on the device (eager calls and graph
+    /// launches, claimed as written by each).
+    pub(crate) fn order(&self) -> &crate::access::AccessTracker {
+        &self.order
     }
 
     /// Polls `ncclCommGetAsyncError` until the communicator is no longer in progress.
@@ -601,6 +614,8 @@ impl NcclComm {
             for ev in pending {
                 busy |= !ev.is_complete()?;
             }
+            // Graph launches (of captured collectives) after the last eager call.
+            busy |= !self.order.pending_finished();
             if !busy {
                 return Ok(());
             }

@@ -5,11 +5,12 @@ use super::call::{Buf, Call, Kind, buf, check_matched, check_pair, make_call, ra
 use super::engine::{self, Enter, Lane};
 #[cfg(feature = "ipc")]
 use super::procs;
+use super::rank_capture::Gate;
 use super::rendezvous::{Key, Meeting};
 use super::types::{CollectiveType, DType, Op};
-use super::{CallCheck, LaunchEnv, NcclUniqueId, nccl, settle_on_error};
+use super::{LaunchEnv, NcclUniqueId, nccl, settle_on_error};
 #[cfg(doc)]
-use super::{CommOptions, Communicator};
+use super::{CallCheck, CommOptions, Communicator};
 #[cfg(all(doc, feature = "ipc"))]
 use super::{PROCESS_STAGING_BYTES, ProcessGroup};
 use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};
@@ -83,9 +84,11 @@ pub(super) enum RankInner {
         /// How long the lazy initialisation and each call wait for NCCL.
         timeout: std::time::Duration,
         comm: Option<nccl::NcclComm>,
-        /// One rank per process from `from_launch`: the agreement on every collective
-        /// through rank 0 (`None`: not checked).
-        check: Option<Box<CallCheck>>,
+        /// What the launches of graphs holding this rank's captured collectives go
+        /// through, with the agreement on every collective through rank 0 (one rank per
+        /// process from `from_launch`; `None`: not checked), which eager calls
+        /// (`&mut self`) reach without locking.
+        gate: Box<Gate>,
     },
     /// Own kernels, one rank per process on one machine.
     #[cfg(feature = "ipc")]
@@ -103,6 +106,29 @@ pub struct RankComm {
 
 impl Drop for RankComm {
     fn drop(&mut self) {
+        // NCCL: a graph that captured this rank's collectives and was forgotten
+        // (`mem::forget`: its borrow of this RankComm ended, it was never destroyed) keeps
+        // NCCL's finalize, destroy and abort waiting for ever for its destruction, and its
+        // launches may still run: the communicator is leaked (valid for them), not hung on.
+        if let RankInner::Nccl { comm, gate, .. } = &mut self.inner {
+            let forgotten = gate.forgotten_graphs();
+            if forgotten > 0
+                && let Some(c) = comm.take()
+            {
+                std::mem::forget(c);
+                crate::faults::report_drop(
+                    format_args!("an NCCL communicator of {} ranks", self.nranks),
+                    Some(self.device.ordinal()),
+                    crate::faults::RELEASE,
+                    &Error::InvalidArgument(format!(
+                        "{forgotten} CUDA graph(s) holding its captured collectives were \
+                         forgotten (never dropped), and NCCL destroys a communicator only \
+                         after every graph that captured it"
+                    )),
+                    crate::faults::LEAKED,
+                );
+            }
+        }
         // Own kernels: the other ranks must not wait for this one any more.
         if let RankInner::Kernels { world, .. } = &self.inner {
             let why = if std::thread::panicking() {
@@ -196,7 +222,7 @@ impl RankComm {
                 id: None,
                 timeout,
                 comm: Some(comm),
-                check: None,
+                gate: Box::default(),
             },
         })
     }
@@ -244,8 +270,8 @@ impl RankComm {
             (env.exchange_id()?, None)
         };
         let mut comm = Self::init_process(ctx, device, env.rank, env.world_size, &id, env.timeout)?;
-        if let RankInner::Nccl { check: c, .. } = &mut comm.inner {
-            *c = check.map(Box::new);
+        if let RankInner::Nccl { gate, .. } = &mut comm.inner {
+            *gate.check_mut() = check;
         }
         Ok(comm)
     }
@@ -423,13 +449,13 @@ impl RankComm {
                 id,
                 timeout,
                 comm,
-                check,
+                gate,
             } => {
                 // A communicator that failed (NCCL's error, the watchdog's timeout):
                 // its verdict at once, nothing enqueued; the others of a checked job
                 // are told at this collective.
                 if let Some(v) = comm.as_ref().and_then(|c| c.verdict()) {
-                    return Err(match check.as_mut() {
+                    return Err(match gate.check_mut().as_mut() {
                         Some(check) if p2p_peer.is_none() => check.fail(v),
                         _ => v,
                     });
@@ -437,6 +463,7 @@ impl RankComm {
                 // One rank per process: the ranks agree on the collective through rank 0
                 // before anything is enqueued; a call this rank cannot make is told to
                 // the others at the same collective (send/recv are not checked).
+                let check = gate.check_mut();
                 let call = match (call, check.as_mut()) {
                     (Ok(call), Some(check)) => {
                         check.agree_call(&call)?;
@@ -462,10 +489,18 @@ impl RankComm {
                             .into(),
                     ));
                 };
-                let _claim = stream.claim([used.first().copied(), used.get(1).copied()])?;
-                // SAFETY: validated against this rank's device; the stream is bound; the
-                // buffers are claimed (ordered after their other uses) until enqueued.
-                unsafe { comm.issue(&call, stream.raw()) }?;
+                {
+                    // The rank's order too: after its graph launches on other streams.
+                    let _claim = stream.claim([
+                        used.first().copied(),
+                        used.get(1).copied(),
+                        Some((comm.order(), Access::Write)),
+                    ])?;
+                    // SAFETY: validated against this rank's device; the stream is bound;
+                    // the buffers are claimed (ordered after their other uses) until
+                    // enqueued.
+                    unsafe { comm.issue(&call, stream.raw()) }?;
+                }
                 // What the watchdog times and the communicator's drop waits for.
                 comm.note_issued(stream, kind.name())
             }

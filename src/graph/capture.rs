@@ -42,6 +42,10 @@ struct Session<'buf> {
     /// The uses of the operation being captured: `hazards` once it is enqueued
     /// ([`Capture::mark`]).
     pending: Vec<Span>,
+    /// An error that discards the graph whatever the closure returns (an NCCL
+    /// collective that failed while it was captured: part of it may be in the graph,
+    /// and its communicator may have been aborted).
+    fatal: Option<Error>,
 }
 
 /// Bytes `lo..hi` of the allocation tracked by `tracker`, and whether they are written.
@@ -228,6 +232,7 @@ impl<'a> BoundDevice<'a> {
             open_forks: 0,
             hazards: Vec::new(),
             pending: Vec::new(),
+            fatal: None,
         });
         let origin = session.borrow_mut().new_stream()?;
         // SAFETY: a stream of the current context, created above and known to no one
@@ -259,6 +264,10 @@ impl<'a> BoundDevice<'a> {
             }
             (Ok(()), Err(e)) => return Err(e),
         };
+        if let Some(e) = session.borrow_mut().fatal.take() {
+            destroy_graph(raw);
+            return Err(e);
+        }
         let uses = std::mem::take(&mut session.borrow_mut().uses);
         Ok(Graph {
             device: Arc::clone(device),
@@ -352,6 +361,21 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         let r = out?;
         marked?;
         Ok(r)
+    }
+
+    /// Makes every launch of the graph agree through `gate` first, on `record` among
+    /// what it already holds (see [`LaunchAgreement`](super::LaunchAgreement)).
+    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    pub(crate) fn record_agreement(&self, gate: &'buf dyn super::LaunchAgreement, record: &[u8]) {
+        self.session.borrow_mut().uses.add_agreement(gate, record);
+    }
+
+    /// Discards the graph when the capture ends, with `e`, whatever the closure
+    /// returns (the first such error is kept). Returns `e`.
+    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    pub(crate) fn discard_graph(&self, e: Error) -> Error {
+        self.session.borrow_mut().fatal.get_or_insert(e.clone());
+        e
     }
 
     /// Records memory the graph keeps alive itself (see `Uses::owned`), claimed with

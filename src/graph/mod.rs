@@ -5,9 +5,12 @@
 //! running it. The closure receives a [`Capture`] handle whose methods are the only
 //! operations that can enter the graph — kernel launches, memsets, device-to-device copies,
 //! copies from page-locked host memory,
-//! [`fork`](Capture::fork)s, cuBLAS products (`Capture::matmul`, feature `cublas`) and the
-//! one-device all-reduce (`Capture::all_reduce`, feature `collective`) — so nothing that would invalidate a capture (a
-//! synchronisation, a synchronous copy, an allocation) can be enqueued into it:
+//! [`fork`](Capture::fork)s, cuBLAS products (`Capture::matmul`, feature `cublas`), the
+//! one-device all-reduce (`Capture::all_reduce`, feature `collective`) and one NCCL
+//! rank's collectives (`Capture::rank_all_reduce`, `rank_reduce`, `rank_broadcast`,
+//! `rank_all_gather`, `rank_reduce_scatter` on a `RankComm`) — so nothing that would
+//! invalidate a capture (a synchronisation, a synchronous copy, an allocation) can be
+//! enqueued into it:
 //!
 //! ```no_run
 //! # fn main() -> gpubind::Result<()> {
@@ -93,12 +96,23 @@
 //! * **Ending.** The capture is ended when the closure returns, errs or panics; an
 //!   invalidated capture (e.g. by an illegal call through a raw handle) is the driver's
 //!   error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, …) and yields no graph.
+//! * **NCCL collectives** (`Capture::rank_all_reduce` and its siblings). One rank's part,
+//!   on its device, as NCCL captures it; every rank captures the same collectives and
+//!   launches the graph of that capture together (NCCL's rules). The graph borrows the
+//!   `RankComm`; its buffers are recorded like a kernel's, and so is the rank's order
+//!   tracker, which eager calls claim too, so the rank's collectives reach the device in
+//!   issue order and the communicator's drop waits (bounded) for graph launches. With
+//!   the rank's call check, each launch first agrees with the peers on the capture it
+//!   replays (one round trip to rank 0). A graph holding NCCL collectives is not
+//!   [`update`](GraphExec::update)d. See docs/collective.md, "CUDA graphs".
 //!
 //! # Not capturable (yet)
 //!
-//! Collectives other than the one-device own-kernel all-reduce (`Capture::all_reduce`:
-//! ranks on several devices, the host-staged transport and NCCL are
-//! [`Error::NotCapturable`]; nothing else can enqueue onto the capture's streams),
+//! Collectives other than the one-device own-kernel all-reduce (`Capture::all_reduce`)
+//! and an NCCL `RankComm`'s collectives (`Capture::rank_*`): a `Communicator` with ranks
+//! on several devices, the host-staged transport, NCCL driven by one thread for several
+//! devices, and `RankComm`s of own kernels are [`Error::NotCapturable`]; send/recv have
+//! no capture method; nothing else can enqueue onto the capture's streams),
 //! device-to-host copies (a captured copy writes its host memory at every launch, and the
 //! host reads page-locked memory through `&`: host-to-device copies from page-locked
 //! memory are capturable, [`Capture::copy_from_host`]), stream-ordered allocation, child graphs and
@@ -146,14 +160,75 @@ pub struct GraphExec<'buf> {
 
 /// The allocations (and module launch trackers) a graph uses, one entry per tracker with
 /// the strongest access, plus the last kernel captured (for the poison message).
-#[derive(Clone, Default)]
+///
+/// Each value counts once, for as long as it lives, in every gate it holds
+/// ([`LaunchAgreement::retain`]/[`release`](LaunchAgreement::release)): a graph and its
+/// executable graphs each hold one.
+#[derive(Default)]
 struct Uses<'buf> {
     trackers: Vec<(&'buf AccessTracker, Access)>,
     /// Memory the graph keeps alive itself rather than borrows (a cuBLAS workspace: the
     /// [`Blas`](crate::blas::Blas) that owns it may be dropped before the graph), claimed
     /// at each launch like the borrowed buffers.
     owned: Vec<(Arc<dyn Owned>, Access)>,
+    /// The ranks whose captured NCCL collectives are in the graph (one entry per rank,
+    /// sorted by address so launches take their locks in one order), each with the
+    /// headers its collectives agreed at capture: every launch agrees on them with the
+    /// rank's peers first (see [`LaunchAgreement`]).
+    agreements: Vec<(&'buf dyn LaunchAgreement, Vec<u8>)>,
     last_kernel: Option<&'static KernelName>,
+}
+
+/// What a launch of a graph holding a rank's captured NCCL collectives does first
+/// (feature `nccl`): agree with the rank's peers that they launch the graph of the same
+/// collective capture, then enqueue — under a lock of the rank's, so the rank's launches
+/// reach the device in the order they agreed. `Err` enqueues nothing.
+pub(crate) trait LaunchAgreement: Sync {
+    /// Agrees on a launch of a graph whose collectives through this rank agreed
+    /// `record` at capture, then runs `launch` (the claim and the enqueue) before any
+    /// other launch through this rank can agree.
+    fn agree_then(&self, record: &[u8], launch: &mut dyn FnMut() -> Result<()>) -> Result<()>;
+
+    /// One more graph or executable graph holds this gate (NCCL does not destroy a
+    /// communicator while a graph that captured it lives: the rank's drop needs to know
+    /// whether one was forgotten).
+    fn retain(&self);
+
+    /// [`retain`](Self::retain)'s graph is gone.
+    fn release(&self);
+}
+
+impl Clone for Uses<'_> {
+    fn clone(&self) -> Self {
+        for (gate, _) in &self.agreements {
+            gate.retain();
+        }
+        Uses {
+            trackers: self.trackers.clone(),
+            owned: self.owned.clone(),
+            agreements: self.agreements.clone(),
+            last_kernel: self.last_kernel,
+        }
+    }
+}
+
+impl Drop for Uses<'_> {
+    fn drop(&mut self) {
+        for (gate, _) in &self.agreements {
+            gate.release();
+        }
+    }
+}
+
+/// Runs `launch` inside every agreement of `gates`, the first outermost.
+fn agreed(
+    gates: &[(&dyn LaunchAgreement, Vec<u8>)],
+    launch: &mut dyn FnMut() -> Result<()>,
+) -> Result<()> {
+    match gates.split_first() {
+        None => launch(),
+        Some(((gate, record), rest)) => gate.agree_then(record, &mut || agreed(rest, launch)),
+    }
 }
 
 /// Device memory a graph holds by `Arc` (see `Uses::owned`): its tracker orders the
@@ -189,6 +264,23 @@ impl<'buf> Uses<'buf> {
                 }
             }
             None => self.owned.push((o, access)),
+        }
+    }
+
+    /// Appends `record` to what the launches agree on through `gate` (see
+    /// [`LaunchAgreement`]).
+    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    fn add_agreement(&mut self, gate: &'buf dyn LaunchAgreement, record: &[u8]) {
+        let key = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
+        match self
+            .agreements
+            .binary_search_by_key(&key(gate), |(g, _)| key(*g))
+        {
+            Ok(i) => self.agreements[i].1.extend_from_slice(record),
+            Err(i) => {
+                gate.retain();
+                self.agreements.insert(i, (gate, record.to_vec()));
+            }
         }
     }
 
@@ -331,9 +423,27 @@ impl<'buf> GraphExec<'buf> {
     /// graph uses (writes after everything, reads after writes), and their later uses,
     /// host accesses and drops wait for it — as for a kernel launch. Launches of one
     /// executable graph are also ordered among themselves by the driver.
+    ///
+    /// A graph holding a rank's captured NCCL collectives (`Capture::rank_all_reduce`
+    /// and its siblings, feature `collective`) first agrees with the rank's peers, when
+    /// the rank checks its calls (`RankComm::from_launch`, `GPUBIND_CHECK_CALLS`), that
+    /// they launch the graph of the same collective capture:
+    /// one round trip to rank 0 per launch; a peer that calls something else instead gets
+    /// the same typed error as this rank, and nothing is enqueued.
     pub fn launch(&self, stream: &BoundStream<'_>) -> Result<()> {
         stream.bound().expect_device("graph", &self.device)?;
         stream.ensure_stream_context()?;
+        if self.uses.agreements.is_empty() {
+            self.claim_and_enqueue(stream)
+        } else {
+            agreed(&self.uses.agreements, &mut || {
+                self.claim_and_enqueue(stream)
+            })
+        }
+    }
+
+    /// Claims the graph's buffers on `stream`, enqueues it and records the launch.
+    fn claim_and_enqueue(&self, stream: &BoundStream<'_>) -> Result<()> {
         // The graph's buffers and modules, and this executable graph's own launches (so
         // its drop waits for them), claimed from before the enqueue until after it.
         let n = self.uses.len() + 1;
@@ -377,10 +487,23 @@ impl<'buf> GraphExec<'buf> {
     /// differ. Launches already enqueued are not affected. From now on the launches claim
     /// what `graph` uses.
     ///
-    /// [`Error::GraphUpdate`] when the driver refuses (the executable graph is unchanged),
-    /// [`Error::WrongDevice`] for a graph of another device.
+    /// [`Error::GraphUpdate`] when the driver refuses (the executable graph is unchanged)
+    /// or either graph holds captured NCCL collectives (NCCL's state for them belongs to
+    /// the graph they were captured into), [`Error::WrongDevice`] for a graph of another
+    /// device.
     pub fn update(&mut self, graph: &Graph<'buf>) -> Result<()> {
         self.device.expect_same("graph", &graph.device)?;
+        if !self.uses.agreements.is_empty() || !graph.uses.agreements.is_empty() {
+            // NCCL keeps what a captured collective needs at run time with the graph it
+            // was captured into (CUDA user objects): an executable graph updated to run
+            // another capture's collectives would use state that capture's graph frees.
+            // And each launch is a collective of one capture's ranks.
+            return Err(Error::GraphUpdate {
+                reason: "a graph holding captured NCCL collectives cannot be updated (nor \
+                         updated to): instantiate the new graph instead"
+                    .into(),
+            });
+        }
         let _guard = self.device.enter()?;
         let mut info = sys::CUgraphExecUpdateResultInfo {
             result: sys::CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
@@ -448,6 +571,87 @@ mod tests {
         u.add(&a, Access::Read);
         assert_eq!(u.trackers.len(), 2);
         assert!(u.trackers.iter().all(|(_, acc)| *acc == Access::Write));
+    }
+
+    /// A launch agreement that logs what it was asked and may refuse.
+    struct Gate {
+        name: u8,
+        refuse: bool,
+        log: std::sync::Mutex<Vec<(u8, Vec<u8>)>>,
+        held: std::sync::atomic::AtomicUsize,
+    }
+
+    impl LaunchAgreement for Gate {
+        fn agree_then(&self, record: &[u8], launch: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+            self.log.lock().unwrap().push((self.name, record.to_vec()));
+            if self.refuse {
+                return Err(Error::InvalidArgument(format!(
+                    "gate {} refused",
+                    self.name
+                )));
+            }
+            launch()
+        }
+
+        fn retain(&self) {
+            self.held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+
+        fn release(&self) {
+            self.held.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn gate(name: u8, refuse: bool) -> Gate {
+        Gate {
+            name,
+            refuse,
+            log: Default::default(),
+            held: Default::default(),
+        }
+    }
+
+    #[test]
+    fn agreements_keep_one_entry_per_gate_in_address_order_and_gate_the_launch() {
+        let (a, b) = (gate(1, false), gate(2, false));
+        let mut u = Uses::default();
+        u.add_agreement(&b, &[10]);
+        u.add_agreement(&a, &[20]);
+        u.add_agreement(&b, &[30, 31]);
+        assert_eq!(u.agreements.len(), 2);
+        let addr = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
+        assert!(addr(u.agreements[0].0) < addr(u.agreements[1].0));
+        let mut launched = 0;
+        agreed(&u.agreements, &mut || {
+            launched += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(launched, 1);
+        assert_eq!(b.log.lock().unwrap().as_slice(), &[(2, vec![10, 30, 31])]);
+        assert_eq!(a.log.lock().unwrap().as_slice(), &[(1, vec![20])]);
+        // Every live `Uses` holding a gate counts once in it (a graph and each
+        // executable graph instantiated from it).
+        let held = |g: &Gate| g.held.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!((held(&a), held(&b)), (1, 1));
+        let exec = u.clone();
+        assert_eq!((held(&a), held(&b)), (2, 2));
+        drop(u);
+        drop(exec);
+        assert_eq!((held(&a), held(&b)), (0, 0));
+
+        // One refusing gate: nothing launches, and its error is the launch's.
+        let (c, d) = (gate(3, false), gate(4, true));
+        let mut u = Uses::default();
+        u.add_agreement(&c, &[]);
+        u.add_agreement(&d, &[]);
+        let e = agreed(&u.agreements, &mut || {
+            launched += 1;
+            Ok(())
+        })
+        .unwrap_err();
+        assert_eq!(launched, 1);
+        assert!(e.to_string().contains("gate 4 refused"));
     }
 
     #[test]
