@@ -11,6 +11,9 @@
 //!   same error at once (nothing enqueued); the stream's own synchronize then returns; the
 //!   drop is immediate and destroys nothing twice (no warning); a new communicator works
 //!   after, and the process exits cleanly.
+//! * `nccl_watchdog_aborts_a_stuck_graph_launch`: the same for a graph launch of a
+//!   captured all-reduce (after one healthy, exact launch): `check` returns `PeerTimeout`
+//!   naming the graph launch at about 1 s, and the next launch is refused with it.
 //! * `nccl_watchdog_leaves_healthy_work_alone`: idle longer than the timeout, a call
 //!   queued behind another of 0.7 s + 0.7 s of kernels with a timeout of 1 s (each call
 //!   is timed from when the one before finished), and 200 calls queued at once: no abort,
@@ -239,6 +242,119 @@ fn fresh_all_reduce() -> R {
     Ok(())
 }
 
+fn nccl_watchdog_aborts_a_stuck_graph_launch() -> R {
+    nccl_present()?;
+    let (ok, out) = finish(spawn_child("graph"), Duration::from_secs(120))?;
+    for l in out.lines() {
+        println!("    {l}");
+    }
+    ensure!(ok, "child failed:\n{out}");
+    ensure!(
+        out.contains("HEALTHY_LAUNCH ok"),
+        "the graph's first launch was not exact:\n{out}"
+    );
+    let abort_ms = value(&out, "ABORT_MS ")?;
+    ensure!(
+        (900..2500).contains(&abort_ms),
+        "the watchdog's verdict came after {abort_ms} ms, want about 1 s (the timeout)"
+    );
+    ensure!(
+        out.contains("CHECK_ERR PeerTimeout") && out.contains("graph launch"),
+        "check() did not return PeerTimeout naming the graph launch:\n{out}"
+    );
+    ensure!(
+        value(&out, "KERNEL_RUNNING_AT_ABORT ")? == 1,
+        "the spin kernel had already ended at the verdict: the abort was not the \
+         watchdog's:\n{out}"
+    );
+    ensure!(
+        out.contains("RELAUNCH_SAME 1"),
+        "a launch after the abort was not refused with the verdict:\n{out}"
+    );
+    ensure!(
+        value(&out, "RELAUNCH_MS ")? < 100,
+        "the refused launch waited"
+    );
+    ensure!(out.contains("GRAPH ok"), "{out}");
+    Ok(())
+}
+
+/// Child of [`nccl_watchdog_aborts_a_stuck_graph_launch`]: a captured all-reduce's
+/// graph launch queued behind a 5 s kernel, the communicator's timeout 1 s.
+fn child_graph() -> R {
+    let _ = log::set_logger(&PrintWarnings);
+    log::set_max_level(log::LevelFilter::Warn);
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev(0)?;
+    let id = NcclUniqueId::new().ctx("unique id")?;
+    let comm =
+        RankComm::init_process(&mut ctx, &d, 0, 1, &id, Duration::from_secs(1)).ctx("init")?;
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
+    let f = module.function("spin_then_write").ctx("function")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let n = 1 << 20;
+    let send = gpu.clone_htod(&vec![3.0f32; n]).ctx("htod")?;
+    let out = gpu.alloc_zeros::<f32>(n).ctx("alloc")?;
+    let flag = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
+    let graph = gpu
+        .capture(|c| c.rank_all_reduce(&comm, &send, &out, Op::Sum))
+        .ctx("capture")?;
+    let exec = graph.instantiate().ctx("instantiate")?;
+    // A healthy launch first: watched, finished, exact.
+    exec.launch(&s).ctx("first launch")?;
+    s.synchronize().ctx("sync")?;
+    comm.check().ctx("check after a healthy launch")?;
+    ensure!(
+        gpu.dtoh(&out).ctx("dtoh")?.iter().all(|&x| x == 3.0),
+        "world-1 all-reduce of 3.0 is not 3.0"
+    );
+    println!("HEALTHY_LAUNCH ok");
+    let ns: u64 = 5_000_000_000;
+    // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it writes one u32
+    // into `flag`, which holds one.
+    unsafe {
+        s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
+            .arg(&flag)
+            .arg(&ns)
+            .launch()
+    }
+    .ctx("launch spin")?;
+    let done = gpu.new_event(false).ctx("event")?;
+    s.record(&done).ctx("record")?;
+    let t = Instant::now();
+    exec.launch(&s).ctx("launch behind the kernel")?;
+    // The graph borrows the communicator (shared), so `wait` (&mut) is out: poll check.
+    let e = loop {
+        if let Err(e) = comm.check() {
+            break e;
+        }
+        if t.elapsed() > Duration::from_secs(4) {
+            return Err("no verdict 4 s after a launch stuck past its 1 s timeout".into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    println!("ABORT_MS {}", t.elapsed().as_millis());
+    println!(
+        "KERNEL_RUNNING_AT_ABORT {}",
+        u8::from(!done.is_complete().ctx("query")?)
+    );
+    println!("CHECK_ERR {e:?}");
+    let t = Instant::now();
+    let again = exec.launch(&s);
+    println!("RELAUNCH_MS {}", t.elapsed().as_millis());
+    println!("RELAUNCH_SAME {}", u8::from(again == Err(e.clone())));
+    let t = Instant::now();
+    let synced = s.synchronize();
+    println!("SYNC_MS {} {synced:?}", t.elapsed().as_millis());
+    drop(exec);
+    drop(graph);
+    drop(comm);
+    println!("GRAPH ok");
+    Ok(())
+}
+
 fn nccl_watchdog_leaves_healthy_work_alone() -> R {
     nccl_present()?;
     let (ok, out) = finish(spawn_child("healthy"), Duration::from_secs(120))?;
@@ -450,6 +566,7 @@ fn main() {
     let child: Option<fn() -> R> = match child_role().as_deref() {
         Some("stuck") => Some(child_stuck),
         Some("healthy") => Some(child_healthy),
+        Some("graph") => Some(child_graph),
         Some("peer") => Some(child_peer),
         _ => None,
     };
@@ -468,6 +585,10 @@ fn main() {
             (
                 "nccl_watchdog_aborts_a_stuck_collective",
                 nccl_watchdog_aborts_a_stuck_collective,
+            ),
+            (
+                "nccl_watchdog_aborts_a_stuck_graph_launch",
+                nccl_watchdog_aborts_a_stuck_graph_launch,
             ),
             (
                 "nccl_watchdog_leaves_healthy_work_alone",

@@ -61,6 +61,12 @@ pub(super) struct Gate {
     /// every graph that captured it is destroyed, so the drop leaks it instead of
     /// waiting for ever (see [`Gate::forgotten_graphs`]).
     graphs: AtomicUsize,
+    /// The communicator's watchdog state, set at the first capture (the communicator
+    /// may be made lazily, after this gate): a launch is refused once the watchdog (or
+    /// a failed call) aborted the communicator, and each launch is handed to the
+    /// watchdog as work in flight, like an eager call.
+    #[cfg(feature = "nccl")]
+    watch: std::sync::OnceLock<std::sync::Arc<super::watchdog::Watched>>,
 }
 
 impl Gate {
@@ -92,6 +98,15 @@ impl LaunchAgreement for Gate {
                 None => e,
             });
         }
+        // Aborted by the watchdog (a peer failed, a call outlived its timeout): the
+        // communicator's verdict, as its eager calls return it; nothing is enqueued.
+        #[cfg(feature = "nccl")]
+        if let Some(v) = self.watch.get().and_then(|w| w.verdict()) {
+            return Err(match check.as_mut() {
+                Some(c) => c.fail(v),
+                None => v,
+            });
+        }
         let Some(check) = check.as_mut() else {
             return launch();
         };
@@ -99,6 +114,15 @@ impl LaunchAgreement for Gate {
         // The peers were told to go ahead: a launch that fails here tells them at their
         // next collective instead of leaving them waiting in this one for ever.
         launch().map_err(|e| check.fail(e))
+    }
+
+    fn launched(&self, stream: &crate::stream::BoundStream<'_>) {
+        #[cfg(feature = "nccl")]
+        if let Some(w) = self.watch.get() {
+            w.note_launch(stream, "collectives of a graph launch");
+        }
+        #[cfg(not(feature = "nccl"))]
+        let _ = stream;
     }
 
     fn retain(&self) {
@@ -361,8 +385,11 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         let Some((call, header)) = record else {
             return Ok(());
         };
-        // Every launch goes through the gate (the failure flag), and agrees on the
-        // header when the rank checks its calls.
+        // Every launch goes through the gate (the failure flag, the watchdog's verdict),
+        // agrees on the header when the rank checks its calls, and is watched.
+        #[cfg(feature = "nccl")]
+        gate.watch
+            .get_or_init(|| std::sync::Arc::clone(&nccl.watch));
         self.record_agreement(gate, header.as_ref().map_or(&[][..], |h| &h[..]));
         if call.count == 0 {
             // Nothing to move (NCCL is not called, as eagerly).

@@ -8,9 +8,9 @@ use super::procs;
 use super::rank_capture::Gate;
 use super::rendezvous::{Key, Meeting};
 use super::types::{CollectiveType, DType, Op};
-use super::{LaunchEnv, NcclUniqueId, nccl, settle_on_error};
 #[cfg(doc)]
 use super::{CallCheck, CommOptions, Communicator};
+use super::{LaunchEnv, NcclUniqueId, nccl, settle_on_error};
 #[cfg(all(doc, feature = "ipc"))]
 use super::{PROCESS_STAGING_BYTES, ProcessGroup};
 use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};

@@ -189,6 +189,11 @@ pub(crate) trait LaunchAgreement: Sync {
     /// other launch through this rank can agree.
     fn agree_then(&self, record: &[u8], launch: &mut dyn FnMut() -> Result<()>) -> Result<()>;
 
+    /// The graph was just enqueued on `stream` (inside [`agree_then`](Self::agree_then)'s
+    /// `launch`): the rank records it as its work in flight (its NCCL watchdog times it).
+    /// Infallible: the launch is enqueued already.
+    fn launched(&self, stream: &BoundStream<'_>);
+
     /// One more graph or executable graph holds this gate (NCCL does not destroy a
     /// communicator while a graph that captured it lives: the rank's drop needs to know
     /// whether one was forgotten).
@@ -437,7 +442,11 @@ impl<'buf> GraphExec<'buf> {
             self.claim_and_enqueue(stream)
         } else {
             agreed(&self.uses.agreements, &mut || {
-                self.claim_and_enqueue(stream)
+                self.claim_and_enqueue(stream)?;
+                for (gate, _) in &self.uses.agreements {
+                    gate.launched(stream);
+                }
+                Ok(())
             })
         }
     }
@@ -592,6 +601,8 @@ mod tests {
             }
             launch()
         }
+
+        fn launched(&self, _: &BoundStream<'_>) {}
 
         fn retain(&self) {
             self.held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -163,6 +163,9 @@ impl<E> Gate<E> {
         if self.watch_in {
             return Enter::Busy;
         }
+        // One owner: a `RankComm` is not `Sync`, and its calls and captures run on the
+        // thread that holds it, one at a time.
+        debug_assert!(!self.owner_in, "two owners inside one NCCL communicator");
         self.owner_in = true;
         Enter::Go
     }
@@ -377,6 +380,43 @@ impl Watched {
         let register = sync::lock(&self.gate).note_in_flight(event, op, Instant::now());
         if register && self.timeout.is_some() {
             register_comm(self);
+        }
+    }
+
+    /// The verdict, if the communicator failed.
+    pub(crate) fn verdict(&self) -> Option<Error> {
+        sync::lock(&self.gate).verdict().cloned()
+    }
+
+    /// Work just enqueued on `stream` outside the owner's calls (a graph launch holding
+    /// the communicator's captured collectives): records an event after it and hands it
+    /// to the watchdog as [`note_in_flight`](Self::note_in_flight) does. Infallible,
+    /// since the work is enqueued already: an event that cannot be made or recorded
+    /// (a failing context) leaves the launch unwatched, logged.
+    pub(crate) fn note_launch(
+        self: &Arc<Self>,
+        stream: &crate::stream::BoundStream<'_>,
+        op: &'static str,
+    ) {
+        let spare = sync::lock(&self.gate).spare.pop();
+        let ev = match spare {
+            Some(ev) => Ok(ev),
+            None => stream
+                .bound()
+                .new_event_with(crate::stream::EventFlags::new().timing(false)),
+        };
+        let recorded = ev.and_then(|ev| match stream.record(&ev) {
+            Ok(()) => Ok(ev),
+            Err(e) => {
+                sync::lock(&self.gate).spare.push(ev);
+                Err(e)
+            }
+        });
+        match recorded {
+            Ok(ev) => self.note_in_flight(ev, op),
+            Err(e) => log::warn!(
+                "gpubind: {op} is not watched by the NCCL watchdog (its event failed: {e});                  a peer failing during it is seen at the communicator's next call"
+            ),
         }
     }
 
