@@ -15,14 +15,9 @@ use gpubind::{Device, DriverErrorCode, Error, LaunchConfig, ThreadContext};
 
 type R = Result<(), String>;
 
-const KERNELS: &str = r#"
-// Spins for `cycles` clock ticks, then writes `value` to every element.
-extern "C" __global__ void slow_fill(unsigned* out, unsigned n, unsigned value, long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = value;
-}
+const KERNELS: &str = concat!(
+    common::slow_fill_cuda!(),
+    r#"
 extern "C" __global__ void add(unsigned* x, unsigned n, unsigned v) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += v;
@@ -39,7 +34,8 @@ extern "C" __global__ void sum(const unsigned* a, const unsigned* b, unsigned* o
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i];
 }
-"#;
+"#
+);
 
 /// About 50 ms of spinning on an H200 (1.98 GHz).
 const SLOW: i64 = 100_000_000;
