@@ -39,10 +39,10 @@ use super::{CallCheck, RankComm, nccl};
 use crate::access::{Access, AccessTracker};
 use crate::copy::DeviceOnlyMemory;
 use crate::error::{Error, Result};
-use crate::graph::{Capture, LaunchAgreement};
+use crate::graph::{Capture, LaunchAgreement, LaunchTurn};
 use crate::memory::DeviceMemory;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// What every launch of a graph holding an NCCL rank's captured collectives goes
 /// through (one per NCCL `RankComm`; the graph borrows it with the `RankComm`).
@@ -83,37 +83,11 @@ impl Gate {
 }
 
 impl LaunchAgreement for Gate {
-    fn agree_then(&self, record: &[u8], launch: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        let mut check = self.check.lock().unwrap_or_else(PoisonError::into_inner);
-        if self.failed.load(Ordering::Acquire) {
-            let e = Error::InvalidArgument(
-                "an NCCL call of this rank failed during a later capture, and its \
-                 communicator may have been aborted: graphs of it no longer launch (make a \
-                 new communicator and capture again)"
-                    .into(),
-            );
-            // The peers learn it at this launch instead of waiting for this rank.
-            return Err(match check.as_mut() {
-                Some(c) => c.fail(e),
-                None => e,
-            });
-        }
-        // Aborted by the watchdog (a peer failed, a call outlived its timeout): the
-        // communicator's verdict, as its eager calls return it; nothing is enqueued.
-        #[cfg(feature = "nccl")]
-        if let Some(v) = self.watch.get().and_then(|w| w.verdict()) {
-            return Err(match check.as_mut() {
-                Some(c) => c.fail(v),
-                None => v,
-            });
-        }
-        let Some(check) = check.as_mut() else {
-            return launch();
-        };
-        check.agree_launch(record)?;
-        // The peers were told to go ahead: a launch that fails here tells them at their
-        // next collective instead of leaving them waiting in this one for ever.
-        launch().map_err(|e| check.fail(e))
+    fn turn(&self) -> Box<dyn LaunchTurn + '_> {
+        Box::new(GateTurn {
+            gate: self,
+            check: self.check.lock().unwrap_or_else(PoisonError::into_inner),
+        })
     }
 
     fn launched(&self, stream: &crate::stream::BoundStream<'_>) {
@@ -131,6 +105,60 @@ impl LaunchAgreement for Gate {
 
     fn release(&self) {
         self.graphs.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One launch's turn through a rank's [`Gate`]: its call check, locked until the launch
+/// is enqueued (or refused).
+struct GateTurn<'a> {
+    gate: &'a Gate,
+    check: MutexGuard<'a, Option<CallCheck>>,
+}
+
+impl GateTurn<'_> {
+    /// `e`, told to the peers first when the rank checks its calls.
+    fn tell(&mut self, e: Error) -> Error {
+        match self.check.as_mut() {
+            Some(c) => c.fail(e),
+            None => e,
+        }
+    }
+}
+
+impl LaunchTurn for GateTurn<'_> {
+    fn agree(&mut self, record: &[u8]) -> Result<()> {
+        if self.gate.failed.load(Ordering::Acquire) {
+            // The peers learn it at this launch instead of waiting for this rank.
+            return Err(self.tell(Error::InvalidArgument(
+                "an NCCL call of this rank failed during a later capture, and its \
+                 communicator may have been aborted: graphs of it no longer launch (make a \
+                 new communicator and capture again)"
+                    .into(),
+            )));
+        }
+        // Aborted by the watchdog (a peer failed, a call outlived its timeout): the
+        // communicator's verdict, as its eager calls return it; nothing is enqueued.
+        #[cfg(feature = "nccl")]
+        if let Some(v) = self.gate.watch.get().and_then(|w| w.verdict()) {
+            return Err(self.tell(v));
+        }
+        match self.check.as_mut() {
+            Some(c) => c.agree_launch(record),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        // The peers were told to go ahead: their next collective learns it through the
+        // check, and those already waiting in this launch on the GPU are helped by this
+        // rank's communicator going away (aborted on a thread of its own: NCCL's remote
+        // error reaches peers over network transports; otherwise their watchdogs end
+        // the wait at their timeout).
+        #[cfg(feature = "nccl")]
+        if let Some(w) = self.gate.watch.get() {
+            w.fail_from_outside(e.clone());
+        }
+        self.tell(e)
     }
 }
 
@@ -467,22 +495,9 @@ mod tests {
     #[test]
     fn a_failed_gate_launches_nothing() {
         let gate = Gate::default();
-        let mut launched = 0;
-        assert!(
-            gate.agree_then(&[], &mut || {
-                launched += 1;
-                Ok(())
-            })
-            .is_ok()
-        );
+        assert!(gate.turn().agree(&[]).is_ok());
         gate.failed.store(true, Ordering::Release);
-        let e = gate
-            .agree_then(&[], &mut || {
-                launched += 1;
-                Ok(())
-            })
-            .unwrap_err();
-        assert_eq!(launched, 1);
+        let e = gate.turn().agree(&[]).unwrap_err();
         assert!(e.to_string().contains("no longer launch"), "{e}");
     }
 }

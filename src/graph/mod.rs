@@ -172,7 +172,7 @@ struct Uses<'buf> {
     /// at each launch like the borrowed buffers.
     owned: Vec<(Arc<dyn Owned>, Access)>,
     /// The ranks whose captured NCCL collectives are in the graph (one entry per rank,
-    /// sorted by address so launches take their locks in one order), each with the
+    /// in capture order; launches take their locks in address order), each with the
     /// headers its collectives agreed at capture: every launch agrees on them with the
     /// rank's peers first (see [`LaunchAgreement`]).
     agreements: Vec<(&'buf dyn LaunchAgreement, Vec<u8>)>,
@@ -183,15 +183,22 @@ struct Uses<'buf> {
 /// (feature `nccl`): agree with the rank's peers that they launch the graph of the same
 /// collective capture, then enqueue — under a lock of the rank's, so the rank's launches
 /// reach the device in the order they agreed. `Err` enqueues nothing.
+///
+/// A graph may hold the collectives of several ranks (communicators). A launch takes
+/// their locks in address order (one order for every thread of the process), then agrees
+/// through each in *capture* order (the order in which the graph first used each, the
+/// same on every rank: collectives of several communicators on one stream must be issued
+/// in one order by all ranks anyway); addresses differ between processes, so agreeing in
+/// address order could have two processes wait on each other's rank 0 until the
+/// timeout. See [`agreed`].
 pub(crate) trait LaunchAgreement: Sync {
-    /// Agrees on a launch of a graph whose collectives through this rank agreed
-    /// `record` at capture, then runs `launch` (the claim and the enqueue) before any
-    /// other launch through this rank can agree.
-    fn agree_then(&self, record: &[u8], launch: &mut dyn FnMut() -> Result<()>) -> Result<()>;
+    /// This rank's turn to launch: holds the rank's launch lock until it drops (no other
+    /// launch through the rank agrees meanwhile).
+    fn turn(&self) -> Box<dyn LaunchTurn + '_>;
 
-    /// The graph was just enqueued on `stream` (inside [`agree_then`](Self::agree_then)'s
-    /// `launch`): the rank records it as its work in flight (its NCCL watchdog times it).
-    /// Infallible: the launch is enqueued already.
+    /// The graph was just enqueued on `stream` (with every turn held): the rank records
+    /// it as its work in flight (its NCCL watchdog times it). Infallible: the launch is
+    /// enqueued already.
     fn launched(&self, stream: &BoundStream<'_>);
 
     /// One more graph or executable graph holds this gate (NCCL does not destroy a
@@ -201,6 +208,19 @@ pub(crate) trait LaunchAgreement: Sync {
 
     /// [`retain`](Self::retain)'s graph is gone.
     fn release(&self);
+}
+
+/// One rank's part in one launch (see [`LaunchAgreement::turn`]).
+pub(crate) trait LaunchTurn {
+    /// Refuses the launch (the rank cannot launch: its error, which its peers are told
+    /// too), or agrees on it with the peers: `record` is what the rank's collectives in
+    /// the graph agreed at capture.
+    fn agree(&mut self, record: &[u8]) -> Result<()>;
+
+    /// A failure after this rank agreed (another rank's refusal, the claim, the enqueue):
+    /// the peers were told to go ahead and may be waiting in the launch; tell them, and
+    /// return the launch's error.
+    fn fail(&mut self, e: Error) -> Error;
 }
 
 impl Clone for Uses<'_> {
@@ -225,15 +245,28 @@ impl Drop for Uses<'_> {
     }
 }
 
-/// Runs `launch` inside every agreement of `gates`, the first outermost.
+/// Runs `launch` once every gate of `gates` agreed: takes their turns (locks) in
+/// address order, agrees through them in the order given (capture order), then launches.
+/// A refusal, or a launch that fails, is told to the ranks that had agreed (all of them,
+/// for a failed launch).
 fn agreed(
     gates: &[(&dyn LaunchAgreement, Vec<u8>)],
     launch: &mut dyn FnMut() -> Result<()>,
 ) -> Result<()> {
-    match gates.split_first() {
-        None => launch(),
-        Some(((gate, record), rest)) => gate.agree_then(record, &mut || agreed(rest, launch)),
+    let key = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
+    let mut by_address: Vec<usize> = (0..gates.len()).collect();
+    by_address.sort_by_key(|&i| key(gates[i].0));
+    let mut turns: Vec<Option<Box<dyn LaunchTurn + '_>>> = gates.iter().map(|_| None).collect();
+    for i in by_address {
+        turns[i] = Some(gates[i].0.turn());
     }
+    let mut turns: Vec<Box<dyn LaunchTurn + '_>> = turns.into_iter().flatten().collect();
+    for (i, (_, record)) in gates.iter().enumerate() {
+        if let Err(e) = turns[i].agree(record) {
+            return Err(turns[..i].iter_mut().fold(e, |e, t| t.fail(e)));
+        }
+    }
+    launch().map_err(|e| turns.iter_mut().fold(e, |e, t| t.fail(e)))
 }
 
 /// Device memory a graph holds by `Arc` (see `Uses::owned`): its tracker orders the
@@ -273,20 +306,30 @@ impl<'buf> Uses<'buf> {
     }
 
     /// Appends `record` to what the launches agree on through `gate` (see
-    /// [`LaunchAgreement`]).
+    /// [`LaunchAgreement`]); a new gate goes last (the agreements stay in capture order).
     #[cfg_attr(not(feature = "collective"), allow(dead_code))]
     fn add_agreement(&mut self, gate: &'buf dyn LaunchAgreement, record: &[u8]) {
         let key = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
         match self
             .agreements
-            .binary_search_by_key(&key(gate), |(g, _)| key(*g))
+            .iter()
+            .position(|(g, _)| key(*g) == key(gate))
         {
-            Ok(i) => self.agreements[i].1.extend_from_slice(record),
-            Err(i) => {
+            Some(i) => self.agreements[i].1.extend_from_slice(record),
+            None => {
                 gate.retain();
-                self.agreements.insert(i, (gate, record.to_vec()));
+                self.agreements.push((gate, record.to_vec()));
             }
         }
+    }
+
+    /// For a graph whose driver handle was not destroyed (leaked after a failed wait or
+    /// call): it stays counted in every gate it holds, as a forgotten one does. NCCL
+    /// keeps a reference to a communicator from each graph that captured it, and waits
+    /// for it in the communicator's finalize, destroy and abort; the rank's drop must
+    /// see this graph as alive and leak the communicator instead of waiting for ever.
+    fn keep_counted(&mut self) {
+        self.agreements.clear();
     }
 
     /// How many trackers a launch claims (without the executable graph's own).
@@ -377,7 +420,7 @@ impl<'buf> Graph<'buf> {
 impl Drop for Graph<'_> {
     fn drop(&mut self) {
         let raw = self.raw;
-        crate::faults::release(
+        let destroyed = crate::faults::release(
             format_args!("a Graph"),
             &self.device,
             Ok(()),
@@ -386,6 +429,9 @@ impl Drop for Graph<'_> {
             // graphs instantiated from it are independent of it.
             || unsafe { sys::cuGraphDestroy(raw) },
         );
+        if !destroyed {
+            self.uses.keep_counted();
+        }
     }
 }
 
@@ -552,7 +598,7 @@ impl Drop for GraphExec<'_> {
         let raw = self.raw as usize;
         // On the release thread, bounded like the other releases that may wait for the
         // whole device (crate::release): unmeasured for cuGraphExecDestroy.
-        crate::faults::release_bounded(
+        let released = crate::faults::release_bounded(
             format_args!("a GraphExec"),
             &self.device,
             waited,
@@ -562,6 +608,9 @@ impl Drop for GraphExec<'_> {
             // above).
             Box::new(move || unsafe { sys::cuGraphExecDestroy(raw as sys::CUgraphExec) }),
         );
+        if matches!(released, crate::release::Released::Failed) {
+            self.uses.keep_counted();
+        }
     }
 }
 
@@ -582,24 +631,53 @@ mod tests {
         assert!(u.trackers.iter().all(|(_, acc)| *acc == Access::Write));
     }
 
+    /// What the test gates saw, in order, across all of them: `(gate, event)`.
+    type Journal = std::sync::Mutex<Vec<(u8, String)>>;
+
     /// A launch agreement that logs what it was asked and may refuse.
-    struct Gate {
+    struct Gate<'j> {
         name: u8,
         refuse: bool,
-        log: std::sync::Mutex<Vec<(u8, Vec<u8>)>>,
+        journal: &'j Journal,
         held: std::sync::atomic::AtomicUsize,
     }
 
-    impl LaunchAgreement for Gate {
-        fn agree_then(&self, record: &[u8], launch: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-            self.log.lock().unwrap().push((self.name, record.to_vec()));
-            if self.refuse {
+    struct Turn<'a, 'j>(&'a Gate<'j>);
+
+    impl Drop for Turn<'_, '_> {
+        fn drop(&mut self) {
+            self.0.note("unlock".into());
+        }
+    }
+
+    impl LaunchTurn for Turn<'_, '_> {
+        fn agree(&mut self, record: &[u8]) -> Result<()> {
+            self.0.note(format!("agree {record:?}"));
+            if self.0.refuse {
                 return Err(Error::InvalidArgument(format!(
                     "gate {} refused",
-                    self.name
+                    self.0.name
                 )));
             }
-            launch()
+            Ok(())
+        }
+
+        fn fail(&mut self, e: Error) -> Error {
+            self.0.note("told".into());
+            e
+        }
+    }
+
+    impl Gate<'_> {
+        fn note(&self, what: String) {
+            self.journal.lock().unwrap().push((self.name, what));
+        }
+    }
+
+    impl LaunchAgreement for Gate<'_> {
+        fn turn(&self) -> Box<dyn LaunchTurn + '_> {
+            self.note("lock".into());
+            Box::new(Turn(self))
         }
 
         fn launched(&self, _: &BoundStream<'_>) {}
@@ -613,25 +691,39 @@ mod tests {
         }
     }
 
-    fn gate(name: u8, refuse: bool) -> Gate {
+    fn gate(name: u8, refuse: bool, journal: &Journal) -> Gate<'_> {
         Gate {
             name,
             refuse,
-            log: Default::default(),
+            journal,
             held: Default::default(),
         }
     }
 
+    /// The events of `journal` (taken), as `"gate:event"` strings.
+    fn events(journal: &Journal) -> Vec<String> {
+        std::mem::take(&mut *journal.lock().unwrap())
+            .into_iter()
+            .map(|(g, e)| format!("{g}:{e}"))
+            .collect()
+    }
+
     #[test]
-    fn agreements_keep_one_entry_per_gate_in_address_order_and_gate_the_launch() {
-        let (a, b) = (gate(1, false), gate(2, false));
-        let mut u = Uses::default();
-        u.add_agreement(&b, &[10]);
-        u.add_agreement(&a, &[20]);
-        u.add_agreement(&b, &[30, 31]);
-        assert_eq!(u.agreements.len(), 2);
+    fn agreements_lock_in_address_order_and_agree_in_capture_order() {
+        let journal = Journal::default();
+        let (a, b) = (gate(1, false, &journal), gate(2, false, &journal));
         let addr = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
-        assert!(addr(u.agreements[0].0) < addr(u.agreements[1].0));
+        // `low` has the lower address; the graph uses `high` first.
+        let (low, high) = if addr(&a) < addr(&b) {
+            (&a, &b)
+        } else {
+            (&b, &a)
+        };
+        let mut u = Uses::default();
+        u.add_agreement(high, &[10]);
+        u.add_agreement(low, &[20]);
+        u.add_agreement(high, &[30, 31]);
+        assert_eq!(u.agreements.len(), 2, "one entry per gate");
         let mut launched = 0;
         agreed(&u.agreements, &mut || {
             launched += 1;
@@ -639,30 +731,68 @@ mod tests {
         })
         .unwrap();
         assert_eq!(launched, 1);
-        assert_eq!(b.log.lock().unwrap().as_slice(), &[(2, vec![10, 30, 31])]);
-        assert_eq!(a.log.lock().unwrap().as_slice(), &[(1, vec![20])]);
+        let (l, h) = (low.name, high.name);
+        assert_eq!(
+            events(&journal)[..4],
+            [
+                format!("{l}:lock"),
+                format!("{h}:lock"),
+                format!("{h}:agree [10, 30, 31]"),
+                format!("{l}:agree [20]"),
+            ]
+        );
         // Every live `Uses` holding a gate counts once in it (a graph and each
-        // executable graph instantiated from it).
+        // executable graph instantiated from it); a leaked graph handle keeps its count.
         let held = |g: &Gate| g.held.load(std::sync::atomic::Ordering::Relaxed);
         assert_eq!((held(&a), held(&b)), (1, 1));
         let exec = u.clone();
         assert_eq!((held(&a), held(&b)), (2, 2));
         drop(u);
-        drop(exec);
-        assert_eq!((held(&a), held(&b)), (0, 0));
+        assert_eq!((held(&a), held(&b)), (1, 1));
+        let mut leaked = exec;
+        leaked.keep_counted();
+        drop(leaked);
+        assert_eq!((held(&a), held(&b)), (1, 1));
+    }
 
-        // One refusing gate: nothing launches, and its error is the launch's.
-        let (c, d) = (gate(3, false), gate(4, true));
+    #[test]
+    fn a_refusal_or_a_failed_launch_is_told_to_the_ranks_that_agreed() {
+        let journal = Journal::default();
+        let (c, d, e) = (
+            gate(3, false, &journal),
+            gate(4, true, &journal),
+            gate(5, false, &journal),
+        );
+        // Capture order c, d, e: d refuses, so c (agreed) is told, e never agrees.
         let mut u = Uses::default();
-        u.add_agreement(&c, &[]);
-        u.add_agreement(&d, &[]);
-        let e = agreed(&u.agreements, &mut || {
+        for g in [&c, &d, &e] {
+            u.add_agreement(g, &[]);
+        }
+        let mut launched = 0;
+        let err = agreed(&u.agreements, &mut || {
             launched += 1;
             Ok(())
         })
         .unwrap_err();
-        assert_eq!(launched, 1);
-        assert!(e.to_string().contains("gate 4 refused"));
+        assert_eq!(launched, 0);
+        assert!(err.to_string().contains("gate 4 refused"), "{err}");
+        let ev = events(&journal);
+        assert!(ev.contains(&"3:told".to_string()), "{ev:?}");
+        assert!(!ev.contains(&"5:agree []".to_string()), "{ev:?}");
+        assert!(!ev.contains(&"4:told".to_string()), "{ev:?}");
+        assert_eq!(ev.iter().filter(|x| x.ends_with(":unlock")).count(), 3);
+        // Every rank agrees, then the launch fails: all are told.
+        let (f, g) = (gate(6, false, &journal), gate(7, false, &journal));
+        let mut u = Uses::default();
+        u.add_agreement(&f, &[]);
+        u.add_agreement(&g, &[]);
+        let err = agreed(&u.agreements, &mut || {
+            Err(Error::InvalidArgument("claim failed".into()))
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("claim failed"));
+        let ev = events(&journal);
+        assert!(ev.contains(&"6:told".to_string()) && ev.contains(&"7:told".to_string()));
     }
 
     #[test]
