@@ -211,7 +211,7 @@ impl RankComm {
         let comm = {
             // NCCL takes the device from the thread's current context.
             let _gpu = ctx.bind(device)?;
-            nccl::NcclComm::init_rank_process(nranks, id.as_bytes(), rank, timeout)?
+            nccl::NcclComm::init_rank_process(device, nranks, id.as_bytes(), rank, timeout)?
         };
         ctx.forget_binding();
         Ok(RankComm {
@@ -480,7 +480,7 @@ impl RankComm {
                     // Taken: a failed (aborted) initialisation is not retried.
                     let bytes = nccl::id_bytes(&id);
                     *comm = Some(nccl::NcclComm::init_rank_process(
-                        nranks, &bytes, rank, *timeout,
+                        device, nranks, &bytes, rank, *timeout,
                     )?);
                 }
                 let Some(comm) = comm.as_mut() else {
@@ -489,20 +489,40 @@ impl RankComm {
                             .into(),
                     ));
                 };
-                {
-                    // The rank's order too: after its graph launches on other streams.
-                    let _claim = stream.claim([
-                        used.first().copied(),
-                        used.get(1).copied(),
-                        Some((comm.order(), Access::Write)),
-                    ])?;
-                    // SAFETY: validated against this rank's device; the stream is bound;
-                    // the buffers are claimed (ordered after their other uses) until
-                    // enqueued.
-                    unsafe { comm.issue(&call, stream.raw()) }?;
-                }
-                // What the watchdog times and the communicator's drop waits for.
-                comm.note_issued(stream, kind.name())
+                let issued = (|| {
+                    // What the watchdog times and the communicator's drop waits for: taken
+                    // before the enqueue, so that nothing but its record can fail after.
+                    let ev = comm.spare_event(stream)?;
+                    let enqueued = {
+                        // The rank's order too: after its graph launches on other streams.
+                        stream
+                            .claim([
+                                used.first().copied(),
+                                used.get(1).copied(),
+                                Some((comm.order(), Access::Write)),
+                            ])
+                            .and_then(|_claim| {
+                                // SAFETY: validated against this rank's device; the stream
+                                // is bound; the buffers are claimed (ordered after their
+                                // other uses) until enqueued.
+                                unsafe { comm.issue(&call, stream.raw()) }
+                            })
+                    };
+                    match enqueued {
+                        Ok(()) => comm.note_issued(stream, ev, kind.name()),
+                        Err(e) => {
+                            comm.give_back(ev);
+                            Err(e)
+                        }
+                    }
+                })();
+                // Agreed with the others (a checked collective): a failure after the
+                // agreement (a verdict set since, NCCL's error) is told to them, as
+                // the failures before it are, instead of leaving them to their timeout.
+                issued.map_err(|e| match check.as_mut() {
+                    Some(check) if p2p_peer.is_none() => check.fail(e),
+                    _ => e,
+                })
             }
             RankInner::Kernels { world, event } => {
                 let post = call.and_then(|call| {
