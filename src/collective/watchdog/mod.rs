@@ -9,7 +9,9 @@
 //! communicators, and one thread costs one wake-up per period instead of one per
 //! communicator; what could make one communicator hold up the others — an
 //! `ncclCommAbort` that waits for the device — runs on a thread of its own
-//! ([`spawn_abort`]), never on the watchdog. The thread starts when a communicator first
+//! ([`spawn_abort`]), never on the watchdog — nor on the owner's thread, for the
+//! aborts the owner takes — and events are never destroyed on the watchdog thread
+//! (`Watched`'s drop). The thread starts when a communicator first
 //! records work in flight, sleeps on a condition variable while no communicator has any
 //! (no polling when idle) and exits after [`LINGER`] without work; a later call starts it
 //! again.
@@ -371,7 +373,8 @@ impl Watched {
     /// only non-blocking calls). Should a round not end within [`ROUND_LIMIT`] (a driver
     /// call that hangs), the owner's call fails instead of waiting for ever.
     pub(crate) fn owner_enter(&self) -> Result<()> {
-        let start = Instant::now();
+        // Read only once a round holds the gate: the common call reads no clock here.
+        let mut start = None;
         let mut pause = Duration::from_micros(5);
         for tries in 0u32.. {
             match sync::lock(&self.gate).owner_enter() {
@@ -379,7 +382,7 @@ impl Watched {
                 Enter::Refused(e) => return Err(e),
                 Enter::Busy => {}
             }
-            if start.elapsed() > ROUND_LIMIT {
+            if start.get_or_insert_with(Instant::now).elapsed() > ROUND_LIMIT {
                 return Err(round_stuck());
             }
             // A round is a few microseconds, and the shortest sleep on Linux is ~50 µs:
