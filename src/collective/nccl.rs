@@ -257,7 +257,7 @@ pub(crate) struct NcclComm {
     /// Non-blocking communicators (one rank per process): how long any one wait for
     /// NCCL may take before the communicator is aborted, and how long a call may stay in
     /// flight before the watchdog aborts it.
-    bound: Option<Duration>,
+    pub(super) bound: Option<Duration>,
     /// What the communicator shares with the NCCL watchdog ([`super::watchdog`]): the
     /// gate every use of `raw` goes through (its verdict once it failed: then `raw` is
     /// aborted, or about to be, and never used again), and the events recorded after
@@ -310,9 +310,10 @@ impl NcclComm {
     /// One rank of a communicator whose ranks are other processes (or threads), made
     /// with NCCL's non-blocking initialisation and polled until `timeout`: a peer that
     /// never comes is [`Error::PeerTimeout`] and the half-made communicator is aborted.
-    /// The rank's device must be current. With an NCCL older than 2.14 (no
+    /// The rank's device (`device`) must be current. With an NCCL older than 2.14 (no
     /// `ncclCommInitRankConfig`) the blocking `ncclCommInitRank` is used: unbounded.
     pub(crate) fn init_rank_process(
+        device: &Arc<crate::device::Device>,
         nranks: usize,
         id: &[u8; 128],
         rank: usize,
@@ -346,6 +347,8 @@ impl NcclComm {
             (nb.init_rank_config)(&mut raw, nranks as c_int, uid, rank as c_int, &mut config)
         };
         let comm = NcclComm::new(raw, nranks, Some(timeout));
+        // For the abort thread, should the communicator fail before its first call.
+        let _ = comm.watch.device.set(Arc::clone(device));
         if code != IN_PROGRESS
             && let Err(e) = api.check("ncclCommInitRankConfig", code)
         {
@@ -378,6 +381,7 @@ impl NcclComm {
                 nranks,
                 timeout: watched,
                 gate: crate::sync::Mutex::new(watchdog::Gate::default()),
+                device: OnceLock::new(),
             }),
             order: Default::default(),
         }

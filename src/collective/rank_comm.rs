@@ -182,8 +182,12 @@ impl RankComm {
     ///
     /// While its calls run on the GPU, NCCL's watchdog thread watches them: on an error
     /// NCCL reports (a peer died) or a call unfinished after `timeout`, the communicator
-    /// is aborted, so waits on the stream return; [`check`](Self::check) and every later
-    /// call then return that error (docs/collective.md, "The NCCL watchdog").
+    /// is aborted (`ncclCommAbort`, on a thread of its own); [`check`](Self::check),
+    /// [`wait`](Self::wait) and every later call then return that error. That a plain
+    /// stream wait also returns after the abort is confirmed for a call queued behind
+    /// other work (one rank, one GPU: it returned `Ok(())` once that work ended) and
+    /// assumed, not yet confirmed, for a kernel already waiting for a dead peer
+    /// (docs/collective.md, "The NCCL watchdog").
     ///
     /// Dropping it is bounded by `GPUBIND_DROP_TIMEOUT`: it waits for the rank's last
     /// call while polling `ncclCommGetAsyncError`, finalizes the communicator
@@ -211,7 +215,7 @@ impl RankComm {
         let comm = {
             // NCCL takes the device from the thread's current context.
             let _gpu = ctx.bind(device)?;
-            nccl::NcclComm::init_rank_process(nranks, id.as_bytes(), rank, timeout)?
+            nccl::NcclComm::init_rank_process(device, nranks, id.as_bytes(), rank, timeout)?
         };
         ctx.forget_binding();
         Ok(RankComm {
@@ -338,11 +342,16 @@ impl RankComm {
     /// [`init_process`](Self::init_process), `env.timeout` for
     /// [`from_launch`](Self::from_launch), [`CommOptions::timeout`] for
     /// [`Communicator::init_all`]: [`Error::PeerTimeout`] naming the op and how long it
-    /// ran), the communicator is aborted (`ncclCommAbort`), which ends its kernels, so
-    /// the caller's stream waits return. A training loop calls `check` after its stream
-    /// synchronize to tell a normal step from one whose collectives were aborted: after
-    /// an abort the outputs of the aborted collectives are unspecified (but initialized
-    /// values of `T`). `check` also polls `ncclCommGetAsyncError` itself.
+    /// ran), the communicator is aborted (`ncclCommAbort`), which is to end its kernels.
+    /// Confirmed (one rank, one GPU): a stream synchronize returns `Ok(())` after the
+    /// abort, once the work queued ahead of the aborted calls ended. Assumed, to be
+    /// confirmed on two GPUs: that a kernel already waiting for a dead peer ends too, so
+    /// the synchronize returns. A training loop calls `check` after its stream
+    /// synchronize, whatever that returned, to tell a normal step from one whose
+    /// collectives were aborted (or uses [`wait`](Self::wait), which returns the verdict
+    /// as soon as it is set): after an abort the outputs of the aborted collectives are
+    /// unspecified (but initialized values of `T`). `check` also polls
+    /// `ncclCommGetAsyncError` itself.
     ///
     /// The own-kernel backends report failures from their calls (each bounded): `Ok`.
     ///
@@ -360,8 +369,11 @@ impl RankComm {
     /// let grads = gpu.alloc_zeros::<f32>(1024)?;
     /// let mut sum = gpu.alloc_zeros::<f32>(1024)?;
     /// comm.all_reduce(&s, &grads, &mut sum, Op::Sum)?;
-    /// s.synchronize()?; // returns even if a peer died: the watchdog aborts
-    /// comm.check()?; // Err(PeerTimeout / Nccl) if this step's collectives were aborted
+    /// let synced = s.synchronize();
+    /// // Err(PeerTimeout / Nccl) if this step's collectives were aborted: asked whatever
+    /// // the synchronize returned, so that an aborted step is reported as such.
+    /// comm.check()?;
+    /// synced?;
     /// # Ok(()) }
     /// ```
     pub fn check(&self) -> Result<()> {
@@ -381,8 +393,12 @@ impl RankComm {
     /// Waits on the host until the work enqueued on `stream` so far has finished, or
     /// this rank's communicator fails: then its error (see [`check`](Self::check)) is
     /// returned at once, even while the stream still runs. `Ok` means the stream's work
-    /// finished and the communicator is sound. Other backends: waits for the stream,
-    /// then `Ok`. `stream` must be of this rank's device.
+    /// finished and the communicator is sound. On an NCCL communicator the watchdog
+    /// does not watch (NCCL older than 2.14, or once the watchdog stopped at process
+    /// exit) the wait is bounded by the communicator's timeout, else
+    /// `GPUBIND_DROP_TIMEOUT`: past it, [`Error::Timeout`] (the communicator is not
+    /// failed; the work may still finish). Other backends: waits for the stream, then
+    /// `Ok`. `stream` must be of this rank's device.
     pub fn wait(&mut self, stream: &BoundStream<'_>) -> Result<()> {
         stream.bound().expect_device("stream", &self.device)?;
         match &mut self.inner {
@@ -480,7 +496,7 @@ impl RankComm {
                     // Taken: a failed (aborted) initialisation is not retried.
                     let bytes = nccl::id_bytes(&id);
                     *comm = Some(nccl::NcclComm::init_rank_process(
-                        nranks, &bytes, rank, *timeout,
+                        device, nranks, &bytes, rank, *timeout,
                     )?);
                 }
                 let Some(comm) = comm.as_mut() else {
@@ -489,20 +505,40 @@ impl RankComm {
                             .into(),
                     ));
                 };
-                {
-                    // The rank's order too: after its graph launches on other streams.
-                    let _claim = stream.claim([
-                        used.first().copied(),
-                        used.get(1).copied(),
-                        Some((comm.order(), Access::Write)),
-                    ])?;
-                    // SAFETY: validated against this rank's device; the stream is bound;
-                    // the buffers are claimed (ordered after their other uses) until
-                    // enqueued.
-                    unsafe { comm.issue(&call, stream.raw()) }?;
-                }
-                // What the watchdog times and the communicator's drop waits for.
-                comm.note_issued(stream, kind.name())
+                let issued = (|| {
+                    // What the watchdog times and the communicator's drop waits for: taken
+                    // before the enqueue, so that nothing but its record can fail after.
+                    let ev = comm.spare_event(stream)?;
+                    let enqueued = {
+                        // The rank's order too: after its graph launches on other streams.
+                        stream
+                            .claim([
+                                used.first().copied(),
+                                used.get(1).copied(),
+                                Some((comm.order(), Access::Write)),
+                            ])
+                            .and_then(|_claim| {
+                                // SAFETY: validated against this rank's device; the stream
+                                // is bound; the buffers are claimed (ordered after their
+                                // other uses) until enqueued.
+                                unsafe { comm.issue(&call, stream.raw()) }
+                            })
+                    };
+                    match enqueued {
+                        Ok(()) => comm.note_issued(stream, ev, kind.name()),
+                        Err(e) => {
+                            comm.give_back(ev);
+                            Err(e)
+                        }
+                    }
+                })();
+                // Agreed with the others (a checked collective): a failure after the
+                // agreement (a verdict set since, NCCL's error) is told to them, as
+                // the failures before it are, instead of leaving them to their timeout.
+                issued.map_err(|e| match check.as_mut() {
+                    Some(check) if p2p_peer.is_none() => check.fail(e),
+                    _ => e,
+                })
             }
             RankInner::Kernels { world, event } => {
                 let post = call.and_then(|call| {

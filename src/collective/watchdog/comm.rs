@@ -2,53 +2,66 @@
 //! gate (the owner leaving it, a failure, `check`, `wait`) and the in-flight record the
 //! watchdog times (`note_issued`, `note_in_flight`).
 
-use super::super::nccl::{NcclComm, abort_raw, poll_raw};
+use super::super::nccl::{NcclComm, RestoreCurrent, poll_raw};
 use super::{Who, spawn_abort};
 use crate::error::{Error, Result};
 use crate::stream::{BoundStream, Event, EventFlags};
 use crate::sync;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// [`NcclComm::wait`]'s error past its limit on a communicator the watchdog does not
+/// watch.
+pub(crate) fn unwatched_wait_timeout(limit: Duration) -> Error {
+    Error::Timeout {
+        what: "the stream's work to finish in RankComm::wait (this NCCL communicator is \
+               not watched by gpubind's NCCL watchdog, so a dead peer would hang the wait; \
+               the communicator's timeout, else GPUBIND_DROP_TIMEOUT, bounds it)",
+        after_ms: limit.as_millis().min(u128::from(u64::MAX)) as u64,
+    }
+}
 
 impl NcclComm {
-    /// The owner leaves the gate (after `watch.owner_enter()`), aborting inline in the
-    /// (theoretical) case that the abort fell to it on the way out.
+    /// The owner leaves the gate (after `watch.owner_enter()`); in the (theoretical)
+    /// case that the abort fell to it on the way out, it is made on a thread of its own
+    /// ([`spawn_abort`](super::spawn_abort)).
     pub(in crate::collective) fn owner_leave(&self) {
-        if sync::lock(&self.watch.gate).owner_leave() {
-            // SAFETY: taken once through the gate, nobody inside; never used after.
-            unsafe { abort_raw(self.raw as usize, self.nranks) };
-        }
+        self.watch.owner_leave();
     }
 
     /// Records `e` as the communicator's verdict (the first one stays: later calls
-    /// return it) and aborts it inline if the abort falls to the owner (`inside`: the
-    /// owner is inside the gate now). Returns `e`.
+    /// return it); if the abort falls to the owner (`inside`: the owner is inside the
+    /// gate now), it is made on a thread of its own ([`spawn_abort`](super::spawn_abort)),
+    /// never inline (it may wait for the device's work). The owner makes no NCCL call on
+    /// the communicator after. Returns `e`.
     pub(in crate::collective) fn fail_owner(&self, e: Error, inside: bool) -> Error {
-        let take = sync::lock(&self.watch.gate).fail(e.clone(), inside.then_some(Who::Owner));
-        if take {
-            // SAFETY: taken once through the gate: nobody else is inside NCCL on this
-            // communicator and nobody enters after (the verdict is set).
-            unsafe { abort_raw(self.raw as usize, self.nranks) };
-        }
-        e
+        self.watch.fail(e, inside)
     }
 
-    /// Records an event on `stream` (the one the rank's call `op` was just enqueued on)
-    /// and hands it to the watchdog as work in flight: it is timed against the
-    /// communicator's timeout, and the drop waits for it, with a limit, before it
-    /// destroys the communicator. Events of finished calls are reused.
-    pub(crate) fn note_issued(&mut self, stream: &BoundStream<'_>, op: &'static str) -> Result<()> {
-        let ev = self.spare_event(stream)?;
+    /// After the rank's call `op` was enqueued on `stream`: records `ev` (taken with
+    /// [`spare_event`](Self::spare_event) *before* the enqueue, so that making it cannot
+    /// fail after) on `stream` and hands it to the watchdog as work in flight: it is
+    /// timed against the communicator's timeout, and the drop waits for it, with a
+    /// limit, before it destroys the communicator. Should the record fail, the call
+    /// cannot be watched: the communicator fails with that error (aborted, its verdict)
+    /// rather than leaving work unwatched that a dead peer could hang.
+    pub(crate) fn note_issued(
+        &mut self,
+        stream: &BoundStream<'_>,
+        ev: Event,
+        op: &'static str,
+    ) -> Result<()> {
         if let Err(e) = stream.record(&ev) {
             self.give_back(ev);
-            return Err(e);
+            return Err(self.fail_owner(e, false));
         }
         self.note_in_flight(ev, op);
         Ok(())
     }
 
-    /// An event of the communicator's spares, or a new one.
-    fn spare_event(&self, stream: &BoundStream<'_>) -> Result<Event> {
+    /// An event of the communicator's spares, or a new one; give it back with
+    /// [`give_back`](Self::give_back) if unused.
+    pub(crate) fn spare_event(&self, stream: &BoundStream<'_>) -> Result<Event> {
         let spare = sync::lock(&self.watch.gate).spare.pop();
         match spare {
             Some(ev) => Ok(ev),
@@ -62,7 +75,7 @@ impl NcclComm {
     /// after use: an abort may be running (on another thread), and destroying an event
     /// could wait for it inside the driver (seen on the H200 with a drop). They go with
     /// the communicator's state.
-    fn give_back(&self, ev: Event) {
+    pub(crate) fn give_back(&self, ev: Event) {
         sync::lock(&self.watch.gate).spare.push(ev);
     }
 
@@ -90,6 +103,8 @@ impl NcclComm {
             let g = sync::lock(&self.watch.gate);
             return g.verdict().map_or(Ok(()), |v| Err(v.clone()));
         }
+        // NCCL (the CUDA runtime) may change the thread's current context: put it back.
+        let _restore = RestoreCurrent::new()?;
         self.watch.owner_enter()?;
         // SAFETY: the owner is inside the gate: the communicator is live and nobody else
         // is inside NCCL on it.
@@ -108,10 +123,20 @@ impl NcclComm {
     }
 
     /// Waits on the host until `stream`'s work so far has finished, or the communicator
-    /// fails (its verdict is returned at once, even while the stream still runs).
+    /// fails (its verdict is returned at once, even while the stream still runs). On a
+    /// communicator the watchdog does not watch (NCCL older than 2.14, a blocking one,
+    /// the watchdog stopped at exit) nothing would end a wait behind a dead peer: it is
+    /// bounded by the communicator's timeout, else `GPUBIND_DROP_TIMEOUT`, and past it
+    /// returns [`Error::Timeout`] (the communicator is not failed: the work may still
+    /// finish).
     pub(crate) fn wait(&mut self, stream: &BoundStream<'_>) -> Result<()> {
         self.check()?;
         let ev = self.spare_event(stream)?;
+        let limit = match self.watch.timeout {
+            Some(_) if !super::EXITING.load(std::sync::atomic::Ordering::Acquire) => None,
+            _ => Some(self.bound.unwrap_or_else(crate::drop_wait::drop_timeout)),
+        };
+        let deadline = limit.and_then(|l| Instant::now().checked_add(l));
         let mut pause = Duration::from_micros(20);
         let out = stream.record(&ev).and_then(|()| {
             loop {
@@ -119,6 +144,11 @@ impl NcclComm {
                     break self.check();
                 }
                 self.check()?;
+                if let (Some(d), Some(l)) = (deadline, limit)
+                    && Instant::now() >= d
+                {
+                    break Err(unwatched_wait_timeout(l));
+                }
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(1));
             }

@@ -9,7 +9,9 @@
 //! communicators, and one thread costs one wake-up per period instead of one per
 //! communicator; what could make one communicator hold up the others — an
 //! `ncclCommAbort` that waits for the device — runs on a thread of its own
-//! ([`spawn_abort`]), never on the watchdog. The thread starts when a communicator first
+//! ([`spawn_abort`]), never on the watchdog — nor on the owner's thread, for the
+//! aborts the owner takes — and events are never destroyed on the watchdog thread
+//! (`Watched`'s drop). The thread starts when a communicator first
 //! records work in flight, sleeps on a condition variable while no communicator has any
 //! (no polling when idle) and exits after [`LINGER`] without work; a later call starts it
 //! again.
@@ -31,7 +33,7 @@ use crate::stream::Event;
 use crate::sync;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// How often the watchdog looks at communicators with work in flight.
@@ -41,6 +43,12 @@ pub(crate) const LINGER: Duration = Duration::from_secs(1);
 /// The longest the owner waits for a watchdog round on its communicator (normally
 /// microseconds: a `cuEventQuery` or two and `ncclCommGetAsyncError`).
 pub(crate) const ROUND_LIMIT: Duration = Duration::from_secs(10);
+
+/// How often the owner yields before sleeping while a watchdog round holds its
+/// communicator.
+const YIELDS: u32 = 8;
+/// `ncclInternalError`, the code of a panic inside a watchdog round.
+const NCCL_INTERNAL_ERROR: i32 = 3;
 
 /// The owner's error when a watchdog round did not end within [`ROUND_LIMIT`].
 fn round_stuck() -> Error {
@@ -335,6 +343,29 @@ pub(crate) struct Watched {
     /// watched — a blocking communicator, or an NCCL without `ncclCommAbort`).
     pub(crate) timeout: Option<Duration>,
     pub(crate) gate: sync::Mutex<Gate<Event>>,
+    /// The communicator's device, once known (set at its creation by `RankComm`, else
+    /// from its first call's event): the abort thread pushes its context.
+    pub(crate) device: std::sync::OnceLock<Arc<crate::device::Device>>,
+}
+
+impl Drop for Watched {
+    /// Events still here (noted after the verdict, given back by a wait) are destroyed
+    /// with the state, except on the watchdog thread, which hands them to a thread of
+    /// their own ([`drop_elsewhere`]): destroying an event can wait inside the driver for
+    /// an abort running on another thread, and the watchdog must never wait for one.
+    fn drop(&mut self) {
+        if !ON_WATCHDOG.with(|f| f.get()) {
+            return;
+        }
+        let mut g = sync::lock(&self.gate);
+        let mut events: Vec<Event> = std::mem::take(&mut g.queue)
+            .into_iter()
+            .map(|e| e.event)
+            .collect();
+        events.append(&mut g.spare);
+        drop(g);
+        drop_elsewhere(events);
+    }
 }
 
 impl Watched {
@@ -342,19 +373,48 @@ impl Watched {
     /// only non-blocking calls). Should a round not end within [`ROUND_LIMIT`] (a driver
     /// call that hangs), the owner's call fails instead of waiting for ever.
     pub(crate) fn owner_enter(&self) -> Result<()> {
-        let start = Instant::now();
+        // Read only once a round holds the gate: the common call reads no clock here.
+        let mut start = None;
         let mut pause = Duration::from_micros(5);
-        loop {
+        for tries in 0u32.. {
             match sync::lock(&self.gate).owner_enter() {
                 Enter::Go => return Ok(()),
                 Enter::Refused(e) => return Err(e),
                 Enter::Busy => {}
             }
-            if start.elapsed() > ROUND_LIMIT {
+            if start.get_or_insert_with(Instant::now).elapsed() > ROUND_LIMIT {
                 return Err(round_stuck());
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_micros(200));
+            // A round is a few microseconds, and the shortest sleep on Linux is ~50 µs:
+            // yield a few times first.
+            if tries < YIELDS {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_micros(200));
+            }
+        }
+        Err(round_stuck())
+    }
+
+    /// Records `e` as the verdict (the first one stays) and, if the abort falls to the
+    /// caller (`inside`: the owner, inside the gate now; else nobody's part), makes it
+    /// on a thread of its own ([`spawn_abort`]) with the events of the communicator's
+    /// work. The caller makes no NCCL call on the communicator after. Returns `e`.
+    pub(crate) fn fail(self: &Arc<Self>, e: Error, inside: bool) -> Error {
+        let take = sync::lock(&self.gate).fail(e.clone(), inside.then_some(Who::Owner));
+        if take {
+            spawn_abort(Arc::clone(self), self.take_events());
+        }
+        e
+    }
+
+    /// The owner leaves the gate (after [`owner_enter`](Self::owner_enter)); should the
+    /// abort fall to it (a verdict came while it was inside), it is made on a thread of
+    /// its own ([`spawn_abort`]).
+    pub(crate) fn owner_leave(self: &Arc<Self>) {
+        if sync::lock(&self.gate).owner_leave() {
+            spawn_abort(Arc::clone(self), self.take_events());
         }
     }
 
@@ -377,6 +437,9 @@ impl Watched {
 
     /// Owner: `event` was recorded after `op`; the watchdog watches it.
     pub(crate) fn note_in_flight(self: &Arc<Self>, event: Event, op: &'static str) {
+        if self.device.get().is_none() {
+            let _ = self.device.set(Arc::clone(event.device()));
+        }
         let register = sync::lock(&self.gate).note_in_flight(event, op, Instant::now());
         if register && self.timeout.is_some() {
             register_comm(self);
@@ -402,7 +465,8 @@ impl Watched {
     /// the communicator's captured collectives): records an event after it and hands it
     /// to the watchdog as [`note_in_flight`](Self::note_in_flight) does. Infallible,
     /// since the work is enqueued already: an event that cannot be made or recorded
-    /// (a failing context) leaves the launch unwatched, logged.
+    /// (a failing context) fails the communicator (aborted, that error its verdict)
+    /// rather than leaving the launch unwatched, logged.
     pub(crate) fn note_launch(
         self: &Arc<Self>,
         stream: &crate::stream::BoundStream<'_>,
@@ -424,9 +488,14 @@ impl Watched {
         });
         match recorded {
             Ok(ev) => self.note_in_flight(ev, op),
-            Err(e) => log::warn!(
-                "gpubind: {op} is not watched by the NCCL watchdog (its event failed: {e});                  a peer failing during it is seen at the communicator's next call"
-            ),
+            Err(e) => {
+                log::warn!(
+                    "gpubind: {op} cannot be watched by the NCCL watchdog (its event \
+                     failed: {e}): the communicator is aborted"
+                );
+                // Unwatched work could hang the caller's waits behind a dead peer.
+                let _ = self.fail(e, false);
+            }
         }
     }
 
@@ -468,11 +537,15 @@ impl Watched {
         let (done, verdict) = looked.unwrap_or_else(|_| {
             (
                 Vec::new(),
-                Some(Error::InvalidArgument(
-                    "gpubind's NCCL watchdog panicked while watching this communicator: it was \
-                     aborted"
+                Some(Error::Nccl {
+                    call: "gpubind's NCCL watchdog",
+                    code: NCCL_INTERNAL_ERROR,
+                    name: "ncclInternalError".into(),
+                    description: "gpubind's NCCL watchdog panicked while watching this \
+                                  communicator (a fault of gpubind or of a logger): it was \
+                                  aborted"
                         .into(),
-                )),
+                }),
             )
         });
         let (take, keep) = sync::lock(&self.gate).watch_end(queue, done, verdict, now);
@@ -496,26 +569,57 @@ static REGISTRY: std::sync::Mutex<Registry> = std::sync::Mutex::new(Registry {
 static WAKE: std::sync::Condvar = std::sync::Condvar::new();
 /// Set at process exit: the watchdog stops.
 static EXITING: AtomicBool = AtomicBool::new(false);
-/// Aborts running on their own threads.
+/// Aborts (and event drops) running on their own threads.
 static ABORTS: AtomicUsize = AtomicUsize::new(0);
+/// The process that owns the watchdog's state (its thread, its aborts, its exit hook):
+/// set before the first of them starts, 0 before. A child made by `fork` inherits the
+/// statics and the exit hook but no thread: in it, `REGISTRY` and `ABORTS` describe the
+/// parent (and `REGISTRY`'s lock may have been held by a parent's thread at the fork,
+/// for ever locked in the child), so a process whose id differs has no watchdog, and
+/// nothing here touches the registry there.
+static OWNER_PID: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    /// Set on the watchdog thread (see [`Watched`]'s drop).
+    static ON_WATCHDOG: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+#[cfg(all(test, not(loom)))]
+thread_local! {
+    /// Tests: [`spawn_counted`] on this thread asks for a thread that cannot start.
+    static FAIL_SPAWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this process is a `fork` child of the process that started the watchdog.
+fn forked_child() -> bool {
+    let owner = OWNER_PID.load(Ordering::Acquire);
+    owner != 0 && owner != std::process::id()
+}
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Puts `w` on the watchdog's list, starting the thread if it is not running.
+/// Puts `w` on the watchdog's list, starting the thread if it is not running. In a
+/// `fork` child of the process that started the watchdog: nothing (no watchdog there;
+/// the registry is the parent's, its lock possibly held for ever), logged.
 fn register_comm(w: &Arc<Watched>) {
+    if forked_child() {
+        log::warn!(
+            "gpubind: an NCCL communicator used in a forked child of the process that \
+             started the NCCL watchdog is not watched"
+        );
+        return;
+    }
     let mut reg = registry();
     reg.comms.push(Arc::clone(w));
     if !reg.running && !EXITING.load(Ordering::Acquire) {
+        wait_at_exit();
         match std::thread::Builder::new()
             .name("gpubind-nccl-watchdog".into())
             .spawn(run)
         {
-            Ok(_) => {
-                reg.running = true;
-                wait_at_exit();
-            }
+            Ok(_) => reg.running = true,
             Err(e) => log::warn!(
                 "gpubind: cannot start the NCCL watchdog thread ({e}): NCCL collectives \
                  are not watched (a dead peer can leave this process's stream waits \
@@ -534,6 +638,7 @@ fn running() -> bool {
 
 /// The watchdog thread.
 fn run() {
+    ON_WATCHDOG.with(|f| f.set(true));
     loop {
         let comms = {
             let mut reg = registry();
@@ -570,45 +675,137 @@ fn run() {
                 }
             }
         }
+        // Possibly the last references (the owner dropped its communicator): `Watched`'s
+        // drop hands any events left to another thread.
         drop(comms);
         std::thread::sleep(POLL);
+    }
+}
+
+/// A job that runs on a thread of its own, counted in `ABORTS` until it has returned
+/// (and dropped what it captured), so that process exit waits for it.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Starts `job` on a thread named `name`, counted (see [`Job`]). On failure the job is
+/// handed back with the error, not run.
+fn spawn_counted(name: &str, job: Job) -> std::result::Result<(), (std::io::Error, Job)> {
+    /// Puts the count back however the job ends (a panic too).
+    struct Counted;
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            ABORTS.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    let slot = Arc::new(std::sync::Mutex::new(Some(job)));
+    let theirs = Arc::clone(&slot);
+    ABORTS.fetch_add(1, Ordering::AcqRel);
+    let counted = Counted;
+    wait_at_exit();
+    let builder = std::thread::Builder::new().name(name.into());
+    // Tests: a stack no system gives, so that the spawn fails.
+    #[cfg(all(test, not(loom)))]
+    let builder = match FAIL_SPAWN.with(|f| f.get()) {
+        true => builder.stack_size(1 << 50),
+        false => builder,
+    };
+    let spawned = builder.spawn(move || {
+        let _counted = counted;
+        let job = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(job) = job {
+            // Its captures (the last `Arc<Watched>`, events) are dropped before it
+            // returns, so before the count goes down.
+            job();
+        }
+    });
+    match spawned {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            // The closure (with `counted` and its `slot`) was dropped by the failed
+            // spawn: the count is back, and the job is still in the slot.
+            let job = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+            match job {
+                Some(job) => Err((e, job)),
+                None => Ok(()),
+            }
+        }
     }
 }
 
 /// `ncclCommAbort` of `w` on a thread of its own (it may wait for work queued on the
 /// device), then the events of its work are dropped there too (destroying one could
 /// wait for the abort inside the driver). Counted, so that process exit waits for it.
+/// Should no thread start (the system's limit), the abort is made on the calling thread
+/// instead (logged): a communicator that failed is always aborted.
 pub(crate) fn spawn_abort(w: Arc<Watched>, events: Vec<Event>) {
-    ABORTS.fetch_add(1, Ordering::AcqRel);
-    wait_at_exit();
-    let job = move || {
-        let device = events.first().map(|e| Arc::clone(e.device()));
-        {
-            // NCCL's abort works on the communicator's device; push its context so that
-            // the CUDA runtime inside NCCL finds it (a fresh thread has none).
-            let _guard = device.as_ref().and_then(|d| d.enter().ok());
-            // NCCL (the CUDA runtime) may change the thread's current context: put the
-            // pushed one back before the guard pops it (as the release thread does).
-            let _restore = super::nccl::RestoreCurrent::new();
-            // SAFETY: the abort was taken once through the gate, with nobody inside
-            // NCCL on this communicator, and nobody enters it after (the verdict is
-            // set); the owner's drop sees it aborted and does not destroy it.
-            unsafe { super::nccl::abort_raw(w.raw, w.nranks) };
-        }
-        drop(events);
-        ABORTS.fetch_sub(1, Ordering::AcqRel);
-    };
-    if let Err(e) = std::thread::Builder::new()
-        .name("gpubind-nccl-abort".into())
-        .spawn(job)
-    {
-        // The job was moved into the failed spawn and dropped with it: the counter is
-        // put back, and the abort is not made (the communicator is leaked, its verdict
-        // stands).
-        ABORTS.fetch_sub(1, Ordering::AcqRel);
+    let job: Job = Box::new(move || abort_now(&w, events));
+    if let Err((e, job)) = spawn_counted("gpubind-nccl-abort", job) {
         log::warn!(
             "gpubind: cannot start a thread for ncclCommAbort ({e}): the NCCL \
-             communicator is leaked, not aborted"
+             communicator is aborted on this thread (it may wait for the device's work)"
+        );
+        job();
+    }
+}
+
+/// The abort itself (see [`spawn_abort`]), then `events` dropped.
+fn abort_now(w: &Watched, events: Vec<Event>) {
+    let device = w
+        .device
+        .get()
+        .cloned()
+        .or_else(|| events.first().map(|e| Arc::clone(e.device())));
+    {
+        // NCCL's abort works on the communicator's device; push its context so that
+        // the CUDA runtime inside NCCL finds it (a fresh thread has none).
+        let _guard = device.as_ref().and_then(|d| d.enter().ok());
+        // NCCL (the CUDA runtime) may change the thread's current context: put the
+        // pushed one back before the guard pops it (as the release thread does).
+        let _restore = super::nccl::RestoreCurrent::new();
+        // SAFETY: the abort was taken once through the gate, with nobody inside NCCL
+        // on this communicator, and nobody enters it after (the verdict is set); the
+        // owner's drop sees it aborted and does not destroy it.
+        unsafe { super::nccl::abort_raw(w.raw, w.nranks) };
+    }
+    drop(events);
+}
+
+/// Drops `items` on a thread of its own (counted, see [`Job`]): for events left in a
+/// communicator's state when the watchdog thread holds its last reference, since
+/// destroying an event can wait inside the driver for an abort on another thread, and
+/// the watchdog must not stall every communicator's watching for it. Should no thread
+/// start, they are leaked (logged).
+fn drop_elsewhere<T: Send + 'static>(items: Vec<T>) {
+    if items.is_empty() {
+        return;
+    }
+    if let Err((e, job)) = spawn_counted("gpubind-nccl-abort", Box::new(move || drop(items))) {
+        log::warn!(
+            "gpubind: cannot start a thread to destroy an NCCL communicator's events \
+             ({e}): they are leaked"
+        );
+        std::mem::forget(job);
+    }
+}
+
+/// The process-exit hook (see [`wait_at_exit`]). In a `fork` child of the process that
+/// registered it (which inherits the hook, the counters and a registry whose lock may
+/// be held for ever, but no thread): returns at once, touching nothing.
+extern "C" fn on_exit() {
+    if forked_child() {
+        return;
+    }
+    EXITING.store(true, Ordering::Release);
+    WAKE.notify_all();
+    let limit = crate::drop_wait::drop_timeout();
+    let deadline = Instant::now().checked_add(limit);
+    let busy = || registry().running || ABORTS.load(Ordering::Acquire) > 0;
+    while busy() && deadline.is_none_or(|d| Instant::now() < d) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if busy() {
+        log::warn!(
+            "gpubind: the process exits while an NCCL abort (or the NCCL watchdog) \
+             still runs (GPUBIND_DROP_TIMEOUT passed at exit)"
         );
     }
 }
@@ -617,31 +814,18 @@ pub(crate) fn spawn_abort(w: Arc<Watched>, events: Vec<Event>) {
 /// running up to `GPUBIND_DROP_TIMEOUT` to finish, so that `exit` does not tear NCCL and
 /// CUDA down under them (as `crate::release`'s hook does for the release threads).
 /// Registered after NCCL was loaded (a communicator exists), so it runs before NCCL's own
-/// teardown.
+/// teardown. Records this process as the owner of the watchdog's state
+/// ([`OWNER_PID`]) before anything of it starts.
 fn wait_at_exit() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
-    extern "C" fn on_exit() {
-        EXITING.store(true, Ordering::Release);
-        WAKE.notify_all();
-        let limit = crate::drop_wait::drop_timeout();
-        let deadline = Instant::now().checked_add(limit);
-        let busy = || registry().running || ABORTS.load(Ordering::Acquire) > 0;
-        while busy() && deadline.is_none_or(|d| Instant::now() < d) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        if busy() {
-            log::warn!(
-                "gpubind: the process exits while an NCCL abort (or the NCCL watchdog) \
-                 still runs (GPUBIND_DROP_TIMEOUT passed at exit)"
-            );
-        }
-    }
     unsafe extern "C" {
         fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
     }
     REGISTERED.call_once(|| {
+        OWNER_PID.store(std::process::id(), Ordering::Release);
         // SAFETY: the C library's `atexit` with a plain fn that lives as long as the
-        // program; it stores an atomic, notifies, and polls a lock and an atomic.
+        // program; it compares the process id, stores an atomic, notifies, and polls a
+        // lock and an atomic.
         if unsafe { atexit(on_exit) } != 0 {
             log::warn!("gpubind: atexit failed: the NCCL watchdog is not stopped at exit");
         }

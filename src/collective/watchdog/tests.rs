@@ -197,6 +197,7 @@ fn the_thread_exits_when_no_communicator_needs_it() {
         nranks: 1,
         timeout: Some(Duration::from_secs(1)),
         gate: sync::Mutex::new(Gate::default()),
+        device: std::sync::OnceLock::new(),
     });
     // Closed at once: the watchdog's first round takes it off the list without calling
     // NCCL (the handle is not a communicator).
@@ -209,4 +210,130 @@ fn the_thread_exits_when_no_communicator_needs_it() {
     }
     assert!(!running(), "the watchdog still runs with nothing to watch");
     assert!(registry().comms.iter().all(|c| !Arc::ptr_eq(c, &w)));
+}
+
+/// Serialises the tests that look at (or bump) the `ABORTS` count.
+static COUNTED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn counted_lock() -> std::sync::MutexGuard<'static, ()> {
+    COUNTED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A `fork` child of a process whose watchdog runs (and with an abort counted, and the
+/// registry's lock held by another thread at the fork) has no watchdog: registering a
+/// communicator and the exit hook return at once, without touching the registry's lock
+/// (inherited locked) or waiting `GPUBIND_DROP_TIMEOUT` for the parent's threads.
+#[test]
+fn a_forked_child_has_no_watchdog_and_exits_at_once() {
+    let _serial = counted_lock();
+    let closed = || {
+        let w = Arc::new(Watched {
+            raw: 0,
+            nranks: 1,
+            timeout: Some(Duration::from_secs(1)),
+            gate: sync::Mutex::new(Gate::default()),
+            device: std::sync::OnceLock::new(),
+        });
+        // Closed: the watchdog takes it off its list without calling NCCL.
+        assert_eq!(sync::lock(&w.gate).close(), Close::Live);
+        w
+    };
+    let parents = closed();
+    register_comm(&parents);
+    assert_eq!(OWNER_PID.load(Ordering::Acquire), std::process::id());
+    let childs = closed();
+    // An abort "running" in the parent, and the registry locked by a parent's thread at
+    // the fork: the child would wait for the first and hang on the second.
+    ABORTS.fetch_add(1, Ordering::AcqRel);
+    let held = registry();
+    // SAFETY: the child only calls the functions under test (no lock they take can be
+    // held: that is what is tested, with a bound below) and `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        register_comm(&childs);
+        on_exit();
+        // SAFETY: ends the child without running the parent's exit hooks again.
+        unsafe { libc::_exit(7) };
+    }
+    drop(held);
+    ABORTS.fetch_sub(1, Ordering::AcqRel);
+    assert!(pid > 0, "fork failed");
+    let start = Instant::now();
+    let mut status = 0;
+    let done = loop {
+        // SAFETY: our own child; writes one status.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break true;
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            // SAFETY: our own child, not reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(
+        done,
+        "the forked child hung in register_comm or the exit hook"
+    );
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "the child's exit waited {:?}",
+        start.elapsed()
+    );
+    assert!(registry().comms.iter().all(|c| !Arc::ptr_eq(c, &childs)));
+}
+
+/// A job that cannot get a thread of its own is handed back (to be run inline:
+/// `spawn_abort` aborts on the calling thread), not lost, and the count is put back.
+#[test]
+fn a_job_whose_thread_cannot_start_is_handed_back() {
+    let _serial = counted_lock();
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = Arc::clone(&ran);
+    let before = ABORTS.load(Ordering::Acquire);
+    FAIL_SPAWN.with(|f| f.set(true));
+    let out = spawn_counted(
+        "gpubind-test",
+        Box::new(move || r.store(true, Ordering::Release)),
+    );
+    FAIL_SPAWN.with(|f| f.set(false));
+    let Err((_, job)) = out else {
+        panic!("a thread with an impossible stack started")
+    };
+    assert_eq!(ABORTS.load(Ordering::Acquire), before, "the count is back");
+    assert!(!ran.load(Ordering::Acquire));
+    job();
+    assert!(ran.load(Ordering::Acquire));
+}
+
+/// A counted job drops what it captured (the last `Arc<Watched>`, events) before the
+/// count goes down, so that exit waits for those drops too; `drop_elsewhere` drops on
+/// another thread.
+#[test]
+fn a_counted_job_drops_its_captures_before_the_count_goes_down() {
+    let _serial = counted_lock();
+    struct Probe(std::sync::mpsc::Sender<(Option<String>, usize)>);
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            let name = std::thread::current().name().map(str::to_owned);
+            let _ = self.0.send((name, ABORTS.load(Ordering::Acquire)));
+        }
+    }
+    let before = ABORTS.load(Ordering::Acquire);
+    let (tx, rx) = std::sync::mpsc::channel();
+    drop_elsewhere(vec![Probe(tx)]);
+    let (name, count) = rx.recv_timeout(Duration::from_secs(10)).expect("dropped");
+    assert_eq!(name.as_deref(), Some("gpubind-nccl-abort"));
+    assert_eq!(count, before + 1, "still counted while it drops");
+    let t = Instant::now();
+    while ABORTS.load(Ordering::Acquire) != before && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(ABORTS.load(Ordering::Acquire), before);
 }
