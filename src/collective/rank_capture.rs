@@ -156,7 +156,7 @@ impl LaunchTurn for GateTurn<'_> {
         // the wait at their timeout).
         #[cfg(feature = "nccl")]
         if let Some(w) = self.gate.watch.get() {
-            w.fail_from_outside(e.clone());
+            let _ = w.fail(e.clone(), false);
         }
         self.tell(e)
     }

@@ -446,16 +446,6 @@ impl Watched {
         }
     }
 
-    /// A failure outside the owner's calls (a graph launch that failed after its peers
-    /// agreed to it): the verdict, and the abort on a thread of its own when nobody is
-    /// inside NCCL on the communicator (else the last to leave takes it).
-    pub(crate) fn fail_from_outside(self: &Arc<Self>, why: Error) {
-        let take = sync::lock(&self.gate).fail(why, None);
-        if take {
-            spawn_abort(Arc::clone(self), self.take_events());
-        }
-    }
-
     /// The verdict, if the communicator failed.
     pub(crate) fn verdict(&self) -> Option<Error> {
         sync::lock(&self.gate).verdict().cloned()
