@@ -13,6 +13,7 @@
 #   COMPARE_EPOCHS     epochs per run, the first is warm-up (default 20)
 #   COMPARE_STEPS      steps per epoch, one host wait each (default 16)
 #   COMPARE_STRICT=1   exit 1 when a goal is missed (default: report only)
+#   GOAL_BATCH         the batch the ratios to PyTorch are judged at (default 4096)
 # Exit status: 1 if a run failed (or, strict, a goal was missed), else 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,11 +44,13 @@ for b in $BATCHES; do
   [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
 done
 
-# The table: ratios are of samples/s; goals from issue 14 (docs/performance.md).
+# The table: ratios are of samples/s; goals from issue 14 (docs/performance.md): the
+# ratios to PyTorch are judged at the issue's batch, 4096 (GOAL_BATCH), and reported
+# ("info") at other batches; the scaling goal compares the largest batch with the first.
 missed=0
-python3 - "$WORK" "$BATCHES" <<'EOF' || missed=1
+python3 - "$WORK" "$BATCHES" "${GOAL_BATCH:-4096}" <<'EOF' || missed=1
 import re, sys
-work, batches = sys.argv[1], sys.argv[2].split()
+work, batches, goal_batch = sys.argv[1], sys.argv[2].split(), sys.argv[3]
 def read(path):
     try:
         return open(path).read()
@@ -77,8 +80,11 @@ for b in batches:
     fmt = lambda v: f"{v / 1e6:.2f} M/s" if v else "n/a"
     r1 = sps(ge) / sps(te) if ge and te and sps(te) else None
     r2 = sps(gg) / sps(tg) if gg and tg and sps(tg) else None
-    if r1 is None or r1 < 1.5 or r2 is None or r2 < 1.0:
+    judged = b == goal_batch
+    if judged and (r1 is None or r1 < 1.5 or r2 is None or r2 < 1.0):
         ok = False
+    # Below a goal: MISSED where it is judged, "(info)" elsewhere.
+    flag = lambda r, goal: "" if r and r >= goal else (" MISSED" if judged else " (info)")
     # The graph run takes the eager run's steps bit for bit: its per-epoch losses match.
     same = re.findall(r"^epoch\s+\d+: loss ([0-9.]+)", g, re.M) == \
         re.findall(r"^epoch\s+\d+: loss ([0-9.]+)", gg_text, re.M)
@@ -86,8 +92,8 @@ for b in batches:
     lg, lt = first_loss(g, "epoch"), first_loss(t, "torch eager epoch")
     losses = f"{lg} / {lt}" if lg is not None and lt is not None else "n/a"
     print(f"| {b} | {fmt(sps(ge))} | {fmt(sps(gg))} | {fmt(sps(te))} | {fmt(sps(tg))} "
-          f"| {f'{r1:.2f}' if r1 else 'n/a'}{'' if r1 and r1 >= 1.5 else ' MISSED'} "
-          f"| {f'{r2:.2f}' if r2 else 'n/a'}{'' if r2 and r2 >= 1.0 else ' MISSED'} "
+          f"| {f'{r1:.2f}' if r1 else 'n/a'}{flag(r1, 1.5)} "
+          f"| {f'{r2:.2f}' if r2 else 'n/a'}{flag(r2, 1.0)} "
           f"| {gg['tflops'] if gg else 'n/a'} | {gg['frac_fp32'] if gg else 'n/a'} | {losses} "
           f"| {'yes' if same else 'NO'} |")
     ok = ok and same
