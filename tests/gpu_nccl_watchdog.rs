@@ -73,6 +73,33 @@ impl log::Log for PrintWarnings {
     fn flush(&self) {}
 }
 
+/// A world-1 child's start: gpubind's warnings printed for the parent, and an NCCL rank
+/// of its own on `d` whose communicator times out after 1 s.
+fn world_one_child(ctx: &mut ThreadContext, d: &Arc<Device>) -> Result<RankComm, String> {
+    let _ = log::set_logger(&PrintWarnings);
+    log::set_max_level(log::LevelFilter::Warn);
+    let id = NcclUniqueId::new().ctx("unique id")?;
+    RankComm::init_process(ctx, d, 0, 1, &id, Duration::from_secs(1)).ctx("init")
+}
+
+/// Enqueues `spin_then_write` on `s`: it spins for `ns` nanoseconds, then writes `flag`.
+fn spin(
+    s: &gpubind::BoundStream<'_>,
+    f: &gpubind::Function<'_>,
+    flag: &gpubind::DeviceSlice<u32>,
+    ns: u64,
+) -> R {
+    // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it writes one u32
+    // into `flag`, which holds one.
+    unsafe {
+        s.launch(f, gpubind::LaunchConfig::for_num_elems(1))
+            .arg(flag)
+            .arg(&ns)
+            .launch()
+    }
+    .ctx("launch spin")
+}
+
 /// Spawns this binary as `role` (world 1, `GPUBIND_DROP_TIMEOUT=2`).
 fn spawn_child(role: &str) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
@@ -159,13 +186,9 @@ fn nccl_watchdog_aborts_a_stuck_collective() -> R {
 
 /// Child of [`nccl_watchdog_aborts_a_stuck_collective`].
 fn child_stuck() -> R {
-    let _ = log::set_logger(&PrintWarnings);
-    log::set_max_level(log::LevelFilter::Warn);
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let d = dev(0)?;
-    let id = NcclUniqueId::new().ctx("unique id")?;
-    let mut comm =
-        RankComm::init_process(&mut ctx, &d, 0, 1, &id, Duration::from_secs(1)).ctx("init")?;
+    let mut comm = world_one_child(&mut ctx, &d)?;
     let gpu = ctx.bind(&d).ctx("bind")?;
     let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
     let f = module.function("spin_then_write").ctx("function")?;
@@ -176,15 +199,7 @@ fn child_stuck() -> R {
     let mut out = gpu.alloc_zeros::<f32>(n).ctx("alloc")?;
     let flag = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
     let ns: u64 = 5_000_000_000;
-    // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it writes one u32
-    // into `flag`, which holds one.
-    unsafe {
-        s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
-            .arg(&flag)
-            .arg(&ns)
-            .launch()
-    }
-    .ctx("launch spin")?;
+    spin(&s, &f, &flag, ns)?;
     let done = gpu.new_event(false).ctx("event")?;
     s.record(&done).ctx("record")?;
     let t = Instant::now();
@@ -282,13 +297,9 @@ fn nccl_watchdog_aborts_a_stuck_graph_launch() -> R {
 /// Child of [`nccl_watchdog_aborts_a_stuck_graph_launch`]: a captured all-reduce's
 /// graph launch queued behind a 5 s kernel, the communicator's timeout 1 s.
 fn child_graph() -> R {
-    let _ = log::set_logger(&PrintWarnings);
-    log::set_max_level(log::LevelFilter::Warn);
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let d = dev(0)?;
-    let id = NcclUniqueId::new().ctx("unique id")?;
-    let comm =
-        RankComm::init_process(&mut ctx, &d, 0, 1, &id, Duration::from_secs(1)).ctx("init")?;
+    let comm = world_one_child(&mut ctx, &d)?;
     let gpu = ctx.bind(&d).ctx("bind")?;
     let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
     let f = module.function("spin_then_write").ctx("function")?;
@@ -312,15 +323,7 @@ fn child_graph() -> R {
     );
     println!("HEALTHY_LAUNCH ok");
     let ns: u64 = 5_000_000_000;
-    // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it writes one u32
-    // into `flag`, which holds one.
-    unsafe {
-        s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
-            .arg(&flag)
-            .arg(&ns)
-            .launch()
-    }
-    .ctx("launch spin")?;
+    spin(&s, &f, &flag, ns)?;
     let done = gpu.new_event(false).ctx("event")?;
     s.record(&done).ctx("record")?;
     let t = Instant::now();
@@ -369,13 +372,9 @@ fn nccl_watchdog_leaves_healthy_work_alone() -> R {
 
 /// Child of [`nccl_watchdog_leaves_healthy_work_alone`].
 fn child_healthy() -> R {
-    let _ = log::set_logger(&PrintWarnings);
-    log::set_max_level(log::LevelFilter::Warn);
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let d = dev(0)?;
-    let id = NcclUniqueId::new().ctx("unique id")?;
-    let mut comm =
-        RankComm::init_process(&mut ctx, &d, 0, 1, &id, Duration::from_secs(1)).ctx("init")?;
+    let mut comm = world_one_child(&mut ctx, &d)?;
     let gpu = ctx.bind(&d).ctx("bind")?;
     let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
     let f = module.function("spin_then_write").ctx("function")?;
@@ -396,14 +395,7 @@ fn child_healthy() -> R {
     // 0.7 s from when the first finished.
     let ns: u64 = 700_000_000;
     for _ in 0..2 {
-        // SAFETY: as in child_stuck.
-        unsafe {
-            s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
-                .arg(&flag)
-                .arg(&ns)
-                .launch()
-        }
-        .ctx("launch spin")?;
+        spin(&s, &f, &flag, ns)?;
         comm.all_reduce(&s, &send, &mut out, Op::Sum)
             .ctx("all_reduce behind a kernel")?;
     }
@@ -535,14 +527,7 @@ fn child_peer() -> R {
         let f = module.function("spin_then_write").ctx("function")?;
         let flag = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
         let ns: u64 = 30_000_000_000;
-        // SAFETY: as in child_stuck.
-        unsafe {
-            s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
-                .arg(&flag)
-                .arg(&ns)
-                .launch()
-        }
-        .ctx("launch spin")?;
+        spin(&s, &f, &flag, ns)?;
     }
     comm.all_reduce(&s, &send, &mut out, Op::Sum)
         .ctx("second all_reduce")?;
