@@ -19,8 +19,10 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, child_role, dev0, run_suite};
-use gpubind::collective::{LaunchEnv, NcclUniqueId, nccl_available};
+use common::{
+    Ctx, PrintWarnings, child_role, dev0, finish, free_port, nccl_present, run_suite, two_gpus,
+};
+use gpubind::collective::{LaunchEnv, NcclUniqueId};
 use gpubind::{
     CommOptions, Communicator, Device, Error, LaunchConfig, Op, RankComm, ThreadContext,
 };
@@ -47,31 +49,6 @@ extern "C" __global__ void spin(unsigned* p, unsigned long long ns) {
     *p = 7u;
 }
 "#;
-
-/// `Ok` when NCCL can be used; else checks the typed error and returns the skip.
-fn nccl_present() -> R {
-    if nccl_available() {
-        return Ok(());
-    }
-    let e = NcclUniqueId::new().unwrap_err();
-    if cfg!(not(feature = "nccl")) {
-        ensure!(
-            matches!(
-                e,
-                Error::FeatureDisabled {
-                    feature: "nccl",
-                    ..
-                }
-            ),
-            "want FeatureDisabled, got {e}"
-        );
-        return Err(common::skip("built without the `nccl` feature"));
-    }
-    ensure!(e == Error::NoNccl, "want NoNccl, got {e}");
-    Err(common::skip(
-        "NCCL is not installed (Error::NoNccl checked)",
-    ))
-}
 
 /// A world of one NCCL rank on `d` (no call check).
 fn world_one(ctx: &mut ThreadContext, d: &Arc<Device>) -> Result<RankComm, String> {
@@ -272,26 +249,6 @@ fn spawn_child(role: &str) -> Child {
         .expect("spawn")
 }
 
-/// Waits for a child (killing it past `limit`); its exit status and stdout.
-fn finish(mut child: Child, limit: Duration) -> Result<(bool, String), String> {
-    let start = Instant::now();
-    while child.try_wait().ctx("try_wait")?.is_none() {
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("a child hung past {limit:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let status = child.wait().ctx("wait")?;
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).ctx("read")?;
-    if !status.success() {
-        out.push_str(&format!("(the process ended with {status})\n"));
-    }
-    Ok((status.success(), out))
-}
-
 /// A forgotten `GraphExec` (`mem::forget`: its borrow of the `RankComm` ends, it is never
 /// destroyed, its launch still runs): NCCL finalizes, destroys or aborts a communicator
 /// only after every graph that captured it is destroyed, so the `RankComm`'s drop leaks
@@ -327,21 +284,6 @@ fn nccl_comm_drop_with_a_forgotten_graph_leaks_it() -> R {
         "the launch should still run when the drop returns, and finish right:\n{out}"
     );
     Ok(())
-}
-
-/// Prints gpubind's warnings on stdout (`WARN: …`), for the parent to read.
-struct PrintWarnings;
-
-impl log::Log for PrintWarnings {
-    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        m.level() <= log::Level::Warn
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        if self.enabled(r.metadata()) {
-            println!("WARN: {}", r.args());
-        }
-    }
-    fn flush(&self) {}
 }
 
 /// Child of [`nccl_comm_drop_with_a_forgotten_graph_leaks_it`].
@@ -497,20 +439,6 @@ fn rank_capture_refusals_are_typed() -> R {
     Ok(())
 }
 
-fn free_port() -> u16 {
-    // MASTER_PORT is this minus one: keep both in range.
-    loop {
-        let p = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if p > 1 {
-            return p;
-        }
-    }
-}
-
 fn spawn_rank(role: &str, rank: usize, world: usize, port: u16) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     for v in LaunchEnv::VARIABLES {
@@ -527,16 +455,6 @@ fn spawn_rank(role: &str, rank: usize, world: usize, port: u16) -> Child {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     cmd.spawn().expect("spawn")
-}
-
-fn two_gpus() -> R {
-    let n = Device::count().ctx("count")?;
-    if n < 2 {
-        return Err(common::skip(&format!(
-            "needs 2 GPUs (NCCL refuses two ranks on one GPU), {n} visible"
-        )));
-    }
-    Ok(())
 }
 
 /// Two processes (one GPU each, `from_launch`, call check on) capture an all-reduce of

@@ -19,8 +19,8 @@
 
 mod common;
 
-use common::{Ctx, child_role, run_suite};
-use gpubind::collective::{LaunchEnv, NcclUniqueId, nccl_available};
+use common::{Ctx, child_role, finish, free_port, nccl_present, run_suite, two_gpus};
+use gpubind::collective::{LaunchEnv, NcclUniqueId};
 use gpubind::{CollectiveType, Device, DeviceSlice, Error, Op, RankComm, ThreadContext};
 use half::{bf16, f16};
 use std::process::{Child, Command, Stdio};
@@ -36,31 +36,6 @@ fn dev(i: usize) -> Result<Arc<Device>, String> {
 fn env_of(pairs: &[(&str, String)]) -> Result<LaunchEnv, String> {
     LaunchEnv::from_vars(|k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()))
         .ctx("LaunchEnv::from_vars")
-}
-
-/// `Ok` when NCCL can be used; else checks the typed error and returns the skip.
-fn nccl_present() -> R {
-    if nccl_available() {
-        return Ok(());
-    }
-    let e = NcclUniqueId::new().unwrap_err();
-    if cfg!(not(feature = "nccl")) {
-        ensure!(
-            matches!(
-                e,
-                Error::FeatureDisabled {
-                    feature: "nccl",
-                    ..
-                }
-            ),
-            "want FeatureDisabled, got {e}"
-        );
-        return Err(common::skip("built without the `nccl` feature"));
-    }
-    ensure!(e == Error::NoNccl, "want NoNccl, got {e}");
-    Err(common::skip(
-        "NCCL is not installed (Error::NoNccl checked)",
-    ))
 }
 
 /// Values exact in every dtype (small integers), different per element and rank.
@@ -154,40 +129,6 @@ fn spawn_rank(role: &str, rank: usize, world: usize, port: u16, timeout_s: u32) 
     cmd.spawn().expect("spawn")
 }
 
-/// Waits for a child (killing it past `limit`); its exit status and stdout.
-fn finish(mut child: Child, limit: Duration) -> Result<(bool, String), String> {
-    let start = Instant::now();
-    while child.try_wait().ctx("try_wait")?.is_none() {
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("a rank process hung past {limit:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let status = child.wait().ctx("wait")?;
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).ctx("read")?;
-    if !status.success() {
-        out.push_str(&format!("(the process ended with {status})\n"));
-    }
-    Ok((status.success(), out))
-}
-
-fn free_port() -> u16 {
-    // MASTER_PORT is this minus one: keep both in range.
-    loop {
-        let p = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if p > 1 {
-            return p;
-        }
-    }
-}
-
 /// World 1 in a child process that reads torchrun's variables with `from_env`.
 fn nccl_world_one_child_from_env() -> R {
     nccl_present()?;
@@ -234,16 +175,6 @@ fn nccl_init_times_out_when_a_rank_never_comes() -> R {
     let mut comm = RankComm::init_process(&mut ctx, &d, 0, 1, &id, Duration::from_secs(60))
         .ctx("init after abort")?;
     world_one_ops::<f32>(&mut ctx, &mut comm, |x| x)
-}
-
-fn two_gpus() -> R {
-    let n = Device::count().ctx("count")?;
-    if n < 2 {
-        return Err(common::skip(&format!(
-            "needs 2 GPUs (NCCL refuses two ranks on one GPU), {n} visible"
-        )));
-    }
-    Ok(())
 }
 
 /// Two processes, one GPU each, all-reduce across them.

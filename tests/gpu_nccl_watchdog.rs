@@ -26,8 +26,10 @@
 
 mod common;
 
-use common::{Ctx, child_role, run_suite};
-use gpubind::collective::{LaunchEnv, NcclUniqueId, nccl_available};
+use common::{
+    Ctx, PrintWarnings, child_role, finish, free_port, nccl_present, run_suite, two_gpus,
+};
+use gpubind::collective::{LaunchEnv, NcclUniqueId};
 use gpubind::{Device, Op, RankComm, ThreadContext};
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -40,13 +42,6 @@ fn dev(i: usize) -> Result<Arc<Device>, String> {
     Device::get(i).ctx("Device::get")
 }
 
-fn nccl_present() -> R {
-    if nccl_available() {
-        return Ok(());
-    }
-    Err(common::skip("NCCL is not available (feature or library)"))
-}
-
 /// A kernel that spins for `ns` nanoseconds, then writes 7 to `*p`.
 const SPIN: &str = r#"
 extern "C" __global__ void spin_then_write(unsigned* p, unsigned long long ns) {
@@ -57,21 +52,6 @@ extern "C" __global__ void spin_then_write(unsigned* p, unsigned long long ns) {
     *p = 7u;
 }
 "#;
-
-/// Prints gpubind's warnings on stdout (`WARN: …`), for the parent to read.
-struct PrintWarnings;
-
-impl log::Log for PrintWarnings {
-    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        m.level() <= log::Level::Warn
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        if self.enabled(r.metadata()) {
-            println!("WARN: {}", r.args());
-        }
-    }
-    fn flush(&self) {}
-}
 
 /// A world-1 child's start: gpubind's warnings printed for the parent, and an NCCL rank
 /// of its own on `d` whose communicator times out after 1 s.
@@ -112,26 +92,6 @@ fn spawn_child(role: &str) -> Child {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn")
-}
-
-/// Waits for a child (killing it past `limit`); its exit status and stdout.
-fn finish(mut child: Child, limit: Duration) -> Result<(bool, String), String> {
-    let start = Instant::now();
-    while child.try_wait().ctx("try_wait")?.is_none() {
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("a child process hung past {limit:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let status = child.wait().ctx("wait")?;
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).ctx("read")?;
-    if !status.success() {
-        out.push_str(&format!("(the process ended with {status})\n"));
-    }
-    Ok((status.success(), out))
 }
 
 /// The number after `key ` on a line of `out`.
@@ -418,29 +378,6 @@ fn child_healthy() -> R {
     );
     println!("HEALTHY ok");
     Ok(())
-}
-
-fn two_gpus() -> R {
-    let n = Device::count().ctx("count")?;
-    if n < 2 {
-        return Err(common::skip(&format!(
-            "needs 2 GPUs (NCCL refuses two ranks on one GPU), {n} visible"
-        )));
-    }
-    Ok(())
-}
-
-fn free_port() -> u16 {
-    loop {
-        let p = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if p > 1 {
-            return p;
-        }
-    }
 }
 
 fn spawn_rank(rank: usize, port: u16) -> Child {

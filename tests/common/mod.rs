@@ -254,6 +254,100 @@ macro_rules! ensure {
     };
 }
 
+// --- Child processes, ports, NCCL: what the multi-process GPU suites share -----------
+
+/// Waits for a child (killing it past `limit`): whether it succeeded, and its stdout (with
+/// a line naming its exit status when it failed).
+pub fn finish(
+    mut child: std::process::Child,
+    limit: std::time::Duration,
+) -> Result<(bool, String), String> {
+    let start = Instant::now();
+    while child.try_wait().ctx("try_wait")?.is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("a child process hung past {limit:?}"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let status = child.wait().ctx("wait")?;
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).ctx("read")?;
+    if !status.success() {
+        out.push_str(&format!("(the process ended with {status})\n"));
+    }
+    Ok((status.success(), out))
+}
+
+/// A free TCP port on loopback, above 1 (a launcher's `MASTER_PORT` is this minus one:
+/// both stay in range).
+pub fn free_port() -> u16 {
+    loop {
+        let p = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if p > 1 {
+            return p;
+        }
+    }
+}
+
+/// [`skip`] unless two GPUs are visible (NCCL refuses two ranks on one GPU).
+pub fn two_gpus() -> Result<(), String> {
+    let n = gpubind::Device::count().ctx("count")?;
+    if n < 2 {
+        return Err(skip(&format!(
+            "needs 2 GPUs (NCCL refuses two ranks on one GPU), {n} visible"
+        )));
+    }
+    Ok(())
+}
+
+/// Prints gpubind's warnings on stdout (`WARN: …`), for a child's parent to read.
+pub struct PrintWarnings;
+
+impl log::Log for PrintWarnings {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            println!("WARN: {}", r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// `Ok` when NCCL can be used; else [`skip`], after checking that its absence is the
+/// typed error it should be (`FeatureDisabled` without the feature, else `NoNccl`).
+#[cfg(feature = "collective")]
+pub fn nccl_present() -> Result<(), String> {
+    use gpubind::Error;
+    use gpubind::collective::{NcclUniqueId, nccl_available};
+    if nccl_available() {
+        return Ok(());
+    }
+    let e = NcclUniqueId::new().unwrap_err();
+    if cfg!(not(feature = "nccl")) {
+        ensure!(
+            matches!(
+                e,
+                Error::FeatureDisabled {
+                    feature: "nccl",
+                    ..
+                }
+            ),
+            "want FeatureDisabled, got {e}"
+        );
+        return Err(skip("built without the `nccl` feature"));
+    }
+    ensure!(e == Error::NoNccl, "want NoNccl, got {e}");
+    Err(skip("NCCL is not installed (Error::NoNccl checked)"))
+}
+
 /// Creates a non-primary context on `dev` (pushed current), on every driver and with
 /// every binding version: `cuCtxCreate` looked up for CUDA 11.0, which is
 /// `cuCtxCreate_v2(CUcontext*, unsigned, CUdevice)`. (`cuGetProcAddress` returns the
