@@ -35,7 +35,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::graph::{Capture, Owned};
 use crate::libs::{self, CublasHandle};
-use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceSlice, Tracked, expect_len};
+use crate::memory::{ByteSpan, DeviceMemory, DeviceMemoryMut, DeviceSlice, Tracked, expect_len};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
 use std::sync::Arc;
@@ -377,15 +377,8 @@ where
     B: DeviceMemory<f32> + ?Sized,
     C: DeviceMemory<f32> + ?Sized,
 {
-    let (cp, cb) = (c.device_ptr(), c.num_bytes() as u64);
-    let overlaps = |t: &AccessTracker, p: u64, bytes: usize| {
-        std::ptr::eq(t, c.tracker())
-            && p < cp.saturating_add(cb)
-            && cp < p.saturating_add(bytes as u64)
-    };
-    if overlaps(a.tracker(), a.device_ptr(), a.num_bytes())
-        || overlaps(b.tracker(), b.device_ptr(), b.num_bytes())
-    {
+    let c = ByteSpan::of(c);
+    if ByteSpan::of(a).overlaps(&c) || ByteSpan::of(b).overlaps(&c) {
         return Err(Error::InvalidArgument(
             "matmul: C overlaps A or B (the product would read what it writes)".into(),
         ));

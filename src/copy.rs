@@ -106,7 +106,7 @@ use crate::error::Result;
 use crate::global::ModuleGlobal;
 #[cfg(feature = "ipc")]
 use crate::ipc::{ImportedSlice, LegacySlice, PoolSlice};
-use crate::memory::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, expect_len};
+use crate::memory::{ByteSpan, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, expect_len};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
 use std::marker::PhantomData;
@@ -373,9 +373,11 @@ unsafe fn enqueue<T: DeviceRepr>(
     // Two endpoints of one allocation (views sharing a tracker: module globals) must not
     // overlap; everything else is kept apart by the borrow of the destination.
     if let (Some(a), Some(b)) = (src.tracker, dst.tracker)
-        && std::ptr::eq(a, b)
-        && src.addr < dst.addr.saturating_add(bytes as u64)
-        && dst.addr < src.addr.saturating_add(bytes as u64)
+        && ByteSpan::new(a, src.addr, bytes as u64).overlaps(&ByteSpan::new(
+            b,
+            dst.addr,
+            bytes as u64,
+        ))
     {
         return Err(crate::error::Error::InvalidArgument(format!(
             "copy: the source ({:#x}) and the destination ({:#x}) overlap ({bytes} bytes \

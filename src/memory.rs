@@ -220,18 +220,49 @@ where
     S: DeviceMemory<T> + ?Sized,
     D: DeviceMemoryMut<T> + ?Sized,
 {
-    if !std::ptr::eq(src.tracker(), dst.tracker()) {
-        return Ok(());
-    }
-    let (s, d) = (src.device_ptr(), dst.device_ptr());
-    let (sn, dn) = (src.num_bytes() as u64, dst.num_bytes() as u64);
-    if s < d.saturating_add(dn) && d < s.saturating_add(sn) {
+    let (s, d) = (ByteSpan::of(src), ByteSpan::of(dst));
+    if s.overlaps(&d) {
         return Err(Error::InvalidArgument(format!(
-            "{what}: the source ({s:#x}, {sn} bytes) and the destination ({d:#x}, {dn} \
-             bytes) overlap (two views of one allocation)"
+            "{what}: the source ({:#x}, {} bytes) and the destination ({:#x}, {} \
+             bytes) overlap (two views of one allocation)",
+            s.addr, s.bytes, d.addr, d.bytes
         )));
     }
     Ok(())
+}
+
+/// Bytes of one allocation: its tracker (which names the allocation: every view of it
+/// shares it), the first address and the length. What every overlap check compares —
+/// copies, products, collectives, a capture's fork hazards.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ByteSpan {
+    pub(crate) tracker: *const AccessTracker,
+    pub(crate) addr: u64,
+    pub(crate) bytes: u64,
+}
+
+impl ByteSpan {
+    pub(crate) fn new(tracker: &AccessTracker, addr: u64, bytes: u64) -> Self {
+        ByteSpan {
+            tracker,
+            addr,
+            bytes,
+        }
+    }
+
+    /// The bytes of `m`.
+    pub(crate) fn of<T, M: DeviceMemory<T> + ?Sized>(m: &M) -> Self {
+        ByteSpan::new(m.tracker(), m.device_ptr(), m.num_bytes() as u64)
+    }
+
+    /// Whether the two share a byte of one allocation (an empty span shares none; one
+    /// compare when the allocations differ).
+    #[inline]
+    pub(crate) fn overlaps(&self, other: &ByteSpan) -> bool {
+        std::ptr::eq(self.tracker, other.tracker)
+            && self.addr < other.addr.saturating_add(other.bytes)
+            && other.addr < self.addr.saturating_add(self.bytes)
+    }
 }
 
 pub(crate) use private::Sealed as Tracked;
@@ -870,7 +901,22 @@ pub(crate) fn expect_len(what: &'static str, expected: usize, found: usize) -> R
 #[cfg(test)]
 mod tests {
     use super::private::{MemsetPattern as P, MemsetSealed};
+    use super::{AccessTracker, ByteSpan};
     use super::{check_disjoint, resolve};
+
+    #[test]
+    fn overlap_is_shared_bytes_of_one_allocation() {
+        let (a, b) = (AccessTracker::default(), AccessTracker::default());
+        let o = |(t, x, n): (&AccessTracker, u64, u64), (u, y, m): (&AccessTracker, u64, u64)| {
+            ByteSpan::new(t, x, n).overlaps(&ByteSpan::new(u, y, m))
+        };
+        assert!(o((&a, 0, 64), (&a, 63, 1)));
+        assert!(o((&a, 16, 8), (&a, 0, 64)));
+        assert!(!o((&a, 0, 64), (&a, 64, 64)), "adjacent");
+        assert!(!o((&a, 0, 64), (&b, 0, 64)), "another allocation");
+        assert!(!o((&a, 0, 0), (&a, 0, 64)), "empty");
+        assert!(!o((&a, u64::MAX - 1, 8), (&a, 0, 8)), "no wrap-around");
+    }
     use crate::Error;
     use proptest::prelude::*;
 

@@ -77,6 +77,11 @@ impl<'x> Buf<'x> {
     pub(super) fn span(&self) -> (&'x AccessTracker, u64, u64) {
         (self.tracker, self.ptr, self.bytes)
     }
+
+    /// Its bytes, for overlap checks.
+    pub(super) fn byte_span(&self) -> crate::memory::ByteSpan {
+        crate::memory::ByteSpan::new(self.tracker, self.ptr, self.bytes)
+    }
 }
 
 /// How a collective uses its buffers: `send` is read, `recv` written (one write when

@@ -16,39 +16,15 @@
 
 use super::engine::Shared;
 use super::{CollectiveType, Communicator, DType, Engine, Op};
-use crate::access::{Access, AccessTracker};
+use crate::access::Access;
 use crate::copy::DeviceOnlyMemory;
 use crate::error::{Error, Result};
 use crate::graph::Capture;
-use crate::memory::DeviceMemory;
-
-/// A buffer's place, for the overlap check: its allocation's tracker (by address) and
-/// its byte range.
-#[derive(Clone, Copy, Debug)]
-struct Span {
-    allocation: *const AccessTracker,
-    lo: u64,
-    hi: u64,
-}
-
-impl Span {
-    fn of<T, M: DeviceMemory<T> + ?Sized>(m: &M) -> Span {
-        let lo = m.device_ptr();
-        Span {
-            allocation: m.tracker(),
-            lo,
-            hi: lo + m.num_bytes() as u64,
-        }
-    }
-
-    fn overlaps(&self, other: &Span) -> bool {
-        std::ptr::eq(self.allocation, other.allocation) && self.lo < other.hi && other.lo < self.hi
-    }
-}
+use crate::memory::{ByteSpan, DeviceMemory};
 
 /// The first output that overlaps another output or any input: `(output, what, index)`.
 /// Inputs may overlap each other (they are only read).
-fn first_overlap(outs: &[Span], ins: &[Span]) -> Option<(usize, &'static str, usize)> {
+fn first_overlap(outs: &[ByteSpan], ins: &[ByteSpan]) -> Option<(usize, &'static str, usize)> {
     for (i, o) in outs.iter().enumerate() {
         if let Some(j) = outs
             .iter()
@@ -183,8 +159,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         if count == 0 {
             return Ok(());
         }
-        let ins: Vec<Span> = sends.iter().map(|s| Span::of::<T, S>(*s)).collect();
-        let outs: Vec<Span> = recvs.iter().map(|r| Span::of::<T, D>(*r)).collect();
+        let ins: Vec<ByteSpan> = sends.iter().map(|s| ByteSpan::of::<T, S>(*s)).collect();
+        let outs: Vec<ByteSpan> = recvs.iter().map(|r| ByteSpan::of::<T, D>(*r)).collect();
         if let Some((i, what, j)) = first_overlap(&outs, &ins) {
             return Err(Error::InvalidArgument(format!(
                 "all_reduce: receive buffer {i} overlaps {what} buffer {j} (outputs must not \
@@ -222,13 +198,10 @@ impl<'c, 'buf> Capture<'c, 'buf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::access::AccessTracker;
 
-    fn span(t: &AccessTracker, lo: u64, hi: u64) -> Span {
-        Span {
-            allocation: t,
-            lo,
-            hi,
-        }
+    fn span(t: &AccessTracker, lo: u64, hi: u64) -> ByteSpan {
+        ByteSpan::new(t, lo, hi - lo)
     }
 
     #[test]

@@ -36,7 +36,7 @@ use super::call::{Buf, Kind, buf, make_call};
 use super::rank_comm::RankInner;
 use super::types::{CollectiveType, DType, Op};
 use super::{CallCheck, RankComm, nccl};
-use crate::access::{Access, AccessTracker};
+use crate::access::Access;
 use crate::copy::DeviceOnlyMemory;
 use crate::error::{Error, Result};
 use crate::graph::{Capture, LaunchAgreement, LaunchTurn};
@@ -198,14 +198,6 @@ fn capturable(comm: &RankComm) -> Result<(&nccl::NcclComm, &Gate)> {
                 .into(),
         }),
     }
-}
-
-/// A buffer's allocation (its tracker), address and size in bytes.
-type Span<'a> = (&'a AccessTracker, u64, u64);
-
-/// Whether two buffers share a byte of one allocation.
-fn overlap((ta, la, na): Span<'_>, (tb, lb, nb): Span<'_>) -> bool {
-    std::ptr::eq(ta, tb) && la < lb.saturating_add(nb) && lb < la.saturating_add(na)
 }
 
 impl<'c, 'buf> Capture<'c, 'buf> {
@@ -390,7 +382,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             })
             .and_then(|call| {
                 let in_place = matches!(kind, Kind::Broadcast(_));
-                if !in_place && overlap(send.span(), recv.span()) {
+                if !in_place && send.byte_span().overlaps(&recv.byte_span()) {
                     return Err(Error::InvalidArgument(format!(
                         "{}: the receive buffer overlaps the send buffer (a captured \
                          collective borrows both shared; use separate buffers)",
@@ -476,20 +468,6 @@ impl<'c, 'buf> Capture<'c, 'buf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn overlap_is_shared_bytes_of_one_allocation() {
-        let (a, b) = (AccessTracker::default(), AccessTracker::default());
-        assert!(overlap((&a, 0, 64), (&a, 63, 1)));
-        assert!(overlap((&a, 16, 8), (&a, 0, 64)));
-        assert!(!overlap((&a, 0, 64), (&a, 64, 64)), "adjacent");
-        assert!(!overlap((&a, 0, 64), (&b, 0, 64)), "another allocation");
-        assert!(!overlap((&a, 0, 0), (&a, 0, 64)), "empty");
-        assert!(
-            !overlap((&a, u64::MAX - 1, 8), (&a, 0, 8)),
-            "no wrap-around"
-        );
-    }
 
     /// A gate that refuses every launch: nothing is enqueued, and the error says why.
     #[test]

@@ -10,7 +10,7 @@ use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};
 use crate::host::CaptureSource;
-use crate::memory::{DeviceMemory, DeviceRepr, MemsetValue};
+use crate::memory::{ByteSpan, DeviceMemory, DeviceRepr, MemsetValue};
 use crate::module::{Function, KernelArg, LaunchConfig};
 use cudarc::driver::sys;
 use std::cell::RefCell;
@@ -48,12 +48,10 @@ struct Session<'buf> {
     fatal: Option<Error>,
 }
 
-/// Bytes `lo..hi` of the allocation tracked by `tracker`, and whether they are written.
+/// Bytes of one allocation a captured operation uses, and whether it writes them.
 #[derive(Clone, Copy)]
 struct Span {
-    tracker: *const AccessTracker,
-    lo: u64,
-    hi: u64,
+    bytes: ByteSpan,
     write: bool,
 }
 
@@ -61,10 +59,7 @@ impl Span {
     /// Whether two uses of memory race if they run concurrently: one allocation,
     /// overlapping bytes, at least one write.
     fn conflicts(&self, other: &Span) -> bool {
-        std::ptr::eq(self.tracker, other.tracker)
-            && (self.write || other.write)
-            && self.lo < other.hi
-            && other.lo < self.hi
+        (self.write || other.write) && self.bytes.overlaps(&other.bytes)
     }
 }
 
@@ -308,9 +303,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     ) -> Result<()> {
         let here = self.stream.0;
         let span = Span {
-            tracker: t,
-            lo,
-            hi: lo.saturating_add(bytes),
+            bytes: ByteSpan::new(t, lo, bytes),
             write: access == Access::Write,
         };
         let mut s = self.session.borrow_mut();
