@@ -1,11 +1,12 @@
 //! The watched side of an NCCL communicator: [`NcclComm`]'s calls that go through its
 //! gate (the owner leaving it, a failure, `check`, `wait`) and the in-flight record the
-//! watchdog times (`note_issued`, `note_in_flight`).
+//! watchdog times (`note_issued`; the events are `Watched`'s: `spare_event`,
+//! `record_in_flight`).
 
 use super::super::nccl::{NcclComm, RestoreCurrent, poll_raw};
 use super::{Who, spawn_abort};
 use crate::error::{Error, Result};
-use crate::stream::{BoundStream, Event, EventFlags};
+use crate::stream::{BoundStream, Event};
 use crate::sync;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,42 +52,18 @@ impl NcclComm {
         ev: Event,
         op: &'static str,
     ) -> Result<()> {
-        if let Err(e) = stream.record(&ev) {
-            self.give_back(ev);
-            return Err(self.fail_owner(e, false));
-        }
-        self.note_in_flight(ev, op);
-        Ok(())
+        self.watch.record_in_flight(stream, ev, op)
     }
 
     /// An event of the communicator's spares, or a new one; give it back with
     /// [`give_back`](Self::give_back) if unused.
     pub(crate) fn spare_event(&self, stream: &BoundStream<'_>) -> Result<Event> {
-        let spare = sync::lock(&self.watch.gate).spare.pop();
-        match spare {
-            Some(ev) => Ok(ev),
-            None => stream
-                .bound()
-                .new_event_with(EventFlags::new().timing(false)),
-        }
+        self.watch.spare_event(stream)
     }
 
-    /// Keeps `ev` for later calls. Events are never destroyed on the owner's thread
-    /// after use: an abort may be running (on another thread), and destroying an event
-    /// could wait for it inside the driver (seen on the H200 with a drop). They go with
-    /// the communicator's state.
+    /// Keeps `ev` for later calls (see [`Watched::give_back`](super::Watched::give_back)).
     pub(crate) fn give_back(&self, ev: Event) {
-        sync::lock(&self.watch.gate).spare.push(ev);
-    }
-
-    /// Work of this communicator in flight up to `event` (already recorded on the
-    /// stream after it, e.g. after a graph launch that contains its collectives): the
-    /// watchdog polls NCCL's async error while it runs and aborts the communicator if it
-    /// runs longer than the communicator's timeout; the drop waits for it. `op` names
-    /// the work in the timeout's message. Ignored (the event dropped) once the
-    /// communicator failed.
-    pub(crate) fn note_in_flight(&self, event: Event, op: &'static str) {
-        self.watch.note_in_flight(event, op);
+        self.watch.give_back(ev)
     }
 
     /// The communicator's verdict, if it failed (no NCCL call).

@@ -29,7 +29,7 @@
 //! communicator, and after it nobody enters (every later call returns the verdict).
 
 use crate::error::{Error, Result};
-use crate::stream::Event;
+use crate::stream::{BoundStream, Event, EventFlags};
 use crate::sync;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -451,41 +451,62 @@ impl Watched {
         sync::lock(&self.gate).verdict().cloned()
     }
 
-    /// Work just enqueued on `stream` outside the owner's calls (a graph launch holding
-    /// the communicator's captured collectives): records an event after it and hands it
-    /// to the watchdog as [`note_in_flight`](Self::note_in_flight) does. Infallible,
-    /// since the work is enqueued already: an event that cannot be made or recorded
-    /// (a failing context) fails the communicator (aborted, that error its verdict)
-    /// rather than leaving the launch unwatched, logged.
-    pub(crate) fn note_launch(
-        self: &Arc<Self>,
-        stream: &crate::stream::BoundStream<'_>,
-        op: &'static str,
-    ) {
+    /// An event of the communicator's spares, or a new one; give it back with
+    /// [`give_back`](Self::give_back) if unused.
+    pub(crate) fn spare_event(&self, stream: &BoundStream<'_>) -> Result<Event> {
         let spare = sync::lock(&self.gate).spare.pop();
-        let ev = match spare {
+        match spare {
             Some(ev) => Ok(ev),
             None => stream
                 .bound()
-                .new_event_with(crate::stream::EventFlags::new().timing(false)),
+                .new_event_with(EventFlags::new().timing(false)),
+        }
+    }
+
+    /// Keeps `ev` for later calls. Events are never destroyed on the owner's thread
+    /// after use: an abort may be running (on another thread), and destroying an event
+    /// could wait for it inside the driver (seen on the H200 with a drop). They go with
+    /// the communicator's state.
+    pub(crate) fn give_back(&self, ev: Event) {
+        sync::lock(&self.gate).spare.push(ev);
+    }
+
+    /// After work `op` of the communicator was enqueued on `stream`: records `ev` there
+    /// and hands it to the watchdog ([`note_in_flight`](Self::note_in_flight)). Should
+    /// the record fail, the work cannot be watched: the communicator fails with that
+    /// error (aborted, its verdict, returned) rather than leaving work unwatched that a
+    /// dead peer could hang.
+    pub(crate) fn record_in_flight(
+        self: &Arc<Self>,
+        stream: &BoundStream<'_>,
+        ev: Event,
+        op: &'static str,
+    ) -> Result<()> {
+        if let Err(e) = stream.record(&ev) {
+            self.give_back(ev);
+            return Err(self.fail(e, false));
+        }
+        self.note_in_flight(ev, op);
+        Ok(())
+    }
+
+    /// Work just enqueued on `stream` outside the owner's calls (a graph launch holding
+    /// the communicator's captured collectives): as [`record_in_flight`] with a spare
+    /// event. Infallible, since the work is enqueued already: an event that cannot be
+    /// made or recorded (a failing context) fails the communicator (aborted, that error
+    /// its verdict) rather than leaving the launch unwatched, logged.
+    ///
+    /// [`record_in_flight`]: Self::record_in_flight
+    pub(crate) fn note_launch(self: &Arc<Self>, stream: &BoundStream<'_>, op: &'static str) {
+        let watched = match self.spare_event(stream) {
+            Ok(ev) => self.record_in_flight(stream, ev, op),
+            Err(e) => Err(self.fail(e, false)),
         };
-        let recorded = ev.and_then(|ev| match stream.record(&ev) {
-            Ok(()) => Ok(ev),
-            Err(e) => {
-                sync::lock(&self.gate).spare.push(ev);
-                Err(e)
-            }
-        });
-        match recorded {
-            Ok(ev) => self.note_in_flight(ev, op),
-            Err(e) => {
-                log::warn!(
-                    "gpubind: {op} cannot be watched by the NCCL watchdog (its event \
-                     failed: {e}): the communicator is aborted"
-                );
-                // Unwatched work could hang the caller's waits behind a dead peer.
-                let _ = self.fail(e, false);
-            }
+        if let Err(e) = watched {
+            log::warn!(
+                "gpubind: {op} cannot be watched by the NCCL watchdog (its event failed: \
+                 {e}): the communicator is aborted"
+            );
         }
     }
 
