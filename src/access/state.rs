@@ -64,13 +64,19 @@ impl<S: TrackedStream> AccessState<S> {
         st
     }
 
+    /// What `sole` must be, from the lists.
+    #[inline]
+    fn sole_from_lists(&self) -> u64 {
+        match self.writers.as_slice() {
+            [w] if self.readers.is_empty() => w.id(),
+            _ => NO_SOLE,
+        }
+    }
+
     /// Recomputes `sole` after `writers` or `readers` changed.
     #[inline]
     fn refresh(&mut self) {
-        self.sole = match self.writers.as_slice() {
-            [w] if self.readers.is_empty() => w.id(),
-            _ => NO_SOLE,
-        };
+        self.sole = self.sole_from_lists();
     }
 
     /// Whether `on` holds the only pending use, a write (the cached fast path).
@@ -78,10 +84,7 @@ impl<S: TrackedStream> AccessState<S> {
     fn is_sole_writer(&self, on: u64) -> bool {
         debug_assert_eq!(
             self.sole,
-            match self.writers.as_slice() {
-                [w] if self.readers.is_empty() => w.id(),
-                _ => NO_SOLE,
-            },
+            self.sole_from_lists(),
             "AccessState::sole is stale"
         );
         self.sole == on
