@@ -12,14 +12,19 @@
 
 #![cfg(feature = "collective")]
 
+mod ranks;
+
 use gpubind::collective::{LaunchEnv, NcclUniqueId};
-use std::io::Read;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use ranks::{Ranks, free_port};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "GPUBIND_CHECK_TEST_ROLE";
 const RESULT: &str = "CHECK-RESULT ";
+const RANKS: Ranks = Ranks {
+    role_var: ROLE,
+    result_prefix: RESULT,
+};
 
 fn test_id() -> NcclUniqueId {
     NcclUniqueId::from_bytes(&[5u8; 128]).unwrap()
@@ -98,64 +103,13 @@ fn show(r: gpubind::Result<()>) -> String {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn spawn(role: &str, rank: usize, world: usize, port: u16, timeout_s: f64) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["child_entry", "--exact", "--nocapture", "--test-threads=1"]);
-    // Every variable `LaunchEnv` reads: the parent's own (a CI runner under Slurm, say)
-    // must not leak into the ranks.
-    for v in LaunchEnv::VARIABLES {
-        cmd.env_remove(v);
-    }
-    cmd.env(ROLE, role)
-        .env("RANK", rank.to_string())
-        .env("WORLD_SIZE", world.to_string())
-        .env("LOCAL_RANK", rank.to_string())
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("GPUBIND_RDZV_PORT", port.to_string())
-        .env("GPUBIND_RDZV_TIMEOUT", timeout_s.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    cmd.spawn().unwrap()
-}
-
-fn result(mut child: Child, limit: Duration) -> String {
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("a rank hung: still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    out.lines()
-        .find_map(|l| l.split_once(RESULT).map(|(_, r)| r))
-        .unwrap_or_else(|| panic!("no result line in the child's output:\n{out}"))
-        .to_owned()
-}
-
 /// Runs `world` ranks as `role` (the roles pick which rank misbehaves).
 fn job(role: &str, world: usize, timeout_s: f64, limit: Duration) -> Vec<String> {
     let port = free_port();
     let kids: Vec<Child> = (0..world)
-        .map(|r| spawn(role, r, world, port, timeout_s))
+        .map(|r| RANKS.spawn(role, r, world, port, timeout_s))
         .collect();
-    kids.into_iter().map(|c| result(c, limit)).collect()
+    kids.into_iter().map(|c| RANKS.result(c, limit)).collect()
 }
 
 #[test]
@@ -232,15 +186,17 @@ fn rank_zero_exiting_fails_the_others_naming_it() {
 fn a_silent_rank_times_out_naming_it_on_every_rank() {
     let t = Instant::now();
     let port = free_port();
-    let kids: Vec<Child> = (0..3).map(|r| spawn("silent", r, 3, port, 1.0)).collect();
+    let kids: Vec<Child> = (0..3)
+        .map(|r| RANKS.spawn("silent", r, 3, port, 1.0))
+        .collect();
     let mut kids = kids.into_iter();
     let (zero, one, two) = (
         kids.next().unwrap(),
         kids.next().unwrap(),
         kids.next().unwrap(),
     );
-    let got0 = result(zero, Duration::from_secs(20));
-    let got2 = result(two, Duration::from_secs(20));
+    let got0 = RANKS.result(zero, Duration::from_secs(20));
+    let got2 = RANKS.result(two, Duration::from_secs(20));
     let took = t.elapsed();
     for g in [&got0, &got2] {
         assert!(
@@ -252,19 +208,19 @@ fn a_silent_rank_times_out_naming_it_on_every_rank() {
         took < Duration::from_secs(8),
         "took {took:?} for a 1 s timeout"
     );
-    assert_eq!(result(one, Duration::from_secs(20)), "slept");
+    assert_eq!(RANKS.result(one, Duration::from_secs(20)), "slept");
 }
 
 #[test]
 fn mixing_checking_and_plain_ranks_is_refused_at_the_rendezvous() {
     let port = free_port();
     let kids = vec![
-        spawn("agree", 0, 2, port, 5.0),
-        spawn("plain", 1, 2, port, 5.0),
+        RANKS.spawn("agree", 0, 2, port, 5.0),
+        RANKS.spawn("plain", 1, 2, port, 5.0),
     ];
     let got: Vec<String> = kids
         .into_iter()
-        .map(|c| result(c, Duration::from_secs(20)))
+        .map(|c| RANKS.result(c, Duration::from_secs(20)))
         .collect();
     for g in &got {
         assert!(

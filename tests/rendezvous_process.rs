@@ -12,15 +12,22 @@
 
 #![cfg(feature = "collective")]
 
+mod ranks;
+
 use gpubind::Error;
 use gpubind::collective::{LaunchEnv, NcclUniqueId};
+use ranks::{Ranks, free_port};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "GPUBIND_RDZV_TEST_ROLE";
 const RESULT: &str = "RDZV-RESULT ";
+const RANKS: Ranks = Ranks {
+    role_var: ROLE,
+    result_prefix: RESULT,
+};
 
 /// The id rank 0 hands out in these tests.
 fn test_id() -> NcclUniqueId {
@@ -123,72 +130,15 @@ fn child_entry() {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Starts one process as `role` with torchrun-style variables for `rank` of `world`.
-fn spawn(role: &str, rank: usize, world: usize, port: u16, timeout_s: f64) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["child_entry", "--exact", "--nocapture", "--test-threads=1"]);
-    // Every variable `LaunchEnv` reads: the parent's own (a CI runner under Slurm, say)
-    // must not leak into the ranks.
-    for v in LaunchEnv::VARIABLES {
-        cmd.env_remove(v);
-    }
-    cmd.env(ROLE, role)
-        .env("RANK", rank.to_string())
-        .env("WORLD_SIZE", world.to_string())
-        .env("LOCAL_RANK", rank.to_string())
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("GPUBIND_RDZV_PORT", port.to_string())
-        .env("GPUBIND_RDZV_TIMEOUT", timeout_s.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    cmd.spawn().unwrap()
-}
-
-/// Waits for `child` (killing it and failing past `limit`) and returns its result line.
-fn result(mut child: Child, limit: Duration) -> String {
-    let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("a rank hung: still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    out.lines()
-        .find_map(|l| l.split_once(RESULT).map(|(_, r)| r))
-        .unwrap_or_else(|| panic!("no result line in the child's output:\n{out}"))
-        .to_owned()
-}
-
-fn results(children: Vec<Child>, limit: Duration) -> Vec<String> {
-    children.into_iter().map(|c| result(c, limit)).collect()
-}
-
 #[test]
 fn four_processes_get_rank_zeros_id() {
     let port = free_port();
-    let children: Vec<Child> = (0..4).map(|r| spawn("rank", r, 4, port, 20.0)).collect();
+    let children: Vec<Child> = (0..4)
+        .map(|r| RANKS.spawn("rank", r, 4, port, 20.0))
+        .collect();
     let expected = format!("ok {}", test_id());
-    for (r, got) in results(children, Duration::from_secs(30))
+    for (r, got) in RANKS
+        .results(children, Duration::from_secs(30))
         .iter()
         .enumerate()
     {
@@ -200,11 +150,15 @@ fn four_processes_get_rank_zeros_id() {
 fn duplicate_rank_fails_every_process() {
     let port = free_port();
     let children = vec![
-        spawn("rank", 0, 3, port, 3.0),
-        spawn("rank", 1, 3, port, 3.0),
-        spawn("rank", 1, 3, port, 3.0),
+        RANKS.spawn("rank", 0, 3, port, 3.0),
+        RANKS.spawn("rank", 1, 3, port, 3.0),
+        RANKS.spawn("rank", 1, 3, port, 3.0),
     ];
-    for (i, got) in results(children, Duration::from_secs(8)).iter().enumerate() {
+    for (i, got) in RANKS
+        .results(children, Duration::from_secs(8))
+        .iter()
+        .enumerate()
+    {
         assert!(
             got.starts_with("err Rendezvous") && got.contains("rank 1 checked in twice"),
             "process {i}: {got}"
@@ -216,10 +170,14 @@ fn duplicate_rank_fails_every_process() {
 fn different_world_sizes_fail_every_process() {
     let port = free_port();
     let children = vec![
-        spawn("rank", 0, 2, port, 3.0),
-        spawn("rank", 1, 3, port, 3.0),
+        RANKS.spawn("rank", 0, 2, port, 3.0),
+        RANKS.spawn("rank", 1, 3, port, 3.0),
     ];
-    for (i, got) in results(children, Duration::from_secs(8)).iter().enumerate() {
+    for (i, got) in RANKS
+        .results(children, Duration::from_secs(8))
+        .iter()
+        .enumerate()
+    {
         assert!(
             got.starts_with("err Rendezvous") && got.contains("world size of 3, rank 0 with 2"),
             "process {i}: {got}"
@@ -232,10 +190,14 @@ fn rank_that_never_comes_is_named_on_every_process() {
     let port = free_port();
     let start = Instant::now();
     let children = vec![
-        spawn("rank", 0, 3, port, 1.0),
-        spawn("rank", 1, 3, port, 1.0),
+        RANKS.spawn("rank", 0, 3, port, 1.0),
+        RANKS.spawn("rank", 1, 3, port, 1.0),
     ];
-    for (i, got) in results(children, Duration::from_secs(8)).iter().enumerate() {
+    for (i, got) in RANKS
+        .results(children, Duration::from_secs(8))
+        .iter()
+        .enumerate()
+    {
         assert!(
             got.starts_with("err PeerTimeout") && got.contains("ranks: [2]"),
             "process {i}: {got}"
@@ -248,7 +210,7 @@ fn rank_that_never_comes_is_named_on_every_process() {
 fn rank_zero_that_never_comes_is_a_timeout_naming_it() {
     let port = free_port();
     let start = Instant::now();
-    let got = result(spawn("rank", 1, 2, port, 1.0), Duration::from_secs(8));
+    let got = RANKS.result(RANKS.spawn("rank", 1, 2, port, 1.0), Duration::from_secs(8));
     assert!(
         got.starts_with("err PeerTimeout") && got.contains("ranks: [0]"),
         "{got}"
@@ -265,11 +227,11 @@ fn rank_zero_that_never_comes_is_a_timeout_naming_it() {
 fn garbage_on_the_port_fails_rank_zero_and_is_answered() {
     let port = free_port();
     let children = vec![
-        spawn("rank", 0, 3, port, 4.0),
-        spawn("rank", 1, 3, port, 4.0),
-        spawn("garbage", 2, 3, port, 4.0),
+        RANKS.spawn("rank", 0, 3, port, 4.0),
+        RANKS.spawn("rank", 1, 3, port, 4.0),
+        RANKS.spawn("garbage", 2, 3, port, 4.0),
     ];
-    let got = results(children, Duration::from_secs(10));
+    let got = RANKS.results(children, Duration::from_secs(10));
     assert!(
         got[0].starts_with("err Rendezvous") && got[0].contains("not a gpubind rendezvous hello"),
         "rank 0: {}",
@@ -286,10 +248,10 @@ fn garbage_on_the_port_fails_rank_zero_and_is_answered() {
 fn another_protocol_version_fails_every_process() {
     let port = free_port();
     let children = vec![
-        spawn("rank", 0, 2, port, 3.0),
-        spawn("version3", 1, 2, port, 3.0),
+        RANKS.spawn("rank", 0, 2, port, 3.0),
+        RANKS.spawn("version3", 1, 2, port, 3.0),
     ];
-    let got = results(children, Duration::from_secs(8));
+    let got = RANKS.results(children, Duration::from_secs(8));
     assert!(
         got[0].starts_with("err Rendezvous") && got[0].contains("protocol version 3"),
         "{}",
@@ -302,11 +264,11 @@ fn another_protocol_version_fails_every_process() {
 fn rank_dying_mid_handshake_is_named_on_every_process() {
     let port = free_port();
     let children = vec![
-        spawn("rank", 0, 3, port, 3.0),
-        spawn("rank", 1, 3, port, 3.0),
-        spawn("hello_then_exit", 2, 3, port, 3.0),
+        RANKS.spawn("rank", 0, 3, port, 3.0),
+        RANKS.spawn("rank", 1, 3, port, 3.0),
+        RANKS.spawn("hello_then_exit", 2, 3, port, 3.0),
     ];
-    let got = results(children, Duration::from_secs(8));
+    let got = RANKS.results(children, Duration::from_secs(8));
     for (r, g) in got[..2].iter().enumerate() {
         assert!(g.starts_with("err PeerFailed { rank: 2"), "rank {r}: {g}");
     }
@@ -316,14 +278,15 @@ fn rank_dying_mid_handshake_is_named_on_every_process() {
 #[test]
 fn killed_rank_is_named_on_every_other_process() {
     let port = free_port();
-    let r0 = spawn("rank", 0, 3, port, 3.0);
-    let mut r1 = spawn("rank", 1, 3, port, 3.0);
+    let r0 = RANKS.spawn("rank", 0, 3, port, 3.0);
+    let mut r1 = RANKS.spawn("rank", 1, 3, port, 3.0);
     std::thread::sleep(Duration::from_millis(500));
     r1.kill().unwrap();
     r1.wait().unwrap();
-    let r2 = spawn("rank", 2, 3, port, 3.0);
+    let r2 = RANKS.spawn("rank", 2, 3, port, 3.0);
     let start = Instant::now();
-    for (r, g) in results(vec![r0, r2], Duration::from_secs(8))
+    for (r, g) in RANKS
+        .results(vec![r0, r2], Duration::from_secs(8))
         .iter()
         .enumerate()
     {
@@ -355,7 +318,7 @@ fn fake_rank0(
 #[test]
 fn rank_zero_closing_mid_handshake_is_peer_failed() {
     let (port, h) = fake_rank0(drop);
-    let got = result(spawn("rank", 1, 2, port, 3.0), Duration::from_secs(8));
+    let got = RANKS.result(RANKS.spawn("rank", 1, 2, port, 3.0), Duration::from_secs(8));
     assert!(got.starts_with("err PeerFailed { rank: 0"), "{got}");
     h.join().unwrap();
 }
@@ -365,7 +328,7 @@ fn rank_zero_answering_garbage_is_a_rendezvous_error() {
     let (port, h) = fake_rank0(|mut s| {
         s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap();
     });
-    let got = result(spawn("rank", 1, 2, port, 3.0), Duration::from_secs(8));
+    let got = RANKS.result(RANKS.spawn("rank", 1, 2, port, 3.0), Duration::from_secs(8));
     assert!(
         got.starts_with("err Rendezvous") && got.contains("not a gpubind rendezvous frame"),
         "{got}"
@@ -379,7 +342,7 @@ fn rank_zero_of_another_version_is_a_rendezvous_error() {
         s.write_all(&forge(9, 2, 2, 1, &[0; 128])).unwrap();
         std::thread::sleep(Duration::from_millis(200));
     });
-    let got = result(spawn("rank", 1, 2, port, 3.0), Duration::from_secs(8));
+    let got = RANKS.result(RANKS.spawn("rank", 1, 2, port, 3.0), Duration::from_secs(8));
     assert!(
         got.starts_with("err Rendezvous") && got.contains("protocol version 9"),
         "{got}"
