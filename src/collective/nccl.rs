@@ -550,11 +550,11 @@ impl NcclComm {
             unsafe { abort_raw(self.raw as usize, self.nranks) };
             return;
         };
-        let Some(nb) = api.nonblocking else {
+        if api.nonblocking.is_none() {
             // No abort looked up (NCCL older than 2.14): the caller reports the leak
             // (the verdict is set: the drop does not destroy it either).
             return;
-        };
+        }
         let (raw, nranks) = (self.raw as usize, self.nranks);
         // The calls' events go with the abort and are destroyed after it, on the release
         // thread: destroyed here one could wait (inside the driver) for the abort that is
@@ -570,18 +570,7 @@ impl NcclComm {
                 let _restore = RestoreCurrent::new();
                 // SAFETY: a live communicator, aborted once (taken through the gate
                 // before this job was handed over); `raw` is never used again.
-                let code = unsafe { (nb.abort)(raw as Comm) };
-                // ncclInProgress: NCCL finishes the abort itself.
-                let code = if code == IN_PROGRESS { 0 } else { code };
-                if let Err(e) = api.check("ncclCommAbort", code) {
-                    crate::faults::report_drop(
-                        format_args!("an NCCL communicator of {nranks} ranks"),
-                        None,
-                        "aborting it",
-                        &e,
-                        crate::faults::MAYBE_LEAKED,
-                    );
-                }
+                unsafe { abort_raw(raw, nranks) };
                 drop(events);
                 sys::CUresult::CUDA_SUCCESS
             }),
