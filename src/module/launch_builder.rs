@@ -144,8 +144,10 @@ impl ArgPtrs {
 
 impl<'m> Function<'m> {
     /// The checks [`LaunchBuilder::launch`] makes before the driver call, for a launch of
-    /// `nargs` arguments of `cfg` (used by graph capture, [`crate::graph`]; the launch
-    /// builder keeps its own inlined copy on its hot path).
+    /// `nargs` arguments of `cfg` (the launch builder's and graph capture's,
+    /// [`crate::graph`]). Inlined: it is on every launch's path; the argument-count
+    /// error is built out of line.
+    #[inline]
     pub(crate) fn check_launch(&self, cfg: &LaunchConfig, nargs: usize) -> Result<()> {
         cfg.validate()?;
         cfg.check_limits(
@@ -163,15 +165,19 @@ impl<'m> Function<'m> {
         if let Some(expected) = &self.params
             && expected.len() != nargs
         {
-            return Err(Error::LaunchArgs {
-                kernel: self.name.clone(),
-                reason: format!(
-                    "the kernel takes {} parameter(s), {nargs} given",
-                    expected.len()
-                ),
-            });
+            return Err(self.arg_count_error(expected.len(), nargs));
         }
         Ok(())
+    }
+
+    /// [`Error::LaunchArgs`] for `nargs` arguments to a kernel of `expected` parameters.
+    #[cold]
+    #[inline(never)]
+    fn arg_count_error(&self, expected: usize, nargs: usize) -> Error {
+        Error::LaunchArgs {
+            kernel: self.name.clone(),
+            reason: format!("the kernel takes {expected} parameter(s), {nargs} given"),
+        }
     }
 
     /// [`Error::LaunchArgs`] if argument `i` (of `size` bytes) does not fit parameter `i`
@@ -340,34 +346,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         if let Some(e) = &self.error {
             return Err((**e).clone());
         }
-        self.cfg.validate()?;
-        let func = self.func;
-        self.cfg.check_limits(
-            &func.name,
-            func.module.device.launch_limits()?,
-            &func.limits,
-            || {
-                // Only for a launch over the default shared memory (rare): the attribute
-                // may have been raised through the raw handle since the lookup.
-                let _guard = func.module.device.enter()?;
-                func_attribute(
-                    func.raw,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                )
-            },
-        )?;
-        if let Some(expected) = &self.func.params
-            && expected.len() != self.args.len()
-        {
-            return Err(Error::LaunchArgs {
-                kernel: self.func.name.clone(),
-                reason: format!(
-                    "the kernel takes {} parameter(s), {} given",
-                    expected.len(),
-                    self.args.len()
-                ),
-            });
-        }
+        self.func.check_launch(&self.cfg, self.args.len())?;
         if let Some(e) = &self.size_error {
             return Err((**e).clone());
         }
