@@ -7,7 +7,7 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, child_role, run_suite};
+use common::{Ctx, SPIN, child_role, run_suite};
 use gpubind::{Device, DriverErrorCode, Error, LaunchConfig, ThreadContext};
 use std::process::Command;
 
@@ -176,17 +176,6 @@ fn poisoned_context_is_typed_and_recovers() -> R {
     ensure!(back == [9u32; 256], "a new process after the fault works");
     Ok(())
 }
-
-/// A kernel that spins for about `ns` nanoseconds of GPU time, writing `p` at the end.
-const SPIN: &str = r#"
-extern "C" __global__ void spin_then_write(unsigned* p, unsigned long long ns) {
-    unsigned long long start;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    unsigned long long now = start;
-    while (now - start < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }
-    *p = 7u;
-}
-"#;
 
 /// Whether `ptr` is still a live device allocation (`cuMemGetAddressRange` finds it): a
 /// leaked buffer is, a freed one is not.

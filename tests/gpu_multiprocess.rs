@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::{Ctx, child_role, finish, free_port, nccl_present, run_suite, two_gpus};
+use common::{Ctx, SPIN, child_role, finish, free_port, nccl_present, run_suite, two_gpus};
 use gpubind::collective::{LaunchEnv, NcclUniqueId};
 use gpubind::{CollectiveType, Device, DeviceSlice, Error, Op, RankComm, ThreadContext};
 use half::{bf16, f16};
@@ -213,17 +213,6 @@ fn nccl_rank_exiting_before_init() -> R {
     );
     Ok(())
 }
-
-/// A kernel that spins for `ns` nanoseconds, then writes 7 to `*p`.
-const SPIN: &str = r#"
-extern "C" __global__ void spin_then_write(unsigned* p, unsigned long long ns) {
-    unsigned long long start;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    unsigned long long now = start;
-    while (now - start < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }
-    *p = 7u;
-}
-"#;
 
 /// Prints gpubind's warnings on stdout (`WARN: +<ms since DROP_START> …`), for the
 /// parent to read.

@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{Ctx, child_role, run_suite};
+use common::{Ctx, SPIN, child_role, run_suite};
 use gpubind::{CollectiveType, Device, DeviceSlice, Error, Op, RankComm, ThreadContext};
 use half::{bf16, f16};
 use std::process::{Child, Command, Stdio};
@@ -316,17 +316,6 @@ fn child() -> Result<String, String> {
         other => Err(format!("unknown scenario {other}")),
     }
 }
-
-/// A kernel that spins for `ns` nanoseconds, then writes 7 to `*p`.
-const SPIN: &str = r#"
-extern "C" __global__ void spin_then_write(unsigned* p, unsigned long long ns) {
-    unsigned long long start;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    unsigned long long now = start;
-    while (now - start < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }
-    *p = 7u;
-}
-"#;
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 

@@ -27,7 +27,7 @@
 mod common;
 
 use common::{
-    Ctx, PrintWarnings, child_role, finish, free_port, nccl_present, run_suite, two_gpus,
+    Ctx, PrintWarnings, SPIN, child_role, finish, free_port, nccl_present, run_suite, two_gpus,
 };
 use gpubind::collective::{LaunchEnv, NcclUniqueId};
 use gpubind::{Device, Op, RankComm, ThreadContext};
@@ -41,17 +41,6 @@ type R = Result<(), String>;
 fn dev(i: usize) -> Result<Arc<Device>, String> {
     Device::get(i).ctx("Device::get")
 }
-
-/// A kernel that spins for `ns` nanoseconds, then writes 7 to `*p`.
-const SPIN: &str = r#"
-extern "C" __global__ void spin_then_write(unsigned* p, unsigned long long ns) {
-    unsigned long long start;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    unsigned long long now = start;
-    while (now - start < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }
-    *p = 7u;
-}
-"#;
 
 /// A world-1 child's start: gpubind's warnings printed for the parent, and an NCCL rank
 /// of its own on `d` whose communicator times out after 1 s.

@@ -254,6 +254,19 @@ macro_rules! ensure {
     };
 }
 
+/// CUDA C source of `spin_then_write(p, ns)`: spins for `ns` nanoseconds of GPU time
+/// (`%globaltimer`), then writes 7 to `*p` — the long kernel the drop, fault and
+/// watchdog tests queue work behind.
+pub const SPIN: &str = r#"
+extern "C" __global__ void spin_then_write(unsigned* p, unsigned long long ns) {
+    unsigned long long start;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    unsigned long long now = start;
+    while (now - start < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }
+    *p = 7u;
+}
+"#;
+
 // --- Child processes, ports, NCCL: what the multi-process GPU suites share -----------
 
 /// Waits for a child (killing it past `limit`): whether it succeeded, and its stdout (with
