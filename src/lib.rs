@@ -98,6 +98,8 @@ pub mod driver;
 mod drop_wait;
 pub mod error;
 mod faults;
+#[cfg_attr(not(any(feature = "collective", feature = "ipc")), allow(dead_code))]
+mod fnv;
 pub mod global;
 pub mod graph;
 pub mod host;

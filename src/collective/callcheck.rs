@@ -39,6 +39,7 @@ use super::bootstrap::{Frame, Kind as FrameKind, ReadFail, decode_error, encode_
 use super::bootstrap::{read_frame, write_frame};
 use super::{Call, Kind, Op};
 use crate::error::{Error, Result};
+use crate::fnv::fnv1a64;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -61,13 +62,6 @@ pub(crate) const CAPTURED: u8 = 16;
 
 /// The kind of a graph launch's header.
 pub(crate) const GRAPH_LAUNCH: u8 = 6;
-
-/// FNV-1a (64 bits) of `bytes`: the digest of a graph's captured headers.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
 
 fn op_code(op: Op) -> u8 {
     match op {
@@ -280,7 +274,7 @@ impl CallCheck {
             op: 0,
             dtype: 0,
             root: u32::try_from(n).unwrap_or(u32::MAX),
-            count: fnv1a(record),
+            count: fnv1a64(record),
         })
     }
 
@@ -684,7 +678,7 @@ mod tests {
             op: 0,
             dtype: 0,
             root: (r.len() / HEADER_BYTES) as u32,
-            count: fnv1a(r),
+            count: fnv1a64(r),
         };
         let a = rec(&[captured]);
         let same_shape_other_capture = rec(&[Header { seq: 4, ..captured }]);
@@ -703,6 +697,6 @@ mod tests {
                 .starts_with("a launch of a CUDA graph of 1 captured collective(s), digest 0x")
         );
         // FNV-1a's published test vector.
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 }

@@ -2,6 +2,7 @@
 //! bounded reads and writes over TCP, and the typed error an abort frame carries.
 
 use crate::error::Error;
+use crate::fnv::fnv1a64;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -49,17 +50,6 @@ pub(in crate::collective) struct Frame {
     pub(in crate::collective) payload: Vec<u8>,
 }
 
-fn fnv1a64(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &b in *part {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
-}
-
 fn encode(f: &Frame) -> Vec<u8> {
     let mut v = Vec::with_capacity(HEADER + f.payload.len() + 8);
     v.extend_from_slice(&MAGIC);
@@ -70,7 +60,7 @@ fn encode(f: &Frame) -> Vec<u8> {
     v.extend_from_slice(&f.rank.to_le_bytes());
     v.extend_from_slice(&(f.payload.len() as u32).to_le_bytes());
     v.extend_from_slice(&f.payload);
-    let sum = fnv1a64(&[&v]);
+    let sum = fnv1a64(&v);
     v.extend_from_slice(&sum.to_le_bytes());
     v
 }
@@ -135,7 +125,7 @@ fn decode(bytes: &[u8]) -> std::result::Result<Frame, String> {
 }
 
 fn check_sum(body: &[u8], sum: &[u8]) -> std::result::Result<(), String> {
-    let expected = fnv1a64(&[body]);
+    let expected = fnv1a64(body);
     let mut s = [0u8; 8];
     s.copy_from_slice(sum);
     let found = u64::from_le_bytes(s);

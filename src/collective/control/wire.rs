@@ -269,12 +269,7 @@ pub(super) fn encode_call(h: &Header) -> Vec<u8> {
 
 /// FNV-1a 64 of the job key (names the sockets; checked in the hello).
 pub(super) fn key_hash(key: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in key.as_bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+    crate::fnv::fnv1a64(key.as_bytes())
 }
 
 /// The abstract socket name of `rank` in the job `key`.
