@@ -25,7 +25,26 @@ pub(crate) enum Kind {
     Recv(usize),
 }
 
+/// [`Kind::code`] of a send.
+pub(crate) const KIND_SEND: u8 = 6;
+/// [`Kind::code`] of a receive.
+pub(crate) const KIND_RECV: u8 = 7;
+
 impl Kind {
+    /// The call's code in the headers ranks agree on: `(kind, op, root or peer)`, kinds
+    /// 1-5 for the collectives and [`KIND_SEND`]/[`KIND_RECV`], ops as [`Op::code`].
+    pub(crate) fn code(&self) -> (u8, u8, usize) {
+        match *self {
+            Kind::AllReduce(op) => (1, op.code(), 0),
+            Kind::Reduce(op, root) => (2, op.code(), root),
+            Kind::Broadcast(root) => (3, 0, root),
+            Kind::AllGather => (4, 0, 0),
+            Kind::ReduceScatter(op) => (5, op.code(), 0),
+            Kind::Send(peer) => (KIND_SEND, 0, peer),
+            Kind::Recv(peer) => (KIND_RECV, 0, peer),
+        }
+    }
+
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Kind::AllReduce(_) => "all_reduce",

@@ -37,7 +37,7 @@
 
 use super::bootstrap::{Frame, Kind as FrameKind, ReadFail, decode_error, encode_error};
 use super::bootstrap::{read_frame, write_frame};
-use super::{Call, Kind, Op};
+use super::{Call, Kind};
 use crate::error::{Error, Result};
 use crate::fnv::fnv1a64;
 use std::net::TcpStream;
@@ -63,27 +63,13 @@ pub(crate) const CAPTURED: u8 = 16;
 /// The kind of a graph launch's header.
 pub(crate) const GRAPH_LAUNCH: u8 = 6;
 
-fn op_code(op: Op) -> u8 {
-    match op {
-        Op::Sum => 0,
-        Op::Prod => 1,
-        Op::Min => 2,
-        Op::Max => 3,
-        Op::Avg => 4,
-    }
-}
-
 impl Header {
     /// The header of a collective (`None` for send/recv, which are not checked).
     fn of(call: &Call) -> Option<Header> {
-        let (kind, op, root) = match call.kind {
-            Kind::AllReduce(op) => (1, op_code(op), 0),
-            Kind::Reduce(op, root) => (2, op_code(op), root),
-            Kind::Broadcast(root) => (3, 0, root),
-            Kind::AllGather => (4, 0, 0),
-            Kind::ReduceScatter(op) => (5, op_code(op), 0),
-            Kind::Send(_) | Kind::Recv(_) => return None,
-        };
+        if matches!(call.kind, Kind::Send(_) | Kind::Recv(_)) {
+            return None;
+        }
+        let (kind, op, root) = call.kind.code();
         Some(Header {
             seq: 0,
             kind,
@@ -544,6 +530,7 @@ fn ask(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collective::Op;
 
     #[test]
     fn headers_round_trip_and_describe_the_call() {

@@ -26,7 +26,7 @@
 //! a typed error, not a stream stuck for ever. The price: a step's reads are enqueued
 //! only once the peers' staging copies have completed.
 
-use super::control::{Budget, Header, KIND_RECV, KIND_SEND, ProcessGroup};
+use super::control::{Budget, Header, ProcessGroup};
 use super::kernels::KernelSet;
 use super::{Call, Kind, Op};
 use crate::context::ThreadContext;
@@ -148,27 +148,9 @@ pub(crate) struct ProcsRank {
 // device's context pushed; the rest is Send.
 unsafe impl Send for ProcsRank {}
 
-fn op_code(op: Op) -> u8 {
-    match op {
-        Op::Sum => 0,
-        Op::Prod => 1,
-        Op::Min => 2,
-        Op::Max => 3,
-        Op::Avg => 4,
-    }
-}
-
 /// The header of `call` (sequence filled in by the group).
 fn header(call: &Call) -> Header {
-    let (kind, op, arg) = match call.kind {
-        Kind::AllReduce(op) => (1, op_code(op), 0),
-        Kind::Reduce(op, root) => (2, op_code(op), root),
-        Kind::Broadcast(root) => (3, 0, root),
-        Kind::AllGather => (4, 0, 0),
-        Kind::ReduceScatter(op) => (5, op_code(op), 0),
-        Kind::Send(p) => (KIND_SEND, 0, p),
-        Kind::Recv(p) => (KIND_RECV, 0, p),
-    };
+    let (kind, op, arg) = call.kind.code();
     Header {
         seq: 0,
         kind,

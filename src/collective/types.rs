@@ -19,6 +19,19 @@ pub enum Op {
     Avg,
 }
 
+impl Op {
+    /// The op's code in the headers ranks agree on.
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Op::Sum => 0,
+            Op::Prod => 1,
+            Op::Min => 2,
+            Op::Max => 3,
+            Op::Avg => 4,
+        }
+    }
+}
+
 mod sealed {
     pub trait Sealed {}
 }

@@ -45,8 +45,7 @@ pub(crate) struct Header {
     pub(crate) count: u64,
 }
 
-pub(crate) const KIND_SEND: u8 = 6;
-pub(crate) const KIND_RECV: u8 = 7;
+pub(crate) use crate::collective::call::{KIND_RECV, KIND_SEND};
 pub(crate) const KIND_BARRIER: u8 = 8;
 
 pub(super) fn kind_name(k: u8) -> &'static str {
