@@ -214,6 +214,9 @@ pub struct Device {
     poison: PoisonState,
     /// The launch limits, read on first launch (`cuDeviceGetAttribute`, no context).
     limits: std::sync::OnceLock<DeviceLimits>,
+    /// The gate of the primary context's legacy default stream (`crate::access`'s fast
+    /// path).
+    legacy_gate: crate::access::Gate,
 }
 
 /// The device attributes a launch configuration must respect, read once per [`Device`]
@@ -369,6 +372,7 @@ impl Device {
             events: std::sync::Mutex::new(Vec::new()),
             poison: PoisonState::default(),
             limits: std::sync::OnceLock::new(),
+            legacy_gate: crate::access::Gate::default(),
         })
     }
 
@@ -554,6 +558,11 @@ impl Device {
             None => Ok(()),
             Some(p) => Err(crate::poison::error(self, p)),
         }
+    }
+
+    /// The gate of the primary context's legacy default stream (`crate::access`).
+    pub(crate) fn legacy_gate(&self) -> &crate::access::Gate {
+        &self.legacy_gate
     }
 
     /// The poison state (records the last kernel launched, and the first sticky error).

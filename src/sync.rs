@@ -6,10 +6,16 @@
 //! device's release thread (`crate::release`).
 
 #[cfg(loom)]
-pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard, atomic::AtomicUsize};
+pub(crate) use loom::sync::{
+    Condvar, Mutex, MutexGuard,
+    atomic::{AtomicU64, AtomicUsize},
+};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Condvar, Mutex, MutexGuard, atomic::AtomicUsize};
+pub(crate) use std::sync::{
+    Condvar, Mutex, MutexGuard,
+    atomic::{AtomicU64, AtomicUsize},
+};
 
 /// Locks a mutex, recovering from poisoning: our critical sections leave the state
 /// consistent even when a panic unwinds through them (they only store a value at the end).

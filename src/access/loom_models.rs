@@ -2,14 +2,18 @@
 
 use super::*;
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use loom::thread;
 
-/// A mock stream. `enqueued` is set once the operation claimed on it is enqueued.
+/// A mock stream. `enqueued` is set once the operation claimed on it is enqueued;
+/// `ops` counts the operations enqueued on it (an event recorded on it captures the
+/// count); `gate` is its fast-path gate.
 #[derive(Clone)]
 struct M {
     id: u64,
     enqueued: Arc<AtomicBool>,
+    ops: Arc<AtomicUsize>,
+    gate: Arc<sync::Mutex<()>>,
 }
 impl TrackedStream for M {
     fn id(&self) -> u64 {
@@ -18,11 +22,17 @@ impl TrackedStream for M {
     fn is_idle(&self) -> bool {
         false
     }
+    fn under_gate(&self, f: impl FnOnce()) {
+        let _gate = sync::lock(&self.gate);
+        f();
+    }
 }
 fn stream(id: u64) -> M {
     M {
         id,
         enqueued: Arc::new(AtomicBool::new(false)),
+        ops: Arc::new(AtomicUsize::new(0)),
+        gate: Arc::new(sync::Mutex::new(())),
     }
 }
 
@@ -148,5 +158,144 @@ fn concurrent_readers_both_wait_and_are_kept() {
         .unwrap();
         waits.sort();
         assert_eq!(waits, [1, 2, 3]);
+    });
+}
+
+/// A mock tracker: the state under its lock, and what it publishes for the fast path.
+struct T {
+    state: sync::Mutex<AccessState<M>>,
+    published: Published,
+}
+
+/// A tracker whose one pending use is a write on `w`, enqueued and published (what a
+/// first launch on `w` leaves behind).
+fn written_and_published(w: &M) -> Arc<T> {
+    w.ops.store(1, SeqCst);
+    let mut st = AccessState::<M>::default();
+    let mut grave = None;
+    let w2 = w.clone();
+    let published = Published::default();
+    fast::record_after_enqueue(
+        &mut st,
+        &published,
+        w.id,
+        Access::Write,
+        move |_| w2.clone(),
+        &mut grave,
+    );
+    assert!(published.admits(w.id, Access::Write));
+    Arc::new(T {
+        state: sync::Mutex::new(st),
+        published,
+    })
+}
+
+/// A launch on `on` writing `t`, as `LaunchBuilder::enqueue` does it: the fast path
+/// under the stream's gate if `t` publishes `on`, else the slow-path claim. Returns
+/// `Some(k)` (its operation was the k-th on `on`) for the fast path, `None` for the slow.
+fn launch(t: &T, on: &M) -> Option<usize> {
+    {
+        let _gate = sync::lock(&on.gate);
+        if t.published.admits(on.id, Access::Write) {
+            return Some(on.ops.fetch_add(1, SeqCst) + 1);
+        }
+    }
+    let mut st = sync::lock(&t.state);
+    fast::order_before_enqueue(&st, &t.published, on.id, Access::Write, |_| Ok(())).unwrap();
+    on.ops.fetch_add(1, SeqCst);
+    let on2 = on.clone();
+    fast::record_after_enqueue(
+        &mut st,
+        &t.published,
+        on.id,
+        Access::Write,
+        move |_| on2.clone(),
+        &mut None,
+    );
+    None
+}
+
+/// A fast-path launch on stream 1 and a write handed off to stream 2 (slow path) never
+/// race: if the launch took the fast path, the event the hand-off recorded on stream 1
+/// came after it (rule 3 takes the id back under the gate before recording it).
+#[test]
+fn fast_path_launch_is_covered_by_a_handoff_event() {
+    loom::model(|| {
+        let (s1, s2) = (stream(1), stream(2));
+        let t = written_and_published(&s1);
+        let launcher = {
+            let (t, s1) = (t.clone(), s1.clone());
+            thread::spawn(move || launch(&t, &s1))
+        };
+        // The hand-off: a write on stream 2.
+        let mut event_on_1 = None;
+        {
+            let mut st = sync::lock(&t.state);
+            fast::order_before_enqueue(&st, &t.published, 2, Access::Write, |from| {
+                assert_eq!(from.id, 1);
+                event_on_1 = Some(from.ops.load(SeqCst));
+                Ok(())
+            })
+            .unwrap();
+            s2.ops.fetch_add(1, SeqCst);
+            let s2b = s2.clone();
+            fast::record_after_enqueue(
+                &mut st,
+                &t.published,
+                2,
+                Access::Write,
+                move |_| s2b.clone(),
+                &mut None,
+            );
+        }
+        let event_on_1 = event_on_1.expect("the hand-off waits for stream 1");
+        if let Some(k) = launcher.join().unwrap() {
+            assert!(
+                k <= event_on_1,
+                "a fast-path launch (op {k} on stream 1) was enqueued after the \
+                 hand-off's event (which captured {event_on_1} ops)"
+            );
+        }
+        // Either way, stream 2 is the writer now and publishes nothing else.
+        assert!(!t.published.admits(1, Access::Write) || sync::lock(&t.state).write_is_free(1));
+    });
+}
+
+/// A fast-path launch on stream 1 and a host read (a synchronous copy out) never race:
+/// the launch was enqueued before the host synchronised stream 1, or it took the slow
+/// path (and waited for the copy's lock).
+#[test]
+fn fast_path_launch_is_covered_by_a_host_wait() {
+    loom::model(|| {
+        let s1 = stream(1);
+        let t = written_and_published(&s1);
+        let launcher = {
+            let (t, s1) = (t.clone(), s1.clone());
+            thread::spawn(move || launch(&t, &s1))
+        };
+        let mut synced = None;
+        {
+            let mut st = sync::lock(&t.state);
+            fast::host_wait_published(
+                &mut st,
+                &t.published,
+                Access::Read,
+                |from| {
+                    synced = Some(from.ops.load(SeqCst));
+                    Ok(())
+                },
+                &mut Grave::new(),
+            )
+            .unwrap();
+            // The copy runs here, under the lock.
+        }
+        let synced = synced.expect("the host read waits for stream 1");
+        if let Some(k) = launcher.join().unwrap() {
+            assert!(
+                k <= synced,
+                "a fast-path launch (op {k}) was enqueued after the host synchronised \
+                 stream 1 (which had {synced} ops)"
+            );
+        }
     });
 }

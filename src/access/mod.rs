@@ -21,6 +21,9 @@
 //! * a use on the stream that already orders everything costs one compare under an
 //!   uncontended lock and no driver call; a read waits only for the last write, so
 //!   concurrent readers stay concurrent;
+//! * a **launch** on the stream that already orders every buffer it passes (and its
+//!   module) locks no tracker at all: it holds the stream's gate across its enqueue and
+//!   reads one id each tracker publishes ([`fast`], the rules that keep it sound);
 //! * **host** access and the synchronous calls claim the buffer too: they wait on the host
 //!   (`cuStreamSynchronize`) for the conflicting streams, forget those uses, and hold the
 //!   lock until their own copy has finished;
@@ -55,11 +58,13 @@ impl Access {
     }
 }
 
+mod fast;
 mod state;
 mod stream;
 
+pub(crate) use fast::Published;
 pub(crate) use state::{AccessState, Grave, TrackedStream};
-pub(crate) use stream::{LEGACY_ID, StreamInner, StreamRef, StreamSlot};
+pub(crate) use stream::{Gate, LEGACY_ID, StreamInner, StreamRef, StreamSlot};
 
 /// The pending stream-ordered uses of one allocation; see the [module docs](self).
 ///
@@ -67,12 +72,15 @@ pub(crate) use stream::{LEGACY_ID, StreamInner, StreamRef, StreamSlot};
 /// can construct a meaningful one or inspect it.
 pub struct AccessTracker {
     state: sync::Mutex<AccessState<StreamRef>>,
+    /// The streams a use may take the fast path on, without this lock ([`fast`]).
+    published: Published,
 }
 
 impl Default for AccessTracker {
     fn default() -> Self {
         AccessTracker {
             state: sync::Mutex::new(AccessState::default()),
+            published: Published::default(),
         }
     }
 }
@@ -96,7 +104,17 @@ impl AccessTracker {
         state.commit(&[(on.id(), Access::Write)], |_| on.clone(), &mut grave);
         AccessTracker {
             state: sync::Mutex::new(state),
+            // Nothing published: the first use takes the slow path (and publishes).
+            published: Published::default(),
         }
+    }
+
+    /// Whether a use of kind `access` on stream `on` may take the fast path (see
+    /// [`fast`]): call with `on`'s gate held ([`StreamSlot::lock_gate`]) and enqueue
+    /// before unlocking it.
+    #[inline(always)]
+    pub(crate) fn admits(&self, on: u64, access: Access) -> bool {
+        self.published.admits(on, access)
     }
 
     /// Waits for every pending use (before the memory is freed or handed away) and
@@ -113,8 +131,11 @@ impl AccessTracker {
             Err(poisoned) => poisoned.into_inner(),
         };
         if st.is_idle() {
+            // Nothing pending, so nothing published (a published stream is recorded).
             return Ok(());
         }
+        // Held `&mut`: no fast path can be using what is published.
+        self.published.reset_mut(st, None);
         let limit = drop_timeout();
         let deadline = Instant::now().checked_add(limit);
         st.wait_all(|s| s.synchronize_within(deadline, limit))
@@ -133,38 +154,14 @@ impl AccessTracker {
             .all(TrackedStream::is_idle)
     }
 
-    /// Records a read on `on` that needs no ordering before it (the tracker has no
-    /// writes: the launches of a module without global views) and no claim across its
-    /// enqueue (what it guards — the module's unload — cannot happen while the launch
-    /// borrows the module). Inlined: the usual case is a lock, a compare and an unlock.
-    #[inline]
-    pub(crate) fn note_read(&self, on: StreamSlot<'_>) {
-        let id = on.id();
-        let st = sync::lock(&self.state);
-        // The usual case, a launch on a stream already recorded: nothing changes.
-        if st.commit_is_noop(id, Access::Read) {
-            return;
-        }
-        Self::note_new_read(st, on);
-    }
-
-    /// [`note_read`](Self::note_read) for a stream not recorded yet.
-    #[cold]
-    #[inline(never)]
-    fn note_new_read(mut st: sync::MutexGuard<'_, AccessState<StreamRef>>, on: StreamSlot<'_>) {
-        let id = on.id();
-        let mut grave = Grave::new();
-        st.commit(&[(id, Access::Read)], |_| on.to_ref(), &mut grave);
-        drop(st);
-        drop(grave);
-    }
-
     /// Turns every pending read into a pending write (a module's launches, once it has
     /// global views: what they wrote must be waited for by later reads too). The
     /// invariant holds: writes have no ordering among themselves to keep, and the reads
     /// were ordered after the old writes, which stay.
     pub(crate) fn reads_become_writes(&self) {
-        sync::lock(&self.state).reads_become_writes();
+        let mut st = sync::lock(&self.state);
+        self.published.close_others(&st, fast::NONE);
+        st.reads_become_writes();
     }
 
     /// A host access of kind `access` that needs nothing held afterwards (the borrow of
@@ -179,6 +176,8 @@ impl AccessTracker {
         if st.is_idle() {
             return Ok(());
         }
+        // Held `&mut`: no fast path can be using what is published.
+        self.published.reset_mut(st, None);
         let mut grave = Grave::new();
         let out = st.host_wait(access, StreamRef::synchronize, &mut grave);
         drop(grave);
@@ -189,7 +188,13 @@ impl AccessTracker {
         let mut grave = Grave::new();
         let out = {
             let mut st = sync::lock(&self.state);
-            st.host_wait(access, StreamRef::synchronize, &mut grave)
+            fast::host_wait_published(
+                &mut st,
+                &self.published,
+                access,
+                StreamRef::synchronize,
+                &mut grave,
+            )
         };
         drop(grave);
         out
@@ -202,6 +207,7 @@ pub(crate) type Use<'t> = Option<(&'t AccessTracker, Access)>;
 /// A locked tracker within a claim.
 pub(crate) struct Held<'t> {
     guard: sync::MutexGuard<'t, AccessState<StreamRef>>,
+    published: &'t Published,
     access: Access,
 }
 
@@ -247,6 +253,7 @@ fn lock_all<'t>(uses: &mut [Use<'t>], held: &mut [Option<Held<'t>>]) {
         if let Some((t, access)) = *u {
             *h = Some(Held {
                 guard: sync::lock(&t.state),
+                published: &t.published,
                 access,
             });
         }
@@ -280,10 +287,9 @@ pub(crate) fn claim<'t, 's, H: AsMut<[Option<Held<'t>>]>>(
     lock_all(uses, held.as_mut());
     let id = on.id();
     for h in held.as_mut().iter().flatten() {
-        if !h.guard.is_ordered_on(id, h.access) {
-            h.guard
-                .wait_conflicts(id, h.access, |from| from.enqueue_wait(on.raw()))?;
-        }
+        fast::order_before_enqueue(&h.guard, h.published, id, h.access, |from| {
+            from.enqueue_wait(on.raw())
+        })?;
     }
     Ok(Claim {
         held,
@@ -300,11 +306,15 @@ impl<'t, H: AsMut<[Option<Held<'t>>]>> Drop for Claim<'t, '_, H> {
         let on = self.on;
         let id = on.id();
         for slot in self.held.as_mut().iter_mut() {
-            if let Some(mut h) = slot.take()
-                && !h.guard.commit_is_noop(id, h.access)
-            {
-                let grave = grave.get_or_insert_with(Grave::new);
-                h.guard.commit(&[(id, h.access)], |_| on.to_ref(), grave);
+            if let Some(mut h) = slot.take() {
+                fast::record_after_enqueue(
+                    &mut h.guard,
+                    h.published,
+                    id,
+                    h.access,
+                    |_| on.to_ref(),
+                    &mut grave,
+                );
             }
         }
         drop(grave);
@@ -316,6 +326,7 @@ impl<'t, H: AsMut<[Option<Held<'t>>]>> Drop for Claim<'t, '_, H> {
 #[must_use = "hold the claim until the operation is enqueued"]
 pub(crate) struct ExclusiveClaim<'t, 's> {
     state: &'t mut AccessState<StreamRef>,
+    published: &'t mut Published,
     access: Access,
     on: StreamSlot<'s>,
 }
@@ -328,15 +339,23 @@ pub(crate) fn claim_exclusive<'t, 's>(
     tracker: &'t mut AccessTracker,
     access: Access,
 ) -> Result<ExclusiveClaim<'t, 's>> {
-    let state = match tracker.state.get_mut() {
+    let AccessTracker { state, published } = tracker;
+    let state = match state.get_mut() {
         Ok(st) => st,
         Err(poisoned) => poisoned.into_inner(),
     };
     let id = on.id();
     if !state.is_ordered_on(id, access) {
+        // What is published stays true until the commit (the waits change no list),
+        // which publishes anew; held `&mut`, no fast path can be using it meanwhile.
         state.wait_conflicts(id, access, |from| from.enqueue_wait(on.raw()))?;
     }
-    Ok(ExclusiveClaim { state, access, on })
+    Ok(ExclusiveClaim {
+        state,
+        published,
+        access,
+        on,
+    })
 }
 
 impl Drop for ExclusiveClaim<'_, '_> {
@@ -358,6 +377,8 @@ impl ExclusiveClaim<'_, '_> {
         let mut grave = Grave::new();
         self.state
             .commit(&[(on.id(), self.access)], |_| on.to_ref(), &mut grave);
+        // Held `&mut`: publishes what is true now, replacing anything.
+        self.published.reset_mut(self.state, Some(on.id()));
     }
 }
 
@@ -371,9 +392,13 @@ pub(crate) fn host_claim<'t, H: AsMut<[Option<Held<'t>>]>>(
     lock_all(uses, held.as_mut());
     let mut grave = Grave::new();
     for h in held.as_mut().iter_mut().flatten() {
-        let access = h.access;
-        h.guard
-            .host_wait(access, StreamRef::synchronize, &mut grave)?;
+        fast::host_wait_published(
+            &mut h.guard,
+            h.published,
+            h.access,
+            StreamRef::synchronize,
+            &mut grave,
+        )?;
     }
     Ok(held)
 }
@@ -404,7 +429,11 @@ pub(crate) fn claim_lanes<'t>(
     let mut last: Option<*const AccessTracker> = None;
     for (t, access, s) in uses {
         if last != Some(t as *const _) {
-            held.push((sync::lock(&t.state), Vec::new()));
+            let st = sync::lock(&t.state);
+            // Before any event or commit; a lane claim publishes nothing (the next
+            // single-stream use does).
+            t.published.close_others(&st, fast::NONE);
+            held.push((st, Vec::new()));
             last = Some(t as *const _);
         }
         if let Some((_, v)) = held.last_mut() {

@@ -12,6 +12,9 @@ pub(crate) trait TrackedStream: Clone {
     /// Whether everything enqueued on the stream so far has finished (`cuStreamQuery`);
     /// `false` when unknown. Used only to prune long reader lists.
     fn is_idle(&self) -> bool;
+    /// Runs `f` holding the stream's gate, which every fast-path operation on the
+    /// stream holds across its enqueue ([`super::fast`]).
+    fn under_gate(&self, f: impl FnOnce());
 }
 
 /// Above this many reader streams, a new reader first drops the idle ones.
@@ -97,6 +100,28 @@ impl<S: TrackedStream> AccessState<S> {
         self.is_sole_writer(on)
             || (self.writers.iter().all(|w| w.id() == on)
                 && (access == Access::Read || self.readers.iter().all(|r| r.id() == on)))
+    }
+
+    /// Whether a write on `on` needs no wait and records nothing (what the fast path's
+    /// published `write` id promises).
+    #[inline]
+    pub(crate) fn write_is_free(&self, on: u64) -> bool {
+        self.is_sole_writer(on)
+    }
+
+    /// Whether a read on `on` needs no wait and records nothing (what the fast path's
+    /// published `read` id promises).
+    #[inline]
+    pub(crate) fn read_is_free(&self, on: u64) -> bool {
+        self.is_ordered_on(on, Access::Read) && self.commit_is_noop(on, Access::Read)
+    }
+
+    /// The recorded stream of id `id`, if any.
+    pub(crate) fn find(&self, id: u64) -> Option<&S> {
+        self.writers
+            .iter()
+            .chain(&self.readers)
+            .find(|s| s.id() == id)
     }
 
     /// Whether recording one use of kind `access` on `on` would change nothing: the

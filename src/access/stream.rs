@@ -26,6 +26,25 @@ pub(crate) struct StreamInner {
     /// and destroys it when the last `Arc<CudaStream>` goes; this keeps it alive while
     /// gpubind (a `Stream`, or a tracker ordering work after it) still needs it.
     pub(crate) cudarc: Option<Arc<cudarc::driver::CudaStream>>,
+    /// Held by every fast-path enqueue on this stream ([`super::fast`]).
+    gate: Gate,
+}
+
+/// A stream's gate ([`super::fast`]): held by a fast-path enqueue on the stream, and by
+/// whoever takes back a tracker's published id of the stream. A plain `std` mutex, also
+/// under loom: the loom models use their own mock streams.
+#[derive(Default)]
+pub(crate) struct Gate(std::sync::Mutex<()>);
+
+impl Gate {
+    /// Locks the gate (poisoning cannot leave anything inconsistent: it guards no data).
+    #[inline(always)]
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        match self.0.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
 }
 
 /// A `CU_EVENT_DISABLE_TIMING` event of a stream's context, only ever recorded on that
@@ -57,6 +76,7 @@ impl StreamInner {
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
             handoff: std::sync::OnceLock::new(),
             cudarc: None,
+            gate: Gate::default(),
         }
     }
 
@@ -68,6 +88,7 @@ impl StreamInner {
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
             handoff: std::sync::OnceLock::new(),
             cudarc: Some(stream),
+            gate: Gate::default(),
         }
     }
 
@@ -179,6 +200,11 @@ impl TrackedStream for StreamRef {
         };
         // SAFETY: the stream is alive (held by self); its context is current.
         (unsafe { sys::cuStreamQuery(self.raw()) }) == sys::CUresult::CUDA_SUCCESS
+    }
+
+    fn under_gate(&self, f: impl FnOnce()) {
+        let _gate = self.slot().lock_gate();
+        f();
     }
 }
 
@@ -308,6 +334,15 @@ impl<'a> StreamSlot<'a> {
         match self {
             StreamSlot::Legacy(d) => d,
             StreamSlot::Owned(s) => &s.device,
+        }
+    }
+
+    /// Locks the stream's gate ([`super::fast`]): the legacy stream's is its device's.
+    #[inline(always)]
+    pub(crate) fn lock_gate(self) -> std::sync::MutexGuard<'a, ()> {
+        match self {
+            StreamSlot::Legacy(d) => d.legacy_gate().lock(),
+            StreamSlot::Owned(s) => s.gate.lock(),
         }
     }
 

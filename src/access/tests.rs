@@ -1,5 +1,6 @@
 //! Unit tests of the access state machine and the claims.
 
+use super::fast::{self, NONE as NONE_ID};
 use super::state::PRUNE_READERS_AT;
 use super::*;
 use crate::error::Error;
@@ -13,6 +14,17 @@ impl TrackedStream for S {
     fn is_idle(&self) -> bool {
         self.0 >= 100
     }
+    fn under_gate(&self, f: impl FnOnce()) {
+        // One thread: nothing to exclude; the gates taken are logged for the checks of
+        // the fast path's rules.
+        GATES.with(|g| g.borrow_mut().push(self.0));
+        f();
+    }
+}
+
+thread_local! {
+    /// The streams whose gate `S::under_gate` took, in order.
+    static GATES: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn commit1(st: &mut AccessState<S>, id: u64, a: Access) {
@@ -274,5 +286,137 @@ fn sorting_merges_one_tracker_used_twice() {
         uses.iter()
             .flatten()
             .any(|(t, x)| std::ptr::eq(*t, &b) && *x == Access::Write)
+    );
+}
+
+/// One step of the fast path's checks: a slow-path stream claim, or a host access.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Stream(u64, Access),
+    Host(Access),
+}
+
+/// Runs `step` on `st` through the production steps (`order_before_enqueue`,
+/// `record_after_enqueue`, `host_wait_published`), returning the streams it waited for.
+fn run_step(st: &mut AccessState<S>, published: &Published, step: Step) -> Vec<u64> {
+    let mut waited = Vec::new();
+    match step {
+        Step::Stream(on, access) => {
+            fast::order_before_enqueue(st, published, on, access, |s| {
+                waited.push(s.0);
+                Ok(())
+            })
+            .unwrap();
+            let mut grave = None;
+            fast::record_after_enqueue(st, published, on, access, S, &mut grave);
+        }
+        Step::Host(access) => {
+            fast::host_wait_published(
+                st,
+                published,
+                access,
+                |s| {
+                    waited.push(s.0);
+                    Ok(())
+                },
+                &mut Grave::new(),
+            )
+            .unwrap();
+        }
+    }
+    waited
+}
+
+/// The fast path's rules (`access::fast`) hold in every state reachable in up to five
+/// slow-path steps over three streams, plus host accesses and idle readers that
+/// pruning drops:
+/// 1. a published id is true: a write (read) on it needs no wait and records nothing;
+/// 2. a published id is taken back only under its stream's gate;
+/// 3. it is taken back before any event is recorded on (or host wait for) its stream.
+///
+/// And a stream reusing a buffer on its own gets its id published, so its next launch
+/// takes the fast path.
+#[test]
+fn published_ids_stay_true_and_are_taken_back_under_their_gate() {
+    let mut steps: Vec<Step> = [1, 2, 3]
+        .into_iter()
+        .flat_map(|id| {
+            [
+                Step::Stream(id, Access::Read),
+                Step::Stream(id, Access::Write),
+            ]
+        })
+        .collect();
+    steps.extend([Step::Host(Access::Read), Step::Host(Access::Write)]);
+    // Idle readers (ids >= 100) to make pruning run.
+    let idle: Vec<S> = (100..100 + PRUNE_READERS_AT as u64).map(S).collect();
+    let starts = [
+        AccessState::<S>::default(),
+        AccessState::with_uses(vec![], idle.clone()),
+        AccessState::with_uses(vec![S(1)], vec![]),
+    ];
+    let mut frontier: Vec<(AccessState<S>, (u64, u64))> = starts
+        .into_iter()
+        .map(|st| (st, (NONE_ID, NONE_ID)))
+        .collect();
+    let (mut checked, mut published_seen) = (0, 0);
+    for _ in 0..5 {
+        let mut next = Vec::new();
+        for (st, ids) in &frontier {
+            for &step in &steps {
+                let mut st = AccessState::with_uses(st.writers.clone(), st.readers.clone());
+                let published = Published::with_ids(*ids);
+                GATES.with(|g| g.borrow_mut().clear());
+                let waited = run_step(&mut st, &published, step);
+                let gates = GATES.with(|g| g.borrow().clone());
+                let after = published.ids();
+                // Rule 1.
+                if after.0 != NONE_ID {
+                    assert!(
+                        st.write_is_free(after.0),
+                        "{step:?}: write id {} false in {st:?}",
+                        after.0
+                    );
+                    published_seen += 1;
+                }
+                if after.1 != NONE_ID {
+                    assert!(
+                        st.read_is_free(after.1),
+                        "{step:?}: read id {} false in {st:?}",
+                        after.1
+                    );
+                }
+                for (before, now) in [(ids.0, after.0), (ids.1, after.1)] {
+                    if before != NONE_ID && now != before {
+                        // Rule 2.
+                        assert!(
+                            gates.contains(&before),
+                            "{step:?}: id {before} taken back without its gate"
+                        );
+                    }
+                    // Rule 3: a stream waited for publishes nothing any more (its id was
+                    // taken back before the wait).
+                    if waited.contains(&before) {
+                        assert_ne!(
+                            now, before,
+                            "{step:?}: waited for {before}, still published"
+                        );
+                    }
+                }
+                if let Step::Stream(on, Access::Write) = step {
+                    assert_eq!(
+                        after.0, on,
+                        "{step:?}: a write publishes its stream from {ids:?}"
+                    );
+                }
+                checked += 1;
+                next.push((st, after));
+            }
+        }
+        frontier = next;
+    }
+    assert!(
+        checked > 10_000 && published_seen > 1_000,
+        "{checked} steps, {published_seen} published"
     );
 }

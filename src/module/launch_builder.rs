@@ -75,6 +75,17 @@ impl<'a> Tracked<'a> {
         }
     }
 
+    /// Whether every buffer publishes stream `on` for a write (the fast path: see
+    /// [`crate::access`]). Call with `on`'s gate held.
+    #[inline(always)]
+    fn all_admit(&self, on: u64) -> bool {
+        self.inline[..self.n]
+            .iter()
+            .flatten()
+            .chain(self.spill.iter())
+            .all(|t| t.admits(on, Access::Write))
+    }
+
     /// The first `N` of [`uses`](Self::uses), padded with `None` (for `n <= N` buffers).
     #[inline(always)]
     fn uses_array<const N: usize>(&self) -> [Use<'a>; N] {
@@ -202,7 +213,8 @@ impl<'m> Function<'m> {
 
     /// The module's tracker of the streams its kernels run on (its unload waits for
     /// them), and how a launch uses it: a write when the module has global views (any of
-    /// its kernels may write a global without being passed it), else a read. Graph
+    /// its kernels may write a global without being passed it), else a read. Every
+    /// launch claims it with its buffers (or takes the fast path on all of them); graph
     /// launches record themselves there too.
     pub(crate) fn module_use(&self) -> (&'m AccessTracker, Access) {
         (
@@ -351,71 +363,55 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             return Err((**e).clone());
         }
         driver.check(self)?;
-        // Claim the buffers from before the enqueue until after it: the launch is ordered
-        // after their pending uses, and recorded as their latest.
         self.stream.ensure_stream_context()?;
-        if self.func.globals {
-            // SAFETY: forwarded: this function's contract.
-            return unsafe { self.enqueue_claiming_globals(driver) };
+        // The fast path ([`crate::access`]): when every buffer and the module publish this
+        // stream, nothing waits and nothing changes; hold the stream's gate across the
+        // enqueue and take no tracker lock.
+        let slot = self.stream.slot();
+        let id = slot.id();
+        let (module, module_access) = self.func.module_use();
+        let gate = slot.lock_gate();
+        if module.admits(id, module_access) && self.tracked.all_admit(id) {
+            // SAFETY: forwarded; every buffer is ordered on this stream, and the gate
+            // keeps it so until the enqueue returns (`crate::access::fast`).
+            let launched = unsafe { self.call_driver(driver) };
+            drop(gate);
+            return launched;
         }
-        let tracked = &self.tracked;
-        let n = tracked.n + tracked.spill.len();
-        // Initialised only when there is something to claim (the common empty or
-        // scalar-only launch pays nothing).
-        let mut inline_uses: [Use<'_>; INLINE_ARGS];
-        let mut inline_locks: access::Locks<'_, INLINE_ARGS>;
-        let mut few_uses: [Use<'_>; FEW_ARGS];
-        let mut few_locks: access::Locks<'_, FEW_ARGS>;
-        let _claim_few;
-        let _claim_inline;
-        let _claim_spilled;
-        if n == 0 {
-            // Nothing to claim (scalars only).
-        } else if n <= FEW_ARGS {
-            // The usual launch: smaller arrays to fill and to drop.
-            few_uses = tracked.uses_array::<FEW_ARGS>();
-            few_locks = access::locks::<FEW_ARGS>();
-            _claim_few =
-                access::claim(self.stream.slot(), &mut few_uses[..n], &mut few_locks[..n])?;
-        } else if n <= INLINE_ARGS {
-            inline_uses = tracked.uses_array::<INLINE_ARGS>();
-            inline_locks = access::locks::<INLINE_ARGS>();
-            _claim_inline = access::claim(
-                self.stream.slot(),
-                &mut inline_uses[..n],
-                &mut inline_locks[..n],
-            )?;
-        } else {
-            let mut uses: Vec<Use<'_>> = tracked.uses().collect();
-            let locks: Vec<Option<access::Held<'_>>> = uses.iter().map(|_| None).collect();
-            _claim_spilled = access::claim(self.stream.slot(), &mut uses, locks)?;
-        }
-        // The module's unload waits for this launch (the launch borrows the module, so the
-        // unload cannot race the enqueue).
-        self.func.uses.note_read(self.stream.slot());
-        // SAFETY: forwarded (the claim is held until this returns).
-        unsafe { self.call_driver(driver) }
+        drop(gate);
+        // SAFETY: forwarded: this function's contract; the stream context is checked.
+        unsafe { self.enqueue_claiming(driver) }
     }
 
-    /// [`enqueue`](Self::enqueue)'s claim for a module with global views (its kernels
-    /// may write them without being passed them): the module's tracker is claimed as a
-    /// write together with the buffers, in the one sorted claim (which records the
-    /// launch; no `note_read`). Kept out of the ordinary path.
+    /// [`enqueue`](Self::enqueue)'s slow path: claims the buffers and the module's
+    /// tracker (a read, or a write once the module has global views: its kernels may
+    /// write them without being passed them) from before the enqueue until after it, in
+    /// one sorted claim. The launch is ordered after their pending uses on other streams,
+    /// and recorded (and published, for the fast path) as their latest.
     ///
     /// # Safety
     ///
     /// As for `enqueue`; the stream context is checked.
-    #[cold]
     #[inline(never)]
-    unsafe fn enqueue_claiming_globals(&mut self, driver: impl DriverLaunch) -> Result<()> {
+    unsafe fn enqueue_claiming(&mut self, driver: impl DriverLaunch) -> Result<()> {
         let tracked = &self.tracked;
         let n = tracked.n + tracked.spill.len() + 1;
-        let module = Some((self.func.uses, Access::Write));
+        let module = Some(self.func.module_use());
+        let mut few_uses: [Use<'_>; FEW_ARGS];
+        let mut few_locks: access::Locks<'_, FEW_ARGS>;
         let mut inline_uses: [Use<'_>; INLINE_ARGS];
         let mut inline_locks: access::Locks<'_, INLINE_ARGS>;
+        let _claim_few;
         let _claim_inline;
         let _claim_spilled;
-        if n <= INLINE_ARGS {
+        if n <= FEW_ARGS {
+            // The usual launch: smaller arrays to fill and to drop.
+            few_uses = tracked.uses_array::<FEW_ARGS>();
+            few_uses[n - 1] = module;
+            few_locks = access::locks::<FEW_ARGS>();
+            _claim_few =
+                access::claim(self.stream.slot(), &mut few_uses[..n], &mut few_locks[..n])?;
+        } else if n <= INLINE_ARGS {
             inline_uses = tracked.uses_array::<INLINE_ARGS>();
             inline_uses[n - 1] = module;
             inline_locks = access::locks::<INLINE_ARGS>();

@@ -1,0 +1,192 @@
+//! The claim's fast path: a launch on the stream that already orders every buffer it
+//! passes takes no tracker lock.
+//!
+//! Every tracker *publishes* two stream ids, outside its lock ([`Published`]):
+//!
+//! * `write`: a write on this stream needs no wait and records nothing (the stream is
+//!   the buffer's one pending writer and there are no readers);
+//! * `read`: a read on this stream needs no wait and records nothing (every pending
+//!   write is on it, and it is recorded).
+//!
+//! An operation on stream `X` whose every buffer publishes `X` for its access takes the
+//! fast path: it locks `X`'s **gate** (one mutex per stream), checks the published ids,
+//! enqueues itself and unlocks. No tracker is locked, sorted or written.
+//!
+//! What keeps it sound, for a published id `X`:
+//!
+//! 1. **Published only when true.** An id is stored under the tracker's lock (or with
+//!    the tracker held `&mut`), after the use that makes it true was enqueued.
+//! 2. **Taken back only under `X`'s gate** (or with the tracker held `&mut`, when no
+//!    fast path can be using it): [`Published::close_others`] stores "none" while holding
+//!    the gate, so every fast path that read `X` before has finished its enqueue, and
+//!    every one after sees "none" and takes the slow path (the tracker's lock).
+//! 3. **Taken back before it stops being true.** Every slow path that records an event
+//!    on `X` (to make another stream wait for it), synchronises `X` on the host, or
+//!    changes the tracker's lists in a way that could make `X`'s id false (another
+//!    stream's write, pruning idle readers, forgetting uses) first takes back every
+//!    published id of another stream than its own. The event or synchronisation then
+//!    covers every fast-path operation that was admitted.
+//!
+//! Lock order: a tracker's lock, then a gate. A fast path holds only its gate and takes
+//! nothing else, so there is no cycle.
+
+use super::{Access, AccessState, Grave, TrackedStream};
+use crate::error::Result;
+use crate::sync::AtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+/// No stream: nothing is published (stream ids are never `u64::MAX`: gpubind's count up
+/// from 1, the legacy streams' are `LEGACY_ID | ordinal`).
+pub(crate) const NONE: u64 = u64::MAX;
+
+/// A tracker's published stream ids; see the [module docs](self).
+pub(crate) struct Published {
+    write: AtomicU64,
+    read: AtomicU64,
+}
+
+impl Default for Published {
+    fn default() -> Self {
+        Published {
+            write: AtomicU64::new(NONE),
+            read: AtomicU64::new(NONE),
+        }
+    }
+}
+
+impl Published {
+    /// Whether a use of kind `access` on stream `on` may take the fast path. Call it
+    /// with `on`'s gate held, and enqueue before unlocking the gate.
+    #[inline(always)]
+    pub(crate) fn admits(&self, on: u64, access: Access) -> bool {
+        let slot = match access {
+            Access::Write => &self.write,
+            Access::Read => &self.read,
+        };
+        // Acquire: pairs with `publish`'s Release, after the use that made it true was
+        // enqueued.
+        slot.load(Acquire) == on
+    }
+
+    /// Takes back every published id other than `keep`, each under its stream's gate
+    /// (rule 2). Runs under the tracker's lock, before the caller records an event on,
+    /// synchronises, or changes the lists (rule 3). Ids equal to `keep` stay: an
+    /// operation on `keep` never makes them false (it is ordered after what they admit,
+    /// by stream order).
+    pub(crate) fn close_others<S: TrackedStream>(&self, st: &AccessState<S>, keep: u64) {
+        let (w, r) = (self.write.load(Relaxed), self.read.load(Relaxed));
+        for id in [w, r] {
+            if id == NONE || id == keep {
+                continue;
+            }
+            match st.find(id) {
+                Some(s) => s.under_gate(|| self.close_id(id)),
+                // Unreachable while rule 3 holds (a published stream stays in the
+                // lists until its id is taken back); closing anyway is the safe choice.
+                None => {
+                    debug_assert!(false, "published stream {id} is not recorded");
+                    self.close_id(id);
+                }
+            }
+        }
+    }
+
+    /// Stores "none" in each slot that holds `id`.
+    fn close_id(&self, id: u64) {
+        for slot in [&self.write, &self.read] {
+            if slot.load(Relaxed) == id {
+                slot.store(NONE, Relaxed);
+            }
+        }
+    }
+
+    /// Publishes `on` in each slot where it is now true and nothing else is published
+    /// (rule 1; replacing another stream's id would need that stream's gate). Runs
+    /// under the tracker's lock, after the use on `on` was enqueued and committed.
+    pub(crate) fn publish<S: TrackedStream>(&self, st: &AccessState<S>, on: u64) {
+        if st.write_is_free(on) && self.write.load(Relaxed) == NONE {
+            self.write.store(on, Release);
+        }
+        if st.read_is_free(on) && self.read.load(Relaxed) == NONE {
+            self.read.store(on, Release);
+        }
+    }
+
+    /// With the tracker held `&mut` (no fast path can be using it): takes back every id
+    /// and publishes what is true for `on` (`None`: nothing).
+    pub(crate) fn reset_mut<S: TrackedStream>(&mut self, st: &AccessState<S>, on: Option<u64>) {
+        let w = on.filter(|&on| st.write_is_free(on)).unwrap_or(NONE);
+        let r = on.filter(|&on| st.read_is_free(on)).unwrap_or(NONE);
+        // Plain stores (Relaxed): `&mut` already excludes every reader.
+        self.write.store(w, Relaxed);
+        self.read.store(r, Relaxed);
+    }
+
+    /// A tracker's published ids `(write, read)` as given, for tests.
+    #[cfg(test)]
+    pub(crate) fn with_ids((write, read): (u64, u64)) -> Self {
+        Published {
+            write: AtomicU64::new(write),
+            read: AtomicU64::new(read),
+        }
+    }
+
+    /// The published ids `(write, read)`, for tests.
+    #[cfg(test)]
+    pub(crate) fn ids(&self) -> (u64, u64) {
+        (self.write.load(Relaxed), self.read.load(Relaxed))
+    }
+}
+
+/// A slow-path claim's step on one locked tracker before its operation is enqueued on
+/// `on`: unless the use is already ordered there, takes back what other streams publish
+/// (rule 3) and calls `wait(from)` for every conflicting stream.
+#[inline]
+pub(crate) fn order_before_enqueue<S: TrackedStream>(
+    st: &AccessState<S>,
+    published: &Published,
+    on: u64,
+    access: Access,
+    wait: impl FnMut(&S) -> Result<()>,
+) -> Result<()> {
+    if st.is_ordered_on(on, access) {
+        return Ok(());
+    }
+    // Before the events: they must cover every fast-path use admitted so far.
+    published.close_others(st, on);
+    st.wait_conflicts(on, access, wait)
+}
+
+/// A slow-path claim's step on one locked tracker after its operation was enqueued on
+/// `on`: records the use (taking back first what other streams publish: a write
+/// replaces their uses, a read may prune idle readers) and publishes `on` where that is
+/// now true. `grave` is made only if the commit replaces something.
+#[inline]
+pub(crate) fn record_after_enqueue<S: TrackedStream>(
+    st: &mut AccessState<S>,
+    published: &Published,
+    on: u64,
+    access: Access,
+    make: impl Fn(u64) -> S,
+    grave: &mut Option<Grave<S>>,
+) {
+    if !st.commit_is_noop(on, access) {
+        published.close_others(st, on);
+        st.commit(&[(on, access)], make, grave.get_or_insert_with(Grave::new));
+    }
+    published.publish(st, on);
+}
+
+/// A host access's step on one locked tracker: takes back everything published (every
+/// admitted fast-path use is then enqueued before the synchronisation), then waits on
+/// the host for the conflicting streams and forgets them ([`AccessState::host_wait`]).
+pub(crate) fn host_wait_published<S: TrackedStream>(
+    st: &mut AccessState<S>,
+    published: &Published,
+    access: Access,
+    synchronize: impl FnMut(&S) -> Result<()>,
+    grave: &mut Grave<S>,
+) -> Result<()> {
+    published.close_others(st, NONE);
+    st.host_wait(access, synchronize, grave)
+}
