@@ -1,7 +1,8 @@
 //! GPU tests of the launch's fast path (`docs/safety.md`, "The fast path"): a launch on
 //! the stream that already orders every buffer it passes takes no tracker lock, and the
 //! ordering promises still hold — for the host, for other streams, for a buffer handed
-//! back, for a module's unload, and with other threads at work on the same buffer.
+//! back, for a module's unload (also of a module published on two streams), and with
+//! other threads at work on the same buffer or module.
 //! Without a driver: one SKIPPED line.
 
 #[macro_use]
@@ -181,6 +182,89 @@ fn module_unload_waits_for_fast_path_launch() -> R {
     all_eq(&gpu.dtoh(&x).ctx("dtoh")?, 2, "the kernel's increment")
 }
 
+/// One module launched on two streams (its tracker publishes both for reads, so both
+/// take the fast path), then dropped while stream B's two slow kernels (~40 ms) still
+/// run after stream A's quick one finished: the unload waits for B's, the second
+/// published stream, and both results land.
+fn module_on_two_streams_unload_waits_for_both() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let (sa, sb) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let (a, b) = (gpu.on(&sa).ctx("on a")?, gpu.on(&sb).ctx("on b")?);
+    let xa = gpu.alloc_zeros::<u32>(N as usize).ctx("alloc")?;
+    let xb = gpu.alloc_zeros::<u32>(N as usize).ctx("alloc")?;
+    let m = kernels(&gpu)?;
+    let (quick, slow) = (
+        m.function("inc").ctx("function")?,
+        m.function("slow_inc").ctx("function")?,
+    );
+    // Record (and publish) both streams in the module, and each buffer on its stream.
+    inc(&a, &quick, &xa, false)?;
+    inc(&b, &quick, &xb, false)?;
+    gpu.synchronize().ctx("sync")?;
+    inc(&b, &slow, &xb, true)?; // fast path on B
+    inc(&b, &slow, &xb, true)?;
+    inc(&a, &quick, &xa, false)?; // fast path on A
+    a.synchronize().ctx("sync A")?;
+    let t = Instant::now();
+    drop((quick, slow));
+    drop(m);
+    let unload = t.elapsed();
+    ensure!(
+        unload >= Duration::from_millis(25),
+        "the module was unloaded after {unload:?}, while stream B's ~40 ms of kernels ran"
+    );
+    all_eq(&gpu.dtoh(&xa).ctx("dtoh a")?, 2, "stream A's increments")?;
+    all_eq(&gpu.dtoh(&xb).ctx("dtoh b")?, 3, "stream B's increments")
+}
+
+/// Two threads launch one module on their own streams and buffers 10 000 times each,
+/// both on the fast path (the module publishes both streams for reads) and at once:
+/// every increment lands.
+fn one_module_on_two_threads_streams_launches_exactly() -> R {
+    const K: u32 = 10_000;
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let m = kernels(&gpu)?;
+    let xs = [
+        gpu.alloc_zeros::<u32>(N as usize).ctx("alloc")?,
+        gpu.alloc_zeros::<u32>(N as usize).ctx("alloc")?,
+    ];
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = xs
+            .iter()
+            .map(|x| {
+                let (dev, m) = (&dev, &m);
+                scope.spawn(move || -> R {
+                    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+                    let gpu = ctx.bind(dev).ctx("bind")?;
+                    let f = m.function("inc").ctx("function")?;
+                    let stream = gpu.new_stream().ctx("stream")?;
+                    let s = gpu.on(&stream).ctx("on")?;
+                    (0..K).try_for_each(|_| inc(&s, &f, x, false))
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .try_for_each(|t| t.join().unwrap_or_else(|_| Err("launcher panicked".into())))
+    })?;
+    drop(m);
+    for (i, x) in xs.iter().enumerate() {
+        all_eq(
+            &gpu.dtoh(x).ctx("dtoh")?,
+            K,
+            &format!("thread {i}'s buffer"),
+        )?;
+    }
+    Ok(())
+}
+
 /// One thread increments a 16 MiB buffer on its stream 10 000 times (the fast path),
 /// while another reads it with synchronous `dtoh`s: every read sees a whole number of
 /// kernels (a host read takes the published id back under the stream's gate before it
@@ -291,6 +375,14 @@ fn main() {
             (
                 "module_unload_waits_for_fast_path_launch",
                 module_unload_waits_for_fast_path_launch,
+            ),
+            (
+                "module_on_two_streams_unload_waits_for_both",
+                module_on_two_streams_unload_waits_for_both,
+            ),
+            (
+                "one_module_on_two_threads_streams_launches_exactly",
+                one_module_on_two_threads_streams_launches_exactly,
             ),
             (
                 "host_reads_during_fast_path_launches_see_whole_kernels",

@@ -1,12 +1,12 @@
 //! The claim's fast path: a launch on the stream that already orders every buffer it
 //! passes takes no tracker lock.
 //!
-//! Every tracker *publishes* two stream ids, outside its lock ([`Published`]):
+//! Every tracker *publishes* stream ids, outside its lock ([`Published`]):
 //!
-//! * `write`: a write on this stream needs no wait and records nothing (the stream is
-//!   the buffer's one pending writer and there are no readers);
-//! * `read`: a read on this stream needs no wait and records nothing (every pending
-//!   write is on it, and it is recorded).
+//! * one `write` id: a write on this stream needs no wait and records nothing (the
+//!   stream is the buffer's one pending writer and there are no readers);
+//! * up to [`READ_SLOTS`] `read` ids: a read on one of these streams needs no wait and
+//!   records nothing (every pending write is on it, and it is recorded).
 //!
 //! An operation on stream `X` whose every buffer publishes `X` for its access takes the
 //! fast path: it locks `X`'s **gate** (one mutex per stream), checks the published ids,
@@ -23,12 +23,29 @@
 //! 3. **Taken back before it stops being true.** Every slow path that records an event
 //!    on `X` (to make another stream wait for it), synchronises `X` on the host, or
 //!    changes the tracker's lists in a way that could make `X`'s id false (another
-//!    stream's write, pruning idle readers, forgetting uses) first takes back every
-//!    published id of another stream than its own. The event or synchronisation then
-//!    covers every fast-path operation that was admitted.
+//!    stream's write, pruning idle readers, forgetting uses) first takes back the
+//!    published ids of other streams than its own that it could make false: all of
+//!    them, except that a new reader that prunes nothing takes back only the write id
+//!    (the other readers' read ids stay true). The event or synchronisation then covers
+//!    every fast-path operation that was admitted.
 //!
 //! Lock order: a tracker's lock, then a gate. A fast path holds only its gate and takes
 //! nothing else, so there is no cycle.
+//!
+//! # Limits
+//!
+//! * One stream at a time is published for writes, and [`READ_SLOTS`] for reads; a use
+//!   on any other stream takes the slow path, which is what every use cost before the
+//!   fast path existed. A launch passes its buffers as writes, so a buffer shared by
+//!   two streams' launches is on the slow path on at least one of them.
+//! * A fast-path launch that blocks inside the driver (a full launch queue) holds `X`'s
+//!   gate until the driver returns. A slow path taking back `X`'s id on any tracker
+//!   waits for it meanwhile, holding that tracker's lock, and so do the threads
+//!   waiting for that lock. The driver returns as `X`'s queued work drains, which
+//!   needs no gpubind lock, so this delays and never deadlocks — unless `X`'s queued
+//!   work itself waits for one of those threads (a collective whose peer is on the
+//!   stalled thread), the same coupling a slow-path launch blocked in the driver has
+//!   with its trackers' locks.
 
 use super::{Access, AccessState, Grave, TrackedStream};
 use crate::error::Result;
@@ -39,19 +56,37 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 /// from 1, the legacy streams' are `LEGACY_ID | ordinal`).
 pub(crate) const NONE: u64 = u64::MAX;
 
+/// How many streams a tracker can publish for reads at once: a module launched on a
+/// compute stream and a second stream (a copy or communication stream, a second
+/// compute stream) takes the fast path on both. A third reading stream takes the slow
+/// path (the tracker's lock: correct, only slower) until a write or a host access
+/// empties the slots.
+pub(crate) const READ_SLOTS: usize = 2;
+
 /// A tracker's published stream ids; see the [module docs](self).
 pub(crate) struct Published {
     write: AtomicU64,
-    read: AtomicU64,
+    /// Distinct ids (or [`NONE`]), each true for reads.
+    read: [AtomicU64; READ_SLOTS],
 }
 
 impl Default for Published {
     fn default() -> Self {
         Published {
             write: AtomicU64::new(NONE),
-            read: AtomicU64::new(NONE),
+            read: std::array::from_fn(|_| AtomicU64::new(NONE)),
         }
     }
+}
+
+/// Which published ids a take-back covers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Slots {
+    /// The write id and every read id.
+    All,
+    /// The write id only (a read being recorded makes no other stream's read id false
+    /// unless it prunes readers).
+    Write,
 }
 
 impl Published {
@@ -59,13 +94,12 @@ impl Published {
     /// with `on`'s gate held, and enqueue before unlocking the gate.
     #[inline(always)]
     pub(crate) fn admits(&self, on: u64, access: Access) -> bool {
-        let slot = match access {
-            Access::Write => &self.write,
-            Access::Read => &self.read,
-        };
         // Acquire: pairs with `publish`'s Release, after the use that made it true was
         // enqueued.
-        slot.load(Acquire) == on
+        match access {
+            Access::Write => self.write.load(Acquire) == on,
+            Access::Read => self.read.iter().any(|slot| slot.load(Acquire) == on),
+        }
     }
 
     /// Takes back every published id other than `keep`, each under its stream's gate
@@ -74,41 +108,62 @@ impl Published {
     /// operation on `keep` never makes them false (it is ordered after what they admit,
     /// by stream order).
     pub(crate) fn close_others<S: TrackedStream>(&self, st: &AccessState<S>, keep: u64) {
-        let (w, r) = (self.write.load(Relaxed), self.read.load(Relaxed));
-        for id in [w, r] {
-            if id == NONE || id == keep {
+        self.close(st, keep, Slots::All);
+    }
+
+    /// [`close_others`](Self::close_others) for the slots `which`: each distinct id is
+    /// taken back under its gate once (a stream published for writes is usually
+    /// published for reads too).
+    fn close<S: TrackedStream>(&self, st: &AccessState<S>, keep: u64, which: Slots) {
+        let mut ids = [NONE; 1 + READ_SLOTS];
+        ids[0] = self.write.load(Relaxed);
+        if which == Slots::All {
+            for (id, slot) in ids[1..].iter_mut().zip(&self.read) {
+                *id = slot.load(Relaxed);
+            }
+        }
+        for (i, &id) in ids.iter().enumerate() {
+            if id == NONE || id == keep || ids[..i].contains(&id) {
                 continue;
             }
             match st.find(id) {
-                Some(s) => s.under_gate(|| self.close_id(id)),
+                Some(s) => s.under_gate(|| self.close_id(id, which)),
                 // Unreachable while rule 3 holds (a published stream stays in the
                 // lists until its id is taken back); closing anyway is the safe choice.
                 None => {
                     debug_assert!(false, "published stream {id} is not recorded");
-                    self.close_id(id);
+                    self.close_id(id, which);
                 }
             }
         }
     }
 
-    /// Stores "none" in each slot that holds `id`.
-    fn close_id(&self, id: u64) {
-        for slot in [&self.write, &self.read] {
+    /// Stores "none" in each slot of `which` that holds `id`.
+    fn close_id(&self, id: u64, which: Slots) {
+        let reads: &[AtomicU64] = match which {
+            Slots::All => &self.read,
+            Slots::Write => &[],
+        };
+        for slot in std::iter::once(&self.write).chain(reads) {
             if slot.load(Relaxed) == id {
                 slot.store(NONE, Relaxed);
             }
         }
     }
 
-    /// Publishes `on` in each slot where it is now true and nothing else is published
-    /// (rule 1; replacing another stream's id would need that stream's gate). Runs
-    /// under the tracker's lock, after the use on `on` was enqueued and committed.
+    /// Publishes `on` where it is now true: as the write id if that slot is empty, and
+    /// as a read id in an empty read slot unless it is one already (rule 1; replacing
+    /// another stream's id would need that stream's gate). Runs under the tracker's
+    /// lock, after the use on `on` was enqueued and committed.
     pub(crate) fn publish<S: TrackedStream>(&self, st: &AccessState<S>, on: u64) {
         if st.write_is_free(on) && self.write.load(Relaxed) == NONE {
             self.write.store(on, Release);
         }
-        if st.read_is_free(on) && self.read.load(Relaxed) == NONE {
-            self.read.store(on, Release);
+        if st.read_is_free(on)
+            && !self.read.iter().any(|slot| slot.load(Relaxed) == on)
+            && let Some(empty) = self.read.iter().find(|slot| slot.load(Relaxed) == NONE)
+        {
+            empty.store(on, Release);
         }
     }
 
@@ -119,22 +174,27 @@ impl Published {
         let r = on.filter(|&on| st.read_is_free(on)).unwrap_or(NONE);
         // Plain stores (Relaxed): `&mut` already excludes every reader.
         self.write.store(w, Relaxed);
-        self.read.store(r, Relaxed);
-    }
-
-    /// A tracker's published ids `(write, read)` as given, for tests.
-    #[cfg(test)]
-    pub(crate) fn with_ids((write, read): (u64, u64)) -> Self {
-        Published {
-            write: AtomicU64::new(write),
-            read: AtomicU64::new(read),
+        for (i, slot) in self.read.iter().enumerate() {
+            slot.store(if i == 0 { r } else { NONE }, Relaxed);
         }
     }
 
-    /// The published ids `(write, read)`, for tests.
+    /// A tracker's published ids `(write, reads)` as given, for tests.
     #[cfg(test)]
-    pub(crate) fn ids(&self) -> (u64, u64) {
-        (self.write.load(Relaxed), self.read.load(Relaxed))
+    pub(crate) fn with_ids((write, read): (u64, [u64; READ_SLOTS])) -> Self {
+        Published {
+            write: AtomicU64::new(write),
+            read: read.map(AtomicU64::new),
+        }
+    }
+
+    /// The published ids `(write, reads)`, for tests.
+    #[cfg(test)]
+    pub(crate) fn ids(&self) -> (u64, [u64; READ_SLOTS]) {
+        (
+            self.write.load(Relaxed),
+            std::array::from_fn(|i| self.read[i].load(Relaxed)),
+        )
     }
 }
 
@@ -158,9 +218,9 @@ pub(crate) fn order_before_enqueue<S: TrackedStream>(
 }
 
 /// A slow-path claim's step on one locked tracker after its operation was enqueued on
-/// `on`: records the use (taking back first what other streams publish: a write
-/// replaces their uses, a read may prune idle readers) and publishes `on` where that is
-/// now true. `grave` is made only if the commit replaces something.
+/// `on`: records the use (taking back first what other streams publish and the commit
+/// makes false) and publishes `on` where that is now true. `grave` is made only if the
+/// commit replaces something.
 #[inline]
 pub(crate) fn record_after_enqueue<S: TrackedStream>(
     st: &mut AccessState<S>,
@@ -171,7 +231,14 @@ pub(crate) fn record_after_enqueue<S: TrackedStream>(
     grave: &mut Option<Grave<S>>,
 ) {
     if !st.commit_is_noop(on, access) {
-        published.close_others(st, on);
+        // A write replaces every use; a read adds a reader (no other stream's write id
+        // stays true) and may prune idle readers (then no other read id is sure to).
+        let which = if access == Access::Read && !st.read_may_prune() {
+            Slots::Write
+        } else {
+            Slots::All
+        };
+        published.close(st, on, which);
         st.commit(&[(on, access)], make, grave.get_or_insert_with(Grave::new));
     }
     published.publish(st, on);

@@ -1,19 +1,35 @@
 //! Loom models of the claim protocol (declared in `mod.rs`, `cfg(all(test, loom))`).
 
 use super::*;
+use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use loom::thread;
 
 /// A mock stream. `enqueued` is set once the operation claimed on it is enqueued;
 /// `ops` counts the operations enqueued on it (an event recorded on it captures the
-/// count); `gate` is its fast-path gate.
+/// count); `gate` is its fast-path gate; `queue` is its queue as plain memory, so that
+/// two enqueues on it that no lock or Acquire load orders are a race loom reports.
 #[derive(Clone)]
 struct M {
     id: u64,
     enqueued: Arc<AtomicBool>,
     ops: Arc<AtomicUsize>,
     gate: Arc<sync::Mutex<()>>,
+    queue: Arc<UnsafeCell<Vec<&'static str>>>,
+}
+
+impl M {
+    /// Appends `op` to the stream's queue, returning the queue as it is then.
+    fn enqueue_plain(&self, op: &'static str) -> Vec<&'static str> {
+        self.queue.with_mut(|q| {
+            // SAFETY: `q` points into the live cell; loom checks that no other access to
+            // the cell is concurrent with this one (the model fails if one is).
+            let q = unsafe { &mut *q };
+            q.push(op);
+            q.clone()
+        })
+    }
 }
 impl TrackedStream for M {
     fn id(&self) -> u64 {
@@ -33,6 +49,7 @@ fn stream(id: u64) -> M {
         enqueued: Arc::new(AtomicBool::new(false)),
         ops: Arc::new(AtomicUsize::new(0)),
         gate: Arc::new(sync::Mutex::new(())),
+        queue: Arc::new(UnsafeCell::new(Vec::new())),
     }
 }
 
@@ -297,5 +314,69 @@ fn fast_path_launch_is_covered_by_a_host_wait() {
                  stream 1 (which had {synced} ops)"
             );
         }
+    });
+}
+
+/// A slow-path write on stream 1 (a `memset_zeros_async`: the claim's lock, no gate)
+/// that publishes stream 1, racing a launch on stream 1 that may take the fast path on
+/// what it publishes. The queue is plain memory: the launch's enqueue is ordered after
+/// the memset's either by the tracker's lock (slow path) or by `publish`'s Release and
+/// `admits`' Acquire (fast path). With Relaxed there, loom reports the race.
+#[test]
+fn fast_path_launch_sees_the_publishing_enqueue() {
+    loom::model(|| {
+        let s1 = stream(1);
+        let t = Arc::new(T {
+            state: sync::Mutex::new(AccessState::<M>::default()),
+            published: Published::default(),
+        });
+        let launcher = {
+            let (t, s1) = (t.clone(), s1.clone());
+            thread::spawn(move || {
+                {
+                    let _gate = sync::lock(&s1.gate);
+                    if t.published.admits(1, Access::Write) {
+                        return (true, s1.enqueue_plain("launch"));
+                    }
+                }
+                let mut st = sync::lock(&t.state);
+                fast::order_before_enqueue(&st, &t.published, 1, Access::Write, |_| Ok(()))
+                    .unwrap();
+                let queue = s1.enqueue_plain("launch");
+                let s1b = s1.clone();
+                fast::record_after_enqueue(
+                    &mut st,
+                    &t.published,
+                    1,
+                    Access::Write,
+                    move |_| s1b.clone(),
+                    &mut None,
+                );
+                (false, queue)
+            })
+        };
+        {
+            let mut st = sync::lock(&t.state);
+            fast::order_before_enqueue(&st, &t.published, 1, Access::Write, |_| Ok(())).unwrap();
+            s1.enqueue_plain("memset");
+            let s1b = s1.clone();
+            fast::record_after_enqueue(
+                &mut st,
+                &t.published,
+                1,
+                Access::Write,
+                move |_| s1b.clone(),
+                &mut None,
+            );
+        }
+        let (fast_path, queue) = launcher.join().unwrap();
+        if fast_path {
+            assert_eq!(
+                queue,
+                ["memset", "launch"],
+                "the fast path ran before the publish"
+            );
+        }
+        assert_eq!(s1.enqueue_plain("end").len(), 3);
     });
 }

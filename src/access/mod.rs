@@ -23,7 +23,7 @@
 //!   concurrent readers stay concurrent;
 //! * a **launch** on the stream that already orders every buffer it passes (and its
 //!   module) locks no tracker at all: it holds the stream's gate across its enqueue and
-//!   reads one id each tracker publishes ([`fast`], the rules that keep it sound);
+//!   reads the ids each tracker publishes ([`fast`], the rules that keep it sound);
 //! * **host** access and the synchronous calls claim the buffer too: they wait on the host
 //!   (`cuStreamSynchronize`) for the conflicting streams, forget those uses, and hold the
 //!   lock until their own copy has finished;

@@ -116,6 +116,13 @@ impl<S: TrackedStream> AccessState<S> {
         self.is_ordered_on(on, Access::Read) && self.commit_is_noop(on, Access::Read)
     }
 
+    /// Whether recording a read of a stream not yet recorded may drop idle readers
+    /// (which [`commit`](Self::commit) does when the reader list is long).
+    #[inline]
+    pub(crate) fn read_may_prune(&self) -> bool {
+        self.readers.len() >= PRUNE_READERS_AT
+    }
+
     /// The recorded stream of id `id`, if any.
     pub(crate) fn find(&self, id: u64) -> Option<&S> {
         self.writers
@@ -235,7 +242,7 @@ impl<S: TrackedStream> AccessState<S> {
             if ordered {
                 continue;
             }
-            if self.readers.len() >= PRUNE_READERS_AT {
+            if self.read_may_prune() {
                 let (idle, busy): (Vec<S>, Vec<S>) = std::mem::take(&mut self.readers)
                     .into_iter()
                     .partition(S::is_idle);

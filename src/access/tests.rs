@@ -1,6 +1,6 @@
 //! Unit tests of the access state machine and the claims.
 
-use super::fast::{self, NONE as NONE_ID};
+use super::fast::{self, NONE as NONE_ID, READ_SLOTS};
 use super::state::PRUNE_READERS_AT;
 use super::*;
 use crate::error::Error;
@@ -12,7 +12,8 @@ impl TrackedStream for S {
         self.0
     }
     fn is_idle(&self) -> bool {
-        self.0 >= 100
+        // The 100s, and stream 3 (a published reader that pruning may drop).
+        self.0 >= 100 || self.0 == 3
     }
     fn under_gate(&self, f: impl FnOnce()) {
         // One thread: nothing to exclude; the gates taken are logged for the checks of
@@ -298,30 +299,28 @@ enum Step {
 
 /// Runs `step` on `st` through the production steps (`order_before_enqueue`,
 /// `record_after_enqueue`, `host_wait_published`), returning the streams it waited for.
+/// Checks rule 3's order as it goes: a stream is waited for (an event recorded on it, or
+/// a host synchronisation) only once nothing publishes it any more.
 fn run_step(st: &mut AccessState<S>, published: &Published, step: Step) -> Vec<u64> {
     let mut waited = Vec::new();
+    let mut wait = |s: &S| {
+        let (w, r) = published.ids();
+        assert!(
+            w != s.0 && !r.contains(&s.0),
+            "{step:?}: waited for {} while it is published ({w}, {r:?})",
+            s.0
+        );
+        waited.push(s.0);
+        Ok(())
+    };
     match step {
         Step::Stream(on, access) => {
-            fast::order_before_enqueue(st, published, on, access, |s| {
-                waited.push(s.0);
-                Ok(())
-            })
-            .unwrap();
+            fast::order_before_enqueue(st, published, on, access, &mut wait).unwrap();
             let mut grave = None;
             fast::record_after_enqueue(st, published, on, access, S, &mut grave);
         }
         Step::Host(access) => {
-            fast::host_wait_published(
-                st,
-                published,
-                access,
-                |s| {
-                    waited.push(s.0);
-                    Ok(())
-                },
-                &mut Grave::new(),
-            )
-            .unwrap();
+            fast::host_wait_published(st, published, access, &mut wait, &mut Grave::new()).unwrap();
         }
     }
     waited
@@ -332,10 +331,11 @@ fn run_step(st: &mut AccessState<S>, published: &Published, step: Step) -> Vec<u
 /// pruning drops:
 /// 1. a published id is true: a write (read) on it needs no wait and records nothing;
 /// 2. a published id is taken back only under its stream's gate;
-/// 3. it is taken back before any event is recorded on (or host wait for) its stream.
+/// 3. it is taken back before any event is recorded on (or host wait for) its stream
+///    (checked in `run_step`, at the wait).
 ///
 /// And a stream reusing a buffer on its own gets its id published, so its next launch
-/// takes the fast path.
+/// takes the fast path; so do the first `READ_SLOTS` streams reading one buffer.
 #[test]
 fn published_ids_stay_true_and_are_taken_back_under_their_gate() {
     let mut steps: Vec<Step> = [1, 2, 3]
@@ -348,18 +348,19 @@ fn published_ids_stay_true_and_are_taken_back_under_their_gate() {
         })
         .collect();
     steps.extend([Step::Host(Access::Read), Step::Host(Access::Write)]);
-    // Idle readers (ids >= 100) to make pruning run.
+    // Idle readers (ids >= 100) to make pruning run: at once, or after one more reader
+    // (which pruning then drops with them if it is stream 3).
     let idle: Vec<S> = (100..100 + PRUNE_READERS_AT as u64).map(S).collect();
     let starts = [
         AccessState::<S>::default(),
         AccessState::with_uses(vec![], idle.clone()),
+        AccessState::with_uses(vec![], idle[1..].to_vec()),
         AccessState::with_uses(vec![S(1)], vec![]),
     ];
-    let mut frontier: Vec<(AccessState<S>, (u64, u64))> = starts
-        .into_iter()
-        .map(|st| (st, (NONE_ID, NONE_ID)))
-        .collect();
-    let (mut checked, mut published_seen) = (0, 0);
+    let nothing = (NONE_ID, [NONE_ID; READ_SLOTS]);
+    let mut frontier: Vec<(AccessState<S>, _)> =
+        starts.into_iter().map(|st| (st, nothing)).collect();
+    let (mut checked, mut published_seen, mut readers_seen) = (0, 0, 0);
     for _ in 0..5 {
         let mut next = Vec::new();
         for (st, ids) in &frontier {
@@ -379,35 +380,44 @@ fn published_ids_stay_true_and_are_taken_back_under_their_gate() {
                     );
                     published_seen += 1;
                 }
-                if after.1 != NONE_ID {
-                    assert!(
-                        st.read_is_free(after.1),
-                        "{step:?}: read id {} false in {st:?}",
-                        after.1
-                    );
+                let reads: Vec<u64> = after.1.into_iter().filter(|&r| r != NONE_ID).collect();
+                for &r in &reads {
+                    assert!(st.read_is_free(r), "{step:?}: read id {r} false in {st:?}");
                 }
-                for (before, now) in [(ids.0, after.0), (ids.1, after.1)] {
-                    if before != NONE_ID && now != before {
-                        // Rule 2.
+                let mut distinct = reads.clone();
+                distinct.dedup();
+                assert_eq!(distinct.len(), reads.len(), "{step:?}: {after:?}");
+                if reads.len() > 1 {
+                    readers_seen += 1;
+                }
+                let pairs = std::iter::once((ids.0, after.0)).chain(ids.1.into_iter().zip(after.1));
+                for (before, now) in pairs {
+                    // Rule 2: an id that is no longer published anywhere was taken back
+                    // under its gate.
+                    let kept = after.0 == before || after.1.contains(&before);
+                    if before != NONE_ID && now != before && !kept {
                         assert!(
                             gates.contains(&before),
                             "{step:?}: id {before} taken back without its gate"
                         );
                     }
-                    // Rule 3: a stream waited for publishes nothing any more (its id was
-                    // taken back before the wait).
+                    // Rule 3, end state: a stream waited for publishes nothing any more.
                     if waited.contains(&before) {
-                        assert_ne!(
-                            now, before,
-                            "{step:?}: waited for {before}, still published"
-                        );
+                        assert!(!kept, "{step:?}: waited for {before}, still published");
                     }
                 }
-                if let Step::Stream(on, Access::Write) = step {
-                    assert_eq!(
+                match step {
+                    Step::Stream(on, Access::Write) => assert_eq!(
                         after.0, on,
                         "{step:?}: a write publishes its stream from {ids:?}"
-                    );
+                    ),
+                    // A reader whose read is free is published, unless the slots are
+                    // full of other readers that stay published.
+                    Step::Stream(on, Access::Read) if st.read_is_free(on) => assert!(
+                        reads.contains(&on) || reads.len() == READ_SLOTS,
+                        "{step:?}: a free read is published from {ids:?}: {after:?}"
+                    ),
+                    _ => {}
                 }
                 checked += 1;
                 next.push((st, after));
@@ -416,7 +426,7 @@ fn published_ids_stay_true_and_are_taken_back_under_their_gate() {
         frontier = next;
     }
     assert!(
-        checked > 10_000 && published_seen > 1_000,
-        "{checked} steps, {published_seen} published"
+        checked > 10_000 && published_seen > 1_000 && readers_seen > 1_000,
+        "{checked} steps, {published_seen} published, {readers_seen} with several readers"
     );
 }
