@@ -185,7 +185,8 @@ fn module_unload_waits_for_fast_path_launch() -> R {
 /// One module launched on two streams (its tracker publishes both for reads, so both
 /// take the fast path), then dropped while stream B's two slow kernels (~40 ms) still
 /// run after stream A's quick one finished: the unload waits for B's, the second
-/// published stream, and both results land.
+/// published stream, and both results land. (B is recorded whichever path its
+/// launches take; this guards the unload's wait, not the choice of path.)
 fn module_on_two_streams_unload_waits_for_both() -> R {
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
@@ -224,7 +225,9 @@ fn module_on_two_streams_unload_waits_for_both() -> R {
 
 /// Two threads launch one module on their own streams and buffers 10 000 times each,
 /// both on the fast path (the module publishes both streams for reads) and at once:
-/// every increment lands.
+/// every increment lands. A smoke test of two gates in use at once on one tracker: the
+/// launches share no buffer, so no ordering is at stake; it fails on an error, a hang
+/// or a lost launch.
 fn one_module_on_two_threads_streams_launches_exactly() -> R {
     const K: u32 = 10_000;
     let dev = dev0()?;
@@ -262,6 +265,67 @@ fn one_module_on_two_threads_streams_launches_exactly() -> R {
             &format!("thread {i}'s buffer"),
         )?;
     }
+    Ok(())
+}
+
+/// A module with a `__device__` variable, for the pruning test.
+const FLAG_KERNELS: &str = r#"
+__device__ unsigned flag;
+extern "C" __global__ void nop() { }
+// Spins for `cycles` clock ticks, then sets `flag` to `v`.
+extern "C" __global__ void slow_set(unsigned v, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+    flag = v;
+}
+"#;
+
+/// A module read by eight streams that have all finished (stream B, published, among
+/// them), then launched on a ninth, whose first launch prunes the idle readers and B
+/// with them: B's id must be taken back first, so that B's next launch — a slow kernel
+/// setting a `__device__` variable — takes the slow path and is recorded again. The
+/// module then gets a view of the variable (its recorded launches become writes) and
+/// a host read of it waits for B's kernel: 7, not 0. Were B left published after the
+/// prune, its launch would take the fast path unrecorded and the read would not wait.
+fn pruned_reader_is_recorded_again_at_its_next_launch() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let streams = (0..9)
+        .map(|_| gpu.new_stream())
+        .collect::<Result<Vec<_>, _>>()
+        .ctx("stream")?;
+    let mut m = gpu
+        .compile_and_load(FLAG_KERNELS, "flag.cu")
+        .ctx("compile")?;
+    {
+        let (nop, slow_set) = (
+            m.function("nop").ctx("function")?,
+            m.function("slow_set").ctx("function")?,
+        );
+        let one = LaunchConfig::for_num_elems(1);
+        for (i, stream) in streams.iter().enumerate() {
+            if i == 8 {
+                // Every reader so far is idle: this launch prunes them all.
+                gpu.synchronize().ctx("sync")?;
+            }
+            let s = gpu.on(stream).ctx("on")?;
+            // SAFETY: `nop` takes no parameters.
+            unsafe { s.launch(&nop, one).launch() }.ctx("launch nop")?;
+        }
+        let b = gpu.on(&streams[0]).ctx("on B")?;
+        let mut l = b.launch(&slow_set, one);
+        l.arg(&7u32).arg(&SLOW);
+        // SAFETY: (unsigned, long long) matches `slow_set`.
+        unsafe { l.launch() }.ctx("launch slow_set")?;
+    }
+    let flag = m.global::<u32>("flag").ctx("global")?;
+    let v = gpu.dtoh(&flag).ctx("dtoh flag")?;
+    ensure!(
+        v == [7],
+        "read {v:?} while stream B's ~20 ms kernel was setting 7: its launch after the \
+         prune was not recorded"
+    );
     Ok(())
 }
 
@@ -383,6 +447,10 @@ fn main() {
             (
                 "one_module_on_two_threads_streams_launches_exactly",
                 one_module_on_two_threads_streams_launches_exactly,
+            ),
+            (
+                "pruned_reader_is_recorded_again_at_its_next_launch",
+                pruned_reader_is_recorded_again_at_its_next_launch,
             ),
             (
                 "host_reads_during_fast_path_launches_see_whole_kernels",

@@ -25,9 +25,10 @@
 //!    changes the tracker's lists in a way that could make `X`'s id false (another
 //!    stream's write, pruning idle readers, forgetting uses) first takes back the
 //!    published ids of other streams than its own that it could make false: all of
-//!    them, except that a new reader that prunes nothing takes back only the write id
-//!    (the other readers' read ids stay true). The event or synchronisation then covers
-//!    every fast-path operation that was admitted.
+//!    them, except that a new reader that prunes nothing keeps the other readers' read
+//!    ids (they stay true; a write id, which needs a sole writer, was taken back before
+//!    the reader's wait or is none). The event or synchronisation then covers every
+//!    fast-path operation that was admitted.
 //!
 //! Lock order: a tracker's lock, then a gate. A fast path holds only its gate and takes
 //! nothing else, so there is no cycle.
@@ -36,8 +37,12 @@
 //!
 //! * One stream at a time is published for writes, and [`READ_SLOTS`] for reads; a use
 //!   on any other stream takes the slow path, which is what every use cost before the
-//!   fast path existed. A launch passes its buffers as writes, so a buffer shared by
-//!   two streams' launches is on the slow path on at least one of them.
+//!   fast path existed. A new reading stream takes the last read slot (its holder's id
+//!   taken back under its gate), so the first reader and the newest take the fast path;
+//!   three or more streams taking turns on one module take the slow path at each turn
+//!   to a stream that is not published. A launch passes its buffers as writes, so a
+//!   buffer shared by two streams' launches is handed off (an event) at every change
+//!   of stream.
 //! * A fast-path launch that blocks inside the driver (a full launch queue) holds `X`'s
 //!   gate until the driver returns. A slow path taking back `X`'s id on any tracker
 //!   waits for it meanwhile, holding that tracker's lock, and so do the threads
@@ -58,9 +63,8 @@ pub(crate) const NONE: u64 = u64::MAX;
 
 /// How many streams a tracker can publish for reads at once: a module launched on a
 /// compute stream and a second stream (a copy or communication stream, a second
-/// compute stream) takes the fast path on both. A third reading stream takes the slow
-/// path (the tracker's lock: correct, only slower) until a write or a host access
-/// empties the slots.
+/// compute stream) takes the fast path on both. A third reading stream takes the
+/// second's slot at its first launch (see [`Published::publish`]).
 pub(crate) const READ_SLOTS: usize = 2;
 
 /// A tracker's published stream ids; see the [module docs](self).
@@ -123,17 +127,21 @@ impl Published {
             }
         }
         for (i, &id) in ids.iter().enumerate() {
-            if id == NONE || id == keep || ids[..i].contains(&id) {
-                continue;
+            if id != NONE && id != keep && !ids[..i].contains(&id) {
+                self.close_one(st, id, which);
             }
-            match st.find(id) {
-                Some(s) => s.under_gate(|| self.close_id(id, which)),
-                // Unreachable while rule 3 holds (a published stream stays in the
-                // lists until its id is taken back); closing anyway is the safe choice.
-                None => {
-                    debug_assert!(false, "published stream {id} is not recorded");
-                    self.close_id(id, which);
-                }
+        }
+    }
+
+    /// Takes back `id` from the slots `which` under its stream's gate.
+    fn close_one<S: TrackedStream>(&self, st: &AccessState<S>, id: u64, which: Slots) {
+        match st.find(id) {
+            Some(s) => s.under_gate(|| self.close_id(id, which)),
+            // Unreachable while rule 3 holds (a published stream stays in the lists
+            // until its id is taken back); closing anyway is the safe choice.
+            None => {
+                debug_assert!(false, "published stream {id} is not recorded");
+                self.close_id(id, which);
             }
         }
     }
@@ -151,19 +159,26 @@ impl Published {
         }
     }
 
-    /// Publishes `on` where it is now true: as the write id if that slot is empty, and
-    /// as a read id in an empty read slot unless it is one already (rule 1; replacing
-    /// another stream's id would need that stream's gate). Runs under the tracker's
-    /// lock, after the use on `on` was enqueued and committed.
+    /// Publishes `on` where it is now true (rule 1): as the write id if that slot is
+    /// empty, and as a read id unless it is one already — in an empty read slot, or else
+    /// in the last one, whose stream's id is first taken back under its gate (rule 2).
+    /// So the newest reading stream always gets the fast path, and the first one keeps
+    /// it. Runs under the tracker's lock, after the use on `on` was enqueued and
+    /// committed.
     pub(crate) fn publish<S: TrackedStream>(&self, st: &AccessState<S>, on: u64) {
         if st.write_is_free(on) && self.write.load(Relaxed) == NONE {
             self.write.store(on, Release);
         }
-        if st.read_is_free(on)
-            && !self.read.iter().any(|slot| slot.load(Relaxed) == on)
-            && let Some(empty) = self.read.iter().find(|slot| slot.load(Relaxed) == NONE)
-        {
-            empty.store(on, Release);
+        if st.read_is_free(on) && !self.read.iter().any(|slot| slot.load(Relaxed) == on) {
+            let slot = match self.read.iter().find(|slot| slot.load(Relaxed) == NONE) {
+                Some(empty) => empty,
+                None => {
+                    let last = &self.read[READ_SLOTS - 1];
+                    self.close_one(st, last.load(Relaxed), Slots::All);
+                    last
+                }
+            };
+            slot.store(on, Release);
         }
     }
 

@@ -1,5 +1,6 @@
 //! Loom models of the claim protocol (declared in `mod.rs`, `cfg(all(test, loom))`).
 
+use super::state::PRUNE_READERS_AT;
 use super::*;
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
@@ -9,7 +10,8 @@ use loom::thread;
 /// A mock stream. `enqueued` is set once the operation claimed on it is enqueued;
 /// `ops` counts the operations enqueued on it (an event recorded on it captures the
 /// count); `gate` is its fast-path gate; `queue` is its queue as plain memory, so that
-/// two enqueues on it that no lock or Acquire load orders are a race loom reports.
+/// two enqueues on it that no lock or Acquire load orders are a race loom reports;
+/// `idle` is what `cuStreamQuery` would say (set by a model, cleared by an enqueue).
 #[derive(Clone)]
 struct M {
     id: u64,
@@ -17,6 +19,7 @@ struct M {
     ops: Arc<AtomicUsize>,
     gate: Arc<sync::Mutex<()>>,
     queue: Arc<UnsafeCell<Vec<&'static str>>>,
+    idle: Arc<AtomicBool>,
 }
 
 impl M {
@@ -36,7 +39,7 @@ impl TrackedStream for M {
         self.id
     }
     fn is_idle(&self) -> bool {
-        false
+        self.idle.load(SeqCst)
     }
     fn under_gate(&self, f: impl FnOnce()) {
         let _gate = sync::lock(&self.gate);
@@ -50,6 +53,7 @@ fn stream(id: u64) -> M {
         ops: Arc::new(AtomicUsize::new(0)),
         gate: Arc::new(sync::Mutex::new(())),
         queue: Arc::new(UnsafeCell::new(Vec::new())),
+        idle: Arc::new(AtomicBool::new(false)),
     }
 }
 
@@ -378,5 +382,130 @@ fn fast_path_launch_sees_the_publishing_enqueue() {
             );
         }
         assert_eq!(s1.enqueue_plain("end").len(), 3);
+    });
+}
+
+/// A tracker whose pending uses are reads on `readers`, each recorded and published
+/// as far as the read slots go (what first launches of a module leave behind).
+fn read_by(readers: &[&M]) -> Arc<T> {
+    let mut st = AccessState::<M>::default();
+    let published = Published::default();
+    for r in readers {
+        r.ops.fetch_add(1, SeqCst);
+        let r2 = (*r).clone();
+        fast::record_after_enqueue(
+            &mut st,
+            &published,
+            r.id,
+            Access::Read,
+            move |_| r2.clone(),
+            &mut None,
+        );
+    }
+    Arc::new(T {
+        state: sync::Mutex::new(st),
+        published,
+    })
+}
+
+/// A launch on `on` reading `t` (a module's launch), as `LaunchBuilder::enqueue` does
+/// it. Its enqueue makes the stream busy. Returns `Some(k)` (its operation was the
+/// k-th on `on`) for the fast path, `None` for the slow one.
+fn launch_read(t: &T, on: &M) -> Option<usize> {
+    let enqueue = || {
+        on.idle.store(false, SeqCst);
+        on.ops.fetch_add(1, SeqCst) + 1
+    };
+    {
+        let _gate = sync::lock(&on.gate);
+        if t.published.admits(on.id, Access::Read) {
+            return Some(enqueue());
+        }
+    }
+    let mut st = sync::lock(&t.state);
+    fast::order_before_enqueue(&st, &t.published, on.id, Access::Read, |_| Ok(())).unwrap();
+    enqueue();
+    let on2 = on.clone();
+    fast::record_after_enqueue(
+        &mut st,
+        &t.published,
+        on.id,
+        Access::Read,
+        move |_| on2.clone(),
+        &mut None,
+    );
+    None
+}
+
+/// A module read on streams 1 and 2 (both published for reads: the second read slot),
+/// a fast-path launch on stream 2 racing a write on stream 3 (a copy into a global):
+/// the write's event on stream 2 comes after the launch, or the launch took the slow
+/// path.
+#[test]
+fn fast_path_read_in_the_second_slot_is_covered_by_a_writer_event() {
+    loom::model(|| {
+        let (s1, s2) = (stream(1), stream(2));
+        let t = read_by(&[&s1, &s2]);
+        assert!(t.published.admits(2, Access::Read), "stream 2 is published");
+        let launcher = {
+            let (t, s2) = (t.clone(), s2.clone());
+            thread::spawn(move || launch_read(&t, &s2))
+        };
+        let mut event_on_2 = None;
+        {
+            let st = sync::lock(&t.state);
+            fast::order_before_enqueue(&st, &t.published, 3, Access::Write, |from| {
+                if from.id == 2 {
+                    event_on_2 = Some(from.ops.load(SeqCst));
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+        let event_on_2 = event_on_2.expect("the write waits for stream 2");
+        if let Some(k) = launcher.join().unwrap() {
+            assert!(
+                k <= event_on_2,
+                "a fast-path read (op {k} on stream 2) was enqueued after the writer's \
+                 event (which captured {event_on_2} ops)"
+            );
+        }
+    });
+}
+
+/// A module read by eight idle streams, stream 1 among them and published, and a
+/// fast-path launch on stream 1 racing a ninth reader, whose commit prunes the idle
+/// readers: the launch is never lost from the lists (it either made stream 1 busy
+/// before the prune looked, or found its id taken back and took the slow path, which
+/// records it). Without the take-back before a pruning commit, loom finds a launch
+/// that nothing records (an unload would not wait for it).
+#[test]
+fn fast_path_read_is_not_lost_to_pruning() {
+    loom::model(|| {
+        let s1 = stream(1);
+        let others: Vec<M> = (101..101 + PRUNE_READERS_AT as u64 - 1)
+            .map(stream)
+            .collect();
+        let mut readers = vec![&s1];
+        readers.extend(others.iter());
+        let t = read_by(&readers);
+        assert!(t.published.admits(1, Access::Read), "stream 1 is published");
+        for r in &readers {
+            r.idle.store(true, SeqCst);
+        }
+        let launcher = {
+            let (t, s1) = (t.clone(), s1.clone());
+            thread::spawn(move || launch_read(&t, &s1))
+        };
+        launch_read(&t, &stream(9));
+        launcher.join().unwrap();
+        let st = sync::lock(&t.state);
+        assert!(
+            st.find(1).is_some(),
+            "stream 1's launch was enqueued but is not recorded"
+        );
+        let (w, r) = t.published.ids();
+        assert!(w == fast::NONE || st.write_is_free(w));
+        assert!(r.iter().all(|&r| r == fast::NONE || st.read_is_free(r)));
     });
 }
