@@ -17,8 +17,8 @@
 //! 1. **Published only when true.** An id is stored under the tracker's lock (or with
 //!    the tracker held `&mut`), after the use that makes it true was enqueued.
 //! 2. **Taken back only under `X`'s gate** (or with the tracker held `&mut`, when no
-//!    fast path can be using it): [`Published::close_others`] stores "none" while holding
-//!    the gate, so every fast path that read `X` before has finished its enqueue, and
+//!    fast path can be using it): every take-back ([`Published::close_others`], and the
+//!    eviction in [`Published::publish`]) stores "none" while holding the gate, so every fast path that read `X` before has finished its enqueue, and
 //!    every one after sees "none" and takes the slow path (the tracker's lock).
 //! 3. **Taken back before it stops being true.** Every slow path that records an event
 //!    on `X` (to make another stream wait for it), synchronises `X` on the host, or
@@ -27,7 +27,8 @@
 //!    published ids of other streams than its own that it could make false: all of
 //!    them, except that a new reader that prunes nothing keeps the other readers' read
 //!    ids (they stay true; a write id, which needs a sole writer, was taken back before
-//!    the reader's wait or is none). The event or synchronisation then covers every
+//!    the reader's wait or is none) — but for the last slot's, which it takes over when
+//!    the slots are full (under that stream's gate, rule 2). The event or synchronisation then covers every
 //!    fast-path operation that was admitted.
 //!
 //! Lock order: a tracker's lock, then a gate. A fast path holds only its gate and takes

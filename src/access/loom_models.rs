@@ -509,3 +509,46 @@ fn fast_path_read_is_not_lost_to_pruning() {
         assert!(r.iter().all(|&r| r == fast::NONE || st.read_is_free(r)));
     });
 }
+
+/// A module read on streams 1 and 2 (both read slots full), a fast-path launch on
+/// stream 2 racing a third reader, whose publish takes stream 2's slot, followed by a
+/// writer on stream 4: the writer's event on stream 2 comes after the launch, or the
+/// launch took the slow path. (The eviction takes stream 2's id back under its gate;
+/// without the gate, the writer no longer sees stream 2 published and its event can
+/// come before a launch admitted just before the eviction.)
+#[test]
+fn fast_path_read_racing_its_eviction_is_covered_by_a_writer_event() {
+    loom::model(|| {
+        let (s1, s2, s3) = (stream(1), stream(2), stream(3));
+        let t = read_by(&[&s1, &s2]);
+        assert_eq!(t.published.ids().1, [1, 2], "both read slots are full");
+        let launcher = {
+            let (t, s2) = (t.clone(), s2.clone());
+            thread::spawn(move || launch_read(&t, &s2))
+        };
+        assert_eq!(
+            launch_read(&t, &s3),
+            None,
+            "a new reader takes the slow path"
+        );
+        let mut event_on_2 = None;
+        {
+            let st = sync::lock(&t.state);
+            fast::order_before_enqueue(&st, &t.published, 4, Access::Write, |from| {
+                if from.id == 2 {
+                    event_on_2 = Some(from.ops.load(SeqCst));
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+        let event_on_2 = event_on_2.expect("the write waits for stream 2");
+        if let Some(k) = launcher.join().unwrap() {
+            assert!(
+                k <= event_on_2,
+                "a fast-path read (op {k} on stream 2) was enqueued after the writer's \
+                 event (which captured {event_on_2} ops)"
+            );
+        }
+    });
+}

@@ -335,7 +335,7 @@ fn run_step(st: &mut AccessState<S>, published: &Published, step: Step) -> Vec<u
 ///    (checked in `run_step`, at the wait).
 ///
 /// And a stream reusing a buffer on its own gets its id published, so its next launch
-/// takes the fast path; so do the first `READ_SLOTS` streams reading one buffer.
+/// takes the fast path; so does every new reading stream (the first keeps its slot).
 #[test]
 fn published_ids_stay_true_and_are_taken_back_under_their_gate() {
     let mut steps: Vec<Step> = [1, 2, 3]
