@@ -211,29 +211,47 @@ fn written_and_published(w: &M) -> Arc<T> {
     })
 }
 
-/// A launch on `on` writing `t`, as `LaunchBuilder::enqueue` does it: the fast path
-/// under the stream's gate if `t` publishes `on`, else the slow-path claim. Returns
-/// `Some(k)` (its operation was the k-th on `on`) for the fast path, `None` for the slow.
-fn launch(t: &T, on: &M) -> Option<usize> {
+/// A launch on `on` using `t` as `access` (a buffer: a write; a module: a read), as
+/// `LaunchBuilder::enqueue` does it: the fast path under the stream's gate if `t`
+/// publishes `on`, else the slow-path claim. Its enqueue makes the stream busy.
+/// Returns `Some(k)` (its operation was the k-th on `on`) for the fast path, `None`
+/// for the slow.
+fn launch_as(t: &T, on: &M, access: Access) -> Option<usize> {
+    let enqueue = || {
+        on.idle.store(false, SeqCst);
+        on.ops.fetch_add(1, SeqCst) + 1
+    };
     {
         let _gate = sync::lock(&on.gate);
-        if t.published.admits(on.id, Access::Write) {
-            return Some(on.ops.fetch_add(1, SeqCst) + 1);
+        if t.published.admits(on.id, access) {
+            return Some(enqueue());
         }
     }
+    slow_claim(t, on, access, enqueue);
+    None
+}
+
+/// A launch on `on` writing `t` (a buffer argument).
+fn launch(t: &T, on: &M) -> Option<usize> {
+    launch_as(t, on, Access::Write)
+}
+
+/// The slow-path claim of `t` for a use of kind `access` on `on`: lock the tracker,
+/// order, `enqueue`, record (and publish); returns what `enqueue` returns.
+fn slow_claim<R>(t: &T, on: &M, access: Access, enqueue: impl FnOnce() -> R) -> R {
     let mut st = sync::lock(&t.state);
-    fast::order_before_enqueue(&st, &t.published, on.id, Access::Write, |_| Ok(())).unwrap();
-    on.ops.fetch_add(1, SeqCst);
+    fast::order_before_enqueue(&st, &t.published, on.id, access, |_| Ok(())).unwrap();
+    let out = enqueue();
     let on2 = on.clone();
     fast::record_after_enqueue(
         &mut st,
         &t.published,
         on.id,
-        Access::Write,
+        access,
         move |_| on2.clone(),
         &mut None,
     );
-    None
+    out
 }
 
 /// A fast-path launch on stream 1 and a write handed off to stream 2 (slow path) never
@@ -321,6 +339,12 @@ fn fast_path_launch_is_covered_by_a_host_wait() {
     });
 }
 
+/// A write of `t` on `on` through the slow path (the claim's lock, no gate), enqueued
+/// as `op` on the stream's plain-memory queue; returns the queue then.
+fn slow_write_plain(t: &T, on: &M, op: &'static str) -> Vec<&'static str> {
+    slow_claim(t, on, Access::Write, || on.enqueue_plain(op))
+}
+
 /// A slow-path write on stream 1 (a `memset_zeros_async`: the claim's lock, no gate)
 /// that publishes stream 1, racing a launch on stream 1 that may take the fast path on
 /// what it publishes. The queue is plain memory: the launch's enqueue is ordered after
@@ -343,36 +367,10 @@ fn fast_path_launch_sees_the_publishing_enqueue() {
                         return (true, s1.enqueue_plain("launch"));
                     }
                 }
-                let mut st = sync::lock(&t.state);
-                fast::order_before_enqueue(&st, &t.published, 1, Access::Write, |_| Ok(()))
-                    .unwrap();
-                let queue = s1.enqueue_plain("launch");
-                let s1b = s1.clone();
-                fast::record_after_enqueue(
-                    &mut st,
-                    &t.published,
-                    1,
-                    Access::Write,
-                    move |_| s1b.clone(),
-                    &mut None,
-                );
-                (false, queue)
+                (false, slow_write_plain(&t, &s1, "launch"))
             })
         };
-        {
-            let mut st = sync::lock(&t.state);
-            fast::order_before_enqueue(&st, &t.published, 1, Access::Write, |_| Ok(())).unwrap();
-            s1.enqueue_plain("memset");
-            let s1b = s1.clone();
-            fast::record_after_enqueue(
-                &mut st,
-                &t.published,
-                1,
-                Access::Write,
-                move |_| s1b.clone(),
-                &mut None,
-            );
-        }
+        slow_write_plain(&t, &s1, "memset");
         let (fast_path, queue) = launcher.join().unwrap();
         if fast_path {
             assert_eq!(
@@ -408,33 +406,37 @@ fn read_by(readers: &[&M]) -> Arc<T> {
     })
 }
 
-/// A launch on `on` reading `t` (a module's launch), as `LaunchBuilder::enqueue` does
-/// it. Its enqueue makes the stream busy. Returns `Some(k)` (its operation was the
-/// k-th on `on`) for the fast path, `None` for the slow one.
+/// A launch on `on` reading `t` (its module's tracker).
 fn launch_read(t: &T, on: &M) -> Option<usize> {
-    let enqueue = || {
-        on.idle.store(false, SeqCst);
-        on.ops.fetch_add(1, SeqCst) + 1
-    };
-    {
-        let _gate = sync::lock(&on.gate);
-        if t.published.admits(on.id, Access::Read) {
-            return Some(enqueue());
+    launch_as(t, on, Access::Read)
+}
+
+/// A write on stream `writer` (a copy into a global) claims `t` as the slow path does:
+/// returns the count of operations on stream `watched` that the event it waits for
+/// covers.
+fn writer_waits(t: &T, writer: u64, watched: u64) -> usize {
+    let mut event = None;
+    let st = sync::lock(&t.state);
+    fast::order_before_enqueue(&st, &t.published, writer, Access::Write, |from| {
+        if from.id == watched {
+            event = Some(from.ops.load(SeqCst));
         }
+        Ok(())
+    })
+    .unwrap();
+    event.unwrap_or_else(|| panic!("the write waits for stream {watched}"))
+}
+
+/// A launch that took the fast path (`Some(k)`: the k-th operation on its stream) was
+/// enqueued before an event that covers `event` operations of its stream.
+fn assert_covered(launched: Option<usize>, event: usize) {
+    if let Some(k) = launched {
+        assert!(
+            k <= event,
+            "a fast-path read (op {k}) was enqueued after the writer's event (which \
+             captured {event} ops)"
+        );
     }
-    let mut st = sync::lock(&t.state);
-    fast::order_before_enqueue(&st, &t.published, on.id, Access::Read, |_| Ok(())).unwrap();
-    enqueue();
-    let on2 = on.clone();
-    fast::record_after_enqueue(
-        &mut st,
-        &t.published,
-        on.id,
-        Access::Read,
-        move |_| on2.clone(),
-        &mut None,
-    );
-    None
 }
 
 /// A module read on streams 1 and 2 (both published for reads: the second read slot),
@@ -451,25 +453,8 @@ fn fast_path_read_in_the_second_slot_is_covered_by_a_writer_event() {
             let (t, s2) = (t.clone(), s2.clone());
             thread::spawn(move || launch_read(&t, &s2))
         };
-        let mut event_on_2 = None;
-        {
-            let st = sync::lock(&t.state);
-            fast::order_before_enqueue(&st, &t.published, 3, Access::Write, |from| {
-                if from.id == 2 {
-                    event_on_2 = Some(from.ops.load(SeqCst));
-                }
-                Ok(())
-            })
-            .unwrap();
-        }
-        let event_on_2 = event_on_2.expect("the write waits for stream 2");
-        if let Some(k) = launcher.join().unwrap() {
-            assert!(
-                k <= event_on_2,
-                "a fast-path read (op {k} on stream 2) was enqueued after the writer's \
-                 event (which captured {event_on_2} ops)"
-            );
-        }
+        let event_on_2 = writer_waits(&t, 3, 2);
+        assert_covered(launcher.join().unwrap(), event_on_2);
     });
 }
 
@@ -531,24 +516,7 @@ fn fast_path_read_racing_its_eviction_is_covered_by_a_writer_event() {
             None,
             "a new reader takes the slow path"
         );
-        let mut event_on_2 = None;
-        {
-            let st = sync::lock(&t.state);
-            fast::order_before_enqueue(&st, &t.published, 4, Access::Write, |from| {
-                if from.id == 2 {
-                    event_on_2 = Some(from.ops.load(SeqCst));
-                }
-                Ok(())
-            })
-            .unwrap();
-        }
-        let event_on_2 = event_on_2.expect("the write waits for stream 2");
-        if let Some(k) = launcher.join().unwrap() {
-            assert!(
-                k <= event_on_2,
-                "a fast-path read (op {k} on stream 2) was enqueued after the writer's \
-                 event (which captured {event_on_2} ops)"
-            );
-        }
+        let event_on_2 = writer_waits(&t, 4, 2);
+        assert_covered(launcher.join().unwrap(), event_on_2);
     });
 }
