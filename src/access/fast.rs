@@ -18,8 +18,9 @@
 //!    the tracker held `&mut`), after the use that makes it true was enqueued.
 //! 2. **Taken back only under `X`'s gate** (or with the tracker held `&mut`, when no
 //!    fast path can be using it): every take-back ([`Published::close_others`], and the
-//!    eviction in [`Published::publish`]) stores "none" while holding the gate, so every fast path that read `X` before has finished its enqueue, and
-//!    every one after sees "none" and takes the slow path (the tracker's lock).
+//!    eviction in [`Published::publish`]) stores "none" while holding the gate, so
+//!    every fast path that read `X` before has finished its enqueue, and every one
+//!    after sees "none" and takes the slow path (the tracker's lock).
 //! 3. **Taken back before it stops being true.** Every slow path that records an event
 //!    on `X` (to make another stream wait for it), synchronises `X` on the host, or
 //!    changes the tracker's lists in a way that could make `X`'s id false (another
@@ -28,8 +29,8 @@
 //!    them, except that a new reader that prunes nothing keeps the other readers' read
 //!    ids (they stay true; a write id, which needs a sole writer, was taken back before
 //!    the reader's wait or is none) — but for the last slot's, which it takes over when
-//!    the slots are full (under that stream's gate, rule 2). The event or synchronisation then covers every
-//!    fast-path operation that was admitted.
+//!    the slots are full (under that stream's gate, rule 2). The event or
+//!    synchronisation then covers every fast-path operation that was admitted.
 //!
 //! Lock order: a tracker's lock, then a gate. A fast path holds only its gate and takes
 //! nothing else, so there is no cycle.
