@@ -85,16 +85,6 @@ impl Default for Published {
     }
 }
 
-/// Which published ids a take-back covers.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Slots {
-    /// The write id and every read id.
-    All,
-    /// The write id only (a read being recorded makes no other stream's read id false
-    /// unless it prunes readers).
-    Write,
-}
-
 impl Published {
     /// Whether a use of kind `access` on stream `on` may take the fast path. Call it
     /// with `on`'s gate held, and enqueue before unlocking the gate.
@@ -114,51 +104,46 @@ impl Published {
     /// operation on `keep` never makes them false (it is ordered after what they admit,
     /// by stream order).
     pub(crate) fn close_others<S: TrackedStream>(&self, st: &AccessState<S>, keep: u64) {
-        self.close(st, keep, Slots::All);
-    }
-
-    /// [`close_others`](Self::close_others) for the slots `which`: each distinct id is
-    /// taken back under its gate once (a stream published for writes is usually
-    /// published for reads too).
-    fn close<S: TrackedStream>(&self, st: &AccessState<S>, keep: u64, which: Slots) {
         let mut ids = [NONE; 1 + READ_SLOTS];
         ids[0] = self.write.load(Relaxed);
-        if which == Slots::All {
-            for (id, slot) in ids[1..].iter_mut().zip(&self.read) {
-                *id = slot.load(Relaxed);
-            }
+        for (id, slot) in ids[1..].iter_mut().zip(&self.read) {
+            *id = slot.load(Relaxed);
         }
+        // Each distinct id once: a stream published for writes is usually published
+        // for reads too, and its gate need not be taken twice.
         for (i, &id) in ids.iter().enumerate() {
             if id != NONE && id != keep && !ids[..i].contains(&id) {
-                self.close_one(st, id, which);
+                self.close_one(st, id);
             }
         }
     }
 
-    /// Takes back `id` from the slots `which` under its stream's gate.
-    fn close_one<S: TrackedStream>(&self, st: &AccessState<S>, id: u64, which: Slots) {
+    /// Takes back `id` from every slot under its stream's gate.
+    fn close_one<S: TrackedStream>(&self, st: &AccessState<S>, id: u64) {
         match st.find(id) {
-            Some(s) => s.under_gate(|| self.close_id(id, which)),
+            Some(s) => s.under_gate(|| self.close_id(id)),
             // Unreachable while rule 3 holds (a published stream stays in the lists
             // until its id is taken back); closing anyway is the safe choice.
             None => {
                 debug_assert!(false, "published stream {id} is not recorded");
-                self.close_id(id, which);
+                self.close_id(id);
             }
         }
     }
 
-    /// Stores "none" in each slot of `which` that holds `id`.
-    fn close_id(&self, id: u64, which: Slots) {
-        let reads: &[AtomicU64] = match which {
-            Slots::All => &self.read,
-            Slots::Write => &[],
-        };
-        for slot in std::iter::once(&self.write).chain(reads) {
+    /// Stores "none" in each slot that holds `id`.
+    fn close_id(&self, id: u64) {
+        for slot in std::iter::once(&self.write).chain(&self.read) {
             if slot.load(Relaxed) == id {
                 slot.store(NONE, Relaxed);
             }
         }
+    }
+
+    /// Whether another stream than `on` is published for writes.
+    fn writes_other_than(&self, on: u64) -> bool {
+        let w = self.write.load(Relaxed);
+        w != NONE && w != on
     }
 
     /// Publishes `on` where it is now true (rule 1): as the write id if that slot is
@@ -176,7 +161,7 @@ impl Published {
                 Some(empty) => empty,
                 None => {
                     let last = &self.read[READ_SLOTS - 1];
-                    self.close_one(st, last.load(Relaxed), Slots::All);
+                    self.close_one(st, last.load(Relaxed));
                     last
                 }
             };
@@ -248,14 +233,16 @@ pub(crate) fn record_after_enqueue<S: TrackedStream>(
     grave: &mut Option<Grave<S>>,
 ) {
     if !st.commit_is_noop(on, access) {
-        // A write replaces every use; a read adds a reader (no other stream's write id
-        // stays true) and may prune idle readers (then no other read id is sure to).
-        let which = if access == Access::Read && !st.read_may_prune() {
-            Slots::Write
-        } else {
-            Slots::All
-        };
-        published.close(st, on, which);
+        // A write replaces every use, and a read that prunes may drop readers: take back
+        // what other streams publish. A read that prunes nothing only adds a reader, so
+        // the other readers' read ids stay true; another stream's write id would not,
+        // but there is none (the order step took it back before waiting for the writer,
+        // or there is no writer), and if there were, taking everything back is safe.
+        let keeps_readers =
+            access == Access::Read && !st.read_may_prune() && !published.writes_other_than(on);
+        if !keeps_readers {
+            published.close_others(st, on);
+        }
         st.commit(&[(on, access)], make, grave.get_or_insert_with(Grave::new));
     }
     published.publish(st, on);

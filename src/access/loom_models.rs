@@ -188,27 +188,36 @@ struct T {
     published: Published,
 }
 
-/// A tracker whose one pending use is a write on `w`, enqueued and published (what a
-/// first launch on `w` leaves behind).
-fn written_and_published(w: &M) -> Arc<T> {
-    w.ops.store(1, SeqCst);
+/// A tracker whose pending uses are one use of kind `access` on each of `streams`, in
+/// order, each enqueued, recorded and published as the slow path does it (what first
+/// launches leave behind).
+fn used_by(streams: &[&M], access: Access) -> Arc<T> {
     let mut st = AccessState::<M>::default();
-    let mut grave = None;
-    let w2 = w.clone();
     let published = Published::default();
-    fast::record_after_enqueue(
-        &mut st,
-        &published,
-        w.id,
-        Access::Write,
-        move |_| w2.clone(),
-        &mut grave,
-    );
-    assert!(published.admits(w.id, Access::Write));
+    for s in streams {
+        s.ops.fetch_add(1, SeqCst);
+        let s2 = (*s).clone();
+        fast::record_after_enqueue(
+            &mut st,
+            &published,
+            s.id,
+            access,
+            move |_| s2.clone(),
+            &mut None,
+        );
+    }
     Arc::new(T {
         state: sync::Mutex::new(st),
         published,
     })
+}
+
+/// A tracker whose one pending use is a write on `w`, enqueued and published (what a
+/// first launch on `w` leaves behind).
+fn written_and_published(w: &M) -> Arc<T> {
+    let t = used_by(&[w], Access::Write);
+    assert!(t.published.admits(w.id, Access::Write));
+    t
 }
 
 /// A launch on `on` using `t` as `access` (a buffer: a write; a module: a read), as
@@ -354,10 +363,7 @@ fn slow_write_plain(t: &T, on: &M, op: &'static str) -> Vec<&'static str> {
 fn fast_path_launch_sees_the_publishing_enqueue() {
     loom::model(|| {
         let s1 = stream(1);
-        let t = Arc::new(T {
-            state: sync::Mutex::new(AccessState::<M>::default()),
-            published: Published::default(),
-        });
+        let t = used_by(&[], Access::Write);
         let launcher = {
             let (t, s1) = (t.clone(), s1.clone());
             thread::spawn(move || {
@@ -381,29 +387,6 @@ fn fast_path_launch_sees_the_publishing_enqueue() {
         }
         assert_eq!(s1.enqueue_plain("end").len(), 3);
     });
-}
-
-/// A tracker whose pending uses are reads on `readers`, each recorded and published
-/// as far as the read slots go (what first launches of a module leave behind).
-fn read_by(readers: &[&M]) -> Arc<T> {
-    let mut st = AccessState::<M>::default();
-    let published = Published::default();
-    for r in readers {
-        r.ops.fetch_add(1, SeqCst);
-        let r2 = (*r).clone();
-        fast::record_after_enqueue(
-            &mut st,
-            &published,
-            r.id,
-            Access::Read,
-            move |_| r2.clone(),
-            &mut None,
-        );
-    }
-    Arc::new(T {
-        state: sync::Mutex::new(st),
-        published,
-    })
 }
 
 /// A launch on `on` reading `t` (its module's tracker).
@@ -447,7 +430,7 @@ fn assert_covered(launched: Option<usize>, event: usize) {
 fn fast_path_read_in_the_second_slot_is_covered_by_a_writer_event() {
     loom::model(|| {
         let (s1, s2) = (stream(1), stream(2));
-        let t = read_by(&[&s1, &s2]);
+        let t = used_by(&[&s1, &s2], Access::Read);
         assert!(t.published.admits(2, Access::Read), "stream 2 is published");
         let launcher = {
             let (t, s2) = (t.clone(), s2.clone());
@@ -473,7 +456,7 @@ fn fast_path_read_is_not_lost_to_pruning() {
             .collect();
         let mut readers = vec![&s1];
         readers.extend(others.iter());
-        let t = read_by(&readers);
+        let t = used_by(&readers, Access::Read);
         assert!(t.published.admits(1, Access::Read), "stream 1 is published");
         for r in &readers {
             r.idle.store(true, SeqCst);
@@ -505,7 +488,7 @@ fn fast_path_read_is_not_lost_to_pruning() {
 fn fast_path_read_racing_its_eviction_is_covered_by_a_writer_event() {
     loom::model(|| {
         let (s1, s2, s3) = (stream(1), stream(2), stream(3));
-        let t = read_by(&[&s1, &s2]);
+        let t = used_by(&[&s1, &s2], Access::Read);
         assert_eq!(t.published.ids().1, [1, 2], "both read slots are full");
         let launcher = {
             let (t, s2) = (t.clone(), s2.clone());
