@@ -588,6 +588,13 @@ mod tests {
                 "libcublas.so"
             ])
         );
+        #[cfg(feature = "cublas")]
+        assert_eq!(
+            candidates(Lib::CublasLt, Some(12), None),
+            names(&["libcublasLt.so.12", "libcublasLt.so.11", "libcublasLt.so"])
+        );
+        #[cfg(feature = "cublas")]
+        assert_eq!(Lib::CublasLt.env_var(), "GPUBIND_CUBLASLT_PATH");
         // A driver newer than any name gpubind knows: its own major is tried first.
         assert_eq!(candidates(Lib::Nvrtc, Some(14), None)[0], "libnvrtc.so.14");
         // No driver: newest known first.

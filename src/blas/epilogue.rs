@@ -88,7 +88,7 @@ impl Role {
         matches!(self, Role::BiasGrad | Role::AuxOut | Role::ReluMaskOut)
     }
 
-    const ALL: [Role; 6] = [
+    pub(crate) const ALL: [Role; 6] = [
         Role::Bias,
         Role::BiasGrad,
         Role::Aux,
@@ -99,6 +99,26 @@ impl Role {
 }
 
 impl Epilogue {
+    /// Every epilogue.
+    pub(crate) const ALL: [Epilogue; 16] = [
+        Epilogue::Default,
+        Epilogue::Relu,
+        Epilogue::Gelu,
+        Epilogue::Bias,
+        Epilogue::ReluBias,
+        Epilogue::GeluBias,
+        Epilogue::ReluAux,
+        Epilogue::ReluAuxBias,
+        Epilogue::GeluAux,
+        Epilogue::GeluAuxBias,
+        Epilogue::DRelu,
+        Epilogue::DReluBGrad,
+        Epilogue::DGelu,
+        Epilogue::DGeluBGrad,
+        Epilogue::BGradA,
+        Epilogue::BGradB,
+    ];
+
     /// cuBLASLt's name for it.
     pub fn name(self) -> &'static str {
         match self {
@@ -229,36 +249,53 @@ impl<'x> Extra<'x> {
     }
 }
 
-/// Checks that `extras` are exactly the operands `epilogue` uses, with the lengths it
-/// needs; returns them in [`Role`] order.
+/// Checks that `given` (each operand with its length) are exactly the operands
+/// `epilogue` uses, with the lengths it needs.
+pub(crate) fn check_operands(
+    epilogue: Epilogue,
+    shape: &Matmul,
+    plan: &Plan,
+    given: &[(Role, usize)],
+) -> Result<(), MatmulError> {
+    for role in Role::ALL {
+        let found = given.iter().find(|(r, _)| *r == role);
+        if epilogue.uses(role) != found.is_some() {
+            return Err(MatmulError::EpilogueOperand {
+                epilogue: epilogue.name(),
+                operand: role.name(),
+                missing: found.is_none(),
+            });
+        }
+        if let Some(&(_, len)) = found {
+            let expected = needed_len(epilogue, role, shape, plan);
+            if len != expected {
+                return Err(MatmulError::BufferSize {
+                    operand: role.name(),
+                    shape: format!(
+                        "epilogue {} of a {}×{} C",
+                        epilogue.name(),
+                        shape.m,
+                        shape.n
+                    ),
+                    expected,
+                    found: len,
+                    exact: true,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`check_operands`] of `extras`, returned as given.
 pub(crate) fn check_extras<'x>(
     epilogue: Epilogue,
     shape: &Matmul,
     plan: &Plan,
     extras: Vec<Extra<'x>>,
 ) -> Result<Vec<Extra<'x>>, MatmulError> {
-    for role in Role::ALL {
-        let given = extras.iter().find(|e| e.role == role);
-        if epilogue.uses(role) != given.is_some() {
-            return Err(MatmulError::EpilogueOperand {
-                epilogue: epilogue.name(),
-                operand: role.name(),
-                missing: given.is_none(),
-            });
-        }
-        if let Some(e) = given {
-            let expected = needed_len(epilogue, role, shape, plan);
-            if e.len != expected {
-                return Err(MatmulError::BufferSize {
-                    operand: role.name(),
-                    shape: format!("epilogue {}", epilogue.name()),
-                    expected,
-                    found: e.len,
-                    exact: true,
-                });
-            }
-        }
-    }
+    let given: Vec<(Role, usize)> = extras.iter().map(|e| (e.role, e.len)).collect();
+    check_operands(epilogue, shape, plan, &given)?;
     Ok(extras)
 }
 
