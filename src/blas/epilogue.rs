@@ -100,6 +100,7 @@ impl Role {
 
 impl Epilogue {
     /// Every epilogue.
+    #[cfg(test)]
     pub(crate) const ALL: [Epilogue; 16] = [
         Epilogue::Default,
         Epilogue::Relu,
