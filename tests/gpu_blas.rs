@@ -352,123 +352,185 @@ fn lt_case<T: El>(gpu: &BoundDevice<'_>) -> R {
     lt_aux_roundtrips(gpu, &mut blas, &s, (&dx, &dw, &db), &p, &bias_f)
 }
 
+/// What the aux round trips share: the forward product `X·W (+ b)` (`p`: its host
+/// values and scales, `bias`: the host bias) and the backward product `G·H` (`q`).
+struct Fixture<'g, 'd, T: El> {
+    gpu: &'g BoundDevice<'d>,
+    s: Matmul,
+    x: &'g gpubind::DeviceSlice<T>,
+    w: &'g gpubind::DeviceSlice<T>,
+    b: &'g gpubind::DeviceSlice<T>,
+    p: &'g [(f64, f64)],
+    bias: &'g [f64],
+    g: gpubind::DeviceSlice<T>,
+    h: gpubind::DeviceSlice<T>,
+    q: Vec<(f64, f64)>,
+}
+
+impl<T: El> Fixture<'_, '_, T> {
+    fn name(&self, e: Epilogue) -> String {
+        format!("{:?} {}", T::DATA_TYPE, e.name())
+    }
+
+    /// The pre-activation `Z` on the host, and its error scales.
+    fn z(&self, with_bias: bool) -> (Vec<f64>, Vec<f64>) {
+        let n = self.s.n;
+        let z = (0..self.p.len())
+            .map(|ij| self.p[ij].0 + if with_bias { self.bias[ij % n] } else { 0.0 })
+            .collect();
+        (z, self.p.iter().map(|v| v.1 + 1.0).collect())
+    }
+}
+
 /// GELU_AUX(_BIAS) stores Z; DGELU(_BGRAD) reads it; RELU_AUX(_BIAS) stores the mask,
 /// DRELU(_BGRAD) reads it; BGRADA/BGRADB reduce an operand.
 fn lt_aux_roundtrips<T: El>(
     gpu: &BoundDevice<'_>,
     blas: &mut gpubind::blas::Blas,
     s: &Matmul,
-    (dx, dw, db): (
+    (x, w, b): (
         &gpubind::DeviceSlice<T>,
         &gpubind::DeviceSlice<T>,
         &gpubind::DeviceSlice<T>,
     ),
     p: &[(f64, f64)],
-    bias_f: &[f64],
+    bias: &[f64],
 ) -> R {
+    // The product the backward epilogues scale: G[m×k]·H[k×n] (halves, other salts).
+    let (g, gf) = halves::<T>(s.m * s.k, 5);
+    let (h, hf) = halves::<T>(s.k * s.n, 6);
+    let fx = Fixture {
+        gpu,
+        s: *s,
+        x,
+        w,
+        b,
+        p,
+        bias,
+        g: gpu.clone_htod(&g).ctx("g")?,
+        h: gpu.clone_htod(&h).ctx("h")?,
+        q: host_product(s, &gf, &hf),
+    };
+    for with_bias in [false, true] {
+        gelu_roundtrip(&fx, blas, with_bias)?;
+        relu_roundtrip(&fx, blas, with_bias)?;
+    }
+    lt_bias_grads(gpu, blas, (&fx.g, &gf), s.n)
+}
+
+/// GELU_AUX(_BIAS) then DGELU_BGRAD and DGELU through the stored pre-activation.
+fn gelu_roundtrip<T: El>(
+    fx: &Fixture<'_, '_, T>,
+    blas: &mut gpubind::blas::Blas,
+    with_bias: bool,
+) -> R {
+    let (gpu, s) = (fx.gpu, &fx.s);
+    let st = gpu.default_stream();
+    let (m, n, ld) = (s.m, s.n, s.gelu_aux_ld());
+    let fwd = if with_bias {
+        Epilogue::GeluAuxBias
+    } else {
+        Epilogue::GeluAux
+    };
+    let mut y = gpu.alloc_zeros::<T>(m * n).ctx("y")?;
+    let mut aux = gpu.alloc_zeros::<T>(s.gelu_aux_len()).ctx("aux")?;
+    let args = LtArgs::new().aux_out(&mut aux);
+    let args = if with_bias { args.bias(fx.b) } else { args };
+    st.matmul_lt(blas, s, fwd, fx.x, fx.w, &mut y, args)
+        .ctx(&fx.name(fwd))?;
+    let (want_z, sc) = fx.z(with_bias);
+    let zf = dtoh_f64(gpu, &aux)?;
+    let got_z: Vec<f64> = (0..m * n).map(|ij| zf[(ij / n) * ld + ij % n]).collect();
+    close(
+        &format!("{} aux (Z)", fx.name(fwd)),
+        &got_z,
+        &want_z,
+        &sc,
+        T::TOL.max(1e-5),
+    )?;
+    let want_y: Vec<f64> = want_z.iter().map(|&z| gelu(z)).collect();
+    close(
+        &fx.name(fwd),
+        &dtoh_f64(gpu, &y)?,
+        &want_y,
+        &sc,
+        T::TOL.max(2e-3),
+    )?;
+    // Backward through Z as the device stored it.
+    let mut dz = gpu.alloc_zeros::<T>(m * n).ctx("dz")?;
+    let mut bgrad = gpu.alloc_zeros::<T>(n).ctx("bgrad")?;
+    let e = Epilogue::DGeluBGrad;
+    let args = LtArgs::new().aux(&aux).bias_grad(&mut bgrad);
+    st.matmul_lt(blas, s, e, &fx.g, &fx.h, &mut dz, args)
+        .ctx(&fx.name(e))?;
+    let q = &fx.q;
+    let want: Vec<f64> = (0..m * n).map(|ij| q[ij].0 * dgelu(got_z[ij])).collect();
+    let sc: Vec<f64> = (0..m * n).map(|ij| (q[ij].1 + 1.0) * 2.0).collect();
+    let got = dtoh_f64(gpu, &dz)?;
+    close(&fx.name(e), &got, &want, &sc, T::TOL.max(2e-3))?;
+    check_bias_grad(gpu, &fx.name(e), &bgrad, &got, m, n)?;
+    let mut dz2 = gpu.alloc_zeros::<T>(m * n).ctx("dz2")?;
+    let e = Epilogue::DGelu;
+    st.matmul_lt(blas, s, e, &fx.g, &fx.h, &mut dz2, LtArgs::new().aux(&aux))
+        .ctx(&fx.name(e))?;
+    close(
+        &fx.name(e),
+        &dtoh_f64(gpu, &dz2)?,
+        &want,
+        &sc,
+        T::TOL.max(2e-3),
+    )
+}
+
+/// RELU_AUX(_BIAS) then DRELU and DRELU_BGRAD through the stored mask.
+fn relu_roundtrip<T: El>(
+    fx: &Fixture<'_, '_, T>,
+    blas: &mut gpubind::blas::Blas,
+    with_bias: bool,
+) -> R {
+    let (gpu, s) = (fx.gpu, &fx.s);
     let st = gpu.default_stream();
     let (m, n) = (s.m, s.n);
-    let name = |e: Epilogue| format!("{:?} {}", T::DATA_TYPE, e.name());
-    let ld = s.gelu_aux_ld();
-    // The product the backward epilogues scale: G[m×k]·H[k×n] (halves, other salts).
-    let (g, gf) = halves::<T>(m * s.k, 5);
-    let (h, hf) = halves::<T>(s.k * n, 6);
-    let (dg, dh) = (gpu.clone_htod(&g).ctx("g")?, gpu.clone_htod(&h).ctx("h")?);
-    let q = host_product(s, &gf, &hf);
-    for (fwd, with_bias) in [(Epilogue::GeluAux, false), (Epilogue::GeluAuxBias, true)] {
-        let mut y = gpu.alloc_zeros::<T>(m * n).ctx("y")?;
-        let mut aux = gpu.alloc_zeros::<T>(s.gelu_aux_len()).ctx("aux")?;
-        let args = LtArgs::new().aux_out(&mut aux);
-        let args = if with_bias { args.bias(db) } else { args };
-        st.matmul_lt(blas, s, fwd, dx, dw, &mut y, args)
-            .ctx(&name(fwd))?;
-        let zf = dtoh_f64(gpu, &aux)?;
-        let want_z: Vec<f64> = (0..m * n)
-            .map(|ij| p[ij].0 + if with_bias { bias_f[ij % n] } else { 0.0 })
-            .collect();
-        let got_z: Vec<f64> = (0..m * n).map(|ij| zf[(ij / n) * ld + ij % n]).collect();
-        let sc: Vec<f64> = (0..m * n).map(|ij| p[ij].1 + 1.0).collect();
-        close(
-            &format!("{} aux (Z)", name(fwd)),
-            &got_z,
-            &want_z,
-            &sc,
-            T::TOL.max(1e-5),
-        )?;
-        // Backward through the stored Z (as the device stored it).
-        let mut dz = gpu.alloc_zeros::<T>(m * n).ctx("dz")?;
-        let mut bgrad = gpu.alloc_zeros::<T>(n).ctx("bgrad")?;
-        let e = Epilogue::DGeluBGrad;
-        let args = LtArgs::new().aux(&aux).bias_grad(&mut bgrad);
-        st.matmul_lt(blas, s, e, &dg, &dh, &mut dz, args)
-            .ctx(&name(e))?;
-        let want: Vec<f64> = (0..m * n).map(|ij| q[ij].0 * dgelu(got_z[ij])).collect();
-        let sc: Vec<f64> = (0..m * n).map(|ij| (q[ij].1 + 1.0) * 2.0).collect();
-        close(&name(e), &dtoh_f64(gpu, &dz)?, &want, &sc, T::TOL.max(2e-3))?;
-        check_bias_grad(gpu, &name(e), &bgrad, &dtoh_f64(gpu, &dz)?, m, n)?;
-        let mut dz2 = gpu.alloc_zeros::<T>(m * n).ctx("dz2")?;
-        let e = Epilogue::DGelu;
-        st.matmul_lt(blas, s, e, &dg, &dh, &mut dz2, LtArgs::new().aux(&aux))
-            .ctx(&name(e))?;
-        close(
-            &name(e),
-            &dtoh_f64(gpu, &dz2)?,
-            &want,
-            &sc,
-            T::TOL.max(2e-3),
-        )?;
-    }
-    for (fwd, with_bias) in [(Epilogue::ReluAux, false), (Epilogue::ReluAuxBias, true)] {
-        let mut y = gpu.alloc_zeros::<T>(m * n).ctx("y")?;
-        let mut mask = gpu.alloc_zeros::<u8>(s.relu_mask_len()).ctx("mask")?;
-        let args = LtArgs::new().relu_mask_out(&mut mask);
-        let args = if with_bias { args.bias(db) } else { args };
-        st.matmul_lt(blas, s, fwd, dx, dw, &mut y, args)
-            .ctx(&name(fwd))?;
-        let z: Vec<f64> = (0..m * n)
-            .map(|ij| p[ij].0 + if with_bias { bias_f[ij % n] } else { 0.0 })
-            .collect();
-        let sc: Vec<f64> = (0..m * n).map(|ij| p[ij].1 + 1.0).collect();
-        let relu: Vec<f64> = z.iter().map(|v| v.max(0.0)).collect();
-        close(
-            &name(fwd),
-            &dtoh_f64(gpu, &y)?,
-            &relu,
-            &sc,
-            T::TOL.max(1e-5),
-        )?;
-        let want: Vec<f64> = (0..m * n)
-            .map(|ij| if z[ij] > 0.0 { q[ij].0 } else { 0.0 })
-            .collect();
-        let sc: Vec<f64> = (0..m * n).map(|ij| q[ij].1 + 1.0).collect();
-        let mut dz = gpu.alloc_zeros::<T>(m * n).ctx("dz")?;
-        let e = Epilogue::DRelu;
-        st.matmul_lt(
-            blas,
-            s,
-            e,
-            &dg,
-            &dh,
-            &mut dz,
-            LtArgs::new().relu_mask(&mask),
-        )
-        .ctx(&name(e))?;
-        close(
-            &format!("{} after {}", name(e), fwd.name()),
-            &dtoh_f64(gpu, &dz)?,
-            &want,
-            &sc,
-            T::TOL.max(1e-5),
-        )?;
-        let mut bgrad = gpu.alloc_zeros::<T>(n).ctx("bgrad")?;
-        let e = Epilogue::DReluBGrad;
-        let args = LtArgs::new().relu_mask(&mask).bias_grad(&mut bgrad);
-        st.matmul_lt(blas, s, e, &dg, &dh, &mut dz, args)
-            .ctx(&name(e))?;
-        close(&name(e), &dtoh_f64(gpu, &dz)?, &want, &sc, T::TOL.max(1e-5))?;
-        check_bias_grad(gpu, &name(e), &bgrad, &dtoh_f64(gpu, &dz)?, m, n)?;
-    }
-    lt_bias_grads(gpu, blas, (&dg, &gf), n)
+    let fwd = if with_bias {
+        Epilogue::ReluAuxBias
+    } else {
+        Epilogue::ReluAux
+    };
+    let mut y = gpu.alloc_zeros::<T>(m * n).ctx("y")?;
+    let mut mask = gpu.alloc_zeros::<u8>(s.relu_mask_len()).ctx("mask")?;
+    let args = LtArgs::new().relu_mask_out(&mut mask);
+    let args = if with_bias { args.bias(fx.b) } else { args };
+    st.matmul_lt(blas, s, fwd, fx.x, fx.w, &mut y, args)
+        .ctx(&fx.name(fwd))?;
+    let (z, sc) = fx.z(with_bias);
+    let relu: Vec<f64> = z.iter().map(|v| v.max(0.0)).collect();
+    close(
+        &fx.name(fwd),
+        &dtoh_f64(gpu, &y)?,
+        &relu,
+        &sc,
+        T::TOL.max(1e-5),
+    )?;
+    let q = &fx.q;
+    let want: Vec<f64> = (0..m * n)
+        .map(|ij| if z[ij] > 0.0 { q[ij].0 } else { 0.0 })
+        .collect();
+    let sc: Vec<f64> = (0..m * n).map(|ij| q[ij].1 + 1.0).collect();
+    let mut dz = gpu.alloc_zeros::<T>(m * n).ctx("dz")?;
+    let e = Epilogue::DRelu;
+    let args = LtArgs::new().relu_mask(&mask);
+    st.matmul_lt(blas, s, e, &fx.g, &fx.h, &mut dz, args)
+        .ctx(&fx.name(e))?;
+    let what = format!("{} after {}", fx.name(e), fwd.name());
+    close(&what, &dtoh_f64(gpu, &dz)?, &want, &sc, T::TOL.max(1e-5))?;
+    let mut bgrad = gpu.alloc_zeros::<T>(n).ctx("bgrad")?;
+    let e = Epilogue::DReluBGrad;
+    let args = LtArgs::new().relu_mask(&mask).bias_grad(&mut bgrad);
+    st.matmul_lt(blas, s, e, &fx.g, &fx.h, &mut dz, args)
+        .ctx(&fx.name(e))?;
+    let got = dtoh_f64(gpu, &dz)?;
+    close(&fx.name(e), &got, &want, &sc, T::TOL.max(1e-5))?;
+    check_bias_grad(gpu, &fx.name(e), &bgrad, &got, m, n)
 }
 
 /// `bgrad[j] = Σ_i dz[i][j]` (row-major `m×n`), within the type's tolerance.
@@ -559,6 +621,107 @@ fn lt_epilogues_match_host_math() -> R {
     lt_case::<f16>(&gpu)
 }
 
+/// The inputs of the capture test: a bf16 GEMM, an f32 strided batch, and a bf16
+/// GELU_AUX_BIAS forward with its DGELU_BGRAD backward.
+struct CaptureInputs {
+    gemm: Matmul,
+    a16: gpubind::DeviceSlice<bf16>,
+    b16: gpubind::DeviceSlice<bf16>,
+    qk: Matmul,
+    batch: Batch,
+    q: gpubind::DeviceSlice<f32>,
+    k: gpubind::DeviceSlice<f32>,
+    lt: Matmul,
+    x: gpubind::DeviceSlice<bf16>,
+    w: gpubind::DeviceSlice<bf16>,
+    bias: gpubind::DeviceSlice<bf16>,
+}
+
+/// The outputs of those products.
+struct CaptureOutputs {
+    c: gpubind::DeviceSlice<bf16>,
+    s: gpubind::DeviceSlice<f32>,
+    y: gpubind::DeviceSlice<bf16>,
+    z: gpubind::DeviceSlice<bf16>,
+    dz: gpubind::DeviceSlice<bf16>,
+    db: gpubind::DeviceSlice<bf16>,
+}
+
+impl CaptureInputs {
+    fn new(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> Result<Self, String> {
+        let (m, n, k) = (96usize, 64usize, 80usize);
+        let mut up = |len: usize| gpu.clone_htod(&random::<bf16>(rng, len).0).ctx("htod");
+        let (a16, b16, x, w, bias) = (up(m * k)?, up(n * k)?, up(m * k)?, up(k * n)?, up(n)?);
+        let qk = Matmul::new(32, 32, 16).transpose_b();
+        let q = gpu
+            .clone_htod(&random::<f32>(rng, 12 * 32 * 16).0)
+            .ctx("q")?;
+        let kt = gpu
+            .clone_htod(&random::<f32>(rng, 12 * 32 * 16).0)
+            .ctx("k")?;
+        Ok(CaptureInputs {
+            gemm: Matmul::new(m, n, k).transpose_b(),
+            a16,
+            b16,
+            batch: Batch::packed(12, &qk),
+            qk,
+            q,
+            k: kt,
+            lt: Matmul::new(m, n, k),
+            x,
+            w,
+            bias,
+        })
+    }
+
+    fn outputs(&self, gpu: &BoundDevice<'_>) -> Result<CaptureOutputs, String> {
+        let (mn, n) = (self.lt.m * self.lt.n, self.lt.n);
+        Ok(CaptureOutputs {
+            c: gpu.alloc_zeros(mn).ctx("alloc")?,
+            s: gpu.alloc_zeros(12 * 32 * 32).ctx("alloc")?,
+            y: gpu.alloc_zeros(mn).ctx("alloc")?,
+            z: gpu.alloc_zeros(self.lt.gelu_aux_len()).ctx("alloc")?,
+            dz: gpu.alloc_zeros(mn).ctx("alloc")?,
+            db: gpu.alloc_zeros(n).ctx("alloc")?,
+        })
+    }
+
+    fn eager(
+        &self,
+        gpu: &BoundDevice<'_>,
+        blas: &mut gpubind::blas::Blas,
+        o: &mut CaptureOutputs,
+    ) -> R {
+        let st = gpu.default_stream();
+        st.matmul(blas, &self.gemm, &self.a16, &self.b16, &mut o.c)
+            .ctx("eager gemm")?;
+        st.matmul_batched(blas, &self.qk, &self.batch, &self.q, &self.k, &mut o.s)
+            .ctx("eager batched")?;
+        let args = LtArgs::new().bias(&self.bias).aux_out(&mut o.z);
+        let e = Epilogue::GeluAuxBias;
+        st.matmul_lt(blas, &self.lt, e, &self.x, &self.w, &mut o.y, args)
+            .ctx("eager gelu")?;
+        let args = LtArgs::new().aux(&o.z).bias_grad(&mut o.db);
+        let e = Epilogue::DGeluBGrad;
+        st.matmul_lt(blas, &self.lt, e, &self.x, &self.w, &mut o.dz, args)
+            .ctx("eager dgelu")
+    }
+}
+
+/// `Err` unless `a` and `b` hold the same bits.
+fn same<T: DeviceRepr + PartialEq>(
+    gpu: &BoundDevice<'_>,
+    what: &str,
+    a: &gpubind::DeviceSlice<T>,
+    b: &gpubind::DeviceSlice<T>,
+) -> R {
+    ensure!(
+        gpu.dtoh(a).ctx("dtoh")? == gpu.dtoh(b).ctx("dtoh")?,
+        "{what} differs"
+    );
+    Ok(())
+}
+
 /// A bf16 GEMM, an f32 strided batch, a GELU_AUX_BIAS forward and a DGELU_BGRAD
 /// backward captured into one graph equal the same products run eagerly, bit for bit,
 /// at every launch, with the Blas dropped before the graph is instantiated (the graph
@@ -569,81 +732,38 @@ fn captured_products_equal_eager_with_the_blas_dropped() -> R {
     let gpu = ctx.bind(&dev).ctx("bind")?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let mut blas = gpu.new_blas().ctx("new_blas")?;
-    let st = gpu.default_stream();
-    let (m, n, k) = (96usize, 64usize, 80usize);
-    let gemm = Matmul::new(m, n, k).transpose_b();
-    let (a16, _) = random::<bf16>(&mut rng, m * k);
-    let (b16, _) = random::<bf16>(&mut rng, n * k);
-    let (a16, b16) = (
-        gpu.clone_htod(&a16).ctx("a16")?,
-        gpu.clone_htod(&b16).ctx("b16")?,
-    );
-    let qk = Matmul::new(32, 32, 16).transpose_b();
-    let batch = Batch::packed(12, &qk);
-    let (q, _) = random::<f32>(&mut rng, 12 * 32 * 16);
-    let (kt, _) = random::<f32>(&mut rng, 12 * 32 * 16);
-    let (q, kt) = (gpu.clone_htod(&q).ctx("q")?, gpu.clone_htod(&kt).ctx("k")?);
-    let lt = Matmul::new(m, n, k);
-    let (x, _) = random::<bf16>(&mut rng, m * k);
-    let (w, _) = random::<bf16>(&mut rng, k * n);
-    let (bias, _) = random::<bf16>(&mut rng, n);
-    let (x, w, bias) = (
-        gpu.clone_htod(&x).ctx("x")?,
-        gpu.clone_htod(&w).ctx("w")?,
-        gpu.clone_htod(&bias).ctx("bias")?,
-    );
-    // Eager.
-    let mut e_c = gpu.alloc_zeros::<bf16>(m * n).ctx("alloc")?;
-    let mut e_s = gpu.alloc_zeros::<f32>(12 * 32 * 32).ctx("alloc")?;
-    let mut e_y = gpu.alloc_zeros::<bf16>(m * n).ctx("alloc")?;
-    let mut e_z = gpu.alloc_zeros::<bf16>(lt.gelu_aux_len()).ctx("alloc")?;
-    let mut e_dz = gpu.alloc_zeros::<bf16>(m * n).ctx("alloc")?;
-    let mut e_db = gpu.alloc_zeros::<bf16>(n).ctx("alloc")?;
-    st.matmul(&mut blas, &gemm, &a16, &b16, &mut e_c)
-        .ctx("eager gemm")?;
-    st.matmul_batched(&mut blas, &qk, &batch, &q, &kt, &mut e_s)
-        .ctx("eager batched")?;
-    let args = LtArgs::new().bias(&bias).aux_out(&mut e_z);
-    st.matmul_lt(
-        &mut blas,
-        &lt,
-        Epilogue::GeluAuxBias,
-        &x,
-        &w,
-        &mut e_y,
-        args,
-    )
-    .ctx("eager gelu")?;
-    let args = LtArgs::new().aux(&e_z).bias_grad(&mut e_db);
-    st.matmul_lt(
-        &mut blas,
-        &lt,
-        Epilogue::DGeluBGrad,
-        &x,
-        &w,
-        &mut e_dz,
-        args,
-    )
-    .ctx("eager dgelu")?;
-    // Captured.
-    let g_c = gpu.alloc_zeros::<bf16>(m * n).ctx("alloc")?;
-    let g_s = gpu.alloc_zeros::<f32>(12 * 32 * 32).ctx("alloc")?;
-    let g_y = gpu.alloc_zeros::<bf16>(m * n).ctx("alloc")?;
-    let g_z = gpu.alloc_zeros::<bf16>(lt.gelu_aux_len()).ctx("alloc")?;
-    let g_dz = gpu.alloc_zeros::<bf16>(m * n).ctx("alloc")?;
-    let g_db = gpu.alloc_zeros::<bf16>(n).ctx("alloc")?;
+    let i = CaptureInputs::new(&gpu, &mut rng)?;
+    let mut e = i.outputs(&gpu)?;
+    i.eager(&gpu, &mut blas, &mut e)?;
+    let g = i.outputs(&gpu)?;
     let graph = gpu
         .capture(|cap| {
-            cap.matmul(&mut blas, &gemm, &a16, &b16, &g_c)?;
-            cap.matmul_batched(&mut blas, &qk, &batch, &q, &kt, &g_s)?;
-            let args = CaptureLtArgs::new().bias(&bias).aux_out(&g_z);
-            cap.matmul_lt(&mut blas, &lt, Epilogue::GeluAuxBias, &x, &w, &g_y, args)?;
-            let args = CaptureLtArgs::new().aux(&g_z).bias_grad(&g_db);
-            cap.matmul_lt(&mut blas, &lt, Epilogue::DGeluBGrad, &x, &w, &g_dz, args)
+            cap.matmul(&mut blas, &i.gemm, &i.a16, &i.b16, &g.c)?;
+            cap.matmul_batched(&mut blas, &i.qk, &i.batch, &i.q, &i.k, &g.s)?;
+            let args = CaptureLtArgs::new().bias(&i.bias).aux_out(&g.z);
+            cap.matmul_lt(
+                &mut blas,
+                &i.lt,
+                Epilogue::GeluAuxBias,
+                &i.x,
+                &i.w,
+                &g.y,
+                args,
+            )?;
+            let args = CaptureLtArgs::new().aux(&g.z).bias_grad(&g.db);
+            cap.matmul_lt(
+                &mut blas,
+                &i.lt,
+                Epilogue::DGeluBGrad,
+                &i.x,
+                &i.w,
+                &g.dz,
+                args,
+            )
         })
         .ctx("capture")?;
     ensure!(
-        gpu.dtoh(&g_c)
+        gpu.dtoh(&g.c)
             .ctx("dtoh")?
             .iter()
             .all(|v| v.to_f32() == 0.0),
@@ -655,40 +775,19 @@ fn captured_products_equal_eager_with_the_blas_dropped() -> R {
     let stream = gpu.new_stream().ctx("stream")?;
     for launch in 0..3 {
         exec.launch(&gpu.on(&stream).ctx("on")?).ctx("launch")?;
-        let mut scratch = gpu.alloc_zeros::<bf16>(m * n).ctx("alloc")?;
-        st.matmul(&mut other, &gemm, &a16, &b16, &mut scratch)
+        let mut scratch = gpu.alloc_zeros::<bf16>(g.c.len()).ctx("alloc")?;
+        gpu.default_stream()
+            .matmul(&mut other, &i.gemm, &i.a16, &i.b16, &mut scratch)
             .ctx("gemm on a new Blas")?;
-        ensure!(
-            gpu.dtoh(&g_c).ctx("dtoh")? == gpu.dtoh(&e_c).ctx("dtoh")?,
-            "launch {launch}: GEMM differs from eager"
-        );
-        ensure!(
-            gpu.dtoh(&scratch).ctx("dtoh")? == gpu.dtoh(&e_c).ctx("dtoh")?,
-            "launch {launch}: the new Blas's GEMM differs"
-        );
-        ensure!(
-            gpu.dtoh(&g_s).ctx("dtoh")? == gpu.dtoh(&e_s).ctx("dtoh")?,
-            "launch {launch}: batched differs from eager"
-        );
-        ensure!(
-            gpu.dtoh(&g_y).ctx("dtoh")? == gpu.dtoh(&e_y).ctx("dtoh")?,
-            "launch {launch}: GELU_AUX_BIAS output differs"
-        );
-        ensure!(
-            gpu.dtoh(&g_z).ctx("dtoh")? == gpu.dtoh(&e_z).ctx("dtoh")?,
-            "launch {launch}: GELU aux differs"
-        );
-        ensure!(
-            gpu.dtoh(&g_dz).ctx("dtoh")? == gpu.dtoh(&e_dz).ctx("dtoh")?,
-            "launch {launch}: DGELU_BGRAD output differs"
-        );
-        ensure!(
-            gpu.dtoh(&g_db).ctx("dtoh")? == gpu.dtoh(&e_db).ctx("dtoh")?,
-            "launch {launch}: DGELU bias gradient differs"
-        );
+        let at = |what: &str| format!("launch {launch}: {what}");
+        same(&gpu, &at("GEMM"), &g.c, &e.c)?;
+        same(&gpu, &at("the new Blas's GEMM"), &scratch, &e.c)?;
+        same(&gpu, &at("strided batch"), &g.s, &e.s)?;
+        same(&gpu, &at("GELU_AUX_BIAS output"), &g.y, &e.y)?;
+        same(&gpu, &at("GELU_AUX_BIAS pre-activation"), &g.z, &e.z)?;
+        same(&gpu, &at("DGELU_BGRAD output"), &g.dz, &e.dz)?;
+        same(&gpu, &at("DGELU_BGRAD bias gradient"), &g.db, &e.db)?;
     }
-    drop(exec);
-    drop(graph);
     Ok(())
 }
 
@@ -833,13 +932,26 @@ fn bad_input_is_a_typed_error() -> R {
         st.matmul(&mut blas, &s.allow_tf32(), &h_a, &h_b, &mut h_c),
         |e| matches!(e, MatmulError::Unsupported { .. }),
     )?;
+    lt_refusals(&gpu, &mut blas)?;
+    refused_in_capture(&gpu, &mut blas)
+}
+
+/// cuBLASLt refusals: an epilogue on f64, a missing operand, a wrong length.
+fn lt_refusals(gpu: &BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> R {
+    let st = gpu.default_stream();
+    let s = Matmul::new(2, 2, 3);
+    let (a, b) = (
+        gpu.alloc_zeros::<f32>(6).ctx("a")?,
+        gpu.alloc_zeros::<f32>(6).ctx("b")?,
+    );
+    let mut c = gpu.alloc_zeros::<f32>(4).ctx("c")?;
     let (d_a, d_b) = (
         gpu.alloc_zeros::<f64>(6).ctx("a")?,
         gpu.alloc_zeros::<f64>(6).ctx("b")?,
     );
     let mut d_c = gpu.alloc_zeros::<f64>(4).ctx("c")?;
     let r = st.matmul_lt(
-        &mut blas,
+        blas,
         &s,
         Epilogue::Gelu,
         &d_a,
@@ -850,15 +962,7 @@ fn bad_input_is_a_typed_error() -> R {
     refused("GELU on f64", r, |e| {
         matches!(e, MatmulError::Unsupported { .. })
     })?;
-    let r = st.matmul_lt(
-        &mut blas,
-        &s,
-        Epilogue::Bias,
-        &a,
-        &b,
-        &mut c4,
-        LtArgs::new(),
-    );
+    let r = st.matmul_lt(blas, &s, Epilogue::Bias, &a, &b, &mut c, LtArgs::new());
     refused("BIAS without a bias", r, |e| {
         matches!(
             e,
@@ -871,12 +975,12 @@ fn bad_input_is_a_typed_error() -> R {
     })?;
     let short = gpu.alloc_zeros::<f32>(1).ctx("bias")?;
     let r = st.matmul_lt(
-        &mut blas,
+        blas,
         &s,
         Epilogue::Bias,
         &a,
         &b,
-        &mut c4,
+        &mut c,
         LtArgs::new().bias(&short),
     );
     refused("bias of 1 for n = 2", r, |e| {
@@ -890,12 +994,22 @@ fn bad_input_is_a_typed_error() -> R {
             }
         )
     })?;
-    // Aliasing (only reachable through shared borrows: a capture, or views).
+    Ok(())
+}
+
+/// Outputs overlapping inputs (only reachable through shared borrows: a capture, or
+/// views) are refused.
+fn refused_in_capture(gpu: &BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> R {
+    let (a, b) = (
+        gpu.alloc_zeros::<f32>(6).ctx("a")?,
+        gpu.alloc_zeros::<f32>(6).ctx("b")?,
+    );
+    let s = Matmul::new(2, 2, 3);
     let tiny = gpu.alloc_zeros::<f32>(1).ctx("tiny")?;
     let view = tiny.slice(..).ctx("view")?;
     let one = Matmul::new(1, 1, 1);
     let r = gpu
-        .capture(|cap| cap.matmul(&mut blas, &one, &view, &view, &tiny))
+        .capture(|cap| cap.matmul(blas, &one, &view, &view, &tiny))
         .map(drop);
     refused("C = A", r, |e| {
         matches!(
@@ -914,7 +1028,7 @@ fn bad_input_is_a_typed_error() -> R {
     let r = gpu
         .capture(|cap| {
             let args = CaptureLtArgs::new().aux_out(&z);
-            cap.matmul_lt(&mut blas, &s, Epilogue::GeluAux, &a, &b, &y, args)
+            cap.matmul_lt(blas, &s, Epilogue::GeluAux, &a, &b, &y, args)
         })
         .map(drop);
     refused("aux overlapping C", r, |e| {

@@ -106,99 +106,157 @@ pub(crate) unsafe fn enqueue_gemm(
     stream: driver::CUstream,
     (a, b, c): Ptrs,
 ) -> Result<()> {
-    let ex = sys::cublas_ex()?;
     // SAFETY: the caller's contract.
     unsafe { bind_stream(blas, stream)? };
     let (first, second) = if plan.swapped { (b, a) } else { (a, b) };
     let scales = Scales::new(dtype, shape);
-    let (alpha, beta) = scales.ptrs();
-    // cublasOperation_t: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
-    let op = |t: bool| c_int::from(t);
-    let (ty, compute) = (dtype.cuda(), dtype.compute(shape.tf32));
-    let h = blas.handle();
-    if plan.count == 1 && dtype == DataType::F32 && !shape.tf32 {
+    let call = GemmCall {
+        handle: blas.handle(),
+        plan,
+        ty: dtype.cuda(),
+        compute: dtype.compute(shape.tf32),
+        scales: scales.ptrs(),
+        ptrs: (first, second, c),
+    };
+    // SAFETY: the caller's contract; `scales` outlives the call.
+    unsafe {
+        if plan.count == 1 && dtype == DataType::F32 && !shape.tf32 {
+            call.sgemm()
+        } else if plan.count == 1 {
+            call.gemm_ex()
+        } else {
+            call.strided_batched()
+        }
+    }
+}
+
+/// One cuBLAS call of a planned product: cuBLAS's operands in its order.
+struct GemmCall<'p> {
+    handle: crate::libs::CublasHandle,
+    plan: &'p Plan,
+    ty: c_int,
+    compute: c_int,
+    /// alpha and beta, of the scale type.
+    scales: (*const c_void, *const c_void),
+    ptrs: Ptrs,
+}
+
+/// `cublasOperation_t`: `CUBLAS_OP_N` = 0, `CUBLAS_OP_T` = 1.
+fn op(transpose: bool) -> c_int {
+    c_int::from(transpose)
+}
+
+impl GemmCall<'_> {
+    /// `cublasSgemm_v2` (an f32 product without TF32).
+    ///
+    /// # Safety
+    ///
+    /// [`enqueue_gemm`]'s contract, with the handle bound to the stream and workspace;
+    /// the scales are live f32 host scalars.
+    unsafe fn sgemm(&self) -> Result<()> {
         let api = libs::cublas()?;
-        let f = |p: *const c_void| p.cast::<f32>();
-        // SAFETY: as below, with f32 matrices and f32 host scalars (an f32 product).
+        let (p, (a, b, c)) = (self.plan, self.ptrs);
+        let (alpha, beta) = (self.scales.0.cast::<f32>(), self.scales.1.cast::<f32>());
+        // SAFETY: the contract: live f32 buffers holding what the planned dimensions and
+        // leading dimensions reach, ordered and kept alive; f32 host scalars alive for
+        // the call (default pointer mode).
         let status = unsafe {
             (api.sgemm)(
-                h,
-                op(plan.transa),
-                op(plan.transb),
-                plan.m,
-                plan.n,
-                plan.k,
-                f(alpha),
-                first as *const f32,
-                plan.lda,
-                second as *const f32,
-                plan.ldb,
-                f(beta),
+                self.handle,
+                op(p.transa),
+                op(p.transb),
+                p.m,
+                p.n,
+                p.k,
+                alpha,
+                a as *const f32,
+                p.lda,
+                b as *const f32,
+                p.ldb,
+                beta,
                 c as *mut f32,
-                plan.ldc,
+                p.ldc,
             )
         };
-        return check(status, "cublasSgemm_v2");
+        check(status, "cublasSgemm_v2")
     }
-    if plan.count == 1 {
-        // SAFETY: the caller's contract: live buffers holding what the planned dimensions
-        // and leading dimensions reach, ordered and kept alive; alpha and beta are host
-        // scalars of the scale type, alive for the call (default pointer mode).
+
+    /// `cublasGemmEx`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`sgemm`](Self::sgemm), with buffers and scales of the call's types.
+    unsafe fn gemm_ex(&self) -> Result<()> {
+        let ex = sys::cublas_ex()?;
+        let (p, (a, b, c), ty) = (self.plan, self.ptrs, self.ty);
+        // SAFETY: the contract: live buffers of type `ty` holding what the planned
+        // dimensions and leading dimensions reach, ordered and kept alive; host scalars
+        // of the scale type alive for the call (default pointer mode).
         let status = unsafe {
             (ex.gemm_ex)(
-                h,
-                op(plan.transa),
-                op(plan.transb),
-                plan.m,
-                plan.n,
-                plan.k,
-                alpha,
-                first as *const c_void,
+                self.handle,
+                op(p.transa),
+                op(p.transb),
+                p.m,
+                p.n,
+                p.k,
+                self.scales.0,
+                a as *const c_void,
                 ty,
-                plan.lda,
-                second as *const c_void,
+                p.lda,
+                b as *const c_void,
                 ty,
-                plan.ldb,
-                beta,
+                p.ldb,
+                self.scales.1,
                 c as *mut c_void,
                 ty,
-                plan.ldc,
-                compute,
+                p.ldc,
+                self.compute,
                 sys::GEMM_DEFAULT,
             )
         };
-        return check(status, "cublasGemmEx");
+        check(status, "cublasGemmEx")
     }
-    // SAFETY: as above, with every matrix of the batch in bounds (checked by the plan)
-    // and the outputs disjoint (stride of C at least one matrix).
-    let status = unsafe {
-        (ex.gemm_strided_batched_ex)(
-            h,
-            op(plan.transa),
-            op(plan.transb),
-            plan.m,
-            plan.n,
-            plan.k,
-            alpha,
-            first as *const c_void,
-            ty,
-            plan.lda,
-            plan.stride_a,
-            second as *const c_void,
-            ty,
-            plan.ldb,
-            plan.stride_b,
-            beta,
-            c as *mut c_void,
-            ty,
-            plan.ldc,
-            plan.stride_c,
-            plan.count,
-            compute,
-            sys::GEMM_DEFAULT,
-        )
-    };
-    check(status, "cublasGemmStridedBatchedEx")
+
+    /// `cublasGemmStridedBatchedEx`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`gemm_ex`](Self::gemm_ex), with every matrix of the batch in bounds
+    /// (checked by the plan) and the outputs disjoint (stride of C at least one matrix).
+    unsafe fn strided_batched(&self) -> Result<()> {
+        let ex = sys::cublas_ex()?;
+        let (p, (a, b, c), ty) = (self.plan, self.ptrs, self.ty);
+        // SAFETY: the contract, as in `gemm_ex`, for all `count` matrices.
+        let status = unsafe {
+            (ex.gemm_strided_batched_ex)(
+                self.handle,
+                op(p.transa),
+                op(p.transb),
+                p.m,
+                p.n,
+                p.k,
+                self.scales.0,
+                a as *const c_void,
+                ty,
+                p.lda,
+                p.stride_a,
+                b as *const c_void,
+                ty,
+                p.ldb,
+                p.stride_b,
+                self.scales.1,
+                c as *mut c_void,
+                ty,
+                p.ldc,
+                p.stride_c,
+                p.count,
+                self.compute,
+                sys::GEMM_DEFAULT,
+            )
+        };
+        check(status, "cublasGemmStridedBatchedEx")
+    }
 }
 
 impl<'b> BoundStream<'b> {

@@ -12,8 +12,8 @@ use crate::libs::{self, CublasHandle};
 use crate::memory::{DeviceMemory, DeviceSlice, Tracked};
 use std::sync::{Arc, OnceLock};
 
-/// A cuBLAS handle of one device, with its workspace and (from the first
-/// [`matmul_lt`](crate::BoundStream::matmul_lt)) a cuBLASLt handle.
+/// A cuBLAS handle of one device, with its workspace and a cuBLASLt handle (for
+/// [`matmul_lt`](crate::BoundStream::matmul_lt), when cuBLASLt loads).
 ///
 /// `Send` (it may move to another thread with its device) but not `Sync`: cuBLAS handles
 /// must not be used by two threads at once, and every product takes `&mut Blas`. The
@@ -33,7 +33,8 @@ pub struct Blas {
 pub(crate) struct Shared {
     pub(crate) device: Arc<Device>,
     pub(crate) handle: CublasHandle,
-    /// The cuBLASLt handle, created by the first Lt product (as an address: see `Send`).
+    /// The cuBLASLt handle (as an address: see `Send`), created by `new_blas` or by the
+    /// first Lt product.
     lt: OnceLock<usize>,
     /// The workspace (`cublasSetWorkspace_v2`, and `cublasLtMatmul`'s argument): cuBLAS
     /// then never allocates one of its own, which a graph capture cannot have. Every
@@ -90,7 +91,8 @@ impl Blas {
         self.shared.handle
     }
 
-    /// The cuBLASLt handle, created on first use (the handle's context must be current).
+    /// The cuBLASLt handle, created by `new_blas` or, if that failed, on first use (the
+    /// handle's context must be current).
     pub(crate) fn lt_handle(&mut self) -> Result<LtHandle> {
         if let Some(&h) = self.shared.lt.get() {
             return Ok(h as LtHandle);
@@ -149,8 +151,10 @@ impl Drop for Shared {
 
 impl<'a> BoundDevice<'a> {
     /// Creates a cuBLAS handle for the bound device; [`Error::NoCublas`] if no `libcublas`
-    /// fitting the driver can be loaded (which one: [`crate::libs`]). cuBLASLt is loaded
-    /// by the first [`matmul_lt`](crate::BoundStream::matmul_lt).
+    /// fitting the driver can be loaded (which one: [`crate::libs`]). It also creates a
+    /// cuBLASLt handle when cuBLASLt loads (else [`matmul_lt`] reports why).
+    ///
+    /// [`matmul_lt`]: crate::BoundStream::matmul_lt
     ///
     /// [`Error::NoCublas`]: crate::Error::NoCublas
     pub fn new_blas(&self) -> Result<Blas> {
@@ -162,7 +166,7 @@ impl<'a> BoundDevice<'a> {
         let mut handle: CublasHandle = std::ptr::null_mut();
         // SAFETY: the bound context is current; writes one handle.
         check(unsafe { (api.create)(&mut handle) }, "cublasCreate_v2")?;
-        Ok(Blas {
+        let mut blas = Blas {
             shared: Arc::new(Shared {
                 device: Arc::clone(self.device()),
                 handle,
@@ -170,7 +174,14 @@ impl<'a> BoundDevice<'a> {
                 workspace,
             }),
             lt_plans: LtPlans::default(),
-        })
+        };
+        // The cuBLASLt handle now if cuBLASLt loads, so that a capture never has to
+        // create it; without cuBLASLt, plain products still work and `matmul_lt` reports
+        // why (it tries again).
+        if let Err(e) = blas.lt_handle() {
+            log::debug!("gpubind: no cuBLASLt handle yet: {e}");
+        }
+        Ok(blas)
     }
 }
 

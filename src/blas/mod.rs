@@ -52,8 +52,9 @@
 //! the [`Blas`] may be dropped before the graph is launched.
 //!
 //! cuBLAS is loaded at run time, matching the driver ([`crate::libs`],
-//! `GPUBIND_CUBLAS_PATH`); cuBLASLt likewise, on the first Lt product
-//! (`GPUBIND_CUBLASLT_PATH`, [`cublaslt_info`]).
+//! `GPUBIND_CUBLAS_PATH`); cuBLASLt likewise (`GPUBIND_CUBLASLT_PATH`,
+//! [`cublaslt_info`]) by the first `new_blas`. Without a cuBLASLt, plain products still
+//! run and `matmul_lt` is [`Error::NoCublasLt`](crate::Error::NoCublasLt).
 
 mod capture;
 mod epilogue;
