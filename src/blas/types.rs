@@ -200,7 +200,7 @@ impl Matmul {
     /// columns, `n`; column-major: `m`), rounded up to a multiple of 8 as cuBLASLt
     /// requires.
     pub fn gelu_aux_ld(&self) -> usize {
-        self.aux_inner().div_ceil(8) * 8
+        self.aux_inner().div_ceil(8).saturating_mul(8)
     }
 
     /// Elements of the `GELU_AUX` pre-activation buffer: [`gelu_aux_ld`](Self::gelu_aux_ld)
@@ -213,7 +213,7 @@ impl Matmul {
     /// The leading dimension, in bits, of the ReLU mask that the `RELU_AUX` epilogues
     /// store and `DRELU` reads: C's inner dimension rounded up to a multiple of 128.
     pub fn relu_mask_ld(&self) -> usize {
-        self.aux_inner().div_ceil(128) * 128
+        self.aux_inner().div_ceil(128).saturating_mul(128)
     }
 
     /// Bytes of the ReLU mask buffer (`u8`): one bit per element, rows of
