@@ -8,15 +8,15 @@
 //! (with `libloading`, as it does for NCCL) and chooses the library like this:
 //!
 //! 1. **Override:** `GPUBIND_NVRTC_PATH` / `GPUBIND_CUBLAS_PATH` / `GPUBIND_CUBLASLT_PATH`
-//!    (cuBLASLt, for [`Blas`](crate::blas::Blas)'s epilogue products), a file name or path, is
+//!    (cuBLASLt, for the epilogue products of `gpubind::blas`), a file name or path, is
 //!    the only candidate when set (not empty). If it cannot be loaded (or lacks an entry
 //!    point), that is the error: gpubind does not fall back behind an explicit choice.
 //! 2. **Driver's major version first:** with the driver's version `D.x`
 //!    (`cuDriverGetVersion`), the sonames of majors `D, D-1, …, 11` in that order
 //!    (`libnvrtc.so.12`, `libcublas.so.12`, …; NVRTC 11 is `libnvrtc.so.11.2`), then the
 //!    unversioned development name (`libnvrtc.so`). A library is accepted only if the
-//!    version it reports (`nvrtcVersion`, `cublasGetProperty`, `cublasLtGetProperty`) is not newer than `D`, so a
-//!    `libnvrtc.so` that points at a newer toolkit is skipped too.
+//!    version it reports (`nvrtcVersion`, `cublasGetProperty`, `cublasLtGetProperty`) is
+//!    not newer than `D`, so a `libnvrtc.so` that points at a newer toolkit is skipped too.
 //! 3. **No driver** (compiling on a machine without a GPU): the newest major known first.
 //!
 //! The choice is made once per process, on first use. `nvrtc_info` and `cublas_info`
