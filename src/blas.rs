@@ -32,9 +32,9 @@ use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
 use crate::copy::DeviceOnlyMemory;
 use crate::device::Device;
+use crate::driver::libraries::{self as libs, CublasHandle};
 use crate::error::{Error, Result};
 use crate::graph::{Capture, Owned};
-use crate::libs::{self, CublasHandle};
 use crate::memory::{ByteSpan, DeviceMemory, DeviceMemoryMut, DeviceSlice, Tracked, expect_len};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
@@ -113,8 +113,8 @@ impl Drop for Blas {
         let destroy = api.destroy;
         let handle = self.handle as usize;
         // cuBLAS documents that cublasDestroy synchronises the device, so it runs on the
-        // release thread, bounded by GPUBIND_DROP_TIMEOUT (crate::release).
-        crate::release::release(
+        // release thread, bounded by GPUBIND_DROP_TIMEOUT (crate::teardown::release).
+        crate::teardown::release::release(
             format_args!("a cuBLAS handle"),
             &self.device,
             "cublasDestroy_v2",
@@ -136,7 +136,7 @@ impl Drop for Blas {
 
 impl<'a> BoundDevice<'a> {
     /// Creates a cuBLAS handle for the bound device; [`Error::NoCublas`] if no `libcublas`
-    /// fitting the driver can be loaded (which one: [`crate::libs`]).
+    /// fitting the driver can be loaded (which one: [`crate::driver::libraries`]).
     pub fn new_blas(&self) -> Result<Blas> {
         self.ensure_current()?;
         let api = libs::cublas()?;

@@ -33,6 +33,9 @@
 //! use gpubind::driver::RawContext; // error[E0603]: struct `RawContext` is private
 //! ```
 
+pub mod libraries;
+pub mod version;
+
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -69,9 +72,9 @@ impl Check for sys::CUresult {
 #[cold]
 #[inline(never)]
 fn failed_on(device: &crate::device::Device, call: &'static str, code: sys::CUresult) -> Error {
-    if crate::poison::is_sticky(code) {
+    if crate::device::poison::is_sticky(code) {
         let p = device.poison_state().poison(call, code).clone();
-        crate::poison::error(device, &p)
+        crate::device::poison::error(device, &p)
     } else {
         Error::driver(call, code)
     }
@@ -153,7 +156,7 @@ pub fn init() -> Result<()> {
         if !driver_available() {
             return Err(Error::NoDriver);
         }
-        crate::compat::require_minimum(crate::compat::driver_version()?)?;
+        crate::driver::version::require_minimum(crate::driver::version::driver_version()?)?;
         // SAFETY: the library is present (checked above); cuInit has no preconditions.
         unsafe { sys::cuInit(0) }.check("cuInit")
     })
@@ -253,7 +256,7 @@ impl Drop for ContextGuard {
             // runs on the thread that pushed, and guards nest like the scopes holding them.
             let r = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
             if let Err(e) = r.check("cuCtxPopCurrent_v2") {
-                crate::faults::report_drop(
+                crate::teardown::faults::report_drop(
                     format_args!("a context guard"),
                     None,
                     "popping the context it pushed",
@@ -311,7 +314,7 @@ impl PrimaryCtxOps for CudaPrimary {
         // SAFETY: called once for each successful retain (enforced by LazyPrimary).
         let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(device) };
         if let Err(e) = r.check("cuDevicePrimaryCtxRelease_v2") {
-            crate::faults::report_drop(
+            crate::teardown::faults::report_drop(
                 format_args!("the last Arc<Device> (CUdevice {device})"),
                 None,
                 "releasing the primary context",

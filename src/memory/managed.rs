@@ -28,11 +28,11 @@
 //! [`Error::ManagedTooLarge`]: over-subscribed managed memory can stall the whole GPU.
 
 use crate::access::{Access, AccessTracker};
-use crate::compat;
 use crate::context::BoundDevice;
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::{Device, DeviceAttribute};
 use crate::driver::Check;
+use crate::driver::version as compat;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, impl_device_memory, private};
 use crate::module::{KernelArg, memory_arg};
@@ -71,10 +71,11 @@ pub enum Location<'d> {
 impl Location<'_> {
     fn raw(self) -> sys::CUmemLocation {
         match self {
-            Location::Host => {
-                crate::compat::mem_location(sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, 0)
-            }
-            Location::Device(d) => crate::compat::mem_location(
+            Location::Host => crate::driver::version::mem_location(
+                sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+                0,
+            ),
+            Location::Device(d) => crate::driver::version::mem_location(
                 sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
                 d.raw_device(),
             ),
@@ -209,7 +210,7 @@ impl<T: DeviceRepr> Drop for ManagedSlice<T> {
         // than freed (and the failure logged).
         let waited = self.tracker.wait_all();
         let ptr = self.ptr;
-        crate::faults::release_bounded(
+        crate::teardown::faults::release_bounded(
             format_args!(
                 "ManagedSlice<{}> of {} elements",
                 std::any::type_name::<T>(),
