@@ -103,10 +103,10 @@ use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::Result;
-use crate::global::ModuleGlobal;
 #[cfg(feature = "ipc")]
 use crate::ipc::{ImportedSlice, LegacySlice, PoolSlice};
 use crate::memory::{ByteSpan, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, expect_len};
+use crate::module::global::ModuleGlobal;
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
 use std::marker::PhantomData;
@@ -495,18 +495,18 @@ impl<'b> BoundStream<'b> {
                 if !self.1 {
                     return;
                 }
-                let limit = crate::drop_wait::drop_timeout();
+                let limit = crate::teardown::drop_wait::drop_timeout();
                 let deadline = std::time::Instant::now().checked_add(limit);
                 if let Err(e) = self.0.to_ref().synchronize_within(deadline, limit) {
                     let ordinal = Some(self.0.bound().device().ordinal());
-                    if !crate::faults::nothing_runs_after(&e) {
-                        crate::faults::abort_unreleasable(
+                    if !crate::teardown::faults::nothing_runs_after(&e) {
+                        crate::teardown::faults::abort_unreleasable(
                             format_args!("a copy scope, unwinding"),
                             ordinal,
                             &e,
                         );
                     }
-                    crate::faults::report_drop(
+                    crate::teardown::faults::report_drop(
                         format_args!("a copy scope, unwinding"),
                         ordinal,
                         "synchronizing its stream",

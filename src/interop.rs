@@ -461,10 +461,10 @@ impl<T> Drop for Lent<'_, T> {
         if !self.settled
             && let Err(e) = self.settle()
         {
-            crate::faults::report_drop(
+            crate::teardown::faults::report_drop(
                 format_args!("a buffer lent to cudarc"),
                 Some(self.device.ordinal()),
-                crate::faults::WAIT,
+                crate::teardown::faults::WAIT,
                 &e,
                 "later gpubind uses of the buffer may not be ordered after cudarc's",
             );
@@ -498,12 +498,12 @@ pub(crate) fn drop_in_context<V>(what: std::fmt::Arguments<'_>, device: &Device,
     match device.enter() {
         Ok(_guard) => drop(value),
         Err(e) => {
-            crate::faults::report_drop(
+            crate::teardown::faults::report_drop(
                 what,
                 Some(device.ordinal()),
-                crate::faults::ENTER,
+                crate::teardown::faults::ENTER,
                 &e,
-                crate::faults::LEAKED,
+                crate::teardown::faults::LEAKED,
             );
             std::mem::forget(value);
         }

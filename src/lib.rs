@@ -87,7 +87,6 @@ pub mod blas;
 #[cfg(feature = "collective")]
 #[cfg_attr(docsrs, doc(cfg(feature = "collective")))]
 pub mod collective;
-pub mod compat;
 pub mod context;
 pub mod copy;
 pub mod device;
@@ -95,27 +94,24 @@ pub mod device;
 #[cfg_attr(docsrs, doc(cfg(feature = "dlpack")))]
 pub mod dlpack;
 pub mod driver;
-mod drop_wait;
 pub mod error;
-mod faults;
 #[cfg_attr(not(any(feature = "collective", feature = "ipc")), allow(dead_code))]
 mod fnv;
-pub mod global;
 pub mod graph;
-pub mod host;
-mod image;
 pub mod interop;
 #[cfg(feature = "ipc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub mod ipc;
 pub mod launch;
-pub mod libs;
-pub mod managed;
 pub mod memory;
 pub mod module;
-pub mod poison;
-mod release;
 pub mod stream;
+mod teardown;
+pub use device::poison;
+pub use driver::libraries as libs;
+pub use driver::version as compat;
+pub use memory::{host, managed};
+pub use module::global;
 mod sync;
 
 /// Loom model checks of the crate-private primary-context seam and the token slot; run
@@ -129,34 +125,34 @@ pub use collective::{
     Backend, CollectiveType, CommOptions, Communicator, Group, LaunchEnv, NcclUniqueId, Op,
     RankComm, Transport, nccl_available,
 };
-pub use compat::{DriverVersion, driver_version};
 pub use context::{BoundDevice, ThreadContext};
 pub use copy::{CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind};
 pub use device::{Device, DeviceAttribute, Uuid};
 #[cfg(feature = "dlpack")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dlpack")))]
 pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
+pub use driver::version::{DriverVersion, driver_version};
 pub use driver::{driver_available, init};
 pub use error::{DriverErrorCode, Error, Result};
-pub use global::ModuleGlobal;
 pub use graph::{Capture, CaptureLaunch, Graph, GraphExec};
-pub use host::{
-    CaptureSource, HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost,
-};
 #[cfg(feature = "ipc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub use ipc::{
     BufferHandle, ImportedPool, ImportedSlice, LegacyIpcHandle, LegacySlice, MemoryPool,
     PoolConfig, PoolHandle, PoolSlice,
 };
-pub use launch::{ClusterScheduling, LaunchExBuilder};
-pub use managed::{Advice, Location, ManagedSlice};
+pub use launch::{ClusterScheduling, LaunchBuilder, LaunchConfig, LaunchExBuilder};
+pub use memory::host::{
+    CaptureSource, HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost,
+};
+pub use memory::managed::{Advice, Location, ManagedSlice};
 pub use memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, MemsetValue,
 };
+pub use module::global::ModuleGlobal;
 pub use module::{
-    Function, FunctionAttributes, KernelArg, LaunchBuilder, LaunchConfig, Module, Output,
-    PotentialBlockSize, compile, nvrtc_available,
+    Function, FunctionAttributes, KernelArg, Module, Output, PotentialBlockSize, compile,
+    nvrtc_available,
 };
 pub use stream::{BoundStream, Event, EventFlags, Stream, StreamPriorityRange};
 

@@ -3,7 +3,7 @@
 //! Only the state that the loom tests model goes through here: the per-thread
 //! [`ThreadContext`](crate::ThreadContext) slot, the lazy primary-context retain, the
 //! buffers' access trackers (`crate::access`) and the hand-over of a release to its
-//! device's release thread (`crate::release`).
+//! device's release thread (`crate::teardown::release`).
 
 #[cfg(loom)]
 pub(crate) use loom::sync::{

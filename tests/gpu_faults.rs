@@ -280,7 +280,7 @@ fn child_bounded_drop() -> R {
         let comm_took = t.elapsed();
         println!("Communicator drop returned after {comm_took:?}");
         // About 1 s for its lane, and at most about 1 s more for a release call that
-        // waits for the whole device (crate::release): bounded either way.
+        // waits for the whole device (crate::teardown::release): bounded either way.
         ensure!(
             comm_took >= Duration::from_millis(900) && comm_took < Duration::from_millis(3500),
             "Communicator drop took {comm_took:?}, expected 1 to 2 s"

@@ -32,9 +32,9 @@
 //! The state machine ([`AccessState`]) and the steps taken under the lock are generic over
 //! the stream type, so the loom models run the same code with mock streams.
 
-use crate::drop_wait::drop_timeout;
 use crate::error::Result;
 use crate::sync;
+use crate::teardown::drop_wait::drop_timeout;
 use cudarc::driver::sys;
 use std::time::Instant;
 

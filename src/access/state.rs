@@ -280,7 +280,7 @@ impl<S: TrackedStream> AccessState<S> {
 
     /// Synchronises every pending use, all of them even if one fails; forgets them only if
     /// every one succeeded, and returns the first error — but a failure that does not
-    /// mean "poisoned" ([`crate::faults::nothing_runs_after`]) wins over one that does.
+    /// mean "poisoned" ([`crate::teardown::faults::nothing_runs_after`]) wins over one that does.
     pub(crate) fn wait_all(&mut self, mut synchronize: impl FnMut(&S) -> Result<()>) -> Result<()> {
         let mut first: Result<()> = Ok(());
         for s in self.writers.iter().chain(&self.readers) {
@@ -291,8 +291,8 @@ impl<S: TrackedStream> AccessState<S> {
                 let replace = match &first {
                     Ok(()) => true,
                     Err(f) => {
-                        crate::faults::nothing_runs_after(f)
-                            && !crate::faults::nothing_runs_after(&e)
+                        crate::teardown::faults::nothing_runs_after(f)
+                            && !crate::teardown::faults::nothing_runs_after(&e)
                     }
                 };
                 if replace {

@@ -4,8 +4,8 @@
 
 use crate::device::Device;
 use crate::driver::Check;
-use crate::drop_wait::{GaveUp, Polled, poll_until_idle};
 use crate::error::{Error, Result};
+use crate::teardown::drop_wait::{GaveUp, Polled, poll_until_idle};
 use cudarc::driver::sys;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -129,7 +129,7 @@ impl StreamInner {
 
 /// Destroys an event of `device`'s context (a drop: failures are logged).
 fn destroy_event(device: &Arc<Device>, event: sys::CUevent) {
-    crate::faults::release(
+    crate::teardown::faults::release(
         format_args!("a stream's hand-off event"),
         device,
         Ok(()),
@@ -161,7 +161,7 @@ impl Drop for StreamInner {
             Ok(_guard) => GaveUp::forget_stream(self.id, true),
             Err(_) => GaveUp::forget_stream(self.id, false),
         }
-        crate::faults::release(
+        crate::teardown::faults::release(
             format_args!("a Stream"),
             &self.device,
             Ok(()),

@@ -10,9 +10,9 @@ use super::sys::check;
 use super::types::{Batch, BlasScalar, Matmul};
 use crate::access::Access;
 use crate::copy::DeviceOnlyMemory;
+use crate::driver::libraries as libs;
 use crate::error::Result;
 use crate::graph::{Capture, Owned};
-use crate::libs;
 use crate::memory::DeviceMemory;
 use std::sync::Arc;
 

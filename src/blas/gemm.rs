@@ -7,8 +7,8 @@ use super::sys::{self, check};
 use super::types::{Batch, BlasScalar, DataType, Matmul};
 use crate::access::Access;
 use crate::device::Device;
+use crate::driver::libraries as libs;
 use crate::error::Result;
-use crate::libs;
 use crate::memory::{DeviceMemory, DeviceMemoryMut};
 use crate::stream::BoundStream;
 use cudarc::driver::sys as driver;
@@ -132,7 +132,7 @@ pub(crate) unsafe fn enqueue_gemm(
 
 /// One cuBLAS call of a planned product: cuBLAS's operands in its order.
 struct GemmCall<'p> {
-    handle: crate::libs::CublasHandle,
+    handle: crate::driver::libraries::CublasHandle,
     plan: &'p Plan,
     ty: c_int,
     compute: c_int,

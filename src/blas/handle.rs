@@ -6,9 +6,9 @@ use super::sys::{self, LtHandle, check};
 use crate::access::AccessTracker;
 use crate::context::BoundDevice;
 use crate::device::Device;
+use crate::driver::libraries::{self as libs, CublasHandle};
 use crate::error::Result;
 use crate::graph::Owned;
-use crate::libs::{self, CublasHandle};
 use crate::memory::{DeviceMemory, DeviceSlice, Tracked};
 use std::sync::{Arc, OnceLock};
 
@@ -119,8 +119,8 @@ impl Drop for Shared {
             .copied()
             .and_then(|h| sys::cublaslt().ok().map(|api| (api.destroy, h)));
         // cuBLAS documents that cublasDestroy synchronises the device, so it runs on the
-        // release thread, bounded by GPUBIND_DROP_TIMEOUT (crate::release).
-        crate::release::release(
+        // release thread, bounded by GPUBIND_DROP_TIMEOUT (crate::teardown::release).
+        crate::teardown::release::release(
             format_args!("a cuBLAS handle"),
             &self.device,
             "cublasDestroy_v2",
@@ -151,7 +151,7 @@ impl Drop for Shared {
 
 impl<'a> BoundDevice<'a> {
     /// Creates a cuBLAS handle for the bound device; [`Error::NoCublas`] if no `libcublas`
-    /// fitting the driver can be loaded (which one: [`crate::libs`]). It also creates a
+    /// fitting the driver can be loaded (which one: [`crate::driver::libraries`]). It also creates a
     /// cuBLASLt handle when cuBLASLt loads (else [`matmul_lt`] reports why).
     ///
     /// [`matmul_lt`]: crate::BoundStream::matmul_lt

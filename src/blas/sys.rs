@@ -1,17 +1,17 @@
 //! The cuBLAS and cuBLASLt entry points the products use, resolved at run time.
 //!
-//! cuBLAS itself is chosen by [`crate::libs`] (its handle calls live there); the typed
+//! cuBLAS itself is chosen by [`crate::driver::libraries`] (its handle calls live there); the typed
 //! GEMM entry points (`cublasGemmEx`, `cublasGemmStridedBatchedEx`) are resolved here from
 //! that same library (opened again by the name it was loaded by, which yields the loaded
-//! copy). cuBLASLt is chosen by the same rules as cuBLAS ([`crate::libs`]: the driver's
+//! copy). cuBLASLt is chosen by the same rules as cuBLAS ([`crate::driver::libraries`]: the driver's
 //! major version first, `GPUBIND_CUBLASLT_PATH` overriding), on first use.
 //!
 //! Enums are passed as plain integers with the values of the CUDA headers (the enums of
 //! cudarc's bindings differ between binding versions, and a value outside one would be
 //! undefined behaviour in Rust); `tests` checks them against cudarc's bindings.
 
+use crate::driver::libraries::{self as libs, CublasHandle, LibraryInfo, Probe};
 use crate::error::{Error, Result};
-use crate::libs::{self, CublasHandle, LibraryInfo, Probe};
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
 
@@ -114,7 +114,7 @@ pub(crate) type GemmStridedBatchedExFn = unsafe extern "C" fn(
     c_int,
 ) -> c_int;
 
-/// The typed GEMM entry points of the cuBLAS [`crate::libs`] chose.
+/// The typed GEMM entry points of the cuBLAS [`crate::driver::libraries`] chose.
 pub(crate) struct CublasEx {
     _lib: libloading::Library,
     pub(crate) gemm_ex: GemmExFn,
@@ -300,7 +300,7 @@ pub(crate) fn cublaslt() -> Result<&'static CublasLt> {
 }
 
 /// The cuBLASLt gpubind's [`Blas`](super::Blas) uses for
-/// [`matmul_lt`](crate::BoundStream::matmul_lt) (chosen like cuBLAS, see [`crate::libs`];
+/// [`matmul_lt`](crate::BoundStream::matmul_lt) (chosen like cuBLAS, see [`crate::driver::libraries`];
 /// override: `GPUBIND_CUBLASLT_PATH`), or [`Error::NoCublasLt`].
 pub fn cublaslt_info() -> Result<LibraryInfo> {
     cublaslt().map(|c| c.info.clone())

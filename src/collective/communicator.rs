@@ -279,15 +279,15 @@ impl Drop for Communicator {
         // NCCL's way to end pending operations without waiting), the own-kernel modules
         // are leaked and staging buffers, which wait for their own uses, are leaked too:
         // nothing is freed under running work, and the drop returns.
-        let limit = crate::drop_wait::drop_timeout();
+        let limit = crate::teardown::drop_wait::drop_timeout();
         let deadline = std::time::Instant::now().checked_add(limit);
         let mut work_may_run = false;
         for (stream, _) in &self.lanes {
             let ordinal = Some(stream.device().ordinal());
             if let Err(e) = stream.to_ref().synchronize_within(deadline, limit) {
-                let runs = !crate::faults::nothing_runs_after(&e);
+                let runs = !crate::teardown::faults::nothing_runs_after(&e);
                 work_may_run |= runs;
-                crate::faults::report_drop(
+                crate::teardown::faults::report_drop(
                     format_args!("a Communicator"),
                     ordinal,
                     "waiting for its lane's pending collectives",

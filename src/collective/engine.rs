@@ -100,20 +100,20 @@ impl Drop for Shared {
         // GPUBIND_DROP_TIMEOUT: a kernel may still run) leaks them, and with them their
         // Arc<Device>, so the context outlives the kernels.
         if let Err(e) = self.work.wait_all() {
-            if crate::faults::nothing_runs_after(&e) {
-                crate::faults::report_drop(
+            if crate::teardown::faults::nothing_runs_after(&e) {
+                crate::teardown::faults::report_drop(
                     format_args!("a communicator's own-kernel backend"),
                     None,
-                    crate::faults::WAIT,
+                    crate::teardown::faults::WAIT,
                     &e,
                     "its kernel modules are dropped anyway: a poisoned context runs no more \
                      kernels",
                 );
             } else {
-                crate::faults::report_drop(
+                crate::teardown::faults::report_drop(
                     format_args!("a communicator's own-kernel backend"),
                     None,
-                    crate::faults::WAIT,
+                    crate::teardown::faults::WAIT,
                     &e,
                     "its kernel modules are leaked, not unloaded, because a kernel may still \
                      run",
@@ -350,7 +350,7 @@ impl Drop for Staging {
         // established (a faulted context), leak it rather than free it under the device.
         let waited = self.tracker.wait_all();
         let host = self.host as usize;
-        crate::faults::release_bounded(
+        crate::teardown::faults::release_bounded(
             format_args!("a collective staging buffer of {} bytes", self.bytes),
             &self.owner,
             waited,

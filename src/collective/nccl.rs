@@ -237,7 +237,7 @@ impl Drop for RestoreCurrent {
             unsafe { sys::cuCtxSetCurrent(self.saved) }.check("cuCtxSetCurrent")
         });
         if let Err(e) = restored {
-            crate::faults::report_drop(
+            crate::teardown::faults::report_drop(
                 format_args!("the context restorer around an NCCL call"),
                 None,
                 "restoring the thread's context",
@@ -521,7 +521,7 @@ impl NcclComm {
     }
 
     /// `ncclCommAbort` for a drop, bounded: made on the device's release thread
-    /// ([`crate::release`]) and waited for at most `GPUBIND_DROP_TIMEOUT`, then left to
+    /// ([`crate::teardown::release`]) and waited for at most `GPUBIND_DROP_TIMEOUT`, then left to
     /// finish in the background (NCCL's abort does not wait for peers, but may wait
     /// for work queued on the device before the aborted collectives). `device` is the
     /// communicator's (else the device of its calls' events); inline when neither is
@@ -560,7 +560,7 @@ impl NcclComm {
         // thread: destroyed here one could wait (inside the driver) for the abort that is
         // stuck behind the device's work, past the drop's limit (seen on the H200: the
         // drop returned only when a 6 s kernel ended).
-        crate::release::release(
+        crate::teardown::release::release(
             format_args!("an NCCL communicator of {nranks} ranks"),
             &device,
             "ncclCommAbort",
@@ -676,15 +676,15 @@ impl Drop for NcclComm {
             // ncclCommAbort freed it (or is freeing it, on the thread that took it).
             Close::Aborted => return,
             Close::Busy => {
-                crate::faults::report_drop(
+                crate::teardown::faults::report_drop(
                     format_args!("an NCCL communicator of {} ranks", self.nranks),
                     None,
-                    crate::faults::WAIT,
+                    crate::teardown::faults::WAIT,
                     &Error::Timeout {
                         what: "gpubind's NCCL watchdog to finish polling it",
                         after_ms: watchdog::ROUND_LIMIT.as_millis() as u64,
                     },
-                    crate::faults::LEAKED,
+                    crate::teardown::faults::LEAKED,
                 );
                 return;
             }
@@ -699,22 +699,22 @@ impl Drop for NcclComm {
             Ok(api) => api,
             Err(e) => {
                 // Not reached: the communicator was created through the same library.
-                crate::faults::report_drop(
+                crate::teardown::faults::report_drop(
                     format_args!("{}", what()),
                     device,
                     "loading NCCL",
                     &e,
-                    crate::faults::LEAKED,
+                    crate::teardown::faults::LEAKED,
                 );
                 return;
             }
         };
-        let limit = crate::drop_wait::drop_timeout();
+        let limit = crate::teardown::drop_wait::drop_timeout();
         let deadline = Instant::now().checked_add(limit);
         // Without a restorer NCCL may leave its context current; the drop goes on.
         let restore = RestoreCurrent::new();
         if let Err(e) = &restore {
-            crate::faults::report_drop(
+            crate::teardown::faults::report_drop(
                 format_args!("{}", what()),
                 device,
                 "saving the thread's context",
@@ -724,10 +724,10 @@ impl Drop for NcclComm {
         }
         let flushed = self
             .settle(&pending, deadline, limit)
-            .map_err(|e| (crate::faults::WAIT, e))
+            .map_err(|e| (crate::teardown::faults::WAIT, e))
             .and_then(|()| {
                 self.finalize(deadline, limit)
-                    .map_err(|e| (crate::faults::RELEASE, e))
+                    .map_err(|e| (crate::teardown::faults::RELEASE, e))
             });
         if let Err((step, e)) = flushed {
             let outcome = if api.nonblocking.is_some() {
@@ -739,7 +739,13 @@ impl Drop for NcclComm {
                 "it is leaked (not destroyed): this NCCL (older than 2.14) gives gpubind no \
                  ncclCommAbort"
             };
-            crate::faults::report_drop(format_args!("{}", what()), device, step, &e, outcome);
+            crate::teardown::faults::report_drop(
+                format_args!("{}", what()),
+                device,
+                step,
+                &e,
+                outcome,
+            );
             if crate::sync::lock(&self.watch.gate).fail(e, None) {
                 self.abort_taken(None, pending);
             }
@@ -759,12 +765,12 @@ impl Drop for NcclComm {
             code
         };
         if let Err(e) = api.check("ncclCommDestroy", code) {
-            crate::faults::report_drop(
+            crate::teardown::faults::report_drop(
                 format_args!("{}", what()),
                 device,
-                crate::faults::RELEASE,
+                crate::teardown::faults::RELEASE,
                 &e,
-                crate::faults::MAYBE_LEAKED,
+                crate::teardown::faults::MAYBE_LEAKED,
             );
         }
         drop(restore);
@@ -807,12 +813,12 @@ pub(crate) unsafe fn abort_raw(raw: usize, nranks: usize) {
     // ncclInProgress: NCCL finishes the abort itself.
     let code = if code == IN_PROGRESS { 0 } else { code };
     if let Err(e) = api.check("ncclCommAbort", code) {
-        crate::faults::report_drop(
+        crate::teardown::faults::report_drop(
             format_args!("an NCCL communicator of {nranks} ranks"),
             None,
             "aborting it",
             &e,
-            crate::faults::MAYBE_LEAKED,
+            crate::teardown::faults::MAYBE_LEAKED,
         );
     }
 }

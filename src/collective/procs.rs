@@ -392,7 +392,7 @@ impl ProcsRank {
     /// use on `s`, so their next user or free waits for it.
     fn settle_failed_step(&mut self, s: sys::CUstream, budget: &Budget) {
         let limit = budget.deadline.saturating_duration_since(budget.started);
-        let idle = crate::drop_wait::poll_until_idle(
+        let idle = crate::teardown::drop_wait::poll_until_idle(
             || {
                 // SAFETY: the caller's bound stream, its context current.
                 unsafe { sys::cuStreamQuery(s) }
@@ -632,7 +632,7 @@ impl Drop for ProcsRank {
                 ManuallyDrop::drop(&mut self.pool);
             }
         } else {
-            crate::faults::report_drop(
+            crate::teardown::faults::report_drop(
                 format_args!(
                     "rank {}'s collective staging buffer ({} bytes)",
                     self.group.rank(),
@@ -645,7 +645,7 @@ impl Drop for ProcsRank {
                     ranks: vec![],
                     after_ms: self.group.timeout().as_millis().min(u128::from(u64::MAX)) as u64,
                 },
-                crate::faults::LEAKED,
+                crate::teardown::faults::LEAKED,
             );
         }
     }

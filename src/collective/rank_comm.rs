@@ -119,16 +119,16 @@ impl Drop for RankComm {
                 // forget_non_drop there).
                 #[allow(clippy::forget_non_drop)]
                 std::mem::forget(c);
-                crate::faults::report_drop(
+                crate::teardown::faults::report_drop(
                     format_args!("an NCCL communicator of {} ranks", self.nranks),
                     Some(self.device.ordinal()),
-                    crate::faults::RELEASE,
+                    crate::teardown::faults::RELEASE,
                     &Error::InvalidArgument(format!(
                         "{forgotten} CUDA graph(s) holding its captured collectives were \
                          forgotten (never dropped), and NCCL destroys a communicator only \
                          after every graph that captured it"
                     )),
-                    crate::faults::LEAKED,
+                    crate::teardown::faults::LEAKED,
                 );
             }
         }

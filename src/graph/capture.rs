@@ -9,9 +9,10 @@ use crate::copy::DeviceOnlyMemory;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};
-use crate::host::CaptureSource;
+use crate::launch::LaunchConfig;
+use crate::memory::host::CaptureSource;
 use crate::memory::{ByteSpan, DeviceMemory, DeviceRepr, MemsetValue};
-use crate::module::{Function, KernelArg, LaunchConfig};
+use crate::module::{Function, KernelArg};
 use cudarc::driver::sys;
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -90,7 +91,7 @@ impl Drop for Session<'_> {
     fn drop(&mut self) {
         // The capture has ended (`Active` drops first): nothing refers to these streams.
         for &s in &self.streams {
-            crate::faults::release(
+            crate::teardown::faults::release(
                 format_args!("a capture stream"),
                 &self.device,
                 Ok(()),
@@ -100,7 +101,7 @@ impl Drop for Session<'_> {
             );
         }
         for &e in &self.events {
-            crate::faults::release(
+            crate::teardown::faults::release(
                 format_args!("a capture's fork event"),
                 &self.device,
                 Ok(()),
@@ -157,12 +158,12 @@ fn destroy_graph(graph: sys::CUgraph) {
         // SAFETY: a graph returned by cuStreamEndCapture, owned here, destroyed once.
         let r = unsafe { sys::cuGraphDestroy(graph) };
         if let Err(e) = crate::driver::Check::check(r, "cuGraphDestroy") {
-            crate::faults::report_drop(
+            crate::teardown::faults::report_drop(
                 format_args!("a captured graph that was not kept"),
                 None,
-                crate::faults::RELEASE,
+                crate::teardown::faults::RELEASE,
                 &e,
-                crate::faults::MAYBE_LEAKED,
+                crate::teardown::faults::MAYBE_LEAKED,
             );
         }
     }

@@ -125,9 +125,9 @@ pub use capture::{Capture, CaptureLaunch};
 
 use crate::access::{self, Access, AccessTracker, Use};
 use crate::device::Device;
+use crate::device::poison::KernelName;
 use crate::driver::Check;
 use crate::error::{Error, Result};
-use crate::poison::KernelName;
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
 use std::sync::Arc;
@@ -421,7 +421,7 @@ impl<'buf> Graph<'buf> {
 impl Drop for Graph<'_> {
     fn drop(&mut self) {
         let raw = self.raw;
-        let destroyed = crate::faults::release(
+        let destroyed = crate::teardown::faults::release(
             format_args!("a Graph"),
             &self.device,
             Ok(()),
@@ -598,8 +598,8 @@ impl Drop for GraphExec<'_> {
         let waited = self.launches.wait_all();
         let raw = self.raw as usize;
         // On the release thread, bounded like the other releases that may wait for the
-        // whole device (crate::release): unmeasured for cuGraphExecDestroy.
-        let released = crate::faults::release_bounded(
+        // whole device (crate::teardown::release): unmeasured for cuGraphExecDestroy.
+        let released = crate::teardown::faults::release_bounded(
             format_args!("a GraphExec"),
             &self.device,
             waited,
@@ -609,7 +609,7 @@ impl Drop for GraphExec<'_> {
             // above).
             Box::new(move || unsafe { sys::cuGraphExecDestroy(raw as sys::CUgraphExec) }),
         );
-        if matches!(released, crate::release::Released::Failed) {
+        if matches!(released, crate::teardown::release::Released::Failed) {
             self.uses.keep_counted();
         }
     }

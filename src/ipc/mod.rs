@@ -157,7 +157,7 @@ impl OwnedPool {
     fn grant_access(&self, peer: &Device) -> Result<()> {
         let _guard = self.device.enter()?;
         let desc = sys::CUmemAccessDesc {
-            location: crate::compat::mem_location(
+            location: crate::driver::version::mem_location(
                 sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
                 peer.raw_device(),
             ),
@@ -185,7 +185,7 @@ impl Drop for OwnedPool {
         // is held across the destroy: no import can see the raw handle in between.
         let mut own = self.is_ipc().then(registry::lock);
         let raw = self.raw;
-        crate::faults::release(
+        crate::teardown::faults::release(
             format_args!("a memory pool"),
             &self.device,
             Ok(()),
@@ -227,10 +227,15 @@ fn disown_and_free<T: DeviceRepr>(
     if ptr == 0 {
         return true;
     }
-    // On the release thread, bounded (crate::release): some of these calls may wait for
+    // On the release thread, bounded (crate::teardown::release): some of these calls may wait for
     // the whole device. Only a release that ended counts as unmapped.
-    crate::faults::release_bounded(what, &device, waited, call, Box::new(move || free(ptr)))
-        == crate::release::Released::Done
+    crate::teardown::faults::release_bounded(
+        what,
+        &device,
+        waited,
+        call,
+        Box::new(move || free(ptr)),
+    ) == crate::teardown::release::Released::Done
 }
 
 /// In `device`'s context (pushed and popped): `free(ptr)` (the driver call `call`), for
@@ -247,7 +252,7 @@ fn free_in_context(
     if ptr == 0 {
         return;
     }
-    crate::faults::release(what, device, Ok(()), call, || free(ptr));
+    crate::teardown::faults::release(what, device, Ok(()), call, || free(ptr));
 }
 
 /// Checks that `bytes` bytes from `ptr` lie in the allocation the driver mapped there

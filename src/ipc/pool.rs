@@ -93,7 +93,7 @@ impl MemoryPool {
         } else {
             sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
         };
-        props.location = crate::compat::mem_location(
+        props.location = crate::driver::version::mem_location(
             sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             device.raw_device(),
         );

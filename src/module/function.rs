@@ -2,9 +2,9 @@
 
 use super::Module;
 use crate::access::AccessTracker;
+use crate::device::poison::KernelName;
 use crate::driver::Check;
 use crate::error::{Error, Result};
-use crate::poison::KernelName;
 use cudarc::driver::sys;
 
 // SAFETY: a CUfunction handle is a thread-agnostic identifier; launching needs a
@@ -16,21 +16,21 @@ unsafe impl Sync for Function<'_> {}
 /// One kernel of a [`Module`], borrowed from it.
 #[derive(Clone)]
 pub struct Function<'m> {
-    pub(super) module: &'m Module,
-    pub(super) raw: sys::CUfunction,
-    pub(super) name: String,
+    pub(crate) module: &'m Module,
+    pub(crate) raw: sys::CUfunction,
+    pub(crate) name: String,
     /// The name, interned: what a launch records as the device's last kernel (one atomic
     /// store), for `Error::ContextPoisoned`.
-    pub(super) interned: &'static KernelName,
+    pub(crate) interned: &'static KernelName,
     /// Parameter sizes in bytes, where the driver can report them.
-    pub(super) params: Option<Vec<usize>>,
+    pub(crate) params: Option<Vec<usize>>,
     /// The kernel's own launch limits, read once at lookup.
-    pub(super) limits: FunctionLimits,
+    pub(crate) limits: FunctionLimits,
     /// The module's tracker (`Loaded::uses`), borrowed from it.
-    pub(super) uses: &'m AccessTracker,
+    pub(crate) uses: &'m AccessTracker,
     /// Whether the module had global views at lookup. It cannot change while this
     /// `Function` lives: [`Module::global`] takes `&mut Module`, this borrows it.
-    pub(super) globals: bool,
+    pub(crate) globals: bool,
 }
 
 impl std::fmt::Debug for Function<'_> {
@@ -71,13 +71,15 @@ pub(crate) fn func_attribute(
 }
 
 /// The kernel's parameter sizes, from `cuFuncGetParamInfo` (CUDA 12.4+, looked up by
-/// version: see `crate::compat`), or `None` if the driver cannot tell.
-pub(super) fn param_sizes(func: sys::CUfunction) -> Option<Vec<usize>> {
+/// version: see `crate::driver::version`), or `None` if the driver cannot tell.
+pub(crate) fn param_sizes(func: sys::CUfunction) -> Option<Vec<usize>> {
     // SAFETY: `FuncGetParamInfo` is cuFuncGetParamInfo's prototype
     // (CUfunction, size_t, size_t*, size_t*) -> CUresult.
-    let get_param_info =
-        unsafe { crate::compat::FUNC_GET_PARAM_INFO.get::<crate::compat::FuncGetParamInfo>() }
-            .ok()?;
+    let get_param_info = unsafe {
+        crate::driver::version::FUNC_GET_PARAM_INFO
+            .get::<crate::driver::version::FuncGetParamInfo>()
+    }
+    .ok()?;
     let mut sizes = Vec::new();
     loop {
         let (mut offset, mut size) = (0usize, 0usize);

@@ -61,24 +61,21 @@
 //! [`Module::function`]: a launch pays a few compares.
 //!
 //! A module's `__device__` and `__constant__` variables are typed device memory through
-//! [`Module::global`] ([`crate::global`]); cooperative, cluster and prioritised launches
+//! [`Module::global`] ([`crate::module::global`]); cooperative, cluster and prioritised launches
 //! are [`LaunchBuilder::cooperative`], [`LaunchBuilder::cluster`] and
 //! [`LaunchBuilder::priority`] ([`crate::launch`]).
 
 mod function;
+pub mod global;
+pub(crate) mod image;
 mod kernel_arg;
-mod launch_builder;
-mod launch_config;
 mod nvrtc;
 
 pub use function::{Function, FunctionAttributes, PotentialBlockSize};
-use function::{FunctionLimits, param_sizes};
+pub(crate) use function::{FunctionLimits, param_sizes};
 pub(crate) use function::{check_block_size, func_attribute};
 pub use kernel_arg::KernelArg;
 pub(crate) use kernel_arg::memory_arg;
-pub(crate) use launch_builder::DriverLaunch;
-pub use launch_builder::LaunchBuilder;
-pub use launch_config::LaunchConfig;
 pub use nvrtc::{Output, compile, nvrtc_available};
 
 use crate::access::AccessTracker;
@@ -92,7 +89,7 @@ use std::sync::Arc;
 
 /// Loaded device code of one device.
 pub struct Module {
-    device: Arc<Device>,
+    pub(crate) device: Arc<Device>,
     pub(crate) raw: sys::CUmodule,
     /// The loaded image, shared with the module's globals ([`Module::global`]): unloaded
     /// when the module and every global view of it are gone, after their pending uses.
@@ -159,7 +156,7 @@ impl Module {
             module: self,
             raw,
             name: name.to_owned(),
-            interned: crate::poison::intern(name),
+            interned: crate::device::poison::intern(name),
             uses: &self.loaded.uses,
             globals: self.globals,
             params: param_sizes(raw),
@@ -183,7 +180,7 @@ impl Drop for Loaded {
         // that cannot be known (a faulted context), leak the module instead (and log it).
         let waited = self.uses.wait_all();
         let raw = self.raw as usize;
-        crate::faults::release_bounded(
+        crate::teardown::faults::release_bounded(
             format_args!("a Module"),
             &self.device,
             waited,
@@ -232,7 +229,7 @@ impl<'a> BoundDevice<'a> {
     /// The contents of NVIDIA-specific sections (code, `.nv.info` records) are the
     /// driver's to check, inside the bounds validated here.
     pub fn load_cubin(&self, image: &[u8]) -> Result<Module> {
-        crate::image::validate(image)?;
+        crate::module::image::validate(image)?;
         // SAFETY: `validate` checked that every structure the image's headers describe
         // (and so every byte the driver reads) lies inside `image`, which is alive for
         // the call.
@@ -271,23 +268,21 @@ impl<'a> BoundDevice<'a> {
     /// the newest architecture it knows below the device's instead (`compute_XY`), which
     /// the driver JIT-compiles for the device at load. A device older than every
     /// architecture the NVRTC supports is [`Error::Compile`] naming the supported range.
-    /// Which NVRTC is used: [`crate::libs`] (never a newer major version than the
+    /// Which NVRTC is used: [`crate::driver::libraries`] (never a newer major version than the
     /// driver's; PTX from an NVRTC of a newer *minor* version than the driver can still be
     /// refused at load, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, where a cubin would load).
     pub fn compile_and_load(&self, src: &str, name: &str) -> Result<Module> {
         let (major, minor) = self.device().compute_capability()?;
         let cc = i32::try_from(major * 10 + minor).unwrap_or(i32::MAX);
-        let nvrtc = crate::libs::nvrtc()?;
-        let target =
-            crate::libs::pick_target(nvrtc.supported_archs().as_deref(), cc).map_err(|log| {
-                Error::Compile {
-                    program: name.into(),
-                    status: format!("no target for sm_{cc}"),
-                    log,
-                }
+        let nvrtc = crate::driver::libraries::nvrtc()?;
+        let target = crate::driver::libraries::pick_target(nvrtc.supported_archs().as_deref(), cc)
+            .map_err(|log| Error::Compile {
+                program: name.into(),
+                status: format!("no target for sm_{cc}"),
+                log,
             })?;
         match target {
-            crate::libs::Target::Cubin(arch) => {
+            crate::driver::libraries::Target::Cubin(arch) => {
                 let cubin = compile(
                     src,
                     name,
@@ -296,7 +291,7 @@ impl<'a> BoundDevice<'a> {
                 )?;
                 self.load_cubin(&cubin)
             }
-            crate::libs::Target::Ptx(arch) => {
+            crate::driver::libraries::Target::Ptx(arch) => {
                 let ptx = compile(
                     src,
                     name,

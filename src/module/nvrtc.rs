@@ -12,17 +12,17 @@ pub enum Output {
     Cubin,
 }
 
-/// Whether an NVRTC gpubind can use can be loaded (see [`crate::libs`] for which one:
+/// Whether an NVRTC gpubind can use can be loaded (see [`crate::driver::libraries`] for which one:
 /// the driver's major version first, `GPUBIND_NVRTC_PATH` to override).
 pub fn nvrtc_available() -> bool {
-    crate::libs::nvrtc().is_ok()
+    crate::driver::libraries::nvrtc().is_ok()
 }
 
 /// Compiles CUDA C++ source with NVRTC. Needs no GPU, no context and no driver: only
-/// `libnvrtc` (chosen as [`crate::libs`] describes). Options are passed through (e.g.
+/// `libnvrtc` (chosen as [`crate::driver::libraries`] describes). Options are passed through (e.g.
 /// `--gpu-architecture=sm_90`, `-DN=4`).
 pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Result<Vec<u8>> {
-    let nvrtc = crate::libs::nvrtc()?;
+    let nvrtc = crate::driver::libraries::nvrtc()?;
     let csrc =
         CString::new(src).map_err(|_| Error::InvalidArgument("source contains NUL".into()))?;
     let cname =
@@ -38,10 +38,10 @@ pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Res
 
     let failed = |r: i32, log: String| Error::Compile {
         program: name.into(),
-        status: crate::libs::nvrtc_status_name(r),
+        status: crate::driver::libraries::nvrtc_status_name(r),
         log,
     };
-    let mut prog: crate::libs::NvrtcProgram = std::ptr::null_mut();
+    let mut prog: crate::driver::libraries::NvrtcProgram = std::ptr::null_mut();
     // SAFETY: NUL-terminated source and name, alive for the call; no headers.
     let r = unsafe {
         (nvrtc.create_program)(
@@ -53,13 +53,13 @@ pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Res
             std::ptr::null(),
         )
     };
-    if r != crate::libs::NVRTC_SUCCESS {
+    if r != crate::driver::libraries::NVRTC_SUCCESS {
         return Err(failed(r, String::new()));
     }
     let result = (|| {
         // SAFETY: `prog` is a live program; the option pointers are alive for the call.
         let r = unsafe { (nvrtc.compile_program)(prog, n_opts, opt_ptrs.as_ptr()) };
-        if r != crate::libs::NVRTC_SUCCESS {
+        if r != crate::driver::libraries::NVRTC_SUCCESS {
             return Err(failed(r, program_log(nvrtc, prog)));
         }
         let (get_size, get) = match output {
@@ -70,11 +70,11 @@ pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Res
         // SAFETY: live, compiled program; writes one size_t.
         let mut r = unsafe { get_size(prog, &mut size) };
         let mut out = vec![0u8; size];
-        if r == crate::libs::NVRTC_SUCCESS && size > 0 {
+        if r == crate::driver::libraries::NVRTC_SUCCESS && size > 0 {
             // SAFETY: live, compiled program; the buffer has the size NVRTC reported.
             r = unsafe { get(prog, out.as_mut_ptr().cast()) };
         }
-        if r != crate::libs::NVRTC_SUCCESS || out.is_empty() {
+        if r != crate::driver::libraries::NVRTC_SUCCESS || out.is_empty() {
             return Err(failed(
                 r,
                 "no output (for a cubin, name one real architecture: --gpu-architecture=sm_XY)"
@@ -94,15 +94,20 @@ pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Res
     result
 }
 
-fn program_log(nvrtc: &crate::libs::Nvrtc, prog: crate::libs::NvrtcProgram) -> String {
+fn program_log(
+    nvrtc: &crate::driver::libraries::Nvrtc,
+    prog: crate::driver::libraries::NvrtcProgram,
+) -> String {
     let mut size = 0usize;
     // SAFETY: live program; writes one size_t.
-    if unsafe { (nvrtc.get_log_size)(prog, &mut size) } != crate::libs::NVRTC_SUCCESS {
+    if unsafe { (nvrtc.get_log_size)(prog, &mut size) } != crate::driver::libraries::NVRTC_SUCCESS {
         return String::new();
     }
     let mut buf = vec![0u8; size.max(1)];
     // SAFETY: live program; the buffer has (at least) the size NVRTC reported.
-    if unsafe { (nvrtc.get_log)(prog, buf.as_mut_ptr().cast()) } != crate::libs::NVRTC_SUCCESS {
+    if unsafe { (nvrtc.get_log)(prog, buf.as_mut_ptr().cast()) }
+        != crate::driver::libraries::NVRTC_SUCCESS
+    {
         return String::new();
     }
     String::from_utf8_lossy(&buf)

@@ -111,7 +111,10 @@ impl NcclComm {
         let ev = self.spare_event(stream)?;
         let limit = match self.watch.timeout {
             Some(_) if !super::EXITING.load(std::sync::atomic::Ordering::Acquire) => None,
-            _ => Some(self.bound.unwrap_or_else(crate::drop_wait::drop_timeout)),
+            _ => Some(
+                self.bound
+                    .unwrap_or_else(crate::teardown::drop_wait::drop_timeout),
+            ),
         };
         let deadline = limit.and_then(|l| Instant::now().checked_add(l));
         let mut pause = Duration::from_micros(20);

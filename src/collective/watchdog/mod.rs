@@ -807,7 +807,7 @@ extern "C" fn on_exit() {
     }
     EXITING.store(true, Ordering::Release);
     WAKE.notify_all();
-    let limit = crate::drop_wait::drop_timeout();
+    let limit = crate::teardown::drop_wait::drop_timeout();
     let deadline = Instant::now().checked_add(limit);
     let busy = || registry().running || ABORTS.load(Ordering::Acquire) > 0;
     while busy() && deadline.is_none_or(|d| Instant::now() < d) {
@@ -823,7 +823,7 @@ extern "C" fn on_exit() {
 
 /// Registers, once, a process-exit hook that stops the watchdog and gives aborts still
 /// running up to `GPUBIND_DROP_TIMEOUT` to finish, so that `exit` does not tear NCCL and
-/// CUDA down under them (as `crate::release`'s hook does for the release threads).
+/// CUDA down under them (as `crate::teardown::release`'s hook does for the release threads).
 /// Registered after NCCL was loaded (a communicator exists), so it runs before NCCL's own
 /// teardown. Records this process as the owner of the watchdog's state
 /// ([`OWNER_PID`]) before anything of it starts.

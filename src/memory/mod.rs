@@ -33,6 +33,9 @@
 //!
 //! Bind first: `ctx.bind(&dev)?.alloc_zeros::<f32>(16)`.
 
+pub mod host;
+pub mod managed;
+
 use crate::access::{Access, AccessTracker, host_claim, locks};
 use crate::context::BoundDevice;
 use crate::device::Device;
@@ -655,7 +658,7 @@ impl<T: DeviceRepr> Drop for DeviceSlice<T> {
         // current context is unchanged, whichever device is bound. (The context is
         // retained: we were allocated under a binding and hold an Arc<Device>.) Failures
         // are logged.
-        crate::faults::release_bounded(
+        crate::teardown::faults::release_bounded(
             format_args!(
                 "DeviceSlice<{}> of {} elements",
                 std::any::type_name::<T>(),

@@ -264,9 +264,9 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
     ///   leaked, still registered, and the context kept alive; borrowed memory cannot be
     ///   leaked — it goes back to its owner when the drop returns — so the process is
     ///   aborted rather than let safe code reach pages the GPU still writes
-    ///   ([`crate::faults::abort_unreleasable`]).
+    ///   ([`crate::teardown::faults::abort_unreleasable`]).
     /// - `cuMemHostUnregister` waits for the whole device, so it runs on the release
-    ///   thread ([`crate::release`]). If it does not end within the limit, the pages
+    ///   thread ([`crate::teardown::release`]). If it does not end within the limit, the pages
     ///   would go back still registered, and a later copy to memory reusing their
     ///   addresses could reach the old, still-pinned pages instead: an owned `Vec` is
     ///   leaked then, and borrowed memory aborts the process, as above.
@@ -284,24 +284,28 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
         let ordinal = Some(self.range.device.ordinal());
         let borrowed = self.owned_capacity.is_none();
         if let Err(e) = self.range.tracker.wait_all() {
-            if !crate::faults::nothing_runs_after(&e) {
+            if !crate::teardown::faults::nothing_runs_after(&e) {
                 if borrowed {
-                    crate::faults::abort_unreleasable(format_args!("{}", what()), ordinal, &e);
+                    crate::teardown::faults::abort_unreleasable(
+                        format_args!("{}", what()),
+                        ordinal,
+                        &e,
+                    );
                 }
-                crate::faults::report_drop(
+                crate::teardown::faults::report_drop(
                     format_args!("{}", what()),
                     ordinal,
-                    crate::faults::WAIT,
+                    crate::teardown::faults::WAIT,
                     &e,
                     "its Vec is leaked, still registered, because the device may still use it",
                 );
-                crate::faults::keep_context_alive(&self.range.device);
+                crate::teardown::faults::keep_context_alive(&self.range.device);
                 return false;
             }
-            crate::faults::report_drop(
+            crate::teardown::faults::report_drop(
                 format_args!("{}", what()),
                 ordinal,
-                crate::faults::WAIT,
+                crate::teardown::faults::WAIT,
                 &e,
                 "the memory goes back to its owner: the context is poisoned and runs no \
                  more work",
@@ -309,7 +313,7 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
             return true;
         }
         let ptr = self.range.ptr.as_ptr() as usize;
-        let released = crate::release::release(
+        let released = crate::teardown::release::release(
             format_args!("{}", what()),
             &self.range.device,
             "cuMemHostUnregister",
@@ -320,15 +324,15 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
             }),
         );
         match released {
-            crate::release::Released::Done => true,
-            crate::release::Released::InBackground if borrowed => {
-                crate::faults::abort_unreleasable(
+            crate::teardown::release::Released::Done => true,
+            crate::teardown::release::Released::InBackground if borrowed => {
+                crate::teardown::faults::abort_unreleasable(
                     format_args!("{}", what()),
                     ordinal,
                     &Error::Timeout {
                         what: "cuMemHostUnregister, which waits for all of the device's work \
                                (GPUBIND_DROP_TIMEOUT)",
-                        after_ms: crate::drop_wait::drop_timeout()
+                        after_ms: crate::teardown::drop_wait::drop_timeout()
                             .as_millis()
                             .min(u64::MAX.into()) as u64,
                     },
@@ -336,7 +340,8 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
             }
             // An owned Vec whose registration is still (or may still be) in place stays
             // allocated: leaked rather than handed to the allocator while pinned.
-            crate::release::Released::InBackground | crate::release::Released::Failed => false,
+            crate::teardown::release::Released::InBackground
+            | crate::teardown::release::Released::Failed => false,
         }
     }
 }
@@ -350,7 +355,7 @@ impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
         // than freed (and the failure logged).
         let waited = self.range.tracker.wait_all();
         let ptr = self.range.ptr.as_ptr() as usize;
-        crate::faults::release_bounded(
+        crate::teardown::faults::release_bounded(
             format_args!(
                 "PinnedHostBuffer<{}> of {} elements",
                 std::any::type_name::<T>(),

@@ -231,7 +231,7 @@ impl Module {
     /// A typed view of the module's `__device__` or `__constant__` variable `name` (its
     /// name at namespace scope, or its mangled name), as `len` elements of `T`: an array
     /// `float x[4]` is `global::<f32>("x")` (4 elements) or `global::<[f32; 4]>("x")`
-    /// (one). See the [`global` module docs](crate::global) for how it is ordered and
+    /// (one). See the [`global` module docs](crate::module::global) for how it is ordered and
     /// how long it lives.
     ///
     /// [`Error::GlobalNotFound`] if the module has no such variable;

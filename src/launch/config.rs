@@ -1,9 +1,9 @@
 //! [`LaunchConfig`]: grid, block and shared memory of a launch, and its checks against
 //! the device's and the kernel's limits.
 
-use super::FunctionLimits;
 use crate::device::DeviceLimits;
 use crate::error::{Error, Result};
+use crate::module::FunctionLimits;
 
 /// Grid, block and dynamic shared memory of a launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

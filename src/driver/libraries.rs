@@ -194,7 +194,9 @@ pub struct LibraryInfo {
 /// machine's (a 13.x driver with only CUDA 13's NVRTC installed would find no NVRTC at
 /// all under a 12.x cap, so nothing capped could compile a kernel).
 fn driver_major() -> Option<u32> {
-    crate::compat::real_driver_version().ok().map(|v| v.major())
+    crate::driver::version::real_driver_version()
+        .ok()
+        .map(|v| v.major())
 }
 
 /// Loads `lib` by the rules of the module docs with `open` resolving one candidate.

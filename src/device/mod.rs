@@ -21,10 +21,12 @@
 //!
 //! [`ThreadContext`]: crate::ThreadContext
 
+pub mod poison;
+
 use crate::access::PooledEvent;
+use crate::device::poison::PoisonState;
 use crate::driver::{self, Check, ContextGuard, CudaPrimary, PrimaryCtxOps, RawContext};
 use crate::error::{Error, Result};
-use crate::poison::PoisonState;
 use crate::sync;
 use cudarc::driver::sys;
 use std::fmt;
@@ -328,13 +330,13 @@ impl Device {
         }
         // A release a drop gave up waiting for (GPUBIND_DROP_TIMEOUT) may still hold the
         // device, or be dropping its last `Arc` on the release thread.
-        let releasing = crate::release::in_flight(ordinal);
+        let releasing = crate::teardown::release::in_flight(ordinal);
         if releasing > 0 {
             return Err(Error::InvalidArgument(format!(
                 "device {ordinal} still has {releasing} release(s) running on gpubind's release thread (a drop gave up waiting for GPU work, GPUBIND_DROP_TIMEOUT); wait for the device's work to finish, or restart the process"
             )));
         }
-        crate::drop_wait::forget_legacy_gave_up(ordinal);
+        crate::teardown::drop_wait::forget_legacy_gave_up(ordinal);
         let mut raw: sys::CUdevice = 0;
         // SAFETY: ordinal < count; writes one int.
         unsafe { sys::cuDeviceGet(&mut raw, ordinal as i32) }.check("cuDeviceGet")?;
@@ -525,9 +527,11 @@ impl Device {
     pub(crate) fn primary_context(&self) -> Result<(RawContext, u64)> {
         self.primary.get().map_err(|e| match e {
             // The driver reports a sticky error of the process at the retain: poison.
-            Error::Driver { call, code, .. } if crate::poison::is_sticky(code.as_cudarc()) => {
+            Error::Driver { call, code, .. }
+                if crate::device::poison::is_sticky(code.as_cudarc()) =>
+            {
                 let p = self.poison.poison(call, code.as_cudarc()).clone();
-                crate::poison::error(self, &p)
+                crate::device::poison::error(self, &p)
             }
             e => e,
         })
@@ -544,7 +548,7 @@ impl Device {
     }
 
     /// Whether a sticky error (an illegal address, a device-side assert, …) poisoned this
-    /// device's context; see [`poison`](crate::poison) for what that means and how to
+    /// device's context; see [`poison`](crate::device::poison) for what that means and how to
     /// recover.
     pub fn is_poisoned(&self) -> bool {
         self.poison.get().is_some()
@@ -556,7 +560,38 @@ impl Device {
     pub(crate) fn check_poison(&self) -> Result<()> {
         match self.poison.get() {
             None => Ok(()),
-            Some(p) => Err(crate::poison::error(self, p)),
+            Some(p) => Err(crate::device::poison::error(self, p)),
+        }
+    }
+
+    /// Passes on the result of a driver call made in this device's context or on one of
+    /// its streams, deciding what an error means for the device: a sticky error
+    /// (`poison::is_sticky`: an illegal address, a device-side assert, …) poisons the
+    /// device and is [`Error::ContextPoisoned`]; other errors pass unchanged.
+    ///
+    /// Every driver call into the device that can report a sticky error goes through
+    /// this (the driver layer itself decides nothing about devices).
+    #[inline]
+    pub(crate) fn check<T>(&self, result: Result<T>) -> Result<T> {
+        match result {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.on_error(e)),
+        }
+    }
+
+    /// What an error of a driver call into this device becomes: see
+    /// [`check`](Self::check). Out of line: the success path stays a compare.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn on_error(&self, error: Error) -> Error {
+        match error {
+            Error::Driver { call, code, .. }
+                if crate::device::poison::is_sticky(code.as_cudarc()) =>
+            {
+                let p = self.poison.poison(call, code.as_cudarc()).clone();
+                crate::device::poison::error(self, &p)
+            }
+            other => other,
         }
     }
 
@@ -622,12 +657,12 @@ impl Drop for Device {
         let ordinal = Some(self.ordinal);
         let n = events.len();
         match self.enter() {
-            Err(e) => crate::faults::report_drop(
+            Err(e) => crate::teardown::faults::report_drop(
                 format_args!("the Device's {n} pooled hand-off events"),
                 ordinal,
-                crate::faults::ENTER,
+                crate::teardown::faults::ENTER,
                 &e,
-                crate::faults::LEAKED,
+                crate::teardown::faults::LEAKED,
             ),
             Ok(_guard) => {
                 for ev in events {
@@ -636,12 +671,12 @@ impl Drop for Device {
                     // (waits capture the event's state when enqueued).
                     let r = unsafe { sys::cuEventDestroy_v2(ev.0) };
                     if let Err(e) = r.check("cuEventDestroy_v2") {
-                        crate::faults::report_drop(
+                        crate::teardown::faults::report_drop(
                             format_args!("a pooled hand-off event of the Device"),
                             ordinal,
-                            crate::faults::RELEASE,
+                            crate::teardown::faults::RELEASE,
                             &e,
-                            crate::faults::MAYBE_LEAKED,
+                            crate::teardown::faults::MAYBE_LEAKED,
                         );
                     }
                 }

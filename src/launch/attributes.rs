@@ -1,6 +1,6 @@
 //! Launch attributes: cooperative launches, thread-block clusters and per-launch
 //! priorities, through `cuLaunchKernelEx` (CUDA 12.0+, looked up by version: see
-//! [`crate::compat`]).
+//! [`crate::driver::version`]).
 //!
 //! A [`LaunchBuilder`] becomes a [`LaunchExBuilder`] by naming an attribute —
 //! [`cooperative`](LaunchBuilder::cooperative), [`cluster`](LaunchBuilder::cluster),
@@ -60,10 +60,11 @@
 //! distributed shared memory (`mapa.shared::cluster`, `ld.shared::cluster`,
 //! `barrier.cluster.arrive` / `wait`) are plain PTX, usable through inline `asm` (sm_90).
 
-use crate::compat::{LAUNCH_KERNEL_EX, OCCUPANCY_MAX_ACTIVE_CLUSTERS};
+use super::{DriverLaunch, LaunchBuilder, LaunchConfig};
 use crate::driver::Check;
+use crate::driver::version::{LAUNCH_KERNEL_EX, OCCUPANCY_MAX_ACTIVE_CLUSTERS};
 use crate::error::{Error, Result};
-use crate::module::{DriverLaunch, Function, KernelArg, LaunchBuilder, LaunchConfig};
+use crate::module::{Function, KernelArg};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 

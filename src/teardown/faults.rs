@@ -133,20 +133,20 @@ pub(crate) fn report_failure(
 /// [`release`] for a call that may wait for the whole device (`cuMemFree` of
 /// `cuMemAlloc` or managed memory, `cuMemFreeHost`, `cuMemHostUnregister`,
 /// `cuModuleUnload`): made on the device's release thread, waited for up to
-/// `GPUBIND_DROP_TIMEOUT` ([`crate::release`]). Returns whether the resource is gone or
+/// `GPUBIND_DROP_TIMEOUT` ([`crate::teardown::release`]). Returns whether the resource is gone or
 /// going (`false`: leaked, or maybe leaked).
 pub(crate) fn release_bounded(
     what: fmt::Arguments<'_>,
     device: &Arc<Device>,
     waited: Result<()>,
     call: &'static str,
-    release: crate::release::ReleaseCall,
-) -> crate::release::Released {
+    release: crate::teardown::release::ReleaseCall,
+) -> crate::teardown::release::Released {
     if let Err(e) = waited {
         leak_unwaited(what, device, &e);
-        return crate::release::Released::Failed;
+        return crate::teardown::release::Released::Failed;
     }
-    crate::release::release(what, device, call, release)
+    crate::teardown::release::release(what, device, call, release)
 }
 
 /// A resource is leaked because waiting for its pending uses failed: reports it, and —

@@ -2,11 +2,12 @@
 //! argument collection, the checks, the claim of the buffer arguments (and of the
 //! module's tracker), and [`DriverLaunch`], the call that ends it.
 
-use super::{Function, KernelArg, LaunchConfig, func_attribute};
+use super::LaunchConfig;
 use crate::access::{self, Access, AccessTracker, Use};
+use crate::device::poison::KernelName;
 use crate::driver::Check;
 use crate::error::{Error, Result};
-use crate::poison::KernelName;
+use crate::module::{Function, KernelArg, func_attribute};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -324,7 +325,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// * The kernel must only access memory inside the buffers passed to it, and the
     ///   globals of its own module (never writing a `__constant__` one through a
     ///   pointer): gpubind orders those against their views' uses (see
-    ///   [`Module::global`](super::Module::global)).
+    ///   [`Module::global`](crate::Module::global)).
     /// * gpubind's device, pool and managed buffers passed as arguments need nothing
     ///   more: the launch is ordered after their pending uses, and their later uses and
     ///   frees are ordered after the kernel. Any *other* memory the kernel reaches — device

@@ -12,7 +12,7 @@
 //!
 //! So a drop hands such a call to its device's **release thread** (one per device,
 //! started on first use) and waits for it up to `GPUBIND_DROP_TIMEOUT`
-//! ([`crate::drop_wait::drop_timeout`]). Normally the call finishes long before, and the
+//! ([`crate::teardown::drop_wait::drop_timeout`]). Normally the call finishes long before, and the
 //! drop returns after the resource is gone, as if the call had been made inline. If the
 //! limit passes, the drop logs that the release goes on in the background and returns;
 //! the resource is unreachable by then (its owner is being dropped), and its own uses
@@ -49,7 +49,7 @@ pub(crate) enum Released {
     InBackground,
 }
 
-use crate::faults::{Failure, enter_and_call};
+use crate::teardown::faults::{Failure, enter_and_call};
 
 /// What the dropping thread and the release thread share about one job.
 enum JobState {
@@ -270,7 +270,7 @@ fn worker(ordinal: usize) -> Option<&'static Worker> {
 fn wait_at_exit() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     extern "C" fn on_exit() {
-        let limit = crate::drop_wait::drop_timeout();
+        let limit = crate::teardown::drop_wait::drop_timeout();
         let deadline = std::time::Instant::now().checked_add(limit);
         let running = || {
             WORKERS.get().map_or(0, |all| {
@@ -320,7 +320,7 @@ fn run_job(job: Job, abandoned: &AtomicUsize) {
     let failure =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|_| {
             Some((
-                crate::faults::RELEASE,
+                crate::teardown::faults::RELEASE,
                 Error::InvalidArgument(
                     "the release call panicked on gpubind's release thread".into(),
                 ),
@@ -333,7 +333,7 @@ fn run_job(job: Job, abandoned: &AtomicUsize) {
 /// The release thread's own report of a job its caller gave up on.
 fn report_late(late: Option<LateReport>) {
     if let Some((what, ordinal, failure)) = late
-        && crate::faults::report_failure(format_args!("{what}"), ordinal, failure)
+        && crate::teardown::faults::report_failure(format_args!("{what}"), ordinal, failure)
     {
         log::info!("gpubind: dropping {what}: the release finished in the background")
     }
@@ -343,7 +343,7 @@ fn report_late(late: Option<LateReport>) {
 const RELEASE_FLOOR: Duration = Duration::from_millis(100);
 
 /// Runs `call` (the driver call `call_name`) in `device`'s context on the device's
-/// release thread and waits for it up to [`crate::drop_wait::drop_timeout`]; reports a
+/// release thread and waits for it up to [`crate::teardown::drop_wait::drop_timeout`]; reports a
 /// failure naming `what`. See the [module docs](self).
 pub(crate) fn release(
     what: fmt::Arguments<'_>,
@@ -354,10 +354,10 @@ pub(crate) fn release(
     // At least RELEASE_FLOOR even with GPUBIND_DROP_TIMEOUT=0 ("do not wait for pending
     // uses"): these calls normally take microseconds, and a release that always went to
     // the background would make every free asynchronous.
-    let limit = crate::drop_wait::drop_timeout().max(RELEASE_FLOOR);
+    let limit = crate::teardown::drop_wait::drop_timeout().max(RELEASE_FLOOR);
     let ordinal = device.ordinal();
     let finished = |failure: Failure| {
-        if crate::faults::report_failure(what, Some(ordinal), failure) {
+        if crate::teardown::faults::report_failure(what, Some(ordinal), failure) {
             Released::Done
         } else {
             Released::Failed
@@ -414,10 +414,16 @@ mod tests {
         let w = Worker::spawn("release-test".into()).expect("spawn");
         let limit = Some(Duration::from_millis(1500));
         // Ends at once, with a failure: handed back.
-        let failing: Box<dyn FnOnce() -> Failure + Send> =
-            Box::new(|| Some((crate::faults::RELEASE, Error::InvalidArgument("x".into()))));
+        let failing: Box<dyn FnOnce() -> Failure + Send> = Box::new(|| {
+            Some((
+                crate::teardown::faults::RELEASE,
+                Error::InvalidArgument("x".into()),
+            ))
+        });
         match w.run(failing, limit, what) {
-            Outcome::Finished(Some((step, _))) => assert_eq!(step, crate::faults::RELEASE),
+            Outcome::Finished(Some((step, _))) => {
+                assert_eq!(step, crate::teardown::faults::RELEASE)
+            }
             other => panic!("{other:?}"),
         }
         // Stuck: abandoned after about the limit.
@@ -461,7 +467,9 @@ mod tests {
         // the panic message, perhaps with a backtrace, is printed on the way.)
         let long = Some(Duration::from_secs(30));
         match w.run(Box::new(|| panic!("in a release call")), long, what) {
-            Outcome::Finished(Some((step, _))) => assert_eq!(step, crate::faults::RELEASE),
+            Outcome::Finished(Some((step, _))) => {
+                assert_eq!(step, crate::teardown::faults::RELEASE)
+            }
             other => panic!("{other:?}"),
         }
         assert!(matches!(
@@ -475,11 +483,13 @@ mod tests {
     fn no_limit_waits_for_the_job() {
         let w = Worker::spawn("release-test-2".into()).expect("spawn");
         let (open, slow) = gate();
+        // The clock starts before the opener's sleep can, so a busy machine that runs the
+        // opener first cannot make the wait look shorter than it was.
+        let t = Instant::now();
         let opener = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(150));
             open.send(()).expect("open");
         });
-        let t = Instant::now();
         assert!(matches!(w.run(slow, None, what), Outcome::Finished(None)));
         assert!(t.elapsed() >= Duration::from_millis(150));
         opener.join().expect("opener");
@@ -497,7 +507,10 @@ mod loom_models {
     use loom::thread;
 
     fn failure() -> Failure {
-        Some((crate::faults::RELEASE, Error::InvalidArgument("x".into())))
+        Some((
+            crate::teardown::faults::RELEASE,
+            Error::InvalidArgument("x".into()),
+        ))
     }
 
     /// The caller gives up at once (its deadline has passed) while the release thread

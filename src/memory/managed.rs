@@ -28,11 +28,11 @@
 //! [`Error::ManagedTooLarge`]: over-subscribed managed memory can stall the whole GPU.
 
 use crate::access::{Access, AccessTracker};
-use crate::compat;
 use crate::context::BoundDevice;
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::{Device, DeviceAttribute};
 use crate::driver::Check;
+use crate::driver::version as compat;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, impl_device_memory, private};
 use crate::module::{KernelArg, memory_arg};
@@ -71,10 +71,11 @@ pub enum Location<'d> {
 impl Location<'_> {
     fn raw(self) -> sys::CUmemLocation {
         match self {
-            Location::Host => {
-                crate::compat::mem_location(sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, 0)
-            }
-            Location::Device(d) => crate::compat::mem_location(
+            Location::Host => crate::driver::version::mem_location(
+                sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+                0,
+            ),
+            Location::Device(d) => crate::driver::version::mem_location(
                 sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
                 d.raw_device(),
             ),
@@ -209,7 +210,7 @@ impl<T: DeviceRepr> Drop for ManagedSlice<T> {
         // than freed (and the failure logged).
         let waited = self.tracker.wait_all();
         let ptr = self.ptr;
-        crate::faults::release_bounded(
+        crate::teardown::faults::release_bounded(
             format_args!(
                 "ManagedSlice<{}> of {} elements",
                 std::any::type_name::<T>(),
@@ -283,12 +284,8 @@ impl<'a> BoundDevice<'a> {
             return Ok(());
         }
         let (advice, location) = advice.raw();
-        // SAFETY: `MemAdviseV2` is cuMemAdvise_v2's prototype
-        // (CUdeviceptr, size_t, CUmem_advise, CUmemLocation) -> CUresult.
-        let advise = unsafe { compat::MEM_ADVISE_V2.get::<compat::MemAdviseV2>() }?;
         // SAFETY: context current; the range is one live managed allocation.
-        unsafe { advise(mem.ptr, mem.num_bytes(), advice, location) }
-            .check(compat::MEM_ADVISE_V2.symbol)
+        unsafe { compat::mem_advise(mem.ptr, mem.num_bytes(), advice, location) }
     }
 }
 
@@ -300,15 +297,10 @@ impl<'b> BoundStream<'b> {
         if mem.ptr == 0 {
             return Ok(());
         }
-        // SAFETY: `MemPrefetchAsyncV2` is cuMemPrefetchAsync_v2's prototype
-        // (CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream) -> CUresult.
-        let prefetch =
-            unsafe { compat::MEM_PREFETCH_ASYNC_V2.get::<compat::MemPrefetchAsyncV2>() }?;
         // Migration keeps the contents: ordered like a read.
         let _claim = self.claim([Some((&mem.tracker, Access::Read))])?;
         // SAFETY: context current, stream of it; one live managed allocation, whose free
         // waits for this prefetch (tracked above).
-        unsafe { prefetch(mem.ptr, mem.num_bytes(), to.raw(), 0, self.raw()) }
-            .check(compat::MEM_PREFETCH_ASYNC_V2.symbol)
+        unsafe { compat::mem_prefetch_async(mem.ptr, mem.num_bytes(), to.raw(), self.raw()) }
     }
 }
