@@ -618,7 +618,68 @@ fn lt_epilogues_match_host_math() -> R {
     let gpu = ctx.bind(&dev).ctx("bind")?;
     lt_case::<f32>(&gpu)?;
     lt_case::<bf16>(&gpu)?;
-    lt_case::<f16>(&gpu)
+    lt_case::<f16>(&gpu)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    lt_layouts::<f32>(&gpu, &mut rng)?;
+    lt_layouts::<bf16>(&gpu, &mut rng)
+}
+
+/// The BIAS epilogue with every transpose pair × layout × packed/padded leading
+/// dimensions, accumulating into C (beta 0.5): the bias runs along C's rows for
+/// row-major products (one per column, `n`) and along its columns for column-major ones
+/// (one per row, `m`).
+fn lt_layouts<T: El>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let (m, n, k) = (24usize, 40usize, 16usize);
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        for layout in [Layout::RowMajor, Layout::ColMajor] {
+            for padded in [false, true] {
+                let mut s = Matmul::new(m, n, k).scaled(1.0, 0.5);
+                (s.transpose_a, s.transpose_b, s.layout) = (ta, tb, layout);
+                if padded {
+                    let (la, lb, lc) = lds(&s);
+                    s = s.with_ld(la + 8, lb + 8, lc + 8);
+                }
+                let (lda, ldb, ldc) = lds(&s);
+                let (ar, ac) = if ta { (k, m) } else { (m, k) };
+                let (br, bc) = if tb { (n, k) } else { (k, n) };
+                let (a, af) = random::<T>(rng, span(layout, lda, ar, ac));
+                let (b, bf) = random::<T>(rng, span(layout, ldb, br, bc));
+                let (c0, cf) = random::<T>(rng, span(layout, ldc, m, n));
+                let along = if layout == Layout::RowMajor { n } else { m };
+                let (bias, bias_f) = random::<T>(rng, along);
+                let (da, db) = (gpu.clone_htod(&a).ctx("a")?, gpu.clone_htod(&b).ctx("b")?);
+                let dbias = gpu.clone_htod(&bias).ctx("bias")?;
+                let mut dc = gpu.clone_htod(&c0).ctx("c")?;
+                let what = format!(
+                    "{:?} BIAS ta={ta} tb={tb} {layout:?} padded={padded}",
+                    T::DATA_TYPE
+                );
+                gpu.default_stream()
+                    .matmul_lt(
+                        &mut blas,
+                        &s,
+                        Epilogue::Bias,
+                        &da,
+                        &db,
+                        &mut dc,
+                        LtArgs::new().bias(&dbias),
+                    )
+                    .ctx(&what)?;
+                let (mut want, mut scale) = host_gemm(&s, &af, &bf, &cf);
+                for i in 0..m {
+                    for j in 0..n {
+                        let at_c = at(layout, ldc, i, j);
+                        let b = bias_f[if layout == Layout::RowMajor { j } else { i }];
+                        want[at_c] += b;
+                        scale[at_c] += b.abs();
+                    }
+                }
+                close(&what, &dtoh_f64(gpu, &dc)?, &want, &scale, T::TOL)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The inputs of the capture test: a bf16 GEMM, an f32 strided batch, and a bf16
