@@ -1,11 +1,11 @@
 //! cuBLASLt epilogues: what [`Epilogue`] each computes, which extra operands it reads
 //! or writes ([`LtArgs`]), and their checks.
 
-use super::error::MatmulError;
 use super::plan::Plan;
 use super::types::{DataType, Matmul};
 use crate::access::AccessTracker;
 use crate::device::Device;
+use crate::error::MatmulError;
 use crate::memory::{ByteSpan, DeviceMemory, DeviceMemoryMut};
 use std::sync::Arc;
 
@@ -207,7 +207,7 @@ pub(crate) fn check_type(epilogue: Epilogue, dtype: DataType) -> Result<(), Matm
     if epilogue != Epilogue::Default && dtype == DataType::F64 {
         return Err(MatmulError::Unsupported {
             what: format!("the cuBLASLt epilogue {}", epilogue.name()),
-            dtype,
+            dtype: dtype.name(),
         });
     }
     Ok(())

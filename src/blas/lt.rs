@@ -2,7 +2,6 @@
 //! the [`Blas`]), and [`BoundStream::matmul_lt`].
 
 use super::epilogue::{Epilogue, Extra, LtArgs, Role, check_extras, check_type};
-use super::error::MatmulError;
 use super::gemm::{Ptrs, Scales, check_gemm};
 use super::handle::{Blas, refuse_aliasing, span_of};
 use super::plan::Plan;
@@ -10,6 +9,7 @@ use super::sys::{self, LtAlgo, LtDesc, LtHandle, LtHeuristic, LtLayout, LtPref, 
 use super::types::{BlasScalar, DataType, Matmul};
 use crate::access::Access;
 use crate::device::Device;
+use crate::error::MatmulError;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut};
 use crate::stream::BoundStream;

@@ -58,7 +58,6 @@
 
 mod capture;
 mod epilogue;
-mod error;
 mod gemm;
 mod handle;
 mod lt;
@@ -68,9 +67,9 @@ mod sys;
 mod tests;
 mod types;
 
+pub use crate::error::MatmulError;
 pub use capture::{CaptureLtArgs, CaptureOutput};
 pub use epilogue::{Epilogue, LtArgs};
-pub use error::MatmulError;
 pub use handle::Blas;
 pub use sys::cublaslt_info;
 pub use types::{Batch, BlasScalar, DataType, Layout, Matmul};

@@ -1,8 +1,8 @@
 //! Checking a product against its buffers, and turning it into the column-major problem
 //! cuBLAS solves. Pure host code.
 
-use super::error::MatmulError;
 use super::types::{Batch, DataType, Layout, Matmul};
+use crate::error::MatmulError;
 
 /// One operand as stored: `rows×cols` in the product's layout, leading dimension `ld`,
 /// `count` matrices `stride` elements apart.
@@ -184,7 +184,7 @@ pub(crate) fn plan(
     if shape.tf32 && dtype != DataType::F32 {
         return Err(MatmulError::Unsupported {
             what: "tf32".into(),
-            dtype,
+            dtype: dtype.name(),
         });
     }
     let [a, b, c] = operands(shape, batch)?;

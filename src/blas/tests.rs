@@ -176,12 +176,16 @@ fn options_the_type_does_not_take_are_refused() {
         e,
         MatmulError::Unsupported {
             what: "tf32".into(),
-            dtype: DataType::Bf16
+            dtype: "bf16"
         }
     );
     assert!(check_type(Epilogue::Gelu, DataType::F64).is_err());
     assert!(check_type(Epilogue::Default, DataType::F64).is_ok());
     assert!(check_type(Epilogue::DGeluBGrad, DataType::Bf16).is_ok());
+    assert_eq!(
+        e.to_string(),
+        "matmul: tf32 is not supported for bf16 products"
+    );
 }
 
 #[test]

@@ -19,6 +19,16 @@ pub enum DataType {
 }
 
 impl DataType {
+    /// The Rust name of the element type (`"f16"`, `"bf16"`, `"f32"`, `"f64"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::F16 => "f16",
+            DataType::Bf16 => "bf16",
+            DataType::F32 => "f32",
+            DataType::F64 => "f64",
+        }
+    }
+
     /// `cudaDataType_t` of the matrices.
     pub(crate) fn cuda(self) -> std::ffi::c_int {
         use super::sys::*;
