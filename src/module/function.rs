@@ -1,6 +1,6 @@
 //! [`Function`]: one kernel of a module, its launch limits, attributes and occupancy.
 
-use super::Module;
+use super::{Loaded, Module};
 use crate::access::AccessTracker;
 use crate::device::poison::KernelName;
 use crate::driver::Check;
@@ -13,10 +13,12 @@ unsafe impl Send for Function<'_> {}
 // SAFETY: as above; Function has no interior mutability.
 unsafe impl Sync for Function<'_> {}
 
-/// One kernel of a [`Module`], borrowed from it.
+/// One kernel of a [`Module`]: borrowed from it (`Function<'m>`, from
+/// [`Module::function`]), or holding it ([`Kernel`], from
+/// [`SharedModule::kernel`](super::SharedModule::kernel)).
 #[derive(Clone)]
 pub struct Function<'m> {
-    pub(crate) module: &'m Module,
+    pub(crate) module: ModuleRef<'m>,
     pub(crate) raw: sys::CUfunction,
     pub(crate) name: String,
     /// The name, interned: what a launch records as the device's last kernel (one atomic
@@ -26,11 +28,47 @@ pub struct Function<'m> {
     pub(crate) params: Option<Vec<usize>>,
     /// The kernel's own launch limits, read once at lookup.
     pub(crate) limits: FunctionLimits,
-    /// The module's tracker (`Loaded::uses`), borrowed from it.
-    pub(crate) uses: &'m AccessTracker,
     /// Whether the module had global views at lookup. It cannot change while this
-    /// `Function` lives: [`Module::global`] takes `&mut Module`, this borrows it.
+    /// `Function` lives: [`Module::global`] takes `&mut Module`, which a borrowed
+    /// `Function` excludes, and a [`Kernel`]'s module is shared
+    /// ([`SharedModule`](super::SharedModule)), which no one can borrow mutably.
     pub(crate) globals: bool,
+}
+
+/// A kernel that holds its module rather than borrowing it: it can be stored beside the
+/// module (in one struct) or without it, sent to other threads, and used wherever a
+/// `&Function` is (launches, graph capture, occupancy, attributes). Made by
+/// [`SharedModule::kernel`](super::SharedModule::kernel); the module is unloaded when its
+/// last handle is dropped, after the launches of its kernels have finished.
+pub type Kernel = Function<'static>;
+
+/// How a [`Function`] reaches its module.
+#[derive(Clone)]
+pub(crate) enum ModuleRef<'m> {
+    /// Borrowed from a [`Module`] (`Module::function`).
+    Borrowed(&'m Module),
+    /// Holding a shared module (`SharedModule::kernel`): no `&mut Module` can exist.
+    Shared(std::sync::Arc<Module>),
+}
+
+impl std::ops::Deref for ModuleRef<'_> {
+    type Target = Module;
+    #[inline]
+    fn deref(&self) -> &Module {
+        match self {
+            ModuleRef::Borrowed(m) => m,
+            ModuleRef::Shared(m) => m,
+        }
+    }
+}
+
+/// How a graph keeps a launch's module: borrowed for the graph's lifetime, or an `Arc`
+/// of the loaded module that the graph holds (a [`Kernel`]'s).
+pub(crate) enum ModuleHold<'m> {
+    /// The module's tracker, borrowed as long as the function's module.
+    Borrowed(&'m AccessTracker),
+    /// The loaded module, which the graph keeps alive.
+    Owned(std::sync::Arc<Loaded>),
 }
 
 impl std::fmt::Debug for Function<'_> {
@@ -104,8 +142,16 @@ impl<'m> Function<'m> {
     }
 
     /// The module this function belongs to.
-    pub fn module(&self) -> &'m Module {
-        self.module
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    /// The module's tracker, as a graph keeps it (see [`ModuleHold`]).
+    pub(crate) fn module_hold(&self) -> ModuleHold<'m> {
+        match &self.module {
+            ModuleRef::Borrowed(m) => ModuleHold::Borrowed(&m.loaded.uses),
+            ModuleRef::Shared(m) => ModuleHold::Owned(std::sync::Arc::clone(&m.loaded)),
+        }
     }
 
     /// The raw handle, for gpubind's own calls (valid while the module lives).
