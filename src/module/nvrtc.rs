@@ -32,11 +32,61 @@ pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Res
     })
 }
 
-/// The `INFINITY` and `NAN` macros of `<math.h>`, which NVRTC lacks, put before the
-/// source by [`compile_with`] (the `#line` keeps NVRTC's line numbers the source's).
-/// `1.0f / 0.0f` is a constant expression, so they work in `__device__` initialisers.
-const MATH_MACROS: &str = "#ifndef INFINITY\n#define INFINITY (1.0f / 0.0f)\n#endif\n\
-                           #ifndef NAN\n#define NAN (0.0f / 0.0f)\n#endif\n";
+/// The `INFINITY` macro of `<math.h>`, which NVRTC lacks, put before a source that uses
+/// it by [`compile_with`]. From C++11 on it names a `constexpr` float, so it is a
+/// constant everywhere (`__device__` initialisers included); before, the division is
+/// done where it is used.
+const INFINITY_MACRO: &str = "\
+#if !defined(INFINITY) && __cplusplus >= 201103L
+static constexpr float __gpubind_infinity = 1.0f / 0.0f;
+#define INFINITY __gpubind_infinity
+#endif
+#ifndef INFINITY
+#define INFINITY (1.0f / 0.0f)
+#endif
+";
+
+/// `NAN`, likewise.
+const NAN_MACRO: &str = "\
+#if !defined(NAN) && __cplusplus >= 201103L
+static constexpr float __gpubind_nan = 0.0f / 0.0f;
+#define NAN __gpubind_nan
+#endif
+#ifndef NAN
+#define NAN (0.0f / 0.0f)
+#endif
+";
+
+/// `src` with the math macros it uses and does not `#define` itself put before it, and
+/// a `#line` that keeps NVRTC's line numbers and file name the source's.
+fn with_math_macros(src: &str, name: &str) -> String {
+    let mut full = String::new();
+    for (macro_name, text) in [("INFINITY", INFINITY_MACRO), ("NAN", NAN_MACRO)] {
+        if src.contains(macro_name) && !defines(src, macro_name) {
+            full.push_str(text);
+        }
+    }
+    if full.is_empty() {
+        return src.to_owned();
+    }
+    let file = name.replace(['\\', '"', '\n', '\r'], "_");
+    full.push_str(&format!("#line 1 \"{file}\"\n"));
+    full.push_str(src);
+    full
+}
+
+/// Whether `src` has a `#define` of `macro_name` (`define`, blanks, the name, then a
+/// character that cannot continue it).
+fn defines(src: &str, macro_name: &str) -> bool {
+    src.match_indices("define").any(|(at, d)| {
+        let rest = &src[at + d.len()..];
+        let trimmed = rest.trim_start_matches([' ', '\t']);
+        trimmed.len() < rest.len()
+            && trimmed.starts_with(macro_name)
+            && !trimmed[macro_name.len()..]
+                .starts_with(|c: char| c == '_' || c.is_ascii_alphanumeric())
+    })
+}
 
 /// Compiles CUDA C++ source with NVRTC and checked [`CompileOptions`] (see
 /// [`crate::module::options`]): the options' flags, the toolkit's include directory, the
@@ -71,8 +121,7 @@ pub fn compile_with(
     {
         flags.push(format!("--include-path={dir}"));
     }
-    let line = name.replace(['\\', '"', '\n', '\r'], "_");
-    let full = format!("{MATH_MACROS}#line 1 \"{line}\"\n{src}");
+    let full = with_math_macros(src, name);
     run(nvrtc, &full, name, &flags, output)?.map_err(|(status, log)| {
         let log = explain_failure(nvrtc, options, include.is_some(), &status, log);
         Error::Compile {
@@ -241,4 +290,36 @@ fn program_log(
         .trim_end_matches('\0')
         .trim()
         .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn math_macros_go_before_sources_that_use_them_only() {
+        assert_eq!(with_math_macros("int x;", "k.cu"), "int x;");
+        let inf = with_math_macros("float y = INFINITY;", "a\"b.cu");
+        assert!(inf.starts_with(INFINITY_MACRO), "{inf}");
+        assert!(!inf.contains("NAN"), "{inf}");
+        assert!(
+            inf.ends_with("#line 1 \"a_b.cu\"\nfloat y = INFINITY;"),
+            "{inf}"
+        );
+        let both = with_math_macros("float y = INFINITY, z = NAN;", "k.cu");
+        assert!(
+            both.contains(INFINITY_MACRO) && both.contains(NAN_MACRO),
+            "{both}"
+        );
+        // A source's own definition is left alone.
+        let own = "#define INFINITY 2.0f\nfloat y = INFINITY, z = NAN;";
+        let out = with_math_macros(own, "k.cu");
+        assert!(
+            !out.contains(INFINITY_MACRO) && out.contains(NAN_MACRO),
+            "{out}"
+        );
+        assert!(defines("#  define\tNAN (0.f/0.f)", "NAN"));
+        assert!(!defines("#define NAN_BOX 1", "NAN"));
+        assert!(!defines("#defineNAN 1", "NAN"));
+    }
 }

@@ -40,8 +40,8 @@
 //! log. [`cuda_include_dir`] reports the choice.
 //!
 //! NVRTC has no `<math.h>`, so the C macros `INFINITY` and `NAN` are undefined in NVRTC
-//! code; gpubind defines them (as `float` constants, usable in `__device__` initialisers)
-//! unless the source defines them first.
+//! code; gpubind defines them for a source that uses them without `#define`-ing them
+//! itself (as `float` constants, usable in `__device__` initialisers from C++11 on).
 
 use crate::error::{Error, Result};
 use std::fmt;
