@@ -720,47 +720,9 @@ fn fmt_limit(limit: &Option<u64>) -> String {
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// A cudarc driver error as [`Error::Driver`], for code that mixes cudarc's safe API
-/// with gpubind's (`?` on a cudarc call in a function returning [`Result`]). cudarc's
-/// error carries no call name, so `call` is `"a cudarc driver call"`.
-///
-/// ```
-/// use gpubind::cudarc::driver::{DriverError, sys::CUresult};
-/// let e: gpubind::Error = DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY).into();
-/// assert_eq!(e.driver_code(), Some(gpubind::DriverErrorCode::OUT_OF_MEMORY));
-/// ```
-impl From<cudarc::driver::DriverError> for Error {
-    fn from(e: cudarc::driver::DriverError) -> Self {
-        Error::driver("a cudarc driver call", e.0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cudarc_driver_errors_convert_to_driver_errors() {
-        fn fails() -> Result<()> {
-            Err(cudarc::driver::DriverError(
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-            ))?;
-            Ok(())
-        }
-        match fails() {
-            Err(Error::Driver {
-                call, code, name, ..
-            }) => {
-                assert_eq!(call, "a cudarc driver call");
-                assert_eq!(
-                    code,
-                    DriverErrorCode::from(CUresult::CUDA_ERROR_INVALID_VALUE)
-                );
-                assert_eq!(name, "CUDA_ERROR_INVALID_VALUE");
-            }
-            other => panic!("{other:?}"),
-        }
-    }
 
     #[test]
     fn device_lacks_names_the_capability_and_the_way_out() {

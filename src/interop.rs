@@ -565,3 +565,18 @@ pub(crate) fn drop_in_context<V>(what: std::fmt::Arguments<'_>, device: &Device,
         }
     }
 }
+
+/// A cudarc driver error as [`Error::Driver`], for code that mixes cudarc's safe API
+/// with gpubind's (`?` on a cudarc call in a function returning [`Result`]). cudarc's
+/// error carries no call name, so `call` is `"a cudarc driver call"`.
+///
+/// ```
+/// use gpubind::cudarc::driver::{DriverError, sys::CUresult};
+/// let e: gpubind::Error = DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY).into();
+/// assert_eq!(e.driver_code(), Some(gpubind::DriverErrorCode::OUT_OF_MEMORY));
+/// ```
+impl From<DriverError> for Error {
+    fn from(e: DriverError) -> Self {
+        Error::driver("a cudarc driver call", e.0)
+    }
+}
