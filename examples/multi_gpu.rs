@@ -18,6 +18,9 @@
 //! times included; `--nccl` needs distinct devices and `libnccl.so.2`. Exits 1 with the
 //! typed error on any failure.
 
+// Buffers a kernel writes are passed as `&mut` to document intent (gpubind's convention).
+#![allow(clippy::unnecessary_mut_passed)]
+
 use gpubind::{
     BoundDevice, CommOptions, Communicator, Device, DeviceSlice, Kernel, LaunchConfig, Op,
     ThreadContext,

@@ -208,7 +208,7 @@ fn arch_override() -> R {
         unsigned i = threadIdx.x; if (i < n) out[i] = in + i; }"#;
     with_gpu(|gpu| {
         let (major, minor) = gpu.device().compute_capability().ctx("cc")?;
-        let cc = (major * 10 + minor) as u32;
+        let cc = major * 10 + minor;
         for arch in [Arch::Compute(75), Arch::Sm(cc)] {
             let opts = CompileOptions::new().arch(arch).line_info(true);
             let module = gpu
@@ -235,7 +235,10 @@ fn arch_override() -> R {
         }
         let other = Arch::Sm(if major == 8 { 90 } else { 80 });
         match gpu.compile_and_load_with(SRC, "k.cu", &CompileOptions::new().arch(other)) {
-            Err(Error::Driver { call, .. }) if call == "cuModuleLoadData" => {}
+            Err(Error::Driver {
+                call: "cuModuleLoadData",
+                ..
+            }) => {}
             Err(Error::Compile { status, .. }) if status == "NVRTC_ERROR_INVALID_OPTION" => {
                 println!("    this NVRTC does not know {other}");
             }
