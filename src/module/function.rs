@@ -3,7 +3,6 @@
 use super::{Loaded, Module};
 use crate::access::AccessTracker;
 use crate::device::poison::KernelName;
-use crate::driver::Check;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 
@@ -102,9 +101,8 @@ pub(crate) fn func_attribute(
     func: sys::CUfunction,
     attr: sys::CUfunction_attribute,
 ) -> Result<u32> {
-    let mut v = 0;
-    // SAFETY: a valid function handle of the current context; writes one int.
-    unsafe { sys::cuFuncGetAttribute(&mut v, attr, func) }.check("cuFuncGetAttribute")?;
+    // SAFETY: a valid function handle of the current context.
+    let v = unsafe { crate::driver::result::module::func_attribute(func, attr) }?;
     Ok(v.max(0) as u32)
 }
 
@@ -242,14 +240,14 @@ impl<'m> Function<'m> {
         let _guard = self.module.device.enter()?;
         // SAFETY: a valid function of the module's context, current for the call; the
         // value fits a c_int (at most the opt-in ceiling, a u32 read from a c_int).
-        unsafe {
-            sys::cuFuncSetAttribute(
+        let set = unsafe {
+            crate::driver::result::module::func_set_attribute(
                 self.raw,
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 bytes as i32,
             )
-        }
-        .check_on(&self.module.device, "cuFuncSetAttribute")
+        };
+        self.module.device.check(set)
     }
 
     /// How many blocks of `block_size` threads, each with `dynamic_shared_bytes` of
@@ -275,22 +273,15 @@ impl<'m> Function<'m> {
     ) -> Result<u32> {
         self.check_block_size(block_size)?;
         let _guard = self.module.device.enter()?;
-        let mut blocks = 0;
         // SAFETY: a valid function of the module's context, current for the call; the
-        // block size is at most the kernel's limit (checked above), so fits a c_int;
-        // writes one int.
-        unsafe {
-            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                &mut blocks,
+        // block size is at most the kernel's limit (checked above), so fits a c_int.
+        let blocks = self.module.device.check(unsafe {
+            crate::driver::result::module::max_active_blocks_per_multiprocessor(
                 self.raw,
                 block_size as i32,
                 dynamic_shared_bytes,
             )
-        }
-        .check_on(
-            &self.module.device,
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-        )?;
+        })?;
         Ok(blocks.max(0) as u32)
     }
 
@@ -314,21 +305,15 @@ impl<'m> Function<'m> {
         dynamic_shared_bytes: usize,
     ) -> Result<PotentialBlockSize> {
         let _guard = self.module.device.enter()?;
-        let (mut min_grid, mut block) = (0, 0);
-        // SAFETY: a valid function of the module's context, current for the call; no
-        // size callback (null: the fixed `dynamic_shared_bytes` is used), no block size
-        // limit (0); writes two ints.
-        unsafe {
-            sys::cuOccupancyMaxPotentialBlockSize(
-                &mut min_grid,
-                &mut block,
+        // SAFETY: a valid function of the module's context, current for the call; the
+        // fixed `dynamic_shared_bytes` is used, no block size limit (0).
+        let (min_grid, block) = self.module.device.check(unsafe {
+            crate::driver::result::module::max_potential_block_size(
                 self.raw,
-                None,
                 dynamic_shared_bytes,
                 0,
             )
-        }
-        .check_on(&self.module.device, "cuOccupancyMaxPotentialBlockSize")?;
+        })?;
         Ok(PotentialBlockSize {
             min_grid_size: min_grid.max(0) as u32,
             block_size: block.max(0) as u32,

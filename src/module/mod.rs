@@ -85,7 +85,6 @@ pub use shared::SharedModule;
 use crate::access::AccessTracker;
 use crate::context::BoundDevice;
 use crate::device::Device;
-use crate::driver::Check;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::ffi::{CString, c_void};
@@ -171,10 +170,8 @@ fn lookup<'m>(module: ModuleRef<'m>, name: &str) -> Result<Function<'m>> {
     let cname = CString::new(name)
         .map_err(|_| Error::InvalidArgument(format!("kernel name {name:?} contains NUL")))?;
     let _guard = module.device.enter()?;
-    let mut raw: sys::CUfunction = std::ptr::null_mut();
-    // SAFETY: valid module; its context is current; writes one handle.
-    unsafe { sys::cuModuleGetFunction(&mut raw, module.raw, cname.as_ptr()) }
-        .check("cuModuleGetFunction")?;
+    // SAFETY: a loaded module (`module` keeps it loaded), its context current.
+    let raw = unsafe { crate::driver::result::module::get_function(module.raw, &cname) }?;
     use sys::CUfunction_attribute as A;
     let limits = FunctionLimits {
         max_threads_per_block: func_attribute(raw, A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
@@ -271,10 +268,10 @@ impl<'a> BoundDevice<'a> {
     /// headers describe only bytes that are readable for the length of the call.
     unsafe fn load_image(&self, image: *const c_void) -> Result<Module> {
         self.ensure_current()?;
-        let mut raw: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: the bound context is current (just checked); `image` is readable as
-        // far as its format says (the caller's contract); writes one handle.
-        unsafe { sys::cuModuleLoadData(&mut raw, image) }.check("cuModuleLoadData")?;
+        // far as its format says (the caller's contract); the module is unloaded once,
+        // by `Loaded`'s drop.
+        let raw = unsafe { crate::driver::result::module::load_data(image) }?;
         Ok(Module {
             device: Arc::clone(self.device()),
             raw,
