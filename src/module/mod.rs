@@ -39,6 +39,23 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The fix, where a kernel must outlive the scope or live in a struct: share the module
+//! ([`Module::into_shared`]) and take a [`Kernel`] from it, which holds the module
+//! ([`SharedModule`](crate::module::shared)):
+//!
+//! ```no_run
+//! # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+//! let k: gpubind::Kernel = {
+//!     let module = gpu.load_ptx(".version 8.0\n.target sm_90\n.address_size 64\n")?;
+//!     module.into_shared().kernel("k")?
+//! };
+//! # Ok(()) }
+//! ```
+//!
+//! [`compile_and_load_with`](BoundDevice::compile_and_load_with) takes
+//! [`CompileOptions`] (macros, include directories, fast math, the C++ standard, debug
+//! information, the architecture): [`crate::module::options`].
+//!
 //! Launch arguments are checked against the kernel's parameter list where the driver
 //! reports it (`cuFuncGetParamInfo`, CUDA 12.4+; older drivers, or a version capped
 //! below 12.4 with `GPUBIND_ASSUME_DRIVER_VERSION`, skip the check): a wrong count or a wrong size is
@@ -62,8 +79,9 @@
 //!
 //! A module's `__device__` and `__constant__` variables are typed device memory through
 //! [`Module::global`] ([`crate::module::global`]); cooperative, cluster and prioritised launches
-//! are [`LaunchBuilder::cooperative`], [`LaunchBuilder::cluster`] and
-//! [`LaunchBuilder::priority`] ([`crate::launch`]).
+//! are [`LaunchBuilder::cooperative`](crate::LaunchBuilder::cooperative),
+//! [`LaunchBuilder::cluster`](crate::LaunchBuilder::cluster) and
+//! [`LaunchBuilder::priority`](crate::LaunchBuilder::priority) ([`crate::launch`]).
 
 mod function;
 pub mod global;
@@ -71,7 +89,7 @@ pub(crate) mod image;
 mod kernel_arg;
 mod nvrtc;
 pub mod options;
-mod shared;
+pub mod shared;
 
 pub use function::{Function, FunctionAttributes, Kernel, PotentialBlockSize};
 pub(crate) use function::{FunctionLimits, ModuleHold, ModuleRef, param_sizes};

@@ -1,6 +1,6 @@
 //! [`SharedModule`]: a module behind an `Arc`, whose kernels ([`Kernel`]) hold it.
 //!
-//! A [`Function`](super::Function) borrows its [`Module`], so a struct cannot hold a
+//! A [`Function`] borrows its [`Module`], so a struct cannot hold a
 //! module and its kernels together. A shared module can: its [`kernel`](SharedModule::kernel)s
 //! each hold the module, are `'static`, `Send + Sync` and cheap to clone, and work
 //! wherever a `&Function` does (they *are* `Function<'static>`):
