@@ -344,8 +344,11 @@ impl<'b> BoundStream<'b> {
     /// another thread (a launch that passes it, which may write it, included) waits for
     /// the lend.
     ///
-    /// `f` must not use `buf` through gpubind itself (a copy, a launch passing it): that
-    /// use would wait for the lend it runs in. Use the view, or lend with `&mut`.
+    /// While `f` runs the lock is held, so `f` must not call gpubind on memory (a copy, a
+    /// launch): a call on `buf` would wait for the lend it runs in, and one on another
+    /// buffer takes a second lock out of gpubind's lock order. Do gpubind work before or
+    /// after the lend; [`lend_to_cudarc`](Self::lend_to_cudarc) (with `&mut`) holds no
+    /// lock.
     ///
     /// ```no_run
     /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
