@@ -306,4 +306,24 @@ extern "C" __global__ void k(__half* h, __nv_bfloat16* b) {
             other => panic!("{other:?}"),
         }
     }
+
+    #[test]
+    fn an_sm_arch_gives_a_cubin_and_nul_bytes_are_invalid_arguments() {
+        if !nvrtc_available() {
+            println!("SKIPPED: no NVRTC");
+            return;
+        }
+        let src = r#"extern "C" __global__ void k(float* x) { x[0] = SCALE; }"#;
+        let opts = CompileOptions::new()
+            .define("SCALE", "2.0f")
+            .arch(Arch::Sm(80));
+        let cubin = compile_with(src, "k.cu", &opts, Output::Cubin).unwrap();
+        assert_eq!(&cubin[..4], b"\x7fELF");
+        for (src, name) in [("a\0b", "k.cu"), ("", "k\0.cu")] {
+            assert!(matches!(
+                compile_with(src, name, &CompileOptions::new(), Output::Ptx),
+                Err(Error::InvalidArgument(m)) if m.contains("NUL")
+            ));
+        }
+    }
 }
