@@ -42,6 +42,8 @@ fi
 ex() { local name=$1; shift; [[ -x .gpu-bin/examples/$name ]] && run "$name" "$@"; }
 ex quickstart 60 .gpu-bin/examples/quickstart
 ex cudarc_interop 60 .gpu-bin/examples/cudarc_interop
+ex multi_gpu 120 .gpu-bin/examples/multi_gpu
+ex multi_gpu 120 .gpu-bin/examples/multi_gpu --devices 0,0
 ex ipc_workers 120 .gpu-bin/examples/ipc_workers 4
 ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 10
 ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0
