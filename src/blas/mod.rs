@@ -66,10 +66,11 @@ mod sys;
 #[cfg(test)]
 mod tests;
 mod types;
+mod vector;
 
 pub use crate::error::MatmulError;
 pub use capture::{CaptureLtArgs, CaptureOutput};
 pub use epilogue::{Epilogue, LtArgs};
 pub use handle::Blas;
 pub use sys::cublaslt_info;
-pub use types::{Batch, BlasScalar, DataType, Layout, Matmul};
+pub use types::{Batch, BlasFloat, BlasScalar, DataType, GemmGroup, Gemv, Layout, Matmul};
