@@ -59,6 +59,7 @@
 mod capture;
 mod epilogue;
 mod gemm;
+mod grouped;
 mod handle;
 mod lt;
 mod plan;
