@@ -18,21 +18,21 @@ use std::sync::Arc;
 /// addresses (one per product, in cuBLAS's operand order: all first operands, then all
 /// second ones, then all C).
 #[derive(Debug, Default)]
-struct GroupedCall {
-    transa: Vec<c_int>,
-    transb: Vec<c_int>,
-    m: Vec<c_int>,
-    n: Vec<c_int>,
-    k: Vec<c_int>,
-    lda: Vec<c_int>,
-    ldb: Vec<c_int>,
-    ldc: Vec<c_int>,
-    alpha: Vec<f32>,
-    beta: Vec<f32>,
-    size: Vec<c_int>,
+pub(crate) struct GroupedCall {
+    pub(crate) transa: Vec<c_int>,
+    pub(crate) transb: Vec<c_int>,
+    pub(crate) m: Vec<c_int>,
+    pub(crate) n: Vec<c_int>,
+    pub(crate) k: Vec<c_int>,
+    pub(crate) lda: Vec<c_int>,
+    pub(crate) ldb: Vec<c_int>,
+    pub(crate) ldc: Vec<c_int>,
+    pub(crate) alpha: Vec<f32>,
+    pub(crate) beta: Vec<f32>,
+    pub(crate) size: Vec<c_int>,
     /// Each product's element offsets `[a, b, c]`, and whether cuBLAS's first operand
     /// is the caller's B (row-major groups: [`plan::plan`]).
-    offsets: Vec<([usize; 3], bool)>,
+    pub(crate) offsets: Vec<([usize; 3], bool)>,
 }
 
 /// `error` in product `problem` of group `group`.
@@ -64,7 +64,7 @@ fn fits(operand: &'static str, offset: usize, span: usize, len: usize) -> Result
 
 /// Checks every group against buffers of `lens = [A, B, C]` elements and builds the
 /// call; C spans of two products must not overlap.
-fn plan_grouped(
+pub(crate) fn plan_grouped(
     groups: &[GemmGroup],
     dtype: DataType,
     lens: [usize; 3],
