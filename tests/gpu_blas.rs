@@ -1245,10 +1245,12 @@ fn grouped_case<T: El>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
         for _ in 0..count {
             g = g.problem(oa, ob, oc);
             placed.push((*s, oa, ob, oc));
-            // A gap of 5 elements after each matrix.
-            oa += s.m * s.k + 5;
-            ob += s.k * s.n + 5;
-            oc += s.m * s.n + 5;
+            // A gap of at least 5 elements after each matrix, the next one starting
+            // 16-byte aligned.
+            let next = |o: usize, len: usize| (o + len + 5).next_multiple_of(8);
+            oa = next(oa, s.m * s.k);
+            ob = next(ob, s.k * s.n);
+            oc = next(oc, s.m * s.n);
         }
         groups.push(g);
     }

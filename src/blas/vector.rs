@@ -142,6 +142,18 @@ impl<'b> BoundStream<'b> {
     /// assert_eq!(gpu.dtoh(&y)?, [6.0, 15.0]);
     /// # Ok(()) }
     /// ```
+    ///
+    /// cuBLAS has no half-precision GEMV: f16 and bf16 are not [`BlasFloat`].
+    ///
+    /// ```compile_fail,E0277
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> gpubind::Result<()> {
+    /// use gpubind::blas::Gemv;
+    /// use half::f16;
+    /// let (a, x) = (gpu.alloc_zeros::<f16>(6)?, gpu.alloc_zeros::<f16>(3)?);
+    /// let mut y = gpu.alloc_zeros::<f16>(2)?;
+    /// gpu.default_stream().gemv(blas, &Gemv::new(2, 3), &a, &x, &mut y)?; // error[E0277]
+    /// # Ok(()) }
+    /// ```
     pub fn gemv<T: BlasFloat>(
         &self,
         blas: &mut Blas,
