@@ -87,6 +87,7 @@ pub mod blas;
 #[cfg(feature = "collective")]
 #[cfg_attr(docsrs, doc(cfg(feature = "collective")))]
 pub mod collective;
+mod config;
 pub mod context;
 pub mod copy;
 pub mod device;

@@ -95,9 +95,18 @@ const OLDEST_MAJOR: u32 = 11;
 impl Lib {
     fn env_var(self) -> &'static str {
         match self {
-            Lib::Nvrtc => "GPUBIND_NVRTC_PATH",
+            Lib::Nvrtc => crate::config::NVRTC_PATH.name,
             #[cfg(feature = "cublas")]
-            Lib::Cublas => "GPUBIND_CUBLAS_PATH",
+            Lib::Cublas => crate::config::CUBLAS_PATH.name,
+        }
+    }
+
+    /// The override's value, if set (not empty).
+    fn override_path(self) -> Option<String> {
+        match self {
+            Lib::Nvrtc => crate::config::nvrtc_path(&crate::config::env),
+            #[cfg(feature = "cublas")]
+            Lib::Cublas => crate::config::cublas_path(&crate::config::env),
         }
     }
 
@@ -195,7 +204,7 @@ fn load<L>(
     lib: Lib,
     open: impl FnMut(&str) -> Probe<L>,
 ) -> std::result::Result<(L, LibraryInfo), String> {
-    let env = std::env::var(lib.env_var()).ok();
+    let env = lib.override_path();
     let is_override = env.as_deref().is_some_and(|p| !p.is_empty());
     let driver = driver_major();
     let names = candidates(lib, driver, env.as_deref());
