@@ -136,7 +136,7 @@ impl Drop for Blas {
 
 impl<'a> BoundDevice<'a> {
     /// Creates a cuBLAS handle for the bound device; [`Error::NoCublas`] if no `libcublas`
-    /// fitting the driver can be loaded (which one: [`crate::driver::libraries`]).
+    /// fitting the driver can be loaded (which one: [`cublas_info`](crate::cublas_info)).
     pub fn new_blas(&self) -> Result<Blas> {
         self.ensure_current()?;
         let api = libs::cublas()?;

@@ -6,8 +6,7 @@
 //! `LD_LIBRARY_PATH`, run this test, then again with `GPUBIND_NVRTC_PATH` naming the older
 //! `libnvrtc.so.12`.
 
-use gpubind::libs::{nvrtc_info, nvrtc_supported_archs};
-use gpubind::module::{Output, compile, nvrtc_available};
+use gpubind::{Output, compile, nvrtc_available, nvrtc_info, nvrtc_supported_archs};
 
 const SRC: &str = r#"
 struct P { float a; unsigned n; };

@@ -514,7 +514,8 @@ pub(crate) fn cublas() -> Result<&'static Cublas> {
         })
 }
 
-/// The NVRTC gpubind compiles with (see the [module docs](self)), or [`Error::NoNvrtc`].
+/// The NVRTC gpubind compiles with (`GPUBIND_NVRTC_PATH`, else the newest one not newer
+/// than the driver's major version), or [`Error::NoNvrtc`].
 pub fn nvrtc_info() -> Result<LibraryInfo> {
     nvrtc().map(|n| n.info.clone())
 }

@@ -368,7 +368,7 @@ pub struct EntryPointStatus {
 /// [`Error::Unsupported`] in its `status`, not an error of the call.
 ///
 /// ```no_run
-/// for ep in gpubind::compat::entry_points()? {
+/// for ep in gpubind::entry_points()? {
 ///     match &ep.status {
 ///         Ok(()) => println!("{} (CUDA {}): used", ep.symbol, ep.since),
 ///         Err(e) => println!("{}: {e}", ep.symbol),

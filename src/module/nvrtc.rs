@@ -12,14 +12,14 @@ pub enum Output {
     Cubin,
 }
 
-/// Whether an NVRTC gpubind can use can be loaded (see [`crate::driver::libraries`] for which one:
+/// Whether an NVRTC gpubind can use can be loaded (see [`nvrtc_info`](crate::nvrtc_info) for which one:
 /// the driver's major version first, `GPUBIND_NVRTC_PATH` to override).
 pub fn nvrtc_available() -> bool {
     crate::driver::libraries::nvrtc().is_ok()
 }
 
 /// Compiles CUDA C++ source with NVRTC. Needs no GPU, no context and no driver: only
-/// `libnvrtc` (chosen as [`crate::driver::libraries`] describes). Options are passed through (e.g.
+/// `libnvrtc` (the one [`nvrtc_info`](crate::nvrtc_info) reports). Options are passed through (e.g.
 /// `--gpu-architecture=sm_90`, `-DN=4`).
 pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Result<Vec<u8>> {
     let nvrtc = crate::driver::libraries::nvrtc()?;
