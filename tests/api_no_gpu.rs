@@ -360,7 +360,7 @@ fn feature_disabled_names_the_feature() {
 #[cfg(all(feature = "collective", not(feature = "nccl")))]
 #[test]
 fn nccl_backend_without_its_feature_is_a_typed_error() {
-    assert!(!nccl_available());
+    assert!(!gpubind::collective::nccl_available());
     let e = gpubind::collective::nccl_version().unwrap_err();
     assert!(
         matches!(
