@@ -567,7 +567,7 @@ pub enum Error {
 
     /// The NCCL library (`libnccl.so.2`) could not be loaded.
     #[error(
-        "NCCL not found: libnccl.so.2 could not be loaded (install NCCL and add the directory holding libnccl.so.2 to LD_LIBRARY_PATH, or set GPUBIND_NCCL_LIB to its path)"
+        "NCCL not found: libnccl.so.2 could not be loaded (install NCCL and add the directory holding libnccl.so.2 to LD_LIBRARY_PATH, or set GPUBIND_NCCL_PATH to its path)"
     )]
     NoNccl,
 

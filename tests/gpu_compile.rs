@@ -1,5 +1,5 @@
-//! GPU tests of NVRTC compile options (`gpubind::module::options`) and of kernels that
-//! hold their module (`gpubind::module::SharedModule`, `Kernel`): each compiled kernel is
+//! GPU tests of NVRTC compile options (`gpubind::options`) and of kernels that
+//! hold their module (`gpubind::SharedModule`, `Kernel`): each compiled kernel is
 //! run and its result checked. Without a driver: one SKIPPED line.
 //!
 //! Run: `cargo test --test gpu_compile` (on a GPU machine, or the built binary directly).
@@ -11,7 +11,7 @@
 mod common;
 
 use common::{Ctx, dev0, run_suite, skip};
-use gpubind::module::{Arch, CompileOptions, CppStandard, cuda_include_dir};
+use gpubind::{Arch, CompileOptions, CppStandard, cuda_include_dir};
 use gpubind::{
     BoundDevice, BoundStream, DeviceSlice, Error, Kernel, LaunchConfig, SharedModule, ThreadContext,
 };

@@ -220,10 +220,10 @@ fn child_bounded_drop() -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let dev = Device::get(0).ctx("Device::get")?;
     #[cfg(feature = "collective")]
-    let comm = gpubind::Communicator::new(
+    let comm = gpubind::collective::Communicator::new(
         &mut ctx,
         std::slice::from_ref(&dev),
-        gpubind::CommOptions::kernels(),
+        gpubind::collective::CommOptions::kernels(),
     )
     .ctx("communicator")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;

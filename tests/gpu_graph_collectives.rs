@@ -22,10 +22,9 @@ mod common;
 use common::{
     Ctx, PrintWarnings, child_role, dev0, finish, free_port, nccl_present, run_suite, two_gpus,
 };
+use gpubind::collective::{CommOptions, Communicator, Op, RankComm};
 use gpubind::collective::{LaunchEnv, NcclUniqueId};
-use gpubind::{
-    CommOptions, Communicator, Device, Error, LaunchConfig, Op, RankComm, ThreadContext,
-};
+use gpubind::{Device, Error, LaunchConfig, ThreadContext};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

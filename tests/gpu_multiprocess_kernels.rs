@@ -15,7 +15,8 @@
 mod common;
 
 use common::{Ctx, SPIN, child_role, run_suite};
-use gpubind::{CollectiveType, Device, DeviceSlice, Error, Op, RankComm, ThreadContext};
+use gpubind::collective::{CollectiveType, Op, RankComm};
+use gpubind::{Device, DeviceSlice, Error, ThreadContext};
 use half::{bf16, f16};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

@@ -9,9 +9,9 @@
 mod common;
 
 use common::{Ctx, dev0, run_suite};
+use gpubind::collective::{CommOptions, Communicator, Op, Transport, nccl_available};
 use gpubind::{
-    BoundDevice, BoundStream, CommOptions, Communicator, Function, LaunchConfig, Module, Op,
-    PinnedOptions, ThreadContext, Transport, nccl_available,
+    BoundDevice, BoundStream, Function, LaunchConfig, Module, PinnedOptions, ThreadContext,
 };
 use std::time::Duration;
 

@@ -266,6 +266,7 @@ impl CallCheck {
 
     /// Agreement on a made-up collective, for tests and the bench without a GPU:
     /// `kind` 9.., `dtype` and `count` as the ranks please.
+    #[cfg(any(test, feature = "test-seams"))]
     #[doc(hidden)]
     pub fn agree_for_test(&mut self, kind: u8, dtype: u8, count: u64) -> Result<()> {
         self.agree(Header {
@@ -279,6 +280,7 @@ impl CallCheck {
     }
 
     /// [`fail`](Self::fail) with `InvalidArgument(reason)`, for tests without a GPU.
+    #[cfg(any(test, feature = "test-seams"))]
     #[doc(hidden)]
     pub fn fail_for_test(&mut self, reason: &str) -> Error {
         self.fail(Error::InvalidArgument(reason.to_owned()))

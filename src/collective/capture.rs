@@ -108,7 +108,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     ///
     /// ```no_run
     /// # fn main() -> gpubind::Result<()> {
-    /// use gpubind::{CommOptions, Communicator, Device, Op, ThreadContext};
+    /// use gpubind::{Device, ThreadContext, collective::{CommOptions, Communicator, Op}};
     /// let mut ctx = ThreadContext::acquire()?;
     /// let dev = Device::get(0)?;
     /// let comm = Communicator::new(&mut ctx, &[dev.clone(), dev.clone()], CommOptions::kernels())?;

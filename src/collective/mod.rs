@@ -27,7 +27,7 @@
 //!
 //! ```no_run
 //! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{CommOptions, Communicator, Device, Op, ThreadContext};
+//! use gpubind::{Device, ThreadContext, collective::{CommOptions, Communicator, Op}};
 //! let mut ctx = ThreadContext::acquire()?;
 //! let dev = Device::get(0)?;
 //! let devices = vec![dev.clone(), dev.clone()]; // two ranks on one GPU
@@ -53,10 +53,10 @@
 //! buffer cannot be given twice as an output, nor touched inside the group:
 //!
 //! ```compile_fail,E0499
-//! # fn f(ctx: &mut gpubind::ThreadContext, comm: &gpubind::Communicator,
+//! # fn f(ctx: &mut gpubind::ThreadContext, comm: &gpubind::collective::Communicator,
 //! #      a: &gpubind::DeviceSlice<f32>, b: &gpubind::DeviceSlice<f32>,
 //! #      out: &mut gpubind::DeviceSlice<f32>) -> gpubind::Result<()> {
-//! use gpubind::Op;
+//! use gpubind::collective::Op;
 //! ctx.group(comm, |g| {
 //!     g.all_reduce(0, a, out, Op::Sum)?;
 //!     g.all_reduce(1, b, out, Op::Sum)?; // error[E0499]: `*out` is already borrowed
@@ -72,7 +72,7 @@
 //!
 //! ```compile_fail,E0277
 //! fn needs_sync<T: Sync>() {}
-//! needs_sync::<gpubind::Communicator>(); // error[E0277]
+//! needs_sync::<gpubind::collective::Communicator>(); // error[E0277]
 //! ```
 //!
 //! # One thread per GPU
@@ -82,7 +82,7 @@
 //!
 //! ```no_run
 //! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{CommOptions, Communicator, Device, Op, ThreadContext};
+//! use gpubind::{Device, ThreadContext, collective::{CommOptions, Communicator, Op}};
 //! let devices = Device::all()?;
 //! let comms = Communicator::init_all(&devices, CommOptions::nccl())?;
 //! std::thread::scope(|s| {

@@ -95,12 +95,12 @@ struct ConfigV214 {
 /// `ncclInProgress`.
 const IN_PROGRESS: Res = 7;
 
-/// Library names tried in order (after `$GPUBIND_NCCL_LIB`).
+/// Library names tried in order (after `$GPUBIND_NCCL_PATH`).
 const LIB_NAMES: [&str; 3] = ["libnccl.so.2", "libnccl.so", "libnccl.so.1"];
 
 impl Api {
     fn load() -> Option<Api> {
-        let env = std::env::var("GPUBIND_NCCL_LIB").ok();
+        let env = crate::config::nccl_path(&crate::config::env);
         let lib = env
             .iter()
             .map(String::as_str)
@@ -189,7 +189,7 @@ pub(crate) fn api() -> Result<&'static Api> {
     API.get_or_init(Api::load).as_ref().ok_or(Error::NoNccl)
 }
 
-/// Whether `libnccl` can be loaded (tries `$GPUBIND_NCCL_LIB`, `libnccl.so.2`,
+/// Whether `libnccl` can be loaded (tries `$GPUBIND_NCCL_PATH`, `libnccl.so.2`,
 /// `libnccl.so`). Needs no GPU.
 pub fn nccl_available() -> bool {
     api().is_ok()

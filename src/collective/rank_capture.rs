@@ -230,7 +230,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// ```no_run
     /// # fn main() -> gpubind::Result<()> {
     /// use gpubind::collective::LaunchEnv;
-    /// use gpubind::{Device, Op, RankComm, ThreadContext};
+    /// use gpubind::{Device, ThreadContext, collective::{Op, RankComm}};
     /// let env = LaunchEnv::from_env()?; // torchrun, mpirun, srun
     /// let mut ctx = ThreadContext::acquire()?;
     /// let dev = Device::get(env.local_rank)?;
@@ -251,9 +251,9 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// The communicator cannot be dropped while the graph lives:
     ///
     /// ```compile_fail,E0505
-    /// # fn f(gpu: &gpubind::BoundDevice<'_>, comm: gpubind::RankComm) -> gpubind::Result<()> {
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, comm: gpubind::collective::RankComm) -> gpubind::Result<()> {
     /// let (a, b) = (gpu.alloc_zeros::<f32>(8)?, gpu.alloc_zeros::<f32>(8)?);
-    /// let graph = gpu.capture(|c| c.rank_all_reduce(&comm, &a, &b, gpubind::Op::Sum))?;
+    /// let graph = gpu.capture(|c| c.rank_all_reduce(&comm, &a, &b, gpubind::collective::Op::Sum))?;
     /// drop(comm); // error[E0505]: the graph borrows it
     /// graph.instantiate()?;
     /// # Ok(()) }
@@ -263,11 +263,11 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// launches):
     ///
     /// ```compile_fail,E0502
-    /// # fn f(gpu: &gpubind::BoundDevice<'_>, mut comm: gpubind::RankComm) -> gpubind::Result<()> {
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, mut comm: gpubind::collective::RankComm) -> gpubind::Result<()> {
     /// let (a, b) = (gpu.alloc_zeros::<f32>(8)?, gpu.alloc_zeros::<f32>(8)?);
     /// let mut other = gpu.alloc_zeros::<f32>(8)?;
-    /// let graph = gpu.capture(|c| c.rank_all_reduce(&comm, &a, &b, gpubind::Op::Sum))?;
-    /// comm.all_reduce(&gpu.default_stream(), &a, &mut other, gpubind::Op::Sum)?; // error[E0502]
+    /// let graph = gpu.capture(|c| c.rank_all_reduce(&comm, &a, &b, gpubind::collective::Op::Sum))?;
+    /// comm.all_reduce(&gpu.default_stream(), &a, &mut other, gpubind::collective::Op::Sum)?; // error[E0502]
     /// graph.instantiate()?;
     /// # Ok(()) }
     /// ```

@@ -40,7 +40,7 @@ mod sealed {
 /// `u8`. Sealed.
 ///
 /// ```compile_fail,E0277
-/// fn takes<T: gpubind::CollectiveType>() {}
+/// fn takes<T: gpubind::collective::CollectiveType>() {}
 /// takes::<u16>(); // error[E0277]: `u16: CollectiveType` is not satisfied
 /// ```
 pub trait CollectiveType: DeviceRepr + sealed::Sealed {

@@ -548,7 +548,7 @@ impl Device {
     }
 
     /// Whether a sticky error (an illegal address, a device-side assert, …) poisoned this
-    /// device's context; see [`poison`](crate::device::poison) for what that means and how to
+    /// device's context; see [`Error::ContextPoisoned`] for what that means and how to
     /// recover.
     pub fn is_poisoned(&self) -> bool {
         self.poison.get().is_some()
@@ -704,7 +704,7 @@ impl fmt::Debug for Device {
 /// code, releasing a retain that it never took.
 ///
 /// ```compile_fail,E0603
-/// use gpubind::device::LazyPrimary; // error[E0603]: struct `LazyPrimary` is private
+/// use gpubind::device::LazyPrimary; // error[E0603]: module `device` is private
 /// ```
 pub(crate) struct LazyPrimary<O: PrimaryCtxOps> {
     ops: O,

@@ -24,15 +24,15 @@
 //! release or destroy a context that live slices depend on:
 //!
 //! ```compile_fail,E0603
-//! use gpubind::driver::CudaPrimary; // error[E0603]: struct `CudaPrimary` is private
+//! use gpubind::driver::CudaPrimary; // error[E0603]: module `driver` is private
 //! ```
 //!
 //! ```compile_fail,E0603
-//! use gpubind::driver::PrimaryCtxOps; // error[E0603]: trait `PrimaryCtxOps` is private
+//! use gpubind::driver::PrimaryCtxOps; // error[E0603]: module `driver` is private
 //! ```
 //!
 //! ```compile_fail,E0603
-//! use gpubind::driver::RawContext; // error[E0603]: struct `RawContext` is private
+//! use gpubind::driver::RawContext; // error[E0603]: module `driver` is private
 //! ```
 
 pub mod libraries;

@@ -37,7 +37,7 @@ use std::sync::OnceLock;
 /// parse makes [`init`](crate::init) and [`driver_version`] fail with
 /// [`Error::InvalidArgument`] naming the variable. A cap can only lower the version:
 /// capping above the real one changes nothing.
-pub const ASSUME_DRIVER_VERSION_ENV: &str = "GPUBIND_ASSUME_DRIVER_VERSION";
+pub const ASSUME_DRIVER_VERSION_ENV: &str = crate::config::ASSUME_DRIVER_VERSION.name;
 
 /// A CUDA version: what a driver supports (`cuDriverGetVersion`) or what an entry point
 /// needs.
@@ -129,30 +129,12 @@ impl FromStr for DriverVersion {
     }
 }
 
-/// Parses the cap variable's value: unset or empty is no cap.
-pub(crate) fn parse_cap(value: Option<&str>) -> Result<Option<DriverVersion>> {
-    match value {
-        None => Ok(None),
-        Some(v) if v.trim().is_empty() => Ok(None),
-        Some(v) => v.parse().map(Some).map_err(|e| {
-            let reason = match e {
-                Error::InvalidArgument(r) => r,
-                other => other.to_string(),
-            };
-            Error::InvalidArgument(format!("{ASSUME_DRIVER_VERSION_ENV}: {reason}"))
-        }),
-    }
-}
-
 /// The cap from the environment, read once per process.
 fn cap() -> Result<Option<DriverVersion>> {
     static CAP: OnceLock<Result<Option<DriverVersion>>> = OnceLock::new();
-    CAP.get_or_init(|| match std::env::var(ASSUME_DRIVER_VERSION_ENV) {
-        Ok(v) => parse_cap(Some(&v)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(v)) => Err(Error::InvalidArgument(format!(
-            "{ASSUME_DRIVER_VERSION_ENV}: {v:?} is not a CUDA version (expected e.g. 12020 or 12.2)"
-        ))),
+    CAP.get_or_init(|| {
+        let cap = crate::config::assume_driver_version(&crate::config::env)?;
+        Ok(cap.map(|(major, minor)| DriverVersion::new(major, minor)))
     })
     .clone()
 }
@@ -368,7 +350,7 @@ pub struct EntryPointStatus {
 /// [`Error::Unsupported`] in its `status`, not an error of the call.
 ///
 /// ```no_run
-/// for ep in gpubind::compat::entry_points()? {
+/// for ep in gpubind::entry_points()? {
 ///     match &ep.status {
 ///         Ok(()) => println!("{} (CUDA {}): used", ep.symbol, ep.since),
 ///         Err(e) => println!("{}: {e}", ep.symbol),
@@ -654,25 +636,6 @@ mod tests {
         assert!(DriverVersion::new(12, 2) < DriverVersion::new(12, 10));
         assert_eq!(DriverVersion::MINIMUM.raw(), 12020);
         assert_eq!(DriverVersion::new(12, 250).minor(), 99);
-    }
-
-    #[test]
-    fn cap_parsing() {
-        assert_eq!(parse_cap(None), Ok(None));
-        assert_eq!(parse_cap(Some("")), Ok(None));
-        assert_eq!(parse_cap(Some("  ")), Ok(None));
-        assert_eq!(
-            parse_cap(Some("12020")),
-            Ok(Some(DriverVersion::new(12, 2)))
-        );
-        assert_eq!(parse_cap(Some("11.8")), Ok(Some(DriverVersion::new(11, 8))));
-        match parse_cap(Some("twelve")) {
-            Err(Error::InvalidArgument(msg)) => {
-                assert!(msg.starts_with(ASSUME_DRIVER_VERSION_ENV), "{msg}");
-                assert!(msg.contains("\"twelve\""), "{msg}");
-            }
-            other => panic!("{other:?}"),
-        }
     }
 
     #[test]

@@ -202,7 +202,7 @@ impl std::fmt::Debug for Capture<'_, '_> {
 impl<'a> BoundDevice<'a> {
     /// Records the work `f` enqueues through its [`Capture`] handle into a [`Graph`]
     /// (stream capture, `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`, on a private stream; see
-    /// the [module docs](crate::graph)). Nothing runs until the graph is instantiated and
+    /// [`Capture`](crate::Capture)). Nothing runs until the graph is instantiated and
     /// launched.
     ///
     /// The capture is ended when `f` returns, fails or panics. `f`'s error is returned

@@ -181,7 +181,7 @@ fn sys_config(
     }
 }
 
-/// A kernel launch with attributes; see the [module docs](self). Built from a
+/// A kernel launch with attributes (`cuLaunchKernelEx`). Built from a
 /// [`LaunchBuilder`] by [`cooperative`](LaunchBuilder::cooperative),
 /// [`cluster`](LaunchBuilder::cluster) or [`priority`](LaunchBuilder::priority).
 #[must_use = "a launch does nothing until `.launch()` is called"]
@@ -202,7 +202,7 @@ impl std::fmt::Debug for LaunchExBuilder<'_, '_> {
 impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// A cooperative launch (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`): every block of the grid
     /// is resident at once, so the kernel may synchronise the whole grid
-    /// (cooperative groups' `this_grid().sync()`). See the [`launch` module docs](crate::launch)
+    /// (cooperative groups' `this_grid().sync()`). See [`LaunchExBuilder::launch`]
     /// for what is checked. Name attributes before the arguments.
     pub fn cooperative(self) -> LaunchExBuilder<'s, 'a> {
         let mut ex = self.ex();
@@ -273,7 +273,8 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
 
     /// Enqueues the kernel with `cuLaunchKernelEx`. Fails before the driver is called for
     /// everything [`LaunchBuilder::launch`] checks, and for the attributes' checks (see
-    /// the [module docs](self)); [`Error::Unsupported`] on a driver without
+    /// [`cooperative`](LaunchBuilder::cooperative) and [`cluster`](LaunchBuilder::cluster));
+    /// [`Error::Unsupported`] on a driver without
     /// `cuLaunchKernelEx`.
     ///
     /// # Safety

@@ -314,7 +314,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     ///
     /// Fails before the driver is called with [`Error::InvalidArgument`] for a zero
     /// dimension, [`Error::LaunchLimit`] for a configuration over a device or kernel
-    /// limit (see the [module docs](crate::module)), [`Error::LaunchArgs`] or
+    /// limit (see [`Function::attributes`](crate::Function::attributes)), [`Error::LaunchArgs`] or
     /// [`Error::WrongDevice`] for arguments that do not fit.
     ///
     /// # Safety

@@ -513,7 +513,7 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// access tracker, so ordering is per slice, not per view: a use of one view on
     /// another stream waits for the pending uses of every view (more waiting than the
     /// disjoint ranges need, never less: writes to two views from two streams run one
-    /// after the other). In a [capture](crate::graph) no `&mut` view is needed: shared
+    /// after the other). In a [capture](crate::BoundDevice::capture) no `&mut` view is needed: shared
     /// [`slice`](Self::slice) views are writable there.
     ///
     /// ```no_run

@@ -319,13 +319,13 @@ impl<'a> BoundDevice<'a> {
     /// the newest architecture it knows below the device's instead (`compute_XY`), which
     /// the driver JIT-compiles for the device at load. A device older than every
     /// architecture the NVRTC supports is [`Error::Compile`] naming the supported range.
-    /// Which NVRTC is used: [`crate::driver::libraries`] (never a newer major version than the
+    /// Which NVRTC is used: [`nvrtc_info`](crate::nvrtc_info) (never a newer major version than the
     /// driver's; PTX from an NVRTC of a newer *minor* version than the driver can still be
     /// refused at load, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, where a cubin would load).
     ///
     /// ```no_run
     /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
-    /// use gpubind::module::CompileOptions;
+    /// use gpubind::CompileOptions;
     /// const SRC: &str = r#"
     /// #include <cuda_fp16.h>
     /// extern "C" __global__ void add(__half* x, unsigned n) {

@@ -4,6 +4,7 @@
 //! contract is docs/safety.md, "Drops".
 
 use crate::access::LEGACY_ID;
+use crate::config::DEFAULT_DROP_TIMEOUT;
 use cudarc::driver::sys;
 use std::time::{Duration, Instant};
 
@@ -54,27 +55,12 @@ pub(crate) fn poll_until_idle(
 /// default used.
 pub(crate) fn drop_timeout() -> Duration {
     static LIMIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| parse_drop_timeout(std::env::var("GPUBIND_DROP_TIMEOUT").ok().as_deref()))
-}
-
-/// The default of [`drop_timeout`].
-pub(crate) const DEFAULT_DROP_TIMEOUT: Duration = Duration::from_secs(300);
-
-fn parse_drop_timeout(value: Option<&str>) -> Duration {
-    match value.map(str::trim) {
-        None | Some("") => DEFAULT_DROP_TIMEOUT,
-        Some(v) if v.eq_ignore_ascii_case("none") => Duration::MAX,
-        Some(v) => match v.parse::<u64>() {
-            Ok(secs) => Duration::from_secs(secs),
-            Err(_) => {
-                log::warn!(
-                    "GPUBIND_DROP_TIMEOUT={v:?} is not a number of seconds; using {} s",
-                    DEFAULT_DROP_TIMEOUT.as_secs()
-                );
-                DEFAULT_DROP_TIMEOUT
-            }
-        },
-    }
+    *LIMIT.get_or_init(|| {
+        crate::config::drop_timeout(&crate::config::env).unwrap_or_else(|e| {
+            log::warn!("{e}; using {} s", DEFAULT_DROP_TIMEOUT.as_secs());
+            DEFAULT_DROP_TIMEOUT
+        })
+    })
 }
 
 /// The streams (by id) on which a bounded wait has given up, each with an event recorded
@@ -213,18 +199,5 @@ mod tests {
             Duration::ZERO,
         );
         assert_eq!((r, calls), (Err(Polled::TimedOut(0)), 1));
-    }
-
-    #[test]
-    fn drop_timeout_parses_seconds_and_falls_back() {
-        assert_eq!(parse_drop_timeout(None), DEFAULT_DROP_TIMEOUT);
-        assert_eq!(parse_drop_timeout(Some("")), DEFAULT_DROP_TIMEOUT);
-        assert_eq!(parse_drop_timeout(Some(" 5 ")), Duration::from_secs(5));
-        assert_eq!(parse_drop_timeout(Some("0")), Duration::ZERO);
-        assert_eq!(parse_drop_timeout(Some("five")), DEFAULT_DROP_TIMEOUT);
-        assert_eq!(parse_drop_timeout(Some("-1")), DEFAULT_DROP_TIMEOUT);
-        assert_eq!(parse_drop_timeout(Some("None")), Duration::MAX);
-        // `none` means no deadline at all (no overflow, no panic).
-        assert_eq!(Instant::now().checked_add(Duration::MAX), None);
     }
 }
