@@ -72,7 +72,7 @@ pub(crate) struct Call {
 
 /// A buffer as the validation sees it.
 #[derive(Clone, Copy)]
-pub(super) struct Buf<'x> {
+pub(crate) struct Buf<'x> {
     device: &'x Device,
     len: usize,
     ptr: u64,
@@ -81,7 +81,7 @@ pub(super) struct Buf<'x> {
     tracker: &'x AccessTracker,
 }
 
-pub(super) fn buf<T, M: DeviceMemory<T> + ?Sized>(m: &M) -> Buf<'_> {
+pub(crate) fn buf<T, M: DeviceMemory<T> + ?Sized>(m: &M) -> Buf<'_> {
     Buf {
         device: m.device(),
         len: m.len(),
@@ -93,19 +93,19 @@ pub(super) fn buf<T, M: DeviceMemory<T> + ?Sized>(m: &M) -> Buf<'_> {
 
 impl<'x> Buf<'x> {
     /// The allocation's tracker, and the buffer's address and size in bytes.
-    pub(super) fn span(&self) -> (&'x AccessTracker, u64, u64) {
+    pub(crate) fn span(&self) -> (&'x AccessTracker, u64, u64) {
         (self.tracker, self.ptr, self.bytes)
     }
 
     /// Its bytes, for overlap checks.
-    pub(super) fn byte_span(&self) -> crate::memory::ByteSpan {
+    pub(crate) fn byte_span(&self) -> crate::memory::ByteSpan {
         crate::memory::ByteSpan::new(self.tracker, self.ptr, self.bytes)
     }
 }
 
 /// How a collective uses its buffers: `send` is read, `recv` written (one write when
 /// they are the same buffer, as in broadcast).
-pub(super) fn uses<'x>(
+pub(crate) fn uses<'x>(
     send: Option<Buf<'x>>,
     recv: Option<Buf<'x>>,
 ) -> Vec<(&'x AccessTracker, Access)> {
@@ -121,7 +121,7 @@ pub(super) fn uses<'x>(
     v
 }
 
-pub(super) fn rank_error(what: &str, rank: usize, nranks: usize) -> Error {
+pub(crate) fn rank_error(what: &str, rank: usize, nranks: usize) -> Error {
     Error::InvalidArgument(format!(
         "{what} {rank} is out of range for a communicator of {nranks} rank(s)"
     ))
@@ -129,7 +129,7 @@ pub(super) fn rank_error(what: &str, rank: usize, nranks: usize) -> Error {
 
 /// Checks one rank's call against its device, the sizes NCCL implies and the rank
 /// range, and builds the [`Call`].
-pub(super) fn make_call(
+pub(crate) fn make_call(
     nranks: usize,
     rank: usize,
     rank_device: &Device,
@@ -189,7 +189,7 @@ pub(super) fn make_call(
 }
 
 /// Checks that the parts of one collective (one per rank, in rank order) agree.
-pub(super) fn check_matched(calls: &[Call]) -> Result<()> {
+pub(crate) fn check_matched(calls: &[Call]) -> Result<()> {
     let Some(first) = calls.first() else {
         return Ok(());
     };
@@ -213,14 +213,14 @@ pub(super) fn check_matched(calls: &[Call]) -> Result<()> {
 
 /// A group's calls sorted into matched collectives and send/recv pairs.
 #[derive(Debug)]
-pub(super) struct Plan {
+pub(crate) struct Plan {
     /// Each entry has one call per rank, in rank order.
-    pub(super) colls: Vec<Vec<Call>>,
+    pub(crate) colls: Vec<Vec<Call>>,
     /// `(send, recv)`.
-    pub(super) p2p: Vec<(Call, Call)>,
+    pub(crate) p2p: Vec<(Call, Call)>,
 }
 
-pub(super) fn plan(nranks: usize, calls: &[Call]) -> Result<Plan> {
+pub(crate) fn plan(nranks: usize, calls: &[Call]) -> Result<Plan> {
     let mut per_rank: Vec<Vec<Call>> = vec![Vec::new(); nranks];
     let mut sends: BTreeMap<(usize, usize), VecDeque<Call>> = BTreeMap::new();
     let mut recvs: BTreeMap<(usize, usize), VecDeque<Call>> = BTreeMap::new();
@@ -268,7 +268,7 @@ pub(super) fn plan(nranks: usize, calls: &[Call]) -> Result<Plan> {
     Ok(Plan { colls, p2p })
 }
 
-pub(super) fn check_pair(send: &Call, recv: &Call) -> Result<()> {
+pub(crate) fn check_pair(send: &Call, recv: &Call) -> Result<()> {
     if send.dtype != recv.dtype {
         return Err(Error::InvalidArgument(format!(
             "rank {} sends {} but rank {} receives {}",
@@ -285,7 +285,7 @@ pub(super) fn check_pair(send: &Call, recv: &Call) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn check_distinct(devices: &[Arc<Device>]) -> Result<()> {
+pub(crate) fn check_distinct(devices: &[Arc<Device>]) -> Result<()> {
     for (second, d) in devices.iter().enumerate() {
         if let Some(first) = devices[..second]
             .iter()

@@ -14,9 +14,10 @@
 //! the other GPUs — and recommends one GPU per process: capture each rank's part from
 //! its own thread or process through an NCCL `RankComm` instead).
 
-use super::engine::Shared;
-use super::{CollectiveType, Communicator, DType, Engine, Op};
+use super::communicator::{Communicator, Engine};
+use super::types::{CollectiveType, DType, Op};
 use crate::access::Access;
+use crate::collective::backend::kernels::engine::Shared;
 use crate::copy::DeviceOnlyMemory;
 use crate::error::{Error, Result};
 use crate::graph::Capture;

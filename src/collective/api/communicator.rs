@@ -1,12 +1,13 @@
 //! [`Communicator`]: a set of ranks driven by one thread, on either backend.
 
 use super::call::{Call, Plan, check_distinct, plan};
-use super::engine::{self, Lane};
 use super::options::{Backend, CommOptions};
 use super::rank_comm::{RankComm, RankInner, World};
-use super::rendezvous::Meeting;
-use super::{nccl, settle_on_error};
 use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};
+use crate::collective::backend::kernels::engine::{self, Lane};
+use crate::collective::backend::kernels::meeting::Meeting;
+use crate::collective::backend::nccl;
+use crate::collective::support::settle_on_error;
 use crate::context::ThreadContext;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -14,16 +15,16 @@ use crate::stream::{Event, Stream};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-pub(super) enum Engine {
+pub(crate) enum Engine {
     Kernels(engine::Shared),
     Nccl(Vec<nccl::NcclComm>),
 }
 
 /// A set of ranks driven by one thread (see the [module docs](crate::collective)).
 pub struct Communicator {
-    pub(super) engine: Engine,
+    pub(crate) engine: Engine,
     /// Device of each rank.
-    pub(super) devices: Vec<Arc<Device>>,
+    pub(crate) devices: Vec<Arc<Device>>,
     /// Lane (stream + barrier event) of each rank.
     rank_lane: Vec<usize>,
     lanes: Vec<(Stream, Event)>,
@@ -211,7 +212,7 @@ impl Communicator {
             .collect()
     }
 
-    pub(super) fn run(
+    pub(crate) fn run(
         &self,
         ctx: &mut ThreadContext,
         calls: &[Call],

@@ -1,8 +1,8 @@
 //! [`Group`]: the calls of one thread for every rank of a [`Communicator`], recorded by
 //! [`ThreadContext::group`] and enqueued together.
 
-use super::Communicator;
 use super::call::{Buf, Call, Kind, buf, make_call, rank_error, uses};
+use super::communicator::Communicator;
 use super::types::{CollectiveType, DType, Op};
 use crate::access::{Access, AccessTracker};
 use crate::context::ThreadContext;

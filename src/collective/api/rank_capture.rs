@@ -33,10 +33,12 @@
 //! ranks meet on the host at every call) and send/recv (no method).
 
 use super::call::{Buf, Kind, buf, make_call};
+use super::rank_comm::RankComm;
 use super::rank_comm::RankInner;
 use super::types::{CollectiveType, DType, Op};
-use super::{CallCheck, RankComm, nccl};
 use crate::access::Access;
+use crate::collective::backend::nccl;
+use crate::collective::callcheck::CallCheck;
 use crate::copy::DeviceOnlyMemory;
 use crate::error::{Error, Result};
 use crate::graph::{Capture, LaunchAgreement, LaunchTurn};
@@ -47,7 +49,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// What every launch of a graph holding an NCCL rank's captured collectives goes
 /// through (one per NCCL `RankComm`; the graph borrows it with the `RankComm`).
 #[derive(Default)]
-pub(super) struct Gate {
+pub(crate) struct Gate {
     /// The rank's call check (`None`: not checked). Eager calls reach it through
     /// `&mut` (no lock); captures and graph launches, through a shared borrow, lock it.
     check: Mutex<Option<CallCheck>>,
@@ -66,18 +68,18 @@ pub(super) struct Gate {
     /// a failed call) aborted the communicator, and each launch is handed to the
     /// watchdog as work in flight, like an eager call.
     #[cfg(feature = "nccl")]
-    watch: std::sync::OnceLock<std::sync::Arc<super::watchdog::Watched>>,
+    watch: std::sync::OnceLock<std::sync::Arc<crate::collective::backend::nccl::watchdog::Watched>>,
 }
 
 impl Gate {
     /// The check, for an eager call (which holds the `RankComm` mutably: no lock).
-    pub(super) fn check_mut(&mut self) -> &mut Option<CallCheck> {
+    pub(crate) fn check_mut(&mut self) -> &mut Option<CallCheck> {
         self.check.get_mut().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// How many graphs of the rank's collectives still live. Called with the `RankComm`
     /// held mutably (its drop): no graph borrows it any more, so these were forgotten.
-    pub(super) fn forgotten_graphs(&mut self) -> usize {
+    pub(crate) fn forgotten_graphs(&mut self) -> usize {
         *self.graphs.get_mut()
     }
 }

@@ -2,18 +2,22 @@
 //! that rank's device.
 
 use super::call::{Buf, Call, Kind, buf, check_matched, check_pair, make_call, rank_error, uses};
-use super::engine::{self, Enter, Lane};
-#[cfg(feature = "ipc")]
-use super::procs;
 use super::rank_capture::Gate;
-use super::rendezvous::{Key, Meeting};
 use super::types::{CollectiveType, DType, Op};
 #[cfg(doc)]
-use super::{CallCheck, CommOptions, Communicator};
-use super::{LaunchEnv, NcclUniqueId, nccl, settle_on_error};
-#[cfg(all(doc, feature = "ipc"))]
-use super::{PROCESS_STAGING_BYTES, ProcessGroup};
+use super::{CommOptions, Communicator};
 use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};
+use crate::collective::backend::kernels::engine::{self, Enter, Lane};
+use crate::collective::backend::kernels::meeting::{Key, Meeting};
+use crate::collective::backend::nccl;
+#[cfg(feature = "ipc")]
+use crate::collective::backend::procs;
+#[cfg(all(doc, feature = "ipc"))]
+use crate::collective::backend::{PROCESS_STAGING_BYTES, ProcessGroup};
+use crate::collective::bootstrap::{LaunchEnv, NcclUniqueId};
+#[cfg(doc)]
+use crate::collective::callcheck::CallCheck;
+use crate::collective::support::settle_on_error;
 use crate::context::ThreadContext;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -33,7 +37,7 @@ struct TrackerPtr(*const AccessTracker);
 unsafe impl Send for TrackerPtr {}
 
 /// One rank's part of a 1:1 collective: its lane, its validated call and its buffers.
-pub(super) struct RankPost {
+pub(crate) struct RankPost {
     lane: Lane,
     call: Call,
     uses: Vec<(TrackerPtr, Access)>,
@@ -63,16 +67,16 @@ fn enqueue_posts(
 }
 
 /// What the threads of one own-kernel 1:1 communicator share.
-pub(super) struct World {
-    pub(super) shared: engine::Shared,
-    pub(super) meet: Meeting<Result<RankPost>>,
+pub(crate) struct World {
+    pub(crate) shared: engine::Shared,
+    pub(crate) meet: Meeting<Result<RankPost>>,
     /// `0..nranks`: the parties of a collective.
-    pub(super) ranks: Vec<usize>,
+    pub(crate) ranks: Vec<usize>,
     /// How long a rank waits for the others.
-    pub(super) timeout: std::time::Duration,
+    pub(crate) timeout: std::time::Duration,
 }
 
-pub(super) enum RankInner {
+pub(crate) enum RankInner {
     Kernels {
         world: Arc<World>,
         event: Option<Event>,
@@ -98,10 +102,10 @@ pub(super) enum RankInner {
 /// One rank of a communicator, for the thread that drives that rank's device (see
 /// [`Communicator::init_all`]). `Send`, not `Sync`.
 pub struct RankComm {
-    pub(super) rank: usize,
-    pub(super) nranks: usize,
-    pub(super) device: Arc<Device>,
-    pub(super) inner: RankInner,
+    pub(crate) rank: usize,
+    pub(crate) nranks: usize,
+    pub(crate) device: Arc<Device>,
+    pub(crate) inner: RankInner,
 }
 
 impl Drop for RankComm {

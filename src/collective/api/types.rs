@@ -1,7 +1,7 @@
 //! The element types ([`CollectiveType`]) and reduction operators ([`Op`]) of the
 //! collectives, and their run-time description (`DType`).
 
-use super::kernels;
+use crate::collective::backend::kernels::nvrtc as kernels;
 use crate::memory::DeviceRepr;
 
 /// A reduction operator.
@@ -81,7 +81,7 @@ pub(crate) struct DType {
 }
 
 impl DType {
-    pub(super) fn of<T: CollectiveType>() -> DType {
+    pub(crate) fn of<T: CollectiveType>() -> DType {
         DType {
             name: T::NAME,
             size: std::mem::size_of::<T>(),

@@ -75,7 +75,7 @@ impl LaunchEnv {
                 self.rank, self.world_size
             )));
         }
-        let deadline = crate::collective::deadline_after(self.timeout);
+        let deadline = crate::collective::support::deadline_after(self.timeout);
         if self.world_size == 1 {
             return Ok((make_id()?, Links::None));
         }

@@ -35,9 +35,11 @@
 //! numbers make the digest name the capture, not only its shape: two graphs captured
 //one after the other with the same collectives have different digests.
 
-use super::bootstrap::{Frame, Kind as FrameKind, ReadFail, decode_error, encode_error};
-use super::bootstrap::{read_frame, write_frame};
-use super::{Call, Kind};
+use crate::collective::api::call::{Call, Kind};
+use crate::collective::bootstrap::{
+    Frame, Kind as FrameKind, ReadFail, decode_error, encode_error,
+};
+use crate::collective::bootstrap::{read_frame, write_frame};
 use crate::error::{Error, Result};
 use crate::fnv::fnv1a64;
 use std::net::TcpStream;
@@ -133,7 +135,7 @@ impl Header {
             5 => format!("reduce_scatter({op})"),
             _ => "a test call".to_owned(),
         };
-        let dtype = super::kernels::DTYPES
+        let dtype = crate::collective::backend::kernels::nvrtc::DTYPES
             .get(usize::from(self.dtype))
             .map_or("?", |t| t.0);
         format!(
@@ -180,7 +182,7 @@ impl std::fmt::Debug for CallCheck {
 }
 
 impl CallCheck {
-    pub(super) fn rank0(streams: Vec<Option<TcpStream>>, timeout: Duration) -> CallCheck {
+    pub(crate) fn rank0(streams: Vec<Option<TcpStream>>, timeout: Duration) -> CallCheck {
         CallCheck {
             rank: 0,
             world: streams.len(),
@@ -191,7 +193,7 @@ impl CallCheck {
         }
     }
 
-    pub(super) fn peer(
+    pub(crate) fn peer(
         stream: TcpStream,
         rank: usize,
         world: usize,
@@ -223,7 +225,7 @@ impl CallCheck {
     }
 
     /// Agrees on `call` with every rank (nothing to do for send/recv).
-    pub(super) fn agree_call(&mut self, call: &Call) -> Result<()> {
+    pub(crate) fn agree_call(&mut self, call: &Call) -> Result<()> {
         match Header::of(call) {
             Some(h) => self.agree(h),
             None => self.check(),
@@ -234,7 +236,7 @@ impl CallCheck {
     /// captured): as [`agree_call`](Self::agree_call), under the captured kind, so a
     /// peer calling it eagerly is a mismatch. Returns the agreed header (with its
     /// sequence number), which the graph keeps for [`agree_launch`](Self::agree_launch).
-    pub(super) fn agree_captured(&mut self, call: &Call) -> Result<[u8; HEADER_BYTES]> {
+    pub(crate) fn agree_captured(&mut self, call: &Call) -> Result<[u8; HEADER_BYTES]> {
         let Some(mut h) = Header::of(call) else {
             return Err(Error::InvalidArgument(
                 "send/recv are not captured through a RankComm".into(),
@@ -252,7 +254,7 @@ impl CallCheck {
     /// from [`agree_captured`](Self::agree_captured), in capture order) at capture time:
     /// one header naming how many there are and a digest of them, so the peers must be
     /// launching the graph of the same capture, not an eager call or another graph.
-    pub(super) fn agree_launch(&mut self, record: &[u8]) -> Result<()> {
+    pub(crate) fn agree_launch(&mut self, record: &[u8]) -> Result<()> {
         let n = record.len() / HEADER_BYTES;
         self.agree(Header {
             seq: 0,
@@ -286,7 +288,7 @@ impl CallCheck {
 
     /// A failure of this rank's own (a call it cannot make): breaks the check and tells
     /// the others at this collective (rank 0 relays it to every rank). Returns `e`.
-    pub(super) fn fail(&mut self, e: Error) -> Error {
+    pub(crate) fn fail(&mut self, e: Error) -> Error {
         if let Some(first) = &self.broken {
             return first.clone();
         }
@@ -330,7 +332,7 @@ impl CallCheck {
         own.seq = self.seq;
         self.seq += 1;
         let started = Instant::now();
-        let deadline = super::deadline_after(self.timeout);
+        let deadline = crate::collective::support::deadline_after(self.timeout);
         let out = match &mut self.links {
             Links::Rank0(streams) => decide(streams, own, started, deadline),
             Links::Peer(stream) => {
@@ -571,7 +573,7 @@ mod tests {
         Call {
             rank,
             kind: Kind::AllReduce(Op::Sum),
-            dtype: super::super::types::DType::of::<f32>(),
+            dtype: crate::collective::api::types::DType::of::<f32>(),
             count,
             send: 0,
             recv: 0,

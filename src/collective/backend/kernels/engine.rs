@@ -29,10 +29,12 @@
 //! barrier, then each lane reduces from the mapped host copies into its own ranks'
 //! outputs (or copies host to device), barrier.
 
-use super::kernels::KernelSet;
-use super::lock;
-use super::{Call, DType, Kind, Op, Transport};
+use super::nvrtc::KernelSet;
 use crate::access::{Access, AccessTracker, LaneClaim, StreamRef, claim_lanes};
+use crate::collective::api::call::{Call, Kind};
+use crate::collective::api::options::Transport;
+use crate::collective::api::types::{DType, Op};
+use crate::collective::support::lock;
 use crate::context::{BoundDevice, ThreadContext};
 use crate::device::Device;
 use crate::driver::Check;

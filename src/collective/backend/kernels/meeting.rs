@@ -15,7 +15,7 @@
 //! holding it. So a post is either used by a run that its party waits for, or taken
 //! back unused before its party returns.
 
-use super::lock;
+use crate::collective::support::lock;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};

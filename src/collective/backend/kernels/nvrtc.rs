@@ -10,7 +10,7 @@
 //!
 //! Integers wrap (two's complement), like NCCL; `f16`/`bf16` are combined in `f32`.
 
-use super::{DType, Op};
+use crate::collective::api::types::{DType, Op};
 use crate::context::BoundDevice;
 use crate::driver::Check;
 use crate::error::{Error, Result};

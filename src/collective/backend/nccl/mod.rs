@@ -12,8 +12,11 @@
 //! (`cudaSetDevice`). Every call here runs under [`RestoreCurrent`], which puts the
 //! context the thread had back, so gpubind's binding invariant survives NCCL.
 
-use super::watchdog::{self, Close, Watched};
-use super::{Call, Kind, Op};
+use crate::collective::api::call::{Call, Kind};
+use crate::collective::api::types::Op;
+use watchdog::{Close, Watched};
+
+pub(crate) mod watchdog;
 use crate::driver::Check;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -22,7 +25,7 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-pub(super) type Comm = *mut c_void;
+pub(crate) type Comm = *mut c_void;
 type Stream = *mut c_void;
 type Res = c_int;
 /// The id `ncclCommInitRank` ranks meet by.
@@ -251,19 +254,19 @@ impl Drop for RestoreCurrent {
 
 /// One NCCL communicator handle (one rank), destroyed on drop.
 pub(crate) struct NcclComm {
-    pub(super) raw: Comm,
+    pub(crate) raw: Comm,
     /// Ranks in the communicator.
-    pub(super) nranks: usize,
+    pub(crate) nranks: usize,
     /// Non-blocking communicators (one rank per process): how long any one wait for
     /// NCCL may take before the communicator is aborted, and how long a call may stay in
     /// flight before the watchdog aborts it.
-    pub(super) bound: Option<Duration>,
+    pub(crate) bound: Option<Duration>,
     /// What the communicator shares with the NCCL watchdog ([`super::watchdog`]): the
     /// gate every use of `raw` goes through (its verdict once it failed: then `raw` is
     /// aborted, or about to be, and never used again), and the events recorded after
     /// each call a `RankComm` enqueued (what the watchdog times and the drop waits for;
     /// a `Communicator` waits for its own streams before its drop).
-    pub(super) watch: Arc<Watched>,
+    pub(crate) watch: Arc<Watched>,
     /// The order of this rank's work on the device: each eager `RankComm` call and each
     /// launch of a graph holding its captured collectives claims it as written, so they
     /// run one after the other in issue order; the drop waits for its pending uses too
@@ -339,7 +342,7 @@ impl NcclComm {
             blocking: 0,
         };
         let mut raw: Comm = std::ptr::null_mut();
-        let deadline = super::deadline_after(timeout);
+        let deadline = crate::collective::support::deadline_after(timeout);
         // SAFETY: writes one handle; `config` is a valid NCCL 2.14 config (its `size`
         // says how much NCCL may read; NCCL copies it during the call); `uid` is 128
         // bytes, as NCCL's id is.
@@ -475,7 +478,7 @@ impl NcclComm {
             self.wait_ready(
                 "ncclCommGetAsyncError",
                 "NCCL's previous call",
-                super::deadline_after(b),
+                crate::collective::support::deadline_after(b),
             )?;
         }
         let dt = dtype_code(call.dtype.index);
@@ -514,7 +517,7 @@ impl NcclComm {
             Some(b) if code == IN_PROGRESS => self.wait_ready(
                 name,
                 "NCCL to enqueue the collective",
-                super::deadline_after(b),
+                crate::collective::support::deadline_after(b),
             ),
             _ => api.check(name, code),
         }
@@ -917,11 +920,17 @@ mod tests {
         assert_eq!(red_op(Op::Avg, 2), 4);
         assert_eq!(red_op(Op::Avg, 1), 0, "one rank: the average is the sum");
         assert_eq!(
-            dtype_code(<half::bf16 as super::super::CollectiveType>::INDEX),
+            dtype_code(<half::bf16 as crate::collective::api::types::CollectiveType>::INDEX),
             9
         );
-        assert_eq!(dtype_code(<f32 as super::super::CollectiveType>::INDEX), 7);
-        assert_eq!(dtype_code(<u8 as super::super::CollectiveType>::INDEX), 1);
+        assert_eq!(
+            dtype_code(<f32 as crate::collective::api::types::CollectiveType>::INDEX),
+            7
+        );
+        assert_eq!(
+            dtype_code(<u8 as crate::collective::api::types::CollectiveType>::INDEX),
+            1
+        );
         assert_eq!(result_name(5), "ncclInvalidUsage");
         assert_eq!(result_name(IN_PROGRESS), "ncclInProgress");
         // nccl.h 2.14: size_t size; unsigned magic, version; int blocking.

@@ -1,12 +1,12 @@
 //! The NCCL backend in a build without gpubind's `nccl` feature: the crate-internal API
 //! of `nccl.rs`, with no NCCL code, types or library loading behind it.
 //!
-//! [`Backend::Nccl`](super::Backend::Nccl) stays in the API (a backend is often chosen at
+//! [`Backend::Nccl`](crate::collective::Backend::Nccl) stays in the API (a backend is often chosen at
 //! run time, from a flag), and every way into it returns [`Error::FeatureDisabled`]
 //! before anything is created. The communicator and id types are uninhabited, so the
 //! NCCL arms of the collectives compile and can never run.
 
-use super::Call;
+use crate::collective::api::call::Call;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::cell::Cell;

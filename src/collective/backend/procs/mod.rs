@@ -26,9 +26,12 @@
 //! a typed error, not a stream stuck for ever. The price: a step's reads are enqueued
 //! only once the peers' staging copies have completed.
 
-use super::control::{Budget, Header, ProcessGroup};
-use super::kernels::KernelSet;
-use super::{Call, Kind, Op};
+use crate::collective::api::call::{Call, Kind};
+use crate::collective::api::types::Op;
+use crate::collective::backend::kernels::nvrtc::KernelSet;
+use control::{Budget, Header, ProcessGroup};
+
+pub(crate) mod control;
 use crate::context::ThreadContext;
 use crate::device::Device;
 use crate::driver::Check;
@@ -258,7 +261,10 @@ impl ProcsRank {
             let pool = ImportedPool::import(ph)?;
             if pool.device().ordinal() != self.device.ordinal() {
                 // Kernels on this device read the peer's staging directly.
-                super::engine::enable_peer_access(&self.device, pool.device())?;
+                crate::collective::backend::kernels::engine::enable_peer_access(
+                    &self.device,
+                    pool.device(),
+                )?;
                 pool.grant_access(&self.device)?;
             }
             let staging = pool.import_buffer::<u8>(bh)?;

@@ -57,7 +57,7 @@ impl Budget {
     pub(crate) fn new(timeout: Duration) -> Budget {
         Budget {
             started: Instant::now(),
-            deadline: super::deadline_after(timeout),
+            deadline: crate::collective::support::deadline_after(timeout),
         }
     }
 
@@ -177,7 +177,7 @@ impl ProcessGroup {
             )));
         }
         let started = Instant::now();
-        let deadline = super::deadline_after(timeout);
+        let deadline = crate::collective::support::deadline_after(timeout);
         let mut g = ProcessGroup {
             rank,
             world,

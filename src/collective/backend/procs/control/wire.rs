@@ -45,7 +45,7 @@ pub(crate) struct Header {
     pub(crate) count: u64,
 }
 
-pub(crate) use crate::collective::call::{KIND_RECV, KIND_SEND};
+pub(crate) use crate::collective::api::call::{KIND_RECV, KIND_SEND};
 pub(crate) const KIND_BARRIER: u8 = 8;
 
 pub(super) fn kind_name(k: u8) -> &'static str {
@@ -63,7 +63,7 @@ pub(super) fn kind_name(k: u8) -> &'static str {
 }
 
 pub(super) fn dtype_name(d: u8) -> &'static str {
-    super::super::kernels::DTYPES
+    crate::collective::backend::kernels::nvrtc::DTYPES
         .get(usize::from(d))
         .map_or("no data", |t| t.0)
 }
