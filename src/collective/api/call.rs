@@ -26,13 +26,16 @@ pub(crate) enum Kind {
 }
 
 /// [`Kind::code`] of a send.
+#[cfg_attr(not(any(feature = "nccl", feature = "ipc")), allow(dead_code))]
 pub(crate) const KIND_SEND: u8 = 6;
 /// [`Kind::code`] of a receive.
+#[cfg_attr(not(any(feature = "nccl", feature = "ipc")), allow(dead_code))]
 pub(crate) const KIND_RECV: u8 = 7;
 
 impl Kind {
     /// The call's code in the headers ranks agree on: `(kind, op, root or peer)`, kinds
     /// 1-5 for the collectives and [`KIND_SEND`]/[`KIND_RECV`], ops as [`Op::code`].
+    #[cfg_attr(not(any(feature = "nccl", feature = "ipc")), allow(dead_code))]
     pub(crate) fn code(&self) -> (u8, u8, usize) {
         match *self {
             Kind::AllReduce(op) => (1, op.code(), 0),
@@ -76,6 +79,7 @@ pub(crate) struct Buf<'x> {
     device: &'x Device,
     len: usize,
     ptr: u64,
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     bytes: u64,
     /// The allocation's pending uses: the collective is ordered after them.
     tracker: &'x AccessTracker,
@@ -91,6 +95,7 @@ pub(crate) fn buf<T, M: DeviceMemory<T> + ?Sized>(m: &M) -> Buf<'_> {
     }
 }
 
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
 impl<'x> Buf<'x> {
     /// The allocation's tracker, and the buffer's address and size in bytes.
     pub(crate) fn span(&self) -> (&'x AccessTracker, u64, u64) {

@@ -14,7 +14,7 @@
 //! the other GPUs — and recommends one GPU per process: capture each rank's part from
 //! its own thread or process through an NCCL `RankComm` instead).
 
-use super::communicator::{Communicator, Engine};
+use super::communicator::Communicator;
 use super::types::{CollectiveType, DType, Op};
 use crate::access::Access;
 use crate::collective::backend::kernels::engine::Shared;
@@ -44,23 +44,8 @@ fn first_overlap(outs: &[ByteSpan], ins: &[ByteSpan]) -> Option<(usize, &'static
 /// The communicator's own-kernel engine, if a collective of it can be captured on
 /// `device` (see the module docs).
 fn capturable<'a>(comm: &'a Communicator, device: &crate::device::Device) -> Result<&'a Shared> {
-    let shared = match &comm.engine {
-        Engine::Kernels(shared) => shared,
-        Engine::Nccl(_) => {
-            return Err(Error::NotCapturable {
-                what: "an NCCL collective of a Communicator",
-                reason: "one thread drives every rank's device here, and NCCL documents that \
-                         several GPUs per process with graph capture may deadlock \
-                         (cudaGraphLaunch may block, preventing the launch on the other \
-                         GPUs); capture each rank's part from its own thread or process with \
-                         Capture::rank_all_reduce on an NCCL RankComm \
-                         (Communicator::init_all, RankComm::init_process), or use a \
-                         communicator of the own-kernel backend (CommOptions::kernels()) with \
-                         every rank on the capturing device"
-                    .into(),
-            });
-        }
-    };
+    // NCCL driven by one thread is not capturable: its backend says why.
+    let shared = comm.engine.capturable_engine()?;
     let elsewhere: Vec<usize> = comm
         .devices
         .iter()

@@ -2,11 +2,12 @@
 
 use super::call::{Call, Plan, check_distinct, plan};
 use super::options::{Backend, CommOptions};
-use super::rank_comm::{RankComm, RankInner, World};
+use super::rank_comm::RankComm;
 use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};
-use crate::collective::backend::kernels::engine::{self, Lane};
-use crate::collective::backend::kernels::meeting::Meeting;
-use crate::collective::backend::nccl;
+use crate::collective::backend::interface::{GroupBackend, GroupLanes, RankBackend};
+use crate::collective::backend::kernels::KernelsRank;
+use crate::collective::backend::kernels::engine::Shared;
+use crate::collective::backend::nccl::{self, NcclGroup, NcclRank};
 use crate::collective::support::settle_on_error;
 use crate::context::ThreadContext;
 use crate::device::Device;
@@ -15,14 +16,10 @@ use crate::stream::{Event, Stream};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-pub(crate) enum Engine {
-    Kernels(engine::Shared),
-    Nccl(Vec<nccl::NcclComm>),
-}
-
 /// A set of ranks driven by one thread (see the [module docs](crate::collective)).
 pub struct Communicator {
-    pub(crate) engine: Engine,
+    /// The backend that runs the groups' calls.
+    pub(crate) engine: Box<dyn GroupBackend>,
     /// Device of each rank.
     pub(crate) devices: Vec<Arc<Device>>,
     /// Lane (stream + barrier event) of each rank.
@@ -69,19 +66,19 @@ impl Communicator {
                 }
             }
         }
-        let engine = match options.backend {
+        let engine: Box<dyn GroupBackend> = match options.backend {
             Backend::Kernels => {
-                let shared = engine::Shared::new(devices, options.transport)?;
+                let shared = Shared::new(devices, options.transport)?;
                 for (s, _) in &lanes {
                     shared.ensure_kernels(&ctx.bind(s.device())?)?;
                 }
-                Engine::Kernels(shared)
+                Box::new(shared)
             }
             Backend::Nccl => {
                 let ordinals: Vec<usize> = devices.iter().map(|d| d.ordinal()).collect();
-                let comms = nccl::NcclComm::init_all(&ordinals);
+                let group = NcclGroup::init_all(&ordinals);
                 ctx.forget_binding();
-                Engine::Nccl(comms?)
+                Box::new(group?)
             }
         };
         Ok(Communicator {
@@ -110,50 +107,29 @@ impl Communicator {
             ));
         }
         let nranks = devices.len();
-        let make = |rank: usize, inner: RankInner| RankComm {
-            rank,
-            nranks,
-            device: Arc::clone(&devices[rank]),
-            inner,
-        };
-        match options.backend {
-            Backend::Kernels => {
-                let world = Arc::new(World {
-                    shared: engine::Shared::new(devices, options.transport)?,
-                    meet: Meeting::new(),
-                    ranks: (0..nranks).collect(),
-                    timeout: options.timeout,
-                });
-                Ok((0..nranks)
-                    .map(|r| {
-                        make(
-                            r,
-                            RankInner::Kernels {
-                                world: Arc::clone(&world),
-                                event: None,
-                            },
-                        )
-                    })
-                    .collect())
-            }
+        let backends: Vec<Box<dyn RankBackend>> = match options.backend {
+            Backend::Kernels => KernelsRank::all(devices, options.transport, options.timeout)?
+                .into_iter()
+                .map(|r| Box::new(r) as Box<dyn RankBackend>)
+                .collect(),
             Backend::Nccl => {
                 check_distinct(devices)?;
-                let id = nccl::unique_id()?;
-                Ok((0..nranks)
-                    .map(|r| {
-                        make(
-                            r,
-                            RankInner::Nccl {
-                                id: Some(id),
-                                timeout: options.timeout,
-                                comm: None,
-                                gate: Default::default(),
-                            },
-                        )
-                    })
-                    .collect())
+                NcclRank::lazy_all(devices, options.timeout)?
+                    .into_iter()
+                    .map(|r| Box::new(r) as Box<dyn RankBackend>)
+                    .collect()
             }
-        }
+        };
+        Ok(backends
+            .into_iter()
+            .enumerate()
+            .map(|(rank, inner)| RankComm {
+                rank,
+                nranks,
+                device: Arc::clone(&devices[rank]),
+                inner,
+            })
+            .collect())
     }
 
     /// Number of ranks.
@@ -185,7 +161,7 @@ impl Communicator {
 
     /// Whether the own kernels stage data through pinned host memory.
     pub fn is_host_staged(&self) -> bool {
-        matches!(&self.engine, Engine::Kernels(s) if s.is_staged())
+        self.engine.is_host_staged()
     }
 
     /// Waits until all work enqueued on the communicator's streams has finished.
@@ -195,21 +171,6 @@ impl Communicator {
             gpu.on(stream)?.synchronize()?;
         }
         Ok(())
-    }
-
-    fn engine_lanes(&self) -> Vec<Lane> {
-        self.lanes
-            .iter()
-            .map(|(s, e)| Lane {
-                device: Arc::clone(s.device()),
-                stream_ref: s.to_ref(),
-                // SAFETY: both live in `self.lanes` for the whole group, which borrows
-                // `self`; they are only used with their device bound.
-                stream: unsafe { s.raw() },
-                // SAFETY: as above.
-                event: unsafe { e.raw() },
-            })
-            .collect()
     }
 
     pub(crate) fn run(
@@ -236,37 +197,12 @@ impl Communicator {
     }
 
     fn enqueue(&self, ctx: &mut ThreadContext, calls: &[Call], plan: &Plan) -> Result<()> {
-        match &self.engine {
-            Engine::Kernels(shared) => {
-                let lanes = self.engine_lanes();
-                for coll in &plan.colls {
-                    engine::collective(ctx, shared, &lanes, &self.rank_lane, coll)?;
-                }
-                for (s, r) in &plan.p2p {
-                    let pair = (self.rank_lane[s.rank], self.rank_lane[r.rank]);
-                    engine::p2p(ctx, shared, &lanes, pair, s, r)?;
-                }
-                Ok(())
-            }
-            Engine::Nccl(comms) => {
-                let out = nccl::group(|| {
-                    for c in calls {
-                        // NCCL may have moved the thread's context: bind for real.
-                        ctx.forget_binding();
-                        let gpu = ctx.bind(&self.devices[c.rank])?;
-                        let stream = &self.lanes[self.rank_lane[c.rank]].0;
-                        let s = gpu.on(stream)?;
-                        // SAFETY: `c` was validated against this rank's device; its
-                        // buffers are borrowed by the group until it returns and the
-                        // stream is the rank's, bound now.
-                        unsafe { comms[c.rank].issue(c, s.raw())? };
-                    }
-                    Ok(())
-                });
-                ctx.forget_binding();
-                out
-            }
-        }
+        let lanes = GroupLanes {
+            devices: &self.devices,
+            rank_lane: &self.rank_lane,
+            lanes: &self.lanes,
+        };
+        self.engine.enqueue(ctx, &lanes, calls, plan)
     }
 }
 
@@ -303,11 +239,9 @@ impl Drop for Communicator {
                 );
             }
         }
-        if work_may_run && let Engine::Nccl(comms) = &mut self.engine {
+        if work_may_run {
             // On each device's release thread, bounded like the waits above.
-            for (c, d) in comms.iter_mut().zip(&self.devices) {
-                c.abort_bounded(Some(d));
-            }
+            self.engine.abort_pending(&self.devices);
         }
     }
 }

@@ -2,8 +2,6 @@
 //! ([`Transport`]) and the timeout, together [`CommOptions`].
 
 #[cfg(doc)]
-use super::{Communicator, RankComm};
-#[cfg(doc)]
 use crate::error::Error;
 
 /// Which implementation runs the collectives.
@@ -37,17 +35,17 @@ pub struct CommOptions {
     pub backend: Backend,
     /// The own-kernel backend's transport (ignored by NCCL).
     pub transport: Transport,
-    /// How long a [`RankComm`] of the own-kernel backend waits for the other ranks to
+    /// How long a [`RankComm`](crate::collective::RankComm) of the own-kernel backend waits for the other ranks to
     /// join a call ([`DEFAULT_COLLECTIVE_TIMEOUT`] unless set): past it the call returns
     /// [`Error::PeerTimeout`] naming the ranks that did not come, and the communicator
     /// is unusable (every later call returns that error). `Duration::MAX` waits for ever.
     ///
-    /// A [`RankComm`] of the NCCL backend ([`Communicator::init_all`] with NCCL) waits
+    /// A [`RankComm`](crate::collective::RankComm) of the NCCL backend ([`Communicator::init_all`](crate::collective::Communicator::init_all) with NCCL) waits
     /// at most this long for NCCL's initialisation at its first call (non-blocking
     /// `ncclCommInitRankConfig`, polled; past it the communicator is aborted and the call
     /// returns [`Error::PeerTimeout`]) and for NCCL to enqueue each call, and its
     /// watchdog aborts it when a call stays unfinished on the GPU longer than this
-    /// ([`RankComm::check`]). (With an NCCL older than 2.14 the initialisation is the
+    /// ([`RankComm::check`](crate::collective::RankComm::check)). (With an NCCL older than 2.14 the initialisation is the
     /// blocking `ncclCommInitRank`, and nothing is watched.)
     pub timeout: std::time::Duration,
 }

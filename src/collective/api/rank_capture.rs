@@ -32,175 +32,18 @@
 //! Not capturable, with [`Error::NotCapturable`]: a `RankComm` of own kernels (its
 //! ranks meet on the host at every call) and send/recv (no method).
 
-use super::call::{Buf, Kind, buf, make_call};
+use super::call::{Buf, Kind, buf};
 use super::rank_comm::RankComm;
-use super::rank_comm::RankInner;
 use super::types::{CollectiveType, DType, Op};
-use crate::access::Access;
-use crate::collective::backend::nccl;
+use crate::collective::backend::interface::{RankBackend, RankCapture, RankSeat};
+#[cfg(doc)]
 use crate::collective::callcheck::CallCheck;
 use crate::copy::DeviceOnlyMemory;
-use crate::error::{Error, Result};
-use crate::graph::{Capture, LaunchAgreement, LaunchTurn};
+#[cfg(doc)]
+use crate::error::Error;
+use crate::error::Result;
+use crate::graph::Capture;
 use crate::memory::DeviceMemory;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
-/// What every launch of a graph holding an NCCL rank's captured collectives goes
-/// through (one per NCCL `RankComm`; the graph borrows it with the `RankComm`).
-#[derive(Default)]
-pub(crate) struct Gate {
-    /// The rank's call check (`None`: not checked). Eager calls reach it through
-    /// `&mut` (no lock); captures and graph launches, through a shared borrow, lock it.
-    check: Mutex<Option<CallCheck>>,
-    /// Set once an NCCL call made through a shared borrow (a capture) failed: the
-    /// communicator may have been aborted (`ncclCommAbort` frees it), so no graph of it
-    /// may launch again.
-    failed: AtomicBool,
-    /// How many graphs and executable graphs holding the rank's captured collectives
-    /// live. Once the `RankComm` is no longer borrowed, any left were forgotten
-    /// (`mem::forget`): NCCL destroys, finalizes or aborts a communicator only after
-    /// every graph that captured it is destroyed, so the drop leaks it instead of
-    /// waiting for ever (see [`Gate::forgotten_graphs`]).
-    graphs: AtomicUsize,
-    /// The communicator's watchdog state, set at the first capture (the communicator
-    /// may be made lazily, after this gate): a launch is refused once the watchdog (or
-    /// a failed call) aborted the communicator, and each launch is handed to the
-    /// watchdog as work in flight, like an eager call.
-    #[cfg(feature = "nccl")]
-    watch: std::sync::OnceLock<std::sync::Arc<crate::collective::backend::nccl::watchdog::Watched>>,
-}
-
-impl Gate {
-    /// The check, for an eager call (which holds the `RankComm` mutably: no lock).
-    pub(crate) fn check_mut(&mut self) -> &mut Option<CallCheck> {
-        self.check.get_mut().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// How many graphs of the rank's collectives still live. Called with the `RankComm`
-    /// held mutably (its drop): no graph borrows it any more, so these were forgotten.
-    pub(crate) fn forgotten_graphs(&mut self) -> usize {
-        *self.graphs.get_mut()
-    }
-}
-
-impl LaunchAgreement for Gate {
-    fn turn(&self) -> Box<dyn LaunchTurn + '_> {
-        Box::new(GateTurn {
-            gate: self,
-            check: self.check.lock().unwrap_or_else(PoisonError::into_inner),
-        })
-    }
-
-    fn launched(&self, stream: &crate::stream::BoundStream<'_>) {
-        #[cfg(feature = "nccl")]
-        if let Some(w) = self.watch.get() {
-            w.note_launch(stream, "collectives of a graph launch");
-        }
-        #[cfg(not(feature = "nccl"))]
-        let _ = stream;
-    }
-
-    fn retain(&self) {
-        self.graphs.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn release(&self) {
-        self.graphs.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// One launch's turn through a rank's [`Gate`]: its call check, locked until the launch
-/// is enqueued (or refused).
-struct GateTurn<'a> {
-    gate: &'a Gate,
-    check: MutexGuard<'a, Option<CallCheck>>,
-}
-
-impl GateTurn<'_> {
-    /// `e`, told to the peers first when the rank checks its calls.
-    fn tell(&mut self, e: Error) -> Error {
-        match self.check.as_mut() {
-            Some(c) => c.fail(e),
-            None => e,
-        }
-    }
-}
-
-impl LaunchTurn for GateTurn<'_> {
-    fn agree(&mut self, record: &[u8]) -> Result<()> {
-        if self.gate.failed.load(Ordering::Acquire) {
-            // The peers learn it at this launch instead of waiting for this rank.
-            return Err(self.tell(Error::InvalidArgument(
-                "an NCCL call of this rank failed during a later capture, and its \
-                 communicator may have been aborted: graphs of it no longer launch (make a \
-                 new communicator and capture again)"
-                    .into(),
-            )));
-        }
-        // Aborted by the watchdog (a peer failed, a call outlived its timeout): the
-        // communicator's verdict, as its eager calls return it; nothing is enqueued.
-        #[cfg(feature = "nccl")]
-        if let Some(v) = self.gate.watch.get().and_then(|w| w.verdict()) {
-            return Err(self.tell(v));
-        }
-        match self.check.as_mut() {
-            Some(c) => c.agree_launch(record),
-            None => Ok(()),
-        }
-    }
-
-    fn fail(&mut self, e: Error) -> Error {
-        // The peers were told to go ahead: their next collective learns it through the
-        // check, and those already waiting in this launch on the GPU are helped by this
-        // rank's communicator going away (aborted on a thread of its own: NCCL's remote
-        // error reaches peers over network transports; otherwise their watchdogs end
-        // the wait at their timeout).
-        #[cfg(feature = "nccl")]
-        if let Some(w) = self.gate.watch.get() {
-            let _ = w.fail(e.clone(), false);
-        }
-        self.tell(e)
-    }
-}
-
-/// The NCCL communicator of `comm` and its gate, if `comm`'s collectives can be
-/// captured (see the module docs).
-fn capturable(comm: &RankComm) -> Result<(&nccl::NcclComm, &Gate)> {
-    match &comm.inner {
-        RankInner::Nccl {
-            comm: Some(nccl),
-            gate,
-            ..
-        } => Ok((nccl, gate)),
-        RankInner::Nccl { id: Some(_), .. } => Err(Error::NotCapturable {
-            what: "an NCCL collective of a RankComm not yet initialised",
-            reason: "this rank's NCCL communicator is created at its first collective \
-                     (Communicator::init_all), and NCCL's initialisation allocates, which a \
-                     capture forbids: make one eager call on every rank before capturing"
-                .into(),
-        }),
-        RankInner::Nccl { .. } => Err(Error::InvalidArgument(
-            "this rank's NCCL initialisation failed earlier: make a new communicator".into(),
-        )),
-        RankInner::Kernels { .. } => Err(Error::NotCapturable {
-            what: "a collective of an own-kernel RankComm",
-            reason: "its ranks' threads meet on the host at every call (one of them \
-                     enqueues the collective for all), which a graph launch cannot do; \
-                     capture Capture::all_reduce on a Communicator whose ranks all live on \
-                     the capturing device, or use the NCCL backend"
-                .into(),
-        }),
-        #[cfg(feature = "ipc")]
-        RankInner::Procs(_) => Err(Error::NotCapturable {
-            what: "a collective of a process-rank own-kernel RankComm",
-            reason: "each call exchanges a header with the peers over a Unix socket and \
-                     waits on the host for their staging copies, which a graph launch cannot \
-                     do; use an NCCL RankComm (RankComm::init_process / from_launch)"
-                .into(),
-        }),
-    }
-}
 
 impl<'c, 'buf> Capture<'c, 'buf> {
     /// Captures this rank's part of an all-reduce over `comm`, a [`RankComm`] of the
@@ -356,10 +199,11 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         self.rank_collective::<T>(comm, Kind::ReduceScatter(op), buf(send), buf(recv))
     }
 
-    /// The one code path of the captured rank collectives: validate (as an eager call,
-    /// plus no overlap of output and input unless they are the one buffer of a
-    /// broadcast), agree with the peers, record the buffers, the rank's order and the
-    /// launch agreement, then let NCCL record the collective on the capturing stream.
+    /// The one code path of the captured rank collectives: the rank's backend
+    /// validates the call (as an eager call, plus no overlap of output and input unless
+    /// they are the one buffer of a broadcast), agrees with the peers, records the
+    /// buffers, the rank's order and the launch agreement, then lets NCCL record the
+    /// collective on the capturing stream; a backend that cannot capture says why.
     fn rank_collective<T: CollectiveType>(
         &mut self,
         comm: &'buf RankComm,
@@ -367,117 +211,18 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         send: Buf<'buf>,
         recv: Buf<'buf>,
     ) -> Result<()> {
-        let (nccl, gate) = capturable(comm)?;
-        let device = self.device();
-        let call = device
-            .expect_same("communicator", &comm.device)
-            .and_then(|()| {
-                make_call(
-                    comm.nranks,
-                    comm.rank,
-                    &comm.device,
-                    kind,
-                    DType::of::<T>(),
-                    Some(send),
-                    Some(recv),
-                )
-            })
-            .and_then(|call| {
-                let in_place = matches!(kind, Kind::Broadcast(_));
-                if !in_place && send.byte_span().overlaps(&recv.byte_span()) {
-                    return Err(Error::InvalidArgument(format!(
-                        "{}: the receive buffer overlaps the send buffer (a captured \
-                         collective borrows both shared; use separate buffers)",
-                        kind.name()
-                    )));
-                }
-                Ok(call)
-            });
-        // As an eager call: the ranks agree before anything is recorded, and a call this
-        // rank cannot make is told to the others at the same collective.
-        let record = {
-            let mut guard = gate.check.lock().unwrap_or_else(PoisonError::into_inner);
-            match (call, guard.as_mut()) {
-                (Ok(call), Some(c)) => Some((call, Some(c.agree_captured(&call)?))),
-                (Err(e), Some(c)) => return Err(c.fail(e)),
-                (Ok(call), None) => Some((call, None)),
-                (Err(e), None) => return Err(e),
-            }
+        let backend: &'buf dyn RankBackend = &*comm.inner;
+        let me = RankSeat {
+            rank: comm.rank,
+            nranks: comm.nranks,
+            device: &comm.device,
         };
-        let Some((call, header)) = record else {
-            return Ok(());
+        let call = RankCapture {
+            kind,
+            dtype: DType::of::<T>(),
+            send,
+            recv,
         };
-        // Every launch goes through the gate (the failure flag, the watchdog's verdict),
-        // agrees on the header when the rank checks its calls, and is watched.
-        #[cfg(feature = "nccl")]
-        gate.watch
-            .get_or_init(|| std::sync::Arc::clone(&nccl.watch));
-        self.record_agreement(gate, header.as_ref().map_or(&[][..], |h| &h[..]));
-        if call.count == 0 {
-            // Nothing to move (NCCL is not called, as eagerly).
-            return Ok(());
-        }
-        // From here a failure leaves this rank's graph without a collective its peers
-        // agreed on: the graph is discarded (a launch of it would agree on the capture
-        // and then not take part), and the peers are told at their next collective.
-        let recorded = (|| {
-            let (t, lo, bytes) = recv.span();
-            self.record_span(t, Access::Write, lo, bytes)?;
-            if !matches!(kind, Kind::Broadcast(_)) {
-                let (t, lo, bytes) = send.span();
-                self.record_span(t, Access::Read, lo, bytes)?;
-            }
-            self.record(nccl.order(), Access::Write)
-        })();
-        let issued = recorded.and_then(|()| {
-            // Code outside gpubind may have changed the thread's context since the
-            // capture began: make the capture's device current for NCCL.
-            let _current = device.enter()?;
-            let stream = self.stream_handle();
-            self.marked(|| {
-                // SAFETY: the call is validated against this rank's device, which is the
-                // capture's (checked above) and current; the stream is the capturing
-                // stream, so NCCL records the collective into the graph instead of
-                // running it. Its buffers are live allocations of the sizes the call
-                // implies, borrowed for 'buf and claimed at each launch, and do not
-                // overlap unless they are one buffer (broadcast, which NCCL does in
-                // place); the communicator is borrowed for 'buf, and its drop waits for
-                // the launches (the order tracker).
-                unsafe { nccl.issue(&call, stream) }
-            })
-            .inspect_err(|_| {
-                // The communicator may be aborted now (`issue` aborts it on a timeout or
-                // an error NCCL reports): graphs captured from it earlier stay borrowed,
-                // and must not launch its kernels again.
-                gate.failed.store(true, Ordering::Release);
-            })
-        });
-        issued.map_err(|e| {
-            let e = self.discard_graph(e);
-            match gate
-                .check
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .as_mut()
-            {
-                Some(c) => c.fail(e),
-                None => e,
-            }
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A gate that refuses every launch: nothing is enqueued, and the error says why.
-    #[test]
-    fn a_failed_gate_launches_nothing() {
-        let gate = Gate::default();
-        assert!(gate.turn().agree(&[]).is_ok());
-        gate.failed.store(true, Ordering::Release);
-        let e = gate.turn().agree(&[]).unwrap_err();
-        assert!(e.to_string().contains("no longer launch"), "{e}");
+        backend.capture(self, me, call)
     }
 }

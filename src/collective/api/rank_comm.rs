@@ -1,151 +1,31 @@
 //! [`RankComm`]: one rank of a communicator, for the thread (or process) that drives
 //! that rank's device.
 
-use super::call::{Buf, Call, Kind, buf, check_matched, check_pair, make_call, rank_error, uses};
-use super::rank_capture::Gate;
+use super::call::{Buf, Kind, buf, make_call, rank_error, uses};
 use super::types::{CollectiveType, DType, Op};
-#[cfg(doc)]
-use super::{CommOptions, Communicator};
-use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};
-use crate::collective::backend::kernels::engine::{self, Enter, Lane};
-use crate::collective::backend::kernels::meeting::{Key, Meeting};
-use crate::collective::backend::nccl;
+use crate::collective::backend::interface::{RankBackend, RankCall, RankSeat};
+use crate::collective::backend::nccl::{self, NcclRank};
 #[cfg(feature = "ipc")]
 use crate::collective::backend::procs;
 #[cfg(all(doc, feature = "ipc"))]
 use crate::collective::backend::{PROCESS_STAGING_BYTES, ProcessGroup};
 use crate::collective::bootstrap::{LaunchEnv, NcclUniqueId};
-#[cfg(doc)]
 use crate::collective::callcheck::CallCheck;
-use crate::collective::support::settle_on_error;
 use crate::context::ThreadContext;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut};
-use crate::stream::{BoundStream, Event};
+use crate::stream::BoundStream;
 use std::sync::Arc;
 
-/// A tracker of a buffer posted to a 1:1 meeting by a rank thread.
-#[derive(Clone, Copy)]
-struct TrackerPtr(*const AccessTracker);
-
-// SAFETY: the pointer is dereferenced only by the thread that runs the meeting, while the
-// posting thread is blocked in `Meeting::meet` with the buffer borrowed: it returns only
-// after the meeting's closure has finished, or (timeout, a departed peer) after taking its
-// post back under the meeting's lock, which the run holds from taking the posts to its
-// end, so a withdrawn post is never run.
-unsafe impl Send for TrackerPtr {}
-
-/// One rank's part of a 1:1 collective: its lane, its validated call and its buffers.
-pub(crate) struct RankPost {
-    lane: Lane,
-    call: Call,
-    uses: Vec<(TrackerPtr, Access)>,
-}
-
-/// Claims every rank's buffers on that rank's lane, then runs `enqueue` with the lanes
-/// and calls, holding the claim until it returns. The first rank's error, if any, wins.
-fn enqueue_posts(
-    posts: Vec<Result<RankPost>>,
-    enqueue: impl FnOnce(&[Lane], &[Call]) -> Result<()>,
-) -> Result<()> {
-    let posts = posts.into_iter().collect::<Result<Vec<_>>>()?;
-    let mut claims = Vec::new();
-    for p in &posts {
-        for &(TrackerPtr(t), access) in &p.uses {
-            // SAFETY: see `TrackerPtr`: the posting thread keeps the buffer borrowed until
-            // this meeting has run.
-            let tracker = unsafe { &*t };
-            claims.push((tracker, access, p.lane.stream_ref.clone()));
-        }
-    }
-    let _claim = claim_lanes(claims)?;
-    let (lanes, calls): (Vec<Lane>, Vec<Call>) =
-        posts.into_iter().map(|p| (p.lane, p.call)).unzip();
-    let refs: Vec<StreamRef> = lanes.iter().map(|l| l.stream_ref.clone()).collect();
-    settle_on_error(&refs, enqueue(&lanes, &calls))
-}
-
-/// What the threads of one own-kernel 1:1 communicator share.
-pub(crate) struct World {
-    pub(crate) shared: engine::Shared,
-    pub(crate) meet: Meeting<Result<RankPost>>,
-    /// `0..nranks`: the parties of a collective.
-    pub(crate) ranks: Vec<usize>,
-    /// How long a rank waits for the others.
-    pub(crate) timeout: std::time::Duration,
-}
-
-pub(crate) enum RankInner {
-    Kernels {
-        world: Arc<World>,
-        event: Option<Event>,
-    },
-    Nccl {
-        /// The id of a lazily made communicator (`None`: made already, or tried and
-        /// failed).
-        id: Option<nccl::UniqueId>,
-        /// How long the lazy initialisation and each call wait for NCCL.
-        timeout: std::time::Duration,
-        comm: Option<nccl::NcclComm>,
-        /// What the launches of graphs holding this rank's captured collectives go
-        /// through, with the agreement on every collective through rank 0 (one rank per
-        /// process from `from_launch`; `None`: not checked), which eager calls
-        /// (`&mut self`) reach without locking.
-        gate: Box<Gate>,
-    },
-    /// Own kernels, one rank per process on one machine.
-    #[cfg(feature = "ipc")]
-    Procs(Box<procs::ProcsRank>),
-}
-
 /// One rank of a communicator, for the thread that drives that rank's device (see
-/// [`Communicator::init_all`]). `Send`, not `Sync`.
+/// [`Communicator::init_all`](crate::collective::Communicator::init_all)). `Send`, not `Sync`.
 pub struct RankComm {
     pub(crate) rank: usize,
     pub(crate) nranks: usize,
     pub(crate) device: Arc<Device>,
-    pub(crate) inner: RankInner,
-}
-
-impl Drop for RankComm {
-    fn drop(&mut self) {
-        // NCCL: a graph that captured this rank's collectives and was forgotten
-        // (`mem::forget`: its borrow of this RankComm ended, it was never destroyed) keeps
-        // NCCL's finalize, destroy and abort waiting for ever for its destruction, and its
-        // launches may still run: the communicator is leaked (valid for them), not hung on.
-        if let RankInner::Nccl { comm, gate, .. } = &mut self.inner {
-            let forgotten = gate.forgotten_graphs();
-            if forgotten > 0
-                && let Some(c) = comm.take()
-            {
-                // Without NCCL the stand-in has nothing to drop (clippy's
-                // forget_non_drop there).
-                #[allow(clippy::forget_non_drop)]
-                std::mem::forget(c);
-                crate::teardown::faults::report_drop(
-                    format_args!("an NCCL communicator of {} ranks", self.nranks),
-                    Some(self.device.ordinal()),
-                    crate::teardown::faults::RELEASE,
-                    &Error::InvalidArgument(format!(
-                        "{forgotten} CUDA graph(s) holding its captured collectives were \
-                         forgotten (never dropped), and NCCL destroys a communicator only \
-                         after every graph that captured it"
-                    )),
-                    crate::teardown::faults::LEAKED,
-                );
-            }
-        }
-        // Own kernels: the other ranks must not wait for this one any more.
-        if let RankInner::Kernels { world, .. } = &self.inner {
-            let why = if std::thread::panicking() {
-                "its thread panicked (its RankComm was dropped while unwinding)"
-            } else {
-                "its RankComm was dropped"
-            };
-            world.meet.depart(self.rank, why);
-        }
-    }
+    /// The backend that runs this rank's calls.
+    pub(crate) inner: Box<dyn RankBackend>,
 }
 
 impl std::fmt::Debug for RankComm {
@@ -210,6 +90,19 @@ impl RankComm {
         id: &NcclUniqueId,
         timeout: std::time::Duration,
     ) -> Result<RankComm> {
+        Self::init_nccl_process(ctx, device, (rank, nranks), id, timeout, None)
+    }
+
+    /// [`init_process`](Self::init_process), with the job's call check (`None`: calls
+    /// are not checked).
+    fn init_nccl_process(
+        ctx: &mut ThreadContext,
+        device: &Arc<Device>,
+        (rank, nranks): (usize, usize),
+        id: &NcclUniqueId,
+        timeout: std::time::Duration,
+        check: Option<CallCheck>,
+    ) -> Result<RankComm> {
         if rank >= nranks {
             return Err(rank_error("rank", rank, nranks));
         }
@@ -219,22 +112,13 @@ impl RankComm {
             )));
         }
         nccl::api()?;
-        let comm = {
-            // NCCL takes the device from the thread's current context.
-            let _gpu = ctx.bind(device)?;
-            nccl::NcclComm::init_rank_process(device, nranks, id.as_bytes(), rank, timeout)?
-        };
-        ctx.forget_binding();
+        let inner =
+            NcclRank::init_process(ctx, device, (rank, nranks), id.as_bytes(), timeout, check)?;
         Ok(RankComm {
             rank,
             nranks,
             device: Arc::clone(device),
-            inner: RankInner::Nccl {
-                id: None,
-                timeout,
-                comm: Some(comm),
-                gate: Box::default(),
-            },
+            inner: Box::new(inner),
         })
     }
 
@@ -280,11 +164,8 @@ impl RankComm {
         } else {
             (env.exchange_id()?, None)
         };
-        let mut comm = Self::init_process(ctx, device, env.rank, env.world_size, &id, env.timeout)?;
-        if let RankInner::Nccl { gate, .. } = &mut comm.inner {
-            *gate.check_mut() = check;
-        }
-        Ok(comm)
+        let ranks = (env.rank, env.world_size);
+        Self::init_nccl_process(ctx, device, ranks, &id, env.timeout, check)
     }
 
     /// One rank of an own-kernel communicator whose ranks are separate processes on
@@ -320,7 +201,7 @@ impl RankComm {
             rank,
             nranks,
             device: Arc::clone(device),
-            inner: RankInner::Procs(Box::new(p)),
+            inner: Box::new(p),
         })
     }
 
@@ -342,13 +223,13 @@ impl RankComm {
     /// broke it, the same one every later call returns at once.
     ///
     /// With NCCL (one rank per process, or one thread per rank from
-    /// [`Communicator::init_all`]) a watchdog thread watches the rank's calls while they
+    /// [`Communicator::init_all`](crate::collective::Communicator::init_all)) a watchdog thread watches the rank's calls while they
     /// run on the GPU: if NCCL reports an error (a peer died: [`Error::Nccl`] from
     /// `ncclCommGetAsyncError`, e.g. `ncclRemoteError` or `ncclSystemError`) or a call
     /// stays unfinished longer than the communicator's timeout (the `timeout` given to
     /// [`init_process`](Self::init_process), `env.timeout` for
-    /// [`from_launch`](Self::from_launch), [`CommOptions::timeout`] for
-    /// [`Communicator::init_all`]: [`Error::PeerTimeout`] naming the op and how long it
+    /// [`from_launch`](Self::from_launch), [`CommOptions::timeout`](crate::collective::CommOptions::timeout) for
+    /// [`Communicator::init_all`](crate::collective::Communicator::init_all): [`Error::PeerTimeout`] naming the op and how long it
     /// ran), the communicator is aborted (`ncclCommAbort`), which is to end its kernels.
     /// Confirmed (one rank, one GPU): a stream synchronize returns `Ok(())` after the
     /// abort, once the work queued ahead of the aborted calls ended. Assumed, to be
@@ -384,17 +265,7 @@ impl RankComm {
     /// # Ok(()) }
     /// ```
     pub fn check(&self) -> Result<()> {
-        match &self.inner {
-            RankInner::Nccl { comm: Some(c), .. } => c.check(),
-            RankInner::Nccl {
-                comm: None,
-                id: None,
-                ..
-            } => Err(Error::InvalidArgument(
-                "this rank's NCCL initialisation failed earlier: make a new communicator".into(),
-            )),
-            _ => Ok(()),
-        }
+        self.inner.check()
     }
 
     /// Waits on the host until the work enqueued on `stream` so far has finished, or
@@ -408,15 +279,13 @@ impl RankComm {
     /// `Ok`. `stream` must be of this rank's device.
     pub fn wait(&mut self, stream: &BoundStream<'_>) -> Result<()> {
         stream.bound().expect_device("stream", &self.device)?;
-        match &mut self.inner {
-            RankInner::Nccl { comm: Some(c), .. } => c.wait(stream),
-            _ => {
-                self.check()?;
-                stream.synchronize()
-            }
-        }
+        self.inner.wait(stream)
     }
 
+    /// Validates one call of this rank and hands it to the backend, with its buffers
+    /// to claim on `stream` (the engine's barriers and NCCL order everything else after
+    /// it). A call that cannot be made still reaches a backend whose ranks wait for each
+    /// other, which tells them.
     fn call<T: CollectiveType>(
         &mut self,
         stream: &BoundStream<'_>,
@@ -424,197 +293,41 @@ impl RankComm {
         send: Option<Buf<'_>>,
         recv: Option<Buf<'_>>,
     ) -> Result<()> {
-        let dtype = DType::of::<T>();
-        let RankComm {
-            rank,
-            nranks,
-            device,
-            inner,
-        } = self;
-        let (rank, nranks) = (*rank, *nranks);
+        let me = RankSeat {
+            rank: self.rank,
+            nranks: self.nranks,
+            device: &self.device,
+        };
         let call = stream
             .bound()
-            .expect_device("stream", device)
-            .and_then(|()| make_call(nranks, rank, device, kind, dtype, send, recv));
-        let p2p_peer = match kind {
-            Kind::Send(p) | Kind::Recv(p) => Some(p),
-            _ => None,
+            .expect_device("stream", me.device)
+            .and_then(|()| {
+                make_call(
+                    me.nranks,
+                    me.rank,
+                    me.device,
+                    kind,
+                    DType::of::<T>(),
+                    send,
+                    recv,
+                )
+            });
+        let call = RankCall {
+            kind,
+            call,
+            uses: uses(send, recv),
         };
-        match p2p_peer {
-            Some(p) if p == rank => {
+        match call.peer() {
+            Some(p) if p == me.rank => {
                 return Err(Error::InvalidArgument(
                     "a RankComm cannot send to itself (use a Communicator group)".into(),
                 ));
             }
             // No partner would ever join that meeting: fail here instead of waiting.
-            Some(p) if p >= nranks => return Err(rank_error("peer", p, nranks)),
+            Some(p) if p >= me.nranks => return Err(rank_error("peer", p, me.nranks)),
             _ => {}
         }
-        // This rank's buffers are used on its stream (the engine's barriers and NCCL order
-        // everything else after it): they are claimed on it from before the enqueue until
-        // after it.
-        let used = uses(send, recv);
-        match inner {
-            #[cfg(feature = "ipc")]
-            RankInner::Procs(p) => {
-                // A call this rank cannot make would leave the others waiting for its
-                // header: they are told (the communicator is broken for all).
-                let call = call.map_err(|e| p.fail(e))?;
-                let _claim = stream
-                    .claim([used.first().copied(), used.get(1).copied()])
-                    .map_err(|e| p.fail(e))?;
-                // SAFETY: the stream is bound (its device current) and borrowed for this
-                // call; the buffers are validated against this rank's device and
-                // claimed (ordered after their other uses) until the call returns.
-                p.run(unsafe { stream.raw() }, &call)
-            }
-            RankInner::Nccl {
-                id,
-                timeout,
-                comm,
-                gate,
-            } => {
-                // A communicator that failed (NCCL's error, the watchdog's timeout):
-                // its verdict at once, nothing enqueued; the others of a checked job
-                // are told at this collective.
-                if let Some(v) = comm.as_ref().and_then(|c| c.verdict()) {
-                    return Err(match gate.check_mut().as_mut() {
-                        Some(check) if p2p_peer.is_none() => check.fail(v),
-                        _ => v,
-                    });
-                }
-                // One rank per process: the ranks agree on the collective through rank 0
-                // before anything is enqueued; a call this rank cannot make is told to
-                // the others at the same collective (send/recv are not checked).
-                let check = gate.check_mut();
-                let call = match (call, check.as_mut()) {
-                    (Ok(call), Some(check)) => {
-                        check.agree_call(&call)?;
-                        call
-                    }
-                    (Err(e), Some(check)) if p2p_peer.is_none() => return Err(check.fail(e)),
-                    (call, _) => call?,
-                };
-                if comm.is_none()
-                    && let Some(id) = id.take()
-                {
-                    // Non-blocking and polled (bounded by the communicator's timeout),
-                    // as one rank per process; NCCL older than 2.14: the blocking call.
-                    // Taken: a failed (aborted) initialisation is not retried.
-                    let bytes = nccl::id_bytes(&id);
-                    *comm = Some(nccl::NcclComm::init_rank_process(
-                        device, nranks, &bytes, rank, *timeout,
-                    )?);
-                }
-                let Some(comm) = comm.as_mut() else {
-                    return Err(Error::InvalidArgument(
-                        "this rank's NCCL initialisation failed earlier: make a new communicator"
-                            .into(),
-                    ));
-                };
-                let issued = (|| {
-                    // What the watchdog times and the communicator's drop waits for: taken
-                    // before the enqueue, so that nothing but its record can fail after.
-                    let ev = comm.spare_event(stream)?;
-                    let enqueued = {
-                        // The rank's order too: after its graph launches on other streams.
-                        stream
-                            .claim([
-                                used.first().copied(),
-                                used.get(1).copied(),
-                                Some((comm.order(), Access::Write)),
-                            ])
-                            .and_then(|_claim| {
-                                // SAFETY: validated against this rank's device; the stream
-                                // is bound; the buffers are claimed (ordered after their
-                                // other uses) until enqueued.
-                                unsafe { comm.issue(&call, stream.raw()) }
-                            })
-                    };
-                    match enqueued {
-                        Ok(()) => comm.note_issued(stream, ev, kind.name()),
-                        Err(e) => {
-                            comm.give_back(ev);
-                            Err(e)
-                        }
-                    }
-                })();
-                // Agreed with the others (a checked collective): a failure after the
-                // agreement (a verdict set since, NCCL's error) is told to them, as
-                // the failures before it are, instead of leaving them to their timeout.
-                issued.map_err(|e| match check.as_mut() {
-                    Some(check) if p2p_peer.is_none() => check.fail(e),
-                    _ => e,
-                })
-            }
-            RankInner::Kernels { world, event } => {
-                let post = call.and_then(|call| {
-                    let gpu = stream.bound();
-                    world.shared.ensure_kernels(gpu)?;
-                    if event.is_none() {
-                        *event = Some(gpu.new_event(false)?);
-                    }
-                    let ev = event.as_ref().map(|e| {
-                        // SAFETY: the event lives in this RankComm, which the calling
-                        // thread borrows mutably until the meeting ends.
-                        unsafe { e.raw() }
-                    });
-                    Ok(RankPost {
-                        lane: Lane {
-                            device: Arc::clone(device),
-                            stream_ref: stream.to_ref(),
-                            // SAFETY: the stream is borrowed for this call, which does
-                            // not return before the collective is enqueued.
-                            stream: unsafe { stream.raw() },
-                            event: ev.unwrap_or(std::ptr::null_mut()),
-                        },
-                        call,
-                        uses: used
-                            .iter()
-                            .map(|&(t, a)| (TrackerPtr(t as *const AccessTracker), a))
-                            .collect(),
-                    })
-                });
-                let shared = &world.shared;
-                match p2p_peer {
-                    None => world.meet.meet(
-                        Key::Coll,
-                        &world.ranks,
-                        rank,
-                        post,
-                        world.timeout,
-                        |posts| {
-                            enqueue_posts(posts, |lanes, calls| {
-                                check_matched(calls)?;
-                                let rank_lane: Vec<usize> = (0..calls.len()).collect();
-                                engine::collective(&mut Enter, shared, lanes, &rank_lane, calls)
-                            })
-                        },
-                    ),
-                    Some(peer) => {
-                        let (key, slot, pair) = match kind {
-                            Kind::Send(_) => (Key::Pair(rank, peer), 0, [rank, peer]),
-                            _ => (Key::Pair(peer, rank), 1, [peer, rank]),
-                        };
-                        world
-                            .meet
-                            .meet(key, &pair, slot, post, world.timeout, |posts| {
-                                enqueue_posts(posts, |lanes, calls| {
-                                    check_pair(&calls[0], &calls[1])?;
-                                    engine::p2p(
-                                        &mut Enter,
-                                        shared,
-                                        lanes,
-                                        (0, 1),
-                                        &calls[0],
-                                        &calls[1],
-                                    )
-                                })
-                            })
-                    }
-                }
-            }
-        }
+        self.inner.call(me, stream, call)
     }
 
     /// This rank's part of an all-reduce, enqueued on `stream` (of this rank's device).

@@ -1,8 +1,19 @@
 //! The element types ([`CollectiveType`]) and reduction operators ([`Op`]) of the
 //! collectives, and their run-time description (`DType`).
 
-use crate::collective::backend::kernels::nvrtc as kernels;
 use crate::memory::DeviceRepr;
+
+/// `(kernel suffix, C type)` of every supported data type, in
+/// [`CollectiveType::INDEX`] order: the names of the own kernels and their C types.
+pub(crate) const DTYPES: [(&str, &str); 7] = [
+    ("f32", "float"),
+    ("f64", "double"),
+    ("f16", "h16"),
+    ("bf16", "b16"),
+    ("i32", "int"),
+    ("i64", "long long"),
+    ("u8", "unsigned char"),
+];
 
 /// A reduction operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,6 +32,7 @@ pub enum Op {
 
 impl Op {
     /// The op's code in the headers ranks agree on.
+    #[cfg_attr(not(any(feature = "nccl", feature = "ipc")), allow(dead_code))]
     pub(crate) fn code(self) -> u8 {
         match self {
             Op::Sum => 0,
@@ -56,8 +68,8 @@ macro_rules! collective_type {
     ($($t:ty => $idx:literal;)*) => { $(
         impl sealed::Sealed for $t {}
         impl CollectiveType for $t {
-            const NAME: &'static str = kernels::DTYPES[$idx].0;
-            const C_TYPE: &'static str = kernels::DTYPES[$idx].1;
+            const NAME: &'static str = DTYPES[$idx].0;
+            const C_TYPE: &'static str = DTYPES[$idx].1;
             const INDEX: usize = $idx;
         }
     )* };
@@ -97,7 +109,7 @@ mod tests {
     #[test]
     fn dtype_table_agrees_with_the_trait() {
         fn check<T: CollectiveType>(c: &str) {
-            assert_eq!(kernels::DTYPES[T::INDEX], (T::NAME, T::C_TYPE));
+            assert_eq!(DTYPES[T::INDEX], (T::NAME, T::C_TYPE));
             assert_eq!(T::C_TYPE, c);
         }
         check::<f32>("float");

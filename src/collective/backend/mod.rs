@@ -3,6 +3,7 @@
 //! one machine (`procs`, feature `ipc`), and NCCL (`nccl`; without the `nccl` feature a
 //! stand-in of the same crate-internal API whose every way in is a typed error).
 
+pub(crate) mod interface;
 pub(crate) mod kernels;
 // Without the `nccl` feature a stand-in with the same crate-internal API: nothing NCCL
 // is compiled or linked, and `Backend::Nccl` is a typed error (`Error::FeatureDisabled`).

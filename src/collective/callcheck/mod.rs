@@ -67,6 +67,7 @@ pub(crate) const GRAPH_LAUNCH: u8 = 6;
 
 impl Header {
     /// The header of a collective (`None` for send/recv, which are not checked).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     fn of(call: &Call) -> Option<Header> {
         if matches!(call.kind, Kind::Send(_) | Kind::Recv(_)) {
             return None;
@@ -135,7 +136,7 @@ impl Header {
             5 => format!("reduce_scatter({op})"),
             _ => "a test call".to_owned(),
         };
-        let dtype = crate::collective::backend::kernels::nvrtc::DTYPES
+        let dtype = crate::collective::api::types::DTYPES
             .get(usize::from(self.dtype))
             .map_or("?", |t| t.0);
         format!(
@@ -225,6 +226,7 @@ impl CallCheck {
     }
 
     /// Agrees on `call` with every rank (nothing to do for send/recv).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn agree_call(&mut self, call: &Call) -> Result<()> {
         match Header::of(call) {
             Some(h) => self.agree(h),
@@ -236,6 +238,7 @@ impl CallCheck {
     /// captured): as [`agree_call`](Self::agree_call), under the captured kind, so a
     /// peer calling it eagerly is a mismatch. Returns the agreed header (with its
     /// sequence number), which the graph keeps for [`agree_launch`](Self::agree_launch).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn agree_captured(&mut self, call: &Call) -> Result<[u8; HEADER_BYTES]> {
         let Some(mut h) = Header::of(call) else {
             return Err(Error::InvalidArgument(
@@ -254,6 +257,7 @@ impl CallCheck {
     /// from [`agree_captured`](Self::agree_captured), in capture order) at capture time:
     /// one header naming how many there are and a digest of them, so the peers must be
     /// launching the graph of the same capture, not an eager call or another graph.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn agree_launch(&mut self, record: &[u8]) -> Result<()> {
         let n = record.len() / HEADER_BYTES;
         self.agree(Header {

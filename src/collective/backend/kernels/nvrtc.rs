@@ -10,7 +10,7 @@
 //!
 //! Integers wrap (two's complement), like NCCL; `f16`/`bf16` are combined in `f32`.
 
-use crate::collective::api::types::{DType, Op};
+use crate::collective::api::types::{DTYPES, DType, Op};
 use crate::context::BoundDevice;
 use crate::driver::Check;
 use crate::error::{Error, Result};
@@ -23,17 +23,6 @@ pub(crate) const MAXP: usize = 16;
 
 /// Threads per block.
 const BLOCK: u32 = 256;
-
-/// `(kernel suffix, C type)` of every supported data type, in [`DType::index`] order.
-pub(crate) const DTYPES: [(&str, &str); 7] = [
-    ("f32", "float"),
-    ("f64", "double"),
-    ("f16", "h16"),
-    ("bf16", "b16"),
-    ("i32", "int"),
-    ("i64", "long long"),
-    ("u8", "unsigned char"),
-];
 
 /// The four combining operators compiled (`Avg` is `Sum` with a divisor).
 const OPS: [&str; 4] = ["sum", "prod", "min", "max"];

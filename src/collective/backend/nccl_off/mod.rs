@@ -1,16 +1,26 @@
 //! The NCCL backend in a build without gpubind's `nccl` feature: the crate-internal API
-//! of `nccl.rs`, with no NCCL code, types or library loading behind it.
+//! of `backend/nccl/`, with no NCCL code, types or library loading behind it.
 //!
 //! [`Backend::Nccl`](crate::collective::Backend::Nccl) stays in the API (a backend is often chosen at
 //! run time, from a flag), and every way into it returns [`Error::FeatureDisabled`]
-//! before anything is created. The communicator and id types are uninhabited, so the
-//! NCCL arms of the collectives compile and can never run.
+//! before anything is created. Its backends ([`NcclGroup`], [`NcclRank`]) are
+//! uninhabited: they implement the backend traits, and their methods can never run.
 
-use crate::collective::api::call::Call;
+use crate::collective::api::call::{Call, Plan};
+use crate::collective::backend::interface::{
+    GroupBackend, GroupLanes, RankBackend, RankCall, RankCapture, RankSeat,
+};
+use crate::collective::backend::kernels::engine::Shared;
+use crate::collective::callcheck::CallCheck;
+use crate::context::ThreadContext;
+use crate::device::Device;
 use crate::error::{Error, Result};
-use cudarc::driver::sys;
+use crate::graph::Capture;
+use crate::stream::BoundStream;
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
 
 fn disabled() -> Error {
     Error::FeatureDisabled {
@@ -35,112 +45,86 @@ pub fn nccl_version() -> Result<(u32, u32, u32)> {
     Err(disabled())
 }
 
-/// Never made (uninhabited).
-#[derive(Clone, Copy)]
-pub(crate) enum UniqueId {}
-
 /// Never made (uninhabited). `Send` and not `Sync`, like the real one, so
-/// `Communicator` and `RankComm` have the same auto traits in every build.
-pub(crate) struct NcclComm {
+/// `Communicator` has the same auto traits in every build.
+pub(crate) struct NcclGroup {
+    never: Never,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+/// Never made (uninhabited). `Send` and not `Sync`, like the real one, so `RankComm`
+/// has the same auto traits in every build.
+pub(crate) struct NcclRank {
     never: Never,
     _not_sync: PhantomData<Cell<()>>,
 }
 
 enum Never {}
 
-impl NcclComm {
-    pub(crate) fn init_all(_ordinals: &[usize]) -> Result<Vec<NcclComm>> {
+impl NcclGroup {
+    /// Always [`Error::FeatureDisabled`].
+    pub(crate) fn init_all(_ordinals: &[usize]) -> Result<NcclGroup> {
+        Err(disabled())
+    }
+}
+
+impl NcclRank {
+    /// Always [`Error::FeatureDisabled`].
+    pub(crate) fn lazy_all(_devices: &[Arc<Device>], _timeout: Duration) -> Result<Vec<NcclRank>> {
         Err(disabled())
     }
 
-    pub(crate) fn init_rank_process(
-        _device: &std::sync::Arc<crate::device::Device>,
-        _nranks: usize,
+    /// Always [`Error::FeatureDisabled`].
+    pub(crate) fn init_process(
+        _ctx: &mut ThreadContext,
+        _device: &Arc<Device>,
+        _ranks: (usize, usize),
         _id: &[u8; 128],
-        _rank: usize,
-        _timeout: std::time::Duration,
-    ) -> Result<NcclComm> {
+        _timeout: Duration,
+        _check: Option<CallCheck>,
+    ) -> Result<NcclRank> {
         Err(disabled())
     }
+}
 
-    /// Never called: there is no value to call it on.
-    pub(crate) fn note_issued(
-        &mut self,
-        _stream: &crate::stream::BoundStream<'_>,
-        _ev: crate::stream::Event,
-        _op: &'static str,
+impl GroupBackend for NcclGroup {
+    fn enqueue(
+        &self,
+        _ctx: &mut ThreadContext,
+        _lanes: &GroupLanes<'_>,
+        _calls: &[Call],
+        _plan: &Plan,
     ) -> Result<()> {
         match self.never {}
     }
 
-    /// Never called: there is no value to call it on.
-    pub(crate) fn spare_event(
-        &self,
-        _stream: &crate::stream::BoundStream<'_>,
-    ) -> Result<crate::stream::Event> {
-        match self.never {}
-    }
-
-    /// Never called: there is no value to call it on.
-    pub(crate) fn give_back(&self, _ev: crate::stream::Event) {
-        match self.never {}
-    }
-
-    /// Never called: there is no value to call it on.
-    #[allow(dead_code)]
-    pub(crate) fn note_in_flight(&self, _event: crate::stream::Event, _op: &'static str) {
-        match self.never {}
-    }
-
-    /// Never called: there is no value to call it on.
-    pub(crate) fn verdict(&self) -> Option<Error> {
-        match self.never {}
-    }
-
-    /// Never called: there is no value to call it on.
-    pub(crate) fn check(&self) -> Result<()> {
-        match self.never {}
-    }
-
-    /// Never called: there is no value to call it on.
-    pub(crate) fn wait(&mut self, _stream: &crate::stream::BoundStream<'_>) -> Result<()> {
-        match self.never {}
-    }
-
-    /// Never called: there is no value to call it on.
-    pub(crate) fn order(&self) -> &crate::access::AccessTracker {
-        match self.never {}
-    }
-
-    /// Nothing to abort: there is no value to call it on.
-    pub(crate) fn abort_bounded(&self, _device: Option<&std::sync::Arc<crate::device::Device>>) {}
-
-    /// # Safety
-    ///
-    /// None needed: there is no value to call it on.
-    pub(crate) unsafe fn issue(&self, _call: &Call, _stream: sys::CUstream) -> Result<()> {
+    fn capturable_engine(&self) -> Result<&Shared> {
         match self.never {}
     }
 }
 
-/// Never called: there is no id.
-pub(crate) fn id_bytes(id: &UniqueId) -> [u8; 128] {
-    match *id {}
+impl RankBackend for NcclRank {
+    fn call(
+        &mut self,
+        _me: RankSeat<'_>,
+        _stream: &BoundStream<'_>,
+        _call: RankCall<'_>,
+    ) -> Result<()> {
+        match self.never {}
+    }
+
+    fn capture<'c, 'buf>(
+        &'buf self,
+        _capture: &mut Capture<'c, 'buf>,
+        _me: RankSeat<'buf>,
+        _call: RankCapture<'buf>,
+    ) -> Result<()> {
+        match self.never {}
+    }
 }
 
 /// Always [`Error::FeatureDisabled`].
 pub(crate) fn unique_id_bytes() -> Result<[u8; 128]> {
-    Err(disabled())
-}
-
-/// Always [`Error::FeatureDisabled`].
-pub(crate) fn unique_id() -> Result<UniqueId> {
-    Err(disabled())
-}
-
-/// Always [`Error::FeatureDisabled`] (only reached through a `NcclComm`, which cannot
-/// exist); `f` is not run.
-pub(crate) fn group(_f: impl FnOnce() -> Result<()>) -> Result<()> {
     Err(disabled())
 }
 
@@ -164,13 +148,12 @@ mod tests {
         );
         assert!(e.to_string().contains("`nccl` feature"), "{e}");
         assert!(matches!(api(), Err(Error::FeatureDisabled { .. })));
-        assert!(matches!(unique_id(), Err(Error::FeatureDisabled { .. })));
         assert!(matches!(
             unique_id_bytes(),
             Err(Error::FeatureDisabled { .. })
         ));
         assert!(matches!(
-            NcclComm::init_all(&[0]),
+            NcclGroup::init_all(&[0]),
             Err(Error::FeatureDisabled { .. })
         ));
     }

@@ -28,7 +28,10 @@
 
 use crate::collective::api::call::{Call, Kind};
 use crate::collective::api::types::Op;
+use crate::collective::backend::interface::{RankBackend, RankCall, RankCapture, RankSeat};
 use crate::collective::backend::kernels::nvrtc::KernelSet;
+use crate::graph::Capture;
+use crate::stream::BoundStream;
 use control::{Budget, Header, ProcessGroup};
 
 pub(crate) mod control;
@@ -654,5 +657,39 @@ impl Drop for ProcsRank {
                 crate::teardown::faults::LEAKED,
             );
         }
+    }
+}
+
+impl RankBackend for ProcsRank {
+    fn call(
+        &mut self,
+        _me: RankSeat<'_>,
+        stream: &BoundStream<'_>,
+        rc: RankCall<'_>,
+    ) -> Result<()> {
+        // A call this rank cannot make would leave the others waiting for its header:
+        // they are told (the communicator is broken for all).
+        let claims = rc.claims();
+        let call = rc.call.map_err(|e| self.fail(e))?;
+        let _claim = stream.claim(claims).map_err(|e| self.fail(e))?;
+        // SAFETY: the stream is bound (its device current) and borrowed for this call;
+        // the buffers are validated against this rank's device and claimed (ordered
+        // after their other uses) until the call returns.
+        self.run(unsafe { stream.raw() }, &call)
+    }
+
+    fn capture<'c, 'buf>(
+        &'buf self,
+        _capture: &mut Capture<'c, 'buf>,
+        _me: RankSeat<'buf>,
+        _call: RankCapture<'buf>,
+    ) -> Result<()> {
+        Err(Error::NotCapturable {
+            what: "a collective of a process-rank own-kernel RankComm",
+            reason: "each call exchanges a header with the peers over a Unix socket and \
+                     waits on the host for their staging copies, which a graph launch cannot \
+                     do; use an NCCL RankComm (RankComm::init_process / from_launch)"
+                .into(),
+        })
     }
 }

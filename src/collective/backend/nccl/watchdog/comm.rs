@@ -3,7 +3,8 @@
 //! watchdog times (`note_issued`; the events are `Watched`'s: `spare_event`,
 //! `record_in_flight`).
 
-use super::super::{NcclComm, RestoreCurrent, poll_raw};
+use super::super::comm::NcclComm;
+use super::super::library::{RestoreCurrent, poll_raw};
 use super::{Who, spawn_abort};
 use crate::error::{Error, Result};
 use crate::stream::{BoundStream, Event};

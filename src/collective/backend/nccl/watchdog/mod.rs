@@ -543,7 +543,7 @@ impl Watched {
             // communicator is neither aborted nor destroyed (an abort is taken only by
             // the last party to leave, the drop destroys only after the gate closed with
             // nobody inside, and neither happens before this round ends).
-            (done, unsafe { super::poll_raw(self.raw) }.err())
+            (done, unsafe { super::library::poll_raw(self.raw) }.err())
         }));
         let (done, verdict) = looked.unwrap_or_else(|_| {
             (
@@ -771,11 +771,11 @@ fn abort_now(w: &Watched, events: Vec<Event>) {
         let _guard = device.as_ref().and_then(|d| d.enter().ok());
         // NCCL (the CUDA runtime) may change the thread's current context: put the
         // pushed one back before the guard pops it (as the release thread does).
-        let _restore = super::RestoreCurrent::new();
+        let _restore = super::library::RestoreCurrent::new();
         // SAFETY: the abort was taken once through the gate, with nobody inside NCCL
         // on this communicator, and nobody enters it after (the verdict is set); the
         // owner's drop sees it aborted and does not destroy it.
-        unsafe { super::abort_raw(w.raw, w.nranks) };
+        unsafe { super::library::abort_raw(w.raw, w.nranks) };
     }
     drop(events);
 }

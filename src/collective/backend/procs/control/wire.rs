@@ -63,7 +63,7 @@ pub(super) fn kind_name(k: u8) -> &'static str {
 }
 
 pub(super) fn dtype_name(d: u8) -> &'static str {
-    crate::collective::backend::kernels::nvrtc::DTYPES
+    crate::collective::api::types::DTYPES
         .get(usize::from(d))
         .map_or("no data", |t| t.0)
 }
