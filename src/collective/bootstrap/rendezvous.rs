@@ -133,12 +133,17 @@ fn listen_addr(env: &LaunchEnv) -> SocketAddr {
     }
 }
 
-fn serve(
-    env: &LaunchEnv,
-    deadline: Instant,
-    make_id: impl FnOnce() -> Result<NcclUniqueId>,
-    flags: u8,
-) -> Result<(NcclUniqueId, Vec<Option<TcpStream>>)> {
+/// An I/O error of the rendezvous, naming what failed.
+fn io(what: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |e: std::io::Error| Error::Io {
+        what,
+        kind: e.kind(),
+        message: e.to_string(),
+    }
+}
+
+/// Rank 0's listener, non-blocking (the check-in polls it against the deadline).
+fn listen(env: &LaunchEnv) -> Result<TcpListener> {
     let addr = listen_addr(env);
     let listener = TcpListener::bind(addr).map_err(|e| Error::Rendezvous {
         reason: format!(
@@ -153,236 +158,301 @@ fn serve(
             }
         ),
     })?;
-    let io = |what: &'static str| {
-        move |e: std::io::Error| Error::Io {
-            what,
-            kind: e.kind(),
-            message: e.to_string(),
-        }
-    };
     listener
         .set_nonblocking(true)
         .map_err(io("setting the rendezvous listener non-blocking"))?;
-    let world = env.world_size;
-    let mut peers: Vec<Option<Peer>> = (0..world).map(|_| None).collect();
-    // Connections that broke a rule: they are told why, then dropped.
-    let mut offenders: Vec<TcpStream> = Vec::new();
-    let started = Instant::now();
-    let outcome = (|| -> Result<NcclUniqueId> {
+    Ok(listener)
+}
+
+/// What rank 0 holds while the ranks check in.
+struct CheckIn {
+    world: usize,
+    /// The hello flags every rank must send (rank 0's).
+    flags: u8,
+    started: Instant,
+    deadline: Instant,
+    /// One connection per rank that checked in (`None` at 0 and for those missing).
+    peers: Vec<Option<Peer>>,
+    /// Connections that broke a rule: they are told why, then dropped.
+    offenders: Vec<TcpStream>,
+}
+
+impl CheckIn {
+    /// Accepts connections until every rank has sent a valid hello.
+    fn wait_for_all(&mut self, listener: &TcpListener, port: u16) -> Result<()> {
         loop {
-            let missing: Vec<usize> = (1..world).filter(|&r| peers[r].is_none()).collect();
+            let missing: Vec<usize> = (1..self.world)
+                .filter(|&r| self.peers[r].is_none())
+                .collect();
             if missing.is_empty() {
-                break;
+                return Ok(());
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= self.deadline {
                 return Err(Error::PeerTimeout {
-                    what: format!("every rank to check in at rank 0 (port {})", env.port),
+                    what: format!("every rank to check in at rank 0 (port {port})"),
                     ranks: missing,
-                    after_ms: ms(started.elapsed()),
+                    after_ms: ms(self.started.elapsed()),
                 });
             }
-            let (mut stream, from) = match listener.accept() {
-                Ok(c) => c,
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
-                    std::thread::sleep(Duration::from_millis(10));
-                    continue;
-                }
-                // EMFILE: rank 0 holds one connection per rank until the end.
-                Err(e) if e.raw_os_error() == Some(24) => {
-                    return Err(Error::Rendezvous {
-                        reason: format!(
-                            "rank 0 ran out of file descriptors ({e}) holding one connection per rank for a world of {world}: raise its limit (ulimit -n) above the world size"
-                        ),
-                    });
-                }
-                Err(e) => return Err(io("accepting a rendezvous connection")(e)),
+            let Some((stream, from)) = self.accept(listener)? else {
+                continue;
             };
-            stream
-                .set_nonblocking(false)
-                .map_err(io("setting a rendezvous connection blocking"))?;
-            let _ = stream.set_nodelay(true);
-            // A silent connection may hold the loop up for a while, not until the end.
-            let hello_by = deadline.min(Instant::now() + Duration::from_secs(10));
-            let hello = match read_frame(&mut stream, hello_by) {
-                Ok(f) => f,
-                Err(ReadFail::Garbage(why)) => {
-                    offenders.push(stream);
+            self.take_hello(stream, from)?;
+        }
+    }
+
+    /// One new connection, or `None` when none is waiting yet.
+    fn accept(&self, listener: &TcpListener) -> Result<Option<(TcpStream, SocketAddr)>> {
+        let (stream, from) = match listener.accept() {
+            Ok(c) => c,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                std::thread::sleep(Duration::from_millis(10));
+                return Ok(None);
+            }
+            // EMFILE: rank 0 holds one connection per rank until the end.
+            Err(e) if e.raw_os_error() == Some(24) => {
+                return Err(Error::Rendezvous {
+                    reason: format!(
+                        "rank 0 ran out of file descriptors ({e}) holding one connection per rank for a world of {}: raise its limit (ulimit -n) above the world size",
+                        self.world
+                    ),
+                });
+            }
+            Err(e) => return Err(io("accepting a rendezvous connection")(e)),
+        };
+        stream
+            .set_nonblocking(false)
+            .map_err(io("setting a rendezvous connection blocking"))?;
+        let _ = stream.set_nodelay(true);
+        Ok(Some((stream, from)))
+    }
+
+    /// Reads the hello of a new connection and records its rank; a silent or broken
+    /// connection is ignored, one that breaks a rule is an error.
+    fn take_hello(&mut self, mut stream: TcpStream, from: SocketAddr) -> Result<()> {
+        // A silent connection may hold the loop up for a while, not until the end.
+        let hello_by = self.deadline.min(Instant::now() + Duration::from_secs(10));
+        let hello = match read_frame(&mut stream, hello_by) {
+            Ok(f) => f,
+            Err(ReadFail::Garbage(why)) => {
+                self.offenders.push(stream);
+                return Err(Error::Rendezvous {
+                    reason: format!(
+                        "a connection from {from} sent bytes that are not a gpubind rendezvous hello: {why}"
+                    ),
+                });
+            }
+            Err(ReadFail::Closed { got: 0 }) | Err(ReadFail::TimedOut) => {
+                log::warn!("gpubind rendezvous: a connection from {from} sent nothing; ignored");
+                return Ok(());
+            }
+            Err(ReadFail::Closed { got }) => {
+                return Err(Error::Rendezvous {
+                    reason: format!(
+                        "a connection from {from} closed after {got} bytes of its hello (a rank that exited or crashed while checking in)"
+                    ),
+                });
+            }
+            Err(ReadFail::Io(e)) => {
+                log::warn!("gpubind rendezvous: reading a hello from {from}: {e}; ignored");
+                return Ok(());
+            }
+        };
+        if let Some(reason) = self.rejection(&hello, from) {
+            self.offenders.push(stream);
+            return Err(Error::Rendezvous { reason });
+        }
+        self.peers[hello.rank as usize] = Some(Peer { stream, addr: from });
+        Ok(())
+    }
+
+    /// Why `hello` (from `from`) is refused, if it is.
+    fn rejection(&self, hello: &Frame, from: SocketAddr) -> Option<String> {
+        let (r, w, world, flags) = (
+            hello.rank as usize,
+            hello.world as usize,
+            self.world,
+            self.flags,
+        );
+        if hello.kind != Kind::Hello {
+            Some(format!(
+                "a connection from {from} sent a {:?} frame where a hello was due",
+                hello.kind
+            ))
+        } else if w != world {
+            Some(format!(
+                "rank {r} (at {from}) was launched with a world size of {w}, rank 0 with {world}: all ranks must come from one launch"
+            ))
+        } else if r == 0 || r >= world {
+            Some(format!(
+                "a process at {from} claims rank {r}, which is not in 1..{world} (rank 0 is this process)"
+            ))
+        } else if hello.payload.first().copied().unwrap_or(0) != flags {
+            let on = |f: u8| {
+                if f & HELLO_CHECKS_CALLS != 0 {
+                    "on"
+                } else {
+                    "off"
+                }
+            };
+            Some(format!(
+                "rank {r} (at {from}) has the agreement on every collective {}, rank 0 has it {} ({CHECK_VAR}, or RankComm::from_launch on one rank and exchange_id on another): set it alike on every rank",
+                on(hello.payload.first().copied().unwrap_or(0)),
+                on(flags)
+            ))
+        } else {
+            self.peers[r].as_ref().map(|first| {
+                format!(
+                    "rank {r} checked in twice (from {} and from {from}): two processes have the same rank",
+                    first.addr
+                )
+            })
+        }
+    }
+
+    /// Sends every rank a frame of `kind` with `payload`; `what` names it in the error.
+    fn send_all(&mut self, kind: Kind, payload: &[u8], what: &str) -> Result<()> {
+        let w = self.world as u32;
+        for (r, p) in self.peers.iter_mut().enumerate() {
+            if let Some(p) = p {
+                let f = Frame {
+                    kind,
+                    world: w,
+                    rank: r as u32,
+                    payload: payload.to_vec(),
+                };
+                write_frame(&mut p.stream, &f, self.deadline).map_err(|e| Error::PeerFailed {
+                    rank: r,
+                    reason: format!("sending it {what} failed: {e} (it exited or crashed)"),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every rank's acknowledgement of the id.
+    fn collect_acks(&mut self) -> Result<()> {
+        for (r, p) in self.peers.iter_mut().enumerate() {
+            let Some(p) = p else { continue };
+            match read_frame(&mut p.stream, self.deadline) {
+                Ok(f) if f.kind == Kind::Ack && f.rank as usize == r => {}
+                Ok(f) => {
                     return Err(Error::Rendezvous {
                         reason: format!(
-                            "a connection from {from} sent bytes that are not a gpubind rendezvous hello: {why}"
+                            "rank {r} answered the id with a {:?} frame for rank {}, not its ack",
+                            f.kind, f.rank
                         ),
                     });
                 }
-                Err(ReadFail::Closed { got: 0 }) | Err(ReadFail::TimedOut) => {
-                    log::warn!(
-                        "gpubind rendezvous: a connection from {from} sent nothing; ignored"
-                    );
-                    continue;
+                Err(ReadFail::Closed { .. }) => {
+                    return Err(Error::PeerFailed {
+                        rank: r,
+                        reason: "it closed its connection before acknowledging the id (it exited or crashed)".into(),
+                    });
                 }
-                Err(ReadFail::Closed { got }) => {
+                Err(ReadFail::TimedOut) => {
+                    return Err(Error::PeerTimeout {
+                        what: "the ranks to acknowledge the id".into(),
+                        ranks: vec![r],
+                        after_ms: ms(self.started.elapsed()),
+                    });
+                }
+                Err(ReadFail::Garbage(why)) => {
                     return Err(Error::Rendezvous {
-                        reason: format!(
-                            "a connection from {from} closed after {got} bytes of its hello (a rank that exited or crashed while checking in)"
-                        ),
+                        reason: format!("rank {r} answered the id with garbage: {why}"),
                     });
                 }
                 Err(ReadFail::Io(e)) => {
-                    log::warn!("gpubind rendezvous: reading a hello from {from}: {e}; ignored");
-                    continue;
-                }
-            };
-            let (r, w) = (hello.rank as usize, hello.world as usize);
-            let reject = if hello.kind != Kind::Hello {
-                Some(format!(
-                    "a connection from {from} sent a {:?} frame where a hello was due",
-                    hello.kind
-                ))
-            } else if w != world {
-                Some(format!(
-                    "rank {r} (at {from}) was launched with a world size of {w}, rank 0 with {world}: all ranks must come from one launch"
-                ))
-            } else if r == 0 || r >= world {
-                Some(format!(
-                    "a process at {from} claims rank {r}, which is not in 1..{world} (rank 0 is this process)"
-                ))
-            } else if hello.payload.first().copied().unwrap_or(0) != flags {
-                let on = |f: u8| {
-                    if f & HELLO_CHECKS_CALLS != 0 {
-                        "on"
-                    } else {
-                        "off"
-                    }
-                };
-                Some(format!(
-                    "rank {r} (at {from}) has the agreement on every collective {}, rank 0 has it {} ({CHECK_VAR}, or RankComm::from_launch on one rank and exchange_id on another): set it alike on every rank",
-                    on(hello.payload.first().copied().unwrap_or(0)),
-                    on(flags)
-                ))
-            } else {
-                peers[r].as_ref().map(|first| {
-                    format!(
-                        "rank {r} checked in twice (from {} and from {from}): two processes have the same rank",
-                        first.addr
-                    )
-                })
-            };
-            if let Some(reason) = reject {
-                offenders.push(stream);
-                return Err(Error::Rendezvous { reason });
-            }
-            peers[r] = Some(Peer { stream, addr: from });
-        }
-        let id = make_id()?;
-        let w = world as u32;
-        for (r, p) in peers.iter_mut().enumerate() {
-            if let Some(p) = p {
-                let f = Frame {
-                    kind: Kind::Id,
-                    world: w,
-                    rank: r as u32,
-                    payload: id.as_bytes().to_vec(),
-                };
-                write_frame(&mut p.stream, &f, deadline).map_err(|e| Error::PeerFailed {
-                    rank: r,
-                    reason: format!("sending it the id failed: {e} (it exited or crashed)"),
-                })?;
-            }
-        }
-        for (r, p) in peers.iter_mut().enumerate() {
-            if let Some(p) = p {
-                match read_frame(&mut p.stream, deadline) {
-                    Ok(f) if f.kind == Kind::Ack && f.rank as usize == r => {}
-                    Ok(f) => {
-                        return Err(Error::Rendezvous {
-                            reason: format!(
-                                "rank {r} answered the id with a {:?} frame for rank {}, not its ack",
-                                f.kind, f.rank
-                            ),
-                        });
-                    }
-                    Err(ReadFail::Closed { .. }) => {
-                        return Err(Error::PeerFailed {
-                            rank: r,
-                            reason: "it closed its connection before acknowledging the id (it exited or crashed)".into(),
-                        });
-                    }
-                    Err(ReadFail::TimedOut) => {
-                        return Err(Error::PeerTimeout {
-                            what: "the ranks to acknowledge the id".into(),
-                            ranks: vec![r],
-                            after_ms: ms(started.elapsed()),
-                        });
-                    }
-                    Err(ReadFail::Garbage(why)) => {
-                        return Err(Error::Rendezvous {
-                            reason: format!("rank {r} answered the id with garbage: {why}"),
-                        });
-                    }
-                    Err(ReadFail::Io(e)) => {
-                        return Err(Error::PeerFailed {
-                            rank: r,
-                            reason: format!("reading its ack failed: {e}"),
-                        });
-                    }
+                    return Err(Error::PeerFailed {
+                        rank: r,
+                        reason: format!("reading its ack failed: {e}"),
+                    });
                 }
             }
         }
-        for (r, p) in peers.iter_mut().enumerate() {
-            if let Some(p) = p {
-                let f = Frame {
-                    kind: Kind::Go,
-                    world: w,
-                    rank: r as u32,
-                    payload: Vec::new(),
-                };
-                write_frame(&mut p.stream, &f, deadline).map_err(|e| Error::PeerFailed {
-                    rank: r,
-                    reason: format!("sending it the go-ahead failed: {e} (it exited or crashed)"),
-                })?;
-            }
-        }
-        Ok(id)
-    })();
-    if let Err(e) = &outcome {
-        // Tell everyone connected (best effort, briefly): they return the same error.
+        Ok(())
+    }
+
+    /// Tells everyone connected that the rendezvous failed with `e` (best effort,
+    /// briefly): they return the same error.
+    fn tell_abort(&mut self, e: &Error) {
         let payload = encode_error(e);
         let tell_by = Instant::now() + Duration::from_millis(500);
-        let streams = peers
+        let world = self.world as u32;
+        let streams = self
+            .peers
             .iter_mut()
             .enumerate()
             .filter_map(|(r, p)| p.as_mut().map(|p| (r as u32, &mut p.stream)))
-            .chain(offenders.iter_mut().map(|s| (u32::MAX, s)));
+            .chain(self.offenders.iter_mut().map(|s| (u32::MAX, s)));
         for (r, s) in streams {
             let f = Frame {
                 kind: Kind::Abort,
-                world: world as u32,
+                world,
                 rank: r,
                 payload: payload.clone(),
             };
             let _ = write_frame(s, &f, tell_by);
         }
     }
+}
+
+/// Rank 0's side: waits for every rank's hello, makes the id, sends it to every rank,
+/// waits for their acks, then sends the go-ahead. Any failure is told to every rank
+/// connected so far.
+fn serve(
+    env: &LaunchEnv,
+    deadline: Instant,
+    make_id: impl FnOnce() -> Result<NcclUniqueId>,
+    flags: u8,
+) -> Result<(NcclUniqueId, Vec<Option<TcpStream>>)> {
+    let listener = listen(env)?;
+    let world = env.world_size;
+    let mut check_in = CheckIn {
+        world,
+        flags,
+        started: Instant::now(),
+        deadline,
+        peers: (0..world).map(|_| None).collect(),
+        offenders: Vec::new(),
+    };
+    let outcome = (|| -> Result<NcclUniqueId> {
+        check_in.wait_for_all(&listener, env.port)?;
+        let id = make_id()?;
+        check_in.send_all(Kind::Id, id.as_bytes(), "the id")?;
+        check_in.collect_acks()?;
+        check_in.send_all(Kind::Go, &[], "the go-ahead")?;
+        Ok(id)
+    })();
+    if let Err(e) = &outcome {
+        check_in.tell_abort(e);
+    }
     let id = outcome?;
     // The connections stay open for the per-collective agreement (dropped, i.e. closed,
     // by a plain `exchange_id`).
-    Ok((id, peers.into_iter().map(|p| p.map(|p| p.stream)).collect()))
+    Ok((
+        id,
+        check_in
+            .peers
+            .into_iter()
+            .map(|p| p.map(|p| p.stream))
+            .collect(),
+    ))
 }
 
 // ---------------------------------------------------------------------------------------
 // Other ranks
 
-fn join(env: &LaunchEnv, deadline: Instant, flags: u8) -> Result<(NcclUniqueId, TcpStream)> {
-    let started = Instant::now();
-    let target = format!("{}:{}", env.master_addr, env.port);
-    let never_came = |what: String| Error::PeerTimeout {
-        what,
-        ranks: vec![0],
-        after_ms: ms(started.elapsed()),
-    };
-    // Connect, retrying while rank 0 is not listening yet (resolving again each time:
-    // rank 0's name may not resolve before its machine is up).
+/// Connects to rank 0, retrying while it is not listening yet (resolving again each
+/// time: rank 0's name may not resolve before its machine is up), until `deadline`.
+fn connect(
+    env: &LaunchEnv,
+    deadline: Instant,
+    target: &str,
+    never_came: &dyn Fn(String) -> Error,
+) -> Result<TcpStream> {
     let mut last_error = String::from("no attempt");
-    let mut stream = loop {
+    loop {
         if Instant::now() >= deadline {
             return Err(never_came(format!(
                 "rank 0 to accept a connection at {target} (last error: {last_error})"
@@ -411,10 +481,23 @@ fn join(env: &LaunchEnv, deadline: Instant, flags: u8) -> Result<(NcclUniqueId, 
             }
         }
         match connected {
-            Some(s) => break s,
+            Some(s) => return Ok(s),
             None => std::thread::sleep(Duration::from_millis(100)),
         }
+    }
+}
+
+/// Another rank's side: checks in at rank 0 with its hello, receives the id, acks it
+/// and waits for the go-ahead; an abort from rank 0 is its typed error.
+fn join(env: &LaunchEnv, deadline: Instant, flags: u8) -> Result<(NcclUniqueId, TcpStream)> {
+    let started = Instant::now();
+    let target = format!("{}:{}", env.master_addr, env.port);
+    let never_came = |what: String| Error::PeerTimeout {
+        what,
+        ranks: vec![0],
+        after_ms: ms(started.elapsed()),
     };
+    let mut stream = connect(env, deadline, &target, &never_came)?;
     let _ = stream.set_nodelay(true);
     let (w, me) = (env.world_size as u32, env.rank as u32);
     let frame = |kind| Frame {
