@@ -239,50 +239,9 @@ impl LaunchEnv {
                 ));
             }
         };
-        let port_of = |name: &str, v: &str| -> Result<u16> {
-            match v.parse::<u16>() {
-                Ok(p) if p > 0 => Ok(p),
-                _ => Err(env_err(
-                    name,
-                    format!("{v:?} is not a TCP port (1..=65535)"),
-                )),
-            }
-        };
-        let port = match (get(PORT_VAR), get("MASTER_PORT")) {
-            (Some(v), _) => port_of(PORT_VAR, &v)?,
-            (None, Some(v)) => {
-                let master = port_of("MASTER_PORT", &v)?;
-                master.checked_add(1).ok_or_else(|| {
-                    env_err(
-                        "MASTER_PORT",
-                        format!("is 65535, so gpubind's default port (MASTER_PORT + 1) does not exist: set {PORT_VAR}"),
-                    )
-                })?
-            }
-            (None, None) => DEFAULT_PORT,
-        };
-        let check_calls = match get(CHECK_VAR).map(|v| v.to_ascii_lowercase()).as_deref() {
-            None | Some("1" | "true" | "on" | "yes") => true,
-            Some("0" | "false" | "off" | "no") => false,
-            Some(v) => {
-                return Err(env_err(
-                    CHECK_VAR,
-                    format!("{v:?} is not one of 1/true/on/yes or 0/false/off/no"),
-                ));
-            }
-        };
-        let timeout = match get(TIMEOUT_VAR) {
-            None => DEFAULT_TIMEOUT,
-            Some(v) => match v.parse::<f64>() {
-                Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Duration::from_secs_f64(s),
-                _ => {
-                    return Err(env_err(
-                        TIMEOUT_VAR,
-                        format!("{v:?} is not a positive number of seconds"),
-                    ));
-                }
-            },
-        };
+        let port = port_from(&get)?;
+        let check_calls = check_calls_from(&get)?;
+        let timeout = timeout_from(&get)?;
         Ok(LaunchEnv {
             launcher,
             rank,
@@ -308,6 +267,66 @@ impl LaunchEnv {
         self.check_calls = on;
         self
     }
+}
+
+/// gpubind's rendezvous port: [`PORT_VAR`], else `MASTER_PORT + 1`, else
+/// [`DEFAULT_PORT`].
+fn port_from(get: &dyn Fn(&str) -> Option<String>) -> Result<u16> {
+    let port_of = |name: &str, v: &str| -> Result<u16> {
+        match v.parse::<u16>() {
+            Ok(p) if p > 0 => Ok(p),
+            _ => Err(env_err(
+                name,
+                format!("{v:?} is not a TCP port (1..=65535)"),
+            )),
+        }
+    };
+    let port = match (get(PORT_VAR), get("MASTER_PORT")) {
+        (Some(v), _) => port_of(PORT_VAR, &v)?,
+        (None, Some(v)) => {
+            let master = port_of("MASTER_PORT", &v)?;
+            master.checked_add(1).ok_or_else(|| {
+                env_err(
+                    "MASTER_PORT",
+                    format!("is 65535, so gpubind's default port (MASTER_PORT + 1) does not exist: set {PORT_VAR}"),
+                )
+            })?
+        }
+        (None, None) => DEFAULT_PORT,
+    };
+    Ok(port)
+}
+
+/// Whether the ranks agree on every collective ([`CHECK_VAR`], on by default).
+fn check_calls_from(get: &dyn Fn(&str) -> Option<String>) -> Result<bool> {
+    let check_calls = match get(CHECK_VAR).map(|v| v.to_ascii_lowercase()).as_deref() {
+        None | Some("1" | "true" | "on" | "yes") => true,
+        Some("0" | "false" | "off" | "no") => false,
+        Some(v) => {
+            return Err(env_err(
+                CHECK_VAR,
+                format!("{v:?} is not one of 1/true/on/yes or 0/false/off/no"),
+            ));
+        }
+    };
+    Ok(check_calls)
+}
+
+/// The rendezvous timeout ([`TIMEOUT_VAR`], seconds), else [`DEFAULT_TIMEOUT`].
+fn timeout_from(get: &dyn Fn(&str) -> Option<String>) -> Result<Duration> {
+    let timeout = match get(TIMEOUT_VAR) {
+        None => DEFAULT_TIMEOUT,
+        Some(v) => match v.parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Duration::from_secs_f64(s),
+            _ => {
+                return Err(env_err(
+                    TIMEOUT_VAR,
+                    format!("{v:?} is not a positive number of seconds"),
+                ));
+            }
+        },
+    };
+    Ok(timeout)
 }
 
 #[cfg(test)]

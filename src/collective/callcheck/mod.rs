@@ -369,7 +369,6 @@ fn decide(
     started: Instant,
     deadline: Instant,
 ) -> Result<()> {
-    let world = streams.len();
     let mut failed: Option<Error> = None;
     let mut missing = Vec::new();
     let mut mismatch: Option<Error> = None;
@@ -387,38 +386,11 @@ fn decide(
             grace
         };
         let got = match read_frame(s, by) {
-            Ok(f) if f.kind == FrameKind::Call && f.rank as usize == r => {
-                Header::decode(&f.payload).ok_or_else(|| Error::Rendezvous {
-                    reason: format!(
-                        "rank {r} sent a collective header of {} bytes, not {HEADER_BYTES}",
-                        f.payload.len()
-                    ),
-                })
-            }
-            Ok(f) if f.kind == FrameKind::Abort => Err(match decode_error(&f.payload) {
-                e @ Error::PeerFailed { .. } => e,
-                other => Error::PeerFailed {
-                    rank: r,
-                    reason: other.to_string(),
-                },
-            }),
-            Ok(f) => Err(Error::Rendezvous {
-                reason: format!(
-                    "rank {r} sent a {:?} frame for rank {} where its collective header was due",
-                    f.kind, f.rank
-                ),
-            }),
             Err(ReadFail::TimedOut) => {
                 missing.push(r);
                 continue;
             }
-            Err(ReadFail::Closed { .. }) | Err(ReadFail::Io(_)) => Err(Error::PeerFailed {
-                rank: r,
-                reason: "its process exited, was killed or closed its connection to rank 0".into(),
-            }),
-            Err(ReadFail::Garbage(why)) => Err(Error::Rendezvous {
-                reason: format!("rank {r} sent bytes that are not a gpubind frame: {why}"),
-            }),
+            read => header_of(r, read),
         };
         match got {
             Ok(h) => {
@@ -448,7 +420,49 @@ fn decide(
         (None, true, Some(e)) => Err(e),
         (None, true, None) => Ok(()),
     };
-    // Every rank gets the verdict, even after an error (best effort then, briefly).
+    tell_verdict(streams, verdict, deadline)
+}
+
+/// What rank `r`'s answer to the call check says: its header, or why it failed.
+fn header_of(r: usize, read: std::result::Result<Frame, ReadFail>) -> Result<Header> {
+    match read {
+        Ok(f) if f.kind == FrameKind::Call && f.rank as usize == r => Header::decode(&f.payload)
+            .ok_or_else(|| Error::Rendezvous {
+                reason: format!(
+                    "rank {r} sent a collective header of {} bytes, not {HEADER_BYTES}",
+                    f.payload.len()
+                ),
+            }),
+        Ok(f) if f.kind == FrameKind::Abort => Err(match decode_error(&f.payload) {
+            e @ Error::PeerFailed { .. } => e,
+            other => Error::PeerFailed {
+                rank: r,
+                reason: other.to_string(),
+            },
+        }),
+        Ok(f) => Err(Error::Rendezvous {
+            reason: format!(
+                "rank {r} sent a {:?} frame for rank {} where its collective header was due",
+                f.kind, f.rank
+            ),
+        }),
+        // (A timeout names the rank as missing instead: the caller's.)
+        Err(ReadFail::TimedOut) | Err(ReadFail::Closed { .. }) | Err(ReadFail::Io(_)) => {
+            Err(Error::PeerFailed {
+                rank: r,
+                reason: "its process exited, was killed or closed its connection to rank 0".into(),
+            })
+        }
+        Err(ReadFail::Garbage(why)) => Err(Error::Rendezvous {
+            reason: format!("rank {r} sent bytes that are not a gpubind frame: {why}"),
+        }),
+    }
+}
+
+/// Rank 0 sends every rank the verdict, even after an error (best effort then,
+/// briefly), and returns it; a rank it could not tell of an agreement fails this rank.
+fn tell_verdict(streams: &mut [Option<TcpStream>], verdict: Result<()>, deadline: Instant) -> Result<()> {
+    let world = streams.len();
     let tell_by = match verdict {
         Ok(()) => deadline,
         Err(_) => Instant::now() + Duration::from_millis(500),

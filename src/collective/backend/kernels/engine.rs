@@ -508,8 +508,7 @@ pub(crate) fn collective(
     let Some(first) = calls.first() else {
         return Ok(());
     };
-    let (c, es) = (first.count, first.dtype.size);
-    if c == 0 {
+    if first.count == 0 {
         return Ok(());
     }
     let _work = claim_work(sh, lanes.iter())?;
@@ -520,66 +519,89 @@ pub(crate) fn collective(
         dtype: first.dtype,
         nranks: n,
     };
+    if sh.staged {
+        staged_collective(&mut run, rank_lane, calls)
+    } else {
+        direct_collective(&mut run, rank_lane, calls)
+    }
+}
+
+/// A collective through the host-staged transport: every input (the root's, for a
+/// broadcast) is copied to mapped pinned host memory on its rank's lane, barrier, then
+/// each lane reduces from (or copies) the host copies into its own ranks' outputs,
+/// barrier.
+fn staged_collective(run: &mut Run<'_>, rank_lane: &[usize], calls: &[Call]) -> Result<()> {
+    let (n, first) = (calls.len(), &calls[0]);
+    let (c, es) = (first.count, first.dtype.size);
+    let (sh, lanes) = (run.sh, run.lanes);
     let all: Vec<usize> = (0..lanes.len()).collect();
+    let ranks_of = |l: usize| (0..n).filter(move |&r| rank_lane[r] == l);
+    let send: Vec<u64> = calls.iter().map(|x| x.send).collect();
+    let recv: Vec<u64> = calls.iter().map(|x| x.recv).collect();
+    let nl = lanes.len();
+    let (elems, stagers): (usize, Vec<usize>) = match first.kind {
+        Kind::Broadcast(root) => (c, vec![root]),
+        Kind::ReduceScatter(_) => (n * c, (0..n).collect()),
+        _ => (c, (0..n).collect()),
+    };
+    let slot_bytes = elems * es;
+    let st = sh.staging(StageKey::Coll, slot_bytes * stagers.len(), lanes)?;
+    let _staging_use = st.use_on(&lanes.iter().collect::<Vec<_>>())?;
+    for (i, &r) in stagers.iter().enumerate() {
+        let host = st.host.wrapping_byte_add(i * slot_bytes);
+        run.dtoh(rank_lane[r], host, send[r], slot_bytes)?;
+    }
+    run.barrier(&all)?;
+    // The mapped slots as lane `l`'s device sees them, `extra` elements in.
+    let slots = |l: usize, extra: usize| -> Result<Vec<u64>> {
+        let base = st.dptr(&lanes[l].device)?;
+        Ok((0..stagers.len())
+            .map(|i| base + (i * slot_bytes + extra * es) as u64)
+            .collect())
+    };
+    match first.kind {
+        Kind::AllReduce(op) => {
+            for l in 0..nl {
+                let outs: Vec<u64> = ranks_of(l).map(|q| recv[q]).collect();
+                run.reduce(l, op, &slots(l, 0)?, &outs, c)?;
+            }
+        }
+        Kind::Reduce(op, root) => {
+            let l = rank_lane[root];
+            run.reduce(l, op, &slots(l, 0)?, &[recv[root]], c)?;
+        }
+        Kind::Broadcast(root) => {
+            for q in (0..n).filter(|&q| q != root) {
+                run.htod(rank_lane[q], recv[q], st.host, c * es)?;
+            }
+        }
+        Kind::AllGather => {
+            for q in 0..n {
+                run.htod(rank_lane[q], recv[q], st.host, n * c * es)?;
+            }
+        }
+        Kind::ReduceScatter(op) => {
+            for q in 0..n {
+                let l = rank_lane[q];
+                run.reduce(l, op, &slots(l, q * c)?, &[recv[q]], c)?;
+            }
+        }
+        Kind::Send(_) | Kind::Recv(_) => return Err(not_collective()),
+    }
+    run.barrier(&all)
+}
+
+/// A collective through the direct transport (see the module docs): barrier, each
+/// lane's share of the work reading and writing every rank's buffers, barrier.
+fn direct_collective(run: &mut Run<'_>, rank_lane: &[usize], calls: &[Call]) -> Result<()> {
+    let (n, first) = (calls.len(), &calls[0]);
+    let (c, es) = (first.count, first.dtype.size);
+    let all: Vec<usize> = (0..run.lanes.len()).collect();
     let ranks_of = |l: usize| (0..n).filter(move |&r| rank_lane[r] == l);
     let at = |p: u64, elems: usize| p + (elems * es) as u64;
     let send: Vec<u64> = calls.iter().map(|x| x.send).collect();
     let recv: Vec<u64> = calls.iter().map(|x| x.recv).collect();
-    let nl = lanes.len();
-
-    if sh.staged {
-        let (elems, stagers): (usize, Vec<usize>) = match first.kind {
-            Kind::Broadcast(root) => (c, vec![root]),
-            Kind::ReduceScatter(_) => (n * c, (0..n).collect()),
-            _ => (c, (0..n).collect()),
-        };
-        let slot_bytes = elems * es;
-        let st = sh.staging(StageKey::Coll, slot_bytes * stagers.len(), lanes)?;
-        let _staging_use = st.use_on(&lanes.iter().collect::<Vec<_>>())?;
-        for (i, &r) in stagers.iter().enumerate() {
-            let host = st.host.wrapping_byte_add(i * slot_bytes);
-            run.dtoh(rank_lane[r], host, send[r], slot_bytes)?;
-        }
-        run.barrier(&all)?;
-        // The mapped slots as lane `l`'s device sees them, `extra` elements in.
-        let slots = |l: usize, extra: usize| -> Result<Vec<u64>> {
-            let base = st.dptr(&lanes[l].device)?;
-            Ok((0..stagers.len())
-                .map(|i| base + (i * slot_bytes + extra * es) as u64)
-                .collect())
-        };
-        match first.kind {
-            Kind::AllReduce(op) => {
-                for l in 0..nl {
-                    let outs: Vec<u64> = ranks_of(l).map(|q| recv[q]).collect();
-                    run.reduce(l, op, &slots(l, 0)?, &outs, c)?;
-                }
-            }
-            Kind::Reduce(op, root) => {
-                let l = rank_lane[root];
-                run.reduce(l, op, &slots(l, 0)?, &[recv[root]], c)?;
-            }
-            Kind::Broadcast(root) => {
-                for q in (0..n).filter(|&q| q != root) {
-                    run.htod(rank_lane[q], recv[q], st.host, c * es)?;
-                }
-            }
-            Kind::AllGather => {
-                for q in 0..n {
-                    run.htod(rank_lane[q], recv[q], st.host, n * c * es)?;
-                }
-            }
-            Kind::ReduceScatter(op) => {
-                for q in 0..n {
-                    let l = rank_lane[q];
-                    run.reduce(l, op, &slots(l, q * c)?, &[recv[q]], c)?;
-                }
-            }
-            Kind::Send(_) | Kind::Recv(_) => return Err(not_collective()),
-        }
-        return run.barrier(&all);
-    }
-
+    let nl = run.lanes.len();
     run.barrier(&all)?;
     match first.kind {
         Kind::AllReduce(op) | Kind::Reduce(op, _) => {

@@ -430,17 +430,13 @@ impl NcclComm {
     }
 }
 
-impl Drop for NcclComm {
-    /// Bounded, like every gpubind drop (`GPUBIND_DROP_TIMEOUT`, one limit for the
-    /// whole drop): waits for the rank's last enqueued call while polling NCCL's async
-    /// error; on a non-blocking communicator, `ncclCommFinalize` polled to its end; then
-    /// `ncclCommDestroy`, which has nothing left to wait for. A timeout or an error NCCL
-    /// reports aborts the communicator (`ncclCommAbort`: NCCL's way to end pending
-    /// operations without waiting for peers) instead, and is logged.
-    fn drop(&mut self) {
+impl NcclComm {
+    /// Closes the watchdog's gate for the drop: `false` when the communicator is gone
+    /// already (aborted) or must be leaked (the watchdog is stuck in a round).
+    fn close_for_drop(&self) -> bool {
         match self.watch.close() {
             // ncclCommAbort freed it (or is freeing it, on the thread that took it).
-            Close::Aborted => return,
+            Close::Aborted => false,
             Close::Busy => {
                 crate::teardown::faults::report_drop(
                     format_args!("an NCCL communicator of {} ranks", self.nranks),
@@ -452,9 +448,50 @@ impl Drop for NcclComm {
                     },
                     crate::teardown::faults::LEAKED,
                 );
-                return;
+                false
             }
-            Close::Live => {}
+            Close::Live => true,
+        }
+    }
+
+    /// `ncclCommDestroy`, for a drop that settled the communicator's work.
+    fn destroy(&self, api: &Api, device: Option<usize>) {
+        let nranks = self.nranks;
+        let what = || format!("an NCCL communicator of {nranks} ranks");
+        // SAFETY: created by ncclCommInit*, destroyed once here. Its pending work has
+        // finished (settled above) and a non-blocking one is finalized, so NCCL frees
+        // local resources only (for ranks of one process, the shared ones when the last
+        // rank is destroyed).
+        let code = unsafe { (api.comm_destroy)(self.raw) };
+        // A non-blocking communicator may answer ncclInProgress: NCCL finishes the
+        // teardown itself (the handle is not used again here).
+        let code = if self.bound.is_some() && code == IN_PROGRESS {
+            0
+        } else {
+            code
+        };
+        if let Err(e) = api.check("ncclCommDestroy", code) {
+            crate::teardown::faults::report_drop(
+                format_args!("{}", what()),
+                device,
+                crate::teardown::faults::RELEASE,
+                &e,
+                crate::teardown::faults::MAYBE_LEAKED,
+            );
+        }
+    }
+}
+
+impl Drop for NcclComm {
+    /// Bounded, like every gpubind drop (`GPUBIND_DROP_TIMEOUT`, one limit for the
+    /// whole drop): waits for the rank's last enqueued call while polling NCCL's async
+    /// error; on a non-blocking communicator, `ncclCommFinalize` polled to its end; then
+    /// `ncclCommDestroy`, which has nothing left to wait for. A timeout or an error NCCL
+    /// reports aborts the communicator (`ncclCommAbort`: NCCL's way to end pending
+    /// operations without waiting for peers) instead, and is logged.
+    fn drop(&mut self) {
+        if !self.close_for_drop() {
+            return;
         }
         // From here the drop alone uses the handle.
         let pending = self.watch.take_events();
@@ -518,27 +555,7 @@ impl Drop for NcclComm {
             drop(restore);
             return;
         }
-        // SAFETY: created by ncclCommInit*, destroyed once here. Its pending work has
-        // finished (settled above) and a non-blocking one is finalized, so NCCL frees
-        // local resources only (for ranks of one process, the shared ones when the last
-        // rank is destroyed).
-        let code = unsafe { (api.comm_destroy)(self.raw) };
-        // A non-blocking communicator may answer ncclInProgress: NCCL finishes the
-        // teardown itself (the handle is not used again here).
-        let code = if self.bound.is_some() && code == IN_PROGRESS {
-            0
-        } else {
-            code
-        };
-        if let Err(e) = api.check("ncclCommDestroy", code) {
-            crate::teardown::faults::report_drop(
-                format_args!("{}", what()),
-                device,
-                crate::teardown::faults::RELEASE,
-                &e,
-                crate::teardown::faults::MAYBE_LEAKED,
-            );
-        }
+        self.destroy(api, device);
         drop(restore);
     }
 }
