@@ -461,7 +461,11 @@ fn header_of(r: usize, read: std::result::Result<Frame, ReadFail>) -> Result<Hea
 
 /// Rank 0 sends every rank the verdict, even after an error (best effort then,
 /// briefly), and returns it; a rank it could not tell of an agreement fails this rank.
-fn tell_verdict(streams: &mut [Option<TcpStream>], verdict: Result<()>, deadline: Instant) -> Result<()> {
+fn tell_verdict(
+    streams: &mut [Option<TcpStream>],
+    verdict: Result<()>,
+    deadline: Instant,
+) -> Result<()> {
     let world = streams.len();
     let tell_by = match verdict {
         Ok(()) => deadline,

@@ -1,6 +1,8 @@
 //! Unit tests of the watchdog's state machine (no GPU, no NCCL).
 
+use super::gate::InFlight;
 use super::*;
+use std::collections::VecDeque;
 
 fn entry(op: &'static str, seq: u64, since: Instant) -> InFlight<u32> {
     InFlight {
