@@ -273,6 +273,7 @@ impl CallCheck {
     /// Agreement on a made-up collective, for tests and the bench without a GPU:
     /// `kind` 9.., `dtype` and `count` as the ranks please.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "test-seams"))]
     pub fn agree_for_test(&mut self, kind: u8, dtype: u8, count: u64) -> Result<()> {
         self.agree(Header {
             seq: 0,
@@ -286,6 +287,7 @@ impl CallCheck {
 
     /// [`fail`](Self::fail) with `InvalidArgument(reason)`, for tests without a GPU.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "test-seams"))]
     pub fn fail_for_test(&mut self, reason: &str) -> Error {
         self.fail(Error::InvalidArgument(reason.to_owned()))
     }

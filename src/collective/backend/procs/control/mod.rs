@@ -509,6 +509,7 @@ impl ProcessGroup {
     /// Agreement on a made-up call, for tests of the control channel without a GPU:
     /// `kind` 9.., `dtype` and `count` as the ranks please.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "test-seams"))]
     pub fn agree_for_test(&mut self, kind: u8, dtype: u8, count: u64) -> Result<()> {
         let peers: Vec<usize> = (0..self.world).filter(|&q| q != self.rank).collect();
         let h = Header {
