@@ -150,6 +150,12 @@
 //! transport, NCCL driven by one thread for several devices, own-kernel `RankComm`s — is
 //! [`Error::NotCapturable`].
 
+// Layout: `api/` holds the public types, which validate each call and hand it to a
+// backend through one trait call (`backend/interface.rs`); `backend/` holds the
+// backends (`kernels/`: own kernels in one process, `procs/`: own kernels across the
+// processes of one machine, `nccl/`, or its stand-in `nccl_off/` without the feature);
+// `bootstrap/` is the launcher side of one rank per process (environment, unique id,
+// TCP rendezvous); `callcheck/` is the per-collective agreement through rank 0.
 mod api;
 mod backend;
 mod bootstrap;

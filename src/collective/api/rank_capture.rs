@@ -1,7 +1,7 @@
 //! One rank's NCCL collectives captured into a CUDA graph of its device:
 //! [`Capture::rank_all_reduce`] and its siblings, all through one code path
 //! (`rank_collective`), and what every launch of such a graph does first (the
-//! [`LaunchAgreement`] of the rank's [`CallCheck`]).
+//! [`LaunchAgreement`](crate::graph::LaunchAgreement) of the rank's [`CallCheck`]).
 //!
 //! NCCL (2.9 and later) records a collective enqueued on a capturing stream into the
 //! graph instead of running it; whether a collective is captured is a collective
@@ -15,12 +15,12 @@
 //! * the buffers are recorded like every captured operation's (inputs read, outputs
 //!   written, borrowed for the graph's lifetime; an output overlapping an input is
 //!   refused, and broadcast is in place by its signature), and so is the rank's order
-//!   tracker ([`NcclComm::order`](super::nccl)), claimed as written by every launch like
+//!   tracker (`NcclComm::order`), claimed as written by every launch like
 //!   by every eager call: the rank's collectives, eager or graphed, reach the device in
 //!   issue order, and the communicator's drop waits for the graph launches too;
 //! * the `RankComm` is borrowed (shared) for the graph's lifetime, so it outlives every
 //!   launch, and its eager calls (`&mut self`) do not compile while a graph of it lives;
-//!   every graph counts itself in the rank's [`Gate`], so a drop that finds graphs left
+//!   every graph counts itself in the rank's `Gate`, so a drop that finds graphs left
 //!   (forgotten ones: NCCL would wait for their destruction for ever) leaks the
 //!   communicator instead;
 //! * with a [`CallCheck`], each captured collective agrees with the peers at capture

@@ -294,6 +294,7 @@ impl CallCheck {
 
     /// A failure of this rank's own (a call it cannot make): breaks the check and tells
     /// the others at this collective (rank 0 relays it to every rank). Returns `e`.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn fail(&mut self, e: Error) -> Error {
         if let Some(first) = &self.broken {
             return first.clone();

@@ -1,8 +1,8 @@
 //! The own backend's algorithms: what to enqueue on which stream for one collective.
 //!
 //! A collective runs over *lanes*: one stream (and one barrier event) per distinct
-//! stream taking part. In a [`Communicator`](super::Communicator) the ranks of one
-//! device share a lane; with [`RankComm`](super::RankComm) every rank is a lane (its
+//! stream taking part. In a [`Communicator`](crate::collective::Communicator) the ranks of one
+//! device share a lane; with [`RankComm`](crate::collective::RankComm) every rank is a lane (its
 //! thread's stream). A lane's kernel may read and write every rank's buffers when the
 //! transport is *direct*: all lanes on one device, or on devices with peer access
 //! enabled. Otherwise (*host-staged*) data goes through mapped pinned host memory.
@@ -80,7 +80,7 @@ pub(crate) struct Lane {
 
 // SAFETY: stream and event handles are thread-agnostic identifiers. Whoever builds a
 // Lane keeps the Stream and Event it names alive until the collective is enqueued
-// (a RankComm's thread blocks in the rendezvous meanwhile), and only enqueues on them
+// (a RankComm's thread blocks in the meeting meanwhile), and only enqueues on them
 // with their device's context current (`Exec::run_in`).
 unsafe impl Send for Lane {}
 

@@ -354,7 +354,7 @@ pub(crate) fn red_op(op: Op, nranks: usize) -> c_int {
     }) as c_int
 }
 
-/// NCCL's data types, at [`CollectiveType::INDEX`](super::CollectiveType::INDEX).
+/// NCCL's data types, at [`CollectiveType::INDEX`](crate::collective::CollectiveType::INDEX).
 const DTYPES: [ncclDataType_t; 7] = [
     ncclDataType_t::ncclFloat32,
     ncclDataType_t::ncclFloat64,
@@ -365,7 +365,7 @@ const DTYPES: [ncclDataType_t; 7] = [
     ncclDataType_t::ncclUint8,
 ];
 
-/// NCCL's code for the data type at `index` (a [`super::CollectiveType::INDEX`], always
+/// NCCL's code for the data type at `index` (a [`crate::collective::CollectiveType::INDEX`], always
 /// in range: the trait is sealed).
 pub(crate) fn dtype_code(index: usize) -> c_int {
     DTYPES.get(index).map_or(-1, |&t| t as c_int)

@@ -26,14 +26,14 @@ pub(crate) fn unwatched_wait_timeout(limit: Duration) -> Error {
 impl NcclComm {
     /// The owner leaves the gate (after `watch.owner_enter()`); in the (theoretical)
     /// case that the abort fell to it on the way out, it is made on a thread of its own
-    /// ([`spawn_abort`](super::spawn_abort)).
+    /// ([`spawn_abort`]).
     pub(in crate::collective) fn owner_leave(&self) {
         self.watch.owner_leave();
     }
 
     /// Records `e` as the communicator's verdict (the first one stays: later calls
     /// return it); if the abort falls to the owner (`inside`: the owner is inside the
-    /// gate now), it is made on a thread of its own ([`spawn_abort`](super::spawn_abort)),
+    /// gate now), it is made on a thread of its own ([`spawn_abort`]),
     /// never inline (it may wait for the device's work). The owner makes no NCCL call on
     /// the communicator after. Returns `e`.
     pub(in crate::collective) fn fail_owner(&self, e: Error, inside: bool) -> Error {

@@ -1,5 +1,5 @@
 //! The NCCL watchdog: one background thread per process that watches every non-blocking
-//! NCCL communicator (a [`RankComm`](super::RankComm) of NCCL) with work in flight, polls
+//! NCCL communicator (a [`RankComm`](crate::collective::RankComm) of NCCL) with work in flight, polls
 //! `ncclCommGetAsyncError`, and aborts (`ncclCommAbort`) a communicator whose peer failed
 //! or whose work outlived its timeout, so that the caller's own waits (a stream
 //! synchronize, a `dtoh`, an event) return instead of spinning for ever behind an NCCL

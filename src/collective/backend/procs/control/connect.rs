@@ -215,14 +215,13 @@ impl ProcessGroup {
                 Err(Error::CorruptHandle { reason }) => return Err(garbage(reason)),
                 Err(e) => return Err(e),
             };
-            let q = self.check_hello(&m.bytes, key, staging).map_err(|e| {
+            let q = self.check_hello(&m.bytes, key, staging).inspect_err(|e| {
                 let _ = ipc::send_message_with(
                     &stream,
-                    &encode_error(REJECT, rank, &e),
+                    &encode_error(REJECT, rank, e),
                     &[],
                     &self.transport(deadline),
                 );
-                e
             })?;
             ipc::send_message_with(&stream, &encode(WELCOME, &[]), &[], &opts)
                 .map_err(|e| self.wire_error(q, e, started, "it to take the welcome"))?;

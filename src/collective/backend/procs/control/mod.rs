@@ -74,7 +74,7 @@ impl Budget {
 
 /// The host-side channel between the ranks of a one-machine job, one process per rank:
 /// the control part of the own-kernel backend across processes
-/// ([`RankComm::init_process_kernels`](super::RankComm::init_process_kernels)), usable
+/// ([`RankComm::init_process_kernels`](crate::collective::RankComm::init_process_kernels)), usable
 /// alone as a bounded barrier.
 ///
 /// Every wait is bounded by the timeout given to [`connect`](Self::connect); a rank

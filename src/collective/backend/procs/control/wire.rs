@@ -37,7 +37,7 @@ pub(crate) struct Header {
     pub(crate) kind: u8,
     /// Reduction operator (0 sum, 1 prod, 2 min, 3 max, 4 avg; 0 where none).
     pub(crate) op: u8,
-    /// Element type index ([`super::CollectiveType`]'s order; 0xff for none).
+    /// Element type index ([`CollectiveType`](crate::collective::CollectiveType)'s order; 0xff for none).
     pub(crate) dtype: u8,
     /// Root (reduce, broadcast) or peer (send, recv); 0 where none.
     pub(crate) arg: u32,
