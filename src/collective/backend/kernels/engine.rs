@@ -37,7 +37,7 @@ use crate::collective::api::types::{DType, Op};
 use crate::collective::support::lock;
 use crate::context::{BoundDevice, ThreadContext};
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::collections::HashMap;
@@ -250,12 +250,8 @@ pub(crate) fn enable_peer_access(a: &Arc<Device>, b: &Arc<Device>) -> Result<()>
     let (peer, _) = b.primary_context()?;
     let _guard = a.enter()?;
     // SAFETY: `a`'s context is current; `peer` is a retained primary context.
-    match unsafe { sys::cuCtxEnablePeerAccess(peer.0, 0) } {
-        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
-            Ok(())
-        }
-        code => Err(Error::driver("cuCtxEnablePeerAccess", code)),
-    }
+    a.check(unsafe { result::context::enable_peer_access(peer.0) })?;
+    Ok(())
 }
 
 /// Mapped, portable pinned host memory (`cuMemHostAlloc`).
@@ -304,19 +300,12 @@ impl Staging {
                 .first()
                 .ok_or_else(|| Error::InvalidArgument("no device to stage for".into()))?,
         );
-        let mut host: *mut c_void = std::ptr::null_mut();
-        {
+        let host = {
             let _guard = owner.enter()?;
-            // SAFETY: a context is current; writes one pointer.
-            unsafe {
-                sys::cuMemHostAlloc(
-                    &mut host,
-                    bytes.max(1),
-                    sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
-                )
-            }
-            .check("cuMemHostAlloc")?;
-        }
+            let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+            // SAFETY: the owner's context is current.
+            owner.check(unsafe { result::memory::host_alloc(bytes.max(1), flags) })?
+        };
         let mut s = Staging {
             host,
             bytes,
@@ -327,10 +316,8 @@ impl Staging {
         };
         for d in users {
             let _guard = d.enter()?;
-            let mut dptr: sys::CUdeviceptr = 0;
             // SAFETY: `host` is a portable mapped allocation; `d`'s context is current.
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0) }
-                .check("cuMemHostGetDevicePointer_v2")?;
+            let dptr = d.check(unsafe { result::memory::host_get_device_pointer(host) })?;
             s.dptrs.push((d.ordinal(), dptr));
             s.users.push(Arc::clone(&d));
         }
@@ -389,10 +376,12 @@ struct Run<'r> {
 }
 
 impl Run<'_> {
-    /// Runs `f` on lane `l`'s stream with its device current.
+    /// Runs `f` on lane `l`'s stream with its device current; a driver error of `f`
+    /// goes through the device's check (a sticky error poisons the device).
     fn on(&mut self, l: usize, f: &mut dyn FnMut(sys::CUstream) -> Result<()>) -> Result<()> {
         let lane = &self.lanes[l];
-        self.exec.run_in(&lane.device, &mut || f(lane.stream))
+        self.exec
+            .run_in(&lane.device, &mut || lane.device.check(f(lane.stream)))
     }
 
     /// Makes every listed lane wait for every other listed lane's work so far.
@@ -404,7 +393,7 @@ impl Run<'_> {
         for &l in which {
             self.on(l, &mut |stream| {
                 // SAFETY: event and stream belong to the current context.
-                unsafe { sys::cuEventRecord(lanes[l].event, stream) }.check("cuEventRecord")
+                unsafe { result::event::record(lanes[l].event, stream) }
             })?;
         }
         for &p in which {
@@ -412,8 +401,7 @@ impl Run<'_> {
                 for &q in which.iter().filter(|&&q| q != p) {
                     // SAFETY: the stream is the current context's; waiting on another
                     // context's event is allowed.
-                    unsafe { sys::cuStreamWaitEvent(stream, lanes[q].event, 0) }
-                        .check("cuStreamWaitEvent")?;
+                    unsafe { result::stream::wait_event(stream, lanes[q].event) }?;
                 }
                 Ok(())
             })?;
@@ -441,15 +429,12 @@ impl Run<'_> {
         self.on(l, &mut |stream| match peer {
             // SAFETY: live device allocations of `bytes` (callers' contract), ordered by
             // the surrounding barriers; the stream is the current context's.
-            Some((dctx, sctx)) => {
-                unsafe { sys::cuMemcpyPeerAsync(dst.0, dctx.0, src.0, sctx.0, bytes, stream) }
-                    .check("cuMemcpyPeerAsync")
-            }
+            Some((dctx, sctx)) => unsafe {
+                result::copy::peer_async(dst.0, dctx.0, src.0, sctx.0, bytes, stream)
+            },
             // SAFETY: as above, within one context (either side may be mapped pinned
             // host memory: cuMemcpyAsync infers the direction from unified addresses).
-            None => {
-                unsafe { sys::cuMemcpyAsync(dst.0, src.0, bytes, stream) }.check("cuMemcpyAsync")
-            }
+            None => unsafe { result::copy::copy_async(dst.0, src.0, bytes, stream) },
         })
     }
 
@@ -479,8 +464,7 @@ impl Run<'_> {
         self.on(l, &mut |stream| {
             // SAFETY: `host` is `bytes` inside a pinned staging buffer, `src` a live
             // allocation of `bytes`; ordered by the barriers.
-            unsafe { sys::cuMemcpyDtoHAsync_v2(host, src, bytes, stream) }
-                .check("cuMemcpyDtoHAsync_v2")
+            unsafe { result::copy::dtoh_async(host, src, bytes, stream) }
         })
     }
 
@@ -489,8 +473,7 @@ impl Run<'_> {
         self.on(l, &mut |stream| {
             // SAFETY: `dst` is a live allocation of `bytes`; the pinned source was
             // filled before the preceding barrier.
-            unsafe { sys::cuMemcpyHtoDAsync_v2(dst, host, bytes, stream) }
-                .check("cuMemcpyHtoDAsync_v2")
+            unsafe { result::copy::htod_async(dst, host, bytes, stream) }
         })
     }
 }

@@ -12,7 +12,7 @@
 
 use crate::collective::api::types::{DTYPES, DType, Op};
 use crate::context::BoundDevice;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::module::Module;
 use cudarc::driver::sys;
@@ -338,21 +338,16 @@ impl KernelSet {
         // `params`, which point to locals alive for the call (the driver copies them);
         // the memory contract is the caller's.
         unsafe {
-            sys::cuLaunchKernel(
+            result::module::launch_kernel(
                 f.0,
-                blocks,
-                1,
-                1,
-                BLOCK,
-                1,
-                1,
+                (blocks, 1, 1),
+                (BLOCK, 1, 1),
                 0,
                 stream,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
         }
-        .check("cuLaunchKernel")
     }
 }
 

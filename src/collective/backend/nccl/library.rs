@@ -16,7 +16,7 @@
 //! context the thread had back, so gpubind's binding invariant survives NCCL.
 
 use crate::collective::api::types::Op;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use cudarc::nccl::sys::{ncclDataType_t, ncclRedOp_t, ncclUniqueId};
@@ -215,9 +215,7 @@ pub(crate) struct RestoreCurrent {
 
 impl RestoreCurrent {
     pub(crate) fn new() -> Result<Self> {
-        let mut saved: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: writes one handle.
-        unsafe { sys::cuCtxGetCurrent(&mut saved) }.check("cuCtxGetCurrent")?;
+        let saved = result::context::get_current()?;
         Ok(RestoreCurrent {
             saved,
             _same_thread: std::marker::PhantomData,
@@ -227,16 +225,13 @@ impl RestoreCurrent {
 
 impl Drop for RestoreCurrent {
     fn drop(&mut self) {
-        let mut now: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: writes one handle.
-        let got = unsafe { sys::cuCtxGetCurrent(&mut now) }.check("cuCtxGetCurrent");
-        let restored = got.and_then(|()| {
+        let restored = result::context::get_current().and_then(|now| {
             if now == self.saved {
                 return Ok(());
             }
             // SAFETY: `saved` was current on this thread when we were created and is
             // kept retained by the caller's binding (or is null).
-            unsafe { sys::cuCtxSetCurrent(self.saved) }.check("cuCtxSetCurrent")
+            unsafe { result::context::set_current(self.saved) }
         });
         if let Err(e) = restored {
             crate::teardown::faults::report_drop(

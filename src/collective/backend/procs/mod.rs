@@ -37,7 +37,7 @@ use control::{Budget, Header, ProcessGroup};
 pub(crate) mod control;
 use crate::context::ThreadContext;
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::ipc::{
     self, ImportedPool, ImportedSlice, MemoryPool, PoolConfig, PoolSlice, TransportOptions,
@@ -61,11 +61,10 @@ struct IpcEvent {
 impl IpcEvent {
     fn new(device: &Arc<Device>) -> Result<IpcEvent> {
         let _guard = device.enter()?;
-        let mut raw: sys::CUevent = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
             | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: the device's context is current; writes one handle.
-        unsafe { sys::cuEventCreate(&mut raw, flags) }.check("cuEventCreate")?;
+        // SAFETY: the device's context is current.
+        let raw = device.check(unsafe { result::event::create(flags) })?;
         Ok(IpcEvent {
             raw,
             device: Arc::clone(device),
@@ -74,9 +73,10 @@ impl IpcEvent {
 
     fn handle(&self) -> Result<[u8; 64]> {
         let _guard = self.device.enter()?;
-        let mut h = sys::CUipcEventHandle { reserved: [0; 64] };
-        // SAFETY: an interprocess event of the current context; writes 64 bytes.
-        unsafe { sys::cuIpcGetEventHandle(&mut h, self.raw) }.check("cuIpcGetEventHandle")?;
+        // SAFETY: an interprocess event of the current context.
+        let h = self
+            .device
+            .check(unsafe { result::ipc::get_event_handle(self.raw) })?;
         Ok(h.reserved.map(|b| b as u8))
     }
 
@@ -91,10 +91,9 @@ impl IpcEvent {
             *d = *s as _;
         }
         let _guard = device.enter()?;
-        let mut raw: sys::CUevent = std::ptr::null_mut();
         // SAFETY: a context is current; the handle is plain data (a bad one is an error
-        // from the driver); writes one handle.
-        unsafe { sys::cuIpcOpenEventHandle(&mut raw, h) }.check("cuIpcOpenEventHandle")?;
+        // from the driver).
+        let raw = device.check(unsafe { result::ipc::open_event_handle(h) })?;
         Ok(IpcEvent {
             raw,
             device: Arc::clone(device),
@@ -105,11 +104,7 @@ impl IpcEvent {
     fn is_complete(&self) -> Result<bool> {
         let _guard = self.device.enter()?;
         // SAFETY: a live event handle; its context is current.
-        match unsafe { sys::cuEventQuery(self.raw) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            code => Err(Error::driver("cuEventQuery", code)),
-        }
+        self.device.check(unsafe { result::event::query(self.raw) })
     }
 }
 
@@ -118,7 +113,7 @@ impl Drop for IpcEvent {
         if let Ok(_guard) = self.device.enter() {
             // SAFETY: created or opened here, destroyed once; the driver defers the
             // release of an event with pending records.
-            unsafe { sys::cuEventDestroy_v2(self.raw) };
+            let _ = unsafe { result::event::destroy(self.raw) };
         }
     }
 }
@@ -378,7 +373,10 @@ impl ProcsRank {
         self.group.check()?;
         // One deadline for the whole call, however many steps and waits it takes.
         let budget = Budget::new(self.group.timeout());
+        // A driver error on this rank's context goes through its device's check (a
+        // sticky error poisons the device) before the peers are told.
         let out = self.run_inner(stream, call, &budget);
+        let out = self.device.check(out);
         match out {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -414,8 +412,8 @@ impl ProcsRank {
         }
         // SAFETY: the caller's bound stream (its context current) and this rank's own
         // event.
-        let recorded = unsafe { sys::cuEventRecord(self.done.raw, s) };
-        if recorded != sys::CUresult::CUDA_SUCCESS {
+        let recorded = unsafe { result::event::record(self.done.raw, s) };
+        if self.device.check(recorded).is_err() {
             self.unsettled = true;
         }
     }
@@ -486,7 +484,7 @@ impl ProcsRank {
         let at = |p: u64, elems: usize| p + (elems * es) as u64;
         // 1. Chain after this rank's previous step.
         // SAFETY: the stream is the bound (current) device's; the event is ours.
-        unsafe { sys::cuStreamWaitEvent(s, self.done.raw, 0) }.check("cuStreamWaitEvent")?;
+        unsafe { result::stream::wait_event(s, self.done.raw) }?;
         // 2. Stage, once nobody reads the previous contents any more.
         if stagers.contains(&rank) {
             let owing = self.group.collect_done(budget)?;
@@ -500,28 +498,26 @@ impl ProcsRank {
                             // (chunking); the source is the caller's send buffer of
                             // `n * c` elements, claimed and ordered on `s`.
                             unsafe {
-                                sys::cuMemcpyAsync(
+                                result::copy::copy_async(
                                     at(stg, b * len),
                                     at(call.send, b * c + lo),
                                     bytes,
                                     s,
                                 )
-                            }
-                            .check("cuMemcpyAsync")?;
+                            }?;
                         }
                     }
                     _ => {
                         // SAFETY: `len` elements fit the staging; the send buffer holds
                         // `c >= lo + len` elements, claimed and ordered on `s`.
-                        unsafe { sys::cuMemcpyAsync(stg, at(call.send, lo), bytes, s) }
-                            .check("cuMemcpyAsync")?;
+                        unsafe { result::copy::copy_async(stg, at(call.send, lo), bytes, s) }?;
                     }
                 }
             }
         }
         // 3. Ready is recorded before the header goes out.
         // SAFETY: as in 1.
-        unsafe { sys::cuEventRecord(self.ready.raw, s) }.check("cuEventRecord")?;
+        unsafe { result::event::record(self.ready.raw, s) }?;
         self.group.agree(*h, partners, budget)?;
         // From here on the peers follow the same plan: count the done notices owed.
         self.group.expect_done(readers);
@@ -545,7 +541,7 @@ impl ProcsRank {
             let copy = |dst: u64, src: u64| {
                 // SAFETY: as for `reduce`: `bytes` inside a filled staging buffer to
                 // `bytes` inside the caller's claimed receive buffer.
-                unsafe { sys::cuMemcpyAsync(dst, src, bytes, s) }.check("cuMemcpyAsync")
+                unsafe { result::copy::copy_async(dst, src, bytes, s) }
             };
             match call.kind {
                 Kind::AllReduce(op) | Kind::Reduce(op, _) => reduce(op, &stg, at(call.recv, lo))?,
@@ -564,7 +560,7 @@ impl ProcsRank {
         }
         // 6. Done, and tell the ranks read from.
         // SAFETY: as in 1.
-        unsafe { sys::cuEventRecord(self.done.raw, s) }.check("cuEventRecord")?;
+        unsafe { result::event::record(self.done.raw, s) }?;
         for &q in reads {
             self.group.send_done(q, budget)?;
         }
