@@ -378,14 +378,14 @@ impl<'c, 'buf> Capture<'c, 'buf> {
 
     /// Makes every launch of the graph agree through `gate` first, on `record` among
     /// what it already holds (see [`LaunchAgreement`](super::LaunchAgreement)).
-    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn record_agreement(&self, gate: &'buf dyn super::LaunchAgreement, record: &[u8]) {
         self.session.borrow_mut().uses.add_agreement(gate, record);
     }
 
     /// Discards the graph when the capture ends, with `e`, whatever the closure
     /// returns (the first such error is kept). Returns `e`.
-    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn discard_graph(&self, e: Error) -> Error {
         self.session.borrow_mut().fatal.get_or_insert(e.clone());
         e

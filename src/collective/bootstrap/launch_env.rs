@@ -240,35 +240,9 @@ impl LaunchEnv {
                 ));
             }
         };
-        let port_of = |name: &str, v: &str| -> Result<u16> {
-            match v.parse::<u16>() {
-                Ok(p) if p > 0 => Ok(p),
-                _ => Err(env_err(
-                    name,
-                    format!("{v:?} is not a TCP port (1..=65535)"),
-                )),
-            }
-        };
-        let port = match (
-            config::rdzv_port(&get).map_err(config::VarError::into_launch_env)?,
-            get("MASTER_PORT"),
-        ) {
-            (Some(p), _) => p,
-            (None, Some(v)) => {
-                let master = port_of("MASTER_PORT", &v)?;
-                master.checked_add(1).ok_or_else(|| {
-                    env_err(
-                        "MASTER_PORT",
-                        format!("is 65535, so gpubind's default port (MASTER_PORT + 1) does not exist: set {PORT_VAR}"),
-                    )
-                })?
-            }
-            (None, None) => DEFAULT_PORT,
-        };
-        let check_calls = config::check_calls(&get).map_err(config::VarError::into_launch_env)?;
-        let timeout = config::rdzv_timeout(&get)
-            .map_err(config::VarError::into_launch_env)?
-            .unwrap_or(DEFAULT_TIMEOUT);
+        let port = port_from(&get)?;
+        let check_calls = check_calls_from(&get)?;
+        let timeout = timeout_from(&get)?;
         Ok(LaunchEnv {
             launcher,
             rank,
@@ -294,6 +268,49 @@ impl LaunchEnv {
         self.check_calls = on;
         self
     }
+}
+
+/// gpubind's rendezvous port: [`PORT_VAR`], else `MASTER_PORT + 1`, else
+/// [`DEFAULT_PORT`].
+fn port_from(get: &dyn Fn(&str) -> Option<String>) -> Result<u16> {
+    let port_of = |name: &str, v: &str| -> Result<u16> {
+        match v.parse::<u16>() {
+            Ok(p) if p > 0 => Ok(p),
+            _ => Err(env_err(
+                name,
+                format!("{v:?} is not a TCP port (1..=65535)"),
+            )),
+        }
+    };
+    let port = match (
+        config::rdzv_port(&get).map_err(config::VarError::into_launch_env)?,
+        get("MASTER_PORT"),
+    ) {
+        (Some(p), _) => p,
+        (None, Some(v)) => {
+            let master = port_of("MASTER_PORT", &v)?;
+            master.checked_add(1).ok_or_else(|| {
+                env_err(
+                    "MASTER_PORT",
+                    format!("is 65535, so gpubind's default port (MASTER_PORT + 1) does not exist: set {PORT_VAR}"),
+                )
+            })?
+        }
+        (None, None) => DEFAULT_PORT,
+    };
+    Ok(port)
+}
+
+/// Whether the ranks agree on every collective ([`CHECK_VAR`], on by default).
+fn check_calls_from(get: &dyn Fn(&str) -> Option<String>) -> Result<bool> {
+    config::check_calls(&get).map_err(config::VarError::into_launch_env)
+}
+
+/// The rendezvous timeout ([`TIMEOUT_VAR`], seconds), else [`DEFAULT_TIMEOUT`].
+fn timeout_from(get: &dyn Fn(&str) -> Option<String>) -> Result<Duration> {
+    Ok(config::rdzv_timeout(&get)
+        .map_err(config::VarError::into_launch_env)?
+        .unwrap_or(DEFAULT_TIMEOUT))
 }
 
 #[cfg(test)]
