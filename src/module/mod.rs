@@ -74,8 +74,9 @@ mod nvrtc;
 pub use function::{Function, FunctionAttributes, PotentialBlockSize};
 pub(crate) use function::{FunctionLimits, param_sizes};
 pub(crate) use function::{check_block_size, func_attribute};
-pub use kernel_arg::KernelArg;
+pub(crate) use kernel_arg::arg_access;
 pub(crate) use kernel_arg::memory_arg;
+pub use kernel_arg::{KernelArg, LaunchArg};
 pub use nvrtc::{Output, compile, nvrtc_available};
 
 use crate::access::AccessTracker;
