@@ -577,6 +577,77 @@ impl DriverLaunch for Plain {
 mod tests {
     use super::*;
 
+    /// The uses a launch claims: `&` arguments as reads, `&mut` and `arg_written` ones
+    /// as writes, in argument order, inline and after spilling.
+    #[test]
+    fn buffer_arguments_are_claimed_as_passed() {
+        let trackers: Vec<AccessTracker> = (0..INLINE_ARGS + 3)
+            .map(|_| AccessTracker::default())
+            .collect();
+        let access = |i: usize| {
+            if i % 3 == 1 {
+                Access::Write
+            } else {
+                Access::Read
+            }
+        };
+        let mut tracked = Tracked::new();
+        for (i, t) in trackers.iter().enumerate() {
+            tracked.push(t, Access::Read);
+            if access(i) == Access::Write {
+                tracked.mark_written(t);
+            }
+        }
+        let uses: Vec<Use<'_>> = tracked.uses().collect();
+        assert_eq!(uses.len(), trackers.len());
+        for (i, (u, t)) in uses.iter().zip(&trackers).enumerate() {
+            let (ut, ua) = u.expect("every argument pushed is a buffer");
+            assert!(std::ptr::eq(ut, t), "argument {i}: tracker");
+            assert_eq!(ua, access(i), "argument {i}");
+        }
+        let few = tracked.uses_array::<FEW_ARGS>();
+        assert_eq!(
+            few.map(|u| u.map(|(_, a)| a)),
+            [0, 1, 2, 3].map(|i| Some(access(i)))
+        );
+    }
+
+    /// The fast path admits a launch only when every buffer publishes the stream for
+    /// its own use: a read needs a read id, a write the write id.
+    #[test]
+    fn fast_path_admits_reads_by_their_read_ids() {
+        // No stream (the trackers' "nothing published").
+        const NONE: u64 = u64::MAX;
+        let reader = AccessTracker::with_published((NONE, [7, 9]));
+        let writer = AccessTracker::with_published((7, [7, NONE]));
+        let check = |uses: &[(&AccessTracker, Access)], on: u64| {
+            let mut tracked = Tracked::new();
+            for &(t, a) in uses {
+                tracked.push(t, a);
+            }
+            tracked.all_admit(on)
+        };
+        assert!(check(
+            &[(&reader, Access::Read), (&writer, Access::Write)],
+            7
+        ));
+        assert!(check(
+            &[(&reader, Access::Read), (&writer, Access::Read)],
+            7
+        ));
+        assert!(check(&[(&reader, Access::Read)], 9));
+        assert!(
+            !check(&[(&reader, Access::Write)], 7),
+            "a read id admits no write"
+        );
+        assert!(!check(&[(&writer, Access::Write)], 9));
+        assert!(
+            !check(&[(&reader, Access::Read), (&reader, Access::Write)], 7),
+            "a buffer passed both ways needs the write id"
+        );
+        assert!(check(&[], 3), "no buffer: nothing to wait for");
+    }
+
     #[test]
     fn arg_pointers_keep_order_inline_and_after_spilling() {
         let vals: Vec<u64> = (0..3 * INLINE_ARGS as u64).collect();
