@@ -768,6 +768,10 @@ impl Drop for Join<'_> {
     }
 }
 
+/// A buffer argument of a captured launch: its tracker, the bytes it passes (`None`:
+/// all of its allocation), and how the kernel uses them.
+type ArgBuffer<'buf> = (&'buf AccessTracker, Option<(u64, u64)>, Access);
+
 /// A kernel launch being captured; see [`Capture::launch`].
 #[must_use = "a launch does nothing until `.launch()` is called"]
 pub struct CaptureLaunch<'l, 'c, 'buf> {
@@ -780,7 +784,7 @@ pub struct CaptureLaunch<'l, 'c, 'buf> {
     values: Vec<Box<dyn std::any::Any>>,
     /// The gpubind buffers among the arguments, the bytes each passes (`None`: all),
     /// and whether the kernel reads or writes them.
-    buffers: Vec<(&'buf AccessTracker, Option<(u64, u64)>, Access)>,
+    buffers: Vec<ArgBuffer<'buf>>,
     error: Option<Error>,
 }
 
