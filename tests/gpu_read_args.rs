@@ -158,7 +158,8 @@ fn check_readers_then_writer(
 /// Two kernels on two streams that read one buffer run at once (well under twice their
 /// duration); a kernel that writes it on a third stream, enqueued right after them,
 /// waits for both (each reader copies the buffer after spinning and still sees the old
-/// value).
+/// value). The warm-up reads publish both streams for reads, so the timed reads take the
+/// fast path: the write's waits must cover launches that took no tracker lock.
 fn readers_overlap_and_the_writer_waits(attributes: bool) -> R {
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
