@@ -287,9 +287,10 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
     /// # Safety
     ///
     /// As for [`LaunchBuilder::launch`] (the kernel writes only the buffers passed by
-    /// `&mut`; those passed by `&` are claimed as reads). A cooperative kernel that synchronises the
-    /// grid, and a cluster kernel that uses the cluster's barrier or shared memory, must
-    /// be launched with those attributes (else the sync is undefined).
+    /// `&mut` or to [`arg_written`](Self::arg_written); those passed by `&` are claimed
+    /// as reads). A cooperative kernel that synchronises the grid, and a cluster kernel
+    /// that uses the cluster's barrier or shared memory, must be launched with those
+    /// attributes (else the sync is undefined).
     pub unsafe fn launch(&mut self) -> Result<()> {
         // SAFETY: `LaunchKernelEx` is cuLaunchKernelEx's prototype
         // (const CUlaunchConfig*, CUfunction, void**, void**) -> CUresult.

@@ -111,13 +111,16 @@ unsafe impl<T: DeviceRepr> KernelArg for T {
 /// [`LaunchBuilder::arg`](crate::LaunchBuilder::arg) and its siblings; implemented for
 /// `&A` and `&mut A` of every `KernelArg` type `A`, and for nothing else (sealed).
 ///
-/// The launch claims a gpubind buffer passed by `&` as a **read**: launches on other
-/// streams that only read it run concurrently with it, and only a write (a launch that
-/// passes it by `&mut`, a copy into it, the host's access through `&mut`) is ordered
-/// after it. A buffer passed by `&mut` is claimed as a **write**: ordered after every
-/// pending use, and every later use is ordered after it. Writing through a buffer passed
-/// by `&` is outside [`LaunchBuilder::launch`](crate::LaunchBuilder::launch)'s contract.
-/// Plain data is passed the same either way.
+/// The launch claims a gpubind buffer passed by `&` as a **read**: it waits for the
+/// buffer's pending write, launches on other streams that only read it run concurrently
+/// with it, and only a write (a launch that passes it by `&mut`, a copy into it, the
+/// host's access through `&mut`, its free) is ordered after it. A buffer passed by `&mut`
+/// is claimed as a **write**: ordered after every pending use, and every later use is
+/// ordered after it. Writing through a buffer passed by `&` is outside
+/// [`LaunchBuilder::launch`](crate::LaunchBuilder::launch)'s contract; a buffer written
+/// through a shared reference (one held in an `Arc`, or borrowed by a graph) goes by
+/// [`arg_written`](crate::LaunchBuilder::arg_written). Plain data is passed the same
+/// either way.
 ///
 /// ```no_run
 /// # fn f(gpu: &gpubind::BoundDevice<'_>, module: &gpubind::Module) -> gpubind::Result<()> {
