@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::launch::LaunchConfig;
 use crate::memory::host::CaptureSource;
 use crate::memory::{ByteSpan, DeviceMemory, DeviceRepr, MemsetValue};
-use crate::module::{Function, KernelArg, LaunchArg, arg_access};
+use crate::module::{Function, KernelArg, LaunchArg, ModuleHold, arg_access};
 use cudarc::driver::sys;
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -302,13 +302,32 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         lo: u64,
         bytes: u64,
     ) -> Result<()> {
-        let here = self.stream.0;
         let span = Span {
             bytes: ByteSpan::new(t, lo, bytes),
             write: access == Access::Write,
         };
+        self.session.borrow_mut().uses.add(t, access);
+        self.order_span(span)
+    }
+
+    /// [`record`](Self::record) of memory the graph keeps alive itself (a
+    /// [`Kernel`](crate::module::Kernel)'s module): each launch of the graph claims it with
+    /// `access`, and while a fork is open it is ordered like a borrowed allocation.
+    pub(crate) fn record_owned_use(&self, o: Arc<dyn Owned>, access: Access) -> Result<()> {
+        let span = Span {
+            bytes: ByteSpan::new(o.tracker(), 0, u64::MAX),
+            write: access == Access::Write,
+        };
+        self.session.borrow_mut().uses.add_owned(o, access);
+        self.order_span(span)
+    }
+
+    /// While a fork is open, makes the capturing stream wait for every use captured on
+    /// another of this capture's streams that conflicts with `span`, and notes `span`
+    /// for [`mark`](Self::mark).
+    fn order_span(&self, span: Span) -> Result<()> {
+        let here = self.stream.0;
         let mut s = self.session.borrow_mut();
-        s.uses.add(t, access);
         if s.open_forks == 0 {
             return Ok(());
         }
@@ -933,8 +952,11 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
         }
         // The module's unload waits for the graph's launches; with global views, the
         // launches are ordered against the globals' other uses like a write.
-        let (module, access) = self.func.module_use();
-        self.capture.record(module, access)?;
+        let (_, access) = self.func.module_use();
+        match self.func.module_hold() {
+            ModuleHold::Borrowed(module) => self.capture.record(module, access)?,
+            ModuleHold::Owned(loaded) => self.capture.record_owned_use(loaded, access)?,
+        }
         self.capture.session.borrow_mut().uses.last_kernel = Some(self.func.interned());
         let LaunchConfig {
             grid_dim: g,
