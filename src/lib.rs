@@ -154,8 +154,8 @@ pub use memory::{
 };
 pub use module::global::ModuleGlobal;
 pub use module::{
-    Arch, CompileOptions, CppStandard, Function, FunctionAttributes, Kernel, KernelArg, Module,
-    Output, PotentialBlockSize, SharedModule, compile, compile_with, cuda_include_dir,
+    Arch, CompileOptions, CppStandard, Function, FunctionAttributes, Kernel, KernelArg, LaunchArg,
+    Module, Output, PotentialBlockSize, SharedModule, compile, compile_with, cuda_include_dir,
     nvrtc_available,
 };
 pub use stream::{BoundStream, Event, EventFlags, Stream, StreamPriorityRange};

@@ -313,7 +313,7 @@ const N: u32 = 1 << 16;
 fn inc(s: &BoundStream<'_>, f: &Kernel, x: &DeviceSlice<u32>, slow: bool) -> R {
     let n = x.len() as u32;
     let mut l = s.launch(f, LaunchConfig::for_num_elems(n));
-    l.arg(x).arg(&n);
+    l.arg_written(x).arg(&n);
     if slow {
         l.arg(&SLOW);
     }
@@ -514,7 +514,7 @@ fn graph_keeps_a_kernels_module() -> R {
         let graph = gpu
             .capture(|c| {
                 let mut l = c.launch(&k, LaunchConfig::for_num_elems(n));
-                l.arg(&x).arg(&n);
+                l.arg_written(&x).arg(&n);
                 // SAFETY: (unsigned*, unsigned) matches `inc`, in bounds.
                 unsafe { l.launch() }
             })

@@ -198,7 +198,7 @@ fn spin<A: gpubind::KernelArg + ?Sized>(
     // into `p`, which holds at least one.
     unsafe {
         s.launch(f, LaunchConfig::for_num_elems(1))
-            .arg(p)
+            .arg_written(p)
             .arg(&ns)
             .launch()
     }

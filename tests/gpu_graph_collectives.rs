@@ -93,12 +93,12 @@ fn replay(comm: &RankComm, ctx: &mut ThreadContext, d: &Arc<Device>) -> R {
             // kernels, which stay within the n elements of the buffers.
             unsafe {
                 c.launch(&addf, LaunchConfig::for_num_elems(n32))
-                    .arg(&xf)
+                    .arg_written(&xf)
                     .value(n32)
                     .value(1.0f32)
                     .launch()?;
                 c.launch(&addi, LaunchConfig::for_num_elems(n32))
-                    .arg(&xi)
+                    .arg_written(&xi)
                     .value(n32)
                     .value(1i32)
                     .launch()?;
@@ -207,7 +207,7 @@ fn nccl_graph_exec_then_comm_dropped() -> R {
             // SAFETY: (unsigned*, unsigned long long) as declared; writes flag[0].
             unsafe {
                 c.launch(&spin, LaunchConfig::for_num_elems(1))
-                    .arg(&flag)
+                    .arg_written(&flag)
                     .value(ns)
                     .launch()?
             };
@@ -308,7 +308,7 @@ fn child_forgotten_exec() -> R {
                 // SAFETY: (unsigned*, unsigned long long) as declared; writes flag[0].
                 unsafe {
                     c.launch(&spin, LaunchConfig::for_num_elems(1))
-                        .arg(&flag)
+                        .arg_written(&flag)
                         .value(ns)
                         .launch()?
                 };

@@ -59,7 +59,7 @@ fn capture_replays_kernels_memsets_and_copies() -> R {
             c.memset_zeros(&x)?;
             for v in &increments {
                 let mut l = c.launch(&add, LaunchConfig::for_num_elems(n));
-                l.arg(&x).arg(&n);
+                l.arg_written(&x).arg(&n);
                 // Half by reference, half by value (copied at capture).
                 if v % 2 == 0 {
                     l.arg(v);
@@ -117,7 +117,7 @@ fn graph_launch_is_ordered_before_host_reads_and_other_streams() -> R {
             // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
             unsafe {
                 c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                    .arg(&x)
+                    .arg_written(&x)
                     .arg(&n)
                     .arg(&value)
                     .arg(&cycles)
@@ -204,7 +204,7 @@ fn graph_launch_waits_for_writes_on_other_streams() -> R {
             // SAFETY: (unsigned*, unsigned, unsigned) matches; bounds checked.
             unsafe {
                 c.launch(&add, LaunchConfig::for_num_elems(n))
-                    .arg(&x)
+                    .arg_written(&x)
                     .arg(&n)
                     .arg(&two)
                     .launch()
@@ -251,7 +251,7 @@ fn graph_reads_inputs_at_each_launch() -> R {
         // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
         unsafe {
             w.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                .arg(&x)
+                .arg_written(&x)
                 .arg(&n)
                 .arg(&value)
                 .arg(&cycles)
@@ -299,7 +299,7 @@ fn fork_join_runs_branches_and_joins() -> R {
                 c.launch(&sum, LaunchConfig::for_num_elems(n))
                     .arg(&a)
                     .arg(&b)
-                    .arg(&out)
+                    .arg_written(&out)
                     .arg(&n)
                     .launch()?
             };
@@ -345,7 +345,7 @@ fn update_changes_kernel_parameters() -> R {
             // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
             unsafe {
                 c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                    .arg(buf)
+                    .arg_written(buf)
                     .arg(&n)
                     .arg(value)
                     .arg(cycles)
@@ -389,7 +389,7 @@ fn update_changes_kernel_parameters() -> R {
                 // SAFETY: as above.
                 unsafe {
                     c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                        .arg(&x)
+                        .arg_written(&x)
                         .arg(&n)
                         .arg(&five)
                         .arg(&quick)
@@ -538,7 +538,7 @@ fn dropping_an_exec_waits_for_its_launches() -> R {
                 // SAFETY: (unsigned*, unsigned, unsigned, long long) matches.
                 unsafe {
                     c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                        .arg(&x)
+                        .arg_written(&x)
                         .arg(&n)
                         .arg(&value)
                         .arg(&cycles)
@@ -710,7 +710,7 @@ fn captured_matmul_is_exact_at_every_launch() -> R {
             // SAFETY: (float*, unsigned, float) matches `addf`, which stays in bounds.
             unsafe {
                 w.launch(&addf, LaunchConfig::for_num_elems(count))
-                    .arg(x)
+                    .arg_written(x)
                     .arg(&count)
                     .arg(&delta)
                     .launch()
@@ -951,7 +951,7 @@ fn check_captured_all_reduce<T: HostReduce>(ranks: usize) -> R {
                 // SAFETY: (T*, unsigned, T) matches the kernel, which stays in bounds.
                 unsafe {
                     w.launch(&add, LaunchConfig::for_num_elems(n))
-                        .arg(s)
+                        .arg_written(s)
                         .arg(&n)
                         .arg(&T::ADD.1)
                         .launch()

@@ -1380,7 +1380,7 @@ fn core_interop() -> R {
         // SAFETY: (float*, unsigned) matches the kernel, which stays in bounds.
         unsafe {
             s.launch(&twice, LaunchConfig::for_num_elems(nn))
-                .arg(&a)
+                .arg_written(&a)
                 .arg(&nn)
                 .launch()
         }

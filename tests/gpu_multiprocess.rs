@@ -329,7 +329,7 @@ fn child_drop(pending: bool) -> R {
         // u32 into `flag`, which holds one.
         unsafe {
             s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
-                .arg(&flag)
+                .arg_written(&flag)
                 .arg(&ns)
                 .launch()
         }

@@ -297,7 +297,7 @@ fn child() -> Result<String, String> {
                 // writes one u32 into `flag`, which holds one.
                 unsafe {
                     s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
-                        .arg(&flag)
+                        .arg_written(&flag)
                         .arg(&ns)
                         .launch()
                 }

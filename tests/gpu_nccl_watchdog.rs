@@ -63,7 +63,7 @@ fn spin(
     // into `flag`, which holds one.
     unsafe {
         s.launch(f, gpubind::LaunchConfig::for_num_elems(1))
-            .arg(flag)
+            .arg_written(flag)
             .arg(&ns)
             .launch()
     }

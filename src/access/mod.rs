@@ -109,6 +109,16 @@ impl AccessTracker {
         }
     }
 
+    /// An idle tracker that publishes `(write, reads)` (only for tests of what the fast
+    /// path admits: nothing is pending, so the ids are not true).
+    #[cfg(test)]
+    pub(crate) fn with_published(ids: (u64, [u64; fast::READ_SLOTS])) -> Self {
+        AccessTracker {
+            state: sync::Mutex::new(AccessState::default()),
+            published: Published::with_ids(ids),
+        }
+    }
+
     /// Whether a use of kind `access` on stream `on` may take the fast path (see
     /// [`fast`]): call with `on`'s gate held ([`StreamSlot::lock_gate`]) and enqueue
     /// before unlocking it.

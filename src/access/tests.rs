@@ -440,3 +440,84 @@ fn published_ids_stay_true_and_are_taken_back_under_their_gate() {
         "{checked} steps, {published_seen} published, {readers_seen} with several readers"
     );
 }
+
+/// A launch's buffer arguments through the production steps: reads on two streams wait
+/// for nothing and stay published for both (their next launches take the fast path); a
+/// write on a third stream waits for both reads; a read after that write waits for it.
+#[test]
+fn launch_reads_run_concurrently_and_writes_wait_for_them() {
+    let mut st = AccessState::<S>::default();
+    let published = Published::default();
+    assert!(run_step(&mut st, &published, Step::Stream(1, Access::Read)).is_empty());
+    assert!(
+        run_step(&mut st, &published, Step::Stream(2, Access::Read)).is_empty(),
+        "a read waits for no other read"
+    );
+    for on in [1, 2] {
+        assert!(published.admits(on, Access::Read), "reader {on} published");
+        assert!(
+            !published.admits(on, Access::Write),
+            "reader {on} may not write free"
+        );
+        assert!(st.read_is_free(on));
+    }
+    let mut waited = run_step(&mut st, &published, Step::Stream(3, Access::Write));
+    waited.sort_unstable();
+    assert_eq!(waited, [1, 2], "a write waits for every pending read");
+    for on in [1, 2] {
+        assert!(
+            !published.admits(on, Access::Read),
+            "reader {on} taken back"
+        );
+    }
+    assert!(published.admits(3, Access::Write) && published.admits(3, Access::Read));
+    assert_eq!(
+        run_step(&mut st, &published, Step::Stream(1, Access::Read)),
+        [3],
+        "a read waits for the pending write"
+    );
+    assert_eq!(AccessState::ids(&st.writers), [3]);
+    assert_eq!(AccessState::ids(&st.readers), [1]);
+}
+
+/// A write on one stream, then reads on two others: each read waits for the write only
+/// (not for the other read); the write's own stream reads free.
+#[test]
+fn launch_reads_after_a_write_wait_for_it_only() {
+    let mut st = AccessState::<S>::default();
+    let published = Published::default();
+    assert!(run_step(&mut st, &published, Step::Stream(1, Access::Write)).is_empty());
+    assert!(published.admits(1, Access::Read) && published.admits(1, Access::Write));
+    assert_eq!(
+        run_step(&mut st, &published, Step::Stream(2, Access::Read)),
+        [1]
+    );
+    assert_eq!(
+        run_step(&mut st, &published, Step::Stream(3, Access::Read)),
+        [1]
+    );
+    assert!(
+        run_step(&mut st, &published, Step::Stream(1, Access::Read)).is_empty(),
+        "the writer's stream reads in stream order"
+    );
+    let mut waited = run_step(&mut st, &published, Step::Stream(1, Access::Write));
+    waited.sort_unstable();
+    assert_eq!(waited, [2, 3], "the next write waits for both reads");
+}
+
+/// One launch that passes a buffer by `&` and by `&mut` (two views of one allocation)
+/// claims it once, as a write: it waits for every pending read.
+#[test]
+fn a_buffer_passed_for_read_and_write_is_claimed_as_written() {
+    let t = AccessTracker::default();
+    let mut uses = [Some((&t, Access::Read)), Some((&t, Access::Write))];
+    sort_and_merge(&mut uses);
+    let kept: Vec<_> = uses.iter().flatten().collect();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].1, Access::Write);
+    let mut st = AccessState::with_uses(vec![], vec![S(1), S(2)]);
+    let published = Published::default();
+    let mut waited = run_step(&mut st, &published, Step::Stream(3, kept[0].1));
+    waited.sort_unstable();
+    assert_eq!(waited, [1, 2]);
+}

@@ -64,7 +64,7 @@ use super::{DriverLaunch, LaunchBuilder, LaunchConfig};
 use crate::driver::Check;
 use crate::driver::version::{LAUNCH_KERNEL_EX, OCCUPANCY_MAX_ACTIVE_CLUSTERS};
 use crate::error::{Error, Result};
-use crate::module::{Function, KernelArg};
+use crate::module::{Function, KernelArg, LaunchArg};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
@@ -266,8 +266,16 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
 
     /// Appends an argument; see [`LaunchBuilder::arg`].
     #[inline]
-    pub fn arg<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
+    pub fn arg<L: LaunchArg<'a>>(&mut self, arg: L) -> &mut Self {
         self.inner.arg(arg);
+        self
+    }
+
+    /// Appends a buffer argument that the kernel writes, borrowed shared; see
+    /// [`LaunchBuilder::arg_written`].
+    #[inline]
+    pub fn arg_written<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
+        self.inner.arg_written(arg);
         self
     }
 
@@ -279,9 +287,11 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
     ///
     /// # Safety
     ///
-    /// As for [`LaunchBuilder::launch`]. A cooperative kernel that synchronises the
-    /// grid, and a cluster kernel that uses the cluster's barrier or shared memory, must
-    /// be launched with those attributes (else the sync is undefined).
+    /// As for [`LaunchBuilder::launch`] (the kernel writes only the buffers passed by
+    /// `&mut` or to [`arg_written`](Self::arg_written); those passed by `&` are claimed
+    /// as reads). A cooperative kernel that synchronises the grid, and a cluster kernel
+    /// that uses the cluster's barrier or shared memory, must be launched with those
+    /// attributes (else the sync is undefined).
     pub unsafe fn launch(&mut self) -> Result<()> {
         // SAFETY: `LaunchKernelEx` is cuLaunchKernelEx's prototype
         // (const CUlaunchConfig*, CUfunction, void**, void**) -> CUresult.
