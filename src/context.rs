@@ -83,6 +83,7 @@
 //!
 //! Acquire a token inside the thread instead (see "One thread per GPU" above).
 
+use crate::device::CheckOn;
 use crate::device::Device;
 use crate::driver::{self, Check, RawContext};
 use crate::error::{Error, Result};

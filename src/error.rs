@@ -720,6 +720,24 @@ fn fmt_limit(limit: &Option<u64>) -> String {
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Reports a failure a `Drop` cannot return, at warn level through the `log` facade
+/// (which costs nothing without a logger):
+/// `gpubind: dropping {what} (device {d}): {step}: {error}; {outcome}`.
+pub(crate) fn report_drop(
+    what: fmt::Arguments<'_>,
+    device: Option<usize>,
+    step: &str,
+    error: &Error,
+    outcome: &str,
+) {
+    match device {
+        Some(d) => {
+            log::warn!("gpubind: dropping {what} (device {d}): {step}: {error}; {outcome}")
+        }
+        None => log::warn!("gpubind: dropping {what}: {step}: {error}; {outcome}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -107,8 +107,8 @@
 
 use crate::access::{Access, AccessTracker, StreamInner, StreamRef, StreamSlot};
 use crate::context::BoundDevice;
+use crate::device::CheckOn;
 use crate::device::Device;
-use crate::driver::Check;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemoryMut, DeviceRepr, DeviceSlice};
 use crate::stream::{BoundStream, Stream};

@@ -42,6 +42,7 @@
 
 use crate::access::{self, Access, AccessTracker, Claim, Locks, StreamInner, StreamSlot, Use};
 use crate::context::BoundDevice;
+use crate::device::CheckOn;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};

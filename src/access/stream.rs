@@ -2,6 +2,7 @@
 //! event), [`StreamRef`] (a held reference to a stream, or the legacy default stream)
 //! and [`StreamSlot`] (the borrowed form a claim names its stream by).
 
+use crate::device::CheckOn;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};

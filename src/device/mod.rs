@@ -25,7 +25,7 @@ pub mod poison;
 
 use crate::access::PooledEvent;
 use crate::device::poison::PoisonState;
-use crate::driver::{self, Check, ContextGuard, CudaPrimary, PrimaryCtxOps, RawContext};
+use crate::driver::{self, ContextGuard, CudaPrimary, PrimaryCtxOps, RawContext, result};
 use crate::error::{Error, Result};
 use crate::sync;
 use cudarc::driver::sys;
@@ -272,14 +272,29 @@ fn registry() -> &'static std::sync::Mutex<Vec<Weak<Device>>> {
     REGISTRY.get_or_init(Default::default)
 }
 
+/// The raw-code form of [`Device::check`], for call sites that call `sys` directly
+/// rather than through the result layer.
+pub(crate) trait CheckOn {
+    /// `Ok(())` on `CUDA_SUCCESS`; else the error of `call`, as [`Device::check`] makes
+    /// it for `device` (a sticky error poisons the device).
+    fn check_on(self, device: &Device, call: &'static str) -> Result<()>;
+}
+
+impl CheckOn for sys::CUresult {
+    #[inline]
+    fn check_on(self, device: &Device, call: &'static str) -> Result<()> {
+        match self {
+            sys::CUresult::CUDA_SUCCESS => Ok(()),
+            code => Err(device.on_error(driver::result::failed(call, code))),
+        }
+    }
+}
+
 impl Device {
     /// How many CUDA devices are visible. Creates no context.
     pub fn count() -> Result<usize> {
         driver::init()?;
-        let mut n = 0;
-        // SAFETY: cuInit succeeded; writes one int.
-        unsafe { sys::cuDeviceGetCount(&mut n) }.check("cuDeviceGetCount")?;
-        Ok(n.max(0) as usize)
+        Ok(result::device::count()?.max(0) as usize)
     }
 
     /// The device with this ordinal, or [`Error::BadOrdinal`]. Creates no context.
@@ -337,12 +352,10 @@ impl Device {
             )));
         }
         crate::teardown::drop_wait::forget_legacy_gave_up(ordinal);
-        let mut raw: sys::CUdevice = 0;
-        // SAFETY: ordinal < count; writes one int.
-        unsafe { sys::cuDeviceGet(&mut raw, ordinal as i32) }.check("cuDeviceGet")?;
+        let raw = result::device::get(ordinal as i32)?;
         // SAFETY: no gpubind value uses the context (checked above, under the registry lock,
         // so no Device can be created meanwhile); other users are the caller's contract.
-        unsafe { sys::cuDevicePrimaryCtxReset_v2(raw) }.check("cuDevicePrimaryCtxReset_v2")
+        unsafe { result::context::primary_reset(raw) }
     }
 
     /// Every visible device, in ordinal order. Creates no context.
@@ -351,20 +364,9 @@ impl Device {
     }
 
     fn open(ordinal: usize) -> Result<Device> {
-        let mut raw: sys::CUdevice = 0;
-        // SAFETY: ordinal < count (checked by the caller); writes one int.
-        unsafe { sys::cuDeviceGet(&mut raw, ordinal as i32) }.check("cuDeviceGet")?;
-        let mut name = [0 as std::ffi::c_char; 256];
-        // SAFETY: the buffer holds 256 bytes and we pass that length.
-        unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, raw) }
-            .check("cuDeviceGetName")?;
-        // SAFETY: the driver wrote a NUL-terminated string into `name`.
-        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
-        let mut uuid = sys::CUuuid { bytes: [0; 16] };
-        // SAFETY: writes 16 bytes into `uuid`.
-        unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, raw) }.check("cuDeviceGetUuid_v2")?;
+        let raw = result::device::get(ordinal as i32)?;
+        let name = result::device::name(raw)?;
+        let uuid = result::device::uuid(raw)?;
         Ok(Device {
             ordinal,
             raw,
@@ -408,10 +410,7 @@ impl Device {
 
     /// Total device memory in bytes (`cuDeviceTotalMem`).
     pub fn total_memory(&self) -> Result<usize> {
-        let mut bytes = 0usize;
-        // SAFETY: valid device handle; writes one size_t.
-        unsafe { sys::cuDeviceTotalMem_v2(&mut bytes, self.raw) }.check("cuDeviceTotalMem_v2")?;
-        Ok(bytes)
+        result::device::total_mem(self.raw)
     }
 
     /// A device attribute (`cuDeviceGetAttribute`). Creates no context.
@@ -440,12 +439,9 @@ impl Device {
     /// # let _ = numa; Ok(()) }
     /// ```
     pub fn attribute_raw(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
-        let mut v = 0;
-        // SAFETY: valid device handle; writes one int. An attribute value this driver
-        // does not know is refused with CUDA_ERROR_INVALID_VALUE (a typed error).
-        unsafe { sys::cuDeviceGetAttribute(&mut v, attr, self.raw) }
-            .check("cuDeviceGetAttribute")?;
-        Ok(v)
+        // An attribute value this driver does not know is refused with
+        // CUDA_ERROR_INVALID_VALUE (a typed error).
+        result::device::attribute(self.raw, attr)
     }
 
     /// Number of streaming multiprocessors.
@@ -467,11 +463,7 @@ impl Device {
         if peer.ordinal == self.ordinal {
             return Ok(true);
         }
-        let mut v = 0;
-        // SAFETY: both handles come from cuDeviceGet; writes one int.
-        unsafe { sys::cuDeviceCanAccessPeer(&mut v, self.raw, peer.raw) }
-            .check("cuDeviceCanAccessPeer")?;
-        Ok(v != 0)
+        result::device::can_access_peer(self.raw, peer.raw)
     }
 
     /// The launch limits, read from the driver on first use and kept (attributes need no
@@ -510,11 +502,7 @@ impl Device {
     /// Whether the driver reports the primary context active in this process
     /// (`cuDevicePrimaryCtxGetState`), whoever retained it. Creates no context.
     pub fn is_primary_context_active(&self) -> Result<bool> {
-        let (mut flags, mut active) = (0u32, 0i32);
-        // SAFETY: valid device handle; writes two ints.
-        unsafe { sys::cuDevicePrimaryCtxGetState(self.raw, &mut flags, &mut active) }
-            .check("cuDevicePrimaryCtxGetState")?;
-        Ok(active != 0)
+        Ok(result::context::primary_state(self.raw)?.1)
     }
 
     /// The raw `CUdevice` handle, for calling cudarc or the driver directly.
@@ -618,11 +606,9 @@ impl Device {
     /// hand-offs (the pool's, and each gpubind stream's own). The caller destroys it.
     pub(crate) fn new_handoff_event(&self) -> Result<sys::CUevent> {
         let _guard = self.enter()?;
-        let mut raw: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: this device's context is current; writes one handle.
-        unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }
-            .check_on(self, "cuEventCreate")?;
-        Ok(raw)
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: this device's context is current; the caller destroys the event.
+        self.check(unsafe { result::event::create(flags) })
     }
 
     /// Returns a hand-off event to the pool (once nothing will wait on a later record of
@@ -669,8 +655,7 @@ impl Drop for Device {
                     // SAFETY: created by cuEventCreate in this (still retained, current)
                     // context and destroyed once, here; no wait refers to it any more
                     // (waits capture the event's state when enqueued).
-                    let r = unsafe { sys::cuEventDestroy_v2(ev.0) };
-                    if let Err(e) = r.check("cuEventDestroy_v2") {
+                    if let Err(e) = unsafe { result::event::destroy(ev.0) } {
                         crate::teardown::faults::report_drop(
                             format_args!("a pooled hand-off event of the Device"),
                             ordinal,

@@ -48,41 +48,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 /// Turns a raw `CUresult` into a [`Result`], keeping the name of the call.
+///
+/// For call sites that call `sys` directly; the result layer ([`result`]) is the
+/// wrapped form. Whether an error poisons a device is decided by the device layer
+/// (`Device::check`).
 pub(crate) trait Check {
     /// `Ok(())` on `CUDA_SUCCESS`, else [`Error::Driver`] naming `call`.
     fn check(self, call: &'static str) -> Result<()>;
-    /// As [`check`](Self::check) for a call on `device`'s context or one of its streams:
-    /// a sticky error poisons `device` and is [`Error::ContextPoisoned`].
-    fn check_on(self, device: &crate::device::Device, call: &'static str) -> Result<()>;
 }
 
 impl Check for sys::CUresult {
     #[inline]
     fn check(self, call: &'static str) -> Result<()> {
-        match self {
-            sys::CUresult::CUDA_SUCCESS => Ok(()),
-            code => Err(Error::driver(call, code)),
-        }
-    }
-
-    #[inline]
-    fn check_on(self, device: &crate::device::Device, call: &'static str) -> Result<()> {
-        match self {
-            sys::CUresult::CUDA_SUCCESS => Ok(()),
-            code => Err(failed_on(device, call, code)),
-        }
-    }
-}
-
-/// The error of a failed call on `device` (out of line: the success path stays a compare).
-#[cold]
-#[inline(never)]
-fn failed_on(device: &crate::device::Device, call: &'static str, code: sys::CUresult) -> Error {
-    if crate::device::poison::is_sticky(code) {
-        let p = device.poison_state().poison(call, code).clone();
-        crate::device::poison::error(device, &p)
-    } else {
-        Error::driver(call, code)
+        result::check(self, call)
     }
 }
 
@@ -253,7 +231,7 @@ impl Drop for ContextGuard {
             // SAFETY: pops exactly the context `push` pushed; the guard is `!Send`, so this
             // runs on the thread that pushed, and guards nest like the scopes holding them.
             if let Err(e) = unsafe { result::context::pop_current() } {
-                crate::teardown::faults::report_drop(
+                crate::error::report_drop(
                     format_args!("a context guard"),
                     None,
                     "popping the context it pushed",
@@ -307,7 +285,7 @@ impl PrimaryCtxOps for CudaPrimary {
         // SAFETY: called once for each successful retain (enforced by LazyPrimary), by
         // the last `Arc<Device>`, after everything that used the context.
         if let Err(e) = unsafe { result::context::primary_release(device) } {
-            crate::teardown::faults::report_drop(
+            crate::error::report_drop(
                 format_args!("the last Arc<Device> (CUdevice {device})"),
                 None,
                 "releasing the primary context",

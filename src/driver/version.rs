@@ -377,7 +377,7 @@ pub struct EntryPointStatus {
 /// # Ok::<(), gpubind::Error>(())
 /// ```
 pub fn entry_points() -> Result<Vec<EntryPointStatus>> {
-    crate::init()?;
+    crate::driver::init()?;
     ENTRY_POINTS
         .iter()
         .map(|ep| {

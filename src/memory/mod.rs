@@ -38,8 +38,8 @@ pub mod managed;
 
 use crate::access::{Access, AccessTracker, host_claim, locks};
 use crate::context::BoundDevice;
+use crate::device::CheckOn;
 use crate::device::Device;
-use crate::driver::Check;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::marker::PhantomData;

@@ -2,6 +2,7 @@
 
 use super::Module;
 use crate::access::AccessTracker;
+use crate::device::CheckOn;
 use crate::device::poison::KernelName;
 use crate::driver::Check;
 use crate::error::{Error, Result};

@@ -87,8 +87,8 @@
 //! variables are ordinary global memory, readable and writable by both.
 
 use crate::access::AccessTracker;
+use crate::device::CheckOn;
 use crate::device::Device;
-use crate::driver::Check;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, private};
 use crate::module::{KernelArg, Loaded, Module};

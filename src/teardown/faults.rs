@@ -60,22 +60,7 @@ pub(crate) fn abort_unreleasable(
     std::process::abort()
 }
 
-/// Reports a failure a `Drop` cannot return, at warn level:
-/// `gpubind: dropping {what} (device {d}): {step}: {error}; {outcome}`.
-pub(crate) fn report_drop(
-    what: fmt::Arguments<'_>,
-    device: Option<usize>,
-    step: &str,
-    error: &Error,
-    outcome: &str,
-) {
-    match device {
-        Some(d) => {
-            log::warn!("gpubind: dropping {what} (device {d}): {step}: {error}; {outcome}")
-        }
-        None => log::warn!("gpubind: dropping {what}: {step}: {error}; {outcome}"),
-    }
-}
+pub(crate) use crate::error::report_drop;
 
 /// The end of a resource's `Drop`: given the result of waiting for its pending uses,
 /// enters `device`'s context and runs `release` (the driver call `call`). A failed wait
