@@ -38,9 +38,10 @@ pub mod managed;
 
 use crate::access::{Access, AccessTracker, host_claim, locks};
 use crate::context::BoundDevice;
-use crate::device::CheckOn;
 use crate::device::Device;
+use crate::driver::result::{copy, memory};
 use crate::error::{Error, Result};
+use crate::teardown::{self, Runs, Teardown};
 use cudarc::driver::sys;
 use std::marker::PhantomData;
 use std::ops::{Bound, Range, RangeBounds};
@@ -167,17 +168,17 @@ pub(crate) unsafe fn memset_raw(
     }
     // SAFETY (all arms): the caller guarantees the range and the stream; `len` counts
     // elements of `width` bytes, as each entry point expects.
-    let (code, call) = unsafe {
+    let filled = unsafe {
         match (pattern, stream) {
-            (P::D8(v), None) => (sys::cuMemsetD8_v2(ptr, v, len), "cuMemsetD8_v2"),
-            (P::D16(v), None) => (sys::cuMemsetD16_v2(ptr, v, len), "cuMemsetD16_v2"),
-            (P::D32(v), None) => (sys::cuMemsetD32_v2(ptr, v, len), "cuMemsetD32_v2"),
-            (P::D8(v), Some(s)) => (sys::cuMemsetD8Async(ptr, v, len, s), "cuMemsetD8Async"),
-            (P::D16(v), Some(s)) => (sys::cuMemsetD16Async(ptr, v, len, s), "cuMemsetD16Async"),
-            (P::D32(v), Some(s)) => (sys::cuMemsetD32Async(ptr, v, len, s), "cuMemsetD32Async"),
+            (P::D8(v), None) => copy::memset_d8(ptr, v, len),
+            (P::D16(v), None) => copy::memset_d16(ptr, v, len),
+            (P::D32(v), None) => copy::memset_d32(ptr, v, len),
+            (P::D8(v), Some(s)) => copy::memset_d8_async(ptr, v, len, s),
+            (P::D16(v), Some(s)) => copy::memset_d16_async(ptr, v, len, s),
+            (P::D32(v), Some(s)) => copy::memset_d32_async(ptr, v, len, s),
         }
     };
-    code.check_on(device, call)
+    device.check(filled)
 }
 
 /// Anything that names a typed range of device memory: [`DeviceSlice`], [`DeviceView`],
@@ -645,6 +646,38 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     }
 }
 
+/// The end of a device allocation's drop (`cuMemAlloc` or `cuMemAllocManaged`
+/// memory): frees `ptr` through [`teardown::release`] on the device's release thread
+/// (`cuMemFree` may wait for all of the device's work), or leaks it if `waited` (the
+/// wait for its pending uses) failed. The release pushes the allocation's own context
+/// for the free and pops it after: the thread's current context is unchanged, whichever
+/// device is bound. Failures are logged.
+///
+/// # Safety
+///
+/// `ptr` is a live allocation of `device`'s context that nothing else frees; after the
+/// call it is not used again.
+pub(crate) unsafe fn free_device_memory(
+    what: std::fmt::Arguments<'_>,
+    device: &Arc<Device>,
+    waited: Result<()>,
+    ptr: sys::CUdeviceptr,
+) {
+    teardown::release(
+        Teardown {
+            what,
+            device,
+            waited,
+            call: "cuMemFree_v2",
+            runs: Runs::OnReleaseThread,
+        },
+        // SAFETY: the caller's allocation of this context (current while this runs); no
+        // use of it is pending (`release` runs this only after the wait succeeded); freed
+        // once, here.
+        move || unsafe { memory::free(ptr) },
+    );
+}
+
 impl<T: DeviceRepr> Drop for DeviceSlice<T> {
     fn drop(&mut self) {
         if self.ptr == 0 {
@@ -653,27 +686,19 @@ impl<T: DeviceRepr> Drop for DeviceSlice<T> {
         // Free only after every stream-ordered use has finished. If that cannot be
         // known (a faulted context), leak rather than free memory the device may use.
         let waited = self.tracker.wait_all();
-        let ptr = self.ptr;
-        // `release_bounded` pushes our own context for the free and pops it after: the thread's
-        // current context is unchanged, whichever device is bound. (The context is
-        // retained: we were allocated under a binding and hold an Arc<Device>.) Failures
-        // are logged.
-        crate::teardown::faults::release_bounded(
-            format_args!(
-                "DeviceSlice<{}> of {} elements",
-                std::any::type_name::<T>(),
-                self.len
-            ),
-            &self.device,
-            waited,
-            "cuMemFree_v2",
-            Box::new(move || {
-                // SAFETY: `ptr` came from cuMemAlloc in this context (current while this
-                // runs), no use of it is pending (`release` runs this only after the wait
-                // succeeded), and it is freed once, here.
-                unsafe { sys::cuMemFree_v2(ptr) }
-            }),
-        );
+        // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once, here.
+        unsafe {
+            free_device_memory(
+                format_args!(
+                    "DeviceSlice<{}> of {} elements",
+                    std::any::type_name::<T>(),
+                    self.len
+                ),
+                &self.device,
+                waited,
+                self.ptr,
+            )
+        };
     }
 }
 
@@ -693,10 +718,9 @@ impl<'a> BoundDevice<'a> {
         let mut ptr: sys::CUdeviceptr = 0;
         if bytes > 0 {
             self.ensure_current()?;
-            // SAFETY: this device's context is current (checked just above); writes one
-            // address.
-            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }
-                .check_on(self.device(), "cuMemAlloc_v2")?;
+            // SAFETY: this device's context is current (checked just above); the slice
+            // frees it.
+            ptr = self.device().check(unsafe { memory::alloc(bytes) })?;
         }
         Ok(DeviceSlice {
             device: Arc::clone(self.device()),
@@ -745,14 +769,14 @@ impl<'a> BoundDevice<'a> {
         let _held = host_claim(&mut [Some((dst.tracker(), Access::Write))], locks::<1>())?;
         // SAFETY: context current; `dst` holds exactly size_of_val(src) bytes; `src` is a
         // live host slice until the copy has completed (waited for below).
-        unsafe {
-            sys::cuMemcpyHtoD_v2(
+        let copied = unsafe {
+            copy::htod(
                 dst.device_ptr(),
                 src.as_ptr().cast(),
                 std::mem::size_of_val(src),
             )
-        }
-        .check_on(self.device(), "cuMemcpyHtoD_v2")?;
+        };
+        self.device().check(copied)?;
         self.sync_default_stream()
     }
 
@@ -791,8 +815,9 @@ impl<'a> BoundDevice<'a> {
         let _held = host_claim(&mut [Some((src.tracker(), Access::Read))], locks::<1>())?;
         // SAFETY: context current; `dst` has room for exactly `src.num_bytes()` bytes and
         // is exclusively borrowed for the synchronous copy.
-        unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.device_ptr(), src.num_bytes()) }
-            .check_on(self.device(), "cuMemcpyDtoH_v2")
+        let copied =
+            unsafe { copy::dtoh(dst.as_mut_ptr().cast(), src.device_ptr(), src.num_bytes()) };
+        self.device().check(copied)
     }
 
     /// Copies device memory `src` into `dst` on the same device; lengths must match.
@@ -817,8 +842,8 @@ impl<'a> BoundDevice<'a> {
             locks::<2>(),
         )?;
         // SAFETY: context current; both ranges are live allocations of `num_bytes`.
-        unsafe { sys::cuMemcpyDtoD_v2(dst.device_ptr(), src.device_ptr(), src.num_bytes()) }
-            .check_on(self.device(), "cuMemcpyDtoD_v2")?;
+        let copied = unsafe { copy::dtod(dst.device_ptr(), src.device_ptr(), src.num_bytes()) };
+        self.device().check(copied)?;
         // cuMemcpyDtoD may return before the copy finishes; make this call synchronous
         // like its host-side siblings.
         self.sync_default_stream()
@@ -882,8 +907,8 @@ impl<'a> BoundDevice<'a> {
         let _held = host_claim(&mut [Some((dst.tracker(), Access::Write))], locks::<1>())?;
         // SAFETY: context current; writes `num_bytes` inside the allocation, whose
         // pending uses have finished (waited for above).
-        unsafe { sys::cuMemsetD8_v2(dst.device_ptr(), 0, dst.num_bytes()) }
-            .check_on(self.device(), "cuMemsetD8_v2")?;
+        let zeroed = unsafe { copy::memset_d8(dst.device_ptr(), 0, dst.num_bytes()) };
+        self.device().check(zeroed)?;
         self.sync_default_stream()
     }
 }

@@ -5,9 +5,8 @@
 //! became of the resource. Nothing is logged on success.
 
 use crate::device::Device;
-use crate::driver::Check;
 use crate::error::{Error, Result};
-use cudarc::driver::sys;
+use crate::teardown::CallResult;
 use std::fmt;
 use std::sync::Arc;
 
@@ -66,12 +65,12 @@ pub(crate) use crate::error::report_drop;
 /// enters `device`'s context and runs `release` (the driver call `call`). A failed wait
 /// leaks the resource (`release` is not run); every failure is reported. Returns whether
 /// the resource was released (`false`: leaked, or maybe leaked).
-pub(crate) fn release(
+pub(crate) fn release<R: CallResult>(
     what: fmt::Arguments<'_>,
     device: &Arc<Device>,
     waited: Result<()>,
     call: &'static str,
-    release: impl FnOnce() -> sys::CUresult,
+    release: impl FnOnce() -> R,
 ) -> bool {
     let ordinal = Some(device.ordinal());
     if let Err(e) = waited {
@@ -87,14 +86,14 @@ pub(crate) type Failure = Option<(&'static str, Error)>;
 
 /// Makes `device`'s context current (pushed and popped) and makes the release call
 /// `call_name`.
-pub(crate) fn enter_and_call(
+pub(crate) fn enter_and_call<R: CallResult>(
     device: &Device,
     call_name: &'static str,
-    call: impl FnOnce() -> sys::CUresult,
+    call: impl FnOnce() -> R,
 ) -> Failure {
     match device.enter() {
         Err(e) => Some((ENTER, e)),
-        Ok(_guard) => call().check(call_name).err().map(|e| (RELEASE, e)),
+        Ok(_guard) => call().into_result(call_name).err().map(|e| (RELEASE, e)),
     }
 }
 
@@ -120,12 +119,12 @@ pub(crate) fn report_failure(
 /// `cuModuleUnload`): made on the device's release thread, waited for up to
 /// `GPUBIND_DROP_TIMEOUT` ([`crate::teardown::release`]). Returns whether the resource is gone or
 /// going (`false`: leaked, or maybe leaked).
-pub(crate) fn release_bounded(
+pub(crate) fn release_bounded<R: CallResult + 'static>(
     what: fmt::Arguments<'_>,
     device: &Arc<Device>,
     waited: Result<()>,
     call: &'static str,
-    release: crate::teardown::release::ReleaseCall,
+    release: Box<dyn FnOnce() -> R + Send>,
 ) -> crate::teardown::release::Released {
     if let Err(e) = waited {
         leak_unwaited(what, device, &e);
