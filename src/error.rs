@@ -132,9 +132,9 @@ pub enum Error {
     )]
     DriverTooOld {
         /// The version the driver reports (capped by `GPUBIND_ASSUME_DRIVER_VERSION`).
-        found: crate::DriverVersion,
+        found: crate::cuda_version::DriverVersion,
         /// The oldest version gpubind runs on (`DriverVersion::MINIMUM`).
-        needed: crate::DriverVersion,
+        needed: crate::cuda_version::DriverVersion,
     },
 
     /// The operation needs a driver entry point that this driver (or the version
@@ -145,9 +145,9 @@ pub enum Error {
         /// The driver entry point, e.g. `cuFuncGetParamInfo`.
         what: &'static str,
         /// The CUDA version that introduced it.
-        needs: crate::DriverVersion,
+        needs: crate::cuda_version::DriverVersion,
         /// The driver's version as gpubind uses it (capped, where a cap is set).
-        found: crate::DriverVersion,
+        found: crate::cuda_version::DriverVersion,
     },
 
     /// A CUDA driver call returned an error.
@@ -405,7 +405,7 @@ pub enum Error {
     )]
     UnknownDevice {
         /// The UUID the handle names.
-        uuid: crate::device::Uuid,
+        uuid: crate::uuid::Uuid,
     },
 
     /// The peer process closed its end of an IPC socket (exited or was killed) before a
@@ -674,7 +674,7 @@ impl Error {
 
     /// `cuGetErrorName` and `cuGetErrorString` of `code`.
     pub(crate) fn driver_names(code: CUresult) -> (String, String) {
-        if !crate::driver::driver_available() {
+        if !crate::loader::loadable(&["cuda", "nvcuda"]) {
             // `Error::driver` is public: without libcuda, asking it would panic in
             // cudarc's loader. The name is known without it.
             return (
@@ -719,6 +719,21 @@ fn fmt_limit(limit: &Option<u64>) -> String {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The step of a drop that waits for the resource's pending stream-ordered uses.
+pub(crate) const WAIT: &str = "waiting for its pending uses";
+/// The step of a drop that makes the resource's context current.
+pub(crate) const ENTER: &str = "entering its device's context";
+/// The step of a drop that frees, unloads or destroys the resource.
+pub(crate) const RELEASE: &str = "releasing it";
+
+/// After a failed wait: nothing is released while the device may still use it.
+pub(crate) const LEAKED_UNWAITED: &str =
+    "it is leaked, not released, because the device may still use it";
+/// After a failed context push: the release call was never made.
+pub(crate) const LEAKED: &str = "it is leaked (not released)";
+/// After a release call that failed.
+pub(crate) const MAYBE_LEAKED: &str = "the driver did not release it, so it may be leaked";
 
 /// Reports a failure a `Drop` cannot return, at warn level through the `log` facade
 /// (which costs nothing without a logger):

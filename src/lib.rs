@@ -112,7 +112,10 @@ pub use driver::libraries as libs;
 pub use driver::version as compat;
 pub use memory::{host, managed};
 pub use module::global;
+mod cuda_version;
+mod loader;
 mod sync;
+mod uuid;
 
 /// Loom model checks of the crate-private primary-context seam and the token slot; run
 /// with `RUSTFLAGS="--cfg loom" cargo test --release --lib loom_tests` (`.ci/run` does).

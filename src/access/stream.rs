@@ -5,6 +5,7 @@
 use crate::device::Device;
 use crate::driver::result;
 use crate::error::{Error, Result};
+use crate::sync::Gate;
 use crate::teardown::drop_wait::{GaveUp, Polled, poll_until_idle};
 use crate::teardown::{self, Runs, Teardown};
 use cudarc::driver::sys;
@@ -29,23 +30,6 @@ pub(crate) struct StreamInner {
     pub(crate) cudarc: Option<Arc<cudarc::driver::CudaStream>>,
     /// Held by every fast-path enqueue on this stream ([`super::fast`]).
     gate: Gate,
-}
-
-/// A stream's gate ([`super::fast`]): held by a fast-path enqueue on the stream, and by
-/// whoever takes back a tracker's published id of the stream. A plain `std` mutex, also
-/// under loom: the loom models use their own mock streams.
-#[derive(Default)]
-pub(crate) struct Gate(std::sync::Mutex<()>);
-
-impl Gate {
-    /// Locks the gate (poisoning cannot leave anything inconsistent: it guards no data).
-    #[inline(always)]
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        match self.0.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
 }
 
 /// A `CU_EVENT_DISABLE_TIMING` event of a stream's context, only ever recorded on that

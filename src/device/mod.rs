@@ -23,7 +23,8 @@
 
 pub mod poison;
 
-use crate::access::PooledEvent;
+pub use crate::uuid::Uuid;
+
 use crate::device::poison::PoisonState;
 use crate::driver::{self, ContextGuard, CudaPrimary, PrimaryCtxOps, RawContext, result};
 use crate::error::{Error, Result};
@@ -218,8 +219,15 @@ pub struct Device {
     limits: std::sync::OnceLock<DeviceLimits>,
     /// The gate of the primary context's legacy default stream (`crate::access`'s fast
     /// path).
-    legacy_gate: crate::access::Gate,
+    legacy_gate: crate::sync::Gate,
 }
+
+/// A pooled `CUevent` (timing disabled) of one device's primary context.
+pub(crate) struct PooledEvent(pub(crate) sys::CUevent);
+
+// SAFETY: an event handle is a thread-agnostic identifier; it is used only with its
+// device's context current.
+unsafe impl Send for PooledEvent {}
 
 /// The device attributes a launch configuration must respect, read once per [`Device`]
 /// (see [`Device::launch_limits`]).
@@ -240,33 +248,7 @@ pub(crate) struct DeviceLimits {
     pub(crate) shared_per_block_optin: u32,
 }
 
-/// A device's 16-byte UUID, printed as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` like
-/// `nvidia-smi -L`. It is stable across processes, unlike ordinals, which depend on
-/// `CUDA_VISIBLE_DEVICES`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Uuid(pub [u8; 16]);
-
-impl fmt::Display for Uuid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = &self.0;
-        write!(f, "GPU-")?;
-        for (i, byte) in b.iter().enumerate() {
-            if matches!(i, 4 | 6 | 8 | 10) {
-                write!(f, "-")?;
-            }
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for Uuid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-fn registry() -> &'static std::sync::Mutex<Vec<Weak<Device>>> {
+pub(crate) fn registry() -> &'static std::sync::Mutex<Vec<Weak<Device>>> {
     static REGISTRY: std::sync::OnceLock<std::sync::Mutex<Vec<Weak<Device>>>> =
         std::sync::OnceLock::new();
     REGISTRY.get_or_init(Default::default)
@@ -315,49 +297,6 @@ impl Device {
         Ok(dev)
     }
 
-    /// Resets device `ordinal`'s primary context (`cuDevicePrimaryCtxReset`): destroys it
-    /// with everything in it, so the next bind starts with a fresh one. The way back from a
-    /// poisoned context ([`Error::ContextPoisoned`]) when releasing gpubind's retain does not
-    /// reset it (the driver keeps a context that faulted).
-    ///
-    /// Refused with [`Error::InvalidArgument`] while any gpubind value of the device is
-    /// alive (an `Arc<Device>`, and so any buffer, stream, event or module): drop them
-    /// first.
-    ///
-    /// # Safety
-    ///
-    /// No other code in this process may still use the device's primary context: other
-    /// libraries sharing it (cudarc's `CudaContext::new`, PyTorch, cuBLAS handles you
-    /// created yourself) lose every allocation and handle in it. And no other thread may
-    /// be dropping the device's last gpubind values concurrently: a `Device` whose last
-    /// `Arc` is gone but whose drop has not yet released its retain is not seen by the
-    /// check.
-    pub unsafe fn reset_primary_context(ordinal: usize) -> Result<()> {
-        let count = Device::count()?;
-        if ordinal >= count {
-            return Err(Error::BadOrdinal { ordinal, count });
-        }
-        let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-        if reg.get(ordinal).is_some_and(|w| w.strong_count() > 0) {
-            return Err(Error::InvalidArgument(format!(
-                "device {ordinal} still has live gpubind values (an Arc<Device>, buffers, streams, events or modules); drop them before resetting its primary context"
-            )));
-        }
-        // A release a drop gave up waiting for (GPUBIND_DROP_TIMEOUT) may still hold the
-        // device, or be dropping its last `Arc` on the release thread.
-        let releasing = crate::teardown::release::in_flight(ordinal);
-        if releasing > 0 {
-            return Err(Error::InvalidArgument(format!(
-                "device {ordinal} still has {releasing} release(s) running on gpubind's release thread (a drop gave up waiting for GPU work, GPUBIND_DROP_TIMEOUT); wait for the device's work to finish, or restart the process"
-            )));
-        }
-        crate::teardown::drop_wait::forget_legacy_gave_up(ordinal);
-        let raw = result::device::get(ordinal as i32)?;
-        // SAFETY: no gpubind value uses the context (checked above, under the registry lock,
-        // so no Device can be created meanwhile); other users are the caller's contract.
-        unsafe { result::context::primary_reset(raw) }
-    }
-
     /// Every visible device, in ordinal order. Creates no context.
     pub fn all() -> Result<Vec<Arc<Device>>> {
         (0..Device::count()?).map(Device::get).collect()
@@ -376,7 +315,7 @@ impl Device {
             events: std::sync::Mutex::new(Vec::new()),
             poison: PoisonState::default(),
             limits: std::sync::OnceLock::new(),
-            legacy_gate: crate::access::Gate::default(),
+            legacy_gate: crate::sync::Gate::default(),
         })
     }
 
@@ -584,7 +523,7 @@ impl Device {
     }
 
     /// The gate of the primary context's legacy default stream (`crate::access`).
-    pub(crate) fn legacy_gate(&self) -> &crate::access::Gate {
+    pub(crate) fn legacy_gate(&self) -> &crate::sync::Gate {
         &self.legacy_gate
     }
 
@@ -643,12 +582,12 @@ impl Drop for Device {
         let ordinal = Some(self.ordinal);
         let n = events.len();
         match self.enter() {
-            Err(e) => crate::teardown::faults::report_drop(
+            Err(e) => crate::error::report_drop(
                 format_args!("the Device's {n} pooled hand-off events"),
                 ordinal,
-                crate::teardown::faults::ENTER,
+                crate::error::ENTER,
                 &e,
-                crate::teardown::faults::LEAKED,
+                crate::error::LEAKED,
             ),
             Ok(_guard) => {
                 for ev in events {
@@ -656,12 +595,12 @@ impl Drop for Device {
                     // context and destroyed once, here; no wait refers to it any more
                     // (waits capture the event's state when enqueued).
                     if let Err(e) = unsafe { result::event::destroy(ev.0) } {
-                        crate::teardown::faults::report_drop(
+                        crate::error::report_drop(
                             format_args!("a pooled hand-off event of the Device"),
                             ordinal,
-                            crate::teardown::faults::RELEASE,
+                            crate::error::RELEASE,
                             &e,
-                            crate::teardown::faults::MAYBE_LEAKED,
+                            crate::error::MAYBE_LEAKED,
                         );
                     }
                 }

@@ -10,21 +10,6 @@ use crate::teardown::CallResult;
 use std::fmt;
 use std::sync::Arc;
 
-/// The step of a drop that waits for the resource's pending stream-ordered uses.
-pub(crate) const WAIT: &str = "waiting for its pending uses";
-/// The step of a drop that makes the resource's context current.
-pub(crate) const ENTER: &str = "entering its device's context";
-/// The step of a drop that frees, unloads or destroys the resource.
-pub(crate) const RELEASE: &str = "releasing it";
-
-/// After a failed wait: nothing is released while the device may still use it.
-pub(crate) const LEAKED_UNWAITED: &str =
-    "it is leaked, not released, because the device may still use it";
-/// After a failed context push: the release call was never made.
-pub(crate) const LEAKED: &str = "it is leaked (not released)";
-/// After a release call that failed.
-pub(crate) const MAYBE_LEAKED: &str = "the driver did not release it, so it may be leaked";
-
 /// Whether a failed wait for a resource's pending uses means the device will run none of
 /// them any more: only [`Error::ContextPoisoned`] (a sticky error: the context executes no
 /// more work). After any other failure — above all [`Error::Timeout`], a wait that gave
@@ -60,6 +45,7 @@ pub(crate) fn abort_unreleasable(
 }
 
 pub(crate) use crate::error::report_drop;
+pub(crate) use crate::error::{ENTER, LEAKED, LEAKED_UNWAITED, MAYBE_LEAKED, RELEASE, WAIT};
 
 /// The end of a resource's `Drop`: given the result of waiting for its pending uses,
 /// enters `device`'s context and runs `release` (the driver call `call`). A failed wait

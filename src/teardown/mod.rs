@@ -23,7 +23,7 @@ pub(crate) mod faults;
 pub(crate) mod release;
 
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::fmt;
 use std::sync::Arc;
 
@@ -124,4 +124,53 @@ pub(crate) fn drop_in_context<V: Send + 'static>(
             Ok(())
         },
     );
+}
+
+/// Resetting a primary context belongs to teardown: it must know that no release of the
+/// device is still running on its release thread.
+impl Device {
+    /// Resets device `ordinal`'s primary context (`cuDevicePrimaryCtxReset`): destroys it
+    /// with everything in it, so the next bind starts with a fresh one. The way back from a
+    /// poisoned context ([`Error::ContextPoisoned`]) when releasing gpubind's retain does not
+    /// reset it (the driver keeps a context that faulted).
+    ///
+    /// Refused with [`Error::InvalidArgument`] while any gpubind value of the device is
+    /// alive (an `Arc<Device>`, and so any buffer, stream, event or module): drop them
+    /// first.
+    ///
+    /// # Safety
+    ///
+    /// No other code in this process may still use the device's primary context: other
+    /// libraries sharing it (cudarc's `CudaContext::new`, PyTorch, cuBLAS handles you
+    /// created yourself) lose every allocation and handle in it. And no other thread may
+    /// be dropping the device's last gpubind values concurrently: a `Device` whose last
+    /// `Arc` is gone but whose drop has not yet released its retain is not seen by the
+    /// check.
+    pub unsafe fn reset_primary_context(ordinal: usize) -> Result<()> {
+        let count = Device::count()?;
+        if ordinal >= count {
+            return Err(Error::BadOrdinal { ordinal, count });
+        }
+        let reg = crate::device::registry()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if reg.get(ordinal).is_some_and(|w| w.strong_count() > 0) {
+            return Err(Error::InvalidArgument(format!(
+                "device {ordinal} still has live gpubind values (an Arc<Device>, buffers, streams, events or modules); drop them before resetting its primary context"
+            )));
+        }
+        // A release a drop gave up waiting for (GPUBIND_DROP_TIMEOUT) may still hold the
+        // device, or be dropping its last `Arc` on the release thread.
+        let releasing = crate::teardown::release::in_flight(ordinal);
+        if releasing > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "device {ordinal} still has {releasing} release(s) running on gpubind's release thread (a drop gave up waiting for GPU work, GPUBIND_DROP_TIMEOUT); wait for the device's work to finish, or restart the process"
+            )));
+        }
+        crate::teardown::drop_wait::forget_legacy_gave_up(ordinal);
+        let raw = crate::driver::result::device::get(ordinal as i32)?;
+        // SAFETY: no gpubind value uses the context (checked above, under the registry lock,
+        // so no Device can be created meanwhile); other users are the caller's contract.
+        unsafe { crate::driver::result::context::primary_reset(raw) }
+    }
 }
