@@ -338,6 +338,18 @@ pub enum Error {
         status: String,
     },
 
+    /// `libcublasLt` could not be loaded (needed by
+    /// [`BoundStream::matmul_lt`](crate::BoundStream::matmul_lt) only).
+    #[error(
+        "cuBLASLt not found: libcublasLt could not be loaded (add the CUDA toolkit's lib64, e.g. /usr/local/cuda/lib64, to LD_LIBRARY_PATH, or set GPUBIND_CUBLASLT_PATH)"
+    )]
+    NoCublasLt,
+
+    /// A matrix product was refused before it reached cuBLAS: the shape, the buffers or
+    /// the options do not fit together (see [`MatmulError`]).
+    #[error("{0}")]
+    Matmul(MatmulError),
+
     /// [`GraphExec::update`](crate::graph::GraphExec::update) could not update the
     /// executable graph in place (`CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`): the new graph
     /// differs in more than parameters. The executable graph is unchanged; instantiate
@@ -752,6 +764,9 @@ pub(crate) fn report_drop(
         None => log::warn!("gpubind: dropping {what}: {step}: {error}; {outcome}"),
     }
 }
+
+mod matmul;
+pub use matmul::MatmulError;
 
 #[cfg(test)]
 mod tests;

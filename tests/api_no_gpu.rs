@@ -80,6 +80,13 @@ mod cublas_api {
     use super::*;
     assert_impl_all!(gpubind::blas::Blas: Debug);
     assert_impl_all!(gpubind::blas::Matmul: Debug);
+    assert_impl_all!(gpubind::blas::Batch: Debug);
+    assert_impl_all!(gpubind::blas::Epilogue: Debug);
+    assert_impl_all!(gpubind::blas::LtArgs<'static, f32>: Debug);
+    assert_impl_all!(gpubind::blas::CaptureLtArgs<'static, f32>: Debug);
+    assert_impl_all!(gpubind::blas::MatmulError: Debug, Send, Sync);
+    assert_impl_all!(gpubind::blas::Blas: Send);
+    assert_not_impl_any!(gpubind::blas::Blas: Sync);
 }
 
 #[cfg(feature = "collective")]

@@ -5,7 +5,8 @@
 //! running it. The closure receives a [`Capture`] handle whose methods are the only
 //! operations that can enter the graph — kernel launches, memsets, device-to-device copies,
 //! copies from page-locked host memory,
-//! [`fork`](Capture::fork)s, cuBLAS products (`Capture::matmul`, feature `cublas`), the
+//! [`fork`](Capture::fork)s, cuBLAS and cuBLASLt products (`Capture::matmul`,
+//! `matmul_batched`, `matmul_lt`, feature `cublas`), the
 //! one-device all-reduce (`Capture::all_reduce`, feature `collective`) and one NCCL
 //! rank's collectives (`Capture::rank_all_reduce`, `rank_reduce`, `rank_broadcast`,
 //! `rank_all_gather`, `rank_reduce_scatter` on a `RankComm`) — so nothing that would
@@ -167,9 +168,9 @@ pub struct GraphExec<'buf> {
 #[derive(Default)]
 struct Uses<'buf> {
     trackers: Vec<(&'buf AccessTracker, Access)>,
-    /// Memory the graph keeps alive itself rather than borrows (a cuBLAS workspace: the
-    /// [`Blas`](crate::blas::Blas) that owns it may be dropped before the graph), claimed
-    /// at each launch like the borrowed buffers.
+    /// What the graph keeps alive itself rather than borrows (a
+    /// [`Blas`](crate::blas::Blas)'s handles and workspace: the `Blas` may be dropped
+    /// before the graph), its memory claimed at each launch like the borrowed buffers.
     owned: Vec<(Arc<dyn Owned>, Access)>,
     /// The ranks whose captured NCCL collectives are in the graph (one entry per rank,
     /// in capture order; launches take their locks in address order), each with the
