@@ -100,8 +100,8 @@
 
 use crate::access::{Access, AccessTracker, Claim, Locks, host_claim, locks};
 use crate::context::BoundDevice;
+use crate::device::CheckOn;
 use crate::device::Device;
-use crate::driver::Check;
 use crate::error::Result;
 #[cfg(feature = "ipc")]
 use crate::ipc::{ImportedSlice, LegacySlice, PoolSlice};

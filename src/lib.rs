@@ -105,6 +105,7 @@ pub mod collective;
 mod config;
 mod context;
 mod copy;
+mod cuda_version;
 mod device;
 #[cfg(feature = "dlpack")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dlpack")))]
@@ -119,11 +120,13 @@ pub mod interop;
 #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub mod ipc;
 mod launch;
+mod loader;
 mod memory;
 mod module;
 mod stream;
 mod sync;
 mod teardown;
+mod uuid;
 
 /// Loom model checks of the crate-private primary-context seam and the token slot; run
 /// with `RUSTFLAGS="--cfg loom" cargo test --release --lib loom_tests` (`.ci/run` does).

@@ -326,6 +326,36 @@ fn run_step(st: &mut AccessState<S>, published: &Published, step: Step) -> Vec<u
     waited
 }
 
+/// The stream a step used is published: a write's in the write slot; a reader whose read
+/// is free in a read slot (taking the last slot if they are full), and the first reader
+/// published stays unless the step waited (for it) or pruned.
+fn check_stream_is_published(
+    step: Step,
+    st: &AccessState<S>,
+    ids: (u64, [u64; READ_SLOTS]),
+    after: (u64, [u64; READ_SLOTS]),
+    waited: &[u64],
+    could_prune: bool,
+) {
+    match step {
+        Step::Stream(on, Access::Write) => assert_eq!(
+            after.0, on,
+            "{step:?}: a write publishes its stream from {ids:?}"
+        ),
+        Step::Stream(on, Access::Read) if st.read_is_free(on) => {
+            assert!(
+                after.1.contains(&on),
+                "{step:?}: a free read is published from {ids:?}: {after:?}"
+            );
+            let first = ids.1[0];
+            if first != NONE_ID && waited.is_empty() && !could_prune {
+                assert_eq!(after.1[0], first, "{step:?}: from {ids:?}");
+            }
+        }
+        _ => {}
+    }
+}
+
 /// The fast path's rules (`access::fast`) hold in every state reachable in up to five
 /// slow-path steps over three streams, plus host accesses and idle readers that
 /// pruning drops:
@@ -409,26 +439,7 @@ fn published_ids_stay_true_and_are_taken_back_under_their_gate() {
                         assert!(!kept, "{step:?}: waited for {before}, still published");
                     }
                 }
-                match step {
-                    Step::Stream(on, Access::Write) => assert_eq!(
-                        after.0, on,
-                        "{step:?}: a write publishes its stream from {ids:?}"
-                    ),
-                    // A reader whose read is free is published (taking the last slot if
-                    // they are full), and the first reader published stays unless the
-                    // step waited (for it) or pruned.
-                    Step::Stream(on, Access::Read) if st.read_is_free(on) => {
-                        assert!(
-                            reads.contains(&on),
-                            "{step:?}: a free read is published from {ids:?}: {after:?}"
-                        );
-                        let first = ids.1[0];
-                        if first != NONE_ID && waited.is_empty() && !could_prune {
-                            assert_eq!(after.1[0], first, "{step:?}: from {ids:?}");
-                        }
-                    }
-                    _ => {}
-                }
+                check_stream_is_published(step, &st, *ids, after, &waited, could_prune);
                 checked += 1;
                 next.push((st, after));
             }

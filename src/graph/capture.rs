@@ -6,6 +6,7 @@ use super::{Graph, Owned, Uses};
 use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
 use crate::copy::DeviceOnlyMemory;
+use crate::device::CheckOn;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};

@@ -125,9 +125,9 @@ mod capture;
 pub use capture::{Capture, CaptureLaunch};
 
 use crate::access::{self, Access, AccessTracker, Use};
+use crate::device::CheckOn;
 use crate::device::Device;
 use crate::device::poison::KernelName;
-use crate::driver::Check;
 use crate::error::{Error, Result};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;

@@ -61,7 +61,7 @@
 //! `barrier.cluster.arrive` / `wait`) are plain PTX, usable through inline `asm` (sm_90).
 
 use super::{DriverLaunch, LaunchBuilder, LaunchConfig};
-use crate::driver::Check;
+use crate::device::CheckOn;
 use crate::driver::version::{LAUNCH_KERNEL_EX, OCCUPANCY_MAX_ACTIVE_CLUSTERS};
 use crate::error::{Error, Result};
 use crate::module::{Function, KernelArg, LaunchArg};

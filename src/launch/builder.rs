@@ -4,8 +4,8 @@
 
 use super::LaunchConfig;
 use crate::access::{self, Access, AccessTracker, Use};
+use crate::device::CheckOn;
 use crate::device::poison::KernelName;
-use crate::driver::Check;
 use crate::error::{Error, Result};
 use crate::module::{Function, KernelArg, LaunchArg, arg_access, func_attribute};
 use crate::stream::BoundStream;
