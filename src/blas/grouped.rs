@@ -7,9 +7,10 @@ use super::plan::{self, Plan};
 use super::sys::{self, check};
 use super::types::{BlasScalar, DataType, GemmGroup};
 use crate::access::Access;
+use crate::context::BoundDevice;
 use crate::driver::libraries as libs;
 use crate::error::{MatmulError, Result};
-use crate::memory::{DeviceMemory, DeviceMemoryMut, Tracked};
+use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceSlice, Tracked};
 use crate::stream::BoundStream;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
@@ -33,6 +34,39 @@ pub(crate) struct GroupedCall {
     /// Each product's element offsets `[a, b, c]`, and whether cuBLAS's first operand
     /// is the caller's B (row-major groups: [`plan::plan`]).
     pub(crate) offsets: Vec<([usize; 3], bool)>,
+}
+
+/// Device tables of matrix addresses for grouped GEMMs, used in turn: writing one waits
+/// only for the product that last read it, [`TABLES`] calls back, so the host runs ahead
+/// of the device instead of waiting for each product (as freeing a table per call would).
+#[derive(Default)]
+pub(crate) struct AddressTables {
+    tables: Vec<DeviceSlice<u64>>,
+    next: usize,
+}
+
+/// How many address tables a [`Blas`] keeps.
+const TABLES: usize = 4;
+
+impl AddressTables {
+    /// Writes `addresses` to the start of the next table (on the bound device's legacy
+    /// stream, after the table's previous reader), grown when too short; its index.
+    fn fill(&mut self, bound: &BoundDevice<'_>, addresses: &[u64]) -> Result<usize> {
+        let slot = self.next;
+        self.next = (self.next + 1) % TABLES;
+        if self.tables.len() <= slot {
+            self.tables.push(bound.clone_htod(addresses)?);
+            return Ok(slot);
+        }
+        if self.tables[slot].len() < addresses.len() {
+            let len = addresses.len().next_power_of_two();
+            // SAFETY: written below before cuBLAS reads it; only the written part is read.
+            self.tables[slot] = unsafe { bound.alloc::<u64>(len)? };
+        }
+        let table = &mut self.tables[slot];
+        bound.htod_copy(addresses, &mut table.slice_mut(..addresses.len())?)?;
+        Ok(slot)
+    }
 }
 
 /// `error` in product `problem` of group `group`.
@@ -147,8 +181,9 @@ impl<'b> BoundStream<'b> {
     /// product, or [`MatmulError::Aliasing`](super::MatmulError::Aliasing). cuBLAS
     /// before 12.5 lacks the entry point:
     /// [`MatmulError::NeedsCublas`](super::MatmulError::NeedsCublas). The matrices'
-    /// addresses are copied to a small device table first (cuBLAS reads them there),
-    /// freed once the product has run.
+    /// addresses are copied to a small device table first (cuBLAS reads them there); the
+    /// `Blas` keeps a few such tables and reuses them in turn, so the copy waits only for
+    /// the grouped product that used the same table a few calls back.
     ///
     /// ```no_run
     /// # fn main() -> gpubind::Result<()> {
@@ -201,7 +236,8 @@ impl<'b> BoundStream<'b> {
         let mut table: Vec<u64> = call.offsets.iter().map(first).collect();
         table.extend(call.offsets.iter().map(second));
         table.extend(call.offsets.iter().map(|(o, _)| at(pc, o[2])));
-        let table = bound.clone_htod(&table)?;
+        let slot = blas.grouped_tables.fill(bound, &table)?;
+        let table = &blas.grouped_tables.tables[slot];
         bound.ensure_current()?;
         let shared = Arc::clone(&blas.shared);
         let _claim = self.claim([
@@ -209,7 +245,7 @@ impl<'b> BoundStream<'b> {
             Some((b.tracker(), Access::Read)),
             Some((c.tracker(), Access::Write)),
             Some((crate::graph::Owned::tracker(&*shared), Access::Write)),
-            Some((Tracked::tracker(&table), Access::Read)),
+            Some((Tracked::tracker(table), Access::Read)),
         ])?;
         let count = call.offsets.len() as u64;
         let ptrs = table.device_ptr();
@@ -220,9 +256,10 @@ impl<'b> BoundStream<'b> {
         // Every matrix the table points at lies within its claimed buffer (checked for
         // each product with the group's dimensions and leading dimensions); the C
         // matrices do not overlap each other or A and B; the table (device memory, as
-        // cuBLAS requires) holds one address per product and operand and is claimed as
-        // read, so it is freed only after the product; the host arrays hold one entry
-        // per group and outlive the call (host pointer mode, set for it).
+        // cuBLAS requires, kept by the Blas) holds one address per product and operand
+        // from its start and is claimed as read, so it is rewritten or freed only after
+        // the product; the host arrays hold one entry per group and outlive the call
+        // (host pointer mode, set for it).
         unsafe {
             bind_stream(blas, self.raw())?;
             with_pointer_mode(blas, sys::POINTER_MODE_HOST, || {
