@@ -60,7 +60,7 @@
 //! A graph that captured products keeps the workspace and both library handles alive:
 //! the [`Blas`] may be dropped before the graph is launched.
 //!
-//! cuBLAS is loaded at run time, matching the driver ([`crate::driver::libraries`],
+//! cuBLAS is loaded at run time, matching the driver ([`cublas_info`](crate::cublas_info),
 //! `GPUBIND_CUBLAS_PATH`); cuBLASLt likewise (`GPUBIND_CUBLASLT_PATH`,
 //! [`cublaslt_info`]) by the first `new_blas`. Without a cuBLASLt, plain products still
 //! run and `matmul_lt` is [`Error::NoCublasLt`](crate::Error::NoCublasLt).

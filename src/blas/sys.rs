@@ -379,7 +379,8 @@ pub(crate) fn cublaslt() -> Result<&'static CublasLt> {
 }
 
 /// The cuBLASLt gpubind's [`Blas`](super::Blas) uses for
-/// [`matmul_lt`](crate::BoundStream::matmul_lt) (chosen like cuBLAS, see [`crate::driver::libraries`];
+/// [`matmul_lt`](crate::BoundStream::matmul_lt) (chosen like cuBLAS, see
+/// [`cublas_info`](crate::cublas_info);
 /// override: `GPUBIND_CUBLASLT_PATH`), or [`Error::NoCublasLt`].
 pub fn cublaslt_info() -> Result<LibraryInfo> {
     cublaslt().map(|c| c.info.clone())
