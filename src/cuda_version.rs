@@ -21,6 +21,8 @@ use std::str::FromStr;
 /// assert!(DriverVersion::from_raw(-1).is_err());
 /// ```
 ///
+/// # Supported drivers and entry points
+///
 /// gpubind runs on every driver from CUDA 12.2 (R535) up, whatever CUDA version its
 /// cudarc bindings were generated from (see `docs/compat.md`). Entry points newer than
 /// 12.2 are never called through cudarc's per-symbol loader (which panics on a missing

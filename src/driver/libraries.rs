@@ -503,6 +503,8 @@ pub(crate) fn cublas() -> Result<&'static Cublas> {
 /// The NVRTC gpubind compiles with (`GPUBIND_NVRTC_PATH`, else the newest one not newer
 /// than the driver's major version), or [`Error::NoNvrtc`].
 ///
+/// # Which NVRTC and cuBLAS are loaded
+///
 /// cudarc's loader tries a fixed list of names, unversioned `libnvrtc.so` first and then
 /// the major version its bindings were generated for (13 here) before 12 and 11. With the
 /// CUDA 12 and 13 toolkits both installed on a 12.x driver, that picks `libnvrtc.so.13`,

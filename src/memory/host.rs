@@ -140,8 +140,11 @@ impl<T: DeviceRepr> LockedRange<T> {
 /// directly: pass it as a launch argument). Freed with `cuMemFreeHost` in its own
 /// context on drop.
 ///
-/// Both give safe `&[T]` / `&mut [T]` access (they deref to slices, and share the
-/// [`HostMemory`] trait), are [`CopySource`](crate::CopySource) /
+/// # Page-locked host memory
+///
+/// A `PinnedHostBuffer` and a [`RegisteredHost`] (`cuMemHostRegister` over memory you
+/// already have) both give safe `&[T]` / `&mut [T]` access (they deref to slices, and
+/// share the [`HostMemory`] trait), are [`CopySource`](crate::CopySource) /
 /// [`CopyDest`](crate::CopyDest) for copies with any other kind (truly asynchronous
 /// inside [`BoundStream::copy_scope`](crate::BoundStream::copy_scope)), and are mapped
 /// into the device's address space, so a kernel can read and write them directly (pass

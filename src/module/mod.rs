@@ -28,6 +28,8 @@ use std::sync::Arc;
 
 /// Loaded device code of one device.
 ///
+/// Compiling with NVRTC, loading and launching:
+///
 /// ```no_run
 /// # fn main() -> gpubind::Result<()> {
 /// use gpubind::{Device, LaunchConfig, ThreadContext};
