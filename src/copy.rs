@@ -103,8 +103,6 @@ use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::Result;
-#[cfg(feature = "ipc")]
-use crate::ipc::{ImportedSlice, LegacySlice, PoolSlice};
 use crate::memory::{ByteSpan, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, expect_len};
 use crate::module::global::ModuleGlobal;
 use crate::stream::BoundStream;
@@ -223,7 +221,7 @@ pub trait CopyDest<T: DeviceRepr>: CopySource<T> {
 /// for `mut`, writable memory).
 macro_rules! copy_endpoints {
     ($ty:ident $(<$lt:lifetime>)?, $mutable:tt) => {
-        copy_endpoints!($ty $(<$lt>)?, $mutable, Self::endpoint);
+        $crate::copy::copy_endpoints!($ty $(<$lt>)?, $mutable, Self::endpoint);
     };
     ($ty:ident $(<$lt:lifetime>)?, $mutable:tt, $endpoint:expr) => {
         impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::seal::Sealed for $ty<$($lt,)? T> {}
@@ -232,7 +230,7 @@ macro_rules! copy_endpoints {
                 ($endpoint)(self)
             }
         }
-        copy_endpoints!(@mut $mutable $ty $(<$lt>)?, $endpoint);
+        $crate::copy::copy_endpoints!(@mut $mutable $ty $(<$lt>)?, $endpoint);
     };
     (@mut mut $ty:ident $(<$lt:lifetime>)?, $endpoint:expr) => {
         impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::CopyDest<T> for $ty<$($lt,)? T> {
@@ -245,7 +243,10 @@ macro_rules! copy_endpoints {
 }
 pub(crate) use copy_endpoints;
 
-fn device_endpoint<T: DeviceRepr>(m: &impl crate::memory::DeviceMemory<T>) -> Endpoint<'_> {
+/// The copy endpoint of plain device memory: tracked, on its device.
+pub(crate) fn device_endpoint<T: DeviceRepr>(
+    m: &impl crate::memory::DeviceMemory<T>,
+) -> Endpoint<'_> {
     Endpoint::new(
         m.device_ptr(),
         m.len(),
@@ -255,24 +256,23 @@ fn device_endpoint<T: DeviceRepr>(m: &impl crate::memory::DeviceMemory<T>) -> En
     .tracked(m.tracker())
 }
 
-/// Copy endpoints for the plain device-memory types (all `DeviceMemory`, host-unreachable).
-macro_rules! device_kinds {
+/// Implements the copy traits and [`DeviceOnlyMemory`] for plain device-memory types (all
+/// `DeviceMemory`, host-unreachable). Modules owning such types (the IPC slices) invoke it
+/// for their own types.
+macro_rules! device_only_endpoints {
     ($($ty:ident $(<$lt:lifetime>)?, $mutable:tt;)*) => { $(
-        copy_endpoints!($ty $(<$lt>)?, $mutable, device_endpoint);
-        impl<$($lt,)? T: DeviceRepr> DeviceOnlyMemory for $ty<$($lt,)? T> {}
+        $crate::copy::copy_endpoints!($ty $(<$lt>)?, $mutable, $crate::copy::device_endpoint);
+        impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::DeviceOnlyMemory
+            for $ty<$($lt,)? T> {}
     )* };
 }
-device_kinds! {
+#[cfg_attr(not(feature = "ipc"), allow(unused_imports))]
+pub(crate) use device_only_endpoints;
+device_only_endpoints! {
     DeviceSlice, mut;
     DeviceView<'a>, const;
     DeviceViewMut<'a>, mut;
     ModuleGlobal, mut;
-}
-#[cfg(feature = "ipc")]
-device_kinds! {
-    PoolSlice, mut;
-    ImportedSlice, mut;
-    LegacySlice, mut;
 }
 
 fn pageable<T>(s: &[T]) -> Endpoint<'_> {

@@ -300,7 +300,9 @@ fn pointer_attribute(ptr: sys::CUdeviceptr, attr: sys::CUpointer_attribute) -> R
 }
 
 /// The parts of the core slice API that the three foreign slice types share: memory
-/// traits (so core copies work), deref to `&DeviceSlice<T>` (views), `slice_mut`,
+/// traits, copy traits ([`CopySource`](crate::CopySource), [`CopyDest`](crate::CopyDest),
+/// [`DeviceOnlyMemory`](crate::DeviceOnlyMemory): the copy layer knows nothing of IPC),
+/// deref to `&DeviceSlice<T>` (views), `slice_mut`,
 /// kernel argument, `Debug`. Each type has a `slice: ManuallyDrop<DeviceSlice<T>>`.
 macro_rules! foreign_slice {
     ($ty:ident) => {
@@ -326,6 +328,10 @@ macro_rules! foreign_slice {
             fn tracker_mut(&mut self) -> Option<&mut $crate::access::AccessTracker> {
                 Some(self.slice.tracker_mut())
             }
+        }
+
+        $crate::copy::device_only_endpoints! {
+            $ty, mut;
         }
 
         impl<T: $crate::memory::DeviceRepr> std::ops::Deref for $ty<T> {
