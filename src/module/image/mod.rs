@@ -32,7 +32,7 @@
 //! passes a NUL-terminated copy.
 //!
 //! Every offset computation uses checked arithmetic; no input makes [`validate`] panic
-//! (unit tests and a proptest below).
+//! (the `tests` and `proptests` submodules).
 
 mod elf;
 mod fatbin;
