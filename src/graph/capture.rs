@@ -1,7 +1,9 @@
-//! The capture: [`BoundDevice::capture`], the [`Capture`] handle and its kernel-launch
-//! builder [`CaptureLaunch`], and the guards that end a capture and join its forks on
-//! every exit (see the [module docs](super)).
+//! The capture: [`BoundDevice::capture`], the [`Capture`] handle whose methods enqueue
+//! into the graph (its kernel launches go through [`CaptureLaunch`]), and the guard that
+//! joins a fork on every exit (see the [module docs](super)).
 
+use super::capture_launch::CaptureLaunch;
+use super::session::{Active, Session, Span, destroy_graph};
 use super::{Graph, Owned, Uses};
 use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
@@ -12,162 +14,11 @@ use crate::error::{Error, Result};
 use crate::launch::LaunchConfig;
 use crate::memory::host::CaptureSource;
 use crate::memory::{ByteSpan, DeviceMemory, DeviceRepr, MemsetValue};
-use crate::module::{Function, KernelArg};
+use crate::module::Function;
 use cudarc::driver::sys;
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::sync::Arc;
-
-/// What one capture owns: the streams it created, the events of its forks, and what the
-/// captured work uses. Shared (through a `RefCell`) by the handles of one capture.
-struct Session<'buf> {
-    device: Arc<Device>,
-    uses: Uses<'buf>,
-    /// Every stream this capture created (the origin first): destroyed after it ends.
-    streams: Vec<sys::CUstream>,
-    /// Fork and join events (created for this capture, not pooled: their last records
-    /// are in the capture), destroyed after it ends.
-    events: Vec<sys::CUevent>,
-    /// Scratch memory that captured operations share invisibly (a cuBLAS workspace): the
-    /// allocation, and the capture stream and event (one of `events`) of its last use,
-    /// so that its next use on another branch is ordered after it (see
-    /// [`Capture::exclusive_use`]).
-    scratch: Vec<(*const AccessTracker, sys::CUstream, sys::CUevent)>,
-    /// Forks not yet joined. While one is open, work captured on two streams may run
-    /// concurrently within one launch of the graph, so each captured use is ordered
-    /// after the conflicting uses captured before it on the other streams (`hazards`).
-    open_forks: usize,
-    /// The uses captured while a fork was open, each with the stream it was captured on
-    /// and an event recorded there right after it.
-    hazards: Vec<(Span, sys::CUstream, sys::CUevent)>,
-    /// The uses of the operation being captured: `hazards` once it is enqueued
-    /// ([`Capture::mark`]).
-    pending: Vec<Span>,
-    /// An error that discards the graph whatever the closure returns (an NCCL
-    /// collective that failed while it was captured: part of it may be in the graph,
-    /// and its communicator may have been aborted).
-    fatal: Option<Error>,
-}
-
-/// Bytes of one allocation a captured operation uses, and whether it writes them.
-#[derive(Clone, Copy)]
-struct Span {
-    bytes: ByteSpan,
-    write: bool,
-}
-
-impl Span {
-    /// Whether two uses of memory race if they run concurrently: one allocation,
-    /// overlapping bytes, at least one write.
-    fn conflicts(&self, other: &Span) -> bool {
-        (self.write || other.write) && self.bytes.overlaps(&other.bytes)
-    }
-}
-
-impl Session<'_> {
-    /// A new private non-blocking stream of the (current) context, destroyed with the
-    /// session.
-    fn new_stream(&mut self) -> Result<sys::CUstream> {
-        let mut raw: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: the bound context is current (checked by `capture`, and the binding is
-        // borrowed by the closure for the whole capture); writes one handle.
-        unsafe {
-            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-        }
-        .check_on(&self.device, "cuStreamCreate")?;
-        self.streams.push(raw);
-        Ok(raw)
-    }
-
-    /// A new timing-disabled event of the device, destroyed with the session.
-    fn event(&mut self) -> Result<sys::CUevent> {
-        let e = self.device.new_handoff_event()?;
-        self.events.push(e);
-        Ok(e)
-    }
-}
-
-impl Drop for Session<'_> {
-    fn drop(&mut self) {
-        // The capture has ended (`Active` drops first): nothing refers to these streams.
-        for &s in &self.streams {
-            crate::teardown::faults::release(
-                format_args!("a capture stream"),
-                &self.device,
-                Ok(()),
-                "cuStreamDestroy_v2",
-                // SAFETY: created by `new_stream` in this context, destroyed once, here.
-                || unsafe { sys::cuStreamDestroy_v2(s) },
-            );
-        }
-        for &e in &self.events {
-            crate::teardown::faults::release(
-                format_args!("a capture's fork event"),
-                &self.device,
-                Ok(()),
-                "cuEventDestroy_v2",
-                // SAFETY: created by `event` in this context, destroyed once, here.
-                || unsafe { sys::cuEventDestroy_v2(e) },
-            );
-        }
-    }
-}
-
-/// An ongoing capture on the origin stream: ended exactly once, by [`Active::end`] or
-/// (on an early return or a panic) by the drop, which discards the graph.
-struct Active<'d> {
-    device: &'d Device,
-    origin: sys::CUstream,
-    ended: bool,
-}
-
-impl Active<'_> {
-    fn end(&mut self) -> Result<sys::CUgraph> {
-        self.ended = true;
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
-        // SAFETY: `origin` is capturing (begun by `capture`, on this thread: the handles
-        // are !Send); writes one handle.
-        let r = unsafe { sys::cuStreamEndCapture(self.origin, &mut graph) }
-            .check_on(self.device, "cuStreamEndCapture");
-        match r {
-            Ok(()) if !graph.is_null() => Ok(graph),
-            Ok(()) => Err(Error::InvalidArgument(
-                "cuStreamEndCapture returned no graph".into(),
-            )),
-            Err(e) => {
-                destroy_graph(graph);
-                Err(e)
-            }
-        }
-    }
-}
-
-impl Drop for Active<'_> {
-    fn drop(&mut self) {
-        if !self.ended {
-            // An early return or a panic: end the capture so the thread and the stream
-            // leave capture mode, and discard whatever was captured.
-            let _ = self.end().map(destroy_graph);
-        }
-    }
-}
-
-/// Destroys a graph (null: nothing). The context needs not be current for it.
-fn destroy_graph(graph: sys::CUgraph) {
-    if !graph.is_null() {
-        // SAFETY: a graph returned by cuStreamEndCapture, owned here, destroyed once.
-        let r = unsafe { sys::cuGraphDestroy(graph) };
-        if let Err(e) = crate::driver::Check::check(r, "cuGraphDestroy") {
-            crate::teardown::faults::report_drop(
-                format_args!("a captured graph that was not kept"),
-                None,
-                crate::teardown::faults::RELEASE,
-                &e,
-                crate::teardown::faults::MAYBE_LEAKED,
-            );
-        }
-    }
-}
 
 /// The handle of an ongoing capture ([`BoundDevice::capture`]): its methods enqueue into
 /// the graph being recorded, and are the only way to. Each use of a buffer borrows it for
@@ -175,15 +26,15 @@ fn destroy_graph(graph: sys::CUgraph) {
 ///
 /// Not `Send`: a capture is ended on the thread that began it.
 pub struct Capture<'c, 'buf> {
-    session: &'c RefCell<Session<'buf>>,
-    device: &'c Arc<Device>,
-    stream: CaptureStream,
+    pub(super) session: &'c RefCell<Session<'buf>>,
+    pub(super) device: &'c Arc<Device>,
+    pub(super) stream: CaptureStream,
 }
 
 /// A capturing stream's handle. `Send`/`Sync` as an identifier: what keeps a [`Capture`]
 /// on its thread is its session (a `RefCell`).
 #[derive(Clone, Copy)]
-struct CaptureStream(sys::CUstream);
+pub(super) struct CaptureStream(pub(super) sys::CUstream);
 
 // SAFETY: a CUstream handle is a thread-agnostic identifier; nothing is reached through it
 // without a `Capture`, which is `!Send` and `!Sync`.
@@ -454,15 +305,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             .device
             .expect_same("kernel module", func.module().device())
             .err();
-        CaptureLaunch {
-            capture: self,
-            func,
-            cfg,
-            args: Vec::new(),
-            values: Vec::new(),
-            buffers: Vec::new(),
-            error,
-        }
+        CaptureLaunch::new(self, func, cfg, error)
     }
 
     /// Zeroes `dst` at each launch of the graph. `dst` is borrowed for the graph's
@@ -765,159 +608,5 @@ impl Drop for Join<'_> {
         if !self.done {
             let _ = self.join();
         }
-    }
-}
-
-/// A kernel launch being captured; see [`Capture::launch`].
-#[must_use = "a launch does nothing until `.launch()` is called"]
-pub struct CaptureLaunch<'l, 'c, 'buf> {
-    capture: &'l mut Capture<'c, 'buf>,
-    func: &'l Function<'buf>,
-    cfg: LaunchConfig,
-    args: Vec<*mut c_void>,
-    /// Arguments given by value ([`value`](CaptureLaunch::value)), boxed so their
-    /// addresses in `args` stay put.
-    values: Vec<Box<dyn std::any::Any>>,
-    /// The gpubind buffers among the arguments, and the bytes each passes (`None`: all).
-    buffers: Vec<(&'buf AccessTracker, Option<(u64, u64)>)>,
-    error: Option<Error>,
-}
-
-impl std::fmt::Debug for CaptureLaunch<'_, '_, '_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CaptureLaunch")
-            .field("function", &self.func.name())
-            .field("config", &self.cfg)
-            .field("args", &self.args.len())
-            .field("error", &self.error)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<'buf> CaptureLaunch<'_, '_, 'buf> {
-    /// Appends an argument, borrowed for the graph's lifetime. A gpubind buffer passed
-    /// here is claimed as written at every launch of the graph (see
-    /// [`LaunchBuilder::arg`](crate::LaunchBuilder::arg)). Errors (another device's
-    /// memory, a size mismatch) are reported by [`launch`](Self::launch). Plain data
-    /// that does not live as long as the graph goes by [`value`](Self::value).
-    pub fn arg<A: KernelArg + ?Sized>(&mut self, arg: &'buf A) -> &mut Self {
-        if self.error.is_none()
-            && let Some(dev) = arg.arg_device()
-        {
-            self.error = self
-                .capture
-                .device
-                .expect_same("kernel argument", dev)
-                .err();
-        }
-        if self.error.is_none() {
-            self.error = self
-                .func
-                .check_arg_size(self.args.len(), arg.param_size(), || arg.describe())
-                .err();
-        }
-        if let Some(t) = arg.access_tracker() {
-            self.buffers.push((t, arg.arg_span()));
-        }
-        self.args.push(arg.param_ptr());
-        self
-    }
-
-    /// Appends a plain-data argument by value: the kernel node keeps a copy of its bytes
-    /// (taken at capture), so unlike [`arg`](Self::arg) nothing stays borrowed. For
-    /// scalars computed inside the capture:
-    ///
-    /// ```no_run
-    /// # fn f(gpu: &gpubind::BoundDevice<'_>, scale: &gpubind::Function<'_>) -> gpubind::Result<()> {
-    /// use gpubind::LaunchConfig;
-    /// let x = gpu.alloc_zeros::<f32>(1024)?;
-    /// let graph = gpu.capture(|c| {
-    ///     for k in 0..4u32 {
-    ///         // SAFETY: (float*, unsigned, float) matches `scale`, which stays in bounds.
-    ///         unsafe {
-    ///             c.launch(scale, LaunchConfig::for_num_elems(1024))
-    ///                 .arg(&x).value(1024u32).value(k as f32 + 0.5)
-    ///                 .launch()?
-    ///         };
-    ///     }
-    ///     Ok(())
-    /// })?;
-    /// # Ok(()) }
-    /// ```
-    pub fn value<T: DeviceRepr>(&mut self, v: T) -> &mut Self {
-        if self.error.is_none() {
-            self.error = self
-                .func
-                .check_arg_size(self.args.len(), std::mem::size_of::<T>(), || {
-                    std::any::type_name::<T>().to_owned()
-                })
-                .err();
-        }
-        let boxed = Box::new(v);
-        // The heap copy does not move when the box does: the pointer stays valid while
-        // `self.values` holds it.
-        self.args.push(&*boxed as *const T as *mut c_void);
-        self.values.push(boxed);
-        self
-    }
-
-    /// Captures the kernel launch (it runs at each launch of the graph). The same checks
-    /// as [`LaunchBuilder::launch`](crate::LaunchBuilder::launch), before the driver is
-    /// called. May be called again (another node).
-    ///
-    /// # Safety
-    ///
-    /// The contract of [`LaunchBuilder::launch`](crate::LaunchBuilder::launch), for every
-    /// launch of the graph: argument types match the kernel, the kernel stays inside the
-    /// buffers passed, and any other memory it reaches (raw addresses, page-locked host
-    /// buffers) stays alive and unused by the host and other streams while any launch of
-    /// the graph may run. A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must
-    /// not be read through [`as_slice`](crate::ManagedSlice::as_slice) while a launch may
-    /// run (the graph borrows it shared).
-    pub unsafe fn launch(&mut self) -> Result<()> {
-        if let Some(e) = &self.error {
-            return Err(e.clone());
-        }
-        self.func.check_launch(&self.cfg, self.args.len())?;
-        // The kernel stays inside the bytes each argument passes (the launch contract).
-        for &(t, span) in &self.buffers {
-            match span {
-                Some((lo, bytes)) => self.capture.record_span(t, Access::Write, lo, bytes)?,
-                None => self.capture.record(t, Access::Write)?,
-            }
-        }
-        // The module's unload waits for the graph's launches; with global views, the
-        // launches are ordered against the globals' other uses like a write.
-        let (module, access) = self.func.module_use();
-        self.capture.record(module, access)?;
-        self.capture.session.borrow_mut().uses.last_kernel = Some(self.func.interned());
-        let LaunchConfig {
-            grid_dim: g,
-            block_dim: b,
-            shared_mem_bytes,
-        } = self.cfg;
-        let (func, stream, args) = (self.func, self.capture.stream.0, &mut self.args);
-        self.capture.marked(|| {
-            // SAFETY: the function belongs to the bound (current) context and the stream
-            // is capturing: the driver records a kernel node, copying the parameter
-            // bytes, which point at values borrowed for 'buf. The kernel's memory safety
-            // at each launch of the graph is the caller's contract.
-            unsafe {
-                sys::cuLaunchKernel(
-                    func.raw(),
-                    g.0,
-                    g.1,
-                    g.2,
-                    b.0,
-                    b.1,
-                    b.2,
-                    shared_mem_bytes,
-                    stream,
-                    args.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            }
-            .check_on(self.capture.device, "cuLaunchKernel")
-        })
     }
 }

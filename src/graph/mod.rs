@@ -120,13 +120,16 @@
 
 mod agreement;
 mod capture;
+mod capture_launch;
+mod session;
 mod uses;
 
-use agreement::agreed;
 pub(crate) use agreement::LaunchAgreement;
 #[cfg(feature = "collective")]
 pub(crate) use agreement::LaunchTurn;
-pub use capture::{Capture, CaptureLaunch};
+use agreement::agreed;
+pub use capture::Capture;
+pub use capture_launch::CaptureLaunch;
 pub(crate) use uses::Owned;
 use uses::Uses;
 
