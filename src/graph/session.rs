@@ -23,7 +23,7 @@ pub(super) struct Session<'buf> {
     /// Scratch memory that captured operations share invisibly (a cuBLAS workspace): the
     /// allocation, and the capture stream and event (one of `events`) of its last use,
     /// so that its next use on another branch is ordered after it (see
-    /// [`Capture::exclusive_use`]).
+    /// [`Capture::exclusive_use`](super::Capture::exclusive_use)).
     pub(super) scratch: Vec<(*const AccessTracker, sys::CUstream, sys::CUevent)>,
     /// Forks not yet joined. While one is open, work captured on two streams may run
     /// concurrently within one launch of the graph, so each captured use is ordered
@@ -33,7 +33,7 @@ pub(super) struct Session<'buf> {
     /// and an event recorded there right after it.
     pub(super) hazards: Vec<(Span, sys::CUstream, sys::CUevent)>,
     /// The uses of the operation being captured: `hazards` once it is enqueued
-    /// ([`Capture::mark`]).
+    /// ([`Capture::mark`](super::Capture::mark)).
     pub(super) pending: Vec<Span>,
     /// An error that discards the graph whatever the closure returns (an NCCL
     /// collective that failed while it was captured: part of it may be in the graph,
