@@ -23,7 +23,7 @@ pub struct LaunchBuilder<'s, 'a> {
     /// like `size_error`: the builder is moved at every `arg`, and errors are rare.
     error: Option<Box<Error>>,
     /// The first argument whose size differs from the kernel's parameter, found as it
-    /// is appended (reported after the count check, as before).
+    /// is appended (reported after the count check).
     size_error: Option<Box<Error>>,
     /// The buffer arguments, claimed (with the module) when the kernel is enqueued.
     tracked: Tracked<'a>,
@@ -156,8 +156,8 @@ impl ArgPtrs {
 
 impl<'m> Function<'m> {
     /// The checks [`LaunchBuilder::launch`] makes before the driver call, for a launch of
-    /// `nargs` arguments of `cfg` (the launch builder's and graph capture's,
-    /// [`crate::graph`]). Inlined: it is on every launch's path; the argument-count
+    /// `nargs` arguments of `cfg` (the launch builder's, and those of any other launch path,
+    /// such as a graph capture's). Inlined: it is on every launch's path; the argument-count
     /// error is built out of line.
     #[inline]
     pub(crate) fn check_launch(&self, cfg: &LaunchConfig, nargs: usize) -> Result<()> {
@@ -201,14 +201,21 @@ impl<'m> Function<'m> {
         describe: impl FnOnce() -> String,
     ) -> Result<()> {
         match self.params.as_ref().and_then(|p| p.get(i)) {
-            Some(&want) if want != size => Err(Error::LaunchArgs {
-                kernel: self.name.clone(),
-                reason: format!(
-                    "parameter {i} is {want} bytes, but argument {i} is a {size}-byte {}",
-                    describe()
-                ),
-            }),
+            Some(&want) if want != size => Err(self.arg_size_error(i, want, size, describe())),
             _ => Ok(()),
+        }
+    }
+
+    /// [`Error::LaunchArgs`] for argument `i`, a `size`-byte `what`, passed to parameter
+    /// `i` of `want` bytes.
+    #[cold]
+    #[inline(never)]
+    fn arg_size_error(&self, i: usize, want: usize, size: usize, what: String) -> Error {
+        Error::LaunchArgs {
+            kernel: self.name.clone(),
+            reason: format!(
+                "parameter {i} is {want} bytes, but argument {i} is a {size}-byte {what}"
+            ),
         }
     }
 
@@ -297,13 +304,8 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             let got = arg.param_size();
             if want != got {
                 // Only a mismatch pays for describing the argument.
-                this.size_error = Some(Box::new(Error::LaunchArgs {
-                    kernel: this.func.name.clone(),
-                    reason: format!(
-                        "parameter {i} is {want} bytes, but argument {i} is a {got}-byte {}",
-                        arg.describe()
-                    ),
-                }));
+                let e = this.func.arg_size_error(i, want, got, arg.describe());
+                this.size_error = Some(Box::new(e));
             }
         }
         this.args.push(arg.param_ptr());
@@ -339,17 +341,17 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     ///   `&mut`: a shared one may be read by the host through
     ///   [`as_slice`](crate::ManagedSlice::as_slice) while the launch is enqueued.
     pub unsafe fn launch(&mut self) -> Result<()> {
-        // SAFETY: the caller's contract is this function's; `Plain` enqueues the kernel
+        // SAFETY: the caller's contract is this function's; `LaunchKernel` enqueues the kernel
         // with exactly what it is given.
-        unsafe { self.enqueue(Plain) }
+        unsafe { self.enqueue(LaunchKernel) }
     }
 
     /// The path every launch takes, ordinary or with attributes ([`crate::launch`]): the
     /// configuration and argument checks, then `driver.check` (the attributes' own
     /// checks, before anything is claimed), then the claim of the buffer arguments (and
     /// of the module's tracker once it has global views), then `driver.call`, with the
-    /// claim held. Inlined into each caller, so the ordinary launch compiles to what it
-    /// was.
+    /// claim held. Inlined into each caller, so the ordinary launch pays nothing for the
+    /// attributes' path.
     ///
     /// # Safety
     ///
@@ -458,7 +460,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     }
 }
 
-/// The driver call that ends a launch, and the checks it needs first: [`Plain`]
+/// The driver call that ends a launch, and the checks it needs first: [`LaunchKernel`]
 /// (`cuLaunchKernel`) or a launch with attributes (`cuLaunchKernelEx`, [`crate::launch`]).
 /// A trait rather than closures so that the ordinary launch inlines it.
 pub(crate) trait DriverLaunch {
@@ -484,9 +486,9 @@ pub(crate) trait DriverLaunch {
 }
 
 /// The ordinary launch: `cuLaunchKernel`, nothing more to check.
-pub(crate) struct Plain;
+pub(crate) struct LaunchKernel;
 
-impl DriverLaunch for Plain {
+impl DriverLaunch for LaunchKernel {
     const NAME: &'static str = "cuLaunchKernel";
 
     #[inline(always)]
