@@ -55,13 +55,13 @@ pub fn send_handles_with(
     send_message_with(stream, &bytes, &fds, options)
 }
 
-/// [`recv_handles_with`] with the default [`TransportOptions`] ([`DEFAULT_TIMEOUT`],
-/// [`PeerPolicy::SameUid`]).
+/// [`recv_handles_with`] with the default [`TransportOptions`] ([`DEFAULT_TIMEOUT`](super::DEFAULT_TIMEOUT),
+/// [`PeerPolicy::SameUid`](super::PeerPolicy::SameUid)).
 pub fn recv_handles(stream: &UnixStream) -> Result<(Vec<PoolHandle>, Vec<BufferHandle>)> {
     recv_handles_with(stream, &TransportOptions::default())
 }
 
-/// [`recv_handles_with`] with `timeout` and [`PeerPolicy::SameUid`].
+/// [`recv_handles_with`] with `timeout` and [`PeerPolicy::SameUid`](super::PeerPolicy::SameUid).
 pub fn recv_handles_timeout(
     stream: &UnixStream,
     timeout: Duration,
