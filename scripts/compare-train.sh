@@ -44,8 +44,8 @@ for b in $BATCHES; do
   [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
 done
 
-# The table: ratios are of samples/s; goals from issue 14 (docs/performance.md): the
-# ratios to PyTorch are judged at the issue's batch, 4096 (GOAL_BATCH), and reported
+# The table: ratios are of samples/s; goals from docs/performance.md: the
+# ratios to PyTorch are judged at batch 4096 (GOAL_BATCH), and reported
 # ("info") at other batches; the scaling goal compares the largest batch with the first.
 missed=0
 python3 - "$WORK" "$BATCHES" "${GOAL_BATCH:-4096}" <<'EOF' || missed=1

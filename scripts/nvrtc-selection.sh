@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Shows gpubind's NVRTC choice (src/libs.rs) on a machine without a GPU: the CUDA 12 and
+# Shows gpubind's NVRTC choice (`gpubind::libs`) on a machine without a GPU: the CUDA 12 and
 # 13 NVRTC wheels from PyPI side by side, the unversioned libnvrtc.so pointing at 13 (as
 # a CUDA 13 dev install leaves it), and a stand-in libcuda whose cuDriverGetVersion says
 # $FAKE_CUDA_VERSION. Expect libnvrtc.so.12 for a 12.x driver, libnvrtc.so.13 for 13.x,

@@ -9,8 +9,8 @@
 #   CASES="launch3" bash scripts/profile-overhead.sh
 # Each case runs twice (1000 and 3000 iterations); per-op = difference / 2000, so set-up
 # and tear-down cancel. Writes callgrind files to target/profile-overhead/ for
-# `callgrind_annotate --inclusive=no FILE src/module/launch_builder.rs` (line numbers need
-# CARGO_PROFILE_RELEASE_DEBUG=line-tables-only, set below).
+# `callgrind_annotate --inclusive=no FILE SOURCE.rs`, SOURCE.rs a file of the path under
+# study (line numbers need CARGO_PROFILE_RELEASE_DEBUG=line-tables-only, set below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "profile-overhead: SKIPPED (valgrind not found)"; exit 0; }

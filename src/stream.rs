@@ -255,11 +255,9 @@ impl Event {
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         self.device.expect_same("end event", &end.device)?;
         let _guard = self.device.enter()?;
-        let (elapsed, call) = crate::driver::version::event_elapsed_time()?;
-        let mut ms = 0f32;
         // SAFETY: two valid events of the same context, current for the call.
-        unsafe { elapsed(&mut ms, self.raw, end.raw) }.check_on(&self.device, call)?;
-        Ok(ms)
+        let ms = unsafe { crate::driver::version::event_elapsed_ms(self.raw, end.raw) };
+        self.device.check(ms)
     }
 
     /// The raw handle.

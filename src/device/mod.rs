@@ -564,6 +564,37 @@ impl Device {
         }
     }
 
+    /// Passes on the result of a driver call made in this device's context or on one of
+    /// its streams, deciding what an error means for the device: a sticky error
+    /// (`poison::is_sticky`: an illegal address, a device-side assert, …) poisons the
+    /// device and is [`Error::ContextPoisoned`]; other errors pass unchanged.
+    ///
+    /// Every driver call into the device that can report a sticky error goes through
+    /// this (the driver layer itself decides nothing about devices).
+    #[inline]
+    pub(crate) fn check<T>(&self, result: Result<T>) -> Result<T> {
+        match result {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.on_error(e)),
+        }
+    }
+
+    /// What an error of a driver call into this device becomes: see
+    /// [`check`](Self::check). Out of line: the success path stays a compare.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn on_error(&self, error: Error) -> Error {
+        match error {
+            Error::Driver { call, code, .. }
+                if crate::device::poison::is_sticky(code.as_cudarc()) =>
+            {
+                let p = self.poison.poison(call, code.as_cudarc()).clone();
+                crate::device::poison::error(self, &p)
+            }
+            other => other,
+        }
+    }
+
     /// The gate of the primary context's legacy default stream (`crate::access`).
     pub(crate) fn legacy_gate(&self) -> &crate::access::Gate {
         &self.legacy_gate

@@ -8,6 +8,8 @@
 //!   [`Error::NoDriver`], not a panic), refuses drivers older than CUDA 12.2
 //!   ([`Error::DriverTooOld`]) and calls `cuInit(0)` until it has succeeded once (a
 //!   failure is not cached: the next call retries).
+//! * `result` is the result layer: one thin, named wrapper per driver call, returning a
+//!   [`Result`] whose error names the call (see its module documentation).
 //! * `Check` turns a `CUresult` into [`Result`], naming the call.
 //! * `ContextGuard` pushes a context for the length of a scope and pops it after, so
 //!   code that must run in a given context (freeing a slice from `Drop`) leaves the
@@ -35,6 +37,10 @@
 
 pub mod libraries;
 pub mod version;
+// Builds without the optional features (ipc, collective, nccl) leave the wrappers
+// only those features call unused.
+#[allow(dead_code)]
+pub(crate) mod result;
 
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -157,8 +163,7 @@ pub fn init() -> Result<()> {
             return Err(Error::NoDriver);
         }
         crate::driver::version::require_minimum(crate::driver::version::driver_version()?)?;
-        // SAFETY: the library is present (checked above); cuInit has no preconditions.
-        unsafe { sys::cuInit(0) }.check("cuInit")
+        result::init::init(0)
     })
 }
 
@@ -204,13 +209,10 @@ impl InitOnce {
 /// `bind_to_thread`, a dropped `CudaContext`, another library) is always noticed.
 /// `cuCtxSetCurrent` replaces the top of the thread's context stack, as a bind does.
 pub(crate) fn make_current(ctx: sys::CUcontext) -> Result<()> {
-    let mut current: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: writes one handle into `current`; needs no current context.
-    unsafe { sys::cuCtxGetCurrent(&mut current) }.check("cuCtxGetCurrent")?;
-    if current != ctx {
+    if result::context::get_current()? != ctx {
         // SAFETY: callers pass a retained primary context and hold the `Arc<Device>` that
         // keeps it retained for the call; setting it current affects only this thread.
-        unsafe { sys::cuCtxSetCurrent(ctx) }.check("cuCtxSetCurrent")?;
+        unsafe { result::context::set_current(ctx) }?;
     }
     Ok(())
 }
@@ -229,10 +231,7 @@ pub(crate) struct ContextGuard {
 impl ContextGuard {
     /// Makes `ctx` current until the guard drops.
     pub(crate) fn push(ctx: sys::CUcontext) -> Result<Self> {
-        let mut current: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: writes one handle into `current`; needs no current context.
-        unsafe { sys::cuCtxGetCurrent(&mut current) }.check("cuCtxGetCurrent")?;
-        if current == ctx {
+        if result::context::get_current()? == ctx {
             return Ok(ContextGuard {
                 pushed: false,
                 _same_thread: std::marker::PhantomData,
@@ -240,7 +239,7 @@ impl ContextGuard {
         }
         // SAFETY: `ctx` is a retained primary context (callers hold the `Arc<Device>`
         // that keeps it retained for at least the guard's life).
-        unsafe { sys::cuCtxPushCurrent_v2(ctx) }.check("cuCtxPushCurrent_v2")?;
+        unsafe { result::context::push_current(ctx) }?;
         Ok(ContextGuard {
             pushed: true,
             _same_thread: std::marker::PhantomData,
@@ -251,11 +250,9 @@ impl ContextGuard {
 impl Drop for ContextGuard {
     fn drop(&mut self) {
         if self.pushed {
-            let mut popped: sys::CUcontext = std::ptr::null_mut();
             // SAFETY: pops exactly the context `push` pushed; the guard is `!Send`, so this
             // runs on the thread that pushed, and guards nest like the scopes holding them.
-            let r = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
-            if let Err(e) = r.check("cuCtxPopCurrent_v2") {
+            if let Err(e) = unsafe { result::context::pop_current() } {
                 crate::teardown::faults::report_drop(
                     format_args!("a context guard"),
                     None,
@@ -304,16 +301,12 @@ pub(crate) struct CudaPrimary;
 impl PrimaryCtxOps for CudaPrimary {
     type Ctx = RawContext;
     fn retain(&self, device: i32) -> Result<RawContext> {
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: `device` came from cuDeviceGet after cuInit; writes one handle.
-        unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, device) }
-            .check("cuDevicePrimaryCtxRetain")?;
-        Ok(RawContext(ctx))
+        result::context::primary_retain(device).map(RawContext)
     }
     fn release(&self, device: i32) {
-        // SAFETY: called once for each successful retain (enforced by LazyPrimary).
-        let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(device) };
-        if let Err(e) = r.check("cuDevicePrimaryCtxRelease_v2") {
+        // SAFETY: called once for each successful retain (enforced by LazyPrimary), by
+        // the last `Arc<Device>`, after everything that used the context.
+        if let Err(e) = unsafe { result::context::primary_release(device) } {
             crate::teardown::faults::report_drop(
                 format_args!("the last Arc<Device> (CUdevice {device})"),
                 None,

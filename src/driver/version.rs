@@ -23,7 +23,6 @@
 //! # Ok::<(), gpubind::Error>(())
 //! ```
 
-use crate::driver::Check;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::ffi::{CStr, c_void};
@@ -193,10 +192,8 @@ pub(crate) fn real_driver_version() -> Result<DriverVersion> {
     if !crate::driver::driver_available() {
         return Err(Error::NoDriver);
     }
-    let mut raw = 0;
-    // SAFETY: the library is present (checked above); cuDriverGetVersion needs no cuInit
-    // and writes one int.
-    unsafe { sys::cuDriverGetVersion(&mut raw) }.check("cuDriverGetVersion")?;
+    // The library is present (checked above); cuDriverGetVersion needs no cuInit.
+    let raw = crate::driver::result::init::driver_get_version()?;
     DriverVersion::from_raw(raw).map_err(|_| {
         Error::InvalidArgument(format!(
             "cuDriverGetVersion reported {raw}, not a CUDA version"
@@ -251,29 +248,14 @@ impl EntryPoint {
             // Not cached: the same answer every time, and it costs one compare.
             return Err(self.unsupported(version));
         }
-        let mut pfn: *mut c_void = std::ptr::null_mut();
-        let mut status = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
-        // SAFETY: `base` is NUL-terminated and static; writes one pointer and one status.
         // cuGetProcAddress_v2 exists in every driver gpubind runs on (CUDA 12.0+) and is
-        // an ordinary cudarc sys function under every linking mode.
-        unsafe {
-            sys::cuGetProcAddress_v2(
-                self.base.as_ptr(),
-                &mut pfn,
-                self.since.raw(),
-                sys::CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_DEFAULT as u64,
-                &mut status,
-            )
-        }
-        .check("cuGetProcAddress_v2")
-        .or_else(|e| match e {
-            // The driver's answer for a symbol it does not have (with the status below).
-            Error::Driver {
-                code: crate::error::DriverErrorCode::NOT_FOUND,
-                ..
-            } => Ok(()),
-            e => Err(e),
-        })?;
+        // an ordinary cudarc sys function under every linking mode. A symbol the driver
+        // does not have comes back null, with a status other than success.
+        let (pfn, status) = crate::driver::result::init::get_proc_address(
+            self.base,
+            self.since.raw(),
+            sys::CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_DEFAULT as u64,
+        )?;
         let found = (status == sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS
             && !pfn.is_null())
         .then_some(pfn as usize);
@@ -448,6 +430,161 @@ pub(crate) fn event_elapsed_time() -> Result<(EventElapsedTime, &'static str)> {
         }
         Err(e) => Err(e),
     }
+}
+
+/// `cuEventElapsedTime_v2` (or, before CUDA 12.8, `cuEventElapsedTime`): milliseconds
+/// from `start` to `end`. The error names the variant called.
+///
+/// # Safety
+///
+/// `start` and `end` are live events of the current context.
+#[inline]
+pub(crate) unsafe fn event_elapsed_ms(start: sys::CUevent, end: sys::CUevent) -> Result<f32> {
+    let (elapsed, call) = event_elapsed_time()?;
+    let mut ms = 0f32;
+    // SAFETY: the caller guarantees both events; writes one float.
+    crate::driver::result::check(unsafe { elapsed(&mut ms, start, end) }, call)?;
+    Ok(ms)
+}
+
+/// `cuFuncGetParamInfo` (CUDA 12.4+): `Some((offset, size))` of parameter `index` of
+/// `f`, `None` past the last parameter (the driver's `CUDA_ERROR_INVALID_VALUE`);
+/// [`Error::Unsupported`] on drivers without the entry point.
+///
+/// # Safety
+///
+/// `f` is a function of a live module.
+#[allow(dead_code)] // called by the launch and module layers
+#[inline]
+pub(crate) unsafe fn func_param_info(
+    f: sys::CUfunction,
+    index: usize,
+) -> Result<Option<(usize, usize)>> {
+    // SAFETY: `FuncGetParamInfo` is cuFuncGetParamInfo's prototype
+    // (CUfunction, size_t, size_t*, size_t*) -> CUresult.
+    let get = unsafe { FUNC_GET_PARAM_INFO.get::<FuncGetParamInfo>() }?;
+    let (mut offset, mut size) = (0usize, 0usize);
+    // SAFETY: the caller guarantees the function; writes two size_t.
+    match unsafe { get(f, index, &mut offset, &mut size) } {
+        sys::CUresult::CUDA_ERROR_INVALID_VALUE => Ok(None),
+        code => crate::driver::result::check(code, FUNC_GET_PARAM_INFO.symbol)
+            .map(|()| Some((offset, size))),
+    }
+}
+
+/// `cuMemAdvise_v2`: advice about the managed range `ptr..ptr + bytes`.
+///
+/// # Safety
+///
+/// The range is managed memory of the current context, live for the call.
+#[inline]
+pub(crate) unsafe fn mem_advise(
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    advice: sys::CUmem_advise,
+    location: sys::CUmemLocation,
+) -> Result<()> {
+    // SAFETY: `MemAdviseV2` is cuMemAdvise_v2's prototype
+    // (CUdeviceptr, size_t, CUmem_advise, CUmemLocation) -> CUresult.
+    let advise = unsafe { MEM_ADVISE_V2.get::<MemAdviseV2>() }?;
+    // SAFETY: the caller guarantees the range.
+    crate::driver::result::check(
+        unsafe { advise(ptr, bytes, advice, location) },
+        MEM_ADVISE_V2.symbol,
+    )
+}
+
+/// `cuMemPrefetchAsync_v2`: migrates the managed range `ptr..ptr + bytes` to
+/// `location`, ordered on `stream`.
+///
+/// # Safety
+///
+/// The range is managed memory that stays allocated until the stream has run the
+/// prefetch; `stream` is a live stream of the current context.
+#[inline]
+pub(crate) unsafe fn mem_prefetch_async(
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    location: sys::CUmemLocation,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: `MemPrefetchAsyncV2` is cuMemPrefetchAsync_v2's prototype
+    // (CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream) -> CUresult.
+    let prefetch = unsafe { MEM_PREFETCH_ASYNC_V2.get::<MemPrefetchAsyncV2>() }?;
+    // SAFETY: the caller guarantees the range and the stream; flags must be 0.
+    crate::driver::result::check(
+        unsafe { prefetch(ptr, bytes, location, 0, stream) },
+        MEM_PREFETCH_ASYNC_V2.symbol,
+    )
+}
+
+/// `cuLaunchKernelEx`'s prototype.
+#[allow(dead_code)] // called by the launch and module layers
+pub(crate) type LaunchKernelEx = unsafe extern "C" fn(
+    *const sys::CUlaunchConfig,
+    sys::CUfunction,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> sys::CUresult;
+
+/// `cuOccupancyMaxActiveClusters`'s prototype.
+#[allow(dead_code)] // called by the launch and module layers
+pub(crate) type OccupancyMaxActiveClusters = unsafe extern "C" fn(
+    *mut std::ffi::c_int,
+    sys::CUfunction,
+    *const sys::CUlaunchConfig,
+) -> sys::CUresult;
+
+/// `cuLaunchKernelEx`: enqueues `f` with the launch configuration (grid, block, shared
+/// memory, stream and attribute list) `config`.
+///
+/// # Safety
+///
+/// As `result::module::launch_kernel`, for the stream of `config`; `config` and its
+/// attribute list are valid for the call, and the attributes are ones the kernel can
+/// run with (a grid-synchronising kernel is cooperative, a cluster kernel has its
+/// cluster dimension).
+#[allow(dead_code)] // called by the launch and module layers
+#[inline]
+pub(crate) unsafe fn launch_kernel_ex(
+    config: &sys::CUlaunchConfig,
+    f: sys::CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<()> {
+    // SAFETY: `LaunchKernelEx` is cuLaunchKernelEx's prototype
+    // (const CUlaunchConfig*, CUfunction, void**, void**) -> CUresult.
+    let launch = unsafe { LAUNCH_KERNEL_EX.get::<LaunchKernelEx>() }?;
+    // SAFETY: the caller's contract is this call's.
+    crate::driver::result::check(
+        unsafe { launch(config, f, params, extra) },
+        LAUNCH_KERNEL_EX.symbol,
+    )
+}
+
+/// `cuOccupancyMaxActiveClusters`: how many clusters of `config`'s shape can be
+/// co-resident.
+///
+/// # Safety
+///
+/// `f` is a function of a live module of the current context; `config` and its
+/// attribute list are valid for the call.
+#[allow(dead_code)] // called by the launch and module layers
+#[inline]
+pub(crate) unsafe fn occupancy_max_active_clusters(
+    f: sys::CUfunction,
+    config: &sys::CUlaunchConfig,
+) -> Result<std::ffi::c_int> {
+    // SAFETY: `OccupancyMaxActiveClusters` is the entry point's prototype
+    // (int*, CUfunction, const CUlaunchConfig*) -> CUresult.
+    let query = unsafe { OCCUPANCY_MAX_ACTIVE_CLUSTERS.get::<OccupancyMaxActiveClusters>() }?;
+    let mut clusters = 0;
+    // SAFETY: the caller guarantees the function and the configuration; writes one int.
+    crate::driver::result::check(
+        unsafe { query(&mut clusters, f, config) },
+        OCCUPANCY_MAX_ACTIVE_CLUSTERS.symbol,
+    )?;
+    Ok(clusters)
 }
 
 /// A `CUmemLocation` of `type_` and `id`, whatever the bindings' version (CUDA 13.2

@@ -284,12 +284,8 @@ impl<'a> BoundDevice<'a> {
             return Ok(());
         }
         let (advice, location) = advice.raw();
-        // SAFETY: `MemAdviseV2` is cuMemAdvise_v2's prototype
-        // (CUdeviceptr, size_t, CUmem_advise, CUmemLocation) -> CUresult.
-        let advise = unsafe { compat::MEM_ADVISE_V2.get::<compat::MemAdviseV2>() }?;
         // SAFETY: context current; the range is one live managed allocation.
-        unsafe { advise(mem.ptr, mem.num_bytes(), advice, location) }
-            .check(compat::MEM_ADVISE_V2.symbol)
+        unsafe { compat::mem_advise(mem.ptr, mem.num_bytes(), advice, location) }
     }
 }
 
@@ -301,15 +297,10 @@ impl<'b> BoundStream<'b> {
         if mem.ptr == 0 {
             return Ok(());
         }
-        // SAFETY: `MemPrefetchAsyncV2` is cuMemPrefetchAsync_v2's prototype
-        // (CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream) -> CUresult.
-        let prefetch =
-            unsafe { compat::MEM_PREFETCH_ASYNC_V2.get::<compat::MemPrefetchAsyncV2>() }?;
         // Migration keeps the contents: ordered like a read.
         let _claim = self.claim([Some((&mem.tracker, Access::Read))])?;
         // SAFETY: context current, stream of it; one live managed allocation, whose free
         // waits for this prefetch (tracked above).
-        unsafe { prefetch(mem.ptr, mem.num_bytes(), to.raw(), 0, self.raw()) }
-            .check(compat::MEM_PREFETCH_ASYNC_V2.symbol)
+        unsafe { compat::mem_prefetch_async(mem.ptr, mem.num_bytes(), to.raw(), self.raw()) }
     }
 }

@@ -483,11 +483,13 @@ mod tests {
     fn no_limit_waits_for_the_job() {
         let w = Worker::spawn("release-test-2".into()).expect("spawn");
         let (open, slow) = gate();
+        // The clock starts before the opener's sleep can, so a busy machine that runs the
+        // opener first cannot make the wait look shorter than it was.
+        let t = Instant::now();
         let opener = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(150));
             open.send(()).expect("open");
         });
-        let t = Instant::now();
         assert!(matches!(w.run(slow, None, what), Outcome::Finished(None)));
         assert!(t.elapsed() >= Duration::from_millis(150));
         opener.join().expect("opener");

@@ -1,0 +1,145 @@
+//! Streams: creation, ordering, queries, capture.
+
+use super::{check, check_ready};
+use crate::error::Result;
+use cudarc::driver::sys;
+use std::ffi::{c_int, c_uint};
+
+/// `cuStreamCreate`: a stream of the current context with `flags`.
+///
+/// # Safety
+///
+/// The context the stream should belong to is current; the caller destroys the stream
+/// with [`destroy`] in that context.
+#[inline]
+pub(crate) unsafe fn create(flags: c_uint) -> Result<sys::CUstream> {
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: writes one handle; the caller made the owning context current.
+    check(
+        unsafe { sys::cuStreamCreate(&mut stream, flags) },
+        "cuStreamCreate",
+    )?;
+    Ok(stream)
+}
+
+/// `cuStreamCreateWithPriority`.
+///
+/// # Safety
+///
+/// As [`create`].
+#[inline]
+pub(crate) unsafe fn create_with_priority(flags: c_uint, priority: c_int) -> Result<sys::CUstream> {
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: writes one handle; the caller made the owning context current.
+    check(
+        unsafe { sys::cuStreamCreateWithPriority(&mut stream, flags, priority) },
+        "cuStreamCreateWithPriority",
+    )?;
+    Ok(stream)
+}
+
+/// `cuStreamDestroy_v2`. Work already queued still runs.
+///
+/// # Safety
+///
+/// `stream` is a live stream the caller created, destroyed once, and not used after.
+#[inline]
+pub(crate) unsafe fn destroy(stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller owns the handle and never uses it again.
+    check(
+        unsafe { sys::cuStreamDestroy_v2(stream) },
+        "cuStreamDestroy_v2",
+    )
+}
+
+/// `cuStreamQuery`: `Ok(true)` when all work queued on `stream` has completed,
+/// `Ok(false)` while some still runs.
+///
+/// # Safety
+///
+/// `stream` is live (or null, the current context's legacy stream).
+#[inline]
+pub(crate) unsafe fn query(stream: sys::CUstream) -> Result<bool> {
+    // SAFETY: the caller guarantees the handle.
+    check_ready(unsafe { sys::cuStreamQuery(stream) }, "cuStreamQuery")
+}
+
+/// `cuStreamSynchronize`: waits until all work queued on `stream` has completed.
+///
+/// # Safety
+///
+/// `stream` is live (or null).
+#[inline]
+pub(crate) unsafe fn synchronize(stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller guarantees the handle.
+    check(
+        unsafe { sys::cuStreamSynchronize(stream) },
+        "cuStreamSynchronize",
+    )
+}
+
+/// `cuStreamWaitEvent(stream, event, 0)`: later work on `stream` waits for the work
+/// `event` last recorded.
+///
+/// # Safety
+///
+/// `stream` and `event` are live.
+#[inline]
+pub(crate) unsafe fn wait_event(stream: sys::CUstream, event: sys::CUevent) -> Result<()> {
+    // SAFETY: the caller guarantees both handles; flags must be 0.
+    check(
+        unsafe { sys::cuStreamWaitEvent(stream, event, 0) },
+        "cuStreamWaitEvent",
+    )
+}
+
+/// `cuStreamGetPriority`.
+///
+/// # Safety
+///
+/// `stream` is live.
+#[inline]
+pub(crate) unsafe fn priority(stream: sys::CUstream) -> Result<c_int> {
+    let mut p = 0;
+    // SAFETY: the caller guarantees the handle; writes one int.
+    check(
+        unsafe { sys::cuStreamGetPriority(stream, &mut p) },
+        "cuStreamGetPriority",
+    )?;
+    Ok(p)
+}
+
+/// `cuStreamBeginCapture_v2`: starts capturing `stream`'s work into a graph.
+///
+/// # Safety
+///
+/// `stream` is live and not the legacy (null) stream.
+#[inline]
+pub(crate) unsafe fn begin_capture(
+    stream: sys::CUstream,
+    mode: sys::CUstreamCaptureMode,
+) -> Result<()> {
+    // SAFETY: the caller guarantees the handle.
+    check(
+        unsafe { sys::cuStreamBeginCapture_v2(stream, mode) },
+        "cuStreamBeginCapture_v2",
+    )
+}
+
+/// `cuStreamEndCapture`: ends the capture and returns the captured graph (which the
+/// caller owns and destroys with `graph::destroy`).
+///
+/// # Safety
+///
+/// `stream` is live and capturing (begun on this thread in the global or thread-local
+/// mode).
+#[inline]
+pub(crate) unsafe fn end_capture(stream: sys::CUstream) -> Result<sys::CUgraph> {
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: the caller guarantees the handle; writes one graph handle.
+    check(
+        unsafe { sys::cuStreamEndCapture(stream, &mut graph) },
+        "cuStreamEndCapture",
+    )?;
+    Ok(graph)
+}
