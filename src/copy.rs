@@ -101,12 +101,12 @@
 use crate::access::{Access, AccessTracker, Claim, Locks, host_claim, locks};
 use crate::context::BoundDevice;
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::Result;
 use crate::memory::{ByteSpan, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, expect_len};
 use crate::module::global::ModuleGlobal;
 use crate::stream::BoundStream;
-use cudarc::driver::sys;
+use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -397,23 +397,21 @@ unsafe fn enqueue<T: DeviceRepr>(
     let enqueued: Result<()> = unsafe {
         match (src.kind.is_host(), dst.kind.is_host()) {
             (true, true) => {
-                sys::cuStreamSynchronize(raw).check_on(bound.device(), "cuStreamSynchronize")?;
+                bound.device().check(result::stream::synchronize(raw))?;
                 // `dst` comes from an exclusive borrow, so the ranges do not overlap.
                 std::ptr::copy_nonoverlapping(src.addr as *const u8, dst.addr as *mut u8, bytes);
                 Ok(())
             }
             (true, false) => {
-                sys::cuMemcpyHtoDAsync_v2(dst.addr, src.addr as *const std::ffi::c_void, bytes, raw)
-                    .check_on(bound.device(), "cuMemcpyHtoDAsync_v2")
+                result::copy::htod_async(dst.addr, src.addr as *const c_void, bytes, raw)
             }
             (false, true) => {
-                sys::cuMemcpyDtoHAsync_v2(dst.addr as *mut std::ffi::c_void, src.addr, bytes, raw)
-                    .check_on(bound.device(), "cuMemcpyDtoHAsync_v2")
+                result::copy::dtoh_async(dst.addr as *mut c_void, src.addr, bytes, raw)
             }
-            (false, false) => sys::cuMemcpyDtoDAsync_v2(dst.addr, src.addr, bytes, raw)
-                .check_on(bound.device(), "cuMemcpyDtoDAsync_v2"),
+            (false, false) => result::copy::dtod_async(dst.addr, src.addr, bytes, raw),
         }
     };
+    let enqueued = bound.device().check(enqueued);
     enqueued?;
     if let Order::Host = how {
         // Still claimed: nothing can use the buffers until the copy has landed.

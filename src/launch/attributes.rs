@@ -5,26 +5,12 @@
 use super::builder::DriverLaunch;
 use super::{LaunchBuilder, LaunchConfig};
 use crate::device::Device;
-use crate::driver::Check;
-use crate::driver::version::{LAUNCH_KERNEL_EX, OCCUPANCY_MAX_ACTIVE_CLUSTERS};
+use crate::driver::result;
+use crate::driver::version::{self, LAUNCH_KERNEL_EX, OCCUPANCY_MAX_ACTIVE_CLUSTERS};
 use crate::error::{Error, Result};
 use crate::module::{Function, KernelArg};
 use cudarc::driver::sys;
 use std::ffi::c_void;
-
-/// `cuLaunchKernelEx`'s prototype.
-type LaunchKernelExFn = unsafe extern "C" fn(
-    *const sys::CUlaunchConfig,
-    sys::CUfunction,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> sys::CUresult;
-/// `cuOccupancyMaxActiveClusters`'s prototype.
-type OccupancyMaxActiveClustersFn = unsafe extern "C" fn(
-    *mut std::ffi::c_int,
-    sys::CUfunction,
-    *const sys::CUlaunchConfig,
-) -> sys::CUresult;
 
 /// How the hardware places a launch's clusters on the GPU's processing clusters
 /// (`CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE`); a preference.
@@ -227,13 +213,9 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
     /// grid, and a cluster kernel that uses the cluster's barrier or shared memory, must
     /// be launched with those attributes (else the sync is undefined).
     pub unsafe fn launch(&mut self) -> Result<()> {
-        // SAFETY: `LaunchKernelExFn` is cuLaunchKernelEx's prototype
-        // (const CUlaunchConfig*, CUfunction, void**, void**) -> CUresult.
-        let launch_ex = unsafe { LAUNCH_KERNEL_EX.get::<LaunchKernelExFn>() }?;
-        let driver = LaunchKernelEx {
-            attrs: self.attrs,
-            launch_ex,
-        };
+        // A driver without the entry point fails here, before any check or claim.
+        LAUNCH_KERNEL_EX.address()?;
+        let driver = LaunchKernelEx { attrs: self.attrs };
         // SAFETY: the caller's contract is this function's; `LaunchKernelEx` enqueues the
         // kernel with exactly the configuration, stream and parameters it is given.
         unsafe { self.inner.enqueue(driver) }
@@ -243,12 +225,9 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
 /// The end of a launch with attributes: their checks, then `cuLaunchKernelEx`.
 struct LaunchKernelEx {
     attrs: LaunchAttributes,
-    launch_ex: LaunchKernelExFn,
 }
 
 impl DriverLaunch for LaunchKernelEx {
-    const NAME: &'static str = "cuLaunchKernelEx";
-
     fn check(&self, launch: &LaunchBuilder<'_, '_>) -> Result<()> {
         check_attributes(launch, &self.attrs)
     }
@@ -259,12 +238,12 @@ impl DriverLaunch for LaunchKernelEx {
         cfg: &LaunchConfig,
         stream: sys::CUstream,
         params: *mut *mut c_void,
-    ) -> sys::CUresult {
+    ) -> Result<()> {
         let (mut list, n) = self.attrs.to_sys();
         let config = driver_launch_config(cfg, stream, &mut list, n);
         // SAFETY: the trait's contract (the function, stream and parameters the shared
         // path checked); `config` and the attribute list it points to live for the call.
-        unsafe { (self.launch_ex)(&config, func, params, std::ptr::null_mut()) }
+        unsafe { version::launch_kernel_ex(&config, func, params, std::ptr::null_mut()) }
     }
 }
 
@@ -479,14 +458,13 @@ impl Function<'_> {
         require_cluster_launch(device, "a non-portable cluster size", None)?;
         let _guard = device.enter()?;
         // SAFETY: a valid function of the module's context, current for the call.
-        unsafe {
-            sys::cuFuncSetAttribute(
+        device.check(unsafe {
+            result::module::func_set_attribute(
                 self.raw_handle(),
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
                 i32::from(allow),
             )
-        }
-        .check_on(device, "cuFuncSetAttribute")
+        })
     }
 
     /// How many clusters of `cluster` blocks, each block as `cfg` describes (block size
@@ -519,9 +497,8 @@ impl Function<'_> {
             x.saturating_mul(y).saturating_mul(z),
             self.limits(),
         )?;
-        // SAFETY: `OccupancyMaxActiveClustersFn` is the entry point's prototype
-        // (int*, CUfunction, const CUlaunchConfig*) -> CUresult.
-        let query = unsafe { OCCUPANCY_MAX_ACTIVE_CLUSTERS.get::<OccupancyMaxActiveClustersFn>() }?;
+        // A driver without the entry point fails here, before the context is entered.
+        OCCUPANCY_MAX_ACTIVE_CLUSTERS.address()?;
         let attrs = LaunchAttributes {
             cluster: Some(cluster),
             ..LaunchAttributes::default()
@@ -530,11 +507,10 @@ impl Function<'_> {
         let config = driver_launch_config(&cfg, std::ptr::null_mut(), &mut list, n);
         let device = self.module().device();
         let _guard = device.enter()?;
-        let mut clusters = 0;
         // SAFETY: a valid function of the module's context, current for the call;
-        // `config` and its attribute list live for the call; writes one int.
-        unsafe { query(&mut clusters, self.raw_handle(), &config) }
-            .check_on(device, "cuOccupancyMaxActiveClusters")?;
+        // `config` and its attribute list live for the call.
+        let clusters = device
+            .check(unsafe { version::occupancy_max_active_clusters(self.raw_handle(), &config) })?;
         Ok(clusters.max(0) as u32)
     }
 }

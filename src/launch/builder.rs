@@ -5,7 +5,7 @@
 use super::LaunchConfig;
 use crate::access::{self, Access, AccessTracker, Use};
 use crate::device::poison::KernelName;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::module::{Function, KernelArg, func_attribute};
 use crate::stream::BoundStream;
@@ -454,9 +454,9 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         // borrowed for 'a, which outlives this call (the driver copies the parameter bytes
         // before returning); the buffers are claimed (the caller's). Memory safety of the
         // kernel itself is the caller's contract.
-        let status =
+        let called =
             unsafe { driver.call(self.func.raw, &self.cfg, stream, self.args.as_mut_ptr()) };
-        status.check_on(self.stream.bound().device(), D::NAME)
+        self.stream.bound().device().check(called)
     }
 }
 
@@ -464,8 +464,6 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
 /// (`cuLaunchKernel`) or a launch with attributes (`cuLaunchKernelEx`, [`crate::launch`]).
 /// A trait rather than closures so that the ordinary launch inlines it.
 pub(crate) trait DriverLaunch {
-    /// The entry point, for errors.
-    const NAME: &'static str;
     /// Checks beyond the ordinary launch's, before anything is claimed.
     fn check(&self, launch: &LaunchBuilder<'_, '_>) -> Result<()>;
     /// Enqueues `func` with `cfg` on `stream` with `params`.
@@ -482,15 +480,13 @@ pub(crate) trait DriverLaunch {
         cfg: &LaunchConfig,
         stream: sys::CUstream,
         params: *mut *mut c_void,
-    ) -> sys::CUresult;
+    ) -> Result<()>;
 }
 
 /// The ordinary launch: `cuLaunchKernel`, nothing more to check.
 pub(crate) struct LaunchKernel;
 
 impl DriverLaunch for LaunchKernel {
-    const NAME: &'static str = "cuLaunchKernel";
-
     #[inline(always)]
     fn check(&self, _: &LaunchBuilder<'_, '_>) -> Result<()> {
         Ok(())
@@ -503,18 +499,14 @@ impl DriverLaunch for LaunchKernel {
         cfg: &LaunchConfig,
         stream: sys::CUstream,
         params: *mut *mut c_void,
-    ) -> sys::CUresult {
+    ) -> Result<()> {
         // SAFETY: the trait's contract: a function and stream of the current context,
         // parameters alive for the call (the driver copies them before returning).
         unsafe {
-            sys::cuLaunchKernel(
+            result::module::launch_kernel(
                 func,
-                cfg.grid_dim.0,
-                cfg.grid_dim.1,
-                cfg.grid_dim.2,
-                cfg.block_dim.0,
-                cfg.block_dim.1,
-                cfg.block_dim.2,
+                cfg.grid_dim,
+                cfg.block_dim,
                 cfg.shared_mem_bytes,
                 stream,
                 params,
