@@ -9,7 +9,7 @@ use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
 use crate::copy::DeviceOnlyMemory;
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::launch::LaunchConfig;
 use crate::memory::host::CaptureSource;
@@ -84,13 +84,12 @@ impl<'a> BoundDevice<'a> {
         let origin = session.borrow_mut().new_stream()?;
         // SAFETY: a stream of the current context, created above and known to no one
         // else; thread-local mode leaves other threads' calls alone.
-        unsafe {
-            sys::cuStreamBeginCapture_v2(
+        device.check(unsafe {
+            result::stream::begin_capture(
                 origin,
                 sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
-        }
-        .check_on(device, "cuStreamBeginCapture_v2")?;
+        })?;
         // Declared after `session`: dropped (capture ended) before its streams are.
         let mut active = Active {
             device,
@@ -170,8 +169,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
                 // SAFETY: `event` was recorded on `stream`, a capturing stream of this
                 // capture, right after the earlier use; waiting on it from `here`
                 // (capturing, same capture) adds that dependency to the graph.
-                unsafe { sys::cuStreamWaitEvent(here, event, 0) }
-                    .check_on(self.device, "cuStreamWaitEvent")?;
+                self.device
+                    .check(unsafe { result::stream::wait_event(here, event) })?;
                 waited.push(event);
             }
         }
@@ -190,7 +189,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         let event = relaxed(|| self.session.borrow_mut().event())??;
         // SAFETY: an event of this context created for this capture; recorded on the
         // capturing stream, it marks the point after the operation.
-        unsafe { sys::cuEventRecord(event, here) }.check_on(self.device, "cuEventRecord")?;
+        self.device
+            .check(unsafe { result::event::record(event, here) })?;
         let mut s = self.session.borrow_mut();
         let spans = std::mem::take(&mut s.pending);
         s.hazards
@@ -256,8 +256,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
                     // SAFETY: `event` was last recorded on `stream`, a capturing stream of
                     // this capture, right after the previous use; waiting on it from
                     // `here` (capturing, same capture) adds that dependency to the graph.
-                    unsafe { sys::cuStreamWaitEvent(here, event, 0) }
-                        .check_on(self.device, "cuStreamWaitEvent")?;
+                    self.device
+                        .check(unsafe { result::stream::wait_event(here, event) })?;
                 }
                 event
             }
@@ -270,7 +270,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         let out = op();
         // SAFETY: `event` is an event of this context created for this capture; recording
         // it on the capturing stream marks the point after this use.
-        unsafe { sys::cuEventRecord(event, here) }.check_on(self.device, "cuEventRecord")?;
+        self.device
+            .check(unsafe { result::event::record(event, here) })?;
         let mut s = self.session.borrow_mut();
         match s.scratch.iter_mut().find(|(x, _, _)| std::ptr::eq(*x, t)) {
             Some(entry) => *entry = (t, here, event),
@@ -325,8 +326,9 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             // SAFETY: a capturing stream of the bound context: recorded, not run. The
             // range is in bounds of a live allocation that the graph borrows for 'buf and
             // claims at each launch.
-            unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.stream.0) }
-                .check_on(self.device, "cuMemsetD8Async")
+            self.device.check(unsafe {
+                result::copy::memset_d8_async(dst.device_ptr(), 0, dst.num_bytes(), self.stream.0)
+            })
         })
     }
 
@@ -385,8 +387,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             // ranges are in bounds of live allocations the graph borrows for 'buf and
             // claims at each launch; they do not overlap (checked above, or different
             // allocations).
-            unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, src.num_bytes(), self.stream.0) }
-                .check_on(self.device, "cuMemcpyDtoDAsync_v2")
+            self.device
+                .check(unsafe { result::copy::dtod_async(d, s, src.num_bytes(), self.stream.0) })
         })
     }
 
@@ -467,15 +469,14 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             // free or write `src` under a launch even if that borrow ends early (a
             // forgotten GraphExec): its drop and its host writes wait for the claimed
             // read (`CaptureSource`).
-            unsafe {
-                sys::cuMemcpyHtoDAsync_v2(
+            self.device.check(unsafe {
+                result::copy::htod_async(
                     dst.device_ptr(),
                     from.addr as *const c_void,
                     dst.num_bytes(),
                     self.stream.0,
                 )
-            }
-            .check_on(self.device, "cuMemcpyHtoDAsync_v2")
+            })
         })
     }
 
@@ -512,10 +513,11 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         // SAFETY: `forked` is an event of this context; `main` is capturing: the record
         // marks this point of the capture, and the wait makes `branch` (private, idle)
         // join the capture from here.
-        unsafe { sys::cuEventRecord(forked, main) }.check_on(self.device, "cuEventRecord")?;
+        self.device
+            .check(unsafe { result::event::record(forked, main) })?;
         // SAFETY: as above.
-        unsafe { sys::cuStreamWaitEvent(branch, forked, 0) }
-            .check_on(self.device, "cuStreamWaitEvent")?;
+        self.device
+            .check(unsafe { result::stream::wait_event(branch, forked) })?;
         let mut join = Join {
             device: self.device,
             branch,
@@ -565,15 +567,14 @@ impl<'c, 'buf> Capture<'c, 'buf> {
 /// previous mode (`cuThreadExchangeStreamCaptureMode`, push-pop as the driver's docs
 /// advise).
 fn relaxed<R>(f: impl FnOnce() -> R) -> Result<R> {
-    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: swaps one enum value of this thread's state.
-    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }
-        .check("cuThreadExchangeStreamCaptureMode")?;
+    let mode = result::context::exchange_capture_mode(
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    )?;
     struct Restore(sys::CUstreamCaptureMode);
     impl Drop for Restore {
         fn drop(&mut self) {
-            // SAFETY: as above; puts back the mode saved before `f`.
-            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut self.0) };
+            // Puts back the mode saved before `f`.
+            let _ = result::context::exchange_capture_mode(self.0);
         }
     }
     let _restore = Restore(mode);
@@ -595,11 +596,11 @@ impl Join<'_> {
         self.done = true;
         // SAFETY: `event` is an event of this context, `branch` a capturing stream of the
         // capture: recording marks the branch's end; `main` waiting on it joins it.
-        unsafe { sys::cuEventRecord(self.event, self.branch) }
-            .check_on(self.device, "cuEventRecord")?;
+        self.device
+            .check(unsafe { result::event::record(self.event, self.branch) })?;
         // SAFETY: as above.
-        unsafe { sys::cuStreamWaitEvent(self.main, self.event, 0) }
-            .check_on(self.device, "cuStreamWaitEvent")
+        self.device
+            .check(unsafe { result::stream::wait_event(self.main, self.event) })
     }
 }
 

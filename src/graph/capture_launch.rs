@@ -2,12 +2,11 @@
 
 use super::capture::Capture;
 use crate::access::{Access, AccessTracker};
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::launch::LaunchConfig;
 use crate::memory::DeviceRepr;
 use crate::module::{Function, KernelArg};
-use cudarc::driver::sys;
 use std::ffi::c_void;
 
 /// A kernel launch being captured; see [`Capture::launch`].
@@ -162,22 +161,17 @@ impl<'l, 'c, 'buf> CaptureLaunch<'l, 'c, 'buf> {
             // is capturing: the driver records a kernel node, copying the parameter
             // bytes, which point at values borrowed for 'buf. The kernel's memory safety
             // at each launch of the graph is the caller's contract.
-            unsafe {
-                sys::cuLaunchKernel(
+            self.capture.device.check(unsafe {
+                result::module::launch_kernel(
                     func.raw(),
-                    g.0,
-                    g.1,
-                    g.2,
-                    b.0,
-                    b.1,
-                    b.2,
+                    g,
+                    b,
                     shared_mem_bytes,
                     stream,
                     args.as_mut_ptr(),
                     std::ptr::null_mut(),
                 )
-            }
-            .check_on(self.capture.device, "cuLaunchKernel")
+            })
         })
     }
 }

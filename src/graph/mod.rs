@@ -135,7 +135,7 @@ use uses::Uses;
 
 use crate::access::{self, Access, AccessTracker, Use};
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
@@ -204,11 +204,9 @@ impl<'buf> Graph<'buf> {
     /// How many nodes the graph has (`cuGraphGetNodes`).
     pub fn node_count(&self) -> Result<usize> {
         let _guard = self.device.enter()?;
-        let mut n = 0usize;
-        // SAFETY: a live graph; a null array asks for the count only.
-        unsafe { sys::cuGraphGetNodes(self.raw, std::ptr::null_mut(), &mut n) }
-            .check_on(&self.device, "cuGraphGetNodes")?;
-        Ok(n)
+        // SAFETY: a live graph of this context (current for the call).
+        self.device
+            .check(unsafe { result::graph::node_count(self.raw) })
     }
 
     /// Instantiates the graph (`cuGraphInstantiateWithFlags`): an executable graph that
@@ -216,10 +214,10 @@ impl<'buf> Graph<'buf> {
     /// again afterwards.
     pub fn instantiate(&self) -> Result<GraphExec<'buf>> {
         let _guard = self.device.enter()?;
-        let mut raw: sys::CUgraphExec = std::ptr::null_mut();
-        // SAFETY: a live graph of this context (current for the call); writes one handle.
-        unsafe { sys::cuGraphInstantiateWithFlags(&mut raw, self.raw, 0) }
-            .check_on(&self.device, "cuGraphInstantiateWithFlags")?;
+        // SAFETY: a live graph of this context (current for the call).
+        let raw = self
+            .device
+            .check(unsafe { result::graph::instantiate(self.raw, 0) })?;
         Ok(GraphExec {
             device: Arc::clone(&self.device),
             raw,
@@ -354,8 +352,8 @@ impl<'buf> GraphExec<'buf> {
         // SAFETY: a live executable graph of this device, launched on a stream of it
         // (context checked above); everything it uses is borrowed for 'buf and ordered by
         // the claim held across the enqueue.
-        unsafe { sys::cuGraphLaunch(self.raw, stream.raw()) }
-            .check_on(&self.device, "cuGraphLaunch")
+        self.device
+            .check(unsafe { result::graph::launch(self.raw, stream.raw()) })
     }
 
     /// Updates this executable graph in place from `graph` (`cuGraphExecUpdate_v2`):
@@ -382,24 +380,17 @@ impl<'buf> GraphExec<'buf> {
             });
         }
         let _guard = self.device.enter()?;
-        let mut info = sys::CUgraphExecUpdateResultInfo {
-            result: sys::CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
-            errorNode: std::ptr::null_mut(),
-            errorFromNode: std::ptr::null_mut(),
-        };
         // SAFETY: a live executable graph and a live graph of this context (current for
-        // the call); writes the result info. `&mut self` (and !Sync) excludes a
-        // concurrent launch.
-        let r = unsafe { sys::cuGraphExecUpdate_v2(self.raw, graph.raw, &mut info) };
-        match r {
-            sys::CUresult::CUDA_SUCCESS => {
+        // the call). `&mut self` (and !Sync) excludes a concurrent launch.
+        let updated = unsafe { result::graph::exec_update(self.raw, graph.raw) };
+        match self.device.check(updated)? {
+            Ok(()) => {
                 self.uses = graph.uses.clone();
                 Ok(())
             }
-            sys::CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => Err(Error::GraphUpdate {
+            Err(info) => Err(Error::GraphUpdate {
                 reason: update_result_name(info.result).to_owned(),
             }),
-            code => code.check_on(&self.device, "cuGraphExecUpdate_v2"),
         }
     }
 

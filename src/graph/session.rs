@@ -4,7 +4,7 @@
 use super::Uses;
 use crate::access::AccessTracker;
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::memory::ByteSpan;
 use cudarc::driver::sys;
@@ -60,13 +60,12 @@ impl Session<'_> {
     /// A new private non-blocking stream of the (current) context, destroyed with the
     /// session.
     pub(super) fn new_stream(&mut self) -> Result<sys::CUstream> {
-        let mut raw: sys::CUstream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         // SAFETY: the bound context is current (checked by `capture`, and the binding is
-        // borrowed by the closure for the whole capture); writes one handle.
-        unsafe {
-            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-        }
-        .check_on(&self.device, "cuStreamCreate")?;
+        // borrowed by the closure for the whole capture).
+        let raw = self
+            .device
+            .check(unsafe { result::stream::create(flags) })?;
         self.streams.push(raw);
         Ok(raw)
     }
@@ -116,21 +115,17 @@ pub(super) struct Active<'d> {
 impl Active<'_> {
     pub(super) fn end(&mut self) -> Result<sys::CUgraph> {
         self.ended = true;
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: `origin` is capturing (begun by `capture`, on this thread: the handles
-        // are !Send); writes one handle.
-        let r = unsafe { sys::cuStreamEndCapture(self.origin, &mut graph) }
-            .check_on(self.device, "cuStreamEndCapture");
-        match r {
-            Ok(()) if !graph.is_null() => Ok(graph),
-            Ok(()) => Err(Error::InvalidArgument(
+        // are !Send). A failed end returns no graph (the driver's is null).
+        let graph = self
+            .device
+            .check(unsafe { result::stream::end_capture(self.origin) })?;
+        if graph.is_null() {
+            return Err(Error::InvalidArgument(
                 "cuStreamEndCapture returned no graph".into(),
-            )),
-            Err(e) => {
-                destroy_graph(graph);
-                Err(e)
-            }
+            ));
         }
+        Ok(graph)
     }
 }
 
@@ -148,8 +143,7 @@ impl Drop for Active<'_> {
 pub(super) fn destroy_graph(graph: sys::CUgraph) {
     if !graph.is_null() {
         // SAFETY: a graph returned by cuStreamEndCapture, owned here, destroyed once.
-        let r = unsafe { sys::cuGraphDestroy(graph) };
-        if let Err(e) = crate::driver::Check::check(r, "cuGraphDestroy") {
+        if let Err(e) = unsafe { result::graph::destroy(graph) } {
             crate::teardown::faults::report_drop(
                 format_args!("a captured graph that was not kept"),
                 None,
