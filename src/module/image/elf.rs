@@ -314,7 +314,7 @@ impl<'a> Sections<'a> {
     fn check_symbol_table(&self, i: usize, s: &Section) -> Result<()> {
         let shnum = self.shnum;
         let names = self.strtab(s.link, "a symbol table")?;
-        if s.size % SYM_SIZE != 0 {
+        if !s.size.is_multiple_of(SYM_SIZE) {
             return Err(invalid(format!(
                 "ELF symbol table {i} is {} bytes, not a multiple of {SYM_SIZE}",
                 s.size
@@ -361,7 +361,7 @@ impl<'a> Sections<'a> {
             )));
         }
         let symbols = symtab.size / SYM_SIZE;
-        if s.size % entry != 0 {
+        if !s.size.is_multiple_of(entry) {
             return Err(invalid(format!(
                 "ELF relocation section {i} is {} bytes, not a multiple of {entry}",
                 s.size
