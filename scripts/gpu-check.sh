@@ -42,6 +42,8 @@ fi
 ex() { local name=$1; shift; [[ -x .gpu-bin/examples/$name ]] && run "$name" "$@"; }
 ex quickstart 60 .gpu-bin/examples/quickstart
 ex cudarc_interop 60 .gpu-bin/examples/cudarc_interop
+ex multi_gpu 120 .gpu-bin/examples/multi_gpu
+ex multi_gpu 120 .gpu-bin/examples/multi_gpu --devices 0,0
 ex ipc_workers 120 .gpu-bin/examples/ipc_workers 4
 ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 10
 ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0
@@ -59,6 +61,12 @@ fi
   run dlpack_torch 120 python3 scripts/dlpack_torch.py .gpu-bin/examples/libdlpack_torch.so
 # Benchmarks last: their tables are what docs/performance.md quotes.
 ex gpubench 150 .gpu-bin/examples/gpubench --markdown
+ex bench_blas 300 .gpu-bin/examples/bench_blas --reps 7
+if python3 -c 'import torch' 2>/dev/null; then
+  run torch_matmul 300 python3 scripts/torch_matmul.py --reps 7
+elif wanted torch_matmul; then
+  say "=== torch_matmul: SKIPPED (python3 cannot import torch)"
+fi
 ex bench_copy 120 .gpu-bin/examples/bench_copy
 ex bench_collective 150 .gpu-bin/examples/bench_collective --reps 10
 # train_mlp against PyTorch, docs/performance.md ("train_mlp against PyTorch"): optional.

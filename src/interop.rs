@@ -13,7 +13,7 @@
 //! | `Arc<CudaStream>` | [`Stream`] | [`BoundDevice::stream_from_cudarc`], [`BoundDevice::new_cudarc_stream`] | cudarc owns the CUDA stream; the `Stream` (and any buffer still ordered after it) keeps an `Arc` to it |
 //! | [`Stream`] | `Arc<CudaStream>` | [`Stream::cudarc_stream`] | only for streams cudarc owns (above) |
 //! | `CudaSlice<T>` | [`DeviceSlice<T>`] | [`BoundDevice::adopt_cudarc_slice`] | moves: gpubind frees it; pending cudarc work is ordered first |
-//! | a gpubind buffer | `CudaView<T>` / `CudaViewMut<T>` | [`BoundStream::lend_to_cudarc`] / [`BoundStream::lend_mut_to_cudarc`] | lent for a closure; stays gpubind's |
+//! | a gpubind buffer | `CudaView<T>` / `CudaViewMut<T>` | [`BoundStream::lend_to_cudarc`] / [`BoundStream::lend_mut_to_cudarc`] ([`BoundStream::lend_ref_to_cudarc`]: a view from `&buf`) | lent for a closure; stays gpubind's |
 //!
 //! # The rules, and why
 //!
@@ -110,7 +110,7 @@ use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};
-use crate::memory::{DeviceMemoryMut, DeviceRepr, DeviceSlice};
+use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, Tracked};
 use crate::stream::{BoundStream, Stream};
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtrMut, DriverError, sys,
@@ -336,12 +336,72 @@ impl<'b> BoundStream<'b> {
         self.lend(buf, Access::Write, |slice| f(slice.as_view_mut()))
     }
 
+    /// Lends `buf` to cudarc as a read-only `CudaView` for the length of `f`, like
+    /// [`lend_to_cudarc`](Self::lend_to_cudarc), but from a shared borrow: other
+    /// readers may hold `buf` meanwhile. The lend is a read claim of the buffer on this
+    /// stream, held until cudarc's work in `f` is ordered before the stream: the
+    /// buffer's tracker stays locked while `f` runs, so a gpubind use of the buffer on
+    /// another thread (a launch that passes it, which may write it, included) waits for
+    /// the lend.
+    ///
+    /// While `f` runs the lock is held, so `f` must not call gpubind on memory (a copy, a
+    /// launch): a call on `buf` would wait for the lend it runs in, and one on another
+    /// buffer takes a second lock out of gpubind's lock order. Do gpubind work before or
+    /// after the lend; [`lend_to_cudarc`](Self::lend_to_cudarc) (with `&mut`) holds no
+    /// lock.
+    ///
+    /// ```no_run
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+    /// let stream = gpu.new_cudarc_stream()?;
+    /// let cs = stream.cudarc_stream().unwrap().clone();
+    /// let a = gpu.clone_htod(&[1.0f32, 2.0, 3.0])?; // not `mut`
+    /// let copy = gpu.on(&stream)?.lend_ref_to_cudarc(&a, |view| cs.clone_dtod(&view))?.unwrap();
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`Error::InvalidArgument`] on a stream cudarc does not own, [`Error::WrongDevice`]
+    /// for a buffer of another device.
+    pub fn lend_ref_to_cudarc<T: DeviceRepr, R>(
+        &self,
+        buf: &impl DeviceMemory<T>,
+        f: impl FnOnce(CudaView<'_, T>) -> R,
+    ) -> Result<R> {
+        let cstream = self.lend_stream()?;
+        self.bound().expect_device("lent buffer", buf.device())?;
+        let (ptr, len) = (buf.device_ptr(), buf.len());
+        // Held (locked) until `lend_claimed` has ordered cudarc's work before this
+        // stream; recorded as the buffer's latest read then, as it drops.
+        let _claim = self.claim([Some((Tracked::tracker(buf), Access::Read))])?;
+        self.lend_claimed(cstream, ptr, len, |slice| f(slice.as_view()))
+    }
+
     fn lend<T: DeviceRepr, R>(
         &self,
         buf: &mut impl DeviceMemoryMut<T>,
         access: Access,
         f: impl FnOnce(&mut CudaSlice<T>) -> R,
     ) -> Result<R> {
+        let cstream = self.lend_stream()?;
+        self.bound().expect_device("lent buffer", buf.device())?;
+        let (ptr, len) = (buf.device_ptr(), buf.len());
+        // This stream waits for the buffer's conflicting pending uses; the lend is
+        // recorded as the buffer's latest use when `_claim` drops, after `lent` (in
+        // `lend_claimed`) has ordered cudarc's work before it.
+        let tracker = buf.tracker_mut().ok_or_else(|| {
+            Error::InvalidArgument(
+                "memory whose tracker is shared (a module global, or a view from \
+                 get_disjoint_mut/split_at_mut) cannot be lent to cudarc: the lend holds its \
+                 claim while cudarc runs; lend the whole DeviceSlice, or copy into one"
+                    .into(),
+            )
+        })?;
+        let _claim = self.claim_mut(tracker, access)?;
+        self.lend_claimed(cstream, ptr, len, f)
+    }
+
+    /// The cudarc stream a lend goes on: this stream, if cudarc owns it and orders
+    /// slices with events.
+    fn lend_stream(&self) -> Result<&Arc<CudaStream>> {
         let StreamSlot::Owned(inner) = self.slot() else {
             return Err(not_shared());
         };
@@ -357,21 +417,20 @@ impl<'b> BoundStream<'b> {
                     .into(),
             ));
         }
+        Ok(cstream)
+    }
+
+    /// The lend itself, with the buffer (`len` elements of `T` at `ptr`) claimed by the
+    /// caller: wraps it as a cudarc slice, orders cudarc's work after this stream's
+    /// position, runs `f`, then orders this stream after cudarc's work.
+    fn lend_claimed<T: DeviceRepr, R>(
+        &self,
+        cstream: &Arc<CudaStream>,
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        f: impl FnOnce(&mut CudaSlice<T>) -> R,
+    ) -> Result<R> {
         let device = self.bound().device();
-        self.bound().expect_device("lent buffer", buf.device())?;
-        let (ptr, len) = (buf.device_ptr(), buf.len());
-        // This stream waits for the buffer's conflicting pending uses; the lend is
-        // recorded as the buffer's latest use when `_claim` drops, after `lent` (declared
-        // later, so dropped first, on unwinding too) has ordered cudarc's work before it.
-        let tracker = buf.tracker_mut().ok_or_else(|| {
-            Error::InvalidArgument(
-                "memory whose tracker is shared (a module global, or a view from \
-                 get_disjoint_mut/split_at_mut) cannot be lent to cudarc: the lend holds its \
-                 claim while cudarc runs; lend the whole DeviceSlice, or copy into one"
-                    .into(),
-            )
-        })?;
-        let _claim = self.claim_mut(tracker, access)?;
         let slice = std::panic::catch_unwind(|| {
             // SAFETY: `ptr` holds `len` elements of `T` of this device's primary context
             // (cstream's context, checked when the stream was shared), initialised as a
@@ -507,5 +566,20 @@ pub(crate) fn drop_in_context<V>(what: std::fmt::Arguments<'_>, device: &Device,
             );
             std::mem::forget(value);
         }
+    }
+}
+
+/// A cudarc driver error as [`Error::Driver`], for code that mixes cudarc's safe API
+/// with gpubind's (`?` on a cudarc call in a function returning [`Result`]). cudarc's
+/// error carries no call name, so `call` is `"a cudarc driver call"`.
+///
+/// ```
+/// use gpubind::cudarc::driver::{DriverError, sys::CUresult};
+/// let e: gpubind::Error = DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY).into();
+/// assert_eq!(e.driver_code(), Some(gpubind::DriverErrorCode::OUT_OF_MEMORY));
+/// ```
+impl From<DriverError> for Error {
+    fn from(e: DriverError) -> Self {
+        Error::driver("a cudarc driver call", e.0)
     }
 }

@@ -151,8 +151,8 @@ pub use memory::{
 };
 pub use module::global::ModuleGlobal;
 pub use module::{
-    Function, FunctionAttributes, KernelArg, Module, Output, PotentialBlockSize, compile,
-    nvrtc_available,
+    Function, FunctionAttributes, Kernel, KernelArg, Module, Output, PotentialBlockSize,
+    SharedModule, compile, nvrtc_available,
 };
 pub use stream::{BoundStream, Event, EventFlags, Stream, StreamPriorityRange};
 

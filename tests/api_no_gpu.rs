@@ -32,6 +32,8 @@ assert_impl_all!(Stream: Send, Sync);
 assert_impl_all!(Event: Send, Sync);
 assert_impl_all!(Module: Send, Sync);
 assert_impl_all!(Function<'static>: Send, Sync, Clone);
+assert_impl_all!(Kernel: Send, Sync, Clone, Debug);
+assert_impl_all!(SharedModule: Send, Sync, Clone, Debug, std::ops::Deref<Target = Module>);
 assert_impl_all!(ModuleGlobal<f32>: Send, Sync, Clone, Debug);
 assert_impl_all!(ModuleGlobal<[u64; 2]>: CopySource<[u64; 2]>, CopyDest<[u64; 2]>, DeviceMemoryMut<[u64; 2]>, KernelArg, DeviceOnlyMemory);
 assert_impl_all!(ClusterScheduling: Debug, Copy, Eq, Default);
@@ -80,6 +82,13 @@ mod cublas_api {
     use super::*;
     assert_impl_all!(gpubind::blas::Blas: Debug);
     assert_impl_all!(gpubind::blas::Matmul: Debug);
+    assert_impl_all!(gpubind::blas::Batch: Debug);
+    assert_impl_all!(gpubind::blas::Epilogue: Debug);
+    assert_impl_all!(gpubind::blas::LtArgs<'static, f32>: Debug);
+    assert_impl_all!(gpubind::blas::CaptureLtArgs<'static, f32>: Debug);
+    assert_impl_all!(gpubind::blas::MatmulError: Debug, Send, Sync);
+    assert_impl_all!(gpubind::blas::Blas: Send);
+    assert_not_impl_any!(gpubind::blas::Blas: Sync);
 }
 
 #[cfg(feature = "collective")]
@@ -191,6 +200,25 @@ fn error_messages_name_the_problem() {
 
 /// Driver result codes are gpubind's own type: names and values as in `cuda.h`, Display
 /// as the name, and the raw conversions to and from cudarc's `CUresult` round-trip.
+#[test]
+fn cudarc_driver_errors_convert_to_driver_errors() {
+    use gpubind::cudarc::driver::{DriverError, sys::CUresult};
+    fn fails() -> Result<()> {
+        Err(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE))?;
+        Ok(())
+    }
+    match fails() {
+        Err(Error::Driver {
+            call, code, name, ..
+        }) => {
+            assert_eq!(call, "a cudarc driver call");
+            assert_eq!(code, DriverErrorCode::INVALID_VALUE);
+            assert_eq!(name, "CUDA_ERROR_INVALID_VALUE");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn driver_error_codes_have_names_and_values() {
     use gpubind::cudarc::driver::sys::CUresult;

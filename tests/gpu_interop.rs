@@ -303,6 +303,61 @@ fn lend_is_ordered_both_ways() -> R {
     Ok(())
 }
 
+/// A read lend from `&buf` (`lend_ref_to_cudarc`): cudarc's reads come after a pending
+/// gpubind write, and a gpubind write after the lend comes after cudarc's reads, also on
+/// a delayed cudarc stream other than the lend stream.
+fn lend_ref_is_a_read_claim() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "k.cu").ctx("compile")?;
+    let fill = module.function("slow_fill").ctx("slow_fill")?;
+    let n = 1 << 16;
+    let mut buf = gpu.alloc_zeros::<u32>(n).ctx("alloc")?;
+    let mut dummy = gpu.alloc_zeros::<u32>(256).ctx("alloc")?;
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let shared = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let cs = shared.cudarc_stream().ok_or("not cudarc's")?.clone();
+    let other = cs.context().new_stream().map_err(|e| format!("{e:?}"))?;
+    let sh = gpu.on(&shared).ctx("on shared")?;
+
+    slow_fill(&gpu.on(&s1).ctx("on")?, &fill, &mut buf, 5)?;
+    let buf_ref = &buf;
+    let copy = sh
+        .lend_ref_to_cudarc(buf_ref, |v| cs.clone_dtod(&v).map_err(|e| format!("{e:?}")))
+        .ctx("lend_ref")??;
+    all_equal(
+        "cudarc read after a gpubind write",
+        &cs.clone_dtoh(&copy).map_err(|e| format!("{e:?}"))?,
+        5,
+    )?;
+
+    // cudarc reads on `other`, held back by a slow kernel; then gpubind overwrites.
+    let os = gpu.stream_from_cudarc(other.clone()).ctx("share other")?;
+    slow_fill(&gpu.on(&os).ctx("on other")?, &fill, &mut dummy, 1)?;
+    let late = sh
+        .lend_ref_to_cudarc(&buf, |v| other.clone_dtod(&v).map_err(|e| format!("{e:?}")))
+        .ctx("lend_ref")??;
+    gpu.on(&s2)
+        .ctx("on s2")?
+        .memset_zeros_async(&mut buf)
+        .ctx("memset")?;
+    all_equal(
+        "cudarc read on a delayed stream, before gpubind's later write",
+        &other.clone_dtoh(&late).map_err(|e| format!("{e:?}"))?,
+        5,
+    )?;
+    all_equal("gpubind's write", &gpu.dtoh(&buf).ctx("dtoh")?, 0)?;
+    // A gpubind stream is refused.
+    match gpu.on(&s1).ctx("on")?.lend_ref_to_cudarc(&buf, |_| ()) {
+        Err(Error::InvalidArgument(_)) => Ok(()),
+        other => Err(format!("a gpubind stream: {other:?}")),
+    }
+}
+
 /// A cudarc slice adopted by gpubind: cudarc's queued work comes first; gpubind frees it.
 fn adopted_slice_is_ordered_and_owned() -> R {
     let dev = dev0()?;
@@ -492,6 +547,7 @@ fn main() {
                 cudarc_context_is_the_primary_context,
             ),
             ("lend_is_ordered_both_ways", lend_is_ordered_both_ways),
+            ("lend_ref_is_a_read_claim", lend_ref_is_a_read_claim),
             (
                 "adopted_slice_is_ordered_and_owned",
                 adopted_slice_is_ordered_and_owned,

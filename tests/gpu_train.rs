@@ -126,11 +126,13 @@ fn matmul_matches_cpu() -> R {
     ensure!(
         matches!(
             e,
-            gpubind::Error::SizeMismatch {
+            gpubind::Error::Matmul(gpubind::blas::MatmulError::BufferSize {
+                operand: "C",
                 expected: 4,
                 found: 5,
+                exact: true,
                 ..
-            }
+            })
         ),
         "C size: {e:?}"
     );

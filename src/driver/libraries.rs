@@ -7,15 +7,16 @@
 //! driver. gpubind therefore resolves the NVRTC and cuBLAS entry points it uses itself
 //! (with `libloading`, as it does for NCCL) and chooses the library like this:
 //!
-//! 1. **Override:** `GPUBIND_NVRTC_PATH` / `GPUBIND_CUBLAS_PATH`, a file name or path, is
+//! 1. **Override:** `GPUBIND_NVRTC_PATH` / `GPUBIND_CUBLAS_PATH` / `GPUBIND_CUBLASLT_PATH`
+//!    (cuBLASLt, for the epilogue products of `gpubind::blas`), a file name or path, is
 //!    the only candidate when set (not empty). If it cannot be loaded (or lacks an entry
 //!    point), that is the error: gpubind does not fall back behind an explicit choice.
 //! 2. **Driver's major version first:** with the driver's version `D.x`
 //!    (`cuDriverGetVersion`), the sonames of majors `D, D-1, …, 11` in that order
 //!    (`libnvrtc.so.12`, `libcublas.so.12`, …; NVRTC 11 is `libnvrtc.so.11.2`), then the
 //!    unversioned development name (`libnvrtc.so`). A library is accepted only if the
-//!    version it reports (`nvrtcVersion`, `cublasGetProperty`) is not newer than `D`, so a
-//!    `libnvrtc.so` that points at a newer toolkit is skipped too.
+//!    version it reports (`nvrtcVersion`, `cublasGetProperty`, `cublasLtGetProperty`) is
+//!    not newer than `D`, so a `libnvrtc.so` that points at a newer toolkit is skipped too.
 //! 3. **No driver** (compiling on a machine without a GPU): the newest major known first.
 //!
 //! The choice is made once per process, on first use. `nvrtc_info` and `cublas_info`
@@ -85,6 +86,8 @@ pub(crate) enum Lib {
     Nvrtc,
     #[cfg(feature = "cublas")]
     Cublas,
+    #[cfg(feature = "cublas")]
+    CublasLt,
 }
 
 /// The newest CUDA major version whose library names gpubind knows.
@@ -98,6 +101,8 @@ impl Lib {
             Lib::Nvrtc => "GPUBIND_NVRTC_PATH",
             #[cfg(feature = "cublas")]
             Lib::Cublas => "GPUBIND_CUBLAS_PATH",
+            #[cfg(feature = "cublas")]
+            Lib::CublasLt => "GPUBIND_CUBLASLT_PATH",
         }
     }
 
@@ -108,6 +113,8 @@ impl Lib {
             (Lib::Nvrtc, m) => format!("libnvrtc.so.{m}"),
             #[cfg(feature = "cublas")]
             (Lib::Cublas, m) => format!("libcublas.so.{m}"),
+            #[cfg(feature = "cublas")]
+            (Lib::CublasLt, m) => format!("libcublasLt.so.{m}"),
         }
     }
 
@@ -116,6 +123,8 @@ impl Lib {
             Lib::Nvrtc => "libnvrtc.so",
             #[cfg(feature = "cublas")]
             Lib::Cublas => "libcublas.so",
+            #[cfg(feature = "cublas")]
+            Lib::CublasLt => "libcublasLt.so",
         }
     }
 }
@@ -191,7 +200,7 @@ fn driver_major() -> Option<u32> {
 }
 
 /// Loads `lib` by the rules of the module docs with `open` resolving one candidate.
-fn load<L>(
+pub(crate) fn load<L>(
     lib: Lib,
     open: impl FnMut(&str) -> Probe<L>,
 ) -> std::result::Result<(L, LibraryInfo), String> {
@@ -224,7 +233,7 @@ fn load<L>(
 }
 
 /// Opens one library file.
-fn open_lib(name: &str) -> std::result::Result<libloading::Library, String> {
+pub(crate) fn open_lib(name: &str) -> std::result::Result<libloading::Library, String> {
     // SAFETY: loading NVRTC or cuBLAS runs their ELF initialisers only, which have no
     // effect on this process's state that gpubind relies on.
     unsafe { libloading::Library::new(name) }.map_err(|e| e.to_string())
@@ -581,6 +590,13 @@ mod tests {
                 "libcublas.so"
             ])
         );
+        #[cfg(feature = "cublas")]
+        assert_eq!(
+            candidates(Lib::CublasLt, Some(12), None),
+            names(&["libcublasLt.so.12", "libcublasLt.so.11", "libcublasLt.so"])
+        );
+        #[cfg(feature = "cublas")]
+        assert_eq!(Lib::CublasLt.env_var(), "GPUBIND_CUBLASLT_PATH");
         // A driver newer than any name gpubind knows: its own major is tried first.
         assert_eq!(candidates(Lib::Nvrtc, Some(14), None)[0], "libnvrtc.so.14");
         // No driver: newest known first.

@@ -152,13 +152,32 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         lo: u64,
         bytes: u64,
     ) -> Result<()> {
-        let here = self.stream.0;
         let span = Span {
             bytes: ByteSpan::new(t, lo, bytes),
             write: access == Access::Write,
         };
+        self.session.borrow_mut().uses.add(t, access);
+        self.order_span(span)
+    }
+
+    /// [`record`](Self::record) of memory the graph keeps alive itself (a
+    /// [`Kernel`](crate::module::Kernel)'s module): each launch of the graph claims it with
+    /// `access`, and while a fork is open it is ordered like a borrowed allocation.
+    pub(crate) fn record_owned_use(&self, o: Arc<dyn Owned>, access: Access) -> Result<()> {
+        let span = Span {
+            bytes: ByteSpan::new(o.tracker(), 0, u64::MAX),
+            write: access == Access::Write,
+        };
+        self.session.borrow_mut().uses.add_owned(o, access);
+        self.order_span(span)
+    }
+
+    /// While a fork is open, makes the capturing stream wait for every use captured on
+    /// another of this capture's streams that conflicts with `span`, and notes `span`
+    /// for [`mark`](Self::mark).
+    fn order_span(&self, span: Span) -> Result<()> {
+        let here = self.stream.0;
         let mut s = self.session.borrow_mut();
-        s.uses.add(t, access);
         if s.open_forks == 0 {
             return Ok(());
         }

@@ -6,7 +6,7 @@ use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::launch::LaunchConfig;
 use crate::memory::DeviceRepr;
-use crate::module::{Function, KernelArg};
+use crate::module::{Function, KernelArg, ModuleHold};
 use std::ffi::c_void;
 
 /// A kernel launch being captured; see [`Capture::launch`].
@@ -147,8 +147,11 @@ impl<'l, 'c, 'buf> CaptureLaunch<'l, 'c, 'buf> {
         }
         // The module's unload waits for the graph's launches; with global views, the
         // launches are ordered against the globals' other uses like a write.
-        let (module, access) = self.func.module_use();
-        self.capture.record(module, access)?;
+        let (_, access) = self.func.module_use();
+        match self.func.module_hold() {
+            ModuleHold::Borrowed(module) => self.capture.record(module, access)?,
+            ModuleHold::Owned(loaded) => self.capture.record_owned_use(loaded, access)?,
+        }
         self.capture.session.borrow_mut().uses.last_kernel = Some(self.func.interned());
         let LaunchConfig {
             grid_dim: g,

@@ -5,7 +5,8 @@
 //! running it. The closure receives a [`Capture`] handle whose methods are the only
 //! operations that can enter the graph — kernel launches, memsets, device-to-device copies,
 //! copies from page-locked host memory,
-//! [`fork`](Capture::fork)s, cuBLAS products (`Capture::matmul`, feature `cublas`), the
+//! [`fork`](Capture::fork)s, cuBLAS and cuBLASLt products (`Capture::matmul`,
+//! `matmul_batched`, `matmul_lt`, feature `cublas`), the
 //! one-device all-reduce (`Capture::all_reduce`, feature `collective`) and one NCCL
 //! rank's collectives (`Capture::rank_all_reduce`, `rank_reduce`, `rank_broadcast`,
 //! `rank_all_gather`, `rank_reduce_scatter` on a `RankComm`) — so nothing that would

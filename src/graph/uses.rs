@@ -15,9 +15,10 @@ use std::sync::Arc;
 #[derive(Default)]
 pub(super) struct Uses<'buf> {
     trackers: Vec<(&'buf AccessTracker, Access)>,
-    /// Memory the graph keeps alive itself rather than borrows (an integration's
-    /// scratch memory, such as a cuBLAS workspace, whose owner may be dropped before the
-    /// graph), claimed at each launch like the borrowed buffers.
+    /// What the graph keeps alive itself rather than borrows (a kernel's module, or an
+    /// integration's handles and scratch memory such as a cuBLAS workspace, whose owner
+    /// may be dropped before the graph), its memory claimed at each launch like the
+    /// borrowed buffers.
     owned: Vec<(Arc<dyn Owned>, Access)>,
     /// The ranks whose captured NCCL collectives are in the graph (one entry per rank,
     /// in capture order; launches take their locks in address order), each with the

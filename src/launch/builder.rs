@@ -224,9 +224,9 @@ impl<'m> Function<'m> {
     /// its kernels may write a global without being passed it), else a read. Every
     /// launch claims it with its buffers (or takes the fast path on all of them); graph
     /// launches record themselves there too.
-    pub(crate) fn module_use(&self) -> (&'m AccessTracker, Access) {
+    pub(crate) fn module_use(&self) -> (&AccessTracker, Access) {
         (
-            self.uses,
+            &self.module.loaded.uses,
             if self.globals {
                 Access::Write
             } else {

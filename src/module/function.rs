@@ -1,9 +1,8 @@
 //! [`Function`]: one kernel of a module, its launch limits, attributes and occupancy.
 
-use super::Module;
+use super::{Loaded, Module};
 use crate::access::AccessTracker;
 use crate::device::poison::KernelName;
-use crate::driver::Check;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 
@@ -13,10 +12,12 @@ unsafe impl Send for Function<'_> {}
 // SAFETY: as above; Function has no interior mutability.
 unsafe impl Sync for Function<'_> {}
 
-/// One kernel of a [`Module`], borrowed from it.
+/// One kernel of a [`Module`]: borrowed from it (`Function<'m>`, from
+/// [`Module::function`]), or holding it ([`Kernel`], from
+/// [`SharedModule::kernel`](super::SharedModule::kernel)).
 #[derive(Clone)]
 pub struct Function<'m> {
-    pub(crate) module: &'m Module,
+    pub(crate) module: ModuleRef<'m>,
     pub(crate) raw: sys::CUfunction,
     pub(crate) name: String,
     /// The name, interned: what a launch records as the device's last kernel (one atomic
@@ -26,11 +27,47 @@ pub struct Function<'m> {
     pub(crate) params: Option<Vec<usize>>,
     /// The kernel's own launch limits, read once at lookup.
     pub(crate) limits: FunctionLimits,
-    /// The module's tracker (`Loaded::uses`), borrowed from it.
-    pub(crate) uses: &'m AccessTracker,
     /// Whether the module had global views at lookup. It cannot change while this
-    /// `Function` lives: [`Module::global`] takes `&mut Module`, this borrows it.
+    /// `Function` lives: [`Module::global`] takes `&mut Module`, which a borrowed
+    /// `Function` excludes, and a [`Kernel`]'s module is shared
+    /// ([`SharedModule`](super::SharedModule)), which no one can borrow mutably.
     pub(crate) globals: bool,
+}
+
+/// A kernel that holds its module rather than borrowing it: it can be stored beside the
+/// module (in one struct) or without it, sent to other threads, and used wherever a
+/// `&Function` is (launches, graph capture, occupancy, attributes). Made by
+/// [`SharedModule::kernel`](super::SharedModule::kernel); the module is unloaded when its
+/// last handle is dropped, after the launches of its kernels have finished.
+pub type Kernel = Function<'static>;
+
+/// How a [`Function`] reaches its module.
+#[derive(Clone)]
+pub(crate) enum ModuleRef<'m> {
+    /// Borrowed from a [`Module`] (`Module::function`).
+    Borrowed(&'m Module),
+    /// Holding a shared module (`SharedModule::kernel`): no `&mut Module` can exist.
+    Shared(std::sync::Arc<Module>),
+}
+
+impl std::ops::Deref for ModuleRef<'_> {
+    type Target = Module;
+    #[inline]
+    fn deref(&self) -> &Module {
+        match self {
+            ModuleRef::Borrowed(m) => m,
+            ModuleRef::Shared(m) => m,
+        }
+    }
+}
+
+/// How a graph keeps a launch's module: borrowed for the graph's lifetime, or an `Arc`
+/// of the loaded module that the graph holds (a [`Kernel`]'s).
+pub(crate) enum ModuleHold<'m> {
+    /// The module's tracker, borrowed as long as the function's module.
+    Borrowed(&'m AccessTracker),
+    /// The loaded module, which the graph keeps alive.
+    Owned(std::sync::Arc<Loaded>),
 }
 
 impl std::fmt::Debug for Function<'_> {
@@ -64,9 +101,8 @@ pub(crate) fn func_attribute(
     func: sys::CUfunction,
     attr: sys::CUfunction_attribute,
 ) -> Result<u32> {
-    let mut v = 0;
-    // SAFETY: a valid function handle of the current context; writes one int.
-    unsafe { sys::cuFuncGetAttribute(&mut v, attr, func) }.check("cuFuncGetAttribute")?;
+    // SAFETY: a valid function handle of the current context.
+    let v = unsafe { crate::driver::result::module::func_attribute(func, attr) }?;
     Ok(v.max(0) as u32)
 }
 
@@ -104,8 +140,16 @@ impl<'m> Function<'m> {
     }
 
     /// The module this function belongs to.
-    pub fn module(&self) -> &'m Module {
-        self.module
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    /// The module's tracker, as a graph keeps it (see [`ModuleHold`]).
+    pub(crate) fn module_hold(&self) -> ModuleHold<'m> {
+        match &self.module {
+            ModuleRef::Borrowed(m) => ModuleHold::Borrowed(&m.loaded.uses),
+            ModuleRef::Shared(m) => ModuleHold::Owned(std::sync::Arc::clone(&m.loaded)),
+        }
     }
 
     /// The raw handle, for gpubind's own calls (valid while the module lives).
@@ -196,14 +240,14 @@ impl<'m> Function<'m> {
         let _guard = self.module.device.enter()?;
         // SAFETY: a valid function of the module's context, current for the call; the
         // value fits a c_int (at most the opt-in ceiling, a u32 read from a c_int).
-        unsafe {
-            sys::cuFuncSetAttribute(
+        let set = unsafe {
+            crate::driver::result::module::func_set_attribute(
                 self.raw,
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 bytes as i32,
             )
-        }
-        .check_on(&self.module.device, "cuFuncSetAttribute")
+        };
+        self.module.device.check(set)
     }
 
     /// How many blocks of `block_size` threads, each with `dynamic_shared_bytes` of
@@ -229,22 +273,15 @@ impl<'m> Function<'m> {
     ) -> Result<u32> {
         self.check_block_size(block_size)?;
         let _guard = self.module.device.enter()?;
-        let mut blocks = 0;
         // SAFETY: a valid function of the module's context, current for the call; the
-        // block size is at most the kernel's limit (checked above), so fits a c_int;
-        // writes one int.
-        unsafe {
-            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                &mut blocks,
+        // block size is at most the kernel's limit (checked above), so fits a c_int.
+        let blocks = self.module.device.check(unsafe {
+            crate::driver::result::module::max_active_blocks_per_multiprocessor(
                 self.raw,
                 block_size as i32,
                 dynamic_shared_bytes,
             )
-        }
-        .check_on(
-            &self.module.device,
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-        )?;
+        })?;
         Ok(blocks.max(0) as u32)
     }
 
@@ -268,21 +305,15 @@ impl<'m> Function<'m> {
         dynamic_shared_bytes: usize,
     ) -> Result<PotentialBlockSize> {
         let _guard = self.module.device.enter()?;
-        let (mut min_grid, mut block) = (0, 0);
-        // SAFETY: a valid function of the module's context, current for the call; no
-        // size callback (null: the fixed `dynamic_shared_bytes` is used), no block size
-        // limit (0); writes two ints.
-        unsafe {
-            sys::cuOccupancyMaxPotentialBlockSize(
-                &mut min_grid,
-                &mut block,
+        // SAFETY: a valid function of the module's context, current for the call; the
+        // fixed `dynamic_shared_bytes` is used, no block size limit (0).
+        let (min_grid, block) = self.module.device.check(unsafe {
+            crate::driver::result::module::max_potential_block_size(
                 self.raw,
-                None,
                 dynamic_shared_bytes,
                 0,
             )
-        }
-        .check_on(&self.module.device, "cuOccupancyMaxPotentialBlockSize")?;
+        })?;
         Ok(PotentialBlockSize {
             min_grid_size: min_grid.max(0) as u32,
             block_size: block.max(0) as u32,

@@ -88,7 +88,6 @@
 
 use crate::access::AccessTracker;
 use crate::device::Device;
-use crate::driver::Check;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, private};
 use crate::module::{KernelArg, Loaded, Module};
@@ -243,19 +242,22 @@ impl Module {
     pub fn global<T: DeviceRepr>(&mut self, name: &str) -> Result<ModuleGlobal<T>> {
         let cname = CString::new(name)
             .map_err(|_| Error::InvalidArgument(format!("global name {name:?} contains NUL")))?;
-        let (mut ptr, mut bytes): (sys::CUdeviceptr, usize) = (0, 0);
         let found = {
             let _guard = self.loaded.device.enter()?;
-            // SAFETY: a loaded module of the current context; `cname` is NUL-terminated
-            // and alive for the call; writes one address and one size.
-            unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut bytes, self.raw, cname.as_ptr()) }
+            // SAFETY: a loaded module of the current context.
+            unsafe { crate::driver::result::module::get_global(self.raw, &cname) }
         };
-        if found == sys::CUresult::CUDA_ERROR_NOT_FOUND {
-            return Err(Error::GlobalNotFound {
-                name: name.to_owned(),
-            });
-        }
-        found.check_on(&self.loaded.device, "cuModuleGetGlobal_v2")?;
+        let not_found = |e: &Error| {
+            e.driver_code().map(|c| c.as_cudarc()) == Some(sys::CUresult::CUDA_ERROR_NOT_FOUND)
+        };
+        let (ptr, bytes) = match found {
+            Err(e) if not_found(&e) => {
+                return Err(Error::GlobalNotFound {
+                    name: name.to_owned(),
+                });
+            }
+            other => self.loaded.device.check(other)?,
+        };
         let len = global_len(
             name,
             std::any::type_name::<T>(),

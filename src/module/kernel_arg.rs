@@ -57,7 +57,7 @@ use std::ffi::c_void;
 /// A raw device address (`u64`, from the `unsafe` [`DeviceSlice::raw_ptr`]) *is* plain
 /// data and may be passed by value, alone or inside a struct: gpubind neither tracks nor
 /// keeps alive what it points to, which is why
-/// [`LaunchBuilder::launch`](super::LaunchBuilder::launch) is `unsafe` and its contract
+/// [`LaunchBuilder::launch`](crate::LaunchBuilder::launch) is `unsafe` and its contract
 /// names such memory.
 ///
 /// # Safety

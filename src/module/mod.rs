@@ -39,6 +39,23 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The fix, where a kernel must outlive the scope or live in a struct: share the module
+//! ([`Module::into_shared`]) and take a [`Kernel`] from it, which holds the module
+//! ([`SharedModule`](crate::module::shared)):
+//!
+//! ```no_run
+//! # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+//! let k: gpubind::Kernel = {
+//!     let module = gpu.load_ptx(".version 8.0\n.target sm_90\n.address_size 64\n")?;
+//!     module.into_shared().kernel("k")?
+//! };
+//! # Ok(()) }
+//! ```
+//!
+//! [`compile_and_load_with`](BoundDevice::compile_and_load_with) takes
+//! [`CompileOptions`] (macros, include directories, fast math, the C++ standard, debug
+//! information, the architecture): [`crate::module::options`].
+//!
 //! Launch arguments are checked against the kernel's parameter list where the driver
 //! reports it (`cuFuncGetParamInfo`, CUDA 12.4+; older drivers, or a version capped
 //! below 12.4 with `GPUBIND_ASSUME_DRIVER_VERSION`, skip the check): a wrong count or a wrong size is
@@ -62,26 +79,30 @@
 //!
 //! A module's `__device__` and `__constant__` variables are typed device memory through
 //! [`Module::global`] ([`crate::module::global`]); cooperative, cluster and prioritised launches
-//! are [`LaunchBuilder::cooperative`], [`LaunchBuilder::cluster`] and
-//! [`LaunchBuilder::priority`] ([`crate::launch`]).
+//! are [`LaunchBuilder::cooperative`](crate::LaunchBuilder::cooperative),
+//! [`LaunchBuilder::cluster`](crate::LaunchBuilder::cluster) and
+//! [`LaunchBuilder::priority`](crate::LaunchBuilder::priority) ([`crate::launch`]).
 
 mod function;
 pub mod global;
 pub(crate) mod image;
 mod kernel_arg;
 mod nvrtc;
+pub mod options;
+pub mod shared;
 
-pub use function::{Function, FunctionAttributes, PotentialBlockSize};
-pub(crate) use function::{FunctionLimits, param_sizes};
+pub use function::{Function, FunctionAttributes, Kernel, PotentialBlockSize};
+pub(crate) use function::{FunctionLimits, ModuleHold, ModuleRef, param_sizes};
 pub(crate) use function::{check_block_size, func_attribute};
 pub use kernel_arg::KernelArg;
 pub(crate) use kernel_arg::memory_arg;
-pub use nvrtc::{Output, compile, nvrtc_available};
+pub use nvrtc::{Output, compile, compile_with, nvrtc_available};
+pub use options::{Arch, CompileOptions, CppStandard, cuda_include_dir};
+pub use shared::SharedModule;
 
 use crate::access::AccessTracker;
 use crate::context::BoundDevice;
 use crate::device::Device;
-use crate::driver::Check;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::ffi::{CString, c_void};
@@ -138,30 +159,17 @@ impl Module {
         &self.device
     }
 
-    /// Looks up the kernel `name` (an `extern "C"` name, or the mangled one).
+    /// Looks up the kernel `name` (an `extern "C"` name, or the mangled one), borrowed
+    /// from the module; [`SharedModule::kernel`] gives one that holds it.
     pub fn function(&self, name: &str) -> Result<Function<'_>> {
-        let cname = CString::new(name)
-            .map_err(|_| Error::InvalidArgument(format!("kernel name {name:?} contains NUL")))?;
-        let _guard = self.device.enter()?;
-        let mut raw: sys::CUfunction = std::ptr::null_mut();
-        // SAFETY: valid module; its context is current; writes one handle.
-        unsafe { sys::cuModuleGetFunction(&mut raw, self.raw, cname.as_ptr()) }
-            .check("cuModuleGetFunction")?;
-        use sys::CUfunction_attribute as A;
-        let limits = FunctionLimits {
-            max_threads_per_block: func_attribute(raw, A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
-            static_shared: func_attribute(raw, A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
-        };
-        Ok(Function {
-            module: self,
-            raw,
-            name: name.to_owned(),
-            interned: crate::device::poison::intern(name),
-            uses: &self.loaded.uses,
-            globals: self.globals,
-            params: param_sizes(raw),
-            limits,
-        })
+        lookup(ModuleRef::Borrowed(self), name)
+    }
+
+    /// Shares the module (an `Arc`, cheap to clone) so that kernels can hold it
+    /// ([`SharedModule::kernel`]). Look its globals up first ([`Module::global`] needs
+    /// `&mut Module`, which a shared module never gives).
+    pub fn into_shared(self) -> SharedModule {
+        SharedModule::from(self)
     }
 
     /// The raw handle.
@@ -171,6 +179,39 @@ impl Module {
     /// Valid while `self` lives; do not unload it.
     pub unsafe fn raw(&self) -> sys::CUmodule {
         self.raw
+    }
+}
+
+/// `cuModuleGetFunction` of `name` in `module`, with the kernel's limits and parameter
+/// sizes.
+fn lookup<'m>(module: ModuleRef<'m>, name: &str) -> Result<Function<'m>> {
+    let cname = CString::new(name)
+        .map_err(|_| Error::InvalidArgument(format!("kernel name {name:?} contains NUL")))?;
+    let _guard = module.device.enter()?;
+    // SAFETY: a loaded module (`module` keeps it loaded), its context current.
+    let raw = unsafe { crate::driver::result::module::get_function(module.raw, &cname) }?;
+    use sys::CUfunction_attribute as A;
+    let limits = FunctionLimits {
+        max_threads_per_block: func_attribute(raw, A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        static_shared: func_attribute(raw, A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+    };
+    let globals = module.globals;
+    Ok(Function {
+        module,
+        raw,
+        name: name.to_owned(),
+        interned: crate::device::poison::intern(name),
+        globals,
+        params: param_sizes(raw),
+        limits,
+    })
+}
+
+// A graph holding a `Kernel`'s launches holds its loaded module (`crate::graph`'s
+// `Owned`): its tracker orders the graph's launches, and its drop waits for them.
+impl crate::graph::Owned for Loaded {
+    fn tracker(&self) -> &AccessTracker {
+        &self.uses
     }
 }
 
@@ -189,8 +230,9 @@ impl Drop for Loaded {
                 // SAFETY: loaded in this context (current while this runs), unloaded once
                 // here, after every kernel launched from it and every copy of one of its
                 // globals has finished (run only after the wait succeeded); no Function
-                // outlives the module (they borrow it), and no global view outlives this
-                // `Loaded` (each holds the Arc).
+                // outlives this `Loaded` (a borrowed one borrows its `Module`, a `Kernel`
+                // holds it, and a `Module` holds the Arc), and neither does a global view
+                // or a graph of a `Kernel`'s launches (each holds the Arc).
                 unsafe { sys::cuModuleUnload(raw as sys::CUmodule) }
             }),
         );
@@ -244,10 +286,10 @@ impl<'a> BoundDevice<'a> {
     /// headers describe only bytes that are readable for the length of the call.
     unsafe fn load_image(&self, image: *const c_void) -> Result<Module> {
         self.ensure_current()?;
-        let mut raw: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: the bound context is current (just checked); `image` is readable as
-        // far as its format says (the caller's contract); writes one handle.
-        unsafe { sys::cuModuleLoadData(&mut raw, image) }.check("cuModuleLoadData")?;
+        // far as its format says (the caller's contract); the module is unloaded once,
+        // by `Loaded`'s drop.
+        let raw = unsafe { crate::driver::result::module::load_data(image) }?;
         Ok(Module {
             device: Arc::clone(self.device()),
             raw,
@@ -260,10 +302,19 @@ impl<'a> BoundDevice<'a> {
         })
     }
 
-    /// Compiles CUDA C++ with NVRTC for this device's architecture and loads it. `name`
-    /// labels errors.
+    /// Compiles CUDA C++ with NVRTC for this device's architecture and loads it, with
+    /// the default [`CompileOptions`]. `name` labels errors. See
+    /// [`compile_and_load_with`](Self::compile_and_load_with).
+    pub fn compile_and_load(&self, src: &str, name: &str) -> Result<Module> {
+        self.compile_and_load_with(src, name, &CompileOptions::default())
+    }
+
+    /// Compiles CUDA C++ with NVRTC and `options` ([`crate::module::options`]: macros,
+    /// include directories, fast math, …; the toolkit's headers are found on their own)
+    /// and loads it. `name` labels errors.
     ///
-    /// Normally a cubin for `sm_XY`, so nothing is JIT-compiled at load. An NVRTC older
+    /// Unless the options name an architecture ([`CompileOptions::arch`]), it is a cubin
+    /// for this device's `sm_XY`, so nothing is JIT-compiled at load. An NVRTC older
     /// than the GPU (one whose `nvrtcGetSupportedArchs` lacks `sm_XY`) compiles PTX for
     /// the newest architecture it knows below the device's instead (`compute_XY`), which
     /// the driver JIT-compiles for the device at load. A device older than every
@@ -271,7 +322,47 @@ impl<'a> BoundDevice<'a> {
     /// Which NVRTC is used: [`crate::driver::libraries`] (never a newer major version than the
     /// driver's; PTX from an NVRTC of a newer *minor* version than the driver can still be
     /// refused at load, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, where a cubin would load).
-    pub fn compile_and_load(&self, src: &str, name: &str) -> Result<Module> {
+    ///
+    /// ```no_run
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+    /// use gpubind::module::CompileOptions;
+    /// const SRC: &str = r#"
+    /// #include <cuda_fp16.h>
+    /// extern "C" __global__ void add(__half* x, unsigned n) {
+    ///     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    ///     if (i < n) x[i] = __hadd(x[i], __float2half(STEP));
+    /// }"#;
+    /// let opts = CompileOptions::new().define("STEP", "0.5f").fast_math(true);
+    /// let module = gpu.compile_and_load_with(SRC, "add.cu", &opts)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn compile_and_load_with(
+        &self,
+        src: &str,
+        name: &str,
+        options: &CompileOptions,
+    ) -> Result<Module> {
+        let arch = match options.target_arch() {
+            Some(arch) => arch,
+            None => self.default_arch(name)?,
+        };
+        let image = compile_with(src, name, &options.clone().arch(arch), arch.output())?;
+        match arch {
+            Arch::Sm(_) => self.load_cubin(&image),
+            Arch::Compute(_) => {
+                let ptx = String::from_utf8(image).map_err(|_| Error::Compile {
+                    program: name.into(),
+                    status: "PTX is not UTF-8".into(),
+                    log: String::new(),
+                })?;
+                self.load_ptx(&ptx)
+            }
+        }
+    }
+
+    /// The architecture NVRTC compiles this device's kernels for when the options name
+    /// none: `sm_XY` of the device, or `compute_XY` of the newest one an older NVRTC knows.
+    fn default_arch(&self, name: &str) -> Result<Arch> {
         let (major, minor) = self.device().compute_capability()?;
         let cc = i32::try_from(major * 10 + minor).unwrap_or(i32::MAX);
         let nvrtc = crate::driver::libraries::nvrtc()?;
@@ -281,30 +372,9 @@ impl<'a> BoundDevice<'a> {
                 status: format!("no target for sm_{cc}"),
                 log,
             })?;
-        match target {
-            crate::driver::libraries::Target::Cubin(arch) => {
-                let cubin = compile(
-                    src,
-                    name,
-                    &[format!("--gpu-architecture=sm_{arch}")],
-                    Output::Cubin,
-                )?;
-                self.load_cubin(&cubin)
-            }
-            crate::driver::libraries::Target::Ptx(arch) => {
-                let ptx = compile(
-                    src,
-                    name,
-                    &[format!("--gpu-architecture=compute_{arch}")],
-                    Output::Ptx,
-                )?;
-                let ptx = String::from_utf8(ptx).map_err(|_| Error::Compile {
-                    program: name.into(),
-                    status: "PTX is not UTF-8".into(),
-                    log: String::new(),
-                })?;
-                self.load_ptx(&ptx)
-            }
-        }
+        Ok(match target {
+            crate::driver::libraries::Target::Cubin(a) => Arch::Sm(a.max(0) as u32),
+            crate::driver::libraries::Target::Ptx(a) => Arch::Compute(a.max(0) as u32),
+        })
     }
 }

@@ -1,0 +1,361 @@
+//! GEMM through cuBLAS (`cublasGemmEx`, `cublasGemmStridedBatchedEx`): single products
+//! and strided batches, on a stream.
+
+use super::handle::{Blas, refuse_aliasing, span_of};
+use super::plan::{self, Plan};
+use super::sys::{self, check};
+use super::types::{Batch, BlasScalar, DataType, Matmul};
+use crate::access::Access;
+use crate::device::Device;
+use crate::driver::libraries as libs;
+use crate::error::Result;
+use crate::memory::{DeviceMemory, DeviceMemoryMut};
+use crate::stream::BoundStream;
+use cudarc::driver::sys as driver;
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+
+/// alpha and beta in the product's scale type (f64 for f64 products, else f32), kept
+/// alive for the enqueue (cuBLAS reads host scalars during the call).
+pub(crate) enum Scales {
+    F32([f32; 2]),
+    F64([f64; 2]),
+}
+
+impl Scales {
+    pub(crate) fn new(dtype: DataType, shape: &Matmul) -> Self {
+        match dtype {
+            DataType::F64 => Scales::F64([shape.alpha, shape.beta]),
+            _ => Scales::F32([shape.alpha as f32, shape.beta as f32]),
+        }
+    }
+
+    /// Pointers to alpha and beta.
+    pub(crate) fn ptrs(&self) -> (*const c_void, *const c_void) {
+        match self {
+            Scales::F32(s) => ((&s[0] as *const f32).cast(), (&s[1] as *const f32).cast()),
+            Scales::F64(s) => ((&s[0] as *const f64).cast(), (&s[1] as *const f64).cast()),
+        }
+    }
+}
+
+/// The device addresses of the caller's A, B and C.
+pub(crate) type Ptrs = (u64, u64, u64);
+
+/// Checks the devices of the handle and the buffers against `device`, the shape against
+/// the buffers, and C against A and B (no overlap); plans the product.
+pub(crate) fn check_gemm<T, A, B, C>(
+    device: &Device,
+    blas: &Blas,
+    shape: &Matmul,
+    batch: Option<&Batch>,
+    (a, b, c): (&A, &B, &C),
+) -> Result<Plan>
+where
+    T: BlasScalar,
+    A: DeviceMemory<T> + ?Sized,
+    B: DeviceMemory<T> + ?Sized,
+    C: DeviceMemory<T> + ?Sized,
+{
+    device.expect_same("cuBLAS handle", blas.device())?;
+    device.expect_same("matrix A", a.device())?;
+    device.expect_same("matrix B", b.device())?;
+    device.expect_same("matrix C", c.device())?;
+    let plan = plan::plan(shape, T::DATA_TYPE, batch, [a.len(), b.len(), c.len()])?;
+    refuse_aliasing(("C", span_of(c)), &[("A", span_of(a)), ("B", span_of(b))])?;
+    Ok(plan)
+}
+
+/// Points `blas` at `stream` and its workspace (`cublasSetStream_v2` resets the
+/// workspace, so the workspace is set after it).
+///
+/// # Safety
+///
+/// `blas`'s context is current and `stream` is one of its streams (or null).
+pub(crate) unsafe fn bind_stream(blas: &Blas, stream: driver::CUstream) -> Result<()> {
+    let api = libs::cublas()?;
+    // SAFETY: the handle belongs to the current context (the caller's contract); the
+    // stream is a stream of that context (or null for the default stream).
+    check(
+        unsafe { (api.set_stream)(blas.handle(), stream.cast()) },
+        "cublasSetStream_v2",
+    )?;
+    let ws = &blas.shared.workspace;
+    // SAFETY: a live allocation of the handle's context, 256-byte aligned (cuMemAlloc),
+    // of the size given; kept alive by the Blas (and by every graph that captured a
+    // product with it) and ordered by the claims on its tracker.
+    check(
+        unsafe { (api.set_workspace)(blas.handle(), ws.device_ptr() as _, ws.len()) },
+        "cublasSetWorkspace_v2",
+    )
+}
+
+/// Enqueues a planned product on `stream`.
+///
+/// # Safety
+///
+/// `blas`'s context is current and `stream` is one of its streams (or null). The
+/// addresses are live allocations of that context whose lengths `check_gemm` accepted
+/// for `plan`, and they and the workspace stay alive and unused by other streams until
+/// the product has run (the caller's claim or the graph's).
+pub(crate) unsafe fn enqueue_gemm(
+    blas: &Blas,
+    plan: &Plan,
+    dtype: DataType,
+    shape: &Matmul,
+    stream: driver::CUstream,
+    (a, b, c): Ptrs,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { bind_stream(blas, stream)? };
+    let (first, second) = if plan.swapped { (b, a) } else { (a, b) };
+    let scales = Scales::new(dtype, shape);
+    let call = GemmCall {
+        handle: blas.handle(),
+        plan,
+        ty: dtype.cuda(),
+        compute: dtype.compute(shape.tf32),
+        scales: scales.ptrs(),
+        ptrs: (first, second, c),
+    };
+    // SAFETY: the caller's contract; `scales` outlives the call.
+    unsafe {
+        if plan.count == 1 && dtype == DataType::F32 && !shape.tf32 {
+            call.sgemm()
+        } else if plan.count == 1 {
+            call.gemm_ex()
+        } else {
+            call.strided_batched()
+        }
+    }
+}
+
+/// One cuBLAS call of a planned product: cuBLAS's operands in its order.
+struct GemmCall<'p> {
+    handle: crate::driver::libraries::CublasHandle,
+    plan: &'p Plan,
+    ty: c_int,
+    compute: c_int,
+    /// alpha and beta, of the scale type.
+    scales: (*const c_void, *const c_void),
+    ptrs: Ptrs,
+}
+
+/// `cublasOperation_t`: `CUBLAS_OP_N` = 0, `CUBLAS_OP_T` = 1.
+fn op(transpose: bool) -> c_int {
+    c_int::from(transpose)
+}
+
+impl GemmCall<'_> {
+    /// `cublasSgemm_v2` (an f32 product without TF32).
+    ///
+    /// # Safety
+    ///
+    /// [`enqueue_gemm`]'s contract, with the handle bound to the stream and workspace;
+    /// the scales are live f32 host scalars.
+    unsafe fn sgemm(&self) -> Result<()> {
+        let api = libs::cublas()?;
+        let (p, (a, b, c)) = (self.plan, self.ptrs);
+        let (alpha, beta) = (self.scales.0.cast::<f32>(), self.scales.1.cast::<f32>());
+        // SAFETY: the contract: live f32 buffers holding what the planned dimensions and
+        // leading dimensions reach, ordered and kept alive; f32 host scalars alive for
+        // the call (default pointer mode).
+        let status = unsafe {
+            (api.sgemm)(
+                self.handle,
+                op(p.transa),
+                op(p.transb),
+                p.m,
+                p.n,
+                p.k,
+                alpha,
+                a as *const f32,
+                p.lda,
+                b as *const f32,
+                p.ldb,
+                beta,
+                c as *mut f32,
+                p.ldc,
+            )
+        };
+        check(status, "cublasSgemm_v2")
+    }
+
+    /// `cublasGemmEx`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`sgemm`](Self::sgemm), with buffers and scales of the call's types.
+    unsafe fn gemm_ex(&self) -> Result<()> {
+        let ex = sys::cublas_ex()?;
+        let (p, (a, b, c), ty) = (self.plan, self.ptrs, self.ty);
+        // SAFETY: the contract: live buffers of type `ty` holding what the planned
+        // dimensions and leading dimensions reach, ordered and kept alive; host scalars
+        // of the scale type alive for the call (default pointer mode).
+        let status = unsafe {
+            (ex.gemm_ex)(
+                self.handle,
+                op(p.transa),
+                op(p.transb),
+                p.m,
+                p.n,
+                p.k,
+                self.scales.0,
+                a as *const c_void,
+                ty,
+                p.lda,
+                b as *const c_void,
+                ty,
+                p.ldb,
+                self.scales.1,
+                c as *mut c_void,
+                ty,
+                p.ldc,
+                self.compute,
+                sys::GEMM_DEFAULT,
+            )
+        };
+        check(status, "cublasGemmEx")
+    }
+
+    /// `cublasGemmStridedBatchedEx`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`gemm_ex`](Self::gemm_ex), with every matrix of the batch in bounds
+    /// (checked by the plan) and the outputs disjoint (stride of C at least one matrix).
+    unsafe fn strided_batched(&self) -> Result<()> {
+        let ex = sys::cublas_ex()?;
+        let (p, (a, b, c), ty) = (self.plan, self.ptrs, self.ty);
+        // SAFETY: the contract, as in `gemm_ex`, for all `count` matrices.
+        let status = unsafe {
+            (ex.gemm_strided_batched_ex)(
+                self.handle,
+                op(p.transa),
+                op(p.transb),
+                p.m,
+                p.n,
+                p.k,
+                self.scales.0,
+                a as *const c_void,
+                ty,
+                p.lda,
+                p.stride_a,
+                b as *const c_void,
+                ty,
+                p.ldb,
+                p.stride_b,
+                self.scales.1,
+                c as *mut c_void,
+                ty,
+                p.ldc,
+                p.stride_c,
+                p.count,
+                self.compute,
+                sys::GEMM_DEFAULT,
+            )
+        };
+        check(status, "cublasGemmStridedBatchedEx")
+    }
+}
+
+impl<'b> BoundStream<'b> {
+    /// Enqueues a matrix product `C = alpha·op(A)·op(B) + beta·C` (cuBLAS `GemmEx`) of
+    /// f32, f64, f16 or bf16 matrices ([`BlasScalar`]), row- or column-major, with any
+    /// transposes and leading dimensions ([`Matmul`]). Buffer lengths must fit the shape
+    /// ([`MatmulError`](super::MatmulError)); everything must live on the bound device.
+    ///
+    /// A and B are read (claimed as reads: products on other streams that read them run
+    /// concurrently), C is written. The product uses the handle's workspace, which every
+    /// product of the handle claims as written: products of one [`Blas`] on different
+    /// streams run one after another (use one handle per stream for concurrent products).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{blas::Matmul, Device, ThreadContext};
+    /// use half::bf16;
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let mut blas = gpu.new_blas()?;
+    /// let x = gpu.clone_htod(&vec![bf16::from_f32(1.0); 8 * 16])?; // 8×16
+    /// let w = gpu.clone_htod(&vec![bf16::from_f32(0.5); 32 * 16])?; // 32×16 (out × in)
+    /// let mut y = gpu.alloc_zeros::<bf16>(8 * 32)?;
+    /// gpu.default_stream().matmul(&mut blas, &Matmul::new(8, 32, 16).transpose_b(), &x, &w, &mut y)?;
+    /// assert!(gpu.dtoh(&y)?.iter().all(|v| v.to_f32() == 8.0));
+    /// # Ok(()) }
+    /// ```
+    pub fn matmul<T: BlasScalar>(
+        &self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        a: &impl DeviceMemory<T>,
+        b: &impl DeviceMemory<T>,
+        c: &mut impl DeviceMemoryMut<T>,
+    ) -> Result<()> {
+        self.gemm(blas, shape, None, a, b, c)
+    }
+
+    /// Enqueues a strided batch of products (cuBLAS `GemmStridedBatchedEx`): the `i`-th
+    /// computes `C_i = alpha·op(A_i)·op(B_i) + beta·C_i` with `X_i` at `i·stride_x`
+    /// ([`Batch`]). The same types, layouts and claims as [`matmul`](Self::matmul); the
+    /// buffers must reach the last matrix of the batch, and the C matrices must not
+    /// overlap ([`MatmulError::BatchOverlap`](super::MatmulError::BatchOverlap)).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{blas::{Batch, Matmul}, Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let mut blas = gpu.new_blas()?;
+    /// // Per head: S = Q · Kᵀ, Q and K 128×64, 8 heads.
+    /// let shape = Matmul::new(128, 128, 64).transpose_b().scaled(0.125, 0.0);
+    /// let batch = Batch::packed(8, &shape);
+    /// let q = gpu.alloc_zeros::<f32>(8 * 128 * 64)?;
+    /// let k = gpu.alloc_zeros::<f32>(8 * 128 * 64)?;
+    /// let mut s = gpu.alloc_zeros::<f32>(8 * 128 * 128)?;
+    /// gpu.default_stream().matmul_batched(&mut blas, &shape, &batch, &q, &k, &mut s)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn matmul_batched<T: BlasScalar>(
+        &self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        batch: &Batch,
+        a: &impl DeviceMemory<T>,
+        b: &impl DeviceMemory<T>,
+        c: &mut impl DeviceMemoryMut<T>,
+    ) -> Result<()> {
+        self.gemm(blas, shape, Some(batch), a, b, c)
+    }
+
+    fn gemm<T: BlasScalar>(
+        &self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        batch: Option<&Batch>,
+        a: &impl DeviceMemory<T>,
+        b: &impl DeviceMemory<T>,
+        c: &mut impl DeviceMemoryMut<T>,
+    ) -> Result<()> {
+        let bound = self.bound();
+        let plan = check_gemm(bound.device(), blas, shape, batch, (a, b, &*c))?;
+        if plan.empty {
+            return Ok(());
+        }
+        // cuBLAS launches through the runtime, which uses the current context.
+        bound.ensure_current()?;
+        let shared = Arc::clone(&blas.shared);
+        let _claim = self.claim([
+            Some((a.tracker(), Access::Read)),
+            Some((b.tracker(), Access::Read)),
+            Some((c.tracker(), Access::Write)),
+            Some((crate::graph::Owned::tracker(&*shared), Access::Write)),
+        ])?;
+        let ptrs = (a.device_ptr(), b.device_ptr(), c.device_ptr());
+        // SAFETY: the handle's context is current (checked above) and the stream is one
+        // of its streams; the buffers were checked against the plan and, with the
+        // workspace, are claimed for this stream until after the enqueue (their later
+        // uses and frees wait for it).
+        unsafe { enqueue_gemm(blas, &plan, T::DATA_TYPE, shape, self.raw(), ptrs) }
+    }
+}

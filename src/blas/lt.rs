@@ -1,0 +1,491 @@
+//! cuBLASLt products with epilogues: the descriptors and algorithms (cached per shape in
+//! the [`Blas`]), and [`BoundStream::matmul_lt`].
+
+use super::epilogue::{Epilogue, Extra, LtArgs, Role, check_extras, check_type};
+use super::gemm::{Ptrs, Scales, check_gemm};
+use super::handle::{Blas, refuse_aliasing, span_of};
+use super::plan::Plan;
+use super::sys::{self, LtAlgo, LtDesc, LtHandle, LtHeuristic, LtLayout, LtPref, check};
+use super::types::{BlasScalar, DataType, Matmul};
+use crate::access::Access;
+use crate::device::Device;
+use crate::error::MatmulError;
+use crate::error::{Error, Result};
+use crate::memory::{DeviceMemory, DeviceMemoryMut};
+use crate::stream::BoundStream;
+use cudarc::driver::sys as driver;
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+
+/// What selects a cuBLASLt descriptor set and algorithm: everything but the addresses
+/// (whose alignments count) and the scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct LtKey {
+    dtype: DataType,
+    tf32: bool,
+    epilogue: u32,
+    trans: (bool, bool),
+    mnk: (i32, i32, i32),
+    ld: (i32, i32, i32),
+    aux_ld: i64,
+    /// Alignments of cuBLAS's A, B, C (= D) and of the bias and aux operands, in bytes.
+    align: [u32; 5],
+}
+
+/// The largest power of two (up to 256) that divides `addr`: what cuBLASLt may assume
+/// of a pointer when it picks an algorithm.
+pub(crate) fn alignment(addr: u64) -> u32 {
+    if addr == 0 {
+        256
+    } else {
+        1u32 << addr.trailing_zeros().min(8)
+    }
+}
+
+/// A descriptor set with the algorithm cuBLASLt's heuristic chose for it.
+pub(crate) struct LtPlan {
+    desc: LtDesc,
+    /// cuBLAS's A, B and C (= D).
+    layouts: [LtLayout; 3],
+    algo: LtAlgo,
+}
+
+impl Drop for LtPlan {
+    fn drop(&mut self) {
+        // Descriptors exist only if cuBLASLt loaded (it created them).
+        let Ok(api) = sys::cublaslt() else { return };
+        for &l in &self.layouts {
+            if !l.is_null() {
+                // SAFETY: created by cublasLtMatrixLayoutCreate, destroyed once, here
+                // (host objects: no product in flight refers to them).
+                unsafe { (api.layout_destroy)(l) };
+            }
+        }
+        if !self.desc.is_null() {
+            // SAFETY: as above, for cublasLtMatmulDescCreate.
+            unsafe { (api.desc_destroy)(self.desc) };
+        }
+    }
+}
+
+/// The most recently used descriptor sets of one [`Blas`].
+#[derive(Default)]
+pub(crate) struct LtPlans {
+    plans: Vec<(LtKey, LtPlan)>,
+}
+
+/// How many descriptor sets a [`Blas`] keeps.
+const LT_PLANS: usize = 32;
+
+impl LtPlans {
+    /// The plan for `key`, made by `make` on a miss (the oldest is dropped when full).
+    fn get_or_make(
+        &mut self,
+        key: LtKey,
+        make: impl FnOnce() -> Result<LtPlan>,
+    ) -> Result<&LtPlan> {
+        let i = match self.plans.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let plan = make()?;
+                if self.plans.len() == LT_PLANS {
+                    self.plans.remove(0);
+                }
+                self.plans.push((key, plan));
+                self.plans.len() - 1
+            }
+        };
+        Ok(&self.plans[i].1)
+    }
+}
+
+/// Sets one attribute of a descriptor or preference to `value`.
+///
+/// # Safety
+///
+/// `obj` is a live object of the kind `set` takes, and `V` the attribute's C type.
+unsafe fn set_attr<V>(
+    set: sys::SetAttrFn,
+    obj: *mut c_void,
+    attr: c_int,
+    value: &V,
+    call: &'static str,
+) -> Result<()> {
+    // SAFETY: the caller's contract; `value` is read during the call only.
+    let status = unsafe { set(obj, attr, (value as *const V).cast(), size_of::<V>()) };
+    check(status, call)
+}
+
+/// The addresses a product passes to cuBLASLt besides A, B and C.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct EpiloguePtrs {
+    pub(crate) bias: u64,
+    pub(crate) aux: u64,
+}
+
+impl EpiloguePtrs {
+    pub(crate) fn of(extras: &[Extra<'_>]) -> Self {
+        let find = |roles: &[Role]| {
+            extras
+                .iter()
+                .find(|e| roles.contains(&e.role))
+                .map_or(0, |e| e.ptr)
+        };
+        EpiloguePtrs {
+            bias: find(&[Role::Bias, Role::BiasGrad]),
+            aux: find(&[Role::Aux, Role::AuxOut, Role::ReluMask, Role::ReluMaskOut]),
+        }
+    }
+
+    /// Points `desc` at the bias and aux operands the epilogue uses.
+    ///
+    /// # Safety
+    ///
+    /// `desc` is a live matmul descriptor.
+    unsafe fn set(&self, desc: LtDesc, epilogue: Epilogue) -> Result<()> {
+        let api = sys::cublaslt()?;
+        let (bias, aux) = (self.bias as *const c_void, self.aux as *const c_void);
+        if epilogue.uses(Role::Bias) || epilogue.uses(Role::BiasGrad) {
+            // SAFETY: the caller's contract; BIAS_POINTER is a `void*`.
+            unsafe { set_attr(api.desc_set, desc, sys::DESC_BIAS_POINTER, &bias, SET_DESC)? };
+        }
+        if epilogue.aux_ld_used() {
+            // SAFETY: as above; EPILOGUE_AUX_POINTER is a `void*`.
+            let p = sys::DESC_EPILOGUE_AUX_POINTER;
+            unsafe { set_attr(api.desc_set, desc, p, &aux, SET_DESC)? };
+        }
+        Ok(())
+    }
+}
+
+const SET_DESC: &str = "cublasLtMatmulDescSetAttribute";
+const SET_PREF: &str = "cublasLtMatmulPreferenceSetAttribute";
+
+impl Epilogue {
+    fn aux_ld_used(self) -> bool {
+        [Role::Aux, Role::AuxOut, Role::ReluMask, Role::ReluMaskOut]
+            .iter()
+            .any(|&r| self.uses(r))
+    }
+}
+
+/// A product's Lt-specific description: the plan and key plus what makes the descriptor.
+pub(crate) struct LtProblem {
+    pub(crate) plan: Plan,
+    pub(crate) key: LtKey,
+    pub(crate) epilogue: Epilogue,
+    pub(crate) ptrs: EpiloguePtrs,
+}
+
+impl LtProblem {
+    pub(crate) fn new(
+        plan: Plan,
+        shape: &Matmul,
+        dtype: DataType,
+        epilogue: Epilogue,
+        (a, b, c): Ptrs,
+        ptrs: EpiloguePtrs,
+    ) -> Self {
+        let (first, second) = if plan.swapped { (b, a) } else { (a, b) };
+        let key = LtKey {
+            dtype,
+            tf32: shape.tf32,
+            epilogue: epilogue.code(plan.swapped),
+            trans: (plan.transa, plan.transb),
+            mnk: (plan.m, plan.n, plan.k),
+            ld: (plan.lda, plan.ldb, plan.ldc),
+            aux_ld: epilogue.aux_ld(shape).map_or(0, |l| l as i64),
+            align: [first, second, c, ptrs.bias, ptrs.aux].map(alignment),
+        };
+        LtProblem {
+            plan,
+            key,
+            epilogue,
+            ptrs,
+        }
+    }
+
+    /// Creates the descriptors and asks cuBLASLt's heuristic for an algorithm.
+    fn make(&self, handle: LtHandle, workspace: usize) -> Result<LtPlan> {
+        let api = sys::cublaslt()?;
+        let (k, p) = (&self.key, &self.plan);
+        let mut out = LtPlan {
+            desc: std::ptr::null_mut(),
+            layouts: [std::ptr::null_mut(); 3],
+            algo: LtAlgo::default(),
+        };
+        let compute = k.dtype.compute(k.tf32);
+        // SAFETY: writes one descriptor, owned (and destroyed) by `out`.
+        let status = unsafe { (api.desc_create)(&mut out.desc, compute, k.dtype.scale_cuda()) };
+        check(status, "cublasLtMatmulDescCreate")?;
+        let (ta, tb) = (c_int::from(k.trans.0), c_int::from(k.trans.1));
+        // SAFETY: a live descriptor; TRANSA/TRANSB are cublasOperation_t (int32),
+        // EPILOGUE a uint32, EPILOGUE_AUX_LD an int64.
+        unsafe {
+            set_attr(api.desc_set, out.desc, sys::DESC_TRANSA, &ta, SET_DESC)?;
+            set_attr(api.desc_set, out.desc, sys::DESC_TRANSB, &tb, SET_DESC)?;
+            set_attr(
+                api.desc_set,
+                out.desc,
+                sys::DESC_EPILOGUE,
+                &k.epilogue,
+                SET_DESC,
+            )?;
+            if self.epilogue.aux_ld_used() {
+                let ld = sys::DESC_EPILOGUE_AUX_LD;
+                set_attr(api.desc_set, out.desc, ld, &k.aux_ld, SET_DESC)?;
+            }
+            self.ptrs.set(out.desc, self.epilogue)?;
+        }
+        let dims = |t: bool, r: i32, c: i32| if t { (c, r) } else { (r, c) };
+        let shapes = [
+            (dims(p.transa, p.m, p.k), p.lda),
+            (dims(p.transb, p.k, p.n), p.ldb),
+            ((p.m, p.n), p.ldc),
+        ];
+        for (slot, ((rows, cols), ld)) in out.layouts.iter_mut().zip(shapes) {
+            // SAFETY: writes one layout, owned (and destroyed) by `out`.
+            let status = unsafe {
+                (api.layout_create)(slot, k.dtype.cuda(), rows as u64, cols as u64, ld as i64)
+            };
+            check(status, "cublasLtMatrixLayoutCreate")?;
+        }
+        out.algo = self.heuristic(handle, &out, workspace)?;
+        Ok(out)
+    }
+
+    /// The heuristic's first algorithm for `plan`'s descriptors.
+    fn heuristic(&self, handle: LtHandle, plan: &LtPlan, workspace: usize) -> Result<LtAlgo> {
+        let api = sys::cublaslt()?;
+        let mut pref: LtPref = std::ptr::null_mut();
+        // SAFETY: writes one preference, destroyed below.
+        check(
+            unsafe { (api.pref_create)(&mut pref) },
+            "cublasLtMatmulPreferenceCreate",
+        )?;
+        let mut result = LtHeuristic::default();
+        let mut found: c_int = 0;
+        let out = (|| {
+            let bytes = workspace as u64;
+            // SAFETY: a live preference; MAX_WORKSPACE_BYTES is a uint64, the
+            // MIN_ALIGNMENT_{A,B,C,D}_BYTES attributes (consecutive) uint32s.
+            unsafe {
+                let max = sys::PREF_MAX_WORKSPACE_BYTES;
+                set_attr(api.pref_set, pref, max, &bytes, SET_PREF)?;
+                for (i, align) in [0, 1, 2, 2].map(|i| self.key.align[i]).iter().enumerate() {
+                    let attr = sys::PREF_MIN_ALIGNMENT_A_BYTES + i as c_int;
+                    set_attr(api.pref_set, pref, attr, align, SET_PREF)?;
+                }
+            }
+            let [a, b, c] = plan.layouts;
+            // SAFETY: live handle, descriptors and preference; writes at most one result.
+            let status = unsafe {
+                (api.heuristic)(
+                    handle,
+                    plan.desc,
+                    a,
+                    b,
+                    c,
+                    c,
+                    pref,
+                    1,
+                    &mut result,
+                    &mut found,
+                )
+            };
+            // CUBLAS_STATUS_NOT_SUPPORTED: no algorithm fits.
+            if status == 15 || (status == 0 && found < 1) {
+                return Err(MatmulError::NoAlgorithm(self.describe()).into());
+            }
+            check(status, "cublasLtMatmulAlgoGetHeuristic")
+        })();
+        // SAFETY: created above, destroyed once, here.
+        unsafe { (api.pref_destroy)(pref) };
+        out.map(|()| result.algo)
+    }
+
+    fn describe(&self) -> String {
+        let k = &self.key;
+        format!(
+            "{:?} {}×{}×{} (column-major view, transposes {:?}) with epilogue {}",
+            k.dtype,
+            k.mnk.0,
+            k.mnk.1,
+            k.mnk.2,
+            k.trans,
+            self.epilogue.name()
+        )
+    }
+}
+
+/// Enqueues a checked Lt product on `stream`.
+///
+/// # Safety
+///
+/// As for [`enqueue_gemm`](super::gemm::enqueue_gemm), and the epilogue's operands at
+/// `problem.ptrs` are live allocations of the lengths `check_lt` accepted, kept alive and
+/// ordered like the matrices.
+pub(crate) unsafe fn enqueue_lt(
+    blas: &mut Blas,
+    problem: &LtProblem,
+    shape: &Matmul,
+    stream: driver::CUstream,
+    (a, b, c): Ptrs,
+) -> Result<()> {
+    let api = sys::cublaslt()?;
+    let handle = blas.lt_handle()?;
+    let shared = Arc::clone(&blas.shared);
+    let ws = &shared.workspace;
+    let lt = blas
+        .lt_plans
+        .get_or_make(problem.key, || problem.make(handle, ws.len()))?;
+    // SAFETY: a live descriptor of this Blas, used by this thread only (`&mut Blas`).
+    unsafe { problem.ptrs.set(lt.desc, problem.epilogue)? };
+    let (first, second) = if problem.plan.swapped { (b, a) } else { (a, b) };
+    let scales = Scales::new(problem.key.dtype, shape);
+    let (alpha, beta) = scales.ptrs();
+    let [la, lb, lc] = lt.layouts;
+    // SAFETY: the caller's contract: the context is current, the stream is one of its
+    // streams, the buffers hold what the layouts reach and are claimed; the workspace is
+    // the handle's (claimed likewise), of the size the heuristic was told; alpha and
+    // beta are host scalars of the scale type alive for the call; C is D (in place,
+    // which cuBLASLt allows with identical layouts).
+    let status = unsafe {
+        (api.matmul)(
+            handle,
+            lt.desc,
+            alpha,
+            first as *const c_void,
+            la,
+            second as *const c_void,
+            lb,
+            beta,
+            c as *const c_void,
+            lc,
+            c as *mut c_void,
+            lc,
+            &lt.algo,
+            ws.device_ptr() as *mut c_void,
+            ws.len(),
+            stream.cast(),
+        )
+    };
+    check(status, "cublasLtMatmul")
+}
+
+/// Checks an Lt product: the matrices as [`check_gemm`] does, the epilogue against the
+/// type, its operands against the shape (exactly those it uses, with the lengths it
+/// needs, on the device), and that no output overlaps an input or another output.
+pub(crate) fn check_lt<'x, T, A, B, C>(
+    device: &Device,
+    blas: &Blas,
+    shape: &Matmul,
+    epilogue: Epilogue,
+    (a, b, c): (&A, &B, &C),
+    extras: Vec<Extra<'x>>,
+) -> Result<(Plan, Vec<Extra<'x>>)>
+where
+    T: BlasScalar,
+    A: DeviceMemory<T> + ?Sized,
+    B: DeviceMemory<T> + ?Sized,
+    C: DeviceMemory<T> + ?Sized,
+{
+    check_type(epilogue, T::DATA_TYPE)?;
+    let plan = check_gemm(device, blas, shape, None, (a, b, c))?;
+    let extras = check_extras(epilogue, shape, &plan, extras)?;
+    let mut reads = vec![("A", span_of(a)), ("B", span_of(b))];
+    let mut writes = vec![("C", span_of(c))];
+    for e in &extras {
+        device.expect_same(e.role.name(), e.device)?;
+        if e.role.writes() {
+            writes.push((e.role.name(), e.span()));
+        } else {
+            reads.push((e.role.name(), e.span()));
+        }
+    }
+    for (i, &w) in writes.iter().enumerate() {
+        refuse_aliasing(w, &reads)?;
+        refuse_aliasing(w, &writes[i + 1..])?;
+    }
+    Ok((plan, extras))
+}
+
+impl<'b> BoundStream<'b> {
+    /// Enqueues a cuBLASLt product with an epilogue: `C = epilogue(alpha·op(A)·op(B) +
+    /// beta·C)` (see [`Epilogue`] for what each computes and which operands of `args` it
+    /// reads or writes). The same types, layouts, checks and claims as
+    /// [`matmul`](Self::matmul) (not batched); the epilogue's inputs are claimed as
+    /// reads, its outputs as writes. An epilogue the type does not take, an operand
+    /// missing or extra, or a combination cuBLASLt has no algorithm for is a
+    /// [`MatmulError`].
+    ///
+    /// The descriptors and the algorithm cuBLASLt's heuristic picks are cached in the
+    /// [`Blas`] per shape, layout, epilogue and operand alignment.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{blas::{Epilogue, LtArgs, Matmul}, Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let mut blas = gpu.new_blas()?;
+    /// // Y = gelu(X·W + b), keeping Z = X·W + b for the backward pass.
+    /// let (batch, inp, out) = (32, 64, 128);
+    /// let shape = Matmul::new(batch, out, inp);
+    /// let x = gpu.alloc_zeros::<f32>(batch * inp)?;
+    /// let w = gpu.alloc_zeros::<f32>(inp * out)?;
+    /// let b = gpu.alloc_zeros::<f32>(out)?;
+    /// let mut y = gpu.alloc_zeros::<f32>(batch * out)?;
+    /// let mut z = gpu.alloc_zeros::<f32>(shape.gelu_aux_len())?;
+    /// let args = LtArgs::new().bias(&b).aux_out(&mut z);
+    /// gpu.default_stream().matmul_lt(&mut blas, &shape, Epilogue::GeluAuxBias, &x, &w, &mut y, args)?;
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_lt<T: BlasScalar>(
+        &self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        epilogue: Epilogue,
+        a: &impl DeviceMemory<T>,
+        b: &impl DeviceMemory<T>,
+        c: &mut impl DeviceMemoryMut<T>,
+        args: LtArgs<'_, T>,
+    ) -> Result<()> {
+        let bound = self.bound();
+        let given = args.extras();
+        let (plan, extras) = check_lt(bound.device(), blas, shape, epilogue, (a, b, &*c), given)?;
+        if plan.empty {
+            return Ok(());
+        }
+        // Every epilogue uses at most two operands (`tests`): all are claimed below.
+        if extras.len() > 2 {
+            return Err(Error::InvalidArgument(
+                "matmul_lt: more than two epilogue operands".into(),
+            ));
+        }
+        bound.ensure_current()?;
+        let shared = Arc::clone(&blas.shared);
+        let _claim = self.claim([
+            Some((a.tracker(), Access::Read)),
+            Some((b.tracker(), Access::Read)),
+            Some((c.tracker(), Access::Write)),
+            Some((crate::graph::Owned::tracker(&*shared), Access::Write)),
+            extras.first().map(Extra::claim),
+            extras.get(1).map(Extra::claim),
+        ])?;
+        let ptrs = (a.device_ptr(), b.device_ptr(), c.device_ptr());
+        let problem = LtProblem::new(
+            plan,
+            shape,
+            T::DATA_TYPE,
+            epilogue,
+            ptrs,
+            EpiloguePtrs::of(&extras),
+        );
+        // SAFETY: the handle's context is current (checked above) and the stream is one
+        // of its streams; the matrices and the epilogue's operands were checked against
+        // the plan and, with the workspace, are claimed for this stream until after the
+        // enqueue.
+        unsafe { enqueue_lt(blas, &problem, shape, self.raw(), ptrs) }
+    }
+}

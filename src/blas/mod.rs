@@ -1,0 +1,75 @@
+//! cuBLAS and cuBLASLt matrix products on gpubind memory, bound to the right context by
+//! the types.
+//!
+//! A [`Blas`] handle is created under a binding (`cublasCreate` attaches it to the current
+//! context) and, like other resources, holds an `Arc<Device>`. Products are enqueued on a
+//! [`BoundStream`](crate::BoundStream) of the same device, so they run in the right
+//! context and in stream order with kernels and copies:
+//!
+//! ```no_run
+//! # fn main() -> gpubind::Result<()> {
+//! use gpubind::{blas::Matmul, Device, ThreadContext};
+//! let mut ctx = ThreadContext::acquire()?;
+//! let dev = Device::get(0)?;
+//! let gpu = ctx.bind(&dev)?;
+//! let mut blas = gpu.new_blas()?;
+//! let a = gpu.clone_htod(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])?; // 2×3, row-major
+//! let b = gpu.clone_htod(&[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0])?; // 3×2
+//! let mut c = gpu.alloc_zeros::<f32>(4)?;                       // 2×2
+//! gpu.default_stream().matmul(&mut blas, &Matmul::new(2, 2, 3), &a, &b, &mut c)?;
+//! assert_eq!(gpu.dtoh(&c)?, [4.0, 5.0, 10.0, 11.0]);
+//! # Ok(()) }
+//! ```
+//!
+//! What there is:
+//!
+//! * [`BoundStream::matmul`](crate::BoundStream::matmul): `C = alpha·op(A)·op(B) +
+//!   beta·C` for f32 (TF32 opt-in: [`Matmul::allow_tf32`]), f64, f16 and bf16 (f32
+//!   accumulation) — [`BlasScalar`]; any transposes; row- or column-major ([`Layout`]);
+//!   leading dimensions ([`Matmul::with_ld`]).
+//! * [`BoundStream::matmul_batched`](crate::BoundStream::matmul_batched): strided
+//!   batches ([`Batch`]), as attention uses them.
+//! * [`BoundStream::matmul_lt`](crate::BoundStream::matmul_lt): cuBLASLt products with
+//!   an [`Epilogue`] — bias, ReLU, GELU, their auxiliary outputs, and the backward
+//!   epilogues (`DRELU`, `DGELU`, bias gradients) — with operands in [`LtArgs`].
+//! * The same three captured into CUDA graphs: [`Capture::matmul`](crate::Capture::matmul),
+//!   [`Capture::matmul_batched`](crate::Capture::matmul_batched),
+//!   [`Capture::matmul_lt`](crate::Capture::matmul_lt) (operands in [`CaptureLtArgs`]).
+//!
+//! Inputs are taken by `&` and claimed as reads, so products on two streams reading one
+//! weight run concurrently; outputs are taken by `&mut` and claimed as writes. Shapes that
+//! do not fit their buffers, leading dimensions too small, a batch whose outputs overlap,
+//! an output overlapping an input, or an option the type does not take are refused
+//! before cuBLAS is called, with a [`MatmulError`] naming the problem
+//! ([`Error::Matmul`](crate::Error::Matmul)).
+//!
+//! Each handle owns a workspace (device memory, 32 MiB on Hopper and later, 4 MiB
+//! before, as NVIDIA recommends) that it gives cuBLAS before every product
+//! (`cublasSetWorkspace_v2`) and cuBLASLt with every product, so neither allocates its
+//! own. Every product claims the workspace as written: products of one handle on
+//! different streams run one after the other (use a handle per stream for concurrency).
+//! A graph that captured products keeps the workspace and both library handles alive:
+//! the [`Blas`] may be dropped before the graph is launched.
+//!
+//! cuBLAS is loaded at run time, matching the driver ([`crate::driver::libraries`],
+//! `GPUBIND_CUBLAS_PATH`); cuBLASLt likewise (`GPUBIND_CUBLASLT_PATH`,
+//! [`cublaslt_info`]) by the first `new_blas`. Without a cuBLASLt, plain products still
+//! run and `matmul_lt` is [`Error::NoCublasLt`](crate::Error::NoCublasLt).
+
+mod capture;
+mod epilogue;
+mod gemm;
+mod handle;
+mod lt;
+mod plan;
+mod sys;
+#[cfg(test)]
+mod tests;
+mod types;
+
+pub use crate::error::MatmulError;
+pub use capture::{CaptureLtArgs, CaptureOutput};
+pub use epilogue::{Epilogue, LtArgs};
+pub use handle::Blas;
+pub use sys::cublaslt_info;
+pub use types::{Batch, BlasScalar, DataType, Layout, Matmul};

@@ -1,0 +1,297 @@
+//! What a product is: the element types, the layout, [`Matmul`] (shape, transposes,
+//! scales, leading dimensions) and [`Batch`] (strided batches).
+
+use crate::memory::DeviceRepr;
+use half::{bf16, f16};
+
+/// The element type of a product's matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DataType {
+    /// `half::f16`, accumulated in f32 (alpha and beta are f32).
+    F16,
+    /// `half::bf16`, accumulated in f32 (alpha and beta are f32).
+    Bf16,
+    /// `f32`, accumulated in f32; with [`Matmul::tf32`], TF32 tensor cores may be used.
+    F32,
+    /// `f64`, accumulated in f64.
+    F64,
+}
+
+impl DataType {
+    /// The Rust name of the element type (`"f16"`, `"bf16"`, `"f32"`, `"f64"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::F16 => "f16",
+            DataType::Bf16 => "bf16",
+            DataType::F32 => "f32",
+            DataType::F64 => "f64",
+        }
+    }
+
+    /// `cudaDataType_t` of the matrices.
+    pub(crate) fn cuda(self) -> std::ffi::c_int {
+        use super::sys::*;
+        match self {
+            DataType::F16 => CUDA_R_16F,
+            DataType::Bf16 => CUDA_R_16BF,
+            DataType::F32 => CUDA_R_32F,
+            DataType::F64 => CUDA_R_64F,
+        }
+    }
+
+    /// `cudaDataType_t` of alpha and beta (the scale type).
+    pub(crate) fn scale_cuda(self) -> std::ffi::c_int {
+        use super::sys::*;
+        match self {
+            DataType::F64 => CUDA_R_64F,
+            _ => CUDA_R_32F,
+        }
+    }
+
+    /// `cublasComputeType_t` of the product.
+    pub(crate) fn compute(self, tf32: bool) -> std::ffi::c_int {
+        use super::sys::*;
+        match (self, tf32) {
+            (DataType::F64, _) => COMPUTE_64F,
+            (DataType::F32, true) => COMPUTE_32F_FAST_TF32,
+            _ => COMPUTE_32F,
+        }
+    }
+}
+
+/// An element type cuBLAS multiplies: `f32`, `f64`, `half::f16`, `half::bf16`. Sealed.
+pub trait BlasScalar: DeviceRepr + Copy + sealed::Sealed {
+    /// The type's [`DataType`].
+    const DATA_TYPE: DataType;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! scalar {
+    ($t:ty, $d:ident) => {
+        impl sealed::Sealed for $t {}
+        impl BlasScalar for $t {
+            const DATA_TYPE: DataType = DataType::$d;
+        }
+    };
+}
+scalar!(f32, F32);
+scalar!(f64, F64);
+scalar!(f16, F16);
+scalar!(bf16, Bf16);
+
+/// How a product's matrices are laid out in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Layout {
+    /// Row after row (C, Rust, PyTorch): element `(i, j)` at `i·ld + j`.
+    #[default]
+    RowMajor,
+    /// Column after column (Fortran, BLAS): element `(i, j)` at `i + j·ld`.
+    ColMajor,
+}
+
+/// One product `C[m×n] = alpha · op(A)[m×k] · op(B)[k×n] + beta · C`.
+///
+/// `op(X)` is `X` or, with `transpose_a`/`transpose_b`, `Xᵀ`: a transposed `A` is stored
+/// `k×m`, a transposed `B` `n×k`. Matrices are row-major unless [`col_major`] is set.
+/// Leading dimensions default to the packed ones (the stored row length for row-major,
+/// the column length for column-major); [`with_ld`] sets larger ones (a matrix inside a
+/// larger one). Buffers of packed operands must have exactly the elements the shape
+/// needs; with an explicit leading dimension (or a [`Batch`] stride that is not packed),
+/// at least the last element reached plus one.
+///
+/// ```
+/// use gpubind::blas::{Layout, Matmul};
+/// // Y[64×256] = X[64×128] · Wᵀ, W stored 256×128 (out × in, as PyTorch's Linear).
+/// let shape = Matmul::new(64, 256, 128).transpose_b();
+/// assert_eq!(shape.layout, Layout::RowMajor);
+/// assert_eq!((shape.alpha, shape.beta), (1.0, 0.0));
+/// // The same, accumulating into Y: Y = 0.5·X·Wᵀ + Y.
+/// let acc = shape.scaled(0.5, 1.0);
+/// assert_eq!(acc.beta, 1.0);
+/// ```
+///
+/// [`col_major`]: Matmul::col_major
+/// [`with_ld`]: Matmul::with_ld
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct Matmul {
+    /// Rows of C.
+    pub m: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// The shared dimension.
+    pub k: usize,
+    /// Use `Aᵀ` (A stored k×m).
+    pub transpose_a: bool,
+    /// Use `Bᵀ` (B stored n×k).
+    pub transpose_b: bool,
+    /// Scale of the product (converted to f32 for f16, bf16 and f32 products).
+    pub alpha: f64,
+    /// Scale of the old C (0 overwrites; C is then not read).
+    pub beta: f64,
+    /// Row- or column-major matrices (all three).
+    pub layout: Layout,
+    /// Leading dimension of A (`None`: packed).
+    pub lda: Option<usize>,
+    /// Leading dimension of B (`None`: packed).
+    pub ldb: Option<usize>,
+    /// Leading dimension of C (`None`: packed).
+    pub ldc: Option<usize>,
+    /// Let f32 products use TF32 tensor cores (`CUBLAS_COMPUTE_32F_FAST_TF32`: inputs
+    /// rounded to 10 mantissa bits, f32 accumulation). f32 only.
+    pub tf32: bool,
+}
+
+impl Matmul {
+    /// `C = A · B` with `A: m×k`, `B: k×n`, row-major and packed.
+    pub fn new(m: usize, n: usize, k: usize) -> Self {
+        Matmul {
+            m,
+            n,
+            k,
+            transpose_a: false,
+            transpose_b: false,
+            alpha: 1.0,
+            beta: 0.0,
+            layout: Layout::RowMajor,
+            lda: None,
+            ldb: None,
+            ldc: None,
+            tf32: false,
+        }
+    }
+
+    /// Uses `Aᵀ`.
+    pub fn transpose_a(mut self) -> Self {
+        self.transpose_a = true;
+        self
+    }
+
+    /// Uses `Bᵀ`.
+    pub fn transpose_b(mut self) -> Self {
+        self.transpose_b = true;
+        self
+    }
+
+    /// Sets `alpha` and `beta`.
+    pub fn scaled(mut self, alpha: f64, beta: f64) -> Self {
+        self.alpha = alpha;
+        self.beta = beta;
+        self
+    }
+
+    /// Column-major matrices.
+    pub fn col_major(mut self) -> Self {
+        self.layout = Layout::ColMajor;
+        self
+    }
+
+    /// Sets the leading dimensions of A, B and C (elements between the starts of two
+    /// rows, for row-major; of two columns, for column-major).
+    pub fn with_ld(mut self, lda: usize, ldb: usize, ldc: usize) -> Self {
+        self.lda = Some(lda);
+        self.ldb = Some(ldb);
+        self.ldc = Some(ldc);
+        self
+    }
+
+    /// Lets an f32 product use TF32 tensor cores (see [`tf32`](Self::tf32)).
+    pub fn allow_tf32(mut self) -> Self {
+        self.tf32 = true;
+        self
+    }
+
+    /// The leading dimension of the pre-activation that the `GELU_AUX` epilogues store
+    /// and `DGELU` reads ([`Epilogue`](super::Epilogue)): C's rows (row-major: its
+    /// columns, `n`; column-major: `m`), rounded up to a multiple of 8 as cuBLASLt
+    /// requires.
+    pub fn gelu_aux_ld(&self) -> usize {
+        self.aux_inner().div_ceil(8).saturating_mul(8)
+    }
+
+    /// Elements of the `GELU_AUX` pre-activation buffer: [`gelu_aux_ld`](Self::gelu_aux_ld)
+    /// times C's outer dimension. Element `(i, j)` of row-major C is at
+    /// `i · gelu_aux_ld + j`.
+    pub fn gelu_aux_len(&self) -> usize {
+        self.gelu_aux_ld().saturating_mul(self.aux_outer())
+    }
+
+    /// The leading dimension, in bits, of the ReLU mask that the `RELU_AUX` epilogues
+    /// store and `DRELU` reads: C's inner dimension rounded up to a multiple of 128.
+    pub fn relu_mask_ld(&self) -> usize {
+        self.aux_inner().div_ceil(128).saturating_mul(128)
+    }
+
+    /// Bytes of the ReLU mask buffer (`u8`): one bit per element, rows of
+    /// [`relu_mask_ld`](Self::relu_mask_ld) bits.
+    pub fn relu_mask_len(&self) -> usize {
+        (self.relu_mask_ld() / 8).saturating_mul(self.aux_outer())
+    }
+
+    /// C's inner dimension (contiguous in memory).
+    fn aux_inner(&self) -> usize {
+        match self.layout {
+            Layout::RowMajor => self.n,
+            Layout::ColMajor => self.m,
+        }
+    }
+
+    /// C's outer dimension.
+    fn aux_outer(&self) -> usize {
+        match self.layout {
+            Layout::RowMajor => self.m,
+            Layout::ColMajor => self.n,
+        }
+    }
+}
+
+/// A strided batch: `count` products, the `i`-th reading `A` at `i · stride_a`, `B` at
+/// `i · stride_b` and writing `C` at `i · stride_c` (elements). A stride of 0 reuses one
+/// matrix for the whole batch (A and B only: the outputs of a batch must not overlap).
+///
+/// ```
+/// use gpubind::blas::{Batch, Matmul};
+/// // Attention scores: 96 heads of Q[1024×64] · Kᵀ.
+/// let shape = Matmul::new(1024, 1024, 64).transpose_b();
+/// let batch = Batch::packed(96, &shape);
+/// assert_eq!((batch.stride_a, batch.stride_b, batch.stride_c), (65536, 65536, 1 << 20));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Batch {
+    /// Products in the batch.
+    pub count: usize,
+    /// Elements from one A to the next.
+    pub stride_a: usize,
+    /// Elements from one B to the next.
+    pub stride_b: usize,
+    /// Elements from one C to the next.
+    pub stride_c: usize,
+}
+
+impl Batch {
+    /// A batch with the given strides.
+    pub fn new(count: usize, stride_a: usize, stride_b: usize, stride_c: usize) -> Self {
+        Batch {
+            count,
+            stride_a,
+            stride_b,
+            stride_c,
+        }
+    }
+
+    /// `count` packed matrices one after the other (strides `m·k`, `k·n`, `m·n`; leading
+    /// dimensions of `shape` are ignored: a packed batch has packed matrices).
+    pub fn packed(count: usize, shape: &Matmul) -> Self {
+        let Matmul { m, n, k, .. } = *shape;
+        Batch::new(
+            count,
+            m.saturating_mul(k),
+            k.saturating_mul(n),
+            m.saturating_mul(n),
+        )
+    }
+}

@@ -1,0 +1,1128 @@
+//! GPU tests of `gpubind::blas`: every element type × transposes × layout (packed and
+//! with leading dimensions) against an f64 host reference, strided batches, each
+//! cuBLASLt epilogue (forward and backward) against host math, captured products equal
+//! to eager ones with the `Blas` dropped before the launch, and the typed errors.
+//! Without a driver: one SKIPPED line.
+//!
+//! Run: `cargo test --test gpu_blas` (on a GPU machine, or the built binary).
+
+#[macro_use]
+mod common;
+
+use common::{Ctx, dev0, run_suite};
+use gpubind::blas::{
+    Batch, BlasScalar, CaptureLtArgs, Epilogue, Layout, LtArgs, Matmul, MatmulError,
+};
+use gpubind::{BoundDevice, DeviceRepr, Error, ThreadContext};
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+
+type R = Result<(), String>;
+
+/// An element type with its conversions and the relative tolerance of a product of it
+/// (against the sum of the magnitudes of the terms).
+trait El: BlasScalar + DeviceRepr + std::fmt::Debug + PartialEq {
+    fn of(x: f64) -> Self;
+    fn f(self) -> f64;
+    const TOL: f64;
+}
+
+macro_rules! el {
+    ($t:ty, $of:expr, $f:expr, $tol:expr) => {
+        impl El for $t {
+            fn of(x: f64) -> Self {
+                $of(x)
+            }
+            fn f(self) -> f64 {
+                $f(self)
+            }
+            const TOL: f64 = $tol;
+        }
+    };
+}
+el!(f32, |x| x as f32, |v: f32| v as f64, 1e-5);
+el!(f64, |x| x, |v| v, 1e-13);
+el!(f16, f16::from_f64, |v: f16| v.to_f64(), 2e-3);
+el!(bf16, bf16::from_f64, |v: bf16| v.to_f64(), 1.6e-2);
+
+/// Index of `(r, c)` in a matrix stored with leading dimension `ld`.
+fn at(layout: Layout, ld: usize, r: usize, c: usize) -> usize {
+    match layout {
+        Layout::RowMajor => r * ld + c,
+        Layout::ColMajor => r + c * ld,
+    }
+}
+
+/// Leading dimensions of A, B and C of `s` (the packed ones where unset).
+fn lds(s: &Matmul) -> (usize, usize, usize) {
+    let inner = |rows: usize, cols: usize| match s.layout {
+        Layout::RowMajor => cols,
+        Layout::ColMajor => rows,
+    };
+    let (ar, ac) = if s.transpose_a {
+        (s.k, s.m)
+    } else {
+        (s.m, s.k)
+    };
+    let (br, bc) = if s.transpose_b {
+        (s.n, s.k)
+    } else {
+        (s.k, s.n)
+    };
+    (
+        s.lda.unwrap_or(inner(ar, ac).max(1)),
+        s.ldb.unwrap_or(inner(br, bc).max(1)),
+        s.ldc.unwrap_or(inner(s.m, s.n).max(1)),
+    )
+}
+
+/// Elements a buffer needs for a `rows×cols` matrix with leading dimension `ld`.
+fn span(layout: Layout, ld: usize, rows: usize, cols: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        return 0;
+    }
+    at(layout, ld, rows - 1, cols - 1) + 1
+}
+
+/// `P = alpha·op(A)·op(B)` at each `(i, j)` of C, with the sum of the terms' magnitudes.
+fn host_product(s: &Matmul, a: &[f64], b: &[f64]) -> Vec<(f64, f64)> {
+    let (lda, ldb, _) = lds(s);
+    let mut out = Vec::with_capacity(s.m * s.n);
+    for i in 0..s.m {
+        for j in 0..s.n {
+            let (mut sum, mut mag) = (0.0, 0.0);
+            for p in 0..s.k {
+                let x = if s.transpose_a {
+                    a[at(s.layout, lda, p, i)]
+                } else {
+                    a[at(s.layout, lda, i, p)]
+                };
+                let y = if s.transpose_b {
+                    b[at(s.layout, ldb, j, p)]
+                } else {
+                    b[at(s.layout, ldb, p, j)]
+                };
+                sum += x * y;
+                mag += (x * y).abs();
+            }
+            out.push((s.alpha * sum, s.alpha.abs() * mag));
+        }
+    }
+    out
+}
+
+/// `C = alpha·op(A)·op(B) + beta·C` on the host: the whole C buffer (elements outside
+/// the matrix unchanged) and each element's error scale.
+fn host_gemm(s: &Matmul, a: &[f64], b: &[f64], c: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let (_, _, ldc) = lds(s);
+    let (mut want, mut scale) = (c.to_vec(), vec![0.0; c.len()]);
+    for (ij, (p, mag)) in host_product(s, a, b).into_iter().enumerate() {
+        let at_c = at(s.layout, ldc, ij / s.n, ij % s.n);
+        want[at_c] = p + s.beta * c[at_c];
+        scale[at_c] = mag + (s.beta * c[at_c]).abs();
+    }
+    (want, scale)
+}
+
+/// Random values of `T` (and their exact f64 values).
+fn random<T: El>(rng: &mut impl Rng, n: usize) -> (Vec<T>, Vec<f64>) {
+    let v: Vec<T> = (0..n).map(|_| T::of(rng.random_range(-1.0..1.0))).collect();
+    let f = v.iter().map(|&x| x.f()).collect();
+    (v, f)
+}
+
+/// `Err` naming the first element of `got` farther from `want` than `tol·scale` (plus a
+/// tiny absolute slack).
+fn close(what: &str, got: &[f64], want: &[f64], scale: &[f64], tol: f64) -> R {
+    ensure!(
+        got.len() == want.len(),
+        "{what}: {} elements, expected {}",
+        got.len(),
+        want.len()
+    );
+    for i in 0..got.len() {
+        let bound = tol * scale[i].max(want[i].abs()) + 1e-30;
+        ensure!(
+            (got[i] - want[i]).abs() <= bound,
+            "{what}: [{i}] = {} but the host says {} (tolerance {bound:e})",
+            got[i],
+            want[i]
+        );
+    }
+    Ok(())
+}
+
+fn dtoh_f64<T: El>(gpu: &BoundDevice<'_>, x: &gpubind::DeviceSlice<T>) -> Result<Vec<f64>, String> {
+    Ok(gpu.dtoh(x).ctx("dtoh")?.into_iter().map(El::f).collect())
+}
+
+/// Every transpose pair × layout × packed/padded leading dimensions, a few shapes, for
+/// one element type (`tf32`: f32 with TF32 allowed).
+fn gemm_sweep<T: El>(gpu: &BoundDevice<'_>, tf32: bool, rng: &mut impl Rng) -> R {
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let stream = gpu.default_stream();
+    let tol = if tf32 { 2e-3 } else { T::TOL };
+    for (m, n, k) in [(1, 1, 1), (7, 5, 3), (33, 17, 29), (64, 48, 80)] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            for layout in [Layout::RowMajor, Layout::ColMajor] {
+                for padded in [false, true] {
+                    let mut s = Matmul::new(m, n, k).scaled(0.75, -0.5);
+                    s.transpose_a = ta;
+                    s.transpose_b = tb;
+                    s.layout = layout;
+                    s.tf32 = tf32;
+                    if padded {
+                        let (la, lb, lc) = lds(&s);
+                        s = s.with_ld(la + 3, lb + 1, lc + 5);
+                    }
+                    let (lda, ldb, ldc) = lds(&s);
+                    let (ar, ac) = if ta { (k, m) } else { (m, k) };
+                    let (br, bc) = if tb { (n, k) } else { (k, n) };
+                    // Padded buffers get a few elements past the span (allowed).
+                    let extra = if padded { 2 } else { 0 };
+                    let (a, af) = random::<T>(rng, span(layout, lda, ar, ac) + extra);
+                    let (b, bf) = random::<T>(rng, span(layout, ldb, br, bc) + extra);
+                    let (c0, cf) = random::<T>(rng, span(layout, ldc, m, n) + extra);
+                    let (da, db) = (gpu.clone_htod(&a).ctx("a")?, gpu.clone_htod(&b).ctx("b")?);
+                    let mut dc = gpu.clone_htod(&c0).ctx("c")?;
+                    let what = format!(
+                        "{:?} {m}x{n}x{k} ta={ta} tb={tb} {layout:?} padded={padded} tf32={tf32}",
+                        T::DATA_TYPE
+                    );
+                    stream.matmul(&mut blas, &s, &da, &db, &mut dc).ctx(&what)?;
+                    let got = dtoh_f64(gpu, &dc)?;
+                    let (want, scale) = host_gemm(&s, &af, &bf, &cf);
+                    close(&what, &got, &want, &scale, tol)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn gemm_types_transposes_and_layouts_match_the_host() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let seed: u64 = rand::random();
+    println!("    seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    gemm_sweep::<f32>(&gpu, false, &mut rng)?;
+    gemm_sweep::<f32>(&gpu, true, &mut rng)?;
+    gemm_sweep::<f64>(&gpu, false, &mut rng)?;
+    gemm_sweep::<f16>(&gpu, false, &mut rng)?;
+    gemm_sweep::<bf16>(&gpu, false, &mut rng)
+}
+
+/// One strided batch against per-matrix host products; gaps between the C matrices
+/// stay untouched.
+fn batch_case<T: El>(gpu: &BoundDevice<'_>, s: &Matmul, batch: &Batch, rng: &mut impl Rng) -> R {
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let (lda, ldb, ldc) = lds(s);
+    let (ar, ac) = if s.transpose_a {
+        (s.k, s.m)
+    } else {
+        (s.m, s.k)
+    };
+    let (br, bc) = if s.transpose_b {
+        (s.n, s.k)
+    } else {
+        (s.k, s.n)
+    };
+    let len = |stride: usize, one: usize| (batch.count - 1) * stride + one;
+    let (a, af) = random::<T>(rng, len(batch.stride_a, span(s.layout, lda, ar, ac)));
+    let (b, bf) = random::<T>(rng, len(batch.stride_b, span(s.layout, ldb, br, bc)));
+    let c_one = span(s.layout, ldc, s.m, s.n);
+    let (c0, cf) = random::<T>(rng, len(batch.stride_c, c_one));
+    let (da, db) = (gpu.clone_htod(&a).ctx("a")?, gpu.clone_htod(&b).ctx("b")?);
+    let mut dc = gpu.clone_htod(&c0).ctx("c")?;
+    let what = format!("{:?} {s:?} {batch:?}", T::DATA_TYPE);
+    gpu.default_stream()
+        .matmul_batched(&mut blas, s, batch, &da, &db, &mut dc)
+        .ctx(&what)?;
+    let got = dtoh_f64(gpu, &dc)?;
+    let (mut want, mut scale) = (cf.clone(), vec![0.0; cf.len()]);
+    for i in 0..batch.count {
+        let (oa, ob, oc) = (i * batch.stride_a, i * batch.stride_b, i * batch.stride_c);
+        let (w, sc) = host_gemm(s, &af[oa..], &bf[ob..], &cf[oc..oc + c_one]);
+        want[oc..oc + c_one].copy_from_slice(&w);
+        scale[oc..oc + c_one].copy_from_slice(&sc);
+    }
+    close(&what, &got, &want, &scale, T::TOL)
+}
+
+fn strided_batches_match_the_host() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    // Attention-like: scores = Q·Kᵀ per head, packed.
+    let qk = Matmul::new(33, 31, 16).transpose_b().scaled(0.25, 0.0);
+    batch_case::<f32>(&gpu, &qk, &Batch::packed(6, &qk), &mut rng)?;
+    batch_case::<bf16>(&gpu, &qk, &Batch::packed(6, &qk), &mut rng)?;
+    batch_case::<f16>(&gpu, &qk, &Batch::packed(6, &qk), &mut rng)?;
+    batch_case::<f64>(&gpu, &qk, &Batch::packed(6, &qk), &mut rng)?;
+    // One B for the whole batch (stride 0), gaps between the Cs, accumulating.
+    let s = Matmul::new(9, 12, 7).scaled(1.0, 1.0);
+    batch_case::<f32>(&gpu, &s, &Batch::new(5, 9 * 7, 0, 9 * 12 + 5), &mut rng)?;
+    // Column-major with leading dimensions, transposed A.
+    let c = Matmul::new(10, 6, 4)
+        .col_major()
+        .transpose_a()
+        .with_ld(6, 12, 11);
+    batch_case::<bf16>(&gpu, &c, &Batch::new(3, 40, 80, 70), &mut rng)
+}
+
+/// GELU (tanh approximation, as cuBLASLt computes it) and its derivative.
+fn gelu(z: f64) -> f64 {
+    let u = (2.0 / std::f64::consts::PI).sqrt() * (z + 0.044715 * z * z * z);
+    0.5 * z * (1.0 + u.tanh())
+}
+
+fn dgelu(z: f64) -> f64 {
+    let s = (2.0 / std::f64::consts::PI).sqrt();
+    let t = (s * (z + 0.044715 * z * z * z)).tanh();
+    0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * s * (1.0 + 3.0 * 0.044715 * z * z)
+}
+
+/// Multiples of 0.5 in [-2, 2]: products and their sums over a short k are exact in f32.
+fn halves<T: El>(n: usize, salt: usize) -> (Vec<T>, Vec<f64>) {
+    let v: Vec<T> = (0..n)
+        .map(|i| T::of((((i * 7 + salt * 3) % 9) as f64 - 4.0) * 0.5))
+        .collect();
+    let f = v.iter().map(|&x| x.f()).collect();
+    (v, f)
+}
+
+/// The forward epilogues on a row-major `Y[m×n] = act(X[m×k]·W[k×n] + b)`, the
+/// auxiliary outputs checked through the backward epilogues that read them.
+fn lt_case<T: El>(gpu: &BoundDevice<'_>) -> R {
+    let (m, n, k) = (24usize, 40usize, 16usize);
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let st = gpu.default_stream();
+    let s = Matmul::new(m, n, k);
+    let (x, xf) = halves::<T>(m * k, 1);
+    let (w, wf) = halves::<T>(k * n, 2);
+    // Bias ≡ 0.125 (mod 0.25): no pre-activation is 0, so ReLU's mask is unambiguous.
+    let bias_f: Vec<f64> = (0..n)
+        .map(|j| ((j % 7) as f64 - 3.0) * 0.25 + 0.125)
+        .collect();
+    let bias_t: Vec<T> = bias_f.iter().map(|&v| T::of(v)).collect();
+    let (dx, dw, db) = (
+        gpu.clone_htod(&x).ctx("x")?,
+        gpu.clone_htod(&w).ctx("w")?,
+        gpu.clone_htod(&bias_t).ctx("bias")?,
+    );
+    let p = host_product(&s, &xf, &wf);
+    let tol = T::TOL.max(1e-5);
+    let gelu_tol = T::TOL.max(2e-3);
+    let z = |ij: usize, with_bias: bool| p[ij].0 + if with_bias { bias_f[ij % n] } else { 0.0 };
+    let scale = |ij: usize| p[ij].1 + 1.0;
+    type Act = fn(f64) -> f64;
+    let relu: Act = |v| v.max(0.0);
+    let ident: Act = |v| v;
+    let cases: [(Epilogue, bool, Act, f64); 6] = [
+        (Epilogue::Default, false, ident, tol),
+        (Epilogue::Relu, false, relu, tol),
+        (Epilogue::Gelu, false, gelu, gelu_tol),
+        (Epilogue::Bias, true, ident, tol),
+        (Epilogue::ReluBias, true, relu, tol),
+        (Epilogue::GeluBias, true, gelu, gelu_tol),
+    ];
+    for (e, with_bias, act, tol) in cases {
+        let mut y = gpu.alloc_zeros::<T>(m * n).ctx("y")?;
+        let args = if with_bias {
+            LtArgs::new().bias(&db)
+        } else {
+            LtArgs::new()
+        };
+        st.matmul_lt(&mut blas, &s, e, &dx, &dw, &mut y, args)
+            .ctx(e.name())?;
+        let got = dtoh_f64(gpu, &y)?;
+        let want: Vec<f64> = (0..m * n).map(|ij| act(z(ij, with_bias))).collect();
+        let sc: Vec<f64> = (0..m * n).map(scale).collect();
+        close(
+            &format!("{:?} {}", T::DATA_TYPE, e.name()),
+            &got,
+            &want,
+            &sc,
+            tol,
+        )?;
+    }
+    lt_aux_roundtrips(gpu, &mut blas, &s, (&dx, &dw, &db), &p, &bias_f)
+}
+
+/// What the aux round trips share: the forward product `X·W (+ b)` (`p`: its host
+/// values and scales, `bias`: the host bias) and the backward product `G·H` (`q`).
+struct Fixture<'g, 'd, T: El> {
+    gpu: &'g BoundDevice<'d>,
+    s: Matmul,
+    x: &'g gpubind::DeviceSlice<T>,
+    w: &'g gpubind::DeviceSlice<T>,
+    b: &'g gpubind::DeviceSlice<T>,
+    p: &'g [(f64, f64)],
+    bias: &'g [f64],
+    g: gpubind::DeviceSlice<T>,
+    h: gpubind::DeviceSlice<T>,
+    q: Vec<(f64, f64)>,
+}
+
+impl<T: El> Fixture<'_, '_, T> {
+    fn name(&self, e: Epilogue) -> String {
+        format!("{:?} {}", T::DATA_TYPE, e.name())
+    }
+
+    /// The pre-activation `Z` on the host, and its error scales.
+    fn z(&self, with_bias: bool) -> (Vec<f64>, Vec<f64>) {
+        let n = self.s.n;
+        let z = (0..self.p.len())
+            .map(|ij| self.p[ij].0 + if with_bias { self.bias[ij % n] } else { 0.0 })
+            .collect();
+        (z, self.p.iter().map(|v| v.1 + 1.0).collect())
+    }
+}
+
+/// GELU_AUX(_BIAS) stores Z; DGELU(_BGRAD) reads it; RELU_AUX(_BIAS) stores the mask,
+/// DRELU(_BGRAD) reads it; BGRADA/BGRADB reduce an operand.
+fn lt_aux_roundtrips<T: El>(
+    gpu: &BoundDevice<'_>,
+    blas: &mut gpubind::blas::Blas,
+    s: &Matmul,
+    (x, w, b): (
+        &gpubind::DeviceSlice<T>,
+        &gpubind::DeviceSlice<T>,
+        &gpubind::DeviceSlice<T>,
+    ),
+    p: &[(f64, f64)],
+    bias: &[f64],
+) -> R {
+    // The product the backward epilogues scale: G[m×k]·H[k×n] (halves, other salts).
+    let (g, gf) = halves::<T>(s.m * s.k, 5);
+    let (h, hf) = halves::<T>(s.k * s.n, 6);
+    let fx = Fixture {
+        gpu,
+        s: *s,
+        x,
+        w,
+        b,
+        p,
+        bias,
+        g: gpu.clone_htod(&g).ctx("g")?,
+        h: gpu.clone_htod(&h).ctx("h")?,
+        q: host_product(s, &gf, &hf),
+    };
+    for with_bias in [false, true] {
+        gelu_roundtrip(&fx, blas, with_bias)?;
+        relu_roundtrip(&fx, blas, with_bias)?;
+    }
+    lt_bias_grads(gpu, blas, (&fx.g, &gf), s.n)
+}
+
+/// GELU_AUX(_BIAS) then DGELU_BGRAD and DGELU through the stored pre-activation.
+fn gelu_roundtrip<T: El>(
+    fx: &Fixture<'_, '_, T>,
+    blas: &mut gpubind::blas::Blas,
+    with_bias: bool,
+) -> R {
+    let (gpu, s) = (fx.gpu, &fx.s);
+    let st = gpu.default_stream();
+    let (m, n, ld) = (s.m, s.n, s.gelu_aux_ld());
+    let fwd = if with_bias {
+        Epilogue::GeluAuxBias
+    } else {
+        Epilogue::GeluAux
+    };
+    let mut y = gpu.alloc_zeros::<T>(m * n).ctx("y")?;
+    let mut aux = gpu.alloc_zeros::<T>(s.gelu_aux_len()).ctx("aux")?;
+    let args = LtArgs::new().aux_out(&mut aux);
+    let args = if with_bias { args.bias(fx.b) } else { args };
+    st.matmul_lt(blas, s, fwd, fx.x, fx.w, &mut y, args)
+        .ctx(&fx.name(fwd))?;
+    let (want_z, sc) = fx.z(with_bias);
+    let zf = dtoh_f64(gpu, &aux)?;
+    let got_z: Vec<f64> = (0..m * n).map(|ij| zf[(ij / n) * ld + ij % n]).collect();
+    close(
+        &format!("{} aux (Z)", fx.name(fwd)),
+        &got_z,
+        &want_z,
+        &sc,
+        T::TOL.max(1e-5),
+    )?;
+    let want_y: Vec<f64> = want_z.iter().map(|&z| gelu(z)).collect();
+    close(
+        &fx.name(fwd),
+        &dtoh_f64(gpu, &y)?,
+        &want_y,
+        &sc,
+        T::TOL.max(2e-3),
+    )?;
+    // Backward through Z as the device stored it.
+    let mut dz = gpu.alloc_zeros::<T>(m * n).ctx("dz")?;
+    let mut bgrad = gpu.alloc_zeros::<T>(n).ctx("bgrad")?;
+    let e = Epilogue::DGeluBGrad;
+    let args = LtArgs::new().aux(&aux).bias_grad(&mut bgrad);
+    st.matmul_lt(blas, s, e, &fx.g, &fx.h, &mut dz, args)
+        .ctx(&fx.name(e))?;
+    let q = &fx.q;
+    let want: Vec<f64> = (0..m * n).map(|ij| q[ij].0 * dgelu(got_z[ij])).collect();
+    let sc: Vec<f64> = (0..m * n).map(|ij| (q[ij].1 + 1.0) * 2.0).collect();
+    let got = dtoh_f64(gpu, &dz)?;
+    close(&fx.name(e), &got, &want, &sc, T::TOL.max(2e-3))?;
+    check_bias_grad(gpu, &fx.name(e), &bgrad, &got, m, n)?;
+    let mut dz2 = gpu.alloc_zeros::<T>(m * n).ctx("dz2")?;
+    let e = Epilogue::DGelu;
+    st.matmul_lt(blas, s, e, &fx.g, &fx.h, &mut dz2, LtArgs::new().aux(&aux))
+        .ctx(&fx.name(e))?;
+    close(
+        &fx.name(e),
+        &dtoh_f64(gpu, &dz2)?,
+        &want,
+        &sc,
+        T::TOL.max(2e-3),
+    )
+}
+
+/// RELU_AUX(_BIAS) then DRELU and DRELU_BGRAD through the stored mask.
+fn relu_roundtrip<T: El>(
+    fx: &Fixture<'_, '_, T>,
+    blas: &mut gpubind::blas::Blas,
+    with_bias: bool,
+) -> R {
+    let (gpu, s) = (fx.gpu, &fx.s);
+    let st = gpu.default_stream();
+    let (m, n) = (s.m, s.n);
+    let fwd = if with_bias {
+        Epilogue::ReluAuxBias
+    } else {
+        Epilogue::ReluAux
+    };
+    let mut y = gpu.alloc_zeros::<T>(m * n).ctx("y")?;
+    let mut mask = gpu.alloc_zeros::<u8>(s.relu_mask_len()).ctx("mask")?;
+    let args = LtArgs::new().relu_mask_out(&mut mask);
+    let args = if with_bias { args.bias(fx.b) } else { args };
+    st.matmul_lt(blas, s, fwd, fx.x, fx.w, &mut y, args)
+        .ctx(&fx.name(fwd))?;
+    let (z, sc) = fx.z(with_bias);
+    let relu: Vec<f64> = z.iter().map(|v| v.max(0.0)).collect();
+    close(
+        &fx.name(fwd),
+        &dtoh_f64(gpu, &y)?,
+        &relu,
+        &sc,
+        T::TOL.max(1e-5),
+    )?;
+    let q = &fx.q;
+    let want: Vec<f64> = (0..m * n)
+        .map(|ij| if z[ij] > 0.0 { q[ij].0 } else { 0.0 })
+        .collect();
+    let sc: Vec<f64> = (0..m * n).map(|ij| q[ij].1 + 1.0).collect();
+    let mut dz = gpu.alloc_zeros::<T>(m * n).ctx("dz")?;
+    let e = Epilogue::DRelu;
+    let args = LtArgs::new().relu_mask(&mask);
+    st.matmul_lt(blas, s, e, &fx.g, &fx.h, &mut dz, args)
+        .ctx(&fx.name(e))?;
+    let what = format!("{} after {}", fx.name(e), fwd.name());
+    close(&what, &dtoh_f64(gpu, &dz)?, &want, &sc, T::TOL.max(1e-5))?;
+    let mut bgrad = gpu.alloc_zeros::<T>(n).ctx("bgrad")?;
+    let e = Epilogue::DReluBGrad;
+    let args = LtArgs::new().relu_mask(&mask).bias_grad(&mut bgrad);
+    st.matmul_lt(blas, s, e, &fx.g, &fx.h, &mut dz, args)
+        .ctx(&fx.name(e))?;
+    let got = dtoh_f64(gpu, &dz)?;
+    close(&fx.name(e), &got, &want, &sc, T::TOL.max(1e-5))?;
+    check_bias_grad(gpu, &fx.name(e), &bgrad, &got, m, n)
+}
+
+/// `bgrad[j] = Σ_i dz[i][j]` (row-major `m×n`), within the type's tolerance.
+fn check_bias_grad<T: El>(
+    gpu: &BoundDevice<'_>,
+    what: &str,
+    bgrad: &gpubind::DeviceSlice<T>,
+    dz: &[f64],
+    m: usize,
+    n: usize,
+) -> R {
+    let want: Vec<f64> = (0..n)
+        .map(|j| (0..m).map(|i| dz[i * n + j]).sum())
+        .collect();
+    let sc: Vec<f64> = (0..n)
+        .map(|j| (0..m).map(|i| dz[i * n + j].abs()).sum::<f64>() + 1.0)
+        .collect();
+    close(
+        &format!("{what} bias gradient"),
+        &dtoh_f64(gpu, bgrad)?,
+        &want,
+        &sc,
+        T::TOL.max(1e-5),
+    )
+}
+
+/// Weight gradients with bias gradients, `dW[16×n] = Xᵀ·D` for `X` 24×16 and `D`
+/// 24×n: BGRADB adds `Σ_rows D` (the bias gradient of the layer), BGRADA `Σ_rows X`
+/// (the reduction of op(A) over k).
+fn lt_bias_grads<T: El>(
+    gpu: &BoundDevice<'_>,
+    blas: &mut gpubind::blas::Blas,
+    (x, xf): (&gpubind::DeviceSlice<T>, &[f64]),
+    n: usize,
+) -> R {
+    let (rows, cols) = (24usize, 16usize);
+    let (d, df) = halves::<T>(rows * n, 9);
+    let dd = gpu.clone_htod(&d).ctx("d")?;
+    let s = Matmul::new(cols, n, rows).transpose_a();
+    let p = host_product(&s, xf, &df);
+    let want_w: Vec<f64> = p.iter().map(|v| v.0).collect();
+    let sc: Vec<f64> = p.iter().map(|v| v.1 + 1.0).collect();
+    for e in [Epilogue::BGradB, Epilogue::BGradA] {
+        let what = format!("{:?} {}", T::DATA_TYPE, e.name());
+        let len = if e == Epilogue::BGradB { n } else { cols };
+        let mut dw = gpu.alloc_zeros::<T>(cols * n).ctx("dw")?;
+        let mut bgrad = gpu.alloc_zeros::<T>(len).ctx("bgrad")?;
+        gpu.default_stream()
+            .matmul_lt(
+                blas,
+                &s,
+                e,
+                x,
+                &dd,
+                &mut dw,
+                LtArgs::new().bias_grad(&mut bgrad),
+            )
+            .ctx(&what)?;
+        close(&what, &dtoh_f64(gpu, &dw)?, &want_w, &sc, T::TOL.max(1e-5))?;
+        let want: Vec<f64> = if e == Epilogue::BGradB {
+            (0..n)
+                .map(|j| (0..rows).map(|i| df[i * n + j]).sum())
+                .collect()
+        } else {
+            (0..cols)
+                .map(|c| (0..rows).map(|i| xf[i * cols + c]).sum())
+                .collect()
+        };
+        let sc = vec![64.0; len];
+        let got = dtoh_f64(gpu, &bgrad)?;
+        close(
+            &format!("{what} bias gradient"),
+            &got,
+            &want,
+            &sc,
+            T::TOL.max(1e-5),
+        )?;
+    }
+    Ok(())
+}
+
+fn lt_epilogues_match_host_math() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    lt_case::<f32>(&gpu)?;
+    lt_case::<bf16>(&gpu)?;
+    lt_case::<f16>(&gpu)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    lt_layouts::<f32>(&gpu, &mut rng)?;
+    lt_layouts::<bf16>(&gpu, &mut rng)
+}
+
+/// The BIAS epilogue with every transpose pair × layout × packed/padded leading
+/// dimensions, accumulating into C (beta 0.5): the bias runs along C's rows for
+/// row-major products (one per column, `n`) and along its columns for column-major ones
+/// (one per row, `m`).
+fn lt_layouts<T: El>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let (m, n, k) = (24usize, 40usize, 16usize);
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        for layout in [Layout::RowMajor, Layout::ColMajor] {
+            for padded in [false, true] {
+                let mut s = Matmul::new(m, n, k).scaled(1.0, 0.5);
+                (s.transpose_a, s.transpose_b, s.layout) = (ta, tb, layout);
+                if padded {
+                    let (la, lb, lc) = lds(&s);
+                    s = s.with_ld(la + 8, lb + 8, lc + 8);
+                }
+                let (lda, ldb, ldc) = lds(&s);
+                let (ar, ac) = if ta { (k, m) } else { (m, k) };
+                let (br, bc) = if tb { (n, k) } else { (k, n) };
+                let (a, af) = random::<T>(rng, span(layout, lda, ar, ac));
+                let (b, bf) = random::<T>(rng, span(layout, ldb, br, bc));
+                let (c0, cf) = random::<T>(rng, span(layout, ldc, m, n));
+                let along = if layout == Layout::RowMajor { n } else { m };
+                let (bias, bias_f) = random::<T>(rng, along);
+                let (da, db) = (gpu.clone_htod(&a).ctx("a")?, gpu.clone_htod(&b).ctx("b")?);
+                let dbias = gpu.clone_htod(&bias).ctx("bias")?;
+                let mut dc = gpu.clone_htod(&c0).ctx("c")?;
+                let what = format!(
+                    "{:?} BIAS ta={ta} tb={tb} {layout:?} padded={padded}",
+                    T::DATA_TYPE
+                );
+                gpu.default_stream()
+                    .matmul_lt(
+                        &mut blas,
+                        &s,
+                        Epilogue::Bias,
+                        &da,
+                        &db,
+                        &mut dc,
+                        LtArgs::new().bias(&dbias),
+                    )
+                    .ctx(&what)?;
+                let (mut want, mut scale) = host_gemm(&s, &af, &bf, &cf);
+                for i in 0..m {
+                    for j in 0..n {
+                        let at_c = at(layout, ldc, i, j);
+                        let b = bias_f[if layout == Layout::RowMajor { j } else { i }];
+                        want[at_c] += b;
+                        scale[at_c] += b.abs();
+                    }
+                }
+                close(&what, &dtoh_f64(gpu, &dc)?, &want, &scale, T::TOL)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The inputs of the capture test: a bf16 GEMM, an f32 strided batch, and a bf16
+/// GELU_AUX_BIAS forward with its DGELU_BGRAD backward.
+struct CaptureInputs {
+    gemm: Matmul,
+    a16: gpubind::DeviceSlice<bf16>,
+    b16: gpubind::DeviceSlice<bf16>,
+    qk: Matmul,
+    batch: Batch,
+    q: gpubind::DeviceSlice<f32>,
+    k: gpubind::DeviceSlice<f32>,
+    lt: Matmul,
+    x: gpubind::DeviceSlice<bf16>,
+    w: gpubind::DeviceSlice<bf16>,
+    bias: gpubind::DeviceSlice<bf16>,
+}
+
+/// The outputs of those products.
+struct CaptureOutputs {
+    c: gpubind::DeviceSlice<bf16>,
+    s: gpubind::DeviceSlice<f32>,
+    y: gpubind::DeviceSlice<bf16>,
+    z: gpubind::DeviceSlice<bf16>,
+    dz: gpubind::DeviceSlice<bf16>,
+    db: gpubind::DeviceSlice<bf16>,
+}
+
+impl CaptureInputs {
+    fn new(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> Result<Self, String> {
+        let (m, n, k) = (96usize, 64usize, 80usize);
+        let mut up = |len: usize| gpu.clone_htod(&random::<bf16>(rng, len).0).ctx("htod");
+        let (a16, b16, x, w, bias) = (up(m * k)?, up(n * k)?, up(m * k)?, up(k * n)?, up(n)?);
+        let qk = Matmul::new(32, 32, 16).transpose_b();
+        let q = gpu
+            .clone_htod(&random::<f32>(rng, 12 * 32 * 16).0)
+            .ctx("q")?;
+        let kt = gpu
+            .clone_htod(&random::<f32>(rng, 12 * 32 * 16).0)
+            .ctx("k")?;
+        Ok(CaptureInputs {
+            gemm: Matmul::new(m, n, k).transpose_b(),
+            a16,
+            b16,
+            batch: Batch::packed(12, &qk),
+            qk,
+            q,
+            k: kt,
+            lt: Matmul::new(m, n, k),
+            x,
+            w,
+            bias,
+        })
+    }
+
+    fn outputs(&self, gpu: &BoundDevice<'_>) -> Result<CaptureOutputs, String> {
+        let (mn, n) = (self.lt.m * self.lt.n, self.lt.n);
+        Ok(CaptureOutputs {
+            c: gpu.alloc_zeros(mn).ctx("alloc")?,
+            s: gpu.alloc_zeros(12 * 32 * 32).ctx("alloc")?,
+            y: gpu.alloc_zeros(mn).ctx("alloc")?,
+            z: gpu.alloc_zeros(self.lt.gelu_aux_len()).ctx("alloc")?,
+            dz: gpu.alloc_zeros(mn).ctx("alloc")?,
+            db: gpu.alloc_zeros(n).ctx("alloc")?,
+        })
+    }
+
+    fn eager(
+        &self,
+        gpu: &BoundDevice<'_>,
+        blas: &mut gpubind::blas::Blas,
+        o: &mut CaptureOutputs,
+    ) -> R {
+        let st = gpu.default_stream();
+        st.matmul(blas, &self.gemm, &self.a16, &self.b16, &mut o.c)
+            .ctx("eager gemm")?;
+        st.matmul_batched(blas, &self.qk, &self.batch, &self.q, &self.k, &mut o.s)
+            .ctx("eager batched")?;
+        let args = LtArgs::new().bias(&self.bias).aux_out(&mut o.z);
+        let e = Epilogue::GeluAuxBias;
+        st.matmul_lt(blas, &self.lt, e, &self.x, &self.w, &mut o.y, args)
+            .ctx("eager gelu")?;
+        let args = LtArgs::new().aux(&o.z).bias_grad(&mut o.db);
+        let e = Epilogue::DGeluBGrad;
+        st.matmul_lt(blas, &self.lt, e, &self.x, &self.w, &mut o.dz, args)
+            .ctx("eager dgelu")
+    }
+}
+
+/// `Err` unless `a` and `b` hold the same bits.
+fn same<T: DeviceRepr + PartialEq>(
+    gpu: &BoundDevice<'_>,
+    what: &str,
+    a: &gpubind::DeviceSlice<T>,
+    b: &gpubind::DeviceSlice<T>,
+) -> R {
+    ensure!(
+        gpu.dtoh(a).ctx("dtoh")? == gpu.dtoh(b).ctx("dtoh")?,
+        "{what} differs"
+    );
+    Ok(())
+}
+
+/// A bf16 GEMM, an f32 strided batch, a GELU_AUX_BIAS forward and a DGELU_BGRAD
+/// backward captured into one graph equal the same products run eagerly, bit for bit,
+/// at every launch, with the Blas dropped before the graph is instantiated (the graph
+/// keeps the handles and the workspace); a new Blas works alongside.
+fn captured_products_equal_eager_with_the_blas_dropped() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let i = CaptureInputs::new(&gpu, &mut rng)?;
+    let mut e = i.outputs(&gpu)?;
+    i.eager(&gpu, &mut blas, &mut e)?;
+    let g = i.outputs(&gpu)?;
+    let graph = gpu
+        .capture(|cap| {
+            cap.matmul(&mut blas, &i.gemm, &i.a16, &i.b16, &g.c)?;
+            cap.matmul_batched(&mut blas, &i.qk, &i.batch, &i.q, &i.k, &g.s)?;
+            let args = CaptureLtArgs::new().bias(&i.bias).aux_out(&g.z);
+            cap.matmul_lt(
+                &mut blas,
+                &i.lt,
+                Epilogue::GeluAuxBias,
+                &i.x,
+                &i.w,
+                &g.y,
+                args,
+            )?;
+            let args = CaptureLtArgs::new().aux(&g.z).bias_grad(&g.db);
+            cap.matmul_lt(
+                &mut blas,
+                &i.lt,
+                Epilogue::DGeluBGrad,
+                &i.x,
+                &i.w,
+                &g.dz,
+                args,
+            )
+        })
+        .ctx("capture")?;
+    ensure!(
+        gpu.dtoh(&g.c)
+            .ctx("dtoh")?
+            .iter()
+            .all(|v| v.to_f32() == 0.0),
+        "the capture ran the product instead of recording it"
+    );
+    drop(blas);
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let mut other = gpu.new_blas().ctx("a new Blas")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    for launch in 0..3 {
+        exec.launch(&gpu.on(&stream).ctx("on")?).ctx("launch")?;
+        let mut scratch = gpu.alloc_zeros::<bf16>(g.c.len()).ctx("alloc")?;
+        gpu.default_stream()
+            .matmul(&mut other, &i.gemm, &i.a16, &i.b16, &mut scratch)
+            .ctx("gemm on a new Blas")?;
+        let at = |what: &str| format!("launch {launch}: {what}");
+        same(&gpu, &at("GEMM"), &g.c, &e.c)?;
+        same(&gpu, &at("the new Blas's GEMM"), &scratch, &e.c)?;
+        same(&gpu, &at("strided batch"), &g.s, &e.s)?;
+        same(&gpu, &at("GELU_AUX_BIAS output"), &g.y, &e.y)?;
+        same(&gpu, &at("GELU_AUX_BIAS pre-activation"), &g.z, &e.z)?;
+        same(&gpu, &at("DGELU_BGRAD output"), &g.dz, &e.dz)?;
+        same(&gpu, &at("DGELU_BGRAD bias gradient"), &g.db, &e.db)?;
+    }
+    Ok(())
+}
+
+/// Two handles on two streams read one weight concurrently (read claims) and both
+/// products are right, repeatedly, with the weight then rewritten and read again.
+fn two_streams_read_one_weight() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let (m, n, k) = (128usize, 96usize, 64usize);
+    let s = Matmul::new(m, n, k);
+    let (wv, wf) = random::<f32>(&mut rng, k * n);
+    let (x1, x1f) = random::<f32>(&mut rng, m * k);
+    let (x2, x2f) = random::<f32>(&mut rng, m * k);
+    let mut w = gpu.clone_htod(&wv).ctx("w")?;
+    let (x1, x2) = (
+        gpu.clone_htod(&x1).ctx("x1")?,
+        gpu.clone_htod(&x2).ctx("x2")?,
+    );
+    let (mut b1, mut b2) = (gpu.new_blas().ctx("blas")?, gpu.new_blas().ctx("blas")?);
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let (mut y1, mut y2) = (
+        gpu.alloc_zeros::<f32>(m * n).ctx("y")?,
+        gpu.alloc_zeros::<f32>(m * n).ctx("y")?,
+    );
+    let mut wf = wf;
+    for round in 0..3 {
+        gpu.on(&s1)
+            .ctx("on")?
+            .matmul(&mut b1, &s, &x1, &w, &mut y1)
+            .ctx("y1")?;
+        gpu.on(&s2)
+            .ctx("on")?
+            .matmul(&mut b2, &s, &x2, &w, &mut y2)
+            .ctx("y2")?;
+        let zeros = vec![0.0; m * n];
+        let (w1, sc1) = host_gemm(&s, &x1f, &wf, &zeros);
+        let (w2, sc2) = host_gemm(&s, &x2f, &wf, &zeros);
+        close(
+            &format!("round {round} y1"),
+            &dtoh_f64(&gpu, &y1)?,
+            &w1,
+            &sc1,
+            1e-5,
+        )?;
+        close(
+            &format!("round {round} y2"),
+            &dtoh_f64(&gpu, &y2)?,
+            &w2,
+            &sc2,
+            1e-5,
+        )?;
+        // The next round's weight, written after both reads.
+        let (nv, nf) = random::<f32>(&mut rng, k * n);
+        gpu.htod_copy(&nv, &mut w).ctx("rewrite w")?;
+        wf = nf;
+    }
+    Ok(())
+}
+
+/// `Err` unless `r` is the matmul error `pred` accepts.
+fn refused(what: &str, r: gpubind::Result<()>, pred: impl Fn(&MatmulError) -> bool) -> R {
+    match r {
+        Err(Error::Matmul(e)) if pred(&e) => {
+            println!("    {what}: {e}");
+            Ok(())
+        }
+        other => Err(format!("{what}: {other:?}")),
+    }
+}
+
+/// Every refusal is a typed error, before anything is enqueued, on the GPU path too.
+fn bad_input_is_a_typed_error() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let st = gpu.default_stream();
+    let (a, b) = (
+        gpu.alloc_zeros::<f32>(6).ctx("a")?,
+        gpu.alloc_zeros::<f32>(6).ctx("b")?,
+    );
+    let mut c = gpu.alloc_zeros::<f32>(5).ctx("c")?;
+    refused(
+        "C of 5 for 2×2",
+        st.matmul(&mut blas, &Matmul::new(2, 2, 3), &a, &b, &mut c),
+        |e| {
+            matches!(
+                e,
+                MatmulError::BufferSize {
+                    operand: "C",
+                    expected: 4,
+                    found: 5,
+                    ..
+                }
+            )
+        },
+    )?;
+    let mut c4 = gpu.alloc_zeros::<f32>(4).ctx("c")?;
+    let small_ld = Matmul::new(2, 2, 3).with_ld(2, 2, 2);
+    refused(
+        "lda 2 < 3",
+        st.matmul(&mut blas, &small_ld, &a, &b, &mut c4),
+        |e| {
+            matches!(
+                e,
+                MatmulError::LeadingDimension {
+                    operand: "A",
+                    ld: 2,
+                    min: 3
+                }
+            )
+        },
+    )?;
+    let mut c8 = gpu.alloc_zeros::<f32>(8).ctx("c")?;
+    let s = Matmul::new(2, 2, 3);
+    let overlap = Batch::new(2, 0, 0, 3);
+    refused(
+        "batch stride 3 < 4",
+        st.matmul_batched(&mut blas, &s, &overlap, &a, &b, &mut c8),
+        |e| {
+            matches!(
+                e,
+                MatmulError::BatchOverlap {
+                    stride: 3,
+                    matrix: 4
+                }
+            )
+        },
+    )?;
+    let (h_a, h_b) = (
+        gpu.alloc_zeros::<f16>(6).ctx("a")?,
+        gpu.alloc_zeros::<f16>(6).ctx("b")?,
+    );
+    let mut h_c = gpu.alloc_zeros::<f16>(4).ctx("c")?;
+    refused(
+        "tf32 on f16",
+        st.matmul(&mut blas, &s.allow_tf32(), &h_a, &h_b, &mut h_c),
+        |e| matches!(e, MatmulError::Unsupported { .. }),
+    )?;
+    lt_refusals(&gpu, &mut blas)?;
+    refused_in_capture(&gpu, &mut blas)
+}
+
+/// cuBLASLt refusals: an epilogue on f64, a missing operand, a wrong length.
+fn lt_refusals(gpu: &BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> R {
+    let st = gpu.default_stream();
+    let s = Matmul::new(2, 2, 3);
+    let (a, b) = (
+        gpu.alloc_zeros::<f32>(6).ctx("a")?,
+        gpu.alloc_zeros::<f32>(6).ctx("b")?,
+    );
+    let mut c = gpu.alloc_zeros::<f32>(4).ctx("c")?;
+    let (d_a, d_b) = (
+        gpu.alloc_zeros::<f64>(6).ctx("a")?,
+        gpu.alloc_zeros::<f64>(6).ctx("b")?,
+    );
+    let mut d_c = gpu.alloc_zeros::<f64>(4).ctx("c")?;
+    let r = st.matmul_lt(
+        blas,
+        &s,
+        Epilogue::Gelu,
+        &d_a,
+        &d_b,
+        &mut d_c,
+        LtArgs::new(),
+    );
+    refused("GELU on f64", r, |e| {
+        matches!(e, MatmulError::Unsupported { .. })
+    })?;
+    let r = st.matmul_lt(blas, &s, Epilogue::Bias, &a, &b, &mut c, LtArgs::new());
+    refused("BIAS without a bias", r, |e| {
+        matches!(
+            e,
+            MatmulError::EpilogueOperand {
+                operand: "bias",
+                missing: true,
+                ..
+            }
+        )
+    })?;
+    let short = gpu.alloc_zeros::<f32>(1).ctx("bias")?;
+    let r = st.matmul_lt(
+        blas,
+        &s,
+        Epilogue::Bias,
+        &a,
+        &b,
+        &mut c,
+        LtArgs::new().bias(&short),
+    );
+    refused("bias of 1 for n = 2", r, |e| {
+        matches!(
+            e,
+            MatmulError::BufferSize {
+                operand: "bias",
+                expected: 2,
+                found: 1,
+                ..
+            }
+        )
+    })?;
+    Ok(())
+}
+
+/// Outputs overlapping inputs (only reachable through shared borrows: a capture, or
+/// views) are refused.
+fn refused_in_capture(gpu: &BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> R {
+    let (a, b) = (
+        gpu.alloc_zeros::<f32>(6).ctx("a")?,
+        gpu.alloc_zeros::<f32>(6).ctx("b")?,
+    );
+    let s = Matmul::new(2, 2, 3);
+    let tiny = gpu.alloc_zeros::<f32>(1).ctx("tiny")?;
+    let view = tiny.slice(..).ctx("view")?;
+    let one = Matmul::new(1, 1, 1);
+    let r = gpu
+        .capture(|cap| cap.matmul(blas, &one, &view, &view, &tiny))
+        .map(drop);
+    refused("C = A", r, |e| {
+        matches!(
+            e,
+            MatmulError::Aliasing {
+                output: "C",
+                input: "A"
+            }
+        )
+    })?;
+    let big = gpu.alloc_zeros::<f32>(64).ctx("big")?;
+    let (y, z) = (
+        big.slice(0..4).ctx("y")?,
+        big.slice(2..2 + s.gelu_aux_len()).ctx("z")?,
+    );
+    let r = gpu
+        .capture(|cap| {
+            let args = CaptureLtArgs::new().aux_out(&z);
+            cap.matmul_lt(blas, &s, Epilogue::GeluAux, &a, &b, &y, args)
+        })
+        .map(drop);
+    refused("aux overlapping C", r, |e| {
+        matches!(
+            e,
+            MatmulError::Aliasing {
+                output: "C",
+                input: "aux_out"
+            }
+        )
+    })?;
+    Ok(())
+}
+
+fn main() {
+    run_suite(
+        "gpu_blas",
+        &[
+            (
+                "gemm_types_transposes_and_layouts_match_the_host",
+                gemm_types_transposes_and_layouts_match_the_host,
+            ),
+            (
+                "strided_batches_match_the_host",
+                strided_batches_match_the_host,
+            ),
+            ("lt_epilogues_match_host_math", lt_epilogues_match_host_math),
+            (
+                "captured_products_equal_eager_with_the_blas_dropped",
+                captured_products_equal_eager_with_the_blas_dropped,
+            ),
+            ("two_streams_read_one_weight", two_streams_read_one_weight),
+            ("bad_input_is_a_typed_error", bad_input_is_a_typed_error),
+        ],
+    )
+}
