@@ -53,7 +53,7 @@ impl std::fmt::Debug for Capture<'_, '_> {
 impl<'a> BoundDevice<'a> {
     /// Records the work `f` enqueues through its [`Capture`] handle into a [`Graph`]
     /// (stream capture, `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`, on a private stream; see
-    /// the [module docs](crate::graph)). Nothing runs until the graph is instantiated and
+    /// [`Capture`](crate::Capture)). Nothing runs until the graph is instantiated and
     /// launched.
     ///
     /// The capture is ended when `f` returns, fails or panics. `f`'s error is returned
@@ -229,14 +229,14 @@ impl<'c, 'buf> Capture<'c, 'buf> {
 
     /// Makes every launch of the graph agree through `gate` first, on `record` among
     /// what it already holds (see [`LaunchAgreement`](super::LaunchAgreement)).
-    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn record_agreement(&self, gate: &'buf dyn super::LaunchAgreement, record: &[u8]) {
         self.session.borrow_mut().uses.add_agreement(gate, record);
     }
 
     /// Discards the graph when the capture ends, with `e`, whatever the closure
     /// returns (the first such error is kept). Returns `e`.
-    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn discard_graph(&self, e: Error) -> Error {
         self.session.borrow_mut().fatal.get_or_insert(e.clone());
         e
@@ -315,7 +315,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// Starts a kernel launch into the graph: the same builder as
     /// [`BoundStream::launch`](crate::BoundStream::launch), except that its arguments are borrowed for the graph's
     /// lifetime, and the buffers among them are claimed at each launch of the graph
-    /// (as written).
+    /// (as read or written: see [`CaptureLaunch::arg`]).
     pub fn launch<'l>(
         &'l mut self,
         func: &'l Function<'buf>,

@@ -6,8 +6,12 @@ use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::launch::LaunchConfig;
 use crate::memory::DeviceRepr;
-use crate::module::{Function, KernelArg, ModuleHold};
+use crate::module::{Function, KernelArg, LaunchArg, ModuleHold, arg_access};
 use std::ffi::c_void;
+
+/// A buffer argument of a captured launch: its tracker, the bytes it passes (`None`:
+/// all of its allocation), and how the kernel uses them.
+type ArgBuffer<'buf> = (&'buf AccessTracker, Option<(u64, u64)>, Access);
 
 /// A kernel launch being captured; see [`Capture::launch`].
 #[must_use = "a launch does nothing until `.launch()` is called"]
@@ -19,8 +23,9 @@ pub struct CaptureLaunch<'l, 'c, 'buf> {
     /// Arguments given by value ([`value`](CaptureLaunch::value)), boxed so their
     /// addresses in `args` stay put.
     values: Vec<Box<dyn std::any::Any>>,
-    /// The gpubind buffers among the arguments, and the bytes each passes (`None`: all).
-    buffers: Vec<(&'buf AccessTracker, Option<(u64, u64)>)>,
+    /// The gpubind buffers among the arguments, the bytes each passes (`None`: all),
+    /// and whether the kernel reads or writes them.
+    buffers: Vec<ArgBuffer<'buf>>,
     error: Option<Error>,
 }
 
@@ -55,11 +60,49 @@ impl<'l, 'c, 'buf> CaptureLaunch<'l, 'c, 'buf> {
     }
 
     /// Appends an argument, borrowed for the graph's lifetime. A gpubind buffer passed
-    /// here is claimed as written at every launch of the graph (see
-    /// [`LaunchBuilder::arg`](crate::LaunchBuilder::arg)). Errors (another device's
-    /// memory, a size mismatch) are reported by [`launch`](Self::launch). Plain data
-    /// that does not live as long as the graph goes by [`value`](Self::value).
-    pub fn arg<A: KernelArg + ?Sized>(&mut self, arg: &'buf A) -> &mut Self {
+    /// by `&` is claimed as read at every launch of the graph, one passed by `&mut` as
+    /// written (see [`LaunchBuilder::arg`](crate::LaunchBuilder::arg)); within the
+    /// graph, reads captured on two branches of a [`fork`](Capture::fork) stay
+    /// concurrent. A `&mut` borrow lasts as long as the graph: a buffer that the graph
+    /// writes more than once, or that other code uses while the graph lives, goes by
+    /// [`arg_written`](Self::arg_written). Errors (another device's memory, a size
+    /// mismatch) are reported by [`launch`](Self::launch). Plain data that does not
+    /// live as long as the graph goes by [`value`](Self::value).
+    pub fn arg<L: LaunchArg<'buf>>(&mut self, arg: L) -> &mut Self {
+        let access = arg_access::<L>();
+        self.push_arg(arg.into_arg(), access)
+    }
+
+    /// Appends an argument that the kernel writes, borrowed shared for the graph's
+    /// lifetime, and claimed as written at every launch of the graph (as by
+    /// [`arg`](Self::arg) with `&mut`). Shared borrows let one graph write a buffer in
+    /// several kernels, and let other code use the buffer between the graph's launches
+    /// (the claims order them; see the [module docs](super)).
+    ///
+    /// ```no_run
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, add_one: &gpubind::Function<'_>) -> gpubind::Result<()> {
+    /// use gpubind::LaunchConfig;
+    /// let x = gpu.alloc_zeros::<f32>(1024)?;
+    /// let n = 1024u32;
+    /// let graph = gpu.capture(|c| {
+    ///     for _ in 0..3 {
+    ///         // SAFETY: (float*, unsigned) matches `add_one`, which stays in bounds.
+    ///         unsafe {
+    ///             c.launch(add_one, LaunchConfig::for_num_elems(n))
+    ///                 .arg_written(&x).arg(&n)
+    ///                 .launch()?
+    ///         };
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn arg_written<A: KernelArg + ?Sized>(&mut self, arg: &'buf A) -> &mut Self {
+        self.push_arg(arg, Access::Write)
+    }
+
+    /// Appends `arg`, a buffer of which is claimed with `access`.
+    fn push_arg<A: KernelArg + ?Sized>(&mut self, arg: &'buf A, access: Access) -> &mut Self {
         if self.error.is_none()
             && let Some(dev) = arg.arg_device()
         {
@@ -76,7 +119,7 @@ impl<'l, 'c, 'buf> CaptureLaunch<'l, 'c, 'buf> {
                 .err();
         }
         if let Some(t) = arg.access_tracker() {
-            self.buffers.push((t, arg.arg_span()));
+            self.buffers.push((t, arg.arg_span(), access));
         }
         self.args.push(arg.param_ptr());
         self
@@ -95,7 +138,7 @@ impl<'l, 'c, 'buf> CaptureLaunch<'l, 'c, 'buf> {
     ///         // SAFETY: (float*, unsigned, float) matches `scale`, which stays in bounds.
     ///         unsafe {
     ///             c.launch(scale, LaunchConfig::for_num_elems(1024))
-    ///                 .arg(&x).value(1024u32).value(k as f32 + 0.5)
+    ///                 .arg_written(&x).value(1024u32).value(k as f32 + 0.5)
     ///                 .launch()?
     ///         };
     ///     }
@@ -128,9 +171,11 @@ impl<'l, 'c, 'buf> CaptureLaunch<'l, 'c, 'buf> {
     ///
     /// The contract of [`LaunchBuilder::launch`](crate::LaunchBuilder::launch), for every
     /// launch of the graph: argument types match the kernel, the kernel stays inside the
-    /// buffers passed, and any other memory it reaches (raw addresses, page-locked host
-    /// buffers) stays alive and unused by the host and other streams while any launch of
-    /// the graph may run. A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must
+    /// buffers passed and writes only those passed by `&mut` or
+    /// [`arg_written`](Self::arg_written) (the others are claimed as reads: other
+    /// streams may read them while a launch runs), and any other memory it reaches (raw
+    /// addresses, page-locked host buffers) stays alive and unused by the host and other
+    /// streams while any launch of the graph may run. A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must
     /// not be read through [`as_slice`](crate::ManagedSlice::as_slice) while a launch may
     /// run (the graph borrows it shared).
     pub unsafe fn launch(&mut self) -> Result<()> {
@@ -139,10 +184,10 @@ impl<'l, 'c, 'buf> CaptureLaunch<'l, 'c, 'buf> {
         }
         self.func.check_launch(&self.cfg, self.args.len())?;
         // The kernel stays inside the bytes each argument passes (the launch contract).
-        for &(t, span) in &self.buffers {
+        for &(t, span, access) in &self.buffers {
             match span {
-                Some((lo, bytes)) => self.capture.record_span(t, Access::Write, lo, bytes)?,
-                None => self.capture.record(t, Access::Write)?,
+                Some((lo, bytes)) => self.capture.record_span(t, access, lo, bytes)?,
+                None => self.capture.record(t, access)?,
             }
         }
         // The module's unload waits for the graph's launches; with global views, the

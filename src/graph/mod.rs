@@ -32,7 +32,7 @@
 //!     c.memset_zeros(&x)?;
 //!     for _ in 0..10 {
 //!         // SAFETY: (float*, unsigned) matches the kernel, which stays in bounds.
-//!         unsafe { c.launch(&add_one, LaunchConfig::for_num_elems(n)).arg(&x).arg(&n).launch()? };
+//!         unsafe { c.launch(&add_one, LaunchConfig::for_num_elems(n)).arg_written(&x).arg(&n).launch()? };
 //!     }
 //!     Ok(())
 //! })?;
@@ -76,7 +76,8 @@
 //!   write only device-only memory ([`DeviceOnlyMemory`](crate::DeviceOnlyMemory)), never
 //!   [`ManagedSlice`](crate::ManagedSlice) (whose host slices are not claimed while held).
 //!   Within that, a shared [`DeviceView`](crate::DeviceView) is as writable in a graph as
-//!   the `&DeviceSlice` it comes from (as it already is as a kernel argument): a graph
+//!   the `&DeviceSlice` it comes from (a kernel writes either through
+//!   [`CaptureLaunch::arg_written`]; `arg(&x)` is a read): a graph
 //!   can write part of a buffer (a `grads.slice(range)?` view made before the capture,
 //!   so that it lives as long as the graph) while it reads another part or the whole,
 //!   and every one of those uses is claimed at each launch.

@@ -88,7 +88,7 @@ impl<'buf> Uses<'buf> {
 
     /// Appends `record` to what the launches agree on through `gate` (see
     /// [`LaunchAgreement`]); a new gate goes last (the agreements stay in capture order).
-    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(super) fn add_agreement(&mut self, gate: &'buf dyn LaunchAgreement, record: &[u8]) {
         let key = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
         match self

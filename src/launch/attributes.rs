@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::driver::result;
 use crate::driver::version::{self, LAUNCH_KERNEL_EX, OCCUPANCY_MAX_ACTIVE_CLUSTERS};
 use crate::error::{Error, Result};
-use crate::module::{Function, KernelArg};
+use crate::module::{Function, KernelArg, LaunchArg};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
@@ -132,7 +132,7 @@ impl std::fmt::Debug for LaunchExBuilder<'_, '_> {
 impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// A cooperative launch (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`): every block of the grid
     /// is resident at once, so the kernel may synchronise the whole grid
-    /// (cooperative groups' `this_grid().sync()`). See the [`launch` module docs](crate::launch)
+    /// (cooperative groups' `this_grid().sync()`). See [`LaunchExBuilder::launch`]
     /// for what is checked. Name attributes before the arguments.
     pub fn cooperative(self) -> LaunchExBuilder<'s, 'a> {
         let mut ex = self.with_attributes();
@@ -197,8 +197,16 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
 
     /// Appends an argument; see [`LaunchBuilder::arg`].
     #[inline]
-    pub fn arg<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
+    pub fn arg<L: LaunchArg<'a>>(&mut self, arg: L) -> &mut Self {
         self.inner.arg(arg);
+        self
+    }
+
+    /// Appends a buffer argument that the kernel writes, borrowed shared; see
+    /// [`LaunchBuilder::arg_written`].
+    #[inline]
+    pub fn arg_written<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
+        self.inner.arg_written(arg);
         self
     }
 
@@ -209,9 +217,11 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
     ///
     /// # Safety
     ///
-    /// As for [`LaunchBuilder::launch`]. A cooperative kernel that synchronises the
-    /// grid, and a cluster kernel that uses the cluster's barrier or shared memory, must
-    /// be launched with those attributes (else the sync is undefined).
+    /// As for [`LaunchBuilder::launch`] (the kernel writes only the buffers passed by
+    /// `&mut` or to [`arg_written`](Self::arg_written); those passed by `&` are claimed
+    /// as reads). A cooperative kernel that synchronises the grid, and a cluster kernel
+    /// that uses the cluster's barrier or shared memory, must be launched with those
+    /// attributes (else the sync is undefined).
     pub unsafe fn launch(&mut self) -> Result<()> {
         // A driver without the entry point fails here, before any check or claim.
         LAUNCH_KERNEL_EX.address()?;
