@@ -249,7 +249,7 @@ impl Drop for Graph<'_> {
             "cuGraphDestroy",
             // SAFETY: created by cuStreamEndCapture, destroyed once, here; executable
             // graphs instantiated from it are independent of it.
-            || unsafe { sys::cuGraphDestroy(raw) },
+            || unsafe { result::graph::destroy(raw) },
         );
         if !destroyed {
             self.uses.keep_counted();
@@ -421,7 +421,7 @@ impl Drop for GraphExec<'_> {
             // SAFETY: instantiated by cuGraphInstantiateWithFlags in this context (current
             // while this runs), destroyed once, here, after its launches finished (waited
             // above).
-            Box::new(move || unsafe { sys::cuGraphExecDestroy(raw as sys::CUgraphExec) }),
+            Box::new(move || unsafe { result::graph::exec_destroy(raw as sys::CUgraphExec) }),
         );
         if matches!(released, crate::teardown::release::Released::Failed) {
             self.uses.keep_counted();

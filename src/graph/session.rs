@@ -88,7 +88,7 @@ impl Drop for Session<'_> {
                 Ok(()),
                 "cuStreamDestroy_v2",
                 // SAFETY: created by `new_stream` in this context, destroyed once, here.
-                || unsafe { sys::cuStreamDestroy_v2(s) },
+                || unsafe { result::stream::destroy(s) },
             );
         }
         for &e in &self.events {
@@ -98,7 +98,7 @@ impl Drop for Session<'_> {
                 Ok(()),
                 "cuEventDestroy_v2",
                 // SAFETY: created by `event` in this context, destroyed once, here.
-                || unsafe { sys::cuEventDestroy_v2(e) },
+                || unsafe { result::event::destroy(e) },
             );
         }
     }

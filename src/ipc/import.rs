@@ -233,7 +233,7 @@ impl ImportedPool {
                 // other slice of this process owns it: it overlaps no live import, and it
                 // is no allocation of an IPC pool of ours (none is alive, or the driver
                 // named another pool as its owner above).
-                unsafe { sys::cuMemFree_v2(p) }
+                unsafe { result::memory::free(p) }
             });
             return Err(e);
         }
@@ -297,7 +297,7 @@ impl<T: DeviceRepr> Drop for ImportedSlice<T> {
             // SAFETY: imported by cuMemPoolImportPointer, unmapped once, in its context,
             // after its own pending uses in this process (run only after the wait
             // succeeded).
-            unsafe { sys::cuMemFree_v2(p) }
+            unsafe { result::memory::free(p) }
         });
         if !unmapped {
             self.live.keep();

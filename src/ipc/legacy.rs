@@ -142,7 +142,7 @@ impl LegacyIpcHandle {
             // returned a mapping that was already open (see below), it counted this open,
             // so the close drops only this call's reference and the other slice's mapping
             // stays (documented for cuIpcOpenMemHandle).
-            unsafe { sys::cuIpcCloseMemHandle(p) }
+            unsafe { result::ipc::close_mem_handle(p) }
         };
         let bytes = len * std::mem::size_of::<T>();
         if reg.overlaps(ptr, bytes as u64) {
@@ -194,7 +194,7 @@ impl<T: DeviceRepr> Drop for LegacySlice<T> {
         let unmapped = disown_and_free(&mut self.slice, what, "cuIpcCloseMemHandle", |p| {
             // SAFETY: opened by cuIpcOpenMemHandle, closed once, in its context, after
             // its own pending uses in this process (run only after the wait succeeded).
-            unsafe { sys::cuIpcCloseMemHandle(p) }
+            unsafe { result::ipc::close_mem_handle(p) }
         });
         if !unmapped {
             self.live.keep();

@@ -188,7 +188,7 @@ impl Drop for OwnedPool {
             || {
                 // SAFETY: created or imported once, destroyed once, here, in its context,
                 // after every slice from it (each holds an Arc to us) has been freed.
-                unsafe { sys::cuMemPoolDestroy(raw) }
+                unsafe { result::pool::destroy(raw) }
             },
         );
         if let Some(reg) = own.as_mut() {
@@ -214,7 +214,7 @@ fn disown_and_free<T: DeviceRepr>(
     slot: &mut ManuallyDrop<DeviceSlice<T>>,
     what: std::fmt::Arguments<'_>,
     call: &'static str,
-    free: fn(sys::CUdeviceptr) -> sys::CUresult,
+    free: fn(sys::CUdeviceptr) -> Result<()>,
 ) -> bool {
     // SAFETY: every caller uses the slot exactly once, as the last thing it does with it.
     let slice = unsafe { ManuallyDrop::take(slot) };
@@ -242,7 +242,7 @@ fn free_in_context(
     device: &Arc<Device>,
     ptr: sys::CUdeviceptr,
     call: &'static str,
-    free: impl FnOnce(sys::CUdeviceptr) -> sys::CUresult,
+    free: impl FnOnce(sys::CUdeviceptr) -> Result<()>,
 ) {
     if ptr == 0 {
         return;

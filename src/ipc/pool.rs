@@ -391,7 +391,7 @@ impl<T: DeviceRepr> PoolSlice<T> {
                 free_in_context(what, &device, ptr, "cuMemFree_v2", |p| {
                     // SAFETY: the async free was refused, so `ptr` is still ours to free
                     // once; its uses are complete (the stream was synchronised).
-                    unsafe { sys::cuMemFree_v2(p) }
+                    unsafe { result::memory::free(p) }
                 });
             }
         }
@@ -417,10 +417,8 @@ impl<T: DeviceRepr> Drop for PoolSlice<T> {
             // the legacy stream and waited for, so the pool counts it as free when the
             // drop returns.
             unsafe {
-                match sys::cuMemFreeAsync(p, std::ptr::null_mut()) {
-                    sys::CUresult::CUDA_SUCCESS => sys::cuStreamSynchronize(std::ptr::null_mut()),
-                    refused => refused,
-                }
+                result::memory::free_async(p, std::ptr::null_mut())
+                    .and_then(|()| result::stream::synchronize(std::ptr::null_mut()))
             }
         });
         if !freed {
