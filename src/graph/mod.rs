@@ -122,17 +122,20 @@ impl<'buf> Graph<'buf> {
 
 impl Drop for Graph<'_> {
     fn drop(&mut self) {
-        let raw = self.raw;
-        let destroyed = crate::teardown::faults::release(
-            format_args!("a Graph"),
-            &self.device,
-            Ok(()),
-            "cuGraphDestroy",
+        let raw = self.raw as usize;
+        let released = crate::teardown::release(
+            crate::teardown::Teardown {
+                what: format_args!("a Graph"),
+                device: &self.device,
+                waited: Ok(()),
+                call: "cuGraphDestroy",
+                runs: crate::teardown::Runs::Inline,
+            },
             // SAFETY: created by cuStreamEndCapture, destroyed once, here; executable
             // graphs instantiated from it are independent of it.
-            || unsafe { result::graph::destroy(raw) },
+            move || unsafe { result::graph::destroy(raw as sys::CUgraph) },
         );
-        if !destroyed {
+        if released != crate::teardown::Released::Done {
             self.uses.keep_counted();
         }
     }
@@ -294,17 +297,20 @@ impl Drop for GraphExec<'_> {
         let raw = self.raw as usize;
         // On the release thread, bounded like the other releases that may wait for the
         // whole device (crate::teardown::release): unmeasured for cuGraphExecDestroy.
-        let released = crate::teardown::faults::release_bounded(
-            format_args!("a GraphExec"),
-            &self.device,
-            waited,
-            "cuGraphExecDestroy",
+        let released = crate::teardown::release(
+            crate::teardown::Teardown {
+                what: format_args!("a GraphExec"),
+                device: &self.device,
+                waited,
+                call: "cuGraphExecDestroy",
+                runs: crate::teardown::Runs::OnReleaseThread,
+            },
             // SAFETY: instantiated by cuGraphInstantiateWithFlags in this context (current
             // while this runs), destroyed once, here, after its launches finished (waited
             // above).
-            Box::new(move || unsafe { result::graph::exec_destroy(raw as sys::CUgraphExec) }),
+            move || unsafe { result::graph::exec_destroy(raw as sys::CUgraphExec) },
         );
-        if matches!(released, crate::teardown::release::Released::Failed) {
+        if matches!(released, crate::teardown::Released::Failed) {
             self.uses.keep_counted();
         }
     }

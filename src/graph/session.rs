@@ -82,23 +82,31 @@ impl Drop for Session<'_> {
     fn drop(&mut self) {
         // The capture has ended (`Active` drops first): nothing refers to these streams.
         for &s in &self.streams {
-            crate::teardown::faults::release(
-                format_args!("a capture stream"),
-                &self.device,
-                Ok(()),
-                "cuStreamDestroy_v2",
+            let s = s as usize;
+            crate::teardown::release(
+                crate::teardown::Teardown {
+                    what: format_args!("a capture stream"),
+                    device: &self.device,
+                    waited: Ok(()),
+                    call: "cuStreamDestroy_v2",
+                    runs: crate::teardown::Runs::Inline,
+                },
                 // SAFETY: created by `new_stream` in this context, destroyed once, here.
-                || unsafe { result::stream::destroy(s) },
+                move || unsafe { result::stream::destroy(s as sys::CUstream) },
             );
         }
         for &e in &self.events {
-            crate::teardown::faults::release(
-                format_args!("a capture's fork event"),
-                &self.device,
-                Ok(()),
-                "cuEventDestroy_v2",
+            let e = e as usize;
+            crate::teardown::release(
+                crate::teardown::Teardown {
+                    what: format_args!("a capture's fork event"),
+                    device: &self.device,
+                    waited: Ok(()),
+                    call: "cuEventDestroy_v2",
+                    runs: crate::teardown::Runs::Inline,
+                },
                 // SAFETY: created by `event` in this context, destroyed once, here.
-                || unsafe { result::event::destroy(e) },
+                move || unsafe { result::event::destroy(e as sys::CUevent) },
             );
         }
     }

@@ -179,16 +179,19 @@ impl Drop for OwnedPool {
         // so an import of it is refused for as long as any of its slices lives. The lock
         // is held across the destroy: no import can see the raw handle in between.
         let mut own = self.is_ipc().then(registry::lock);
-        let raw = self.raw;
-        crate::teardown::faults::release(
-            format_args!("a memory pool"),
-            &self.device,
-            Ok(()),
-            "cuMemPoolDestroy",
-            || {
+        let raw = self.raw as usize;
+        crate::teardown::release(
+            crate::teardown::Teardown {
+                what: format_args!("a memory pool"),
+                device: &self.device,
+                waited: Ok(()),
+                call: "cuMemPoolDestroy",
+                runs: crate::teardown::Runs::Inline,
+            },
+            move || {
                 // SAFETY: created or imported once, destroyed once, here, in its context,
                 // after every slice from it (each holds an Arc to us) has been freed.
-                unsafe { result::pool::destroy(raw) }
+                unsafe { result::pool::destroy(raw as sys::CUmemoryPool) }
             },
         );
         if let Some(reg) = own.as_mut() {
@@ -224,13 +227,16 @@ fn disown_and_free<T: DeviceRepr>(
     }
     // On the release thread, bounded (crate::teardown::release): some of these calls may wait for
     // the whole device. Only a release that ended counts as unmapped.
-    crate::teardown::faults::release_bounded(
-        what,
-        &device,
-        waited,
-        call,
-        Box::new(move || free(ptr)),
-    ) == crate::teardown::release::Released::Done
+    crate::teardown::release(
+        crate::teardown::Teardown {
+            what,
+            device: &device,
+            waited,
+            call,
+            runs: crate::teardown::Runs::OnReleaseThread,
+        },
+        move || free(ptr),
+    ) == crate::teardown::Released::Done
 }
 
 /// In `device`'s context (pushed and popped): `free(ptr)` (the driver call `call`), for
@@ -242,12 +248,19 @@ fn free_in_context(
     device: &Arc<Device>,
     ptr: sys::CUdeviceptr,
     call: &'static str,
-    free: impl FnOnce(sys::CUdeviceptr) -> Result<()>,
+    free: impl FnOnce(sys::CUdeviceptr) -> Result<()> + Send + 'static,
 ) {
     if ptr == 0 {
         return;
     }
-    crate::teardown::faults::release(what, device, Ok(()), call, || free(ptr));
+    let t = crate::teardown::Teardown {
+        what,
+        device,
+        waited: Ok(()),
+        call,
+        runs: crate::teardown::Runs::Inline,
+    };
+    crate::teardown::release(t, move || free(ptr));
 }
 
 /// Checks that `bytes` bytes from `ptr` lie in the allocation the driver mapped there
