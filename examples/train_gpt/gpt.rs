@@ -1,0 +1,665 @@
+//! The GPT on one device: parameters, gradients and AdamW moments as flat buffers,
+//! preallocated activations per block (as llm.c), and the forward pass, backward pass
+//! and optimizer step as NVRTC kernels ([`Kernels`]) and cuBLAS products.
+
+use crate::GptError;
+use crate::kernels::{self, Kernels, NORM_PARTS};
+use crate::model::{Config, ParamLayout};
+use crate::optim::{AdamW, SCHED_LEN};
+use gpubind::blas::{Batch, Blas, Matmul};
+use gpubind::{BoundDevice, BoundStream, DeviceMemory, DeviceMemoryMut, DeviceSlice, Result};
+
+/// The activations of one block kept for the backward pass.
+struct Block {
+    ln1: DeviceSlice<f32>,
+    ln1_mean: DeviceSlice<f32>,
+    ln1_rstd: DeviceSlice<f32>,
+    qkv: DeviceSlice<f32>,
+    q: DeviceSlice<f32>,
+    k: DeviceSlice<f32>,
+    v: DeviceSlice<f32>,
+    att: DeviceSlice<f32>,
+    atty: DeviceSlice<f32>,
+    atty_un: DeviceSlice<f32>,
+    res2: DeviceSlice<f32>,
+    ln2: DeviceSlice<f32>,
+    ln2_mean: DeviceSlice<f32>,
+    ln2_rstd: DeviceSlice<f32>,
+    fch: DeviceSlice<f32>,
+    fch_gelu: DeviceSlice<f32>,
+    res3: DeviceSlice<f32>,
+}
+
+/// Buffers of one block's size reused by every block: gradients flowing backward.
+struct Scratch {
+    preatt: DeviceSlice<f32>,
+    proj: DeviceSlice<f32>,
+    dres: DeviceSlice<f32>,
+    dln: DeviceSlice<f32>,
+    dqkv: DeviceSlice<f32>,
+    dq: DeviceSlice<f32>,
+    dk: DeviceSlice<f32>,
+    dv: DeviceSlice<f32>,
+    datt: DeviceSlice<f32>,
+    daty: DeviceSlice<f32>,
+    daty_un: DeviceSlice<f32>,
+    dfch: DeviceSlice<f32>,
+    dfch_gelu: DeviceSlice<f32>,
+    dlogits: DeviceSlice<f32>,
+    partial: DeviceSlice<f32>,
+    norm_partial: DeviceSlice<f32>,
+}
+
+/// Sizes of one step: batch `b` of `t` tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct Dims {
+    pub b: usize,
+    pub t: usize,
+    pub c: usize,
+    pub nh: usize,
+    pub hs: usize,
+    pub v: usize,
+    pub l: usize,
+}
+
+impl Dims {
+    pub fn new(cfg: &Config, b: usize) -> Dims {
+        Dims {
+            b,
+            t: cfg.context,
+            c: cfg.width,
+            nh: cfg.heads,
+            hs: cfg.head_size(),
+            v: cfg.vocab,
+            l: cfg.layers,
+        }
+    }
+    fn bt(&self) -> usize {
+        self.b * self.t
+    }
+    fn att(&self) -> usize {
+        self.b * self.nh * self.t * self.t
+    }
+    /// Floats of the activations and scratch buffers.
+    pub fn activation_floats(&self) -> usize {
+        let (bt, c) = (self.bt(), self.c);
+        let block = bt * (4 * c + 4 + 3 * c + 3 * c + 2 * c + 3 * c + 8 * c) + self.att();
+        let scratch = 2 * self.att() + bt * (13 * c + 8 * c + 2 * self.v) + 256 * 4 * c;
+        self.l * block + scratch + bt * (2 * c + 2 + self.v + 1) + 2 * bt
+    }
+}
+
+/// The model, its optimizer state and every buffer a step needs, on one device.
+pub struct Gpt {
+    pub cfg: Config,
+    pub dims: Dims,
+    pub layout: ParamLayout,
+    pub params: DeviceSlice<f32>,
+    pub grads: DeviceSlice<f32>,
+    pub m: DeviceSlice<f32>,
+    pub v: DeviceSlice<f32>,
+    blocks: Vec<Block>,
+    encoded: DeviceSlice<f32>,
+    lnf: DeviceSlice<f32>,
+    lnf_mean: DeviceSlice<f32>,
+    lnf_rstd: DeviceSlice<f32>,
+    pub logits: DeviceSlice<f32>,
+    losses: DeviceSlice<f32>,
+    pub loss: DeviceSlice<f32>,
+    pub tokens: DeviceSlice<u32>,
+    pub targets: DeviceSlice<u32>,
+    pub sched: DeviceSlice<f32>,
+    normsq: DeviceSlice<f32>,
+    sc: Scratch,
+    k: Kernels,
+    blas: Blas,
+}
+
+fn z(gpu: &BoundDevice<'_>, n: usize) -> Result<DeviceSlice<f32>> {
+    gpu.alloc_zeros::<f32>(n)
+}
+
+/// `Y[n×out] = X[n×in] · Wᵀ` (W stored out × in, as torch's Linear).
+fn linear(n: usize, out: usize, inp: usize) -> Matmul {
+    Matmul::new(n, out, inp).transpose_b()
+}
+
+fn mm(
+    s: &BoundStream<'_>,
+    blas: &mut Blas,
+    shape: Matmul,
+    a: &impl DeviceMemory<f32>,
+    b: &impl DeviceMemory<f32>,
+    c: &mut impl DeviceMemoryMut<f32>,
+) -> Result<()> {
+    s.matmul(blas, &shape, a, b, c)
+}
+
+fn bmm(
+    s: &BoundStream<'_>,
+    blas: &mut Blas,
+    shape: Matmul,
+    count: usize,
+    (a, b, c): (&DeviceSlice<f32>, &DeviceSlice<f32>, &mut DeviceSlice<f32>),
+) -> Result<()> {
+    s.matmul_batched(blas, &shape, &Batch::packed(count, &shape), a, b, c)
+}
+
+impl Gpt {
+    /// Allocates everything for batch `b` (per device) and uploads `init`. A batch whose
+    /// buffers do not fit in the free device memory is [`GptError::BatchTooLarge`].
+    pub fn new(
+        gpu: &BoundDevice<'_>,
+        cfg: Config,
+        b: usize,
+        init: &[f32],
+    ) -> std::result::Result<Gpt, GptError> {
+        let dims = Dims::new(&cfg, b);
+        let layout = ParamLayout::new(&cfg);
+        let need = (dims.activation_floats() + 4 * layout.total) * 4;
+        let (free, _) = gpu.memory_info()?;
+        if need + (1 << 30) > free {
+            return Err(GptError::BatchTooLarge {
+                batch: b,
+                need,
+                free,
+            });
+        }
+        for (what, n) in [("B·T·4C", dims.bt() * 4 * dims.c), ("B·NH·T·T", dims.att())] {
+            kernels::u32_of(what, n)?;
+        }
+        Ok(Gpt::alloc(gpu, cfg, dims, layout, init)?)
+    }
+
+    fn alloc(
+        gpu: &BoundDevice<'_>,
+        cfg: Config,
+        d: Dims,
+        layout: ParamLayout,
+        init: &[f32],
+    ) -> Result<Gpt> {
+        let (bt, c) = (d.bt(), d.c);
+        let blocks = (0..d.l)
+            .map(|_| {
+                Ok(Block {
+                    ln1: z(gpu, bt * c)?,
+                    ln1_mean: z(gpu, bt)?,
+                    ln1_rstd: z(gpu, bt)?,
+                    qkv: z(gpu, bt * 3 * c)?,
+                    q: z(gpu, bt * c)?,
+                    k: z(gpu, bt * c)?,
+                    v: z(gpu, bt * c)?,
+                    att: z(gpu, d.att())?,
+                    atty: z(gpu, bt * c)?,
+                    atty_un: z(gpu, bt * c)?,
+                    res2: z(gpu, bt * c)?,
+                    ln2: z(gpu, bt * c)?,
+                    ln2_mean: z(gpu, bt)?,
+                    ln2_rstd: z(gpu, bt)?,
+                    fch: z(gpu, bt * 4 * c)?,
+                    fch_gelu: z(gpu, bt * 4 * c)?,
+                    res3: z(gpu, bt * c)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sc = Scratch {
+            preatt: z(gpu, d.att())?,
+            proj: z(gpu, bt * c)?,
+            dres: z(gpu, bt * c)?,
+            dln: z(gpu, bt * c)?,
+            dqkv: z(gpu, bt * 3 * c)?,
+            dq: z(gpu, bt * c)?,
+            dk: z(gpu, bt * c)?,
+            dv: z(gpu, bt * c)?,
+            datt: z(gpu, d.att())?,
+            daty: z(gpu, bt * c)?,
+            daty_un: z(gpu, bt * c)?,
+            dfch: z(gpu, bt * 4 * c)?,
+            dfch_gelu: z(gpu, bt * 4 * c)?,
+            dlogits: z(gpu, bt * d.v)?,
+            partial: z(gpu, kernels::colsum_parts(bt) * 4 * c)?,
+            norm_partial: z(gpu, NORM_PARTS)?,
+        };
+        Ok(Gpt {
+            cfg,
+            dims: d,
+            params: gpu.clone_htod(init)?,
+            grads: z(gpu, layout.total)?,
+            m: z(gpu, layout.total)?,
+            v: z(gpu, layout.total)?,
+            layout,
+            blocks,
+            encoded: z(gpu, bt * c)?,
+            lnf: z(gpu, bt * c)?,
+            lnf_mean: z(gpu, bt)?,
+            lnf_rstd: z(gpu, bt)?,
+            logits: z(gpu, bt * d.v)?,
+            losses: z(gpu, bt)?,
+            loss: z(gpu, 1)?,
+            tokens: gpu.alloc_zeros::<u32>(bt)?,
+            targets: gpu.alloc_zeros::<u32>(bt)?,
+            sched: z(gpu, SCHED_LEN)?,
+            normsq: z(gpu, 1)?,
+            sc,
+            k: Kernels::load(gpu)?,
+            blas: gpu.new_blas()?,
+        })
+    }
+
+    /// The forward pass over `tokens`: logits, and the mean loss against `targets` into
+    /// `loss` (with `grad`, the logits' gradient too).
+    pub fn forward(&mut self, s: &BoundStream<'_>, grad: bool) -> Result<()> {
+        let d = self.dims;
+        let (bt, c) = (d.bt(), d.c);
+        let Gpt {
+            layout,
+            params: p,
+            blocks,
+            k,
+            blas,
+            sc,
+            ..
+        } = self;
+        let w = |name: &str| p.slice(layout.get(name).range());
+        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
+        k.encoder_fwd(
+            s,
+            &mut self.encoded,
+            &self.tokens,
+            &w("wte.weight")?,
+            &w("wpe.weight")?,
+            (d.t, c),
+        )?;
+        for l in 0..d.l {
+            let (done, rest) = blocks.split_at_mut(l);
+            let x = if l == 0 {
+                &self.encoded
+            } else {
+                &done[l - 1].res3
+            };
+            let bl = &mut rest[0];
+            let ln1 = (&wl(l, "ln_1.weight")?, &wl(l, "ln_1.bias")?);
+            k.layernorm_fwd(
+                s,
+                &mut bl.ln1,
+                &mut bl.ln1_mean,
+                &mut bl.ln1_rstd,
+                x,
+                ln1,
+                c,
+            )?;
+            mm(
+                s,
+                blas,
+                linear(bt, 3 * c, c),
+                &bl.ln1,
+                &wl(l, "attn.c_attn.weight")?,
+                &mut bl.qkv,
+            )?;
+            k.bias_add(s, &mut bl.qkv, &wl(l, "attn.c_attn.bias")?)?;
+            let shape4 = (d.b, d.t, d.nh, d.hs);
+            k.permute_qkv(
+                s,
+                &mut bl.q,
+                &mut bl.k,
+                &mut bl.v,
+                &mut bl.qkv,
+                shape4,
+                false,
+            )?;
+            let scale = 1.0 / (d.hs as f64).sqrt();
+            let qk = Matmul::new(d.t, d.t, d.hs).transpose_b().scaled(scale, 0.0);
+            bmm(s, blas, qk, d.b * d.nh, (&bl.q, &bl.k, &mut sc.preatt))?;
+            k.softmax_fwd(s, &mut bl.att, &sc.preatt, d.t)?;
+            bmm(
+                s,
+                blas,
+                Matmul::new(d.t, d.hs, d.t),
+                d.b * d.nh,
+                (&bl.att, &bl.v, &mut bl.atty),
+            )?;
+            k.unpermute(s, &mut bl.atty_un, &mut bl.atty, shape4, false)?;
+            mm(
+                s,
+                blas,
+                linear(bt, c, c),
+                &bl.atty_un,
+                &wl(l, "attn.c_proj.weight")?,
+                &mut sc.proj,
+            )?;
+            k.residual_bias(s, &mut bl.res2, x, &sc.proj, &wl(l, "attn.c_proj.bias")?)?;
+            let ln2 = (&wl(l, "ln_2.weight")?, &wl(l, "ln_2.bias")?);
+            k.layernorm_fwd(
+                s,
+                &mut bl.ln2,
+                &mut bl.ln2_mean,
+                &mut bl.ln2_rstd,
+                &bl.res2,
+                ln2,
+                c,
+            )?;
+            mm(
+                s,
+                blas,
+                linear(bt, 4 * c, c),
+                &bl.ln2,
+                &wl(l, "mlp.c_fc.weight")?,
+                &mut bl.fch,
+            )?;
+            k.bias_add(s, &mut bl.fch, &wl(l, "mlp.c_fc.bias")?)?;
+            k.gelu_fwd(s, &mut bl.fch_gelu, &bl.fch)?;
+            mm(
+                s,
+                blas,
+                linear(bt, c, 4 * c),
+                &bl.fch_gelu,
+                &wl(l, "mlp.c_proj.weight")?,
+                &mut sc.proj,
+            )?;
+            k.residual_bias(
+                s,
+                &mut bl.res3,
+                &bl.res2,
+                &sc.proj,
+                &wl(l, "mlp.c_proj.bias")?,
+            )?;
+        }
+        let last = &blocks[d.l - 1].res3;
+        let lnf = (&w("ln_f.weight")?, &w("ln_f.bias")?);
+        k.layernorm_fwd(
+            s,
+            &mut self.lnf,
+            &mut self.lnf_mean,
+            &mut self.lnf_rstd,
+            last,
+            lnf,
+            c,
+        )?;
+        mm(
+            s,
+            blas,
+            linear(bt, d.v, c),
+            &self.lnf,
+            &w("wte.weight")?,
+            &mut self.logits,
+        )?;
+        k.xent(
+            s,
+            &mut sc.dlogits,
+            &mut self.losses,
+            &mut self.loss,
+            &self.logits,
+            &self.targets,
+            d.v,
+            grad,
+        )
+    }
+
+    /// The backward pass (after `forward(.., true)`): every parameter's gradient into
+    /// `grads` (overwritten).
+    pub fn backward(&mut self, s: &BoundStream<'_>) -> Result<()> {
+        let d = self.dims;
+        let (bt, c) = (d.bt(), d.c);
+        let Gpt {
+            layout,
+            params: p,
+            grads: g,
+            blocks,
+            k,
+            blas,
+            sc,
+            ..
+        } = self;
+        let w = |name: &str| p.slice(layout.get(name).range());
+        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
+        let gr = |name: &str| layout.get(name).range();
+        let gl = |l: usize, suffix: &str| layout.block(l, suffix);
+        // Head (tied to wte): dwte = dlogitsᵀ·lnf, dlnf = dlogits·wte.
+        mm(
+            s,
+            blas,
+            Matmul::new(d.v, c, bt).transpose_a(),
+            &sc.dlogits,
+            &self.lnf,
+            &mut g.slice_mut(gr("wte.weight"))?,
+        )?;
+        mm(
+            s,
+            blas,
+            Matmul::new(bt, c, d.v),
+            &sc.dlogits,
+            &w("wte.weight")?,
+            &mut sc.dln,
+        )?;
+        s.memset_zeros_async(&mut sc.dres)?;
+        let lnf_wb = layout.get("ln_f.weight").offset..layout.get("ln_f.bias").range().end;
+        let last = &blocks[d.l - 1].res3;
+        k.layernorm_bwd(
+            s,
+            &mut sc.dres,
+            &mut g.slice_mut(lnf_wb)?,
+            &mut sc.partial,
+            &sc.dln,
+            last,
+            (&self.lnf_mean, &self.lnf_rstd),
+            &w("ln_f.weight")?,
+        )?;
+        for l in (0..d.l).rev() {
+            let (done, rest) = blocks.split_at(l);
+            let x = if l == 0 {
+                &self.encoded
+            } else {
+                &done[l - 1].res3
+            };
+            let bl = &rest[0];
+            // MLP: res3 = res2 + fch_gelu·Wpᵀ + b.
+            mm(
+                s,
+                blas,
+                Matmul::new(c, 4 * c, bt).transpose_a(),
+                &sc.dres,
+                &bl.fch_gelu,
+                &mut g.slice_mut(gl(l, "mlp.c_proj.weight"))?,
+            )?;
+            k.bias_grad(
+                s,
+                &mut g.slice_mut(gl(l, "mlp.c_proj.bias"))?,
+                &mut sc.partial,
+                &sc.dres,
+            )?;
+            mm(
+                s,
+                blas,
+                Matmul::new(bt, 4 * c, c),
+                &sc.dres,
+                &wl(l, "mlp.c_proj.weight")?,
+                &mut sc.dfch_gelu,
+            )?;
+            k.gelu_bwd(s, &mut sc.dfch, &bl.fch, &sc.dfch_gelu)?;
+            mm(
+                s,
+                blas,
+                Matmul::new(4 * c, c, bt).transpose_a(),
+                &sc.dfch,
+                &bl.ln2,
+                &mut g.slice_mut(gl(l, "mlp.c_fc.weight"))?,
+            )?;
+            k.bias_grad(
+                s,
+                &mut g.slice_mut(gl(l, "mlp.c_fc.bias"))?,
+                &mut sc.partial,
+                &sc.dfch,
+            )?;
+            mm(
+                s,
+                blas,
+                Matmul::new(bt, c, 4 * c),
+                &sc.dfch,
+                &wl(l, "mlp.c_fc.weight")?,
+                &mut sc.dln,
+            )?;
+            let ln2_wb = gl(l, "ln_2.weight").start..gl(l, "ln_2.bias").end;
+            k.layernorm_bwd(
+                s,
+                &mut sc.dres,
+                &mut g.slice_mut(ln2_wb)?,
+                &mut sc.partial,
+                &sc.dln,
+                &bl.res2,
+                (&bl.ln2_mean, &bl.ln2_rstd),
+                &wl(l, "ln_2.weight")?,
+            )?;
+            // Attention projection: res2 = x + atty_un·Wᵀ + b.
+            mm(
+                s,
+                blas,
+                Matmul::new(c, c, bt).transpose_a(),
+                &sc.dres,
+                &bl.atty_un,
+                &mut g.slice_mut(gl(l, "attn.c_proj.weight"))?,
+            )?;
+            k.bias_grad(
+                s,
+                &mut g.slice_mut(gl(l, "attn.c_proj.bias"))?,
+                &mut sc.partial,
+                &sc.dres,
+            )?;
+            mm(
+                s,
+                blas,
+                Matmul::new(bt, c, c),
+                &sc.dres,
+                &wl(l, "attn.c_proj.weight")?,
+                &mut sc.daty_un,
+            )?;
+            let shape4 = (d.b, d.t, d.nh, d.hs);
+            k.unpermute(s, &mut sc.daty_un, &mut sc.daty, shape4, true)?;
+            let n = d.b * d.nh;
+            // atty = att·v: datt = daty·vᵀ, dv = attᵀ·daty.
+            bmm(
+                s,
+                blas,
+                Matmul::new(d.t, d.t, d.hs).transpose_b(),
+                n,
+                (&sc.daty, &bl.v, &mut sc.datt),
+            )?;
+            bmm(
+                s,
+                blas,
+                Matmul::new(d.t, d.hs, d.t).transpose_a(),
+                n,
+                (&bl.att, &sc.daty, &mut sc.dv),
+            )?;
+            k.softmax_bwd(s, &mut sc.preatt, &sc.datt, &bl.att, d.t)?;
+            // preatt = scale·q·kᵀ: dq = scale·dpre·k, dk = scale·dpreᵀ·q.
+            let scale = 1.0 / (d.hs as f64).sqrt();
+            bmm(
+                s,
+                blas,
+                Matmul::new(d.t, d.hs, d.t).scaled(scale, 0.0),
+                n,
+                (&sc.preatt, &bl.k, &mut sc.dq),
+            )?;
+            bmm(
+                s,
+                blas,
+                Matmul::new(d.t, d.hs, d.t).transpose_a().scaled(scale, 0.0),
+                n,
+                (&sc.preatt, &bl.q, &mut sc.dk),
+            )?;
+            k.permute_qkv(
+                s,
+                &mut sc.dq,
+                &mut sc.dk,
+                &mut sc.dv,
+                &mut sc.dqkv,
+                shape4,
+                true,
+            )?;
+            mm(
+                s,
+                blas,
+                Matmul::new(3 * c, c, bt).transpose_a(),
+                &sc.dqkv,
+                &bl.ln1,
+                &mut g.slice_mut(gl(l, "attn.c_attn.weight"))?,
+            )?;
+            k.bias_grad(
+                s,
+                &mut g.slice_mut(gl(l, "attn.c_attn.bias"))?,
+                &mut sc.partial,
+                &sc.dqkv,
+            )?;
+            mm(
+                s,
+                blas,
+                Matmul::new(bt, c, 3 * c),
+                &sc.dqkv,
+                &wl(l, "attn.c_attn.weight")?,
+                &mut sc.dln,
+            )?;
+            let ln1_wb = gl(l, "ln_1.weight").start..gl(l, "ln_1.bias").end;
+            k.layernorm_bwd(
+                s,
+                &mut sc.dres,
+                &mut g.slice_mut(ln1_wb)?,
+                &mut sc.partial,
+                &sc.dln,
+                x,
+                (&bl.ln1_mean, &bl.ln1_rstd),
+                &wl(l, "ln_1.weight")?,
+            )?;
+        }
+        let [mut dwte, mut dwpe] = g.get_disjoint_mut([gr("wte.weight"), gr("wpe.weight")])?;
+        k.encoder_bwd(
+            s,
+            &mut dwte,
+            &mut dwpe,
+            &sc.dres,
+            &self.tokens,
+            (d.b, d.t, c, d.v),
+        )
+    }
+
+    /// Clips the gradients to norm `hp.max_norm` and applies AdamW with the lr and bias
+    /// corrections in `sched` (uploaded by the caller).
+    pub fn update(&mut self, s: &BoundStream<'_>, hp: &AdamW) -> Result<()> {
+        let Gpt {
+            layout,
+            params,
+            grads,
+            m,
+            v,
+            k,
+            sc,
+            sched,
+            normsq,
+            ..
+        } = self;
+        k.sumsq(s, normsq, &mut sc.norm_partial, grads)?;
+        for prm in &layout.params {
+            let r = prm.range();
+            let wd = if prm.decay { hp.weight_decay } else { 0.0 };
+            k.adamw(
+                s,
+                (
+                    &mut params.slice_mut(r.clone())?,
+                    &grads.slice(r.clone())?,
+                    &mut m.slice_mut(r.clone())?,
+                    &mut v.slice_mut(r)?,
+                ),
+                &*sched,
+                &*normsq,
+                wd,
+                hp,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Uploads a batch (`tokens` and `targets`, `b × t` each, below the vocabulary).
+    pub fn upload(&mut self, gpu: &BoundDevice<'_>, x: &[u32], y: &[u32]) -> Result<()> {
+        gpu.htod_copy(x, &mut self.tokens)?;
+        gpu.htod_copy(y, &mut self.targets)
+    }
+}

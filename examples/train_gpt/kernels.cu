@@ -1,0 +1,311 @@
+// NVRTC kernels of train_gpt. Every reduction has a fixed order (no atomics): a step's
+// results depend only on its inputs, so runs repeat bit for bit. Sizes are 32-bit (the host
+// checks every product of dimensions against 2^31); flat indices are size_t.
+#define FULL 0xffffffffu
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+// Fixed-order sum over a block of 256 threads (every thread gets the result).
+__device__ float block_sum256(float v, float* sh) {
+    __syncthreads();
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    return sh[0];
+}
+__device__ float block_max256(float v, float* sh) {
+    __syncthreads();
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if (threadIdx.x < o) sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + o]);
+        __syncthreads();
+    }
+    return sh[0];
+}
+#define GRID_STRIDE(i, n) \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)(n); \
+         i += (size_t)gridDim.x * blockDim.x)
+
+// out[b,t,:] = wte[tok[b,t],:] + wpe[t,:]
+extern "C" __global__ void encoder_fwd(float* out, const unsigned* tok, const float* wte,
+                                       const float* wpe, unsigned BT, unsigned T, unsigned C) {
+    GRID_STRIDE(i, (size_t)BT * C) {
+        size_t bt = i / C, c = i % C, t = bt % T;
+        out[i] = wte[(size_t)tok[bt] * C + c] + wpe[t * C + c];
+    }
+}
+
+// dwpe[t,c] = sum_b dout[b,t,c] (overwrites).
+extern "C" __global__ void encoder_bwd_wpe(float* dwpe, const float* dout, unsigned B, unsigned T,
+                                           unsigned C) {
+    GRID_STRIDE(i, (size_t)T * C) {
+        float s = 0.0f;
+        for (unsigned b = 0; b < B; ++b) s += dout[(size_t)b * T * C + i];
+        dwpe[i] = s;
+    }
+}
+
+// dwte[v,c] += sum over positions whose token is v of dout[bt,c] (thread per (v, c)).
+extern "C" __global__ void encoder_bwd_wte(float* dwte, const float* dout, const unsigned* tok,
+                                           unsigned BT, unsigned V, unsigned C) {
+    GRID_STRIDE(i, (size_t)V * C) {
+        unsigned v = i / C, c = i % C;
+        float s = 0.0f;
+        for (unsigned bt = 0; bt < BT; ++bt)
+            if (tok[bt] == v) s += dout[(size_t)bt * C + c];
+        dwte[i] += s;
+    }
+}
+
+// One warp per row, 8 rows per block of 256.
+extern "C" __global__ void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp,
+                                         const float* w, const float* b, unsigned N, unsigned C) {
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const float* x = inp + (size_t)row * C;
+    float s = 0.0f;
+    for (unsigned i = lane; i < C; i += 32) s += x[i];
+    float m = warp_sum(s) / C;
+    float var = 0.0f;
+    for (unsigned i = lane; i < C; i += 32) { float d = x[i] - m; var += d * d; }
+    float r = rsqrtf(warp_sum(var) / C + 1e-5f);
+    float* o = out + (size_t)row * C;
+    for (unsigned i = lane; i < C; i += 32) o[i] = (x[i] - m) * r * w[i] + b[i];
+    if (lane == 0) { mean[row] = m; rstd[row] = r; }
+}
+
+// dinp += the input gradient of the layer norm (one warp per row).
+extern "C" __global__ void layernorm_bwd_dx(float* dinp, const float* dout, const float* inp,
+                                            const float* mean, const float* rstd, const float* w,
+                                            unsigned N, unsigned C) {
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const float* x = inp + (size_t)row * C;
+    const float* d = dout + (size_t)row * C;
+    float m = mean[row], r = rstd[row];
+    float a = 0.0f, bsum = 0.0f;
+    for (unsigned i = lane; i < C; i += 32) {
+        float dn = w[i] * d[i];
+        a += dn;
+        bsum += dn * (x[i] - m) * r;
+    }
+    a = warp_sum(a) / C;
+    bsum = warp_sum(bsum) / C;
+    float* di = dinp + (size_t)row * C;
+    for (unsigned i = lane; i < C; i += 32) {
+        float n = (x[i] - m) * r;
+        di[i] += (w[i] * d[i] - a - n * bsum) * r;
+    }
+}
+
+// Column sums per chunk of rows, block (32, 8), blockIdx.y = chunk (gridDim.y chunks).
+// mode 0: partial[p*C + c] = sum dout[r,c] (bias gradient).
+// mode 1: partial[p*2C + c] = sum dout*norm, partial[p*2C + C + c] = sum dout
+//         (layer-norm weight and bias gradients; norm = (inp - mean) * rstd).
+extern "C" __global__ void colsum_partial(float* partial, const float* dout, const float* inp,
+                                          const float* mean, const float* rstd, unsigned N,
+                                          unsigned C, int mode) {
+    __shared__ float sa[8][33];
+    __shared__ float sb[8][33];
+    unsigned c = blockIdx.x * 32 + threadIdx.x;
+    unsigned chunk = (N + gridDim.y - 1) / gridDim.y;
+    unsigned r0 = min(N, blockIdx.y * chunk), r1 = min(N, r0 + chunk);
+    float a = 0.0f, b = 0.0f;
+    if (c < C) {
+        for (unsigned r = r0 + threadIdx.y; r < r1; r += 8) {
+            size_t i = (size_t)r * C + c;
+            float d = dout[i];
+            b += d;
+            if (mode == 1) a += d * (inp[i] - mean[r]) * rstd[r];
+        }
+    }
+    sa[threadIdx.y][threadIdx.x] = a;
+    sb[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float ta = 0.0f, tb = 0.0f;
+        for (int k = 0; k < 8; ++k) { ta += sa[k][threadIdx.x]; tb += sb[k][threadIdx.x]; }
+        if (mode == 1) {
+            partial[(size_t)blockIdx.y * 2 * C + c] = ta;
+            partial[(size_t)blockIdx.y * 2 * C + C + c] = tb;
+        } else {
+            partial[(size_t)blockIdx.y * C + c] = tb;
+        }
+    }
+}
+
+// out[c] = sum_p partial[p*W + c], block of 128 per column, fixed-order tree.
+extern "C" __global__ void colsum_finish(float* out, const float* partial, unsigned P, unsigned W) {
+    __shared__ float sh[128];
+    unsigned c = blockIdx.x, t = threadIdx.x;
+    float s = 0.0f;
+    for (unsigned p = t; p < P; p += 128) s += partial[(size_t)p * W + c];
+    sh[t] = s;
+    __syncthreads();
+    for (unsigned o = 64; o > 0; o >>= 1) {
+        if (t < o) sh[t] += sh[t + o];
+        __syncthreads();
+    }
+    if (t == 0) out[c] = sh[0];
+}
+
+// y[r,c] += b[c]
+extern "C" __global__ void bias_add(float* y, const float* b, unsigned N, unsigned C) {
+    GRID_STRIDE(i, (size_t)N * C) y[i] += b[i % C];
+}
+
+// out = x + y + b[c] (residual with the projection's bias)
+extern "C" __global__ void residual_bias(float* out, const float* x, const float* y,
+                                         const float* b, unsigned N, unsigned C) {
+    GRID_STRIDE(i, (size_t)N * C) out[i] = x[i] + y[i] + b[i % C];
+}
+
+// qkv (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs); dir 1: the reverse (gradients).
+extern "C" __global__ void permute_qkv(float* q, float* k, float* v, float* qkv, unsigned B,
+                                       unsigned T, unsigned NH, unsigned hs, int dir) {
+    size_t C = (size_t)NH * hs;
+    GRID_STRIDE(i, (size_t)B * T * C) {
+        size_t d = i % hs, r = i / hs;
+        size_t t = r % T; r /= T;
+        size_t h = r % NH, b = r / NH;
+        size_t src = (b * T + t) * 3 * C + h * hs + d;
+        if (dir == 0) {
+            q[i] = qkv[src]; k[i] = qkv[src + C]; v[i] = qkv[src + 2 * C];
+        } else {
+            qkv[src] = q[i]; qkv[src + C] = k[i]; qkv[src + 2 * C] = v[i];
+        }
+    }
+}
+
+// y (B,NH,T,hs) <-> out (B,T,NH,hs): dir 0 writes out from y, dir 1 writes y from out.
+extern "C" __global__ void unpermute(float* out, float* y, unsigned B, unsigned T, unsigned NH,
+                                     unsigned hs, int dir) {
+    GRID_STRIDE(i, (size_t)B * T * NH * hs) {
+        size_t d = i % hs, r = i / hs;
+        size_t t = r % T; r /= T;
+        size_t h = r % NH, b = r / NH;
+        size_t o = (b * T + t) * NH * hs + h * hs + d;
+        if (dir == 0) out[o] = y[i]; else y[i] = out[o];
+    }
+}
+
+// Causal softmax over rows of length T (row r is query t = r % T): one warp per row.
+extern "C" __global__ void softmax_causal_fwd(float* att, const float* pre, unsigned rows,
+                                              unsigned T) {
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    unsigned t = row % T;
+    const float* x = pre + (size_t)row * T;
+    float m = -INFINITY;
+    for (unsigned i = lane; i <= t; i += 32) m = fmaxf(m, x[i]);
+    m = warp_max(m);
+    float s = 0.0f;
+    for (unsigned i = lane; i <= t; i += 32) s += expf(x[i] - m);
+    float inv = 1.0f / warp_sum(s);
+    float* a = att + (size_t)row * T;
+    for (unsigned i = lane; i < T; i += 32) a[i] = i <= t ? expf(x[i] - m) * inv : 0.0f;
+}
+
+extern "C" __global__ void softmax_causal_bwd(float* dpre, const float* datt, const float* att,
+                                              unsigned rows, unsigned T) {
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    unsigned t = row % T;
+    const float* a = att + (size_t)row * T;
+    const float* d = datt + (size_t)row * T;
+    float s = 0.0f;
+    for (unsigned i = lane; i <= t; i += 32) s += a[i] * d[i];
+    s = warp_sum(s);
+    float* o = dpre + (size_t)row * T;
+    for (unsigned i = lane; i < T; i += 32) o[i] = i <= t ? a[i] * (d[i] - s) : 0.0f;
+}
+
+#define GELU_S 0.7978845608028654f
+extern "C" __global__ void gelu_fwd(float* out, const float* inp, unsigned n) {
+    GRID_STRIDE(i, n) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_S * (x + 0.044715f * x * x * x)));
+    }
+}
+
+extern "C" __global__ void gelu_bwd(float* dinp, const float* inp, const float* dout, unsigned n) {
+    GRID_STRIDE(i, n) {
+        float x = inp[i];
+        float th = tanhf(GELU_S * (x + 0.044715f * x * x * x));
+        float sech2 = 1.0f - th * th;
+        float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_S * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = g * dout[i];
+    }
+}
+
+// Softmax cross-entropy, one block of 256 per row: losses[r], and, when grad != 0,
+// dlogits = (softmax - onehot) * scale.
+extern "C" __global__ void xent(float* dlogits, float* losses, const float* logits,
+                                const unsigned* targets, unsigned N, unsigned V, float scale,
+                                int grad) {
+    __shared__ float sh[256];
+    unsigned row = blockIdx.x;
+    const float* x = logits + (size_t)row * V;
+    float m = -INFINITY;
+    for (unsigned i = threadIdx.x; i < V; i += 256) m = fmaxf(m, x[i]);
+    m = block_max256(m, sh);
+    float s = 0.0f;
+    for (unsigned i = threadIdx.x; i < V; i += 256) s += expf(x[i] - m);
+    s = block_sum256(s, sh);
+    unsigned y = targets[row];
+    if (threadIdx.x == 0) losses[row] = logf(s) - (x[y] - m);
+    if (grad) {
+        float* d = dlogits + (size_t)row * V;
+        for (unsigned i = threadIdx.x; i < V; i += 256)
+            d[i] = (expf(x[i] - m) / s - (i == y ? 1.0f : 0.0f)) * scale;
+    }
+}
+
+// out[slot] = scale * sum(in[0..n]), one block of 256 in a fixed order.
+extern "C" __global__ void sum_finish(float* out, const float* in, unsigned n, float scale,
+                                      unsigned slot) {
+    __shared__ float sh[256];
+    float s = 0.0f;
+    for (unsigned i = threadIdx.x; i < n; i += 256) s += in[i];
+    s = block_sum256(s, sh);
+    if (threadIdx.x == 0) out[slot] = s * scale;
+}
+
+// partial[block] = sum of squares of the block's grid-stride share of g.
+extern "C" __global__ void sumsq_partial(float* partial, const float* g, unsigned n) {
+    __shared__ float sh[256];
+    float s = 0.0f;
+    GRID_STRIDE(i, n) s += g[i] * g[i];
+    s = block_sum256(s, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// AdamW as torch.optim.AdamW, with the gradient clipped to norm max_norm first
+// (torch.nn.utils.clip_grad_norm_). sched: [lr, 1 - beta1^t, 1 - beta2^t]; normsq[0]: the
+// squared gradient norm.
+extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v, unsigned n,
+                                 const float* sched, const float* normsq, float wd, float b1,
+                                 float b2, float eps, float max_norm) {
+    float lr = sched[0], bc1 = sched[1], bc2 = sched[2];
+    float coef = fminf(max_norm / (sqrtf(normsq[0]) + 1e-6f), 1.0f);
+    float step = lr / bc1, bc2s = sqrtf(bc2);
+    GRID_STRIDE(i, n) {
+        float gi = g[i] * coef;
+        float mi = m[i] + (1.0f - b1) * (gi - m[i]);
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float pi = p[i] * (1.0f - lr * wd);
+        p[i] = pi - step * mi / (sqrtf(vi) / bc2s + eps);
+    }
+}

@@ -1,0 +1,662 @@
+//! The NVRTC kernels of `train_gpt` (`kernels.cu`) as owned [`Kernel`]s in one registry,
+//! and one launch wrapper per kernel that checks every length the kernel relies on.
+
+use gpubind::module::CompileOptions;
+use gpubind::{BoundDevice, BoundStream, DeviceMemory, DeviceMemoryMut, KernelArg};
+use gpubind::{Error, Kernel, LaunchConfig, Result};
+
+/// The kernels' CUDA source.
+pub const SOURCE: &str = include_str!("kernels.cu");
+
+/// A buffer a kernel reads.
+pub trait In: DeviceMemory<f32> + KernelArg {}
+impl<M: DeviceMemory<f32> + KernelArg + ?Sized> In for M {}
+/// A buffer a kernel writes.
+pub trait Out: DeviceMemoryMut<f32> + KernelArg {}
+impl<M: DeviceMemoryMut<f32> + KernelArg + ?Sized> Out for M {}
+/// A token buffer.
+pub trait Tok: DeviceMemory<u32> + KernelArg {}
+impl<M: DeviceMemory<u32> + KernelArg + ?Sized> Tok for M {}
+
+macro_rules! registry {
+    ($($name:ident),* $(,)?) => {
+        /// Every kernel of [`SOURCE`], compiled once per device.
+        pub struct Kernels { $(pub $name: Kernel,)* }
+        impl Kernels {
+            /// Compiles [`SOURCE`] for `gpu`'s device and looks every kernel up.
+            pub fn load(gpu: &BoundDevice<'_>) -> Result<Self> {
+                let opts = CompileOptions::new();
+                let module = gpu.compile_and_load_with(SOURCE, "train_gpt.cu", &opts)?.into_shared();
+                Ok(Kernels { $($name: module.kernel(stringify!($name))?,)* })
+            }
+        }
+    };
+}
+
+registry!(
+    encoder_fwd,
+    encoder_bwd_wpe,
+    encoder_bwd_wte,
+    layernorm_fwd,
+    layernorm_bwd_dx,
+    colsum_partial,
+    colsum_finish,
+    bias_add,
+    residual_bias,
+    permute_qkv,
+    unpermute,
+    softmax_causal_fwd,
+    softmax_causal_bwd,
+    gelu_fwd,
+    gelu_bwd,
+    xent,
+    sum_finish,
+    sumsq_partial,
+    adamw,
+);
+
+/// Blocks of [`sumsq_partial`](Kernels::sumsq_partial) (and the length of its output).
+pub const NORM_PARTS: usize = 1024;
+
+/// `v` as a kernel's 32-bit size (below 2^31, so grid-stride sums cannot wrap).
+pub fn u32_of(what: &str, v: usize) -> Result<u32> {
+    i32::try_from(v)
+        .map(|v| v as u32)
+        .map_err(|_| Error::InvalidArgument(format!("train_gpt: {what} = {v} exceeds 2^31 - 1")))
+}
+
+fn need(what: &str, len: usize, want: usize) -> Result<()> {
+    if len == want {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "train_gpt: {what} has {len} elements, the kernel needs {want}"
+        )))
+    }
+}
+
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n.div_ceil(256)).clamp(1, 8192) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One warp per row, 8 rows per block.
+fn warp_rows(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(8).max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn blocks(n: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.max(1), 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Row chunks of the two-pass column sums: `colsum_partial` writes one row of partial
+/// sums per chunk, `colsum_finish` adds them up.
+pub fn colsum_parts(rows: usize) -> usize {
+    rows.div_ceil(64).clamp(1, 256)
+}
+
+impl Kernels {
+    /// `out[b,t] = wte[tok[b,t]] + wpe[t]`.
+    pub fn encoder_fwd(
+        &self,
+        s: &BoundStream<'_>,
+        out: &mut impl Out,
+        tok: &impl Tok,
+        wte: &impl In,
+        wpe: &impl In,
+        (t, c): (usize, usize),
+    ) -> Result<()> {
+        let bt = tok.len();
+        need("encoder out", out.len(), bt * c)?;
+        if wpe.len() < t * c || !bt.is_multiple_of(t) {
+            return Err(Error::InvalidArgument(format!(
+                "train_gpt: {bt} tokens are not rows of {t} positions of wpe ({})",
+                wpe.len()
+            )));
+        }
+        let v = wte.len() / c.max(1);
+        let (bt, t, c) = (u32_of("BT", bt)?, u32_of("T", t)?, u32_of("C", c)?);
+        u32_of("BT*C", out.len())?;
+        let _ = v;
+        // SAFETY: (float*, const unsigned*, const float*, const float*, unsigned ×3) matches
+        // encoder_fwd; it writes BT·C elements of out (checked), reads BT tokens (tok's
+        // length), wpe rows < T (checked) and wte rows named by the tokens, which the host
+        // checks are below the vocabulary (data::Batches makes them from bytes, V = 256).
+        unsafe {
+            s.launch(&self.encoder_fwd, grid(out.len()))
+                .arg(out)
+                .arg(tok)
+                .arg(wte)
+                .arg(wpe)
+                .arg(&bt)
+                .arg(&t)
+                .arg(&c)
+                .launch()
+        }
+    }
+
+    /// `dwpe = Σ_b dout[b]`, `dwte += scatter(dout)` by token.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encoder_bwd(
+        &self,
+        s: &BoundStream<'_>,
+        dwte: &mut impl Out,
+        dwpe: &mut impl Out,
+        dout: &impl In,
+        tok: &impl Tok,
+        (b, t, c, v): (usize, usize, usize, usize),
+    ) -> Result<()> {
+        need("encoder dout", dout.len(), b * t * c)?;
+        need("encoder tokens", tok.len(), b * t)?;
+        need("dwpe", dwpe.len(), t * c)?;
+        need("dwte", dwte.len(), v * c)?;
+        let [b, t, c, v, bt] = [b, t, c, v, b * t].map(|x| x as u32);
+        u32_of("BT*C", dout.len())?;
+        // SAFETY: (float*, const float*, unsigned ×3) matches encoder_bwd_wpe; it writes T·C
+        // of dwpe and reads B·T·C of dout (both checked).
+        unsafe {
+            s.launch(&self.encoder_bwd_wpe, grid(dwpe.len()))
+                .arg(dwpe)
+                .arg(dout)
+                .arg(&b)
+                .arg(&t)
+                .arg(&c)
+                .launch()?;
+        }
+        // SAFETY: (float*, const float*, const unsigned*, unsigned ×3) matches
+        // encoder_bwd_wte; it touches V·C of dwte, BT of tok and BT·C of dout (checked).
+        unsafe {
+            s.launch(&self.encoder_bwd_wte, grid(dwte.len()))
+                .arg(dwte)
+                .arg(dout)
+                .arg(tok)
+                .arg(&bt)
+                .arg(&v)
+                .arg(&c)
+                .launch()
+        }
+    }
+
+    /// Layer norm of `n` rows of `c`: `out`, and the rows' `mean` and `rstd`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_fwd(
+        &self,
+        s: &BoundStream<'_>,
+        out: &mut impl Out,
+        mean: &mut impl Out,
+        rstd: &mut impl Out,
+        inp: &impl In,
+        wb: (&impl In, &impl In),
+        c: usize,
+    ) -> Result<()> {
+        let n = inp.len() / c;
+        need("layernorm out", out.len(), inp.len())?;
+        need("layernorm input", inp.len(), n * c)?;
+        need("layernorm mean", mean.len(), n)?;
+        need("layernorm rstd", rstd.len(), n)?;
+        need("layernorm weight", wb.0.len(), c)?;
+        need("layernorm bias", wb.1.len(), c)?;
+        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
+        // SAFETY: (float* ×3, const float* ×3, unsigned ×2) matches layernorm_fwd; warp r
+        // < N touches row r of out and inp (N·C, checked), mean[r], rstd[r], C of w and b.
+        unsafe {
+            s.launch(&self.layernorm_fwd, warp_rows(n))
+                .arg(out)
+                .arg(mean)
+                .arg(rstd)
+                .arg(inp)
+                .arg(wb.0)
+                .arg(wb.1)
+                .arg(&nn)
+                .arg(&cc)
+                .launch()
+        }
+    }
+
+    /// Layer-norm backward: `dinp += dx`, and the weight and bias gradients into `dwb`
+    /// (weight then bias, `2c`), through `partial`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_bwd(
+        &self,
+        s: &BoundStream<'_>,
+        dinp: &mut impl Out,
+        dwb: &mut impl Out,
+        partial: &mut impl Out,
+        dout: &impl In,
+        inp: &impl In,
+        stats: (&impl In, &impl In),
+        w: &impl In,
+    ) -> Result<()> {
+        let c = w.len();
+        let n = inp.len() / c.max(1);
+        need("layernorm dinp", dinp.len(), n * c)?;
+        need("layernorm dout", dout.len(), n * c)?;
+        need("layernorm input", inp.len(), n * c)?;
+        need("layernorm mean", stats.0.len(), n)?;
+        need("layernorm rstd", stats.1.len(), n)?;
+        need("layernorm dweight+dbias", dwb.len(), 2 * c)?;
+        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
+        // SAFETY: (float*, const float* ×5, unsigned ×2) matches layernorm_bwd_dx; warp r < N
+        // touches row r of dinp, dout and inp, mean[r], rstd[r] and C of w (all checked).
+        unsafe {
+            s.launch(&self.layernorm_bwd_dx, warp_rows(n))
+                .arg(dinp)
+                .arg(dout)
+                .arg(inp)
+                .arg(stats.0)
+                .arg(stats.1)
+                .arg(w)
+                .arg(&nn)
+                .arg(&cc)
+                .launch()?;
+        }
+        self.colsum(s, dwb, partial, dout, Some((inp, stats.0, stats.1)), c)
+    }
+
+    /// Column sums of `dout` (`rows × c`) into `out` (`c`), or with `ln` the layer-norm
+    /// weight and bias gradients into `out` (`2c`).
+    fn colsum(
+        &self,
+        s: &BoundStream<'_>,
+        out: &mut impl Out,
+        partial: &mut impl Out,
+        dout: &impl In,
+        ln: Option<(&dyn In, &dyn In, &dyn In)>,
+        c: usize,
+    ) -> Result<()> {
+        let n = dout.len() / c.max(1);
+        let parts = colsum_parts(n);
+        let width = if ln.is_some() { 2 * c } else { c };
+        need("colsum output", out.len(), width)?;
+        need("colsum input", dout.len(), n * c)?;
+        if partial.len() < parts * width {
+            return Err(Error::InvalidArgument(format!(
+                "train_gpt: colsum partial has {} elements, needs {}",
+                partial.len(),
+                parts * width
+            )));
+        }
+        let mode = i32::from(ln.is_some());
+        let (nn, cc, pp, ww) = (
+            u32_of("rows", n)?,
+            u32_of("C", c)?,
+            parts as u32,
+            width as u32,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (cc.div_ceil(32), pp, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = s.launch(&self.colsum_partial, cfg);
+        l.arg(partial).arg(dout);
+        match ln {
+            // Mode 1 reads the input rows and their statistics (lengths checked by the caller).
+            Some((inp, mean, rstd)) => l.arg(inp).arg(mean).arg(rstd),
+            // Mode 0 never reads them: dout stands in.
+            None => l.arg(dout).arg(dout).arg(dout),
+        };
+        l.arg(&nn).arg(&cc).arg(&mode);
+        // SAFETY: (float*, const float* ×4, unsigned ×2, int) matches colsum_partial; block
+        // (x, y) reads rows of chunk y < parts of columns < C of the N·C inputs and writes
+        // partial row y (width `width`), inside parts·width ≤ partial's length (checked).
+        unsafe { l.launch()? };
+        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block c < W
+        // writes out[c] (W elements, checked) and reads column c of P·W partials.
+        unsafe {
+            s.launch(&self.colsum_finish, blocks(ww, 128))
+                .arg(out)
+                .arg(partial)
+                .arg(&pp)
+                .arg(&ww)
+                .launch()
+        }
+    }
+
+    /// Bias gradient: the column sums of `dout` (`rows × db.len()`).
+    pub fn bias_grad(
+        &self,
+        s: &BoundStream<'_>,
+        db: &mut impl Out,
+        partial: &mut impl Out,
+        dout: &impl In,
+    ) -> Result<()> {
+        let c = db.len();
+        self.colsum(s, db, partial, dout, None, c)
+    }
+
+    /// `y[r] += b`.
+    pub fn bias_add(&self, s: &BoundStream<'_>, y: &mut impl Out, b: &impl In) -> Result<()> {
+        let c = b.len();
+        let n = y.len() / c.max(1);
+        need("bias_add y", y.len(), n * c)?;
+        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
+        u32_of("N*C", y.len())?;
+        // SAFETY: (float*, const float*, unsigned ×2) matches bias_add; N·C of y, C of b.
+        unsafe {
+            s.launch(&self.bias_add, grid(y.len()))
+                .arg(y)
+                .arg(b)
+                .arg(&nn)
+                .arg(&cc)
+                .launch()
+        }
+    }
+
+    /// `out = x + y + b[c]`.
+    pub fn residual_bias(
+        &self,
+        s: &BoundStream<'_>,
+        out: &mut impl Out,
+        x: &impl In,
+        y: &impl In,
+        b: &impl In,
+    ) -> Result<()> {
+        let c = b.len();
+        let n = out.len() / c.max(1);
+        need("residual out", out.len(), n * c)?;
+        need("residual x", x.len(), n * c)?;
+        need("residual y", y.len(), n * c)?;
+        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
+        u32_of("N*C", out.len())?;
+        // SAFETY: (float*, const float* ×3, unsigned ×2) matches residual_bias; N·C of out,
+        // x and y, C of b (checked).
+        unsafe {
+            s.launch(&self.residual_bias, grid(out.len()))
+                .arg(out)
+                .arg(x)
+                .arg(y)
+                .arg(b)
+                .arg(&nn)
+                .arg(&cc)
+                .launch()
+        }
+    }
+
+    /// `qkv (B,T,3,NH,hs)` to `q, k, v (B,NH,T,hs)` (`back`: the reverse).
+    #[allow(clippy::too_many_arguments)]
+    pub fn permute_qkv(
+        &self,
+        s: &BoundStream<'_>,
+        q: &mut impl Out,
+        k: &mut impl Out,
+        v: &mut impl Out,
+        qkv: &mut impl Out,
+        (b, t, nh, hs): (usize, usize, usize, usize),
+        back: bool,
+    ) -> Result<()> {
+        let n = b * t * nh * hs;
+        for (what, len) in [("q", q.len()), ("k", k.len()), ("v", v.len())] {
+            need(what, len, n)?;
+        }
+        need("qkv", qkv.len(), 3 * n)?;
+        u32_of("3*B*T*C", 3 * n)?;
+        let [b, t, nh, hs] = [b, t, nh, hs].map(|x| x as u32);
+        let dir = i32::from(back);
+        // SAFETY: (float* ×4, unsigned ×4, int) matches permute_qkv; it touches B·T·C of q,
+        // k, v and 3·B·T·C of qkv (checked).
+        unsafe {
+            s.launch(&self.permute_qkv, grid(n))
+                .arg(q)
+                .arg(k)
+                .arg(v)
+                .arg(qkv)
+                .arg(&b)
+                .arg(&t)
+                .arg(&nh)
+                .arg(&hs)
+                .arg(&dir)
+                .launch()
+        }
+    }
+
+    /// `y (B,NH,T,hs)` to `out (B,T,C)` (`back`: `out` to `y`).
+    pub fn unpermute(
+        &self,
+        s: &BoundStream<'_>,
+        out: &mut impl Out,
+        y: &mut impl Out,
+        (b, t, nh, hs): (usize, usize, usize, usize),
+        back: bool,
+    ) -> Result<()> {
+        let n = b * t * nh * hs;
+        need("unpermute out", out.len(), n)?;
+        need("unpermute y", y.len(), n)?;
+        u32_of("B*T*C", n)?;
+        let [b, t, nh, hs] = [b, t, nh, hs].map(|x| x as u32);
+        let dir = i32::from(back);
+        // SAFETY: (float* ×2, unsigned ×4, int) matches unpermute; B·T·C of both (checked).
+        unsafe {
+            s.launch(&self.unpermute, grid(n))
+                .arg(out)
+                .arg(y)
+                .arg(&b)
+                .arg(&t)
+                .arg(&nh)
+                .arg(&hs)
+                .arg(&dir)
+                .launch()
+        }
+    }
+
+    /// Causal softmax of rows of `t` (row r is query `r % t`).
+    pub fn softmax_fwd(
+        &self,
+        s: &BoundStream<'_>,
+        att: &mut impl Out,
+        pre: &impl In,
+        t: usize,
+    ) -> Result<()> {
+        let rows = pre.len() / t;
+        need("softmax input", pre.len(), rows * t)?;
+        need("softmax output", att.len(), rows * t)?;
+        let (r, tt) = (u32_of("rows", rows)?, u32_of("T", t)?);
+        // SAFETY: (float*, const float*, unsigned ×2) matches softmax_causal_fwd; warp r <
+        // rows touches row r of both (rows·T, checked).
+        unsafe {
+            s.launch(&self.softmax_causal_fwd, warp_rows(rows))
+                .arg(att)
+                .arg(pre)
+                .arg(&r)
+                .arg(&tt)
+                .launch()
+        }
+    }
+
+    /// Causal softmax backward.
+    pub fn softmax_bwd(
+        &self,
+        s: &BoundStream<'_>,
+        dpre: &mut impl Out,
+        datt: &impl In,
+        att: &impl In,
+        t: usize,
+    ) -> Result<()> {
+        let rows = att.len() / t;
+        need("softmax att", att.len(), rows * t)?;
+        need("softmax datt", datt.len(), rows * t)?;
+        need("softmax dpre", dpre.len(), rows * t)?;
+        let (r, tt) = (u32_of("rows", rows)?, u32_of("T", t)?);
+        // SAFETY: (float*, const float* ×2, unsigned ×2) matches softmax_causal_bwd; warp r
+        // < rows touches row r of the three (rows·T each, checked).
+        unsafe {
+            s.launch(&self.softmax_causal_bwd, warp_rows(rows))
+                .arg(dpre)
+                .arg(datt)
+                .arg(att)
+                .arg(&r)
+                .arg(&tt)
+                .launch()
+        }
+    }
+
+    /// `out = gelu(inp)` (tanh approximation).
+    pub fn gelu_fwd(&self, s: &BoundStream<'_>, out: &mut impl Out, inp: &impl In) -> Result<()> {
+        need("gelu out", out.len(), inp.len())?;
+        let n = u32_of("gelu n", inp.len())?;
+        // SAFETY: (float*, const float*, unsigned) matches gelu_fwd; n of each (checked).
+        unsafe {
+            s.launch(&self.gelu_fwd, grid(inp.len()))
+                .arg(out)
+                .arg(inp)
+                .arg(&n)
+                .launch()
+        }
+    }
+
+    /// `dinp = gelu'(inp) · dout`.
+    pub fn gelu_bwd(
+        &self,
+        s: &BoundStream<'_>,
+        dinp: &mut impl Out,
+        inp: &impl In,
+        dout: &impl In,
+    ) -> Result<()> {
+        need("gelu dinp", dinp.len(), inp.len())?;
+        need("gelu dout", dout.len(), inp.len())?;
+        let n = u32_of("gelu n", inp.len())?;
+        // SAFETY: (float*, const float* ×2, unsigned) matches gelu_bwd; n of each (checked).
+        unsafe {
+            s.launch(&self.gelu_bwd, grid(inp.len()))
+                .arg(dinp)
+                .arg(inp)
+                .arg(dout)
+                .arg(&n)
+                .launch()
+        }
+    }
+
+    /// Cross-entropy of `logits` (`rows × v`) against `targets`: per-row `losses`, their
+    /// mean into `loss[slot]`, and with `grad` the logits' gradient of the mean.
+    #[allow(clippy::too_many_arguments)]
+    pub fn xent(
+        &self,
+        s: &BoundStream<'_>,
+        dlogits: &mut impl Out,
+        losses: &mut impl Out,
+        loss: &mut impl Out,
+        logits: &impl In,
+        targets: &impl Tok,
+        v: usize,
+        grad: bool,
+    ) -> Result<()> {
+        let n = targets.len();
+        need("logits", logits.len(), n * v)?;
+        need("dlogits", dlogits.len(), n * v)?;
+        need("losses", losses.len(), n)?;
+        need("loss", loss.len(), 1)?;
+        let (nn, vv) = (u32_of("rows", n)?, u32_of("V", v)?);
+        let scale = 1.0f32 / n as f32;
+        let g = i32::from(grad);
+        // SAFETY: (float* ×2, const float*, const unsigned*, unsigned ×2, float, int) matches
+        // xent; block r < N touches row r of logits and dlogits (N·V, checked), losses[r]
+        // and targets[r]; the targets are below V (the host makes them from bytes, V = 256).
+        unsafe {
+            s.launch(&self.xent, blocks(nn, 256))
+                .arg(dlogits)
+                .arg(losses)
+                .arg(logits)
+                .arg(targets)
+                .arg(&nn)
+                .arg(&vv)
+                .arg(&scale)
+                .arg(&g)
+                .launch()?;
+        }
+        let zero = 0u32;
+        // SAFETY: (float*, const float*, unsigned, float, unsigned) matches sum_finish; it
+        // reads N of losses and writes loss[0] (one element, checked).
+        unsafe {
+            s.launch(&self.sum_finish, blocks(1, 256))
+                .arg(loss)
+                .arg(losses)
+                .arg(&nn)
+                .arg(&scale)
+                .arg(&zero)
+                .launch()
+        }
+    }
+
+    /// The squared norm of `g` into `out[0]`, through `partial` ([`NORM_PARTS`]).
+    pub fn sumsq(
+        &self,
+        s: &BoundStream<'_>,
+        out: &mut impl Out,
+        partial: &mut impl Out,
+        g: &impl In,
+    ) -> Result<()> {
+        need("norm partial", partial.len(), NORM_PARTS)?;
+        need("norm out", out.len(), 1)?;
+        let n = u32_of("parameters", g.len())?;
+        let (parts, one, zero) = (NORM_PARTS as u32, 1.0f32, 0u32);
+        // SAFETY: (float*, const float*, unsigned) matches sumsq_partial; block b <
+        // NORM_PARTS writes partial[b] (checked) and reads n of g.
+        unsafe {
+            s.launch(&self.sumsq_partial, blocks(parts, 256))
+                .arg(partial)
+                .arg(g)
+                .arg(&n)
+                .launch()?;
+        }
+        // SAFETY: as in `xent`: NORM_PARTS of partial, out[0].
+        unsafe {
+            s.launch(&self.sum_finish, blocks(1, 256))
+                .arg(out)
+                .arg(partial)
+                .arg(&parts)
+                .arg(&one)
+                .arg(&zero)
+                .launch()
+        }
+    }
+
+    /// One AdamW update of one tensor (clipped by the norm in `normsq[0]`; `sched`: lr
+    /// and the bias corrections).
+    #[allow(clippy::too_many_arguments)]
+    pub fn adamw(
+        &self,
+        s: &BoundStream<'_>,
+        (p, g, m, v): (&mut impl Out, &impl In, &mut impl Out, &mut impl Out),
+        sched: &impl In,
+        normsq: &impl In,
+        wd: f32,
+        hp: &crate::optim::AdamW,
+    ) -> Result<()> {
+        let n = p.len();
+        need("adamw grad", g.len(), n)?;
+        need("adamw m", m.len(), n)?;
+        need("adamw v", v.len(), n)?;
+        need("schedule", sched.len(), crate::optim::SCHED_LEN)?;
+        need("norm", normsq.len(), 1)?;
+        let nn = u32_of("tensor", n)?;
+        // SAFETY: (float*, const float*, float* ×2, unsigned, const float* ×2, float ×5)
+        // matches adamw; n of p, g, m, v (checked), 3 of sched, 1 of normsq.
+        unsafe {
+            s.launch(&self.adamw, grid(n))
+                .arg(p)
+                .arg(g)
+                .arg(m)
+                .arg(v)
+                .arg(&nn)
+                .arg(sched)
+                .arg(normsq)
+                .arg(&wd)
+                .arg(&hp.beta1)
+                .arg(&hp.beta2)
+                .arg(&hp.eps)
+                .arg(&hp.max_norm)
+                .launch()
+        }
+    }
+}

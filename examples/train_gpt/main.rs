@@ -1,0 +1,333 @@
+//! A GPT-2 trained on byte-level text with gpubind's public API: NVRTC kernels of its own
+//! ([`kernels`]), cuBLAS products, preallocated buffers ([`gpt`]), AdamW with gradient
+//! clipping and a warm-up + cosine schedule ([`optim`]), safetensors checkpoints
+//! ([`ckpt`]) — and side by side with the same model in PyTorch (`scripts/torch_gpt.py`,
+//! `scripts/compare-gpt.sh`).
+//!
+//! ```text
+//! cargo run --release --example train_gpt --features cublas -- [--model small|gpt2]
+//!     [--batch 8] [--steps 100] [--lr 6e-4] [--seed 1] [--data PATH…] [--eval-every N]
+//!     [--eval-batches 8] [--sample N] [--dump-init DIR] [--precision fp32] [--log-every 10]
+//!     [--ckpt-every N] [--ckpt-dir DIR] [--resume FILE] [--devices 0]
+//! ```
+//!
+//! `--model small`: 6 layers, 6 heads, width 384, context 256; `--model gpt2`: 12, 12, 768,
+//! 1024. The vocabulary is the 256 byte values. Without `--data` the text is the `.py`
+//! files of Python's standard library; the last 5 % is held out and its loss printed
+//! every `--eval-every` steps. Every step prints `step S loss L` (what
+//! `scripts/compare-gpt.sh` compares); every `--log-every` steps a progress line with
+//! tokens/s, MFU (against the H200's dense FP32 peak, 67 TFLOP/s: the products run in
+//! plain f32, TF32 off) and device memory in use. The last line is machine-readable:
+//! `RESULT impl=gpubind mode=eager model=M batch=B tokens_per_s=X mfu=F peak_mem_gib=G`.
+//!
+//! `--dump-init DIR` writes, without touching a GPU, `init.safetensors` (the initial
+//! weights under `scripts/torch_gpt.py`'s `state_dict` names), `batches.u64` (every
+//! step's sequence start offsets, little-endian u64, steps × batch), `train.u8` (the
+//! training tokens) and `meta.json`, from which the torch script trains the same model on
+//! the same batches.
+//!
+//! Weight decay (0.1) applies to the 2-D tensors: both embeddings (the token embedding
+//! is also the output head) and the linear weights; not to biases and layer norms.
+
+#[path = "args.rs"]
+mod args;
+#[path = "ckpt.rs"]
+mod ckpt;
+#[path = "data.rs"]
+mod data;
+#[path = "gpt.rs"]
+mod gpt;
+#[path = "kernels.rs"]
+mod kernels;
+#[path = "model.rs"]
+mod model;
+#[path = "optim.rs"]
+mod optim;
+
+use args::{Args, Precision};
+use gpt::Gpt;
+use gpubind::{BoundDevice, Device, ThreadContext};
+use model::{Config, ParamLayout};
+use optim::{AdamW, Schedule};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Dense FP32 peak of one H200 SXM without tensor cores, TFLOP/s (16,896 lanes × 2 FLOP
+/// × 1.98 GHz).
+const H200_FP32_TFLOPS: f64 = 67.0;
+
+/// What goes wrong in `train_gpt`, each with the thing that is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum GptError {
+    #[error("{0} (see the usage in examples/train_gpt/main.rs)")]
+    Usage(String),
+    #[error("unknown model {0:?}: small or gpt2")]
+    UnknownModel(String),
+    #[error("no --data given and no Python standard library found through python3")]
+    NoData,
+    #[error("cannot read {}: {why}", path.display())]
+    Data { path: PathBuf, why: String },
+    #[error("the text has {have} tokens; training and validation need at least {need}")]
+    TooLittleData { have: usize, need: usize },
+    #[error("--batch {batch} needs {:.2} GiB of device memory (+1 GiB headroom), {:.2} GiB are free", *need as f64 / GIB, *free as f64 / GIB)]
+    BatchTooLarge {
+        batch: usize,
+        need: usize,
+        free: usize,
+    },
+    #[error("checkpoint {}{}: {why}", path.display(), tensor.as_ref().map(|t| format!(", tensor {t}")).unwrap_or_default())]
+    Checkpoint {
+        path: PathBuf,
+        tensor: Option<String>,
+        why: String,
+    },
+    #[error("{0} is not implemented by train_gpt")]
+    Unsupported(&'static str),
+    #[error("{0}")]
+    Gpu(#[from] gpubind::Error),
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn main() {
+    let outcome = args::parse(std::env::args().skip(1)).and_then(|a| run(&a));
+    if let Err(e) = outcome {
+        eprintln!("train_gpt: {e}");
+        std::process::exit(if matches!(e, GptError::Usage(_)) {
+            2
+        } else {
+            1
+        });
+    }
+}
+
+fn io_err(path: &std::path::Path, e: std::io::Error) -> GptError {
+    GptError::Data {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    }
+}
+
+/// Writes what `scripts/torch_gpt.py` needs to train the same model on the same batches.
+fn dump_init(
+    dir: &std::path::Path,
+    a: &Args,
+    cfg: &Config,
+    layout: &ParamLayout,
+    init: &[f32],
+    train: &[u8],
+    order: &[u64],
+) -> Result<(), GptError> {
+    std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+    let meta = std::collections::HashMap::from([("model".to_string(), a.model.clone())]);
+    let bytes = ckpt::to_bytes(layout, &[("", init)], meta)?;
+    ckpt::write_atomic(&dir.join("init.safetensors"), &bytes)?;
+    let sched = Schedule::new(a.lr, a.steps);
+    let hp = AdamW::default();
+    let json = format!(
+        "{{\"model\": \"{}\", \"layers\": {}, \"heads\": {}, \"width\": {}, \"context\": {}, \"vocab\": {}, \
+         \"batch\": {}, \"steps\": {}, \"lr\": {}, \"warmup\": {}, \"min_frac\": {}, \"beta1\": {}, \
+         \"beta2\": {}, \"eps\": {}, \"weight_decay\": {}, \"max_norm\": {}}}\n",
+        a.model,
+        cfg.layers,
+        cfg.heads,
+        cfg.width,
+        cfg.context,
+        cfg.vocab,
+        a.batch,
+        a.steps,
+        a.lr,
+        sched.warmup,
+        sched.min_frac,
+        hp.beta1,
+        hp.beta2,
+        hp.eps,
+        hp.weight_decay,
+        hp.max_norm
+    );
+    for (name, data) in [
+        ("batches.u64", data::order_bytes(order)),
+        ("train.u8", train.to_vec()),
+        ("meta.json", json.into_bytes()),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, data).map_err(|e| io_err(&path, e))?;
+    }
+    println!(
+        "train_gpt: wrote {} parameters and {} steps × {} sequences to {}",
+        layout.total,
+        a.steps,
+        a.batch,
+        dir.display()
+    );
+    Ok(())
+}
+
+fn run(a: &Args) -> Result<(), GptError> {
+    if a.precision == Precision::Bf16 {
+        return Err(GptError::Unsupported("--precision bf16"));
+    }
+    if a.graph {
+        return Err(GptError::Unsupported("--graph"));
+    }
+    if a.devices.len() > 1 || a.launcher_env {
+        return Err(GptError::Unsupported(
+            "data parallelism (--devices with more than one rank, --launcher env)",
+        ));
+    }
+    let cfg = Config::named(&a.model)?;
+    let data = data::load(&a.data, cfg.context, 0.05)?;
+    let layout = ParamLayout::new(&cfg);
+    let init = model::init_params(&cfg, &layout, a.seed);
+    let order = data::batch_order(data.train.len(), cfg.context, a.batch, a.steps, a.seed);
+    println!(
+        "train_gpt: model {} ({} parameters), {} training + {} validation tokens from {}",
+        a.model,
+        layout.total,
+        data.train.len(),
+        data.val.len(),
+        data.source
+    );
+    if let Some(dir) = &a.dump_init {
+        return dump_init(dir, a, &cfg, &layout, &init, &data.train, &order);
+    }
+    let mut ctx = ThreadContext::acquire()?;
+    let dev = Device::get(a.devices[0])?;
+    let gpu = ctx.bind(&dev)?;
+    let mut model = Gpt::new(&gpu, cfg, a.batch, &init)?;
+    let mut start = 0;
+    if let Some(path) = &a.resume {
+        let st = ckpt::load(path, &layout, &a.model)?;
+        gpu.htod_copy(&st.params, &mut model.params)?;
+        gpu.htod_copy(&st.m, &mut model.m)?;
+        gpu.htod_copy(&st.v, &mut model.v)?;
+        start = st.step;
+        println!("train_gpt: resumed {} at step {start}", path.display());
+    }
+    train(&gpu, &mut model, a, &data, &order, start)?;
+    if a.sample > 0 {
+        let text = sample(&gpu, &mut model, a.sample)?;
+        println!(
+            "--- sample ---\n{}\n--- end ---",
+            String::from_utf8_lossy(&text)
+        );
+    }
+    Ok(())
+}
+
+fn train(
+    gpu: &BoundDevice<'_>,
+    model: &mut Gpt,
+    a: &Args,
+    data: &data::Dataset,
+    order: &[u64],
+    start: usize,
+) -> Result<(), GptError> {
+    let s = gpu.default_stream();
+    let (t, b) = (model.cfg.context, a.batch);
+    let sched = Schedule::new(a.lr, a.steps);
+    let hp = AdamW::default();
+    let val = data::val_starts(data.val.len(), t, b, a.eval_batches);
+    let flops_per_step = model.cfg.flops_per_token() * (b * t) as f64;
+    let (mut timed_steps, mut timed_s, mut peak_used) = (0usize, 0f64, 0usize);
+    for step in start..a.steps {
+        let t0 = Instant::now();
+        let (x, y) = data::make_batch(&data.train, &order[step * b..(step + 1) * b], t);
+        model.upload(gpu, &x, &y)?;
+        gpu.htod_copy(&sched.device_values(step, &hp), &mut model.sched)?;
+        model.forward(&s, true)?;
+        model.backward(&s)?;
+        model.update(&s, &hp)?;
+        let loss = gpu.dtoh(&model.loss)?[0];
+        let dt = t0.elapsed().as_secs_f64();
+        if step > start {
+            timed_steps += 1;
+            timed_s += dt;
+        }
+        println!("step {} loss {loss:.6}", step + 1);
+        if !loss.is_finite() {
+            return Err(GptError::Gpu(gpubind::Error::InvalidArgument(format!(
+                "the loss of step {} is {loss}",
+                step + 1
+            ))));
+        }
+        let done = step + 1;
+        if done % a.log_every == 0 || done == a.steps {
+            let (free, total) = gpu.memory_info()?;
+            peak_used = peak_used.max(total - free);
+            let tps = (b * t) as f64 / dt;
+            println!(
+                "progress step {done}/{} loss {loss:.4} lr {:.3e} {:.0} tokens/s mfu {:.1}% mem {:.2} GiB",
+                a.steps,
+                sched.lr_at(step),
+                tps,
+                100.0 * flops_per_step / dt / (H200_FP32_TFLOPS * 1e12),
+                (total - free) as f64 / GIB
+            );
+        }
+        if a.eval_every > 0 && (done % a.eval_every == 0 || done == a.steps) {
+            let mut sum = 0.0;
+            for starts in &val {
+                let (x, y) = data::make_batch(&data.val, starts, t);
+                model.upload(gpu, &x, &y)?;
+                model.forward(&s, false)?;
+                sum += f64::from(gpu.dtoh(&model.loss)?[0]);
+            }
+            println!("val step {done} loss {:.6}", sum / val.len() as f64);
+        }
+        if a.ckpt_every > 0 && done % a.ckpt_every == 0 {
+            std::fs::create_dir_all(&a.ckpt_dir).map_err(|e| io_err(&a.ckpt_dir, e))?;
+            let path = a
+                .ckpt_dir
+                .join(format!("{}_step{done:06}.safetensors", a.model));
+            let st = ckpt::State {
+                step: done,
+                params: gpu.dtoh(&model.params)?,
+                m: gpu.dtoh(&model.m)?,
+                v: gpu.dtoh(&model.v)?,
+            };
+            ckpt::save(&path, &model.layout, &a.model, &st)?;
+            println!("checkpoint {}", path.display());
+        }
+    }
+    let tps = if timed_s > 0.0 {
+        (timed_steps * b * t) as f64 / timed_s
+    } else {
+        0.0
+    };
+    println!(
+        "RESULT impl=gpubind mode=eager model={} batch={b} tokens_per_s={tps:.0} mfu={:.4} peak_mem_gib={:.2}",
+        a.model,
+        tps * model.cfg.flops_per_token() / (H200_FP32_TFLOPS * 1e12),
+        peak_used as f64 / GIB
+    );
+    Ok(())
+}
+
+/// `n` greedily generated bytes after a newline, row 0 of the batch, re-running the
+/// forward pass over the last `context` tokens for each.
+fn sample(gpu: &BoundDevice<'_>, model: &mut Gpt, n: usize) -> Result<Vec<u8>, GptError> {
+    let (t, v, bt) = (
+        model.cfg.context,
+        model.cfg.vocab,
+        model.dims.b * model.cfg.context,
+    );
+    let s = gpu.default_stream();
+    let mut text = vec![b'\n'];
+    for _ in 0..n {
+        let window = &text[text.len().saturating_sub(t)..];
+        let mut x = vec![0u32; bt];
+        for (d, &c) in x.iter_mut().zip(window) {
+            *d = u32::from(c);
+        }
+        model.upload(gpu, &x, &vec![0u32; bt])?;
+        model.forward(&s, false)?;
+        let pos = window.len() - 1;
+        let row = gpu.dtoh(&model.logits.slice(pos * v..(pos + 1) * v)?)?;
+        let best = (0..v)
+            .max_by(|&i, &j| row[i].total_cmp(&row[j]))
+            .unwrap_or(0);
+        text.push(best as u8);
+    }
+    Ok(text.split_off(1))
+}
