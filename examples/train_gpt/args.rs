@@ -32,6 +32,8 @@ pub struct Args {
     pub log_every: usize,
     pub devices: Vec<usize>,
     pub launcher_env: bool,
+    /// Train with a checkpoint halfway, resume from it, and check the losses repeat.
+    pub check_resume: bool,
 }
 
 impl Default for Args {
@@ -55,6 +57,7 @@ impl Default for Args {
             log_every: 10,
             devices: vec![0],
             launcher_env: false,
+            check_resume: false,
         }
     }
 }
@@ -81,7 +84,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
             }
             continue;
         }
-        let bool_flag = matches!(flag.as_str(), "--graph");
+        let bool_flag = matches!(flag.as_str(), "--graph" | "--check-resume");
         let v = if bool_flag {
             String::new()
         } else {
@@ -106,6 +109,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
                 }
             }
             "--graph" => a.graph = true,
+            "--check-resume" => a.check_resume = true,
             "--ckpt-every" => a.ckpt_every = num(&flag, &v)?,
             "--ckpt-dir" => a.ckpt_dir = v.into(),
             "--resume" => a.resume = Some(v.into()),
@@ -157,6 +161,7 @@ mod tests {
         assert!(a.graph);
         assert_eq!(a.data, [PathBuf::from("a.txt"), PathBuf::from("b.txt")]);
         assert_eq!(p("--devices 0,0").unwrap().devices, [0, 0]);
+        assert!(p("--check-resume --steps 4").unwrap().check_resume);
         assert_eq!(p("--precision bf16").unwrap().precision, Precision::Bf16);
     }
 

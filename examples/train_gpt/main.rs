@@ -18,7 +18,7 @@
 //! `scripts/compare-gpt.sh` compares); every `--log-every` steps a progress line with
 //! tokens/s, MFU (against the H200's dense FP32 peak, 67 TFLOP/s: the products run in
 //! plain f32, TF32 off) and device memory in use. The last line is machine-readable:
-//! `RESULT impl=gpubind mode=eager model=M batch=B tokens_per_s=X mfu=F peak_mem_gib=G`.
+//! `RESULT impl=gpubind mode=eager precision=fp32 model=M batch=B tokens_per_s=X mfu=F peak_mem_gib=G`.
 //!
 //! `--dump-init DIR` writes, without touching a GPU, `init.safetensors` (the initial
 //! weights under `scripts/torch_gpt.py`'s `state_dict` names), `batches.u64` (every
@@ -81,6 +81,8 @@ pub enum GptError {
         tensor: Option<String>,
         why: String,
     },
+    #[error("check failed: {0}")]
+    CheckFailed(String),
     #[error("{0} is not implemented by train_gpt")]
     Unsupported(&'static str),
     #[error("{0}")]
@@ -197,12 +199,10 @@ fn run(a: &Args) -> Result<(), GptError> {
     let mut model = Gpt::new(&gpu, cfg, a.batch, &init)?;
     let mut start = 0;
     if let Some(path) = &a.resume {
-        let st = ckpt::load(path, &layout, &a.model)?;
-        gpu.htod_copy(&st.params, &mut model.params)?;
-        gpu.htod_copy(&st.m, &mut model.m)?;
-        gpu.htod_copy(&st.v, &mut model.v)?;
-        start = st.step;
-        println!("train_gpt: resumed {} at step {start}", path.display());
+        start = resume(&gpu, &mut model, path, &a.model)?;
+    }
+    if a.check_resume {
+        return check_resume(&gpu, &mut model, a, &data, &order);
     }
     train(&gpu, &mut model, a, &data, &order, start)?;
     if a.sample > 0 {
@@ -215,6 +215,57 @@ fn run(a: &Args) -> Result<(), GptError> {
     Ok(())
 }
 
+/// Loads the training state of a checkpoint into `model`; returns its step.
+fn resume(
+    gpu: &BoundDevice<'_>,
+    model: &mut Gpt,
+    path: &std::path::Path,
+    name: &str,
+) -> Result<usize, GptError> {
+    let st = ckpt::load(path, &model.layout, name)?;
+    gpu.htod_copy(&st.params, &mut model.params)?;
+    gpu.htod_copy(&st.m, &mut model.m)?;
+    gpu.htod_copy(&st.v, &mut model.v)?;
+    println!("train_gpt: resumed {} at step {}", path.display(), st.step);
+    Ok(st.step)
+}
+
+/// `--check-resume`: trains `--steps` steps with a checkpoint halfway, resumes from it
+/// and fails unless the resumed steps repeat the uninterrupted run's losses bit for bit.
+fn check_resume(
+    gpu: &BoundDevice<'_>,
+    model: &mut Gpt,
+    a: &Args,
+    data: &data::Dataset,
+    order: &[u64],
+) -> Result<(), GptError> {
+    let half = (a.steps / 2).max(1);
+    let mut run = a.clone();
+    run.ckpt_every = half;
+    run.ckpt_dir = std::env::temp_dir().join(format!("train_gpt_check_{}", std::process::id()));
+    let full = train(gpu, model, &run, data, order, 0)?;
+    let path = run
+        .ckpt_dir
+        .join(format!("{}_step{half:06}.safetensors", a.model));
+    let start = resume(gpu, model, &path, &a.model)?;
+    run.ckpt_every = 0;
+    let resumed = train(gpu, model, &run, data, order, start)?;
+    let _ = std::fs::remove_dir_all(&run.ckpt_dir);
+    if resumed.is_empty() || resumed[..] != full[start..] {
+        return Err(GptError::CheckFailed(format!(
+            "resumed at step {start}, the losses differ: uninterrupted {:?}, resumed {:?}",
+            &full[start..],
+            resumed
+        )));
+    }
+    println!(
+        "check-resume: PASS ({} resumed steps repeat the losses bit for bit)",
+        resumed.len()
+    );
+    Ok(())
+}
+
+/// Trains steps `start..a.steps`, returning their losses.
 fn train(
     gpu: &BoundDevice<'_>,
     model: &mut Gpt,
@@ -222,7 +273,7 @@ fn train(
     data: &data::Dataset,
     order: &[u64],
     start: usize,
-) -> Result<(), GptError> {
+) -> Result<Vec<f32>, GptError> {
     let s = gpu.default_stream();
     let (t, b) = (model.cfg.context, a.batch);
     let sched = Schedule::new(a.lr, a.steps);
@@ -230,6 +281,7 @@ fn train(
     let val = data::val_starts(data.val.len(), t, b, a.eval_batches);
     let flops_per_step = model.cfg.flops_per_token() * (b * t) as f64;
     let (mut timed_steps, mut timed_s, mut peak_used) = (0usize, 0f64, 0usize);
+    let mut losses = Vec::new();
     for step in start..a.steps {
         let t0 = Instant::now();
         let (x, y) = data::make_batch(&data.train, &order[step * b..(step + 1) * b], t);
@@ -240,11 +292,14 @@ fn train(
         model.update(&s, &hp)?;
         let loss = gpu.dtoh(&model.loss)?[0];
         let dt = t0.elapsed().as_secs_f64();
-        if step > start {
+        let (free, total) = gpu.memory_info()?;
+        peak_used = peak_used.max(total - free);
+        if step >= start + 5.min((a.steps - start) / 2) {
             timed_steps += 1;
             timed_s += dt;
         }
         println!("step {} loss {loss:.6}", step + 1);
+        losses.push(loss);
         if !loss.is_finite() {
             return Err(GptError::Gpu(gpubind::Error::InvalidArgument(format!(
                 "the loss of step {} is {loss}",
@@ -253,8 +308,6 @@ fn train(
         }
         let done = step + 1;
         if done % a.log_every == 0 || done == a.steps {
-            let (free, total) = gpu.memory_info()?;
-            peak_used = peak_used.max(total - free);
             let tps = (b * t) as f64 / dt;
             println!(
                 "progress step {done}/{} loss {loss:.4} lr {:.3e} {:.0} tokens/s mfu {:.1}% mem {:.2} GiB",
@@ -296,12 +349,12 @@ fn train(
         0.0
     };
     println!(
-        "RESULT impl=gpubind mode=eager model={} batch={b} tokens_per_s={tps:.0} mfu={:.4} peak_mem_gib={:.2}",
+        "RESULT impl=gpubind mode=eager precision=fp32 model={} batch={b} tokens_per_s={tps:.0} mfu={:.4} peak_mem_gib={:.2}",
         a.model,
         tps * model.cfg.flops_per_token() / (H200_FP32_TFLOPS * 1e12),
         peak_used as f64 / GIB
     );
-    Ok(())
+    Ok(losses)
 }
 
 /// `n` greedily generated bytes after a newline, row 0 of the batch, re-running the
