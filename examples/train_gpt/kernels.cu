@@ -1,7 +1,11 @@
 // NVRTC kernels of train_gpt. Every reduction has a fixed order (no atomics): a step's
 // results depend only on its inputs, so runs repeat bit for bit. Sizes are 32-bit (the host
-// checks every product of dimensions against 2^31); flat indices are size_t.
+// checks every product of dimensions against 2^31); flat indices are 64-bit (idx_t).
 #define FULL 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000u)
+// No standard headers under NVRTC: the flat index type is spelled out.
+typedef unsigned long long idx_t;
+__device__ __forceinline__ unsigned umin(unsigned a, unsigned b) { return a < b ? a : b; }
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
@@ -33,24 +37,24 @@ __device__ float block_max256(float v, float* sh) {
     return sh[0];
 }
 #define GRID_STRIDE(i, n) \
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)(n); \
-         i += (size_t)gridDim.x * blockDim.x)
+    for (idx_t i = blockIdx.x * (idx_t)blockDim.x + threadIdx.x; i < (idx_t)(n); \
+         i += (idx_t)gridDim.x * blockDim.x)
 
 // out[b,t,:] = wte[tok[b,t],:] + wpe[t,:]
 extern "C" __global__ void encoder_fwd(float* out, const unsigned* tok, const float* wte,
                                        const float* wpe, unsigned BT, unsigned T, unsigned C) {
-    GRID_STRIDE(i, (size_t)BT * C) {
-        size_t bt = i / C, c = i % C, t = bt % T;
-        out[i] = wte[(size_t)tok[bt] * C + c] + wpe[t * C + c];
+    GRID_STRIDE(i, (idx_t)BT * C) {
+        idx_t bt = i / C, c = i % C, t = bt % T;
+        out[i] = wte[(idx_t)tok[bt] * C + c] + wpe[t * C + c];
     }
 }
 
 // dwpe[t,c] = sum_b dout[b,t,c] (overwrites).
 extern "C" __global__ void encoder_bwd_wpe(float* dwpe, const float* dout, unsigned B, unsigned T,
                                            unsigned C) {
-    GRID_STRIDE(i, (size_t)T * C) {
+    GRID_STRIDE(i, (idx_t)T * C) {
         float s = 0.0f;
-        for (unsigned b = 0; b < B; ++b) s += dout[(size_t)b * T * C + i];
+        for (unsigned b = 0; b < B; ++b) s += dout[(idx_t)b * T * C + i];
         dwpe[i] = s;
     }
 }
@@ -58,11 +62,11 @@ extern "C" __global__ void encoder_bwd_wpe(float* dwpe, const float* dout, unsig
 // dwte[v,c] += sum over positions whose token is v of dout[bt,c] (thread per (v, c)).
 extern "C" __global__ void encoder_bwd_wte(float* dwte, const float* dout, const unsigned* tok,
                                            unsigned BT, unsigned V, unsigned C) {
-    GRID_STRIDE(i, (size_t)V * C) {
+    GRID_STRIDE(i, (idx_t)V * C) {
         unsigned v = i / C, c = i % C;
         float s = 0.0f;
         for (unsigned bt = 0; bt < BT; ++bt)
-            if (tok[bt] == v) s += dout[(size_t)bt * C + c];
+            if (tok[bt] == v) s += dout[(idx_t)bt * C + c];
         dwte[i] += s;
     }
 }
@@ -72,14 +76,14 @@ extern "C" __global__ void layernorm_fwd(float* out, float* mean, float* rstd, c
                                          const float* w, const float* b, unsigned N, unsigned C) {
     unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
-    const float* x = inp + (size_t)row * C;
+    const float* x = inp + (idx_t)row * C;
     float s = 0.0f;
     for (unsigned i = lane; i < C; i += 32) s += x[i];
     float m = warp_sum(s) / C;
     float var = 0.0f;
     for (unsigned i = lane; i < C; i += 32) { float d = x[i] - m; var += d * d; }
     float r = rsqrtf(warp_sum(var) / C + 1e-5f);
-    float* o = out + (size_t)row * C;
+    float* o = out + (idx_t)row * C;
     for (unsigned i = lane; i < C; i += 32) o[i] = (x[i] - m) * r * w[i] + b[i];
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
@@ -90,8 +94,8 @@ extern "C" __global__ void layernorm_bwd_dx(float* dinp, const float* dout, cons
                                             unsigned N, unsigned C) {
     unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
-    const float* x = inp + (size_t)row * C;
-    const float* d = dout + (size_t)row * C;
+    const float* x = inp + (idx_t)row * C;
+    const float* d = dout + (idx_t)row * C;
     float m = mean[row], r = rstd[row];
     float a = 0.0f, bsum = 0.0f;
     for (unsigned i = lane; i < C; i += 32) {
@@ -101,7 +105,7 @@ extern "C" __global__ void layernorm_bwd_dx(float* dinp, const float* dout, cons
     }
     a = warp_sum(a) / C;
     bsum = warp_sum(bsum) / C;
-    float* di = dinp + (size_t)row * C;
+    float* di = dinp + (idx_t)row * C;
     for (unsigned i = lane; i < C; i += 32) {
         float n = (x[i] - m) * r;
         di[i] += (w[i] * d[i] - a - n * bsum) * r;
@@ -119,11 +123,11 @@ extern "C" __global__ void colsum_partial(float* partial, const float* dout, con
     __shared__ float sb[8][33];
     unsigned c = blockIdx.x * 32 + threadIdx.x;
     unsigned chunk = (N + gridDim.y - 1) / gridDim.y;
-    unsigned r0 = min(N, blockIdx.y * chunk), r1 = min(N, r0 + chunk);
+    unsigned r0 = umin(N, blockIdx.y * chunk), r1 = umin(N, r0 + chunk);
     float a = 0.0f, b = 0.0f;
     if (c < C) {
         for (unsigned r = r0 + threadIdx.y; r < r1; r += 8) {
-            size_t i = (size_t)r * C + c;
+            idx_t i = (idx_t)r * C + c;
             float d = dout[i];
             b += d;
             if (mode == 1) a += d * (inp[i] - mean[r]) * rstd[r];
@@ -136,10 +140,10 @@ extern "C" __global__ void colsum_partial(float* partial, const float* dout, con
         float ta = 0.0f, tb = 0.0f;
         for (int k = 0; k < 8; ++k) { ta += sa[k][threadIdx.x]; tb += sb[k][threadIdx.x]; }
         if (mode == 1) {
-            partial[(size_t)blockIdx.y * 2 * C + c] = ta;
-            partial[(size_t)blockIdx.y * 2 * C + C + c] = tb;
+            partial[(idx_t)blockIdx.y * 2 * C + c] = ta;
+            partial[(idx_t)blockIdx.y * 2 * C + C + c] = tb;
         } else {
-            partial[(size_t)blockIdx.y * C + c] = tb;
+            partial[(idx_t)blockIdx.y * C + c] = tb;
         }
     }
 }
@@ -149,7 +153,7 @@ extern "C" __global__ void colsum_finish(float* out, const float* partial, unsig
     __shared__ float sh[128];
     unsigned c = blockIdx.x, t = threadIdx.x;
     float s = 0.0f;
-    for (unsigned p = t; p < P; p += 128) s += partial[(size_t)p * W + c];
+    for (unsigned p = t; p < P; p += 128) s += partial[(idx_t)p * W + c];
     sh[t] = s;
     __syncthreads();
     for (unsigned o = 64; o > 0; o >>= 1) {
@@ -161,24 +165,24 @@ extern "C" __global__ void colsum_finish(float* out, const float* partial, unsig
 
 // y[r,c] += b[c]
 extern "C" __global__ void bias_add(float* y, const float* b, unsigned N, unsigned C) {
-    GRID_STRIDE(i, (size_t)N * C) y[i] += b[i % C];
+    GRID_STRIDE(i, (idx_t)N * C) y[i] += b[i % C];
 }
 
 // out = x + y + b[c] (residual with the projection's bias)
 extern "C" __global__ void residual_bias(float* out, const float* x, const float* y,
                                          const float* b, unsigned N, unsigned C) {
-    GRID_STRIDE(i, (size_t)N * C) out[i] = x[i] + y[i] + b[i % C];
+    GRID_STRIDE(i, (idx_t)N * C) out[i] = x[i] + y[i] + b[i % C];
 }
 
 // qkv (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs); dir 1: the reverse (gradients).
 extern "C" __global__ void permute_qkv(float* q, float* k, float* v, float* qkv, unsigned B,
                                        unsigned T, unsigned NH, unsigned hs, int dir) {
-    size_t C = (size_t)NH * hs;
-    GRID_STRIDE(i, (size_t)B * T * C) {
-        size_t d = i % hs, r = i / hs;
-        size_t t = r % T; r /= T;
-        size_t h = r % NH, b = r / NH;
-        size_t src = (b * T + t) * 3 * C + h * hs + d;
+    idx_t C = (idx_t)NH * hs;
+    GRID_STRIDE(i, (idx_t)B * T * C) {
+        idx_t d = i % hs, r = i / hs;
+        idx_t t = r % T; r /= T;
+        idx_t h = r % NH, b = r / NH;
+        idx_t src = (b * T + t) * 3 * C + h * hs + d;
         if (dir == 0) {
             q[i] = qkv[src]; k[i] = qkv[src + C]; v[i] = qkv[src + 2 * C];
         } else {
@@ -190,11 +194,11 @@ extern "C" __global__ void permute_qkv(float* q, float* k, float* v, float* qkv,
 // y (B,NH,T,hs) <-> out (B,T,NH,hs): dir 0 writes out from y, dir 1 writes y from out.
 extern "C" __global__ void unpermute(float* out, float* y, unsigned B, unsigned T, unsigned NH,
                                      unsigned hs, int dir) {
-    GRID_STRIDE(i, (size_t)B * T * NH * hs) {
-        size_t d = i % hs, r = i / hs;
-        size_t t = r % T; r /= T;
-        size_t h = r % NH, b = r / NH;
-        size_t o = (b * T + t) * NH * hs + h * hs + d;
+    GRID_STRIDE(i, (idx_t)B * T * NH * hs) {
+        idx_t d = i % hs, r = i / hs;
+        idx_t t = r % T; r /= T;
+        idx_t h = r % NH, b = r / NH;
+        idx_t o = (b * T + t) * NH * hs + h * hs + d;
         if (dir == 0) out[o] = y[i]; else y[i] = out[o];
     }
 }
@@ -205,14 +209,14 @@ extern "C" __global__ void softmax_causal_fwd(float* att, const float* pre, unsi
     unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     unsigned t = row % T;
-    const float* x = pre + (size_t)row * T;
-    float m = -INFINITY;
+    const float* x = pre + (idx_t)row * T;
+    float m = NEG_INF;
     for (unsigned i = lane; i <= t; i += 32) m = fmaxf(m, x[i]);
     m = warp_max(m);
     float s = 0.0f;
     for (unsigned i = lane; i <= t; i += 32) s += expf(x[i] - m);
     float inv = 1.0f / warp_sum(s);
-    float* a = att + (size_t)row * T;
+    float* a = att + (idx_t)row * T;
     for (unsigned i = lane; i < T; i += 32) a[i] = i <= t ? expf(x[i] - m) * inv : 0.0f;
 }
 
@@ -221,12 +225,12 @@ extern "C" __global__ void softmax_causal_bwd(float* dpre, const float* datt, co
     unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     unsigned t = row % T;
-    const float* a = att + (size_t)row * T;
-    const float* d = datt + (size_t)row * T;
+    const float* a = att + (idx_t)row * T;
+    const float* d = datt + (idx_t)row * T;
     float s = 0.0f;
     for (unsigned i = lane; i <= t; i += 32) s += a[i] * d[i];
     s = warp_sum(s);
-    float* o = dpre + (size_t)row * T;
+    float* o = dpre + (idx_t)row * T;
     for (unsigned i = lane; i < T; i += 32) o[i] = i <= t ? a[i] * (d[i] - s) : 0.0f;
 }
 
@@ -255,8 +259,8 @@ extern "C" __global__ void xent(float* dlogits, float* losses, const float* logi
                                 int grad) {
     __shared__ float sh[256];
     unsigned row = blockIdx.x;
-    const float* x = logits + (size_t)row * V;
-    float m = -INFINITY;
+    const float* x = logits + (idx_t)row * V;
+    float m = NEG_INF;
     for (unsigned i = threadIdx.x; i < V; i += 256) m = fmaxf(m, x[i]);
     m = block_max256(m, sh);
     float s = 0.0f;
@@ -265,7 +269,7 @@ extern "C" __global__ void xent(float* dlogits, float* losses, const float* logi
     unsigned y = targets[row];
     if (threadIdx.x == 0) losses[row] = logf(s) - (x[y] - m);
     if (grad) {
-        float* d = dlogits + (size_t)row * V;
+        float* d = dlogits + (idx_t)row * V;
         for (unsigned i = threadIdx.x; i < V; i += 256)
             d[i] = (expf(x[i] - m) / s - (i == y ? 1.0f : 0.0f)) * scale;
     }
