@@ -248,7 +248,7 @@ impl Gpt {
 
     /// The forward pass over `tokens`: logits, and the mean loss against `targets` into
     /// `loss` (with `grad`, the logits' gradient too).
-    pub fn forward(&mut self, s: &BoundStream<'_>, grad: bool) -> Result<()> {
+    pub fn forward(&mut self, s: &mut BoundStream<'_>, grad: bool) -> Result<()> {
         let d = self.dims;
         let (bt, c) = (d.bt(), d.c);
         let Gpt {
@@ -397,7 +397,7 @@ impl Gpt {
 
     /// The backward pass (after `forward(.., true)`): every parameter's gradient into
     /// `grads` (overwritten).
-    pub fn backward(&mut self, s: &BoundStream<'_>) -> Result<()> {
+    pub fn backward(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
         let d = self.dims;
         let (bt, c) = (d.bt(), d.c);
         let Gpt {
@@ -623,7 +623,7 @@ impl Gpt {
 
     /// Clips the gradients to norm `hp.max_norm` and applies AdamW with the lr and bias
     /// corrections in `sched` (uploaded by the caller).
-    pub fn update(&mut self, s: &BoundStream<'_>, hp: &AdamW) -> Result<()> {
+    pub fn update(&mut self, s: &mut BoundStream<'_>, hp: &AdamW) -> Result<()> {
         let Gpt {
             layout,
             params,

@@ -2,21 +2,102 @@
 //! and one launch wrapper per kernel that checks every length the kernel relies on.
 
 use gpubind::module::CompileOptions;
-use gpubind::{BoundDevice, BoundStream, DeviceMemory, DeviceMemoryMut, KernelArg};
+use gpubind::{BoundDevice, BoundStream, Capture, DeviceMemory, KernelArg};
 use gpubind::{Error, Kernel, LaunchConfig, Result};
 
 /// The kernels' CUDA source.
 pub const SOURCE: &str = include_str!("kernels.cu");
 
-/// A buffer a kernel reads.
+/// A float buffer a kernel reads or writes. Taken by shared reference: a launch orders
+/// every buffer argument as written, and a captured launch borrows its buffers shared for
+/// the graph's lifetime, so one wrapper serves both [`Target`]s.
 pub trait In: DeviceMemory<f32> + KernelArg {}
 impl<M: DeviceMemory<f32> + KernelArg + ?Sized> In for M {}
-/// A buffer a kernel writes.
-pub trait Out: DeviceMemoryMut<f32> + KernelArg {}
-impl<M: DeviceMemoryMut<f32> + KernelArg + ?Sized> Out for M {}
 /// A token buffer.
 pub trait Tok: DeviceMemory<u32> + KernelArg {}
 impl<M: DeviceMemory<u32> + KernelArg + ?Sized> Tok for M {}
+
+/// One kernel argument: a buffer (borrowed for `'b`) or a scalar (copied).
+#[derive(Clone, Copy)]
+pub enum Arg<'b> {
+    Buf(&'b dyn KernelArg),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+}
+
+impl<'b> Arg<'b> {
+    pub fn b<A: KernelArg>(a: &'b A) -> Self {
+        Arg::Buf(a)
+    }
+    pub fn s(v: &impl Scalar) -> Self {
+        v.arg()
+    }
+}
+
+/// The scalar kernel parameters.
+pub trait Scalar {
+    fn arg(&self) -> Arg<'static>;
+}
+impl Scalar for u32 {
+    fn arg(&self) -> Arg<'static> {
+        Arg::U32(*self)
+    }
+}
+impl Scalar for i32 {
+    fn arg(&self) -> Arg<'static> {
+        Arg::I32(*self)
+    }
+}
+impl Scalar for f32 {
+    fn arg(&self) -> Arg<'static> {
+        Arg::F32(*self)
+    }
+}
+
+/// Where a kernel launch goes: a stream (run now) or a graph capture (recorded, with
+/// every buffer borrowed for the graph's lifetime `'b`).
+pub trait Target<'b> {
+    /// Launches (or records) `f` with `args`.
+    ///
+    /// # Safety
+    ///
+    /// `args` match `f`'s parameters in number and type, and `f` stays inside every
+    /// buffer it is given for `cfg`.
+    unsafe fn run(&mut self, f: &Kernel, cfg: LaunchConfig, args: &[Arg<'b>]) -> Result<()>;
+}
+
+impl<'b> Target<'b> for BoundStream<'_> {
+    unsafe fn run(&mut self, f: &Kernel, cfg: LaunchConfig, args: &[Arg<'b>]) -> Result<()> {
+        let mut l = self.launch(f, cfg);
+        for a in args {
+            match a {
+                Arg::Buf(x) => l.arg(*x),
+                Arg::U32(v) => l.arg(v),
+                Arg::I32(v) => l.arg(v),
+                Arg::F32(v) => l.arg(v),
+            };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { l.launch() }
+    }
+}
+
+impl<'b> Target<'b> for Capture<'_, 'b> {
+    unsafe fn run(&mut self, f: &Kernel, cfg: LaunchConfig, args: &[Arg<'b>]) -> Result<()> {
+        let mut l = self.launch(f, cfg);
+        for a in args {
+            match *a {
+                Arg::Buf(x) => l.arg(x),
+                Arg::U32(v) => l.value(v),
+                Arg::I32(v) => l.value(v),
+                Arg::F32(v) => l.value(v),
+            };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { l.launch() }
+    }
+}
 
 macro_rules! registry {
     ($($name:ident),* $(,)?) => {
@@ -108,13 +189,13 @@ pub fn colsum_parts(rows: usize) -> usize {
 
 impl Kernels {
     /// `out[b,t] = wte[tok[b,t]] + wpe[t]`.
-    pub fn encoder_fwd(
+    pub fn encoder_fwd<'b>(
         &self,
-        s: &BoundStream<'_>,
-        out: &mut impl Out,
-        tok: &impl Tok,
-        wte: &impl In,
-        wpe: &impl In,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        tok: &'b impl Tok,
+        wte: &'b impl In,
+        wpe: &'b impl In,
         (t, c): (usize, usize),
     ) -> Result<()> {
         let bt = tok.len();
@@ -125,36 +206,38 @@ impl Kernels {
                 wpe.len()
             )));
         }
-        let v = wte.len() / c.max(1);
         let (bt, t, c) = (u32_of("BT", bt)?, u32_of("T", t)?, u32_of("C", c)?);
         u32_of("BT*C", out.len())?;
-        let _ = v;
         // SAFETY: (float*, const unsigned*, const float*, const float*, unsigned ×3) matches
         // encoder_fwd; it writes BT·C elements of out (checked), reads BT tokens (tok's
         // length), wpe rows < T (checked) and wte rows named by the tokens, which the host
         // checks are below the vocabulary (data::Batches makes them from bytes, V = 256).
         unsafe {
-            s.launch(&self.encoder_fwd, grid(out.len()))
-                .arg(out)
-                .arg(tok)
-                .arg(wte)
-                .arg(wpe)
-                .arg(&bt)
-                .arg(&t)
-                .arg(&c)
-                .launch()
+            tg.run(
+                &self.encoder_fwd,
+                grid(out.len()),
+                &[
+                    Arg::b(out),
+                    Arg::b(tok),
+                    Arg::b(wte),
+                    Arg::b(wpe),
+                    Arg::s(&bt),
+                    Arg::s(&t),
+                    Arg::s(&c),
+                ],
+            )
         }
     }
 
     /// `dwpe = Σ_b dout[b]`, `dwte += scatter(dout)` by token.
     #[allow(clippy::too_many_arguments)]
-    pub fn encoder_bwd(
+    pub fn encoder_bwd<'b>(
         &self,
-        s: &BoundStream<'_>,
-        dwte: &mut impl Out,
-        dwpe: &mut impl Out,
-        dout: &impl In,
-        tok: &impl Tok,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dwte: &'b impl In,
+        dwpe: &'b impl In,
+        dout: &'b impl In,
+        tok: &'b impl Tok,
         (b, t, c, v): (usize, usize, usize, usize),
     ) -> Result<()> {
         need("encoder dout", dout.len(), b * t * c)?;
@@ -166,38 +249,46 @@ impl Kernels {
         // SAFETY: (float*, const float*, unsigned ×3) matches encoder_bwd_wpe; it writes T·C
         // of dwpe and reads B·T·C of dout (both checked).
         unsafe {
-            s.launch(&self.encoder_bwd_wpe, grid(dwpe.len()))
-                .arg(dwpe)
-                .arg(dout)
-                .arg(&b)
-                .arg(&t)
-                .arg(&c)
-                .launch()?;
+            tg.run(
+                &self.encoder_bwd_wpe,
+                grid(dwpe.len()),
+                &[
+                    Arg::b(dwpe),
+                    Arg::b(dout),
+                    Arg::s(&b),
+                    Arg::s(&t),
+                    Arg::s(&c),
+                ],
+            )?;
         }
         // SAFETY: (float*, const float*, const unsigned*, unsigned ×3) matches
         // encoder_bwd_wte; it touches V·C of dwte, BT of tok and BT·C of dout (checked).
         unsafe {
-            s.launch(&self.encoder_bwd_wte, grid(dwte.len()))
-                .arg(dwte)
-                .arg(dout)
-                .arg(tok)
-                .arg(&bt)
-                .arg(&v)
-                .arg(&c)
-                .launch()
+            tg.run(
+                &self.encoder_bwd_wte,
+                grid(dwte.len()),
+                &[
+                    Arg::b(dwte),
+                    Arg::b(dout),
+                    Arg::b(tok),
+                    Arg::s(&bt),
+                    Arg::s(&v),
+                    Arg::s(&c),
+                ],
+            )
         }
     }
 
     /// Layer norm of `n` rows of `c`: `out`, and the rows' `mean` and `rstd`.
     #[allow(clippy::too_many_arguments)]
-    pub fn layernorm_fwd(
+    pub fn layernorm_fwd<'b>(
         &self,
-        s: &BoundStream<'_>,
-        out: &mut impl Out,
-        mean: &mut impl Out,
-        rstd: &mut impl Out,
-        inp: &impl In,
-        wb: (&impl In, &impl In),
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        mean: &'b impl In,
+        rstd: &'b impl In,
+        inp: &'b impl In,
+        wb: (&'b impl In, &'b impl In),
         c: usize,
     ) -> Result<()> {
         let n = inp.len() / c;
@@ -211,32 +302,36 @@ impl Kernels {
         // SAFETY: (float* ×3, const float* ×3, unsigned ×2) matches layernorm_fwd; warp r
         // < N touches row r of out and inp (N·C, checked), mean[r], rstd[r], C of w and b.
         unsafe {
-            s.launch(&self.layernorm_fwd, warp_rows(n))
-                .arg(out)
-                .arg(mean)
-                .arg(rstd)
-                .arg(inp)
-                .arg(wb.0)
-                .arg(wb.1)
-                .arg(&nn)
-                .arg(&cc)
-                .launch()
+            tg.run(
+                &self.layernorm_fwd,
+                warp_rows(n),
+                &[
+                    Arg::b(out),
+                    Arg::b(mean),
+                    Arg::b(rstd),
+                    Arg::b(inp),
+                    Arg::b(wb.0),
+                    Arg::b(wb.1),
+                    Arg::s(&nn),
+                    Arg::s(&cc),
+                ],
+            )
         }
     }
 
     /// Layer-norm backward: `dinp += dx`, and the weight and bias gradients into `dwb`
     /// (weight then bias, `2c`), through `partial`.
     #[allow(clippy::too_many_arguments)]
-    pub fn layernorm_bwd(
+    pub fn layernorm_bwd<'b>(
         &self,
-        s: &BoundStream<'_>,
-        dinp: &mut impl Out,
-        dwb: &mut impl Out,
-        partial: &mut impl Out,
-        dout: &impl In,
-        inp: &impl In,
-        stats: (&impl In, &impl In),
-        w: &impl In,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dinp: &'b impl In,
+        dwb: &'b impl In,
+        partial: &'b impl In,
+        dout: &'b impl In,
+        inp: &'b impl In,
+        stats: (&'b impl In, &'b impl In),
+        w: &'b impl In,
     ) -> Result<()> {
         let c = w.len();
         let n = inp.len() / c.max(1);
@@ -250,29 +345,33 @@ impl Kernels {
         // SAFETY: (float*, const float* ×5, unsigned ×2) matches layernorm_bwd_dx; warp r < N
         // touches row r of dinp, dout and inp, mean[r], rstd[r] and C of w (all checked).
         unsafe {
-            s.launch(&self.layernorm_bwd_dx, warp_rows(n))
-                .arg(dinp)
-                .arg(dout)
-                .arg(inp)
-                .arg(stats.0)
-                .arg(stats.1)
-                .arg(w)
-                .arg(&nn)
-                .arg(&cc)
-                .launch()?;
+            tg.run(
+                &self.layernorm_bwd_dx,
+                warp_rows(n),
+                &[
+                    Arg::b(dinp),
+                    Arg::b(dout),
+                    Arg::b(inp),
+                    Arg::b(stats.0),
+                    Arg::b(stats.1),
+                    Arg::b(w),
+                    Arg::s(&nn),
+                    Arg::s(&cc),
+                ],
+            )?;
         }
-        self.colsum(s, dwb, partial, dout, Some((inp, stats.0, stats.1)), c)
+        self.colsum(tg, dwb, partial, dout, Some((inp, stats.0, stats.1)), c)
     }
 
     /// Column sums of `dout` (`rows × c`) into `out` (`c`), or with `ln` the layer-norm
     /// weight and bias gradients into `out` (`2c`).
-    fn colsum(
+    fn colsum<'b>(
         &self,
-        s: &BoundStream<'_>,
-        out: &mut impl Out,
-        partial: &mut impl Out,
-        dout: &impl In,
-        ln: Option<(&dyn In, &dyn In, &dyn In)>,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        partial: &'b impl In,
+        dout: &'b impl In,
+        ln: Option<(&'b dyn In, &'b dyn In, &'b dyn In)>,
         c: usize,
     ) -> Result<()> {
         let n = dout.len() / c.max(1);
@@ -299,45 +398,60 @@ impl Kernels {
             block_dim: (32, 8, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = s.launch(&self.colsum_partial, cfg);
-        l.arg(partial).arg(dout);
-        match ln {
+        let (a, m, r): (&'b dyn KernelArg, &'b dyn KernelArg, &'b dyn KernelArg) = match ln {
             // Mode 1 reads the input rows and their statistics (lengths checked by the caller).
-            Some((inp, mean, rstd)) => l.arg(inp).arg(mean).arg(rstd),
+            Some((inp, mean, rstd)) => (inp, mean, rstd),
             // Mode 0 never reads them: dout stands in.
-            None => l.arg(dout).arg(dout).arg(dout),
+            None => (dout, dout, dout),
         };
-        l.arg(&nn).arg(&cc).arg(&mode);
+        let args = [
+            Arg::b(partial),
+            Arg::b(dout),
+            Arg::Buf(a),
+            Arg::Buf(m),
+            Arg::Buf(r),
+        ];
+        let scalars = [Arg::s(&nn), Arg::s(&cc), Arg::s(&mode)];
         // SAFETY: (float*, const float* ×4, unsigned ×2, int) matches colsum_partial; block
         // (x, y) reads rows of chunk y < parts of columns < C of the N·C inputs and writes
         // partial row y (width `width`), inside parts·width ≤ partial's length (checked).
-        unsafe { l.launch()? };
+        unsafe {
+            tg.run(
+                &self.colsum_partial,
+                cfg,
+                &[args.as_slice(), &scalars].concat(),
+            )?
+        };
         // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block c < W
         // writes out[c] (W elements, checked) and reads column c of P·W partials.
         unsafe {
-            s.launch(&self.colsum_finish, blocks(ww, 128))
-                .arg(out)
-                .arg(partial)
-                .arg(&pp)
-                .arg(&ww)
-                .launch()
+            tg.run(
+                &self.colsum_finish,
+                blocks(ww, 128),
+                &[Arg::b(out), Arg::b(partial), Arg::s(&pp), Arg::s(&ww)],
+            )
         }
     }
 
     /// Bias gradient: the column sums of `dout` (`rows × db.len()`).
-    pub fn bias_grad(
+    pub fn bias_grad<'b>(
         &self,
-        s: &BoundStream<'_>,
-        db: &mut impl Out,
-        partial: &mut impl Out,
-        dout: &impl In,
+        tg: &mut (impl Target<'b> + ?Sized),
+        db: &'b impl In,
+        partial: &'b impl In,
+        dout: &'b impl In,
     ) -> Result<()> {
         let c = db.len();
-        self.colsum(s, db, partial, dout, None, c)
+        self.colsum(tg, db, partial, dout, None, c)
     }
 
     /// `y[r] += b`.
-    pub fn bias_add(&self, s: &BoundStream<'_>, y: &mut impl Out, b: &impl In) -> Result<()> {
+    pub fn bias_add<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        y: &'b impl In,
+        b: &'b impl In,
+    ) -> Result<()> {
         let c = b.len();
         let n = y.len() / c.max(1);
         need("bias_add y", y.len(), n * c)?;
@@ -345,23 +459,22 @@ impl Kernels {
         u32_of("N*C", y.len())?;
         // SAFETY: (float*, const float*, unsigned ×2) matches bias_add; N·C of y, C of b.
         unsafe {
-            s.launch(&self.bias_add, grid(y.len()))
-                .arg(y)
-                .arg(b)
-                .arg(&nn)
-                .arg(&cc)
-                .launch()
+            tg.run(
+                &self.bias_add,
+                grid(y.len()),
+                &[Arg::b(y), Arg::b(b), Arg::s(&nn), Arg::s(&cc)],
+            )
         }
     }
 
     /// `out = x + y + b[c]`.
-    pub fn residual_bias(
+    pub fn residual_bias<'b>(
         &self,
-        s: &BoundStream<'_>,
-        out: &mut impl Out,
-        x: &impl In,
-        y: &impl In,
-        b: &impl In,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        x: &'b impl In,
+        y: &'b impl In,
+        b: &'b impl In,
     ) -> Result<()> {
         let c = b.len();
         let n = out.len() / c.max(1);
@@ -373,26 +486,30 @@ impl Kernels {
         // SAFETY: (float*, const float* ×3, unsigned ×2) matches residual_bias; N·C of out,
         // x and y, C of b (checked).
         unsafe {
-            s.launch(&self.residual_bias, grid(out.len()))
-                .arg(out)
-                .arg(x)
-                .arg(y)
-                .arg(b)
-                .arg(&nn)
-                .arg(&cc)
-                .launch()
+            tg.run(
+                &self.residual_bias,
+                grid(out.len()),
+                &[
+                    Arg::b(out),
+                    Arg::b(x),
+                    Arg::b(y),
+                    Arg::b(b),
+                    Arg::s(&nn),
+                    Arg::s(&cc),
+                ],
+            )
         }
     }
 
     /// `qkv (B,T,3,NH,hs)` to `q, k, v (B,NH,T,hs)` (`back`: the reverse).
     #[allow(clippy::too_many_arguments)]
-    pub fn permute_qkv(
+    pub fn permute_qkv<'b>(
         &self,
-        s: &BoundStream<'_>,
-        q: &mut impl Out,
-        k: &mut impl Out,
-        v: &mut impl Out,
-        qkv: &mut impl Out,
+        tg: &mut (impl Target<'b> + ?Sized),
+        q: &'b impl In,
+        k: &'b impl In,
+        v: &'b impl In,
+        qkv: &'b impl In,
         (b, t, nh, hs): (usize, usize, usize, usize),
         back: bool,
     ) -> Result<()> {
@@ -407,26 +524,30 @@ impl Kernels {
         // SAFETY: (float* ×4, unsigned ×4, int) matches permute_qkv; it touches B·T·C of q,
         // k, v and 3·B·T·C of qkv (checked).
         unsafe {
-            s.launch(&self.permute_qkv, grid(n))
-                .arg(q)
-                .arg(k)
-                .arg(v)
-                .arg(qkv)
-                .arg(&b)
-                .arg(&t)
-                .arg(&nh)
-                .arg(&hs)
-                .arg(&dir)
-                .launch()
+            tg.run(
+                &self.permute_qkv,
+                grid(n),
+                &[
+                    Arg::b(q),
+                    Arg::b(k),
+                    Arg::b(v),
+                    Arg::b(qkv),
+                    Arg::s(&b),
+                    Arg::s(&t),
+                    Arg::s(&nh),
+                    Arg::s(&hs),
+                    Arg::s(&dir),
+                ],
+            )
         }
     }
 
     /// `y (B,NH,T,hs)` to `out (B,T,C)` (`back`: `out` to `y`).
-    pub fn unpermute(
+    pub fn unpermute<'b>(
         &self,
-        s: &BoundStream<'_>,
-        out: &mut impl Out,
-        y: &mut impl Out,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        y: &'b impl In,
         (b, t, nh, hs): (usize, usize, usize, usize),
         back: bool,
     ) -> Result<()> {
@@ -438,24 +559,28 @@ impl Kernels {
         let dir = i32::from(back);
         // SAFETY: (float* ×2, unsigned ×4, int) matches unpermute; B·T·C of both (checked).
         unsafe {
-            s.launch(&self.unpermute, grid(n))
-                .arg(out)
-                .arg(y)
-                .arg(&b)
-                .arg(&t)
-                .arg(&nh)
-                .arg(&hs)
-                .arg(&dir)
-                .launch()
+            tg.run(
+                &self.unpermute,
+                grid(n),
+                &[
+                    Arg::b(out),
+                    Arg::b(y),
+                    Arg::s(&b),
+                    Arg::s(&t),
+                    Arg::s(&nh),
+                    Arg::s(&hs),
+                    Arg::s(&dir),
+                ],
+            )
         }
     }
 
     /// Causal softmax of rows of `t` (row r is query `r % t`).
-    pub fn softmax_fwd(
+    pub fn softmax_fwd<'b>(
         &self,
-        s: &BoundStream<'_>,
-        att: &mut impl Out,
-        pre: &impl In,
+        tg: &mut (impl Target<'b> + ?Sized),
+        att: &'b impl In,
+        pre: &'b impl In,
         t: usize,
     ) -> Result<()> {
         let rows = pre.len() / t;
@@ -465,22 +590,21 @@ impl Kernels {
         // SAFETY: (float*, const float*, unsigned ×2) matches softmax_causal_fwd; warp r <
         // rows touches row r of both (rows·T, checked).
         unsafe {
-            s.launch(&self.softmax_causal_fwd, warp_rows(rows))
-                .arg(att)
-                .arg(pre)
-                .arg(&r)
-                .arg(&tt)
-                .launch()
+            tg.run(
+                &self.softmax_causal_fwd,
+                warp_rows(rows),
+                &[Arg::b(att), Arg::b(pre), Arg::s(&r), Arg::s(&tt)],
+            )
         }
     }
 
     /// Causal softmax backward.
-    pub fn softmax_bwd(
+    pub fn softmax_bwd<'b>(
         &self,
-        s: &BoundStream<'_>,
-        dpre: &mut impl Out,
-        datt: &impl In,
-        att: &impl In,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dpre: &'b impl In,
+        datt: &'b impl In,
+        att: &'b impl In,
         t: usize,
     ) -> Result<()> {
         let rows = att.len() / t;
@@ -491,63 +615,71 @@ impl Kernels {
         // SAFETY: (float*, const float* ×2, unsigned ×2) matches softmax_causal_bwd; warp r
         // < rows touches row r of the three (rows·T each, checked).
         unsafe {
-            s.launch(&self.softmax_causal_bwd, warp_rows(rows))
-                .arg(dpre)
-                .arg(datt)
-                .arg(att)
-                .arg(&r)
-                .arg(&tt)
-                .launch()
+            tg.run(
+                &self.softmax_causal_bwd,
+                warp_rows(rows),
+                &[
+                    Arg::b(dpre),
+                    Arg::b(datt),
+                    Arg::b(att),
+                    Arg::s(&r),
+                    Arg::s(&tt),
+                ],
+            )
         }
     }
 
     /// `out = gelu(inp)` (tanh approximation).
-    pub fn gelu_fwd(&self, s: &BoundStream<'_>, out: &mut impl Out, inp: &impl In) -> Result<()> {
+    pub fn gelu_fwd<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        inp: &'b impl In,
+    ) -> Result<()> {
         need("gelu out", out.len(), inp.len())?;
         let n = u32_of("gelu n", inp.len())?;
         // SAFETY: (float*, const float*, unsigned) matches gelu_fwd; n of each (checked).
         unsafe {
-            s.launch(&self.gelu_fwd, grid(inp.len()))
-                .arg(out)
-                .arg(inp)
-                .arg(&n)
-                .launch()
+            tg.run(
+                &self.gelu_fwd,
+                grid(inp.len()),
+                &[Arg::b(out), Arg::b(inp), Arg::s(&n)],
+            )
         }
     }
 
     /// `dinp = gelu'(inp) · dout`.
-    pub fn gelu_bwd(
+    pub fn gelu_bwd<'b>(
         &self,
-        s: &BoundStream<'_>,
-        dinp: &mut impl Out,
-        inp: &impl In,
-        dout: &impl In,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dinp: &'b impl In,
+        inp: &'b impl In,
+        dout: &'b impl In,
     ) -> Result<()> {
         need("gelu dinp", dinp.len(), inp.len())?;
         need("gelu dout", dout.len(), inp.len())?;
         let n = u32_of("gelu n", inp.len())?;
         // SAFETY: (float*, const float* ×2, unsigned) matches gelu_bwd; n of each (checked).
         unsafe {
-            s.launch(&self.gelu_bwd, grid(inp.len()))
-                .arg(dinp)
-                .arg(inp)
-                .arg(dout)
-                .arg(&n)
-                .launch()
+            tg.run(
+                &self.gelu_bwd,
+                grid(inp.len()),
+                &[Arg::b(dinp), Arg::b(inp), Arg::b(dout), Arg::s(&n)],
+            )
         }
     }
 
     /// Cross-entropy of `logits` (`rows × v`) against `targets`: per-row `losses`, their
     /// mean into `loss[slot]`, and with `grad` the logits' gradient of the mean.
     #[allow(clippy::too_many_arguments)]
-    pub fn xent(
+    pub fn xent<'b>(
         &self,
-        s: &BoundStream<'_>,
-        dlogits: &mut impl Out,
-        losses: &mut impl Out,
-        loss: &mut impl Out,
-        logits: &impl In,
-        targets: &impl Tok,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dlogits: &'b impl In,
+        losses: &'b impl In,
+        loss: &'b impl In,
+        logits: &'b impl In,
+        targets: &'b impl Tok,
         v: usize,
         grad: bool,
     ) -> Result<()> {
@@ -563,38 +695,46 @@ impl Kernels {
         // xent; block r < N touches row r of logits and dlogits (N·V, checked), losses[r]
         // and targets[r]; the targets are below V (the host makes them from bytes, V = 256).
         unsafe {
-            s.launch(&self.xent, blocks(nn, 256))
-                .arg(dlogits)
-                .arg(losses)
-                .arg(logits)
-                .arg(targets)
-                .arg(&nn)
-                .arg(&vv)
-                .arg(&scale)
-                .arg(&g)
-                .launch()?;
+            tg.run(
+                &self.xent,
+                blocks(nn, 256),
+                &[
+                    Arg::b(dlogits),
+                    Arg::b(losses),
+                    Arg::b(logits),
+                    Arg::b(targets),
+                    Arg::s(&nn),
+                    Arg::s(&vv),
+                    Arg::s(&scale),
+                    Arg::s(&g),
+                ],
+            )?;
         }
         let zero = 0u32;
         // SAFETY: (float*, const float*, unsigned, float, unsigned) matches sum_finish; it
         // reads N of losses and writes loss[0] (one element, checked).
         unsafe {
-            s.launch(&self.sum_finish, blocks(1, 256))
-                .arg(loss)
-                .arg(losses)
-                .arg(&nn)
-                .arg(&scale)
-                .arg(&zero)
-                .launch()
+            tg.run(
+                &self.sum_finish,
+                blocks(1, 256),
+                &[
+                    Arg::b(loss),
+                    Arg::b(losses),
+                    Arg::s(&nn),
+                    Arg::s(&scale),
+                    Arg::s(&zero),
+                ],
+            )
         }
     }
 
     /// The squared norm of `g` into `out[0]`, through `partial` ([`NORM_PARTS`]).
-    pub fn sumsq(
+    pub fn sumsq<'b>(
         &self,
-        s: &BoundStream<'_>,
-        out: &mut impl Out,
-        partial: &mut impl Out,
-        g: &impl In,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        partial: &'b impl In,
+        g: &'b impl In,
     ) -> Result<()> {
         need("norm partial", partial.len(), NORM_PARTS)?;
         need("norm out", out.len(), 1)?;
@@ -603,33 +743,37 @@ impl Kernels {
         // SAFETY: (float*, const float*, unsigned) matches sumsq_partial; block b <
         // NORM_PARTS writes partial[b] (checked) and reads n of g.
         unsafe {
-            s.launch(&self.sumsq_partial, blocks(parts, 256))
-                .arg(partial)
-                .arg(g)
-                .arg(&n)
-                .launch()?;
+            tg.run(
+                &self.sumsq_partial,
+                blocks(parts, 256),
+                &[Arg::b(partial), Arg::b(g), Arg::s(&n)],
+            )?;
         }
         // SAFETY: as in `xent`: NORM_PARTS of partial, out[0].
         unsafe {
-            s.launch(&self.sum_finish, blocks(1, 256))
-                .arg(out)
-                .arg(partial)
-                .arg(&parts)
-                .arg(&one)
-                .arg(&zero)
-                .launch()
+            tg.run(
+                &self.sum_finish,
+                blocks(1, 256),
+                &[
+                    Arg::b(out),
+                    Arg::b(partial),
+                    Arg::s(&parts),
+                    Arg::s(&one),
+                    Arg::s(&zero),
+                ],
+            )
         }
     }
 
     /// One AdamW update of one tensor (clipped by the norm in `normsq[0]`; `sched`: lr
     /// and the bias corrections).
     #[allow(clippy::too_many_arguments)]
-    pub fn adamw(
+    pub fn adamw<'b>(
         &self,
-        s: &BoundStream<'_>,
-        (p, g, m, v): (&mut impl Out, &impl In, &mut impl Out, &mut impl Out),
-        sched: &impl In,
-        normsq: &impl In,
+        tg: &mut (impl Target<'b> + ?Sized),
+        (p, g, m, v): (&'b impl In, &'b impl In, &'b impl In, &'b impl In),
+        sched: &'b impl In,
+        normsq: &'b impl In,
         wd: f32,
         hp: &crate::optim::AdamW,
     ) -> Result<()> {
@@ -643,20 +787,24 @@ impl Kernels {
         // SAFETY: (float*, const float*, float* ×2, unsigned, const float* ×2, float ×5)
         // matches adamw; n of p, g, m, v (checked), 3 of sched, 1 of normsq.
         unsafe {
-            s.launch(&self.adamw, grid(n))
-                .arg(p)
-                .arg(g)
-                .arg(m)
-                .arg(v)
-                .arg(&nn)
-                .arg(sched)
-                .arg(normsq)
-                .arg(&wd)
-                .arg(&hp.beta1)
-                .arg(&hp.beta2)
-                .arg(&hp.eps)
-                .arg(&hp.max_norm)
-                .launch()
+            tg.run(
+                &self.adamw,
+                grid(n),
+                &[
+                    Arg::b(p),
+                    Arg::b(g),
+                    Arg::b(m),
+                    Arg::b(v),
+                    Arg::s(&nn),
+                    Arg::b(sched),
+                    Arg::b(normsq),
+                    Arg::s(&wd),
+                    Arg::s(&hp.beta1),
+                    Arg::s(&hp.beta2),
+                    Arg::s(&hp.eps),
+                    Arg::s(&hp.max_norm),
+                ],
+            )
         }
     }
 }

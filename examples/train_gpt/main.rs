@@ -274,7 +274,7 @@ fn train(
     order: &[u64],
     start: usize,
 ) -> Result<Vec<f32>, GptError> {
-    let s = gpu.default_stream();
+    let mut s = gpu.default_stream();
     let (t, b) = (model.cfg.context, a.batch);
     let sched = Schedule::new(a.lr, a.steps);
     let hp = AdamW::default();
@@ -287,9 +287,9 @@ fn train(
         let (x, y) = data::make_batch(&data.train, &order[step * b..(step + 1) * b], t);
         model.upload(gpu, &x, &y)?;
         gpu.htod_copy(&sched.device_values(step, &hp), &mut model.sched)?;
-        model.forward(&s, true)?;
-        model.backward(&s)?;
-        model.update(&s, &hp)?;
+        model.forward(&mut s, true)?;
+        model.backward(&mut s)?;
+        model.update(&mut s, &hp)?;
         let loss = gpu.dtoh(&model.loss)?[0];
         let dt = t0.elapsed().as_secs_f64();
         let (free, total) = gpu.memory_info()?;
@@ -323,7 +323,7 @@ fn train(
             for starts in &val {
                 let (x, y) = data::make_batch(&data.val, starts, t);
                 model.upload(gpu, &x, &y)?;
-                model.forward(&s, false)?;
+                model.forward(&mut s, false)?;
                 sum += f64::from(gpu.dtoh(&model.loss)?[0]);
             }
             println!("val step {done} loss {:.6}", sum / val.len() as f64);
@@ -365,7 +365,7 @@ fn sample(gpu: &BoundDevice<'_>, model: &mut Gpt, n: usize) -> Result<Vec<u8>, G
         model.cfg.vocab,
         model.dims.b * model.cfg.context,
     );
-    let s = gpu.default_stream();
+    let mut s = gpu.default_stream();
     let mut text = vec![b'\n'];
     for _ in 0..n {
         let window = &text[text.len().saturating_sub(t)..];
@@ -374,7 +374,7 @@ fn sample(gpu: &BoundDevice<'_>, model: &mut Gpt, n: usize) -> Result<Vec<u8>, G
             *d = u32::from(c);
         }
         model.upload(gpu, &x, &vec![0u32; bt])?;
-        model.forward(&s, false)?;
+        model.forward(&mut s, false)?;
         let pos = window.len() - 1;
         let row = gpu.dtoh(&model.logits.slice(pos * v..(pos + 1) * v)?)?;
         let best = (0..v)
