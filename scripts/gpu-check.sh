@@ -55,9 +55,11 @@ ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0 --graph
 # spawner and torchrun, 2 processes on GPU 0 with the own kernels across processes.
 ex train_mlp 300 .gpu-bin/examples/train_mlp --spawn 2 --backend kernels --devices 0,0 --epochs 3
 # A GPT on byte-level text (the Python standard library): fp32 eager with validation and
-# a greedy sample, and a checkpoint resumed mid-run that must repeat the losses.
+# a greedy sample; a checkpoint resumed mid-run that must repeat the losses; the step as
+# a CUDA graph that must repeat the eager losses.
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-every 25 --sample 64
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --check-resume
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-every 25 --check-graph
 if command -v torchrun >/dev/null; then
   ex train_mlp 300 torchrun --standalone --nproc-per-node 2 --no-python .gpu-bin/examples/train_mlp \
     --launcher env --backend kernels --devices 0,0 --epochs 3

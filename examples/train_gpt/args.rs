@@ -34,6 +34,8 @@ pub struct Args {
     pub launcher_env: bool,
     /// Train with a checkpoint halfway, resume from it, and check the losses repeat.
     pub check_resume: bool,
+    /// Train eagerly, then through CUDA graphs, and check the losses are equal.
+    pub check_graph: bool,
 }
 
 impl Default for Args {
@@ -58,6 +60,7 @@ impl Default for Args {
             devices: vec![0],
             launcher_env: false,
             check_resume: false,
+            check_graph: false,
         }
     }
 }
@@ -84,7 +87,10 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
             }
             continue;
         }
-        let bool_flag = matches!(flag.as_str(), "--graph" | "--check-resume");
+        let bool_flag = matches!(
+            flag.as_str(),
+            "--graph" | "--check-resume" | "--check-graph"
+        );
         let v = if bool_flag {
             String::new()
         } else {
@@ -110,6 +116,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
             }
             "--graph" => a.graph = true,
             "--check-resume" => a.check_resume = true,
+            "--check-graph" => a.check_graph = true,
             "--ckpt-every" => a.ckpt_every = num(&flag, &v)?,
             "--ckpt-dir" => a.ckpt_dir = v.into(),
             "--resume" => a.resume = Some(v.into()),
@@ -162,6 +169,7 @@ mod tests {
         assert_eq!(a.data, [PathBuf::from("a.txt"), PathBuf::from("b.txt")]);
         assert_eq!(p("--devices 0,0").unwrap().devices, [0, 0]);
         assert!(p("--check-resume --steps 4").unwrap().check_resume);
+        assert!(p("--check-graph").unwrap().check_graph);
         assert_eq!(p("--precision bf16").unwrap().precision, Precision::Bf16);
     }
 

@@ -1,6 +1,13 @@
 //! The GPT on one device: parameters, gradients and AdamW moments as flat buffers,
 //! preallocated activations per block (as llm.c), and the forward pass, backward pass
 //! and optimizer step as NVRTC kernels ([`Kernels`]) and cuBLAS products.
+//!
+//! Kernel outputs are passed as `&mut` to say which buffers a launch writes (the
+//! wrappers take `&`, as launches order every buffer argument as written).
+#![allow(clippy::unnecessary_mut_passed)]
+
+#[path = "graph.rs"]
+pub mod graph;
 
 use crate::GptError;
 use crate::kernels::{self, Kernels, NORM_PARTS};

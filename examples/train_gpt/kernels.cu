@@ -313,3 +313,8 @@ extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v, u
         p[i] = pi - step * mi / (sqrtf(vi) / bc2s + eps);
     }
 }
+
+// dst = src, 32-bit words: how a step's inputs reach the buffers a CUDA graph reads.
+extern "C" __global__ void copy_words(unsigned* dst, const unsigned* src, unsigned n) {
+    GRID_STRIDE(i, n) dst[i] = src[i];
+}

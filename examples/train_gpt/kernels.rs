@@ -134,6 +134,7 @@ registry!(
     sum_finish,
     sumsq_partial,
     adamw,
+    copy_words,
 );
 
 /// Blocks of [`sumsq_partial`](Kernels::sumsq_partial) (and the length of its output).
@@ -804,6 +805,31 @@ impl Kernels {
                     Arg::s(&hp.eps),
                     Arg::s(&hp.max_norm),
                 ],
+            )
+        }
+    }
+
+    /// `dst = src` for buffers of 32-bit elements.
+    pub fn copy_words<'b, T: gpubind::DeviceRepr>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dst: &'b (impl DeviceMemory<T> + KernelArg),
+        src: &'b (impl DeviceMemory<T> + KernelArg),
+    ) -> Result<()> {
+        if std::mem::size_of::<T>() != 4 {
+            return Err(Error::InvalidArgument(
+                "train_gpt: copy_words copies 4-byte elements".into(),
+            ));
+        }
+        need("copy destination", dst.len(), src.len())?;
+        let n = u32_of("copy length", src.len())?;
+        // SAFETY: (unsigned*, const unsigned*, unsigned) matches copy_words (4-byte
+        // elements, checked); n elements of both (equal lengths, checked).
+        unsafe {
+            tg.run(
+                &self.copy_words,
+                grid(src.len()),
+                &[Arg::b(dst), Arg::b(src), Arg::s(&n)],
             )
         }
     }

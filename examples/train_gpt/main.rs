@@ -8,7 +8,8 @@
 //! cargo run --release --example train_gpt --features cublas -- [--model small|gpt2]
 //!     [--batch 8] [--steps 100] [--lr 6e-4] [--seed 1] [--data PATH…] [--eval-every N]
 //!     [--eval-batches 8] [--sample N] [--dump-init DIR] [--precision fp32] [--log-every 10]
-//!     [--ckpt-every N] [--ckpt-dir DIR] [--resume FILE] [--devices 0]
+//!     [--ckpt-every N] [--ckpt-dir DIR] [--resume FILE] [--devices 0] [--graph]
+//!     [--check-graph] [--check-resume]
 //! ```
 //!
 //! `--model small`: 6 layers, 6 heads, width 384, context 256; `--model gpt2`: 12, 12, 768,
@@ -25,6 +26,15 @@
 //! step's sequence start offsets, little-endian u64, steps × batch), `train.u8` (the
 //! training tokens) and `meta.json`, from which the torch script trains the same model on
 //! the same batches.
+//!
+//! `--graph` captures the whole step — forward, backward, clipping, AdamW — into one CUDA
+//! graph and launches it every step (`graph.rs`); the schedule's lr reaches the graph
+//! through a device buffer written before each launch. `--check-graph` trains eagerly,
+//! then through the graph from the same start, and exits non-zero unless the losses are
+//! equal bit for bit. `--ckpt-every N` writes `<model>_stepNNNNNN.safetensors` (weights,
+//! AdamW moments, step) into `--ckpt-dir`; `--resume FILE` continues from one;
+//! `--check-resume` trains with a checkpoint halfway, resumes from it and exits non-zero
+//! unless the resumed losses repeat the uninterrupted run's bit for bit.
 //!
 //! Weight decay (0.1) applies to the 2-D tensors: both embeddings (the token embedding
 //! is also the output head) and the linear weights; not to biases and layer norms.
@@ -46,7 +56,8 @@ mod optim;
 
 use args::{Args, Precision};
 use gpt::Gpt;
-use gpubind::{BoundDevice, Device, ThreadContext};
+use gpt::graph::{Staging, Views};
+use gpubind::{BoundDevice, BoundStream, Device, GraphExec, ThreadContext};
 use model::{Config, ParamLayout};
 use optim::{AdamW, Schedule};
 use std::path::PathBuf;
@@ -169,9 +180,6 @@ fn run(a: &Args) -> Result<(), GptError> {
     if a.precision == Precision::Bf16 {
         return Err(GptError::Unsupported("--precision bf16"));
     }
-    if a.graph {
-        return Err(GptError::Unsupported("--graph"));
-    }
     if a.devices.len() > 1 || a.launcher_env {
         return Err(GptError::Unsupported(
             "data parallelism (--devices with more than one rank, --launcher env)",
@@ -204,6 +212,9 @@ fn run(a: &Args) -> Result<(), GptError> {
     if a.check_resume {
         return check_resume(&gpu, &mut model, a, &data, &order);
     }
+    if a.check_graph {
+        return check_graph(&gpu, &mut model, &init, a, &data, &order);
+    }
     train(&gpu, &mut model, a, &data, &order, start)?;
     if a.sample > 0 {
         let text = sample(&gpu, &mut model, a.sample)?;
@@ -212,6 +223,36 @@ fn run(a: &Args) -> Result<(), GptError> {
             String::from_utf8_lossy(&text)
         );
     }
+    Ok(())
+}
+
+/// `--check-graph`: trains `--steps` steps eagerly, then again from the same initial
+/// state through the captured graphs, and fails unless the losses agree bit for bit.
+fn check_graph(
+    gpu: &BoundDevice<'_>,
+    model: &mut Gpt,
+    init: &[f32],
+    a: &Args,
+    data: &data::Dataset,
+    order: &[u64],
+) -> Result<(), GptError> {
+    let mut run = a.clone();
+    run.graph = false;
+    let eager = train(gpu, model, &run, data, order, 0)?;
+    gpu.htod_copy(init, &mut model.params)?;
+    gpu.memset_zeros(&mut model.m)?;
+    gpu.memset_zeros(&mut model.v)?;
+    run.graph = true;
+    let graphed = train(gpu, model, &run, data, order, 0)?;
+    if eager != graphed {
+        return Err(GptError::CheckFailed(format!(
+            "graph losses differ from eager: eager {eager:?}, graph {graphed:?}"
+        )));
+    }
+    println!(
+        "check-graph: PASS ({} steps, graph losses equal eager bit for bit)",
+        eager.len()
+    );
     Ok(())
 }
 
@@ -266,6 +307,116 @@ fn check_resume(
 }
 
 /// Trains steps `start..a.steps`, returning their losses.
+/// How a step runs: eager calls ([`Eager`]) or the captured graphs ([`Graphed`]).
+trait Stepper {
+    fn model(&self) -> &Gpt;
+    fn mode(&self) -> &'static str;
+    /// A training step on batch `(x, y)` with the schedule values `sched`.
+    fn train_step(
+        &mut self,
+        gpu: &BoundDevice<'_>,
+        s: &mut BoundStream<'_>,
+        batch: (&[u32], &[u32]),
+        sched: &[f32; optim::SCHED_LEN],
+    ) -> gpubind::Result<()>;
+    /// The loss of batch `(x, y)` into the model's `loss`, without training.
+    fn eval_step(
+        &mut self,
+        gpu: &BoundDevice<'_>,
+        s: &mut BoundStream<'_>,
+        batch: (&[u32], &[u32]),
+    ) -> gpubind::Result<()>;
+}
+
+/// Every step enqueued call by call.
+struct Eager<'m>(&'m mut Gpt, AdamW);
+
+impl Stepper for Eager<'_> {
+    fn model(&self) -> &Gpt {
+        self.0
+    }
+    fn mode(&self) -> &'static str {
+        "eager"
+    }
+    fn train_step(
+        &mut self,
+        gpu: &BoundDevice<'_>,
+        s: &mut BoundStream<'_>,
+        (x, y): (&[u32], &[u32]),
+        sched: &[f32; optim::SCHED_LEN],
+    ) -> gpubind::Result<()> {
+        let m = &mut *self.0;
+        m.upload(gpu, x, y)?;
+        gpu.htod_copy(sched, &mut m.sched)?;
+        m.forward(s, true)?;
+        m.backward(s)?;
+        m.update(s, &self.1)
+    }
+    fn eval_step(
+        &mut self,
+        gpu: &BoundDevice<'_>,
+        s: &mut BoundStream<'_>,
+        (x, y): (&[u32], &[u32]),
+    ) -> gpubind::Result<()> {
+        self.0.upload(gpu, x, y)?;
+        self.0.forward(s, false)
+    }
+}
+
+/// Every step one launch of a captured graph (`--graph`, `graph.rs`).
+struct Graphed<'a> {
+    model: &'a Gpt,
+    staging: Staging,
+    step: GraphExec<'a>,
+    eval: GraphExec<'a>,
+}
+
+impl<'a> Graphed<'a> {
+    fn new(
+        gpu: &BoundDevice<'_>,
+        model: &'a Gpt,
+        views: &'a Views<'a>,
+        hp: AdamW,
+    ) -> gpubind::Result<Self> {
+        Ok(Graphed {
+            model,
+            staging: Staging::new(gpu, model)?,
+            step: model.capture(gpu, views, hp, true)?.instantiate()?,
+            eval: model.capture(gpu, views, hp, false)?.instantiate()?,
+        })
+    }
+}
+
+impl Stepper for Graphed<'_> {
+    fn model(&self) -> &Gpt {
+        self.model
+    }
+    fn mode(&self) -> &'static str {
+        "graph"
+    }
+    fn train_step(
+        &mut self,
+        gpu: &BoundDevice<'_>,
+        s: &mut BoundStream<'_>,
+        batch: (&[u32], &[u32]),
+        sched: &[f32; optim::SCHED_LEN],
+    ) -> gpubind::Result<()> {
+        self.model
+            .feed(gpu, s, &mut self.staging, batch, Some(sched))?;
+        self.step.launch(s)
+    }
+    fn eval_step(
+        &mut self,
+        gpu: &BoundDevice<'_>,
+        s: &mut BoundStream<'_>,
+        batch: (&[u32], &[u32]),
+    ) -> gpubind::Result<()> {
+        self.model.feed(gpu, s, &mut self.staging, batch, None)?;
+        self.eval.launch(s)
+    }
+}
+
+/// Trains steps `start..a.steps` eagerly or, with `a.graph`, through captured graphs.
 fn train(
     gpu: &BoundDevice<'_>,
     model: &mut Gpt,
@@ -274,23 +425,39 @@ fn train(
     order: &[u64],
     start: usize,
 ) -> Result<Vec<f32>, GptError> {
+    let hp = AdamW::default();
+    if a.graph {
+        let views = model.views()?;
+        let mut g = Graphed::new(gpu, model, &views, hp)?;
+        train_with(gpu, &mut g, a, data, order, start)
+    } else {
+        train_with(gpu, &mut Eager(model, hp), a, data, order, start)
+    }
+}
+
+/// Trains steps `start..a.steps` with `st`, returning their losses.
+fn train_with(
+    gpu: &BoundDevice<'_>,
+    st: &mut impl Stepper,
+    a: &Args,
+    data: &data::Dataset,
+    order: &[u64],
+    start: usize,
+) -> Result<Vec<f32>, GptError> {
     let mut s = gpu.default_stream();
-    let (t, b) = (model.cfg.context, a.batch);
+    let cfg = st.model().cfg;
+    let (t, b) = (cfg.context, a.batch);
     let sched = Schedule::new(a.lr, a.steps);
     let hp = AdamW::default();
     let val = data::val_starts(data.val.len(), t, b, a.eval_batches);
-    let flops_per_step = model.cfg.flops_per_token() * (b * t) as f64;
+    let flops_per_step = cfg.flops_per_token() * (b * t) as f64;
     let (mut timed_steps, mut timed_s, mut peak_used) = (0usize, 0f64, 0usize);
     let mut losses = Vec::new();
     for step in start..a.steps {
         let t0 = Instant::now();
         let (x, y) = data::make_batch(&data.train, &order[step * b..(step + 1) * b], t);
-        model.upload(gpu, &x, &y)?;
-        gpu.htod_copy(&sched.device_values(step, &hp), &mut model.sched)?;
-        model.forward(&mut s, true)?;
-        model.backward(&mut s)?;
-        model.update(&mut s, &hp)?;
-        let loss = gpu.dtoh(&model.loss)?[0];
+        st.train_step(gpu, &mut s, (&x, &y), &sched.device_values(step, &hp))?;
+        let loss = gpu.dtoh(&st.model().loss)?[0];
         let dt = t0.elapsed().as_secs_f64();
         let (free, total) = gpu.memory_info()?;
         peak_used = peak_used.max(total - free);
@@ -322,9 +489,8 @@ fn train(
             let mut sum = 0.0;
             for starts in &val {
                 let (x, y) = data::make_batch(&data.val, starts, t);
-                model.upload(gpu, &x, &y)?;
-                model.forward(&mut s, false)?;
-                sum += f64::from(gpu.dtoh(&model.loss)?[0]);
+                st.eval_step(gpu, &mut s, (&x, &y))?;
+                sum += f64::from(gpu.dtoh(&st.model().loss)?[0]);
             }
             println!("val step {done} loss {:.6}", sum / val.len() as f64);
         }
@@ -333,13 +499,14 @@ fn train(
             let path = a
                 .ckpt_dir
                 .join(format!("{}_step{done:06}.safetensors", a.model));
-            let st = ckpt::State {
+            let model = st.model();
+            let state = ckpt::State {
                 step: done,
                 params: gpu.dtoh(&model.params)?,
                 m: gpu.dtoh(&model.m)?,
                 v: gpu.dtoh(&model.v)?,
             };
-            ckpt::save(&path, &model.layout, &a.model, &st)?;
+            ckpt::save(&path, &model.layout, &a.model, &state)?;
             println!("checkpoint {}", path.display());
         }
     }
@@ -349,9 +516,10 @@ fn train(
         0.0
     };
     println!(
-        "RESULT impl=gpubind mode=eager precision=fp32 model={} batch={b} tokens_per_s={tps:.0} mfu={:.4} peak_mem_gib={:.2}",
+        "RESULT impl=gpubind mode={} precision=fp32 model={} batch={b} tokens_per_s={tps:.0} mfu={:.4} peak_mem_gib={:.2}",
+        st.mode(),
         a.model,
-        tps * model.cfg.flops_per_token() / (H200_FP32_TFLOPS * 1e12),
+        tps * cfg.flops_per_token() / (H200_FP32_TFLOPS * 1e12),
         peak_used as f64 / GIB
     );
     Ok(losses)

@@ -142,6 +142,14 @@ impl ParamLayout {
             .unwrap_or_else(|| panic!("train_gpt: no parameter {name}"))
     }
 
+    /// The index of tensor `name` in [`params`](Self::params).
+    pub fn index(&self, name: &str) -> usize {
+        self.params
+            .iter()
+            .position(|p| p.name == name)
+            .unwrap_or_else(|| panic!("train_gpt: no parameter {name}"))
+    }
+
     /// The range of block `l`'s tensor `suffix`.
     pub fn block(&self, l: usize, suffix: &str) -> std::ops::Range<usize> {
         self.get(&format!("h.{l}.{suffix}")).range()
