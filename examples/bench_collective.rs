@@ -23,11 +23,13 @@
 //!    (`RankComm::init_process_kernels`, this binary re-run N times; rank 0's host time
 //!    of call + synchronize, median). `--max-bytes` and `--reps` apply; sizes up to
 //!    64 MiB at most.
+//! 5. The agreement of NCCL ranks on every collective across processes, on loopback
+//!    (no GPU needed; `--call-check-only` runs only this table). It drives gpubind's
+//!    `test-seams` feature: `cargo run --release --features test-seams --example
+//!    bench_collective`; without it the table is skipped.
 
-use gpubind::{
-    CommOptions, Communicator, Device, DeviceSlice, Op, RankComm, Stream, ThreadContext,
-    nccl_available,
-};
+use gpubind::collective::{CommOptions, Communicator, Op, RankComm, nccl_available};
+use gpubind::{Device, DeviceSlice, Stream, ThreadContext};
 use std::sync::Arc;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -500,7 +502,9 @@ const CHECK_PROC_VAR: &str = "GPUBIND_BENCH_CHECK";
 
 /// A rank of table 5: the rendezvous on loopback, then `ops` agreements on a made-up
 /// collective (what `RankComm::from_launch` adds to each NCCL collective); rank 0 prints
-/// `CHECK <median us> <p99 us>`.
+/// `CHECK <median us> <p99 us>`. The agreement alone is a test seam of gpubind (its
+/// `test-seams` feature).
+#[cfg(feature = "test-seams")]
 fn check_rank(spec: &str) -> Res<()> {
     let f: Vec<&str> = spec.split(',').collect();
     let [rank, world, port, ops] = f[..] else {
@@ -543,8 +547,12 @@ fn check_rank(spec: &str) -> Res<()> {
 
 /// Table 5: the cost per collective of the agreement NCCL ranks across processes make
 /// through rank 0 before enqueueing (`GPUBIND_CHECK_CALLS`, on by default), on loopback
-/// TCP between `world` processes. Needs no GPU.
+/// TCP between `world` processes. Needs no GPU, and gpubind's `test-seams` feature.
 fn call_check_table() -> Res<()> {
+    if !cfg!(feature = "test-seams") {
+        println!("\n## 5. Agreement on every collective: SKIPPED (needs --features test-seams)");
+        return Ok(());
+    }
     println!(
         "\n## 5. NCCL across processes: cost of the agreement on every collective ({}, loopback TCP)",
         gpubind::collective::CHECK_VAR
@@ -584,6 +592,7 @@ fn main() -> Res<()> {
     if let Ok(spec) = std::env::var(PROC_VAR) {
         return proc_rank(&spec);
     }
+    #[cfg(feature = "test-seams")]
     if let Ok(spec) = std::env::var(CHECK_PROC_VAR) {
         return check_rank(&spec);
     }

@@ -43,6 +43,10 @@ extern "C" __global__ void touch(float* a, const float* b, unsigned n) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) a[i] = b[i];
 }
+extern "C" __global__ void peek(const float* a, const float* b, unsigned n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && a[i] != b[i]) __threadfence_block();
+}
 "#;
 
 // ---------------------------------------------------------------------------------------
@@ -358,6 +362,7 @@ struct CudarcSide {
     b: CudaSlice<f32>,
     empty: Option<CudaFunction>,
     touch: Option<CudaFunction>,
+    peek: Option<CudaFunction>,
     _module: Option<Arc<CudaModule>>,
     /// A second `CudaContext` object of the same primary context, used only through its
     /// default stream (single-stream mode: no event tracking), for the htod row.
@@ -405,6 +410,7 @@ struct RawSide {
     module: sys::CUmodule,
     empty: sys::CUfunction,
     touch: sys::CUfunction,
+    peek: sys::CUfunction,
 }
 
 impl RawSide {
@@ -423,6 +429,7 @@ impl RawSide {
             module: std::ptr::null_mut(),
             empty: std::ptr::null_mut(),
             touch: std::ptr::null_mut(),
+            peek: std::ptr::null_mut(),
         };
         // SAFETY: valid device handle; writes one context handle. Released in Drop.
         ck(
@@ -471,6 +478,10 @@ impl RawSide {
                 )?;
                 ck(
                     sys::cuModuleGetFunction(&mut r.touch, r.module, c"touch".as_ptr()),
+                    "cuModuleGetFunction",
+                )?;
+                ck(
+                    sys::cuModuleGetFunction(&mut r.peek, r.module, c"peek".as_ptr()),
                     "cuModuleGetFunction",
                 )?;
             }
@@ -572,6 +583,10 @@ fn setup(mut tc: ThreadContext, dev: Arc<Device>) -> R<Env> {
         touch: module
             .as_ref()
             .map(|m| m.load_function("touch"))
+            .transpose()?,
+        peek: module
+            .as_ref()
+            .map(|m| m.load_function("peek"))
             .transpose()?,
         _module: module,
         word: single_default.alloc_zeros::<u32>(1)?,
@@ -813,7 +828,9 @@ fn args_launch_row(env: &mut Env, mode: Mode, imp: Impl, n: usize) -> R<Option<f
             measure(mode, n, |step| match step {
                 // SAFETY: (float*, const float*, unsigned) matches `touch`; it stays
                 // inside the TOUCH_N elements of both buffers.
-                Step::Op => Ok(unsafe { s.launch(&f, cfg).arg(a).arg(b).arg(&len).launch() }?),
+                Step::Op => {
+                    Ok(unsafe { s.launch(&f, cfg).arg(&mut *a).arg(b).arg(&len).launch() }?)
+                }
                 Step::Sync => Ok(s.synchronize()?),
             })?
         }
@@ -849,6 +866,65 @@ fn args_launch_row(env: &mut Env, mode: Mode, imp: Impl, n: usize) -> R<Option<f
                     // SAFETY: as for gpubind above; `params` points at three live values
                     // of the kernel's parameter types.
                     unsafe { raw_launch(r.touch, cfg, r.stream, params.as_mut_ptr()) }
+                }
+                Step::Sync => raw_sync(r.stream),
+            })?
+        }
+    }))
+}
+
+/// A launch whose two buffers are both read (`peek`, which writes nothing): gpubind's
+/// read claims, on the fast path once both buffers publish the stream for reads.
+fn reads_launch_row(env: &mut Env, mode: Mode, imp: Impl, n: usize) -> R<Option<f64>> {
+    let cfg = touch_cfg();
+    let len = TOUCH_N;
+    Ok(Some(match imp {
+        Impl::Gpubind => {
+            let module = env.g.module.as_ref().ok_or_else(|| env.no_kernels())?;
+            let f = module.function("peek")?;
+            env.tc.forget_binding();
+            let gpu = env.tc.bind(&env.dev)?;
+            let s = gpu.on(&env.g.stream)?;
+            let (a, b) = (&env.g.a, &env.g.b);
+            measure(mode, n, |step| match step {
+                // SAFETY: (const float*, const float*, unsigned) matches `peek`; it reads
+                // the TOUCH_N elements of both buffers and writes nothing.
+                Step::Op => Ok(unsafe { s.launch(&f, cfg).arg(a).arg(b).arg(&len).launch() }?),
+                Step::Sync => Ok(s.synchronize()?),
+            })?
+        }
+        Impl::Cudarc => {
+            let f = env.c.peek.as_ref().ok_or_else(|| env.no_kernels())?;
+            let (s, a, b) = (&env.c.stream, &env.c.a, &env.c.b);
+            let ccfg = cudarc_cfg(cfg);
+            measure(mode, n, |step| match step {
+                Step::Op => {
+                    let mut lb = s.launch_builder(f);
+                    lb.arg(a).arg(b).arg(&len);
+                    // SAFETY: as for gpubind above.
+                    unsafe { lb.launch(ccfg) }?;
+                    Ok(())
+                }
+                Step::Sync => Ok(s.synchronize()?),
+            })?
+        }
+        Impl::Raw => {
+            let r = &env.r;
+            if r.peek.is_null() {
+                return Err(env.no_kernels());
+            }
+            r.make_current()?;
+            let (mut pa, mut pb, mut pn) = (r.a, r.b, len);
+            measure(mode, n, |step| match step {
+                Step::Op => {
+                    let mut params: [*mut std::ffi::c_void; 3] = [
+                        (&mut pa as *mut sys::CUdeviceptr).cast(),
+                        (&mut pb as *mut sys::CUdeviceptr).cast(),
+                        (&mut pn as *mut u32).cast(),
+                    ];
+                    // SAFETY: as for gpubind above; `params` points at three live values
+                    // of the kernel's parameter types.
+                    unsafe { raw_launch(r.peek, cfg, r.stream, params.as_mut_ptr()) }
                 }
                 Step::Sync => raw_sync(r.stream),
             })?
@@ -898,7 +974,13 @@ impl<'g> GraphBench<'g> {
                 for _ in 0..GRAPH_K {
                     // SAFETY: (float*, const float*, unsigned) matches `touch`; it stays
                     // inside the TOUCH_N elements of both buffers.
-                    unsafe { c.launch(&f, cfg).arg(g_a).arg(g_b).arg(&TOUCH_N).launch()? };
+                    unsafe {
+                        c.launch(&f, cfg)
+                            .arg_written(g_a)
+                            .arg(g_b)
+                            .arg(&TOUCH_N)
+                            .launch()?
+                    };
                 }
                 Ok(())
             })?;
@@ -1017,7 +1099,7 @@ fn graph_row(
                 Step::Op => {
                     for _ in 0..GRAPH_K {
                         // SAFETY: as in `GraphBench::new`.
-                        unsafe { s.launch(f, cfg).arg(a).arg(b).arg(&len).launch() }?;
+                        unsafe { s.launch(f, cfg).arg_written(a).arg(b).arg(&len).launch() }?;
                     }
                     Ok(())
                 }
@@ -1892,6 +1974,12 @@ fn run(opts: &Opts) -> R<bool> {
     progress(label);
     let res = bench_row(rounds, n, |imp, k| {
         args_launch_row(&mut env, Mode::Submit, imp, k)
+    });
+    push(&mut rows, label, Goal::PerOp, res);
+    let label = "launch, 3 args: 2 read buffers + u32 (submit)";
+    progress(label);
+    let res = bench_row(rounds, n, |imp, k| {
+        reads_launch_row(&mut env, Mode::Submit, imp, k)
     });
     push(&mut rows, label, Goal::PerOp, res);
 

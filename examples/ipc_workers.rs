@@ -235,7 +235,7 @@ fn worker(path: &str) -> Res {
         // the `len` elements of the chunk it is given.
         unsafe {
             s.launch(&add_rank, LaunchConfig::for_num_elems(len))
-                .arg(&chunk)
+                .arg(&mut chunk)
                 .arg(&len)
                 .arg(&rank32)
                 .launch()

@@ -21,10 +21,8 @@
 // Buffers a kernel writes are passed as `&mut` to document intent (gpubind's convention).
 #![allow(clippy::unnecessary_mut_passed)]
 
-use gpubind::{
-    BoundDevice, CommOptions, Communicator, Device, DeviceSlice, Kernel, LaunchConfig, Op,
-    ThreadContext,
-};
+use gpubind::collective::{CommOptions, Communicator, Op};
+use gpubind::{BoundDevice, Device, DeviceSlice, Kernel, LaunchConfig, ThreadContext};
 use std::sync::Arc;
 
 /// Elements per rank.

@@ -23,7 +23,8 @@
 //! ```
 
 use gpubind::collective::LaunchEnv;
-use gpubind::{Device, Op, RankComm, ThreadContext};
+use gpubind::collective::{Op, RankComm};
+use gpubind::{Device, ThreadContext};
 
 fn run() -> gpubind::Result<String> {
     let env = LaunchEnv::from_env()?;

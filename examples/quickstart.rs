@@ -43,17 +43,17 @@ fn run() -> gpubind::Result<()> {
         let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
         let y: Vec<f32> = (0..n).map(|i| (n - i) as f32).collect();
         let dx = gpu.clone_htod(&x)?;
-        let dy = gpu.clone_htod(&y)?;
+        let mut dy = gpu.clone_htod(&y)?;
         let a = 2.0f32;
         // SAFETY: the arguments match `saxpy(float, const float*, float*, unsigned)` and
-        // the kernel checks `i < n`. (`&dy` is enough for a buffer the kernel writes:
-        // gpubind orders every buffer argument as written.)
+        // the kernel checks `i < n`; it writes only `dy`, passed by `&mut` (`&dx` is
+        // claimed as a read).
         unsafe {
             gpu.default_stream()
                 .launch(&saxpy, LaunchConfig::for_num_elems(n))
                 .arg(&a)
                 .arg(&dx)
-                .arg(&dy)
+                .arg(&mut dy)
                 .arg(&n)
                 .launch()?;
         }

@@ -84,7 +84,7 @@
 //! Acquire a token inside the thread instead (see "One thread per GPU" above).
 
 use crate::device::Device;
-use crate::driver::{self, Check, RawContext};
+use crate::driver::{self, RawContext, result};
 use crate::error::{Error, Result};
 use crate::sync::thread_local_slot;
 use cudarc::driver::sys;
@@ -265,17 +265,15 @@ impl<'a> BoundDevice<'a> {
     /// Waits for all work in this context (`cuCtxSynchronize`).
     pub fn synchronize(&self) -> Result<()> {
         self.ensure_current()?;
-        // SAFETY: this context is current (just checked); no arguments.
-        unsafe { sys::cuCtxSynchronize() }.check_on(&self.device, "cuCtxSynchronize")
+        // This context is current (just checked).
+        self.device.check(result::context::synchronize())
     }
 
     /// `(free, total)` device memory in bytes, as this context sees it (`cuMemGetInfo`).
     pub fn memory_info(&self) -> Result<(usize, usize)> {
         self.ensure_current()?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: this context is current (just checked); writes two size_t.
-        unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }.check("cuMemGetInfo_v2")?;
-        Ok((free, total))
+        // This context is current (just checked).
+        self.device.check(result::memory::get_info())
     }
 
     /// Lets kernels and copies of the bound device access `peer`'s memory directly
@@ -316,10 +314,8 @@ impl<'a> BoundDevice<'a> {
         self.ensure_current()?;
         // SAFETY: the bound context is current (just checked); `peer_ctx` is `peer`'s
         // primary context, retained while `peer` lives; flags must be 0.
-        match unsafe { sys::cuCtxEnablePeerAccess(peer_ctx.0, 0) } {
-            sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
-            code => code.check_on(&self.device, "cuCtxEnablePeerAccess"),
-        }
+        let enabled = unsafe { result::context::enable_peer_access(peer_ctx.0) };
+        self.device.check(enabled).map(|_newly| ())
     }
 
     /// The raw `CUcontext`, for calling cudarc or the driver directly.

@@ -100,8 +100,8 @@
 
 use crate::access::{Access, AccessTracker, Claim, Locks, host_claim, locks};
 use crate::context::BoundDevice;
+use crate::device::CheckOn;
 use crate::device::Device;
-use crate::driver::Check;
 use crate::error::Result;
 #[cfg(feature = "ipc")]
 use crate::ipc::{ImportedSlice, LegacySlice, PoolSlice};
@@ -479,8 +479,8 @@ impl<'b> BoundStream<'b> {
     /// then synchronises the stream (also if `f` fails or panics) and returns `f`'s value.
     ///
     /// Buffers given to the scope stay borrowed until it returns, so they can be neither
-    /// freed nor touched by the host while a copy may still be running. See the
-    /// [module documentation](self) for why this is a scope rather than a guard.
+    /// freed nor touched by the host while a copy may still be running. A scope, not a
+    /// guard: `std::mem::forget` of a guard would end the borrow without synchronising.
     pub fn copy_scope<'env, R>(
         &self,
         f: impl for<'s> FnOnce(&'s CopyScope<'s, 'env>) -> Result<R>,

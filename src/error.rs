@@ -132,9 +132,9 @@ pub enum Error {
     )]
     DriverTooOld {
         /// The version the driver reports (capped by `GPUBIND_ASSUME_DRIVER_VERSION`).
-        found: crate::DriverVersion,
+        found: crate::cuda_version::DriverVersion,
         /// The oldest version gpubind runs on (`DriverVersion::MINIMUM`).
-        needed: crate::DriverVersion,
+        needed: crate::cuda_version::DriverVersion,
     },
 
     /// The operation needs a driver entry point that this driver (or the version
@@ -145,9 +145,9 @@ pub enum Error {
         /// The driver entry point, e.g. `cuFuncGetParamInfo`.
         what: &'static str,
         /// The CUDA version that introduced it.
-        needs: crate::DriverVersion,
+        needs: crate::cuda_version::DriverVersion,
         /// The driver's version as gpubind uses it (capped, where a cap is set).
-        found: crate::DriverVersion,
+        found: crate::cuda_version::DriverVersion,
     },
 
     /// A CUDA driver call returned an error.
@@ -417,7 +417,7 @@ pub enum Error {
     )]
     UnknownDevice {
         /// The UUID the handle names.
-        uuid: crate::device::Uuid,
+        uuid: crate::uuid::Uuid,
     },
 
     /// The peer process closed its end of an IPC socket (exited or was killed) before a
@@ -567,7 +567,7 @@ pub enum Error {
 
     /// The NCCL library (`libnccl.so.2`) could not be loaded.
     #[error(
-        "NCCL not found: libnccl.so.2 could not be loaded (install NCCL and add the directory holding libnccl.so.2 to LD_LIBRARY_PATH, or set GPUBIND_NCCL_LIB to its path)"
+        "NCCL not found: libnccl.so.2 could not be loaded (install NCCL and add the directory holding libnccl.so.2 to LD_LIBRARY_PATH, or set GPUBIND_NCCL_PATH to its path)"
     )]
     NoNccl,
 
@@ -686,7 +686,7 @@ impl Error {
 
     /// `cuGetErrorName` and `cuGetErrorString` of `code`.
     pub(crate) fn driver_names(code: CUresult) -> (String, String) {
-        if !crate::driver::driver_available() {
+        if !crate::loader::loadable(&["cuda", "nvcuda"]) {
             // `Error::driver` is public: without libcuda, asking it would panic in
             // cudarc's loader. The name is known without it.
             return (
@@ -732,171 +732,41 @@ fn fmt_limit(limit: &Option<u64>) -> String {
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// A matrix product (`gpubind::blas`, feature `cublas`) that cannot run as asked
-/// ([`Error::Matmul`]): found on the host, before anything is enqueued.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum MatmulError {
-    /// An operand's buffer does not hold what its shape needs: exactly `expected`
-    /// elements for a packed operand (dense, default strides), at least `expected`
-    /// otherwise (the last element reached, plus one).
-    #[error(
-        "matmul: {operand} ({shape}) needs {} {expected} elements, the buffer has {found}",
-        if *exact { "exactly" } else { "at least" }
-    )]
-    BufferSize {
-        /// `"A"`, `"B"`, `"C"`, `"bias"`, `"aux"`.
-        operand: &'static str,
-        /// The operand's shape as stored, e.g. `"64×32 row-major, ld 32, 4 batches of stride 2048"`.
-        shape: String,
-        /// The elements needed.
-        expected: usize,
-        /// The buffer's length.
-        found: usize,
-        /// Whether the length must be exactly `expected`.
-        exact: bool,
-    },
-    /// A leading dimension smaller than the stored rows (column-major) or columns
-    /// (row-major) of its matrix, or zero.
-    #[error("matmul: leading dimension of {operand} is {ld}, at least {min} is needed")]
-    LeadingDimension {
-        /// `"A"`, `"B"` or `"C"`.
-        operand: &'static str,
-        /// The leading dimension given.
-        ld: usize,
-        /// The smallest valid one.
-        min: usize,
-    },
-    /// Two output matrices of a strided batch would share elements.
-    #[error(
-        "matmul: the batch stride of C ({stride} elements) is smaller than one C matrix \
-         ({matrix} elements): the batch's outputs would overlap"
-    )]
-    BatchOverlap {
-        /// The stride of C.
-        stride: usize,
-        /// The elements one C matrix spans.
-        matrix: usize,
-    },
-    /// An output overlaps an input (or another output) of the same product.
-    #[error("matmul: {output} overlaps {input} (the product would read or write what it writes)")]
-    Aliasing {
-        /// The output.
-        output: &'static str,
-        /// The input (or other output) it overlaps.
-        input: &'static str,
-    },
-    /// An option the element type or the product does not support.
-    #[error("matmul: {what} is not supported for {dtype} products")]
-    Unsupported {
-        /// The option.
-        what: String,
-        /// The element type (`"f16"`, `"bf16"`, `"f32"`, `"f64"`).
-        dtype: &'static str,
-    },
-    /// An epilogue operand missing, or given to an epilogue that does not use it.
-    #[error("matmul_lt: the epilogue {epilogue} {}", if *missing { format!("needs {operand}") } else { format!("does not use {operand}") })]
-    EpilogueOperand {
-        /// The epilogue's name.
-        epilogue: &'static str,
-        /// The operand (`"bias"`, `"bias gradient"`, `"aux"`, ...).
-        operand: &'static str,
-        /// Whether it was missing (else unexpected).
-        missing: bool,
-    },
-    /// cuBLASLt has no algorithm for this combination of type, shape, layout and
-    /// epilogue (its heuristic returned none).
-    #[error("matmul_lt: cuBLASLt has no algorithm for {0}")]
-    NoAlgorithm(String),
-    /// A dimension, leading dimension, stride or count beyond what cuBLAS takes (`i32`
-    /// dimensions, `i64` strides), or whose element count overflows `usize`.
-    #[error("matmul: {what} = {value} is too large for cuBLAS")]
-    TooLarge {
-        /// What it is.
-        what: &'static str,
-        /// Its value.
-        value: usize,
-    },
-}
+/// The step of a drop that waits for the resource's pending stream-ordered uses.
+pub(crate) const WAIT: &str = "waiting for its pending uses";
+/// The step of a drop that makes the resource's context current.
+pub(crate) const ENTER: &str = "entering its device's context";
+/// The step of a drop that frees, unloads or destroys the resource.
+pub(crate) const RELEASE: &str = "releasing it";
 
-impl From<MatmulError> for Error {
-    fn from(e: MatmulError) -> Self {
-        Error::Matmul(e)
+/// After a failed wait: nothing is released while the device may still use it.
+pub(crate) const LEAKED_UNWAITED: &str =
+    "it is leaked, not released, because the device may still use it";
+/// After a failed context push: the release call was never made.
+pub(crate) const LEAKED: &str = "it is leaked (not released)";
+/// After a release call that failed.
+pub(crate) const MAYBE_LEAKED: &str = "the driver did not release it, so it may be leaked";
+
+/// Reports a failure a `Drop` cannot return, at warn level through the `log` facade
+/// (which costs nothing without a logger):
+/// `gpubind: dropping {what} (device {d}): {step}: {error}; {outcome}`.
+pub(crate) fn report_drop(
+    what: fmt::Arguments<'_>,
+    device: Option<usize>,
+    step: &str,
+    error: &Error,
+    outcome: &str,
+) {
+    match device {
+        Some(d) => {
+            log::warn!("gpubind: dropping {what} (device {d}): {step}: {error}; {outcome}")
+        }
+        None => log::warn!("gpubind: dropping {what}: {step}: {error}; {outcome}"),
     }
 }
+
+mod matmul;
+pub use matmul::MatmulError;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn device_lacks_names_the_capability_and_the_way_out() {
-        let e = Error::DeviceLacks {
-            device: 3,
-            capability: "CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS",
-            what: "a host reference into managed memory (as_slice/as_mut_slice)",
-            hint: Some("copy with BoundDevice::dtoh / htod_copy instead"),
-        };
-        assert_eq!(
-            e.to_string(),
-            "device 3 lacks CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, which a host reference \
-             into managed memory (as_slice/as_mut_slice) needs; copy with BoundDevice::dtoh / \
-             htod_copy instead"
-        );
-        let bare = Error::DeviceLacks {
-            device: 0,
-            capability: "X",
-            what: "Y",
-            hint: None,
-        };
-        assert_eq!(bare.to_string(), "device 0 lacks X, which Y needs");
-    }
-
-    #[test]
-    fn no_peer_access_names_both_devices_and_the_way_out() {
-        let e = Error::NoPeerAccess { device: 0, peer: 3 };
-        assert_eq!(
-            e.to_string(),
-            "device 0 cannot access device 3's memory directly (cuDeviceCanAccessPeer reports \
-             no peer path); copy through host memory instead"
-        );
-    }
-
-    #[test]
-    fn stream_priority_names_the_range_and_its_order() {
-        let e = Error::StreamPriority {
-            device: 1,
-            requested: -9,
-            greatest: -5,
-            least: 0,
-        };
-        assert_eq!(
-            e.to_string(),
-            "stream priority -9 is outside device 1's range -5..=0 (lower numbers are higher \
-             priorities; 0 is the default)"
-        );
-    }
-
-    #[test]
-    fn not_capturable_names_what_and_why() {
-        let e = Error::NotCapturable {
-            what: "an NCCL collective",
-            reason: "a graph belongs to one device".into(),
-        };
-        let msg = e.to_string();
-        assert!(msg.contains("an NCCL collective cannot be captured into a CUDA graph"));
-        assert!(msg.contains("one device"));
-    }
-
-    #[test]
-    fn graph_update_names_the_reason_and_the_way_out() {
-        let e = Error::GraphUpdate {
-            reason: "the topology changed".into(),
-        };
-        assert_eq!(
-            e.to_string(),
-            "the executable graph cannot be updated in place: the topology changed; \
-             instantiate the new graph instead"
-        );
-    }
-}
+mod tests;

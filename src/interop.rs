@@ -108,7 +108,7 @@
 use crate::access::{Access, AccessTracker, StreamInner, StreamRef, StreamSlot};
 use crate::context::BoundDevice;
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, Tracked};
 use crate::stream::{BoundStream, Stream};
@@ -122,10 +122,7 @@ const PER_THREAD: sys::CUstream = 0x2 as sys::CUstream;
 
 /// A cudarc error as gpubind's, naming the cudarc call; sticky codes poison `device`.
 fn cudarc_error(device: &Device, call: &'static str, e: DriverError) -> Error {
-    match e.0.check_on(device, call) {
-        Err(err) => err,
-        Ok(()) => Error::driver(call, e.0),
-    }
+    device.on_error(Error::driver(call, e.0))
 }
 
 /// The live `CudaContext` handed out per device ordinal: one cudarc context object per
@@ -507,8 +504,8 @@ impl<T> Lent<'_, T> {
         if waited.is_err() {
             // Nothing ordered the lend stream after cudarc's work: wait for all of it.
             let _guard = self.device.enter()?;
-            // SAFETY: the device's context is current (entered); no arguments.
-            unsafe { sys::cuCtxSynchronize() }.check_on(self.device, "cuCtxSynchronize")?;
+            // The device's context is current (entered).
+            self.device.check(result::context::synchronize())?;
         }
         Ok(())
     }
@@ -538,35 +535,15 @@ fn wait_on(device: &Device, to: sys::CUstream, from: sys::CUstream) -> Result<()
     // SAFETY: the event and `from` belong to this device's primary context, current here
     // (the null and per-thread handles resolve to its legacy and this thread's per-thread
     // stream).
-    let mut r = unsafe { sys::cuEventRecord(event.0, from) }.check_on(device, "cuEventRecord");
+    let mut r = device.check(unsafe { result::event::record(event.0, from) });
     if r.is_ok() {
         // SAFETY: `to` is a live stream of the current context and the event was just
         // recorded; the wait captures the event's state when enqueued.
-        r = unsafe { sys::cuStreamWaitEvent(to, event.0, 0) }.check_on(device, "cuStreamWaitEvent");
+        r = device.check(unsafe { result::stream::wait_event(to, event.0) });
     }
     // The wait captured the event's state: it may be recorded again at once.
     device.return_event(event);
     r
-}
-
-/// Drops `value` (a cudarc object, whose drop makes its context current) inside
-/// `device`'s context, so the thread's current context is left as it was; on a poisoned
-/// or unreachable context the value is leaked (and the failure logged), like every
-/// gpubind resource.
-pub(crate) fn drop_in_context<V>(what: std::fmt::Arguments<'_>, device: &Device, value: V) {
-    match device.enter() {
-        Ok(_guard) => drop(value),
-        Err(e) => {
-            crate::teardown::faults::report_drop(
-                what,
-                Some(device.ordinal()),
-                crate::teardown::faults::ENTER,
-                &e,
-                crate::teardown::faults::LEAKED,
-            );
-            std::mem::forget(value);
-        }
-    }
 }
 
 /// A cudarc driver error as [`Error::Driver`], for code that mixes cudarc's safe API

@@ -59,6 +59,21 @@
 //!
 //! [`Error`] is the same enum in every build.
 //!
+//! # One path per item
+//!
+//! The core's items are at the crate root (`gpubind::Device`, `gpubind::LaunchConfig`),
+//! and its modules are private; [`interop`] (crossing over to cudarc) is the one public
+//! core module. The optional parts are public modules whose items are reached only
+//! through them (`gpubind::collective::Communicator`, `gpubind::ipc::MemoryPool`).
+//!
+//! ```compile_fail,E0603
+//! use gpubind::device::Device; // error[E0603]: module `device` is private: gpubind::Device
+//! ```
+//!
+//! ```compile_fail,E0432
+//! use gpubind::Communicator; // error[E0432]: no root re-export: gpubind::collective::Communicator
+//! ```
+//!
 //! # gpubind's types and `gpubind::cudarc` (semver)
 //!
 //! Public signatures use gpubind's types ([`Error`], [`DriverErrorCode`],
@@ -87,60 +102,51 @@ pub mod blas;
 #[cfg(feature = "collective")]
 #[cfg_attr(docsrs, doc(cfg(feature = "collective")))]
 pub mod collective;
-pub mod context;
-pub mod copy;
-pub mod device;
+mod config;
+mod context;
+mod copy;
+mod cuda_version;
+mod device;
 #[cfg(feature = "dlpack")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dlpack")))]
 pub mod dlpack;
-pub mod driver;
-pub mod error;
+mod driver;
+mod error;
 #[cfg_attr(not(any(feature = "collective", feature = "ipc")), allow(dead_code))]
 mod fnv;
-pub mod graph;
+mod graph;
 pub mod interop;
 #[cfg(feature = "ipc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
 pub mod ipc;
-pub mod launch;
-pub mod memory;
-pub mod module;
-pub mod stream;
-mod teardown;
-pub use device::poison;
-pub use driver::libraries as libs;
-pub use driver::version as compat;
-pub use memory::{host, managed};
-pub use module::global;
+mod launch;
+mod loader;
+mod memory;
+mod module;
+mod stream;
 mod sync;
+mod teardown;
+mod uuid;
 
 /// Loom model checks of the crate-private primary-context seam and the token slot; run
 /// with `RUSTFLAGS="--cfg loom" cargo test --release --lib loom_tests` (`.ci/run` does).
 #[cfg(all(test, loom))]
 mod loom_tests;
 
-#[cfg(feature = "collective")]
-#[cfg_attr(docsrs, doc(cfg(feature = "collective")))]
-pub use collective::{
-    Backend, CollectiveType, CommOptions, Communicator, Group, LaunchEnv, NcclUniqueId, Op,
-    RankComm, Transport, nccl_available,
-};
+// The core's items, each at the root only (docs/design.md, "Public paths").
 pub use context::{BoundDevice, ThreadContext};
 pub use copy::{CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind};
 pub use device::{Device, DeviceAttribute, Uuid};
-#[cfg(feature = "dlpack")]
-#[cfg_attr(docsrs, doc(cfg(feature = "dlpack")))]
-pub use dlpack::{DlpackDtype, DlpackExport, ExportedTensor, ImportedTensor};
-pub use driver::version::{DriverVersion, driver_version};
+#[cfg(feature = "cublas")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
+pub use driver::libraries::cublas_info;
+pub use driver::libraries::{LibraryInfo, nvrtc_info, nvrtc_supported_archs};
+pub use driver::version::{
+    ASSUME_DRIVER_VERSION_ENV, DriverVersion, EntryPointStatus, driver_version, entry_points,
+};
 pub use driver::{driver_available, init};
 pub use error::{DriverErrorCode, Error, Result};
 pub use graph::{Capture, CaptureLaunch, Graph, GraphExec};
-#[cfg(feature = "ipc")]
-#[cfg_attr(docsrs, doc(cfg(feature = "ipc")))]
-pub use ipc::{
-    BufferHandle, ImportedPool, ImportedSlice, LegacyIpcHandle, LegacySlice, MemoryPool,
-    PoolConfig, PoolHandle, PoolSlice,
-};
 pub use launch::{ClusterScheduling, LaunchBuilder, LaunchConfig, LaunchExBuilder};
 pub use memory::host::{
     CaptureSource, HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost,
@@ -151,8 +157,9 @@ pub use memory::{
 };
 pub use module::global::ModuleGlobal;
 pub use module::{
-    Function, FunctionAttributes, Kernel, KernelArg, Module, Output, PotentialBlockSize,
-    SharedModule, compile, nvrtc_available,
+    Arch, CompileOptions, CppStandard, Function, FunctionAttributes, Kernel, KernelArg, LaunchArg,
+    Module, Output, PotentialBlockSize, SharedModule, compile, compile_with, cuda_include_dir,
+    nvrtc_available,
 };
 pub use stream::{BoundStream, Event, EventFlags, Stream, StreamPriorityRange};
 

@@ -43,7 +43,7 @@
 use crate::access::{self, Access, AccessTracker, Claim, Locks, StreamInner, StreamSlot, Use};
 use crate::context::BoundDevice;
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, MemsetValue, Tracked, expect_len};
 use cudarc::driver::sys;
@@ -173,12 +173,8 @@ impl Stream {
     pub fn priority(&self) -> Result<i32> {
         let device = &self.inner.device;
         let _guard = device.enter()?;
-        let mut p = 0;
-        // SAFETY: a live stream of `device`, whose context is current for the call;
-        // writes one int.
-        unsafe { sys::cuStreamGetPriority(self.inner.raw, &mut p) }
-            .check_on(device, "cuStreamGetPriority")?;
-        Ok(p)
+        // SAFETY: a live stream of `device`, whose context is current for the call.
+        device.check(unsafe { result::stream::priority(self.inner.raw) })
     }
 
     /// The raw handle, for cudarc or driver calls.
@@ -233,18 +229,15 @@ impl Event {
     pub fn synchronize(&self) -> Result<()> {
         let _guard = self.device.enter()?;
         // SAFETY: valid event; its context is current for the call.
-        unsafe { sys::cuEventSynchronize(self.raw) }.check_on(&self.device, "cuEventSynchronize")
+        self.device
+            .check(unsafe { result::event::synchronize(self.raw) })
     }
 
     /// Whether the work before the last record has finished (non-blocking).
     pub fn is_complete(&self) -> Result<bool> {
         let _guard = self.device.enter()?;
         // SAFETY: valid event; its context is current for the call.
-        match unsafe { sys::cuEventQuery(self.raw) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            code => code.check_on(&self.device, "cuEventQuery").map(|()| true),
-        }
+        self.device.check(unsafe { result::event::query(self.raw) })
     }
 
     /// Milliseconds between `self` and `end`, both recorded with timing enabled and
@@ -272,17 +265,18 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        let raw = self.raw;
-        crate::teardown::faults::release(
-            format_args!("an Event"),
-            &self.device,
-            Ok(()),
-            "cuEventDestroy_v2",
-            || {
-                // SAFETY: created by cuEventCreate in this context (current while this
-                // runs), destroyed once here.
-                unsafe { sys::cuEventDestroy_v2(raw) }
+        let raw = self.raw as usize; // a handle, `Send`
+        crate::teardown::release(
+            crate::teardown::Teardown {
+                what: format_args!("an Event"),
+                device: &self.device,
+                waited: Ok(()),
+                call: "cuEventDestroy_v2",
+                runs: crate::teardown::Runs::Inline,
             },
+            // SAFETY: created by cuEventCreate in this context (current while this runs),
+            // destroyed once here.
+            move || unsafe { result::event::destroy(raw as sys::CUevent) },
         );
     }
 }
@@ -337,12 +331,11 @@ impl<'a> BoundDevice<'a> {
     /// priority.
     pub fn new_stream(&self) -> Result<Stream> {
         self.ensure_current()?;
-        let mut raw: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: context current; writes one handle.
-        unsafe {
-            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-        }
-        .check("cuStreamCreate")?;
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: context current; the stream's `StreamInner` destroys it.
+        let raw = self
+            .device()
+            .check(unsafe { result::stream::create(flags) })?;
         Ok(Stream {
             inner: Arc::new(StreamInner::new(Arc::clone(self.device()), raw)),
         })
@@ -362,10 +355,10 @@ impl<'a> BoundDevice<'a> {
     /// ```
     pub fn stream_priority_range(&self) -> Result<StreamPriorityRange> {
         self.ensure_current()?;
-        let (mut least, mut greatest) = (0, 0);
-        // SAFETY: context current; writes two ints.
-        unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) }
-            .check_on(self.device(), "cuCtxGetStreamPriorityRange")?;
+        // The context is current (just checked).
+        let (least, greatest) = self
+            .device()
+            .check(result::context::stream_priority_range())?;
         Ok(StreamPriorityRange { least, greatest })
     }
 
@@ -397,16 +390,12 @@ impl<'a> BoundDevice<'a> {
                 least: range.least,
             });
         }
-        let mut raw: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: context current (checked by stream_priority_range); writes one handle.
-        unsafe {
-            sys::cuStreamCreateWithPriority(
-                &mut raw,
-                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-                priority,
-            )
-        }
-        .check_on(self.device(), "cuStreamCreateWithPriority")?;
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: context current (checked by stream_priority_range); the stream's
+        // `StreamInner` destroys it.
+        let raw = self
+            .device()
+            .check(unsafe { result::stream::create_with_priority(flags, priority) })?;
         Ok(Stream {
             inner: Arc::new(StreamInner::new(Arc::clone(self.device()), raw)),
         })
@@ -433,11 +422,11 @@ impl<'a> BoundDevice<'a> {
     /// ```
     pub fn new_event_with(&self, flags: EventFlags) -> Result<Event> {
         self.ensure_current()?;
-        let mut raw: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: context current; writes one handle; `flags.raw()` combines only
-        // CU_EVENT_BLOCKING_SYNC and CU_EVENT_DISABLE_TIMING.
-        unsafe { sys::cuEventCreate(&mut raw, flags.raw()) }
-            .check_on(self.device(), "cuEventCreate")?;
+        // SAFETY: context current; `flags.raw()` combines only CU_EVENT_BLOCKING_SYNC and
+        // CU_EVENT_DISABLE_TIMING; the `Event` destroys it.
+        let raw = self
+            .device()
+            .check(unsafe { result::event::create(flags.raw()) })?;
         Ok(Event {
             device: Arc::clone(self.device()),
             raw,
@@ -466,8 +455,8 @@ impl<'a> BoundDevice<'a> {
     pub(crate) fn sync_default_stream(&self) -> Result<()> {
         self.ensure_current()?;
         // SAFETY: context current; the null stream is always valid.
-        unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }
-            .check_on(self.device(), "cuStreamSynchronize")
+        self.device()
+            .check(unsafe { result::stream::synchronize(std::ptr::null_mut()) })
     }
 }
 
@@ -556,8 +545,9 @@ impl<'b> BoundStream<'b> {
     pub fn synchronize(&self) -> Result<()> {
         self.ensure_stream_context()?;
         // SAFETY: valid stream of the current context.
-        unsafe { sys::cuStreamSynchronize(self.slot.raw()) }
-            .check_on(self.bound.device(), "cuStreamSynchronize")
+        self.bound
+            .device()
+            .check(unsafe { result::stream::synchronize(self.slot.raw()) })
     }
 
     /// Records `event` at this point of the stream.
@@ -565,8 +555,9 @@ impl<'b> BoundStream<'b> {
         self.ensure_stream_context()?;
         self.bound.expect_device("event", event.device())?;
         // SAFETY: event and stream belong to the current context.
-        unsafe { sys::cuEventRecord(event.raw, self.slot.raw()) }
-            .check_on(self.bound.device(), "cuEventRecord")
+        self.bound
+            .device()
+            .check(unsafe { result::event::record(event.raw, self.slot.raw()) })
     }
 
     /// Makes later work on this stream wait for `event`. The event may belong to
@@ -577,8 +568,9 @@ impl<'b> BoundStream<'b> {
     pub fn wait(&self, event: &Event) -> Result<()> {
         self.ensure_stream_context()?;
         // SAFETY: valid stream of the current context; CUDA allows events of other contexts.
-        unsafe { sys::cuStreamWaitEvent(self.slot.raw(), event.raw, 0) }
-            .check_on(self.bound.device(), "cuStreamWaitEvent")
+        self.bound
+            .device()
+            .check(unsafe { result::stream::wait_event(self.slot.raw(), event.raw) })
     }
 
     /// Stream-ordered zeroing of `dst`.
@@ -594,8 +586,8 @@ impl<'b> BoundStream<'b> {
         let _claim = self.claim_write(dst)?;
         // SAFETY: current context; in-bounds range of a live allocation, whose other uses
         // are ordered before this one (tracked above) and whose free waits for it.
-        unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, self.slot.raw()) }
-            .check_on(self.bound.device(), "cuMemsetD8Async")
+        let zeroed = unsafe { result::copy::memset_d8_async(ptr, 0, bytes, self.slot.raw()) };
+        self.bound.device().check(zeroed)
     }
 
     /// Stream-ordered fill: sets every element of `dst` to `value` (1-, 2- and 4-byte
@@ -657,15 +649,15 @@ impl<'b> BoundStream<'b> {
             // SAFETY: current context; live allocations that do not overlap (checked
             // above), whose other uses are ordered around this one (claimed by the
             // caller) and whose frees wait for it.
-            unsafe {
-                sys::cuMemcpyDtoDAsync_v2(
+            let copied = unsafe {
+                result::copy::dtod_async(
                     dst_ptr,
                     src.device_ptr(),
                     src.num_bytes(),
                     self.slot.raw(),
                 )
-            }
-            .check_on(self.bound.device(), "cuMemcpyDtoDAsync_v2")
+            };
+            self.bound.device().check(copied)
         };
         if dst.shares_tracker() {
             // A module global's tracker may also be the source's (two views of one
@@ -708,15 +700,15 @@ impl<'b> BoundStream<'b> {
         let _claim = self.claim_write(dst)?;
         // SAFETY: current context; sizes match; `dst` is tracked; the caller keeps `src`
         // alive as documented.
-        unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
+        let copied = unsafe {
+            result::copy::htod_async(
                 dst_ptr,
                 src.as_ptr().cast(),
                 std::mem::size_of_val(src),
                 self.slot.raw(),
             )
-        }
-        .check_on(self.bound.device(), "cuMemcpyHtoDAsync_v2")
+        };
+        self.bound.device().check(copied)
     }
 
     /// Stream-ordered device-to-host copy.
@@ -739,15 +731,15 @@ impl<'b> BoundStream<'b> {
         let _claim = self.claim([Some((src.tracker(), Access::Read))])?;
         // SAFETY: current context; sizes match; `src` is tracked; the caller keeps `dst`
         // alive as documented.
-        unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
+        let copied = unsafe {
+            result::copy::dtoh_async(
                 dst.as_mut_ptr().cast(),
                 src.device_ptr(),
                 src.num_bytes(),
                 self.slot.raw(),
             )
-        }
-        .check_on(self.bound.device(), "cuMemcpyDtoHAsync_v2")
+        };
+        self.bound.device().check(copied)
     }
 
     /// The raw stream handle (null for the default stream).

@@ -36,3 +36,20 @@ macro_rules! thread_local_slot {
     };
 }
 pub(crate) use thread_local_slot;
+
+/// A stream's gate (`crate::access`'s fast path): held by a fast-path enqueue on the stream, and by
+/// whoever takes back a tracker's published id of the stream. A plain `std` mutex, also
+/// under loom: the loom models use their own mock streams.
+#[derive(Default)]
+pub(crate) struct Gate(std::sync::Mutex<()>);
+
+impl Gate {
+    /// Locks the gate (poisoning cannot leave anything inconsistent: it guards no data).
+    #[inline(always)]
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        match self.0.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}

@@ -52,7 +52,7 @@ assert_impl_all!(DeviceAttribute: Debug, Copy, Eq, std::hash::Hash, std::fmt::Di
 assert_impl_all!(DriverErrorCode: Debug, Copy, Eq, std::hash::Hash, std::fmt::Display);
 assert_impl_all!(Uuid: Debug);
 assert_impl_all!(gpubind::DriverVersion: Debug, Send, Sync, Copy, Ord, std::fmt::Display);
-assert_impl_all!(gpubind::compat::EntryPointStatus: Debug, Send, Sync, Clone);
+assert_impl_all!(gpubind::EntryPointStatus: Debug, Send, Sync, Clone);
 assert_impl_all!(Error: Debug);
 assert_impl_all!(Stream: Debug);
 assert_impl_all!(Event: Debug);
@@ -94,6 +94,7 @@ mod cublas_api {
 #[cfg(feature = "collective")]
 mod collective_api {
     use super::*;
+    use gpubind::collective::*;
     assert_impl_all!(Backend: Debug);
     assert_impl_all!(CommOptions: Debug);
     assert_impl_all!(Communicator: Debug);
@@ -106,6 +107,7 @@ mod collective_api {
 #[cfg(feature = "dlpack")]
 mod dlpack_api {
     use super::*;
+    use gpubind::dlpack::*;
     assert_impl_all!(ExportedTensor: Debug);
     assert_impl_all!(ImportedTensor<f32>: Debug);
     assert_impl_all!(gpubind::dlpack::DLPackVersion: Debug);
@@ -120,6 +122,7 @@ mod dlpack_api {
 #[cfg(feature = "ipc")]
 mod ipc_api {
     use super::*;
+    use gpubind::ipc::*;
     assert_impl_all!(BufferHandle: Debug);
     assert_impl_all!(LegacyIpcHandle: Debug);
     assert_impl_all!(PoolHandle: Debug);
@@ -385,7 +388,7 @@ fn feature_disabled_names_the_feature() {
 #[cfg(all(feature = "collective", not(feature = "nccl")))]
 #[test]
 fn nccl_backend_without_its_feature_is_a_typed_error() {
-    assert!(!nccl_available());
+    assert!(!gpubind::collective::nccl_available());
     let e = gpubind::collective::nccl_version().unwrap_err();
     assert!(
         matches!(

@@ -94,7 +94,7 @@ fn enum_values_match_dlpack_h() {
         (dlpack::DLPACK_MAJOR_VERSION, dlpack::DLPACK_MINOR_VERSION),
         (1, 3)
     );
-    use gpubind::DlpackDtype;
+    use gpubind::dlpack::DlpackDtype;
     assert_eq!(
         f32::DTYPE,
         DLDataType {

@@ -187,7 +187,7 @@ fn module_load_during_foreign_switch() -> R {
     unsafe {
         gpu.default_stream()
             .launch(&fill, LaunchConfig::for_num_elems(n))
-            .arg(&out)
+            .arg_written(&out)
             .arg(&n)
             .arg(&7u32)
             .launch()

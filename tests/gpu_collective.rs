@@ -8,10 +8,10 @@
 mod common;
 
 use common::Ctx;
-use gpubind::{
-    CollectiveType, CommOptions, Communicator, Device, DeviceSlice, Error, Op, RankComm,
-    ThreadContext, Transport, nccl_available,
+use gpubind::collective::{
+    CollectiveType, CommOptions, Communicator, Op, RankComm, Transport, nccl_available,
 };
+use gpubind::{Device, DeviceSlice, Error, ThreadContext};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -767,7 +767,7 @@ fn mismatched_lengths_are_typed_errors() -> R {
         println!("    SKIPPED: the NCCL part (libnccl not found)");
     }
     for opts in backends {
-        let devices = if opts.backend == gpubind::Backend::Nccl {
+        let devices = if opts.backend == gpubind::collective::Backend::Nccl {
             vec![Arc::clone(&d)]
         } else {
             vec![Arc::clone(&d); 2]

@@ -14,8 +14,8 @@
 mod common;
 
 use common::{Ctx, child_role, run_suite};
-use gpubind::compat::{ASSUME_DRIVER_VERSION_ENV, entry_points};
 use gpubind::cudarc::driver::sys;
+use gpubind::{ASSUME_DRIVER_VERSION_ENV, entry_points};
 use gpubind::{
     Advice, Device, DriverVersion, Error, LaunchConfig, Location, ThreadContext, driver_version,
 };
@@ -81,7 +81,7 @@ fn run_child(role: &str, cap: &str) -> Result<String, String> {
 }
 
 fn the_status_of<'a>(
-    eps: &'a [gpubind::compat::EntryPointStatus],
+    eps: &'a [gpubind::EntryPointStatus],
     symbol: &str,
 ) -> Result<&'a Result<(), Error>, String> {
     eps.iter()

@@ -1,5 +1,5 @@
-//! GPU tests of NVRTC compile options (`gpubind::module::options`) and of kernels that
-//! hold their module (`gpubind::module::SharedModule`, `Kernel`): each compiled kernel is
+//! GPU tests of NVRTC compile options (`gpubind::options`) and of kernels that
+//! hold their module (`gpubind::SharedModule`, `Kernel`): each compiled kernel is
 //! run and its result checked. Without a driver: one SKIPPED line.
 //!
 //! Run: `cargo test --test gpu_compile` (on a GPU machine, or the built binary directly).
@@ -11,7 +11,7 @@
 mod common;
 
 use common::{Ctx, dev0, run_suite, skip};
-use gpubind::module::{Arch, CompileOptions, CppStandard, cuda_include_dir};
+use gpubind::{Arch, CompileOptions, CppStandard, cuda_include_dir};
 use gpubind::{
     BoundDevice, BoundStream, DeviceSlice, Error, Kernel, LaunchConfig, SharedModule, ThreadContext,
 };
@@ -313,7 +313,7 @@ const N: u32 = 1 << 16;
 fn inc(s: &BoundStream<'_>, f: &Kernel, x: &DeviceSlice<u32>, slow: bool) -> R {
     let n = x.len() as u32;
     let mut l = s.launch(f, LaunchConfig::for_num_elems(n));
-    l.arg(x).arg(&n);
+    l.arg_written(x).arg(&n);
     if slow {
         l.arg(&SLOW);
     }
@@ -514,7 +514,7 @@ fn graph_keeps_a_kernels_module() -> R {
         let graph = gpu
             .capture(|c| {
                 let mut l = c.launch(&k, LaunchConfig::for_num_elems(n));
-                l.arg(&x).arg(&n);
+                l.arg_written(&x).arg(&n);
                 // SAFETY: (unsigned*, unsigned) matches `inc`, in bounds.
                 unsafe { l.launch() }
             })

@@ -602,7 +602,7 @@ fn one_thread_many_gpus_and_module_reuse() -> R {
                     .launch(&f, LaunchConfig::for_num_elems(n))
                     .arg(&1f32)
                     .arg(&x)
-                    .arg(y)
+                    .arg(&mut *y)
                     .arg(&n)
                     .launch()
             }

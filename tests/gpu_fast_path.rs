@@ -50,7 +50,7 @@ fn kernels(gpu: &BoundDevice<'_>) -> Result<Module, String> {
 fn inc(s: &BoundStream<'_>, f: &Function<'_>, x: &DeviceSlice<u32>, slow: bool) -> R {
     let n = x.len() as u32;
     let mut l = s.launch(f, LaunchConfig::for_num_elems(n));
-    l.arg(x).arg(&n);
+    l.arg_written(x).arg(&n);
     if slow {
         l.arg(&SLOW);
     }

@@ -198,7 +198,7 @@ fn spin<A: gpubind::KernelArg + ?Sized>(
     // into `p`, which holds at least one.
     unsafe {
         s.launch(f, LaunchConfig::for_num_elems(1))
-            .arg(p)
+            .arg_written(p)
             .arg(&ns)
             .launch()
     }
@@ -220,10 +220,10 @@ fn child_bounded_drop() -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let dev = Device::get(0).ctx("Device::get")?;
     #[cfg(feature = "collective")]
-    let comm = gpubind::Communicator::new(
+    let comm = gpubind::collective::Communicator::new(
         &mut ctx,
         std::slice::from_ref(&dev),
-        gpubind::CommOptions::kernels(),
+        gpubind::collective::CommOptions::kernels(),
     )
     .ctx("communicator")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
@@ -452,6 +452,372 @@ fn borrowed_registration_past_the_limit_aborts() -> R {
     Ok(())
 }
 
+/// The operation the fault-without-synchronise child calls first
+/// (`GPUBIND_FIRST_OP`), so that every operation is, in one run, the first to meet the
+/// driver's sticky error.
+const FIRST_OP_ENV: &str = "GPUBIND_FIRST_OP";
+
+/// What an operation of the core must return once a kernel faulted: the device's poison
+/// (`Error::ContextPoisoned` with the fault's code and kernel), never the bare
+/// `Error::Driver` of the sticky code. Before gpubind has seen the fault, an operation the
+/// driver lets through (`Ok`) is allowed; after, none is.
+fn expect_poisoned_by_fault(name: &str, r: gpubind::Result<()>, poisoned_before: bool) -> R {
+    match r {
+        Ok(()) if !poisoned_before => {
+            println!("op {name}: Ok (the driver did not report the fault to this call)");
+            Ok(())
+        }
+        Ok(()) => Err(format!("op {name}: Ok on a poisoned device")),
+        Err(Error::ContextPoisoned {
+            device: 0,
+            first_call,
+            code,
+            kernel,
+            ..
+        }) => {
+            ensure!(
+                code == DriverErrorCode::ILLEGAL_ADDRESS,
+                "op {name}: poisoned with {code:?}"
+            );
+            ensure!(
+                kernel.as_deref() == Some("write_null"),
+                "op {name}: the poison names kernel {kernel:?}"
+            );
+            println!("op {name}: ContextPoisoned (first reported by {first_call})");
+            Ok(())
+        }
+        Err(other) => Err(format!(
+            "op {name}: expected ContextPoisoned, got {other:?}"
+        )),
+    }
+}
+
+/// Waits, without gpubind, until the driver reports `stream`'s fault (a raw
+/// `cuStreamQuery`): gpubind has not seen it when this returns.
+fn wait_for_fault_unseen(stream: &gpubind::BoundStream<'_>) -> R {
+    use gpubind::cudarc::driver::sys;
+    let t = std::time::Instant::now();
+    loop {
+        // SAFETY: a live stream of the current context; the query only reads its state.
+        let r = unsafe { sys::cuStreamQuery(stream.raw()) };
+        match r {
+            sys::CUresult::CUDA_ERROR_NOT_READY => {}
+            sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS => return Ok(()),
+            other => return Err(format!("the faulting kernel ended with {other:?}")),
+        }
+        ensure!(
+            t.elapsed() < std::time::Duration::from_secs(20),
+            "the null write did not fault within 20 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// The child: faults a kernel without synchronising, then calls every public operation
+/// of the core, starting with operation `GPUBIND_FIRST_OP`, twice round; each must be
+/// `ContextPoisoned` (the first round may see `Ok` until some call meets the fault).
+/// Then drops everything (leaked, not freed: no hang, no panic) and checks a new
+/// binding is refused.
+fn child_fault_unsynced() -> R {
+    use gpubind::{EventFlags, PinnedOptions, RegisterOptions};
+    use std::cell::RefCell;
+    let first: usize = std::env::var(FIRST_OP_ENV)
+        .ctx(FIRST_OP_ENV)?
+        .parse()
+        .ctx(FIRST_OP_ENV)?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let dev = Device::get(0).ctx("Device::get")?;
+    {
+        let gpu = ctx.bind(&dev).ctx("bind")?;
+        let module = gpu.compile_and_load(NULL_WRITE, "null.cu").ctx("compile")?;
+        let f = module.function("write_null").ctx("function")?;
+        let stream = gpu.new_stream().ctx("stream")?;
+        let s = gpu.on(&stream).ctx("on")?;
+        let event = gpu.new_event(false).ctx("event")?;
+        let src = gpu.clone_htod(&[1u32; 16]).ctx("htod")?;
+        let dst = RefCell::new(gpu.alloc_zeros::<u32>(16).ctx("alloc")?);
+        let host = RefCell::new(vec![0u32; 16]);
+        let graph_buf = gpu.alloc_zeros::<u32>(16).ctx("alloc")?;
+        let exec = gpu
+            .capture(|c| c.memset_zeros(&graph_buf))
+            .ctx("capture")?
+            .instantiate()
+            .ctx("instantiate")?;
+        let capture_buf = gpu.alloc_zeros::<u32>(16).ctx("alloc")?;
+        let null = 0u64;
+        let launch = || {
+            // SAFETY: deliberately not: the kernel writes through a null pointer, which
+            // the device reports as a sticky error; nothing on the host is touched.
+            unsafe {
+                s.launch(&f, LaunchConfig::for_num_elems(1))
+                    .arg(&null)
+                    .launch()
+            }
+        };
+        type Op<'a> = (&'static str, Box<dyn Fn() -> gpubind::Result<()> + 'a>);
+        let ops: Vec<Op<'_>> = vec![
+            // SAFETY: the uninitialised elements are never read.
+            (
+                "alloc",
+                Box::new(|| unsafe { gpu.alloc::<u32>(16) }.map(drop)),
+            ),
+            (
+                "alloc_zeros",
+                Box::new(|| gpu.alloc_zeros::<u32>(16).map(drop)),
+            ),
+            (
+                "clone_htod",
+                Box::new(|| gpu.clone_htod(&[2u32; 16]).map(drop)),
+            ),
+            (
+                "htod_copy",
+                Box::new(|| gpu.htod_copy(&[3u32; 16], &mut *dst.borrow_mut())),
+            ),
+            ("dtoh", Box::new(|| gpu.dtoh(&src).map(drop))),
+            (
+                "dtoh_into",
+                Box::new(|| gpu.dtoh_into(&src, &mut host.borrow_mut())),
+            ),
+            ("dtod", Box::new(|| gpu.dtod(&src, &mut *dst.borrow_mut()))),
+            ("clone_dtod", Box::new(|| gpu.clone_dtod(&src).map(drop))),
+            (
+                "memset",
+                Box::new(|| gpu.memset(&mut *dst.borrow_mut(), 7u32)),
+            ),
+            (
+                "memset_zeros",
+                Box::new(|| gpu.memset_zeros(&mut *dst.borrow_mut())),
+            ),
+            ("copy", Box::new(|| gpu.copy(&src, &mut *host.borrow_mut()))),
+            ("memory_info", Box::new(|| gpu.memory_info().map(drop))),
+            ("synchronize", Box::new(|| gpu.synchronize())),
+            ("new_stream", Box::new(|| gpu.new_stream().map(drop))),
+            (
+                "new_stream_with_priority",
+                Box::new(|| gpu.new_stream_with_priority(0).map(drop)),
+            ),
+            (
+                "stream_priority_range",
+                Box::new(|| gpu.stream_priority_range().map(drop)),
+            ),
+            ("new_event", Box::new(|| gpu.new_event(true).map(drop))),
+            (
+                "new_event_with",
+                Box::new(|| gpu.new_event_with(EventFlags::new()).map(drop)),
+            ),
+            ("record", Box::new(|| s.record(&event))),
+            ("wait", Box::new(|| s.wait(&event))),
+            ("event_synchronize", Box::new(|| event.synchronize())),
+            (
+                "event_is_complete",
+                Box::new(|| event.is_complete().map(drop)),
+            ),
+            ("stream_priority", Box::new(|| stream.priority().map(drop))),
+            ("stream_synchronize", Box::new(|| s.synchronize())),
+            (
+                "memset_async",
+                Box::new(|| s.memset_async(&mut *dst.borrow_mut(), 9u32)),
+            ),
+            (
+                "memset_zeros_async",
+                Box::new(|| s.memset_zeros_async(&mut *dst.borrow_mut())),
+            ),
+            (
+                "dtod_async",
+                Box::new(|| s.dtod_async(&src, &mut *dst.borrow_mut())),
+            ),
+            // SAFETY: pageable host memory: the driver stages the copy before returning.
+            (
+                "htod_async",
+                Box::new(|| unsafe { s.htod_async(&host.borrow(), &mut *dst.borrow_mut()) }),
+            ),
+            // SAFETY: pageable host memory: the copy completes before returning.
+            (
+                "dtoh_async",
+                Box::new(|| unsafe { s.dtoh_async(&src, &mut host.borrow_mut()) }),
+            ),
+            (
+                "alloc_pinned",
+                Box::new(|| {
+                    gpu.alloc_pinned::<u32>(16, PinnedOptions::default())
+                        .map(drop)
+                }),
+            ),
+            (
+                "register_host",
+                Box::new(|| {
+                    let mut pages = vec![0u32; 1024];
+                    gpu.register_host(&mut pages, RegisterOptions::default())
+                        .map(drop)
+                }),
+            ),
+            (
+                "alloc_managed",
+                Box::new(|| gpu.alloc_managed::<u32>(16).map(drop)),
+            ),
+            (
+                "module_load",
+                Box::new(|| gpu.compile_and_load(NULL_WRITE, "again.cu").map(drop)),
+            ),
+            (
+                "function",
+                Box::new(|| module.function("write_null").map(drop)),
+            ),
+            ("launch", Box::new(launch)),
+            (
+                "graph_capture",
+                Box::new(|| gpu.capture(|c| c.memset_zeros(&capture_buf)).map(drop)),
+            ),
+            ("graph_launch", Box::new(|| exec.launch(&s))),
+        ];
+        ensure!(
+            ops.len() == FAULT_OPS,
+            "{} operations, FAULT_OPS is {FAULT_OPS}",
+            ops.len()
+        );
+        let first = first % ops.len();
+        launch().ctx("launch write_null")?;
+        println!("launched write_null; not synchronising");
+        wait_for_fault_unseen(&s)?;
+        ensure!(!dev.is_poisoned(), "gpubind saw the fault before any call");
+        for round in 0..2 {
+            for k in 0..ops.len() {
+                let (name, op) = &ops[(first + k) % ops.len()];
+                let before = round > 0 || dev.is_poisoned();
+                expect_poisoned_by_fault(name, op(), before)?;
+            }
+            ensure!(dev.is_poisoned(), "no operation reported the fault");
+        }
+        println!("dropping the device's values");
+    } // buffers, streams, events, graph, module: dropped without touching the context
+    println!("dropped");
+    let e = ctx
+        .bind(&dev)
+        .err()
+        .ok_or("bind of a poisoned device worked")?;
+    ensure!(matches!(e, Error::ContextPoisoned { .. }), "bind: {e}");
+    println!("ALL POISONED");
+    Ok(())
+}
+
+/// How many operations [`child_fault_unsynced`] calls.
+const FAULT_OPS: usize = 37;
+
+/// A kernel faults and nothing synchronises: whichever operation meets the fault first,
+/// it and every later one are `ContextPoisoned` (never a bare driver error), in one
+/// process; one run per operation as the first, eight processes at a time (a fault
+/// poisons only its own process's context).
+fn every_operation_after_an_unsynchronised_fault_is_poisoned() -> R {
+    let firsts: Vec<usize> = (0..FAULT_OPS).collect();
+    for batch in firsts.chunks(8) {
+        let runs: Vec<_> = batch
+            .iter()
+            .map(|&first| {
+                std::thread::spawn(move || -> R {
+                    let env = [(FIRST_OP_ENV, first.to_string())];
+                    let env: Vec<(&str, &str)> =
+                        env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                    let out = run_child_with("fault_unsynced", &env)?;
+                    ensure!(
+                        out.contains("ALL POISONED"),
+                        "first op {first}: child output:\n{out}"
+                    );
+                    Ok(())
+                })
+            })
+            .collect();
+        for run in runs {
+            run.join()
+                .map_err(|_| "a child runner panicked".to_owned())??;
+        }
+    }
+    Ok(())
+}
+
+/// The child: 8 threads each bind device 0 and work (allocations, copies, fills,
+/// streams, events, memory queries) until a call fails, while a 9th launches a faulting
+/// kernel and does not synchronise. Every worker must end with `ContextPoisoned`.
+fn child_fault_threads() -> R {
+    use std::sync::{Arc, Barrier};
+    let dev = Device::get(0).ctx("Device::get")?;
+    let start = Arc::new(Barrier::new(9));
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let (dev, start) = (Arc::clone(&dev), Arc::clone(&start));
+            std::thread::spawn(move || -> R {
+                let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+                let gpu = ctx.bind(&dev).ctx("bind")?;
+                let stream = gpu.new_stream().ctx("stream")?;
+                start.wait();
+                let t = std::time::Instant::now();
+                let mut rounds = 0u64;
+                let failed = loop {
+                    let s = match gpu.on(&stream) {
+                        Ok(s) => s,
+                        Err(e) => break e,
+                    };
+                    let step = (|| -> gpubind::Result<()> {
+                        let mut a = gpu.clone_htod(&[w as u32; 256])?;
+                        s.memset_async(&mut a, 1u32)?;
+                        let b = gpu.clone_dtod(&a)?;
+                        gpu.dtoh(&b)?;
+                        gpu.memory_info()?;
+                        drop(gpu.new_stream()?);
+                        drop(gpu.new_event(false)?);
+                        s.synchronize()
+                    })();
+                    if let Err(e) = step {
+                        break e;
+                    }
+                    rounds += 1;
+                    if t.elapsed() > std::time::Duration::from_secs(30) {
+                        return Err(format!("worker {w}: no error after 30 s"));
+                    }
+                };
+                ensure!(
+                    matches!(failed, Error::ContextPoisoned { .. }),
+                    "worker {w} after {rounds} rounds: expected ContextPoisoned, got {failed:?}"
+                );
+                println!("worker {w}: ContextPoisoned after {rounds} rounds");
+                Ok(())
+            })
+        })
+        .collect();
+    {
+        let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+        let gpu = ctx.bind(&dev).ctx("bind")?;
+        let module = gpu.compile_and_load(NULL_WRITE, "null.cu").ctx("compile")?;
+        let f = module.function("write_null").ctx("function")?;
+        let stream = gpu.new_stream().ctx("stream")?;
+        let s = gpu.on(&stream).ctx("on")?;
+        start.wait();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let null = 0u64;
+        // SAFETY: deliberately not: the kernel writes through a null pointer (a sticky
+        // error on the device); nothing on the host is touched.
+        unsafe {
+            s.launch(&f, LaunchConfig::for_num_elems(1))
+                .arg(&null)
+                .launch()
+        }
+        .ctx("launch write_null")?;
+        println!("launched write_null; not synchronising");
+    }
+    for (w, t) in workers.into_iter().enumerate() {
+        t.join().map_err(|_| format!("worker {w} panicked"))??;
+    }
+    ensure!(dev.is_poisoned(), "the device is not marked poisoned");
+    println!("ALL WORKERS POISONED");
+    Ok(())
+}
+
+/// Eight threads at work when a ninth faults: each ends with `ContextPoisoned`.
+fn threads_at_work_all_see_the_poison() -> R {
+    let out = run_child("fault_threads")?;
+    ensure!(out.contains("ALL WORKERS POISONED"), "child output:\n{out}");
+    Ok(())
+}
+
 fn main() {
     let exit = |r: R| {
         std::process::exit(r.map(|_| 0).unwrap_or_else(|e| {
@@ -464,6 +830,8 @@ fn main() {
         Some("bounded_drop") => exit(child_bounded_drop()),
         Some("borrowed_abort") => exit(child_borrowed_registration_aborts()),
         Some("unrelated_free") => exit(child_unrelated_free()),
+        Some("fault_unsynced") => exit(child_fault_unsynced()),
+        Some("fault_threads") => exit(child_fault_threads()),
         _ => {}
     }
     run_suite(
@@ -484,6 +852,14 @@ fn main() {
             (
                 "unrelated_drop_is_bounded_and_frees_later",
                 unrelated_drop_is_bounded_and_frees_later,
+            ),
+            (
+                "every_operation_after_an_unsynchronised_fault_is_poisoned",
+                every_operation_after_an_unsynchronised_fault_is_poisoned,
+            ),
+            (
+                "threads_at_work_all_see_the_poison",
+                threads_at_work_all_see_the_poison,
             ),
         ],
     )

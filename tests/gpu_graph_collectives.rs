@@ -22,10 +22,9 @@ mod common;
 use common::{
     Ctx, PrintWarnings, child_role, dev0, finish, free_port, nccl_present, run_suite, two_gpus,
 };
+use gpubind::collective::{CommOptions, Communicator, Op, RankComm};
 use gpubind::collective::{LaunchEnv, NcclUniqueId};
-use gpubind::{
-    CommOptions, Communicator, Device, Error, LaunchConfig, Op, RankComm, ThreadContext,
-};
+use gpubind::{Device, Error, LaunchConfig, ThreadContext};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -94,12 +93,12 @@ fn replay(comm: &RankComm, ctx: &mut ThreadContext, d: &Arc<Device>) -> R {
             // kernels, which stay within the n elements of the buffers.
             unsafe {
                 c.launch(&addf, LaunchConfig::for_num_elems(n32))
-                    .arg(&xf)
+                    .arg_written(&xf)
                     .value(n32)
                     .value(1.0f32)
                     .launch()?;
                 c.launch(&addi, LaunchConfig::for_num_elems(n32))
-                    .arg(&xi)
+                    .arg_written(&xi)
                     .value(n32)
                     .value(1i32)
                     .launch()?;
@@ -208,7 +207,7 @@ fn nccl_graph_exec_then_comm_dropped() -> R {
             // SAFETY: (unsigned*, unsigned long long) as declared; writes flag[0].
             unsafe {
                 c.launch(&spin, LaunchConfig::for_num_elems(1))
-                    .arg(&flag)
+                    .arg_written(&flag)
                     .value(ns)
                     .launch()?
             };
@@ -309,7 +308,7 @@ fn child_forgotten_exec() -> R {
                 // SAFETY: (unsigned*, unsigned long long) as declared; writes flag[0].
                 unsafe {
                     c.launch(&spin, LaunchConfig::for_num_elems(1))
-                        .arg(&flag)
+                        .arg_written(&flag)
                         .value(ns)
                         .launch()?
                 };

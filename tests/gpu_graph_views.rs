@@ -67,7 +67,7 @@ fn graph_writes_views_and_copies_host_input() -> R {
                 unsafe {
                     c.launch(&f, LaunchConfig::for_num_elems(n32))
                         .arg(&parts[0])
-                        .arg(&parts[1])
+                        .arg_written(&parts[1])
                         .arg(&n32)
                         .launch()?
                 };
@@ -144,7 +144,7 @@ fn fork_branches_touching_the_same_bytes_are_ordered() -> R {
                 // of the n-element view.
                 unsafe {
                     main.launch(&slow, LaunchConfig::for_num_elems(n32))
-                        .arg(&lo)
+                        .arg_written(&lo)
                         .value(n32)
                         .value(5u32)
                         .value(SLOW)
@@ -178,7 +178,7 @@ fn fork_branches_touching_the_same_bytes_are_ordered() -> R {
                     // SAFETY: as above.
                     unsafe {
                         h.launch(&slow, LaunchConfig::for_num_elems(n32))
-                            .arg(view)
+                            .arg_written(view)
                             .value(n32)
                             .value(v)
                             .value(SLOW)

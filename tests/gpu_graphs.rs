@@ -59,7 +59,7 @@ fn capture_replays_kernels_memsets_and_copies() -> R {
             c.memset_zeros(&x)?;
             for v in &increments {
                 let mut l = c.launch(&add, LaunchConfig::for_num_elems(n));
-                l.arg(&x).arg(&n);
+                l.arg_written(&x).arg(&n);
                 // Half by reference, half by value (copied at capture).
                 if v % 2 == 0 {
                     l.arg(v);
@@ -117,7 +117,7 @@ fn graph_launch_is_ordered_before_host_reads_and_other_streams() -> R {
             // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
             unsafe {
                 c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                    .arg(&x)
+                    .arg_written(&x)
                     .arg(&n)
                     .arg(&value)
                     .arg(&cycles)
@@ -204,7 +204,7 @@ fn graph_launch_waits_for_writes_on_other_streams() -> R {
             // SAFETY: (unsigned*, unsigned, unsigned) matches; bounds checked.
             unsafe {
                 c.launch(&add, LaunchConfig::for_num_elems(n))
-                    .arg(&x)
+                    .arg_written(&x)
                     .arg(&n)
                     .arg(&two)
                     .launch()
@@ -251,7 +251,7 @@ fn graph_reads_inputs_at_each_launch() -> R {
         // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
         unsafe {
             w.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                .arg(&x)
+                .arg_written(&x)
                 .arg(&n)
                 .arg(&value)
                 .arg(&cycles)
@@ -299,7 +299,7 @@ fn fork_join_runs_branches_and_joins() -> R {
                 c.launch(&sum, LaunchConfig::for_num_elems(n))
                     .arg(&a)
                     .arg(&b)
-                    .arg(&out)
+                    .arg_written(&out)
                     .arg(&n)
                     .launch()?
             };
@@ -345,7 +345,7 @@ fn update_changes_kernel_parameters() -> R {
             // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
             unsafe {
                 c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                    .arg(buf)
+                    .arg_written(buf)
                     .arg(&n)
                     .arg(value)
                     .arg(cycles)
@@ -389,7 +389,7 @@ fn update_changes_kernel_parameters() -> R {
                 // SAFETY: as above.
                 unsafe {
                     c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                        .arg(&x)
+                        .arg_written(&x)
                         .arg(&n)
                         .arg(&five)
                         .arg(&quick)
@@ -538,7 +538,7 @@ fn dropping_an_exec_waits_for_its_launches() -> R {
                 // SAFETY: (unsigned*, unsigned, unsigned, long long) matches.
                 unsafe {
                     c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                        .arg(&x)
+                        .arg_written(&x)
                         .arg(&n)
                         .arg(&value)
                         .arg(&cycles)
@@ -710,7 +710,7 @@ fn captured_matmul_is_exact_at_every_launch() -> R {
             // SAFETY: (float*, unsigned, float) matches `addf`, which stays in bounds.
             unsafe {
                 w.launch(&addf, LaunchConfig::for_num_elems(count))
-                    .arg(x)
+                    .arg_written(x)
                     .arg(&count)
                     .arg(&delta)
                     .launch()
@@ -819,8 +819,8 @@ fn captured_matmuls_on_forked_branches_take_turns_with_the_workspace() -> R {
 /// The host's all-reduce of one element, as the collective kernels compute it: a left
 /// fold over the ranks in order (integers wrap), then the division for `Avg`.
 #[cfg(feature = "collective")]
-trait HostReduce: gpubind::CollectiveType + Copy + std::fmt::Debug {
-    fn combine(op: gpubind::Op, a: Self, b: Self) -> Self;
+trait HostReduce: gpubind::collective::CollectiveType + Copy + std::fmt::Debug {
+    fn combine(op: gpubind::collective::Op, a: Self, b: Self) -> Self;
     fn div(a: Self, n: usize) -> Self;
     /// A small value (exact in every op for a few ranks), varying with rank and index.
     fn input(rank: usize, i: usize) -> Self;
@@ -832,8 +832,8 @@ trait HostReduce: gpubind::CollectiveType + Copy + std::fmt::Debug {
 
 #[cfg(feature = "collective")]
 impl HostReduce for f32 {
-    fn combine(op: gpubind::Op, a: f32, b: f32) -> f32 {
-        use gpubind::Op;
+    fn combine(op: gpubind::collective::Op, a: f32, b: f32) -> f32 {
+        use gpubind::collective::Op;
         match op {
             Op::Sum | Op::Avg => a + b,
             Op::Prod => a * b,
@@ -867,8 +867,8 @@ impl HostReduce for f32 {
 
 #[cfg(feature = "collective")]
 impl HostReduce for i32 {
-    fn combine(op: gpubind::Op, a: i32, b: i32) -> i32 {
-        use gpubind::Op;
+    fn combine(op: gpubind::collective::Op, a: i32, b: i32) -> i32 {
+        use gpubind::collective::Op;
         match op {
             Op::Sum | Op::Avg => a.wrapping_add(b),
             Op::Prod => a.wrapping_mul(b),
@@ -898,7 +898,7 @@ impl HostReduce for i32 {
 /// changed in between (by a kernel on another stream).
 #[cfg(feature = "collective")]
 fn check_captured_all_reduce<T: HostReduce>(ranks: usize) -> R {
-    use gpubind::{CommOptions, Communicator, Op};
+    use gpubind::collective::{CommOptions, Communicator, Op};
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let comm = Communicator::new(&mut ctx, &vec![dev.clone(); ranks], CommOptions::kernels())
@@ -951,7 +951,7 @@ fn check_captured_all_reduce<T: HostReduce>(ranks: usize) -> R {
                 // SAFETY: (T*, unsigned, T) matches the kernel, which stays in bounds.
                 unsafe {
                     w.launch(&add, LaunchConfig::for_num_elems(n))
-                        .arg(s)
+                        .arg_written(s)
                         .arg(&n)
                         .arg(&T::ADD.1)
                         .launch()
@@ -1008,7 +1008,7 @@ fn captured_all_reduce_is_bit_exact() -> R {
 /// over two overlapping views of one buffer, gives the right result).
 #[cfg(feature = "collective")]
 fn captured_all_reduce_refusals() -> R {
-    use gpubind::{CommOptions, Communicator, Op, Transport};
+    use gpubind::collective::{CommOptions, Communicator, Op, Transport};
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let two = vec![dev.clone(), dev.clone()];
@@ -1108,7 +1108,7 @@ fn captured_all_reduce_refusals() -> R {
 /// on one device). SKIPPED with one GPU.
 #[cfg(feature = "collective")]
 fn captured_all_reduce_over_two_devices_is_refused() -> R {
-    use gpubind::{CommOptions, Communicator, Op};
+    use gpubind::collective::{CommOptions, Communicator, Op};
     if Device::count().ctx("count")? < 2 {
         return Err(skip("needs 2 GPUs"));
     }

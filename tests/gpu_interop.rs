@@ -453,7 +453,7 @@ fn shared_stream_lifetimes() -> R {
 /// Item 2 of issue 11: NVRTC (and cuBLAS) match the driver, and the PTX fallback for a
 /// GPU the NVRTC does not know runs (the driver JIT-compiles PTX of an older arch).
 fn libraries_match_the_driver_and_ptx_fallback_runs() -> R {
-    let nvrtc = gpubind::libs::nvrtc_info().ctx("nvrtc_info")?;
+    let nvrtc = gpubind::nvrtc_info().ctx("nvrtc_info")?;
     println!("    NVRTC {nvrtc:?}");
     let overridden = |var: &str| std::env::var(var).is_ok_and(|v| !v.is_empty());
     if let Some(d) = nvrtc.driver_major
@@ -470,7 +470,7 @@ fn libraries_match_the_driver_and_ptx_fallback_runs() -> R {
         "no driver version read on a GPU machine"
     );
     #[cfg(feature = "cublas")]
-    match gpubind::libs::cublas_info() {
+    match gpubind::cublas_info() {
         Ok(c) => {
             println!("    cuBLAS {c:?}");
             if !overridden("GPUBIND_CUBLAS_PATH") {
@@ -485,7 +485,7 @@ fn libraries_match_the_driver_and_ptx_fallback_runs() -> R {
     let dev = dev0()?;
     let (major, minor) = dev.compute_capability().ctx("compute_capability")?;
     let cc = (major * 10 + minor) as i32;
-    let archs = gpubind::libs::nvrtc_supported_archs().ctx("archs")?;
+    let archs = gpubind::nvrtc_supported_archs().ctx("archs")?;
     println!("    sm_{cc}; NVRTC supports {archs:?}");
     // The fallback's mechanism: PTX for the newest supported arch *below* the device's
     // (what an NVRTC older than the GPU gets), JIT-compiled by the driver at load.

@@ -12,10 +12,8 @@ mod common;
 use common::{Ctx, child_role};
 use gpubind::cudarc::driver::sys;
 use gpubind::ipc::{self, ImportedPool, MemoryPool, PoolConfig, PoolSlice};
-use gpubind::{
-    BoundDevice, BoundStream, BufferHandle, Device, DeviceMemory, Error, LaunchConfig,
-    LegacyIpcHandle, PoolHandle, ThreadContext,
-};
+use gpubind::ipc::{BufferHandle, LegacyIpcHandle, PoolHandle};
+use gpubind::{BoundDevice, BoundStream, Device, DeviceMemory, Error, LaunchConfig, ThreadContext};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -787,7 +785,7 @@ fn child_double(conn: &UnixStream) -> R {
     let dup = pools[0].try_clone().ctx("dup pool handle")?;
     let pool = ImportedPool::import(pools.remove(0)).ctx("import pool")?;
     let first = pool.import_buffer::<u32>(handle).ctx("first import")?;
-    let expect_already = |what: &str, r: Result<gpubind::ImportedSlice<u32>, Error>| match r {
+    let expect_already = |what: &str, r: Result<gpubind::ipc::ImportedSlice<u32>, Error>| match r {
         Err(Error::AlreadyImported { .. }) => Ok(()),
         other => Err(format!("{what}: expected AlreadyImported, got {other:?}")),
     };
@@ -1382,7 +1380,7 @@ fn core_interop() -> R {
         // SAFETY: (float*, unsigned) matches the kernel, which stays in bounds.
         unsafe {
             s.launch(&twice, LaunchConfig::for_num_elems(nn))
-                .arg(&a)
+                .arg_written(&a)
                 .arg(&nn)
                 .launch()
         }

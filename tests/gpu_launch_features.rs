@@ -549,12 +549,8 @@ fn cooperative_groups_grid_sync_with_the_toolkit_headers() -> R {
     if std::path::Path::new(&cccl).is_dir() {
         opts.push(format!("-I{cccl}"));
     }
-    let cubin = match gpubind::module::compile(
-        CG_GRID_SUM,
-        "cg_grid_sum.cu",
-        &opts,
-        gpubind::Output::Cubin,
-    ) {
+    let cubin = match gpubind::compile(CG_GRID_SUM, "cg_grid_sum.cu", &opts, gpubind::Output::Cubin)
+    {
         Ok(c) => c,
         Err(Error::Compile { status, log, .. }) => {
             let first = log.lines().next().unwrap_or("").to_owned();

@@ -281,7 +281,8 @@ fn copies_between_every_pair() -> TestResult {
         // Pool slices (stream-ordered pool memory) are device memory for copies too.
         #[cfg(feature = "ipc")]
         {
-            let pool = gpubind::MemoryPool::new(gpu, gpubind::PoolConfig::default()).ctx("pool")?;
+            let pool = gpubind::ipc::MemoryPool::new(gpu, gpubind::ipc::PoolConfig::default())
+                .ctx("pool")?;
             let data = random_u32(10_000);
             let pinned = gpu
                 .pinned_from_slice(&data, PinnedOptions::default())
@@ -741,7 +742,7 @@ unsafe extern "C" fn counting_deleter(p: *mut DLManagedTensorVersioned) {
 
 #[cfg(feature = "dlpack")]
 /// Exports `buf` and swaps its deleter for the counting one.
-fn export_counted<B: gpubind::DlpackExport>(
+fn export_counted<B: gpubind::dlpack::DlpackExport>(
     buf: B,
     shape: &[i64],
 ) -> Result<*mut DLManagedTensorVersioned, String> {

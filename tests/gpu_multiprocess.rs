@@ -20,8 +20,9 @@
 mod common;
 
 use common::{Ctx, SPIN, child_role, finish, free_port, nccl_present, run_suite, two_gpus};
+use gpubind::collective::{CollectiveType, Op, RankComm};
 use gpubind::collective::{LaunchEnv, NcclUniqueId};
-use gpubind::{CollectiveType, Device, DeviceSlice, Error, Op, RankComm, ThreadContext};
+use gpubind::{Device, DeviceSlice, Error, ThreadContext};
 use half::{bf16, f16};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -328,7 +329,7 @@ fn child_drop(pending: bool) -> R {
         // u32 into `flag`, which holds one.
         unsafe {
             s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
-                .arg(&flag)
+                .arg_written(&flag)
                 .arg(&ns)
                 .launch()
         }

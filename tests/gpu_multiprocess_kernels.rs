@@ -15,7 +15,8 @@
 mod common;
 
 use common::{Ctx, SPIN, child_role, run_suite};
-use gpubind::{CollectiveType, Device, DeviceSlice, Error, Op, RankComm, ThreadContext};
+use gpubind::collective::{CollectiveType, Op, RankComm};
+use gpubind::{Device, DeviceSlice, Error, ThreadContext};
 use half::{bf16, f16};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -296,7 +297,7 @@ fn child() -> Result<String, String> {
                 // writes one u32 into `flag`, which holds one.
                 unsafe {
                     s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
-                        .arg(&flag)
+                        .arg_written(&flag)
                         .arg(&ns)
                         .launch()
                 }

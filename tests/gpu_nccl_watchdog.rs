@@ -30,7 +30,8 @@ use common::{
     Ctx, PrintWarnings, SPIN, child_role, finish, free_port, nccl_present, run_suite, two_gpus,
 };
 use gpubind::collective::{LaunchEnv, NcclUniqueId};
-use gpubind::{Device, Op, RankComm, ThreadContext};
+use gpubind::collective::{Op, RankComm};
+use gpubind::{Device, ThreadContext};
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -62,7 +63,7 @@ fn spin(
     // into `flag`, which holds one.
     unsafe {
         s.launch(f, gpubind::LaunchConfig::for_num_elems(1))
-            .arg(flag)
+            .arg_written(flag)
             .arg(&ns)
             .launch()
     }

@@ -9,9 +9,9 @@
 mod common;
 
 use common::{Ctx, dev0, run_suite};
+use gpubind::collective::{CommOptions, Communicator, Op, Transport, nccl_available};
 use gpubind::{
-    BoundDevice, BoundStream, CommOptions, Communicator, Function, LaunchConfig, Module, Op,
-    PinnedOptions, ThreadContext, Transport, nccl_available,
+    BoundDevice, BoundStream, Function, LaunchConfig, Module, PinnedOptions, ThreadContext,
 };
 use std::time::Duration;
 
@@ -438,7 +438,7 @@ fn launch_is_ordered_when_enqueued_not_when_built() -> R {
     let mut out = gpu.clone_htod(&vec![7u32; N as usize]).ctx("htod")?;
     let fast = 0i64;
     let mut pending = a.launch(&fill, LaunchConfig::for_num_elems(N));
-    pending.arg(&buf).arg(&N).arg(&VALUE);
+    pending.arg_written(&buf).arg(&N).arg(&VALUE);
     spin(&b, &spin_f)?; // B's read runs late
     b.dtod_async(&buf, &mut out).ctx("dtod_async on B")?;
     // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; in bounds.

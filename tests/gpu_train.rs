@@ -207,7 +207,7 @@ fn data_parallel_step_matches_single_replica() -> R {
         vec![dev.clone(), dev.clone()],
         CommOptions::kernels(),
     )];
-    if gpubind::nccl_available() {
+    if gpubind::collective::nccl_available() {
         cases.push(("NCCL, 1 rank", vec![dev.clone()], CommOptions::nccl()));
     } else {
         println!("    SKIPPED: the NCCL case (libnccl not found)");

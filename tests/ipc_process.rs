@@ -155,7 +155,7 @@ fn descriptors_and_handles_reach_a_child_process() {
                 .with_fd(pipe_with(text))
         })
         .collect();
-    let buffers: Vec<gpubind::BufferHandle> = (1..=3)
+    let buffers: Vec<gpubind::ipc::BufferHandle> = (1..=3)
         .map(|n| {
             serde_json::from_value(serde_json::json!({
                 "pool_id": "00".repeat(16), "device_uuid": "00".repeat(16),

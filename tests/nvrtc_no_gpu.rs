@@ -6,8 +6,7 @@
 //! `LD_LIBRARY_PATH`, run this test, then again with `GPUBIND_NVRTC_PATH` naming the older
 //! `libnvrtc.so.12`.
 
-use gpubind::libs::{nvrtc_info, nvrtc_supported_archs};
-use gpubind::module::{Output, compile, nvrtc_available};
+use gpubind::{Output, compile, nvrtc_available, nvrtc_info, nvrtc_supported_archs};
 
 const SRC: &str = r#"
 struct P { float a; unsigned n; };
@@ -94,7 +93,7 @@ fn nvrtc_is_chosen_and_compiles_or_is_a_typed_error() {
 
 mod options {
     use gpubind::Error;
-    use gpubind::module::{
+    use gpubind::{
         Arch, CompileOptions, CppStandard, Output, compile_with, cuda_include_dir, nvrtc_available,
     };
 

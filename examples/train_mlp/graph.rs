@@ -133,8 +133,8 @@ fn capture_step<'a>(
         // elements (params, vel and reduced are allocated with the parameter count).
         unsafe {
             c.launch(&f.sgd_momentum, elementwise(n))
-                .arg(&rep.params)
-                .arg(&rep.vel)
+                .arg_written(&rep.params)
+                .arg_written(&rep.vel)
                 .arg(&rep.reduced)
                 .value(n)
                 .value(plan.lr)
@@ -159,7 +159,7 @@ fn bias_act<'a>(
     // checked by BiasAct::new.
     unsafe {
         c.launch(&f.bias_act, k.cfg)
-            .arg(z)
+            .arg_written(z)
             .arg(b)
             .value(k.rows)
             .value(k.cols)
@@ -231,8 +231,8 @@ fn backward<'a>(
         c.launch(&f.softmax_xent, xent_config(parts))
             .arg(&rep.logits)
             .arg(&rep.y)
-            .arg(&v.dz3)
-            .arg(&rep.partial)
+            .arg_written(&v.dz3)
+            .arg_written(&rep.partial)
             .value(r)
             .value(cl as u32)
             .value((cl as u32).next_power_of_two())
@@ -285,8 +285,8 @@ fn backward<'a>(
     unsafe {
         c.launch(&f.col_finish, finish_config(width))
             .arg(&rep.partial)
-            .arg(&v.gbias)
-            .arg(&rep.losses)
+            .arg_written(&v.gbias)
+            .arg_written(&rep.losses)
             .value(parts)
             .value(width)
             .value(slot as u32)
@@ -318,9 +318,9 @@ fn relu_back<'a, D: DeviceMemory<f32> + gpubind::KernelArg>(
     // were checked by ReluBack::new.
     unsafe {
         c.launch(&f.relu_back_colsum, k.cfg)
-            .arg(d)
+            .arg_written(d)
             .arg(a)
-            .arg(&rep.partial)
+            .arg_written(&rep.partial)
             .value(rows)
             .value(cols)
             .value(pstride)

@@ -25,7 +25,8 @@ use super::launch::{choose_nccl, device_of};
 use super::mlp::{self, Gradients, Kernels, PinnedBatch, Replica, Shape};
 use super::{Args, H200_FP32_TFLOPS, Trained, train_epochs};
 use gpubind::collective::LaunchEnv;
-use gpubind::{Device, Error, Op, RankComm, ThreadContext};
+use gpubind::collective::{Op, RankComm};
+use gpubind::{Device, Error, ThreadContext};
 use std::path::Path;
 
 /// FNV-1a 64 of this machine's host name: which ranks share a machine, for the count of

@@ -42,9 +42,11 @@
 //!   fast path existed. A new reading stream takes the last read slot (its holder's id
 //!   taken back under its gate), so the first reader and the newest take the fast path;
 //!   three or more streams taking turns on one module take the slow path at each turn
-//!   to a stream that is not published. A launch passes its buffers as writes, so a
-//!   buffer shared by two streams' launches is handed off (an event) at every change
-//!   of stream.
+//!   to a stream that is not published. A launch claims a buffer passed by `&` as a
+//!   read (published like a module's) and one passed by `&mut` as a write, so a buffer
+//!   written by two streams' launches is handed off (an event) at every change of
+//!   stream. A read on another stream than the pending write's is not published (the
+//!   write is not on it) and takes the slow path until the write is retired.
 //! * A fast-path launch that blocks inside the driver (a full launch queue) holds `X`'s
 //!   gate until the driver returns. A slow path taking back `X`'s id on any tracker
 //!   waits for it meanwhile, holding that tracker's lock, and so do the threads

@@ -35,7 +35,6 @@
 use crate::error::Result;
 use crate::sync;
 use crate::teardown::drop_wait::drop_timeout;
-use cudarc::driver::sys;
 use std::time::Instant;
 
 /// Whether an operation reads or writes a buffer.
@@ -64,7 +63,7 @@ mod stream;
 
 pub(crate) use fast::Published;
 pub(crate) use state::{AccessState, Grave, TrackedStream};
-pub(crate) use stream::{Gate, LEGACY_ID, StreamInner, StreamRef, StreamSlot};
+pub(crate) use stream::{LEGACY_ID, StreamInner, StreamRef, StreamSlot};
 
 /// The pending stream-ordered uses of one allocation; see the [module docs](self).
 ///
@@ -106,6 +105,16 @@ impl AccessTracker {
             state: sync::Mutex::new(state),
             // Nothing published: the first use takes the slow path (and publishes).
             published: Published::default(),
+        }
+    }
+
+    /// An idle tracker that publishes `(write, reads)` (only for tests of what the fast
+    /// path admits: nothing is pending, so the ids are not true).
+    #[cfg(test)]
+    pub(crate) fn with_published(ids: (u64, [u64; fast::READ_SLOTS])) -> Self {
+        AccessTracker {
+            state: sync::Mutex::new(AccessState::default()),
+            published: Published::with_ids(ids),
         }
     }
 
@@ -480,13 +489,6 @@ impl Drop for LaneClaim<'_> {
 fn unreachable_stream(v: &[(StreamRef, Access)]) -> StreamRef {
     v[0].0.clone()
 }
-
-/// A pooled `CUevent` (timing disabled) of one device's primary context.
-pub(crate) struct PooledEvent(pub(crate) sys::CUevent);
-
-// SAFETY: an event handle is a thread-agnostic identifier; it is used only with its
-// device's context current.
-unsafe impl Send for PooledEvent {}
 
 #[cfg(test)]
 mod tests;

@@ -3,9 +3,11 @@
 //! and [`StreamSlot`] (the borrowed form a claim names its stream by).
 
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
+use crate::sync::Gate;
 use crate::teardown::drop_wait::{GaveUp, Polled, poll_until_idle};
+use crate::teardown::{self, Runs, Teardown};
 use cudarc::driver::sys;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,23 +30,6 @@ pub(crate) struct StreamInner {
     pub(crate) cudarc: Option<Arc<cudarc::driver::CudaStream>>,
     /// Held by every fast-path enqueue on this stream ([`super::fast`]).
     gate: Gate,
-}
-
-/// A stream's gate ([`super::fast`]): held by a fast-path enqueue on the stream, and by
-/// whoever takes back a tracker's published id of the stream. A plain `std` mutex, also
-/// under loom: the loom models use their own mock streams.
-#[derive(Default)]
-pub(crate) struct Gate(std::sync::Mutex<()>);
-
-impl Gate {
-    /// Locks the gate (poisoning cannot leave anything inconsistent: it guards no data).
-    #[inline(always)]
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        match self.0.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
 }
 
 /// A `CU_EVENT_DISABLE_TIMING` event of a stream's context, only ever recorded on that
@@ -120,23 +105,31 @@ impl StreamInner {
         self.device.check_poison()?;
         let event = self.handoff_event()?;
         // SAFETY: `event` belongs to this stream's context; the stream lives (borrowed).
-        unsafe { sys::cuEventRecord(event, self.raw) }.check_on(&self.device, "cuEventRecord")?;
+        self.device
+            .check(unsafe { result::event::record(event, self.raw) })?;
         // SAFETY: `to` is a live stream of the current context (or a gpubind stream); the
-        // event may belong to another context, which CUDA allows.
-        unsafe { sys::cuStreamWaitEvent(to, event, 0) }.check("cuStreamWaitEvent")
+        // event may belong to another context, which CUDA allows. `to` is a stream of this
+        // stream's device (a tracker orders the uses of one device's memory), so a sticky
+        // error poisons this device.
+        self.device
+            .check(unsafe { result::stream::wait_event(to, event) })
     }
 }
 
 /// Destroys an event of `device`'s context (a drop: failures are logged).
 fn destroy_event(device: &Arc<Device>, event: sys::CUevent) {
-    crate::teardown::faults::release(
-        format_args!("a stream's hand-off event"),
-        device,
-        Ok(()),
-        "cuEventDestroy_v2",
+    let event = event as usize; // a handle, `Send`
+    teardown::release(
+        Teardown {
+            what: format_args!("a stream's hand-off event"),
+            device,
+            waited: Ok(()),
+            call: "cuEventDestroy_v2",
+            runs: Runs::Inline,
+        },
         // SAFETY: created by cuEventCreate in this context (current while this runs),
         // destroyed once, here; the driver releases it once pending records complete.
-        || unsafe { sys::cuEventDestroy_v2(event) },
+        move || unsafe { result::event::destroy(event as sys::CUevent) },
     );
 }
 
@@ -149,29 +142,30 @@ impl Drop for StreamInner {
             if let Some(event) = self.handoff.take() {
                 destroy_event(&self.device, event.0);
             }
-            crate::interop::drop_in_context(
+            teardown::drop_in_context(
                 format_args!("a Stream shared with cudarc"),
                 &self.device,
                 stream,
             );
             return;
         }
-        let raw = self.raw;
+        let raw = self.raw as usize; // a handle, `Send`
         match self.device.enter() {
             Ok(_guard) => GaveUp::forget_stream(self.id, true),
             Err(_) => GaveUp::forget_stream(self.id, false),
         }
-        crate::teardown::faults::release(
-            format_args!("a Stream"),
-            &self.device,
-            Ok(()),
-            "cuStreamDestroy_v2",
-            || {
-                // SAFETY: created by cuStreamCreate in this context (current while this
-                // runs), destroyed once, here. Pending work completes before the driver
-                // releases the stream.
-                unsafe { sys::cuStreamDestroy_v2(raw) }
+        teardown::release(
+            Teardown {
+                what: format_args!("a Stream"),
+                device: &self.device,
+                waited: Ok(()),
+                call: "cuStreamDestroy_v2",
+                runs: Runs::Inline,
             },
+            // SAFETY: created by cuStreamCreate in this context (current while this runs),
+            // destroyed once, here. Pending work completes before the driver releases
+            // the stream.
+            move || unsafe { result::stream::destroy(raw as sys::CUstream) },
         );
         if let Some(event) = self.handoff.take() {
             destroy_event(&self.device, event.0);
@@ -199,7 +193,7 @@ impl TrackedStream for StreamRef {
             return false;
         };
         // SAFETY: the stream is alive (held by self); its context is current.
-        (unsafe { sys::cuStreamQuery(self.raw()) }) == sys::CUresult::CUDA_SUCCESS
+        (unsafe { result::stream::query(self.raw()) }) == Ok(true)
     }
 
     fn under_gate(&self, f: impl FnOnce()) {
@@ -230,8 +224,8 @@ impl StreamRef {
         let _guard = self.device().enter()?;
         // SAFETY: the stream is alive (held by self) and its context is current for the
         // call (the null stream resolves to that context's legacy stream).
-        unsafe { sys::cuStreamSynchronize(self.raw()) }
-            .check_on(self.device(), "cuStreamSynchronize")
+        self.device()
+            .check(unsafe { result::stream::synchronize(self.raw()) })
     }
 
     /// [`synchronize`](Self::synchronize), giving up at `deadline` (`None`: never) with
@@ -260,17 +254,14 @@ impl StreamRef {
         let polled = poll_until_idle(
             || {
                 // SAFETY: the stream is alive (held by self) and its context is current.
-                unsafe { sys::cuStreamQuery(self.raw()) }
+                unsafe { result::stream::query(self.raw()) }
             },
             deadline,
             limit,
         );
         match polled {
             Ok(()) => Ok(()),
-            Err(Polled::Failed(code)) => Err(code
-                .check_on(self.device(), "cuStreamQuery")
-                .err()
-                .unwrap_or_else(|| Error::driver("cuStreamQuery", code))),
+            Err(Polled::Failed(e)) => Err(self.device().on_error(e)),
             Err(Polled::TimedOut(after_ms)) => {
                 GaveUp::remember(id, self.raw());
                 Err(Error::Timeout {
@@ -293,12 +284,13 @@ impl StreamRef {
         let recorded = {
             let _guard = device.enter()?;
             // SAFETY: `event` and the stream belong to `device`'s context, current here.
-            unsafe { sys::cuEventRecord(event.0, self.raw()) }.check_on(device, "cuEventRecord")
+            device.check(unsafe { result::event::record(event.0, self.raw()) })
         };
         let waited = recorded.and_then(|()| {
             // SAFETY: `to` is a live stream of the current context; the event may belong
             // to another context, which CUDA allows.
-            unsafe { sys::cuStreamWaitEvent(to, event.0, 0) }.check("cuStreamWaitEvent")
+            // `to` is a stream of `device` (see `StreamInner::enqueue_wait`).
+            device.check(unsafe { result::stream::wait_event(to, event.0) })
         });
         // The wait captured the event's state: it may be recorded again at once.
         device.return_event(event);

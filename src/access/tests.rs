@@ -326,6 +326,36 @@ fn run_step(st: &mut AccessState<S>, published: &Published, step: Step) -> Vec<u
     waited
 }
 
+/// The stream a step used is published: a write's in the write slot; a reader whose read
+/// is free in a read slot (taking the last slot if they are full), and the first reader
+/// published stays unless the step waited (for it) or pruned.
+fn check_stream_is_published(
+    step: Step,
+    st: &AccessState<S>,
+    ids: (u64, [u64; READ_SLOTS]),
+    after: (u64, [u64; READ_SLOTS]),
+    waited: &[u64],
+    could_prune: bool,
+) {
+    match step {
+        Step::Stream(on, Access::Write) => assert_eq!(
+            after.0, on,
+            "{step:?}: a write publishes its stream from {ids:?}"
+        ),
+        Step::Stream(on, Access::Read) if st.read_is_free(on) => {
+            assert!(
+                after.1.contains(&on),
+                "{step:?}: a free read is published from {ids:?}: {after:?}"
+            );
+            let first = ids.1[0];
+            if first != NONE_ID && waited.is_empty() && !could_prune {
+                assert_eq!(after.1[0], first, "{step:?}: from {ids:?}");
+            }
+        }
+        _ => {}
+    }
+}
+
 /// The fast path's rules (`access::fast`) hold in every state reachable in up to five
 /// slow-path steps over three streams, plus host accesses and idle readers that
 /// pruning drops:
@@ -409,26 +439,7 @@ fn published_ids_stay_true_and_are_taken_back_under_their_gate() {
                         assert!(!kept, "{step:?}: waited for {before}, still published");
                     }
                 }
-                match step {
-                    Step::Stream(on, Access::Write) => assert_eq!(
-                        after.0, on,
-                        "{step:?}: a write publishes its stream from {ids:?}"
-                    ),
-                    // A reader whose read is free is published (taking the last slot if
-                    // they are full), and the first reader published stays unless the
-                    // step waited (for it) or pruned.
-                    Step::Stream(on, Access::Read) if st.read_is_free(on) => {
-                        assert!(
-                            reads.contains(&on),
-                            "{step:?}: a free read is published from {ids:?}: {after:?}"
-                        );
-                        let first = ids.1[0];
-                        if first != NONE_ID && waited.is_empty() && !could_prune {
-                            assert_eq!(after.1[0], first, "{step:?}: from {ids:?}");
-                        }
-                    }
-                    _ => {}
-                }
+                check_stream_is_published(step, &st, *ids, after, &waited, could_prune);
                 checked += 1;
                 next.push((st, after));
             }
@@ -439,4 +450,85 @@ fn published_ids_stay_true_and_are_taken_back_under_their_gate() {
         checked > 10_000 && published_seen > 1_000 && readers_seen > 1_000,
         "{checked} steps, {published_seen} published, {readers_seen} with several readers"
     );
+}
+
+/// A launch's buffer arguments through the production steps: reads on two streams wait
+/// for nothing and stay published for both (their next launches take the fast path); a
+/// write on a third stream waits for both reads; a read after that write waits for it.
+#[test]
+fn launch_reads_run_concurrently_and_writes_wait_for_them() {
+    let mut st = AccessState::<S>::default();
+    let published = Published::default();
+    assert!(run_step(&mut st, &published, Step::Stream(1, Access::Read)).is_empty());
+    assert!(
+        run_step(&mut st, &published, Step::Stream(2, Access::Read)).is_empty(),
+        "a read waits for no other read"
+    );
+    for on in [1, 2] {
+        assert!(published.admits(on, Access::Read), "reader {on} published");
+        assert!(
+            !published.admits(on, Access::Write),
+            "reader {on} may not write free"
+        );
+        assert!(st.read_is_free(on));
+    }
+    let mut waited = run_step(&mut st, &published, Step::Stream(3, Access::Write));
+    waited.sort_unstable();
+    assert_eq!(waited, [1, 2], "a write waits for every pending read");
+    for on in [1, 2] {
+        assert!(
+            !published.admits(on, Access::Read),
+            "reader {on} taken back"
+        );
+    }
+    assert!(published.admits(3, Access::Write) && published.admits(3, Access::Read));
+    assert_eq!(
+        run_step(&mut st, &published, Step::Stream(1, Access::Read)),
+        [3],
+        "a read waits for the pending write"
+    );
+    assert_eq!(AccessState::ids(&st.writers), [3]);
+    assert_eq!(AccessState::ids(&st.readers), [1]);
+}
+
+/// A write on one stream, then reads on two others: each read waits for the write only
+/// (not for the other read); the write's own stream reads free.
+#[test]
+fn launch_reads_after_a_write_wait_for_it_only() {
+    let mut st = AccessState::<S>::default();
+    let published = Published::default();
+    assert!(run_step(&mut st, &published, Step::Stream(1, Access::Write)).is_empty());
+    assert!(published.admits(1, Access::Read) && published.admits(1, Access::Write));
+    assert_eq!(
+        run_step(&mut st, &published, Step::Stream(2, Access::Read)),
+        [1]
+    );
+    assert_eq!(
+        run_step(&mut st, &published, Step::Stream(3, Access::Read)),
+        [1]
+    );
+    assert!(
+        run_step(&mut st, &published, Step::Stream(1, Access::Read)).is_empty(),
+        "the writer's stream reads in stream order"
+    );
+    let mut waited = run_step(&mut st, &published, Step::Stream(1, Access::Write));
+    waited.sort_unstable();
+    assert_eq!(waited, [2, 3], "the next write waits for both reads");
+}
+
+/// One launch that passes a buffer by `&` and by `&mut` (two views of one allocation)
+/// claims it once, as a write: it waits for every pending read.
+#[test]
+fn a_buffer_passed_for_read_and_write_is_claimed_as_written() {
+    let t = AccessTracker::default();
+    let mut uses = [Some((&t, Access::Read)), Some((&t, Access::Write))];
+    sort_and_merge(&mut uses);
+    let kept: Vec<_> = uses.iter().flatten().collect();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].1, Access::Write);
+    let mut st = AccessState::with_uses(vec![], vec![S(1), S(2)]);
+    let published = Published::default();
+    let mut waited = run_step(&mut st, &published, Step::Stream(3, kept[0].1));
+    waited.sort_unstable();
+    assert_eq!(waited, [1, 2]);
 }

@@ -151,7 +151,7 @@ impl Drop for Shared {
 
 impl<'a> BoundDevice<'a> {
     /// Creates a cuBLAS handle for the bound device; [`Error::NoCublas`] if no `libcublas`
-    /// fitting the driver can be loaded (which one: [`crate::driver::libraries`]). It also creates a
+    /// fitting the driver can be loaded (which one: [`cublas_info`](crate::cublas_info)). It also creates a
     /// cuBLASLt handle when cuBLASLt loads (else [`matmul_lt`] reports why).
     ///
     /// [`matmul_lt`]: crate::BoundStream::matmul_lt

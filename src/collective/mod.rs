@@ -27,7 +27,7 @@
 //!
 //! ```no_run
 //! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{CommOptions, Communicator, Device, Op, ThreadContext};
+//! use gpubind::{Device, ThreadContext, collective::{CommOptions, Communicator, Op}};
 //! let mut ctx = ThreadContext::acquire()?;
 //! let dev = Device::get(0)?;
 //! let devices = vec![dev.clone(), dev.clone()]; // two ranks on one GPU
@@ -53,10 +53,10 @@
 //! buffer cannot be given twice as an output, nor touched inside the group:
 //!
 //! ```compile_fail,E0499
-//! # fn f(ctx: &mut gpubind::ThreadContext, comm: &gpubind::Communicator,
+//! # fn f(ctx: &mut gpubind::ThreadContext, comm: &gpubind::collective::Communicator,
 //! #      a: &gpubind::DeviceSlice<f32>, b: &gpubind::DeviceSlice<f32>,
 //! #      out: &mut gpubind::DeviceSlice<f32>) -> gpubind::Result<()> {
-//! use gpubind::Op;
+//! use gpubind::collective::Op;
 //! ctx.group(comm, |g| {
 //!     g.all_reduce(0, a, out, Op::Sum)?;
 //!     g.all_reduce(1, b, out, Op::Sum)?; // error[E0499]: `*out` is already borrowed
@@ -72,7 +72,7 @@
 //!
 //! ```compile_fail,E0277
 //! fn needs_sync<T: Sync>() {}
-//! needs_sync::<gpubind::Communicator>(); // error[E0277]
+//! needs_sync::<gpubind::collective::Communicator>(); // error[E0277]
 //! ```
 //!
 //! # One thread per GPU
@@ -82,7 +82,7 @@
 //!
 //! ```no_run
 //! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{CommOptions, Communicator, Device, Op, ThreadContext};
+//! use gpubind::{Device, ThreadContext, collective::{CommOptions, Communicator, Op}};
 //! let devices = Device::all()?;
 //! let comms = Communicator::init_all(&devices, CommOptions::nccl())?;
 //! std::thread::scope(|s| {
@@ -150,71 +150,35 @@
 //! transport, NCCL driven by one thread for several devices, own-kernel `RankComm`s — is
 //! [`Error::NotCapturable`].
 
+// Layout: `api/` holds the public types, which validate each call and hand it to a
+// backend through one trait call (`backend/interface.rs`); `backend/` holds the
+// backends (`kernels/`: own kernels in one process, `procs/`: own kernels across the
+// processes of one machine, `nccl/`, or its stand-in `nccl_off/` without the feature);
+// `bootstrap/` is the launcher side of one rank per process (environment, unique id,
+// TCP rendezvous); `callcheck/` is the per-collective agreement through rank 0.
+mod api;
+mod backend;
 mod bootstrap;
-mod call;
 mod callcheck;
-mod capture;
-mod communicator;
-#[cfg(feature = "ipc")]
-mod control;
-mod engine;
-mod group;
-mod kernels;
-// Without the `nccl` feature a stand-in with the same crate-internal API: nothing NCCL
-// is compiled or linked, and `Backend::Nccl` is a typed error (`Error::FeatureDisabled`).
-#[cfg_attr(not(feature = "nccl"), path = "nccl_off.rs")]
-mod nccl;
-mod options;
-#[cfg(feature = "ipc")]
-mod procs;
-mod rank_capture;
-mod rank_comm;
-mod rendezvous;
-mod types;
-#[cfg(feature = "nccl")]
-mod watchdog;
+mod support;
 
+pub use api::{
+    Backend, CollectiveType, CommOptions, Communicator, DEFAULT_COLLECTIVE_TIMEOUT, Group, Op,
+    RankComm, Transport,
+};
+#[cfg(feature = "ipc")]
+pub use backend::{PROCESS_STAGING_BYTES, ProcessGroup};
+pub use backend::{nccl_available, nccl_version};
 pub use bootstrap::{
     CHECK_VAR, DEFAULT_PORT, DEFAULT_TIMEOUT, LaunchEnv, Launcher, NCCL_UNIQUE_ID_BYTES,
     NcclUniqueId, PORT_VAR, PROTOCOL_VERSION, TIMEOUT_VAR,
 };
 pub use callcheck::CallCheck;
-pub use communicator::Communicator;
-#[cfg(feature = "ipc")]
-pub use control::ProcessGroup;
-pub use group::Group;
-pub use nccl::{nccl_available, nccl_version};
-pub use options::{Backend, CommOptions, DEFAULT_COLLECTIVE_TIMEOUT, Transport};
-#[cfg(feature = "ipc")]
-pub use procs::PROCESS_STAGING_BYTES;
-pub use rank_comm::RankComm;
-pub use types::{CollectiveType, Op};
 
-// What the backends and the engine share, named here for them (`super::Call`, …).
-use call::{Call, Kind};
-use communicator::Engine;
-use types::DType;
-
-use crate::access::StreamRef;
 #[cfg(doc)]
 use crate::context::ThreadContext;
 #[cfg(doc)]
 use crate::error::Error;
-use crate::error::Result;
-use std::sync::{Mutex, MutexGuard};
-
-/// Locks a mutex, recovering from poisoning (the state is consistent at every unlock).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// `timeout` from now, saturating: `Instant::now() + Duration::MAX` (the natural way to
-/// say "wait for ever") would panic; a deadline 136 years out does not, and is never met.
-pub(crate) fn deadline_after(timeout: std::time::Duration) -> std::time::Instant {
-    let now = std::time::Instant::now();
-    now.checked_add(timeout)
-        .unwrap_or_else(|| now + std::time::Duration::from_secs(u64::from(u32::MAX)))
-}
 
 // Handles move between threads; a Communicator (NCCL handles inside) and a RankComm are
 // never shared between threads.
@@ -222,16 +186,3 @@ static_assertions::assert_impl_all!(Communicator: Send);
 static_assertions::assert_not_impl_any!(Communicator: Sync);
 static_assertions::assert_impl_all!(RankComm: Send);
 static_assertions::assert_not_impl_any!(RankComm: Sync);
-
-/// A collective that failed part-way may have left work on one lane touching buffers
-/// recorded on another (its closing barrier was never enqueued): wait for every lane on
-/// the host before the claim is released, so the trackers are true again. Best effort:
-/// the first error (the enqueue's) is returned.
-fn settle_on_error(lanes: &[StreamRef], out: Result<()>) -> Result<()> {
-    if out.is_err() {
-        for l in lanes {
-            let _ = l.synchronize();
-        }
-    }
-    out
-}

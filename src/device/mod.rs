@@ -23,9 +23,10 @@
 
 pub mod poison;
 
-use crate::access::PooledEvent;
+pub use crate::uuid::Uuid;
+
 use crate::device::poison::PoisonState;
-use crate::driver::{self, Check, ContextGuard, CudaPrimary, PrimaryCtxOps, RawContext};
+use crate::driver::{self, ContextGuard, CudaPrimary, PrimaryCtxOps, RawContext, result};
 use crate::error::{Error, Result};
 use crate::sync;
 use cudarc::driver::sys;
@@ -218,8 +219,15 @@ pub struct Device {
     limits: std::sync::OnceLock<DeviceLimits>,
     /// The gate of the primary context's legacy default stream (`crate::access`'s fast
     /// path).
-    legacy_gate: crate::access::Gate,
+    legacy_gate: crate::sync::Gate,
 }
+
+/// A pooled `CUevent` (timing disabled) of one device's primary context.
+pub(crate) struct PooledEvent(pub(crate) sys::CUevent);
+
+// SAFETY: an event handle is a thread-agnostic identifier; it is used only with its
+// device's context current.
+unsafe impl Send for PooledEvent {}
 
 /// The device attributes a launch configuration must respect, read once per [`Device`]
 /// (see [`Device::launch_limits`]).
@@ -240,46 +248,35 @@ pub(crate) struct DeviceLimits {
     pub(crate) shared_per_block_optin: u32,
 }
 
-/// A device's 16-byte UUID, printed as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` like
-/// `nvidia-smi -L`. It is stable across processes, unlike ordinals, which depend on
-/// `CUDA_VISIBLE_DEVICES`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Uuid(pub [u8; 16]);
-
-impl fmt::Display for Uuid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = &self.0;
-        write!(f, "GPU-")?;
-        for (i, byte) in b.iter().enumerate() {
-            if matches!(i, 4 | 6 | 8 | 10) {
-                write!(f, "-")?;
-            }
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for Uuid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-fn registry() -> &'static std::sync::Mutex<Vec<Weak<Device>>> {
+pub(crate) fn registry() -> &'static std::sync::Mutex<Vec<Weak<Device>>> {
     static REGISTRY: std::sync::OnceLock<std::sync::Mutex<Vec<Weak<Device>>>> =
         std::sync::OnceLock::new();
     REGISTRY.get_or_init(Default::default)
+}
+
+/// The raw-code form of [`Device::check`], for call sites that call `sys` directly
+/// rather than through the result layer.
+pub(crate) trait CheckOn {
+    /// `Ok(())` on `CUDA_SUCCESS`; else the error of `call`, as [`Device::check`] makes
+    /// it for `device` (a sticky error poisons the device).
+    fn check_on(self, device: &Device, call: &'static str) -> Result<()>;
+}
+
+impl CheckOn for sys::CUresult {
+    #[inline]
+    fn check_on(self, device: &Device, call: &'static str) -> Result<()> {
+        match self {
+            sys::CUresult::CUDA_SUCCESS => Ok(()),
+            code => Err(device.on_error(driver::result::failed(call, code))),
+        }
+    }
 }
 
 impl Device {
     /// How many CUDA devices are visible. Creates no context.
     pub fn count() -> Result<usize> {
         driver::init()?;
-        let mut n = 0;
-        // SAFETY: cuInit succeeded; writes one int.
-        unsafe { sys::cuDeviceGetCount(&mut n) }.check("cuDeviceGetCount")?;
-        Ok(n.max(0) as usize)
+        Ok(result::device::count()?.max(0) as usize)
     }
 
     /// The device with this ordinal, or [`Error::BadOrdinal`]. Creates no context.
@@ -300,71 +297,15 @@ impl Device {
         Ok(dev)
     }
 
-    /// Resets device `ordinal`'s primary context (`cuDevicePrimaryCtxReset`): destroys it
-    /// with everything in it, so the next bind starts with a fresh one. The way back from a
-    /// poisoned context ([`Error::ContextPoisoned`]) when releasing gpubind's retain does not
-    /// reset it (the driver keeps a context that faulted).
-    ///
-    /// Refused with [`Error::InvalidArgument`] while any gpubind value of the device is
-    /// alive (an `Arc<Device>`, and so any buffer, stream, event or module): drop them
-    /// first.
-    ///
-    /// # Safety
-    ///
-    /// No other code in this process may still use the device's primary context: other
-    /// libraries sharing it (cudarc's `CudaContext::new`, PyTorch, cuBLAS handles you
-    /// created yourself) lose every allocation and handle in it. And no other thread may
-    /// be dropping the device's last gpubind values concurrently: a `Device` whose last
-    /// `Arc` is gone but whose drop has not yet released its retain is not seen by the
-    /// check.
-    pub unsafe fn reset_primary_context(ordinal: usize) -> Result<()> {
-        let count = Device::count()?;
-        if ordinal >= count {
-            return Err(Error::BadOrdinal { ordinal, count });
-        }
-        let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-        if reg.get(ordinal).is_some_and(|w| w.strong_count() > 0) {
-            return Err(Error::InvalidArgument(format!(
-                "device {ordinal} still has live gpubind values (an Arc<Device>, buffers, streams, events or modules); drop them before resetting its primary context"
-            )));
-        }
-        // A release a drop gave up waiting for (GPUBIND_DROP_TIMEOUT) may still hold the
-        // device, or be dropping its last `Arc` on the release thread.
-        let releasing = crate::teardown::release::in_flight(ordinal);
-        if releasing > 0 {
-            return Err(Error::InvalidArgument(format!(
-                "device {ordinal} still has {releasing} release(s) running on gpubind's release thread (a drop gave up waiting for GPU work, GPUBIND_DROP_TIMEOUT); wait for the device's work to finish, or restart the process"
-            )));
-        }
-        crate::teardown::drop_wait::forget_legacy_gave_up(ordinal);
-        let mut raw: sys::CUdevice = 0;
-        // SAFETY: ordinal < count; writes one int.
-        unsafe { sys::cuDeviceGet(&mut raw, ordinal as i32) }.check("cuDeviceGet")?;
-        // SAFETY: no gpubind value uses the context (checked above, under the registry lock,
-        // so no Device can be created meanwhile); other users are the caller's contract.
-        unsafe { sys::cuDevicePrimaryCtxReset_v2(raw) }.check("cuDevicePrimaryCtxReset_v2")
-    }
-
     /// Every visible device, in ordinal order. Creates no context.
     pub fn all() -> Result<Vec<Arc<Device>>> {
         (0..Device::count()?).map(Device::get).collect()
     }
 
     fn open(ordinal: usize) -> Result<Device> {
-        let mut raw: sys::CUdevice = 0;
-        // SAFETY: ordinal < count (checked by the caller); writes one int.
-        unsafe { sys::cuDeviceGet(&mut raw, ordinal as i32) }.check("cuDeviceGet")?;
-        let mut name = [0 as std::ffi::c_char; 256];
-        // SAFETY: the buffer holds 256 bytes and we pass that length.
-        unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, raw) }
-            .check("cuDeviceGetName")?;
-        // SAFETY: the driver wrote a NUL-terminated string into `name`.
-        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
-        let mut uuid = sys::CUuuid { bytes: [0; 16] };
-        // SAFETY: writes 16 bytes into `uuid`.
-        unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, raw) }.check("cuDeviceGetUuid_v2")?;
+        let raw = result::device::get(ordinal as i32)?;
+        let name = result::device::name(raw)?;
+        let uuid = result::device::uuid(raw)?;
         Ok(Device {
             ordinal,
             raw,
@@ -374,7 +315,7 @@ impl Device {
             events: std::sync::Mutex::new(Vec::new()),
             poison: PoisonState::default(),
             limits: std::sync::OnceLock::new(),
-            legacy_gate: crate::access::Gate::default(),
+            legacy_gate: crate::sync::Gate::default(),
         })
     }
 
@@ -408,10 +349,7 @@ impl Device {
 
     /// Total device memory in bytes (`cuDeviceTotalMem`).
     pub fn total_memory(&self) -> Result<usize> {
-        let mut bytes = 0usize;
-        // SAFETY: valid device handle; writes one size_t.
-        unsafe { sys::cuDeviceTotalMem_v2(&mut bytes, self.raw) }.check("cuDeviceTotalMem_v2")?;
-        Ok(bytes)
+        result::device::total_mem(self.raw)
     }
 
     /// A device attribute (`cuDeviceGetAttribute`). Creates no context.
@@ -440,12 +378,9 @@ impl Device {
     /// # let _ = numa; Ok(()) }
     /// ```
     pub fn attribute_raw(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
-        let mut v = 0;
-        // SAFETY: valid device handle; writes one int. An attribute value this driver
-        // does not know is refused with CUDA_ERROR_INVALID_VALUE (a typed error).
-        unsafe { sys::cuDeviceGetAttribute(&mut v, attr, self.raw) }
-            .check("cuDeviceGetAttribute")?;
-        Ok(v)
+        // An attribute value this driver does not know is refused with
+        // CUDA_ERROR_INVALID_VALUE (a typed error).
+        result::device::attribute(self.raw, attr)
     }
 
     /// Number of streaming multiprocessors.
@@ -467,11 +402,7 @@ impl Device {
         if peer.ordinal == self.ordinal {
             return Ok(true);
         }
-        let mut v = 0;
-        // SAFETY: both handles come from cuDeviceGet; writes one int.
-        unsafe { sys::cuDeviceCanAccessPeer(&mut v, self.raw, peer.raw) }
-            .check("cuDeviceCanAccessPeer")?;
-        Ok(v != 0)
+        result::device::can_access_peer(self.raw, peer.raw)
     }
 
     /// The launch limits, read from the driver on first use and kept (attributes need no
@@ -510,11 +441,7 @@ impl Device {
     /// Whether the driver reports the primary context active in this process
     /// (`cuDevicePrimaryCtxGetState`), whoever retained it. Creates no context.
     pub fn is_primary_context_active(&self) -> Result<bool> {
-        let (mut flags, mut active) = (0u32, 0i32);
-        // SAFETY: valid device handle; writes two ints.
-        unsafe { sys::cuDevicePrimaryCtxGetState(self.raw, &mut flags, &mut active) }
-            .check("cuDevicePrimaryCtxGetState")?;
-        Ok(active != 0)
+        Ok(result::context::primary_state(self.raw)?.1)
     }
 
     /// The raw `CUdevice` handle, for calling cudarc or the driver directly.
@@ -548,7 +475,7 @@ impl Device {
     }
 
     /// Whether a sticky error (an illegal address, a device-side assert, …) poisoned this
-    /// device's context; see [`poison`](crate::device::poison) for what that means and how to
+    /// device's context; see [`Error::ContextPoisoned`] for what that means and how to
     /// recover.
     pub fn is_poisoned(&self) -> bool {
         self.poison.get().is_some()
@@ -596,7 +523,7 @@ impl Device {
     }
 
     /// The gate of the primary context's legacy default stream (`crate::access`).
-    pub(crate) fn legacy_gate(&self) -> &crate::access::Gate {
+    pub(crate) fn legacy_gate(&self) -> &crate::sync::Gate {
         &self.legacy_gate
     }
 
@@ -618,11 +545,9 @@ impl Device {
     /// hand-offs (the pool's, and each gpubind stream's own). The caller destroys it.
     pub(crate) fn new_handoff_event(&self) -> Result<sys::CUevent> {
         let _guard = self.enter()?;
-        let mut raw: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: this device's context is current; writes one handle.
-        unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }
-            .check_on(self, "cuEventCreate")?;
-        Ok(raw)
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: this device's context is current; the caller destroys the event.
+        self.check(unsafe { result::event::create(flags) })
     }
 
     /// Returns a hand-off event to the pool (once nothing will wait on a later record of
@@ -657,26 +582,25 @@ impl Drop for Device {
         let ordinal = Some(self.ordinal);
         let n = events.len();
         match self.enter() {
-            Err(e) => crate::teardown::faults::report_drop(
+            Err(e) => crate::error::report_drop(
                 format_args!("the Device's {n} pooled hand-off events"),
                 ordinal,
-                crate::teardown::faults::ENTER,
+                crate::error::ENTER,
                 &e,
-                crate::teardown::faults::LEAKED,
+                crate::error::LEAKED,
             ),
             Ok(_guard) => {
                 for ev in events {
                     // SAFETY: created by cuEventCreate in this (still retained, current)
                     // context and destroyed once, here; no wait refers to it any more
                     // (waits capture the event's state when enqueued).
-                    let r = unsafe { sys::cuEventDestroy_v2(ev.0) };
-                    if let Err(e) = r.check("cuEventDestroy_v2") {
-                        crate::teardown::faults::report_drop(
+                    if let Err(e) = unsafe { result::event::destroy(ev.0) } {
+                        crate::error::report_drop(
                             format_args!("a pooled hand-off event of the Device"),
                             ordinal,
-                            crate::teardown::faults::RELEASE,
+                            crate::error::RELEASE,
                             &e,
-                            crate::teardown::faults::MAYBE_LEAKED,
+                            crate::error::MAYBE_LEAKED,
                         );
                     }
                 }
@@ -704,7 +628,7 @@ impl fmt::Debug for Device {
 /// code, releasing a retain that it never took.
 ///
 /// ```compile_fail,E0603
-/// use gpubind::device::LazyPrimary; // error[E0603]: struct `LazyPrimary` is private
+/// use gpubind::device::LazyPrimary; // error[E0603]: module `device` is private
 /// ```
 pub(crate) struct LazyPrimary<O: PrimaryCtxOps> {
     ops: O,

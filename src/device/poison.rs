@@ -7,8 +7,10 @@
 //! CUDA_ERROR_ILLEGAL_ADDRESS`), and drops call into the dead context.
 //!
 //! gpubind recognises these codes where a call on a device's context or streams returns
-//! them (synchronisations, copies, launches, allocations, event waits: `Check::check_on`
-//! with the operation's own device, never a guess from the current context), and marks
+//! them (synchronisations, copies, launches, allocations, stream and event creation,
+//! event waits, memory queries: every such call passes its result through
+//! `Device::check` of the operation's own device, never a guess from the current
+//! context), and marks
 //! that [`Device`] **poisoned** with the first failing call, its code and the last kernel
 //! launched on the device. From then
 //! on:

@@ -98,11 +98,22 @@ const OLDEST_MAJOR: u32 = 11;
 impl Lib {
     fn env_var(self) -> &'static str {
         match self {
-            Lib::Nvrtc => "GPUBIND_NVRTC_PATH",
+            Lib::Nvrtc => crate::config::NVRTC_PATH.name,
             #[cfg(feature = "cublas")]
-            Lib::Cublas => "GPUBIND_CUBLAS_PATH",
+            Lib::Cublas => crate::config::CUBLAS_PATH.name,
             #[cfg(feature = "cublas")]
-            Lib::CublasLt => "GPUBIND_CUBLASLT_PATH",
+            Lib::CublasLt => crate::config::CUBLASLT_PATH.name,
+        }
+    }
+
+    /// The override's value, if set (not empty).
+    fn override_path(self) -> Option<String> {
+        match self {
+            Lib::Nvrtc => crate::config::nvrtc_path(&crate::config::env),
+            #[cfg(feature = "cublas")]
+            Lib::Cublas => crate::config::cublas_path(&crate::config::env),
+            #[cfg(feature = "cublas")]
+            Lib::CublasLt => crate::config::cublaslt_path(&crate::config::env),
         }
     }
 
@@ -204,7 +215,7 @@ pub(crate) fn load<L>(
     lib: Lib,
     open: impl FnMut(&str) -> Probe<L>,
 ) -> std::result::Result<(L, LibraryInfo), String> {
-    let env = std::env::var(lib.env_var()).ok();
+    let env = lib.override_path();
     let is_override = env.as_deref().is_some_and(|p| !p.is_empty());
     let driver = driver_major();
     let names = candidates(lib, driver, env.as_deref());
@@ -514,7 +525,8 @@ pub(crate) fn cublas() -> Result<&'static Cublas> {
         })
 }
 
-/// The NVRTC gpubind compiles with (see the [module docs](self)), or [`Error::NoNvrtc`].
+/// The NVRTC gpubind compiles with (`GPUBIND_NVRTC_PATH`, else the newest one not newer
+/// than the driver's major version), or [`Error::NoNvrtc`].
 pub fn nvrtc_info() -> Result<LibraryInfo> {
     nvrtc().map(|n| n.info.clone())
 }

@@ -24,15 +24,15 @@
 //! release or destroy a context that live slices depend on:
 //!
 //! ```compile_fail,E0603
-//! use gpubind::driver::CudaPrimary; // error[E0603]: struct `CudaPrimary` is private
+//! use gpubind::driver::CudaPrimary; // error[E0603]: module `driver` is private
 //! ```
 //!
 //! ```compile_fail,E0603
-//! use gpubind::driver::PrimaryCtxOps; // error[E0603]: trait `PrimaryCtxOps` is private
+//! use gpubind::driver::PrimaryCtxOps; // error[E0603]: module `driver` is private
 //! ```
 //!
 //! ```compile_fail,E0603
-//! use gpubind::driver::RawContext; // error[E0603]: struct `RawContext` is private
+//! use gpubind::driver::RawContext; // error[E0603]: module `driver` is private
 //! ```
 
 pub mod libraries;
@@ -48,89 +48,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 /// Turns a raw `CUresult` into a [`Result`], keeping the name of the call.
+///
+/// For call sites that call `sys` directly; the result layer ([`result`]) is the
+/// wrapped form. Whether an error poisons a device is decided by the device layer
+/// (`Device::check`).
 pub(crate) trait Check {
     /// `Ok(())` on `CUDA_SUCCESS`, else [`Error::Driver`] naming `call`.
     fn check(self, call: &'static str) -> Result<()>;
-    /// As [`check`](Self::check) for a call on `device`'s context or one of its streams:
-    /// a sticky error poisons `device` and is [`Error::ContextPoisoned`].
-    fn check_on(self, device: &crate::device::Device, call: &'static str) -> Result<()>;
 }
 
 impl Check for sys::CUresult {
     #[inline]
     fn check(self, call: &'static str) -> Result<()> {
-        match self {
-            sys::CUresult::CUDA_SUCCESS => Ok(()),
-            code => Err(Error::driver(call, code)),
-        }
-    }
-
-    #[inline]
-    fn check_on(self, device: &crate::device::Device, call: &'static str) -> Result<()> {
-        match self {
-            sys::CUresult::CUDA_SUCCESS => Ok(()),
-            code => Err(failed_on(device, call, code)),
-        }
-    }
-}
-
-/// The error of a failed call on `device` (out of line: the success path stays a compare).
-#[cold]
-#[inline(never)]
-fn failed_on(device: &crate::device::Device, call: &'static str, code: sys::CUresult) -> Error {
-    if crate::device::poison::is_sticky(code) {
-        let p = device.poison_state().poison(call, code).clone();
-        crate::device::poison::error(device, &p)
-    } else {
-        Error::driver(call, code)
+        result::check(self, call)
     }
 }
 
 /// Whether `libcuda` can be loaded on this machine. Never panics, creates nothing.
 pub fn driver_available() -> bool {
-    loadable(&["cuda", "nvcuda"])
-}
-
-/// Whether one of the usual names of a CUDA library (`cuda`, `nvrtc`, `cublas`) loads.
-///
-/// gpubind's own check rather than cudarc's `is_culib_present`, which exists only under
-/// cudarc's `dynamic-loading` (a crate in the tree enabling `dynamic-linking`, as
-/// candle-core does, removes it). The names are ones cudarc's loader also tries, for the
-/// major version of its bindings, so a library found here is one cudarc's `dynamic-loading`
-/// finds too; under `dynamic-linking` the library is already loaded under its soname
-/// (`libcuda.so.1`, `libnvrtc.so.13`), which is in the list.
-pub(crate) fn loadable(stems: &[&str]) -> bool {
-    library_names(stems)
-        .iter()
-        // SAFETY: loading a CUDA library runs its ELF initialisers only (no GPU work);
-        // the handle is closed again at once (the library stays mapped while loaded
-        // elsewhere, as cudarc's own check does it).
-        .any(|name| unsafe { libloading::Library::new(name) }.is_ok())
-}
-
-/// The file names tried for each stem: `libcuda.so`, `libcuda.so.1`, `libnvrtc.so.13`
-/// (the bindings' major version), `libnvrtc.so.12` (a 12.x toolkit beside an old
-/// driver), ... (Windows: `nvcuda.dll`, `nvrtc64_130_0.dll`, `cublas64_12.dll`, ...).
-/// Every name is one cudarc's `dynamic-loading` loader tries as well.
-fn library_names(stems: &[&str]) -> Vec<String> {
-    use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
-    let major = sys::CUDA_VERSION / 1000;
-    let mut names = Vec::new();
-    for stem in stems {
-        names.push(format!("{DLL_PREFIX}{stem}{DLL_SUFFIX}"));
-        if cfg!(windows) {
-            for v in [major.to_string(), "12".into()] {
-                names.push(format!("{DLL_PREFIX}{stem}64_{v}{DLL_SUFFIX}"));
-                names.push(format!("{DLL_PREFIX}{stem}64_{v}0_0{DLL_SUFFIX}"));
-            }
-        } else {
-            for v in [major.to_string(), "12".into(), "11".into(), "1".into()] {
-                names.push(format!("{DLL_PREFIX}{stem}{DLL_SUFFIX}.{v}"));
-            }
-        }
-    }
-    names.dedup();
-    names
+    crate::loader::loadable(&["cuda", "nvcuda"])
 }
 
 /// Loads the driver and runs `cuInit(0)`, once it has succeeded never again.
@@ -253,7 +189,7 @@ impl Drop for ContextGuard {
             // SAFETY: pops exactly the context `push` pushed; the guard is `!Send`, so this
             // runs on the thread that pushed, and guards nest like the scopes holding them.
             if let Err(e) = unsafe { result::context::pop_current() } {
-                crate::teardown::faults::report_drop(
+                crate::error::report_drop(
                     format_args!("a context guard"),
                     None,
                     "popping the context it pushed",
@@ -307,7 +243,7 @@ impl PrimaryCtxOps for CudaPrimary {
         // SAFETY: called once for each successful retain (enforced by LazyPrimary), by
         // the last `Arc<Device>`, after everything that used the context.
         if let Err(e) = unsafe { result::context::primary_release(device) } {
-            crate::teardown::faults::report_drop(
+            crate::error::report_drop(
                 format_args!("the last Arc<Device> (CUdevice {device})"),
                 None,
                 "releasing the primary context",
@@ -326,24 +262,6 @@ mod tests {
 
     fn transient() -> Error {
         Error::InvalidArgument("transient".into())
-    }
-
-    #[test]
-    fn library_names_cover_the_sonames() {
-        let names = library_names(&["cuda", "nvrtc"]);
-        if cfg!(target_os = "linux") {
-            let major = sys::CUDA_VERSION / 1000;
-            for want in [
-                "libcuda.so".to_owned(),
-                "libcuda.so.1".to_owned(),
-                format!("libnvrtc.so.{major}"),
-                "libnvrtc.so.12".to_owned(),
-            ] {
-                assert!(names.contains(&want), "{want} not in {names:?}");
-            }
-        }
-        // The first name of each stem is the plain one.
-        assert!(names[0].contains("cuda") && !names[0].contains("nvrtc"));
     }
 
     #[test]

@@ -26,8 +26,6 @@
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::ffi::{CStr, c_void};
-use std::fmt;
-use std::str::FromStr;
 use std::sync::OnceLock;
 
 /// The environment variable that caps the driver version gpubind assumes.
@@ -37,122 +35,16 @@ use std::sync::OnceLock;
 /// parse makes [`init`](crate::init) and [`driver_version`] fail with
 /// [`Error::InvalidArgument`] naming the variable. A cap can only lower the version:
 /// capping above the real one changes nothing.
-pub const ASSUME_DRIVER_VERSION_ENV: &str = "GPUBIND_ASSUME_DRIVER_VERSION";
+pub const ASSUME_DRIVER_VERSION_ENV: &str = crate::config::ASSUME_DRIVER_VERSION.name;
 
-/// A CUDA version: what a driver supports (`cuDriverGetVersion`) or what an entry point
-/// needs.
-///
-/// Ordered by (major, minor); displayed as `major.minor`.
-///
-/// ```
-/// use gpubind::DriverVersion;
-/// let v = DriverVersion::from_raw(12020).unwrap();
-/// assert_eq!((v.major(), v.minor()), (12, 2));
-/// assert_eq!(v.to_string(), "12.2");
-/// assert_eq!(v.raw(), 12020);
-/// assert_eq!("12.2".parse::<DriverVersion>().unwrap(), v);
-/// assert!(DriverVersion::new(13, 0) > v);
-/// assert!(DriverVersion::from_raw(-1).is_err());
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DriverVersion {
-    major: u32,
-    minor: u32,
-}
-
-impl DriverVersion {
-    /// The oldest driver gpubind runs on: CUDA 12.2 (driver branch R535).
-    pub const MINIMUM: DriverVersion = DriverVersion::new(12, 2);
-
-    /// `major.minor`. Minor versions above 99 are clamped to 99.
-    pub const fn new(major: u32, minor: u32) -> DriverVersion {
-        let minor = if minor > 99 { 99 } else { minor };
-        DriverVersion { major, minor }
-    }
-
-    /// From the driver API's encoding, `1000 * major + 10 * minor` (`12020` is 12.2).
-    /// Zero, negative and absurd values (above 1000.0) are [`Error::InvalidArgument`].
-    pub fn from_raw(raw: i32) -> Result<DriverVersion> {
-        if !(1000..1_000_000).contains(&raw) {
-            return Err(Error::InvalidArgument(format!(
-                "{raw} is not a CUDA version (expected 1000 * major + 10 * minor, e.g. 12020)"
-            )));
-        }
-        let raw = raw as u32;
-        Ok(DriverVersion::new(raw / 1000, (raw % 1000) / 10))
-    }
-
-    /// The driver API's encoding, `1000 * major + 10 * minor`.
-    pub const fn raw(self) -> i32 {
-        (self.major * 1000 + self.minor * 10) as i32
-    }
-
-    /// The major version (12 for 12.2).
-    pub const fn major(self) -> u32 {
-        self.major
-    }
-
-    /// The minor version (2 for 12.2).
-    pub const fn minor(self) -> u32 {
-        self.minor
-    }
-}
-
-impl fmt::Display for DriverVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.major, self.minor)
-    }
-}
-
-impl FromStr for DriverVersion {
-    type Err = Error;
-
-    /// `12020` (the driver API's encoding) or `12.2`; surrounding spaces are ignored.
-    fn from_str(s: &str) -> Result<DriverVersion> {
-        let bad = || {
-            Error::InvalidArgument(format!(
-                "{s:?} is not a CUDA version (expected e.g. 12020 or 12.2)"
-            ))
-        };
-        let t = s.trim();
-        if let Some((major, minor)) = t.split_once('.') {
-            let major: u32 = major.parse().map_err(|_| bad())?;
-            let minor: u32 = minor.parse().map_err(|_| bad())?;
-            if !(1..1000).contains(&major) || minor > 99 {
-                return Err(bad());
-            }
-            Ok(DriverVersion::new(major, minor))
-        } else {
-            let raw: i32 = t.parse().map_err(|_| bad())?;
-            DriverVersion::from_raw(raw).map_err(|_| bad())
-        }
-    }
-}
-
-/// Parses the cap variable's value: unset or empty is no cap.
-pub(crate) fn parse_cap(value: Option<&str>) -> Result<Option<DriverVersion>> {
-    match value {
-        None => Ok(None),
-        Some(v) if v.trim().is_empty() => Ok(None),
-        Some(v) => v.parse().map(Some).map_err(|e| {
-            let reason = match e {
-                Error::InvalidArgument(r) => r,
-                other => other.to_string(),
-            };
-            Error::InvalidArgument(format!("{ASSUME_DRIVER_VERSION_ENV}: {reason}"))
-        }),
-    }
-}
+pub use crate::cuda_version::DriverVersion;
 
 /// The cap from the environment, read once per process.
 fn cap() -> Result<Option<DriverVersion>> {
     static CAP: OnceLock<Result<Option<DriverVersion>>> = OnceLock::new();
-    CAP.get_or_init(|| match std::env::var(ASSUME_DRIVER_VERSION_ENV) {
-        Ok(v) => parse_cap(Some(&v)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(v)) => Err(Error::InvalidArgument(format!(
-            "{ASSUME_DRIVER_VERSION_ENV}: {v:?} is not a CUDA version (expected e.g. 12020 or 12.2)"
-        ))),
+    CAP.get_or_init(|| {
+        let cap = crate::config::assume_driver_version(&crate::config::env)?;
+        Ok(cap.map(|(major, minor)| DriverVersion::new(major, minor)))
     })
     .clone()
 }
@@ -368,7 +260,7 @@ pub struct EntryPointStatus {
 /// [`Error::Unsupported`] in its `status`, not an error of the call.
 ///
 /// ```no_run
-/// for ep in gpubind::compat::entry_points()? {
+/// for ep in gpubind::entry_points()? {
 ///     match &ep.status {
 ///         Ok(()) => println!("{} (CUDA {}): used", ep.symbol, ep.since),
 ///         Err(e) => println!("{}: {e}", ep.symbol),
@@ -377,7 +269,7 @@ pub struct EntryPointStatus {
 /// # Ok::<(), gpubind::Error>(())
 /// ```
 pub fn entry_points() -> Result<Vec<EntryPointStatus>> {
-    crate::init()?;
+    crate::driver::init()?;
     ENTRY_POINTS
         .iter()
         .map(|ep| {
@@ -654,25 +546,6 @@ mod tests {
         assert!(DriverVersion::new(12, 2) < DriverVersion::new(12, 10));
         assert_eq!(DriverVersion::MINIMUM.raw(), 12020);
         assert_eq!(DriverVersion::new(12, 250).minor(), 99);
-    }
-
-    #[test]
-    fn cap_parsing() {
-        assert_eq!(parse_cap(None), Ok(None));
-        assert_eq!(parse_cap(Some("")), Ok(None));
-        assert_eq!(parse_cap(Some("  ")), Ok(None));
-        assert_eq!(
-            parse_cap(Some("12020")),
-            Ok(Some(DriverVersion::new(12, 2)))
-        );
-        assert_eq!(parse_cap(Some("11.8")), Ok(Some(DriverVersion::new(11, 8))));
-        match parse_cap(Some("twelve")) {
-            Err(Error::InvalidArgument(msg)) => {
-                assert!(msg.starts_with(ASSUME_DRIVER_VERSION_ENV), "{msg}");
-                assert!(msg.contains("\"twelve\""), "{msg}");
-            }
-            other => panic!("{other:?}"),
-        }
     }
 
     #[test]

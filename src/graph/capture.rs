@@ -6,13 +6,14 @@ use super::{Graph, Owned, Uses};
 use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
 use crate::copy::DeviceOnlyMemory;
+use crate::device::CheckOn;
 use crate::device::Device;
 use crate::driver::Check;
 use crate::error::{Error, Result};
 use crate::launch::LaunchConfig;
 use crate::memory::host::CaptureSource;
 use crate::memory::{ByteSpan, DeviceMemory, DeviceRepr, MemsetValue};
-use crate::module::{Function, KernelArg, ModuleHold};
+use crate::module::{Function, KernelArg, LaunchArg, ModuleHold, arg_access};
 use cudarc::driver::sys;
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -202,7 +203,7 @@ impl std::fmt::Debug for Capture<'_, '_> {
 impl<'a> BoundDevice<'a> {
     /// Records the work `f` enqueues through its [`Capture`] handle into a [`Graph`]
     /// (stream capture, `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`, on a private stream; see
-    /// the [module docs](crate::graph)). Nothing runs until the graph is instantiated and
+    /// [`Capture`](crate::Capture)). Nothing runs until the graph is instantiated and
     /// launched.
     ///
     /// The capture is ended when `f` returns, fails or panics. `f`'s error is returned
@@ -378,14 +379,14 @@ impl<'c, 'buf> Capture<'c, 'buf> {
 
     /// Makes every launch of the graph agree through `gate` first, on `record` among
     /// what it already holds (see [`LaunchAgreement`](super::LaunchAgreement)).
-    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn record_agreement(&self, gate: &'buf dyn super::LaunchAgreement, record: &[u8]) {
         self.session.borrow_mut().uses.add_agreement(gate, record);
     }
 
     /// Discards the graph when the capture ends, with `e`, whatever the closure
     /// returns (the first such error is kept). Returns `e`.
-    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn discard_graph(&self, e: Error) -> Error {
         self.session.borrow_mut().fatal.get_or_insert(e.clone());
         e
@@ -463,7 +464,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// Starts a kernel launch into the graph: the same builder as
     /// [`BoundStream::launch`](crate::BoundStream::launch), except that its arguments are borrowed for the graph's
     /// lifetime, and the buffers among them are claimed at each launch of the graph
-    /// (as written).
+    /// (as read or written: see [`CaptureLaunch::arg`]).
     pub fn launch<'l>(
         &'l mut self,
         func: &'l Function<'buf>,
@@ -787,6 +788,10 @@ impl Drop for Join<'_> {
     }
 }
 
+/// A buffer argument of a captured launch: its tracker, the bytes it passes (`None`:
+/// all of its allocation), and how the kernel uses them.
+type ArgBuffer<'buf> = (&'buf AccessTracker, Option<(u64, u64)>, Access);
+
 /// A kernel launch being captured; see [`Capture::launch`].
 #[must_use = "a launch does nothing until `.launch()` is called"]
 pub struct CaptureLaunch<'l, 'c, 'buf> {
@@ -797,8 +802,9 @@ pub struct CaptureLaunch<'l, 'c, 'buf> {
     /// Arguments given by value ([`value`](CaptureLaunch::value)), boxed so their
     /// addresses in `args` stay put.
     values: Vec<Box<dyn std::any::Any>>,
-    /// The gpubind buffers among the arguments, and the bytes each passes (`None`: all).
-    buffers: Vec<(&'buf AccessTracker, Option<(u64, u64)>)>,
+    /// The gpubind buffers among the arguments, the bytes each passes (`None`: all),
+    /// and whether the kernel reads or writes them.
+    buffers: Vec<ArgBuffer<'buf>>,
     error: Option<Error>,
 }
 
@@ -815,11 +821,49 @@ impl std::fmt::Debug for CaptureLaunch<'_, '_, '_> {
 
 impl<'buf> CaptureLaunch<'_, '_, 'buf> {
     /// Appends an argument, borrowed for the graph's lifetime. A gpubind buffer passed
-    /// here is claimed as written at every launch of the graph (see
-    /// [`LaunchBuilder::arg`](crate::LaunchBuilder::arg)). Errors (another device's
-    /// memory, a size mismatch) are reported by [`launch`](Self::launch). Plain data
-    /// that does not live as long as the graph goes by [`value`](Self::value).
-    pub fn arg<A: KernelArg + ?Sized>(&mut self, arg: &'buf A) -> &mut Self {
+    /// by `&` is claimed as read at every launch of the graph, one passed by `&mut` as
+    /// written (see [`LaunchBuilder::arg`](crate::LaunchBuilder::arg)); within the
+    /// graph, reads captured on two branches of a [`fork`](Capture::fork) stay
+    /// concurrent. A `&mut` borrow lasts as long as the graph: a buffer that the graph
+    /// writes more than once, or that other code uses while the graph lives, goes by
+    /// [`arg_written`](Self::arg_written). Errors (another device's memory, a size
+    /// mismatch) are reported by [`launch`](Self::launch). Plain data that does not
+    /// live as long as the graph goes by [`value`](Self::value).
+    pub fn arg<L: LaunchArg<'buf>>(&mut self, arg: L) -> &mut Self {
+        let access = arg_access::<L>();
+        self.push_arg(arg.into_arg(), access)
+    }
+
+    /// Appends an argument that the kernel writes, borrowed shared for the graph's
+    /// lifetime, and claimed as written at every launch of the graph (as by
+    /// [`arg`](Self::arg) with `&mut`). Shared borrows let one graph write a buffer in
+    /// several kernels, and let other code use the buffer between the graph's launches
+    /// (the claims order them; see the [module docs](super)).
+    ///
+    /// ```no_run
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, add_one: &gpubind::Function<'_>) -> gpubind::Result<()> {
+    /// use gpubind::LaunchConfig;
+    /// let x = gpu.alloc_zeros::<f32>(1024)?;
+    /// let n = 1024u32;
+    /// let graph = gpu.capture(|c| {
+    ///     for _ in 0..3 {
+    ///         // SAFETY: (float*, unsigned) matches `add_one`, which stays in bounds.
+    ///         unsafe {
+    ///             c.launch(add_one, LaunchConfig::for_num_elems(n))
+    ///                 .arg_written(&x).arg(&n)
+    ///                 .launch()?
+    ///         };
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn arg_written<A: KernelArg + ?Sized>(&mut self, arg: &'buf A) -> &mut Self {
+        self.push_arg(arg, Access::Write)
+    }
+
+    /// Appends `arg`, a buffer of which is claimed with `access`.
+    fn push_arg<A: KernelArg + ?Sized>(&mut self, arg: &'buf A, access: Access) -> &mut Self {
         if self.error.is_none()
             && let Some(dev) = arg.arg_device()
         {
@@ -836,7 +880,7 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
                 .err();
         }
         if let Some(t) = arg.access_tracker() {
-            self.buffers.push((t, arg.arg_span()));
+            self.buffers.push((t, arg.arg_span(), access));
         }
         self.args.push(arg.param_ptr());
         self
@@ -855,7 +899,7 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
     ///         // SAFETY: (float*, unsigned, float) matches `scale`, which stays in bounds.
     ///         unsafe {
     ///             c.launch(scale, LaunchConfig::for_num_elems(1024))
-    ///                 .arg(&x).value(1024u32).value(k as f32 + 0.5)
+    ///                 .arg_written(&x).value(1024u32).value(k as f32 + 0.5)
     ///                 .launch()?
     ///         };
     ///     }
@@ -888,9 +932,11 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
     ///
     /// The contract of [`LaunchBuilder::launch`](crate::LaunchBuilder::launch), for every
     /// launch of the graph: argument types match the kernel, the kernel stays inside the
-    /// buffers passed, and any other memory it reaches (raw addresses, page-locked host
-    /// buffers) stays alive and unused by the host and other streams while any launch of
-    /// the graph may run. A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must
+    /// buffers passed and writes only those passed by `&mut` or
+    /// [`arg_written`](Self::arg_written) (the others are claimed as reads: other
+    /// streams may read them while a launch runs), and any other memory it reaches (raw
+    /// addresses, page-locked host buffers) stays alive and unused by the host and other
+    /// streams while any launch of the graph may run. A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must
     /// not be read through [`as_slice`](crate::ManagedSlice::as_slice) while a launch may
     /// run (the graph borrows it shared).
     pub unsafe fn launch(&mut self) -> Result<()> {
@@ -899,10 +945,10 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
         }
         self.func.check_launch(&self.cfg, self.args.len())?;
         // The kernel stays inside the bytes each argument passes (the launch contract).
-        for &(t, span) in &self.buffers {
+        for &(t, span, access) in &self.buffers {
             match span {
-                Some((lo, bytes)) => self.capture.record_span(t, Access::Write, lo, bytes)?,
-                None => self.capture.record(t, Access::Write)?,
+                Some((lo, bytes)) => self.capture.record_span(t, access, lo, bytes)?,
+                None => self.capture.record(t, access)?,
             }
         }
         // The module's unload waits for the graph's launches; with global views, the

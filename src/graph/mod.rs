@@ -32,7 +32,7 @@
 //!     c.memset_zeros(&x)?;
 //!     for _ in 0..10 {
 //!         // SAFETY: (float*, unsigned) matches the kernel, which stays in bounds.
-//!         unsafe { c.launch(&add_one, LaunchConfig::for_num_elems(n)).arg(&x).arg(&n).launch()? };
+//!         unsafe { c.launch(&add_one, LaunchConfig::for_num_elems(n)).arg_written(&x).arg(&n).launch()? };
 //!     }
 //!     Ok(())
 //! })?;
@@ -76,7 +76,8 @@
 //!   write only device-only memory ([`DeviceOnlyMemory`](crate::DeviceOnlyMemory)), never
 //!   [`ManagedSlice`](crate::ManagedSlice) (whose host slices are not claimed while held).
 //!   Within that, a shared [`DeviceView`](crate::DeviceView) is as writable in a graph as
-//!   the `&DeviceSlice` it comes from (as it already is as a kernel argument): a graph
+//!   the `&DeviceSlice` it comes from (a kernel writes either through
+//!   [`CaptureLaunch::arg_written`]; `arg(&x)` is a read): a graph
 //!   can write part of a buffer (a `grads.slice(range)?` view made before the capture,
 //!   so that it lives as long as the graph) while it reads another part or the whole,
 //!   and every one of those uses is claimed at each launch.
@@ -124,9 +125,9 @@ mod capture;
 pub use capture::{Capture, CaptureLaunch};
 
 use crate::access::{self, Access, AccessTracker, Use};
+use crate::device::CheckOn;
 use crate::device::Device;
 use crate::device::poison::KernelName;
-use crate::driver::Check;
 use crate::error::{Error, Result};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
@@ -308,7 +309,7 @@ impl<'buf> Uses<'buf> {
 
     /// Appends `record` to what the launches agree on through `gate` (see
     /// [`LaunchAgreement`]); a new gate goes last (the agreements stay in capture order).
-    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     fn add_agreement(&mut self, gate: &'buf dyn LaunchAgreement, record: &[u8]) {
         let key = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
         match self

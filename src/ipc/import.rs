@@ -51,7 +51,7 @@ fn imported_pools() -> &'static Registry {
 /// possible (the driver forbids it, and the type has no `alloc`):
 ///
 /// ```compile_fail,E0599
-/// # fn f(pool: &gpubind::ImportedPool, s: &gpubind::BoundStream<'_>) {
+/// # fn f(pool: &gpubind::ipc::ImportedPool, s: &gpubind::BoundStream<'_>) {
 /// let buf = pool.alloc_zeros::<u8>(s, 16); // error[E0599]: no method named `alloc_zeros`
 /// # }
 /// ```

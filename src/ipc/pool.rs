@@ -299,7 +299,7 @@ impl std::fmt::Debug for MemoryPool {
 /// replaced by) an ordinary `DeviceSlice`, which would free it the wrong way:
 ///
 /// ```compile_fail,E0596
-/// # use gpubind::{DeviceSlice, PoolSlice};
+/// # use gpubind::{DeviceSlice, ipc::PoolSlice};
 /// fn swap(a: &mut PoolSlice<f32>, b: &mut DeviceSlice<f32>) {
 ///     std::mem::swap(&mut **a, b); // error[E0596]: cannot borrow data in dereference as mutable
 /// }

@@ -61,10 +61,10 @@
 //! `barrier.cluster.arrive` / `wait`) are plain PTX, usable through inline `asm` (sm_90).
 
 use super::{DriverLaunch, LaunchBuilder, LaunchConfig};
-use crate::driver::Check;
+use crate::device::CheckOn;
 use crate::driver::version::{LAUNCH_KERNEL_EX, OCCUPANCY_MAX_ACTIVE_CLUSTERS};
 use crate::error::{Error, Result};
-use crate::module::{Function, KernelArg};
+use crate::module::{Function, KernelArg, LaunchArg};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
@@ -181,7 +181,7 @@ fn sys_config(
     }
 }
 
-/// A kernel launch with attributes; see the [module docs](self). Built from a
+/// A kernel launch with attributes (`cuLaunchKernelEx`). Built from a
 /// [`LaunchBuilder`] by [`cooperative`](LaunchBuilder::cooperative),
 /// [`cluster`](LaunchBuilder::cluster) or [`priority`](LaunchBuilder::priority).
 #[must_use = "a launch does nothing until `.launch()` is called"]
@@ -202,7 +202,7 @@ impl std::fmt::Debug for LaunchExBuilder<'_, '_> {
 impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// A cooperative launch (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`): every block of the grid
     /// is resident at once, so the kernel may synchronise the whole grid
-    /// (cooperative groups' `this_grid().sync()`). See the [`launch` module docs](crate::launch)
+    /// (cooperative groups' `this_grid().sync()`). See [`LaunchExBuilder::launch`]
     /// for what is checked. Name attributes before the arguments.
     pub fn cooperative(self) -> LaunchExBuilder<'s, 'a> {
         let mut ex = self.ex();
@@ -266,21 +266,32 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
 
     /// Appends an argument; see [`LaunchBuilder::arg`].
     #[inline]
-    pub fn arg<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
+    pub fn arg<L: LaunchArg<'a>>(&mut self, arg: L) -> &mut Self {
         self.inner.arg(arg);
+        self
+    }
+
+    /// Appends a buffer argument that the kernel writes, borrowed shared; see
+    /// [`LaunchBuilder::arg_written`].
+    #[inline]
+    pub fn arg_written<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
+        self.inner.arg_written(arg);
         self
     }
 
     /// Enqueues the kernel with `cuLaunchKernelEx`. Fails before the driver is called for
     /// everything [`LaunchBuilder::launch`] checks, and for the attributes' checks (see
-    /// the [module docs](self)); [`Error::Unsupported`] on a driver without
+    /// [`cooperative`](LaunchBuilder::cooperative) and [`cluster`](LaunchBuilder::cluster));
+    /// [`Error::Unsupported`] on a driver without
     /// `cuLaunchKernelEx`.
     ///
     /// # Safety
     ///
-    /// As for [`LaunchBuilder::launch`]. A cooperative kernel that synchronises the
-    /// grid, and a cluster kernel that uses the cluster's barrier or shared memory, must
-    /// be launched with those attributes (else the sync is undefined).
+    /// As for [`LaunchBuilder::launch`] (the kernel writes only the buffers passed by
+    /// `&mut` or to [`arg_written`](Self::arg_written); those passed by `&` are claimed
+    /// as reads). A cooperative kernel that synchronises the grid, and a cluster kernel
+    /// that uses the cluster's barrier or shared memory, must be launched with those
+    /// attributes (else the sync is undefined).
     pub unsafe fn launch(&mut self) -> Result<()> {
         // SAFETY: `LaunchKernelEx` is cuLaunchKernelEx's prototype
         // (const CUlaunchConfig*, CUfunction, void**, void**) -> CUresult.

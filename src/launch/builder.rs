@@ -4,10 +4,10 @@
 
 use super::LaunchConfig;
 use crate::access::{self, Access, AccessTracker, Use};
+use crate::device::CheckOn;
 use crate::device::poison::KernelName;
-use crate::driver::Check;
 use crate::error::{Error, Result};
-use crate::module::{Function, KernelArg, func_attribute};
+use crate::module::{Function, KernelArg, LaunchArg, arg_access, func_attribute};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -48,13 +48,17 @@ const INLINE_ARGS: usize = 12;
 /// Up to this many buffer arguments, a launch claims them with smaller inline arrays.
 const FEW_ARGS: usize = 4;
 
-/// The gpubind buffers a launch passes: inline for up to [`INLINE_ARGS`], so a typical
-/// launch allocates nothing.
+/// The gpubind buffers a launch passes, and how: inline for up to [`INLINE_ARGS`], so a
+/// typical launch allocates nothing.
 struct Tracked<'a> {
     inline: [Option<&'a AccessTracker>; INLINE_ARGS],
     n: usize,
-    spill: Vec<&'a AccessTracker>,
+    /// Bit `i` set: `inline[i]` was passed by `&mut` (a write), else by `&` (a read).
+    writes: u16,
+    spill: Vec<(&'a AccessTracker, Access)>,
 }
+
+const _: () = assert!(INLINE_ARGS <= u16::BITS as usize);
 
 impl<'a> Tracked<'a> {
     #[inline]
@@ -62,29 +66,51 @@ impl<'a> Tracked<'a> {
         Tracked {
             inline: [None; INLINE_ARGS],
             n: 0,
+            writes: 0,
             spill: Vec::new(),
         }
     }
 
     #[inline(always)]
-    fn push(&mut self, t: &'a AccessTracker) {
+    fn push(&mut self, t: &'a AccessTracker, access: Access) {
         if self.n < INLINE_ARGS {
             self.inline[self.n] = Some(t);
+            self.writes |= u16::from(access == Access::Write) << self.n;
             self.n += 1;
         } else {
-            self.spill.push(t);
+            self.spill.push((t, access));
         }
     }
 
-    /// Whether every buffer publishes stream `on` for a write (the fast path: see
-    /// [`crate::access`]). Call with `on`'s gate held.
+    /// Marks the last buffer pushed, `t`, as written.
+    #[inline(always)]
+    fn mark_written(&mut self, t: &'a AccessTracker) {
+        match self.spill.last_mut() {
+            Some(last) => *last = (t, Access::Write),
+            None => self.writes |= 1 << (self.n - 1),
+        }
+    }
+
+    /// How `inline[i]` is used.
+    #[inline(always)]
+    fn inline_access(&self, i: usize) -> Access {
+        if self.writes & (1 << i) != 0 {
+            Access::Write
+        } else {
+            Access::Read
+        }
+    }
+
+    /// Whether every buffer publishes stream `on` for its use, a read or a write (the
+    /// fast path: see [`crate::access`]). Call with `on`'s gate held. A buffer passed
+    /// both ways is checked for both, which together admit exactly its write.
     #[inline(always)]
     fn all_admit(&self, on: u64) -> bool {
         self.inline[..self.n]
             .iter()
-            .flatten()
-            .chain(self.spill.iter())
-            .all(|t| t.admits(on, Access::Write))
+            .enumerate()
+            .all(|(i, t)| t.is_none_or(|t| t.admits(on, self.inline_access(i))))
+            && self.spill.iter().all(|&(t, a)| t.admits(on, a))
     }
 
     /// The first `N` of [`uses`](Self::uses), padded with `None` (for `n <= N` buffers).
@@ -97,13 +123,14 @@ impl<'a> Tracked<'a> {
         out
     }
 
-    /// Every buffer argument is claimed as written: a kernel may write through any
-    /// pointer it is given.
+    /// Every buffer argument, claimed as read (passed by `&`) or written (by `&mut`); a
+    /// buffer passed both ways is merged into one write by the claim.
     fn uses(&self) -> impl Iterator<Item = Use<'a>> + '_ {
         self.inline[..self.n]
             .iter()
-            .map(|t| t.map(|t| (t, Access::Write)))
-            .chain(self.spill.iter().map(|&t| Some((t, Access::Write))))
+            .enumerate()
+            .map(|(i, t)| t.map(|t| (t, self.inline_access(i))))
+            .chain(self.spill.iter().map(|&u| Some(u)))
     }
 }
 
@@ -263,20 +290,25 @@ impl<'b> BoundStream<'b> {
 impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// Appends an argument. Memory of another device is reported at `launch`.
     ///
-    /// A gpubind buffer passed here is ordered like a write: the launch runs after every
-    /// pending use of it on other streams, and later uses (on any stream, from the host,
-    /// or its free) wait for the kernel. (A kernel may write through any pointer, so
-    /// gpubind cannot treat a buffer passed by shared reference as read-only.) Pass
-    /// `&mut slice` for buffers the kernel writes, to document intent (and, for a
-    /// [`ManagedSlice`](crate::ManagedSlice), to keep the host out of it while the builder
-    /// lives; clippy's `unnecessary_mut_passed` does not see that and may be allowed).
+    /// A gpubind buffer passed by `&mut` is claimed as a **write**: the launch runs after
+    /// every pending use of it on other streams, and every later use (on any stream, from
+    /// the host, or its free) waits for the kernel. One passed by `&` is claimed as a
+    /// **read**: the launch waits only for the pending write, launches that only read it
+    /// on other streams run concurrently, and the next write (and the free) waits for
+    /// it. The kernel must not write through a buffer passed by `&` ([`launch`]'s
+    /// contract); see [`LaunchArg`]. A buffer passed both ways in one launch (two views of
+    /// one allocation) is claimed once, as a write. Plain data is passed by `&`.
+    ///
+    /// [`launch`]: Self::launch
     ///
     /// The builder is taken by `&mut` (as in cudarc), so a chain
     /// `stream.launch(&f, cfg).arg(&a).arg(&b).launch()` moves nothing; to build one
     /// across statements, keep it in a variable: `let mut l = stream.launch(&f, cfg);
     /// l.arg(&a); unsafe { l.launch() }`. It may be launched again.
     #[inline(always)]
-    pub fn arg<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
+    pub fn arg<L: LaunchArg<'a>>(&mut self, arg: L) -> &mut Self {
+        let access = arg_access::<L>();
+        let arg: &'a L::Target = arg.into_arg();
         let this = self;
         if let (None, Some(dev)) = (&this.error, arg.arg_device()) {
             this.error = this
@@ -287,7 +319,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
                 .map(Box::new);
         }
         if let Some(t) = arg.access_tracker() {
-            this.tracked.push(t);
+            this.tracked.push(t, access);
         }
         let i = this.args.len();
         if let (None, Some(&want)) = (
@@ -310,11 +342,25 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         this
     }
 
+    /// Appends a buffer argument that the kernel writes, borrowed shared: claimed as a
+    /// write, as by [`arg`](Self::arg) with `&mut`. For a buffer of which only a shared
+    /// reference is at hand (one held in an `Arc`, or borrowed by a graph); never for a
+    /// [`ManagedSlice`](crate::ManagedSlice), whose host slices a shared borrow does not
+    /// keep away (see [`launch`](Self::launch)'s contract).
+    #[inline(always)]
+    pub fn arg_written<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
+        self.arg(arg);
+        if let Some(t) = arg.access_tracker() {
+            self.tracked.mark_written(t);
+        }
+        self
+    }
+
     /// Enqueues the kernel.
     ///
     /// Fails before the driver is called with [`Error::InvalidArgument`] for a zero
     /// dimension, [`Error::LaunchLimit`] for a configuration over a device or kernel
-    /// limit (see the [module docs](crate::module)), [`Error::LaunchArgs`] or
+    /// limit (see [`Function::attributes`](crate::Function::attributes)), [`Error::LaunchArgs`] or
     /// [`Error::WrongDevice`] for arguments that do not fit.
     ///
     /// # Safety
@@ -326,9 +372,14 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     ///   globals of its own module (never writing a `__constant__` one through a
     ///   pointer): gpubind orders those against their views' uses (see
     ///   [`Module::global`](crate::Module::global)).
+    /// * The kernel must not write through a buffer passed by `&`: gpubind claims it as
+    ///   a read, so kernels on other streams may read it at the same time (see
+    ///   [`LaunchArg`]). Pass the buffers it writes by `&mut` (or to
+    ///   [`arg_written`](Self::arg_written)).
     /// * gpubind's device, pool and managed buffers passed as arguments need nothing
-    ///   more: the launch is ordered after their pending uses, and their later uses and
-    ///   frees are ordered after the kernel. Any *other* memory the kernel reaches — device
+    ///   more: the launch is ordered after their pending uses (a read after their
+    ///   pending write, a write after every pending use), and their later uses and
+    ///   frees are ordered after the kernel as those of a read or a write. Any *other* memory the kernel reaches — device
     ///   addresses passed as plain integers or inside your own structs, and page-locked
     ///   host buffers ([`PinnedHostBuffer`](crate::PinnedHostBuffer),
     ///   [`RegisteredHost`](crate::RegisteredHost)), which the host reads and writes
@@ -525,6 +576,77 @@ impl DriverLaunch for Plain {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The uses a launch claims: `&` arguments as reads, `&mut` and `arg_written` ones
+    /// as writes, in argument order, inline and after spilling.
+    #[test]
+    fn buffer_arguments_are_claimed_as_passed() {
+        let trackers: Vec<AccessTracker> = (0..INLINE_ARGS + 3)
+            .map(|_| AccessTracker::default())
+            .collect();
+        let access = |i: usize| {
+            if i % 3 == 1 {
+                Access::Write
+            } else {
+                Access::Read
+            }
+        };
+        let mut tracked = Tracked::new();
+        for (i, t) in trackers.iter().enumerate() {
+            tracked.push(t, Access::Read);
+            if access(i) == Access::Write {
+                tracked.mark_written(t);
+            }
+        }
+        let uses: Vec<Use<'_>> = tracked.uses().collect();
+        assert_eq!(uses.len(), trackers.len());
+        for (i, (u, t)) in uses.iter().zip(&trackers).enumerate() {
+            let (ut, ua) = u.expect("every argument pushed is a buffer");
+            assert!(std::ptr::eq(ut, t), "argument {i}: tracker");
+            assert_eq!(ua, access(i), "argument {i}");
+        }
+        let few = tracked.uses_array::<FEW_ARGS>();
+        assert_eq!(
+            few.map(|u| u.map(|(_, a)| a)),
+            [0, 1, 2, 3].map(|i| Some(access(i)))
+        );
+    }
+
+    /// The fast path admits a launch only when every buffer publishes the stream for
+    /// its own use: a read needs a read id, a write the write id.
+    #[test]
+    fn fast_path_admits_reads_by_their_read_ids() {
+        // No stream (the trackers' "nothing published").
+        const NONE: u64 = u64::MAX;
+        let reader = AccessTracker::with_published((NONE, [7, 9]));
+        let writer = AccessTracker::with_published((7, [7, NONE]));
+        let check = |uses: &[(&AccessTracker, Access)], on: u64| {
+            let mut tracked = Tracked::new();
+            for &(t, a) in uses {
+                tracked.push(t, a);
+            }
+            tracked.all_admit(on)
+        };
+        assert!(check(
+            &[(&reader, Access::Read), (&writer, Access::Write)],
+            7
+        ));
+        assert!(check(
+            &[(&reader, Access::Read), (&writer, Access::Read)],
+            7
+        ));
+        assert!(check(&[(&reader, Access::Read)], 9));
+        assert!(
+            !check(&[(&reader, Access::Write)], 7),
+            "a read id admits no write"
+        );
+        assert!(!check(&[(&writer, Access::Write)], 9));
+        assert!(
+            !check(&[(&reader, Access::Read), (&reader, Access::Write)], 7),
+            "a buffer passed both ways needs the write id"
+        );
+        assert!(check(&[], 3), "no buffer: nothing to wait for");
+    }
 
     #[test]
     fn arg_pointers_keep_order_inline_and_after_spilling() {

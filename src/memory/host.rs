@@ -48,10 +48,11 @@ use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result::memory;
 use crate::error::{Error, Result};
 use crate::memory::DeviceRepr;
 use crate::module::KernelArg;
+use crate::teardown::{self, Runs, Teardown};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -170,12 +171,9 @@ impl<T: DeviceRepr> LockedRange<T> {
 
     /// The device address the driver mapped `ptr` to.
     fn mapped_address(ptr: NonNull<T>) -> Result<sys::CUdeviceptr> {
-        let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: the caller's context is current and `ptr` is page-locked and mapped in
-        // it (DEVICEMAP); writes one address.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, ptr.as_ptr().cast(), 0) }
-            .check("cuMemHostGetDevicePointer_v2")?;
-        Ok(dptr)
+        // it (DEVICEMAP).
+        unsafe { memory::host_get_device_pointer(ptr.as_ptr().cast()) }
     }
 }
 
@@ -313,15 +311,17 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
             return true;
         }
         let ptr = self.range.ptr.as_ptr() as usize;
-        let released = crate::teardown::release::release(
-            format_args!("{}", what()),
-            &self.range.device,
-            "cuMemHostUnregister",
-            Box::new(move || {
-                // SAFETY: registered in this context (current while this runs) by
-                // `register_raw`; unregistered once.
-                unsafe { sys::cuMemHostUnregister(ptr as *mut std::ffi::c_void) }
-            }),
+        let released = teardown::release(
+            Teardown {
+                what: format_args!("{}", what()),
+                device: &self.range.device,
+                waited: Ok(()), // waited for above
+                call: "cuMemHostUnregister",
+                runs: Runs::OnReleaseThread,
+            },
+            // SAFETY: registered in this context (current while this runs) by
+            // `register_raw`; unregistered once.
+            move || unsafe { memory::host_unregister(ptr as *mut std::ffi::c_void) },
         );
         match released {
             crate::teardown::release::Released::Done => true,
@@ -355,21 +355,22 @@ impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
         // than freed (and the failure logged).
         let waited = self.range.tracker.wait_all();
         let ptr = self.range.ptr.as_ptr() as usize;
-        crate::teardown::faults::release_bounded(
-            format_args!(
-                "PinnedHostBuffer<{}> of {} elements",
-                std::any::type_name::<T>(),
-                self.range.len
-            ),
-            &self.range.device,
-            waited,
-            "cuMemFreeHost",
-            Box::new(move || {
-                // SAFETY: allocated by cuMemHostAlloc in this context (current while this
-                // runs); no use is pending (run only after the wait succeeded); freed
-                // once, here.
-                unsafe { sys::cuMemFreeHost(ptr as *mut std::ffi::c_void) }
-            }),
+        teardown::release(
+            Teardown {
+                what: format_args!(
+                    "PinnedHostBuffer<{}> of {} elements",
+                    std::any::type_name::<T>(),
+                    self.range.len
+                ),
+                device: &self.range.device,
+                waited,
+                call: "cuMemFreeHost",
+                runs: Runs::OnReleaseThread,
+            },
+            // SAFETY: allocated by cuMemHostAlloc in this context (current while this
+            // runs); no use is pending (run only after the wait succeeded); freed once,
+            // here.
+            move || unsafe { memory::free_host(ptr as *mut std::ffi::c_void) },
         );
     }
 }
@@ -481,9 +482,10 @@ impl<'a> BoundDevice<'a> {
             if opts.write_combined {
                 flags |= sys::CU_MEMHOSTALLOC_WRITECOMBINED;
             }
-            let mut p: *mut c_void = std::ptr::null_mut();
-            // SAFETY: this context is current; writes one pointer.
-            unsafe { sys::cuMemHostAlloc(&mut p, bytes, flags) }.check("cuMemHostAlloc")?;
+            // SAFETY: this context is current; the buffer frees it.
+            let p: *mut c_void = self
+                .device()
+                .check(unsafe { memory::host_alloc(bytes, flags) })?;
             let ptr = NonNull::new(p.cast::<T>()).ok_or_else(|| {
                 Error::InvalidArgument("cuMemHostAlloc returned a null pointer".into())
             })?;
@@ -579,8 +581,8 @@ impl<'a> BoundDevice<'a> {
             }
             // SAFETY: this context is current; the range is live host memory of `bytes`
             // bytes (caller's contract).
-            unsafe { sys::cuMemHostRegister_v2(ptr.as_ptr().cast(), bytes, flags) }
-                .check("cuMemHostRegister_v2")?;
+            let registered = unsafe { memory::host_register(ptr.as_ptr().cast(), bytes, flags) };
+            self.device().check(registered)?;
             reg.range.len = len;
             reg.range.dptr = LockedRange::mapped_address(ptr)?;
         } else {

@@ -31,7 +31,6 @@ use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::{Device, DeviceAttribute};
-use crate::driver::Check;
 use crate::driver::version as compat;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, impl_device_memory, private};
@@ -209,23 +208,19 @@ impl<T: DeviceRepr> Drop for ManagedSlice<T> {
         // If the wait fails the device may still use the memory: it is leaked rather
         // than freed (and the failure logged).
         let waited = self.tracker.wait_all();
-        let ptr = self.ptr;
-        crate::teardown::faults::release_bounded(
-            format_args!(
-                "ManagedSlice<{}> of {} elements",
-                std::any::type_name::<T>(),
-                self.len
-            ),
-            &self.device,
-            waited,
-            "cuMemFree_v2",
-            Box::new(move || {
-                // SAFETY: from cuMemAllocManaged in this context (current while this
-                // runs); no use is pending (run only after the wait succeeded); freed
-                // once, here.
-                unsafe { sys::cuMemFree_v2(ptr) }
-            }),
-        );
+        // SAFETY: from cuMemAllocManaged in this context, freed once, here.
+        unsafe {
+            crate::memory::free_device_memory(
+                format_args!(
+                    "ManagedSlice<{}> of {} elements",
+                    std::any::type_name::<T>(),
+                    self.len
+                ),
+                &self.device,
+                waited,
+                self.ptr,
+            )
+        };
     }
 }
 
@@ -254,15 +249,11 @@ impl<'a> BoundDevice<'a> {
             != 0;
         let mut ptr: sys::CUdeviceptr = 0;
         if bytes > 0 {
-            // SAFETY: this context is current; writes one address.
-            unsafe {
-                sys::cuMemAllocManaged(
-                    &mut ptr,
-                    bytes,
-                    sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
-                )
-            }
-            .check("cuMemAllocManaged")?;
+            let flags = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32;
+            // SAFETY: this context is current; the slice frees it.
+            ptr = self
+                .device()
+                .check(unsafe { crate::driver::result::memory::alloc_managed(bytes, flags) })?;
         }
         let mut m = ManagedSlice {
             device: Arc::clone(self.device()),

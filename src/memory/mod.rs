@@ -35,12 +35,13 @@
 
 pub mod host;
 pub mod managed;
+mod sync_ops;
 
-use crate::access::{Access, AccessTracker, host_claim, locks};
-use crate::context::BoundDevice;
+use crate::access::AccessTracker;
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result::{copy, memory};
 use crate::error::{Error, Result};
+use crate::teardown::{self, Runs, Teardown};
 use cudarc::driver::sys;
 use std::marker::PhantomData;
 use std::ops::{Bound, Range, RangeBounds};
@@ -167,17 +168,17 @@ pub(crate) unsafe fn memset_raw(
     }
     // SAFETY (all arms): the caller guarantees the range and the stream; `len` counts
     // elements of `width` bytes, as each entry point expects.
-    let (code, call) = unsafe {
+    let filled = unsafe {
         match (pattern, stream) {
-            (P::D8(v), None) => (sys::cuMemsetD8_v2(ptr, v, len), "cuMemsetD8_v2"),
-            (P::D16(v), None) => (sys::cuMemsetD16_v2(ptr, v, len), "cuMemsetD16_v2"),
-            (P::D32(v), None) => (sys::cuMemsetD32_v2(ptr, v, len), "cuMemsetD32_v2"),
-            (P::D8(v), Some(s)) => (sys::cuMemsetD8Async(ptr, v, len, s), "cuMemsetD8Async"),
-            (P::D16(v), Some(s)) => (sys::cuMemsetD16Async(ptr, v, len, s), "cuMemsetD16Async"),
-            (P::D32(v), Some(s)) => (sys::cuMemsetD32Async(ptr, v, len, s), "cuMemsetD32Async"),
+            (P::D8(v), None) => copy::memset_d8(ptr, v, len),
+            (P::D16(v), None) => copy::memset_d16(ptr, v, len),
+            (P::D32(v), None) => copy::memset_d32(ptr, v, len),
+            (P::D8(v), Some(s)) => copy::memset_d8_async(ptr, v, len, s),
+            (P::D16(v), Some(s)) => copy::memset_d16_async(ptr, v, len, s),
+            (P::D32(v), Some(s)) => copy::memset_d32_async(ptr, v, len, s),
         }
     };
-    code.check_on(device, call)
+    device.check(filled)
 }
 
 /// Anything that names a typed range of device memory: [`DeviceSlice`], [`DeviceView`],
@@ -513,7 +514,7 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// access tracker, so ordering is per slice, not per view: a use of one view on
     /// another stream waits for the pending uses of every view (more waiting than the
     /// disjoint ranges need, never less: writes to two views from two streams run one
-    /// after the other). In a [capture](crate::graph) no `&mut` view is needed: shared
+    /// after the other). In a [capture](crate::BoundDevice::capture) no `&mut` view is needed: shared
     /// [`slice`](Self::slice) views are writable there.
     ///
     /// ```no_run
@@ -645,6 +646,38 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     }
 }
 
+/// The end of a device allocation's drop (`cuMemAlloc` or `cuMemAllocManaged`
+/// memory): frees `ptr` through [`teardown::release`] on the device's release thread
+/// (`cuMemFree` may wait for all of the device's work), or leaks it if `waited` (the
+/// wait for its pending uses) failed. The release pushes the allocation's own context
+/// for the free and pops it after: the thread's current context is unchanged, whichever
+/// device is bound. Failures are logged.
+///
+/// # Safety
+///
+/// `ptr` is a live allocation of `device`'s context that nothing else frees; after the
+/// call it is not used again.
+pub(crate) unsafe fn free_device_memory(
+    what: std::fmt::Arguments<'_>,
+    device: &Arc<Device>,
+    waited: Result<()>,
+    ptr: sys::CUdeviceptr,
+) {
+    teardown::release(
+        Teardown {
+            what,
+            device,
+            waited,
+            call: "cuMemFree_v2",
+            runs: Runs::OnReleaseThread,
+        },
+        // SAFETY: the caller's allocation of this context (current while this runs); no
+        // use of it is pending (`release` runs this only after the wait succeeded); freed
+        // once, here.
+        move || unsafe { memory::free(ptr) },
+    );
+}
+
 impl<T: DeviceRepr> Drop for DeviceSlice<T> {
     fn drop(&mut self) {
         if self.ptr == 0 {
@@ -653,238 +686,19 @@ impl<T: DeviceRepr> Drop for DeviceSlice<T> {
         // Free only after every stream-ordered use has finished. If that cannot be
         // known (a faulted context), leak rather than free memory the device may use.
         let waited = self.tracker.wait_all();
-        let ptr = self.ptr;
-        // `release_bounded` pushes our own context for the free and pops it after: the thread's
-        // current context is unchanged, whichever device is bound. (The context is
-        // retained: we were allocated under a binding and hold an Arc<Device>.) Failures
-        // are logged.
-        crate::teardown::faults::release_bounded(
-            format_args!(
-                "DeviceSlice<{}> of {} elements",
-                std::any::type_name::<T>(),
-                self.len
-            ),
-            &self.device,
-            waited,
-            "cuMemFree_v2",
-            Box::new(move || {
-                // SAFETY: `ptr` came from cuMemAlloc in this context (current while this
-                // runs), no use of it is pending (`release` runs this only after the wait
-                // succeeded), and it is freed once, here.
-                unsafe { sys::cuMemFree_v2(ptr) }
-            }),
-        );
-    }
-}
-
-impl<'a> BoundDevice<'a> {
-    /// Allocates `len` uninitialised elements.
-    ///
-    /// # Safety
-    ///
-    /// The contents are whatever the memory held. Reading them before writing is not
-    /// memory-unsafe for [`DeviceRepr`] types (every bit pattern is valid), but it is
-    /// almost never what you want; prefer [`alloc_zeros`](Self::alloc_zeros) unless a
-    /// kernel or copy overwrites every element first.
-    pub unsafe fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<DeviceSlice<T>> {
-        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
-            Error::InvalidArgument(format!("{len} elements overflow usize bytes"))
-        })?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        if bytes > 0 {
-            self.ensure_current()?;
-            // SAFETY: this device's context is current (checked just above); writes one
-            // address.
-            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }
-                .check_on(self.device(), "cuMemAlloc_v2")?;
-        }
-        Ok(DeviceSlice {
-            device: Arc::clone(self.device()),
-            ptr,
-            len,
-            tracker: AccessTracker::default(),
-            _t: PhantomData,
-        })
-    }
-
-    /// Allocates `len` elements set to zero.
-    pub fn alloc_zeros<T: DeviceRepr>(&self, len: usize) -> Result<DeviceSlice<T>> {
-        // SAFETY: every byte is zeroed before the slice is returned.
-        let mut buf = unsafe { self.alloc::<T>(len)? };
-        self.memset_zeros(&mut buf)?;
-        Ok(buf)
-    }
-
-    /// Allocates a device copy of `src`.
-    pub fn clone_htod<T: DeviceRepr>(&self, src: &[T]) -> Result<DeviceSlice<T>> {
-        // SAFETY: the copy below overwrites every element.
-        let mut buf = unsafe { self.alloc::<T>(src.len())? };
-        self.htod_copy(src, &mut buf)?;
-        Ok(buf)
-    }
-
-    /// Copies `src` from the host into `dst`; lengths must match. When it returns the
-    /// data is on the device, visible to work on any stream.
-    ///
-    /// (`cuMemcpyHtoD` alone is not enough for that: from pageable memory it returns once
-    /// the data is *staged*, and the DMA into `dst` completes later, ordered only with the
-    /// legacy default stream. A kernel on a non-blocking stream could read `dst` too early,
-    /// so this call also waits for the legacy stream.)
-    pub fn htod_copy<T: DeviceRepr>(
-        &self,
-        src: &[T],
-        dst: &mut impl DeviceMemoryMut<T>,
-    ) -> Result<()> {
-        self.expect_device("destination", dst.device())?;
-        expect_len("htod_copy", dst.len(), src.len())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        self.ensure_current()?;
-        // Held until the copy has landed: no stream-ordered use can start meanwhile.
-        let _held = host_claim(&mut [Some((dst.tracker(), Access::Write))], locks::<1>())?;
-        // SAFETY: context current; `dst` holds exactly size_of_val(src) bytes; `src` is a
-        // live host slice until the copy has completed (waited for below).
+        // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once, here.
         unsafe {
-            sys::cuMemcpyHtoD_v2(
-                dst.device_ptr(),
-                src.as_ptr().cast(),
-                std::mem::size_of_val(src),
+            free_device_memory(
+                format_args!(
+                    "DeviceSlice<{}> of {} elements",
+                    std::any::type_name::<T>(),
+                    self.len
+                ),
+                &self.device,
+                waited,
+                self.ptr,
             )
-        }
-        .check_on(self.device(), "cuMemcpyHtoD_v2")?;
-        self.sync_default_stream()
-    }
-
-    /// Copies `src` to a new `Vec`.
-    pub fn dtoh<T: DeviceRepr>(&self, src: &impl DeviceMemory<T>) -> Result<Vec<T>> {
-        let mut out = Vec::with_capacity(src.len());
-        self.dtoh_uninit(src, out.spare_capacity_mut())?;
-        // SAFETY: the copy initialised all `src.len()` elements.
-        unsafe { out.set_len(src.len()) };
-        Ok(out)
-    }
-
-    /// Copies `src` into the host slice `dst`; lengths must match.
-    pub fn dtoh_into<T: DeviceRepr>(
-        &self,
-        src: &impl DeviceMemory<T>,
-        dst: &mut [T],
-    ) -> Result<()> {
-        // SAFETY: `[T]` and `[MaybeUninit<T>]` have the same layout, and we only write
-        // valid `T` values (DeviceRepr: every bit pattern is valid).
-        let dst = unsafe { &mut *(dst as *mut [T] as *mut [std::mem::MaybeUninit<T>]) };
-        self.dtoh_uninit(src, dst)
-    }
-
-    fn dtoh_uninit<T: DeviceRepr>(
-        &self,
-        src: &impl DeviceMemory<T>,
-        dst: &mut [std::mem::MaybeUninit<T>],
-    ) -> Result<()> {
-        self.expect_device("source", src.device())?;
-        expect_len("dtoh", dst.len(), src.len())?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        self.ensure_current()?;
-        let _held = host_claim(&mut [Some((src.tracker(), Access::Read))], locks::<1>())?;
-        // SAFETY: context current; `dst` has room for exactly `src.num_bytes()` bytes and
-        // is exclusively borrowed for the synchronous copy.
-        unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.device_ptr(), src.num_bytes()) }
-            .check_on(self.device(), "cuMemcpyDtoH_v2")
-    }
-
-    /// Copies device memory `src` into `dst` on the same device; lengths must match.
-    pub fn dtod<T: DeviceRepr>(
-        &self,
-        src: &impl DeviceMemory<T>,
-        dst: &mut impl DeviceMemoryMut<T>,
-    ) -> Result<()> {
-        self.expect_device("source", src.device())?;
-        self.expect_device("destination", dst.device())?;
-        expect_len("dtod", dst.len(), src.len())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        refuse_overlap("dtod", src, dst)?;
-        self.ensure_current()?;
-        let _held = host_claim(
-            &mut [
-                Some((src.tracker(), Access::Read)),
-                Some((dst.tracker(), Access::Write)),
-            ],
-            locks::<2>(),
-        )?;
-        // SAFETY: context current; both ranges are live allocations of `num_bytes`.
-        unsafe { sys::cuMemcpyDtoD_v2(dst.device_ptr(), src.device_ptr(), src.num_bytes()) }
-            .check_on(self.device(), "cuMemcpyDtoD_v2")?;
-        // cuMemcpyDtoD may return before the copy finishes; make this call synchronous
-        // like its host-side siblings.
-        self.sync_default_stream()
-    }
-
-    /// Allocates a device copy of device memory `src`.
-    pub fn clone_dtod<T: DeviceRepr>(&self, src: &impl DeviceMemory<T>) -> Result<DeviceSlice<T>> {
-        // SAFETY: overwritten in full by the copy below.
-        let mut buf = unsafe { self.alloc::<T>(src.len())? };
-        self.dtod(src, &mut buf)?;
-        Ok(buf)
-    }
-
-    /// Sets every element of `dst` to `value` (1-, 2- and 4-byte element types:
-    /// [`MemsetValue`]). Synchronous like [`memset_zeros`](Self::memset_zeros): it waits
-    /// for the pending uses of `dst` first and returns once the fill has landed.
-    ///
-    /// ```no_run
-    /// # fn main() -> gpubind::Result<()> {
-    /// use gpubind::{Device, ThreadContext};
-    /// let mut ctx = ThreadContext::acquire()?;
-    /// let gpu = ctx.bind(&Device::get(0)?)?;
-    /// let mut buf = gpu.alloc_zeros::<u16>(4)?;
-    /// gpu.memset(&mut buf.slice_mut(1..3)?, 0xABCD)?;
-    /// assert_eq!(gpu.dtoh(&buf)?, [0, 0xABCD, 0xABCD, 0]);
-    /// # Ok(()) }
-    /// ```
-    pub fn memset<T: MemsetValue>(
-        &self,
-        dst: &mut impl DeviceMemoryMut<T>,
-        value: T,
-    ) -> Result<()> {
-        self.expect_device("destination", dst.device())?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        self.ensure_current()?;
-        let _held = host_claim(&mut [Some((dst.tracker(), Access::Write))], locks::<1>())?;
-        // SAFETY: context current; `len` elements inside the allocation, whose pending
-        // uses have finished (waited for above) and which no new use can start on while
-        // `_held` lives.
-        unsafe {
-            memset_raw(
-                self.device(),
-                dst.device_ptr(),
-                dst.len(),
-                value.memset_pattern(),
-                None,
-            )
-        }?;
-        self.sync_default_stream()
-    }
-
-    /// Sets every byte of `dst` to zero.
-    pub fn memset_zeros<T: DeviceRepr>(&self, dst: &mut impl DeviceMemoryMut<T>) -> Result<()> {
-        self.expect_device("destination", dst.device())?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        self.ensure_current()?;
-        let _held = host_claim(&mut [Some((dst.tracker(), Access::Write))], locks::<1>())?;
-        // SAFETY: context current; writes `num_bytes` inside the allocation, whose
-        // pending uses have finished (waited for above).
-        unsafe { sys::cuMemsetD8_v2(dst.device_ptr(), 0, dst.num_bytes()) }
-            .check_on(self.device(), "cuMemsetD8_v2")?;
-        self.sync_default_stream()
+        };
     }
 }
 
@@ -902,119 +716,4 @@ pub(crate) fn expect_len(what: &'static str, expected: usize, found: usize) -> R
 }
 
 #[cfg(test)]
-mod tests {
-    use super::private::{MemsetPattern as P, MemsetSealed};
-    use super::{AccessTracker, ByteSpan};
-    use super::{check_disjoint, resolve};
-
-    #[test]
-    fn overlap_is_shared_bytes_of_one_allocation() {
-        let (a, b) = (AccessTracker::default(), AccessTracker::default());
-        let o = |(t, x, n): (&AccessTracker, u64, u64), (u, y, m): (&AccessTracker, u64, u64)| {
-            ByteSpan::new(t, x, n).overlaps(&ByteSpan::new(u, y, m))
-        };
-        assert!(o((&a, 0, 64), (&a, 63, 1)));
-        assert!(o((&a, 16, 8), (&a, 0, 64)));
-        assert!(!o((&a, 0, 64), (&a, 64, 64)), "adjacent");
-        assert!(!o((&a, 0, 64), (&b, 0, 64)), "another allocation");
-        assert!(!o((&a, 0, 0), (&a, 0, 64)), "empty");
-        assert!(!o((&a, u64::MAX - 1, 8), (&a, 0, 8)), "no wrap-around");
-    }
-    use crate::Error;
-    use proptest::prelude::*;
-
-    #[test]
-    fn disjoint_ranges_are_checked() {
-        assert!(check_disjoint(&[0..8, 8..10], 10).is_ok());
-        assert!(check_disjoint(&[8..10, 0..8, 3..3, 5..5], 10).is_ok());
-        assert!(matches!(
-            check_disjoint(&[0..8, 7..10], 10),
-            Err(Error::InvalidArgument(m)) if m.contains("range 1 (7..10) overlaps range 0 (0..8)")
-        ));
-        assert!(matches!(
-            check_disjoint(&[0..8, 8..11], 10),
-            Err(Error::OutOfBounds {
-                start: 8,
-                end: 11,
-                len: 10
-            })
-        ));
-        #[allow(clippy::reversed_empty_ranges)]
-        let reversed = [0..1, 5..3];
-        assert!(matches!(
-            check_disjoint(&reversed, 10),
-            Err(Error::OutOfBounds { .. })
-        ));
-    }
-
-    proptest! {
-        /// Accepted ranges are in bounds and no byte is in two of them.
-        #[test]
-        fn accepted_ranges_are_disjoint(
-            ranges in proptest::collection::vec((0usize..40, 0usize..40), 0..6),
-            len in 0usize..40,
-        ) {
-            let ranges: Vec<_> = ranges.into_iter().map(|(a, b)| a..b).collect();
-            let mut owner = vec![None; 40];
-            let ok = check_disjoint(&ranges, len).is_ok();
-            let mut disjoint = true;
-            for (i, r) in ranges.iter().enumerate() {
-                if r.start > r.end || r.end > len {
-                    disjoint = false;
-                    continue;
-                }
-                for slot in &mut owner[r.clone()] {
-                    disjoint &= slot.replace(i).is_none();
-                }
-            }
-            prop_assert_eq!(ok, disjoint);
-        }
-    }
-
-    #[test]
-    fn memset_values_pick_the_driver_call_of_their_width() {
-        assert_eq!(0xABu8.memset_pattern(), P::D8(0xAB));
-        assert_eq!((-1i8).memset_pattern(), P::D8(0xFF));
-        assert_eq!(0xABCDu16.memset_pattern(), P::D16(0xABCD));
-        assert_eq!((-2i16).memset_pattern(), P::D16(0xFFFE));
-        assert_eq!(0xDEAD_BEEFu32.memset_pattern(), P::D32(0xDEAD_BEEF));
-        assert_eq!((-1i32).memset_pattern(), P::D32(u32::MAX));
-        assert_eq!(1.5f32.memset_pattern(), P::D32(1.5f32.to_bits()));
-        let h = half::f16::from_f32(-0.25);
-        assert_eq!(h.memset_pattern(), P::D16(h.to_bits()));
-        let b = half::bf16::from_f32(3.0);
-        assert_eq!(b.memset_pattern(), P::D16(b.to_bits()));
-        // The width always equals the element's size.
-        fn width<T: super::MemsetValue>(v: T) -> bool {
-            v.memset_pattern().width() == std::mem::size_of::<T>()
-        }
-        assert!(width(1u8) && width(1i8) && width(1u16) && width(1i16));
-        assert!(width(1u32) && width(1i32) && width(1f32));
-        assert!(width(half::f16::ONE) && width(half::bf16::ONE));
-    }
-
-    #[test]
-    #[allow(clippy::reversed_empty_ranges)]
-    fn ranges_resolve_against_len() {
-        assert_eq!(resolve(.., 10).unwrap(), (0, 10));
-        assert_eq!(resolve(2..5, 10).unwrap(), (2, 3));
-        assert_eq!(resolve(2..=5, 10).unwrap(), (2, 4));
-        assert_eq!(resolve(10.., 10).unwrap(), (10, 0));
-        assert_eq!(
-            resolve(3..11, 10).unwrap_err(),
-            Error::OutOfBounds {
-                start: 3,
-                end: 11,
-                len: 10
-            }
-        );
-        assert_eq!(
-            resolve(5..3, 10).unwrap_err(),
-            Error::OutOfBounds {
-                start: 5,
-                end: 3,
-                len: 10
-            }
-        );
-    }
-}
+mod tests;

@@ -97,7 +97,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// A typed view of one `__device__` or `__constant__` variable of a [`Module`]; see the
-/// [module docs](self). Needs no binding to move, clone or drop; `Send + Sync`.
+/// [`Module::global`](crate::Module::global). Needs no binding to move, clone or drop; `Send + Sync`.
 pub struct ModuleGlobal<T: DeviceRepr> {
     /// The loaded module: keeps the variable's memory alive, and its tracker orders
     /// the variable's uses with the module's launches.
@@ -230,7 +230,7 @@ impl Module {
     /// A typed view of the module's `__device__` or `__constant__` variable `name` (its
     /// name at namespace scope, or its mangled name), as `len` elements of `T`: an array
     /// `float x[4]` is `global::<f32>("x")` (4 elements) or `global::<[f32; 4]>("x")`
-    /// (one). See the [`global` module docs](crate::module::global) for how it is ordered and
+    /// (one). See [`ModuleGlobal`] for how it is ordered and
     /// how long it lives.
     ///
     /// [`Error::GlobalNotFound`] if the module has no such variable;

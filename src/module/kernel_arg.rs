@@ -76,7 +76,8 @@ pub unsafe trait KernelArg {
     /// What the argument is, for error messages.
     fn describe(&self) -> String;
     /// The pending-use tracker of the gpubind allocation this argument passes, if any:
-    /// the launch is ordered after its conflicting uses and recorded as a write.
+    /// the launch is ordered after its conflicting uses and recorded as a read (passed
+    /// by `&`) or a write (passed by `&mut`), see [`LaunchArg`].
     #[doc(hidden)]
     fn access_tracker(&self) -> Option<&crate::access::AccessTracker> {
         None
@@ -102,6 +103,86 @@ unsafe impl<T: DeviceRepr> KernelArg for T {
     }
     fn describe(&self) -> String {
         std::any::type_name::<T>().to_owned()
+    }
+}
+
+/// How a launch is given a [`KernelArg`]: by `&` (the kernel only reads a buffer passed
+/// so) or by `&mut` (the kernel may write it). The argument of
+/// [`LaunchBuilder::arg`](crate::LaunchBuilder::arg) and its siblings; implemented for
+/// `&A` and `&mut A` of every `KernelArg` type `A`, and for nothing else (sealed).
+///
+/// The launch claims a gpubind buffer passed by `&` as a **read**: it waits for the
+/// buffer's pending write, launches on other streams that only read it run concurrently
+/// with it, and only a write (a launch that passes it by `&mut`, a copy into it, the
+/// host's access through `&mut`, its free) is ordered after it. A buffer passed by `&mut`
+/// is claimed as a **write**: ordered after every pending use, and every later use is
+/// ordered after it. Writing through a buffer passed by `&` is outside
+/// [`LaunchBuilder::launch`](crate::LaunchBuilder::launch)'s contract; a buffer written
+/// through a shared reference (one held in an `Arc`, or borrowed by a graph) goes by
+/// [`arg_written`](crate::LaunchBuilder::arg_written). Plain data is passed the same
+/// either way.
+///
+/// ```no_run
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, module: &gpubind::Module) -> gpubind::Result<()> {
+/// use gpubind::LaunchConfig;
+/// // extern "C" __global__ void scale(const float* w, float* y, unsigned n) { … }
+/// let scale = module.function("scale")?;
+/// let w = gpu.clone_htod(&[2.0f32; 64])?;
+/// let (mut y1, mut y2) = (gpu.alloc_zeros::<f32>(64)?, gpu.alloc_zeros::<f32>(64)?);
+/// let (s1, s2) = (gpu.new_stream()?, gpu.new_stream()?);
+/// let cfg = LaunchConfig::for_num_elems(64);
+/// // SAFETY: (const float*, float*, unsigned) matches `scale`, which stays in bounds and
+/// // writes only `y`.
+/// unsafe {
+///     // Both read `w`: the two kernels may run at once.
+///     gpu.on(&s1)?.launch(&scale, cfg).arg(&w).arg(&mut y1).arg(&64u32).launch()?;
+///     gpu.on(&s2)?.launch(&scale, cfg).arg(&w).arg(&mut y2).arg(&64u32).launch()?;
+/// }
+/// # Ok(()) }
+/// ```
+pub trait LaunchArg<'a>: sealed::Sealed {
+    /// The argument passed.
+    #[doc(hidden)]
+    type Target: KernelArg + ?Sized + 'a;
+    /// Whether the kernel may write through the argument (it was passed by `&mut`).
+    #[doc(hidden)]
+    const WRITES: bool;
+    /// The argument, borrowed shared for `'a` (a `&mut` keeps its exclusive borrow).
+    #[doc(hidden)]
+    fn into_arg(self) -> &'a Self::Target;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<A: super::KernelArg + ?Sized> Sealed for &A {}
+    impl<A: super::KernelArg + ?Sized> Sealed for &mut A {}
+}
+
+impl<'a, A: KernelArg + ?Sized> LaunchArg<'a> for &'a A {
+    type Target = A;
+    const WRITES: bool = false;
+    #[inline(always)]
+    fn into_arg(self) -> &'a A {
+        self
+    }
+}
+
+impl<'a, A: KernelArg + ?Sized> LaunchArg<'a> for &'a mut A {
+    type Target = A;
+    const WRITES: bool = true;
+    #[inline(always)]
+    fn into_arg(self) -> &'a A {
+        self
+    }
+}
+
+/// How a launch claims an argument passed as `L` (a [`LaunchArg`]).
+#[inline(always)]
+pub(crate) fn arg_access<'a, L: LaunchArg<'a>>() -> crate::access::Access {
+    if L::WRITES {
+        crate::access::Access::Write
+    } else {
+        crate::access::Access::Read
     }
 }
 

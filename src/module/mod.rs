@@ -94,8 +94,9 @@ pub mod shared;
 pub use function::{Function, FunctionAttributes, Kernel, PotentialBlockSize};
 pub(crate) use function::{FunctionLimits, ModuleHold, ModuleRef, param_sizes};
 pub(crate) use function::{check_block_size, func_attribute};
-pub use kernel_arg::KernelArg;
+pub(crate) use kernel_arg::arg_access;
 pub(crate) use kernel_arg::memory_arg;
+pub use kernel_arg::{KernelArg, LaunchArg};
 pub use nvrtc::{Output, compile, compile_with, nvrtc_available};
 pub use options::{Arch, CompileOptions, CppStandard, cuda_include_dir};
 pub use shared::SharedModule;
@@ -319,13 +320,13 @@ impl<'a> BoundDevice<'a> {
     /// the newest architecture it knows below the device's instead (`compute_XY`), which
     /// the driver JIT-compiles for the device at load. A device older than every
     /// architecture the NVRTC supports is [`Error::Compile`] naming the supported range.
-    /// Which NVRTC is used: [`crate::driver::libraries`] (never a newer major version than the
+    /// Which NVRTC is used: [`nvrtc_info`](crate::nvrtc_info) (never a newer major version than the
     /// driver's; PTX from an NVRTC of a newer *minor* version than the driver can still be
     /// refused at load, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, where a cubin would load).
     ///
     /// ```no_run
     /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
-    /// use gpubind::module::CompileOptions;
+    /// use gpubind::CompileOptions;
     /// const SRC: &str = r#"
     /// #include <cuda_fp16.h>
     /// extern "C" __global__ void add(__half* x, unsigned n) {

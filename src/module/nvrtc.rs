@@ -13,14 +13,14 @@ pub enum Output {
     Cubin,
 }
 
-/// Whether an NVRTC gpubind can use can be loaded (see [`crate::driver::libraries`] for which one:
+/// Whether an NVRTC gpubind can use can be loaded (see [`nvrtc_info`](crate::nvrtc_info) for which one:
 /// the driver's major version first, `GPUBIND_NVRTC_PATH` to override).
 pub fn nvrtc_available() -> bool {
     crate::driver::libraries::nvrtc().is_ok()
 }
 
 /// Compiles CUDA C++ source with NVRTC. Needs no GPU, no context and no driver: only
-/// `libnvrtc` (chosen as [`crate::driver::libraries`] describes). Options are passed through (e.g.
+/// `libnvrtc` (the one [`nvrtc_info`](crate::nvrtc_info) reports). Options are passed through (e.g.
 /// `--gpu-architecture=sm_90`, `-DN=4`); [`compile_with`] takes checked
 /// [`CompileOptions`] and adds the toolkit's headers.
 pub fn compile(src: &str, name: &str, options: &[String], output: Output) -> Result<Vec<u8>> {
@@ -94,7 +94,7 @@ fn defines(src: &str, macro_name: &str) -> bool {
 /// (NVRTC's default virtual one when not set, which gives PTX only). Needs no GPU.
 ///
 /// ```no_run
-/// use gpubind::module::{Arch, CompileOptions, Output, compile_with};
+/// use gpubind::{Arch, CompileOptions, Output, compile_with};
 /// let opts = CompileOptions::new().arch(Arch::Compute(80)).define("SCALE", 2);
 /// let ptx = compile_with(
 ///     r#"extern "C" __global__ void k(float* x) { x[0] *= SCALE; }"#,

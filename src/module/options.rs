@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! # fn f(gpu: &gpubind::BoundDevice<'_>, src: &str) -> gpubind::Result<()> {
-//! use gpubind::module::{CompileOptions, CppStandard};
+//! use gpubind::{CompileOptions, CppStandard};
 //! let opts = CompileOptions::new()
 //!     .define("TILE", 32)
 //!     .fast_math(true)
@@ -234,7 +234,7 @@ impl CompileOptions {
     /// adds, are not among them.
     ///
     /// ```
-    /// use gpubind::module::{Arch, CompileOptions};
+    /// use gpubind::{Arch, CompileOptions};
     /// let opts = CompileOptions::new().define("N", 4).fast_math(true).arch(Arch::Sm(90));
     /// assert_eq!(
     ///     opts.nvrtc_options()?,
@@ -369,21 +369,11 @@ pub(crate) fn include_candidates() -> Vec<PathBuf> {
         dirs.push(lib_dir.join("../../include"));
         dirs.push(lib_dir.join("../../cuda_runtime/include"));
     }
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(root) = toolkit_root_from_env(var) {
-            dirs.push(root.join("include"));
-        }
+    for root in crate::config::cuda_toolkit_roots(&crate::config::env) {
+        dirs.push(root.join("include"));
     }
     dirs.push(PathBuf::from("/usr/local/cuda/include"));
     dirs
-}
-
-/// The toolkit root named by `var` (`CUDA_HOME` or `CUDA_PATH`), if set and not empty.
-/// The one place gpubind reads these variables.
-fn toolkit_root_from_env(var: &str) -> Option<PathBuf> {
-    std::env::var_os(var)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
 }
 
 /// The directory of the NVRTC library gpubind loaded: the override's directory when

@@ -4,33 +4,57 @@
 //! contract is docs/safety.md, "Drops".
 
 use crate::access::LEGACY_ID;
+use crate::config::DEFAULT_DROP_TIMEOUT;
+use crate::driver::result;
+use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::time::{Duration, Instant};
 
 /// Why [`poll_until_idle`] stopped.
 #[derive(Debug, PartialEq)]
 pub(crate) enum Polled {
-    /// The query failed with this code (not `CUDA_ERROR_NOT_READY`).
-    Failed(sys::CUresult),
+    /// The query failed with this error (not `CUDA_ERROR_NOT_READY`).
+    Failed(Error),
     /// Still busy at the deadline, after this many milliseconds.
     TimedOut(u64),
 }
 
-/// Calls `query` (a `cuStreamQuery`) until it answers `CUDA_SUCCESS`, a failure, or the
-/// deadline passes: spinning (with `yield_now`) for the first 200 µs, which keeps short
-/// waits as prompt as a blocking synchronize, then sleeping 50 µs doubling to 1 ms.
-pub(crate) fn poll_until_idle(
-    mut query: impl FnMut() -> sys::CUresult,
+/// A stream query's answer: `result::stream::query`'s (`Ok(true)` idle, `Ok(false)`
+/// busy), or a raw `cuStreamQuery` code.
+pub(crate) trait QueryAnswer {
+    /// `Ok(true)` when idle, `Ok(false)` while busy, else the query's error.
+    fn idle(self) -> Result<bool>;
+}
+
+impl QueryAnswer for Result<bool> {
+    #[inline]
+    fn idle(self) -> Result<bool> {
+        self
+    }
+}
+
+impl QueryAnswer for sys::CUresult {
+    #[inline]
+    fn idle(self) -> Result<bool> {
+        result::check_ready(self, "cuStreamQuery")
+    }
+}
+
+/// Calls `query` (a `cuStreamQuery`) until it answers idle, a failure, or the deadline
+/// passes: spinning (with `yield_now`) for the first 200 µs, which keeps short waits as
+/// prompt as a blocking synchronize, then sleeping 50 µs doubling to 1 ms.
+pub(crate) fn poll_until_idle<A: QueryAnswer>(
+    mut query: impl FnMut() -> A,
     deadline: Option<Instant>,
     limit: Duration,
 ) -> std::result::Result<(), Polled> {
     let started = Instant::now();
     let mut pause = Duration::from_micros(50);
     loop {
-        match query() {
-            sys::CUresult::CUDA_SUCCESS => return Ok(()),
-            sys::CUresult::CUDA_ERROR_NOT_READY => {}
-            code => return Err(Polled::Failed(code)),
+        match query().idle() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(Polled::Failed(e)),
         }
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
@@ -54,27 +78,12 @@ pub(crate) fn poll_until_idle(
 /// default used.
 pub(crate) fn drop_timeout() -> Duration {
     static LIMIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| parse_drop_timeout(std::env::var("GPUBIND_DROP_TIMEOUT").ok().as_deref()))
-}
-
-/// The default of [`drop_timeout`].
-pub(crate) const DEFAULT_DROP_TIMEOUT: Duration = Duration::from_secs(300);
-
-fn parse_drop_timeout(value: Option<&str>) -> Duration {
-    match value.map(str::trim) {
-        None | Some("") => DEFAULT_DROP_TIMEOUT,
-        Some(v) if v.eq_ignore_ascii_case("none") => Duration::MAX,
-        Some(v) => match v.parse::<u64>() {
-            Ok(secs) => Duration::from_secs(secs),
-            Err(_) => {
-                log::warn!(
-                    "GPUBIND_DROP_TIMEOUT={v:?} is not a number of seconds; using {} s",
-                    DEFAULT_DROP_TIMEOUT.as_secs()
-                );
-                DEFAULT_DROP_TIMEOUT
-            }
-        },
-    }
+    *LIMIT.get_or_init(|| {
+        crate::config::drop_timeout(&crate::config::env).unwrap_or_else(|e| {
+            log::warn!("{e}; using {} s", DEFAULT_DROP_TIMEOUT.as_secs());
+            DEFAULT_DROP_TIMEOUT
+        })
+    })
 }
 
 /// The streams (by id) on which a bounded wait has given up, each with an event recorded
@@ -106,13 +115,13 @@ impl GaveUp {
         let event = v[k].1 as sys::CUevent;
         // SAFETY: the event was created in this stream's context, which is current, and
         // is destroyed only under this lock, after leaving the list.
-        let r = unsafe { sys::cuEventQuery(event) };
-        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+        if unsafe { result::event::query(event) } == Ok(false) {
             return true;
         }
         v.swap_remove(k);
-        // SAFETY: as above; removed from the list first, so destroyed once.
-        unsafe { sys::cuEventDestroy_v2(event) };
+        // SAFETY: as above; removed from the list first, so destroyed once. Best effort:
+        // a failure leaves the event to its context.
+        let _ = unsafe { result::event::destroy(event) };
         false
     }
 
@@ -124,21 +133,15 @@ impl GaveUp {
         if v.iter().any(|&(x, _)| x == id) {
             return;
         }
-        let mut event: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: writes one handle; the context is current.
-        let created = unsafe {
-            sys::cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as std::ffi::c_uint,
-            )
-        };
-        if created != sys::CUresult::CUDA_SUCCESS {
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as std::ffi::c_uint;
+        // SAFETY: the context is current; the list's owner destroys the event.
+        let Ok(event) = (unsafe { result::event::create(flags) }) else {
             return;
-        }
+        };
         // SAFETY: a live event and a live stream of the current context.
-        if unsafe { sys::cuEventRecord(event, raw) } != sys::CUresult::CUDA_SUCCESS {
-            // SAFETY: created above, never recorded, destroyed once.
-            unsafe { sys::cuEventDestroy_v2(event) };
+        if unsafe { result::event::record(event, raw) }.is_err() {
+            // SAFETY: created above, never recorded, destroyed once (best effort).
+            let _ = unsafe { result::event::destroy(event) };
             return;
         }
         v.push((id, event as EventHandle));
@@ -153,7 +156,7 @@ impl GaveUp {
             if destroy {
                 // SAFETY: created in the current context, removed from the list first, so
                 // destroyed once.
-                unsafe { sys::cuEventDestroy_v2(event as sys::CUevent) };
+                let _ = unsafe { result::event::destroy(event as sys::CUevent) };
             }
         }
     }
@@ -190,7 +193,11 @@ mod tests {
         assert_eq!((r, n), (Ok(()), 4));
         // A failure is returned as it is.
         let r = poll_until_idle(|| CUDA_ERROR_ILLEGAL_ADDRESS, None, long);
-        assert_eq!(r, Err(Polled::Failed(CUDA_ERROR_ILLEGAL_ADDRESS)));
+        assert!(
+            matches!(&r, Err(Polled::Failed(e))
+                if e.driver_code() == Some(crate::DriverErrorCode::ILLEGAL_ADDRESS)),
+            "{r:?}"
+        );
         // Never idle: gives up at the deadline, not before, and not long after.
         let limit = Duration::from_millis(30);
         let t = Instant::now();
@@ -213,18 +220,5 @@ mod tests {
             Duration::ZERO,
         );
         assert_eq!((r, calls), (Err(Polled::TimedOut(0)), 1));
-    }
-
-    #[test]
-    fn drop_timeout_parses_seconds_and_falls_back() {
-        assert_eq!(parse_drop_timeout(None), DEFAULT_DROP_TIMEOUT);
-        assert_eq!(parse_drop_timeout(Some("")), DEFAULT_DROP_TIMEOUT);
-        assert_eq!(parse_drop_timeout(Some(" 5 ")), Duration::from_secs(5));
-        assert_eq!(parse_drop_timeout(Some("0")), Duration::ZERO);
-        assert_eq!(parse_drop_timeout(Some("five")), DEFAULT_DROP_TIMEOUT);
-        assert_eq!(parse_drop_timeout(Some("-1")), DEFAULT_DROP_TIMEOUT);
-        assert_eq!(parse_drop_timeout(Some("None")), Duration::MAX);
-        // `none` means no deadline at all (no overflow, no panic).
-        assert_eq!(Instant::now().checked_add(Duration::MAX), None);
     }
 }

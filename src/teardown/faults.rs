@@ -5,26 +5,10 @@
 //! became of the resource. Nothing is logged on success.
 
 use crate::device::Device;
-use crate::driver::Check;
 use crate::error::{Error, Result};
-use cudarc::driver::sys;
+use crate::teardown::CallResult;
 use std::fmt;
 use std::sync::Arc;
-
-/// The step of a drop that waits for the resource's pending stream-ordered uses.
-pub(crate) const WAIT: &str = "waiting for its pending uses";
-/// The step of a drop that makes the resource's context current.
-pub(crate) const ENTER: &str = "entering its device's context";
-/// The step of a drop that frees, unloads or destroys the resource.
-pub(crate) const RELEASE: &str = "releasing it";
-
-/// After a failed wait: nothing is released while the device may still use it.
-pub(crate) const LEAKED_UNWAITED: &str =
-    "it is leaked, not released, because the device may still use it";
-/// After a failed context push: the release call was never made.
-pub(crate) const LEAKED: &str = "it is leaked (not released)";
-/// After a release call that failed.
-pub(crate) const MAYBE_LEAKED: &str = "the driver did not release it, so it may be leaked";
 
 /// Whether a failed wait for a resource's pending uses means the device will run none of
 /// them any more: only [`Error::ContextPoisoned`] (a sticky error: the context executes no
@@ -60,33 +44,19 @@ pub(crate) fn abort_unreleasable(
     std::process::abort()
 }
 
-/// Reports a failure a `Drop` cannot return, at warn level:
-/// `gpubind: dropping {what} (device {d}): {step}: {error}; {outcome}`.
-pub(crate) fn report_drop(
-    what: fmt::Arguments<'_>,
-    device: Option<usize>,
-    step: &str,
-    error: &Error,
-    outcome: &str,
-) {
-    match device {
-        Some(d) => {
-            log::warn!("gpubind: dropping {what} (device {d}): {step}: {error}; {outcome}")
-        }
-        None => log::warn!("gpubind: dropping {what}: {step}: {error}; {outcome}"),
-    }
-}
+pub(crate) use crate::error::report_drop;
+pub(crate) use crate::error::{ENTER, LEAKED, LEAKED_UNWAITED, MAYBE_LEAKED, RELEASE, WAIT};
 
 /// The end of a resource's `Drop`: given the result of waiting for its pending uses,
 /// enters `device`'s context and runs `release` (the driver call `call`). A failed wait
 /// leaks the resource (`release` is not run); every failure is reported. Returns whether
 /// the resource was released (`false`: leaked, or maybe leaked).
-pub(crate) fn release(
+pub(crate) fn release<R: CallResult>(
     what: fmt::Arguments<'_>,
     device: &Arc<Device>,
     waited: Result<()>,
     call: &'static str,
-    release: impl FnOnce() -> sys::CUresult,
+    release: impl FnOnce() -> R,
 ) -> bool {
     let ordinal = Some(device.ordinal());
     if let Err(e) = waited {
@@ -102,14 +72,14 @@ pub(crate) type Failure = Option<(&'static str, Error)>;
 
 /// Makes `device`'s context current (pushed and popped) and makes the release call
 /// `call_name`.
-pub(crate) fn enter_and_call(
+pub(crate) fn enter_and_call<R: CallResult>(
     device: &Device,
     call_name: &'static str,
-    call: impl FnOnce() -> sys::CUresult,
+    call: impl FnOnce() -> R,
 ) -> Failure {
     match device.enter() {
         Err(e) => Some((ENTER, e)),
-        Ok(_guard) => call().check(call_name).err().map(|e| (RELEASE, e)),
+        Ok(_guard) => call().into_result(call_name).err().map(|e| (RELEASE, e)),
     }
 }
 
@@ -135,12 +105,12 @@ pub(crate) fn report_failure(
 /// `cuModuleUnload`): made on the device's release thread, waited for up to
 /// `GPUBIND_DROP_TIMEOUT` ([`crate::teardown::release`]). Returns whether the resource is gone or
 /// going (`false`: leaked, or maybe leaked).
-pub(crate) fn release_bounded(
+pub(crate) fn release_bounded<R: CallResult + 'static>(
     what: fmt::Arguments<'_>,
     device: &Arc<Device>,
     waited: Result<()>,
     call: &'static str,
-    release: crate::teardown::release::ReleaseCall,
+    release: Box<dyn FnOnce() -> R + Send>,
 ) -> crate::teardown::release::Released {
     if let Err(e) = waited {
         leak_unwaited(what, device, &e);

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 /// A release call: the driver call's name and the call itself, made with the resource's
 /// context current. `Send + 'static`: it runs on the release thread.
-pub(crate) type ReleaseCall = Box<dyn FnOnce() -> cudarc::driver::sys::CUresult + Send>;
+pub(crate) type ReleaseCall = Box<dyn FnOnce() -> crate::error::Result<()> + Send>;
 
 /// How a [`release`] ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -345,12 +345,13 @@ const RELEASE_FLOOR: Duration = Duration::from_millis(100);
 /// Runs `call` (the driver call `call_name`) in `device`'s context on the device's
 /// release thread and waits for it up to [`crate::teardown::drop_wait::drop_timeout`]; reports a
 /// failure naming `what`. See the [module docs](self).
-pub(crate) fn release(
+pub(crate) fn release<R: crate::teardown::CallResult + 'static>(
     what: fmt::Arguments<'_>,
     device: &Arc<Device>,
     call_name: &'static str,
-    call: ReleaseCall,
+    call: Box<dyn FnOnce() -> R + Send>,
 ) -> Released {
+    let call: ReleaseCall = Box::new(move || call().into_result(call_name));
     // At least RELEASE_FLOOR even with GPUBIND_DROP_TIMEOUT=0 ("do not wait for pending
     // uses"): these calls normally take microseconds, and a release that always went to
     // the background would make every free asynchronous.

@@ -1,6 +1,7 @@
 //! The launcher's environment: which launcher started this process, its rank and world,
 //! rank 0's address, the rendezvous port and timeout ([`LaunchEnv::from_env`]).
 
+use crate::config;
 use crate::error::{Error, Result};
 use std::time::Duration;
 
@@ -59,16 +60,16 @@ const LAUNCHERS: [(Launcher, &str, &str, &str, &str); 4] = [
 ];
 
 /// gpubind's rendezvous port variable.
-pub const PORT_VAR: &str = "GPUBIND_RDZV_PORT";
+pub const PORT_VAR: &str = config::RDZV_PORT.name;
 /// gpubind's rendezvous timeout variable (seconds, may have a fraction).
-pub const TIMEOUT_VAR: &str = "GPUBIND_RDZV_TIMEOUT";
+pub const TIMEOUT_VAR: &str = config::RDZV_TIMEOUT.name;
 /// The port when neither `GPUBIND_RDZV_PORT` nor `MASTER_PORT` is set: PyTorch's
 /// default `MASTER_PORT` (29500) plus one.
 pub const DEFAULT_PORT: u16 = 29501;
 /// gpubind's variable that turns the agreement on every NCCL collective across processes
 /// off (`0`, `false`, `off`, `no`) or on (`1`, `true`, `on`, `yes`; the default): see
 /// [`LaunchEnv::check_calls`].
-pub const CHECK_VAR: &str = "GPUBIND_CHECK_CALLS";
+pub const CHECK_VAR: &str = config::CHECK_CALLS.name;
 /// The rendezvous (and NCCL init) timeout when `GPUBIND_RDZV_TIMEOUT` is not set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -141,7 +142,7 @@ impl LaunchEnv {
 
     /// Reads the process environment (see [`from_vars`](Self::from_vars)).
     pub fn from_env() -> Result<LaunchEnv> {
-        Self::from_vars(|name| std::env::var(name).ok())
+        Self::from_vars(config::env)
     }
 
     /// Reads the variables through `get` (a name to its value, `None` if unset).
@@ -239,50 +240,9 @@ impl LaunchEnv {
                 ));
             }
         };
-        let port_of = |name: &str, v: &str| -> Result<u16> {
-            match v.parse::<u16>() {
-                Ok(p) if p > 0 => Ok(p),
-                _ => Err(env_err(
-                    name,
-                    format!("{v:?} is not a TCP port (1..=65535)"),
-                )),
-            }
-        };
-        let port = match (get(PORT_VAR), get("MASTER_PORT")) {
-            (Some(v), _) => port_of(PORT_VAR, &v)?,
-            (None, Some(v)) => {
-                let master = port_of("MASTER_PORT", &v)?;
-                master.checked_add(1).ok_or_else(|| {
-                    env_err(
-                        "MASTER_PORT",
-                        format!("is 65535, so gpubind's default port (MASTER_PORT + 1) does not exist: set {PORT_VAR}"),
-                    )
-                })?
-            }
-            (None, None) => DEFAULT_PORT,
-        };
-        let check_calls = match get(CHECK_VAR).map(|v| v.to_ascii_lowercase()).as_deref() {
-            None | Some("1" | "true" | "on" | "yes") => true,
-            Some("0" | "false" | "off" | "no") => false,
-            Some(v) => {
-                return Err(env_err(
-                    CHECK_VAR,
-                    format!("{v:?} is not one of 1/true/on/yes or 0/false/off/no"),
-                ));
-            }
-        };
-        let timeout = match get(TIMEOUT_VAR) {
-            None => DEFAULT_TIMEOUT,
-            Some(v) => match v.parse::<f64>() {
-                Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Duration::from_secs_f64(s),
-                _ => {
-                    return Err(env_err(
-                        TIMEOUT_VAR,
-                        format!("{v:?} is not a positive number of seconds"),
-                    ));
-                }
-            },
-        };
+        let port = port_from(&get)?;
+        let check_calls = check_calls_from(&get)?;
+        let timeout = timeout_from(&get)?;
         Ok(LaunchEnv {
             launcher,
             rank,
@@ -308,6 +268,49 @@ impl LaunchEnv {
         self.check_calls = on;
         self
     }
+}
+
+/// gpubind's rendezvous port: [`PORT_VAR`], else `MASTER_PORT + 1`, else
+/// [`DEFAULT_PORT`].
+fn port_from(get: &dyn Fn(&str) -> Option<String>) -> Result<u16> {
+    let port_of = |name: &str, v: &str| -> Result<u16> {
+        match v.parse::<u16>() {
+            Ok(p) if p > 0 => Ok(p),
+            _ => Err(env_err(
+                name,
+                format!("{v:?} is not a TCP port (1..=65535)"),
+            )),
+        }
+    };
+    let port = match (
+        config::rdzv_port(&get).map_err(config::VarError::into_launch_env)?,
+        get("MASTER_PORT"),
+    ) {
+        (Some(p), _) => p,
+        (None, Some(v)) => {
+            let master = port_of("MASTER_PORT", &v)?;
+            master.checked_add(1).ok_or_else(|| {
+                env_err(
+                    "MASTER_PORT",
+                    format!("is 65535, so gpubind's default port (MASTER_PORT + 1) does not exist: set {PORT_VAR}"),
+                )
+            })?
+        }
+        (None, None) => DEFAULT_PORT,
+    };
+    Ok(port)
+}
+
+/// Whether the ranks agree on every collective ([`CHECK_VAR`], on by default).
+fn check_calls_from(get: &dyn Fn(&str) -> Option<String>) -> Result<bool> {
+    config::check_calls(&get).map_err(config::VarError::into_launch_env)
+}
+
+/// The rendezvous timeout ([`TIMEOUT_VAR`], seconds), else [`DEFAULT_TIMEOUT`].
+fn timeout_from(get: &dyn Fn(&str) -> Option<String>) -> Result<Duration> {
+    Ok(config::rdzv_timeout(&get)
+        .map_err(config::VarError::into_launch_env)?
+        .unwrap_or(DEFAULT_TIMEOUT))
 }
 
 #[cfg(test)]

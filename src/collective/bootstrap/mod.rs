@@ -27,8 +27,8 @@
 //! hello's flags and the `call`/`agreed` frames of the per-collective agreement
 //! (`callcheck`), which goes on over the same connections.
 
-mod exchange;
 mod launch_env;
+mod rendezvous;
 mod unique_id;
 mod wire;
 

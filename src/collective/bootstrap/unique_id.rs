@@ -32,7 +32,7 @@ impl NcclUniqueId {
     /// listener in this process). [`Error::NoNccl`] without the library,
     /// [`Error::FeatureDisabled`] without the `nccl` feature. Needs no GPU.
     pub fn new() -> Result<Self> {
-        crate::collective::nccl::unique_id_bytes().map(NcclUniqueId)
+        crate::collective::backend::nccl::unique_id_bytes().map(NcclUniqueId)
     }
 
     /// The id from its 128 bytes ([`Error::InvalidArgument`] for any other length).
