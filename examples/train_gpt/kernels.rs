@@ -1,34 +1,41 @@
 //! The NVRTC kernels of `train_gpt` (`kernels.cu`) as owned [`Kernel`]s in one registry,
 //! and one launch wrapper per kernel that checks every length the kernel relies on.
 
-use gpubind::module::CompileOptions;
 use gpubind::{BoundDevice, BoundStream, Capture, DeviceMemory, KernelArg};
-use gpubind::{Error, Kernel, LaunchConfig, Result};
+use gpubind::{CompileOptions, Error, Kernel, LaunchConfig, Result};
 
 /// The kernels' CUDA source.
 pub const SOURCE: &str = include_str!("kernels.cu");
 
-/// A float buffer a kernel reads or writes. Taken by shared reference: a launch orders
-/// every buffer argument as written, and a captured launch borrows its buffers shared for
-/// the graph's lifetime, so one wrapper serves both [`Target`]s.
+/// A float buffer a kernel reads or writes. Taken by shared reference — the buffers a
+/// kernel writes go by `arg_written`, claimed as writes — because a captured launch
+/// borrows its buffers shared for the graph's lifetime: one wrapper serves both
+/// [`Target`]s.
 pub trait In: DeviceMemory<f32> + KernelArg {}
 impl<M: DeviceMemory<f32> + KernelArg + ?Sized> In for M {}
 /// A token buffer.
 pub trait Tok: DeviceMemory<u32> + KernelArg {}
 impl<M: DeviceMemory<u32> + KernelArg + ?Sized> Tok for M {}
 
-/// One kernel argument: a buffer (borrowed for `'b`) or a scalar (copied).
+/// One kernel argument: a buffer the kernel reads or writes (borrowed for `'b`), or a
+/// scalar (copied).
 #[derive(Clone, Copy)]
 pub enum Arg<'b> {
     Buf(&'b dyn KernelArg),
+    Written(&'b dyn KernelArg),
     U32(u32),
     I32(i32),
     F32(f32),
 }
 
 impl<'b> Arg<'b> {
+    /// A buffer the kernel only reads (claimed as a read).
     pub fn b<A: KernelArg>(a: &'b A) -> Self {
         Arg::Buf(a)
+    }
+    /// A buffer the kernel writes (claimed as a write, though passed by `&`).
+    pub fn w<A: KernelArg>(a: &'b A) -> Self {
+        Arg::Written(a)
     }
     pub fn s(v: &impl Scalar) -> Self {
         v.arg()
@@ -73,6 +80,7 @@ impl<'b> Target<'b> for BoundStream<'_> {
         for a in args {
             match a {
                 Arg::Buf(x) => l.arg(*x),
+                Arg::Written(x) => l.arg_written(*x),
                 Arg::U32(v) => l.arg(v),
                 Arg::I32(v) => l.arg(v),
                 Arg::F32(v) => l.arg(v),
@@ -89,6 +97,7 @@ impl<'b> Target<'b> for Capture<'_, 'b> {
         for a in args {
             match *a {
                 Arg::Buf(x) => l.arg(x),
+                Arg::Written(x) => l.arg_written(x),
                 Arg::U32(v) => l.value(v),
                 Arg::I32(v) => l.value(v),
                 Arg::F32(v) => l.value(v),
@@ -218,7 +227,7 @@ impl Kernels {
                 &self.encoder_fwd,
                 grid(out.len()),
                 &[
-                    Arg::b(out),
+                    Arg::w(out),
                     Arg::b(tok),
                     Arg::b(wte),
                     Arg::b(wpe),
@@ -254,7 +263,7 @@ impl Kernels {
                 &self.encoder_bwd_wpe,
                 grid(dwpe.len()),
                 &[
-                    Arg::b(dwpe),
+                    Arg::w(dwpe),
                     Arg::b(dout),
                     Arg::s(&b),
                     Arg::s(&t),
@@ -269,7 +278,7 @@ impl Kernels {
                 &self.encoder_bwd_wte,
                 grid(dwte.len()),
                 &[
-                    Arg::b(dwte),
+                    Arg::w(dwte),
                     Arg::b(dout),
                     Arg::b(tok),
                     Arg::s(&bt),
@@ -307,9 +316,9 @@ impl Kernels {
                 &self.layernorm_fwd,
                 warp_rows(n),
                 &[
-                    Arg::b(out),
-                    Arg::b(mean),
-                    Arg::b(rstd),
+                    Arg::w(out),
+                    Arg::w(mean),
+                    Arg::w(rstd),
                     Arg::b(inp),
                     Arg::b(wb.0),
                     Arg::b(wb.1),
@@ -350,7 +359,7 @@ impl Kernels {
                 &self.layernorm_bwd_dx,
                 warp_rows(n),
                 &[
-                    Arg::b(dinp),
+                    Arg::w(dinp),
                     Arg::b(dout),
                     Arg::b(inp),
                     Arg::b(stats.0),
@@ -406,7 +415,7 @@ impl Kernels {
             None => (dout, dout, dout),
         };
         let args = [
-            Arg::b(partial),
+            Arg::w(partial),
             Arg::b(dout),
             Arg::Buf(a),
             Arg::Buf(m),
@@ -429,7 +438,7 @@ impl Kernels {
             tg.run(
                 &self.colsum_finish,
                 blocks(ww, 128),
-                &[Arg::b(out), Arg::b(partial), Arg::s(&pp), Arg::s(&ww)],
+                &[Arg::w(out), Arg::b(partial), Arg::s(&pp), Arg::s(&ww)],
             )
         }
     }
@@ -463,7 +472,7 @@ impl Kernels {
             tg.run(
                 &self.bias_add,
                 grid(y.len()),
-                &[Arg::b(y), Arg::b(b), Arg::s(&nn), Arg::s(&cc)],
+                &[Arg::w(y), Arg::b(b), Arg::s(&nn), Arg::s(&cc)],
             )
         }
     }
@@ -491,7 +500,7 @@ impl Kernels {
                 &self.residual_bias,
                 grid(out.len()),
                 &[
-                    Arg::b(out),
+                    Arg::w(out),
                     Arg::b(x),
                     Arg::b(y),
                     Arg::b(b),
@@ -529,10 +538,10 @@ impl Kernels {
                 &self.permute_qkv,
                 grid(n),
                 &[
-                    Arg::b(q),
-                    Arg::b(k),
-                    Arg::b(v),
-                    Arg::b(qkv),
+                    Arg::w(q),
+                    Arg::w(k),
+                    Arg::w(v),
+                    Arg::w(qkv),
                     Arg::s(&b),
                     Arg::s(&t),
                     Arg::s(&nh),
@@ -564,8 +573,8 @@ impl Kernels {
                 &self.unpermute,
                 grid(n),
                 &[
-                    Arg::b(out),
-                    Arg::b(y),
+                    Arg::w(out),
+                    Arg::w(y),
                     Arg::s(&b),
                     Arg::s(&t),
                     Arg::s(&nh),
@@ -594,7 +603,7 @@ impl Kernels {
             tg.run(
                 &self.softmax_causal_fwd,
                 warp_rows(rows),
-                &[Arg::b(att), Arg::b(pre), Arg::s(&r), Arg::s(&tt)],
+                &[Arg::w(att), Arg::b(pre), Arg::s(&r), Arg::s(&tt)],
             )
         }
     }
@@ -620,7 +629,7 @@ impl Kernels {
                 &self.softmax_causal_bwd,
                 warp_rows(rows),
                 &[
-                    Arg::b(dpre),
+                    Arg::w(dpre),
                     Arg::b(datt),
                     Arg::b(att),
                     Arg::s(&r),
@@ -644,7 +653,7 @@ impl Kernels {
             tg.run(
                 &self.gelu_fwd,
                 grid(inp.len()),
-                &[Arg::b(out), Arg::b(inp), Arg::s(&n)],
+                &[Arg::w(out), Arg::b(inp), Arg::s(&n)],
             )
         }
     }
@@ -665,7 +674,7 @@ impl Kernels {
             tg.run(
                 &self.gelu_bwd,
                 grid(inp.len()),
-                &[Arg::b(dinp), Arg::b(inp), Arg::b(dout), Arg::s(&n)],
+                &[Arg::w(dinp), Arg::b(inp), Arg::b(dout), Arg::s(&n)],
             )
         }
     }
@@ -700,8 +709,8 @@ impl Kernels {
                 &self.xent,
                 blocks(nn, 256),
                 &[
-                    Arg::b(dlogits),
-                    Arg::b(losses),
+                    Arg::w(dlogits),
+                    Arg::w(losses),
                     Arg::b(logits),
                     Arg::b(targets),
                     Arg::s(&nn),
@@ -719,7 +728,7 @@ impl Kernels {
                 &self.sum_finish,
                 blocks(1, 256),
                 &[
-                    Arg::b(loss),
+                    Arg::w(loss),
                     Arg::b(losses),
                     Arg::s(&nn),
                     Arg::s(&scale),
@@ -747,7 +756,7 @@ impl Kernels {
             tg.run(
                 &self.sumsq_partial,
                 blocks(parts, 256),
-                &[Arg::b(partial), Arg::b(g), Arg::s(&n)],
+                &[Arg::w(partial), Arg::b(g), Arg::s(&n)],
             )?;
         }
         // SAFETY: as in `xent`: NORM_PARTS of partial, out[0].
@@ -756,7 +765,7 @@ impl Kernels {
                 &self.sum_finish,
                 blocks(1, 256),
                 &[
-                    Arg::b(out),
+                    Arg::w(out),
                     Arg::b(partial),
                     Arg::s(&parts),
                     Arg::s(&one),
@@ -792,10 +801,10 @@ impl Kernels {
                 &self.adamw,
                 grid(n),
                 &[
-                    Arg::b(p),
+                    Arg::w(p),
                     Arg::b(g),
-                    Arg::b(m),
-                    Arg::b(v),
+                    Arg::w(m),
+                    Arg::w(v),
                     Arg::s(&nn),
                     Arg::b(sched),
                     Arg::b(normsq),
@@ -829,7 +838,7 @@ impl Kernels {
             tg.run(
                 &self.copy_words,
                 grid(src.len()),
-                &[Arg::b(dst), Arg::b(src), Arg::s(&n)],
+                &[Arg::w(dst), Arg::b(src), Arg::s(&n)],
             )
         }
     }
