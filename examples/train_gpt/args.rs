@@ -36,6 +36,8 @@ pub struct Args {
     pub check_resume: bool,
     /// Train eagerly, then through CUDA graphs, and check the losses are equal.
     pub check_graph: bool,
+    /// With several ranks: train one rank first and compare the losses.
+    pub check_dp: bool,
 }
 
 impl Default for Args {
@@ -61,6 +63,7 @@ impl Default for Args {
             launcher_env: false,
             check_resume: false,
             check_graph: false,
+            check_dp: false,
         }
     }
 }
@@ -89,7 +92,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
         }
         let bool_flag = matches!(
             flag.as_str(),
-            "--graph" | "--check-resume" | "--check-graph"
+            "--graph" | "--check-resume" | "--check-graph" | "--check-dp"
         );
         let v = if bool_flag {
             String::new()
@@ -117,6 +120,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
             "--graph" => a.graph = true,
             "--check-resume" => a.check_resume = true,
             "--check-graph" => a.check_graph = true,
+            "--check-dp" => a.check_dp = true,
             "--ckpt-every" => a.ckpt_every = num(&flag, &v)?,
             "--ckpt-dir" => a.ckpt_dir = v.into(),
             "--resume" => a.resume = Some(v.into()),
@@ -170,6 +174,7 @@ mod tests {
         assert_eq!(p("--devices 0,0").unwrap().devices, [0, 0]);
         assert!(p("--check-resume --steps 4").unwrap().check_resume);
         assert!(p("--check-graph").unwrap().check_graph);
+        assert!(p("--check-dp --devices 0,0").unwrap().check_dp);
         assert_eq!(p("--precision bf16").unwrap().precision, Precision::Bf16);
     }
 

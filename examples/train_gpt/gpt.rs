@@ -116,6 +116,8 @@ pub struct Gpt {
     pub tokens: DeviceSlice<u32>,
     pub targets: DeviceSlice<u32>,
     pub sched: DeviceSlice<f32>,
+    /// Factor of the loss gradient: 1, or 1/ranks under data parallelism.
+    pub grad_scale: f32,
     normsq: DeviceSlice<f32>,
     sc: Scratch,
     k: Kernels,
@@ -246,6 +248,7 @@ impl Gpt {
             tokens: gpu.alloc_zeros::<u32>(bt)?,
             targets: gpu.alloc_zeros::<u32>(bt)?,
             sched: z(gpu, SCHED_LEN)?,
+            grad_scale: 1.0,
             normsq: z(gpu, 1)?,
             sc,
             k: Kernels::load(gpu)?,
@@ -398,7 +401,7 @@ impl Gpt {
             &self.logits,
             &self.targets,
             d.v,
-            grad,
+            grad.then_some(self.grad_scale),
         )
     }
 

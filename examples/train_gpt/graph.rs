@@ -224,7 +224,7 @@ impl Gpt {
             &self.logits,
             &self.targets,
             d.v,
-            grad,
+            grad.then_some(self.grad_scale),
         )
     }
 

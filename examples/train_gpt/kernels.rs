@@ -680,7 +680,8 @@ impl Kernels {
     }
 
     /// Cross-entropy of `logits` (`rows × v`) against `targets`: per-row `losses`, their
-    /// mean into `loss[slot]`, and with `grad` the logits' gradient of the mean.
+    /// mean into `loss[0]`, and with `grad = Some(k)` the logits' gradient of `k` × the
+    /// mean (`k = 1/ranks` makes the ranks' summed gradients the global batch's).
     #[allow(clippy::too_many_arguments)]
     pub fn xent<'b>(
         &self,
@@ -691,7 +692,7 @@ impl Kernels {
         logits: &'b impl In,
         targets: &'b impl Tok,
         v: usize,
-        grad: bool,
+        grad: Option<f32>,
     ) -> Result<()> {
         let n = targets.len();
         need("logits", logits.len(), n * v)?;
@@ -700,7 +701,8 @@ impl Kernels {
         need("loss", loss.len(), 1)?;
         let (nn, vv) = (u32_of("rows", n)?, u32_of("V", v)?);
         let scale = 1.0f32 / n as f32;
-        let g = i32::from(grad);
+        let dscale = grad.unwrap_or(0.0) * scale;
+        let g = i32::from(grad.is_some());
         // SAFETY: (float* ×2, const float*, const unsigned*, unsigned ×2, float, int) matches
         // xent; block r < N touches row r of logits and dlogits (N·V, checked), losses[r]
         // and targets[r]; the targets are below V (the host makes them from bytes, V = 256).
@@ -715,7 +717,7 @@ impl Kernels {
                     Arg::b(targets),
                     Arg::s(&nn),
                     Arg::s(&vv),
-                    Arg::s(&scale),
+                    Arg::s(&dscale),
                     Arg::s(&g),
                 ],
             )?;

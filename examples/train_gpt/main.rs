@@ -9,7 +9,7 @@
 //!     [--batch 8] [--steps 100] [--lr 6e-4] [--seed 1] [--data PATH…] [--eval-every N]
 //!     [--eval-batches 8] [--sample N] [--dump-init DIR] [--precision fp32] [--log-every 10]
 //!     [--ckpt-every N] [--ckpt-dir DIR] [--resume FILE] [--devices 0] [--graph]
-//!     [--check-graph] [--check-resume]
+//!     [--check-graph] [--check-resume] [--check-dp]
 //! ```
 //!
 //! `--model small`: 6 layers, 6 heads, width 384, context 256; `--model gpt2`: 12, 12, 768,
@@ -36,6 +36,11 @@
 //! `--check-resume` trains with a checkpoint halfway, resumes from it and exits non-zero
 //! unless the resumed losses repeat the uninterrupted run's bit for bit.
 //!
+//! `--devices 0,1` (or `0,0`) trains data-parallel ranks from one thread (`dp.rs`), each
+//! on `batch / ranks` sequences of every step, with the gradients all-reduced by
+//! `ctx.group`; `--check-dp` first trains one rank on the whole batch and exits non-zero
+//! unless the ranks' losses agree within 1e-3 relative.
+//!
 //! Weight decay (0.1) applies to the 2-D tensors: both embeddings (the token embedding
 //! is also the output head) and the linear weights; not to biases and layer norms.
 
@@ -45,6 +50,8 @@ mod args;
 mod ckpt;
 #[path = "data.rs"]
 mod data;
+#[path = "dp.rs"]
+mod dp;
 #[path = "gpt.rs"]
 mod gpt;
 #[path = "kernels.rs"]
@@ -65,7 +72,7 @@ use std::time::Instant;
 
 /// Dense FP32 peak of one H200 SXM without tensor cores, TFLOP/s (16,896 lanes × 2 FLOP
 /// × 1.98 GHz).
-const H200_FP32_TFLOPS: f64 = 67.0;
+pub const H200_FP32_TFLOPS: f64 = 67.0;
 
 /// What goes wrong in `train_gpt`, each with the thing that is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -180,9 +187,14 @@ fn run(a: &Args) -> Result<(), GptError> {
     if a.precision == Precision::Bf16 {
         return Err(GptError::Unsupported("--precision bf16"));
     }
-    if a.devices.len() > 1 || a.launcher_env {
+    if a.launcher_env {
         return Err(GptError::Unsupported(
-            "data parallelism (--devices with more than one rank, --launcher env)",
+            "one process per rank (--launcher env): use --devices for in-process ranks",
+        ));
+    }
+    if a.devices.len() > 1 && (a.graph || a.resume.is_some() || a.check_graph || a.check_resume) {
+        return Err(GptError::Unsupported(
+            "--graph, --resume and the checks with more than one rank",
         ));
     }
     let cfg = Config::named(&a.model)?;
@@ -202,6 +214,25 @@ fn run(a: &Args) -> Result<(), GptError> {
         return dump_init(dir, a, &cfg, &layout, &init, &data.train, &order);
     }
     let mut ctx = ThreadContext::acquire()?;
+    if a.devices.len() > 1 {
+        let devices = a
+            .devices
+            .iter()
+            .map(|&o| Device::get(o))
+            .collect::<gpubind::Result<Vec<_>>>()?;
+        let single = if a.check_dp {
+            let gpu = ctx.bind(&devices[0])?;
+            let mut one = Gpt::new(&gpu, cfg, a.batch, &init)?;
+            Some(train(&gpu, &mut one, a, &data, &order, 0)?)
+        } else {
+            None
+        };
+        let ranked = dp::train(&mut ctx, &devices, cfg, a, &data, &order, &init)?;
+        if let Some(single) = single {
+            check_dp(&single, &ranked)?;
+        }
+        return Ok(());
+    }
     let dev = Device::get(a.devices[0])?;
     let gpu = ctx.bind(&dev)?;
     let mut model = Gpt::new(&gpu, cfg, a.batch, &init)?;
@@ -252,6 +283,30 @@ fn check_graph(
     println!(
         "check-graph: PASS ({} steps, graph losses equal eager bit for bit)",
         eager.len()
+    );
+    Ok(())
+}
+
+/// Relative tolerance of `--check-dp`: the ranks sum their shards' gradients in another
+/// order than one rank does, and AdamW carries the rounding on from step to step.
+const DP_TOLERANCE: f32 = 1e-3;
+
+/// `--check-dp`: the ranks' losses must match the one-rank run's within [`DP_TOLERANCE`].
+fn check_dp(single: &[f32], ranked: &[f32]) -> Result<(), GptError> {
+    let worst = single
+        .iter()
+        .zip(ranked)
+        .map(|(a, b)| ((a - b) / a).abs())
+        .map(|r| if r.is_nan() { f32::INFINITY } else { r })
+        .fold(0.0f32, f32::max);
+    if single.len() != ranked.len() || worst > DP_TOLERANCE {
+        return Err(GptError::CheckFailed(format!(
+            "ranks' losses differ from one rank's by up to {worst:.2e} (tolerance {DP_TOLERANCE:.0e}): one rank {single:?}, ranks {ranked:?}"
+        )));
+    }
+    println!(
+        "check-dp: PASS ({} steps, worst relative difference {worst:.2e}, tolerance {DP_TOLERANCE:.0e})",
+        single.len()
     );
     Ok(())
 }
