@@ -57,11 +57,12 @@ ex train_mlp 300 .gpu-bin/examples/train_mlp --spawn 2 --backend kernels --devic
 # A GPT on byte-level text (the Python standard library): fp32 eager with validation and
 # a greedy sample; a checkpoint resumed mid-run that must repeat the losses; the step as
 # a CUDA graph that must repeat the eager losses; two ranks on GPU 0 (batch 4 each) that
-# must give the one-rank losses within 1e-3 relative.
+# must give the one-rank losses within 1e-3 relative; bf16, eager and graph.
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-every 25 --sample 64
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --check-resume
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-every 25 --check-graph
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --devices 0,0 --check-dp
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --precision bf16 --check-graph
 if command -v torchrun >/dev/null; then
   ex train_mlp 300 torchrun --standalone --nproc-per-node 2 --no-python .gpu-bin/examples/train_mlp \
     --launcher env --backend kernels --devices 0,0 --epochs 3

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 pub enum Precision {
     /// f32 everywhere, TF32 off.
     Fp32,
-    /// bf16 activations and products, f32 master weights (not implemented yet: refused).
+    /// bf16 activations, gradients and products (f32 accumulation); f32 master weights,
+    /// AdamW moments, layer-norm statistics, losses and reductions.
     Bf16,
 }
 

@@ -13,19 +13,19 @@
 //! would hold back the backward pass writing the next layer's view (see the report in
 //! `main.rs`'s docs).
 
+use crate::GptError;
 use crate::args::Args;
 use crate::data::{self, Dataset};
-use crate::gpt::Gpt;
+use crate::gpt::{Act, Gpt};
 use crate::model::Config;
 use crate::optim::{AdamW, Schedule};
-use crate::{GptError, H200_FP32_TFLOPS};
 use gpubind::collective::{CommOptions, Communicator, Op};
 use gpubind::{Device, DeviceSlice, ThreadContext};
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Trains `a.steps` steps on `devices` (one rank each), returning the losses.
-pub fn train(
+pub fn train<T: Act>(
     ctx: &mut ThreadContext,
     devices: &[Arc<Device>],
     cfg: Config,
@@ -44,10 +44,10 @@ pub fn train(
     let shard = a.batch / ranks;
     let comm = Communicator::new(ctx, devices, CommOptions::kernels())?;
     let mut reps = Vec::with_capacity(ranks);
-    let mut reduced: Vec<DeviceSlice<f32>> = Vec::with_capacity(ranks);
+    let mut reduced: Vec<DeviceSlice<T>> = Vec::with_capacity(ranks);
     for dev in devices {
         let gpu = ctx.bind(dev)?;
-        let mut rep = Gpt::new(&gpu, cfg, shard, init)?;
+        let mut rep = Gpt::<T>::new(&gpu, cfg, shard, init)?;
         rep.grad_scale = 1.0 / ranks as f32;
         reduced.push(gpu.alloc_zeros(rep.layout.total)?);
         reps.push(rep);
@@ -116,9 +116,10 @@ pub fn train(
         o.len()
     };
     println!(
-        "RESULT impl=gpubind mode=eager precision=fp32 model={} batch={b} ranks={ranks} tokens_per_s={tps:.0} mfu={:.4}",
+        "RESULT impl=gpubind mode=eager precision={} model={} batch={b} ranks={ranks} tokens_per_s={tps:.0} mfu={:.4}",
+        T::PRECISION,
         a.model,
-        tps * cfg.flops_per_token() / (H200_FP32_TFLOPS * 1e12 * distinct as f64)
+        tps * cfg.flops_per_token() / (T::PEAK_TFLOPS * 1e12 * distinct as f64)
     );
     Ok(losses)
 }

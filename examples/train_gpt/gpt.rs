@@ -13,46 +13,49 @@ use crate::GptError;
 use crate::kernels::{self, Kernels, NORM_PARTS};
 use crate::model::{Config, ParamLayout};
 use crate::optim::{AdamW, SCHED_LEN};
-use gpubind::blas::{Batch, Blas, Matmul};
-use gpubind::{BoundDevice, BoundStream, DeviceMemory, DeviceMemoryMut, DeviceSlice, Result};
+use gpubind::blas::{Batch, Blas, BlasScalar, Matmul};
+use gpubind::collective::CollectiveType;
+use gpubind::{
+    BoundDevice, BoundStream, DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, Result,
+};
 
 /// The activations of one block kept for the backward pass.
-struct Block {
-    ln1: DeviceSlice<f32>,
+struct Block<T: DeviceRepr> {
+    ln1: DeviceSlice<T>,
     ln1_mean: DeviceSlice<f32>,
     ln1_rstd: DeviceSlice<f32>,
-    qkv: DeviceSlice<f32>,
-    q: DeviceSlice<f32>,
-    k: DeviceSlice<f32>,
-    v: DeviceSlice<f32>,
-    att: DeviceSlice<f32>,
-    atty: DeviceSlice<f32>,
-    atty_un: DeviceSlice<f32>,
-    res2: DeviceSlice<f32>,
-    ln2: DeviceSlice<f32>,
+    qkv: DeviceSlice<T>,
+    q: DeviceSlice<T>,
+    k: DeviceSlice<T>,
+    v: DeviceSlice<T>,
+    att: DeviceSlice<T>,
+    atty: DeviceSlice<T>,
+    atty_un: DeviceSlice<T>,
+    res2: DeviceSlice<T>,
+    ln2: DeviceSlice<T>,
     ln2_mean: DeviceSlice<f32>,
     ln2_rstd: DeviceSlice<f32>,
-    fch: DeviceSlice<f32>,
-    fch_gelu: DeviceSlice<f32>,
-    res3: DeviceSlice<f32>,
+    fch: DeviceSlice<T>,
+    fch_gelu: DeviceSlice<T>,
+    res3: DeviceSlice<T>,
 }
 
 /// Buffers of one block's size reused by every block: gradients flowing backward.
-struct Scratch {
-    preatt: DeviceSlice<f32>,
-    proj: DeviceSlice<f32>,
-    dres: DeviceSlice<f32>,
-    dln: DeviceSlice<f32>,
-    dqkv: DeviceSlice<f32>,
-    dq: DeviceSlice<f32>,
-    dk: DeviceSlice<f32>,
-    dv: DeviceSlice<f32>,
-    datt: DeviceSlice<f32>,
-    daty: DeviceSlice<f32>,
-    daty_un: DeviceSlice<f32>,
-    dfch: DeviceSlice<f32>,
-    dfch_gelu: DeviceSlice<f32>,
-    dlogits: DeviceSlice<f32>,
+struct Scratch<T: DeviceRepr> {
+    preatt: DeviceSlice<T>,
+    proj: DeviceSlice<T>,
+    dres: DeviceSlice<T>,
+    dln: DeviceSlice<T>,
+    dqkv: DeviceSlice<T>,
+    dq: DeviceSlice<T>,
+    dk: DeviceSlice<T>,
+    dv: DeviceSlice<T>,
+    datt: DeviceSlice<T>,
+    daty: DeviceSlice<T>,
+    daty_un: DeviceSlice<T>,
+    dfch: DeviceSlice<T>,
+    dfch_gelu: DeviceSlice<T>,
+    dlogits: DeviceSlice<T>,
     partial: DeviceSlice<f32>,
     norm_partial: DeviceSlice<f32>,
 }
@@ -97,20 +100,23 @@ impl Dims {
 }
 
 /// The model, its optimizer state and every buffer a step needs, on one device.
-pub struct Gpt {
+pub struct Gpt<T: Act> {
     pub cfg: Config,
     pub dims: Dims,
     pub layout: ParamLayout,
+    /// The f32 master weights (AdamW updates these).
     pub params: DeviceSlice<f32>,
-    pub grads: DeviceSlice<f32>,
+    /// The weights as `T`, what the products and kernels read (AdamW writes them too).
+    pub weights: DeviceSlice<T>,
+    pub grads: DeviceSlice<T>,
     pub m: DeviceSlice<f32>,
     pub v: DeviceSlice<f32>,
-    blocks: Vec<Block>,
-    encoded: DeviceSlice<f32>,
-    lnf: DeviceSlice<f32>,
+    blocks: Vec<Block<T>>,
+    encoded: DeviceSlice<T>,
+    lnf: DeviceSlice<T>,
     lnf_mean: DeviceSlice<f32>,
     lnf_rstd: DeviceSlice<f32>,
-    pub logits: DeviceSlice<f32>,
+    pub logits: DeviceSlice<T>,
     losses: DeviceSlice<f32>,
     pub loss: DeviceSlice<f32>,
     pub tokens: DeviceSlice<u32>,
@@ -119,13 +125,44 @@ pub struct Gpt {
     /// Factor of the loss gradient: 1, or 1/ranks under data parallelism.
     pub grad_scale: f32,
     normsq: DeviceSlice<f32>,
-    sc: Scratch,
+    sc: Scratch<T>,
     k: Kernels,
     blas: Blas,
 }
 
-fn z(gpu: &BoundDevice<'_>, n: usize) -> Result<DeviceSlice<f32>> {
-    gpu.alloc_zeros::<f32>(n)
+fn z<T: DeviceRepr>(gpu: &BoundDevice<'_>, n: usize) -> Result<DeviceSlice<T>> {
+    gpu.alloc_zeros::<T>(n)
+}
+
+/// The activation type: `f32`, or `bf16` (products in bf16 with f32 accumulation).
+pub trait Act: BlasScalar + CollectiveType + DeviceRepr + Copy + 'static {
+    /// Compile the kernels with bf16 activations.
+    const BF16: bool;
+    /// `--precision`'s name.
+    const PRECISION: &'static str;
+    /// The H200's dense peak for this type's products, TFLOP/s (MFU's denominator).
+    const PEAK_TFLOPS: f64;
+    fn to_f32(self) -> f32;
+}
+
+impl Act for f32 {
+    const BF16: bool = false;
+    const PRECISION: &'static str = "fp32";
+    /// 16,896 FP32 lanes × 2 FLOP × 1.98 GHz, no tensor cores (TF32 off).
+    const PEAK_TFLOPS: f64 = 67.0;
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Act for half::bf16 {
+    const BF16: bool = true;
+    const PRECISION: &'static str = "bf16";
+    /// Dense BF16 tensor-core peak.
+    const PEAK_TFLOPS: f64 = 989.0;
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
 }
 
 /// `Y[n×out] = X[n×in] · Wᵀ` (W stored out × in, as torch's Linear).
@@ -133,28 +170,28 @@ fn linear(n: usize, out: usize, inp: usize) -> Matmul {
     Matmul::new(n, out, inp).transpose_b()
 }
 
-fn mm(
+fn mm<T: BlasScalar>(
     s: &BoundStream<'_>,
     blas: &mut Blas,
     shape: Matmul,
-    a: &impl DeviceMemory<f32>,
-    b: &impl DeviceMemory<f32>,
-    c: &mut impl DeviceMemoryMut<f32>,
+    a: &impl DeviceMemory<T>,
+    b: &impl DeviceMemory<T>,
+    c: &mut impl DeviceMemoryMut<T>,
 ) -> Result<()> {
     s.matmul(blas, &shape, a, b, c)
 }
 
-fn bmm(
+fn bmm<T: BlasScalar>(
     s: &BoundStream<'_>,
     blas: &mut Blas,
     shape: Matmul,
     count: usize,
-    (a, b, c): (&DeviceSlice<f32>, &DeviceSlice<f32>, &mut DeviceSlice<f32>),
+    (a, b, c): (&DeviceSlice<T>, &DeviceSlice<T>, &mut DeviceSlice<T>),
 ) -> Result<()> {
     s.matmul_batched(blas, &shape, &Batch::packed(count, &shape), a, b, c)
 }
 
-impl Gpt {
+impl<T: Act> Gpt<T> {
     /// Allocates everything for batch `b` (per device) and uploads `init`. A batch whose
     /// buffers do not fit in the free device memory is [`GptError::BatchTooLarge`].
     pub fn new(
@@ -162,10 +199,11 @@ impl Gpt {
         cfg: Config,
         b: usize,
         init: &[f32],
-    ) -> std::result::Result<Gpt, GptError> {
+    ) -> std::result::Result<Gpt<T>, GptError> {
         let dims = Dims::new(&cfg, b);
         let layout = ParamLayout::new(&cfg);
-        let need = (dims.activation_floats() + 4 * layout.total) * 4;
+        let t = std::mem::size_of::<T>();
+        let need = dims.activation_floats() * t + layout.total * (3 * 4 + 2 * t);
         let (free, _) = gpu.memory_info()?;
         if need + (1 << 30) > free {
             return Err(GptError::BatchTooLarge {
@@ -177,7 +215,9 @@ impl Gpt {
         for (what, n) in [("B·T·4C", dims.bt() * 4 * dims.c), ("B·NH·T·T", dims.att())] {
             kernels::u32_of(what, n)?;
         }
-        Ok(Gpt::alloc(gpu, cfg, dims, layout, init)?)
+        let model = Self::alloc(gpu, cfg, dims, layout, init)?;
+        model.sync_weights(&mut gpu.default_stream())?;
+        Ok(model)
     }
 
     fn alloc(
@@ -186,7 +226,7 @@ impl Gpt {
         d: Dims,
         layout: ParamLayout,
         init: &[f32],
-    ) -> Result<Gpt> {
+    ) -> Result<Gpt<T>> {
         let (bt, c) = (d.bt(), d.c);
         let blocks = (0..d.l)
             .map(|_| {
@@ -233,6 +273,7 @@ impl Gpt {
             cfg,
             dims: d,
             params: gpu.clone_htod(init)?,
+            weights: z(gpu, layout.total)?,
             grads: z(gpu, layout.total)?,
             m: z(gpu, layout.total)?,
             v: z(gpu, layout.total)?,
@@ -251,9 +292,14 @@ impl Gpt {
             grad_scale: 1.0,
             normsq: z(gpu, 1)?,
             sc,
-            k: Kernels::load(gpu)?,
+            k: Kernels::load(gpu, T::BF16)?,
             blas: gpu.new_blas()?,
         })
+    }
+
+    /// Converts the master weights into `weights` (after an upload of `params`).
+    pub fn sync_weights(&self, s: &mut BoundStream<'_>) -> Result<()> {
+        self.k.cast_weights(s, &self.weights, &self.params)
     }
 
     /// The forward pass over `tokens`: logits, and the mean loss against `targets` into
@@ -263,7 +309,7 @@ impl Gpt {
         let (bt, c) = (d.bt(), d.c);
         let Gpt {
             layout,
-            params: p,
+            weights: p,
             blocks,
             k,
             blas,
@@ -412,7 +458,7 @@ impl Gpt {
         let (bt, c) = (d.bt(), d.c);
         let Gpt {
             layout,
-            params: p,
+            weights: p,
             grads: g,
             blocks,
             k,
@@ -637,6 +683,7 @@ impl Gpt {
         let Gpt {
             layout,
             params,
+            weights,
             grads,
             m,
             v,
@@ -654,10 +701,10 @@ impl Gpt {
                 s,
                 (
                     &mut params.slice_mut(r.clone())?,
+                    &mut weights.slice_mut(r.clone())?,
                     &grads.slice(r.clone())?,
-                    &mut m.slice_mut(r.clone())?,
-                    &mut v.slice_mut(r)?,
                 ),
+                (&mut m.slice_mut(r.clone())?, &mut v.slice_mut(r)?),
                 &*sched,
                 &*normsq,
                 wd,

@@ -13,22 +13,27 @@
 //! place of the `&mut` outputs of the eager products: `--check-graph` runs both and
 //! requires the same losses bit for bit.
 
-use super::{Gpt, linear};
+use super::{Act, Gpt, linear};
 use crate::model::ParamLayout;
 use crate::optim::{AdamW, SCHED_LEN};
 use gpubind::blas::{Batch, Blas, Matmul};
-use gpubind::{BoundDevice, BoundStream, Capture, DeviceSlice, DeviceView, Graph, Result};
+use gpubind::{
+    BoundDevice, BoundStream, Capture, DeviceRepr, DeviceSlice, DeviceView, Graph, Result,
+};
 
 /// Views of the flat buffers per tensor, made before a capture so that they live as
 /// long as its graph: parameters, gradients, AdamW moments, and each layer norm's
 /// weight-and-bias gradient pair.
-pub struct Views<'a> {
-    p: Vec<DeviceView<'a, f32>>,
-    g: Vec<DeviceView<'a, f32>>,
+pub struct Views<'a, T: Act> {
+    /// The weights the products and kernels read.
+    p: Vec<DeviceView<'a, T>>,
+    /// The f32 master weights.
+    master: Vec<DeviceView<'a, f32>>,
+    g: Vec<DeviceView<'a, T>>,
     m: Vec<DeviceView<'a, f32>>,
     v: Vec<DeviceView<'a, f32>>,
     /// Indexed like `p`: `Some` at a layer norm's weight, covering weight and bias.
-    g_pair: Vec<Option<DeviceView<'a, f32>>>,
+    g_pair: Vec<Option<DeviceView<'a, T>>>,
 }
 
 /// Device buffers the host writes a step's inputs into (see the module docs).
@@ -39,7 +44,7 @@ pub struct Staging {
 }
 
 impl Staging {
-    pub fn new(gpu: &BoundDevice<'_>, model: &Gpt) -> Result<Staging> {
+    pub fn new<T: Act>(gpu: &BoundDevice<'_>, model: &Gpt<T>) -> Result<Staging> {
         Ok(Staging {
             tokens: gpu.alloc_zeros(model.tokens.len())?,
             targets: gpu.alloc_zeros(model.targets.len())?,
@@ -48,27 +53,23 @@ impl Staging {
     }
 }
 
-fn cbmm<'a>(
+fn cbmm<'a, T: Act>(
     cap: &mut Capture<'_, 'a>,
     blas: &mut Blas,
     shape: Matmul,
     count: usize,
-    (a, b, c): (
-        &'a DeviceSlice<f32>,
-        &'a DeviceSlice<f32>,
-        &'a DeviceSlice<f32>,
-    ),
+    (a, b, c): (&'a DeviceSlice<T>, &'a DeviceSlice<T>, &'a DeviceSlice<T>),
 ) -> Result<()> {
     cap.matmul_batched(blas, &shape, &Batch::packed(count, &shape), a, b, c)
 }
 
-impl Gpt {
+impl<T: Act> Gpt<T> {
     /// The per-tensor views a capture needs.
-    pub fn views(&self) -> Result<Views<'_>> {
-        fn each<'x>(
+    pub fn views(&self) -> Result<Views<'_, T>> {
+        fn each<'x, E: DeviceRepr>(
             lay: &ParamLayout,
-            buf: &'x DeviceSlice<f32>,
-        ) -> Result<Vec<DeviceView<'x, f32>>> {
+            buf: &'x DeviceSlice<E>,
+        ) -> Result<Vec<DeviceView<'x, E>>> {
             lay.params.iter().map(|p| buf.slice(p.range())).collect()
         }
         let lay = &self.layout;
@@ -83,7 +84,8 @@ impl Gpt {
             });
         }
         Ok(Views {
-            p: each(lay, &self.params)?,
+            p: each(lay, &self.weights)?,
+            master: each(lay, &self.params)?,
             g: each(lay, &self.grads)?,
             m: each(lay, &self.m)?,
             v: each(lay, &self.v)?,
@@ -96,7 +98,7 @@ impl Gpt {
     pub fn capture<'a>(
         &'a self,
         gpu: &BoundDevice<'_>,
-        views: &'a Views<'a>,
+        views: &'a Views<'a, T>,
         hp: AdamW,
         train: bool,
     ) -> Result<Graph<'a>> {
@@ -137,7 +139,7 @@ impl Gpt {
         &'a self,
         cap: &mut Capture<'_, 'a>,
         blas: &mut Blas,
-        vw: &'a Views<'a>,
+        vw: &'a Views<'a, T>,
         grad: bool,
     ) -> Result<()> {
         let (d, k, sc, lay) = (self.dims, &self.k, &self.sc, &self.layout);
@@ -232,7 +234,7 @@ impl Gpt {
         &'a self,
         cap: &mut Capture<'_, 'a>,
         blas: &mut Blas,
-        vw: &'a Views<'a>,
+        vw: &'a Views<'a, T>,
     ) -> Result<()> {
         let (d, k, sc, lay) = (self.dims, &self.k, &self.sc, &self.layout);
         let (bt, c) = (d.b * d.t, d.c);
@@ -389,16 +391,17 @@ impl Gpt {
     fn cap_update<'a>(
         &'a self,
         cap: &mut Capture<'_, 'a>,
-        vw: &'a Views<'a>,
+        vw: &'a Views<'a, T>,
         hp: &AdamW,
     ) -> Result<()> {
         self.k
             .sumsq(cap, &self.normsq, &self.sc.norm_partial, &self.grads)?;
         for (i, prm) in self.layout.params.iter().enumerate() {
             let wd = if prm.decay { hp.weight_decay } else { 0.0 };
-            let tensors = (&vw.p[i], &vw.g[i], &vw.m[i], &vw.v[i]);
-            self.k
-                .adamw(cap, tensors, &self.sched, &self.normsq, wd, hp)?;
+            let tensors = (&vw.master[i], &vw.p[i], &vw.g[i]);
+            let moments = (&vw.m[i], &vw.v[i]);
+            let (sched, normsq) = (&self.sched, &self.normsq);
+            self.k.adamw(cap, tensors, moments, sched, normsq, wd, hp)?;
         }
         Ok(())
     }

@@ -1,6 +1,19 @@
 // NVRTC kernels of train_gpt. Every reduction has a fixed order (no atomics): a step's
-// results depend only on its inputs, so runs repeat bit for bit. Sizes are 32-bit (the host
+// results depend only on its inputs, so runs repeat bit for bit. Activations, gradients
+// and the products' weights are act_t: float, or with ACT_BF16 defined __nv_bfloat16
+// (arithmetic in float: ld() and st() convert). Master weights, AdamW moments, layer-norm
+// statistics, losses and partial sums are float. Sizes are 32-bit (the host
 // checks every product of dimensions against 2^31); flat indices are 64-bit (idx_t).
+#ifdef ACT_BF16
+#include <cuda_bf16.h>
+typedef __nv_bfloat16 act_t;
+__device__ __forceinline__ float ld(act_t x) { return __bfloat162float(x); }
+__device__ __forceinline__ act_t st(float x) { return __float2bfloat16(x); }
+#else
+typedef float act_t;
+__device__ __forceinline__ float ld(act_t x) { return x; }
+__device__ __forceinline__ act_t st(float x) { return x; }
+#endif
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000u)
 // No standard headers under NVRTC: the flat index type is spelled out.
@@ -41,74 +54,74 @@ __device__ float block_max256(float v, float* sh) {
          i += (idx_t)gridDim.x * blockDim.x)
 
 // out[b,t,:] = wte[tok[b,t],:] + wpe[t,:]
-extern "C" __global__ void encoder_fwd(float* out, const unsigned* tok, const float* wte,
-                                       const float* wpe, unsigned BT, unsigned T, unsigned C) {
+extern "C" __global__ void encoder_fwd(act_t* out, const unsigned* tok, const act_t* wte,
+                                       const act_t* wpe, unsigned BT, unsigned T, unsigned C) {
     GRID_STRIDE(i, (idx_t)BT * C) {
         idx_t bt = i / C, c = i % C, t = bt % T;
-        out[i] = wte[(idx_t)tok[bt] * C + c] + wpe[t * C + c];
+        out[i] = st(ld(wte[(idx_t)tok[bt] * C + c]) + ld(wpe[t * C + c]));
     }
 }
 
 // dwpe[t,c] = sum_b dout[b,t,c] (overwrites).
-extern "C" __global__ void encoder_bwd_wpe(float* dwpe, const float* dout, unsigned B, unsigned T,
+extern "C" __global__ void encoder_bwd_wpe(act_t* dwpe, const act_t* dout, unsigned B, unsigned T,
                                            unsigned C) {
     GRID_STRIDE(i, (idx_t)T * C) {
         float s = 0.0f;
-        for (unsigned b = 0; b < B; ++b) s += dout[(idx_t)b * T * C + i];
-        dwpe[i] = s;
+        for (unsigned b = 0; b < B; ++b) s += ld(dout[(idx_t)b * T * C + i]);
+        dwpe[i] = st(s);
     }
 }
 
 // dwte[v,c] += sum over positions whose token is v of dout[bt,c] (thread per (v, c)).
-extern "C" __global__ void encoder_bwd_wte(float* dwte, const float* dout, const unsigned* tok,
+extern "C" __global__ void encoder_bwd_wte(act_t* dwte, const act_t* dout, const unsigned* tok,
                                            unsigned BT, unsigned V, unsigned C) {
     GRID_STRIDE(i, (idx_t)V * C) {
         unsigned v = i / C, c = i % C;
         float s = 0.0f;
         for (unsigned bt = 0; bt < BT; ++bt)
-            if (tok[bt] == v) s += dout[(idx_t)bt * C + c];
-        dwte[i] += s;
+            if (tok[bt] == v) s += ld(dout[(idx_t)bt * C + c]);
+        dwte[i] = st(ld(dwte[i]) + s);
     }
 }
 
 // One warp per row, 8 rows per block of 256.
-extern "C" __global__ void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp,
-                                         const float* w, const float* b, unsigned N, unsigned C) {
+extern "C" __global__ void layernorm_fwd(act_t* out, float* mean, float* rstd, const act_t* inp,
+                                         const act_t* w, const act_t* b, unsigned N, unsigned C) {
     unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
-    const float* x = inp + (idx_t)row * C;
+    const act_t* x = inp + (idx_t)row * C;
     float s = 0.0f;
-    for (unsigned i = lane; i < C; i += 32) s += x[i];
+    for (unsigned i = lane; i < C; i += 32) s += ld(x[i]);
     float m = warp_sum(s) / C;
     float var = 0.0f;
-    for (unsigned i = lane; i < C; i += 32) { float d = x[i] - m; var += d * d; }
+    for (unsigned i = lane; i < C; i += 32) { float d = ld(x[i]) - m; var += d * d; }
     float r = rsqrtf(warp_sum(var) / C + 1e-5f);
-    float* o = out + (idx_t)row * C;
-    for (unsigned i = lane; i < C; i += 32) o[i] = (x[i] - m) * r * w[i] + b[i];
+    act_t* o = out + (idx_t)row * C;
+    for (unsigned i = lane; i < C; i += 32) o[i] = st((ld(x[i]) - m) * r * ld(w[i]) + ld(b[i]));
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
 
 // dinp += the input gradient of the layer norm (one warp per row).
-extern "C" __global__ void layernorm_bwd_dx(float* dinp, const float* dout, const float* inp,
-                                            const float* mean, const float* rstd, const float* w,
+extern "C" __global__ void layernorm_bwd_dx(act_t* dinp, const act_t* dout, const act_t* inp,
+                                            const float* mean, const float* rstd, const act_t* w,
                                             unsigned N, unsigned C) {
     unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
-    const float* x = inp + (idx_t)row * C;
-    const float* d = dout + (idx_t)row * C;
+    const act_t* x = inp + (idx_t)row * C;
+    const act_t* d = dout + (idx_t)row * C;
     float m = mean[row], r = rstd[row];
     float a = 0.0f, bsum = 0.0f;
     for (unsigned i = lane; i < C; i += 32) {
-        float dn = w[i] * d[i];
+        float dn = ld(w[i]) * ld(d[i]);
         a += dn;
-        bsum += dn * (x[i] - m) * r;
+        bsum += dn * (ld(x[i]) - m) * r;
     }
     a = warp_sum(a) / C;
     bsum = warp_sum(bsum) / C;
-    float* di = dinp + (idx_t)row * C;
+    act_t* di = dinp + (idx_t)row * C;
     for (unsigned i = lane; i < C; i += 32) {
-        float n = (x[i] - m) * r;
-        di[i] += (w[i] * d[i] - a - n * bsum) * r;
+        float n = (ld(x[i]) - m) * r;
+        di[i] = st(ld(di[i]) + (ld(w[i]) * ld(d[i]) - a - n * bsum) * r);
     }
 }
 
@@ -116,7 +129,7 @@ extern "C" __global__ void layernorm_bwd_dx(float* dinp, const float* dout, cons
 // mode 0: partial[p*C + c] = sum dout[r,c] (bias gradient).
 // mode 1: partial[p*2C + c] = sum dout*norm, partial[p*2C + C + c] = sum dout
 //         (layer-norm weight and bias gradients; norm = (inp - mean) * rstd).
-extern "C" __global__ void colsum_partial(float* partial, const float* dout, const float* inp,
+extern "C" __global__ void colsum_partial(float* partial, const act_t* dout, const act_t* inp,
                                           const float* mean, const float* rstd, unsigned N,
                                           unsigned C, int mode) {
     __shared__ float sa[8][33];
@@ -128,9 +141,9 @@ extern "C" __global__ void colsum_partial(float* partial, const float* dout, con
     if (c < C) {
         for (unsigned r = r0 + threadIdx.y; r < r1; r += 8) {
             idx_t i = (idx_t)r * C + c;
-            float d = dout[i];
+            float d = ld(dout[i]);
             b += d;
-            if (mode == 1) a += d * (inp[i] - mean[r]) * rstd[r];
+            if (mode == 1) a += d * (ld(inp[i]) - mean[r]) * rstd[r];
         }
     }
     sa[threadIdx.y][threadIdx.x] = a;
@@ -149,7 +162,7 @@ extern "C" __global__ void colsum_partial(float* partial, const float* dout, con
 }
 
 // out[c] = sum_p partial[p*W + c], block of 128 per column, fixed-order tree.
-extern "C" __global__ void colsum_finish(float* out, const float* partial, unsigned P, unsigned W) {
+extern "C" __global__ void colsum_finish(act_t* out, const float* partial, unsigned P, unsigned W) {
     __shared__ float sh[128];
     unsigned c = blockIdx.x, t = threadIdx.x;
     float s = 0.0f;
@@ -160,22 +173,22 @@ extern "C" __global__ void colsum_finish(float* out, const float* partial, unsig
         if (t < o) sh[t] += sh[t + o];
         __syncthreads();
     }
-    if (t == 0) out[c] = sh[0];
+    if (t == 0) out[c] = st(sh[0]);
 }
 
 // y[r,c] += b[c]
-extern "C" __global__ void bias_add(float* y, const float* b, unsigned N, unsigned C) {
-    GRID_STRIDE(i, (idx_t)N * C) y[i] += b[i % C];
+extern "C" __global__ void bias_add(act_t* y, const act_t* b, unsigned N, unsigned C) {
+    GRID_STRIDE(i, (idx_t)N * C) y[i] = st(ld(y[i]) + ld(b[i % C]));
 }
 
 // out = x + y + b[c] (residual with the projection's bias)
-extern "C" __global__ void residual_bias(float* out, const float* x, const float* y,
-                                         const float* b, unsigned N, unsigned C) {
-    GRID_STRIDE(i, (idx_t)N * C) out[i] = x[i] + y[i] + b[i % C];
+extern "C" __global__ void residual_bias(act_t* out, const act_t* x, const act_t* y,
+                                         const act_t* b, unsigned N, unsigned C) {
+    GRID_STRIDE(i, (idx_t)N * C) out[i] = st(ld(x[i]) + ld(y[i]) + ld(b[i % C]));
 }
 
 // qkv (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs); dir 1: the reverse (gradients).
-extern "C" __global__ void permute_qkv(float* q, float* k, float* v, float* qkv, unsigned B,
+extern "C" __global__ void permute_qkv(act_t* q, act_t* k, act_t* v, act_t* qkv, unsigned B,
                                        unsigned T, unsigned NH, unsigned hs, int dir) {
     idx_t C = (idx_t)NH * hs;
     GRID_STRIDE(i, (idx_t)B * T * C) {
@@ -192,7 +205,7 @@ extern "C" __global__ void permute_qkv(float* q, float* k, float* v, float* qkv,
 }
 
 // y (B,NH,T,hs) <-> out (B,T,NH,hs): dir 0 writes out from y, dir 1 writes y from out.
-extern "C" __global__ void unpermute(float* out, float* y, unsigned B, unsigned T, unsigned NH,
+extern "C" __global__ void unpermute(act_t* out, act_t* y, unsigned B, unsigned T, unsigned NH,
                                      unsigned hs, int dir) {
     GRID_STRIDE(i, (idx_t)B * T * NH * hs) {
         idx_t d = i % hs, r = i / hs;
@@ -204,74 +217,74 @@ extern "C" __global__ void unpermute(float* out, float* y, unsigned B, unsigned 
 }
 
 // Causal softmax over rows of length T (row r is query t = r % T): one warp per row.
-extern "C" __global__ void softmax_causal_fwd(float* att, const float* pre, unsigned rows,
+extern "C" __global__ void softmax_causal_fwd(act_t* att, const act_t* pre, unsigned rows,
                                               unsigned T) {
     unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     unsigned t = row % T;
-    const float* x = pre + (idx_t)row * T;
+    const act_t* x = pre + (idx_t)row * T;
     float m = NEG_INF;
-    for (unsigned i = lane; i <= t; i += 32) m = fmaxf(m, x[i]);
+    for (unsigned i = lane; i <= t; i += 32) m = fmaxf(m, ld(x[i]));
     m = warp_max(m);
     float s = 0.0f;
-    for (unsigned i = lane; i <= t; i += 32) s += expf(x[i] - m);
+    for (unsigned i = lane; i <= t; i += 32) s += expf(ld(x[i]) - m);
     float inv = 1.0f / warp_sum(s);
-    float* a = att + (idx_t)row * T;
-    for (unsigned i = lane; i < T; i += 32) a[i] = i <= t ? expf(x[i] - m) * inv : 0.0f;
+    act_t* a = att + (idx_t)row * T;
+    for (unsigned i = lane; i < T; i += 32) a[i] = st(i <= t ? expf(ld(x[i]) - m) * inv : 0.0f);
 }
 
-extern "C" __global__ void softmax_causal_bwd(float* dpre, const float* datt, const float* att,
+extern "C" __global__ void softmax_causal_bwd(act_t* dpre, const act_t* datt, const act_t* att,
                                               unsigned rows, unsigned T) {
     unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     unsigned t = row % T;
-    const float* a = att + (idx_t)row * T;
-    const float* d = datt + (idx_t)row * T;
+    const act_t* a = att + (idx_t)row * T;
+    const act_t* d = datt + (idx_t)row * T;
     float s = 0.0f;
-    for (unsigned i = lane; i <= t; i += 32) s += a[i] * d[i];
+    for (unsigned i = lane; i <= t; i += 32) s += ld(a[i]) * ld(d[i]);
     s = warp_sum(s);
-    float* o = dpre + (idx_t)row * T;
-    for (unsigned i = lane; i < T; i += 32) o[i] = i <= t ? a[i] * (d[i] - s) : 0.0f;
+    act_t* o = dpre + (idx_t)row * T;
+    for (unsigned i = lane; i < T; i += 32) o[i] = st(i <= t ? ld(a[i]) * (ld(d[i]) - s) : 0.0f);
 }
 
 #define GELU_S 0.7978845608028654f
-extern "C" __global__ void gelu_fwd(float* out, const float* inp, unsigned n) {
+extern "C" __global__ void gelu_fwd(act_t* out, const act_t* inp, unsigned n) {
     GRID_STRIDE(i, n) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_S * (x + 0.044715f * x * x * x)));
+        float x = ld(inp[i]);
+        out[i] = st(0.5f * x * (1.0f + tanhf(GELU_S * (x + 0.044715f * x * x * x))));
     }
 }
 
-extern "C" __global__ void gelu_bwd(float* dinp, const float* inp, const float* dout, unsigned n) {
+extern "C" __global__ void gelu_bwd(act_t* dinp, const act_t* inp, const act_t* dout, unsigned n) {
     GRID_STRIDE(i, n) {
-        float x = inp[i];
+        float x = ld(inp[i]);
         float th = tanhf(GELU_S * (x + 0.044715f * x * x * x));
         float sech2 = 1.0f - th * th;
         float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_S * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = g * dout[i];
+        dinp[i] = st(g * ld(dout[i]));
     }
 }
 
 // Softmax cross-entropy, one block of 256 per row: losses[r], and, when grad != 0,
 // dlogits = (softmax - onehot) * scale.
-extern "C" __global__ void xent(float* dlogits, float* losses, const float* logits,
+extern "C" __global__ void xent(act_t* dlogits, float* losses, const act_t* logits,
                                 const unsigned* targets, unsigned N, unsigned V, float scale,
                                 int grad) {
     __shared__ float sh[256];
     unsigned row = blockIdx.x;
-    const float* x = logits + (idx_t)row * V;
+    const act_t* x = logits + (idx_t)row * V;
     float m = NEG_INF;
-    for (unsigned i = threadIdx.x; i < V; i += 256) m = fmaxf(m, x[i]);
+    for (unsigned i = threadIdx.x; i < V; i += 256) m = fmaxf(m, ld(x[i]));
     m = block_max256(m, sh);
     float s = 0.0f;
-    for (unsigned i = threadIdx.x; i < V; i += 256) s += expf(x[i] - m);
+    for (unsigned i = threadIdx.x; i < V; i += 256) s += expf(ld(x[i]) - m);
     s = block_sum256(s, sh);
     unsigned y = targets[row];
-    if (threadIdx.x == 0) losses[row] = logf(s) - (x[y] - m);
+    if (threadIdx.x == 0) losses[row] = logf(s) - (ld(x[y]) - m);
     if (grad) {
-        float* d = dlogits + (idx_t)row * V;
+        act_t* d = dlogits + (idx_t)row * V;
         for (unsigned i = threadIdx.x; i < V; i += 256)
-            d[i] = (expf(x[i] - m) / s - (i == y ? 1.0f : 0.0f)) * scale;
+            d[i] = st((expf(ld(x[i]) - m) / s - (i == y ? 1.0f : 0.0f)) * scale);
     }
 }
 
@@ -286,32 +299,40 @@ extern "C" __global__ void sum_finish(float* out, const float* in, unsigned n, f
 }
 
 // partial[block] = sum of squares of the block's grid-stride share of g.
-extern "C" __global__ void sumsq_partial(float* partial, const float* g, unsigned n) {
+extern "C" __global__ void sumsq_partial(float* partial, const act_t* g, unsigned n) {
     __shared__ float sh[256];
     float s = 0.0f;
-    GRID_STRIDE(i, n) s += g[i] * g[i];
+    GRID_STRIDE(i, n) { float x = ld(g[i]); s += x * x; }
     s = block_sum256(s, sh);
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
 // AdamW as torch.optim.AdamW, with the gradient clipped to norm max_norm first
-// (torch.nn.utils.clip_grad_norm_). sched: [lr, 1 - beta1^t, 1 - beta2^t]; normsq[0]: the
-// squared gradient norm.
-extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v, unsigned n,
-                                 const float* sched, const float* normsq, float wd, float b1,
-                                 float b2, float eps, float max_norm) {
+// (torch.nn.utils.clip_grad_norm_), on the float master weights p; w receives the updated
+// weights as act_t (what the products and kernels read). sched: [lr, 1 - beta1^t,
+// 1 - beta2^t]; normsq[0]: the squared gradient norm.
+extern "C" __global__ void adamw(float* p, act_t* w, const act_t* g, float* m, float* v,
+                                 unsigned n, const float* sched, const float* normsq, float wd,
+                                 float b1, float b2, float eps, float max_norm) {
     float lr = sched[0], bc1 = sched[1], bc2 = sched[2];
     float coef = fminf(max_norm / (sqrtf(normsq[0]) + 1e-6f), 1.0f);
     float step = lr / bc1, bc2s = sqrtf(bc2);
     GRID_STRIDE(i, n) {
-        float gi = g[i] * coef;
+        float gi = ld(g[i]) * coef;
         float mi = m[i] + (1.0f - b1) * (gi - m[i]);
         float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
         float pi = p[i] * (1.0f - lr * wd);
-        p[i] = pi - step * mi / (sqrtf(vi) / bc2s + eps);
+        pi = pi - step * mi / (sqrtf(vi) / bc2s + eps);
+        p[i] = pi;
+        w[i] = st(pi);
     }
+}
+
+// w = p as act_t (the weights the products read, from the float master weights).
+extern "C" __global__ void cast_weights(act_t* w, const float* p, unsigned n) {
+    GRID_STRIDE(i, n) w[i] = st(p[i]);
 }
 
 // dst = src, 32-bit words: how a step's inputs reach the buffers a CUDA graph reads.

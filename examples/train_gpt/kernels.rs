@@ -1,21 +1,41 @@
 //! The NVRTC kernels of `train_gpt` (`kernels.cu`) as owned [`Kernel`]s in one registry,
 //! and one launch wrapper per kernel that checks every length the kernel relies on.
+//!
+//! The SAFETY comments write the kernels' `act_t*` parameters as `float*`: with bf16
+//! activations ([`Kernels::load`] with `bf16`) they are `__nv_bfloat16*`, and the model
+//! ([`Gpt<T>`](crate::gpt::Gpt)) passes buffers of `T` there and of `f32` elsewhere.
 
-use gpubind::{BoundDevice, BoundStream, Capture, DeviceMemory, KernelArg};
+use gpubind::{BoundDevice, BoundStream, Capture, DeviceMemory, DeviceRepr, KernelArg};
 use gpubind::{CompileOptions, Error, Kernel, LaunchConfig, Result};
 
 /// The kernels' CUDA source.
 pub const SOURCE: &str = include_str!("kernels.cu");
 
-/// A float buffer a kernel reads or writes. Taken by shared reference — the buffers a
-/// kernel writes go by `arg_written`, claimed as writes — because a captured launch
-/// borrows its buffers shared for the graph's lifetime: one wrapper serves both
+/// A buffer a kernel reads or writes, of `f32`, of the activation type (`f32` or `bf16`,
+/// fixed when the module is compiled) or of `u32` tokens: [`Gpt`](crate::gpt::Gpt) keeps
+/// each buffer's element type what its kernel parameter says. Taken by shared reference —
+/// the buffers a kernel writes go by `arg_written`, claimed as writes — because a captured
+/// launch borrows its buffers shared for the graph's lifetime: one wrapper serves both
 /// [`Target`]s.
-pub trait In: DeviceMemory<f32> + KernelArg {}
-impl<M: DeviceMemory<f32> + KernelArg + ?Sized> In for M {}
-/// A token buffer.
-pub trait Tok: DeviceMemory<u32> + KernelArg {}
-impl<M: DeviceMemory<u32> + KernelArg + ?Sized> Tok for M {}
+pub trait In: KernelArg {
+    /// Elements.
+    fn len(&self) -> usize;
+}
+macro_rules! buffer {
+    ($($ty:ident),*) => {$(
+        impl<T: DeviceRepr> In for gpubind::$ty<'_, T> {
+            fn len(&self) -> usize {
+                DeviceMemory::len(self)
+            }
+        }
+    )*};
+}
+buffer!(DeviceView, DeviceViewMut);
+impl<T: DeviceRepr> In for gpubind::DeviceSlice<T> {
+    fn len(&self) -> usize {
+        DeviceMemory::len(self)
+    }
+}
 
 /// One kernel argument: a buffer the kernel reads or writes (borrowed for `'b`), or a
 /// scalar (copied).
@@ -113,9 +133,13 @@ macro_rules! registry {
         /// Every kernel of [`SOURCE`], compiled once per device.
         pub struct Kernels { $(pub $name: Kernel,)* }
         impl Kernels {
-            /// Compiles [`SOURCE`] for `gpu`'s device and looks every kernel up.
-            pub fn load(gpu: &BoundDevice<'_>) -> Result<Self> {
-                let opts = CompileOptions::new();
+            /// Compiles [`SOURCE`] for `gpu`'s device, with bf16 activations if `bf16`,
+            /// and looks every kernel up.
+            pub fn load(gpu: &BoundDevice<'_>, bf16: bool) -> Result<Self> {
+                let mut opts = CompileOptions::new();
+                if bf16 {
+                    opts = opts.define("ACT_BF16", 1);
+                }
                 let module = gpu.compile_and_load_with(SOURCE, "train_gpt.cu", &opts)?.into_shared();
                 Ok(Kernels { $($name: module.kernel(stringify!($name))?,)* })
             }
@@ -143,6 +167,7 @@ registry!(
     sum_finish,
     sumsq_partial,
     adamw,
+    cast_weights,
     copy_words,
 );
 
@@ -203,7 +228,7 @@ impl Kernels {
         &self,
         tg: &mut (impl Target<'b> + ?Sized),
         out: &'b impl In,
-        tok: &'b impl Tok,
+        tok: &'b impl In,
         wte: &'b impl In,
         wpe: &'b impl In,
         (t, c): (usize, usize),
@@ -247,7 +272,7 @@ impl Kernels {
         dwte: &'b impl In,
         dwpe: &'b impl In,
         dout: &'b impl In,
-        tok: &'b impl Tok,
+        tok: &'b impl In,
         (b, t, c, v): (usize, usize, usize, usize),
     ) -> Result<()> {
         need("encoder dout", dout.len(), b * t * c)?;
@@ -690,7 +715,7 @@ impl Kernels {
         losses: &'b impl In,
         loss: &'b impl In,
         logits: &'b impl In,
-        targets: &'b impl Tok,
+        targets: &'b impl In,
         v: usize,
         grad: Option<f32>,
     ) -> Result<()> {
@@ -783,7 +808,8 @@ impl Kernels {
     pub fn adamw<'b>(
         &self,
         tg: &mut (impl Target<'b> + ?Sized),
-        (p, g, m, v): (&'b impl In, &'b impl In, &'b impl In, &'b impl In),
+        (p, w, g): (&'b impl In, &'b impl In, &'b impl In),
+        (m, v): (&'b impl In, &'b impl In),
         sched: &'b impl In,
         normsq: &'b impl In,
         wd: f32,
@@ -791,19 +817,22 @@ impl Kernels {
     ) -> Result<()> {
         let n = p.len();
         need("adamw grad", g.len(), n)?;
+        need("adamw weights", w.len(), n)?;
         need("adamw m", m.len(), n)?;
         need("adamw v", v.len(), n)?;
         need("schedule", sched.len(), crate::optim::SCHED_LEN)?;
         need("norm", normsq.len(), 1)?;
         let nn = u32_of("tensor", n)?;
-        // SAFETY: (float*, const float*, float* ×2, unsigned, const float* ×2, float ×5)
-        // matches adamw; n of p, g, m, v (checked), 3 of sched, 1 of normsq.
+        // SAFETY: (float*, act_t*, const act_t*, float* ×2, unsigned, const float* ×2,
+        // float ×5) matches adamw (the model's buffer types); n of p, w, g, m, v (checked),
+        // 3 of sched, 1 of normsq.
         unsafe {
             tg.run(
                 &self.adamw,
                 grid(n),
                 &[
                     Arg::w(p),
+                    Arg::w(w),
                     Arg::b(g),
                     Arg::w(m),
                     Arg::w(v),
@@ -841,6 +870,26 @@ impl Kernels {
                 &self.copy_words,
                 grid(src.len()),
                 &[Arg::w(dst), Arg::b(src), Arg::s(&n)],
+            )
+        }
+    }
+
+    /// `w = p` converted to the activation type.
+    pub fn cast_weights<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        w: &'b impl In,
+        p: &'b impl In,
+    ) -> Result<()> {
+        need("weights", w.len(), p.len())?;
+        let n = u32_of("parameters", p.len())?;
+        // SAFETY: (act_t*, const float*, unsigned) matches cast_weights (the model's buffer
+        // types); n of both (checked).
+        unsafe {
+            tg.run(
+                &self.cast_weights,
+                grid(p.len()),
+                &[Arg::w(w), Arg::b(p), Arg::s(&n)],
             )
         }
     }

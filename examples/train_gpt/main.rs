@@ -15,11 +15,20 @@
 //! `--model small`: 6 layers, 6 heads, width 384, context 256; `--model gpt2`: 12, 12, 768,
 //! 1024. The vocabulary is the 256 byte values. Without `--data` the text is the `.py`
 //! files of Python's standard library; the last 5 % is held out and its loss printed
-//! every `--eval-every` steps. Every step prints `step S loss L` (what
+//! every `--eval-every` steps.
+//!
+//! `--precision fp32` computes in f32 throughout (cuBLAS with TF32 off); `--precision bf16`
+//! keeps activations, gradients and the products' operands in bf16 (cuBLAS bf16 products
+//! with f32 accumulation; the kernels compiled with `ACT_BF16`, arithmetic in f32) and
+//! the master weights, AdamW moments, layer-norm statistics, losses and reductions in
+//! f32; AdamW writes the bf16 copy of the weights the products read.
+//!
+//! Every step prints `step S loss L` (what
 //! `scripts/compare-gpt.sh` compares); every `--log-every` steps a progress line with
-//! tokens/s, MFU (against the H200's dense FP32 peak, 67 TFLOP/s: the products run in
-//! plain f32, TF32 off) and device memory in use. The last line is machine-readable:
-//! `RESULT impl=gpubind mode=eager precision=fp32 model=M batch=B tokens_per_s=X mfu=F peak_mem_gib=G`.
+//! tokens/s, MFU (against the H200's dense peak of the precision: 67 TFLOP/s FP32 for
+//! fp32, whose products run without tensor cores, 989 TFLOP/s BF16 for bf16) and device
+//! memory in use. The last line is machine-readable:
+//! `RESULT impl=gpubind mode=eager|graph precision=fp32|bf16 model=M batch=B tokens_per_s=X mfu=F peak_mem_gib=G`.
 //!
 //! `--dump-init DIR` writes, without touching a GPU, `init.safetensors` (the initial
 //! weights under `scripts/torch_gpt.py`'s `state_dict` names), `batches.u64` (every
@@ -62,17 +71,14 @@ mod model;
 mod optim;
 
 use args::{Args, Precision};
-use gpt::Gpt;
 use gpt::graph::{Staging, Views};
+use gpt::{Act, Gpt};
 use gpubind::{BoundDevice, BoundStream, Device, GraphExec, ThreadContext};
 use model::{Config, ParamLayout};
 use optim::{AdamW, Schedule};
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// Dense FP32 peak of one H200 SXM without tensor cores, TFLOP/s (16,896 lanes × 2 FLOP
-/// × 1.98 GHz).
-pub const H200_FP32_TFLOPS: f64 = 67.0;
 
 /// What goes wrong in `train_gpt`, each with the thing that is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -184,9 +190,6 @@ fn dump_init(
 }
 
 fn run(a: &Args) -> Result<(), GptError> {
-    if a.precision == Precision::Bf16 {
-        return Err(GptError::Unsupported("--precision bf16"));
-    }
     if a.launcher_env {
         return Err(GptError::Unsupported(
             "one process per rank (--launcher env): use --devices for in-process ranks",
@@ -213,6 +216,20 @@ fn run(a: &Args) -> Result<(), GptError> {
     if let Some(dir) = &a.dump_init {
         return dump_init(dir, a, &cfg, &layout, &init, &data.train, &order);
     }
+    match a.precision {
+        Precision::Fp32 => run_on::<f32>(a, cfg, &data, &order, &init),
+        Precision::Bf16 => run_on::<half::bf16>(a, cfg, &data, &order, &init),
+    }
+}
+
+/// The GPU part of [`run`], with activations of type `T`.
+fn run_on<T: Act>(
+    a: &Args,
+    cfg: Config,
+    data: &data::Dataset,
+    order: &[u64],
+    init: &[f32],
+) -> Result<(), GptError> {
     let mut ctx = ThreadContext::acquire()?;
     if a.devices.len() > 1 {
         let devices = a
@@ -222,12 +239,12 @@ fn run(a: &Args) -> Result<(), GptError> {
             .collect::<gpubind::Result<Vec<_>>>()?;
         let single = if a.check_dp {
             let gpu = ctx.bind(&devices[0])?;
-            let mut one = Gpt::new(&gpu, cfg, a.batch, &init)?;
-            Some(train(&gpu, &mut one, a, &data, &order, 0)?)
+            let mut one = Gpt::<T>::new(&gpu, cfg, a.batch, init)?;
+            Some(train(&gpu, &mut one, a, data, order, 0)?)
         } else {
             None
         };
-        let ranked = dp::train(&mut ctx, &devices, cfg, a, &data, &order, &init)?;
+        let ranked = dp::train::<T>(&mut ctx, &devices, cfg, a, data, order, init)?;
         if let Some(single) = single {
             check_dp(&single, &ranked)?;
         }
@@ -235,18 +252,18 @@ fn run(a: &Args) -> Result<(), GptError> {
     }
     let dev = Device::get(a.devices[0])?;
     let gpu = ctx.bind(&dev)?;
-    let mut model = Gpt::new(&gpu, cfg, a.batch, &init)?;
+    let mut model = Gpt::<T>::new(&gpu, cfg, a.batch, init)?;
     let mut start = 0;
     if let Some(path) = &a.resume {
         start = resume(&gpu, &mut model, path, &a.model)?;
     }
     if a.check_resume {
-        return check_resume(&gpu, &mut model, a, &data, &order);
+        return check_resume(&gpu, &mut model, a, data, order);
     }
     if a.check_graph {
-        return check_graph(&gpu, &mut model, &init, a, &data, &order);
+        return check_graph(&gpu, &mut model, init, a, data, order);
     }
-    train(&gpu, &mut model, a, &data, &order, start)?;
+    train(&gpu, &mut model, a, data, order, start)?;
     if a.sample > 0 {
         let text = sample(&gpu, &mut model, a.sample)?;
         println!(
@@ -259,9 +276,9 @@ fn run(a: &Args) -> Result<(), GptError> {
 
 /// `--check-graph`: trains `--steps` steps eagerly, then again from the same initial
 /// state through the captured graphs, and fails unless the losses agree bit for bit.
-fn check_graph(
+fn check_graph<T: Act>(
     gpu: &BoundDevice<'_>,
-    model: &mut Gpt,
+    model: &mut Gpt<T>,
     init: &[f32],
     a: &Args,
     data: &data::Dataset,
@@ -273,6 +290,7 @@ fn check_graph(
     gpu.htod_copy(init, &mut model.params)?;
     gpu.memset_zeros(&mut model.m)?;
     gpu.memset_zeros(&mut model.v)?;
+    model.sync_weights(&mut gpu.default_stream())?;
     run.graph = true;
     let graphed = train(gpu, model, &run, data, order, 0)?;
     if eager != graphed {
@@ -312,9 +330,9 @@ fn check_dp(single: &[f32], ranked: &[f32]) -> Result<(), GptError> {
 }
 
 /// Loads the training state of a checkpoint into `model`; returns its step.
-fn resume(
+fn resume<T: Act>(
     gpu: &BoundDevice<'_>,
-    model: &mut Gpt,
+    model: &mut Gpt<T>,
     path: &std::path::Path,
     name: &str,
 ) -> Result<usize, GptError> {
@@ -322,15 +340,16 @@ fn resume(
     gpu.htod_copy(&st.params, &mut model.params)?;
     gpu.htod_copy(&st.m, &mut model.m)?;
     gpu.htod_copy(&st.v, &mut model.v)?;
+    model.sync_weights(&mut gpu.default_stream())?;
     println!("train_gpt: resumed {} at step {}", path.display(), st.step);
     Ok(st.step)
 }
 
 /// `--check-resume`: trains `--steps` steps with a checkpoint halfway, resumes from it
 /// and fails unless the resumed steps repeat the uninterrupted run's losses bit for bit.
-fn check_resume(
+fn check_resume<T: Act>(
     gpu: &BoundDevice<'_>,
-    model: &mut Gpt,
+    model: &mut Gpt<T>,
     a: &Args,
     data: &data::Dataset,
     order: &[u64],
@@ -363,8 +382,8 @@ fn check_resume(
 
 /// Trains steps `start..a.steps`, returning their losses.
 /// How a step runs: eager calls ([`Eager`]) or the captured graphs ([`Graphed`]).
-trait Stepper {
-    fn model(&self) -> &Gpt;
+trait Stepper<T: Act> {
+    fn model(&self) -> &Gpt<T>;
     fn mode(&self) -> &'static str;
     /// A training step on batch `(x, y)` with the schedule values `sched`.
     fn train_step(
@@ -384,10 +403,10 @@ trait Stepper {
 }
 
 /// Every step enqueued call by call.
-struct Eager<'m>(&'m mut Gpt, AdamW);
+struct Eager<'m, T: Act>(&'m mut Gpt<T>, AdamW);
 
-impl Stepper for Eager<'_> {
-    fn model(&self) -> &Gpt {
+impl<T: Act> Stepper<T> for Eager<'_, T> {
+    fn model(&self) -> &Gpt<T> {
         self.0
     }
     fn mode(&self) -> &'static str {
@@ -419,18 +438,18 @@ impl Stepper for Eager<'_> {
 }
 
 /// Every step one launch of a captured graph (`--graph`, `graph.rs`).
-struct Graphed<'a> {
-    model: &'a Gpt,
+struct Graphed<'a, T: Act> {
+    model: &'a Gpt<T>,
     staging: Staging,
     step: GraphExec<'a>,
     eval: GraphExec<'a>,
 }
 
-impl<'a> Graphed<'a> {
+impl<'a, T: Act> Graphed<'a, T> {
     fn new(
         gpu: &BoundDevice<'_>,
-        model: &'a Gpt,
-        views: &'a Views<'a>,
+        model: &'a Gpt<T>,
+        views: &'a Views<'a, T>,
         hp: AdamW,
     ) -> gpubind::Result<Self> {
         Ok(Graphed {
@@ -442,8 +461,8 @@ impl<'a> Graphed<'a> {
     }
 }
 
-impl Stepper for Graphed<'_> {
-    fn model(&self) -> &Gpt {
+impl<T: Act> Stepper<T> for Graphed<'_, T> {
+    fn model(&self) -> &Gpt<T> {
         self.model
     }
     fn mode(&self) -> &'static str {
@@ -472,9 +491,9 @@ impl Stepper for Graphed<'_> {
 }
 
 /// Trains steps `start..a.steps` eagerly or, with `a.graph`, through captured graphs.
-fn train(
+fn train<T: Act>(
     gpu: &BoundDevice<'_>,
-    model: &mut Gpt,
+    model: &mut Gpt<T>,
     a: &Args,
     data: &data::Dataset,
     order: &[u64],
@@ -491,9 +510,9 @@ fn train(
 }
 
 /// Trains steps `start..a.steps` with `st`, returning their losses.
-fn train_with(
+fn train_with<T: Act>(
     gpu: &BoundDevice<'_>,
-    st: &mut impl Stepper,
+    st: &mut impl Stepper<T>,
     a: &Args,
     data: &data::Dataset,
     order: &[u64],
@@ -536,7 +555,7 @@ fn train_with(
                 a.steps,
                 sched.lr_at(step),
                 tps,
-                100.0 * flops_per_step / dt / (H200_FP32_TFLOPS * 1e12),
+                100.0 * flops_per_step / dt / (T::PEAK_TFLOPS * 1e12),
                 (total - free) as f64 / GIB
             );
         }
@@ -571,10 +590,11 @@ fn train_with(
         0.0
     };
     println!(
-        "RESULT impl=gpubind mode={} precision=fp32 model={} batch={b} tokens_per_s={tps:.0} mfu={:.4} peak_mem_gib={:.2}",
+        "RESULT impl=gpubind mode={} precision={} model={} batch={b} tokens_per_s={tps:.0} mfu={:.4} peak_mem_gib={:.2}",
         st.mode(),
+        T::PRECISION,
         a.model,
-        tps * cfg.flops_per_token() / (H200_FP32_TFLOPS * 1e12),
+        tps * cfg.flops_per_token() / (T::PEAK_TFLOPS * 1e12),
         peak_used as f64 / GIB
     );
     Ok(losses)
@@ -582,7 +602,11 @@ fn train_with(
 
 /// `n` greedily generated bytes after a newline, row 0 of the batch, re-running the
 /// forward pass over the last `context` tokens for each.
-fn sample(gpu: &BoundDevice<'_>, model: &mut Gpt, n: usize) -> Result<Vec<u8>, GptError> {
+fn sample<T: Act>(
+    gpu: &BoundDevice<'_>,
+    model: &mut Gpt<T>,
+    n: usize,
+) -> Result<Vec<u8>, GptError> {
     let (t, v, bt) = (
         model.cfg.context,
         model.cfg.vocab,
@@ -599,7 +623,11 @@ fn sample(gpu: &BoundDevice<'_>, model: &mut Gpt, n: usize) -> Result<Vec<u8>, G
         model.upload(gpu, &x, &vec![0u32; bt])?;
         model.forward(&mut s, false)?;
         let pos = window.len() - 1;
-        let row = gpu.dtoh(&model.logits.slice(pos * v..(pos + 1) * v)?)?;
+        let row: Vec<f32> = gpu
+            .dtoh(&model.logits.slice(pos * v..(pos + 1) * v)?)?
+            .into_iter()
+            .map(T::to_f32)
+            .collect();
         let best = (0..v)
             .max_by(|&i, &j| row[i].total_cmp(&row[j]))
             .unwrap_or(0);
