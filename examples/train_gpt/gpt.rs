@@ -305,6 +305,146 @@ impl<T: Act> Gpt<T> {
     /// The forward pass over `tokens`: logits, and the mean loss against `targets` into
     /// `loss` (with `grad`, the logits' gradient too).
     pub fn forward(&mut self, s: &mut BoundStream<'_>, grad: bool) -> Result<()> {
+        self.forward_embed(s)?;
+        for l in 0..self.dims.l {
+            self.forward_block(s, l)?;
+        }
+        self.forward_head(s, grad)
+    }
+
+    /// The embeddings: `encoded`.
+    fn forward_embed(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
+        let d = self.dims;
+        let c = d.c;
+        let Gpt {
+            layout,
+            weights: p,
+            k,
+            ..
+        } = self;
+        let w = |name: &str| p.slice(layout.get(name).range());
+        k.encoder_fwd(
+            s,
+            &mut self.encoded,
+            &self.tokens,
+            &w("wte.weight")?,
+            &w("wpe.weight")?,
+            (d.t, c),
+        )?;
+        Ok(())
+    }
+
+    /// Block `l`'s forward pass.
+    fn forward_block(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
+        let d = self.dims;
+        let (bt, c) = (d.bt(), d.c);
+        let Gpt {
+            layout,
+            weights: p,
+            blocks,
+            k,
+            blas,
+            sc,
+            ..
+        } = self;
+        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
+        let (done, rest) = blocks.split_at_mut(l);
+        let x = if l == 0 {
+            &self.encoded
+        } else {
+            &done[l - 1].res3
+        };
+        let bl = &mut rest[0];
+        let ln1 = (&wl(l, "ln_1.weight")?, &wl(l, "ln_1.bias")?);
+        k.layernorm_fwd(
+            s,
+            &mut bl.ln1,
+            &mut bl.ln1_mean,
+            &mut bl.ln1_rstd,
+            x,
+            ln1,
+            c,
+        )?;
+        mm(
+            s,
+            blas,
+            linear(bt, 3 * c, c),
+            &bl.ln1,
+            &wl(l, "attn.c_attn.weight")?,
+            &mut bl.qkv,
+        )?;
+        k.bias_add(s, &mut bl.qkv, &wl(l, "attn.c_attn.bias")?)?;
+        let shape4 = (d.b, d.t, d.nh, d.hs);
+        k.permute_qkv(
+            s,
+            &mut bl.q,
+            &mut bl.k,
+            &mut bl.v,
+            &mut bl.qkv,
+            shape4,
+            false,
+        )?;
+        let scale = 1.0 / (d.hs as f64).sqrt();
+        let qk = Matmul::new(d.t, d.t, d.hs).transpose_b().scaled(scale, 0.0);
+        bmm(s, blas, qk, d.b * d.nh, (&bl.q, &bl.k, &mut sc.preatt))?;
+        k.softmax_fwd(s, &mut bl.att, &sc.preatt, d.t)?;
+        bmm(
+            s,
+            blas,
+            Matmul::new(d.t, d.hs, d.t),
+            d.b * d.nh,
+            (&bl.att, &bl.v, &mut bl.atty),
+        )?;
+        k.unpermute(s, &mut bl.atty_un, &mut bl.atty, shape4, false)?;
+        mm(
+            s,
+            blas,
+            linear(bt, c, c),
+            &bl.atty_un,
+            &wl(l, "attn.c_proj.weight")?,
+            &mut sc.proj,
+        )?;
+        k.residual_bias(s, &mut bl.res2, x, &sc.proj, &wl(l, "attn.c_proj.bias")?)?;
+        let ln2 = (&wl(l, "ln_2.weight")?, &wl(l, "ln_2.bias")?);
+        k.layernorm_fwd(
+            s,
+            &mut bl.ln2,
+            &mut bl.ln2_mean,
+            &mut bl.ln2_rstd,
+            &bl.res2,
+            ln2,
+            c,
+        )?;
+        mm(
+            s,
+            blas,
+            linear(bt, 4 * c, c),
+            &bl.ln2,
+            &wl(l, "mlp.c_fc.weight")?,
+            &mut bl.fch,
+        )?;
+        k.bias_add(s, &mut bl.fch, &wl(l, "mlp.c_fc.bias")?)?;
+        k.gelu_fwd(s, &mut bl.fch_gelu, &bl.fch)?;
+        mm(
+            s,
+            blas,
+            linear(bt, c, 4 * c),
+            &bl.fch_gelu,
+            &wl(l, "mlp.c_proj.weight")?,
+            &mut sc.proj,
+        )?;
+        k.residual_bias(
+            s,
+            &mut bl.res3,
+            &bl.res2,
+            &sc.proj,
+            &wl(l, "mlp.c_proj.bias")?,
+        )?;
+        Ok(())
+    }
+
+    /// The final layer norm, the head and the loss.
+    fn forward_head(&mut self, s: &mut BoundStream<'_>, grad: bool) -> Result<()> {
         let d = self.dims;
         let (bt, c) = (d.bt(), d.c);
         let Gpt {
@@ -317,109 +457,6 @@ impl<T: Act> Gpt<T> {
             ..
         } = self;
         let w = |name: &str| p.slice(layout.get(name).range());
-        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
-        k.encoder_fwd(
-            s,
-            &mut self.encoded,
-            &self.tokens,
-            &w("wte.weight")?,
-            &w("wpe.weight")?,
-            (d.t, c),
-        )?;
-        for l in 0..d.l {
-            let (done, rest) = blocks.split_at_mut(l);
-            let x = if l == 0 {
-                &self.encoded
-            } else {
-                &done[l - 1].res3
-            };
-            let bl = &mut rest[0];
-            let ln1 = (&wl(l, "ln_1.weight")?, &wl(l, "ln_1.bias")?);
-            k.layernorm_fwd(
-                s,
-                &mut bl.ln1,
-                &mut bl.ln1_mean,
-                &mut bl.ln1_rstd,
-                x,
-                ln1,
-                c,
-            )?;
-            mm(
-                s,
-                blas,
-                linear(bt, 3 * c, c),
-                &bl.ln1,
-                &wl(l, "attn.c_attn.weight")?,
-                &mut bl.qkv,
-            )?;
-            k.bias_add(s, &mut bl.qkv, &wl(l, "attn.c_attn.bias")?)?;
-            let shape4 = (d.b, d.t, d.nh, d.hs);
-            k.permute_qkv(
-                s,
-                &mut bl.q,
-                &mut bl.k,
-                &mut bl.v,
-                &mut bl.qkv,
-                shape4,
-                false,
-            )?;
-            let scale = 1.0 / (d.hs as f64).sqrt();
-            let qk = Matmul::new(d.t, d.t, d.hs).transpose_b().scaled(scale, 0.0);
-            bmm(s, blas, qk, d.b * d.nh, (&bl.q, &bl.k, &mut sc.preatt))?;
-            k.softmax_fwd(s, &mut bl.att, &sc.preatt, d.t)?;
-            bmm(
-                s,
-                blas,
-                Matmul::new(d.t, d.hs, d.t),
-                d.b * d.nh,
-                (&bl.att, &bl.v, &mut bl.atty),
-            )?;
-            k.unpermute(s, &mut bl.atty_un, &mut bl.atty, shape4, false)?;
-            mm(
-                s,
-                blas,
-                linear(bt, c, c),
-                &bl.atty_un,
-                &wl(l, "attn.c_proj.weight")?,
-                &mut sc.proj,
-            )?;
-            k.residual_bias(s, &mut bl.res2, x, &sc.proj, &wl(l, "attn.c_proj.bias")?)?;
-            let ln2 = (&wl(l, "ln_2.weight")?, &wl(l, "ln_2.bias")?);
-            k.layernorm_fwd(
-                s,
-                &mut bl.ln2,
-                &mut bl.ln2_mean,
-                &mut bl.ln2_rstd,
-                &bl.res2,
-                ln2,
-                c,
-            )?;
-            mm(
-                s,
-                blas,
-                linear(bt, 4 * c, c),
-                &bl.ln2,
-                &wl(l, "mlp.c_fc.weight")?,
-                &mut bl.fch,
-            )?;
-            k.bias_add(s, &mut bl.fch, &wl(l, "mlp.c_fc.bias")?)?;
-            k.gelu_fwd(s, &mut bl.fch_gelu, &bl.fch)?;
-            mm(
-                s,
-                blas,
-                linear(bt, c, 4 * c),
-                &bl.fch_gelu,
-                &wl(l, "mlp.c_proj.weight")?,
-                &mut sc.proj,
-            )?;
-            k.residual_bias(
-                s,
-                &mut bl.res3,
-                &bl.res2,
-                &sc.proj,
-                &wl(l, "mlp.c_proj.bias")?,
-            )?;
-        }
         let last = &blocks[d.l - 1].res3;
         let lnf = (&w("ln_f.weight")?, &w("ln_f.bias")?);
         k.layernorm_fwd(
@@ -454,6 +491,15 @@ impl<T: Act> Gpt<T> {
     /// The backward pass (after `forward(.., true)`): every parameter's gradient into
     /// `grads` (overwritten).
     pub fn backward(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
+        self.backward_head(s)?;
+        for l in (0..self.dims.l).rev() {
+            self.backward_block(s, l)?;
+        }
+        self.backward_embed(s)
+    }
+
+    /// The head and the final layer norm: `dres` and their gradients.
+    fn backward_head(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
         let d = self.dims;
         let (bt, c) = (d.bt(), d.c);
         let Gpt {
@@ -467,9 +513,7 @@ impl<T: Act> Gpt<T> {
             ..
         } = self;
         let w = |name: &str| p.slice(layout.get(name).range());
-        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
         let gr = |name: &str| layout.get(name).range();
-        let gl = |l: usize, suffix: &str| layout.block(l, suffix);
         // Head (tied to wte): dwte = dlogitsᵀ·lnf, dlnf = dlogits·wte.
         mm(
             s,
@@ -500,172 +544,204 @@ impl<T: Act> Gpt<T> {
             (&self.lnf_mean, &self.lnf_rstd),
             &w("ln_f.weight")?,
         )?;
-        for l in (0..d.l).rev() {
-            let (done, rest) = blocks.split_at(l);
-            let x = if l == 0 {
-                &self.encoded
-            } else {
-                &done[l - 1].res3
-            };
-            let bl = &rest[0];
-            // MLP: res3 = res2 + fch_gelu·Wpᵀ + b.
-            mm(
-                s,
-                blas,
-                Matmul::new(c, 4 * c, bt).transpose_a(),
-                &sc.dres,
-                &bl.fch_gelu,
-                &mut g.slice_mut(gl(l, "mlp.c_proj.weight"))?,
-            )?;
-            k.bias_grad(
-                s,
-                &mut g.slice_mut(gl(l, "mlp.c_proj.bias"))?,
-                &mut sc.partial,
-                &sc.dres,
-            )?;
-            mm(
-                s,
-                blas,
-                Matmul::new(bt, 4 * c, c),
-                &sc.dres,
-                &wl(l, "mlp.c_proj.weight")?,
-                &mut sc.dfch_gelu,
-            )?;
-            k.gelu_bwd(s, &mut sc.dfch, &bl.fch, &sc.dfch_gelu)?;
-            mm(
-                s,
-                blas,
-                Matmul::new(4 * c, c, bt).transpose_a(),
-                &sc.dfch,
-                &bl.ln2,
-                &mut g.slice_mut(gl(l, "mlp.c_fc.weight"))?,
-            )?;
-            k.bias_grad(
-                s,
-                &mut g.slice_mut(gl(l, "mlp.c_fc.bias"))?,
-                &mut sc.partial,
-                &sc.dfch,
-            )?;
-            mm(
-                s,
-                blas,
-                Matmul::new(bt, c, 4 * c),
-                &sc.dfch,
-                &wl(l, "mlp.c_fc.weight")?,
-                &mut sc.dln,
-            )?;
-            let ln2_wb = gl(l, "ln_2.weight").start..gl(l, "ln_2.bias").end;
-            k.layernorm_bwd(
-                s,
-                &mut sc.dres,
-                &mut g.slice_mut(ln2_wb)?,
-                &mut sc.partial,
-                &sc.dln,
-                &bl.res2,
-                (&bl.ln2_mean, &bl.ln2_rstd),
-                &wl(l, "ln_2.weight")?,
-            )?;
-            // Attention projection: res2 = x + atty_un·Wᵀ + b.
-            mm(
-                s,
-                blas,
-                Matmul::new(c, c, bt).transpose_a(),
-                &sc.dres,
-                &bl.atty_un,
-                &mut g.slice_mut(gl(l, "attn.c_proj.weight"))?,
-            )?;
-            k.bias_grad(
-                s,
-                &mut g.slice_mut(gl(l, "attn.c_proj.bias"))?,
-                &mut sc.partial,
-                &sc.dres,
-            )?;
-            mm(
-                s,
-                blas,
-                Matmul::new(bt, c, c),
-                &sc.dres,
-                &wl(l, "attn.c_proj.weight")?,
-                &mut sc.daty_un,
-            )?;
-            let shape4 = (d.b, d.t, d.nh, d.hs);
-            k.unpermute(s, &mut sc.daty_un, &mut sc.daty, shape4, true)?;
-            let n = d.b * d.nh;
-            // atty = att·v: datt = daty·vᵀ, dv = attᵀ·daty.
-            bmm(
-                s,
-                blas,
-                Matmul::new(d.t, d.t, d.hs).transpose_b(),
-                n,
-                (&sc.daty, &bl.v, &mut sc.datt),
-            )?;
-            bmm(
-                s,
-                blas,
-                Matmul::new(d.t, d.hs, d.t).transpose_a(),
-                n,
-                (&bl.att, &sc.daty, &mut sc.dv),
-            )?;
-            k.softmax_bwd(s, &mut sc.preatt, &sc.datt, &bl.att, d.t)?;
-            // preatt = scale·q·kᵀ: dq = scale·dpre·k, dk = scale·dpreᵀ·q.
-            let scale = 1.0 / (d.hs as f64).sqrt();
-            bmm(
-                s,
-                blas,
-                Matmul::new(d.t, d.hs, d.t).scaled(scale, 0.0),
-                n,
-                (&sc.preatt, &bl.k, &mut sc.dq),
-            )?;
-            bmm(
-                s,
-                blas,
-                Matmul::new(d.t, d.hs, d.t).transpose_a().scaled(scale, 0.0),
-                n,
-                (&sc.preatt, &bl.q, &mut sc.dk),
-            )?;
-            k.permute_qkv(
-                s,
-                &mut sc.dq,
-                &mut sc.dk,
-                &mut sc.dv,
-                &mut sc.dqkv,
-                shape4,
-                true,
-            )?;
-            mm(
-                s,
-                blas,
-                Matmul::new(3 * c, c, bt).transpose_a(),
-                &sc.dqkv,
-                &bl.ln1,
-                &mut g.slice_mut(gl(l, "attn.c_attn.weight"))?,
-            )?;
-            k.bias_grad(
-                s,
-                &mut g.slice_mut(gl(l, "attn.c_attn.bias"))?,
-                &mut sc.partial,
-                &sc.dqkv,
-            )?;
-            mm(
-                s,
-                blas,
-                Matmul::new(bt, c, 3 * c),
-                &sc.dqkv,
-                &wl(l, "attn.c_attn.weight")?,
-                &mut sc.dln,
-            )?;
-            let ln1_wb = gl(l, "ln_1.weight").start..gl(l, "ln_1.bias").end;
-            k.layernorm_bwd(
-                s,
-                &mut sc.dres,
-                &mut g.slice_mut(ln1_wb)?,
-                &mut sc.partial,
-                &sc.dln,
-                x,
-                (&bl.ln1_mean, &bl.ln1_rstd),
-                &wl(l, "ln_1.weight")?,
-            )?;
-        }
+        Ok(())
+    }
+
+    /// Block `l`'s backward pass: its gradients, and `dres` becomes its input's.
+    fn backward_block(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
+        let d = self.dims;
+        let (bt, c) = (d.bt(), d.c);
+        let Gpt {
+            layout,
+            weights: p,
+            grads: g,
+            blocks,
+            k,
+            blas,
+            sc,
+            ..
+        } = self;
+        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
+        let gl = |l: usize, suffix: &str| layout.block(l, suffix);
+        let (done, rest) = blocks.split_at(l);
+        let x = if l == 0 {
+            &self.encoded
+        } else {
+            &done[l - 1].res3
+        };
+        let bl = &rest[0];
+        // MLP: res3 = res2 + fch_gelu·Wpᵀ + b.
+        mm(
+            s,
+            blas,
+            Matmul::new(c, 4 * c, bt).transpose_a(),
+            &sc.dres,
+            &bl.fch_gelu,
+            &mut g.slice_mut(gl(l, "mlp.c_proj.weight"))?,
+        )?;
+        k.bias_grad(
+            s,
+            &mut g.slice_mut(gl(l, "mlp.c_proj.bias"))?,
+            &mut sc.partial,
+            &sc.dres,
+        )?;
+        mm(
+            s,
+            blas,
+            Matmul::new(bt, 4 * c, c),
+            &sc.dres,
+            &wl(l, "mlp.c_proj.weight")?,
+            &mut sc.dfch_gelu,
+        )?;
+        k.gelu_bwd(s, &mut sc.dfch, &bl.fch, &sc.dfch_gelu)?;
+        mm(
+            s,
+            blas,
+            Matmul::new(4 * c, c, bt).transpose_a(),
+            &sc.dfch,
+            &bl.ln2,
+            &mut g.slice_mut(gl(l, "mlp.c_fc.weight"))?,
+        )?;
+        k.bias_grad(
+            s,
+            &mut g.slice_mut(gl(l, "mlp.c_fc.bias"))?,
+            &mut sc.partial,
+            &sc.dfch,
+        )?;
+        mm(
+            s,
+            blas,
+            Matmul::new(bt, c, 4 * c),
+            &sc.dfch,
+            &wl(l, "mlp.c_fc.weight")?,
+            &mut sc.dln,
+        )?;
+        let ln2_wb = gl(l, "ln_2.weight").start..gl(l, "ln_2.bias").end;
+        k.layernorm_bwd(
+            s,
+            &mut sc.dres,
+            &mut g.slice_mut(ln2_wb)?,
+            &mut sc.partial,
+            &sc.dln,
+            &bl.res2,
+            (&bl.ln2_mean, &bl.ln2_rstd),
+            &wl(l, "ln_2.weight")?,
+        )?;
+        // Attention projection: res2 = x + atty_un·Wᵀ + b.
+        mm(
+            s,
+            blas,
+            Matmul::new(c, c, bt).transpose_a(),
+            &sc.dres,
+            &bl.atty_un,
+            &mut g.slice_mut(gl(l, "attn.c_proj.weight"))?,
+        )?;
+        k.bias_grad(
+            s,
+            &mut g.slice_mut(gl(l, "attn.c_proj.bias"))?,
+            &mut sc.partial,
+            &sc.dres,
+        )?;
+        mm(
+            s,
+            blas,
+            Matmul::new(bt, c, c),
+            &sc.dres,
+            &wl(l, "attn.c_proj.weight")?,
+            &mut sc.daty_un,
+        )?;
+        let shape4 = (d.b, d.t, d.nh, d.hs);
+        k.unpermute(s, &mut sc.daty_un, &mut sc.daty, shape4, true)?;
+        let n = d.b * d.nh;
+        // atty = att·v: datt = daty·vᵀ, dv = attᵀ·daty.
+        bmm(
+            s,
+            blas,
+            Matmul::new(d.t, d.t, d.hs).transpose_b(),
+            n,
+            (&sc.daty, &bl.v, &mut sc.datt),
+        )?;
+        bmm(
+            s,
+            blas,
+            Matmul::new(d.t, d.hs, d.t).transpose_a(),
+            n,
+            (&bl.att, &sc.daty, &mut sc.dv),
+        )?;
+        k.softmax_bwd(s, &mut sc.preatt, &sc.datt, &bl.att, d.t)?;
+        // preatt = scale·q·kᵀ: dq = scale·dpre·k, dk = scale·dpreᵀ·q.
+        let scale = 1.0 / (d.hs as f64).sqrt();
+        bmm(
+            s,
+            blas,
+            Matmul::new(d.t, d.hs, d.t).scaled(scale, 0.0),
+            n,
+            (&sc.preatt, &bl.k, &mut sc.dq),
+        )?;
+        bmm(
+            s,
+            blas,
+            Matmul::new(d.t, d.hs, d.t).transpose_a().scaled(scale, 0.0),
+            n,
+            (&sc.preatt, &bl.q, &mut sc.dk),
+        )?;
+        k.permute_qkv(
+            s,
+            &mut sc.dq,
+            &mut sc.dk,
+            &mut sc.dv,
+            &mut sc.dqkv,
+            shape4,
+            true,
+        )?;
+        mm(
+            s,
+            blas,
+            Matmul::new(3 * c, c, bt).transpose_a(),
+            &sc.dqkv,
+            &bl.ln1,
+            &mut g.slice_mut(gl(l, "attn.c_attn.weight"))?,
+        )?;
+        k.bias_grad(
+            s,
+            &mut g.slice_mut(gl(l, "attn.c_attn.bias"))?,
+            &mut sc.partial,
+            &sc.dqkv,
+        )?;
+        mm(
+            s,
+            blas,
+            Matmul::new(bt, c, 3 * c),
+            &sc.dqkv,
+            &wl(l, "attn.c_attn.weight")?,
+            &mut sc.dln,
+        )?;
+        let ln1_wb = gl(l, "ln_1.weight").start..gl(l, "ln_1.bias").end;
+        k.layernorm_bwd(
+            s,
+            &mut sc.dres,
+            &mut g.slice_mut(ln1_wb)?,
+            &mut sc.partial,
+            &sc.dln,
+            x,
+            (&bl.ln1_mean, &bl.ln1_rstd),
+            &wl(l, "ln_1.weight")?,
+        )?;
+        Ok(())
+    }
+
+    /// The embeddings' gradients.
+    fn backward_embed(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
+        let d = self.dims;
+        let c = d.c;
+        let Gpt {
+            layout,
+            grads: g,
+            k,
+            sc,
+            ..
+        } = self;
+        let gr = |name: &str| layout.get(name).range();
         let [mut dwte, mut dwpe] = g.get_disjoint_mut([gr("wte.weight"), gr("wpe.weight")])?;
         k.encoder_bwd(
             s,

@@ -239,9 +239,7 @@ impl<T: Act> Gpt<T> {
         let (d, k, sc, lay) = (self.dims, &self.k, &self.sc, &self.layout);
         let (bt, c) = (d.b * d.t, d.c);
         let w = |name: &str| &vw.p[lay.index(name)];
-        let wl = |l: usize, suffix: &str| &vw.p[lay.index(&format!("h.{l}.{suffix}"))];
         let gw = |name: &str| &vw.g[lay.index(name)];
-        let gl = |l: usize, suffix: &str| &vw.g[lay.index(&format!("h.{l}.{suffix}"))];
         let pair = |name: &str| {
             vw.g_pair[lay.index(name)]
                 .as_ref()
@@ -269,113 +267,8 @@ impl<T: Act> Gpt<T> {
             stats,
             w("ln_f.weight"),
         )?;
-        let shape4 = (d.b, d.t, d.nh, d.hs);
-        let n = d.b * d.nh;
-        let scale = 1.0 / (d.hs as f64).sqrt();
         for l in (0..d.l).rev() {
-            let x = if l == 0 {
-                &self.encoded
-            } else {
-                &self.blocks[l - 1].res3
-            };
-            let bl = &self.blocks[l];
-            let dw = |out, inp| Matmul::new(out, inp, bt).transpose_a();
-            cap.matmul(
-                blas,
-                &dw(c, 4 * c),
-                &sc.dres,
-                &bl.fch_gelu,
-                gl(l, "mlp.c_proj.weight"),
-            )?;
-            k.bias_grad(cap, gl(l, "mlp.c_proj.bias"), &sc.partial, &sc.dres)?;
-            cap.matmul(
-                blas,
-                &Matmul::new(bt, 4 * c, c),
-                &sc.dres,
-                wl(l, "mlp.c_proj.weight"),
-                &sc.dfch_gelu,
-            )?;
-            k.gelu_bwd(cap, &sc.dfch, &bl.fch, &sc.dfch_gelu)?;
-            cap.matmul(
-                blas,
-                &dw(4 * c, c),
-                &sc.dfch,
-                &bl.ln2,
-                gl(l, "mlp.c_fc.weight"),
-            )?;
-            k.bias_grad(cap, gl(l, "mlp.c_fc.bias"), &sc.partial, &sc.dfch)?;
-            cap.matmul(
-                blas,
-                &Matmul::new(bt, c, 4 * c),
-                &sc.dfch,
-                wl(l, "mlp.c_fc.weight"),
-                &sc.dln,
-            )?;
-            let ln2 = pair(&format!("h.{l}.ln_2.weight"));
-            let stats = (&bl.ln2_mean, &bl.ln2_rstd);
-            k.layernorm_bwd(
-                cap,
-                &sc.dres,
-                ln2,
-                &sc.partial,
-                &sc.dln,
-                &bl.res2,
-                stats,
-                wl(l, "ln_2.weight"),
-            )?;
-            cap.matmul(
-                blas,
-                &dw(c, c),
-                &sc.dres,
-                &bl.atty_un,
-                gl(l, "attn.c_proj.weight"),
-            )?;
-            k.bias_grad(cap, gl(l, "attn.c_proj.bias"), &sc.partial, &sc.dres)?;
-            cap.matmul(
-                blas,
-                &Matmul::new(bt, c, c),
-                &sc.dres,
-                wl(l, "attn.c_proj.weight"),
-                &sc.daty_un,
-            )?;
-            k.unpermute(cap, &sc.daty_un, &sc.daty, shape4, true)?;
-            let datt = Matmul::new(d.t, d.t, d.hs).transpose_b();
-            cbmm(cap, blas, datt, n, (&sc.daty, &bl.v, &sc.datt))?;
-            let dv = Matmul::new(d.t, d.hs, d.t).transpose_a();
-            cbmm(cap, blas, dv, n, (&bl.att, &sc.daty, &sc.dv))?;
-            k.softmax_bwd(cap, &sc.preatt, &sc.datt, &bl.att, d.t)?;
-            let dq = Matmul::new(d.t, d.hs, d.t).scaled(scale, 0.0);
-            cbmm(cap, blas, dq, n, (&sc.preatt, &bl.k, &sc.dq))?;
-            let dk = Matmul::new(d.t, d.hs, d.t).transpose_a().scaled(scale, 0.0);
-            cbmm(cap, blas, dk, n, (&sc.preatt, &bl.q, &sc.dk))?;
-            k.permute_qkv(cap, &sc.dq, &sc.dk, &sc.dv, &sc.dqkv, shape4, true)?;
-            cap.matmul(
-                blas,
-                &dw(3 * c, c),
-                &sc.dqkv,
-                &bl.ln1,
-                gl(l, "attn.c_attn.weight"),
-            )?;
-            k.bias_grad(cap, gl(l, "attn.c_attn.bias"), &sc.partial, &sc.dqkv)?;
-            cap.matmul(
-                blas,
-                &Matmul::new(bt, c, 3 * c),
-                &sc.dqkv,
-                wl(l, "attn.c_attn.weight"),
-                &sc.dln,
-            )?;
-            let ln1 = pair(&format!("h.{l}.ln_1.weight"));
-            let stats = (&bl.ln1_mean, &bl.ln1_rstd);
-            k.layernorm_bwd(
-                cap,
-                &sc.dres,
-                ln1,
-                &sc.partial,
-                &sc.dln,
-                x,
-                stats,
-                wl(l, "ln_1.weight"),
-            )?;
+            self.cap_backward_block(cap, blas, vw, l)?;
         }
         let dims = (d.b, d.t, c, d.v);
         k.encoder_bwd(
@@ -386,6 +279,132 @@ impl<T: Act> Gpt<T> {
             &self.tokens,
             dims,
         )
+    }
+
+    /// Block `l`'s backward pass, captured.
+    fn cap_backward_block<'a>(
+        &'a self,
+        cap: &mut Capture<'_, 'a>,
+        blas: &mut Blas,
+        vw: &'a Views<'a, T>,
+        l: usize,
+    ) -> Result<()> {
+        let (d, k, sc, lay) = (self.dims, &self.k, &self.sc, &self.layout);
+        let (bt, c) = (d.b * d.t, d.c);
+        let wl = |l: usize, suffix: &str| &vw.p[lay.index(&format!("h.{l}.{suffix}"))];
+        let gl = |l: usize, suffix: &str| &vw.g[lay.index(&format!("h.{l}.{suffix}"))];
+        let pair = |name: &str| {
+            vw.g_pair[lay.index(name)]
+                .as_ref()
+                .expect("a layer-norm weight")
+        };
+        let shape4 = (d.b, d.t, d.nh, d.hs);
+        let n = d.b * d.nh;
+        let scale = 1.0 / (d.hs as f64).sqrt();
+        let x = if l == 0 {
+            &self.encoded
+        } else {
+            &self.blocks[l - 1].res3
+        };
+        let bl = &self.blocks[l];
+        let dw = |out, inp| Matmul::new(out, inp, bt).transpose_a();
+        cap.matmul(
+            blas,
+            &dw(c, 4 * c),
+            &sc.dres,
+            &bl.fch_gelu,
+            gl(l, "mlp.c_proj.weight"),
+        )?;
+        k.bias_grad(cap, gl(l, "mlp.c_proj.bias"), &sc.partial, &sc.dres)?;
+        cap.matmul(
+            blas,
+            &Matmul::new(bt, 4 * c, c),
+            &sc.dres,
+            wl(l, "mlp.c_proj.weight"),
+            &sc.dfch_gelu,
+        )?;
+        k.gelu_bwd(cap, &sc.dfch, &bl.fch, &sc.dfch_gelu)?;
+        cap.matmul(
+            blas,
+            &dw(4 * c, c),
+            &sc.dfch,
+            &bl.ln2,
+            gl(l, "mlp.c_fc.weight"),
+        )?;
+        k.bias_grad(cap, gl(l, "mlp.c_fc.bias"), &sc.partial, &sc.dfch)?;
+        cap.matmul(
+            blas,
+            &Matmul::new(bt, c, 4 * c),
+            &sc.dfch,
+            wl(l, "mlp.c_fc.weight"),
+            &sc.dln,
+        )?;
+        let ln2 = pair(&format!("h.{l}.ln_2.weight"));
+        let stats = (&bl.ln2_mean, &bl.ln2_rstd);
+        k.layernorm_bwd(
+            cap,
+            &sc.dres,
+            ln2,
+            &sc.partial,
+            &sc.dln,
+            &bl.res2,
+            stats,
+            wl(l, "ln_2.weight"),
+        )?;
+        cap.matmul(
+            blas,
+            &dw(c, c),
+            &sc.dres,
+            &bl.atty_un,
+            gl(l, "attn.c_proj.weight"),
+        )?;
+        k.bias_grad(cap, gl(l, "attn.c_proj.bias"), &sc.partial, &sc.dres)?;
+        cap.matmul(
+            blas,
+            &Matmul::new(bt, c, c),
+            &sc.dres,
+            wl(l, "attn.c_proj.weight"),
+            &sc.daty_un,
+        )?;
+        k.unpermute(cap, &sc.daty_un, &sc.daty, shape4, true)?;
+        let datt = Matmul::new(d.t, d.t, d.hs).transpose_b();
+        cbmm(cap, blas, datt, n, (&sc.daty, &bl.v, &sc.datt))?;
+        let dv = Matmul::new(d.t, d.hs, d.t).transpose_a();
+        cbmm(cap, blas, dv, n, (&bl.att, &sc.daty, &sc.dv))?;
+        k.softmax_bwd(cap, &sc.preatt, &sc.datt, &bl.att, d.t)?;
+        let dq = Matmul::new(d.t, d.hs, d.t).scaled(scale, 0.0);
+        cbmm(cap, blas, dq, n, (&sc.preatt, &bl.k, &sc.dq))?;
+        let dk = Matmul::new(d.t, d.hs, d.t).transpose_a().scaled(scale, 0.0);
+        cbmm(cap, blas, dk, n, (&sc.preatt, &bl.q, &sc.dk))?;
+        k.permute_qkv(cap, &sc.dq, &sc.dk, &sc.dv, &sc.dqkv, shape4, true)?;
+        cap.matmul(
+            blas,
+            &dw(3 * c, c),
+            &sc.dqkv,
+            &bl.ln1,
+            gl(l, "attn.c_attn.weight"),
+        )?;
+        k.bias_grad(cap, gl(l, "attn.c_attn.bias"), &sc.partial, &sc.dqkv)?;
+        cap.matmul(
+            blas,
+            &Matmul::new(bt, c, 3 * c),
+            &sc.dqkv,
+            wl(l, "attn.c_attn.weight"),
+            &sc.dln,
+        )?;
+        let ln1 = pair(&format!("h.{l}.ln_1.weight"));
+        let stats = (&bl.ln1_mean, &bl.ln1_rstd);
+        k.layernorm_bwd(
+            cap,
+            &sc.dres,
+            ln1,
+            &sc.partial,
+            &sc.dln,
+            x,
+            stats,
+            wl(l, "ln_1.weight"),
+        )?;
+        Ok(())
     }
 
     fn cap_update<'a>(

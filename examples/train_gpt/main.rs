@@ -65,6 +65,8 @@ mod dp;
 mod gpt;
 #[path = "kernels.rs"]
 mod kernels;
+#[path = "launch.rs"]
+mod launch;
 #[path = "model.rs"]
 mod model;
 #[path = "optim.rs"]
@@ -78,7 +80,6 @@ use model::{Config, ParamLayout};
 use optim::{AdamW, Schedule};
 use std::path::PathBuf;
 use std::time::Instant;
-
 
 /// What goes wrong in `train_gpt`, each with the thing that is wrong.
 #[derive(Debug, thiserror::Error)]
