@@ -336,6 +336,12 @@ impl<T: Act> Gpt<T> {
 
     /// Block `l`'s forward pass.
     fn forward_block(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
+        self.forward_attn(s, l)?;
+        self.forward_mlp(s, l)
+    }
+
+    /// Block `l`'s attention (with its residual).
+    fn forward_attn(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
         let d = self.dims;
         let (bt, c) = (d.bt(), d.c);
         let Gpt {
@@ -405,6 +411,24 @@ impl<T: Act> Gpt<T> {
             &mut sc.proj,
         )?;
         k.residual_bias(s, &mut bl.res2, x, &sc.proj, &wl(l, "attn.c_proj.bias")?)?;
+        Ok(())
+    }
+
+    /// Block `l`'s MLP (with its residual).
+    fn forward_mlp(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
+        let d = self.dims;
+        let (bt, c) = (d.bt(), d.c);
+        let Gpt {
+            layout,
+            weights: p,
+            blocks,
+            k,
+            blas,
+            sc,
+            ..
+        } = self;
+        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
+        let bl = &mut blocks[l];
         let ln2 = (&wl(l, "ln_2.weight")?, &wl(l, "ln_2.bias")?);
         k.layernorm_fwd(
             s,
@@ -549,6 +573,12 @@ impl<T: Act> Gpt<T> {
 
     /// Block `l`'s backward pass: its gradients, and `dres` becomes its input's.
     fn backward_block(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
+        self.backward_mlp(s, l)?;
+        self.backward_attn(s, l)
+    }
+
+    /// Block `l`'s MLP backward pass (and its second layer norm's).
+    fn backward_mlp(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
         let d = self.dims;
         let (bt, c) = (d.bt(), d.c);
         let Gpt {
@@ -563,13 +593,7 @@ impl<T: Act> Gpt<T> {
         } = self;
         let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
         let gl = |l: usize, suffix: &str| layout.block(l, suffix);
-        let (done, rest) = blocks.split_at(l);
-        let x = if l == 0 {
-            &self.encoded
-        } else {
-            &done[l - 1].res3
-        };
-        let bl = &rest[0];
+        let bl = &blocks[l];
         // MLP: res3 = res2 + fch_gelu·Wpᵀ + b.
         mm(
             s,
@@ -627,6 +651,32 @@ impl<T: Act> Gpt<T> {
             (&bl.ln2_mean, &bl.ln2_rstd),
             &wl(l, "ln_2.weight")?,
         )?;
+        Ok(())
+    }
+
+    /// Block `l`'s attention backward pass (and its first layer norm's).
+    fn backward_attn(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
+        self.backward_attn_core(s, l)?;
+        self.backward_qkv(s, l)
+    }
+
+    /// Block `l`'s attention projection and attention backward: `dqkv`.
+    fn backward_attn_core(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
+        let d = self.dims;
+        let (bt, c) = (d.bt(), d.c);
+        let Gpt {
+            layout,
+            weights: p,
+            grads: g,
+            blocks,
+            k,
+            blas,
+            sc,
+            ..
+        } = self;
+        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
+        let gl = |l: usize, suffix: &str| layout.block(l, suffix);
+        let bl = &blocks[l];
         // Attention projection: res2 = x + atty_un·Wᵀ + b.
         mm(
             s,
@@ -694,6 +744,32 @@ impl<T: Act> Gpt<T> {
             shape4,
             true,
         )?;
+        Ok(())
+    }
+
+    /// Block `l`'s QKV projection and first layer norm backward.
+    fn backward_qkv(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
+        let d = self.dims;
+        let (bt, c) = (d.bt(), d.c);
+        let Gpt {
+            layout,
+            weights: p,
+            grads: g,
+            blocks,
+            k,
+            blas,
+            sc,
+            ..
+        } = self;
+        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
+        let gl = |l: usize, suffix: &str| layout.block(l, suffix);
+        let (done, rest) = blocks.split_at(l);
+        let x = if l == 0 {
+            &self.encoded
+        } else {
+            &done[l - 1].res3
+        };
+        let bl = &rest[0];
         mm(
             s,
             blas,

@@ -289,6 +289,18 @@ impl<T: Act> Gpt<T> {
         vw: &'a Views<'a, T>,
         l: usize,
     ) -> Result<()> {
+        self.cap_backward_mlp(cap, blas, vw, l)?;
+        self.cap_backward_attn(cap, blas, vw, l)
+    }
+
+    /// Block `l`'s MLP backward pass, captured.
+    fn cap_backward_mlp<'a>(
+        &'a self,
+        cap: &mut Capture<'_, 'a>,
+        blas: &mut Blas,
+        vw: &'a Views<'a, T>,
+        l: usize,
+    ) -> Result<()> {
         let (d, k, sc, lay) = (self.dims, &self.k, &self.sc, &self.layout);
         let (bt, c) = (d.b * d.t, d.c);
         let wl = |l: usize, suffix: &str| &vw.p[lay.index(&format!("h.{l}.{suffix}"))];
@@ -297,14 +309,6 @@ impl<T: Act> Gpt<T> {
             vw.g_pair[lay.index(name)]
                 .as_ref()
                 .expect("a layer-norm weight")
-        };
-        let shape4 = (d.b, d.t, d.nh, d.hs);
-        let n = d.b * d.nh;
-        let scale = 1.0 / (d.hs as f64).sqrt();
-        let x = if l == 0 {
-            &self.encoded
-        } else {
-            &self.blocks[l - 1].res3
         };
         let bl = &self.blocks[l];
         let dw = |out, inp| Matmul::new(out, inp, bt).transpose_a();
@@ -351,6 +355,36 @@ impl<T: Act> Gpt<T> {
             stats,
             wl(l, "ln_2.weight"),
         )?;
+        Ok(())
+    }
+
+    /// Block `l`'s attention backward pass, captured.
+    fn cap_backward_attn<'a>(
+        &'a self,
+        cap: &mut Capture<'_, 'a>,
+        blas: &mut Blas,
+        vw: &'a Views<'a, T>,
+        l: usize,
+    ) -> Result<()> {
+        let (d, k, sc, lay) = (self.dims, &self.k, &self.sc, &self.layout);
+        let (bt, c) = (d.b * d.t, d.c);
+        let wl = |l: usize, suffix: &str| &vw.p[lay.index(&format!("h.{l}.{suffix}"))];
+        let gl = |l: usize, suffix: &str| &vw.g[lay.index(&format!("h.{l}.{suffix}"))];
+        let pair = |name: &str| {
+            vw.g_pair[lay.index(name)]
+                .as_ref()
+                .expect("a layer-norm weight")
+        };
+        let shape4 = (d.b, d.t, d.nh, d.hs);
+        let n = d.b * d.nh;
+        let scale = 1.0 / (d.hs as f64).sqrt();
+        let x = if l == 0 {
+            &self.encoded
+        } else {
+            &self.blocks[l - 1].res3
+        };
+        let bl = &self.blocks[l];
+        let dw = |out, inp| Matmul::new(out, inp, bt).transpose_a();
         cap.matmul(
             blas,
             &dw(c, c),
