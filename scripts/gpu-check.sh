@@ -64,6 +64,10 @@ ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-eve
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --devices 0,0 --check-dp
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --precision bf16 --check-graph
 if command -v torchrun >/dev/null; then
+  ex train_gpt 300 torchrun --standalone --nproc-per-node 2 --no-python .gpu-bin/examples/train_gpt \
+    --launcher env --devices 0,0 --model small --steps 20
+fi
+if command -v torchrun >/dev/null; then
   ex train_mlp 300 torchrun --standalone --nproc-per-node 2 --no-python .gpu-bin/examples/train_mlp \
     --launcher env --backend kernels --devices 0,0 --epochs 3
 elif wanted train_mlp; then

@@ -9,9 +9,9 @@
 //! gradients, so the replicas stay identical. The reported loss is the ranks' mean.
 //!
 //! The all-reduce is neither bucketed nor overlapped with the backward pass: views of one
-//! allocation share one access tracker, so an all-reduce of one layer's gradient view
-//! would hold back the backward pass writing the next layer's view (see the report in
-//! `main.rs`'s docs).
+//! allocation share one access tracker, so an all-reduce of one layer's gradient view on
+//! a communicator stream would hold back the backward pass writing the next layer's view
+//! of the same flat gradient buffer.
 
 use crate::GptError;
 use crate::args::Args;

@@ -50,6 +50,10 @@
 //! `ctx.group`; `--check-dp` first trains one rank on the whole batch and exits non-zero
 //! unless the ranks' losses agree within 1e-3 relative.
 //!
+//! `--launcher env` runs one rank per process under torchrun, mpirun or srun (`ranks.rs`):
+//! `torchrun --standalone --nproc-per-node 2 --no-python train_gpt --launcher env
+//! --devices 0,0` trains the same shards as `--devices 0,0` in one process.
+//!
 //! Weight decay (0.1) applies to the 2-D tensors: both embeddings (the token embedding
 //! is also the output head) and the linear weights; not to biases and layer norms.
 
@@ -71,6 +75,8 @@ mod launch;
 mod model;
 #[path = "optim.rs"]
 mod optim;
+#[path = "ranks.rs"]
+mod ranks;
 
 use args::{Args, Precision};
 use gpt::graph::{Staging, Views};
@@ -191,9 +197,11 @@ fn dump_init(
 }
 
 fn run(a: &Args) -> Result<(), GptError> {
-    if a.launcher_env {
+    if a.launcher_env
+        && (a.graph || a.resume.is_some() || a.check_graph || a.check_resume || a.check_dp)
+    {
         return Err(GptError::Unsupported(
-            "one process per rank (--launcher env): use --devices for in-process ranks",
+            "--graph, --resume and the checks with --launcher env",
         ));
     }
     if a.devices.len() > 1 && (a.graph || a.resume.is_some() || a.check_graph || a.check_resume) {
@@ -231,6 +239,9 @@ fn run_on<T: Act>(
     order: &[u64],
     init: &[f32],
 ) -> Result<(), GptError> {
+    if a.launcher_env {
+        return ranks::train::<T>(a, cfg, data, order, init);
+    }
     let mut ctx = ThreadContext::acquire()?;
     if a.devices.len() > 1 {
         let devices = a

@@ -1,0 +1,103 @@
+//! `--launcher env`: one rank per process, started by torchrun, mpirun or srun
+//! (`gpubind::collective::LaunchEnv` reads their variables).
+//!
+//! Rank r trains sequences `r·shard .. (r+1)·shard` of every step (shard = batch / world
+//! size), the slice the in-process run (`dp.rs`) gives rank r, with its loss gradient
+//! scaled by 1/world; the gradients are summed by a [`RankComm`] all-reduce: NCCL, or
+//! gpubind's own kernels across the processes of one machine when two local ranks share
+//! a GPU (NCCL refuses that) or NCCL is not available. The step's loss is the all-reduced
+//! mean of the ranks' losses; rank 0 prints the lines.
+//!
+//! The device of local rank l is `--devices`'s l-th entry when the list has one per
+//! local rank, else l modulo the visible devices.
+
+use crate::GptError;
+use crate::args::Args;
+use crate::data::{self, Dataset};
+use crate::gpt::{Act, Gpt};
+use crate::model::Config;
+use crate::optim::{AdamW, Schedule};
+use gpubind::collective::{LaunchEnv, Op, RankComm, nccl_available};
+use gpubind::{Device, ThreadContext};
+use std::time::Instant;
+
+/// The device of local rank `local` (see the module docs).
+fn device_of(devices: &[usize], local: usize, local_world: usize, count: usize) -> usize {
+    if devices.len() == local_world {
+        devices[local]
+    } else {
+        local % count.max(1)
+    }
+}
+
+/// Trains this process's rank for `a.steps` steps.
+pub fn train<T: Act>(
+    a: &Args,
+    cfg: Config,
+    data: &Dataset,
+    order: &[u64],
+    init: &[f32],
+) -> Result<(), GptError> {
+    let env = LaunchEnv::from_env()?;
+    let (rank, world) = (env.rank, env.world_size);
+    if !a.batch.is_multiple_of(world) {
+        return Err(GptError::Usage(format!(
+            "--batch {} is not divisible by {world} ranks",
+            a.batch
+        )));
+    }
+    let count = Device::count()?;
+    let local_world = env.local_world_size.unwrap_or(1);
+    let mine = device_of(&a.devices, env.local_rank, local_world, count);
+    let mut local: Vec<usize> = (0..local_world)
+        .map(|l| device_of(&a.devices, l, local_world, count))
+        .collect();
+    local.sort_unstable();
+    local.dedup();
+    let shared_gpu = local.len() < local_world;
+    let dev = Device::get(mine)?;
+    let mut ctx = ThreadContext::acquire()?;
+    let mut comm = if shared_gpu || !nccl_available() {
+        RankComm::from_launch_kernels(&mut ctx, &dev, &env)?
+    } else {
+        RankComm::from_launch(&mut ctx, &dev, &env)?
+    };
+    let shard = a.batch / world;
+    let gpu = ctx.bind(&dev)?;
+    let mut model = Gpt::<T>::new(&gpu, cfg, shard, init)?;
+    model.grad_scale = 1.0 / world as f32;
+    let mut reduced = gpu.alloc_zeros::<T>(model.layout.total)?;
+    let mut loss_sum = gpu.alloc_zeros::<f32>(1)?;
+    let stream = gpu.new_stream()?;
+    let mut s = gpu.on(&stream)?;
+    let (t, b) = (cfg.context, a.batch);
+    let sched = Schedule::new(a.lr, a.steps);
+    let hp = AdamW::default();
+    for step in 0..a.steps {
+        let t0 = Instant::now();
+        let mine = &order[step * b + rank * shard..step * b + (rank + 1) * shard];
+        let (x, y) = data::make_batch(&data.train, mine, t);
+        model.upload(&gpu, &x, &y)?;
+        gpu.htod_copy(&sched.device_values(step, &hp), &mut model.sched)?;
+        model.forward(&mut s, true)?;
+        model.backward(&mut s)?;
+        comm.all_reduce(&s, &model.grads, &mut reduced, Op::Sum)?;
+        // The summed gradients become the model's; its own go to the next reduce.
+        std::mem::swap(&mut model.grads, &mut reduced);
+        model.update(&mut s, &hp)?;
+        comm.all_reduce(&s, &model.loss, &mut loss_sum, Op::Sum)?;
+        let loss = gpu.dtoh(&loss_sum)?[0] / world as f32;
+        if rank == 0 {
+            println!("step {} loss {loss:.6}", step + 1);
+            if (step + 1) % a.log_every == 0 || step + 1 == a.steps {
+                println!(
+                    "progress step {}/{} loss {loss:.4} {:.0} tokens/s ({world} processes)",
+                    step + 1,
+                    a.steps,
+                    (b * t) as f64 / t0.elapsed().as_secs_f64()
+                );
+            }
+        }
+    }
+    Ok(())
+}
