@@ -523,7 +523,7 @@ impl<T: Act> Gpt<T> {
     }
 
     /// The head and the final layer norm: `dres` and their gradients.
-    fn backward_head(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
+    pub fn backward_head(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
         let d = self.dims;
         let (bt, c) = (d.bt(), d.c);
         let Gpt {
@@ -572,7 +572,7 @@ impl<T: Act> Gpt<T> {
     }
 
     /// Block `l`'s backward pass: its gradients, and `dres` becomes its input's.
-    fn backward_block(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
+    pub fn backward_block(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
         self.backward_mlp(s, l)?;
         self.backward_attn(s, l)
     }
@@ -807,7 +807,7 @@ impl<T: Act> Gpt<T> {
     }
 
     /// The embeddings' gradients.
-    fn backward_embed(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
+    pub fn backward_embed(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
         let d = self.dims;
         let c = d.c;
         let Gpt {

@@ -47,7 +47,8 @@
 //!
 //! `--devices 0,1` (or `0,0`) trains data-parallel ranks from one thread (`dp.rs`), each
 //! on `batch / ranks` sequences of every step, with the gradients all-reduced by
-//! `ctx.group`; `--check-dp` first trains one rank on the whole batch and exits non-zero
+//! `ctx.group` in buckets (the head, each block, the embeddings) as the backward pass
+//! finishes them, overlapped with the rest of it; `--check-dp` first trains one rank on the whole batch and exits non-zero
 //! unless the ranks' losses agree within 1e-3 relative.
 //!
 //! `--launcher env` runs one rank per process under torchrun, mpirun or srun (`ranks.rs`):
