@@ -23,7 +23,7 @@ use crate::GptError;
 use crate::args::Args;
 use crate::data::{self, Dataset};
 use crate::gpt::{Act, Gpt};
-use crate::model::Config;
+use crate::model::{Config, ParamLayout};
 use crate::optim::{AdamW, Schedule};
 use gpubind::collective::{CommOptions, Communicator, Op};
 use gpubind::{BoundStream, Device, DeviceSlice, Stream, ThreadContext};
@@ -143,6 +143,18 @@ pub fn train<T: Act>(
     Ok(losses)
 }
 
+/// The buckets' ranges of the flat gradients, in the order the backward pass finishes
+/// them: `ln_f`; block `L - 1`, …, block 0; `wte` and `wpe`.
+pub fn bucket_ranges(lay: &ParamLayout, layers: usize) -> Vec<Range<usize>> {
+    let ln_f = lay.get("ln_f.weight").offset..lay.get("ln_f.bias").range().end;
+    let mut ranges = vec![ln_f];
+    for l in (0..layers).rev() {
+        ranges.push(lay.block(l, "ln_1.weight").start..lay.block(l, "mlp.c_proj.bias").end);
+    }
+    ranges.push(0..lay.get("wpe.weight").range().end);
+    ranges
+}
+
 /// The gradient buckets: per bucket its range of the flat gradients, and per rank the
 /// allocations it is reduced from and into.
 struct Buckets<T: Act> {
@@ -153,20 +165,13 @@ struct Buckets<T: Act> {
 }
 
 impl<T: Act> Buckets<T> {
-    /// Bucket 0: `ln_f`; 1 + i: block `L - 1 - i`; L + 1: `wte` and `wpe` (the order the
-    /// backward pass finishes them in).
+    /// The buckets of [`bucket_ranges`], allocated on every rank.
     fn new(
         ctx: &mut ThreadContext,
         devices: &[Arc<Device>],
         model: &Gpt<T>,
     ) -> Result<Self, GptError> {
-        let lay = &model.layout;
-        let ln_f = lay.get("ln_f.weight").offset..lay.get("ln_f.bias").range().end;
-        let mut ranges = vec![ln_f];
-        for l in (0..model.cfg.layers).rev() {
-            ranges.push(lay.block(l, "ln_1.weight").start..lay.block(l, "mlp.c_proj.bias").end);
-        }
-        ranges.push(0..lay.get("wpe.weight").range().end);
+        let ranges = bucket_ranges(&model.layout, model.cfg.layers);
         let mut send = Vec::new();
         let mut recv = Vec::new();
         for r in &ranges {

@@ -3,9 +3,11 @@
 //!
 //! Rank r trains sequences `r·shard .. (r+1)·shard` of every step (shard = batch / world
 //! size), the slice the in-process run (`dp.rs`) gives rank r, with its loss gradient
-//! scaled by 1/world; the gradients are summed by a [`RankComm`] all-reduce: NCCL, or
+//! scaled by 1/world; the gradients are summed by [`RankComm`] all-reduces: NCCL, or
 //! gpubind's own kernels across the processes of one machine when two local ranks share
-//! a GPU (NCCL refuses that) or NCCL is not available. The step's loss is the all-reduced
+//! a GPU (NCCL refuses that) or NCCL is not available. As in `dp.rs`, the backward pass
+//! runs part by part on a compute stream and each part's bucket is all-reduced on a
+//! communicator stream as soon as it is done, through allocations of its own. The step's loss is the all-reduced
 //! mean of the ranks' losses; rank 0 prints the lines.
 //!
 //! The device of local rank l is `--devices`'s l-th entry when the list has one per
@@ -14,6 +16,7 @@
 use crate::GptError;
 use crate::args::Args;
 use crate::data::{self, Dataset};
+use crate::dp::bucket_ranges;
 use crate::gpt::{Act, Gpt};
 use crate::model::Config;
 use crate::optim::{AdamW, Schedule};
@@ -66,10 +69,17 @@ pub fn train<T: Act>(
     let gpu = ctx.bind(&dev)?;
     let mut model = Gpt::<T>::new(&gpu, cfg, shard, init)?;
     model.grad_scale = 1.0 / world as f32;
-    let mut reduced = gpu.alloc_zeros::<T>(model.layout.total)?;
+    let ranges = bucket_ranges(&model.layout, cfg.layers);
+    let mut send = Vec::with_capacity(ranges.len());
+    let mut recv = Vec::with_capacity(ranges.len());
+    for r in &ranges {
+        send.push(gpu.alloc_zeros::<T>(r.len())?);
+        recv.push(gpu.alloc_zeros::<T>(r.len())?);
+    }
     let mut loss_sum = gpu.alloc_zeros::<f32>(1)?;
-    let stream = gpu.new_stream()?;
+    let (stream, comm_stream) = (gpu.new_stream()?, gpu.new_stream()?);
     let mut s = gpu.on(&stream)?;
+    let cs = gpu.on(&comm_stream)?;
     let (t, b) = (cfg.context, a.batch);
     let sched = Schedule::new(a.lr, a.steps);
     let hp = AdamW::default();
@@ -80,12 +90,20 @@ pub fn train<T: Act>(
         model.upload(&gpu, &x, &y)?;
         gpu.htod_copy(&sched.device_values(step, &hp), &mut model.sched)?;
         model.forward(&mut s, true)?;
-        model.backward(&mut s)?;
-        comm.all_reduce(&s, &model.grads, &mut reduced, Op::Sum)?;
-        // The summed gradients become the model's; its own go to the next reduce.
-        std::mem::swap(&mut model.grads, &mut reduced);
+        for k in 0..ranges.len() {
+            match k {
+                0 => model.backward_head(&mut s)?,
+                k if k <= cfg.layers => model.backward_block(&mut s, cfg.layers - k)?,
+                _ => model.backward_embed(&mut s)?,
+            }
+            s.dtod_async(&model.grads.slice(ranges[k].clone())?, &mut send[k])?;
+            comm.all_reduce(&cs, &send[k], &mut recv[k], Op::Sum)?;
+        }
+        for (k, r) in ranges.iter().enumerate() {
+            s.dtod_async(&recv[k], &mut model.grads.slice_mut(r.clone())?)?;
+        }
         model.update(&mut s, &hp)?;
-        comm.all_reduce(&s, &model.loss, &mut loss_sum, Op::Sum)?;
+        comm.all_reduce(&cs, &model.loss, &mut loss_sum, Op::Sum)?;
         let loss = gpu.dtoh(&loss_sum)?[0] / world as f32;
         if rank == 0 {
             println!("step {} loss {loss:.6}", step + 1);
