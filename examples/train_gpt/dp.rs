@@ -222,3 +222,23 @@ impl<T: Act> Buckets<T> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_every_parameter_once_in_backward_order() {
+        let cfg = Config::named("small").unwrap();
+        let lay = ParamLayout::new(&cfg);
+        let mut ranges = bucket_ranges(&lay, cfg.layers);
+        assert_eq!(ranges.len(), cfg.layers + 2);
+        assert_eq!(ranges[0], lay.get("ln_f.weight").offset..lay.total);
+        assert_eq!(ranges[1].start, lay.get("h.5.ln_1.weight").offset);
+        assert_eq!(ranges[cfg.layers + 1].start, 0);
+        ranges.sort_by_key(|r| r.start);
+        assert_eq!(ranges[0].start, 0);
+        assert!(ranges.windows(2).all(|w| w[0].end == w[1].start));
+        assert_eq!(ranges.last().unwrap().end, lay.total);
+    }
+}

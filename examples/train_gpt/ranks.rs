@@ -119,3 +119,16 @@ pub fn train<T: Act>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_follow_the_list_or_the_local_rank() {
+        assert_eq!(device_of(&[0, 0], 1, 2, 8), 0);
+        assert_eq!(device_of(&[3, 5], 1, 2, 8), 5);
+        // A list that does not name every local rank: local rank modulo the devices.
+        assert_eq!(device_of(&[0], 3, 4, 2), 1);
+    }
+}
