@@ -11,10 +11,10 @@ pub mod graph;
 
 use crate::GptError;
 use crate::kernels::{self, Kernels, NORM_PARTS};
-use crate::model::{Config, ParamLayout};
+use crate::model::{Config, Dims, ParamLayout, linear};
 use crate::optim::{AdamW, SCHED_LEN};
+pub use crate::precision::Act;
 use gpubind::blas::{Batch, Blas, BlasScalar, Matmul};
-use gpubind::collective::CollectiveType;
 use gpubind::{
     BoundDevice, BoundStream, DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, Result,
 };
@@ -60,45 +60,6 @@ struct Scratch<T: DeviceRepr> {
     norm_partial: DeviceSlice<f32>,
 }
 
-/// Sizes of one step: batch `b` of `t` tokens.
-#[derive(Debug, Clone, Copy)]
-pub struct Dims {
-    pub b: usize,
-    pub t: usize,
-    pub c: usize,
-    pub nh: usize,
-    pub hs: usize,
-    pub v: usize,
-    pub l: usize,
-}
-
-impl Dims {
-    pub fn new(cfg: &Config, b: usize) -> Dims {
-        Dims {
-            b,
-            t: cfg.context,
-            c: cfg.width,
-            nh: cfg.heads,
-            hs: cfg.head_size(),
-            v: cfg.vocab,
-            l: cfg.layers,
-        }
-    }
-    fn bt(&self) -> usize {
-        self.b * self.t
-    }
-    fn att(&self) -> usize {
-        self.b * self.nh * self.t * self.t
-    }
-    /// Floats of the activations and scratch buffers.
-    pub fn activation_floats(&self) -> usize {
-        let (bt, c) = (self.bt(), self.c);
-        let block = bt * (4 * c + 4 + 3 * c + 3 * c + 2 * c + 3 * c + 8 * c) + self.att();
-        let scratch = 2 * self.att() + bt * (13 * c + 8 * c + 2 * self.v) + 256 * 4 * c;
-        self.l * block + scratch + bt * (2 * c + 2 + self.v + 1) + 2 * bt
-    }
-}
-
 /// The model, its optimizer state and every buffer a step needs, on one device.
 pub struct Gpt<T: Act> {
     pub cfg: Config,
@@ -132,42 +93,6 @@ pub struct Gpt<T: Act> {
 
 fn z<T: DeviceRepr>(gpu: &BoundDevice<'_>, n: usize) -> Result<DeviceSlice<T>> {
     gpu.alloc_zeros::<T>(n)
-}
-
-/// The activation type: `f32`, or `bf16` (products in bf16 with f32 accumulation).
-pub trait Act: BlasScalar + CollectiveType + DeviceRepr + Copy + 'static {
-    /// Compile the kernels with bf16 activations.
-    const BF16: bool;
-    /// `--precision`'s name.
-    const PRECISION: &'static str;
-    /// The H200's dense peak for this type's products, TFLOP/s (MFU's denominator).
-    const PEAK_TFLOPS: f64;
-    fn to_f32(self) -> f32;
-}
-
-impl Act for f32 {
-    const BF16: bool = false;
-    const PRECISION: &'static str = "fp32";
-    /// 16,896 FP32 lanes × 2 FLOP × 1.98 GHz, no tensor cores (TF32 off).
-    const PEAK_TFLOPS: f64 = 67.0;
-    fn to_f32(self) -> f32 {
-        self
-    }
-}
-
-impl Act for half::bf16 {
-    const BF16: bool = true;
-    const PRECISION: &'static str = "bf16";
-    /// Dense BF16 tensor-core peak.
-    const PEAK_TFLOPS: f64 = 989.0;
-    fn to_f32(self) -> f32 {
-        half::bf16::to_f32(self)
-    }
-}
-
-/// `Y[n×out] = X[n×in] · Wᵀ` (W stored out × in, as torch's Linear).
-fn linear(n: usize, out: usize, inp: usize) -> Matmul {
-    Matmul::new(n, out, inp).transpose_b()
 }
 
 fn mm<T: BlasScalar>(

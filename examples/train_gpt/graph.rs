@@ -13,8 +13,8 @@
 //! place of the `&mut` outputs of the eager products: `--check-graph` runs both and
 //! requires the same losses bit for bit.
 
-use super::{Act, Gpt, linear};
-use crate::model::ParamLayout;
+use super::{Act, Gpt};
+use crate::model::{ParamLayout, linear};
 use crate::optim::{AdamW, SCHED_LEN};
 use gpubind::blas::{Batch, Blas, Matmul};
 use gpubind::{

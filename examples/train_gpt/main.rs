@@ -76,6 +76,8 @@ mod launch;
 mod model;
 #[path = "optim.rs"]
 mod optim;
+#[path = "precision.rs"]
+mod precision;
 #[path = "ranks.rs"]
 mod ranks;
 

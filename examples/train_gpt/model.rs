@@ -3,6 +3,7 @@
 //! initialisation ([`init_params`]). Pure host code.
 
 use crate::GptError;
+use gpubind::blas::Matmul;
 
 /// Byte-level tokens.
 pub const VOCAB: usize = 256;
@@ -52,6 +53,50 @@ impl Config {
         let n = l * 12.0 * c * c + v * c;
         6.0 * n + 6.0 * l * t * c
     }
+}
+
+/// Sizes of one step: batch `b` of `t` tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct Dims {
+    pub b: usize,
+    pub t: usize,
+    pub c: usize,
+    pub nh: usize,
+    pub hs: usize,
+    pub v: usize,
+    pub l: usize,
+}
+
+impl Dims {
+    pub fn new(cfg: &Config, b: usize) -> Dims {
+        Dims {
+            b,
+            t: cfg.context,
+            c: cfg.width,
+            nh: cfg.heads,
+            hs: cfg.head_size(),
+            v: cfg.vocab,
+            l: cfg.layers,
+        }
+    }
+    pub fn bt(&self) -> usize {
+        self.b * self.t
+    }
+    pub fn att(&self) -> usize {
+        self.b * self.nh * self.t * self.t
+    }
+    /// Floats of the activations and scratch buffers.
+    pub fn activation_floats(&self) -> usize {
+        let (bt, c) = (self.bt(), self.c);
+        let block = bt * (4 * c + 4 + 3 * c + 3 * c + 2 * c + 3 * c + 8 * c) + self.att();
+        let scratch = 2 * self.att() + bt * (13 * c + 8 * c + 2 * self.v) + 256 * 4 * c;
+        self.l * block + scratch + bt * (2 * c + 2 + self.v + 1) + 2 * bt
+    }
+}
+
+/// `Y[n×out] = X[n×in] · Wᵀ` (W stored out × in, as torch's Linear).
+pub fn linear(n: usize, out: usize, inp: usize) -> Matmul {
+    Matmul::new(n, out, inp).transpose_b()
 }
 
 /// One parameter tensor inside the flat buffer.
