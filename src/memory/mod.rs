@@ -35,6 +35,7 @@
 
 pub mod host;
 pub mod managed;
+pub mod pool;
 mod sync_ops;
 
 use crate::access::AccessTracker;
@@ -317,6 +318,9 @@ pub struct DeviceSlice<T: DeviceRepr> {
     pub(crate) ptr: sys::CUdeviceptr,
     len: usize,
     tracker: AccessTracker,
+    /// Allocated from the device's memory pool in stream order ([`pool`]): freed in
+    /// stream order (`cuMemFreeAsync`) rather than with `cuMemFree` after a host wait.
+    pooled: bool,
     _t: PhantomData<T>,
 }
 
@@ -597,6 +601,7 @@ impl<T: DeviceRepr> DeviceSlice<T> {
             ptr,
             len,
             tracker: AccessTracker::default(),
+            pooled: false,
             _t: PhantomData,
         }
     }
@@ -681,6 +686,23 @@ pub(crate) unsafe fn free_device_memory(
 impl<T: DeviceRepr> Drop for DeviceSlice<T> {
     fn drop(&mut self) {
         if self.ptr == 0 {
+            return;
+        }
+        if self.pooled {
+            // SAFETY: allocated from the device's pool in this context, every use recorded
+            // in the tracker; freed once, here.
+            unsafe {
+                teardown::ordered_free::free_in_stream_order(
+                    format_args!(
+                        "DeviceSlice<{}> of {} elements",
+                        std::any::type_name::<T>(),
+                        self.len
+                    ),
+                    &self.device,
+                    &mut self.tracker,
+                    self.ptr,
+                )
+            };
             return;
         }
         // Free only after every stream-ordered use has finished. If that cannot be
