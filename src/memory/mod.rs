@@ -311,8 +311,11 @@ pub(crate) mod private {
 /// `len` elements of `T` in one device's memory.
 ///
 /// Stream-ordered work on it is ordered by gpubind: a use on another stream waits for
-/// the conflicting pending uses, the synchronous calls and drops wait on the host (see
-/// `docs/safety.md`), so safe code cannot race the GPU on it.
+/// the conflicting pending uses, the synchronous calls wait on the host, and the drop
+/// waits on the host (`cuMemAlloc` memory, from [`BoundDevice::alloc_zeros`] and
+/// friends) or frees in stream order after every pending use (pool memory, from
+/// [`BoundStream::alloc`](crate::BoundStream::alloc)); see `docs/safety.md`, "Drops". So
+/// safe code cannot race the GPU on it.
 pub struct DeviceSlice<T: DeviceRepr> {
     device: Arc<Device>,
     pub(crate) ptr: sys::CUdeviceptr,
@@ -610,6 +613,9 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// (stream-ordered work gpubind enqueued on it), then returns the raw address and
     /// length. If a wait fails (a faulted context) the error is returned and the slice is
     /// dropped as usual.
+    ///
+    /// Memory from [`BoundStream::alloc`](crate::BoundStream::alloc) is pool memory: free
+    /// it with `cuMemFreeAsync` (or `cuMemFree`, which synchronises).
     pub fn into_raw(mut self) -> Result<(sys::CUdeviceptr, usize)> {
         self.tracker.wait_all()?;
         let me = std::mem::ManuallyDrop::new(self);

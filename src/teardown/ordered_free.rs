@@ -34,11 +34,18 @@ pub(crate) unsafe fn free_in_stream_order(
     tracker: &mut AccessTracker,
     ptr: sys::CUdeviceptr,
 ) {
-    let (on, waited, forgotten) = match tracker.join_for_free(device) {
-        Ok((on, forgotten)) => (on, Ok(()), Some(forgotten)),
+    // The device's context, for the hand-off events and the free (cheap when it is
+    // current already; `release` reports a context that cannot be entered).
+    let guard = device.enter().ok();
+    let joined = match guard {
+        Some(_) => tracker.join_for_free(device).ok(),
+        None => None,
+    };
+    let (on, waited, forgotten) = match joined {
+        Some((on, forgotten)) => (on, Ok(()), Some(forgotten)),
         // Joining failed and forgot nothing: wait on the host instead (a poisoned
         // context fails here too, and the memory leaks).
-        Err(_) => (FreeOn::Anywhere, tracker.wait_all(), None),
+        None => (FreeOn::Anywhere, tracker.wait_all(), None),
     };
     let stream = match &on {
         FreeOn::Stream(s) => s.slot().raw() as usize, // a handle, `Send`
@@ -62,4 +69,5 @@ pub(crate) unsafe fn free_in_stream_order(
     // Only now may the streams go (dropping the last reference destroys a stream).
     drop(on);
     drop(forgotten);
+    drop(guard);
 }
