@@ -83,6 +83,20 @@ impl AccessTracker {
         if st.is_idle() {
             return Ok((FreeOn::Anywhere, grave));
         }
+        // A stream shared with cudarc may be under a capture begun through cudarc: an
+        // event or a free enqueued there would become part of that graph. Refused, and
+        // the caller waits on the host instead (which such a stream refuses too: leaked).
+        if st
+            .writers
+            .iter()
+            .chain(&st.readers)
+            .any(StreamRef::may_be_capturing)
+        {
+            return Err(crate::error::Error::InvalidArgument(
+                "a stream of the buffer's pending uses, shared with cudarc, is being captured"
+                    .into(),
+            ));
+        }
         let own = |s: &StreamRef| s.device().ordinal() == device.ordinal();
         // Only other devices' streams use it (peer work): then the legacy stream of its
         // own device waits for them.

@@ -9,8 +9,9 @@
 //! reference goes only after it (`cuStreamDestroy` of a stream with pending work lets
 //! that work, the free included, complete). With nothing pending the free goes on the
 //! device's legacy default stream. If joining fails (an event that cannot be recorded or
-//! waited for) the drop waits on the host, as a `cuMemAlloc` buffer's does; if that wait
-//! fails too (a poisoned context, a timeout) the memory is leaked.
+//! waited for, a stream shared with cudarc that cudarc is capturing) the drop waits on
+//! the host, as a `cuMemAlloc` buffer's does; if that wait fails too (a poisoned context,
+//! a timeout, a capturing stream) the memory is leaked.
 
 use crate::access::{AccessTracker, FreeOn};
 use crate::device::Device;
@@ -38,8 +39,10 @@ pub(crate) unsafe fn free_in_stream_order(
     // current already; `release` reports a context that cannot be entered).
     let guard = device.enter().ok();
     let joined = match guard {
-        Some(_) => tracker.join_for_free(device).ok(),
-        None => None,
+        // A poisoned context runs nothing more: the host wait below says so, and the
+        // memory leaks as every buffer of a poisoned context does.
+        Some(_) if device.check_poison().is_ok() => tracker.join_for_free(device).ok(),
+        _ => None,
     };
     let (on, waited, forgotten) = match joined {
         Some((on, forgotten)) => (on, Ok(()), Some(forgotten)),
