@@ -326,11 +326,11 @@ fn refused_setting_is_a_typed_error() -> R {
     let pool = dev.memory_pool().ctx("memory_pool")?;
     match pool.set(PoolSetting::UsedHigh, 5) {
         Err(Error::PoolSetting {
-            setting,
+            setting: "CU_MEMPOOL_ATTR_USED_MEM_HIGH",
             value: 5,
             code: Some(_),
             ..
-        }) if setting == "CU_MEMPOOL_ATTR_USED_MEM_HIGH" => {}
+        }) => {}
         other => return Err(format!("a non-zero peak reset: {other:?}")),
     }
     match pool.set(PoolSetting::ReuseAllowOpportunistic, 2) {
