@@ -26,6 +26,8 @@ pub struct Blas {
     ///
     /// [`matmul_lt`]: crate::BoundStream::matmul_lt
     pub(crate) lt_plans: LtPlans,
+    /// The device tables of matrix addresses that grouped GEMMs read, used in turn.
+    pub(crate) grouped_tables: super::grouped::AddressTables,
 }
 
 /// What a [`Blas`] shares with the graphs that captured its products: the handles (which
@@ -174,6 +176,7 @@ impl<'a> BoundDevice<'a> {
                 workspace,
             }),
             lt_plans: LtPlans::default(),
+            grouped_tables: Default::default(),
         };
         // The cuBLASLt handle now if cuBLASLt loads, so that a capture never has to
         // create it; without cuBLASLt, plain products still work and `matmul_lt` reports

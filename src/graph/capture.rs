@@ -1,6 +1,6 @@
 //! The capture: [`BoundDevice::capture`], the [`Capture`] handle and its kernel-launch
 //! builder [`CaptureLaunch`], and the guards that end a capture and join its forks on
-//! every exit (see the [module docs](super)).
+//! every exit (the capture rules are on [`Capture`]).
 
 use super::{Graph, Owned, Uses};
 use crate::access::{Access, AccessTracker};
@@ -175,6 +175,125 @@ fn destroy_graph(graph: sys::CUgraph) {
 /// the graph's lifetime `'buf`.
 ///
 /// Not `Send`: a capture is ended on the thread that began it.
+///
+/// [`BoundDevice::capture`](crate::BoundDevice::capture) records stream-ordered work into a
+/// [`Graph`] instead of running it. The closure receives a [`Capture`] handle whose methods
+/// are the only operations that can enter the graph — kernel launches, memsets,
+/// device-to-device copies, copies from page-locked host memory, [`fork`](Capture::fork)s,
+/// cuBLAS and cuBLASLt products (`Capture::matmul`, `matmul_batched`, `matmul_lt`, feature
+/// `cublas`), the one-device all-reduce (`Capture::all_reduce`, feature `collective`) and
+/// one NCCL rank's collectives (`Capture::rank_all_reduce`, `rank_reduce`,
+/// `rank_broadcast`, `rank_all_gather`, `rank_reduce_scatter` on a `RankComm`) — so nothing
+/// that would invalidate a capture (a synchronisation, a synchronous copy, an allocation)
+/// can be enqueued into it:
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::{Device, LaunchConfig, ThreadContext};
+/// let mut ctx = ThreadContext::acquire()?;
+/// let gpu = ctx.bind(&Device::get(0)?)?;
+/// let module = gpu.compile_and_load(
+///     r#"extern "C" __global__ void add_one(float* x, unsigned n) {
+///            unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+///            if (i < n) x[i] += 1.0f;
+///        }"#,
+///     "add_one.cu",
+/// )?;
+/// let add_one = module.function("add_one")?;
+/// let x = gpu.alloc_zeros::<f32>(1024)?;
+/// let n = 1024u32;
+/// let graph = gpu.capture(|c| {
+///     c.memset_zeros(&x)?;
+///     for _ in 0..10 {
+///         // SAFETY: (float*, unsigned) matches the kernel, which stays in bounds.
+///         unsafe { c.launch(&add_one, LaunchConfig::for_num_elems(n)).arg_written(&x).arg(&n).launch()? };
+///     }
+///     Ok(())
+/// })?;
+/// let exec = graph.instantiate()?;
+/// let stream = gpu.new_stream()?;
+/// exec.launch(&gpu.on(&stream)?)?;
+/// assert!(gpu.dtoh(&x)?.iter().all(|&v| v == 10.0)); // dtoh waits for the graph
+/// # Ok(()) }
+/// ```
+///
+/// The handle has no synchronous operations:
+///
+/// ```compile_fail,E0599
+/// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+/// gpu.capture(|c| c.synchronize())?; // error[E0599]: no method named `synchronize`
+/// # Ok(()) }
+/// ```
+///
+/// # How it stays sound
+///
+/// * **A private stream.** The capture runs on a non-blocking stream gpubind creates for
+///   it (and on one more per [`fork`](Capture::fork)), in
+///   `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`. No other handle to those streams exists and
+///   no buffer's tracker ever names them, so no other code — another thread, or gpubind's
+///   own hand-off events — can enqueue on them or fork them into another capture while
+///   they capture. (Capturing on a user's [`Stream`](crate::Stream) would not give that:
+///   a `&mut BoundStream` does not stop a second `gpu.on(&stream)`, and a buffer last used
+///   on the stream makes the next use elsewhere record an event on it.)
+/// * **Nothing runs at capture time**, so the capture tells no tracker anything. The graph
+///   records which allocations it reads and writes; each
+///   [`GraphExec::launch`](crate::GraphExec::launch) *claims* them on its stream like a
+///   kernel launch does: it waits for their conflicting pending uses on other streams,
+///   enqueues the graph, and records the launch as their latest use. Host reads,
+///   synchronous copies, other streams and drops after a launch wait for it; a launch after
+///   work elsewhere waits for that work.
+/// * **Borrows.** A `Graph<'buf>` and its `GraphExec<'buf>` borrow every buffer and module
+///   they use for `'buf` (shared borrows: a graph may write a buffer that other code reads
+///   between launches, the claims order them). So they cannot outlive what they use, and
+///   nothing can be freed while a launch is pending (the tracker's drop waits for it).
+///   Shared borrows are enough for the graph's writes only because every other access to
+///   device-only memory goes through the same tracker: the captured operations therefore
+///   write only device-only memory ([`DeviceOnlyMemory`](crate::DeviceOnlyMemory)), never
+///   [`ManagedSlice`](crate::ManagedSlice) (whose host slices are not claimed while held).
+///   Within that, a shared [`DeviceView`](crate::DeviceView) is as writable in a graph as
+///   the `&DeviceSlice` it comes from (a kernel writes either through
+///   [`CaptureLaunch::arg_written`]; `arg(&x)` is a read): a graph
+///   can write part of a buffer (a `grads.slice(range)?` view made before the capture,
+///   so that it lives as long as the graph) while it reads another part or the whole,
+///   and every one of those uses is claimed at each launch.
+/// * **Forks.** The branches of a [`fork`](Capture::fork) run concurrently within a
+///   launch, so uses captured on two branches that touch the same bytes (one of them a
+///   write) are ordered inside the graph, in the order they were captured; uses of
+///   disjoint bytes stay concurrent.
+/// * **Page-locked input** ([`Capture::copy_from_host`]) is claimed as read at each
+///   launch, and the host's writes to page-locked memory wait for its pending uses, so a
+///   graph whose borrow ended early (a forgotten `GraphExec`) still has its input to
+///   itself until it has read it.
+/// * **Joins.** A fork is joined back when its closure returns — even on an error or a
+///   panic — so an un-joined capture cannot be built.
+/// * **Memory the graph owns.** A captured cuBLAS product's kernels use the handle's
+///   workspace at every launch; the graph holds that workspace (an `Arc` shared with the
+///   `Blas`) and claims it as written at each launch, so the handle itself may be reused
+///   or dropped once the product is captured.
+/// * **Ending.** The capture is ended when the closure returns, errs or panics; an
+///   invalidated capture (e.g. by an illegal call through a raw handle) is the driver's
+///   error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, …) and yields no graph.
+/// * **NCCL collectives** (`Capture::rank_all_reduce` and its siblings). One rank's part,
+///   on its device, as NCCL captures it; every rank captures the same collectives and
+///   launches the graph of that capture together (NCCL's rules). The graph borrows the
+///   `RankComm`; its buffers are recorded like a kernel's, and so is the rank's order
+///   tracker, which eager calls claim too, so the rank's collectives reach the device in
+///   issue order and the communicator's drop waits (bounded) for graph launches. With
+///   the rank's call check, each launch first agrees with the peers on the capture it
+///   replays (one round trip to rank 0). A graph holding NCCL collectives is not
+///   [`update`](crate::GraphExec::update)d. See docs/collective.md, "CUDA graphs".
+///
+/// # Not capturable (yet)
+///
+/// Collectives other than the one-device own-kernel all-reduce (`Capture::all_reduce`)
+/// and an NCCL `RankComm`'s collectives (`Capture::rank_*`): a `Communicator` with ranks
+/// on several devices, the host-staged transport, NCCL driven by one thread for several
+/// devices, and `RankComm`s of own kernels are [`Error::NotCapturable`]; send/recv have
+/// no capture method; nothing else can enqueue onto the capture's streams),
+/// device-to-host copies (a captured copy writes its host memory at every launch, and the
+/// host reads page-locked memory through `&`: host-to-device copies from page-locked
+/// memory are capturable, [`Capture::copy_from_host`]), stream-ordered allocation, child graphs and
+/// events of the caller's own.
 pub struct Capture<'c, 'buf> {
     session: &'c RefCell<Session<'buf>>,
     device: &'c Arc<Device>,
@@ -312,7 +431,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     }
 
     /// [`record`](Self::record) of memory the graph keeps alive itself (a
-    /// [`Kernel`](crate::module::Kernel)'s module): each launch of the graph claims it with
+    /// [`Kernel`](crate::Kernel)'s module): each launch of the graph claims it with
     /// `access`, and while a fork is open it is ordered like a borrowed allocation.
     pub(crate) fn record_owned_use(&self, o: Arc<dyn Owned>, access: Access) -> Result<()> {
         let span = Span {
@@ -462,9 +581,9 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     }
 
     /// Starts a kernel launch into the graph: the same builder as
-    /// [`BoundStream::launch`](crate::BoundStream::launch), except that its arguments are borrowed for the graph's
-    /// lifetime, and the buffers among them are claimed at each launch of the graph
-    /// (as read or written: see [`CaptureLaunch::arg`]).
+    /// [`BoundStream::launch`](crate::BoundStream::launch), except that its arguments are
+    /// borrowed for the graph's lifetime, and the buffers among them are claimed at each
+    /// launch of the graph (as read or written: see [`CaptureLaunch::arg`]).
     pub fn launch<'l>(
         &'l mut self,
         func: &'l Function<'buf>,
@@ -487,7 +606,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
 
     /// Zeroes `dst` at each launch of the graph. `dst` is borrowed for the graph's
     /// lifetime; only device-only memory is accepted — any shared view of it included (see
-    /// the module docs).
+    /// [`Capture`], "How it stays sound").
     pub fn memset_zeros<T, D>(&mut self, dst: &'buf D) -> Result<()>
     where
         T: DeviceRepr,
@@ -838,7 +957,7 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
     /// lifetime, and claimed as written at every launch of the graph (as by
     /// [`arg`](Self::arg) with `&mut`). Shared borrows let one graph write a buffer in
     /// several kernels, and let other code use the buffer between the graph's launches
-    /// (the claims order them; see the [module docs](super)).
+    /// (the claims order them; see [`Capture`]).
     ///
     /// ```no_run
     /// # fn f(gpu: &gpubind::BoundDevice<'_>, add_one: &gpubind::Function<'_>) -> gpubind::Result<()> {
@@ -933,12 +1052,12 @@ impl<'buf> CaptureLaunch<'_, '_, 'buf> {
     /// The contract of [`LaunchBuilder::launch`](crate::LaunchBuilder::launch), for every
     /// launch of the graph: argument types match the kernel, the kernel stays inside the
     /// buffers passed and writes only those passed by `&mut` or
-    /// [`arg_written`](Self::arg_written) (the others are claimed as reads: other
-    /// streams may read them while a launch runs), and any other memory it reaches (raw
-    /// addresses, page-locked host buffers) stays alive and unused by the host and other
-    /// streams while any launch of the graph may run. A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must
-    /// not be read through [`as_slice`](crate::ManagedSlice::as_slice) while a launch may
-    /// run (the graph borrows it shared).
+    /// [`arg_written`](Self::arg_written) (the others are claimed as reads: other streams
+    /// may read them while a launch runs), and any other memory it reaches (raw addresses,
+    /// page-locked host buffers) stays alive and unused by the host and other streams while
+    /// any launch of the graph may run. A [`ManagedSlice`](crate::ManagedSlice) the kernel
+    /// writes must not be read through [`as_slice`](crate::ManagedSlice::as_slice) while a
+    /// launch may run (the graph borrows it shared).
     pub unsafe fn launch(&mut self) -> Result<()> {
         if let Some(e) = &self.error {
             return Err(e.clone());

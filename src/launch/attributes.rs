@@ -1,64 +1,5 @@
-//! Launch attributes: cooperative launches, thread-block clusters and per-launch
-//! priorities, through `cuLaunchKernelEx` (CUDA 12.0+, looked up by version: see
-//! [`crate::driver::version`]).
-//!
-//! A [`LaunchBuilder`] becomes a [`LaunchExBuilder`] by naming an attribute —
-//! [`cooperative`](LaunchBuilder::cooperative), [`cluster`](LaunchBuilder::cluster),
-//! [`priority`](LaunchBuilder::priority) — before its arguments; everything else is the
-//! ordinary launch's: the same configuration and argument checks, the same claims of
-//! buffer arguments and module globals, the same `unsafe` contract. The ordinary
-//! `launch()` does not change (it still calls `cuLaunchKernel`).
-//!
-//! ```no_run
-//! # fn f(gpu: &gpubind::BoundDevice<'_>, module: &gpubind::Module) -> gpubind::Result<()> {
-//! use gpubind::LaunchConfig;
-//! let k = module.function("grid_sum")?;
-//! let per_sm = k.max_active_blocks_per_sm(256, 0)?;
-//! let sms = gpu.device().multiprocessor_count()?;
-//! let cfg = LaunchConfig { grid_dim: (per_sm * sms, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-//! let mut out = gpu.alloc_zeros::<u32>(1)?;
-//! // SAFETY: `grid_sum` takes (unsigned*) and stays in bounds.
-//! unsafe {
-//!     gpu.default_stream().launch(&k, cfg).cooperative().arg(&mut out).launch()?;
-//! }
-//! # Ok(()) }
-//! ```
-//!
-//! Checked before the driver is called:
-//!
-//! * **cooperative** (every block resident at once, so the kernel may synchronise the
-//!   whole grid): the device's `CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH`
-//!   ([`Error::DeviceLacks`]), and the grid against the co-resident blocks,
-//!   [`Function::max_active_blocks_per_sm`] × `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`
-//!   ([`Error::LaunchLimit`] naming both).
-//! * **cluster** `(x, y, z)` blocks (compute capability 9.0+): the device's
-//!   `CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH` ([`Error::DeviceLacks`]); no zero dimension and
-//!   a dimension that matches the kernel's compile-time `__cluster_dims__` if it has one
-//!   ([`Error::InvalidArgument`]); each grid dimension a multiple of the cluster's
-//!   ([`Error::ClusterGrid`]); at most 8 blocks per cluster (the portable size) unless
-//!   the kernel allows more (`CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`, set with
-//!   [`Function::allow_non_portable_cluster_size`]; [`Error::LaunchLimit`]); and at
-//!   least one such cluster fitting on the device at once
-//!   ([`Function::max_active_clusters`]; [`Error::LaunchLimit`] with limit 0).
-//! * **priority**: within the device's stream priority range
-//!   ([`Error::StreamPriority`]).
-//!
-//! Cooperative and cluster launches together are [`Error::InvalidArgument`] (the
-//! co-residency check would have to count clusters; gpubind does not offer it).
-//!
-//! # Kernel source
-//!
-//! NVRTC has no built-in `cooperative_groups.h`: `#include <cooperative_groups.h>` fails
-//! ("could not open source file") unless the toolkit's include directory is passed, so
-//! compile such kernels with [`compile`](crate::compile) and
-//! `-I/usr/local/cuda/include` (then [`load_cubin`](crate::BoundDevice::load_cubin)).
-//! `this_grid().sync()` needs no `-rdc` since CUDA 11. Without the headers, a grid
-//! barrier can use the cooperative launch's workspace directly, as cooperative groups
-//! does: its address is `{%envreg2, %envreg1}` (low, high), null for other launches, and
-//! its second 32-bit word is the barrier (`tests/gpu_launch_features.rs` has one). The
-//! cluster registers (`%cluster_ctarank`, `%cluster_nctarank`, `%clusterid`) and
-//! distributed shared memory (`mapa.shared::cluster`, `ld.shared::cluster`,
-//! `barrier.cluster.arrive` / `wait`) are plain PTX, usable through inline `asm` (sm_90).
+//! Launch attributes (cooperative, cluster, priority) through `cuLaunchKernelEx`; documented
+//! on [`LaunchExBuilder`].
 
 use super::{DriverLaunch, LaunchBuilder, LaunchConfig};
 use crate::device::CheckOn;
@@ -184,6 +125,64 @@ fn sys_config(
 /// A kernel launch with attributes (`cuLaunchKernelEx`). Built from a
 /// [`LaunchBuilder`] by [`cooperative`](LaunchBuilder::cooperative),
 /// [`cluster`](LaunchBuilder::cluster) or [`priority`](LaunchBuilder::priority).
+///
+/// A [`LaunchBuilder`] becomes a [`LaunchExBuilder`] by naming an attribute —
+/// [`cooperative`](LaunchBuilder::cooperative), [`cluster`](LaunchBuilder::cluster),
+/// [`priority`](LaunchBuilder::priority) — before its arguments; everything else is the
+/// ordinary launch's: the same configuration and argument checks, the same claims of
+/// buffer arguments and module globals, the same `unsafe` contract. The ordinary
+/// `launch()` does not change (it still calls `cuLaunchKernel`).
+///
+/// ```no_run
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, module: &gpubind::Module) -> gpubind::Result<()> {
+/// use gpubind::LaunchConfig;
+/// let k = module.function("grid_sum")?;
+/// let per_sm = k.max_active_blocks_per_sm(256, 0)?;
+/// let sms = gpu.device().multiprocessor_count()?;
+/// let cfg = LaunchConfig { grid_dim: (per_sm * sms, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+/// let mut out = gpu.alloc_zeros::<u32>(1)?;
+/// // SAFETY: `grid_sum` takes (unsigned*) and stays in bounds.
+/// unsafe {
+///     gpu.default_stream().launch(&k, cfg).cooperative().arg(&mut out).launch()?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// Checked before the driver is called:
+///
+/// * **cooperative** (every block resident at once, so the kernel may synchronise the
+///   whole grid): the device's `CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH`
+///   ([`Error::DeviceLacks`]), and the grid against the co-resident blocks,
+///   [`Function::max_active_blocks_per_sm`] × `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`
+///   ([`Error::LaunchLimit`] naming both).
+/// * **cluster** `(x, y, z)` blocks (compute capability 9.0+): the device's
+///   `CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH` ([`Error::DeviceLacks`]); no zero dimension and
+///   a dimension that matches the kernel's compile-time `__cluster_dims__` if it has one
+///   ([`Error::InvalidArgument`]); each grid dimension a multiple of the cluster's
+///   ([`Error::ClusterGrid`]); at most 8 blocks per cluster (the portable size) unless
+///   the kernel allows more (`CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`, set with
+///   [`Function::allow_non_portable_cluster_size`]; [`Error::LaunchLimit`]); and at
+///   least one such cluster fitting on the device at once
+///   ([`Function::max_active_clusters`]; [`Error::LaunchLimit`] with limit 0).
+/// * **priority**: within the device's stream priority range
+///   ([`Error::StreamPriority`]).
+///
+/// Cooperative and cluster launches together are [`Error::InvalidArgument`] (the
+/// co-residency check would have to count clusters; gpubind does not offer it).
+///
+/// # Kernel source
+///
+/// NVRTC has no built-in `cooperative_groups.h`: `#include <cooperative_groups.h>` fails
+/// ("could not open source file") unless the toolkit's include directory is passed, so
+/// compile such kernels with [`compile`](crate::compile) and
+/// `-I/usr/local/cuda/include` (then [`load_cubin`](crate::BoundDevice::load_cubin)).
+/// `this_grid().sync()` needs no `-rdc` since CUDA 11. Without the headers, a grid
+/// barrier can use the cooperative launch's workspace directly, as cooperative groups
+/// does: its address is `{%envreg2, %envreg1}` (low, high), null for other launches, and
+/// its second 32-bit word is the barrier (`tests/gpu_launch_features.rs` has one). The
+/// cluster registers (`%cluster_ctarank`, `%cluster_nctarank`, `%clusterid`) and
+/// distributed shared memory (`mapa.shared::cluster`, `ld.shared::cluster`,
+/// `barrier.cluster.arrive` / `wait`) are plain PTX, usable through inline `asm` (sm_90).
 #[must_use = "a launch does nothing until `.launch()` is called"]
 pub struct LaunchExBuilder<'s, 'a> {
     inner: LaunchBuilder<'s, 'a>,

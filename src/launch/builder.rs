@@ -13,6 +13,11 @@ use cudarc::driver::sys;
 use std::ffi::c_void;
 
 /// Builds one kernel launch; see [`BoundStream::launch`].
+///
+/// Launch arguments are checked against the kernel's parameter list where the driver
+/// reports it (`cuFuncGetParamInfo`, CUDA 12.4+; older drivers, or a version capped below
+/// 12.4 with `GPUBIND_ASSUME_DRIVER_VERSION`, skip the check): a wrong count or a wrong
+/// size is [`Error::LaunchArgs`], a slice of another device is [`Error::WrongDevice`].
 #[must_use = "a launch does nothing until `.launch()` is called"]
 pub struct LaunchBuilder<'s, 'a> {
     pub(crate) stream: &'s BoundStream<'s>,
@@ -376,15 +381,15 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     ///   a read, so kernels on other streams may read it at the same time (see
     ///   [`LaunchArg`]). Pass the buffers it writes by `&mut` (or to
     ///   [`arg_written`](Self::arg_written)).
-    /// * gpubind's device, pool and managed buffers passed as arguments need nothing
-    ///   more: the launch is ordered after their pending uses (a read after their
-    ///   pending write, a write after every pending use), and their later uses and
-    ///   frees are ordered after the kernel as those of a read or a write. Any *other* memory the kernel reaches — device
-    ///   addresses passed as plain integers or inside your own structs, and page-locked
-    ///   host buffers ([`PinnedHostBuffer`](crate::PinnedHostBuffer),
+    /// * gpubind's device, pool and managed buffers passed as arguments need nothing more:
+    ///   the launch is ordered after their pending uses (a read after their pending write,
+    ///   a write after every pending use), and their later uses and frees are ordered after
+    ///   the kernel as those of a read or a write. Any *other* memory the kernel reaches —
+    ///   device addresses passed as plain integers or inside your own structs, and
+    ///   page-locked host buffers ([`PinnedHostBuffer`](crate::PinnedHostBuffer),
     ///   [`RegisteredHost`](crate::RegisteredHost)), which the host reads and writes
-    ///   directly through `Deref` — must stay alive and must not be accessed by the host
-    ///   or by other streams until this stream has passed the launch (synchronize it, or
+    ///   directly through `Deref` — must stay alive and must not be accessed by the host or
+    ///   by other streams until this stream has passed the launch (synchronize it, or
     ///   record and wait for an event).
     /// * A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must be passed as
     ///   `&mut`: a shared one may be read by the host through
