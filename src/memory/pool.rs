@@ -367,6 +367,24 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_setting_names_the_attribute_the_value_and_the_code() {
+        let code = crate::DriverErrorCode::INVALID_VALUE;
+        let e = Error::PoolSetting {
+            device: 1,
+            setting: PoolSetting::UsedHigh.name(),
+            value: 5,
+            reason: "cuMemPoolSetAttribute failed: CUDA_ERROR_INVALID_VALUE".into(),
+            code: Some(code),
+        };
+        assert_eq!(
+            e.to_string(),
+            "device 1's memory pool refused CU_MEMPOOL_ATTR_USED_MEM_HIGH = 5: \
+             cuMemPoolSetAttribute failed: CUDA_ERROR_INVALID_VALUE"
+        );
+        assert_eq!(e.driver_code(), Some(code));
+    }
+
+    #[test]
     fn settings_name_their_attribute_and_width() {
         assert_eq!(
             PoolSetting::ReleaseThreshold.name(),
