@@ -3,15 +3,13 @@
 
 use crate::access::{Access, AccessTracker, Claim, Locks, host_claim, locks};
 use crate::context::BoundDevice;
-use crate::device::CheckOn;
 use crate::device::Device;
+use crate::driver::result;
 use crate::error::Result;
-#[cfg(feature = "ipc")]
-use crate::ipc::{ImportedSlice, LegacySlice, PoolSlice};
 use crate::memory::{ByteSpan, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, expect_len};
 use crate::module::global::ModuleGlobal;
 use crate::stream::BoundStream;
-use cudarc::driver::sys;
+use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -126,7 +124,7 @@ pub trait CopyDest<T: DeviceRepr>: CopySource<T> {
 /// for `mut`, writable memory).
 macro_rules! copy_endpoints {
     ($ty:ident $(<$lt:lifetime>)?, $mutable:tt) => {
-        copy_endpoints!($ty $(<$lt>)?, $mutable, Self::endpoint);
+        $crate::copy::copy_endpoints!($ty $(<$lt>)?, $mutable, Self::endpoint);
     };
     ($ty:ident $(<$lt:lifetime>)?, $mutable:tt, $endpoint:expr) => {
         impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::seal::Sealed for $ty<$($lt,)? T> {}
@@ -135,7 +133,7 @@ macro_rules! copy_endpoints {
                 ($endpoint)(self)
             }
         }
-        copy_endpoints!(@mut $mutable $ty $(<$lt>)?, $endpoint);
+        $crate::copy::copy_endpoints!(@mut $mutable $ty $(<$lt>)?, $endpoint);
     };
     (@mut mut $ty:ident $(<$lt:lifetime>)?, $endpoint:expr) => {
         impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::CopyDest<T> for $ty<$($lt,)? T> {
@@ -148,7 +146,10 @@ macro_rules! copy_endpoints {
 }
 pub(crate) use copy_endpoints;
 
-fn device_endpoint<T: DeviceRepr>(m: &impl crate::memory::DeviceMemory<T>) -> Endpoint<'_> {
+/// The copy endpoint of plain device memory: tracked, on its device.
+pub(crate) fn device_endpoint<T: DeviceRepr>(
+    m: &impl crate::memory::DeviceMemory<T>,
+) -> Endpoint<'_> {
     Endpoint::new(
         m.device_ptr(),
         m.len(),
@@ -158,24 +159,23 @@ fn device_endpoint<T: DeviceRepr>(m: &impl crate::memory::DeviceMemory<T>) -> En
     .tracked(m.tracker())
 }
 
-/// Copy endpoints for the plain device-memory types (all `DeviceMemory`, host-unreachable).
-macro_rules! device_kinds {
+/// Implements the copy traits and [`DeviceOnlyMemory`] for plain device-memory types (all
+/// `DeviceMemory`, host-unreachable). Modules owning such types (the IPC slices) invoke it
+/// for their own types.
+macro_rules! device_only_endpoints {
     ($($ty:ident $(<$lt:lifetime>)?, $mutable:tt;)*) => { $(
-        copy_endpoints!($ty $(<$lt>)?, $mutable, device_endpoint);
-        impl<$($lt,)? T: DeviceRepr> DeviceOnlyMemory for $ty<$($lt,)? T> {}
+        $crate::copy::copy_endpoints!($ty $(<$lt>)?, $mutable, $crate::copy::device_endpoint);
+        impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::DeviceOnlyMemory
+            for $ty<$($lt,)? T> {}
     )* };
 }
-device_kinds! {
+#[cfg_attr(not(feature = "ipc"), allow(unused_imports))]
+pub(crate) use device_only_endpoints;
+device_only_endpoints! {
     DeviceSlice, mut;
     DeviceView<'a>, const;
     DeviceViewMut<'a>, mut;
     ModuleGlobal, mut;
-}
-#[cfg(feature = "ipc")]
-device_kinds! {
-    PoolSlice, mut;
-    ImportedSlice, mut;
-    LegacySlice, mut;
 }
 
 fn pageable<T>(s: &[T]) -> Endpoint<'_> {
@@ -300,23 +300,21 @@ unsafe fn enqueue<T: DeviceRepr>(
     let enqueued: Result<()> = unsafe {
         match (src.kind.is_host(), dst.kind.is_host()) {
             (true, true) => {
-                sys::cuStreamSynchronize(raw).check_on(bound.device(), "cuStreamSynchronize")?;
+                bound.device().check(result::stream::synchronize(raw))?;
                 // `dst` comes from an exclusive borrow, so the ranges do not overlap.
                 std::ptr::copy_nonoverlapping(src.addr as *const u8, dst.addr as *mut u8, bytes);
                 Ok(())
             }
             (true, false) => {
-                sys::cuMemcpyHtoDAsync_v2(dst.addr, src.addr as *const std::ffi::c_void, bytes, raw)
-                    .check_on(bound.device(), "cuMemcpyHtoDAsync_v2")
+                result::copy::htod_async(dst.addr, src.addr as *const c_void, bytes, raw)
             }
             (false, true) => {
-                sys::cuMemcpyDtoHAsync_v2(dst.addr as *mut std::ffi::c_void, src.addr, bytes, raw)
-                    .check_on(bound.device(), "cuMemcpyDtoHAsync_v2")
+                result::copy::dtoh_async(dst.addr as *mut c_void, src.addr, bytes, raw)
             }
-            (false, false) => sys::cuMemcpyDtoDAsync_v2(dst.addr, src.addr, bytes, raw)
-                .check_on(bound.device(), "cuMemcpyDtoDAsync_v2"),
+            (false, false) => result::copy::dtod_async(dst.addr, src.addr, bytes, raw),
         }
     };
+    let enqueued = bound.device().check(enqueued);
     enqueued?;
     if let Order::Host = how {
         // Still claimed: nothing can use the buffers until the copy has landed.

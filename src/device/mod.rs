@@ -259,6 +259,7 @@ pub(crate) fn registry() -> &'static std::sync::Mutex<Vec<Weak<Device>>> {
 
 /// The raw-code form of [`Device::check`], for call sites that call `sys` directly
 /// rather than through the result layer.
+#[allow(dead_code)] // no call site in the crate calls `sys` directly on a device
 pub(crate) trait CheckOn {
     /// `Ok(())` on `CUDA_SUCCESS`; else the error of `call`, as [`Device::check`] makes
     /// it for `device` (a sticky error poisons the device).

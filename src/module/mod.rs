@@ -214,20 +214,23 @@ impl Drop for Loaded {
         // that cannot be known (a faulted context), leak the module instead (and log it).
         let waited = self.uses.wait_all();
         let raw = self.raw as usize;
-        crate::teardown::faults::release_bounded(
-            format_args!("a Module"),
-            &self.device,
-            waited,
-            "cuModuleUnload",
-            Box::new(move || {
+        crate::teardown::release(
+            crate::teardown::Teardown {
+                what: format_args!("a Module"),
+                device: &self.device,
+                waited,
+                call: "cuModuleUnload",
+                runs: crate::teardown::Runs::OnReleaseThread,
+            },
+            move || {
                 // SAFETY: loaded in this context (current while this runs), unloaded once
                 // here, after every kernel launched from it and every copy of one of its
                 // globals has finished (run only after the wait succeeded); no Function
                 // outlives this `Loaded` (a borrowed one borrows its `Module`, a `Kernel`
                 // holds it, and a `Module` holds the Arc), and neither does a global view
                 // or a graph of a `Kernel`'s launches (each holds the Arc).
-                unsafe { sys::cuModuleUnload(raw as sys::CUmodule) }
-            }),
+                unsafe { crate::driver::result::module::unload(raw as sys::CUmodule) }
+            },
         );
     }
 }
