@@ -287,6 +287,45 @@ fn drop_on_another_thread() -> R {
     Ok(())
 }
 
+/// The legacy default stream: an allocation there, a fill on another stream (which waits
+/// for it), a host read (which forgets every pending use), then two drops: one with
+/// nothing pending (freed on the legacy stream), one last used on another stream. Both
+/// go back to the pool.
+fn legacy_stream_and_idle_drops() -> R {
+    let dev = dev0()?;
+    let pool = dev.memory_pool().ctx("memory_pool")?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let b = gpu.on(&stream).ctx("on")?;
+    gpu.synchronize().ctx("sync")?;
+    let before = pool.used_bytes().ctx("used")?;
+    let legacy = gpu.default_stream();
+    let mut idle = legacy
+        .alloc_zeros::<u32>(N as usize)
+        .ctx("alloc on legacy")?;
+    let mut busy = legacy
+        .alloc_zeros::<u32>(N as usize)
+        .ctx("alloc on legacy")?;
+    b.memset_async(&mut idle, 5).ctx("memset on b")?;
+    all_eq(
+        &gpu.dtoh(&idle).ctx("dtoh")?,
+        5,
+        "fill after a legacy allocation",
+    )?;
+    b.memset_async(&mut busy, 6).ctx("memset on b")?;
+    drop(idle);
+    drop(busy);
+    gpu.synchronize().ctx("sync")?;
+    let after = pool.used_bytes().ctx("used")?;
+    println!("    pool used bytes {before} -> {after}");
+    ensure!(
+        after <= before,
+        "the memory did not go back: {before} -> {after}"
+    );
+    Ok(())
+}
+
 /// Used bytes go up by an allocation and back down after its free; the release threshold
 /// round-trips; trimming works.
 fn pool_usage_and_settings() -> R {
@@ -375,6 +414,7 @@ fn main() {
                 drop_after_the_last_use_stream_was_dropped,
             ),
             ("drop_on_another_thread", drop_on_another_thread),
+            ("legacy_stream_and_idle_drops", legacy_stream_and_idle_drops),
             ("pool_usage_and_settings", pool_usage_and_settings),
             (
                 "refused_setting_is_a_typed_error",
