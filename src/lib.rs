@@ -177,6 +177,7 @@ pub use memory::host::{
     CaptureSource, HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost,
 };
 pub use memory::managed::{Advice, Location, ManagedSlice};
+pub use memory::pool::{DevicePool, PoolSetting};
 pub use memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, MemsetValue,
 };

@@ -219,6 +219,19 @@ impl StreamRef {
         self.slot().raw()
     }
 
+    /// Whether this is a stream shared with cudarc that is being captured (cudarc can
+    /// begin a capture on it; gpubind's own streams are never captured: captures use
+    /// private streams). `true` when the driver cannot say.
+    pub(crate) fn may_be_capturing(&self) -> bool {
+        match self {
+            StreamRef::Owned(s) if s.cudarc.is_some() => {
+                // SAFETY: the stream is alive (held by self).
+                unsafe { result::stream::is_capturing(s.raw) }.unwrap_or(true)
+            }
+            _ => false,
+        }
+    }
+
     /// Blocks until the work enqueued on this stream so far has finished.
     pub(crate) fn synchronize(&self) -> Result<()> {
         let _guard = self.device().enter()?;

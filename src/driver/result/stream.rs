@@ -143,3 +143,19 @@ pub(crate) unsafe fn end_capture(stream: sys::CUstream) -> Result<sys::CUgraph> 
     )?;
     Ok(graph)
 }
+
+/// `cuStreamIsCapturing`: whether `stream` is being captured into a graph.
+///
+/// # Safety
+///
+/// `stream` is live.
+#[inline]
+pub(crate) unsafe fn is_capturing(stream: sys::CUstream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the caller guarantees the handle; writes one status.
+    check(
+        unsafe { sys::cuStreamIsCapturing(stream, &mut status) },
+        "cuStreamIsCapturing",
+    )?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
