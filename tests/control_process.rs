@@ -55,6 +55,19 @@ fn child_entry() {
         "count" => g.agree_for_test(9, 0, if rank == 2 { 999 } else { 1000 }),
         "dtype" => g.agree_for_test(9, if rank == 1 { 4 } else { 0 }, 1000),
         "kind" => g.agree_for_test(if rank == 0 { 10 } else { 9 }, 0, 1000),
+        // Equal byte sizes: rank 1 calls 512 f64 where the others call 1024 f32.
+        "bytes" => within_a_second(|| {
+            if rank == 1 {
+                g.agree_for_test(9, 1, 512)
+            } else {
+                g.agree_for_test(9, 0, 1024)
+            }
+        }),
+        // The same two calls in another order on rank 2.
+        "order" => within_a_second(|| {
+            let kinds = if rank == 2 { [10, 9] } else { [9, 10] };
+            kinds.iter().try_for_each(|&k| g.agree_for_test(k, 0, 1000))
+        }),
         // One barrier, then rank 2 exits; the others' next barrier fails.
         "exit" => g.barrier().and_then(|()| {
             if rank == 2 {
@@ -89,6 +102,17 @@ fn child_entry() {
         assert!(t.elapsed() < Duration::from_millis(500));
     }
     println!("{RESULT}{}", show(out));
+}
+
+/// `f()`, or an error naming how long it took if that was a second or more (a
+/// disagreement must be known at once, not at a timeout).
+fn within_a_second(f: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+    let t = Instant::now();
+    let out = f();
+    match t.elapsed() {
+        d if d < Duration::from_secs(1) => out,
+        d => Err(Error::InvalidArgument(format!("took {d:?}: {out:?}"))),
+    }
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -177,6 +201,16 @@ fn a_dtype_mismatch_is_the_same_typed_error_on_every_rank() {
 #[test]
 fn an_op_mismatch_is_the_same_typed_error_on_every_rank() {
     assert_mismatch_on_all("kind", "rank 0 called");
+}
+
+#[test]
+fn an_equal_byte_size_mismatch_is_typed_at_once_on_every_rank() {
+    assert_mismatch_on_all("bytes", "rank 1 called a test call of 512 f64");
+}
+
+#[test]
+fn calls_in_another_order_are_typed_at_once_on_every_rank() {
+    assert_mismatch_on_all("order", "rank 2 called");
 }
 
 #[test]

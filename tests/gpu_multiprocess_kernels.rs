@@ -249,6 +249,36 @@ fn child() -> Result<String, String> {
             };
             Ok(format!("{:?}", r.err()))
         }
+        // Equal byte sizes (rank 1: 512 f64, the others 1024 f32), or the same two
+        // calls in another order (rank 2): the mismatch comes within a second, before
+        // anything is staged (the receive buffers keep their fill).
+        "bytes" | "order" => {
+            let gpu = ctx.bind(&d).ctx("bind")?;
+            let stream = gpu.new_stream().ctx("stream")?;
+            let s = gpu.on(&stream).ctx("on")?;
+            let a = gpu.clone_htod(&vec![1.0f32; 1024]).ctx("htod")?;
+            let mut b = gpu.clone_htod(&vec![7.0f32; 1024]).ctx("htod")?;
+            let t = Instant::now();
+            let r = match (scenario.as_str(), rank) {
+                ("bytes", 1) => {
+                    let a = gpu.clone_htod(&vec![1.0f64; 512]).ctx("htod")?;
+                    let mut b = gpu.clone_htod(&vec![7.0f64; 512]).ctx("htod")?;
+                    comm.all_reduce(&s, &a, &mut b, Op::Sum)
+                }
+                ("order", 2) => comm
+                    .broadcast(&s, &mut b, 0)
+                    .and_then(|()| comm.all_reduce(&s, &a, &mut b, Op::Sum)),
+                ("order", _) => comm
+                    .all_reduce(&s, &a, &mut b, Op::Sum)
+                    .and_then(|()| comm.broadcast(&s, &mut b, 0)),
+                _ => comm.all_reduce(&s, &a, &mut b, Op::Sum),
+            };
+            let took = t.elapsed();
+            ensure!(took < Duration::from_secs(1), "took {took:?}: {r:?}");
+            let host = gpu.dtoh(&b).ctx("dtoh")?;
+            ensure!(host.iter().all(|&x| x == 7.0), "receive buffer written");
+            Ok(format!("{:?}", r.err()))
+        }
         // Rank 1 makes a call it cannot make (recv shorter than send): its own
         // SizeMismatch; the others learn of it.
         "local" => {
@@ -418,6 +448,14 @@ fn dtype_mismatch_is_typed_on_every_rank() -> R {
     mismatch_is_typed_on_every_rank("dtype", "i32")
 }
 
+fn equal_byte_size_mismatch_is_typed_at_once() -> R {
+    mismatch_is_typed_on_every_rank("bytes", "rank 1 called all_reduce(Sum) of 512 f64")
+}
+
+fn another_call_order_is_typed_at_once() -> R {
+    mismatch_is_typed_on_every_rank("order", "rank 2 called broadcast(root 0)")
+}
+
 fn a_rank_with_a_bad_call_fails_the_others_at_once() -> R {
     let t = Instant::now();
     let out = job("local", 3, 30_000)?;
@@ -545,6 +583,14 @@ fn main() {
             (
                 "dtype_mismatch_is_typed_on_every_rank",
                 dtype_mismatch_is_typed_on_every_rank,
+            ),
+            (
+                "equal_byte_size_mismatch_is_typed_at_once",
+                equal_byte_size_mismatch_is_typed_at_once,
+            ),
+            (
+                "another_call_order_is_typed_at_once",
+                another_call_order_is_typed_at_once,
             ),
             (
                 "a_rank_with_a_bad_call_fails_the_others_at_once",

@@ -7,6 +7,9 @@
 //!
 //! One step of a call (a chunk of at most the staging size), on rank `r`'s stream `s`:
 //!
+//! 0. Once per call, before anything is staged: `r` sends its header (kind, op, type,
+//!    element count, root/peer, sequence) and receives the partners'; if they disagree,
+//!    every rank returns the same typed mismatch and nothing is enqueued.
 //! 1. `s` waits for `r`'s own `done` event (local: chains `r`'s steps, whichever
 //!    streams they were on).
 //! 2. If `r` stages this step: it waits on the host for every done notice owed for its
@@ -15,8 +18,8 @@
 //!    reading what this overwrites.
 //! 3. `r` records `ready` on `s`, then sends its header and receives the peers'
 //!    (after the record: a peer that sees the header knows the record happened).
-//! 4. The headers must agree (op, type, length, root/peer), else the same typed error on
-//!    every rank and nothing is enqueued past the staging copy.
+//! 4. The step headers must agree (as in 0, so they do unless a peer breaks the
+//!    protocol), else the same typed error on every rank.
 //! 5. `r` polls (host, bounded) the `ready` event of each rank whose staging it reads,
 //!    then enqueues its reads (reduce kernel or copies) into its own output on `s`.
 //! 6. `r` records `done` on `s` and sends a done notice to each rank it read from.
@@ -447,6 +450,10 @@ impl ProcsRank {
             _ => others.clone(),
         };
         let h = header(call);
+        // The whole call (kind, op, type, element count, root/peer, in call order) is
+        // agreed before anything is staged: ranks that disagree, even on calls of equal
+        // byte size, all return the same typed mismatch with nothing enqueued.
+        self.group.agree(h, &partners, budget)?;
         let mut lo = 0;
         // A zero-length call still agrees (one step with nothing to move).
         loop {
