@@ -17,6 +17,9 @@
 //!   only [`crate::init`] — never a hidden `cuCtxSetCurrent`: the driver calls run with
 //!   the device's context pushed and popped. The device is found by UUID, so a child with
 //!   a different `CUDA_VISIBLE_DEVICES` order maps each buffer on the right GPU.
+//! * Interprocess events: [`EventHandle::export`] of an [`Event`](crate::Event) made
+//!   with [`EventFlags::interprocess`](crate::EventFlags::interprocess), opened in the
+//!   other process by [`EventHandle::open`] into an `Event` its streams wait on.
 //! * Legacy IPC: [`LegacyIpcHandle::export`] of a [`DeviceSlice`], opened as a
 //!   [`LegacySlice<T>`].
 //!
@@ -54,6 +57,7 @@
 //! importer's exit; a process may only access an allocation after it is ready
 //! ([`MemoryPool::alloc_zeros`] waits for that before returning).
 
+mod event;
 mod handle;
 mod import;
 mod legacy;
@@ -62,6 +66,7 @@ mod registry;
 mod socket;
 mod wire;
 
+pub use event::EventHandle;
 pub use handle::{BufferHandle, LegacyIpcHandle, PoolHandle, PoolId};
 pub use import::{ImportedPool, ImportedSlice};
 pub use legacy::LegacySlice;

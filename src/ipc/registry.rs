@@ -13,6 +13,8 @@
 //!   [`Error::SameProcessImport`] (the driver refuses it too, with a less clear error).
 //!   Kept for the process's life: a handle of this process names this process's memory
 //!   whether or not the allocation is still alive.
+//! * `own_events`: the 64 bytes of every interprocess event handle exported here;
+//!   opening one here is [`Error::SameProcessImport`]. Kept for the process's life.
 //! * `keys` and `ranges`: the live [`ImportedSlice`](super::ImportedSlice)s and
 //!   [`LegacySlice`](super::LegacySlice)s, by what named them (pool id + export data, or
 //!   the legacy handle's bytes) and by the device address range they cover. A second
@@ -52,6 +54,7 @@ impl ImportKey {
 pub(crate) struct State {
     own_pools: HashMap<PoolId, usize>,
     own_legacy: HashSet<[u8; 64]>,
+    own_events: HashSet<[u8; 64]>,
     keys: HashSet<ImportKey>,
     /// start -> end (exclusive) of each live imported mapping; never overlapping.
     ranges: BTreeMap<u64, u64>,
@@ -103,6 +106,16 @@ impl State {
     /// Whether this process exported a legacy handle with these bytes.
     pub(crate) fn is_own_legacy(&self, data: &[u8; 64]) -> bool {
         self.own_legacy.contains(data)
+    }
+
+    /// Records an interprocess event handle exported by this process.
+    pub(crate) fn add_own_event(&mut self, data: [u8; 64]) {
+        self.own_events.insert(data);
+    }
+
+    /// Whether this process exported an interprocess event handle with these bytes.
+    pub(crate) fn is_own_event(&self, data: &[u8; 64]) -> bool {
+        self.own_events.contains(data)
     }
 
     /// [`Error::AlreadyImported`] if a live slice was imported from `key`.
