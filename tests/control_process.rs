@@ -63,6 +63,17 @@ fn child_entry() {
                 g.agree_for_test(9, 0, 1024)
             }
         }),
+        // Ranks 0 and 2 claim overlapping bytes of one shared allocation (rank 1 another
+        // allocation): the aliasing error on every rank, at once.
+        "alias" => within_a_second(|| {
+            let (key, lo) = [(7, 0), (8, 0), (7, 4000)][rank];
+            g.agree_shared_for_test(1000, key, lo, lo + 4096)
+        }),
+        // The same as "alias" with disjoint ranges: agreed.
+        "disjoint" => within_a_second(|| {
+            let (key, lo) = [(7, 0), (8, 0), (7, 4096)][rank];
+            g.agree_shared_for_test(1000, key, lo, lo + 4096)
+        }),
         // The same two calls in another order on rank 2.
         "order" => within_a_second(|| {
             let kinds = if rank == 2 { [10, 9] } else { [9, 10] };
@@ -211,6 +222,27 @@ fn an_equal_byte_size_mismatch_is_typed_at_once_on_every_rank() {
 #[test]
 fn calls_in_another_order_are_typed_at_once_on_every_rank() {
     assert_mismatch_on_all("order", "rank 2 called");
+}
+
+#[test]
+fn ranks_sharing_memory_by_ipc_are_refused_on_every_rank() {
+    let (out, took) = run("alias", 3, LONG_MS);
+    for o in &out {
+        assert!(
+            o.starts_with(
+                "err InvalidArgument(\"collective aliasing: rank 0's receive buffer and rank 2's"
+            ),
+            "{out:?}"
+        );
+    }
+    assert!(out.iter().all(|o| o == &out[0]), "{out:?}");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+}
+
+#[test]
+fn ranks_with_disjoint_shared_memory_agree() {
+    let (out, _) = run("disjoint", 3, LONG_MS);
+    assert_eq!(out, vec!["ok"; 3]);
 }
 
 #[test]

@@ -206,6 +206,17 @@ impl Drop for OwnedPool {
 }
 
 /// The visible device with this UUID, or [`Error::UnknownDevice`].
+/// The identity across processes of the device memory at `ptr`, if another process may
+/// map it (an imported slice, or an allocation this process exported): the allocation's
+/// key in byte form (the same in the exporter and every importer) and the byte offset
+/// of `ptr` in it.
+#[cfg_attr(not(feature = "collective"), allow(dead_code))]
+pub(crate) fn shared_identity(ptr: u64) -> Option<([u8; 81], u64)> {
+    registry::lock()
+        .shared_identity(ptr)
+        .map(|(key, offset)| (key.to_bytes(), offset))
+}
+
 fn device_by_uuid(uuid: Uuid) -> Result<Arc<Device>> {
     Device::by_uuid(uuid)?.ok_or(Error::UnknownDevice { uuid })
 }

@@ -6,8 +6,9 @@ use crate::error::{Error, Result};
 pub(super) const MAGIC: &[u8; 4] = b"GBPC";
 /// The control channel's protocol version.
 /// Version 2: a done notice carries the sequence number of the step read (version 1
-/// sent the next one, and it was not checked).
-pub(crate) const VERSION: u16 = 2;
+/// sent the next one, and it was not checked). Version 3: a call header may carry the
+/// identities of the call's buffers that other processes can map ([`Region`]).
+pub(crate) const VERSION: u16 = 3;
 
 pub(super) const HELLO: u8 = 1;
 pub(super) const WELCOME: u8 = 2;
@@ -96,6 +97,35 @@ impl Header {
     }
 }
 
+/// A byte range of memory that other processes may map (an IPC import, or an
+/// allocation this process exported), named the same in every process: a rank's send
+/// or receive buffer in a call, compared with the other ranks' before anything is
+/// staged (ranks must not use one memory in one call).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Region {
+    /// 0: the send buffer; 1: the receive buffer.
+    pub(crate) role: u8,
+    /// The allocation's key ([`crate::ipc::shared_identity`]).
+    pub(crate) key: [u8; 81],
+    /// Byte offsets in the allocation: `[lo, hi)`.
+    pub(crate) lo: u64,
+    pub(crate) hi: u64,
+}
+
+/// The encoded length of a [`Region`].
+const REGION_BYTES: usize = 98;
+
+impl Region {
+    /// Whether `self` and `other` share a byte.
+    pub(crate) fn overlaps(&self, other: &Region) -> bool {
+        self.key == other.key && self.lo < other.hi && other.lo < self.hi
+    }
+
+    pub(crate) fn role_name(&self) -> &'static str {
+        if self.role == 0 { "send" } else { "receive" }
+    }
+}
+
 /// A decoded control message.
 #[derive(Debug)]
 pub(super) enum Msg {
@@ -107,7 +137,7 @@ pub(super) enum Msg {
     },
     Welcome,
     Reject(Error),
-    Call(Header),
+    Call(Header, Vec<Region>),
     Abort(Error),
     /// The sequence number of the step whose reads are done.
     Done(u64),
@@ -134,7 +164,9 @@ pub(super) fn error_parts(own_rank: usize, e: &Error) -> (usize, u8, String) {
     match e {
         Error::PeerFailed { rank, reason } => (*rank, CODE_FAILED, reason.clone()),
         Error::PeerTimeout { .. } => (own_rank, CODE_TIMEOUT, e.to_string()),
-        Error::InvalidArgument(m) if m.starts_with("collective mismatch") => {
+        Error::InvalidArgument(m)
+            if m.starts_with("collective mismatch") || m.starts_with("collective aliasing") =>
+        {
             (own_rank, CODE_MISMATCH, m.clone())
         }
         Error::Rendezvous { reason } => (own_rank, CODE_BAD_SETUP, reason.clone()),
@@ -235,15 +267,20 @@ pub(super) fn decode(from: usize, bytes: &[u8]) -> Result<Msg> {
         }
         REJECT => Msg::Reject(decode_error(from, b)?),
         CALL => {
-            exact(24)?;
-            Msg::Call(Header {
-                seq: u64_at(b, 0)?,
-                kind: b[8],
-                op: b[9],
-                dtype: b[10],
-                arg: u32_at(b, 12)?,
-                count: u64_at(b, 16)?,
-            })
+            if b.len() < 24 {
+                exact(24)?;
+            }
+            Msg::Call(
+                Header {
+                    seq: u64_at(b, 0)?,
+                    kind: b[8],
+                    op: b[9],
+                    dtype: b[10],
+                    arg: u32_at(b, 12)?,
+                    count: u64_at(b, 16)?,
+                },
+                decode_regions(&b[24..])?,
+            )
         }
         ABORT => Msg::Abort(decode_error(from, b)?),
         DONE => {
@@ -258,12 +295,40 @@ pub(super) fn decode(from: usize, bytes: &[u8]) -> Result<Msg> {
     })
 }
 
-pub(super) fn encode_call(h: &Header) -> Vec<u8> {
+pub(super) fn encode_call(h: &Header, regions: &[Region]) -> Vec<u8> {
     let mut body = h.seq.to_le_bytes().to_vec();
     body.extend_from_slice(&[h.kind, h.op, h.dtype, 0]);
     body.extend_from_slice(&h.arg.to_le_bytes());
     body.extend_from_slice(&h.count.to_le_bytes());
+    for r in regions {
+        body.push(r.role);
+        body.extend_from_slice(&r.key);
+        body.extend_from_slice(&r.lo.to_le_bytes());
+        body.extend_from_slice(&r.hi.to_le_bytes());
+    }
     encode(CALL, &body)
+}
+
+/// The regions after a call header's 24 bytes (at most two: send and receive).
+fn decode_regions(b: &[u8]) -> Result<Vec<Region>> {
+    if b.len() % REGION_BYTES != 0 || b.len() / REGION_BYTES > 2 {
+        return Err(garbage(format_args!(
+            "a call header with {} bytes of buffer identities",
+            b.len()
+        )));
+    }
+    b.chunks_exact(REGION_BYTES)
+        .map(|c| {
+            let mut key = [0u8; 81];
+            key.copy_from_slice(&c[1..82]);
+            Ok(Region {
+                role: c[0].min(1),
+                key,
+                lo: u64_at(c, 82)?,
+                hi: u64_at(c, 90)?,
+            })
+        })
+        .collect()
 }
 
 /// FNV-1a 64 of the job key (names the sockets; checked in the hello).
@@ -295,9 +360,43 @@ mod tests {
     }
 
     #[test]
+    fn regions_overlap_only_in_one_allocation() {
+        let r = |key: u8, lo: u64, hi: u64| Region {
+            role: 1,
+            key: [key; 81],
+            lo,
+            hi,
+        };
+        assert!(r(1, 0, 8).overlaps(&r(1, 7, 9)));
+        assert!(!r(1, 0, 8).overlaps(&r(1, 8, 9)));
+        assert!(!r(1, 0, 8).overlaps(&r(2, 0, 8)));
+        // A third region is more than a call carries.
+        let three = encode_call(&call(), &[r(1, 0, 1), r(1, 1, 2), r(1, 2, 3)]);
+        assert!(matches!(decode(0, &three), Err(Error::Rendezvous { .. })));
+    }
+
+    #[test]
     fn messages_round_trip() {
-        match decode(1, &encode_call(&call())).unwrap() {
-            Msg::Call(h) => assert_eq!(h, call()),
+        match decode(1, &encode_call(&call(), &[])).unwrap() {
+            Msg::Call(h, r) => assert!(h == call() && r.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        let regions = [
+            Region {
+                role: 0,
+                key: [3; 81],
+                lo: 8,
+                hi: 4104,
+            },
+            Region {
+                role: 1,
+                key: std::array::from_fn(|i| i as u8),
+                lo: 0,
+                hi: u64::MAX,
+            },
+        ];
+        match decode(1, &encode_call(&call(), &regions)).unwrap() {
+            Msg::Call(h, r) => assert!(h == call() && r == regions),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
@@ -323,7 +422,7 @@ mod tests {
 
     #[test]
     fn garbage_truncation_and_other_versions_are_typed() {
-        let good = encode_call(&call());
+        let good = encode_call(&call(), &[]);
         for cut in 0..good.len() {
             assert!(
                 matches!(decode(0, &good[..cut]), Err(Error::Rendezvous { .. })),
