@@ -279,6 +279,62 @@ fn child() -> Result<String, String> {
             ensure!(host.iter().all(|&x| x == 7.0), "receive buffer written");
             Ok(format!("{:?}", r.err()))
         }
+        // Rank 1 imports rank 0's receive buffer (a pool buffer sent over a socket of the
+        // test's own) and passes it as its receive buffer: every rank refuses the call.
+        "alias" => {
+            use gpubind::ipc::{self, ImportedPool, MemoryPool, PoolConfig};
+            use std::os::unix::net::{UnixListener, UnixStream};
+            let gpu = ctx.bind(&d).ctx("bind")?;
+            let stream = gpu.new_stream().ctx("stream")?;
+            let s = gpu.on(&stream).ctx("on")?;
+            let path = std::env::temp_dir().join(format!("gpubind-pk-alias-{key}.sock"));
+            let a = gpu.clone_htod(&vec![1.0f32; 1024]).ctx("htod")?;
+            let r = match rank {
+                0 => {
+                    let _ = std::fs::remove_file(&path);
+                    let listener = UnixListener::bind(&path).ctx("bind socket")?;
+                    let pool =
+                        MemoryPool::new(&gpu, PoolConfig::default().ipc(true)).ctx("pool")?;
+                    let mut b = pool.alloc_zeros::<f32>(&s, 1024).ctx("alloc")?;
+                    let (conn, _) = listener.accept().ctx("accept")?;
+                    let _ = std::fs::remove_file(&path);
+                    ipc::send_handles(
+                        &conn,
+                        &[pool.export().ctx("export")?],
+                        &[b.export().ctx("export")?],
+                    )
+                    .ctx("send_handles")?;
+                    let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+                    // Keep the buffer until rank 1 dropped its import.
+                    let _ = ipc::recv_message_timeout(&conn, Duration::from_secs(60));
+                    r
+                }
+                1 => {
+                    let t = Instant::now();
+                    let conn = loop {
+                        match UnixStream::connect(&path) {
+                            Ok(c) => break c,
+                            Err(_) if t.elapsed() < Duration::from_secs(60) => {
+                                std::thread::sleep(Duration::from_millis(10))
+                            }
+                            Err(e) => return Err(format!("connect: {e}")),
+                        }
+                    };
+                    let (mut pools, buffers) = ipc::recv_handles(&conn).ctx("recv_handles")?;
+                    let pool = ImportedPool::import(pools.remove(0)).ctx("import pool")?;
+                    let mut b = pool.import_buffer::<f32>(&buffers[0]).ctx("import")?;
+                    let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+                    drop((b, pool));
+                    ipc::send_message(&conn, b"dropped", &[]).ctx("send")?;
+                    r
+                }
+                _ => {
+                    let mut b: DeviceSlice<f32> = gpu.alloc_zeros(1024).ctx("alloc")?;
+                    comm.all_reduce(&s, &a, &mut b, Op::Sum)
+                }
+            };
+            Ok(format!("{:?}", r.err()))
+        }
         // Rank 1 makes a call it cannot make (recv shorter than send): its own
         // SizeMismatch; the others learn of it.
         "local" => {
@@ -456,6 +512,20 @@ fn another_call_order_is_typed_at_once() -> R {
     mismatch_is_typed_on_every_rank("order", "rank 2 called broadcast(root 0)")
 }
 
+fn a_buffer_shared_by_two_ranks_is_refused_on_every_rank() -> R {
+    let out = job("alias", 3, 30_000)?;
+    for o in &out {
+        ensure!(
+            o.starts_with(
+                "Some(InvalidArgument(\"collective aliasing: rank 0's receive buffer and rank 1's receive buffer"
+            ),
+            "{out:?}"
+        );
+    }
+    ensure!(out.iter().all(|o| o == &out[0]), "{out:?}");
+    Ok(())
+}
+
 fn a_rank_with_a_bad_call_fails_the_others_at_once() -> R {
     let t = Instant::now();
     let out = job("local", 3, 30_000)?;
@@ -591,6 +661,10 @@ fn main() {
             (
                 "another_call_order_is_typed_at_once",
                 another_call_order_is_typed_at_once,
+            ),
+            (
+                "a_buffer_shared_by_two_ranks_is_refused_on_every_rank",
+                a_buffer_shared_by_two_ranks_is_refused_on_every_rank,
             ),
             (
                 "a_rank_with_a_bad_call_fails_the_others_at_once",

@@ -432,10 +432,10 @@ mod tests {
         let mut longer = good.clone();
         longer.push(0);
         assert!(matches!(decode(0, &longer), Err(Error::Rendezvous { .. })));
-        let mut v3 = good.clone();
-        v3[4] = 3;
-        match decode(0, &v3) {
-            Err(Error::Rendezvous { reason }) => assert!(reason.contains("version 3")),
+        let mut v2 = good.clone();
+        v2[4] = 2;
+        match decode(0, &v2) {
+            Err(Error::Rendezvous { reason }) => assert!(reason.contains("version 2")),
             other => panic!("{other:?}"),
         }
         let mut unknown = good;
