@@ -33,9 +33,10 @@ use crate::collective::api::call::{Call, Kind};
 use crate::collective::api::types::Op;
 use crate::collective::backend::interface::{RankBackend, RankCall, RankCapture, RankSeat};
 use crate::collective::backend::kernels::nvrtc::KernelSet;
+use crate::collective::callcheck::region;
 use crate::graph::Capture;
 use crate::stream::BoundStream;
-use control::{Budget, Header, ProcessGroup, Region};
+use control::{Budget, Header, ProcessGroup};
 
 pub(crate) mod control;
 use crate::context::ThreadContext;
@@ -163,33 +164,6 @@ fn header(call: &Call) -> Header {
         arg: arg as u32,
         count: call.count as u64,
     }
-}
-
-/// The call's buffers that other processes can map (IPC imports or exports), named the
-/// same in every process, for the agreement's aliasing check.
-fn shared_regions(call: &Call, n: usize) -> Vec<Region> {
-    let es = call.dtype.size as u64;
-    let c = call.count as u64;
-    let (send, recv) = match call.kind {
-        Kind::AllGather => (c, n as u64 * c),
-        Kind::ReduceScatter(_) => (n as u64 * c, c),
-        _ => (c, c),
-    };
-    let reads = !matches!(call.kind, Kind::Recv(_));
-    let writes = !matches!(call.kind, Kind::Send(_));
-    [(0u8, call.send, send, reads), (1, call.recv, recv, writes)]
-        .into_iter()
-        .filter(|&(_, ptr, elems, used)| used && ptr != 0 && elems > 0)
-        .filter_map(|(role, ptr, elems, _)| {
-            let (key, lo) = ipc::shared_identity(ptr)?;
-            Some(Region {
-                role,
-                key,
-                lo,
-                hi: lo.saturating_add(elems * es),
-            })
-        })
-        .collect()
 }
 
 impl ProcsRank {
@@ -482,7 +456,7 @@ impl ProcsRank {
         // byte size, all return the same typed mismatch with nothing enqueued; so are
         // ranks whose buffers are one memory shared by IPC.
         self.group
-            .agree_with(h, &shared_regions(call, n), &partners, budget)?;
+            .agree_with(h, &region::of_call(call, n), &partners, budget)?;
         let mut lo = 0;
         // A zero-length call still agrees (one step with nothing to move).
         loop {

@@ -34,30 +34,9 @@ use std::time::{Duration, Instant};
 mod connect;
 mod wire;
 
+use crate::collective::callcheck::region;
 use wire::*;
 pub(crate) use wire::{Header, KIND_RECV, KIND_SEND, Region};
-
-/// The same verdict on every rank that saw the same `shared` regions (checked in rank
-/// order): an error naming the first two ranks whose buffers of this call share memory.
-fn check_aliasing(shared: &[Vec<Region>], call: &Header) -> Result<()> {
-    for (r, mine) in shared.iter().enumerate() {
-        for (q, theirs) in shared.iter().enumerate().skip(r + 1) {
-            for a in mine {
-                if let Some(b) = theirs.iter().find(|b| a.overlaps(b)) {
-                    return Err(Error::InvalidArgument(format!(
-                        "collective aliasing: rank {r}'s {} buffer and rank {q}'s {} buffer \
-                         of {} are the same memory (one allocation shared between their \
-                         processes by IPC); each rank needs its own buffers",
-                        a.role_name(),
-                        b.role_name(),
-                        call.describe()
-                    )));
-                }
-            }
-        }
-    }
-    Ok(())
-}
 
 fn after_ms(started: Instant) -> u64 {
     started.elapsed().as_millis().min(u128::from(u64::MAX)) as u64
@@ -384,7 +363,7 @@ impl ProcessGroup {
                     r.1.describe()
                 )));
             }
-            return check_aliasing(&shared, &own);
+            return region::check(&shared, &own.describe());
         }
         // In rank order, against the lowest rank taking part: the same verdict on all.
         let all: Vec<(usize, Header)> = theirs
@@ -402,7 +381,7 @@ impl ProcessGroup {
                 )));
             }
         }
-        check_aliasing(&shared, &own)
+        region::check(&shared, &own.describe())
     }
 
     /// The sequence number of the step last agreed (the one a done notice sent now is

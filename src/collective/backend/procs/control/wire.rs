@@ -97,34 +97,8 @@ impl Header {
     }
 }
 
-/// A byte range of memory that other processes may map (an IPC import, or an
-/// allocation this process exported), named the same in every process: a rank's send
-/// or receive buffer in a call, compared with the other ranks' before anything is
-/// staged (ranks must not use one memory in one call).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Region {
-    /// 0: the send buffer; 1: the receive buffer.
-    pub(crate) role: u8,
-    /// The allocation's key ([`crate::ipc::shared_identity`]).
-    pub(crate) key: [u8; 81],
-    /// Byte offsets in the allocation: `[lo, hi)`.
-    pub(crate) lo: u64,
-    pub(crate) hi: u64,
-}
-
-/// The encoded length of a [`Region`].
-const REGION_BYTES: usize = 98;
-
-impl Region {
-    /// Whether `self` and `other` share a byte.
-    pub(crate) fn overlaps(&self, other: &Region) -> bool {
-        self.key == other.key && self.lo < other.hi && other.lo < self.hi
-    }
-
-    pub(crate) fn role_name(&self) -> &'static str {
-        if self.role == 0 { "send" } else { "receive" }
-    }
-}
+use crate::collective::callcheck::region;
+pub(crate) use crate::collective::callcheck::region::Region;
 
 /// A decoded control message.
 #[derive(Debug)]
@@ -300,37 +274,19 @@ pub(super) fn encode_call(h: &Header, regions: &[Region]) -> Vec<u8> {
     body.extend_from_slice(&[h.kind, h.op, h.dtype, 0]);
     body.extend_from_slice(&h.arg.to_le_bytes());
     body.extend_from_slice(&h.count.to_le_bytes());
-    for r in regions {
-        body.push(r.role);
-        body.extend_from_slice(&r.key);
-        body.extend_from_slice(&r.lo.to_le_bytes());
-        body.extend_from_slice(&r.hi.to_le_bytes());
-    }
+    region::encode_into(regions, &mut body);
     encode(CALL, &body)
 }
 
 /// The regions after a call header's 24 bytes (at most two: send and receive).
 fn decode_regions(b: &[u8]) -> Result<Vec<Region>> {
-    if b.len() % REGION_BYTES != 0 || b.len() / REGION_BYTES > 2 {
-        return Err(garbage(format_args!(
+    region::decode_all(b).ok_or_else(|| {
+        garbage(format_args!(
             "a call header with {} bytes of buffer identities",
             b.len()
-        )));
-    }
-    b.chunks_exact(REGION_BYTES)
-        .map(|c| {
-            let mut key = [0u8; 81];
-            key.copy_from_slice(&c[1..82]);
-            Ok(Region {
-                role: c[0].min(1),
-                key,
-                lo: u64_at(c, 82)?,
-                hi: u64_at(c, 90)?,
-            })
-        })
-        .collect()
+        ))
+    })
 }
-
 /// FNV-1a 64 of the job key (names the sockets; checked in the hello).
 pub(super) fn key_hash(key: &str) -> u64 {
     crate::fnv::fnv1a64(key.as_bytes())
@@ -360,18 +316,14 @@ mod tests {
     }
 
     #[test]
-    fn regions_overlap_only_in_one_allocation() {
-        let r = |key: u8, lo: u64, hi: u64| Region {
+    fn a_third_region_is_refused() {
+        let r = |lo: u64| Region {
             role: 1,
-            key: [key; 81],
+            key: [1; 81],
             lo,
-            hi,
+            hi: lo + 1,
         };
-        assert!(r(1, 0, 8).overlaps(&r(1, 7, 9)));
-        assert!(!r(1, 0, 8).overlaps(&r(1, 8, 9)));
-        assert!(!r(1, 0, 8).overlaps(&r(2, 0, 8)));
-        // A third region is more than a call carries.
-        let three = encode_call(&call(), &[r(1, 0, 1), r(1, 1, 2), r(1, 2, 3)]);
+        let three = encode_call(&call(), &[r(0), r(1), r(2)]);
         assert!(matches!(decode(0, &three), Err(Error::Rendezvous { .. })));
     }
 
