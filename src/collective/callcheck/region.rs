@@ -44,7 +44,7 @@ pub(crate) fn encode_into(regions: &[Region], out: &mut Vec<u8>) {
 
 /// Parses [`encode_into`]'s output of at most two regions; `None` for anything else.
 pub(crate) fn decode_all(b: &[u8]) -> Option<Vec<Region>> {
-    if b.len() % REGION_BYTES != 0 || b.len() / REGION_BYTES > 2 {
+    if !b.len().is_multiple_of(REGION_BYTES) || b.len() / REGION_BYTES > 2 {
         return None;
     }
     let u64_at = |c: &[u8], i: usize| u64::from_le_bytes(c[i..i + 8].try_into().unwrap_or([0; 8]));
