@@ -147,6 +147,8 @@ pub(crate) struct ProcsRank {
     /// could be followed by a `done` record: the drop treats this rank's own reads as
     /// unsettled (no bye; the peers keep their staging).
     unsettled: bool,
+    /// The current call got past its agreement (it may have enqueued work).
+    stepping: bool,
 }
 
 // SAFETY: the raw event handles are thread-agnostic identifiers used only with their
@@ -204,6 +206,7 @@ impl ProcsRank {
             peers: (0..world).map(|_| None).collect(),
             kernels: ManuallyDrop::new(kernels),
             unsettled: false,
+            stepping: false,
         };
         let exchanged = me.exchange_exports(&budget);
         if let Err(e) = exchanged {
@@ -379,6 +382,7 @@ impl ProcsRank {
         let budget = Budget::new(self.group.timeout());
         // A driver error on this rank's context goes through its device's check (a
         // sticky error poisons the device) before the peers are told.
+        self.stepping = false;
         let out = self.run_inner(stream, call, &budget);
         let out = self.device.check(out);
         match out {
@@ -386,7 +390,10 @@ impl ProcsRank {
             Err(e) => {
                 // Tell the peers first: they must not wait on this rank.
                 let e = self.group.fail(e);
-                self.settle_failed_step(stream, &budget);
+                // A call refused at its agreement enqueued nothing: nothing to settle.
+                if self.stepping {
+                    self.settle_failed_step(stream, &budget);
+                }
                 Err(e)
             }
         }
@@ -457,6 +464,7 @@ impl ProcsRank {
         // ranks whose buffers are one memory shared by IPC.
         self.group
             .agree_with(h, &region::of_call(call, n), &partners, budget)?;
+        self.stepping = true;
         let mut lo = 0;
         // A zero-length call still agrees (one step with nothing to move).
         loop {
