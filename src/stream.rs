@@ -85,12 +85,13 @@ impl std::fmt::Debug for Event {
 /// assert_eq!(EventFlags::default(), EventFlags::new());
 /// ```
 ///
-/// (Interprocess events, `CU_EVENT_INTERPROCESS`, are not offered: gpubind's IPC orders
-/// shared memory itself.)
+/// [`interprocess`](Self::interprocess) makes an event another process can open
+/// (`gpubind::ipc::EventHandle`, feature `ipc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EventFlags {
     timing: bool,
     blocking_sync: bool,
+    interprocess: bool,
 }
 
 impl Default for EventFlags {
@@ -105,6 +106,7 @@ impl EventFlags {
         EventFlags {
             timing: true,
             blocking_sync: false,
+            interprocess: false,
         }
     }
 
@@ -122,6 +124,22 @@ impl EventFlags {
     pub const fn blocking_sync(mut self, on: bool) -> Self {
         self.blocking_sync = on;
         self
+    }
+
+    /// Whether another process may open the event (`CU_EVENT_INTERPROCESS`, with the
+    /// `ipc` feature's `EventHandle`). The driver requires timing off for it: `on`
+    /// turns timing off (turning it back on makes `new_event_with` a driver error).
+    pub const fn interprocess(mut self, on: bool) -> Self {
+        self.interprocess = on;
+        if on {
+            self.timing = false;
+        }
+        self
+    }
+
+    /// Whether the event may be opened by another process.
+    pub const fn has_interprocess(self) -> bool {
+        self.interprocess
     }
 
     /// Whether timing is enabled.
@@ -143,6 +161,9 @@ impl EventFlags {
         }
         if self.blocking_sync {
             bits |= F::CU_EVENT_BLOCKING_SYNC as u32;
+        }
+        if self.interprocess {
+            bits |= F::CU_EVENT_INTERPROCESS as u32;
         }
         bits
     }
@@ -253,6 +274,17 @@ impl Event {
         self.device.check(ms)
     }
 
+    /// Wraps an event opened from another process's handle (`cuIpcOpenEventHandle` in
+    /// `device`'s context); the `Event` destroys it.
+    #[cfg(feature = "ipc")]
+    pub(crate) fn from_opened(device: Arc<Device>, raw: sys::CUevent) -> Event {
+        Event {
+            device,
+            raw,
+            flags: EventFlags::new().interprocess(true),
+        }
+    }
+
     /// The raw handle.
     ///
     /// # Safety
@@ -274,8 +306,8 @@ impl Drop for Event {
                 call: "cuEventDestroy_v2",
                 runs: crate::teardown::Runs::Inline,
             },
-            // SAFETY: created by cuEventCreate in this context (current while this runs),
-            // destroyed once here.
+            // SAFETY: created by cuEventCreate (or opened by cuIpcOpenEventHandle) in this
+            // context (current while this runs), destroyed once here.
             move || unsafe { result::event::destroy(raw as sys::CUevent) },
         );
     }
@@ -422,8 +454,9 @@ impl<'a> BoundDevice<'a> {
     /// ```
     pub fn new_event_with(&self, flags: EventFlags) -> Result<Event> {
         self.ensure_current()?;
-        // SAFETY: context current; `flags.raw()` combines only CU_EVENT_BLOCKING_SYNC and
-        // CU_EVENT_DISABLE_TIMING; the `Event` destroys it.
+        // SAFETY: context current; `flags.raw()` combines only CU_EVENT_BLOCKING_SYNC,
+        // CU_EVENT_DISABLE_TIMING and CU_EVENT_INTERPROCESS (an invalid combination is
+        // an error from the driver); the `Event` destroys it.
         let raw = self
             .device()
             .check(unsafe { result::event::create(flags.raw()) })?;

@@ -75,7 +75,18 @@ fn child_entry() {
             println!("{RESULT}{} then {e:?}", show(first));
             return;
         }
+        ("alias", _) | ("disjoint", _) => {
+            // Ranks 0 and 2 claim bytes of one shared allocation (rank 1 another one):
+            // overlapping for "alias", disjoint for "disjoint".
+            let step = if role == "alias" { 4000 } else { 4096 };
+            let (key, lo) = [(7, 0), (8, 0), (7, step)][rank];
+            let out = check.agree_shared_for_test(count, key, lo, lo + 4096);
+            println!("{RESULT}{}", show(out));
+            return;
+        }
         ("length", 2) => count = 999,
+        // The same bytes as the others' 1000 f32.
+        ("bytes", 1) => (dtype, count) = (1, 500),
         ("dtype", 1) => dtype = 4,
         _ => {}
     }
@@ -132,6 +143,34 @@ fn a_length_mismatch_is_the_same_typed_error_on_every_rank() {
     }
     assert!(got.iter().all(|g| g == &got[0]), "not the same: {got:?}");
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+#[test]
+fn an_equal_byte_size_mismatch_is_the_same_typed_error_on_every_rank() {
+    let got = job("bytes", 3, 20.0, Duration::from_secs(30));
+    for g in &got {
+        assert!(
+            g.contains("collective mismatch") && g.contains("rank 1 called a test call of 500 f64"),
+            "{got:?}"
+        );
+    }
+    assert!(got.iter().all(|g| g == &got[0]), "not the same: {got:?}");
+}
+
+#[test]
+fn ranks_sharing_memory_by_ipc_are_refused_on_every_rank() {
+    let got = job("alias", 3, 20.0, Duration::from_secs(30));
+    for g in &got {
+        assert!(
+            g.starts_with(
+                "err InvalidArgument(\"collective aliasing: rank 0's receive buffer and rank 2's receive buffer"
+            ),
+            "{got:?}"
+        );
+    }
+    assert!(got.iter().all(|g| g == &got[0]), "not the same: {got:?}");
+    let got = job("disjoint", 3, 20.0, Duration::from_secs(30));
+    assert!(got.iter().all(|g| g == "ok"), "{got:?}");
 }
 
 #[test]

@@ -55,6 +55,30 @@ fn child_entry() {
         "count" => g.agree_for_test(9, 0, if rank == 2 { 999 } else { 1000 }),
         "dtype" => g.agree_for_test(9, if rank == 1 { 4 } else { 0 }, 1000),
         "kind" => g.agree_for_test(if rank == 0 { 10 } else { 9 }, 0, 1000),
+        // Equal byte sizes: rank 1 calls 512 f64 where the others call 1024 f32.
+        "bytes" => within_a_second(|| {
+            if rank == 1 {
+                g.agree_for_test(9, 1, 512)
+            } else {
+                g.agree_for_test(9, 0, 1024)
+            }
+        }),
+        // Ranks 0 and 2 claim overlapping bytes of one shared allocation (rank 1 another
+        // allocation): the aliasing error on every rank, at once.
+        "alias" => within_a_second(|| {
+            let (key, lo) = [(7, 0), (8, 0), (7, 4000)][rank];
+            g.agree_shared_for_test(1000, key, lo, lo + 4096)
+        }),
+        // The same as "alias" with disjoint ranges: agreed.
+        "disjoint" => within_a_second(|| {
+            let (key, lo) = [(7, 0), (8, 0), (7, 4096)][rank];
+            g.agree_shared_for_test(1000, key, lo, lo + 4096)
+        }),
+        // The same two calls in another order on rank 2.
+        "order" => within_a_second(|| {
+            let kinds = if rank == 2 { [10, 9] } else { [9, 10] };
+            kinds.iter().try_for_each(|&k| g.agree_for_test(k, 0, 1000))
+        }),
         // One barrier, then rank 2 exits; the others' next barrier fails.
         "exit" => g.barrier().and_then(|()| {
             if rank == 2 {
@@ -89,6 +113,17 @@ fn child_entry() {
         assert!(t.elapsed() < Duration::from_millis(500));
     }
     println!("{RESULT}{}", show(out));
+}
+
+/// `f()`, or an error naming how long it took if that was a second or more (a
+/// disagreement must be known at once, not at a timeout).
+fn within_a_second(f: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+    let t = Instant::now();
+    let out = f();
+    match t.elapsed() {
+        d if d < Duration::from_secs(1) => out,
+        d => Err(Error::InvalidArgument(format!("took {d:?}: {out:?}"))),
+    }
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -177,6 +212,37 @@ fn a_dtype_mismatch_is_the_same_typed_error_on_every_rank() {
 #[test]
 fn an_op_mismatch_is_the_same_typed_error_on_every_rank() {
     assert_mismatch_on_all("kind", "rank 0 called");
+}
+
+#[test]
+fn an_equal_byte_size_mismatch_is_typed_at_once_on_every_rank() {
+    assert_mismatch_on_all("bytes", "rank 1 called a test call of 512 f64");
+}
+
+#[test]
+fn calls_in_another_order_are_typed_at_once_on_every_rank() {
+    assert_mismatch_on_all("order", "rank 2 called");
+}
+
+#[test]
+fn ranks_sharing_memory_by_ipc_are_refused_on_every_rank() {
+    let (out, took) = run("alias", 3, LONG_MS);
+    for o in &out {
+        assert!(
+            o.starts_with(
+                "err InvalidArgument(\"collective aliasing: rank 0's receive buffer and rank 2's"
+            ),
+            "{out:?}"
+        );
+    }
+    assert!(out.iter().all(|o| o == &out[0]), "{out:?}");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+}
+
+#[test]
+fn ranks_with_disjoint_shared_memory_agree() {
+    let (out, _) = run("disjoint", 3, LONG_MS);
+    assert_eq!(out, vec!["ok"; 3]);
 }
 
 #[test]

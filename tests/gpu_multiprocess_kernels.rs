@@ -249,6 +249,92 @@ fn child() -> Result<String, String> {
             };
             Ok(format!("{:?}", r.err()))
         }
+        // Equal byte sizes (rank 1: 512 f64, the others 1024 f32), or the same two
+        // calls in another order (rank 2): the mismatch comes within a second, before
+        // anything is staged (the receive buffers keep their fill).
+        "bytes" | "order" => {
+            let gpu = ctx.bind(&d).ctx("bind")?;
+            let stream = gpu.new_stream().ctx("stream")?;
+            let s = gpu.on(&stream).ctx("on")?;
+            let a = gpu.clone_htod(&vec![1.0f32; 1024]).ctx("htod")?;
+            let mut b = gpu.clone_htod(&vec![7.0f32; 1024]).ctx("htod")?;
+            let t = Instant::now();
+            let r = match (scenario.as_str(), rank) {
+                ("bytes", 1) => {
+                    let a = gpu.clone_htod(&vec![1.0f64; 512]).ctx("htod")?;
+                    let mut b = gpu.clone_htod(&vec![7.0f64; 512]).ctx("htod")?;
+                    comm.all_reduce(&s, &a, &mut b, Op::Sum)
+                }
+                ("order", 2) => comm
+                    .broadcast(&s, &mut b, 0)
+                    .and_then(|()| comm.all_reduce(&s, &a, &mut b, Op::Sum)),
+                ("order", _) => comm
+                    .all_reduce(&s, &a, &mut b, Op::Sum)
+                    .and_then(|()| comm.broadcast(&s, &mut b, 0)),
+                _ => comm.all_reduce(&s, &a, &mut b, Op::Sum),
+            };
+            let took = t.elapsed();
+            ensure!(took < Duration::from_secs(1), "took {took:?}: {r:?}");
+            let host = gpu.dtoh(&b).ctx("dtoh")?;
+            ensure!(host.iter().all(|&x| x == 7.0), "receive buffer written");
+            Ok(format!("{:?}", r.err()))
+        }
+        // Rank 1 imports rank 0's receive buffer (a pool buffer sent over a socket of the
+        // test's own) and passes it as its receive buffer: every rank refuses the call.
+        "alias" => {
+            use gpubind::ipc::{self, ImportedPool, MemoryPool, PoolConfig};
+            use std::os::unix::net::{UnixListener, UnixStream};
+            let gpu = ctx.bind(&d).ctx("bind")?;
+            let stream = gpu.new_stream().ctx("stream")?;
+            let s = gpu.on(&stream).ctx("on")?;
+            let path = std::env::temp_dir().join(format!("gpubind-pk-alias-{key}.sock"));
+            let a = gpu.clone_htod(&vec![1.0f32; 1024]).ctx("htod")?;
+            let r = match rank {
+                0 => {
+                    let _ = std::fs::remove_file(&path);
+                    let listener = UnixListener::bind(&path).ctx("bind socket")?;
+                    let pool =
+                        MemoryPool::new(&gpu, PoolConfig::default().ipc(true)).ctx("pool")?;
+                    let mut b = pool.alloc_zeros::<f32>(&s, 1024).ctx("alloc")?;
+                    let (conn, _) = listener.accept().ctx("accept")?;
+                    let _ = std::fs::remove_file(&path);
+                    ipc::send_handles(
+                        &conn,
+                        &[pool.export().ctx("export")?],
+                        &[b.export().ctx("export")?],
+                    )
+                    .ctx("send_handles")?;
+                    let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+                    // Keep the buffer until rank 1 dropped its import.
+                    let _ = ipc::recv_message_timeout(&conn, Duration::from_secs(60));
+                    r
+                }
+                1 => {
+                    let t = Instant::now();
+                    let conn = loop {
+                        match UnixStream::connect(&path) {
+                            Ok(c) => break c,
+                            Err(_) if t.elapsed() < Duration::from_secs(60) => {
+                                std::thread::sleep(Duration::from_millis(10))
+                            }
+                            Err(e) => return Err(format!("connect: {e}")),
+                        }
+                    };
+                    let (mut pools, buffers) = ipc::recv_handles(&conn).ctx("recv_handles")?;
+                    let pool = ImportedPool::import(pools.remove(0)).ctx("import pool")?;
+                    let mut b = pool.import_buffer::<f32>(&buffers[0]).ctx("import")?;
+                    let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+                    drop((b, pool));
+                    ipc::send_message(&conn, b"dropped", &[]).ctx("send")?;
+                    r
+                }
+                _ => {
+                    let mut b: DeviceSlice<f32> = gpu.alloc_zeros(1024).ctx("alloc")?;
+                    comm.all_reduce(&s, &a, &mut b, Op::Sum)
+                }
+            };
+            Ok(format!("{:?}", r.err()))
+        }
         // Rank 1 makes a call it cannot make (recv shorter than send): its own
         // SizeMismatch; the others learn of it.
         "local" => {
@@ -281,9 +367,9 @@ fn child() -> Result<String, String> {
             }
             Ok("never failed".into())
         }
-        // Rank 0's stream is busy with a 15 s kernel when its call fails (rank 1 calls
-        // another length): the call returns at its deadline, not after the kernel;
-        // the drop is bounded too.
+        // Rank 0's stream is busy with a 15 s kernel when its call is refused (rank 1
+        // calls another length): the call returns at once, not after the kernel; the
+        // drop is bounded too.
         "busy" => {
             let gpu = ctx.bind(&d).ctx("bind")?;
             let stream = gpu.new_stream().ctx("stream")?;
@@ -418,6 +504,28 @@ fn dtype_mismatch_is_typed_on_every_rank() -> R {
     mismatch_is_typed_on_every_rank("dtype", "i32")
 }
 
+fn equal_byte_size_mismatch_is_typed_at_once() -> R {
+    mismatch_is_typed_on_every_rank("bytes", "rank 1 called all_reduce(Sum) of 512 f64")
+}
+
+fn another_call_order_is_typed_at_once() -> R {
+    mismatch_is_typed_on_every_rank("order", "rank 2 called broadcast(root 0)")
+}
+
+fn a_buffer_shared_by_two_ranks_is_refused_on_every_rank() -> R {
+    let out = job("alias", 3, 30_000)?;
+    for o in &out {
+        ensure!(
+            o.starts_with(
+                "Some(InvalidArgument(\"collective aliasing: rank 0's receive buffer and rank 1's receive buffer"
+            ),
+            "{out:?}"
+        );
+    }
+    ensure!(out.iter().all(|o| o == &out[0]), "{out:?}");
+    Ok(())
+}
+
 fn a_rank_with_a_bad_call_fails_the_others_at_once() -> R {
     let t = Instant::now();
     let out = job("local", 3, 30_000)?;
@@ -441,13 +549,11 @@ fn ms_of(line: &str, name: &str) -> Result<u128, String> {
         .ok_or_else(|| format!("no {name} in {line:?}"))
 }
 
-/// A call that fails while the caller's stream is busy (rank 0 queued a 15 s kernel
-/// before it; rank 1 calls another length): both ranks get the mismatch, and rank 0's
-/// call returns by its deadline (5 s), not after the kernel — the failed step's wait for
-/// the stream is bounded. Both drops are bounded too (rank 0's own work has not settled:
-/// it leaves without a bye and leaks its staging; rank 1 waits for a bye that never
-/// comes, at most the timeout, and leaks its own).
-fn a_failed_step_on_a_busy_stream_returns_by_its_deadline() -> R {
+/// A call refused while the caller's stream is busy (rank 0 queued a 15 s kernel
+/// before it; rank 1 calls another length): both ranks get the mismatch at once — the
+/// call is refused at its agreement, before anything is staged, so there is nothing of
+/// it to wait for — and both drops are bounded (at most the 5 s timeout each).
+fn a_refused_call_on_a_busy_stream_returns_at_once() -> R {
     let out = job("busy", 2, 5_000)?;
     for o in &out {
         ensure!(
@@ -461,9 +567,9 @@ fn a_failed_step_on_a_busy_stream_returns_by_its_deadline() -> R {
         "    rank 0: call {call0} ms, drop {drop0} ms; rank 1: call {call1} ms, drop {drop1} ms"
     );
     ensure!(
-        (4_500..12_000).contains(&call0),
-        "rank 0's failed call returned after {call0} ms: expected about its 5 s deadline \
-         (not the 15 s kernel, not at once)"
+        call0 < 1_000,
+        "rank 0's refused call returned after {call0} ms: expected at once (not at its 5 s \
+         deadline, not after the 15 s kernel)"
     );
     ensure!(call1 < 5_000, "rank 1's call took {call1} ms");
     ensure!(
@@ -547,6 +653,18 @@ fn main() {
                 dtype_mismatch_is_typed_on_every_rank,
             ),
             (
+                "equal_byte_size_mismatch_is_typed_at_once",
+                equal_byte_size_mismatch_is_typed_at_once,
+            ),
+            (
+                "another_call_order_is_typed_at_once",
+                another_call_order_is_typed_at_once,
+            ),
+            (
+                "a_buffer_shared_by_two_ranks_is_refused_on_every_rank",
+                a_buffer_shared_by_two_ranks_is_refused_on_every_rank,
+            ),
+            (
                 "a_rank_with_a_bad_call_fails_the_others_at_once",
                 a_rank_with_a_bad_call_fails_the_others_at_once,
             ),
@@ -555,8 +673,8 @@ fn main() {
                 killed_rank_fails_the_others_typed,
             ),
             (
-                "a_failed_step_on_a_busy_stream_returns_by_its_deadline",
-                a_failed_step_on_a_busy_stream_returns_by_its_deadline,
+                "a_refused_call_on_a_busy_stream_returns_at_once",
+                a_refused_call_on_a_busy_stream_returns_at_once,
             ),
         ],
     );

@@ -92,6 +92,9 @@ impl LegacyIpcHandle {
         let handle = unsafe { result::ipc::get_mem_handle(slice.ptr) }?;
         let data = handle.reserved.map(|b| b as u8);
         reg.add_own_legacy(data);
+        // Kept for the process's life like the handle: a later allocation at this address
+        // is named by it only while a rank still imports the freed one.
+        reg.add_own_export(ImportKey::Legacy(data), base, size as u64);
         Ok(LegacyIpcHandle::new::<T>(
             slice.device().uuid(),
             data,

@@ -17,6 +17,9 @@
 //!   only [`crate::init`] — never a hidden `cuCtxSetCurrent`: the driver calls run with
 //!   the device's context pushed and popped. The device is found by UUID, so a child with
 //!   a different `CUDA_VISIBLE_DEVICES` order maps each buffer on the right GPU.
+//! * Interprocess events: [`EventHandle::export`] of an [`Event`](crate::Event) made
+//!   with [`EventFlags::interprocess`](crate::EventFlags::interprocess), opened in the
+//!   other process by [`EventHandle::open`] into an `Event` its streams wait on.
 //! * Legacy IPC: [`LegacyIpcHandle::export`] of a [`DeviceSlice`], opened as a
 //!   [`LegacySlice<T>`].
 //!
@@ -54,6 +57,7 @@
 //! importer's exit; a process may only access an allocation after it is ready
 //! ([`MemoryPool::alloc_zeros`] waits for that before returning).
 
+mod event;
 mod handle;
 mod import;
 mod legacy;
@@ -62,6 +66,7 @@ mod registry;
 mod socket;
 mod wire;
 
+pub use event::EventHandle;
 pub use handle::{BufferHandle, LegacyIpcHandle, PoolHandle, PoolId};
 pub use import::{ImportedPool, ImportedSlice};
 pub use legacy::LegacySlice;
@@ -201,6 +206,17 @@ impl Drop for OwnedPool {
 }
 
 /// The visible device with this UUID, or [`Error::UnknownDevice`].
+/// The identity across processes of the device memory at `ptr`, if another process may
+/// map it (an imported slice, or an allocation this process exported): the allocation's
+/// key in byte form (the same in the exporter and every importer) and the byte offset
+/// of `ptr` in it.
+#[cfg_attr(not(feature = "collective"), allow(dead_code))]
+pub(crate) fn shared_identity(ptr: u64) -> Option<([u8; 81], u64)> {
+    registry::lock()
+        .shared_identity(ptr)
+        .map(|(key, offset)| (key.to_bytes(), offset))
+}
+
 fn device_by_uuid(uuid: Uuid) -> Result<Arc<Device>> {
     Device::by_uuid(uuid)?.ok_or(Error::UnknownDevice { uuid })
 }

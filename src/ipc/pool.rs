@@ -341,6 +341,11 @@ impl<T: DeviceRepr> PoolSlice<T> {
         let _guard = self.pool.device.enter()?;
         // SAFETY: `ptr` is a live allocation of this IPC pool; its context is current.
         let data = unsafe { result::pool::export_pointer(self.slice.ptr) }?;
+        super::registry::lock().add_own_export(
+            super::registry::ImportKey::Pool(self.pool.id, data.reserved),
+            self.slice.ptr,
+            (self.slice.len() * std::mem::size_of::<T>()) as u64,
+        );
         Ok(BufferHandle::new::<T>(
             self.pool.id,
             self.pool.device.uuid(),
@@ -421,6 +426,9 @@ impl<T: DeviceRepr> Drop for PoolSlice<T> {
                     .and_then(|()| result::stream::synchronize(std::ptr::null_mut()))
             }
         });
+        if freed && self.pool.is_ipc() {
+            super::registry::lock().remove_own_export(self.slice.ptr);
+        }
         if !freed {
             // Leaked while the device may still use it: the pool (and its entry in the
             // registry of this process's own pools) must outlive that use, or a re-import

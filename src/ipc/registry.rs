@@ -13,6 +13,8 @@
 //!   [`Error::SameProcessImport`] (the driver refuses it too, with a less clear error).
 //!   Kept for the process's life: a handle of this process names this process's memory
 //!   whether or not the allocation is still alive.
+//! * `own_events`: the 64 bytes of every interprocess event handle exported here;
+//!   opening one here is [`Error::SameProcessImport`]. Kept for the process's life.
 //! * `keys` and `ranges`: the live [`ImportedSlice`](super::ImportedSlice)s and
 //!   [`LegacySlice`](super::LegacySlice)s, by what named them (pool id + export data, or
 //!   the legacy handle's bytes) and by the device address range they cover. A second
@@ -38,6 +40,23 @@ pub(crate) enum ImportKey {
 }
 
 impl ImportKey {
+    /// The key's fixed-size byte form (`0` + pool id + export data, or `1` + 16 zero
+    /// bytes + the legacy handle), the same in every process.
+    pub(crate) fn to_bytes(&self) -> [u8; 81] {
+        let mut b = [0u8; 81];
+        match self {
+            ImportKey::Pool(id, data) => {
+                b[1..17].copy_from_slice(&id.0);
+                b[17..].copy_from_slice(data);
+            }
+            ImportKey::Legacy(data) => {
+                b[0] = 1;
+                b[17..].copy_from_slice(data);
+            }
+        }
+        b
+    }
+
     /// For error messages.
     pub(crate) fn describe(&self) -> String {
         match self {
@@ -52,9 +71,15 @@ impl ImportKey {
 pub(crate) struct State {
     own_pools: HashMap<PoolId, usize>,
     own_legacy: HashSet<[u8; 64]>,
+    own_events: HashSet<[u8; 64]>,
     keys: HashSet<ImportKey>,
     /// start -> end (exclusive) of each live imported mapping; never overlapping.
     ranges: BTreeMap<u64, u64>,
+    /// start -> what named the live imported mapping at `start`.
+    range_keys: BTreeMap<u64, ImportKey>,
+    /// start -> (end, key) of each allocation this process exported (pool buffers until
+    /// freed, legacy allocations for the process's life).
+    own_exports: BTreeMap<u64, (u64, ImportKey)>,
 }
 
 static REGISTRY: OnceLock<Mutex<State>> = OnceLock::new();
@@ -105,6 +130,16 @@ impl State {
         self.own_legacy.contains(data)
     }
 
+    /// Records an interprocess event handle exported by this process.
+    pub(crate) fn add_own_event(&mut self, data: [u8; 64]) {
+        self.own_events.insert(data);
+    }
+
+    /// Whether this process exported an interprocess event handle with these bytes.
+    pub(crate) fn is_own_event(&self, data: &[u8; 64]) -> bool {
+        self.own_events.contains(data)
+    }
+
     /// [`Error::AlreadyImported`] if a live slice was imported from `key`.
     pub(crate) fn check_key(&self, key: &ImportKey) -> Result<()> {
         if self.keys.contains(key) {
@@ -147,6 +182,7 @@ impl State {
         let end = ptr.saturating_add(bytes.max(1));
         self.keys.insert(key.clone());
         self.ranges.insert(ptr, end);
+        self.range_keys.insert(ptr, key.clone());
         Ok(LiveImport {
             key,
             start: ptr,
@@ -157,6 +193,35 @@ impl State {
     fn remove(&mut self, key: &ImportKey, start: u64) {
         self.keys.remove(key);
         self.ranges.remove(&start);
+        self.range_keys.remove(&start);
+    }
+
+    /// Records an allocation of `bytes` bytes at `ptr` that this process exported under
+    /// `key` (replacing an entry at the same address).
+    pub(crate) fn add_own_export(&mut self, key: ImportKey, ptr: u64, bytes: u64) {
+        self.own_exports
+            .insert(ptr, (ptr.saturating_add(bytes.max(1)), key));
+    }
+
+    /// Forgets the exported allocation at `ptr` (call once it is freed).
+    pub(crate) fn remove_own_export(&mut self, ptr: u64) {
+        self.own_exports.remove(&ptr);
+    }
+
+    /// The identity across processes of the memory at `ptr`: what names its allocation
+    /// (the same key in the exporting process and in every importer) and the byte offset
+    /// of `ptr` in it. `None` for memory no other process can map.
+    pub(crate) fn shared_identity(&self, ptr: u64) -> Option<(ImportKey, u64)> {
+        if let Some((&start, &end)) = self.ranges.range(..=ptr).next_back()
+            && ptr < end
+        {
+            return self
+                .range_keys
+                .get(&start)
+                .map(|k| (k.clone(), ptr - start));
+        }
+        let (&start, (end, key)) = self.own_exports.range(..=ptr).next_back()?;
+        (ptr < *end).then(|| (key.clone(), ptr - start))
     }
 }
 
@@ -198,6 +263,23 @@ impl std::fmt::Debug for LiveImport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_identity_names_imports_and_own_exports() {
+        let mut s = State::default();
+        let g = s.insert(pool_key(5), 0x10_0000, 0x100).unwrap();
+        assert_eq!(s.shared_identity(0x10_0040), Some((pool_key(5), 0x40)));
+        assert_eq!(s.shared_identity(0x10_0100), None);
+        s.add_own_export(pool_key(6), 0x20_0000, 0x80);
+        assert_eq!(s.shared_identity(0x20_0000), Some((pool_key(6), 0)));
+        assert_eq!(s.shared_identity(0x20_0080), None);
+        s.remove_own_export(0x20_0000);
+        assert_eq!(s.shared_identity(0x20_0000), None);
+        let (key, start) = (g.key.clone(), g.start);
+        std::mem::forget(g);
+        s.remove(&key, start);
+        assert_eq!(s.shared_identity(0x10_0040), None);
+    }
 
     fn pool_key(seed: u8) -> ImportKey {
         ImportKey::Pool(PoolId([seed; 16]), [seed; 64])

@@ -34,6 +34,7 @@ pub(crate) enum Kind {
     Buffer = 2,
     Legacy = 3,
     Bundle = 4,
+    Event = 5,
 }
 
 impl Kind {
@@ -43,6 +44,7 @@ impl Kind {
             2 => "a buffer handle",
             3 => "a legacy IPC handle",
             4 => "a handle bundle",
+            5 => "an interprocess event handle",
             _ => "an unknown kind",
         }
     }

@@ -19,6 +19,12 @@
 //! them). Every wait is bounded by the job's timeout; after any error the check is
 //! broken and every later call returns that error at once (the ranks are out of step).
 //!
+//! Ranks whose buffers are one memory shared by IPC (an import on one rank of another
+//! rank's export) are refused too: after the header, a call frame carries up to two
+//! buffer identities ([`region`]: role u8, allocation key 81 bytes, byte range u64
+//! u64), and rank 0 answers `abort` with `InvalidArgument("collective aliasing: …")` when
+//! two ranks' ranges of one allocation overlap.
+//!
 //! Header payload (24 bytes, little-endian): sequence u64, kind u8 (1 all_reduce,
 //! 2 reduce, 3 broadcast, 4 all_gather, 5 reduce_scatter, 9.. tests; the same plus
 //! [`CAPTURED`] for a collective captured into a CUDA graph; [`GRAPH_LAUNCH`] for a
@@ -35,6 +41,8 @@
 //! numbers make the digest name the capture, not only its shape: two graphs captured
 //one after the other with the same collectives have different digests.
 
+pub(crate) mod region;
+
 use crate::collective::api::call::{Call, Kind};
 use crate::collective::bootstrap::{
     Frame, Kind as FrameKind, ReadFail, decode_error, encode_error,
@@ -42,6 +50,7 @@ use crate::collective::bootstrap::{
 use crate::collective::bootstrap::{read_frame, write_frame};
 use crate::error::{Error, Result};
 use crate::fnv::fnv1a64;
+use region::Region;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -229,7 +238,7 @@ impl CallCheck {
     #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn agree_call(&mut self, call: &Call) -> Result<()> {
         match Header::of(call) {
-            Some(h) => self.agree(h),
+            Some(h) => self.agree_with(h, &region::of_call(call, self.world)),
             None => self.check(),
         }
     }
@@ -286,6 +295,29 @@ impl CallCheck {
         })
     }
 
+    /// [`agree_for_test`](Self::agree_for_test) of kind 9 with this rank's receive
+    /// buffer claimed to be bytes `[lo, hi)` of a shared allocation named by `key`
+    /// (every byte of its key), for tests of the aliasing check without a GPU.
+    #[cfg(any(test, feature = "test-seams"))]
+    #[doc(hidden)]
+    pub fn agree_shared_for_test(&mut self, count: u64, key: u8, lo: u64, hi: u64) -> Result<()> {
+        let h = Header {
+            seq: 0,
+            kind: 9,
+            op: 0,
+            dtype: 0,
+            root: 0,
+            count,
+        };
+        let region = Region {
+            role: 1,
+            key: [key; 81],
+            lo,
+            hi,
+        };
+        self.agree_with(h, &[region])
+    }
+
     /// [`fail`](Self::fail) with `InvalidArgument(reason)`, for tests without a GPU.
     #[cfg(any(test, feature = "test-seams"))]
     #[doc(hidden)]
@@ -336,14 +368,20 @@ impl CallCheck {
         }
     }
 
-    fn agree(&mut self, mut own: Header) -> Result<()> {
+    fn agree(&mut self, own: Header) -> Result<()> {
+        self.agree_with(own, &[])
+    }
+
+    /// Agrees on `own` and on this rank's buffers that other processes can map
+    /// (`regions`): rank 0 refuses the call on every rank if two ranks' overlap.
+    fn agree_with(&mut self, mut own: Header, regions: &[Region]) -> Result<()> {
         self.check()?;
         own.seq = self.seq;
         self.seq += 1;
         let started = Instant::now();
         let deadline = crate::collective::support::deadline_after(self.timeout);
         let out = match &mut self.links {
-            Links::Rank0(streams) => decide(streams, own, started, deadline),
+            Links::Rank0(streams) => decide(streams, (own, regions), started, deadline),
             Links::Peer(stream) => {
                 // Rank 0 decides at the same deadline as this rank, give or take the
                 // skew of their calls: wait a quarter longer, at least 2 s, for its
@@ -351,7 +389,11 @@ impl CallCheck {
                 let extra = (self.timeout / 4).max(Duration::from_secs(2));
                 let verdict_by = deadline.checked_add(extra).unwrap_or(deadline);
                 ask(
-                    stream, self.rank, self.world, own, started, deadline, verdict_by,
+                    stream,
+                    (self.rank, self.world),
+                    (own, regions),
+                    started,
+                    (deadline, verdict_by),
                 )
             }
         };
@@ -370,10 +412,12 @@ fn ms(started: Instant) -> u64 {
 /// every rank the verdict (which it returns itself too).
 fn decide(
     streams: &mut [Option<TcpStream>],
-    own: Header,
+    (own, own_regions): (Header, &[Region]),
     started: Instant,
     deadline: Instant,
 ) -> Result<()> {
+    let mut shared: Vec<Vec<Region>> = vec![Vec::new(); streams.len()];
+    shared[0] = own_regions.to_vec();
     let mut failed: Option<Error> = None;
     let mut missing = Vec::new();
     let mut mismatch: Option<Error> = None;
@@ -398,7 +442,8 @@ fn decide(
             read => header_of(r, read),
         };
         match got {
-            Ok(h) => {
+            Ok((h, regions)) => {
+                shared[r] = regions;
                 if mismatch.is_none() && !h.same_call(&own) {
                     mismatch = Some(Error::InvalidArgument(format!(
                         "collective mismatch: rank 0 called {}, rank {r} called {}",
@@ -423,21 +468,30 @@ fn decide(
             after_ms: ms(started),
         }),
         (None, true, Some(e)) => Err(e),
-        (None, true, None) => Ok(()),
+        (None, true, None) => region::check(&shared, &own.describe()),
     };
     tell_verdict(streams, verdict, deadline)
 }
 
 /// What rank `r`'s answer to the call check says: its header, or why it failed.
-fn header_of(r: usize, read: std::result::Result<Frame, ReadFail>) -> Result<Header> {
+fn header_of(
+    r: usize,
+    read: std::result::Result<Frame, ReadFail>,
+) -> Result<(Header, Vec<Region>)> {
     match read {
-        Ok(f) if f.kind == FrameKind::Call && f.rank as usize == r => Header::decode(&f.payload)
-            .ok_or_else(|| Error::Rendezvous {
-                reason: format!(
-                    "rank {r} sent a collective header of {} bytes, not {HEADER_BYTES}",
-                    f.payload.len()
-                ),
-            }),
+        Ok(f) if f.kind == FrameKind::Call && f.rank as usize == r => {
+            let (head, tail) = f.payload.split_at(f.payload.len().min(HEADER_BYTES));
+            Header::decode(head)
+                .zip(region::decode_all(tail))
+                .ok_or_else(|| Error::Rendezvous {
+                    reason: format!(
+                        "rank {r} sent a collective header of {} bytes, not {HEADER_BYTES} \
+                         plus at most two buffer identities of {} bytes",
+                        f.payload.len(),
+                        region::REGION_BYTES
+                    ),
+                })
+        }
         Ok(f) if f.kind == FrameKind::Abort => Err(match decode_error(&f.payload) {
             e @ Error::PeerFailed { .. } => e,
             other => Error::PeerFailed {
@@ -509,12 +563,10 @@ fn tell_verdict(
 /// A rank other than 0: sends its header, waits for rank 0's verdict.
 fn ask(
     stream: &mut TcpStream,
-    rank: usize,
-    world: usize,
-    own: Header,
+    (rank, world): (usize, usize),
+    (own, regions): (Header, &[Region]),
     started: Instant,
-    deadline: Instant,
-    verdict_by: Instant,
+    (deadline, verdict_by): (Instant, Instant),
 ) -> Result<()> {
     let rank0_gone = |why: String| Error::PeerFailed {
         rank: 0,
@@ -524,7 +576,11 @@ fn ask(
         kind: FrameKind::Call,
         world: world as u32,
         rank: rank as u32,
-        payload: own.encode(),
+        payload: {
+            let mut p = own.encode();
+            region::encode_into(regions, &mut p);
+            p
+        },
     };
     write_frame(stream, &f, deadline).map_err(|e| {
         rank0_gone(format!(

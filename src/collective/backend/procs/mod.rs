@@ -7,6 +7,9 @@
 //!
 //! One step of a call (a chunk of at most the staging size), on rank `r`'s stream `s`:
 //!
+//! 0. Once per call, before anything is staged: `r` sends its header (kind, op, type,
+//!    element count, root/peer, sequence) and receives the partners'; if they disagree,
+//!    every rank returns the same typed mismatch and nothing is enqueued.
 //! 1. `s` waits for `r`'s own `done` event (local: chains `r`'s steps, whichever
 //!    streams they were on).
 //! 2. If `r` stages this step: it waits on the host for every done notice owed for its
@@ -15,8 +18,8 @@
 //!    reading what this overwrites.
 //! 3. `r` records `ready` on `s`, then sends its header and receives the peers'
 //!    (after the record: a peer that sees the header knows the record happened).
-//! 4. The headers must agree (op, type, length, root/peer), else the same typed error on
-//!    every rank and nothing is enqueued past the staging copy.
+//! 4. The step headers must agree (as in 0, so they do unless a peer breaks the
+//!    protocol), else the same typed error on every rank.
 //! 5. `r` polls (host, bounded) the `ready` event of each rank whose staging it reads,
 //!    then enqueues its reads (reduce kernel or copies) into its own output on `s`.
 //! 6. `r` records `done` on `s` and sends a done notice to each rank it read from.
@@ -30,6 +33,7 @@ use crate::collective::api::call::{Call, Kind};
 use crate::collective::api::types::Op;
 use crate::collective::backend::interface::{RankBackend, RankCall, RankCapture, RankSeat};
 use crate::collective::backend::kernels::nvrtc::KernelSet;
+use crate::collective::callcheck::region;
 use crate::graph::Capture;
 use crate::stream::BoundStream;
 use control::{Budget, Header, ProcessGroup};
@@ -143,6 +147,8 @@ pub(crate) struct ProcsRank {
     /// could be followed by a `done` record: the drop treats this rank's own reads as
     /// unsettled (no bye; the peers keep their staging).
     unsettled: bool,
+    /// The current call got past its agreement (it may have enqueued work).
+    stepping: bool,
 }
 
 // SAFETY: the raw event handles are thread-agnostic identifiers used only with their
@@ -200,6 +206,7 @@ impl ProcsRank {
             peers: (0..world).map(|_| None).collect(),
             kernels: ManuallyDrop::new(kernels),
             unsettled: false,
+            stepping: false,
         };
         let exchanged = me.exchange_exports(&budget);
         if let Err(e) = exchanged {
@@ -375,6 +382,7 @@ impl ProcsRank {
         let budget = Budget::new(self.group.timeout());
         // A driver error on this rank's context goes through its device's check (a
         // sticky error poisons the device) before the peers are told.
+        self.stepping = false;
         let out = self.run_inner(stream, call, &budget);
         let out = self.device.check(out);
         match out {
@@ -382,7 +390,10 @@ impl ProcsRank {
             Err(e) => {
                 // Tell the peers first: they must not wait on this rank.
                 let e = self.group.fail(e);
-                self.settle_failed_step(stream, &budget);
+                // A call refused at its agreement enqueued nothing: nothing to settle.
+                if self.stepping {
+                    self.settle_failed_step(stream, &budget);
+                }
                 Err(e)
             }
         }
@@ -447,6 +458,13 @@ impl ProcsRank {
             _ => others.clone(),
         };
         let h = header(call);
+        // The whole call (kind, op, type, element count, root/peer, in call order) is
+        // agreed before anything is staged: ranks that disagree, even on calls of equal
+        // byte size, all return the same typed mismatch with nothing enqueued; so are
+        // ranks whose buffers are one memory shared by IPC.
+        self.group
+            .agree_with(h, &region::of_call(call, n), &partners, budget)?;
+        self.stepping = true;
         let mut lo = 0;
         // A zero-length call still agrees (one step with nothing to move).
         loop {

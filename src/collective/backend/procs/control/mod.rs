@@ -34,8 +34,9 @@ use std::time::{Duration, Instant};
 mod connect;
 mod wire;
 
+use crate::collective::callcheck::region;
 use wire::*;
-pub(crate) use wire::{Header, KIND_RECV, KIND_SEND};
+pub(crate) use wire::{Header, KIND_RECV, KIND_SEND, Region};
 
 fn after_ms(started: Instant) -> u64 {
     started.elapsed().as_millis().min(u128::from(u64::MAX)) as u64
@@ -297,31 +298,43 @@ impl ProcessGroup {
     /// Exchanges this rank's header with `peers` (all other ranks for a collective, the
     /// partner for send/recv) and checks they agree: every rank of a collective sees the
     /// same headers, so a mismatch is the same typed error on each.
-    pub(crate) fn agree(
+    pub(crate) fn agree(&mut self, own: Header, peers: &[usize], budget: &Budget) -> Result<()> {
+        self.agree_with(own, &[], peers, budget)
+    }
+
+    /// [`agree`](Self::agree), also exchanging the identities of this rank's buffers
+    /// that other processes can map (`regions`): after the headers agree, two ranks
+    /// whose buffers share memory are the same typed error on every rank
+    /// (`InvalidArgument("collective aliasing: …")`).
+    pub(crate) fn agree_with(
         &mut self,
         mut own: Header,
+        regions: &[Region],
         peers: &[usize],
         budget: &Budget,
     ) -> Result<()> {
         own.seq = self.seq;
         self.seq += 1;
         let (started, deadline) = (budget.started, budget.deadline);
-        let msg = encode_call(&own);
+        let msg = encode_call(&own, regions);
         for &q in peers {
             self.send_to(q, &msg, started, deadline)?;
         }
         let mut theirs: Vec<Option<Header>> = vec![None; self.world];
+        let mut shared: Vec<Vec<Region>> = vec![Vec::new(); self.world];
         theirs[self.rank] = Some(own);
+        shared[self.rank] = regions.to_vec();
         let mut pending: Vec<usize> = peers.to_vec();
         while !pending.is_empty() {
             let what = format!("the other ranks' headers of {}", own.describe());
             let (q, m) = self.recv_any(&pending, started, deadline, &what)?;
-            let Msg::Call(h) = m else {
+            let Msg::Call(h, r) = m else {
                 return Err(garbage(format_args!(
                     "{m:?} from rank {q} instead of a call header"
                 )));
             };
             theirs[q] = Some(h);
+            shared[q] = r;
             pending.retain(|&p| p != q);
         }
         if matches!(own.kind, KIND_SEND | KIND_RECV) {
@@ -350,7 +363,7 @@ impl ProcessGroup {
                     r.1.describe()
                 )));
             }
-            return Ok(());
+            return region::check(&shared, &own.describe());
         }
         // In rank order, against the lowest rank taking part: the same verdict on all.
         let all: Vec<(usize, Header)> = theirs
@@ -368,7 +381,7 @@ impl ProcessGroup {
                 )));
             }
         }
-        Ok(())
+        region::check(&shared, &own.describe())
     }
 
     /// The sequence number of the step last agreed (the one a done notice sent now is
@@ -523,6 +536,31 @@ impl ProcessGroup {
         };
         let budget = Budget::new(self.timeout);
         self.guarded(|g| g.agree(h, &peers, &budget))
+    }
+
+    /// [`agree_for_test`](Self::agree_for_test) with this rank's buffer claimed to be
+    /// bytes `[lo, hi)` of a shared allocation named by `key` (every byte of its key),
+    /// for tests of the aliasing check without a GPU.
+    #[cfg(any(test, feature = "test-seams"))]
+    #[doc(hidden)]
+    pub fn agree_shared_for_test(&mut self, count: u64, key: u8, lo: u64, hi: u64) -> Result<()> {
+        let peers: Vec<usize> = (0..self.world).filter(|&q| q != self.rank).collect();
+        let h = Header {
+            seq: 0,
+            kind: 9,
+            op: 0,
+            dtype: 0,
+            arg: 0,
+            count,
+        };
+        let region = Region {
+            role: 1,
+            key: [key; 81],
+            lo,
+            hi,
+        };
+        let budget = Budget::new(self.timeout);
+        self.guarded(|g| g.agree_with(h, &[region], &peers, &budget))
     }
 
     /// Says bye to every peer, then waits (at most the timeout) until each has said bye

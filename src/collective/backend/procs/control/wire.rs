@@ -6,8 +6,9 @@ use crate::error::{Error, Result};
 pub(super) const MAGIC: &[u8; 4] = b"GBPC";
 /// The control channel's protocol version.
 /// Version 2: a done notice carries the sequence number of the step read (version 1
-/// sent the next one, and it was not checked).
-pub(crate) const VERSION: u16 = 2;
+/// sent the next one, and it was not checked). Version 3: a call header may carry the
+/// identities of the call's buffers that other processes can map ([`Region`]).
+pub(crate) const VERSION: u16 = 3;
 
 pub(super) const HELLO: u8 = 1;
 pub(super) const WELCOME: u8 = 2;
@@ -96,6 +97,9 @@ impl Header {
     }
 }
 
+use crate::collective::callcheck::region;
+pub(crate) use crate::collective::callcheck::region::Region;
+
 /// A decoded control message.
 #[derive(Debug)]
 pub(super) enum Msg {
@@ -107,7 +111,7 @@ pub(super) enum Msg {
     },
     Welcome,
     Reject(Error),
-    Call(Header),
+    Call(Header, Vec<Region>),
     Abort(Error),
     /// The sequence number of the step whose reads are done.
     Done(u64),
@@ -134,7 +138,9 @@ pub(super) fn error_parts(own_rank: usize, e: &Error) -> (usize, u8, String) {
     match e {
         Error::PeerFailed { rank, reason } => (*rank, CODE_FAILED, reason.clone()),
         Error::PeerTimeout { .. } => (own_rank, CODE_TIMEOUT, e.to_string()),
-        Error::InvalidArgument(m) if m.starts_with("collective mismatch") => {
+        Error::InvalidArgument(m)
+            if m.starts_with("collective mismatch") || m.starts_with("collective aliasing") =>
+        {
             (own_rank, CODE_MISMATCH, m.clone())
         }
         Error::Rendezvous { reason } => (own_rank, CODE_BAD_SETUP, reason.clone()),
@@ -235,15 +241,20 @@ pub(super) fn decode(from: usize, bytes: &[u8]) -> Result<Msg> {
         }
         REJECT => Msg::Reject(decode_error(from, b)?),
         CALL => {
-            exact(24)?;
-            Msg::Call(Header {
-                seq: u64_at(b, 0)?,
-                kind: b[8],
-                op: b[9],
-                dtype: b[10],
-                arg: u32_at(b, 12)?,
-                count: u64_at(b, 16)?,
-            })
+            if b.len() < 24 {
+                exact(24)?;
+            }
+            Msg::Call(
+                Header {
+                    seq: u64_at(b, 0)?,
+                    kind: b[8],
+                    op: b[9],
+                    dtype: b[10],
+                    arg: u32_at(b, 12)?,
+                    count: u64_at(b, 16)?,
+                },
+                decode_regions(&b[24..])?,
+            )
         }
         ABORT => Msg::Abort(decode_error(from, b)?),
         DONE => {
@@ -258,14 +269,24 @@ pub(super) fn decode(from: usize, bytes: &[u8]) -> Result<Msg> {
     })
 }
 
-pub(super) fn encode_call(h: &Header) -> Vec<u8> {
+pub(super) fn encode_call(h: &Header, regions: &[Region]) -> Vec<u8> {
     let mut body = h.seq.to_le_bytes().to_vec();
     body.extend_from_slice(&[h.kind, h.op, h.dtype, 0]);
     body.extend_from_slice(&h.arg.to_le_bytes());
     body.extend_from_slice(&h.count.to_le_bytes());
+    region::encode_into(regions, &mut body);
     encode(CALL, &body)
 }
 
+/// The regions after a call header's 24 bytes (at most two: send and receive).
+fn decode_regions(b: &[u8]) -> Result<Vec<Region>> {
+    region::decode_all(b).ok_or_else(|| {
+        garbage(format_args!(
+            "a call header with {} bytes of buffer identities",
+            b.len()
+        ))
+    })
+}
 /// FNV-1a 64 of the job key (names the sockets; checked in the hello).
 pub(super) fn key_hash(key: &str) -> u64 {
     crate::fnv::fnv1a64(key.as_bytes())
@@ -295,9 +316,39 @@ mod tests {
     }
 
     #[test]
+    fn a_third_region_is_refused() {
+        let r = |lo: u64| Region {
+            role: 1,
+            key: [1; 81],
+            lo,
+            hi: lo + 1,
+        };
+        let three = encode_call(&call(), &[r(0), r(1), r(2)]);
+        assert!(matches!(decode(0, &three), Err(Error::Rendezvous { .. })));
+    }
+
+    #[test]
     fn messages_round_trip() {
-        match decode(1, &encode_call(&call())).unwrap() {
-            Msg::Call(h) => assert_eq!(h, call()),
+        match decode(1, &encode_call(&call(), &[])).unwrap() {
+            Msg::Call(h, r) => assert!(h == call() && r.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        let regions = [
+            Region {
+                role: 0,
+                key: [3; 81],
+                lo: 8,
+                hi: 4104,
+            },
+            Region {
+                role: 1,
+                key: std::array::from_fn(|i| i as u8),
+                lo: 0,
+                hi: u64::MAX,
+            },
+        ];
+        match decode(1, &encode_call(&call(), &regions)).unwrap() {
+            Msg::Call(h, r) => assert!(h == call() && r == regions),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
@@ -323,7 +374,7 @@ mod tests {
 
     #[test]
     fn garbage_truncation_and_other_versions_are_typed() {
-        let good = encode_call(&call());
+        let good = encode_call(&call(), &[]);
         for cut in 0..good.len() {
             assert!(
                 matches!(decode(0, &good[..cut]), Err(Error::Rendezvous { .. })),
@@ -333,10 +384,10 @@ mod tests {
         let mut longer = good.clone();
         longer.push(0);
         assert!(matches!(decode(0, &longer), Err(Error::Rendezvous { .. })));
-        let mut v3 = good.clone();
-        v3[4] = 3;
-        match decode(0, &v3) {
-            Err(Error::Rendezvous { reason }) => assert!(reason.contains("version 3")),
+        let mut v2 = good.clone();
+        v2[4] = 2;
+        match decode(0, &v2) {
+            Err(Error::Rendezvous { reason }) => assert!(reason.contains("version 2")),
             other => panic!("{other:?}"),
         }
         let mut unknown = good;
