@@ -98,7 +98,8 @@ impl<'a> Endpoint<'a> {
         self.kind
     }
 
-    /// The device that must be bound to copy from/to this memory, if any.
+    /// The device whose context owns this memory, if any (`None` for pageable and portable
+    /// page-locked memory).
     pub fn device(&self) -> Option<&'a Arc<Device>> {
         self.device
     }
@@ -398,8 +399,11 @@ pub(crate) fn device_to_device<T: DeviceRepr>(
 impl<'a> BoundDevice<'a> {
     /// Copies `src` into `dst` — any pair of memory kinds — and returns when the copy is
     /// complete. Lengths must match ([`Error::SizeMismatch`](crate::Error::SizeMismatch));
-    /// device and managed memory, and non-portable pinned or registered memory, must
-    /// belong to the bound device ([`Error::WrongDevice`](crate::Error::WrongDevice)).
+    /// managed memory must belong to the bound device
+    /// ([`Error::WrongDevice`](crate::Error::WrongDevice)). Device memory of another
+    /// device is copied with `cuMemcpyPeerAsync` (the binding is unchanged); page-locked
+    /// memory of another device's context, unless portable, is copied like pageable
+    /// memory.
     ///
     /// ```no_run
     /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
@@ -449,7 +453,9 @@ impl<'b> BoundStream<'b> {
     /// stream has passed this point ([`synchronize`](Self::synchronize), or an event
     /// recorded after it). gpubind's device, pool and managed buffers need no such care:
     /// their other uses are ordered around the copy, and their frees wait for it.
-    /// [`copy_scope`](Self::copy_scope) is the safe form of this call.
+    /// [`copy_scope`](Self::copy_scope) is the safe form of this call, and
+    /// [`copy_tracked_async`](Self::copy_tracked_async) the safe form for
+    /// [`TrackedMemory`] on both sides, with nothing to wait for.
     pub unsafe fn copy_async<T, S, D>(&self, src: &S, dst: &mut D) -> Result<()>
     where
         T: DeviceRepr,
