@@ -687,7 +687,9 @@ impl<'b> BoundStream<'b> {
 /// # Ok(()) }
 /// ```
 ///
-/// Code that manages the synchronisation itself can use the `unsafe`
+/// Buffers that are all [`TrackedMemory`] (device memory, pinned buffers and their
+/// views) need no scope at all: [`BoundStream::copy_tracked_async`] is safe and leaves the
+/// copy in flight. Code that manages the synchronisation itself can use the `unsafe`
 /// [`BoundStream::copy_async`].
 pub struct CopyScope<'s, 'env> {
     stream: &'s BoundStream<'s>,

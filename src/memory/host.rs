@@ -170,6 +170,15 @@ impl<T: DeviceRepr> LockedRange<T> {
 /// into the device's address space, so a kernel can read and write them directly (pass
 /// them as launch arguments).
 ///
+/// Both carry an access tracker, like device memory: a host read (`Deref`, `as_slice`)
+/// waits for the GPU's pending writes into the memory, a host write (`DerefMut`,
+/// `as_mut_slice`) for every pending use, and the drop too. So a `PinnedHostBuffer` (and
+/// a `RegisteredHost<'static, T>`) is [`TrackedMemory`](crate::TrackedMemory): copies with
+/// it on a stream are safe without a scope and may stay in flight
+/// ([`BoundStream::copy_tracked_async`](crate::BoundStream::copy_tracked_async)), and
+/// [`slice`](PinnedHostBuffer::slice) / [`slice_mut`](PinnedHostBuffer::slice_mut) give
+/// sub-ranges that stay page-locked ([`PageLockedView`]).
+///
 /// ```no_run
 /// # fn main() -> gpubind::Result<()> {
 /// use gpubind::{Device, PinnedOptions, RegisterOptions, ThreadContext};
