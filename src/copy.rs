@@ -298,7 +298,8 @@ unsafe fn enqueue<T: DeviceRepr>(
     // belongs to it; both ranges hold `bytes` bytes; tracked endpoints are ordered after
     // their other uses (above) and freed only after this one; untracked ones outlive the
     // copy (the caller's contract); host endpoints carry host pointers, the others device
-    // addresses.
+    // addresses; peer copies name the primary contexts of the endpoints' devices, retained
+    // by those `Device`s, which the endpoints borrow.
     let enqueued: Result<()> = unsafe {
         match (src.kind.is_host(), dst.kind.is_host()) {
             (true, true) => {
