@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::memory::{ByteSpan, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, expect_len};
 use crate::module::global::ModuleGlobal;
 use crate::stream::BoundStream;
+use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -97,7 +98,8 @@ impl<'a> Endpoint<'a> {
         self.kind
     }
 
-    /// The device that must be bound to copy from/to this memory, if any.
+    /// The device whose context owns this memory, if any (`None` for pageable and portable
+    /// page-locked memory).
     pub fn device(&self) -> Option<&'a Arc<Device>> {
         self.device
     }
@@ -166,6 +168,8 @@ macro_rules! device_only_endpoints {
     ($($ty:ident $(<$lt:lifetime>)?, $mutable:tt;)*) => { $(
         $crate::copy::copy_endpoints!($ty $(<$lt>)?, $mutable, $crate::copy::device_endpoint);
         impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::DeviceOnlyMemory
+            for $ty<$($lt,)? T> {}
+        impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::TrackedMemory
             for $ty<$($lt,)? T> {}
     )* };
 }
@@ -260,14 +264,11 @@ unsafe fn enqueue<T: DeviceRepr>(
     how: Order,
     src: Endpoint<'_>,
     dst: Endpoint<'_>,
+    force_peer: bool,
 ) -> Result<()> {
     let bound = stream.bound();
-    if let Some(d) = src.device {
-        bound.expect_device("copy source", d)?;
-    }
-    if let Some(d) = dst.device {
-        bound.expect_device("copy destination", d)?;
-    }
+    expect_bound_or_peer(bound, "copy source", &src)?;
+    expect_bound_or_peer(bound, "copy destination", &dst)?;
     expect_len("copy", dst.len, src.len)?;
     let bytes = src.len * std::mem::size_of::<T>();
     if bytes == 0 {
@@ -289,6 +290,7 @@ unsafe fn enqueue<T: DeviceRepr>(
         )));
     }
     stream.ensure_stream_context()?;
+    let peer = peer_contexts(bound, &src, &dst, force_peer)?;
     let _claimed = order(stream, how, &src, &dst)?;
     // SAFETY: `raw` is the stream's handle, valid while `stream` is borrowed.
     let raw = unsafe { stream.raw() };
@@ -296,7 +298,8 @@ unsafe fn enqueue<T: DeviceRepr>(
     // belongs to it; both ranges hold `bytes` bytes; tracked endpoints are ordered after
     // their other uses (above) and freed only after this one; untracked ones outlive the
     // copy (the caller's contract); host endpoints carry host pointers, the others device
-    // addresses.
+    // addresses; peer copies name the primary contexts of the endpoints' devices, retained
+    // by those `Device`s, which the endpoints borrow.
     let enqueued: Result<()> = unsafe {
         match (src.kind.is_host(), dst.kind.is_host()) {
             (true, true) => {
@@ -311,7 +314,12 @@ unsafe fn enqueue<T: DeviceRepr>(
             (false, true) => {
                 result::copy::dtoh_async(dst.addr as *mut c_void, src.addr, bytes, raw)
             }
-            (false, false) => result::copy::dtod_async(dst.addr, src.addr, bytes, raw),
+            (false, false) => match peer {
+                Some((dst_ctx, src_ctx)) => {
+                    result::copy::peer_async(dst.addr, dst_ctx, src.addr, src_ctx, bytes, raw)
+                }
+                None => result::copy::dtod_async(dst.addr, src.addr, bytes, raw),
+            },
         }
     };
     let enqueued = bound.device().check(enqueued);
@@ -323,11 +331,80 @@ unsafe fn enqueue<T: DeviceRepr>(
     Ok(())
 }
 
+/// Checks that `end` can be copied under `bound`: host memory (page-locked memory of any
+/// device: under another context the driver copies it as pageable memory, synchronously)
+/// and device memory of any device (copied with `cuMemcpyPeerAsync`) can; managed memory
+/// must belong to the bound device.
+fn expect_bound_or_peer(
+    bound: &BoundDevice<'_>,
+    what: &'static str,
+    end: &Endpoint<'_>,
+) -> Result<()> {
+    match (end.kind, end.device) {
+        (MemoryKind::Managed, Some(d)) => bound.expect_device(what, d),
+        _ => Ok(()),
+    }
+}
+
+/// The `(destination, source)` contexts for `cuMemcpyPeerAsync` when a device-to-device
+/// copy involves a device other than the bound one (or `force` asks for the peer path);
+/// `None` for a copy within the bound device.
+fn peer_contexts(
+    bound: &BoundDevice<'_>,
+    src: &Endpoint<'_>,
+    dst: &Endpoint<'_>,
+    force: bool,
+) -> Result<Option<(sys::CUcontext, sys::CUcontext)>> {
+    if src.kind.is_host() || dst.kind.is_host() {
+        return Ok(None);
+    }
+    let (Some(s), Some(d)) = (src.device, dst.device) else {
+        return Ok(None);
+    };
+    let here = bound.device().ordinal();
+    if !force && s.ordinal() == here && d.ordinal() == here {
+        return Ok(None);
+    }
+    Ok(Some((d.primary_context()?.0.0, s.primary_context()?.0.0)))
+}
+
+/// Enqueues a copy between two device allocations of any devices on `stream` (bound to
+/// any device): the copy behind [`BoundDevice::dtod`] and [`BoundStream::dtod_async`] when
+/// the devices differ, and behind the peer calls.
+pub(crate) fn device_to_device<T: DeviceRepr>(
+    stream: &BoundStream<'_>,
+    synchronous: bool,
+    src: &impl crate::memory::DeviceMemory<T>,
+    dst: &mut impl crate::memory::DeviceMemoryMut<T>,
+    force_peer: bool,
+) -> Result<()> {
+    let how = if synchronous {
+        Order::Host
+    } else {
+        Order::Stream
+    };
+    let dst: &_ = dst;
+    // SAFETY: the stream belongs to the bound context; both endpoints are tracked device
+    // memory, whose other uses are ordered around the copy and whose frees wait for it.
+    unsafe {
+        enqueue::<T>(
+            stream,
+            how,
+            device_endpoint(src),
+            device_endpoint(dst),
+            force_peer,
+        )
+    }
+}
+
 impl<'a> BoundDevice<'a> {
     /// Copies `src` into `dst` — any pair of memory kinds — and returns when the copy is
     /// complete. Lengths must match ([`Error::SizeMismatch`](crate::Error::SizeMismatch));
-    /// device and managed memory, and non-portable pinned or registered memory, must
-    /// belong to the bound device ([`Error::WrongDevice`](crate::Error::WrongDevice)).
+    /// managed memory must belong to the bound device
+    /// ([`Error::WrongDevice`](crate::Error::WrongDevice)). Device memory of another
+    /// device is copied with `cuMemcpyPeerAsync` (the binding is unchanged); page-locked
+    /// memory of another device's context, unless portable, is copied like pageable
+    /// memory.
     ///
     /// ```no_run
     /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
@@ -348,7 +425,21 @@ impl<'a> BoundDevice<'a> {
         // SAFETY: the legacy default stream of the current context; with `Order::Host`
         // the copy has finished when `enqueue` returns, while `src` and `dst` are still
         // borrowed.
-        unsafe { enqueue::<T>(&stream, Order::Host, src.source(), dst) }
+        unsafe { enqueue::<T>(&stream, Order::Host, src.source(), dst, false) }
+    }
+}
+
+impl<'a> BoundDevice<'a> {
+    /// Copies device memory `src` into device memory `dst` — of any two devices, or one —
+    /// with `cuMemcpyPeerAsync`, and returns when the copy is complete. Ordered after
+    /// every pending use of both buffers on every device; the binding is unchanged.
+    /// Lengths must match ([`Error::SizeMismatch`](crate::Error::SizeMismatch)).
+    pub fn copy_peer<T: DeviceRepr>(
+        &self,
+        src: &impl crate::memory::DeviceMemory<T>,
+        dst: &mut impl crate::memory::DeviceMemoryMut<T>,
+    ) -> Result<()> {
+        device_to_device(&self.default_stream(), true, src, dst, true)
     }
 }
 
@@ -363,7 +454,9 @@ impl<'b> BoundStream<'b> {
     /// stream has passed this point ([`synchronize`](Self::synchronize), or an event
     /// recorded after it). gpubind's device, pool and managed buffers need no such care:
     /// their other uses are ordered around the copy, and their frees wait for it.
-    /// [`copy_scope`](Self::copy_scope) is the safe form of this call.
+    /// [`copy_scope`](Self::copy_scope) is the safe form of this call, and
+    /// [`copy_tracked_async`](Self::copy_tracked_async) the safe form for
+    /// [`TrackedMemory`] on both sides, with nothing to wait for.
     pub unsafe fn copy_async<T, S, D>(&self, src: &S, dst: &mut D) -> Result<()>
     where
         T: DeviceRepr,
@@ -373,7 +466,72 @@ impl<'b> BoundStream<'b> {
         let dst = dst.dest()?;
         // SAFETY: this stream belongs to the bound context (BoundStream invariant); the
         // buffers' lifetime is the caller's contract.
-        unsafe { enqueue::<T>(self, Order::Stream, src.source(), dst) }
+        unsafe { enqueue::<T>(self, Order::Stream, src.source(), dst, false) }
+    }
+
+    /// Enqueues a copy of `src` into `dst` without waiting; safe because both sides are
+    /// [`TrackedMemory`]: the copy is recorded as a pending use of each, so it may stay in
+    /// flight after this call, across iterations, with no synchronisation by the caller.
+    ///
+    /// Everything that touches either buffer afterwards is ordered after the copy: work on
+    /// other streams waits for it on the device; host reads of a page-locked destination
+    /// ([`PinnedHostBuffer`](crate::PinnedHostBuffer)'s `Deref`, `as_slice`) wait for it to
+    /// land, host writes of a page-locked source wait until it has been read, and dropping
+    /// either buffer waits for it. Copies to and from page-locked memory (also through a
+    /// [`PageLockedView`](crate::PageLockedView)) are truly asynchronous DMA.
+    ///
+    /// Either side may be device memory of any device, whichever device is bound:
+    /// device-to-device copies between devices run as `cuMemcpyPeerAsync` on this stream,
+    /// after the source's pending writes and the destination's pending uses on every
+    /// device. Lengths must match ([`Error::SizeMismatch`](crate::Error::SizeMismatch)).
+    ///
+    /// ```no_run
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>) -> gpubind::Result<()> {
+    /// let mut pinned = gpu.alloc_pinned::<f32>(1024, Default::default())?;
+    /// let mut d = gpu.alloc_zeros::<f32>(1024)?;
+    /// for step in 0..3 {
+    ///     pinned.fill(step as f32);               // waits until the last upload has read it
+    ///     s.copy_tracked_async(&pinned, &mut d)?; // in flight; nothing waits here
+    ///     s.copy_tracked_async(&d, &mut pinned)?;
+    /// }
+    /// assert_eq!(pinned[0], 2.0);                 // the read waits for the download
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Pageable memory (`[T]`, `Vec<T>`) is not tracked, so it cannot be given here:
+    ///
+    /// ```compile_fail,E0277
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>) -> gpubind::Result<()> {
+    /// let host = vec![0f32; 16];
+    /// let mut d = gpu.alloc_zeros::<f32>(16)?;
+    /// s.copy_tracked_async(&host, &mut d)?; // error[E0277]: `Vec<f32>: TrackedMemory` is not satisfied
+    /// # Ok(()) }
+    /// ```
+    pub fn copy_tracked_async<T, S, D>(&self, src: &S, dst: &mut D) -> Result<()>
+    where
+        T: DeviceRepr,
+        S: CopySource<T> + TrackedMemory + ?Sized,
+        D: CopyDest<T> + TrackedMemory + ?Sized,
+    {
+        let dst = dst.dest()?;
+        // SAFETY: this stream belongs to the bound context; both endpoints are tracked
+        // (`TrackedMemory`): their host accesses and frees wait for the copy recorded by
+        // the claim in `enqueue`.
+        unsafe { enqueue::<T>(self, Order::Stream, src.source(), dst, false) }
+    }
+
+    /// Enqueues a copy between device allocations of any two devices (also one device)
+    /// with `cuMemcpyPeerAsync` on this stream, ordered like
+    /// [`copy_tracked_async`](Self::copy_tracked_async): after the source's pending writes
+    /// and the destination's pending reads and writes, on whichever device they run.
+    /// The binding is unchanged. Lengths must match
+    /// ([`Error::SizeMismatch`](crate::Error::SizeMismatch)).
+    pub fn copy_peer_async<T: DeviceRepr>(
+        &self,
+        src: &impl crate::memory::DeviceMemory<T>,
+        dst: &mut impl crate::memory::DeviceMemoryMut<T>,
+    ) -> Result<()> {
+        device_to_device(self, false, src, dst, true)
     }
 
     /// Runs `f`, in which [`CopyScope::copy`] enqueues asynchronous copies on this stream,
@@ -530,7 +688,9 @@ impl<'b> BoundStream<'b> {
 /// # Ok(()) }
 /// ```
 ///
-/// Code that manages the synchronisation itself can use the `unsafe`
+/// Buffers that are all [`TrackedMemory`] (device memory, pinned buffers and their
+/// views) need no scope at all: [`BoundStream::copy_tracked_async`] is safe and leaves the
+/// copy in flight. Code that manages the synchronisation itself can use the `unsafe`
 /// [`BoundStream::copy_async`].
 pub struct CopyScope<'s, 'env> {
     stream: &'s BoundStream<'s>,
@@ -600,3 +760,15 @@ impl<'s, 'env> CopyScope<'s, 'env> {
 /// (not managed memory, which the host can read directly). Sealed. Such memory need not
 /// stay borrowed until a [`CopyScope`] ends; see [`CopyScope::copy_to_device`].
 pub trait DeviceOnlyMemory: seal::Sealed {}
+
+/// Memory whose pending stream-ordered uses gpubind tracks, and which the host reaches
+/// only through calls that wait for them: device memory ([`DeviceOnlyMemory`]),
+/// [`PinnedHostBuffer`](crate::PinnedHostBuffer), a [`RegisteredHost`](crate::RegisteredHost)
+/// that owns its pages (`'static`), and their [`PageLockedView`](crate::PageLockedView)s.
+/// Its host reads wait for pending device writes into it, its host writes for pending
+/// device reads, and its drop for both; so a copy between two such buffers needs no
+/// borrow past its call ([`BoundStream::copy_tracked_async`]). Sealed.
+///
+/// A registration that borrows shorter-lived memory is not one: forgetting it would end
+/// the borrow of the pages without any wait.
+pub trait TrackedMemory: seal::Sealed {}

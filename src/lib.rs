@@ -160,7 +160,9 @@ mod loom_tests;
 
 // The core's items, each at the root only (docs/design.md, "Public paths").
 pub use context::{BoundDevice, ThreadContext};
-pub use copy::{CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind};
+pub use copy::{
+    CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind, TrackedMemory,
+};
 pub use device::{Device, DeviceAttribute, Uuid};
 #[cfg(feature = "cublas")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
@@ -174,7 +176,8 @@ pub use error::{DriverErrorCode, Error, Result};
 pub use graph::{Capture, CaptureLaunch, Graph, GraphExec};
 pub use launch::{ClusterScheduling, LaunchBuilder, LaunchConfig, LaunchExBuilder};
 pub use memory::host::{
-    CaptureSource, HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost,
+    CaptureSource, HostMemory, PageLockedView, PageLockedViewMut, PinnedHostBuffer, PinnedOptions,
+    RegisterOptions, RegisteredHost,
 };
 pub use memory::managed::{Advice, Location, ManagedSlice};
 pub use memory::pool::{DevicePool, PoolSetting};

@@ -664,14 +664,19 @@ impl<'b> BoundStream<'b> {
         }
     }
 
-    /// Stream-ordered device-to-device copy; lengths must match.
+    /// Stream-ordered device-to-device copy; lengths must match. The buffers may belong
+    /// to any devices (see [`copy_peer_async`](Self::copy_peer_async)); the binding is
+    /// unchanged.
     pub fn dtod_async<T: DeviceRepr>(
         &self,
         src: &impl DeviceMemory<T>,
         dst: &mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
-        self.bound.expect_device("source", src.device())?;
-        self.bound.expect_device("destination", dst.device())?;
+        let here = self.bound.device().ordinal();
+        if src.device().ordinal() != here || dst.device().ordinal() != here {
+            // Between devices: `cuMemcpyPeerAsync`, ordered on both devices.
+            return crate::copy::device_to_device(self, false, src, dst, false);
+        }
         expect_len("dtod_async", dst.len(), src.len())?;
         if src.is_empty() {
             return Ok(());

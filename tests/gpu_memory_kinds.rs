@@ -1016,7 +1016,7 @@ fn managed_over_allocation_is_refused() -> TestResult {
 }
 
 /// Memory of one device used under a binding of another (needs 2 GPUs).
-fn other_device_memory_is_refused() -> TestResult {
+fn other_device_memory_is_copied_or_refused() -> TestResult {
     let devices = Device::all().ctx("Device::all")?;
     if devices.len() < 2 {
         return Err(common::skip(&format!(
@@ -1060,17 +1060,24 @@ fn other_device_memory_is_refused() -> TestResult {
             other => Err(format!("{what}: expected WrongDevice, got {other:?}")),
         }
     };
-    wrong(
-        g0.copy(&pinned1, &mut out),
-        "non-portable pinned of device 1",
-    )?;
     wrong(g0.copy(&managed1, &mut out), "managed of device 1")?;
-    wrong(g0.copy(&dev1, &mut out), "device slice of device 1")?;
+    // Device memory of device 1 is copied peer-to-peer, non-portable pinned memory of
+    // device 1 as pageable memory: both work under device 0.
+    g0.copy(&pinned1, &mut out)
+        .ctx("non-portable pinned of device 1")?;
+    check_eq!(g0.dtoh(&out).ctx("dtoh")?, data, "pinned of device 1");
+    g0.memset_zeros(&mut out).ctx("memset")?;
+    g0.copy(&dev1, &mut out).ctx("device slice of device 1")?;
+    check_eq!(g0.dtoh(&out).ctx("dtoh")?, data, "device slice of device 1");
+    g0.memset_zeros(&mut out).ctx("memset")?;
     let s = g0.default_stream();
-    wrong(
-        s.copy_scope(|sc| sc.copy(&dev1, &mut out)),
-        "scoped copy from device 1",
-    )?;
+    s.copy_scope(|sc| sc.copy(&dev1, &mut out))
+        .ctx("scoped copy from device 1")?;
+    check_eq!(
+        g0.dtoh(&out).ctx("dtoh")?,
+        data,
+        "scoped copy from device 1"
+    );
     // Portable pinned memory works under any binding.
     g0.copy(&portable1, &mut out)
         .ctx("portable pinned under device 0")?;
@@ -1129,8 +1136,8 @@ fn main() {
                 managed_over_allocation_is_refused,
             ),
             (
-                "other_device_memory_is_refused",
-                other_device_memory_is_refused,
+                "other_device_memory_is_copied_or_refused",
+                other_device_memory_is_copied_or_refused,
             ),
         ],
     )

@@ -16,6 +16,9 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+mod view;
+pub use view::{PageLockedView, PageLockedViewMut};
+
 /// Options for [`BoundDevice::alloc_pinned`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PinnedOptions {
@@ -90,10 +93,39 @@ impl<T: DeviceRepr> LockedRange<T> {
         Endpoint::new(self.ptr.as_ptr() as u64, self.len, self.kind, owner).tracked(&self.tracker)
     }
 
+    /// The contents — after the GPU's pending writes into them have landed.
+    ///
+    /// A stream-ordered copy or kernel may write the pages after the call that enqueued
+    /// it has returned ([`BoundStream::copy_tracked_async`](crate::BoundStream::copy_tracked_async)):
+    /// the read waits for every pending write recorded in the tracker (and forgets it),
+    /// so the host sees the data and never races the DMA.
     fn as_slice(&self) -> &[T] {
+        if let Err(e) = self.tracker.host_access(Access::Read) {
+            self.abort_unless_poisoned("reading", &e);
+        }
         // SAFETY: `ptr` points to `len` initialised `T`s (zeroed or caller data) that the
-        // wrapper owns or borrows exclusively for its life; shared borrow of `self`.
+        // wrapper owns or borrows exclusively for its life; shared borrow of `self`, so no
+        // GPU write can be enqueued while it lasts (a write needs `&mut` or a kernel's
+        // write claim, which the read waited for above).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Aborts the process after a failed wait for the GPU's pending uses, unless the
+    /// context is poisoned (it runs nothing more): handing out the memory would let the
+    /// host race the GPU.
+    fn abort_unless_poisoned(&self, doing: &str, e: &Error) {
+        if self.device.is_poisoned() {
+            return;
+        }
+        let msg = format!(
+            "gpubind: {doing} page-locked memory of device {}: waiting for the GPU's \
+             pending uses failed: {e}; the GPU may still use it, so gpubind aborts the \
+             process instead of allowing a data race",
+            self.device.ordinal()
+        );
+        log::error!("{msg}");
+        eprintln!("{msg}");
+        std::process::abort();
     }
 
     /// The contents, writable — after the GPU's pending uses of them have finished.
@@ -106,20 +138,8 @@ impl<T: DeviceRepr> LockedRange<T> {
     /// `GPUBIND_DROP_TIMEOUT`. So the write waits for every pending use recorded in the
     /// tracker (nothing when none is pending: one compare, no lock).
     fn as_mut_slice(&mut self) -> &mut [T] {
-        if let Err(e) = self.tracker.host_access_mut(Access::Write)
-            && !self.device.is_poisoned()
-        {
-            // The GPU may still read the pages and the wait failed: handing out `&mut`
-            // would let the host race it. A poisoned context runs nothing more.
-            let msg = format!(
-                "gpubind: writing page-locked memory of device {}: waiting for the GPU's \
-                 pending uses failed: {e}; the GPU may still use it, so gpubind aborts the \
-                 process instead of allowing a data race",
-                self.device.ordinal()
-            );
-            log::error!("{msg}");
-            eprintln!("{msg}");
-            std::process::abort();
+        if let Err(e) = self.tracker.host_access_mut(Access::Write) {
+            self.abort_unless_poisoned("writing", &e);
         }
         // SAFETY: as above, with an exclusive borrow of `self`; no GPU use is pending
         // (waited for above, or the context is poisoned and runs nothing more).
@@ -149,6 +169,15 @@ impl<T: DeviceRepr> LockedRange<T> {
 /// inside [`BoundStream::copy_scope`](crate::BoundStream::copy_scope)), and are mapped
 /// into the device's address space, so a kernel can read and write them directly (pass
 /// them as launch arguments).
+///
+/// Both carry an access tracker, like device memory: a host read (`Deref`, `as_slice`)
+/// waits for the GPU's pending writes into the memory, a host write (`DerefMut`,
+/// `as_mut_slice`) for every pending use, and the drop too. So a `PinnedHostBuffer` (and
+/// a `RegisteredHost<'static, T>`) is [`TrackedMemory`](crate::TrackedMemory): copies with
+/// it on a stream are safe without a scope and may stay in flight
+/// ([`BoundStream::copy_tracked_async`](crate::BoundStream::copy_tracked_async)), and
+/// [`slice`](PinnedHostBuffer::slice) / [`slice_mut`](PinnedHostBuffer::slice_mut) give
+/// sub-ranges that stay page-locked ([`PageLockedView`]).
 ///
 /// ```no_run
 /// # fn main() -> gpubind::Result<()> {
@@ -453,6 +482,8 @@ macro_rules! host_kind {
 }
 host_kind!(PinnedHostBuffer);
 host_kind!(RegisteredHost<'a>);
+impl<T: DeviceRepr> crate::copy::TrackedMemory for PinnedHostBuffer<T> {}
+impl<T: DeviceRepr> crate::copy::TrackedMemory for RegisteredHost<'static, T> {}
 
 fn byte_len<T>(len: usize) -> Result<usize> {
     len.checked_mul(std::mem::size_of::<T>())

@@ -446,7 +446,7 @@ fn check_disjoint(ranges: &[Range<usize>], len: usize) -> Result<()> {
 }
 
 /// Resolves `range` against `len` into `(start, count)`.
-fn resolve(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+pub(crate) fn resolve(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
     let start = match range.start_bound() {
         Bound::Included(&s) => s,
         Bound::Excluded(&s) => s.saturating_add(1),

@@ -130,14 +130,19 @@ impl<'a> BoundDevice<'a> {
         self.device().check(copied)
     }
 
-    /// Copies device memory `src` into `dst` on the same device; lengths must match.
+    /// Copies device memory `src` into `dst` and returns when it is done; lengths must
+    /// match. The buffers may belong to any devices (see
+    /// [`copy_peer`](Self::copy_peer)); the binding is unchanged.
     pub fn dtod<T: DeviceRepr>(
         &self,
         src: &impl DeviceMemory<T>,
         dst: &mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
-        self.expect_device("source", src.device())?;
-        self.expect_device("destination", dst.device())?;
+        let here = self.device().ordinal();
+        if src.device().ordinal() != here || dst.device().ordinal() != here {
+            // Between devices: `cuMemcpyPeerAsync`, ordered on both devices, then waited for.
+            return crate::copy::device_to_device(&self.default_stream(), true, src, dst, false);
+        }
         expect_len("dtod", dst.len(), src.len())?;
         if src.is_empty() {
             return Ok(());
