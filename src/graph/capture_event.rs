@@ -34,6 +34,21 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// done.synchronize()?; // the memset has run
     /// # Ok(()) }
     /// ```
+    ///
+    /// The graph borrows the event:
+    ///
+    /// ```compile_fail,E0505
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+    /// let x = gpu.alloc_zeros::<u32>(4)?;
+    /// let done = gpu.new_event(false)?;
+    /// let graph = gpu.capture(|c| {
+    ///     c.memset(&x, 1u32)?;
+    ///     c.record_event(&done)
+    /// })?;
+    /// drop(done); // error[E0505]: each launch of the graph records `done`
+    /// graph.instantiate()?;
+    /// # Ok(()) }
+    /// ```
     pub fn record_event(&mut self, event: &'buf Event) -> Result<()> {
         self.device.expect_same("event", event.device())?;
         // SAFETY: the event is live for 'buf (borrowed by the graph) and belongs to this
