@@ -379,6 +379,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// [`Graph::instantiate_with`](crate::Graph::instantiate_with) was refused one of its
+    /// [`InstantiateFlags`](crate::InstantiateFlags): by gpubind (device launch, whose
+    /// launches gpubind could not order), or by the driver (the graph does not meet the
+    /// flag's requirements, or the driver lacks it). Nothing was instantiated.
+    #[error("cannot instantiate the graph with {flags}: {reason}")]
+    GraphInstantiate {
+        /// The flags refused, as the driver names them
+        /// (`CUDA_GRAPH_INSTANTIATE_FLAG_…`, several joined by ` | `).
+        flags: String,
+        /// Why: gpubind's reason, or the driver's error.
+        reason: String,
+    },
+
     /// An operation that cannot be recorded into a CUDA graph (e.g. a collective whose
     /// ranks span several devices driven by one thread, or a `RankComm` of own kernels,
     /// whose ranks meet on the host at every call). Nothing was captured for it; the

@@ -173,7 +173,7 @@ pub use driver::version::{
 };
 pub use driver::{driver_available, init};
 pub use error::{DriverErrorCode, Error, Result};
-pub use graph::{Capture, CaptureLaunch, Graph, GraphExec};
+pub use graph::{Capture, CaptureLaunch, Graph, GraphExec, InstantiateFlags};
 pub use launch::{ClusterScheduling, LaunchBuilder, LaunchConfig, LaunchExBuilder};
 pub use memory::host::{
     CaptureSource, HostMemory, PageLockedView, PageLockedViewMut, PinnedHostBuffer, PinnedOptions,

@@ -11,7 +11,9 @@
 mod common;
 
 use common::{Ctx, dev0, run_suite, skip};
-use gpubind::{Device, DriverErrorCode, Error, LaunchConfig, ThreadContext};
+use gpubind::{
+    Device, DeviceMemory, DriverErrorCode, Error, InstantiateFlags, LaunchConfig, ThreadContext,
+};
 
 type R = Result<(), String>;
 
@@ -601,6 +603,405 @@ fn launch_on_another_device_is_refused() -> R {
     }
 }
 
+/// Kernels of the event and flag tests: the slow writer, and a copy that reads its source
+/// through a raw address, which no claim covers: only an event orders it.
+const EVENT_KERNELS: &str = concat!(
+    common::slow_fill_cuda!(),
+    r#"
+extern "C" __global__ void copy_from_addr(unsigned long long src, unsigned* out, unsigned n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = ((const unsigned*)src)[i];
+}
+extern "C" __global__ void bump(unsigned* x, unsigned n, unsigned v) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += v;
+}
+"#
+);
+
+/// Captures `copy_from_addr(src, out, n)` into `c`: `out` claimed as written, `src` read
+/// through its raw address (not claimed).
+fn capture_raw_copy<'buf>(
+    c: &mut gpubind::Capture<'_, 'buf>,
+    copy: &'buf gpubind::Function<'buf>,
+    src: u64,
+    out: &'buf gpubind::DeviceSlice<u32>,
+    n: u32,
+) -> gpubind::Result<()> {
+    // SAFETY: (unsigned long long, unsigned*, unsigned) matches; `src` points at `n`
+    // u32s that outlive every launch (the callers keep the source alive), and the
+    // callers order the raw read with an event.
+    unsafe {
+        c.launch(copy, LaunchConfig::for_num_elems(n))
+            .value(src)
+            .arg_written(out)
+            .value(n)
+            .launch()
+    }
+}
+
+/// Graph A (slow fill of `x`, then a record of `done`) on one stream, graph B (a wait on
+/// `done`, then a copy that reads `x` through its raw address, unclaimed) on another:
+/// B sees A's writes. Without the wait B would copy the zeros A has not yet overwritten.
+fn graph_event_orders_another_graph() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu
+        .compile_and_load(EVENT_KERNELS, "events.cu")
+        .ctx("compile")?;
+    let slow_fill = module.function("slow_fill").ctx("function")?;
+    let copy = module.function("copy_from_addr").ctx("function")?;
+    let n = 1u32 << 16;
+    let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc x")?;
+    let y = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc y")?;
+    let done = gpu.new_event(false).ctx("event")?;
+    let (value, cycles) = (7u32, SLOW);
+    let a = gpu
+        .capture(|c| {
+            // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
+            unsafe {
+                c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
+                    .arg_written(&x)
+                    .arg(&n)
+                    .arg(&value)
+                    .arg(&cycles)
+                    .launch()?
+            };
+            c.record_event(&done)
+        })
+        .ctx("capture A")?;
+    let b = gpu
+        .capture(|c| {
+            c.wait_event(&done)?;
+            capture_raw_copy(c, &copy, x.device_ptr(), &y, n)
+        })
+        .ctx("capture B")?;
+    ensure!(
+        a.node_count().ctx("nodes A")? == 2 && b.node_count().ctx("nodes B")? == 2,
+        "want a record node and a wait node besides the kernels"
+    );
+    let (ea, eb) = (
+        a.instantiate().ctx("instantiate A")?,
+        b.instantiate().ctx("instantiate B")?,
+    );
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    ea.launch(&gpu.on(&s1).ctx("on s1")?).ctx("launch A")?;
+    eb.launch(&gpu.on(&s2).ctx("on s2")?).ctx("launch B")?;
+    ensure!(
+        !done.is_complete().ctx("query")?,
+        "graph A finished before B was launched: nothing to order"
+    );
+    let got = gpu.dtoh(&y).ctx("dtoh y")?;
+    ensure!(
+        got.iter().all(|&v| v == value),
+        "graph B did not wait for A's event: y[0] = {}, want {value}",
+        got[0]
+    );
+    Ok(())
+}
+
+/// Eager work records an event after a slow write of `x`; a graph launched on another
+/// stream waits on it and then reads `x` through its raw address (unclaimed): it sees
+/// the eager write. A graph waiting on an event never recorded runs at once.
+fn graph_waits_on_an_eager_event() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu
+        .compile_and_load(EVENT_KERNELS, "events.cu")
+        .ctx("compile")?;
+    let slow_fill = module.function("slow_fill").ctx("function")?;
+    let copy = module.function("copy_from_addr").ctx("function")?;
+    let n = 1u32 << 16;
+    let mut x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc x")?;
+    let y = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc y")?;
+    let (ready, never) = (
+        gpu.new_event(false).ctx("event")?,
+        gpu.new_event(false).ctx("event")?,
+    );
+    let x_addr = x.device_ptr();
+    let graph = gpu
+        .capture(|c| {
+            c.wait_event(&never)?;
+            c.wait_event(&ready)?;
+            capture_raw_copy(c, &copy, x_addr, &y, n)
+        })
+        .ctx("capture")?;
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let a = gpu.on(&s1).ctx("on s1")?;
+    let (value, cycles) = (9u32, SLOW);
+    // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
+    unsafe {
+        a.launch(&slow_fill, LaunchConfig::for_num_elems(n))
+            .arg(&mut x)
+            .arg(&n)
+            .arg(&value)
+            .arg(&cycles)
+            .launch()
+    }
+    .ctx("slow fill")?;
+    a.record(&ready).ctx("record")?;
+    exec.launch(&gpu.on(&s2).ctx("on s2")?).ctx("launch")?;
+    ensure!(
+        !ready.is_complete().ctx("query")?,
+        "the eager fill finished before the graph was launched: nothing to order"
+    );
+    let got = gpu.dtoh(&y).ctx("dtoh y")?;
+    ensure!(
+        got.iter().all(|&v| v == value),
+        "the graph did not wait for the eager event: y[0] = {}, want {value}",
+        got[0]
+    );
+    drop(exec);
+    drop(x); // after the graph: its launches read x through the raw address
+    Ok(())
+}
+
+/// An event recorded by a graph orders eager work on another stream that waits on it:
+/// the eager copy, reading `x` through its raw address, sees the graph's slow write.
+fn eager_work_waits_on_a_graph_event() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu
+        .compile_and_load(EVENT_KERNELS, "events.cu")
+        .ctx("compile")?;
+    let slow_fill = module.function("slow_fill").ctx("function")?;
+    let copy = module.function("copy_from_addr").ctx("function")?;
+    let n = 1u32 << 16;
+    let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc x")?;
+    let mut y = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc y")?;
+    let done = gpu.new_event(false).ctx("event")?;
+    let (value, cycles) = (5u32, SLOW);
+    let exec = gpu
+        .capture(|c| {
+            // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
+            unsafe {
+                c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
+                    .arg_written(&x)
+                    .arg(&n)
+                    .arg(&value)
+                    .arg(&cycles)
+                    .launch()?
+            };
+            c.record_event(&done)
+        })
+        .ctx("capture")?
+        .instantiate()
+        .ctx("instantiate")?;
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    exec.launch(&gpu.on(&s1).ctx("on s1")?).ctx("launch")?;
+    let b = gpu.on(&s2).ctx("on s2")?;
+    b.wait(&done).ctx("wait")?;
+    let x_addr = x.device_ptr();
+    // SAFETY: (unsigned long long, unsigned*, unsigned) matches; `x_addr` points at `n`
+    // u32s alive until the end of the test; the read is ordered by the event.
+    unsafe {
+        b.launch(&copy, LaunchConfig::for_num_elems(n))
+            .arg(&x_addr)
+            .arg(&mut y)
+            .arg(&n)
+            .launch()
+    }
+    .ctx("copy")?;
+    ensure!(
+        !done.is_complete().ctx("query")?,
+        "the graph finished before the eager copy was issued: nothing to order"
+    );
+    let got = gpu.dtoh(&y).ctx("dtoh y")?;
+    ensure!(
+        got.iter().all(|&v| v == value),
+        "the eager copy did not wait for the graph's event: y[0] = {}, want {value}",
+        got[0]
+    );
+    Ok(())
+}
+
+/// An event of device 1 is `Error::WrongDevice` for a capture on device 0, recorded or
+/// waited on.
+fn capture_event_of_another_device_is_refused() -> R {
+    if Device::count().ctx("count")? < 2 {
+        return Err(skip("needs 2 GPUs"));
+    }
+    let (d0, d1) = (dev0()?, Device::get(1).ctx("get 1")?);
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let other = ctx
+        .bind(&d1)
+        .ctx("bind 1")?
+        .new_event(false)
+        .ctx("event on 1")?;
+    let gpu = ctx.bind(&d0).ctx("bind 0")?;
+    for record in [true, false] {
+        let got = gpu.capture(|c| {
+            if record {
+                c.record_event(&other)
+            } else {
+                c.wait_event(&other)
+            }
+        });
+        match got {
+            Err(Error::WrongDevice { what, .. }) => {
+                ensure!(what.contains("event"), "names {what:?}, not the event")
+            }
+            other => return Err(format!("record {record}: {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// Captures `bump(x, n, v)` (x += v) into `c`.
+fn capture_bump<'buf>(
+    c: &mut gpubind::Capture<'_, 'buf>,
+    bump: &'buf gpubind::Function<'buf>,
+    x: &'buf gpubind::DeviceSlice<u32>,
+    n: u32,
+    v: u32,
+) -> gpubind::Result<()> {
+    // SAFETY: (unsigned*, unsigned, unsigned) matches; bounds checked.
+    unsafe {
+        c.launch(bump, LaunchConfig::for_num_elems(n))
+            .arg_written(x)
+            .value(n)
+            .value(v)
+            .launch()
+    }
+}
+
+/// `instantiate_with` round-trips the flags gpubind accepts (read back with
+/// `GraphExec::flags`) and the graph runs once per launch under each; device launch is
+/// `Error::GraphInstantiate` naming the flag, before the driver sees it.
+fn instantiate_flags_round_trip_and_device_launch_is_refused() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu
+        .compile_and_load(EVENT_KERNELS, "events.cu")
+        .ctx("compile")?;
+    let bump = module.function("bump").ctx("function")?;
+    let n = 4096u32;
+    let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
+    let graph = gpu
+        .capture(|c| capture_bump(c, &bump, &x, n, 1))
+        .ctx("capture")?;
+    let mut launches = 0u32;
+    for i in 0..4u32 {
+        let flags = InstantiateFlags::new()
+            .auto_free_on_launch(i & 1 != 0)
+            .use_node_priority(i & 2 != 0);
+        let exec = graph.instantiate_with(flags).ctx("instantiate_with")?;
+        let back = exec.flags().ctx("flags")?;
+        ensure!(
+            back == flags,
+            "instantiated with {flags:?}, read back {back:?}"
+        );
+        exec.launch(&gpu.default_stream()).ctx("launch")?;
+        launches += 1;
+        let got = gpu.dtoh(&x).ctx("dtoh")?;
+        ensure!(
+            got.iter().all(|&v| v == launches),
+            "under {flags:?}: x[0] = {}, want {launches}",
+            got[0]
+        );
+    }
+    let plain = graph.instantiate().ctx("instantiate")?;
+    ensure!(
+        plain.flags().ctx("flags")? == InstantiateFlags::new(),
+        "plain instantiate has flags"
+    );
+    match graph.instantiate_with(InstantiateFlags::new().device_launch(true)) {
+        Err(Error::GraphInstantiate { flags, reason }) => {
+            ensure!(
+                flags == "CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH",
+                "names {flags:?}"
+            );
+            ensure!(reason.contains("cannot order"), "reason: {reason}");
+            Ok(())
+        }
+        other => Err(format!("device launch: {other:?}")),
+    }
+}
+
+/// An executable graph uploaded on one stream and launched on another computes what
+/// the same capture launched without an upload computes (each writes its own output);
+/// uploads repeat, also after a launch.
+fn upload_then_launch_equals_launch() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu
+        .compile_and_load(EVENT_KERNELS, "events.cu")
+        .ctx("compile")?;
+    let bump = module.function("bump").ctx("function")?;
+    let n = 10_000u32;
+    let bufs = (0..4)
+        .map(|_| gpu.alloc_zeros::<u32>(n as usize))
+        .collect::<gpubind::Result<Vec<_>>>()
+        .ctx("alloc")?;
+    let capture = |x, y| {
+        gpu.capture(|c| {
+            c.memset(x, 1u32)?;
+            for v in 1..=3 {
+                capture_bump(c, &bump, x, n, v)?;
+            }
+            c.dtod(x, y)
+        })
+    };
+    let uploaded = capture(&bufs[0], &bufs[1])
+        .ctx("capture")?
+        .instantiate()
+        .ctx("instantiate")?;
+    let plain = capture(&bufs[2], &bufs[3])
+        .ctx("capture")?
+        .instantiate()
+        .ctx("instantiate")?;
+    let want = 1 + 1 + 2 + 3;
+    let (s1, s2) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    uploaded.upload(&gpu.on(&s1).ctx("on s1")?).ctx("upload")?;
+    uploaded
+        .upload(&gpu.on(&s1).ctx("on s1")?)
+        .ctx("upload again")?;
+    uploaded
+        .launch(&gpu.on(&s2).ctx("on s2")?)
+        .ctx("launch uploaded")?;
+    plain
+        .launch(&gpu.on(&s2).ctx("on s2")?)
+        .ctx("launch plain")?;
+    let (u, p) = (
+        gpu.dtoh(&bufs[1]).ctx("dtoh")?,
+        gpu.dtoh(&bufs[3]).ctx("dtoh")?,
+    );
+    ensure!(
+        u == p && p.iter().all(|&v| v == want),
+        "uploaded: y[0] = {}, plain: y[0] = {}, want {want}",
+        u[0],
+        p[0]
+    );
+    // An upload after a launch, then a launch on the upload's stream.
+    uploaded
+        .upload(&gpu.on(&s2).ctx("on s2")?)
+        .ctx("upload after launch")?;
+    uploaded.launch(&gpu.on(&s2).ctx("on s2")?).ctx("launch")?;
+    ensure!(
+        gpu.dtoh(&bufs[1]).ctx("dtoh")?.iter().all(|&v| v == want),
+        "launch after a second upload"
+    );
+    Ok(())
+}
+
 /// Row-major `A[m×k] · B[k×n]` on the host, in f64 (exact for the small integers used).
 #[cfg(feature = "cublas")]
 fn host_matmul(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
@@ -1177,6 +1578,30 @@ fn main() {
             (
                 "launch_on_another_device_is_refused",
                 launch_on_another_device_is_refused,
+            ),
+            (
+                "graph_event_orders_another_graph",
+                graph_event_orders_another_graph,
+            ),
+            (
+                "graph_waits_on_an_eager_event",
+                graph_waits_on_an_eager_event,
+            ),
+            (
+                "eager_work_waits_on_a_graph_event",
+                eager_work_waits_on_a_graph_event,
+            ),
+            (
+                "capture_event_of_another_device_is_refused",
+                capture_event_of_another_device_is_refused,
+            ),
+            (
+                "instantiate_flags_round_trip_and_device_launch_is_refused",
+                instantiate_flags_round_trip_and_device_launch_is_refused,
+            ),
+            (
+                "upload_then_launch_equals_launch",
+                upload_then_launch_equals_launch,
             ),
             #[cfg(feature = "cublas")]
             (

@@ -30,6 +30,8 @@ use std::sync::Arc;
 /// [`Graph`] instead of running it. The closure receives a [`Capture`] handle whose methods
 /// are the only operations that can enter the graph — kernel launches, memsets,
 /// device-to-device copies, copies from page-locked host memory, [`fork`](Capture::fork)s,
+/// records of and waits on the caller's events ([`record_event`](Capture::record_event),
+/// [`wait_event`](Capture::wait_event)),
 /// cuBLAS and cuBLASLt products (`Capture::matmul`, `matmul_batched`, `matmul_lt`, feature
 /// `cublas`), the one-device all-reduce (`Capture::all_reduce`, feature `collective`) and
 /// one NCCL rank's collectives (`Capture::rank_all_reduce`, `rank_reduce`,
@@ -120,6 +122,13 @@ use std::sync::Arc;
 ///   workspace at every launch; the graph holds that workspace (an `Arc` shared with the
 ///   `Blas`) and claims it as written at each launch, so the handle itself may be reused
 ///   or dropped once the product is captured.
+/// * **User events** ([`record_event`](Capture::record_event),
+///   [`wait_event`](Capture::wait_event)) become event record and wait nodes: they order
+///   a launch against other streams' work (another graph's, eager work) beyond what the
+///   claims order, never less — each launch still claims every buffer, so no event can
+///   let safe code see a buffer before the graph's writes to it, nor let the graph run
+///   before another stream's pending writes to its buffers. Each event must belong to the
+///   capture's device and is borrowed for `'buf`.
 /// * **Ending.** The capture is ended when the closure returns, errs or panics; an
 ///   invalidated capture (e.g. by an illegal call through a raw handle) is the driver's
 ///   error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, …) and yields no graph.
@@ -142,8 +151,8 @@ use std::sync::Arc;
 /// no capture method; nothing else can enqueue onto the capture's streams),
 /// device-to-host copies (a captured copy writes its host memory at every launch, and the
 /// host reads page-locked memory through `&`: host-to-device copies from page-locked
-/// memory are capturable, [`Capture::copy_from_host`]), stream-ordered allocation, child graphs and
-/// events of the caller's own.
+/// memory are capturable, [`Capture::copy_from_host`]), stream-ordered allocation and
+/// child graphs.
 pub struct Capture<'c, 'buf> {
     pub(super) session: &'c RefCell<Session<'buf>>,
     pub(super) device: &'c Arc<Device>,

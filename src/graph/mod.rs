@@ -3,7 +3,9 @@
 
 mod agreement;
 mod capture;
+mod capture_event;
 mod capture_launch;
+mod instantiate;
 mod session;
 mod uses;
 
@@ -13,6 +15,7 @@ pub(crate) use agreement::LaunchTurn;
 use agreement::agreed;
 pub use capture::Capture;
 pub use capture_launch::CaptureLaunch;
+pub use instantiate::InstantiateFlags;
 pub(crate) use uses::Owned;
 use uses::Uses;
 
@@ -53,8 +56,8 @@ pub struct GraphExec<'buf> {
 
 // SAFETY: a CUgraph is a thread-agnostic identifier; gpubind calls the driver on it only
 // with its device's context pushed, and `&mut`/owned access (no `Sync`) serialises the
-// calls, as the driver requires. The borrowed trackers are `Sync`, and the memory held by
-// `Arc` (`Uses::owned`) is `Send + Sync` (the `Owned` bound).
+// calls, as the driver requires. The borrowed trackers and events are `Sync`, and the
+// memory held by `Arc` (`Uses::owned`) is `Send + Sync` (the `Owned` bound).
 unsafe impl Send for Graph<'_> {}
 // SAFETY: as for Graph; `launch` takes `&self` but the type is not `Sync`, so calls on one
 // executable graph never run concurrently.
@@ -65,6 +68,7 @@ impl std::fmt::Debug for Graph<'_> {
         f.debug_struct("Graph")
             .field("device", &self.device.ordinal())
             .field("buffers", &self.uses.len())
+            .field("events", &self.uses.event_count())
             .finish_non_exhaustive()
     }
 }
@@ -74,6 +78,7 @@ impl std::fmt::Debug for GraphExec<'_> {
         f.debug_struct("GraphExec")
             .field("device", &self.device.ordinal())
             .field("buffers", &self.uses.len())
+            .field("events", &self.uses.event_count())
             .finish_non_exhaustive()
     }
 }
@@ -92,21 +97,12 @@ impl<'buf> Graph<'buf> {
             .check(unsafe { result::graph::node_count(self.raw) })
     }
 
-    /// Instantiates the graph (`cuGraphInstantiateWithFlags`): an executable graph that
-    /// borrows what this one borrows. The graph may be dropped, changed or instantiated
-    /// again afterwards.
+    /// Instantiates the graph (`cuGraphInstantiateWithFlags`, no flags: see
+    /// [`instantiate_with`](Self::instantiate_with)): an executable graph that borrows
+    /// what this one borrows. The graph may be dropped, changed or instantiated again
+    /// afterwards.
     pub fn instantiate(&self) -> Result<GraphExec<'buf>> {
-        let _guard = self.device.enter()?;
-        // SAFETY: a live graph of this context (current for the call).
-        let raw = self
-            .device
-            .check(unsafe { result::graph::instantiate(self.raw, 0) })?;
-        Ok(GraphExec {
-            device: Arc::clone(&self.device),
-            raw,
-            uses: self.uses.clone(),
-            launches: AccessTracker::default(),
-        })
+        self.instantiate_with(InstantiateFlags::new())
     }
 
     /// The raw handle.

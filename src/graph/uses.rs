@@ -1,9 +1,10 @@
-//! What a graph uses: the buffers and modules it borrows, the memory it keeps alive, and
-//! the launch agreements of the NCCL ranks it captured.
+//! What a graph uses: the buffers, modules and events it borrows, the memory it keeps
+//! alive, and the launch agreements of the NCCL ranks it captured.
 
 use super::agreement::LaunchAgreement;
 use crate::access::{Access, AccessTracker};
 use crate::device::poison::KernelName;
+use crate::stream::Event;
 use std::sync::Arc;
 
 /// The allocations (and module launch trackers) a graph uses, one entry per tracker with
@@ -26,6 +27,9 @@ pub(super) struct Uses<'buf> {
     /// rank's peers first (see [`LaunchAgreement`]).
     pub(super) agreements: Vec<(&'buf dyn LaunchAgreement, Vec<u8>)>,
     pub(super) last_kernel: Option<&'static KernelName>,
+    /// The user events the graph records or waits on (one entry each), borrowed so that
+    /// none is destroyed while the graph may still be launched.
+    events: Vec<&'buf Event>,
 }
 
 impl Clone for Uses<'_> {
@@ -38,6 +42,7 @@ impl Clone for Uses<'_> {
             owned: self.owned.clone(),
             agreements: self.agreements.clone(),
             last_kernel: self.last_kernel,
+            events: self.events.clone(),
         }
     }
 }
@@ -67,6 +72,18 @@ impl<'buf> Uses<'buf> {
             }
             None => self.trackers.push((t, access)),
         }
+    }
+
+    /// Borrows `e` for the graph's lifetime (a user event it records or waits on).
+    pub(super) fn add_event(&mut self, e: &'buf Event) {
+        if !self.events.iter().any(|x| std::ptr::eq(*x, e)) {
+            self.events.push(e);
+        }
+    }
+
+    /// How many user events the graph records or waits on.
+    pub(super) fn event_count(&self) -> usize {
+        self.events.len()
     }
 
     /// Keeps `o` alive with the graph and claims it with `access` at each launch.

@@ -50,6 +50,23 @@ pub(crate) unsafe fn record(event: sys::CUevent, stream: sys::CUstream) -> Resul
     )
 }
 
+/// `cuEventRecordWithFlags(event, stream, CU_EVENT_RECORD_EXTERNAL)`: on a capturing
+/// stream, an event record node that records `event` at each launch of the graph (a
+/// plain record there only marks a point of the capture).
+///
+/// # Safety
+///
+/// `event` and `stream` are live handles of the same context.
+#[inline]
+pub(crate) unsafe fn record_external(event: sys::CUevent, stream: sys::CUstream) -> Result<()> {
+    let flags = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as std::ffi::c_uint;
+    // SAFETY: the caller guarantees both handles.
+    check(
+        unsafe { sys::cuEventRecordWithFlags(event, stream, flags) },
+        "cuEventRecordWithFlags",
+    )
+}
+
 /// `cuEventQuery`: `Ok(true)` when the recorded work has completed (or nothing was
 /// recorded), `Ok(false)` while it runs.
 ///

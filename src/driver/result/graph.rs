@@ -33,6 +33,34 @@ pub(crate) unsafe fn launch(exec: sys::CUgraphExec, stream: sys::CUstream) -> Re
     check(unsafe { sys::cuGraphLaunch(exec, stream) }, "cuGraphLaunch")
 }
 
+/// `cuGraphUpload`: uploads `exec`'s work resources on `stream` without running it.
+///
+/// # Safety
+///
+/// `exec` and `stream` are live handles of the same context, and `exec` is not destroyed
+/// before the upload has run.
+#[inline]
+pub(crate) unsafe fn upload(exec: sys::CUgraphExec, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's contract is this call's.
+    check(unsafe { sys::cuGraphUpload(exec, stream) }, "cuGraphUpload")
+}
+
+/// `cuGraphExecGetFlags`: the flags `exec` was instantiated with.
+///
+/// # Safety
+///
+/// `exec` is live.
+#[inline]
+pub(crate) unsafe fn exec_flags(exec: sys::CUgraphExec) -> Result<u64> {
+    let mut flags: sys::cuuint64_t = 0;
+    // SAFETY: the caller guarantees the handle; writes one integer.
+    check(
+        unsafe { sys::cuGraphExecGetFlags(exec, &mut flags) },
+        "cuGraphExecGetFlags",
+    )?;
+    Ok(flags)
+}
+
 /// `cuGraphGetNodes` with a null array: the number of nodes of `graph`.
 ///
 /// # Safety

@@ -93,6 +93,23 @@ pub(crate) unsafe fn wait_event(stream: sys::CUstream, event: sys::CUevent) -> R
     )
 }
 
+/// `cuStreamWaitEvent(stream, event, CU_EVENT_WAIT_EXTERNAL)`: on a capturing stream,
+/// an event wait node that waits, at each launch of the graph, for the work `event`
+/// last recorded (a plain wait there only joins captures).
+///
+/// # Safety
+///
+/// `stream` and `event` are live.
+#[inline]
+pub(crate) unsafe fn wait_event_external(stream: sys::CUstream, event: sys::CUevent) -> Result<()> {
+    let flags = sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as std::ffi::c_uint;
+    // SAFETY: the caller guarantees both handles.
+    check(
+        unsafe { sys::cuStreamWaitEvent(stream, event, flags) },
+        "cuStreamWaitEvent",
+    )
+}
+
 /// `cuStreamGetPriority`.
 ///
 /// # Safety
