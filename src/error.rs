@@ -115,6 +115,27 @@ impl fmt::Debug for DriverErrorCode {
     }
 }
 
+/// Why a [`transmute`](crate::DeviceSlice::transmute) was refused ([`Error::Transmute`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransmuteRefusal {
+    /// The byte length is not a multiple of the new type's size.
+    Length,
+    /// The address is not a multiple of the new type's alignment.
+    Alignment,
+    /// The new type has size 0: no element count fits.
+    ZeroSized,
+}
+
+impl fmt::Display for TransmuteRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TransmuteRefusal::Length => "the byte length is not a multiple of its size",
+            TransmuteRefusal::Alignment => "the address is not aligned for it",
+            TransmuteRefusal::ZeroSized => "it has no size",
+        })
+    }
+}
+
 /// Everything that can go wrong in gpubind.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -545,6 +566,25 @@ pub enum Error {
         requested: usize,
         /// Bytes free on the device (`cuMemGetInfo`) at the time of the request.
         free: usize,
+    },
+
+    /// Memory viewed as another element type (`transmute`) that does not fit it: its
+    /// byte length is not a multiple of the new type's size, or its address is not
+    /// aligned for it (or the new type has no size).
+    #[error("cannot view {bytes} bytes at {addr:#x} as `{to}` (size {size}, align {align}): {reason}")]
+    Transmute {
+        /// The new element type.
+        to: &'static str,
+        /// The memory's length in bytes.
+        bytes: usize,
+        /// The memory's address.
+        addr: u64,
+        /// `size_of` the new type.
+        size: usize,
+        /// `align_of` the new type.
+        align: usize,
+        /// Why it does not fit.
+        reason: TransmuteRefusal,
     },
 
     /// A DLPack tensor that does not fit what the importer asked for.

@@ -145,7 +145,7 @@ pub use driver::version::{
     ASSUME_DRIVER_VERSION_ENV, DriverVersion, EntryPointStatus, driver_version, entry_points,
 };
 pub use driver::{driver_available, init};
-pub use error::{DriverErrorCode, Error, Result};
+pub use error::{DriverErrorCode, Error, Result, TransmuteRefusal};
 pub use graph::{Capture, CaptureLaunch, Graph, GraphExec};
 pub use launch::{ClusterScheduling, LaunchBuilder, LaunchConfig, LaunchExBuilder};
 pub use memory::host::{

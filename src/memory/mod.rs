@@ -35,6 +35,7 @@
 
 pub mod host;
 pub mod managed;
+mod reinterpret;
 mod sync_ops;
 
 use crate::access::AccessTracker;

@@ -143,3 +143,24 @@ pub(crate) unsafe fn end_capture(stream: sys::CUstream) -> Result<sys::CUgraph> 
     )?;
     Ok(graph)
 }
+
+/// `cuStreamAttachMemAsync`: attaches the whole managed allocation at `ptr` with `flags`
+/// (`CU_MEM_ATTACH_GLOBAL`, `_HOST` or `_SINGLE`: to `stream`), in stream order.
+///
+/// # Safety
+///
+/// `stream` is a live stream of the current context (not the legacy stream for
+/// `CU_MEM_ATTACH_SINGLE`); `ptr` is the start of a live managed allocation of that
+/// context.
+#[inline]
+pub(crate) unsafe fn attach_mem_async(
+    stream: sys::CUstream,
+    ptr: sys::CUdeviceptr,
+    flags: c_uint,
+) -> Result<()> {
+    // SAFETY: the caller guarantees the handles; length 0 names the whole allocation.
+    check(
+        unsafe { sys::cuStreamAttachMemAsync(stream, ptr, 0, flags) },
+        "cuStreamAttachMemAsync",
+    )
+}
