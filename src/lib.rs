@@ -151,7 +151,9 @@ pub use launch::{ClusterScheduling, LaunchBuilder, LaunchConfig, LaunchExBuilder
 pub use memory::host::{
     CaptureSource, HostMemory, PinnedHostBuffer, PinnedOptions, RegisterOptions, RegisteredHost,
 };
-pub use memory::managed::{Advice, Location, ManagedSlice};
+pub use memory::managed::{
+    Advice, Location, ManagedAttach, ManagedSlice, ManagedView, ManagedViewMut,
+};
 pub use memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, MemsetValue,
 };
