@@ -57,6 +57,7 @@ impl Access {
     }
 }
 
+mod borrowed;
 mod fast;
 mod state;
 mod stream;

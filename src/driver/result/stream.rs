@@ -164,3 +164,20 @@ pub(crate) unsafe fn attach_mem_async(
         "cuStreamAttachMemAsync",
     )
 }
+
+/// `cuStreamGetCtx`: the context `stream` belongs to.
+///
+/// # Safety
+///
+/// `stream` is a live stream handle (not a special handle's meaning for another
+/// thread: any handle the driver accepts).
+#[inline]
+pub(crate) unsafe fn context(stream: sys::CUstream) -> Result<sys::CUcontext> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: the caller guarantees the handle; writes one context handle.
+    check(
+        unsafe { sys::cuStreamGetCtx(stream, &mut ctx) },
+        "cuStreamGetCtx",
+    )?;
+    Ok(ctx)
+}
