@@ -571,7 +571,9 @@ pub enum Error {
     /// Memory viewed as another element type (`transmute`) that does not fit it: its
     /// byte length is not a multiple of the new type's size, or its address is not
     /// aligned for it (or the new type has no size).
-    #[error("cannot view {bytes} bytes at {addr:#x} as `{to}` (size {size}, align {align}): {reason}")]
+    #[error(
+        "cannot view {bytes} bytes at {addr:#x} as `{to}` (size {size}, align {align}): {reason}"
+    )]
     Transmute {
         /// The new element type.
         to: &'static str,

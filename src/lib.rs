@@ -163,9 +163,7 @@ pub use module::{
     Module, Output, PotentialBlockSize, SharedModule, compile, compile_with, cuda_include_dir,
     nvrtc_available,
 };
-pub use stream::{
-    BorrowedStream, BoundStream, Event, EventFlags, Stream, StreamPriorityRange,
-};
+pub use stream::{BorrowedStream, BoundStream, Event, EventFlags, Stream, StreamPriorityRange};
 
 /// Raw cudarc bindings, re-exported for the escape hatches (`raw*` methods and the
 /// conversions listed in the [crate docs](crate#gpubinds-types-and-gpubindcudarc-semver)).

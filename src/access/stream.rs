@@ -177,7 +177,9 @@ impl Drop for StreamInner {
         if self.borrowed.is_some() {
             // Lent, not ours: only the events are.
             for event in [self.take_retired_event(), self.handoff.take().map(|e| e.0)] {
-                event.into_iter().for_each(|e| destroy_event(&self.device, e));
+                event
+                    .into_iter()
+                    .for_each(|e| destroy_event(&self.device, e));
             }
             return;
         }

@@ -175,9 +175,7 @@ impl<T: DeviceRepr> ManagedSlice<T> {
     /// devices without concurrent managed access.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
         // SAFETY: the allocation's own address, length and tracker, held exclusively.
-        unsafe {
-            view::host_slice_mut(&self.host, &self.tracker, &self.device, self.ptr, self.len)
-        }
+        unsafe { view::host_slice_mut(&self.host, &self.tracker, &self.device, self.ptr, self.len) }
     }
 }
 

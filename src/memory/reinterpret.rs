@@ -105,14 +105,24 @@ impl<'a, T: DeviceRepr> DeviceView<'a, T> {
     /// This view seen as elements of `U` (see [`DeviceSlice::transmute`]): borrows what
     /// this view borrows, so it may outlive the view itself.
     pub fn transmute<U: DeviceRepr>(&self) -> Result<DeviceView<'a, U>> {
-        view(self.device, self.tracker, self.ptr, self.len * size_of::<T>())
+        view(
+            self.device,
+            self.tracker,
+            self.ptr,
+            self.len * size_of::<T>(),
+        )
     }
 }
 
 impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
     /// This view seen as elements of `U`, read-only (see [`DeviceSlice::transmute`]).
     pub fn transmute<U: DeviceRepr>(&self) -> Result<DeviceView<'_, U>> {
-        view(self.device, &self.tracker, self.ptr, self.len * size_of::<T>())
+        view(
+            self.device,
+            &self.tracker,
+            self.ptr,
+            self.len * size_of::<T>(),
+        )
     }
 
     /// This view seen as elements of `U`, writable (see [`DeviceSlice::transmute`]);
@@ -151,7 +161,11 @@ mod tests {
         assert_eq!(fit::<u8>(0x1001, 7).ok(), Some(7));
         assert_eq!(fit::<[f32; 3]>(0x1004, 24).ok(), Some(2));
         assert_eq!(fit::<u64>(0x1008, 0).ok(), Some(0));
-        assert_eq!(fit::<u64>(0x1003, 0).ok(), Some(0), "empty: nothing to align");
+        assert_eq!(
+            fit::<u64>(0x1003, 0).ok(),
+            Some(0),
+            "empty: nothing to align"
+        );
     }
 
     #[test]
@@ -160,9 +174,15 @@ mod tests {
         assert_eq!(refusal::<u64>(0x1000, 12), Some(TransmuteRefusal::Length));
         assert_eq!(refusal::<f32>(0x1001, 8), Some(TransmuteRefusal::Alignment));
         assert_eq!(refusal::<u16>(0x1003, 2), Some(TransmuteRefusal::Alignment));
-        assert_eq!(refusal::<[u8; 0]>(0x1000, 8), Some(TransmuteRefusal::ZeroSized));
+        assert_eq!(
+            refusal::<[u8; 0]>(0x1000, 8),
+            Some(TransmuteRefusal::ZeroSized)
+        );
         // [u16; 3] has size 6 but alignment 2: 12 bytes at an odd address is misaligned.
-        assert_eq!(refusal::<[u16; 3]>(0x1001, 12), Some(TransmuteRefusal::Alignment));
+        assert_eq!(
+            refusal::<[u16; 3]>(0x1001, 12),
+            Some(TransmuteRefusal::Alignment)
+        );
     }
 
     #[test]

@@ -79,7 +79,11 @@ impl HostRule {
 /// concurrent managed access: there the device may touch host- or stream-attached memory
 /// only from the stream it is attached to, which gpubind's copies (on the legacy stream)
 /// and other streams would not respect.
-pub(super) fn check_attachable(device: &Device, concurrent: bool, attach: ManagedAttach) -> Result<()> {
+pub(super) fn check_attachable(
+    device: &Device,
+    concurrent: bool,
+    attach: ManagedAttach,
+) -> Result<()> {
     if concurrent || attach == ManagedAttach::Global {
         return Ok(());
     }
@@ -150,7 +154,8 @@ impl<'b> BoundStream<'b> {
             // SAFETY: this stream is live and of `mem`'s context (device checked above;
             // not the legacy stream for SINGLE); `ptr` starts a live managed allocation
             // whose free waits for this call (tracked by the claim).
-            let attached = unsafe { raw_stream::attach_mem_async(self.raw_handle(), mem.ptr, flags) };
+            let attached =
+                unsafe { raw_stream::attach_mem_async(self.raw_handle(), mem.ptr, flags) };
             mem.device.check(attached)?;
         }
         mem.host.stream = (target == Target::Single).then(|| self.to_ref());
