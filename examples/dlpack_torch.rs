@@ -85,7 +85,11 @@ extern "C" __global__ void scale(float* x, float f, unsigned n) {
 /// `ptr` as for `gpubind_import_sum`; `stream` a live stream of device 0's primary
 /// context (not 0: torch's default stream is the legacy stream) that outlives the call.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn gpubind_scale_on_stream(ptr: *mut c_void, stream: u64, factor: f32) -> i32 {
+pub unsafe extern "C" fn gpubind_scale_on_stream(
+    ptr: *mut c_void,
+    stream: u64,
+    factor: f32,
+) -> i32 {
     let run = || -> gpubind::Result<()> {
         let dev = Device::get(0)?;
         let mut ctx = ThreadContext::acquire()?;

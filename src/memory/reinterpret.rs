@@ -130,8 +130,8 @@ impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
     pub fn transmute_mut<U: DeviceRepr>(&mut self) -> Result<DeviceViewMut<'_, U>> {
         let len = fit::<U>(self.ptr, self.len * size_of::<T>())?;
         let tracker = match &mut self.tracker {
-            ViewTracker::Alone(t) => ViewTracker::Alone(&mut **t),
-            ViewTracker::Shared(t) => ViewTracker::Shared(*t),
+            ViewTracker::Alone(t) => ViewTracker::Alone(t),
+            ViewTracker::Shared(t) => ViewTracker::Shared(t),
         };
         Ok(DeviceViewMut {
             device: self.device,
