@@ -4,8 +4,10 @@
 //! result code (a [`DriverErrorCode`]) and the name of the call that failed, so a message
 //! reads like `cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)`.
 
+mod transmute;
 use cudarc::driver::sys::CUresult;
 use std::fmt;
+pub use transmute::TransmuteRefusal;
 
 /// A CUDA driver result code (a `CUresult` other than `CUDA_SUCCESS`): the `code` of
 /// [`Error::Driver`] and [`Error::ContextPoisoned`].
@@ -112,27 +114,6 @@ impl fmt::Display for DriverErrorCode {
 impl fmt::Debug for DriverErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "DriverErrorCode({:?} = {})", self.0, self.raw())
-    }
-}
-
-/// Why a [`transmute`](crate::DeviceSlice::transmute) was refused ([`Error::Transmute`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransmuteRefusal {
-    /// The byte length is not a multiple of the new type's size.
-    Length,
-    /// The address is not a multiple of the new type's alignment.
-    Alignment,
-    /// The new type has size 0: no element count fits.
-    ZeroSized,
-}
-
-impl fmt::Display for TransmuteRefusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            TransmuteRefusal::Length => "the byte length is not a multiple of its size",
-            TransmuteRefusal::Alignment => "the address is not aligned for it",
-            TransmuteRefusal::ZeroSized => "it has no size",
-        })
     }
 }
 

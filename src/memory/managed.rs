@@ -26,6 +26,13 @@
 //!
 //! Asking for more managed memory than the device has free is refused up front with
 //! [`Error::ManagedTooLarge`]: over-subscribed managed memory can stall the whole GPU.
+//!
+//! [`slice`](ManagedSlice::slice), [`slice_mut`](ManagedSlice::slice_mut) and the
+//! `split_at` pair give [`ManagedView`] / [`ManagedViewMut`], usable wherever the slice
+//! is, with the same host-access waits. Memory may be allocated attached to the host
+//! ([`BoundDevice::alloc_managed_attached`]) or attached to one stream later
+//! ([`BoundStream::attach_managed`]); host references into memory attached to a stream
+//! wait for that stream as well (`docs/safety.md`, "Managed memory").
 
 use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
