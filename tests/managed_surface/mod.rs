@@ -217,7 +217,29 @@ pub fn managed_host_attach_then_host_access() -> TestResult {
             m.as_slice().ctx("as_slice")?,
             &patterned(n, 8),
         )?;
-        Ok(())
+        // Managed memory seen as bytes: the host and dtoh agree with the u32 contents.
+        let want: Vec<u8> = patterned(n, 8)
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect();
+        let bytes = m.transmute::<u8>().ctx("managed transmute")?;
+        same(
+            "managed as bytes (host)",
+            bytes.as_slice().ctx("as_slice")?,
+            &want,
+        )?;
+        same(
+            "managed as bytes (dtoh)",
+            &gpu.dtoh(&bytes).ctx("dtoh")?,
+            &want,
+        )?;
+        match m.transmute::<[u8; 3]>() {
+            Err(Error::Transmute {
+                reason: TransmuteRefusal::Length,
+                ..
+            }) => Ok(()),
+            other => Err(format!("managed 4n bytes as [u8; 3]: {other:?}")),
+        }
     })
 }
 

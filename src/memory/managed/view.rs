@@ -25,6 +25,7 @@ use crate::access::{Access, AccessTracker};
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::Device;
 use crate::error::Result;
+use crate::memory::reinterpret::fit;
 use crate::memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, ViewTracker, check_disjoint, impl_device_memory,
     private, resolve,
@@ -179,6 +180,35 @@ impl<T: DeviceRepr> ManagedSlice<T> {
             _t: PhantomData,
         };
         Ok((view(head, mid), view(tail, len - mid)))
+    }
+
+    /// The whole slice seen as elements of `U` (see
+    /// [`DeviceSlice::transmute`](crate::DeviceSlice::transmute)):
+    /// [`Error::Transmute`](crate::Error::Transmute) when the byte length is not a
+    /// multiple of `size_of::<U>()` or the address is not aligned for `U`.
+    pub fn transmute<U: DeviceRepr>(&self) -> Result<ManagedView<'_, U>> {
+        let len = fit::<U>(self.ptr, self.len * std::mem::size_of::<T>())?;
+        Ok(ManagedView {
+            device: &self.device,
+            tracker: &self.tracker,
+            host: &self.host,
+            ptr: self.ptr,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// The whole slice seen as elements of `U`, writable; see [`transmute`](Self::transmute).
+    pub fn transmute_mut<U: DeviceRepr>(&mut self) -> Result<ManagedViewMut<'_, U>> {
+        let len = fit::<U>(self.ptr, self.len * std::mem::size_of::<T>())?;
+        Ok(ManagedViewMut {
+            device: &self.device,
+            tracker: ViewTracker::Alone(&mut self.tracker),
+            host: &self.host,
+            ptr: self.ptr,
+            len,
+            _t: PhantomData,
+        })
     }
 
     fn offset(&self, start: usize) -> sys::CUdeviceptr {
