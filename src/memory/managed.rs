@@ -274,7 +274,7 @@ impl<'a> BoundDevice<'a> {
             device: Arc::clone(self.device()),
             ptr,
             len,
-            host: attach::HostRule::new(concurrent, attach),
+            host: attach::HostRule::new(concurrent),
             tracker: AccessTracker::default(),
             _t: PhantomData,
         };

@@ -42,7 +42,8 @@ pub(super) struct HostRule {
 }
 
 impl HostRule {
-    pub(super) fn new(concurrent: bool, _attach: ManagedAttach) -> Self {
+    /// The rule for memory not attached to one stream (global or host attachment).
+    pub(super) fn new(concurrent: bool) -> Self {
         HostRule {
             concurrent,
             stream: None,
@@ -136,12 +137,13 @@ impl<'b> BoundStream<'b> {
 
     fn attach<T: DeviceRepr>(&self, mem: &mut ManagedSlice<T>, target: Target) -> Result<()> {
         self.bound().expect_device("managed memory", &mem.device)?;
-        let (flags, kept) = match target {
+        let (flags, checked_as) = match target {
             Target::Global => (ManagedAttach::Global.flags(), ManagedAttach::Global),
             Target::Host => (ManagedAttach::Host.flags(), ManagedAttach::Host),
+            // Checked like a host attachment: neither is global.
             Target::Single => (Flags::CU_MEM_ATTACH_SINGLE as u32, ManagedAttach::Host),
         };
-        check_attachable(&mem.device, mem.host.concurrent, kept)?;
+        check_attachable(&mem.device, mem.host.concurrent, checked_as)?;
         if target == Target::Single && matches!(self.slot(), StreamSlot::Legacy(_)) {
             return Err(Error::InvalidArgument(
                 "attach_managed: managed memory cannot be attached to the legacy default \
