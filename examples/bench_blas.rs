@@ -5,13 +5,15 @@
 //!
 //! Each row: warm-up, then `--reps` timed runs (CUDA events around a loop of products
 //! sized to take about 20 ms), alternating gpubind and raw; the median run gives the
-//! TFLOP/s. Prints a markdown table with the ratio gpubind / raw.
+//! TFLOP/s. Prints a markdown table with the ratio gpubind / raw, then a second table for
+//! GEMV (memory-bound: GB/s of the matrix and vectors moved, f32 and f64, 8192×8192,
+//! either transpose).
 //!
 //! Run: `cargo run --release --example bench_blas [-- --reps 9]` (needs a GPU).
 
 use cudarc::cublas::sys as cb;
 use cudarc::cublaslt::sys as lt;
-use gpubind::blas::{Batch, Blas, Epilogue, LtArgs, Matmul};
+use gpubind::blas::{Batch, Blas, BlasFloat, Epilogue, Gemv, LtArgs, Matmul};
 use gpubind::{BoundDevice, BoundStream, Device, DeviceMemory, DeviceSlice, ThreadContext};
 use half::{bf16, f16};
 use std::ffi::c_void;
@@ -405,6 +407,15 @@ fn main() -> Res<()> {
             g / r
         );
     }
+    let gemv = gemv_rows(&gpu, &s, &mut blas, &raw, reps)?;
+    println!("\n| GEMV | shape | gpubind GB/s | raw GB/s | gpubind / raw | raw call |");
+    println!("|---|---|---:|---:|---:|---|");
+    for (what, shape, g, r, call) in &gemv {
+        println!(
+            "| {what} | {shape} | {g:.0} | {r:.0} | {:.3} | {call} |",
+            g / r
+        );
+    }
     println!(
         "\n{} on {}; median of {reps} runs (CUDA events, ~20 ms of products each, gpubind and raw alternating); raw: cudarc's sys bindings on the same stream, workspace size and buffers.",
         gpubind::blas::cublaslt_info()
@@ -529,6 +540,122 @@ fn batched_rows(
         )?;
         let dims = format!("{count} × {}×{}×{}", shape.m, shape.n, shape.k);
         rows.push((name.into(), dims, g, r, "cublasGemmStridedBatchedEx"));
+    }
+    Ok(())
+}
+
+/// cudarc's `cublasSgemv_v2` / `cublasDgemv_v2`.
+type RawGemv<T> = unsafe fn(
+    cb::cublasHandle_t,
+    cb::cublasOperation_t,
+    i32,
+    i32,
+    *const T,
+    *const T,
+    i32,
+    *const T,
+    i32,
+    *const T,
+    *mut T,
+    i32,
+) -> cb::cublasStatus_t;
+
+/// GEMV rows (memory-bound): `y = A·x` and `y = Aᵀ·x` with A 8192×8192 row-major, f32
+/// and f64; GB/s of A, x and y moved once (beta 0: y is only written).
+fn gemv_rows(
+    gpu: &BoundDevice<'_>,
+    s: &BoundStream<'_>,
+    blas: &mut Blas,
+    raw: &Raw,
+    reps: usize,
+) -> Res<Rows> {
+    let mut rows = Rows::new();
+    let f = cb::cublasSgemv_v2 as RawGemv<f32>;
+    gemv_type::<f32>(
+        (gpu, s, blas, raw),
+        "f32",
+        (f, "cublasSgemv_v2"),
+        reps,
+        &mut rows,
+    )?;
+    let d = cb::cublasDgemv_v2 as RawGemv<f64>;
+    gemv_type::<f64>(
+        (gpu, s, blas, raw),
+        "f64",
+        (d, "cublasDgemv_v2"),
+        reps,
+        &mut rows,
+    )?;
+    Ok(rows)
+}
+
+fn gemv_type<T: BlasFloat + From<f32>>(
+    env: (&BoundDevice<'_>, &BoundStream<'_>, &mut Blas, &Raw),
+    name: &str,
+    (raw_gemv, call): (RawGemv<T>, &'static str),
+    reps: usize,
+    rows: &mut Rows,
+) -> Res<()> {
+    let (gpu, s, blas, raw) = env;
+    let n = 8192usize;
+    let a = gpu.alloc_zeros::<T>(n * n)?;
+    let x = gpu.alloc_zeros::<T>(n)?;
+    let mut y = gpu.alloc_zeros::<T>(n)?;
+    let (pa, px, py) = (a.device_ptr(), x.device_ptr(), y.device_ptr());
+    let bytes = ((n * n + 2 * n) * std::mem::size_of::<T>()) as f64;
+    let (one, zero) = (T::from(1.0), T::from(0.0));
+    for transpose in [false, true] {
+        let shape = if transpose {
+            Gemv::new(n, n).transpose()
+        } else {
+            Gemv::new(n, n)
+        };
+        // Row-major A is column-major Aᵀ: cuBLAS gets the other transpose.
+        let op = if transpose {
+            cb::cublasOperation_t::CUBLAS_OP_N
+        } else {
+            cb::cublasOperation_t::CUBLAS_OP_T
+        };
+        let (g, r) = row(
+            s,
+            bytes,
+            reps,
+            Box::new(|it| {
+                for _ in 0..it {
+                    s.gemv(blas, &shape, &a, &x, &mut y)?;
+                }
+                Ok(())
+            }),
+            Box::new(|it| {
+                for _ in 0..it {
+                    let ni = n as i32;
+                    // SAFETY: the raw handle is on the bench stream; A holds n×n
+                    // elements, x and y n each, all live; host scalars alive for the
+                    // call (the handle's default host pointer mode).
+                    let status = unsafe {
+                        raw_gemv(
+                            raw.handle,
+                            op,
+                            ni,
+                            ni,
+                            &one,
+                            pa as *const T,
+                            ni,
+                            px as *const T,
+                            1,
+                            &zero,
+                            py as *mut T,
+                            1,
+                        )
+                    };
+                    ok(status, call)?;
+                }
+                Ok(())
+            }),
+        )?;
+        // `row` reports units of 1e12 per second: TB/s here.
+        let what = format!("GEMV {name}{}", if transpose { " Aᵀ·x" } else { " A·x" });
+        rows.push((what, format!("{n}×{n}"), g * 1e3, r * 1e3, call));
     }
     Ok(())
 }

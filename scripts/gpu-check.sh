@@ -6,6 +6,9 @@
 #   reruns are named capped-12.2-gpu_core and capped-12.2-gpu_memory_kinds).
 #   GPU_CHECK_TRAIN_COMPARE=1 adds scripts/compare-train.sh (train_mlp against PyTorch
 #   eager and CUDA graph at batch 4096 and 65536; needs torch; named compare-train).
+#   GPU_CHECK_GPT_COMPARE=1 adds scripts/compare-gpt.sh (train_gpt against PyTorch: fp32
+#   losses, 500-step bf16 loss, throughput table, loss-curve plot; needs torch and
+#   matplotlib; named compare-gpt).
 set -u
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -51,6 +54,19 @@ ex train_mlp 300 .gpu-bin/examples/train_mlp --epochs 5 --devices 0,0 --graph
 # One process per rank (docs/collective.md, "A complete training program"): the built-in
 # spawner and torchrun, 2 processes on GPU 0 with the own kernels across processes.
 ex train_mlp 300 .gpu-bin/examples/train_mlp --spawn 2 --backend kernels --devices 0,0 --epochs 3
+# A GPT on byte-level text (the Python standard library): fp32 eager with validation and
+# a greedy sample; a checkpoint resumed mid-run that must repeat the losses; the step as
+# a CUDA graph that must repeat the eager losses; two ranks on GPU 0 (batch 4 each) that
+# must give the one-rank losses within 1e-3 relative; bf16, eager and graph.
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-every 25 --sample 64
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --check-resume
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-every 25 --check-graph
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --devices 0,0 --check-dp
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --precision bf16 --check-graph
+if command -v torchrun >/dev/null; then
+  ex train_gpt 300 torchrun --standalone --nproc-per-node 2 --no-python .gpu-bin/examples/train_gpt \
+    --launcher env --devices 0,0 --model small --steps 20
+fi
 if command -v torchrun >/dev/null; then
   ex train_mlp 300 torchrun --standalone --nproc-per-node 2 --no-python .gpu-bin/examples/train_mlp \
     --launcher env --backend kernels --devices 0,0 --epochs 3
@@ -71,6 +87,8 @@ ex bench_copy 120 .gpu-bin/examples/bench_copy
 ex bench_collective 150 .gpu-bin/examples/bench_collective --reps 10
 # train_mlp against PyTorch, docs/performance.md ("train_mlp against PyTorch"): optional.
 [[ ${GPU_CHECK_TRAIN_COMPARE:-0} == 1 ]] && run compare-train 900 bash scripts/compare-train.sh
+# train_gpt against PyTorch, scripts/compare-gpt.sh: optional.
+[[ ${GPU_CHECK_GPT_COMPARE:-0} == 1 ]] && run compare-gpt 1800 bash scripts/compare-gpt.sh
 for extra in ${GPU_CHECK_EXTRA:-}; do run "$(basename "${extra%% *}")" 300 $extra; done
 # compute-sanitizer over GPU suites: GPU_CHECK_SANITIZE="memcheck:gpu_core,gpu_soundness
 # racecheck:gpu_soundness ..." (tool:suite,suite; "all" = every suite). memcheck runs with

@@ -1,87 +1,4 @@
-//! The per-thread binding token and the bound device.
-//!
-//! CUDA makes a context current *per thread*. gpubind turns that into types:
-//!
-//! * [`ThreadContext`] is the thread's one token. It is `!Send` and `!Sync`, so it can
-//!   never describe a thread other than the one that acquired it, and at most one exists
-//!   per thread at a time.
-//! * [`ThreadContext::bind`] borrows the token **mutably** and returns a
-//!   [`BoundDevice`]. While that `BoundDevice` lives, the token cannot be bound again, so
-//!   the borrow checker proves that the device you allocate or launch on *is* the current
-//!   context. Everything that needs a current context — allocations, copies, streams,
-//!   module loads, launches — is a method of `BoundDevice` or of a type borrowed from it.
-//!
-//! Binding is cheap: `bind` asks the driver which context is current (`cuCtxGetCurrent`,
-//! a thread-local read) and calls `cuCtxSetCurrent` only when it is not already the
-//! device's primary context. It never trusts a cached answer, because code outside
-//! gpubind (cudarc's safe `CudaContext` API, re-exported as [`crate::cudarc`], or any
-//! other library) can change the thread's current context behind the token.
-//!
-//! # One thread, many GPUs
-//!
-//! Bind the devices one after another; each `BoundDevice` ends before the next begins:
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{Device, ThreadContext};
-//! let mut ctx = ThreadContext::acquire()?;
-//! let devices = Device::all()?;
-//! let mut buffers = Vec::new();
-//! for dev in &devices {
-//!     let gpu = ctx.bind(dev)?;          // borrows `ctx` until `gpu` is last used
-//!     buffers.push(gpu.clone_htod(&[1.0f32; 1024])?);
-//! }                                      // slices outlive the binds: they hold Arc<Device>
-//! # Ok(()) }
-//! ```
-//!
-//! # One thread per GPU
-//!
-//! Each thread acquires its own token, as with [`std::thread::scope`]:
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{Device, ThreadContext};
-//! let devices = Device::all()?;
-//! std::thread::scope(|s| {
-//!     for dev in &devices {
-//!         s.spawn(move || -> gpubind::Result<Vec<f32>> {
-//!             let mut ctx = ThreadContext::acquire()?;
-//!             let gpu = ctx.bind(dev)?;
-//!             let buf = gpu.alloc_zeros::<f32>(256)?;
-//!             gpu.dtoh(&buf)
-//!         });
-//!     }
-//! });
-//! # Ok(()) }
-//! ```
-//!
-//! # What the types forbid
-//!
-//! Two devices bound at once from one token does not compile:
-//!
-//! ```compile_fail,E0499
-//! # fn main() -> gpubind::Result<()> {
-//! # use gpubind::{Device, ThreadContext};
-//! let mut ctx = ThreadContext::acquire()?;
-//! let (d0, d1) = (Device::get(0)?, Device::get(1)?);
-//! let a = ctx.bind(&d0)?;
-//! let b = ctx.bind(&d1)?; // error[E0499]: `ctx` is already borrowed by `a`
-//! let x = a.alloc_zeros::<f32>(4)?; // `a` is still used here
-//! # Ok(()) }
-//! ```
-//!
-//! The fix is to finish with one binding before making the next: end `a`'s last use
-//! before `ctx.bind(&d1)`, or put each binding in its own block.
-//!
-//! A token cannot move to another thread, where it would describe the wrong thread:
-//!
-//! ```compile_fail,E0277
-//! # use gpubind::ThreadContext;
-//! let ctx = ThreadContext::acquire().unwrap();
-//! std::thread::spawn(move || drop(ctx)); // error[E0277]: `*mut ()` cannot be sent
-//! ```
-//!
-//! Acquire a token inside the thread instead (see "One thread per GPU" above).
+//! The per-thread binding token and the bound device (documented on [`ThreadContext`]).
 
 use crate::device::Device;
 use crate::driver::{self, RawContext, result};
@@ -108,6 +25,89 @@ thread_local_slot! {
 /// ```
 ///
 /// Acquiring needs no driver, so it works (and is tested) on machines without a GPU.
+///
+/// CUDA makes a context current *per thread*. gpubind turns that into types:
+///
+/// * [`ThreadContext`] is the thread's one token. It is `!Send` and `!Sync`, so it can
+///   never describe a thread other than the one that acquired it, and at most one exists
+///   per thread at a time.
+/// * [`ThreadContext::bind`] borrows the token **mutably** and returns a
+///   [`BoundDevice`]. While that `BoundDevice` lives, the token cannot be bound again, so
+///   the borrow checker proves that the device you allocate or launch on *is* the current
+///   context. Everything that needs a current context — allocations, copies, streams,
+///   module loads, launches — is a method of `BoundDevice` or of a type borrowed from it.
+///
+/// Binding is cheap: `bind` asks the driver which context is current (`cuCtxGetCurrent`,
+/// a thread-local read) and calls `cuCtxSetCurrent` only when it is not already the
+/// device's primary context. It never trusts a cached answer, because code outside
+/// gpubind (cudarc's safe `CudaContext` API, re-exported as [`crate::cudarc`], or any
+/// other library) can change the thread's current context behind the token.
+///
+/// # One thread, many GPUs
+///
+/// Bind the devices one after another; each `BoundDevice` ends before the next begins:
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::{Device, ThreadContext};
+/// let mut ctx = ThreadContext::acquire()?;
+/// let devices = Device::all()?;
+/// let mut buffers = Vec::new();
+/// for dev in &devices {
+///     let gpu = ctx.bind(dev)?;          // borrows `ctx` until `gpu` is last used
+///     buffers.push(gpu.clone_htod(&[1.0f32; 1024])?);
+/// }                                      // slices outlive the binds: they hold Arc<Device>
+/// # Ok(()) }
+/// ```
+///
+/// # One thread per GPU
+///
+/// Each thread acquires its own token, as with [`std::thread::scope`]:
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::{Device, ThreadContext};
+/// let devices = Device::all()?;
+/// std::thread::scope(|s| {
+///     for dev in &devices {
+///         s.spawn(move || -> gpubind::Result<Vec<f32>> {
+///             let mut ctx = ThreadContext::acquire()?;
+///             let gpu = ctx.bind(dev)?;
+///             let buf = gpu.alloc_zeros::<f32>(256)?;
+///             gpu.dtoh(&buf)
+///         });
+///     }
+/// });
+/// # Ok(()) }
+/// ```
+///
+/// # What the types forbid
+///
+/// Two devices bound at once from one token does not compile:
+///
+/// ```compile_fail,E0499
+/// # fn main() -> gpubind::Result<()> {
+/// # use gpubind::{Device, ThreadContext};
+/// let mut ctx = ThreadContext::acquire()?;
+/// let (d0, d1) = (Device::get(0)?, Device::get(1)?);
+/// let a = ctx.bind(&d0)?;
+/// let b = ctx.bind(&d1)?; // error[E0499]: `ctx` is already borrowed by `a`
+/// let x = a.alloc_zeros::<f32>(4)?; // `a` is still used here
+/// # Ok(()) }
+/// ```
+///
+/// The fix is to finish with one binding before making the next: end `a`'s last use
+/// before `ctx.bind(&d1)`, or put each binding in its own block.
+///
+/// A token cannot move to another thread, where it would describe the wrong thread:
+///
+/// ```compile_fail,E0277
+/// # use gpubind::ThreadContext;
+/// let ctx = ThreadContext::acquire().unwrap();
+/// std::thread::spawn(move || drop(ctx)); // error[E0277]: `*mut ()` cannot be sent
+/// ```
+///
+/// Acquire a token inside the thread instead (see "One thread per GPU" above).
 #[derive(Debug)]
 pub struct ThreadContext {
     /// `*mut ()` makes the token `!Send` and `!Sync`.

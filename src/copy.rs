@@ -1,114 +1,15 @@
-//! Copies between every pair of memory kinds, synchronous and stream-ordered.
-//!
-//! Every buffer kind is a [`CopySource`] (and, when writable, a [`CopyDest`]):
-//!
-//! | kind | type | [`MemoryKind`] |
-//! | --- | --- | --- |
-//! | pageable host | `[T]`, `Vec<T>` | `Pageable` |
-//! | pinned host (`cuMemHostAlloc`) | [`PinnedHostBuffer`](crate::PinnedHostBuffer) | `Pinned` |
-//! | registered host (`cuMemHostRegister`) | [`RegisteredHost`](crate::RegisteredHost) | `Registered` |
-//! | device (`cuMemAlloc`) | [`DeviceSlice`], views | `Device` |
-//! | a module's `__device__` / `__constant__` variable | [`ModuleGlobal`] | `Device` |
-//! | managed (`cuMemAllocManaged`) | [`ManagedSlice`](crate::ManagedSlice) | `Managed` |
-//! | imported DLPack tensor | [`ImportedTensor`](crate::dlpack::ImportedTensor) | by its device type |
-//!
-//! so one generic pair of calls covers all of them: [`BoundDevice::copy`] (returns when the
-//! copy is done) and [`CopyScope::copy`] inside [`BoundStream::copy_scope`]
-//! (stream-ordered; truly asynchronous for page-locked host memory).
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{Device, PinnedOptions, ThreadContext};
-//! let mut ctx = ThreadContext::acquire()?;
-//! let dev = Device::get(0)?;
-//! let gpu = ctx.bind(&dev)?;
-//! let mut pinned = gpu.alloc_pinned::<f32>(1 << 20, PinnedOptions::default())?;
-//! pinned.fill(1.5);
-//! let mut dev_buf = gpu.alloc_zeros::<f32>(1 << 20)?;
-//! let stream = gpu.new_stream()?;
-//! let s = gpu.on(&stream)?;
-//! s.copy_scope(|scope| {
-//!     scope.copy(&pinned, &mut dev_buf)?;      // asynchronous DMA
-//!     // `pinned` is borrowed until the scope ends: it cannot be written or dropped here
-//!     Ok(())
-//! })?;                                          // the stream is synchronised here
-//! assert_eq!(gpu.dtoh(&dev_buf)?[0], 1.5);
-//! # Ok(()) }
-//! ```
-//!
-//! # Why a scope and not a guard
-//!
-//! A guard returned by an async copy (`PendingCopy<'a>`, synchronising on drop) would not
-//! be sound: `std::mem::forget(guard)` ends the borrow without the synchronisation, after
-//! which the pinned buffer could be freed or written while the DMA engine still reads it.
-//! [`BoundStream::copy_scope`] synchronises in its own frame before it returns (or
-//! unwinds), like [`std::thread::scope`], so nothing the caller does can skip it. Writing a
-//! buffer while a copy from it is pending does not compile:
-//!
-//! ```compile_fail,E0506
-//! # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>) -> gpubind::Result<()> {
-//! let mut pinned = gpu.alloc_pinned::<u8>(16, Default::default())?;
-//! let mut d = gpu.alloc_zeros::<u8>(16)?;
-//! s.copy_scope(|scope| {
-//!     scope.copy(&pinned, &mut d)?;
-//!     pinned[0] = 7; // error[E0506]: `pinned[_]` is assigned to here but it was already borrowed
-//!     Ok(())
-//! })?;
-//! # Ok(()) }
-//! ```
-//!
-//! and a buffer that would die inside the scope cannot be handed to it:
-//!
-//! ```compile_fail,E0597
-//! # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>) -> gpubind::Result<()> {
-//! let mut d = gpu.alloc_zeros::<u8>(16)?;
-//! s.copy_scope(|scope| {
-//!     let short_lived = vec![1u8; 16];
-//!     scope.copy(&short_lived, &mut d) // error[E0597]: `short_lived` does not live long enough
-//! })?;
-//! # Ok(()) }
-//! ```
-//!
-//! Device memory ([`DeviceSlice`] and views) needs no such long borrow: the host reaches it
-//! only through gpubind's calls, which its access tracker orders after the pending copy
-//! (a `dtoh` inside the scope waits for it; a copy on another stream waits on the device),
-//! and freeing it waits for the copy too (`docs/safety.md`). [`CopyScope::copy_to_device`] and [`CopyScope::copy_from_device`] therefore borrow
-//! only the host side until the scope ends, so a whole pipeline — upload, kernel,
-//! download — fits in one scope with a single synchronisation:
-//!
-//! ```no_run
-//! # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>,
-//! #      k: &gpubind::Function<'_>) -> gpubind::Result<()> {
-//! let input = gpu.pinned_from_slice(&[1.0f32; 1024], Default::default())?;
-//! let mut output = gpu.alloc_pinned::<f32>(1024, Default::default())?;
-//! let mut d = gpu.alloc_zeros::<f32>(1024)?;
-//! let n = 1024u32;
-//! s.copy_scope(|scope| {
-//!     scope.copy_to_device(&input, &mut d)?;
-//!     // SAFETY: `k` takes (float*, unsigned) and stays in bounds.
-//!     unsafe {
-//!         scope.stream().launch(k, gpubind::LaunchConfig::for_num_elems(n))
-//!             .arg(&mut d).arg(&n).launch()?;
-//!     }
-//!     scope.copy_from_device(&d, &mut output)
-//! })?;
-//! # Ok(()) }
-//! ```
-//!
-//! Code that manages the synchronisation itself can use the `unsafe`
-//! [`BoundStream::copy_async`].
+//! Copies between every pair of memory kinds, synchronous and stream-ordered (documented on
+//! [`CopyScope`]).
 
 use crate::access::{Access, AccessTracker, Claim, Locks, host_claim, locks};
 use crate::context::BoundDevice;
-use crate::device::CheckOn;
 use crate::device::Device;
+use crate::driver::result;
 use crate::error::Result;
-#[cfg(feature = "ipc")]
-use crate::ipc::{ImportedSlice, LegacySlice, PoolSlice};
 use crate::memory::{ByteSpan, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, expect_len};
 use crate::module::global::ModuleGlobal;
 use crate::stream::BoundStream;
-use cudarc::driver::sys;
+use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -223,7 +124,7 @@ pub trait CopyDest<T: DeviceRepr>: CopySource<T> {
 /// for `mut`, writable memory).
 macro_rules! copy_endpoints {
     ($ty:ident $(<$lt:lifetime>)?, $mutable:tt) => {
-        copy_endpoints!($ty $(<$lt>)?, $mutable, Self::endpoint);
+        $crate::copy::copy_endpoints!($ty $(<$lt>)?, $mutable, Self::endpoint);
     };
     ($ty:ident $(<$lt:lifetime>)?, $mutable:tt, $endpoint:expr) => {
         impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::seal::Sealed for $ty<$($lt,)? T> {}
@@ -232,7 +133,7 @@ macro_rules! copy_endpoints {
                 ($endpoint)(self)
             }
         }
-        copy_endpoints!(@mut $mutable $ty $(<$lt>)?, $endpoint);
+        $crate::copy::copy_endpoints!(@mut $mutable $ty $(<$lt>)?, $endpoint);
     };
     (@mut mut $ty:ident $(<$lt:lifetime>)?, $endpoint:expr) => {
         impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::CopyDest<T> for $ty<$($lt,)? T> {
@@ -245,7 +146,10 @@ macro_rules! copy_endpoints {
 }
 pub(crate) use copy_endpoints;
 
-fn device_endpoint<T: DeviceRepr>(m: &impl crate::memory::DeviceMemory<T>) -> Endpoint<'_> {
+/// The copy endpoint of plain device memory: tracked, on its device.
+pub(crate) fn device_endpoint<T: DeviceRepr>(
+    m: &impl crate::memory::DeviceMemory<T>,
+) -> Endpoint<'_> {
     Endpoint::new(
         m.device_ptr(),
         m.len(),
@@ -255,24 +159,23 @@ fn device_endpoint<T: DeviceRepr>(m: &impl crate::memory::DeviceMemory<T>) -> En
     .tracked(m.tracker())
 }
 
-/// Copy endpoints for the plain device-memory types (all `DeviceMemory`, host-unreachable).
-macro_rules! device_kinds {
+/// Implements the copy traits and [`DeviceOnlyMemory`] for plain device-memory types (all
+/// `DeviceMemory`, host-unreachable). Modules owning such types (the IPC slices) invoke it
+/// for their own types.
+macro_rules! device_only_endpoints {
     ($($ty:ident $(<$lt:lifetime>)?, $mutable:tt;)*) => { $(
-        copy_endpoints!($ty $(<$lt>)?, $mutable, device_endpoint);
-        impl<$($lt,)? T: DeviceRepr> DeviceOnlyMemory for $ty<$($lt,)? T> {}
+        $crate::copy::copy_endpoints!($ty $(<$lt>)?, $mutable, $crate::copy::device_endpoint);
+        impl<$($lt,)? T: $crate::memory::DeviceRepr> $crate::copy::DeviceOnlyMemory
+            for $ty<$($lt,)? T> {}
     )* };
 }
-device_kinds! {
+#[cfg_attr(not(feature = "ipc"), allow(unused_imports))]
+pub(crate) use device_only_endpoints;
+device_only_endpoints! {
     DeviceSlice, mut;
     DeviceView<'a>, const;
     DeviceViewMut<'a>, mut;
     ModuleGlobal, mut;
-}
-#[cfg(feature = "ipc")]
-device_kinds! {
-    PoolSlice, mut;
-    ImportedSlice, mut;
-    LegacySlice, mut;
 }
 
 fn pageable<T>(s: &[T]) -> Endpoint<'_> {
@@ -397,23 +300,21 @@ unsafe fn enqueue<T: DeviceRepr>(
     let enqueued: Result<()> = unsafe {
         match (src.kind.is_host(), dst.kind.is_host()) {
             (true, true) => {
-                sys::cuStreamSynchronize(raw).check_on(bound.device(), "cuStreamSynchronize")?;
+                bound.device().check(result::stream::synchronize(raw))?;
                 // `dst` comes from an exclusive borrow, so the ranges do not overlap.
                 std::ptr::copy_nonoverlapping(src.addr as *const u8, dst.addr as *mut u8, bytes);
                 Ok(())
             }
             (true, false) => {
-                sys::cuMemcpyHtoDAsync_v2(dst.addr, src.addr as *const std::ffi::c_void, bytes, raw)
-                    .check_on(bound.device(), "cuMemcpyHtoDAsync_v2")
+                result::copy::htod_async(dst.addr, src.addr as *const c_void, bytes, raw)
             }
             (false, true) => {
-                sys::cuMemcpyDtoHAsync_v2(dst.addr as *mut std::ffi::c_void, src.addr, bytes, raw)
-                    .check_on(bound.device(), "cuMemcpyDtoHAsync_v2")
+                result::copy::dtoh_async(dst.addr as *mut c_void, src.addr, bytes, raw)
             }
-            (false, false) => sys::cuMemcpyDtoDAsync_v2(dst.addr, src.addr, bytes, raw)
-                .check_on(bound.device(), "cuMemcpyDtoDAsync_v2"),
+            (false, false) => result::copy::dtod_async(dst.addr, src.addr, bytes, raw),
         }
     };
+    let enqueued = bound.device().check(enqueued);
     enqueued?;
     if let Order::Host = how {
         // Still claimed: nothing can use the buffers until the copy has landed.
@@ -532,6 +433,105 @@ impl<'b> BoundStream<'b> {
 
 /// Enqueues stream-ordered copies whose buffers stay borrowed until the scope ends; see
 /// [`BoundStream::copy_scope`].
+///
+/// Every buffer kind is a [`CopySource`] (and, when writable, a [`CopyDest`]):
+///
+/// | kind | type | [`MemoryKind`] |
+/// | --- | --- | --- |
+/// | pageable host | `[T]`, `Vec<T>` | `Pageable` |
+/// | pinned host (`cuMemHostAlloc`) | [`PinnedHostBuffer`](crate::PinnedHostBuffer) | `Pinned` |
+/// | registered host (`cuMemHostRegister`) | [`RegisteredHost`](crate::RegisteredHost) | `Registered` |
+/// | device (`cuMemAlloc`) | [`DeviceSlice`], views | `Device` |
+/// | a module's `__device__` / `__constant__` variable | [`ModuleGlobal`] | `Device` |
+/// | managed (`cuMemAllocManaged`) | [`ManagedSlice`](crate::ManagedSlice) | `Managed` |
+/// | imported DLPack tensor | `dlpack::ImportedTensor` (feature `dlpack`) | by its device type |
+///
+/// so one generic pair of calls covers all of them: [`BoundDevice::copy`] (returns when the
+/// copy is done) and [`CopyScope::copy`] inside [`BoundStream::copy_scope`]
+/// (stream-ordered; truly asynchronous for page-locked host memory).
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::{Device, PinnedOptions, ThreadContext};
+/// let mut ctx = ThreadContext::acquire()?;
+/// let dev = Device::get(0)?;
+/// let gpu = ctx.bind(&dev)?;
+/// let mut pinned = gpu.alloc_pinned::<f32>(1 << 20, PinnedOptions::default())?;
+/// pinned.fill(1.5);
+/// let mut dev_buf = gpu.alloc_zeros::<f32>(1 << 20)?;
+/// let stream = gpu.new_stream()?;
+/// let s = gpu.on(&stream)?;
+/// s.copy_scope(|scope| {
+///     scope.copy(&pinned, &mut dev_buf)?;      // asynchronous DMA
+///     // `pinned` is borrowed until the scope ends: it cannot be written or dropped here
+///     Ok(())
+/// })?;                                          // the stream is synchronised here
+/// assert_eq!(gpu.dtoh(&dev_buf)?[0], 1.5);
+/// # Ok(()) }
+/// ```
+///
+/// # Why a scope and not a guard
+///
+/// A guard returned by an async copy (`PendingCopy<'a>`, synchronising on drop) would not
+/// be sound: `std::mem::forget(guard)` ends the borrow without the synchronisation, after
+/// which the pinned buffer could be freed or written while the DMA engine still reads it.
+/// [`BoundStream::copy_scope`] synchronises in its own frame before it returns (or
+/// unwinds), like [`std::thread::scope`], so nothing the caller does can skip it. Writing a
+/// buffer while a copy from it is pending does not compile:
+///
+/// ```compile_fail,E0506
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>) -> gpubind::Result<()> {
+/// let mut pinned = gpu.alloc_pinned::<u8>(16, Default::default())?;
+/// let mut d = gpu.alloc_zeros::<u8>(16)?;
+/// s.copy_scope(|scope| {
+///     scope.copy(&pinned, &mut d)?;
+///     pinned[0] = 7; // error[E0506]: `pinned[_]` is assigned to here but it was already borrowed
+///     Ok(())
+/// })?;
+/// # Ok(()) }
+/// ```
+///
+/// and a buffer that would die inside the scope cannot be handed to it:
+///
+/// ```compile_fail,E0597
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>) -> gpubind::Result<()> {
+/// let mut d = gpu.alloc_zeros::<u8>(16)?;
+/// s.copy_scope(|scope| {
+///     let short_lived = vec![1u8; 16];
+///     scope.copy(&short_lived, &mut d) // error[E0597]: `short_lived` does not live long enough
+/// })?;
+/// # Ok(()) }
+/// ```
+///
+/// Device memory ([`DeviceSlice`] and views) needs no such long borrow: the host reaches it
+/// only through gpubind's calls, which its access tracker orders after the pending copy (a
+/// `dtoh` inside the scope waits for it; a copy on another stream waits on the device), and
+/// freeing it waits for the copy too (`docs/safety.md`). [`CopyScope::copy_to_device`] and
+/// [`CopyScope::copy_from_device`] therefore borrow only the host side until the scope
+/// ends, so a whole pipeline — upload, kernel, download — fits in one scope with a single
+/// synchronisation:
+///
+/// ```no_run
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>,
+/// #      k: &gpubind::Function<'_>) -> gpubind::Result<()> {
+/// let input = gpu.pinned_from_slice(&[1.0f32; 1024], Default::default())?;
+/// let mut output = gpu.alloc_pinned::<f32>(1024, Default::default())?;
+/// let mut d = gpu.alloc_zeros::<f32>(1024)?;
+/// let n = 1024u32;
+/// s.copy_scope(|scope| {
+///     scope.copy_to_device(&input, &mut d)?;
+///     // SAFETY: `k` takes (float*, unsigned) and stays in bounds.
+///     unsafe {
+///         scope.stream().launch(k, gpubind::LaunchConfig::for_num_elems(n))
+///             .arg(&mut d).arg(&n).launch()?;
+///     }
+///     scope.copy_from_device(&d, &mut output)
+/// })?;
+/// # Ok(()) }
+/// ```
+///
+/// Code that manages the synchronisation itself can use the `unsafe`
+/// [`BoundStream::copy_async`].
 pub struct CopyScope<'s, 'env> {
     stream: &'s BoundStream<'s>,
     /// Invariant in `'env`, so borrows handed to `copy` cannot be shortened to the scope.
@@ -597,6 +597,6 @@ impl<'s, 'env> CopyScope<'s, 'env> {
 }
 
 /// Memory only the device reaches: [`DeviceSlice`] and its views, and the IPC pool slices
-/// (not managed memory, which the host can read directly). Sealed. Such memory need not stay borrowed until
-/// a [`CopyScope`] ends; see [`CopyScope::copy_to_device`].
+/// (not managed memory, which the host can read directly). Sealed. Such memory need not
+/// stay borrowed until a [`CopyScope`] ends; see [`CopyScope::copy_to_device`].
 pub trait DeviceOnlyMemory: seal::Sealed {}

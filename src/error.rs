@@ -341,18 +341,19 @@ pub enum Error {
     },
 
     /// `libcublasLt` could not be loaded (needed by
-    /// [`BoundStream::matmul_lt`](crate::BoundStream::matmul_lt) only).
+    /// `BoundStream::matmul_lt` only, feature `cublas`).
     #[error(
         "cuBLASLt not found: libcublasLt could not be loaded (add the CUDA toolkit's lib64, e.g. /usr/local/cuda/lib64, to LD_LIBRARY_PATH, or set GPUBIND_CUBLASLT_PATH)"
     )]
     NoCublasLt,
 
     /// A matrix product was refused before it reached cuBLAS: the shape, the buffers or
-    /// the options do not fit together (see [`MatmulError`]).
+    /// the options do not fit together (see `gpubind::blas::MatmulError`,
+    /// feature `cublas`).
     #[error("{0}")]
     Matmul(MatmulError),
 
-    /// [`GraphExec::update`](crate::graph::GraphExec::update) could not update the
+    /// [`GraphExec::update`](crate::GraphExec::update) could not update the
     /// executable graph in place (`CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`): the new graph
     /// differs in more than parameters. The executable graph is unchanged; instantiate
     /// the new graph instead.
@@ -437,7 +438,7 @@ pub enum Error {
 
     /// Importing a handle that this same process exported: the pool (or allocation) is
     /// already owned here, and a second owning slice of it would free and use the same
-    /// memory unordered. Use the exporting [`MemoryPool`](crate::ipc::MemoryPool) /
+    /// memory unordered. Use the exporting `ipc::MemoryPool` /
     /// slice directly instead.
     #[error(
         "{what} was exported by this same process: importing it here would give two owners of one allocation (use the exporting pool or slice directly)"
@@ -458,7 +459,7 @@ pub enum Error {
         what: String,
     },
 
-    /// [`LegacyIpcHandle::export`](crate::ipc::LegacyIpcHandle::export) of memory that is
+    /// `ipc::LegacyIpcHandle::export` of memory that is
     /// not a whole plain `cuMemAlloc` allocation (pool memory, imported memory, or a
     /// pointer that is not the allocation's base): the handle would describe the wrong
     /// memory to the importer.
@@ -671,7 +672,36 @@ pub enum Error {
     /// context unusable; every later operation on the device reports this at once.
     /// Recovery: drop every gpubind value of the device, reset its primary context
     /// (`Device::reset_primary_context`, when no other library uses it) and `Device::get`
-    /// it again, or restart the process (see `gpubind::poison`).
+    /// it again, or restart the process (see below).
+    ///
+    /// Some CUDA errors — an illegal address, a misaligned access, an illegal instruction, a
+    /// device-side `assert`, a hardware stack error — are *sticky*: the context is unusable
+    /// from then on, and every later call in it fails the same way, whatever it was. Without
+    /// help, the error surfaces at some unrelated later call (`cuMemcpyDtoH_v2 failed:
+    /// CUDA_ERROR_ILLEGAL_ADDRESS`), and drops call into the dead context.
+    ///
+    /// gpubind recognises these codes where a call on a device's context or streams returns
+    /// them (synchronisations, copies, launches, allocations, stream and event creation,
+    /// event waits, memory queries: every such call passes its result through
+    /// `Device::check` of the operation's own device, never a guess from the current
+    /// context), and marks that [`Device`](crate::Device) **poisoned** with the first
+    /// failing call, its code and the last kernel launched on the device. From then on:
+    ///
+    /// * every operation on the device returns [`Error::ContextPoisoned`] at once, without
+    ///   calling into the context (binding, allocation, copies, launches, stream work);
+    /// * drops skip their driver calls and leak instead (`Device::enter` refuses), so nothing
+    ///   touches the dead context;
+    /// * **recovery**: CUDA documents these errors as fatal to the process, and the H200
+    ///   (driver 580) behaves so: after a null-pointer write, neither releasing gpubind's
+    ///   retain nor [`Device::reset_primary_context`](crate::Device::reset_primary_context)
+    ///   made a new retain succeed — it reported the sticky error again (typed: the fresh
+    ///   [`Device`](crate::Device) is poisoned in turn). **Restart the process.** Where a
+    ///   driver does clear the state, the path is: drop every gpubind value of the device,
+    ///   [`Device::reset_primary_context`](crate::Device::reset_primary_context) (`unsafe`:
+    ///   other libraries sharing the primary context lose everything in it), then
+    ///   [`Device::get`](crate::Device::get) a fresh device.
+    ///   ([`Device::is_poisoned`](crate::Device::is_poisoned) tells whether a live device
+    ///   is.)
     #[error(
         "device {device}'s context is poisoned: {first_call} failed with {name} ({description}){}; it is unusable now — drop every gpubind value of device {device} (buffers, streams, modules, Arc<Device>), then Device::reset_primary_context({device}) (if no other library uses the context) and Device::get again, or restart the process",
         kernel.as_deref().map(|k| format!(" after kernel `{k}`")).unwrap_or_default()

@@ -44,6 +44,31 @@
 //! }
 //! ```
 //!
+//! # Where each concept is explained
+//!
+//! * **Binding** — the token, one thread driving many GPUs or one thread per GPU, and
+//!   what the types forbid: [`ThreadContext`].
+//! * **Devices** — enumeration and attributes without a context, the lazily retained
+//!   primary context: [`Device`].
+//! * **Memory** — device memory and its views: [`DeviceSlice`]; page-locked host memory
+//!   (pinned and registered): [`PinnedHostBuffer`]; managed memory: [`ManagedSlice`].
+//! * **Copies** — every memory kind to every other, synchronous or stream-ordered, and
+//!   why a copy scope rather than a guard: [`CopyScope`].
+//! * **Streams and events** — [`Stream`], [`Event`], [`BoundStream`].
+//! * **Kernels** — compiling, loading, the argument and limit checks: [`Module`];
+//!   [`CompileOptions`] (what is checked, CUDA headers); kernels that own their module:
+//!   [`SharedModule`] and [`Kernel`]; `__device__` / `__constant__` variables:
+//!   [`ModuleGlobal`].
+//! * **Launches** — [`LaunchConfig`] and [`LaunchBuilder`]; cooperative, cluster and
+//!   prioritised launches and what is checked for them: [`LaunchExBuilder`].
+//! * **CUDA graphs** — what can be captured and how a capture stays sound: [`Capture`];
+//!   then [`Graph`] and [`GraphExec`].
+//! * **Faults** — sticky errors that poison a device's context, and recovery:
+//!   [`Error::ContextPoisoned`].
+//! * **Drivers and libraries** — supported driver versions, entry points looked up by
+//!   version, `GPUBIND_ASSUME_DRIVER_VERSION`: [`DriverVersion`], [`entry_points`]; which
+//!   NVRTC (and cuBLAS) is loaded: [`nvrtc_info`].
+//!
 //! # Features
 //!
 //! The core above (devices, binding, memory of every kind, streams, events, NVRTC modules

@@ -1,44 +1,4 @@
-//! Streams and events.
-//!
-//! A [`Stream`] and an [`Event`] are resources like slices: they hold an `Arc<Device>`,
-//! are `Send + Sync`, outlive the binding that created them, and are destroyed in their
-//! own context on drop. Work is enqueued through a [`BoundStream`], which borrows a
-//! [`BoundDevice`] of the stream's device, so enqueueing is only possible while that
-//! context is current:
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{Device, ThreadContext};
-//! let mut ctx = ThreadContext::acquire()?;
-//! let dev = Device::get(0)?;
-//! let gpu = ctx.bind(&dev)?;
-//! let stream = gpu.new_stream()?;
-//! let (start, end) = (gpu.new_event(true)?, gpu.new_event(true)?);
-//! let s = gpu.on(&stream)?;                 // borrows `gpu`
-//! let mut buf = gpu.alloc_zeros::<u8>(1 << 20)?;
-//! s.record(&start)?;
-//! s.memset_zeros_async(&mut buf)?;
-//! s.record(&end)?;
-//! s.synchronize()?;
-//! println!("memset took {} ms", start.elapsed_ms(&end)?);
-//! # Ok(()) }
-//! ```
-//!
-//! A `BoundStream` cannot outlive the binding it borrows:
-//!
-//! ```compile_fail,E0597
-//! # use gpubind::{Device, ThreadContext};
-//! # let dev = Device::get(0).unwrap();
-//! let mut ctx = ThreadContext::acquire().unwrap();
-//! let stream = ctx.bind(&dev).unwrap().new_stream().unwrap();
-//! let s = {
-//!     let gpu = ctx.bind(&dev).unwrap();
-//!     gpu.on(&stream).unwrap() // error[E0597]: `gpu` does not live long enough
-//! };
-//! ```
-//!
-//! Keep the `Stream` (it outlives binds) and call `gpu.on(&stream)` again under the next
-//! binding.
+//! Streams and events (documented on [`Stream`]).
 
 use crate::access::{self, Access, AccessTracker, Claim, Locks, StreamInner, StreamSlot, Use};
 use crate::context::BoundDevice;
@@ -58,6 +18,46 @@ pub use borrowed::BorrowedStream;
 ///
 /// Dropping it is always fine: buffers that still have work pending on it keep the
 /// underlying CUDA stream alive until they no longer need to order anything after it.
+///
+/// A [`Stream`] and an [`Event`] are resources like slices: they hold an `Arc<Device>`,
+/// are `Send + Sync`, outlive the binding that created them, and are destroyed in their
+/// own context on drop. Work is enqueued through a [`BoundStream`], which borrows a
+/// [`BoundDevice`] of the stream's device, so enqueueing is only possible while that
+/// context is current:
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::{Device, ThreadContext};
+/// let mut ctx = ThreadContext::acquire()?;
+/// let dev = Device::get(0)?;
+/// let gpu = ctx.bind(&dev)?;
+/// let stream = gpu.new_stream()?;
+/// let (start, end) = (gpu.new_event(true)?, gpu.new_event(true)?);
+/// let s = gpu.on(&stream)?;                 // borrows `gpu`
+/// let mut buf = gpu.alloc_zeros::<u8>(1 << 20)?;
+/// s.record(&start)?;
+/// s.memset_zeros_async(&mut buf)?;
+/// s.record(&end)?;
+/// s.synchronize()?;
+/// println!("memset took {} ms", start.elapsed_ms(&end)?);
+/// # Ok(()) }
+/// ```
+///
+/// A `BoundStream` cannot outlive the binding it borrows:
+///
+/// ```compile_fail,E0597
+/// # use gpubind::{Device, ThreadContext};
+/// # let dev = Device::get(0).unwrap();
+/// let mut ctx = ThreadContext::acquire().unwrap();
+/// let stream = ctx.bind(&dev).unwrap().new_stream().unwrap();
+/// let s = {
+///     let gpu = ctx.bind(&dev).unwrap();
+///     gpu.on(&stream).unwrap() // error[E0597]: `gpu` does not live long enough
+/// };
+/// ```
+///
+/// Keep the `Stream` (it outlives binds) and call `gpu.on(&stream)` again under the next
+/// binding.
 pub struct Stream {
     inner: Arc<StreamInner>,
 }

@@ -1,5 +1,5 @@
 //! Device UUIDs: a utility below the device layer, so that errors can name a device
-//! by UUID. Public as [`gpubind::Uuid`](crate::Uuid) and `gpubind::device::Uuid`.
+//! by UUID. Public as [`gpubind::Uuid`](crate::Uuid).
 
 use std::fmt;
 

@@ -87,6 +87,12 @@ mod cublas_api {
     assert_impl_all!(gpubind::blas::LtArgs<'static, f32>: Debug);
     assert_impl_all!(gpubind::blas::CaptureLtArgs<'static, f32>: Debug);
     assert_impl_all!(gpubind::blas::MatmulError: Debug, Send, Sync);
+    assert_impl_all!(gpubind::blas::Gemv: Debug, Copy, Send, Sync);
+    assert_impl_all!(gpubind::blas::GemmGroup: Debug, Clone, Send, Sync);
+    assert_impl_all!(f32: gpubind::blas::BlasFloat);
+    assert_impl_all!(f64: gpubind::blas::BlasFloat);
+    assert_not_impl_any!(half::f16: gpubind::blas::BlasFloat);
+    assert_not_impl_any!(half::bf16: gpubind::blas::BlasFloat);
     assert_impl_all!(gpubind::blas::Blas: Send);
     assert_not_impl_any!(gpubind::blas::Blas: Sync);
 }

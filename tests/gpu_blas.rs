@@ -9,9 +9,10 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, dev0, run_suite};
+use common::{Ctx, dev0, run_suite, skip};
 use gpubind::blas::{
-    Batch, BlasScalar, CaptureLtArgs, Epilogue, Layout, LtArgs, Matmul, MatmulError,
+    Batch, BlasScalar, CaptureLtArgs, Epilogue, GemmGroup, Gemv, Layout, LtArgs, Matmul,
+    MatmulError,
 };
 use gpubind::{BoundDevice, DeviceRepr, Error, ThreadContext};
 use half::{bf16, f16};
@@ -1104,6 +1105,436 @@ fn refused_in_capture(gpu: &BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> 
     Ok(())
 }
 
+/// `y = alpha·op(A)·x + beta·y` on the host: the whole y buffer (elements between the
+/// increments unchanged) and each element's error scale.
+fn host_gemv(g: &Gemv, a: &[f64], x: &[f64], y: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let ld = g.lda.unwrap_or(match g.layout {
+        Layout::RowMajor => g.n.max(1),
+        Layout::ColMajor => g.m.max(1),
+    });
+    let (mut want, mut scale) = (y.to_vec(), vec![0.0; y.len()]);
+    for i in 0..g.y_len() {
+        let (mut sum, mut mag) = (0.0, 0.0);
+        for j in 0..g.x_len() {
+            let (r, c) = if g.transpose { (j, i) } else { (i, j) };
+            let t = a[at(g.layout, ld, r, c)] * x[j * g.incx];
+            sum += t;
+            mag += t.abs();
+        }
+        let yi = y[i * g.incy];
+        want[i * g.incy] = g.alpha * sum + g.beta * yi;
+        scale[i * g.incy] = g.alpha.abs() * mag + (g.beta * yi).abs();
+    }
+    (want, scale)
+}
+
+/// Every transpose × layout × packed/padded (leading dimension and increments) for one
+/// type.
+fn gemv_sweep<T: El + gpubind::blas::BlasFloat>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let stream = gpu.default_stream();
+    for (m, n) in [(1, 1), (7, 5), (33, 64), (129, 17)] {
+        for transpose in [false, true] {
+            for layout in [Layout::RowMajor, Layout::ColMajor] {
+                for padded in [false, true] {
+                    let mut g = Gemv::new(m, n).scaled(1.25, -0.5);
+                    g.transpose = transpose;
+                    g.layout = layout;
+                    let inner = if layout == Layout::RowMajor { n } else { m };
+                    let outer = if layout == Layout::RowMajor { m } else { n };
+                    let mut ld = inner;
+                    if padded {
+                        ld += 3;
+                        g = g.with_lda(ld).with_inc(2, 3);
+                    }
+                    let a_len = (outer - 1) * ld + inner;
+                    let (a, af) = random::<T>(rng, a_len);
+                    let (x, xf) = random::<T>(rng, (g.x_len() - 1) * g.incx + 1);
+                    let (y0, yf) = random::<T>(rng, (g.y_len() - 1) * g.incy + 1);
+                    let (da, dx) = (gpu.clone_htod(&a).ctx("a")?, gpu.clone_htod(&x).ctx("x")?);
+                    let mut dy = gpu.clone_htod(&y0).ctx("y")?;
+                    let what = format!(
+                        "gemv {:?} {m}x{n} transpose={transpose} {layout:?} padded={padded}",
+                        T::DATA_TYPE
+                    );
+                    stream.gemv(&mut blas, &g, &da, &dx, &mut dy).ctx(&what)?;
+                    let got = dtoh_f64(gpu, &dy)?;
+                    let (want, scale) = host_gemv(&g, &af, &xf, &yf);
+                    close(&what, &got, &want, &scale, T::TOL)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn gemv_types_transposes_and_layouts_match_the_host() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    gemv_sweep::<f32>(&gpu, &mut rng)?;
+    gemv_sweep::<f64>(&gpu, &mut rng)
+}
+
+fn asum_case<T: El + gpubind::blas::BlasFloat>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let stream = gpu.default_stream();
+    for (len, inc) in [(1, 1), (1000, 1), (1001, 3), (4096, 7)] {
+        let (x, xf) = random::<T>(rng, len);
+        let dx = gpu.clone_htod(&x).ctx("x")?;
+        let want: f64 = xf.iter().step_by(inc).map(|v| v.abs()).sum();
+        let what = format!("asum {:?} of {len} step {inc}", T::DATA_TYPE);
+        // A reduction of up to 4096 terms: ten times a product's tolerance.
+        let tol = 10.0 * T::TOL;
+        let host = stream.asum(&mut blas, &dx, inc).ctx(&what)?.f();
+        close(&what, &[host], &[want], &[want], tol)?;
+        let mut out = gpu.clone_htod(&[T::of(-7.0)]).ctx("out")?;
+        stream.asum_into(&mut blas, &dx, inc, &mut out).ctx(&what)?;
+        let dev = dtoh_f64(gpu, &out)?;
+        close(
+            &format!("{what} into device memory"),
+            &dev,
+            &[want],
+            &[want],
+            tol,
+        )?;
+    }
+    let empty = gpu.alloc_zeros::<T>(0).ctx("empty")?;
+    let mut out = gpu.clone_htod(&[T::of(5.0)]).ctx("out")?;
+    ensure!(
+        stream
+            .asum(&mut blas, &empty, 1)
+            .ctx("asum of nothing")?
+            .f()
+            == 0.0,
+        "asum of nothing is not 0"
+    );
+    stream
+        .asum_into(&mut blas, &empty, 1, &mut out)
+        .ctx("asum_into of nothing")?;
+    ensure!(
+        dtoh_f64(gpu, &out)? == [0.0],
+        "asum_into of nothing did not write 0"
+    );
+    Ok(())
+}
+
+fn asum_to_host_and_device_matches_the_host() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    asum_case::<f32>(&gpu, &mut rng)?;
+    asum_case::<f64>(&gpu, &mut rng)
+}
+
+/// Three groups of different shapes, transposes and layouts (one of two products), in
+/// one grouped call, against the host; the products' operands at offsets of shared
+/// buffers, with gaps left untouched.
+fn grouped_case<T: El>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
+    let shapes = [
+        Matmul::new(16, 24, 32).transpose_b().scaled(1.0, 0.0),
+        Matmul::new(7, 40, 9).transpose_a().scaled(0.5, -1.0),
+        Matmul::new(33, 8, 64).col_major().scaled(2.0, 0.25),
+    ];
+    let counts = [2usize, 1, 1];
+    let (mut oa, mut ob, mut oc) = (0, 0, 0);
+    let mut groups = Vec::new();
+    let mut placed = Vec::new();
+    for (s, &count) in shapes.iter().zip(&counts) {
+        let mut g = GemmGroup::new(*s);
+        for _ in 0..count {
+            g = g.problem(oa, ob, oc);
+            placed.push((*s, oa, ob, oc));
+            // A gap of at least 5 elements after each matrix, the next one starting
+            // 16-byte aligned.
+            let next = |o: usize, len: usize| (o + len + 5).next_multiple_of(8);
+            oa = next(oa, s.m * s.k);
+            ob = next(ob, s.k * s.n);
+            oc = next(oc, s.m * s.n);
+        }
+        groups.push(g);
+    }
+    let (a, af) = random::<T>(rng, oa);
+    let (b, bf) = random::<T>(rng, ob);
+    let (c0, cf) = random::<T>(rng, oc);
+    let (da, db) = (gpu.clone_htod(&a).ctx("a")?, gpu.clone_htod(&b).ctx("b")?);
+    let mut dc = gpu.clone_htod(&c0).ctx("c")?;
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let what = format!("grouped {:?}", T::DATA_TYPE);
+    match gpu
+        .default_stream()
+        .matmul_grouped(&mut blas, &groups, &da, &db, &mut dc)
+    {
+        Err(Error::Matmul(e @ MatmulError::NeedsCublas { .. })) => {
+            return Err(skip(&e.to_string()));
+        }
+        r => r.ctx(&what)?,
+    }
+    let got = dtoh_f64(gpu, &dc)?;
+    let (mut want, mut scale) = (cf.clone(), vec![0.0; cf.len()]);
+    for (s, oa, ob, oc) in placed {
+        let span_c = s.m * s.n;
+        let (w, sc) = host_gemm(&s, &af[oa..], &bf[ob..], &cf[oc..oc + span_c]);
+        want[oc..oc + span_c].copy_from_slice(&w);
+        scale[oc..oc + span_c].copy_from_slice(&sc);
+    }
+    close(&what, &got, &want, &scale, T::TOL)
+}
+
+fn grouped_gemm_of_three_shapes_matches_the_host() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    grouped_case::<f16>(&gpu, &mut rng)?;
+    grouped_case::<bf16>(&gpu, &mut rng)
+}
+
+/// alpha and beta from device memory: eagerly for each type, and in a graph launched
+/// twice with new scales written between the launches by a copy graph (alpha 2, beta 0,
+/// then alpha 3, beta 1: C = 2·AB, then 5·AB).
+fn device_scalars_eager_and_between_graph_launches() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    device_scalars_eager::<f32>(&gpu, &mut blas, &mut rng)?;
+    device_scalars_eager::<f64>(&gpu, &mut blas, &mut rng)?;
+    device_scalars_eager::<bf16>(&gpu, &mut blas, &mut rng)?;
+    let s = Matmul::new(24, 16, 40).transpose_b();
+    let (a, af) = random::<f32>(&mut rng, s.m * s.k);
+    let (b, bf) = random::<f32>(&mut rng, s.n * s.k);
+    let (da, db) = (gpu.clone_htod(&a).ctx("a")?, gpu.clone_htod(&b).ctx("b")?);
+    let c = gpu.alloc_zeros::<f32>(s.m * s.n).ctx("c")?;
+    let scales = gpu.alloc_zeros::<f32>(2).ctx("scales")?;
+    let opts = gpubind::PinnedOptions::default();
+    let first = gpu.pinned_from_slice(&[2.0f32, 0.0], opts).ctx("pinned")?;
+    let second = gpu.pinned_from_slice(&[3.0f32, 1.0], opts).ctx("pinned")?;
+    let write1 = gpu
+        .capture(|cap| cap.copy_from_host(&first, &scales))
+        .ctx("capture write 1")?;
+    let write2 = gpu
+        .capture(|cap| cap.copy_from_host(&second, &scales))
+        .ctx("capture write 2")?;
+    let product = gpu
+        .capture(|cap| cap.matmul_device_scalars(&mut blas, &s, &scales, &da, &db, &c))
+        .ctx("capture the product")?;
+    // A host-scalar product on the same handle right after: the pointer mode was set back.
+    let mut host = gpu.alloc_zeros::<f32>(s.m * s.n).ctx("host c")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let on = gpu.on(&stream).ctx("on")?;
+    on.matmul(&mut blas, &s.scaled(0.5, 0.0), &da, &db, &mut host)
+        .ctx("host-scalar product after the capture")?;
+    let zeros = vec![0.0; s.m * s.n];
+    let (half, hscale) = host_gemm(&s.scaled(0.5, 0.0), &af, &bf, &zeros);
+    close(
+        "host scalars after device ones",
+        &dtoh_f64(&gpu, &host)?,
+        &half,
+        &hscale,
+        1e-5,
+    )?;
+    let w1 = write1.instantiate().ctx("instantiate")?;
+    let w2 = write2.instantiate().ctx("instantiate")?;
+    let e1 = product.instantiate().ctx("instantiate")?;
+    w1.launch(&on).ctx("write 1")?;
+    e1.launch(&on).ctx("launch 1")?;
+    let (want1, sc1) = host_gemm(&s.scaled(2.0, 0.0), &af, &bf, &zeros);
+    close(
+        "graph launch 1 (alpha 2, beta 0)",
+        &dtoh_f64(&gpu, &c)?,
+        &want1,
+        &sc1,
+        1e-5,
+    )?;
+    // The write runs on another stream: the product's read claim orders the launch after it.
+    let other = gpu.new_stream().ctx("stream")?;
+    w2.launch(&gpu.on(&other).ctx("on")?).ctx("write 2")?;
+    e1.launch(&on).ctx("launch 2")?;
+    let (want2, sc2) = host_gemm(&s.scaled(3.0, 1.0), &af, &bf, &want1);
+    close(
+        "graph launch 2 (alpha 3, beta 1)",
+        &dtoh_f64(&gpu, &c)?,
+        &want2,
+        &sc2,
+        1e-5,
+    )
+}
+
+fn device_scalars_eager<T: El>(
+    gpu: &BoundDevice<'_>,
+    blas: &mut gpubind::blas::Blas,
+    rng: &mut impl Rng,
+) -> R
+where
+    T::Scale: El,
+{
+    let s = Matmul::new(9, 13, 21).transpose_a().scaled(0.75, -0.5);
+    let (a, af) = random::<T>(rng, s.m * s.k);
+    let (b, bf) = random::<T>(rng, s.k * s.n);
+    let (c0, cf) = random::<T>(rng, s.m * s.n);
+    let (da, db) = (gpu.clone_htod(&a).ctx("a")?, gpu.clone_htod(&b).ctx("b")?);
+    let mut dc = gpu.clone_htod(&c0).ctx("c")?;
+    let scales = gpu
+        .clone_htod(&[<T::Scale as El>::of(0.75), <T::Scale as El>::of(-0.5)])
+        .ctx("scales")?;
+    // The shape's own alpha and beta must be ignored.
+    let ignored = s.scaled(100.0, 100.0);
+    let what = format!("device scalars {:?}", T::DATA_TYPE);
+    gpu.default_stream()
+        .matmul_device_scalars(blas, &ignored, &scales, &da, &db, &mut dc)
+        .ctx(&what)?;
+    let (want, scale) = host_gemm(&s, &af, &bf, &cf);
+    close(&what, &dtoh_f64(gpu, &dc)?, &want, &scale, T::TOL)
+}
+
+/// The refusals of GEMV, ASUM, grouped GEMM and device scalars: typed, before anything
+/// runs.
+fn vector_grouped_and_scalar_refusals_are_typed() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let st = gpu.default_stream();
+    let a = gpu.alloc_zeros::<f32>(6).ctx("a")?;
+    let x = gpu.alloc_zeros::<f32>(3).ctx("x")?;
+    let mut y = gpu.alloc_zeros::<f32>(3).ctx("y")?;
+    let g = Gemv::new(2, 3);
+    refused(
+        "gemv y of 3 for 2 rows",
+        st.gemv(&mut blas, &g, &a, &x, &mut y),
+        |e| {
+            matches!(
+                e,
+                MatmulError::BufferSize {
+                    operand: "y",
+                    expected: 2,
+                    found: 3,
+                    exact: true,
+                    ..
+                }
+            )
+        },
+    )?;
+    let mut y2 = gpu.alloc_zeros::<f32>(2).ctx("y2")?;
+    refused(
+        "gemv x of 3 for Aᵀ",
+        st.gemv(&mut blas, &g.transpose(), &a, &x, &mut y2),
+        |e| {
+            matches!(
+                e,
+                MatmulError::BufferSize {
+                    operand: "x",
+                    expected: 2,
+                    ..
+                }
+            )
+        },
+    )?;
+    refused(
+        "gemv incx 0",
+        st.gemv(&mut blas, &g.with_inc(0, 1), &a, &x, &mut y2),
+        |e| {
+            matches!(
+                e,
+                MatmulError::ZeroIncrement {
+                    routine: "gemv",
+                    operand: "x"
+                }
+            )
+        },
+    )?;
+    refused(
+        "gemv lda 2 for 3 columns",
+        st.gemv(&mut blas, &g.with_lda(2), &a, &x, &mut y2),
+        |e| {
+            matches!(
+                e,
+                MatmulError::LeadingDimension {
+                    operand: "A",
+                    ld: 2,
+                    min: 3
+                }
+            )
+        },
+    )?;
+    refused("asum incx 0", st.asum(&mut blas, &x, 0).map(drop), |e| {
+        matches!(
+            e,
+            MatmulError::ZeroIncrement {
+                routine: "asum",
+                ..
+            }
+        )
+    })?;
+    refused(
+        "asum into 3 elements",
+        st.asum_into(&mut blas, &a, 1, &mut y),
+        |e| {
+            matches!(
+                e,
+                MatmulError::BufferSize {
+                    operand: "result",
+                    found: 3,
+                    ..
+                }
+            )
+        },
+    )?;
+    let s = Matmul::new(2, 2, 3);
+    let scales3 = gpu.alloc_zeros::<f32>(3).ctx("scales")?;
+    let mut c = gpu.alloc_zeros::<f32>(4).ctx("c")?;
+    refused(
+        "3 device scalars",
+        st.matmul_device_scalars(&mut blas, &s, &scales3, &a, &a, &mut c),
+        |e| matches!(e, MatmulError::ScalarBuffer { found: 3 }),
+    )?;
+    let captured =
+        gpu.capture(|cap| cap.matmul_device_scalars(&mut blas, &s, &scales3, &a, &a, &c));
+    refused("3 device scalars, captured", captured.map(drop), |e| {
+        matches!(e, MatmulError::ScalarBuffer { found: 3 })
+    })?;
+    let (ha, hb) = (
+        gpu.alloc_zeros::<f16>(64).ctx("a")?,
+        gpu.alloc_zeros::<f16>(64).ctx("b")?,
+    );
+    let mut hc = gpu.alloc_zeros::<f16>(64).ctx("c")?;
+    let sq = Matmul::new(4, 4, 4);
+    let too_far = [
+        GemmGroup::new(sq).problem(0, 0, 0),
+        GemmGroup::new(sq).problem(0, 60, 16),
+    ];
+    refused(
+        "grouped B past the end",
+        st.matmul_grouped(&mut blas, &too_far, &ha, &hb, &mut hc),
+        |e| {
+            matches!(e, MatmulError::InGroup { group: 1, problem: 0, error }
+            if matches!(**error, MatmulError::BufferSize { operand: "B", expected: 76, found: 64, .. }))
+        },
+    )?;
+    let overlap = [GemmGroup::new(sq).problem(0, 0, 0).problem(16, 16, 8)];
+    refused(
+        "grouped outputs overlapping",
+        st.matmul_grouped(&mut blas, &overlap, &ha, &hb, &mut hc),
+        |e| {
+            matches!(e, MatmulError::InGroup { group: 0, problem: 1, error }
+            if matches!(**error, MatmulError::Aliasing { output: "C", .. }))
+        },
+    )?;
+    let fa = gpu.alloc_zeros::<f32>(16).ctx("a")?;
+    let mut fc = gpu.alloc_zeros::<f32>(16).ctx("c")?;
+    let one = [GemmGroup::new(sq).problem(0, 0, 0)];
+    refused(
+        "grouped f32",
+        st.matmul_grouped(&mut blas, &one, &fa, &fa, &mut fc),
+        |e| matches!(e, MatmulError::Unsupported { dtype: "f32", .. }),
+    )?;
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_blas",
@@ -1123,6 +1554,26 @@ fn main() {
             ),
             ("two_streams_read_one_weight", two_streams_read_one_weight),
             ("bad_input_is_a_typed_error", bad_input_is_a_typed_error),
+            (
+                "gemv_types_transposes_and_layouts_match_the_host",
+                gemv_types_transposes_and_layouts_match_the_host,
+            ),
+            (
+                "asum_to_host_and_device_matches_the_host",
+                asum_to_host_and_device_matches_the_host,
+            ),
+            (
+                "grouped_gemm_of_three_shapes_matches_the_host",
+                grouped_gemm_of_three_shapes_matches_the_host,
+            ),
+            (
+                "device_scalars_eager_and_between_graph_launches",
+                device_scalars_eager_and_between_graph_launches,
+            ),
+            (
+                "vector_grouped_and_scalar_refusals_are_typed",
+                vector_grouped_and_scalar_refusals_are_typed,
+            ),
         ],
     )
 }

@@ -2,8 +2,8 @@
 //! and [`Capture::matmul_lt`].
 
 use super::epilogue::{Epilogue, Extra, Role};
-use super::gemm::{check_gemm, enqueue_gemm};
-use super::handle::{Blas, Shared};
+use super::gemm::{check_gemm, check_scales, enqueue_gemm};
+use super::handle::{Blas, Shared, span_of};
 use super::lt::{EpiloguePtrs, LtProblem, check_lt, enqueue_lt};
 use super::plan::Plan;
 use super::sys::check;
@@ -13,7 +13,7 @@ use crate::copy::DeviceOnlyMemory;
 use crate::driver::libraries as libs;
 use crate::error::Result;
 use crate::graph::{Capture, Owned};
-use crate::memory::DeviceMemory;
+use crate::memory::{DeviceMemory, DeviceSlice};
 use std::sync::Arc;
 
 /// Memory a graph may write: device-only memory ([`DeviceOnlyMemory`]), for the outputs
@@ -119,6 +119,11 @@ impl<'buf, T> CaptureLtArgs<'buf, T> {
     }
 }
 
+/// No device scalars (the product's alpha and beta are host values).
+fn no_scales<'buf, T: BlasScalar>() -> Option<&'buf DeviceSlice<T::Scale>> {
+    None
+}
+
 impl<'c, 'buf> Capture<'c, 'buf> {
     /// Captures a matrix product into the graph: the same types, shapes and checks as
     /// [`BoundStream::matmul`](crate::BoundStream::matmul). `a` and `b` are read, `c`
@@ -174,7 +179,50 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         B: DeviceMemory<T> + ?Sized,
         C: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
     {
-        self.capture_gemm(blas, shape, None, (a, b, c))
+        self.capture_gemm(blas, shape, None, no_scales::<T>(), (a, b, c))
+    }
+
+    /// Captures a matrix product whose alpha and beta are read from device memory at
+    /// each launch of the graph
+    /// ([`BoundStream::matmul_device_scalars`](crate::BoundStream::matmul_device_scalars)):
+    /// write new values into `scales` between launches (a kernel or a copy on a stream;
+    /// the graph holds `scales` by `&` and claims it as read at each launch, so the
+    /// launch runs after the write) and the next launch uses them. The claims and
+    /// lifetimes of [`matmul`](Self::matmul) otherwise.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{blas::Matmul, Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let mut blas = gpu.new_blas()?;
+    /// let a = gpu.clone_htod(&[1.0f32, 2.0, 3.0, 4.0])?;
+    /// let b = gpu.clone_htod(&[1.0f32, 0.0, 0.0, 1.0])?;
+    /// let scales = gpu.clone_htod(&[3.0f32, 0.0])?;
+    /// let c = gpu.alloc_zeros::<f32>(4)?;
+    /// let shape = Matmul::new(2, 2, 2);
+    /// let graph = gpu.capture(|cap| cap.matmul_device_scalars(&mut blas, &shape, &scales, &a, &b, &c))?;
+    /// graph.instantiate()?.launch(&gpu.default_stream())?;
+    /// assert_eq!(gpu.dtoh(&c)?, [3.0, 6.0, 9.0, 12.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn matmul_device_scalars<T, S, A, B, C>(
+        &mut self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        scales: &'buf S,
+        a: &'buf A,
+        b: &'buf B,
+        c: &'buf C,
+    ) -> Result<()>
+    where
+        T: BlasScalar,
+        S: DeviceMemory<T::Scale> + ?Sized,
+        A: DeviceMemory<T> + ?Sized,
+        B: DeviceMemory<T> + ?Sized,
+        C: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
+    {
+        self.capture_gemm(blas, shape, None, Some(scales), (a, b, c))
     }
 
     /// Captures a strided batch of products
@@ -195,7 +243,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         B: DeviceMemory<T> + ?Sized,
         C: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
     {
-        self.capture_gemm(blas, shape, Some(batch), (a, b, c))
+        self.capture_gemm(blas, shape, Some(batch), no_scales::<T>(), (a, b, c))
     }
 
     /// Captures a cuBLASLt product with an epilogue
@@ -252,25 +300,34 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         })
     }
 
-    fn capture_gemm<T, A, B, C>(
+    fn capture_gemm<T, S, A, B, C>(
         &mut self,
         blas: &mut Blas,
         shape: &Matmul,
         batch: Option<&Batch>,
+        scales: Option<&'buf S>,
         (a, b, c): (&'buf A, &'buf B, &'buf C),
     ) -> Result<()>
     where
         T: BlasScalar,
+        S: DeviceMemory<T::Scale> + ?Sized,
         A: DeviceMemory<T> + ?Sized,
         B: DeviceMemory<T> + ?Sized,
         C: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
     {
         let plan: Plan = check_gemm(self.device(), blas, shape, batch, (a, b, c))?;
+        if let Some(s) = scales {
+            check_scales(self.device(), s, span_of(c))?;
+        }
         if plan.empty {
             return Ok(());
         }
         self.record_matrices(blas, a, b, c)?;
+        if let Some(s) = scales {
+            self.record_memory(s, Access::Read)?;
+        }
         let ptrs = (a.device_ptr(), b.device_ptr(), c.device_ptr());
+        let device_scales = scales.map(|s| s.device_ptr());
         let stream = self.stream_handle();
         let out = self.enqueue_captured(blas, |blas| {
             // SAFETY: the capture device's context is current (`enqueue_captured`) and
@@ -279,7 +336,17 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             // 'buf, holds the workspace and the handles, and claims all of them at each
             // launch; within the graph, the workspace's uses are ordered
             // (`exclusive_use`), and so are the buffers' (`record_span`, `marked`).
-            unsafe { enqueue_gemm(blas, &plan, T::DATA_TYPE, shape, stream, ptrs) }
+            unsafe {
+                enqueue_gemm(
+                    blas,
+                    &plan,
+                    T::DATA_TYPE,
+                    shape,
+                    stream,
+                    ptrs,
+                    device_scales,
+                )
+            }
         });
         // Leave the handle on no stream of the capture (the stream is destroyed when the
         // capture ends); this also drops the workspace setting. Every product sets both.

@@ -16,10 +16,16 @@ use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 /// alpha and beta in the product's scale type (f64 for f64 products, else f32), kept
-/// alive for the enqueue (cuBLAS reads host scalars during the call).
+/// alive for the enqueue (cuBLAS reads host scalars during the call), or the device
+/// address of the two (read by the product's kernels when they run).
 pub(crate) enum Scales {
     F32([f32; 2]),
     F64([f64; 2]),
+    /// Device address of `[alpha, beta]`, elements of `bytes` bytes.
+    Device {
+        ptr: u64,
+        bytes: u64,
+    },
 }
 
 impl Scales {
@@ -30,12 +36,65 @@ impl Scales {
         }
     }
 
+    /// The scales at device address `ptr` (`[alpha, beta]` of the scale type of `dtype`).
+    pub(crate) fn on_device(dtype: DataType, ptr: u64) -> Self {
+        let bytes = match dtype {
+            DataType::F64 => 8,
+            _ => 4,
+        };
+        Scales::Device { ptr, bytes }
+    }
+
     /// Pointers to alpha and beta.
     pub(crate) fn ptrs(&self) -> (*const c_void, *const c_void) {
         match self {
             Scales::F32(s) => ((&s[0] as *const f32).cast(), (&s[1] as *const f32).cast()),
             Scales::F64(s) => ((&s[0] as *const f64).cast(), (&s[1] as *const f64).cast()),
+            Scales::Device { ptr, bytes } => {
+                (*ptr as *const c_void, (ptr + bytes) as *const c_void)
+            }
         }
+    }
+
+    /// `cublasSetPointerMode_v2`'s mode for these scales.
+    fn pointer_mode(&self) -> c_int {
+        match self {
+            Scales::Device { .. } => sys::POINTER_MODE_DEVICE,
+            _ => sys::POINTER_MODE_HOST,
+        }
+    }
+}
+
+/// Runs `call` with the handle's pointer mode set to `mode`, and sets it back to host
+/// pointers afterwards (whatever `call` returned), so every other call of the handle
+/// keeps reading host scalars.
+///
+/// # Safety
+///
+/// `blas`'s context is current; `call` reads its scalars as `mode` says.
+pub(crate) unsafe fn with_pointer_mode<R>(
+    blas: &Blas,
+    mode: c_int,
+    call: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    let ex = sys::cublas_ex()?;
+    // SAFETY: a live handle of the current context (the caller's contract).
+    check(
+        unsafe { (ex.set_pointer_mode)(blas.handle(), mode) },
+        "cublasSetPointerMode_v2",
+    )?;
+    let out = call();
+    if mode == sys::POINTER_MODE_HOST {
+        return out;
+    }
+    // SAFETY: as above.
+    let restore = check(
+        unsafe { (ex.set_pointer_mode)(blas.handle(), sys::POINTER_MODE_HOST) },
+        "cublasSetPointerMode_v2",
+    );
+    match (out, restore) {
+        (Ok(r), Ok(())) => Ok(r),
+        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
     }
 }
 
@@ -97,7 +156,9 @@ pub(crate) unsafe fn bind_stream(blas: &Blas, stream: driver::CUstream) -> Resul
 /// `blas`'s context is current and `stream` is one of its streams (or null). The
 /// addresses are live allocations of that context whose lengths `check_gemm` accepted
 /// for `plan`, and they and the workspace stay alive and unused by other streams until
-/// the product has run (the caller's claim or the graph's).
+/// the product has run (the caller's claim or the graph's). `device_scales`, if given, is
+/// the address of two live elements of the scale type (`[alpha, beta]`), claimed as
+/// read likewise; otherwise alpha and beta are `shape`'s.
 pub(crate) unsafe fn enqueue_gemm(
     blas: &Blas,
     plan: &Plan,
@@ -105,11 +166,15 @@ pub(crate) unsafe fn enqueue_gemm(
     shape: &Matmul,
     stream: driver::CUstream,
     (a, b, c): Ptrs,
+    device_scales: Option<u64>,
 ) -> Result<()> {
     // SAFETY: the caller's contract.
     unsafe { bind_stream(blas, stream)? };
     let (first, second) = if plan.swapped { (b, a) } else { (a, b) };
-    let scales = Scales::new(dtype, shape);
+    let scales = match device_scales {
+        Some(ptr) => Scales::on_device(dtype, ptr),
+        None => Scales::new(dtype, shape),
+    };
     let call = GemmCall {
         handle: blas.handle(),
         plan,
@@ -118,15 +183,18 @@ pub(crate) unsafe fn enqueue_gemm(
         scales: scales.ptrs(),
         ptrs: (first, second, c),
     };
-    // SAFETY: the caller's contract; `scales` outlives the call.
+    // SAFETY: the caller's contract; `scales` outlives the call, and the pointer mode
+    // says where they are.
     unsafe {
-        if plan.count == 1 && dtype == DataType::F32 && !shape.tf32 {
-            call.sgemm()
-        } else if plan.count == 1 {
-            call.gemm_ex()
-        } else {
-            call.strided_batched()
-        }
+        with_pointer_mode(blas, scales.pointer_mode(), || {
+            if plan.count == 1 && dtype == DataType::F32 && !shape.tf32 {
+                call.sgemm()
+            } else if plan.count == 1 {
+                call.gemm_ex()
+            } else {
+                call.strided_batched()
+            }
+        })
     }
 }
 
@@ -152,14 +220,14 @@ impl GemmCall<'_> {
     /// # Safety
     ///
     /// [`enqueue_gemm`]'s contract, with the handle bound to the stream and workspace;
-    /// the scales are live f32 host scalars.
+    /// the scales are live f32 scalars where the handle's pointer mode says.
     unsafe fn sgemm(&self) -> Result<()> {
         let api = libs::cublas()?;
         let (p, (a, b, c)) = (self.plan, self.ptrs);
         let (alpha, beta) = (self.scales.0.cast::<f32>(), self.scales.1.cast::<f32>());
         // SAFETY: the contract: live f32 buffers holding what the planned dimensions and
-        // leading dimensions reach, ordered and kept alive; f32 host scalars alive for
-        // the call (default pointer mode).
+        // leading dimensions reach, ordered and kept alive; f32 scalars where the pointer
+        // mode says (host scalars alive for the call, or claimed device scalars).
         let status = unsafe {
             (api.sgemm)(
                 self.handle,
@@ -191,7 +259,8 @@ impl GemmCall<'_> {
         let (p, (a, b, c), ty) = (self.plan, self.ptrs, self.ty);
         // SAFETY: the contract: live buffers of type `ty` holding what the planned
         // dimensions and leading dimensions reach, ordered and kept alive; host scalars
-        // of the scale type alive for the call (default pointer mode).
+        // of the scale type where the pointer mode says (host scalars alive for the call,
+        // or claimed device scalars).
         let status = unsafe {
             (ex.gemm_ex)(
                 self.handle,
@@ -328,6 +397,47 @@ impl<'b> BoundStream<'b> {
         self.gemm(blas, shape, Some(batch), a, b, c)
     }
 
+    /// Enqueues a matrix product as [`matmul`](Self::matmul) does, with alpha and beta
+    /// read from device memory when the product runs (`CUBLAS_POINTER_MODE_DEVICE`):
+    /// `scales` holds exactly `[alpha, beta]`, of the product's scale type (`f64` for
+    /// `f64` products, else `f32`: [`BlasScalar::Scale`]); `shape.alpha` and `shape.beta`
+    /// are not used. `scales` is claimed as read, so the product runs after its last
+    /// write (a kernel or copy on any stream); captured
+    /// ([`Capture::matmul_device_scalars`](crate::Capture::matmul_device_scalars)), each
+    /// launch of the graph reads the values written before it.
+    ///
+    /// The handle's pointer mode is set for this call and set back to host scalars after
+    /// it. A `scales` buffer of another length is
+    /// [`MatmulError::ScalarBuffer`](super::MatmulError::ScalarBuffer); `c` must not
+    /// overlap it.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{blas::Matmul, Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let mut blas = gpu.new_blas()?;
+    /// let a = gpu.clone_htod(&[1.0f32, 2.0, 3.0, 4.0])?;
+    /// let b = gpu.clone_htod(&[1.0f32, 0.0, 0.0, 1.0])?;
+    /// let scales = gpu.clone_htod(&[2.0f32, 0.0])?; // alpha = 2, beta = 0
+    /// let mut c = gpu.alloc_zeros::<f32>(4)?;
+    /// let s = gpu.default_stream();
+    /// s.matmul_device_scalars(&mut blas, &Matmul::new(2, 2, 2), &scales, &a, &b, &mut c)?;
+    /// assert_eq!(gpu.dtoh(&c)?, [2.0, 4.0, 6.0, 8.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn matmul_device_scalars<T: BlasScalar>(
+        &self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        scales: &impl DeviceMemory<T::Scale>,
+        a: &impl DeviceMemory<T>,
+        b: &impl DeviceMemory<T>,
+        c: &mut impl DeviceMemoryMut<T>,
+    ) -> Result<()> {
+        self.gemm_scaled(blas, shape, None, Some(scales), a, b, c)
+    }
+
     fn gemm<T: BlasScalar>(
         &self,
         blas: &mut Blas,
@@ -337,8 +447,25 @@ impl<'b> BoundStream<'b> {
         b: &impl DeviceMemory<T>,
         c: &mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
+        self.gemm_scaled::<T, Scalars<T>>(blas, shape, batch, None, a, b, c)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_scaled<T: BlasScalar, S: DeviceMemory<T::Scale> + ?Sized>(
+        &self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        batch: Option<&Batch>,
+        scales: Option<&S>,
+        a: &impl DeviceMemory<T>,
+        b: &impl DeviceMemory<T>,
+        c: &mut impl DeviceMemoryMut<T>,
+    ) -> Result<()> {
         let bound = self.bound();
         let plan = check_gemm(bound.device(), blas, shape, batch, (a, b, &*c))?;
+        if let Some(s) = scales {
+            check_scales(bound.device(), s, span_of(&*c))?;
+        }
         if plan.empty {
             return Ok(());
         }
@@ -350,12 +477,44 @@ impl<'b> BoundStream<'b> {
             Some((b.tracker(), Access::Read)),
             Some((c.tracker(), Access::Write)),
             Some((crate::graph::Owned::tracker(&*shared), Access::Write)),
+            scales.map(|s| (s.tracker(), Access::Read)),
         ])?;
         let ptrs = (a.device_ptr(), b.device_ptr(), c.device_ptr());
+        let device_scales = scales.map(|s| s.device_ptr());
         // SAFETY: the handle's context is current (checked above) and the stream is one
-        // of its streams; the buffers were checked against the plan and, with the
-        // workspace, are claimed for this stream until after the enqueue (their later
-        // uses and frees wait for it).
-        unsafe { enqueue_gemm(blas, &plan, T::DATA_TYPE, shape, self.raw(), ptrs) }
+        // of its streams; the buffers were checked against the plan (the scales: two
+        // elements of the scale type) and, with the workspace, are claimed for this
+        // stream until after the enqueue (their later uses and frees wait for it).
+        unsafe {
+            enqueue_gemm(
+                blas,
+                &plan,
+                T::DATA_TYPE,
+                shape,
+                self.raw(),
+                ptrs,
+                device_scales,
+            )
+        }
     }
+}
+
+/// The type of "no device scalars" in [`BoundStream::gemm`].
+type Scalars<T> = crate::memory::DeviceSlice<<T as BlasScalar>::Scale>;
+
+/// Checks a device-scalar buffer: on `device`, exactly two elements (alpha, beta), not
+/// overlapping the output `c`.
+pub(crate) fn check_scales<S, M: DeviceMemory<S> + ?Sized>(
+    device: &Device,
+    scales: &M,
+    c: crate::memory::ByteSpan,
+) -> Result<()> {
+    device.expect_same("alpha and beta", scales.device())?;
+    if scales.len() != 2 {
+        return Err(super::MatmulError::ScalarBuffer {
+            found: scales.len(),
+        }
+        .into());
+    }
+    refuse_aliasing(("C", c), &[("alpha and beta", span_of(scales))])
 }

@@ -26,6 +26,8 @@ pub struct Blas {
     ///
     /// [`matmul_lt`]: crate::BoundStream::matmul_lt
     pub(crate) lt_plans: LtPlans,
+    /// The device tables of matrix addresses that grouped GEMMs read, used in turn.
+    pub(crate) grouped_tables: super::grouped::AddressTables,
 }
 
 /// What a [`Blas`] shares with the graphs that captured its products: the handles (which
@@ -120,11 +122,15 @@ impl Drop for Shared {
             .and_then(|h| sys::cublaslt().ok().map(|api| (api.destroy, h)));
         // cuBLAS documents that cublasDestroy synchronises the device, so it runs on the
         // release thread, bounded by GPUBIND_DROP_TIMEOUT (crate::teardown::release).
-        crate::teardown::release::release(
-            format_args!("a cuBLAS handle"),
-            &self.device,
-            "cublasDestroy_v2",
-            Box::new(move || {
+        crate::teardown::release(
+            crate::teardown::Teardown {
+                what: format_args!("a cuBLAS handle"),
+                device: &self.device,
+                waited: Ok(()),
+                call: "cublasDestroy_v2",
+                runs: crate::teardown::Runs::OnReleaseThread,
+            },
+            move || {
                 if let Some((destroy_lt, h)) = lt {
                     // SAFETY: created by cublasLtCreate in this context; destroyed once,
                     // here; no product of it is pending (the Blas and every graph that
@@ -137,14 +143,8 @@ impl Drop for Shared {
                 // SAFETY: created by cublasCreate in this context (current while this
                 // runs); destroyed once, here.
                 let status = unsafe { destroy(handle as CublasHandle) };
-                match check(status, "cublasDestroy_v2") {
-                    Ok(()) => cudarc::driver::sys::CUresult::CUDA_SUCCESS,
-                    Err(e) => {
-                        log::warn!("gpubind: dropping a cuBLAS handle: {e}");
-                        cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN
-                    }
-                }
-            }),
+                check(status, "cublasDestroy_v2")
+            },
         );
     }
 }
@@ -174,6 +174,7 @@ impl<'a> BoundDevice<'a> {
                 workspace,
             }),
             lt_plans: LtPlans::default(),
+            grouped_tables: Default::default(),
         };
         // The cuBLASLt handle now if cuBLASLt loads, so that a capture never has to
         // create it; without cuBLASLt, plain products still work and `matmul_lt` reports

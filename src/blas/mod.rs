@@ -32,8 +32,17 @@
 //! * [`BoundStream::matmul_lt`](crate::BoundStream::matmul_lt): cuBLASLt products with
 //!   an [`Epilogue`] — bias, ReLU, GELU, their auxiliary outputs, and the backward
 //!   epilogues (`DRELU`, `DGELU`, bias gradients) — with operands in [`LtArgs`].
-//! * The same three captured into CUDA graphs: [`Capture::matmul`](crate::Capture::matmul),
+//! * [`BoundStream::matmul_device_scalars`](crate::BoundStream::matmul_device_scalars):
+//!   alpha and beta read from device memory when the product runs.
+//! * [`BoundStream::matmul_grouped`](crate::BoundStream::matmul_grouped): groups of
+//!   f16/bf16 products of different shapes in one call ([`GemmGroup`]; cuBLAS 12.5+).
+//! * [`BoundStream::gemv`](crate::BoundStream::gemv) ([`Gemv`]) and
+//!   [`BoundStream::asum`](crate::BoundStream::asum) /
+//!   [`asum_into`](crate::BoundStream::asum_into), f32 and f64 ([`BlasFloat`]).
+//! * The products captured into CUDA graphs: [`Capture::matmul`](crate::Capture::matmul),
 //!   [`Capture::matmul_batched`](crate::Capture::matmul_batched),
+//!   [`Capture::matmul_device_scalars`](crate::Capture::matmul_device_scalars) (new
+//!   alpha and beta written between launches are read by the next launch),
 //!   [`Capture::matmul_lt`](crate::Capture::matmul_lt) (operands in [`CaptureLtArgs`]).
 //!
 //! Inputs are taken by `&` and claimed as reads, so products on two streams reading one
@@ -51,7 +60,7 @@
 //! A graph that captured products keeps the workspace and both library handles alive:
 //! the [`Blas`] may be dropped before the graph is launched.
 //!
-//! cuBLAS is loaded at run time, matching the driver ([`crate::driver::libraries`],
+//! cuBLAS is loaded at run time, matching the driver ([`cublas_info`](crate::cublas_info),
 //! `GPUBIND_CUBLAS_PATH`); cuBLASLt likewise (`GPUBIND_CUBLASLT_PATH`,
 //! [`cublaslt_info`]) by the first `new_blas`. Without a cuBLASLt, plain products still
 //! run and `matmul_lt` is [`Error::NoCublasLt`](crate::Error::NoCublasLt).
@@ -59,6 +68,7 @@
 mod capture;
 mod epilogue;
 mod gemm;
+mod grouped;
 mod handle;
 mod lt;
 mod plan;
@@ -66,10 +76,11 @@ mod sys;
 #[cfg(test)]
 mod tests;
 mod types;
+mod vector;
 
 pub use crate::error::MatmulError;
 pub use capture::{CaptureLtArgs, CaptureOutput};
 pub use epilogue::{Epilogue, LtArgs};
 pub use handle::Blas;
 pub use sys::cublaslt_info;
-pub use types::{Batch, BlasScalar, DataType, Layout, Matmul};
+pub use types::{Batch, BlasFloat, BlasScalar, DataType, GemmGroup, Gemv, Layout, Matmul};

@@ -114,11 +114,76 @@ pub(crate) type GemmStridedBatchedExFn = unsafe extern "C" fn(
     c_int,
 ) -> c_int;
 
-/// The typed GEMM entry points of the cuBLAS [`crate::driver::libraries`] chose.
+/// `cublas{S,D}gemv_v2(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy)`
+/// (cublas_api.h), for `T` = f32 or f64.
+pub(crate) type GemvFn<T> = unsafe extern "C" fn(
+    CublasHandle,
+    c_int,
+    c_int,
+    c_int,
+    *const T,
+    *const T,
+    c_int,
+    *const T,
+    c_int,
+    *const T,
+    *mut T,
+    c_int,
+) -> c_int;
+
+/// `cublas{S,D}asum_v2(handle, n, x, incx, result)` (cublas_api.h).
+pub(crate) type AsumFn<T> =
+    unsafe extern "C" fn(CublasHandle, c_int, *const T, c_int, *mut T) -> c_int;
+
+/// `cublasGemmGroupedBatchedEx` (cublas_api.h, cuBLAS 12.5 and later): per group
+/// `transa, transb, m, n, k, alpha, lda, ldb, beta, ldc, group_size` (host arrays), the
+/// matrices' addresses (device arrays, one entry per product), types and compute type.
+pub(crate) type GemmGroupedBatchedExFn = unsafe extern "C" fn(
+    CublasHandle,
+    *const c_int,
+    *const c_int,
+    *const c_int,
+    *const c_int,
+    *const c_int,
+    *const c_void,
+    *const *const c_void,
+    c_int,
+    *const c_int,
+    *const *const c_void,
+    c_int,
+    *const c_int,
+    *const c_void,
+    *const *mut c_void,
+    c_int,
+    *const c_int,
+    c_int,
+    *const c_int,
+    c_int,
+) -> c_int;
+
+/// `cublasSetPointerMode_v2(handle, mode)`: `CUBLAS_POINTER_MODE_HOST` = 0,
+/// `CUBLAS_POINTER_MODE_DEVICE` = 1.
+pub(crate) type SetPointerModeFn = unsafe extern "C" fn(CublasHandle, c_int) -> c_int;
+/// `CUBLAS_POINTER_MODE_HOST`.
+pub(crate) const POINTER_MODE_HOST: c_int = 0;
+/// `CUBLAS_POINTER_MODE_DEVICE`.
+pub(crate) const POINTER_MODE_DEVICE: c_int = 1;
+
+/// The cuBLAS version that introduced `cublasGemmGroupedBatchedEx`.
+pub(crate) const GROUPED_GEMM_SINCE: (u32, u32) = (12, 5);
+
+/// The typed entry points of the cuBLAS [`crate::driver::libraries`] chose.
 pub(crate) struct CublasEx {
     _lib: libloading::Library,
     pub(crate) gemm_ex: GemmExFn,
     pub(crate) gemm_strided_batched_ex: GemmStridedBatchedExFn,
+    pub(crate) set_pointer_mode: SetPointerModeFn,
+    pub(crate) sgemv: GemvFn<f32>,
+    pub(crate) dgemv: GemvFn<f64>,
+    pub(crate) sasum: AsumFn<f32>,
+    pub(crate) dasum: AsumFn<f64>,
+    /// `None` before cuBLAS 12.5.
+    pub(crate) gemm_grouped_batched_ex: Option<GemmGroupedBatchedExFn>,
 }
 
 /// `cublasLtMatmul` (cublasLt.h).
@@ -191,9 +256,23 @@ macro_rules! sym {
 
 impl CublasEx {
     fn resolve(lib: libloading::Library) -> std::result::Result<Self, String> {
+        // cudarc 0.19 binds cublasGemmGroupedBatchedEx only for its cuda-12050 and later
+        // binding features, and gpubind takes its cuBLAS from the machine whatever the
+        // binding feature: the symbol is looked up here, by name, and may be absent.
+        // SAFETY: the field has cublasGemmGroupedBatchedEx's C prototype (cublas_api.h,
+        // 12.5), with enums as ints; used only while `lib`, kept in the struct, is loaded.
+        let grouped = unsafe { lib.get::<GemmGroupedBatchedExFn>(b"cublasGemmGroupedBatchedEx\0") }
+            .ok()
+            .map(|s| *s);
         Ok(CublasEx {
             gemm_ex: sym!(lib, "cublasGemmEx"),
             gemm_strided_batched_ex: sym!(lib, "cublasGemmStridedBatchedEx"),
+            set_pointer_mode: sym!(lib, "cublasSetPointerMode_v2"),
+            sgemv: sym!(lib, "cublasSgemv_v2"),
+            dgemv: sym!(lib, "cublasDgemv_v2"),
+            sasum: sym!(lib, "cublasSasum_v2"),
+            dasum: sym!(lib, "cublasDasum_v2"),
+            gemm_grouped_batched_ex: grouped,
             _lib: lib,
         })
     }
@@ -300,7 +379,8 @@ pub(crate) fn cublaslt() -> Result<&'static CublasLt> {
 }
 
 /// The cuBLASLt gpubind's [`Blas`](super::Blas) uses for
-/// [`matmul_lt`](crate::BoundStream::matmul_lt) (chosen like cuBLAS, see [`crate::driver::libraries`];
+/// [`matmul_lt`](crate::BoundStream::matmul_lt) (chosen like cuBLAS, see
+/// [`cublas_info`](crate::cublas_info);
 /// override: `GPUBIND_CUBLASLT_PATH`), or [`Error::NoCublasLt`].
 pub fn cublaslt_info() -> Result<LibraryInfo> {
     cublaslt().map(|c| c.info.clone())

@@ -413,3 +413,96 @@ fn the_lt_key_tells_alignments_and_layouts_apart() {
     assert_eq!(kc, base);
     assert_eq!(Layout::default(), Layout::RowMajor);
 }
+
+#[test]
+fn gemv_maps_row_major_to_the_other_transpose() {
+    use super::Gemv;
+    use super::vector::plan_gemv;
+    // A 2×3 row-major is column-major Aᵀ (3×2, ld 3): cuBLAS transposes it back.
+    let p = plan_gemv(&Gemv::new(2, 3), DataType::F32, [6, 3, 2]).unwrap();
+    assert_eq!((p.trans, p.rows, p.cols, p.lda), (true, 3, 2, 3));
+    let t = plan_gemv(&Gemv::new(2, 3).transpose(), DataType::F32, [6, 2, 3]).unwrap();
+    assert_eq!((t.trans, t.rows, t.cols), (false, 3, 2));
+    let c = plan_gemv(&Gemv::new(2, 3).col_major(), DataType::F64, [6, 3, 2]).unwrap();
+    assert_eq!((c.trans, c.rows, c.cols, c.lda), (false, 2, 3, 2));
+    // Increments: at least the last element reached.
+    let g = Gemv::new(2, 3).with_inc(2, 3).with_lda(4);
+    let p = plan_gemv(&g, DataType::F32, [7, 5, 4]).unwrap();
+    assert_eq!((p.incx, p.incy, p.lda), (2, 3, 4));
+    let e = plan_gemv(&g, DataType::F32, [7, 4, 4]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            MatmulError::BufferSize {
+                operand: "x",
+                expected: 5,
+                exact: false,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = plan_gemv(&g.with_inc(1, 0), DataType::F32, [7, 3, 4]).unwrap_err();
+    assert!(
+        matches!(e, MatmulError::ZeroIncrement { operand: "y", .. }),
+        "{e}"
+    );
+    let e = plan_gemv(&Gemv::new(2, 0), DataType::F32, [0, 0, 2]).unwrap_err();
+    assert!(matches!(e, MatmulError::Unsupported { .. }), "{e}");
+    assert!(
+        plan_gemv(&Gemv::new(0, 3), DataType::F32, [0, 3, 0])
+            .unwrap()
+            .empty
+    );
+}
+
+#[test]
+fn grouped_gemm_checks_every_product_and_builds_one_entry_per_group() {
+    use super::GemmGroup;
+    use super::grouped::plan_grouped;
+    let a = Matmul::new(2, 3, 4);
+    let b = Matmul::new(5, 1, 2).col_major().scaled(0.5, 1.0);
+    let groups = [
+        GemmGroup::new(a).problem(0, 0, 0).problem(8, 12, 6),
+        GemmGroup::new(Matmul::new(0, 3, 4)).problem(0, 0, 0),
+        GemmGroup::new(b).problem(16, 24, 12),
+    ];
+    let call = plan_grouped(&groups, DataType::Bf16, [26, 26, 17]).unwrap();
+    assert_eq!(call.size, [2, 1]);
+    assert_eq!(
+        (call.m.clone(), call.n.clone(), call.k.clone()),
+        (vec![3, 5], vec![2, 1], vec![4, 2])
+    );
+    assert_eq!(
+        (call.alpha.clone(), call.beta.clone()),
+        (vec![1.0, 0.5], vec![0.0, 1.0])
+    );
+    assert_eq!(call.offsets.len(), 3);
+    assert!(call.offsets[0].1 && !call.offsets[2].1);
+    let e = plan_grouped(&groups, DataType::Bf16, [26, 26, 16]).unwrap_err();
+    assert!(
+        matches!(&e, MatmulError::InGroup { group: 2, problem: 0, error } if matches!(**error, MatmulError::BufferSize { operand: "C", expected: 17, .. })),
+        "{e}"
+    );
+    let e = plan_grouped(&groups, DataType::F64, [26, 26, 17]).unwrap_err();
+    assert!(
+        matches!(e, MatmulError::Unsupported { dtype: "f64", .. }),
+        "{e}"
+    );
+    let overlap = [
+        GemmGroup::new(a).problem(0, 0, 0),
+        GemmGroup::new(a).problem(0, 0, 5),
+    ];
+    let e = plan_grouped(&overlap, DataType::F16, [8, 12, 12]).unwrap_err();
+    assert!(matches!(e, MatmulError::InGroup { group: 1, .. }), "{e}");
+}
+
+#[test]
+fn pointer_modes_match_the_headers() {
+    use cudarc::cublas::sys::cublasPointerMode_t as P;
+    assert_eq!(sys::POINTER_MODE_HOST, P::CUBLAS_POINTER_MODE_HOST as i32);
+    assert_eq!(
+        sys::POINTER_MODE_DEVICE,
+        P::CUBLAS_POINTER_MODE_DEVICE as i32
+    );
+}

@@ -64,6 +64,54 @@ impl DataType {
 pub trait BlasScalar: DeviceRepr + Copy + sealed::Sealed {
     /// The type's [`DataType`].
     const DATA_TYPE: DataType;
+    /// The type of alpha and beta in a product of this type (`f64` for `f64`, else
+    /// `f32`): the element type of the device scalars of
+    /// [`matmul_device_scalars`](crate::BoundStream::matmul_device_scalars).
+    type Scale: DeviceRepr + Copy;
+}
+
+/// `f32` or `f64`: the element types of cuBLAS's vector routines gpubind offers
+/// ([`gemv`](crate::BoundStream::gemv), [`asum`](crate::BoundStream::asum)). Sealed.
+pub trait BlasFloat: BlasScalar<Scale = Self> + float_seal::Sealed {}
+impl BlasFloat for f32 {}
+impl BlasFloat for f64 {}
+
+/// The seal of [`BlasFloat`], with the type's conversions and cuBLAS entry points.
+pub(crate) mod float_seal {
+    use crate::blas::sys::{AsumFn, GemvFn};
+
+    pub trait Sealed: Sized {
+        /// `v` in this type.
+        fn from_f64(v: f64) -> Self;
+        /// This type's one of `cublasSgemv_v2` and `cublasDgemv_v2`, with its name.
+        fn gemv(s: GemvFn<f32>, d: GemvFn<f64>) -> (GemvFn<Self>, &'static str);
+        /// This type's one of `cublasSasum_v2` and `cublasDasum_v2`, with its name.
+        fn asum(s: AsumFn<f32>, d: AsumFn<f64>) -> (AsumFn<Self>, &'static str);
+    }
+
+    impl Sealed for f32 {
+        fn from_f64(v: f64) -> Self {
+            v as f32
+        }
+        fn gemv(s: GemvFn<f32>, _: GemvFn<f64>) -> (GemvFn<f32>, &'static str) {
+            (s, "cublasSgemv_v2")
+        }
+        fn asum(s: AsumFn<f32>, _: AsumFn<f64>) -> (AsumFn<f32>, &'static str) {
+            (s, "cublasSasum_v2")
+        }
+    }
+
+    impl Sealed for f64 {
+        fn from_f64(v: f64) -> Self {
+            v
+        }
+        fn gemv(_: GemvFn<f32>, d: GemvFn<f64>) -> (GemvFn<f64>, &'static str) {
+            (d, "cublasDgemv_v2")
+        }
+        fn asum(_: AsumFn<f32>, d: AsumFn<f64>) -> (AsumFn<f64>, &'static str) {
+            (d, "cublasDasum_v2")
+        }
+    }
 }
 
 mod sealed {
@@ -71,17 +119,18 @@ mod sealed {
 }
 
 macro_rules! scalar {
-    ($t:ty, $d:ident) => {
+    ($t:ty, $d:ident, $s:ty) => {
         impl sealed::Sealed for $t {}
         impl BlasScalar for $t {
             const DATA_TYPE: DataType = DataType::$d;
+            type Scale = $s;
         }
     };
 }
-scalar!(f32, F32);
-scalar!(f64, F64);
-scalar!(f16, F16);
-scalar!(bf16, Bf16);
+scalar!(f32, F32, f32);
+scalar!(f64, F64, f64);
+scalar!(f16, F16, f32);
+scalar!(bf16, Bf16, f32);
 
 /// How a product's matrices are laid out in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -293,5 +342,141 @@ impl Batch {
             k.saturating_mul(n),
             m.saturating_mul(n),
         )
+    }
+}
+
+/// A matrix–vector product `y = alpha · op(A) · x + beta · y` (cuBLAS `gemv`), with `A`
+/// stored `m×n` in [`layout`](Self::layout) (leading dimension [`lda`](Self::lda)) and
+/// `op(A)` either `A` or, with [`transpose`](Self::transpose), `Aᵀ`.
+///
+/// `x` has `op(A)`'s columns (`n`, or `m` transposed) and `y` its rows, every `incx`-th
+/// (`incy`-th) element of their buffers from the first. Packed vectors (increment 1) and
+/// a packed `A` must have exactly the elements the shape needs; otherwise at least the
+/// last element reached plus one.
+///
+/// ```
+/// use gpubind::blas::{Gemv, Layout};
+/// // y[4] = Aᵀ·x with A stored 3×4 row-major, x of 3.
+/// let g = Gemv::new(3, 4).transpose();
+/// assert_eq!((g.x_len(), g.y_len()), (3, 4));
+/// assert_eq!(g.layout, Layout::RowMajor);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct Gemv {
+    /// Rows of A as stored.
+    pub m: usize,
+    /// Columns of A as stored.
+    pub n: usize,
+    /// Use `Aᵀ`.
+    pub transpose: bool,
+    /// Scale of the product.
+    pub alpha: f64,
+    /// Scale of the old y (0 overwrites; y is then not read).
+    pub beta: f64,
+    /// Row- or column-major A.
+    pub layout: Layout,
+    /// Leading dimension of A (`None`: packed).
+    pub lda: Option<usize>,
+    /// Elements from one element of x to the next (at least 1).
+    pub incx: usize,
+    /// Elements from one element of y to the next (at least 1).
+    pub incy: usize,
+}
+
+impl Gemv {
+    /// `y = A · x` with `A: m×n`, row-major and packed, increments 1.
+    pub fn new(m: usize, n: usize) -> Self {
+        Gemv {
+            m,
+            n,
+            transpose: false,
+            alpha: 1.0,
+            beta: 0.0,
+            layout: Layout::RowMajor,
+            lda: None,
+            incx: 1,
+            incy: 1,
+        }
+    }
+
+    /// Uses `Aᵀ`.
+    pub fn transpose(mut self) -> Self {
+        self.transpose = true;
+        self
+    }
+
+    /// Sets `alpha` and `beta`.
+    pub fn scaled(mut self, alpha: f64, beta: f64) -> Self {
+        self.alpha = alpha;
+        self.beta = beta;
+        self
+    }
+
+    /// Column-major A.
+    pub fn col_major(mut self) -> Self {
+        self.layout = Layout::ColMajor;
+        self
+    }
+
+    /// Sets the leading dimension of A.
+    pub fn with_lda(mut self, lda: usize) -> Self {
+        self.lda = Some(lda);
+        self
+    }
+
+    /// Sets the increments of x and y.
+    pub fn with_inc(mut self, incx: usize, incy: usize) -> Self {
+        self.incx = incx;
+        self.incy = incy;
+        self
+    }
+
+    /// Elements of x: the columns of `op(A)`.
+    pub fn x_len(&self) -> usize {
+        if self.transpose { self.m } else { self.n }
+    }
+
+    /// Elements of y: the rows of `op(A)`.
+    pub fn y_len(&self) -> usize {
+        if self.transpose { self.n } else { self.m }
+    }
+}
+
+/// One group of a grouped GEMM ([`matmul_grouped`](crate::BoundStream::matmul_grouped)):
+/// products of one [`shape`](Self::shape) (dimensions, transposes, layout, leading
+/// dimensions, alpha and beta), one per entry of [`offsets`](Self::offsets), each
+/// reading its A and B and writing its C at the given element offsets of the grouped
+/// call's three buffers.
+///
+/// ```
+/// use gpubind::blas::{GemmGroup, Matmul};
+/// // Two experts' products of 16 tokens × 64 → 32, weights stored out × in.
+/// let shape = Matmul::new(16, 32, 64).transpose_b();
+/// let g = GemmGroup::new(shape).problem(0, 0, 0).problem(16 * 64, 32 * 64, 16 * 32);
+/// assert_eq!(g.offsets.len(), 2);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct GemmGroup {
+    /// The products' shape (TF32 is not taken).
+    pub shape: Matmul,
+    /// For each product, the element offsets of its A, B and C.
+    pub offsets: Vec<[usize; 3]>,
+}
+
+impl GemmGroup {
+    /// A group of `shape` with no product yet.
+    pub fn new(shape: Matmul) -> Self {
+        GemmGroup {
+            shape,
+            offsets: Vec::new(),
+        }
+    }
+
+    /// Adds a product reading A at `a`, B at `b` and writing C at `c` (element offsets).
+    pub fn problem(mut self, a: usize, b: usize, c: usize) -> Self {
+        self.offsets.push([a, b, c]);
+        self
     }
 }

@@ -1,25 +1,5 @@
-//! Devices: enumeration and attributes without a context, and the lazily retained
-//! primary context.
-//!
-//! Everything on [`Device`] uses `cuDevice*` calls only, which need `cuInit` but no
-//! context, so listing devices and reading their attributes costs no GPU memory. The
-//! device's primary context is retained the first time a [`ThreadContext`] binds it, by
-//! exactly one thread even when many bind at once, and released when the last
-//! `Arc<Device>` (held by the caller, slices, streams, modules…) drops.
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::Device;
-//! for dev in Device::all()? {
-//!     let (major, minor) = dev.compute_capability()?;
-//!     println!("{}: {} (sm_{major}{minor}, {} MiB)", dev.ordinal(), dev.name(),
-//!              dev.total_memory()? >> 20);
-//!     assert!(!dev.has_retained_context()); // no context was created
-//! }
-//! # Ok(()) }
-//! ```
-//!
-//! [`ThreadContext`]: crate::ThreadContext
+//! Devices: enumeration and attributes without a context, and the lazily retained primary
+//! context (documented on [`Device`]).
 
 pub mod poison;
 
@@ -205,6 +185,26 @@ impl From<DeviceAttribute> for sys::CUdevice_attribute {
 ///
 /// `Device::get(n)` returns the same `Arc` while one is alive, so every holder shares one
 /// lazily retained primary context.
+///
+/// Everything on [`Device`] uses `cuDevice*` calls only, which need `cuInit` but no
+/// context, so listing devices and reading their attributes costs no GPU memory. The
+/// device's primary context is retained the first time a [`ThreadContext`] binds it, by
+/// exactly one thread even when many bind at once, and released when the last
+/// `Arc<Device>` (held by the caller, slices, streams, modules…) drops.
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::Device;
+/// for dev in Device::all()? {
+///     let (major, minor) = dev.compute_capability()?;
+///     println!("{}: {} (sm_{major}{minor}, {} MiB)", dev.ordinal(), dev.name(),
+///              dev.total_memory()? >> 20);
+///     assert!(!dev.has_retained_context()); // no context was created
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// [`ThreadContext`]: crate::ThreadContext
 pub struct Device {
     ordinal: usize,
     raw: sys::CUdevice,
@@ -256,6 +256,7 @@ pub(crate) fn registry() -> &'static std::sync::Mutex<Vec<Weak<Device>>> {
 
 /// The raw-code form of [`Device::check`], for call sites that call `sys` directly
 /// rather than through the result layer.
+#[allow(dead_code)] // no call site in the crate calls `sys` directly on a device
 pub(crate) trait CheckOn {
     /// `Ok(())` on `CUDA_SUCCESS`; else the error of `call`, as [`Device::check`] makes
     /// it for `device` (a sticky error poisons the device).

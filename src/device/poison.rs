@@ -1,32 +1,5 @@
-//! Sticky errors: a context that a kernel fault has poisoned.
-//!
-//! Some CUDA errors — an illegal address, a misaligned access, an illegal instruction, a
-//! device-side `assert`, a hardware stack error — are *sticky*: the context is unusable
-//! from then on, and every later call in it fails the same way, whatever it was. Without
-//! help, the error surfaces at some unrelated later call (`cuMemcpyDtoH_v2 failed:
-//! CUDA_ERROR_ILLEGAL_ADDRESS`), and drops call into the dead context.
-//!
-//! gpubind recognises these codes where a call on a device's context or streams returns
-//! them (synchronisations, copies, launches, allocations, stream and event creation,
-//! event waits, memory queries: every such call passes its result through
-//! `Device::check` of the operation's own device, never a guess from the current
-//! context), and marks
-//! that [`Device`] **poisoned** with the first failing call, its code and the last kernel
-//! launched on the device. From then
-//! on:
-//!
-//! * every operation on the device returns [`Error::ContextPoisoned`] at once, without
-//!   calling into the context (binding, allocation, copies, launches, stream work);
-//! * drops skip their driver calls and leak instead (`Device::enter` refuses), so nothing
-//!   touches the dead context;
-//! * **recovery**: CUDA documents these errors as fatal to the process, and the H200
-//!   (driver 580) behaves so: after a null-pointer write, neither releasing gpubind's
-//!   retain nor [`Device::reset_primary_context`] made a new retain succeed — it reported
-//!   the sticky error again (typed: the fresh [`Device`] is poisoned in turn). **Restart the
-//!   process.** Where a driver does clear the state, the path is: drop every gpubind value
-//!   of the device, [`Device::reset_primary_context`] (`unsafe`: other libraries sharing
-//!   the primary context lose everything in it), then [`Device::get`] a fresh device.
-//!   ([`Device::is_poisoned`] tells whether a live device is.)
+//! Sticky errors: recognising the codes that poison a context, and the per-device poison
+//! state (documented on [`Error::ContextPoisoned`](crate::Error::ContextPoisoned)).
 
 use crate::device::Device;
 use crate::error::Error;

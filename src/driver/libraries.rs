@@ -1,30 +1,5 @@
-//! Which NVRTC and cuBLAS gpubind loads: the ones matching the driver's major version.
-//!
-//! cudarc's loader tries a fixed list of names, unversioned `libnvrtc.so` first and then
-//! the major version its bindings were generated for (13 here) before 12 and 11. With the
-//! CUDA 12 and 13 toolkits both installed on a 12.x driver, that picks `libnvrtc.so.13`,
-//! whose PTX and cubins the driver cannot load, and `libcublas.so.13`, which needs a 13.x
-//! driver. gpubind therefore resolves the NVRTC and cuBLAS entry points it uses itself
-//! (with `libloading`, as it does for NCCL) and chooses the library like this:
-//!
-//! 1. **Override:** `GPUBIND_NVRTC_PATH` / `GPUBIND_CUBLAS_PATH` / `GPUBIND_CUBLASLT_PATH`
-//!    (cuBLASLt, for the epilogue products of `gpubind::blas`), a file name or path, is
-//!    the only candidate when set (not empty). If it cannot be loaded (or lacks an entry
-//!    point), that is the error: gpubind does not fall back behind an explicit choice.
-//! 2. **Driver's major version first:** with the driver's version `D.x`
-//!    (`cuDriverGetVersion`), the sonames of majors `D, D-1, …, 11` in that order
-//!    (`libnvrtc.so.12`, `libcublas.so.12`, …; NVRTC 11 is `libnvrtc.so.11.2`), then the
-//!    unversioned development name (`libnvrtc.so`). A library is accepted only if the
-//!    version it reports (`nvrtcVersion`, `cublasGetProperty`, `cublasLtGetProperty`) is
-//!    not newer than `D`, so a `libnvrtc.so` that points at a newer toolkit is skipped too.
-//! 3. **No driver** (compiling on a machine without a GPU): the newest major known first.
-//!
-//! The choice is made once per process, on first use. `nvrtc_info` and `cublas_info`
-//! report it. cudarc's *own* safe API (`cudarc::nvrtc`, `cudarc::cublas::CudaBlas`) still
-//! loads through cudarc's loader, which gpubind cannot steer (it opens by name; a library
-//! gpubind loaded is reused only when the name matches its soname or file): with two
-//! toolkits installed, point the loader's search path at the right one
-//! (`LD_LIBRARY_PATH`) for those.
+//! Loading NVRTC and cuBLAS: the library matching the driver's major version (documented on
+//! [`nvrtc_info`]).
 
 use crate::error::{Error, Result};
 use std::ffi::{c_char, c_int};
@@ -210,7 +185,7 @@ fn driver_major() -> Option<u32> {
         .map(|v| v.major())
 }
 
-/// Loads `lib` by the rules of the module docs with `open` resolving one candidate.
+/// Loads `lib` by the rules on [`nvrtc_info`] with `open` resolving one candidate.
 pub(crate) fn load<L>(
     lib: Lib,
     open: impl FnMut(&str) -> Probe<L>,
@@ -527,6 +502,34 @@ pub(crate) fn cublas() -> Result<&'static Cublas> {
 
 /// The NVRTC gpubind compiles with (`GPUBIND_NVRTC_PATH`, else the newest one not newer
 /// than the driver's major version), or [`Error::NoNvrtc`].
+///
+/// # Which NVRTC and cuBLAS are loaded
+///
+/// cudarc's loader tries a fixed list of names, unversioned `libnvrtc.so` first and then
+/// the major version its bindings were generated for (13 here) before 12 and 11. With the
+/// CUDA 12 and 13 toolkits both installed on a 12.x driver, that picks `libnvrtc.so.13`,
+/// whose PTX and cubins the driver cannot load, and `libcublas.so.13`, which needs a 13.x
+/// driver. gpubind therefore resolves the NVRTC and cuBLAS entry points it uses itself
+/// (with `libloading`, as it does for NCCL) and chooses the library like this:
+///
+/// 1. **Override:** `GPUBIND_NVRTC_PATH` / `GPUBIND_CUBLAS_PATH` / `GPUBIND_CUBLASLT_PATH`
+///    (cuBLASLt, for the epilogue products of `gpubind::blas`), a file name or path, is
+///    the only candidate when set (not empty). If it cannot be loaded (or lacks an entry
+///    point), that is the error: gpubind does not fall back behind an explicit choice.
+/// 2. **Driver's major version first:** with the driver's version `D.x`
+///    (`cuDriverGetVersion`), the sonames of majors `D, D-1, …, 11` in that order
+///    (`libnvrtc.so.12`, `libcublas.so.12`, …; NVRTC 11 is `libnvrtc.so.11.2`), then the
+///    unversioned development name (`libnvrtc.so`). A library is accepted only if the
+///    version it reports (`nvrtcVersion`, `cublasGetProperty`, `cublasLtGetProperty`) is
+///    not newer than `D`, so a `libnvrtc.so` that points at a newer toolkit is skipped too.
+/// 3. **No driver** (compiling on a machine without a GPU): the newest major known first.
+///
+/// The choice is made once per process, on first use. `nvrtc_info` and `cublas_info`
+/// report it. cudarc's *own* safe API (`cudarc::nvrtc`, `cudarc::cublas::CudaBlas`) still
+/// loads through cudarc's loader, which gpubind cannot steer (it opens by name; a library
+/// gpubind loaded is reused only when the name matches its soname or file): with two
+/// toolkits installed, point the loader's search path at the right one
+/// (`LD_LIBRARY_PATH`) for those.
 pub fn nvrtc_info() -> Result<LibraryInfo> {
     nvrtc().map(|n| n.info.clone())
 }

@@ -52,6 +52,7 @@ use std::sync::{Mutex, PoisonError};
 /// For call sites that call `sys` directly; the result layer ([`result`]) is the
 /// wrapped form. Whether an error poisons a device is decided by the device layer
 /// (`Device::check`).
+#[allow(dead_code)] // no call site in the crate calls `sys` directly
 pub(crate) trait Check {
     /// `Ok(())` on `CUDA_SUCCESS`, else [`Error::Driver`] naming `call`.
     fn check(self, call: &'static str) -> Result<()>;

@@ -1,27 +1,5 @@
-//! Driver versions, and the driver entry points that not every supported driver has.
-//!
-//! gpubind runs on every driver from CUDA 12.2 (R535) up, whatever CUDA version its
-//! cudarc bindings were generated from (see `docs/compat.md`). Entry points newer than
-//! 12.2 are never called through cudarc's per-symbol loader (which panics on a missing
-//! symbol) nor linked by name: they are looked up with `cuGetProcAddress_v2`, asking for
-//! the ABI of the CUDA version that introduced them, and only when the driver's version
-//! is at least that one. Where an older entry point does the same job it is used instead
-//! (`cuEventElapsedTime` where `cuEventElapsedTime_v2` is missing); where none does, the
-//! operation is [`Error::Unsupported`], naming what it needs, or (for checks that are an
-//! extra, like the launch-argument check of `cuFuncGetParamInfo`) skipped.
-//!
-//! [`driver_version`] is the version gpubind acts on. Setting the environment variable
-//! [`ASSUME_DRIVER_VERSION_ENV`] (`GPUBIND_ASSUME_DRIVER_VERSION`, e.g. `12020` or
-//! `12.2`) caps it: gpubind behaves as if the driver reported the smaller of its real
-//! version and the cap, so a new driver exercises every old-driver path for real. It is
-//! read once per process.
-//!
-//! ```no_run
-//! let v = gpubind::driver_version()?;
-//! println!("driver supports CUDA {v}"); // e.g. "driver supports CUDA 13.0"
-//! assert!(v >= gpubind::DriverVersion::MINIMUM);
-//! # Ok::<(), gpubind::Error>(())
-//! ```
+//! Driver versions, and the lookup of the entry points that not every supported driver has
+//! (documented on [`DriverVersion`](crate::DriverVersion)).
 
 use crate::error::{Error, Result};
 use cudarc::driver::sys;

@@ -87,6 +87,48 @@ pub enum MatmulError {
         /// Its value.
         value: usize,
     },
+    /// A vector increment of zero (gpubind takes positive increments only).
+    #[error("{routine}: the increment of {operand} is 0, at least 1 is needed")]
+    ZeroIncrement {
+        /// The routine (`"gemv"`, `"asum"`).
+        routine: &'static str,
+        /// `"x"` or `"y"`.
+        operand: &'static str,
+    },
+    /// The device buffer of alpha and beta does not hold exactly the two scalars.
+    #[error(
+        "matmul_device_scalars: the scalar buffer holds {found} elements, exactly 2 (alpha, beta) are needed"
+    )]
+    ScalarBuffer {
+        /// The buffer's length.
+        found: usize,
+    },
+    /// One product of a grouped GEMM does not fit its buffers (or its output overlaps
+    /// another product's).
+    #[error("matmul_grouped: group {group}, product {problem}: {error}")]
+    InGroup {
+        /// The group's index.
+        group: usize,
+        /// The product's index within the group.
+        problem: usize,
+        /// What is wrong.
+        error: Box<MatmulError>,
+    },
+    /// The loaded cuBLAS lacks an entry point this call needs.
+    #[error(
+        "{what} needs cuBLAS {}.{} or later ({symbol}); the loaded cuBLAS is {}.{}",
+        needed.0, needed.1, loaded.0, loaded.1
+    )]
+    NeedsCublas {
+        /// What needed it.
+        what: &'static str,
+        /// The entry point.
+        symbol: &'static str,
+        /// The first cuBLAS version that has it.
+        needed: (u32, u32),
+        /// The loaded cuBLAS's version.
+        loaded: (u32, u32),
+    },
 }
 
 impl From<MatmulError> for Error {

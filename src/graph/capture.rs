@@ -1,190 +1,159 @@
-//! The capture: [`BoundDevice::capture`], the [`Capture`] handle and its kernel-launch
-//! builder [`CaptureLaunch`], and the guards that end a capture and join its forks on
-//! every exit (see the [module docs](super)).
+//! The capture: [`BoundDevice::capture`], the [`Capture`] handle whose methods enqueue
+//! into the graph (its kernel launches go through [`CaptureLaunch`]), and the guard that
+//! joins a fork on every exit (the capture rules are on [`Capture`]).
 
+use super::capture_launch::CaptureLaunch;
+use super::session::{Active, Session, Span, destroy_graph};
 use super::{Graph, Owned, Uses};
 use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
 use crate::copy::DeviceOnlyMemory;
-use crate::device::CheckOn;
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::launch::LaunchConfig;
 use crate::memory::host::CaptureSource;
 use crate::memory::{ByteSpan, DeviceMemory, DeviceRepr, MemsetValue};
-use crate::module::{Function, KernelArg, LaunchArg, ModuleHold, arg_access};
+use crate::module::Function;
 use cudarc::driver::sys;
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::sync::Arc;
-
-/// What one capture owns: the streams it created, the events of its forks, and what the
-/// captured work uses. Shared (through a `RefCell`) by the handles of one capture.
-struct Session<'buf> {
-    device: Arc<Device>,
-    uses: Uses<'buf>,
-    /// Every stream this capture created (the origin first): destroyed after it ends.
-    streams: Vec<sys::CUstream>,
-    /// Fork and join events (created for this capture, not pooled: their last records
-    /// are in the capture), destroyed after it ends.
-    events: Vec<sys::CUevent>,
-    /// Scratch memory that captured operations share invisibly (a cuBLAS workspace): the
-    /// allocation, and the capture stream and event (one of `events`) of its last use,
-    /// so that its next use on another branch is ordered after it (see
-    /// [`Capture::exclusive_use`]).
-    scratch: Vec<(*const AccessTracker, sys::CUstream, sys::CUevent)>,
-    /// Forks not yet joined. While one is open, work captured on two streams may run
-    /// concurrently within one launch of the graph, so each captured use is ordered
-    /// after the conflicting uses captured before it on the other streams (`hazards`).
-    open_forks: usize,
-    /// The uses captured while a fork was open, each with the stream it was captured on
-    /// and an event recorded there right after it.
-    hazards: Vec<(Span, sys::CUstream, sys::CUevent)>,
-    /// The uses of the operation being captured: `hazards` once it is enqueued
-    /// ([`Capture::mark`]).
-    pending: Vec<Span>,
-    /// An error that discards the graph whatever the closure returns (an NCCL
-    /// collective that failed while it was captured: part of it may be in the graph,
-    /// and its communicator may have been aborted).
-    fatal: Option<Error>,
-}
-
-/// Bytes of one allocation a captured operation uses, and whether it writes them.
-#[derive(Clone, Copy)]
-struct Span {
-    bytes: ByteSpan,
-    write: bool,
-}
-
-impl Span {
-    /// Whether two uses of memory race if they run concurrently: one allocation,
-    /// overlapping bytes, at least one write.
-    fn conflicts(&self, other: &Span) -> bool {
-        (self.write || other.write) && self.bytes.overlaps(&other.bytes)
-    }
-}
-
-impl Session<'_> {
-    /// A new private non-blocking stream of the (current) context, destroyed with the
-    /// session.
-    fn new_stream(&mut self) -> Result<sys::CUstream> {
-        let mut raw: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: the bound context is current (checked by `capture`, and the binding is
-        // borrowed by the closure for the whole capture); writes one handle.
-        unsafe {
-            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-        }
-        .check_on(&self.device, "cuStreamCreate")?;
-        self.streams.push(raw);
-        Ok(raw)
-    }
-
-    /// A new timing-disabled event of the device, destroyed with the session.
-    fn event(&mut self) -> Result<sys::CUevent> {
-        let e = self.device.new_handoff_event()?;
-        self.events.push(e);
-        Ok(e)
-    }
-}
-
-impl Drop for Session<'_> {
-    fn drop(&mut self) {
-        // The capture has ended (`Active` drops first): nothing refers to these streams.
-        for &s in &self.streams {
-            crate::teardown::faults::release(
-                format_args!("a capture stream"),
-                &self.device,
-                Ok(()),
-                "cuStreamDestroy_v2",
-                // SAFETY: created by `new_stream` in this context, destroyed once, here.
-                || unsafe { sys::cuStreamDestroy_v2(s) },
-            );
-        }
-        for &e in &self.events {
-            crate::teardown::faults::release(
-                format_args!("a capture's fork event"),
-                &self.device,
-                Ok(()),
-                "cuEventDestroy_v2",
-                // SAFETY: created by `event` in this context, destroyed once, here.
-                || unsafe { sys::cuEventDestroy_v2(e) },
-            );
-        }
-    }
-}
-
-/// An ongoing capture on the origin stream: ended exactly once, by [`Active::end`] or
-/// (on an early return or a panic) by the drop, which discards the graph.
-struct Active<'d> {
-    device: &'d Device,
-    origin: sys::CUstream,
-    ended: bool,
-}
-
-impl Active<'_> {
-    fn end(&mut self) -> Result<sys::CUgraph> {
-        self.ended = true;
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
-        // SAFETY: `origin` is capturing (begun by `capture`, on this thread: the handles
-        // are !Send); writes one handle.
-        let r = unsafe { sys::cuStreamEndCapture(self.origin, &mut graph) }
-            .check_on(self.device, "cuStreamEndCapture");
-        match r {
-            Ok(()) if !graph.is_null() => Ok(graph),
-            Ok(()) => Err(Error::InvalidArgument(
-                "cuStreamEndCapture returned no graph".into(),
-            )),
-            Err(e) => {
-                destroy_graph(graph);
-                Err(e)
-            }
-        }
-    }
-}
-
-impl Drop for Active<'_> {
-    fn drop(&mut self) {
-        if !self.ended {
-            // An early return or a panic: end the capture so the thread and the stream
-            // leave capture mode, and discard whatever was captured.
-            let _ = self.end().map(destroy_graph);
-        }
-    }
-}
-
-/// Destroys a graph (null: nothing). The context needs not be current for it.
-fn destroy_graph(graph: sys::CUgraph) {
-    if !graph.is_null() {
-        // SAFETY: a graph returned by cuStreamEndCapture, owned here, destroyed once.
-        let r = unsafe { sys::cuGraphDestroy(graph) };
-        if let Err(e) = crate::driver::Check::check(r, "cuGraphDestroy") {
-            crate::teardown::faults::report_drop(
-                format_args!("a captured graph that was not kept"),
-                None,
-                crate::teardown::faults::RELEASE,
-                &e,
-                crate::teardown::faults::MAYBE_LEAKED,
-            );
-        }
-    }
-}
 
 /// The handle of an ongoing capture ([`BoundDevice::capture`]): its methods enqueue into
 /// the graph being recorded, and are the only way to. Each use of a buffer borrows it for
 /// the graph's lifetime `'buf`.
 ///
 /// Not `Send`: a capture is ended on the thread that began it.
+///
+/// [`BoundDevice::capture`](crate::BoundDevice::capture) records stream-ordered work into a
+/// [`Graph`] instead of running it. The closure receives a [`Capture`] handle whose methods
+/// are the only operations that can enter the graph — kernel launches, memsets,
+/// device-to-device copies, copies from page-locked host memory, [`fork`](Capture::fork)s,
+/// cuBLAS and cuBLASLt products (`Capture::matmul`, `matmul_batched`, `matmul_lt`, feature
+/// `cublas`), the one-device all-reduce (`Capture::all_reduce`, feature `collective`) and
+/// one NCCL rank's collectives (`Capture::rank_all_reduce`, `rank_reduce`,
+/// `rank_broadcast`, `rank_all_gather`, `rank_reduce_scatter` on a `RankComm`) — so nothing
+/// that would invalidate a capture (a synchronisation, a synchronous copy, an allocation)
+/// can be enqueued into it:
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::{Device, LaunchConfig, ThreadContext};
+/// let mut ctx = ThreadContext::acquire()?;
+/// let gpu = ctx.bind(&Device::get(0)?)?;
+/// let module = gpu.compile_and_load(
+///     r#"extern "C" __global__ void add_one(float* x, unsigned n) {
+///            unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+///            if (i < n) x[i] += 1.0f;
+///        }"#,
+///     "add_one.cu",
+/// )?;
+/// let add_one = module.function("add_one")?;
+/// let x = gpu.alloc_zeros::<f32>(1024)?;
+/// let n = 1024u32;
+/// let graph = gpu.capture(|c| {
+///     c.memset_zeros(&x)?;
+///     for _ in 0..10 {
+///         // SAFETY: (float*, unsigned) matches the kernel, which stays in bounds.
+///         unsafe { c.launch(&add_one, LaunchConfig::for_num_elems(n)).arg_written(&x).arg(&n).launch()? };
+///     }
+///     Ok(())
+/// })?;
+/// let exec = graph.instantiate()?;
+/// let stream = gpu.new_stream()?;
+/// exec.launch(&gpu.on(&stream)?)?;
+/// assert!(gpu.dtoh(&x)?.iter().all(|&v| v == 10.0)); // dtoh waits for the graph
+/// # Ok(()) }
+/// ```
+///
+/// The handle has no synchronous operations:
+///
+/// ```compile_fail,E0599
+/// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+/// gpu.capture(|c| c.synchronize())?; // error[E0599]: no method named `synchronize`
+/// # Ok(()) }
+/// ```
+///
+/// # How it stays sound
+///
+/// * **A private stream.** The capture runs on a non-blocking stream gpubind creates for
+///   it (and on one more per [`fork`](Capture::fork)), in
+///   `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`. No other handle to those streams exists and
+///   no buffer's tracker ever names them, so no other code — another thread, or gpubind's
+///   own hand-off events — can enqueue on them or fork them into another capture while
+///   they capture. (Capturing on a user's [`Stream`](crate::Stream) would not give that:
+///   a `&mut BoundStream` does not stop a second `gpu.on(&stream)`, and a buffer last used
+///   on the stream makes the next use elsewhere record an event on it.)
+/// * **Nothing runs at capture time**, so the capture tells no tracker anything. The graph
+///   records which allocations it reads and writes; each
+///   [`GraphExec::launch`](crate::GraphExec::launch) *claims* them on its stream like a
+///   kernel launch does: it waits for their conflicting pending uses on other streams,
+///   enqueues the graph, and records the launch as their latest use. Host reads,
+///   synchronous copies, other streams and drops after a launch wait for it; a launch after
+///   work elsewhere waits for that work.
+/// * **Borrows.** A `Graph<'buf>` and its `GraphExec<'buf>` borrow every buffer and module
+///   they use for `'buf` (shared borrows: a graph may write a buffer that other code reads
+///   between launches, the claims order them). So they cannot outlive what they use, and
+///   nothing can be freed while a launch is pending (the tracker's drop waits for it).
+///   Shared borrows are enough for the graph's writes only because every other access to
+///   device-only memory goes through the same tracker: the captured operations therefore
+///   write only device-only memory ([`DeviceOnlyMemory`](crate::DeviceOnlyMemory)), never
+///   [`ManagedSlice`](crate::ManagedSlice) (whose host slices are not claimed while held).
+///   Within that, a shared [`DeviceView`](crate::DeviceView) is as writable in a graph as
+///   the `&DeviceSlice` it comes from (a kernel writes either through
+///   [`CaptureLaunch::arg_written`]; `arg(&x)` is a read): a graph
+///   can write part of a buffer (a `grads.slice(range)?` view made before the capture,
+///   so that it lives as long as the graph) while it reads another part or the whole,
+///   and every one of those uses is claimed at each launch.
+/// * **Forks.** The branches of a [`fork`](Capture::fork) run concurrently within a
+///   launch, so uses captured on two branches that touch the same bytes (one of them a
+///   write) are ordered inside the graph, in the order they were captured; uses of
+///   disjoint bytes stay concurrent.
+/// * **Page-locked input** ([`Capture::copy_from_host`]) is claimed as read at each
+///   launch, and the host's writes to page-locked memory wait for its pending uses, so a
+///   graph whose borrow ended early (a forgotten `GraphExec`) still has its input to
+///   itself until it has read it.
+/// * **Joins.** A fork is joined back when its closure returns — even on an error or a
+///   panic — so an un-joined capture cannot be built.
+/// * **Memory the graph owns.** A captured cuBLAS product's kernels use the handle's
+///   workspace at every launch; the graph holds that workspace (an `Arc` shared with the
+///   `Blas`) and claims it as written at each launch, so the handle itself may be reused
+///   or dropped once the product is captured.
+/// * **Ending.** The capture is ended when the closure returns, errs or panics; an
+///   invalidated capture (e.g. by an illegal call through a raw handle) is the driver's
+///   error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, …) and yields no graph.
+/// * **NCCL collectives** (`Capture::rank_all_reduce` and its siblings). One rank's part,
+///   on its device, as NCCL captures it; every rank captures the same collectives and
+///   launches the graph of that capture together (NCCL's rules). The graph borrows the
+///   `RankComm`; its buffers are recorded like a kernel's, and so is the rank's order
+///   tracker, which eager calls claim too, so the rank's collectives reach the device in
+///   issue order and the communicator's drop waits (bounded) for graph launches. With
+///   the rank's call check, each launch first agrees with the peers on the capture it
+///   replays (one round trip to rank 0). A graph holding NCCL collectives is not
+///   [`update`](crate::GraphExec::update)d. See docs/collective.md, "CUDA graphs".
+///
+/// # Not capturable (yet)
+///
+/// Collectives other than the one-device own-kernel all-reduce (`Capture::all_reduce`)
+/// and an NCCL `RankComm`'s collectives (`Capture::rank_*`): a `Communicator` with ranks
+/// on several devices, the host-staged transport, NCCL driven by one thread for several
+/// devices, and `RankComm`s of own kernels are [`Error::NotCapturable`]; send/recv have
+/// no capture method; nothing else can enqueue onto the capture's streams),
+/// device-to-host copies (a captured copy writes its host memory at every launch, and the
+/// host reads page-locked memory through `&`: host-to-device copies from page-locked
+/// memory are capturable, [`Capture::copy_from_host`]), stream-ordered allocation, child graphs and
+/// events of the caller's own.
 pub struct Capture<'c, 'buf> {
-    session: &'c RefCell<Session<'buf>>,
-    device: &'c Arc<Device>,
-    stream: CaptureStream,
+    pub(super) session: &'c RefCell<Session<'buf>>,
+    pub(super) device: &'c Arc<Device>,
+    pub(super) stream: CaptureStream,
 }
 
 /// A capturing stream's handle. `Send`/`Sync` as an identifier: what keeps a [`Capture`]
 /// on its thread is its session (a `RefCell`).
 #[derive(Clone, Copy)]
-struct CaptureStream(sys::CUstream);
+pub(super) struct CaptureStream(pub(super) sys::CUstream);
 
 // SAFETY: a CUstream handle is a thread-agnostic identifier; nothing is reached through it
 // without a `Capture`, which is `!Send` and `!Sync`.
@@ -234,13 +203,12 @@ impl<'a> BoundDevice<'a> {
         let origin = session.borrow_mut().new_stream()?;
         // SAFETY: a stream of the current context, created above and known to no one
         // else; thread-local mode leaves other threads' calls alone.
-        unsafe {
-            sys::cuStreamBeginCapture_v2(
+        device.check(unsafe {
+            result::stream::begin_capture(
                 origin,
                 sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
-        }
-        .check_on(device, "cuStreamBeginCapture_v2")?;
+        })?;
         // Declared after `session`: dropped (capture ended) before its streams are.
         let mut active = Active {
             device,
@@ -312,7 +280,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     }
 
     /// [`record`](Self::record) of memory the graph keeps alive itself (a
-    /// [`Kernel`](crate::module::Kernel)'s module): each launch of the graph claims it with
+    /// [`Kernel`](crate::Kernel)'s module): each launch of the graph claims it with
     /// `access`, and while a fork is open it is ordered like a borrowed allocation.
     pub(crate) fn record_owned_use(&self, o: Arc<dyn Owned>, access: Access) -> Result<()> {
         let span = Span {
@@ -339,8 +307,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
                 // SAFETY: `event` was recorded on `stream`, a capturing stream of this
                 // capture, right after the earlier use; waiting on it from `here`
                 // (capturing, same capture) adds that dependency to the graph.
-                unsafe { sys::cuStreamWaitEvent(here, event, 0) }
-                    .check_on(self.device, "cuStreamWaitEvent")?;
+                self.device
+                    .check(unsafe { result::stream::wait_event(here, event) })?;
                 waited.push(event);
             }
         }
@@ -359,7 +327,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         let event = relaxed(|| self.session.borrow_mut().event())??;
         // SAFETY: an event of this context created for this capture; recorded on the
         // capturing stream, it marks the point after the operation.
-        unsafe { sys::cuEventRecord(event, here) }.check_on(self.device, "cuEventRecord")?;
+        self.device
+            .check(unsafe { result::event::record(event, here) })?;
         let mut s = self.session.borrow_mut();
         let spans = std::mem::take(&mut s.pending);
         s.hazards
@@ -425,8 +394,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
                     // SAFETY: `event` was last recorded on `stream`, a capturing stream of
                     // this capture, right after the previous use; waiting on it from
                     // `here` (capturing, same capture) adds that dependency to the graph.
-                    unsafe { sys::cuStreamWaitEvent(here, event, 0) }
-                        .check_on(self.device, "cuStreamWaitEvent")?;
+                    self.device
+                        .check(unsafe { result::stream::wait_event(here, event) })?;
                 }
                 event
             }
@@ -439,7 +408,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         let out = op();
         // SAFETY: `event` is an event of this context created for this capture; recording
         // it on the capturing stream marks the point after this use.
-        unsafe { sys::cuEventRecord(event, here) }.check_on(self.device, "cuEventRecord")?;
+        self.device
+            .check(unsafe { result::event::record(event, here) })?;
         let mut s = self.session.borrow_mut();
         match s.scratch.iter_mut().find(|(x, _, _)| std::ptr::eq(*x, t)) {
             Some(entry) => *entry = (t, here, event),
@@ -462,9 +432,9 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     }
 
     /// Starts a kernel launch into the graph: the same builder as
-    /// [`BoundStream::launch`](crate::BoundStream::launch), except that its arguments are borrowed for the graph's
-    /// lifetime, and the buffers among them are claimed at each launch of the graph
-    /// (as read or written: see [`CaptureLaunch::arg`]).
+    /// [`BoundStream::launch`](crate::BoundStream::launch), except that its arguments are
+    /// borrowed for the graph's lifetime, and the buffers among them are claimed at each
+    /// launch of the graph (as read or written: see [`CaptureLaunch::arg`]).
     pub fn launch<'l>(
         &'l mut self,
         func: &'l Function<'buf>,
@@ -474,20 +444,12 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             .device
             .expect_same("kernel module", func.module().device())
             .err();
-        CaptureLaunch {
-            capture: self,
-            func,
-            cfg,
-            args: Vec::new(),
-            values: Vec::new(),
-            buffers: Vec::new(),
-            error,
-        }
+        CaptureLaunch::new(self, func, cfg, error)
     }
 
     /// Zeroes `dst` at each launch of the graph. `dst` is borrowed for the graph's
     /// lifetime; only device-only memory is accepted — any shared view of it included (see
-    /// the module docs).
+    /// [`Capture`], "How it stays sound").
     pub fn memset_zeros<T, D>(&mut self, dst: &'buf D) -> Result<()>
     where
         T: DeviceRepr,
@@ -502,8 +464,9 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             // SAFETY: a capturing stream of the bound context: recorded, not run. The
             // range is in bounds of a live allocation that the graph borrows for 'buf and
             // claims at each launch.
-            unsafe { sys::cuMemsetD8Async(dst.device_ptr(), 0, dst.num_bytes(), self.stream.0) }
-                .check_on(self.device, "cuMemsetD8Async")
+            self.device.check(unsafe {
+                result::copy::memset_d8_async(dst.device_ptr(), 0, dst.num_bytes(), self.stream.0)
+            })
         })
     }
 
@@ -562,8 +525,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             // ranges are in bounds of live allocations the graph borrows for 'buf and
             // claims at each launch; they do not overlap (checked above, or different
             // allocations).
-            unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, src.num_bytes(), self.stream.0) }
-                .check_on(self.device, "cuMemcpyDtoDAsync_v2")
+            self.device
+                .check(unsafe { result::copy::dtod_async(d, s, src.num_bytes(), self.stream.0) })
         })
     }
 
@@ -644,15 +607,14 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             // free or write `src` under a launch even if that borrow ends early (a
             // forgotten GraphExec): its drop and its host writes wait for the claimed
             // read (`CaptureSource`).
-            unsafe {
-                sys::cuMemcpyHtoDAsync_v2(
+            self.device.check(unsafe {
+                result::copy::htod_async(
                     dst.device_ptr(),
                     from.addr as *const c_void,
                     dst.num_bytes(),
                     self.stream.0,
                 )
-            }
-            .check_on(self.device, "cuMemcpyHtoDAsync_v2")
+            })
         })
     }
 
@@ -689,10 +651,11 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         // SAFETY: `forked` is an event of this context; `main` is capturing: the record
         // marks this point of the capture, and the wait makes `branch` (private, idle)
         // join the capture from here.
-        unsafe { sys::cuEventRecord(forked, main) }.check_on(self.device, "cuEventRecord")?;
+        self.device
+            .check(unsafe { result::event::record(forked, main) })?;
         // SAFETY: as above.
-        unsafe { sys::cuStreamWaitEvent(branch, forked, 0) }
-            .check_on(self.device, "cuStreamWaitEvent")?;
+        self.device
+            .check(unsafe { result::stream::wait_event(branch, forked) })?;
         let mut join = Join {
             device: self.device,
             branch,
@@ -742,15 +705,14 @@ impl<'c, 'buf> Capture<'c, 'buf> {
 /// previous mode (`cuThreadExchangeStreamCaptureMode`, push-pop as the driver's docs
 /// advise).
 fn relaxed<R>(f: impl FnOnce() -> R) -> Result<R> {
-    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: swaps one enum value of this thread's state.
-    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }
-        .check("cuThreadExchangeStreamCaptureMode")?;
+    let mode = result::context::exchange_capture_mode(
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    )?;
     struct Restore(sys::CUstreamCaptureMode);
     impl Drop for Restore {
         fn drop(&mut self) {
-            // SAFETY: as above; puts back the mode saved before `f`.
-            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut self.0) };
+            // Puts back the mode saved before `f`.
+            let _ = result::context::exchange_capture_mode(self.0);
         }
     }
     let _restore = Restore(mode);
@@ -772,11 +734,11 @@ impl Join<'_> {
         self.done = true;
         // SAFETY: `event` is an event of this context, `branch` a capturing stream of the
         // capture: recording marks the branch's end; `main` waiting on it joins it.
-        unsafe { sys::cuEventRecord(self.event, self.branch) }
-            .check_on(self.device, "cuEventRecord")?;
+        self.device
+            .check(unsafe { result::event::record(self.event, self.branch) })?;
         // SAFETY: as above.
-        unsafe { sys::cuStreamWaitEvent(self.main, self.event, 0) }
-            .check_on(self.device, "cuStreamWaitEvent")
+        self.device
+            .check(unsafe { result::stream::wait_event(self.main, self.event) })
     }
 }
 
@@ -785,207 +747,5 @@ impl Drop for Join<'_> {
         if !self.done {
             let _ = self.join();
         }
-    }
-}
-
-/// A buffer argument of a captured launch: its tracker, the bytes it passes (`None`:
-/// all of its allocation), and how the kernel uses them.
-type ArgBuffer<'buf> = (&'buf AccessTracker, Option<(u64, u64)>, Access);
-
-/// A kernel launch being captured; see [`Capture::launch`].
-#[must_use = "a launch does nothing until `.launch()` is called"]
-pub struct CaptureLaunch<'l, 'c, 'buf> {
-    capture: &'l mut Capture<'c, 'buf>,
-    func: &'l Function<'buf>,
-    cfg: LaunchConfig,
-    args: Vec<*mut c_void>,
-    /// Arguments given by value ([`value`](CaptureLaunch::value)), boxed so their
-    /// addresses in `args` stay put.
-    values: Vec<Box<dyn std::any::Any>>,
-    /// The gpubind buffers among the arguments, the bytes each passes (`None`: all),
-    /// and whether the kernel reads or writes them.
-    buffers: Vec<ArgBuffer<'buf>>,
-    error: Option<Error>,
-}
-
-impl std::fmt::Debug for CaptureLaunch<'_, '_, '_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CaptureLaunch")
-            .field("function", &self.func.name())
-            .field("config", &self.cfg)
-            .field("args", &self.args.len())
-            .field("error", &self.error)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<'buf> CaptureLaunch<'_, '_, 'buf> {
-    /// Appends an argument, borrowed for the graph's lifetime. A gpubind buffer passed
-    /// by `&` is claimed as read at every launch of the graph, one passed by `&mut` as
-    /// written (see [`LaunchBuilder::arg`](crate::LaunchBuilder::arg)); within the
-    /// graph, reads captured on two branches of a [`fork`](Capture::fork) stay
-    /// concurrent. A `&mut` borrow lasts as long as the graph: a buffer that the graph
-    /// writes more than once, or that other code uses while the graph lives, goes by
-    /// [`arg_written`](Self::arg_written). Errors (another device's memory, a size
-    /// mismatch) are reported by [`launch`](Self::launch). Plain data that does not
-    /// live as long as the graph goes by [`value`](Self::value).
-    pub fn arg<L: LaunchArg<'buf>>(&mut self, arg: L) -> &mut Self {
-        let access = arg_access::<L>();
-        self.push_arg(arg.into_arg(), access)
-    }
-
-    /// Appends an argument that the kernel writes, borrowed shared for the graph's
-    /// lifetime, and claimed as written at every launch of the graph (as by
-    /// [`arg`](Self::arg) with `&mut`). Shared borrows let one graph write a buffer in
-    /// several kernels, and let other code use the buffer between the graph's launches
-    /// (the claims order them; see the [module docs](super)).
-    ///
-    /// ```no_run
-    /// # fn f(gpu: &gpubind::BoundDevice<'_>, add_one: &gpubind::Function<'_>) -> gpubind::Result<()> {
-    /// use gpubind::LaunchConfig;
-    /// let x = gpu.alloc_zeros::<f32>(1024)?;
-    /// let n = 1024u32;
-    /// let graph = gpu.capture(|c| {
-    ///     for _ in 0..3 {
-    ///         // SAFETY: (float*, unsigned) matches `add_one`, which stays in bounds.
-    ///         unsafe {
-    ///             c.launch(add_one, LaunchConfig::for_num_elems(n))
-    ///                 .arg_written(&x).arg(&n)
-    ///                 .launch()?
-    ///         };
-    ///     }
-    ///     Ok(())
-    /// })?;
-    /// # Ok(()) }
-    /// ```
-    pub fn arg_written<A: KernelArg + ?Sized>(&mut self, arg: &'buf A) -> &mut Self {
-        self.push_arg(arg, Access::Write)
-    }
-
-    /// Appends `arg`, a buffer of which is claimed with `access`.
-    fn push_arg<A: KernelArg + ?Sized>(&mut self, arg: &'buf A, access: Access) -> &mut Self {
-        if self.error.is_none()
-            && let Some(dev) = arg.arg_device()
-        {
-            self.error = self
-                .capture
-                .device
-                .expect_same("kernel argument", dev)
-                .err();
-        }
-        if self.error.is_none() {
-            self.error = self
-                .func
-                .check_arg_size(self.args.len(), arg.param_size(), || arg.describe())
-                .err();
-        }
-        if let Some(t) = arg.access_tracker() {
-            self.buffers.push((t, arg.arg_span(), access));
-        }
-        self.args.push(arg.param_ptr());
-        self
-    }
-
-    /// Appends a plain-data argument by value: the kernel node keeps a copy of its bytes
-    /// (taken at capture), so unlike [`arg`](Self::arg) nothing stays borrowed. For
-    /// scalars computed inside the capture:
-    ///
-    /// ```no_run
-    /// # fn f(gpu: &gpubind::BoundDevice<'_>, scale: &gpubind::Function<'_>) -> gpubind::Result<()> {
-    /// use gpubind::LaunchConfig;
-    /// let x = gpu.alloc_zeros::<f32>(1024)?;
-    /// let graph = gpu.capture(|c| {
-    ///     for k in 0..4u32 {
-    ///         // SAFETY: (float*, unsigned, float) matches `scale`, which stays in bounds.
-    ///         unsafe {
-    ///             c.launch(scale, LaunchConfig::for_num_elems(1024))
-    ///                 .arg_written(&x).value(1024u32).value(k as f32 + 0.5)
-    ///                 .launch()?
-    ///         };
-    ///     }
-    ///     Ok(())
-    /// })?;
-    /// # Ok(()) }
-    /// ```
-    pub fn value<T: DeviceRepr>(&mut self, v: T) -> &mut Self {
-        if self.error.is_none() {
-            self.error = self
-                .func
-                .check_arg_size(self.args.len(), std::mem::size_of::<T>(), || {
-                    std::any::type_name::<T>().to_owned()
-                })
-                .err();
-        }
-        let boxed = Box::new(v);
-        // The heap copy does not move when the box does: the pointer stays valid while
-        // `self.values` holds it.
-        self.args.push(&*boxed as *const T as *mut c_void);
-        self.values.push(boxed);
-        self
-    }
-
-    /// Captures the kernel launch (it runs at each launch of the graph). The same checks
-    /// as [`LaunchBuilder::launch`](crate::LaunchBuilder::launch), before the driver is
-    /// called. May be called again (another node).
-    ///
-    /// # Safety
-    ///
-    /// The contract of [`LaunchBuilder::launch`](crate::LaunchBuilder::launch), for every
-    /// launch of the graph: argument types match the kernel, the kernel stays inside the
-    /// buffers passed and writes only those passed by `&mut` or
-    /// [`arg_written`](Self::arg_written) (the others are claimed as reads: other
-    /// streams may read them while a launch runs), and any other memory it reaches (raw
-    /// addresses, page-locked host buffers) stays alive and unused by the host and other
-    /// streams while any launch of the graph may run. A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must
-    /// not be read through [`as_slice`](crate::ManagedSlice::as_slice) while a launch may
-    /// run (the graph borrows it shared).
-    pub unsafe fn launch(&mut self) -> Result<()> {
-        if let Some(e) = &self.error {
-            return Err(e.clone());
-        }
-        self.func.check_launch(&self.cfg, self.args.len())?;
-        // The kernel stays inside the bytes each argument passes (the launch contract).
-        for &(t, span, access) in &self.buffers {
-            match span {
-                Some((lo, bytes)) => self.capture.record_span(t, access, lo, bytes)?,
-                None => self.capture.record(t, access)?,
-            }
-        }
-        // The module's unload waits for the graph's launches; with global views, the
-        // launches are ordered against the globals' other uses like a write.
-        let (_, access) = self.func.module_use();
-        match self.func.module_hold() {
-            ModuleHold::Borrowed(module) => self.capture.record(module, access)?,
-            ModuleHold::Owned(loaded) => self.capture.record_owned_use(loaded, access)?,
-        }
-        self.capture.session.borrow_mut().uses.last_kernel = Some(self.func.interned());
-        let LaunchConfig {
-            grid_dim: g,
-            block_dim: b,
-            shared_mem_bytes,
-        } = self.cfg;
-        let (func, stream, args) = (self.func, self.capture.stream.0, &mut self.args);
-        self.capture.marked(|| {
-            // SAFETY: the function belongs to the bound (current) context and the stream
-            // is capturing: the driver records a kernel node, copying the parameter
-            // bytes, which point at values borrowed for 'buf. The kernel's memory safety
-            // at each launch of the graph is the caller's contract.
-            unsafe {
-                sys::cuLaunchKernel(
-                    func.raw(),
-                    g.0,
-                    g.1,
-                    g.2,
-                    b.0,
-                    b.1,
-                    b.2,
-                    shared_mem_bytes,
-                    stream,
-                    args.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            }
-            .check_on(self.capture.device, "cuLaunchKernel")
-        })
     }
 }

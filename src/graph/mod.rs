@@ -1,133 +1,24 @@
-//! CUDA graphs: stream capture as a typestate, and executable graphs that launch on a
-//! bound stream.
-//!
-//! [`BoundDevice::capture`](crate::BoundDevice::capture) records stream-ordered work into a [`Graph`] instead of
-//! running it. The closure receives a [`Capture`] handle whose methods are the only
-//! operations that can enter the graph — kernel launches, memsets, device-to-device copies,
-//! copies from page-locked host memory,
-//! [`fork`](Capture::fork)s, cuBLAS and cuBLASLt products (`Capture::matmul`,
-//! `matmul_batched`, `matmul_lt`, feature `cublas`), the
-//! one-device all-reduce (`Capture::all_reduce`, feature `collective`) and one NCCL
-//! rank's collectives (`Capture::rank_all_reduce`, `rank_reduce`, `rank_broadcast`,
-//! `rank_all_gather`, `rank_reduce_scatter` on a `RankComm`) — so nothing that would
-//! invalidate a capture (a synchronisation, a synchronous copy, an allocation) can be
-//! enqueued into it:
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{Device, LaunchConfig, ThreadContext};
-//! let mut ctx = ThreadContext::acquire()?;
-//! let gpu = ctx.bind(&Device::get(0)?)?;
-//! let module = gpu.compile_and_load(
-//!     r#"extern "C" __global__ void add_one(float* x, unsigned n) {
-//!            unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-//!            if (i < n) x[i] += 1.0f;
-//!        }"#,
-//!     "add_one.cu",
-//! )?;
-//! let add_one = module.function("add_one")?;
-//! let x = gpu.alloc_zeros::<f32>(1024)?;
-//! let n = 1024u32;
-//! let graph = gpu.capture(|c| {
-//!     c.memset_zeros(&x)?;
-//!     for _ in 0..10 {
-//!         // SAFETY: (float*, unsigned) matches the kernel, which stays in bounds.
-//!         unsafe { c.launch(&add_one, LaunchConfig::for_num_elems(n)).arg_written(&x).arg(&n).launch()? };
-//!     }
-//!     Ok(())
-//! })?;
-//! let exec = graph.instantiate()?;
-//! let stream = gpu.new_stream()?;
-//! exec.launch(&gpu.on(&stream)?)?;
-//! assert!(gpu.dtoh(&x)?.iter().all(|&v| v == 10.0)); // dtoh waits for the graph
-//! # Ok(()) }
-//! ```
-//!
-//! The handle has no synchronous operations:
-//!
-//! ```compile_fail,E0599
-//! # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
-//! gpu.capture(|c| c.synchronize())?; // error[E0599]: no method named `synchronize`
-//! # Ok(()) }
-//! ```
-//!
-//! # How it stays sound
-//!
-//! * **A private stream.** The capture runs on a non-blocking stream gpubind creates for
-//!   it (and on one more per [`fork`](Capture::fork)), in
-//!   `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`. No other handle to those streams exists and
-//!   no buffer's tracker ever names them, so no other code — another thread, or gpubind's
-//!   own hand-off events — can enqueue on them or fork them into another capture while
-//!   they capture. (Capturing on a user's [`Stream`](crate::Stream) would not give that:
-//!   a `&mut BoundStream` does not stop a second `gpu.on(&stream)`, and a buffer last used
-//!   on the stream makes the next use elsewhere record an event on it.)
-//! * **Nothing runs at capture time**, so the capture tells no tracker anything. The graph
-//!   records which allocations it reads and writes; each [`GraphExec::launch`] *claims*
-//!   them on its stream like a kernel launch does: it waits for their conflicting pending
-//!   uses on other streams, enqueues the graph, and records the launch as their latest
-//!   use. Host reads, synchronous copies, other streams and drops after a launch wait for
-//!   it; a launch after work elsewhere waits for that work.
-//! * **Borrows.** A `Graph<'buf>` and its `GraphExec<'buf>` borrow every buffer and module
-//!   they use for `'buf` (shared borrows: a graph may write a buffer that other code reads
-//!   between launches, the claims order them). So they cannot outlive what they use, and
-//!   nothing can be freed while a launch is pending (the tracker's drop waits for it).
-//!   Shared borrows are enough for the graph's writes only because every other access to
-//!   device-only memory goes through the same tracker: the captured operations therefore
-//!   write only device-only memory ([`DeviceOnlyMemory`](crate::DeviceOnlyMemory)), never
-//!   [`ManagedSlice`](crate::ManagedSlice) (whose host slices are not claimed while held).
-//!   Within that, a shared [`DeviceView`](crate::DeviceView) is as writable in a graph as
-//!   the `&DeviceSlice` it comes from (a kernel writes either through
-//!   [`CaptureLaunch::arg_written`]; `arg(&x)` is a read): a graph
-//!   can write part of a buffer (a `grads.slice(range)?` view made before the capture,
-//!   so that it lives as long as the graph) while it reads another part or the whole,
-//!   and every one of those uses is claimed at each launch.
-//! * **Forks.** The branches of a [`fork`](Capture::fork) run concurrently within a
-//!   launch, so uses captured on two branches that touch the same bytes (one of them a
-//!   write) are ordered inside the graph, in the order they were captured; uses of
-//!   disjoint bytes stay concurrent.
-//! * **Page-locked input** ([`Capture::copy_from_host`]) is claimed as read at each
-//!   launch, and the host's writes to page-locked memory wait for its pending uses, so a
-//!   graph whose borrow ended early (a forgotten `GraphExec`) still has its input to
-//!   itself until it has read it.
-//! * **Joins.** A fork is joined back when its closure returns — even on an error or a
-//!   panic — so an un-joined capture cannot be built.
-//! * **Memory the graph owns.** A captured cuBLAS product's kernels use the handle's
-//!   workspace at every launch; the graph holds that workspace (an `Arc` shared with the
-//!   `Blas`) and claims it as written at each launch, so the handle itself may be reused
-//!   or dropped once the product is captured.
-//! * **Ending.** The capture is ended when the closure returns, errs or panics; an
-//!   invalidated capture (e.g. by an illegal call through a raw handle) is the driver's
-//!   error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, …) and yields no graph.
-//! * **NCCL collectives** (`Capture::rank_all_reduce` and its siblings). One rank's part,
-//!   on its device, as NCCL captures it; every rank captures the same collectives and
-//!   launches the graph of that capture together (NCCL's rules). The graph borrows the
-//!   `RankComm`; its buffers are recorded like a kernel's, and so is the rank's order
-//!   tracker, which eager calls claim too, so the rank's collectives reach the device in
-//!   issue order and the communicator's drop waits (bounded) for graph launches. With
-//!   the rank's call check, each launch first agrees with the peers on the capture it
-//!   replays (one round trip to rank 0). A graph holding NCCL collectives is not
-//!   [`update`](GraphExec::update)d. See docs/collective.md, "CUDA graphs".
-//!
-//! # Not capturable (yet)
-//!
-//! Collectives other than the one-device own-kernel all-reduce (`Capture::all_reduce`)
-//! and an NCCL `RankComm`'s collectives (`Capture::rank_*`): a `Communicator` with ranks
-//! on several devices, the host-staged transport, NCCL driven by one thread for several
-//! devices, and `RankComm`s of own kernels are [`Error::NotCapturable`]; send/recv have
-//! no capture method; nothing else can enqueue onto the capture's streams),
-//! device-to-host copies (a captured copy writes its host memory at every launch, and the
-//! host reads page-locked memory through `&`: host-to-device copies from page-locked
-//! memory are capturable, [`Capture::copy_from_host`]), stream-ordered allocation, child graphs and
-//! events of the caller's own.
+//! CUDA graphs: capture, captured graphs and their instantiation (the capture rules are on
+//! [`Capture`]).
 
+mod agreement;
 mod capture;
+mod capture_launch;
+mod session;
+mod uses;
 
-pub use capture::{Capture, CaptureLaunch};
+pub(crate) use agreement::LaunchAgreement;
+#[cfg(feature = "collective")]
+pub(crate) use agreement::LaunchTurn;
+use agreement::agreed;
+pub use capture::Capture;
+pub use capture_launch::CaptureLaunch;
+pub(crate) use uses::Owned;
+use uses::Uses;
 
 use crate::access::{self, Access, AccessTracker, Use};
-use crate::device::CheckOn;
 use crate::device::Device;
-use crate::device::poison::KernelName;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
@@ -158,194 +49,6 @@ pub struct GraphExec<'buf> {
     uses: Uses<'buf>,
     /// The streams of this graph's pending launches: the drop waits for them.
     launches: AccessTracker,
-}
-
-/// The allocations (and module launch trackers) a graph uses, one entry per tracker with
-/// the strongest access, plus the last kernel captured (for the poison message).
-///
-/// Each value counts once, for as long as it lives, in every gate it holds
-/// ([`LaunchAgreement::retain`]/[`release`](LaunchAgreement::release)): a graph and its
-/// executable graphs each hold one.
-#[derive(Default)]
-struct Uses<'buf> {
-    trackers: Vec<(&'buf AccessTracker, Access)>,
-    /// What the graph keeps alive itself rather than borrows (a
-    /// [`Blas`](crate::blas::Blas)'s handles and workspace: the `Blas` may be dropped
-    /// before the graph), its memory claimed at each launch like the borrowed buffers.
-    owned: Vec<(Arc<dyn Owned>, Access)>,
-    /// The ranks whose captured NCCL collectives are in the graph (one entry per rank,
-    /// in capture order; launches take their locks in address order), each with the
-    /// headers its collectives agreed at capture: every launch agrees on them with the
-    /// rank's peers first (see [`LaunchAgreement`]).
-    agreements: Vec<(&'buf dyn LaunchAgreement, Vec<u8>)>,
-    last_kernel: Option<&'static KernelName>,
-}
-
-/// What a launch of a graph holding a rank's captured NCCL collectives does first
-/// (feature `nccl`): agree with the rank's peers that they launch the graph of the same
-/// collective capture, then enqueue — under a lock of the rank's, so the rank's launches
-/// reach the device in the order they agreed. `Err` enqueues nothing.
-///
-/// A graph may hold the collectives of several ranks (communicators). A launch takes
-/// their locks in address order (one order for every thread of the process), then agrees
-/// through each in *capture* order (the order in which the graph first used each, the
-/// same on every rank: collectives of several communicators on one stream must be issued
-/// in one order by all ranks anyway); addresses differ between processes, so agreeing in
-/// address order could have two processes wait on each other's rank 0 until the
-/// timeout. See [`agreed`].
-pub(crate) trait LaunchAgreement: Sync {
-    /// This rank's turn to launch: holds the rank's launch lock until it drops (no other
-    /// launch through the rank agrees meanwhile).
-    fn turn(&self) -> Box<dyn LaunchTurn + '_>;
-
-    /// The graph was just enqueued on `stream` (with every turn held): the rank records
-    /// it as its work in flight (its NCCL watchdog times it). Infallible: the launch is
-    /// enqueued already.
-    fn launched(&self, stream: &BoundStream<'_>);
-
-    /// One more graph or executable graph holds this gate (NCCL does not destroy a
-    /// communicator while a graph that captured it lives: the rank's drop needs to know
-    /// whether one was forgotten).
-    fn retain(&self);
-
-    /// [`retain`](Self::retain)'s graph is gone.
-    fn release(&self);
-}
-
-/// One rank's part in one launch (see [`LaunchAgreement::turn`]).
-pub(crate) trait LaunchTurn {
-    /// Refuses the launch (the rank cannot launch: its error, which its peers are told
-    /// too), or agrees on it with the peers: `record` is what the rank's collectives in
-    /// the graph agreed at capture.
-    fn agree(&mut self, record: &[u8]) -> Result<()>;
-
-    /// A failure after this rank agreed (another rank's refusal, the claim, the enqueue):
-    /// the peers were told to go ahead and may be waiting in the launch; tell them, and
-    /// return the launch's error.
-    fn fail(&mut self, e: Error) -> Error;
-}
-
-impl Clone for Uses<'_> {
-    fn clone(&self) -> Self {
-        for (gate, _) in &self.agreements {
-            gate.retain();
-        }
-        Uses {
-            trackers: self.trackers.clone(),
-            owned: self.owned.clone(),
-            agreements: self.agreements.clone(),
-            last_kernel: self.last_kernel,
-        }
-    }
-}
-
-impl Drop for Uses<'_> {
-    fn drop(&mut self) {
-        for (gate, _) in &self.agreements {
-            gate.release();
-        }
-    }
-}
-
-/// Runs `launch` once every gate of `gates` agreed: takes their turns (locks) in
-/// address order, agrees through them in the order given (capture order), then launches.
-/// A refusal, or a launch that fails, is told to the ranks that had agreed (all of them,
-/// for a failed launch).
-fn agreed(
-    gates: &[(&dyn LaunchAgreement, Vec<u8>)],
-    launch: &mut dyn FnMut() -> Result<()>,
-) -> Result<()> {
-    let key = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
-    let mut by_address: Vec<usize> = (0..gates.len()).collect();
-    by_address.sort_by_key(|&i| key(gates[i].0));
-    let mut turns: Vec<Option<Box<dyn LaunchTurn + '_>>> = gates.iter().map(|_| None).collect();
-    for i in by_address {
-        turns[i] = Some(gates[i].0.turn());
-    }
-    let mut turns: Vec<Box<dyn LaunchTurn + '_>> = turns.into_iter().flatten().collect();
-    for (i, (_, record)) in gates.iter().enumerate() {
-        if let Err(e) = turns[i].agree(record) {
-            return Err(turns[..i].iter_mut().fold(e, |e, t| t.fail(e)));
-        }
-    }
-    launch().map_err(|e| turns.iter_mut().fold(e, |e, t| t.fail(e)))
-}
-
-/// Device memory a graph holds by `Arc` (see `Uses::owned`): its tracker orders the
-/// graph's launches against its other uses, and its drop waits for them.
-pub(crate) trait Owned: Send + Sync {
-    /// The allocation's tracker.
-    fn tracker(&self) -> &AccessTracker;
-}
-
-impl<'buf> Uses<'buf> {
-    fn add(&mut self, t: &'buf AccessTracker, access: Access) {
-        match self.trackers.iter_mut().find(|(x, _)| std::ptr::eq(*x, t)) {
-            Some((_, a)) => {
-                if access == Access::Write {
-                    *a = Access::Write;
-                }
-            }
-            None => self.trackers.push((t, access)),
-        }
-    }
-
-    /// Keeps `o` alive with the graph and claims it with `access` at each launch.
-    #[cfg_attr(not(feature = "cublas"), allow(dead_code))]
-    fn add_owned(&mut self, o: Arc<dyn Owned>, access: Access) {
-        match self
-            .owned
-            .iter_mut()
-            .find(|(x, _)| std::ptr::eq(x.tracker(), o.tracker()))
-        {
-            Some((_, a)) => {
-                if access == Access::Write {
-                    *a = Access::Write;
-                }
-            }
-            None => self.owned.push((o, access)),
-        }
-    }
-
-    /// Appends `record` to what the launches agree on through `gate` (see
-    /// [`LaunchAgreement`]); a new gate goes last (the agreements stay in capture order).
-    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
-    fn add_agreement(&mut self, gate: &'buf dyn LaunchAgreement, record: &[u8]) {
-        let key = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
-        match self
-            .agreements
-            .iter()
-            .position(|(g, _)| key(*g) == key(gate))
-        {
-            Some(i) => self.agreements[i].1.extend_from_slice(record),
-            None => {
-                gate.retain();
-                self.agreements.push((gate, record.to_vec()));
-            }
-        }
-    }
-
-    /// For a graph whose driver handle was not destroyed (leaked after a failed wait or
-    /// call): it stays counted in every gate it holds, as a forgotten one does. NCCL
-    /// keeps a reference to a communicator from each graph that captured it, and waits
-    /// for it in the communicator's finalize, destroy and abort; the rank's drop must
-    /// see this graph as alive and leak the communicator instead of waiting for ever.
-    fn keep_counted(&mut self) {
-        self.agreements.clear();
-    }
-
-    /// How many trackers a launch claims (without the executable graph's own).
-    fn len(&self) -> usize {
-        self.trackers.len() + self.owned.len()
-    }
-
-    /// Every tracker a launch claims, with its access.
-    fn all(&self) -> impl Iterator<Item = (&AccessTracker, Access)> {
-        self.trackers
-            .iter()
-            .copied()
-            .chain(self.owned.iter().map(|(o, a)| (o.tracker(), *a)))
-    }
 }
 
 // SAFETY: a CUgraph is a thread-agnostic identifier; gpubind calls the driver on it only
@@ -384,11 +87,9 @@ impl<'buf> Graph<'buf> {
     /// How many nodes the graph has (`cuGraphGetNodes`).
     pub fn node_count(&self) -> Result<usize> {
         let _guard = self.device.enter()?;
-        let mut n = 0usize;
-        // SAFETY: a live graph; a null array asks for the count only.
-        unsafe { sys::cuGraphGetNodes(self.raw, std::ptr::null_mut(), &mut n) }
-            .check_on(&self.device, "cuGraphGetNodes")?;
-        Ok(n)
+        // SAFETY: a live graph of this context (current for the call).
+        self.device
+            .check(unsafe { result::graph::node_count(self.raw) })
     }
 
     /// Instantiates the graph (`cuGraphInstantiateWithFlags`): an executable graph that
@@ -396,10 +97,10 @@ impl<'buf> Graph<'buf> {
     /// again afterwards.
     pub fn instantiate(&self) -> Result<GraphExec<'buf>> {
         let _guard = self.device.enter()?;
-        let mut raw: sys::CUgraphExec = std::ptr::null_mut();
-        // SAFETY: a live graph of this context (current for the call); writes one handle.
-        unsafe { sys::cuGraphInstantiateWithFlags(&mut raw, self.raw, 0) }
-            .check_on(&self.device, "cuGraphInstantiateWithFlags")?;
+        // SAFETY: a live graph of this context (current for the call).
+        let raw = self
+            .device
+            .check(unsafe { result::graph::instantiate(self.raw, 0) })?;
         Ok(GraphExec {
             device: Arc::clone(&self.device),
             raw,
@@ -421,17 +122,20 @@ impl<'buf> Graph<'buf> {
 
 impl Drop for Graph<'_> {
     fn drop(&mut self) {
-        let raw = self.raw;
-        let destroyed = crate::teardown::faults::release(
-            format_args!("a Graph"),
-            &self.device,
-            Ok(()),
-            "cuGraphDestroy",
+        let raw = self.raw as usize;
+        let released = crate::teardown::release(
+            crate::teardown::Teardown {
+                what: format_args!("a Graph"),
+                device: &self.device,
+                waited: Ok(()),
+                call: "cuGraphDestroy",
+                runs: crate::teardown::Runs::Inline,
+            },
             // SAFETY: created by cuStreamEndCapture, destroyed once, here; executable
             // graphs instantiated from it are independent of it.
-            || unsafe { sys::cuGraphDestroy(raw) },
+            move || unsafe { result::graph::destroy(raw as sys::CUgraph) },
         );
-        if !destroyed {
+        if released != crate::teardown::Released::Done {
             self.uses.keep_counted();
         }
     }
@@ -534,8 +238,8 @@ impl<'buf> GraphExec<'buf> {
         // SAFETY: a live executable graph of this device, launched on a stream of it
         // (context checked above); everything it uses is borrowed for 'buf and ordered by
         // the claim held across the enqueue.
-        unsafe { sys::cuGraphLaunch(self.raw, stream.raw()) }
-            .check_on(&self.device, "cuGraphLaunch")
+        self.device
+            .check(unsafe { result::graph::launch(self.raw, stream.raw()) })
     }
 
     /// Updates this executable graph in place from `graph` (`cuGraphExecUpdate_v2`):
@@ -562,24 +266,17 @@ impl<'buf> GraphExec<'buf> {
             });
         }
         let _guard = self.device.enter()?;
-        let mut info = sys::CUgraphExecUpdateResultInfo {
-            result: sys::CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
-            errorNode: std::ptr::null_mut(),
-            errorFromNode: std::ptr::null_mut(),
-        };
         // SAFETY: a live executable graph and a live graph of this context (current for
-        // the call); writes the result info. `&mut self` (and !Sync) excludes a
-        // concurrent launch.
-        let r = unsafe { sys::cuGraphExecUpdate_v2(self.raw, graph.raw, &mut info) };
-        match r {
-            sys::CUresult::CUDA_SUCCESS => {
+        // the call). `&mut self` (and !Sync) excludes a concurrent launch.
+        let updated = unsafe { result::graph::exec_update(self.raw, graph.raw) };
+        match self.device.check(updated)? {
+            Ok(()) => {
                 self.uses = graph.uses.clone();
                 Ok(())
             }
-            sys::CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => Err(Error::GraphUpdate {
+            Err(info) => Err(Error::GraphUpdate {
                 reason: update_result_name(info.result).to_owned(),
             }),
-            code => code.check_on(&self.device, "cuGraphExecUpdate_v2"),
         }
     }
 
@@ -600,17 +297,20 @@ impl Drop for GraphExec<'_> {
         let raw = self.raw as usize;
         // On the release thread, bounded like the other releases that may wait for the
         // whole device (crate::teardown::release): unmeasured for cuGraphExecDestroy.
-        let released = crate::teardown::faults::release_bounded(
-            format_args!("a GraphExec"),
-            &self.device,
-            waited,
-            "cuGraphExecDestroy",
+        let released = crate::teardown::release(
+            crate::teardown::Teardown {
+                what: format_args!("a GraphExec"),
+                device: &self.device,
+                waited,
+                call: "cuGraphExecDestroy",
+                runs: crate::teardown::Runs::OnReleaseThread,
+            },
             // SAFETY: instantiated by cuGraphInstantiateWithFlags in this context (current
             // while this runs), destroyed once, here, after its launches finished (waited
             // above).
-            Box::new(move || unsafe { sys::cuGraphExecDestroy(raw as sys::CUgraphExec) }),
+            move || unsafe { result::graph::exec_destroy(raw as sys::CUgraphExec) },
         );
-        if matches!(released, crate::teardown::release::Released::Failed) {
+        if matches!(released, crate::teardown::Released::Failed) {
             self.uses.keep_counted();
         }
     }
@@ -619,183 +319,6 @@ impl Drop for GraphExec<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uses_keep_one_entry_per_tracker_with_the_strongest_access() {
-        let (a, b) = (AccessTracker::default(), AccessTracker::default());
-        let mut u = Uses::default();
-        u.add(&a, Access::Read);
-        u.add(&b, Access::Write);
-        u.add(&a, Access::Write);
-        u.add(&b, Access::Read);
-        u.add(&a, Access::Read);
-        assert_eq!(u.trackers.len(), 2);
-        assert!(u.trackers.iter().all(|(_, acc)| *acc == Access::Write));
-    }
-
-    /// What the test gates saw, in order, across all of them: `(gate, event)`.
-    type Journal = std::sync::Mutex<Vec<(u8, String)>>;
-
-    /// A launch agreement that logs what it was asked and may refuse.
-    struct Gate<'j> {
-        name: u8,
-        refuse: bool,
-        journal: &'j Journal,
-        held: std::sync::atomic::AtomicUsize,
-    }
-
-    struct Turn<'a, 'j>(&'a Gate<'j>);
-
-    impl Drop for Turn<'_, '_> {
-        fn drop(&mut self) {
-            self.0.note("unlock".into());
-        }
-    }
-
-    impl LaunchTurn for Turn<'_, '_> {
-        fn agree(&mut self, record: &[u8]) -> Result<()> {
-            self.0.note(format!("agree {record:?}"));
-            if self.0.refuse {
-                return Err(Error::InvalidArgument(format!(
-                    "gate {} refused",
-                    self.0.name
-                )));
-            }
-            Ok(())
-        }
-
-        fn fail(&mut self, e: Error) -> Error {
-            self.0.note("told".into());
-            e
-        }
-    }
-
-    impl Gate<'_> {
-        fn note(&self, what: String) {
-            self.journal.lock().unwrap().push((self.name, what));
-        }
-    }
-
-    impl LaunchAgreement for Gate<'_> {
-        fn turn(&self) -> Box<dyn LaunchTurn + '_> {
-            self.note("lock".into());
-            Box::new(Turn(self))
-        }
-
-        fn launched(&self, _: &BoundStream<'_>) {}
-
-        fn retain(&self) {
-            self.held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-
-        fn release(&self) {
-            self.held.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    fn gate(name: u8, refuse: bool, journal: &Journal) -> Gate<'_> {
-        Gate {
-            name,
-            refuse,
-            journal,
-            held: Default::default(),
-        }
-    }
-
-    /// The events of `journal` (taken), as `"gate:event"` strings.
-    fn events(journal: &Journal) -> Vec<String> {
-        std::mem::take(&mut *journal.lock().unwrap())
-            .into_iter()
-            .map(|(g, e)| format!("{g}:{e}"))
-            .collect()
-    }
-
-    #[test]
-    fn agreements_lock_in_address_order_and_agree_in_capture_order() {
-        let journal = Journal::default();
-        let (a, b) = (gate(1, false, &journal), gate(2, false, &journal));
-        let addr = |g: &dyn LaunchAgreement| g as *const dyn LaunchAgreement as *const () as usize;
-        // `low` has the lower address; the graph uses `high` first.
-        let (low, high) = if addr(&a) < addr(&b) {
-            (&a, &b)
-        } else {
-            (&b, &a)
-        };
-        let mut u = Uses::default();
-        u.add_agreement(high, &[10]);
-        u.add_agreement(low, &[20]);
-        u.add_agreement(high, &[30, 31]);
-        assert_eq!(u.agreements.len(), 2, "one entry per gate");
-        let mut launched = 0;
-        agreed(&u.agreements, &mut || {
-            launched += 1;
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(launched, 1);
-        let (l, h) = (low.name, high.name);
-        assert_eq!(
-            events(&journal)[..4],
-            [
-                format!("{l}:lock"),
-                format!("{h}:lock"),
-                format!("{h}:agree [10, 30, 31]"),
-                format!("{l}:agree [20]"),
-            ]
-        );
-        // Every live `Uses` holding a gate counts once in it (a graph and each
-        // executable graph instantiated from it); a leaked graph handle keeps its count.
-        let held = |g: &Gate| g.held.load(std::sync::atomic::Ordering::Relaxed);
-        assert_eq!((held(&a), held(&b)), (1, 1));
-        let exec = u.clone();
-        assert_eq!((held(&a), held(&b)), (2, 2));
-        drop(u);
-        assert_eq!((held(&a), held(&b)), (1, 1));
-        let mut leaked = exec;
-        leaked.keep_counted();
-        drop(leaked);
-        assert_eq!((held(&a), held(&b)), (1, 1));
-    }
-
-    #[test]
-    fn a_refusal_or_a_failed_launch_is_told_to_the_ranks_that_agreed() {
-        let journal = Journal::default();
-        let (c, d, e) = (
-            gate(3, false, &journal),
-            gate(4, true, &journal),
-            gate(5, false, &journal),
-        );
-        // Capture order c, d, e: d refuses, so c (agreed) is told, e never agrees.
-        let mut u = Uses::default();
-        for g in [&c, &d, &e] {
-            u.add_agreement(g, &[]);
-        }
-        let mut launched = 0;
-        let err = agreed(&u.agreements, &mut || {
-            launched += 1;
-            Ok(())
-        })
-        .unwrap_err();
-        assert_eq!(launched, 0);
-        assert!(err.to_string().contains("gate 4 refused"), "{err}");
-        let ev = events(&journal);
-        assert!(ev.contains(&"3:told".to_string()), "{ev:?}");
-        assert!(!ev.contains(&"5:agree []".to_string()), "{ev:?}");
-        assert!(!ev.contains(&"4:told".to_string()), "{ev:?}");
-        assert_eq!(ev.iter().filter(|x| x.ends_with(":unlock")).count(), 3);
-        // Every rank agrees, then the launch fails: all are told.
-        let (f, g) = (gate(6, false, &journal), gate(7, false, &journal));
-        let mut u = Uses::default();
-        u.add_agreement(&f, &[]);
-        u.add_agreement(&g, &[]);
-        let err = agreed(&u.agreements, &mut || {
-            Err(Error::InvalidArgument("claim failed".into()))
-        })
-        .unwrap_err();
-        assert!(err.to_string().contains("claim failed"));
-        let ev = events(&journal);
-        assert!(ev.contains(&"6:told".to_string()) && ev.contains(&"7:told".to_string()));
-    }
 
     #[test]
     fn update_results_are_named() {

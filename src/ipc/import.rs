@@ -8,7 +8,7 @@ use super::{
     pointer_attribute,
 };
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceRepr, DeviceSlice};
 use cudarc::driver::sys;
@@ -101,19 +101,9 @@ impl ImportedPool {
             return Ok(ImportedPool { inner });
         }
         let _guard = device.enter()?;
-        let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: `fd` is open for the call (the handle owns it); for POSIX descriptors
-        // the driver takes the descriptor's value in the pointer argument and does not
-        // take ownership. The device's context is current; writes one handle.
-        unsafe {
-            sys::cuMemPoolImportFromShareableHandle(
-                &mut raw,
-                std::ptr::without_provenance_mut(fd.as_raw_fd() as usize),
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        }
-        .check("cuMemPoolImportFromShareableHandle")?;
+        // SAFETY: `fd` is open for the call (the handle owns it); the driver does not take
+        // ownership of it. The device's context is current.
+        let raw = unsafe { result::pool::import_from_fd(fd.as_raw_fd()) }?;
         if own.is_own_raw_pool(raw as usize) {
             // The descriptor is one of our own pools' (its handle's id was rewritten) and
             // the driver gave back that very pool: not ours to destroy a second time, so
@@ -201,11 +191,9 @@ impl ImportedPool {
         let mut data = sys::CUmemPoolPtrExportData {
             reserved: *handle.export_data(),
         };
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: valid imported pool; its context is current; `data` is 64 readable
-        // bytes (the driver validates their content); writes one address.
-        unsafe { sys::cuMemPoolImportPointer(&mut ptr, self.inner.raw, &mut data) }
-            .check("cuMemPoolImportPointer")?;
+        // SAFETY: valid imported pool; its context is current; the driver validates the
+        // content of `data`.
+        let ptr = unsafe { result::pool::import_pointer(self.inner.raw, &mut data) }?;
         // Refusals that leave the mapping in place: `ptr` may be memory a live slice of
         // this process owns (the driver may hand back an existing mapping), and whether
         // cuMemFree here would only drop a reference or free it is not documented.
@@ -245,7 +233,7 @@ impl ImportedPool {
                 // other slice of this process owns it: it overlaps no live import, and it
                 // is no allocation of an IPC pool of ours (none is alive, or the driver
                 // named another pool as its owner above).
-                unsafe { sys::cuMemFree_v2(p) }
+                unsafe { result::memory::free(p) }
             });
             return Err(e);
         }
@@ -309,7 +297,7 @@ impl<T: DeviceRepr> Drop for ImportedSlice<T> {
             // SAFETY: imported by cuMemPoolImportPointer, unmapped once, in its context,
             // after its own pending uses in this process (run only after the wait
             // succeeded).
-            unsafe { sys::cuMemFree_v2(p) }
+            unsafe { result::memory::free(p) }
         });
         if !unmapped {
             self.live.keep();

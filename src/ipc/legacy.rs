@@ -12,7 +12,7 @@ use super::{
     allocation_range, check_allocation_size, device_by_uuid, disown_and_free, free_in_context,
     pointer_attribute,
 };
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceRepr, DeviceSlice};
 use cudarc::driver::sys;
@@ -86,11 +86,10 @@ impl LegacyIpcHandle {
                 slice.ptr
             )));
         }
-        let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: `ptr` is the base of a live, legacy-IPC capable device allocation of at
         // least the slice's bytes (checked above with the driver; `slice` keeps it alive
-        // for the call); its context is current; writes 64 bytes into `handle`.
-        unsafe { sys::cuIpcGetMemHandle(&mut handle, slice.ptr) }.check("cuIpcGetMemHandle")?;
+        // for the call); its context is current.
+        let handle = unsafe { result::ipc::get_mem_handle(slice.ptr) }?;
         let data = handle.reserved.map(|b| b as u8);
         reg.add_own_legacy(data);
         Ok(LegacyIpcHandle::new::<T>(
@@ -130,23 +129,20 @@ impl LegacyIpcHandle {
         let handle = sys::CUipcMemHandle {
             reserved: self.data().map(|b| b as std::ffi::c_char),
         };
-        let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: the device's context is current; the handle is passed by value (the
-        // driver validates its content); writes one address.
-        unsafe {
-            sys::cuIpcOpenMemHandle_v2(
-                &mut ptr,
+        // driver validates its content).
+        let ptr = unsafe {
+            result::ipc::open_mem_handle(
                 handle,
                 sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
             )
-        }
-        .check("cuIpcOpenMemHandle_v2")?;
+        }?;
         let close = |p| {
             // SAFETY: this call opened `p` and it is closed once. Where the driver
             // returned a mapping that was already open (see below), it counted this open,
             // so the close drops only this call's reference and the other slice's mapping
             // stays (documented for cuIpcOpenMemHandle).
-            unsafe { sys::cuIpcCloseMemHandle(p) }
+            unsafe { result::ipc::close_mem_handle(p) }
         };
         let bytes = len * std::mem::size_of::<T>();
         if reg.overlaps(ptr, bytes as u64) {
@@ -198,7 +194,7 @@ impl<T: DeviceRepr> Drop for LegacySlice<T> {
         let unmapped = disown_and_free(&mut self.slice, what, "cuIpcCloseMemHandle", |p| {
             // SAFETY: opened by cuIpcOpenMemHandle, closed once, in its context, after
             // its own pending uses in this process (run only after the wait succeeded).
-            unsafe { sys::cuIpcCloseMemHandle(p) }
+            unsafe { result::ipc::close_mem_handle(p) }
         });
         if !unmapped {
             self.live.keep();

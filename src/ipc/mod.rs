@@ -74,7 +74,7 @@ pub use socket::{
 };
 
 use crate::device::{Device, Uuid};
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceRepr, DeviceSlice};
 use cudarc::driver::sys;
@@ -137,20 +137,15 @@ impl OwnedPool {
     /// Reads one 64-bit pool attribute (all the ones gpubind exposes are `cuuint64_t`).
     fn get_attr(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
         let _guard = self.device.enter()?;
-        let mut value: u64 = 0;
         // SAFETY: valid pool in the current context; these attributes write one u64.
-        unsafe { sys::cuMemPoolGetAttribute(self.raw, attr, (&mut value as *mut u64).cast()) }
-            .check("cuMemPoolGetAttribute")?;
-        Ok(value)
+        unsafe { result::pool::attribute(self.raw, attr) }
     }
 
     /// Writes one 64-bit pool attribute.
     fn set_attr(&self, attr: sys::CUmemPool_attribute, v: u64) -> Result<()> {
         let _guard = self.device.enter()?;
-        let mut value = v;
         // SAFETY: valid pool in the current context; these attributes read one u64.
-        unsafe { sys::cuMemPoolSetAttribute(self.raw, attr, (&mut value as *mut u64).cast()) }
-            .check("cuMemPoolSetAttribute")
+        unsafe { result::pool::set_attribute(self.raw, attr, v) }
     }
 
     /// Lets kernels on `peer` read and write the pool's memory (`cuMemPoolSetAccess`).
@@ -164,7 +159,7 @@ impl OwnedPool {
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: valid pool in the current context; reads one descriptor.
-        unsafe { sys::cuMemPoolSetAccess(self.raw, &desc, 1) }.check("cuMemPoolSetAccess")
+        unsafe { result::pool::set_access(self.raw, std::slice::from_ref(&desc)) }
     }
 
     fn usage(&self) -> Result<PoolUsage> {
@@ -184,16 +179,19 @@ impl Drop for OwnedPool {
         // so an import of it is refused for as long as any of its slices lives. The lock
         // is held across the destroy: no import can see the raw handle in between.
         let mut own = self.is_ipc().then(registry::lock);
-        let raw = self.raw;
-        crate::teardown::faults::release(
-            format_args!("a memory pool"),
-            &self.device,
-            Ok(()),
-            "cuMemPoolDestroy",
-            || {
+        let raw = self.raw as usize;
+        crate::teardown::release(
+            crate::teardown::Teardown {
+                what: format_args!("a memory pool"),
+                device: &self.device,
+                waited: Ok(()),
+                call: "cuMemPoolDestroy",
+                runs: crate::teardown::Runs::Inline,
+            },
+            move || {
                 // SAFETY: created or imported once, destroyed once, here, in its context,
                 // after every slice from it (each holds an Arc to us) has been freed.
-                unsafe { sys::cuMemPoolDestroy(raw) }
+                unsafe { result::pool::destroy(raw as sys::CUmemoryPool) }
             },
         );
         if let Some(reg) = own.as_mut() {
@@ -219,7 +217,7 @@ fn disown_and_free<T: DeviceRepr>(
     slot: &mut ManuallyDrop<DeviceSlice<T>>,
     what: std::fmt::Arguments<'_>,
     call: &'static str,
-    free: fn(sys::CUdeviceptr) -> sys::CUresult,
+    free: fn(sys::CUdeviceptr) -> Result<()>,
 ) -> bool {
     // SAFETY: every caller uses the slot exactly once, as the last thing it does with it.
     let slice = unsafe { ManuallyDrop::take(slot) };
@@ -229,13 +227,16 @@ fn disown_and_free<T: DeviceRepr>(
     }
     // On the release thread, bounded (crate::teardown::release): some of these calls may wait for
     // the whole device. Only a release that ended counts as unmapped.
-    crate::teardown::faults::release_bounded(
-        what,
-        &device,
-        waited,
-        call,
-        Box::new(move || free(ptr)),
-    ) == crate::teardown::release::Released::Done
+    crate::teardown::release(
+        crate::teardown::Teardown {
+            what,
+            device: &device,
+            waited,
+            call,
+            runs: crate::teardown::Runs::OnReleaseThread,
+        },
+        move || free(ptr),
+    ) == crate::teardown::Released::Done
 }
 
 /// In `device`'s context (pushed and popped): `free(ptr)` (the driver call `call`), for
@@ -247,12 +248,19 @@ fn free_in_context(
     device: &Arc<Device>,
     ptr: sys::CUdeviceptr,
     call: &'static str,
-    free: impl FnOnce(sys::CUdeviceptr) -> sys::CUresult,
+    free: impl FnOnce(sys::CUdeviceptr) -> Result<()> + Send + 'static,
 ) {
     if ptr == 0 {
         return;
     }
-    crate::teardown::faults::release(what, device, Ok(()), call, || free(ptr));
+    let t = crate::teardown::Teardown {
+        what,
+        device,
+        waited: Ok(()),
+        call,
+        runs: crate::teardown::Runs::Inline,
+    };
+    crate::teardown::release(t, move || free(ptr));
 }
 
 /// Checks that `bytes` bytes from `ptr` lie in the allocation the driver mapped there
@@ -280,27 +288,22 @@ fn check_allocation_size(ptr: sys::CUdeviceptr, bytes: usize) -> Result<()> {
 /// `cuMemGetAddressRange` of `ptr`: the base and size of the allocation holding it. Run
 /// with a context of the allocation's device current.
 fn allocation_range(ptr: sys::CUdeviceptr) -> Result<(sys::CUdeviceptr, usize)> {
-    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
-    // SAFETY: writes one address and one size_t into our locals; the driver validates
-    // `ptr` (an unknown address is an error, not UB).
-    unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }
-        .check("cuMemGetAddressRange_v2")?;
-    Ok((base, size))
+    // SAFETY: the driver validates `ptr` (an unknown address is an error, not UB).
+    unsafe { result::memory::address_range(ptr) }
 }
 
 /// `cuPointerGetAttribute` for an attribute of at most 8 bytes (a pointer, handle,
 /// boolean or integer), read back as a `u64` (zero-extended: the buffer starts zeroed).
 fn pointer_attribute(ptr: sys::CUdeviceptr, attr: sys::CUpointer_attribute) -> Result<u64> {
-    let mut value: u64 = 0;
     // SAFETY: the callers pass only attributes whose value is at most 8 bytes (an
-    // unsigned int, a bool or a handle), which fit in `value`; the driver validates `ptr`.
-    unsafe { sys::cuPointerGetAttribute((&mut value as *mut u64).cast(), attr, ptr) }
-        .check("cuPointerGetAttribute")?;
-    Ok(value)
+    // unsigned int, a bool or a handle); the driver validates `ptr`.
+    unsafe { result::memory::pointer_attribute(ptr, attr) }
 }
 
 /// The parts of the core slice API that the three foreign slice types share: memory
-/// traits (so core copies work), deref to `&DeviceSlice<T>` (views), `slice_mut`,
+/// traits, copy traits ([`CopySource`](crate::CopySource), [`CopyDest`](crate::CopyDest),
+/// [`DeviceOnlyMemory`](crate::DeviceOnlyMemory): the copy layer knows nothing of IPC),
+/// deref to `&DeviceSlice<T>` (views), `slice_mut`,
 /// kernel argument, `Debug`. Each type has a `slice: ManuallyDrop<DeviceSlice<T>>`.
 macro_rules! foreign_slice {
     ($ty:ident) => {
@@ -326,6 +329,10 @@ macro_rules! foreign_slice {
             fn tracker_mut(&mut self) -> Option<&mut $crate::access::AccessTracker> {
                 Some(self.slice.tracker_mut())
             }
+        }
+
+        $crate::copy::device_only_endpoints! {
+            $ty, mut;
         }
 
         impl<T: $crate::memory::DeviceRepr> std::ops::Deref for $ty<T> {

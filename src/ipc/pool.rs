@@ -5,7 +5,7 @@ use super::{OwnedPool, PoolUsage, disown_and_free, free_in_context};
 use crate::access::Access;
 use crate::context::BoundDevice;
 use crate::device::Device;
-use crate::driver::Check;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceRepr, DeviceSlice};
 use crate::stream::BoundStream;
@@ -101,10 +101,9 @@ impl MemoryPool {
         props.maxSize = config.max_size;
         // Before the pool exists: a failing random source then leaves nothing behind.
         let id = PoolId::fresh()?;
-        let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: the bound context is current; `props` is fully initialised and outlives
-        // the call; writes one handle.
-        unsafe { sys::cuMemPoolCreate(&mut raw, &props) }.check("cuMemPoolCreate")?;
+        // the call.
+        let raw = unsafe { result::pool::create(&props) }?;
         let mut owned = OwnedPool {
             device,
             raw,
@@ -204,8 +203,9 @@ impl MemoryPool {
         if bytes > 0 {
             // SAFETY: the stream's device (= the pool's) is bound and current; the raw
             // stream handle is used only for this enqueue, while `stream` is borrowed.
-            unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.inner.raw, stream.raw()) }
-                .check("cuMemAllocFromPoolAsync")?;
+            ptr = unsafe {
+                result::memory::alloc_from_pool_async(bytes, self.inner.raw, stream.raw())
+            }?;
         }
         // SAFETY: `ptr` holds `bytes` bytes on this device, owned by the new slice only;
         // the DeviceSlice never frees it (ManuallyDrop): PoolSlice's Drop does.
@@ -264,7 +264,7 @@ impl MemoryPool {
     pub fn trim_to(&self, keep: usize) -> Result<()> {
         let _guard = self.inner.device.enter()?;
         // SAFETY: valid pool; its context is current.
-        unsafe { sys::cuMemPoolTrimTo(self.inner.raw, keep) }.check("cuMemPoolTrimTo")
+        unsafe { result::pool::trim_to(self.inner.raw, keep) }
     }
 
     /// The raw pool handle.
@@ -339,11 +339,8 @@ impl<T: DeviceRepr> PoolSlice<T> {
         }
         crate::memory::Tracked::tracker(&*self.slice).host_access(Access::Write)?;
         let _guard = self.pool.device.enter()?;
-        let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
-        // SAFETY: `ptr` is a live allocation of this IPC pool; its context is current;
-        // writes 64 bytes into `data`.
-        unsafe { sys::cuMemPoolExportPointer(&mut data, self.slice.ptr) }
-            .check("cuMemPoolExportPointer")?;
+        // SAFETY: `ptr` is a live allocation of this IPC pool; its context is current.
+        let data = unsafe { result::pool::export_pointer(self.slice.ptr) }?;
         Ok(BufferHandle::new::<T>(
             self.pool.id,
             self.pool.device.uuid(),
@@ -382,7 +379,7 @@ impl<T: DeviceRepr> PoolSlice<T> {
         // SAFETY: `ptr` came from this pool and is freed once; the stream belongs to the
         // current context and every use in this process is ordered before it (above);
         // other processes' uses are the caller's contract.
-        let queued = unsafe { sys::cuMemFreeAsync(ptr, stream.raw()) }.check("cuMemFreeAsync");
+        let queued = unsafe { result::memory::free_async(ptr, stream.raw()) };
         if queued.is_err() {
             // Refused: the memory is still ours. Wait for the stream (which orders every
             // use) and free it synchronously.
@@ -394,7 +391,7 @@ impl<T: DeviceRepr> PoolSlice<T> {
                 free_in_context(what, &device, ptr, "cuMemFree_v2", |p| {
                     // SAFETY: the async free was refused, so `ptr` is still ours to free
                     // once; its uses are complete (the stream was synchronised).
-                    unsafe { sys::cuMemFree_v2(p) }
+                    unsafe { result::memory::free(p) }
                 });
             }
         }
@@ -420,10 +417,8 @@ impl<T: DeviceRepr> Drop for PoolSlice<T> {
             // the legacy stream and waited for, so the pool counts it as free when the
             // drop returns.
             unsafe {
-                match sys::cuMemFreeAsync(p, std::ptr::null_mut()) {
-                    sys::CUresult::CUDA_SUCCESS => sys::cuStreamSynchronize(std::ptr::null_mut()),
-                    refused => refused,
-                }
+                result::memory::free_async(p, std::ptr::null_mut())
+                    .and_then(|()| result::stream::synchronize(std::ptr::null_mut()))
             }
         });
         if !freed {
@@ -438,18 +433,9 @@ impl<T: DeviceRepr> Drop for PoolSlice<T> {
 /// `cuMemPoolExportToShareableHandle` as a POSIX descriptor; the pool's context must be
 /// current.
 fn export_shareable_handle(raw: sys::CUmemoryPool) -> Result<OwnedFd> {
-    let mut fd: std::ffi::c_int = -1;
-    // SAFETY: for POSIX_FILE_DESCRIPTOR the driver writes one int through the pointer;
-    // the caller has the pool's context current.
-    unsafe {
-        sys::cuMemPoolExportToShareableHandle(
-            (&mut fd as *mut std::ffi::c_int).cast(),
-            raw,
-            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            0,
-        )
-    }
-    .check("cuMemPoolExportToShareableHandle")?;
+    // SAFETY: a live pool created with the POSIX descriptor handle type; the caller has
+    // its context current.
+    let fd = unsafe { result::pool::export_to_fd(raw) }?;
     if fd < 0 {
         return Err(Error::InvalidArgument(format!(
             "cuMemPoolExportToShareableHandle returned descriptor {fd}"

@@ -1,86 +1,16 @@
-//! Launch attributes: cooperative launches, thread-block clusters and per-launch
-//! priorities, through `cuLaunchKernelEx` (CUDA 12.0+, looked up by version: see
-//! [`crate::driver::version`]).
-//!
-//! A [`LaunchBuilder`] becomes a [`LaunchExBuilder`] by naming an attribute —
-//! [`cooperative`](LaunchBuilder::cooperative), [`cluster`](LaunchBuilder::cluster),
-//! [`priority`](LaunchBuilder::priority) — before its arguments; everything else is the
-//! ordinary launch's: the same configuration and argument checks, the same claims of
-//! buffer arguments and module globals, the same `unsafe` contract. The ordinary
-//! `launch()` does not change (it still calls `cuLaunchKernel`).
-//!
-//! ```no_run
-//! # fn f(gpu: &gpubind::BoundDevice<'_>, module: &gpubind::Module) -> gpubind::Result<()> {
-//! use gpubind::LaunchConfig;
-//! let k = module.function("grid_sum")?;
-//! let per_sm = k.max_active_blocks_per_sm(256, 0)?;
-//! let sms = gpu.device().multiprocessor_count()?;
-//! let cfg = LaunchConfig { grid_dim: (per_sm * sms, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-//! let mut out = gpu.alloc_zeros::<u32>(1)?;
-//! // SAFETY: `grid_sum` takes (unsigned*) and stays in bounds.
-//! unsafe {
-//!     gpu.default_stream().launch(&k, cfg).cooperative().arg(&mut out).launch()?;
-//! }
-//! # Ok(()) }
-//! ```
-//!
-//! Checked before the driver is called:
-//!
-//! * **cooperative** (every block resident at once, so the kernel may synchronise the
-//!   whole grid): the device's `CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH`
-//!   ([`Error::DeviceLacks`]), and the grid against the co-resident blocks,
-//!   [`Function::max_active_blocks_per_sm`] × `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`
-//!   ([`Error::LaunchLimit`] naming both).
-//! * **cluster** `(x, y, z)` blocks (compute capability 9.0+): the device's
-//!   `CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH` ([`Error::DeviceLacks`]); no zero dimension and
-//!   a dimension that matches the kernel's compile-time `__cluster_dims__` if it has one
-//!   ([`Error::InvalidArgument`]); each grid dimension a multiple of the cluster's
-//!   ([`Error::ClusterGrid`]); at most 8 blocks per cluster (the portable size) unless
-//!   the kernel allows more (`CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`, set with
-//!   [`Function::allow_non_portable_cluster_size`]; [`Error::LaunchLimit`]); and at
-//!   least one such cluster fitting on the device at once
-//!   ([`Function::max_active_clusters`]; [`Error::LaunchLimit`] with limit 0).
-//! * **priority**: within the device's stream priority range
-//!   ([`Error::StreamPriority`]).
-//!
-//! Cooperative and cluster launches together are [`Error::InvalidArgument`] (the
-//! co-residency check would have to count clusters; gpubind does not offer it).
-//!
-//! # Kernel source
-//!
-//! NVRTC has no built-in `cooperative_groups.h`: `#include <cooperative_groups.h>` fails
-//! ("could not open source file") unless the toolkit's include directory is passed, so
-//! compile such kernels with [`compile`](crate::compile) and
-//! `-I/usr/local/cuda/include` (then [`load_cubin`](crate::BoundDevice::load_cubin)).
-//! `this_grid().sync()` needs no `-rdc` since CUDA 11. Without the headers, a grid
-//! barrier can use the cooperative launch's workspace directly, as cooperative groups
-//! does: its address is `{%envreg2, %envreg1}` (low, high), null for other launches, and
-//! its second 32-bit word is the barrier (`tests/gpu_launch_features.rs` has one). The
-//! cluster registers (`%cluster_ctarank`, `%cluster_nctarank`, `%clusterid`) and
-//! distributed shared memory (`mapa.shared::cluster`, `ld.shared::cluster`,
-//! `barrier.cluster.arrive` / `wait`) are plain PTX, usable through inline `asm` (sm_90).
+//! [`LaunchExBuilder`]: launches with attributes (cooperative, clusters, priority) through
+//! `cuLaunchKernelEx` (documented on [`LaunchExBuilder`]), their checks, and the cluster
+//! queries of [`Function`].
 
-use super::{DriverLaunch, LaunchBuilder, LaunchConfig};
-use crate::device::CheckOn;
-use crate::driver::version::{LAUNCH_KERNEL_EX, OCCUPANCY_MAX_ACTIVE_CLUSTERS};
+use super::builder::DriverLaunch;
+use super::{LaunchBuilder, LaunchConfig};
+use crate::device::Device;
+use crate::driver::result;
+use crate::driver::version::{self, LAUNCH_KERNEL_EX, OCCUPANCY_MAX_ACTIVE_CLUSTERS};
 use crate::error::{Error, Result};
 use crate::module::{Function, KernelArg, LaunchArg};
 use cudarc::driver::sys;
 use std::ffi::c_void;
-
-/// `cuLaunchKernelEx`'s prototype.
-type LaunchKernelEx = unsafe extern "C" fn(
-    *const sys::CUlaunchConfig,
-    sys::CUfunction,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> sys::CUresult;
-/// `cuOccupancyMaxActiveClusters`'s prototype.
-type OccupancyMaxActiveClusters = unsafe extern "C" fn(
-    *mut std::ffi::c_int,
-    sys::CUfunction,
-    *const sys::CUlaunchConfig,
-) -> sys::CUresult;
 
 /// How the hardware places a launch's clusters on the GPU's processing clusters
 /// (`CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE`); a preference.
@@ -109,7 +39,7 @@ impl ClusterScheduling {
 
 /// The attributes of one launch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Attributes {
+struct LaunchAttributes {
     cooperative: bool,
     cluster: Option<(u32, u32, u32)>,
     scheduling: Option<ClusterScheduling>,
@@ -119,7 +49,7 @@ struct Attributes {
 /// At most this many attributes are passed (one of each kind).
 const MAX_ATTRIBUTES: usize = 4;
 
-impl Attributes {
+impl LaunchAttributes {
     /// The driver's attribute list: `(array, count)`.
     fn to_sys(self) -> ([sys::CUlaunchAttribute; MAX_ATTRIBUTES], u32) {
         use sys::CUlaunchAttributeID as Id;
@@ -161,7 +91,7 @@ impl Attributes {
 
 /// The driver's launch configuration for `cfg` on `stream` with `attrs` (`attrs` must
 /// outlive every use of the result).
-fn sys_config(
+fn driver_launch_config(
     cfg: &LaunchConfig,
     stream: sys::CUstream,
     attrs: &mut [sys::CUlaunchAttribute],
@@ -181,13 +111,71 @@ fn sys_config(
     }
 }
 
-/// A kernel launch with attributes (`cuLaunchKernelEx`). Built from a
+/// A kernel launch with attributes. Built from a
 /// [`LaunchBuilder`] by [`cooperative`](LaunchBuilder::cooperative),
 /// [`cluster`](LaunchBuilder::cluster) or [`priority`](LaunchBuilder::priority).
+///
+/// A [`LaunchBuilder`] becomes a [`LaunchExBuilder`] by naming an attribute —
+/// [`cooperative`](LaunchBuilder::cooperative), [`cluster`](LaunchBuilder::cluster),
+/// [`priority`](LaunchBuilder::priority) — before its arguments; everything else is the
+/// ordinary launch's: the same configuration and argument checks, the same claims of
+/// buffer arguments and module globals, the same `unsafe` contract. The ordinary
+/// `launch()` does not change (it still calls `cuLaunchKernel`).
+///
+/// ```no_run
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, module: &gpubind::Module) -> gpubind::Result<()> {
+/// use gpubind::LaunchConfig;
+/// let k = module.function("grid_sum")?;
+/// let per_sm = k.max_active_blocks_per_sm(256, 0)?;
+/// let sms = gpu.device().multiprocessor_count()?;
+/// let cfg = LaunchConfig { grid_dim: (per_sm * sms, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+/// let mut out = gpu.alloc_zeros::<u32>(1)?;
+/// // SAFETY: `grid_sum` takes (unsigned*) and stays in bounds.
+/// unsafe {
+///     gpu.default_stream().launch(&k, cfg).cooperative().arg(&mut out).launch()?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// Checked before the driver is called:
+///
+/// * **cooperative** (every block resident at once, so the kernel may synchronise the
+///   whole grid): the device's `CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH`
+///   ([`Error::DeviceLacks`]), and the grid against the co-resident blocks,
+///   [`Function::max_active_blocks_per_sm`] × `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`
+///   ([`Error::LaunchLimit`] naming both).
+/// * **cluster** `(x, y, z)` blocks (compute capability 9.0+): the device's
+///   `CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH` ([`Error::DeviceLacks`]); no zero dimension and
+///   a dimension that matches the kernel's compile-time `__cluster_dims__` if it has one
+///   ([`Error::InvalidArgument`]); each grid dimension a multiple of the cluster's
+///   ([`Error::ClusterGrid`]); at most 8 blocks per cluster (the portable size) unless
+///   the kernel allows more (`CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`, set with
+///   [`Function::allow_non_portable_cluster_size`]; [`Error::LaunchLimit`]); and at
+///   least one such cluster fitting on the device at once
+///   ([`Function::max_active_clusters`]; [`Error::LaunchLimit`] with limit 0).
+/// * **priority**: within the device's stream priority range
+///   ([`Error::StreamPriority`]).
+///
+/// Cooperative and cluster launches together are [`Error::InvalidArgument`] (the
+/// co-residency check would have to count clusters; gpubind does not offer it).
+///
+/// # Kernel source
+///
+/// NVRTC has no built-in `cooperative_groups.h`: `#include <cooperative_groups.h>` fails
+/// ("could not open source file") unless the toolkit's include directory is passed, so
+/// compile such kernels with [`compile`](crate::compile) and
+/// `-I/usr/local/cuda/include` (then [`load_cubin`](crate::BoundDevice::load_cubin)).
+/// `this_grid().sync()` needs no `-rdc` since CUDA 11. Without the headers, a grid
+/// barrier can use the cooperative launch's workspace directly, as cooperative groups
+/// does: its address is `{%envreg2, %envreg1}` (low, high), null for other launches, and
+/// its second 32-bit word is the barrier (`tests/gpu_launch_features.rs` has one). The
+/// cluster registers (`%cluster_ctarank`, `%cluster_nctarank`, `%clusterid`) and
+/// distributed shared memory (`mapa.shared::cluster`, `ld.shared::cluster`,
+/// `barrier.cluster.arrive` / `wait`) are plain PTX, usable through inline `asm` (sm_90).
 #[must_use = "a launch does nothing until `.launch()` is called"]
 pub struct LaunchExBuilder<'s, 'a> {
     inner: LaunchBuilder<'s, 'a>,
-    attrs: Attributes,
+    attrs: LaunchAttributes,
 }
 
 impl std::fmt::Debug for LaunchExBuilder<'_, '_> {
@@ -205,7 +193,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// (cooperative groups' `this_grid().sync()`). See [`LaunchExBuilder::launch`]
     /// for what is checked. Name attributes before the arguments.
     pub fn cooperative(self) -> LaunchExBuilder<'s, 'a> {
-        let mut ex = self.ex();
+        let mut ex = self.with_attributes();
         ex.cooperative();
         ex
     }
@@ -214,7 +202,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// (`CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`, compute capability 9.0+). See
     /// [`LaunchExBuilder::cluster`].
     pub fn cluster(self, dims: (u32, u32, u32)) -> LaunchExBuilder<'s, 'a> {
-        let mut ex = self.ex();
+        let mut ex = self.with_attributes();
         ex.cluster(dims);
         ex
     }
@@ -222,15 +210,16 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// A launch of priority `priority` (`CU_LAUNCH_ATTRIBUTE_PRIORITY`), whatever its
     /// stream's. See [`LaunchExBuilder::priority`].
     pub fn priority(self, priority: i32) -> LaunchExBuilder<'s, 'a> {
-        let mut ex = self.ex();
+        let mut ex = self.with_attributes();
         ex.priority(priority);
         ex
     }
 
-    fn ex(self) -> LaunchExBuilder<'s, 'a> {
+    /// The launch as a [`LaunchExBuilder`] with no attribute yet.
+    fn with_attributes(self) -> LaunchExBuilder<'s, 'a> {
         LaunchExBuilder {
             inner: self,
-            attrs: Attributes::default(),
+            attrs: LaunchAttributes::default(),
         }
     }
 }
@@ -280,9 +269,8 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
     }
 
     /// Enqueues the kernel with `cuLaunchKernelEx`. Fails before the driver is called for
-    /// everything [`LaunchBuilder::launch`] checks, and for the attributes' checks (see
-    /// [`cooperative`](LaunchBuilder::cooperative) and [`cluster`](LaunchBuilder::cluster));
-    /// [`Error::Unsupported`] on a driver without
+    /// everything [`LaunchBuilder::launch`] checks, and for the attributes' checks (listed on
+    /// [`LaunchExBuilder`]); [`Error::Unsupported`] on a driver without
     /// `cuLaunchKernelEx`.
     ///
     /// # Safety
@@ -293,28 +281,21 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
     /// that uses the cluster's barrier or shared memory, must be launched with those
     /// attributes (else the sync is undefined).
     pub unsafe fn launch(&mut self) -> Result<()> {
-        // SAFETY: `LaunchKernelEx` is cuLaunchKernelEx's prototype
-        // (const CUlaunchConfig*, CUfunction, void**, void**) -> CUresult.
-        let launch_ex = unsafe { LAUNCH_KERNEL_EX.get::<LaunchKernelEx>() }?;
-        let driver = WithAttributes {
-            attrs: self.attrs,
-            launch_ex,
-        };
-        // SAFETY: the caller's contract is this function's; `WithAttributes` enqueues the
+        // A driver without the entry point fails here, before any check or claim.
+        LAUNCH_KERNEL_EX.address()?;
+        let driver = LaunchKernelEx { attrs: self.attrs };
+        // SAFETY: the caller's contract is this function's; `LaunchKernelEx` enqueues the
         // kernel with exactly the configuration, stream and parameters it is given.
         unsafe { self.inner.enqueue(driver) }
     }
 }
 
 /// The end of a launch with attributes: their checks, then `cuLaunchKernelEx`.
-struct WithAttributes {
-    attrs: Attributes,
-    launch_ex: LaunchKernelEx,
+struct LaunchKernelEx {
+    attrs: LaunchAttributes,
 }
 
-impl DriverLaunch for WithAttributes {
-    const NAME: &'static str = "cuLaunchKernelEx";
-
+impl DriverLaunch for LaunchKernelEx {
     fn check(&self, launch: &LaunchBuilder<'_, '_>) -> Result<()> {
         check_attributes(launch, &self.attrs)
     }
@@ -325,18 +306,18 @@ impl DriverLaunch for WithAttributes {
         cfg: &LaunchConfig,
         stream: sys::CUstream,
         params: *mut *mut c_void,
-    ) -> sys::CUresult {
+    ) -> Result<()> {
         let (mut list, n) = self.attrs.to_sys();
-        let config = sys_config(cfg, stream, &mut list, n);
+        let config = driver_launch_config(cfg, stream, &mut list, n);
         // SAFETY: the trait's contract (the function, stream and parameters the shared
         // path checked); `config` and the attribute list it points to live for the call.
-        unsafe { (self.launch_ex)(&config, func, params, std::ptr::null_mut()) }
+        unsafe { version::launch_kernel_ex(&config, func, params, std::ptr::null_mut()) }
     }
 }
 
 /// The attributes' checks, after the ordinary launch's (so the block size is within the
 /// kernel's limit and the dimensions are non-zero).
-fn check_attributes(b: &LaunchBuilder<'_, '_>, attrs: &Attributes) -> Result<()> {
+fn check_attributes(b: &LaunchBuilder<'_, '_>, attrs: &LaunchAttributes) -> Result<()> {
     let func = b.func;
     let device = func.module().device();
     let cfg = b.cfg;
@@ -365,15 +346,13 @@ fn check_attributes(b: &LaunchBuilder<'_, '_>, attrs: &Attributes) -> Result<()>
         }
     }
     if attrs.cooperative {
-        use sys::CUdevice_attribute as A;
-        if device.attribute_raw(A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? == 0 {
-            return Err(Error::DeviceLacks {
-                device: device.ordinal(),
-                capability: "CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH",
-                what: "a cooperative launch",
-                hint: None,
-            });
-        }
+        require_capability(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
+            "CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH",
+            "a cooperative launch",
+            None,
+        )?;
         let (x, y, z) = cfg.block_dim;
         let per_sm = func.max_active_blocks_per_sm(x * y * z, cfg.shared_mem_bytes as usize)?;
         check_cooperative(
@@ -384,15 +363,7 @@ fn check_attributes(b: &LaunchBuilder<'_, '_>, attrs: &Attributes) -> Result<()>
         )?;
     }
     if let Some(cluster) = attrs.cluster {
-        use sys::CUdevice_attribute as A;
-        if device.attribute_raw(A::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? == 0 {
-            return Err(Error::DeviceLacks {
-                device: device.ordinal(),
-                capability: "CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH",
-                what: "a launch in thread-block clusters",
-                hint: Some("clusters need compute capability 9.0 or newer"),
-            });
-        }
+        require_cluster_launch(device, "a launch in thread-block clusters", CLUSTER_HINT)?;
         let shape = func.cluster_shape()?;
         check_cluster(func.name(), cfg.grid_dim, cluster, &shape)?;
         let fit = func.max_active_clusters(cfg, cluster)?;
@@ -406,6 +377,54 @@ fn check_attributes(b: &LaunchBuilder<'_, '_>, attrs: &Attributes) -> Result<()>
                 limit: 0,
             });
         }
+    }
+    Ok(())
+}
+
+/// [`Error::DeviceLacks`] unless `device` reports device attribute `attr` (named
+/// `capability`), which `what` needs.
+fn require_capability(
+    device: &Device,
+    attr: sys::CUdevice_attribute,
+    capability: &'static str,
+    what: &'static str,
+    hint: Option<&'static str>,
+) -> Result<()> {
+    if device.attribute_raw(attr)? == 0 {
+        return Err(Error::DeviceLacks {
+            device: device.ordinal(),
+            capability,
+            what,
+            hint,
+        });
+    }
+    Ok(())
+}
+
+/// Why a device may lack cluster launches.
+const CLUSTER_HINT: Option<&str> = Some("clusters need compute capability 9.0 or newer");
+
+/// [`require_capability`] of `CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH`, for `what`.
+fn require_cluster_launch(
+    device: &Device,
+    what: &'static str,
+    hint: Option<&'static str>,
+) -> Result<()> {
+    require_capability(
+        device,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH,
+        "CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH",
+        what,
+        hint,
+    )
+}
+
+/// [`Error::InvalidArgument`] for a cluster with a zero dimension.
+fn check_cluster_dims(kernel: &str, cluster: (u32, u32, u32)) -> Result<()> {
+    if [cluster.0, cluster.1, cluster.2].contains(&0) {
+        return Err(Error::InvalidArgument(format!(
+            "kernel `{kernel}`: cluster dimensions must be non-zero (cluster {cluster:?})"
+        )));
     }
     Ok(())
 }
@@ -452,12 +471,8 @@ pub(crate) fn check_cluster(
     cluster: (u32, u32, u32),
     shape: &ClusterShape,
 ) -> Result<()> {
+    check_cluster_dims(kernel, cluster)?;
     let (cx, cy, cz) = cluster;
-    if [cx, cy, cz].contains(&0) {
-        return Err(Error::InvalidArgument(format!(
-            "kernel `{kernel}`: cluster dimensions must be non-zero (cluster {cluster:?})"
-        )));
-    }
     if shape.required != (0, 0, 0) && shape.required != cluster {
         return Err(Error::InvalidArgument(format!(
             "kernel `{kernel}`: compiled with __cluster_dims__{:?} \
@@ -508,24 +523,16 @@ impl Function<'_> {
     /// up to 16 on Hopper). A device without clusters is [`Error::DeviceLacks`].
     pub fn allow_non_portable_cluster_size(&self, allow: bool) -> Result<()> {
         let device = self.module().device();
-        if device.attribute_raw(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? == 0 {
-            return Err(Error::DeviceLacks {
-                device: device.ordinal(),
-                capability: "CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH",
-                what: "a non-portable cluster size",
-                hint: None,
-            });
-        }
+        require_cluster_launch(device, "a non-portable cluster size", None)?;
         let _guard = device.enter()?;
         // SAFETY: a valid function of the module's context, current for the call.
-        unsafe {
-            sys::cuFuncSetAttribute(
+        device.check(unsafe {
+            result::module::func_set_attribute(
                 self.raw_handle(),
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
                 i32::from(allow),
             )
-        }
-        .check_on(device, "cuFuncSetAttribute")
+        })
     }
 
     /// How many clusters of `cluster` blocks, each block as `cfg` describes (block size
@@ -545,12 +552,7 @@ impl Function<'_> {
     /// # Ok(()) }
     /// ```
     pub fn max_active_clusters(&self, cfg: LaunchConfig, cluster: (u32, u32, u32)) -> Result<u32> {
-        if [cluster.0, cluster.1, cluster.2].contains(&0) {
-            return Err(Error::InvalidArgument(format!(
-                "kernel `{}`: cluster dimensions must be non-zero (cluster {cluster:?})",
-                self.name()
-            )));
-        }
+        check_cluster_dims(self.name(), cluster)?;
         // The grid is not used, but the driver checks it against the cluster: one cluster.
         let cfg = LaunchConfig {
             grid_dim: cluster,
@@ -563,22 +565,20 @@ impl Function<'_> {
             x.saturating_mul(y).saturating_mul(z),
             self.limits(),
         )?;
-        // SAFETY: `OccupancyMaxActiveClusters` is the entry point's prototype
-        // (int*, CUfunction, const CUlaunchConfig*) -> CUresult.
-        let query = unsafe { OCCUPANCY_MAX_ACTIVE_CLUSTERS.get::<OccupancyMaxActiveClusters>() }?;
-        let attrs = Attributes {
+        // A driver without the entry point fails here, before the context is entered.
+        OCCUPANCY_MAX_ACTIVE_CLUSTERS.address()?;
+        let attrs = LaunchAttributes {
             cluster: Some(cluster),
-            ..Attributes::default()
+            ..LaunchAttributes::default()
         };
         let (mut list, n) = attrs.to_sys();
-        let config = sys_config(&cfg, std::ptr::null_mut(), &mut list, n);
+        let config = driver_launch_config(&cfg, std::ptr::null_mut(), &mut list, n);
         let device = self.module().device();
         let _guard = device.enter()?;
-        let mut clusters = 0;
         // SAFETY: a valid function of the module's context, current for the call;
-        // `config` and its attribute list live for the call; writes one int.
-        unsafe { query(&mut clusters, self.raw_handle(), &config) }
-            .check_on(device, "cuOccupancyMaxActiveClusters")?;
+        // `config` and its attribute list live for the call.
+        let clusters = device
+            .check(unsafe { version::occupancy_max_active_clusters(self.raw_handle(), &config) })?;
         Ok(clusters.max(0) as u32)
     }
 }
@@ -679,9 +679,9 @@ mod tests {
     #[test]
     fn attributes_become_the_drivers_list() {
         use sys::CUlaunchAttributeID as Id;
-        let (_, n) = Attributes::default().to_sys();
+        let (_, n) = LaunchAttributes::default().to_sys();
         assert_eq!(n, 0);
-        let all = Attributes {
+        let all = LaunchAttributes {
             cooperative: true,
             cluster: Some((2, 3, 4)),
             scheduling: Some(ClusterScheduling::Spread),
@@ -707,9 +707,9 @@ mod tests {
             );
             assert_eq!(list[3].value.priority, -3);
         }
-        let only_cluster = Attributes {
+        let only_cluster = LaunchAttributes {
             cluster: Some((2, 1, 1)),
-            ..Attributes::default()
+            ..LaunchAttributes::default()
         };
         let (list, n) = only_cluster.to_sys();
         assert_eq!(n, 1);

@@ -4,8 +4,8 @@
 
 use super::LaunchConfig;
 use crate::access::{self, Access, AccessTracker, Use};
-use crate::device::CheckOn;
 use crate::device::poison::KernelName;
+use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::module::{Function, KernelArg, LaunchArg, arg_access, func_attribute};
 use crate::stream::BoundStream;
@@ -13,6 +13,11 @@ use cudarc::driver::sys;
 use std::ffi::c_void;
 
 /// Builds one kernel launch; see [`BoundStream::launch`].
+///
+/// Launch arguments are checked against the kernel's parameter list where the driver
+/// reports it (`cuFuncGetParamInfo`, CUDA 12.4+; older drivers, or a version capped below
+/// 12.4 with `GPUBIND_ASSUME_DRIVER_VERSION`, skip the check): a wrong count or a wrong
+/// size is [`Error::LaunchArgs`], a slice of another device is [`Error::WrongDevice`].
 #[must_use = "a launch does nothing until `.launch()` is called"]
 pub struct LaunchBuilder<'s, 'a> {
     pub(crate) stream: &'s BoundStream<'s>,
@@ -23,7 +28,7 @@ pub struct LaunchBuilder<'s, 'a> {
     /// like `size_error`: the builder is moved at every `arg`, and errors are rare.
     error: Option<Box<Error>>,
     /// The first argument whose size differs from the kernel's parameter, found as it
-    /// is appended (reported after the count check, as before).
+    /// is appended (reported after the count check).
     size_error: Option<Box<Error>>,
     /// The buffer arguments, claimed (with the module) when the kernel is enqueued.
     tracked: Tracked<'a>,
@@ -183,8 +188,8 @@ impl ArgPtrs {
 
 impl<'m> Function<'m> {
     /// The checks [`LaunchBuilder::launch`] makes before the driver call, for a launch of
-    /// `nargs` arguments of `cfg` (the launch builder's and graph capture's,
-    /// [`crate::graph`]). Inlined: it is on every launch's path; the argument-count
+    /// `nargs` arguments of `cfg` (the launch builder's, and those of any other launch path,
+    /// such as a graph capture's). Inlined: it is on every launch's path; the argument-count
     /// error is built out of line.
     #[inline]
     pub(crate) fn check_launch(&self, cfg: &LaunchConfig, nargs: usize) -> Result<()> {
@@ -228,14 +233,21 @@ impl<'m> Function<'m> {
         describe: impl FnOnce() -> String,
     ) -> Result<()> {
         match self.params.as_ref().and_then(|p| p.get(i)) {
-            Some(&want) if want != size => Err(Error::LaunchArgs {
-                kernel: self.name.clone(),
-                reason: format!(
-                    "parameter {i} is {want} bytes, but argument {i} is a {size}-byte {}",
-                    describe()
-                ),
-            }),
+            Some(&want) if want != size => Err(self.arg_size_error(i, want, size, describe())),
             _ => Ok(()),
+        }
+    }
+
+    /// [`Error::LaunchArgs`] for argument `i`, a `size`-byte `what`, passed to parameter
+    /// `i` of `want` bytes.
+    #[cold]
+    #[inline(never)]
+    fn arg_size_error(&self, i: usize, want: usize, size: usize, what: String) -> Error {
+        Error::LaunchArgs {
+            kernel: self.name.clone(),
+            reason: format!(
+                "parameter {i} is {want} bytes, but argument {i} is a {size}-byte {what}"
+            ),
         }
     }
 
@@ -329,13 +341,8 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             let got = arg.param_size();
             if want != got {
                 // Only a mismatch pays for describing the argument.
-                this.size_error = Some(Box::new(Error::LaunchArgs {
-                    kernel: this.func.name.clone(),
-                    reason: format!(
-                        "parameter {i} is {want} bytes, but argument {i} is a {got}-byte {}",
-                        arg.describe()
-                    ),
-                }));
+                let e = this.func.arg_size_error(i, want, got, arg.describe());
+                this.size_error = Some(Box::new(e));
             }
         }
         this.args.push(arg.param_ptr());
@@ -376,31 +383,31 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     ///   a read, so kernels on other streams may read it at the same time (see
     ///   [`LaunchArg`]). Pass the buffers it writes by `&mut` (or to
     ///   [`arg_written`](Self::arg_written)).
-    /// * gpubind's device, pool and managed buffers passed as arguments need nothing
-    ///   more: the launch is ordered after their pending uses (a read after their
-    ///   pending write, a write after every pending use), and their later uses and
-    ///   frees are ordered after the kernel as those of a read or a write. Any *other* memory the kernel reaches — device
-    ///   addresses passed as plain integers or inside your own structs, and page-locked
-    ///   host buffers ([`PinnedHostBuffer`](crate::PinnedHostBuffer),
+    /// * gpubind's device, pool and managed buffers passed as arguments need nothing more:
+    ///   the launch is ordered after their pending uses (a read after their pending write,
+    ///   a write after every pending use), and their later uses and frees are ordered after
+    ///   the kernel as those of a read or a write. Any *other* memory the kernel reaches —
+    ///   device addresses passed as plain integers or inside your own structs, and
+    ///   page-locked host buffers ([`PinnedHostBuffer`](crate::PinnedHostBuffer),
     ///   [`RegisteredHost`](crate::RegisteredHost)), which the host reads and writes
-    ///   directly through `Deref` — must stay alive and must not be accessed by the host
-    ///   or by other streams until this stream has passed the launch (synchronize it, or
+    ///   directly through `Deref` — must stay alive and must not be accessed by the host or
+    ///   by other streams until this stream has passed the launch (synchronize it, or
     ///   record and wait for an event).
     /// * A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must be passed as
     ///   `&mut`: a shared one may be read by the host through
     ///   [`as_slice`](crate::ManagedSlice::as_slice) while the launch is enqueued.
     pub unsafe fn launch(&mut self) -> Result<()> {
-        // SAFETY: the caller's contract is this function's; `Plain` enqueues the kernel
+        // SAFETY: the caller's contract is this function's; `LaunchKernel` enqueues the kernel
         // with exactly what it is given.
-        unsafe { self.enqueue(Plain) }
+        unsafe { self.enqueue(LaunchKernel) }
     }
 
     /// The path every launch takes, ordinary or with attributes ([`crate::launch`]): the
     /// configuration and argument checks, then `driver.check` (the attributes' own
     /// checks, before anything is claimed), then the claim of the buffer arguments (and
     /// of the module's tracker once it has global views), then `driver.call`, with the
-    /// claim held. Inlined into each caller, so the ordinary launch compiles to what it
-    /// was.
+    /// claim held. Inlined into each caller, so the ordinary launch pays nothing for the
+    /// attributes' path.
     ///
     /// # Safety
     ///
@@ -503,18 +510,16 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         // borrowed for 'a, which outlives this call (the driver copies the parameter bytes
         // before returning); the buffers are claimed (the caller's). Memory safety of the
         // kernel itself is the caller's contract.
-        let status =
+        let called =
             unsafe { driver.call(self.func.raw, &self.cfg, stream, self.args.as_mut_ptr()) };
-        status.check_on(self.stream.bound().device(), D::NAME)
+        self.stream.bound().device().check(called)
     }
 }
 
-/// The driver call that ends a launch, and the checks it needs first: [`Plain`]
+/// The driver call that ends a launch, and the checks it needs first: [`LaunchKernel`]
 /// (`cuLaunchKernel`) or a launch with attributes (`cuLaunchKernelEx`, [`crate::launch`]).
 /// A trait rather than closures so that the ordinary launch inlines it.
 pub(crate) trait DriverLaunch {
-    /// The entry point, for errors.
-    const NAME: &'static str;
     /// Checks beyond the ordinary launch's, before anything is claimed.
     fn check(&self, launch: &LaunchBuilder<'_, '_>) -> Result<()>;
     /// Enqueues `func` with `cfg` on `stream` with `params`.
@@ -531,15 +536,13 @@ pub(crate) trait DriverLaunch {
         cfg: &LaunchConfig,
         stream: sys::CUstream,
         params: *mut *mut c_void,
-    ) -> sys::CUresult;
+    ) -> Result<()>;
 }
 
 /// The ordinary launch: `cuLaunchKernel`, nothing more to check.
-pub(crate) struct Plain;
+pub(crate) struct LaunchKernel;
 
-impl DriverLaunch for Plain {
-    const NAME: &'static str = "cuLaunchKernel";
-
+impl DriverLaunch for LaunchKernel {
     #[inline(always)]
     fn check(&self, _: &LaunchBuilder<'_, '_>) -> Result<()> {
         Ok(())
@@ -552,18 +555,14 @@ impl DriverLaunch for Plain {
         cfg: &LaunchConfig,
         stream: sys::CUstream,
         params: *mut *mut c_void,
-    ) -> sys::CUresult {
+    ) -> Result<()> {
         // SAFETY: the trait's contract: a function and stream of the current context,
         // parameters alive for the call (the driver copies them before returning).
         unsafe {
-            sys::cuLaunchKernel(
+            result::module::launch_kernel(
                 func,
-                cfg.grid_dim.0,
-                cfg.grid_dim.1,
-                cfg.grid_dim.2,
-                cfg.block_dim.0,
-                cfg.block_dim.1,
-                cfg.block_dim.2,
+                cfg.grid_dim,
+                cfg.block_dim,
                 cfg.shared_mem_bytes,
                 stream,
                 params,

@@ -6,6 +6,16 @@ use crate::error::{Error, Result};
 use crate::module::FunctionLimits;
 
 /// Grid, block and dynamic shared memory of a launch.
+///
+/// The launch configuration is checked against the device's and the kernel's limits before
+/// the driver sees it: threads per block (the device's, and the kernel's own, lower for
+/// kernels with many registers or `__launch_bounds__`), each block and grid dimension, and
+/// static plus dynamic shared memory. Over a limit is [`Error::LaunchLimit`], naming the
+/// limit. Dynamic shared memory above the default per-block amount (48 KiB) needs the
+/// kernel's opt-in: raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` with
+/// [`Function::set_max_dynamic_shared_memory`](crate::Function::set_max_dynamic_shared_memory)
+/// (or `cuFuncSetAttribute` on [`Function::raw`](crate::Function::raw)); gpubind reads the
+/// attribute at such a launch, so a raise is seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchConfig {
     /// Blocks in x, y, z.

@@ -1,48 +1,5 @@
-//! Page-locked host memory: [`PinnedHostBuffer`] (`cuMemHostAlloc`) and
-//! [`RegisteredHost`] (`cuMemHostRegister` over memory you already have).
-//!
-//! Both give safe `&[T]` / `&mut [T]` access (they deref to slices, and share the
-//! [`HostMemory`] trait), are [`CopySource`](crate::CopySource) /
-//! [`CopyDest`](crate::CopyDest) for copies with any other kind (truly asynchronous
-//! inside [`BoundStream::copy_scope`](crate::BoundStream::copy_scope)), and are mapped
-//! into the device's address space, so a kernel can read and write them directly (pass
-//! them as launch arguments).
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{Device, PinnedOptions, RegisterOptions, ThreadContext};
-//! let mut ctx = ThreadContext::acquire()?;
-//! let dev = Device::get(0)?;
-//! let gpu = ctx.bind(&dev)?;
-//! let pinned = gpu.pinned_from_slice(&[1u32, 2, 3], PinnedOptions::default())?;
-//! let mut mine = vec![0u32; 3];
-//! {
-//!     let mut reg = gpu.register_host(&mut mine, RegisterOptions::default())?;
-//!     gpu.copy(&pinned, &mut reg)?;            // host-to-host through the driver's view
-//!     assert_eq!(&reg[..], [1, 2, 3]);
-//! }                                            // unregistered here; `mine` is free again
-//! mine.push(4);
-//! # Ok(()) }
-//! ```
-//!
-//! The registered memory stays borrowed while registered:
-//!
-//! ```compile_fail,E0499
-//! # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
-//! let mut mine = vec![0u8; 64];
-//! let reg = gpu.register_host(&mut mine, Default::default())?;
-//! mine.push(1); // error[E0499]: `mine` is borrowed by the registration
-//! drop(reg);
-//! # Ok(()) }
-//! ```
-//!
-//! # Which context owns the memory
-//!
-//! Both kinds keep an `Arc<Device>` of the device they were created under, also when
-//! portable: the driver ties the allocation (or registration) to that context and frees
-//! it with the context, so the context must outlive it. *Portable* memory is page-locked
-//! for every context and may be used under a binding of any device; non-portable memory
-//! only under its own device ([`Error::WrongDevice`]).
+//! Page-locked host memory: [`PinnedHostBuffer`] and [`RegisteredHost`] (documented on
+//! [`PinnedHostBuffer`]).
 
 use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
@@ -182,6 +139,52 @@ impl<T: DeviceRepr> LockedRange<T> {
 /// Derefs to `[T]`. Mapped into the device's address space (a kernel may access it
 /// directly: pass it as a launch argument). Freed with `cuMemFreeHost` in its own
 /// context on drop.
+///
+/// # Page-locked host memory
+///
+/// A `PinnedHostBuffer` and a [`RegisteredHost`] (`cuMemHostRegister` over memory you
+/// already have) both give safe `&[T]` / `&mut [T]` access (they deref to slices, and
+/// share the [`HostMemory`] trait), are [`CopySource`](crate::CopySource) /
+/// [`CopyDest`](crate::CopyDest) for copies with any other kind (truly asynchronous
+/// inside [`BoundStream::copy_scope`](crate::BoundStream::copy_scope)), and are mapped
+/// into the device's address space, so a kernel can read and write them directly (pass
+/// them as launch arguments).
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::{Device, PinnedOptions, RegisterOptions, ThreadContext};
+/// let mut ctx = ThreadContext::acquire()?;
+/// let dev = Device::get(0)?;
+/// let gpu = ctx.bind(&dev)?;
+/// let pinned = gpu.pinned_from_slice(&[1u32, 2, 3], PinnedOptions::default())?;
+/// let mut mine = vec![0u32; 3];
+/// {
+///     let mut reg = gpu.register_host(&mut mine, RegisterOptions::default())?;
+///     gpu.copy(&pinned, &mut reg)?;            // host-to-host through the driver's view
+///     assert_eq!(&reg[..], [1, 2, 3]);
+/// }                                            // unregistered here; `mine` is free again
+/// mine.push(4);
+/// # Ok(()) }
+/// ```
+///
+/// The registered memory stays borrowed while registered:
+///
+/// ```compile_fail,E0499
+/// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+/// let mut mine = vec![0u8; 64];
+/// let reg = gpu.register_host(&mut mine, Default::default())?;
+/// mine.push(1); // error[E0499]: `mine` is borrowed by the registration
+/// drop(reg);
+/// # Ok(()) }
+/// ```
+///
+/// # Which context owns the memory
+///
+/// Both kinds keep an `Arc<Device>` of the device they were created under, also when
+/// portable: the driver ties the allocation (or registration) to that context and frees
+/// it with the context, so the context must outlive it. *Portable* memory is page-locked
+/// for every context and may be used under a binding of any device; non-portable memory
+/// only under its own device ([`Error::WrongDevice`]).
 pub struct PinnedHostBuffer<T: DeviceRepr> {
     range: LockedRange<T>,
 }

@@ -1,38 +1,4 @@
-//! Managed (unified) memory: [`ManagedSlice`], from `cuMemAllocManaged`.
-//!
-//! Managed memory has one address valid on the host and on the device; the driver
-//! migrates pages on demand. A `ManagedSlice<T>` is device memory for every gpubind API
-//! (it implements [`DeviceMemory`] / [`DeviceMemoryMut`], so `dtoh`, `dtod`, memsets and
-//! kernel launches take it) and also gives host access through
-//! [`as_slice`](ManagedSlice::as_slice) / [`as_mut_slice`](ManagedSlice::as_mut_slice).
-//! [`BoundStream::prefetch`] migrates it ahead of use and [`BoundDevice::advise`] sets
-//! placement hints.
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{Advice, Device, Location, ThreadContext};
-//! let mut ctx = ThreadContext::acquire()?;
-//! let dev = Device::get(0)?;
-//! let gpu = ctx.bind(&dev)?;
-//! let mut m = gpu.alloc_managed::<f32>(1024)?;   // zeroed
-//! m.as_mut_slice()?.fill(2.0);                   // written by the host
-//! gpu.advise(&m, Advice::SetPreferredLocation(Location::Device(&dev)))?;
-//! let s = gpu.default_stream();
-//! s.prefetch(&m, Location::Device(&dev))?;       // migrate before a kernel uses it
-//! s.synchronize()?;
-//! assert_eq!(gpu.dtoh(&m)?[0], 2.0);
-//! # Ok(()) }
-//! ```
-//!
-//! Asking for more managed memory than the device has free is refused up front with
-//! [`Error::ManagedTooLarge`]: over-subscribed managed memory can stall the whole GPU.
-//!
-//! [`slice`](ManagedSlice::slice), [`slice_mut`](ManagedSlice::slice_mut) and the
-//! `split_at` pair give [`ManagedView`] / [`ManagedViewMut`], usable wherever the slice
-//! is, with the same host-access waits. Memory may be allocated attached to the host
-//! ([`BoundDevice::alloc_managed_attached`]) or attached to one stream later
-//! ([`BoundStream::attach_managed`]); host references into memory attached to a stream
-//! wait for that stream as well (`docs/safety.md`, "Managed memory").
+//! Managed (unified) memory: [`ManagedSlice`] (documented on the type).
 
 use crate::access::{Access, AccessTracker};
 use crate::context::BoundDevice;
@@ -55,8 +21,41 @@ pub use attach::ManagedAttach;
 pub use view::{ManagedView, ManagedViewMut};
 
 /// `len` elements of managed memory, attached globally (`CU_MEM_ATTACH_GLOBAL`), to the
-/// host ([`ManagedAttach::Host`]) or to one stream
-/// ([`BoundStream::attach_managed`]).
+/// host ([`ManagedAttach::Host`]) or to one stream ([`BoundStream::attach_managed`]).
+///
+/// Managed memory has one address valid on the host and on the device; the driver
+/// migrates pages on demand. A `ManagedSlice<T>` is device memory for every gpubind API
+/// (it implements [`DeviceMemory`] / [`DeviceMemoryMut`], so `dtoh`, `dtod`, memsets and
+/// kernel launches take it) and also gives host access through
+/// [`as_slice`](ManagedSlice::as_slice) / [`as_mut_slice`](ManagedSlice::as_mut_slice).
+/// [`BoundStream::prefetch`] migrates it ahead of use and [`BoundDevice::advise`] sets
+/// placement hints.
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::{Advice, Device, Location, ThreadContext};
+/// let mut ctx = ThreadContext::acquire()?;
+/// let dev = Device::get(0)?;
+/// let gpu = ctx.bind(&dev)?;
+/// let mut m = gpu.alloc_managed::<f32>(1024)?;   // zeroed
+/// m.as_mut_slice()?.fill(2.0);                   // written by the host
+/// gpu.advise(&m, Advice::SetPreferredLocation(Location::Device(&dev)))?;
+/// let s = gpu.default_stream();
+/// s.prefetch(&m, Location::Device(&dev))?;       // migrate before a kernel uses it
+/// s.synchronize()?;
+/// assert_eq!(gpu.dtoh(&m)?[0], 2.0);
+/// # Ok(()) }
+/// ```
+///
+/// Asking for more managed memory than the device has free is refused up front with
+/// [`Error::ManagedTooLarge`]: over-subscribed managed memory can stall the whole GPU.
+///
+/// [`slice`](ManagedSlice::slice), [`slice_mut`](ManagedSlice::slice_mut) and the
+/// `split_at` pair give [`ManagedView`] / [`ManagedViewMut`], usable wherever the slice
+/// is, with the same host-access waits. Memory may be allocated attached to the host
+/// ([`BoundDevice::alloc_managed_attached`]) or attached to one stream later
+/// ([`BoundStream::attach_managed`]); host references into memory attached to a stream
+/// wait for that stream as well (`docs/safety.md`, "Managed memory").
 pub struct ManagedSlice<T: DeviceRepr> {
     device: Arc<Device>,
     ptr: sys::CUdeviceptr,

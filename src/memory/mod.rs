@@ -1,37 +1,4 @@
-//! Device memory: [`DeviceSlice`] and its views, and the copies on [`BoundDevice`].
-//!
-//! A `DeviceSlice<T>` owns `len` elements of device memory and an `Arc<Device>`. It needs
-//! no binding to move, share, view or drop; it is `Send + Sync`. Dropping it frees the
-//! memory in its own device's context and leaves the thread's current context as it was,
-//! even when another device is bound at the time.
-//!
-//! Reading or writing its contents needs a [`BoundDevice`] of the *same* device. That one
-//! check happens at run time (an ordinal compare, [`Error::WrongDevice`]): a slice's
-//! device is a run-time value (`Device::get(n)`), so the type system cannot tie it to a
-//! particular binding without making every slice generic over a device brand, which
-//! would forbid storing slices of several devices in one `Vec`.
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{Device, ThreadContext};
-//! let mut ctx = ThreadContext::acquire()?;
-//! let dev = Device::get(0)?;
-//! let gpu = ctx.bind(&dev)?;
-//! let mut a = gpu.clone_htod(&[1u32, 2, 3, 4])?;
-//! let b = gpu.clone_htod(&[9u32, 9])?;
-//! gpu.dtod(&b, &mut a.slice_mut(1..3)?)?;   // views address a range
-//! assert_eq!(gpu.dtoh(&a)?, [1, 9, 9, 4]);
-//! # Ok(()) }
-//! ```
-//!
-//! Device memory is only reachable through a binding; a `Device` alone has no `alloc`:
-//!
-//! ```compile_fail,E0599
-//! # let dev = gpubind::Device::get(0).unwrap();
-//! let buf = dev.alloc_zeros::<f32>(16); // error[E0599]: no method `alloc_zeros` on `Arc<Device>`
-//! ```
-//!
-//! Bind first: `ctx.bind(&dev)?.alloc_zeros::<f32>(16)`.
+//! Device memory: [`DeviceSlice`], its views and the memory traits (documented on [`DeviceSlice`]).
 
 pub mod host;
 pub mod managed;
@@ -102,7 +69,7 @@ with_scalar_types!(device_repr);
 // SAFETY: arrays of such types have no padding between elements and no invalid values.
 unsafe impl<T: DeviceRepr, const N: usize> DeviceRepr for [T; N] {}
 
-/// An element type that [`BoundDevice::memset`] and
+/// An element type that [`BoundDevice::memset`](crate::BoundDevice::memset) and
 /// [`BoundStream::memset_async`](crate::BoundStream::memset_async) can fill a buffer
 /// with: a type 1, 2 or 4 bytes wide (`cuMemsetD8` / `D16` / `D32` write one such value
 /// per element). Sealed; implemented for `u8`, `i8`, `u16`, `i16`, `u32`, `i32`, `f32`,
@@ -313,6 +280,39 @@ pub(crate) mod private {
 /// Stream-ordered work on it is ordered by gpubind: a use on another stream waits for
 /// the conflicting pending uses, the synchronous calls and drops wait on the host (see
 /// `docs/safety.md`), so safe code cannot race the GPU on it.
+///
+/// A `DeviceSlice<T>` owns `len` elements of device memory and an `Arc<Device>`. It needs
+/// no binding to move, share, view or drop; it is `Send + Sync`. Dropping it frees the
+/// memory in its own device's context and leaves the thread's current context as it was,
+/// even when another device is bound at the time.
+///
+/// Reading or writing its contents needs a [`BoundDevice`](crate::BoundDevice) of the
+/// *same* device. That one check happens at run time (an ordinal compare,
+/// [`Error::WrongDevice`]): a slice's device is a run-time value (`Device::get(n)`), so the
+/// type system cannot tie it to a particular binding without making every slice generic
+/// over a device brand, which would forbid storing slices of several devices in one `Vec`.
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::{Device, ThreadContext};
+/// let mut ctx = ThreadContext::acquire()?;
+/// let dev = Device::get(0)?;
+/// let gpu = ctx.bind(&dev)?;
+/// let mut a = gpu.clone_htod(&[1u32, 2, 3, 4])?;
+/// let b = gpu.clone_htod(&[9u32, 9])?;
+/// gpu.dtod(&b, &mut a.slice_mut(1..3)?)?;   // views address a range
+/// assert_eq!(gpu.dtoh(&a)?, [1, 9, 9, 4]);
+/// # Ok(()) }
+/// ```
+///
+/// Device memory is only reachable through a binding; a `Device` alone has no `alloc`:
+///
+/// ```compile_fail,E0599
+/// # let dev = gpubind::Device::get(0).unwrap();
+/// let buf = dev.alloc_zeros::<f32>(16); // error[E0599]: no method `alloc_zeros` on `Arc<Device>`
+/// ```
+///
+/// Bind first: `ctx.bind(&dev)?.alloc_zeros::<f32>(16)`.
 pub struct DeviceSlice<T: DeviceRepr> {
     device: Arc<Device>,
     pub(crate) ptr: sys::CUdeviceptr,
@@ -510,12 +510,12 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// [`Error::OutOfBounds`] for a range past the end, [`Error::InvalidArgument`] when two
     /// ranges overlap (empty ranges overlap nothing). Needs no binding.
     ///
-    /// Each view is a destination of its own for stream-ordered work — a kernel, a
-    /// product, a collective, a copy between two of them. The views share the slice's
-    /// access tracker, so ordering is per slice, not per view: a use of one view on
-    /// another stream waits for the pending uses of every view (more waiting than the
-    /// disjoint ranges need, never less: writes to two views from two streams run one
-    /// after the other). In a [capture](crate::BoundDevice::capture) no `&mut` view is needed: shared
+    /// Each view is a destination of its own for stream-ordered work — a kernel, a product,
+    /// a collective, a copy between two of them. The views share the slice's access
+    /// tracker, so ordering is per slice, not per view: a use of one view on another stream
+    /// waits for the pending uses of every view (more waiting than the disjoint ranges
+    /// need, never less: writes to two views from two streams run one after the other). In
+    /// a [capture](crate::BoundDevice::capture) no `&mut` view is needed: shared
     /// [`slice`](Self::slice) views are writable there.
     ///
     /// ```no_run

@@ -1,90 +1,4 @@
-//! Module globals: typed views of a module's `__device__` and `__constant__` variables.
-//!
-//! [`Module::global`] looks a variable up by name (`cuModuleGetGlobal_v2`) and returns a
-//! [`ModuleGlobal<T>`]: `len` elements of `T` at the variable's device address, checked
-//! against the variable's size (a whole, non-zero number of elements, at an address
-//! aligned for `T`; else [`Error::GlobalType`]; a name the module lacks is
-//! [`Error::GlobalNotFound`]). It is device memory like a [`DeviceSlice`](crate::DeviceSlice):
-//! it works with every copy ([`BoundDevice::copy`](crate::BoundDevice::copy),
-//! [`htod_copy`](crate::BoundDevice::htod_copy), [`dtoh`](crate::BoundDevice::dtoh),
-//! [`dtod`](crate::BoundDevice::dtod), the memsets,
-//! [`BoundStream::copy_async`](crate::BoundStream::copy_async),
-//! [`copy_scope`](crate::BoundStream::copy_scope): it is a
-//! [`CopySource`](crate::CopySource) and [`CopyDest`](crate::CopyDest)) and as a kernel
-//! argument (passed as its address). It cannot be lent to cudarc
-//! ([`BoundStream::lend_to_cudarc`](crate::BoundStream::lend_to_cudarc) is
-//! [`Error::InvalidArgument`]): copy it into a `DeviceSlice` first.
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{Device, LaunchConfig, ThreadContext};
-//! const SRC: &str = r#"
-//! __constant__ float scale[4];
-//! __device__ unsigned calls;
-//! extern "C" __global__ void apply(float* x, unsigned n) {
-//!     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-//!     if (i < n) { x[i] *= scale[i % 4]; atomicAdd(&calls, 1u); }
-//! }"#;
-//! let mut ctx = ThreadContext::acquire()?;
-//! let gpu = ctx.bind(&Device::get(0)?)?;
-//! let mut module = gpu.compile_and_load(SRC, "apply.cu")?;
-//! let mut scale = module.global::<f32>("scale")?; // 4 elements
-//! let calls = module.global::<u32>("calls")?;
-//! gpu.copy(&[1.0f32, 2.0, 3.0, 4.0][..], &mut scale)?; // host → __constant__
-//! let apply = module.function("apply")?;
-//! let mut x = gpu.clone_htod(&[1.0f32; 8])?;
-//! // SAFETY: (float*, unsigned) matches `apply`, which stays in bounds.
-//! unsafe {
-//!     gpu.default_stream().launch(&apply, LaunchConfig::for_num_elems(8))
-//!         .arg(&mut x).arg(&8u32).launch()?;
-//! }
-//! assert_eq!(gpu.dtoh(&x)?, [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]);
-//! assert_eq!(gpu.dtoh(&calls)?, [8]); // waits for the kernel that wrote it
-//! # Ok(()) }
-//! ```
-//!
-//! # Ordering
-//!
-//! A kernel reaches its module's globals by name, without being passed them, so a
-//! launch cannot say which globals it uses. All views of one module therefore share one
-//! access tracker with the module's launches, and once a module has a view (the first
-//! [`Module::global`]) every launch of its kernels is claimed as a **write** of that
-//! tracker, like a buffer argument: a copy into a global waits for the kernels before
-//! it, a launch waits for the copies into globals before it (on any stream), and a read
-//! of a global (`dtoh`, a copy out) sees what kernels wrote. The cost: kernels of such a
-//! module no longer overlap across streams (they stay concurrent within a stream's
-//! order, and kernels of other modules are unaffected). A module without views keeps the
-//! ordinary launch path: its launches are recorded as reads and overlap freely.
-//!
-//! The first `global` takes `&mut Module`: no `Function` of the module (and so no launch
-//! being built) exists while it switches the module to this mode, so no launch can slip
-//! between the switch and its claim. Kernels launched before stay recorded and are
-//! treated as writes too. Look globals up right after loading, before the functions:
-//!
-//! ```compile_fail,E0502
-//! # fn f(gpu: &gpubind::BoundDevice<'_>, src: &str) -> gpubind::Result<()> {
-//! let mut module = gpu.compile_and_load(src, "k.cu")?;
-//! let k = module.function("k")?;
-//! let g = module.global::<u32>("g")?; // error[E0502]: `module` is also borrowed as immutable
-//! drop(k);
-//! # Ok(()) }
-//! ```
-//!
-//! # Lifetime
-//!
-//! A view holds the loaded module (an `Arc` shared with the [`Module`]) rather than
-//! borrowing it: the module's unload frees its globals, so it happens only once the
-//! `Module` *and* every view are gone, after every pending use of either (a faulted
-//! context leaks the module instead, as for every drop). A view never dangles, and
-//! looking globals up does not keep the module borrowed.
-//!
-//! # `__constant__` memory
-//!
-//! Constant memory is written from the host (any copy into the view) and is read-only
-//! for kernels: CUDA C++ refuses a kernel assignment to a `__constant__` variable, and
-//! writing it through a pointer (the view passed as an argument) is outside
-//! [`LaunchBuilder::launch`](crate::LaunchBuilder::launch)'s contract. `__device__`
-//! variables are ordinary global memory, readable and writable by both.
+//! [`ModuleGlobal`]: typed views of a module's variables; documented on the type.
 
 use crate::access::AccessTracker;
 use crate::device::Device;
@@ -98,6 +12,92 @@ use std::sync::Arc;
 
 /// A typed view of one `__device__` or `__constant__` variable of a [`Module`]; see the
 /// [`Module::global`](crate::Module::global). Needs no binding to move, clone or drop; `Send + Sync`.
+///
+/// [`Module::global`] looks a variable up by name (`cuModuleGetGlobal_v2`) and returns a
+/// [`ModuleGlobal<T>`]: `len` elements of `T` at the variable's device address, checked
+/// against the variable's size (a whole, non-zero number of elements, at an address
+/// aligned for `T`; else [`Error::GlobalType`]; a name the module lacks is
+/// [`Error::GlobalNotFound`]). It is device memory like a [`DeviceSlice`](crate::DeviceSlice):
+/// it works with every copy ([`BoundDevice::copy`](crate::BoundDevice::copy),
+/// [`htod_copy`](crate::BoundDevice::htod_copy), [`dtoh`](crate::BoundDevice::dtoh),
+/// [`dtod`](crate::BoundDevice::dtod), the memsets,
+/// [`BoundStream::copy_async`](crate::BoundStream::copy_async),
+/// [`copy_scope`](crate::BoundStream::copy_scope): it is a
+/// [`CopySource`](crate::CopySource) and [`CopyDest`](crate::CopyDest)) and as a kernel
+/// argument (passed as its address). It cannot be lent to cudarc
+/// ([`BoundStream::lend_to_cudarc`](crate::BoundStream::lend_to_cudarc) is
+/// [`Error::InvalidArgument`]): copy it into a `DeviceSlice` first.
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::{Device, LaunchConfig, ThreadContext};
+/// const SRC: &str = r#"
+/// __constant__ float scale[4];
+/// __device__ unsigned calls;
+/// extern "C" __global__ void apply(float* x, unsigned n) {
+///     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+///     if (i < n) { x[i] *= scale[i % 4]; atomicAdd(&calls, 1u); }
+/// }"#;
+/// let mut ctx = ThreadContext::acquire()?;
+/// let gpu = ctx.bind(&Device::get(0)?)?;
+/// let mut module = gpu.compile_and_load(SRC, "apply.cu")?;
+/// let mut scale = module.global::<f32>("scale")?; // 4 elements
+/// let calls = module.global::<u32>("calls")?;
+/// gpu.copy(&[1.0f32, 2.0, 3.0, 4.0][..], &mut scale)?; // host → __constant__
+/// let apply = module.function("apply")?;
+/// let mut x = gpu.clone_htod(&[1.0f32; 8])?;
+/// // SAFETY: (float*, unsigned) matches `apply`, which stays in bounds.
+/// unsafe {
+///     gpu.default_stream().launch(&apply, LaunchConfig::for_num_elems(8))
+///         .arg(&mut x).arg(&8u32).launch()?;
+/// }
+/// assert_eq!(gpu.dtoh(&x)?, [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]);
+/// assert_eq!(gpu.dtoh(&calls)?, [8]); // waits for the kernel that wrote it
+/// # Ok(()) }
+/// ```
+///
+/// # Ordering
+///
+/// A kernel reaches its module's globals by name, without being passed them, so a
+/// launch cannot say which globals it uses. All views of one module therefore share one
+/// access tracker with the module's launches, and once a module has a view (the first
+/// [`Module::global`]) every launch of its kernels is claimed as a **write** of that
+/// tracker, like a buffer argument: a copy into a global waits for the kernels before
+/// it, a launch waits for the copies into globals before it (on any stream), and a read
+/// of a global (`dtoh`, a copy out) sees what kernels wrote. The cost: kernels of such a
+/// module no longer overlap across streams (they stay concurrent within a stream's
+/// order, and kernels of other modules are unaffected). A module without views keeps the
+/// ordinary launch path: its launches are recorded as reads and overlap freely.
+///
+/// The first `global` takes `&mut Module`: no `Function` of the module (and so no launch
+/// being built) exists while it switches the module to this mode, so no launch can slip
+/// between the switch and its claim. Kernels launched before stay recorded and are
+/// treated as writes too. Look globals up right after loading, before the functions:
+///
+/// ```compile_fail,E0502
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, src: &str) -> gpubind::Result<()> {
+/// let mut module = gpu.compile_and_load(src, "k.cu")?;
+/// let k = module.function("k")?;
+/// let g = module.global::<u32>("g")?; // error[E0502]: `module` is also borrowed as immutable
+/// drop(k);
+/// # Ok(()) }
+/// ```
+///
+/// # Lifetime
+///
+/// A view holds the loaded module (an `Arc` shared with the [`Module`]) rather than
+/// borrowing it: the module's unload frees its globals, so it happens only once the
+/// `Module` *and* every view are gone, after every pending use of either (a faulted
+/// context leaks the module instead, as for every drop). A view never dangles, and
+/// looking globals up does not keep the module borrowed.
+///
+/// # `__constant__` memory
+///
+/// Constant memory is written from the host (any copy into the view) and is read-only
+/// for kernels: CUDA C++ refuses a kernel assignment to a `__constant__` variable, and
+/// writing it through a pointer (the view passed as an argument) is outside
+/// [`LaunchBuilder::launch`](crate::LaunchBuilder::launch)'s contract. `__device__`
+/// variables are ordinary global memory, readable and writable by both.
 pub struct ModuleGlobal<T: DeviceRepr> {
     /// The loaded module: keeps the variable's memory alive, and its tracker orders
     /// the variable's uses with the module's launches.

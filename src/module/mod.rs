@@ -1,87 +1,4 @@
-//! Kernels: NVRTC compilation, modules, functions and launches.
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{Device, LaunchConfig, ThreadContext};
-//! const SRC: &str = r#"
-//! extern "C" __global__ void saxpy(float a, const float* x, float* y, unsigned n) {
-//!     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-//!     if (i < n) y[i] = a * x[i] + y[i];
-//! }"#;
-//! let mut ctx = ThreadContext::acquire()?;
-//! let dev = Device::get(0)?;
-//! let gpu = ctx.bind(&dev)?;
-//! let module = gpu.compile_and_load(SRC, "saxpy.cu")?; // cubin for this device's arch
-//! let saxpy = module.function("saxpy")?;
-//! let x = gpu.clone_htod(&[1.0f32; 1000])?;
-//! let mut y = gpu.clone_htod(&[2.0f32; 1000])?;
-//! let n = 1000u32;
-//! let stream = gpu.default_stream();
-//! // SAFETY: the arguments match the kernel's signature and it stays in bounds.
-//! unsafe {
-//!     stream.launch(&saxpy, LaunchConfig::for_num_elems(n))
-//!         .arg(&3.0f32).arg(&x).arg(&mut y).arg(&n)
-//!         .launch()?;
-//! }
-//! assert_eq!(gpu.dtoh(&y)?, vec![5.0f32; 1000]);
-//! # Ok(()) }
-//! ```
-//!
-//! A [`Module`] is a resource like a slice (it holds `Arc<Device>` and outlives binds); a
-//! [`Function`] borrows its module, so it cannot outlive it:
-//!
-//! ```compile_fail,E0597
-//! # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
-//! let f = {
-//!     let module = gpu.load_ptx(".version 8.0\n.target sm_90\n.address_size 64\n")?;
-//!     module.function("k")? // error[E0597]: `module` does not live long enough
-//! };
-//! # Ok(()) }
-//! ```
-//!
-//! The fix, where a kernel must outlive the scope or live in a struct: share the module
-//! ([`Module::into_shared`]) and take a [`Kernel`] from it, which holds the module
-//! ([`SharedModule`](crate::module::shared)):
-//!
-//! ```no_run
-//! # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
-//! let k: gpubind::Kernel = {
-//!     let module = gpu.load_ptx(".version 8.0\n.target sm_90\n.address_size 64\n")?;
-//!     module.into_shared().kernel("k")?
-//! };
-//! # Ok(()) }
-//! ```
-//!
-//! [`compile_and_load_with`](BoundDevice::compile_and_load_with) takes
-//! [`CompileOptions`] (macros, include directories, fast math, the C++ standard, debug
-//! information, the architecture): [`crate::module::options`].
-//!
-//! Launch arguments are checked against the kernel's parameter list where the driver
-//! reports it (`cuFuncGetParamInfo`, CUDA 12.4+; older drivers, or a version capped
-//! below 12.4 with `GPUBIND_ASSUME_DRIVER_VERSION`, skip the check): a wrong count or a wrong size is
-//! [`Error::LaunchArgs`], a slice of another device is [`Error::WrongDevice`].
-//!
-//! The launch configuration is checked against the device's and the kernel's limits
-//! before the driver sees it: threads per block (the device's, and the kernel's own,
-//! lower for kernels with many registers or `__launch_bounds__`), each block and grid
-//! dimension, and static plus dynamic shared memory. Over a limit is
-//! [`Error::LaunchLimit`], naming the limit. Dynamic shared memory above the default
-//! per-block amount (48 KiB) needs the kernel's opt-in: raise
-//! `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` with
-//! [`Function::set_max_dynamic_shared_memory`] (or `cuFuncSetAttribute` on
-//! [`Function::raw`]); gpubind reads the attribute at such a launch, so a raise is seen.
-//!
-//! [`Function::attributes`] reports the kernel's registers, memory sizes and
-//! architectures; [`Function::max_active_blocks_per_sm`] and
-//! [`Function::max_potential_block_size`] are the driver's occupancy calculator.
-//! The device limits are read once per [`Device`], the kernel's at
-//! [`Module::function`]: a launch pays a few compares.
-//!
-//! A module's `__device__` and `__constant__` variables are typed device memory through
-//! [`Module::global`] ([`crate::module::global`]); cooperative, cluster and prioritised launches
-//! are [`LaunchBuilder::cooperative`](crate::LaunchBuilder::cooperative),
-//! [`LaunchBuilder::cluster`](crate::LaunchBuilder::cluster) and
-//! [`LaunchBuilder::priority`](crate::LaunchBuilder::priority) ([`crate::launch`]).
+//! Kernels: NVRTC compilation, modules and functions (the overview is on [`Module`]).
 
 mod function;
 pub mod global;
@@ -110,6 +27,81 @@ use std::ffi::{CString, c_void};
 use std::sync::Arc;
 
 /// Loaded device code of one device.
+///
+/// Compiling with NVRTC, loading and launching:
+///
+/// ```no_run
+/// # fn main() -> gpubind::Result<()> {
+/// use gpubind::{Device, LaunchConfig, ThreadContext};
+/// const SRC: &str = r#"
+/// extern "C" __global__ void saxpy(float a, const float* x, float* y, unsigned n) {
+///     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+///     if (i < n) y[i] = a * x[i] + y[i];
+/// }"#;
+/// let mut ctx = ThreadContext::acquire()?;
+/// let dev = Device::get(0)?;
+/// let gpu = ctx.bind(&dev)?;
+/// let module = gpu.compile_and_load(SRC, "saxpy.cu")?; // cubin for this device's arch
+/// let saxpy = module.function("saxpy")?;
+/// let x = gpu.clone_htod(&[1.0f32; 1000])?;
+/// let mut y = gpu.clone_htod(&[2.0f32; 1000])?;
+/// let n = 1000u32;
+/// let stream = gpu.default_stream();
+/// // SAFETY: the arguments match the kernel's signature and it stays in bounds.
+/// unsafe {
+///     stream.launch(&saxpy, LaunchConfig::for_num_elems(n))
+///         .arg(&3.0f32).arg(&x).arg(&mut y).arg(&n)
+///         .launch()?;
+/// }
+/// assert_eq!(gpu.dtoh(&y)?, vec![5.0f32; 1000]);
+/// # Ok(()) }
+/// ```
+///
+/// A [`Module`] is a resource like a slice (it holds `Arc<Device>` and outlives binds); a
+/// [`Function`] borrows its module, so it cannot outlive it:
+///
+/// ```compile_fail,E0597
+/// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+/// let f = {
+///     let module = gpu.load_ptx(".version 8.0\n.target sm_90\n.address_size 64\n")?;
+///     module.function("k")? // error[E0597]: `module` does not live long enough
+/// };
+/// # Ok(()) }
+/// ```
+///
+/// The fix, where a kernel must outlive the scope or live in a struct: share the module
+/// ([`Module::into_shared`]) and take a [`Kernel`] from it, which holds the module
+/// ([`SharedModule`]):
+///
+/// ```no_run
+/// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
+/// let k: gpubind::Kernel = {
+///     let module = gpu.load_ptx(".version 8.0\n.target sm_90\n.address_size 64\n")?;
+///     module.into_shared().kernel("k")?
+/// };
+/// # Ok(()) }
+/// ```
+///
+/// [`compile_and_load_with`](BoundDevice::compile_and_load_with) takes
+/// [`CompileOptions`] (macros, include directories, fast math, the C++ standard, debug
+/// information, the architecture): see [`CompileOptions`].
+///
+/// Launch arguments and the launch configuration are checked before the driver sees
+/// them: see [`LaunchBuilder`](crate::LaunchBuilder) and [`LaunchConfig`](crate::LaunchConfig).
+///
+/// [`Function::attributes`] reports the kernel's registers, memory sizes and
+/// architectures; [`Function::max_active_blocks_per_sm`] and
+/// [`Function::max_potential_block_size`] are the driver's occupancy calculator.
+/// The device limits are read once per [`Device`], the kernel's at
+/// [`Module::function`]: a launch pays a few compares.
+///
+/// A module's `__device__` and `__constant__` variables are typed device memory through
+/// [`Module::global`] ([`ModuleGlobal`](crate::ModuleGlobal)); cooperative, cluster and
+/// prioritised launches are
+/// [`LaunchBuilder::cooperative`](crate::LaunchBuilder::cooperative),
+/// [`LaunchBuilder::cluster`](crate::LaunchBuilder::cluster) and
+/// [`LaunchBuilder::priority`](crate::LaunchBuilder::priority)
+/// ([`LaunchExBuilder`](crate::LaunchExBuilder)).
 pub struct Module {
     pub(crate) device: Arc<Device>,
     pub(crate) raw: sys::CUmodule,
@@ -222,20 +214,23 @@ impl Drop for Loaded {
         // that cannot be known (a faulted context), leak the module instead (and log it).
         let waited = self.uses.wait_all();
         let raw = self.raw as usize;
-        crate::teardown::faults::release_bounded(
-            format_args!("a Module"),
-            &self.device,
-            waited,
-            "cuModuleUnload",
-            Box::new(move || {
+        crate::teardown::release(
+            crate::teardown::Teardown {
+                what: format_args!("a Module"),
+                device: &self.device,
+                waited,
+                call: "cuModuleUnload",
+                runs: crate::teardown::Runs::OnReleaseThread,
+            },
+            move || {
                 // SAFETY: loaded in this context (current while this runs), unloaded once
                 // here, after every kernel launched from it and every copy of one of its
                 // globals has finished (run only after the wait succeeded); no Function
                 // outlives this `Loaded` (a borrowed one borrows its `Module`, a `Kernel`
                 // holds it, and a `Module` holds the Arc), and neither does a global view
                 // or a graph of a `Kernel`'s launches (each holds the Arc).
-                unsafe { sys::cuModuleUnload(raw as sys::CUmodule) }
-            }),
+                unsafe { crate::driver::result::module::unload(raw as sys::CUmodule) }
+            },
         );
     }
 }
@@ -310,7 +305,7 @@ impl<'a> BoundDevice<'a> {
         self.compile_and_load_with(src, name, &CompileOptions::default())
     }
 
-    /// Compiles CUDA C++ with NVRTC and `options` ([`crate::module::options`]: macros,
+    /// Compiles CUDA C++ with NVRTC and `options` ([`CompileOptions`]: macros,
     /// include directories, fast math, …; the toolkit's headers are found on their own)
     /// and loads it. `name` labels errors.
     ///

@@ -13,8 +13,8 @@ pub enum Output {
     Cubin,
 }
 
-/// Whether an NVRTC gpubind can use can be loaded (see [`nvrtc_info`](crate::nvrtc_info) for which one:
-/// the driver's major version first, `GPUBIND_NVRTC_PATH` to override).
+/// Whether an NVRTC gpubind can use can be loaded (see [`nvrtc_info`](crate::nvrtc_info)
+/// for which one: the driver's major version first, `GPUBIND_NVRTC_PATH` to override).
 pub fn nvrtc_available() -> bool {
     crate::driver::libraries::nvrtc().is_ok()
 }
@@ -89,9 +89,10 @@ fn defines(src: &str, macro_name: &str) -> bool {
 }
 
 /// Compiles CUDA C++ source with NVRTC and checked [`CompileOptions`] (see
-/// [`crate::module::options`]): the options' flags, the toolkit's include directory, the
-/// `INFINITY`/`NAN` macros. The architecture is the options' [`Arch`](super::Arch)
-/// (NVRTC's default virtual one when not set, which gives PTX only). Needs no GPU.
+/// [`CompileOptions`](crate::CompileOptions)): the options' flags, the toolkit's include
+/// directory, the `INFINITY`/`NAN` macros. The architecture is the options'
+/// [`Arch`](super::Arch) (NVRTC's default virtual one when not set, which gives PTX only).
+/// Needs no GPU.
 ///
 /// ```no_run
 /// use gpubind::{Arch, CompileOptions, Output, compile_with};

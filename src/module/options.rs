@@ -1,47 +1,4 @@
-//! [`CompileOptions`]: what NVRTC is told besides the source — macros, include
-//! directories, fast math, the language standard, debug information, the target
-//! architecture and extra flags.
-//!
-//! ```no_run
-//! # fn f(gpu: &gpubind::BoundDevice<'_>, src: &str) -> gpubind::Result<()> {
-//! use gpubind::{CompileOptions, CppStandard};
-//! let opts = CompileOptions::new()
-//!     .define("TILE", 32)
-//!     .fast_math(true)
-//!     .std(CppStandard::Cpp17)
-//!     .line_info(true);
-//! let module = gpu.compile_and_load_with(src, "tiled.cu", &opts)?;
-//! # Ok(()) }
-//! ```
-//!
-//! Every setting is checked when the options are used, before NVRTC runs: a macro name
-//! that is not a C identifier (an `=`, a space, a newline), a value with a newline, an
-//! include directory that does not exist, an extra flag that does not start with `-` or
-//! that names the architecture (use [`CompileOptions::arch`]) is
-//! [`Error::InvalidArgument`] naming it. A flag NVRTC itself refuses is
-//! [`Error::Compile`] with status `NVRTC_ERROR_INVALID_OPTION`, naming the flag.
-//!
-//! # CUDA headers and math macros
-//!
-//! Unless [`toolkit_include(false)`](CompileOptions::toolkit_include) is set, the CUDA
-//! toolkit's include directory is passed to NVRTC, so `<cuda_fp16.h>`, `<cuda_bf16.h>`,
-//! `<math_constants.h>` and the other toolkit headers can be included. It is the first
-//! directory holding `cuda_fp16.h` among, in order:
-//!
-//! 1. `include` next to the NVRTC library in use (`<dir of libnvrtc.so>/../include`, and
-//!    `<dir>/../../include` for the `targets/<arch>/lib` layout), and the
-//!    `cuda_runtime/include` of the pip wheels' layout (`nvidia/cuda_nvrtc/lib` beside
-//!    `nvidia/cuda_runtime/include`);
-//! 2. `$CUDA_HOME/include`, `$CUDA_PATH/include`;
-//! 3. `/usr/local/cuda/include`.
-//!
-//! A kernel that includes a header NVRTC cannot open, when no such directory was found,
-//! gets an [`Error::Compile`] whose log lists where gpubind looked, after NVRTC's own
-//! log. [`cuda_include_dir`] reports the choice.
-//!
-//! NVRTC has no `<math.h>`, so the C macros `INFINITY` and `NAN` are undefined in NVRTC
-//! code; gpubind defines them for a source that uses them without `#define`-ing them
-//! itself (as `float` constants, usable in `__device__` initialisers from C++11 on).
+//! [`CompileOptions`] and the NVRTC option list built from it; documented on the type.
 
 use crate::error::{Error, Result};
 use std::fmt;
@@ -118,8 +75,49 @@ impl fmt::Display for Arch {
 /// Options for NVRTC: [`BoundDevice::compile_and_load_with`](crate::BoundDevice::compile_and_load_with)
 /// and [`compile_with`](super::compile_with). Built by chained calls from
 /// [`CompileOptions::new`] (the same as `Default`: no macros, the toolkit's include
-/// directory, NVRTC's defaults, the device's architecture). See the
-/// [module docs](self) for what is checked.
+/// directory, NVRTC's defaults, the device's architecture). See below for
+/// what is checked.
+///
+/// ```no_run
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, src: &str) -> gpubind::Result<()> {
+/// use gpubind::{CompileOptions, CppStandard};
+/// let opts = CompileOptions::new()
+///     .define("TILE", 32)
+///     .fast_math(true)
+///     .std(CppStandard::Cpp17)
+///     .line_info(true);
+/// let module = gpu.compile_and_load_with(src, "tiled.cu", &opts)?;
+/// # Ok(()) }
+/// ```
+///
+/// Every setting is checked when the options are used, before NVRTC runs: a macro name
+/// that is not a C identifier (an `=`, a space, a newline), a value with a newline, an
+/// include directory that does not exist, an extra flag that does not start with `-` or
+/// that names the architecture (use [`CompileOptions::arch`]) is
+/// [`Error::InvalidArgument`] naming it. A flag NVRTC itself refuses is
+/// [`Error::Compile`] with status `NVRTC_ERROR_INVALID_OPTION`, naming the flag.
+///
+/// # CUDA headers and math macros
+///
+/// Unless [`toolkit_include(false)`](CompileOptions::toolkit_include) is set, the CUDA
+/// toolkit's include directory is passed to NVRTC, so `<cuda_fp16.h>`, `<cuda_bf16.h>`,
+/// `<math_constants.h>` and the other toolkit headers can be included. It is the first
+/// directory holding `cuda_fp16.h` among, in order:
+///
+/// 1. `include` next to the NVRTC library in use (`<dir of libnvrtc.so>/../include`, and
+///    `<dir>/../../include` for the `targets/<arch>/lib` layout), and the
+///    `cuda_runtime/include` of the pip wheels' layout (`nvidia/cuda_nvrtc/lib` beside
+///    `nvidia/cuda_runtime/include`);
+/// 2. `$CUDA_HOME/include`, `$CUDA_PATH/include`;
+/// 3. `/usr/local/cuda/include`.
+///
+/// A kernel that includes a header NVRTC cannot open, when no such directory was found,
+/// gets an [`Error::Compile`] whose log lists where gpubind looked, after NVRTC's own
+/// log. [`cuda_include_dir`] reports the choice.
+///
+/// NVRTC has no `<math.h>`, so the C macros `INFINITY` and `NAN` are undefined in NVRTC
+/// code; gpubind defines them for a source that uses them without `#define`-ing them
+/// itself (as `float` constants, usable in `__device__` initialisers from C++11 on).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompileOptions {
     defines: Vec<(String, String)>,
@@ -203,7 +201,7 @@ impl CompileOptions {
     }
 
     /// Whether the CUDA toolkit's include directory is searched (default: yes, when one
-    /// is found; see the [module docs](self)).
+    /// is found; see [`CompileOptions`]).
     pub fn toolkit_include(mut self, on: bool) -> Self {
         self.toolkit_include = on;
         self
@@ -227,8 +225,8 @@ impl CompileOptions {
         self.toolkit_include
     }
 
-    /// The NVRTC options these settings translate to, checked (see the
-    /// [module docs](self)): the macros, include directories, the standard, fast math,
+    /// The NVRTC options these settings translate to, checked (see
+    /// [`CompileOptions`]): the macros, include directories, the standard, fast math,
     /// line and debug information, the architecture override, then the extra flags. The
     /// toolkit's include directory and the device's architecture, which the compile
     /// adds, are not among them.
@@ -352,8 +350,8 @@ fn check_flag(flag: &str) -> Result<()> {
     Ok(())
 }
 
-/// The CUDA toolkit's include directory gpubind passes to NVRTC (see the
-/// [module docs](self) for the search order), or `None` if none of the candidates holds
+/// The CUDA toolkit's include directory gpubind passes to NVRTC (see
+/// [`CompileOptions`] for the search order), or `None` if none of the candidates holds
 /// `cuda_fp16.h`.
 pub fn cuda_include_dir() -> Option<PathBuf> {
     include_candidates()

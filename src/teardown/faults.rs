@@ -51,7 +51,7 @@ pub(crate) use crate::error::{ENTER, LEAKED, LEAKED_UNWAITED, MAYBE_LEAKED, RELE
 /// enters `device`'s context and runs `release` (the driver call `call`). A failed wait
 /// leaks the resource (`release` is not run); every failure is reported. Returns whether
 /// the resource was released (`false`: leaked, or maybe leaked).
-pub(crate) fn release<R: CallResult>(
+pub(super) fn release<R: CallResult>(
     what: fmt::Arguments<'_>,
     device: &Arc<Device>,
     waited: Result<()>,
@@ -105,7 +105,7 @@ pub(crate) fn report_failure(
 /// `cuModuleUnload`): made on the device's release thread, waited for up to
 /// `GPUBIND_DROP_TIMEOUT` ([`crate::teardown::release`]). Returns whether the resource is gone or
 /// going (`false`: leaked, or maybe leaked).
-pub(crate) fn release_bounded<R: CallResult + 'static>(
+pub(super) fn release_bounded<R: CallResult + 'static>(
     what: fmt::Arguments<'_>,
     device: &Arc<Device>,
     waited: Result<()>,

@@ -345,7 +345,7 @@ const RELEASE_FLOOR: Duration = Duration::from_millis(100);
 /// Runs `call` (the driver call `call_name`) in `device`'s context on the device's
 /// release thread and waits for it up to [`crate::teardown::drop_wait::drop_timeout`]; reports a
 /// failure naming `what`. See the [module docs](self).
-pub(crate) fn release<R: crate::teardown::CallResult + 'static>(
+pub(super) fn release<R: crate::teardown::CallResult + 'static>(
     what: fmt::Arguments<'_>,
     device: &Arc<Device>,
     call_name: &'static str,

@@ -246,7 +246,7 @@ impl RankComm {
     /// ```no_run
     /// # fn main() -> gpubind::Result<()> {
     /// # use gpubind::collective::LaunchEnv;
-    /// # use gpubind::{Device, Op, RankComm, ThreadContext};
+    /// # use gpubind::{Device, ThreadContext, collective::{Op, RankComm}};
     /// # let env = LaunchEnv::from_env()?;
     /// # let mut ctx = ThreadContext::acquire()?;
     /// # let dev = Device::get(env.local_rank)?;

@@ -339,17 +339,20 @@ impl Drop for Staging {
         // established (a faulted context), leak it rather than free it under the device.
         let waited = self.tracker.wait_all();
         let host = self.host as usize;
-        crate::teardown::faults::release_bounded(
-            format_args!("a collective staging buffer of {} bytes", self.bytes),
-            &self.owner,
-            waited,
-            "cuMemFreeHost",
-            Box::new(move || {
+        crate::teardown::release(
+            crate::teardown::Teardown {
+                what: format_args!("a collective staging buffer of {} bytes", self.bytes),
+                device: &self.owner,
+                waited,
+                call: "cuMemFreeHost",
+                runs: crate::teardown::Runs::OnReleaseThread,
+            },
+            move || {
                 // SAFETY: allocated by cuMemHostAlloc in the owner's context (current
                 // while this runs), freed once, with no work pending on it (run only after
                 // the wait succeeded).
-                unsafe { sys::cuMemFreeHost(host as *mut std::ffi::c_void) }
-            }),
+                unsafe { crate::driver::result::memory::free_host(host as *mut std::ffi::c_void) }
+            },
         );
     }
 }

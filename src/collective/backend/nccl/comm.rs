@@ -326,11 +326,15 @@ impl NcclComm {
         // thread: destroyed here one could wait (inside the driver) for the abort that is
         // stuck behind the device's work, past the drop's limit (seen on the H200: the
         // drop returned only when a 6 s kernel ended).
-        crate::teardown::release::release(
-            format_args!("an NCCL communicator of {nranks} ranks"),
-            &device,
-            "ncclCommAbort",
-            Box::new(move || {
+        crate::teardown::release(
+            crate::teardown::Teardown {
+                what: format_args!("an NCCL communicator of {nranks} ranks"),
+                device: &device,
+                waited: Ok(()),
+                call: "ncclCommAbort",
+                runs: crate::teardown::Runs::OnReleaseThread,
+            },
+            move || {
                 // NCCL (the CUDA runtime) may change the release thread's current
                 // context: put the pushed one back before it is popped.
                 let _restore = RestoreCurrent::new();
@@ -338,8 +342,8 @@ impl NcclComm {
                 // before this job was handed over); `raw` is never used again.
                 unsafe { abort_raw(raw, nranks) };
                 drop(events);
-                sys::CUresult::CUDA_SUCCESS
-            }),
+                Ok(())
+            },
         );
     }
 

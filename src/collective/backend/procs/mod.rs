@@ -402,7 +402,7 @@ impl ProcsRank {
         let idle = crate::teardown::drop_wait::poll_until_idle(
             || {
                 // SAFETY: the caller's bound stream, its context current.
-                unsafe { sys::cuStreamQuery(s) }
+                unsafe { crate::driver::result::stream::query(s) }
             },
             Some(budget.deadline),
             limit,

@@ -23,8 +23,18 @@
 //!
 //! After an error the stream may be in the middle of a message: drop the connection.
 
-use super::handle::{BufferHandle, PoolHandle};
-use super::wire::{self, Kind, corrupt};
+mod bundle;
+mod options;
+mod peer;
+
+pub use bundle::{
+    recv_handles, recv_handles_timeout, recv_handles_with, send_handles, send_handles_with,
+};
+use options::Deadline;
+pub use options::{DEFAULT_TIMEOUT, TransportOptions};
+pub use peer::{PeerCredentials, PeerPolicy, check_peer, peer_credentials};
+
+use super::wire::corrupt;
 use crate::error::{Error, Result};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
@@ -32,26 +42,19 @@ use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
-use serde::{Deserialize, Serialize};
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Largest message payload accepted.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 /// Most descriptors one message may carry (the kernel's own limit is 253).
 pub const MAX_FDS: usize = 64;
-/// Timeout of the functions without a `_timeout` suffix.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 const FRAME_MAGIC: [u8; 4] = *b"GBIM";
 const FRAME_HEADER: usize = 12;
-
-/// Longest single `poll`: the loop re-checks the deadline after each, so this only keeps
-/// the timespec handed to the kernel small.
-const MAX_POLL_SLICE: Duration = Duration::from_secs(3600);
 
 /// One received message: its bytes and the descriptors that came with it.
 #[derive(Debug)]
@@ -60,204 +63,6 @@ pub struct Message {
     pub bytes: Vec<u8>,
     /// The descriptors, in the order they were sent.
     pub fds: Vec<OwnedFd>,
-}
-
-/// Which peer processes a socket may exchange messages with, judged by the peer's
-/// credentials as the kernel recorded them when the connection was made (`SO_PEERCRED`:
-/// the effective uid at `connect` / `socketpair` time).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PeerPolicy {
-    /// The peer's effective uid must be this process's effective uid (the default).
-    #[default]
-    SameUid,
-    /// Any peer: no uid check. Use only where the socket's reachability is already
-    /// restricted (e.g. a `socketpair` shared with your own child).
-    AnyUid,
-    /// The peer's effective uid must be one of these (this process's own uid is not
-    /// implied: list it if it is allowed).
-    Uids(Vec<u32>),
-}
-
-impl PeerPolicy {
-    /// Whether a peer running as `peer_uid` is allowed, this process running as `own_uid`.
-    pub fn allows(&self, own_uid: u32, peer_uid: u32) -> bool {
-        match self {
-            PeerPolicy::SameUid => peer_uid == own_uid,
-            PeerPolicy::AnyUid => true,
-            PeerPolicy::Uids(uids) => uids.contains(&peer_uid),
-        }
-    }
-
-    fn describe(&self, own_uid: u32) -> String {
-        match self {
-            PeerPolicy::SameUid => format!("only this process's own uid {own_uid}"),
-            PeerPolicy::AnyUid => "any uid".into(),
-            PeerPolicy::Uids(uids) => format!("only the uids {uids:?}"),
-        }
-    }
-}
-
-/// The credentials of the process at the other end of a Unix socket (`SO_PEERCRED`), as
-/// they were when it connected (or created the socket pair).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PeerCredentials {
-    /// The peer's process id (0 when the peer is in a pid namespace this process
-    /// cannot see).
-    pub pid: i32,
-    /// The peer's effective user id.
-    pub uid: u32,
-    /// The peer's effective group id.
-    pub gid: u32,
-}
-
-/// `SO_PEERCRED` of `stream`: who is at the other end.
-pub fn peer_credentials(stream: &UnixStream) -> Result<PeerCredentials> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let size = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    let mut len = size;
-    // SAFETY: `stream` keeps the descriptor open for the call; SO_PEERCRED writes at most
-    // `len` bytes (one `struct ucred`) into `cred`, which lives on our stack, and stores
-    // the length written in `len`. (Read through libc, not rustix, whose `UCred` holds a
-    // non-zero pid type: the kernel reports pid 0 for a peer outside our pid namespace.)
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(super::io_error("getsockopt(SO_PEERCRED)", &e));
-    }
-    if len != size {
-        return Err(super::io_error(
-            "getsockopt(SO_PEERCRED)",
-            &std::io::Error::other(format!("returned {len} bytes, expected {size}")),
-        ));
-    }
-    Ok(PeerCredentials {
-        pid: cred.pid,
-        uid: cred.uid,
-        gid: cred.gid,
-    })
-}
-
-/// [`Error::PeerNotAllowed`] unless `policy` allows `peer` for a process running as
-/// `own_uid`.
-fn judge_peer(policy: &PeerPolicy, own_uid: u32, peer: PeerCredentials) -> Result<()> {
-    if policy.allows(own_uid, peer.uid) {
-        return Ok(());
-    }
-    Err(Error::PeerNotAllowed {
-        peer_pid: peer.pid,
-        peer_uid: peer.uid,
-        own_uid,
-        allowed: policy.describe(own_uid),
-    })
-}
-
-/// Reads the peer's credentials of `stream` and checks them against `policy`
-/// ([`Error::PeerNotAllowed`] on a mismatch); returns them. [`PeerPolicy::AnyUid`]
-/// accepts whatever they are.
-pub fn check_peer(stream: &UnixStream, policy: &PeerPolicy) -> Result<PeerCredentials> {
-    let peer = peer_credentials(stream)?;
-    if *policy != PeerPolicy::AnyUid {
-        judge_peer(policy, rustix::process::geteuid().as_raw(), peer)?;
-    }
-    Ok(peer)
-}
-
-/// How a send or receive waits and whom it talks to: a timeout for the whole message
-/// and a [`PeerPolicy`].
-///
-/// ```
-/// use gpubind::ipc::{PeerPolicy, TransportOptions};
-/// use std::time::Duration;
-/// let patient = TransportOptions::default().timeout(Duration::MAX); // no timeout
-/// let shared = TransportOptions::default().peer(PeerPolicy::Uids(vec![1000, 1001]));
-/// # let _ = (patient, shared);
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TransportOptions {
-    timeout: Duration,
-    peer: PeerPolicy,
-}
-
-impl Default for TransportOptions {
-    /// [`DEFAULT_TIMEOUT`] and [`PeerPolicy::SameUid`].
-    fn default() -> Self {
-        TransportOptions {
-            timeout: DEFAULT_TIMEOUT,
-            peer: PeerPolicy::SameUid,
-        }
-    }
-}
-
-impl TransportOptions {
-    /// The longest a whole message may take to send or arrive. [`Duration::MAX`] (or
-    /// any duration whose deadline overflows [`Instant`]) waits without limit.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Which peers are accepted (checked before anything is sent or received).
-    pub fn peer(mut self, policy: PeerPolicy) -> Self {
-        self.peer = policy;
-        self
-    }
-
-    /// The timeout set.
-    pub fn get_timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    /// The peer policy set.
-    pub fn get_peer(&self) -> &PeerPolicy {
-        &self.peer
-    }
-}
-
-/// When a wait must end: `now + timeout`, or never where that does not fit in an
-/// [`Instant`] (e.g. [`Duration::MAX`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Deadline {
-    at: Option<Instant>,
-    timeout: Duration,
-}
-
-impl Deadline {
-    /// The deadline `timeout` from now; none (wait forever) if it overflows.
-    pub(crate) fn after(timeout: Duration) -> Deadline {
-        Deadline {
-            at: Instant::now().checked_add(timeout),
-            timeout,
-        }
-    }
-
-    /// Time left, capped at [`MAX_POLL_SLICE`]; `Ok(None)` when there is no deadline,
-    /// [`Error::Timeout`] naming `what` once it has passed.
-    fn poll_slice(&self, what: &'static str) -> Result<Option<Duration>> {
-        let Some(at) = self.at else {
-            return Ok(None);
-        };
-        let now = Instant::now();
-        if now >= at {
-            return Err(Error::Timeout {
-                what,
-                after_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
-            });
-        }
-        Ok(Some((at - now).min(MAX_POLL_SLICE)))
-    }
 }
 
 fn errno_error(what: &'static str, e: Errno) -> Error {
@@ -399,8 +204,8 @@ pub fn send_message_with(
             fds.len()
         )));
     }
-    let deadline = Deadline::after(options.timeout);
-    check_peer(stream, &options.peer)?;
+    let deadline = Deadline::after(options.get_timeout());
+    check_peer(stream, options.get_peer())?;
     let mut frame = Vec::with_capacity(FRAME_HEADER + bytes.len());
     frame.extend_from_slice(&FRAME_MAGIC);
     frame.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
@@ -455,8 +260,8 @@ pub fn recv_message_timeout(stream: &UnixStream, timeout: Duration) -> Result<Me
 /// had no room for (`EMFILE`) give [`Error::FdLimit`]; a peer of another user (by
 /// default) gives [`Error::PeerNotAllowed`].
 pub fn recv_message_with(stream: &UnixStream, options: &TransportOptions) -> Result<Message> {
-    let deadline = Deadline::after(options.timeout);
-    check_peer(stream, &options.peer)?;
+    let deadline = Deadline::after(options.get_timeout());
+    check_peer(stream, options.get_peer())?;
     let mut fds = Vec::new();
     let mut header = [0u8; FRAME_HEADER];
     recv_exact(stream, &mut header, &mut fds, &deadline)?;
@@ -495,111 +300,23 @@ pub fn recv_message(stream: &UnixStream) -> Result<Message> {
     recv_message_with(stream, &TransportOptions::default())
 }
 
-#[derive(Serialize)]
-struct BundleOut<'a> {
-    pools: &'a [PoolHandle],
-    buffers: &'a [BufferHandle],
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BundleIn {
-    pools: Vec<PoolHandle>,
-    buffers: Vec<BufferHandle>,
-}
-
-/// Sends pool handles (their descriptors by `SCM_RIGHTS`) and buffer handles as one
-/// message: a sealed (checksummed) bundle plus one descriptor per pool, in order.
-///
-/// The handles stay valid here; the peer receives duplicates of the descriptors. Uses
-/// the default [`TransportOptions`]; see [`send_handles_with`].
-pub fn send_handles(
-    stream: &UnixStream,
-    pools: &[PoolHandle],
-    buffers: &[BufferHandle],
-) -> Result<()> {
-    send_handles_with(stream, pools, buffers, &TransportOptions::default())
-}
-
-/// [`send_handles`] with a timeout and peer policy of your choice.
-pub fn send_handles_with(
-    stream: &UnixStream,
-    pools: &[PoolHandle],
-    buffers: &[BufferHandle],
-    options: &TransportOptions,
-) -> Result<()> {
-    let fds = pools
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            p.fd().ok_or_else(|| {
-                Error::InvalidArgument(format!("pool handle {i} has no file descriptor to send"))
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let bytes = wire::seal(Kind::Bundle, &BundleOut { pools, buffers })?;
-    send_message_with(stream, &bytes, &fds, options)
-}
-
-/// [`recv_handles_with`] with the default [`TransportOptions`] ([`DEFAULT_TIMEOUT`],
-/// [`PeerPolicy::SameUid`]).
-pub fn recv_handles(stream: &UnixStream) -> Result<(Vec<PoolHandle>, Vec<BufferHandle>)> {
-    recv_handles_with(stream, &TransportOptions::default())
-}
-
-/// [`recv_handles_with`] with `timeout` and [`PeerPolicy::SameUid`].
-pub fn recv_handles_timeout(
-    stream: &UnixStream,
-    timeout: Duration,
-) -> Result<(Vec<PoolHandle>, Vec<BufferHandle>)> {
-    recv_handles_with(stream, &TransportOptions::default().timeout(timeout))
-}
-
-/// Receives what [`send_handles`] sent: pool handles with their descriptors attached and
-/// validated buffer handles. Errors as [`recv_message_with`], and
-/// [`Error::CorruptHandle`] for a bundle that does not open or validate.
-pub fn recv_handles_with(
-    stream: &UnixStream,
-    options: &TransportOptions,
-) -> Result<(Vec<PoolHandle>, Vec<BufferHandle>)> {
-    let Message { bytes, fds } = recv_message_with(stream, options)?;
-    let bundle: BundleIn = wire::open(Kind::Bundle, &bytes)?;
-    if bundle.pools.len() != fds.len() {
-        return Err(corrupt(format!(
-            "bundle has {} pool handles but {} file descriptors arrived",
-            bundle.pools.len(),
-            fds.len()
-        )));
-    }
-    for b in &bundle.buffers {
-        b.validate()?;
-    }
-    let pools = bundle
-        .pools
-        .into_iter()
-        .zip(fds)
-        .map(|(p, fd)| p.with_fd(fd))
-        .collect();
-    Ok((pools, bundle.buffers))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Uuid;
-    use crate::ipc::handle::{PoolId, tests::sample_buffer};
+    use crate::ipc::handle::tests::sample_buffer;
     use std::io::{Read, Write};
     use std::os::fd::AsFd;
+    use std::time::Instant;
 
-    const SHORT: Duration = Duration::from_millis(300);
+    pub(super) const SHORT: Duration = Duration::from_millis(300);
 
-    fn pipe_with(text: &[u8]) -> std::io::PipeReader {
+    pub(super) fn pipe_with(text: &[u8]) -> std::io::PipeReader {
         let (r, mut w) = std::io::pipe().unwrap();
         w.write_all(text).unwrap();
         r
     }
 
-    fn read_fd(fd: OwnedFd) -> Vec<u8> {
+    pub(super) fn read_fd(fd: OwnedFd) -> Vec<u8> {
         let mut f = std::fs::File::from(fd);
         let mut out = Vec::new();
         f.read_to_end(&mut out).unwrap();
@@ -750,77 +467,6 @@ mod tests {
     }
 
     #[test]
-    fn handles_travel_with_their_fds() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let pools: Vec<_> = (0..2u8)
-            .map(|i| {
-                let fd: OwnedFd = pipe_with(&[b'a' + i]).into();
-                PoolHandle::new(PoolId::fresh().unwrap(), Uuid([i; 16]), i as usize, fd)
-            })
-            .collect();
-        let buffers: Vec<_> = (0..32).map(|i| sample_buffer(i + 1, i as u8)).collect();
-        send_handles(&a, &pools, &buffers).unwrap();
-        let (got_pools, got_buffers) = recv_handles(&b).unwrap();
-        assert_eq!(got_buffers, buffers);
-        assert_eq!(got_pools.len(), 2);
-        for (i, (mut got, sent)) in got_pools.into_iter().zip(&pools).enumerate() {
-            assert_eq!(got.pool_id(), sent.pool_id());
-            assert_eq!(got.device_uuid(), sent.device_uuid());
-            assert_eq!(read_fd(got.take_fd().unwrap()), [b'a' + i as u8]);
-        }
-    }
-
-    #[test]
-    fn handle_bundle_errors() {
-        // A pool handle without a descriptor cannot be sent.
-        let (a, b) = UnixStream::pair().unwrap();
-        let fd: OwnedFd = pipe_with(b"").into();
-        let mut h = PoolHandle::new(PoolId::fresh().unwrap(), Uuid([0; 16]), 0, fd);
-        drop(h.take_fd());
-        assert!(matches!(
-            send_handles(&a, &[h], &[]),
-            Err(Error::InvalidArgument(_))
-        ));
-        // A plain message that is not a bundle.
-        send_message(&a, b"not a bundle", &[]).unwrap();
-        assert!(matches!(
-            recv_handles_timeout(&b, SHORT),
-            Err(Error::CorruptHandle { .. })
-        ));
-        // A bundle whose checksum was damaged in flight.
-        let mut bytes = wire::seal(
-            Kind::Bundle,
-            &BundleOut {
-                pools: &[],
-                buffers: &[sample_buffer(3, 3)],
-            },
-        )
-        .unwrap();
-        let mid = bytes.len() / 2;
-        bytes[mid] ^= 0x20;
-        send_message(&a, &bytes, &[]).unwrap();
-        assert!(matches!(
-            recv_handles_timeout(&b, SHORT),
-            Err(Error::CorruptHandle { .. })
-        ));
-        // A bundle with a descriptor too many: rejected, and the descriptor is closed.
-        let bytes = wire::seal(
-            Kind::Bundle,
-            &BundleOut {
-                pools: &[],
-                buffers: &[],
-            },
-        )
-        .unwrap();
-        let extra = pipe_with(b"");
-        send_message(&a, &bytes, &[extra.as_fd()]).unwrap();
-        assert!(matches!(
-            recv_handles_timeout(&b, SHORT),
-            Err(Error::CorruptHandle { .. })
-        ));
-    }
-
-    #[test]
     fn fds_outlive_the_sender() {
         // The sender closes its pipe and its socket before the message is read: the
         // descriptor in flight stays usable, and the closed socket reads as PeerGone.
@@ -887,20 +533,6 @@ mod tests {
 
     #[test]
     fn duration_max_means_no_timeout() {
-        // `Instant::now() + Duration::MAX` panics; these must not.
-        for t in [
-            Duration::MAX,
-            Duration::from_secs(u64::MAX),
-            Duration::new(u64::MAX, 5),
-        ] {
-            let d = Deadline::after(t);
-            assert!(d.at.is_none(), "{t:?} should mean no deadline");
-            assert_eq!(d.poll_slice("x").unwrap(), None);
-        }
-        // A deadline that fits is kept.
-        let d = Deadline::after(Duration::from_secs(1));
-        assert!(d.at.is_some());
-        assert!(d.poll_slice("x").unwrap().unwrap() <= Duration::from_secs(1));
         // Whole sends and receives with no timeout; the message arrives late.
         let (a, b) = UnixStream::pair().unwrap();
         let t = std::thread::spawn(move || {
@@ -986,68 +618,5 @@ mod tests {
             soft_limit: None,
         };
         assert!(unlimited.to_string().contains("soft limit unlimited"));
-    }
-
-    #[test]
-    fn peer_policy_judges_uids() {
-        let peer = |uid| PeerCredentials {
-            pid: 4242,
-            uid,
-            gid: uid,
-        };
-        assert_eq!(judge_peer(&PeerPolicy::SameUid, 1000, peer(1000)), Ok(()));
-        let err = judge_peer(&PeerPolicy::SameUid, 1000, peer(1001)).unwrap_err();
-        assert_eq!(
-            err,
-            Error::PeerNotAllowed {
-                peer_pid: 4242,
-                peer_uid: 1001,
-                own_uid: 1000,
-                allowed: "only this process's own uid 1000".into(),
-            }
-        );
-        let text = err.to_string();
-        assert!(
-            text.contains("uid 1001") && text.contains("uid 1000") && text.contains("4242"),
-            "{text}"
-        );
-        assert_eq!(judge_peer(&PeerPolicy::AnyUid, 1000, peer(0)), Ok(()));
-        let some = PeerPolicy::Uids(vec![0, 1002]);
-        assert_eq!(judge_peer(&some, 1000, peer(1002)), Ok(()));
-        assert_eq!(judge_peer(&some, 1000, peer(0)), Ok(()));
-        // The own uid is not implied by a list.
-        let err = judge_peer(&some, 1000, peer(1000)).unwrap_err();
-        assert!(err.to_string().contains("[0, 1002]"), "{err}");
-        assert_eq!(PeerPolicy::default(), PeerPolicy::SameUid);
-        let opts = TransportOptions::default();
-        assert_eq!(opts.get_timeout(), DEFAULT_TIMEOUT);
-        assert_eq!(opts.get_peer(), &PeerPolicy::SameUid);
-    }
-
-    #[test]
-    fn socketpair_peer_is_this_process() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let cred = peer_credentials(&a).unwrap();
-        assert_eq!(cred.pid as u32, std::process::id());
-        assert_eq!(cred.uid, rustix::process::geteuid().as_raw());
-        assert_eq!(cred.gid, rustix::process::getegid().as_raw());
-        assert_eq!(check_peer(&a, &PeerPolicy::SameUid), Ok(cred));
-        // A list without our uid refuses, before anything is sent: nothing arrives.
-        let own = cred.uid;
-        let other = PeerPolicy::Uids(vec![own.wrapping_add(1)]);
-        let opts = TransportOptions::default().peer(other).timeout(SHORT);
-        let err = send_message_with(&a, b"x", &[], &opts).unwrap_err();
-        assert!(
-            matches!(err, Error::PeerNotAllowed { own_uid, peer_uid, .. } if own_uid == own && peer_uid == own),
-            "{err:?}"
-        );
-        assert!(matches!(
-            recv_message_with(&b, &opts),
-            Err(Error::PeerNotAllowed { .. })
-        ));
-        assert!(matches!(
-            recv_message_timeout(&b, SHORT),
-            Err(Error::Timeout { .. })
-        ));
     }
 }

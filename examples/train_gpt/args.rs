@@ -1,0 +1,197 @@
+//! `train_gpt`'s command line. Pure host code.
+
+use crate::GptError;
+use std::path::PathBuf;
+
+/// The arithmetic of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 everywhere, TF32 off.
+    Fp32,
+    /// bf16 activations, gradients and products (f32 accumulation); f32 master weights,
+    /// AdamW moments, layer-norm statistics, losses and reductions.
+    Bf16,
+}
+
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub model: String,
+    pub batch: usize,
+    pub steps: usize,
+    pub lr: f64,
+    pub seed: u64,
+    pub data: Vec<PathBuf>,
+    pub eval_every: usize,
+    pub eval_batches: usize,
+    pub sample: usize,
+    pub dump_init: Option<PathBuf>,
+    pub precision: Precision,
+    pub graph: bool,
+    pub ckpt_every: usize,
+    pub ckpt_dir: PathBuf,
+    pub resume: Option<PathBuf>,
+    pub log_every: usize,
+    pub devices: Vec<usize>,
+    pub launcher_env: bool,
+    /// Train with a checkpoint halfway, resume from it, and check the losses repeat.
+    pub check_resume: bool,
+    /// Train eagerly, then through CUDA graphs, and check the losses are equal.
+    pub check_graph: bool,
+    /// With several ranks: train one rank first and compare the losses.
+    pub check_dp: bool,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            model: "small".into(),
+            batch: 8,
+            steps: 100,
+            lr: 6e-4,
+            seed: 1,
+            data: Vec::new(),
+            eval_every: 0,
+            eval_batches: 8,
+            sample: 0,
+            dump_init: None,
+            precision: Precision::Fp32,
+            graph: false,
+            ckpt_every: 0,
+            ckpt_dir: PathBuf::from("checkpoints"),
+            resume: None,
+            log_every: 10,
+            devices: vec![0],
+            launcher_env: false,
+            check_resume: false,
+            check_graph: false,
+            check_dp: false,
+        }
+    }
+}
+
+fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, GptError>
+where
+    T::Err: std::fmt::Display,
+{
+    v.parse()
+        .map_err(|e| GptError::Usage(format!("{flag} {v:?}: {e}")))
+}
+
+/// Parses the arguments after the program name.
+pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
+    let mut a = Args::default();
+    let mut it = argv.into_iter().peekable();
+    while let Some(flag) = it.next() {
+        if flag == "--data" {
+            while let Some(p) = it.next_if(|p| !p.starts_with("--")) {
+                a.data.push(p.into());
+            }
+            if a.data.is_empty() {
+                return Err(GptError::Usage("--data needs at least one path".into()));
+            }
+            continue;
+        }
+        let bool_flag = matches!(
+            flag.as_str(),
+            "--graph" | "--check-resume" | "--check-graph" | "--check-dp"
+        );
+        let v = if bool_flag {
+            String::new()
+        } else {
+            it.next()
+                .ok_or_else(|| GptError::Usage(format!("{flag} needs a value")))?
+        };
+        match flag.as_str() {
+            "--model" => a.model = v,
+            "--batch" => a.batch = num(&flag, &v)?,
+            "--steps" => a.steps = num(&flag, &v)?,
+            "--lr" => a.lr = num(&flag, &v)?,
+            "--seed" => a.seed = num(&flag, &v)?,
+            "--eval-every" => a.eval_every = num(&flag, &v)?,
+            "--eval-batches" => a.eval_batches = num(&flag, &v)?,
+            "--sample" => a.sample = num(&flag, &v)?,
+            "--dump-init" => a.dump_init = Some(v.into()),
+            "--precision" => {
+                a.precision = match v.as_str() {
+                    "fp32" => Precision::Fp32,
+                    "bf16" => Precision::Bf16,
+                    _ => return Err(GptError::Usage(format!("--precision {v:?}: fp32 or bf16"))),
+                }
+            }
+            "--graph" => a.graph = true,
+            "--check-resume" => a.check_resume = true,
+            "--check-graph" => a.check_graph = true,
+            "--check-dp" => a.check_dp = true,
+            "--ckpt-every" => a.ckpt_every = num(&flag, &v)?,
+            "--ckpt-dir" => a.ckpt_dir = v.into(),
+            "--resume" => a.resume = Some(v.into()),
+            "--log-every" => a.log_every = num(&flag, &v)?,
+            "--devices" => {
+                a.devices = v
+                    .split(',')
+                    .map(|s| num("--devices", s.trim()))
+                    .collect::<Result<_, _>>()?
+            }
+            "--launcher" if v == "env" => a.launcher_env = true,
+            "--launcher" => return Err(GptError::Usage(format!("--launcher {v:?}: only env"))),
+            other => return Err(GptError::Usage(format!("unknown argument {other:?}"))),
+        }
+    }
+    if a.batch == 0 || a.steps == 0 || a.log_every == 0 {
+        return Err(GptError::Usage(
+            "--batch, --steps and --log-every must be positive".into(),
+        ));
+    }
+    if !(a.lr.is_finite() && a.lr > 0.0) {
+        return Err(GptError::Usage(format!("--lr {}: must be positive", a.lr)));
+    }
+    if a.devices.is_empty() {
+        return Err(GptError::Usage(
+            "--devices needs at least one ordinal".into(),
+        ));
+    }
+    Ok(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Args, GptError> {
+        parse(s.split_whitespace().map(String::from))
+    }
+
+    #[test]
+    fn defaults_and_flags() {
+        let a = p("").unwrap();
+        assert_eq!((a.model.as_str(), a.batch, a.steps), ("small", 8, 100));
+        let a =
+            p("--model gpt2 --batch 16 --steps 5 --lr 3e-4 --graph --data a.txt b.txt --seed 9")
+                .unwrap();
+        assert_eq!(a.model, "gpt2");
+        assert_eq!((a.batch, a.steps, a.seed), (16, 5, 9));
+        assert!(a.graph);
+        assert_eq!(a.data, [PathBuf::from("a.txt"), PathBuf::from("b.txt")]);
+        assert_eq!(p("--devices 0,0").unwrap().devices, [0, 0]);
+        assert!(p("--check-resume --steps 4").unwrap().check_resume);
+        assert!(p("--check-graph").unwrap().check_graph);
+        assert!(p("--check-dp --devices 0,0").unwrap().check_dp);
+        assert_eq!(p("--precision bf16").unwrap().precision, Precision::Bf16);
+    }
+
+    #[test]
+    fn bad_input_is_a_usage_error() {
+        for bad in [
+            "--batch 0",
+            "--batch x",
+            "--frobnicate 1",
+            "--steps",
+            "--data",
+            "--precision fp8",
+            "--lr -1",
+            "--launcher slurm",
+        ] {
+            assert!(matches!(p(bad), Err(GptError::Usage(_))), "{bad}");
+        }
+    }
+}

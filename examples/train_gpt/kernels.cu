@@ -1,0 +1,341 @@
+// NVRTC kernels of train_gpt. Every reduction has a fixed order (no atomics): a step's
+// results depend only on its inputs, so runs repeat bit for bit. Activations, gradients
+// and the products' weights are act_t: float, or with ACT_BF16 defined __nv_bfloat16
+// (arithmetic in float: ld() and st() convert). Master weights, AdamW moments, layer-norm
+// statistics, losses and partial sums are float. Sizes are 32-bit (the host
+// checks every product of dimensions against 2^31); flat indices are 64-bit (idx_t).
+#ifdef ACT_BF16
+#include <cuda_bf16.h>
+typedef __nv_bfloat16 act_t;
+__device__ __forceinline__ float ld(act_t x) { return __bfloat162float(x); }
+__device__ __forceinline__ act_t st(float x) { return __float2bfloat16(x); }
+#else
+typedef float act_t;
+__device__ __forceinline__ float ld(act_t x) { return x; }
+__device__ __forceinline__ act_t st(float x) { return x; }
+#endif
+#define FULL 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000u)
+// No standard headers under NVRTC: the flat index type is spelled out.
+typedef unsigned long long idx_t;
+__device__ __forceinline__ unsigned umin(unsigned a, unsigned b) { return a < b ? a : b; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+// Fixed-order sum over a block of 256 threads (every thread gets the result).
+__device__ float block_sum256(float v, float* sh) {
+    __syncthreads();
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    return sh[0];
+}
+__device__ float block_max256(float v, float* sh) {
+    __syncthreads();
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if (threadIdx.x < o) sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + o]);
+        __syncthreads();
+    }
+    return sh[0];
+}
+#define GRID_STRIDE(i, n) \
+    for (idx_t i = blockIdx.x * (idx_t)blockDim.x + threadIdx.x; i < (idx_t)(n); \
+         i += (idx_t)gridDim.x * blockDim.x)
+
+// out[b,t,:] = wte[tok[b,t],:] + wpe[t,:]
+extern "C" __global__ void encoder_fwd(act_t* out, const unsigned* tok, const act_t* wte,
+                                       const act_t* wpe, unsigned BT, unsigned T, unsigned C) {
+    GRID_STRIDE(i, (idx_t)BT * C) {
+        idx_t bt = i / C, c = i % C, t = bt % T;
+        out[i] = st(ld(wte[(idx_t)tok[bt] * C + c]) + ld(wpe[t * C + c]));
+    }
+}
+
+// dwpe[t,c] = sum_b dout[b,t,c] (overwrites).
+extern "C" __global__ void encoder_bwd_wpe(act_t* dwpe, const act_t* dout, unsigned B, unsigned T,
+                                           unsigned C) {
+    GRID_STRIDE(i, (idx_t)T * C) {
+        float s = 0.0f;
+        for (unsigned b = 0; b < B; ++b) s += ld(dout[(idx_t)b * T * C + i]);
+        dwpe[i] = st(s);
+    }
+}
+
+// dwte[v,c] += sum over positions whose token is v of dout[bt,c] (thread per (v, c)).
+extern "C" __global__ void encoder_bwd_wte(act_t* dwte, const act_t* dout, const unsigned* tok,
+                                           unsigned BT, unsigned V, unsigned C) {
+    GRID_STRIDE(i, (idx_t)V * C) {
+        unsigned v = i / C, c = i % C;
+        float s = 0.0f;
+        for (unsigned bt = 0; bt < BT; ++bt)
+            if (tok[bt] == v) s += ld(dout[(idx_t)bt * C + c]);
+        dwte[i] = st(ld(dwte[i]) + s);
+    }
+}
+
+// One warp per row, 8 rows per block of 256.
+extern "C" __global__ void layernorm_fwd(act_t* out, float* mean, float* rstd, const act_t* inp,
+                                         const act_t* w, const act_t* b, unsigned N, unsigned C) {
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const act_t* x = inp + (idx_t)row * C;
+    float s = 0.0f;
+    for (unsigned i = lane; i < C; i += 32) s += ld(x[i]);
+    float m = warp_sum(s) / C;
+    float var = 0.0f;
+    for (unsigned i = lane; i < C; i += 32) { float d = ld(x[i]) - m; var += d * d; }
+    float r = rsqrtf(warp_sum(var) / C + 1e-5f);
+    act_t* o = out + (idx_t)row * C;
+    for (unsigned i = lane; i < C; i += 32) o[i] = st((ld(x[i]) - m) * r * ld(w[i]) + ld(b[i]));
+    if (lane == 0) { mean[row] = m; rstd[row] = r; }
+}
+
+// dinp += the input gradient of the layer norm (one warp per row).
+extern "C" __global__ void layernorm_bwd_dx(act_t* dinp, const act_t* dout, const act_t* inp,
+                                            const float* mean, const float* rstd, const act_t* w,
+                                            unsigned N, unsigned C) {
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const act_t* x = inp + (idx_t)row * C;
+    const act_t* d = dout + (idx_t)row * C;
+    float m = mean[row], r = rstd[row];
+    float a = 0.0f, bsum = 0.0f;
+    for (unsigned i = lane; i < C; i += 32) {
+        float dn = ld(w[i]) * ld(d[i]);
+        a += dn;
+        bsum += dn * (ld(x[i]) - m) * r;
+    }
+    a = warp_sum(a) / C;
+    bsum = warp_sum(bsum) / C;
+    act_t* di = dinp + (idx_t)row * C;
+    for (unsigned i = lane; i < C; i += 32) {
+        float n = (ld(x[i]) - m) * r;
+        di[i] = st(ld(di[i]) + (ld(w[i]) * ld(d[i]) - a - n * bsum) * r);
+    }
+}
+
+// Column sums per chunk of rows, block (32, 8), blockIdx.y = chunk (gridDim.y chunks).
+// mode 0: partial[p*C + c] = sum dout[r,c] (bias gradient).
+// mode 1: partial[p*2C + c] = sum dout*norm, partial[p*2C + C + c] = sum dout
+//         (layer-norm weight and bias gradients; norm = (inp - mean) * rstd).
+extern "C" __global__ void colsum_partial(float* partial, const act_t* dout, const act_t* inp,
+                                          const float* mean, const float* rstd, unsigned N,
+                                          unsigned C, int mode) {
+    __shared__ float sa[8][33];
+    __shared__ float sb[8][33];
+    unsigned c = blockIdx.x * 32 + threadIdx.x;
+    unsigned chunk = (N + gridDim.y - 1) / gridDim.y;
+    unsigned r0 = umin(N, blockIdx.y * chunk), r1 = umin(N, r0 + chunk);
+    float a = 0.0f, b = 0.0f;
+    if (c < C) {
+        for (unsigned r = r0 + threadIdx.y; r < r1; r += 8) {
+            idx_t i = (idx_t)r * C + c;
+            float d = ld(dout[i]);
+            b += d;
+            if (mode == 1) a += d * (ld(inp[i]) - mean[r]) * rstd[r];
+        }
+    }
+    sa[threadIdx.y][threadIdx.x] = a;
+    sb[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float ta = 0.0f, tb = 0.0f;
+        for (int k = 0; k < 8; ++k) { ta += sa[k][threadIdx.x]; tb += sb[k][threadIdx.x]; }
+        if (mode == 1) {
+            partial[(idx_t)blockIdx.y * 2 * C + c] = ta;
+            partial[(idx_t)blockIdx.y * 2 * C + C + c] = tb;
+        } else {
+            partial[(idx_t)blockIdx.y * C + c] = tb;
+        }
+    }
+}
+
+// out[c] = sum_p partial[p*W + c], block of 128 per column, fixed-order tree.
+extern "C" __global__ void colsum_finish(act_t* out, const float* partial, unsigned P, unsigned W) {
+    __shared__ float sh[128];
+    unsigned c = blockIdx.x, t = threadIdx.x;
+    float s = 0.0f;
+    for (unsigned p = t; p < P; p += 128) s += partial[(idx_t)p * W + c];
+    sh[t] = s;
+    __syncthreads();
+    for (unsigned o = 64; o > 0; o >>= 1) {
+        if (t < o) sh[t] += sh[t + o];
+        __syncthreads();
+    }
+    if (t == 0) out[c] = st(sh[0]);
+}
+
+// y[r,c] += b[c]
+extern "C" __global__ void bias_add(act_t* y, const act_t* b, unsigned N, unsigned C) {
+    GRID_STRIDE(i, (idx_t)N * C) y[i] = st(ld(y[i]) + ld(b[i % C]));
+}
+
+// out = x + y + b[c] (residual with the projection's bias)
+extern "C" __global__ void residual_bias(act_t* out, const act_t* x, const act_t* y,
+                                         const act_t* b, unsigned N, unsigned C) {
+    GRID_STRIDE(i, (idx_t)N * C) out[i] = st(ld(x[i]) + ld(y[i]) + ld(b[i % C]));
+}
+
+// qkv (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs); dir 1: the reverse (gradients).
+extern "C" __global__ void permute_qkv(act_t* q, act_t* k, act_t* v, act_t* qkv, unsigned B,
+                                       unsigned T, unsigned NH, unsigned hs, int dir) {
+    idx_t C = (idx_t)NH * hs;
+    GRID_STRIDE(i, (idx_t)B * T * C) {
+        idx_t d = i % hs, r = i / hs;
+        idx_t t = r % T; r /= T;
+        idx_t h = r % NH, b = r / NH;
+        idx_t src = (b * T + t) * 3 * C + h * hs + d;
+        if (dir == 0) {
+            q[i] = qkv[src]; k[i] = qkv[src + C]; v[i] = qkv[src + 2 * C];
+        } else {
+            qkv[src] = q[i]; qkv[src + C] = k[i]; qkv[src + 2 * C] = v[i];
+        }
+    }
+}
+
+// y (B,NH,T,hs) <-> out (B,T,NH,hs): dir 0 writes out from y, dir 1 writes y from out.
+extern "C" __global__ void unpermute(act_t* out, act_t* y, unsigned B, unsigned T, unsigned NH,
+                                     unsigned hs, int dir) {
+    GRID_STRIDE(i, (idx_t)B * T * NH * hs) {
+        idx_t d = i % hs, r = i / hs;
+        idx_t t = r % T; r /= T;
+        idx_t h = r % NH, b = r / NH;
+        idx_t o = (b * T + t) * NH * hs + h * hs + d;
+        if (dir == 0) out[o] = y[i]; else y[i] = out[o];
+    }
+}
+
+// Causal softmax over rows of length T (row r is query t = r % T): one warp per row.
+extern "C" __global__ void softmax_causal_fwd(act_t* att, const act_t* pre, unsigned rows,
+                                              unsigned T) {
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    unsigned t = row % T;
+    const act_t* x = pre + (idx_t)row * T;
+    float m = NEG_INF;
+    for (unsigned i = lane; i <= t; i += 32) m = fmaxf(m, ld(x[i]));
+    m = warp_max(m);
+    float s = 0.0f;
+    for (unsigned i = lane; i <= t; i += 32) s += expf(ld(x[i]) - m);
+    float inv = 1.0f / warp_sum(s);
+    act_t* a = att + (idx_t)row * T;
+    for (unsigned i = lane; i < T; i += 32) a[i] = st(i <= t ? expf(ld(x[i]) - m) * inv : 0.0f);
+}
+
+extern "C" __global__ void softmax_causal_bwd(act_t* dpre, const act_t* datt, const act_t* att,
+                                              unsigned rows, unsigned T) {
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    unsigned t = row % T;
+    const act_t* a = att + (idx_t)row * T;
+    const act_t* d = datt + (idx_t)row * T;
+    float s = 0.0f;
+    for (unsigned i = lane; i <= t; i += 32) s += ld(a[i]) * ld(d[i]);
+    s = warp_sum(s);
+    act_t* o = dpre + (idx_t)row * T;
+    for (unsigned i = lane; i < T; i += 32) o[i] = st(i <= t ? ld(a[i]) * (ld(d[i]) - s) : 0.0f);
+}
+
+#define GELU_S 0.7978845608028654f
+extern "C" __global__ void gelu_fwd(act_t* out, const act_t* inp, unsigned n) {
+    GRID_STRIDE(i, n) {
+        float x = ld(inp[i]);
+        out[i] = st(0.5f * x * (1.0f + tanhf(GELU_S * (x + 0.044715f * x * x * x))));
+    }
+}
+
+extern "C" __global__ void gelu_bwd(act_t* dinp, const act_t* inp, const act_t* dout, unsigned n) {
+    GRID_STRIDE(i, n) {
+        float x = ld(inp[i]);
+        float th = tanhf(GELU_S * (x + 0.044715f * x * x * x));
+        float sech2 = 1.0f - th * th;
+        float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_S * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = st(g * ld(dout[i]));
+    }
+}
+
+// Softmax cross-entropy, one block of 256 per row: losses[r], and, when grad != 0,
+// dlogits = (softmax - onehot) * scale.
+extern "C" __global__ void xent(act_t* dlogits, float* losses, const act_t* logits,
+                                const unsigned* targets, unsigned N, unsigned V, float scale,
+                                int grad) {
+    __shared__ float sh[256];
+    unsigned row = blockIdx.x;
+    const act_t* x = logits + (idx_t)row * V;
+    float m = NEG_INF;
+    for (unsigned i = threadIdx.x; i < V; i += 256) m = fmaxf(m, ld(x[i]));
+    m = block_max256(m, sh);
+    float s = 0.0f;
+    for (unsigned i = threadIdx.x; i < V; i += 256) s += expf(ld(x[i]) - m);
+    s = block_sum256(s, sh);
+    unsigned y = targets[row];
+    if (threadIdx.x == 0) losses[row] = logf(s) - (ld(x[y]) - m);
+    if (grad) {
+        act_t* d = dlogits + (idx_t)row * V;
+        for (unsigned i = threadIdx.x; i < V; i += 256)
+            d[i] = st((expf(ld(x[i]) - m) / s - (i == y ? 1.0f : 0.0f)) * scale);
+    }
+}
+
+// out[slot] = scale * sum(in[0..n]), one block of 256 in a fixed order.
+extern "C" __global__ void sum_finish(float* out, const float* in, unsigned n, float scale,
+                                      unsigned slot) {
+    __shared__ float sh[256];
+    float s = 0.0f;
+    for (unsigned i = threadIdx.x; i < n; i += 256) s += in[i];
+    s = block_sum256(s, sh);
+    if (threadIdx.x == 0) out[slot] = s * scale;
+}
+
+// partial[block] = sum of squares of the block's grid-stride share of g.
+extern "C" __global__ void sumsq_partial(float* partial, const act_t* g, unsigned n) {
+    __shared__ float sh[256];
+    float s = 0.0f;
+    GRID_STRIDE(i, n) { float x = ld(g[i]); s += x * x; }
+    s = block_sum256(s, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// AdamW as torch.optim.AdamW, with the gradient clipped to norm max_norm first
+// (torch.nn.utils.clip_grad_norm_), on the float master weights p; w receives the updated
+// weights as act_t (what the products and kernels read). sched: [lr, 1 - beta1^t,
+// 1 - beta2^t]; normsq[0]: the squared gradient norm.
+extern "C" __global__ void adamw(float* p, act_t* w, const act_t* g, float* m, float* v,
+                                 unsigned n, const float* sched, const float* normsq, float wd,
+                                 float b1, float b2, float eps, float max_norm) {
+    float lr = sched[0], bc1 = sched[1], bc2 = sched[2];
+    float coef = fminf(max_norm / (sqrtf(normsq[0]) + 1e-6f), 1.0f);
+    float step = lr / bc1, bc2s = sqrtf(bc2);
+    GRID_STRIDE(i, n) {
+        float gi = ld(g[i]) * coef;
+        float mi = m[i] + (1.0f - b1) * (gi - m[i]);
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float pi = p[i] * (1.0f - lr * wd);
+        pi = pi - step * mi / (sqrtf(vi) / bc2s + eps);
+        p[i] = pi;
+        w[i] = st(pi);
+    }
+}
+
+// w = p as act_t (the weights the products read, from the float master weights).
+extern "C" __global__ void cast_weights(act_t* w, const float* p, unsigned n) {
+    GRID_STRIDE(i, n) w[i] = st(p[i]);
+}
+
+// dst = src, 32-bit words: how a step's inputs reach the buffers a CUDA graph reads.
+extern "C" __global__ void copy_words(unsigned* dst, const unsigned* src, unsigned n) {
+    GRID_STRIDE(i, n) dst[i] = src[i];
+}

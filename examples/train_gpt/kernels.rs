@@ -1,0 +1,780 @@
+//! The NVRTC kernels of `train_gpt` (`kernels.cu`) as owned [`Kernel`]s in one registry,
+//! and one launch wrapper per kernel that checks every length the kernel relies on.
+//!
+//! The SAFETY comments write the kernels' `act_t*` parameters as `float*`: with bf16
+//! activations ([`Kernels::load`] with `bf16`) they are `__nv_bfloat16*`, and the model
+//! ([`Gpt<T>`](crate::gpt::Gpt)) passes buffers of `T` there and of `f32` elsewhere.
+
+use crate::launch::{Arg, In, Target};
+use gpubind::{BoundDevice, DeviceMemory, KernelArg};
+use gpubind::{CompileOptions, Error, Kernel, LaunchConfig, Result};
+
+/// The kernels' CUDA source.
+pub const SOURCE: &str = include_str!("kernels.cu");
+
+macro_rules! registry {
+    ($($name:ident),* $(,)?) => {
+        /// Every kernel of [`SOURCE`], compiled once per device.
+        pub struct Kernels { $(pub $name: Kernel,)* }
+        impl Kernels {
+            /// Compiles [`SOURCE`] for `gpu`'s device, with bf16 activations if `bf16`,
+            /// and looks every kernel up.
+            pub fn load(gpu: &BoundDevice<'_>, bf16: bool) -> Result<Self> {
+                let mut opts = CompileOptions::new();
+                if bf16 {
+                    opts = opts.define("ACT_BF16", 1);
+                }
+                let module = gpu.compile_and_load_with(SOURCE, "train_gpt.cu", &opts)?.into_shared();
+                Ok(Kernels { $($name: module.kernel(stringify!($name))?,)* })
+            }
+        }
+    };
+}
+
+registry!(
+    encoder_fwd,
+    encoder_bwd_wpe,
+    encoder_bwd_wte,
+    layernorm_fwd,
+    layernorm_bwd_dx,
+    colsum_partial,
+    colsum_finish,
+    bias_add,
+    residual_bias,
+    permute_qkv,
+    unpermute,
+    softmax_causal_fwd,
+    softmax_causal_bwd,
+    gelu_fwd,
+    gelu_bwd,
+    xent,
+    sum_finish,
+    sumsq_partial,
+    adamw,
+    cast_weights,
+    copy_words,
+);
+
+/// Blocks of [`sumsq_partial`](Kernels::sumsq_partial) (and the length of its output).
+pub const NORM_PARTS: usize = 1024;
+
+/// `v` as a kernel's 32-bit size (below 2^31, so grid-stride sums cannot wrap).
+pub fn u32_of(what: &str, v: usize) -> Result<u32> {
+    i32::try_from(v)
+        .map(|v| v as u32)
+        .map_err(|_| Error::InvalidArgument(format!("train_gpt: {what} = {v} exceeds 2^31 - 1")))
+}
+
+fn need(what: &str, len: usize, want: usize) -> Result<()> {
+    if len == want {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "train_gpt: {what} has {len} elements, the kernel needs {want}"
+        )))
+    }
+}
+
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n.div_ceil(256)).clamp(1, 8192) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One warp per row, 8 rows per block.
+fn warp_rows(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(8).max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn blocks(n: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.max(1), 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Row chunks of the two-pass column sums: `colsum_partial` writes one row of partial
+/// sums per chunk, `colsum_finish` adds them up.
+pub fn colsum_parts(rows: usize) -> usize {
+    rows.div_ceil(64).clamp(1, 256)
+}
+
+impl Kernels {
+    /// `out[b,t] = wte[tok[b,t]] + wpe[t]`.
+    pub fn encoder_fwd<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        tok: &'b impl In,
+        wte: &'b impl In,
+        wpe: &'b impl In,
+        (t, c): (usize, usize),
+    ) -> Result<()> {
+        let bt = tok.len();
+        need("encoder out", out.len(), bt * c)?;
+        if wpe.len() < t * c || !bt.is_multiple_of(t) {
+            return Err(Error::InvalidArgument(format!(
+                "train_gpt: {bt} tokens are not rows of {t} positions of wpe ({})",
+                wpe.len()
+            )));
+        }
+        let (bt, t, c) = (u32_of("BT", bt)?, u32_of("T", t)?, u32_of("C", c)?);
+        u32_of("BT*C", out.len())?;
+        // SAFETY: (float*, const unsigned*, const float*, const float*, unsigned ×3) matches
+        // encoder_fwd; it writes BT·C elements of out (checked), reads BT tokens (tok's
+        // length), wpe rows < T (checked) and wte rows named by the tokens, which the host
+        // checks are below the vocabulary (data::Batches makes them from bytes, V = 256).
+        unsafe {
+            tg.run(
+                &self.encoder_fwd,
+                grid(out.len()),
+                &[
+                    Arg::w(out),
+                    Arg::b(tok),
+                    Arg::b(wte),
+                    Arg::b(wpe),
+                    Arg::s(&bt),
+                    Arg::s(&t),
+                    Arg::s(&c),
+                ],
+            )
+        }
+    }
+
+    /// `dwpe = Σ_b dout[b]`, `dwte += scatter(dout)` by token.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encoder_bwd<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dwte: &'b impl In,
+        dwpe: &'b impl In,
+        dout: &'b impl In,
+        tok: &'b impl In,
+        (b, t, c, v): (usize, usize, usize, usize),
+    ) -> Result<()> {
+        need("encoder dout", dout.len(), b * t * c)?;
+        need("encoder tokens", tok.len(), b * t)?;
+        need("dwpe", dwpe.len(), t * c)?;
+        need("dwte", dwte.len(), v * c)?;
+        let [b, t, c, v, bt] = [b, t, c, v, b * t].map(|x| x as u32);
+        u32_of("BT*C", dout.len())?;
+        // SAFETY: (float*, const float*, unsigned ×3) matches encoder_bwd_wpe; it writes T·C
+        // of dwpe and reads B·T·C of dout (both checked).
+        unsafe {
+            tg.run(
+                &self.encoder_bwd_wpe,
+                grid(dwpe.len()),
+                &[
+                    Arg::w(dwpe),
+                    Arg::b(dout),
+                    Arg::s(&b),
+                    Arg::s(&t),
+                    Arg::s(&c),
+                ],
+            )?;
+        }
+        // SAFETY: (float*, const float*, const unsigned*, unsigned ×3) matches
+        // encoder_bwd_wte; it touches V·C of dwte, BT of tok and BT·C of dout (checked).
+        unsafe {
+            tg.run(
+                &self.encoder_bwd_wte,
+                grid(dwte.len()),
+                &[
+                    Arg::w(dwte),
+                    Arg::b(dout),
+                    Arg::b(tok),
+                    Arg::s(&bt),
+                    Arg::s(&v),
+                    Arg::s(&c),
+                ],
+            )
+        }
+    }
+
+    /// Layer norm of `n` rows of `c`: `out`, and the rows' `mean` and `rstd`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_fwd<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        mean: &'b impl In,
+        rstd: &'b impl In,
+        inp: &'b impl In,
+        wb: (&'b impl In, &'b impl In),
+        c: usize,
+    ) -> Result<()> {
+        let n = inp.len() / c;
+        need("layernorm out", out.len(), inp.len())?;
+        need("layernorm input", inp.len(), n * c)?;
+        need("layernorm mean", mean.len(), n)?;
+        need("layernorm rstd", rstd.len(), n)?;
+        need("layernorm weight", wb.0.len(), c)?;
+        need("layernorm bias", wb.1.len(), c)?;
+        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
+        // SAFETY: (float* ×3, const float* ×3, unsigned ×2) matches layernorm_fwd; warp r
+        // < N touches row r of out and inp (N·C, checked), mean[r], rstd[r], C of w and b.
+        unsafe {
+            tg.run(
+                &self.layernorm_fwd,
+                warp_rows(n),
+                &[
+                    Arg::w(out),
+                    Arg::w(mean),
+                    Arg::w(rstd),
+                    Arg::b(inp),
+                    Arg::b(wb.0),
+                    Arg::b(wb.1),
+                    Arg::s(&nn),
+                    Arg::s(&cc),
+                ],
+            )
+        }
+    }
+
+    /// Layer-norm backward: `dinp += dx`, and the weight and bias gradients into `dwb`
+    /// (weight then bias, `2c`), through `partial`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_bwd<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dinp: &'b impl In,
+        dwb: &'b impl In,
+        partial: &'b impl In,
+        dout: &'b impl In,
+        inp: &'b impl In,
+        stats: (&'b impl In, &'b impl In),
+        w: &'b impl In,
+    ) -> Result<()> {
+        let c = w.len();
+        let n = inp.len() / c.max(1);
+        need("layernorm dinp", dinp.len(), n * c)?;
+        need("layernorm dout", dout.len(), n * c)?;
+        need("layernorm input", inp.len(), n * c)?;
+        need("layernorm mean", stats.0.len(), n)?;
+        need("layernorm rstd", stats.1.len(), n)?;
+        need("layernorm dweight+dbias", dwb.len(), 2 * c)?;
+        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
+        // SAFETY: (float*, const float* ×5, unsigned ×2) matches layernorm_bwd_dx; warp r < N
+        // touches row r of dinp, dout and inp, mean[r], rstd[r] and C of w (all checked).
+        unsafe {
+            tg.run(
+                &self.layernorm_bwd_dx,
+                warp_rows(n),
+                &[
+                    Arg::w(dinp),
+                    Arg::b(dout),
+                    Arg::b(inp),
+                    Arg::b(stats.0),
+                    Arg::b(stats.1),
+                    Arg::b(w),
+                    Arg::s(&nn),
+                    Arg::s(&cc),
+                ],
+            )?;
+        }
+        self.colsum(tg, dwb, partial, dout, Some((inp, stats.0, stats.1)), c)
+    }
+
+    /// Column sums of `dout` (`rows × c`) into `out` (`c`), or with `ln` the layer-norm
+    /// weight and bias gradients into `out` (`2c`).
+    fn colsum<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        partial: &'b impl In,
+        dout: &'b impl In,
+        ln: Option<(&'b dyn In, &'b dyn In, &'b dyn In)>,
+        c: usize,
+    ) -> Result<()> {
+        let n = dout.len() / c.max(1);
+        let parts = colsum_parts(n);
+        let width = if ln.is_some() { 2 * c } else { c };
+        need("colsum output", out.len(), width)?;
+        need("colsum input", dout.len(), n * c)?;
+        if partial.len() < parts * width {
+            return Err(Error::InvalidArgument(format!(
+                "train_gpt: colsum partial has {} elements, needs {}",
+                partial.len(),
+                parts * width
+            )));
+        }
+        let mode = i32::from(ln.is_some());
+        let (nn, cc, pp, ww) = (
+            u32_of("rows", n)?,
+            u32_of("C", c)?,
+            parts as u32,
+            width as u32,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (cc.div_ceil(32), pp, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        let (a, m, r): (&'b dyn KernelArg, &'b dyn KernelArg, &'b dyn KernelArg) = match ln {
+            // Mode 1 reads the input rows and their statistics (lengths checked by the caller).
+            Some((inp, mean, rstd)) => (inp, mean, rstd),
+            // Mode 0 never reads them: dout stands in.
+            None => (dout, dout, dout),
+        };
+        let args = [
+            Arg::w(partial),
+            Arg::b(dout),
+            Arg::Buf(a),
+            Arg::Buf(m),
+            Arg::Buf(r),
+        ];
+        let scalars = [Arg::s(&nn), Arg::s(&cc), Arg::s(&mode)];
+        // SAFETY: (float*, const float* ×4, unsigned ×2, int) matches colsum_partial; block
+        // (x, y) reads rows of chunk y < parts of columns < C of the N·C inputs and writes
+        // partial row y (width `width`), inside parts·width ≤ partial's length (checked).
+        unsafe {
+            tg.run(
+                &self.colsum_partial,
+                cfg,
+                &[args.as_slice(), &scalars].concat(),
+            )?
+        };
+        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block c < W
+        // writes out[c] (W elements, checked) and reads column c of P·W partials.
+        unsafe {
+            tg.run(
+                &self.colsum_finish,
+                blocks(ww, 128),
+                &[Arg::w(out), Arg::b(partial), Arg::s(&pp), Arg::s(&ww)],
+            )
+        }
+    }
+
+    /// Bias gradient: the column sums of `dout` (`rows × db.len()`).
+    pub fn bias_grad<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        db: &'b impl In,
+        partial: &'b impl In,
+        dout: &'b impl In,
+    ) -> Result<()> {
+        let c = db.len();
+        self.colsum(tg, db, partial, dout, None, c)
+    }
+
+    /// `y[r] += b`.
+    pub fn bias_add<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        y: &'b impl In,
+        b: &'b impl In,
+    ) -> Result<()> {
+        let c = b.len();
+        let n = y.len() / c.max(1);
+        need("bias_add y", y.len(), n * c)?;
+        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
+        u32_of("N*C", y.len())?;
+        // SAFETY: (float*, const float*, unsigned ×2) matches bias_add; N·C of y, C of b.
+        unsafe {
+            tg.run(
+                &self.bias_add,
+                grid(y.len()),
+                &[Arg::w(y), Arg::b(b), Arg::s(&nn), Arg::s(&cc)],
+            )
+        }
+    }
+
+    /// `out = x + y + b[c]`.
+    pub fn residual_bias<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        x: &'b impl In,
+        y: &'b impl In,
+        b: &'b impl In,
+    ) -> Result<()> {
+        let c = b.len();
+        let n = out.len() / c.max(1);
+        need("residual out", out.len(), n * c)?;
+        need("residual x", x.len(), n * c)?;
+        need("residual y", y.len(), n * c)?;
+        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
+        u32_of("N*C", out.len())?;
+        // SAFETY: (float*, const float* ×3, unsigned ×2) matches residual_bias; N·C of out,
+        // x and y, C of b (checked).
+        unsafe {
+            tg.run(
+                &self.residual_bias,
+                grid(out.len()),
+                &[
+                    Arg::w(out),
+                    Arg::b(x),
+                    Arg::b(y),
+                    Arg::b(b),
+                    Arg::s(&nn),
+                    Arg::s(&cc),
+                ],
+            )
+        }
+    }
+
+    /// `qkv (B,T,3,NH,hs)` to `q, k, v (B,NH,T,hs)` (`back`: the reverse).
+    #[allow(clippy::too_many_arguments)]
+    pub fn permute_qkv<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        q: &'b impl In,
+        k: &'b impl In,
+        v: &'b impl In,
+        qkv: &'b impl In,
+        (b, t, nh, hs): (usize, usize, usize, usize),
+        back: bool,
+    ) -> Result<()> {
+        let n = b * t * nh * hs;
+        for (what, len) in [("q", q.len()), ("k", k.len()), ("v", v.len())] {
+            need(what, len, n)?;
+        }
+        need("qkv", qkv.len(), 3 * n)?;
+        u32_of("3*B*T*C", 3 * n)?;
+        let [b, t, nh, hs] = [b, t, nh, hs].map(|x| x as u32);
+        let dir = i32::from(back);
+        // SAFETY: (float* ×4, unsigned ×4, int) matches permute_qkv; it touches B·T·C of q,
+        // k, v and 3·B·T·C of qkv (checked).
+        unsafe {
+            tg.run(
+                &self.permute_qkv,
+                grid(n),
+                &[
+                    Arg::w(q),
+                    Arg::w(k),
+                    Arg::w(v),
+                    Arg::w(qkv),
+                    Arg::s(&b),
+                    Arg::s(&t),
+                    Arg::s(&nh),
+                    Arg::s(&hs),
+                    Arg::s(&dir),
+                ],
+            )
+        }
+    }
+
+    /// `y (B,NH,T,hs)` to `out (B,T,C)` (`back`: `out` to `y`).
+    pub fn unpermute<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        y: &'b impl In,
+        (b, t, nh, hs): (usize, usize, usize, usize),
+        back: bool,
+    ) -> Result<()> {
+        let n = b * t * nh * hs;
+        need("unpermute out", out.len(), n)?;
+        need("unpermute y", y.len(), n)?;
+        u32_of("B*T*C", n)?;
+        let [b, t, nh, hs] = [b, t, nh, hs].map(|x| x as u32);
+        let dir = i32::from(back);
+        // SAFETY: (float* ×2, unsigned ×4, int) matches unpermute; B·T·C of both (checked).
+        unsafe {
+            tg.run(
+                &self.unpermute,
+                grid(n),
+                &[
+                    Arg::w(out),
+                    Arg::w(y),
+                    Arg::s(&b),
+                    Arg::s(&t),
+                    Arg::s(&nh),
+                    Arg::s(&hs),
+                    Arg::s(&dir),
+                ],
+            )
+        }
+    }
+
+    /// Causal softmax of rows of `t` (row r is query `r % t`).
+    pub fn softmax_fwd<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        att: &'b impl In,
+        pre: &'b impl In,
+        t: usize,
+    ) -> Result<()> {
+        let rows = pre.len() / t;
+        need("softmax input", pre.len(), rows * t)?;
+        need("softmax output", att.len(), rows * t)?;
+        let (r, tt) = (u32_of("rows", rows)?, u32_of("T", t)?);
+        // SAFETY: (float*, const float*, unsigned ×2) matches softmax_causal_fwd; warp r <
+        // rows touches row r of both (rows·T, checked).
+        unsafe {
+            tg.run(
+                &self.softmax_causal_fwd,
+                warp_rows(rows),
+                &[Arg::w(att), Arg::b(pre), Arg::s(&r), Arg::s(&tt)],
+            )
+        }
+    }
+
+    /// Causal softmax backward.
+    pub fn softmax_bwd<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dpre: &'b impl In,
+        datt: &'b impl In,
+        att: &'b impl In,
+        t: usize,
+    ) -> Result<()> {
+        let rows = att.len() / t;
+        need("softmax att", att.len(), rows * t)?;
+        need("softmax datt", datt.len(), rows * t)?;
+        need("softmax dpre", dpre.len(), rows * t)?;
+        let (r, tt) = (u32_of("rows", rows)?, u32_of("T", t)?);
+        // SAFETY: (float*, const float* ×2, unsigned ×2) matches softmax_causal_bwd; warp r
+        // < rows touches row r of the three (rows·T each, checked).
+        unsafe {
+            tg.run(
+                &self.softmax_causal_bwd,
+                warp_rows(rows),
+                &[
+                    Arg::w(dpre),
+                    Arg::b(datt),
+                    Arg::b(att),
+                    Arg::s(&r),
+                    Arg::s(&tt),
+                ],
+            )
+        }
+    }
+
+    /// `out = gelu(inp)` (tanh approximation).
+    pub fn gelu_fwd<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        inp: &'b impl In,
+    ) -> Result<()> {
+        need("gelu out", out.len(), inp.len())?;
+        let n = u32_of("gelu n", inp.len())?;
+        // SAFETY: (float*, const float*, unsigned) matches gelu_fwd; n of each (checked).
+        unsafe {
+            tg.run(
+                &self.gelu_fwd,
+                grid(inp.len()),
+                &[Arg::w(out), Arg::b(inp), Arg::s(&n)],
+            )
+        }
+    }
+
+    /// `dinp = gelu'(inp) · dout`.
+    pub fn gelu_bwd<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dinp: &'b impl In,
+        inp: &'b impl In,
+        dout: &'b impl In,
+    ) -> Result<()> {
+        need("gelu dinp", dinp.len(), inp.len())?;
+        need("gelu dout", dout.len(), inp.len())?;
+        let n = u32_of("gelu n", inp.len())?;
+        // SAFETY: (float*, const float* ×2, unsigned) matches gelu_bwd; n of each (checked).
+        unsafe {
+            tg.run(
+                &self.gelu_bwd,
+                grid(inp.len()),
+                &[Arg::w(dinp), Arg::b(inp), Arg::b(dout), Arg::s(&n)],
+            )
+        }
+    }
+
+    /// Cross-entropy of `logits` (`rows × v`) against `targets`: per-row `losses`, their
+    /// mean into `loss[0]`, and with `grad = Some(k)` the logits' gradient of `k` × the
+    /// mean (`k = 1/ranks` makes the ranks' summed gradients the global batch's).
+    #[allow(clippy::too_many_arguments)]
+    pub fn xent<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dlogits: &'b impl In,
+        losses: &'b impl In,
+        loss: &'b impl In,
+        logits: &'b impl In,
+        targets: &'b impl In,
+        v: usize,
+        grad: Option<f32>,
+    ) -> Result<()> {
+        let n = targets.len();
+        need("logits", logits.len(), n * v)?;
+        need("dlogits", dlogits.len(), n * v)?;
+        need("losses", losses.len(), n)?;
+        need("loss", loss.len(), 1)?;
+        let (nn, vv) = (u32_of("rows", n)?, u32_of("V", v)?);
+        let scale = 1.0f32 / n as f32;
+        let dscale = grad.unwrap_or(0.0) * scale;
+        let g = i32::from(grad.is_some());
+        // SAFETY: (float* ×2, const float*, const unsigned*, unsigned ×2, float, int) matches
+        // xent; block r < N touches row r of logits and dlogits (N·V, checked), losses[r]
+        // and targets[r]; the targets are below V (the host makes them from bytes, V = 256).
+        unsafe {
+            tg.run(
+                &self.xent,
+                blocks(nn, 256),
+                &[
+                    Arg::w(dlogits),
+                    Arg::w(losses),
+                    Arg::b(logits),
+                    Arg::b(targets),
+                    Arg::s(&nn),
+                    Arg::s(&vv),
+                    Arg::s(&dscale),
+                    Arg::s(&g),
+                ],
+            )?;
+        }
+        let zero = 0u32;
+        // SAFETY: (float*, const float*, unsigned, float, unsigned) matches sum_finish; it
+        // reads N of losses and writes loss[0] (one element, checked).
+        unsafe {
+            tg.run(
+                &self.sum_finish,
+                blocks(1, 256),
+                &[
+                    Arg::w(loss),
+                    Arg::b(losses),
+                    Arg::s(&nn),
+                    Arg::s(&scale),
+                    Arg::s(&zero),
+                ],
+            )
+        }
+    }
+
+    /// The squared norm of `g` into `out[0]`, through `partial` ([`NORM_PARTS`]).
+    pub fn sumsq<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        out: &'b impl In,
+        partial: &'b impl In,
+        g: &'b impl In,
+    ) -> Result<()> {
+        need("norm partial", partial.len(), NORM_PARTS)?;
+        need("norm out", out.len(), 1)?;
+        let n = u32_of("parameters", g.len())?;
+        let (parts, one, zero) = (NORM_PARTS as u32, 1.0f32, 0u32);
+        // SAFETY: (float*, const float*, unsigned) matches sumsq_partial; block b <
+        // NORM_PARTS writes partial[b] (checked) and reads n of g.
+        unsafe {
+            tg.run(
+                &self.sumsq_partial,
+                blocks(parts, 256),
+                &[Arg::w(partial), Arg::b(g), Arg::s(&n)],
+            )?;
+        }
+        // SAFETY: as in `xent`: NORM_PARTS of partial, out[0].
+        unsafe {
+            tg.run(
+                &self.sum_finish,
+                blocks(1, 256),
+                &[
+                    Arg::w(out),
+                    Arg::b(partial),
+                    Arg::s(&parts),
+                    Arg::s(&one),
+                    Arg::s(&zero),
+                ],
+            )
+        }
+    }
+
+    /// One AdamW update of one tensor (clipped by the norm in `normsq[0]`; `sched`: lr
+    /// and the bias corrections).
+    #[allow(clippy::too_many_arguments)]
+    pub fn adamw<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        (p, w, g): (&'b impl In, &'b impl In, &'b impl In),
+        (m, v): (&'b impl In, &'b impl In),
+        sched: &'b impl In,
+        normsq: &'b impl In,
+        wd: f32,
+        hp: &crate::optim::AdamW,
+    ) -> Result<()> {
+        let n = p.len();
+        need("adamw grad", g.len(), n)?;
+        need("adamw weights", w.len(), n)?;
+        need("adamw m", m.len(), n)?;
+        need("adamw v", v.len(), n)?;
+        need("schedule", sched.len(), crate::optim::SCHED_LEN)?;
+        need("norm", normsq.len(), 1)?;
+        let nn = u32_of("tensor", n)?;
+        // SAFETY: (float*, act_t*, const act_t*, float* ×2, unsigned, const float* ×2,
+        // float ×5) matches adamw (the model's buffer types); n of p, w, g, m, v (checked),
+        // 3 of sched, 1 of normsq.
+        unsafe {
+            tg.run(
+                &self.adamw,
+                grid(n),
+                &[
+                    Arg::w(p),
+                    Arg::w(w),
+                    Arg::b(g),
+                    Arg::w(m),
+                    Arg::w(v),
+                    Arg::s(&nn),
+                    Arg::b(sched),
+                    Arg::b(normsq),
+                    Arg::s(&wd),
+                    Arg::s(&hp.beta1),
+                    Arg::s(&hp.beta2),
+                    Arg::s(&hp.eps),
+                    Arg::s(&hp.max_norm),
+                ],
+            )
+        }
+    }
+
+    /// `dst = src` for buffers of 32-bit elements.
+    pub fn copy_words<'b, T: gpubind::DeviceRepr>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dst: &'b (impl DeviceMemory<T> + KernelArg),
+        src: &'b (impl DeviceMemory<T> + KernelArg),
+    ) -> Result<()> {
+        if std::mem::size_of::<T>() != 4 {
+            return Err(Error::InvalidArgument(
+                "train_gpt: copy_words copies 4-byte elements".into(),
+            ));
+        }
+        need("copy destination", dst.len(), src.len())?;
+        let n = u32_of("copy length", src.len())?;
+        // SAFETY: (unsigned*, const unsigned*, unsigned) matches copy_words (4-byte
+        // elements, checked); n elements of both (equal lengths, checked).
+        unsafe {
+            tg.run(
+                &self.copy_words,
+                grid(src.len()),
+                &[Arg::w(dst), Arg::b(src), Arg::s(&n)],
+            )
+        }
+    }
+
+    /// `w = p` converted to the activation type.
+    pub fn cast_weights<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        w: &'b impl In,
+        p: &'b impl In,
+    ) -> Result<()> {
+        need("weights", w.len(), p.len())?;
+        let n = u32_of("parameters", p.len())?;
+        // SAFETY: (act_t*, const float*, unsigned) matches cast_weights (the model's buffer
+        // types); n of both (checked).
+        unsafe {
+            tg.run(
+                &self.cast_weights,
+                grid(p.len()),
+                &[Arg::w(w), Arg::b(p), Arg::s(&n)],
+            )
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! The GPT's shape ([`Config`]), its parameters laid out in one flat buffer
+//! ([`ParamLayout`], names as in `scripts/torch_gpt.py`'s `state_dict`) and their
+//! initialisation ([`init_params`]). Pure host code.
+
+use crate::GptError;
+use gpubind::blas::Matmul;
+
+/// Byte-level tokens.
+pub const VOCAB: usize = 256;
+
+/// A GPT-2 shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    pub layers: usize,
+    pub heads: usize,
+    pub width: usize,
+    pub context: usize,
+    pub vocab: usize,
+}
+
+impl Config {
+    /// `small` (6 layers, 6 heads, 384 wide, context 256) or `gpt2` (12, 12, 768, 1024).
+    pub fn named(name: &str) -> Result<Config, GptError> {
+        let (layers, heads, width, context) = match name {
+            "small" => (6, 6, 384, 256),
+            "gpt2" => (12, 12, 768, 1024),
+            other => return Err(GptError::UnknownModel(other.to_string())),
+        };
+        Ok(Config {
+            layers,
+            heads,
+            width,
+            context,
+            vocab: VOCAB,
+        })
+    }
+
+    /// Head size.
+    pub fn head_size(&self) -> usize {
+        self.width / self.heads
+    }
+
+    /// Model FLOPs of one training step per token (forward + backward = 3 × forward),
+    /// counting the matrix products and the attention, as PaLM's MFU does:
+    /// `6·N + 6·L·T·C` (N: non-embedding parameters plus the tied head).
+    pub fn flops_per_token(&self) -> f64 {
+        let (l, c, t, v) = (
+            self.layers as f64,
+            self.width as f64,
+            self.context as f64,
+            self.vocab as f64,
+        );
+        let n = l * 12.0 * c * c + v * c;
+        6.0 * n + 6.0 * l * t * c
+    }
+}
+
+/// Sizes of one step: batch `b` of `t` tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct Dims {
+    pub b: usize,
+    pub t: usize,
+    pub c: usize,
+    pub nh: usize,
+    pub hs: usize,
+    pub v: usize,
+    pub l: usize,
+}
+
+impl Dims {
+    pub fn new(cfg: &Config, b: usize) -> Dims {
+        Dims {
+            b,
+            t: cfg.context,
+            c: cfg.width,
+            nh: cfg.heads,
+            hs: cfg.head_size(),
+            v: cfg.vocab,
+            l: cfg.layers,
+        }
+    }
+    pub fn bt(&self) -> usize {
+        self.b * self.t
+    }
+    pub fn att(&self) -> usize {
+        self.b * self.nh * self.t * self.t
+    }
+    /// Floats of the activations and scratch buffers.
+    pub fn activation_floats(&self) -> usize {
+        let (bt, c) = (self.bt(), self.c);
+        let block = bt * (4 * c + 4 + 3 * c + 3 * c + 2 * c + 3 * c + 8 * c) + self.att();
+        let scratch = 2 * self.att() + bt * (13 * c + 8 * c + 2 * self.v) + 256 * 4 * c;
+        self.l * block + scratch + bt * (2 * c + 2 + self.v + 1) + 2 * bt
+    }
+}
+
+/// `Y[n×out] = X[n×in] · Wᵀ` (W stored out × in, as torch's Linear).
+pub fn linear(n: usize, out: usize, inp: usize) -> Matmul {
+    Matmul::new(n, out, inp).transpose_b()
+}
+
+/// One parameter tensor inside the flat buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Param {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub offset: usize,
+    /// AdamW weight decay applies (every 2-D tensor: the embeddings and the linear
+    /// weights; not biases nor layer-norm parameters).
+    pub decay: bool,
+}
+
+impl Param {
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.len()
+    }
+}
+
+/// Where each parameter lives in the flat buffer: `wte`, `wpe`, each block's tensors in
+/// order, `ln_f`. A layer-norm weight is directly followed by its bias.
+#[derive(Debug, Clone)]
+pub struct ParamLayout {
+    pub params: Vec<Param>,
+    pub total: usize,
+}
+
+/// The per-block tensors: name suffix and shape in units of the width C (rows, cols).
+const BLOCK: [(&str, usize, usize); 12] = [
+    ("ln_1.weight", 1, 0),
+    ("ln_1.bias", 1, 0),
+    ("attn.c_attn.weight", 3, 1),
+    ("attn.c_attn.bias", 3, 0),
+    ("attn.c_proj.weight", 1, 1),
+    ("attn.c_proj.bias", 1, 0),
+    ("ln_2.weight", 1, 0),
+    ("ln_2.bias", 1, 0),
+    ("mlp.c_fc.weight", 4, 1),
+    ("mlp.c_fc.bias", 4, 0),
+    ("mlp.c_proj.weight", 1, 4),
+    ("mlp.c_proj.bias", 1, 0),
+];
+
+impl ParamLayout {
+    pub fn new(cfg: &Config) -> ParamLayout {
+        let c = cfg.width;
+        let mut params = Vec::new();
+        let mut offset = 0;
+        let mut push = |name: String, shape: Vec<usize>| {
+            let decay = shape.len() == 2;
+            let p = Param {
+                name,
+                shape,
+                offset,
+                decay,
+            };
+            offset += p.len();
+            params.push(p);
+        };
+        push("wte.weight".into(), vec![cfg.vocab, c]);
+        push("wpe.weight".into(), vec![cfg.context, c]);
+        for l in 0..cfg.layers {
+            for (suffix, rows, cols) in BLOCK {
+                let shape = if cols == 0 {
+                    vec![rows * c]
+                } else {
+                    vec![rows * c, cols * c]
+                };
+                push(format!("h.{l}.{suffix}"), shape);
+            }
+        }
+        push("ln_f.weight".into(), vec![c]);
+        push("ln_f.bias".into(), vec![c]);
+        ParamLayout {
+            params,
+            total: offset,
+        }
+    }
+
+    /// The tensor `name` (a layout has every name once).
+    pub fn get(&self, name: &str) -> &Param {
+        self.params
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("train_gpt: no parameter {name}"))
+    }
+
+    /// The index of tensor `name` in [`params`](Self::params).
+    pub fn index(&self, name: &str) -> usize {
+        self.params
+            .iter()
+            .position(|p| p.name == name)
+            .unwrap_or_else(|| panic!("train_gpt: no parameter {name}"))
+    }
+
+    /// The range of block `l`'s tensor `suffix`.
+    pub fn block(&self, l: usize, suffix: &str) -> std::ops::Range<usize> {
+        self.get(&format!("h.{l}.{suffix}")).range()
+    }
+}
+
+/// SplitMix64: the example's seeded generator (data order, initialisation, sampling).
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform in 0..n.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.uniform() * n as f64) as usize % n.max(1)
+    }
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.uniform();
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+}
+
+/// GPT-2's initialisation: weights and embeddings N(0, 0.02), the residual projections
+/// (`c_proj`) N(0, 0.02/√(2L)), biases 0, layer-norm weights 1.
+pub fn init_params(cfg: &Config, layout: &ParamLayout, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(seed ^ 0x6770_7432);
+    let mut out = vec![0.0f32; layout.total];
+    let proj_std = 0.02 / (2.0 * cfg.layers as f64).sqrt();
+    for p in &layout.params {
+        let dst = &mut out[p.range()];
+        if p.shape.len() == 2 {
+            let std = if p.name.ends_with("c_proj.weight") {
+                proj_std
+            } else {
+                0.02
+            };
+            dst.iter_mut()
+                .for_each(|x| *x = (rng.normal() * std) as f32);
+        } else if p.name.contains("ln_") && p.name.ends_with(".weight") {
+            dst.fill(1.0);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_counts_gpt2_parameters() {
+        let cfg = Config::named("gpt2").unwrap();
+        let layout = ParamLayout::new(&cfg);
+        // GPT-2 small with a 256-token vocabulary: 124,439,808 - (50257 - 256)·768.
+        assert_eq!(layout.total, 124_439_808 - (50257 - 256) * 768);
+        assert_eq!(layout.params.len(), 2 + 12 * 12 + 2);
+        let ln = layout.get("h.3.ln_2.weight");
+        assert_eq!(layout.get("h.3.ln_2.bias").offset, ln.offset + 768);
+        assert!(layout.get("h.0.mlp.c_fc.weight").decay);
+        assert!(!layout.get("h.0.mlp.c_fc.bias").decay);
+        assert_eq!(layout.get("h.0.attn.c_attn.weight").shape, [2304, 768]);
+    }
+
+    #[test]
+    fn unknown_model_is_an_error() {
+        assert!(matches!(
+            Config::named("gpt5"),
+            Err(GptError::UnknownModel(n)) if n == "gpt5"
+        ));
+    }
+
+    #[test]
+    fn init_is_seeded_and_scaled() {
+        let cfg = Config::named("small").unwrap();
+        let layout = ParamLayout::new(&cfg);
+        let a = init_params(&cfg, &layout, 1);
+        assert_eq!(a, init_params(&cfg, &layout, 1));
+        assert_ne!(a, init_params(&cfg, &layout, 2));
+        let w = &a[layout.get("wte.weight").range()];
+        let var = w.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / w.len() as f64;
+        assert!((var.sqrt() - 0.02).abs() < 0.001, "std {}", var.sqrt());
+        assert!(
+            a[layout.get("ln_f.weight").range()]
+                .iter()
+                .all(|&x| x == 1.0)
+        );
+        assert!(
+            a[layout.get("h.0.attn.c_attn.bias").range()]
+                .iter()
+                .all(|&x| x == 0.0)
+        );
+    }
+}
