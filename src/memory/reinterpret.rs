@@ -3,19 +3,7 @@
 //!
 //! A reinterpreting view borrows the memory it views and shares its tracker, so its
 //! stream-ordered uses are ordered with every other use of the allocation, whatever
-//! element type names them:
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{Device, ThreadContext};
-//! let mut ctx = ThreadContext::acquire()?;
-//! let gpu = ctx.bind(&Device::get(0)?)?;
-//! let bytes = gpu.clone_htod(&1.5f32.to_ne_bytes())?;
-//! let floats = bytes.transmute::<f32>()?;        // 4 bytes as one f32
-//! assert_eq!(gpu.dtoh(&floats)?, [1.5]);
-//! assert!(bytes.slice(1..4)?.transmute::<f32>().is_err()); // 3 bytes, misaligned
-//! # Ok(()) }
-//! ```
+//! element type names them.
 
 use super::{DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, ViewTracker};
 use crate::context::BoundDevice;
@@ -71,6 +59,18 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// The whole slice seen as elements of `U`: a shared view that borrows the slice and
     /// is tracked as it is. [`Error::Transmute`] when the byte length is not a multiple
     /// of `size_of::<U>()` or the address is not aligned for `U`. Needs no binding.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let bytes = gpu.clone_htod(&1.5f32.to_ne_bytes())?;
+    /// let floats = bytes.transmute::<f32>()?;        // 4 bytes as one f32
+    /// assert_eq!(gpu.dtoh(&floats)?, [1.5]);
+    /// assert!(bytes.slice(1..4)?.transmute::<f32>().is_err()); // 3 bytes: refused
+    /// # Ok(()) }
+    /// ```
     pub fn transmute<U: DeviceRepr>(&self) -> Result<DeviceView<'_, U>> {
         view(&self.device, &self.tracker, self.ptr, self.num_bytes_raw())
     }

@@ -4,20 +4,6 @@
 //! A view addresses a range of a [`ManagedSlice`] and shares its tracker, like
 //! [`DeviceView`](crate::DeviceView) does for a device slice: it is a copy endpoint and a
 //! kernel argument, and its host references wait as the slice's do.
-//!
-//! ```no_run
-//! # fn main() -> gpubind::Result<()> {
-//! use gpubind::{Device, ThreadContext};
-//! let mut ctx = ThreadContext::acquire()?;
-//! let gpu = ctx.bind(&Device::get(0)?)?;
-//! let mut m = gpu.alloc_managed::<u32>(8)?;
-//! let (mut head, mut tail) = m.split_at_mut(4)?;
-//! let s = gpu.default_stream();
-//! s.memset_async(&mut head, 1)?;
-//! tail.as_mut_slice()?.fill(2);                  // the host writes the other half
-//! assert_eq!(head.as_slice()?, [1, 1, 1, 1]);     // waits for the memset
-//! # Ok(()) }
-//! ```
 
 use super::ManagedSlice;
 use super::attach::HostRule;
@@ -163,6 +149,20 @@ impl<T: DeviceRepr> ManagedSlice<T> {
     /// Two writable views, of `..mid` and `mid..`, sharing the slice's tracker: each may
     /// be written by its own stream (ordered one after the other by the tracker) or by
     /// the host ([`ManagedViewMut::as_mut_slice`]) while the other is in use.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let mut m = gpu.alloc_managed::<u32>(8)?;
+    /// let (mut head, mut tail) = m.split_at_mut(4)?;
+    /// let s = gpu.default_stream();
+    /// s.memset_async(&mut head, 1)?;
+    /// tail.as_mut_slice()?.fill(2);                  // the host writes the other half
+    /// assert_eq!(head.as_slice()?, [1, 1, 1, 1]);     // waits for the memset
+    /// # Ok(()) }
+    /// ```
     pub fn split_at_mut(
         &mut self,
         mid: usize,
