@@ -73,7 +73,8 @@ impl<'a> BoundDevice<'a> {
     /// # Safety
     ///
     /// `raw` is a live stream handle, and stays live (not destroyed, not handed to
-    /// another owner that destroys it) until the returned value is dropped; gpubind
+    /// another owner that destroys it) until the returned value is dropped (for ever, if
+    /// it is leaked with `std::mem::forget`: the end of the loan is its drop); gpubind
     /// records on it, waits on it and enqueues on it until then, and never destroys it.
     /// See `docs/safety.md`, "Borrowed streams".
     pub unsafe fn borrow_stream(&self, raw: sys::CUstream) -> Result<BorrowedStream<'_>> {
