@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// Why a [`transmute`](crate::DeviceSlice::transmute) was refused ([`Error::Transmute`]).
+/// Why a [`transmute`](crate::DeviceSlice::transmute) was refused ([`Error::Transmute`](crate::Error::Transmute)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TransmuteRefusal {
     /// The byte length is not a multiple of the new type's size.
