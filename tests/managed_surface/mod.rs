@@ -272,6 +272,35 @@ pub fn managed_single_stream_attach() -> TestResult {
             m.as_slice().ctx("as_slice")?,
             &patterned(n, 22),
         )?;
+        // Work on the attached stream that does not touch `m` is waited for too (the
+        // attached stream's rule), work on another stream is not.
+        let slow = gpu
+            .compile_and_load(crate::common::slow_fill_cuda!(), "slow.cu")
+            .ctx("compile slow_fill")?;
+        let slow_fill = slow.function("slow_fill").ctx("slow_fill")?;
+        let mut other_buf = gpu.alloc_zeros::<u32>(256).ctx("alloc")?;
+        let spin = |st: &BoundStream<'_>, buf: &mut gpubind::DeviceSlice<u32>| {
+            let (k, v, cycles) = (256u32, 1u32, 40_000_000i64);
+            // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; i < k checked.
+            unsafe {
+                st.launch(&slow_fill, LaunchConfig::for_num_elems(k))
+                    .arg(buf)
+                    .arg(&k)
+                    .arg(&v)
+                    .arg(&cycles)
+                    .launch()
+            }
+            .ctx("launch slow_fill")
+        };
+        let done = gpu.new_event(false).ctx("event")?;
+        spin(&s, &mut other_buf)?;
+        s.record(&done).ctx("record")?;
+        m.as_slice()
+            .ctx("as_slice while the attached stream spins")?;
+        ensure!(
+            done.is_complete().ctx("is_complete")?,
+            "a host reference into stream-attached memory did not wait for the stream"
+        );
         m.as_mut_slice().ctx("as_mut_slice")?.fill(5);
         same(
             "dtoh after host write",
