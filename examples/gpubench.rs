@@ -7,7 +7,8 @@
 //!
 //! Prints the machine, then ONE table: per-operation cost of a small async memset, a
 //! 4-byte synchronous host-to-device copy and kernel launches (one by one, and 16 of them
-//! as one CUDA graph launch); the cost of switching
+//! as one CUDA graph launch); a temporary per op allocated on a stream, launched on and
+//! dropped (stream-ordered memory); the cost of switching
 //! contexts on one thread; and the GPU memory a process uses after listing devices and
 //! after its first bind (measured from a child process). Each per-op figure is the median
 //! of `R` rounds that interleave the three implementations, after a warm-up.
@@ -873,6 +874,96 @@ fn args_launch_row(env: &mut Env, mode: Mode, imp: Impl, n: usize) -> R<Option<f
     }))
 }
 
+/// A temporary of `bytes` per op: allocated zeroed on the stream, written by a kernel
+/// (`touch`, into its first TOUCH_N floats), dropped. gpubind `BoundStream::alloc_zeros`
+/// (pool allocation + memset, freed in stream order by the drop); cudarc
+/// `CudaStream::alloc_zeros` + drop (stream-ordered in cudarc 0.19); raw
+/// `cuMemAllocAsync` + `cuMemsetD8Async` + launch + `cuMemFreeAsync`. No host wait inside
+/// the loop in any of them.
+fn temporaries_row(env: &mut Env, mode: Mode, bytes: usize, imp: Impl, n: usize) -> R<Option<f64>> {
+    let cfg = touch_cfg();
+    let len = TOUCH_N;
+    let elems = bytes / 4;
+    Ok(Some(match imp {
+        Impl::Gpubind => {
+            let module = env.g.module.as_ref().ok_or_else(|| env.no_kernels())?;
+            let f = module.function("touch")?;
+            env.tc.forget_binding();
+            let gpu = env.tc.bind(&env.dev)?;
+            let s = gpu.on(&env.g.stream)?;
+            let b = &env.g.b;
+            measure(mode, n, |step| match step {
+                Step::Op => {
+                    let mut tmp = s.alloc_zeros::<f32>(elems)?;
+                    // SAFETY: (float*, const float*, unsigned) matches `touch`; it stays
+                    // inside the first TOUCH_N elements of both buffers.
+                    unsafe { s.launch(&f, cfg).arg(&mut tmp).arg(b).arg(&len).launch() }?;
+                    drop(tmp);
+                    Ok(())
+                }
+                Step::Sync => Ok(s.synchronize()?),
+            })?
+        }
+        Impl::Cudarc => {
+            let f = env.c.touch.as_ref().ok_or_else(|| env.no_kernels())?;
+            let (s, b) = (&env.c.stream, &env.c.b);
+            let ccfg = cudarc_cfg(cfg);
+            measure(mode, n, |step| match step {
+                Step::Op => {
+                    let mut tmp = s.alloc_zeros::<f32>(elems)?;
+                    let mut lb = s.launch_builder(f);
+                    lb.arg(&mut tmp).arg(b).arg(&len);
+                    // SAFETY: as for gpubind above.
+                    unsafe { lb.launch(ccfg) }?;
+                    drop(lb);
+                    drop(tmp);
+                    Ok(())
+                }
+                Step::Sync => Ok(s.synchronize()?),
+            })?
+        }
+        Impl::Raw => {
+            let r = &env.r;
+            if r.touch.is_null() {
+                return Err(env.no_kernels());
+            }
+            r.make_current()?;
+            let (mut pb, mut pn) = (r.b, len);
+            measure(mode, n, |step| match step {
+                Step::Op => {
+                    let mut pa: sys::CUdeviceptr = 0;
+                    // SAFETY: the primary context is current; our stream; `pa` is freed
+                    // below, on the same stream, after the memset and the kernel.
+                    unsafe {
+                        ck(
+                            sys::cuMemAllocAsync(&mut pa, bytes, r.stream),
+                            "cuMemAllocAsync",
+                        )?;
+                        ck(
+                            sys::cuMemsetD8Async(pa, 0, bytes, r.stream),
+                            "cuMemsetD8Async",
+                        )?;
+                    }
+                    let mut params: [*mut std::ffi::c_void; 3] = [
+                        (&mut pa as *mut sys::CUdeviceptr).cast(),
+                        (&mut pb as *mut sys::CUdeviceptr).cast(),
+                        (&mut pn as *mut u32).cast(),
+                    ];
+                    // SAFETY: as for gpubind above; `params` points at three live values
+                    // of the kernel's parameter types.
+                    unsafe { raw_launch(r.touch, cfg, r.stream, params.as_mut_ptr()) }?;
+                    // SAFETY: allocated above on this stream; every use is ordered before.
+                    ck(
+                        unsafe { sys::cuMemFreeAsync(pa, r.stream) },
+                        "cuMemFreeAsync",
+                    )
+                }
+                Step::Sync => raw_sync(r.stream),
+            })?
+        }
+    }))
+}
+
 /// A launch whose two buffers are both read (`peek`, which writes nothing): gpubind's
 /// read claims, on the fast path once both buffers publish the stream for reads.
 fn reads_launch_row(env: &mut Env, mode: Mode, imp: Impl, n: usize) -> R<Option<f64>> {
@@ -1658,6 +1749,9 @@ enum Goal {
     /// gpubind/raw <= 1.05: a buffer handed from one stream to another (raw: event
     /// record + wait by hand).
     Handoff,
+    /// gpubind/raw <= 1.05 and gpubind/cudarc <= 1.00: a stream-ordered temporary per op
+    /// (raw: `cuMemAllocAsync` / `cuMemFreeAsync` by hand).
+    Temporaries,
     /// gpubind uses (about) no device memory.
     ZeroMemory,
     /// gpubind leaves the primary context inactive.
@@ -1721,6 +1815,11 @@ impl Row {
                 mark(r_cu.map(|r| r <= 0.80))
             ),
             Goal::Handoff => format!("/raw <= 1.05: {}", mark(r_raw.map(|r| r <= 1.05))),
+            Goal::Temporaries => format!(
+                "/raw <= 1.05: {}; /cudarc <= 1.00: {}",
+                mark(r_raw.map(|r| r <= 1.05)),
+                mark(r_cu.map(|r| r <= 1.00))
+            ),
             Goal::ZeroMemory => {
                 let ok = match self.cells[0] {
                     Cell::MiB(v) => Some(v < 1.0),
@@ -2032,6 +2131,33 @@ fn run(opts: &Opts) -> R<bool> {
         push(&mut rows, label, Goal::Handoff, res);
     }
 
+    // Temporaries: one pool (the device's default) serves all three; it keeps what they
+    // free (release threshold u64::MAX) so that no row pays for remapping after the
+    // untimed synchronisations, and gets its setting back after.
+    let pool = env.dev.memory_pool();
+    let kept = match &pool {
+        Ok(p) => p.release_threshold().ok().inspect(|_| {
+            let _ = p.set_release_threshold(u64::MAX);
+        }),
+        Err(_) => None,
+    };
+    for (label, bytes) in [
+        ("temporary 4 KiB: alloc + launch + drop (submit)", 4 << 10),
+        ("temporary 4 MiB: alloc + launch + drop (submit)", 4 << 20),
+    ] {
+        progress(label);
+        let res = match &pool {
+            Ok(_) => bench_row(rounds, n / 4, |imp, k| {
+                temporaries_row(&mut env, Mode::Submit, bytes, imp, k)
+            }),
+            Err(e) => Err(e.to_string().into()),
+        };
+        push(&mut rows, label, Goal::Temporaries, res);
+    }
+    if let (Ok(p), Some(t)) = (&pool, kept) {
+        let _ = p.set_release_threshold(t);
+    }
+
     let label = "cuCtxGetCurrent alone (gpubind's per-op binding check)";
     progress(label);
     let res = bench_row(rounds, n, |imp, k| ctx_check_row(&mut env, imp, k));
@@ -2121,7 +2247,7 @@ fn run(opts: &Opts) -> R<bool> {
     Ok(errors.is_empty())
 }
 
-const NOTES: [&str; 9] = [
+const NOTES: [&str; 10] = [
     "wall: Instant around the whole loop plus the final synchronize (throughput; a queue that fills up makes this GPU-bound). submit: only the time inside the enqueueing calls, in batches of 256 ops with an untimed synchronize between batches (host cost per op).",
     "gpubind: one bind, then BoundStream / BoundDevice methods (ThreadContext::bind is outside the loop except in the re-bind and alternation rows); work on the legacy stream checks the current context (cuCtxGetCurrent; work on gpubind's streams needs no check), and every op claims its buffers (a buffer held by &mut: no lock; otherwise an uncontended lock; a launch on the stream that already orders every buffer it passes locks only the stream's gate; a hand-off records an event on the previous stream and makes the next one wait). cudarc: CudaStream methods, which call bind_to_thread (cuCtxGetCurrent, and cuCtxSetCurrent when another context is current) on every op; its streams come from new_stream, so its default event tracking (cuStreamWaitEvent/cuEventRecord per buffer use) is on. raw: the bare cudarc::driver::sys call with the context already current.",
     "htod 4 B, landed per op: each op is an upload that has reached device memory when it returns. gpubind htod_copy = cuMemcpyHtoD_v2 + a wait for the legacy stream (a pageable cuMemcpyHtoD returns once the data is staged, before the DMA lands); raw = the same two calls; cudarc 0.19 = memcpy_htod + synchronize on the default stream of a single-stream context. htod 4 B async: gpubind BoundStream::htod_async, cudarc memcpy_htod on its stream, raw cuMemcpyHtoDAsync_v2, one synchronize at the end.",
@@ -2131,6 +2257,7 @@ const NOTES: [&str; 9] = [
     "2-GPU row: bind A, memset on A, bind B, memset on B, ... for all three (raw: cuCtxSetCurrent + cuMemsetD8Async). Per op = per (switch + memset).",
     "graph rows: 16 launches of `touch` (as in the 3-arg row), one by one or captured once into a graph and launched as one (cuGraphLaunch), per group of 16. gpubind: BoundDevice::capture + GraphExec::launch (which claims the graph's 2 buffers once per graph launch); cudarc 0.19: CudaStream::begin_capture / end_capture + CudaGraph::launch on a context object with event tracking disabled (its capture cannot wait on events recorded outside it; the one-by-one cudarc row uses that stream too); raw: cuStreamBeginCapture_v2 / cuStreamEndCapture / cuGraphInstantiateWithFlags / cuGraphLaunch.",
     "memory rows: a child process (gpubench re-executed) lists the devices and reads attributes (gpubind: Device::all + attributes; cudarc: CudaContext::new(0) + attributes, as its safe API needs a context; raw: cuInit + cuDeviceGet*), waits, then binds (gpubind ThreadContext::bind; raw cuDevicePrimaryCtxRetain + cuCtxSetCurrent). The parent reads device-wide free memory with cuMemGetInfo before the child starts and at each phase; used = before - now.",
+    "temporaries: per op a zeroed temporary allocated on the stream from the device's default memory pool (4 KiB or 4 MiB), one `touch` launch writing it, and its drop. gpubind BoundStream::alloc_zeros (cuMemAllocFromPoolAsync + cuMemsetD8Async) and the slice's drop (cuMemFreeAsync on the stream of its last use, no host wait); cudarc CudaStream::alloc_zeros + drop (cuMemAllocAsync, cuMemsetD8Async, cuMemFreeAsync, and its event tracking); raw cuMemAllocAsync + cuMemsetD8Async + cuLaunchKernel + cuMemFreeAsync. The pool's release threshold is raised to u64::MAX for these rows (restored after), so the untimed synchronisations between batches do not unmap it.",
 ];
 
 #[cfg(test)]

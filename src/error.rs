@@ -325,6 +325,22 @@ pub enum Error {
         peer: usize,
     },
 
+    /// [`DevicePool::set`](crate::DevicePool::set) with a value the device (or gpubind,
+    /// for a switch other than 0 or 1) refuses.
+    #[error("device {device}'s memory pool refused {setting} = {value}: {reason}")]
+    PoolSetting {
+        /// The device's ordinal.
+        device: usize,
+        /// The setting's driver name, e.g. `CU_MEMPOOL_ATTR_USED_MEM_HIGH`.
+        setting: &'static str,
+        /// The value asked for.
+        value: u64,
+        /// Why: the driver's error (naming `cuMemPoolSetAttribute`), or gpubind's check.
+        reason: String,
+        /// The driver's result code, when the driver refused.
+        code: Option<DriverErrorCode>,
+    },
+
     /// `libcublas` could not be loaded.
     #[error(
         "cuBLAS not found: libcublas could not be loaded (add the CUDA toolkit's lib64, e.g. /usr/local/cuda/lib64, to LD_LIBRARY_PATH)"
@@ -763,6 +779,7 @@ impl Error {
     pub fn driver_code(&self) -> Option<DriverErrorCode> {
         match self {
             Error::Driver { code, .. } | Error::ContextPoisoned { code, .. } => Some(*code),
+            Error::PoolSetting { code, .. } => *code,
             _ => None,
         }
     }

@@ -179,6 +179,7 @@ pub use memory::host::{
 pub use memory::managed::{
     Advice, Location, ManagedAttach, ManagedSlice, ManagedView, ManagedViewMut,
 };
+pub use memory::pool::{DevicePool, PoolSetting};
 pub use memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, MemsetValue,
 };

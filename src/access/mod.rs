@@ -59,10 +59,12 @@ impl Access {
 
 mod borrowed;
 mod fast;
+mod join;
 mod state;
 mod stream;
 
 pub(crate) use fast::Published;
+pub(crate) use join::FreeOn;
 pub(crate) use state::{AccessState, Grave, TrackedStream};
 pub(crate) use stream::{LEGACY_ID, StreamInner, StreamRef, StreamSlot};
 

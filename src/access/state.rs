@@ -78,7 +78,7 @@ impl<S: TrackedStream> AccessState<S> {
 
     /// Recomputes `sole` after `writers` or `readers` changed.
     #[inline]
-    fn refresh(&mut self) {
+    pub(super) fn refresh(&mut self) {
         self.sole = self.sole_from_lists();
     }
 

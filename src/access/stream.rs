@@ -258,6 +258,26 @@ impl StreamRef {
         }
     }
 
+    /// Whether this is a stream gpubind does not own (shared with cudarc, or borrowed)
+    /// that is being captured (its owner can begin a capture on it; gpubind's own streams
+    /// are never captured: captures use private streams). `true` when the driver cannot
+    /// say; `false` for a borrowed stream whose loan has ended (gpubind enqueues nothing
+    /// more on it).
+    pub(crate) fn may_be_capturing(&self) -> bool {
+        match self {
+            StreamRef::Owned(s) if s.cudarc.is_some() || s.borrowed.is_some() => {
+                s.with_target(|t| match t {
+                    // SAFETY: the stream is alive (held by self, or lent while not retired).
+                    super::borrowed::Target::Stream(raw) => {
+                        unsafe { result::stream::is_capturing(raw) }.unwrap_or(true)
+                    }
+                    _ => false,
+                })
+            }
+            _ => false,
+        }
+    }
+
     /// Blocks until the work enqueued on this stream so far has finished.
     pub(crate) fn synchronize(&self) -> Result<()> {
         let _guard = self.device().enter()?;

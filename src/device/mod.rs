@@ -220,6 +220,9 @@ pub struct Device {
     /// The gate of the primary context's legacy default stream (`crate::access`'s fast
     /// path).
     legacy_gate: crate::sync::Gate,
+    /// The default memory pool's handle (as an integer), or `None` on a device without
+    /// memory pools: decided once, by `crate::memory::pool`.
+    default_pool: std::sync::OnceLock<Option<usize>>,
 }
 
 /// A pooled `CUevent` (timing disabled) of one device's primary context.
@@ -317,6 +320,7 @@ impl Device {
             poison: PoisonState::default(),
             limits: std::sync::OnceLock::new(),
             legacy_gate: crate::sync::Gate::default(),
+            default_pool: std::sync::OnceLock::new(),
         })
     }
 
@@ -431,6 +435,11 @@ impl Device {
         };
         // A concurrent first launch may have filled it meanwhile: same values either way.
         Ok(self.limits.get_or_init(|| read))
+    }
+
+    /// Where `crate::memory::pool` keeps this device's default memory pool, once known.
+    pub(crate) fn default_pool_slot(&self) -> &std::sync::OnceLock<Option<usize>> {
+        &self.default_pool
     }
 
     /// Whether *this process's* `Arc<Device>` holds a retain on the primary context,

@@ -2,6 +2,7 @@
 
 pub mod host;
 pub mod managed;
+pub mod pool;
 mod reinterpret;
 mod sync_ops;
 
@@ -278,13 +279,19 @@ pub(crate) mod private {
 /// `len` elements of `T` in one device's memory.
 ///
 /// Stream-ordered work on it is ordered by gpubind: a use on another stream waits for
-/// the conflicting pending uses, the synchronous calls and drops wait on the host (see
-/// `docs/safety.md`), so safe code cannot race the GPU on it.
+/// the conflicting pending uses, the synchronous calls wait on the host, and the drop
+/// waits on the host (`cuMemAlloc` memory, from
+/// [`BoundDevice::alloc_zeros`](crate::BoundDevice::alloc_zeros) and friends) or frees in
+/// stream order after every pending use (pool memory, from
+/// [`BoundStream::alloc`](crate::BoundStream::alloc)); see `docs/safety.md`, "Drops". So
+/// safe code cannot race the GPU on it.
 ///
 /// A `DeviceSlice<T>` owns `len` elements of device memory and an `Arc<Device>`. It needs
 /// no binding to move, share, view or drop; it is `Send + Sync`. Dropping it frees the
 /// memory in its own device's context and leaves the thread's current context as it was,
-/// even when another device is bound at the time.
+/// even when another device is bound at the time; memory from
+/// [`BoundStream::alloc`](crate::BoundStream::alloc) goes back to the device's pool in
+/// stream order, without a host wait.
 ///
 /// Reading or writing its contents needs a [`BoundDevice`](crate::BoundDevice) of the
 /// *same* device. That one check happens at run time (an ordinal compare,
@@ -318,6 +325,9 @@ pub struct DeviceSlice<T: DeviceRepr> {
     pub(crate) ptr: sys::CUdeviceptr,
     len: usize,
     tracker: AccessTracker,
+    /// Allocated from the device's memory pool in stream order ([`pool`]): freed in
+    /// stream order (`cuMemFreeAsync`) rather than with `cuMemFree` after a host wait.
+    pooled: bool,
     _t: PhantomData<T>,
 }
 
@@ -598,6 +608,7 @@ impl<T: DeviceRepr> DeviceSlice<T> {
             ptr,
             len,
             tracker: AccessTracker::default(),
+            pooled: false,
             _t: PhantomData,
         }
     }
@@ -606,6 +617,9 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// (stream-ordered work gpubind enqueued on it), then returns the raw address and
     /// length. If a wait fails (a faulted context) the error is returned and the slice is
     /// dropped as usual.
+    ///
+    /// Memory from [`BoundStream::alloc`](crate::BoundStream::alloc) is pool memory: free
+    /// it with `cuMemFreeAsync` (or `cuMemFree`, which synchronises).
     pub fn into_raw(mut self) -> Result<(sys::CUdeviceptr, usize)> {
         self.tracker.wait_all()?;
         let me = std::mem::ManuallyDrop::new(self);
@@ -682,6 +696,23 @@ pub(crate) unsafe fn free_device_memory(
 impl<T: DeviceRepr> Drop for DeviceSlice<T> {
     fn drop(&mut self) {
         if self.ptr == 0 {
+            return;
+        }
+        if self.pooled {
+            // SAFETY: allocated from the device's pool in this context, every use recorded
+            // in the tracker; freed once, here.
+            unsafe {
+                teardown::ordered_free::free_in_stream_order(
+                    format_args!(
+                        "DeviceSlice<{}> of {} elements",
+                        std::any::type_name::<T>(),
+                        self.len
+                    ),
+                    &self.device,
+                    &mut self.tracker,
+                    self.ptr,
+                )
+            };
             return;
         }
         // Free only after every stream-ordered use has finished. If that cannot be

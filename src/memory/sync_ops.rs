@@ -36,6 +36,7 @@ impl<'a> BoundDevice<'a> {
             ptr,
             len,
             tracker: AccessTracker::default(),
+            pooled: false,
             _t: PhantomData,
         })
     }

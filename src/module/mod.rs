@@ -182,11 +182,17 @@ fn lookup<'m>(module: ModuleRef<'m>, name: &str) -> Result<Function<'m>> {
         .map_err(|_| Error::InvalidArgument(format!("kernel name {name:?} contains NUL")))?;
     let _guard = module.device.enter()?;
     // SAFETY: a loaded module (`module` keeps it loaded), its context current.
-    let raw = unsafe { crate::driver::result::module::get_function(module.raw, &cname) }?;
+    // A sticky error seen here poisons the device like any other call on its context.
+    let device = &module.device;
+    let raw =
+        device.check(unsafe { crate::driver::result::module::get_function(module.raw, &cname) })?;
     use sys::CUfunction_attribute as A;
     let limits = FunctionLimits {
-        max_threads_per_block: func_attribute(raw, A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
-        static_shared: func_attribute(raw, A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+        max_threads_per_block: device.check(func_attribute(
+            raw,
+            A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+        ))?,
+        static_shared: device.check(func_attribute(raw, A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES))?,
     };
     let globals = module.globals;
     Ok(Function {
@@ -285,7 +291,9 @@ impl<'a> BoundDevice<'a> {
         // SAFETY: the bound context is current (just checked); `image` is readable as
         // far as its format says (the caller's contract); the module is unloaded once,
         // by `Loaded`'s drop.
-        let raw = unsafe { crate::driver::result::module::load_data(image) }?;
+        let raw = self
+            .device()
+            .check(unsafe { crate::driver::result::module::load_data(image) })?;
         Ok(Module {
             device: Arc::clone(self.device()),
             raw,

@@ -16,10 +16,12 @@
 //!
 //! The modules behind it: [`drop_wait`] (how long a drop waits, polling a stream up to
 //! a deadline), [`faults`] (the reports and the leak policy), [`release`](mod@release)
-//! (the release threads).
+//! (the release threads), [`ordered_free`] (the stream-ordered free of pool memory,
+//! which joins the pending uses onto one stream instead of waiting on the host).
 
 pub(crate) mod drop_wait;
 pub(crate) mod faults;
+pub(crate) mod ordered_free;
 pub(crate) mod release;
 
 use crate::device::Device;

@@ -91,3 +91,16 @@ pub(crate) fn can_access_peer(device: sys::CUdevice, peer: sys::CUdevice) -> Res
     )?;
     Ok(can != 0)
 }
+
+/// `cuDeviceGetDefaultMemPool`: the device's default memory pool (the pool stream-ordered
+/// allocations use unless another is named). Needs no context.
+#[inline]
+pub(crate) fn default_mem_pool(device: sys::CUdevice) -> Result<sys::CUmemoryPool> {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: writes one pool handle; the driver validates the device handle.
+    check(
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, device) },
+        "cuDeviceGetDefaultMemPool",
+    )?;
+    Ok(pool)
+}

@@ -85,6 +85,27 @@ pub(crate) unsafe fn set_attribute(
     )
 }
 
+/// `cuMemPoolSetAttribute` for an attribute whose value is an `int` (the reuse switches).
+///
+/// # Safety
+///
+/// `pool` is live; `attr`'s value is an `int`.
+#[inline]
+pub(crate) unsafe fn set_attribute_int(
+    pool: sys::CUmemoryPool,
+    attr: sys::CUmemPool_attribute,
+    value: std::ffi::c_int,
+) -> Result<()> {
+    let mut value = value;
+    // SAFETY: the caller's attribute reads one int from `value`.
+    check(
+        unsafe {
+            sys::cuMemPoolSetAttribute(pool, attr, (&mut value as *mut std::ffi::c_int).cast())
+        },
+        "cuMemPoolSetAttribute",
+    )
+}
+
 /// `cuMemPoolSetAccess` with the descriptors in `map`.
 ///
 /// # Safety

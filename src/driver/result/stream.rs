@@ -181,3 +181,19 @@ pub(crate) unsafe fn context(stream: sys::CUstream) -> Result<sys::CUcontext> {
     )?;
     Ok(ctx)
 }
+
+/// `cuStreamIsCapturing`: whether `stream` is being captured into a graph.
+///
+/// # Safety
+///
+/// `stream` is live.
+#[inline]
+pub(crate) unsafe fn is_capturing(stream: sys::CUstream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the caller guarantees the handle; writes one status.
+    check(
+        unsafe { sys::cuStreamIsCapturing(stream, &mut status) },
+        "cuStreamIsCapturing",
+    )?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}

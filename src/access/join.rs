@@ -1,0 +1,206 @@
+//! Joining an allocation's pending uses onto one stream, for a stream-ordered free
+//! (`cuMemFreeAsync`): the free is enqueued on one stream, which first waits on the device
+//! (an event and `cuStreamWaitEvent`) for every other stream with a pending use, so the
+//! memory goes back to its pool only after every use, and the host never waits.
+
+use super::state::{AccessState, Grave, TrackedStream};
+use super::{AccessTracker, StreamRef};
+use crate::device::Device;
+use crate::error::Result;
+use std::sync::Arc;
+
+/// Where a stream-ordered free goes.
+pub(crate) enum FreeOn<S> {
+    /// No use is pending: any stream of the device will do.
+    Anywhere,
+    /// This stream, which every other stream with a pending use was made to wait for.
+    Stream(S),
+}
+
+impl<S: TrackedStream> AccessState<S> {
+    /// The stream a free should go on: the only pending write's stream when there is one
+    /// (no wait needed), else the first pending stream for which `own` holds (a stream
+    /// of the allocation's device: a free may not go on another device's stream), else
+    /// `None` (no pending use of the device's own streams).
+    pub(crate) fn free_stream(&self, own: impl Fn(&S) -> bool) -> Option<&S> {
+        self.writers.iter().chain(&self.readers).find(|s| own(s))
+    }
+
+    /// Makes `on` wait (through `wait(from)`) for every pending use on another stream,
+    /// then forgets every pending use, moving the streams into `grave` (the caller drops
+    /// them after enqueueing the free: `on`'s own reference keeps it alive until then).
+    /// On the first failure nothing is forgotten.
+    pub(crate) fn join_onto(
+        &mut self,
+        on: u64,
+        mut wait: impl FnMut(&S) -> Result<()>,
+        grave: &mut Grave<S>,
+    ) -> Result<()> {
+        for s in self.writers.iter().chain(&self.readers) {
+            if s.id() != on {
+                wait(s)?;
+            }
+        }
+        grave.take_all(&mut self.writers);
+        grave.take_all(&mut self.readers);
+        self.refresh();
+        Ok(())
+    }
+}
+
+impl AccessTracker {
+    /// The tracker of memory allocated in stream order on `on` (`cuMemAllocFromPoolAsync`):
+    /// the allocation is a pending write there, so a use on another stream waits for it,
+    /// and published, so the next use on `on` takes the fast path.
+    pub(crate) fn allocated_on(on: super::StreamSlot<'_>) -> Self {
+        let mut t = AccessTracker::written_on(on.to_ref());
+        let st = match t.state.get_mut() {
+            Ok(st) => st,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        // Held by value: nothing can be using what is published.
+        t.published.reset_mut(st, Some(on.id()));
+        t
+    }
+
+    /// Joins every pending use onto one stream of `device` (the allocation's), for a
+    /// stream-ordered free: see the [module docs](self). Returns the stream to free on
+    /// (`FreeOn::Anywhere` when nothing is pending) and the forgotten streams, to be
+    /// dropped only after the free is enqueued. `device`'s context must be current (a
+    /// pending use on the legacy default stream makes the free stream wait for it).
+    ///
+    /// On failure (an event that cannot be recorded or waited for, a poisoned context)
+    /// nothing is forgotten: the caller falls back to [`wait_all`](Self::wait_all).
+    pub(crate) fn join_for_free(
+        &mut self,
+        device: &Arc<Device>,
+    ) -> Result<(FreeOn<StreamRef>, Grave<StreamRef>)> {
+        let mut grave = Grave::new();
+        let st = match self.state.get_mut() {
+            Ok(st) => st,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if st.is_idle() {
+            return Ok((FreeOn::Anywhere, grave));
+        }
+        // A stream shared with cudarc may be under a capture begun through cudarc: an
+        // event or a free enqueued there would become part of that graph. Refused, and
+        // the caller waits on the host instead (which such a stream refuses too: leaked).
+        if st
+            .writers
+            .iter()
+            .chain(&st.readers)
+            .any(StreamRef::may_be_capturing)
+        {
+            return Err(crate::error::Error::InvalidArgument(
+                "a stream of the buffer's pending uses, shared with cudarc, is being captured"
+                    .into(),
+            ));
+        }
+        let own = |s: &StreamRef| s.device().ordinal() == device.ordinal();
+        // Only other devices' streams use it (peer work): then the legacy stream of its
+        // own device waits for them.
+        let on = st
+            .free_stream(own)
+            .cloned()
+            .unwrap_or_else(|| StreamRef::Legacy(Arc::clone(device)));
+        // The legacy stream is the current context's: make it the device's.
+        let _guard = match on {
+            StreamRef::Legacy(_) => Some(device.enter()?),
+            StreamRef::Owned(_) => None,
+        };
+        st.join_onto(on.id(), |from| from.enqueue_wait(on.raw()), &mut grave)?;
+        // Held `&mut`: no fast path can be using what is published; nothing is pending now.
+        self.published.reset_mut(st, None);
+        Ok((FreeOn::Stream(on), grave))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Debug, PartialEq)]
+    struct S(u64);
+    impl TrackedStream for S {
+        fn id(&self) -> u64 {
+            self.0
+        }
+        fn is_idle(&self) -> bool {
+            false
+        }
+        fn under_gate(&self, f: impl FnOnce()) {
+            f();
+        }
+    }
+
+    /// The free goes on the only writer without a wait; with several streams pending it
+    /// goes on the first of the device's own, after waiting for every other one; a failed
+    /// wait forgets nothing.
+    #[test]
+    fn a_free_waits_for_every_other_pending_stream() {
+        let own = |s: &S| s.0 < 10;
+        let sole = AccessState::with_uses(vec![S(1)], vec![]);
+        assert_eq!(sole.free_stream(own), Some(&S(1)));
+        let mut grave = Grave::new();
+        let mut st = sole;
+        let mut waited = Vec::new();
+        st.join_onto(
+            1,
+            |s| {
+                waited.push(s.0);
+                Ok(())
+            },
+            &mut grave,
+        )
+        .unwrap();
+        assert!(waited.is_empty() && st.is_idle());
+
+        // Writers on another device (20) and here (2), readers 3 and 2.
+        let mut st = AccessState::with_uses(vec![S(20), S(2)], vec![S(3)]);
+        let on = st.free_stream(own).cloned().unwrap();
+        assert_eq!(on, S(2));
+        let mut waited = Vec::new();
+        st.join_onto(
+            on.0,
+            |s| {
+                waited.push(s.0);
+                Ok(())
+            },
+            &mut grave,
+        )
+        .unwrap();
+        assert_eq!(waited, [20, 3]);
+        assert!(st.is_idle());
+        assert!(
+            st.is_ordered_on(99, Access::Write),
+            "nothing pending after a join"
+        );
+
+        // Only another device's streams: no own stream to free on.
+        let st = AccessState::with_uses(vec![S(20)], vec![S(21)]);
+        assert_eq!(st.free_stream(own), None);
+
+        // A failed wait keeps every pending use (the caller then waits on the host).
+        let mut st = AccessState::with_uses(vec![S(1)], vec![S(2), S(3)]);
+        let failed = st.join_onto(
+            1,
+            |s| {
+                if s.0 == 3 {
+                    Err(crate::Error::InvalidArgument("no event".into()))
+                } else {
+                    Ok(())
+                }
+            },
+            &mut grave,
+        );
+        assert!(failed.is_err());
+        assert_eq!(
+            (st.writers.len(), st.readers.len()),
+            (1, 2),
+            "nothing forgotten"
+        );
+    }
+
+    use super::super::Access;
+}

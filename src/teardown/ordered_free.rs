@@ -1,0 +1,76 @@
+//! The stream-ordered free of pool memory (`cuMemFreeAsync`): a drop that does not wait
+//! on the host. The contract is docs/safety.md, "Drops".
+//!
+//! The free goes on one stream of the allocation's pending uses — the only writer's when
+//! there is one, else the first of its own device's — after that stream has been made to
+//! wait on the device (an event and `cuStreamWaitEvent`) for every other pending use
+//! (`AccessTracker::join_for_free`). The tracker holds a reference to every stream it
+//! names, so a stream dropped by its owner still exists when the free is enqueued; the
+//! reference goes only after it (`cuStreamDestroy` of a stream with pending work lets
+//! that work, the free included, complete). With nothing pending the free goes on the
+//! device's legacy default stream. If joining fails (an event that cannot be recorded or
+//! waited for, a stream shared with cudarc that cudarc is capturing) the drop waits on
+//! the host, as a `cuMemAlloc` buffer's does; if that wait fails too (a poisoned context,
+//! a timeout, a capturing stream) the memory is leaked.
+
+use crate::access::{AccessTracker, FreeOn};
+use crate::device::Device;
+use crate::driver::result::memory;
+use crate::teardown::{self, Runs, Teardown};
+use cudarc::driver::sys;
+use std::fmt;
+use std::sync::Arc;
+
+/// Frees `ptr`, an allocation from `device`'s memory pool whose pending uses `tracker`
+/// records, in stream order: see the [module docs](self). Failures are logged.
+///
+/// # Safety
+///
+/// `ptr` is a live pool allocation of `device`'s context that nothing else frees, and
+/// every stream-ordered use of it is recorded in `tracker`; after the call neither is used
+/// again.
+pub(crate) unsafe fn free_in_stream_order(
+    what: fmt::Arguments<'_>,
+    device: &Arc<Device>,
+    tracker: &mut AccessTracker,
+    ptr: sys::CUdeviceptr,
+) {
+    // The device's context, for the hand-off events and the free (cheap when it is
+    // current already; `release` reports a context that cannot be entered).
+    let guard = device.enter().ok();
+    let joined = match guard {
+        // A poisoned context runs nothing more: the host wait below says so, and the
+        // memory leaks as every buffer of a poisoned context does.
+        Some(_) if device.check_poison().is_ok() => tracker.join_for_free(device).ok(),
+        _ => None,
+    };
+    let (on, waited, forgotten) = match joined {
+        Some((on, forgotten)) => (on, Ok(()), Some(forgotten)),
+        // Joining failed and forgot nothing: wait on the host instead (a poisoned
+        // context fails here too, and the memory leaks).
+        None => (FreeOn::Anywhere, tracker.wait_all(), None),
+    };
+    let stream = match &on {
+        FreeOn::Stream(s) => s.slot().raw() as usize, // a handle, `Send`
+        // Nothing pending: the legacy default stream (of the context `release` enters).
+        FreeOn::Anywhere => 0,
+    };
+    teardown::release(
+        Teardown {
+            what,
+            device,
+            waited,
+            call: "cuMemFreeAsync",
+            runs: Runs::Inline,
+        },
+        // SAFETY: a pool allocation of this context (current while this runs), freed
+        // once, here; every pending use was ordered before this point of `stream` (joined
+        // onto it) or waited for on the host, and `stream` is alive: `on` holds it until
+        // after this call.
+        move || unsafe { memory::free_async(ptr, stream as sys::CUstream) },
+    );
+    // Only now may the streams go (dropping the last reference destroys a stream).
+    drop(on);
+    drop(forgotten);
+    drop(guard);
+}
