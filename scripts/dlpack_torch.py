@@ -5,7 +5,9 @@
 Checks, printing one line each and exiting non-zero on the first failure:
 1. torch takes a gpubind buffer (legacy and versioned capsules) and sees 0, 1, 2, ...
 2. dropping the torch tensor calls gpubind's deleter, which frees the device memory;
-3. gpubind takes a torch tensor and sums it correctly.
+3. gpubind takes a torch tensor and sums it correctly;
+4. gpubind borrows torch's current stream (a non-default one) and scales a torch tensor
+   on it; torch's next work on that stream sees the result.
 """
 import ctypes
 import sys
@@ -19,6 +21,8 @@ lib.gpubind_export_arange.argtypes = [ctypes.c_uint64, ctypes.c_int]
 lib.gpubind_import_sum.restype = ctypes.c_double
 lib.gpubind_import_sum.argtypes = [ctypes.c_void_p]
 lib.gpubind_free_bytes.restype = ctypes.c_uint64
+lib.gpubind_scale_on_stream.restype = ctypes.c_int
+lib.gpubind_scale_on_stream.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_float]
 
 PyCapsule_New = ctypes.pythonapi.PyCapsule_New
 PyCapsule_New.restype = ctypes.py_object
@@ -65,5 +69,19 @@ PyCapsule_SetName(cap, b"used_dltensor")  # gpubind owns it now: torch must not 
 got = lib.gpubind_import_sum(ptr)
 ok = abs(got - want) <= 1e-3 * max(1.0, abs(want))
 print(f"{'ok' if ok else 'FAIL'} import: gpubind summed the torch tensor to {got:.4f}, torch says {want:.4f}")
+failed |= not ok
+
+side = torch.cuda.Stream()  # torch's default stream is the legacy one: borrow another
+with torch.cuda.stream(side):
+    y = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+    torch.cuda.current_stream().synchronize()  # the import contract: producer work done
+    cap = tdl.to_dlpack(y)
+    ptr = PyCapsule_GetPointer(cap, b"dltensor")
+    PyCapsule_SetName(cap, b"used_dltensor")
+    rc = lib.gpubind_scale_on_stream(ptr, torch.cuda.current_stream().cuda_stream, 3.0)
+    total = float((y + 1).double().sum())  # on the same stream, after gpubind's kernel
+want = 3.0 * (1 << 20) * ((1 << 20) - 1) / 2 + (1 << 20)
+ok = rc == 0 and total == want
+print(f"{'ok' if ok else 'FAIL'} borrowed stream: gpubind scaled a torch tensor on torch's stream {side.cuda_stream:#x} (rc {rc}), sum {total:.0f}, want {want:.0f}")
 failed |= not ok
 sys.exit(1 if failed else 0)

@@ -4,8 +4,10 @@
 //! result code (a [`DriverErrorCode`]) and the name of the call that failed, so a message
 //! reads like `cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)`.
 
+mod transmute;
 use cudarc::driver::sys::CUresult;
 use std::fmt;
+pub use transmute::TransmuteRefusal;
 
 /// A CUDA driver result code (a `CUresult` other than `CUDA_SUCCESS`): the `code` of
 /// [`Error::Driver`] and [`Error::ContextPoisoned`].
@@ -575,6 +577,27 @@ pub enum Error {
         requested: usize,
         /// Bytes free on the device (`cuMemGetInfo`) at the time of the request.
         free: usize,
+    },
+
+    /// Memory viewed as another element type (`transmute`) that does not fit it: its
+    /// byte length is not a multiple of the new type's size, or its address is not
+    /// aligned for it (or the new type has no size).
+    #[error(
+        "cannot view {bytes} bytes at {addr:#x} as `{to}` (size {size}, align {align}): {reason}"
+    )]
+    Transmute {
+        /// The new element type.
+        to: &'static str,
+        /// The memory's length in bytes.
+        bytes: usize,
+        /// The memory's address.
+        addr: u64,
+        /// `size_of` the new type.
+        size: usize,
+        /// `align_of` the new type.
+        align: usize,
+        /// Why it does not fit.
+        reason: TransmuteRefusal,
     },
 
     /// A DLPack tensor that does not fit what the importer asked for.

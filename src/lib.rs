@@ -172,14 +172,16 @@ pub use driver::version::{
     ASSUME_DRIVER_VERSION_ENV, DriverVersion, EntryPointStatus, driver_version, entry_points,
 };
 pub use driver::{driver_available, init};
-pub use error::{DriverErrorCode, Error, Result};
+pub use error::{DriverErrorCode, Error, Result, TransmuteRefusal};
 pub use graph::{Capture, CaptureLaunch, Graph, GraphExec, InstantiateFlags};
 pub use launch::{ClusterScheduling, LaunchBuilder, LaunchConfig, LaunchExBuilder};
 pub use memory::host::{
     CaptureSource, HostMemory, PageLockedView, PageLockedViewMut, PinnedHostBuffer, PinnedOptions,
     RegisterOptions, RegisteredHost,
 };
-pub use memory::managed::{Advice, Location, ManagedSlice};
+pub use memory::managed::{
+    Advice, Location, ManagedAttach, ManagedSlice, ManagedView, ManagedViewMut,
+};
 pub use memory::pool::{DevicePool, PoolSetting};
 pub use memory::{
     DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, MemsetValue,
@@ -190,7 +192,7 @@ pub use module::{
     Module, Output, PotentialBlockSize, SharedModule, compile, compile_with, cuda_include_dir,
     nvrtc_available,
 };
-pub use stream::{BoundStream, Event, EventFlags, Stream, StreamPriorityRange};
+pub use stream::{BorrowedStream, BoundStream, Event, EventFlags, Stream, StreamPriorityRange};
 
 /// Raw cudarc bindings, re-exported for the escape hatches (`raw*` methods and the
 /// conversions listed in the [crate docs](crate#gpubinds-types-and-gpubindcudarc-semver)).

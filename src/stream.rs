@@ -9,6 +9,10 @@ use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, MemsetValue, Trac
 use cudarc::driver::sys;
 use std::sync::Arc;
 
+mod borrowed;
+
+pub use borrowed::BorrowedStream;
+
 /// A CUDA stream of one device (non-blocking: it does not synchronise with the legacy
 /// default stream).
 ///

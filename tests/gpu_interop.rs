@@ -534,6 +534,152 @@ fn libraries_match_the_driver_and_ptx_fallback_runs() -> R {
     Ok(())
 }
 
+/// A raw driver stream, destroyed on drop.
+struct RawStream(sys::CUstream);
+
+impl RawStream {
+    /// A non-blocking stream of the current context.
+    fn new() -> Result<RawStream, String> {
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: a context is current (bound by the caller); writes one handle.
+        let r = unsafe { sys::cuStreamCreate(&mut raw, flags) };
+        ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuStreamCreate: {r:?}");
+        Ok(RawStream(raw))
+    }
+
+    fn synchronize(&self) -> R {
+        // SAFETY: a live stream.
+        let r = unsafe { sys::cuStreamSynchronize(self.0) };
+        ensure!(
+            r == sys::CUresult::CUDA_SUCCESS,
+            "cuStreamSynchronize: {r:?}"
+        );
+        Ok(())
+    }
+}
+
+impl Drop for RawStream {
+    fn drop(&mut self) {
+        // SAFETY: created by cuStreamCreate, destroyed once.
+        unsafe { sys::cuStreamDestroy_v2(self.0) };
+    }
+}
+
+/// A raw driver stream lent to gpubind carries a launch and a copy, ordered with a
+/// gpubind stream through the trackers; after the loan ends the trackers still order
+/// later work after what ran on it (even once the raw stream is destroyed), and the raw
+/// stream stays usable.
+fn borrowed_raw_stream_is_ordered_and_left_usable() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "k.cu").ctx("compile")?;
+    let (fill, cp) = (
+        module.function("slow_fill").ctx("slow_fill")?,
+        module.function("copy").ctx("copy")?,
+    );
+    let n = 1 << 16;
+    let (mut a, mut b, mut c) = (
+        gpu.alloc_zeros::<u32>(n).ctx("alloc a")?,
+        gpu.alloc_zeros::<u32>(n).ctx("alloc b")?,
+        gpu.alloc_zeros::<u32>(n).ctx("alloc c")?,
+    );
+    let mine = gpu.new_stream().ctx("new_stream")?;
+    let mine = gpu.on(&mine).ctx("on mine")?;
+    let raw = RawStream::new()?;
+    {
+        // SAFETY: a stream of the bound (primary) context, destroyed after the loan.
+        let lent = unsafe { gpu.borrow_stream(raw.0) }.ctx("borrow_stream")?;
+        let s = gpu.on(&lent).ctx("on lent")?;
+        slow_fill(&s, &fill, &mut a, 7)?;
+        copy(&mine, &cp, &a, &mut b)?; // must wait for the slow fill on the lent stream
+        s.dtod_async(&b, &mut c).ctx("dtod on lent")?; // must wait for the copy on mine
+        all_equal(
+            "copy on mine after a launch on the lent stream",
+            &gpu.dtoh(&b).ctx("dtoh b")?,
+            7,
+        )?;
+        all_equal("dtod on the lent stream", &gpu.dtoh(&c).ctx("dtoh c")?, 7)?;
+        slow_fill(&s, &fill, &mut a, 9)?;
+    } // the loan ends with the slow fill still running
+    copy(&mine, &cp, &a, &mut b)?; // ordered after it through the retired stream's event
+    all_equal("copy after the loan ended", &gpu.dtoh(&b).ctx("dtoh b")?, 9)?;
+    raw.synchronize().ctx("raw stream after the loan")?;
+    // The raw stream is lent again, and destroyed while `a` still remembers a use on it.
+    {
+        // SAFETY: as above.
+        let lent = unsafe { gpu.borrow_stream(raw.0) }.ctx("borrow again")?;
+        slow_fill(&gpu.on(&lent).ctx("on")?, &fill, &mut a, 11)?;
+    }
+    drop(raw);
+    copy(&mine, &cp, &a, &mut c)?;
+    all_equal(
+        "copy after the raw stream was destroyed",
+        &gpu.dtoh(&c).ctx("dtoh c")?,
+        11,
+    )?;
+    drop(a); // waits for the event, not the destroyed stream
+    Ok(())
+}
+
+/// A cudarc stream lent to gpubind: usable for a launch; cudarc's handle works after.
+fn borrowed_cudarc_stream_launches() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "k.cu").ctx("compile")?;
+    let fill = module.function("slow_fill").ctx("slow_fill")?;
+    let cs = gpu
+        .cudarc_context()
+        .ctx("cudarc_context")?
+        .new_stream()
+        .map_err(|e| format!("{e:?}"))?;
+    let mut buf = gpu.alloc_zeros::<u32>(4096).ctx("alloc")?;
+    {
+        // SAFETY: cudarc's stream of the primary context; `cs` outlives the loan.
+        let lent = unsafe { gpu.borrow_stream(cs.cu_stream()) }.ctx("borrow")?;
+        slow_fill(&gpu.on(&lent).ctx("on")?, &fill, &mut buf, 5)?;
+    }
+    all_equal("launch on cudarc's stream", &gpu.dtoh(&buf).ctx("dtoh")?, 5)?;
+    cs.synchronize()
+        .map_err(|e| format!("cudarc stream after the loan: {e:?}"))?;
+    Ok(())
+}
+
+/// Special handles and streams of other contexts are refused with typed errors.
+fn borrow_stream_refuses_special_and_foreign_handles() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    for special in [0usize, 1, 2] {
+        // SAFETY: refused before the handle is used.
+        match unsafe { gpu.borrow_stream(special as sys::CUstream) } {
+            Err(Error::InvalidArgument(m)) if m.contains("special") => {}
+            other => return Err(format!("handle {special}: {other:?}")),
+        }
+    }
+    let mut raw_dev: sys::CUdevice = 0;
+    // SAFETY: writes one handle.
+    let r = unsafe { sys::cuDeviceGet(&mut raw_dev, dev.ordinal() as i32) };
+    ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuDeviceGet: {r:?}");
+    let other = common::create_context(raw_dev)?; // pushed current
+    let foreign = RawStream::new()?;
+    let mut popped: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above.
+    unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    let gpu = ctx.bind(&dev).ctx("bind again")?;
+    // SAFETY: a live stream (of another context: refused).
+    let refused = match unsafe { gpu.borrow_stream(foreign.0) } {
+        Err(Error::InvalidArgument(m)) if m.contains("belongs to context") => Ok(()),
+        other => Err(format!("stream of another context: {other:?}")),
+    };
+    drop(foreign);
+    // SAFETY: created above; nothing uses it any more.
+    unsafe { sys::cuCtxDestroy_v2(other) };
+    refused
+}
+
 fn main() {
     run_suite(
         "gpu_interop",
@@ -556,6 +702,18 @@ fn main() {
             (
                 "libraries_match_the_driver_and_ptx_fallback_runs",
                 libraries_match_the_driver_and_ptx_fallback_runs,
+            ),
+            (
+                "borrowed_raw_stream_is_ordered_and_left_usable",
+                borrowed_raw_stream_is_ordered_and_left_usable,
+            ),
+            (
+                "borrowed_cudarc_stream_launches",
+                borrowed_cudarc_stream_launches,
+            ),
+            (
+                "borrow_stream_refuses_special_and_foreign_handles",
+                borrow_stream_refuses_special_and_foreign_handles,
             ),
         ],
     );

@@ -88,6 +88,8 @@ fn first_mismatch<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T]) -> Opti
         .map(|i| format!("element {i}: got {:?}, want {:?}", got[i], want[i]))
 }
 
+mod managed_surface;
+
 macro_rules! check_eq {
     ($got:expr, $want:expr, $($what:tt)+) => {
         if let Some(m) = first_mismatch(&$got[..], &$want[..]) {
@@ -1138,6 +1140,34 @@ fn main() {
             (
                 "other_device_memory_is_copied_or_refused",
                 other_device_memory_is_copied_or_refused,
+            ),
+            (
+                "managed_views_as_kernel_args_and_copies",
+                managed_surface::managed_views_as_kernel_args_and_copies,
+            ),
+            (
+                "managed_split_halves_written_by_two_streams",
+                managed_surface::managed_split_halves_written_by_two_streams,
+            ),
+            (
+                "managed_host_attach_then_host_access",
+                managed_surface::managed_host_attach_then_host_access,
+            ),
+            (
+                "managed_single_stream_attach",
+                managed_surface::managed_single_stream_attach,
+            ),
+            (
+                "managed_attach_errors_are_typed",
+                managed_surface::managed_attach_errors_are_typed,
+            ),
+            (
+                "transmute_views_reinterpret_and_refuse",
+                managed_surface::transmute_views_reinterpret_and_refuse,
+            ),
+            (
+                "try_clone_is_ordered_and_independent",
+                managed_surface::try_clone_is_ordered_and_independent,
             ),
         ],
     )

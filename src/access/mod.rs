@@ -57,6 +57,7 @@ impl Access {
     }
 }
 
+mod borrowed;
 mod fast;
 mod join;
 mod state;

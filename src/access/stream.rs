@@ -30,6 +30,9 @@ pub(crate) struct StreamInner {
     pub(crate) cudarc: Option<Arc<cudarc::driver::CudaStream>>,
     /// Held by every fast-path enqueue on this stream ([`super::fast`]).
     gate: Gate,
+    /// Set for a stream gpubind borrows ([`crate::BorrowedStream`]): never destroyed
+    /// here, and retired when the borrow ends ([`super::borrowed`]).
+    pub(crate) borrowed: Option<super::borrowed::Retirement>,
 }
 
 /// A `CU_EVENT_DISABLE_TIMING` event of a stream's context, only ever recorded on that
@@ -62,7 +65,15 @@ impl StreamInner {
             handoff: std::sync::OnceLock::new(),
             cudarc: None,
             gate: Gate::default(),
+            borrowed: None,
         }
+    }
+
+    /// A foreign stream gpubind uses but does not own: never destroyed here.
+    pub(crate) fn borrowed(device: Arc<Device>, raw: sys::CUstream) -> StreamInner {
+        let mut inner = StreamInner::new(device, raw);
+        inner.borrowed = Some(super::borrowed::Retirement::default());
+        inner
     }
 
     /// A stream created and owned by cudarc, shared with gpubind: never destroyed here.
@@ -74,6 +85,7 @@ impl StreamInner {
             handoff: std::sync::OnceLock::new(),
             cudarc: Some(stream),
             gate: Gate::default(),
+            borrowed: None,
         }
     }
 
@@ -104,9 +116,17 @@ impl StreamInner {
     fn enqueue_wait(&self, to: sys::CUstream) -> Result<()> {
         self.device.check_poison()?;
         let event = self.handoff_event()?;
-        // SAFETY: `event` belongs to this stream's context; the stream lives (borrowed).
-        self.device
-            .check(unsafe { result::event::record(event, self.raw) })?;
+        let recorded = self.with_target(|target| match target {
+            // SAFETY: `event` belongs to this stream's context; the stream lives (held,
+            // or lent while not retired).
+            super::borrowed::Target::Stream(raw) => {
+                unsafe { result::event::record(event, raw) }.map(|()| event)
+            }
+            // A retired borrowed stream: its end is already recorded.
+            super::borrowed::Target::Event(end) => Ok(end),
+            super::borrowed::Target::Waited(outcome) => outcome.clone().map(|()| event),
+        });
+        let event = recorded.map_err(|e| self.device.on_error(e))?;
         // SAFETY: `to` is a live stream of the current context (or a gpubind stream); the
         // event may belong to another context, which CUDA allows. `to` is a stream of this
         // stream's device (a tracker orders the uses of one device's memory), so a sticky
@@ -154,6 +174,15 @@ impl Drop for StreamInner {
             Ok(_guard) => GaveUp::forget_stream(self.id, true),
             Err(_) => GaveUp::forget_stream(self.id, false),
         }
+        if self.borrowed.is_some() {
+            // Lent, not ours: only the events are.
+            for event in [self.take_retired_event(), self.handoff.take().map(|e| e.0)] {
+                event
+                    .into_iter()
+                    .for_each(|e| destroy_event(&self.device, e));
+            }
+            return;
+        }
         teardown::release(
             Teardown {
                 what: format_args!("a Stream"),
@@ -192,8 +221,7 @@ impl TrackedStream for StreamRef {
         let Ok(_guard) = self.device().enter() else {
             return false;
         };
-        // SAFETY: the stream is alive (held by self); its context is current.
-        (unsafe { result::stream::query(self.raw()) }) == Ok(true)
+        self.query() == Ok(true)
     }
 
     fn under_gate(&self, f: impl FnOnce()) {
@@ -215,18 +243,36 @@ impl StreamRef {
         self.slot().device()
     }
 
+    /// The raw handle, for a stream that is known live (the claiming stream of a claim,
+    /// or the legacy stream).
     pub(super) fn raw(&self) -> sys::CUstream {
         self.slot().raw()
     }
 
-    /// Whether this is a stream shared with cudarc that is being captured (cudarc can
-    /// begin a capture on it; gpubind's own streams are never captured: captures use
-    /// private streams). `true` when the driver cannot say.
+    /// Whether the work enqueued so far has finished; the stream's context is current.
+    fn query(&self) -> Result<bool> {
+        match self {
+            // SAFETY: the null stream resolves to the current context's legacy stream.
+            StreamRef::Legacy(_) => unsafe { result::stream::query(std::ptr::null_mut()) },
+            StreamRef::Owned(s) => s.query(),
+        }
+    }
+
+    /// Whether this is a stream gpubind does not own (shared with cudarc, or borrowed)
+    /// that is being captured (its owner can begin a capture on it; gpubind's own streams
+    /// are never captured: captures use private streams). `true` when the driver cannot
+    /// say; `false` for a borrowed stream whose loan has ended (gpubind enqueues nothing
+    /// more on it).
     pub(crate) fn may_be_capturing(&self) -> bool {
         match self {
-            StreamRef::Owned(s) if s.cudarc.is_some() => {
-                // SAFETY: the stream is alive (held by self).
-                unsafe { result::stream::is_capturing(s.raw) }.unwrap_or(true)
+            StreamRef::Owned(s) if s.cudarc.is_some() || s.borrowed.is_some() => {
+                s.with_target(|t| match t {
+                    // SAFETY: the stream is alive (held by self, or lent while not retired).
+                    super::borrowed::Target::Stream(raw) => {
+                        unsafe { result::stream::is_capturing(raw) }.unwrap_or(true)
+                    }
+                    _ => false,
+                })
             }
             _ => false,
         }
@@ -235,10 +281,13 @@ impl StreamRef {
     /// Blocks until the work enqueued on this stream so far has finished.
     pub(crate) fn synchronize(&self) -> Result<()> {
         let _guard = self.device().enter()?;
-        // SAFETY: the stream is alive (held by self) and its context is current for the
-        // call (the null stream resolves to that context's legacy stream).
-        self.device()
-            .check(unsafe { result::stream::synchronize(self.raw()) })
+        let synced = match self {
+            // SAFETY: its context is current for the call (the null stream resolves to
+            // that context's legacy stream).
+            StreamRef::Legacy(_) => unsafe { result::stream::synchronize(std::ptr::null_mut()) },
+            StreamRef::Owned(s) => s.synchronize_raw(),
+        };
+        self.device().check(synced)
     }
 
     /// [`synchronize`](Self::synchronize), giving up at `deadline` (`None`: never) with
@@ -264,25 +313,32 @@ impl StreamRef {
                 after_ms: 0,
             });
         }
-        let polled = poll_until_idle(
-            || {
-                // SAFETY: the stream is alive (held by self) and its context is current.
-                unsafe { result::stream::query(self.raw()) }
-            },
-            deadline,
-            limit,
-        );
+        let polled = poll_until_idle(|| self.query(), deadline, limit);
         match polled {
             Ok(()) => Ok(()),
             Err(Polled::Failed(e)) => Err(self.device().on_error(e)),
             Err(Polled::TimedOut(after_ms)) => {
-                GaveUp::remember(id, self.raw());
+                self.remember_gave_up(id);
                 Err(Error::Timeout {
                     what: "a buffer's pending GPU work to finish before freeing it \
                            (GPUBIND_DROP_TIMEOUT)",
                     after_ms,
                 })
             }
+        }
+    }
+
+    /// Remembers that a wait on this stream gave up ([`GaveUp::remember`]), if it can
+    /// still be recorded on (a retired borrowed stream cannot: waits on it wait for its
+    /// event, one limit each).
+    fn remember_gave_up(&self, id: u64) {
+        match self {
+            StreamRef::Legacy(_) => GaveUp::remember(id, std::ptr::null_mut()),
+            StreamRef::Owned(s) => s.with_target(|t| {
+                if let super::borrowed::Target::Stream(raw) = t {
+                    GaveUp::remember(id, raw);
+                }
+            }),
         }
     }
 

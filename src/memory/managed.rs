@@ -14,7 +14,14 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-/// `len` elements of managed memory, attached globally (`CU_MEM_ATTACH_GLOBAL`).
+mod attach;
+mod view;
+
+pub use attach::ManagedAttach;
+pub use view::{ManagedView, ManagedViewMut};
+
+/// `len` elements of managed memory, attached globally (`CU_MEM_ATTACH_GLOBAL`), to the
+/// host ([`ManagedAttach::Host`]) or to one stream ([`BoundStream::attach_managed`]).
 ///
 /// Managed memory has one address valid on the host and on the device; the driver
 /// migrates pages on demand. A `ManagedSlice<T>` is device memory for every gpubind API
@@ -42,13 +49,19 @@ use std::sync::Arc;
 ///
 /// Asking for more managed memory than the device has free is refused up front with
 /// [`Error::ManagedTooLarge`]: over-subscribed managed memory can stall the whole GPU.
+///
+/// [`slice`](ManagedSlice::slice), [`slice_mut`](ManagedSlice::slice_mut) and the
+/// `split_at` pair give [`ManagedView`] / [`ManagedViewMut`], usable wherever the slice
+/// is, with the same host-access waits. Memory may be allocated attached to the host
+/// ([`BoundDevice::alloc_managed_attached`]) or attached to one stream later
+/// ([`BoundStream::attach_managed`]); host references into memory attached to a stream
+/// wait for that stream as well (`docs/safety.md`, "Managed memory").
 pub struct ManagedSlice<T: DeviceRepr> {
     device: Arc<Device>,
     ptr: sys::CUdeviceptr,
     len: usize,
-    /// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`: whether the host may touch the
-    /// memory while the device runs work. Without it host references are refused.
-    concurrent: bool,
+    /// What host access needs: the device's concurrent access, the attachment.
+    host: attach::HostRule,
     tracker: AccessTracker,
     _t: PhantomData<T>,
 }
@@ -145,22 +158,6 @@ impl<T: DeviceRepr> ManagedSlice<T> {
             .tracked(&self.tracker)
     }
 
-    /// On devices without concurrent managed access the host may not touch managed memory
-    /// while the device runs *anything* (the process gets SIGSEGV/SIGBUS), and a reference
-    /// handed out cannot stop another thread or library from launching work meanwhile:
-    /// host references are refused there ([`Error::DeviceLacks`]); copies work.
-    fn host_access_ready(&self) -> Result<()> {
-        if self.concurrent || self.len == 0 {
-            return Ok(());
-        }
-        Err(Error::DeviceLacks {
-            device: self.device.ordinal(),
-            capability: "CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS",
-            what: "a host reference into managed memory (as_slice/as_mut_slice)",
-            hint: Some("copy with BoundDevice::dtoh / htod_copy instead"),
-        })
-    }
-
     /// The contents, read by the host (pages migrate on demand).
     ///
     /// Waits first for the pending stream-ordered writes of this slice (kernels, copies,
@@ -171,32 +168,20 @@ impl<T: DeviceRepr> ManagedSlice<T> {
     /// Windows, some embedded and older GPUs) this is [`Error::DeviceLacks`]: the host may
     /// not touch managed memory there while the device runs any work, which a reference
     /// cannot guarantee; copy the data out with [`BoundDevice::dtoh`](crate::BoundDevice::dtoh).
+    ///
+    /// Memory attached to one stream ([`BoundStream::attach_managed`]) also waits for
+    /// that stream's work so far (see `docs/safety.md`, "Managed memory").
     pub fn as_slice(&self) -> Result<&[T]> {
-        self.host_access_ready()?;
-        if self.len > 0 {
-            self.tracker.host_access(Access::Read)?;
-        }
-        if self.len == 0 {
-            return Ok(&[]);
-        }
-        // SAFETY: `len` initialised (zeroed at allocation) elements at a host-accessible
-        // managed address, alive while `self` is borrowed.
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr as *const T, self.len) })
+        // SAFETY: the allocation's own address, length and tracker.
+        unsafe { view::host_slice(&self.host, &self.tracker, &self.device, self.ptr, self.len) }
     }
 
     /// The contents, written by the host. Waits first for every pending stream-ordered
     /// use of this slice (reads too); refused like [`as_slice`](Self::as_slice) on
     /// devices without concurrent managed access.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.host_access_ready()?;
-        if self.len > 0 {
-            self.tracker.host_access(Access::Write)?;
-        }
-        if self.len == 0 {
-            return Ok(&mut []);
-        }
-        // SAFETY: as in `as_slice`, with an exclusive borrow.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, self.len) })
+        // SAFETY: the allocation's own address, length and tracker, held exclusively.
+        unsafe { view::host_slice_mut(&self.host, &self.tracker, &self.device, self.ptr, self.len) }
     }
 }
 
@@ -227,11 +212,39 @@ impl<T: DeviceRepr> Drop for ManagedSlice<T> {
 copy_endpoints!(ManagedSlice, mut);
 
 impl<'a> BoundDevice<'a> {
-    /// Allocates `len` zeroed elements of managed memory.
+    /// Allocates `len` zeroed elements of managed memory, attached globally
+    /// ([`ManagedAttach::Global`]: any stream may use it).
     ///
     /// Refused with [`Error::ManagedTooLarge`] (before calling the driver) when the
     /// request exceeds the device's free memory (`cuMemGetInfo`).
     pub fn alloc_managed<T: DeviceRepr>(&self, len: usize) -> Result<ManagedSlice<T>> {
+        self.alloc_managed_attached(len, ManagedAttach::Global)
+    }
+
+    /// Allocates `len` zeroed elements of managed memory with the attachment `attach`
+    /// (`cuMemAllocManaged` with `CU_MEM_ATTACH_GLOBAL` or `CU_MEM_ATTACH_HOST`).
+    ///
+    /// [`ManagedAttach::Host`] needs a device with concurrent managed access (where the
+    /// attachment is a placement hint and every stream may still use the memory):
+    /// elsewhere the device could not touch the memory until it is attached to a stream,
+    /// and it is refused with [`Error::DeviceLacks`]. Refused with
+    /// [`Error::ManagedTooLarge`] like [`alloc_managed`](Self::alloc_managed).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, ManagedAttach, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let mut m = gpu.alloc_managed_attached::<u32>(256, ManagedAttach::Host)?;
+    /// m.as_mut_slice()?.fill(7);
+    /// assert_eq!(gpu.dtoh(&m)?[255], 7);
+    /// # Ok(()) }
+    /// ```
+    pub fn alloc_managed_attached<T: DeviceRepr>(
+        &self,
+        len: usize,
+        attach: ManagedAttach,
+    ) -> Result<ManagedSlice<T>> {
         let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
             Error::InvalidArgument(format!("{len} elements overflow usize bytes"))
         })?;
@@ -247,19 +260,20 @@ impl<'a> BoundDevice<'a> {
             .device()
             .attribute(DeviceAttribute::ConcurrentManagedAccess)?
             != 0;
+        attach::check_attachable(self.device(), concurrent, attach)?;
         let mut ptr: sys::CUdeviceptr = 0;
         if bytes > 0 {
-            let flags = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32;
-            // SAFETY: this context is current; the slice frees it.
-            ptr = self
-                .device()
-                .check(unsafe { crate::driver::result::memory::alloc_managed(bytes, flags) })?;
+            // SAFETY: this context is current (`memory_info` made it so); the slice
+            // frees it.
+            ptr = self.device().check(unsafe {
+                crate::driver::result::memory::alloc_managed(bytes, attach.flags())
+            })?;
         }
         let mut m = ManagedSlice {
             device: Arc::clone(self.device()),
             ptr,
             len,
-            concurrent,
+            host: attach::HostRule::new(concurrent),
             tracker: AccessTracker::default(),
             _t: PhantomData,
         };

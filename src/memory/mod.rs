@@ -3,6 +3,7 @@
 pub mod host;
 pub mod managed;
 pub mod pool;
+mod reinterpret;
 mod sync_ops;
 
 use crate::access::AccessTracker;

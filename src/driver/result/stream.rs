@@ -161,6 +161,44 @@ pub(crate) unsafe fn end_capture(stream: sys::CUstream) -> Result<sys::CUgraph> 
     Ok(graph)
 }
 
+/// `cuStreamAttachMemAsync`: attaches the whole managed allocation at `ptr` with `flags`
+/// (`CU_MEM_ATTACH_GLOBAL`, `_HOST` or `_SINGLE`: to `stream`), in stream order.
+///
+/// # Safety
+///
+/// `stream` is a live stream of the current context (not the legacy stream for
+/// `CU_MEM_ATTACH_SINGLE`); `ptr` is the start of a live managed allocation of that
+/// context.
+#[inline]
+pub(crate) unsafe fn attach_mem_async(
+    stream: sys::CUstream,
+    ptr: sys::CUdeviceptr,
+    flags: c_uint,
+) -> Result<()> {
+    // SAFETY: the caller guarantees the handles; length 0 names the whole allocation.
+    check(
+        unsafe { sys::cuStreamAttachMemAsync(stream, ptr, 0, flags) },
+        "cuStreamAttachMemAsync",
+    )
+}
+
+/// `cuStreamGetCtx`: the context `stream` belongs to.
+///
+/// # Safety
+///
+/// `stream` is a live stream handle (not a special handle's meaning for another
+/// thread: any handle the driver accepts).
+#[inline]
+pub(crate) unsafe fn context(stream: sys::CUstream) -> Result<sys::CUcontext> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: the caller guarantees the handle; writes one context handle.
+    check(
+        unsafe { sys::cuStreamGetCtx(stream, &mut ctx) },
+        "cuStreamGetCtx",
+    )?;
+    Ok(ctx)
+}
+
 /// `cuStreamIsCapturing`: whether `stream` is being captured into a graph.
 ///
 /// # Safety

@@ -1,0 +1,240 @@
+//! Views of managed memory: [`ManagedView`] and [`ManagedViewMut`], and the host
+//! references every managed kind hands out.
+//!
+//! A view addresses a range of a [`ManagedSlice`] and shares its tracker, like
+//! [`DeviceView`](crate::DeviceView) does for a device slice: it is a copy endpoint and a
+//! kernel argument, and its host references wait as the slice's do.
+
+use super::ManagedSlice;
+use super::attach::HostRule;
+use crate::access::{Access, AccessTracker};
+use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
+use crate::device::Device;
+use crate::error::Result;
+use crate::memory::reinterpret::fit;
+use crate::memory::{
+    DeviceMemory, DeviceMemoryMut, DeviceRepr, ViewTracker, check_disjoint, impl_device_memory,
+    private, resolve,
+};
+use crate::module::{KernelArg, memory_arg};
+use cudarc::driver::sys;
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::ops::RangeBounds;
+use std::sync::Arc;
+
+/// A shared view of part of a [`ManagedSlice`]: device memory for every gpubind API, and
+/// readable by the host through [`as_slice`](Self::as_slice).
+pub struct ManagedView<'a, T: DeviceRepr> {
+    device: &'a Arc<Device>,
+    tracker: &'a AccessTracker,
+    host: &'a HostRule,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    _t: PhantomData<&'a T>,
+}
+
+/// A writable view of part of a [`ManagedSlice`]: from
+/// [`slice_mut`](ManagedSlice::slice_mut) (holding the slice's tracker alone) or
+/// [`split_at_mut`](ManagedSlice::split_at_mut) (two views sharing it: their uses are
+/// ordered per slice, as for [`DeviceSlice::get_disjoint_mut`](crate::DeviceSlice::get_disjoint_mut)).
+pub struct ManagedViewMut<'a, T: DeviceRepr> {
+    device: &'a Arc<Device>,
+    tracker: ViewTracker<'a>,
+    host: &'a HostRule,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    _t: PhantomData<&'a mut T>,
+}
+
+impl_device_memory!(ManagedView<'a>, const);
+impl_device_memory!(ManagedViewMut<'a>, view);
+memory_arg!(ManagedView<'a>);
+memory_arg!(ManagedViewMut<'a>);
+
+fn managed_endpoint<T: DeviceRepr>(m: &impl DeviceMemory<T>) -> Endpoint<'_> {
+    Endpoint::new(
+        m.device_ptr(),
+        m.len(),
+        MemoryKind::Managed,
+        Some(m.device()),
+    )
+    .tracked(private::Sealed::tracker(m))
+}
+copy_endpoints!(ManagedView<'a>, const, managed_endpoint);
+copy_endpoints!(ManagedViewMut<'a>, mut, managed_endpoint);
+
+/// A host reference to `len` elements at `ptr`, after the checks and waits of
+/// [`HostRule::ready`] and a host read claim on `tracker`.
+///
+/// # Safety
+///
+/// `ptr..ptr + len` is managed memory tracked by `tracker` (zeroed or written since
+/// allocation) that lives and is not written by the host elsewhere for the returned
+/// lifetime.
+pub(super) unsafe fn host_slice<'r, T>(
+    host: &HostRule,
+    tracker: &AccessTracker,
+    device: &Device,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+) -> Result<&'r [T]> {
+    host.ready(device, len)?;
+    if len == 0 {
+        return Ok(&[]);
+    }
+    tracker.host_access(Access::Read)?;
+    // SAFETY: initialised elements at a host-accessible managed address (the caller);
+    // no stream-ordered write is pending (waited for above) and none can start while
+    // the reference lives (writes need the memory borrowed mutably).
+    Ok(unsafe { std::slice::from_raw_parts(ptr as *const T, len) })
+}
+
+/// [`host_slice`] for writing: waits for every pending use (reads too).
+///
+/// # Safety
+///
+/// As [`host_slice`], and nothing else reaches the range for the returned lifetime.
+pub(super) unsafe fn host_slice_mut<'r, T>(
+    host: &HostRule,
+    tracker: &AccessTracker,
+    device: &Device,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+) -> Result<&'r mut [T]> {
+    host.ready(device, len)?;
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    tracker.host_access(Access::Write)?;
+    // SAFETY: as in `host_slice`, with exclusive access (the caller).
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, len) })
+}
+
+impl<T: DeviceRepr> ManagedSlice<T> {
+    /// A shared view of `range`, or [`Error::OutOfBounds`](crate::Error::OutOfBounds).
+    /// Needs no binding.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<ManagedView<'_, T>> {
+        let (start, len) = resolve(range, self.len)?;
+        Ok(ManagedView {
+            device: &self.device,
+            tracker: &self.tracker,
+            host: &self.host,
+            ptr: self.offset(start),
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// A writable view of `range`, or [`Error::OutOfBounds`](crate::Error::OutOfBounds).
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<ManagedViewMut<'_, T>> {
+        let (start, len) = resolve(range, self.len)?;
+        let ptr = self.offset(start);
+        Ok(ManagedViewMut {
+            device: &self.device,
+            tracker: ViewTracker::Alone(&mut self.tracker),
+            host: &self.host,
+            ptr,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// Two shared views, of `..mid` and `mid..`
+    /// ([`Error::OutOfBounds`](crate::Error::OutOfBounds) when `mid` is past the end).
+    pub fn split_at(&self, mid: usize) -> Result<(ManagedView<'_, T>, ManagedView<'_, T>)> {
+        Ok((self.slice(..mid)?, self.slice(mid..)?))
+    }
+
+    /// Two writable views, of `..mid` and `mid..`, sharing the slice's tracker: each may
+    /// be written by its own stream (ordered one after the other by the tracker) or by
+    /// the host ([`ManagedViewMut::as_mut_slice`]) while the other is in use.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let mut m = gpu.alloc_managed::<u32>(8)?;
+    /// let (mut head, mut tail) = m.split_at_mut(4)?;
+    /// let s = gpu.default_stream();
+    /// s.memset_async(&mut head, 1)?;
+    /// tail.as_mut_slice()?.fill(2);                  // the host writes the other half
+    /// assert_eq!(head.as_slice()?, [1, 1, 1, 1]);     // waits for the memset
+    /// # Ok(()) }
+    /// ```
+    pub fn split_at_mut(
+        &mut self,
+        mid: usize,
+    ) -> Result<(ManagedViewMut<'_, T>, ManagedViewMut<'_, T>)> {
+        let len = self.len;
+        check_disjoint(&[0..mid, mid..len.max(mid)], len)?;
+        let (head, tail) = (self.offset(0), self.offset(mid));
+        let tracker: &AccessTracker = &self.tracker;
+        let view = |ptr, len| ManagedViewMut {
+            device: &self.device,
+            tracker: ViewTracker::Shared(tracker),
+            host: &self.host,
+            ptr,
+            len,
+            _t: PhantomData,
+        };
+        Ok((view(head, mid), view(tail, len - mid)))
+    }
+
+    /// The whole slice seen as elements of `U` (see
+    /// [`DeviceSlice::transmute`](crate::DeviceSlice::transmute)):
+    /// [`Error::Transmute`](crate::Error::Transmute) when the byte length is not a
+    /// multiple of `size_of::<U>()` or the address is not aligned for `U`.
+    pub fn transmute<U: DeviceRepr>(&self) -> Result<ManagedView<'_, U>> {
+        let len = fit::<U>(self.ptr, self.len * std::mem::size_of::<T>())?;
+        Ok(ManagedView {
+            device: &self.device,
+            tracker: &self.tracker,
+            host: &self.host,
+            ptr: self.ptr,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// The whole slice seen as elements of `U`, writable; see [`transmute`](Self::transmute).
+    pub fn transmute_mut<U: DeviceRepr>(&mut self) -> Result<ManagedViewMut<'_, U>> {
+        let len = fit::<U>(self.ptr, self.len * std::mem::size_of::<T>())?;
+        Ok(ManagedViewMut {
+            device: &self.device,
+            tracker: ViewTracker::Alone(&mut self.tracker),
+            host: &self.host,
+            ptr: self.ptr,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    fn offset(&self, start: usize) -> sys::CUdeviceptr {
+        self.ptr + (start * std::mem::size_of::<T>()) as u64
+    }
+}
+
+impl<T: DeviceRepr> ManagedView<'_, T> {
+    /// The range, read by the host: waits like [`ManagedSlice::as_slice`].
+    pub fn as_slice(&self) -> Result<&[T]> {
+        // SAFETY: a range of the slice this view borrows, tracked by its tracker.
+        unsafe { host_slice(self.host, self.tracker, self.device, self.ptr, self.len) }
+    }
+}
+
+impl<T: DeviceRepr> ManagedViewMut<'_, T> {
+    /// The range, read by the host: waits like [`ManagedSlice::as_slice`].
+    pub fn as_slice(&self) -> Result<&[T]> {
+        // SAFETY: a range of the slice this view borrows, tracked by its tracker.
+        unsafe { host_slice(self.host, &self.tracker, self.device, self.ptr, self.len) }
+    }
+
+    /// The range, written by the host: waits like [`ManagedSlice::as_mut_slice`] (for
+    /// the pending uses of the whole slice, the other view's too).
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        // SAFETY: a range this view holds exclusively (views of one slice are disjoint).
+        unsafe { host_slice_mut(self.host, &self.tracker, self.device, self.ptr, self.len) }
+    }
+}
