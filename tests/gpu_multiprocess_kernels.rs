@@ -5,7 +5,9 @@
 //!   this process), including calls larger than the staging buffer (several steps);
 //! * ranks that disagree on the length or the type: the same typed error on every rank;
 //!   a rank whose call is invalid (its own `SizeMismatch`): the others `PeerFailed`;
-//! * a rank killed mid-collective: the others fail typed, naming it, within the timeout;
+//! * a rank killed mid-collective: the others fail with the dead-peer error, naming it,
+//!   well before the timeout; a stopped rank: the survivor fails at its timeout and its
+//!   drop returns within 1 s after;
 //! * a call that fails while the caller's stream is busy returns by its deadline;
 //! * dropping the communicators at the end is bounded (the bye handshake).
 //!
@@ -281,6 +283,31 @@ fn child() -> Result<String, String> {
             }
             Ok("never failed".into())
         }
+        // Rank 1 loops until the parent stops it (SIGSTOP); rank 0's call then fails
+        // by its timeout, and its drop waits for nothing the verdict condemned.
+        "stopped" => {
+            let gpu = ctx.bind(&d).ctx("bind")?;
+            let stream = gpu.new_stream().ctx("stream")?;
+            let s = gpu.on(&stream).ctx("on")?;
+            let a = gpu.clone_htod(&vec![1.0f32; 1024]).ctx("htod")?;
+            let mut b: DeviceSlice<f32> = gpu.alloc_zeros(1024).ctx("alloc")?;
+            for i in 0..u64::MAX {
+                let t = Instant::now();
+                if let Err(e) = comm.all_reduce(&s, &a, &mut b, Op::Sum) {
+                    let call_ms = t.elapsed().as_millis();
+                    let t = Instant::now();
+                    drop(comm);
+                    let drop_ms = t.elapsed().as_millis();
+                    return Ok(format!("{:?} call_ms={call_ms} drop_ms={drop_ms}", Some(e)));
+                }
+                if i == 10 && rank == 1 {
+                    println!("{RESULT}looping");
+                    use std::io::Write;
+                    std::io::stdout().flush().unwrap();
+                }
+            }
+            Ok("never failed".into())
+        }
         // Rank 0's stream is busy with a 15 s kernel when its call fails (rank 1 calls
         // another length): the call returns at its deadline, not after the kernel;
         // the drop is bounded too.
@@ -497,18 +524,57 @@ fn killed_rank_fails_the_others_typed() -> R {
         .drain(..2)
         .map(|c| result(c, Duration::from_secs(60)))
         .collect::<Result<_, _>>()?;
+    let took = t.elapsed();
+    println!("    the survivors returned {took:?} after the kill (timeout {timeout_ms} ms)");
     for o in &out {
-        ensure!(
-            o.starts_with("Some(PeerFailed { rank: 2")
-                || (o.starts_with("Some(PeerTimeout") && o.contains("ranks: [2")),
-            "{out:?}"
-        );
+        // The closed sockets are seen at once: the dead-peer error, not a timeout.
+        ensure!(o.starts_with("Some(PeerFailed { rank: 2"), "{out:?}");
     }
     ensure!(
-        t.elapsed() < Duration::from_millis(timeout_ms + 5_000),
-        "the others took {:?}",
-        t.elapsed()
+        took < Duration::from_millis(timeout_ms / 4),
+        "the others took {took:?}: a dead rank must be seen well before the timeout"
     );
+    Ok(())
+}
+
+/// Rank 1 is stopped (SIGSTOP) mid-loop: rank 0's call fails at about its timeout
+/// (5 s), and its drop returns within 1 s after (it does not wait a second timeout for
+/// the stopped rank's bye; its staging is leaked instead).
+fn a_stopped_rank_costs_the_survivor_one_timeout() -> R {
+    use std::io::{BufRead, BufReader};
+    let key = format!("gpu-pk-stopped-{}", std::process::id());
+    let timeout_ms: u64 = 5_000;
+    let mut kids: Vec<Child> = (0..2)
+        .map(|r| spawn("stopped", r, 2, &key, timeout_ms))
+        .collect();
+    let mut lines = BufReader::new(kids[1].stdout.take().unwrap()).lines();
+    loop {
+        let l = lines
+            .next()
+            .ok_or("rank 1 ended before looping")?
+            .ctx("read")?;
+        if l.contains("PK-RESULT looping") {
+            break;
+        }
+    }
+    let pid = kids[1].id() as i32;
+    // SAFETY: plain kill(2) on our own child, which has not been waited for.
+    ensure!(unsafe { libc::kill(pid, libc::SIGSTOP) } == 0, "SIGSTOP failed");
+    let out0 = result(kids.remove(0), Duration::from_secs(60));
+    let _ = kids[0].kill(); // SIGKILL ends a stopped process too
+    let _ = kids[0].wait();
+    let out0 = out0?;
+    let (call, dropped) = (ms_of(&out0, "call_ms")?, ms_of(&out0, "drop_ms")?);
+    println!("    rank 0: call failed after {call} ms, drop took {dropped} ms");
+    ensure!(
+        out0.starts_with("Some(PeerTimeout") && out0.contains("ranks: [1"),
+        "{out0}"
+    );
+    ensure!(
+        u128::from(timeout_ms) * 9 / 10 <= call && call < u128::from(timeout_ms) * 3,
+        "the call failed after {call} ms (timeout {timeout_ms} ms)"
+    );
+    ensure!(dropped < 1_000, "the drop took {dropped} ms after the verdict");
     Ok(())
 }
 
@@ -553,6 +619,10 @@ fn main() {
             (
                 "killed_rank_fails_the_others_typed",
                 killed_rank_fails_the_others_typed,
+            ),
+            (
+                "a_stopped_rank_costs_the_survivor_one_timeout",
+                a_stopped_rank_costs_the_survivor_one_timeout,
             ),
             (
                 "a_failed_step_on_a_busy_stream_returns_by_its_deadline",
