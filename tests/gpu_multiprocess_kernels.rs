@@ -8,6 +8,8 @@
 //! * a rank killed mid-collective: the others fail with the dead-peer error, naming it,
 //!   well before the timeout; a stopped rank: the survivor fails at its timeout and its
 //!   drop returns within 1 s after;
+//! * a peer that calls late does not block another thread of a rank reading that rank's
+//!   send buffer (no claim is held across the host wait);
 //! * a call that fails while the caller's stream is busy returns by its deadline;
 //! * dropping the communicators at the end is bounded (the bye handshake).
 //!
@@ -283,6 +285,43 @@ fn child() -> Result<String, String> {
             }
             Ok("never failed".into())
         }
+        // Rank 1 calls `LATE_MS` late. Meanwhile another thread of rank 0 reads rank
+        // 0's send buffer: it must not wait for the late peer (the call holds no claim
+        // of its buffers across its host wait).
+        "late" => {
+            let gpu = ctx.bind(&d).ctx("bind")?;
+            let stream = gpu.new_stream().ctx("stream")?;
+            let s = gpu.on(&stream).ctx("on")?;
+            let n = 1 << 16;
+            let a = gpu.clone_htod(&vec![1.0f32; n]).ctx("htod")?;
+            let mut b: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+            if rank == 1 {
+                std::thread::sleep(Duration::from_millis(LATE_MS));
+                comm.all_reduce(&s, &a, &mut b, Op::Sum).ctx("all_reduce")?;
+                return Ok("ok".into());
+            }
+            let (call, read) = std::thread::scope(|scope| {
+                let reader = scope.spawn(|| -> Result<(u128, usize), String> {
+                    // Let the call begin its wait for rank 1 first.
+                    std::thread::sleep(Duration::from_millis(LATE_MS / 5));
+                    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+                    let gpu = ctx.bind(&d).ctx("bind")?;
+                    let t = Instant::now();
+                    let host = gpu.dtoh(&a).ctx("dtoh")?;
+                    let ones = host.iter().filter(|&&x| x == 1.0).count();
+                    Ok((t.elapsed().as_millis(), ones))
+                });
+                let t = Instant::now();
+                let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+                (r.map(|()| t.elapsed().as_millis()), reader.join())
+            });
+            let call_ms = call.ctx("all_reduce")?;
+            let (read_ms, ones) = read.map_err(|_| "the reader panicked".to_string())??;
+            ensure!(ones == n, "the reader saw {ones} of {n} ones");
+            let out = gpu.dtoh(&b).ctx("dtoh")?;
+            ensure!(out.iter().all(|&x| x == 2.0), "wrong sums");
+            Ok(format!("ok call_ms={call_ms} read_ms={read_ms}"))
+        }
         // Rank 1 loops until the parent stops it (SIGSTOP); rank 0's call then fails
         // by its timeout, and its drop waits for nothing the verdict condemned.
         "stopped" => {
@@ -537,6 +576,28 @@ fn killed_rank_fails_the_others_typed() -> R {
     Ok(())
 }
 
+/// How late rank 1 calls in the "late" scenario.
+const LATE_MS: u64 = 2_000;
+
+/// Rank 1 calls 2 s late; a second thread of rank 0 reads rank 0's send buffer while
+/// rank 0's call waits for rank 1: the read returns long before rank 1 arrives.
+fn a_late_peer_does_not_block_a_reader_of_the_send_buffer() -> R {
+    let out = job("late", 2, 30_000)?;
+    ensure!(out[1] == "ok", "{out:?}");
+    ensure!(out[0].starts_with("ok "), "{out:?}");
+    let (call, read) = (ms_of(&out[0], "call_ms")?, ms_of(&out[0], "read_ms")?);
+    println!("    rank 0: call {call} ms, the other thread's read {read} ms (peer {LATE_MS} ms late)");
+    ensure!(
+        call >= u128::from(LATE_MS) / 2,
+        "rank 0's call took {call} ms: rank 1 was not late"
+    );
+    ensure!(
+        read < u128::from(LATE_MS) / 4,
+        "the read took {read} ms: it waited for the late peer"
+    );
+    Ok(())
+}
+
 /// Rank 1 is stopped (SIGSTOP) mid-loop: rank 0's call fails at about its timeout
 /// (5 s), and its drop returns within 1 s after (it does not wait a second timeout for
 /// the stopped rank's bye; its staging is leaked instead).
@@ -619,6 +680,10 @@ fn main() {
             (
                 "killed_rank_fails_the_others_typed",
                 killed_rank_fails_the_others_typed,
+            ),
+            (
+                "a_late_peer_does_not_block_a_reader_of_the_send_buffer",
+                a_late_peer_does_not_block_a_reader_of_the_send_buffer,
             ),
             (
                 "a_stopped_rank_costs_the_survivor_one_timeout",
