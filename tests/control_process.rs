@@ -141,7 +141,9 @@ fn result_timed(mut child: Child, limit: Duration) -> (String, Duration) {
             .filter_map(|l| l.find(tag).map(|i| l[i + tag.len()..].to_owned()))
             .next_back()
     };
-    let took = last(TOOK).and_then(|ms| ms.parse().ok()).unwrap_or(u64::MAX);
+    let took = last(TOOK)
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or(u64::MAX);
     let line = last(RESULT).unwrap_or_else(|| format!("no result: {text}"));
     (line, Duration::from_millis(took))
 }
@@ -358,5 +360,8 @@ fn garbage_on_a_rank_socket_is_a_typed_error() {
         "{out}"
     );
     // Refused, not timed out.
-    assert!(took < Duration::from_millis(TIMEOUT_MS * 9 / 10), "{took:?}");
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS * 9 / 10),
+        "{took:?}"
+    );
 }

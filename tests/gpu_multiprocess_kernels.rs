@@ -586,7 +586,9 @@ fn a_late_peer_does_not_block_a_reader_of_the_send_buffer() -> R {
     ensure!(out[1] == "ok", "{out:?}");
     ensure!(out[0].starts_with("ok "), "{out:?}");
     let (call, read) = (ms_of(&out[0], "call_ms")?, ms_of(&out[0], "read_ms")?);
-    println!("    rank 0: call {call} ms, the other thread's read {read} ms (peer {LATE_MS} ms late)");
+    println!(
+        "    rank 0: call {call} ms, the other thread's read {read} ms (peer {LATE_MS} ms late)"
+    );
     ensure!(
         call >= u128::from(LATE_MS) / 2,
         "rank 0's call took {call} ms: rank 1 was not late"
@@ -620,7 +622,10 @@ fn a_stopped_rank_costs_the_survivor_one_timeout() -> R {
     }
     let pid = kids[1].id() as i32;
     // SAFETY: plain kill(2) on our own child, which has not been waited for.
-    ensure!(unsafe { libc::kill(pid, libc::SIGSTOP) } == 0, "SIGSTOP failed");
+    ensure!(
+        unsafe { libc::kill(pid, libc::SIGSTOP) } == 0,
+        "SIGSTOP failed"
+    );
     let out0 = result(kids.remove(0), Duration::from_secs(60));
     let _ = kids[0].kill(); // SIGKILL ends a stopped process too
     let _ = kids[0].wait();
@@ -635,7 +640,10 @@ fn a_stopped_rank_costs_the_survivor_one_timeout() -> R {
         u128::from(timeout_ms) * 9 / 10 <= call && call < u128::from(timeout_ms) * 3,
         "the call failed after {call} ms (timeout {timeout_ms} ms)"
     );
-    ensure!(dropped < 1_000, "the drop took {dropped} ms after the verdict");
+    ensure!(
+        dropped < 1_000,
+        "the drop took {dropped} ms after the verdict"
+    );
     Ok(())
 }
 

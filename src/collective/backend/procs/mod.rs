@@ -704,9 +704,7 @@ impl RankBackend for ProcsRank {
         let claims = rc.claims();
         let call = rc.call.map_err(|e| self.fail(e))?;
         // The device check a claim makes, before the peers are waited for.
-        stream
-            .ensure_stream_context()
-            .map_err(|e| self.fail(e))?;
+        stream.ensure_stream_context().map_err(|e| self.fail(e))?;
         let claim = || stream.claim(claims);
         // SAFETY: the stream is bound (its device current) and borrowed for this call;
         // the buffers are validated against this rank's device, and `run` claims them
