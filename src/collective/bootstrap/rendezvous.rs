@@ -375,44 +375,42 @@ impl CheckIn {
     /// Reads rank `r`'s acknowledgement of the id (bytes or a hang-up wait on its
     /// connection).
     fn take_ack(&mut self, r: usize) -> Result<()> {
-        {
-            let Some(p) = self.peers[r].as_mut() else {
-                return Ok(());
-            };
-            match read_frame(&mut p.stream, self.deadline) {
-                Ok(f) if f.kind == Kind::Ack && f.rank as usize == r => {}
-                Ok(f) => {
-                    return Err(Error::Rendezvous {
-                        reason: format!(
-                            "rank {r} answered the id with a {:?} frame for rank {}, not its ack",
-                            f.kind, f.rank
-                        ),
-                    });
-                }
-                Err(ReadFail::Closed { .. }) => {
-                    return Err(Error::PeerFailed {
-                        rank: r,
-                        reason: "it closed its connection before acknowledging the id (it exited or crashed)".into(),
-                    });
-                }
-                Err(ReadFail::TimedOut) => {
-                    return Err(Error::PeerTimeout {
-                        what: "the ranks to acknowledge the id".into(),
-                        ranks: vec![r],
-                        after_ms: ms(self.started.elapsed()),
-                    });
-                }
-                Err(ReadFail::Garbage(why)) => {
-                    return Err(Error::Rendezvous {
-                        reason: format!("rank {r} answered the id with garbage: {why}"),
-                    });
-                }
-                Err(ReadFail::Io(e)) => {
-                    return Err(Error::PeerFailed {
-                        rank: r,
-                        reason: format!("reading its ack failed: {e}"),
-                    });
-                }
+        let Some(p) = self.peers[r].as_mut() else {
+            return Ok(());
+        };
+        match read_frame(&mut p.stream, self.deadline) {
+            Ok(f) if f.kind == Kind::Ack && f.rank as usize == r => {}
+            Ok(f) => {
+                return Err(Error::Rendezvous {
+                    reason: format!(
+                        "rank {r} answered the id with a {:?} frame for rank {}, not its ack",
+                        f.kind, f.rank
+                    ),
+                });
+            }
+            Err(ReadFail::Closed { .. }) => {
+                return Err(Error::PeerFailed {
+                    rank: r,
+                    reason: "it closed its connection before acknowledging the id (it exited or crashed)".into(),
+                });
+            }
+            Err(ReadFail::TimedOut) => {
+                return Err(Error::PeerTimeout {
+                    what: "the ranks to acknowledge the id".into(),
+                    ranks: vec![r],
+                    after_ms: ms(self.started.elapsed()),
+                });
+            }
+            Err(ReadFail::Garbage(why)) => {
+                return Err(Error::Rendezvous {
+                    reason: format!("rank {r} answered the id with garbage: {why}"),
+                });
+            }
+            Err(ReadFail::Io(e)) => {
+                return Err(Error::PeerFailed {
+                    rank: r,
+                    reason: format!("reading its ack failed: {e}"),
+                });
             }
         }
         Ok(())

@@ -623,8 +623,9 @@ impl Drop for ProcsRank {
     fn drop(&mut self) {
         // This rank's reads of the peers' staging, then its imports, then the byes; only
         // when every peer has said bye (or is gone) is its own staging freed. One
-        // deadline for the whole drop. After a verdict (a timeout, a dead or failed
-        // peer) the drop waits for nothing the verdict condemned: the byes get a short
+        // deadline for the whole drop. After an error broke the communicator (a
+        // timeout, a dead or failed peer, a mismatch) the drop waits for nothing the
+        // verdict condemned: the byes get a short
         // grace, and a peer that stays silent through it (stopped, hung) keeps this
         // rank's staging leaked instead of costing the survivors a second timeout.
         // This rank's own work never waits on another process, so it keeps the full
@@ -684,7 +685,7 @@ impl Drop for ProcsRank {
                 &Error::PeerTimeout {
                     what: "the other ranks' byes (or this rank's own GPU work)".into(),
                     ranks: vec![],
-                    after_ms: self.group.timeout().as_millis().min(u128::from(u64::MAX)) as u64,
+                    after_ms: byes.after_ms(),
                 },
                 crate::teardown::faults::LEAKED,
             );
