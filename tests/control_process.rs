@@ -327,13 +327,67 @@ fn a_duplicate_rank_is_a_rendezvous_error() {
 
 /// The abstract socket rank `rank` of job `key` listens on (docs/collective.md).
 fn socket_of(key: &str, rank: usize) -> SocketAddr {
+    let h = key_hash(key);
+    let uid = rustix::process::geteuid().as_raw();
+    SocketAddr::from_abstract_name(format!("gpubind-pc-{uid}-{h:016x}-{rank}").as_bytes()).unwrap()
+}
+
+/// A gpubind control frame (`GBIM` framing of a `GBPC` message of `ty`).
+fn control_message(ty: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = b"GBPC".to_vec();
+    v.extend_from_slice(&2u16.to_le_bytes());
+    v.push(ty);
+    v.extend_from_slice(body);
+    v
+}
+
+/// Rank 1 (played by this process: a valid hello) connects to rank 0, then its
+/// connection closes while rank 0 still waits for rank 2: rank 0 names rank 1 as dead
+/// at once, not at its 20 s timeout (bound: a quarter of it).
+#[test]
+fn a_rank_dying_while_the_others_connect_is_named_at_once() {
+    const TIMEOUT_MS: u64 = 20_000;
+    let key = fresh_key("dies-connecting");
+    let t = Instant::now();
+    let zero = spawn("good", 0, 3, &key, TIMEOUT_MS);
+    let s = loop {
+        match UnixStream::connect_addr(&socket_of(&key, 0)) {
+            Ok(s) => break s,
+            Err(_) if t.elapsed() < Duration::from_secs(120) => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("rank 0 never listened: {e}"),
+        }
+    };
+    let mut hello = 3u32.to_le_bytes().to_vec();
+    hello.extend_from_slice(&1u32.to_le_bytes());
+    hello.extend_from_slice(&key_hash(&key).to_le_bytes());
+    hello.extend_from_slice(&0u64.to_le_bytes());
+    gpubind::ipc::send_message(&s, &control_message(1, &hello), &[]).unwrap();
+    let welcome = gpubind::ipc::recv_message(&s).unwrap();
+    assert_eq!(
+        welcome.bytes,
+        control_message(2, &[]),
+        "rank 0 did not welcome rank 1"
+    );
+    let died = Instant::now();
+    drop(s);
+    let (out, took) = result_timed(zero, Duration::from_secs(120));
+    let after = died.elapsed();
+    println!(
+        "rank 0 ended {after:?} after rank 1's connection closed ({took:?} in connect, timeout {TIMEOUT_MS} ms): {out}"
+    );
+    assert!(out.starts_with("err PeerFailed { rank: 1"), "{out}");
+    assert!(after < Duration::from_millis(TIMEOUT_MS / 4), "{after:?}");
+}
+
+fn key_hash(key: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in key.as_bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    let uid = rustix::process::geteuid().as_raw();
-    SocketAddr::from_abstract_name(format!("gpubind-pc-{uid}-{h:016x}-{rank}").as_bytes()).unwrap()
+    h
 }
 
 #[test]
