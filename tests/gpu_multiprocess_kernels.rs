@@ -291,103 +291,124 @@ fn child() -> Result<String, String> {
             }
             Ok("never failed".into())
         }
-        // Rank 1 calls `LATE_MS` late. Meanwhile another thread of rank 0 reads rank
-        // 0's send buffer: it must not wait for the late peer (the call holds no claim
-        // of its buffers across its host wait).
-        "late" => {
-            let gpu = ctx.bind(&d).ctx("bind")?;
-            let stream = gpu.new_stream().ctx("stream")?;
-            let s = gpu.on(&stream).ctx("on")?;
-            let n = 1 << 16;
-            let a = gpu.clone_htod(&vec![1.0f32; n]).ctx("htod")?;
-            let mut b: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
-            if rank == 1 {
-                std::thread::sleep(Duration::from_millis(LATE_MS));
-                comm.all_reduce(&s, &a, &mut b, Op::Sum).ctx("all_reduce")?;
-                return Ok("ok".into());
-            }
-            let (call, read) = std::thread::scope(|scope| {
-                let reader = scope.spawn(|| -> Result<(u128, usize), String> {
-                    // Let the call begin its wait for rank 1 first.
-                    std::thread::sleep(Duration::from_millis(LATE_MS / 5));
-                    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-                    let gpu = ctx.bind(&d).ctx("bind")?;
-                    let t = Instant::now();
-                    let host = gpu.dtoh(&a).ctx("dtoh")?;
-                    let ones = host.iter().filter(|&&x| x == 1.0).count();
-                    Ok((t.elapsed().as_millis(), ones))
-                });
-                let t = Instant::now();
-                let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
-                (r.map(|()| t.elapsed().as_millis()), reader.join())
-            });
-            let call_ms = call.ctx("all_reduce")?;
-            let (read_ms, ones) = read.map_err(|_| "the reader panicked".to_string())??;
-            ensure!(ones == n, "the reader saw {ones} of {n} ones");
-            let out = gpu.dtoh(&b).ctx("dtoh")?;
-            ensure!(out.iter().all(|&x| x == 2.0), "wrong sums");
-            Ok(format!("ok call_ms={call_ms} read_ms={read_ms}"))
-        }
-        // Rank 1 loops until the parent stops it (SIGSTOP); rank 0's call then fails
-        // by its timeout, and its drop waits for nothing the verdict condemned.
-        "stopped" => {
-            let gpu = ctx.bind(&d).ctx("bind")?;
-            let stream = gpu.new_stream().ctx("stream")?;
-            let s = gpu.on(&stream).ctx("on")?;
-            let a = gpu.clone_htod(&vec![1.0f32; 1024]).ctx("htod")?;
-            let mut b: DeviceSlice<f32> = gpu.alloc_zeros(1024).ctx("alloc")?;
-            for i in 0..u64::MAX {
-                let t = Instant::now();
-                if let Err(e) = comm.all_reduce(&s, &a, &mut b, Op::Sum) {
-                    let call_ms = t.elapsed().as_millis();
-                    let t = Instant::now();
-                    drop(comm);
-                    let drop_ms = t.elapsed().as_millis();
-                    return Ok(format!("{:?} call_ms={call_ms} drop_ms={drop_ms}", Some(e)));
-                }
-                if i == 10 && rank == 1 {
-                    println!("{RESULT}looping");
-                    use std::io::Write;
-                    std::io::stdout().flush().unwrap();
-                }
-            }
-            Ok("never failed".into())
-        }
-        // Rank 0's stream is busy with a 15 s kernel when its call fails (rank 1 calls
-        // another length): the call returns at its deadline, not after the kernel;
-        // the drop is bounded too.
-        "busy" => {
-            let gpu = ctx.bind(&d).ctx("bind")?;
-            let stream = gpu.new_stream().ctx("stream")?;
-            let s = gpu.on(&stream).ctx("on")?;
-            let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
-            let f = module.function("spin_then_write").ctx("function")?;
-            let flag = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
-            if rank == 0 {
-                let ns: u64 = 15_000_000_000;
-                // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it
-                // writes one u32 into `flag`, which holds one.
-                unsafe {
-                    s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
-                        .arg_written(&flag)
-                        .arg(&ns)
-                        .launch()
-                }
-                .ctx("launch spin")?;
-            }
-            let n = if rank == 1 { 999 } else { 1000 };
-            let a: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
-            let mut b: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+        "late" => late_peer(&mut ctx, &d, &mut comm, rank),
+        "stopped" => stopped_peer(&mut ctx, &d, comm, rank),
+        "busy" => busy_stream(&mut ctx, &d, comm, rank),
+        other => Err(format!("unknown scenario {other}")),
+    }
+}
+
+/// Rank 1 calls `LATE_MS` late. Meanwhile another thread of rank 0 reads rank 0's send
+/// buffer: it must not wait for the late peer (the call holds no claim of its buffers
+/// across its host wait).
+fn late_peer(
+    ctx: &mut ThreadContext,
+    d: &Arc<Device>,
+    comm: &mut RankComm,
+    rank: usize,
+) -> Result<String, String> {
+    let gpu = ctx.bind(d).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let n = 1 << 16;
+    let a = gpu.clone_htod(&vec![1.0f32; n]).ctx("htod")?;
+    let mut b: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+    if rank == 1 {
+        std::thread::sleep(Duration::from_millis(LATE_MS));
+        comm.all_reduce(&s, &a, &mut b, Op::Sum).ctx("all_reduce")?;
+        return Ok("ok".into());
+    }
+    let (call, read) = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| -> Result<(u128, usize), String> {
+            // Let the call begin its wait for rank 1 first.
+            std::thread::sleep(Duration::from_millis(LATE_MS / 5));
+            let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+            let gpu = ctx.bind(d).ctx("bind")?;
             let t = Instant::now();
-            let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+            let host = gpu.dtoh(&a).ctx("dtoh")?;
+            let ones = host.iter().filter(|&&x| x == 1.0).count();
+            Ok((t.elapsed().as_millis(), ones))
+        });
+        let t = Instant::now();
+        let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+        (r.map(|()| t.elapsed().as_millis()), reader.join())
+    });
+    let call_ms = call.ctx("all_reduce")?;
+    let (read_ms, ones) = read.map_err(|_| "the reader panicked".to_string())??;
+    ensure!(ones == n, "the reader saw {ones} of {n} ones");
+    let out = gpu.dtoh(&b).ctx("dtoh")?;
+    ensure!(out.iter().all(|&x| x == 2.0), "wrong sums");
+    Ok(format!("ok call_ms={call_ms} read_ms={read_ms}"))
+}
+
+/// Rank 1 loops until the parent stops it (SIGSTOP); rank 0's call then fails by its
+/// timeout, and its drop waits for nothing the verdict condemned.
+fn stopped_peer(
+    ctx: &mut ThreadContext,
+    d: &Arc<Device>,
+    mut comm: RankComm,
+    rank: usize,
+) -> Result<String, String> {
+    let gpu = ctx.bind(d).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let a = gpu.clone_htod(&vec![1.0f32; 1024]).ctx("htod")?;
+    let mut b: DeviceSlice<f32> = gpu.alloc_zeros(1024).ctx("alloc")?;
+    for i in 0..u64::MAX {
+        let t = Instant::now();
+        if let Err(e) = comm.all_reduce(&s, &a, &mut b, Op::Sum) {
             let call_ms = t.elapsed().as_millis();
             let t = Instant::now();
             drop(comm);
             let drop_ms = t.elapsed().as_millis();
-            Ok(format!("{:?} call_ms={call_ms} drop_ms={drop_ms}", r.err()))
+            return Ok(format!("{:?} call_ms={call_ms} drop_ms={drop_ms}", Some(e)));
         }
-        other => Err(format!("unknown scenario {other}")),
+        if i == 10 && rank == 1 {
+            println!("{RESULT}looping");
+            use std::io::Write;
+            std::io::stdout().flush().unwrap();
+        }
     }
+    Ok("never failed".into())
+}
+
+/// Rank 0's stream is busy with a 15 s kernel when its call fails (rank 1 calls
+/// another length): the call returns at its deadline, not after the kernel;
+/// the drop is bounded too.
+fn busy_stream(
+    ctx: &mut ThreadContext,
+    d: &Arc<Device>,
+    mut comm: RankComm,
+    rank: usize,
+) -> Result<String, String> {
+    let gpu = ctx.bind(d).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
+    let f = module.function("spin_then_write").ctx("function")?;
+    let flag = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
+    if rank == 0 {
+        let ns: u64 = 15_000_000_000;
+        // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it
+        // writes one u32 into `flag`, which holds one.
+        unsafe {
+            s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
+                .arg_written(&flag)
+                .arg(&ns)
+                .launch()
+        }
+        .ctx("launch spin")?;
+    }
+    let n = if rank == 1 { 999 } else { 1000 };
+    let a: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+    let mut b: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+    let t = Instant::now();
+    let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+    let call_ms = t.elapsed().as_millis();
+    let t = Instant::now();
+    drop(comm);
+    let drop_ms = t.elapsed().as_millis();
+    Ok(format!("{:?} call_ms={call_ms} drop_ms={drop_ms}", r.err()))
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
