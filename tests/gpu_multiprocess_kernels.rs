@@ -5,7 +5,11 @@
 //!   this process), including calls larger than the staging buffer (several steps);
 //! * ranks that disagree on the length or the type: the same typed error on every rank;
 //!   a rank whose call is invalid (its own `SizeMismatch`): the others `PeerFailed`;
-//! * a rank killed mid-collective: the others fail typed, naming it, within the timeout;
+//! * a rank killed mid-collective: the others fail with the dead-peer error, naming it,
+//!   well before the timeout; a stopped rank: the survivor fails at its timeout and its
+//!   drop returns within 1 s after;
+//! * a peer that calls late does not block another thread of a rank reading that rank's
+//!   send buffer (no claim is held across the host wait);
 //! * a call that fails while the caller's stream is busy returns by its deadline;
 //! * dropping the communicators at the end is bounded (the bye handshake).
 //!
@@ -222,9 +226,11 @@ fn child() -> Result<String, String> {
             big_all_reduce(&mut ctx, &mut comm)?;
             let t = Instant::now();
             drop(comm);
+            // Every rank drops at about the same time: the byes take far less than
+            // the timeout.
             ensure!(
-                t.elapsed() < Duration::from_secs(10),
-                "drop took {:?}",
+                t.elapsed() < timeout / 4,
+                "drop took {:?} (timeout {timeout:?})",
                 t.elapsed()
             );
             Ok("ok".into())
@@ -238,6 +244,7 @@ fn child() -> Result<String, String> {
             } else {
                 1000
             };
+            let t = Instant::now();
             let r = if scenario == "dtype" && rank == 2 {
                 let a: DeviceSlice<i32> = gpu.alloc_zeros(n).ctx("alloc")?;
                 let mut b: DeviceSlice<i32> = gpu.alloc_zeros(n).ctx("alloc")?;
@@ -247,7 +254,8 @@ fn child() -> Result<String, String> {
                 let mut b: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
                 comm.all_reduce(&s, &a, &mut b, Op::Sum)
             };
-            Ok(format!("{:?}", r.err()))
+            let call_ms = t.elapsed().as_millis();
+            Ok(format!("{:?} call_ms={call_ms}", r.err()))
         }
         // Equal byte sizes (rank 1: 512 f64, the others 1024 f32), or the same two
         // calls in another order (rank 2): the mismatch comes within a second, before
@@ -345,8 +353,10 @@ fn child() -> Result<String, String> {
             let mut b: DeviceSlice<f32> = gpu
                 .alloc_zeros(if rank == 1 { 10 } else { 1000 })
                 .ctx("alloc")?;
+            let t = Instant::now();
             let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
-            Ok(format!("{:?}", r.err()))
+            let call_ms = t.elapsed().as_millis();
+            Ok(format!("{:?} call_ms={call_ms}", r.err()))
         }
         "killed" => {
             let gpu = ctx.bind(&d).ctx("bind")?;
@@ -367,41 +377,124 @@ fn child() -> Result<String, String> {
             }
             Ok("never failed".into())
         }
-        // Rank 0's stream is busy with a 15 s kernel when its call is refused (rank 1
-        // calls another length): the call returns at once, not after the kernel; the
-        // drop is bounded too.
-        "busy" => {
-            let gpu = ctx.bind(&d).ctx("bind")?;
-            let stream = gpu.new_stream().ctx("stream")?;
-            let s = gpu.on(&stream).ctx("on")?;
-            let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
-            let f = module.function("spin_then_write").ctx("function")?;
-            let flag = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
-            if rank == 0 {
-                let ns: u64 = 15_000_000_000;
-                // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it
-                // writes one u32 into `flag`, which holds one.
-                unsafe {
-                    s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
-                        .arg_written(&flag)
-                        .arg(&ns)
-                        .launch()
-                }
-                .ctx("launch spin")?;
-            }
-            let n = if rank == 1 { 999 } else { 1000 };
-            let a: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
-            let mut b: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+        "late" => late_peer(&mut ctx, &d, &mut comm, rank),
+        "stopped" => stopped_peer(&mut ctx, &d, comm, rank),
+        "busy" => busy_stream(&mut ctx, &d, comm, rank),
+        other => Err(format!("unknown scenario {other}")),
+    }
+}
+
+/// Rank 1 calls `LATE_MS` late. Meanwhile another thread of rank 0 reads rank 0's send
+/// buffer: it must not wait for the late peer (the call holds no claim of its buffers
+/// across its host wait).
+fn late_peer(
+    ctx: &mut ThreadContext,
+    d: &Arc<Device>,
+    comm: &mut RankComm,
+    rank: usize,
+) -> Result<String, String> {
+    let gpu = ctx.bind(d).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let n = 1 << 16;
+    let a = gpu.clone_htod(&vec![1.0f32; n]).ctx("htod")?;
+    let mut b: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+    if rank == 1 {
+        std::thread::sleep(Duration::from_millis(LATE_MS));
+        comm.all_reduce(&s, &a, &mut b, Op::Sum).ctx("all_reduce")?;
+        return Ok("ok".into());
+    }
+    let (call, read) = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| -> Result<(u128, usize), String> {
+            // Let the call begin its wait for rank 1 first.
+            std::thread::sleep(Duration::from_millis(LATE_MS / 5));
+            let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+            let gpu = ctx.bind(d).ctx("bind")?;
             let t = Instant::now();
-            let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+            let host = gpu.dtoh(&a).ctx("dtoh")?;
+            let ones = host.iter().filter(|&&x| x == 1.0).count();
+            Ok((t.elapsed().as_millis(), ones))
+        });
+        let t = Instant::now();
+        let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+        (r.map(|()| t.elapsed().as_millis()), reader.join())
+    });
+    let call_ms = call.ctx("all_reduce")?;
+    let (read_ms, ones) = read.map_err(|_| "the reader panicked".to_string())??;
+    ensure!(ones == n, "the reader saw {ones} of {n} ones");
+    let out = gpu.dtoh(&b).ctx("dtoh")?;
+    ensure!(out.iter().all(|&x| x == 2.0), "wrong sums");
+    Ok(format!("ok call_ms={call_ms} read_ms={read_ms}"))
+}
+
+/// Rank 1 loops until the parent stops it (SIGSTOP); rank 0's call then fails by its
+/// timeout, and its drop waits for nothing the verdict condemned.
+fn stopped_peer(
+    ctx: &mut ThreadContext,
+    d: &Arc<Device>,
+    mut comm: RankComm,
+    rank: usize,
+) -> Result<String, String> {
+    let gpu = ctx.bind(d).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let a = gpu.clone_htod(&vec![1.0f32; 1024]).ctx("htod")?;
+    let mut b: DeviceSlice<f32> = gpu.alloc_zeros(1024).ctx("alloc")?;
+    for i in 0..u64::MAX {
+        let t = Instant::now();
+        if let Err(e) = comm.all_reduce(&s, &a, &mut b, Op::Sum) {
             let call_ms = t.elapsed().as_millis();
             let t = Instant::now();
             drop(comm);
             let drop_ms = t.elapsed().as_millis();
-            Ok(format!("{:?} call_ms={call_ms} drop_ms={drop_ms}", r.err()))
+            return Ok(format!("{:?} call_ms={call_ms} drop_ms={drop_ms}", Some(e)));
         }
-        other => Err(format!("unknown scenario {other}")),
+        if i == 10 && rank == 1 {
+            println!("{RESULT}looping");
+            use std::io::Write;
+            std::io::stdout().flush().unwrap();
+        }
     }
+    Ok("never failed".into())
+}
+
+/// Rank 0's stream is busy with a 15 s kernel when its call is refused (rank 1 calls
+/// another length): the call returns at once, not after the kernel; the drop is bounded
+/// too.
+fn busy_stream(
+    ctx: &mut ThreadContext,
+    d: &Arc<Device>,
+    mut comm: RankComm,
+    rank: usize,
+) -> Result<String, String> {
+    let gpu = ctx.bind(d).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let module = gpu.compile_and_load(SPIN, "spin.cu").ctx("compile")?;
+    let f = module.function("spin_then_write").ctx("function")?;
+    let flag = gpu.alloc_zeros::<u32>(1).ctx("alloc")?;
+    if rank == 0 {
+        let ns: u64 = 15_000_000_000;
+        // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it
+        // writes one u32 into `flag`, which holds one.
+        unsafe {
+            s.launch(&f, gpubind::LaunchConfig::for_num_elems(1))
+                .arg_written(&flag)
+                .arg(&ns)
+                .launch()
+        }
+        .ctx("launch spin")?;
+    }
+    let n = if rank == 1 { 999 } else { 1000 };
+    let a: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+    let mut b: DeviceSlice<f32> = gpu.alloc_zeros(n).ctx("alloc")?;
+    let t = Instant::now();
+    let r = comm.all_reduce(&s, &a, &mut b, Op::Sum);
+    let call_ms = t.elapsed().as_millis();
+    let t = Instant::now();
+    drop(comm);
+    let drop_ms = t.elapsed().as_millis();
+    Ok(format!("{:?} call_ms={call_ms} drop_ms={drop_ms}", r.err()))
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -475,9 +568,23 @@ fn every_op_and_dtype_4_processes() -> R {
     Ok(())
 }
 
+/// Splits the ` call_ms=N` a rank appends to its result off: the result, and the
+/// longest call of all ranks (measured in the ranks, so process start-up does not
+/// count).
+fn split_call_ms(out: Vec<String>) -> Result<(Vec<String>, u128), String> {
+    let mut longest = 0;
+    let mut results = Vec::new();
+    for o in out {
+        longest = longest.max(ms_of(&o, "call_ms")?);
+        results.push(o.split(" call_ms=").next().unwrap_or_default().to_owned());
+    }
+    Ok((results, longest))
+}
+
 fn mismatch_is_typed_on_every_rank(scenario: &str, needle: &str) -> R {
-    let t = Instant::now();
-    let out = job(scenario, 3, 30_000)?;
+    const TIMEOUT_MS: u64 = 30_000;
+    let (out, call) = split_call_ms(job(scenario, 3, TIMEOUT_MS)?)?;
+    println!("    the longest failing call took {call} ms (timeout {TIMEOUT_MS} ms)");
     for o in &out {
         ensure!(
             o.starts_with("Some(InvalidArgument(\"collective mismatch") && o.contains(needle),
@@ -489,9 +596,8 @@ fn mismatch_is_typed_on_every_rank(scenario: &str, needle: &str) -> R {
         "not the same error everywhere: {out:?}"
     );
     ensure!(
-        t.elapsed() < Duration::from_secs(25),
-        "took {:?}",
-        t.elapsed()
+        call < u128::from(TIMEOUT_MS / 4),
+        "a call took {call} ms: a mismatch is seen long before the timeout"
     );
     Ok(())
 }
@@ -527,16 +633,16 @@ fn a_buffer_shared_by_two_ranks_is_refused_on_every_rank() -> R {
 }
 
 fn a_rank_with_a_bad_call_fails_the_others_at_once() -> R {
-    let t = Instant::now();
-    let out = job("local", 3, 30_000)?;
+    const TIMEOUT_MS: u64 = 30_000;
+    let (out, call) = split_call_ms(job("local", 3, TIMEOUT_MS)?)?;
+    println!("    the longest failing call took {call} ms (timeout {TIMEOUT_MS} ms)");
     ensure!(out[1].starts_with("Some(SizeMismatch"), "{out:?}");
     for o in [&out[0], &out[2]] {
         ensure!(o.starts_with("Some(PeerFailed { rank: 1"), "{out:?}");
     }
     ensure!(
-        t.elapsed() < Duration::from_secs(25),
-        "took {:?}",
-        t.elapsed()
+        call < u128::from(TIMEOUT_MS / 4),
+        "a call took {call} ms: the others learn of rank 1's failure at once"
     );
     Ok(())
 }
@@ -603,17 +709,86 @@ fn killed_rank_fails_the_others_typed() -> R {
         .drain(..2)
         .map(|c| result(c, Duration::from_secs(60)))
         .collect::<Result<_, _>>()?;
+    let took = t.elapsed();
+    println!("    the survivors returned {took:?} after the kill (timeout {timeout_ms} ms)");
     for o in &out {
-        ensure!(
-            o.starts_with("Some(PeerFailed { rank: 2")
-                || (o.starts_with("Some(PeerTimeout") && o.contains("ranks: [2")),
-            "{out:?}"
-        );
+        // The closed sockets are seen at once: the dead-peer error, not a timeout.
+        ensure!(o.starts_with("Some(PeerFailed { rank: 2"), "{out:?}");
     }
     ensure!(
-        t.elapsed() < Duration::from_millis(timeout_ms + 5_000),
-        "the others took {:?}",
-        t.elapsed()
+        took < Duration::from_millis(timeout_ms / 4),
+        "the others took {took:?}: a dead rank must be seen well before the timeout"
+    );
+    Ok(())
+}
+
+/// How late rank 1 calls in the "late" scenario.
+const LATE_MS: u64 = 2_000;
+
+/// Rank 1 calls 2 s late; a second thread of rank 0 reads rank 0's send buffer while
+/// rank 0's call waits for rank 1: the read returns long before rank 1 arrives.
+fn a_late_peer_does_not_block_a_reader_of_the_send_buffer() -> R {
+    let out = job("late", 2, 30_000)?;
+    ensure!(out[1] == "ok", "{out:?}");
+    ensure!(out[0].starts_with("ok "), "{out:?}");
+    let (call, read) = (ms_of(&out[0], "call_ms")?, ms_of(&out[0], "read_ms")?);
+    println!(
+        "    rank 0: call {call} ms, the other thread's read {read} ms (peer {LATE_MS} ms late)"
+    );
+    ensure!(
+        call >= u128::from(LATE_MS) / 2,
+        "rank 0's call took {call} ms: rank 1 was not late"
+    );
+    ensure!(
+        read < u128::from(LATE_MS) / 4,
+        "the read took {read} ms: it waited for the late peer"
+    );
+    Ok(())
+}
+
+/// Rank 1 is stopped (SIGSTOP) mid-loop: rank 0's call fails at about its timeout
+/// (5 s), and its drop returns within 1 s after (it does not wait a second timeout for
+/// the stopped rank's bye; its staging is leaked instead).
+fn a_stopped_rank_costs_the_survivor_one_timeout() -> R {
+    use std::io::{BufRead, BufReader};
+    let key = format!("gpu-pk-stopped-{}", std::process::id());
+    let timeout_ms: u64 = 5_000;
+    let mut kids: Vec<Child> = (0..2)
+        .map(|r| spawn("stopped", r, 2, &key, timeout_ms))
+        .collect();
+    let mut lines = BufReader::new(kids[1].stdout.take().unwrap()).lines();
+    loop {
+        let l = lines
+            .next()
+            .ok_or("rank 1 ended before looping")?
+            .ctx("read")?;
+        if l.contains("PK-RESULT looping") {
+            break;
+        }
+    }
+    let pid = kids[1].id() as i32;
+    // SAFETY: plain kill(2) on our own child, which has not been waited for.
+    ensure!(
+        unsafe { libc::kill(pid, libc::SIGSTOP) } == 0,
+        "SIGSTOP failed"
+    );
+    let out0 = result(kids.remove(0), Duration::from_secs(60));
+    let _ = kids[0].kill(); // SIGKILL ends a stopped process too
+    let _ = kids[0].wait();
+    let out0 = out0?;
+    let (call, dropped) = (ms_of(&out0, "call_ms")?, ms_of(&out0, "drop_ms")?);
+    println!("    rank 0: call failed after {call} ms, drop took {dropped} ms");
+    ensure!(
+        out0.starts_with("Some(PeerTimeout") && out0.contains("ranks: [1"),
+        "{out0}"
+    );
+    ensure!(
+        u128::from(timeout_ms) * 9 / 10 <= call && call < u128::from(timeout_ms) * 3,
+        "the call failed after {call} ms (timeout {timeout_ms} ms)"
+    );
+    ensure!(
+        dropped < 1_000,
+        "the drop took {dropped} ms after the verdict"
     );
     Ok(())
 }
@@ -675,6 +850,14 @@ fn main() {
             (
                 "a_refused_call_on_a_busy_stream_returns_at_once",
                 a_refused_call_on_a_busy_stream_returns_at_once,
+            ),
+            (
+                "a_late_peer_does_not_block_a_reader_of_the_send_buffer",
+                a_late_peer_does_not_block_a_reader_of_the_send_buffer,
+            ),
+            (
+                "a_stopped_rank_costs_the_survivor_one_timeout",
+                a_stopped_rank_costs_the_survivor_one_timeout,
             ),
         ],
     );

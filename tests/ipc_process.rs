@@ -7,7 +7,7 @@
 use gpubind::Error;
 use gpubind::ipc::{self, PoolHandle};
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -45,6 +45,12 @@ fn child_entry() {
             let mut c = &conn;
             c.write_all(b"GBIM\x64\x00\x00\x00\x00\x00\x00\x00partial")
                 .unwrap();
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        // Takes one message (the descriptors of an exporter), then hangs until killed
+        // without replying.
+        "silent_importer" => {
+            let _got = ipc::recv_message(&conn).unwrap();
             std::thread::sleep(Duration::from_secs(60));
         }
         // Runs out of descriptors on purpose (RLIMIT_NOFILE lowered, the free slots
@@ -182,16 +188,58 @@ fn a_child_killed_mid_message_is_peer_gone() {
     std::thread::sleep(Duration::from_millis(200));
     child.kill().unwrap();
     child.wait().unwrap();
+    let timeout = Duration::from_secs(20);
     let start = Instant::now();
     assert_eq!(
-        ipc::recv_message_timeout(&conn, Duration::from_secs(20)).unwrap_err(),
+        ipc::recv_message_timeout(&conn, timeout).unwrap_err(),
         Error::PeerGone
     );
-    assert!(start.elapsed() < Duration::from_secs(5));
+    let took = start.elapsed();
+    println!("PeerGone after {took:?} (timeout {timeout:?})");
+    assert!(took < timeout / 4, "{took:?}");
     assert_eq!(
         ipc::send_message(&conn, b"x", &[]).unwrap_err(),
         Error::PeerGone
     );
+}
+
+/// The exporter's side of a conversation whose importer is SIGKILLed while the
+/// exporter waits for its reply: the wait ends with `PeerGone` as soon as the socket
+/// hangs up, far inside the 20 s timeout it was given (bound: a quarter of it).
+#[test]
+fn an_importer_killed_while_the_exporter_waits_is_peer_gone_at_once() {
+    let timeout = Duration::from_secs(20);
+    let (mut child, conn) = spawn("silent_importer");
+    let shared = pipe_with("exported");
+    ipc::send_message_timeout(&conn, b"handles", &[shared.as_fd()], timeout).unwrap();
+    let pid = child.id();
+    let killer = std::thread::spawn(move || {
+        // Kill only once the exporter is inside its wait.
+        std::thread::sleep(Duration::from_millis(300));
+        let killed = Instant::now();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        killed
+    });
+    let waited = Instant::now();
+    let err = ipc::recv_message_timeout(&conn, timeout).unwrap_err();
+    let ended = Instant::now();
+    let killed = killer.join().unwrap();
+    let after_kill = ended.saturating_duration_since(killed);
+    println!(
+        "importer {pid} killed: the exporter's wait ended {after_kill:?} after the kill \
+         ({:?} in all, timeout {timeout:?}) with {err:?}",
+        ended - waited
+    );
+    assert_eq!(err, Error::PeerGone);
+    assert!(after_kill < timeout / 4, "{after_kill:?}");
+    // Sending to the dead importer is the same error, at once.
+    let t = Instant::now();
+    assert_eq!(
+        ipc::send_message_timeout(&conn, b"more", &[shared.as_fd()], timeout).unwrap_err(),
+        Error::PeerGone
+    );
+    assert!(t.elapsed() < timeout / 4, "{:?}", t.elapsed());
 }
 
 #[test]

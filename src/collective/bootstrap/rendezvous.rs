@@ -4,7 +4,9 @@
 
 use super::launch_env::{CHECK_VAR, LaunchEnv, PORT_VAR};
 use super::unique_id::{NCCL_UNIQUE_ID_BYTES, NcclUniqueId};
-use super::wire::{Frame, Kind, ReadFail, decode_error, encode_error, read_frame, write_frame};
+use super::wire::{
+    Frame, Kind, ReadFail, decode_error, encode_error, peek_state, read_frame, write_frame,
+};
 use crate::error::{Error, Result};
 use std::io::ErrorKind;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -187,6 +189,17 @@ impl CheckIn {
             if missing.is_empty() {
                 return Ok(());
             }
+            // A rank that checked in and then died is seen now, not at the deadline.
+            if let Some(r) = (1..self.world).find(|&r| {
+                self.peers[r]
+                    .as_ref()
+                    .is_some_and(|p| peek_state(&p.stream) == Some(true))
+            }) {
+                return Err(Error::PeerFailed {
+                    rank: r,
+                    reason: "it closed its connection while the other ranks checked in (it exited or crashed)".into(),
+                });
+            }
             if Instant::now() >= self.deadline {
                 return Err(Error::PeerTimeout {
                     what: format!("every rank to check in at rank 0 (port {port})"),
@@ -330,44 +343,74 @@ impl CheckIn {
         Ok(())
     }
 
-    /// Waits for every rank's acknowledgement of the id.
+    /// Waits for every rank's acknowledgement of the id, taking them in the order they
+    /// come: a rank that dies is seen at once, whoever else is slow.
     fn collect_acks(&mut self) -> Result<()> {
-        for (r, p) in self.peers.iter_mut().enumerate() {
-            let Some(p) = p else { continue };
-            match read_frame(&mut p.stream, self.deadline) {
-                Ok(f) if f.kind == Kind::Ack && f.rank as usize == r => {}
-                Ok(f) => {
-                    return Err(Error::Rendezvous {
-                        reason: format!(
-                            "rank {r} answered the id with a {:?} frame for rank {}, not its ack",
-                            f.kind, f.rank
-                        ),
-                    });
-                }
-                Err(ReadFail::Closed { .. }) => {
-                    return Err(Error::PeerFailed {
-                        rank: r,
-                        reason: "it closed its connection before acknowledging the id (it exited or crashed)".into(),
-                    });
-                }
-                Err(ReadFail::TimedOut) => {
+        let mut pending: Vec<usize> = (1..self.world)
+            .filter(|&r| self.peers[r].is_some())
+            .collect();
+        while !pending.is_empty() {
+            let ready = pending.iter().position(|&r| {
+                self.peers[r]
+                    .as_ref()
+                    .is_some_and(|p| peek_state(&p.stream).is_some())
+            });
+            let Some(i) = ready else {
+                if Instant::now() >= self.deadline {
                     return Err(Error::PeerTimeout {
                         what: "the ranks to acknowledge the id".into(),
-                        ranks: vec![r],
+                        ranks: pending,
                         after_ms: ms(self.started.elapsed()),
                     });
                 }
-                Err(ReadFail::Garbage(why)) => {
-                    return Err(Error::Rendezvous {
-                        reason: format!("rank {r} answered the id with garbage: {why}"),
-                    });
-                }
-                Err(ReadFail::Io(e)) => {
-                    return Err(Error::PeerFailed {
-                        rank: r,
-                        reason: format!("reading its ack failed: {e}"),
-                    });
-                }
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            };
+            let r = pending.remove(i);
+            self.take_ack(r)?;
+        }
+        Ok(())
+    }
+
+    /// Reads rank `r`'s acknowledgement of the id (bytes or a hang-up wait on its
+    /// connection).
+    fn take_ack(&mut self, r: usize) -> Result<()> {
+        let Some(p) = self.peers[r].as_mut() else {
+            return Ok(());
+        };
+        match read_frame(&mut p.stream, self.deadline) {
+            Ok(f) if f.kind == Kind::Ack && f.rank as usize == r => {}
+            Ok(f) => {
+                return Err(Error::Rendezvous {
+                    reason: format!(
+                        "rank {r} answered the id with a {:?} frame for rank {}, not its ack",
+                        f.kind, f.rank
+                    ),
+                });
+            }
+            Err(ReadFail::Closed { .. }) => {
+                return Err(Error::PeerFailed {
+                    rank: r,
+                    reason: "it closed its connection before acknowledging the id (it exited or crashed)".into(),
+                });
+            }
+            Err(ReadFail::TimedOut) => {
+                return Err(Error::PeerTimeout {
+                    what: "the ranks to acknowledge the id".into(),
+                    ranks: vec![r],
+                    after_ms: ms(self.started.elapsed()),
+                });
+            }
+            Err(ReadFail::Garbage(why)) => {
+                return Err(Error::Rendezvous {
+                    reason: format!("rank {r} answered the id with garbage: {why}"),
+                });
+            }
+            Err(ReadFail::Io(e)) => {
+                return Err(Error::PeerFailed {
+                    rank: r,
+                    reason: format!("reading its ack failed: {e}"),
+                });
             }
         }
         Ok(())

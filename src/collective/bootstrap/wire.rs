@@ -175,6 +175,25 @@ fn read_full(
     Ok(())
 }
 
+/// A look at `s` that never blocks: `Some(true)` when the peer closed it (end of
+/// stream, reset) with nothing of it left unread, `Some(false)` when bytes wait,
+/// `None` when nothing has happened yet.
+pub(in crate::collective) fn peek_state(s: &TcpStream) -> Option<bool> {
+    let mut b = [0u8; 1];
+    if s.set_nonblocking(true).is_err() {
+        return None;
+    }
+    let got = s.peek(&mut b);
+    let _ = s.set_nonblocking(false);
+    match got {
+        Ok(0) => Some(true),
+        Ok(_) => Some(false),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => None,
+        // Reset, aborted: the peer is gone.
+        Err(_) => Some(true),
+    }
+}
+
 pub(in crate::collective) fn read_frame(
     s: &mut TcpStream,
     deadline: Instant,

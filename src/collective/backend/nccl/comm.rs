@@ -148,6 +148,7 @@ impl NcclComm {
                 timeout: watched,
                 gate: crate::sync::Mutex::new(watchdog::Gate::default()),
                 device: OnceLock::new(),
+                abort_returned: Default::default(),
             }),
             order: Default::default(),
         }
@@ -205,8 +206,11 @@ impl NcclComm {
     /// Enqueues `call` (already validated) on `stream`, whose device is current.
     ///
     /// A non-blocking communicator whose enqueue is still in progress at the timeout is
-    /// aborted and the call fails. Open question (docs/safety.md, "NCCL"): whether NCCL
-    /// can still append the kernel to `stream` after the abort returns.
+    /// aborted and the call fails. NCCL's background job may still append the kernel to
+    /// `stream` until `ncclCommAbort` has joined it, so a failed call on a non-blocking
+    /// communicator returns only once the abort has returned (at most
+    /// `GPUBIND_DROP_TIMEOUT`): the caller's claim on the buffers, released after, then
+    /// covers everything NCCL put on `stream` (docs/safety.md, "NCCL").
     ///
     /// # Safety
     ///
@@ -225,7 +229,27 @@ impl NcclComm {
         // SAFETY: the caller's contract, passed on.
         let issued = unsafe { self.issue_inside(api, call, stream) };
         self.owner_leave();
+        if issued.is_err() && self.bound.is_some() && self.verdict().is_some() {
+            self.wait_for_abort();
+        }
         issued
+    }
+
+    /// After a failed enqueue on a non-blocking communicator (aborted: the owner left
+    /// the gate, so the abort was taken, by the owner or the watchdog): waits until
+    /// `ncclCommAbort` has returned, which joins NCCL's background enqueue, so no kernel
+    /// of the call is appended to the stream after the caller's claim is released.
+    /// Bounded by `GPUBIND_DROP_TIMEOUT`; past it, logged (docs/safety.md, "NCCL").
+    fn wait_for_abort(&self) {
+        let limit = crate::teardown::drop_wait::drop_timeout();
+        if !self.watch.wait_abort_returned(limit) {
+            log::error!(
+                "gpubind: ncclCommAbort of an NCCL communicator of {} ranks did not return \
+                 within GPUBIND_DROP_TIMEOUT ({limit:?}) after a failed enqueue: NCCL may \
+                 still append that call's kernel to its stream after the call returned",
+                self.nranks
+            );
+        }
     }
 
     /// [`issue`](Self::issue) with the owner inside the gate.

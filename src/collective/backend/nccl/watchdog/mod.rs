@@ -73,6 +73,10 @@ pub(crate) struct Watched {
     /// The communicator's device, once known (set at its creation by `RankComm`, else
     /// from its first call's event): the abort thread pushes its context.
     pub(crate) device: std::sync::OnceLock<Arc<crate::device::Device>>,
+    /// Set once `ncclCommAbort` of the communicator (taken through the gate) has
+    /// returned: NCCL's abort joins the background job of a non-blocking enqueue, so
+    /// from then on NCCL appends nothing more to any stream.
+    pub(crate) abort_returned: AtomicBool,
 }
 
 impl Drop for Watched {
@@ -170,6 +174,23 @@ impl Watched {
         let register = sync::lock(&self.gate).note_in_flight(event, op, Instant::now());
         if register && self.timeout.is_some() {
             register_comm(self);
+        }
+    }
+
+    /// Waits, at most `limit`, until the communicator's abort (taken through the gate
+    /// after a verdict) has returned; `false` if it has not by then.
+    pub(crate) fn wait_abort_returned(&self, limit: Duration) -> bool {
+        let deadline = Instant::now().checked_add(limit);
+        let mut pause = Duration::from_micros(20);
+        loop {
+            if self.abort_returned.load(Ordering::Acquire) {
+                return true;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
         }
     }
 
@@ -504,6 +525,7 @@ fn abort_now(w: &Watched, events: Vec<Event>) {
         // owner's drop sees it aborted and does not destroy it.
         unsafe { super::library::abort_raw(w.raw, w.nranks) };
     }
+    w.abort_returned.store(true, Ordering::Release);
     drop(events);
 }
 

@@ -200,6 +200,7 @@ fn the_thread_exits_when_no_communicator_needs_it() {
         timeout: Some(Duration::from_secs(1)),
         gate: sync::Mutex::new(Gate::default()),
         device: std::sync::OnceLock::new(),
+        abort_returned: Default::default(),
     });
     // Closed at once: the watchdog's first round takes it off the list without calling
     // NCCL (the handle is not a communicator).
@@ -235,6 +236,7 @@ fn a_forked_child_has_no_watchdog_and_exits_at_once() {
             timeout: Some(Duration::from_secs(1)),
             gate: sync::Mutex::new(Gate::default()),
             device: std::sync::OnceLock::new(),
+            abort_returned: Default::default(),
         });
         // Closed: the watchdog takes it off its list without calling NCCL.
         assert_eq!(sync::lock(&w.gate).close(), Close::Live);
@@ -338,4 +340,37 @@ fn a_counted_job_drops_its_captures_before_the_count_goes_down() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(ABORTS.load(Ordering::Acquire), before);
+}
+
+#[test]
+fn a_failed_enqueue_waits_for_the_abort_to_return_bounded() {
+    let w = Arc::new(Watched {
+        raw: 0,
+        nranks: 1,
+        timeout: Some(Duration::from_secs(1)),
+        gate: sync::Mutex::new(Gate::default()),
+        device: std::sync::OnceLock::new(),
+        abort_returned: Default::default(),
+    });
+    // No abort returns: the wait gives up at its limit, not before.
+    let limit = Duration::from_millis(200);
+    let t = Instant::now();
+    assert!(!w.wait_abort_returned(limit));
+    let took = t.elapsed();
+    assert!(took >= limit && took < limit * 20, "{took:?}");
+    // An abort that returns on another thread ends the wait then, not at the limit.
+    let theirs = Arc::clone(&w);
+    let aborter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        theirs.abort_returned.store(true, Ordering::Release);
+    });
+    let t = Instant::now();
+    assert!(w.wait_abort_returned(Duration::from_secs(30)));
+    let took = t.elapsed();
+    aborter.join().unwrap();
+    println!("the wait ended {took:?} after it began (the abort returned after 100 ms)");
+    assert!(
+        took >= Duration::from_millis(100) && took < Duration::from_secs(7),
+        "{took:?}"
+    );
 }

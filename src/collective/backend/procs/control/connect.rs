@@ -186,6 +186,15 @@ impl ProcessGroup {
             let stream = match listener.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // A rank connected already that died is seen now, not at the
+                    // deadline.
+                    if let Some(q) = (0..world).find(|&q| self.peer_closed(q)) {
+                        return Err(Error::PeerFailed {
+                            rank: q,
+                            reason: "its process exited or was killed while the ranks connected"
+                                .into(),
+                        });
+                    }
                     if Instant::now() >= deadline {
                         return Err(Error::PeerTimeout {
                             what: format!(
