@@ -12,7 +12,7 @@ mod common;
 use common::{Ctx, dev0, run_suite, skip};
 use gpubind::blas::{
     Batch, BlasScalar, CaptureLtArgs, Epilogue, GemmGroup, Gemv, Layout, LtArgs, Matmul,
-    MatmulError,
+    MatmulError, MatmulOutput,
 };
 use gpubind::{BoundDevice, DeviceRepr, Error, ThreadContext};
 use half::{bf16, f16};
@@ -272,6 +272,91 @@ fn strided_batches_match_the_host() -> R {
         .transpose_a()
         .with_ld(6, 12, 11);
     batch_case::<bf16>(&gpu, &c, &Batch::new(3, 40, 80, 70), &mut rng)
+}
+
+/// `T` inputs, an f32 output: single products (transposes × layouts, accumulating into
+/// C) and a strided batch against the host, the captured product equal to the eager one
+/// bit for bit.
+fn mixed_case<T: El>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R
+where
+    f32: MatmulOutput<T>,
+{
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let stream = gpu.default_stream();
+    // f32 accumulation of exactly representable products: f32 rounding only.
+    let tol = 2e-5;
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        for layout in [Layout::RowMajor, Layout::ColMajor] {
+            let (m, n, k) = (33, 17, 80);
+            let mut s = Matmul::new(m, n, k).scaled(0.75, 1.0);
+            (s.transpose_a, s.transpose_b, s.layout) = (ta, tb, layout);
+            let (a, af) = random::<T>(rng, m * k);
+            let (b, bf) = random::<T>(rng, k * n);
+            let (c0, cf) = random::<f32>(rng, m * n);
+            let (da, db) = (gpu.clone_htod(&a).ctx("a")?, gpu.clone_htod(&b).ctx("b")?);
+            let mut dc = gpu.clone_htod(&c0).ctx("c")?;
+            let what = format!("{:?} -> f32 ta={ta} tb={tb} {layout:?}", T::DATA_TYPE);
+            stream
+                .matmul_mixed(&mut blas, &s, &da, &db, &mut dc)
+                .ctx(&what)?;
+            let got = dtoh_f64(gpu, &dc)?;
+            let (want, scale) = host_gemm(&s, &af, &bf, &cf);
+            close(&what, &got, &want, &scale, tol)?;
+            // The same product captured, from the same C, gives the same bits.
+            let dc2 = gpu.clone_htod(&c0).ctx("c")?;
+            let graph = gpu
+                .capture(|cap| cap.matmul_mixed(&mut blas, &s, &da, &db, &dc2))
+                .ctx("capture")?;
+            let exec = graph.instantiate().ctx("instantiate")?;
+            exec.launch(&stream).ctx("launch")?;
+            let (eager, captured) = (gpu.dtoh(&dc).ctx("dtoh")?, gpu.dtoh(&dc2).ctx("dtoh")?);
+            ensure!(
+                eager == captured,
+                "{what}: captured product differs from eager"
+            );
+        }
+    }
+    // Attention-like batch: scores in f32 of 16-bit Q and K.
+    let qk = Matmul::new(33, 31, 16).transpose_b().scaled(0.25, 0.0);
+    let batch = Batch::packed(6, &qk);
+    let (q, qf) = random::<T>(rng, 6 * 33 * 16);
+    let (kk, kf) = random::<T>(rng, 6 * 31 * 16);
+    let (dq, dk) = (gpu.clone_htod(&q).ctx("q")?, gpu.clone_htod(&kk).ctx("k")?);
+    let mut ds = gpu.alloc_zeros::<f32>(6 * 33 * 31).ctx("s")?;
+    let what = format!("{:?} -> f32 batched", T::DATA_TYPE);
+    stream
+        .matmul_batched_mixed(&mut blas, &qk, &batch, &dq, &dk, &mut ds)
+        .ctx(&what)?;
+    let got = dtoh_f64(gpu, &ds)?;
+    let one = 33 * 31;
+    let zeros = vec![0.0; one];
+    for i in 0..6 {
+        let (w, sc) = host_gemm(&qk, &qf[i * 33 * 16..], &kf[i * 31 * 16..], &zeros);
+        close(&what, &got[i * one..(i + 1) * one], &w, &sc, tol)?;
+    }
+    Ok(())
+}
+
+fn mixed_products_match_the_host() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let seed: u64 = rand::random();
+    println!("    seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    mixed_case::<bf16>(&gpu, &mut rng)?;
+    mixed_case::<f16>(&gpu, &mut rng)?;
+    // The same type through matmul_mixed is matmul; TF32 stays an f32-only option.
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let a = gpu.clone_htod(&[bf16::ONE; 4]).ctx("a")?;
+    let mut c = gpu.alloc_zeros::<f32>(4).ctx("c")?;
+    let tf32 = Matmul::new(2, 2, 2).allow_tf32();
+    refused(
+        "tf32 on bf16 -> f32",
+        gpu.default_stream()
+            .matmul_mixed(&mut blas, &tf32, &a, &a, &mut c),
+        |e| matches!(e, MatmulError::Unsupported { .. }),
+    )
 }
 
 /// GELU (tanh approximation, as cuBLASLt computes it) and its derivative.
@@ -1546,6 +1631,10 @@ fn main() {
             (
                 "strided_batches_match_the_host",
                 strided_batches_match_the_host,
+            ),
+            (
+                "mixed_products_match_the_host",
+                mixed_products_match_the_host,
             ),
             ("lt_epilogues_match_host_math", lt_epilogues_match_host_math),
             (

@@ -29,6 +29,9 @@
 //!   leading dimensions ([`Matmul::with_ld`]).
 //! * [`BoundStream::matmul_batched`](crate::BoundStream::matmul_batched): strided
 //!   batches ([`Batch`]), as attention uses them.
+//! * [`BoundStream::matmul_mixed`](crate::BoundStream::matmul_mixed) and
+//!   [`matmul_batched_mixed`](crate::BoundStream::matmul_batched_mixed): f16 or bf16
+//!   A and B with an f32 C ([`MatmulOutput`]), as f32 gradient accumulation uses them.
 //! * [`BoundStream::matmul_lt`](crate::BoundStream::matmul_lt): cuBLASLt products with
 //!   an [`Epilogue`] — bias, ReLU, GELU, their auxiliary outputs, and the backward
 //!   epilogues (`DRELU`, `DGELU`, bias gradients) — with operands in [`LtArgs`].
@@ -83,4 +86,6 @@ pub use capture::{CaptureLtArgs, CaptureOutput};
 pub use epilogue::{Epilogue, LtArgs};
 pub use handle::Blas;
 pub use sys::cublaslt_info;
-pub use types::{Batch, BlasFloat, BlasScalar, DataType, GemmGroup, Gemv, Layout, Matmul};
+pub use types::{
+    Batch, BlasFloat, BlasScalar, DataType, GemmGroup, Gemv, Layout, Matmul, MatmulOutput,
+};
