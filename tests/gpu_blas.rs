@@ -11,7 +11,7 @@ mod common;
 
 use common::{Ctx, dev0, run_suite, skip};
 use gpubind::blas::{
-    Batch, BlasScalar, CaptureLtArgs, Epilogue, GemmGroup, Gemv, Layout, LtArgs, Matmul,
+    Batch, BlasScalar, CaptureLtArgs, Enqueue, Epilogue, GemmGroup, Gemv, Layout, LtArgs, Matmul,
     MatmulError, MatmulOutput,
 };
 use gpubind::{BoundDevice, DeviceRepr, Error, ThreadContext};
@@ -357,6 +357,80 @@ fn mixed_products_match_the_host() -> R {
             .matmul_mixed(&mut blas, &tf32, &a, &a, &mut c),
         |e| matches!(e, MatmulError::Unsupported { .. }),
     )
+}
+
+/// A small forward through [`Enqueue`]: `h = GELU(x·Wᵀ + bias)` (cuBLASLt), the scores
+/// `h·hᵀ` per batch (f32 of bf16) and `y = h·W2ᵀ`, the same code eager and captured.
+fn enqueue_forward<'buf>(
+    e: &mut impl Enqueue<'buf>,
+    blas: &mut gpubind::blas::Blas,
+    x: &'buf gpubind::DeviceSlice<bf16>,
+    w: [&'buf gpubind::DeviceSlice<bf16>; 3],
+    out: (
+        &'buf gpubind::DeviceSlice<bf16>,
+        &'buf gpubind::DeviceSlice<f32>,
+        &'buf gpubind::DeviceSlice<bf16>,
+    ),
+) -> gpubind::Result<()> {
+    let (h, scores, y) = out;
+    let lin = Matmul::new(16, 32, 24).transpose_b();
+    let args = CaptureLtArgs::new().bias(w[1]);
+    e.matmul_lt(blas, &lin, Epilogue::GeluBias, x, w[0], h, args)?;
+    let sc = Matmul::new(8, 8, 32).transpose_b();
+    e.matmul_batched_mixed(blas, &sc, &Batch::new(2, 8 * 32, 8 * 32, 64), h, h, scores)?;
+    e.matmul(blas, &Matmul::new(16, 8, 32).transpose_b(), h, w[2], y)
+}
+
+/// One generic forward ([`Enqueue`]) run on a stream, equal to the inherent products,
+/// then captured: the graph's outputs equal the eager ones bit for bit.
+fn enqueue_serves_eager_and_captured_steps() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let mut up = |len: usize| gpu.clone_htod(&random::<bf16>(&mut rng, len).0).ctx("htod");
+    let (x, w0, b0, w2) = (up(16 * 24)?, up(32 * 24)?, up(32)?, up(8 * 32)?);
+    let h = gpu.alloc_zeros::<bf16>(16 * 32).ctx("alloc")?;
+    let scores = gpu.alloc_zeros::<f32>(2 * 64).ctx("alloc")?;
+    let y = gpu.alloc_zeros::<bf16>(16 * 8).ctx("alloc")?;
+    let mut stream = gpu.default_stream();
+    let w = [&w0, &b0, &w2];
+    enqueue_forward(&mut stream, &mut blas, &x, w, (&h, &scores, &y)).ctx("eager")?;
+    let eager = (
+        gpu.dtoh(&h).ctx("dtoh")?,
+        gpu.dtoh(&scores).ctx("dtoh")?,
+        gpu.dtoh(&y).ctx("dtoh")?,
+    );
+    // The inherent (`&mut` output) product gives the same last output.
+    let mut y2 = gpu.alloc_zeros::<bf16>(16 * 8).ctx("alloc")?;
+    let last = Matmul::new(16, 8, 32).transpose_b();
+    stream
+        .matmul(&mut blas, &last, &h, &w2, &mut y2)
+        .ctx("inherent")?;
+    ensure!(
+        gpu.dtoh(&y2).ctx("dtoh")? == eager.2,
+        "inherent matmul differs"
+    );
+    // Captured, into zeroed outputs.
+    let h = gpu.alloc_zeros::<bf16>(16 * 32).ctx("alloc")?;
+    let scores = gpu.alloc_zeros::<f32>(2 * 64).ctx("alloc")?;
+    let y = gpu.alloc_zeros::<bf16>(16 * 8).ctx("alloc")?;
+    let graph = gpu
+        .capture(|cap| enqueue_forward(cap, &mut blas, &x, w, (&h, &scores, &y)))
+        .ctx("capture")?;
+    graph
+        .instantiate()
+        .ctx("instantiate")?
+        .launch(&stream)
+        .ctx("launch")?;
+    ensure!(gpu.dtoh(&h).ctx("dtoh")? == eager.0, "captured h differs");
+    ensure!(
+        gpu.dtoh(&scores).ctx("dtoh")? == eager.1,
+        "captured scores differ"
+    );
+    ensure!(gpu.dtoh(&y).ctx("dtoh")? == eager.2, "captured y differs");
+    Ok(())
 }
 
 /// GELU (tanh approximation, as cuBLASLt computes it) and its derivative.
@@ -1635,6 +1709,10 @@ fn main() {
             (
                 "mixed_products_match_the_host",
                 mixed_products_match_the_host,
+            ),
+            (
+                "enqueue_serves_eager_and_captured_steps",
+                enqueue_serves_eager_and_captured_steps,
             ),
             ("lt_epilogues_match_host_math", lt_epilogues_match_host_math),
             (

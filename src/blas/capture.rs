@@ -96,7 +96,7 @@ impl<'buf, T> CaptureLtArgs<'buf, T> {
         self
     }
 
-    fn extras(&self) -> Vec<Extra<'buf>> {
+    pub(crate) fn extras(&self) -> Vec<Extra<'buf>> {
         let mut v = Vec::new();
         let mut push = |role, e: Option<Extra<'buf>>| v.extend(e.map(|e| Extra { role, ..e }));
         push(Role::Bias, self.bias.map(|m| Extra::of(Role::Bias, m)));

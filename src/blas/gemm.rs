@@ -438,7 +438,7 @@ impl<'b> BoundStream<'b> {
         b: &impl DeviceMemory<TIn>,
         c: &mut impl DeviceMemoryMut<TOut>,
     ) -> Result<()> {
-        self.gemm_scaled::<TIn, TOut, Scalars<TIn>>(blas, shape, None, None, a, b, c)
+        self.gemm_scaled::<TIn, TOut, Scalars<TIn>, _, _, _>(blas, shape, None, None, a, b, &*c)
     }
 
     /// A strided batch of products as [`matmul_batched`](Self::matmul_batched) does,
@@ -453,7 +453,15 @@ impl<'b> BoundStream<'b> {
         b: &impl DeviceMemory<TIn>,
         c: &mut impl DeviceMemoryMut<TOut>,
     ) -> Result<()> {
-        self.gemm_scaled::<TIn, TOut, Scalars<TIn>>(blas, shape, Some(batch), None, a, b, c)
+        self.gemm_scaled::<TIn, TOut, Scalars<TIn>, _, _, _>(
+            blas,
+            shape,
+            Some(batch),
+            None,
+            a,
+            b,
+            &*c,
+        )
     }
 
     /// Enqueues a matrix product as [`matmul`](Self::matmul) does, with alpha and beta
@@ -494,7 +502,7 @@ impl<'b> BoundStream<'b> {
         b: &impl DeviceMemory<T>,
         c: &mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
-        self.gemm_scaled::<T, T, _>(blas, shape, None, Some(scales), a, b, c)
+        self.gemm_scaled::<T, T, _, _, _, _>(blas, shape, None, Some(scales), a, b, &*c)
     }
 
     fn gemm<T: BlasScalar>(
@@ -506,24 +514,35 @@ impl<'b> BoundStream<'b> {
         b: &impl DeviceMemory<T>,
         c: &mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
-        self.gemm_scaled::<T, T, Scalars<T>>(blas, shape, batch, None, a, b, c)
+        self.gemm_scaled::<T, T, Scalars<T>, _, _, _>(blas, shape, batch, None, a, b, &*c)
     }
 
+    /// Checks, claims and enqueues a product. `c` is claimed as written: the public
+    /// callers hold it by `&mut`, or ([`Enqueue`](super::Enqueue)) by `&` of device-only
+    /// memory, which nothing reads or writes except through its tracker.
     #[allow(clippy::too_many_arguments)]
-    fn gemm_scaled<T: BlasScalar, U: BlasScalar, S: DeviceMemory<T::Scale> + ?Sized>(
+    pub(crate) fn gemm_scaled<T, U, S, A, B, C>(
         &self,
         blas: &mut Blas,
         shape: &Matmul,
         batch: Option<&Batch>,
         scales: Option<&S>,
-        a: &impl DeviceMemory<T>,
-        b: &impl DeviceMemory<T>,
-        c: &mut impl DeviceMemoryMut<U>,
-    ) -> Result<()> {
+        a: &A,
+        b: &B,
+        c: &C,
+    ) -> Result<()>
+    where
+        T: BlasScalar,
+        U: BlasScalar,
+        S: DeviceMemory<T::Scale> + ?Sized,
+        A: DeviceMemory<T> + ?Sized,
+        B: DeviceMemory<T> + ?Sized,
+        C: DeviceMemory<U> + ?Sized,
+    {
         let bound = self.bound();
-        let plan = check_gemm(bound.device(), blas, shape, batch, (a, b, &*c))?;
+        let plan = check_gemm(bound.device(), blas, shape, batch, (a, b, c))?;
         if let Some(s) = scales {
-            check_scales(bound.device(), s, span_of(&*c))?;
+            check_scales(bound.device(), s, span_of(c))?;
         }
         if plan.empty {
             return Ok(());

@@ -48,6 +48,9 @@
 //!   alpha and beta written between launches are read by the next launch),
 //!   [`Capture::matmul_lt`](crate::Capture::matmul_lt) (operands in [`CaptureLtArgs`]).
 //!
+//! [`Enqueue`] takes the products on a stream and in a capture the same way (outputs by
+//! `&`, device-only memory, claimed as written), so that one model function serves both.
+//!
 //! Inputs are taken by `&` and claimed as reads, so products on two streams reading one
 //! weight run concurrently; outputs are taken by `&mut` and claimed as writes. Shapes that
 //! do not fit their buffers, leading dimensions too small, a batch whose outputs overlap,
@@ -69,6 +72,7 @@
 //! run and `matmul_lt` is [`Error::NoCublasLt`](crate::Error::NoCublasLt).
 
 mod capture;
+mod enqueue;
 mod epilogue;
 mod gemm;
 mod grouped;
@@ -83,6 +87,7 @@ mod vector;
 
 pub use crate::error::MatmulError;
 pub use capture::{CaptureLtArgs, CaptureOutput};
+pub use enqueue::Enqueue;
 pub use epilogue::{Epilogue, LtArgs};
 pub use handle::Blas;
 pub use sys::cublaslt_info;
