@@ -161,7 +161,7 @@ mod loom_tests;
 // The core's items, each at the root only (docs/design.md, "Public paths").
 pub use context::{BoundDevice, ThreadContext};
 pub use copy::{CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind};
-pub use device::{Device, DeviceAttribute, Uuid};
+pub use device::{Device, DeviceAttribute, MemoryUsage, Uuid};
 #[cfg(feature = "cublas")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use driver::libraries::cublas_info;
