@@ -1105,24 +1105,42 @@ fn memory_usage_counts_allocations_and_peak() -> Result<(), String> {
     let d = gpu.alloc_zeros::<f32>(1 << 20).ctx("alloc")?;
     let m = gpu.alloc_managed::<u8>(1 << 20).ctx("alloc_managed")?;
     let u = dev.memory_usage();
-    ensure!(u.in_use == base.in_use + d_bytes + m_bytes, "both held: {u:?} from {base:?}");
+    ensure!(
+        u.in_use == base.in_use + d_bytes + m_bytes,
+        "both held: {u:?} from {base:?}"
+    );
     drop(d);
     let u = dev.memory_usage();
-    ensure!(u.in_use == base.in_use + m_bytes, "device slice dropped: {u:?}");
-    ensure!(u.peak == base.in_use + d_bytes + m_bytes, "peak kept: {u:?}");
+    ensure!(
+        u.in_use == base.in_use + m_bytes,
+        "device slice dropped: {u:?}"
+    );
+    ensure!(
+        u.peak == base.in_use + d_bytes + m_bytes,
+        "peak kept: {u:?}"
+    );
     drop(m);
     ensure!(dev.memory_usage().in_use == base.in_use, "all dropped");
     // Handed out and taken back: uncounted, then counted again.
     let d = gpu.alloc_zeros::<u32>(1000).ctx("alloc")?;
     let (ptr, len) = d.into_raw().ctx("into_raw")?;
-    ensure!(dev.memory_usage().in_use == base.in_use, "into_raw uncounts");
+    ensure!(
+        dev.memory_usage().in_use == base.in_use,
+        "into_raw uncounts"
+    );
     // SAFETY: the cuMemAlloc allocation `into_raw` gave up, of `len` u32, owned by no one.
     let d = unsafe { DeviceSlice::<u32>::from_raw(dev.clone(), ptr, len) };
-    ensure!(dev.memory_usage().in_use == base.in_use + 4000, "from_raw counts");
+    ensure!(
+        dev.memory_usage().in_use == base.in_use + 4000,
+        "from_raw counts"
+    );
     drop(d);
     dev.reset_peak_memory_usage();
     let u = dev.memory_usage();
-    ensure!(u.in_use == base.in_use && u.peak == u.in_use, "after reset: {u:?}");
+    ensure!(
+        u.in_use == base.in_use && u.peak == u.in_use,
+        "after reset: {u:?}"
+    );
     Ok(())
 }
 

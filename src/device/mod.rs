@@ -5,8 +5,8 @@ pub mod poison;
 mod usage;
 
 pub use crate::uuid::Uuid;
-pub(crate) use usage::UsageCounter;
 pub use usage::MemoryUsage;
+pub(crate) use usage::UsageCounter;
 
 use crate::device::poison::PoisonState;
 use crate::driver::{self, ContextGuard, CudaPrimary, PrimaryCtxOps, RawContext, result};

@@ -63,12 +63,36 @@ mod tests {
         c.add(100);
         c.add(50);
         c.sub(100);
-        assert_eq!(c.get(), MemoryUsage { in_use: 50, peak: 150 });
+        assert_eq!(
+            c.get(),
+            MemoryUsage {
+                in_use: 50,
+                peak: 150
+            }
+        );
         c.reset_peak();
-        assert_eq!(c.get(), MemoryUsage { in_use: 50, peak: 50 });
+        assert_eq!(
+            c.get(),
+            MemoryUsage {
+                in_use: 50,
+                peak: 50
+            }
+        );
         c.add(10);
-        assert_eq!(c.get(), MemoryUsage { in_use: 60, peak: 60 });
+        assert_eq!(
+            c.get(),
+            MemoryUsage {
+                in_use: 60,
+                peak: 60
+            }
+        );
         c.sub(1000);
-        assert_eq!(c.get(), MemoryUsage { in_use: 0, peak: 60 });
+        assert_eq!(
+            c.get(),
+            MemoryUsage {
+                in_use: 0,
+                peak: 60
+            }
+        );
     }
 }
