@@ -75,7 +75,7 @@ pub trait BlasScalar: DeviceRepr + Copy + sealed::Sealed {
 /// accumulation: [`matmul_mixed`](crate::BoundStream::matmul_mixed)). Sealed: no other
 /// pair compiles.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// # fn f(gpu: &gpubind::BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> gpubind::Result<()> {
 /// use gpubind::blas::Matmul;
 /// let a = gpu.alloc_zeros::<f32>(4)?;

@@ -358,7 +358,7 @@ impl Device {
     /// drop(a);
     /// let u = dev.memory_usage();
     /// assert_eq!(u.in_use, before);
-    /// assert!(u.peak >= before + 4 << 20);
+    /// assert!(u.peak >= before + (4 << 20));
     /// # Ok(()) }
     /// ```
     pub fn memory_usage(&self) -> MemoryUsage {
