@@ -163,7 +163,7 @@ pub use context::{BoundDevice, ThreadContext};
 pub use copy::{
     CopyDest, CopyScope, CopySource, DeviceOnlyMemory, Endpoint, MemoryKind, TrackedMemory,
 };
-pub use device::{Device, DeviceAttribute, Uuid};
+pub use device::{Device, DeviceAttribute, MemoryUsage, Uuid};
 #[cfg(feature = "cublas")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use driver::libraries::cublas_info;

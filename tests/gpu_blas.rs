@@ -11,8 +11,8 @@ mod common;
 
 use common::{Ctx, dev0, run_suite, skip};
 use gpubind::blas::{
-    Batch, BlasScalar, CaptureLtArgs, Epilogue, GemmGroup, Gemv, Layout, LtArgs, Matmul,
-    MatmulError,
+    Batch, BlasScalar, CaptureLtArgs, Enqueue, Epilogue, GemmGroup, Gemv, Layout, LtArgs, Matmul,
+    MatmulError, MatmulOutput,
 };
 use gpubind::{BoundDevice, DeviceRepr, Error, ThreadContext};
 use half::{bf16, f16};
@@ -272,6 +272,165 @@ fn strided_batches_match_the_host() -> R {
         .transpose_a()
         .with_ld(6, 12, 11);
     batch_case::<bf16>(&gpu, &c, &Batch::new(3, 40, 80, 70), &mut rng)
+}
+
+/// `T` inputs, an f32 output: single products (transposes × layouts, accumulating into
+/// C) and a strided batch against the host, the captured product equal to the eager one
+/// bit for bit.
+fn mixed_case<T: El>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R
+where
+    f32: MatmulOutput<T>,
+{
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let stream = gpu.default_stream();
+    // f32 accumulation of exactly representable products: f32 rounding only.
+    let tol = 2e-5;
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        for layout in [Layout::RowMajor, Layout::ColMajor] {
+            let (m, n, k) = (33, 17, 80);
+            let mut s = Matmul::new(m, n, k).scaled(0.75, 1.0);
+            (s.transpose_a, s.transpose_b, s.layout) = (ta, tb, layout);
+            let (a, af) = random::<T>(rng, m * k);
+            let (b, bf) = random::<T>(rng, k * n);
+            let (c0, cf) = random::<f32>(rng, m * n);
+            let (da, db) = (gpu.clone_htod(&a).ctx("a")?, gpu.clone_htod(&b).ctx("b")?);
+            let mut dc = gpu.clone_htod(&c0).ctx("c")?;
+            let what = format!("{:?} -> f32 ta={ta} tb={tb} {layout:?}", T::DATA_TYPE);
+            stream
+                .matmul_mixed(&mut blas, &s, &da, &db, &mut dc)
+                .ctx(&what)?;
+            let got = dtoh_f64(gpu, &dc)?;
+            let (want, scale) = host_gemm(&s, &af, &bf, &cf);
+            close(&what, &got, &want, &scale, tol)?;
+            // The same product captured, from the same C, gives the same bits.
+            let dc2 = gpu.clone_htod(&c0).ctx("c")?;
+            let graph = gpu
+                .capture(|cap| cap.matmul_mixed(&mut blas, &s, &da, &db, &dc2))
+                .ctx("capture")?;
+            let exec = graph.instantiate().ctx("instantiate")?;
+            exec.launch(&stream).ctx("launch")?;
+            let (eager, captured) = (gpu.dtoh(&dc).ctx("dtoh")?, gpu.dtoh(&dc2).ctx("dtoh")?);
+            ensure!(
+                eager == captured,
+                "{what}: captured product differs from eager"
+            );
+        }
+    }
+    // Attention-like batch: scores in f32 of 16-bit Q and K.
+    let qk = Matmul::new(33, 31, 16).transpose_b().scaled(0.25, 0.0);
+    let batch = Batch::packed(6, &qk);
+    let (q, qf) = random::<T>(rng, 6 * 33 * 16);
+    let (kk, kf) = random::<T>(rng, 6 * 31 * 16);
+    let (dq, dk) = (gpu.clone_htod(&q).ctx("q")?, gpu.clone_htod(&kk).ctx("k")?);
+    let mut ds = gpu.alloc_zeros::<f32>(6 * 33 * 31).ctx("s")?;
+    let what = format!("{:?} -> f32 batched", T::DATA_TYPE);
+    stream
+        .matmul_batched_mixed(&mut blas, &qk, &batch, &dq, &dk, &mut ds)
+        .ctx(&what)?;
+    let got = dtoh_f64(gpu, &ds)?;
+    let one = 33 * 31;
+    let zeros = vec![0.0; one];
+    for i in 0..6 {
+        let (w, sc) = host_gemm(&qk, &qf[i * 33 * 16..], &kf[i * 31 * 16..], &zeros);
+        close(&what, &got[i * one..(i + 1) * one], &w, &sc, tol)?;
+    }
+    Ok(())
+}
+
+fn mixed_products_match_the_host() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let seed: u64 = rand::random();
+    println!("    seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    mixed_case::<bf16>(&gpu, &mut rng)?;
+    mixed_case::<f16>(&gpu, &mut rng)?;
+    // The same type through matmul_mixed is matmul; TF32 stays an f32-only option.
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let a = gpu.clone_htod(&[bf16::ONE; 4]).ctx("a")?;
+    let mut c = gpu.alloc_zeros::<f32>(4).ctx("c")?;
+    let tf32 = Matmul::new(2, 2, 2).allow_tf32();
+    refused(
+        "tf32 on bf16 -> f32",
+        gpu.default_stream()
+            .matmul_mixed(&mut blas, &tf32, &a, &a, &mut c),
+        |e| matches!(e, MatmulError::Unsupported { .. }),
+    )
+}
+
+/// A small forward through [`Enqueue`]: `h = GELU(x·Wᵀ + bias)` (cuBLASLt), the scores
+/// `h·hᵀ` per batch (f32 of bf16) and `y = h·W2ᵀ`, the same code eager and captured.
+fn enqueue_forward<'buf>(
+    e: &mut impl Enqueue<'buf>,
+    blas: &mut gpubind::blas::Blas,
+    x: &'buf gpubind::DeviceSlice<bf16>,
+    w: [&'buf gpubind::DeviceSlice<bf16>; 3],
+    out: (
+        &'buf gpubind::DeviceSlice<bf16>,
+        &'buf gpubind::DeviceSlice<f32>,
+        &'buf gpubind::DeviceSlice<bf16>,
+    ),
+) -> gpubind::Result<()> {
+    let (h, scores, y) = out;
+    let lin = Matmul::new(16, 32, 24).transpose_b();
+    let args = CaptureLtArgs::new().bias(w[1]);
+    e.matmul_lt(blas, &lin, Epilogue::GeluBias, x, w[0], h, args)?;
+    let sc = Matmul::new(8, 8, 32).transpose_b();
+    e.matmul_batched_mixed(blas, &sc, &Batch::new(2, 8 * 32, 8 * 32, 64), h, h, scores)?;
+    e.matmul(blas, &Matmul::new(16, 8, 32).transpose_b(), h, w[2], y)
+}
+
+/// One generic forward ([`Enqueue`]) run on a stream, equal to the inherent products,
+/// then captured: the graph's outputs equal the eager ones bit for bit.
+fn enqueue_serves_eager_and_captured_steps() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let mut up = |len: usize| gpu.clone_htod(&random::<bf16>(&mut rng, len).0).ctx("htod");
+    let (x, w0, b0, w2) = (up(16 * 24)?, up(32 * 24)?, up(32)?, up(8 * 32)?);
+    let h = gpu.alloc_zeros::<bf16>(16 * 32).ctx("alloc")?;
+    let scores = gpu.alloc_zeros::<f32>(2 * 64).ctx("alloc")?;
+    let y = gpu.alloc_zeros::<bf16>(16 * 8).ctx("alloc")?;
+    let mut stream = gpu.default_stream();
+    let w = [&w0, &b0, &w2];
+    enqueue_forward(&mut stream, &mut blas, &x, w, (&h, &scores, &y)).ctx("eager")?;
+    let eager = (
+        gpu.dtoh(&h).ctx("dtoh")?,
+        gpu.dtoh(&scores).ctx("dtoh")?,
+        gpu.dtoh(&y).ctx("dtoh")?,
+    );
+    // The inherent (`&mut` output) product gives the same last output.
+    let mut y2 = gpu.alloc_zeros::<bf16>(16 * 8).ctx("alloc")?;
+    let last = Matmul::new(16, 8, 32).transpose_b();
+    stream
+        .matmul(&mut blas, &last, &h, &w2, &mut y2)
+        .ctx("inherent")?;
+    ensure!(
+        gpu.dtoh(&y2).ctx("dtoh")? == eager.2,
+        "inherent matmul differs"
+    );
+    // Captured, into zeroed outputs.
+    let h = gpu.alloc_zeros::<bf16>(16 * 32).ctx("alloc")?;
+    let scores = gpu.alloc_zeros::<f32>(2 * 64).ctx("alloc")?;
+    let y = gpu.alloc_zeros::<bf16>(16 * 8).ctx("alloc")?;
+    let graph = gpu
+        .capture(|cap| enqueue_forward(cap, &mut blas, &x, w, (&h, &scores, &y)))
+        .ctx("capture")?;
+    graph
+        .instantiate()
+        .ctx("instantiate")?
+        .launch(&stream)
+        .ctx("launch")?;
+    ensure!(gpu.dtoh(&h).ctx("dtoh")? == eager.0, "captured h differs");
+    ensure!(
+        gpu.dtoh(&scores).ctx("dtoh")? == eager.1,
+        "captured scores differ"
+    );
+    ensure!(gpu.dtoh(&y).ctx("dtoh")? == eager.2, "captured y differs");
+    Ok(())
 }
 
 /// GELU (tanh approximation, as cuBLASLt computes it) and its derivative.
@@ -1546,6 +1705,14 @@ fn main() {
             (
                 "strided_batches_match_the_host",
                 strided_batches_match_the_host,
+            ),
+            (
+                "mixed_products_match_the_host",
+                mixed_products_match_the_host,
+            ),
+            (
+                "enqueue_serves_eager_and_captured_steps",
+                enqueue_serves_eager_and_captured_steps,
             ),
             ("lt_epilogues_match_host_math", lt_epilogues_match_host_math),
             (

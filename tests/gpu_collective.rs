@@ -976,6 +976,96 @@ fn several_calls_in_one_group_and_views() -> R {
     Ok(())
 }
 
+/// Random f32 inputs, one vector of `len` per rank, and their element-wise sum.
+fn in_place_case(ranks: usize, len: usize) -> (Vec<Vec<f32>>, Vec<f32>) {
+    let mut rng = StdRng::seed_from_u64(seed());
+    let host: Vec<Vec<f32>> = (0..ranks)
+        .map(|_| (0..len).map(|_| rng.random_range(-1.0..1.0)).collect())
+        .collect();
+    let sum = (0..len)
+        .map(|i| host.iter().map(|h| h[i]).sum::<f32>())
+        .collect();
+    (host, sum)
+}
+
+/// `got` within the rounding of summing `ranks` values of magnitude 1 of `want`.
+fn check_sum(what: &str, got: &[f32], want: &[f32], ranks: usize) -> R {
+    ensure!(got.len() == want.len(), "{what}: length {}", got.len());
+    let tol = 4.0 * f32::EPSILON * ranks as f32;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        ensure!((g - w).abs() <= tol, "{what} element {i}: {g} vs {w}");
+    }
+    Ok(())
+}
+
+/// In-place all-reduce in a group (2 and 17 ranks on one GPU: one launch, and inputs
+/// folded over several; direct and host-staged) and through thread-per-rank
+/// `RankComm`s: every rank's buffer ends as the sum of all ranks' inputs.
+fn kernels_all_reduce_in_place() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let d = dev0()?;
+    let len = 1003;
+    for (n, transport) in [
+        (2, Transport::Auto),
+        (17, Transport::Auto),
+        (2, Transport::HostStaged),
+    ] {
+        let devices = vec![Arc::clone(&d); n];
+        let opts = CommOptions::kernels().with_transport(transport);
+        let comm = Communicator::new(&mut ctx, &devices, opts).ctx("new")?;
+        let (host, want) = in_place_case(n, len);
+        let gpu = ctx.bind(&d).ctx("bind")?;
+        let mut bufs: Vec<DeviceSlice<f32>> = host
+            .iter()
+            .map(|h| gpu.clone_htod(h))
+            .collect::<Result<_, _>>()
+            .ctx("upload")?;
+        drop(gpu);
+        ctx.group(&comm, |g| {
+            for (r, b) in bufs.iter_mut().enumerate() {
+                g.all_reduce_in_place(r, b, Op::Sum)?;
+            }
+            Ok(())
+        })
+        .ctx("group")?;
+        comm.synchronize(&mut ctx).ctx("sync")?;
+        let gpu = ctx.bind(&d).ctx("bind")?;
+        for (r, b) in bufs.iter().enumerate() {
+            let what = format!("group N={n} {transport:?} rank {r}");
+            check_sum(&what, &gpu.dtoh(b).ctx("down")?, &want, n)?;
+        }
+    }
+    let comms =
+        Communicator::init_all(&[Arc::clone(&d), d], CommOptions::kernels()).ctx("init_all")?;
+    let (host, want) = in_place_case(2, len);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|mut comm| {
+                let host = &host;
+                s.spawn(move || -> Result<Vec<f32>, String> {
+                    let r = comm.rank();
+                    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+                    let dev = Arc::clone(comm.device());
+                    let gpu = ctx.bind(&dev).ctx("bind")?;
+                    let stream = gpu.new_stream().ctx("stream")?;
+                    let mut data = gpu.clone_htod(&host[r]).ctx("upload")?;
+                    let st = gpu.on(&stream).ctx("on")?;
+                    comm.all_reduce_in_place(&st, &mut data, Op::Sum)
+                        .ctx("all_reduce_in_place")?;
+                    st.synchronize().ctx("sync")?;
+                    gpu.dtoh(&data).ctx("down")
+                })
+            })
+            .collect();
+        for (r, h) in handles.into_iter().enumerate() {
+            let got = h.join().map_err(|_| format!("rank {r} panicked"))??;
+            check_sum(&format!("RankComm rank {r}"), &got, &want, 2)?;
+        }
+        Ok(())
+    })
+}
+
 fn main() {
     // SAFETY: single-threaded here (before run_suite starts any test or thread), so no
     // other thread reads the environment concurrently. NVLS (multicast) stays off.
@@ -1020,6 +1110,7 @@ fn main() {
             ),
             ("nccl_all_devices", nccl_all_devices),
             ("all_reduce_256mb", all_reduce_256mb),
+            ("kernels_all_reduce_in_place", kernels_all_reduce_in_place),
         ],
     )
 }

@@ -1101,6 +1101,58 @@ fn other_device_memory_is_copied_or_refused() -> TestResult {
     Ok(())
 }
 
+/// `Device::memory_usage` counts device and managed slices from allocation to drop (and
+/// `into_raw`/`from_raw`), and keeps the peak until reset.
+fn memory_usage_counts_allocations_and_peak() -> Result<(), String> {
+    let dev = Device::get(0).ctx("device 0")?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    dev.reset_peak_memory_usage();
+    let base = dev.memory_usage();
+    ensure!(base.peak == base.in_use, "reset peak: {base:?}");
+    let (d_bytes, m_bytes) = (4u64 << 20, 1u64 << 20);
+    let d = gpu.alloc_zeros::<f32>(1 << 20).ctx("alloc")?;
+    let m = gpu.alloc_managed::<u8>(1 << 20).ctx("alloc_managed")?;
+    let u = dev.memory_usage();
+    ensure!(
+        u.in_use == base.in_use + d_bytes + m_bytes,
+        "both held: {u:?} from {base:?}"
+    );
+    drop(d);
+    let u = dev.memory_usage();
+    ensure!(
+        u.in_use == base.in_use + m_bytes,
+        "device slice dropped: {u:?}"
+    );
+    ensure!(
+        u.peak == base.in_use + d_bytes + m_bytes,
+        "peak kept: {u:?}"
+    );
+    drop(m);
+    ensure!(dev.memory_usage().in_use == base.in_use, "all dropped");
+    // Handed out and taken back: uncounted, then counted again.
+    let d = gpu.alloc_zeros::<u32>(1000).ctx("alloc")?;
+    let (ptr, len) = d.into_raw().ctx("into_raw")?;
+    ensure!(
+        dev.memory_usage().in_use == base.in_use,
+        "into_raw uncounts"
+    );
+    // SAFETY: the cuMemAlloc allocation `into_raw` gave up, of `len` u32, owned by no one.
+    let d = unsafe { DeviceSlice::<u32>::from_raw(dev.clone(), ptr, len) };
+    ensure!(
+        dev.memory_usage().in_use == base.in_use + 4000,
+        "from_raw counts"
+    );
+    drop(d);
+    dev.reset_peak_memory_usage();
+    let u = dev.memory_usage();
+    ensure!(
+        u.in_use == base.in_use && u.peak == u.in_use,
+        "after reset: {u:?}"
+    );
+    Ok(())
+}
+
 fn main() {
     if let Some(role) = common::child_role() {
         shm_child(&role);
@@ -1109,6 +1161,10 @@ fn main() {
         "gpu_memory_kinds",
         &[
             ("kinds_round_trip", kinds_round_trip),
+            (
+                "memory_usage_counts_allocations_and_peak",
+                memory_usage_counts_allocations_and_peak,
+            ),
             ("copies_between_every_pair", copies_between_every_pair),
             (
                 "managed_touched_by_host_and_kernel",

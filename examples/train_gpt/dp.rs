@@ -156,12 +156,12 @@ pub fn bucket_ranges(lay: &ParamLayout, layers: usize) -> Vec<Range<usize>> {
 }
 
 /// The gradient buckets: per bucket its range of the flat gradients, and per rank the
-/// allocations it is reduced from and into.
+/// allocation it is copied into and all-reduced in place in (a copy, so that the rest of
+/// the backward pass, which writes the same gradient allocation, need not wait for it).
 struct Buckets<T: Act> {
     ranges: Vec<Range<usize>>,
-    /// `send[bucket][rank]`, `recv[bucket][rank]`.
-    send: Vec<Vec<DeviceSlice<T>>>,
-    recv: Vec<Vec<DeviceSlice<T>>>,
+    /// `bufs[bucket][rank]`.
+    bufs: Vec<Vec<DeviceSlice<T>>>,
 }
 
 impl<T: Act> Buckets<T> {
@@ -172,19 +172,15 @@ impl<T: Act> Buckets<T> {
         model: &Gpt<T>,
     ) -> Result<Self, GptError> {
         let ranges = bucket_ranges(&model.layout, model.cfg.layers);
-        let mut send = Vec::new();
-        let mut recv = Vec::new();
+        let mut bufs = Vec::new();
         for r in &ranges {
-            let (mut s, mut v) = (Vec::new(), Vec::new());
+            let mut per_rank = Vec::new();
             for dev in devices {
-                let gpu = ctx.bind(dev)?;
-                s.push(gpu.alloc_zeros::<T>(r.len())?);
-                v.push(gpu.alloc_zeros::<T>(r.len())?);
+                per_rank.push(ctx.bind(dev)?.alloc_zeros::<T>(r.len())?);
             }
-            send.push(s);
-            recv.push(v);
+            bufs.push(per_rank);
         }
-        Ok(Buckets { ranges, send, recv })
+        Ok(Buckets { ranges, bufs })
     }
 
     /// Copies bucket `k` of every rank's gradients out (on its compute stream) and
@@ -202,12 +198,12 @@ impl<T: Act> Buckets<T> {
         for (r, rep) in reps.iter().enumerate() {
             let gpu = ctx.bind(&devices[r])?;
             let s = gpu.on(&streams[r])?;
-            s.dtod_async(&rep.grads.slice(range.clone())?, &mut self.send[k][r])?;
+            s.dtod_async(&rep.grads.slice(range.clone())?, &mut self.bufs[k][r])?;
         }
-        let (send, recv) = (&self.send[k], &mut self.recv[k]);
+        let bufs = &mut self.bufs[k];
         ctx.group(comm, |g| {
-            for (r, (snd, rcv)) in send.iter().zip(recv.iter_mut()).enumerate() {
-                g.all_reduce(r, snd, rcv, Op::Sum)?;
+            for (r, buf) in bufs.iter_mut().enumerate() {
+                g.all_reduce_in_place(r, buf, Op::Sum)?;
             }
             Ok(())
         })?;
@@ -217,7 +213,7 @@ impl<T: Act> Buckets<T> {
     /// Copies every reduced bucket of rank `r` back into its gradients (on `s`).
     fn copy_back(&self, s: &BoundStream<'_>, r: usize, rep: &mut Gpt<T>) -> Result<(), GptError> {
         for (k, range) in self.ranges.iter().enumerate() {
-            s.dtod_async(&self.recv[k][r], &mut rep.grads.slice_mut(range.clone())?)?;
+            s.dtod_async(&self.bufs[k][r], &mut rep.grads.slice_mut(range.clone())?)?;
         }
         Ok(())
     }

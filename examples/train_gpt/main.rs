@@ -26,8 +26,11 @@
 //! Every step prints `step S loss L` (what
 //! `scripts/compare-gpt.sh` compares); every `--log-every` steps a progress line with
 //! tokens/s, MFU (against the H200's dense peak of the precision: 67 TFLOP/s FP32 for
-//! fp32, whose products run without tensor cores, 989 TFLOP/s BF16 for bf16) and device
-//! memory in use. The last line is machine-readable:
+//! fp32, whose products run without tensor cores, 989 TFLOP/s BF16 for bf16) and the
+//! device memory gpubind's allocations hold, now and at their peak
+//! ([`Device::memory_usage`](gpubind::Device::memory_usage): the model, its activations,
+//! cuBLAS workspaces and collective staging; not the CUDA context or library handles).
+//! The last line is machine-readable:
 //! `RESULT impl=gpubind mode=eager|graph precision=fp32|bf16 model=M batch=B tokens_per_s=X mfu=F peak_mem_gib=G`.
 //!
 //! `--dump-init DIR` writes, without touching a GPU, `init.safetensors` (the initial
@@ -540,7 +543,8 @@ fn train_with<T: Act>(
     let hp = AdamW::default();
     let val = data::val_starts(data.val.len(), t, b, a.eval_batches);
     let flops_per_step = cfg.flops_per_token() * (b * t) as f64;
-    let (mut timed_steps, mut timed_s, mut peak_used) = (0usize, 0f64, 0usize);
+    let (mut timed_steps, mut timed_s) = (0usize, 0f64);
+    gpu.device().reset_peak_memory_usage();
     let mut losses = Vec::new();
     for step in start..a.steps {
         let t0 = Instant::now();
@@ -548,8 +552,7 @@ fn train_with<T: Act>(
         st.train_step(gpu, &mut s, (&x, &y), &sched.device_values(step, &hp))?;
         let loss = gpu.dtoh(&st.model().loss)?[0];
         let dt = t0.elapsed().as_secs_f64();
-        let (free, total) = gpu.memory_info()?;
-        peak_used = peak_used.max(total - free);
+        let mem = gpu.device().memory_usage();
         if step >= start + 5.min((a.steps - start) / 2) {
             timed_steps += 1;
             timed_s += dt;
@@ -566,12 +569,13 @@ fn train_with<T: Act>(
         if done % a.log_every == 0 || done == a.steps {
             let tps = (b * t) as f64 / dt;
             println!(
-                "progress step {done}/{} loss {loss:.4} lr {:.3e} {:.0} tokens/s mfu {:.1}% mem {:.2} GiB",
+                "progress step {done}/{} loss {loss:.4} lr {:.3e} {:.0} tokens/s mfu {:.1}% mem {:.2} GiB (peak {:.2} GiB)",
                 a.steps,
                 sched.lr_at(step),
                 tps,
                 100.0 * flops_per_step / dt / (T::PEAK_TFLOPS * 1e12),
-                (total - free) as f64 / GIB
+                mem.in_use as f64 / GIB,
+                mem.peak as f64 / GIB
             );
         }
         if a.eval_every > 0 && (done % a.eval_every == 0 || done == a.steps) {
@@ -610,7 +614,7 @@ fn train_with<T: Act>(
         T::PRECISION,
         a.model,
         tps * cfg.flops_per_token() / (T::PEAK_TFLOPS * 1e12),
-        peak_used as f64 / GIB
+        gpu.device().memory_usage().peak as f64 / GIB
     );
     Ok(losses)
 }

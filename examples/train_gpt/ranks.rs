@@ -70,11 +70,11 @@ pub fn train<T: Act>(
     let mut model = Gpt::<T>::new(&gpu, cfg, shard, init)?;
     model.grad_scale = 1.0 / world as f32;
     let ranges = bucket_ranges(&model.layout, cfg.layers);
-    let mut send = Vec::with_capacity(ranges.len());
-    let mut recv = Vec::with_capacity(ranges.len());
+    // Each bucket is copied out of the gradients and all-reduced in place in its copy,
+    // so that the rest of the backward pass need not wait for the collective.
+    let mut bufs = Vec::with_capacity(ranges.len());
     for r in &ranges {
-        send.push(gpu.alloc_zeros::<T>(r.len())?);
-        recv.push(gpu.alloc_zeros::<T>(r.len())?);
+        bufs.push(gpu.alloc_zeros::<T>(r.len())?);
     }
     let mut loss_sum = gpu.alloc_zeros::<f32>(1)?;
     let (stream, comm_stream) = (gpu.new_stream()?, gpu.new_stream()?);
@@ -96,11 +96,11 @@ pub fn train<T: Act>(
                 k if k <= cfg.layers => model.backward_block(&mut s, cfg.layers - k)?,
                 _ => model.backward_embed(&mut s)?,
             }
-            s.dtod_async(&model.grads.slice(ranges[k].clone())?, &mut send[k])?;
-            comm.all_reduce(&cs, &send[k], &mut recv[k], Op::Sum)?;
+            s.dtod_async(&model.grads.slice(ranges[k].clone())?, &mut bufs[k])?;
+            comm.all_reduce_in_place(&cs, &mut bufs[k], Op::Sum)?;
         }
         for (k, r) in ranges.iter().enumerate() {
-            s.dtod_async(&recv[k], &mut model.grads.slice_mut(r.clone())?)?;
+            s.dtod_async(&bufs[k], &mut model.grads.slice_mut(r.clone())?)?;
         }
         model.update(&mut s, &hp)?;
         comm.all_reduce(&cs, &model.loss, &mut loss_sum, Op::Sum)?;

@@ -7,7 +7,7 @@ use super::handle::{Blas, Shared, span_of};
 use super::lt::{EpiloguePtrs, LtProblem, check_lt, enqueue_lt};
 use super::plan::Plan;
 use super::sys::check;
-use super::types::{Batch, BlasScalar, Matmul};
+use super::types::{Batch, BlasScalar, Matmul, MatmulOutput};
 use crate::access::Access;
 use crate::copy::DeviceOnlyMemory;
 use crate::driver::libraries as libs;
@@ -96,7 +96,7 @@ impl<'buf, T> CaptureLtArgs<'buf, T> {
         self
     }
 
-    fn extras(&self) -> Vec<Extra<'buf>> {
+    pub(crate) fn extras(&self) -> Vec<Extra<'buf>> {
         let mut v = Vec::new();
         let mut push = |role, e: Option<Extra<'buf>>| v.extend(e.map(|e| Extra { role, ..e }));
         push(Role::Bias, self.bias.map(|m| Extra::of(Role::Bias, m)));
@@ -246,6 +246,49 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         self.capture_gemm(blas, shape, Some(batch), no_scales::<T>(), (a, b, c))
     }
 
+    /// Captures a product with C of another element type than A and B
+    /// ([`BoundStream::matmul_mixed`](crate::BoundStream::matmul_mixed): f16 or bf16
+    /// inputs, an f32 output), with the claims and lifetimes of [`matmul`](Self::matmul).
+    pub fn matmul_mixed<TIn, TOut, A, B, C>(
+        &mut self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        a: &'buf A,
+        b: &'buf B,
+        c: &'buf C,
+    ) -> Result<()>
+    where
+        TIn: BlasScalar,
+        TOut: MatmulOutput<TIn>,
+        A: DeviceMemory<TIn> + ?Sized,
+        B: DeviceMemory<TIn> + ?Sized,
+        C: DeviceMemory<TOut> + DeviceOnlyMemory + ?Sized,
+    {
+        self.capture_gemm(blas, shape, None, no_scales::<TIn>(), (a, b, c))
+    }
+
+    /// Captures a strided batch of mixed-type products
+    /// ([`BoundStream::matmul_batched_mixed`](crate::BoundStream::matmul_batched_mixed)),
+    /// with the claims and lifetimes of [`matmul`](Self::matmul).
+    pub fn matmul_batched_mixed<TIn, TOut, A, B, C>(
+        &mut self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        batch: &Batch,
+        a: &'buf A,
+        b: &'buf B,
+        c: &'buf C,
+    ) -> Result<()>
+    where
+        TIn: BlasScalar,
+        TOut: MatmulOutput<TIn>,
+        A: DeviceMemory<TIn> + ?Sized,
+        B: DeviceMemory<TIn> + ?Sized,
+        C: DeviceMemory<TOut> + DeviceOnlyMemory + ?Sized,
+    {
+        self.capture_gemm(blas, shape, Some(batch), no_scales::<TIn>(), (a, b, c))
+    }
+
     /// Captures a cuBLASLt product with an epilogue
     /// ([`BoundStream::matmul_lt`](crate::BoundStream::matmul_lt)), with the claims and
     /// lifetimes of [`matmul`](Self::matmul); the epilogue's operands are borrowed for
@@ -300,7 +343,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         })
     }
 
-    fn capture_gemm<T, S, A, B, C>(
+    fn capture_gemm<T, U, S, A, B, C>(
         &mut self,
         blas: &mut Blas,
         shape: &Matmul,
@@ -310,10 +353,11 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     ) -> Result<()>
     where
         T: BlasScalar,
+        U: BlasScalar,
         S: DeviceMemory<T::Scale> + ?Sized,
         A: DeviceMemory<T> + ?Sized,
         B: DeviceMemory<T> + ?Sized,
-        C: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
+        C: DeviceMemory<U> + DeviceOnlyMemory + ?Sized,
     {
         let plan: Plan = check_gemm(self.device(), blas, shape, batch, (a, b, c))?;
         if let Some(s) = scales {
@@ -340,7 +384,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
                 enqueue_gemm(
                     blas,
                     &plan,
-                    T::DATA_TYPE,
+                    [T::DATA_TYPE, U::DATA_TYPE],
                     shape,
                     stream,
                     ptrs,
@@ -361,7 +405,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
 
     /// Records the matrices' uses and the handle's shared part (workspace and handles),
     /// which the graph keeps alive and claims as written at each launch.
-    fn record_matrices<T, A, B, C>(
+    fn record_matrices<T, U, A, B, C>(
         &self,
         blas: &Blas,
         a: &'buf A,
@@ -371,7 +415,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     where
         A: DeviceMemory<T> + ?Sized,
         B: DeviceMemory<T> + ?Sized,
-        C: DeviceMemory<T> + ?Sized,
+        C: DeviceMemory<U> + ?Sized,
     {
         self.record_memory(a, Access::Read)?;
         self.record_memory(b, Access::Read)?;

@@ -4,7 +4,7 @@
 use super::handle::{Blas, refuse_aliasing, span_of};
 use super::plan::{self, Plan};
 use super::sys::{self, check};
-use super::types::{Batch, BlasScalar, DataType, Matmul};
+use super::types::{Batch, BlasScalar, DataType, Matmul, MatmulOutput};
 use crate::access::Access;
 use crate::device::Device;
 use crate::driver::libraries as libs;
@@ -102,8 +102,9 @@ pub(crate) unsafe fn with_pointer_mode<R>(
 pub(crate) type Ptrs = (u64, u64, u64);
 
 /// Checks the devices of the handle and the buffers against `device`, the shape against
-/// the buffers, and C against A and B (no overlap); plans the product.
-pub(crate) fn check_gemm<T, A, B, C>(
+/// the buffers, C's element type against A's and B's, and C against A and B (no
+/// overlap); plans the product.
+pub(crate) fn check_gemm<T, U, A, B, C>(
     device: &Device,
     blas: &Blas,
     shape: &Matmul,
@@ -112,10 +113,12 @@ pub(crate) fn check_gemm<T, A, B, C>(
 ) -> Result<Plan>
 where
     T: BlasScalar,
+    U: BlasScalar,
     A: DeviceMemory<T> + ?Sized,
     B: DeviceMemory<T> + ?Sized,
-    C: DeviceMemory<T> + ?Sized,
+    C: DeviceMemory<U> + ?Sized,
 {
+    plan::check_output(T::DATA_TYPE, U::DATA_TYPE)?;
     device.expect_same("cuBLAS handle", blas.device())?;
     device.expect_same("matrix A", a.device())?;
     device.expect_same("matrix B", b.device())?;
@@ -149,7 +152,8 @@ pub(crate) unsafe fn bind_stream(blas: &Blas, stream: driver::CUstream) -> Resul
     )
 }
 
-/// Enqueues a planned product on `stream`.
+/// Enqueues a planned product on `stream`: A and B of `dtypes[0]`, C of `dtypes[1]` (a
+/// pair [`plan::check_output`] accepted).
 ///
 /// # Safety
 ///
@@ -162,7 +166,7 @@ pub(crate) unsafe fn bind_stream(blas: &Blas, stream: driver::CUstream) -> Resul
 pub(crate) unsafe fn enqueue_gemm(
     blas: &Blas,
     plan: &Plan,
-    dtype: DataType,
+    [dtype, out]: [DataType; 2],
     shape: &Matmul,
     stream: driver::CUstream,
     (a, b, c): Ptrs,
@@ -179,6 +183,7 @@ pub(crate) unsafe fn enqueue_gemm(
         handle: blas.handle(),
         plan,
         ty: dtype.cuda(),
+        ty_c: out.cuda(),
         compute: dtype.compute(shape.tf32),
         scales: scales.ptrs(),
         ptrs: (first, second, c),
@@ -187,7 +192,7 @@ pub(crate) unsafe fn enqueue_gemm(
     // says where they are.
     unsafe {
         with_pointer_mode(blas, scales.pointer_mode(), || {
-            if plan.count == 1 && dtype == DataType::F32 && !shape.tf32 {
+            if plan.count == 1 && dtype == DataType::F32 && out == DataType::F32 && !shape.tf32 {
                 call.sgemm()
             } else if plan.count == 1 {
                 call.gemm_ex()
@@ -202,7 +207,10 @@ pub(crate) unsafe fn enqueue_gemm(
 struct GemmCall<'p> {
     handle: crate::driver::libraries::CublasHandle,
     plan: &'p Plan,
+    /// `cudaDataType_t` of A and B.
     ty: c_int,
+    /// `cudaDataType_t` of C.
+    ty_c: c_int,
     compute: c_int,
     /// alpha and beta, of the scale type.
     scales: (*const c_void, *const c_void),
@@ -256,8 +264,9 @@ impl GemmCall<'_> {
     /// As for [`sgemm`](Self::sgemm), with buffers and scales of the call's types.
     unsafe fn gemm_ex(&self) -> Result<()> {
         let ex = sys::cublas_ex()?;
-        let (p, (a, b, c), ty) = (self.plan, self.ptrs, self.ty);
-        // SAFETY: the contract: live buffers of type `ty` holding what the planned
+        let (p, (a, b, c), ty, ty_c) = (self.plan, self.ptrs, self.ty, self.ty_c);
+        // SAFETY: the contract: live buffers of types `ty` (A, B) and `ty_c` (C), a pair
+        // cuBLAS takes with the compute type (`check_output`), holding what the planned
         // dimensions and leading dimensions reach, ordered and kept alive; host scalars
         // of the scale type where the pointer mode says (host scalars alive for the call,
         // or claimed device scalars).
@@ -278,7 +287,7 @@ impl GemmCall<'_> {
                 p.ldb,
                 self.scales.1,
                 c as *mut c_void,
-                ty,
+                ty_c,
                 p.ldc,
                 self.compute,
                 sys::GEMM_DEFAULT,
@@ -295,7 +304,7 @@ impl GemmCall<'_> {
     /// (checked by the plan) and the outputs disjoint (stride of C at least one matrix).
     unsafe fn strided_batched(&self) -> Result<()> {
         let ex = sys::cublas_ex()?;
-        let (p, (a, b, c), ty) = (self.plan, self.ptrs, self.ty);
+        let (p, (a, b, c), ty, ty_c) = (self.plan, self.ptrs, self.ty, self.ty_c);
         // SAFETY: the contract, as in `gemm_ex`, for all `count` matrices.
         let status = unsafe {
             (ex.gemm_strided_batched_ex)(
@@ -316,7 +325,7 @@ impl GemmCall<'_> {
                 p.stride_b,
                 self.scales.1,
                 c as *mut c_void,
-                ty,
+                ty_c,
                 p.ldc,
                 p.stride_c,
                 p.count,
@@ -397,6 +406,64 @@ impl<'b> BoundStream<'b> {
         self.gemm(blas, shape, Some(batch), a, b, c)
     }
 
+    /// Enqueues a matrix product as [`matmul`](Self::matmul) does, with C of another
+    /// element type than A and B ([`MatmulOutput`]): f16 or bf16 inputs and an f32
+    /// output (cuBLAS `GemmEx` with `CUDA_R_16F`/`CUDA_R_16BF` A and B, `CUDA_R_32F` C,
+    /// `CUBLAS_COMPUTE_32F`), for example f32 weight gradients of bf16 activations, or
+    /// the same type (then it is [`matmul`](Self::matmul)). Alpha and beta are f32; with
+    /// `beta = 1` the product accumulates into the f32 C. The claims and checks of
+    /// [`matmul`](Self::matmul); TF32 is refused (`MatmulError::Unsupported`).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{blas::Matmul, Device, ThreadContext};
+    /// use half::bf16;
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let mut blas = gpu.new_blas()?;
+    /// let x = gpu.clone_htod(&vec![bf16::from_f32(1.0); 8 * 16])?; // 8×16
+    /// let dy = gpu.clone_htod(&vec![bf16::from_f32(0.5); 8 * 32])?; // 8×32
+    /// let mut dw = gpu.alloc_zeros::<f32>(32 * 16)?; // f32 gradient of W (32×16)
+    /// // dW += dYᵀ · X
+    /// let shape = Matmul::new(32, 16, 8).transpose_a().scaled(1.0, 1.0);
+    /// gpu.default_stream().matmul_mixed(&mut blas, &shape, &dy, &x, &mut dw)?;
+    /// assert!(gpu.dtoh(&dw)?.iter().all(|&v| v == 4.0));
+    /// # Ok(()) }
+    /// ```
+    pub fn matmul_mixed<TIn: BlasScalar, TOut: MatmulOutput<TIn>>(
+        &self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        a: &impl DeviceMemory<TIn>,
+        b: &impl DeviceMemory<TIn>,
+        c: &mut impl DeviceMemoryMut<TOut>,
+    ) -> Result<()> {
+        self.gemm_scaled::<TIn, TOut, Scalars<TIn>, _, _, _>(blas, shape, None, None, a, b, &*c)
+    }
+
+    /// A strided batch of products as [`matmul_batched`](Self::matmul_batched) does,
+    /// with C of the output type of [`matmul_mixed`](Self::matmul_mixed)
+    /// (`cublasGemmStridedBatchedEx` with 16-bit A and B and an f32 C).
+    pub fn matmul_batched_mixed<TIn: BlasScalar, TOut: MatmulOutput<TIn>>(
+        &self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        batch: &Batch,
+        a: &impl DeviceMemory<TIn>,
+        b: &impl DeviceMemory<TIn>,
+        c: &mut impl DeviceMemoryMut<TOut>,
+    ) -> Result<()> {
+        self.gemm_scaled::<TIn, TOut, Scalars<TIn>, _, _, _>(
+            blas,
+            shape,
+            Some(batch),
+            None,
+            a,
+            b,
+            &*c,
+        )
+    }
+
     /// Enqueues a matrix product as [`matmul`](Self::matmul) does, with alpha and beta
     /// read from device memory when the product runs (`CUBLAS_POINTER_MODE_DEVICE`):
     /// `scales` holds exactly `[alpha, beta]`, of the product's scale type (`f64` for
@@ -435,7 +502,7 @@ impl<'b> BoundStream<'b> {
         b: &impl DeviceMemory<T>,
         c: &mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
-        self.gemm_scaled(blas, shape, None, Some(scales), a, b, c)
+        self.gemm_scaled::<T, T, _, _, _, _>(blas, shape, None, Some(scales), a, b, &*c)
     }
 
     fn gemm<T: BlasScalar>(
@@ -447,24 +514,35 @@ impl<'b> BoundStream<'b> {
         b: &impl DeviceMemory<T>,
         c: &mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
-        self.gemm_scaled::<T, Scalars<T>>(blas, shape, batch, None, a, b, c)
+        self.gemm_scaled::<T, T, Scalars<T>, _, _, _>(blas, shape, batch, None, a, b, &*c)
     }
 
+    /// Checks, claims and enqueues a product. `c` is claimed as written: the public
+    /// callers hold it by `&mut`, or ([`Enqueue`](super::Enqueue)) by `&` of device-only
+    /// memory, which nothing reads or writes except through its tracker.
     #[allow(clippy::too_many_arguments)]
-    fn gemm_scaled<T: BlasScalar, S: DeviceMemory<T::Scale> + ?Sized>(
+    pub(crate) fn gemm_scaled<T, U, S, A, B, C>(
         &self,
         blas: &mut Blas,
         shape: &Matmul,
         batch: Option<&Batch>,
         scales: Option<&S>,
-        a: &impl DeviceMemory<T>,
-        b: &impl DeviceMemory<T>,
-        c: &mut impl DeviceMemoryMut<T>,
-    ) -> Result<()> {
+        a: &A,
+        b: &B,
+        c: &C,
+    ) -> Result<()>
+    where
+        T: BlasScalar,
+        U: BlasScalar,
+        S: DeviceMemory<T::Scale> + ?Sized,
+        A: DeviceMemory<T> + ?Sized,
+        B: DeviceMemory<T> + ?Sized,
+        C: DeviceMemory<U> + ?Sized,
+    {
         let bound = self.bound();
-        let plan = check_gemm(bound.device(), blas, shape, batch, (a, b, &*c))?;
+        let plan = check_gemm(bound.device(), blas, shape, batch, (a, b, c))?;
         if let Some(s) = scales {
-            check_scales(bound.device(), s, span_of(&*c))?;
+            check_scales(bound.device(), s, span_of(c))?;
         }
         if plan.empty {
             return Ok(());
@@ -489,7 +567,7 @@ impl<'b> BoundStream<'b> {
             enqueue_gemm(
                 blas,
                 &plan,
-                T::DATA_TYPE,
+                [T::DATA_TYPE, U::DATA_TYPE],
                 shape,
                 self.raw(),
                 ptrs,

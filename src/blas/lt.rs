@@ -451,9 +451,29 @@ impl<'b> BoundStream<'b> {
         c: &mut impl DeviceMemoryMut<T>,
         args: LtArgs<'_, T>,
     ) -> Result<()> {
+        self.lt_claimed(blas, shape, epilogue, (a, b, &*c), args.extras())
+    }
+
+    /// Checks, claims and enqueues an Lt product with the epilogue operands `given`
+    /// (each claimed as its role says). `c` is claimed as written: the public callers
+    /// hold it by `&mut`, or ([`Enqueue`](super::Enqueue)) by `&` of device-only memory,
+    /// which nothing reads or writes except through its tracker.
+    pub(crate) fn lt_claimed<T, A, B, C>(
+        &self,
+        blas: &mut Blas,
+        shape: &Matmul,
+        epilogue: Epilogue,
+        (a, b, c): (&A, &B, &C),
+        given: Vec<Extra<'_>>,
+    ) -> Result<()>
+    where
+        T: BlasScalar,
+        A: DeviceMemory<T> + ?Sized,
+        B: DeviceMemory<T> + ?Sized,
+        C: DeviceMemory<T> + ?Sized,
+    {
         let bound = self.bound();
-        let given = args.extras();
-        let (plan, extras) = check_lt(bound.device(), blas, shape, epilogue, (a, b, &*c), given)?;
+        let (plan, extras) = check_lt(bound.device(), blas, shape, epilogue, (a, b, c), given)?;
         if plan.empty {
             return Ok(());
         }

@@ -29,6 +29,9 @@
 //!   leading dimensions ([`Matmul::with_ld`]).
 //! * [`BoundStream::matmul_batched`](crate::BoundStream::matmul_batched): strided
 //!   batches ([`Batch`]), as attention uses them.
+//! * [`BoundStream::matmul_mixed`](crate::BoundStream::matmul_mixed) and
+//!   [`matmul_batched_mixed`](crate::BoundStream::matmul_batched_mixed): f16 or bf16
+//!   A and B with an f32 C ([`MatmulOutput`]), as f32 gradient accumulation uses them.
 //! * [`BoundStream::matmul_lt`](crate::BoundStream::matmul_lt): cuBLASLt products with
 //!   an [`Epilogue`] — bias, ReLU, GELU, their auxiliary outputs, and the backward
 //!   epilogues (`DRELU`, `DGELU`, bias gradients) — with operands in [`LtArgs`].
@@ -44,6 +47,9 @@
 //!   [`Capture::matmul_device_scalars`](crate::Capture::matmul_device_scalars) (new
 //!   alpha and beta written between launches are read by the next launch),
 //!   [`Capture::matmul_lt`](crate::Capture::matmul_lt) (operands in [`CaptureLtArgs`]).
+//!
+//! [`Enqueue`] takes the products on a stream and in a capture the same way (outputs by
+//! `&`, device-only memory, claimed as written), so that one model function serves both.
 //!
 //! Inputs are taken by `&` and claimed as reads, so products on two streams reading one
 //! weight run concurrently; outputs are taken by `&mut` and claimed as writes. Shapes that
@@ -66,6 +72,7 @@
 //! run and `matmul_lt` is [`Error::NoCublasLt`](crate::Error::NoCublasLt).
 
 mod capture;
+mod enqueue;
 mod epilogue;
 mod gemm;
 mod grouped;
@@ -80,7 +87,10 @@ mod vector;
 
 pub use crate::error::MatmulError;
 pub use capture::{CaptureLtArgs, CaptureOutput};
+pub use enqueue::Enqueue;
 pub use epilogue::{Epilogue, LtArgs};
 pub use handle::Blas;
 pub use sys::cublaslt_info;
-pub use types::{Batch, BlasFloat, BlasScalar, DataType, GemmGroup, Gemv, Layout, Matmul};
+pub use types::{
+    Batch, BlasFloat, BlasScalar, DataType, GemmGroup, Gemv, Layout, Matmul, MatmulOutput,
+};

@@ -173,6 +173,19 @@ pub(crate) fn operands(shape: &Matmul, batch: Option<&Batch>) -> Result<[Stored;
     ])
 }
 
+/// Checks that a product of `input` matrices may write `output` ones: the same type,
+/// or f32 for f16 and bf16 inputs (f32 accumulation either way).
+pub(crate) fn check_output(input: DataType, output: DataType) -> Result<(), MatmulError> {
+    let mixed_ok = output == DataType::F32 && matches!(input, DataType::F16 | DataType::Bf16);
+    if input == output || mixed_ok {
+        return Ok(());
+    }
+    Err(MatmulError::Unsupported {
+        what: format!("{} output", output.name()),
+        dtype: input.name(),
+    })
+}
+
 /// Checks `shape` (of `dtype` elements, batched by `batch`) against buffers of
 /// `lens = [A, B, C]` elements, and plans it for cuBLAS.
 pub(crate) fn plan(

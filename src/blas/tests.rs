@@ -3,7 +3,7 @@
 
 use super::epilogue::{Role, check_operands, check_type, needed_len};
 use super::lt::{LtKey, alignment};
-use super::plan::{Plan, plan};
+use super::plan::{Plan, check_output, plan};
 use super::sys;
 use super::types::DataType;
 use super::{Batch, Epilogue, Layout, Matmul, MatmulError};
@@ -185,6 +185,30 @@ fn options_the_type_does_not_take_are_refused() {
     assert_eq!(
         e.to_string(),
         "matmul: tf32 is not supported for bf16 products"
+    );
+}
+
+#[test]
+fn mixed_outputs_are_f32_of_16_bit_inputs_only() {
+    use DataType::*;
+    for t in [F16, Bf16, F32, F64] {
+        assert_eq!(check_output(t, t), Ok(()), "{t:?}");
+    }
+    assert_eq!(check_output(Bf16, F32), Ok(()));
+    assert_eq!(check_output(F16, F32), Ok(()));
+    for (input, output) in [(F32, Bf16), (F32, F64), (F64, F32), (Bf16, F16), (F16, F64)] {
+        let e = check_output(input, output).unwrap_err();
+        assert_eq!(
+            e,
+            MatmulError::Unsupported {
+                what: format!("{} output", output.name()),
+                dtype: input.name(),
+            }
+        );
+    }
+    assert_eq!(
+        check_output(F64, F32).unwrap_err().to_string(),
+        "matmul: f32 output is not supported for f64 products"
     );
 }
 

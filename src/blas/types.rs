@@ -70,6 +70,38 @@ pub trait BlasScalar: DeviceRepr + Copy + sealed::Sealed {
     type Scale: DeviceRepr + Copy;
 }
 
+/// The output element type of a product whose inputs are `TIn`: `TIn` itself, or `f32`
+/// for `f16` and `bf16` inputs (cuBLAS `GemmEx` with 16-bit A and B, an f32 C and f32
+/// accumulation: [`matmul_mixed`](crate::BoundStream::matmul_mixed)). Sealed: no other
+/// pair compiles.
+///
+/// ```compile_fail,E0277
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> gpubind::Result<()> {
+/// use gpubind::blas::Matmul;
+/// let a = gpu.alloc_zeros::<f32>(4)?;
+/// let mut c = gpu.alloc_zeros::<half::bf16>(4)?; // an f32 product has no bf16 output
+/// gpu.default_stream().matmul_mixed(blas, &Matmul::new(2, 2, 2), &a, &a, &mut c)?;
+/// # Ok(()) }
+/// ```
+pub trait MatmulOutput<TIn: BlasScalar>: BlasScalar + output_seal::Sealed<TIn> {}
+
+mod output_seal {
+    pub trait Sealed<TIn> {}
+}
+
+macro_rules! output {
+    ($in:ty => $out:ty) => {
+        impl output_seal::Sealed<$in> for $out {}
+        impl MatmulOutput<$in> for $out {}
+    };
+}
+output!(f32 => f32);
+output!(f64 => f64);
+output!(f16 => f16);
+output!(bf16 => bf16);
+output!(f16 => f32);
+output!(bf16 => f32);
+
 /// `f32` or `f64`: the element types of cuBLAS's vector routines gpubind offers
 /// ([`gemv`](crate::BoundStream::gemv), [`asum`](crate::BoundStream::asum)). Sealed.
 pub trait BlasFloat: BlasScalar<Scale = Self> + float_seal::Sealed {}

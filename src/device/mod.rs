@@ -2,8 +2,11 @@
 //! context (documented on [`Device`]).
 
 pub mod poison;
+mod usage;
 
 pub use crate::uuid::Uuid;
+pub use usage::MemoryUsage;
+pub(crate) use usage::UsageCounter;
 
 use crate::device::poison::PoisonState;
 use crate::driver::{self, ContextGuard, CudaPrimary, PrimaryCtxOps, RawContext, result};
@@ -223,6 +226,8 @@ pub struct Device {
     /// The default memory pool's handle (as an integer), or `None` on a device without
     /// memory pools: decided once, by `crate::memory::pool`.
     default_pool: std::sync::OnceLock<Option<usize>>,
+    /// Bytes held by this device's `DeviceSlice`s and `ManagedSlice`s, and their peak.
+    usage: UsageCounter,
 }
 
 /// A pooled `CUevent` (timing disabled) of one device's primary context.
@@ -321,6 +326,7 @@ impl Device {
             limits: std::sync::OnceLock::new(),
             legacy_gate: crate::sync::Gate::default(),
             default_pool: std::sync::OnceLock::new(),
+            usage: UsageCounter::default(),
         })
     }
 
@@ -332,6 +338,46 @@ impl Device {
     /// The ordinal in this process (depends on `CUDA_VISIBLE_DEVICES`).
     pub fn ordinal(&self) -> usize {
         self.ordinal
+    }
+
+    /// The device memory gpubind's allocations of this device hold: bytes in use now and
+    /// the most in use at once ([`MemoryUsage`]). Counted are the
+    /// [`DeviceSlice`](crate::DeviceSlice)s (every `alloc*`, `clone_htod`, `from_raw`
+    /// slice, and the library's own buffers: cuBLAS workspaces, collective staging) and
+    /// [`ManagedSlice`](crate::ManagedSlice)s, from allocation until drop (or `into_raw`);
+    /// not IPC pool or imported memory, host memory, nor what the driver, cuBLAS or NCCL
+    /// allocate themselves. Unlike [`memory_info`](crate::BoundDevice::memory_info), it
+    /// sees only this process's gpubind allocations, needs no binding and calls no
+    /// driver function.
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let dev = Device::get(0)?;
+    /// let gpu = ctx.bind(&dev)?;
+    /// dev.reset_peak_memory_usage();
+    /// let before = dev.memory_usage().in_use;
+    /// let a = gpu.alloc_zeros::<f32>(1 << 20)?;
+    /// drop(a);
+    /// let u = dev.memory_usage();
+    /// assert_eq!(u.in_use, before);
+    /// assert!(u.peak >= before + (4 << 20));
+    /// # Ok(()) }
+    /// ```
+    pub fn memory_usage(&self) -> MemoryUsage {
+        self.usage.get()
+    }
+
+    /// Sets the peak of [`memory_usage`](Self::memory_usage) to the bytes in use now
+    /// (for example at the start of each training step).
+    pub fn reset_peak_memory_usage(&self) {
+        self.usage.reset_peak()
+    }
+
+    /// The counter of [`memory_usage`](Self::memory_usage).
+    pub(crate) fn usage(&self) -> &UsageCounter {
+        &self.usage
     }
 
     /// The marketing name, e.g. `NVIDIA H200`.

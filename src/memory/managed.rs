@@ -193,6 +193,8 @@ impl<T: DeviceRepr> Drop for ManagedSlice<T> {
         // If the wait fails the device may still use the memory: it is leaked rather
         // than freed (and the failure logged).
         let waited = self.tracker.wait_all();
+        let bytes = self.len * std::mem::size_of::<T>();
+        self.device.usage().sub(bytes as u64);
         // SAFETY: from cuMemAllocManaged in this context, freed once, here.
         unsafe {
             crate::memory::free_device_memory(
@@ -268,6 +270,7 @@ impl<'a> BoundDevice<'a> {
             ptr = self.device().check(unsafe {
                 crate::driver::result::memory::alloc_managed(bytes, attach.flags())
             })?;
+            self.device().usage().add(bytes as u64);
         }
         let mut m = ManagedSlice {
             device: Arc::clone(self.device()),

@@ -603,6 +603,9 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// `ptr` must be such an allocation of at least `len * size_of::<T>()` bytes, owned by
     /// no one else.
     pub unsafe fn from_raw(device: Arc<Device>, ptr: sys::CUdeviceptr, len: usize) -> Self {
+        if ptr != 0 {
+            device.usage().add(slice_bytes::<T>(len));
+        }
         DeviceSlice {
             device,
             ptr,
@@ -622,11 +625,20 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// it with `cuMemFreeAsync` (or `cuMemFree`, which synchronises).
     pub fn into_raw(mut self) -> Result<(sys::CUdeviceptr, usize)> {
         self.tracker.wait_all()?;
+        self.uncount();
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never dropped, so the Arc and the tracker are read out (and
         // dropped) exactly once.
         let _parts = unsafe { (std::ptr::read(&me.device), std::ptr::read(&me.tracker)) };
         Ok((me.ptr, me.len))
+    }
+
+    /// Takes the slice's bytes off its device's [`memory_usage`](Device::memory_usage)
+    /// (when its allocation is freed or handed away).
+    fn uncount(&self) {
+        if self.ptr != 0 {
+            self.device.usage().sub(slice_bytes::<T>(self.len));
+        }
     }
 
     /// The tracker, for callers that hold the slice exclusively.
@@ -639,6 +651,7 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// the freeing stream).
     #[cfg(feature = "ipc")]
     pub(crate) fn into_raw_ordered_on_stream(self) -> (Arc<Device>, sys::CUdeviceptr) {
+        self.uncount();
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never dropped, so the Arc and the tracker are read out once.
         let (device, _tracker) =
@@ -653,6 +666,7 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     #[cfg(feature = "ipc")]
     pub(crate) fn disown_for_free(mut self) -> (Arc<Device>, sys::CUdeviceptr, Result<()>) {
         let waited = self.tracker.wait_all();
+        self.uncount();
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never dropped, so the Arc and the tracker are read out once.
         let (device, _tracker) =
@@ -718,6 +732,7 @@ impl<T: DeviceRepr> Drop for DeviceSlice<T> {
         // Free only after every stream-ordered use has finished. If that cannot be
         // known (a faulted context), leak rather than free memory the device may use.
         let waited = self.tracker.wait_all();
+        self.uncount();
         // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once, here.
         unsafe {
             free_device_memory(
@@ -732,6 +747,11 @@ impl<T: DeviceRepr> Drop for DeviceSlice<T> {
             )
         };
     }
+}
+
+/// Bytes of `len` elements of `T` (the allocation succeeded, so no overflow).
+fn slice_bytes<T>(len: usize) -> u64 {
+    len.saturating_mul(std::mem::size_of::<T>()) as u64
 }
 
 /// [`Error::SizeMismatch`] unless `found == expected`.

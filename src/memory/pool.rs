@@ -135,6 +135,7 @@ impl<'b> BoundStream<'b> {
         // it only after this point of the stream (its tracker's write) and frees it once.
         let ptr = device
             .check(unsafe { memory::alloc_from_pool_async(bytes, pool, self.slot().raw()) })?;
+        device.usage().add(bytes as u64);
         Ok(DeviceSlice {
             device: Arc::clone(device),
             ptr,

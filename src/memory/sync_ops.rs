@@ -30,6 +30,7 @@ impl<'a> BoundDevice<'a> {
             // SAFETY: this device's context is current (checked just above); the slice
             // frees it.
             ptr = self.device().check(unsafe { memory::alloc(bytes) })?;
+            self.device().usage().add(bytes as u64);
         }
         Ok(DeviceSlice {
             device: Arc::clone(self.device()),

@@ -85,6 +85,19 @@ impl<'c, 'b> Group<'c, 'b> {
         self.push::<T>(rank, Kind::AllReduce(op), Some(buf(send)), Some(buf(recv)))
     }
 
+    /// Rank `rank`'s part of an in-place all-reduce: `data = op(data of every rank)`,
+    /// `data` claimed as one write (see
+    /// [`RankComm::all_reduce_in_place`](super::RankComm::all_reduce_in_place)).
+    pub fn all_reduce_in_place<T: CollectiveType>(
+        &mut self,
+        rank: usize,
+        data: &'b mut impl DeviceMemoryMut<T>,
+        op: Op,
+    ) -> Result<()> {
+        let b = buf(data);
+        self.push::<T>(rank, Kind::AllReduce(op), Some(b), Some(b))
+    }
+
     /// Rank `rank`'s part of a reduce to `root`: only the root's `recv` is written
     /// (every rank passes one of the same length, as in NCCL).
     pub fn reduce<T: CollectiveType>(

@@ -346,6 +346,22 @@ impl RankComm {
         )
     }
 
+    /// This rank's part of an in-place all-reduce: `data = op(data of every rank)`,
+    /// enqueued on `stream` (of this rank's device). `data` is claimed as one write (it
+    /// is read and written by the collective). NCCL takes the same buffer as send and
+    /// receive buffer; the own-kernel backends read every input element before they
+    /// write the output element at the same index (or read staged copies), so the
+    /// result is the one [`all_reduce`](Self::all_reduce) into a separate buffer gives.
+    pub fn all_reduce_in_place<T: CollectiveType>(
+        &mut self,
+        stream: &BoundStream<'_>,
+        data: &mut impl DeviceMemoryMut<T>,
+        op: Op,
+    ) -> Result<()> {
+        let b = buf(data);
+        self.call::<T>(stream, Kind::AllReduce(op), Some(b), Some(b))
+    }
+
     /// This rank's part of a reduce to `root` (only the root's `recv` is written).
     pub fn reduce<T: CollectiveType>(
         &mut self,
