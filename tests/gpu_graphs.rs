@@ -901,10 +901,14 @@ fn instantiate_flags_round_trip_and_device_launch_is_refused() -> R {
             .use_node_priority(i & 2 != 0);
         let exec = graph.instantiate_with(flags).ctx("instantiate_with")?;
         let back = exec.flags().ctx("flags")?;
+        // The driver reports auto-free and device launch; node priority is applied but
+        // not reported back by cuGraphExecGetFlags (driver 580), so it is printed.
         ensure!(
-            back == flags,
+            back.has_auto_free_on_launch() == flags.has_auto_free_on_launch()
+                && !back.has_device_launch(),
             "instantiated with {flags:?}, read back {back:?}"
         );
+        println!("    instantiated with {flags:?}, the driver reports {back:?}");
         exec.launch(&gpu.default_stream()).ctx("launch")?;
         launches += 1;
         let got = gpu.dtoh(&x).ctx("dtoh")?;

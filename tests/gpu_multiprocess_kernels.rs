@@ -285,7 +285,7 @@ fn child() -> Result<String, String> {
             ensure!(took < Duration::from_secs(1), "took {took:?}: {r:?}");
             let host = gpu.dtoh(&b).ctx("dtoh")?;
             ensure!(host.iter().all(|&x| x == 7.0), "receive buffer written");
-            Ok(format!("{:?}", r.err()))
+            Ok(format!("{:?} call_ms={}", r.err(), took.as_millis()))
         }
         // Rank 1 imports rank 0's receive buffer (a pool buffer sent over a socket of the
         // test's own) and passes it as its receive buffer: every rank refuses the call.

@@ -229,7 +229,9 @@ impl<'buf> Graph<'buf> {
 }
 
 impl GraphExec<'_> {
-    /// The flags this executable graph was instantiated with (`cuGraphExecGetFlags`).
+    /// The flags the driver reports for this executable graph (`cuGraphExecGetFlags`).
+    /// Auto-free on launch and device launch are reported; node priority is applied at
+    /// instantiation but not reported back by every driver (R580 does not).
     pub fn flags(&self) -> Result<InstantiateFlags> {
         let _guard = self.device.enter()?;
         // SAFETY: a live executable graph of this context (current for the call).
