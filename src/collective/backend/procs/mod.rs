@@ -504,6 +504,38 @@ impl ProcsRank {
         }
     }
 
+    /// Copies elements `[lo, lo + len)` of the caller's send buffer (every block of it,
+    /// for a reduce-scatter) into this rank's staging, on `s`; the caller holds the claim.
+    fn stage(&self, s: sys::CUstream, call: &Call, (lo, len): (usize, usize)) -> Result<()> {
+        let (n, es, c) = (self.group.world_size(), call.dtype.size, call.count);
+        let bytes = len * es;
+        let at = |p: u64, elems: usize| p + (elems * es) as u64;
+        let stg = self.staging.device_ptr();
+        match call.kind {
+            Kind::ReduceScatter(_) => {
+                for b in 0..n {
+                    // SAFETY: `b * len + len <= per * n` elements fit the staging
+                    // (chunking); the source is the caller's send buffer of `n * c`
+                    // elements, claimed and ordered on `s`.
+                    unsafe {
+                        result::copy::copy_async(
+                            at(stg, b * len),
+                            at(call.send, b * c + lo),
+                            bytes,
+                            s,
+                        )
+                    }?;
+                }
+            }
+            _ => {
+                // SAFETY: `len` elements fit the staging; the send buffer holds
+                // `c >= lo + len` elements, claimed and ordered on `s`.
+                unsafe { result::copy::copy_async(stg, at(call.send, lo), bytes, s) }?;
+            }
+        }
+        Ok(())
+    }
+
     /// One step (see the module docs) over elements `[lo, lo + len)`.
     fn step<C>(
         &mut self,
@@ -526,32 +558,10 @@ impl ProcsRank {
         if stagers.contains(&rank) {
             let owing = self.group.collect_done(budget)?;
             self.poll(&owing, true, budget)?;
-            let stg = self.staging.device_ptr();
             if bytes > 0 {
                 // Held for the copies only: released before the headers' host wait.
                 let _held = claim()?;
-                match call.kind {
-                    Kind::ReduceScatter(_) => {
-                        for b in 0..n {
-                            // SAFETY: `b * len + len <= per * n` elements fit the staging
-                            // (chunking); the source is the caller's send buffer of
-                            // `n * c` elements, claimed and ordered on `s`.
-                            unsafe {
-                                result::copy::copy_async(
-                                    at(stg, b * len),
-                                    at(call.send, b * c + lo),
-                                    bytes,
-                                    s,
-                                )
-                            }?;
-                        }
-                    }
-                    _ => {
-                        // SAFETY: `len` elements fit the staging; the send buffer holds
-                        // `c >= lo + len` elements, claimed and ordered on `s`.
-                        unsafe { result::copy::copy_async(stg, at(call.send, lo), bytes, s) }?;
-                    }
-                }
+                self.stage(s, call, (lo, len))?;
             }
         }
         // 3. Ready is recorded before the header goes out.
