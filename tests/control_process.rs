@@ -398,10 +398,14 @@ fn socket_of(key: &str, rank: usize) -> SocketAddr {
     SocketAddr::from_abstract_name(format!("gpubind-pc-{uid}-{h:016x}-{rank}").as_bytes()).unwrap()
 }
 
+/// The control protocol version this gpubind speaks (the control wire format's
+/// `VERSION`): a frame of another version is refused, so the test must track it.
+const CONTROL_VERSION: u16 = 3;
+
 /// A gpubind control frame (`GBIM` framing of a `GBPC` message of `ty`).
 fn control_message(ty: u8, body: &[u8]) -> Vec<u8> {
     let mut v = b"GBPC".to_vec();
-    v.extend_from_slice(&2u16.to_le_bytes());
+    v.extend_from_slice(&CONTROL_VERSION.to_le_bytes());
     v.push(ty);
     v.extend_from_slice(body);
     v
