@@ -274,6 +274,8 @@ fn another_protocol_version_fails_every_process() {
     assert_eq!(got[1], "answer GBRZ");
 }
 
+/// Rank 2 says hello, then exits mid-handshake: rank 0 names it, and so does rank 1
+/// (or, if it came after rank 0 gave up, names rank 0).
 #[test]
 fn rank_dying_mid_handshake_is_named_on_every_process() {
     let port = free_port();
@@ -283,9 +285,16 @@ fn rank_dying_mid_handshake_is_named_on_every_process() {
         RANKS.spawn("hello_then_exit", 2, 3, port, 3.0),
     ];
     let got = RANKS.results(children, Duration::from_secs(8));
-    for (r, g) in got[..2].iter().enumerate() {
-        assert!(g.starts_with("err PeerFailed { rank: 2"), "rank {r}: {g}");
-    }
+    assert!(got[0].starts_with("err PeerFailed { rank: 2"), "rank 0: {}", got[0]);
+    // Rank 1 learns it from rank 0, unless rank 0 had already given up on the dead rank
+    // (and closed its listener) before rank 1 reached it: then rank 1 names rank 0.
+    let names_zero = got[1].starts_with("err PeerFailed { rank: 0")
+        || (got[1].starts_with("err PeerTimeout") && got[1].contains("ranks: [0]"));
+    assert!(
+        got[1].starts_with("err PeerFailed { rank: 2") || names_zero,
+        "rank 1: {}",
+        got[1]
+    );
     assert_eq!(got[2], "exiting");
 }
 
