@@ -262,25 +262,6 @@ pub(crate) fn registry() -> &'static std::sync::Mutex<Vec<Weak<Device>>> {
     REGISTRY.get_or_init(Default::default)
 }
 
-/// The raw-code form of [`Device::check`], for call sites that call `sys` directly
-/// rather than through the result layer.
-#[allow(dead_code)] // no call site in the crate calls `sys` directly on a device
-pub(crate) trait CheckOn {
-    /// `Ok(())` on `CUDA_SUCCESS`; else the error of `call`, as [`Device::check`] makes
-    /// it for `device` (a sticky error poisons the device).
-    fn check_on(self, device: &Device, call: &'static str) -> Result<()>;
-}
-
-impl CheckOn for sys::CUresult {
-    #[inline]
-    fn check_on(self, device: &Device, call: &'static str) -> Result<()> {
-        match self {
-            sys::CUresult::CUDA_SUCCESS => Ok(()),
-            code => Err(device.on_error(driver::result::failed(call, code))),
-        }
-    }
-}
-
 impl Device {
     /// How many CUDA devices are visible. Creates no context.
     pub fn count() -> Result<usize> {

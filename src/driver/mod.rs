@@ -47,24 +47,6 @@ use cudarc::driver::sys;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-/// Turns a raw `CUresult` into a [`Result`], keeping the name of the call.
-///
-/// For call sites that call `sys` directly; the result layer ([`result`]) is the
-/// wrapped form. Whether an error poisons a device is decided by the device layer
-/// (`Device::check`).
-#[allow(dead_code)] // no call site in the crate calls `sys` directly
-pub(crate) trait Check {
-    /// `Ok(())` on `CUDA_SUCCESS`, else [`Error::Driver`] naming `call`.
-    fn check(self, call: &'static str) -> Result<()>;
-}
-
-impl Check for sys::CUresult {
-    #[inline]
-    fn check(self, call: &'static str) -> Result<()> {
-        result::check(self, call)
-    }
-}
-
 /// Whether `libcuda` can be loaded on this machine. Never panics, creates nothing.
 pub fn driver_available() -> bool {
     crate::loader::loadable(&["cuda", "nvcuda"])
