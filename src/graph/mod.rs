@@ -10,7 +10,7 @@ mod session;
 mod uses;
 
 pub(crate) use agreement::LaunchAgreement;
-#[cfg(feature = "collective")]
+#[cfg(feature = "nccl")]
 pub(crate) use agreement::LaunchTurn;
 use agreement::agreed;
 pub use capture::Capture;

@@ -2,7 +2,9 @@
 //! call header so ranks of one job never use one memory in one call (an IPC import on
 //! one rank of another rank's exported buffer).
 
-use crate::collective::api::call::{Call, Kind};
+use crate::collective::api::call::Call;
+#[cfg(feature = "ipc")]
+use crate::collective::api::call::Kind;
 use crate::error::{Error, Result};
 
 /// A byte range of memory other processes may map (an IPC import, or an allocation this
