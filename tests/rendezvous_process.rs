@@ -285,7 +285,11 @@ fn rank_dying_mid_handshake_is_named_on_every_process() {
         RANKS.spawn("hello_then_exit", 2, 3, port, 3.0),
     ];
     let got = RANKS.results(children, Duration::from_secs(8));
-    assert!(got[0].starts_with("err PeerFailed { rank: 2"), "rank 0: {}", got[0]);
+    assert!(
+        got[0].starts_with("err PeerFailed { rank: 2"),
+        "rank 0: {}",
+        got[0]
+    );
     // Rank 1 learns it from rank 0, unless rank 0 had already given up on the dead rank
     // (and closed its listener) before rank 1 reached it: then rank 1 names rank 0.
     let names_zero = got[1].starts_with("err PeerFailed { rank: 0")
