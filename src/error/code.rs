@@ -4,7 +4,7 @@ use cudarc::driver::sys::CUresult;
 use std::fmt;
 
 /// A CUDA driver result code (a `CUresult` other than `CUDA_SUCCESS`): the `code` of
-/// [`Error::Driver`] and [`Error::ContextPoisoned`].
+/// [`Error::Driver`](crate::Error::Driver) and [`Error::ContextPoisoned`](crate::Error::ContextPoisoned).
 ///
 /// gpubind's own type, not cudarc's enum, so matching on it does not tie code to a cudarc
 /// version. Compare with the constants, or by [`name`](Self::name) or [`raw`](Self::raw)
@@ -91,7 +91,7 @@ impl DriverErrorCode {
 }
 
 /// Raw escape hatch: a `CUresult` from a driver call made directly (through
-/// `gpubind::cudarc`), e.g. for [`Error::driver`].
+/// `gpubind::cudarc`), e.g. for [`Error::driver`](crate::Error::driver).
 impl From<CUresult> for DriverErrorCode {
     fn from(code: CUresult) -> Self {
         DriverErrorCode(code)

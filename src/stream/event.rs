@@ -22,7 +22,7 @@ impl std::fmt::Debug for Event {
     }
 }
 
-/// How [`BoundDevice::new_event_with`] creates an event. [`EventFlags::new`] (also the
+/// How [`BoundDevice::new_event_with`](crate::BoundDevice::new_event_with) creates an event. [`EventFlags::new`] (also the
 /// `Default`) is what `new_event(true)` creates: timing enabled, spin-waiting
 /// `synchronize`.
 ///
@@ -150,7 +150,7 @@ impl Event {
     }
 
     /// Milliseconds between `self` and `end`, both recorded with timing enabled and
-    /// complete. Events of different devices give [`Error::WrongDevice`].
+    /// complete. Events of different devices give [`Error::WrongDevice`](crate::Error::WrongDevice).
     ///
     /// Calls `cuEventElapsedTime_v2` on drivers from CUDA 12.8 and the original
     /// `cuEventElapsedTime` before (both looked up by version, see `docs/compat.md`).
