@@ -82,7 +82,7 @@ fn stream_op(state: &sync::Mutex<AccessState<M>>, on: &M, access: Access) -> Vec
 }
 
 /// Two writes on different streams: whichever comes second waits for the first, and
-/// never on an event recorded before the first was enqueued (the audit's race).
+/// never on an event recorded before the first was enqueued (the race this model guards).
 #[test]
 fn cross_stream_writes_are_ordered_one_way() {
     loom::model(|| {
