@@ -603,6 +603,19 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// `ptr` must be such an allocation of at least `len * size_of::<T>()` bytes, owned by
     /// no one else.
     pub unsafe fn from_raw(device: Arc<Device>, ptr: sys::CUdeviceptr, len: usize) -> Self {
+        Self::owning(device, ptr, len, AccessTracker::default(), false)
+    }
+
+    /// A slice that owns `len` elements at `ptr` (0 for an empty one), counted in its
+    /// device's [`memory_usage`](Device::memory_usage) until it is freed or handed away
+    /// ([`uncount`](Self::uncount)). `pooled`: from the device's memory pool.
+    pub(crate) fn owning(
+        device: Arc<Device>,
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        tracker: AccessTracker,
+        pooled: bool,
+    ) -> Self {
         if ptr != 0 {
             device.usage().add(slice_bytes::<T>(len));
         }
@@ -610,8 +623,8 @@ impl<T: DeviceRepr> DeviceSlice<T> {
             device,
             ptr,
             len,
-            tracker: AccessTracker::default(),
-            pooled: false,
+            tracker,
+            pooled,
             _t: PhantomData,
         }
     }

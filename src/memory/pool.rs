@@ -37,7 +37,6 @@ use crate::driver::result::{self, memory, pool};
 use crate::error::{Error, Result};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// The first driver with memory pools (`cuMemAllocAsync`, `cuMemFreeAsync`).
@@ -114,14 +113,13 @@ impl<'b> BoundStream<'b> {
         })?;
         let device = self.bound().device();
         if bytes == 0 {
-            return Ok(DeviceSlice {
-                device: Arc::clone(device),
-                ptr: 0,
+            return Ok(DeviceSlice::owning(
+                Arc::clone(device),
+                0,
                 len,
-                tracker: AccessTracker::default(),
-                pooled: false,
-                _t: PhantomData,
-            });
+                AccessTracker::default(),
+                false,
+            ));
         }
         let Some(pool) = default_pool(device)? else {
             // SAFETY: the caller's contract is this function's.
@@ -135,15 +133,13 @@ impl<'b> BoundStream<'b> {
         // it only after this point of the stream (its tracker's write) and frees it once.
         let ptr = device
             .check(unsafe { memory::alloc_from_pool_async(bytes, pool, self.slot().raw()) })?;
-        device.usage().add(bytes as u64);
-        Ok(DeviceSlice {
-            device: Arc::clone(device),
+        Ok(DeviceSlice::owning(
+            Arc::clone(device),
             ptr,
             len,
-            tracker: AccessTracker::allocated_on(self.slot()),
-            pooled: true,
-            _t: PhantomData,
-        })
+            AccessTracker::allocated_on(self.slot()),
+            true,
+        ))
     }
 
     /// Allocates `len` elements from the device's default memory pool, zeroed, both

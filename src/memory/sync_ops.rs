@@ -8,7 +8,6 @@ use crate::context::BoundDevice;
 use crate::driver::result::{copy, memory};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 impl<'a> BoundDevice<'a> {
@@ -30,16 +29,14 @@ impl<'a> BoundDevice<'a> {
             // SAFETY: this device's context is current (checked just above); the slice
             // frees it.
             ptr = self.device().check(unsafe { memory::alloc(bytes) })?;
-            self.device().usage().add(bytes as u64);
         }
-        Ok(DeviceSlice {
-            device: Arc::clone(self.device()),
+        Ok(DeviceSlice::owning(
+            Arc::clone(self.device()),
             ptr,
             len,
-            tracker: AccessTracker::default(),
-            pooled: false,
-            _t: PhantomData,
-        })
+            AccessTracker::default(),
+            false,
+        ))
     }
 
     /// Allocates `len` elements set to zero.
