@@ -4,18 +4,22 @@
 //! the same host memory, in the same run.
 //!
 //! Then the two-stream pipeline (upload, kernel, download of double-buffered chunks with
-//! the safe `copy_tracked_async`, against the same work on one stream), and a GPU 0 ->
-//! GPU 1 copy (`copy_peer_async` against a raw `cuMemcpyPeerAsync`; SKIPPED with one GPU).
+//! the safe `copy_tracked_async`, against the same work on one stream), and the
+//! device-to-device rows at each `--d2d-mib` size: on GPU 0, `dtod_async` against a raw
+//! `cuMemcpyDtoDAsync`; GPU 0 -> GPU 1, `copy_peer_async` against a raw
+//! `cuMemcpyPeerAsync` and against NCCL's send/recv (a grouped `Communicator`, one thread
+//! driving both GPUs; feature `nccl`, NCCL installed, else that column is SKIPPED). With
+//! one GPU the GPU 0 -> GPU 1 row prints one SKIPPED line.
 //!
 //! `cargo run --release --example bench_copy [-- --max-mib 1024 --reps 0 --chunk-mib 64
-//! --d2d-mib 256]`
+//! --d2d-mib 64,256]`
 //!
 //! Each measurement is bracketed by CUDA events on the copy's stream, with only the
 //! enqueue between them on both sides and the host wait after the end event, so the
-//! events time the transfer itself. (An earlier version timed `copy_scope`, whose wait
-//! sits *inside* the bracket: at 64 KiB that added the ~4 µs host round trip to gpubind's
-//! side only, and made pinned copies look half as fast as cudarc's.) Warm-ups first; gpubind and cudarc alternate, rep by rep; the
-//! table shows medians. `--reps 0` picks 30/10/5 reps by size.
+//! events time the transfer itself (a host wait inside the bracket, as `copy_scope`'s,
+//! would add the ~4 µs host round trip to one side only). NCCL's send/recv is bracketed
+//! on both ranks' streams and counts the later. Warm-ups first; the paths alternate, rep
+//! by rep; the tables show medians. `--reps 0` picks 30/10/5 reps by size.
 
 use cudarc::driver::{CudaContext, sys as csys};
 use gpubind::{
@@ -341,73 +345,304 @@ fn pipeline(ctx: &mut ThreadContext, dev: &std::sync::Arc<Device>) -> Res<()> {
     Ok(())
 }
 
-/// Device-to-device copy between GPUs 0 and 1: gpubind's `copy_peer_async` (ordered by
-/// the buffers' trackers) against a raw `cuMemcpyPeerAsync` on the same buffers.
+/// `--d2d-mib` as sizes in bytes: comma-separated MiB, default 64 and 256.
+fn d2d_sizes() -> Res<Vec<usize>> {
+    let args: Vec<String> = std::env::args().collect();
+    let list = args
+        .iter()
+        .position(|a| a == "--d2d-mib")
+        .and_then(|i| args.get(i + 1))
+        .map_or("64,256", |v| v.as_str());
+    list.split(',')
+        .map(|m| match m.trim().parse::<usize>() {
+            Ok(mib) if mib > 0 => Ok(mib << 20),
+            _ => Err(format!("--d2d-mib {list:?}: want sizes in MiB, e.g. 64,256").into()),
+        })
+        .collect()
+}
+
+fn pattern(size: usize) -> Vec<u8> {
+    (0..size).map(|i| (i * 13 + 1) as u8).collect()
+}
+
+/// Milliseconds of what `enqueue` puts on a stream, between the events that `record_a`
+/// and `record_b` record on it; `elapsed` waits for the second and reads the time.
+fn bracket(
+    record_a: impl FnOnce() -> Res<()>,
+    enqueue: impl FnOnce() -> Res<()>,
+    record_b: impl FnOnce() -> Res<()>,
+    elapsed: impl FnOnce() -> Res<f32>,
+) -> Res<f32> {
+    record_a()?;
+    enqueue()?;
+    record_b()?;
+    elapsed()
+}
+
+/// The device-to-device rows: on GPU 0 (`dtod_async` against a raw `cuMemcpyDtoDAsync`),
+/// then GPU 0 -> GPU 1 (`copy_peer_async`, a raw `cuMemcpyPeerAsync`, and NCCL's
+/// send/recv), at each `--d2d-mib` size.
 fn device_to_device(
     ctx: &mut ThreadContext,
     cu0: &std::sync::Arc<CudaContext>,
     cs: &std::sync::Arc<cudarc::driver::CudaStream>,
 ) -> Res<()> {
+    let sizes = d2d_sizes()?;
+    same_device(ctx, cu0, cs, &sizes)?;
+    between_devices(ctx, cu0, cs, &sizes)
+}
+
+/// GPU 0 to GPU 0: `BoundStream::dtod_async` against a raw `cuMemcpyDtoDAsync` on the
+/// same buffers, alternating rep by rep. GB/s counts the bytes copied once (each is read
+/// and written).
+fn same_device(
+    ctx: &mut ThreadContext,
+    cu0: &std::sync::Arc<CudaContext>,
+    cs: &std::sync::Arc<cudarc::driver::CudaStream>,
+    sizes: &[usize],
+) -> Res<()> {
     println!();
-    println!("# device to device (GPU 0 -> GPU 1)");
-    if Device::count()? < 2 {
-        println!(
-            "SKIPPED device-to-device row: needs 2 GPUs, {} visible",
-            Device::count()?
-        );
-        return Ok(());
-    }
-    let (d0, d1) = (Device::get(0)?, Device::get(1)?);
-    let cu1 = CudaContext::new(1)?;
-    let size = arg("--d2d-mib", 256) << 20;
-    let pattern: Vec<u8> = (0..size).map(|i| (i * 13 + 1) as u8).collect();
-    let mut dst = ctx.bind(&d1)?.alloc_zeros::<u8>(size)?;
-    let gpu = ctx.bind(&d0)?;
-    let src = gpu.clone_htod(&pattern)?;
+    println!("# device to device on GPU 0");
+    println!("| size | gpubind dtod_async GB/s | raw cuMemcpyDtoDAsync GB/s | gpubind/raw |");
+    println!("| ---: | ---: | ---: | ---: |");
+    let dev = Device::get(0)?;
+    let gpu = ctx.bind(&dev)?;
     let stream = gpu.new_stream()?;
     let s = gpu.on(&stream)?;
     let (g0, g1) = (gpu.new_event(true)?, gpu.new_event(true)?);
     let timing = Some(csys::CUevent_flags::CU_EVENT_DEFAULT);
     let (c0, c1) = (cu0.new_event(timing)?, cu0.new_event(timing)?);
-    let (mut tg, mut tr) = (Vec::new(), Vec::new());
-    for rep in 0..13 {
-        s.record(&g0)?;
-        s.copy_peer_async(&src, &mut dst)?;
-        s.record(&g1)?;
-        g1.synchronize()?;
-        let ms_g = g0.elapsed_ms(&g1)?;
-        c0.record(cs)?;
-        // SAFETY: both buffers live, of `size` bytes; gpubind's copy above has finished
-        // (g1 synchronised), and the raw copy is waited for (c1) before gpubind uses them.
-        unsafe {
-            let r = csys::cuMemcpyPeerAsync(
-                dst.raw_ptr(),
-                cu1.cu_ctx(),
-                src.raw_ptr(),
-                cu0.cu_ctx(),
-                size,
-                cs.cu_stream(),
-            );
-            if r != csys::CUresult::CUDA_SUCCESS {
-                return Err(format!("cuMemcpyPeerAsync: {r:?}").into());
+    for &size in sizes {
+        let pattern = pattern(size);
+        let src = gpu.clone_htod(&pattern)?;
+        let mut dst = gpu.alloc_zeros::<u8>(size)?;
+        let (mut tg, mut tr) = (Vec::new(), Vec::new());
+        for rep in 0..13 {
+            let ms_g = bracket(
+                || Ok(s.record(&g0)?),
+                || Ok(s.dtod_async(&src, &mut dst)?),
+                || Ok(s.record(&g1)?),
+                || Ok(g1.synchronize().and_then(|()| g0.elapsed_ms(&g1))?),
+            )?;
+            let ms_r = bracket(
+                || Ok(c0.record(cs)?),
+                || {
+                    // SAFETY: both buffers live, of `size` bytes, on GPU 0; gpubind's
+                    // copy has finished (g1 synchronised) and the raw copy is waited for
+                    // (c1) before gpubind uses them again.
+                    let r = unsafe {
+                        csys::cuMemcpyDtoDAsync_v2(
+                            dst.raw_ptr(),
+                            src.raw_ptr(),
+                            size,
+                            cs.cu_stream(),
+                        )
+                    };
+                    if r != csys::CUresult::CUDA_SUCCESS {
+                        return Err(format!("cuMemcpyDtoDAsync: {r:?}").into());
+                    }
+                    Ok(())
+                },
+                || Ok(c1.record(cs)?),
+                || Ok(c1.synchronize().and_then(|()| c0.elapsed_ms(&c1))?),
+            )?;
+            if rep >= 3 {
+                tg.push(ms_g);
+                tr.push(ms_r);
             }
         }
-        c1.record(cs)?;
-        c1.synchronize()?;
-        let ms_r = c0.elapsed_ms(&c1)?;
-        if rep >= 3 {
-            tg.push(ms_g);
-            tr.push(ms_r);
+        if gpu.dtoh(&dst)? != pattern {
+            return Err("device-to-device copy on GPU 0 corrupted data".into());
         }
+        let (bg, br) = (gbps(size, median(tg)), gbps(size, median(tr)));
+        println!("| {} | {bg:.1} | {br:.1} | {:.3} |", human(size), bg / br);
     }
-    drop(gpu);
-    if ctx.bind(&d1)?.dtoh(&dst)? != pattern {
-        return Err("device-to-device copy corrupted data".into());
+    Ok(())
+}
+
+/// NCCL's send/recv from GPU 0 to GPU 1, or why it cannot be measured here.
+#[cfg(feature = "nccl")]
+fn nccl_pair(
+    ctx: &mut ThreadContext,
+    devices: &[std::sync::Arc<Device>],
+) -> Res<Result<gpubind::collective::Communicator, String>> {
+    use gpubind::collective::{CommOptions, Communicator, nccl_available};
+    if !nccl_available() {
+        return Ok(Err("NCCL is not installed".into()));
     }
-    let (mg, mr) = (median(tg), median(tr));
-    println!("| size | gpubind GB/s | raw cuMemcpyPeerAsync GB/s | gpubind/raw |");
-    println!("| ---: | ---: | ---: | ---: |");
-    let (bg, br) = (gbps(size, mg), gbps(size, mr));
-    println!("| {} | {bg:.2} | {br:.2} | {:.3} |", human(size), bg / br);
+    Ok(Ok(Communicator::new(ctx, devices, CommOptions::nccl())?))
+}
+
+/// Milliseconds of one NCCL send of `src` (rank 0, GPU 0) into `dst` (rank 1, GPU 1):
+/// events around the group on both ranks' streams, the later of the two.
+#[cfg(feature = "nccl")]
+fn nccl_send_recv(
+    ctx: &mut ThreadContext,
+    comm: &gpubind::collective::Communicator,
+    events: &[(gpubind::Event, gpubind::Event); 2],
+    src: &gpubind::DeviceSlice<u8>,
+    dst: &mut gpubind::DeviceSlice<u8>,
+) -> Res<f32> {
+    let lanes = |r: usize| -> Res<(std::sync::Arc<Device>, &gpubind::Stream)> {
+        Ok((
+            std::sync::Arc::clone(comm.device(r).ok_or("rank")?),
+            comm.stream(r).ok_or("rank")?,
+        ))
+    };
+    let ranks = [lanes(0)?, lanes(1)?];
+    for ((dev, st), (a, _)) in ranks.iter().zip(events) {
+        ctx.bind(dev)?.on(st)?.record(a)?;
+    }
+    ctx.group(comm, |g| {
+        g.send(0, src, 1)?;
+        g.recv(1, dst, 0)
+    })?;
+    for ((dev, st), (_, b)) in ranks.iter().zip(events) {
+        ctx.bind(dev)?.on(st)?.record(b)?;
+    }
+    let mut worst = 0f32;
+    for (a, b) in events {
+        b.synchronize()?;
+        worst = worst.max(a.elapsed_ms(b)?);
+    }
+    Ok(worst)
+}
+
+/// GPU 0 -> GPU 1: gpubind's `copy_peer_async` (ordered by the buffers' trackers), a raw
+/// `cuMemcpyPeerAsync` on the same buffers, and NCCL's send/recv (feature `nccl`, NCCL
+/// installed) between the same buffers, alternating rep by rep; each path's result is
+/// checked. One SKIPPED line with fewer than 2 GPUs.
+fn between_devices(
+    ctx: &mut ThreadContext,
+    cu0: &std::sync::Arc<CudaContext>,
+    cs: &std::sync::Arc<cudarc::driver::CudaStream>,
+    sizes: &[usize],
+) -> Res<()> {
+    println!();
+    println!("# device to device (GPU 0 -> GPU 1)");
+    let visible = Device::count()?;
+    if visible < 2 {
+        println!("SKIPPED: needs 2 GPUs (GPU 0 -> GPU 1 row), {visible} visible");
+        return Ok(());
+    }
+    let devices = [Device::get(0)?, Device::get(1)?];
+    let [d0, d1] = &devices;
+    let cu1 = CudaContext::new(1)?;
+    #[cfg(feature = "nccl")]
+    let nccl = nccl_pair(ctx, &devices)?;
+    #[cfg(not(feature = "nccl"))]
+    let nccl: Result<(), String> = Err("built without the `nccl` feature".into());
+    #[cfg(feature = "nccl")]
+    let nccl_events = [
+        {
+            let g = ctx.bind(d0)?;
+            (g.new_event(true)?, g.new_event(true)?)
+        },
+        {
+            let g = ctx.bind(d1)?;
+            (g.new_event(true)?, g.new_event(true)?)
+        },
+    ];
+    if let Err(why) = &nccl {
+        println!("NCCL send/recv column: SKIPPED ({why})");
+    }
+    println!(
+        "| size | gpubind copy_peer_async GB/s | raw cuMemcpyPeerAsync GB/s | NCCL send/recv GB/s | gpubind/raw | gpubind/NCCL |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+    let (stream, g0, g1) = {
+        let gpu = ctx.bind(d0)?;
+        (
+            gpu.new_stream()?,
+            gpu.new_event(true)?,
+            gpu.new_event(true)?,
+        )
+    };
+    let timing = Some(csys::CUevent_flags::CU_EVENT_DEFAULT);
+    let (c0, c1) = (cu0.new_event(timing)?, cu0.new_event(timing)?);
+    for &size in sizes {
+        let pattern = pattern(size);
+        let mut dst = ctx.bind(d1)?.alloc_zeros::<u8>(size)?;
+        let src = ctx.bind(d0)?.clone_htod(&pattern)?;
+        #[cfg_attr(not(feature = "nccl"), allow(unused_mut))]
+        let (mut tg, mut tr, mut tn) = (Vec::<f32>::new(), Vec::new(), Vec::<f32>::new());
+        // Rep 0 of each path is checked from a zeroed destination; reps 0-2 warm up.
+        for rep in 0..13 {
+            let check = |ctx: &mut ThreadContext,
+                         dst: &mut gpubind::DeviceSlice<u8>,
+                         what: &str|
+             -> Res<()> {
+                if rep == 0 {
+                    let gpu = ctx.bind(d1)?;
+                    if gpu.dtoh(&*dst)? != pattern {
+                        return Err(format!("{what} GPU 0 -> GPU 1 corrupted data").into());
+                    }
+                    gpu.memset_zeros(dst)?;
+                }
+                Ok(())
+            };
+            let ms_g = {
+                let gpu = ctx.bind(d0)?;
+                let s = gpu.on(&stream)?;
+                bracket(
+                    || Ok(s.record(&g0)?),
+                    || Ok(s.copy_peer_async(&src, &mut dst)?),
+                    || Ok(s.record(&g1)?),
+                    || Ok(g1.synchronize().and_then(|()| g0.elapsed_ms(&g1))?),
+                )?
+            };
+            check(ctx, &mut dst, "copy_peer_async")?;
+            let ms_r = bracket(
+                || Ok(c0.record(cs)?),
+                || {
+                    // SAFETY: both buffers live, of `size` bytes; gpubind's uses of them
+                    // have finished (g1 synchronised, the check's copies are
+                    // synchronous) and the raw copy is waited for (c1) before gpubind
+                    // uses them again.
+                    let r = unsafe {
+                        csys::cuMemcpyPeerAsync(
+                            dst.raw_ptr(),
+                            cu1.cu_ctx(),
+                            src.raw_ptr(),
+                            cu0.cu_ctx(),
+                            size,
+                            cs.cu_stream(),
+                        )
+                    };
+                    if r != csys::CUresult::CUDA_SUCCESS {
+                        return Err(format!("cuMemcpyPeerAsync: {r:?}").into());
+                    }
+                    Ok(())
+                },
+                || Ok(c1.record(cs)?),
+                || Ok(c1.synchronize().and_then(|()| c0.elapsed_ms(&c1))?),
+            )?;
+            check(ctx, &mut dst, "cuMemcpyPeerAsync")?;
+            #[cfg(feature = "nccl")]
+            if let Ok(comm) = &nccl {
+                let ms = nccl_send_recv(ctx, comm, &nccl_events, &src, &mut dst)?;
+                check(ctx, &mut dst, "NCCL send/recv")?;
+                if rep >= 3 {
+                    tn.push(ms);
+                }
+            }
+            if rep >= 3 {
+                tg.push(ms_g);
+                tr.push(ms_r);
+            }
+        }
+        let (bg, br) = (gbps(size, median(tg)), gbps(size, median(tr)));
+        let (nccl_col, vs_nccl) = if tn.is_empty() {
+            ("—".to_string(), "—".to_string())
+        } else {
+            let bn = gbps(size, median(tn));
+            (format!("{bn:.1}"), format!("{:.3}", bg / bn))
+        };
+        println!(
+            "| {} | {bg:.1} | {br:.1} | {nccl_col} | {:.3} | {vs_nccl} |",
+            human(size),
+            bg / br
+        );
+    }
     Ok(())
 }
