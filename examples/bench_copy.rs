@@ -460,19 +460,6 @@ fn same_device(
     Ok(())
 }
 
-/// NCCL's send/recv from GPU 0 to GPU 1, or why it cannot be measured here.
-#[cfg(feature = "nccl")]
-fn nccl_pair(
-    ctx: &mut ThreadContext,
-    devices: &[std::sync::Arc<Device>],
-) -> Res<Result<gpubind::collective::Communicator, String>> {
-    use gpubind::collective::{CommOptions, Communicator, nccl_available};
-    if !nccl_available() {
-        return Ok(Err("NCCL is not installed".into()));
-    }
-    Ok(Ok(Communicator::new(ctx, devices, CommOptions::nccl())?))
-}
-
 /// Milliseconds of one NCCL send of `src` (rank 0, GPU 0) into `dst` (rank 1, GPU 1):
 /// events around the group on both ranks' streams, the later of the two.
 #[cfg(feature = "nccl")]
@@ -508,6 +495,22 @@ fn nccl_send_recv(
     Ok(worst)
 }
 
+/// What the GPU 0 -> GPU 1 rows use at every size: both devices, both sides' streams and
+/// timing events, and NCCL's communicator with an event pair per rank, or why there is
+/// none.
+struct Peer {
+    d0: std::sync::Arc<Device>,
+    d1: std::sync::Arc<Device>,
+    cu0: std::sync::Arc<CudaContext>,
+    cu1: std::sync::Arc<CudaContext>,
+    cs: std::sync::Arc<cudarc::driver::CudaStream>,
+    stream: gpubind::Stream,
+    g: (gpubind::Event, gpubind::Event),
+    c: (cudarc::driver::CudaEvent, cudarc::driver::CudaEvent),
+    #[cfg(feature = "nccl")]
+    nccl: Result<NcclPair, String>,
+}
+
 /// GPU 0 -> GPU 1: gpubind's `copy_peer_async` (ordered by the buffers' trackers), a raw
 /// `cuMemcpyPeerAsync` on the same buffers, and NCCL's send/recv (feature `nccl`, NCCL
 /// installed) between the same buffers, alternating rep by rep; each path's result is
@@ -525,124 +528,164 @@ fn between_devices(
         println!("SKIPPED: needs 2 GPUs (GPU 0 -> GPU 1 row), {visible} visible");
         return Ok(());
     }
-    let devices = [Device::get(0)?, Device::get(1)?];
-    let [d0, d1] = &devices;
-    let cu1 = CudaContext::new(1)?;
+    let (d0, d1) = (Device::get(0)?, Device::get(1)?);
+    let (stream, g) = {
+        let gpu = ctx.bind(&d0)?;
+        (
+            gpu.new_stream()?,
+            (gpu.new_event(true)?, gpu.new_event(true)?),
+        )
+    };
+    let timing = Some(csys::CUevent_flags::CU_EVENT_DEFAULT);
+    let peer = Peer {
+        #[cfg(feature = "nccl")]
+        nccl: nccl_pair(ctx, &[d0.clone(), d1.clone()])?,
+        d0,
+        d1,
+        cu0: cu0.clone(),
+        cu1: CudaContext::new(1)?,
+        cs: cs.clone(),
+        stream,
+        g,
+        c: (cu0.new_event(timing)?, cu0.new_event(timing)?),
+    };
     #[cfg(feature = "nccl")]
-    let nccl = nccl_pair(ctx, &devices)?;
+    let no_nccl = peer.nccl.as_ref().err();
     #[cfg(not(feature = "nccl"))]
-    let nccl: Result<(), String> = Err("built without the `nccl` feature".into());
-    #[cfg(feature = "nccl")]
-    let nccl_events = [
-        {
-            let g = ctx.bind(d0)?;
-            (g.new_event(true)?, g.new_event(true)?)
-        },
-        {
-            let g = ctx.bind(d1)?;
-            (g.new_event(true)?, g.new_event(true)?)
-        },
-    ];
-    if let Err(why) = &nccl {
+    let no_nccl = Some("built without the `nccl` feature");
+    if let Some(why) = no_nccl {
         println!("NCCL send/recv column: SKIPPED ({why})");
     }
     println!(
         "| size | gpubind copy_peer_async GB/s | raw cuMemcpyPeerAsync GB/s | NCCL send/recv GB/s | gpubind/raw | gpubind/NCCL |"
     );
     println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
-    let (stream, g0, g1) = {
-        let gpu = ctx.bind(d0)?;
-        (
-            gpu.new_stream()?,
-            gpu.new_event(true)?,
-            gpu.new_event(true)?,
-        )
-    };
-    let timing = Some(csys::CUevent_flags::CU_EVENT_DEFAULT);
-    let (c0, c1) = (cu0.new_event(timing)?, cu0.new_event(timing)?);
     for &size in sizes {
-        let pattern = pattern(size);
-        let mut dst = ctx.bind(d1)?.alloc_zeros::<u8>(size)?;
-        let src = ctx.bind(d0)?.clone_htod(&pattern)?;
-        #[cfg_attr(not(feature = "nccl"), allow(unused_mut))]
-        let (mut tg, mut tr, mut tn) = (Vec::<f32>::new(), Vec::new(), Vec::<f32>::new());
-        // Rep 0 of each path is checked from a zeroed destination; reps 0-2 warm up.
-        for rep in 0..13 {
-            let check = |ctx: &mut ThreadContext,
-                         dst: &mut gpubind::DeviceSlice<u8>,
-                         what: &str|
-             -> Res<()> {
-                if rep == 0 {
-                    let gpu = ctx.bind(d1)?;
-                    if gpu.dtoh(&*dst)? != pattern {
-                        return Err(format!("{what} GPU 0 -> GPU 1 corrupted data").into());
-                    }
-                    gpu.memset_zeros(dst)?;
+        peer_row(ctx, &peer, size)?;
+    }
+    Ok(())
+}
+
+/// NCCL's communicator over GPUs 0 and 1, and a timing event pair per rank.
+#[cfg(feature = "nccl")]
+type NcclPair = (
+    gpubind::collective::Communicator,
+    [(gpubind::Event, gpubind::Event); 2],
+);
+
+/// [`NcclPair`], or why NCCL cannot be measured here.
+#[cfg(feature = "nccl")]
+fn nccl_pair(
+    ctx: &mut ThreadContext,
+    devices: &[std::sync::Arc<Device>; 2],
+) -> Res<Result<NcclPair, String>> {
+    use gpubind::collective::{CommOptions, Communicator, nccl_available};
+    if !nccl_available() {
+        return Ok(Err("NCCL is not installed".into()));
+    }
+    let comm = Communicator::new(ctx, devices, CommOptions::nccl())?;
+    let mut events = Vec::new();
+    for d in devices {
+        let gpu = ctx.bind(d)?;
+        events.push((gpu.new_event(true)?, gpu.new_event(true)?));
+    }
+    let [a, b]: [_; 2] = events.try_into().map_err(|_| "two event pairs")?;
+    Ok(Ok((comm, [a, b])))
+}
+
+/// Rep 0 of a path: `dst` must hold `pattern`; then it is zeroed for the next path.
+fn check_peer(
+    ctx: &mut ThreadContext,
+    d1: &std::sync::Arc<Device>,
+    dst: &mut gpubind::DeviceSlice<u8>,
+    pattern: &[u8],
+    what: &str,
+) -> Res<()> {
+    let gpu = ctx.bind(d1)?;
+    if gpu.dtoh(&*dst)? != pattern {
+        return Err(format!("{what} GPU 0 -> GPU 1 corrupted data").into());
+    }
+    gpu.memset_zeros(dst)?;
+    Ok(())
+}
+
+/// One GPU 0 -> GPU 1 row: 3 warm-up and 10 timed reps of each path, alternating; rep 0
+/// of each is checked from a zeroed destination.
+fn peer_row(ctx: &mut ThreadContext, p: &Peer, size: usize) -> Res<()> {
+    let pattern = pattern(size);
+    let mut dst = ctx.bind(&p.d1)?.alloc_zeros::<u8>(size)?;
+    let src = ctx.bind(&p.d0)?.clone_htod(&pattern)?;
+    #[cfg_attr(not(feature = "nccl"), allow(unused_mut))]
+    let (mut tg, mut tr, mut tn) = (Vec::<f32>::new(), Vec::new(), Vec::<f32>::new());
+    for rep in 0..13 {
+        let ms_g = {
+            let gpu = ctx.bind(&p.d0)?;
+            let s = gpu.on(&p.stream)?;
+            let (g0, g1) = &p.g;
+            bracket(
+                || Ok(s.record(g0)?),
+                || Ok(s.copy_peer_async(&src, &mut dst)?),
+                || Ok(s.record(g1)?),
+                || Ok(g1.synchronize().and_then(|()| g0.elapsed_ms(g1))?),
+            )?
+        };
+        if rep == 0 {
+            check_peer(ctx, &p.d1, &mut dst, &pattern, "copy_peer_async")?;
+        }
+        let (c0, c1) = &p.c;
+        let ms_r = bracket(
+            || Ok(c0.record(&p.cs)?),
+            || {
+                // SAFETY: both buffers live, of `size` bytes; gpubind's uses of them have
+                // finished (g1 synchronised, the check's copies are synchronous) and the
+                // raw copy is waited for (c1) before gpubind uses them again.
+                let r = unsafe {
+                    csys::cuMemcpyPeerAsync(
+                        dst.raw_ptr(),
+                        p.cu1.cu_ctx(),
+                        src.raw_ptr(),
+                        p.cu0.cu_ctx(),
+                        size,
+                        p.cs.cu_stream(),
+                    )
+                };
+                if r != csys::CUresult::CUDA_SUCCESS {
+                    return Err(format!("cuMemcpyPeerAsync: {r:?}").into());
                 }
                 Ok(())
-            };
-            let ms_g = {
-                let gpu = ctx.bind(d0)?;
-                let s = gpu.on(&stream)?;
-                bracket(
-                    || Ok(s.record(&g0)?),
-                    || Ok(s.copy_peer_async(&src, &mut dst)?),
-                    || Ok(s.record(&g1)?),
-                    || Ok(g1.synchronize().and_then(|()| g0.elapsed_ms(&g1))?),
-                )?
-            };
-            check(ctx, &mut dst, "copy_peer_async")?;
-            let ms_r = bracket(
-                || Ok(c0.record(cs)?),
-                || {
-                    // SAFETY: both buffers live, of `size` bytes; gpubind's uses of them
-                    // have finished (g1 synchronised, the check's copies are
-                    // synchronous) and the raw copy is waited for (c1) before gpubind
-                    // uses them again.
-                    let r = unsafe {
-                        csys::cuMemcpyPeerAsync(
-                            dst.raw_ptr(),
-                            cu1.cu_ctx(),
-                            src.raw_ptr(),
-                            cu0.cu_ctx(),
-                            size,
-                            cs.cu_stream(),
-                        )
-                    };
-                    if r != csys::CUresult::CUDA_SUCCESS {
-                        return Err(format!("cuMemcpyPeerAsync: {r:?}").into());
-                    }
-                    Ok(())
-                },
-                || Ok(c1.record(cs)?),
-                || Ok(c1.synchronize().and_then(|()| c0.elapsed_ms(&c1))?),
-            )?;
-            check(ctx, &mut dst, "cuMemcpyPeerAsync")?;
-            #[cfg(feature = "nccl")]
-            if let Ok(comm) = &nccl {
-                let ms = nccl_send_recv(ctx, comm, &nccl_events, &src, &mut dst)?;
-                check(ctx, &mut dst, "NCCL send/recv")?;
-                if rep >= 3 {
-                    tn.push(ms);
-                }
+            },
+            || Ok(c1.record(&p.cs)?),
+            || Ok(c1.synchronize().and_then(|()| c0.elapsed_ms(c1))?),
+        )?;
+        if rep == 0 {
+            check_peer(ctx, &p.d1, &mut dst, &pattern, "cuMemcpyPeerAsync")?;
+        }
+        #[cfg(feature = "nccl")]
+        if let Ok((comm, events)) = &p.nccl {
+            let ms = nccl_send_recv(ctx, comm, events, &src, &mut dst)?;
+            if rep == 0 {
+                check_peer(ctx, &p.d1, &mut dst, &pattern, "NCCL send/recv")?;
             }
             if rep >= 3 {
-                tg.push(ms_g);
-                tr.push(ms_r);
+                tn.push(ms);
             }
         }
-        let (bg, br) = (gbps(size, median(tg)), gbps(size, median(tr)));
-        let (nccl_col, vs_nccl) = if tn.is_empty() {
-            ("—".to_string(), "—".to_string())
-        } else {
-            let bn = gbps(size, median(tn));
-            (format!("{bn:.1}"), format!("{:.3}", bg / bn))
-        };
-        println!(
-            "| {} | {bg:.1} | {br:.1} | {nccl_col} | {:.3} | {vs_nccl} |",
-            human(size),
-            bg / br
-        );
+        if rep >= 3 {
+            tg.push(ms_g);
+            tr.push(ms_r);
+        }
     }
+    let (bg, br) = (gbps(size, median(tg)), gbps(size, median(tr)));
+    let (nccl_col, vs_nccl) = if tn.is_empty() {
+        ("—".to_string(), "—".to_string())
+    } else {
+        let bn = gbps(size, median(tn));
+        (format!("{bn:.1}"), format!("{:.3}", bg / bn))
+    };
+    println!(
+        "| {} | {bg:.1} | {br:.1} | {nccl_col} | {:.3} | {vs_nccl} |",
+        human(size),
+        bg / br
+    );
     Ok(())
 }
