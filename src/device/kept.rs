@@ -32,6 +32,7 @@ struct Inner {
     modules: Vec<usize>,
 }
 
+#[cfg_attr(not(feature = "collective"), allow(dead_code))]
 impl Kept {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())

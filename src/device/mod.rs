@@ -474,6 +474,7 @@ impl Device {
     /// the device unloads in its drop, its context current (`device::kept`). `T` must
     /// not hold an `Arc<Device>` (the device would never drop), and whoever launches
     /// from those modules holds the device (so they stay loaded while it runs).
+    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
     pub(crate) fn kept<T: std::any::Any + Send + Sync>(
         &self,
         make: impl FnOnce() -> Result<(T, Vec<sys::CUmodule>)>,

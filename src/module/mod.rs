@@ -178,6 +178,7 @@ impl Module {
     /// unload in its context (or leave to the context's end). `None` while a global view
     /// of it lives (the module is then dropped as usual). A launch made through the
     /// `Module` would no longer be waited for: call this before any.
+    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
     pub(crate) fn into_raw(self) -> Option<sys::CUmodule> {
         let Module { loaded, raw, .. } = self;
         let mut loaded = Arc::try_unwrap(loaded).ok()?;
