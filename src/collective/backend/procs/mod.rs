@@ -341,10 +341,12 @@ impl ProcsRank {
                 // A closed socket first: the event of a process that is gone may be
                 // destroyed, and must not be queried then.
                 if self.group.peer_closed(q) {
-                    return Err(Error::PeerFailed {
+                    let closed = Error::PeerFailed {
                         rank: q,
                         reason: "its process exited or was killed while this rank waited for its GPU work".into(),
-                    });
+                    };
+                    // A rank that relayed a verdict before it left is not the culprit.
+                    return Err(self.group.closed_peer_error(q, closed));
                 }
                 let ev = if done { &p.done } else { &p.ready };
                 if !ev.is_complete()? {
