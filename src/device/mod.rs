@@ -1,6 +1,7 @@
 //! Devices: enumeration and attributes without a context, and the lazily retained primary
 //! context (documented on [`Device`]).
 
+mod kept;
 pub mod poison;
 mod usage;
 
@@ -228,6 +229,9 @@ pub struct Device {
     default_pool: std::sync::OnceLock<Option<usize>>,
     /// Bytes held by this device's `DeviceSlice`s and `ManagedSlice`s, and their peak.
     usage: UsageCounter,
+    /// Values kept for the device's lifetime and the modules they loaded (unloaded by
+    /// the drop): see [`Device::kept`].
+    kept: kept::Kept,
 }
 
 /// A pooled `CUevent` (timing disabled) of one device's primary context.
@@ -308,6 +312,7 @@ impl Device {
             legacy_gate: crate::sync::Gate::default(),
             default_pool: std::sync::OnceLock::new(),
             usage: UsageCounter::default(),
+            kept: kept::Kept::default(),
         })
     }
 
@@ -464,6 +469,19 @@ impl Device {
         Ok(self.limits.get_or_init(|| read))
     }
 
+    /// The `T` this device keeps for its lifetime (the collective backends' kernels),
+    /// made by `make` on first use; `make` returns it with the modules it loaded, which
+    /// the device unloads in its drop, its context current (`device::kept`). `T` must
+    /// not hold an `Arc<Device>` (the device would never drop), and whoever launches
+    /// from those modules holds the device (so they stay loaded while it runs).
+    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    pub(crate) fn kept<T: std::any::Any + Send + Sync>(
+        &self,
+        make: impl FnOnce() -> Result<(T, Vec<sys::CUmodule>)>,
+    ) -> Result<Arc<T>> {
+        self.kept.get_or_make(make)
+    }
+
     /// Where `crate::memory::pool` keeps this device's default memory pool, once known.
     pub(crate) fn default_pool_slot(&self) -> &std::sync::OnceLock<Option<usize>> {
         &self.default_pool
@@ -613,14 +631,19 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         let events = std::mem::take(self.events.get_mut().unwrap_or_else(|p| p.into_inner()));
-        if events.is_empty() || !self.has_retained_context() {
+        let modules = self.kept.take_modules();
+        if (events.is_empty() && modules.is_empty()) || !self.has_retained_context() {
             return;
         }
         let ordinal = Some(self.ordinal);
         let n = events.len();
         match self.enter() {
+            // A poisoned context runs nothing more; its reset unloads the modules.
             Err(e) => crate::error::report_drop(
-                format_args!("the Device's {n} pooled hand-off events"),
+                format_args!(
+                    "the Device's {n} pooled hand-off events and {} kept modules",
+                    modules.len()
+                ),
                 ordinal,
                 crate::error::ENTER,
                 &e,
@@ -634,6 +657,22 @@ impl Drop for Device {
                     if let Err(e) = unsafe { result::event::destroy(ev.0) } {
                         crate::error::report_drop(
                             format_args!("a pooled hand-off event of the Device"),
+                            ordinal,
+                            crate::error::RELEASE,
+                            &e,
+                            crate::error::MAYBE_LEAKED,
+                        );
+                    }
+                }
+                for m in modules {
+                    // SAFETY: loaded in this (still retained, current) context and handed
+                    // to the device by `Device::kept`, unloaded once, here. No launch from
+                    // it can be pending: whoever launched held this device, and every
+                    // gpubind resource's drop waited for its own uses or leaked an
+                    // `Arc<Device>` (so this drop would not run).
+                    if let Err(e) = unsafe { result::module::unload(m) } {
+                        crate::error::report_drop(
+                            format_args!("a module kept by the Device"),
                             ordinal,
                             crate::error::RELEASE,
                             &e,
