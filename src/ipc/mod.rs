@@ -59,6 +59,7 @@
 
 mod event;
 mod handle;
+mod handoff;
 mod import;
 mod legacy;
 mod pool;
@@ -68,6 +69,9 @@ mod wire;
 
 pub use event::EventHandle;
 pub use handle::{BufferHandle, LegacyIpcHandle, PoolHandle, PoolId};
+pub use handoff::{
+    HandoffFailed, Incoming, JoinError, Lent, LentImport, Shared, SharedImport, recv_handoff,
+};
 pub use import::{ImportedPool, ImportedSlice};
 pub use legacy::LegacySlice;
 pub use pool::{MemoryPool, PoolConfig, PoolSlice};
