@@ -102,7 +102,7 @@ enum MessageOut<'a> {
 
 #[derive(Deserialize)]
 enum MessageIn {
-    Offer(Offer),
+    Offer(Box<Offer>),
     HandBack(HandBack),
 }
 
@@ -110,7 +110,7 @@ enum MessageIn {
 /// exactly one descriptor (the pool's), else [`Error::CorruptHandle`].
 fn decode_offer(bytes: &[u8], mut fds: Vec<OwnedFd>) -> Result<(Offer, OwnedFd)> {
     let offer = match wire::open(Kind::Handoff, bytes)? {
-        MessageIn::Offer(offer) => offer,
+        MessageIn::Offer(offer) => *offer,
         MessageIn::HandBack(_) => {
             return Err(corrupt("expected a hand-off offer, found a hand-back"));
         }
@@ -228,9 +228,9 @@ impl<T: DeviceRepr> fmt::Display for HandoffFailed<T> {
 
 impl<T: DeviceRepr> std::error::Error for HandoffFailed<T> {}
 
-impl<T: DeviceRepr> From<HandoffFailed<T>> for Error {
+impl<T: DeviceRepr> From<Box<HandoffFailed<T>>> for Error {
     /// The error; the buffer is dropped (freed).
-    fn from(e: HandoffFailed<T>) -> Error {
+    fn from(e: Box<HandoffFailed<T>>) -> Error {
         e.error
     }
 }
@@ -240,7 +240,7 @@ pub enum JoinError<H, T: DeviceRepr> {
     /// The buffer is back, with the reason the hand-off failed: the receiver died
     /// ([`Error::PeerGone`], its process has ended) or refused the buffer
     /// ([`Error::HandoffRefused`]).
-    Returned(HandoffFailed<T>),
+    Returned(Box<HandoffFailed<T>>),
     /// The buffer is still out (no hand-back before the timeout, or a message that was
     /// not one): `handoff` can be joined again, or dropped (see [`Lent`]).
     StillOut {

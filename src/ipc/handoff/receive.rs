@@ -94,6 +94,14 @@ crate::ipc::foreign_slice!(LentImport);
 /// # Ok(()) }
 /// ```
 ///
+/// ```compile_fail,E0277
+/// # fn f(s: &gpubind::BoundStream<'_>, k: &gpubind::Function<'_>,
+/// #      shared: &mut gpubind::ipc::SharedImport<u32>) -> gpubind::Result<()> {
+/// let cfg = gpubind::LaunchConfig::for_num_elems(1);
+/// unsafe { s.launch(k, cfg).arg(shared).launch() }?; // error[E0277]: not a kernel argument
+/// # Ok(()) }
+/// ```
+///
 /// Writing it needs the `unsafe` [`view_mut`](Self::view_mut).
 pub struct SharedImport<T: DeviceRepr> {
     slice: ManuallyDrop<DeviceSlice<T>>,
@@ -122,6 +130,29 @@ pub enum Incoming<T: DeviceRepr> {
 /// A buffer this process cannot take (wrong element type, a device not visible here,
 /// a stream of another device, a driver error) is handed back unused at once, so the
 /// sender's join returns it with [`Error::HandoffRefused`]; the error is returned here.
+///
+/// ```no_run
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>,
+/// #      k: &gpubind::Function<'_>, conn: &std::os::unix::net::UnixStream)
+/// #      -> gpubind::Result<()> {
+/// use gpubind::ipc::{self, Incoming};
+/// let cfg = gpubind::LaunchConfig::for_num_elems(256);
+/// match ipc::recv_handoff::<f32>(conn, s, &Default::default())? {
+///     Incoming::Lent(mut buf) => {
+///         // SAFETY: `k` is `void k(float*)` and stays inside its 256 elements.
+///         unsafe { s.launch(k, cfg).arg(&mut buf).launch() }?;
+///         buf.give_back()?; // after the kernel: the sender's join returns the buffer
+///     }
+///     Incoming::Shared(buf) => {
+///         let values = gpu.dtoh(&*buf)?;
+///         // SAFETY: as above, and `k` only reads through its argument.
+///         unsafe { s.launch(k, cfg).arg(&*buf).launch() }?;
+///         drop(buf); // hands it back too
+///         # let _ = values;
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 ///
 /// # Errors
 ///

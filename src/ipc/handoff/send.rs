@@ -41,7 +41,7 @@ enum Settled<T: DeviceRepr> {
     /// Handed back; `Some` if it was refused or the receiver died.
     Back(PoolSlice<T>, Option<Error>),
     /// Still out.
-    Out(Outgoing<T>, Error),
+    Out(Box<Outgoing<T>>, Error),
 }
 
 impl<T: DeviceRepr> Outgoing<T> {
@@ -52,9 +52,9 @@ impl<T: DeviceRepr> Outgoing<T> {
         stream: &BoundStream<'_>,
         conn: &UnixStream,
         options: &TransportOptions,
-    ) -> std::result::Result<Outgoing<T>, HandoffFailed<T>> {
+    ) -> std::result::Result<Box<Outgoing<T>>, Box<HandoffFailed<T>>> {
         match offer(&buffer, mode, stream, conn, options) {
-            Ok((event, conn, id, peer, slot)) => Ok(Outgoing {
+            Ok((event, conn, id, peer, slot)) => Ok(Box::new(Outgoing {
                 buffer,
                 event,
                 conn,
@@ -62,14 +62,14 @@ impl<T: DeviceRepr> Outgoing<T> {
                 id,
                 peer,
                 _slot: slot,
-            }),
-            Err(error) => Err(HandoffFailed { buffer, error }),
+            })),
+            Err(error) => Err(Box::new(HandoffFailed { buffer, error })),
         }
     }
 
     /// Waits up to `timeout` for the hand-back; on a closed connection, up to `timeout`
     /// more for the receiver's process to end.
-    fn settle(self, timeout: Duration) -> Settled<T> {
+    fn settle(self: Box<Self>, timeout: Duration) -> Settled<T> {
         let options = self.options.clone().timeout(timeout);
         let got = recv_message_with(&self.conn, &options)
             .and_then(|m| decode_hand_back(&m.bytes, &m.fds, &self.id));
@@ -86,21 +86,24 @@ impl<T: DeviceRepr> Outgoing<T> {
     }
 
     /// The buffer; the event, the connection and its slot go.
-    fn finish(self) -> PoolSlice<T> {
-        let Outgoing { buffer, event, .. } = self;
+    fn finish(self: Box<Self>) -> PoolSlice<T> {
+        let Outgoing { buffer, event, .. } = *self;
         drop(event);
         buffer
     }
 
     fn join<H>(
-        self,
+        self: Box<Self>,
         timeout: Duration,
-        wrap: impl FnOnce(Outgoing<T>) -> H,
+        wrap: impl FnOnce(Box<Outgoing<T>>) -> H,
     ) -> std::result::Result<PoolSlice<T>, JoinError<H, T>> {
         match self.settle(timeout) {
             Settled::Back(buffer, None) => Ok(buffer),
             Settled::Back(buffer, Some(error)) => {
-                Err(JoinError::Returned(HandoffFailed { buffer, error }))
+                Err(JoinError::Returned(Box::new(HandoffFailed {
+                    buffer,
+                    error,
+                })))
             }
             Settled::Out(out, error) => Err(JoinError::StillOut {
                 handoff: wrap(out),
@@ -200,7 +203,7 @@ fn process_ended(pidfd: &OwnedFd, timeout: Duration) -> bool {
 /// Keeps a dropped hand-off's buffer until it ends: a thread waits for the hand-back or
 /// the receiver's end, then frees the buffer. Nothing is freed under the receiver: if no
 /// thread can be started, the buffer is leaked.
-fn park<T: DeviceRepr>(out: Outgoing<T>) {
+fn park<T: DeviceRepr>(out: Box<Outgoing<T>>) {
     let cell = std::sync::Arc::new(std::sync::Mutex::new(Some(out)));
     let mine = std::sync::Arc::clone(&cell);
     let spawned = std::thread::Builder::new()
@@ -260,7 +263,7 @@ fn park<T: DeviceRepr>(out: Outgoing<T>) {
 /// hand-off is parked on a thread that waits for the hand-back or for the receiver's
 /// process to end, and frees the buffer then.
 pub struct Lent<T: DeviceRepr> {
-    out: Option<Outgoing<T>>,
+    out: Option<Box<Outgoing<T>>>,
 }
 
 /// A [`PoolSlice`] shared for reading with another process by [`PoolSlice::share`]: both
@@ -281,7 +284,7 @@ pub struct Lent<T: DeviceRepr> {
 /// Writing while it is shared needs [`view_mut`](Self::view_mut), which is `unsafe`.
 /// Dropped without a join, it is parked like a [`Lent`].
 pub struct Shared<T: DeviceRepr> {
-    out: Option<Outgoing<T>>,
+    out: Option<Box<Outgoing<T>>>,
 }
 
 impl<T: DeviceRepr> PoolSlice<T> {
@@ -292,6 +295,20 @@ impl<T: DeviceRepr> PoolSlice<T> {
     /// Returns at once: nothing waits on the host. `stream` waits on the device for every
     /// pending use of the buffer (on any stream) and records an interprocess event after
     /// them, which the receiver's first use waits for.
+    ///
+    /// ```no_run
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>,
+    /// #      pool: &gpubind::ipc::MemoryPool, conn: &std::os::unix::net::UnixStream)
+    /// #      -> gpubind::Result<()> {
+    /// use gpubind::ipc::{PoolSlice, TransportOptions};
+    /// let mut buf: PoolSlice<f32> = pool.alloc_zeros(s, 256)?;
+    /// gpu.htod_copy(&[1.0f32; 256], &mut buf)?;
+    /// let lent = buf.lend(s, conn, &TransportOptions::default())?;
+    /// // … the other process writes it and hands it back …
+    /// let buf = lent.join()?;
+    /// let values = gpu.dtoh(&buf)?; // the receiver's data
+    /// # let _ = values; Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -306,7 +323,7 @@ impl<T: DeviceRepr> PoolSlice<T> {
         stream: &BoundStream<'_>,
         conn: &UnixStream,
         options: &TransportOptions,
-    ) -> std::result::Result<Lent<T>, HandoffFailed<T>> {
+    ) -> std::result::Result<Lent<T>, Box<HandoffFailed<T>>> {
         Outgoing::start(self, Mode::Lend, stream, conn, options).map(|o| Lent { out: Some(o) })
     }
 
@@ -324,7 +341,7 @@ impl<T: DeviceRepr> PoolSlice<T> {
         stream: &BoundStream<'_>,
         conn: &UnixStream,
         options: &TransportOptions,
-    ) -> std::result::Result<Shared<T>, HandoffFailed<T>> {
+    ) -> std::result::Result<Shared<T>, Box<HandoffFailed<T>>> {
         Outgoing::start(self, Mode::ShareRead, stream, conn, options)
             .map(|o| Shared { out: Some(o) })
     }
