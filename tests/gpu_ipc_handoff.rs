@@ -26,8 +26,9 @@ const CHILD_WAIT: Duration = Duration::from_secs(120);
 /// Elements in every handed-off buffer.
 const N: usize = 4096;
 /// GPU time the slow kernels spin before they write: far longer than a hand-off takes
-/// to reach the child, so a read that is not ordered after the kernel sees old data.
-const SPIN_NS: u64 = 400_000_000;
+/// to reach the child (which is set up and waiting before the kernel starts), so a read
+/// that is not ordered after the kernel sees old data.
+const SPIN_NS: u64 = 1_000_000_000;
 
 /// `spin_fill(p, n, v, ns)`: every thread spins `ns` nanoseconds of GPU time, then
 /// writes `v + i` to element `i`.
@@ -64,6 +65,7 @@ fn main() {
             ),
             ("refused_offer_returns_the_buffer", refused_offer),
             ("join_times_out_then_joins_again", join_times_out),
+            ("dropped_lend_frees_only_after_the_hand_back", dropped_lend),
         ],
     )
 }
@@ -96,7 +98,8 @@ fn slow_fill(
     .ctx("launch spin_fill")
 }
 
-/// Spawns this binary as child `role` and accepts its connection (bounded wait).
+/// Spawns this binary as child `role`, accepts its connection and waits until it is
+/// ready to receive (bounded waits).
 fn spawn_child(role: &str) -> R<(std::process::Child, UnixStream)> {
     let path = std::env::temp_dir().join(format!(
         "gpubind-ipc-handoff-{}-{role}.sock",
@@ -129,6 +132,8 @@ fn spawn_child(role: &str) -> R<(std::process::Child, UnixStream)> {
     };
     let _ = std::fs::remove_file(&path);
     conn.set_nonblocking(false).ctx("blocking conn")?;
+    let m = ipc::recv_message_timeout(&conn, CHILD_WAIT).ctx("the child's ready")?;
+    ensure!(m.bytes == b"ready", "child `{role}` said {:?}", m.bytes);
     Ok((proc, conn))
 }
 
@@ -170,7 +175,12 @@ fn run_child(role: &str) -> R {
     let gpu = ctx.bind(&dev).ctx("bind")?;
     let stream = gpu.new_stream().ctx("stream")?;
     let s = gpu.on(&stream).ctx("on")?;
+    let module = gpu
+        .compile_and_load(SPIN_FILL, "handoff.cu")
+        .ctx("compile")?;
     let opts = options(CHILD_WAIT);
+    // Everything slow (context, compile) is done: the parent starts its kernel now.
+    ipc::send_message(&conn, b"ready", &[]).ctx("send ready")?;
     match role {
         "lend_reader" => {
             let Incoming::Lent(mut lent) =
@@ -178,7 +188,7 @@ fn run_child(role: &str) -> R {
             else {
                 return Err("expected a lend".into());
             };
-            // The parent's kernel writes ~0.4 s after the offer left: only the ordering
+            // The parent's kernel writes ~1 s after the offer left: only the ordering
             // makes this read see it.
             let got = gpu.dtoh(&lent).ctx("dtoh")?;
             ensure!(
@@ -187,9 +197,6 @@ fn run_child(role: &str) -> R {
                 &got[..4]
             );
             // A slow write of our own, given back at once: the hand-back waits for it.
-            let module = gpu
-                .compile_and_load(SPIN_FILL, "handoff.cu")
-                .ctx("compile")?;
             slow_fill(&s, &module, &mut lent, 0xB200)?;
             lent.give_back().ctx("give_back")
         }
@@ -419,5 +426,43 @@ fn join_times_out() -> R {
         other => return Err(format!("a second lend on one connection: {other:?}")),
     }
     lent.join().ctx("second join")?;
+    expect_success(child)
+}
+
+fn dropped_lend() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let dev = Device::get(0).ctx("device 0")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let t = setup(&gpu)?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let used = || t.pool.usage().map(|u| u.used_current).ctx("pool usage");
+    let before = used()?;
+    let buf: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
+    ensure!(used()? > before, "the allocation is not counted");
+    // The child holds the buffer 3 s, then gives it back.
+    let (child, conn) = spawn_child("slow_giver")?;
+    let lent = buf.lend(&s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
+    let start = Instant::now();
+    drop(lent);
+    std::thread::sleep(Duration::from_secs(1));
+    ensure!(
+        used()? > before,
+        "the dropped lend freed the buffer while the child held it"
+    );
+    let deadline = start + Duration::from_secs(30);
+    while used()? > before {
+        ensure!(
+            Instant::now() < deadline,
+            "the parked buffer was not freed after the hand-back"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let freed_after = start.elapsed();
+    println!("dropped lend: buffer freed {freed_after:?} after the drop (child held it 3 s)");
+    ensure!(
+        freed_after >= Duration::from_secs(2),
+        "freed after {freed_after:?}, before the child's hand-back"
+    );
     expect_success(child)
 }
