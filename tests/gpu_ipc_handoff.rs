@@ -31,7 +31,7 @@ const N: usize = 4096;
 const SPIN_NS: u64 = 1_000_000_000;
 
 /// `spin_fill(p, n, v, ns)`: every thread spins `ns` nanoseconds of GPU time, then
-/// writes `v + i` to element `i`.
+/// writes `v + i` to element `i`; `spin_copy(src, dst, n, ns)` spins, then copies.
 const SPIN_FILL: &str = r#"
 extern "C" __global__ void spin_fill(unsigned* p, unsigned n, unsigned v, unsigned long long ns) {
     unsigned long long start, now;
@@ -40,6 +40,15 @@ extern "C" __global__ void spin_fill(unsigned* p, unsigned n, unsigned v, unsign
     while (now - start < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) p[i] = v + i;
+}
+
+extern "C" __global__ void spin_copy(const unsigned* src, unsigned* dst, unsigned n, unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    now = start;
+    while (now - start < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i];
 }
 "#;
 
@@ -57,6 +66,10 @@ fn main() {
             (
                 "lend_orders_both_ways_across_processes",
                 lend_orders_both_ways,
+            ),
+            (
+                "lend_waits_for_pending_reads_on_other_streams",
+                lend_after_reads,
             ),
             ("share_for_reading_reads_on_both_sides", share_for_reading),
             (
@@ -231,6 +244,16 @@ fn run_child(role: &str) -> R {
             drop(lent);
             Err("the parent did not kill this child".into())
         }
+        "lend_writer" => {
+            let Incoming::Lent(mut lent) =
+                ipc::recv_handoff::<u32>(&conn, &s, &opts).ctx("recv_handoff")?
+            else {
+                return Err("expected a lend".into());
+            };
+            // At once: only the ordering keeps this after the parent's pending read.
+            gpu.htod_copy(&filled(0xE500), &mut lent).ctx("htod")?;
+            lent.give_back().ctx("give_back")
+        }
         "wrong_type" => match ipc::recv_handoff::<u64>(&conn, &s, &opts) {
             Err(Error::TypeMismatch { .. }) => Ok(()),
             other => Err(format!("expected TypeMismatch, got {other:?}")),
@@ -293,6 +316,47 @@ fn lend_orders_both_ways() -> R {
         "the sender read {:?}… after the hand-back, not the receiver's write",
         &got[..4]
     );
+    expect_success(child)
+}
+
+fn lend_after_reads() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let dev = Device::get(0).ctx("device 0")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let t = setup(&gpu)?;
+    let (reader, lender) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let (r, s) = (gpu.on(&reader).ctx("on")?, gpu.on(&lender).ctx("on")?);
+    let mut buf: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
+    gpu.htod_copy(&filled(0x7700), &mut buf).ctx("htod")?;
+    let mut copy = gpu.alloc_zeros::<u32>(N).ctx("alloc copy")?;
+    let (child, conn) = spawn_child("lend_writer")?;
+    // A slow read of `buf` on another stream than the lend's.
+    let f = t.module.function("spin_copy").ctx("function")?;
+    let n = N as u32;
+    // SAFETY: (const unsigned*, unsigned*, unsigned, unsigned long long) as declared; it
+    // reads `buf` and writes `copy` below `n`, both of N elements.
+    unsafe {
+        r.launch(&f, LaunchConfig::for_num_elems(n))
+            .arg(&buf)
+            .arg(&mut copy)
+            .arg(&n)
+            .arg(&SPIN_NS)
+            .launch()
+    }
+    .ctx("launch spin_copy")?;
+    let lent = buf.lend(&s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
+    let buf = lent.join().ctx("join")?;
+    let read = gpu.dtoh(&copy).ctx("dtoh copy")?;
+    ensure!(
+        read == filled(0x7700),
+        "the pending read saw {:?}…: the receiver wrote before it finished",
+        &read[..4]
+    );
+    let got = gpu.dtoh(&buf).ctx("dtoh")?;
+    ensure!(got == filled(0xE500), "after join: {:?}…", &got[..4]);
     expect_success(child)
 }
 
