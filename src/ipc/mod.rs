@@ -427,6 +427,10 @@ mod tests {
         assert_send_sync::<LegacySlice<u64>>();
         assert_send_sync::<PoolHandle>();
         assert_send_sync::<BufferHandle>();
+        assert_send_sync::<Lent<f32>>();
+        assert_send_sync::<Shared<f32>>();
+        assert_send_sync::<LentImport<u8>>();
+        assert_send_sync::<SharedImport<u8>>();
     }
 
     #[test]
