@@ -73,6 +73,10 @@ fn main() {
             ),
             ("share_for_reading_reads_on_both_sides", share_for_reading),
             (
+                "unsafe_views_write_disjoint_halves_of_a_share",
+                share_writing_halves,
+            ),
+            (
                 "killed_receiver_returns_the_buffer_with_peer_gone",
                 killed_receiver,
             ),
@@ -254,6 +258,19 @@ fn run_child(role: &str) -> R {
             gpu.htod_copy(&filled(0xE500), &mut lent).ctx("htod")?;
             lent.give_back().ctx("give_back")
         }
+        "second_half_writer" => {
+            let Incoming::Shared(mut shared) =
+                ipc::recv_handoff::<u32>(&conn, &s, &opts).ctx("recv_handoff")?
+            else {
+                return Err("expected a share".into());
+            };
+            // SAFETY: the parent writes only the first half while the buffer is shared,
+            // and reads the second only after the hand-back.
+            let mut half = unsafe { shared.view_mut(N / 2..) }.ctx("view_mut")?;
+            gpu.htod_copy(&filled(0xF600)[N / 2..], &mut half)
+                .ctx("htod")?;
+            shared.give_back().ctx("give_back")
+        }
         "wrong_type" => match ipc::recv_handoff::<u64>(&conn, &s, &opts) {
             Err(Error::TypeMismatch { .. }) => Ok(()),
             other => Err(format!("expected TypeMismatch, got {other:?}")),
@@ -384,6 +401,34 @@ fn share_for_reading() -> R {
     // Back: writable again.
     gpu.htod_copy(&filled(1), &mut buf).ctx("htod after join")?;
     ensure!(gpu.dtoh(&buf).ctx("dtoh")? == filled(1), "write after join");
+    expect_success(child)
+}
+
+fn share_writing_halves() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let dev = Device::get(0).ctx("device 0")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let t = setup(&gpu)?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let buf: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
+    let (child, conn) = spawn_child("second_half_writer")?;
+    let mut shared = buf.share(&s, &conn, &options(CHILD_WAIT)).ctx("share")?;
+    {
+        // SAFETY: the child writes only the second half while the buffer is shared,
+        // and nobody reads the first half until the hand-back.
+        let mut half = unsafe { shared.view_mut(..N / 2) }.ctx("view_mut")?;
+        gpu.htod_copy(&filled(0xF600)[..N / 2], &mut half)
+            .ctx("htod")?;
+    }
+    let buf = shared.join().ctx("join")?;
+    let got = gpu.dtoh(&buf).ctx("dtoh")?;
+    ensure!(
+        got == filled(0xF600),
+        "halves: first {:?}…, second {:?}…",
+        &got[..2],
+        &got[N / 2..N / 2 + 2]
+    );
     expect_success(child)
 }
 
