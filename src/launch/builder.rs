@@ -396,6 +396,11 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// * A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must be passed as
     ///   `&mut`: a shared one may be read by the host through
     ///   [`as_slice`](crate::ManagedSlice::as_slice) while the launch is enqueued.
+    /// * The kernel must not write a buffer shared for reading with another process
+    ///   (`ipc::Shared`, `ipc::SharedImport`, reached through their `&DeviceSlice<T>`
+    ///   deref), not even through [`arg_written`](Self::arg_written): the other process
+    ///   reads it at the same time, ordered by nothing (their `view_mut` is the `unsafe`
+    ///   way to write one).
     pub unsafe fn launch(&mut self) -> Result<()> {
         // SAFETY: the caller's contract is this function's; `LaunchKernel` enqueues the kernel
         // with exactly what it is given.
