@@ -577,6 +577,17 @@ impl Device {
         }
     }
 
+    /// Poisons the device for a reason no driver call reported: work may still be
+    /// appended to one of its streams that nothing can order later uses or frees after
+    /// (an `ncclCommAbort` that did not return). From then on every call into the device
+    /// is [`Error::ContextPoisoned`] naming `call` and `code`, and every buffer of it is
+    /// leaked rather than freed, so the late work cannot write freed memory.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    pub(crate) fn poison_unordered(&self, call: &'static str, code: sys::CUresult) -> Error {
+        let p = self.poison.poison(call, code).clone();
+        crate::device::poison::error(self, &p)
+    }
+
     /// The gate of the primary context's legacy default stream (`crate::access`).
     pub(crate) fn legacy_gate(&self) -> &crate::sync::Gate {
         &self.legacy_gate

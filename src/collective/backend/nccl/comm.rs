@@ -239,17 +239,29 @@ impl NcclComm {
     /// the gate, so the abort was taken, by the owner or the watchdog): waits until
     /// `ncclCommAbort` has returned, which joins NCCL's background enqueue, so no kernel
     /// of the call is appended to the stream after the caller's claim is released.
-    /// Bounded by `GPUBIND_DROP_TIMEOUT`; past it, logged (docs/safety.md, "NCCL").
+    /// Bounded by `GPUBIND_DROP_TIMEOUT`; past it, NCCL may still append the call's
+    /// kernel after anything ordered later on the stream, so the device is poisoned:
+    /// its buffers are leaked, never freed under that kernel (docs/safety.md, "NCCL").
     fn wait_for_abort(&self) {
         let limit = crate::teardown::drop_wait::drop_timeout();
-        if !self.watch.wait_abort_returned(limit) {
-            log::error!(
-                "gpubind: ncclCommAbort of an NCCL communicator of {} ranks did not return \
-                 within GPUBIND_DROP_TIMEOUT ({limit:?}) after a failed enqueue: NCCL may \
-                 still append that call's kernel to its stream after the call returned",
-                self.nranks
-            );
+        if self.watch.wait_abort_returned(limit) {
+            return;
         }
+        let poisoned = self
+            .watch
+            .device
+            .get()
+            .map(|d| d.poison_unordered("ncclCommAbort", sys::CUresult::CUDA_ERROR_TIMEOUT));
+        log::error!(
+            "gpubind: ncclCommAbort of an NCCL communicator of {} ranks did not return \
+             within GPUBIND_DROP_TIMEOUT ({limit:?}) after a failed enqueue: NCCL may still \
+             append that call's kernel to its stream, so {}",
+            self.nranks,
+            match poisoned {
+                Some(e) => format!("the device is poisoned and its memory leaked: {e}"),
+                None => "the communicator's device is unknown and cannot be poisoned".into(),
+            }
+        );
     }
 
     /// [`issue`](Self::issue) with the owner inside the gate.
