@@ -63,6 +63,28 @@ impl AccessTracker {
         t
     }
 
+    /// The usual case of a stream-ordered free, without joining: the only pending use is
+    /// a write on a stream of `device` that no capture can hold (a gpubind stream, or
+    /// the legacy stream). Forgets it and returns that stream, where the free goes with
+    /// no wait (every use of the memory is ordered before it there). `None`, changing
+    /// nothing, in every other case ([`join_for_free`](Self::join_for_free) then).
+    #[inline]
+    pub(crate) fn take_sole_writer(&mut self, device: &Device) -> Option<StreamRef> {
+        let st = match self.state.get_mut() {
+            Ok(st) => st,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        match (st.writers.as_slice(), st.readers.is_empty()) {
+            ([w], true) if w.device().ordinal() == device.ordinal() && !w.may_be_capturing() => {}
+            _ => return None,
+        }
+        let on = st.writers.pop();
+        st.refresh();
+        // Held `&mut`: no fast path can be using what is published; nothing is pending now.
+        self.published.reset_mut(st, None);
+        on
+    }
+
     /// Joins every pending use onto one stream of `device` (the allocation's), for a
     /// stream-ordered free: see the [module docs](self). Returns the stream to free on
     /// (`FreeOn::Anywhere` when nothing is pending) and the forgotten streams, to be

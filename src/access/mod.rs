@@ -101,11 +101,8 @@ impl AccessTracker {
     /// A tracker whose allocation has one pending write, on `on` (memory adopted with
     /// work still queued on it).
     pub(crate) fn written_on(on: StreamRef) -> Self {
-        let mut state = AccessState::default();
-        let mut grave = Grave::new();
-        state.commit(&[(on.id(), Access::Write)], |_| on.clone(), &mut grave);
         AccessTracker {
-            state: sync::Mutex::new(state),
+            state: sync::Mutex::new(AccessState::written_by(on)),
             // Nothing published: the first use takes the slow path (and publishes).
             published: Published::default(),
         }

@@ -55,6 +55,19 @@ impl<S> Default for AccessState<S> {
 }
 
 impl<S: TrackedStream> AccessState<S> {
+    /// A state whose one pending use is a write on `on` (what a commit of that write into
+    /// an idle state makes, built directly: a stream-ordered allocation's tracker).
+    pub(crate) fn written_by(on: S) -> Self {
+        let mut writers = Vec::with_capacity(1);
+        let sole = on.id();
+        writers.push(on);
+        AccessState {
+            sole,
+            writers,
+            readers: Vec::new(),
+        }
+    }
+
     /// A state with these pending uses (tests and models build states directly).
     #[cfg(test)]
     pub(super) fn with_uses(writers: Vec<S>, readers: Vec<S>) -> Self {

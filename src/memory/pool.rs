@@ -157,7 +157,25 @@ impl<'b> BoundStream<'b> {
         // SAFETY: zeroed below, on the same stream, before any other use can be ordered
         // after the allocation.
         let mut buf = unsafe { self.alloc::<T>(len)? };
-        self.memset_zeros_async(&mut buf)?;
+        if !buf.pooled || buf.ptr == 0 {
+            // `cuMemAlloc` memory (no pool on this device), or nothing to zero.
+            self.memset_zeros_async(&mut buf)?;
+            return Ok(buf);
+        }
+        // Pool memory allocated on this stream just now: its tracker's one pending use is
+        // that write on this stream, and no other reference to the slice exists, so the
+        // memset is ordered after every use there is without a claim, and records nothing.
+        // SAFETY: the whole of a live allocation (`len` elements of `T`), on a stream of the current
+        // context (or a gpubind stream) whose allocation precedes this in stream order.
+        let zeroed = unsafe {
+            result::copy::memset_d8_async(
+                buf.ptr,
+                0,
+                std::mem::size_of::<T>() * len,
+                self.slot().raw(),
+            )
+        };
+        self.bound().device().check(zeroed)?;
         Ok(buf)
     }
 }

@@ -13,8 +13,9 @@
 //! the host, as a `cuMemAlloc` buffer's does; if that wait fails too (a poisoned context,
 //! a timeout, a capturing stream) the memory is leaked.
 
-use crate::access::{AccessTracker, FreeOn};
+use crate::access::{AccessTracker, FreeOn, Grave, StreamRef};
 use crate::device::Device;
+use crate::driver::ContextGuard;
 use crate::driver::result::memory;
 use crate::teardown::{self, Runs, Teardown};
 use cudarc::driver::sys;
@@ -35,20 +36,17 @@ pub(crate) unsafe fn free_in_stream_order(
     tracker: &mut AccessTracker,
     ptr: sys::CUdeviceptr,
 ) {
-    // The device's context, for the hand-off events and the free (cheap when it is
-    // current already; `release` reports a context that cannot be entered).
-    let guard = device.enter().ok();
-    let joined = match guard {
-        // A poisoned context runs nothing more: the host wait below says so, and the
-        // memory leaks as every buffer of a poisoned context does.
-        Some(_) if device.check_poison().is_ok() => tracker.join_for_free(device).ok(),
-        _ => None,
+    // The usual drop of a temporary: its only pending use is a write on a stream of
+    // its device, where the free goes with no wait and no event, so the context is
+    // entered once, by `release`.
+    let sole = if device.check_poison().is_ok() {
+        tracker.take_sole_writer(device)
+    } else {
+        None
     };
-    let (on, waited, forgotten) = match joined {
-        Some((on, forgotten)) => (on, Ok(()), Some(forgotten)),
-        // Joining failed and forgot nothing: wait on the host instead (a poisoned
-        // context fails here too, and the memory leaks).
-        None => (FreeOn::Anywhere, tracker.wait_all(), None),
+    let (on, waited, forgotten, guard) = match sole {
+        Some(on) => (FreeOn::Stream(on), Ok(()), None, None),
+        None => join_or_wait(device, tracker),
     };
     let stream = match &on {
         FreeOn::Stream(s) => s.slot().raw() as usize, // a handle, `Send`
@@ -73,4 +71,35 @@ pub(crate) unsafe fn free_in_stream_order(
     drop(on);
     drop(forgotten);
     drop(guard);
+}
+
+/// The general case of [`free_in_stream_order`]: joins the pending uses onto one stream
+/// in the device's context (entered for the hand-off events; the guard is returned, to
+/// be dropped after the free), or waits for them on the host if joining fails. Returns
+/// where the free goes, the outcome of the wait, and the streams to let go of after it.
+#[allow(clippy::type_complexity)]
+fn join_or_wait(
+    device: &Arc<Device>,
+    tracker: &mut AccessTracker,
+) -> (
+    FreeOn<StreamRef>,
+    crate::error::Result<()>,
+    Option<Grave<StreamRef>>,
+    Option<ContextGuard>,
+) {
+    // Cheap when the context is current already; `release` reports a context that
+    // cannot be entered.
+    let guard = device.enter().ok();
+    let joined = match guard {
+        // A poisoned context runs nothing more: the host wait below says so, and the
+        // memory leaks as every buffer of a poisoned context does.
+        Some(_) if device.check_poison().is_ok() => tracker.join_for_free(device).ok(),
+        _ => None,
+    };
+    match joined {
+        Some((on, forgotten)) => (on, Ok(()), Some(forgotten), guard),
+        // Joining failed and forgot nothing: wait on the host instead (a poisoned
+        // context fails here too, and the memory leaks).
+        None => (FreeOn::Anywhere, tracker.wait_all(), None, guard),
+    }
 }
