@@ -74,7 +74,7 @@ impl AccessTracker {
             Ok(st) => st,
             Err(poisoned) => poisoned.into_inner(),
         };
-        match (st.writers.as_slice(), st.readers.is_empty()) {
+        match (&st.writers[..], st.readers.is_empty()) {
             ([w], true) if w.device().ordinal() == device.ordinal() && !w.may_be_capturing() => {}
             _ => return None,
         }

@@ -62,6 +62,7 @@ mod fast;
 mod join;
 mod state;
 mod stream;
+mod streams;
 
 pub(crate) use fast::Published;
 pub(crate) use join::FreeOn;

@@ -4,6 +4,7 @@
 use crate::error::Result;
 
 use super::Access;
+use super::streams::Streams;
 
 /// A stream as the state machine sees it.
 pub(crate) trait TrackedStream: Clone {
@@ -36,8 +37,8 @@ pub(super) const PRUNE_READERS_AT: usize = 8;
 #[derive(Debug)]
 pub(crate) struct AccessState<S> {
     sole: u64,
-    pub(super) writers: Vec<S>,
-    pub(super) readers: Vec<S>,
+    pub(super) writers: Streams<S>,
+    pub(super) readers: Streams<S>,
 }
 
 /// [`AccessState::sole`] when the pending uses are not one write: no stream id (gpubind
@@ -48,8 +49,8 @@ impl<S> Default for AccessState<S> {
     fn default() -> Self {
         AccessState {
             sole: NO_SOLE,
-            writers: Vec::new(),
-            readers: Vec::new(),
+            writers: Streams::default(),
+            readers: Streams::default(),
         }
     }
 }
@@ -58,23 +59,23 @@ impl<S: TrackedStream> AccessState<S> {
     /// A state whose one pending use is a write on `on` (what a commit of that write into
     /// an idle state makes, built directly: a stream-ordered allocation's tracker).
     pub(crate) fn written_by(on: S) -> Self {
-        let mut writers = Vec::with_capacity(1);
-        let sole = on.id();
-        writers.push(on);
         AccessState {
-            sole,
-            writers,
-            readers: Vec::new(),
+            sole: on.id(),
+            writers: Streams::one(on),
+            readers: Streams::default(),
         }
     }
 
     /// A state with these pending uses (tests and models build states directly).
     #[cfg(test)]
-    pub(super) fn with_uses(writers: Vec<S>, readers: Vec<S>) -> Self {
+    pub(super) fn with_uses(
+        writers: impl Into<Streams<S>>,
+        readers: impl Into<Streams<S>>,
+    ) -> Self {
         let mut st = AccessState {
             sole: NO_SOLE,
-            writers,
-            readers,
+            writers: writers.into(),
+            readers: readers.into(),
         };
         st.refresh();
         st
@@ -83,7 +84,7 @@ impl<S: TrackedStream> AccessState<S> {
     /// What `sole` must be, from the lists.
     #[inline]
     fn sole_from_lists(&self) -> u64 {
-        match self.writers.as_slice() {
+        match &self.writers[..] {
             [w] if self.readers.is_empty() => w.id(),
             _ => NO_SOLE,
         }
@@ -195,7 +196,7 @@ impl<S: TrackedStream> AccessState<S> {
         // same outcome as below (the write replaces the old writer), swapped in place.
         if let [(id, Access::Write)] = uses
             && self.readers.is_empty()
-            && let [w] = self.writers.as_mut_slice()
+            && let [w] = &mut self.writers[..]
             && w.id() != *id
         {
             grave.push(std::mem::replace(w, make(*id)));
@@ -257,9 +258,10 @@ impl<S: TrackedStream> AccessState<S> {
             }
             if self.read_may_prune() {
                 let (idle, busy): (Vec<S>, Vec<S>) = std::mem::take(&mut self.readers)
+                    .into_vec()
                     .into_iter()
                     .partition(S::is_idle);
-                self.readers = busy;
+                self.readers = Streams::from(busy);
                 for s in idle {
                     grave.push(s);
                 }
@@ -324,11 +326,15 @@ impl<S: TrackedStream> AccessState<S> {
     /// Every pending read becomes a pending write (see
     /// [`AccessTracker::reads_become_writes`]).
     pub(crate) fn reads_become_writes(&mut self) {
-        for r in self.readers.drain(..) {
-            if !self.writers.iter().any(|w| w.id() == r.id()) {
-                self.writers.push(r);
+        let mut readers = std::mem::take(&mut self.readers);
+        let writers = &mut self.writers;
+        readers.take_each(|r| {
+            if !writers.iter().any(|w| w.id() == r.id()) {
+                writers.push(r);
             }
-        }
+        });
+        // Emptied, with its capacity kept.
+        self.readers = readers;
         self.refresh();
     }
 
@@ -368,9 +374,7 @@ impl<S> Grave<S> {
     }
 
     /// Moves every element of `v` here, keeping `v`'s capacity for what replaces them.
-    pub(crate) fn take_all(&mut self, v: &mut Vec<S>) {
-        for s in v.drain(..) {
-            self.push(s);
-        }
+    pub(crate) fn take_all(&mut self, v: &mut Streams<S>) {
+        v.take_each(|s| self.push(s));
     }
 }
