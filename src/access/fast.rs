@@ -120,6 +120,16 @@ impl Published {
         }
     }
 
+    /// Takes back the published write id, if any, under its stream's gate (rule 2): no
+    /// write is admitted without the tracker's lock from then on, until one is
+    /// published again.
+    pub(crate) fn close_write<S: TrackedStream>(&self, st: &AccessState<S>) {
+        let w = self.write.load(Relaxed);
+        if w != NONE {
+            self.close_one(st, w);
+        }
+    }
+
     /// Takes back `id` from every slot under its stream's gate.
     fn close_one<S: TrackedStream>(&self, st: &AccessState<S>, id: u64) {
         match st.find(id) {

@@ -39,6 +39,10 @@ pub(crate) struct AccessState<S> {
     sole: u64,
     pub(super) writers: Streams<S>,
     pub(super) readers: Streams<S>,
+    /// Open reads ([`super::lend`]): reads recorded at their start whose work outside
+    /// gpubind's streams is ordered only at their end. While any is open, writes are
+    /// refused and none is admitted without the lock.
+    pub(super) lends: u32,
 }
 
 /// [`AccessState::sole`] when the pending uses are not one write: no stream id (gpubind
@@ -51,6 +55,7 @@ impl<S> Default for AccessState<S> {
             sole: NO_SOLE,
             writers: Streams::default(),
             readers: Streams::default(),
+            lends: 0,
         }
     }
 }
@@ -63,6 +68,7 @@ impl<S: TrackedStream> AccessState<S> {
             sole: on.id(),
             writers: Streams::one(on),
             readers: Streams::default(),
+            lends: 0,
         }
     }
 
@@ -76,6 +82,7 @@ impl<S: TrackedStream> AccessState<S> {
             sole: NO_SOLE,
             writers: writers.into(),
             readers: readers.into(),
+            lends: 0,
         };
         st.refresh();
         st
@@ -117,10 +124,10 @@ impl<S: TrackedStream> AccessState<S> {
     }
 
     /// Whether a write on `on` needs no wait and records nothing (what the fast path's
-    /// published `write` id promises).
+    /// published `write` id promises); never while a read is open ([`super::lend`]).
     #[inline]
     pub(crate) fn write_is_free(&self, on: u64) -> bool {
-        self.is_sole_writer(on)
+        self.lends == 0 && self.is_sole_writer(on)
     }
 
     /// Whether a read on `on` needs no wait and records nothing (what the fast path's

@@ -532,3 +532,37 @@ fn a_buffer_passed_for_read_and_write_is_claimed_as_written() {
     waited.sort_unstable();
     assert_eq!(waited, [1, 2]);
 }
+
+/// While a read is open ([`lend`]), a write is refused before anything is enqueued (a
+/// read of the same tracker passes), no write id is published or admitted, and closing
+/// the read lets writes be published again.
+#[test]
+fn an_open_read_refuses_writes_and_publishes_no_write_id() {
+    let t = AccessTracker::default();
+    let held = |access| Held {
+        guard: sync::lock(&t.state),
+        published: &t.published,
+        access,
+    };
+    sync::lock(&t.state).lends = 1;
+    match refuse_lent_writes(&[None, Some(held(Access::Write))]) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("lent to cudarc"), "{m}"),
+        other => panic!("a write during an open read: {other:?}"),
+    }
+    assert!(refuse_lent_writes(&[Some(held(Access::Read))]).is_ok());
+    assert!(matches!(
+        t.host_access(Access::Write),
+        Err(Error::InvalidArgument(_))
+    ));
+
+    let mut st = AccessState::with_uses(vec![S(1)], vec![]);
+    st.lends = 1;
+    assert!(!st.write_is_free(1), "no write id while a read is open");
+    let published = fast::Published::default();
+    published.publish(&st, 1);
+    assert_eq!(published.ids(), (NONE_ID, [1, NONE_ID]), "only the read id");
+    assert!(!published.admits(1, Access::Write) && published.admits(1, Access::Read));
+    st.lends = 0;
+    published.publish(&st, 1);
+    assert_eq!(published.ids().0, 1, "the write id once no read is open");
+}
