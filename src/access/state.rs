@@ -4,7 +4,7 @@
 use crate::error::Result;
 
 use super::Access;
-use super::streams::Streams;
+use super::streams::{StreamList, Streams};
 
 /// A stream as the state machine sees it.
 pub(crate) trait TrackedStream: Clone {
@@ -38,7 +38,7 @@ pub(super) const PRUNE_READERS_AT: usize = 8;
 pub(crate) struct AccessState<S> {
     sole: u64,
     pub(super) writers: Streams<S>,
-    pub(super) readers: Streams<S>,
+    pub(super) readers: Vec<S>,
     /// Open reads ([`super::lend`]): reads recorded at their start whose work outside
     /// gpubind's streams is ordered only at their end. While any is open, writes are
     /// refused and none is admitted without the lock.
@@ -54,7 +54,7 @@ impl<S> Default for AccessState<S> {
         AccessState {
             sole: NO_SOLE,
             writers: Streams::default(),
-            readers: Streams::default(),
+            readers: Vec::new(),
             lends: 0,
         }
     }
@@ -67,21 +67,18 @@ impl<S: TrackedStream> AccessState<S> {
         AccessState {
             sole: on.id(),
             writers: Streams::one(on),
-            readers: Streams::default(),
+            readers: Vec::new(),
             lends: 0,
         }
     }
 
     /// A state with these pending uses (tests and models build states directly).
     #[cfg(test)]
-    pub(super) fn with_uses(
-        writers: impl Into<Streams<S>>,
-        readers: impl Into<Streams<S>>,
-    ) -> Self {
+    pub(super) fn with_uses(writers: impl Into<Streams<S>>, readers: Vec<S>) -> Self {
         let mut st = AccessState {
             sole: NO_SOLE,
             writers: writers.into(),
-            readers: readers.into(),
+            readers,
             lends: 0,
         };
         st.refresh();
@@ -265,10 +262,9 @@ impl<S: TrackedStream> AccessState<S> {
             }
             if self.read_may_prune() {
                 let (idle, busy): (Vec<S>, Vec<S>) = std::mem::take(&mut self.readers)
-                    .into_vec()
                     .into_iter()
                     .partition(S::is_idle);
-                self.readers = Streams::from(busy);
+                self.readers = busy;
                 for s in idle {
                     grave.push(s);
                 }
@@ -333,15 +329,11 @@ impl<S: TrackedStream> AccessState<S> {
     /// Every pending read becomes a pending write (see
     /// [`AccessTracker::reads_become_writes`]).
     pub(crate) fn reads_become_writes(&mut self) {
-        let mut readers = std::mem::take(&mut self.readers);
-        let writers = &mut self.writers;
-        readers.take_each(|r| {
-            if !writers.iter().any(|w| w.id() == r.id()) {
-                writers.push(r);
+        for r in self.readers.drain(..) {
+            if !self.writers.iter().any(|w| w.id() == r.id()) {
+                self.writers.push(r);
             }
-        });
-        // Emptied, with its capacity kept.
-        self.readers = readers;
+        }
         self.refresh();
     }
 
@@ -381,7 +373,7 @@ impl<S> Grave<S> {
     }
 
     /// Moves every element of `v` here, keeping `v`'s capacity for what replaces them.
-    pub(crate) fn take_all(&mut self, v: &mut Streams<S>) {
+    pub(crate) fn take_all(&mut self, v: &mut impl StreamList<S>) {
         v.take_each(|s| self.push(s));
     }
 }

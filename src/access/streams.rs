@@ -1,10 +1,13 @@
-//! [`Streams`]: the list of streams holding one kind of pending use of an allocation.
+//! [`Streams`]: the list of streams holding an allocation's pending writes, and
+//! [`StreamList`], what a tracker's lists have in common.
 
 use std::ops::{Deref, DerefMut};
 
 /// A list of streams that keeps its first stream inline: the usual tracker (one pending
-/// write, no reads) allocates nothing, so a temporary buffer's tracker costs no heap
-/// allocation and no free. Derefs to a slice. It moves to the heap at its second
+/// write, no reads: the reader list, a `Vec`, is empty and so unallocated) allocates
+/// nothing, so a temporary buffer's tracker costs no heap allocation and no free. Only
+/// the writers use it: each look at the list costs a branch, which the readers, empty
+/// on the hot paths, need not pay. Derefs to a slice. It moves to the heap at its second
 /// stream and stays there, keeping the capacity for the streams that replace them.
 #[derive(Clone, Debug)]
 pub(crate) enum Streams<S> {
@@ -98,32 +101,39 @@ impl<S> Streams<S> {
             Streams::Heap(v) => v.clear(),
         }
     }
+}
 
-    /// Removes every stream, in order, handing each to `f`.
+/// A tracker's list of streams, emptied into a grave.
+pub(crate) trait StreamList<S> {
+    /// Removes every stream, in order, handing each to `f` (a list on the heap keeps its
+    /// capacity for the streams that replace them).
+    fn take_each(&mut self, f: impl FnMut(S));
+}
+
+impl<S> StreamList<S> for Vec<S> {
     #[inline]
-    pub(crate) fn take_each(&mut self, mut f: impl FnMut(S)) {
+    fn take_each(&mut self, f: impl FnMut(S)) {
+        self.drain(..).for_each(f);
+    }
+}
+
+impl<S> StreamList<S> for Streams<S> {
+    #[inline]
+    fn take_each(&mut self, mut f: impl FnMut(S)) {
         match self {
             Streams::Inline(one) => {
                 if let Some(s) = one.take() {
                     f(s);
                 }
             }
-            Streams::Heap(v) => v.drain(..).for_each(f),
-        }
-    }
-
-    /// The streams, as a vector.
-    pub(crate) fn into_vec(self) -> Vec<S> {
-        match self {
-            Streams::Inline(one) => one.into_iter().collect(),
-            Streams::Heap(v) => v,
+            Streams::Heap(v) => v.take_each(f),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Streams;
+    use super::{StreamList, Streams};
 
     #[test]
     fn the_first_stream_is_inline_and_order_is_kept() {
@@ -143,6 +153,5 @@ mod tests {
             "keeps its heap"
         );
         assert_eq!(Streams::one(4), Streams::from(vec![4]));
-        assert_eq!(Streams::one(4).into_vec(), [4]);
     }
 }
