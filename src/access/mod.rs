@@ -199,9 +199,6 @@ impl AccessTracker {
         let mut grave = Grave::new();
         let out = {
             let mut st = sync::lock(&self.state);
-            if access == Access::Write && st.lends > 0 {
-                return Err(lend::lent_error());
-            }
             fast::host_wait_published(
                 &mut st,
                 &self.published,
@@ -274,18 +271,6 @@ fn lock_all<'t>(uses: &mut [Use<'t>], held: &mut [Option<Held<'t>>]) {
     }
 }
 
-/// [`lend::lent_error`] if a write of `held` meets an open read ([`lend`]).
-fn refuse_lent_writes(held: &[Option<Held<'_>>]) -> Result<()> {
-    let lent = held
-        .iter()
-        .flatten()
-        .any(|h| h.access == Access::Write && h.guard.lends > 0);
-    if lent {
-        return Err(lend::lent_error());
-    }
-    Ok(())
-}
-
 /// An operation's claim on the buffers it touches, on one stream: taken before the
 /// operation is enqueued, recorded and released (in `Drop`) after. See the module docs.
 #[must_use = "hold the claim until the operation is enqueued"]
@@ -311,7 +296,6 @@ pub(crate) fn claim<'t, 's, H: AsMut<[Option<Held<'t>>]>>(
     mut held: H,
 ) -> Result<Claim<'t, 's, H>> {
     lock_all(uses, held.as_mut());
-    refuse_lent_writes(held.as_mut())?;
     let id = on.id();
     for h in held.as_mut().iter().flatten() {
         fast::order_before_enqueue(&h.guard, h.published, id, h.access, |from| {
@@ -417,7 +401,6 @@ pub(crate) fn host_claim<'t, H: AsMut<[Option<Held<'t>>]>>(
     mut held: H,
 ) -> Result<H> {
     lock_all(uses, held.as_mut());
-    refuse_lent_writes(held.as_mut())?;
     let mut grave = Grave::new();
     for h in held.as_mut().iter_mut().flatten() {
         fast::host_wait_published(
