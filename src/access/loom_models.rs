@@ -524,13 +524,14 @@ fn fast_path_write_is_covered_by_an_open_read_or_refused() {
                         return Ok(Some(s1.ops.fetch_add(1, SeqCst) + 1));
                     }
                 }
-                // The slow path: refused under the same lock as the claim (`claim`).
+                // The slow path: the claim's order step refuses it while the read is open.
                 let mut st = sync::lock(&t.state);
-                if st.lends > 0 {
+                if fast::order_before_enqueue(&st, &t.published, 1, Access::Write, |_| Ok(()))
+                    .is_err()
+                {
+                    assert!(st.lends > 0, "refused with no read open");
                     return Err("refused");
                 }
-                fast::order_before_enqueue(&st, &t.published, 1, Access::Write, |_| Ok(()))
-                    .unwrap();
                 s1.ops.fetch_add(1, SeqCst);
                 let s1b = s1.clone();
                 fast::record_after_enqueue(
