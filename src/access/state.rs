@@ -115,9 +115,15 @@ impl<S: TrackedStream> AccessState<S> {
     /// stream: the fast path, where no wait is needed.
     #[inline]
     pub(crate) fn is_ordered_on(&self, on: u64, access: Access) -> bool {
-        self.is_sole_writer(on)
-            || (self.writers.iter().all(|w| w.id() == on)
-                && (access == Access::Read || self.readers.iter().all(|r| r.id() == on)))
+        if self.is_sole_writer(on) {
+            return true;
+        }
+        if self.sole != NO_SOLE {
+            // One write pending, on another stream (a hand-off): answered by the cache.
+            return false;
+        }
+        self.writers.iter().all(|w| w.id() == on)
+            && (access == Access::Read || self.readers.iter().all(|r| r.id() == on))
     }
 
     /// Whether a write on `on` needs no wait and records nothing (what the fast path's
@@ -156,6 +162,10 @@ impl<S: TrackedStream> AccessState<S> {
     pub(crate) fn commit_is_noop(&self, on: u64, access: Access) -> bool {
         if self.is_sole_writer(on) {
             return true;
+        }
+        if self.sole != NO_SOLE {
+            // One write pending, on another stream: either use changes the lists.
+            return false;
         }
         match access {
             Access::Write => {
