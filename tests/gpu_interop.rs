@@ -700,6 +700,42 @@ fn borrowed_raw_stream_is_ordered_and_left_usable() -> R {
     Ok(())
 }
 
+/// Pool memory allocated and written on a borrowed raw stream, dropped after the loan
+/// ended and the raw stream was destroyed: the free must not go on the dead handle (it
+/// goes on the legacy stream, after the event recorded at the end of the loan), and the
+/// memory returns to the pool.
+fn pool_drop_after_the_borrowed_stream_was_destroyed() -> R {
+    let dev = dev0()?;
+    let pool = dev.memory_pool().ctx("memory_pool")?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "k.cu").ctx("compile")?;
+    let fill = module.function("slow_fill").ctx("slow_fill")?;
+    gpu.synchronize().ctx("sync")?;
+    let before = pool.used_bytes().ctx("used")?;
+    let raw = RawStream::new()?;
+    let buf = {
+        // SAFETY: a stream of the bound (primary) context, destroyed after the loan.
+        let lent = unsafe { gpu.borrow_stream(raw.0) }.ctx("borrow_stream")?;
+        let s = gpu.on(&lent).ctx("on lent")?;
+        let mut buf = s.alloc_zeros::<u32>(1 << 16).ctx("alloc on lent")?;
+        slow_fill(&s, &fill, &mut buf, 3)?;
+        buf
+    }; // the loan ends with the slow fill still running
+    raw.synchronize().ctx("raw stream")?;
+    drop(raw);
+    drop(buf);
+    gpu.synchronize().ctx("sync")?;
+    let after = pool.used_bytes().ctx("used")?;
+    println!("    pool used bytes {before} -> {after}");
+    ensure!(
+        after <= before,
+        "the memory did not go back to the pool: {before} -> {after} (the free went on \
+         the destroyed stream?)"
+    );
+    Ok(())
+}
+
 /// A cudarc stream lent to gpubind: usable for a launch; cudarc's handle works after.
 fn borrowed_cudarc_stream_launches() -> R {
     let dev = dev0()?;
@@ -771,6 +807,10 @@ fn main() {
             ),
             ("lend_is_ordered_both_ways", lend_is_ordered_both_ways),
             ("lend_ref_is_a_read_claim", lend_ref_is_a_read_claim),
+            (
+                "pool_drop_after_the_borrowed_stream_was_destroyed",
+                pool_drop_after_the_borrowed_stream_was_destroyed,
+            ),
             (
                 "lend_ref_allows_reads_of_the_lent_buffer_inside_the_closure",
                 lend_ref_allows_reads_of_the_lent_buffer_inside_the_closure,

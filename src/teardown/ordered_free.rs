@@ -1,10 +1,11 @@
 //! The stream-ordered free of pool memory (`cuMemFreeAsync`): a drop that does not wait
 //! on the host. The contract is docs/safety.md, "Drops".
 //!
-//! The free goes on one stream of the allocation's pending uses — the only writer's when
-//! there is one, else the first of its own device's — after that stream has been made to
-//! wait on the device (an event and `cuStreamWaitEvent`) for every other pending use
-//! (`AccessTracker::join_for_free`). The tracker holds a reference to every stream it
+//! The free goes on one stream of the allocation's pending uses — the stream of the only
+//! pending use when that is a write (`AccessTracker::take_sole_writer`: no wait, no
+//! event), else the first of its own device's that is not borrowed — after that stream
+//! has been made to wait on the device (an event and `cuStreamWaitEvent`) for every other
+//! pending use (`AccessTracker::join_for_free`). The tracker holds a reference to every stream it
 //! names, so a stream dropped by its owner still exists when the free is enqueued; the
 //! reference goes only after it (`cuStreamDestroy` of a stream with pending work lets
 //! that work, the free included, complete). With nothing pending the free goes on the
