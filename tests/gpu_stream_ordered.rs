@@ -371,6 +371,28 @@ fn pool_usage_and_settings() -> R {
         .ctx("restore threshold")
 }
 
+/// `Device::memory_usage` counts a stream-ordered slice from its allocation to its drop,
+/// as it does a `cuMemAlloc` one.
+fn pooled_slices_count_in_memory_usage() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let base = dev.memory_usage().in_use;
+    let buf = s.alloc_zeros::<u32>(1 << 18).ctx("alloc")?;
+    let during = dev.memory_usage().in_use;
+    drop(buf);
+    let after = dev.memory_usage().in_use;
+    println!("    memory_usage in_use {base} -> {during} -> {after}");
+    ensure!(
+        during == base + (1 << 20),
+        "1 MiB allocated: {base} -> {during}"
+    );
+    ensure!(after == base, "dropped: {base} -> {after}");
+    Ok(())
+}
+
 /// A value the device refuses is `Error::PoolSetting` naming the setting.
 fn refused_setting_is_a_typed_error() -> R {
     let dev = dev0()?;
@@ -590,6 +612,10 @@ fn main() {
             (
                 "refused_setting_is_a_typed_error",
                 refused_setting_is_a_typed_error,
+            ),
+            (
+                "pooled_slices_count_in_memory_usage",
+                pooled_slices_count_in_memory_usage,
             ),
             (
                 "fallback_temporaries_loop_is_exact",
