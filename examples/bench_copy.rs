@@ -12,14 +12,14 @@
 //! one GPU the GPU 0 -> GPU 1 row prints one SKIPPED line.
 //!
 //! `cargo run --release --example bench_copy [-- --max-mib 1024 --reps 0 --chunk-mib 64
-//! --d2d-mib 64,256]`
+//! --chunks 16 --trace --d2d-mib 64,256]` (`--trace`: the pipeline's per-chunk stage times)
 //!
 //! Each measurement is bracketed by CUDA events on the copy's stream, with only the
 //! enqueue between them on both sides and the host wait after the end event, so the
-//! events time the transfer itself (a host wait inside the bracket, as `copy_scope`'s,
-//! would add the ~4 µs host round trip to one side only). NCCL's send/recv is bracketed
-//! on both ranks' streams and counts the later. Warm-ups first; the paths alternate, rep
-//! by rep; the tables show medians. `--reps 0` picks 30/10/5 reps by size.
+//! events time the transfer itself (`copy_scope` would put its host wait inside the
+//! bracket: the ~4 µs host round trip on gpubind's side only). NCCL's send/recv is
+//! bracketed on both ranks' streams and counts the later. Warm-ups first; the paths
+//! alternate, rep by rep; the tables show medians. `--reps 0` picks 30/10/5 reps by size.
 
 use cudarc::driver::{CudaContext, sys as csys};
 use gpubind::{
@@ -241,30 +241,52 @@ fn lcg(mut v: u32, iters: u32) -> u32 {
     v
 }
 
+/// One chunk's stage boundaries on its stream (timing events): before its upload, after
+/// the upload, after the kernel, after the download.
+type Marks = Vec<[gpubind::Event; 4]>;
+
+/// One buffer set: pinned input, device buffer, pinned output.
+type Set = (
+    PinnedHostBuffer<u32>,
+    gpubind::DeviceSlice<u32>,
+    PinnedHostBuffer<u32>,
+);
+
 /// Enqueues chunk after chunk of upload (pinned -> device), kernel, download
-/// (device -> pinned) with `copy_tracked_async`, on one stream or alternating between
-/// two with double-buffered sets; returns the wall time until both streams are idle.
+/// (device -> pinned) with `copy_tracked_async`; chunk `k` goes on stream `k % n` with
+/// that stream's own buffer set (`sets[k % n]`), as a user double-buffers over two
+/// streams: each stream's chunks follow one another in stream order, and the two streams
+/// share no buffer, so nothing orders one stream after the other and the copy engines
+/// (one per direction) and the SMs can each work on a different chunk. With `marks`,
+/// records each chunk's stage boundaries. Returns the wall time until every stream is
+/// idle.
 fn run_pipeline(
     gpu: &gpubind::BoundDevice<'_>,
     streams: &[&gpubind::Stream],
-    sets: &mut [(
-        PinnedHostBuffer<u32>,
-        gpubind::DeviceSlice<u32>,
-        PinnedHostBuffer<u32>,
-    )],
+    sets: &mut [Set],
     work: &gpubind::Function<'_>,
     chunks: usize,
     iters: u32,
+    marks: Option<&Marks>,
 ) -> Res<f64> {
     for st in streams {
         gpu.on(st)?.synchronize()?;
     }
     let t = std::time::Instant::now();
     for k in 0..chunks {
-        let s = gpu.on(streams[k % streams.len()])?;
-        let (input, dev, output) = &mut sets[k % sets.len()];
+        let i = k % streams.len();
+        let s = gpu.on(streams[i])?;
+        let (input, dev, output) = &mut sets[i];
         let n = dev.len() as u32;
+        let mark = |j: usize| -> Res<()> {
+            if let Some(m) = marks {
+                s.record(&m[k][j])?;
+            }
+            Ok(())
+        };
+        mark(0)?;
         s.copy_tracked_async(&*input, dev)?;
+        mark(1)?;
         // SAFETY: `work` takes (unsigned*, unsigned, unsigned) and stays in bounds.
         unsafe {
             s.launch(work, gpubind::LaunchConfig::for_num_elems(n))
@@ -273,7 +295,9 @@ fn run_pipeline(
                 .arg(&iters)
                 .launch()?;
         }
+        mark(2)?;
         s.copy_tracked_async(&*dev, output)?;
+        mark(3)?;
     }
     for st in streams {
         gpu.on(st)?.synchronize()?;
@@ -281,15 +305,79 @@ fn run_pipeline(
     Ok(t.elapsed().as_secs_f64() * 1e3)
 }
 
-/// The two-stream pipeline: upload, kernel, download of double-buffered chunks on two
-/// streams against the same work on one stream. Copies and kernels of different chunks
-/// overlap on two streams (the copy engines run both directions beside the SMs).
+/// Chunk `k`'s stages from its marks: `(start, [upload, kernel, download])` in ms, the
+/// start relative to chunk 0's.
+fn stages(marks: &Marks, k: usize) -> Res<(f32, [f32; 3])> {
+    let m = &marks[k];
+    Ok((
+        marks[0][0].elapsed_ms(&m[0])?,
+        [
+            m[0].elapsed_ms(&m[1])?,
+            m[1].elapsed_ms(&m[2])?,
+            m[2].elapsed_ms(&m[3])?,
+        ],
+    ))
+}
+
+/// The kernel's LCG steps that make it take about as long as one chunk's copy, from
+/// event timings of the kernel alone (a wall-clock estimate of a few microseconds per
+/// step drowns in the copies' jitter, and a kernel far longer than the copies leaves
+/// nothing to overlap: every stream then waits for the SMs). Returns the steps and the
+/// one-stream stage times `[upload, kernel, download]` in ms at those steps.
+fn calibrate(
+    gpu: &gpubind::BoundDevice<'_>,
+    a: &gpubind::Stream,
+    set: &mut [Set],
+    work: &gpubind::Function<'_>,
+    marks: &Marks,
+) -> Res<(u32, [f32; 3])> {
+    let time = |set: &mut [Set], iters: u32| -> Res<[f32; 3]> {
+        let mut best = [f32::MAX; 3];
+        for _ in 0..3 {
+            run_pipeline(gpu, &[a], set, work, 1, iters, Some(marks))?;
+            let (_, t) = stages(marks, 0)?;
+            for (b, x) in best.iter_mut().zip(t) {
+                *b = b.min(x);
+            }
+        }
+        Ok(best)
+    };
+    let base = time(set, 0)?;
+    let copy_ms = (base[0] + base[2]) / 2.0;
+    let mut probe = 256u32;
+    let mut kernel = time(set, probe)?[1];
+    // Long enough to measure against the empty kernel, short enough to stay cheap.
+    while kernel - base[1] < copy_ms / 4.0 && probe < 1 << 20 {
+        probe *= 4;
+        kernel = time(set, probe)?[1];
+    }
+    let per_step = ((kernel - base[1]) / probe as f32).max(f32::MIN_POSITIVE);
+    let iters = (((copy_ms - base[1]) / per_step) as u32).clamp(1, 1 << 20);
+    Ok((iters, time(set, iters)?))
+}
+
+/// The best one-stream / two-stream ratio for stages `[upload, kernel, download]`: one
+/// stream runs them one after another; two streams need at least half the chain per
+/// chunk and at least the longest stage (one copy engine per direction, one kernel at a
+/// time when each fills the GPU).
+fn best_ratio(t: [f32; 3]) -> f32 {
+    let chain: f32 = t.iter().sum();
+    chain / (chain / 2.0).max(t[0]).max(t[1]).max(t[2])
+}
+
+/// The two-stream pipeline: upload, kernel, download of chunks on two streams, each with
+/// its own buffer set (double-buffering), against the same work on one stream. The
+/// kernel is calibrated with events to take about as long as one chunk's copy, so the
+/// stages can overlap: upload of chunk k+1, kernel of chunk k and download of chunk k-1.
+/// Prints the stage times, the best ratio they allow, and the stages' overlap in a traced
+/// two-stream run (`--trace`: every chunk's stage timeline).
 fn pipeline(ctx: &mut ThreadContext, dev: &std::sync::Arc<Device>) -> Res<()> {
     let gpu = ctx.bind(dev)?;
     let module = gpu.compile_and_load(WORK, "work.cu")?;
     let work = module.function("work")?;
     let n = arg("--chunk-mib", 64) << 18; // u32 elements
-    let chunks = 16;
+    let chunks = arg("--chunks", 16).max(2);
+    let trace = std::env::args().any(|a| a == "--trace");
     let mut sets = Vec::new();
     for set in 0..2u32 {
         let input: Vec<u32> = (0..n as u32).map(|i| i ^ (set << 24)).collect();
@@ -300,23 +388,36 @@ fn pipeline(ctx: &mut ThreadContext, dev: &std::sync::Arc<Device>) -> Res<()> {
         ));
     }
     let (a, b) = (gpu.new_stream()?, gpu.new_stream()?);
-    // Calibrate the kernel to take about as long as one chunk's upload.
-    let probe = 64u32;
-    let one = run_pipeline(&gpu, &[&a], &mut sets[..1], &work, 1, 0)?;
-    let with = run_pipeline(&gpu, &[&a], &mut sets[..1], &work, 1, probe)?;
-    let copy_ms = one / 2.0;
-    let per_iter = ((with - one) / probe as f64).max(1e-6);
-    let iters = ((copy_ms / per_iter) as u32).clamp(1, 1 << 16);
+    let marks: Marks = (0..chunks)
+        .map(|_| -> Res<[gpubind::Event; 4]> {
+            Ok([
+                gpu.new_event(true)?,
+                gpu.new_event(true)?,
+                gpu.new_event(true)?,
+                gpu.new_event(true)?,
+            ])
+        })
+        .collect::<Res<_>>()?;
+    let (iters, t) = calibrate(&gpu, &a, &mut sets[..1], &work, &marks)?;
     let (mut t1, mut t2) = (Vec::new(), Vec::new());
     for rep in 0..6 {
-        let one_stream = run_pipeline(&gpu, &[&a], &mut sets, &work, chunks, iters)?;
-        let two_streams = run_pipeline(&gpu, &[&a, &b], &mut sets, &work, chunks, iters)?;
+        let one_stream = run_pipeline(&gpu, &[&a], &mut sets, &work, chunks, iters, None)?;
+        let two_streams = run_pipeline(&gpu, &[&a, &b], &mut sets, &work, chunks, iters, None)?;
         if rep > 0 {
             t1.push(one_stream as f32);
             t2.push(two_streams as f32);
         }
     }
-    // The last chunk of each set went through the kernel once after its upload.
+    // A traced two-stream run, which also leaves both sets' last chunks to check.
+    run_pipeline(
+        &gpu,
+        &[&a, &b],
+        &mut sets,
+        &work,
+        chunks,
+        iters,
+        Some(&marks),
+    )?;
     for (set, (input, _, output)) in sets.iter().enumerate() {
         let (inp, out): (&[u32], &[u32]) = (input, output);
         for i in (0..n).step_by(n / 97 + 1) {
@@ -330,6 +431,39 @@ fn pipeline(ctx: &mut ThreadContext, dev: &std::sync::Arc<Device>) -> Res<()> {
     println!(
         "# pipeline: {chunks} chunks of {} (upload, kernel of {iters} LCG steps, download)",
         human(n * 4)
+    );
+    println!(
+        "stages of one chunk on one stream (events): upload {:.3} ms, kernel {:.3} ms, \
+         download {:.3} ms; best 1/2-stream ratio for these: {:.2}",
+        t[0],
+        t[1],
+        t[2],
+        best_ratio(t)
+    );
+    let mut busy = 0f32;
+    let mut span = 0f32;
+    if trace {
+        println!("| chunk | stream | start ms | upload ms | kernel ms | download ms |");
+        println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+    }
+    for k in 0..chunks {
+        let (start, st) = stages(&marks, k)?;
+        busy += st.iter().sum::<f32>();
+        span = span.max(start + st.iter().sum::<f32>());
+        if trace {
+            println!(
+                "| {k} | {} | {start:.3} | {:.3} | {:.3} | {:.3} |",
+                k % 2,
+                st[0],
+                st[1],
+                st[2]
+            );
+        }
+    }
+    println!(
+        "traced 2-stream run: {span:.2} ms from the first upload to the last download, \
+         {busy:.2} ms of stages: overlap {:.2} (1.00: none; up to 2 with two streams)",
+        busy / span
     );
     println!("| row | 1 stream ms | 2 streams ms | 1 stream / 2 streams |");
     println!("| --- | ---: | ---: | ---: |");

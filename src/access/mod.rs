@@ -60,8 +60,10 @@ impl Access {
 mod borrowed;
 mod fast;
 mod join;
+pub(crate) mod lend;
 mod state;
 mod stream;
+mod streams;
 
 pub(crate) use fast::Published;
 pub(crate) use join::FreeOn;
@@ -101,11 +103,8 @@ impl AccessTracker {
     /// A tracker whose allocation has one pending write, on `on` (memory adopted with
     /// work still queued on it).
     pub(crate) fn written_on(on: StreamRef) -> Self {
-        let mut state = AccessState::default();
-        let mut grave = Grave::new();
-        state.commit(&[(on.id(), Access::Write)], |_| on.clone(), &mut grave);
         AccessTracker {
-            state: sync::Mutex::new(state),
+            state: sync::Mutex::new(AccessState::written_by(on)),
             // Nothing published: the first use takes the slow path (and publishes).
             published: Published::default(),
         }
@@ -453,6 +452,11 @@ pub(crate) fn claim_lanes<'t>(
                 Some((_, a)) => *a = a.max(access),
                 None => v.push((s, access)),
             }
+        }
+    }
+    for (st, v) in &held {
+        if st.lends > 0 && v.iter().any(|(_, a)| *a == Access::Write) {
+            return Err(lend::lent_error());
         }
     }
     for (st, v) in &held {

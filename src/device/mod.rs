@@ -721,6 +721,10 @@ pub(crate) struct LazyPrimary<O: PrimaryCtxOps> {
     ops: O,
     device: i32,
     state: sync::Mutex<Option<(O::Ctx, u64)>>,
+    /// `state`'s value once a retain succeeded, read without the lock: it is only ever
+    /// set once, and cleared only by the drop (`&mut`), so every `enter` after the first
+    /// bind costs one load.
+    retained: std::sync::OnceLock<(O::Ctx, u64)>,
 }
 
 /// Each successful retain gets a new id, so a context released and retained again can be
@@ -735,6 +739,7 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
             ops,
             device,
             state: sync::Mutex::new(None),
+            retained: std::sync::OnceLock::new(),
         }
     }
 
@@ -742,6 +747,9 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
     /// first callers serialise on the lock: exactly one retains, the rest see its result.
     /// A failed retain is not cached; the next call tries again.
     pub(crate) fn get(&self) -> Result<(O::Ctx, u64)> {
+        if let Some(&v) = self.retained.get() {
+            return Ok(v);
+        }
         let mut state = sync::lock(&self.state);
         if let Some(v) = *state {
             return Ok(v);
@@ -749,6 +757,8 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
         let ctx = self.ops.retain(self.device)?;
         let id = NEXT_RETAIN_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         *state = Some((ctx, id));
+        // Under the lock, after `state`: the only set, so it cannot fail.
+        let _ = self.retained.set((ctx, id));
         Ok((ctx, id))
     }
 
