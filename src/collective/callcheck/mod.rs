@@ -648,7 +648,22 @@ mod tests {
         let soon = Instant::now() + Duration::from_secs(5);
         write_frame(&mut zero, &abort, soon).unwrap();
         // A reset, not an orderly close: the next send of rank 2 fails.
-        rustix::net::sockopt::set_socket_linger(&zero, Some(Duration::ZERO)).unwrap();
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: `zero` is an open socket for the call; `linger` is a valid `struct
+        // linger` of the size passed, read only during the call.
+        let set = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&zero),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0, "setsockopt(SO_LINGER)");
         drop(zero);
         std::thread::sleep(Duration::from_millis(50));
         let own = Header {
