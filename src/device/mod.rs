@@ -316,6 +316,26 @@ impl Device {
         })
     }
 
+    /// A `Device` that names no driver device and retains no context, for unit tests of
+    /// state kept on the device (poisoning): nothing on it may call the driver.
+    #[cfg(test)]
+    pub(crate) fn unopened_for_test(ordinal: usize) -> Device {
+        Device {
+            ordinal,
+            raw: 0,
+            name: format!("unopened test device {ordinal}"),
+            uuid: Uuid([0; 16]),
+            primary: LazyPrimary::new(CudaPrimary, 0),
+            events: std::sync::Mutex::new(Vec::new()),
+            poison: PoisonState::default(),
+            limits: std::sync::OnceLock::new(),
+            legacy_gate: crate::sync::Gate::default(),
+            default_pool: std::sync::OnceLock::new(),
+            usage: UsageCounter::default(),
+            kept: kept::Kept::default(),
+        }
+    }
+
     /// The first visible device whose UUID is `uuid`, if any.
     pub fn by_uuid(uuid: Uuid) -> Result<Option<Arc<Device>>> {
         Ok(Device::all()?.into_iter().find(|d| d.uuid == uuid))
