@@ -3,11 +3,11 @@
 //!
 //! * [`PoolSlice::lend`] moves the buffer into a [`Lent`]: the receiver may write, the
 //!   sender cannot touch the buffer (it no longer has it) until [`Lent::join`] gives it
-//!   back. [`PoolSlice::share`] moves it into a [`Shared`], which still reads it (deref
-//!   to `&DeviceSlice<T>`) while the receiver reads it too; neither writes.
+//!   back. [`PoolSlice::share`] moves it into a [`Shared`], which still reads it (a copy
+//!   source, a kernel argument by `&`) while the receiver reads it too; neither writes.
 //! * [`recv_handoff`] in the receiver gives an [`Incoming`]: a [`LentImport`] (a
-//!   writable slice) or a [`SharedImport`] (read-only: no kernel argument, no copy
-//!   destination, only `&DeviceSlice<T>`). Its first use waits on the device for the
+//!   writable slice) or a [`SharedImport`] (read-only: a copy source and a kernel
+//!   argument by `&`, never written in safe code). Its first use waits on the device for the
 //!   sender's last use; [`give_back`](LentImport::give_back) (or its drop) waits for the
 //!   receiver's own uses, unmaps the buffer and tells the sender, whose `join` then
 //!   returns the [`PoolSlice`].
@@ -297,6 +297,84 @@ impl<H, T: DeviceRepr> From<JoinError<H, T>> for Error {
     }
 }
 
+/// Why a buffer shared for reading is never written (the launch's refusal names it).
+pub(crate) const SHARED_READ_ONLY: &str = "the buffer is shared for reading with another process, which \
+    reads it at the same time: neither side writes it (`view_mut` is the unsafe escape)";
+
+/// The read-only API of [`Shared`] and [`SharedImport`], each of which has
+/// `fn inner(&self) -> &DeviceSlice<T>`: [`DeviceMemory`](crate::DeviceMemory) (`len`,
+/// `device`, `dtoh`), [`CopySource`](crate::CopySource) (no `CopyDest`), and
+/// [`KernelArg`](crate::KernelArg) by `&` (a launch refuses a write claim of it).
+///
+/// Deliberately none of: `Deref<Target = DeviceSlice<T>>` (a `&DeviceSlice<T>` or a
+/// view of it is written through a shared borrow by graph captures and products),
+/// [`DeviceOnlyMemory`](crate::DeviceOnlyMemory) (the bound of every API that writes
+/// through `&`), `DeviceMemoryMut`, `CopyDest`.
+macro_rules! read_only_handoff {
+    ($ty:ident) => {
+        impl<T: DeviceRepr> crate::memory::private::Sealed for $ty<T> {
+            fn tracker(&self) -> &crate::access::AccessTracker {
+                crate::memory::Tracked::tracker(self.inner())
+            }
+        }
+
+        impl<T: DeviceRepr> crate::memory::DeviceMemory<T> for $ty<T> {
+            fn device(&self) -> &std::sync::Arc<crate::device::Device> {
+                self.inner().device()
+            }
+            fn len(&self) -> usize {
+                self.inner().len()
+            }
+            fn device_ptr(&self) -> cudarc::driver::sys::CUdeviceptr {
+                self.inner().ptr
+            }
+        }
+
+        crate::copy::copy_endpoints!($ty, const, crate::copy::device_endpoint);
+
+        // SAFETY: passes the inner slice's address field: 8 bytes that live as long as
+        // the borrow of `self` (the slice is owned by `self` until it is consumed).
+        unsafe impl<T: DeviceRepr> crate::module::KernelArg for $ty<T> {
+            fn param_ptr(&self) -> *mut std::ffi::c_void {
+                crate::module::KernelArg::param_ptr(self.inner())
+            }
+            fn param_size(&self) -> usize {
+                crate::module::KernelArg::param_size(self.inner())
+            }
+            fn arg_device(&self) -> Option<&crate::device::Device> {
+                Some(self.inner().device())
+            }
+            fn describe(&self) -> String {
+                format!("{}<{}>", stringify!($ty), std::any::type_name::<T>())
+            }
+            fn access_tracker(&self) -> Option<&crate::access::AccessTracker> {
+                Some(crate::memory::Tracked::tracker(self.inner()))
+            }
+            fn read_only(&self) -> Option<&'static str> {
+                Some(crate::ipc::handoff::SHARED_READ_ONLY)
+            }
+        }
+
+        impl<T: DeviceRepr> $ty<T> {
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                self.inner().len()
+            }
+
+            /// Whether there are no elements (never: empty slices are not handed off).
+            pub fn is_empty(&self) -> bool {
+                self.inner().is_empty()
+            }
+
+            /// The device the buffer lives on.
+            pub fn device(&self) -> &std::sync::Arc<crate::device::Device> {
+                self.inner().device()
+            }
+        }
+    };
+}
+use read_only_handoff;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,6 +479,29 @@ mod tests {
         v["Offer"]["mode"] = "write_all".into();
         let sealed = wire::seal(Kind::Handoff, &v).unwrap();
         assert!(reason(decode_offer(&sealed, vec![pipe_fd()])).contains("malformed"));
+    }
+
+    /// Shared-for-reading buffers reach none of the APIs that write through `&` or `&mut`
+    /// (a launch refuses them as written arguments: `read_only`).
+    #[test]
+    fn shared_buffers_have_no_writable_api() {
+        use crate::copy::{CopyDest, CopySource, DeviceOnlyMemory};
+        use crate::memory::{DeviceMemory, DeviceMemoryMut};
+        use crate::module::KernelArg;
+        static_assertions::assert_not_impl_any!(
+            Shared<u32>: std::ops::Deref, std::ops::DerefMut, DeviceOnlyMemory,
+            DeviceMemoryMut<u32>, CopyDest<u32>
+        );
+        static_assertions::assert_not_impl_any!(
+            SharedImport<u32>: std::ops::Deref, std::ops::DerefMut, DeviceOnlyMemory,
+            DeviceMemoryMut<u32>, CopyDest<u32>
+        );
+        static_assertions::assert_impl_all!(
+            Shared<u32>: DeviceMemory<u32>, CopySource<u32>, KernelArg
+        );
+        static_assertions::assert_impl_all!(
+            SharedImport<u32>: DeviceMemory<u32>, CopySource<u32>, KernelArg
+        );
     }
 
     #[test]

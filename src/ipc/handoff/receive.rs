@@ -72,18 +72,22 @@ pub struct LentImport<T: DeviceRepr> {
 crate::ipc::foreign_slice!(LentImport);
 
 /// A buffer another process shares for reading with this one ([`Incoming::Shared`]):
-/// read-only, through its deref to `&DeviceSlice<T>` (kernel argument by `&`, copy
-/// source, read-only views), ordered after the sender's last write.
+/// read-only (copy source, kernel argument by `&`,
+/// [`DeviceMemory`](crate::DeviceMemory)), ordered after the sender's last write.
 /// [`give_back`](Self::give_back) or its drop waits for this process's uses of it,
 /// unmaps it and hands it back.
 ///
-/// There is no way to write it in safe code: it is no kernel argument itself (so no
-/// `.arg(&mut shared)`), no copy destination, and its deref is shared only:
+/// There is no way to write it in safe code: it is no copy destination, has no deref to
+/// `DeviceSlice<T>` (whose shared borrows graph captures and products write through), is
+/// no [`DeviceOnlyMemory`](crate::DeviceOnlyMemory) (the bound of every API that writes
+/// through `&`), and a launch that passes it as written (`.arg(&mut shared)`,
+/// `arg_written(&shared)`) fails with [`Error::InvalidArgument`] before the driver is
+/// called:
 ///
-/// ```compile_fail,E0596
+/// ```compile_fail,E0614
 /// # fn f(gpu: &gpubind::BoundDevice<'_>, shared: &mut gpubind::ipc::SharedImport<u32>)
 /// #      -> gpubind::Result<()> {
-/// gpu.htod_copy(&[1u32], &mut **shared)?; // error[E0596]: cannot borrow data in dereference as mutable
+/// gpu.htod_copy(&[1u32], &mut **shared)?; // error[E0614]: cannot be dereferenced
 /// # Ok(()) }
 /// ```
 ///
@@ -95,10 +99,9 @@ crate::ipc::foreign_slice!(LentImport);
 /// ```
 ///
 /// ```compile_fail,E0277
-/// # fn f(s: &gpubind::BoundStream<'_>, k: &gpubind::Function<'_>,
-/// #      shared: &mut gpubind::ipc::SharedImport<u32>) -> gpubind::Result<()> {
-/// let cfg = gpubind::LaunchConfig::for_num_elems(1);
-/// unsafe { s.launch(k, cfg).arg(shared).launch() }?; // error[E0277]: not a kernel argument
+/// # fn f<'buf>(c: &mut gpubind::Capture<'_, 'buf>,
+/// #      shared: &'buf gpubind::ipc::SharedImport<u32>) -> gpubind::Result<()> {
+/// c.memset(shared, 7u32)?; // error[E0277]: `SharedImport<u32>: DeviceOnlyMemory` is not satisfied
 /// # Ok(()) }
 /// ```
 ///
@@ -144,9 +147,9 @@ pub enum Incoming<T: DeviceRepr> {
 ///         buf.give_back()?; // after the kernel: the sender's join returns the buffer
 ///     }
 ///     Incoming::Shared(buf) => {
-///         let values = gpu.dtoh(&*buf)?;
+///         let values = gpu.dtoh(&buf)?;
 ///         // SAFETY: as above, and `k` only reads through its argument.
-///         unsafe { s.launch(k, cfg).arg(&*buf).launch() }?;
+///         unsafe { s.launch(k, cfg).arg(&buf).launch() }?;
 ///         drop(buf); // hands it back too
 ///         # let _ = values;
 ///     }
@@ -275,15 +278,14 @@ macro_rules! incoming_handoff {
 incoming_handoff!(LentImport);
 incoming_handoff!(SharedImport);
 
-impl<T: DeviceRepr> std::ops::Deref for SharedImport<T> {
-    type Target = DeviceSlice<T>;
-    /// Read-only access to the shared buffer.
-    fn deref(&self) -> &DeviceSlice<T> {
-        &self.slice
-    }
-}
+super::read_only_handoff!(SharedImport);
 
 impl<T: DeviceRepr> SharedImport<T> {
+    /// The buffer, for the read-only API ([`super::read_only_handoff`]).
+    fn inner(&self) -> &DeviceSlice<T> {
+        &self.slice
+    }
+
     /// A writable view of `range` of the shared buffer, or
     /// [`Error::OutOfBounds`].
     ///

@@ -269,15 +269,42 @@ pub struct Lent<T: DeviceRepr> {
 /// A [`PoolSlice`] shared for reading with another process by [`PoolSlice::share`]: both
 /// read it, neither writes, until [`join`](Self::join) returns it.
 ///
-/// It derefs to `&DeviceSlice<T>` only, so the sender reads it (kernel argument by `&`,
-/// copy source, read-only views) but has no way to write it in safe code:
+/// The sender reads it through the `Shared` itself: a copy source (`gpu.dtoh(&shared)`),
+/// a kernel argument by `&`, [`DeviceMemory`](crate::DeviceMemory). It has no way to
+/// write it in safe code: it is no copy destination, has no deref to `DeviceSlice<T>`
+/// (whose shared borrows graph captures and products write through), is no
+/// [`DeviceOnlyMemory`](crate::DeviceOnlyMemory) (the bound of every API that writes
+/// through `&`), and a launch that passes it as written (`&mut shared`,
+/// `arg_written(&shared)`) fails with [`Error::InvalidArgument`] before the driver is
+/// called:
 ///
-/// ```compile_fail,E0596
+/// ```compile_fail,E0614
 /// # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>,
 /// #      buf: gpubind::ipc::PoolSlice<u32>, conn: &std::os::unix::net::UnixStream)
 /// #      -> gpubind::Result<()> {
 /// let mut shared = buf.share(s, conn, &Default::default())?;
-/// gpu.htod_copy(&[1u32], &mut *shared)?; // error[E0596]: cannot borrow data in dereference as mutable
+/// gpu.htod_copy(&[1u32], &mut *shared)?; // error[E0614]: cannot be dereferenced
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail,E0277
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, shared: &mut gpubind::ipc::Shared<u32>)
+/// #      -> gpubind::Result<()> {
+/// gpu.htod_copy(&[1u32], shared)?; // error[E0277]: `Shared<u32>` is no copy destination
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail,E0277
+/// # fn f<'buf>(c: &mut gpubind::Capture<'_, 'buf>, shared: &'buf gpubind::ipc::Shared<u32>)
+/// #      -> gpubind::Result<()> {
+/// c.memset_zeros(shared)?; // error[E0277]: `Shared<u32>: DeviceOnlyMemory` is not satisfied
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail,E0277
+/// # fn f<'buf>(c: &mut gpubind::Capture<'_, 'buf>, src: &'buf gpubind::DeviceSlice<u32>,
+/// #      shared: &'buf gpubind::ipc::Shared<u32>) -> gpubind::Result<()> {
+/// c.dtod(src, shared)?; // error[E0277]: `Shared<u32>: DeviceOnlyMemory` is not satisfied
 /// # Ok(()) }
 /// ```
 ///
@@ -419,19 +446,18 @@ macro_rules! outgoing_handoff {
 outgoing_handoff!(Lent);
 outgoing_handoff!(Shared);
 
-impl<T: DeviceRepr> std::ops::Deref for Shared<T> {
-    type Target = DeviceSlice<T>;
-    /// Read access while the buffer is shared.
-    fn deref(&self) -> &DeviceSlice<T> {
+super::read_only_handoff!(Shared);
+
+impl<T: DeviceRepr> Shared<T> {
+    /// The buffer, for the read-only API ([`super::read_only_handoff`]).
+    fn inner(&self) -> &DeviceSlice<T> {
         &self
             .out
             .as_ref()
             .expect("a hand-off holds its buffer until joined")
             .buffer
     }
-}
 
-impl<T: DeviceRepr> Shared<T> {
     /// A writable view of `range` while the buffer is shared, or
     /// [`Error::OutOfBounds`].
     ///
