@@ -65,19 +65,23 @@ struct OfferOut<'a> {
     #[serde(with = "hex")]
     id: Id,
     mode: Mode,
+    receiver_pid: i32,
     pool: &'a PoolHandle,
     buffer: &'a BufferHandle,
     event: &'a EventHandle,
 }
 
-/// The offer, as the receiver reads it: the pool (its descriptor travels beside the
-/// bytes), the buffer, and the event recorded after the sender's last use.
+/// The offer, as the receiver reads it: the pid the sender watches for the receiver's
+/// end (`SO_PEERCRED`'s, in the sender's pid namespace), the pool (its descriptor
+/// travels beside the bytes), the buffer, and the event recorded after the sender's
+/// last use.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Offer {
     #[serde(with = "hex")]
     id: Id,
     mode: Mode,
+    receiver_pid: i32,
     pool: PoolHandle,
     buffer: BufferHandle,
     event: EventHandle,
@@ -400,6 +404,7 @@ mod tests {
         let out = OfferOut {
             id,
             mode: Mode::Lend,
+            receiver_pid: 4242,
             pool: &pool,
             buffer,
             event: &sample_event(),
@@ -422,6 +427,7 @@ mod tests {
         let (offer, _fd) = decode_offer(&bytes, vec![pipe_fd()]).unwrap();
         assert_eq!(offer.id, [9; 16]);
         assert_eq!(offer.mode, Mode::Lend);
+        assert_eq!(offer.receiver_pid, 4242);
         assert_eq!(offer.buffer, buffer);
         assert_eq!(offer.event, sample_event());
         assert!(

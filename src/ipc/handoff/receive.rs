@@ -161,7 +161,9 @@ pub enum Incoming<T: DeviceRepr> {
 ///
 /// Transport errors ([`Error::PeerGone`], [`Error::Timeout`],
 /// [`Error::PeerNotAllowed`]), [`Error::CorruptHandle`] for a message that is not an
-/// offer, and the import's errors ([`Error::TypeMismatch`], [`Error::UnknownDevice`],
+/// offer, [`Error::InvalidArgument`] (refused) when this end of the connection was
+/// created by another process (the sender watches that one for the receiver's end),
+/// and the import's errors ([`Error::TypeMismatch`], [`Error::UnknownDevice`],
 /// [`Error::WrongDevice`], [`Error::SameProcessImport`], [`Error::AlreadyImported`],
 /// driver errors naming their call).
 pub fn recv_handoff<T: DeviceRepr>(
@@ -179,6 +181,9 @@ pub fn recv_handoff<T: DeviceRepr>(
         options: options.clone(),
         id: offer.id,
     };
+    if !own_pids(&proc_status()).contains(&offer.receiver_pid) {
+        return Err(refuse(back, not_watched(offer.receiver_pid)));
+    }
     let imported = match ImportedPool::import(offer.pool.with_fd(fd))
         .and_then(|pool| pool.import_buffer::<T>(&offer.buffer))
     {
@@ -208,6 +213,42 @@ pub fn recv_handoff<T: DeviceRepr>(
             back,
         }),
     })
+}
+
+/// The refusal of an offer whose sender watches process `pid` for this end of the
+/// connection, which is not this process.
+fn not_watched(pid: i32) -> Error {
+    Error::InvalidArgument(format!(
+        "the hand-off sender watches process {pid} for the end of this receiver (the \
+         process that created this end of the connection), and that is not this process: \
+         a connection's end passed on to another process cannot receive hand-offs, the \
+         sender could not tell when this process's work has ended"
+    ))
+}
+
+/// `/proc/self/status`, or nothing if it cannot be read.
+fn proc_status() -> String {
+    std::fs::read_to_string("/proc/self/status").unwrap_or_default()
+}
+
+/// This process's pids in every pid namespace it is in (the `NSpid` line of `status`,
+/// `/proc/self/status`), or only `getpid()` without one.
+fn own_pids(status: &str) -> Vec<i32> {
+    let listed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let own = rustix::process::getpid().as_raw_nonzero().get();
+    if listed.contains(&own) {
+        listed
+    } else {
+        vec![own]
+    }
 }
 
 /// Makes `stream` wait for the sender's event and records that as the buffer's pending
@@ -314,5 +355,24 @@ impl<T: DeviceRepr> std::fmt::Debug for SharedImport<T> {
             .field("len", &self.slice.len())
             .field("type", &std::any::type_name::<T>())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_known_by_its_pids_in_every_namespace() {
+        let own = rustix::process::getpid().as_raw_nonzero().get();
+        let here = own_pids(&proc_status());
+        assert!(here.contains(&own), "{here:?} lacks {own}");
+        // A nested namespace: the pid seen from the outer one counts too.
+        let nested = format!("Name:\tx\nNSpid:\t9000 {own}\nTgid:\t1\n");
+        assert_eq!(own_pids(&nested), vec![9000, own]);
+        // A status without NSpid, or one that does not name this process: getpid only.
+        assert_eq!(own_pids("Name:\tx\n"), vec![own]);
+        assert_eq!(own_pids("NSpid:\t1 2\n"), vec![own]);
+        assert!(matches!(not_watched(4242), Error::InvalidArgument(m) if m.contains("4242")));
     }
 }

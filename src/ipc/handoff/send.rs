@@ -127,7 +127,7 @@ fn offer<T: DeviceRepr>(
         .bound()
         .expect_device("pool slice", crate::memory::DeviceMemory::device(buffer))?;
     let slot = ConnSlot::take(conn)?;
-    let peer = open_peer(conn, options)?;
+    let (peer, receiver_pid) = open_peer(conn, options)?;
     let pool = buffer.export_pool()?;
     let handle = buffer.export_unordered()?;
     let event = stream
@@ -146,6 +146,7 @@ fn offer<T: DeviceRepr>(
     let out = OfferOut {
         id,
         mode,
+        receiver_pid,
         pool: &pool,
         buffer: &handle,
         event: &EventHandle::export(&event)?,
@@ -162,20 +163,37 @@ fn offer<T: DeviceRepr>(
 }
 
 /// Checks the peer against the policy and opens its process (`pidfd_open`), to tell
-/// later when it has ended. A peer whose pid this process cannot see (another pid
-/// namespace) is refused: without it a closed connection could not be told apart from
-/// a dead process.
-fn open_peer(conn: &UnixStream, options: &TransportOptions) -> Result<OwnedFd> {
+/// later when it has ended; returns the pidfd and the pid. Refused with
+/// [`Error::InvalidArgument`]: a peer whose pid this process cannot see (another pid
+/// namespace), and a connection whose other end this process created (`socketpair`,
+/// or a connection to itself, maybe handed to a child since): without the holder's pid
+/// a closed connection could not be told apart from a dead process.
+fn open_peer(conn: &UnixStream, options: &TransportOptions) -> Result<(OwnedFd, i32)> {
     let cred = check_peer(conn, options.get_peer())?;
-    let pid = rustix::process::Pid::from_raw(cred.pid).ok_or_else(|| {
+    let pid = watchable_peer(cred.pid, rustix::process::getpid())?;
+    let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+        .map_err(|e| io_error("pidfd_open of the hand-off peer", &std::io::Error::from(e)))?;
+    Ok((fd, cred.pid))
+}
+
+/// The peer's pid as `SO_PEERCRED` reports it (`peer`), if a hand-off can watch it.
+fn watchable_peer(peer: i32, own: rustix::process::Pid) -> Result<rustix::process::Pid> {
+    let pid = rustix::process::Pid::from_raw(peer).ok_or_else(|| {
         Error::InvalidArgument(
             "the hand-off peer's pid is not visible here (another pid namespace): a hand-off \
              needs it to tell when the peer's work has ended"
                 .into(),
         )
     })?;
-    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
-        .map_err(|e| io_error("pidfd_open of the hand-off peer", &std::io::Error::from(e)))
+    if pid == own {
+        return Err(Error::InvalidArgument(
+            "the hand-off connection's other end was created by this process (a socketpair, \
+             or a connection to itself): the process that holds it now cannot be watched \
+             for its end; let the receiving process connect"
+                .into(),
+        ));
+    }
+    Ok(pid)
 }
 
 /// Whether the process behind `pidfd` has ended, waiting up to `timeout`. A pidfd turns
@@ -342,7 +360,9 @@ impl<T: DeviceRepr> PoolSlice<T> {
     /// [`HandoffFailed`] with the buffer: [`Error::NotIpcPool`] for a pool created
     /// without IPC, [`Error::WrongDevice`] for a stream of another device,
     /// [`Error::InvalidArgument`] for an empty slice, for a connection with a hand-off
-    /// already out, or for a peer whose pid is not visible here;
+    /// already out, for a peer whose pid is not visible here, and for a connection whose
+    /// other end this process created (a `socketpair`, even one whose end a child holds
+    /// now: the receiver must connect itself, so that its end names its process);
     /// [`Error::PeerNotAllowed`], [`Error::PeerGone`] or [`Error::Timeout`] from the
     /// transport (`options`); driver errors naming their call.
     pub fn lend(
@@ -503,11 +523,30 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_in_this_process_is_opened() {
-        use std::os::fd::AsFd;
+    fn a_peer_in_this_process_is_refused() {
         let (a, _b) = UnixStream::pair().unwrap();
-        let fd = open_peer(&a, &TransportOptions::default()).unwrap();
-        assert!(!process_ended(&fd, Duration::from_millis(10)));
-        let _ = fd.as_fd();
+        match open_peer(&a, &TransportOptions::default()) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("created by this process"), "{m}"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_a_visible_other_process_is_watchable() {
+        let own = rustix::process::getpid();
+        let other = own.as_raw_nonzero().get() + 1;
+        assert_eq!(
+            watchable_peer(other, own).unwrap().as_raw_nonzero().get(),
+            other
+        );
+        for (pid, why) in [
+            (0, "not visible"),
+            (own.as_raw_nonzero().get(), "this process"),
+        ] {
+            match watchable_peer(pid, own) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains(why), "{pid}: {m}"),
+                other => panic!("{pid}: expected InvalidArgument, got {other:?}"),
+            }
+        }
     }
 }
