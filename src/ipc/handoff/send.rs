@@ -418,7 +418,9 @@ macro_rules! outgoing_handoff {
                 self.join_timeout(timeout)
             }
 
-            /// [`join`](Self::join) with another timeout.
+            /// [`join`](Self::join) with another timeout. `Duration::ZERO` waits for
+            /// nothing: a hand-back that has already arrived is taken, else
+            /// [`JoinError::StillOut`] with [`Error::Timeout`].
             ///
             /// # Errors
             ///
