@@ -181,13 +181,7 @@ impl ConnSlot {
     /// Takes `conn`'s place; [`Error::InvalidArgument`] if a hand-off is already out on
     /// it (the same socket, through any descriptor of it).
     fn take(conn: &UnixStream) -> Result<ConnSlot> {
-        let dup = conn
-            .try_clone()
-            .map_err(|e| super::io_error("dup of the hand-off socket", &e))?;
-        let meta = std::fs::File::from(OwnedFd::from(dup))
-            .metadata()
-            .map_err(|e| super::io_error("fstat of the hand-off socket", &e))?;
-        let key = (meta.dev(), meta.ino());
+        let key = conn_key(conn)?;
         if !busy().insert(key) {
             return Err(Error::InvalidArgument(
                 "a hand-off is already out on this connection: join it first (one hand-off \
@@ -197,6 +191,31 @@ impl ConnSlot {
         }
         Ok(ConnSlot { key })
     }
+}
+
+/// `conn`'s socket, by device and inode (the same through any descriptor of it).
+fn conn_key(conn: &UnixStream) -> Result<(u64, u64)> {
+    let dup = conn
+        .try_clone()
+        .map_err(|e| super::io_error("dup of the hand-off socket", &e))?;
+    let meta = std::fs::File::from(OwnedFd::from(dup))
+        .metadata()
+        .map_err(|e| super::io_error("fstat of the hand-off socket", &e))?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+/// [`Error::InvalidArgument`] if this process has a hand-off out on `conn`: the next
+/// hand-off message there is its hand-back, which only its `join` may read.
+fn expect_none_out(conn: &UnixStream) -> Result<()> {
+    if busy().contains(&conn_key(conn)?) {
+        return Err(Error::InvalidArgument(
+            "a hand-off sent on this connection is still out, and its hand-back arrives \
+             here: join it before receiving one (a connection carries hand-offs one way at \
+             a time)"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 impl Drop for ConnSlot {
@@ -519,9 +538,16 @@ mod tests {
             ConnSlot::take(&dup),
             Err(Error::InvalidArgument(m)) if m.contains("already out")
         ));
+        // Nothing is received where a hand-off is out: its hand-back comes there.
+        assert!(matches!(
+            expect_none_out(&dup),
+            Err(Error::InvalidArgument(m)) if m.contains("still out")
+        ));
+        expect_none_out(&b).unwrap();
         // The other end is another socket.
         let other = ConnSlot::take(&b).unwrap();
         drop(slot);
+        expect_none_out(&a).unwrap();
         let again = ConnSlot::take(&a).unwrap();
         drop((again, other));
     }

@@ -1,7 +1,7 @@
 //! The receiver's side: [`recv_handoff`], and the [`LentImport`] / [`SharedImport`] it
 //! gives, which hand the buffer back when given back or dropped.
 
-use super::{HandBack, Id, MAX_REASON, Mode, decode_offer, encode_hand_back};
+use super::{HandBack, Id, MAX_REASON, Mode, decode_offer, encode_hand_back, expect_none_out};
 use crate::access::Access;
 use crate::error::{Error, Result};
 use crate::ipc::OwnedPool;
@@ -163,6 +163,8 @@ pub enum Incoming<T: DeviceRepr> {
 /// [`Error::PeerNotAllowed`]), [`Error::CorruptHandle`] for a message that is not an
 /// offer, [`Error::InvalidArgument`] (refused) when this end of the connection was
 /// created by another process (the sender watches that one for the receiver's end),
+/// [`Error::InvalidArgument`] (nothing read) when this process has a hand-off of its own
+/// out on `conn` (its hand-back arrives there),
 /// and the import's errors ([`Error::TypeMismatch`], [`Error::UnknownDevice`],
 /// [`Error::WrongDevice`], [`Error::SameProcessImport`], [`Error::AlreadyImported`],
 /// driver errors naming their call).
@@ -171,6 +173,7 @@ pub fn recv_handoff<T: DeviceRepr>(
     stream: &BoundStream<'_>,
     options: &TransportOptions,
 ) -> Result<Incoming<T>> {
+    expect_none_out(conn)?;
     let own = conn
         .try_clone()
         .map_err(|e| io_error("dup of the hand-off socket", &e))?;
