@@ -156,7 +156,20 @@ fn decode_hand_back(bytes: &[u8], fds: &[OwnedFd], id: &Id) -> Result<Option<Str
             "the refusal reason exceeds {MAX_REASON} bytes"
         )));
     }
-    Ok(back.refused)
+    Ok(back.refused.map(|r| printable(&r)))
+}
+
+/// `reason` with its control characters escaped (`\n`, `\u{1b}`): a peer's text goes
+/// into errors and logs, where it must not move the cursor or forge lines.
+fn printable(reason: &str) -> String {
+    reason
+        .chars()
+        .flat_map(|c| {
+            let escaped = c.is_control().then(|| c.escape_debug());
+            let plain = (!c.is_control()).then_some(c);
+            escaped.into_iter().flatten().chain(plain)
+        })
+        .collect()
 }
 
 fn encode_hand_back(back: &HandBack) -> Result<Vec<u8>> {
@@ -486,6 +499,16 @@ mod tests {
         assert_eq!(
             decode_hand_back(&refused, &[], &id).unwrap().as_deref(),
             Some("wrong type")
+        );
+        // A peer's text cannot carry control characters into errors and logs.
+        let forged = encode_hand_back(&HandBack {
+            id,
+            refused: Some("bad\n[ERROR] forged\u{1b}[2Jé".into()),
+        })
+        .unwrap();
+        assert_eq!(
+            decode_hand_back(&forged, &[], &id).unwrap().as_deref(),
+            Some("bad\\n[ERROR] forged\\u{1b}[2Jé")
         );
         let long = encode_hand_back(&HandBack {
             id,
