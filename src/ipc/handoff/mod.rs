@@ -3,11 +3,11 @@
 //!
 //! * [`PoolSlice::lend`] moves the buffer into a [`Lent`]: the receiver may write, the
 //!   sender cannot touch the buffer (it no longer has it) until [`Lent::join`] gives it
-//!   back. [`PoolSlice::share`] moves it into a [`Shared`], which still reads it (deref
-//!   to `&DeviceSlice<T>`) while the receiver reads it too; neither writes.
+//!   back. [`PoolSlice::share`] moves it into a [`Shared`], which still reads it (a copy
+//!   source, a kernel argument by `&`) while the receiver reads it too; neither writes.
 //! * [`recv_handoff`] in the receiver gives an [`Incoming`]: a [`LentImport`] (a
-//!   writable slice) or a [`SharedImport`] (read-only: no kernel argument, no copy
-//!   destination, only `&DeviceSlice<T>`). Its first use waits on the device for the
+//!   writable slice) or a [`SharedImport`] (read-only: a copy source and a kernel
+//!   argument by `&`, never written in safe code). Its first use waits on the device for the
 //!   sender's last use; [`give_back`](LentImport::give_back) (or its drop) waits for the
 //!   receiver's own uses, unmaps the buffer and tells the sender, whose `join` then
 //!   returns the [`PoolSlice`].
@@ -65,19 +65,23 @@ struct OfferOut<'a> {
     #[serde(with = "hex")]
     id: Id,
     mode: Mode,
+    receiver_pid: i32,
     pool: &'a PoolHandle,
     buffer: &'a BufferHandle,
     event: &'a EventHandle,
 }
 
-/// The offer, as the receiver reads it: the pool (its descriptor travels beside the
-/// bytes), the buffer, and the event recorded after the sender's last use.
+/// The offer, as the receiver reads it: the pid the sender watches for the receiver's
+/// end (`SO_PEERCRED`'s, in the sender's pid namespace), the pool (its descriptor
+/// travels beside the bytes), the buffer, and the event recorded after the sender's
+/// last use.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Offer {
     #[serde(with = "hex")]
     id: Id,
     mode: Mode,
+    receiver_pid: i32,
     pool: PoolHandle,
     buffer: BufferHandle,
     event: EventHandle,
@@ -152,7 +156,20 @@ fn decode_hand_back(bytes: &[u8], fds: &[OwnedFd], id: &Id) -> Result<Option<Str
             "the refusal reason exceeds {MAX_REASON} bytes"
         )));
     }
-    Ok(back.refused)
+    Ok(back.refused.map(|r| printable(&r)))
+}
+
+/// `reason` with its control characters escaped (`\n`, `\u{1b}`): a peer's text goes
+/// into errors and logs, where it must not move the cursor or forge lines.
+fn printable(reason: &str) -> String {
+    reason
+        .chars()
+        .flat_map(|c| {
+            let escaped = c.is_control().then(|| c.escape_debug());
+            let plain = (!c.is_control()).then_some(c);
+            escaped.into_iter().flatten().chain(plain)
+        })
+        .collect()
 }
 
 fn encode_hand_back(back: &HandBack) -> Result<Vec<u8>> {
@@ -177,13 +194,7 @@ impl ConnSlot {
     /// Takes `conn`'s place; [`Error::InvalidArgument`] if a hand-off is already out on
     /// it (the same socket, through any descriptor of it).
     fn take(conn: &UnixStream) -> Result<ConnSlot> {
-        let dup = conn
-            .try_clone()
-            .map_err(|e| super::io_error("dup of the hand-off socket", &e))?;
-        let meta = std::fs::File::from(OwnedFd::from(dup))
-            .metadata()
-            .map_err(|e| super::io_error("fstat of the hand-off socket", &e))?;
-        let key = (meta.dev(), meta.ino());
+        let key = conn_key(conn)?;
         if !busy().insert(key) {
             return Err(Error::InvalidArgument(
                 "a hand-off is already out on this connection: join it first (one hand-off \
@@ -193,6 +204,31 @@ impl ConnSlot {
         }
         Ok(ConnSlot { key })
     }
+}
+
+/// `conn`'s socket, by device and inode (the same through any descriptor of it).
+fn conn_key(conn: &UnixStream) -> Result<(u64, u64)> {
+    let dup = conn
+        .try_clone()
+        .map_err(|e| super::io_error("dup of the hand-off socket", &e))?;
+    let meta = std::fs::File::from(OwnedFd::from(dup))
+        .metadata()
+        .map_err(|e| super::io_error("fstat of the hand-off socket", &e))?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+/// [`Error::InvalidArgument`] if this process has a hand-off out on `conn`: the next
+/// hand-off message there is its hand-back, which only its `join` may read.
+fn expect_none_out(conn: &UnixStream) -> Result<()> {
+    if busy().contains(&conn_key(conn)?) {
+        return Err(Error::InvalidArgument(
+            "a hand-off sent on this connection is still out, and its hand-back arrives \
+             here: join it before receiving one (a connection carries hand-offs one way at \
+             a time)"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 impl Drop for ConnSlot {
@@ -297,6 +333,84 @@ impl<H, T: DeviceRepr> From<JoinError<H, T>> for Error {
     }
 }
 
+/// Why a buffer shared for reading is never written (the launch's refusal names it).
+pub(crate) const SHARED_READ_ONLY: &str = "the buffer is shared for reading with another process, which \
+    reads it at the same time: neither side writes it (`view_mut` is the unsafe escape)";
+
+/// The read-only API of [`Shared`] and [`SharedImport`], each of which has
+/// `fn inner(&self) -> &DeviceSlice<T>`: [`DeviceMemory`](crate::DeviceMemory) (`len`,
+/// `device`, `dtoh`), [`CopySource`](crate::CopySource) (no `CopyDest`), and
+/// [`KernelArg`](crate::KernelArg) by `&` (a launch refuses a write claim of it).
+///
+/// Deliberately none of: `Deref<Target = DeviceSlice<T>>` (a `&DeviceSlice<T>` or a
+/// view of it is written through a shared borrow by graph captures and products),
+/// [`DeviceOnlyMemory`](crate::DeviceOnlyMemory) (the bound of every API that writes
+/// through `&`), `DeviceMemoryMut`, `CopyDest`.
+macro_rules! read_only_handoff {
+    ($ty:ident) => {
+        impl<T: DeviceRepr> crate::memory::private::Sealed for $ty<T> {
+            fn tracker(&self) -> &crate::access::AccessTracker {
+                crate::memory::Tracked::tracker(self.inner())
+            }
+        }
+
+        impl<T: DeviceRepr> crate::memory::DeviceMemory<T> for $ty<T> {
+            fn device(&self) -> &std::sync::Arc<crate::device::Device> {
+                self.inner().device()
+            }
+            fn len(&self) -> usize {
+                self.inner().len()
+            }
+            fn device_ptr(&self) -> cudarc::driver::sys::CUdeviceptr {
+                self.inner().ptr
+            }
+        }
+
+        crate::copy::copy_endpoints!($ty, const, crate::copy::device_endpoint);
+
+        // SAFETY: passes the inner slice's address field: 8 bytes that live as long as
+        // the borrow of `self` (the slice is owned by `self` until it is consumed).
+        unsafe impl<T: DeviceRepr> crate::module::KernelArg for $ty<T> {
+            fn param_ptr(&self) -> *mut std::ffi::c_void {
+                crate::module::KernelArg::param_ptr(self.inner())
+            }
+            fn param_size(&self) -> usize {
+                crate::module::KernelArg::param_size(self.inner())
+            }
+            fn arg_device(&self) -> Option<&crate::device::Device> {
+                Some(self.inner().device())
+            }
+            fn describe(&self) -> String {
+                format!("{}<{}>", stringify!($ty), std::any::type_name::<T>())
+            }
+            fn access_tracker(&self) -> Option<&crate::access::AccessTracker> {
+                Some(crate::memory::Tracked::tracker(self.inner()))
+            }
+            fn read_only(&self) -> Option<&'static str> {
+                Some(crate::ipc::handoff::SHARED_READ_ONLY)
+            }
+        }
+
+        impl<T: DeviceRepr> $ty<T> {
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                self.inner().len()
+            }
+
+            /// Whether there are no elements (never: empty slices are not handed off).
+            pub fn is_empty(&self) -> bool {
+                self.inner().is_empty()
+            }
+
+            /// The device the buffer lives on.
+            pub fn device(&self) -> &std::sync::Arc<crate::device::Device> {
+                self.inner().device()
+            }
+        }
+    };
+}
+use read_only_handoff;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,6 +436,7 @@ mod tests {
         let out = OfferOut {
             id,
             mode: Mode::Lend,
+            receiver_pid: 4242,
             pool: &pool,
             buffer,
             event: &sample_event(),
@@ -344,6 +459,7 @@ mod tests {
         let (offer, _fd) = decode_offer(&bytes, vec![pipe_fd()]).unwrap();
         assert_eq!(offer.id, [9; 16]);
         assert_eq!(offer.mode, Mode::Lend);
+        assert_eq!(offer.receiver_pid, 4242);
         assert_eq!(offer.buffer, buffer);
         assert_eq!(offer.event, sample_event());
         assert!(
@@ -384,6 +500,16 @@ mod tests {
             decode_hand_back(&refused, &[], &id).unwrap().as_deref(),
             Some("wrong type")
         );
+        // A peer's text cannot carry control characters into errors and logs.
+        let forged = encode_hand_back(&HandBack {
+            id,
+            refused: Some("bad\n[ERROR] forged\u{1b}[2Jé".into()),
+        })
+        .unwrap();
+        assert_eq!(
+            decode_hand_back(&forged, &[], &id).unwrap().as_deref(),
+            Some("bad\\n[ERROR] forged\\u{1b}[2Jé")
+        );
         let long = encode_hand_back(&HandBack {
             id,
             refused: Some("x".repeat(MAX_REASON + 1)),
@@ -403,6 +529,29 @@ mod tests {
         assert!(reason(decode_offer(&sealed, vec![pipe_fd()])).contains("malformed"));
     }
 
+    /// Shared-for-reading buffers reach none of the APIs that write through `&` or `&mut`
+    /// (a launch refuses them as written arguments: `read_only`).
+    #[test]
+    fn shared_buffers_have_no_writable_api() {
+        use crate::copy::{CopyDest, CopySource, DeviceOnlyMemory};
+        use crate::memory::{DeviceMemory, DeviceMemoryMut};
+        use crate::module::KernelArg;
+        static_assertions::assert_not_impl_any!(
+            Shared<u32>: std::ops::Deref, std::ops::DerefMut, DeviceOnlyMemory,
+            DeviceMemoryMut<u32>, CopyDest<u32>
+        );
+        static_assertions::assert_not_impl_any!(
+            SharedImport<u32>: std::ops::Deref, std::ops::DerefMut, DeviceOnlyMemory,
+            DeviceMemoryMut<u32>, CopyDest<u32>
+        );
+        static_assertions::assert_impl_all!(
+            Shared<u32>: DeviceMemory<u32>, CopySource<u32>, KernelArg
+        );
+        static_assertions::assert_impl_all!(
+            SharedImport<u32>: DeviceMemory<u32>, CopySource<u32>, KernelArg
+        );
+    }
+
     #[test]
     fn one_hand_off_per_connection() {
         let (a, b) = UnixStream::pair().unwrap();
@@ -412,9 +561,16 @@ mod tests {
             ConnSlot::take(&dup),
             Err(Error::InvalidArgument(m)) if m.contains("already out")
         ));
+        // Nothing is received where a hand-off is out: its hand-back comes there.
+        assert!(matches!(
+            expect_none_out(&dup),
+            Err(Error::InvalidArgument(m)) if m.contains("still out")
+        ));
+        expect_none_out(&b).unwrap();
         // The other end is another socket.
         let other = ConnSlot::take(&b).unwrap();
         drop(slot);
+        expect_none_out(&a).unwrap();
         let again = ConnSlot::take(&a).unwrap();
         drop((again, other));
     }

@@ -1,7 +1,7 @@
 //! The receiver's side: [`recv_handoff`], and the [`LentImport`] / [`SharedImport`] it
 //! gives, which hand the buffer back when given back or dropped.
 
-use super::{HandBack, Id, MAX_REASON, Mode, decode_offer, encode_hand_back};
+use super::{HandBack, Id, MAX_REASON, Mode, decode_offer, encode_hand_back, expect_none_out};
 use crate::access::Access;
 use crate::error::{Error, Result};
 use crate::ipc::OwnedPool;
@@ -72,18 +72,22 @@ pub struct LentImport<T: DeviceRepr> {
 crate::ipc::foreign_slice!(LentImport);
 
 /// A buffer another process shares for reading with this one ([`Incoming::Shared`]):
-/// read-only, through its deref to `&DeviceSlice<T>` (kernel argument by `&`, copy
-/// source, read-only views), ordered after the sender's last write.
+/// read-only (copy source, kernel argument by `&`,
+/// [`DeviceMemory`](crate::DeviceMemory)), ordered after the sender's last write.
 /// [`give_back`](Self::give_back) or its drop waits for this process's uses of it,
 /// unmaps it and hands it back.
 ///
-/// There is no way to write it in safe code: it is no kernel argument itself (so no
-/// `.arg(&mut shared)`), no copy destination, and its deref is shared only:
+/// There is no way to write it in safe code: it is no copy destination, has no deref to
+/// `DeviceSlice<T>` (whose shared borrows graph captures and products write through), is
+/// no [`DeviceOnlyMemory`](crate::DeviceOnlyMemory) (the bound of every API that writes
+/// through `&`), and a launch that passes it as written (`.arg(&mut shared)`,
+/// `arg_written(&shared)`) fails with [`Error::InvalidArgument`] before the driver is
+/// called:
 ///
-/// ```compile_fail,E0596
+/// ```compile_fail,E0614
 /// # fn f(gpu: &gpubind::BoundDevice<'_>, shared: &mut gpubind::ipc::SharedImport<u32>)
 /// #      -> gpubind::Result<()> {
-/// gpu.htod_copy(&[1u32], &mut **shared)?; // error[E0596]: cannot borrow data in dereference as mutable
+/// gpu.htod_copy(&[1u32], &mut **shared)?; // error[E0614]: cannot be dereferenced
 /// # Ok(()) }
 /// ```
 ///
@@ -95,10 +99,9 @@ crate::ipc::foreign_slice!(LentImport);
 /// ```
 ///
 /// ```compile_fail,E0277
-/// # fn f(s: &gpubind::BoundStream<'_>, k: &gpubind::Function<'_>,
-/// #      shared: &mut gpubind::ipc::SharedImport<u32>) -> gpubind::Result<()> {
-/// let cfg = gpubind::LaunchConfig::for_num_elems(1);
-/// unsafe { s.launch(k, cfg).arg(shared).launch() }?; // error[E0277]: not a kernel argument
+/// # fn f<'buf>(c: &mut gpubind::Capture<'_, 'buf>,
+/// #      shared: &'buf gpubind::ipc::SharedImport<u32>) -> gpubind::Result<()> {
+/// c.memset(shared, 7u32)?; // error[E0277]: `SharedImport<u32>: DeviceOnlyMemory` is not satisfied
 /// # Ok(()) }
 /// ```
 ///
@@ -144,9 +147,9 @@ pub enum Incoming<T: DeviceRepr> {
 ///         buf.give_back()?; // after the kernel: the sender's join returns the buffer
 ///     }
 ///     Incoming::Shared(buf) => {
-///         let values = gpu.dtoh(&*buf)?;
+///         let values = gpu.dtoh(&buf)?;
 ///         // SAFETY: as above, and `k` only reads through its argument.
-///         unsafe { s.launch(k, cfg).arg(&*buf).launch() }?;
+///         unsafe { s.launch(k, cfg).arg(&buf).launch() }?;
 ///         drop(buf); // hands it back too
 ///         # let _ = values;
 ///     }
@@ -158,7 +161,11 @@ pub enum Incoming<T: DeviceRepr> {
 ///
 /// Transport errors ([`Error::PeerGone`], [`Error::Timeout`],
 /// [`Error::PeerNotAllowed`]), [`Error::CorruptHandle`] for a message that is not an
-/// offer, and the import's errors ([`Error::TypeMismatch`], [`Error::UnknownDevice`],
+/// offer, [`Error::InvalidArgument`] (refused) when this end of the connection was
+/// created by another process (the sender watches that one for the receiver's end),
+/// [`Error::InvalidArgument`] (nothing read) when this process has a hand-off of its own
+/// out on `conn` (its hand-back arrives there),
+/// and the import's errors ([`Error::TypeMismatch`], [`Error::UnknownDevice`],
 /// [`Error::WrongDevice`], [`Error::SameProcessImport`], [`Error::AlreadyImported`],
 /// driver errors naming their call).
 pub fn recv_handoff<T: DeviceRepr>(
@@ -166,6 +173,7 @@ pub fn recv_handoff<T: DeviceRepr>(
     stream: &BoundStream<'_>,
     options: &TransportOptions,
 ) -> Result<Incoming<T>> {
+    expect_none_out(conn)?;
     let own = conn
         .try_clone()
         .map_err(|e| io_error("dup of the hand-off socket", &e))?;
@@ -176,6 +184,9 @@ pub fn recv_handoff<T: DeviceRepr>(
         options: options.clone(),
         id: offer.id,
     };
+    if !own_pids(&proc_status()).contains(&offer.receiver_pid) {
+        return Err(refuse(back, not_watched(offer.receiver_pid)));
+    }
     let imported = match ImportedPool::import(offer.pool.with_fd(fd))
         .and_then(|pool| pool.import_buffer::<T>(&offer.buffer))
     {
@@ -205,6 +216,42 @@ pub fn recv_handoff<T: DeviceRepr>(
             back,
         }),
     })
+}
+
+/// The refusal of an offer whose sender watches process `pid` for this end of the
+/// connection, which is not this process.
+fn not_watched(pid: i32) -> Error {
+    Error::InvalidArgument(format!(
+        "the hand-off sender watches process {pid} for the end of this receiver (the \
+         process that created this end of the connection), and that is not this process: \
+         a connection's end passed on to another process cannot receive hand-offs, the \
+         sender could not tell when this process's work has ended"
+    ))
+}
+
+/// `/proc/self/status`, or nothing if it cannot be read.
+fn proc_status() -> String {
+    std::fs::read_to_string("/proc/self/status").unwrap_or_default()
+}
+
+/// This process's pids in every pid namespace it is in (the `NSpid` line of `status`,
+/// `/proc/self/status`), or only `getpid()` without one.
+fn own_pids(status: &str) -> Vec<i32> {
+    let listed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let own = rustix::process::getpid().as_raw_nonzero().get();
+    if listed.contains(&own) {
+        listed
+    } else {
+        vec![own]
+    }
 }
 
 /// Makes `stream` wait for the sender's event and records that as the buffer's pending
@@ -275,15 +322,14 @@ macro_rules! incoming_handoff {
 incoming_handoff!(LentImport);
 incoming_handoff!(SharedImport);
 
-impl<T: DeviceRepr> std::ops::Deref for SharedImport<T> {
-    type Target = DeviceSlice<T>;
-    /// Read-only access to the shared buffer.
-    fn deref(&self) -> &DeviceSlice<T> {
-        &self.slice
-    }
-}
+super::read_only_handoff!(SharedImport);
 
 impl<T: DeviceRepr> SharedImport<T> {
+    /// The buffer, for the read-only API ([`super::read_only_handoff`]).
+    fn inner(&self) -> &DeviceSlice<T> {
+        &self.slice
+    }
+
     /// A writable view of `range` of the shared buffer, or
     /// [`Error::OutOfBounds`].
     ///
@@ -312,5 +358,24 @@ impl<T: DeviceRepr> std::fmt::Debug for SharedImport<T> {
             .field("len", &self.slice.len())
             .field("type", &std::any::type_name::<T>())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_known_by_its_pids_in_every_namespace() {
+        let own = rustix::process::getpid().as_raw_nonzero().get();
+        let here = own_pids(&proc_status());
+        assert!(here.contains(&own), "{here:?} lacks {own}");
+        // A nested namespace: the pid seen from the outer one counts too.
+        let nested = format!("Name:\tx\nNSpid:\t9000 {own}\nTgid:\t1\n");
+        assert_eq!(own_pids(&nested), vec![9000, own]);
+        // A status without NSpid, or one that does not name this process: getpid only.
+        assert_eq!(own_pids("Name:\tx\n"), vec![own]);
+        assert_eq!(own_pids("NSpid:\t1 2\n"), vec![own]);
+        assert!(matches!(not_watched(4242), Error::InvalidArgument(m) if m.contains("4242")));
     }
 }

@@ -127,7 +127,7 @@ fn offer<T: DeviceRepr>(
         .bound()
         .expect_device("pool slice", crate::memory::DeviceMemory::device(buffer))?;
     let slot = ConnSlot::take(conn)?;
-    let peer = open_peer(conn, options)?;
+    let (peer, receiver_pid) = open_peer(conn, options)?;
     let pool = buffer.export_pool()?;
     let handle = buffer.export_unordered()?;
     let event = stream
@@ -146,6 +146,7 @@ fn offer<T: DeviceRepr>(
     let out = OfferOut {
         id,
         mode,
+        receiver_pid,
         pool: &pool,
         buffer: &handle,
         event: &EventHandle::export(&event)?,
@@ -162,20 +163,37 @@ fn offer<T: DeviceRepr>(
 }
 
 /// Checks the peer against the policy and opens its process (`pidfd_open`), to tell
-/// later when it has ended. A peer whose pid this process cannot see (another pid
-/// namespace) is refused: without it a closed connection could not be told apart from
-/// a dead process.
-fn open_peer(conn: &UnixStream, options: &TransportOptions) -> Result<OwnedFd> {
+/// later when it has ended; returns the pidfd and the pid. Refused with
+/// [`Error::InvalidArgument`]: a peer whose pid this process cannot see (another pid
+/// namespace), and a connection whose other end this process created (`socketpair`,
+/// or a connection to itself, maybe handed to a child since): without the holder's pid
+/// a closed connection could not be told apart from a dead process.
+fn open_peer(conn: &UnixStream, options: &TransportOptions) -> Result<(OwnedFd, i32)> {
     let cred = check_peer(conn, options.get_peer())?;
-    let pid = rustix::process::Pid::from_raw(cred.pid).ok_or_else(|| {
+    let pid = watchable_peer(cred.pid, rustix::process::getpid())?;
+    let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+        .map_err(|e| io_error("pidfd_open of the hand-off peer", &std::io::Error::from(e)))?;
+    Ok((fd, cred.pid))
+}
+
+/// The peer's pid as `SO_PEERCRED` reports it (`peer`), if a hand-off can watch it.
+fn watchable_peer(peer: i32, own: rustix::process::Pid) -> Result<rustix::process::Pid> {
+    let pid = rustix::process::Pid::from_raw(peer).ok_or_else(|| {
         Error::InvalidArgument(
             "the hand-off peer's pid is not visible here (another pid namespace): a hand-off \
              needs it to tell when the peer's work has ended"
                 .into(),
         )
     })?;
-    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
-        .map_err(|e| io_error("pidfd_open of the hand-off peer", &std::io::Error::from(e)))
+    if pid == own {
+        return Err(Error::InvalidArgument(
+            "the hand-off connection's other end was created by this process (a socketpair, \
+             or a connection to itself): the process that holds it now cannot be watched \
+             for its end; let the receiving process connect"
+                .into(),
+        ));
+    }
+    Ok(pid)
 }
 
 /// Whether the process behind `pidfd` has ended, waiting up to `timeout`. A pidfd turns
@@ -269,15 +287,42 @@ pub struct Lent<T: DeviceRepr> {
 /// A [`PoolSlice`] shared for reading with another process by [`PoolSlice::share`]: both
 /// read it, neither writes, until [`join`](Self::join) returns it.
 ///
-/// It derefs to `&DeviceSlice<T>` only, so the sender reads it (kernel argument by `&`,
-/// copy source, read-only views) but has no way to write it in safe code:
+/// The sender reads it through the `Shared` itself: a copy source (`gpu.dtoh(&shared)`),
+/// a kernel argument by `&`, [`DeviceMemory`](crate::DeviceMemory). It has no way to
+/// write it in safe code: it is no copy destination, has no deref to `DeviceSlice<T>`
+/// (whose shared borrows graph captures and products write through), is no
+/// [`DeviceOnlyMemory`](crate::DeviceOnlyMemory) (the bound of every API that writes
+/// through `&`), and a launch that passes it as written (`&mut shared`,
+/// `arg_written(&shared)`) fails with [`Error::InvalidArgument`] before the driver is
+/// called:
 ///
-/// ```compile_fail,E0596
+/// ```compile_fail,E0614
 /// # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>,
 /// #      buf: gpubind::ipc::PoolSlice<u32>, conn: &std::os::unix::net::UnixStream)
 /// #      -> gpubind::Result<()> {
 /// let mut shared = buf.share(s, conn, &Default::default())?;
-/// gpu.htod_copy(&[1u32], &mut *shared)?; // error[E0596]: cannot borrow data in dereference as mutable
+/// gpu.htod_copy(&[1u32], &mut *shared)?; // error[E0614]: cannot be dereferenced
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail,E0277
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, shared: &mut gpubind::ipc::Shared<u32>)
+/// #      -> gpubind::Result<()> {
+/// gpu.htod_copy(&[1u32], shared)?; // error[E0277]: `Shared<u32>` is no copy destination
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail,E0277
+/// # fn f<'buf>(c: &mut gpubind::Capture<'_, 'buf>, shared: &'buf gpubind::ipc::Shared<u32>)
+/// #      -> gpubind::Result<()> {
+/// c.memset_zeros(shared)?; // error[E0277]: `Shared<u32>: DeviceOnlyMemory` is not satisfied
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail,E0277
+/// # fn f<'buf>(c: &mut gpubind::Capture<'_, 'buf>, src: &'buf gpubind::DeviceSlice<u32>,
+/// #      shared: &'buf gpubind::ipc::Shared<u32>) -> gpubind::Result<()> {
+/// c.dtod(src, shared)?; // error[E0277]: `Shared<u32>: DeviceOnlyMemory` is not satisfied
 /// # Ok(()) }
 /// ```
 ///
@@ -315,7 +360,9 @@ impl<T: DeviceRepr> PoolSlice<T> {
     /// [`HandoffFailed`] with the buffer: [`Error::NotIpcPool`] for a pool created
     /// without IPC, [`Error::WrongDevice`] for a stream of another device,
     /// [`Error::InvalidArgument`] for an empty slice, for a connection with a hand-off
-    /// already out, or for a peer whose pid is not visible here;
+    /// already out, for a peer whose pid is not visible here, and for a connection whose
+    /// other end this process created (a `socketpair`, even one whose end a child holds
+    /// now: the receiver must connect itself, so that its end names its process);
     /// [`Error::PeerNotAllowed`], [`Error::PeerGone`] or [`Error::Timeout`] from the
     /// transport (`options`); driver errors naming their call.
     pub fn lend(
@@ -371,7 +418,9 @@ macro_rules! outgoing_handoff {
                 self.join_timeout(timeout)
             }
 
-            /// [`join`](Self::join) with another timeout.
+            /// [`join`](Self::join) with another timeout. `Duration::ZERO` waits for
+            /// nothing: a hand-back that has already arrived is taken, else
+            /// [`JoinError::StillOut`] with [`Error::Timeout`].
             ///
             /// # Errors
             ///
@@ -419,19 +468,18 @@ macro_rules! outgoing_handoff {
 outgoing_handoff!(Lent);
 outgoing_handoff!(Shared);
 
-impl<T: DeviceRepr> std::ops::Deref for Shared<T> {
-    type Target = DeviceSlice<T>;
-    /// Read access while the buffer is shared.
-    fn deref(&self) -> &DeviceSlice<T> {
+super::read_only_handoff!(Shared);
+
+impl<T: DeviceRepr> Shared<T> {
+    /// The buffer, for the read-only API ([`super::read_only_handoff`]).
+    fn inner(&self) -> &DeviceSlice<T> {
         &self
             .out
             .as_ref()
             .expect("a hand-off holds its buffer until joined")
             .buffer
     }
-}
 
-impl<T: DeviceRepr> Shared<T> {
     /// A writable view of `range` while the buffer is shared, or
     /// [`Error::OutOfBounds`].
     ///
@@ -477,11 +525,30 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_in_this_process_is_opened() {
-        use std::os::fd::AsFd;
+    fn a_peer_in_this_process_is_refused() {
         let (a, _b) = UnixStream::pair().unwrap();
-        let fd = open_peer(&a, &TransportOptions::default()).unwrap();
-        assert!(!process_ended(&fd, Duration::from_millis(10)));
-        let _ = fd.as_fd();
+        match open_peer(&a, &TransportOptions::default()) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("created by this process"), "{m}"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_a_visible_other_process_is_watchable() {
+        let own = rustix::process::getpid();
+        let other = own.as_raw_nonzero().get() + 1;
+        assert_eq!(
+            watchable_peer(other, own).unwrap().as_raw_nonzero().get(),
+            other
+        );
+        for (pid, why) in [
+            (0, "not visible"),
+            (own.as_raw_nonzero().get(), "this process"),
+        ] {
+            match watchable_peer(pid, own) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains(why), "{pid}: {m}"),
+                other => panic!("{pid}: expected InvalidArgument, got {other:?}"),
+            }
+        }
     }
 }
