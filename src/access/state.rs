@@ -180,6 +180,7 @@ impl<S: TrackedStream> AccessState<S> {
 
     /// Calls `wait(from)` for every stream whose pending use conflicts with a use of kind
     /// `access` on `on` (the write streams; for a write, the read streams too).
+    #[inline]
     pub(crate) fn wait_conflicts(
         &self,
         on: u64,
