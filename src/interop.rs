@@ -366,6 +366,9 @@ impl<'b> BoundStream<'b> {
         f: impl FnOnce(CudaView<'_, T>) -> R,
     ) -> Result<R> {
         let cstream = self.lend_stream()?;
+        // Refuses a stream cudarc captures (the lend's events would join that graph), as
+        // every claim does.
+        self.ensure_stream_context()?;
         self.bound().expect_device("lent buffer", buf.device())?;
         let (ptr, len) = (buf.device_ptr(), buf.len());
         // The read is recorded when it opens, after this stream waited for the pending
