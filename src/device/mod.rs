@@ -599,10 +599,11 @@ impl Device {
 
     /// Poisons the device for a reason no driver call reported: work may still be
     /// appended to one of its streams that nothing can order later uses or frees after
-    /// (an `ncclCommAbort` that did not return). From then on every call into the device
-    /// is [`Error::ContextPoisoned`] naming `call` and `code`, and every buffer of it is
-    /// leaked rather than freed, so the late work cannot write freed memory.
-    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    /// (an `ncclCommAbort` that did not return; cudarc's work on a lent buffer that
+    /// neither a device-side wait nor `cuCtxSynchronize` could order). From then on every
+    /// call into the device is [`Error::ContextPoisoned`] naming `call` and `code`, and
+    /// every buffer of it is leaked rather than freed, so the late work cannot write
+    /// freed memory.
     pub(crate) fn poison_unordered(&self, call: &'static str, code: sys::CUresult) -> Error {
         let p = self.poison.poison(call, code).clone();
         crate::device::poison::error(self, &p)
