@@ -172,9 +172,10 @@ impl StreamInner {
         });
         let event = recorded.map_err(|e| self.device.on_error(e))?;
         // SAFETY: `to` is a live stream of the current context (or a gpubind stream); the
-        // event may belong to another context, which CUDA allows. `to` is a stream of this
-        // stream's device (a tracker orders the uses of one device's memory), so a sticky
-        // error poisons this device.
+        // event may belong to another context, which CUDA allows. `to` is usually a stream
+        // of this stream's device, so a sticky error poisons this device; after a copy
+        // between devices it may be the other device's, whose context then refuses every
+        // later call by itself (its frees fail and leak).
         self.device
             .check(unsafe { result::stream::wait_event(to, event) })
     }
@@ -401,7 +402,7 @@ impl StreamRef {
         let waited = recorded.and_then(|()| {
             // SAFETY: `to` is a live stream of the current context; the event may belong
             // to another context, which CUDA allows.
-            // `to` is a stream of `device` (see `StreamInner::enqueue_wait`).
+            // A sticky error is ascribed to `device` (see `StreamInner::enqueue_wait`).
             device.check(unsafe { result::stream::wait_event(to, event.0) })
         });
         // The wait captured the event's state: it may be recorded again at once.
