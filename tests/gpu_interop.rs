@@ -834,6 +834,13 @@ fn foreign_stream_under_capture_is_refused() -> R {
         }
         let s = gpu.on(&shared).ctx("on")?;
         refused("lend_ref", s.lend_ref_to_cudarc(&buf, |_| ()))?;
+        let status = cs
+            .capture_status()
+            .map_err(|e| format!("capture_status: {e:?}"))?;
+        ensure!(
+            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+            "the refusals touched the capture: {status:?}"
+        );
         Ok(())
     })();
     let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
