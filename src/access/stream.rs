@@ -112,9 +112,10 @@ impl StreamInner {
         }
         Err(Error::NotCapturable {
             what: "a gpubind operation on a stream shared with cudarc or borrowed",
-            reason: "the stream's owner is capturing it: the operation would become a node \
-                     of that graph, unordered with gpubind's later uses and frees of its \
-                     memory; enqueue it before the capture begins or after it ends"
+            reason: "the stream's owner is capturing it (or cuStreamIsCapturing failed): \
+                     the operation would become a node of that graph, unordered with \
+                     gpubind's later uses and frees of its memory; enqueue it before the \
+                     capture begins or after it ends"
                 .into(),
         })
     }
