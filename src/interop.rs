@@ -543,7 +543,7 @@ impl<T> Lent<'_, T> {
                 let code = e
                     .driver_code()
                     .map_or(sys::CUresult::CUDA_ERROR_UNKNOWN, |c| c.cu());
-                return Err(self.device.poison_unordered("cuCtxSynchronize", code));
+                return Err(self.device.poison_with("cuCtxSynchronize", code));
             }
         }
         Ok(())
