@@ -462,6 +462,13 @@ impl Device {
         result::device::can_access_peer(self.raw, peer.raw)
     }
 
+    /// The launch limits if they have been read ([`launch_limits`](Self::launch_limits)):
+    /// the launch's inlined quick check.
+    #[inline(always)]
+    pub(crate) fn known_launch_limits(&self) -> Option<&DeviceLimits> {
+        self.limits.get()
+    }
+
     /// The launch limits, read from the driver on first use and kept (attributes need no
     /// context). A failed read is returned and not cached.
     pub(crate) fn launch_limits(&self) -> Result<&DeviceLimits> {

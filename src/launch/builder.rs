@@ -4,6 +4,7 @@
 
 use super::LaunchConfig;
 use crate::access::{self, Access, AccessTracker, Use};
+use crate::device::Device;
 use crate::device::poison::KernelName;
 use crate::driver::result;
 use crate::error::{Error, Result};
@@ -189,10 +190,36 @@ impl ArgPtrs {
 impl<'m> Function<'m> {
     /// The checks [`LaunchBuilder::launch`] makes before the driver call, for a launch of
     /// `nargs` arguments of `cfg` (the launch builder's, and those of any other launch path,
-    /// such as a graph capture's). Inlined: it is on every launch's path; the argument-count
-    /// error is built out of line.
+    /// such as a graph capture's). Inlined: it is on every launch's path. The usual launch
+    /// (the device's limits already read, every dimension non-zero and the whole
+    /// configuration within the default limits) is one pass of compares
+    /// ([`LaunchConfig::quick_check`], which passes nothing that the checks one by one
+    /// refuse); any other goes through the checks one by one, out of line. The
+    /// argument-count error is built out of line.
     #[inline]
     pub(crate) fn check_launch(&self, cfg: &LaunchConfig, nargs: usize) -> Result<()> {
+        let quick = self
+            .module
+            .device
+            .known_launch_limits()
+            .is_some_and(|dev| cfg.quick_check(dev, &self.limits));
+        if !quick {
+            self.check_config(cfg)?;
+        }
+        if let Some(expected) = &self.params
+            && expected.len() != nargs
+        {
+            return Err(self.arg_count_error(expected.len(), nargs));
+        }
+        Ok(())
+    }
+
+    /// [`check_launch`](Self::check_launch)'s configuration checks one by one: non-zero
+    /// dimensions, then the device's and the kernel's limits (read from the driver at the
+    /// first launch of the device).
+    #[cold]
+    #[inline(never)]
+    fn check_config(&self, cfg: &LaunchConfig) -> Result<()> {
         cfg.validate()?;
         cfg.check_limits(
             &self.name,
@@ -205,13 +232,7 @@ impl<'m> Function<'m> {
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 )
             },
-        )?;
-        if let Some(expected) = &self.params
-            && expected.len() != nargs
-        {
-            return Err(self.arg_count_error(expected.len(), nargs));
-        }
-        Ok(())
+        )
     }
 
     /// [`Error::LaunchArgs`] for `nargs` arguments to a kernel of `expected` parameters.
@@ -273,6 +294,31 @@ impl<'m> Function<'m> {
     }
 }
 
+/// [`Error::WrongDevice`], boxed, unless `other` is `stream`'s device (the check of
+/// [`BoundDevice::expect_device`](crate::BoundDevice), inlined: one compare; the error is
+/// built out of line).
+#[inline(always)]
+fn wrong_device(
+    stream: &BoundStream<'_>,
+    what: &'static str,
+    other: &Device,
+) -> Option<Box<Error>> {
+    #[cold]
+    #[inline(never)]
+    fn error(stream: &BoundStream<'_>, what: &'static str, other: &Device) -> Option<Box<Error>> {
+        stream
+            .bound()
+            .expect_device(what, other)
+            .err()
+            .map(Box::new)
+    }
+    if stream.bound().device().ordinal() == other.ordinal() {
+        None
+    } else {
+        error(stream, what, other)
+    }
+}
+
 impl<'b> BoundStream<'b> {
     /// Starts a launch of `func` on this stream.
     #[inline]
@@ -281,11 +327,7 @@ impl<'b> BoundStream<'b> {
         func: &'s Function<'_>,
         cfg: LaunchConfig,
     ) -> LaunchBuilder<'s, 'a> {
-        let error = self
-            .bound()
-            .expect_device("kernel module", func.module.device())
-            .err()
-            .map(Box::new);
+        let error = wrong_device(self, "kernel module", func.module.device());
         LaunchBuilder {
             stream: self,
             func,
@@ -323,12 +365,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         let arg: &'a L::Target = arg.into_arg();
         let this = self;
         if let (None, Some(dev)) = (&this.error, arg.arg_device()) {
-            this.error = this
-                .stream
-                .bound()
-                .expect_device("kernel argument", dev)
-                .err()
-                .map(Box::new);
+            this.error = wrong_device(this.stream, "kernel argument", dev);
         }
         if let Some(t) = arg.access_tracker() {
             this.tracked.push(t, access);
