@@ -207,18 +207,30 @@ impl<S: TrackedStream> AccessState<S> {
         make: impl Fn(u64) -> S,
         grave: &mut Grave<S>,
     ) {
-        // The hand-off: one write on another stream than the one writer, no readers. The
-        // same outcome as below (the write replaces the old writer), swapped in place.
         if let [(id, Access::Write)] = uses
-            && self.readers.is_empty()
-            && let [w] = &mut self.writers[..]
-            && w.id() != *id
+            && let Some(old) = self.hand_off(*id, || make(*id))
         {
-            grave.push(std::mem::replace(w, make(*id)));
-            self.sole = *id;
+            grave.push(old);
             return;
         }
         self.commit_general(uses, make, grave);
+    }
+
+    /// [`commit`](Self::commit) of one write on `on` when that is a hand-off: one write
+    /// pending, on another stream, and no reads. The same outcome as the general commit
+    /// (the write replaces the old writer), swapped in place; returns the old writer's
+    /// stream, to drop after unlocking. `None`, changing nothing, in every other case.
+    #[inline]
+    pub(crate) fn hand_off(&mut self, on: u64, make: impl FnOnce() -> S) -> Option<S> {
+        if self.readers.is_empty()
+            && let [w] = &mut self.writers[..]
+            && w.id() != on
+        {
+            let old = std::mem::replace(w, make());
+            self.sole = on;
+            return Some(old);
+        }
+        None
     }
 
     /// [`commit`](Self::commit) without its hand-off fast path.
