@@ -64,8 +64,16 @@ impl<S: TrackedStream> AccessState<S> {
     /// A state whose one pending use is a write on `on` (what a commit of that write into
     /// an idle state makes, built directly: a stream-ordered allocation's tracker).
     pub(crate) fn written_by(on: S) -> Self {
+        let id = on.id();
+        Self::written_by_id(on, id)
+    }
+
+    /// [`written_by`](Self::written_by) with `on`'s id (`id == on.id()`) at hand.
+    #[inline(always)]
+    pub(crate) fn written_by_id(on: S, id: u64) -> Self {
+        debug_assert_eq!(id, on.id());
         AccessState {
-            sole: on.id(),
+            sole: id,
             writers: Streams::one(on),
             readers: Vec::new(),
             lends: 0,
