@@ -549,9 +549,14 @@ impl Device {
     ///
     /// For calls that must run in this device's context whatever is bound — frees and
     /// destroys in `Drop`, event queries, function lookups.
+    #[inline]
     pub(crate) fn enter(&self) -> Result<ContextGuard> {
         self.check_poison()?;
-        let (ctx, _) = self.primary_context()?;
+        // Once retained, the context is one load away (no `Result` through memory).
+        let ctx = match self.primary.retained() {
+            Some((ctx, _)) => ctx,
+            None => self.primary_context()?.0,
+        };
         ContextGuard::push(ctx.0)
     }
 
@@ -787,6 +792,13 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
         // Under the lock, after `state`: the only set, so it cannot fail.
         let _ = self.retained.set((ctx, id));
         Ok((ctx, id))
+    }
+
+    /// The context and its retain id if a retain succeeded ([`get`](Self::get) without
+    /// retaining): one load.
+    #[inline(always)]
+    pub(crate) fn retained(&self) -> Option<(O::Ctx, u64)> {
+        self.retained.get().copied()
     }
 
     /// Whether a retain is held.
