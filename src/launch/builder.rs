@@ -364,8 +364,11 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         let access = arg_access::<L>();
         let arg: &'a L::Target = arg.into_arg();
         let this = self;
-        if let (None, Some(dev)) = (&this.error, arg.arg_device()) {
-            this.error = wrong_device(this.stream, "kernel argument", dev);
+        if let (None, Some(dev)) = (&this.error, arg.arg_device())
+            && let Some(e) = wrong_device(this.stream, "kernel argument", dev)
+        {
+            // Assigned only when there is one: an assignment drops the `None` it replaces.
+            this.error = Some(e);
         }
         if let Some(t) = arg.access_tracker() {
             this.tracked.push(t, access);
@@ -488,7 +491,9 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             // keeps it so until the enqueue returns (`crate::access::fast`).
             let launched = unsafe { self.call_driver(driver) };
             drop(gate);
-            return launched;
+            // A fresh `Ok` writes one word; returning `launched` itself would copy an
+            // `Error`'s size through the stack.
+            return if launched.is_ok() { Ok(()) } else { launched };
         }
         drop(gate);
         // SAFETY: forwarded: this function's contract; the stream context is checked.
