@@ -195,6 +195,14 @@ impl<S: TrackedStream> AccessState<S> {
         access: Access,
         mut wait: impl FnMut(&S) -> Result<()>,
     ) -> Result<()> {
+        if self.sole != NO_SOLE {
+            // One write pending and no reads (the cache): the writer is the only stream
+            // that can conflict (a hand-off's one wait, without walking the lists).
+            return match self.writers.first() {
+                Some(w) if w.id() != on => wait(w),
+                _ => Ok(()),
+            };
+        }
         for w in self.writers.iter().filter(|w| w.id() != on) {
             wait(w)?;
         }
