@@ -37,6 +37,7 @@ impl UsageCounter {
     }
 
     /// Counts the release of an allocation of `bytes` (never below zero).
+    #[inline]
     pub(crate) fn sub(&self, bytes: u64) {
         let _ = self
             .in_use
