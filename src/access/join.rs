@@ -53,7 +53,8 @@ impl AccessTracker {
     /// the allocation is a pending write there, so a use on another stream waits for it,
     /// and published, so the next use on `on` takes the fast path. Built in place (it is
     /// on every temporary's path): the state of [`AccessTracker::written_on`] and what
-    /// [`Published::reset_mut`] publishes for it ([`Published::sole_writer`]).
+    /// [`Published::reset_mut`](super::Published::reset_mut) publishes for it
+    /// ([`Published::sole_writer`](super::Published::sole_writer)).
     #[inline(always)]
     pub(crate) fn allocated_on(on: super::StreamSlot<'_>) -> Self {
         let id = on.id();

@@ -69,7 +69,7 @@ pub(crate) unsafe fn free_in_stream_order(
     drop(guard);
 }
 
-/// Frees `ptr` on `stream` (`cuMemFreeAsync`) through [`teardown::release`], unless
+/// Frees `ptr` on `stream` (`cuMemFreeAsync`) through [`teardown::release()`], unless
 /// `waited` failed.
 ///
 /// # Safety
