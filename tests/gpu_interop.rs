@@ -937,6 +937,67 @@ fn an_operation_after_a_captured_foreign_stream_is_refused() -> R {
     Ok(())
 }
 
+/// A borrowed stream whose loan ends while its owner captures it: the end of the loan
+/// cannot be recorded there (the record would be a node of the owner's graph, and a
+/// stream waiting for it would join the capture), so a later operation that must wait
+/// for gpubind's work on that stream is refused with `NotCapturable`, on gpubind's own
+/// stream too, which does not join the capture; the capture stays valid. The buffer
+/// stays unusable after the capture (nothing can tell when that work ended) and its drop
+/// leaks it.
+fn a_loan_ended_under_capture_orders_nothing_after_it() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut buf = gpu.alloc_zeros::<u32>(1024).ctx("alloc")?;
+    let own = gpu.new_stream().ctx("new_stream")?;
+    let theirs = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let cs = theirs.cudarc_stream().ok_or("not cudarc's")?.clone();
+    // SAFETY: cudarc's stream of the primary context; `cs` outlives the loan.
+    let lent = unsafe { gpu.borrow_stream(cs.cu_stream()) }.ctx("borrow_stream")?;
+    gpu.on(&lent)
+        .ctx("on lent")?
+        .memset_async(&mut buf, 3u32)
+        .ctx("memset on lent")?;
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    cs.begin_capture(mode)
+        .map_err(|e| format!("begin_capture: {e:?}"))?;
+    drop(lent); // the loan ends during the capture
+    let mut outcome = (|| -> R {
+        let s = gpu.on(&own).ctx("on")?;
+        match s.memset_async(&mut buf, 7u32) {
+            Err(Error::NotCapturable { .. }) => {}
+            other => {
+                return Err(format!(
+                    "a write after a loan that ended under capture: {other:?}"
+                ));
+            }
+        }
+        ensure!(!is_capturing(&own)?, "gpubind's stream joined the capture");
+        let status = cs
+            .capture_status()
+            .map_err(|e| format!("capture_status: {e:?}"))?;
+        ensure!(
+            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+            "the refusal touched the capture: {status:?}"
+        );
+        Ok(())
+    })();
+    let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
+    if outcome.is_ok() {
+        outcome = ended
+            .map(drop)
+            .map_err(|e| format!("the capture did not stay valid: {e:?}"));
+    }
+    outcome?;
+    match gpu.dtoh(&buf) {
+        Err(Error::NotCapturable { .. }) => {}
+        other => return Err(format!("a host read after the capture: {other:?}")),
+    }
+    drop(buf); // leaked (logged): its work on the borrowed stream cannot be waited for
+    println!("a loan ended under capture: later waits refused, the buffer leaked");
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_interop",
@@ -971,6 +1032,10 @@ fn main() {
             (
                 "an_operation_after_a_captured_foreign_stream_is_refused",
                 an_operation_after_a_captured_foreign_stream_is_refused,
+            ),
+            (
+                "a_loan_ended_under_capture_orders_nothing_after_it",
+                a_loan_ended_under_capture_orders_nothing_after_it,
             ),
             (
                 "libraries_match_the_driver_and_ptx_fallback_runs",

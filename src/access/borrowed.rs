@@ -106,6 +106,20 @@ impl StreamInner {
         if !matches!(*state, Retired::Not) {
             return;
         }
+        // SAFETY: the stream is still lent (the borrow ends with this call).
+        if unsafe { result::stream::is_capturing(self.raw) }.unwrap_or(true) {
+            // Its owner captures it: an event recorded now would be a node of that graph,
+            // marking no point of the work gpubind enqueued before the capture, and a
+            // stream waiting for it would join the capture; a synchronisation is illegal
+            // there. Nothing can tell when that work ends once the raw stream is the
+            // owner's again, so every later question about it fails: the buffers with
+            // uses on it refuse operations that must wait for them, and leak when dropped.
+            *state = Retired::Waited(Err(super::stream::capturing_error(
+                "an operation ordered after work on a borrowed stream whose loan ended while \
+                 its owner captured it",
+            )));
+            return;
+        }
         *state = match record_end(&self.device, self.raw) {
             Ok(event) => Retired::At(event),
             Err(_) => {

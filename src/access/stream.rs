@@ -196,7 +196,7 @@ impl StreamInner {
 /// [`Error::NotCapturable`] for `what`, whose stream (or a stream it would be ordered
 /// after) another library's owner is capturing.
 #[cold]
-fn capturing_error(what: &'static str) -> Error {
+pub(super) fn capturing_error(what: &'static str) -> Error {
     Error::NotCapturable {
         what,
         reason: "the stream's owner is capturing it (or cuStreamIsCapturing failed): \
