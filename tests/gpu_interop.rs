@@ -998,6 +998,51 @@ fn a_loan_ended_under_capture_orders_nothing_after_it() -> R {
     Ok(())
 }
 
+/// Host waits for gpubind's work on a stream cudarc captures — a host read, the drop of
+/// a pool buffer and of a `cuMemAlloc` buffer with a pending write there — ask
+/// `cuStreamIsCapturing` first and fail (the read with `NotCapturable`, the drops leak,
+/// logged) instead of querying or synchronising the stream, which would invalidate the
+/// owner's capture: the capture stays valid.
+fn waits_for_a_captured_foreign_stream_leave_the_capture_valid() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let theirs = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let cs = theirs.cudarc_stream().ok_or("not cudarc's")?.clone();
+    let s = gpu.on(&theirs).ctx("on")?;
+    let mut buf = gpu.alloc_zeros::<u32>(1024).ctx("alloc")?;
+    s.memset_async(&mut buf, 3u32).ctx("memset")?;
+    let pooled = s.alloc_zeros::<u32>(1024).ctx("pool alloc")?;
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    cs.begin_capture(mode)
+        .map_err(|e| format!("begin_capture: {e:?}"))?;
+    let mut outcome = (|| -> R {
+        match gpu.dtoh(&buf) {
+            Err(Error::NotCapturable { .. }) => {}
+            other => return Err(format!("a host read during the capture: {other:?}")),
+        }
+        drop(pooled); // leaked: its free can neither go there nor wait for it
+        drop(buf); // leaked, as above
+        let status = cs
+            .capture_status()
+            .map_err(|e| format!("capture_status: {e:?}"))?;
+        ensure!(
+            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+            "the waits touched the capture: {status:?}"
+        );
+        Ok(())
+    })();
+    let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
+    if outcome.is_ok() {
+        outcome = ended
+            .map(drop)
+            .map_err(|e| format!("the capture did not stay valid: {e:?}"));
+    }
+    outcome?;
+    println!("host waits on a captured foreign stream: refused, the capture intact");
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_interop",
@@ -1036,6 +1081,10 @@ fn main() {
             (
                 "a_loan_ended_under_capture_orders_nothing_after_it",
                 a_loan_ended_under_capture_orders_nothing_after_it,
+            ),
+            (
+                "waits_for_a_captured_foreign_stream_leave_the_capture_valid",
+                waits_for_a_captured_foreign_stream_leave_the_capture_valid,
             ),
             (
                 "libraries_match_the_driver_and_ptx_fallback_runs",

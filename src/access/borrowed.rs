@@ -73,6 +73,7 @@ impl StreamInner {
     /// `cuEventQuery` once retired).
     pub(crate) fn query(&self) -> Result<bool> {
         self.with_target(|t| match t {
+            Target::Stream(raw) if self.foreign_capture(raw) => Err(capture_busy()),
             // SAFETY: the stream lives (owned, or lent: the borrow's contract).
             Target::Stream(raw) => unsafe { result::stream::query(raw) },
             // SAFETY: the event lives until the stream's drop.
@@ -84,12 +85,22 @@ impl StreamInner {
     /// Blocks until the work enqueued on the stream so far has finished.
     pub(crate) fn synchronize_raw(&self) -> Result<()> {
         self.with_target(|t| match t {
+            Target::Stream(raw) if self.foreign_capture(raw) => Err(capture_busy()),
             // SAFETY: as in `query`; the caller made the stream's context current.
             Target::Stream(raw) => unsafe { result::stream::synchronize(raw) },
             // SAFETY: as in `query`.
             Target::Event(event) => unsafe { result::event::synchronize(event) },
             Target::Waited(outcome) => outcome.clone(),
         })
+    }
+
+    /// Whether `raw`, this stream's handle, is another library's stream that its owner
+    /// captures (or the driver cannot say). Querying or synchronising it then would be
+    /// illegal in the capture and invalidate the owner's graph: such questions fail
+    /// instead ([`capture_busy`]), leaving the owner's capture as it was.
+    fn foreign_capture(&self, raw: sys::CUstream) -> bool {
+        // SAFETY: the caller holds the stream alive (owned, or lent while not retired).
+        self.foreign && unsafe { result::stream::is_capturing(raw) }.unwrap_or(true)
     }
 
     /// Ends the borrow of a borrowed stream (a no-op for others): records an event on it
@@ -140,6 +151,13 @@ impl StreamInner {
             _ => None,
         }
     }
+}
+
+/// The answer to a query or a wait of a foreign stream its owner captures.
+fn capture_busy() -> crate::error::Error {
+    super::stream::capturing_error(
+        "a wait for gpubind's work on a stream shared with cudarc or borrowed",
+    )
 }
 
 /// A new event of `device`'s context, recorded at the current end of `raw`.
