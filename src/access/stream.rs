@@ -163,19 +163,17 @@ impl StreamInner {
             // captured instead of run, and could rerun at each launch of that graph,
             // ordered with none of gpubind's later uses and frees. Refused, as an
             // operation on such a stream itself is (`refuse_capture`).
-            super::borrowed::Target::Stream(raw)
-                if self.foreign
-                    // SAFETY: the stream lives (held, or lent while not retired).
-                    && unsafe { result::stream::is_capturing(raw) }.unwrap_or(true) =>
-            {
-                Err(capturing_error(
-                    "an operation ordered after a pending use on a stream shared with \
-                     cudarc or borrowed",
-                ))
-            }
-            // SAFETY: `event` belongs to this stream's context; the stream lives (held,
-            // or lent while not retired).
+            // A failed query is returned (a sticky error poisons below).
             super::borrowed::Target::Stream(raw) => {
+                // SAFETY: the stream lives (held, or lent while not retired).
+                if self.foreign && unsafe { result::stream::is_capturing(raw) }? {
+                    return Err(capturing_error(
+                        "an operation ordered after a pending use on a stream shared with \
+                         cudarc or borrowed",
+                    ));
+                }
+                // SAFETY: `event` belongs to this stream's context; the stream lives
+                // (held, or lent while not retired).
                 unsafe { result::event::record(event, raw) }.map(|()| event)
             }
             // A retired borrowed stream: its end is already recorded.
