@@ -80,6 +80,10 @@ fn main() {
                 "killed_receiver_returns_the_buffer_with_peer_gone",
                 killed_receiver,
             ),
+            (
+                "driver_descriptors_are_close_on_exec",
+                driver_descriptors_are_close_on_exec,
+            ),
             ("refused_offer_returns_the_buffer", refused_offer),
             ("join_times_out_then_joins_again", join_times_out),
             ("dropped_lend_frees_only_after_the_hand_back", dropped_lend),
@@ -502,6 +506,58 @@ fn killed_receiver() -> R {
         got == filled(0xD400),
         "the returned buffer holds {:?}…, not the receiver's last completed write",
         &got[..4]
+    );
+    Ok(())
+}
+
+/// The GPU driver's descriptors (`/dev/nvidia*`) of a process with a context, an IPC
+/// pool and a kernel are close-on-exec: a program the receiver of a hand-off starts does
+/// not inherit them, so when the receiver's process ends (what its pidfd tells the
+/// sender) the driver has torn down its contexts and no work of it still runs on the
+/// buffer. (A raw `fork` keeps them: `unsafe`, and CUDA does not support it.)
+fn driver_descriptors_are_close_on_exec() -> R {
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let dev = Device::get(0).ctx("device 0")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let t = setup(&gpu)?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let buf: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
+    const O_CLOEXEC: u32 = 0o2000000;
+    let (mut checked, mut inherited) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir("/proc/self/fd").ctx("/proc/self/fd")? {
+        let fd = entry.ctx("fd entry")?.file_name();
+        let Ok(target) = std::fs::read_link(format!("/proc/self/fd/{}", fd.to_string_lossy()))
+        else {
+            continue; // closed meanwhile (read_dir's own descriptor)
+        };
+        let target = target.to_string_lossy().into_owned();
+        if !target.starts_with("/dev/nvidia") {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.to_string_lossy()))
+            .ctx("fdinfo")?;
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+            .ok_or_else(|| format!("no flags in the fdinfo of {target}"))?;
+        if flags & O_CLOEXEC == 0 {
+            inherited.push(target.clone());
+        }
+        checked.push(target);
+    }
+    drop(buf);
+    println!(
+        "driver descriptors: {} checked, {} without close-on-exec {inherited:?}",
+        checked.len(),
+        inherited.len()
+    );
+    ensure!(!checked.is_empty(), "no /dev/nvidia* descriptor found");
+    ensure!(
+        inherited.is_empty(),
+        "driver descriptors a spawned program inherits (so a receiver's death would not \
+         prove its work stopped): {inherited:?}"
     );
     Ok(())
 }
