@@ -12,6 +12,8 @@
 
 use std::time::Instant;
 
+pub mod socket_child;
+
 /// CUDA C source of `slow_fill(out, n, value, cycles)`: spins for `cycles` clock ticks,
 /// then writes `value` to `out[0..n]` — the slow writer the ordering tests race against.
 /// A literal, for `concat!` into a suite's kernel source. (Not every suite uses it: the
