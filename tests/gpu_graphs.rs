@@ -10,7 +10,7 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, dev0, run_suite, skip};
+use common::{Ctx, dev0, on_device0, run_suite, skip};
 use gpubind::{
     BoundDevice, BoundStream, Device, DeviceMemory, DriverErrorCode, Error, InstantiateFlags,
     LaunchConfig, Module, ThreadContext,
@@ -1465,14 +1465,6 @@ fn captured_all_reduce_over_two_devices_is_refused() -> R {
         }
         other => Err(format!("a two-device all-reduce: {other:?}")),
     }
-}
-
-/// Runs `test` with device 0 bound.
-fn on_device0(test: fn(&BoundDevice<'_>) -> R) -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    test(&gpu)
 }
 
 /// Runs `test` with device 0 bound and [`KERNELS`] loaded.

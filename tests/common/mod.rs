@@ -242,6 +242,14 @@ pub fn dev0() -> Result<std::sync::Arc<gpubind::Device>, String> {
     gpubind::Device::get(0).ctx("Device::get(0)")
 }
 
+/// Runs `test` with device 0 bound on this thread.
+pub fn on_device0(test: fn(&gpubind::BoundDevice<'_>) -> Result<(), String>) -> Result<(), String> {
+    let dev = dev0()?;
+    let mut ctx = gpubind::ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    test(&gpu)
+}
+
 /// `Err` unless `cond`.
 #[macro_export]
 macro_rules! ensure {
