@@ -96,7 +96,7 @@ fn child_waits_for_parent() -> R {
     let event = gpu
         .new_event_with(EventFlags::new().interprocess(true))
         .ctx("interprocess event")?;
-    let (child, conn) = socket_child::spawn_connected("ipc-events", "waiter", CHILD_WAIT)?;
+    let (child, conn) = socket_child::spawn_connected("ipc-events", "waiter", &[], CHILD_WAIT)?;
     let ns: u64 = 1_500_000_000;
     // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it writes one u32
     // into `flag`, which holds one.

@@ -114,7 +114,7 @@ fn slow_fill(
 /// Spawns this binary as child `role`, accepts its connection and waits until it is
 /// ready to receive (bounded waits).
 fn spawn_child(role: &str) -> R<(std::process::Child, UnixStream)> {
-    let (proc, conn) = socket_child::spawn_connected("ipc-handoff", role, CHILD_WAIT)?;
+    let (proc, conn) = socket_child::spawn_connected("ipc-handoff", role, &[], CHILD_WAIT)?;
     let m = ipc::recv_message_timeout(&conn, CHILD_WAIT).ctx("the child's ready")?;
     ensure!(m.bytes == b"ready", "child `{role}` said {:?}", m.bytes);
     Ok((proc, conn))

@@ -9,6 +9,7 @@ use super::{Ctx, child_role};
 use std::io::Read;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// In a child (`GPUBIND_CHILD` set): runs `run` with the role and exits the process, 0
@@ -31,33 +32,51 @@ pub fn connect_to_parent() -> Result<UnixStream, String> {
     UnixStream::connect(&path).ctx("connect to parent")
 }
 
-/// Spawns this binary as child `role` (stderr piped, for [`expect_success`]) on a socket
-/// named after `suite`, and accepts its connection: an error if the child exits first or
-/// has not connected within `wait` (then it is killed).
+/// A socket path of its own for every child this process spawns.
+fn socket_path(suite: &str, role: &str) -> std::path::PathBuf {
+    static SPAWNED: AtomicU32 = AtomicU32::new(0);
+    std::env::temp_dir().join(format!(
+        "gpubind-{suite}-{}-{}-{role}.sock",
+        std::process::id(),
+        SPAWNED.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// Spawns this binary as child `role` with the variables `env` (stderr piped, for
+/// [`expect_success`] and [`stderr_of`]) on a socket of its own named after `suite`,
+/// and accepts its connection: an error, with the child's stderr, if it exits first;
+/// an error if it has not connected within `wait` (then it is killed).
 pub fn spawn_connected(
     suite: &str,
     role: &str,
+    env: &[(&str, String)],
     wait: Duration,
 ) -> Result<(Child, UnixStream), String> {
-    let path = std::env::temp_dir().join(format!(
-        "gpubind-{suite}-{}-{role}.sock",
-        std::process::id()
-    ));
+    let path = socket_path(suite, role);
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).ctx("bind test socket")?;
     listener.set_nonblocking(true).ctx("nonblocking listener")?;
-    let mut proc = Command::new(std::env::current_exe().ctx("current_exe")?)
-        .env("GPUBIND_CHILD", role)
+    let mut cmd = Command::new(std::env::current_exe().ctx("current_exe")?);
+    cmd.env("GPUBIND_CHILD", role)
         .env("GPUBIND_IPC_SOCKET", &path)
-        .stderr(Stdio::piped())
-        .spawn()
-        .ctx("spawn child")?;
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut proc = cmd.spawn().ctx("spawn child")?;
     let start = Instant::now();
     let conn = loop {
         match listener.accept() {
             Ok((conn, _)) => break conn,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if proc.try_wait().ctx("try_wait")?.is_some() || start.elapsed() > wait {
+                if let Some(status) = proc.try_wait().ctx("try_wait")? {
+                    let _ = std::fs::remove_file(&path);
+                    return Err(format!(
+                        "child `{role}` exited ({status}) before connecting: {}",
+                        stderr_of(&mut proc)
+                    ));
+                }
+                if start.elapsed() > wait {
                     let _ = proc.kill();
                     let _ = proc.wait();
                     let _ = std::fs::remove_file(&path);
@@ -73,6 +92,15 @@ pub fn spawn_connected(
     Ok((proc, conn))
 }
 
+/// What the child wrote on stderr (once: the pipe is taken), trimmed.
+pub fn stderr_of(proc: &mut Child) -> String {
+    let mut s = String::new();
+    if let Some(mut e) = proc.stderr.take() {
+        let _ = e.read_to_string(&mut s);
+    }
+    s.trim().to_owned()
+}
+
 /// Waits for the child (at most `wait`, then kills it); its stderr as the error if it
 /// failed.
 pub fn expect_success(mut proc: Child, wait: Duration) -> Result<(), String> {
@@ -82,11 +110,7 @@ pub fn expect_success(mut proc: Child, wait: Duration) -> Result<(), String> {
             if status.success() {
                 return Ok(());
             }
-            let mut err = String::new();
-            if let Some(mut e) = proc.stderr.take() {
-                let _ = e.read_to_string(&mut err);
-            }
-            return Err(format!("child failed ({status}): {err}"));
+            return Err(format!("child failed ({status}): {}", stderr_of(&mut proc)));
         }
         if start.elapsed() > wait {
             let _ = proc.kill();
