@@ -70,6 +70,9 @@ fn main() {
             ("killed_receiver_returns_the_buffer_with_peer_gone", || {
                 as_parent(killed_receiver)
             }),
+            ("driver_descriptors_are_close_on_exec", || {
+                as_parent(driver_descriptors_are_close_on_exec)
+            }),
             ("refused_offer_returns_the_buffer", || {
                 as_parent(refused_offer)
             }),
@@ -430,6 +433,56 @@ fn killed_receiver(gpu: &BoundDevice<'_>, t: &Setup, s: &BoundStream<'_>) -> R {
         got == filled(0xD400),
         "the returned buffer holds {:?}…, not the receiver's last completed write",
         &got[..4]
+    );
+    Ok(())
+}
+
+/// The GPU driver's descriptors (`/dev/nvidia*`) of a process with a context, an IPC
+/// pool and a kernel are close-on-exec: a program the receiver of a hand-off starts does
+/// not inherit them, so when the receiver's process ends (what its pidfd tells the
+/// sender) the driver has torn down its contexts and no work of it still runs on the
+/// buffer. (A raw `fork` keeps them: `unsafe`, and CUDA does not support it.)
+fn driver_descriptors_are_close_on_exec(
+    _gpu: &BoundDevice<'_>,
+    t: &Setup,
+    s: &BoundStream<'_>,
+) -> R {
+    let buf: PoolSlice<u32> = t.pool.alloc_zeros(s, N).ctx("alloc")?;
+    const O_CLOEXEC: u32 = 0o2000000;
+    let (mut checked, mut inherited) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir("/proc/self/fd").ctx("/proc/self/fd")? {
+        let fd = entry.ctx("fd entry")?.file_name();
+        let Ok(target) = std::fs::read_link(format!("/proc/self/fd/{}", fd.to_string_lossy()))
+        else {
+            continue; // closed meanwhile (read_dir's own descriptor)
+        };
+        let target = target.to_string_lossy().into_owned();
+        if !target.starts_with("/dev/nvidia") {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.to_string_lossy()))
+            .ctx("fdinfo")?;
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+            .ok_or_else(|| format!("no flags in the fdinfo of {target}"))?;
+        if flags & O_CLOEXEC == 0 {
+            inherited.push(target.clone());
+        }
+        checked.push(target);
+    }
+    drop(buf);
+    println!(
+        "driver descriptors: {} checked, {} without close-on-exec {inherited:?}",
+        checked.len(),
+        inherited.len()
+    );
+    ensure!(!checked.is_empty(), "no /dev/nvidia* descriptor found");
+    ensure!(
+        inherited.is_empty(),
+        "driver descriptors a spawned program inherits (so a receiver's death would not \
+         prove its work stopped): {inherited:?}"
     );
     Ok(())
 }
