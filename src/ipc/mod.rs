@@ -398,6 +398,10 @@ macro_rules! foreign_slice {
             }
         }
 
+        // SAFETY: a writable slice (this process owns it, or its exporter lent it to be
+        // written), written in the order its tracker keeps.
+        unsafe impl<T: $crate::memory::DeviceRepr> $crate::module::WritableArg for $ty<T> {}
+
         impl<T: $crate::memory::DeviceRepr> std::fmt::Debug for $ty<T> {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.debug_struct(stringify!($ty))
