@@ -398,8 +398,9 @@ macro_rules! foreign_slice {
             }
         }
 
-        // SAFETY: a writable slice (this process owns it, or its exporter lent it to be
-        // written), written in the order its tracker keeps.
+        // SAFETY: a slice its `DeviceMemoryMut` API already writes (a pool slice of this
+        // process, an import, a lent buffer): a kernel's write, ordered by its tracker,
+        // allows nothing that API does not.
         unsafe impl<T: $crate::memory::DeviceRepr> $crate::module::WritableArg for $ty<T> {}
 
         impl<T: $crate::memory::DeviceRepr> std::fmt::Debug for $ty<T> {

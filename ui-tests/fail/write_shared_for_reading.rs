@@ -7,15 +7,17 @@ use gpubind::{BoundStream, Capture, Function, LaunchConfig};
 fn write_import(
     s: &BoundStream<'_>,
     fill: &Function<'_>,
-    import: &mut SharedImport<u32>,
+    mut shared_import: SharedImport<u32>,
 ) -> gpubind::Result<()> {
+    let cfg = LaunchConfig::for_num_elems(1);
     // SAFETY: (unsigned*) matches `fill`, which stays in bounds.
-    unsafe { s.launch(fill, LaunchConfig::for_num_elems(1)).arg(import).launch() }
+    unsafe { s.launch(fill, cfg).arg(&mut shared_import).launch() }
 }
 
-fn write_shared(s: &BoundStream<'_>, fill: &Function<'_>, shared: &Shared<u32>) -> gpubind::Result<()> {
+fn write_shared(s: &BoundStream<'_>, fill: &Function<'_>, shared: Shared<u32>) -> gpubind::Result<()> {
+    let cfg = LaunchConfig::for_num_elems(1);
     // SAFETY: as above.
-    unsafe { s.launch(fill, LaunchConfig::for_num_elems(1)).arg_written(shared).launch() }
+    unsafe { s.launch(fill, cfg).arg_written(&shared).launch() }
 }
 
 fn capture_write_shared<'buf>(
@@ -23,8 +25,9 @@ fn capture_write_shared<'buf>(
     fill: &Function<'buf>,
     shared: &'buf Shared<u32>,
 ) -> gpubind::Result<()> {
+    let cfg = LaunchConfig::for_num_elems(1);
     // SAFETY: as above.
-    unsafe { c.launch(fill, LaunchConfig::for_num_elems(1)).arg_written(shared).launch() }
+    unsafe { c.launch(fill, cfg).arg_written(shared).launch() }
 }
 
 fn main() {
