@@ -123,7 +123,7 @@ crate::ipc::foreign_slice!(LentImport);
 /// let n = shared.len();
 /// // SAFETY: the sender does not touch the second half while the buffer is shared.
 /// let mut half = unsafe { shared.view_mut(n / 2..) }?;
-/// let cfg = gpubind::LaunchConfig::for_num_elems(half.len() as u32);
+/// let cfg = gpubind::LaunchConfig::for_num_elems((n - n / 2) as u32);
 /// // SAFETY: (unsigned*) matches `fill`, which stays in bounds.
 /// unsafe { s.launch(fill, cfg).arg(&mut half).launch()? };
 /// # Ok(()) }
