@@ -32,8 +32,8 @@ pub(super) struct Args<'a> {
 /// The rare part of [`Args`].
 #[derive(Default)]
 struct Rare<'a> {
-    /// The first argument of another device or passed as written but read-only (or the
-    /// module's device mismatch): reported before everything else.
+    /// The first argument of another device: reported before everything but the
+    /// module's device mismatch.
     error: Option<Error>,
     /// The first argument whose size differs from the kernel's parameter (reported after
     /// the count check).
