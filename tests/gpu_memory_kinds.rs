@@ -1229,6 +1229,10 @@ fn main() {
                 managed_surface::managed_single_stream_attach,
             ),
             (
+                "managed_shared_views_are_never_written",
+                managed_surface::managed_shared_views_are_never_written,
+            ),
+            (
                 "managed_attach_errors_are_typed",
                 managed_surface::managed_attach_errors_are_typed,
             ),
