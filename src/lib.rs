@@ -173,7 +173,9 @@ pub use driver::version::{
 };
 pub use driver::{driver_available, init};
 pub use error::{DriverErrorCode, Error, Result, TransmuteRefusal};
-pub use graph::{Capture, CaptureLaunch, Graph, GraphExec, InstantiateFlags};
+pub use graph::{
+    Capture, CaptureLaunch, Graph, GraphExec, InstantiateFlags, Issue, KernelLaunch, StreamLaunch,
+};
 pub use launch::{ClusterScheduling, LaunchBuilder, LaunchConfig, LaunchExBuilder};
 pub use memory::host::{
     CaptureSource, HostMemory, PageLockedView, PageLockedViewMut, PinnedHostBuffer, PinnedOptions,

@@ -12,8 +12,8 @@ mod common;
 
 use common::{Ctx, dev0, on_device0, run_suite, skip};
 use gpubind::{
-    BoundDevice, BoundStream, Device, DeviceMemory, DriverErrorCode, Error, InstantiateFlags,
-    LaunchConfig, Module, ThreadContext,
+    BoundDevice, BoundStream, Device, DeviceMemory, DeviceSlice, DriverErrorCode, Error, Function,
+    InstantiateFlags, Issue, KernelLaunch, LaunchConfig, Module, ThreadContext,
 };
 
 type R = Result<(), String>;
@@ -147,6 +147,151 @@ fn capture_replays_kernels_memsets_and_copies(gpu: &BoundDevice<'_>, module: &Mo
     ensure!(
         gpu.dtoh(&y).ctx("dtoh")?.iter().all(|&v| v == want),
         "legacy-stream launch"
+    );
+    Ok(())
+}
+
+/// The step of [`one_step_runs_eagerly_and_captured_alike`], written once over
+/// [`Issue`]: `x = v` (after a ~50 ms spin), `y = 0`, `y = 3`, `y += k`, `out = x + y`,
+/// `copy = out`. Every buffer is borrowed shared; the written ones are claimed as such.
+fn generic_step<'buf>(
+    e: &mut impl Issue<'buf>,
+    (slow_fill, add, sum): (
+        &'buf Function<'buf>,
+        &'buf Function<'buf>,
+        &'buf Function<'buf>,
+    ),
+    (x, y, out, copy): (
+        &'buf DeviceSlice<u32>,
+        &'buf DeviceSlice<u32>,
+        &'buf DeviceSlice<u32>,
+        &'buf DeviceSlice<u32>,
+    ),
+    n: &'buf u32,
+    (v, k): (u32, u32),
+) -> gpubind::Result<()> {
+    assert!(
+        [x, y, out, copy].iter().all(|b| b.len() == *n as usize),
+        "buffers of {n} elements"
+    );
+    let cfg = LaunchConfig::for_num_elems(*n);
+    // SAFETY (the launches): the argument types match `slow_fill`, `add` and `sum`
+    // (KERNELS), which stay below `n`, the length of every buffer (asserted above), and
+    // write only the buffers passed to `arg_written`.
+    unsafe {
+        e.launch(slow_fill, cfg)
+            .arg_written(x)
+            .arg(n)
+            .value(v)
+            .value(SLOW)
+            .launch()?
+    };
+    e.memset_zeros(y)?;
+    e.memset(y, 3u32)?;
+    // SAFETY: as above.
+    unsafe { e.launch(add, cfg).arg_written(y).arg(n).value(k).launch()? };
+    // SAFETY: as above.
+    unsafe {
+        e.launch(sum, cfg)
+            .arg(x)
+            .arg(y)
+            .arg_written(out)
+            .arg(n)
+            .launch()?
+    };
+    e.dtod(out, copy)
+}
+
+/// One step written over [`Issue`] runs on a stream and, captured, at each launch of
+/// its graph, with the same results: the writes through shared borrows are claimed on
+/// the stream (the host reads wait for the slow kernel), nothing runs at capture time,
+/// and both issuers refuse a copy between overlapping views alike.
+fn one_step_runs_eagerly_and_captured_alike(gpu: &BoundDevice<'_>, module: &Module) -> R {
+    let f = (
+        module.function("slow_fill").ctx("slow_fill")?,
+        module.function("add").ctx("add")?,
+        module.function("sum").ctx("sum")?,
+    );
+    let n = 4096u32;
+    let garbage = vec![77u32; n as usize];
+    let mut bufs = Vec::new();
+    for _ in 0..4 {
+        bufs.push(gpu.clone_htod(&garbage).ctx("htod")?);
+    }
+    let (x, y, out, copy) = (&bufs[0], &bufs[1], &bufs[2], &bufs[3]);
+    let read = |what: &str| -> Result<Vec<Vec<u32>>, String> {
+        [x, y, out, copy]
+            .iter()
+            .map(|b| gpu.dtoh(*b).ctx(what))
+            .collect()
+    };
+    let s = gpu.new_stream().ctx("stream")?;
+    let kernels = (&f.0, &f.1, &f.2);
+    generic_step(
+        &mut gpu.on(&s).ctx("on")?,
+        kernels,
+        (x, y, out, copy),
+        &n,
+        (10, 5),
+    )
+    .ctx("eager step")?;
+    // Read right away: each host read waits for the claimed writes.
+    let eager = read("dtoh after the eager step")?;
+    let want = [10u32, 8, 18, 18];
+    for (i, (got, want)) in eager.iter().zip(want).enumerate() {
+        ensure!(
+            got.iter().all(|&v| v == want),
+            "eager step: buffer {i}[0] = {}, want {want} everywhere",
+            got[0]
+        );
+    }
+    drop(bufs);
+    let mut bufs = Vec::new();
+    for _ in 0..4 {
+        bufs.push(gpu.clone_htod(&garbage).ctx("htod")?);
+    }
+    let (x, y, out, copy) = (&bufs[0], &bufs[1], &bufs[2], &bufs[3]);
+    let graph = gpu
+        .capture(|c| generic_step(c, kernels, (x, y, out, copy), &n, (10, 5)))
+        .ctx("capture")?;
+    let before: Vec<Vec<u32>> = [x, y, out, copy]
+        .iter()
+        .map(|b| gpu.dtoh(*b).ctx("dtoh after the capture"))
+        .collect::<Result<_, _>>()?;
+    ensure!(
+        before.iter().all(|b| *b == garbage),
+        "the capture ran work instead of recording it"
+    );
+    let nodes = graph.node_count().ctx("node_count")?;
+    ensure!(nodes == 6, "{nodes} nodes, want 6");
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let s2 = gpu.new_stream().ctx("stream")?;
+    for round in 0..2 {
+        exec.launch(&gpu.on(&s2).ctx("on")?).ctx("graph launch")?;
+        let got: Vec<Vec<u32>> = [x, y, out, copy]
+            .iter()
+            .map(|b| gpu.dtoh(*b).ctx("dtoh after a launch"))
+            .collect::<Result<_, _>>()?;
+        ensure!(
+            got == eager,
+            "launch {round}: the graph's results differ from the eager step's"
+        );
+    }
+    // Overlapping views of one allocation: refused by both, before anything is issued.
+    let (a, b) = (
+        x.slice(0..100).ctx("slice")?,
+        x.slice(50..150).ctx("slice")?,
+    );
+    let eager_overlap = Issue::dtod(&mut gpu.on(&s).ctx("on")?, &a, &b);
+    ensure!(
+        matches!(eager_overlap, Err(Error::InvalidArgument(_))),
+        "eager dtod between overlapping views: {eager_overlap:?}"
+    );
+    let captured_overlap = gpu.capture(|c| Issue::dtod(c, &a, &b));
+    ensure!(
+        matches!(captured_overlap, Err(Error::InvalidArgument(_))),
+        "captured dtod between overlapping views: {:?}",
+        captured_overlap.map(|_| ())
     );
     Ok(())
 }
@@ -1492,6 +1637,9 @@ fn main() {
         &[
             ("capture_replays_kernels_memsets_and_copies", || {
                 with_graph_kernels(capture_replays_kernels_memsets_and_copies)
+            }),
+            ("one_step_runs_eagerly_and_captured_alike", || {
+                with_graph_kernels(one_step_runs_eagerly_and_captured_alike)
             }),
             (
                 "graph_launch_is_ordered_before_host_reads_and_other_streams",
