@@ -15,20 +15,20 @@ pub use super::issue_stream::StreamLaunch;
 /// Where stream-ordered work goes: a [`BoundStream`](crate::BoundStream) (enqueued now)
 /// or a [`Capture`] (recorded into the graph, run at each launch). Both take the buffers
 /// the same way, so a framework's step — its memsets, copies and kernels, and with
-/// [`blas::Enqueue`](crate::blas::Enqueue) (which builds on this trait) its matrix
+/// `blas::Enqueue` (feature `cublas`, which builds on this trait) its matrix
 /// products — is written once, generic over `E: Issue<'buf>`, and used for eager steps
 /// and for the captured step.
 ///
 /// Every buffer is taken by `&'buf`: in a capture, the graph borrows it for its lifetime
-/// `'buf`; on a stream, the borrow may end when the call returns (the claims keep the
-/// buffer's later uses and its free ordered after the work). A destination (of a memset,
+/// `'buf`; on a stream, the work needs nothing past the call (its claims keep the
+/// buffer's later uses and its free ordered after it). A destination (of a memset,
 /// of a copy, a kernel argument passed to [`arg_written`](KernelLaunch::arg_written)) is
 /// taken by `&` too and claimed as **written**: a memset or copy destination must be
 /// device-only memory ([`DeviceOnlyMemory`]: [`DeviceSlice`](crate::DeviceSlice), its
 /// views, module globals, IPC pool slices; not managed memory, which the host could read
 /// through the shared borrow, nor a buffer shared for reading with another process).
 /// That is sound for the same reason as a graph's writes and
-/// [`blas::Enqueue`](crate::blas::Enqueue)'s products: every other access to such memory
+/// `blas::Enqueue`'s products: every other access to such memory
 /// goes through its access tracker and is ordered after the write. The inherent methods
 /// of `BoundStream`, which take destinations by `&mut`, stay available.
 ///

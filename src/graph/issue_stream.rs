@@ -100,7 +100,7 @@ impl<'buf> Issue<'buf> for BoundStream<'_> {
             stream: self,
             func,
             cfg,
-            args: Vec::new(),
+            args: Args::new(),
         }
     }
 }
@@ -116,7 +116,7 @@ pub struct StreamLaunch<'l, 'buf> {
     stream: &'l BoundStream<'l>,
     func: &'l Function<'l>,
     cfg: LaunchConfig,
-    args: Vec<Pending<'buf>>,
+    args: Args<'buf>,
 }
 
 impl std::fmt::Debug for StreamLaunch<'_, '_> {
@@ -127,6 +127,45 @@ impl std::fmt::Debug for StreamLaunch<'_, '_> {
             .field("config", &self.cfg)
             .field("args", &self.args.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// How many arguments a [`StreamLaunch`] keeps inline before spilling to the heap (as
+/// many as a [`LaunchBuilder`](crate::LaunchBuilder) does).
+const INLINE_ARGS: usize = 12;
+
+/// The arguments of a [`StreamLaunch`], in order: inline for up to [`INLINE_ARGS`], so a
+/// typical launch allocates nothing.
+struct Args<'buf> {
+    inline: [Option<Pending<'buf>>; INLINE_ARGS],
+    n: usize,
+    spill: Vec<Pending<'buf>>,
+}
+
+impl<'buf> Args<'buf> {
+    fn new() -> Self {
+        Args {
+            inline: [const { None }; INLINE_ARGS],
+            n: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.n + self.spill.len()
+    }
+
+    fn push(&mut self, a: Pending<'buf>) {
+        if self.n < INLINE_ARGS {
+            self.inline[self.n] = Some(a);
+            self.n += 1;
+        } else {
+            self.spill.push(a);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Pending<'buf>> {
+        self.inline[..self.n].iter().flatten().chain(&self.spill)
     }
 }
 
@@ -202,7 +241,7 @@ impl<'buf> KernelLaunch<'buf> for StreamLaunch<'_, 'buf> {
 
     unsafe fn launch(&mut self) -> Result<()> {
         let mut l = self.stream.launch(self.func, self.cfg);
-        for a in &self.args {
+        for a in self.args.iter() {
             match a {
                 Pending::Read(x) => l.arg(*x),
                 Pending::Written(x) => l.arg_written(*x),
@@ -219,6 +258,37 @@ impl<'buf> KernelLaunch<'buf> for StreamLaunch<'_, 'buf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The arguments come back in the order given, of the kind given, inline and after
+    /// spilling.
+    #[test]
+    fn arguments_keep_their_order_and_kind() {
+        let vals: Vec<u32> = (0..2 * INLINE_ARGS as u32 + 3).collect();
+        let mut args = Args::new();
+        for v in &vals {
+            args.push(match v % 3 {
+                0 => Pending::Read(v),
+                1 => Pending::Written(v),
+                _ => Pending::Value(Value::new(*v)),
+            });
+        }
+        assert_eq!(args.len(), vals.len());
+        assert_eq!(args.spill.len(), vals.len() - INLINE_ARGS);
+        let seen: Vec<(u32, u32)> = args
+            .iter()
+            .map(|a| {
+                let (kind, arg) = match a {
+                    Pending::Read(x) => (0, *x),
+                    Pending::Written(x) => (1, *x),
+                    Pending::Value(v) => (2, v.as_arg()),
+                };
+                // SAFETY: every argument is a u32: 4 readable bytes (`KernelArg`).
+                (kind, unsafe { *(arg.param_ptr() as *const u32) })
+            })
+            .collect();
+        let want: Vec<(u32, u32)> = vals.iter().map(|&v| (v % 3, v)).collect();
+        assert_eq!(seen, want);
+    }
 
     #[test]
     fn values_keep_their_bytes_inline_or_boxed() {
