@@ -737,7 +737,7 @@ impl Kernels {
     pub fn copy_words<'b, T: gpubind::DeviceRepr>(
         &self,
         tg: &mut (impl Target<'b> + ?Sized),
-        dst: &'b (impl DeviceMemory<T> + KernelArg),
+        dst: &'b (impl DeviceMemory<T> + gpubind::WritableArg),
         src: &'b (impl DeviceMemory<T> + KernelArg),
     ) -> Result<()> {
         if std::mem::size_of::<T>() != 4 {

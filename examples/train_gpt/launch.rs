@@ -1,7 +1,7 @@
 //! Where `train_gpt`'s kernel launches go ([`Target`]: a stream or a graph capture), their
 //! arguments ([`Arg`]) and the buffers they take ([`In`]).
 
-use gpubind::{BoundStream, Capture, DeviceMemory, DeviceRepr, Kernel, KernelArg};
+use gpubind::{BoundStream, Capture, DeviceMemory, DeviceRepr, Kernel, KernelArg, WritableArg};
 use gpubind::{LaunchConfig, Result};
 
 /// A buffer a kernel reads or writes, of `f32`, of the activation type (`f32` or `bf16`,
@@ -10,7 +10,7 @@ use gpubind::{LaunchConfig, Result};
 /// the buffers a kernel writes go by `arg_written`, claimed as writes — because a captured
 /// launch borrows its buffers shared for the graph's lifetime: one wrapper serves both
 /// [`Target`]s.
-pub trait In: KernelArg {
+pub trait In: WritableArg {
     /// Elements.
     fn len(&self) -> usize;
 }
@@ -35,7 +35,7 @@ impl<T: DeviceRepr> In for gpubind::DeviceSlice<T> {
 #[derive(Clone, Copy)]
 pub enum Arg<'b> {
     Buf(&'b dyn KernelArg),
-    Written(&'b dyn KernelArg),
+    Written(&'b dyn WritableArg),
     U32(u32),
     I32(i32),
     F32(f32),
@@ -47,7 +47,7 @@ impl<'b> Arg<'b> {
         Arg::Buf(a)
     }
     /// A buffer the kernel writes (claimed as a write, though passed by `&`).
-    pub fn w<A: KernelArg>(a: &'b A) -> Self {
+    pub fn w<A: WritableArg>(a: &'b A) -> Self {
         Arg::Written(a)
     }
     pub fn s(v: &impl Scalar) -> Self {
