@@ -12,8 +12,8 @@ mod common;
 
 use common::{Ctx, dev0, on_device0, run_suite, skip};
 use gpubind::{
-    BoundDevice, BoundStream, Device, DeviceMemory, DriverErrorCode, Error, InstantiateFlags,
-    LaunchConfig, Module, ThreadContext,
+    BoundDevice, BoundStream, Device, DeviceMemory, DeviceSlice, DriverErrorCode, Error, Function,
+    InstantiateFlags, Issue, KernelLaunch, LaunchConfig, Module, ThreadContext,
 };
 
 type R = Result<(), String>;
@@ -147,6 +147,136 @@ fn capture_replays_kernels_memsets_and_copies(gpu: &BoundDevice<'_>, module: &Mo
     ensure!(
         gpu.dtoh(&y).ctx("dtoh")?.iter().all(|&v| v == want),
         "legacy-stream launch"
+    );
+    Ok(())
+}
+
+/// The step of [`one_step_runs_eagerly_and_captured_alike`], written once over
+/// [`Issue`]: `x = v` (after a ~50 ms spin), `y = 0`, `y = 3`, `y += k`, `out = x + y`,
+/// `copy = out`. Every buffer is borrowed shared; the written ones are claimed as such.
+fn generic_step<'buf>(
+    e: &mut impl Issue<'buf>,
+    (slow_fill, add, sum): (
+        &'buf Function<'buf>,
+        &'buf Function<'buf>,
+        &'buf Function<'buf>,
+    ),
+    (x, y, out, copy): (
+        &'buf DeviceSlice<u32>,
+        &'buf DeviceSlice<u32>,
+        &'buf DeviceSlice<u32>,
+        &'buf DeviceSlice<u32>,
+    ),
+    n: &'buf u32,
+    (v, k): (u32, u32),
+) -> gpubind::Result<()> {
+    assert!(
+        [x, y, out, copy].iter().all(|b| b.len() == *n as usize),
+        "buffers of {n} elements"
+    );
+    let cfg = LaunchConfig::for_num_elems(*n);
+    // SAFETY (the launches): the argument types match `slow_fill`, `add` and `sum`
+    // (KERNELS), which stay below `n`, the length of every buffer (asserted above), and
+    // write only the buffers passed to `arg_written`.
+    unsafe {
+        e.launch(slow_fill, cfg)
+            .arg_written(x)
+            .arg(n)
+            .value(v)
+            .value(SLOW)
+            .launch()?
+    };
+    e.memset_zeros(y)?;
+    e.memset(y, 3u32)?;
+    // SAFETY: as above.
+    unsafe { e.launch(add, cfg).arg_written(y).arg(n).value(k).launch()? };
+    // SAFETY: as above.
+    unsafe {
+        e.launch(sum, cfg)
+            .arg(x)
+            .arg(y)
+            .arg_written(out)
+            .arg(n)
+            .launch()?
+    };
+    e.dtod(out, copy)
+}
+
+/// One step written over [`Issue`] runs on a stream and, captured, at each launch of
+/// its graph, with the same results: the writes through shared borrows are claimed on
+/// the stream (the host reads wait for the slow kernel), nothing runs at capture time,
+/// and both issuers refuse a copy between overlapping views alike.
+fn one_step_runs_eagerly_and_captured_alike(gpu: &BoundDevice<'_>, module: &Module) -> R {
+    let f = (
+        module.function("slow_fill").ctx("slow_fill")?,
+        module.function("add").ctx("add")?,
+        module.function("sum").ctx("sum")?,
+    );
+    let kernels = (&f.0, &f.1, &f.2);
+    let n = 4096u32;
+    let garbage = vec![77u32; n as usize];
+    let fresh = || -> Result<Vec<DeviceSlice<u32>>, String> {
+        (0..4)
+            .map(|_| gpu.clone_htod(&garbage).ctx("htod"))
+            .collect()
+    };
+    // Each host read waits for the claimed writes of the buffer it reads.
+    let read = |bufs: &[DeviceSlice<u32>], what: &str| -> Result<Vec<Vec<u32>>, String> {
+        bufs.iter().map(|b| gpu.dtoh(b).ctx(what)).collect()
+    };
+    let s = gpu.new_stream().ctx("stream")?;
+    let eager = {
+        let bufs = fresh()?;
+        let (x, y, out, copy) = (&bufs[0], &bufs[1], &bufs[2], &bufs[3]);
+        let mut on = gpu.on(&s).ctx("on")?;
+        generic_step(&mut on, kernels, (x, y, out, copy), &n, (10, 5)).ctx("eager step")?;
+        read(&bufs, "dtoh after the eager step")?
+    };
+    let want = [10u32, 8, 18, 18];
+    for (i, (got, want)) in eager.iter().zip(want).enumerate() {
+        ensure!(
+            got.iter().all(|&v| v == want),
+            "eager step: buffer {i}[0] = {}, want {want} everywhere",
+            got[0]
+        );
+    }
+    let bufs = fresh()?;
+    let (x, y, out, copy) = (&bufs[0], &bufs[1], &bufs[2], &bufs[3]);
+    let graph = gpu
+        .capture(|c| generic_step(c, kernels, (x, y, out, copy), &n, (10, 5)))
+        .ctx("capture")?;
+    ensure!(
+        read(&bufs, "dtoh after the capture")?
+            .iter()
+            .all(|b| *b == garbage),
+        "the capture ran work instead of recording it"
+    );
+    let nodes = graph.node_count().ctx("node_count")?;
+    ensure!(nodes == 6, "{nodes} nodes, want 6");
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let s2 = gpu.new_stream().ctx("stream")?;
+    for round in 0..2 {
+        exec.launch(&gpu.on(&s2).ctx("on")?).ctx("graph launch")?;
+        ensure!(
+            read(&bufs, "dtoh after a launch")? == eager,
+            "launch {round}: the graph's results differ from the eager step's"
+        );
+    }
+    // Overlapping views of one allocation: refused by both, before anything is issued.
+    let (a, b) = (
+        x.slice(0..100).ctx("slice")?,
+        x.slice(50..150).ctx("slice")?,
+    );
+    let eager_overlap = Issue::dtod(&mut gpu.on(&s).ctx("on")?, &a, &b);
+    ensure!(
+        matches!(eager_overlap, Err(Error::InvalidArgument(_))),
+        "eager dtod between overlapping views: {eager_overlap:?}"
+    );
+    let captured_overlap = gpu.capture(|c| Issue::dtod(c, &a, &b));
+    ensure!(
+        matches!(captured_overlap, Err(Error::InvalidArgument(_))),
+        "captured dtod between overlapping views: {:?}",
+        captured_overlap.map(|_| ())
     );
     Ok(())
 }
@@ -1054,12 +1184,12 @@ fn captured_matmul_is_exact_at_every_launch(gpu: &BoundDevice<'_>) -> R {
     // Eager first (the handle's workspace is then in use on the default stream).
     let mut e = gpu.alloc_zeros::<f32>(m * n).ctx("alloc e")?;
     gpu.default_stream()
-        .matmul(&mut blas, &plain, &a, &b, &mut e)
+        .matmul(&blas, &plain, &a, &b, &mut e)
         .ctx("eager matmul")?;
     let graph = gpu
         .capture(|cap| {
-            cap.matmul(&mut blas, &plain, &a, &b, &c)?;
-            cap.matmul(&mut blas, &transposed, &at, &bt, &d)
+            cap.matmul(&blas, &plain, &a, &b, &c)?;
+            cap.matmul(&blas, &transposed, &at, &bt, &d)
         })
         .ctx("capture")?;
     ensure!(
@@ -1075,7 +1205,7 @@ fn captured_matmul_is_exact_at_every_launch(gpu: &BoundDevice<'_>) -> R {
     let tiny = gpu.alloc_zeros::<f32>(1).ctx("alloc tiny")?;
     let tiny_view = tiny.slice(..).ctx("view")?;
     let one = Matmul::new(1, 1, 1);
-    let refused = gpu.capture(|cap| cap.matmul(&mut blas, &one, &tiny_view, &tiny_view, &tiny));
+    let refused = gpu.capture(|cap| cap.matmul(&blas, &one, &tiny_view, &tiny_view, &tiny));
     ensure!(
         matches!(
             refused,
@@ -1115,7 +1245,7 @@ fn captured_matmul_is_exact_at_every_launch(gpu: &BoundDevice<'_>) -> R {
         exec.launch(&gpu.on(&s1).ctx("on s1")?).ctx("launch")?;
         gpu.on(&other)
             .ctx("on other")?
-            .matmul(&mut blas, &plain, &a, &b, &mut f)
+            .matmul(&blas, &plain, &a, &b, &mut f)
             .ctx("eager matmul on another stream")?;
         let want = host_matmul(&a_now, &b_host, m, n, k);
         let want2: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
@@ -1173,16 +1303,16 @@ fn captured_matmuls_on_forked_branches_take_turns_with_the_workspace(gpu: &Bound
         .collect();
     let eye = gpu.clone_htod(&ident).ctx("htod eye")?;
     let c3 = gpu.alloc_zeros::<f32>(m * n).ctx("alloc c3")?;
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let shape = Matmul::new(m, n, k);
     let graph = gpu
         .capture(|c| {
             c.fork(|main, branch| {
-                main.matmul(&mut blas, &shape, &a1, &b, &c1)?;
-                branch.matmul(&mut blas, &shape, &a2, &b, &c2)
+                main.matmul(&blas, &shape, &a1, &b, &c1)?;
+                branch.matmul(&blas, &shape, &a2, &b, &c2)
             })?;
             // After the join: c3 = c1 · I.
-            c.matmul(&mut blas, &Matmul::new(m, n, n), &c1, &eye, &c3)
+            c.matmul(&blas, &Matmul::new(m, n, n), &c1, &eye, &c3)
         })
         .ctx("capture")?;
     let exec = graph.instantiate().ctx("instantiate")?;
@@ -1546,6 +1676,9 @@ fn main() {
         &[
             ("capture_replays_kernels_memsets_and_copies", || {
                 with_graph_kernels(capture_replays_kernels_memsets_and_copies)
+            }),
+            ("one_step_runs_eagerly_and_captured_alike", || {
+                with_graph_kernels(one_step_runs_eagerly_and_captured_alike)
             }),
             (
                 "graph_launch_is_ordered_before_host_reads_and_other_streams",

@@ -97,7 +97,7 @@ fn z<T: DeviceRepr>(gpu: &BoundDevice<'_>, n: usize) -> Result<DeviceSlice<T>> {
 
 fn mm<T: BlasScalar>(
     s: &BoundStream<'_>,
-    blas: &mut Blas,
+    blas: &Blas,
     shape: Matmul,
     a: &impl DeviceMemory<T>,
     b: &impl DeviceMemory<T>,
@@ -108,7 +108,7 @@ fn mm<T: BlasScalar>(
 
 fn bmm<T: BlasScalar>(
     s: &BoundStream<'_>,
-    blas: &mut Blas,
+    blas: &Blas,
     shape: Matmul,
     count: usize,
     (a, b, c): (&DeviceSlice<T>, &DeviceSlice<T>, &mut DeviceSlice<T>),

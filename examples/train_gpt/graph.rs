@@ -55,7 +55,7 @@ impl Staging {
 
 fn cbmm<'a, T: Act>(
     cap: &mut Capture<'_, 'a>,
-    blas: &mut Blas,
+    blas: &Blas,
     shape: Matmul,
     count: usize,
     (a, b, c): (&'a DeviceSlice<T>, &'a DeviceSlice<T>, &'a DeviceSlice<T>),
@@ -103,11 +103,11 @@ impl<T: Act> Gpt<T> {
         train: bool,
     ) -> Result<Graph<'a>> {
         // The graph keeps the handle's workspace: this handle may go when the capture ends.
-        let mut blas = gpu.new_blas()?;
+        let blas = gpu.new_blas()?;
         gpu.capture(|cap| {
-            self.cap_forward(cap, &mut blas, views, train)?;
+            self.cap_forward(cap, &blas, views, train)?;
             if train {
-                self.cap_backward(cap, &mut blas, views)?;
+                self.cap_backward(cap, &blas, views)?;
                 self.cap_update(cap, views, &hp)?;
             }
             Ok(())
@@ -138,7 +138,7 @@ impl<T: Act> Gpt<T> {
     fn cap_forward<'a>(
         &'a self,
         cap: &mut Capture<'_, 'a>,
-        blas: &mut Blas,
+        blas: &Blas,
         vw: &'a Views<'a, T>,
         grad: bool,
     ) -> Result<()> {
@@ -233,7 +233,7 @@ impl<T: Act> Gpt<T> {
     fn cap_backward<'a>(
         &'a self,
         cap: &mut Capture<'_, 'a>,
-        blas: &mut Blas,
+        blas: &Blas,
         vw: &'a Views<'a, T>,
     ) -> Result<()> {
         let (d, k, sc, lay) = (self.dims, &self.k, &self.sc, &self.layout);
@@ -285,7 +285,7 @@ impl<T: Act> Gpt<T> {
     fn cap_backward_block<'a>(
         &'a self,
         cap: &mut Capture<'_, 'a>,
-        blas: &mut Blas,
+        blas: &Blas,
         vw: &'a Views<'a, T>,
         l: usize,
     ) -> Result<()> {
@@ -297,7 +297,7 @@ impl<T: Act> Gpt<T> {
     fn cap_backward_mlp<'a>(
         &'a self,
         cap: &mut Capture<'_, 'a>,
-        blas: &mut Blas,
+        blas: &Blas,
         vw: &'a Views<'a, T>,
         l: usize,
     ) -> Result<()> {
@@ -362,7 +362,7 @@ impl<T: Act> Gpt<T> {
     fn cap_backward_attn<'a>(
         &'a self,
         cap: &mut Capture<'_, 'a>,
-        blas: &mut Blas,
+        blas: &Blas,
         vw: &'a Views<'a, T>,
         l: usize,
     ) -> Result<()> {

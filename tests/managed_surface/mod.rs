@@ -452,54 +452,24 @@ pub fn try_clone_is_ordered_and_independent() -> TestResult {
     })
 }
 
-/// A shared `ManagedView` (from `&ManagedSlice`, while the host holds `as_slice`) is never
-/// a written kernel argument, eager or captured: `&mut view` and `arg_written(&view)` are
-/// `InvalidArgument` before anything is enqueued, and the host slice stays unchanged.
-/// Managed memory of a zero-sized element type gives host slices of its length.
+/// A shared `ManagedView` (from `&ManagedSlice`, while the host holds `as_slice`) is read
+/// by a kernel while the host slice is held, and the host slice stays unchanged; passing
+/// it as written does not compile (`ManagedView` is no `WritableArg`). Managed memory of a
+/// zero-sized element type gives host slices of its length.
 pub fn managed_shared_views_are_never_written() -> TestResult {
     with_gpu(|gpu| {
         if !concurrent(gpu)? {
             return Err(crate::common::skip("no concurrent managed access"));
         }
         let module = gpu.compile_and_load(KERNELS, "kinds.cu").ctx("compile")?;
-        let f = module.function("fill_pattern").ctx("fill_pattern")?;
         let n = 4096usize;
         let mut m = gpu.alloc_managed::<u32>(n).ctx("alloc_managed")?;
         m.as_mut_slice().ctx("as_mut_slice")?.fill(5);
         let held: &[u32] = m.as_slice().ctx("as_slice")?;
-        let mut view = m.slice(..).ctx("slice")?;
-        let (k, seed) = (n as u32, 1u32);
+        let view = m.slice(..).ctx("slice")?;
+        let k = n as u32;
         let s = gpu.default_stream();
         let cfg = LaunchConfig::for_num_elems(k);
-        let refused = |what: &str, r: gpubind::Result<()>| match r {
-            Err(Error::InvalidArgument(msg)) if msg.contains("shared view of managed") => {
-                println!("{what}: refused: {msg}");
-                Ok(())
-            }
-            other => Err(format!("{what}: expected InvalidArgument, got {other:?}")),
-        };
-        // SAFETY: (unsigned*, unsigned, unsigned) matches; the kernel stays below n.
-        let eager = unsafe { s.launch(&f, cfg).arg(&mut view).arg(&k).arg(&seed).launch() };
-        refused("eager launch of `&mut ManagedView`", eager)?;
-        // SAFETY: as above.
-        let written = unsafe {
-            s.launch(&f, cfg)
-                .arg_written(&view)
-                .arg(&k)
-                .arg(&seed)
-                .launch()
-        };
-        refused("eager launch of `arg_written(&ManagedView)`", written)?;
-        let captured = gpu.capture(|c| {
-            // SAFETY: as above.
-            unsafe { c.launch(&f, cfg).arg(&mut view).arg(&k).arg(&seed).launch() }
-        });
-        refused("captured launch of `&mut ManagedView`", captured.map(drop))?;
-        s.synchronize().ctx("synchronize")?;
-        ensure!(
-            held.iter().all(|&v| v == 5),
-            "the held host slice changed under a refused launch"
-        );
         // Reads through a shared view stay accepted.
         let mut out = gpu.alloc_zeros::<u32>(n).ctx("alloc")?;
         let copy = module.function("copy_u32").ctx("copy_u32")?;
@@ -517,6 +487,10 @@ pub fn managed_shared_views_are_never_written() -> TestResult {
             &gpu.dtoh(&out).ctx("dtoh")?,
             &vec![5; n],
         )?;
+        ensure!(
+            held.iter().all(|&v| v == 5),
+            "the held host slice changed under a read launch"
+        );
         let mut zst = gpu
             .alloc_managed::<[u32; 0]>(5)
             .ctx("alloc_managed of a zero-sized type")?;
