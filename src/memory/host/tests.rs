@@ -43,8 +43,7 @@ fn a_failed_registration_gives_the_vec_back() {
     let (addr, cap) = (data.as_ptr(), data.capacity());
     let failed = gpu
         .register_vec(data, RegisterOptions::default())
-        .err()
-        .expect("a poisoned device registers nothing");
+        .expect_err("a poisoned device registers nothing");
     assert!(
         matches!(failed.error, Error::ContextPoisoned { .. }),
         "{}",
@@ -59,8 +58,7 @@ fn a_failed_registration_gives_the_vec_back() {
     // An empty Vec comes back too.
     let failed = gpu
         .register_vec(Vec::<u64>::with_capacity(8), RegisterOptions::default())
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert_eq!((failed.input.len(), failed.input.capacity()), (0, 8));
 }
 
