@@ -6,8 +6,10 @@ use std::fmt;
 /// A call that takes ownership of its input failed and gives the input back unchanged,
 /// with the reason: the caller keeps its data, as with
 /// [`std::sync::mpsc::SendError`]. Returned boxed (`Box<GivenBack<T>>`, so that a
-/// `Result` stays small) by [`BoundDevice::register_vec`](crate::BoundDevice::register_vec)
-/// and `dlpack::export` / `dlpack::export_legacy`.
+/// `Result` stays small) by [`BoundDevice::register_vec`](crate::BoundDevice::register_vec),
+/// [`RegisteredHost::into_vec`](crate::RegisteredHost::into_vec),
+/// [`DeviceSlice::into_raw`](crate::DeviceSlice::into_raw) and `dlpack::export` /
+/// `dlpack::export_legacy`.
 ///
 /// `?` converts it into an [`Error`] (dropping the input) in a function returning
 /// [`crate::Result`]; match on it to keep the input:
@@ -16,7 +18,7 @@ use std::fmt;
 /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
 /// let data = vec![1.0f32; 1 << 20];
 /// let data = match gpu.register_vec(data, Default::default()) {
-///     Ok(reg) => reg.into_vec().unwrap_or_default(),
+///     Ok(reg) => reg.into_vec()?.unwrap_or_default(),
 ///     Err(failed) => {
 ///         eprintln!("not page-locked ({}), using pageable memory", failed.error);
 ///         failed.input

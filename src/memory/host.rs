@@ -6,7 +6,7 @@ use crate::context::BoundDevice;
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::Device;
 use crate::driver::result::memory;
-use crate::error::{Error, Result};
+use crate::error::{Error, GivenBack, Result};
 use crate::memory::DeviceRepr;
 use crate::module::KernelArg;
 use crate::teardown::{self, Runs, Teardown};
@@ -241,9 +241,10 @@ impl<T: DeviceRepr> LockedRange<T> {
 /// Both carry an access tracker, like device memory: a host read (`Deref`, `as_slice`,
 /// `try_as_slice`) waits for the GPU's pending writes into the memory, a host write
 /// (`DerefMut`, `as_mut_slice`, `try_as_mut_slice`) for every pending use, and the drop
-/// too ("Host access" below says what happens when such a wait fails). So a `PinnedHostBuffer` (and
-/// a `RegisteredHost<'static, T>`) is [`TrackedMemory`](crate::TrackedMemory): copies with
-/// it on a stream are safe without a scope and may stay in flight
+/// too ("Host access" below says what happens when such a wait fails). So a
+/// `PinnedHostBuffer` (and a `RegisteredHost<'static, T>`) is
+/// [`TrackedMemory`](crate::TrackedMemory): copies with it on a stream are safe without a
+/// scope and may stay in flight
 /// ([`BoundStream::copy_tracked_async`](crate::BoundStream::copy_tracked_async)), and
 /// [`slice`](PinnedHostBuffer::slice) / [`slice_mut`](PinnedHostBuffer::slice_mut) give
 /// sub-ranges that stay page-locked ([`PageLockedView`]).
@@ -299,7 +300,7 @@ impl<T: DeviceRepr> LockedRange<T> {
 /// - A driver error of the wait (naming its call).
 ///
 /// ```no_run
-/// # fn f(gpu: &gpubind::BoundDevice<'_>, pinned: &gpubind::PinnedHostBuffer<u32>) -> gpubind::Result<()> {
+/// # fn f(pinned: &gpubind::PinnedHostBuffer<u32>) -> gpubind::Result<()> {
 /// match pinned.try_as_slice() {
 ///     Ok(data) => println!("{}", data[0]),
 ///     Err(gpubind::Error::NotCapturable { .. }) => { /* read after the capture ends */ }
@@ -376,13 +377,33 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
         &self.range
     }
 
-    /// Unregisters and gives back the owned `Vec`, or `None` for a borrowed range
-    /// (which is then simply unregistered). `None` too, for an owned `Vec`, if the
-    /// device's pending uses of it could not be waited for (a wait past
-    /// `GPUBIND_DROP_TIMEOUT`): the `Vec` is then leaked, with its registration, and the
-    /// leak logged at warn level — the device may still write it.
-    pub fn into_vec(self) -> Option<Vec<T>> {
-        let mut me = std::mem::ManuallyDrop::new(self);
+    /// Unregisters and gives back the owned `Vec` (`Ok(Some)`), or `Ok(None)` for a
+    /// borrowed range (which is then simply unregistered).
+    ///
+    /// Waits first for the device's pending uses of the range (up to
+    /// `GPUBIND_DROP_TIMEOUT`). `Ok(None)` too, for an owned `Vec`, if
+    /// `cuMemHostUnregister` (which waits for all of the device's work) outlasts that
+    /// limit: the `Vec` is then leaked, with its registration, and the leak logged at
+    /// warn level.
+    ///
+    /// # Errors
+    ///
+    /// A [`GivenBack`] with the registration, unchanged and still registered, when the
+    /// wait fails on a live context: [`Error::Timeout`] (the device may still write the
+    /// memory), [`Error::NotCapturable`] (a pending use on a stream another library owns
+    /// while its owner captures it), or a driver error. Nothing is forgotten: call
+    /// `into_vec` again once the work has finished, or drop it (which leaks an owned
+    /// `Vec` the device may still use). On a poisoned context, which runs no more work,
+    /// the `Vec` is given back instead.
+    pub fn into_vec(self) -> std::result::Result<Option<Vec<T>>, Box<GivenBack<Self>>> {
+        let mut me = self;
+        // A poisoned context runs no more work: the memory goes back (`unregister`).
+        if let Err(error) = me.range.tracker.wait_all()
+            && !crate::teardown::faults::nothing_runs_after(&error)
+        {
+            return Err(GivenBack::boxed(me, error));
+        }
+        let mut me = std::mem::ManuallyDrop::new(me);
         let released = me.unregister();
         // SAFETY: `me` is never dropped, so the Arc and the tracker are read out (and
         // dropped) once.
@@ -392,10 +413,14 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
                 std::ptr::read(&me.range.tracker),
             )
         });
-        let cap = me.owned_capacity.filter(|_| released)?;
+        let Some(cap) = me.owned_capacity.filter(|_| released) else {
+            return Ok(None);
+        };
         // SAFETY: ptr/len/cap are those of the Vec `register_vec` took apart; it is
         // rebuilt exactly once, and only when no device use of it can be pending.
-        Some(unsafe { Vec::from_raw_parts(me.range.ptr.as_ptr(), me.range.len, cap) })
+        Ok(Some(unsafe {
+            Vec::from_raw_parts(me.range.ptr.as_ptr(), me.range.len, cap)
+        }))
     }
 
     /// Waits for the device's pending uses of the range, then unregisters it; returns

@@ -47,7 +47,7 @@ impl BoundDevice<'_> {
     /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
     /// let data = vec![0u8; 4096];
     /// let data = match gpu.register_vec(data, Default::default()) {
-    ///     Ok(reg) => reg.into_vec().unwrap_or_default(),
+    ///     Ok(reg) => reg.into_vec()?.unwrap_or_default(),
     ///     Err(failed) => failed.input, // the same Vec, contents and all
     /// };
     /// # let _ = data; Ok(()) }
@@ -74,8 +74,9 @@ impl BoundDevice<'_> {
             // is gone without rebuilding it, so it is rebuilt exactly once, here.
             unsafe { Vec::from_raw_parts(ptr.as_ptr(), len, cap) }
         } else {
-            // Registered, then the mapping failed: unregistered, or leaked if that fails.
-            reg.into_vec().unwrap_or_default()
+            // Registered, then the mapping failed: unregistered (nothing is pending, so
+            // `into_vec` waits for nothing), or leaked if that fails.
+            reg.into_vec().ok().flatten().unwrap_or_default()
         };
         Err(GivenBack::boxed(input, error))
     }

@@ -105,3 +105,28 @@ fn try_as_slice_with_nothing_pending_reads_the_contents() {
     };
     assert_eq!(view.try_as_slice().expect("nothing pending"), [6, 7]);
 }
+
+/// `into_vec` on a poisoned context (which runs no more work) gives the `Vec` back with
+/// its contents, although the wait for its pending write fails.
+#[test]
+fn into_vec_on_a_poisoned_context_gives_the_vec_back() {
+    let device = poisoned_device();
+    let mut data = std::mem::ManuallyDrop::new((0..16u32).collect::<Vec<_>>());
+    let (ptr, cap) = (data.as_mut_ptr(), data.capacity());
+    let reg = super::RegisteredHost::<'static, u32> {
+        range: range_over(
+            // SAFETY: the Vec's 16 elements, owned by `reg` from here (ManuallyDrop).
+            unsafe { std::slice::from_raw_parts_mut(ptr, 16) },
+            &device,
+            true,
+        ),
+        owned_capacity: Some(cap),
+        _borrow: std::marker::PhantomData,
+    };
+    let v = reg
+        .into_vec()
+        .expect("a poisoned context hands the memory back")
+        .expect("an owned Vec");
+    assert_eq!((v.as_ptr(), v.capacity()), (ptr as *const u32, cap));
+    assert_eq!(v, (0..16).collect::<Vec<u32>>());
+}
