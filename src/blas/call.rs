@@ -4,20 +4,43 @@
 //! one implementation, which checks it, claims (on a stream) or records (in a capture)
 //! its buffers and enqueues it.
 //!
+//! A call claims C (and an epilogue's outputs) as written although it holds them by
+//! `&`: it is built only where the caller holds them by `&mut` (`BoundStream`'s
+//! methods, [`LtArgs`](super::LtArgs)) or where they are device-only memory
+//! ([`Enqueue`](super::Enqueue)'s bounds, [`CaptureOutput`](super::CaptureOutput)),
+//! which nothing reads or writes except through its tracker.
+//!
 //! The two types are public in name only: this module is private and their fields are
 //! the crate's, so nothing outside gpubind can name or build one. They are public so
 //! that the hidden required methods of the sealed [`Enqueue`](super::Enqueue) may take
 //! them.
 
 use super::epilogue::{Epilogue, Extra, check_extras, check_type};
-use super::gemm::Ptrs;
+use super::gemm::{Ptrs, enqueue_gemm};
 use super::handle::{Blas, refuse_aliasing};
-use super::lt::{EpiloguePtrs, LtProblem};
+use super::lt::{EpiloguePtrs, LtProblem, enqueue_lt};
 use super::plan::{self, Gemm, Operand, Plan};
 use super::types::{Batch, BlasScalar, DataType, Matmul};
+use crate::access::{Access, Use};
 use crate::device::Device;
 use crate::error::Result;
 use crate::memory::DeviceMemory;
+use cudarc::driver::sys as driver;
+
+/// How every product uses A, B and C: it reads A and B and writes C.
+pub(crate) const MATRIX_ACCESS: [Access; 3] = [Access::Read, Access::Read, Access::Write];
+
+/// The claims a product on a stream makes on A, B and C ([`MATRIX_ACCESS`]).
+#[inline]
+pub(crate) fn matrix_claims<'t>(matrices: &[Operand<'t>; 3]) -> [Use<'t>; 3] {
+    let [a, b, c] = matrices;
+    let [ra, rb, rc] = MATRIX_ACCESS;
+    [
+        Some((a.tracker, ra)),
+        Some((b.tracker, rb)),
+        Some((c.tracker, rc)),
+    ]
+}
 
 /// A cuBLAS product (`cublasSgemm_v2`, `cublasGemmEx`, `cublasGemmStridedBatchedEx`):
 /// its shape, batch and element types, A, B and C, and the device alpha and beta if it
@@ -86,6 +109,33 @@ impl<'s, 'buf> GemmCall<'s, 'buf> {
     /// The device addresses of A, B and C.
     pub(crate) fn ptrs(&self) -> Ptrs {
         ptrs(&self.matrices)
+    }
+
+    /// Enqueues the product, checked and planned as `plan`, on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// [`enqueue_gemm`]'s contract for the call's buffers (and its device scalars).
+    pub(crate) unsafe fn enqueue(
+        &self,
+        blas: &Blas,
+        plan: &Plan,
+        stream: driver::CUstream,
+    ) -> Result<()> {
+        let device_scales = self.scales.map(|s| s.ptr());
+        let Gemm { shape, dtypes, .. } = self.gemm;
+        // SAFETY: the caller's contract.
+        unsafe {
+            enqueue_gemm(
+                blas,
+                plan,
+                dtypes,
+                shape,
+                stream,
+                self.ptrs(),
+                device_scales,
+            )
+        }
     }
 }
 
@@ -178,6 +228,21 @@ impl<'s, 'buf> LtCall<'s, 'buf> {
             self.ptrs(),
             EpiloguePtrs::of(&self.extras),
         )
+    }
+
+    /// Enqueues the product, checked and described by `problem`, on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// [`enqueue_lt`]'s contract for the call's buffers.
+    pub(crate) unsafe fn enqueue(
+        &self,
+        blas: &Blas,
+        problem: &LtProblem,
+        stream: driver::CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { enqueue_lt(blas, problem, self.shape, stream, self.ptrs()) }
     }
 }
 

@@ -2,11 +2,9 @@
 //! described product (the [`Enqueue`](super::Enqueue) methods build it), and
 //! [`CaptureLtArgs`], the operands of a captured epilogue.
 
-use super::call::{GemmCall, LtCall};
+use super::call::{GemmCall, LtCall, MATRIX_ACCESS};
 use super::epilogue::{Extra, Role};
-use super::gemm::enqueue_gemm;
 use super::handle::{Blas, Shared};
-use super::lt::enqueue_lt;
 use super::plan::Operand;
 use super::sys::check;
 use crate::access::Access;
@@ -134,8 +132,6 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         if let Some(s) = &call.scales {
             self.record_operand(s, Access::Read)?;
         }
-        let ptrs = call.ptrs();
-        let device_scales = call.scales.map(|s| s.ptr());
         let stream = self.stream_handle();
         let out = self.enqueue_captured(blas, |blas| {
             // SAFETY: the capture device's context is current (`enqueue_captured`) and
@@ -144,17 +140,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             // 'buf, holds the workspace and the handles, and claims all of them at each
             // launch; within the graph, the workspace's uses are ordered
             // (`exclusive_use`), and so are the buffers' (`record_span`, `marked`).
-            unsafe {
-                enqueue_gemm(
-                    blas,
-                    &plan,
-                    call.gemm.dtypes,
-                    call.gemm.shape,
-                    stream,
-                    ptrs,
-                    device_scales,
-                )
-            }
+            unsafe { call.enqueue(blas, &plan, stream) }
         });
         // Leave the handle on no stream of the capture (the stream is destroyed when the
         // capture ends); this also drops the workspace setting. Every product sets both.
@@ -180,7 +166,6 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             let (tracker, access) = e.claim();
             self.record_span(tracker, access, e.ptr, e.bytes)?;
         }
-        let ptrs = call.ptrs();
         let problem = call.problem(plan);
         let stream = self.stream_handle();
         self.enqueue_captured(blas, |blas| {
@@ -188,17 +173,17 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             // the stream is its capturing stream: cuBLASLt's kernels are recorded, not
             // run. The buffers were checked; the graph borrows them for 'buf, holds the
             // workspace and the handles, and claims all of them at each launch.
-            unsafe { enqueue_lt(blas, &problem, call.shape, stream, ptrs) }
+            unsafe { call.enqueue(blas, &problem, stream) }
         })
     }
 
     /// Records the matrices' uses (A and B read, C written) and the handle's shared part
     /// (workspace and handles), which the graph keeps alive and claims as written at each
     /// launch.
-    fn record_matrices(&self, blas: &Blas, [a, b, c]: &[Operand<'buf>; 3]) -> Result<()> {
-        self.record_operand(a, Access::Read)?;
-        self.record_operand(b, Access::Read)?;
-        self.record_operand(c, Access::Write)?;
+    fn record_matrices(&self, blas: &Blas, matrices: &[Operand<'buf>; 3]) -> Result<()> {
+        for (m, access) in matrices.iter().zip(MATRIX_ACCESS) {
+            self.record_operand(m, access)?;
+        }
         self.record_owned(Arc::clone(&blas.shared) as Arc<dyn Owned>, Access::Write);
         Ok(())
     }

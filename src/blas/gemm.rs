@@ -1,7 +1,7 @@
 //! GEMM through cuBLAS (`cublasGemmEx`, `cublasGemmStridedBatchedEx`): single products
 //! and strided batches, on a stream.
 
-use super::call::GemmCall;
+use super::call::{GemmCall, matrix_claims};
 use super::handle::Blas;
 use super::plan::Plan;
 use super::sys::{self, check};
@@ -489,29 +489,18 @@ impl<'b> BoundStream<'b> {
         // cuBLAS launches through the runtime, which uses the current context.
         bound.ensure_current()?;
         let shared = Arc::clone(&blas.shared);
-        let [a, b, c] = &call.matrices;
+        let [a, b, c] = matrix_claims(&call.matrices);
         let _claim = self.claim([
-            Some((a.tracker, Access::Read)),
-            Some((b.tracker, Access::Read)),
-            Some((c.tracker, Access::Write)),
+            a,
+            b,
+            c,
             Some((crate::graph::Owned::tracker(&*shared), Access::Write)),
             call.scales.map(|s| (s.tracker, Access::Read)),
         ])?;
-        let device_scales = call.scales.map(|s| s.ptr());
         // SAFETY: the handle's context is current (checked above) and the stream is one
         // of its streams; the buffers were checked against the plan (the scales: two
         // elements of the scale type) and, with the workspace, are claimed for this
         // stream until after the enqueue (their later uses and frees wait for it).
-        unsafe {
-            enqueue_gemm(
-                blas,
-                &plan,
-                call.gemm.dtypes,
-                call.gemm.shape,
-                self.raw(),
-                call.ptrs(),
-                device_scales,
-            )
-        }
+        unsafe { call.enqueue(blas, &plan, self.raw()) }
     }
 }

@@ -1,7 +1,7 @@
 //! cuBLASLt products with epilogues: the descriptors and algorithms (cached per shape in
 //! the [`Blas`]), and [`BoundStream::matmul_lt`].
 
-use super::call::LtCall;
+use super::call::{LtCall, matrix_claims};
 use super::epilogue::{Epilogue, Extra, LtArgs, Role};
 use super::gemm::{Ptrs, Scales};
 use super::handle::Blas;
@@ -437,11 +437,11 @@ impl<'b> BoundStream<'b> {
         }
         bound.ensure_current()?;
         let shared = Arc::clone(&blas.shared);
-        let [a, b, c] = &call.matrices;
+        let [a, b, c] = matrix_claims(&call.matrices);
         let _claim = self.claim([
-            Some((a.tracker, Access::Read)),
-            Some((b.tracker, Access::Read)),
-            Some((c.tracker, Access::Write)),
+            a,
+            b,
+            c,
             Some((crate::graph::Owned::tracker(&*shared), Access::Write)),
             extras.first().map(Extra::claim),
             extras.get(1).map(Extra::claim),
@@ -451,6 +451,6 @@ impl<'b> BoundStream<'b> {
         // of its streams; the matrices and the epilogue's operands were checked against
         // the plan and, with the workspace, are claimed for this stream until after the
         // enqueue.
-        unsafe { enqueue_lt(blas, &problem, call.shape, self.raw(), call.ptrs()) }
+        unsafe { call.enqueue(blas, &problem, self.raw()) }
     }
 }
