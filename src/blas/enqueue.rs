@@ -352,3 +352,37 @@ impl<'buf> Enqueue<'buf> for Capture<'_, 'buf> {
         self.capture_lt(blas, call)
     }
 }
+
+/// The type-level check that one step with every product compiles for both issuers (a
+/// failure is a build error of the tests).
+#[cfg(test)]
+mod generic_step {
+    use super::*;
+    use crate::memory::DeviceSlice;
+    use half::bf16;
+
+    type F32<'buf> = &'buf DeviceSlice<f32>;
+
+    /// Every product of [`Enqueue`], written once.
+    fn step<'buf, E: Enqueue<'buf>>(
+        e: &mut E,
+        blas: &Blas,
+        (x, y, scales): (F32<'buf>, F32<'buf>, F32<'buf>),
+        h: &'buf DeviceSlice<bf16>,
+    ) -> Result<()> {
+        let (shape, batch) = (Matmul::new(2, 2, 2), Batch::new(1, 4, 4, 4));
+        e.matmul(blas, &shape, x, x, y)?;
+        e.matmul_batched(blas, &shape, &batch, x, x, y)?;
+        e.matmul_mixed(blas, &shape, h, h, y)?;
+        e.matmul_batched_mixed(blas, &shape, &batch, h, h, y)?;
+        e.matmul_device_scalars(blas, &shape, scales, x, x, y)?;
+        let args = CaptureLtArgs::new().bias(x);
+        e.matmul_lt(blas, &shape, Epilogue::Bias, x, x, y, args)
+    }
+
+    type Buffers<'buf> = (F32<'buf>, F32<'buf>, F32<'buf>);
+    type Step<'buf, E> = fn(&mut E, &Blas, Buffers<'buf>, &'buf DeviceSlice<bf16>) -> Result<()>;
+
+    const _: Step<'static, BoundStream<'static>> = step;
+    const _: Step<'static, Capture<'static, 'static>> = step;
+}
