@@ -102,11 +102,13 @@ impl<'s, 'buf> GemmCall<'s, 'buf> {
 
     /// The checks of every GEMM ([`plan::check_gemm`]) for a product issued on
     /// `device`; plans it.
+    #[inline]
     pub(crate) fn check(&self, device: &Device, blas: &Blas) -> Result<Plan> {
         plan::check_gemm(device, blas.device(), self.gemm, self.matrices, self.scales)
     }
 
     /// The device addresses of A, B and C.
+    #[inline]
     pub(crate) fn ptrs(&self) -> Ptrs {
         ptrs(&self.matrices)
     }
@@ -116,6 +118,7 @@ impl<'s, 'buf> GemmCall<'s, 'buf> {
     /// # Safety
     ///
     /// [`enqueue_gemm`]'s contract for the call's buffers (and its device scalars).
+    #[inline]
     pub(crate) unsafe fn enqueue(
         &self,
         blas: &Blas,
@@ -246,6 +249,7 @@ impl<'s, 'buf> LtCall<'s, 'buf> {
     }
 }
 
+#[inline]
 fn ptrs([a, b, c]: &[Operand<'_>; 3]) -> Ptrs {
     (a.ptr(), b.ptr(), c.ptr())
 }

@@ -480,6 +480,10 @@ impl<'b> BoundStream<'b> {
     /// Checks, claims and enqueues a described product. C is claimed as written: the
     /// public callers hold it by `&mut`, or ([`Enqueue`](super::Enqueue)) by `&` of
     /// device-only memory, which nothing reads or writes except through its tracker.
+    ///
+    /// `#[inline]`: the public methods are generic, built in the caller's crate, and may
+    /// inline this one body too (the GEMM path is measured against raw cuBLAS).
+    #[inline]
     pub(crate) fn gemm_call(&self, blas: &Blas, call: GemmCall<'_, '_>) -> Result<()> {
         let bound = self.bound();
         let plan = call.check(bound.device(), blas)?;

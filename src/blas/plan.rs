@@ -263,6 +263,7 @@ impl<'a> Operand<'a> {
     }
 
     /// Its device address.
+    #[inline]
     pub(crate) fn ptr(&self) -> u64 {
         self.span.addr
     }
