@@ -16,7 +16,7 @@
 use super::{Act, Gpt};
 use crate::model::{ParamLayout, linear};
 use crate::optim::{AdamW, SCHED_LEN};
-use gpubind::blas::{Batch, Blas, Matmul};
+use gpubind::blas::{Batch, Blas, Enqueue, Matmul};
 use gpubind::{
     BoundDevice, BoundStream, Capture, DeviceRepr, DeviceSlice, DeviceView, Graph, Result,
 };
