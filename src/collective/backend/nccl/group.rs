@@ -53,9 +53,9 @@ pub(super) trait GroupSteps {
     fn step(&mut self, i: usize) -> Result<()>;
     /// Hands call `i` to NCCL (an error is NCCL's, recorded in the group by NCCL).
     fn hand(&mut self, i: usize) -> Result<()>;
-    /// Makes NCCL record an error in the open group, so that `ncclGroupEnd` launches
-    /// none of its parts.
-    fn cancel(&mut self);
+    /// Makes NCCL record an error in the open group, whose first `handed` calls were
+    /// handed over, so that `ncclGroupEnd` launches none of its parts.
+    fn cancel(&mut self, handed: usize);
     /// `ncclGroupEnd`.
     fn end(&mut self) -> Result<()>;
     /// After a cancelled group whose `ncclGroupEnd` reported success: aborts the
@@ -85,7 +85,7 @@ pub(super) fn run_group(s: &mut impl GroupSteps, n: usize) -> Result<()> {
     if handed > 0 {
         // NCCL records its own failures in the group; a step of gpubind's that failed
         // is recorded by a call NCCL refuses.
-        s.cancel();
+        s.cancel(handed);
     }
     match s.end() {
         // Cancelled: NCCL launched nothing of the group.
@@ -162,9 +162,15 @@ impl GroupSteps for NcclSteps<'_, '_> {
         handed
     }
 
-    fn cancel(&mut self) {
-        let Some((i, c)) = self.calls.iter().enumerate().find(|(_, c)| c.count > 0) else {
-            // Every call was empty: nothing was handed to NCCL.
+    fn cancel(&mut self, handed: usize) {
+        // On the communicator of a call NCCL has (not the failed call's: its device may
+        // be the poisoned one).
+        let Some((i, c)) = self.calls[..handed]
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.count > 0)
+        else {
+            // Every call handed over was empty: NCCL has none of them.
             return;
         };
         let comm = &self.comms[c.rank];

@@ -82,8 +82,8 @@ impl GroupSteps for Fake {
         self.log.push(format!("hand {i}"));
         Ok(())
     }
-    fn cancel(&mut self) {
-        self.log.push("cancel".into());
+    fn cancel(&mut self, handed: usize) {
+        self.log.push(format!("cancel {handed}"));
         self.cancelled = true;
     }
     fn end(&mut self) -> Result<()> {
@@ -137,7 +137,7 @@ fn a_step_failing_after_a_handover_cancels_the_group() {
             "step 0",
             "hand 0",
             "step 1",
-            "cancel",
+            "cancel 1",
             "end"
         ]
     );
@@ -178,7 +178,7 @@ fn a_group_end_that_launches_anyway_is_aborted_bounded() {
         other => panic!("expected the seam's error, got {other:?}"),
     }
     assert_eq!(f.log.last().map(String::as_str), Some("abort"));
-    assert!(f.log.contains(&"cancel".to_string()));
+    assert!(f.log.contains(&"cancel 1".to_string()));
     assert!(
         f.devices[0].is_poisoned(),
         "the abort's device is not poisoned"
