@@ -1,7 +1,7 @@
 //! The NCCL library: `libnccl` loaded at run time, its entry points, the calls that
-//! need no communicator (version, unique id, group brackets), the calls the watchdog
-//! makes on a raw handle (`poll_raw`, `abort_raw`), and NCCL's codes for gpubind's
-//! operators and types.
+//! need no communicator (version, unique id), the calls made on a raw handle (the
+//! watchdog's `poll_raw` and `abort_raw`, a group's `cancel_group`), and NCCL's codes
+//! for gpubind's operators and types.
 //!
 //! The types (`ncclUniqueId`, the data-type and reduction-operator codes) are cudarc's
 //! (`cudarc::nccl::sys`). The entry points are resolved here with `libloading` instead
