@@ -10,11 +10,12 @@
 //! (a device poisoned by another thread in between), the group is cancelled: one call NCCL
 //! refuses records an error in the group, and NCCL then launches none of its parts
 //! (NCCL makes a group atomic: `ncclGroupEnd` after a failed call cancels every
-//! operation of the group). Should `ncclGroupEnd` report success all the same, the parts
-//! may have been launched: every rank's communicator is aborted and its lane waited for,
-//! both bounded by `GPUBIND_DROP_TIMEOUT`, and a device whose abort or lane does not
-//! finish in time is poisoned (its buffers then leak instead of being freed under the
-//! work). No path waits without a limit.
+//! operation of the group). Should `ncclGroupEnd` report success all the same, or fail
+//! itself (NCCL may have launched some ranks' parts before it failed), every rank's
+//! communicator is aborted and its lane waited for, both bounded by
+//! `GPUBIND_DROP_TIMEOUT`, and a device whose abort or lane does not finish in time is
+//! poisoned (its buffers then leak instead of being freed under the work). No path waits
+//! without a limit.
 
 use super::comm::{NcclComm, wait_for_abort};
 use super::library::{Api, api, cancel_group};
@@ -58,7 +59,8 @@ pub(super) trait GroupSteps {
     fn cancel(&mut self, handed: usize);
     /// `ncclGroupEnd`.
     fn end(&mut self) -> Result<()>;
-    /// After a cancelled group whose `ncclGroupEnd` reported success: aborts the
+    /// After a group whose parts may have been launched although it failed (a cancel
+    /// that `ncclGroupEnd` did not honour, or `ncclGroupEnd`'s own failure): aborts the
     /// communicators and waits for their lanes, bounded; poisons what does not finish.
     fn abort_launched(&mut self);
 }
@@ -80,7 +82,19 @@ pub(super) fn run_group(s: &mut impl GroupSteps, n: usize) -> Result<()> {
         handed += 1;
     }
     let Some(e) = failed else {
-        return s.end();
+        let end = s.end();
+        if let Err(nccl) = &end
+            && handed > 0
+        {
+            // NCCL failed inside `ncclGroupEnd`, which may have launched some ranks'
+            // parts first: they would wait for the others' for ever.
+            log::error!(
+                "gpubind: ncclGroupEnd failed ({nccl}) with {handed} call(s) of the group \
+                 handed over: its communicators are aborted"
+            );
+            s.abort_launched();
+        }
+        return end;
     };
     if handed > 0 {
         // NCCL records its own failures in the group; a step of gpubind's that failed
@@ -200,25 +214,23 @@ impl GroupSteps for NcclSteps<'_, '_> {
 
 /// Aborts every communicator of the group, then waits for every lane, all within one
 /// `GPUBIND_DROP_TIMEOUT`; a device whose abort does not return, or whose lane does not
-/// finish, by then is poisoned (with an NCCL that has no `ncclCommAbort`, every device:
-/// nothing can end the launched parts).
+/// finish, by then is poisoned, so its buffers leak instead of being freed under a
+/// launched part. With an NCCL that has no `ncclCommAbort` (older than 2.14) the lanes
+/// are waited for alone.
 fn abort_and_settle(api: &Api, comms: &[NcclComm], lanes: &GroupLanes<'_>) {
     let limit = crate::teardown::drop_wait::drop_timeout();
     let deadline = Instant::now().checked_add(limit);
     let left = || deadline.map_or(limit, |d| d.saturating_duration_since(Instant::now()));
-    if api.nonblocking.is_none() {
-        for d in lanes.devices {
-            d.poison_with("ncclGroupEnd", sys::CUresult::CUDA_ERROR_TIMEOUT);
+    if api.nonblocking.is_some() {
+        for (comm, d) in comms.iter().zip(lanes.devices) {
+            let _ = comm.watch.device.set(Arc::clone(d));
+            // The verdict every later call returns; the abort runs on a thread of its
+            // own.
+            comm.watch.fail(group_aborted(), false);
         }
-        return;
-    }
-    for (comm, d) in comms.iter().zip(lanes.devices) {
-        let _ = comm.watch.device.set(Arc::clone(d));
-        // The verdict every later call returns; the abort runs on a thread of its own.
-        comm.watch.fail(group_aborted(), false);
-    }
-    for comm in comms {
-        wait_for_abort(&comm.watch, comm.nranks, left());
+        for comm in comms {
+            wait_for_abort(&comm.watch, comm.nranks, left());
+        }
     }
     for (stream, _) in lanes.lanes {
         if let Err(e) = stream.to_ref().synchronize_within(deadline, limit)
@@ -234,8 +246,8 @@ fn abort_and_settle(api: &Api, comms: &[NcclComm], lanes: &GroupLanes<'_>) {
 /// The verdict of a group's communicators after [`abort_and_settle`].
 fn group_aborted() -> Error {
     Error::InvalidArgument(
-        "this NCCL communicator was aborted: a call of a group failed after other ranks' \
-         calls were handed to NCCL, and NCCL launched them: make a new one"
+        "this NCCL communicator was aborted: a group failed after calls of its ranks were \
+         handed to NCCL, which may have launched some of them: make a new one"
             .into(),
     )
 }

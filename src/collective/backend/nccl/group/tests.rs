@@ -23,6 +23,8 @@ struct Fake {
     /// Whether the made-up `ncclGroupEnd` honours a cancel (NCCL does).
     honours_cancel: bool,
     cancelled: bool,
+    /// Whether the made-up `ncclGroupEnd` fails by itself (after launching some parts).
+    end_fails: bool,
     /// What was asked, in order.
     log: Vec<String>,
     /// The communicator the made-up abort waits for (its abort never returns).
@@ -48,6 +50,7 @@ impl Fake {
             poison_at_start: None,
             honours_cancel: true,
             cancelled: false,
+            end_fails: false,
             log: Vec::new(),
             watch,
         }
@@ -88,7 +91,7 @@ impl GroupSteps for Fake {
     }
     fn end(&mut self) -> Result<()> {
         self.log.push("end".into());
-        if self.cancelled && self.honours_cancel {
+        if self.end_fails || (self.cancelled && self.honours_cancel) {
             return Err(Error::InvalidArgument("ncclInvalidArgument".into()));
         }
         Ok(())
@@ -185,6 +188,26 @@ fn a_group_end_that_launches_anyway_is_aborted_bounded() {
     );
     // Nothing waits at all; the margin is for a busy machine.
     assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+/// `ncclGroupEnd` failing by itself (it may have launched some ranks' parts first)
+/// aborts the communicators, bounded, and returns NCCL's error.
+#[test]
+fn a_failing_group_end_is_aborted_bounded() {
+    let mut f = Fake::new(2);
+    f.end_fails = true;
+    let t = Instant::now();
+    let out = run_group(&mut f, 2);
+    let took = t.elapsed();
+    println!("a failed ncclGroupEnd returned in {took:?} (abort limit {ABORT_LIMIT:?})");
+    assert!(matches!(out, Err(Error::InvalidArgument(_))), "{out:?}");
+    assert_eq!(f.log.last().map(String::as_str), Some("abort"));
+    assert!(!f.log.contains(&"cancel 2".to_string()));
+    assert!(
+        f.devices[0].is_poisoned(),
+        "the abort's device is not poisoned"
+    );
+    assert!(took < ABORT_LIMIT * 100, "took {took:?}");
 }
 
 /// The seam fails one call's step, on this thread only.
