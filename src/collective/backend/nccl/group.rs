@@ -117,7 +117,7 @@ pub(super) fn run_group(s: &mut impl GroupSteps, n: usize) -> Result<()> {
     Err(e)
 }
 
-/// The real steps: NCCL's calls on the communicators of `group`.
+/// The real steps: NCCL's calls on a `Communicator`'s NCCL communicators.
 struct NcclSteps<'a, 'l> {
     api: &'static Api,
     ctx: &'a mut ThreadContext,
@@ -238,7 +238,7 @@ fn abort_and_settle(api: &Api, comms: &[NcclComm], lanes: &GroupLanes<'_>) {
         {
             stream
                 .device()
-                .poison_with("ncclCommAbort", sys::CUresult::CUDA_ERROR_TIMEOUT);
+                .poison_with("ncclGroupEnd", sys::CUresult::CUDA_ERROR_TIMEOUT);
         }
     }
 }
