@@ -12,7 +12,7 @@
 //! | `CudaContext` | `Arc<Device>` | [`device_of`] | refuses a non-primary context |
 //! | `Arc<CudaStream>` | [`Stream`] | [`BoundDevice::stream_from_cudarc`], [`BoundDevice::new_cudarc_stream`] | cudarc owns the CUDA stream; the `Stream` (and any buffer still ordered after it) keeps an `Arc` to it |
 //! | [`Stream`] | `Arc<CudaStream>` | [`Stream::cudarc_stream`] | only for streams cudarc owns (above) |
-//! | `CudaSlice<T>` | [`DeviceSlice<T>`] | [`BoundDevice::adopt_cudarc_slice`] | moves: gpubind frees it; pending cudarc work is ordered first |
+//! | `CudaSlice<T>` | [`DeviceSlice<T>`] | [`BoundDevice::adopt_cudarc_slice`] | moves: gpubind frees it; pending cudarc work is ordered first; refused: the slice comes back |
 //! | a gpubind buffer | `CudaView<T>` / `CudaViewMut<T>` | [`BoundStream::lend_to_cudarc`] / [`BoundStream::lend_mut_to_cudarc`] ([`BoundStream::lend_ref_to_cudarc`]: a view from `&buf`) | lent for a closure; stays gpubind's |
 //!
 //! # The rules, and why
@@ -40,9 +40,11 @@
 //!   allocate with cudarc and [adopt](BoundDevice::adopt_cudarc_slice). (The `unsafe`
 //!   road stays open: [`DeviceSlice::into_raw`] and cudarc's `upgrade_device_ptr`.)
 //! * **A cudarc slice moves into gpubind whole.** `adopt_cudarc_slice` takes the
-//!   `CudaSlice` by value, makes its stream wait for cudarc's events (`leak`), and gives
+//!   `CudaSlice` by value, makes its stream wait for cudarc's events, only then gives up
+//!   cudarc's ownership (`leak`), and gives
 //!   the [`DeviceSlice`] a pending write on that stream: the allocation itself (cudarc
 //!   allocates in stream order) and every use cudarc recorded come before any gpubind use.
+//!   A refused adoption gives the slice back untouched ([`GivenBack`](crate::GivenBack)).
 //!   gpubind frees it with `cuMemFree`, which CUDA documents for both `cuMemAlloc` and
 //!   `cuMemAllocAsync` memory (for the latter with no implicit synchronisation: gpubind
 //!   waits for the pending uses first, as for every buffer). Where cudarc did not record
