@@ -495,4 +495,26 @@ mod tests {
         assert_eq!(own_pids("NSpid:\t1 2\n"), vec![own]);
         assert!(matches!(not_watched(4242), Error::InvalidArgument(m) if m.contains("4242")));
     }
+
+    #[test]
+    fn give_back_error_keeps_a_held_import_and_converts_to_its_error() {
+        let timeout = Error::Timeout {
+            what: "this process's uses",
+            after_ms: 1000,
+        };
+        let held: GiveBackError<Vec<u8>> =
+            GiveBackError::StillHeld(GivenBack::boxed(vec![1, 2, 3], timeout.clone()));
+        assert_eq!(held.error(), &timeout);
+        assert!(held.to_string().starts_with("the import is still held"));
+        assert!(format!("{held:?}").starts_with("StillHeld"));
+        let GiveBackError::StillHeld(back) = held else {
+            unreachable!()
+        };
+        assert_eq!(back.input, [1, 2, 3]);
+        let held = GiveBackError::StillHeld(back);
+        assert_eq!(Error::from(held), timeout);
+        let failed: GiveBackError<Vec<u8>> = GiveBackError::Failed(Error::PeerGone);
+        assert!(failed.to_string().starts_with("the hand-back failed"));
+        assert_eq!(Error::from(failed), Error::PeerGone);
+    }
 }
