@@ -44,7 +44,7 @@
 //!   cudarc's ownership (`leak`), and gives
 //!   the [`DeviceSlice`] a pending write on that stream: the allocation itself (cudarc
 //!   allocates in stream order) and every use cudarc recorded come before any gpubind use.
-//!   A refused adoption gives the slice back untouched ([`GivenBack`](crate::GivenBack)).
+//!   A refused adoption gives the slice back untouched ([`GivenBack`]).
 //!   gpubind frees it with `cuMemFree`, which CUDA documents for both `cuMemAlloc` and
 //!   `cuMemAllocAsync` memory (for the latter with no implicit synchronisation: gpubind
 //!   waits for the pending uses first, as for every buffer). Where cudarc did not record
@@ -228,7 +228,7 @@ impl BoundDevice<'_> {
     ///
     /// # Errors
     ///
-    /// [`GivenBack`](crate::GivenBack) with the slice, still cudarc's and usable (or freed
+    /// [`GivenBack`] with the slice, still cudarc's and usable (or freed
     /// by cudarc as usual when dropped): [`Error::WrongDevice`] for a slice of another
     /// device, [`Error::InvalidArgument`] for one of a non-primary context,
     /// [`Error::ContextPoisoned`] on a poisoned device, and the driver's error when
