@@ -59,11 +59,14 @@
 //!   [`CompileOptions`] (what is checked, CUDA headers); kernels that own their module:
 //!   [`SharedModule`] and [`Kernel`]; `__device__` / `__constant__` variables:
 //!   [`ModuleGlobal`].
-//! * **Launches** — [`LaunchConfig`] and [`LaunchBuilder`]; cooperative, cluster and
-//!   prioritised launches and what is checked for them: [`LaunchExBuilder`].
+//! * **Launches** — [`LaunchConfig`] and [`LaunchBuilder`]; arguments read or written:
+//!   [`LaunchArg`], [`WritableArg`]; cooperative, cluster and prioritised launches and
+//!   what is checked for them: [`LaunchExBuilder`].
 //! * **CUDA graphs** — what can be captured and how a capture stays sound: [`Capture`];
 //!   then [`Graph`] and [`GraphExec`]; one step written once for a stream and a capture:
 //!   [`Issue`].
+//! * **Errors** — [`Error`]; calls that consume their input give it back on failure:
+//!   [`GivenBack`].
 //! * **Faults** — sticky errors that poison a device's context, and recovery:
 //!   [`Error::ContextPoisoned`].
 //! * **Drivers and libraries** — supported driver versions, entry points looked up by
