@@ -8,7 +8,8 @@
 //! * [`ThreadContext::bind`] borrows the token mutably and returns a [`BoundDevice`]: at
 //!   most one device is bound per thread at a time, and every operation that needs a
 //!   current context is a method of `BoundDevice` (or of a [`BoundStream`] borrowed from
-//!   it). Binding the same device again costs no driver call.
+//!   it). Binding the same device again costs one `cuCtxGetCurrent` (a thread-local
+//!   read in the driver) and no `cuCtxSetCurrent`.
 //! * [`Device`] — `Arc`-shared, `Send + Sync`; enumeration and attributes create no
 //!   context. The primary context is retained lazily on first bind.
 //! * Resources — [`DeviceSlice`], [`Stream`], [`Event`], [`Module`] — hold an
