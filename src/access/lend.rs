@@ -65,7 +65,13 @@ pub(crate) fn open_read<'t, 's, V>(
             &tracker.published,
             on.id(),
             |from| from.enqueue_wait(on.raw()),
-            start,
+            || {
+                let started = start();
+                // A foreign stream's end mark follows the read's start before the
+                // read is recorded.
+                on.after_enqueue();
+                started
+            },
             |_| on.to_ref(),
             &mut grave,
         )
@@ -128,6 +134,9 @@ impl Drop for OpenRead<'_, '_> {
         {
             let mut st = sync::lock(&self.tracker.state);
             let on = self.on;
+            // A foreign stream's end mark follows the read's end (the waits enqueued
+            // there for the lent work) before the read is recorded again.
+            on.after_enqueue();
             close_locked(
                 &mut st,
                 &self.tracker.published,

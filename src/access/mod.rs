@@ -59,6 +59,7 @@ impl Access {
 
 mod borrowed;
 mod fast;
+mod foreign;
 mod join;
 pub(crate) mod lend;
 mod state;
@@ -315,6 +316,8 @@ impl<'t, H: AsMut<[Option<Held<'t>>]>> Drop for Claim<'t, '_, H> {
         // Made only if a commit replaces something (the usual launch replaces nothing).
         let mut grave: Option<Grave<StreamRef>> = None;
         let on = self.on;
+        // A foreign stream's end mark follows the operation before it is recorded.
+        on.after_enqueue();
         let id = on.id();
         for slot in self.held.as_mut().iter_mut() {
             if let Some(mut h) = slot.take() {
@@ -387,6 +390,9 @@ impl Drop for ExclusiveClaim<'_, '_> {
     /// Inlined: the usual drop (a stream reusing a buffer it alone holds) is one compare.
     #[inline]
     fn drop(&mut self) {
+        // A foreign stream's end mark follows the operation before it is recorded (the
+        // tracker is held `&mut` until this returns: no one sees the use before).
+        self.on.after_enqueue();
         if !self.state.commit_is_noop(self.on.id(), self.access) {
             self.commit();
         }
@@ -510,6 +516,10 @@ pub(crate) fn claim_lanes<'t>(
 impl Drop for LaneClaim<'_> {
     fn drop(&mut self) {
         let mut grave = Grave::new();
+        // Foreign streams' end marks follow the operation before it is recorded.
+        for (_, v) in &self.held {
+            v.iter().for_each(|(s, _)| s.after_enqueue());
+        }
         for (mut st, v) in self.held.drain(..) {
             let ids: Vec<(u64, Access)> = v.iter().map(|(s, a)| (s.id(), *a)).collect();
             let make = |id: u64| {

@@ -38,6 +38,9 @@ pub(crate) struct StreamInner {
     /// ([`StreamInner::refuse_capture`]). One flag, so gpubind's own streams pay one
     /// compare.
     pub(crate) foreign: bool,
+    /// For a foreign stream: whether its hand-off event marks the end of every gpubind
+    /// operation on it ([`super::foreign`]).
+    pub(super) end_mark: std::sync::atomic::AtomicU8,
 }
 
 /// A `CU_EVENT_DISABLE_TIMING` event of a stream's context, only ever recorded on that
@@ -72,6 +75,7 @@ impl StreamInner {
             gate: Gate::default(),
             borrowed: None,
             foreign: false,
+            end_mark: std::sync::atomic::AtomicU8::new(super::foreign::UNMARKED),
         }
     }
 
@@ -94,6 +98,7 @@ impl StreamInner {
             gate: Gate::default(),
             borrowed: None,
             foreign: true,
+            end_mark: std::sync::atomic::AtomicU8::new(super::foreign::UNMARKED),
         }
     }
 
@@ -134,8 +139,9 @@ impl StreamInner {
         })
     }
 
-    /// This stream's hand-off event, created in its context at the first use.
-    fn handoff_event(&self) -> Result<sys::CUevent> {
+    /// This stream's hand-off event, created in its context at the first use; on a
+    /// foreign stream also recorded after each gpubind operation ([`super::foreign`]).
+    pub(super) fn handoff_event(&self) -> Result<sys::CUevent> {
         if let Some(e) = self.handoff.get() {
             return Ok(e.0);
         }
@@ -145,6 +151,11 @@ impl StreamInner {
             destroy_event(&self.device, lost.0);
         }
         Ok(self.handoff.get().map_or(created, |e| e.0))
+    }
+
+    /// The hand-off event, if one was created.
+    pub(super) fn handoff_event_if_created(&self) -> Option<sys::CUevent> {
+        self.handoff.get().map(|e| e.0)
     }
 
     /// Makes `to` wait on the device for the work enqueued on this stream so far, with an
@@ -170,12 +181,20 @@ impl StreamInner {
             // operation on such a stream itself is (`refuse_capture`).
             // A failed query is returned (a sticky error poisons below).
             super::borrowed::Target::Stream(raw) => {
-                // SAFETY: the stream lives (held, or lent while not retired).
-                if self.foreign && unsafe { result::stream::is_capturing(raw) }? {
-                    return Err(capturing_error(
-                        "an operation ordered after a pending use on a stream shared with \
-                         cudarc or borrowed",
-                    ));
+                if self.foreign {
+                    // Marked: the event's latest record follows every gpubind operation
+                    // there and precedes any capture of it; waiting for it asks nothing
+                    // of the stream (`super::foreign`).
+                    if let Some(end) = self.end_event() {
+                        return Ok(end);
+                    }
+                    // SAFETY: the stream lives (held, or lent while not retired).
+                    if unsafe { result::stream::is_capturing(raw) }? {
+                        return Err(capturing_error(
+                            "an operation ordered after a pending use on a stream shared \
+                             with cudarc or borrowed, which no event marks",
+                        ));
+                    }
                 }
                 // SAFETY: `event` belongs to this stream's context; the stream lives
                 // (held, or lent while not retired).
@@ -351,6 +370,13 @@ impl StreamRef {
         }
     }
 
+    /// [`StreamSlot::after_enqueue`] of this stream.
+    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    #[inline]
+    pub(crate) fn after_enqueue(&self) {
+        self.slot().after_enqueue();
+    }
+
     /// Blocks until the work enqueued on this stream so far has finished.
     pub(crate) fn synchronize(&self) -> Result<()> {
         let _guard = self.device().enter()?;
@@ -407,6 +433,8 @@ impl StreamRef {
     fn remember_gave_up(&self, id: u64) {
         match self {
             StreamRef::Legacy(_) => GaveUp::remember(id, std::ptr::null_mut()),
+            // Nothing is recorded on a foreign stream here: its owner may capture it.
+            StreamRef::Owned(s) if s.foreign => {}
             StreamRef::Owned(s) => s.with_target(|t| {
                 if let super::borrowed::Target::Stream(raw) = t {
                     GaveUp::remember(id, raw);
@@ -477,6 +505,18 @@ impl<'a> StreamSlot<'a> {
         match self {
             StreamSlot::Legacy(d) => d.legacy_gate().lock(),
             StreamSlot::Owned(s) => s.gate.lock(),
+        }
+    }
+
+    /// Called after an operation was enqueued on this stream and before any tracker
+    /// records it: on a foreign stream, records the stream's end mark
+    /// ([`StreamInner::mark_end`], out of line); gpubind's own streams pay one compare.
+    #[inline(always)]
+    pub(crate) fn after_enqueue(self) {
+        if let StreamSlot::Owned(s) = self
+            && s.foreign
+        {
+            s.mark_end();
         }
     }
 

@@ -331,6 +331,9 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             // SAFETY: forwarded; every buffer is ordered on this stream, and the gate
             // keeps it so until the enqueue returns (`crate::access::fast`).
             let launched = unsafe { self.call_driver(driver) };
+            // A foreign stream's end mark follows the launch, under the gate: a waiter
+            // that closes this stream's published ids (taking the gate) sees it.
+            slot.after_enqueue();
             drop(gate);
             // A fresh `Ok` writes one word; returning `launched` itself would copy an
             // `Error`'s size through the stack.
