@@ -78,6 +78,32 @@ impl StreamInner {
         }
     }
 
+    /// [`enqueue_wait`](StreamInner::enqueue_wait)'s step on this foreign stream, still
+    /// lent (`raw` its handle): the event the waiting stream must wait for. The end
+    /// mark, recording nothing, when the stream is marked (also when the waiting stream
+    /// is this one: a foreign stream's operations claim under an id no use is recorded
+    /// under, so they wait for its own uses too, a wait stream order makes redundant);
+    /// else the hand-off event recorded now, unless the stream's owner captures it:
+    /// [`Error::NotCapturable`](crate::Error) then (the event would be a node of that
+    /// graph, and the waiting stream would join the capture).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn foreign_wait_event(&self, raw: sys::CUstream) -> Result<sys::CUevent> {
+        if let Some(end) = self.end_event() {
+            return Ok(end);
+        }
+        // SAFETY: the stream lives (held, or lent while not retired).
+        if unsafe { result::stream::is_capturing(raw) }? {
+            return Err(super::stream::capturing_error(
+                "an operation ordered after a pending use on a stream shared with cudarc \
+                 or borrowed, which no event marks",
+            ));
+        }
+        let event = self.handoff_event()?;
+        // SAFETY: the event belongs to this stream's context; the stream lives.
+        unsafe { result::event::record(event, raw) }.map(|()| event)
+    }
+
     /// The event whose latest record follows every gpubind operation on this stream, if
     /// it is a foreign stream whose end is marked.
     #[inline]

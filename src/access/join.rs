@@ -59,7 +59,7 @@ impl AccessTracker {
     pub(crate) fn allocated_on(on: super::StreamSlot<'_>) -> Self {
         // A foreign stream's end mark follows the allocation (and its zeroing).
         on.after_enqueue();
-        let id = on.id();
+        let id = on.record_id();
         AccessTracker {
             state: crate::sync::Mutex::new(AccessState::written_by_id(on.to_ref(), id)),
             // A new tracker, held by value: nothing can be using what is published.

@@ -63,7 +63,7 @@ pub(crate) fn open_read<'t, 's, V>(
         open_locked(
             &mut st,
             &tracker.published,
-            on.id(),
+            on.record_id(),
             |from| from.enqueue_wait(on.raw()),
             || {
                 let started = start();
@@ -140,7 +140,7 @@ impl Drop for OpenRead<'_, '_> {
             close_locked(
                 &mut st,
                 &self.tracker.published,
-                on.id(),
+                on.record_id(),
                 |_| on.to_ref(),
                 &mut grave,
             );

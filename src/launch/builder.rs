@@ -322,7 +322,8 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         self.stream.ensure_stream_context()?;
         // The fast path ([`crate::access`]): when every buffer and the module publish this
         // stream, nothing waits and nothing changes; hold the stream's gate across the
-        // enqueue and take no tracker lock.
+        // enqueue and take no tracker lock. Never for a foreign stream, whose claim id
+        // nothing publishes: its launches claim, and record its end mark.
         let slot = self.stream.slot();
         let id = slot.id();
         let (module, module_access) = self.func.module_use();
@@ -331,9 +332,6 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             // SAFETY: forwarded; every buffer is ordered on this stream, and the gate
             // keeps it so until the enqueue returns (`crate::access::fast`).
             let launched = unsafe { self.call_driver(driver) };
-            // A foreign stream's end mark follows the launch, under the gate: a waiter
-            // that closes this stream's published ids (taking the gate) sees it.
-            slot.after_enqueue();
             drop(gate);
             // A fresh `Ok` writes one word; returning `launched` itself would copy an
             // `Error`'s size through the stack.
