@@ -29,6 +29,7 @@
 //! thread's capture: pytorch/pytorch#104555, #148594). So it runs with this thread's
 //! capture mode relaxed (push-pop), which lifts that restriction and no other.
 
+use super::borrowed::Target;
 use super::stream::StreamInner;
 use crate::driver::result;
 use crate::error::Result;
@@ -57,9 +58,7 @@ impl StreamInner {
             self.with_target(|t| match t {
                 // SAFETY: the event belongs to this stream's context; the stream lives
                 // (held, or lent: the operation just enqueued on it).
-                super::borrowed::Target::Stream(raw) => unsafe {
-                    result::event::record(event, raw)
-                },
+                Target::Stream(raw) => unsafe { result::event::record(event, raw) },
                 // A retired borrowed stream takes no operations: nothing to mark.
                 _ => Ok(()),
             })
@@ -78,17 +77,35 @@ impl StreamInner {
         }
     }
 
-    /// [`enqueue_wait`](StreamInner::enqueue_wait)'s step on this foreign stream, still
-    /// lent (`raw` its handle): the event the waiting stream must wait for. The end
-    /// mark, recording nothing, when the stream is marked (also when the waiting stream
-    /// is this one: a foreign stream's operations claim under an id no use is recorded
-    /// under, so they wait for its own uses too, a wait stream order makes redundant);
-    /// else the hand-off event recorded now, unless the stream's owner captures it:
-    /// [`Error::NotCapturable`](crate::Error) then (the event would be a node of that
-    /// graph, and the waiting stream would join the capture).
+    /// [`enqueue_wait`](StreamInner::enqueue_wait) on this foreign stream: makes `to`
+    /// wait on the device for gpubind's work here. Nothing when `to` is this stream
+    /// (stream order suffices: a foreign stream's operations claim under an id no use
+    /// is recorded under, so they are ordered after its own uses too); the end mark,
+    /// recording nothing, when the stream is marked; the event recorded at the end of a
+    /// retired loan; else the hand-off event recorded now, unless the stream's owner
+    /// captures it: [`Error::NotCapturable`](crate::Error) then (the event would be a
+    /// node of that graph, and `to` would join the capture).
     #[cold]
     #[inline(never)]
-    pub(super) fn foreign_wait_event(&self, raw: sys::CUstream) -> Result<sys::CUevent> {
+    pub(super) fn foreign_enqueue_wait(&self, to: sys::CUstream) -> Result<()> {
+        let waited_for = self.with_target(|t| match t {
+            Target::Stream(raw) if raw == to => Ok(None),
+            Target::Stream(raw) => self.foreign_wait_event(raw).map(Some),
+            Target::Event(end) => Ok(Some(end)),
+            Target::Waited(outcome) => outcome.clone().map(|()| None),
+        });
+        let Some(event) = waited_for.map_err(|e| self.device.on_error(e))? else {
+            return Ok(());
+        };
+        // SAFETY: as in `enqueue_wait`: `to` is a live stream; the event lives until this
+        // stream's drop (held by the caller's reference).
+        self.device
+            .check(unsafe { result::stream::wait_event(to, event) })
+    }
+
+    /// The event `to` must wait for on this foreign stream, still lent (`raw` its
+    /// handle): see [`foreign_enqueue_wait`](Self::foreign_enqueue_wait).
+    fn foreign_wait_event(&self, raw: sys::CUstream) -> Result<sys::CUevent> {
         if let Some(end) = self.end_event() {
             return Ok(end);
         }

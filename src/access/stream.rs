@@ -188,13 +188,13 @@ impl StreamInner {
     /// before that record was enqueued before the wait was.
     fn enqueue_wait(&self, to: sys::CUstream) -> Result<()> {
         self.device.check_poison()?;
+        if self.foreign {
+            // A stream another library owns: out of line (`super::foreign`).
+            return self.foreign_enqueue_wait(to);
+        }
         let event = self.handoff_event()?;
         let recorded = self.with_target(|target| match target {
             super::borrowed::Target::Stream(raw) => {
-                if self.foreign {
-                    // A stream another library owns: out of line (`super::foreign`).
-                    return self.foreign_wait_event(raw);
-                }
                 // SAFETY: `event` belongs to this stream's context; the stream lives
                 // (held, or lent while not retired).
                 unsafe { result::event::record(event, raw) }.map(|()| event)

@@ -588,8 +588,9 @@ fn an_open_read_refuses_writes_and_publishes_no_write_id() {
 
 /// A foreign stream's operations claim under its id with `FOREIGN_CLAIM` set, which no use
 /// is recorded under: whatever the state (its own use the only one, or among others),
-/// such a claim is never ordered after a pending write without waiting (it waits for its
-/// own stream's uses too, redundant by stream order), never commits as a no-op and
+/// such a claim is never ordered after a pending write without a wait step (for its own
+/// stream's uses the step, `foreign_enqueue_wait`, enqueues nothing: stream order covers
+/// them), never commits as a no-op and
 /// is never admitted by what a commit of its recorded id publishes. So every operation on
 /// a foreign stream reaches a commit, where its end mark is recorded.
 #[test]
