@@ -1090,10 +1090,11 @@ fn a_drop_after_a_captured_foreign_stream_frees() -> R {
 
 /// A pinned buffer whose tracked copy is still pending on a stream cudarc then captures
 /// (in each capture mode, on this thread): the host read waits for the end mark recorded
-/// after the copy (before the capture), with the thread's capture mode relaxed, so
-/// `try_as_slice`, `Deref`, `try_as_mut_slice` and a view's read see the copied data
-/// during the capture, and `DeviceSlice::into_raw` with a pending write there succeeds;
-/// the capture stays valid, and its graph launches.
+/// after the copy (before the capture), with the reading thread's capture mode relaxed,
+/// so `try_as_slice` on another thread, then `try_as_slice`, `Deref`, `try_as_mut_slice`
+/// and a view's read on the capturing thread see the copied data during the capture, and
+/// `DeviceSlice::into_raw` with a pending write there succeeds; the capture stays valid,
+/// and its graph launches.
 fn host_reads_under_a_foreign_capture_see_the_copy() -> R {
     for mode in [
         sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
@@ -1132,6 +1133,14 @@ fn host_reads_under_a_capture(mode: sys::CUstreamCaptureMode) -> R {
     let outcome = (|| -> Result<(sys::CUdeviceptr, usize), String> {
         cs.memset_zeros(&mut marker)
             .map_err(|e| format!("captured memset: {e:?}"))?;
+        // First from another thread (no binding there: the wait enters the context).
+        let elsewhere = std::thread::scope(|sc| {
+            sc.spawn(|| pinned.try_as_slice().map(|d| (d[0], d[N - 1])))
+                .join()
+        })
+        .map_err(|_| "the other thread's read panicked".to_string())?
+        .ctx("try_as_slice on another thread")?;
+        ensure!(elsewhere == (5, 5), "another thread read {elsewhere:?}");
         all_equal(
             "try_as_slice during the capture",
             pinned.try_as_slice().ctx("try_as_slice")?,
