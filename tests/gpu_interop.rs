@@ -479,6 +479,76 @@ fn adopted_slice_is_ordered_and_owned() -> R {
     Ok(())
 }
 
+/// A cudarc slice of a non-primary context is refused and comes back untouched: cudarc
+/// still owns it, reads it and frees it.
+fn adopting_a_non_primary_slice_gives_it_back() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let foreign = CudaContext::new_non_primary(0, 0).map_err(|e| format!("{e:?}"))?;
+    let fs = foreign.new_stream().map_err(|e| format!("{e:?}"))?;
+    let pattern: Vec<u32> = (0..4096).map(|i| i * 3 + 1).collect();
+    let slice = fs.clone_htod(&pattern).map_err(|e| format!("{e:?}"))?;
+    let failed = match gpu.adopt_cudarc_slice(slice) {
+        Err(failed) => failed,
+        Ok(_) => return Err("a non-primary context's slice was adopted".into()),
+    };
+    ensure!(
+        matches!(failed.error, Error::InvalidArgument(_)),
+        "error {:?}",
+        failed.error
+    );
+    let back = failed.input;
+    let got = fs.clone_dtoh(&back).map_err(|e| format!("{e:?}"))?;
+    ensure!(got == pattern, "the slice given back lost its contents");
+    drop(back); // cudarc frees it
+    fs.synchronize().map_err(|e| format!("{e:?}"))?;
+    drop(fs);
+    drop(foreign);
+    // gpubind's binding is unaffected by cudarc's context switches.
+    let b = gpu.clone_htod(&pattern).ctx("clone_htod")?;
+    ensure!(gpu.dtoh(&b).ctx("dtoh")? == pattern, "gpubind after cudarc");
+    println!("non-primary cudarc slice: refused, given back, read by cudarc");
+    Ok(())
+}
+
+/// A cudarc slice of another device is refused with `WrongDevice` and comes back
+/// untouched, still cudarc's. Needs 2 GPUs.
+fn adopting_another_devices_slice_gives_it_back() -> R {
+    let n = gpubind::Device::count().ctx("count")?;
+    if n < 2 {
+        return Err(common::skip(&format!("needs 2 GPUs, {n} visible")));
+    }
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let other = CudaContext::new(1).map_err(|e| format!("{e:?}"))?;
+    let os = other.new_stream().map_err(|e| format!("{e:?}"))?;
+    let pattern: Vec<u32> = (0..4096).map(|i| i ^ 0x5a5a).collect();
+    let slice = os.clone_htod(&pattern).map_err(|e| format!("{e:?}"))?;
+    let failed = match gpu.adopt_cudarc_slice(slice) {
+        Err(failed) => failed,
+        Ok(_) => return Err("another device's slice was adopted".into()),
+    };
+    ensure!(
+        matches!(
+            failed.error,
+            Error::WrongDevice {
+                bound: 0,
+                found: 1,
+                ..
+            }
+        ),
+        "error {:?}",
+        failed.error
+    );
+    let back = failed.input;
+    let got = os.clone_dtoh(&back).map_err(|e| format!("{e:?}"))?;
+    ensure!(got == pattern, "the slice given back lost its contents");
+    println!("device 1's cudarc slice: WrongDevice, given back, read by cudarc");
+    Ok(())
+}
+
 /// A stream cudarc owns outlives whichever side lets go first; dropping gpubind's handle
 /// leaves the thread's current context alone.
 fn shared_stream_lifetimes() -> R {
@@ -1203,6 +1273,14 @@ fn main() {
             (
                 "adopted_slice_is_ordered_and_owned",
                 adopted_slice_is_ordered_and_owned,
+            ),
+            (
+                "adopting_a_non_primary_slice_gives_it_back",
+                adopting_a_non_primary_slice_gives_it_back,
+            ),
+            (
+                "adopting_another_devices_slice_gives_it_back",
+                adopting_another_devices_slice_gives_it_back,
             ),
             ("shared_stream_lifetimes", shared_stream_lifetimes),
             (

@@ -240,7 +240,8 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// reference is at hand (one held in an `Arc`, or borrowed by a graph); never for a
     /// [`ManagedSlice`](crate::ManagedSlice), whose host slices a shared borrow does not
     /// keep away (see [`launch`](Self::launch)'s contract). Takes only a [`WritableArg`]:
-    /// a buffer shared for reading with another process does not compile here.
+    /// a buffer shared for reading with another process, or a shared
+    /// [`ManagedView`](crate::ManagedView), does not compile here.
     #[inline(always)]
     pub fn arg_written<A: WritableArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
         self.arg(arg);
