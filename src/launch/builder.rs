@@ -323,7 +323,8 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         self.stream.ensure_stream_context()?;
         // The fast path ([`crate::access`]): when every buffer and the module publish this
         // stream, nothing waits and nothing changes; hold the stream's gate across the
-        // enqueue and take no tracker lock.
+        // enqueue and take no tracker lock. Never for a foreign stream, whose claim id
+        // nothing publishes: its launches claim, and record its end mark.
         let slot = self.stream.slot();
         let id = slot.id();
         let (module, module_access) = self.func.module_use();
