@@ -10,7 +10,7 @@
 mod common;
 
 use common::{Ctx, dev0, run_suite};
-use gpubind::cudarc::driver::{CudaContext, CudaSlice, sys};
+use gpubind::cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, sys};
 use gpubind::{BoundDevice, BoundStream, DeviceRepr, Error, LaunchConfig, ThreadContext};
 use std::sync::Arc;
 
@@ -887,15 +887,13 @@ fn foreign_stream_under_capture_is_refused() -> R {
             .ctx("pool alloc")?,
     );
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    cs.begin_capture(mode)
-        .map_err(|e| format!("begin_capture: {e:?}"))?;
     let refused = |what: &str, r: gpubind::Result<()>| match r {
         Err(Error::NotCapturable { .. }) => Ok(()),
         other => Err(format!(
             "{what} while cudarc captures its stream: {other:?}"
         )),
     };
-    let mut outcome = (|| -> R {
+    let (outcome, ended) = under_cudarc_capture(&cs, mode, "the refusals", || {
         for (name, stream) in [("shared", &shared), ("borrowed", &*lent)] {
             let s = gpu.on(stream).ctx("on")?;
             refused(name, s.memset_async(&mut buf, 7u32))?;
@@ -904,28 +902,44 @@ fn foreign_stream_under_capture_is_refused() -> R {
         }
         let s = gpu.on(&shared).ctx("on")?;
         refused("lend_ref", s.lend_ref_to_cudarc(&buf, |_| ()))?;
-        let status = cs
-            .capture_status()
-            .map_err(|e| format!("capture_status: {e:?}"))?;
-        ensure!(
-            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
-            "the refusals touched the capture: {status:?}"
-        );
         Ok(())
-    })();
-    let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
-    if outcome.is_ok() {
-        outcome = ended
-            .map(drop)
-            .map_err(|e| format!("the capture did not stay valid: {e:?}"));
-    }
+    });
     outcome?;
+    ended?;
     let s = gpu.on(&lent).ctx("on after the capture")?;
     s.memset_async(&mut buf, 7u32)
         .ctx("memset after the capture")?;
     drop(lent);
     all_equal("after the capture", &gpu.dtoh(&buf).ctx("dtoh")?, 7)?;
     Ok(())
+}
+
+/// Runs `body` while cudarc captures `cs` (begun in `mode`), checks that `body` (`what`)
+/// left the capture active, and ends it: the body's outcome, and the graph unless the
+/// capture did not stay valid.
+fn under_cudarc_capture<V>(
+    cs: &Arc<CudaStream>,
+    mode: sys::CUstreamCaptureMode,
+    what: &str,
+    body: impl FnOnce() -> Result<V, String>,
+) -> (Result<V, String>, Result<Option<CudaGraph>, String>) {
+    if let Err(e) = cs.begin_capture(mode) {
+        return (Err(format!("begin_capture: {e:?}")), Ok(None));
+    }
+    let outcome = body().and_then(|v| {
+        let status = cs
+            .capture_status()
+            .map_err(|e| format!("capture_status: {e:?}"))?;
+        ensure!(
+            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+            "{what} touched the capture: {status:?}"
+        );
+        Ok(v)
+    });
+    let ended = cs
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .map_err(|e| format!("the capture did not stay valid: {e:?}"));
+    (outcome, ended)
 }
 
 /// Whether `stream` is being captured (`cuStreamIsCapturing`).
@@ -964,10 +978,8 @@ fn an_operation_after_a_captured_foreign_stream_waits_for_its_end_mark() -> R {
         .memset_async(&mut buf, 1u32)
         .ctx("memset")?;
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    cs.begin_capture(mode)
-        .map_err(|e| format!("begin_capture: {e:?}"))?;
     let mut marker = marker;
-    let mut outcome = (|| -> R {
+    let (outcome, ended) = under_cudarc_capture(&cs, mode, "the operations", || {
         cs.memset_zeros(&mut marker)
             .map_err(|e| format!("captured memset: {e:?}"))?;
         for (i, (name, stream)) in [
@@ -984,22 +996,10 @@ fn an_operation_after_a_captured_foreign_stream_waits_for_its_end_mark() -> R {
                 .ctx(&format!("copy on {name} during the capture"))?;
             ensure!(!is_capturing(stream)?, "{name} joined cudarc's capture");
         }
-        let status = cs
-            .capture_status()
-            .map_err(|e| format!("capture_status: {e:?}"))?;
-        ensure!(
-            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
-            "the operations touched the capture: {status:?}"
-        );
         Ok(())
-    })();
-    let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
-    outcome = outcome.and(
-        ended
-            .map_err(|e| format!("the capture did not stay valid: {e:?}"))
-            .and_then(|g| launch_captured(&cs, g, &marker)),
-    );
+    });
     outcome?;
+    ended.and_then(|g| launch_captured(&cs, g, &marker))?;
     all_equal(
         "the copies ordered after the marked use",
         &gpu.dtoh(&dst).ctx("dtoh")?,
@@ -1048,30 +1048,16 @@ fn a_loan_ended_under_capture_orders_later_work_after_its_end_mark() -> R {
         .memset_async(&mut buf, 3u32)
         .ctx("memset on lent")?;
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    cs.begin_capture(mode)
-        .map_err(|e| format!("begin_capture: {e:?}"))?;
-    drop(lent); // the loan ends during the capture
-    let mut outcome = (|| -> R {
+    let (outcome, ended) = under_cudarc_capture(&cs, mode, "the write", || {
+        drop(lent); // the loan ends during the capture
         let s = gpu.on(&own).ctx("on")?;
         s.memset_async(&mut buf, 7u32)
             .ctx("a write after a loan that ended under capture")?;
         ensure!(!is_capturing(&own)?, "gpubind's stream joined the capture");
-        let status = cs
-            .capture_status()
-            .map_err(|e| format!("capture_status: {e:?}"))?;
-        ensure!(
-            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
-            "the write touched the capture: {status:?}"
-        );
         Ok(())
-    })();
-    let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
-    if outcome.is_ok() {
-        outcome = ended
-            .map(drop)
-            .map_err(|e| format!("the capture did not stay valid: {e:?}"));
-    }
+    });
     outcome?;
+    ended?;
     all_equal("after the capture", &gpu.dtoh(&buf).ctx("dtoh")?, 7)?;
     drop(buf);
     println!("a loan ended under capture: later work ordered after its end mark");
@@ -1122,26 +1108,12 @@ fn a_drop_after_a_captured_foreign_stream_frees() -> R {
     s.synchronize().ctx("synchronize")?;
     let used_before = default_pool_used()?;
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    cs.begin_capture(mode)
-        .map_err(|e| format!("begin_capture: {e:?}"))?;
-    let mut outcome = (|| -> R {
+    let (outcome, ended) = under_cudarc_capture(&cs, mode, "the drop", || {
         drop(pooled); // waits for the end mark, then frees on the legacy stream
-        let status = cs
-            .capture_status()
-            .map_err(|e| format!("capture_status: {e:?}"))?;
-        ensure!(
-            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
-            "the drop touched the capture: {status:?}"
-        );
         Ok(())
-    })();
-    let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
-    if outcome.is_ok() {
-        outcome = ended
-            .map(drop)
-            .map_err(|e| format!("the capture did not stay valid: {e:?}"));
-    }
+    });
     outcome?;
+    ended?;
     gpu.synchronize().ctx("synchronize")?;
     let used_after = default_pool_used()?;
     println!("pool used memory: {used_before} before the drop, {used_after} after");
@@ -1197,10 +1169,8 @@ fn host_reads_under_a_capture(mode: sys::CUstreamCaptureMode) -> R {
         .ctx("copy_tracked_async")?;
     let mut raw = gpu.alloc_zeros::<u32>(16).ctx("alloc")?;
     s.memset_async(&mut raw, 9u32).ctx("memset raw")?;
-    cs.begin_capture(mode)
-        .map_err(|e| format!("begin_capture: {e:?}"))?;
     let mut marker = marker;
-    let outcome = (|| -> Result<(sys::CUdeviceptr, usize), String> {
+    let (outcome, ended) = under_cudarc_capture(&cs, mode, "the reads", || {
         cs.memset_zeros(&mut marker)
             .map_err(|e| format!("captured memset: {e:?}"))?;
         // First from another thread (no binding there: the wait enters the context).
@@ -1225,23 +1195,13 @@ fn host_reads_under_a_capture(mode: sys::CUstreamCaptureMode) -> R {
             5,
         )?;
         let raw = raw.into_raw().map_err(|g| format!("into_raw: {g}"))?;
-        let status = cs
-            .capture_status()
-            .map_err(|e| format!("capture_status: {e:?}"))?;
-        ensure!(
-            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
-            "the reads touched the capture: {status:?}"
-        );
         Ok(raw)
-    })();
-    let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
+    });
     let (ptr, len) = outcome?;
     // SAFETY: the allocation `into_raw` gave up, of `len` u32 on this device; this slice
     // frees it.
     let back = unsafe { gpubind::DeviceSlice::<u32>::from_raw(Arc::clone(&dev), ptr, len) };
-    ended
-        .map_err(|e| format!("the capture did not stay valid: {e:?}"))
-        .and_then(|g| launch_captured(&cs, g, &marker))?;
+    ended.and_then(|g| launch_captured(&cs, g, &marker))?;
     ensure!(pinned[0] == 6, "the host write during the capture was lost");
     all_equal("into_raw's memory", &gpu.dtoh(&back).ctx("dtoh")?, 9)?;
     println!("host reads under a {mode:?} foreign capture: {N} elements read during it");
