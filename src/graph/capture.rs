@@ -521,13 +521,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         if src.is_empty() {
             return Ok(());
         }
-        let bytes = src.num_bytes() as u64;
+        crate::memory::refuse_overlap("dtod", src, dst)?;
         let (s, d) = (src.device_ptr(), dst.device_ptr());
-        if std::ptr::eq(src.tracker(), dst.tracker()) && s < d + bytes && d < s + bytes {
-            return Err(Error::InvalidArgument(format!(
-                "dtod: source {s:#x} and destination {d:#x} overlap ({bytes} bytes each)"
-            )));
-        }
         self.record_memory(src, Access::Read)?;
         self.record_memory(dst, Access::Write)?;
         self.marked(|| {

@@ -7,7 +7,7 @@ use crate::copy::DeviceOnlyMemory;
 use crate::driver::result;
 use crate::error::Result;
 use crate::launch::LaunchConfig;
-use crate::memory::{ByteSpan, DeviceMemory, DeviceRepr, MemsetValue, expect_len};
+use crate::memory::{DeviceMemory, DeviceRepr, MemsetValue, expect_len, refuse_overlap};
 use crate::module::{Function, KernelArg, WritableArg};
 use crate::stream::BoundStream;
 use std::any::Any;
@@ -74,13 +74,7 @@ impl<'buf> Issue<'buf> for BoundStream<'_> {
         if src.is_empty() {
             return Ok(());
         }
-        let (s, d) = (ByteSpan::of(src), ByteSpan::of(dst));
-        if s.overlaps(&d) {
-            return Err(crate::error::Error::InvalidArgument(format!(
-                "dtod: source {:#x} and destination {:#x} overlap ({} bytes each)",
-                s.addr, d.addr, s.bytes
-            )));
-        }
+        refuse_overlap("dtod", src, dst)?;
         // One claim, sorted and merged: both may be parts of one allocation.
         let _claim = self.claim([
             Some((src.tracker(), Access::Read)),
@@ -90,8 +84,14 @@ impl<'buf> Issue<'buf> for BoundStream<'_> {
         // ranges of live allocations of this device that do not overlap (checked above),
         // whose other uses are ordered around this copy (claimed above) and whose frees
         // wait for it.
-        let copied =
-            unsafe { result::copy::dtod_async(d.addr, s.addr, src.num_bytes(), self.raw()) };
+        let copied = unsafe {
+            result::copy::dtod_async(
+                dst.device_ptr(),
+                src.device_ptr(),
+                src.num_bytes(),
+                self.raw(),
+            )
+        };
         self.bound().device().check(copied)
     }
 

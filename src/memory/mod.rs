@@ -185,13 +185,15 @@ pub trait DeviceMemoryMut<T>: DeviceMemory<T> {
 }
 
 /// [`Error::InvalidArgument`] when a copy's source and destination overlap. Only memory
-/// that shares its tracker can (views of module globals: two views of one variable, a
-/// clone; views from one `get_disjoint_mut` never overlap); everything else is kept apart
-/// by the borrow of the destination, so this is one compare for it.
+/// that shares its tracker can: views of module globals (two views of one variable, a
+/// clone; views from one `get_disjoint_mut` never overlap), and views of one allocation
+/// that are both borrowed shared (`Issue::dtod`, `Capture::dtod`). A destination borrowed
+/// mutably is kept apart from every other view by its borrow, so this is one compare for
+/// it.
 pub(crate) fn refuse_overlap<T, S, D>(what: &str, src: &S, dst: &D) -> Result<()>
 where
     S: DeviceMemory<T> + ?Sized,
-    D: DeviceMemoryMut<T> + ?Sized,
+    D: DeviceMemory<T> + ?Sized,
 {
     let (s, d) = (ByteSpan::of(src), ByteSpan::of(dst));
     if s.overlaps(&d) {
