@@ -300,11 +300,21 @@ impl Device {
         let raw = result::device::get(ordinal as i32)?;
         let name = result::device::name(raw)?;
         let uuid = result::device::uuid(raw)?;
-        Ok(Device {
+        Ok(Device::with_state(
             ordinal,
             raw,
             name,
-            uuid: Uuid(uuid.bytes.map(|b| b as u8)),
+            Uuid(uuid.bytes.map(|b| b as u8)),
+        ))
+    }
+
+    /// A `Device` of these identifiers, with no context retained and no state yet.
+    fn with_state(ordinal: usize, raw: sys::CUdevice, name: String, uuid: Uuid) -> Device {
+        Device {
+            ordinal,
+            raw,
+            name,
+            uuid,
             primary: LazyPrimary::new(CudaPrimary, raw),
             events: std::sync::Mutex::new(Vec::new()),
             poison: PoisonState::default(),
@@ -313,27 +323,19 @@ impl Device {
             default_pool: std::sync::OnceLock::new(),
             usage: UsageCounter::default(),
             kept: kept::Kept::default(),
-        })
+        }
     }
 
     /// A `Device` that names no driver device and retains no context, for unit tests of
     /// state kept on the device (poisoning): nothing on it may call the driver.
     #[cfg(test)]
     pub(crate) fn unopened_for_test(ordinal: usize) -> Device {
-        Device {
+        Device::with_state(
             ordinal,
-            raw: 0,
-            name: format!("unopened test device {ordinal}"),
-            uuid: Uuid([0; 16]),
-            primary: LazyPrimary::new(CudaPrimary, 0),
-            events: std::sync::Mutex::new(Vec::new()),
-            poison: PoisonState::default(),
-            limits: std::sync::OnceLock::new(),
-            legacy_gate: crate::sync::Gate::default(),
-            default_pool: std::sync::OnceLock::new(),
-            usage: UsageCounter::default(),
-            kept: kept::Kept::default(),
-        }
+            0,
+            format!("unopened test device {ordinal}"),
+            Uuid([0; 16]),
+        )
     }
 
     /// The first visible device whose UUID is `uuid`, if any.
