@@ -57,7 +57,9 @@ ex train_mlp 300 .gpu-bin/examples/train_mlp --spawn 2 --backend kernels --devic
 # A GPT on byte-level text (the Python standard library): fp32 eager with validation and
 # a greedy sample; a checkpoint resumed mid-run that must repeat the losses; the step as
 # a CUDA graph that must repeat the eager losses; two ranks on GPU 0 (batch 4 each) that
-# must give the one-rank losses within 1e-3 relative; bf16, eager and graph.
+# must give the one-rank losses within 1e-3 relative; bf16, eager and graph. First the
+# fused attention against the unfused one (fp32 and bf16, output and gradients).
+ex train_gpt 300 .gpu-bin/examples/train_gpt --check-attention
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-every 25 --sample 64
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --check-resume
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-every 25 --check-graph

@@ -13,6 +13,15 @@ pub enum Precision {
     Bf16,
 }
 
+/// How a block's attention runs (`--attention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnMode {
+    /// One tiled kernel per pass (`attention.cu`): online softmax, no T×T matrix.
+    Fused,
+    /// Batched products through a `B·NH·T·T` matrix and a softmax kernel (llm.c's).
+    Unfused,
+}
+
 #[derive(Debug, Clone)]
 pub struct Args {
     pub model: String,
@@ -27,6 +36,7 @@ pub struct Args {
     pub dump_init: Option<PathBuf>,
     pub precision: Precision,
     pub graph: bool,
+    pub attention: AttnMode,
     pub ckpt_every: usize,
     pub ckpt_dir: PathBuf,
     pub resume: Option<PathBuf>,
@@ -39,6 +49,8 @@ pub struct Args {
     pub check_graph: bool,
     /// With several ranks: train one rank first and compare the losses.
     pub check_dp: bool,
+    /// Compare the fused attention with the unfused one on random inputs, and time both.
+    pub check_attention: bool,
 }
 
 impl Default for Args {
@@ -56,6 +68,7 @@ impl Default for Args {
             dump_init: None,
             precision: Precision::Fp32,
             graph: false,
+            attention: AttnMode::Fused,
             ckpt_every: 0,
             ckpt_dir: PathBuf::from("checkpoints"),
             resume: None,
@@ -65,6 +78,7 @@ impl Default for Args {
             check_resume: false,
             check_graph: false,
             check_dp: false,
+            check_attention: false,
         }
     }
 }
@@ -93,7 +107,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
         }
         let bool_flag = matches!(
             flag.as_str(),
-            "--graph" | "--check-resume" | "--check-graph" | "--check-dp"
+            "--graph" | "--check-resume" | "--check-graph" | "--check-dp" | "--check-attention"
         );
         let v = if bool_flag {
             String::new()
@@ -119,6 +133,18 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
                 }
             }
             "--graph" => a.graph = true,
+            "--attention" => {
+                a.attention = match v.as_str() {
+                    "fused" => AttnMode::Fused,
+                    "unfused" => AttnMode::Unfused,
+                    _ => {
+                        return Err(GptError::Usage(format!(
+                            "--attention {v:?}: fused or unfused"
+                        )));
+                    }
+                }
+            }
+            "--check-attention" => a.check_attention = true,
             "--check-resume" => a.check_resume = true,
             "--check-graph" => a.check_graph = true,
             "--check-dp" => a.check_dp = true,
@@ -177,6 +203,10 @@ mod tests {
         assert!(p("--check-graph").unwrap().check_graph);
         assert!(p("--check-dp --devices 0,0").unwrap().check_dp);
         assert_eq!(p("--precision bf16").unwrap().precision, Precision::Bf16);
+        assert_eq!(a.attention, AttnMode::Fused);
+        let u = p("--attention unfused --check-attention").unwrap();
+        assert_eq!(u.attention, AttnMode::Unfused);
+        assert!(u.check_attention);
     }
 
     #[test]
@@ -190,6 +220,8 @@ mod tests {
             "--precision fp8",
             "--lr -1",
             "--launcher slurm",
+            "--attention flash",
+            "--attention",
         ] {
             assert!(matches!(p(bad), Err(GptError::Usage(_))), "{bad}");
         }

@@ -10,11 +10,14 @@
 pub mod graph;
 
 use crate::GptError;
+use crate::args::AttnMode;
+use crate::attend;
+use crate::attention::Attention;
 use crate::kernels::{self, Kernels, NORM_PARTS};
 use crate::model::{Config, Dims, ParamLayout, linear};
 use crate::optim::{AdamW, SCHED_LEN};
 pub use crate::precision::Act;
-use gpubind::blas::{Batch, Blas, BlasScalar, Matmul};
+use gpubind::blas::{Blas, BlasScalar, Matmul};
 use gpubind::{
     BoundDevice, BoundStream, DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, Result,
 };
@@ -25,6 +28,8 @@ struct Block<T: DeviceRepr> {
     ln1_mean: DeviceSlice<f32>,
     ln1_rstd: DeviceSlice<f32>,
     qkv: DeviceSlice<T>,
+    /// Each query row's log-sum-exp (fused attention).
+    lse: DeviceSlice<f32>,
     q: DeviceSlice<T>,
     k: DeviceSlice<T>,
     v: DeviceSlice<T>,
@@ -50,6 +55,8 @@ struct Scratch<T: DeviceRepr> {
     dq: DeviceSlice<T>,
     dk: DeviceSlice<T>,
     dv: DeviceSlice<T>,
+    /// `rowsum(dy ⊙ y)` of the fused attention's backward pass.
+    dsum: DeviceSlice<f32>,
     datt: DeviceSlice<T>,
     daty: DeviceSlice<T>,
     daty_un: DeviceSlice<T>,
@@ -88,6 +95,8 @@ pub struct Gpt<T: Act> {
     normsq: DeviceSlice<f32>,
     sc: Scratch<T>,
     k: Kernels,
+    /// The fused attention's kernels (`--attention fused`); `None`: unfused.
+    attn: Option<Attention>,
     blas: Blas,
 }
 
@@ -106,29 +115,26 @@ fn mm<T: BlasScalar>(
     s.matmul(blas, &shape, a, b, c)
 }
 
-fn bmm<T: BlasScalar>(
-    s: &BoundStream<'_>,
-    blas: &mut Blas,
-    shape: Matmul,
-    count: usize,
-    (a, b, c): (&DeviceSlice<T>, &DeviceSlice<T>, &mut DeviceSlice<T>),
-) -> Result<()> {
-    s.matmul_batched(blas, &shape, &Batch::packed(count, &shape), a, b, c)
-}
-
 impl<T: Act> Gpt<T> {
-    /// Allocates everything for batch `b` (per device) and uploads `init`. A batch whose
-    /// buffers do not fit in the free device memory is [`GptError::BatchTooLarge`].
+    /// Allocates everything for batch `b` (per device), with the attention `mode`, and
+    /// uploads `init`. A batch whose buffers do not fit in the free device memory is
+    /// [`GptError::BatchTooLarge`]; a shape the fused attention does not take, a
+    /// [`gpubind::Error::InvalidArgument`] naming it.
     pub fn new(
         gpu: &BoundDevice<'_>,
         cfg: Config,
         b: usize,
         init: &[f32],
+        mode: AttnMode,
     ) -> std::result::Result<Gpt<T>, GptError> {
         let dims = Dims::new(&cfg, b);
         let layout = ParamLayout::new(&cfg);
+        let unfused = mode == AttnMode::Unfused;
+        if !unfused {
+            crate::attention::check_shape((dims.b, dims.t, dims.nh, dims.hs))?;
+        }
         let t = std::mem::size_of::<T>();
-        let need = dims.activation_floats() * t + layout.total * (3 * 4 + 2 * t);
+        let need = dims.activation_floats(unfused) * t + layout.total * (3 * 4 + 2 * t);
         let (free, _) = gpu.memory_info()?;
         if need + (1 << 30) > free {
             return Err(GptError::BatchTooLarge {
@@ -137,10 +143,11 @@ impl<T: Act> Gpt<T> {
                 free,
             });
         }
-        for (what, n) in [("B·T·4C", dims.bt() * 4 * dims.c), ("B·NH·T·T", dims.att())] {
+        let att = if unfused { dims.att() } else { 0 };
+        for (what, n) in [("B·T·4C", dims.bt() * 4 * dims.c), ("B·NH·T·T", att)] {
             kernels::u32_of(what, n)?;
         }
-        let model = Self::alloc(gpu, cfg, dims, layout, init)?;
+        let model = Self::alloc(gpu, cfg, dims, layout, init, mode)?;
         model.sync_weights(&mut gpu.default_stream())?;
         Ok(model)
     }
@@ -151,8 +158,16 @@ impl<T: Act> Gpt<T> {
         d: Dims,
         layout: ParamLayout,
         init: &[f32],
+        mode: AttnMode,
     ) -> Result<Gpt<T>> {
         let (bt, c) = (d.bt(), d.c);
+        let unfused = mode == AttnMode::Unfused;
+        // The buffers only one attention path uses: one element for the other.
+        let (un, fu) = (
+            |n: usize| if unfused { n } else { 1 },
+            |n: usize| if unfused { 1 } else { n },
+        );
+        let rows = d.b * d.nh * d.t;
         let blocks = (0..d.l)
             .map(|_| {
                 Ok(Block {
@@ -160,11 +175,12 @@ impl<T: Act> Gpt<T> {
                     ln1_mean: z(gpu, bt)?,
                     ln1_rstd: z(gpu, bt)?,
                     qkv: z(gpu, bt * 3 * c)?,
-                    q: z(gpu, bt * c)?,
-                    k: z(gpu, bt * c)?,
-                    v: z(gpu, bt * c)?,
-                    att: z(gpu, d.att())?,
-                    atty: z(gpu, bt * c)?,
+                    lse: z(gpu, fu(rows))?,
+                    q: z(gpu, un(bt * c))?,
+                    k: z(gpu, un(bt * c))?,
+                    v: z(gpu, un(bt * c))?,
+                    att: z(gpu, un(d.att()))?,
+                    atty: z(gpu, un(bt * c))?,
                     atty_un: z(gpu, bt * c)?,
                     res2: z(gpu, bt * c)?,
                     ln2: z(gpu, bt * c)?,
@@ -177,16 +193,17 @@ impl<T: Act> Gpt<T> {
             })
             .collect::<Result<Vec<_>>>()?;
         let sc = Scratch {
-            preatt: z(gpu, d.att())?,
+            preatt: z(gpu, un(d.att()))?,
             proj: z(gpu, bt * c)?,
             dres: z(gpu, bt * c)?,
             dln: z(gpu, bt * c)?,
             dqkv: z(gpu, bt * 3 * c)?,
-            dq: z(gpu, bt * c)?,
-            dk: z(gpu, bt * c)?,
-            dv: z(gpu, bt * c)?,
-            datt: z(gpu, d.att())?,
-            daty: z(gpu, bt * c)?,
+            dq: z(gpu, un(bt * c))?,
+            dk: z(gpu, un(bt * c))?,
+            dv: z(gpu, un(bt * c))?,
+            dsum: z(gpu, fu(rows))?,
+            datt: z(gpu, un(d.att()))?,
+            daty: z(gpu, un(bt * c))?,
             daty_un: z(gpu, bt * c)?,
             dfch: z(gpu, bt * 4 * c)?,
             dfch_gelu: z(gpu, bt * 4 * c)?,
@@ -218,6 +235,11 @@ impl<T: Act> Gpt<T> {
             normsq: z(gpu, 1)?,
             sc,
             k: Kernels::load(gpu, T::BF16)?,
+            attn: if unfused {
+                None
+            } else {
+                Some(Attention::load(gpu, T::BF16)?)
+            },
             blas: gpu.new_blas()?,
         })
     }
@@ -276,6 +298,7 @@ impl<T: Act> Gpt<T> {
             k,
             blas,
             sc,
+            attn,
             ..
         } = self;
         let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
@@ -305,28 +328,18 @@ impl<T: Act> Gpt<T> {
             &mut bl.qkv,
         )?;
         k.bias_add(s, &mut bl.qkv, &wl(l, "attn.c_attn.bias")?)?;
-        let shape4 = (d.b, d.t, d.nh, d.hs);
-        k.permute_qkv(
-            s,
-            &mut bl.q,
-            &mut bl.k,
-            &mut bl.v,
-            &mut bl.qkv,
-            shape4,
-            false,
-        )?;
-        let scale = 1.0 / (d.hs as f64).sqrt();
-        let qk = Matmul::new(d.t, d.t, d.hs).transpose_b().scaled(scale, 0.0);
-        bmm(s, blas, qk, d.b * d.nh, (&bl.q, &bl.k, &mut sc.preatt))?;
-        k.softmax_fwd(s, &mut bl.att, &sc.preatt, d.t)?;
-        bmm(
-            s,
-            blas,
-            Matmul::new(d.t, d.hs, d.t),
-            d.b * d.nh,
-            (&bl.att, &bl.v, &mut bl.atty),
-        )?;
-        k.unpermute(s, &mut bl.atty_un, &mut bl.atty, shape4, false)?;
+        let io = attend::Fwd {
+            qkv: &bl.qkv,
+            y: &bl.atty_un,
+            lse: &bl.lse,
+            q: &bl.q,
+            k: &bl.k,
+            v: &bl.v,
+            preatt: &sc.preatt,
+            att: &bl.att,
+            atty: &bl.atty,
+        };
+        attend::forward(s, (k, attn.as_ref()), blas, d, io)?;
         mm(
             s,
             blas,
@@ -597,6 +610,7 @@ impl<T: Act> Gpt<T> {
             k,
             blas,
             sc,
+            attn,
             ..
         } = self;
         let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
@@ -625,51 +639,25 @@ impl<T: Act> Gpt<T> {
             &wl(l, "attn.c_proj.weight")?,
             &mut sc.daty_un,
         )?;
-        let shape4 = (d.b, d.t, d.nh, d.hs);
-        k.unpermute(s, &mut sc.daty_un, &mut sc.daty, shape4, true)?;
-        let n = d.b * d.nh;
-        // atty = att·v: datt = daty·vᵀ, dv = attᵀ·daty.
-        bmm(
-            s,
-            blas,
-            Matmul::new(d.t, d.t, d.hs).transpose_b(),
-            n,
-            (&sc.daty, &bl.v, &mut sc.datt),
-        )?;
-        bmm(
-            s,
-            blas,
-            Matmul::new(d.t, d.hs, d.t).transpose_a(),
-            n,
-            (&bl.att, &sc.daty, &mut sc.dv),
-        )?;
-        k.softmax_bwd(s, &mut sc.preatt, &sc.datt, &bl.att, d.t)?;
-        // preatt = scale·q·kᵀ: dq = scale·dpre·k, dk = scale·dpreᵀ·q.
-        let scale = 1.0 / (d.hs as f64).sqrt();
-        bmm(
-            s,
-            blas,
-            Matmul::new(d.t, d.hs, d.t).scaled(scale, 0.0),
-            n,
-            (&sc.preatt, &bl.k, &mut sc.dq),
-        )?;
-        bmm(
-            s,
-            blas,
-            Matmul::new(d.t, d.hs, d.t).transpose_a().scaled(scale, 0.0),
-            n,
-            (&sc.preatt, &bl.q, &mut sc.dk),
-        )?;
-        k.permute_qkv(
-            s,
-            &mut sc.dq,
-            &mut sc.dk,
-            &mut sc.dv,
-            &mut sc.dqkv,
-            shape4,
-            true,
-        )?;
-        Ok(())
+        let io = attend::Bwd {
+            qkv: &bl.qkv,
+            y: &bl.atty_un,
+            lse: &bl.lse,
+            q: &bl.q,
+            k: &bl.k,
+            v: &bl.v,
+            att: &bl.att,
+            dy: &sc.daty_un,
+            dqkv: &sc.dqkv,
+            dsum: &sc.dsum,
+            daty: &sc.daty,
+            dq: &sc.dq,
+            dk: &sc.dk,
+            dv: &sc.dv,
+            datt: &sc.datt,
+            dpre: &sc.preatt,
+        };
+        attend::backward(s, (k, attn.as_ref()), blas, d, io)
     }
 
     /// Block `l`'s QKV projection and first layer norm backward.

@@ -14,9 +14,10 @@
 //! requires the same losses bit for bit.
 
 use super::{Act, Gpt};
+use crate::attend;
 use crate::model::{ParamLayout, linear};
 use crate::optim::{AdamW, SCHED_LEN};
-use gpubind::blas::{Batch, Blas, Matmul};
+use gpubind::blas::{Blas, Matmul};
 use gpubind::{
     BoundDevice, BoundStream, Capture, DeviceRepr, DeviceSlice, DeviceView, Graph, Result,
 };
@@ -51,16 +52,6 @@ impl Staging {
             sched: gpu.alloc_zeros(SCHED_LEN)?,
         })
     }
-}
-
-fn cbmm<'a, T: Act>(
-    cap: &mut Capture<'_, 'a>,
-    blas: &mut Blas,
-    shape: Matmul,
-    count: usize,
-    (a, b, c): (&'a DeviceSlice<T>, &'a DeviceSlice<T>, &'a DeviceSlice<T>),
-) -> Result<()> {
-    cap.matmul_batched(blas, &shape, &Batch::packed(count, &shape), a, b, c)
 }
 
 impl<T: Act> Gpt<T> {
@@ -154,8 +145,6 @@ impl<T: Act> Gpt<T> {
             w("wpe.weight"),
             (d.t, c),
         )?;
-        let shape4 = (d.b, d.t, d.nh, d.hs);
-        let scale = 1.0 / (d.hs as f64).sqrt();
         for l in 0..d.l {
             let x = if l == 0 {
                 &self.encoded
@@ -173,13 +162,18 @@ impl<T: Act> Gpt<T> {
                 &bl.qkv,
             )?;
             k.bias_add(cap, &bl.qkv, wl(l, "attn.c_attn.bias"))?;
-            k.permute_qkv(cap, &bl.q, &bl.k, &bl.v, &bl.qkv, shape4, false)?;
-            let qk = Matmul::new(d.t, d.t, d.hs).transpose_b().scaled(scale, 0.0);
-            cbmm(cap, blas, qk, d.b * d.nh, (&bl.q, &bl.k, &sc.preatt))?;
-            k.softmax_fwd(cap, &bl.att, &sc.preatt, d.t)?;
-            let av = Matmul::new(d.t, d.hs, d.t);
-            cbmm(cap, blas, av, d.b * d.nh, (&bl.att, &bl.v, &bl.atty))?;
-            k.unpermute(cap, &bl.atty_un, &bl.atty, shape4, false)?;
+            let io = attend::Fwd {
+                qkv: &bl.qkv,
+                y: &bl.atty_un,
+                lse: &bl.lse,
+                q: &bl.q,
+                k: &bl.k,
+                v: &bl.v,
+                preatt: &sc.preatt,
+                att: &bl.att,
+                atty: &bl.atty,
+            };
+            attend::forward(cap, (k, self.attn.as_ref()), blas, d, io)?;
             cap.matmul(
                 blas,
                 &linear(bt, c, c),
@@ -375,9 +369,6 @@ impl<T: Act> Gpt<T> {
                 .as_ref()
                 .expect("a layer-norm weight")
         };
-        let shape4 = (d.b, d.t, d.nh, d.hs);
-        let n = d.b * d.nh;
-        let scale = 1.0 / (d.hs as f64).sqrt();
         let x = if l == 0 {
             &self.encoded
         } else {
@@ -400,17 +391,25 @@ impl<T: Act> Gpt<T> {
             wl(l, "attn.c_proj.weight"),
             &sc.daty_un,
         )?;
-        k.unpermute(cap, &sc.daty_un, &sc.daty, shape4, true)?;
-        let datt = Matmul::new(d.t, d.t, d.hs).transpose_b();
-        cbmm(cap, blas, datt, n, (&sc.daty, &bl.v, &sc.datt))?;
-        let dv = Matmul::new(d.t, d.hs, d.t).transpose_a();
-        cbmm(cap, blas, dv, n, (&bl.att, &sc.daty, &sc.dv))?;
-        k.softmax_bwd(cap, &sc.preatt, &sc.datt, &bl.att, d.t)?;
-        let dq = Matmul::new(d.t, d.hs, d.t).scaled(scale, 0.0);
-        cbmm(cap, blas, dq, n, (&sc.preatt, &bl.k, &sc.dq))?;
-        let dk = Matmul::new(d.t, d.hs, d.t).transpose_a().scaled(scale, 0.0);
-        cbmm(cap, blas, dk, n, (&sc.preatt, &bl.q, &sc.dk))?;
-        k.permute_qkv(cap, &sc.dq, &sc.dk, &sc.dv, &sc.dqkv, shape4, true)?;
+        let io = attend::Bwd {
+            qkv: &bl.qkv,
+            y: &bl.atty_un,
+            lse: &bl.lse,
+            q: &bl.q,
+            k: &bl.k,
+            v: &bl.v,
+            att: &bl.att,
+            dy: &sc.daty_un,
+            dqkv: &sc.dqkv,
+            dsum: &sc.dsum,
+            daty: &sc.daty,
+            dq: &sc.dq,
+            dk: &sc.dk,
+            dv: &sc.dv,
+            datt: &sc.datt,
+            dpre: &sc.preatt,
+        };
+        attend::backward(cap, (k, self.attn.as_ref()), blas, d, io)?;
         cap.matmul(
             blas,
             &dw(3 * c, c),

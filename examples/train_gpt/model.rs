@@ -85,11 +85,21 @@ impl Dims {
     pub fn att(&self) -> usize {
         self.b * self.nh * self.t * self.t
     }
-    /// Floats of the activations and scratch buffers.
-    pub fn activation_floats(&self) -> usize {
+    /// Elements of the activations and scratch buffers, with the unfused attention's
+    /// (`B·NH·T·T` matrices and per-head copies) or the fused one's (row statistics).
+    pub fn activation_floats(&self, unfused: bool) -> usize {
         let (bt, c) = (self.bt(), self.c);
-        let block = bt * (4 * c + 4 + 3 * c + 3 * c + 2 * c + 3 * c + 8 * c) + self.att();
-        let scratch = 2 * self.att() + bt * (13 * c + 8 * c + 2 * self.v) + 256 * 4 * c;
+        let common = bt * (19 * c + 4);
+        let scratch = bt * (17 * c + 2 * self.v) + 256 * 4 * c;
+        let (block, scratch) = if unfused {
+            (
+                common + bt * 4 * c + self.att(),
+                scratch + 2 * self.att() + bt * 4 * c,
+            )
+        } else {
+            let rows = self.b * self.nh * self.t;
+            (common + rows, scratch + rows)
+        };
         self.l * block + scratch + bt * (2 * c + 2 + self.v + 1) + 2 * bt
     }
 }
@@ -268,6 +278,13 @@ mod tests {
         assert!(layout.get("h.0.mlp.c_fc.weight").decay);
         assert!(!layout.get("h.0.mlp.c_fc.bias").decay);
         assert_eq!(layout.get("h.0.attn.c_attn.weight").shape, [2304, 768]);
+    }
+
+    #[test]
+    fn fused_attention_needs_no_square_matrices() {
+        let d = Dims::new(&Config::named("gpt2").unwrap(), 8);
+        let (un, fu) = (d.activation_floats(true), d.activation_floats(false));
+        assert!(un - fu > (d.l + 2) * d.att(), "unfused {un}, fused {fu}");
     }
 
     #[test]

@@ -1,0 +1,246 @@
+//! The fused causal attention (`attention.cu`, flash-attention style) as owned
+//! [`Kernel`]s, compiled in a module of their own, and launch wrappers that check every
+//! length the kernels rely on.
+//!
+//! The forward pass reads q, k and v from the QKV product `(B, T, 3, NH, 64)` and writes
+//! `y` as `(B, T, NH, 64)` (the projection's input) and each row's log-sum-exp; the
+//! backward pass recomputes the probabilities from q, k and the log-sum-exp and writes
+//! dq, dk and dv into `dqkv` (`(B, T, 3, NH, 64)`). Only head size 64 is compiled.
+
+use crate::kernels::u32_of;
+use crate::launch::{Arg, In, Target};
+use gpubind::{BoundDevice, CompileOptions, Error, Kernel, LaunchConfig, Result};
+
+/// The kernels' CUDA source.
+pub const SOURCE: &str = include_str!("attention.cu");
+
+/// The one head size the kernels are compiled for.
+pub const HEAD_SIZE: usize = 64;
+
+/// Threads per block of the tiled kernels (`NT` in the source).
+const THREADS: u32 = 128;
+
+/// Queries per block and keys per tile (`BR`, `BC` in the source).
+pub fn tiles(bf16: bool) -> (usize, usize) {
+    if bf16 { (32, 32) } else { (16, 16) }
+}
+
+/// The fused attention kernels of one precision, compiled once per device.
+pub struct Attention {
+    fwd: Kernel,
+    bwd_d: Kernel,
+    bwd_dq: Kernel,
+    bwd_dkdv: Kernel,
+    tiles: (usize, usize),
+}
+
+/// `(b, t, nh, hs)`: batch, sequence length, heads, head size.
+pub type Shape = (usize, usize, usize, usize);
+
+/// Checks that the fused kernels take `shape`: head size [`HEAD_SIZE`], a non-empty
+/// sequence, `b·nh` blocks in the grid's y dimension, every buffer below 2^31 elements.
+pub fn check_shape((b, t, nh, hs): Shape) -> Result<()> {
+    if hs != HEAD_SIZE {
+        return Err(Error::InvalidArgument(format!(
+            "train_gpt: the fused attention takes head size {HEAD_SIZE}, not {hs} \
+             (use --attention unfused)"
+        )));
+    }
+    if b == 0 || t == 0 || nh == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "train_gpt: fused attention of an empty shape (B {b}, T {t}, NH {nh})"
+        )));
+    }
+    if b * nh > 65_535 {
+        return Err(Error::InvalidArgument(format!(
+            "train_gpt: fused attention of B·NH = {} heads exceeds the grid's 65535",
+            b * nh
+        )));
+    }
+    u32_of("3·B·T·C", 3 * b * t * nh * hs)?;
+    Ok(())
+}
+
+fn need(what: &str, len: usize, want: usize) -> Result<()> {
+    if len == want {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "train_gpt: fused attention {what} has {len} elements, the kernel needs {want}"
+        )))
+    }
+}
+
+impl Attention {
+    /// Compiles [`SOURCE`] for `gpu`'s device (bf16 activations and tensor cores if
+    /// `bf16`) and looks the kernels up. A compile error carries NVRTC's log.
+    pub fn load(gpu: &BoundDevice<'_>, bf16: bool) -> Result<Self> {
+        let mut opts = CompileOptions::new();
+        if bf16 {
+            opts = opts.define("ACT_BF16", 1);
+        }
+        let module = gpu
+            .compile_and_load_with(SOURCE, "train_gpt_attention.cu", &opts)?
+            .into_shared();
+        Ok(Attention {
+            fwd: module.kernel("attn_fwd")?,
+            bwd_d: module.kernel("attn_bwd_d")?,
+            bwd_dq: module.kernel("attn_bwd_dq")?,
+            bwd_dkdv: module.kernel("attn_bwd_dkdv")?,
+            tiles: tiles(bf16),
+        })
+    }
+
+    fn tiled(rows: usize, tile: usize, heads: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (rows.div_ceil(tile) as u32, heads as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// `y = softmax(q·kᵀ/√64, causal)·v` per head, and `lse` (`B·NH·T`, f32): each
+    /// row's log-sum-exp, which the backward pass reads.
+    pub fn forward<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        y: &'b impl In,
+        lse: &'b impl In,
+        qkv: &'b impl In,
+        shape: Shape,
+    ) -> Result<()> {
+        check_shape(shape)?;
+        let (b, t, nh, hs) = shape;
+        need("qkv", qkv.len(), 3 * b * t * nh * hs)?;
+        need("y", y.len(), b * t * nh * hs)?;
+        need("lse", lse.len(), b * nh * t)?;
+        let (tt, nn) = (t as u32, nh as u32);
+        let scale = 1.0f32 / (hs as f32).sqrt();
+        // SAFETY: (act_t*, float*, const act_t*, unsigned ×2, float) matches attn_fwd.
+        // Block (x, y) handles queries [q0, q0 + BR) of head y < B·NH (the grid's y) with
+        // q0 = (gridDim.x - 1 - x)·BR < T; it reads rows < T of q, k, v of that head
+        // inside qkv (3·B·T·C, checked), writes rows < T of y (B·T·C, checked) and lse
+        // entries y·T + t, t < T (B·NH·T, checked). Head size 64 (checked) is the
+        // source's HD.
+        unsafe {
+            tg.run(
+                &self.fwd,
+                Self::tiled(t, self.tiles.0, b * nh),
+                &[
+                    Arg::w(y),
+                    Arg::w(lse),
+                    Arg::b(qkv),
+                    Arg::s(&tt),
+                    Arg::s(&nn),
+                    Arg::s(&scale),
+                ],
+            )
+        }
+    }
+
+    /// The backward pass of [`forward`](Self::forward): `dqkv` (dq, dk, dv, laid out
+    /// as `qkv`; overwritten) from `dy` (as `y`), with `dsum` (`B·NH·T`, f32) holding
+    /// `rowsum(dy ⊙ y)` on the way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        dqkv: &'b impl In,
+        dsum: &'b impl In,
+        (qkv, y, lse): (&'b impl In, &'b impl In, &'b impl In),
+        dy: &'b impl In,
+        shape: Shape,
+    ) -> Result<()> {
+        check_shape(shape)?;
+        let (b, t, nh, hs) = shape;
+        let n = b * t * nh * hs;
+        need("qkv", qkv.len(), 3 * n)?;
+        need("dqkv", dqkv.len(), 3 * n)?;
+        need("y", y.len(), n)?;
+        need("dy", dy.len(), n)?;
+        need("lse", lse.len(), b * nh * t)?;
+        need("dsum", dsum.len(), b * nh * t)?;
+        let rows = b * t * nh;
+        let (rr, tt, nn) = (rows as u32, t as u32, nh as u32);
+        let scale = 1.0f32 / (hs as f32).sqrt();
+        let warp_rows = LaunchConfig {
+            grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: (float*, const act_t* ×2, unsigned ×3) matches attn_bwd_d; warp r <
+        // B·T·NH reads the 64 elements of row r of y and dy (B·T·NH·64, checked) and
+        // writes one dsum entry (b·NH + h)·T + t < B·NH·T (checked).
+        unsafe {
+            tg.run(
+                &self.bwd_d,
+                warp_rows,
+                &[
+                    Arg::w(dsum),
+                    Arg::b(y),
+                    Arg::b(dy),
+                    Arg::s(&rr),
+                    Arg::s(&tt),
+                    Arg::s(&nn),
+                ],
+            )?;
+        }
+        let args = [
+            Arg::w(dqkv),
+            Arg::b(qkv),
+            Arg::b(dy),
+            Arg::b(lse),
+            Arg::b(dsum),
+            Arg::s(&tt),
+            Arg::s(&nn),
+            Arg::s(&scale),
+        ];
+        // SAFETY: (act_t*, const act_t* ×2, const float* ×2, unsigned ×2, float) matches
+        // attn_bwd_dq; block (x, y) reads rows < T of head y's q, k, v (qkv, checked),
+        // dy (checked), lse and dsum (B·NH·T, checked) and writes rows < T of its dq part
+        // of dqkv (3·B·T·C, checked).
+        unsafe {
+            tg.run(&self.bwd_dq, Self::tiled(t, self.tiles.0, b * nh), &args)?;
+        }
+        // SAFETY: as attn_bwd_dq, same parameters; block (x, y) writes rows < T of head
+        // y's dk and dv parts of dqkv, disjoint from the dq rows the other kernel wrote.
+        unsafe { tg.run(&self.bwd_dkdv, Self::tiled(t, self.tiles.1, b * nh), &args) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_head_size_64_is_taken() {
+        assert!(check_shape((8, 1024, 12, 64)).is_ok());
+        assert!(check_shape((2, 77, 3, 64)).is_ok());
+        for bad in [
+            (8, 256, 6, 32),
+            (0, 256, 6, 64),
+            (1, 0, 1, 64),
+            (70_000, 1, 1, 64),
+        ] {
+            assert!(
+                matches!(check_shape(bad), Err(Error::InvalidArgument(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn tiles_are_what_the_source_defines() {
+        for (bf16, (br, bc)) in [(true, tiles(true)), (false, tiles(false))] {
+            let section = if bf16 {
+                SOURCE.split("#else").next().unwrap()
+            } else {
+                SOURCE.split("#else").nth(1).unwrap()
+            };
+            assert!(section.contains(&format!("#define BR {br}\n")), "{bf16}");
+            assert!(section.contains(&format!("#define BC {bc}\n")), "{bf16}");
+        }
+        assert!(SOURCE.contains(&format!("#define HD {HEAD_SIZE}\n")));
+        assert!(SOURCE.contains(&format!("#define NT {THREADS}\n")));
+    }
+}

@@ -1,0 +1,315 @@
+//! `--check-attention`: the fused attention against the unfused one on random q, k, v and
+//! output gradients, in fp32 and bf16, at the shapes of `--model gpt2` and `--model small`
+//! and at sequence lengths that are not multiples of the tiles: the output and the three
+//! gradients must agree within [`tolerance`]; each pass is timed.
+
+use crate::GptError;
+use crate::attend::{self, Bwd, Fwd};
+use crate::attention::{Attention, HEAD_SIZE};
+use crate::kernels::Kernels;
+use crate::model::Dims;
+use crate::precision::Act;
+use gpubind::blas::Blas;
+use gpubind::{BoundDevice, BoundStream, DeviceSlice};
+use std::time::Instant;
+
+/// The shapes checked: name, batch, sequence length, heads (head size 64).
+const SHAPES: [(&str, usize, usize, usize); 5] = [
+    ("gpt2", 8, 1024, 12),
+    ("small", 8, 256, 6),
+    ("T=77", 2, 77, 3),
+    ("T=200", 1, 200, 2),
+    ("T=1", 1, 1, 1),
+];
+
+/// Calls per timing.
+const TIMED_CALLS: usize = 20;
+
+/// The largest difference allowed between the paths, relative to the largest magnitude
+/// of the unfused result: both sum in f32 in other orders; in bf16 the unfused path also
+/// rounds the scores and probabilities to bf16, which the fused one keeps in f32.
+pub fn tolerance(bf16: bool) -> f32 {
+    if bf16 { 5e-2 } else { 1e-4 }
+}
+
+/// Largest absolute difference of `got` from `want`, and that relative to `want`'s largest
+/// magnitude (infinite when `got` holds a NaN or infinity).
+pub fn max_error(got: &[f32], want: &[f32]) -> (f32, f32) {
+    let mut abs = 0.0f32;
+    let mut scale = 0.0f32;
+    for (&g, &w) in got.iter().zip(want) {
+        if !g.is_finite() || !w.is_finite() {
+            return (f32::INFINITY, f32::INFINITY);
+        }
+        abs = abs.max((g - w).abs());
+        scale = scale.max(w.abs());
+    }
+    (abs, if scale > 0.0 { abs / scale } else { abs })
+}
+
+/// Deterministic values uniform in `[-a, a)`.
+fn noise(n: usize, seed: u64, a: f32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a
+        })
+        .collect()
+}
+
+/// Part `p` (0 q, 1 k, 2 v) of a `(rows, 3, c)` buffer.
+pub fn part(qkv: &[f32], c: usize, p: usize) -> Vec<f32> {
+    qkv.chunks(3 * c)
+        .flat_map(|row| &row[p * c..(p + 1) * c])
+        .copied()
+        .collect()
+}
+
+/// Runs the check in both precisions; fails unless every comparison passes.
+pub fn run(gpu: &BoundDevice<'_>) -> Result<(), GptError> {
+    let mut failures = Vec::new();
+    precision::<f32>(gpu, &mut failures)?;
+    precision::<half::bf16>(gpu, &mut failures)?;
+    if failures.is_empty() {
+        println!("check-attention: PASS");
+        Ok(())
+    } else {
+        Err(GptError::CheckFailed(format!(
+            "fused attention: {}",
+            failures.join("; ")
+        )))
+    }
+}
+
+fn precision<T: Act>(gpu: &BoundDevice<'_>, failures: &mut Vec<String>) -> Result<(), GptError> {
+    let ks = Kernels::load(gpu, T::BF16)?;
+    let fa = match Attention::load(gpu, T::BF16) {
+        Ok(fa) => fa,
+        Err(e) => {
+            println!(
+                "check-attention: {} FAIL: the fused kernels do not load: {e}",
+                T::PRECISION
+            );
+            failures.push(format!("{}: the kernels do not load", T::PRECISION));
+            return Ok(());
+        }
+    };
+    let mut blas = gpu.new_blas()?;
+    for (name, b, t, nh) in SHAPES {
+        let d = Dims {
+            b,
+            t,
+            c: nh * HEAD_SIZE,
+            nh,
+            hs: HEAD_SIZE,
+            v: 256,
+            l: 1,
+        };
+        let what = format!("{} {name} (B {b}, T {t}, NH {nh})", T::PRECISION);
+        if let Err(e) = case::<T>(gpu, (&ks, &fa), &mut blas, d, &what, failures) {
+            println!("check-attention: {what} FAIL: {e}");
+            failures.push(format!("{what}: {e}"));
+        }
+    }
+    Ok(())
+}
+
+/// Every buffer of both paths for one shape.
+struct Bufs<T: Act> {
+    qkv: DeviceSlice<T>,
+    dy: DeviceSlice<T>,
+    y: [DeviceSlice<T>; 2],
+    dqkv: [DeviceSlice<T>; 2],
+    lse: DeviceSlice<f32>,
+    dsum: DeviceSlice<f32>,
+    /// q, k, v, atty, daty, dq, dk, dv.
+    heads: Vec<DeviceSlice<T>>,
+    /// preatt, att, datt.
+    square: Vec<DeviceSlice<T>>,
+}
+
+impl<T: Act> Bufs<T> {
+    fn new(gpu: &BoundDevice<'_>, d: Dims) -> gpubind::Result<Self> {
+        let n = d.bt() * d.c;
+        let host = |v: Vec<f32>| v.into_iter().map(T::from_f32).collect::<Vec<T>>();
+        let z = |len: usize| gpu.alloc_zeros::<T>(len);
+        Ok(Bufs {
+            qkv: gpu.clone_htod(&host(noise(3 * n, 1, 1.5)))?,
+            dy: gpu.clone_htod(&host(noise(n, 2, 1.0)))?,
+            y: [z(n)?, z(n)?],
+            dqkv: [z(3 * n)?, z(3 * n)?],
+            lse: gpu.alloc_zeros(d.b * d.nh * d.t)?,
+            dsum: gpu.alloc_zeros(d.b * d.nh * d.t)?,
+            heads: (0..8).map(|_| z(n)).collect::<gpubind::Result<_>>()?,
+            square: (0..3).map(|_| z(d.att())).collect::<gpubind::Result<_>>()?,
+        })
+    }
+
+    /// The forward pass of path `i` (0 fused, 1 unfused).
+    fn fwd(&self, i: usize) -> Fwd<'_, T> {
+        let h = &self.heads;
+        Fwd {
+            qkv: &self.qkv,
+            y: &self.y[i],
+            lse: &self.lse,
+            q: &h[0],
+            k: &h[1],
+            v: &h[2],
+            preatt: &self.square[0],
+            att: &self.square[1],
+            atty: &h[3],
+        }
+    }
+
+    fn bwd(&self, i: usize) -> Bwd<'_, T> {
+        let h = &self.heads;
+        Bwd {
+            qkv: &self.qkv,
+            y: &self.y[i],
+            lse: &self.lse,
+            q: &h[0],
+            k: &h[1],
+            v: &h[2],
+            att: &self.square[1],
+            dy: &self.dy,
+            dqkv: &self.dqkv[i],
+            dsum: &self.dsum,
+            daty: &h[4],
+            dq: &h[5],
+            dk: &h[6],
+            dv: &h[7],
+            datt: &self.square[2],
+            dpre: &self.square[0],
+        }
+    }
+}
+
+/// Path `i` (0 fused, 1 unfused): the forward pass, then (with `back`) the backward one.
+fn pass<T: Act>(
+    s: &mut BoundStream<'_>,
+    (ks, fa): (&Kernels, &Attention),
+    blas: &mut Blas,
+    d: Dims,
+    bufs: &Bufs<T>,
+    (i, back): (usize, bool),
+) -> gpubind::Result<()> {
+    let fused = (i == 0).then_some(fa);
+    if back {
+        attend::backward(s, (ks, fused), blas, d, bufs.bwd(i))
+    } else {
+        attend::forward(s, (ks, fused), blas, d, bufs.fwd(i))
+    }
+}
+
+/// Milliseconds per call of `pass(i, back)`.
+fn time<T: Act>(
+    s: &mut BoundStream<'_>,
+    k: (&Kernels, &Attention),
+    blas: &mut Blas,
+    d: Dims,
+    bufs: &Bufs<T>,
+    which: (usize, bool),
+) -> gpubind::Result<f64> {
+    pass(s, k, blas, d, bufs, which)?;
+    s.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..TIMED_CALLS {
+        pass(s, k, blas, d, bufs, which)?;
+    }
+    s.synchronize()?;
+    Ok(t0.elapsed().as_secs_f64() * 1e3 / TIMED_CALLS as f64)
+}
+
+fn case<T: Act>(
+    gpu: &BoundDevice<'_>,
+    k: (&Kernels, &Attention),
+    blas: &mut Blas,
+    d: Dims,
+    what: &str,
+    failures: &mut Vec<String>,
+) -> Result<(), GptError> {
+    let bufs = Bufs::<T>::new(gpu, d)?;
+    let mut s = gpu.default_stream();
+    for i in [0, 1] {
+        pass(&mut s, k, blas, d, &bufs, (i, false))?;
+        pass(&mut s, k, blas, d, &bufs, (i, true))?;
+    }
+    let f32s = |b: &DeviceSlice<T>| -> gpubind::Result<Vec<f32>> {
+        Ok(gpu.dtoh(b)?.into_iter().map(T::to_f32).collect())
+    };
+    let (y, dqkv) = (
+        [f32s(&bufs.y[0])?, f32s(&bufs.y[1])?],
+        [f32s(&bufs.dqkv[0])?, f32s(&bufs.dqkv[1])?],
+    );
+    let tol = tolerance(T::BF16);
+    let mut line = format!("check-attention: {what}:");
+    let mut ok = true;
+    let mut compare = |name: &str, got: &[f32], want: &[f32]| {
+        let (abs, rel) = max_error(got, want);
+        let pass = rel <= tol;
+        ok &= pass;
+        line += &format!(
+            " {name} abs {abs:.2e} rel {rel:.2e} {}",
+            if pass { "ok" } else { "BAD" }
+        );
+    };
+    compare("y", &y[0], &y[1]);
+    for (p, name) in ["dq", "dk", "dv"].into_iter().enumerate() {
+        compare(name, &part(&dqkv[0], d.c, p), &part(&dqkv[1], d.c, p));
+    }
+    line += &format!(" (tol {tol:.0e}) -> {}", if ok { "PASS" } else { "FAIL" });
+    println!("{line}");
+    if !ok {
+        failures.push(format!("{what}: the fused results differ from the unfused"));
+    }
+    let mut ms = [[0.0; 2]; 2];
+    for (i, row) in ms.iter_mut().enumerate() {
+        for (j, back) in [false, true].into_iter().enumerate() {
+            row[j] = time(&mut s, k, blas, d, &bufs, (i, back))?;
+        }
+    }
+    println!(
+        "check-attention: {what}: ms per call: forward fused {:.3} unfused {:.3} ({:.2}x), \
+         backward fused {:.3} unfused {:.3} ({:.2}x)",
+        ms[0][0],
+        ms[1][0],
+        ms[1][0] / ms[0][0],
+        ms[0][1],
+        ms[1][1],
+        ms[1][1] / ms[0][1]
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_relative_to_the_reference() {
+        let (abs, rel) = max_error(&[1.0, 2.5], &[1.0, 2.0]);
+        assert_eq!((abs, rel), (0.5, 0.25));
+        assert_eq!(max_error(&[f32::NAN], &[1.0]).1, f32::INFINITY);
+        assert!(max_error(&[0.0; 3], &[0.0; 3]).1 <= tolerance(false));
+    }
+
+    #[test]
+    fn parts_split_rows_of_three() {
+        let qkv: Vec<f32> = (0..12).map(|x| x as f32).collect();
+        assert_eq!(part(&qkv, 2, 0), [0.0, 1.0, 6.0, 7.0]);
+        assert_eq!(part(&qkv, 2, 2), [4.0, 5.0, 10.0, 11.0]);
+    }
+
+    #[test]
+    fn noise_is_bounded_and_seeded() {
+        let a = noise(1000, 1, 1.5);
+        assert!(a.iter().all(|x| x.abs() <= 1.5));
+        assert_eq!(a, noise(1000, 1, 1.5));
+        assert_ne!(a, noise(1000, 2, 1.5));
+        let mean = a.iter().sum::<f32>() / a.len() as f32;
+        assert!(mean.abs() < 0.1, "{mean}");
+    }
+}
