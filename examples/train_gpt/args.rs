@@ -22,6 +22,15 @@ pub enum AttnMode {
     Unfused,
 }
 
+/// Which fused implementations a step uses (`--attention`, `--epilogues`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fusion {
+    pub attention: AttnMode,
+    /// Biases, GELU and their gradients as cuBLASLt epilogues of the products (`on`), or
+    /// as kernels of their own (`off`).
+    pub epilogues: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct Args {
     pub model: String,
@@ -36,7 +45,7 @@ pub struct Args {
     pub dump_init: Option<PathBuf>,
     pub precision: Precision,
     pub graph: bool,
-    pub attention: AttnMode,
+    pub fusion: Fusion,
     pub ckpt_every: usize,
     pub ckpt_dir: PathBuf,
     pub resume: Option<PathBuf>,
@@ -68,7 +77,10 @@ impl Default for Args {
             dump_init: None,
             precision: Precision::Fp32,
             graph: false,
-            attention: AttnMode::Fused,
+            fusion: Fusion {
+                attention: AttnMode::Fused,
+                epilogues: true,
+            },
             ckpt_every: 0,
             ckpt_dir: PathBuf::from("checkpoints"),
             resume: None,
@@ -134,7 +146,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
             }
             "--graph" => a.graph = true,
             "--attention" => {
-                a.attention = match v.as_str() {
+                a.fusion.attention = match v.as_str() {
                     "fused" => AttnMode::Fused,
                     "unfused" => AttnMode::Unfused,
                     _ => {
@@ -142,6 +154,13 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
                             "--attention {v:?}: fused or unfused"
                         )));
                     }
+                }
+            }
+            "--epilogues" => {
+                a.fusion.epilogues = match v.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(GptError::Usage(format!("--epilogues {v:?}: on or off"))),
                 }
             }
             "--check-attention" => a.check_attention = true,
@@ -203,9 +222,11 @@ mod tests {
         assert!(p("--check-graph").unwrap().check_graph);
         assert!(p("--check-dp --devices 0,0").unwrap().check_dp);
         assert_eq!(p("--precision bf16").unwrap().precision, Precision::Bf16);
-        assert_eq!(a.attention, AttnMode::Fused);
-        let u = p("--attention unfused --check-attention").unwrap();
-        assert_eq!(u.attention, AttnMode::Unfused);
+        assert_eq!(a.fusion.attention, AttnMode::Fused);
+        assert!(a.fusion.epilogues);
+        let u = p("--attention unfused --epilogues off --check-attention").unwrap();
+        assert_eq!(u.fusion.attention, AttnMode::Unfused);
+        assert!(!u.fusion.epilogues);
         assert!(u.check_attention);
     }
 
@@ -222,6 +243,7 @@ mod tests {
             "--launcher slurm",
             "--attention flash",
             "--attention",
+            "--epilogues yes",
         ] {
             assert!(matches!(p(bad), Err(GptError::Usage(_))), "{bad}");
         }

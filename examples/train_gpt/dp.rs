@@ -54,7 +54,7 @@ pub fn train<T: Act>(
     let mut streams = Vec::with_capacity(ranks);
     for dev in devices {
         let gpu = ctx.bind(dev)?;
-        let mut rep = Gpt::<T>::new(&gpu, cfg, shard, init, a.attention)?;
+        let mut rep = Gpt::<T>::new(&gpu, cfg, shard, init, a.fusion)?;
         rep.grad_scale = 1.0 / ranks as f32;
         streams.push(gpu.new_stream()?);
         reps.push(rep);

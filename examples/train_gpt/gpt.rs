@@ -10,10 +10,11 @@
 pub mod graph;
 
 use crate::GptError;
-use crate::args::AttnMode;
+use crate::args::{AttnMode, Fusion};
 use crate::attend;
 use crate::attention::Attention;
 use crate::kernels::{self, Kernels, NORM_PARTS};
+use crate::linear::Lin;
 use crate::model::{Config, Dims, ParamLayout, linear};
 use crate::optim::{AdamW, SCHED_LEN};
 pub use crate::precision::Act;
@@ -97,6 +98,7 @@ pub struct Gpt<T: Act> {
     k: Kernels,
     /// The fused attention's kernels (`--attention fused`); `None`: unfused.
     attn: Option<Attention>,
+    fusion: Fusion,
     blas: Blas,
 }
 
@@ -116,7 +118,7 @@ fn mm<T: BlasScalar>(
 }
 
 impl<T: Act> Gpt<T> {
-    /// Allocates everything for batch `b` (per device), with the attention `mode`, and
+    /// Allocates everything for batch `b` (per device), with the fused paths `fusion`, and
     /// uploads `init`. A batch whose buffers do not fit in the free device memory is
     /// [`GptError::BatchTooLarge`]; a shape the fused attention does not take, a
     /// [`gpubind::Error::InvalidArgument`] naming it.
@@ -125,11 +127,11 @@ impl<T: Act> Gpt<T> {
         cfg: Config,
         b: usize,
         init: &[f32],
-        mode: AttnMode,
+        fusion: Fusion,
     ) -> std::result::Result<Gpt<T>, GptError> {
         let dims = Dims::new(&cfg, b);
         let layout = ParamLayout::new(&cfg);
-        let unfused = mode == AttnMode::Unfused;
+        let unfused = fusion.attention == AttnMode::Unfused;
         if !unfused {
             crate::attention::check_shape((dims.b, dims.t, dims.nh, dims.hs))?;
         }
@@ -147,7 +149,7 @@ impl<T: Act> Gpt<T> {
         for (what, n) in [("B·T·4C", dims.bt() * 4 * dims.c), ("B·NH·T·T", att)] {
             kernels::u32_of(what, n)?;
         }
-        let model = Self::alloc(gpu, cfg, dims, layout, init, mode)?;
+        let model = Self::alloc(gpu, cfg, dims, layout, init, fusion)?;
         model.sync_weights(&mut gpu.default_stream())?;
         Ok(model)
     }
@@ -158,10 +160,10 @@ impl<T: Act> Gpt<T> {
         d: Dims,
         layout: ParamLayout,
         init: &[f32],
-        mode: AttnMode,
+        fusion: Fusion,
     ) -> Result<Gpt<T>> {
         let (bt, c) = (d.bt(), d.c);
-        let unfused = mode == AttnMode::Unfused;
+        let unfused = fusion.attention == AttnMode::Unfused;
         // The buffers only one attention path uses: one element for the other.
         let (un, fu) = (
             |n: usize| if unfused { n } else { 1 },
@@ -240,6 +242,7 @@ impl<T: Act> Gpt<T> {
             } else {
                 Some(Attention::load(gpu, T::BF16)?)
             },
+            fusion,
             blas: gpu.new_blas()?,
         })
     }
@@ -298,6 +301,7 @@ impl<T: Act> Gpt<T> {
             k,
             blas,
             sc,
+            fusion,
             attn,
             ..
         } = self;
@@ -319,15 +323,13 @@ impl<T: Act> Gpt<T> {
             ln1,
             c,
         )?;
-        mm(
-            s,
-            blas,
-            linear(bt, 3 * c, c),
-            &bl.ln1,
-            &wl(l, "attn.c_attn.weight")?,
-            &mut bl.qkv,
-        )?;
-        k.bias_add(s, &mut bl.qkv, &wl(l, "attn.c_attn.bias")?)?;
+        let lin = Lin {
+            ks: k,
+            partial: &sc.partial,
+            epilogues: fusion.epilogues,
+        };
+        let (w, b) = (wl(l, "attn.c_attn.weight")?, wl(l, "attn.c_attn.bias")?);
+        lin.fwd_bias(s, blas, (bt, 3 * c, c), (&bl.ln1, &w, &b), &bl.qkv)?;
         let io = attend::Fwd {
             qkv: &bl.qkv,
             y: &bl.atty_un,
@@ -363,6 +365,7 @@ impl<T: Act> Gpt<T> {
             k,
             blas,
             sc,
+            fusion,
             ..
         } = self;
         let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
@@ -377,16 +380,14 @@ impl<T: Act> Gpt<T> {
             ln2,
             c,
         )?;
-        mm(
-            s,
-            blas,
-            linear(bt, 4 * c, c),
-            &bl.ln2,
-            &wl(l, "mlp.c_fc.weight")?,
-            &mut bl.fch,
-        )?;
-        k.bias_add(s, &mut bl.fch, &wl(l, "mlp.c_fc.bias")?)?;
-        k.gelu_fwd(s, &mut bl.fch_gelu, &bl.fch)?;
+        let lin = Lin {
+            ks: k,
+            partial: &sc.partial,
+            epilogues: fusion.epilogues,
+        };
+        let (w, b) = (wl(l, "mlp.c_fc.weight")?, wl(l, "mlp.c_fc.bias")?);
+        let fc = (&bl.ln2, &w, &b);
+        lin.fwd_gelu(s, blas, (bt, 4 * c, c), fc, (&bl.fch, &bl.fch_gelu))?;
         mm(
             s,
             blas,
@@ -527,49 +528,34 @@ impl<T: Act> Gpt<T> {
             k,
             blas,
             sc,
+            fusion,
             ..
         } = self;
         let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
         let gl = |l: usize, suffix: &str| layout.block(l, suffix);
         let bl = &blocks[l];
-        // MLP: res3 = res2 + fch_gelu·Wpᵀ + b.
-        mm(
+        let lin = Lin {
+            ks: k,
+            partial: &sc.partial,
+            epilogues: fusion.epilogues,
+        };
+        let gv = |suffix: &str| g.slice(gl(l, suffix));
+        // MLP: res3 = res2 + fch_gelu·Wpᵀ + b, fch_gelu = gelu(fch), fch = ln2·Wfᵀ + bf.
+        let (dwp, dbp) = (gv("mlp.c_proj.weight")?, gv("mlp.c_proj.bias")?);
+        let io = (&sc.dres, &bl.fch_gelu);
+        lin.weight_grad(s, blas, (bt, c, 4 * c), io, &dwp, Some(&dbp))?;
+        let (wp, dbf) = (wl(l, "mlp.c_proj.weight")?, gv("mlp.c_fc.bias")?);
+        let through = (&sc.dres, &wp, &bl.fch);
+        lin.gelu_grad(
             s,
             blas,
-            Matmul::new(c, 4 * c, bt).transpose_a(),
-            &sc.dres,
-            &bl.fch_gelu,
-            &mut g.slice_mut(gl(l, "mlp.c_proj.weight"))?,
+            (bt, c, 4 * c),
+            through,
+            (&sc.dfch, &dbf),
+            &sc.dfch_gelu,
         )?;
-        k.bias_grad(
-            s,
-            &mut g.slice_mut(gl(l, "mlp.c_proj.bias"))?,
-            &mut sc.partial,
-            &sc.dres,
-        )?;
-        mm(
-            s,
-            blas,
-            Matmul::new(bt, 4 * c, c),
-            &sc.dres,
-            &wl(l, "mlp.c_proj.weight")?,
-            &mut sc.dfch_gelu,
-        )?;
-        k.gelu_bwd(s, &mut sc.dfch, &bl.fch, &sc.dfch_gelu)?;
-        mm(
-            s,
-            blas,
-            Matmul::new(4 * c, c, bt).transpose_a(),
-            &sc.dfch,
-            &bl.ln2,
-            &mut g.slice_mut(gl(l, "mlp.c_fc.weight"))?,
-        )?;
-        k.bias_grad(
-            s,
-            &mut g.slice_mut(gl(l, "mlp.c_fc.bias"))?,
-            &mut sc.partial,
-            &sc.dfch,
-        )?;
+        let dwf = gv("mlp.c_fc.weight")?;
+        lin.weight_grad(s, blas, (bt, 4 * c, c), (&sc.dfch, &bl.ln2), &dwf, None)?;
         mm(
             s,
             blas,
@@ -610,27 +596,23 @@ impl<T: Act> Gpt<T> {
             k,
             blas,
             sc,
+            fusion,
             attn,
             ..
         } = self;
         let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
         let gl = |l: usize, suffix: &str| layout.block(l, suffix);
         let bl = &blocks[l];
+        let lin = Lin {
+            ks: k,
+            partial: &sc.partial,
+            epilogues: fusion.epilogues,
+        };
         // Attention projection: res2 = x + atty_un·Wᵀ + b.
-        mm(
-            s,
-            blas,
-            Matmul::new(c, c, bt).transpose_a(),
-            &sc.dres,
-            &bl.atty_un,
-            &mut g.slice_mut(gl(l, "attn.c_proj.weight"))?,
-        )?;
-        k.bias_grad(
-            s,
-            &mut g.slice_mut(gl(l, "attn.c_proj.bias"))?,
-            &mut sc.partial,
-            &sc.dres,
-        )?;
+        let dw = g.slice(gl(l, "attn.c_proj.weight"))?;
+        let db = g.slice(gl(l, "attn.c_proj.bias"))?;
+        let io = (&sc.dres, &bl.atty_un);
+        lin.weight_grad(s, blas, (bt, c, c), io, &dw, Some(&db))?;
         mm(
             s,
             blas,
@@ -672,6 +654,7 @@ impl<T: Act> Gpt<T> {
             k,
             blas,
             sc,
+            fusion,
             ..
         } = self;
         let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
@@ -683,20 +666,15 @@ impl<T: Act> Gpt<T> {
             &done[l - 1].res3
         };
         let bl = &rest[0];
-        mm(
-            s,
-            blas,
-            Matmul::new(3 * c, c, bt).transpose_a(),
-            &sc.dqkv,
-            &bl.ln1,
-            &mut g.slice_mut(gl(l, "attn.c_attn.weight"))?,
-        )?;
-        k.bias_grad(
-            s,
-            &mut g.slice_mut(gl(l, "attn.c_attn.bias"))?,
-            &mut sc.partial,
-            &sc.dqkv,
-        )?;
+        let lin = Lin {
+            ks: k,
+            partial: &sc.partial,
+            epilogues: fusion.epilogues,
+        };
+        let dw = g.slice(gl(l, "attn.c_attn.weight"))?;
+        let db = g.slice(gl(l, "attn.c_attn.bias"))?;
+        let io = (&sc.dqkv, &bl.ln1);
+        lin.weight_grad(s, blas, (bt, 3 * c, c), io, &dw, Some(&db))?;
         mm(
             s,
             blas,

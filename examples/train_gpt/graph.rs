@@ -15,6 +15,7 @@
 
 use super::{Act, Gpt};
 use crate::attend;
+use crate::linear::Lin;
 use crate::model::{ParamLayout, linear};
 use crate::optim::{AdamW, SCHED_LEN};
 use gpubind::blas::{Blas, Matmul};
@@ -55,6 +56,15 @@ impl Staging {
 }
 
 impl<T: Act> Gpt<T> {
+    /// The linear layers' biases and GELU as `--epilogues` says.
+    fn lin(&self) -> Lin<'_> {
+        Lin {
+            ks: &self.k,
+            partial: &self.sc.partial,
+            epilogues: self.fusion.epilogues,
+        }
+    }
+
     /// The per-tensor views a capture needs.
     pub fn views(&self) -> Result<Views<'_, T>> {
         fn each<'x, E: DeviceRepr>(
@@ -145,6 +155,7 @@ impl<T: Act> Gpt<T> {
             w("wpe.weight"),
             (d.t, c),
         )?;
+        let lin = self.lin();
         for l in 0..d.l {
             let x = if l == 0 {
                 &self.encoded
@@ -154,14 +165,12 @@ impl<T: Act> Gpt<T> {
             let bl = &self.blocks[l];
             let ln1 = (wl(l, "ln_1.weight"), wl(l, "ln_1.bias"));
             k.layernorm_fwd(cap, &bl.ln1, &bl.ln1_mean, &bl.ln1_rstd, x, ln1, c)?;
-            cap.matmul(
-                blas,
-                &linear(bt, 3 * c, c),
+            let qkv = (
                 &bl.ln1,
                 wl(l, "attn.c_attn.weight"),
-                &bl.qkv,
-            )?;
-            k.bias_add(cap, &bl.qkv, wl(l, "attn.c_attn.bias"))?;
+                wl(l, "attn.c_attn.bias"),
+            );
+            lin.fwd_bias(cap, blas, (bt, 3 * c, c), qkv, &bl.qkv)?;
             let io = attend::Fwd {
                 qkv: &bl.qkv,
                 y: &bl.atty_un,
@@ -184,15 +193,8 @@ impl<T: Act> Gpt<T> {
             k.residual_bias(cap, &bl.res2, x, &sc.proj, wl(l, "attn.c_proj.bias"))?;
             let ln2 = (wl(l, "ln_2.weight"), wl(l, "ln_2.bias"));
             k.layernorm_fwd(cap, &bl.ln2, &bl.ln2_mean, &bl.ln2_rstd, &bl.res2, ln2, c)?;
-            cap.matmul(
-                blas,
-                &linear(bt, 4 * c, c),
-                &bl.ln2,
-                wl(l, "mlp.c_fc.weight"),
-                &bl.fch,
-            )?;
-            k.bias_add(cap, &bl.fch, wl(l, "mlp.c_fc.bias"))?;
-            k.gelu_fwd(cap, &bl.fch_gelu, &bl.fch)?;
+            let fc = (&bl.ln2, wl(l, "mlp.c_fc.weight"), wl(l, "mlp.c_fc.bias"));
+            lin.fwd_gelu(cap, blas, (bt, 4 * c, c), fc, (&bl.fch, &bl.fch_gelu))?;
             cap.matmul(
                 blas,
                 &linear(bt, c, 4 * c),
@@ -305,31 +307,22 @@ impl<T: Act> Gpt<T> {
                 .expect("a layer-norm weight")
         };
         let bl = &self.blocks[l];
-        let dw = |out, inp| Matmul::new(out, inp, bt).transpose_a();
-        cap.matmul(
+        let lin = self.lin();
+        let (dwp, dbp) = (gl(l, "mlp.c_proj.weight"), gl(l, "mlp.c_proj.bias"));
+        let io = (&sc.dres, &bl.fch_gelu);
+        lin.weight_grad(cap, blas, (bt, c, 4 * c), io, dwp, Some(dbp))?;
+        let through = (&sc.dres, wl(l, "mlp.c_proj.weight"), &bl.fch);
+        let out = (&sc.dfch, gl(l, "mlp.c_fc.bias"));
+        lin.gelu_grad(cap, blas, (bt, c, 4 * c), through, out, &sc.dfch_gelu)?;
+        let io = (&sc.dfch, &bl.ln2);
+        lin.weight_grad(
+            cap,
             blas,
-            &dw(c, 4 * c),
-            &sc.dres,
-            &bl.fch_gelu,
-            gl(l, "mlp.c_proj.weight"),
-        )?;
-        k.bias_grad(cap, gl(l, "mlp.c_proj.bias"), &sc.partial, &sc.dres)?;
-        cap.matmul(
-            blas,
-            &Matmul::new(bt, 4 * c, c),
-            &sc.dres,
-            wl(l, "mlp.c_proj.weight"),
-            &sc.dfch_gelu,
-        )?;
-        k.gelu_bwd(cap, &sc.dfch, &bl.fch, &sc.dfch_gelu)?;
-        cap.matmul(
-            blas,
-            &dw(4 * c, c),
-            &sc.dfch,
-            &bl.ln2,
+            (bt, 4 * c, c),
+            io,
             gl(l, "mlp.c_fc.weight"),
+            None,
         )?;
-        k.bias_grad(cap, gl(l, "mlp.c_fc.bias"), &sc.partial, &sc.dfch)?;
         cap.matmul(
             blas,
             &Matmul::new(bt, c, 4 * c),
@@ -375,15 +368,10 @@ impl<T: Act> Gpt<T> {
             &self.blocks[l - 1].res3
         };
         let bl = &self.blocks[l];
-        let dw = |out, inp| Matmul::new(out, inp, bt).transpose_a();
-        cap.matmul(
-            blas,
-            &dw(c, c),
-            &sc.dres,
-            &bl.atty_un,
-            gl(l, "attn.c_proj.weight"),
-        )?;
-        k.bias_grad(cap, gl(l, "attn.c_proj.bias"), &sc.partial, &sc.dres)?;
+        let lin = self.lin();
+        let (dwp, dbp) = (gl(l, "attn.c_proj.weight"), gl(l, "attn.c_proj.bias"));
+        let io = (&sc.dres, &bl.atty_un);
+        lin.weight_grad(cap, blas, (bt, c, c), io, dwp, Some(dbp))?;
         cap.matmul(
             blas,
             &Matmul::new(bt, c, c),
@@ -410,14 +398,9 @@ impl<T: Act> Gpt<T> {
             dpre: &sc.preatt,
         };
         attend::backward(cap, (k, self.attn.as_ref()), blas, d, io)?;
-        cap.matmul(
-            blas,
-            &dw(3 * c, c),
-            &sc.dqkv,
-            &bl.ln1,
-            gl(l, "attn.c_attn.weight"),
-        )?;
-        k.bias_grad(cap, gl(l, "attn.c_attn.bias"), &sc.partial, &sc.dqkv)?;
+        let (dwa, dba) = (gl(l, "attn.c_attn.weight"), gl(l, "attn.c_attn.bias"));
+        let io = (&sc.dqkv, &bl.ln1);
+        lin.weight_grad(cap, blas, (bt, 3 * c, c), io, dwa, Some(dba))?;
         cap.matmul(
             blas,
             &Matmul::new(bt, c, 3 * c),

@@ -9,7 +9,8 @@
 //!     [--batch 8] [--steps 100] [--lr 6e-4] [--seed 1] [--data PATH…] [--eval-every N]
 //!     [--eval-batches 8] [--sample N] [--dump-init DIR] [--precision fp32] [--log-every 10]
 //!     [--ckpt-every N] [--ckpt-dir DIR] [--resume FILE] [--devices 0] [--graph]
-//!     [--attention fused|unfused] [--check-graph] [--check-resume] [--check-dp]
+//!     [--attention fused|unfused] [--epilogues on|off] [--check-graph] [--check-resume]
+//!     [--check-dp]
 //!     [--check-attention]
 //! ```
 //!
@@ -34,6 +35,10 @@
 //! output and dq, dk, dv within a tolerance relative to the largest magnitude (1e-4
 //! fp32, 5e-2 bf16), printing each error and the milliseconds per call of each pass,
 //! and exits non-zero unless all pass.
+//!
+//! `--epilogues on` (the default) computes the QKV and MLP biases, the MLP's GELU and
+//! their gradients in the products, as cuBLASLt epilogues (`BIAS`, `GELU_AUX_BIAS` storing
+//! the pre-activation, `DGELU_BGRAD`, `BGRADA`, `linear.rs`); `off` runs them as kernels.
 //!
 //! Every step prints `step S loss L` (what
 //! `scripts/compare-gpt.sh` compares); every `--log-every` steps a progress line with
@@ -93,6 +98,8 @@ mod gpt;
 mod kernels;
 #[path = "launch.rs"]
 mod launch;
+#[path = "linear.rs"]
+mod linear;
 #[path = "model.rs"]
 mod model;
 #[path = "optim.rs"]
@@ -280,7 +287,7 @@ fn run_on<T: Act>(
             .collect::<gpubind::Result<Vec<_>>>()?;
         let single = if a.check_dp {
             let gpu = ctx.bind(&devices[0])?;
-            let mut one = Gpt::<T>::new(&gpu, cfg, a.batch, init, a.attention)?;
+            let mut one = Gpt::<T>::new(&gpu, cfg, a.batch, init, a.fusion)?;
             Some(train(&gpu, &mut one, a, data, order, 0)?)
         } else {
             None
@@ -293,7 +300,7 @@ fn run_on<T: Act>(
     }
     let dev = Device::get(a.devices[0])?;
     let gpu = ctx.bind(&dev)?;
-    let mut model = Gpt::<T>::new(&gpu, cfg, a.batch, init, a.attention)?;
+    let mut model = Gpt::<T>::new(&gpu, cfg, a.batch, init, a.fusion)?;
     let mut start = 0;
     if let Some(path) = &a.resume {
         start = resume(&gpu, &mut model, path, &a.model)?;

@@ -67,7 +67,7 @@ pub fn train<T: Act>(
     };
     let shard = a.batch / world;
     let gpu = ctx.bind(&dev)?;
-    let mut model = Gpt::<T>::new(&gpu, cfg, shard, init, a.attention)?;
+    let mut model = Gpt::<T>::new(&gpu, cfg, shard, init, a.fusion)?;
     model.grad_scale = 1.0 / world as f32;
     let ranges = bucket_ranges(&model.layout, cfg.layers);
     // Each bucket is copied out of the gradients and all-reduced in place in its copy,
