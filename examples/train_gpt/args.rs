@@ -16,8 +16,11 @@ pub enum Precision {
 /// How a block's attention runs (`--attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnMode {
-    /// One tiled kernel per pass (`attention.cu`): online softmax, no T×T matrix.
+    /// Fused kernels: in bf16 the register-tiled mma.sync ones (`attention_mma.cu`), in
+    /// fp32 the shared-memory tiled ones (`attention.cu`).
     Fused,
+    /// The shared-memory tiled kernels (`attention.cu`: wmma in bf16, FMA in fp32).
+    Tiled,
     /// Batched products through a `B·NH·T·T` matrix and a softmax kernel (llm.c's).
     Unfused,
 }
@@ -148,10 +151,11 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
             "--attention" => {
                 a.fusion.attention = match v.as_str() {
                     "fused" => AttnMode::Fused,
+                    "tiled" => AttnMode::Tiled,
                     "unfused" => AttnMode::Unfused,
                     _ => {
                         return Err(GptError::Usage(format!(
-                            "--attention {v:?}: fused or unfused"
+                            "--attention {v:?}: fused, tiled or unfused"
                         )));
                     }
                 }
@@ -227,6 +231,8 @@ mod tests {
         let u = p("--attention unfused --epilogues off --check-attention").unwrap();
         assert_eq!(u.fusion.attention, AttnMode::Unfused);
         assert!(!u.fusion.epilogues);
+        let t = p("--attention tiled").unwrap();
+        assert_eq!(t.fusion.attention, AttnMode::Tiled);
         assert!(u.check_attention);
     }
 

@@ -1,6 +1,9 @@
-//! The fused causal attention (`attention.cu`, flash-attention style) as owned
-//! [`Kernel`]s, compiled in a module of their own, and launch wrappers that check every
-//! length the kernels rely on.
+//! The fused causal attention (flash-attention style) as owned [`Kernel`]s, compiled in a
+//! module of their own, and launch wrappers that check every length the kernels rely on.
+//! Two implementations with one interface: `attention.cu` (tiles of scores and
+//! accumulators in shared memory; wmma products in bf16, FMA loops in fp32) and, for bf16
+//! only, `attention_mma.cu` (flash-attention-2 style: each warp's scores and accumulators
+//! in registers, `mma.sync` products).
 //!
 //! The forward pass reads q, k and v from the QKV product `(B, T, 3, NH, 64)` and writes
 //! `y` as `(B, T, NH, 64)` (the projection's input) and each row's log-sum-exp; the
@@ -11,8 +14,14 @@ use crate::kernels::u32_of;
 use crate::launch::{Arg, In, Target};
 use gpubind::{BoundDevice, CompileOptions, Error, Kernel, LaunchConfig, Result};
 
-/// The kernels' CUDA source.
+/// The shared-memory tiled kernels' CUDA source.
 pub const SOURCE: &str = include_str!("attention.cu");
+
+/// The register-tiled bf16 kernels' CUDA source.
+pub const SOURCE_MMA: &str = include_str!("attention_mma.cu");
+
+/// Rows per tile of [`SOURCE_MMA`] (`TILE`): queries per block, keys per tile.
+const MMA_TILE: usize = 64;
 
 /// The one head size the kernels are compiled for.
 pub const HEAD_SIZE: usize = 64;
@@ -32,6 +41,8 @@ pub struct Attention {
     bwd_dq: Kernel,
     bwd_dkdv: Kernel,
     tiles: (usize, usize),
+    /// The kernels load and store 16 bytes at a time: every buffer 16-byte aligned.
+    aligned: bool,
 }
 
 /// `(b, t, nh, hs)`: batch, sequence length, heads, head size.
@@ -72,23 +83,52 @@ fn need(what: &str, len: usize, want: usize) -> Result<()> {
 }
 
 impl Attention {
-    /// Compiles [`SOURCE`] for `gpu`'s device (bf16 activations and tensor cores if
-    /// `bf16`) and looks the kernels up. A compile error carries NVRTC's log.
-    pub fn load(gpu: &BoundDevice<'_>, bf16: bool) -> Result<Self> {
+    /// Compiles the kernels for `gpu`'s device and looks them up: with `bf16` and `mma`,
+    /// [`SOURCE_MMA`]; otherwise [`SOURCE`] (bf16 activations and wmma if `bf16`). A
+    /// compile error carries NVRTC's log.
+    pub fn load(gpu: &BoundDevice<'_>, bf16: bool, mma: bool) -> Result<Self> {
         let mut opts = CompileOptions::new();
         if bf16 {
             opts = opts.define("ACT_BF16", 1);
         }
+        let (source, name, tiles) = if bf16 && mma {
+            (
+                SOURCE_MMA,
+                "train_gpt_attention_mma.cu",
+                (MMA_TILE, MMA_TILE),
+            )
+        } else {
+            (SOURCE, "train_gpt_attention.cu", tiles(bf16))
+        };
         let module = gpu
-            .compile_and_load_with(SOURCE, "train_gpt_attention.cu", &opts)?
+            .compile_and_load_with(source, name, &opts)?
             .into_shared();
         Ok(Attention {
             fwd: module.kernel("attn_fwd")?,
             bwd_d: module.kernel("attn_bwd_d")?,
             bwd_dq: module.kernel("attn_bwd_dq")?,
             bwd_dkdv: module.kernel("attn_bwd_dkdv")?,
-            tiles: tiles(bf16),
+            tiles,
+            aligned: bf16 && mma,
         })
+    }
+
+    /// Which implementation this is, for messages.
+    pub fn name(&self) -> &'static str {
+        if self.aligned { "mma" } else { "tiled" }
+    }
+
+    /// Every buffer 16-byte aligned, where the kernels need it.
+    fn check_aligned(&self, bufs: &[(&str, &dyn In)]) -> Result<()> {
+        for (what, b) in bufs {
+            if self.aligned && b.addr() % 16 != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "train_gpt: fused attention {what} at {:#x} is not 16-byte aligned",
+                    b.addr()
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn tiled(rows: usize, tile: usize, heads: usize) -> LaunchConfig {
@@ -114,14 +154,16 @@ impl Attention {
         need("qkv", qkv.len(), 3 * b * t * nh * hs)?;
         need("y", y.len(), b * t * nh * hs)?;
         need("lse", lse.len(), b * nh * t)?;
+        self.check_aligned(&[("qkv", qkv), ("y", y)])?;
         let (tt, nn) = (t as u32, nh as u32);
         let scale = 1.0f32 / (hs as f32).sqrt();
-        // SAFETY: (act_t*, float*, const act_t*, unsigned ×2, float) matches attn_fwd.
-        // Block (x, y) handles queries [q0, q0 + BR) of head y < B·NH (the grid's y) with
-        // q0 = (gridDim.x - 1 - x)·BR < T; it reads rows < T of q, k, v of that head
-        // inside qkv (3·B·T·C, checked), writes rows < T of y (B·T·C, checked) and lse
-        // entries y·T + t, t < T (B·NH·T, checked). Head size 64 (checked) is the
-        // source's HD.
+        // SAFETY: (act_t*, float*, const act_t*, unsigned ×2, float) matches attn_fwd
+        // of both sources. Block (x, y) handles queries [q0, q0 + BR) of head y < B·NH
+        // (the grid's y) with q0 = (gridDim.x - 1 - x)·BR < T (BR: `tiles.0`); it reads
+        // rows < T of q, k, v of that head inside qkv (3·B·T·C, checked), writes rows < T
+        // of y (B·T·C, checked) and lse entries y·T + t, t < T (B·NH·T, checked). Head
+        // size 64 (checked) is the sources' HD; the 16-byte accesses of the mma kernels
+        // are at multiples of 8 elements from 16-byte aligned buffers (checked).
         unsafe {
             tg.run(
                 &self.fwd,
@@ -160,6 +202,7 @@ impl Attention {
         need("dy", dy.len(), n)?;
         need("lse", lse.len(), b * nh * t)?;
         need("dsum", dsum.len(), b * nh * t)?;
+        self.check_aligned(&[("qkv", qkv), ("dqkv", dqkv), ("dy", dy)])?;
         let rows = b * t * nh;
         let (rr, tt, nn) = (rows as u32, t as u32, nh as u32);
         let scale = 1.0f32 / (hs as f32).sqrt();
@@ -240,7 +283,10 @@ mod tests {
             assert!(section.contains(&format!("#define BR {br}\n")), "{bf16}");
             assert!(section.contains(&format!("#define BC {bc}\n")), "{bf16}");
         }
-        assert!(SOURCE.contains(&format!("#define HD {HEAD_SIZE}\n")));
-        assert!(SOURCE.contains(&format!("#define NT {THREADS}\n")));
+        for src in [SOURCE, SOURCE_MMA] {
+            assert!(src.contains(&format!("#define HD {HEAD_SIZE}\n")));
+            assert!(src.contains(&format!("#define NT {THREADS}\n")));
+        }
+        assert!(SOURCE_MMA.contains(&format!("#define TILE {MMA_TILE}\n")));
     }
 }

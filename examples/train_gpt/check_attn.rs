@@ -1,7 +1,8 @@
-//! `--check-attention`: the fused attention against the unfused one on random q, k, v and
-//! output gradients, in fp32 and bf16, at the shapes of `--model gpt2` and `--model small`
-//! and at sequence lengths that are not multiples of the tiles: the output and the three
-//! gradients must agree within [`tolerance`]; each pass is timed.
+//! `--check-attention`: each fused attention (the tiled kernels; in bf16 also the mma
+//! ones) against the unfused one on random q, k, v and output gradients, in fp32 and
+//! bf16, at the shapes of `--model gpt2` and `--model small` and at sequence lengths that
+//! are not multiples of the tiles: the output and the three gradients must agree within
+//! [`tolerance`]; each pass is timed.
 
 use crate::GptError;
 use crate::attend::{self, Bwd, Fwd};
@@ -86,17 +87,24 @@ pub fn run(gpu: &BoundDevice<'_>) -> Result<(), GptError> {
 
 fn precision<T: Act>(gpu: &BoundDevice<'_>, failures: &mut Vec<String>) -> Result<(), GptError> {
     let ks = Kernels::load(gpu, T::BF16)?;
-    let fa = match Attention::load(gpu, T::BF16) {
-        Ok(fa) => fa,
-        Err(e) => {
-            println!(
-                "check-attention: {} FAIL: the fused kernels do not load: {e}",
-                T::PRECISION
-            );
-            failures.push(format!("{}: the kernels do not load", T::PRECISION));
-            return Ok(());
+    let mut fused = Vec::new();
+    let kinds: &[bool] = if T::BF16 { &[false, true] } else { &[false] };
+    for &mma in kinds {
+        let name = if mma { "mma" } else { "tiled" };
+        match Attention::load(gpu, T::BF16, mma) {
+            Ok(fa) => fused.push(fa),
+            Err(e) => {
+                println!(
+                    "check-attention: {} {name} FAIL: the kernels do not load: {e}",
+                    T::PRECISION
+                );
+                failures.push(format!("{} {name}: the kernels do not load", T::PRECISION));
+            }
         }
-    };
+    }
+    if fused.is_empty() {
+        return Ok(());
+    }
     let mut blas = gpu.new_blas()?;
     for (name, b, t, nh) in SHAPES {
         let d = Dims {
@@ -109,7 +117,7 @@ fn precision<T: Act>(gpu: &BoundDevice<'_>, failures: &mut Vec<String>) -> Resul
             l: 1,
         };
         let what = format!("{} {name} (B {b}, T {t}, NH {nh})", T::PRECISION);
-        if let Err(e) = case::<T>(gpu, (&ks, &fa), &mut blas, d, &what, failures) {
+        if let Err(e) = case::<T>(gpu, (&ks, &fused), &mut blas, d, &what, failures) {
             println!("check-attention: {what} FAIL: {e}");
             failures.push(format!("{what}: {e}"));
         }
@@ -117,12 +125,12 @@ fn precision<T: Act>(gpu: &BoundDevice<'_>, failures: &mut Vec<String>) -> Resul
     Ok(())
 }
 
-/// Every buffer of both paths for one shape.
+/// Every buffer of the paths for one shape; path `i` writes `y[i]` and `dqkv[i]`.
 struct Bufs<T: Act> {
     qkv: DeviceSlice<T>,
     dy: DeviceSlice<T>,
-    y: [DeviceSlice<T>; 2],
-    dqkv: [DeviceSlice<T>; 2],
+    y: Vec<DeviceSlice<T>>,
+    dqkv: Vec<DeviceSlice<T>>,
     lse: DeviceSlice<f32>,
     dsum: DeviceSlice<f32>,
     /// q, k, v, atty, daty, dq, dk, dv.
@@ -132,15 +140,17 @@ struct Bufs<T: Act> {
 }
 
 impl<T: Act> Bufs<T> {
-    fn new(gpu: &BoundDevice<'_>, d: Dims) -> gpubind::Result<Self> {
+    fn new(gpu: &BoundDevice<'_>, d: Dims, paths: usize) -> gpubind::Result<Self> {
         let n = d.bt() * d.c;
         let host = |v: Vec<f32>| v.into_iter().map(T::from_f32).collect::<Vec<T>>();
         let z = |len: usize| gpu.alloc_zeros::<T>(len);
         Ok(Bufs {
             qkv: gpu.clone_htod(&host(noise(3 * n, 1, 1.5)))?,
             dy: gpu.clone_htod(&host(noise(n, 2, 1.0)))?,
-            y: [z(n)?, z(n)?],
-            dqkv: [z(3 * n)?, z(3 * n)?],
+            y: (0..paths).map(|_| z(n)).collect::<gpubind::Result<_>>()?,
+            dqkv: (0..paths)
+                .map(|_| z(3 * n))
+                .collect::<gpubind::Result<_>>()?,
             lse: gpu.alloc_zeros(d.b * d.nh * d.t)?,
             dsum: gpu.alloc_zeros(d.b * d.nh * d.t)?,
             heads: (0..8).map(|_| z(n)).collect::<gpubind::Result<_>>()?,
@@ -148,7 +158,7 @@ impl<T: Act> Bufs<T> {
         })
     }
 
-    /// The forward pass of path `i` (0 fused, 1 unfused).
+    /// The forward pass of path `i`.
     fn fwd(&self, i: usize) -> Fwd<'_, T> {
         let h = &self.heads;
         Fwd {
@@ -187,16 +197,17 @@ impl<T: Act> Bufs<T> {
     }
 }
 
-/// Path `i` (0 fused, 1 unfused): the forward pass, then (with `back`) the backward one.
+/// Path `i` (`fused[i]`, or the unfused one past them): the forward pass, or with `back`
+/// the backward one.
 fn pass<T: Act>(
     s: &mut BoundStream<'_>,
-    (ks, fa): (&Kernels, &Attention),
+    (ks, fa): (&Kernels, &[Attention]),
     blas: &mut Blas,
     d: Dims,
     bufs: &Bufs<T>,
     (i, back): (usize, bool),
 ) -> gpubind::Result<()> {
-    let fused = (i == 0).then_some(fa);
+    let fused = fa.get(i);
     if back {
         attend::backward(s, (ks, fused), blas, d, bufs.bwd(i))
     } else {
@@ -207,7 +218,7 @@ fn pass<T: Act>(
 /// Milliseconds per call of `pass(i, back)`.
 fn time<T: Act>(
     s: &mut BoundStream<'_>,
-    k: (&Kernels, &Attention),
+    k: (&Kernels, &[Attention]),
     blas: &mut Blas,
     d: Dims,
     bufs: &Bufs<T>,
@@ -225,62 +236,66 @@ fn time<T: Act>(
 
 fn case<T: Act>(
     gpu: &BoundDevice<'_>,
-    k: (&Kernels, &Attention),
+    k: (&Kernels, &[Attention]),
     blas: &mut Blas,
     d: Dims,
     what: &str,
     failures: &mut Vec<String>,
 ) -> Result<(), GptError> {
-    let bufs = Bufs::<T>::new(gpu, d)?;
+    let unfused = k.1.len();
+    let bufs = Bufs::<T>::new(gpu, d, unfused + 1)?;
     let mut s = gpu.default_stream();
-    for i in [0, 1] {
+    for i in 0..=unfused {
         pass(&mut s, k, blas, d, &bufs, (i, false))?;
         pass(&mut s, k, blas, d, &bufs, (i, true))?;
     }
     let f32s = |b: &DeviceSlice<T>| -> gpubind::Result<Vec<f32>> {
         Ok(gpu.dtoh(b)?.into_iter().map(T::to_f32).collect())
     };
-    let (y, dqkv) = (
-        [f32s(&bufs.y[0])?, f32s(&bufs.y[1])?],
-        [f32s(&bufs.dqkv[0])?, f32s(&bufs.dqkv[1])?],
-    );
+    let (y_ref, dqkv_ref) = (f32s(&bufs.y[unfused])?, f32s(&bufs.dqkv[unfused])?);
     let tol = tolerance(T::BF16);
-    let mut line = format!("check-attention: {what}:");
-    let mut ok = true;
-    let mut compare = |name: &str, got: &[f32], want: &[f32]| {
-        let (abs, rel) = max_error(got, want);
-        let pass = rel <= tol;
-        ok &= pass;
-        line += &format!(
-            " {name} abs {abs:.2e} rel {rel:.2e} {}",
-            if pass { "ok" } else { "BAD" }
-        );
+    let time_of = |s: &mut BoundStream<'_>, blas: &mut Blas, i| -> gpubind::Result<[f64; 2]> {
+        Ok([
+            time(s, k, blas, d, &bufs, (i, false))?,
+            time(s, k, blas, d, &bufs, (i, true))?,
+        ])
     };
-    compare("y", &y[0], &y[1]);
-    for (p, name) in ["dq", "dk", "dv"].into_iter().enumerate() {
-        compare(name, &part(&dqkv[0], d.c, p), &part(&dqkv[1], d.c, p));
-    }
-    line += &format!(" (tol {tol:.0e}) -> {}", if ok { "PASS" } else { "FAIL" });
-    println!("{line}");
-    if !ok {
-        failures.push(format!("{what}: the fused results differ from the unfused"));
-    }
-    let mut ms = [[0.0; 2]; 2];
-    for (i, row) in ms.iter_mut().enumerate() {
-        for (j, back) in [false, true].into_iter().enumerate() {
-            row[j] = time(&mut s, k, blas, d, &bufs, (i, back))?;
+    let base = time_of(&mut s, blas, unfused)?;
+    for (i, fa) in k.1.iter().enumerate() {
+        let (y, dqkv) = (f32s(&bufs.y[i])?, f32s(&bufs.dqkv[i])?);
+        let mut line = format!("check-attention: {what} {}:", fa.name());
+        let mut ok = true;
+        let mut compare = |name: &str, got: &[f32], want: &[f32]| {
+            let (abs, rel) = max_error(got, want);
+            let pass = rel <= tol;
+            ok &= pass;
+            line += &format!(
+                " {name} abs {abs:.2e} rel {rel:.2e} {}",
+                if pass { "ok" } else { "BAD" }
+            );
+        };
+        compare("y", &y, &y_ref);
+        for (p, name) in ["dq", "dk", "dv"].into_iter().enumerate() {
+            compare(name, &part(&dqkv, d.c, p), &part(&dqkv_ref, d.c, p));
         }
+        line += &format!(" (tol {tol:.0e}) -> {}", if ok { "PASS" } else { "FAIL" });
+        println!("{line}");
+        if !ok {
+            failures.push(format!("{what} {}: differs from the unfused", fa.name()));
+        }
+        let ms = time_of(&mut s, blas, i)?;
+        println!(
+            "check-attention: {what} {}: ms per call: forward {:.3} (unfused {:.3}, {:.2}x), \
+             backward {:.3} (unfused {:.3}, {:.2}x)",
+            fa.name(),
+            ms[0],
+            base[0],
+            base[0] / ms[0],
+            ms[1],
+            base[1],
+            base[1] / ms[1]
+        );
     }
-    println!(
-        "check-attention: {what}: ms per call: forward fused {:.3} unfused {:.3} ({:.2}x), \
-         backward fused {:.3} unfused {:.3} ({:.2}x)",
-        ms[0][0],
-        ms[1][0],
-        ms[1][0] / ms[0][0],
-        ms[0][1],
-        ms[1][1],
-        ms[1][1] / ms[0][1]
-    );
     Ok(())
 }
 

@@ -237,10 +237,10 @@ impl<T: Act> Gpt<T> {
             normsq: z(gpu, 1)?,
             sc,
             k: Kernels::load(gpu, T::BF16)?,
-            attn: if unfused {
-                None
-            } else {
-                Some(Attention::load(gpu, T::BF16)?)
+            attn: match fusion.attention {
+                AttnMode::Unfused => None,
+                AttnMode::Fused => Some(Attention::load(gpu, T::BF16, true)?),
+                AttnMode::Tiled => Some(Attention::load(gpu, T::BF16, false)?),
             },
             fusion,
             blas: gpu.new_blas()?,

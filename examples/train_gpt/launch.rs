@@ -13,12 +13,17 @@ use gpubind::{LaunchConfig, Result};
 pub trait In: KernelArg {
     /// Elements.
     fn len(&self) -> usize;
+    /// The device address of the first element.
+    fn addr(&self) -> u64;
 }
 macro_rules! buffer {
     ($($ty:ident),*) => {$(
         impl<T: DeviceRepr> In for gpubind::$ty<'_, T> {
             fn len(&self) -> usize {
                 DeviceMemory::len(self)
+            }
+            fn addr(&self) -> u64 {
+                DeviceMemory::device_ptr(self)
             }
         }
     )*};
@@ -27,6 +32,9 @@ buffer!(DeviceView, DeviceViewMut);
 impl<T: DeviceRepr> In for gpubind::DeviceSlice<T> {
     fn len(&self) -> usize {
         DeviceMemory::len(self)
+    }
+    fn addr(&self) -> u64 {
+        DeviceMemory::device_ptr(self)
     }
 }
 

@@ -9,7 +9,7 @@
 //!     [--batch 8] [--steps 100] [--lr 6e-4] [--seed 1] [--data PATH…] [--eval-every N]
 //!     [--eval-batches 8] [--sample N] [--dump-init DIR] [--precision fp32] [--log-every 10]
 //!     [--ckpt-every N] [--ckpt-dir DIR] [--resume FILE] [--devices 0] [--graph]
-//!     [--attention fused|unfused] [--epilogues on|off] [--check-graph] [--check-resume]
+//!     [--attention fused|tiled|unfused] [--epilogues on|off] [--check-graph] [--check-resume]
 //!     [--check-dp]
 //!     [--check-attention]
 //! ```
@@ -25,16 +25,18 @@
 //! the master weights, AdamW moments, layer-norm statistics, losses and reductions in
 //! f32; AdamW writes the bf16 copy of the weights the products read.
 //!
-//! `--attention fused` (the default) runs each block's attention as one tiled kernel per
-//! pass (`attention.cu`, flash-attention style: online softmax, the backward pass
-//! recomputing the probabilities from each row's log-sum-exp, no `B·NH·T·T` matrix; bf16
-//! tiles on tensor cores through wmma; head size 64 only); `--attention unfused` runs
-//! llm.c's batched products through the `T×T` matrix and a softmax kernel.
-//! `--check-attention` compares the two on random inputs at the `gpt2` and `small`
-//! shapes and at lengths that are not multiples of the tiles, in fp32 and bf16: the
-//! output and dq, dk, dv within a tolerance relative to the largest magnitude (1e-4
-//! fp32, 5e-2 bf16), printing each error and the milliseconds per call of each pass,
-//! and exits non-zero unless all pass.
+//! `--attention fused` (the default) runs each block's attention as fused kernels, flash-
+//! attention style (online softmax, the backward pass recomputing the probabilities from
+//! each row's log-sum-exp, no `B·NH·T·T` matrix; head size 64 only): in bf16 with each
+//! warp's tiles in registers and `mma.sync` tensor-core products (`attention_mma.cu`), in
+//! fp32 with tiles in shared memory (`attention.cu`). `--attention tiled` uses
+//! `attention.cu` in bf16 too (wmma products); `--attention unfused` runs llm.c's batched
+//! products through the `T×T` matrix and a softmax kernel. `--check-attention` compares
+//! each fused implementation with the unfused one on random inputs at the `gpt2` and
+//! `small` shapes and at lengths that are not multiples of the tiles, in fp32 and bf16:
+//! the output and dq, dk, dv within a tolerance relative to the largest magnitude (1e-4
+//! fp32, 5e-2 bf16), printing each error and the milliseconds per call of each pass, and
+//! exits non-zero unless all pass.
 //!
 //! `--epilogues on` (the default) computes the QKV and MLP biases, the MLP's GELU and
 //! their gradients in the products, as cuBLASLt epilogues (`BIAS`, `GELU_AUX_BIAS` storing
