@@ -16,6 +16,9 @@ pub enum Precision {
 /// How a block's attention runs (`--attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnMode {
+    /// The default: `Fused` in bf16, `Unfused` in fp32 (where cuBLAS's f32 products of
+    /// the whole `T×T` matrix outrun the fused kernels' FMA loops).
+    Auto,
     /// Fused kernels: in bf16 the register-tiled mma.sync ones (`attention_mma.cu`), in
     /// fp32 the shared-memory tiled ones (`attention.cu`).
     Fused,
@@ -23,6 +26,17 @@ pub enum AttnMode {
     Tiled,
     /// Batched products through a `B·NH·T·T` matrix and a softmax kernel (llm.c's).
     Unfused,
+}
+
+impl AttnMode {
+    /// The mode a run with bf16 activations (`bf16`) or f32 ones uses.
+    pub fn resolve(self, bf16: bool) -> AttnMode {
+        match self {
+            AttnMode::Auto if bf16 => AttnMode::Fused,
+            AttnMode::Auto => AttnMode::Unfused,
+            other => other,
+        }
+    }
 }
 
 /// Which fused implementations a step uses (`--attention`, `--epilogues`).
@@ -81,7 +95,7 @@ impl Default for Args {
             precision: Precision::Fp32,
             graph: false,
             fusion: Fusion {
-                attention: AttnMode::Fused,
+                attention: AttnMode::Auto,
                 epilogues: true,
             },
             ckpt_every: 0,
@@ -150,12 +164,13 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
             "--graph" => a.graph = true,
             "--attention" => {
                 a.fusion.attention = match v.as_str() {
+                    "auto" => AttnMode::Auto,
                     "fused" => AttnMode::Fused,
                     "tiled" => AttnMode::Tiled,
                     "unfused" => AttnMode::Unfused,
                     _ => {
                         return Err(GptError::Usage(format!(
-                            "--attention {v:?}: fused, tiled or unfused"
+                            "--attention {v:?}: auto, fused, tiled or unfused"
                         )));
                     }
                 }
@@ -226,7 +241,10 @@ mod tests {
         assert!(p("--check-graph").unwrap().check_graph);
         assert!(p("--check-dp --devices 0,0").unwrap().check_dp);
         assert_eq!(p("--precision bf16").unwrap().precision, Precision::Bf16);
-        assert_eq!(a.fusion.attention, AttnMode::Fused);
+        assert_eq!(a.fusion.attention, AttnMode::Auto);
+        assert_eq!(AttnMode::Auto.resolve(true), AttnMode::Fused);
+        assert_eq!(AttnMode::Auto.resolve(false), AttnMode::Unfused);
+        assert_eq!(AttnMode::Tiled.resolve(true), AttnMode::Tiled);
         assert!(a.fusion.epilogues);
         let u = p("--attention unfused --epilogues off --check-attention").unwrap();
         assert_eq!(u.fusion.attention, AttnMode::Unfused);

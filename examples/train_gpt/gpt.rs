@@ -127,8 +127,9 @@ impl<T: Act> Gpt<T> {
         cfg: Config,
         b: usize,
         init: &[f32],
-        fusion: Fusion,
+        mut fusion: Fusion,
     ) -> std::result::Result<Gpt<T>, GptError> {
+        fusion.attention = fusion.attention.resolve(T::BF16);
         let dims = Dims::new(&cfg, b);
         let layout = ParamLayout::new(&cfg);
         let unfused = fusion.attention == AttnMode::Unfused;
@@ -238,7 +239,7 @@ impl<T: Act> Gpt<T> {
             sc,
             k: Kernels::load(gpu, T::BF16)?,
             attn: match fusion.attention {
-                AttnMode::Unfused => None,
+                AttnMode::Unfused | AttnMode::Auto => None,
                 AttnMode::Fused => Some(Attention::load(gpu, T::BF16, true)?),
                 AttnMode::Tiled => Some(Attention::load(gpu, T::BF16, false)?),
             },

@@ -9,7 +9,7 @@
 //!     [--batch 8] [--steps 100] [--lr 6e-4] [--seed 1] [--data PATH…] [--eval-every N]
 //!     [--eval-batches 8] [--sample N] [--dump-init DIR] [--precision fp32] [--log-every 10]
 //!     [--ckpt-every N] [--ckpt-dir DIR] [--resume FILE] [--devices 0] [--graph]
-//!     [--attention fused|tiled|unfused] [--epilogues on|off] [--check-graph] [--check-resume]
+//!     [--attention auto|fused|tiled|unfused] [--epilogues on|off] [--check-graph] [--check-resume]
 //!     [--check-dp]
 //!     [--check-attention]
 //! ```
@@ -25,13 +25,15 @@
 //! the master weights, AdamW moments, layer-norm statistics, losses and reductions in
 //! f32; AdamW writes the bf16 copy of the weights the products read.
 //!
-//! `--attention fused` (the default) runs each block's attention as fused kernels, flash-
+//! `--attention fused` runs each block's attention as fused kernels, flash-
 //! attention style (online softmax, the backward pass recomputing the probabilities from
 //! each row's log-sum-exp, no `B·NH·T·T` matrix; head size 64 only): in bf16 with each
 //! warp's tiles in registers and `mma.sync` tensor-core products (`attention_mma.cu`), in
 //! fp32 with tiles in shared memory (`attention.cu`). `--attention tiled` uses
 //! `attention.cu` in bf16 too (wmma products); `--attention unfused` runs llm.c's batched
-//! products through the `T×T` matrix and a softmax kernel. `--check-attention` compares
+//! products through the `T×T` matrix and a softmax kernel; `auto`, the default, is `fused`
+//! in bf16 and `unfused` in fp32 (cuBLAS's f32 products outrun the fused kernels' f32 FMA
+//! loops there). `--check-attention` compares
 //! each fused implementation with the unfused one on random inputs at the `gpt2` and
 //! `small` shapes and at lengths that are not multiples of the tiles, in fp32 and bf16:
 //! the output and dq, dk, dv within a tolerance relative to the largest magnitude (1e-4
