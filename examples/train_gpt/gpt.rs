@@ -94,6 +94,8 @@ pub struct Gpt<T: Act> {
     /// Factor of the loss gradient: 1, or 1/ranks under data parallelism.
     pub grad_scale: f32,
     normsq: DeviceSlice<f32>,
+    /// 1 for each parameter AdamW decays (`Param::decay`), else 0.
+    decay: DeviceSlice<u8>,
     sc: Scratch<T>,
     k: Kernels,
     /// The fused attention's kernels (`--attention fused`); `None`: unfused.
@@ -214,6 +216,7 @@ impl<T: Act> Gpt<T> {
             partial: z(gpu, kernels::colsum_parts(bt) * 4 * c)?,
             norm_partial: z(gpu, NORM_PARTS)?,
         };
+        let decay = gpu.clone_htod(&layout.decay_mask())?;
         Ok(Gpt {
             cfg,
             dims: d,
@@ -236,6 +239,7 @@ impl<T: Act> Gpt<T> {
             sched: z(gpu, SCHED_LEN)?,
             grad_scale: 1.0,
             normsq: z(gpu, 1)?,
+            decay,
             sc,
             k: Kernels::load(gpu, T::BF16)?,
             attn: match fusion.attention {
@@ -725,7 +729,6 @@ impl<T: Act> Gpt<T> {
     /// corrections in `sched` (uploaded by the caller).
     pub fn update(&mut self, s: &mut BoundStream<'_>, hp: &AdamW) -> Result<()> {
         let Gpt {
-            layout,
             params,
             weights,
             grads,
@@ -735,27 +738,13 @@ impl<T: Act> Gpt<T> {
             sc,
             sched,
             normsq,
+            decay,
             ..
         } = self;
         k.sumsq(s, normsq, &mut sc.norm_partial, grads)?;
-        for prm in &layout.params {
-            let r = prm.range();
-            let wd = if prm.decay { hp.weight_decay } else { 0.0 };
-            k.adamw(
-                s,
-                (
-                    &mut params.slice_mut(r.clone())?,
-                    &mut weights.slice_mut(r.clone())?,
-                    &grads.slice(r.clone())?,
-                ),
-                (&mut m.slice_mut(r.clone())?, &mut v.slice_mut(r)?),
-                &*sched,
-                &*normsq,
-                wd,
-                hp,
-            )?;
-        }
-        Ok(())
+        // Writes params, weights, m and v.
+        let tensors = (&*params, &*weights, &*grads);
+        k.adamw(s, tensors, (&*m, &*v), &*sched, &*normsq, &*decay, hp)
     }
 
     /// Uploads a batch (`tokens` and `targets`, `b × t` each, below the vocabulary).

@@ -24,16 +24,12 @@ use gpubind::{
 };
 
 /// Views of the flat buffers per tensor, made before a capture so that they live as
-/// long as its graph: parameters, gradients, AdamW moments, and each layer norm's
-/// weight-and-bias gradient pair.
+/// long as its graph: parameters, gradients, and each layer norm's weight-and-bias
+/// gradient pair.
 pub struct Views<'a, T: Act> {
     /// The weights the products and kernels read.
     p: Vec<DeviceView<'a, T>>,
-    /// The f32 master weights.
-    master: Vec<DeviceView<'a, f32>>,
     g: Vec<DeviceView<'a, T>>,
-    m: Vec<DeviceView<'a, f32>>,
-    v: Vec<DeviceView<'a, f32>>,
     /// Indexed like `p`: `Some` at a layer norm's weight, covering weight and bias.
     g_pair: Vec<Option<DeviceView<'a, T>>>,
 }
@@ -86,10 +82,7 @@ impl<T: Act> Gpt<T> {
         }
         Ok(Views {
             p: each(lay, &self.weights)?,
-            master: each(lay, &self.params)?,
             g: each(lay, &self.grads)?,
-            m: each(lay, &self.m)?,
-            v: each(lay, &self.v)?,
             g_pair,
         })
     }
@@ -109,7 +102,7 @@ impl<T: Act> Gpt<T> {
             self.cap_forward(cap, &mut blas, views, train)?;
             if train {
                 self.cap_backward(cap, &mut blas, views)?;
-                self.cap_update(cap, views, &hp)?;
+                self.cap_update(cap, &hp)?;
             }
             Ok(())
         })
@@ -423,21 +416,13 @@ impl<T: Act> Gpt<T> {
         Ok(())
     }
 
-    fn cap_update<'a>(
-        &'a self,
-        cap: &mut Capture<'_, 'a>,
-        vw: &'a Views<'a, T>,
-        hp: &AdamW,
-    ) -> Result<()> {
+    fn cap_update<'a>(&'a self, cap: &mut Capture<'_, 'a>, hp: &AdamW) -> Result<()> {
         self.k
             .sumsq(cap, &self.normsq, &self.sc.norm_partial, &self.grads)?;
-        for (i, prm) in self.layout.params.iter().enumerate() {
-            let wd = if prm.decay { hp.weight_decay } else { 0.0 };
-            let tensors = (&vw.master[i], &vw.p[i], &vw.g[i]);
-            let moments = (&vw.m[i], &vw.v[i]);
-            let (sched, normsq) = (&self.sched, &self.normsq);
-            self.k.adamw(cap, tensors, moments, sched, normsq, wd, hp)?;
-        }
-        Ok(())
+        let tensors = (&self.params, &self.weights, &self.grads);
+        let moments = (&self.m, &self.v);
+        let (sched, normsq) = (&self.sched, &self.normsq);
+        self.k
+            .adamw(cap, tensors, moments, sched, normsq, &self.decay, hp)
     }
 }

@@ -310,10 +310,11 @@ extern "C" __global__ void sumsq_partial(float* partial, const act_t* g, unsigne
 // AdamW as torch.optim.AdamW, with the gradient clipped to norm max_norm first
 // (torch.nn.utils.clip_grad_norm_), on the float master weights p; w receives the updated
 // weights as act_t (what the products and kernels read). sched: [lr, 1 - beta1^t,
-// 1 - beta2^t]; normsq[0]: the squared gradient norm.
+// 1 - beta2^t]; normsq[0]: the squared gradient norm; weight decay wd where decay[i] != 0.
 extern "C" __global__ void adamw(float* p, act_t* w, const act_t* g, float* m, float* v,
-                                 unsigned n, const float* sched, const float* normsq, float wd,
-                                 float b1, float b2, float eps, float max_norm) {
+                                 unsigned n, const float* sched, const float* normsq,
+                                 const unsigned char* decay, float wd, float b1, float b2,
+                                 float eps, float max_norm) {
     float lr = sched[0], bc1 = sched[1], bc2 = sched[2];
     float coef = fminf(max_norm / (sqrtf(normsq[0]) + 1e-6f), 1.0f);
     float step = lr / bc1, bc2s = sqrtf(bc2);
@@ -323,7 +324,7 @@ extern "C" __global__ void adamw(float* p, act_t* w, const act_t* g, float* m, f
         float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        float pi = p[i] * (1.0f - lr * wd);
+        float pi = p[i] * (1.0f - lr * (decay[i] ? wd : 0.0f));
         pi = pi - step * mi / (sqrtf(vi) / bc2s + eps);
         p[i] = pi;
         w[i] = st(pi);

@@ -686,8 +686,9 @@ impl Kernels {
         }
     }
 
-    /// One AdamW update of one tensor (clipped by the norm in `normsq[0]`; `sched`: lr
-    /// and the bias corrections).
+    /// One AdamW update of the parameters (clipped by the norm in `normsq[0]`; `sched`:
+    /// lr and the bias corrections; weight decay where `decay`, one byte per parameter,
+    /// is not 0).
     #[allow(clippy::too_many_arguments)]
     pub fn adamw<'b>(
         &self,
@@ -696,10 +697,11 @@ impl Kernels {
         (m, v): (&'b impl In, &'b impl In),
         sched: &'b impl In,
         normsq: &'b impl In,
-        wd: f32,
+        decay: &'b impl In,
         hp: &crate::optim::AdamW,
     ) -> Result<()> {
         let n = p.len();
+        need("adamw decay mask", decay.len(), n)?;
         need("adamw grad", g.len(), n)?;
         need("adamw weights", w.len(), n)?;
         need("adamw m", m.len(), n)?;
@@ -708,8 +710,8 @@ impl Kernels {
         need("norm", normsq.len(), 1)?;
         let nn = u32_of("tensor", n)?;
         // SAFETY: (float*, act_t*, const act_t*, float* ×2, unsigned, const float* ×2,
-        // float ×5) matches adamw (the model's buffer types); n of p, w, g, m, v (checked),
-        // 3 of sched, 1 of normsq.
+        // const unsigned char*, float ×5) matches adamw (the model's buffer types); n of
+        // p, w, g, m, v and decay (checked), 3 of sched, 1 of normsq.
         unsafe {
             tg.run(
                 &self.adamw,
@@ -723,7 +725,8 @@ impl Kernels {
                     Arg::s(&nn),
                     Arg::b(sched),
                     Arg::b(normsq),
-                    Arg::s(&wd),
+                    Arg::b(decay),
+                    Arg::s(&hp.weight_decay),
                     Arg::s(&hp.beta1),
                     Arg::s(&hp.beta2),
                     Arg::s(&hp.eps),

@@ -198,6 +198,15 @@ impl ParamLayout {
     }
 
     /// The index of tensor `name` in [`params`](Self::params).
+    /// One byte per parameter of the flat buffer: 1 where AdamW decays it, else 0.
+    pub fn decay_mask(&self) -> Vec<u8> {
+        let mut mask = vec![0u8; self.total];
+        for p in self.params.iter().filter(|p| p.decay) {
+            mask[p.range()].fill(1);
+        }
+        mask
+    }
+
     pub fn index(&self, name: &str) -> usize {
         self.params
             .iter()
@@ -277,6 +286,15 @@ mod tests {
         assert_eq!(layout.get("h.3.ln_2.bias").offset, ln.offset + 768);
         assert!(layout.get("h.0.mlp.c_fc.weight").decay);
         assert!(!layout.get("h.0.mlp.c_fc.bias").decay);
+        let mask = layout.decay_mask();
+        assert_eq!(mask.len(), layout.total);
+        for p in &layout.params {
+            assert!(
+                mask[p.range()].iter().all(|&d| d == u8::from(p.decay)),
+                "{}",
+                p.name
+            );
+        }
         assert_eq!(layout.get("h.0.attn.c_attn.weight").shape, [2304, 768]);
     }
 
