@@ -1,7 +1,9 @@
 // Fused causal attention of train_gpt in bf16 on tensor cores through mma.sync
 // (m16n8k16, bf16 in, f32 accumulate), flash-attention-2 style: each warp of a block owns
 // 16 rows of a 64-row tile, its scores, probabilities and accumulators stay in registers,
-// and K, V (or Q, dO) tiles of 64 rows stream through shared memory. Same interface and
+// and K, V (or Q, dO) tiles of 64 rows stream through shared memory, double-buffered: the
+// next tile's cp.async copies run while the current one is multiplied. Exponentials use
+// __expf (bf16 precision is what the products keep). Same interface and
 // layouts as attention.cu: q, k, v read from the QKV product (B, T, 3, NH, 64), y written
 // as (B, T, NH, 64), dq, dk, dv into dqkv (B, T, 3, NH, 64); head size 64; no atomics.
 // Every buffer is 16-byte aligned (the host checks).
@@ -70,6 +72,29 @@ __device__ void load_tile(bf16* s, const bf16* base, idx_t stride, unsigned r0, 
     }
 }
 
+// The same as load_tile with cp.async (16 bytes each, zeros past T), in the calling
+// thread's current group of copies.
+__device__ void load_tile_async(bf16* s, const bf16* base, idx_t stride, unsigned r0,
+                                unsigned T) {
+    for (int e = threadIdx.x; e < TILE * HD / 8; e += NT) {
+        int r = e / (HD / 8), c = (e % (HD / 8)) * 8;
+        unsigned t = r0 + r;
+        int bytes = t < T ? 16 : 0;  // 0: no read, the 16 bytes are zero-filled
+        const bf16* src = base + (idx_t)(t < T ? t : 0) * stride + c;
+        unsigned dst = (unsigned)__cvta_generic_to_shared(s + r * LDA + c);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(src), "r"(bytes) : "memory");
+    }
+}
+__device__ __forceinline__ void cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits for this thread's copies but the most recent `pending` groups (0 or 1).
+__device__ __forceinline__ void cp_wait(bool pending) {
+    if (pending) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
 // A fragments (4 k-steps over the 64 columns) of rows row0 .. row0+15 of a tile.
 __device__ __forceinline__ void load_a(unsigned (*a)[4], const bf16* s, int row0, int g, int q) {
     const bf16* r = s + (row0 + g) * LDA + 2 * q;
@@ -112,8 +137,8 @@ __device__ __forceinline__ void mm_ab(float (*acc)[4], unsigned (*p)[4], const b
 extern "C" __global__ void __launch_bounds__(NT)
 attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float scale) {
     __shared__ __align__(16) bf16 sQ[TILE * LDA];
-    __shared__ __align__(16) bf16 sK[TILE * LDA];
-    __shared__ __align__(16) bf16 sV[TILE * LDA];
+    __shared__ __align__(16) bf16 sK[2][TILE * LDA];
+    __shared__ __align__(16) bf16 sV[2][TILE * LDA];
     const unsigned q0 = (gridDim.x - 1 - blockIdx.x) * TILE;
     const unsigned bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const idx_t C = (idx_t)NH * HD;
@@ -121,6 +146,9 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const unsigned row0 = q0 + warp * 16 + g, row1 = row0 + 8;
     load_tile(sQ, base, 3 * C, q0, T);
+    load_tile_async(sK[0], base + C, 3 * C, 0, T);
+    load_tile_async(sV[0], base + 2 * C, 3 * C, 0, T);
+    cp_commit();
     __syncthreads();
     unsigned qa[4][4];
     load_a(qa, sQ, warp * 16, g, q);
@@ -129,13 +157,17 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
     for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
     const unsigned kend = umin(T, q0 + TILE);
-    for (unsigned k0 = 0; k0 < kend; k0 += TILE) {
-        __syncthreads();  // every warp is done with the last tile's sK and sV
-        load_tile(sK, base + C, 3 * C, k0, T);
-        load_tile(sV, base + 2 * C, 3 * C, k0, T);
-        __syncthreads();
+    for (unsigned k0 = 0, cur = 0; k0 < kend; k0 += TILE, cur ^= 1) {
+        const bool next = k0 + TILE < kend;
+        if (next) {  // into the buffers the last iteration was done with (synchronised)
+            load_tile_async(sK[cur ^ 1], base + C, 3 * C, k0 + TILE, T);
+            load_tile_async(sV[cur ^ 1], base + 2 * C, 3 * C, k0 + TILE, T);
+            cp_commit();
+        }
+        cp_wait(next);
+        __syncthreads();  // every thread's copies of this tile have landed
         float s[8][4];
-        mm_abt(s, qa, sK, g, q);
+        mm_abt(s, qa, sK[cur], g, q);
         float mx0 = NEG_INF, mx1 = NEG_INF;
         #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -150,13 +182,13 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
         float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
         // Rows with no key yet (only rows past T) keep exp() finite.
         float ref0 = mn0 == NEG_INF ? 0.0f : mn0, ref1 = mn1 == NEG_INF ? 0.0f : mn1;
-        float alpha0 = expf(m0 - ref0), alpha1 = expf(m1 - ref1);
+        float alpha0 = __expf(m0 - ref0), alpha1 = __expf(m1 - ref1);
         unsigned pa[4][4];
         float ps0 = 0.0f, ps1 = 0.0f;
         #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            unsigned lo = pack(expf(s[j][0] - ref0), expf(s[j][1] - ref0), ps0);
-            unsigned hi = pack(expf(s[j][2] - ref1), expf(s[j][3] - ref1), ps1);
+            unsigned lo = pack(__expf(s[j][0] - ref0), __expf(s[j][1] - ref0), ps0);
+            unsigned hi = pack(__expf(s[j][2] - ref1), __expf(s[j][3] - ref1), ps1);
             pa[j / 2][(j % 2) * 2] = lo;
             pa[j / 2][(j % 2) * 2 + 1] = hi;
         }
@@ -171,7 +203,8 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
             o[j][2] *= alpha1;
             o[j][3] *= alpha1;
         }
-        mm_ab(o, pa, sV, g, q);
+        mm_ab(o, pa, sV[cur], g, q);
+        __syncthreads();  // every warp is done with sK[cur] and sV[cur]
     }
     bf16* yb = y + (idx_t)b * T * C + (idx_t)h * HD + 2 * q;
     if (row0 < T) {
@@ -214,21 +247,26 @@ extern "C" __global__ void attn_bwd_d(float* D, const bf16* y, const bf16* dy, u
 extern "C" __global__ void __launch_bounds__(NT)
 attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const float* D,
             unsigned T, unsigned NH, float scale) {
-    __shared__ __align__(16) bf16 sA[TILE * LDA];
-    __shared__ __align__(16) bf16 sB[TILE * LDA];
+    __shared__ __align__(16) bf16 sA[2][TILE * LDA];
+    __shared__ __align__(16) bf16 sB[2][TILE * LDA];
     const unsigned q0 = (gridDim.x - 1 - blockIdx.x) * TILE;
     const unsigned bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const idx_t C = (idx_t)NH * HD;
     const bf16* base = qkv + (idx_t)b * T * 3 * C + (idx_t)h * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const unsigned row0 = q0 + warp * 16 + g, row1 = row0 + 8;
-    // q and dy fragments of the warp's rows, through sA and sB.
-    load_tile(sA, base, 3 * C, q0, T);
-    load_tile(sB, dy + (idx_t)b * T * C + (idx_t)h * HD, C, q0, T);
+    // q and dy fragments of the warp's rows, through sA[1] and sB[1]; the first k and v
+    // tiles on their way into sA[0] and sB[0].
+    load_tile(sA[1], base, 3 * C, q0, T);
+    load_tile(sB[1], dy + (idx_t)b * T * C + (idx_t)h * HD, C, q0, T);
+    load_tile_async(sA[0], base + C, 3 * C, 0, T);
+    load_tile_async(sB[0], base + 2 * C, 3 * C, 0, T);
+    cp_commit();
     __syncthreads();
     unsigned qa[4][4], da[4][4];
-    load_a(qa, sA, warp * 16, g, q);
-    load_a(da, sB, warp * 16, g, q);
+    load_a(qa, sA[1], warp * 16, g, q);
+    load_a(da, sB[1], warp * 16, g, q);
+    __syncthreads();  // every warp has its fragments: sA[1] and sB[1] are free
     const float lse0 = row0 < T ? lse[(idx_t)bh * T + row0] : 0.0f;
     const float lse1 = row1 < T ? lse[(idx_t)bh * T + row1] : 0.0f;
     const float d0 = row0 < T ? D[(idx_t)bh * T + row0] : 0.0f;
@@ -237,14 +275,18 @@ attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const
     #pragma unroll
     for (int j = 0; j < 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
     const unsigned kend = umin(T, q0 + TILE);
-    for (unsigned k0 = 0; k0 < kend; k0 += TILE) {
-        __syncthreads();  // every warp is done reading sA and sB
-        load_tile(sA, base + C, 3 * C, k0, T);      // k
-        load_tile(sB, base + 2 * C, 3 * C, k0, T);  // v
+    for (unsigned k0 = 0, cur = 0; k0 < kend; k0 += TILE, cur ^= 1) {
+        const bool next = k0 + TILE < kend;
+        if (next) {  // k and v of the next tile
+            load_tile_async(sA[cur ^ 1], base + C, 3 * C, k0 + TILE, T);
+            load_tile_async(sB[cur ^ 1], base + 2 * C, 3 * C, k0 + TILE, T);
+            cp_commit();
+        }
+        cp_wait(next);
         __syncthreads();
         float s[8][4], dp[8][4];
-        mm_abt(s, qa, sA, g, q);
-        mm_abt(dp, da, sB, g, q);
+        mm_abt(s, qa, sA[cur], g, q);
+        mm_abt(dp, da, sB[cur], g, q);
         unsigned dsa[4][4];
         #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -253,13 +295,14 @@ attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const
             for (int e = 0; e < 4; ++e) {
                 unsigned key = k0 + j * 8 + 2 * q + (e & 1), row = e < 2 ? row0 : row1;
                 float l = e < 2 ? lse0 : lse1, dd = e < 2 ? d0 : d1;
-                float p = key <= row && row < T ? expf(s[j][e] * scale - l) : 0.0f;
+                float p = key <= row && row < T ? __expf(s[j][e] * scale - l) : 0.0f;
                 ds[e] = p * (dp[j][e] - dd) * scale;
             }
             dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
             dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
         }
-        mm_ab(dq, dsa, sA, g, q);
+        mm_ab(dq, dsa, sA[cur], g, q);
+        __syncthreads();  // every warp is done with sA[cur] and sB[cur]
     }
     bf16* out = dqkv + (idx_t)b * T * 3 * C + (idx_t)h * HD + 2 * q;
     #pragma unroll
@@ -273,15 +316,25 @@ attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const
     }
 }
 
+// lse and D of rows q0 .. q0+63 of head bh into sl and sd (0 past T).
+__device__ void load_stats(float* sl, float* sd, const float* lse, const float* D, unsigned bh,
+                           unsigned q0, unsigned T) {
+    if (threadIdx.x < TILE) {
+        unsigned t = q0 + threadIdx.x;
+        sl[threadIdx.x] = t < T ? lse[(idx_t)bh * T + t] : 0.0f;
+        sd[threadIdx.x] = t < T ? D[(idx_t)bh * T + t] : 0.0f;
+    }
+}
+
 // Backward, dk and dv: block per 64 keys (warp w: keys k0 + 16w .. +15), over the query
 // tiles from the diagonal on, with the transposed products: Sᵀ = k·qᵀ, dPᵀ = v·dyᵀ,
 // dv = Σ Pᵀ·dy, dk = Σ dSᵀ·q.
 extern "C" __global__ void __launch_bounds__(NT)
 attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const float* D,
               unsigned T, unsigned NH, float scale) {
-    __shared__ __align__(16) bf16 sQ[TILE * LDA];
-    __shared__ __align__(16) bf16 sO[TILE * LDA];
-    __shared__ float sLse[TILE], sD[TILE];
+    __shared__ __align__(16) bf16 sQ[2][TILE * LDA];
+    __shared__ __align__(16) bf16 sO[2][TILE * LDA];
+    __shared__ float sLse[2][TILE], sD[2][TILE];
     const unsigned k0 = blockIdx.x * TILE;
     const unsigned bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const idx_t C = (idx_t)NH * HD;
@@ -289,32 +342,40 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
     const bf16* dyb = dy + (idx_t)b * T * C + (idx_t)h * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const unsigned key0 = k0 + warp * 16 + g, key1 = key0 + 8;
-    // k and v fragments of the warp's keys, through sQ and sO.
-    load_tile(sQ, base + C, 3 * C, k0, T);
-    load_tile(sO, base + 2 * C, 3 * C, k0, T);
+    // k and v fragments of the warp's keys, through sQ[1] and sO[1]; the first q and dy
+    // tiles (from the diagonal, q0 = k0) on their way into sQ[0] and sO[0].
+    load_tile(sQ[1], base + C, 3 * C, k0, T);
+    load_tile(sO[1], base + 2 * C, 3 * C, k0, T);
+    load_tile_async(sQ[0], base, 3 * C, k0, T);
+    load_tile_async(sO[0], dyb, C, k0, T);
+    cp_commit();
+    load_stats(sLse[0], sD[0], lse, D, bh, k0, T);
     __syncthreads();
     unsigned ka[4][4], va[4][4];
-    load_a(ka, sQ, warp * 16, g, q);
-    load_a(va, sO, warp * 16, g, q);
+    load_a(ka, sQ[1], warp * 16, g, q);
+    load_a(va, sO[1], warp * 16, g, q);
+    __syncthreads();  // every warp has its fragments: sQ[1] and sO[1] are free
     float dk[8][4], dv[8][4];
     #pragma unroll
     for (int j = 0; j < 8; ++j) {
         dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = 0.0f;
         dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.0f;
     }
-    for (unsigned q0 = k0; q0 < T; q0 += TILE) {
-        __syncthreads();  // every warp is done reading sQ, sO and the statistics
-        load_tile(sQ, base, 3 * C, q0, T);
-        load_tile(sO, dyb, C, q0, T);
-        if (threadIdx.x < TILE) {
-            unsigned t = q0 + threadIdx.x;
-            sLse[threadIdx.x] = t < T ? lse[(idx_t)bh * T + t] : 0.0f;
-            sD[threadIdx.x] = t < T ? D[(idx_t)bh * T + t] : 0.0f;
+    for (unsigned q0 = k0, cur = 0; q0 < T; q0 += TILE, cur ^= 1) {
+        const bool next = q0 + TILE < T;
+        if (next) {  // q, dy and the statistics of the next tile
+            load_tile_async(sQ[cur ^ 1], base, 3 * C, q0 + TILE, T);
+            load_tile_async(sO[cur ^ 1], dyb, C, q0 + TILE, T);
+            cp_commit();
+            load_stats(sLse[cur ^ 1], sD[cur ^ 1], lse, D, bh, q0 + TILE, T);
         }
+        cp_wait(next);
         __syncthreads();
+        const float* sl = sLse[cur];
+        const float* sd = sD[cur];
         float st[8][4], dpt[8][4];
-        mm_abt(st, ka, sQ, g, q);
-        mm_abt(dpt, va, sO, g, q);
+        mm_abt(st, ka, sQ[cur], g, q);
+        mm_abt(dpt, va, sO[cur], g, q);
         unsigned pa[4][4], dsa[4][4];
         #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -324,16 +385,17 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
                 int c = j * 8 + 2 * q + (e & 1);
                 unsigned row = q0 + c, key = e < 2 ? key0 : key1;
                 bool ok = key <= row && row < T;
-                p[e] = ok ? expf(st[j][e] * scale - sLse[c]) : 0.0f;
-                ds[e] = p[e] * (dpt[j][e] - sD[c]) * scale;
+                p[e] = ok ? __expf(st[j][e] * scale - sl[c]) : 0.0f;
+                ds[e] = p[e] * (dpt[j][e] - sd[c]) * scale;
             }
             pa[j / 2][(j % 2) * 2] = pack(p[0], p[1]);
             pa[j / 2][(j % 2) * 2 + 1] = pack(p[2], p[3]);
             dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
             dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
         }
-        mm_ab(dv, pa, sO, g, q);
-        mm_ab(dk, dsa, sQ, g, q);
+        mm_ab(dv, pa, sO[cur], g, q);
+        mm_ab(dk, dsa, sQ[cur], g, q);
+        __syncthreads();  // every warp is done with this tile's buffers and statistics
     }
     bf16* out = dqkv + (idx_t)b * T * 3 * C + (idx_t)h * HD + 2 * q;
     #pragma unroll
