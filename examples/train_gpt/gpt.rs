@@ -65,6 +65,8 @@ struct Scratch<T: DeviceRepr> {
     dfch_gelu: DeviceSlice<T>,
     dlogits: DeviceSlice<T>,
     partial: DeviceSlice<f32>,
+    /// The token embedding gradient's partial sums.
+    wte_partial: DeviceSlice<f32>,
     norm_partial: DeviceSlice<f32>,
 }
 
@@ -214,6 +216,7 @@ impl<T: Act> Gpt<T> {
             dfch_gelu: z(gpu, bt * 4 * c)?,
             dlogits: z(gpu, bt * d.v)?,
             partial: z(gpu, kernels::colsum_parts(bt) * 4 * c)?,
+            wte_partial: z(gpu, kernels::wte_parts(bt) * d.v * c)?,
             norm_partial: z(gpu, NORM_PARTS)?,
         };
         let decay = gpu.clone_htod(&layout.decay_mask())?;
@@ -717,8 +720,8 @@ impl<T: Act> Gpt<T> {
         let [mut dwte, mut dwpe] = g.get_disjoint_mut([gr("wte.weight"), gr("wpe.weight")])?;
         k.encoder_bwd(
             s,
-            &mut dwte,
-            &mut dwpe,
+            (&mut dwte, &mut dwpe),
+            &mut sc.wte_partial,
             &sc.dres,
             &self.tokens,
             (d.b, d.t, c, d.v),

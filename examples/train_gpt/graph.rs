@@ -260,14 +260,8 @@ impl<T: Act> Gpt<T> {
             self.cap_backward_block(cap, blas, vw, l)?;
         }
         let dims = (d.b, d.t, c, d.v);
-        k.encoder_bwd(
-            cap,
-            gw("wte.weight"),
-            gw("wpe.weight"),
-            &sc.dres,
-            &self.tokens,
-            dims,
-        )
+        let dw = (gw("wte.weight"), gw("wpe.weight"));
+        k.encoder_bwd(cap, dw, &sc.wte_partial, &sc.dres, &self.tokens, dims)
     }
 
     /// Block `l`'s backward pass, captured.

@@ -72,14 +72,31 @@ extern "C" __global__ void encoder_bwd_wpe(act_t* dwpe, const act_t* dout, unsig
     }
 }
 
-// dwte[v,c] += sum over positions whose token is v of dout[bt,c] (thread per (v, c)).
-extern "C" __global__ void encoder_bwd_wte(act_t* dwte, const act_t* dout, const unsigned* tok,
-                                           unsigned BT, unsigned V, unsigned C) {
-    GRID_STRIDE(i, (idx_t)V * C) {
-        unsigned v = i / C, c = i % C;
+// The token embedding's gradient, pass 1: block (32) per 32 columns (blockIdx.x) and
+// chunk of rows (blockIdx.y of gridDim.y): partial[(y·V + v)·C + c] = the sum, in row
+// order, of dout[bt, c] over the chunk's rows bt whose token is v. V <= 256; each thread
+// owns one column of the shared accumulators.
+extern "C" __global__ void encoder_bwd_wte_partial(float* partial, const act_t* dout,
+                                                   const unsigned* tok, unsigned BT, unsigned V,
+                                                   unsigned C) {
+    __shared__ float acc[256][33];
+    unsigned c = blockIdx.x * 32 + threadIdx.x;
+    unsigned chunk = (BT + gridDim.y - 1) / gridDim.y;
+    unsigned r0 = umin(BT, blockIdx.y * chunk), r1 = umin(BT, r0 + chunk);
+    for (unsigned v = 0; v < V; ++v) acc[v][threadIdx.x] = 0.0f;
+    if (c >= C) return;
+#pragma unroll 4
+    for (unsigned r = r0; r < r1; ++r) acc[tok[r]][threadIdx.x] += ld(dout[(idx_t)r * C + c]);
+    for (unsigned v = 0; v < V; ++v)
+        partial[((idx_t)blockIdx.y * V + v) * C + c] = acc[v][threadIdx.x];
+}
+
+// Pass 2: dwte[v, c] += the P chunks' partial sums, in chunk order (thread per (v, c)).
+extern "C" __global__ void encoder_bwd_wte_finish(act_t* dwte, const float* partial, unsigned P,
+                                                  unsigned VC) {
+    GRID_STRIDE(i, VC) {
         float s = 0.0f;
-        for (unsigned bt = 0; bt < BT; ++bt)
-            if (tok[bt] == v) s += ld(dout[(idx_t)bt * C + c]);
+        for (unsigned p = 0; p < P; ++p) s += partial[(idx_t)p * VC + i];
         dwte[i] = st(ld(dwte[i]) + s);
     }
 }

@@ -6,7 +6,7 @@
 //! ([`Gpt<T>`](crate::gpt::Gpt)) passes buffers of `T` there and of `f32` elsewhere.
 
 use crate::launch::{Arg, In, Target};
-use gpubind::{BoundDevice, DeviceMemory, KernelArg};
+use gpubind::{BoundDevice, KernelArg};
 use gpubind::{CompileOptions, Error, Kernel, LaunchConfig, Result};
 
 /// The kernels' CUDA source.
@@ -34,7 +34,8 @@ macro_rules! registry {
 registry!(
     encoder_fwd,
     encoder_bwd_wpe,
-    encoder_bwd_wte,
+    encoder_bwd_wte_partial,
+    encoder_bwd_wte_finish,
     layernorm_fwd,
     layernorm_bwd_dx,
     colsum_partial,
@@ -54,6 +55,9 @@ registry!(
     cast_weights,
     copy_words,
 );
+
+#[path = "kernels_optim.rs"]
+mod optim;
 
 /// Blocks of [`sumsq_partial`](Kernels::sumsq_partial) (and the length of its output).
 pub const NORM_PARTS: usize = 1024;
@@ -98,6 +102,12 @@ fn blocks(n: u32, threads: u32) -> LaunchConfig {
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// Row chunks of the token embedding's two-pass gradient (`encoder_bwd`'s `partial`
+/// holds this many `V × C` sums).
+pub fn wte_parts(rows: usize) -> usize {
+    rows.div_ceil(256).clamp(1, 32)
 }
 
 /// Row chunks of the two-pass column sums: `colsum_partial` writes one row of partial
@@ -148,13 +158,14 @@ impl Kernels {
         }
     }
 
-    /// `dwpe = Σ_b dout[b]`, `dwte += scatter(dout)` by token.
+    /// `dwpe = Σ_b dout[b]`, `dwte += scatter(dout)` by token (through `partial`,
+    /// [`wte_parts`] `× V × C`).
     #[allow(clippy::too_many_arguments)]
     pub fn encoder_bwd<'b>(
         &self,
         tg: &mut (impl Target<'b> + ?Sized),
-        dwte: &'b impl In,
-        dwpe: &'b impl In,
+        (dwte, dwpe): (&'b impl In, &'b impl In),
+        partial: &'b impl In,
         dout: &'b impl In,
         tok: &'b impl In,
         (b, t, c, v): (usize, usize, usize, usize),
@@ -163,7 +174,15 @@ impl Kernels {
         need("encoder tokens", tok.len(), b * t)?;
         need("dwpe", dwpe.len(), t * c)?;
         need("dwte", dwte.len(), v * c)?;
-        let [b, t, c, v, bt] = [b, t, c, v, b * t].map(|x| x as u32);
+        let parts = wte_parts(b * t);
+        need("dwte partial", partial.len(), parts * v * c)?;
+        if v > 256 {
+            return Err(Error::InvalidArgument(format!(
+                "train_gpt: the embedding gradient takes up to 256 tokens, not {v}"
+            )));
+        }
+        u32_of("P*V*C", partial.len())?;
+        let [b, t, c, v, bt, pp, vc] = [b, t, c, v, b * t, parts, v * c].map(|x| x as u32);
         u32_of("BT*C", dout.len())?;
         // SAFETY: (float*, const float*, unsigned ×3) matches encoder_bwd_wpe; it writes T·C
         // of dwpe and reads B·T·C of dout (both checked).
@@ -180,20 +199,37 @@ impl Kernels {
                 ],
             )?;
         }
+        let cfg = LaunchConfig {
+            grid_dim: (c.div_ceil(32), pp, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: (float*, const float*, const unsigned*, unsigned ×3) matches
-        // encoder_bwd_wte; it touches V·C of dwte, BT of tok and BT·C of dout (checked).
+        // encoder_bwd_wte_partial; block (x, y < P) reads rows of chunk y of tok (BT) and
+        // columns < C of dout (BT·C, checked) and writes partial[(y·V + v)·C + c] < P·V·C
+        // (checked); the tokens index its 256 accumulator rows: they are below V <= 256
+        // (checked; the host makes them from bytes).
         unsafe {
             tg.run(
-                &self.encoder_bwd_wte,
-                grid(dwte.len()),
+                &self.encoder_bwd_wte_partial,
+                cfg,
                 &[
-                    Arg::w(dwte),
+                    Arg::w(partial),
                     Arg::b(dout),
                     Arg::b(tok),
                     Arg::s(&bt),
                     Arg::s(&v),
                     Arg::s(&c),
                 ],
+            )?;
+        }
+        // SAFETY: (float*, const float*, unsigned ×2) matches encoder_bwd_wte_finish; it
+        // touches V·C of dwte (checked) and P·V·C of partial (checked).
+        unsafe {
+            tg.run(
+                &self.encoder_bwd_wte_finish,
+                grid(dwte.len()),
+                &[Arg::w(dwte), Arg::b(partial), Arg::s(&pp), Arg::s(&vc)],
             )
         }
     }
@@ -645,138 +681,6 @@ impl Kernels {
                     Arg::s(&scale),
                     Arg::s(&zero),
                 ],
-            )
-        }
-    }
-
-    /// The squared norm of `g` into `out[0]`, through `partial` ([`NORM_PARTS`]).
-    pub fn sumsq<'b>(
-        &self,
-        tg: &mut (impl Target<'b> + ?Sized),
-        out: &'b impl In,
-        partial: &'b impl In,
-        g: &'b impl In,
-    ) -> Result<()> {
-        need("norm partial", partial.len(), NORM_PARTS)?;
-        need("norm out", out.len(), 1)?;
-        let n = u32_of("parameters", g.len())?;
-        let (parts, one, zero) = (NORM_PARTS as u32, 1.0f32, 0u32);
-        // SAFETY: (float*, const float*, unsigned) matches sumsq_partial; block b <
-        // NORM_PARTS writes partial[b] (checked) and reads n of g.
-        unsafe {
-            tg.run(
-                &self.sumsq_partial,
-                blocks(parts, 256),
-                &[Arg::w(partial), Arg::b(g), Arg::s(&n)],
-            )?;
-        }
-        // SAFETY: as in `xent`: NORM_PARTS of partial, out[0].
-        unsafe {
-            tg.run(
-                &self.sum_finish,
-                blocks(1, 256),
-                &[
-                    Arg::w(out),
-                    Arg::b(partial),
-                    Arg::s(&parts),
-                    Arg::s(&one),
-                    Arg::s(&zero),
-                ],
-            )
-        }
-    }
-
-    /// One AdamW update of the parameters (clipped by the norm in `normsq[0]`; `sched`:
-    /// lr and the bias corrections; weight decay where `decay`, one byte per parameter,
-    /// is not 0).
-    #[allow(clippy::too_many_arguments)]
-    pub fn adamw<'b>(
-        &self,
-        tg: &mut (impl Target<'b> + ?Sized),
-        (p, w, g): (&'b impl In, &'b impl In, &'b impl In),
-        (m, v): (&'b impl In, &'b impl In),
-        sched: &'b impl In,
-        normsq: &'b impl In,
-        decay: &'b impl In,
-        hp: &crate::optim::AdamW,
-    ) -> Result<()> {
-        let n = p.len();
-        need("adamw decay mask", decay.len(), n)?;
-        need("adamw grad", g.len(), n)?;
-        need("adamw weights", w.len(), n)?;
-        need("adamw m", m.len(), n)?;
-        need("adamw v", v.len(), n)?;
-        need("schedule", sched.len(), crate::optim::SCHED_LEN)?;
-        need("norm", normsq.len(), 1)?;
-        let nn = u32_of("tensor", n)?;
-        // SAFETY: (float*, act_t*, const act_t*, float* ×2, unsigned, const float* ×2,
-        // const unsigned char*, float ×5) matches adamw (the model's buffer types); n of
-        // p, w, g, m, v and decay (checked), 3 of sched, 1 of normsq.
-        unsafe {
-            tg.run(
-                &self.adamw,
-                grid(n),
-                &[
-                    Arg::w(p),
-                    Arg::w(w),
-                    Arg::b(g),
-                    Arg::w(m),
-                    Arg::w(v),
-                    Arg::s(&nn),
-                    Arg::b(sched),
-                    Arg::b(normsq),
-                    Arg::b(decay),
-                    Arg::s(&hp.weight_decay),
-                    Arg::s(&hp.beta1),
-                    Arg::s(&hp.beta2),
-                    Arg::s(&hp.eps),
-                    Arg::s(&hp.max_norm),
-                ],
-            )
-        }
-    }
-
-    /// `dst = src` for buffers of 32-bit elements.
-    pub fn copy_words<'b, T: gpubind::DeviceRepr>(
-        &self,
-        tg: &mut (impl Target<'b> + ?Sized),
-        dst: &'b (impl DeviceMemory<T> + KernelArg),
-        src: &'b (impl DeviceMemory<T> + KernelArg),
-    ) -> Result<()> {
-        if std::mem::size_of::<T>() != 4 {
-            return Err(Error::InvalidArgument(
-                "train_gpt: copy_words copies 4-byte elements".into(),
-            ));
-        }
-        need("copy destination", dst.len(), src.len())?;
-        let n = u32_of("copy length", src.len())?;
-        // SAFETY: (unsigned*, const unsigned*, unsigned) matches copy_words (4-byte
-        // elements, checked); n elements of both (equal lengths, checked).
-        unsafe {
-            tg.run(
-                &self.copy_words,
-                grid(src.len()),
-                &[Arg::w(dst), Arg::b(src), Arg::s(&n)],
-            )
-        }
-    }
-
-    /// `w = p` converted to the activation type.
-    pub fn cast_weights<'b>(
-        &self,
-        tg: &mut (impl Target<'b> + ?Sized),
-        w: &'b impl In,
-        p: &'b impl In,
-    ) -> Result<()> {
-        need("weights", w.len(), p.len())?;
-        let n = u32_of("parameters", p.len())?;
-        // SAFETY: (act_t*, const float*, unsigned) matches cast_weights (the model's buffer
-        // types); n of both (checked).
-        unsafe {
-            tg.run(
-                &self.cast_weights,
-                grid(p.len()),
-                &[Arg::w(w), Arg::b(p), Arg::s(&n)],
             )
         }
     }
