@@ -35,10 +35,22 @@ __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, un
 
 // Two consecutive bf16 of a row (even index).
 __device__ __forceinline__ unsigned ld2(const bf16* p) { return *(const unsigned*)p; }
-// Two bf16 of one column from consecutive rows: the first in the low half.
-__device__ __forceinline__ unsigned ldcol(const bf16* p) {
-    const unsigned short* u = (const unsigned short*)p;
-    return (unsigned)u[0] | ((unsigned)u[LDA] << 16);
+// ldmatrix .x4: four 8×8 bf16 matrices of shared memory, lanes 8m .. 8m+7 giving the
+// addresses of matrix m's rows (16-byte aligned); r[m] of lane (g, q) gets matrix m's
+// row g, columns 2q and 2q+1 — or with _t (.trans) its rows 2q and 2q+1 of column g.
+__device__ __forceinline__ void ldsm(unsigned* r, const bf16* p) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_t(unsigned* r, const bf16* p) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
 }
 // Rounds (lo, hi) to bf16 and packs them; `sum` gets the rounded values.
 __device__ __forceinline__ unsigned pack(float lo, float hi, float& sum) {
@@ -108,28 +120,40 @@ __device__ __forceinline__ void load_a(unsigned (*a)[4], const bf16* s, int row0
 }
 
 // acc[j] = A · Bᵀ over the 64 columns: the warp's 16 rows (fragments a) against rows
-// j·8 .. j·8+7 of the tile s (B(k, n) = s[n][k]), j < 8.
-__device__ __forceinline__ void mm_abt(float (*acc)[4], unsigned (*a)[4], const bf16* s, int g,
-                                       int q) {
+// j·8 .. j·8+7 of the tile s (B(k, n) = s[n][k]), j < 8. One ldmatrix gives the B
+// fragments of two k-steps: matrices at columns 32h, +8, +16, +24.
+__device__ __forceinline__ void mm_abt(float (*acc)[4], unsigned (*a)[4], const bf16* s,
+                                       int lane) {
+    const bf16* base = s + (lane % 8) * LDA + (lane / 8) * 8;
     #pragma unroll
     for (int j = 0; j < 8; ++j) {
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-        const bf16* r = s + (j * 8 + g) * LDA + 2 * q;
         #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) mma(acc[j], a[kk], ld2(r + kk * 16), ld2(r + kk * 16 + 8));
+        for (int h = 0; h < 2; ++h) {
+            unsigned b[4];
+            ldsm(b, base + j * 8 * LDA + h * 32);
+            mma(acc[j], a[2 * h], b[0], b[1]);
+            mma(acc[j], a[2 * h + 1], b[2], b[3]);
+        }
     }
 }
 
 // acc[j] += P · s over 64 rows of s (B(k, n) = s[k][n], columns j·8 .. j·8+7), P given as
-// A fragments p (4 k-steps over s's rows).
-__device__ __forceinline__ void mm_ab(float (*acc)[4], unsigned (*p)[4], const bf16* s, int g,
-                                      int q) {
+// A fragments p (4 k-steps over s's rows). One transposing ldmatrix gives the B fragments
+// of two n-tiles: matrices at (rows, columns) (0, 0), (8, 0), (0, 8), (8, 8) of the block.
+__device__ __forceinline__ void mm_ab(float (*acc)[4], unsigned (*p)[4], const bf16* s,
+                                      int lane) {
+    const int m = lane / 8;
+    const bf16* base = s + ((m & 1) * 8 + lane % 8) * LDA + (m >> 1) * 8;
     #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-        const bf16* r = s + (kk * 16 + 2 * q) * LDA + g;
         #pragma unroll
-        for (int j = 0; j < 8; ++j)
-            mma(acc[j], p[kk], ldcol(r + j * 8), ldcol(r + 8 * LDA + j * 8));
+        for (int j = 0; j < 8; j += 2) {
+            unsigned b[4];
+            ldsm_t(b, base + kk * 16 * LDA + j * 8);
+            mma(acc[j], p[kk], b[0], b[1]);
+            mma(acc[j + 1], p[kk], b[2], b[3]);
+        }
     }
 }
 
@@ -167,7 +191,7 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
         cp_wait(next);
         __syncthreads();  // every thread's copies of this tile have landed
         float s[8][4];
-        mm_abt(s, qa, sK[cur], g, q);
+        mm_abt(s, qa, sK[cur], lane);
         float mx0 = NEG_INF, mx1 = NEG_INF;
         #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -203,7 +227,7 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
             o[j][2] *= alpha1;
             o[j][3] *= alpha1;
         }
-        mm_ab(o, pa, sV[cur], g, q);
+        mm_ab(o, pa, sV[cur], lane);
         __syncthreads();  // every warp is done with sK[cur] and sV[cur]
     }
     bf16* yb = y + (idx_t)b * T * C + (idx_t)h * HD + 2 * q;
@@ -285,8 +309,8 @@ attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const
         cp_wait(next);
         __syncthreads();
         float s[8][4], dp[8][4];
-        mm_abt(s, qa, sA[cur], g, q);
-        mm_abt(dp, da, sB[cur], g, q);
+        mm_abt(s, qa, sA[cur], lane);
+        mm_abt(dp, da, sB[cur], lane);
         unsigned dsa[4][4];
         #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -301,7 +325,7 @@ attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const
             dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
             dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
         }
-        mm_ab(dq, dsa, sA[cur], g, q);
+        mm_ab(dq, dsa, sA[cur], lane);
         __syncthreads();  // every warp is done with sA[cur] and sB[cur]
     }
     bf16* out = dqkv + (idx_t)b * T * 3 * C + (idx_t)h * HD + 2 * q;
@@ -374,8 +398,8 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
         const float* sl = sLse[cur];
         const float* sd = sD[cur];
         float st[8][4], dpt[8][4];
-        mm_abt(st, ka, sQ[cur], g, q);
-        mm_abt(dpt, va, sO[cur], g, q);
+        mm_abt(st, ka, sQ[cur], lane);
+        mm_abt(dpt, va, sO[cur], lane);
         unsigned pa[4][4], dsa[4][4];
         #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -393,8 +417,8 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
             dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
             dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
         }
-        mm_ab(dv, pa, sO[cur], g, q);
-        mm_ab(dk, dsa, sQ[cur], g, q);
+        mm_ab(dv, pa, sO[cur], lane);
+        mm_ab(dk, dsa, sQ[cur], lane);
         __syncthreads();  // every warp is done with this tile's buffers and statistics
     }
     bf16* out = dqkv + (idx_t)b * T * 3 * C + (idx_t)h * HD + 2 * q;
