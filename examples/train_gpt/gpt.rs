@@ -321,16 +321,12 @@ impl<T: Act> Gpt<T> {
             &done[l - 1].res3
         };
         let bl = &mut rest[0];
-        let ln1 = (&wl(l, "ln_1.weight")?, &wl(l, "ln_1.bias")?);
-        k.layernorm_fwd(
-            s,
-            &mut bl.ln1,
-            &mut bl.ln1_mean,
-            &mut bl.ln1_rstd,
-            x,
-            ln1,
-            c,
-        )?;
+        if l == 0 {
+            // Later blocks' first layer norms come with the last block's residual.
+            let ln1 = (&wl(l, "ln_1.weight")?, &wl(l, "ln_1.bias")?);
+            let stats = (&mut bl.ln1_mean, &mut bl.ln1_rstd);
+            k.layernorm_fwd(s, &mut bl.ln1, stats.0, stats.1, x, ln1, c)?;
+        }
         let lin = Lin {
             ks: k,
             partial: &sc.partial,
@@ -358,8 +354,10 @@ impl<T: Act> Gpt<T> {
             &wl(l, "attn.c_proj.weight")?,
             &mut sc.proj,
         )?;
-        k.residual_bias(s, &mut bl.res2, x, &sc.proj, &wl(l, "attn.c_proj.bias")?)?;
-        Ok(())
+        let ln2 = (&wl(l, "ln_2.weight")?, &wl(l, "ln_2.bias")?);
+        let out = (&bl.res2, &bl.ln2, &bl.ln2_mean, &bl.ln2_rstd); // written
+        let pb = wl(l, "attn.c_proj.bias")?;
+        k.residual_layernorm(s, out, (x, &sc.proj, &pb), ln2)
     }
 
     /// Block `l`'s MLP (with its residual).
@@ -374,20 +372,16 @@ impl<T: Act> Gpt<T> {
             blas,
             sc,
             fusion,
+            lnf,
+            lnf_mean,
+            lnf_rstd,
             ..
         } = self;
+        let lnf_out = (lnf, lnf_mean, lnf_rstd);
         let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
-        let bl = &mut blocks[l];
-        let ln2 = (&wl(l, "ln_2.weight")?, &wl(l, "ln_2.bias")?);
-        k.layernorm_fwd(
-            s,
-            &mut bl.ln2,
-            &mut bl.ln2_mean,
-            &mut bl.ln2_rstd,
-            &bl.res2,
-            ln2,
-            c,
-        )?;
+        let named = |name: &str| p.slice(layout.get(name).range());
+        let (done, next) = blocks.split_at_mut(l + 1);
+        let bl = &mut done[l];
         let lin = Lin {
             ks: k,
             partial: &sc.partial,
@@ -404,41 +398,37 @@ impl<T: Act> Gpt<T> {
             &wl(l, "mlp.c_proj.weight")?,
             &mut sc.proj,
         )?;
-        k.residual_bias(
-            s,
-            &mut bl.res3,
-            &bl.res2,
-            &sc.proj,
-            &wl(l, "mlp.c_proj.bias")?,
-        )?;
-        Ok(())
+        // res3, then the layer norm that reads it: the next block's first, or the final.
+        let pb = wl(l, "mlp.c_proj.bias")?;
+        let inp = (&bl.res2, &sc.proj, &pb);
+        match next.first_mut() {
+            Some(nb) => {
+                let ln1 = (&wl(l + 1, "ln_1.weight")?, &wl(l + 1, "ln_1.bias")?);
+                let out = (&bl.res3, &nb.ln1, &nb.ln1_mean, &nb.ln1_rstd); // written
+                k.residual_layernorm(s, out, inp, ln1)
+            }
+            None => {
+                let lnf = (&named("ln_f.weight")?, &named("ln_f.bias")?);
+                let out = (&bl.res3, &*lnf_out.0, &*lnf_out.1, &*lnf_out.2); // written
+                k.residual_layernorm(s, out, inp, lnf)
+            }
+        }
     }
 
-    /// The final layer norm, the head and the loss.
+    /// The head and the loss (after the final layer norm, which came with the last
+    /// block's residual).
     fn forward_head(&mut self, s: &mut BoundStream<'_>, grad: bool) -> Result<()> {
         let d = self.dims;
         let (bt, c) = (d.bt(), d.c);
         let Gpt {
             layout,
             weights: p,
-            blocks,
             k,
             blas,
             sc,
             ..
         } = self;
         let w = |name: &str| p.slice(layout.get(name).range());
-        let last = &blocks[d.l - 1].res3;
-        let lnf = (&w("ln_f.weight")?, &w("ln_f.bias")?);
-        k.layernorm_fwd(
-            s,
-            &mut self.lnf,
-            &mut self.lnf_mean,
-            &mut self.lnf_rstd,
-            last,
-            lnf,
-            c,
-        )?;
         mm(
             s,
             blas,

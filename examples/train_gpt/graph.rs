@@ -156,8 +156,11 @@ impl<T: Act> Gpt<T> {
                 &self.blocks[l - 1].res3
             };
             let bl = &self.blocks[l];
-            let ln1 = (wl(l, "ln_1.weight"), wl(l, "ln_1.bias"));
-            k.layernorm_fwd(cap, &bl.ln1, &bl.ln1_mean, &bl.ln1_rstd, x, ln1, c)?;
+            if l == 0 {
+                // Later blocks' first layer norms come with the last block's residual.
+                let ln1 = (wl(l, "ln_1.weight"), wl(l, "ln_1.bias"));
+                k.layernorm_fwd(cap, &bl.ln1, &bl.ln1_mean, &bl.ln1_rstd, x, ln1, c)?;
+            }
             let qkv = (
                 &bl.ln1,
                 wl(l, "attn.c_attn.weight"),
@@ -183,9 +186,10 @@ impl<T: Act> Gpt<T> {
                 wl(l, "attn.c_proj.weight"),
                 &sc.proj,
             )?;
-            k.residual_bias(cap, &bl.res2, x, &sc.proj, wl(l, "attn.c_proj.bias"))?;
             let ln2 = (wl(l, "ln_2.weight"), wl(l, "ln_2.bias"));
-            k.layernorm_fwd(cap, &bl.ln2, &bl.ln2_mean, &bl.ln2_rstd, &bl.res2, ln2, c)?;
+            let out = (&bl.res2, &bl.ln2, &bl.ln2_mean, &bl.ln2_rstd);
+            let inp = (x, &sc.proj, wl(l, "attn.c_proj.bias"));
+            k.residual_layernorm(cap, out, inp, ln2)?;
             let fc = (&bl.ln2, wl(l, "mlp.c_fc.weight"), wl(l, "mlp.c_fc.bias"));
             lin.fwd_gelu(cap, blas, (bt, 4 * c, c), fc, (&bl.fch, &bl.fch_gelu))?;
             cap.matmul(
@@ -195,11 +199,21 @@ impl<T: Act> Gpt<T> {
                 wl(l, "mlp.c_proj.weight"),
                 &sc.proj,
             )?;
-            k.residual_bias(cap, &bl.res3, &bl.res2, &sc.proj, wl(l, "mlp.c_proj.bias"))?;
+            // res3, then the layer norm that reads it: the next block's first, or the final.
+            let inp = (&bl.res2, &sc.proj, wl(l, "mlp.c_proj.bias"));
+            match self.blocks.get(l + 1) {
+                Some(nb) => {
+                    let ln1 = (wl(l + 1, "ln_1.weight"), wl(l + 1, "ln_1.bias"));
+                    let out = (&bl.res3, &nb.ln1, &nb.ln1_mean, &nb.ln1_rstd);
+                    k.residual_layernorm(cap, out, inp, ln1)?;
+                }
+                None => {
+                    let lnf = (w("ln_f.weight"), w("ln_f.bias"));
+                    let out = (&bl.res3, &self.lnf, &self.lnf_mean, &self.lnf_rstd);
+                    k.residual_layernorm(cap, out, inp, lnf)?;
+                }
+            }
         }
-        let last = &self.blocks[d.l - 1].res3;
-        let lnf = (w("ln_f.weight"), w("ln_f.bias"));
-        k.layernorm_fwd(cap, &self.lnf, &self.lnf_mean, &self.lnf_rstd, last, lnf, c)?;
         cap.matmul(
             blas,
             &linear(bt, d.v, c),

@@ -118,6 +118,32 @@ extern "C" __global__ void layernorm_fwd(act_t* out, float* mean, float* rstd, c
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
 
+// res = x + y + pb[c] (a residual with its projection's bias), then out, mean, rstd = the
+// layer norm of res (as layernorm_fwd): one warp per row, 8 rows per block of 256. Each
+// lane reads back the elements of res it wrote.
+extern "C" __global__ void residual_layernorm_fwd(act_t* res, act_t* out, float* mean,
+                                                  float* rstd, const act_t* x, const act_t* y,
+                                                  const act_t* pb, const act_t* w,
+                                                  const act_t* b, unsigned N, unsigned C) {
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    idx_t off = (idx_t)row * C;
+    act_t* r = res + off;
+    float s = 0.0f;
+    for (unsigned i = lane; i < C; i += 32) {
+        act_t v = st(ld(x[off + i]) + ld(y[off + i]) + ld(pb[i]));
+        r[i] = v;
+        s += ld(v);
+    }
+    float m = warp_sum(s) / C;
+    float var = 0.0f;
+    for (unsigned i = lane; i < C; i += 32) { float d = ld(r[i]) - m; var += d * d; }
+    float rs = rsqrtf(warp_sum(var) / C + 1e-5f);
+    act_t* o = out + off;
+    for (unsigned i = lane; i < C; i += 32) o[i] = st((ld(r[i]) - m) * rs * ld(w[i]) + ld(b[i]));
+    if (lane == 0) { mean[row] = m; rstd[row] = rs; }
+}
+
 // dinp += the input gradient of the layer norm (one warp per row).
 extern "C" __global__ void layernorm_bwd_dx(act_t* dinp, const act_t* dout, const act_t* inp,
                                             const float* mean, const float* rstd, const act_t* w,
@@ -196,12 +222,6 @@ extern "C" __global__ void colsum_finish(act_t* out, const float* partial, unsig
 // y[r,c] += b[c]
 extern "C" __global__ void bias_add(act_t* y, const act_t* b, unsigned N, unsigned C) {
     GRID_STRIDE(i, (idx_t)N * C) y[i] = st(ld(y[i]) + ld(b[i % C]));
-}
-
-// out = x + y + b[c] (residual with the projection's bias)
-extern "C" __global__ void residual_bias(act_t* out, const act_t* x, const act_t* y,
-                                         const act_t* b, unsigned N, unsigned C) {
-    GRID_STRIDE(i, (idx_t)N * C) out[i] = st(ld(x[i]) + ld(y[i]) + ld(b[i % C]));
 }
 
 // qkv (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs); dir 1: the reverse (gradients).

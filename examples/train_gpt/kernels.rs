@@ -37,11 +37,11 @@ registry!(
     encoder_bwd_wte_partial,
     encoder_bwd_wte_finish,
     layernorm_fwd,
+    residual_layernorm_fwd,
     layernorm_bwd_dx,
     colsum_partial,
     colsum_finish,
     bias_add,
-    residual_bias,
     permute_qkv,
     unpermute,
     softmax_causal_fwd,
@@ -274,6 +274,52 @@ impl Kernels {
         }
     }
 
+    /// `res = x + y + pb` (a residual with its projection's bias), then the layer norm
+    /// of `res` (weight and bias `wb`) into `out` with its rows' `mean` and `rstd`, as
+    /// [`layernorm_fwd`](Self::layernorm_fwd) computes it.
+    pub fn residual_layernorm<'b>(
+        &self,
+        tg: &mut (impl Target<'b> + ?Sized),
+        (res, out, mean, rstd): (&'b impl In, &'b impl In, &'b impl In, &'b impl In),
+        (x, y, pb): (&'b impl In, &'b impl In, &'b impl In),
+        wb: (&'b impl In, &'b impl In),
+    ) -> Result<()> {
+        let c = wb.0.len();
+        let n = res.len() / c.max(1);
+        for (what, len) in [("res", res.len()), ("out", out.len()), ("x", x.len())] {
+            need(what, len, n * c)?;
+        }
+        need("residual y", y.len(), n * c)?;
+        need("layernorm mean", mean.len(), n)?;
+        need("layernorm rstd", rstd.len(), n)?;
+        need("projection bias", pb.len(), c)?;
+        need("layernorm bias", wb.1.len(), c)?;
+        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
+        u32_of("N*C", res.len())?;
+        // SAFETY: (float* ×4, const float* ×5, unsigned ×2) matches residual_layernorm_fwd;
+        // warp r < N touches row r of res, out, x and y (N·C each, checked), mean[r],
+        // rstd[r] (N, checked) and C of pb, w and b (checked).
+        unsafe {
+            tg.run(
+                &self.residual_layernorm_fwd,
+                warp_rows(n),
+                &[
+                    Arg::w(res),
+                    Arg::w(out),
+                    Arg::w(mean),
+                    Arg::w(rstd),
+                    Arg::b(x),
+                    Arg::b(y),
+                    Arg::b(pb),
+                    Arg::b(wb.0),
+                    Arg::b(wb.1),
+                    Arg::s(&nn),
+                    Arg::s(&cc),
+                ],
+            )
+        }
+    }
+
     /// Layer-norm backward: `dinp += dx`, and the weight and bias gradients into `dwb`
     /// (weight then bias, `2c`), through `partial`.
     #[allow(clippy::too_many_arguments)]
@@ -418,40 +464,6 @@ impl Kernels {
                 &self.bias_add,
                 grid(y.len()),
                 &[Arg::w(y), Arg::b(b), Arg::s(&nn), Arg::s(&cc)],
-            )
-        }
-    }
-
-    /// `out = x + y + b[c]`.
-    pub fn residual_bias<'b>(
-        &self,
-        tg: &mut (impl Target<'b> + ?Sized),
-        out: &'b impl In,
-        x: &'b impl In,
-        y: &'b impl In,
-        b: &'b impl In,
-    ) -> Result<()> {
-        let c = b.len();
-        let n = out.len() / c.max(1);
-        need("residual out", out.len(), n * c)?;
-        need("residual x", x.len(), n * c)?;
-        need("residual y", y.len(), n * c)?;
-        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
-        u32_of("N*C", out.len())?;
-        // SAFETY: (float*, const float* ×3, unsigned ×2) matches residual_bias; N·C of out,
-        // x and y, C of b (checked).
-        unsafe {
-            tg.run(
-                &self.residual_bias,
-                grid(out.len()),
-                &[
-                    Arg::w(out),
-                    Arg::b(x),
-                    Arg::b(y),
-                    Arg::b(b),
-                    Arg::s(&nn),
-                    Arg::s(&cc),
-                ],
             )
         }
     }
