@@ -144,63 +144,85 @@ extern "C" __global__ void residual_layernorm_fwd(act_t* res, act_t* out, float*
     if (lane == 0) { mean[row] = m; rstd[row] = rs; }
 }
 
-// dinp += the input gradient of the layer norm (one warp per row).
-extern "C" __global__ void layernorm_bwd_dx(act_t* dinp, const act_t* dout, const act_t* inp,
-                                            const float* mean, const float* rstd, const act_t* w,
-                                            unsigned N, unsigned C) {
-    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N) return;
-    const act_t* x = inp + (idx_t)row * C;
-    const act_t* d = dout + (idx_t)row * C;
-    float m = mean[row], r = rstd[row];
-    float a = 0.0f, bsum = 0.0f;
-    for (unsigned i = lane; i < C; i += 32) {
-        float dn = ld(w[i]) * ld(d[i]);
-        a += dn;
-        bsum += dn * (ld(x[i]) - m) * r;
+// Widest row layernorm_bwd takes: 32 lanes × LN_MAXJ columns each.
+#define LN_MAXJ 32
+
+// Layer-norm backward: dinp += the input gradient, and the weight and bias gradients'
+// partial sums. Block of 256 (8 warps) per chunk of `rpb` rows, warp w taking rows
+// r0 + w, r0 + w + 8, ...; each lane sums its columns lane + 32j over its rows in
+// registers, the warps add theirs in warp order, and the block writes
+// partial[x·2C + c] = Σ dout·norm, partial[x·2C + C + c] = Σ dout (norm = (inp − mean)·rstd).
+// C <= 32·LN_MAXJ.
+extern "C" __global__ void layernorm_bwd_rows(act_t* dinp, float* partial, const act_t* dout,
+                                              const act_t* inp, const float* mean,
+                                              const float* rstd, const act_t* w, unsigned N,
+                                              unsigned C, unsigned rpb) {
+    __shared__ float sacc[2][32 * LN_MAXJ];
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    unsigned r0 = umin(N, blockIdx.x * rpb), r1 = umin(N, r0 + rpb);
+    float dw[LN_MAXJ], db[LN_MAXJ];
+#pragma unroll
+    for (int j = 0; j < LN_MAXJ; ++j) dw[j] = db[j] = 0.0f;
+    for (unsigned row = r0 + warp; row < r1; row += 8) {  // warp-uniform
+        const act_t* x = inp + (idx_t)row * C;
+        const act_t* d = dout + (idx_t)row * C;
+        float m = mean[row], r = rstd[row];
+        float a = 0.0f, bsum = 0.0f;
+        for (unsigned i = lane; i < C; i += 32) {
+            float dn = ld(w[i]) * ld(d[i]);
+            a += dn;
+            bsum += dn * (ld(x[i]) - m) * r;
+        }
+        a = warp_sum(a) / C;
+        bsum = warp_sum(bsum) / C;
+        act_t* di = dinp + (idx_t)row * C;
+#pragma unroll
+        for (int j = 0; j < LN_MAXJ; ++j) {
+            unsigned i = lane + 32 * j;
+            if (i < C) {
+                float n = (ld(x[i]) - m) * r, dd = ld(d[i]);
+                di[i] = st(ld(di[i]) + (ld(w[i]) * dd - a - n * bsum) * r);
+                dw[j] += dd * n;
+                db[j] += dd;
+            }
+        }
     }
-    a = warp_sum(a) / C;
-    bsum = warp_sum(bsum) / C;
-    act_t* di = dinp + (idx_t)row * C;
-    for (unsigned i = lane; i < C; i += 32) {
-        float n = (ld(x[i]) - m) * r;
-        di[i] = st(ld(di[i]) + (ld(w[i]) * ld(d[i]) - a - n * bsum) * r);
+    for (unsigned k = 0; k < 8; ++k) {
+        if (warp == k) {
+#pragma unroll
+            for (int j = 0; j < LN_MAXJ; ++j) {
+                unsigned i = lane + 32 * j;
+                if (i < C) {
+                    sacc[0][i] = (k ? sacc[0][i] : 0.0f) + dw[j];
+                    sacc[1][i] = (k ? sacc[1][i] : 0.0f) + db[j];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (unsigned i = threadIdx.x; i < C; i += 256) {
+        partial[(idx_t)blockIdx.x * 2 * C + i] = sacc[0][i];
+        partial[(idx_t)blockIdx.x * 2 * C + C + i] = sacc[1][i];
     }
 }
 
-// Column sums per chunk of rows, block (32, 8), blockIdx.y = chunk (gridDim.y chunks).
-// mode 0: partial[p*C + c] = sum dout[r,c] (bias gradient).
-// mode 1: partial[p*2C + c] = sum dout*norm, partial[p*2C + C + c] = sum dout
-//         (layer-norm weight and bias gradients; norm = (inp - mean) * rstd).
-extern "C" __global__ void colsum_partial(float* partial, const act_t* dout, const act_t* inp,
-                                          const float* mean, const float* rstd, unsigned N,
-                                          unsigned C, int mode) {
-    __shared__ float sa[8][33];
+// Column sums per chunk of rows (bias gradients), block (32, 8), blockIdx.y = chunk
+// (gridDim.y chunks): partial[p*C + c] = sum of dout[r,c] over chunk p's rows.
+extern "C" __global__ void colsum_partial(float* partial, const act_t* dout, unsigned N,
+                                          unsigned C) {
     __shared__ float sb[8][33];
     unsigned c = blockIdx.x * 32 + threadIdx.x;
     unsigned chunk = (N + gridDim.y - 1) / gridDim.y;
     unsigned r0 = umin(N, blockIdx.y * chunk), r1 = umin(N, r0 + chunk);
-    float a = 0.0f, b = 0.0f;
-    if (c < C) {
-        for (unsigned r = r0 + threadIdx.y; r < r1; r += 8) {
-            idx_t i = (idx_t)r * C + c;
-            float d = ld(dout[i]);
-            b += d;
-            if (mode == 1) a += d * (ld(inp[i]) - mean[r]) * rstd[r];
-        }
-    }
-    sa[threadIdx.y][threadIdx.x] = a;
+    float b = 0.0f;
+    if (c < C)
+        for (unsigned r = r0 + threadIdx.y; r < r1; r += 8) b += ld(dout[(idx_t)r * C + c]);
     sb[threadIdx.y][threadIdx.x] = b;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
-        float ta = 0.0f, tb = 0.0f;
-        for (int k = 0; k < 8; ++k) { ta += sa[k][threadIdx.x]; tb += sb[k][threadIdx.x]; }
-        if (mode == 1) {
-            partial[(idx_t)blockIdx.y * 2 * C + c] = ta;
-            partial[(idx_t)blockIdx.y * 2 * C + C + c] = tb;
-        } else {
-            partial[(idx_t)blockIdx.y * C + c] = tb;
-        }
+        float tb = 0.0f;
+        for (int k = 0; k < 8; ++k) tb += sb[k][threadIdx.x];
+        partial[(idx_t)blockIdx.y * C + c] = tb;
     }
 }
 

@@ -6,7 +6,7 @@
 //! ([`Gpt<T>`](crate::gpt::Gpt)) passes buffers of `T` there and of `f32` elsewhere.
 
 use crate::launch::{Arg, In, Target};
-use gpubind::{BoundDevice, KernelArg};
+use gpubind::BoundDevice;
 use gpubind::{CompileOptions, Error, Kernel, LaunchConfig, Result};
 
 /// The kernels' CUDA source.
@@ -38,7 +38,7 @@ registry!(
     encoder_bwd_wte_finish,
     layernorm_fwd,
     residual_layernorm_fwd,
-    layernorm_bwd_dx,
+    layernorm_bwd_rows,
     colsum_partial,
     colsum_finish,
     bias_add,
@@ -342,15 +342,35 @@ impl Kernels {
         need("layernorm mean", stats.0.len(), n)?;
         need("layernorm rstd", stats.1.len(), n)?;
         need("layernorm dweight+dbias", dwb.len(), 2 * c)?;
+        if c > 1024 {
+            return Err(Error::InvalidArgument(format!(
+                "train_gpt: the layer-norm backward takes rows of up to 1024, not {c}"
+            )));
+        }
+        // As many row chunks as `partial` holds sums of (at least 8 rows each).
+        let parts = (partial.len() / (2 * c).max(1)).clamp(1, n.div_ceil(8).max(1));
+        let rpb = n.div_ceil(parts).max(1);
+        let used = n.div_ceil(rpb).max(1);
+        if partial.len() < used * 2 * c {
+            return Err(Error::InvalidArgument(format!(
+                "train_gpt: layer-norm partial has {} elements, needs {}",
+                partial.len(),
+                used * 2 * c
+            )));
+        }
         let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
-        // SAFETY: (float*, const float* ×5, unsigned ×2) matches layernorm_bwd_dx; warp r < N
-        // touches row r of dinp, dout and inp, mean[r], rstd[r] and C of w (all checked).
+        let (rr, pp, ww) = (rpb as u32, used as u32, 2 * cc);
+        // SAFETY: (float* ×2, const float* ×5, unsigned ×3) matches layernorm_bwd_rows;
+        // block x < ceil(N / rpb) touches rows [x·rpb, (x+1)·rpb) ∩ [0, N) of dinp, dout
+        // and inp (N·C, checked), their mean and rstd (N, checked), C <= 1024 (checked) of
+        // w, and writes partial[x·2C .. (x+1)·2C) inside its length (checked).
         unsafe {
             tg.run(
-                &self.layernorm_bwd_dx,
-                warp_rows(n),
+                &self.layernorm_bwd_rows,
+                blocks(pp, 256),
                 &[
                     Arg::w(dinp),
+                    Arg::w(partial),
                     Arg::b(dout),
                     Arg::b(inp),
                     Arg::b(stats.0),
@@ -358,78 +378,64 @@ impl Kernels {
                     Arg::b(w),
                     Arg::s(&nn),
                     Arg::s(&cc),
+                    Arg::s(&rr),
                 ],
             )?;
         }
-        self.colsum(tg, dwb, partial, dout, Some((inp, stats.0, stats.1)), c)
+        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block j < 2C
+        // writes dwb[j] (2C, checked) and reads column j of the P·2C partials written above.
+        unsafe {
+            tg.run(
+                &self.colsum_finish,
+                blocks(ww, 128),
+                &[Arg::w(dwb), Arg::b(partial), Arg::s(&pp), Arg::s(&ww)],
+            )
+        }
     }
 
-    /// Column sums of `dout` (`rows × c`) into `out` (`c`), or with `ln` the layer-norm
-    /// weight and bias gradients into `out` (`2c`).
+    /// Column sums of `dout` (`rows × c`) into `out` (`c`), through `partial`.
     fn colsum<'b>(
         &self,
         tg: &mut (impl Target<'b> + ?Sized),
         out: &'b impl In,
         partial: &'b impl In,
         dout: &'b impl In,
-        ln: Option<(&'b dyn In, &'b dyn In, &'b dyn In)>,
         c: usize,
     ) -> Result<()> {
         let n = dout.len() / c.max(1);
         let parts = colsum_parts(n);
-        let width = if ln.is_some() { 2 * c } else { c };
-        need("colsum output", out.len(), width)?;
+        need("colsum output", out.len(), c)?;
         need("colsum input", dout.len(), n * c)?;
-        if partial.len() < parts * width {
+        if partial.len() < parts * c {
             return Err(Error::InvalidArgument(format!(
                 "train_gpt: colsum partial has {} elements, needs {}",
                 partial.len(),
-                parts * width
+                parts * c
             )));
         }
-        let mode = i32::from(ln.is_some());
-        let (nn, cc, pp, ww) = (
-            u32_of("rows", n)?,
-            u32_of("C", c)?,
-            parts as u32,
-            width as u32,
-        );
+        let (nn, cc, pp) = (u32_of("rows", n)?, u32_of("C", c)?, parts as u32);
         let cfg = LaunchConfig {
             grid_dim: (cc.div_ceil(32), pp, 1),
             block_dim: (32, 8, 1),
             shared_mem_bytes: 0,
         };
-        let (a, m, r): (&'b dyn KernelArg, &'b dyn KernelArg, &'b dyn KernelArg) = match ln {
-            // Mode 1 reads the input rows and their statistics (lengths checked by the caller).
-            Some((inp, mean, rstd)) => (inp, mean, rstd),
-            // Mode 0 never reads them: dout stands in.
-            None => (dout, dout, dout),
-        };
-        let args = [
-            Arg::w(partial),
-            Arg::b(dout),
-            Arg::Buf(a),
-            Arg::Buf(m),
-            Arg::Buf(r),
-        ];
-        let scalars = [Arg::s(&nn), Arg::s(&cc), Arg::s(&mode)];
-        // SAFETY: (float*, const float* ×4, unsigned ×2, int) matches colsum_partial; block
-        // (x, y) reads rows of chunk y < parts of columns < C of the N·C inputs and writes
-        // partial row y (width `width`), inside parts·width ≤ partial's length (checked).
+        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_partial; block (x, y)
+        // reads rows of chunk y < parts of columns < C of dout (N·C, checked) and writes
+        // partial row y (C wide), inside parts·C ≤ partial's length (checked).
         unsafe {
             tg.run(
                 &self.colsum_partial,
                 cfg,
-                &[args.as_slice(), &scalars].concat(),
+                &[Arg::w(partial), Arg::b(dout), Arg::s(&nn), Arg::s(&cc)],
             )?
         };
-        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block c < W
-        // writes out[c] (W elements, checked) and reads column c of P·W partials.
+        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block c < C
+        // writes out[c] (C elements, checked) and reads column c of P·C partials.
         unsafe {
             tg.run(
                 &self.colsum_finish,
-                blocks(ww, 128),
-                &[Arg::w(out), Arg::b(partial), Arg::s(&pp), Arg::s(&ww)],
+                blocks(cc, 128),
+                &[Arg::w(out), Arg::b(partial), Arg::s(&pp), Arg::s(&cc)],
             )
         }
     }
@@ -443,7 +449,7 @@ impl Kernels {
         dout: &'b impl In,
     ) -> Result<()> {
         let c = db.len();
-        self.colsum(tg, db, partial, dout, None, c)
+        self.colsum(tg, db, partial, dout, c)
     }
 
     /// `y[r] += b`.
