@@ -10,7 +10,9 @@
 //! without a GPU. With no case named (`cargo bench` runs it so) it prints a SKIPPED line.
 //!
 //! `host_ops <case> <iterations>`; cases: memset-{gpubind,raw}, handoff-{gpubind,raw},
-//! launch0-{gpubind,raw}, launch3-{gpubind,raw}.
+//! launch0-{gpubind,raw}, launch3-{gpubind,raw}, temporary-{gpubind,raw} (a 4 KiB
+//! stream-ordered allocation, zeroed, written by one launch and dropped: gpubench's
+//! "temporary … alloc + launch + drop" row).
 
 // Buffers a kernel writes are passed as `&mut` to document intent (gpubind's convention).
 #![allow(clippy::unnecessary_mut_passed)]
@@ -131,6 +133,36 @@ fn main() -> R<()> {
                     (&mut pn as *mut u32).cast(),
                 ];
                 raw_launch(ftouch, params.as_mut_ptr())?
+            }
+            "temporary-gpubind" => {
+                let mut tmp = a.alloc_zeros::<f32>(1024)?;
+                // SAFETY: (float*, const float*, unsigned) as `touch` declares.
+                unsafe {
+                    a.launch(&touch, cfg)
+                        .arg(&mut tmp)
+                        .arg(&fb)
+                        .arg(&len)
+                        .launch()?
+                };
+                drop(tmp);
+            }
+            "temporary-raw" => {
+                let mut pt: sys::CUdeviceptr = 0;
+                // SAFETY: the device's context is current; `pt` is freed below, on the
+                // same stream, after the memset and the kernel.
+                unsafe {
+                    ck(sys::cuMemAllocAsync(&mut pt, 4096, raw1), "cuMemAllocAsync")?;
+                    ck(sys::cuMemsetD8Async(pt, 0, 4096, raw1), "memset")?;
+                }
+                let (mut pb, mut pn) = (db, len);
+                let mut params: [*mut std::ffi::c_void; 3] = [
+                    (&mut pt as *mut sys::CUdeviceptr).cast(),
+                    (&mut pb as *mut sys::CUdeviceptr).cast(),
+                    (&mut pn as *mut u32).cast(),
+                ];
+                raw_launch(ftouch, params.as_mut_ptr())?;
+                // SAFETY: allocated above on this stream; every use is ordered before.
+                ck(unsafe { sys::cuMemFreeAsync(pt, raw1) }, "cuMemFreeAsync")?
             }
             other => return Err(format!("unknown case {other}").into()),
         }

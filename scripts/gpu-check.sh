@@ -99,14 +99,15 @@ for extra in ${GPU_CHECK_EXTRA:-}; do run "$(basename "${extra%% *}")" 300 $extr
 # cuFuncGetParamInfo probe that ends past the last parameter). scripts/sanitizer_summary.py
 # lists them by call, code and test (docs/faults.md explains each) and fails the run on
 # anything else: a memory error, a leak, a race hazard, a barrier error, a missing summary.
-# "all" leaves out gpu_perf and gpu_read_args (timings) and gpu_faults (its child process faults a kernel on
+# "all" leaves out gpu_perf and gpu_read_args (timings), gpu_soak (a 50 s host-memory soak that
+# measures the process, not the device) and gpu_faults (its child process faults a kernel on
 # purpose, which memcheck rightly reports). GPU_CHECK_ONLY does not apply to these runs.
 SAN=/usr/local/cuda/bin/compute-sanitizer
 for spec in ${GPU_CHECK_SANITIZE:-}; do
   tool=${spec%%:*}
   extra=""; [[ $tool == memcheck ]] && extra="--leak-check full"
   suites=${spec#*:}
-  [[ $suites == all ]] && suites=$(cd .gpu-bin/tests && ls gpu_* | grep -v -x -e gpu_perf -e gpu_read_args -e gpu_faults | tr '\n' ,)
+  [[ $suites == all ]] && suites=$(cd .gpu-bin/tests && ls gpu_* | grep -v -x -e gpu_perf -e gpu_read_args -e gpu_soak -e gpu_faults | tr '\n' ,)
   for suite in $(echo "$suites" | tr , ' '); do
     name="sanitize-$tool-$suite"
     slog=${OUT:-/tmp}/$name.log

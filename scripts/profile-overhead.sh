@@ -27,7 +27,7 @@ CARGO_PROFILE_RELEASE_DEBUG=line-tables-only CARGO_TARGET_DIR=target/profile-bui
   cargo build --release --bench host_ops 2>&1 | grep -E "^error" -A5 || true
 bin=$(ls -t target/profile-build/release/deps/host_ops-* | grep -v '\.d$' | head -1)
 printf "%-10s %10s %10s %8s\n" case gpubind raw extra
-for c in ${CASES:-memset handoff launch0 launch3}; do
+for c in ${CASES:-memset handoff launch0 launch3 temporary}; do
   declare -A per
   for i in gpubind raw; do
     t=()

@@ -353,6 +353,15 @@ pub enum Error {
     )]
     PeerGone,
 
+    /// The process a buffer was handed to (`PoolSlice::lend` / `PoolSlice::share` in
+    /// `gpubind::ipc`) sent it back without using it, because it could not take it (a
+    /// wrong element type, a device it cannot see, …).
+    #[error("the IPC peer refused the hand-off and returned the buffer unused: {reason}")]
+    HandoffRefused {
+        /// The peer's error, as it described it.
+        reason: String,
+    },
+
     /// Exporting from a memory pool that was created without IPC support.
     #[error(
         "this memory pool was not created for IPC; create it with PoolConfig::default().ipc(true) to export it"

@@ -335,24 +335,26 @@ impl<'b> BoundStream<'b> {
 
     /// Lends `buf` to cudarc as a read-only `CudaView` for the length of `f`, like
     /// [`lend_to_cudarc`](Self::lend_to_cudarc), but from a shared borrow: other
-    /// readers may hold `buf` meanwhile. The lend is a read claim of the buffer on this
-    /// stream, held until cudarc's work in `f` is ordered before the stream: the
-    /// buffer's tracker stays locked while `f` runs, so a gpubind use of the buffer on
-    /// another thread (a launch that passes it, which may write it, included) waits for
-    /// the lend.
-    ///
-    /// While `f` runs the lock is held, so `f` must not call gpubind on memory (a copy, a
-    /// launch): a call on `buf` would wait for the lend it runs in, and one on another
-    /// buffer takes a second lock out of gpubind's lock order. Do gpubind work before or
-    /// after the lend; [`lend_to_cudarc`](Self::lend_to_cudarc) (with `&mut`) holds no
-    /// lock.
+    /// readers may hold `buf` meanwhile. The lend is a read of the buffer on this stream,
+    /// open until cudarc's work in `f` is ordered before the stream. No lock is held while
+    /// `f` runs: `f` may use gpubind, on `buf` too, for reads (a copy from it, a launch
+    /// that reads it, `dtoh`). A gpubind **write** of `buf` while the lend is open (from
+    /// `f`, or from another thread: a launch writing it through `arg_written`, a write
+    /// through another view of the same allocation) is refused with
+    /// [`Error::InvalidArgument`], since cudarc's reads on its other streams are ordered
+    /// only when `f` returns.
     ///
     /// ```no_run
     /// # fn f(gpu: &gpubind::BoundDevice<'_>) -> gpubind::Result<()> {
     /// let stream = gpu.new_cudarc_stream()?;
     /// let cs = stream.cudarc_stream().unwrap().clone();
+    /// let s = gpu.on(&stream)?;
     /// let a = gpu.clone_htod(&[1.0f32, 2.0, 3.0])?; // not `mut`
-    /// let copy = gpu.on(&stream)?.lend_ref_to_cudarc(&a, |view| cs.clone_dtod(&view))?.unwrap();
+    /// let mut b = gpu.alloc_zeros::<f32>(3)?;
+    /// let copy = s.lend_ref_to_cudarc(&a, |view| {
+    ///     s.copy_tracked_async(&a, &mut b)?; // gpubind reads `a` during the lend
+    ///     Ok::<_, gpubind::Error>(cs.clone_dtod(&view)?)
+    /// })??;
     /// # Ok(()) }
     /// ```
     ///
@@ -366,10 +368,18 @@ impl<'b> BoundStream<'b> {
         let cstream = self.lend_stream()?;
         self.bound().expect_device("lent buffer", buf.device())?;
         let (ptr, len) = (buf.device_ptr(), buf.len());
-        // Held (locked) until `lend_claimed` has ordered cudarc's work before this
-        // stream; recorded as the buffer's latest read then, as it drops.
-        let _claim = self.claim([Some((Tracked::tracker(buf), Access::Read))])?;
-        self.lend_claimed(cstream, ptr, len, |slice| f(slice.as_view()))
+        // The read is recorded when it opens, after this stream waited for the pending
+        // writes and the lent slice's cudarc write event was recorded (`lend_start`);
+        // closed (recorded again, writes let in) as `open` drops, after `lent` settled.
+        let (open, lent) =
+            crate::access::lend::open_read(self.slot(), Tracked::tracker(buf), || {
+                self.lend_start(cstream, ptr, len)
+            })?;
+        let mut lent = lent; // declared after `open`: settles (on unwind too) before it closes
+        let out = f(lent.slice.as_view());
+        lent.settle()?;
+        drop(open);
+        Ok(out)
     }
 
     fn lend<T: DeviceRepr, R>(
@@ -418,8 +428,8 @@ impl<'b> BoundStream<'b> {
     }
 
     /// The lend itself, with the buffer (`len` elements of `T` at `ptr`) claimed by the
-    /// caller: wraps it as a cudarc slice, orders cudarc's work after this stream's
-    /// position, runs `f`, then orders this stream after cudarc's work.
+    /// caller: [`lend_start`](Self::lend_start), runs `f`, then orders this stream after
+    /// cudarc's work.
     fn lend_claimed<T: DeviceRepr, R>(
         &self,
         cstream: &Arc<CudaStream>,
@@ -427,6 +437,22 @@ impl<'b> BoundStream<'b> {
         len: usize,
         f: impl FnOnce(&mut CudaSlice<T>) -> R,
     ) -> Result<R> {
+        let mut lent = self.lend_start(cstream, ptr, len)?;
+        let out = f(&mut lent.slice);
+        lent.settle()?;
+        Ok(out)
+    }
+
+    /// A lend's start, with the buffer claimed: wraps it as a cudarc slice and orders
+    /// cudarc's work after this stream's position (the slice's write event, recorded
+    /// here). The returned [`Lent`] settles as it drops if [`Lent::settle`] was not
+    /// called (an unwinding closure).
+    fn lend_start<'s, T: DeviceRepr>(
+        &'s self,
+        cstream: &'s Arc<CudaStream>,
+        ptr: sys::CUdeviceptr,
+        len: usize,
+    ) -> Result<Lent<'s, T>> {
         let device = self.bound().device();
         let slice = std::panic::catch_unwind(|| {
             // SAFETY: `ptr` holds `len` elements of `T` of this device's primary context
@@ -458,9 +484,7 @@ impl<'b> BoundStream<'b> {
         ctx.record_err(recorded);
         // On failure `lent` settles as it drops, and the claim records the (empty) lend.
         recorded.map_err(|e| cudarc_error(device, "CudaEvent::record", e))?;
-        let out = f(&mut lent.slice);
-        lent.settle()?;
-        Ok(out)
+        Ok(lent)
     }
 }
 

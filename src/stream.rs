@@ -330,7 +330,9 @@ impl<'b> BoundStream<'b> {
     }
 
     /// Claims one buffer held exclusively (no lock needed); see [`claim`](Self::claim).
-    #[inline]
+    /// Always inlined into the operation, with [`claim_write`](Self::claim_write): a
+    /// call here (returning the claim through memory) costs more than the claim.
+    #[inline(always)]
     pub(crate) fn claim_mut<'t>(
         &self,
         tracker: &'t mut AccessTracker,
@@ -342,7 +344,7 @@ impl<'b> BoundStream<'b> {
 
     /// Claims the destination of a write: exclusively (no lock) where `dst` holds its
     /// tracker alone, through the tracker's lock where it shares it (a module global).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn claim_write<'t, T>(
         &self,
         dst: &'t mut (impl DeviceMemoryMut<T> + ?Sized),
@@ -367,7 +369,7 @@ impl<'b> BoundStream<'b> {
     /// the driver runs work enqueued on a stream in the stream's own context, whatever is
     /// current (asserted on the GPU by `gpu_binding::stream_ops_with_a_foreign_context_current`).
     /// The bound context on the legacy default stream, which is the *current* context's.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn ensure_stream_context(&self) -> Result<()> {
         match self.slot {
             StreamSlot::Legacy(_) => self.bound.ensure_current(),

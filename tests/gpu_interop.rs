@@ -358,6 +358,83 @@ fn lend_ref_is_a_read_claim() -> R {
     }
 }
 
+/// Inside a `lend_ref_to_cudarc` closure the lent buffer stays usable for reads through
+/// gpubind — a copy from it on the lend stream and on another stream, a host read — and
+/// a gpubind write of it is a typed error, not a hang (the suite's timeout would report
+/// one); after the lend, writes work again and everything holds the right values.
+fn lend_ref_allows_reads_of_the_lent_buffer_inside_the_closure() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "k.cu").ctx("compile")?;
+    let fill = module.function("slow_fill").ctx("slow_fill")?;
+    let n = 1 << 16;
+    let s2 = gpu.new_stream().ctx("stream")?;
+    let shared = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let cs = shared.cudarc_stream().ok_or("not cudarc's")?.clone();
+    let sh = gpu.on(&shared).ctx("on shared")?;
+    let b2 = gpu.on(&s2).ctx("on s2")?;
+    let mut buf = gpu.alloc_zeros::<u32>(n).ctx("alloc")?;
+    // A pending slow write on s2: the lend and every read below come after it.
+    slow_fill(&b2, &fill, &mut buf, 5)?;
+    let (mut on_lend, mut on_s2) = (
+        gpu.alloc_zeros::<u32>(n).ctx("alloc")?,
+        gpu.alloc_zeros::<u32>(n).ctx("alloc")?,
+    );
+    let buf = buf; // shared from here on, as a reader holds it
+    let t = std::time::Instant::now();
+    let (copy, host, refused) = sh
+        .lend_ref_to_cudarc(&buf, |view| -> Result<_, String> {
+            sh.copy_tracked_async(&buf, &mut on_lend)
+                .ctx("copy on the lend stream")?;
+            b2.copy_tracked_async(&buf, &mut on_s2)
+                .ctx("copy on another stream")?;
+            let host = gpu.dtoh(&buf).ctx("host read")?;
+            let nn = n as u32;
+            // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; in bounds.
+            let refused = unsafe {
+                b2.launch(&fill, LaunchConfig::for_num_elems(nn))
+                    .arg_written(&buf)
+                    .arg(&nn)
+                    .arg(&9u32)
+                    .arg(&0i64)
+                    .launch()
+            };
+            let copy = cs.clone_dtod(&view).map_err(|e| format!("{e:?}"))?;
+            Ok((copy, host, refused))
+        })
+        .ctx("lend_ref")??;
+    println!(
+        "    lend with three reads and a refused write inside returned in {:?}; the write: \
+         {refused:?}",
+        t.elapsed()
+    );
+    match refused {
+        Err(Error::InvalidArgument(m)) if m.contains("lent to cudarc") => {}
+        other => {
+            return Err(format!(
+                "a write of the lent buffer inside the lend: {other:?}"
+            ));
+        }
+    }
+    all_equal("host read inside the lend", &host, 5)?;
+    all_equal(
+        "cudarc's copy",
+        &cs.clone_dtoh(&copy).map_err(|e| format!("{e:?}"))?,
+        5,
+    )?;
+    all_equal(
+        "copy on the lend stream",
+        &gpu.dtoh(&on_lend).ctx("dtoh")?,
+        5,
+    )?;
+    all_equal("copy on another stream", &gpu.dtoh(&on_s2).ctx("dtoh")?, 5)?;
+    // The lend is over: writes are let in again, after cudarc's reads.
+    let mut buf = buf;
+    b2.memset_async(&mut buf, 7).ctx("memset after the lend")?;
+    all_equal("write after the lend", &gpu.dtoh(&buf).ctx("dtoh")?, 7)
+}
+
 /// A cudarc slice adopted by gpubind: cudarc's queued work comes first; gpubind frees it.
 fn adopted_slice_is_ordered_and_owned() -> R {
     let dev = dev0()?;
@@ -623,6 +700,42 @@ fn borrowed_raw_stream_is_ordered_and_left_usable() -> R {
     Ok(())
 }
 
+/// Pool memory allocated and written on a borrowed raw stream, dropped after the loan
+/// ended and the raw stream was destroyed: the free must not go on the dead handle (it
+/// goes on the legacy stream, after the event recorded at the end of the loan), and the
+/// memory returns to the pool.
+fn pool_drop_after_the_borrowed_stream_was_destroyed() -> R {
+    let dev = dev0()?;
+    let pool = dev.memory_pool().ctx("memory_pool")?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(KERNELS, "k.cu").ctx("compile")?;
+    let fill = module.function("slow_fill").ctx("slow_fill")?;
+    gpu.synchronize().ctx("sync")?;
+    let before = pool.used_bytes().ctx("used")?;
+    let raw = RawStream::new()?;
+    let buf = {
+        // SAFETY: a stream of the bound (primary) context, destroyed after the loan.
+        let lent = unsafe { gpu.borrow_stream(raw.0) }.ctx("borrow_stream")?;
+        let s = gpu.on(&lent).ctx("on lent")?;
+        let mut buf = s.alloc_zeros::<u32>(1 << 16).ctx("alloc on lent")?;
+        slow_fill(&s, &fill, &mut buf, 3)?;
+        buf
+    }; // the loan ends with the slow fill still running
+    raw.synchronize().ctx("raw stream")?;
+    drop(raw);
+    drop(buf);
+    gpu.synchronize().ctx("sync")?;
+    let after = pool.used_bytes().ctx("used")?;
+    println!("    pool used bytes {before} -> {after}");
+    ensure!(
+        after <= before,
+        "the memory did not go back to the pool: {before} -> {after} (the free went on \
+         the destroyed stream?)"
+    );
+    Ok(())
+}
+
 /// A cudarc stream lent to gpubind: usable for a launch; cudarc's handle works after.
 fn borrowed_cudarc_stream_launches() -> R {
     let dev = dev0()?;
@@ -694,6 +807,14 @@ fn main() {
             ),
             ("lend_is_ordered_both_ways", lend_is_ordered_both_ways),
             ("lend_ref_is_a_read_claim", lend_ref_is_a_read_claim),
+            (
+                "pool_drop_after_the_borrowed_stream_was_destroyed",
+                pool_drop_after_the_borrowed_stream_was_destroyed,
+            ),
+            (
+                "lend_ref_allows_reads_of_the_lent_buffer_inside_the_closure",
+                lend_ref_allows_reads_of_the_lent_buffer_inside_the_closure,
+            ),
             (
                 "adopted_slice_is_ordered_and_owned",
                 adopted_slice_is_ordered_and_owned,

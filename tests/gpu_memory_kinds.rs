@@ -1101,8 +1101,8 @@ fn other_device_memory_is_copied_or_refused() -> TestResult {
     Ok(())
 }
 
-/// `Device::memory_usage` counts device and managed slices from allocation to drop (and
-/// `into_raw`/`from_raw`), and keeps the peak until reset.
+/// `Device::memory_usage` counts device, pool and managed slices from allocation to drop
+/// (and `into_raw`/`from_raw`), and keeps the peak until reset.
 fn memory_usage_counts_allocations_and_peak() -> Result<(), String> {
     let dev = Device::get(0).ctx("device 0")?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
@@ -1130,6 +1130,21 @@ fn memory_usage_counts_allocations_and_peak() -> Result<(), String> {
     );
     drop(m);
     ensure!(dev.memory_usage().in_use == base.in_use, "all dropped");
+    // Stream-ordered (pool) memory: counted from allocation to its drop, as the others.
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let p = s.alloc_zeros::<u32>(1 << 18).ctx("stream alloc")?;
+    let u = dev.memory_usage();
+    ensure!(
+        u.in_use == base.in_use + (1 << 20),
+        "pool slice held: {u:?} from {base:?}"
+    );
+    drop(p);
+    let u = dev.memory_usage();
+    ensure!(
+        u.in_use == base.in_use,
+        "pool slice dropped: {u:?} from {base:?}"
+    );
     // Handed out and taken back: uncounted, then counted again.
     let d = gpu.alloc_zeros::<u32>(1000).ctx("alloc")?;
     let (ptr, len) = d.into_raw().ctx("into_raw")?;

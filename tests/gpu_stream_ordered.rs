@@ -1,7 +1,8 @@
 //! GPU tests of stream-ordered memory: `BoundStream::alloc` / `alloc_zeros` from the
 //! device's default pool, drops that free in stream order without a host wait
-//! (docs/safety.md, "Drops"), and `DevicePool`'s settings. Without a driver: one SKIPPED
-//! line.
+//! (docs/safety.md, "Drops"), `DevicePool`'s settings, and the fallback of devices
+//! without memory pools (`cuMemAlloc`, waiting drops), reached through the `test-seams`
+//! switch `Device::hide_memory_pool_for_test`. Without a driver: one SKIPPED line.
 
 #[macro_use]
 mod common;
@@ -370,6 +371,28 @@ fn pool_usage_and_settings() -> R {
         .ctx("restore threshold")
 }
 
+/// `Device::memory_usage` counts a stream-ordered slice from its allocation to its drop,
+/// as it does a `cuMemAlloc` one.
+fn pooled_slices_count_in_memory_usage() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let base = dev.memory_usage().in_use;
+    let buf = s.alloc_zeros::<u32>(1 << 18).ctx("alloc")?;
+    let during = dev.memory_usage().in_use;
+    drop(buf);
+    let after = dev.memory_usage().in_use;
+    println!("    memory_usage in_use {base} -> {during} -> {after}");
+    ensure!(
+        during == base + (1 << 20),
+        "1 MiB allocated: {base} -> {during}"
+    );
+    ensure!(after == base, "dropped: {base} -> {after}");
+    Ok(())
+}
+
 /// A value the device refuses is `Error::PoolSetting` naming the setting.
 fn refused_setting_is_a_typed_error() -> R {
     let dev = dev0()?;
@@ -391,6 +414,176 @@ fn refused_setting_is_a_typed_error() -> R {
     }
     // A reset to 0 is allowed.
     pool.set(PoolSetting::UsedHigh, 0).ctx("reset the peak")
+}
+
+/// Hides device 0's memory pool (the `test-seams` switch) until dropped, also when the
+/// test fails, so the other tests of the suite see the pool again.
+struct PoolHidden(std::sync::Arc<gpubind::Device>);
+
+impl PoolHidden {
+    fn new(dev: &std::sync::Arc<gpubind::Device>) -> Self {
+        dev.hide_memory_pool_for_test(true);
+        PoolHidden(dev.clone())
+    }
+}
+
+impl Drop for PoolHidden {
+    fn drop(&mut self) {
+        self.0.hide_memory_pool_for_test(false);
+    }
+}
+
+/// The fallback of devices without memory pools: `memory_pool()` says the device lacks
+/// one, and a loop of temporaries (allocate, fill or zero, add into an accumulator with a
+/// kernel, drop) gives the exact sum through `cuMemAlloc` and waiting drops.
+fn fallback_temporaries_loop_is_exact() -> R {
+    let dev = dev0()?;
+    let _hidden = PoolHidden::new(&dev);
+    match dev.memory_pool() {
+        Err(Error::DeviceLacks { .. }) => {}
+        other => return Err(format!("memory_pool() with the pool hidden: {other:?}")),
+    }
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let m = kernels(&gpu)?;
+    let add = m.function("add_into").ctx("add_into")?;
+    let stream = gpu.new_stream().ctx("stream")?;
+    let s = gpu.on(&stream).ctx("on")?;
+    let mut acc = s.alloc_zeros::<u32>(N as usize).ctx("alloc acc")?;
+    let t = Instant::now();
+    for i in 0..200u32 {
+        let tmp = if i % 2 == 0 {
+            // SAFETY: every element is written by the memset below before the kernel.
+            let mut tmp: DeviceSlice<u32> = unsafe { s.alloc(N as usize) }.ctx("alloc tmp")?;
+            s.memset_async(&mut tmp, i).ctx("memset")?;
+            tmp
+        } else {
+            // Zeroed: adds nothing, unless the zeroing is lost.
+            s.alloc_zeros::<u32>(N as usize).ctx("alloc_zeros tmp")?
+        };
+        // SAFETY: (unsigned*, const unsigned*, unsigned) matches; both hold N elements.
+        unsafe {
+            s.launch(&add, LaunchConfig::for_num_elems(N))
+                .arg(&mut acc)
+                .arg(&tmp)
+                .arg(&N)
+                .launch()
+        }
+        .ctx("launch add_into")?;
+        drop(tmp);
+    }
+    println!(
+        "    200 allocate/launch/drop through cuMemAlloc in {:?}",
+        t.elapsed()
+    );
+    // 0 + 2 + 4 + … + 198.
+    all_eq(&gpu.dtoh(&acc).ctx("dtoh")?, 99 * 100, "accumulated sum")
+}
+
+/// Allocates fallback buffers of `N` elements on `s` until one lands at `addr` (keeping
+/// the others alive meanwhile); `None` if none of 16 does.
+fn realloc_at(s: &BoundStream<'_>, addr: u64) -> Result<Option<DeviceSlice<u32>>, String> {
+    let mut kept = Vec::new();
+    for _ in 0..16 {
+        let fresh = s.alloc_zeros::<u32>(N as usize).ctx("alloc fresh")?;
+        // SAFETY: reading the address only, to compare.
+        if unsafe { fresh.raw_ptr() } == addr {
+            return Ok(Some(fresh));
+        }
+        kept.push(fresh);
+    }
+    Ok(None)
+}
+
+/// The misuses of a temporary through the fallback: dropped while a slow kernel on
+/// another stream still writes it, and while a slow kernel still reads it. Each drop
+/// must wait for the kernel before `cuMemFree`; a reallocation at the freed address,
+/// filled at once, must neither be overwritten by the late writer nor be seen by the
+/// late reader.
+fn fallback_drop_while_a_kernel_uses_the_buffer() -> R {
+    let dev = dev0()?;
+    let _hidden = PoolHidden::new(&dev);
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let m = kernels(&gpu)?;
+    let (spin_f, slow_copy) = (
+        m.function("spin").ctx("spin")?,
+        m.function("slow_copy").ctx("slow_copy")?,
+    );
+    let (sa, sb) = (
+        gpu.new_stream().ctx("stream")?,
+        gpu.new_stream().ctx("stream")?,
+    );
+    let (a, b) = (gpu.on(&sa).ctx("on")?, gpu.on(&sb).ctx("on")?);
+    let spin_took = spin_time(&b, &spin_f)?;
+    let mut ones = gpu.alloc_zeros::<u32>(N as usize).ctx("alloc ones")?;
+    a.memset_async(&mut ones, 1).ctx("memset ones")?;
+    let mut seen = gpu.alloc_zeros::<u32>(N as usize).ctx("alloc seen")?;
+
+    // A late writer: slow_copy(old <- ones) on B, then the drop.
+    let mut old = a.alloc_zeros::<u32>(N as usize).ctx("alloc old")?;
+    // SAFETY: reading the address only, to compare.
+    let old_addr = unsafe { old.raw_ptr() };
+    // SAFETY: (unsigned*, const unsigned*, unsigned, long long) matches; N elements each.
+    unsafe {
+        b.launch(&slow_copy, LaunchConfig::for_num_elems(N))
+            .arg(&mut old)
+            .arg(&ones)
+            .arg(&N)
+            .arg(&SPIN)
+            .launch()
+    }
+    .ctx("launch slow_copy (writer)")?;
+    let t = Instant::now();
+    drop(old);
+    let dropped_writer = t.elapsed();
+    let mut fresh = realloc_at(&a, old_addr)?.ok_or(
+        "cuMemAlloc did not hand the freed address back in 16 allocations; the test cannot \
+         check the reuse",
+    )?;
+    a.memset_async(&mut fresh, 2).ctx("memset 2")?;
+    // A write the drop did not wait for would land by the end of B's work.
+    b.synchronize().ctx("sync b")?;
+    all_eq(
+        &gpu.dtoh(&fresh).ctx("dtoh fresh")?,
+        2,
+        "reallocation after a late writer",
+    )?;
+    drop(fresh);
+
+    // A late reader: slow_copy(seen <- old) on B reads `old` (all 3) late; then the drop.
+    let mut old = a.alloc_zeros::<u32>(N as usize).ctx("alloc old")?;
+    // SAFETY: reading the address only, to compare.
+    let old_addr = unsafe { old.raw_ptr() };
+    a.memset_async(&mut old, 3).ctx("memset 3")?;
+    // SAFETY: as above.
+    unsafe {
+        b.launch(&slow_copy, LaunchConfig::for_num_elems(N))
+            .arg(&mut seen)
+            .arg(&old)
+            .arg(&N)
+            .arg(&SPIN)
+            .launch()
+    }
+    .ctx("launch slow_copy (reader)")?;
+    let t = Instant::now();
+    drop(old);
+    let dropped_reader = t.elapsed();
+    let mut fresh = realloc_at(&a, old_addr)?.ok_or(
+        "cuMemAlloc did not hand the freed address back in 16 allocations; the test cannot \
+         check the reuse",
+    )?;
+    a.memset_async(&mut fresh, 4).ctx("memset 4")?;
+    println!(
+        "    spin {spin_took:?}; drops waited {dropped_writer:?} (late writer) and \
+         {dropped_reader:?} (late reader); both reallocated at the freed address"
+    );
+    all_eq(&gpu.dtoh(&seen).ctx("dtoh seen")?, 3, "the late read")?;
+    all_eq(
+        &gpu.dtoh(&fresh).ctx("dtoh fresh")?,
+        4,
+        "reallocation after a late reader",
+    )
 }
 
 fn main() {
@@ -419,6 +612,18 @@ fn main() {
             (
                 "refused_setting_is_a_typed_error",
                 refused_setting_is_a_typed_error,
+            ),
+            (
+                "pooled_slices_count_in_memory_usage",
+                pooled_slices_count_in_memory_usage,
+            ),
+            (
+                "fallback_temporaries_loop_is_exact",
+                fallback_temporaries_loop_is_exact,
+            ),
+            (
+                "fallback_drop_while_a_kernel_uses_the_buffer",
+                fallback_drop_while_a_kernel_uses_the_buffer,
             ),
         ],
     )

@@ -18,9 +18,9 @@ fn ui() {
         t.compile_fail("ui-tests/fail/*.rs");
     } else {
         // The compiler's messages for these cases list the types implementing
-        // `DeviceMemoryMut` or `DeviceOnlyMemory`, three of which (`PoolSlice`,
-        // `ImportedSlice`, `LegacySlice`) the `ipc` feature adds: their .stderr are the
-        // full build's.
+        // `DeviceMemoryMut` or `DeviceOnlyMemory`, four of which (`PoolSlice`,
+        // `ImportedSlice`, `LegacySlice`, `LentImport`) the `ipc` feature adds: their
+        // .stderr are the full build's.
         const FULL_BUILD_ONLY: &[&str] =
             &["write_through_shared_view.rs", "capture_memset_managed.rs"];
         let mut cases: Vec<_> = std::fs::read_dir("ui-tests/fail")

@@ -86,7 +86,7 @@ pub fn choose_nccl(
 }
 
 /// How long the other ranks get to end on their own after one failed.
-const GRACE: Duration = Duration::from_secs(2);
+pub(crate) const GRACE: Duration = Duration::from_secs(2);
 
 /// This process's arguments for a rank: `--spawn N` removed, `--launcher env` added.
 pub fn rank_args(args: impl IntoIterator<Item = String>) -> Vec<String> {

@@ -59,6 +59,13 @@ CUresult cuEventSynchronize(H e) { (void)e; OK; }
 CUresult cuEventQuery(H e) { (void)e; OK; }
 CUresult cuMemAlloc_v2(uintptr_t *p, size_t b) { *p = next_ptr; next_ptr += (b + 4095) & ~(size_t)4095; OK; }
 CUresult cuMemFree_v2(uintptr_t p) { (void)p; OK; }
+CUresult cuDeviceGetDefaultMemPool(H *p, int d) { (void)d; *p = (H)(uintptr_t)0x200; OK; }
+CUresult cuMemAllocFromPoolAsync(uintptr_t *p, size_t b, H pool, H s) {
+  (void)pool; (void)s; *p = next_ptr; next_ptr += (b + 4095) & ~(size_t)4095; OK; }
+CUresult cuMemAllocAsync(uintptr_t *p, size_t b, H s) {
+  (void)s; *p = next_ptr; next_ptr += (b + 4095) & ~(size_t)4095; OK; }
+CUresult cuMemFreeAsync(uintptr_t p, H s) { (void)p; (void)s; OK; }
+CUresult cuStreamIsCapturing(H s, int *st) { (void)s; *st = 0; OK; }
 CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = *t = (size_t)1 << 34; OK; }
 CUresult cuMemsetD8Async(uintptr_t p, unsigned char v, size_t n, H s) { (void)p; (void)v; (void)n; (void)s; OK; }
 CUresult cuMemsetD8_v2(uintptr_t p, unsigned char v, size_t n) { (void)p; (void)v; (void)n; OK; }

@@ -120,6 +120,16 @@ impl Published {
         }
     }
 
+    /// Takes back the published write id, if any, under its stream's gate (rule 2): no
+    /// write is admitted without the tracker's lock from then on, until one is
+    /// published again.
+    pub(crate) fn close_write<S: TrackedStream>(&self, st: &AccessState<S>) {
+        let w = self.write.load(Relaxed);
+        if w != NONE {
+            self.close_one(st, w);
+        }
+    }
+
     /// Takes back `id` from every slot under its stream's gate.
     fn close_one<S: TrackedStream>(&self, st: &AccessState<S>, id: u64) {
         match st.find(id) {
@@ -203,7 +213,8 @@ impl Published {
 }
 
 /// A slow-path claim's step on one locked tracker before its operation is enqueued on
-/// `on`: unless the use is already ordered there, takes back what other streams publish
+/// `on`: refuses a write while a read is open ([`super::lend`]); unless the use is
+/// already ordered there, takes back what other streams publish
 /// (rule 3) and calls `wait(from)` for every conflicting stream.
 #[inline]
 pub(crate) fn order_before_enqueue<S: TrackedStream>(
@@ -213,6 +224,10 @@ pub(crate) fn order_before_enqueue<S: TrackedStream>(
     access: Access,
     wait: impl FnMut(&S) -> Result<()>,
 ) -> Result<()> {
+    if access == Access::Write && st.lends > 0 {
+        // An open read's outside work is not ordered yet ([`super::lend`]).
+        return Err(super::lend::lent_error());
+    }
     if st.is_ordered_on(on, access) {
         return Ok(());
     }
@@ -250,7 +265,8 @@ pub(crate) fn record_after_enqueue<S: TrackedStream>(
     published.publish(st, on);
 }
 
-/// A host access's step on one locked tracker: takes back everything published (every
+/// A host access's step on one locked tracker: refuses a write while a read is open
+/// ([`super::lend`]); takes back everything published (every
 /// admitted fast-path use is then enqueued before the synchronisation), then waits on
 /// the host for the conflicting streams and forgets them ([`AccessState::host_wait`]).
 pub(crate) fn host_wait_published<S: TrackedStream>(
@@ -260,6 +276,10 @@ pub(crate) fn host_wait_published<S: TrackedStream>(
     synchronize: impl FnMut(&S) -> Result<()>,
     grave: &mut Grave<S>,
 ) -> Result<()> {
+    if access == Access::Write && st.lends > 0 {
+        // An open read's outside work is not ordered yet ([`super::lend`]).
+        return Err(super::lend::lent_error());
+    }
     published.close_others(st, NONE);
     st.host_wait(access, synchronize, grave)
 }

@@ -63,6 +63,32 @@ impl AccessTracker {
         t
     }
 
+    /// The usual case of a stream-ordered free, without joining: the only pending use is
+    /// a write on a stream of `device` that no capture can hold and whose handle stays
+    /// valid (a gpubind stream, a stream shared with cudarc that is not capturing, or the
+    /// legacy stream; not a borrowed one). Forgets it and returns that stream, where the free goes with
+    /// no wait (every use of the memory is ordered before it there). `None`, changing
+    /// nothing, in every other case ([`join_for_free`](Self::join_for_free) then).
+    #[inline]
+    pub(crate) fn take_sole_writer(&mut self, device: &Device) -> Option<StreamRef> {
+        let st = match self.state.get_mut() {
+            Ok(st) => st,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        match (&st.writers[..], st.readers.is_empty()) {
+            ([w], true)
+                if w.device().ordinal() == device.ordinal()
+                    && !w.is_borrowed()
+                    && !w.may_be_capturing() => {}
+            _ => return None,
+        }
+        let on = st.writers.pop();
+        st.refresh();
+        // Held `&mut`: no fast path can be using what is published; nothing is pending now.
+        self.published.reset_mut(st, None);
+        on
+    }
+
     /// Joins every pending use onto one stream of `device` (the allocation's), for a
     /// stream-ordered free: see the [module docs](self). Returns the stream to free on
     /// (`FreeOn::Anywhere` when nothing is pending) and the forgotten streams, to be
@@ -97,9 +123,11 @@ impl AccessTracker {
                     .into(),
             ));
         }
-        let own = |s: &StreamRef| s.device().ordinal() == device.ordinal();
-        // Only other devices' streams use it (peer work): then the legacy stream of its
-        // own device waits for them.
+        // A borrowed stream is never the free's: its borrow may have ended and its owner
+        // destroyed it (waiting for it uses the event recorded at the end of the borrow).
+        let own = |s: &StreamRef| s.device().ordinal() == device.ordinal() && !s.is_borrowed();
+        // Only other devices' streams (peer work) or borrowed ones use it: then the
+        // legacy stream of its own device waits for them.
         let on = st
             .free_stream(own)
             .cloned()

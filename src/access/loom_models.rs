@@ -503,3 +503,78 @@ fn fast_path_read_racing_its_eviction_is_covered_by_a_writer_event() {
         assert_covered(launcher.join().unwrap(), event_on_2);
     });
 }
+
+/// An open read's start (`lend::open_read`: count the lend and take back the write id
+/// under the lock, order, record the start's event on stream 1, record the read) racing
+/// a launch writing the buffer on stream 1, the stream the buffer was written on: the
+/// launch either took the fast path and was enqueued before the start's event (so the
+/// outside reads, which wait for that event, come after it), or took the slow path and
+/// is refused while the read is open (or ran before it opened).
+#[test]
+fn fast_path_write_is_covered_by_an_open_read_or_refused() {
+    loom::model(|| {
+        let s1 = stream(1);
+        let t = written_and_published(&s1);
+        let writer = {
+            let (t, s1) = (t.clone(), s1.clone());
+            thread::spawn(move || {
+                {
+                    let _gate = sync::lock(&s1.gate);
+                    if t.published.admits(1, Access::Write) {
+                        return Ok(Some(s1.ops.fetch_add(1, SeqCst) + 1));
+                    }
+                }
+                // The slow path: the claim's order step refuses it while the read is open.
+                let mut st = sync::lock(&t.state);
+                if fast::order_before_enqueue(&st, &t.published, 1, Access::Write, |_| Ok(()))
+                    .is_err()
+                {
+                    assert!(st.lends > 0, "refused with no read open");
+                    return Err("refused");
+                }
+                s1.ops.fetch_add(1, SeqCst);
+                let s1b = s1.clone();
+                fast::record_after_enqueue(
+                    &mut st,
+                    &t.published,
+                    1,
+                    Access::Write,
+                    move |_| s1b.clone(),
+                    &mut None,
+                );
+                Ok(None)
+            })
+        };
+        let start_event;
+        {
+            let mut st = sync::lock(&t.state);
+            st.lends += 1;
+            t.published.close_write(&st);
+            fast::order_before_enqueue(&st, &t.published, 1, Access::Read, |_| Ok(())).unwrap();
+            // The start: cudarc's event recorded on stream 1 captures its ops so far.
+            start_event = s1.ops.load(SeqCst);
+            let s1b = s1.clone();
+            fast::record_after_enqueue(
+                &mut st,
+                &t.published,
+                1,
+                Access::Read,
+                move |_| s1b.clone(),
+                &mut None,
+            );
+            assert!(
+                !t.published.admits(1, Access::Write),
+                "a write id while lent"
+            );
+        }
+        match writer.join().unwrap() {
+            Ok(Some(k)) => assert!(
+                k <= start_event,
+                "a fast-path write (op {k} on stream 1) was enqueued after the open read's \
+                 start (which captured {start_event} ops)"
+            ),
+            // Slow path before the read opened (ordered by the lock), or refused.
+            Ok(None) | Err(_) => {}
+        }
+    });
+}

@@ -60,8 +60,10 @@ impl Access {
 mod borrowed;
 mod fast;
 mod join;
+pub(crate) mod lend;
 mod state;
 mod stream;
+mod streams;
 
 pub(crate) use fast::Published;
 pub(crate) use join::FreeOn;
@@ -101,11 +103,8 @@ impl AccessTracker {
     /// A tracker whose allocation has one pending write, on `on` (memory adopted with
     /// work still queued on it).
     pub(crate) fn written_on(on: StreamRef) -> Self {
-        let mut state = AccessState::default();
-        let mut grave = Grave::new();
-        state.commit(&[(on.id(), Access::Write)], |_| on.clone(), &mut grave);
         AccessTracker {
-            state: sync::Mutex::new(state),
+            state: sync::Mutex::new(AccessState::written_by(on)),
             // Nothing published: the first use takes the slow path (and publishes).
             published: Published::default(),
         }
@@ -345,7 +344,11 @@ pub(crate) struct ExclusiveClaim<'t, 's> {
 
 /// Claims `tracker` (held exclusively) for a use of kind `access` on `on`, whose context
 /// is current or which is a gpubind stream.
-#[inline]
+///
+/// Always inlined, like its callers down to the operation: on the usual path (a stream
+/// reusing a buffer it alone holds) it is two compares, and a call returning the claim
+/// through memory would cost more than the claim itself. The waits are out of line.
+#[inline(always)]
 pub(crate) fn claim_exclusive<'t, 's>(
     on: StreamSlot<'s>,
     tracker: &'t mut AccessTracker,
@@ -356,11 +359,10 @@ pub(crate) fn claim_exclusive<'t, 's>(
         Ok(st) => st,
         Err(poisoned) => poisoned.into_inner(),
     };
-    let id = on.id();
-    if !state.is_ordered_on(id, access) {
+    if !state.is_ordered_on(on.id(), access) {
         // What is published stays true until the commit (the waits change no list),
         // which publishes anew; held `&mut`, no fast path can be using it meanwhile.
-        state.wait_conflicts(id, access, |from| from.enqueue_wait(on.raw()))?;
+        wait_exclusive(state, on, access)?;
     }
     Ok(ExclusiveClaim {
         state,
@@ -368,6 +370,17 @@ pub(crate) fn claim_exclusive<'t, 's>(
         access,
         on,
     })
+}
+
+/// Orders `on` after the uses of an exclusively held tracker that conflict with a use of
+/// kind `access` (a hand-off): out of line, so [`claim_exclusive`] stays small.
+#[inline(never)]
+fn wait_exclusive(
+    state: &AccessState<StreamRef>,
+    on: StreamSlot<'_>,
+    access: Access,
+) -> Result<()> {
+    state.wait_conflicts(on.id(), access, |from| from.enqueue_wait(on.raw()))
 }
 
 impl Drop for ExclusiveClaim<'_, '_> {
@@ -453,6 +466,11 @@ pub(crate) fn claim_lanes<'t>(
                 Some((_, a)) => *a = a.max(access),
                 None => v.push((s, access)),
             }
+        }
+    }
+    for (st, v) in &held {
+        if st.lends > 0 && v.iter().any(|(_, a)| *a == Access::Write) {
+            return Err(lend::lent_error());
         }
     }
     for (st, v) in &held {

@@ -4,6 +4,7 @@
 use crate::error::Result;
 
 use super::Access;
+use super::streams::{StreamList, Streams};
 
 /// A stream as the state machine sees it.
 pub(crate) trait TrackedStream: Clone {
@@ -36,8 +37,12 @@ pub(super) const PRUNE_READERS_AT: usize = 8;
 #[derive(Debug)]
 pub(crate) struct AccessState<S> {
     sole: u64,
-    pub(super) writers: Vec<S>,
+    pub(super) writers: Streams<S>,
     pub(super) readers: Vec<S>,
+    /// Open reads ([`super::lend`]): reads recorded at their start whose work outside
+    /// gpubind's streams is ordered only at their end. While any is open, writes are
+    /// refused and none is admitted without the lock.
+    pub(super) lends: u32,
 }
 
 /// [`AccessState::sole`] when the pending uses are not one write: no stream id (gpubind
@@ -48,20 +53,33 @@ impl<S> Default for AccessState<S> {
     fn default() -> Self {
         AccessState {
             sole: NO_SOLE,
-            writers: Vec::new(),
+            writers: Streams::default(),
             readers: Vec::new(),
+            lends: 0,
         }
     }
 }
 
 impl<S: TrackedStream> AccessState<S> {
+    /// A state whose one pending use is a write on `on` (what a commit of that write into
+    /// an idle state makes, built directly: a stream-ordered allocation's tracker).
+    pub(crate) fn written_by(on: S) -> Self {
+        AccessState {
+            sole: on.id(),
+            writers: Streams::one(on),
+            readers: Vec::new(),
+            lends: 0,
+        }
+    }
+
     /// A state with these pending uses (tests and models build states directly).
     #[cfg(test)]
-    pub(super) fn with_uses(writers: Vec<S>, readers: Vec<S>) -> Self {
+    pub(super) fn with_uses(writers: impl Into<Streams<S>>, readers: Vec<S>) -> Self {
         let mut st = AccessState {
             sole: NO_SOLE,
-            writers,
+            writers: writers.into(),
             readers,
+            lends: 0,
         };
         st.refresh();
         st
@@ -70,7 +88,7 @@ impl<S: TrackedStream> AccessState<S> {
     /// What `sole` must be, from the lists.
     #[inline]
     fn sole_from_lists(&self) -> u64 {
-        match self.writers.as_slice() {
+        match &self.writers[..] {
             [w] if self.readers.is_empty() => w.id(),
             _ => NO_SOLE,
         }
@@ -97,16 +115,22 @@ impl<S: TrackedStream> AccessState<S> {
     /// stream: the fast path, where no wait is needed.
     #[inline]
     pub(crate) fn is_ordered_on(&self, on: u64, access: Access) -> bool {
-        self.is_sole_writer(on)
-            || (self.writers.iter().all(|w| w.id() == on)
-                && (access == Access::Read || self.readers.iter().all(|r| r.id() == on)))
+        if self.is_sole_writer(on) {
+            return true;
+        }
+        if self.sole != NO_SOLE {
+            // One write pending, on another stream (a hand-off): answered by the cache.
+            return false;
+        }
+        self.writers.iter().all(|w| w.id() == on)
+            && (access == Access::Read || self.readers.iter().all(|r| r.id() == on))
     }
 
     /// Whether a write on `on` needs no wait and records nothing (what the fast path's
-    /// published `write` id promises).
+    /// published `write` id promises); never while a read is open ([`super::lend`]).
     #[inline]
     pub(crate) fn write_is_free(&self, on: u64) -> bool {
-        self.is_sole_writer(on)
+        self.lends == 0 && self.is_sole_writer(on)
     }
 
     /// Whether a read on `on` needs no wait and records nothing (what the fast path's
@@ -139,6 +163,10 @@ impl<S: TrackedStream> AccessState<S> {
         if self.is_sole_writer(on) {
             return true;
         }
+        if self.sole != NO_SOLE {
+            // One write pending, on another stream: either use changes the lists.
+            return false;
+        }
         match access {
             Access::Write => {
                 self.readers.is_empty() && self.writers.len() == 1 && self.writers[0].id() == on
@@ -152,6 +180,7 @@ impl<S: TrackedStream> AccessState<S> {
 
     /// Calls `wait(from)` for every stream whose pending use conflicts with a use of kind
     /// `access` on `on` (the write streams; for a write, the read streams too).
+    #[inline]
     pub(crate) fn wait_conflicts(
         &self,
         on: u64,
@@ -182,7 +211,7 @@ impl<S: TrackedStream> AccessState<S> {
         // same outcome as below (the write replaces the old writer), swapped in place.
         if let [(id, Access::Write)] = uses
             && self.readers.is_empty()
-            && let [w] = self.writers.as_mut_slice()
+            && let [w] = &mut self.writers[..]
             && w.id() != *id
         {
             grave.push(std::mem::replace(w, make(*id)));
@@ -355,9 +384,7 @@ impl<S> Grave<S> {
     }
 
     /// Moves every element of `v` here, keeping `v`'s capacity for what replaces them.
-    pub(crate) fn take_all(&mut self, v: &mut Vec<S>) {
-        for s in v.drain(..) {
-            self.push(s);
-        }
+    pub(crate) fn take_all(&mut self, v: &mut impl StreamList<S>) {
+        v.take_each(|s| self.push(s));
     }
 }

@@ -258,6 +258,13 @@ impl StreamRef {
         }
     }
 
+    /// Whether this is a stream gpubind borrows ([`crate::BorrowedStream`]): once its
+    /// borrow ends its owner may destroy it, so nothing may be enqueued on it from a
+    /// tracker (which answers for it with the event recorded at the end of the borrow).
+    pub(crate) fn is_borrowed(&self) -> bool {
+        matches!(self, StreamRef::Owned(s) if s.borrowed.is_some())
+    }
+
     /// Whether this is a stream gpubind does not own (shared with cudarc, or borrowed)
     /// that is being captured (its owner can begin a capture on it; gpubind's own streams
     /// are never captured: captures use private streams). `true` when the driver cannot

@@ -532,3 +532,43 @@ fn a_buffer_passed_for_read_and_write_is_claimed_as_written() {
     waited.sort_unstable();
     assert_eq!(waited, [1, 2]);
 }
+
+/// While a read is open ([`lend`]), a write is refused before anything is enqueued (a
+/// read of the same tracker passes), no write id is published or admitted, and closing
+/// the read lets writes be published again.
+#[test]
+fn an_open_read_refuses_writes_and_publishes_no_write_id() {
+    let t = AccessTracker::default();
+    sync::lock(&t.state).lends = 1;
+    assert!(matches!(
+        t.host_access(Access::Write),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(t.host_access(Access::Read).is_ok(), "a host read goes on");
+
+    let mut st = AccessState::with_uses(vec![S(1)], vec![]);
+    st.lends = 1;
+    let published = fast::Published::default();
+    let mut waited = Vec::new();
+    let mut wait = |s: &S| {
+        waited.push(s.0);
+        Ok(())
+    };
+    match fast::order_before_enqueue(&st, &published, 2, Access::Write, &mut wait) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("lent to cudarc"), "{m}"),
+        other => panic!("a write during an open read: {other:?}"),
+    }
+    assert!(fast::order_before_enqueue(&st, &published, 2, Access::Read, &mut wait).is_ok());
+    assert_eq!(
+        waited,
+        [1],
+        "the read waits for the writer; the write waited for nothing"
+    );
+    assert!(!st.write_is_free(1), "no write id while a read is open");
+    published.publish(&st, 1);
+    assert_eq!(published.ids(), (NONE_ID, [1, NONE_ID]), "only the read id");
+    assert!(!published.admits(1, Access::Write) && published.admits(1, Access::Read));
+    st.lends = 0;
+    published.publish(&st, 1);
+    assert_eq!(published.ids().0, 1, "the write id once no read is open");
+}

@@ -1,6 +1,7 @@
 //! Devices: enumeration and attributes without a context, and the lazily retained primary
 //! context (documented on [`Device`]).
 
+mod kept;
 pub mod poison;
 mod usage;
 
@@ -228,6 +229,9 @@ pub struct Device {
     default_pool: std::sync::OnceLock<Option<usize>>,
     /// Bytes held by this device's `DeviceSlice`s and `ManagedSlice`s, and their peak.
     usage: UsageCounter,
+    /// Values kept for the device's lifetime and the modules they loaded (unloaded by
+    /// the drop): see [`Device::kept`].
+    kept: kept::Kept,
 }
 
 /// A pooled `CUevent` (timing disabled) of one device's primary context.
@@ -308,7 +312,28 @@ impl Device {
             legacy_gate: crate::sync::Gate::default(),
             default_pool: std::sync::OnceLock::new(),
             usage: UsageCounter::default(),
+            kept: kept::Kept::default(),
         })
+    }
+
+    /// A `Device` that names no driver device and retains no context, for unit tests of
+    /// state kept on the device (poisoning): nothing on it may call the driver.
+    #[cfg(test)]
+    pub(crate) fn unopened_for_test(ordinal: usize) -> Device {
+        Device {
+            ordinal,
+            raw: 0,
+            name: format!("unopened test device {ordinal}"),
+            uuid: Uuid([0; 16]),
+            primary: LazyPrimary::new(CudaPrimary, 0),
+            events: std::sync::Mutex::new(Vec::new()),
+            poison: PoisonState::default(),
+            limits: std::sync::OnceLock::new(),
+            legacy_gate: crate::sync::Gate::default(),
+            default_pool: std::sync::OnceLock::new(),
+            usage: UsageCounter::default(),
+            kept: kept::Kept::default(),
+        }
     }
 
     /// The first visible device whose UUID is `uuid`, if any.
@@ -464,6 +489,19 @@ impl Device {
         Ok(self.limits.get_or_init(|| read))
     }
 
+    /// The `T` this device keeps for its lifetime (the collective backends' kernels),
+    /// made by `make` on first use; `make` returns it with the modules it loaded, which
+    /// the device unloads in its drop, its context current (`device::kept`). `T` must
+    /// not hold an `Arc<Device>` (the device would never drop), and whoever launches
+    /// from those modules holds the device (so they stay loaded while it runs).
+    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    pub(crate) fn kept<T: std::any::Any + Send + Sync>(
+        &self,
+        make: impl FnOnce() -> Result<(T, Vec<sys::CUmodule>)>,
+    ) -> Result<Arc<T>> {
+        self.kept.get_or_make(make)
+    }
+
     /// Where `crate::memory::pool` keeps this device's default memory pool, once known.
     pub(crate) fn default_pool_slot(&self) -> &std::sync::OnceLock<Option<usize>> {
         &self.default_pool
@@ -559,6 +597,17 @@ impl Device {
         }
     }
 
+    /// Poisons the device for a reason no driver call reported: work may still be
+    /// appended to one of its streams that nothing can order later uses or frees after
+    /// (an `ncclCommAbort` that did not return). From then on every call into the device
+    /// is [`Error::ContextPoisoned`] naming `call` and `code`, and every buffer of it is
+    /// leaked rather than freed, so the late work cannot write freed memory.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    pub(crate) fn poison_unordered(&self, call: &'static str, code: sys::CUresult) -> Error {
+        let p = self.poison.poison(call, code).clone();
+        crate::device::poison::error(self, &p)
+    }
+
     /// The gate of the primary context's legacy default stream (`crate::access`).
     pub(crate) fn legacy_gate(&self) -> &crate::sync::Gate {
         &self.legacy_gate
@@ -613,14 +662,19 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         let events = std::mem::take(self.events.get_mut().unwrap_or_else(|p| p.into_inner()));
-        if events.is_empty() || !self.has_retained_context() {
+        let modules = self.kept.take_modules();
+        if (events.is_empty() && modules.is_empty()) || !self.has_retained_context() {
             return;
         }
         let ordinal = Some(self.ordinal);
         let n = events.len();
         match self.enter() {
+            // A poisoned context runs nothing more; its reset unloads the modules.
             Err(e) => crate::error::report_drop(
-                format_args!("the Device's {n} pooled hand-off events"),
+                format_args!(
+                    "the Device's {n} pooled hand-off events and {} kept modules",
+                    modules.len()
+                ),
                 ordinal,
                 crate::error::ENTER,
                 &e,
@@ -634,6 +688,22 @@ impl Drop for Device {
                     if let Err(e) = unsafe { result::event::destroy(ev.0) } {
                         crate::error::report_drop(
                             format_args!("a pooled hand-off event of the Device"),
+                            ordinal,
+                            crate::error::RELEASE,
+                            &e,
+                            crate::error::MAYBE_LEAKED,
+                        );
+                    }
+                }
+                for m in modules {
+                    // SAFETY: loaded in this (still retained, current) context and handed
+                    // to the device by `Device::kept`, unloaded once, here. No launch from
+                    // it can be pending: whoever launched held this device, and every
+                    // gpubind resource's drop waited for its own uses or leaked an
+                    // `Arc<Device>` (so this drop would not run).
+                    if let Err(e) = unsafe { result::module::unload(m) } {
+                        crate::error::report_drop(
+                            format_args!("a module kept by the Device"),
                             ordinal,
                             crate::error::RELEASE,
                             &e,
@@ -671,6 +741,10 @@ pub(crate) struct LazyPrimary<O: PrimaryCtxOps> {
     ops: O,
     device: i32,
     state: sync::Mutex<Option<(O::Ctx, u64)>>,
+    /// `state`'s value once a retain succeeded, read without the lock: it is only ever
+    /// set once, and cleared only by the drop (`&mut`), so every `enter` after the first
+    /// bind costs one load.
+    retained: std::sync::OnceLock<(O::Ctx, u64)>,
 }
 
 /// Each successful retain gets a new id, so a context released and retained again can be
@@ -685,6 +759,7 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
             ops,
             device,
             state: sync::Mutex::new(None),
+            retained: std::sync::OnceLock::new(),
         }
     }
 
@@ -692,6 +767,9 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
     /// first callers serialise on the lock: exactly one retains, the rest see its result.
     /// A failed retain is not cached; the next call tries again.
     pub(crate) fn get(&self) -> Result<(O::Ctx, u64)> {
+        if let Some(&v) = self.retained.get() {
+            return Ok(v);
+        }
         let mut state = sync::lock(&self.state);
         if let Some(v) = *state {
             return Ok(v);
@@ -699,6 +777,8 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
         let ctx = self.ops.retain(self.device)?;
         let id = NEXT_RETAIN_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         *state = Some((ctx, id));
+        // Under the lock, after `state`: the only set, so it cannot fail.
+        let _ = self.retained.set((ctx, id));
         Ok((ctx, id))
     }
 

@@ -6,7 +6,7 @@ use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::launch::LaunchConfig;
 use crate::memory::DeviceRepr;
-use crate::module::{Function, KernelArg, LaunchArg, ModuleHold, arg_access};
+use crate::module::{Function, KernelArg, LaunchArg, ModuleHold, arg_access, check_write};
 use std::ffi::c_void;
 
 /// A buffer argument of a captured launch: its tracker, the bytes it passes (`None`:
@@ -117,6 +117,9 @@ impl<'l, 'c, 'buf> CaptureLaunch<'l, 'c, 'buf> {
                 .func
                 .check_arg_size(self.args.len(), arg.param_size(), || arg.describe())
                 .err();
+        }
+        if self.error.is_none() {
+            self.error = check_write(arg, self.args.len(), access).err();
         }
         if let Some(t) = arg.access_tracker() {
             self.buffers.push((t, arg.arg_span(), access));

@@ -286,21 +286,48 @@ impl<T: DeviceRepr> ImportedSlice<T> {
     }
 }
 
+impl<T: DeviceRepr> ImportedSlice<T> {
+    /// The slice's parts, without its `Drop`: whoever takes them must end the mapping
+    /// with [`unmap_import`].
+    pub(super) fn into_parts(self) -> (ManuallyDrop<DeviceSlice<T>>, Arc<OwnedPool>, LiveImport) {
+        let me = ManuallyDrop::new(self);
+        // SAFETY: `me` is never used or dropped again, so each field is moved out once.
+        unsafe {
+            (
+                std::ptr::read(&me.slice),
+                std::ptr::read(&me.pool),
+                std::ptr::read(&me.live),
+            )
+        }
+    }
+}
+
+/// Ends an imported mapping: waits for its pending uses in this process, then unmaps it
+/// (`cuMemFree`); keeps its registry entry if it could not (see [`disown_and_free`]).
+/// Returns whether the mapping is gone. Call once, as the last use of `slice`.
+pub(super) fn unmap_import<T: DeviceRepr>(
+    slice: &mut ManuallyDrop<DeviceSlice<T>>,
+    live: &mut LiveImport,
+) -> bool {
+    let len = slice.len();
+    let what = format_args!(
+        "ImportedSlice<{}> of {len} elements",
+        std::any::type_name::<T>()
+    );
+    let unmapped = disown_and_free(slice, what, "cuMemFree_v2", |p| {
+        // SAFETY: imported by cuMemPoolImportPointer, unmapped once, in its context,
+        // after its own pending uses in this process (run only after the wait
+        // succeeded).
+        unsafe { result::memory::free(p) }
+    });
+    if !unmapped {
+        live.keep();
+    }
+    unmapped
+}
+
 impl<T: DeviceRepr> Drop for ImportedSlice<T> {
     fn drop(&mut self) {
-        let len = self.slice.len();
-        let what = format_args!(
-            "ImportedSlice<{}> of {len} elements",
-            std::any::type_name::<T>()
-        );
-        let unmapped = disown_and_free(&mut self.slice, what, "cuMemFree_v2", |p| {
-            // SAFETY: imported by cuMemPoolImportPointer, unmapped once, in its context,
-            // after its own pending uses in this process (run only after the wait
-            // succeeded).
-            unsafe { result::memory::free(p) }
-        });
-        if !unmapped {
-            self.live.keep();
-        }
+        unmap_import(&mut self.slice, &mut self.live);
     }
 }

@@ -22,6 +22,11 @@
 //!   other process by [`EventHandle::open`] into an `Event` its streams wait on.
 //! * Legacy IPC: [`LegacyIpcHandle::export`] of a [`DeviceSlice`], opened as a
 //!   [`LegacySlice<T>`].
+//! * Ordered hand-offs: [`PoolSlice::lend`] / [`PoolSlice::share`] send a buffer with
+//!   its pending work to the process at the other end of a socket, which takes it with
+//!   [`recv_handoff`] ([`LentImport`] / [`SharedImport`]) and hands it back by
+//!   `give_back` or drop; [`Lent::join`] / [`Shared::join`] return it. The rules below
+//!   are then kept by the types (`docs/ipc.md`, "Ordered hand-offs").
 //!
 //! ```no_run
 //! # fn main() -> gpubind::Result<()> {
@@ -51,14 +56,15 @@
 //! `cuMemAlloc` allocation is [`Error::NotLegacyExportable`] (`docs/ipc.md`,
 //! "Soundness").
 //!
-//! Protocol rules the types cannot enforce across processes (see `docs/ipc.md`): the
-//! exporter keeps a buffer (and its pool) alive until every importer has dropped its
+//! Protocol rules the types cannot enforce across processes for buffers shared by
+//! `export` rather than a hand-off (see `docs/ipc.md`): the exporter keeps a buffer (and its pool) alive until every importer has dropped its
 //! imported slice — have importers answer after dropping, and wait for the answer or the
 //! importer's exit; a process may only access an allocation after it is ready
 //! ([`MemoryPool::alloc_zeros`] waits for that before returning).
 
 mod event;
 mod handle;
+mod handoff;
 mod import;
 mod legacy;
 mod pool;
@@ -68,6 +74,9 @@ mod wire;
 
 pub use event::EventHandle;
 pub use handle::{BufferHandle, LegacyIpcHandle, PoolHandle, PoolId};
+pub use handoff::{
+    HandoffFailed, Incoming, JoinError, Lent, LentImport, Shared, SharedImport, recv_handoff,
+};
 pub use import::{ImportedPool, ImportedSlice};
 pub use legacy::LegacySlice;
 pub use pool::{MemoryPool, PoolConfig, PoolSlice};
@@ -418,6 +427,10 @@ mod tests {
         assert_send_sync::<LegacySlice<u64>>();
         assert_send_sync::<PoolHandle>();
         assert_send_sync::<BufferHandle>();
+        assert_send_sync::<Lent<f32>>();
+        assert_send_sync::<Shared<f32>>();
+        assert_send_sync::<LentImport<u8>>();
+        assert_send_sync::<SharedImport<u8>>();
     }
 
     #[test]

@@ -146,18 +146,7 @@ impl MemoryPool {
     /// (the driver exports no pointer of a pool it has not exported).
     /// [`Error::NotIpcPool`] unless the pool was created with [`PoolConfig::ipc`].
     pub fn export(&self) -> Result<PoolHandle> {
-        let Some(kept) = &self.inner.export_fd else {
-            return Err(Error::NotIpcPool);
-        };
-        let fd = kept
-            .try_clone()
-            .map_err(|e| super::io_error("dup of the pool's descriptor", &e))?;
-        Ok(PoolHandle::new(
-            self.inner.id,
-            self.inner.device.uuid(),
-            self.inner.device.ordinal(),
-            fd,
-        ))
+        export_pool(&self.inner)
     }
 
     /// Allocates `len` zeroed elements from the pool on `stream` and waits for the
@@ -338,6 +327,25 @@ impl<T: DeviceRepr> PoolSlice<T> {
             ));
         }
         crate::memory::Tracked::tracker(&*self.slice).host_access(Access::Write)?;
+        self.export_unordered()
+    }
+
+    /// The pool of this slice, exported ([`MemoryPool::export`]).
+    pub(super) fn export_pool(&self) -> Result<PoolHandle> {
+        export_pool(&self.pool)
+    }
+
+    /// [`export`](Self::export) without the wait for pending uses: for a caller that
+    /// orders the importer after them by other means (an interprocess event).
+    pub(super) fn export_unordered(&self) -> Result<BufferHandle> {
+        if !self.pool.is_ipc() {
+            return Err(Error::NotIpcPool);
+        }
+        if self.slice.is_empty() {
+            return Err(Error::InvalidArgument(
+                "an empty pool slice has no allocation to export".into(),
+            ));
+        }
         let _guard = self.pool.device.enter()?;
         // SAFETY: `ptr` is a live allocation of this IPC pool; its context is current.
         let data = unsafe { result::pool::export_pointer(self.slice.ptr) }?;
@@ -436,6 +444,23 @@ impl<T: DeviceRepr> Drop for PoolSlice<T> {
             std::mem::forget(Arc::clone(&self.pool));
         }
     }
+}
+
+/// A duplicate of the pool's export descriptor as a [`PoolHandle`];
+/// [`Error::NotIpcPool`] for a pool created without IPC.
+fn export_pool(pool: &OwnedPool) -> Result<PoolHandle> {
+    let Some(kept) = &pool.export_fd else {
+        return Err(Error::NotIpcPool);
+    };
+    let fd = kept
+        .try_clone()
+        .map_err(|e| super::io_error("dup of the pool's descriptor", &e))?;
+    Ok(PoolHandle::new(
+        pool.id,
+        pool.device.uuid(),
+        pool.device.ordinal(),
+        fd,
+    ))
 }
 
 /// `cuMemPoolExportToShareableHandle` as a POSIX descriptor; the pool's context must be

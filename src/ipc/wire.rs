@@ -4,7 +4,8 @@
 //! offset  size  field
 //!      0     4  magic   b"GBIH"
 //!      4     2  version u16 LE (currently 1)
-//!      6     2  kind    u16 LE (1 pool, 2 buffer, 3 legacy, 4 bundle)
+//!      6     2  kind    u16 LE (1 pool, 2 buffer, 3 legacy, 4 bundle, 5 event,
+//!                               6 hand-off)
 //!      8     4  length  u32 LE of the payload (at most MAX_PAYLOAD)
 //!     12     n  payload JSON (serde) of the handle
 //!   12+n     8  FNV-1a 64 of bytes 0..12+n, LE
@@ -35,6 +36,7 @@ pub(crate) enum Kind {
     Legacy = 3,
     Bundle = 4,
     Event = 5,
+    Handoff = 6,
 }
 
 impl Kind {
@@ -45,6 +47,7 @@ impl Kind {
             3 => "a legacy IPC handle",
             4 => "a handle bundle",
             5 => "an interprocess event handle",
+            6 => "a hand-off message",
             _ => "an unknown kind",
         }
     }

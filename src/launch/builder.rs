@@ -7,7 +7,7 @@ use crate::access::{self, Access, AccessTracker, Use};
 use crate::device::poison::KernelName;
 use crate::driver::result;
 use crate::error::{Error, Result};
-use crate::module::{Function, KernelArg, LaunchArg, arg_access, func_attribute};
+use crate::module::{Function, KernelArg, LaunchArg, arg_access, check_write, func_attribute};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -334,6 +334,9 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             this.tracked.push(t, access);
         }
         let i = this.args.len();
+        if this.error.is_none() {
+            this.error = check_write(arg, i, access).err().map(Box::new);
+        }
         if let (None, Some(&want)) = (
             &this.size_error,
             this.func.params.as_ref().and_then(|p| p.get(i)),
@@ -357,6 +360,10 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     #[inline(always)]
     pub fn arg_written<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
         self.arg(arg);
+        if self.error.is_none() {
+            let i = self.args.len() - 1;
+            self.error = check_write(arg, i, Access::Write).err().map(Box::new);
+        }
         if let Some(t) = arg.access_tracker() {
             self.tracked.mark_written(t);
         }
@@ -368,7 +375,8 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// Fails before the driver is called with [`Error::InvalidArgument`] for a zero
     /// dimension, [`Error::LaunchLimit`] for a configuration over a device or kernel
     /// limit (see [`Function::attributes`](crate::Function::attributes)), [`Error::LaunchArgs`] or
-    /// [`Error::WrongDevice`] for arguments that do not fit.
+    /// [`Error::WrongDevice`] for arguments that do not fit, [`Error::InvalidArgument`] for
+    /// a buffer shared for reading with another process passed as written.
     ///
     /// # Safety
     ///
@@ -396,6 +404,11 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// * A [`ManagedSlice`](crate::ManagedSlice) the kernel writes must be passed as
     ///   `&mut`: a shared one may be read by the host through
     ///   [`as_slice`](crate::ManagedSlice::as_slice) while the launch is enqueued.
+    /// * The kernel must not write a buffer shared for reading with another process
+    ///   (`ipc::Shared`, `ipc::SharedImport`) that it is passed by `&`: the other process
+    ///   reads it at the same time, ordered by nothing. Passing one as written (`&mut`,
+    ///   [`arg_written`](Self::arg_written)) fails with [`Error::InvalidArgument`]; their
+    ///   `view_mut` is the `unsafe` way to write one.
     pub unsafe fn launch(&mut self) -> Result<()> {
         // SAFETY: the caller's contract is this function's; `LaunchKernel` enqueues the kernel
         // with exactly what it is given.

@@ -726,6 +726,7 @@ impl<T: DeviceRepr> Drop for DeviceSlice<T> {
             return;
         }
         if self.pooled {
+            self.uncount();
             // SAFETY: allocated from the device's pool in this context, every use recorded
             // in the tracker; freed once, here.
             unsafe {

@@ -27,7 +27,10 @@
 //! Devices without memory pools (`CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED` = 0, or a
 //! driver below CUDA 11.2) allocate with `cuMemAlloc` instead, and their buffers' drops
 //! wait as every `cuMemAlloc` buffer's does (docs/memory.md, "Stream-ordered
-//! allocation").
+//! allocation"). The fallback exists so that code written with stream-ordered
+//! temporaries runs unchanged, and stays correct, on every device gpubind supports: it
+//! loses only the speed (a synchronous allocation, a drop that waits on the host), never
+//! the ordering.
 
 use super::{DeviceRepr, DeviceSlice};
 use crate::access::{AccessTracker, StreamSlot};
@@ -53,6 +56,10 @@ pub(crate) fn pools_usable(supported: i32, driver: DriverVersion) -> bool {
 /// on it ([`pools_usable`]); asked once per [`Device`]. A failed query is returned and
 /// not cached.
 pub(crate) fn default_pool(device: &Device) -> Result<Option<sys::CUmemoryPool>> {
+    #[cfg(any(test, feature = "test-seams"))]
+    if seam::pools_hidden(device.ordinal()) {
+        return Ok(None);
+    }
     let slot = device.default_pool_slot();
     if let Some(known) = slot.get() {
         return Ok(known.map(|p| p as sys::CUmemoryPool));
@@ -64,6 +71,42 @@ pub(crate) fn default_pool(device: &Device) -> Result<Option<sys::CUmemoryPool>>
         None
     };
     Ok(slot.get_or_init(|| found).map(|p| p as sys::CUmemoryPool))
+}
+
+/// The test seam that sends a device's allocations down the path of devices without
+/// memory pools, so that path runs on a GPU that has them.
+#[cfg(any(test, feature = "test-seams"))]
+mod seam {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// One bit per device ordinal (below 64) whose pool is hidden.
+    static HIDDEN: AtomicU64 = AtomicU64::new(0);
+
+    pub(super) fn pools_hidden(ordinal: usize) -> bool {
+        ordinal < 64 && HIDDEN.load(Ordering::Relaxed) & (1 << ordinal) != 0
+    }
+
+    pub(super) fn hide_pool(ordinal: usize, hidden: bool) {
+        if ordinal < 64 {
+            if hidden {
+                HIDDEN.fetch_or(1 << ordinal, Ordering::Relaxed);
+            } else {
+                HIDDEN.fetch_and(!(1 << ordinal), Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+#[cfg(any(test, feature = "test-seams"))]
+impl Device {
+    /// Test seam: while `hidden`, gpubind treats this device as one without memory pools
+    /// ([`BoundStream::alloc`] falls back to `cuMemAlloc`, [`Device::memory_pool`] is
+    /// [`Error::DeviceLacks`]), process-wide. Buffers already allocated from the pool keep
+    /// freeing in stream order. Not part of the API.
+    #[doc(hidden)]
+    pub fn hide_memory_pool_for_test(&self, hidden: bool) {
+        seam::hide_pool(self.ordinal(), hidden);
+    }
 }
 
 /// [`Error::NotCapturable`] for a stream shared with cudarc that cudarc is capturing: an
@@ -157,7 +200,25 @@ impl<'b> BoundStream<'b> {
         // SAFETY: zeroed below, on the same stream, before any other use can be ordered
         // after the allocation.
         let mut buf = unsafe { self.alloc::<T>(len)? };
-        self.memset_zeros_async(&mut buf)?;
+        if !buf.pooled || buf.ptr == 0 {
+            // `cuMemAlloc` memory (no pool on this device), or nothing to zero.
+            self.memset_zeros_async(&mut buf)?;
+            return Ok(buf);
+        }
+        // Pool memory allocated on this stream just now: its tracker's one pending use is
+        // that write on this stream, and no other reference to the slice exists, so the
+        // memset is ordered after every use there is without a claim, and records nothing.
+        // SAFETY: the whole of a live allocation (`len` elements of `T`), on a stream of the current
+        // context (or a gpubind stream) whose allocation precedes this in stream order.
+        let zeroed = unsafe {
+            result::copy::memset_d8_async(
+                buf.ptr,
+                0,
+                std::mem::size_of::<T>() * len,
+                self.slot().raw(),
+            )
+        };
+        self.bound().device().check(zeroed)?;
         Ok(buf)
     }
 }

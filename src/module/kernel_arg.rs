@@ -89,6 +89,34 @@ pub unsafe trait KernelArg {
     fn arg_span(&self) -> Option<(u64, u64)> {
         None
     }
+    /// Why the argument must never be written (a buffer another process reads at the
+    /// same time, ordered by nothing), or `None`: a launch that would claim it as
+    /// written (`&mut`, `arg_written`) fails with [`Error::InvalidArgument`] instead.
+    ///
+    /// [`Error::InvalidArgument`]: crate::Error::InvalidArgument
+    #[doc(hidden)]
+    fn read_only(&self) -> Option<&'static str> {
+        None
+    }
+}
+
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if argument `i` is claimed
+/// as written (`access`) but [`KernelArg::read_only`] says it must never be.
+pub(crate) fn check_write<A: KernelArg + ?Sized>(
+    arg: &A,
+    i: usize,
+    access: crate::access::Access,
+) -> crate::error::Result<()> {
+    match arg.read_only() {
+        Some(why) if access == crate::access::Access::Write => {
+            Err(crate::error::Error::InvalidArgument(format!(
+                "kernel argument {i} ({}) is passed as written (`&mut` or `arg_written`), \
+                 but {why}",
+                arg.describe()
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 // SAFETY: plain data passed by value: the kernel receives the value's own
@@ -216,3 +244,43 @@ memory_arg!(DeviceSlice);
 memory_arg!(DeviceView<'a>);
 memory_arg!(DeviceViewMut<'a>);
 pub(crate) use memory_arg;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access::Access;
+    use crate::error::Error;
+
+    /// An argument that must never be written.
+    struct Frozen(u64);
+
+    // SAFETY: passes its own 8 bytes, borrowed with it.
+    unsafe impl KernelArg for Frozen {
+        fn param_ptr(&self) -> *mut c_void {
+            &self.0 as *const u64 as *mut c_void
+        }
+        fn param_size(&self) -> usize {
+            8
+        }
+        fn describe(&self) -> String {
+            "Frozen".into()
+        }
+        fn read_only(&self) -> Option<&'static str> {
+            Some("it is frozen")
+        }
+    }
+
+    #[test]
+    fn a_read_only_argument_is_refused_as_written_only() {
+        check_write(&Frozen(1), 0, Access::Read).unwrap();
+        match check_write(&Frozen(1), 3, Access::Write) {
+            Err(Error::InvalidArgument(m)) => {
+                assert!(m.contains("argument 3 (Frozen)"), "{m}");
+                assert!(m.contains("it is frozen"), "{m}");
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        // Plain data and ordinary buffers are never refused.
+        check_write(&7u32, 0, Access::Write).unwrap();
+    }
+}

@@ -11,9 +11,9 @@ pub mod shared;
 pub use function::{Function, FunctionAttributes, Kernel, PotentialBlockSize};
 pub(crate) use function::{FunctionLimits, ModuleHold, ModuleRef, param_sizes};
 pub(crate) use function::{check_block_size, func_attribute};
-pub(crate) use kernel_arg::arg_access;
 pub(crate) use kernel_arg::memory_arg;
 pub use kernel_arg::{KernelArg, LaunchArg};
+pub(crate) use kernel_arg::{arg_access, check_write};
 pub use nvrtc::{Output, compile, compile_with, nvrtc_available};
 pub use options::{Arch, CompileOptions, CppStandard, cuda_include_dir};
 pub use shared::SharedModule;
@@ -173,6 +173,18 @@ impl Module {
     pub unsafe fn raw(&self) -> sys::CUmodule {
         self.raw
     }
+
+    /// Gives the loaded module up to the caller: its raw handle, which the caller must
+    /// unload in its context (or leave to the context's end). `None` while a global view
+    /// of it lives (the module is then dropped as usual). A launch made through the
+    /// `Module` would no longer be waited for: call this before any.
+    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    pub(crate) fn into_raw(self) -> Option<sys::CUmodule> {
+        let Module { loaded, raw, .. } = self;
+        let mut loaded = Arc::try_unwrap(loaded).ok()?;
+        loaded.raw = std::ptr::null_mut();
+        Some(raw)
+    }
 }
 
 /// `cuModuleGetFunction` of `name` in `module`, with the kernel's limits and parameter
@@ -216,6 +228,10 @@ impl crate::graph::Owned for Loaded {
 
 impl Drop for Loaded {
     fn drop(&mut self) {
+        if self.raw.is_null() {
+            // Handed over by `Module::into_raw`: no longer ours to unload.
+            return;
+        }
         // Unload only once no launched kernel (and no copy of a global) can still run; if
         // that cannot be known (a faulted context), leak the module instead (and log it).
         let waited = self.uses.wait_all();

@@ -1,10 +1,11 @@
 //! The stream-ordered free of pool memory (`cuMemFreeAsync`): a drop that does not wait
 //! on the host. The contract is docs/safety.md, "Drops".
 //!
-//! The free goes on one stream of the allocation's pending uses — the only writer's when
-//! there is one, else the first of its own device's — after that stream has been made to
-//! wait on the device (an event and `cuStreamWaitEvent`) for every other pending use
-//! (`AccessTracker::join_for_free`). The tracker holds a reference to every stream it
+//! The free goes on one stream of the allocation's pending uses — the stream of the only
+//! pending use when that is a write (`AccessTracker::take_sole_writer`: no wait, no
+//! event), else the first of its own device's that is not borrowed — after that stream
+//! has been made to wait on the device (an event and `cuStreamWaitEvent`) for every other
+//! pending use (`AccessTracker::join_for_free`). The tracker holds a reference to every stream it
 //! names, so a stream dropped by its owner still exists when the free is enqueued; the
 //! reference goes only after it (`cuStreamDestroy` of a stream with pending work lets
 //! that work, the free included, complete). With nothing pending the free goes on the
@@ -13,8 +14,9 @@
 //! the host, as a `cuMemAlloc` buffer's does; if that wait fails too (a poisoned context,
 //! a timeout, a capturing stream) the memory is leaked.
 
-use crate::access::{AccessTracker, FreeOn};
+use crate::access::{AccessTracker, FreeOn, Grave, StreamRef};
 use crate::device::Device;
+use crate::driver::ContextGuard;
 use crate::driver::result::memory;
 use crate::teardown::{self, Runs, Teardown};
 use cudarc::driver::sys;
@@ -35,20 +37,17 @@ pub(crate) unsafe fn free_in_stream_order(
     tracker: &mut AccessTracker,
     ptr: sys::CUdeviceptr,
 ) {
-    // The device's context, for the hand-off events and the free (cheap when it is
-    // current already; `release` reports a context that cannot be entered).
-    let guard = device.enter().ok();
-    let joined = match guard {
-        // A poisoned context runs nothing more: the host wait below says so, and the
-        // memory leaks as every buffer of a poisoned context does.
-        Some(_) if device.check_poison().is_ok() => tracker.join_for_free(device).ok(),
-        _ => None,
+    // The usual drop of a temporary: its only pending use is a write on a stream of
+    // its device, where the free goes with no wait and no event, so the context is
+    // entered once, by `release`.
+    let sole = if device.check_poison().is_ok() {
+        tracker.take_sole_writer(device)
+    } else {
+        None
     };
-    let (on, waited, forgotten) = match joined {
-        Some((on, forgotten)) => (on, Ok(()), Some(forgotten)),
-        // Joining failed and forgot nothing: wait on the host instead (a poisoned
-        // context fails here too, and the memory leaks).
-        None => (FreeOn::Anywhere, tracker.wait_all(), None),
+    let (on, waited, forgotten, guard) = match sole {
+        Some(on) => (FreeOn::Stream(on), Ok(()), None, None),
+        None => join_or_wait(device, tracker),
     };
     let stream = match &on {
         FreeOn::Stream(s) => s.slot().raw() as usize, // a handle, `Send`
@@ -73,4 +72,35 @@ pub(crate) unsafe fn free_in_stream_order(
     drop(on);
     drop(forgotten);
     drop(guard);
+}
+
+/// The general case of [`free_in_stream_order`]: joins the pending uses onto one stream
+/// in the device's context (entered for the hand-off events; the guard is returned, to
+/// be dropped after the free), or waits for them on the host if joining fails. Returns
+/// where the free goes, the outcome of the wait, and the streams to let go of after it.
+#[allow(clippy::type_complexity)]
+fn join_or_wait(
+    device: &Arc<Device>,
+    tracker: &mut AccessTracker,
+) -> (
+    FreeOn<StreamRef>,
+    crate::error::Result<()>,
+    Option<Grave<StreamRef>>,
+    Option<ContextGuard>,
+) {
+    // Cheap when the context is current already; `release` reports a context that
+    // cannot be entered.
+    let guard = device.enter().ok();
+    let joined = match guard {
+        // A poisoned context runs nothing more: the host wait below says so, and the
+        // memory leaks as every buffer of a poisoned context does.
+        Some(_) if device.check_poison().is_ok() => tracker.join_for_free(device).ok(),
+        _ => None,
+    };
+    match joined {
+        Some((on, forgotten)) => (on, Ok(()), Some(forgotten), guard),
+        // Joining failed and forgot nothing: wait on the host instead (a poisoned
+        // context fails here too, and the memory leaks).
+        None => (FreeOn::Anywhere, tracker.wait_all(), None, guard),
+    }
 }

@@ -15,6 +15,29 @@ pub struct Ranks {
     pub result_prefix: &'static str,
 }
 
+/// The prefix of the line on which a child reports how long its operation took, in
+/// milliseconds, measured in the child (so the start-up of the processes, slow on a
+/// loaded machine, does not count).
+pub const TOOK: &str = "RANK-TOOK-MS ";
+
+/// Prints `took` on a [`TOOK`] line (call it before the result line).
+pub fn print_took(took: Duration) {
+    println!("{TOOK}{}", took.as_millis());
+}
+
+/// The most an operation that may wait `timeouts` of `timeout_s` in a row may take,
+/// measured in the rank: each timeout with a generous margin of max(2 s, the timeout).
+pub fn within_timeouts(timeout_s: f64, timeouts: u32) -> Duration {
+    let t = Duration::from_secs_f64(timeout_s);
+    (t + t.max(Duration::from_secs(2))) * timeouts
+}
+
+/// How long a child may run before it counts as hung: [`within_timeouts`] plus a
+/// generous allowance for starting a process on a loaded machine.
+pub fn hang_limit(timeout_s: f64, timeouts: u32) -> Duration {
+    within_timeouts(timeout_s, timeouts) + Duration::from_secs(30)
+}
+
 /// A free TCP port on loopback.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -49,7 +72,13 @@ impl Ranks {
 
     /// Waits for `child` (killing it and failing past `limit`) and returns its result
     /// line.
-    pub fn result(&self, mut child: Child, limit: Duration) -> String {
+    pub fn result(&self, child: Child, limit: Duration) -> String {
+        self.result_timed(child, limit).0
+    }
+
+    /// [`result`](Self::result), and the time on the child's last [`TOOK`] line
+    /// (`Duration::MAX` without one).
+    pub fn result_timed(&self, mut child: Child, limit: Duration) -> (String, Duration) {
         let start = Instant::now();
         while child.try_wait().unwrap().is_none() {
             if start.elapsed() > limit {
@@ -66,10 +95,28 @@ impl Ranks {
             .unwrap()
             .read_to_string(&mut out)
             .unwrap();
-        out.lines()
+        let took = out
+            .lines()
+            .filter_map(|l| {
+                l.split_once(TOOK)
+                    .and_then(|(_, ms)| ms.trim().parse().ok())
+            })
+            .next_back()
+            .map_or(Duration::MAX, Duration::from_millis);
+        let line = out
+            .lines()
             .find_map(|l| l.split_once(self.result_prefix).map(|(_, r)| r))
             .unwrap_or_else(|| panic!("no result line in the child's output:\n{out}"))
-            .to_owned()
+            .to_owned();
+        (line, took)
+    }
+
+    /// [`result_timed`](Self::result_timed) of every child, in order.
+    pub fn results_timed(&self, children: Vec<Child>, limit: Duration) -> Vec<(String, Duration)> {
+        children
+            .into_iter()
+            .map(|c| self.result_timed(c, limit))
+            .collect()
     }
 
     /// [`result`](Self::result) of every child, in order.

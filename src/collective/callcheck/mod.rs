@@ -582,11 +582,20 @@ fn ask(
             p
         },
     };
-    write_frame(stream, &f, deadline).map_err(|e| {
-        rank0_gone(format!(
+    if let Err(e) = write_frame(stream, &f, deadline) {
+        // Rank 0 may have sent its verdict (an abort naming the rank that failed) and
+        // left before this header went out: that verdict, still readable on the
+        // connection, is the error, not rank 0.
+        let brief = Instant::now() + Duration::from_millis(100);
+        if let Ok(v) = read_frame(stream, brief.min(verdict_by))
+            && v.kind == FrameKind::Abort
+        {
+            return Err(decode_error(&v.payload));
+        }
+        return Err(rank0_gone(format!(
             "sending it this rank's collective header failed: {e}"
-        ))
-    })?;
+        )));
+    }
     match read_frame(stream, verdict_by) {
         Ok(f) if f.kind == FrameKind::Agreed && f.rank as usize == rank => Ok(()),
         Ok(f) if f.kind == FrameKind::Abort => Err(decode_error(&f.payload)),
@@ -616,6 +625,58 @@ fn ask(
 mod tests {
     use super::*;
     use crate::collective::Op;
+
+    /// Rank 0 relays that rank 1 failed, then leaves (its connection reset) before
+    /// rank 2 sends its header: rank 2's send fails, and it returns the relayed
+    /// verdict, not "rank 0 exited".
+    #[test]
+    fn a_verdict_sent_before_rank_zero_left_is_returned_not_blamed_on_it() {
+        use std::net::{TcpListener, TcpStream};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut two = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut zero, _) = listener.accept().unwrap();
+        let verdict = Error::PeerFailed {
+            rank: 1,
+            reason: "its process exited".into(),
+        };
+        let abort = Frame {
+            kind: FrameKind::Abort,
+            world: 3,
+            rank: 2,
+            payload: encode_error(&verdict),
+        };
+        let soon = Instant::now() + Duration::from_secs(5);
+        write_frame(&mut zero, &abort, soon).unwrap();
+        // A reset, not an orderly close: the next send of rank 2 fails.
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: `zero` is an open socket for the call; `linger` is a valid `struct
+        // linger` of the size passed, read only during the call.
+        let set = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&zero),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0, "setsockopt(SO_LINGER)");
+        drop(zero);
+        std::thread::sleep(Duration::from_millis(50));
+        let own = Header {
+            seq: 0,
+            kind: 9,
+            op: 0,
+            dtype: 0,
+            root: 0,
+            count: 1,
+        };
+        let got = ask(&mut two, (2, 3), (own, &[]), Instant::now(), (soon, soon));
+        assert_eq!(got, Err(verdict));
+    }
 
     #[test]
     fn headers_round_trip_and_describe_the_call() {

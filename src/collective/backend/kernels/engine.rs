@@ -84,23 +84,29 @@ pub(crate) struct Lane {
 // with their device's context current (`Exec::run_in`).
 unsafe impl Send for Lane {}
 
+/// A device's kernels, with the device that keeps them loaded.
+type DeviceKernels = (Arc<Device>, Arc<KernelSet>);
+
 /// What a communicator's own-kernel backend keeps between calls.
 pub(crate) struct Shared {
-    kernels: Mutex<HashMap<usize, Arc<KernelSet>>>,
+    /// Each device's kernels (kept by the device: `KernelSet::of`), with the device, so
+    /// that a drop that cannot wait for the launches can keep it (and its module) alive.
+    kernels: Mutex<HashMap<usize, DeviceKernels>>,
     staging: Mutex<HashMap<StageKey, Arc<Staging>>>,
     staged: bool,
     /// The lanes the kernels were launched on (their launches bypass `Module`'s own
-    /// tracking): dropping `Shared` waits for them before the modules unload.
+    /// tracking): dropping `Shared` waits for them, or keeps the devices (whose drop
+    /// unloads the kernels) alive.
     work: AccessTracker,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // If the wait fails because a context is poisoned, the modules are dropped as
-        // usual (a poisoned context runs no more kernels; it refuses to be entered, so
-        // they go with it). Any other failure (a wait that gave up after
-        // GPUBIND_DROP_TIMEOUT: a kernel may still run) leaks them, and with them their
-        // Arc<Device>, so the context outlives the kernels.
+        // The kernels' module is the device's (unloaded only when the device goes). If
+        // the wait fails because a context is poisoned, nothing more runs on it. Any
+        // other failure (a wait that gave up after GPUBIND_DROP_TIMEOUT: a kernel may
+        // still run) keeps the devices alive for the rest of the process, so their
+        // modules are never unloaded under it.
         if let Err(e) = self.work.wait_all() {
             if crate::teardown::faults::nothing_runs_after(&e) {
                 crate::teardown::faults::report_drop(
@@ -108,8 +114,7 @@ impl Drop for Shared {
                     None,
                     crate::teardown::faults::WAIT,
                     &e,
-                    "its kernel modules are dropped anyway: a poisoned context runs no more \
-                     kernels",
+                    "nothing more runs on a poisoned context",
                 );
             } else {
                 crate::teardown::faults::report_drop(
@@ -117,14 +122,16 @@ impl Drop for Shared {
                     None,
                     crate::teardown::faults::WAIT,
                     &e,
-                    "its kernel modules are leaked, not unloaded, because a kernel may still \
-                     run",
+                    "its devices are kept alive, with their kernel modules, because a kernel \
+                     may still run",
                 );
-                let kernels = std::mem::take(match self.kernels.get_mut() {
+                let kernels = match self.kernels.get_mut() {
                     Ok(k) => k,
                     Err(p) => p.into_inner(),
-                });
-                std::mem::forget(kernels);
+                };
+                for (device, _) in kernels.values() {
+                    crate::teardown::faults::keep_context_alive(device);
+                }
             }
         }
     }
@@ -197,14 +204,17 @@ impl Shared {
         self.staged
     }
 
-    /// Compiles and loads the kernels for the bound device unless already cached.
+    /// Takes the bound device's kernels (compiled and loaded once per device and
+    /// process: [`KernelSet::of`]) unless already held.
     pub(crate) fn ensure_kernels(&self, gpu: &BoundDevice<'_>) -> Result<()> {
         let ordinal = gpu.ordinal();
         if lock(&self.kernels).contains_key(&ordinal) {
             return Ok(());
         }
-        let set = Arc::new(KernelSet::load(gpu)?);
-        lock(&self.kernels).entry(ordinal).or_insert(set);
+        let set = KernelSet::of(gpu)?;
+        lock(&self.kernels)
+            .entry(ordinal)
+            .or_insert_with(|| (Arc::clone(gpu.device()), set));
         Ok(())
     }
 
@@ -218,7 +228,7 @@ impl Shared {
     pub(crate) fn kernels(&self, device: &Device) -> Result<Arc<KernelSet>> {
         lock(&self.kernels)
             .get(&device.ordinal())
-            .cloned()
+            .map(|(_, set)| Arc::clone(set))
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "collective kernels for device {} were not loaded",

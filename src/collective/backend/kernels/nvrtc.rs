@@ -14,9 +14,9 @@ use crate::collective::api::types::{DTYPES, DType, Op};
 use crate::context::BoundDevice;
 use crate::driver::result;
 use crate::error::{Error, Result};
-use crate::module::Module;
 use cudarc::driver::sys;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 /// Most pointers one launch takes on each side; more are handled in several passes.
 pub(crate) const MAXP: usize = 16;
@@ -206,15 +206,18 @@ pub(crate) fn source() -> String {
 #[derive(Clone, Copy)]
 struct RawFn(sys::CUfunction);
 // SAFETY: a function handle is a thread-agnostic identifier; it is only launched with
-// its module's context current, and the module outlives it (same KernelSet).
+// its module's context current, and the module stays loaded while its device lives
+// (`Device::kept`), which every launcher holds.
 unsafe impl Send for RawFn {}
 // SAFETY: as above; launching is thread-safe in the driver.
 unsafe impl Sync for RawFn {}
 
-/// The loaded kernels of one device.
+/// The loaded kernels of one device: one set per device and process, kept by the device
+/// ([`KernelSet::of`]). Its module is unloaded only with the device (by `Device`'s drop),
+/// never by a communicator's drop: `cuModuleUnload` waits for every piece of work on the
+/// device, so a communicator that unloaded its own module waited for unrelated user
+/// kernels.
 pub(crate) struct KernelSet {
-    /// Keeps the functions valid.
-    _module: Module,
     funcs: Vec<RawFn>,
     /// Blocks to launch at most (a few per SM: the kernels are grid-stride loops).
     max_blocks: u32,
@@ -228,24 +231,37 @@ struct Ptrs {
 }
 
 impl KernelSet {
-    /// Compiles (NVRTC, for this device's architecture) and loads the kernels.
-    pub(crate) fn load(gpu: &BoundDevice<'_>) -> Result<KernelSet> {
+    /// The bound device's kernels: compiled (NVRTC, for this device's architecture) and
+    /// loaded on the first call in the process, then shared by every communicator of the
+    /// device. The module stays loaded while the device lives; whoever launches from
+    /// the set holds an `Arc<Device>` of it.
+    pub(crate) fn of(gpu: &BoundDevice<'_>) -> Result<Arc<KernelSet>> {
+        gpu.device().kept(|| KernelSet::load(gpu))
+    }
+
+    /// Compiles and loads the kernels; the module is handed to the caller.
+    fn load(gpu: &BoundDevice<'_>) -> Result<(KernelSet, Vec<sys::CUmodule>)> {
         let module = gpu.compile_and_load(&source(), "gpubind_collective.cu")?;
         let mut funcs = Vec::with_capacity(DTYPES.len() * OPS.len());
         for (name, _) in DTYPES {
             for op in [Op::Sum, Op::Prod, Op::Min, Op::Max] {
                 let f = module.function(&kernel_name(name, op))?;
-                // SAFETY: the handle is valid while `module` lives; it lives in the
-                // same KernelSet as the handle.
+                // SAFETY: the handle is valid while the module is loaded; the device
+                // keeps it loaded for its lifetime (`Device::kept`).
                 funcs.push(RawFn(unsafe { f.raw() }));
             }
         }
         let sms = gpu.device().multiprocessor_count()?;
-        Ok(KernelSet {
-            _module: module,
-            funcs,
-            max_blocks: (sms * 8).max(1),
-        })
+        let raw = module.into_raw().ok_or_else(|| {
+            Error::InvalidArgument("the collective kernels' module has global views".into())
+        })?;
+        Ok((
+            KernelSet {
+                funcs,
+                max_blocks: (sms * 8).max(1),
+            },
+            vec![raw],
+        ))
     }
 
     /// Enqueues `outs[*][i] = op(ins[*][i])` for `i < n` on `stream`, dividing by

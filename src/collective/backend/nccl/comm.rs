@@ -239,17 +239,15 @@ impl NcclComm {
     /// the gate, so the abort was taken, by the owner or the watchdog): waits until
     /// `ncclCommAbort` has returned, which joins NCCL's background enqueue, so no kernel
     /// of the call is appended to the stream after the caller's claim is released.
-    /// Bounded by `GPUBIND_DROP_TIMEOUT`; past it, logged (docs/safety.md, "NCCL").
+    /// Bounded by `GPUBIND_DROP_TIMEOUT`; past it, NCCL may still append the call's
+    /// kernel after anything ordered later on the stream, so the device is poisoned:
+    /// its buffers are leaked, never freed under that kernel (docs/safety.md, "NCCL").
     fn wait_for_abort(&self) {
-        let limit = crate::teardown::drop_wait::drop_timeout();
-        if !self.watch.wait_abort_returned(limit) {
-            log::error!(
-                "gpubind: ncclCommAbort of an NCCL communicator of {} ranks did not return \
-                 within GPUBIND_DROP_TIMEOUT ({limit:?}) after a failed enqueue: NCCL may \
-                 still append that call's kernel to its stream after the call returned",
-                self.nranks
-            );
-        }
+        wait_for_abort(
+            &self.watch,
+            self.nranks,
+            crate::teardown::drop_wait::drop_timeout(),
+        );
     }
 
     /// [`issue`](Self::issue) with the owner inside the gate.
@@ -585,5 +583,84 @@ impl Drop for NcclComm {
         }
         self.destroy(api, device);
         drop(restore);
+    }
+}
+
+/// [`NcclComm::wait_for_abort`] for the communicator watched by `watch`, waiting up to
+/// `limit`; returns whether the abort returned (else the device, if known, is poisoned).
+fn wait_for_abort(watch: &Watched, nranks: usize, limit: Duration) -> bool {
+    if watch.wait_abort_returned(limit) {
+        return true;
+    }
+    let poisoned = watch
+        .device
+        .get()
+        .map(|d| d.poison_unordered("ncclCommAbort", sys::CUresult::CUDA_ERROR_TIMEOUT));
+    log::error!(
+        "gpubind: ncclCommAbort of an NCCL communicator of {nranks} ranks did not return \
+         within GPUBIND_DROP_TIMEOUT ({limit:?}) after a failed enqueue: NCCL may still \
+         append that call's kernel to its stream, so {}",
+        match poisoned {
+            Some(e) => format!("the device is poisoned and its memory leaked: {e}"),
+            None => "the communicator's device is unknown and cannot be poisoned".into(),
+        }
+    );
+    false
+}
+
+#[cfg(test)]
+mod abort_tests {
+    use super::*;
+    use crate::device::Device;
+    use crate::sync;
+    use std::sync::atomic::Ordering;
+
+    fn watched(device: Option<Arc<Device>>) -> Watched {
+        let w = Watched {
+            raw: 0,
+            nranks: 2,
+            timeout: Some(Duration::from_secs(1)),
+            gate: sync::Mutex::new(Default::default()),
+            device: OnceLock::new(),
+            abort_returned: Default::default(),
+        };
+        if let Some(d) = device {
+            let _ = w.device.set(d);
+        }
+        w
+    }
+
+    /// An abort that does not return within the limit poisons the communicator's
+    /// device: every later call is `ContextPoisoned` naming `ncclCommAbort`, and every
+    /// buffer of the device leaks instead of being freed under a late NCCL kernel.
+    #[test]
+    fn an_abort_that_does_not_return_poisons_the_device() {
+        let dev = Arc::new(Device::unopened_for_test(0));
+        let w = watched(Some(Arc::clone(&dev)));
+        assert!(!wait_for_abort(&w, 2, Duration::from_millis(50)));
+        assert!(dev.is_poisoned());
+        match dev.check_poison() {
+            Err(Error::ContextPoisoned { first_call, .. }) => {
+                assert_eq!(first_call, "ncclCommAbort")
+            }
+            other => panic!("expected ContextPoisoned, got {other:?}"),
+        }
+    }
+
+    /// An abort that returned leaves the device as it was.
+    #[test]
+    fn an_abort_that_returned_poisons_nothing() {
+        let dev = Arc::new(Device::unopened_for_test(0));
+        let w = watched(Some(Arc::clone(&dev)));
+        w.abort_returned.store(true, Ordering::Release);
+        assert!(wait_for_abort(&w, 2, Duration::from_millis(50)));
+        assert!(!dev.is_poisoned());
+    }
+
+    /// With no device known there is nothing to poison; the wait still ends at its limit.
+    #[test]
+    fn an_unknown_device_is_not_poisoned_and_the_wait_ends() {
+        let w = watched(None);
+        assert!(!wait_for_abort(&w, 2, Duration::from_millis(50)));
     }
 }

@@ -149,7 +149,9 @@ pub(crate) struct ProcsRank {
     ready: ManuallyDrop<IpcEvent>,
     done: ManuallyDrop<IpcEvent>,
     peers: Vec<Option<Peer>>,
-    kernels: ManuallyDrop<KernelSet>,
+    /// The device's kernels, kept by the device (`KernelSet::of`): this rank's drop
+    /// never unloads them (`cuModuleUnload` waits for every kernel on the device).
+    kernels: Arc<KernelSet>,
     /// A failed step left work on a stream that neither finished by its deadline nor
     /// could be followed by a `done` record: the drop treats this rank's own reads as
     /// unsettled (no bye; the peers keep their staging).
@@ -190,7 +192,7 @@ impl ProcsRank {
         let mut group = ProcessGroup::connect_staging(rank, world, key, timeout, bytes as u64)?;
         let made = (|| {
             let gpu = ctx.bind(device)?;
-            let kernels = KernelSet::load(&gpu)?;
+            let kernels = KernelSet::of(&gpu)?;
             let pool = MemoryPool::new(&gpu, PoolConfig::default().ipc(true))?;
             let stream = gpu.new_stream()?;
             let staging = pool.alloc_zeros::<u8>(&gpu.on(&stream)?, bytes)?;
@@ -211,7 +213,7 @@ impl ProcsRank {
             ready: ManuallyDrop::new(ready),
             done: ManuallyDrop::new(done),
             peers: (0..world).map(|_| None).collect(),
-            kernels: ManuallyDrop::new(kernels),
+            kernels,
             unsettled: false,
             stepping: false,
         };
@@ -339,10 +341,12 @@ impl ProcsRank {
                 // A closed socket first: the event of a process that is gone may be
                 // destroyed, and must not be queried then.
                 if self.group.peer_closed(q) {
-                    return Err(Error::PeerFailed {
+                    let closed = Error::PeerFailed {
                         rank: q,
                         reason: "its process exited or was killed while this rank waited for its GPU work".into(),
-                    });
+                    };
+                    // A rank that relayed a verdict before it left is not the culprit.
+                    return Err(self.group.closed_peer_error(q, closed));
                 }
                 let ev = if done { &p.done } else { &p.ready };
                 if !ev.is_complete()? {
@@ -405,7 +409,7 @@ impl ProcsRank {
                 let e = self.group.fail(e);
                 // A call refused at its agreement enqueued nothing: nothing to settle.
                 if self.stepping {
-                    self.settle_failed_step(stream, &budget);
+                    self.settle_failed_step(stream);
                 }
                 Err(e)
             }
@@ -413,27 +417,14 @@ impl ProcsRank {
     }
 
     /// After a step failed part-way: it may have left copies or reads of the peers'
-    /// staging on `s` without the closing `done` record. Waits for the stream until the
-    /// call's deadline (this process's own work never waits on another process, so it
-    /// normally ends at once); if it has not finished by then, records `done` after it,
-    /// so the drop's bounded wait for this rank's own work covers those reads (and keeps
-    /// the peers' staging mapped while they may run). If even that record fails, the
-    /// rank is marked unsettled: its drop then leaves without a bye, as for reads that
-    /// did not settle. The caller's buffers need nothing more: their claim records the
-    /// use on `s`, so their next user or free waits for it.
-    fn settle_failed_step(&mut self, s: sys::CUstream, budget: &Budget) {
-        let limit = budget.deadline.saturating_duration_since(budget.started);
-        let idle = crate::teardown::drop_wait::poll_until_idle(
-            || {
-                // SAFETY: the caller's bound stream, its context current.
-                unsafe { crate::driver::result::stream::query(s) }
-            },
-            Some(budget.deadline),
-            limit,
-        );
-        if idle.is_ok() {
-            return;
-        }
+    /// staging on `s` without the closing `done` record. Records `done` on `s` at once
+    /// (no host wait: `s` may be busy with the caller's own earlier work, which the
+    /// failed call must not wait for), so the drop's wait for this rank's own work
+    /// covers those reads, and keeps the peers' staging mapped while they may run. If
+    /// the record fails, the rank is marked unsettled: its drop then leaves without a
+    /// bye, as for reads that did not settle. The caller's buffers need nothing more:
+    /// their claim records the use on `s`, so their next user or free waits for it.
+    fn settle_failed_step(&mut self, s: sys::CUstream) {
         // SAFETY: the caller's bound stream (its context current) and this rank's own
         // event.
         let recorded = unsafe { result::event::record(self.done.raw, s) };
@@ -643,25 +634,33 @@ impl ProcsRank {
     }
 }
 
-/// How long a broken communicator's drop waits for its peers' byes: a live peer
-/// answers within it, one that a verdict condemned does not cost a second timeout.
+/// How long a broken communicator's drop waits for its own last GPU work and then for
+/// its peers' byes: a live peer answers within it, one that a verdict condemned does
+/// not cost a second timeout.
 const VERDICT_GRACE: Duration = Duration::from_millis(250);
 
 impl Drop for ProcsRank {
     fn drop(&mut self) {
         // This rank's reads of the peers' staging, then its imports, then the byes; only
         // when every peer has said bye (or is gone) is its own staging freed. One
-        // deadline for the whole drop. After an error broke the communicator (a
-        // timeout, a dead or failed peer, a mismatch) the drop waits for nothing the
-        // verdict condemned: the byes get a short
-        // grace, and a peer that stays silent through it (stopped, hung) keeps this
-        // rank's staging leaked instead of costing the survivors a second timeout.
-        // This rank's own work never waits on another process, so it keeps the full
-        // budget.
-        let budget = Budget::new(self.group.timeout());
+        // deadline for the whole drop. Nothing here waits for the device as a whole:
+        // the kernels' module is the device's (unloaded with it, not here), the events
+        // are destroyed and the pools' memory freed without a device-wide wait.
+        //
+        // After an error broke the communicator (a timeout, a dead or failed peer, a
+        // mismatch) the drop waits for nothing the verdict condemned: this rank's own
+        // last work and the byes each get a short grace. Own work still queued behind
+        // the caller's earlier work on its stream, or a peer that stays silent through
+        // the grace (stopped, hung), keeps this rank's staging (and the imports) leaked
+        // instead of costing a second timeout or a wait for unrelated user kernels.
+        let timeout = self.group.timeout();
+        let budget = match self.group.error() {
+            Some(_) => Budget::new(timeout.min(VERDICT_GRACE)),
+            None => Budget::new(timeout),
+        };
         let own_done = self.settle_own(&budget);
         let byes = match self.group.error() {
-            Some(_) => Budget::new(self.group.timeout().min(VERDICT_GRACE)),
+            Some(_) => Budget::new(timeout.min(VERDICT_GRACE)),
             None => budget,
         };
         for p in self.peers.iter_mut().flatten() {
@@ -674,9 +673,10 @@ impl Drop for ProcsRank {
         // The imported events go before the byes: a peer destroys its own events once
         // every rank has said bye. (No stream of this process waits on them.)
         self.peers.clear();
-        if own_done {
-            // SAFETY: dropped once, here; no launch of it is pending.
-            unsafe { ManuallyDrop::drop(&mut self.kernels) };
+        if !own_done {
+            // The kernels are the device's and unloaded with it: a read that may still
+            // run keeps the device (and so them) alive for the rest of the process.
+            crate::teardown::faults::keep_context_alive(&self.device);
         }
         let all_left = if own_done {
             self.group.leave(&byes)

@@ -189,11 +189,12 @@ impl ProcessGroup {
                     // A rank connected already that died is seen now, not at the
                     // deadline.
                     if let Some(q) = (0..world).find(|&q| self.peer_closed(q)) {
-                        return Err(Error::PeerFailed {
+                        let closed = Error::PeerFailed {
                             rank: q,
                             reason: "its process exited or was killed while the ranks connected"
                                 .into(),
-                        });
+                        };
+                        return Err(self.closed_peer_error(q, closed));
                     }
                     if Instant::now() >= deadline {
                         return Err(Error::PeerTimeout {

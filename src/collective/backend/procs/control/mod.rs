@@ -38,6 +38,10 @@ use crate::collective::callcheck::region;
 use wire::*;
 pub(crate) use wire::{Header, KIND_RECV, KIND_SEND, Region};
 
+/// How many unread messages of a closed peer are searched for its abort: more than any
+/// rank sends in one call (its header, its done notices, then the abort).
+const UNREAD_MESSAGES: usize = 64;
+
 fn after_ms(started: Instant) -> u64 {
     started.elapsed().as_millis().min(u128::from(u64::MAX)) as u64
 }
@@ -207,8 +211,46 @@ impl ProcessGroup {
             rank: q,
             reason: "no connection".into(),
         })?;
-        ipc::send_message_with(s, bytes, &[], &self.transport(deadline))
-            .map_err(|e| self.wire_error(q, e, started, "it to read a control message"))
+        ipc::send_message_with(s, bytes, &[], &self.transport(deadline)).map_err(|e| {
+            let closed = matches!(e, Error::PeerGone);
+            let e = self.wire_error(q, e, started, "it to read a control message");
+            if closed {
+                self.closed_peer_error(q, e)
+            } else {
+                e
+            }
+        })
+    }
+
+    /// The error for rank `q`'s closed connection: the abort `q` sent before it closed,
+    /// if one is still unread on its socket, else `closed` (which names `q`).
+    ///
+    /// A rank that learns of a failure first tells every other rank, naming the rank
+    /// that failed, and may exit at once. A survivor that then finds that rank's
+    /// connection closed (a send refused, a poll that sees the hang-up) before reading
+    /// its abort must relay the abort, not blame the messenger. Reads only what is
+    /// already queued on the closed socket (its messages precede the end of stream).
+    pub(crate) fn closed_peer_error(&self, q: usize, closed: Error) -> Error {
+        self.unread_abort(q).unwrap_or(closed)
+    }
+
+    /// The first abort among the messages still unread from rank `q`, whose socket is
+    /// closed (so reading ends at once, at its end of stream); other messages are
+    /// skipped (the group is failing anyway).
+    fn unread_abort(&self, q: usize) -> Option<Error> {
+        let s = self.stream(q)?;
+        // Only a bound in case the peer is not closed after all: queued bytes, then the
+        // end of stream, are read without waiting.
+        let opts = TransportOptions::default().timeout(Duration::from_millis(100));
+        for _ in 0..UNREAD_MESSAGES {
+            let m = ipc::recv_message_with(s, &opts).ok()?;
+            match decode(q, &m.bytes) {
+                Ok(Msg::Abort(e)) => return Some(e),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
     }
 
     /// The next message from one of `from` (whichever comes first): which rank sent

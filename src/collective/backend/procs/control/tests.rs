@@ -127,3 +127,89 @@ fn a_budget_is_one_deadline_for_every_wait() {
         t.elapsed()
     );
 }
+
+/// Three ranks of a fresh job, connected from three threads of this process.
+fn trio(tag: &str) -> [ProcessGroup; 3] {
+    let key = format!("unit-{tag}-{}-{:?}", std::process::id(), Instant::now());
+    let t = Duration::from_secs(10);
+    let spawn = |r: usize| {
+        let k = key.clone();
+        std::thread::spawn(move || ProcessGroup::connect(r, 3, &k, t))
+    };
+    let (one, two) = (spawn(1), spawn(2));
+    let zero = ProcessGroup::connect(0, 3, &key, t).expect("rank 0");
+    [
+        zero,
+        one.join().unwrap().expect("rank 1"),
+        two.join().unwrap().expect("rank 2"),
+    ]
+}
+
+/// What rank 0 does when it sees rank 2 die first: breaks its group, which tells
+/// ranks 1 and 2 that rank 2 failed; then its process exits (its sockets close).
+fn zero_relays_that_two_died_and_exits(mut zero: ProcessGroup) {
+    zero.fail(Error::PeerFailed {
+        rank: 2,
+        reason: "its process exited, was killed or closed its connection".into(),
+    });
+    drop(zero);
+}
+
+#[test]
+fn a_survivor_that_relayed_a_verdict_and_left_is_not_blamed_by_a_send() {
+    let [zero, mut one, _two] = trio("relay-send");
+    zero_relays_that_two_died_and_exits(zero);
+    // Rank 1 reaches its next call only now: its header to rank 0 is refused (the
+    // socket is closed), yet rank 0's abort is still unread on it.
+    match one.agree_for_test(9, 0, 4) {
+        Err(Error::PeerFailed { rank: 2, reason }) => {
+            assert!(reason.contains("reported by rank 0"), "{reason}")
+        }
+        other => panic!("want PeerFailed naming rank 2 (relayed by rank 0), got {other:?}"),
+    }
+    // And it relays the same culprit in turn.
+    assert!(matches!(
+        one.error(),
+        Some(Error::PeerFailed { rank: 2, .. })
+    ));
+}
+
+#[test]
+fn a_survivor_that_relayed_a_verdict_and_left_is_not_blamed_by_a_poll() {
+    let [zero, one, _two] = trio("relay-poll");
+    zero_relays_that_two_died_and_exits(zero);
+    // The GPU path's host poll sees rank 0's socket hang up first.
+    assert!(one.peer_closed(0));
+    let closed = Error::PeerFailed {
+        rank: 0,
+        reason: "its process exited".into(),
+    };
+    match one.closed_peer_error(0, closed) {
+        Error::PeerFailed { rank: 2, reason } => {
+            assert!(reason.contains("reported by rank 0"), "{reason}")
+        }
+        other => panic!("want PeerFailed naming rank 2 (relayed by rank 0), got {other:?}"),
+    }
+}
+
+#[test]
+fn a_rank_that_left_without_a_verdict_is_named_itself() {
+    let [zero, one, _two] = trio("no-relay");
+    // Rank 0 leaves with a header unread by rank 1, but no abort.
+    let h = Header {
+        seq: 0,
+        kind: 9,
+        op: 0,
+        dtype: 0,
+        arg: 0,
+        count: 1,
+    };
+    zero.send_to(1, &encode_call(&h, &[]), Instant::now(), short().deadline)
+        .expect("send");
+    drop(zero);
+    let closed = Error::PeerFailed {
+        rank: 0,
+        reason: "its process exited".into(),
+    };
+    assert_eq!(one.closed_peer_error(0, closed.clone()), closed);
+}
