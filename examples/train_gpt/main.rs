@@ -37,8 +37,10 @@
 //! each fused implementation with the unfused one on random inputs at the `gpt2` and
 //! `small` shapes and at lengths that are not multiples of the tiles, in fp32 and bf16:
 //! the output and dq, dk, dv within a tolerance relative to the largest magnitude (1e-4
-//! fp32, 5e-2 bf16), printing each error and the milliseconds per call of each pass, and
-//! exits non-zero unless all pass.
+//! fp32, 5e-2 bf16) and each head's row within a tolerance relative to its own norm (1e-3
+//! fp32, 0.25 bf16: the last keys' gradients are too small for the first test to see),
+//! printing each error and the milliseconds per call of each pass, and exits non-zero
+//! unless all pass.
 //!
 //! `--epilogues on` (the default) computes the QKV and MLP biases, the MLP's GELU and
 //! their gradients in the products, as cuBLASLt epilogues (`BIAS`, `GELU_AUX_BIAS` storing
