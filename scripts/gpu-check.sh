@@ -58,13 +58,22 @@ ex train_mlp 300 .gpu-bin/examples/train_mlp --spawn 2 --backend kernels --devic
 # a greedy sample; a checkpoint resumed mid-run that must repeat the losses; the step as
 # a CUDA graph that must repeat the eager losses; two ranks on GPU 0 (batch 4 each) that
 # must give the one-rank losses within 1e-3 relative; bf16, eager and graph. First the
-# fused attention against the unfused one (fp32 and bf16, output and gradients).
+# fused attention against the unfused one (fp32 and bf16, output and gradients). fp32
+# defaults to the unfused attention and bf16 to the mma one, so the resume, graph and
+# ranks checks also run with the others: bf16 mma with a resume, fp32 tiled over two
+# ranks and bf16 tiled in a graph, those two with the bias and GELU kernels in place of
+# the cuBLASLt epilogues.
 ex train_gpt 300 .gpu-bin/examples/train_gpt --check-attention
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-every 25 --sample 64
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --check-resume
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-every 25 --check-graph
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --devices 0,0 --check-dp
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --precision bf16 --check-graph
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --precision bf16 --check-resume
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --attention fused \
+  --epilogues off --devices 0,0 --check-dp
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --precision bf16 \
+  --attention tiled --epilogues off --check-graph
 if command -v torchrun >/dev/null; then
   ex train_gpt 300 torchrun --standalone --nproc-per-node 2 --no-python .gpu-bin/examples/train_gpt \
     --launcher env --devices 0,0 --model small --steps 20
