@@ -252,6 +252,10 @@ impl Attention {
 }
 
 #[cfg(test)]
+#[path = "attention_emu.rs"]
+mod emu;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
