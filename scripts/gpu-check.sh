@@ -9,6 +9,9 @@
 #   GPU_CHECK_GPT_COMPARE=1 adds scripts/compare-gpt.sh (train_gpt against PyTorch: fp32
 #   losses, 500-step bf16 loss, throughput table, loss-curve plot; needs torch and
 #   matplotlib; named compare-gpt).
+#   GPU_CHECK_SANITIZE_ATTENTION=1 adds train_gpt --check-attention-quick under
+#   compute-sanitizer's memcheck, racecheck and synccheck (named sanitize-attention-TOOL;
+#   the tool refuses the device under gVisor).
 set -u
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -141,5 +144,12 @@ for spec in ${GPU_CHECK_SANITIZE:-}; do
     [[ $rc == 0 && $src == 0 ]] || FAILED="$FAILED $name"
   done
 done
+# The fused attention kernels under compute-sanitizer (small shapes, untimed): optional.
+if [[ ${GPU_CHECK_SANITIZE_ATTENTION:-0} == 1 ]]; then
+  for tool in memcheck racecheck synccheck; do
+    run sanitize-attention-$tool 600 "$SAN" --tool "$tool" --error-exitcode 1 \
+      --report-api-errors no .gpu-bin/examples/train_gpt --check-attention-quick
+  done
+fi
 say "=== failed:${FAILED:- none}"
 [[ -z "$FAILED" ]]

@@ -77,6 +77,9 @@ pub struct Args {
     pub check_dp: bool,
     /// Compare the fused attention with the unfused one on random inputs, and time both.
     pub check_attention: bool,
+    /// With `check_attention`: only the small shapes, untimed (`--check-attention-quick`,
+    /// short enough to run under compute-sanitizer).
+    pub check_quick: bool,
 }
 
 impl Default for Args {
@@ -108,6 +111,7 @@ impl Default for Args {
             check_graph: false,
             check_dp: false,
             check_attention: false,
+            check_quick: false,
         }
     }
 }
@@ -136,7 +140,12 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
         }
         let bool_flag = matches!(
             flag.as_str(),
-            "--graph" | "--check-resume" | "--check-graph" | "--check-dp" | "--check-attention"
+            "--graph"
+                | "--check-resume"
+                | "--check-graph"
+                | "--check-dp"
+                | "--check-attention"
+                | "--check-attention-quick"
         );
         let v = if bool_flag {
             String::new()
@@ -183,6 +192,10 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
                 }
             }
             "--check-attention" => a.check_attention = true,
+            "--check-attention-quick" => {
+                a.check_attention = true;
+                a.check_quick = true;
+            }
             "--check-resume" => a.check_resume = true,
             "--check-graph" => a.check_graph = true,
             "--check-dp" => a.check_dp = true,
@@ -251,7 +264,9 @@ mod tests {
         assert!(!u.fusion.epilogues);
         let t = p("--attention tiled").unwrap();
         assert_eq!(t.fusion.attention, AttnMode::Tiled);
-        assert!(u.check_attention);
+        assert!(u.check_attention && !u.check_quick);
+        let q = p("--check-attention-quick").unwrap();
+        assert!(q.check_attention && q.check_quick);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //!     [--ckpt-every N] [--ckpt-dir DIR] [--resume FILE] [--devices 0] [--graph]
 //!     [--attention auto|fused|tiled|unfused] [--epilogues on|off] [--check-graph] [--check-resume]
 //!     [--check-dp]
-//!     [--check-attention]
+//!     [--check-attention] [--check-attention-quick]
 //! ```
 //!
 //! `--model small`: 6 layers, 6 heads, width 384, context 256; `--model gpt2`: 12, 12, 768,
@@ -41,7 +41,8 @@
 //! relative to its own norm (1e-3 fp32, 0.25 bf16: the last keys' gradients are too small
 //! for the first test to see),
 //! printing each error and the milliseconds per call of each pass, and exits non-zero
-//! unless all pass.
+//! unless all pass. `--check-attention-quick` checks the small shapes only (T = 77, 200
+//! and 1) and times nothing, short enough to run under compute-sanitizer.
 //!
 //! `--epilogues on` (the default) computes the QKV and MLP biases, the MLP's GELU and
 //! their gradients in the products, as cuBLASLt epilogues (`BIAS`, `GELU_AUX_BIAS` storing
@@ -238,7 +239,7 @@ fn run(a: &Args) -> Result<(), GptError> {
     if a.check_attention {
         let mut ctx = ThreadContext::acquire()?;
         let dev = Device::get(a.devices[0])?;
-        return check_attn::run(&ctx.bind(&dev)?);
+        return check_attn::run(&ctx.bind(&dev)?, a.check_quick);
     }
     if a.launcher_env
         && (a.graph || a.resume.is_some() || a.check_graph || a.check_resume || a.check_dp)
