@@ -295,6 +295,16 @@ mod tests {
                 p.name
             );
         }
+        // The one AdamW launch decays all but the biases and layer norms: 13·C a block
+        // (ln_1 2C, c_attn.bias 3C, c_proj.bias C, ln_2 2C, c_fc.bias 4C, mlp c_proj.bias
+        // C) and ln_f's 2C.
+        let kept = mask.iter().filter(|&&d| d == 0).count();
+        assert_eq!(kept, 12 * 13 * 768 + 2 * 768);
+        assert!(
+            mask[layout.get("wte.weight").range()]
+                .iter()
+                .all(|&d| d == 1)
+        );
         assert_eq!(layout.get("h.0.attn.c_attn.weight").shape, [2304, 768]);
     }
 
