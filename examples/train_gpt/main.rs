@@ -119,6 +119,7 @@ mod ranks;
 
 use args::{Args, Precision};
 use gpt::graph::{Staging, Views};
+use gpt::step;
 use gpt::{Act, Gpt};
 use gpubind::{BoundDevice, BoundStream, Device, GraphExec, ThreadContext};
 use model::{Config, ParamLayout};
@@ -478,9 +479,7 @@ impl<T: Act> Stepper<T> for Eager<'_, T> {
         let m = &mut *self.0;
         m.upload(gpu, x, y)?;
         gpu.htod_copy(sched, &mut m.sched)?;
-        m.forward(s, true)?;
-        m.backward(s)?;
-        m.update(s, &self.1)
+        step::train_step(&mut m.eager(s), self.1, step::no_hook)
     }
     fn eval_step(
         &mut self,
@@ -489,7 +488,7 @@ impl<T: Act> Stepper<T> for Eager<'_, T> {
         (x, y): (&[u32], &[u32]),
     ) -> gpubind::Result<()> {
         self.0.upload(gpu, x, y)?;
-        self.0.forward(s, false)
+        step::eval_step(&mut self.0.eager(s))
     }
 }
 

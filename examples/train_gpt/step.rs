@@ -1,0 +1,139 @@
+//! The training step — forward pass and loss, backward pass, the gradient buckets' hook
+//! (data parallelism's all-reduce), clipping and AdamW — written once ([`train_step`],
+//! [`eval_step`]) and issued either eagerly on a stream ([`Eager`]) or into a graph
+//! capture ([`Captured`]).
+//!
+//! A step is a sequence of [`Part`]s; `Gpt::issue` (`pass.rs`) issues one, generic over
+//! [`Issue`]: the products through gpubind's [`Enqueue`] and the kernels through
+//! [`Target`], both implemented by a `BoundStream` and a `Capture`. A part borrows the
+//! model shared — in a capture for the graph's lifetime, eagerly for the part alone — and
+//! so is the one thing that varies between the two issuers besides where the work goes:
+//! zeroing a buffer ([`Issuer::zero_dres`]), which a capture does through a shared borrow
+//! (`Capture::memset_zeros`) and a stream only through `&mut`
+//! (`BoundStream::memset_zeros_async`), so eagerly between two parts.
+
+use super::graph::Views;
+use super::{Act, Gpt};
+use crate::launch::Target;
+use crate::optim::AdamW;
+use gpubind::blas::{Blas, Enqueue};
+use gpubind::{BoundStream, Capture, Result};
+
+/// Where a part's products and kernels go: a stream (run now) or a graph capture
+/// (recorded, every buffer borrowed for the graph's lifetime `'b`).
+pub trait Issue<'b>: Enqueue<'b> + Target<'b> {}
+
+impl<'b, E: Enqueue<'b> + Target<'b>> Issue<'b> for E {}
+
+/// One part of a step. The backward pass's parts finish the gradient buckets of
+/// `dp::bucket_ranges` in its order: the head's ([`HeadNorm`](Part::HeadNorm)), each
+/// block's from the last, the embeddings'.
+#[derive(Debug, Clone, Copy)]
+pub enum Part {
+    /// The forward pass: logits, and the loss against the targets (with `grad`, the
+    /// logits' gradient too, scaled by `grad_scale`).
+    Forward { grad: bool },
+    /// The tied head's products: the `wte` gradient and the final layer norm's output
+    /// gradient.
+    HeadProducts,
+    /// The final layer norm's backward pass, accumulated into the zeroed `dres`.
+    HeadNorm,
+    /// Block `l`'s backward pass: its gradients, and `dres` becomes its input's.
+    Block(usize),
+    /// The embeddings' gradients.
+    Embed,
+    /// The gradient-norm clip and AdamW, with the schedule values in `sched`.
+    Update(AdamW),
+}
+
+/// Issues the parts of a step for one model: [`Eager`] or [`Captured`].
+pub trait Issuer {
+    /// The model's blocks.
+    fn layers(&self) -> usize;
+    /// Issues `part`.
+    fn issue(&mut self, part: Part) -> Result<()>;
+    /// Zeroes `dres`, the residual stream's gradient that the backward pass accumulates.
+    fn zero_dres(&mut self) -> Result<()>;
+}
+
+/// The head's backward pass: the first gradient bucket.
+pub fn backward_head(x: &mut impl Issuer) -> Result<()> {
+    x.issue(Part::HeadProducts)?;
+    x.zero_dres()?;
+    x.issue(Part::HeadNorm)
+}
+
+/// A training step: forward, backward, clip and AdamW (`hp`); `bucket(x, k)` runs
+/// when the backward pass has finished gradient bucket `k` (`dp::bucket_ranges`), the
+/// last before the update.
+pub fn train_step<X: Issuer>(
+    x: &mut X,
+    hp: AdamW,
+    mut bucket: impl FnMut(&mut X, usize) -> Result<()>,
+) -> Result<()> {
+    x.issue(Part::Forward { grad: true })?;
+    backward_head(x)?;
+    bucket(x, 0)?;
+    let layers = x.layers();
+    for l in (0..layers).rev() {
+        x.issue(Part::Block(l))?;
+        bucket(x, layers - l)?;
+    }
+    x.issue(Part::Embed)?;
+    bucket(x, layers + 1)?;
+    x.issue(Part::Update(hp))
+}
+
+/// The hook of a step without data parallelism: nothing.
+pub fn no_hook<X>(_: &mut X, _: usize) -> Result<()> {
+    Ok(())
+}
+
+/// A validation step: the loss, without the logits' gradient.
+pub fn eval_step(x: &mut impl Issuer) -> Result<()> {
+    x.issue(Part::Forward { grad: false })
+}
+
+/// Issues parts eagerly on `s`, with the model's cuBLAS handle.
+pub struct Eager<'x, 's, T: Act> {
+    pub s: &'x mut BoundStream<'s>,
+    pub model: &'x mut Gpt<T>,
+}
+
+impl<T: Act> Issuer for Eager<'_, '_, T> {
+    fn layers(&self) -> usize {
+        self.model.dims.l
+    }
+    fn issue(&mut self, part: Part) -> Result<()> {
+        let m = &*self.model;
+        // Views of a few words per tensor, borrowed for this part only.
+        let views = m.views()?;
+        let mut blas = m.blas.borrow_mut();
+        m.issue(self.s, &mut blas, &views, part)
+    }
+    fn zero_dres(&mut self) -> Result<()> {
+        self.s.memset_zeros_async(&mut self.model.sc.dres)
+    }
+}
+
+/// Records parts into a graph capture that borrows the model and `views` for the
+/// graph's lifetime `'a`.
+pub struct Captured<'x, 'c, 'a, T: Act> {
+    pub cap: &'x mut Capture<'c, 'a>,
+    pub blas: &'x mut Blas,
+    pub model: &'a Gpt<T>,
+    pub views: &'a Views<'a, T>,
+}
+
+impl<T: Act> Issuer for Captured<'_, '_, '_, T> {
+    fn layers(&self) -> usize {
+        self.model.dims.l
+    }
+    fn issue(&mut self, part: Part) -> Result<()> {
+        self.model.issue(self.cap, self.blas, self.views, part)
+    }
+    fn zero_dres(&mut self) -> Result<()> {
+        let m = self.model;
+        self.cap.memset_zeros(&m.sc.dres)
+    }
+}
