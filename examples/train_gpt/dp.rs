@@ -22,6 +22,7 @@
 use crate::GptError;
 use crate::args::Args;
 use crate::data::{self, Dataset};
+use crate::gpt::step::{self, Eager, Issuer, Part};
 use crate::gpt::{Act, Gpt};
 use crate::model::{Config, ParamLayout};
 use crate::optim::{AdamW, Schedule};
@@ -68,43 +69,29 @@ pub fn train<T: Act>(
     for step in 0..a.steps {
         let t0 = Instant::now();
         let starts = &order[step * b..(step + 1) * b];
-        // Forward and the head's backward pass, then the ln_f bucket.
         for (r, rep) in reps.iter_mut().enumerate() {
             let gpu = ctx.bind(&devices[r])?;
-            let mut s = gpu.on(&streams[r])?;
             let (x, y) = data::make_batch(&data.train, &starts[r * shard..(r + 1) * shard], t);
             rep.upload(&gpu, &x, &y)?;
             gpu.htod_copy(&sched.device_values(step, &hp), &mut rep.sched)?;
-            rep.forward(&mut s, true)?;
-            rep.backward_head(&mut s)?;
         }
-        buckets.reduce(ctx, &comm, devices, &streams, &reps, 0)?;
-        for l in (0..cfg.layers).rev() {
-            for (r, rep) in reps.iter_mut().enumerate() {
-                let gpu = ctx.bind(&devices[r])?;
-                rep.backward_block(&mut gpu.on(&streams[r])?, l)?;
+        let mut all = Replicas {
+            ctx: &mut *ctx,
+            devices,
+            streams: &streams,
+            reps: &mut reps,
+        };
+        step::train_step(&mut all, hp, |all, k| {
+            buckets.reduce(all.ctx, &comm, devices, &streams, all.reps, k)?;
+            if k == cfg.layers + 1 {
+                // Every bucket reduced: back into each rank's gradients before the update.
+                all.each(|r, x| buckets.copy_back(x.s, r, x.model))?;
             }
-            buckets.reduce(
-                ctx,
-                &comm,
-                devices,
-                &streams,
-                &reps,
-                1 + (cfg.layers - 1 - l),
-            )?;
-        }
-        for (r, rep) in reps.iter_mut().enumerate() {
-            let gpu = ctx.bind(&devices[r])?;
-            rep.backward_embed(&mut gpu.on(&streams[r])?)?;
-        }
-        buckets.reduce(ctx, &comm, devices, &streams, &reps, cfg.layers + 1)?;
+            Ok(())
+        })?;
         let mut sum = 0.0f64;
-        for (r, rep) in reps.iter_mut().enumerate() {
-            let gpu = ctx.bind(&devices[r])?;
-            let mut s = gpu.on(&streams[r])?;
-            buckets.copy_back(&s, r, rep)?;
-            rep.update(&mut s, &hp)?;
-            sum += f64::from(gpu.dtoh(&rep.loss)?[0]);
+        for (r, rep) in reps.iter().enumerate() {
+            sum += f64::from(ctx.bind(&devices[r])?.dtoh(&rep.loss)?[0]);
         }
         let loss = (sum / ranks as f64) as f32;
         let dt = t0.elapsed().as_secs_f64();
@@ -141,6 +128,42 @@ pub fn train<T: Act>(
         tps * cfg.flops_per_token() / (T::PEAK_TFLOPS * 1e12 * distinct as f64)
     );
     Ok(losses)
+}
+
+/// Every rank's replica: a step's parts issued on each in rank order, each on its rank's
+/// compute stream.
+struct Replicas<'x, T: Act> {
+    ctx: &'x mut ThreadContext,
+    devices: &'x [Arc<Device>],
+    streams: &'x [Stream],
+    reps: &'x mut [Gpt<T>],
+}
+
+impl<T: Act> Replicas<'_, T> {
+    /// Runs `f` with every rank and its replica's eager issuer.
+    fn each(
+        &mut self,
+        mut f: impl FnMut(usize, &mut Eager<'_, '_, T>) -> gpubind::Result<()>,
+    ) -> gpubind::Result<()> {
+        for (r, rep) in self.reps.iter_mut().enumerate() {
+            let gpu = self.ctx.bind(&self.devices[r])?;
+            let mut s = gpu.on(&self.streams[r])?;
+            f(r, &mut rep.eager(&mut s))?;
+        }
+        Ok(())
+    }
+}
+
+impl<T: Act> Issuer for Replicas<'_, T> {
+    fn layers(&self) -> usize {
+        self.reps[0].dims.l
+    }
+    fn issue(&mut self, part: Part) -> gpubind::Result<()> {
+        self.each(|_, x| x.issue(part))
+    }
+    fn zero_dres(&mut self) -> gpubind::Result<()> {
+        self.each(|_, x| x.zero_dres())
+    }
 }
 
 /// The buckets' ranges of the flat gradients, in the order the backward pass finishes
@@ -193,7 +216,7 @@ impl<T: Act> Buckets<T> {
         streams: &[Stream],
         reps: &[Gpt<T>],
         k: usize,
-    ) -> Result<(), GptError> {
+    ) -> gpubind::Result<()> {
         let range = self.ranges[k].clone();
         for (r, rep) in reps.iter().enumerate() {
             let gpu = ctx.bind(&devices[r])?;
@@ -211,7 +234,7 @@ impl<T: Act> Buckets<T> {
     }
 
     /// Copies every reduced bucket of rank `r` back into its gradients (on `s`).
-    fn copy_back(&self, s: &BoundStream<'_>, r: usize, rep: &mut Gpt<T>) -> Result<(), GptError> {
+    fn copy_back(&self, s: &BoundStream<'_>, r: usize, rep: &mut Gpt<T>) -> gpubind::Result<()> {
         for (k, range) in self.ranges.iter().enumerate() {
             s.dtod_async(&self.bufs[k][r], &mut rep.grads.slice_mut(range.clone())?)?;
         }

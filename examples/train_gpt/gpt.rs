@@ -18,7 +18,7 @@ use crate::args::{AttnMode, Fusion};
 use crate::attention::Attention;
 use crate::kernels::{self, Kernels, NORM_PARTS};
 use crate::model::{Config, Dims, ParamLayout};
-use crate::optim::{AdamW, SCHED_LEN};
+use crate::optim::SCHED_LEN;
 pub use crate::precision::Act;
 use gpubind::blas::Blas;
 use gpubind::{BoundDevice, BoundStream, DeviceRepr, DeviceSlice, Result};
@@ -253,8 +253,7 @@ impl<T: Act> Gpt<T> {
         self.k.cast_weights(s, &self.weights, &self.params)
     }
 
-    /// The issuer of eager parts of a step on `s` ([`step::train_step`] and the parts
-    /// below).
+    /// The issuer of a step's parts eagerly on `s` ([`step::train_step`]).
     pub fn eager<'x, 's>(&'x mut self, s: &'x mut BoundStream<'s>) -> Eager<'x, 's, T> {
         Eager { s, model: self }
     }
@@ -263,27 +262,6 @@ impl<T: Act> Gpt<T> {
     /// `loss` (with `grad`, the logits' gradient too).
     pub fn forward(&mut self, s: &mut BoundStream<'_>, grad: bool) -> Result<()> {
         self.eager(s).issue(Part::Forward { grad })
-    }
-
-    /// The head and the final layer norm: `dres` and their gradients.
-    pub fn backward_head(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
-        step::backward_head(&mut self.eager(s))
-    }
-
-    /// Block `l`'s backward pass: its gradients, and `dres` becomes its input's.
-    pub fn backward_block(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
-        self.eager(s).issue(Part::Block(l))
-    }
-
-    /// The embeddings' gradients.
-    pub fn backward_embed(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
-        self.eager(s).issue(Part::Embed)
-    }
-
-    /// Clips the gradients to norm `hp.max_norm` and applies AdamW with the lr and bias
-    /// corrections in `sched` (uploaded by the caller).
-    pub fn update(&mut self, s: &mut BoundStream<'_>, hp: &AdamW) -> Result<()> {
-        self.eager(s).issue(Part::Update(*hp))
     }
 
     /// Uploads a batch (`tokens` and `targets`, `b × t` each, below the vocabulary).

@@ -137,3 +137,68 @@ impl<T: Act> Issuer for Captured<'_, '_, '_, T> {
         self.cap.memset_zeros(&m.sc.dres)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records what a step issues, in order.
+    struct Log {
+        layers: usize,
+        seen: Vec<String>,
+    }
+
+    impl Issuer for Log {
+        fn layers(&self) -> usize {
+            self.layers
+        }
+        fn issue(&mut self, part: Part) -> Result<()> {
+            self.seen.push(format!("{part:?}"));
+            Ok(())
+        }
+        fn zero_dres(&mut self) -> Result<()> {
+            self.seen.push("zero dres".into());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_train_step_finishes_the_buckets_in_order_before_the_update() {
+        let mut log = Log {
+            layers: 2,
+            seen: Vec::new(),
+        };
+        let hp = AdamW::default();
+        train_step(&mut log, hp, |x, k| {
+            x.seen.push(format!("bucket {k}"));
+            Ok(())
+        })
+        .unwrap();
+        let update = format!("{:?}", Part::Update(hp));
+        let want = [
+            "Forward { grad: true }",
+            "HeadProducts",
+            "zero dres",
+            "HeadNorm",
+            "bucket 0",
+            "Block(1)",
+            "bucket 1",
+            "Block(0)",
+            "bucket 2",
+            "Embed",
+            "bucket 3",
+            &update,
+        ];
+        assert_eq!(log.seen, want);
+    }
+
+    #[test]
+    fn an_eval_step_is_the_forward_pass_without_the_gradient() {
+        let mut log = Log {
+            layers: 2,
+            seen: Vec::new(),
+        };
+        eval_step(&mut log).unwrap();
+        assert_eq!(log.seen, ["Forward { grad: false }"]);
+    }
+}
