@@ -64,6 +64,11 @@
 //! training tokens) and `meta.json`, from which the torch script trains the same model on
 //! the same batches.
 //!
+//! The step — forward, backward, the gradient buckets' all-reduce hook, clipping, AdamW —
+//! is written once (`step.rs`: the parts in order; `pass.rs`: each part's products and
+//! kernels, generic over a stream or a graph capture) and issued eagerly, into a graph, or
+//! on every data-parallel rank.
+//!
 //! `--graph` captures the whole step — forward, backward, clipping, AdamW — into one CUDA
 //! graph and launches it every step (`graph.rs`); the schedule's lr reaches the graph
 //! through a device buffer written before each launch. `--check-graph` trains eagerly,

@@ -1,16 +1,16 @@
 //! The training step — forward pass and loss, backward pass, the gradient buckets' hook
 //! (data parallelism's all-reduce), clipping and AdamW — written once ([`train_step`],
-//! [`eval_step`]) and issued either eagerly on a stream ([`Eager`]) or into a graph
-//! capture ([`Captured`]).
+//! [`eval_step`]) and issued eagerly on a stream ([`Eager`]), into a graph capture
+//! ([`Captured`]) or on every rank of `dp.rs` (its `Replicas`).
 //!
 //! A step is a sequence of [`Part`]s; `Gpt::issue` (`pass.rs`) issues one, generic over
 //! [`Issue`]: the products through gpubind's [`Enqueue`] and the kernels through
 //! [`Target`], both implemented by a `BoundStream` and a `Capture`. A part borrows the
-//! model shared — in a capture for the graph's lifetime, eagerly for the part alone — and
-//! so is the one thing that varies between the two issuers besides where the work goes:
-//! zeroing a buffer ([`Issuer::zero_dres`]), which a capture does through a shared borrow
-//! (`Capture::memset_zeros`) and a stream only through `&mut`
-//! (`BoundStream::memset_zeros_async`), so eagerly between two parts.
+//! model shared: in a capture for the graph's lifetime, eagerly for that part only. The
+//! one operation the issuers do differently is zeroing a buffer
+//! ([`Issuer::zero_dres`]): a capture zeroes through a shared borrow
+//! (`Capture::memset_zeros`), a stream only through `&mut`
+//! (`BoundStream::memset_zeros_async`), which the eager issuer takes between two parts.
 
 use super::graph::Views;
 use super::{Act, Gpt};
