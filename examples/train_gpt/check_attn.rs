@@ -6,7 +6,7 @@
 //! output, dk and dv within [`row_tolerance`] of its own size; each pass is timed.
 
 use crate::GptError;
-use crate::attend::{self, Bwd, Fwd};
+use crate::attend::{self, Bwd, Fwd, Saved};
 use crate::attention::{Attention, HEAD_SIZE};
 use crate::kernels::Kernels;
 use crate::model::Dims;
@@ -201,32 +201,33 @@ impl<T: Act> Bufs<T> {
         })
     }
 
-    /// The forward pass of path `i`.
-    fn fwd(&self, i: usize) -> Fwd<'_, T> {
+    /// What path `i`'s forward pass writes for its backward pass.
+    fn saved(&self, i: usize) -> Saved<'_, T> {
         let h = &self.heads;
-        Fwd {
+        Saved {
             qkv: &self.qkv,
             y: &self.y[i],
             lse: &self.lse,
             q: &h[0],
             k: &h[1],
             v: &h[2],
-            preatt: &self.square[0],
             att: &self.square[1],
-            atty: &h[3],
+        }
+    }
+
+    /// The forward pass of path `i`.
+    fn fwd(&self, i: usize) -> Fwd<'_, T> {
+        Fwd {
+            saved: self.saved(i),
+            preatt: &self.square[0],
+            atty: &self.heads[3],
         }
     }
 
     fn bwd(&self, i: usize) -> Bwd<'_, T> {
         let h = &self.heads;
         Bwd {
-            qkv: &self.qkv,
-            y: &self.y[i],
-            lse: &self.lse,
-            q: &h[0],
-            k: &h[1],
-            v: &h[2],
-            att: &self.square[1],
+            saved: self.saved(i),
             dy: &self.dy,
             dqkv: &self.dqkv[i],
             dsum: &self.dsum,

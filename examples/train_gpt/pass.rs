@@ -73,6 +73,20 @@ impl<T: Act> Gpt<T> {
         }
     }
 
+    /// Block `l`'s attention buffers that its backward pass reads again.
+    fn saved(&self, l: usize) -> attend::Saved<'_, T> {
+        let bl = &self.blocks[l];
+        attend::Saved {
+            qkv: &bl.qkv,
+            y: &bl.atty_un,
+            lse: &bl.lse,
+            q: &bl.q,
+            k: &bl.k,
+            v: &bl.v,
+            att: &bl.att,
+        }
+    }
+
     /// The embeddings: `encoded`.
     fn fwd_embed<'b>(&'b self, on: &mut On<'_, 'b, impl Issue<'b>, T>) -> Result<()> {
         let (d, w) = (self.dims, (on.vw.w("wte.weight"), on.vw.w("wpe.weight")));
@@ -97,14 +111,8 @@ impl<T: Act> Gpt<T> {
         self.lin()
             .fwd_bias(on.e, on.blas, (bt, 3 * c, c), (&bl.ln1, w, b), &bl.qkv)?;
         let io = attend::Fwd {
-            qkv: &bl.qkv,
-            y: &bl.atty_un,
-            lse: &bl.lse,
-            q: &bl.q,
-            k: &bl.k,
-            v: &bl.v,
+            saved: self.saved(l),
             preatt: &sc.preatt,
-            att: &bl.att,
             atty: &bl.atty,
         };
         attend::forward(on.e, (k, self.attn.as_ref()), on.blas, d, io)?;
@@ -239,13 +247,7 @@ impl<T: Act> Gpt<T> {
         let wp = vw.wl(l, "attn.c_proj.weight");
         on.e.matmul(on.blas, &Matmul::new(bt, c, c), &sc.dres, wp, &sc.daty_un)?;
         let io = attend::Bwd {
-            qkv: &bl.qkv,
-            y: &bl.atty_un,
-            lse: &bl.lse,
-            q: &bl.q,
-            k: &bl.k,
-            v: &bl.v,
-            att: &bl.att,
+            saved: self.saved(l),
             dy: &sc.daty_un,
             dqkv: &sc.dqkv,
             dsum: &sc.dsum,
