@@ -22,7 +22,7 @@
 use crate::GptError;
 use crate::args::Args;
 use crate::data::{self, Dataset};
-use crate::gpt::step::{self, Eager, Issuer, Part};
+use crate::gpt::step::{Eager, Issuer, Part, train_step};
 use crate::gpt::{Act, Gpt};
 use crate::model::{Config, ParamLayout};
 use crate::optim::{AdamW, Schedule};
@@ -81,7 +81,7 @@ pub fn train<T: Act>(
             streams: &streams,
             reps: &mut reps,
         };
-        step::train_step(&mut all, hp, |all, k| {
+        train_step(&mut all, hp, |all, k| {
             buckets.reduce(all.ctx, &comm, devices, &streams, all.reps, k)?;
             if k == cfg.layers + 1 {
                 // Every bucket reduced: back into each rank's gradients before the update.

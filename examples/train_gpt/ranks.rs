@@ -17,7 +17,8 @@ use crate::GptError;
 use crate::args::Args;
 use crate::data::{self, Dataset};
 use crate::dp::bucket_ranges;
-use crate::gpt::{Act, Gpt, step};
+use crate::gpt::step::train_step;
+use crate::gpt::{Act, Gpt};
 use crate::model::Config;
 use crate::optim::{AdamW, Schedule};
 use gpubind::collective::{LaunchEnv, Op, RankComm, nccl_available};
@@ -90,7 +91,7 @@ pub fn train<T: Act>(
         model.upload(&gpu, &x, &y)?;
         gpu.htod_copy(&sched.device_values(step, &hp), &mut model.sched)?;
         let last = ranges.len() - 1;
-        step::train_step(&mut model.eager(&mut s), hp, |x, k| {
+        train_step(&mut model.eager(&mut s), hp, |x, k| {
             // Bucket k, done: copied out and all-reduced on the communicator stream.
             x.s.dtod_async(&x.model.grads.slice(ranges[k].clone())?, &mut bufs[k])?;
             comm.all_reduce_in_place(&cs, &mut bufs[k], Op::Sum)?;
