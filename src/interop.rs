@@ -27,7 +27,8 @@
 //!   lent slice's cudarc write event is recorded there, so cudarc work on *any* stream
 //!   (cudarc makes every stream wait for that event) comes after them. After the closure
 //!   (also when it panics): the stream waits for cudarc's read and write events of the
-//!   slice (every use cudarc recorded, on any stream) and for the legacy default stream,
+//!   slice (the uses cudarc recorded; the read event keeps only the latest reading
+//!   stream's, as for cudarc's own slices) and for the legacy default stream,
 //!   and the lend is recorded in the buffer's tracker as a read
 //!   ([`lend_to_cudarc`](BoundStream::lend_to_cudarc)) or a write
 //!   ([`lend_mut_to_cudarc`](BoundStream::lend_mut_to_cudarc)) on that stream: later
@@ -366,6 +367,9 @@ impl<'b> BoundStream<'b> {
         f: impl FnOnce(CudaView<'_, T>) -> R,
     ) -> Result<R> {
         let cstream = self.lend_stream()?;
+        // Refuses a stream cudarc captures (the lend's events would join that graph), as
+        // every claim does.
+        self.ensure_stream_context()?;
         self.bound().expect_device("lent buffer", buf.device())?;
         let (ptr, len) = (buf.device_ptr(), buf.len());
         // The read is recorded when it opens, after this stream waited for the pending
@@ -527,9 +531,20 @@ impl<T> Lent<'_, T> {
             .and_then(|()| wait_on(self.device, raw, PER_THREAD));
         if waited.is_err() {
             // Nothing ordered the lend stream after cudarc's work: wait for all of it.
-            let _guard = self.device.enter()?;
-            // The device's context is current (entered).
-            self.device.check(result::context::synchronize())?;
+            let synced = self.device.enter().and_then(|_guard| {
+                // The device's context is current (entered).
+                self.device.check(result::context::synchronize())
+            });
+            if let Err(e) = synced {
+                // cudarc's work on the lent memory, on streams gpubind does not know, is
+                // ordered before nothing: a later gpubind write or the free could overtake
+                // it. Poison the device, so that nothing more runs on it through gpubind
+                // and every buffer of it is leaked rather than freed.
+                let code = e
+                    .driver_code()
+                    .map_or(sys::CUresult::CUDA_ERROR_UNKNOWN, |c| c.cu());
+                return Err(self.device.poison_with("cuCtxSynchronize", code));
+            }
         }
         Ok(())
     }
@@ -546,7 +561,7 @@ impl<T> Drop for Lent<'_, T> {
                 Some(self.device.ordinal()),
                 crate::teardown::faults::WAIT,
                 &e,
-                "later gpubind uses of the buffer may not be ordered after cudarc's",
+                "the device is poisoned: cudarc's work on the buffer could not be ordered",
             );
         }
     }

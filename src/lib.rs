@@ -62,7 +62,8 @@
 //! * **Launches** — [`LaunchConfig`] and [`LaunchBuilder`]; cooperative, cluster and
 //!   prioritised launches and what is checked for them: [`LaunchExBuilder`].
 //! * **CUDA graphs** — what can be captured and how a capture stays sound: [`Capture`];
-//!   then [`Graph`] and [`GraphExec`].
+//!   then [`Graph`] and [`GraphExec`]; one step written once for a stream and a capture:
+//!   [`Issue`].
 //! * **Faults** — sticky errors that poison a device's context, and recovery:
 //!   [`Error::ContextPoisoned`].
 //! * **Drivers and libraries** — supported driver versions, entry points looked up by
@@ -173,7 +174,9 @@ pub use driver::version::{
 };
 pub use driver::{driver_available, init};
 pub use error::{DriverErrorCode, Error, Result, TransmuteRefusal};
-pub use graph::{Capture, CaptureLaunch, Graph, GraphExec, InstantiateFlags};
+pub use graph::{
+    Capture, CaptureLaunch, Graph, GraphExec, InstantiateFlags, Issue, KernelLaunch, StreamLaunch,
+};
 pub use launch::{ClusterScheduling, LaunchBuilder, LaunchConfig, LaunchExBuilder};
 pub use memory::host::{
     CaptureSource, HostMemory, PageLockedView, PageLockedViewMut, PinnedHostBuffer, PinnedOptions,

@@ -369,11 +369,21 @@ impl<'b> BoundStream<'b> {
     /// the driver runs work enqueued on a stream in the stream's own context, whatever is
     /// current (asserted on the GPU by `gpu_binding::stream_ops_with_a_foreign_context_current`).
     /// The bound context on the legacy default stream, which is the *current* context's.
+    ///
+    /// On a stream another library owns (shared with cudarc, borrowed), also
+    /// [`Error::NotCapturable`] while its owner captures it (docs/safety.md, "cudarc
+    /// interop"): one `cuStreamIsCapturing` per operation on such streams only.
     #[inline(always)]
     pub(crate) fn ensure_stream_context(&self) -> Result<()> {
         match self.slot {
             StreamSlot::Legacy(_) => self.bound.ensure_current(),
-            StreamSlot::Owned(_) => self.bound.device().check_poison(),
+            StreamSlot::Owned(s) => {
+                self.bound.device().check_poison()?;
+                if s.foreign {
+                    s.refuse_capture()?;
+                }
+                Ok(())
+            }
         }
     }
 

@@ -20,6 +20,12 @@ assert_not_impl_any!(gpubind::Graph<'static>: Sync);
 assert_impl_all!(gpubind::GraphExec<'static>: Send);
 assert_not_impl_any!(gpubind::GraphExec<'static>: Sync);
 assert_not_impl_any!(LaunchExBuilder<'static, 'static>: Send, Sync);
+assert_not_impl_any!(StreamLaunch<'static, 'static>: Send, Sync);
+// One step, written once, issued on a stream or into a capture.
+assert_impl_all!(BoundStream<'static>: Issue<'static>);
+assert_impl_all!(gpubind::Capture<'static, 'static>: Issue<'static>);
+assert_impl_all!(StreamLaunch<'static, 'static>: KernelLaunch<'static>, Debug);
+assert_impl_all!(gpubind::CaptureLaunch<'static, 'static, 'static>: KernelLaunch<'static>, Debug);
 
 // Devices and resources are shared freely.
 assert_impl_all!(Device: Send, Sync);

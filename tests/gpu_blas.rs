@@ -9,12 +9,12 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, dev0, run_suite, skip};
+use common::{Ctx, on_device0, run_suite, skip};
 use gpubind::blas::{
     Batch, BlasScalar, CaptureLtArgs, Enqueue, Epilogue, GemmGroup, Gemv, Layout, LtArgs, Matmul,
     MatmulError, MatmulOutput,
 };
-use gpubind::{BoundDevice, DeviceRepr, Error, ThreadContext};
+use gpubind::{BoundDevice, DeviceRepr, Error};
 use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 
@@ -54,22 +54,28 @@ fn at(layout: Layout, ld: usize, r: usize, c: usize) -> usize {
     }
 }
 
+/// The stored `rows×cols` of A and B of `s` (a transposed operand is stored transposed).
+fn stored(s: &Matmul) -> ((usize, usize), (usize, usize)) {
+    let a = if s.transpose_a {
+        (s.k, s.m)
+    } else {
+        (s.m, s.k)
+    };
+    let b = if s.transpose_b {
+        (s.n, s.k)
+    } else {
+        (s.k, s.n)
+    };
+    (a, b)
+}
+
 /// Leading dimensions of A, B and C of `s` (the packed ones where unset).
 fn lds(s: &Matmul) -> (usize, usize, usize) {
     let inner = |rows: usize, cols: usize| match s.layout {
         Layout::RowMajor => cols,
         Layout::ColMajor => rows,
     };
-    let (ar, ac) = if s.transpose_a {
-        (s.k, s.m)
-    } else {
-        (s.m, s.k)
-    };
-    let (br, bc) = if s.transpose_b {
-        (s.n, s.k)
-    } else {
-        (s.k, s.n)
-    };
+    let ((ar, ac), (br, bc)) = stored(s);
     (
         s.lda.unwrap_or(inner(ar, ac).max(1)),
         s.ldb.unwrap_or(inner(br, bc).max(1)),
@@ -201,18 +207,15 @@ fn gemm_sweep<T: El>(gpu: &BoundDevice<'_>, tf32: bool, rng: &mut impl Rng) -> R
     Ok(())
 }
 
-fn gemm_types_transposes_and_layouts_match_the_host() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn gemm_types_transposes_and_layouts_match_the_host(gpu: &BoundDevice<'_>) -> R {
     let seed: u64 = rand::random();
     println!("    seed {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    gemm_sweep::<f32>(&gpu, false, &mut rng)?;
-    gemm_sweep::<f32>(&gpu, true, &mut rng)?;
-    gemm_sweep::<f64>(&gpu, false, &mut rng)?;
-    gemm_sweep::<f16>(&gpu, false, &mut rng)?;
-    gemm_sweep::<bf16>(&gpu, false, &mut rng)
+    gemm_sweep::<f32>(gpu, false, &mut rng)?;
+    gemm_sweep::<f32>(gpu, true, &mut rng)?;
+    gemm_sweep::<f64>(gpu, false, &mut rng)?;
+    gemm_sweep::<f16>(gpu, false, &mut rng)?;
+    gemm_sweep::<bf16>(gpu, false, &mut rng)
 }
 
 /// One strided batch against per-matrix host products; gaps between the C matrices
@@ -220,16 +223,7 @@ fn gemm_types_transposes_and_layouts_match_the_host() -> R {
 fn batch_case<T: El>(gpu: &BoundDevice<'_>, s: &Matmul, batch: &Batch, rng: &mut impl Rng) -> R {
     let mut blas = gpu.new_blas().ctx("new_blas")?;
     let (lda, ldb, ldc) = lds(s);
-    let (ar, ac) = if s.transpose_a {
-        (s.k, s.m)
-    } else {
-        (s.m, s.k)
-    };
-    let (br, bc) = if s.transpose_b {
-        (s.n, s.k)
-    } else {
-        (s.k, s.n)
-    };
+    let ((ar, ac), (br, bc)) = stored(s);
     let len = |stride: usize, one: usize| (batch.count - 1) * stride + one;
     let (a, af) = random::<T>(rng, len(batch.stride_a, span(s.layout, lda, ar, ac)));
     let (b, bf) = random::<T>(rng, len(batch.stride_b, span(s.layout, ldb, br, bc)));
@@ -252,26 +246,23 @@ fn batch_case<T: El>(gpu: &BoundDevice<'_>, s: &Matmul, batch: &Batch, rng: &mut
     close(&what, &got, &want, &scale, T::TOL)
 }
 
-fn strided_batches_match_the_host() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn strided_batches_match_the_host(gpu: &BoundDevice<'_>) -> R {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     // Attention-like: scores = Q·Kᵀ per head, packed.
     let qk = Matmul::new(33, 31, 16).transpose_b().scaled(0.25, 0.0);
-    batch_case::<f32>(&gpu, &qk, &Batch::packed(6, &qk), &mut rng)?;
-    batch_case::<bf16>(&gpu, &qk, &Batch::packed(6, &qk), &mut rng)?;
-    batch_case::<f16>(&gpu, &qk, &Batch::packed(6, &qk), &mut rng)?;
-    batch_case::<f64>(&gpu, &qk, &Batch::packed(6, &qk), &mut rng)?;
+    batch_case::<f32>(gpu, &qk, &Batch::packed(6, &qk), &mut rng)?;
+    batch_case::<bf16>(gpu, &qk, &Batch::packed(6, &qk), &mut rng)?;
+    batch_case::<f16>(gpu, &qk, &Batch::packed(6, &qk), &mut rng)?;
+    batch_case::<f64>(gpu, &qk, &Batch::packed(6, &qk), &mut rng)?;
     // One B for the whole batch (stride 0), gaps between the Cs, accumulating.
     let s = Matmul::new(9, 12, 7).scaled(1.0, 1.0);
-    batch_case::<f32>(&gpu, &s, &Batch::new(5, 9 * 7, 0, 9 * 12 + 5), &mut rng)?;
+    batch_case::<f32>(gpu, &s, &Batch::new(5, 9 * 7, 0, 9 * 12 + 5), &mut rng)?;
     // Column-major with leading dimensions, transposed A.
     let c = Matmul::new(10, 6, 4)
         .col_major()
         .transpose_a()
         .with_ld(6, 12, 11);
-    batch_case::<bf16>(&gpu, &c, &Batch::new(3, 40, 80, 70), &mut rng)
+    batch_case::<bf16>(gpu, &c, &Batch::new(3, 40, 80, 70), &mut rng)
 }
 
 /// `T` inputs, an f32 output: single products (transposes × layouts, accumulating into
@@ -337,15 +328,12 @@ where
     Ok(())
 }
 
-fn mixed_products_match_the_host() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn mixed_products_match_the_host(gpu: &BoundDevice<'_>) -> R {
     let seed: u64 = rand::random();
     println!("    seed {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    mixed_case::<bf16>(&gpu, &mut rng)?;
-    mixed_case::<f16>(&gpu, &mut rng)?;
+    mixed_case::<bf16>(gpu, &mut rng)?;
+    mixed_case::<f16>(gpu, &mut rng)?;
     // The same type through matmul_mixed is matmul; TF32 stays an f32-only option.
     let mut blas = gpu.new_blas().ctx("new_blas")?;
     let a = gpu.clone_htod(&[bf16::ONE; 4]).ctx("a")?;
@@ -383,10 +371,7 @@ fn enqueue_forward<'buf>(
 
 /// One generic forward ([`Enqueue`]) run on a stream, equal to the inherent products,
 /// then captured: the graph's outputs equal the eager ones bit for bit.
-fn enqueue_serves_eager_and_captured_steps() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn enqueue_serves_eager_and_captured_steps(gpu: &BoundDevice<'_>) -> R {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let mut blas = gpu.new_blas().ctx("new_blas")?;
     let mut up = |len: usize| gpu.clone_htod(&random::<bf16>(&mut rng, len).0).ctx("htod");
@@ -540,6 +525,36 @@ impl<T: El> Fixture<'_, '_, T> {
             .collect();
         (z, self.p.iter().map(|v| v.1 + 1.0).collect())
     }
+
+    /// `Y = fwd(X·W + b)` into a new `Y` (the bias only when `with_bias`), the
+    /// epilogue's output in `args`.
+    fn forward<'a>(
+        &'a self,
+        blas: &mut gpubind::blas::Blas,
+        fwd: Epilogue,
+        with_bias: bool,
+        args: LtArgs<'a, T>,
+    ) -> Result<gpubind::DeviceSlice<T>, String> {
+        let mut y = self.gpu.alloc_zeros::<T>(self.s.m * self.s.n).ctx("y")?;
+        let args = if with_bias { args.bias(self.b) } else { args };
+        let st = self.gpu.default_stream();
+        st.matmul_lt(blas, &self.s, fwd, self.x, self.w, &mut y, args)
+            .ctx(&self.name(fwd))?;
+        Ok(y)
+    }
+
+    /// `dz = e(G·H)`, the epilogue's operands in `args`.
+    fn backward(
+        &self,
+        blas: &mut gpubind::blas::Blas,
+        e: Epilogue,
+        dz: &mut gpubind::DeviceSlice<T>,
+        args: LtArgs<'_, T>,
+    ) -> R {
+        let st = self.gpu.default_stream();
+        st.matmul_lt(blas, &self.s, e, &self.g, &self.h, dz, args)
+            .ctx(&self.name(e))
+    }
 }
 
 /// GELU_AUX(_BIAS) stores Z; DGELU(_BGRAD) reads it; RELU_AUX(_BIAS) stores the mask,
@@ -585,19 +600,14 @@ fn gelu_roundtrip<T: El>(
     with_bias: bool,
 ) -> R {
     let (gpu, s) = (fx.gpu, &fx.s);
-    let st = gpu.default_stream();
     let (m, n, ld) = (s.m, s.n, s.gelu_aux_ld());
     let fwd = if with_bias {
         Epilogue::GeluAuxBias
     } else {
         Epilogue::GeluAux
     };
-    let mut y = gpu.alloc_zeros::<T>(m * n).ctx("y")?;
     let mut aux = gpu.alloc_zeros::<T>(s.gelu_aux_len()).ctx("aux")?;
-    let args = LtArgs::new().aux_out(&mut aux);
-    let args = if with_bias { args.bias(fx.b) } else { args };
-    st.matmul_lt(blas, s, fwd, fx.x, fx.w, &mut y, args)
-        .ctx(&fx.name(fwd))?;
+    let y = fx.forward(blas, fwd, with_bias, LtArgs::new().aux_out(&mut aux))?;
     let (want_z, sc) = fx.z(with_bias);
     let zf = dtoh_f64(gpu, &aux)?;
     let got_z: Vec<f64> = (0..m * n).map(|ij| zf[(ij / n) * ld + ij % n]).collect();
@@ -621,8 +631,7 @@ fn gelu_roundtrip<T: El>(
     let mut bgrad = gpu.alloc_zeros::<T>(n).ctx("bgrad")?;
     let e = Epilogue::DGeluBGrad;
     let args = LtArgs::new().aux(&aux).bias_grad(&mut bgrad);
-    st.matmul_lt(blas, s, e, &fx.g, &fx.h, &mut dz, args)
-        .ctx(&fx.name(e))?;
+    fx.backward(blas, e, &mut dz, args)?;
     let q = &fx.q;
     let want: Vec<f64> = (0..m * n).map(|ij| q[ij].0 * dgelu(got_z[ij])).collect();
     let sc: Vec<f64> = (0..m * n).map(|ij| (q[ij].1 + 1.0) * 2.0).collect();
@@ -631,8 +640,7 @@ fn gelu_roundtrip<T: El>(
     check_bias_grad(gpu, &fx.name(e), &bgrad, &got, m, n)?;
     let mut dz2 = gpu.alloc_zeros::<T>(m * n).ctx("dz2")?;
     let e = Epilogue::DGelu;
-    st.matmul_lt(blas, s, e, &fx.g, &fx.h, &mut dz2, LtArgs::new().aux(&aux))
-        .ctx(&fx.name(e))?;
+    fx.backward(blas, e, &mut dz2, LtArgs::new().aux(&aux))?;
     close(
         &fx.name(e),
         &dtoh_f64(gpu, &dz2)?,
@@ -649,19 +657,14 @@ fn relu_roundtrip<T: El>(
     with_bias: bool,
 ) -> R {
     let (gpu, s) = (fx.gpu, &fx.s);
-    let st = gpu.default_stream();
     let (m, n) = (s.m, s.n);
     let fwd = if with_bias {
         Epilogue::ReluAuxBias
     } else {
         Epilogue::ReluAux
     };
-    let mut y = gpu.alloc_zeros::<T>(m * n).ctx("y")?;
     let mut mask = gpu.alloc_zeros::<u8>(s.relu_mask_len()).ctx("mask")?;
-    let args = LtArgs::new().relu_mask_out(&mut mask);
-    let args = if with_bias { args.bias(fx.b) } else { args };
-    st.matmul_lt(blas, s, fwd, fx.x, fx.w, &mut y, args)
-        .ctx(&fx.name(fwd))?;
+    let y = fx.forward(blas, fwd, with_bias, LtArgs::new().relu_mask_out(&mut mask))?;
     let (z, sc) = fx.z(with_bias);
     let relu: Vec<f64> = z.iter().map(|v| v.max(0.0)).collect();
     close(
@@ -679,15 +682,13 @@ fn relu_roundtrip<T: El>(
     let mut dz = gpu.alloc_zeros::<T>(m * n).ctx("dz")?;
     let e = Epilogue::DRelu;
     let args = LtArgs::new().relu_mask(&mask);
-    st.matmul_lt(blas, s, e, &fx.g, &fx.h, &mut dz, args)
-        .ctx(&fx.name(e))?;
+    fx.backward(blas, e, &mut dz, args)?;
     let what = format!("{} after {}", fx.name(e), fwd.name());
     close(&what, &dtoh_f64(gpu, &dz)?, &want, &sc, T::TOL.max(1e-5))?;
     let mut bgrad = gpu.alloc_zeros::<T>(n).ctx("bgrad")?;
     let e = Epilogue::DReluBGrad;
     let args = LtArgs::new().relu_mask(&mask).bias_grad(&mut bgrad);
-    st.matmul_lt(blas, s, e, &fx.g, &fx.h, &mut dz, args)
-        .ctx(&fx.name(e))?;
+    fx.backward(blas, e, &mut dz, args)?;
     let got = dtoh_f64(gpu, &dz)?;
     close(&fx.name(e), &got, &want, &sc, T::TOL.max(1e-5))?;
     check_bias_grad(gpu, &fx.name(e), &bgrad, &got, m, n)
@@ -772,16 +773,13 @@ fn lt_bias_grads<T: El>(
     Ok(())
 }
 
-fn lt_epilogues_match_host_math() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    lt_case::<f32>(&gpu)?;
-    lt_case::<bf16>(&gpu)?;
-    lt_case::<f16>(&gpu)?;
+fn lt_epilogues_match_host_math(gpu: &BoundDevice<'_>) -> R {
+    lt_case::<f32>(gpu)?;
+    lt_case::<bf16>(gpu)?;
+    lt_case::<f16>(gpu)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-    lt_layouts::<f32>(&gpu, &mut rng)?;
-    lt_layouts::<bf16>(&gpu, &mut rng)
+    lt_layouts::<f32>(gpu, &mut rng)?;
+    lt_layouts::<bf16>(gpu, &mut rng)
 }
 
 /// The BIAS epilogue with every transpose pair × layout × packed/padded leading
@@ -947,16 +945,13 @@ fn same<T: DeviceRepr + PartialEq>(
 /// backward captured into one graph equal the same products run eagerly, bit for bit,
 /// at every launch, with the Blas dropped before the graph is instantiated (the graph
 /// keeps the handles and the workspace); a new Blas works alongside.
-fn captured_products_equal_eager_with_the_blas_dropped() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn captured_products_equal_eager_with_the_blas_dropped(gpu: &BoundDevice<'_>) -> R {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let mut blas = gpu.new_blas().ctx("new_blas")?;
-    let i = CaptureInputs::new(&gpu, &mut rng)?;
-    let mut e = i.outputs(&gpu)?;
-    i.eager(&gpu, &mut blas, &mut e)?;
-    let g = i.outputs(&gpu)?;
+    let i = CaptureInputs::new(gpu, &mut rng)?;
+    let mut e = i.outputs(gpu)?;
+    i.eager(gpu, &mut blas, &mut e)?;
+    let g = i.outputs(gpu)?;
     let graph = gpu
         .capture(|cap| {
             cap.matmul(&mut blas, &i.gemm, &i.a16, &i.b16, &g.c)?;
@@ -1001,23 +996,20 @@ fn captured_products_equal_eager_with_the_blas_dropped() -> R {
             .matmul(&mut other, &i.gemm, &i.a16, &i.b16, &mut scratch)
             .ctx("gemm on a new Blas")?;
         let at = |what: &str| format!("launch {launch}: {what}");
-        same(&gpu, &at("GEMM"), &g.c, &e.c)?;
-        same(&gpu, &at("the new Blas's GEMM"), &scratch, &e.c)?;
-        same(&gpu, &at("strided batch"), &g.s, &e.s)?;
-        same(&gpu, &at("GELU_AUX_BIAS output"), &g.y, &e.y)?;
-        same(&gpu, &at("GELU_AUX_BIAS pre-activation"), &g.z, &e.z)?;
-        same(&gpu, &at("DGELU_BGRAD output"), &g.dz, &e.dz)?;
-        same(&gpu, &at("DGELU_BGRAD bias gradient"), &g.db, &e.db)?;
+        same(gpu, &at("GEMM"), &g.c, &e.c)?;
+        same(gpu, &at("the new Blas's GEMM"), &scratch, &e.c)?;
+        same(gpu, &at("strided batch"), &g.s, &e.s)?;
+        same(gpu, &at("GELU_AUX_BIAS output"), &g.y, &e.y)?;
+        same(gpu, &at("GELU_AUX_BIAS pre-activation"), &g.z, &e.z)?;
+        same(gpu, &at("DGELU_BGRAD output"), &g.dz, &e.dz)?;
+        same(gpu, &at("DGELU_BGRAD bias gradient"), &g.db, &e.db)?;
     }
     Ok(())
 }
 
 /// Two handles on two streams read one weight concurrently (read claims) and both
 /// products are right, repeatedly, with the weight then rewritten and read again.
-fn two_streams_read_one_weight() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn two_streams_read_one_weight(gpu: &BoundDevice<'_>) -> R {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let (m, n, k) = (128usize, 96usize, 64usize);
     let s = Matmul::new(m, n, k);
@@ -1053,14 +1045,14 @@ fn two_streams_read_one_weight() -> R {
         let (w2, sc2) = host_gemm(&s, &x2f, &wf, &zeros);
         close(
             &format!("round {round} y1"),
-            &dtoh_f64(&gpu, &y1)?,
+            &dtoh_f64(gpu, &y1)?,
             &w1,
             &sc1,
             1e-5,
         )?;
         close(
             &format!("round {round} y2"),
-            &dtoh_f64(&gpu, &y2)?,
+            &dtoh_f64(gpu, &y2)?,
             &w2,
             &sc2,
             1e-5,
@@ -1085,10 +1077,7 @@ fn refused(what: &str, r: gpubind::Result<()>, pred: impl Fn(&MatmulError) -> bo
 }
 
 /// Every refusal is a typed error, before anything is enqueued, on the GPU path too.
-fn bad_input_is_a_typed_error() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn bad_input_is_a_typed_error(gpu: &BoundDevice<'_>) -> R {
     let mut blas = gpu.new_blas().ctx("new_blas")?;
     let st = gpu.default_stream();
     let (a, b) = (
@@ -1153,8 +1142,8 @@ fn bad_input_is_a_typed_error() -> R {
         st.matmul(&mut blas, &s.allow_tf32(), &h_a, &h_b, &mut h_c),
         |e| matches!(e, MatmulError::Unsupported { .. }),
     )?;
-    lt_refusals(&gpu, &mut blas)?;
-    refused_in_capture(&gpu, &mut blas)
+    lt_refusals(gpu, &mut blas)?;
+    refused_in_capture(gpu, &mut blas)
 }
 
 /// cuBLASLt refusals: an epilogue on f64, a missing operand, a wrong length.
@@ -1327,13 +1316,10 @@ fn gemv_sweep<T: El + gpubind::blas::BlasFloat>(gpu: &BoundDevice<'_>, rng: &mut
     Ok(())
 }
 
-fn gemv_types_transposes_and_layouts_match_the_host() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn gemv_types_transposes_and_layouts_match_the_host(gpu: &BoundDevice<'_>) -> R {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-    gemv_sweep::<f32>(&gpu, &mut rng)?;
-    gemv_sweep::<f64>(&gpu, &mut rng)
+    gemv_sweep::<f32>(gpu, &mut rng)?;
+    gemv_sweep::<f64>(gpu, &mut rng)
 }
 
 fn asum_case<T: El + gpubind::blas::BlasFloat>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
@@ -1379,13 +1365,10 @@ fn asum_case<T: El + gpubind::blas::BlasFloat>(gpu: &BoundDevice<'_>, rng: &mut 
     Ok(())
 }
 
-fn asum_to_host_and_device_matches_the_host() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn asum_to_host_and_device_matches_the_host(gpu: &BoundDevice<'_>) -> R {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-    asum_case::<f32>(&gpu, &mut rng)?;
-    asum_case::<f64>(&gpu, &mut rng)
+    asum_case::<f32>(gpu, &mut rng)?;
+    asum_case::<f64>(gpu, &mut rng)
 }
 
 /// Three groups of different shapes, transposes and layouts (one of two products), in
@@ -1442,27 +1425,21 @@ fn grouped_case<T: El>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
     close(&what, &got, &want, &scale, T::TOL)
 }
 
-fn grouped_gemm_of_three_shapes_matches_the_host() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn grouped_gemm_of_three_shapes_matches_the_host(gpu: &BoundDevice<'_>) -> R {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-    grouped_case::<f16>(&gpu, &mut rng)?;
-    grouped_case::<bf16>(&gpu, &mut rng)
+    grouped_case::<f16>(gpu, &mut rng)?;
+    grouped_case::<bf16>(gpu, &mut rng)
 }
 
 /// alpha and beta from device memory: eagerly for each type, and in a graph launched
 /// twice with new scales written between the launches by a copy graph (alpha 2, beta 0,
 /// then alpha 3, beta 1: C = 2·AB, then 5·AB).
-fn device_scalars_eager_and_between_graph_launches() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn device_scalars_eager_and_between_graph_launches(gpu: &BoundDevice<'_>) -> R {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let mut blas = gpu.new_blas().ctx("new_blas")?;
-    device_scalars_eager::<f32>(&gpu, &mut blas, &mut rng)?;
-    device_scalars_eager::<f64>(&gpu, &mut blas, &mut rng)?;
-    device_scalars_eager::<bf16>(&gpu, &mut blas, &mut rng)?;
+    device_scalars_eager::<f32>(gpu, &mut blas, &mut rng)?;
+    device_scalars_eager::<f64>(gpu, &mut blas, &mut rng)?;
+    device_scalars_eager::<bf16>(gpu, &mut blas, &mut rng)?;
     let s = Matmul::new(24, 16, 40).transpose_b();
     let (a, af) = random::<f32>(&mut rng, s.m * s.k);
     let (b, bf) = random::<f32>(&mut rng, s.n * s.k);
@@ -1491,7 +1468,7 @@ fn device_scalars_eager_and_between_graph_launches() -> R {
     let (half, hscale) = host_gemm(&s.scaled(0.5, 0.0), &af, &bf, &zeros);
     close(
         "host scalars after device ones",
-        &dtoh_f64(&gpu, &host)?,
+        &dtoh_f64(gpu, &host)?,
         &half,
         &hscale,
         1e-5,
@@ -1504,7 +1481,7 @@ fn device_scalars_eager_and_between_graph_launches() -> R {
     let (want1, sc1) = host_gemm(&s.scaled(2.0, 0.0), &af, &bf, &zeros);
     close(
         "graph launch 1 (alpha 2, beta 0)",
-        &dtoh_f64(&gpu, &c)?,
+        &dtoh_f64(gpu, &c)?,
         &want1,
         &sc1,
         1e-5,
@@ -1516,7 +1493,7 @@ fn device_scalars_eager_and_between_graph_launches() -> R {
     let (want2, sc2) = host_gemm(&s.scaled(3.0, 1.0), &af, &bf, &want1);
     close(
         "graph launch 2 (alpha 3, beta 1)",
-        &dtoh_f64(&gpu, &c)?,
+        &dtoh_f64(gpu, &c)?,
         &want2,
         &sc2,
         1e-5,
@@ -1552,10 +1529,7 @@ where
 
 /// The refusals of GEMV, ASUM, grouped GEMM and device scalars: typed, before anything
 /// runs.
-fn vector_grouped_and_scalar_refusals_are_typed() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
     let mut blas = gpu.new_blas().ctx("new_blas")?;
     let st = gpu.default_stream();
     let a = gpu.alloc_zeros::<f32>(6).ctx("a")?;
@@ -1698,49 +1672,46 @@ fn main() {
     run_suite(
         "gpu_blas",
         &[
-            (
-                "gemm_types_transposes_and_layouts_match_the_host",
-                gemm_types_transposes_and_layouts_match_the_host,
-            ),
-            (
-                "strided_batches_match_the_host",
-                strided_batches_match_the_host,
-            ),
-            (
-                "mixed_products_match_the_host",
-                mixed_products_match_the_host,
-            ),
-            (
-                "enqueue_serves_eager_and_captured_steps",
-                enqueue_serves_eager_and_captured_steps,
-            ),
-            ("lt_epilogues_match_host_math", lt_epilogues_match_host_math),
+            ("gemm_types_transposes_and_layouts_match_the_host", || {
+                on_device0(gemm_types_transposes_and_layouts_match_the_host)
+            }),
+            ("strided_batches_match_the_host", || {
+                on_device0(strided_batches_match_the_host)
+            }),
+            ("mixed_products_match_the_host", || {
+                on_device0(mixed_products_match_the_host)
+            }),
+            ("enqueue_serves_eager_and_captured_steps", || {
+                on_device0(enqueue_serves_eager_and_captured_steps)
+            }),
+            ("lt_epilogues_match_host_math", || {
+                on_device0(lt_epilogues_match_host_math)
+            }),
             (
                 "captured_products_equal_eager_with_the_blas_dropped",
-                captured_products_equal_eager_with_the_blas_dropped,
+                || on_device0(captured_products_equal_eager_with_the_blas_dropped),
             ),
-            ("two_streams_read_one_weight", two_streams_read_one_weight),
-            ("bad_input_is_a_typed_error", bad_input_is_a_typed_error),
-            (
-                "gemv_types_transposes_and_layouts_match_the_host",
-                gemv_types_transposes_and_layouts_match_the_host,
-            ),
-            (
-                "asum_to_host_and_device_matches_the_host",
-                asum_to_host_and_device_matches_the_host,
-            ),
-            (
-                "grouped_gemm_of_three_shapes_matches_the_host",
-                grouped_gemm_of_three_shapes_matches_the_host,
-            ),
-            (
-                "device_scalars_eager_and_between_graph_launches",
-                device_scalars_eager_and_between_graph_launches,
-            ),
-            (
-                "vector_grouped_and_scalar_refusals_are_typed",
-                vector_grouped_and_scalar_refusals_are_typed,
-            ),
+            ("two_streams_read_one_weight", || {
+                on_device0(two_streams_read_one_weight)
+            }),
+            ("bad_input_is_a_typed_error", || {
+                on_device0(bad_input_is_a_typed_error)
+            }),
+            ("gemv_types_transposes_and_layouts_match_the_host", || {
+                on_device0(gemv_types_transposes_and_layouts_match_the_host)
+            }),
+            ("asum_to_host_and_device_matches_the_host", || {
+                on_device0(asum_to_host_and_device_matches_the_host)
+            }),
+            ("grouped_gemm_of_three_shapes_matches_the_host", || {
+                on_device0(grouped_gemm_of_three_shapes_matches_the_host)
+            }),
+            ("device_scalars_eager_and_between_graph_launches", || {
+                on_device0(device_scalars_eager_and_between_graph_launches)
+            }),
+            ("vector_grouped_and_scalar_refusals_are_typed", || {
+                on_device0(vector_grouped_and_scalar_refusals_are_typed)
+            }),
         ],
     )
 }

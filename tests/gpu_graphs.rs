@@ -10,9 +10,10 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, dev0, run_suite, skip};
+use common::{Ctx, dev0, on_device0, run_suite, skip};
 use gpubind::{
-    Device, DeviceMemory, DriverErrorCode, Error, InstantiateFlags, LaunchConfig, ThreadContext,
+    BoundDevice, BoundStream, Device, DeviceMemory, DeviceSlice, DriverErrorCode, Error, Function,
+    InstantiateFlags, Issue, KernelLaunch, LaunchConfig, Module, ThreadContext,
 };
 
 type R = Result<(), String>;
@@ -42,14 +43,62 @@ extern "C" __global__ void sum(const unsigned* a, const unsigned* b, unsigned* o
 /// About 50 ms of spinning on an H200 (1.98 GHz).
 const SLOW: i64 = 100_000_000;
 
+/// Captures `slow_fill(x, n, value, cycles)` into `c`: `x` claimed as written.
+fn capture_slow_fill<'buf>(
+    c: &mut gpubind::Capture<'_, 'buf>,
+    slow_fill: &'buf gpubind::Function<'buf>,
+    x: &'buf gpubind::DeviceSlice<u32>,
+    n: u32,
+    (value, cycles): (u32, i64),
+) -> gpubind::Result<()> {
+    assert!(
+        x.len() >= n as usize,
+        "slow_fill of {n} elements into {}",
+        x.len()
+    );
+    // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; the kernel writes the
+    // elements of `x` below `n`, which `x` holds (asserted above).
+    unsafe {
+        c.launch(slow_fill, LaunchConfig::for_num_elems(n))
+            .arg_written(x)
+            .value(n)
+            .value(value)
+            .value(cycles)
+            .launch()
+    }
+}
+
+/// Enqueues `slow_fill(x, n, value, cycles)` on `s`: returns at once, and the write lands
+/// after the kernel's spin.
+fn launch_slow_fill(
+    s: &BoundStream<'_>,
+    slow_fill: &gpubind::Function<'_>,
+    x: &mut gpubind::DeviceSlice<u32>,
+    n: u32,
+    (value, cycles): (u32, i64),
+) -> R {
+    assert!(
+        x.len() >= n as usize,
+        "slow_fill of {n} elements into {}",
+        x.len()
+    );
+    // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; the kernel writes the
+    // elements of `x` below `n`, which `x` holds (asserted above).
+    unsafe {
+        s.launch(slow_fill, LaunchConfig::for_num_elems(n))
+            .arg(x)
+            .arg(&n)
+            .arg(&value)
+            .arg(&cycles)
+            .launch()
+    }
+    .ctx("slow fill")
+}
+
 /// A memset, K kernels (scalar arguments by reference and by value) and a copy: nothing
 /// runs at capture time; every launch (on a gpubind stream and on the legacy default
 /// stream) replays all of it exactly; the node count is what was captured.
-fn capture_replays_kernels_memsets_and_copies() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+fn capture_replays_kernels_memsets_and_copies(gpu: &BoundDevice<'_>, module: &Module) -> R {
     let add = module.function("add").ctx("function")?;
     let n = 10_000u32;
     let x = gpu.clone_htod(&vec![5u32; n as usize]).ctx("htod x")?;
@@ -102,30 +151,164 @@ fn capture_replays_kernels_memsets_and_copies() -> R {
     Ok(())
 }
 
+/// The step of [`one_step_runs_eagerly_and_captured_alike`], written once over
+/// [`Issue`]: `x = v` (after a ~50 ms spin), `y = 0`, `y = 3`, `y += k`, `out = x + y`,
+/// `copy = out`. Every buffer is borrowed shared; the written ones are claimed as such.
+fn generic_step<'buf>(
+    e: &mut impl Issue<'buf>,
+    (slow_fill, add, sum): (
+        &'buf Function<'buf>,
+        &'buf Function<'buf>,
+        &'buf Function<'buf>,
+    ),
+    (x, y, out, copy): (
+        &'buf DeviceSlice<u32>,
+        &'buf DeviceSlice<u32>,
+        &'buf DeviceSlice<u32>,
+        &'buf DeviceSlice<u32>,
+    ),
+    n: &'buf u32,
+    (v, k): (u32, u32),
+) -> gpubind::Result<()> {
+    assert!(
+        [x, y, out, copy].iter().all(|b| b.len() == *n as usize),
+        "buffers of {n} elements"
+    );
+    let cfg = LaunchConfig::for_num_elems(*n);
+    // SAFETY (the launches): the argument types match `slow_fill`, `add` and `sum`
+    // (KERNELS), which stay below `n`, the length of every buffer (asserted above), and
+    // write only the buffers passed to `arg_written`.
+    unsafe {
+        e.launch(slow_fill, cfg)
+            .arg_written(x)
+            .arg(n)
+            .value(v)
+            .value(SLOW)
+            .launch()?
+    };
+    e.memset_zeros(y)?;
+    e.memset(y, 3u32)?;
+    // SAFETY: as above.
+    unsafe { e.launch(add, cfg).arg_written(y).arg(n).value(k).launch()? };
+    // SAFETY: as above.
+    unsafe {
+        e.launch(sum, cfg)
+            .arg(x)
+            .arg(y)
+            .arg_written(out)
+            .arg(n)
+            .launch()?
+    };
+    e.dtod(out, copy)
+}
+
+/// One step written over [`Issue`] runs on a stream and, captured, at each launch of
+/// its graph, with the same results: the writes through shared borrows are claimed on
+/// the stream (the host reads wait for the slow kernel), nothing runs at capture time,
+/// and both issuers refuse a copy between overlapping views alike.
+fn one_step_runs_eagerly_and_captured_alike(gpu: &BoundDevice<'_>, module: &Module) -> R {
+    let f = (
+        module.function("slow_fill").ctx("slow_fill")?,
+        module.function("add").ctx("add")?,
+        module.function("sum").ctx("sum")?,
+    );
+    let n = 4096u32;
+    let garbage = vec![77u32; n as usize];
+    let mut bufs = Vec::new();
+    for _ in 0..4 {
+        bufs.push(gpu.clone_htod(&garbage).ctx("htod")?);
+    }
+    let (x, y, out, copy) = (&bufs[0], &bufs[1], &bufs[2], &bufs[3]);
+    let read = |what: &str| -> Result<Vec<Vec<u32>>, String> {
+        [x, y, out, copy]
+            .iter()
+            .map(|b| gpu.dtoh(*b).ctx(what))
+            .collect()
+    };
+    let s = gpu.new_stream().ctx("stream")?;
+    let kernels = (&f.0, &f.1, &f.2);
+    generic_step(
+        &mut gpu.on(&s).ctx("on")?,
+        kernels,
+        (x, y, out, copy),
+        &n,
+        (10, 5),
+    )
+    .ctx("eager step")?;
+    // Read right away: each host read waits for the claimed writes.
+    let eager = read("dtoh after the eager step")?;
+    let want = [10u32, 8, 18, 18];
+    for (i, (got, want)) in eager.iter().zip(want).enumerate() {
+        ensure!(
+            got.iter().all(|&v| v == want),
+            "eager step: buffer {i}[0] = {}, want {want} everywhere",
+            got[0]
+        );
+    }
+    drop(bufs);
+    let mut bufs = Vec::new();
+    for _ in 0..4 {
+        bufs.push(gpu.clone_htod(&garbage).ctx("htod")?);
+    }
+    let (x, y, out, copy) = (&bufs[0], &bufs[1], &bufs[2], &bufs[3]);
+    let graph = gpu
+        .capture(|c| generic_step(c, kernels, (x, y, out, copy), &n, (10, 5)))
+        .ctx("capture")?;
+    let before: Vec<Vec<u32>> = [x, y, out, copy]
+        .iter()
+        .map(|b| gpu.dtoh(*b).ctx("dtoh after the capture"))
+        .collect::<Result<_, _>>()?;
+    ensure!(
+        before.iter().all(|b| *b == garbage),
+        "the capture ran work instead of recording it"
+    );
+    let nodes = graph.node_count().ctx("node_count")?;
+    ensure!(nodes == 6, "{nodes} nodes, want 6");
+    let exec = graph.instantiate().ctx("instantiate")?;
+    let s2 = gpu.new_stream().ctx("stream")?;
+    for round in 0..2 {
+        exec.launch(&gpu.on(&s2).ctx("on")?).ctx("graph launch")?;
+        let got: Vec<Vec<u32>> = [x, y, out, copy]
+            .iter()
+            .map(|b| gpu.dtoh(*b).ctx("dtoh after a launch"))
+            .collect::<Result<_, _>>()?;
+        ensure!(
+            got == eager,
+            "launch {round}: the graph's results differ from the eager step's"
+        );
+    }
+    // Overlapping views of one allocation: refused by both, before anything is issued.
+    let (a, b) = (
+        x.slice(0..100).ctx("slice")?,
+        x.slice(50..150).ctx("slice")?,
+    );
+    let eager_overlap = Issue::dtod(&mut gpu.on(&s).ctx("on")?, &a, &b);
+    ensure!(
+        matches!(eager_overlap, Err(Error::InvalidArgument(_))),
+        "eager dtod between overlapping views: {eager_overlap:?}"
+    );
+    let captured_overlap = gpu.capture(|c| Issue::dtod(c, &a, &b));
+    ensure!(
+        matches!(captured_overlap, Err(Error::InvalidArgument(_))),
+        "captured dtod between overlapping views: {:?}",
+        captured_overlap.map(|_| ())
+    );
+    Ok(())
+}
+
 /// A graph launch is a pending write of its buffers: a host read right after it, and a
 /// copy from them on another stream, wait for it (the graph was still running when both were
 /// issued).
-fn graph_launch_is_ordered_before_host_reads_and_other_streams() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+fn graph_launch_is_ordered_before_host_reads_and_other_streams(
+    gpu: &BoundDevice<'_>,
+    module: &Module,
+) -> R {
     let slow_fill = module.function("slow_fill").ctx("function")?;
     let n = 1u32 << 16;
     let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
     let (value, cycles) = (7u32, SLOW);
     let graph = gpu
-        .capture(|c| {
-            // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
-            unsafe {
-                c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                    .arg_written(&x)
-                    .arg(&n)
-                    .arg(&value)
-                    .arg(&cycles)
-                    .launch()
-            }
-        })
+        .capture(|c| capture_slow_fill(c, &slow_fill, &x, n, (value, cycles)))
         .ctx("capture")?;
     let exec = graph.instantiate().ctx("instantiate")?;
     let (s1, s2) = (
@@ -172,11 +355,7 @@ fn graph_launch_is_ordered_before_host_reads_and_other_streams() -> R {
 
 /// A graph launch waits for a write of its buffer on another stream outside the graph
 /// (the capture itself cannot: it ran before that write was enqueued).
-fn graph_launch_waits_for_writes_on_other_streams() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+fn graph_launch_waits_for_writes_on_other_streams(gpu: &BoundDevice<'_>, module: &Module) -> R {
     let slow_fill = module.function("slow_fill").ctx("function")?;
     let add = module.function("add").ctx("function")?;
     let n = 1u32 << 16;
@@ -188,16 +367,7 @@ fn graph_launch_waits_for_writes_on_other_streams() -> R {
     // The slow write on s1 first (x is not yet borrowed by a graph).
     let a = gpu.on(&s1).ctx("on s1")?;
     let (value, cycles) = (40u32, SLOW);
-    // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
-    unsafe {
-        a.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-            .arg(&mut x)
-            .arg(&n)
-            .arg(&value)
-            .arg(&cycles)
-            .launch()
-    }
-    .ctx("slow fill")?;
+    launch_slow_fill(&a, &slow_fill, &mut x, n, (value, cycles))?;
     let done = gpu.new_event(false).ctx("event")?;
     a.record(&done).ctx("record")?;
     let two = 2u32;
@@ -232,11 +402,7 @@ fn graph_launch_waits_for_writes_on_other_streams() -> R {
 /// A graph reads its inputs when it runs, not when it was captured: between launches
 /// the input is rewritten by a slow kernel on another stream (a kernel may take a buffer
 /// the graph borrows, by `&`), and each launch sees the new contents.
-fn graph_reads_inputs_at_each_launch() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+fn graph_reads_inputs_at_each_launch(gpu: &BoundDevice<'_>, module: &Module) -> R {
     let slow_fill = module.function("slow_fill").ctx("function")?;
     let n = 1u32 << 16;
     let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc x")?;
@@ -273,11 +439,7 @@ fn graph_reads_inputs_at_each_launch() -> R {
 
 /// Fork/join: both branches run, the work after the fork sees both, forks nest; the
 /// graph has the nodes captured on every branch.
-fn fork_join_runs_branches_and_joins() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+fn fork_join_runs_branches_and_joins(gpu: &BoundDevice<'_>, module: &Module) -> R {
     let sum = module.function("sum").ctx("function")?;
     let n = 4096u32;
     let a = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
@@ -332,11 +494,7 @@ fn fork_join_runs_branches_and_joins() -> R {
 /// `update` with changed kernel parameters (value and buffer) takes effect at the next
 /// launch, and the launches then claim the new buffer; a graph of another shape is
 /// `Error::GraphUpdate` and leaves the executable graph as it was.
-fn update_changes_kernel_parameters() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+fn update_changes_kernel_parameters(gpu: &BoundDevice<'_>, module: &Module) -> R {
     let slow_fill = module.function("slow_fill").ctx("function")?;
     let n = 1u32 << 16;
     let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc x")?;
@@ -417,11 +575,8 @@ fn update_changes_kernel_parameters() -> R {
 /// invalidates the capture: `capture` returns the driver's typed error, no graph, and the
 /// thread is out of capture mode afterwards (a new capture and a synchronous copy work,
 /// and the first capture's memset never ran).
-fn invalidated_capture_is_a_typed_error() -> R {
+fn invalidated_capture_is_a_typed_error(gpu: &BoundDevice<'_>) -> R {
     use gpubind::cudarc::driver::sys;
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
     let x = gpu.alloc_zeros::<u32>(256).ctx("alloc")?;
     let mut sync_result = sys::CUresult::CUDA_SUCCESS;
     let r = gpu.capture(|c| {
@@ -469,10 +624,7 @@ fn invalidated_capture_is_a_typed_error() -> R {
 /// The closure's error is returned as is; a panic (inside a fork) ends the capture and
 /// joins the fork: afterwards the thread captures and copies normally, and nothing of the
 /// abandoned captures ran. A copy onto an overlapping range is refused.
-fn closure_errors_and_panics_end_the_capture() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn closure_errors_and_panics_end_the_capture(gpu: &BoundDevice<'_>) -> R {
     let x = gpu.alloc_zeros::<u32>(256).ctx("alloc")?;
     let y = gpu.alloc_zeros::<u32>(256).ctx("alloc")?;
     let r = gpu.capture(|c| {
@@ -523,11 +675,7 @@ fn closure_errors_and_panics_end_the_capture() -> R {
 /// Dropping an executable graph waits for its pending launch (the slow kernel is
 /// running when the drop starts, finished when it returns); the buffer is then free to
 /// drop.
-fn dropping_an_exec_waits_for_its_launches() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
+fn dropping_an_exec_waits_for_its_launches(gpu: &BoundDevice<'_>, module: &Module) -> R {
     let slow_fill = module.function("slow_fill").ctx("function")?;
     let n = 1u32 << 16;
     let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
@@ -536,17 +684,7 @@ fn dropping_an_exec_waits_for_its_launches() -> R {
     let done = gpu.new_event(false).ctx("event")?;
     {
         let graph = gpu
-            .capture(|c| {
-                // SAFETY: (unsigned*, unsigned, unsigned, long long) matches.
-                unsafe {
-                    c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                        .arg_written(&x)
-                        .arg(&n)
-                        .arg(&value)
-                        .arg(&cycles)
-                        .launch()
-                }
-            })
+            .capture(|c| capture_slow_fill(c, &slow_fill, &x, n, (value, cycles)))
             .ctx("capture")?;
         let exec = graph.instantiate().ctx("instantiate")?;
         drop(graph); // the executable graph does not need it
@@ -568,10 +706,7 @@ fn dropping_an_exec_waits_for_its_launches() -> R {
 }
 
 /// An empty capture is a graph of no nodes that instantiates and launches.
-fn empty_capture_instantiates_and_launches() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
+fn empty_capture_instantiates_and_launches(gpu: &BoundDevice<'_>) -> R {
     let g = gpu.capture(|_| Ok(())).ctx("capture")?;
     ensure!(g.node_count().ctx("nodes")? == 0, "nodes in an empty graph");
     let exec = g.instantiate().ctx("instantiate")?;
@@ -643,13 +778,7 @@ fn capture_raw_copy<'buf>(
 /// Graph A (slow fill of `x`, then a record of `done`) on one stream, graph B (a wait on
 /// `done`, then a copy that reads `x` through its raw address, unclaimed) on another:
 /// B sees A's writes. Without the wait B would copy the zeros A has not yet overwritten.
-fn graph_event_orders_another_graph() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu
-        .compile_and_load(EVENT_KERNELS, "events.cu")
-        .ctx("compile")?;
+fn graph_event_orders_another_graph(gpu: &BoundDevice<'_>, module: &Module) -> R {
     let slow_fill = module.function("slow_fill").ctx("function")?;
     let copy = module.function("copy_from_addr").ctx("function")?;
     let n = 1u32 << 16;
@@ -659,15 +788,7 @@ fn graph_event_orders_another_graph() -> R {
     let (value, cycles) = (7u32, SLOW);
     let a = gpu
         .capture(|c| {
-            // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
-            unsafe {
-                c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                    .arg_written(&x)
-                    .arg(&n)
-                    .arg(&value)
-                    .arg(&cycles)
-                    .launch()?
-            };
+            capture_slow_fill(c, &slow_fill, &x, n, (value, cycles))?;
             c.record_event(&done)
         })
         .ctx("capture A")?;
@@ -707,13 +828,7 @@ fn graph_event_orders_another_graph() -> R {
 /// Eager work records an event after a slow write of `x`; a graph launched on another
 /// stream waits on it and then reads `x` through its raw address (unclaimed): it sees
 /// the eager write. A graph waiting on an event never recorded runs at once.
-fn graph_waits_on_an_eager_event() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu
-        .compile_and_load(EVENT_KERNELS, "events.cu")
-        .ctx("compile")?;
+fn graph_waits_on_an_eager_event(gpu: &BoundDevice<'_>, module: &Module) -> R {
     let slow_fill = module.function("slow_fill").ctx("function")?;
     let copy = module.function("copy_from_addr").ctx("function")?;
     let n = 1u32 << 16;
@@ -738,16 +853,7 @@ fn graph_waits_on_an_eager_event() -> R {
     );
     let a = gpu.on(&s1).ctx("on s1")?;
     let (value, cycles) = (9u32, SLOW);
-    // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
-    unsafe {
-        a.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-            .arg(&mut x)
-            .arg(&n)
-            .arg(&value)
-            .arg(&cycles)
-            .launch()
-    }
-    .ctx("slow fill")?;
+    launch_slow_fill(&a, &slow_fill, &mut x, n, (value, cycles))?;
     a.record(&ready).ctx("record")?;
     exec.launch(&gpu.on(&s2).ctx("on s2")?).ctx("launch")?;
     ensure!(
@@ -767,13 +873,7 @@ fn graph_waits_on_an_eager_event() -> R {
 
 /// An event recorded by a graph orders eager work on another stream that waits on it:
 /// the eager copy, reading `x` through its raw address, sees the graph's slow write.
-fn eager_work_waits_on_a_graph_event() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu
-        .compile_and_load(EVENT_KERNELS, "events.cu")
-        .ctx("compile")?;
+fn eager_work_waits_on_a_graph_event(gpu: &BoundDevice<'_>, module: &Module) -> R {
     let slow_fill = module.function("slow_fill").ctx("function")?;
     let copy = module.function("copy_from_addr").ctx("function")?;
     let n = 1u32 << 16;
@@ -783,15 +883,7 @@ fn eager_work_waits_on_a_graph_event() -> R {
     let (value, cycles) = (5u32, SLOW);
     let exec = gpu
         .capture(|c| {
-            // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; bounds checked.
-            unsafe {
-                c.launch(&slow_fill, LaunchConfig::for_num_elems(n))
-                    .arg_written(&x)
-                    .arg(&n)
-                    .arg(&value)
-                    .arg(&cycles)
-                    .launch()?
-            };
+            capture_slow_fill(c, &slow_fill, &x, n, (value, cycles))?;
             c.record_event(&done)
         })
         .ctx("capture")?
@@ -881,13 +973,10 @@ fn capture_bump<'buf>(
 /// `instantiate_with` round-trips the flags gpubind accepts (read back with
 /// `GraphExec::flags`) and the graph runs once per launch under each; device launch is
 /// `Error::GraphInstantiate` naming the flag, before the driver sees it.
-fn instantiate_flags_round_trip_and_device_launch_is_refused() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu
-        .compile_and_load(EVENT_KERNELS, "events.cu")
-        .ctx("compile")?;
+fn instantiate_flags_round_trip_and_device_launch_is_refused(
+    gpu: &BoundDevice<'_>,
+    module: &Module,
+) -> R {
     let bump = module.function("bump").ctx("function")?;
     let n = 4096u32;
     let x = gpu.alloc_zeros::<u32>(n as usize).ctx("alloc")?;
@@ -939,13 +1028,7 @@ fn instantiate_flags_round_trip_and_device_launch_is_refused() -> R {
 /// An executable graph uploaded on one stream and launched on another computes what
 /// the same capture launched without an upload computes (each writes its own output);
 /// uploads repeat, also after a launch.
-fn upload_then_launch_equals_launch() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let module = gpu
-        .compile_and_load(EVENT_KERNELS, "events.cu")
-        .ctx("compile")?;
+fn upload_then_launch_equals_launch(gpu: &BoundDevice<'_>, module: &Module) -> R {
     let bump = module.function("bump").ctx("function")?;
     let n = 10_000u32;
     let bufs = (0..4)
@@ -1040,11 +1123,8 @@ fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// (the graph keeps its workspace); eager products of the same handle on two streams
 /// before and after stay exact; a C that overlaps A is refused.
 #[cfg(feature = "cublas")]
-fn captured_matmul_is_exact_at_every_launch() -> R {
+fn captured_matmul_is_exact_at_every_launch(gpu: &BoundDevice<'_>) -> R {
     use gpubind::blas::Matmul;
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
     let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
     let addf = module.function("addf").ctx("function addf")?;
     let (m, n, k) = (37usize, 19usize, 23usize);
@@ -1161,11 +1241,8 @@ fn captured_matmul_is_exact_at_every_launch() -> R {
 /// workspace for partial sums), both results are exact at every launch; a third product
 /// after the join sees both.
 #[cfg(feature = "cublas")]
-fn captured_matmuls_on_forked_branches_take_turns_with_the_workspace() -> R {
+fn captured_matmuls_on_forked_branches_take_turns_with_the_workspace(gpu: &BoundDevice<'_>) -> R {
     use gpubind::blas::Matmul;
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
     let (m, n, k) = (16usize, 16usize, 1usize << 16);
     // 0/1 entries: every partial and full sum is an exact small integer in f32.
     let a1_host: Vec<f32> = (0..m * k)
@@ -1535,87 +1612,95 @@ fn captured_all_reduce_over_two_devices_is_refused() -> R {
     }
 }
 
+/// Runs `test` with device 0 bound and [`KERNELS`] loaded.
+fn with_graph_kernels(test: fn(&BoundDevice<'_>, &Module) -> R) -> R {
+    with_module(KERNELS, "graphs.cu", test)
+}
+
+/// Runs `test` with device 0 bound and [`EVENT_KERNELS`] loaded.
+fn with_event_kernels(test: fn(&BoundDevice<'_>, &Module) -> R) -> R {
+    with_module(EVENT_KERNELS, "events.cu", test)
+}
+
+/// Runs `test` with device 0 bound and `source` compiled (as `name`) and loaded.
+fn with_module(source: &str, name: &str, test: fn(&BoundDevice<'_>, &Module) -> R) -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let module = gpu.compile_and_load(source, name).ctx("compile")?;
+    test(&gpu, &module)
+}
+
 fn main() {
     run_suite(
         "gpu_graphs",
         &[
-            (
-                "capture_replays_kernels_memsets_and_copies",
-                capture_replays_kernels_memsets_and_copies,
-            ),
+            ("capture_replays_kernels_memsets_and_copies", || {
+                with_graph_kernels(capture_replays_kernels_memsets_and_copies)
+            }),
+            ("one_step_runs_eagerly_and_captured_alike", || {
+                with_graph_kernels(one_step_runs_eagerly_and_captured_alike)
+            }),
             (
                 "graph_launch_is_ordered_before_host_reads_and_other_streams",
-                graph_launch_is_ordered_before_host_reads_and_other_streams,
+                || with_graph_kernels(graph_launch_is_ordered_before_host_reads_and_other_streams),
             ),
-            (
-                "graph_launch_waits_for_writes_on_other_streams",
-                graph_launch_waits_for_writes_on_other_streams,
-            ),
-            (
-                "graph_reads_inputs_at_each_launch",
-                graph_reads_inputs_at_each_launch,
-            ),
-            (
-                "fork_join_runs_branches_and_joins",
-                fork_join_runs_branches_and_joins,
-            ),
-            (
-                "update_changes_kernel_parameters",
-                update_changes_kernel_parameters,
-            ),
-            (
-                "invalidated_capture_is_a_typed_error",
-                invalidated_capture_is_a_typed_error,
-            ),
-            (
-                "closure_errors_and_panics_end_the_capture",
-                closure_errors_and_panics_end_the_capture,
-            ),
-            (
-                "dropping_an_exec_waits_for_its_launches",
-                dropping_an_exec_waits_for_its_launches,
-            ),
-            (
-                "empty_capture_instantiates_and_launches",
-                empty_capture_instantiates_and_launches,
-            ),
+            ("graph_launch_waits_for_writes_on_other_streams", || {
+                with_graph_kernels(graph_launch_waits_for_writes_on_other_streams)
+            }),
+            ("graph_reads_inputs_at_each_launch", || {
+                with_graph_kernels(graph_reads_inputs_at_each_launch)
+            }),
+            ("fork_join_runs_branches_and_joins", || {
+                with_graph_kernels(fork_join_runs_branches_and_joins)
+            }),
+            ("update_changes_kernel_parameters", || {
+                with_graph_kernels(update_changes_kernel_parameters)
+            }),
+            ("invalidated_capture_is_a_typed_error", || {
+                on_device0(invalidated_capture_is_a_typed_error)
+            }),
+            ("closure_errors_and_panics_end_the_capture", || {
+                on_device0(closure_errors_and_panics_end_the_capture)
+            }),
+            ("dropping_an_exec_waits_for_its_launches", || {
+                with_graph_kernels(dropping_an_exec_waits_for_its_launches)
+            }),
+            ("empty_capture_instantiates_and_launches", || {
+                on_device0(empty_capture_instantiates_and_launches)
+            }),
             (
                 "launch_on_another_device_is_refused",
                 launch_on_another_device_is_refused,
             ),
-            (
-                "graph_event_orders_another_graph",
-                graph_event_orders_another_graph,
-            ),
-            (
-                "graph_waits_on_an_eager_event",
-                graph_waits_on_an_eager_event,
-            ),
-            (
-                "eager_work_waits_on_a_graph_event",
-                eager_work_waits_on_a_graph_event,
-            ),
+            ("graph_event_orders_another_graph", || {
+                with_event_kernels(graph_event_orders_another_graph)
+            }),
+            ("graph_waits_on_an_eager_event", || {
+                with_event_kernels(graph_waits_on_an_eager_event)
+            }),
+            ("eager_work_waits_on_a_graph_event", || {
+                with_event_kernels(eager_work_waits_on_a_graph_event)
+            }),
             (
                 "capture_event_of_another_device_is_refused",
                 capture_event_of_another_device_is_refused,
             ),
             (
                 "instantiate_flags_round_trip_and_device_launch_is_refused",
-                instantiate_flags_round_trip_and_device_launch_is_refused,
+                || with_event_kernels(instantiate_flags_round_trip_and_device_launch_is_refused),
             ),
-            (
-                "upload_then_launch_equals_launch",
-                upload_then_launch_equals_launch,
-            ),
+            ("upload_then_launch_equals_launch", || {
+                with_event_kernels(upload_then_launch_equals_launch)
+            }),
             #[cfg(feature = "cublas")]
-            (
-                "captured_matmul_is_exact_at_every_launch",
-                captured_matmul_is_exact_at_every_launch,
-            ),
+            ("captured_matmul_is_exact_at_every_launch", || {
+                on_device0(captured_matmul_is_exact_at_every_launch)
+            }),
             #[cfg(feature = "cublas")]
             (
                 "captured_matmuls_on_forked_branches_take_turns_with_the_workspace",
-                captured_matmuls_on_forked_branches_take_turns_with_the_workspace,
+                || on_device0(captured_matmuls_on_forked_branches_take_turns_with_the_workspace),
             ),
             #[cfg(feature = "collective")]
             (

@@ -793,6 +793,71 @@ fn borrow_stream_refuses_special_and_foreign_handles() -> R {
     refused
 }
 
+/// A stream another library owns (shared with cudarc, or borrowed) that its owner is
+/// capturing: gpubind refuses every operation on it with `NotCapturable` (it would be a
+/// node of that graph, run at each launch, unordered with gpubind's later uses and the
+/// buffer's free), and the capture stays valid; after the capture the same operations
+/// run.
+fn foreign_stream_under_capture_is_refused() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut buf = gpu.alloc_zeros::<u32>(1024).ctx("alloc")?;
+    let src = gpu.alloc_zeros::<u32>(1024).ctx("alloc")?;
+    let shared = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let cs = shared.cudarc_stream().ok_or("not cudarc's")?.clone();
+    // SAFETY: cudarc's stream of the primary context; `cs` outlives the loan.
+    let lent = unsafe { gpu.borrow_stream(cs.cu_stream()) }.ctx("borrow_stream")?;
+    // A pool allocation before the capture (and its stream-ordered free on the shared
+    // stream, its sole writer): the pool is known before the capture begins.
+    drop(
+        gpu.on(&shared)
+            .ctx("on")?
+            .alloc_zeros::<u32>(64)
+            .ctx("pool alloc")?,
+    );
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    cs.begin_capture(mode)
+        .map_err(|e| format!("begin_capture: {e:?}"))?;
+    let refused = |what: &str, r: gpubind::Result<()>| match r {
+        Err(Error::NotCapturable { .. }) => Ok(()),
+        other => Err(format!(
+            "{what} while cudarc captures its stream: {other:?}"
+        )),
+    };
+    let mut outcome = (|| -> R {
+        for (name, stream) in [("shared", &shared), ("borrowed", &*lent)] {
+            let s = gpu.on(stream).ctx("on")?;
+            refused(name, s.memset_async(&mut buf, 7u32))?;
+            refused(name, s.alloc_zeros::<u32>(64).map(drop))?;
+            refused(name, s.copy_tracked_async(&src, &mut buf))?;
+        }
+        let s = gpu.on(&shared).ctx("on")?;
+        refused("lend_ref", s.lend_ref_to_cudarc(&buf, |_| ()))?;
+        let status = cs
+            .capture_status()
+            .map_err(|e| format!("capture_status: {e:?}"))?;
+        ensure!(
+            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+            "the refusals touched the capture: {status:?}"
+        );
+        Ok(())
+    })();
+    let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
+    if outcome.is_ok() {
+        outcome = ended
+            .map(drop)
+            .map_err(|e| format!("the capture did not stay valid: {e:?}"));
+    }
+    outcome?;
+    let s = gpu.on(&lent).ctx("on after the capture")?;
+    s.memset_async(&mut buf, 7u32)
+        .ctx("memset after the capture")?;
+    drop(lent);
+    all_equal("after the capture", &gpu.dtoh(&buf).ctx("dtoh")?, 7)?;
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_interop",
@@ -820,6 +885,10 @@ fn main() {
                 adopted_slice_is_ordered_and_owned,
             ),
             ("shared_stream_lifetimes", shared_stream_lifetimes),
+            (
+                "foreign_stream_under_capture_is_refused",
+                foreign_stream_under_capture_is_refused,
+            ),
             (
                 "libraries_match_the_driver_and_ptx_fallback_runs",
                 libraries_match_the_driver_and_ptx_fallback_runs,

@@ -9,7 +9,8 @@
 
 mod common;
 
-use common::{Ctx, child_role};
+use common::Ctx;
+use common::socket_child::{self, stderr_of};
 use gpubind::cudarc::driver::sys;
 use gpubind::ipc::{self, ImportedPool, MemoryPool, PoolConfig, PoolSlice};
 use gpubind::ipc::{BufferHandle, LegacyIpcHandle, PoolHandle};
@@ -17,10 +18,7 @@ use gpubind::{BoundDevice, BoundStream, Device, DeviceMemory, Error, LaunchConfi
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use std::io::Read;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 type R<T = ()> = Result<T, String>;
@@ -29,13 +27,7 @@ const CHILD_WAIT: Duration = Duration::from_secs(120);
 const REWRITE: u64 = 0x9e37_79b9_7f4a_7c15;
 
 fn main() {
-    if let Some(role) = child_role() {
-        let outcome = run_child(&role);
-        if let Err(e) = &outcome {
-            eprintln!("child `{role}` failed: {e}");
-        }
-        std::process::exit(if outcome.is_ok() { 0 } else { 1 });
-    }
+    socket_child::exit_if_child(run_child);
     common::run_suite(
         "gpu_ipc",
         &[
@@ -81,67 +73,15 @@ struct ChildProc {
     conn: UnixStream,
 }
 
-fn socket_path() -> std::path::PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    std::env::temp_dir().join(format!(
-        "gpubind-ipc-{}-{}.sock",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ))
-}
-
-/// Spawns this binary as child `role` and accepts its connection (bounded wait).
+/// Spawns this binary as child `role` (with the variables `env`) and accepts its
+/// connection (bounded wait).
 fn spawn_child(role: &str, env: &[(&str, String)]) -> R<ChildProc> {
-    let path = socket_path();
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).ctx("bind test socket")?;
-    listener.set_nonblocking(true).ctx("nonblocking listener")?;
-    let mut cmd = Command::new(std::env::current_exe().ctx("current_exe")?);
-    cmd.env("GPUBIND_CHILD", role)
-        .env("GPUBIND_IPC_SOCKET", &path)
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut proc = cmd.spawn().ctx("spawn child")?;
-    let start = Instant::now();
-    let conn = loop {
-        match listener.accept() {
-            Ok((conn, _)) => break conn,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if let Some(status) = proc.try_wait().ctx("try_wait")? {
-                    let _ = std::fs::remove_file(&path);
-                    return Err(format!(
-                        "child `{role}` exited ({status}) before connecting: {}",
-                        stderr_of(&mut proc)
-                    ));
-                }
-                if start.elapsed() > CHILD_WAIT {
-                    let _ = proc.kill();
-                    let _ = proc.wait();
-                    let _ = std::fs::remove_file(&path);
-                    return Err(format!("child `{role}` never connected"));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(format!("accept: {e}")),
-        }
-    };
-    let _ = std::fs::remove_file(&path);
-    conn.set_nonblocking(false).ctx("blocking conn")?;
+    let (proc, conn) = socket_child::spawn_connected("ipc", role, env, CHILD_WAIT)?;
     Ok(ChildProc {
         role: role.to_owned(),
         proc,
         conn,
     })
-}
-
-fn stderr_of(proc: &mut std::process::Child) -> String {
-    let mut s = String::new();
-    if let Some(mut e) = proc.stderr.take() {
-        let _ = e.read_to_string(&mut s);
-    }
-    s.trim().to_owned()
 }
 
 impl ChildProc {
@@ -188,11 +128,6 @@ fn recv_json(conn: &UnixStream) -> R<Value> {
     serde_json::from_slice(&m.bytes).ctx("parse control message")
 }
 
-fn connect() -> R<UnixStream> {
-    let path = std::env::var("GPUBIND_IPC_SOCKET").ctx("GPUBIND_IPC_SOCKET")?;
-    UnixStream::connect(&path).ctx("connect to parent")
-}
-
 fn done(conn: &UnixStream) -> R {
     ipc::send_message(conn, b"done", &[]).ctx("send done")
 }
@@ -236,8 +171,7 @@ fn flipped_hex(h: &BufferHandle) -> String {
 // ---------------------------------------------------------------- children
 
 fn run_child(role: &str) -> R {
-    gpubind::init().ctx("init")?;
-    let conn = connect()?;
+    let conn = socket_child::connect_to_parent()?;
     match role {
         "roundtrip" => child_roundtrip(&conn),
         "many" => child_many(&conn),

@@ -10,26 +10,18 @@
 
 mod common;
 
-use common::{Ctx, SPIN, child_role};
+use common::{Ctx, SPIN, socket_child};
 use gpubind::ipc::{self, EventHandle, ImportedPool, MemoryPool, PoolConfig};
 use gpubind::{Device, DeviceSlice, Error, EventFlags, LaunchConfig, ThreadContext};
-use std::io::Read;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
 
 type R<T = ()> = Result<T, String>;
 
 const CHILD_WAIT: Duration = Duration::from_secs(120);
 
 fn main() {
-    if let Some(role) = child_role() {
-        let outcome = run_child(&role);
-        if let Err(e) = &outcome {
-            eprintln!("child `{role}` failed: {e}");
-        }
-        std::process::exit(if outcome.is_ok() { 0 } else { 1 });
-    }
+    socket_child::exit_if_child(run_child);
     common::run_suite(
         "gpu_ipc_events",
         &[
@@ -45,69 +37,8 @@ fn main() {
     )
 }
 
-/// Spawns this binary as child `role` and accepts its connection (bounded wait).
-fn spawn_child(role: &str) -> R<(std::process::Child, UnixStream)> {
-    let path = std::env::temp_dir().join(format!(
-        "gpubind-ipc-events-{}-{role}.sock",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).ctx("bind test socket")?;
-    listener.set_nonblocking(true).ctx("nonblocking listener")?;
-    let mut proc = Command::new(std::env::current_exe().ctx("current_exe")?)
-        .env("GPUBIND_CHILD", role)
-        .env("GPUBIND_IPC_SOCKET", &path)
-        .stderr(Stdio::piped())
-        .spawn()
-        .ctx("spawn child")?;
-    let start = Instant::now();
-    let conn = loop {
-        match listener.accept() {
-            Ok((conn, _)) => break conn,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if proc.try_wait().ctx("try_wait")?.is_some() || start.elapsed() > CHILD_WAIT {
-                    let _ = proc.kill();
-                    let _ = proc.wait();
-                    let _ = std::fs::remove_file(&path);
-                    return Err(format!("child `{role}` never connected"));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(format!("accept: {e}")),
-        }
-    };
-    let _ = std::fs::remove_file(&path);
-    conn.set_nonblocking(false).ctx("blocking conn")?;
-    Ok((proc, conn))
-}
-
-/// Waits for the child (bounded); its stderr as the error if it failed.
-fn expect_success(mut proc: std::process::Child) -> R {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = proc.try_wait().ctx("try_wait")? {
-            if status.success() {
-                return Ok(());
-            }
-            let mut err = String::new();
-            if let Some(mut e) = proc.stderr.take() {
-                let _ = e.read_to_string(&mut err);
-            }
-            return Err(format!("child failed ({status}): {err}"));
-        }
-        if start.elapsed() > CHILD_WAIT {
-            let _ = proc.kill();
-            let _ = proc.wait();
-            return Err("child did not finish".into());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 fn run_child(role: &str) -> R {
-    gpubind::init().ctx("init")?;
-    let path = std::env::var("GPUBIND_IPC_SOCKET").ctx("GPUBIND_IPC_SOCKET")?;
-    let conn = UnixStream::connect(&path).ctx("connect to parent")?;
+    let conn = socket_child::connect_to_parent()?;
     match role {
         "waiter" => child_waiter(&conn),
         other => Err(format!("unknown child role {other}")),
@@ -165,7 +96,7 @@ fn child_waits_for_parent() -> R {
     let event = gpu
         .new_event_with(EventFlags::new().interprocess(true))
         .ctx("interprocess event")?;
-    let (child, conn) = spawn_child("waiter")?;
+    let (child, conn) = socket_child::spawn_connected("ipc-events", "waiter", &[], CHILD_WAIT)?;
     let ns: u64 = 1_500_000_000;
     // SAFETY: (unsigned*, unsigned long long) as the kernel declares; it writes one u32
     // into `flag`, which holds one.
@@ -190,7 +121,7 @@ fn child_waits_for_parent() -> R {
     ipc::send_message(&conn, &bytes, &[]).ctx("send event")?;
     let m = ipc::recv_message_timeout(&conn, CHILD_WAIT).ctx("child's done")?;
     ensure!(m.bytes == b"done", "child answered {:?}", m.bytes);
-    expect_success(child)?;
+    socket_child::expect_success(child, CHILD_WAIT)?;
     // The child dropped its opened event before answering: `event` may go now.
     drop(event);
     Ok(())

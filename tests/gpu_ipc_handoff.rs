@@ -10,14 +10,12 @@
 
 mod common;
 
-use common::{Ctx, child_role};
+use common::{Ctx, socket_child};
 use gpubind::ipc::{
     self, Incoming, JoinError, MemoryPool, PoolConfig, PoolSlice, TransportOptions,
 };
-use gpubind::{BoundStream, Device, Error, LaunchConfig, Module, ThreadContext};
-use std::io::Read;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::{Command, Stdio};
+use gpubind::{BoundDevice, BoundStream, Device, Error, LaunchConfig, Module, ThreadContext};
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 type R<T = ()> = Result<T, String>;
@@ -53,36 +51,34 @@ extern "C" __global__ void spin_copy(const unsigned* src, unsigned* dst, unsigne
 "#;
 
 fn main() {
-    if let Some(role) = child_role() {
-        let outcome = run_child(&role);
-        if let Err(e) = &outcome {
-            eprintln!("child `{role}` failed: {e}");
-        }
-        std::process::exit(if outcome.is_ok() { 0 } else { 1 });
-    }
+    socket_child::exit_if_child(run_child);
     common::run_suite(
         "gpu_ipc_handoff",
         &[
-            (
-                "lend_orders_both_ways_across_processes",
-                lend_orders_both_ways,
-            ),
-            (
-                "lend_waits_for_pending_reads_on_other_streams",
-                lend_after_reads,
-            ),
-            ("share_for_reading_reads_on_both_sides", share_for_reading),
-            (
-                "unsafe_views_write_disjoint_halves_of_a_share",
-                share_writing_halves,
-            ),
-            (
-                "killed_receiver_returns_the_buffer_with_peer_gone",
-                killed_receiver,
-            ),
-            ("refused_offer_returns_the_buffer", refused_offer),
-            ("join_times_out_then_joins_again", join_times_out),
-            ("dropped_lend_frees_only_after_the_hand_back", dropped_lend),
+            ("lend_orders_both_ways_across_processes", || {
+                as_parent(lend_orders_both_ways)
+            }),
+            ("lend_waits_for_pending_reads_on_other_streams", || {
+                as_parent(lend_after_reads)
+            }),
+            ("share_for_reading_reads_on_both_sides", || {
+                as_parent(share_for_reading)
+            }),
+            ("unsafe_views_write_disjoint_halves_of_a_share", || {
+                as_parent(share_writing_halves)
+            }),
+            ("killed_receiver_returns_the_buffer_with_peer_gone", || {
+                as_parent(killed_receiver)
+            }),
+            ("refused_offer_returns_the_buffer", || {
+                as_parent(refused_offer)
+            }),
+            ("join_times_out_then_joins_again", || {
+                as_parent(join_times_out)
+            }),
+            ("dropped_lend_frees_only_after_the_hand_back", || {
+                as_parent(dropped_lend)
+            }),
         ],
     )
 }
@@ -118,63 +114,15 @@ fn slow_fill(
 /// Spawns this binary as child `role`, accepts its connection and waits until it is
 /// ready to receive (bounded waits).
 fn spawn_child(role: &str) -> R<(std::process::Child, UnixStream)> {
-    let path = std::env::temp_dir().join(format!(
-        "gpubind-ipc-handoff-{}-{role}.sock",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).ctx("bind test socket")?;
-    listener.set_nonblocking(true).ctx("nonblocking listener")?;
-    let mut proc = Command::new(std::env::current_exe().ctx("current_exe")?)
-        .env("GPUBIND_CHILD", role)
-        .env("GPUBIND_IPC_SOCKET", &path)
-        .stderr(Stdio::piped())
-        .spawn()
-        .ctx("spawn child")?;
-    let start = Instant::now();
-    let conn = loop {
-        match listener.accept() {
-            Ok((conn, _)) => break conn,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if proc.try_wait().ctx("try_wait")?.is_some() || start.elapsed() > CHILD_WAIT {
-                    let _ = proc.kill();
-                    let _ = proc.wait();
-                    let _ = std::fs::remove_file(&path);
-                    return Err(format!("child `{role}` never connected"));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(format!("accept: {e}")),
-        }
-    };
-    let _ = std::fs::remove_file(&path);
-    conn.set_nonblocking(false).ctx("blocking conn")?;
+    let (proc, conn) = socket_child::spawn_connected("ipc-handoff", role, &[], CHILD_WAIT)?;
     let m = ipc::recv_message_timeout(&conn, CHILD_WAIT).ctx("the child's ready")?;
     ensure!(m.bytes == b"ready", "child `{role}` said {:?}", m.bytes);
     Ok((proc, conn))
 }
 
 /// Waits for the child (bounded); its stderr as the error if it failed.
-fn expect_success(mut proc: std::process::Child) -> R {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = proc.try_wait().ctx("try_wait")? {
-            if status.success() {
-                return Ok(());
-            }
-            let mut err = String::new();
-            if let Some(mut e) = proc.stderr.take() {
-                let _ = e.read_to_string(&mut err);
-            }
-            return Err(format!("child failed ({status}): {err}"));
-        }
-        if start.elapsed() > CHILD_WAIT {
-            let _ = proc.kill();
-            let _ = proc.wait();
-            return Err("child did not finish".into());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+fn expect_success(proc: std::process::Child) -> R {
+    socket_child::expect_success(proc, CHILD_WAIT)
 }
 
 fn options(timeout: Duration) -> TransportOptions {
@@ -184,9 +132,7 @@ fn options(timeout: Duration) -> TransportOptions {
 // --- children -----------------------------------------------------------------------
 
 fn run_child(role: &str) -> R {
-    gpubind::init().ctx("init")?;
-    let path = std::env::var("GPUBIND_IPC_SOCKET").ctx("GPUBIND_IPC_SOCKET")?;
-    let conn = UnixStream::connect(&path).ctx("connect to parent")?;
+    let conn = socket_child::connect_to_parent()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let dev = Device::get(0).ctx("device 0")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
@@ -295,7 +241,7 @@ struct Setup {
     module: Module,
 }
 
-fn setup(gpu: &gpubind::BoundDevice<'_>) -> R<Setup> {
+fn setup(gpu: &BoundDevice<'_>) -> R<Setup> {
     Ok(Setup {
         pool: MemoryPool::new(gpu, PoolConfig::default().ipc(true)).ctx("pool")?,
         module: gpu
@@ -304,18 +250,24 @@ fn setup(gpu: &gpubind::BoundDevice<'_>) -> R<Setup> {
     })
 }
 
-fn lend_orders_both_ways() -> R {
+/// Runs the parent test `test` on device 0 with an IPC pool and the spin kernels
+/// ([`setup`]) and a stream of its own.
+fn as_parent(test: fn(&BoundDevice<'_>, &Setup, &BoundStream<'_>) -> R) -> R {
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let dev = Device::get(0).ctx("device 0")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
     let t = setup(&gpu)?;
     let stream = gpu.new_stream().ctx("stream")?;
     let s = gpu.on(&stream).ctx("on")?;
-    let mut buf: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
+    test(&gpu, &t, &s)
+}
+
+fn lend_orders_both_ways(gpu: &BoundDevice<'_>, t: &Setup, s: &BoundStream<'_>) -> R {
+    let mut buf: PoolSlice<u32> = t.pool.alloc_zeros(s, N).ctx("alloc")?;
     let (child, conn) = spawn_child("lend_reader")?;
-    slow_fill(&s, &t.module, &mut buf, 0xA100)?;
+    slow_fill(s, &t.module, &mut buf, 0xA100)?;
     let start = Instant::now();
-    let lent = buf.lend(&s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
+    let lent = buf.lend(s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
     let lend_took = start.elapsed();
     // The lend itself does not wait for the kernel.
     ensure!(
@@ -336,17 +288,11 @@ fn lend_orders_both_ways() -> R {
     expect_success(child)
 }
 
-fn lend_after_reads() -> R {
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let dev = Device::get(0).ctx("device 0")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let t = setup(&gpu)?;
-    let (reader, lender) = (
-        gpu.new_stream().ctx("stream")?,
-        gpu.new_stream().ctx("stream")?,
-    );
-    let (r, s) = (gpu.on(&reader).ctx("on")?, gpu.on(&lender).ctx("on")?);
-    let mut buf: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
+fn lend_after_reads(gpu: &BoundDevice<'_>, t: &Setup, s: &BoundStream<'_>) -> R {
+    // The parent's stream lends; `r` reads on another.
+    let reader = gpu.new_stream().ctx("stream")?;
+    let r = gpu.on(&reader).ctx("on")?;
+    let mut buf: PoolSlice<u32> = t.pool.alloc_zeros(s, N).ctx("alloc")?;
     gpu.htod_copy(&filled(0x7700), &mut buf).ctx("htod")?;
     let mut copy = gpu.alloc_zeros::<u32>(N).ctx("alloc copy")?;
     let (child, conn) = spawn_child("lend_writer")?;
@@ -364,7 +310,7 @@ fn lend_after_reads() -> R {
             .launch()
     }
     .ctx("launch spin_copy")?;
-    let lent = buf.lend(&s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
+    let lent = buf.lend(s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
     let buf = lent.join().ctx("join")?;
     let read = gpu.dtoh(&copy).ctx("dtoh copy")?;
     ensure!(
@@ -377,17 +323,11 @@ fn lend_after_reads() -> R {
     expect_success(child)
 }
 
-fn share_for_reading() -> R {
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let dev = Device::get(0).ctx("device 0")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let t = setup(&gpu)?;
-    let stream = gpu.new_stream().ctx("stream")?;
-    let s = gpu.on(&stream).ctx("on")?;
-    let mut buf: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
+fn share_for_reading(gpu: &BoundDevice<'_>, t: &Setup, s: &BoundStream<'_>) -> R {
+    let mut buf: PoolSlice<u32> = t.pool.alloc_zeros(s, N).ctx("alloc")?;
     let (child, conn) = spawn_child("share_reader")?;
-    slow_fill(&s, &t.module, &mut buf, 0xC300)?;
-    let mut shared = buf.share(&s, &conn, &options(CHILD_WAIT)).ctx("share")?;
+    slow_fill(s, &t.module, &mut buf, 0xC300)?;
+    let mut shared = buf.share(s, &conn, &options(CHILD_WAIT)).ctx("share")?;
     // The sender reads while the receiver does.
     for round in 0..5 {
         let got = gpu.dtoh(&shared).ctx("dtoh while shared")?;
@@ -433,16 +373,10 @@ fn share_for_reading() -> R {
     expect_success(child)
 }
 
-fn share_writing_halves() -> R {
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let dev = Device::get(0).ctx("device 0")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let t = setup(&gpu)?;
-    let stream = gpu.new_stream().ctx("stream")?;
-    let s = gpu.on(&stream).ctx("on")?;
-    let buf: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
+fn share_writing_halves(gpu: &BoundDevice<'_>, t: &Setup, s: &BoundStream<'_>) -> R {
+    let buf: PoolSlice<u32> = t.pool.alloc_zeros(s, N).ctx("alloc")?;
     let (child, conn) = spawn_child("second_half_writer")?;
-    let mut shared = buf.share(&s, &conn, &options(CHILD_WAIT)).ctx("share")?;
+    let mut shared = buf.share(s, &conn, &options(CHILD_WAIT)).ctx("share")?;
     {
         // SAFETY: the child writes only the second half while the buffer is shared,
         // and nobody reads the first half until the hand-back.
@@ -461,17 +395,11 @@ fn share_writing_halves() -> R {
     expect_success(child)
 }
 
-fn killed_receiver() -> R {
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let dev = Device::get(0).ctx("device 0")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let t = setup(&gpu)?;
-    let stream = gpu.new_stream().ctx("stream")?;
-    let s = gpu.on(&stream).ctx("on")?;
-    let buf: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
+fn killed_receiver(gpu: &BoundDevice<'_>, t: &Setup, s: &BoundStream<'_>) -> R {
+    let buf: PoolSlice<u32> = t.pool.alloc_zeros(s, N).ctx("alloc")?;
     let (mut child, conn) = spawn_child("dies_holding")?;
     let timeout = Duration::from_secs(10);
-    let lent = buf.lend(&s, &conn, &options(timeout)).ctx("lend")?;
+    let lent = buf.lend(s, &conn, &options(timeout)).ctx("lend")?;
     let m = ipc::recv_message_timeout(&conn, CHILD_WAIT).ctx("child's written")?;
     ensure!(m.bytes == b"written", "child said {:?}", m.bytes);
     child.kill().ctx("SIGKILL the child")?;
@@ -506,17 +434,11 @@ fn killed_receiver() -> R {
     Ok(())
 }
 
-fn refused_offer() -> R {
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let dev = Device::get(0).ctx("device 0")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let t = setup(&gpu)?;
-    let stream = gpu.new_stream().ctx("stream")?;
-    let s = gpu.on(&stream).ctx("on")?;
-    let mut buf: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
+fn refused_offer(gpu: &BoundDevice<'_>, t: &Setup, s: &BoundStream<'_>) -> R {
+    let mut buf: PoolSlice<u32> = t.pool.alloc_zeros(s, N).ctx("alloc")?;
     gpu.htod_copy(&filled(5), &mut buf).ctx("htod")?;
     let (child, conn) = spawn_child("wrong_type")?;
-    let lent = buf.lend(&s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
+    let lent = buf.lend(s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
     let back = match lent.join() {
         Err(JoinError::Returned(failed)) => {
             ensure!(
@@ -532,16 +454,10 @@ fn refused_offer() -> R {
     expect_success(child)
 }
 
-fn join_times_out() -> R {
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let dev = Device::get(0).ctx("device 0")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let t = setup(&gpu)?;
-    let stream = gpu.new_stream().ctx("stream")?;
-    let s = gpu.on(&stream).ctx("on")?;
-    let buf: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
+fn join_times_out(_gpu: &BoundDevice<'_>, t: &Setup, s: &BoundStream<'_>) -> R {
+    let buf: PoolSlice<u32> = t.pool.alloc_zeros(s, N).ctx("alloc")?;
     let (child, conn) = spawn_child("slow_giver")?;
-    let lent = buf.lend(&s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
+    let lent = buf.lend(s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
     let short = Duration::from_millis(300);
     let start = Instant::now();
     let lent = match lent.join_timeout(short) {
@@ -558,8 +474,8 @@ fn join_times_out() -> R {
         "took {took:?}"
     );
     // A second lend on the same connection is refused while this one is out.
-    let other: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
-    match other.lend(&s, &conn, &options(CHILD_WAIT)) {
+    let other: PoolSlice<u32> = t.pool.alloc_zeros(s, N).ctx("alloc")?;
+    match other.lend(s, &conn, &options(CHILD_WAIT)) {
         Err(f) if matches!(f.error, Error::InvalidArgument(_)) => {}
         other => return Err(format!("a second lend on one connection: {other:?}")),
     }
@@ -567,20 +483,14 @@ fn join_times_out() -> R {
     expect_success(child)
 }
 
-fn dropped_lend() -> R {
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let dev = Device::get(0).ctx("device 0")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let t = setup(&gpu)?;
-    let stream = gpu.new_stream().ctx("stream")?;
-    let s = gpu.on(&stream).ctx("on")?;
+fn dropped_lend(_gpu: &BoundDevice<'_>, t: &Setup, s: &BoundStream<'_>) -> R {
     let used = || t.pool.usage().map(|u| u.used_current).ctx("pool usage");
     let before = used()?;
-    let buf: PoolSlice<u32> = t.pool.alloc_zeros(&s, N).ctx("alloc")?;
+    let buf: PoolSlice<u32> = t.pool.alloc_zeros(s, N).ctx("alloc")?;
     ensure!(used()? > before, "the allocation is not counted");
     // The child holds the buffer 3 s, then gives it back.
     let (child, conn) = spawn_child("slow_giver")?;
-    let lent = buf.lend(&s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
+    let lent = buf.lend(s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
     let start = Instant::now();
     drop(lent);
     std::thread::sleep(Duration::from_secs(1));

@@ -39,6 +39,14 @@ fn kernels(gpu: &BoundDevice<'_>) -> Result<Module, String> {
     gpu.compile_and_load(KERNELS, "soundness.cu").ctx("compile")
 }
 
+/// Runs `test` with device 0 bound and [`KERNELS`] loaded.
+fn with_kernels(test: fn(&BoundDevice<'_>, &Module) -> R) -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    test(&gpu, &kernels(&gpu)?)
+}
+
 /// Enqueues `slow_fill(buf, VALUE)` on `s`.
 fn slow_fill(
     s: &BoundStream<'_>,
@@ -70,6 +78,19 @@ fn spin(s: &BoundStream<'_>, f: &Function<'_>) -> R {
     .ctx("launch spin")
 }
 
+/// The rank threads' results; a thread that panicked is an error.
+fn join_ranks<T>(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T, String>>>,
+) -> Vec<Result<T, String>> {
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err("rank thread panicked".into()))
+        })
+        .collect()
+}
+
 fn all_eq<T: PartialEq + Copy + std::fmt::Debug>(v: &[T], want: T, what: &str) -> R {
     let bad = v.iter().filter(|&&x| x != want).count();
     ensure!(
@@ -82,11 +103,7 @@ fn all_eq<T: PartialEq + Copy + std::fmt::Debug>(v: &[T], want: T, what: &str) -
 }
 
 /// A kernel on stream A, then a synchronous `dtoh`: the host sees the kernel's data.
-fn host_read_waits_for_kernel() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let m = kernels(&gpu)?;
+fn host_read_waits_for_kernel(gpu: &BoundDevice<'_>, m: &Module) -> R {
     let f = m.function("slow_fill").ctx("function")?;
     let stream = gpu.new_stream().ctx("stream")?;
     let mut buf = gpu.alloc_zeros::<u32>(N as usize).ctx("alloc")?;
@@ -99,11 +116,7 @@ fn host_read_waits_for_kernel() -> R {
 }
 
 /// An async memset on a busy stream, then `dtoh`: zeros, not the old values.
-fn host_read_waits_for_memset_async() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let m = kernels(&gpu)?;
+fn host_read_waits_for_memset_async(gpu: &BoundDevice<'_>, m: &Module) -> R {
     let spin_f = m.function("spin").ctx("function")?;
     let stream = gpu.new_stream().ctx("stream")?;
     let s = gpu.on(&stream).ctx("on")?;
@@ -119,11 +132,7 @@ fn host_read_waits_for_memset_async() -> R {
 
 /// A kernel on stream A writes `src`; `dtod_async` on stream B (no event from the user)
 /// copies it: B waits for A.
-fn other_stream_waits_for_writer() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let m = kernels(&gpu)?;
+fn other_stream_waits_for_writer(gpu: &BoundDevice<'_>, m: &Module) -> R {
     let f = m.function("slow_fill").ctx("function")?;
     let (sa, sb) = (
         gpu.new_stream().ctx("stream")?,
@@ -142,11 +151,7 @@ fn other_stream_waits_for_writer() -> R {
 
 /// `dtod_async` on a busy stream, then a synchronous overwrite of its source: the copy
 /// takes the data as of its enqueue, not the new data.
-fn writer_waits_for_pending_reader() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let m = kernels(&gpu)?;
+fn writer_waits_for_pending_reader(gpu: &BoundDevice<'_>, m: &Module) -> R {
     let spin_f = m.function("spin").ctx("function")?;
     let stream = gpu.new_stream().ctx("stream")?;
     let s = gpu.on(&stream).ctx("on")?;
@@ -165,11 +170,7 @@ fn writer_waits_for_pending_reader() -> R {
 }
 
 /// Two streams read one buffer concurrently; a write on a third waits for both.
-fn concurrent_readers_then_writer() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let m = kernels(&gpu)?;
+fn concurrent_readers_then_writer(gpu: &BoundDevice<'_>, m: &Module) -> R {
     let spin_f = m.function("spin").ctx("function")?;
     let streams: Vec<_> = (0..3)
         .map(|_| gpu.new_stream())
@@ -199,11 +200,7 @@ fn concurrent_readers_then_writer() -> R {
 }
 
 /// `dtoh` inside a `copy_scope`, after the scope's upload: sees the upload.
-fn copy_scope_device_side_is_ordered() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let m = kernels(&gpu)?;
+fn copy_scope_device_side_is_ordered(gpu: &BoundDevice<'_>, m: &Module) -> R {
     let spin_f = m.function("spin").ctx("function")?;
     let stream = gpu.new_stream().ctx("stream")?;
     let s = gpu.on(&stream).ctx("on")?;
@@ -223,11 +220,7 @@ fn copy_scope_device_side_is_ordered() -> R {
 
 /// A buffer dropped while a kernel still writes it: the free waits, so a new allocation
 /// (often at the same address) is not overwritten by the old kernel.
-fn drop_waits_for_last_use() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let m = kernels(&gpu)?;
+fn drop_waits_for_last_use(gpu: &BoundDevice<'_>, m: &Module) -> R {
     let f = m.function("slow_fill").ctx("function")?;
     let stream = gpu.new_stream().ctx("stream")?;
     let mut old = gpu.alloc_zeros::<u32>(N as usize).ctx("alloc")?;
@@ -249,11 +242,7 @@ fn drop_waits_for_last_use() -> R {
 
 /// Managed memory written by a kernel, read by the host right away: the reference sees
 /// the final values and does not change while held.
-fn managed_host_view_waits_for_writes() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let m = kernels(&gpu)?;
+fn managed_host_view_waits_for_writes(gpu: &BoundDevice<'_>, m: &Module) -> R {
     let f = m.function("slow_fill").ctx("function")?;
     let stream = gpu.new_stream().ctx("stream")?;
     let mut managed = gpu.alloc_managed::<u32>(N as usize).ctx("alloc_managed")?;
@@ -367,13 +356,7 @@ fn rank_comm_stream_switch_host_staged() -> R {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("rank thread panicked".into()))
-                })
-                .collect()
+            join_ranks(handles)
         });
         for (r, res) in results.into_iter().enumerate() {
             let (a, b) = res?;
@@ -420,11 +403,7 @@ fn nccl_group_inputs_rewritten_after_return() -> R {
 /// A launch built on stream A but enqueued only after a read of the same buffer on
 /// stream B: the kernel is ordered after the read (claims are taken at `launch()`, not at
 /// `arg()`), so the read sees the data from before the kernel.
-fn launch_is_ordered_when_enqueued_not_when_built() -> R {
-    let dev = dev0()?;
-    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
-    let gpu = ctx.bind(&dev).ctx("bind")?;
-    let m = kernels(&gpu)?;
+fn launch_is_ordered_when_enqueued_not_when_built(gpu: &BoundDevice<'_>, m: &Module) -> R {
     let (fill, spin_f) = (
         m.function("slow_fill").ctx("function")?,
         m.function("spin").ctx("function")?,
@@ -485,13 +464,7 @@ fn rank_comm_dropped_while_collective_queued() -> R {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("rank thread panicked".into()))
-                })
-                .collect()
+            join_ranks(handles)
         });
         for (r, res) in results.into_iter().enumerate() {
             all_eq(&res?, 3, &format!("round {round}, rank {r}"))?;
@@ -504,32 +477,30 @@ fn main() {
     run_suite(
         "gpu_soundness",
         &[
-            ("host_read_waits_for_kernel", host_read_waits_for_kernel),
-            (
-                "host_read_waits_for_memset_async",
-                host_read_waits_for_memset_async,
-            ),
-            (
-                "other_stream_waits_for_writer",
-                other_stream_waits_for_writer,
-            ),
-            (
-                "writer_waits_for_pending_reader",
-                writer_waits_for_pending_reader,
-            ),
-            (
-                "concurrent_readers_then_writer",
-                concurrent_readers_then_writer,
-            ),
-            (
-                "copy_scope_device_side_is_ordered",
-                copy_scope_device_side_is_ordered,
-            ),
-            ("drop_waits_for_last_use", drop_waits_for_last_use),
-            (
-                "managed_host_view_waits_for_writes",
-                managed_host_view_waits_for_writes,
-            ),
+            ("host_read_waits_for_kernel", || {
+                with_kernels(host_read_waits_for_kernel)
+            }),
+            ("host_read_waits_for_memset_async", || {
+                with_kernels(host_read_waits_for_memset_async)
+            }),
+            ("other_stream_waits_for_writer", || {
+                with_kernels(other_stream_waits_for_writer)
+            }),
+            ("writer_waits_for_pending_reader", || {
+                with_kernels(writer_waits_for_pending_reader)
+            }),
+            ("concurrent_readers_then_writer", || {
+                with_kernels(concurrent_readers_then_writer)
+            }),
+            ("copy_scope_device_side_is_ordered", || {
+                with_kernels(copy_scope_device_side_is_ordered)
+            }),
+            ("drop_waits_for_last_use", || {
+                with_kernels(drop_waits_for_last_use)
+            }),
+            ("managed_host_view_waits_for_writes", || {
+                with_kernels(managed_host_view_waits_for_writes)
+            }),
             (
                 "group_inputs_rewritten_after_return",
                 group_inputs_rewritten_after_return,
@@ -542,10 +513,9 @@ fn main() {
                 "nccl_group_inputs_rewritten_after_return",
                 nccl_group_inputs_rewritten_after_return,
             ),
-            (
-                "launch_is_ordered_when_enqueued_not_when_built",
-                launch_is_ordered_when_enqueued_not_when_built,
-            ),
+            ("launch_is_ordered_when_enqueued_not_when_built", || {
+                with_kernels(launch_is_ordered_when_enqueued_not_when_built)
+            }),
             (
                 "rank_comm_dropped_while_collective_queued",
                 rank_comm_dropped_while_collective_queued,

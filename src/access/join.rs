@@ -230,5 +230,49 @@ mod tests {
         );
     }
 
+    /// The free without a join takes only one pending write on a stream of the buffer's
+    /// own device (and no reads); it then forgets it and publishes nothing. Every other
+    /// case changes nothing (the join, or the host wait, then covers every use).
+    #[test]
+    fn the_sole_writer_free_takes_only_one_write_of_the_device() {
+        use super::super::{StreamSlot, fast::NONE};
+        let dev = Arc::new(Device::unopened_for_test(0));
+        let other = Arc::new(Device::unopened_for_test(1));
+        let legacy = StreamSlot::Legacy(&dev);
+        let nothing_published = (NONE, [NONE; super::super::fast::READ_SLOTS]);
+
+        // Another device's stream: not this device's free.
+        let mut t = AccessTracker::allocated_on(legacy);
+        assert!(t.take_sole_writer(&other).is_none());
+        assert_eq!(t.published.ids().0, legacy.id(), "unchanged");
+        assert_eq!(t.state.get_mut().unwrap().writers.len(), 1, "unchanged");
+
+        // A reader besides the write: joined instead.
+        let mut t = AccessTracker::allocated_on(legacy);
+        let peer = StreamSlot::Legacy(&other).to_ref();
+        t.state.get_mut().unwrap().readers.push(peer);
+        t.state.get_mut().unwrap().refresh();
+        assert!(t.take_sole_writer(&dev).is_none());
+        assert_eq!(t.state.get_mut().unwrap().readers.len(), 1, "unchanged");
+
+        // Two writers: joined instead.
+        let mut t = AccessTracker::written_on(legacy.to_ref());
+        t.state
+            .get_mut()
+            .unwrap()
+            .writers
+            .push(StreamSlot::Legacy(&other).to_ref());
+        t.state.get_mut().unwrap().refresh();
+        assert!(t.take_sole_writer(&dev).is_none());
+        assert_eq!(t.state.get_mut().unwrap().writers.len(), 2, "unchanged");
+
+        // The usual temporary: its one write, on its own device's stream.
+        let mut t = AccessTracker::allocated_on(legacy);
+        let on = t.take_sole_writer(&dev).expect("the sole writer");
+        assert_eq!(on.id(), legacy.id());
+        assert!(t.state.get_mut().unwrap().is_idle(), "nothing pending");
+        assert_eq!(t.published.ids(), nothing_published);
+    }
+
     use super::super::Access;
 }

@@ -23,7 +23,9 @@
 //! work): a host read, or the pruning of idle readers, may have forgotten the first
 //! record meanwhile, and later writes must wait for this stream.
 
-use super::{Access, AccessTracker, Grave, StreamSlot, fast};
+use super::{
+    Access, AccessState, AccessTracker, Grave, Published, StreamSlot, TrackedStream, fast,
+};
 use crate::error::{Error, Result};
 use crate::sync;
 
@@ -55,39 +57,67 @@ pub(crate) fn open_read<'t, 's, V>(
     tracker: &'t AccessTracker,
     start: impl FnOnce() -> Result<V>,
 ) -> Result<(OpenRead<'t, 's>, V)> {
-    let id = on.id();
     let mut grave = None;
     let started = {
         let mut st = sync::lock(&tracker.state);
-        // First: from here on no write is admitted without this lock, and one admitted
-        // before has been enqueued (the gate), before the start below.
-        st.lends += 1;
-        tracker.published.close_write(&st);
-        let started =
-            fast::order_before_enqueue(&st, &tracker.published, id, Access::Read, |from| {
-                from.enqueue_wait(on.raw())
-            })
-            .and_then(|()| start());
-        match started {
-            Ok(v) => {
-                fast::record_after_enqueue(
-                    &mut st,
-                    &tracker.published,
-                    id,
-                    Access::Read,
-                    |_| on.to_ref(),
-                    &mut grave,
-                );
-                Ok(v)
-            }
-            Err(e) => {
-                st.lends -= 1;
-                Err(e)
-            }
-        }
+        open_locked(
+            &mut st,
+            &tracker.published,
+            on.id(),
+            |from| from.enqueue_wait(on.raw()),
+            start,
+            |_| on.to_ref(),
+            &mut grave,
+        )
     };
     drop(grave);
     Ok((OpenRead { tracker, on }, started?))
+}
+
+/// [`open_read`]'s step under the tracker's lock, over any stream type (the loom model
+/// `fast_path_write_is_covered_by_an_open_read_or_refused` runs it): counts the lend and
+/// takes back the write id first (from here on no write is admitted without the lock,
+/// and one admitted before has been enqueued: the gate), then orders `on` after the
+/// pending writes (`wait`), calls `start` and records the read. On failure nothing
+/// stays open.
+pub(crate) fn open_locked<S: TrackedStream, V>(
+    st: &mut AccessState<S>,
+    published: &Published,
+    on: u64,
+    wait: impl FnMut(&S) -> Result<()>,
+    start: impl FnOnce() -> Result<V>,
+    make: impl Fn(u64) -> S,
+    grave: &mut Option<Grave<S>>,
+) -> Result<V> {
+    st.lends += 1;
+    published.close_write(st);
+    let started =
+        fast::order_before_enqueue(st, published, on, Access::Read, wait).and_then(|()| start());
+    match started {
+        Ok(v) => {
+            fast::record_after_enqueue(st, published, on, Access::Read, make, grave);
+            Ok(v)
+        }
+        Err(e) => {
+            st.lends -= 1;
+            Err(e)
+        }
+    }
+}
+
+/// [`OpenRead`]'s close under the tracker's lock, over any stream type: records the
+/// read again on `on` (see the module docs) and lets writes in once no read is open.
+pub(crate) fn close_locked<S: TrackedStream>(
+    st: &mut AccessState<S>,
+    published: &Published,
+    on: u64,
+    make: impl Fn(u64) -> S,
+    grave: &mut Option<Grave<S>>,
+) {
+    st.lends = st.lends.saturating_sub(1);
+    // Writes were refused while the read was open, so the writers now are among those
+    // the stream waited for at the start: the read is ordered after them.
+    fast::record_after_enqueue(st, published, on, Access::Read, make, grave);
 }
 
 impl Drop for OpenRead<'_, '_> {
@@ -97,15 +127,11 @@ impl Drop for OpenRead<'_, '_> {
         let mut grave: Option<Grave<_>> = None;
         {
             let mut st = sync::lock(&self.tracker.state);
-            st.lends = st.lends.saturating_sub(1);
             let on = self.on;
-            // Writes were refused while the read was open, so the writers now are among
-            // those the stream waited for at the start: the read is ordered after them.
-            fast::record_after_enqueue(
+            close_locked(
                 &mut st,
                 &self.tracker.published,
                 on.id(),
-                Access::Read,
                 |_| on.to_ref(),
                 &mut grave,
             );

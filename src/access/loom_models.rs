@@ -504,12 +504,14 @@ fn fast_path_read_racing_its_eviction_is_covered_by_a_writer_event() {
     });
 }
 
-/// An open read's start (`lend::open_read`: count the lend and take back the write id
-/// under the lock, order, record the start's event on stream 1, record the read) racing
+/// An open read's start (`lend::open_locked`, the step `lend::open_read` runs under the
+/// lock: count the lend and take back the write id, order, record the start's event on
+/// stream 1, record the read) racing
 /// a launch writing the buffer on stream 1, the stream the buffer was written on: the
 /// launch either took the fast path and was enqueued before the start's event (so the
 /// outside reads, which wait for that event, come after it), or took the slow path and
-/// is refused while the read is open (or ran before it opened).
+/// is refused while the read is open (or ran before it opened). The close
+/// (`lend::close_locked`) publishes the write id again.
 #[test]
 fn fast_path_write_is_covered_by_an_open_read_or_refused() {
     loom::model(|| {
@@ -547,21 +549,20 @@ fn fast_path_write_is_covered_by_an_open_read_or_refused() {
         };
         let start_event;
         {
+            // `lend::open_read`'s own step under the lock.
             let mut st = sync::lock(&t.state);
-            st.lends += 1;
-            t.published.close_write(&st);
-            fast::order_before_enqueue(&st, &t.published, 1, Access::Read, |_| Ok(())).unwrap();
-            // The start: cudarc's event recorded on stream 1 captures its ops so far.
-            start_event = s1.ops.load(SeqCst);
             let s1b = s1.clone();
-            fast::record_after_enqueue(
+            start_event = lend::open_locked(
                 &mut st,
                 &t.published,
                 1,
-                Access::Read,
+                |_| Ok(()),
+                // The start: cudarc's event recorded on stream 1 captures its ops so far.
+                || Ok(s1.ops.load(SeqCst)),
                 move |_| s1b.clone(),
                 &mut None,
-            );
+            )
+            .unwrap();
             assert!(
                 !t.published.admits(1, Access::Write),
                 "a write id while lent"
@@ -576,5 +577,15 @@ fn fast_path_write_is_covered_by_an_open_read_or_refused() {
             // Slow path before the read opened (ordered by the lock), or refused.
             Ok(None) | Err(_) => {}
         }
+        // The close (`OpenRead`'s drop) lets writes back onto the fast path: stream 1 is
+        // still the one writer, and no read is open.
+        let mut st = sync::lock(&t.state);
+        let s1b = s1.clone();
+        lend::close_locked(&mut st, &t.published, 1, move |_| s1b.clone(), &mut None);
+        assert_eq!(st.lends, 0);
+        assert!(
+            t.published.admits(1, Access::Write),
+            "no write id after the close"
+        );
     });
 }

@@ -33,6 +33,11 @@ pub(crate) struct StreamInner {
     /// Set for a stream gpubind borrows ([`crate::BorrowedStream`]): never destroyed
     /// here, and retired when the borrow ends ([`super::borrowed`]).
     pub(crate) borrowed: Option<super::borrowed::Retirement>,
+    /// Whether the stream's owner is not gpubind (`cudarc` or `borrowed` is set): its
+    /// owner may begin a capture on it, so every operation on it first asks the driver
+    /// ([`StreamInner::refuse_capture`]). One flag, so gpubind's own streams pay one
+    /// compare.
+    pub(crate) foreign: bool,
 }
 
 /// A `CU_EVENT_DISABLE_TIMING` event of a stream's context, only ever recorded on that
@@ -66,6 +71,7 @@ impl StreamInner {
             cudarc: None,
             gate: Gate::default(),
             borrowed: None,
+            foreign: false,
         }
     }
 
@@ -73,6 +79,7 @@ impl StreamInner {
     pub(crate) fn borrowed(device: Arc<Device>, raw: sys::CUstream) -> StreamInner {
         let mut inner = StreamInner::new(device, raw);
         inner.borrowed = Some(super::borrowed::Retirement::default());
+        inner.foreign = true;
         inner
     }
 
@@ -86,7 +93,45 @@ impl StreamInner {
             cudarc: Some(stream),
             gate: Gate::default(),
             borrowed: None,
+            foreign: true,
         }
+    }
+
+    /// [`Error::NotCapturable`] for a stream another library owns (shared with cudarc,
+    /// or borrowed) while its owner captures it (or when the driver cannot say): an
+    /// operation enqueued there would not run but become a node of the owner's graph,
+    /// which runs at each of its launches, ordered with none of gpubind's later uses or
+    /// frees of the memory it touches. Called before every operation on such a stream
+    /// (`BoundStream::ensure_stream_context`); out of line, so gpubind's own streams pay
+    /// only the [`foreign`](Self::foreign) compare.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn refuse_capture(&self) -> Result<()> {
+        if !self.may_be_capturing() {
+            return Ok(());
+        }
+        Err(Error::NotCapturable {
+            what: "a gpubind operation on a stream shared with cudarc or borrowed",
+            reason: "the stream's owner is capturing it (or cuStreamIsCapturing failed): \
+                     the operation would become a node of that graph, unordered with \
+                     gpubind's later uses and frees of its memory; enqueue it before the \
+                     capture begins or after it ends"
+                .into(),
+        })
+    }
+
+    /// [`StreamRef::may_be_capturing`] of this stream.
+    fn may_be_capturing(&self) -> bool {
+        if !self.foreign {
+            return false;
+        }
+        self.with_target(|t| match t {
+            // SAFETY: the stream is alive (held by the caller, or lent while not retired).
+            super::borrowed::Target::Stream(raw) => {
+                unsafe { result::stream::is_capturing(raw) }.unwrap_or(true)
+            }
+            _ => false,
+        })
     }
 
     /// This stream's hand-off event, created in its context at the first use.
@@ -128,9 +173,10 @@ impl StreamInner {
         });
         let event = recorded.map_err(|e| self.device.on_error(e))?;
         // SAFETY: `to` is a live stream of the current context (or a gpubind stream); the
-        // event may belong to another context, which CUDA allows. `to` is a stream of this
-        // stream's device (a tracker orders the uses of one device's memory), so a sticky
-        // error poisons this device.
+        // event may belong to another context, which CUDA allows. `to` is usually a stream
+        // of this stream's device, so a sticky error poisons this device; after a copy
+        // between devices it may be the other device's, whose context then refuses every
+        // later call by itself (its frees fail and leak).
         self.device
             .check(unsafe { result::stream::wait_event(to, event) })
     }
@@ -272,16 +318,8 @@ impl StreamRef {
     /// more on it).
     pub(crate) fn may_be_capturing(&self) -> bool {
         match self {
-            StreamRef::Owned(s) if s.cudarc.is_some() || s.borrowed.is_some() => {
-                s.with_target(|t| match t {
-                    // SAFETY: the stream is alive (held by self, or lent while not retired).
-                    super::borrowed::Target::Stream(raw) => {
-                        unsafe { result::stream::is_capturing(raw) }.unwrap_or(true)
-                    }
-                    _ => false,
-                })
-            }
-            _ => false,
+            StreamRef::Owned(s) => s.may_be_capturing(),
+            StreamRef::Legacy(_) => false,
         }
     }
 
@@ -365,7 +403,7 @@ impl StreamRef {
         let waited = recorded.and_then(|()| {
             // SAFETY: `to` is a live stream of the current context; the event may belong
             // to another context, which CUDA allows.
-            // `to` is a stream of `device` (see `StreamInner::enqueue_wait`).
+            // A sticky error is ascribed to `device` (see `StreamInner::enqueue_wait`).
             device.check(unsafe { result::stream::wait_event(to, event.0) })
         });
         // The wait captured the event's state: it may be recorded again at once.

@@ -2,10 +2,10 @@
 //! and [`Capture::matmul_lt`].
 
 use super::epilogue::{Epilogue, Extra, Role};
-use super::gemm::{check_gemm, check_scales, enqueue_gemm};
-use super::handle::{Blas, Shared, span_of};
+use super::gemm::{check_gemm, enqueue_gemm};
+use super::handle::{Blas, Shared};
 use super::lt::{EpiloguePtrs, LtProblem, check_lt, enqueue_lt};
-use super::plan::Plan;
+use super::plan::{Operand, Plan};
 use super::sys::check;
 use super::types::{Batch, BlasScalar, Matmul, MatmulOutput};
 use crate::access::Access;
@@ -359,10 +359,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
         B: DeviceMemory<T> + ?Sized,
         C: DeviceMemory<U> + DeviceOnlyMemory + ?Sized,
     {
-        let plan: Plan = check_gemm(self.device(), blas, shape, batch, (a, b, c))?;
-        if let Some(s) = scales {
-            check_scales(self.device(), s, span_of(c))?;
-        }
+        let given = scales.map(Operand::of);
+        let plan: Plan = check_gemm(self.device(), blas, (shape, batch), (a, b, c), given)?;
         if plan.empty {
             return Ok(());
         }

@@ -1,5 +1,6 @@
 //! [`Enqueue`]: one way to call the products, on a stream or in a capture, so that one
-//! forward or backward function serves eager and captured steps.
+//! forward or backward function serves eager and captured steps; it extends
+//! [`Issue`](crate::Issue), which does the same for memsets, copies and kernels.
 
 use super::capture::CaptureLtArgs;
 use super::epilogue::Epilogue;
@@ -7,7 +8,7 @@ use super::handle::Blas;
 use super::types::{Batch, BlasScalar, Matmul, MatmulOutput};
 use crate::copy::DeviceOnlyMemory;
 use crate::error::Result;
-use crate::graph::Capture;
+use crate::graph::{Capture, Issue};
 use crate::memory::{DeviceMemory, DeviceSlice};
 use crate::stream::BoundStream;
 
@@ -17,7 +18,9 @@ type NoScales<T> = DeviceSlice<<T as BlasScalar>::Scale>;
 /// Where products go: a [`BoundStream`] (enqueued now) or a [`Capture`] (recorded into
 /// the graph, run at each launch). Both take the operands the same way, so a model's
 /// forward and backward can be written once, generic over `E: Enqueue<'buf>`, and used
-/// for eager steps and for the captured step.
+/// for eager steps and for the captured step. An `Enqueue` is an [`Issue`]: the same
+/// `E` zeroes, copies and launches kernels ([`Issue::memset_zeros`], [`Issue::dtod`],
+/// [`Issue::launch`]), its writes taken by `&` the same way.
 ///
 /// Inputs are read and taken by `&`; the output too is taken by `&` and claimed as
 /// **written**, as [`LaunchBuilder::arg_written`](crate::LaunchBuilder::arg_written)
@@ -75,7 +78,7 @@ type NoScales<T> = DeviceSlice<<T as BlasScalar>::Scale>;
 /// Enqueue::matmul(&mut gpu.default_stream(), blas, &Matmul::new(2, 2, 2), &a, &a, &c)?;
 /// # Ok(()) }
 /// ```
-pub trait Enqueue<'buf> {
+pub trait Enqueue<'buf>: Issue<'buf> {
     /// `C = alpha·op(A)·op(B) + beta·C`:
     /// [`BoundStream::matmul`] / [`Capture::matmul`].
     fn matmul<T, A, B, C>(

@@ -1,8 +1,8 @@
 //! GEMM through cuBLAS (`cublasGemmEx`, `cublasGemmStridedBatchedEx`): single products
 //! and strided batches, on a stream.
 
-use super::handle::{Blas, refuse_aliasing, span_of};
-use super::plan::{self, Plan};
+use super::handle::Blas;
+use super::plan::{self, Gemm, Operand, Plan};
 use super::sys::{self, check};
 use super::types::{Batch, BlasScalar, DataType, Matmul, MatmulOutput};
 use crate::access::Access;
@@ -101,15 +101,15 @@ pub(crate) unsafe fn with_pointer_mode<R>(
 /// The device addresses of the caller's A, B and C.
 pub(crate) type Ptrs = (u64, u64, u64);
 
-/// Checks the devices of the handle and the buffers against `device`, the shape against
-/// the buffers, C's element type against A's and B's, and C against A and B (no
-/// overlap); plans the product.
+/// Checks a product of `T` matrices A and B into a `U` matrix C on `device`, with
+/// device scalars `scales` if given, as every GEMM is checked ([`plan::check_gemm`]);
+/// plans it.
 pub(crate) fn check_gemm<T, U, A, B, C>(
     device: &Device,
     blas: &Blas,
-    shape: &Matmul,
-    batch: Option<&Batch>,
+    (shape, batch): (&Matmul, Option<&Batch>),
     (a, b, c): (&A, &B, &C),
+    scales: Option<Operand<'_>>,
 ) -> Result<Plan>
 where
     T: BlasScalar,
@@ -118,14 +118,13 @@ where
     B: DeviceMemory<T> + ?Sized,
     C: DeviceMemory<U> + ?Sized,
 {
-    plan::check_output(T::DATA_TYPE, U::DATA_TYPE)?;
-    device.expect_same("cuBLAS handle", blas.device())?;
-    device.expect_same("matrix A", a.device())?;
-    device.expect_same("matrix B", b.device())?;
-    device.expect_same("matrix C", c.device())?;
-    let plan = plan::plan(shape, T::DATA_TYPE, batch, [a.len(), b.len(), c.len()])?;
-    refuse_aliasing(("C", span_of(c)), &[("A", span_of(a)), ("B", span_of(b))])?;
-    Ok(plan)
+    let gemm = Gemm {
+        shape,
+        batch,
+        dtypes: [T::DATA_TYPE, U::DATA_TYPE],
+    };
+    let matrices = [Operand::of(a), Operand::of(b), Operand::of(c)];
+    plan::check_gemm(device, blas.device(), gemm, matrices, scales)
 }
 
 /// Points `blas` at `stream` and its workspace (`cublasSetStream_v2` resets the
@@ -540,10 +539,8 @@ impl<'b> BoundStream<'b> {
         C: DeviceMemory<U> + ?Sized,
     {
         let bound = self.bound();
-        let plan = check_gemm(bound.device(), blas, shape, batch, (a, b, c))?;
-        if let Some(s) = scales {
-            check_scales(bound.device(), s, span_of(c))?;
-        }
+        let given = scales.map(Operand::of);
+        let plan = check_gemm(bound.device(), blas, (shape, batch), (a, b, c), given)?;
         if plan.empty {
             return Ok(());
         }
@@ -579,20 +576,3 @@ impl<'b> BoundStream<'b> {
 
 /// The type of "no device scalars" in [`BoundStream::gemm`].
 type Scalars<T> = crate::memory::DeviceSlice<<T as BlasScalar>::Scale>;
-
-/// Checks a device-scalar buffer: on `device`, exactly two elements (alpha, beta), not
-/// overlapping the output `c`.
-pub(crate) fn check_scales<S, M: DeviceMemory<S> + ?Sized>(
-    device: &Device,
-    scales: &M,
-    c: crate::memory::ByteSpan,
-) -> Result<()> {
-    device.expect_same("alpha and beta", scales.device())?;
-    if scales.len() != 2 {
-        return Err(super::MatmulError::ScalarBuffer {
-            found: scales.len(),
-        }
-        .into());
-    }
-    refuse_aliasing(("C", c), &[("alpha and beta", span_of(scales))])
-}

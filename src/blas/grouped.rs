@@ -3,11 +3,12 @@
 
 use super::gemm::{bind_stream, with_pointer_mode};
 use super::handle::{Blas, refuse_aliasing, span_of};
-use super::plan::{self, Plan};
+use super::plan::{self, Plan, check_devices};
 use super::sys::{self, check};
 use super::types::{BlasScalar, DataType, GemmGroup};
 use crate::access::Access;
 use crate::context::BoundDevice;
+use crate::device::Device;
 use crate::driver::libraries as libs;
 use crate::error::{MatmulError, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceSlice, Tracked};
@@ -214,10 +215,12 @@ impl<'b> BoundStream<'b> {
     ) -> Result<()> {
         let bound = self.bound();
         let device = bound.device();
-        device.expect_same("cuBLAS handle", blas.device())?;
-        device.expect_same("matrix A", a.device())?;
-        device.expect_same("matrix B", b.device())?;
-        device.expect_same("matrix C", c.device())?;
+        let matrices: [(_, &Device); 3] = [
+            ("matrix A", a.device()),
+            ("matrix B", b.device()),
+            ("matrix C", c.device()),
+        ];
+        check_devices(device, blas.device(), &matrices)?;
         let call = plan_grouped(groups, T::DATA_TYPE, [a.len(), b.len(), c.len()])?;
         refuse_aliasing(("C", span_of(&*c)), &[("A", span_of(a)), ("B", span_of(b))])?;
         if call.size.is_empty() {

@@ -391,7 +391,7 @@ where
     C: DeviceMemory<T> + ?Sized,
 {
     check_type(epilogue, T::DATA_TYPE)?;
-    let plan = check_gemm(device, blas, shape, None, (a, b, c))?;
+    let plan = check_gemm(device, blas, (shape, None), (a, b, c), None)?;
     let extras = check_extras(epilogue, shape, &plan, extras)?;
     let mut reads = vec![("A", span_of(a)), ("B", span_of(b))];
     let mut writes = vec![("C", span_of(c))];

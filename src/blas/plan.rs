@@ -1,8 +1,11 @@
 //! Checking a product against its buffers, and turning it into the column-major problem
-//! cuBLAS solves. Pure host code.
+//! cuBLAS solves. Pure host code: nothing here calls the driver or cuBLAS.
 
+use super::handle::refuse_aliasing;
 use super::types::{Batch, DataType, Layout, Matmul};
-use crate::error::MatmulError;
+use crate::device::Device;
+use crate::error::{MatmulError, Result};
+use crate::memory::{ByteSpan, DeviceMemory};
 
 /// One operand as stored: `rows×cols` in the product's layout, leading dimension `ld`,
 /// `count` matrices `stride` elements apart.
@@ -235,4 +238,78 @@ pub(crate) fn plan(
         stride_c: as_i64("batch stride of C", c.stride)?,
         empty: m == 0 || n == 0 || count == 0,
     })
+}
+
+/// A buffer of a product as the checks see it: the device it lives on, its length in
+/// elements and the bytes it covers.
+#[derive(Clone, Copy)]
+pub(crate) struct Operand<'a> {
+    pub(crate) device: &'a Device,
+    pub(crate) len: usize,
+    pub(crate) span: ByteSpan,
+}
+
+impl<'a> Operand<'a> {
+    pub(crate) fn of<T, M: DeviceMemory<T> + ?Sized>(m: &'a M) -> Self {
+        Operand {
+            device: m.device(),
+            len: m.len(),
+            span: ByteSpan::of(m),
+        }
+    }
+}
+
+/// [`Error::WrongDevice`](crate::Error::WrongDevice) unless the cuBLAS handle (created
+/// on `handle`) and each named buffer live on `device`, in that order.
+pub(crate) fn check_devices(
+    device: &Device,
+    handle: &Device,
+    bufs: &[(&'static str, &Device)],
+) -> Result<()> {
+    device.expect_same("cuBLAS handle", handle)?;
+    for (what, d) in bufs {
+        device.expect_same(what, d)?;
+    }
+    Ok(())
+}
+
+/// What a GEMM computes: its shape, its batch, and the element types of A and B
+/// (`dtypes[0]`) and of C (`dtypes[1]`).
+#[derive(Clone, Copy)]
+pub(crate) struct Gemm<'a> {
+    pub(crate) shape: &'a Matmul,
+    pub(crate) batch: Option<&'a Batch>,
+    pub(crate) dtypes: [DataType; 2],
+}
+
+/// The checks of every GEMM, eager or captured, in order: C's element type against A's
+/// and B's; the handle's and the matrices' devices against `device`; the shape against
+/// the buffers' lengths ([`plan`]); C against A and B (no overlap); then the device
+/// scalars, if any (on `device`, exactly `[alpha, beta]`, not overlapping C). Plans the
+/// product.
+pub(crate) fn check_gemm(
+    device: &Device,
+    handle: &Device,
+    gemm: Gemm<'_>,
+    [a, b, c]: [Operand<'_>; 3],
+    scales: Option<Operand<'_>>,
+) -> Result<Plan> {
+    let [dtype, out] = gemm.dtypes;
+    check_output(dtype, out)?;
+    let matrices = [
+        ("matrix A", a.device),
+        ("matrix B", b.device),
+        ("matrix C", c.device),
+    ];
+    check_devices(device, handle, &matrices)?;
+    let plan = plan(gemm.shape, dtype, gemm.batch, [a.len, b.len, c.len])?;
+    refuse_aliasing(("C", c.span), &[("A", a.span), ("B", b.span)])?;
+    if let Some(s) = scales {
+        device.expect_same("alpha and beta", s.device)?;
+        if s.len != 2 {
+            return Err(MatmulError::ScalarBuffer { found: s.len }.into());
+        }
+        refuse_aliasing(("C", c.span), &[("alpha and beta", s.span)])?;
+    }
+    Ok(plan)
 }

@@ -530,3 +530,5 @@ fn pointer_modes_match_the_headers() {
         P::CUBLAS_POINTER_MODE_DEVICE as i32
     );
 }
+
+mod gemm_checks;

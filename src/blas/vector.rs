@@ -3,7 +3,7 @@
 
 use super::gemm::{bind_stream, with_pointer_mode};
 use super::handle::{Blas, refuse_aliasing, span_of};
-use super::plan::Stored;
+use super::plan::{Stored, check_devices};
 use super::sys::{self, check};
 use super::types::{BlasFloat, DataType, Gemv, Layout};
 use crate::access::Access;
@@ -109,18 +109,6 @@ fn strided_count(len: usize, inc: usize) -> usize {
     if len == 0 { 0 } else { (len - 1) / inc + 1 }
 }
 
-fn check_devices(
-    device: &Device,
-    blas: &Blas,
-    bufs: &[(&'static str, &Arc<Device>)],
-) -> Result<()> {
-    device.expect_same("cuBLAS handle", blas.device())?;
-    for (what, d) in bufs {
-        device.expect_same(what, d)?;
-    }
-    Ok(())
-}
-
 impl<'b> BoundStream<'b> {
     /// Enqueues a matrix–vector product `y = alpha·op(A)·x + beta·y` (cuBLAS `gemv`) of
     /// f32 or f64 ([`BlasFloat`]), with A row- or column-major, either transpose, a
@@ -163,12 +151,12 @@ impl<'b> BoundStream<'b> {
         y: &mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
         let bound = self.bound();
-        let bufs = [
+        let bufs: [(_, &Device); 3] = [
             ("matrix A", a.device()),
             ("vector x", x.device()),
             ("vector y", y.device()),
         ];
-        check_devices(bound.device(), blas, &bufs)?;
+        check_devices(bound.device(), blas.device(), &bufs)?;
         let plan = plan_gemv(shape, T::DATA_TYPE, [a.len(), x.len(), y.len()])?;
         refuse_aliasing(("y", span_of(&*y)), &[("A", span_of(a)), ("x", span_of(x))])?;
         if plan.empty {
@@ -294,7 +282,8 @@ impl<'b> BoundStream<'b> {
         x: &impl DeviceMemory<T>,
         incx: usize,
     ) -> Result<usize> {
-        check_devices(self.bound().device(), blas, &[("vector x", x.device())])?;
+        let x_device: [(_, &Device); 1] = [("vector x", x.device())];
+        check_devices(self.bound().device(), blas.device(), &x_device)?;
         if incx == 0 {
             return Err(MatmulError::ZeroIncrement {
                 routine: "asum",

@@ -532,8 +532,7 @@ impl Device {
             Error::Driver { call, code, .. }
                 if crate::device::poison::is_sticky(code.as_cudarc()) =>
             {
-                let p = self.poison.poison(call, code.as_cudarc()).clone();
-                crate::device::poison::error(self, &p)
+                self.poison_with(call, code.as_cudarc())
             }
             e => e,
         })
@@ -590,20 +589,21 @@ impl Device {
             Error::Driver { call, code, .. }
                 if crate::device::poison::is_sticky(code.as_cudarc()) =>
             {
-                let p = self.poison.poison(call, code.as_cudarc()).clone();
-                crate::device::poison::error(self, &p)
+                self.poison_with(call, code.as_cudarc())
             }
             other => other,
         }
     }
 
-    /// Poisons the device for a reason no driver call reported: work may still be
-    /// appended to one of its streams that nothing can order later uses or frees after
-    /// (an `ncclCommAbort` that did not return). From then on every call into the device
-    /// is [`Error::ContextPoisoned`] naming `call` and `code`, and every buffer of it is
-    /// leaked rather than freed, so the late work cannot write freed memory.
-    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
-    pub(crate) fn poison_unordered(&self, call: &'static str, code: sys::CUresult) -> Error {
+    /// Poisons the device (the first poisoning wins) and returns its
+    /// [`Error::ContextPoisoned`]. For a sticky error a driver call reported, and for
+    /// work that may still be appended to one of its streams that nothing can order later
+    /// uses or frees after (an `ncclCommAbort` that did not return; cudarc's work on a
+    /// lent buffer that neither a device-side wait nor `cuCtxSynchronize` could order).
+    /// From then on every call into the device is [`Error::ContextPoisoned`] naming
+    /// `call` and `code`, and every buffer of it is leaked rather than freed, so late work
+    /// cannot write freed memory.
+    pub(crate) fn poison_with(&self, call: &'static str, code: sys::CUresult) -> Error {
         let p = self.poison.poison(call, code).clone();
         crate::device::poison::error(self, &p)
     }

@@ -77,6 +77,11 @@ impl DriverErrorCode {
         self.0 as u32
     }
 
+    /// The driver's `CUresult`.
+    pub(crate) fn cu(self) -> CUresult {
+        self.0
+    }
+
     /// The `cuda.h` name, e.g. `CUDA_ERROR_ILLEGAL_ADDRESS` (what `cuGetErrorName`
     /// returns; known without a driver).
     pub fn name(self) -> String {

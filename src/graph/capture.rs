@@ -37,7 +37,8 @@ use std::sync::Arc;
 /// one NCCL rank's collectives (`Capture::rank_all_reduce`, `rank_reduce`,
 /// `rank_broadcast`, `rank_all_gather`, `rank_reduce_scatter` on a `RankComm`) — so nothing
 /// that would invalidate a capture (a synchronisation, a synchronous copy, an allocation)
-/// can be enqueued into it:
+/// can be enqueued into it. (Code that issues the same memsets, copies and kernels on a
+/// stream or into a capture is written once over [`Issue`](crate::Issue).)
 ///
 /// ```no_run
 /// # fn main() -> gpubind::Result<()> {

@@ -118,8 +118,10 @@ impl<'l, 'c, 'buf> CaptureLaunch<'l, 'c, 'buf> {
                 .check_arg_size(self.args.len(), arg.param_size(), || arg.describe())
                 .err();
         }
-        if self.error.is_none() {
-            self.error = check_write(arg, self.args.len(), access).err();
+        if let Err(e) = check_write(arg, self.args.len(), access)
+            && self.error.is_none()
+        {
+            self.error = Some(e);
         }
         if let Some(t) = arg.access_tracker() {
             self.buffers.push((t, arg.arg_span(), access));

@@ -1,11 +1,14 @@
 //! CUDA graphs: capture, captured graphs and their instantiation (the capture rules are on
-//! [`Capture`]).
+//! [`Capture`]), and [`Issue`], the one way to issue work that a stream and a capture
+//! share.
 
 mod agreement;
 mod capture;
 mod capture_event;
 mod capture_launch;
 mod instantiate;
+mod issue;
+mod issue_stream;
 mod session;
 mod uses;
 
@@ -16,6 +19,7 @@ use agreement::agreed;
 pub use capture::Capture;
 pub use capture_launch::CaptureLaunch;
 pub use instantiate::InstantiateFlags;
+pub use issue::{Issue, KernelLaunch, StreamLaunch};
 pub(crate) use uses::Owned;
 use uses::Uses;
 

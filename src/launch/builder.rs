@@ -334,8 +334,10 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             this.tracked.push(t, access);
         }
         let i = this.args.len();
-        if this.error.is_none() {
-            this.error = check_write(arg, i, access).err().map(Box::new);
+        if let Err(e) = check_write(arg, i, access)
+            && this.error.is_none()
+        {
+            this.error = Some(Box::new(e));
         }
         if let (None, Some(&want)) = (
             &this.size_error,
@@ -360,9 +362,10 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     #[inline(always)]
     pub fn arg_written<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
         self.arg(arg);
-        if self.error.is_none() {
-            let i = self.args.len() - 1;
-            self.error = check_write(arg, i, Access::Write).err().map(Box::new);
+        if let Err(e) = check_write(arg, self.args.len() - 1, Access::Write)
+            && self.error.is_none()
+        {
+            self.error = Some(Box::new(e));
         }
         if let Some(t) = arg.access_tracker() {
             self.tracked.mark_written(t);

@@ -33,7 +33,7 @@
 //! the ordering.
 
 use super::{DeviceRepr, DeviceSlice};
-use crate::access::{AccessTracker, StreamSlot};
+use crate::access::AccessTracker;
 use crate::cuda_version::DriverVersion;
 use crate::device::Device;
 use crate::driver::result::{self, memory, pool};
@@ -109,24 +109,6 @@ impl Device {
     }
 }
 
-/// [`Error::NotCapturable`] for a stream shared with cudarc that cudarc is capturing: an
-/// allocation there would be a graph's allocation node, memory that exists only while the
-/// graph runs, not a buffer.
-fn refuse_capturing(slot: StreamSlot<'_>) -> Result<()> {
-    if let StreamSlot::Owned(s) = slot
-        && s.cudarc.is_some()
-        && slot.to_ref().may_be_capturing()
-    {
-        return Err(Error::NotCapturable {
-            what: "BoundStream::alloc",
-            reason: "the stream, shared with cudarc, is being captured; allocate before the \
-                     capture begins"
-                .into(),
-        });
-    }
-    Ok(())
-}
-
 impl<'b> BoundStream<'b> {
     /// Allocates `len` uninitialised elements from the device's default memory pool,
     /// ordered on this stream (`cuMemAllocFromPoolAsync`); returns at once, without
@@ -141,8 +123,9 @@ impl<'b> BoundStream<'b> {
     ///
     /// Kernels of other devices cannot reach pool memory (peer access does not extend to
     /// the default pool), and it cannot be exported as a legacy IPC handle: use
-    /// `BoundDevice::alloc` for such buffers. On a stream shared with cudarc while cudarc
-    /// captures it, [`Error::NotCapturable`] (the allocation would be the graph's).
+    /// `BoundDevice::alloc` for such buffers. On a stream shared with cudarc or borrowed
+    /// while its owner captures it, [`Error::NotCapturable`] (the allocation would be the
+    /// graph's).
     ///
     /// # Safety
     ///
@@ -169,8 +152,9 @@ impl<'b> BoundStream<'b> {
             return unsafe { self.bound().alloc::<T>(len) };
         };
         // The legacy stream is the current context's; a gpubind stream needs no context.
+        // A stream another library captures is refused: an allocation there would be a
+        // graph's allocation node, memory that exists only while the graph runs.
         self.ensure_stream_context()?;
-        refuse_capturing(self.slot())?;
         // SAFETY: the default pool of this stream's device (never destroyed) and a live
         // stream of that device (borrowed); the slice built below owns the memory, uses
         // it only after this point of the stream (its tracker's write) and frees it once.

@@ -101,7 +101,10 @@ pub unsafe trait KernelArg {
 }
 
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if argument `i` is claimed
-/// as written (`access`) but [`KernelArg::read_only`] says it must never be.
+/// as written (`access`) but [`KernelArg::read_only`] says it must never be. Inlined: for
+/// an argument whose `read_only` is the default `None` it costs nothing on the launch
+/// path; the refusal is built out of line.
+#[inline(always)]
 pub(crate) fn check_write<A: KernelArg + ?Sized>(
     arg: &A,
     i: usize,
@@ -109,14 +112,19 @@ pub(crate) fn check_write<A: KernelArg + ?Sized>(
 ) -> crate::error::Result<()> {
     match arg.read_only() {
         Some(why) if access == crate::access::Access::Write => {
-            Err(crate::error::Error::InvalidArgument(format!(
-                "kernel argument {i} ({}) is passed as written (`&mut` or `arg_written`), \
-                 but {why}",
-                arg.describe()
-            )))
+            Err(written_read_only(i, arg.describe(), why))
         }
         _ => Ok(()),
     }
+}
+
+/// The refusal of [`check_write`].
+#[cold]
+#[inline(never)]
+fn written_read_only(i: usize, what: String, why: &'static str) -> crate::error::Error {
+    crate::error::Error::InvalidArgument(format!(
+        "kernel argument {i} ({what}) is passed as written (`&mut` or `arg_written`), but {why}"
+    ))
 }
 
 // SAFETY: plain data passed by value: the kernel receives the value's own

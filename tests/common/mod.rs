@@ -12,6 +12,8 @@
 
 use std::time::Instant;
 
+pub mod socket_child;
+
 /// CUDA C source of `slow_fill(out, n, value, cycles)`: spins for `cycles` clock ticks,
 /// then writes `value` to `out[0..n]` — the slow writer the ordering tests race against.
 /// A literal, for `concat!` into a suite's kernel source. (Not every suite uses it: the
@@ -238,6 +240,14 @@ impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
 /// Device 0, or the error as a test failure.
 pub fn dev0() -> Result<std::sync::Arc<gpubind::Device>, String> {
     gpubind::Device::get(0).ctx("Device::get(0)")
+}
+
+/// Runs `test` with device 0 bound on this thread.
+pub fn on_device0(test: fn(&gpubind::BoundDevice<'_>) -> Result<(), String>) -> Result<(), String> {
+    let dev = dev0()?;
+    let mut ctx = gpubind::ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    test(&gpu)
 }
 
 /// `Err` unless `cond`.

@@ -108,6 +108,9 @@ impl KernelsRank {
         rc: RankCall<'_>,
     ) -> Result<RankPost> {
         let call = rc.call?;
+        // The caller's stream may be one another library captures: refused, as every
+        // operation on it is (the lanes' claims below do not check streams).
+        stream.ensure_stream_context()?;
         let gpu = stream.bound();
         self.world.shared.ensure_kernels(gpu)?;
         if self.event.is_none() {

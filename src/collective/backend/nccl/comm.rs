@@ -230,24 +230,10 @@ impl NcclComm {
         let issued = unsafe { self.issue_inside(api, call, stream) };
         self.owner_leave();
         if issued.is_err() && self.bound.is_some() && self.verdict().is_some() {
-            self.wait_for_abort();
+            let limit = crate::teardown::drop_wait::drop_timeout();
+            wait_for_abort(&self.watch, self.nranks, limit);
         }
         issued
-    }
-
-    /// After a failed enqueue on a non-blocking communicator (aborted: the owner left
-    /// the gate, so the abort was taken, by the owner or the watchdog): waits until
-    /// `ncclCommAbort` has returned, which joins NCCL's background enqueue, so no kernel
-    /// of the call is appended to the stream after the caller's claim is released.
-    /// Bounded by `GPUBIND_DROP_TIMEOUT`; past it, NCCL may still append the call's
-    /// kernel after anything ordered later on the stream, so the device is poisoned:
-    /// its buffers are leaked, never freed under that kernel (docs/safety.md, "NCCL").
-    fn wait_for_abort(&self) {
-        wait_for_abort(
-            &self.watch,
-            self.nranks,
-            crate::teardown::drop_wait::drop_timeout(),
-        );
     }
 
     /// [`issue`](Self::issue) with the owner inside the gate.
@@ -586,8 +572,14 @@ impl Drop for NcclComm {
     }
 }
 
-/// [`NcclComm::wait_for_abort`] for the communicator watched by `watch`, waiting up to
-/// `limit`; returns whether the abort returned (else the device, if known, is poisoned).
+/// After a failed enqueue on a non-blocking communicator (aborted: the owner left the
+/// gate, so the abort was taken, by the owner or the watchdog): waits until
+/// `ncclCommAbort` has returned, which joins NCCL's background enqueue, so no kernel of
+/// the call is appended to the stream after the caller's claim is released. Bounded by
+/// `limit` (`GPUBIND_DROP_TIMEOUT`); past it, NCCL may still append the call's kernel
+/// after anything ordered later on the stream, so the device of `watch`, if known, is
+/// poisoned: its buffers are leaked, never freed under that kernel (docs/safety.md,
+/// "NCCL"). Returns whether the abort returned.
 fn wait_for_abort(watch: &Watched, nranks: usize, limit: Duration) -> bool {
     if watch.wait_abort_returned(limit) {
         return true;
@@ -595,7 +587,7 @@ fn wait_for_abort(watch: &Watched, nranks: usize, limit: Duration) -> bool {
     let poisoned = watch
         .device
         .get()
-        .map(|d| d.poison_unordered("ncclCommAbort", sys::CUresult::CUDA_ERROR_TIMEOUT));
+        .map(|d| d.poison_with("ncclCommAbort", sys::CUresult::CUDA_ERROR_TIMEOUT));
     log::error!(
         "gpubind: ncclCommAbort of an NCCL communicator of {nranks} ranks did not return \
          within GPUBIND_DROP_TIMEOUT ({limit:?}) after a failed enqueue: NCCL may still \
