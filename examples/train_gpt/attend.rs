@@ -1,13 +1,12 @@
 //! A block's attention core — from the QKV product to the projection's input, and back —
 //! in either implementation of `--attention`: fused ([`Attention`]: tiles, online softmax,
 //! no T×T matrix) or unfused (llm.c's: batched products into a `B·NH·T·T` matrix, a
-//! softmax kernel, permutes). Generic over where the work goes ([`Enqueue`] and
-//! [`Target`]: a stream or a graph capture), so the eager and captured steps and
-//! `--check-attention` run the same calls.
+//! softmax kernel, permutes). Generic over where the work goes ([`Enqueue`]: a stream
+//! or a graph capture), so the eager and captured steps and `--check-attention` run the
+//! same calls.
 
 use crate::attention::Attention;
 use crate::kernels::Kernels;
-use crate::launch::Target;
 use crate::model::Dims;
 use crate::precision::Act;
 use gpubind::blas::{Batch, Blas, Enqueue, Matmul};
@@ -62,7 +61,7 @@ fn bmm<'b, T: Act>(
 }
 
 /// The attention forward pass: fused with `fused`, else unfused.
-pub fn forward<'b, T: Act, E: Enqueue<'b> + Target<'b>>(
+pub fn forward<'b, T: Act, E: Enqueue<'b>>(
     e: &mut E,
     (ks, fused): (&Kernels, Option<&Attention>),
     blas: &mut Blas,
@@ -85,7 +84,7 @@ pub fn forward<'b, T: Act, E: Enqueue<'b> + Target<'b>>(
 }
 
 /// The attention backward pass: fused with `fused`, else unfused.
-pub fn backward<'b, T: Act, E: Enqueue<'b> + Target<'b>>(
+pub fn backward<'b, T: Act, E: Enqueue<'b>>(
     e: &mut E,
     (ks, fused): (&Kernels, Option<&Attention>),
     blas: &mut Blas,

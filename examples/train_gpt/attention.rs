@@ -11,8 +11,9 @@
 //! dq, dk and dv into `dqkv` (`(B, T, 3, NH, 64)`). Only head size 64 is compiled.
 
 use crate::kernels::u32_of;
-use crate::launch::{Arg, In, Target};
+use crate::launch::In;
 use gpubind::{BoundDevice, CompileOptions, Error, Kernel, LaunchConfig, Result};
+use gpubind::{Issue, KernelLaunch};
 
 /// The shared-memory tiled kernels' CUDA source.
 pub const SOURCE: &str = include_str!("attention.cu");
@@ -143,7 +144,7 @@ impl Attention {
     /// row's log-sum-exp, which the backward pass reads.
     pub fn forward<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         y: &'b impl In,
         lse: &'b impl In,
         qkv: &'b impl In,
@@ -165,18 +166,14 @@ impl Attention {
         // size 64 (checked) is the sources' HD; the 16-byte accesses of the mma kernels
         // are at multiples of 8 elements from 16-byte aligned buffers (checked).
         unsafe {
-            tg.run(
-                &self.fwd,
-                Self::tiled(t, self.tiles.0, b * nh),
-                &[
-                    Arg::w(y),
-                    Arg::w(lse),
-                    Arg::b(qkv),
-                    Arg::s(&tt),
-                    Arg::s(&nn),
-                    Arg::s(&scale),
-                ],
-            )
+            tg.launch(&self.fwd, Self::tiled(t, self.tiles.0, b * nh))
+                .arg_written(y)
+                .arg_written(lse)
+                .arg(qkv)
+                .value(tt)
+                .value(nn)
+                .value(scale)
+                .launch()
         }
     }
 
@@ -186,7 +183,7 @@ impl Attention {
     #[allow(clippy::too_many_arguments)]
     pub fn backward<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         dqkv: &'b impl In,
         dsum: &'b impl In,
         (qkv, y, lse): (&'b impl In, &'b impl In, &'b impl In),
@@ -215,39 +212,35 @@ impl Attention {
         // B·T·NH reads the 64 elements of row r of y and dy (B·T·NH·64, checked) and
         // writes one dsum entry (b·NH + h)·T + t < B·NH·T (checked).
         unsafe {
-            tg.run(
-                &self.bwd_d,
-                warp_rows,
-                &[
-                    Arg::w(dsum),
-                    Arg::b(y),
-                    Arg::b(dy),
-                    Arg::s(&rr),
-                    Arg::s(&tt),
-                    Arg::s(&nn),
-                ],
-            )?;
+            tg.launch(&self.bwd_d, warp_rows)
+                .arg_written(dsum)
+                .arg(y)
+                .arg(dy)
+                .value(rr)
+                .value(tt)
+                .value(nn)
+                .launch()?;
         }
-        let args = [
-            Arg::w(dqkv),
-            Arg::b(qkv),
-            Arg::b(dy),
-            Arg::b(lse),
-            Arg::b(dsum),
-            Arg::s(&tt),
-            Arg::s(&nn),
-            Arg::s(&scale),
-        ];
-        // SAFETY: (act_t*, const act_t* ×2, const float* ×2, unsigned ×2, float) matches
-        // attn_bwd_dq; block (x, y) reads rows < T of head y's q, k, v (qkv, checked),
-        // dy (checked), lse and dsum (B·NH·T, checked) and writes rows < T of its dq part
-        // of dqkv (3·B·T·C, checked).
-        unsafe {
-            tg.run(&self.bwd_dq, Self::tiled(t, self.tiles.0, b * nh), &args)?;
+        for (kernel, tile) in [(&self.bwd_dq, self.tiles.0), (&self.bwd_dkdv, self.tiles.1)] {
+            // SAFETY: (act_t*, const act_t* ×2, const float* ×2, unsigned ×2, float)
+            // matches attn_bwd_dq and attn_bwd_dkdv; block (x, y) reads rows < T of head
+            // y's q, k, v (qkv, checked), dy (checked), lse and dsum (B·NH·T, checked) and
+            // writes rows < T of head y's part of dqkv (3·B·T·C, checked): attn_bwd_dq its
+            // dq, attn_bwd_dkdv its dk and dv, disjoint from the dq rows the other wrote.
+            unsafe {
+                tg.launch(kernel, Self::tiled(t, tile, b * nh))
+                    .arg_written(dqkv)
+                    .arg(qkv)
+                    .arg(dy)
+                    .arg(lse)
+                    .arg(dsum)
+                    .value(tt)
+                    .value(nn)
+                    .value(scale)
+                    .launch()?;
+            }
         }
-        // SAFETY: as attn_bwd_dq, same parameters; block (x, y) writes rows < T of head
-        // y's dk and dv parts of dqkv, disjoint from the dq rows the other kernel wrote.
-        unsafe { tg.run(&self.bwd_dkdv, Self::tiled(t, self.tiles.1, b * nh), &args) }
+        Ok(())
     }
 }
 

@@ -27,7 +27,7 @@ use crate::gpt::{Act, Gpt};
 use crate::model::{Config, ParamLayout};
 use crate::optim::{AdamW, Schedule};
 use gpubind::collective::{CommOptions, Communicator, Op};
-use gpubind::{BoundStream, Device, DeviceSlice, Stream, ThreadContext};
+use gpubind::{BoundStream, Device, DeviceSlice, Issue, Stream, ThreadContext};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -79,7 +79,7 @@ pub fn train<T: Act>(
             ctx: &mut *ctx,
             devices,
             streams: &streams,
-            reps: &mut reps,
+            reps: &reps,
         };
         train_step(&mut all, hp, |all, k| {
             buckets.reduce(all.ctx, &comm, devices, &streams, all.reps, k)?;
@@ -136,7 +136,7 @@ struct Replicas<'x, T: Act> {
     ctx: &'x mut ThreadContext,
     devices: &'x [Arc<Device>],
     streams: &'x [Stream],
-    reps: &'x mut [Gpt<T>],
+    reps: &'x [Gpt<T>],
 }
 
 impl<T: Act> Replicas<'_, T> {
@@ -145,10 +145,10 @@ impl<T: Act> Replicas<'_, T> {
         &mut self,
         mut f: impl FnMut(usize, &mut Eager<'_, '_, T>) -> gpubind::Result<()>,
     ) -> gpubind::Result<()> {
-        for (r, rep) in self.reps.iter_mut().enumerate() {
+        for (r, rep) in self.reps.iter().enumerate() {
             let gpu = self.ctx.bind(&self.devices[r])?;
             let mut s = gpu.on(&self.streams[r])?;
-            f(r, &mut rep.eager(&mut s))?;
+            f(r, &mut rep.eager(&mut s)?)?;
         }
         Ok(())
     }
@@ -160,9 +160,6 @@ impl<T: Act> Issuer for Replicas<'_, T> {
     }
     fn issue(&mut self, part: Part) -> gpubind::Result<()> {
         self.each(|_, x| x.issue(part))
-    }
-    fn zero_dres(&mut self) -> gpubind::Result<()> {
-        self.each(|_, x| x.zero_dres())
     }
 }
 
@@ -233,10 +230,11 @@ impl<T: Act> Buckets<T> {
         Ok(())
     }
 
-    /// Copies every reduced bucket of rank `r` back into its gradients (on `s`).
-    fn copy_back(&self, s: &BoundStream<'_>, r: usize, rep: &mut Gpt<T>) -> gpubind::Result<()> {
+    /// Copies every reduced bucket of rank `r` back into its gradients (on `s`, through
+    /// the shared borrow of the replica that its step holds).
+    fn copy_back(&self, s: &mut BoundStream<'_>, r: usize, rep: &Gpt<T>) -> gpubind::Result<()> {
         for (k, range) in self.ranges.iter().enumerate() {
-            s.dtod_async(&self.bufs[k][r], &mut rep.grads.slice_mut(range.clone())?)?;
+            s.dtod(&self.bufs[k][r], &rep.grads.slice(range.clone())?)?;
         }
         Ok(())
     }

@@ -254,14 +254,14 @@ impl<T: Act> Gpt<T> {
     }
 
     /// The issuer of a step's parts eagerly on `s` ([`step::train_step`]).
-    pub fn eager<'x, 's>(&'x mut self, s: &'x mut BoundStream<'s>) -> Eager<'x, 's, T> {
-        Eager { s, model: self }
+    pub fn eager<'x, 's>(&'x self, s: &'x mut BoundStream<'s>) -> Result<Eager<'x, 's, T>> {
+        Eager::new(s, self)
     }
 
     /// The forward pass over `tokens`: logits, and the mean loss against `targets` into
     /// `loss` (with `grad`, the logits' gradient too).
-    pub fn forward(&mut self, s: &mut BoundStream<'_>, grad: bool) -> Result<()> {
-        self.eager(s).issue(Part::Forward { grad })
+    pub fn forward(&self, s: &mut BoundStream<'_>, grad: bool) -> Result<()> {
+        self.eager(s)?.issue(Part::Forward { grad })
     }
 
     /// Uploads a batch (`tokens` and `targets`, `b × t` each, below the vocabulary).

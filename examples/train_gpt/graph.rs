@@ -5,9 +5,9 @@
 //! The graph reads its inputs (tokens, targets, the schedule's lr and bias corrections)
 //! from the model's device buffers, which it holds borrowed (shared) for its lifetime.
 //! `htod_copy` needs `&mut` of its destination, so a step's inputs are uploaded into
-//! staging buffers ([`Staging`]) and moved into the graph's input buffers by an eager
-//! `copy_words` kernel, which (like any launch) takes its buffers by shared reference and
-//! is ordered before the graph's launch by gpubind's access tracking.
+//! staging buffers ([`Staging`]) and copied into the graph's input buffers on the stream
+//! through shared borrows (`Issue::dtod`), ordered before the graph's launch by gpubind's
+//! access tracking.
 //!
 //! The captured step is the eager one: both issue the parts of `step.rs`, which
 //! `pass.rs` writes once for a stream and a capture alike; `--check-graph` runs both and
@@ -17,7 +17,8 @@ use super::step::{self, Captured};
 use super::{Act, Gpt};
 use crate::model::ParamLayout;
 use crate::optim::{AdamW, SCHED_LEN};
-use gpubind::{BoundDevice, BoundStream, DeviceRepr, DeviceSlice, DeviceView, Graph, Result};
+use gpubind::Result;
+use gpubind::{BoundDevice, BoundStream, DeviceRepr, DeviceSlice, DeviceView, Graph, Issue};
 
 /// Views of the flat buffers per tensor, by name: parameters, gradients, and each layer
 /// norm's weight-and-bias gradient pair. A capture makes them first, so that they live as
@@ -148,11 +149,11 @@ impl<T: Act> Gpt<T> {
     ) -> Result<()> {
         gpu.htod_copy(x, &mut st.tokens)?;
         gpu.htod_copy(y, &mut st.targets)?;
-        self.k.copy_words(s, &self.tokens, &st.tokens)?;
-        self.k.copy_words(s, &self.targets, &st.targets)?;
+        s.dtod(&st.tokens, &self.tokens)?;
+        s.dtod(&st.targets, &self.targets)?;
         if let Some(v) = sched {
             gpu.htod_copy(v, &mut st.sched)?;
-            self.k.copy_words(s, &self.sched, &st.sched)?;
+            s.dtod(&st.sched, &self.sched)?;
         }
         Ok(())
     }

@@ -394,8 +394,3 @@ extern "C" __global__ void adamw(float* p, act_t* w, const act_t* g, float* m, f
 extern "C" __global__ void cast_weights(act_t* w, const float* p, unsigned n) {
     GRID_STRIDE(i, n) w[i] = st(p[i]);
 }
-
-// dst = src, 32-bit words: how a step's inputs reach the buffers a CUDA graph reads.
-extern "C" __global__ void copy_words(unsigned* dst, const unsigned* src, unsigned n) {
-    GRID_STRIDE(i, n) dst[i] = src[i];
-}

@@ -5,9 +5,10 @@
 //! activations ([`Kernels::load`] with `bf16`) they are `__nv_bfloat16*`, and the model
 //! ([`Gpt<T>`](crate::gpt::Gpt)) passes buffers of `T` there and of `f32` elsewhere.
 
-use crate::launch::{Arg, In, Target};
+use crate::launch::In;
 use gpubind::BoundDevice;
 use gpubind::{CompileOptions, Error, Kernel, LaunchConfig, Result};
+use gpubind::{Issue, KernelLaunch};
 
 /// The kernels' CUDA source.
 pub const SOURCE: &str = include_str!("kernels.cu");
@@ -53,7 +54,6 @@ registry!(
     sumsq_partial,
     adamw,
     cast_weights,
-    copy_words,
 );
 
 #[path = "kernels_optim.rs"]
@@ -120,7 +120,7 @@ impl Kernels {
     /// `out[b,t] = wte[tok[b,t]] + wpe[t]`.
     pub fn encoder_fwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         out: &'b impl In,
         tok: &'b impl In,
         wte: &'b impl In,
@@ -142,19 +142,15 @@ impl Kernels {
         // length), wpe rows < T (checked) and wte rows named by the tokens, which the host
         // checks are below the vocabulary (data::Batches makes them from bytes, V = 256).
         unsafe {
-            tg.run(
-                &self.encoder_fwd,
-                grid(out.len()),
-                &[
-                    Arg::w(out),
-                    Arg::b(tok),
-                    Arg::b(wte),
-                    Arg::b(wpe),
-                    Arg::s(&bt),
-                    Arg::s(&t),
-                    Arg::s(&c),
-                ],
-            )
+            tg.launch(&self.encoder_fwd, grid(out.len()))
+                .arg_written(out)
+                .arg(tok)
+                .arg(wte)
+                .arg(wpe)
+                .value(bt)
+                .value(t)
+                .value(c)
+                .launch()
         }
     }
 
@@ -163,7 +159,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn encoder_bwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         (dwte, dwpe): (&'b impl In, &'b impl In),
         partial: &'b impl In,
         dout: &'b impl In,
@@ -187,17 +183,13 @@ impl Kernels {
         // SAFETY: (float*, const float*, unsigned ×3) matches encoder_bwd_wpe; it writes T·C
         // of dwpe and reads B·T·C of dout (both checked).
         unsafe {
-            tg.run(
-                &self.encoder_bwd_wpe,
-                grid(dwpe.len()),
-                &[
-                    Arg::w(dwpe),
-                    Arg::b(dout),
-                    Arg::s(&b),
-                    Arg::s(&t),
-                    Arg::s(&c),
-                ],
-            )?;
+            tg.launch(&self.encoder_bwd_wpe, grid(dwpe.len()))
+                .arg_written(dwpe)
+                .arg(dout)
+                .value(b)
+                .value(t)
+                .value(c)
+                .launch()?;
         }
         let cfg = LaunchConfig {
             grid_dim: (c.div_ceil(32), pp, 1),
@@ -210,27 +202,24 @@ impl Kernels {
         // (checked); the tokens index its 256 accumulator rows: they are below V <= 256
         // (checked; the host makes them from bytes).
         unsafe {
-            tg.run(
-                &self.encoder_bwd_wte_partial,
-                cfg,
-                &[
-                    Arg::w(partial),
-                    Arg::b(dout),
-                    Arg::b(tok),
-                    Arg::s(&bt),
-                    Arg::s(&v),
-                    Arg::s(&c),
-                ],
-            )?;
+            tg.launch(&self.encoder_bwd_wte_partial, cfg)
+                .arg_written(partial)
+                .arg(dout)
+                .arg(tok)
+                .value(bt)
+                .value(v)
+                .value(c)
+                .launch()?;
         }
         // SAFETY: (float*, const float*, unsigned ×2) matches encoder_bwd_wte_finish; it
         // touches V·C of dwte (checked) and P·V·C of partial (checked).
         unsafe {
-            tg.run(
-                &self.encoder_bwd_wte_finish,
-                grid(dwte.len()),
-                &[Arg::w(dwte), Arg::b(partial), Arg::s(&pp), Arg::s(&vc)],
-            )
+            tg.launch(&self.encoder_bwd_wte_finish, grid(dwte.len()))
+                .arg_written(dwte)
+                .arg(partial)
+                .value(pp)
+                .value(vc)
+                .launch()
         }
     }
 
@@ -238,7 +227,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn layernorm_fwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         out: &'b impl In,
         mean: &'b impl In,
         rstd: &'b impl In,
@@ -257,20 +246,16 @@ impl Kernels {
         // SAFETY: (float* ×3, const float* ×3, unsigned ×2) matches layernorm_fwd; warp r
         // < N touches row r of out and inp (N·C, checked), mean[r], rstd[r], C of w and b.
         unsafe {
-            tg.run(
-                &self.layernorm_fwd,
-                warp_rows(n),
-                &[
-                    Arg::w(out),
-                    Arg::w(mean),
-                    Arg::w(rstd),
-                    Arg::b(inp),
-                    Arg::b(wb.0),
-                    Arg::b(wb.1),
-                    Arg::s(&nn),
-                    Arg::s(&cc),
-                ],
-            )
+            tg.launch(&self.layernorm_fwd, warp_rows(n))
+                .arg_written(out)
+                .arg_written(mean)
+                .arg_written(rstd)
+                .arg(inp)
+                .arg(wb.0)
+                .arg(wb.1)
+                .value(nn)
+                .value(cc)
+                .launch()
         }
     }
 
@@ -279,7 +264,7 @@ impl Kernels {
     /// [`layernorm_fwd`](Self::layernorm_fwd) computes it.
     pub fn residual_layernorm<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         (res, out, mean, rstd): (&'b impl In, &'b impl In, &'b impl In, &'b impl In),
         (x, y, pb): (&'b impl In, &'b impl In, &'b impl In),
         wb: (&'b impl In, &'b impl In),
@@ -300,23 +285,19 @@ impl Kernels {
         // warp r < N touches row r of res, out, x and y (N·C each, checked), mean[r],
         // rstd[r] (N, checked) and C of pb, w and b (checked).
         unsafe {
-            tg.run(
-                &self.residual_layernorm_fwd,
-                warp_rows(n),
-                &[
-                    Arg::w(res),
-                    Arg::w(out),
-                    Arg::w(mean),
-                    Arg::w(rstd),
-                    Arg::b(x),
-                    Arg::b(y),
-                    Arg::b(pb),
-                    Arg::b(wb.0),
-                    Arg::b(wb.1),
-                    Arg::s(&nn),
-                    Arg::s(&cc),
-                ],
-            )
+            tg.launch(&self.residual_layernorm_fwd, warp_rows(n))
+                .arg_written(res)
+                .arg_written(out)
+                .arg_written(mean)
+                .arg_written(rstd)
+                .arg(x)
+                .arg(y)
+                .arg(pb)
+                .arg(wb.0)
+                .arg(wb.1)
+                .value(nn)
+                .value(cc)
+                .launch()
         }
     }
 
@@ -325,7 +306,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn layernorm_bwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         dinp: &'b impl In,
         dwb: &'b impl In,
         partial: &'b impl In,
@@ -365,38 +346,35 @@ impl Kernels {
         // and inp (N·C, checked), their mean and rstd (N, checked), C <= 1024 (checked) of
         // w, and writes partial[x·2C .. (x+1)·2C) inside its length (checked).
         unsafe {
-            tg.run(
-                &self.layernorm_bwd_rows,
-                blocks(pp, 256),
-                &[
-                    Arg::w(dinp),
-                    Arg::w(partial),
-                    Arg::b(dout),
-                    Arg::b(inp),
-                    Arg::b(stats.0),
-                    Arg::b(stats.1),
-                    Arg::b(w),
-                    Arg::s(&nn),
-                    Arg::s(&cc),
-                    Arg::s(&rr),
-                ],
-            )?;
+            tg.launch(&self.layernorm_bwd_rows, blocks(pp, 256))
+                .arg_written(dinp)
+                .arg_written(partial)
+                .arg(dout)
+                .arg(inp)
+                .arg(stats.0)
+                .arg(stats.1)
+                .arg(w)
+                .value(nn)
+                .value(cc)
+                .value(rr)
+                .launch()?;
         }
         // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block j < 2C
         // writes dwb[j] (2C, checked) and reads column j of the P·2C partials written above.
         unsafe {
-            tg.run(
-                &self.colsum_finish,
-                blocks(ww, 128),
-                &[Arg::w(dwb), Arg::b(partial), Arg::s(&pp), Arg::s(&ww)],
-            )
+            tg.launch(&self.colsum_finish, blocks(ww, 128))
+                .arg_written(dwb)
+                .arg(partial)
+                .value(pp)
+                .value(ww)
+                .launch()
         }
     }
 
     /// Column sums of `dout` (`rows × c`) into `out` (`c`), through `partial`.
     fn colsum<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         out: &'b impl In,
         partial: &'b impl In,
         dout: &'b impl In,
@@ -423,27 +401,29 @@ impl Kernels {
         // reads rows of chunk y < parts of columns < C of dout (N·C, checked) and writes
         // partial row y (C wide), inside parts·C ≤ partial's length (checked).
         unsafe {
-            tg.run(
-                &self.colsum_partial,
-                cfg,
-                &[Arg::w(partial), Arg::b(dout), Arg::s(&nn), Arg::s(&cc)],
-            )?
+            tg.launch(&self.colsum_partial, cfg)
+                .arg_written(partial)
+                .arg(dout)
+                .value(nn)
+                .value(cc)
+                .launch()?
         };
         // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block c < C
         // writes out[c] (C elements, checked) and reads column c of P·C partials.
         unsafe {
-            tg.run(
-                &self.colsum_finish,
-                blocks(cc, 128),
-                &[Arg::w(out), Arg::b(partial), Arg::s(&pp), Arg::s(&cc)],
-            )
+            tg.launch(&self.colsum_finish, blocks(cc, 128))
+                .arg_written(out)
+                .arg(partial)
+                .value(pp)
+                .value(cc)
+                .launch()
         }
     }
 
     /// Bias gradient: the column sums of `dout` (`rows × db.len()`).
     pub fn bias_grad<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         db: &'b impl In,
         partial: &'b impl In,
         dout: &'b impl In,
@@ -455,7 +435,7 @@ impl Kernels {
     /// `y[r] += b`.
     pub fn bias_add<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         y: &'b impl In,
         b: &'b impl In,
     ) -> Result<()> {
@@ -466,11 +446,12 @@ impl Kernels {
         u32_of("N*C", y.len())?;
         // SAFETY: (float*, const float*, unsigned ×2) matches bias_add; N·C of y, C of b.
         unsafe {
-            tg.run(
-                &self.bias_add,
-                grid(y.len()),
-                &[Arg::w(y), Arg::b(b), Arg::s(&nn), Arg::s(&cc)],
-            )
+            tg.launch(&self.bias_add, grid(y.len()))
+                .arg_written(y)
+                .arg(b)
+                .value(nn)
+                .value(cc)
+                .launch()
         }
     }
 
@@ -478,7 +459,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn permute_qkv<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         q: &'b impl In,
         k: &'b impl In,
         v: &'b impl In,
@@ -497,28 +478,24 @@ impl Kernels {
         // SAFETY: (float* ×4, unsigned ×4, int) matches permute_qkv; it touches B·T·C of q,
         // k, v and 3·B·T·C of qkv (checked).
         unsafe {
-            tg.run(
-                &self.permute_qkv,
-                grid(n),
-                &[
-                    Arg::w(q),
-                    Arg::w(k),
-                    Arg::w(v),
-                    Arg::w(qkv),
-                    Arg::s(&b),
-                    Arg::s(&t),
-                    Arg::s(&nh),
-                    Arg::s(&hs),
-                    Arg::s(&dir),
-                ],
-            )
+            tg.launch(&self.permute_qkv, grid(n))
+                .arg_written(q)
+                .arg_written(k)
+                .arg_written(v)
+                .arg_written(qkv)
+                .value(b)
+                .value(t)
+                .value(nh)
+                .value(hs)
+                .value(dir)
+                .launch()
         }
     }
 
     /// `y (B,NH,T,hs)` to `out (B,T,C)` (`back`: `out` to `y`).
     pub fn unpermute<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         out: &'b impl In,
         y: &'b impl In,
         (b, t, nh, hs): (usize, usize, usize, usize),
@@ -532,26 +509,22 @@ impl Kernels {
         let dir = i32::from(back);
         // SAFETY: (float* ×2, unsigned ×4, int) matches unpermute; B·T·C of both (checked).
         unsafe {
-            tg.run(
-                &self.unpermute,
-                grid(n),
-                &[
-                    Arg::w(out),
-                    Arg::w(y),
-                    Arg::s(&b),
-                    Arg::s(&t),
-                    Arg::s(&nh),
-                    Arg::s(&hs),
-                    Arg::s(&dir),
-                ],
-            )
+            tg.launch(&self.unpermute, grid(n))
+                .arg_written(out)
+                .arg_written(y)
+                .value(b)
+                .value(t)
+                .value(nh)
+                .value(hs)
+                .value(dir)
+                .launch()
         }
     }
 
     /// Causal softmax of rows of `t` (row r is query `r % t`).
     pub fn softmax_fwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         att: &'b impl In,
         pre: &'b impl In,
         t: usize,
@@ -563,18 +536,19 @@ impl Kernels {
         // SAFETY: (float*, const float*, unsigned ×2) matches softmax_causal_fwd; warp r <
         // rows touches row r of both (rows·T, checked).
         unsafe {
-            tg.run(
-                &self.softmax_causal_fwd,
-                warp_rows(rows),
-                &[Arg::w(att), Arg::b(pre), Arg::s(&r), Arg::s(&tt)],
-            )
+            tg.launch(&self.softmax_causal_fwd, warp_rows(rows))
+                .arg_written(att)
+                .arg(pre)
+                .value(r)
+                .value(tt)
+                .launch()
         }
     }
 
     /// Causal softmax backward.
     pub fn softmax_bwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         dpre: &'b impl In,
         datt: &'b impl In,
         att: &'b impl In,
@@ -588,24 +562,20 @@ impl Kernels {
         // SAFETY: (float*, const float* ×2, unsigned ×2) matches softmax_causal_bwd; warp r
         // < rows touches row r of the three (rows·T each, checked).
         unsafe {
-            tg.run(
-                &self.softmax_causal_bwd,
-                warp_rows(rows),
-                &[
-                    Arg::w(dpre),
-                    Arg::b(datt),
-                    Arg::b(att),
-                    Arg::s(&r),
-                    Arg::s(&tt),
-                ],
-            )
+            tg.launch(&self.softmax_causal_bwd, warp_rows(rows))
+                .arg_written(dpre)
+                .arg(datt)
+                .arg(att)
+                .value(r)
+                .value(tt)
+                .launch()
         }
     }
 
     /// `out = gelu(inp)` (tanh approximation).
     pub fn gelu_fwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         out: &'b impl In,
         inp: &'b impl In,
     ) -> Result<()> {
@@ -613,18 +583,18 @@ impl Kernels {
         let n = u32_of("gelu n", inp.len())?;
         // SAFETY: (float*, const float*, unsigned) matches gelu_fwd; n of each (checked).
         unsafe {
-            tg.run(
-                &self.gelu_fwd,
-                grid(inp.len()),
-                &[Arg::w(out), Arg::b(inp), Arg::s(&n)],
-            )
+            tg.launch(&self.gelu_fwd, grid(inp.len()))
+                .arg_written(out)
+                .arg(inp)
+                .value(n)
+                .launch()
         }
     }
 
     /// `dinp = gelu'(inp) · dout`.
     pub fn gelu_bwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         dinp: &'b impl In,
         inp: &'b impl In,
         dout: &'b impl In,
@@ -634,11 +604,12 @@ impl Kernels {
         let n = u32_of("gelu n", inp.len())?;
         // SAFETY: (float*, const float* ×2, unsigned) matches gelu_bwd; n of each (checked).
         unsafe {
-            tg.run(
-                &self.gelu_bwd,
-                grid(inp.len()),
-                &[Arg::w(dinp), Arg::b(inp), Arg::b(dout), Arg::s(&n)],
-            )
+            tg.launch(&self.gelu_bwd, grid(inp.len()))
+                .arg_written(dinp)
+                .arg(inp)
+                .arg(dout)
+                .value(n)
+                .launch()
         }
     }
 
@@ -648,7 +619,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn xent<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         dlogits: &'b impl In,
         losses: &'b impl In,
         loss: &'b impl In,
@@ -670,36 +641,28 @@ impl Kernels {
         // xent; block r < N touches row r of logits and dlogits (N·V, checked), losses[r]
         // and targets[r]; the targets are below V (the host makes them from bytes, V = 256).
         unsafe {
-            tg.run(
-                &self.xent,
-                blocks(nn, 256),
-                &[
-                    Arg::w(dlogits),
-                    Arg::w(losses),
-                    Arg::b(logits),
-                    Arg::b(targets),
-                    Arg::s(&nn),
-                    Arg::s(&vv),
-                    Arg::s(&dscale),
-                    Arg::s(&g),
-                ],
-            )?;
+            tg.launch(&self.xent, blocks(nn, 256))
+                .arg_written(dlogits)
+                .arg_written(losses)
+                .arg(logits)
+                .arg(targets)
+                .value(nn)
+                .value(vv)
+                .value(dscale)
+                .value(g)
+                .launch()?;
         }
         let zero = 0u32;
         // SAFETY: (float*, const float*, unsigned, float, unsigned) matches sum_finish; it
         // reads N of losses and writes loss[0] (one element, checked).
         unsafe {
-            tg.run(
-                &self.sum_finish,
-                blocks(1, 256),
-                &[
-                    Arg::w(loss),
-                    Arg::b(losses),
-                    Arg::s(&nn),
-                    Arg::s(&scale),
-                    Arg::s(&zero),
-                ],
-            )
+            tg.launch(&self.sum_finish, blocks(1, 256))
+                .arg_written(loss)
+                .arg(losses)
+                .value(nn)
+                .value(scale)
+                .value(zero)
+                .launch()
         }
     }
 }

@@ -1,15 +1,16 @@
-//! The optimizer's and the graphs' launch wrappers of [`Kernels`]: the gradient norm,
-//! AdamW, the weights' cast and the input copies.
+//! The optimizer's launch wrappers of [`Kernels`]: the gradient norm, AdamW and the
+//! weights' cast.
 
 use super::{Kernels, NORM_PARTS, blocks, grid, need, u32_of};
-use crate::launch::{Arg, In, Target};
-use gpubind::{DeviceMemory, Error, KernelArg, Result};
+use crate::launch::In;
+use gpubind::Result;
+use gpubind::{Issue, KernelLaunch};
 
 impl Kernels {
     /// The squared norm of `g` into `out[0]`, through `partial` ([`NORM_PARTS`]).
     pub fn sumsq<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         out: &'b impl In,
         partial: &'b impl In,
         g: &'b impl In,
@@ -21,25 +22,21 @@ impl Kernels {
         // SAFETY: (float*, const float*, unsigned) matches sumsq_partial; block b <
         // NORM_PARTS writes partial[b] (checked) and reads n of g.
         unsafe {
-            tg.run(
-                &self.sumsq_partial,
-                blocks(parts, 256),
-                &[Arg::w(partial), Arg::b(g), Arg::s(&n)],
-            )?;
+            tg.launch(&self.sumsq_partial, blocks(parts, 256))
+                .arg_written(partial)
+                .arg(g)
+                .value(n)
+                .launch()?;
         }
         // SAFETY: as in `xent`: NORM_PARTS of partial, out[0].
         unsafe {
-            tg.run(
-                &self.sum_finish,
-                blocks(1, 256),
-                &[
-                    Arg::w(out),
-                    Arg::b(partial),
-                    Arg::s(&parts),
-                    Arg::s(&one),
-                    Arg::s(&zero),
-                ],
-            )
+            tg.launch(&self.sum_finish, blocks(1, 256))
+                .arg_written(out)
+                .arg(partial)
+                .value(parts)
+                .value(one)
+                .value(zero)
+                .launch()
         }
     }
 
@@ -49,7 +46,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn adamw<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         (p, w, g): (&'b impl In, &'b impl In, &'b impl In),
         (m, v): (&'b impl In, &'b impl In),
         sched: &'b impl In,
@@ -70,58 +67,29 @@ impl Kernels {
         // const unsigned char*, float ×5) matches adamw (the model's buffer types); n of
         // p, w, g, m, v and decay (checked), 3 of sched, 1 of normsq.
         unsafe {
-            tg.run(
-                &self.adamw,
-                grid(n),
-                &[
-                    Arg::w(p),
-                    Arg::w(w),
-                    Arg::b(g),
-                    Arg::w(m),
-                    Arg::w(v),
-                    Arg::s(&nn),
-                    Arg::b(sched),
-                    Arg::b(normsq),
-                    Arg::b(decay),
-                    Arg::s(&hp.weight_decay),
-                    Arg::s(&hp.beta1),
-                    Arg::s(&hp.beta2),
-                    Arg::s(&hp.eps),
-                    Arg::s(&hp.max_norm),
-                ],
-            )
-        }
-    }
-
-    /// `dst = src` for buffers of 32-bit elements.
-    pub fn copy_words<'b, T: gpubind::DeviceRepr>(
-        &self,
-        tg: &mut (impl Target<'b> + ?Sized),
-        dst: &'b (impl DeviceMemory<T> + KernelArg),
-        src: &'b (impl DeviceMemory<T> + KernelArg),
-    ) -> Result<()> {
-        if std::mem::size_of::<T>() != 4 {
-            return Err(Error::InvalidArgument(
-                "train_gpt: copy_words copies 4-byte elements".into(),
-            ));
-        }
-        need("copy destination", dst.len(), src.len())?;
-        let n = u32_of("copy length", src.len())?;
-        // SAFETY: (unsigned*, const unsigned*, unsigned) matches copy_words (4-byte
-        // elements, checked); n elements of both (equal lengths, checked).
-        unsafe {
-            tg.run(
-                &self.copy_words,
-                grid(src.len()),
-                &[Arg::w(dst), Arg::b(src), Arg::s(&n)],
-            )
+            tg.launch(&self.adamw, grid(n))
+                .arg_written(p)
+                .arg_written(w)
+                .arg(g)
+                .arg_written(m)
+                .arg_written(v)
+                .value(nn)
+                .arg(sched)
+                .arg(normsq)
+                .arg(decay)
+                .value(hp.weight_decay)
+                .value(hp.beta1)
+                .value(hp.beta2)
+                .value(hp.eps)
+                .value(hp.max_norm)
+                .launch()
         }
     }
 
     /// `w = p` converted to the activation type.
     pub fn cast_weights<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         w: &'b impl In,
         p: &'b impl In,
     ) -> Result<()> {
@@ -130,11 +98,11 @@ impl Kernels {
         // SAFETY: (act_t*, const float*, unsigned) matches cast_weights (the model's buffer
         // types); n of both (checked).
         unsafe {
-            tg.run(
-                &self.cast_weights,
-                grid(p.len()),
-                &[Arg::w(w), Arg::b(p), Arg::s(&n)],
-            )
+            tg.launch(&self.cast_weights, grid(p.len()))
+                .arg_written(w)
+                .arg(p)
+                .value(n)
+                .launch()
         }
     }
 }

@@ -4,7 +4,6 @@
 //! (`--epilogues off`). Generic over where the work goes (a stream or a graph capture).
 
 use crate::kernels::Kernels;
-use crate::launch::Target;
 use crate::model::linear;
 use crate::precision::Act;
 use gpubind::blas::{Blas, CaptureLtArgs, Enqueue, Epilogue, Matmul};
@@ -25,7 +24,7 @@ pub type Dims3 = (usize, usize, usize);
 
 impl<'k> Lin<'k> {
     /// `y = x·Wᵀ + b`.
-    pub fn fwd_bias<'b, T: Act, E: Enqueue<'b> + Target<'b>>(
+    pub fn fwd_bias<'b, T: Act, E: Enqueue<'b>>(
         &self,
         e: &mut E,
         blas: &mut Blas,
@@ -48,7 +47,7 @@ impl<'k> Lin<'k> {
     }
 
     /// `pre = x·Wᵀ + b`, `y = gelu(pre)`.
-    pub fn fwd_gelu<'b, T: Act, E: Enqueue<'b> + Target<'b>>(
+    pub fn fwd_gelu<'b, T: Act, E: Enqueue<'b>>(
         &self,
         e: &mut E,
         blas: &mut Blas,
@@ -74,7 +73,7 @@ impl<'k> Lin<'k> {
     /// The weight gradient `dW = dyᵀ·x` (`out × inp`) and, with `db`, the bias gradient
     /// `Σ_rows dy`.
     #[allow(clippy::too_many_arguments)]
-    pub fn weight_grad<'b, T: Act, E: Enqueue<'b> + Target<'b>>(
+    pub fn weight_grad<'b, T: Act, E: Enqueue<'b>>(
         &self,
         e: &mut E,
         blas: &mut Blas,
@@ -105,7 +104,7 @@ impl<'k> Lin<'k> {
     /// (dz·w2) ⊙ gelu'(pre)` (`n × inp2`) and `db1 = Σ_rows dpre`; `dy` is scratch of
     /// `dpre`'s size for the kernels.
     #[allow(clippy::too_many_arguments)]
-    pub fn gelu_grad<'b, T: Act, E: Enqueue<'b> + Target<'b>>(
+    pub fn gelu_grad<'b, T: Act, E: Enqueue<'b>>(
         &self,
         e: &mut E,
         blas: &mut Blas,

@@ -484,7 +484,7 @@ impl<T: Act> Stepper<T> for Eager<'_, T> {
         let m = &mut *self.0;
         m.upload(gpu, x, y)?;
         gpu.htod_copy(sched, &mut m.sched)?;
-        step::train_step(&mut m.eager(s), self.1, step::no_hook)
+        step::train_step(&mut m.eager(s)?, self.1, step::no_hook)
     }
     fn eval_step(
         &mut self,
@@ -493,7 +493,7 @@ impl<T: Act> Stepper<T> for Eager<'_, T> {
         (x, y): (&[u32], &[u32]),
     ) -> gpubind::Result<()> {
         self.0.upload(gpu, x, y)?;
-        step::eval_step(&mut self.0.eager(s))
+        step::eval_step(&mut self.0.eager(s)?)
     }
 }
 

@@ -1,19 +1,20 @@
-//! The step's parts ([`Part`]) as products and kernels, generic over where they go
-//! ([`Issue`]: a stream or a graph capture): the one description of the forward pass,
-//! the backward pass and the update that the eager and the captured steps both issue.
+//! The step's parts ([`Part`]) as products, memsets and kernels, generic over where they
+//! go (gpubind's [`Enqueue`]: a stream or a graph capture): the one description of the
+//! forward pass, the backward pass and the update that the eager and the captured steps
+//! both issue.
 //!
-//! Every buffer is taken by shared reference; the kernels' and products' outputs are
-//! claimed as written (`arg_written`, gpubind's `Enqueue`), so a captured part can
-//! borrow them for the graph's lifetime.
+//! Every buffer is taken by shared reference; the outputs of kernels, products and
+//! memsets are claimed as written (`arg_written`, `Enqueue`, `Issue::memset_zeros`), so a
+//! captured part can borrow them for the graph's lifetime.
 
 use super::graph::Views;
-use super::step::{Issue, Part};
+use super::step::Part;
 use super::{Act, Gpt};
 use crate::attend;
 use crate::linear::Lin;
 use crate::model::linear;
 use crate::optim::AdamW;
-use gpubind::blas::{Blas, Matmul};
+use gpubind::blas::{Blas, Enqueue, Matmul};
 use gpubind::{DeviceSlice, Result};
 
 /// Where a part goes and what it reads besides the model: the stream or capture, the
@@ -27,7 +28,7 @@ struct On<'x, 'b, E, T: Act> {
 impl<T: Act> Gpt<T> {
     /// Issues `part` on `e`, with `blas` for the products and `vw`, views of this
     /// model's weights and gradients.
-    pub(super) fn issue<'b, E: Issue<'b>>(
+    pub(super) fn issue<'b, E: Enqueue<'b>>(
         &'b self,
         e: &mut E,
         blas: &mut Blas,
@@ -44,8 +45,11 @@ impl<T: Act> Gpt<T> {
                 }
                 self.fwd_head(on, grad)
             }
-            Part::HeadProducts => self.bwd_head_products(on),
-            Part::HeadNorm => self.bwd_head_norm(on),
+            Part::Head => {
+                self.bwd_head_products(on)?;
+                on.e.memset_zeros(&self.sc.dres)?;
+                self.bwd_head_norm(on)
+            }
             Part::Block(l) => {
                 self.bwd_mlp(on, l)?;
                 self.bwd_attn_core(on, l)?;
@@ -88,7 +92,7 @@ impl<T: Act> Gpt<T> {
     }
 
     /// The embeddings: `encoded`.
-    fn fwd_embed<'b>(&'b self, on: &mut On<'_, 'b, impl Issue<'b>, T>) -> Result<()> {
+    fn fwd_embed<'b>(&'b self, on: &mut On<'_, 'b, impl Enqueue<'b>, T>) -> Result<()> {
         let (d, w) = (self.dims, (on.vw.w("wte.weight"), on.vw.w("wpe.weight")));
         let tokens = &self.tokens;
         self.k
@@ -96,7 +100,7 @@ impl<T: Act> Gpt<T> {
     }
 
     /// Block `l`'s attention (with its residual).
-    fn fwd_attn<'b>(&'b self, on: &mut On<'_, 'b, impl Issue<'b>, T>, l: usize) -> Result<()> {
+    fn fwd_attn<'b>(&'b self, on: &mut On<'_, 'b, impl Enqueue<'b>, T>, l: usize) -> Result<()> {
         let vw = on.vw;
         let (d, k, sc) = (self.dims, &self.k, &self.sc);
         let (bt, c) = (d.bt(), d.c);
@@ -125,7 +129,7 @@ impl<T: Act> Gpt<T> {
     }
 
     /// Block `l`'s MLP (with its residual).
-    fn fwd_mlp<'b>(&'b self, on: &mut On<'_, 'b, impl Issue<'b>, T>, l: usize) -> Result<()> {
+    fn fwd_mlp<'b>(&'b self, on: &mut On<'_, 'b, impl Enqueue<'b>, T>, l: usize) -> Result<()> {
         let vw = on.vw;
         let (d, k, sc) = (self.dims, &self.k, &self.sc);
         let (bt, c) = (d.bt(), d.c);
@@ -158,7 +162,7 @@ impl<T: Act> Gpt<T> {
 
     /// The head and the loss (after the final layer norm, which came with the last
     /// block's residual).
-    fn fwd_head<'b>(&'b self, on: &mut On<'_, 'b, impl Issue<'b>, T>, grad: bool) -> Result<()> {
+    fn fwd_head<'b>(&'b self, on: &mut On<'_, 'b, impl Enqueue<'b>, T>, grad: bool) -> Result<()> {
         let d = self.dims;
         let (bt, c) = (d.bt(), d.c);
         let wte = on.vw.w("wte.weight");
@@ -176,7 +180,7 @@ impl<T: Act> Gpt<T> {
     }
 
     /// The head (tied to wte): `dwte = dlogitsᵀ·lnf`, `dln = dlogits·wte`.
-    fn bwd_head_products<'b>(&'b self, on: &mut On<'_, 'b, impl Issue<'b>, T>) -> Result<()> {
+    fn bwd_head_products<'b>(&'b self, on: &mut On<'_, 'b, impl Enqueue<'b>, T>) -> Result<()> {
         let (d, sc) = (self.dims, &self.sc);
         let (bt, c) = (d.bt(), d.c);
         let head = Matmul::new(d.v, c, bt).transpose_a();
@@ -192,7 +196,7 @@ impl<T: Act> Gpt<T> {
     }
 
     /// The final layer norm's backward pass: `dres` and its gradients.
-    fn bwd_head_norm<'b>(&'b self, on: &mut On<'_, 'b, impl Issue<'b>, T>) -> Result<()> {
+    fn bwd_head_norm<'b>(&'b self, on: &mut On<'_, 'b, impl Enqueue<'b>, T>) -> Result<()> {
         let sc = &self.sc;
         let last = &self.blocks[self.dims.l - 1].res3;
         let stats = (&self.lnf_mean, &self.lnf_rstd);
@@ -202,7 +206,7 @@ impl<T: Act> Gpt<T> {
     }
 
     /// Block `l`'s MLP backward pass (and its second layer norm's).
-    fn bwd_mlp<'b>(&'b self, on: &mut On<'_, 'b, impl Issue<'b>, T>, l: usize) -> Result<()> {
+    fn bwd_mlp<'b>(&'b self, on: &mut On<'_, 'b, impl Enqueue<'b>, T>, l: usize) -> Result<()> {
         let vw = on.vw;
         let (d, k, sc) = (self.dims, &self.k, &self.sc);
         let (bt, c) = (d.bt(), d.c);
@@ -234,7 +238,11 @@ impl<T: Act> Gpt<T> {
     }
 
     /// Block `l`'s attention projection and attention backward: `dqkv`.
-    fn bwd_attn_core<'b>(&'b self, on: &mut On<'_, 'b, impl Issue<'b>, T>, l: usize) -> Result<()> {
+    fn bwd_attn_core<'b>(
+        &'b self,
+        on: &mut On<'_, 'b, impl Enqueue<'b>, T>,
+        l: usize,
+    ) -> Result<()> {
         let vw = on.vw;
         let (d, sc) = (self.dims, &self.sc);
         let (bt, c) = (d.bt(), d.c);
@@ -262,7 +270,7 @@ impl<T: Act> Gpt<T> {
     }
 
     /// Block `l`'s QKV projection and first layer norm backward.
-    fn bwd_qkv<'b>(&'b self, on: &mut On<'_, 'b, impl Issue<'b>, T>, l: usize) -> Result<()> {
+    fn bwd_qkv<'b>(&'b self, on: &mut On<'_, 'b, impl Enqueue<'b>, T>, l: usize) -> Result<()> {
         let vw = on.vw;
         let (d, sc) = (self.dims, &self.sc);
         let (bt, c) = (d.bt(), d.c);
@@ -281,7 +289,7 @@ impl<T: Act> Gpt<T> {
     }
 
     /// The embeddings' gradients.
-    fn bwd_embed<'b>(&'b self, on: &mut On<'_, 'b, impl Issue<'b>, T>) -> Result<()> {
+    fn bwd_embed<'b>(&'b self, on: &mut On<'_, 'b, impl Enqueue<'b>, T>) -> Result<()> {
         let d = self.dims;
         let dw = (on.vw.g("wte.weight"), on.vw.g("wpe.weight"));
         let (partial, dout) = (&self.sc.wte_partial, &self.sc.dres);
@@ -292,7 +300,7 @@ impl<T: Act> Gpt<T> {
 
     /// Clips the gradients to norm `hp.max_norm` and applies AdamW with the lr and bias
     /// corrections in `sched`: writes `params`, `weights`, `m` and `v`.
-    fn clip_adamw<'b>(&'b self, e: &mut impl Issue<'b>, hp: &AdamW) -> Result<()> {
+    fn clip_adamw<'b>(&'b self, e: &mut impl Enqueue<'b>, hp: &AdamW) -> Result<()> {
         let (k, sc) = (&self.k, &self.sc);
         k.sumsq(e, &self.normsq, &sc.norm_partial, &self.grads)?;
         let tensors = (&self.params, &self.weights, &self.grads);

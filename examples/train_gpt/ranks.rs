@@ -22,7 +22,7 @@ use crate::gpt::{Act, Gpt};
 use crate::model::Config;
 use crate::optim::{AdamW, Schedule};
 use gpubind::collective::{LaunchEnv, Op, RankComm, nccl_available};
-use gpubind::{Device, ThreadContext};
+use gpubind::{Device, Issue, ThreadContext};
 use std::time::Instant;
 
 /// The device of local rank `local` (see the module docs).
@@ -91,14 +91,15 @@ pub fn train<T: Act>(
         model.upload(&gpu, &x, &y)?;
         gpu.htod_copy(&sched.device_values(step, &hp), &mut model.sched)?;
         let last = ranges.len() - 1;
-        train_step(&mut model.eager(&mut s), hp, |x, k| {
+        train_step(&mut model.eager(&mut s)?, hp, |x, k| {
             // Bucket k, done: copied out and all-reduced on the communicator stream.
             x.s.dtod_async(&x.model.grads.slice(ranges[k].clone())?, &mut bufs[k])?;
             comm.all_reduce_in_place(&cs, &mut bufs[k], Op::Sum)?;
             if k == last {
-                // Every bucket reduced: back into the gradients before the update.
+                // Every bucket reduced: back into the gradients (which the step borrows
+                // shared) before the update.
                 for (k, r) in ranges.iter().enumerate() {
-                    x.s.dtod_async(&bufs[k], &mut x.model.grads.slice_mut(r.clone())?)?;
+                    x.s.dtod(&bufs[k], &x.model.grads.slice(r.clone())?)?;
                 }
             }
             Ok(())

@@ -3,41 +3,30 @@
 //! [`eval_step`]) and issued eagerly on a stream ([`Eager`]), into a graph capture
 //! ([`Captured`]) or on every rank of `dp.rs` (its `Replicas`).
 //!
-//! A step is a sequence of [`Part`]s; `Gpt::issue` (`pass.rs`) issues one, generic over
-//! [`Issue`]: the products through gpubind's [`Enqueue`] and the kernels through
-//! [`Target`], both implemented by a `BoundStream` and a `Capture`. A part borrows the
-//! model shared: in a capture for the graph's lifetime, eagerly for that part only. The
-//! one operation the issuers do differently is zeroing a buffer
-//! ([`Issuer::zero_dres`]): a capture zeroes through a shared borrow
-//! (`Capture::memset_zeros`), a stream only through `&mut`
-//! (`BoundStream::memset_zeros_async`), which the eager issuer takes between two parts.
+//! A step is a sequence of [`Part`]s, one per gradient bucket (so that data parallelism
+//! can all-reduce a bucket while the next part runs, and `dp.rs` can issue each part on
+//! every rank in turn); `Gpt::issue` (`pass.rs`) issues one, generic over gpubind's
+//! [`Enqueue`](gpubind::blas::Enqueue) (products) and the [`Issue`](gpubind::Issue) it extends (memsets and
+//! kernels), both implemented by a `BoundStream` and a `Capture`. A part borrows the
+//! model shared: in a capture for the graph's lifetime, eagerly for the issuer's.
 
 use super::graph::Views;
 use super::{Act, Gpt};
-use crate::launch::Target;
 use crate::optim::AdamW;
-use gpubind::blas::{Blas, Enqueue};
+use gpubind::blas::Blas;
 use gpubind::{BoundStream, Capture, Result};
 
-/// Where a part's products and kernels go: a stream (run now) or a graph capture
-/// (recorded, every buffer borrowed for the graph's lifetime `'b`).
-pub trait Issue<'b>: Enqueue<'b> + Target<'b> {}
-
-impl<'b, E: Enqueue<'b> + Target<'b>> Issue<'b> for E {}
-
 /// One part of a step. The backward pass's parts finish the gradient buckets of
-/// `dp::bucket_ranges` in its order: the head's ([`HeadNorm`](Part::HeadNorm)), each
-/// block's from the last, the embeddings'.
+/// `dp::bucket_ranges` in its order: the head's ([`Head`](Part::Head)), each block's from
+/// the last, the embeddings'.
 #[derive(Debug, Clone, Copy)]
 pub enum Part {
     /// The forward pass: logits, and the loss against the targets (with `grad`, the
     /// logits' gradient too, scaled by `grad_scale`).
     Forward { grad: bool },
-    /// The tied head's products: the `wte` gradient and the final layer norm's output
-    /// gradient.
-    HeadProducts,
-    /// The final layer norm's backward pass, accumulated into the zeroed `dres`.
-    HeadNorm,
+    /// The tied head's products (the `wte` gradient and the final layer norm's output
+    /// gradient), then the final layer norm's backward pass into the zeroed `dres`.
+    Head,
     /// Block `l`'s backward pass: its gradients, and `dres` becomes its input's.
     Block(usize),
     /// The embeddings' gradients.
@@ -46,21 +35,13 @@ pub enum Part {
     Update(AdamW),
 }
 
-/// Issues the parts of a step for one model: [`Eager`] or [`Captured`].
+/// Issues the parts of a step for one model ([`Eager`], [`Captured`]) or several
+/// (`dp.rs`).
 pub trait Issuer {
     /// The model's blocks.
     fn layers(&self) -> usize;
     /// Issues `part`.
     fn issue(&mut self, part: Part) -> Result<()>;
-    /// Zeroes `dres`, the residual stream's gradient that the backward pass accumulates.
-    fn zero_dres(&mut self) -> Result<()>;
-}
-
-/// The head's backward pass: the first gradient bucket.
-pub fn backward_head(x: &mut impl Issuer) -> Result<()> {
-    x.issue(Part::HeadProducts)?;
-    x.zero_dres()?;
-    x.issue(Part::HeadNorm)
 }
 
 /// A training step: forward, backward, clip and AdamW (`hp`); `bucket(x, k)` runs
@@ -72,7 +53,7 @@ pub fn train_step<X: Issuer>(
     mut bucket: impl FnMut(&mut X, usize) -> Result<()>,
 ) -> Result<()> {
     x.issue(Part::Forward { grad: true })?;
-    backward_head(x)?;
+    x.issue(Part::Head)?;
     bucket(x, 0)?;
     let layers = x.layers();
     for l in (0..layers).rev() {
@@ -94,10 +75,23 @@ pub fn eval_step(x: &mut impl Issuer) -> Result<()> {
     x.issue(Part::Forward { grad: false })
 }
 
-/// Issues parts eagerly on `s`, with the model's cuBLAS handle.
+/// Issues parts eagerly on `s`, with the model's cuBLAS handle and views of its weights
+/// and gradients made once for the issuer.
 pub struct Eager<'x, 's, T: Act> {
     pub s: &'x mut BoundStream<'s>,
-    pub model: &'x mut Gpt<T>,
+    pub model: &'x Gpt<T>,
+    views: Views<'x, T>,
+}
+
+impl<'x, 's, T: Act> Eager<'x, 's, T> {
+    /// The eager issuer of `model`'s parts on `s`.
+    pub fn new(s: &'x mut BoundStream<'s>, model: &'x Gpt<T>) -> Result<Self> {
+        Ok(Eager {
+            s,
+            model,
+            views: model.views()?,
+        })
+    }
 }
 
 impl<T: Act> Issuer for Eager<'_, '_, T> {
@@ -105,14 +99,9 @@ impl<T: Act> Issuer for Eager<'_, '_, T> {
         self.model.dims.l
     }
     fn issue(&mut self, part: Part) -> Result<()> {
-        let m = &*self.model;
-        // Views of a few words per tensor, borrowed for this part only.
-        let views = m.views()?;
+        let m = self.model;
         let mut blas = m.blas.borrow_mut();
-        m.issue(self.s, &mut blas, &views, part)
-    }
-    fn zero_dres(&mut self) -> Result<()> {
-        self.s.memset_zeros_async(&mut self.model.sc.dres)
+        m.issue(self.s, &mut blas, &self.views, part)
     }
 }
 
@@ -131,10 +120,6 @@ impl<T: Act> Issuer for Captured<'_, '_, '_, T> {
     }
     fn issue(&mut self, part: Part) -> Result<()> {
         self.model.issue(self.cap, self.blas, self.views, part)
-    }
-    fn zero_dres(&mut self) -> Result<()> {
-        let m = self.model;
-        self.cap.memset_zeros(&m.sc.dres)
     }
 }
 
@@ -156,10 +141,6 @@ mod tests {
             self.seen.push(format!("{part:?}"));
             Ok(())
         }
-        fn zero_dres(&mut self) -> Result<()> {
-            self.seen.push("zero dres".into());
-            Ok(())
-        }
     }
 
     #[test]
@@ -177,9 +158,7 @@ mod tests {
         let update = format!("{:?}", Part::Update(hp));
         let want = [
             "Forward { grad: true }",
-            "HeadProducts",
-            "zero dres",
-            "HeadNorm",
+            "Head",
             "bucket 0",
             "Block(1)",
             "bucket 1",
