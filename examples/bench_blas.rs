@@ -308,7 +308,7 @@ type Rows = Vec<(String, String, f64, f64, &'static str)>;
 
 /// The 4096³ GEMM rows of element type `T`.
 fn gemm_rows<T: gpubind::blas::BlasScalar + gpubind::DeviceRepr>(
-    env: (&BoundDevice<'_>, &BoundStream<'_>, &mut Blas, &Raw),
+    env: (&BoundDevice<'_>, &BoundStream<'_>, &Blas, &Raw),
     name: &str,
     (ty, compute, tf32): (cb::cudaDataType, cb::cublasComputeType_t, bool),
     reps: usize,
@@ -362,43 +362,37 @@ fn main() -> Res<()> {
     let gpu = ctx.bind(&dev)?;
     let stream = gpu.new_stream()?;
     let s = gpu.on(&stream)?;
-    let mut blas = gpu.new_blas()?;
+    let blas = gpu.new_blas()?;
     let raw = Raw::new(&gpu, &s)?;
     let mut rows: Rows = Vec::new();
     use cb::cublasComputeType_t as C;
     use cb::cudaDataType_t as D;
     let f32c = C::CUBLAS_COMPUTE_32F;
     gemm_rows::<bf16>(
-        (&gpu, &s, &mut blas, &raw),
+        (&gpu, &s, &blas, &raw),
         "bf16",
         (D::CUDA_R_16BF, f32c, false),
         reps,
         &mut rows,
     )?;
     gemm_rows::<f16>(
-        (&gpu, &s, &mut blas, &raw),
+        (&gpu, &s, &blas, &raw),
         "f16",
         (D::CUDA_R_16F, f32c, false),
         reps,
         &mut rows,
     )?;
     let tf32 = (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32, true);
+    gemm_rows::<f32>((&gpu, &s, &blas, &raw), "f32 TF32", tf32, reps, &mut rows)?;
     gemm_rows::<f32>(
-        (&gpu, &s, &mut blas, &raw),
-        "f32 TF32",
-        tf32,
-        reps,
-        &mut rows,
-    )?;
-    gemm_rows::<f32>(
-        (&gpu, &s, &mut blas, &raw),
+        (&gpu, &s, &blas, &raw),
         "f32",
         (D::CUDA_R_32F, f32c, false),
         reps,
         &mut rows,
     )?;
-    lt_rows(&gpu, &s, &mut blas, &raw, reps, &mut rows)?;
-    batched_rows(&gpu, &s, &mut blas, &raw, reps, &mut rows)?;
+    lt_rows(&gpu, &s, &blas, &raw, reps, &mut rows)?;
+    batched_rows(&gpu, &s, &blas, &raw, reps, &mut rows)?;
     println!("| product | shape | gpubind TFLOP/s | raw TFLOP/s | gpubind / raw | raw call |");
     println!("|---|---|---:|---:|---:|---|");
     for (what, shape, g, r, call) in &rows {
@@ -407,7 +401,7 @@ fn main() -> Res<()> {
             g / r
         );
     }
-    let gemv = gemv_rows(&gpu, &s, &mut blas, &raw, reps)?;
+    let gemv = gemv_rows(&gpu, &s, &blas, &raw, reps)?;
     println!("\n| GEMV | shape | gpubind GB/s | raw GB/s | gpubind / raw | raw call |");
     println!("|---|---|---:|---:|---:|---|");
     for (what, shape, g, r, call) in &gemv {
@@ -436,7 +430,7 @@ fn main() -> Res<()> {
 fn lt_rows(
     gpu: &BoundDevice<'_>,
     s: &BoundStream<'_>,
-    blas: &mut Blas,
+    blas: &Blas,
     raw: &Raw,
     reps: usize,
     rows: &mut Rows,
@@ -500,7 +494,7 @@ fn lt_rows(
 fn batched_rows(
     gpu: &BoundDevice<'_>,
     s: &BoundStream<'_>,
-    blas: &mut Blas,
+    blas: &Blas,
     raw: &Raw,
     reps: usize,
     rows: &mut Rows,
@@ -565,7 +559,7 @@ type RawGemv<T> = unsafe fn(
 fn gemv_rows(
     gpu: &BoundDevice<'_>,
     s: &BoundStream<'_>,
-    blas: &mut Blas,
+    blas: &Blas,
     raw: &Raw,
     reps: usize,
 ) -> Res<Rows> {
@@ -590,7 +584,7 @@ fn gemv_rows(
 }
 
 fn gemv_type<T: BlasFloat + From<f32>>(
-    env: (&BoundDevice<'_>, &BoundStream<'_>, &mut Blas, &Raw),
+    env: (&BoundDevice<'_>, &BoundStream<'_>, &Blas, &Raw),
     name: &str,
     (raw_gemv, call): (RawGemv<T>, &'static str),
     reps: usize,

@@ -166,7 +166,7 @@ fn dtoh_f64<T: El>(gpu: &BoundDevice<'_>, x: &gpubind::DeviceSlice<T>) -> Result
 /// Every transpose pair × layout × packed/padded leading dimensions, a few shapes, for
 /// one element type (`tf32`: f32 with TF32 allowed).
 fn gemm_sweep<T: El>(gpu: &BoundDevice<'_>, tf32: bool, rng: &mut impl Rng) -> R {
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let stream = gpu.default_stream();
     let tol = if tf32 { 2e-3 } else { T::TOL };
     for (m, n, k) in [(1, 1, 1), (7, 5, 3), (33, 17, 29), (64, 48, 80)] {
@@ -196,7 +196,7 @@ fn gemm_sweep<T: El>(gpu: &BoundDevice<'_>, tf32: bool, rng: &mut impl Rng) -> R
                         "{:?} {m}x{n}x{k} ta={ta} tb={tb} {layout:?} padded={padded} tf32={tf32}",
                         T::DATA_TYPE
                     );
-                    stream.matmul(&mut blas, &s, &da, &db, &mut dc).ctx(&what)?;
+                    stream.matmul(&blas, &s, &da, &db, &mut dc).ctx(&what)?;
                     let got = dtoh_f64(gpu, &dc)?;
                     let (want, scale) = host_gemm(&s, &af, &bf, &cf);
                     close(&what, &got, &want, &scale, tol)?;
@@ -221,7 +221,7 @@ fn gemm_types_transposes_and_layouts_match_the_host(gpu: &BoundDevice<'_>) -> R 
 /// One strided batch against per-matrix host products; gaps between the C matrices
 /// stay untouched.
 fn batch_case<T: El>(gpu: &BoundDevice<'_>, s: &Matmul, batch: &Batch, rng: &mut impl Rng) -> R {
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let (lda, ldb, ldc) = lds(s);
     let ((ar, ac), (br, bc)) = stored(s);
     let len = |stride: usize, one: usize| (batch.count - 1) * stride + one;
@@ -233,7 +233,7 @@ fn batch_case<T: El>(gpu: &BoundDevice<'_>, s: &Matmul, batch: &Batch, rng: &mut
     let mut dc = gpu.clone_htod(&c0).ctx("c")?;
     let what = format!("{:?} {s:?} {batch:?}", T::DATA_TYPE);
     gpu.default_stream()
-        .matmul_batched(&mut blas, s, batch, &da, &db, &mut dc)
+        .matmul_batched(&blas, s, batch, &da, &db, &mut dc)
         .ctx(&what)?;
     let got = dtoh_f64(gpu, &dc)?;
     let (mut want, mut scale) = (cf.clone(), vec![0.0; cf.len()]);
@@ -272,7 +272,7 @@ fn mixed_case<T: El>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R
 where
     f32: MatmulOutput<T>,
 {
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let stream = gpu.default_stream();
     // f32 accumulation of exactly representable products: f32 rounding only.
     let tol = 2e-5;
@@ -288,7 +288,7 @@ where
             let mut dc = gpu.clone_htod(&c0).ctx("c")?;
             let what = format!("{:?} -> f32 ta={ta} tb={tb} {layout:?}", T::DATA_TYPE);
             stream
-                .matmul_mixed(&mut blas, &s, &da, &db, &mut dc)
+                .matmul_mixed(&blas, &s, &da, &db, &mut dc)
                 .ctx(&what)?;
             let got = dtoh_f64(gpu, &dc)?;
             let (want, scale) = host_gemm(&s, &af, &bf, &cf);
@@ -296,7 +296,7 @@ where
             // The same product captured, from the same C, gives the same bits.
             let dc2 = gpu.clone_htod(&c0).ctx("c")?;
             let graph = gpu
-                .capture(|cap| cap.matmul_mixed(&mut blas, &s, &da, &db, &dc2))
+                .capture(|cap| cap.matmul_mixed(&blas, &s, &da, &db, &dc2))
                 .ctx("capture")?;
             let exec = graph.instantiate().ctx("instantiate")?;
             exec.launch(&stream).ctx("launch")?;
@@ -316,7 +316,7 @@ where
     let mut ds = gpu.alloc_zeros::<f32>(6 * 33 * 31).ctx("s")?;
     let what = format!("{:?} -> f32 batched", T::DATA_TYPE);
     stream
-        .matmul_batched_mixed(&mut blas, &qk, &batch, &dq, &dk, &mut ds)
+        .matmul_batched_mixed(&blas, &qk, &batch, &dq, &dk, &mut ds)
         .ctx(&what)?;
     let got = dtoh_f64(gpu, &ds)?;
     let one = 33 * 31;
@@ -335,14 +335,14 @@ fn mixed_products_match_the_host(gpu: &BoundDevice<'_>) -> R {
     mixed_case::<bf16>(gpu, &mut rng)?;
     mixed_case::<f16>(gpu, &mut rng)?;
     // The same type through matmul_mixed is matmul; TF32 stays an f32-only option.
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let a = gpu.clone_htod(&[bf16::ONE; 4]).ctx("a")?;
     let mut c = gpu.alloc_zeros::<f32>(4).ctx("c")?;
     let tf32 = Matmul::new(2, 2, 2).allow_tf32();
     refused(
         "tf32 on bf16 -> f32",
         gpu.default_stream()
-            .matmul_mixed(&mut blas, &tf32, &a, &a, &mut c),
+            .matmul_mixed(&blas, &tf32, &a, &a, &mut c),
         |e| matches!(e, MatmulError::Unsupported { .. }),
     )
 }
@@ -351,7 +351,7 @@ fn mixed_products_match_the_host(gpu: &BoundDevice<'_>) -> R {
 /// `h·hᵀ` per batch (f32 of bf16) and `y = h·W2ᵀ`, the same code eager and captured.
 fn enqueue_forward<'buf>(
     e: &mut impl Enqueue<'buf>,
-    blas: &mut gpubind::blas::Blas,
+    blas: &gpubind::blas::Blas,
     x: &'buf gpubind::DeviceSlice<bf16>,
     w: [&'buf gpubind::DeviceSlice<bf16>; 3],
     out: (
@@ -373,7 +373,7 @@ fn enqueue_forward<'buf>(
 /// then captured: the graph's outputs equal the eager ones bit for bit.
 fn enqueue_serves_eager_and_captured_steps(gpu: &BoundDevice<'_>) -> R {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let mut up = |len: usize| gpu.clone_htod(&random::<bf16>(&mut rng, len).0).ctx("htod");
     let (x, w0, b0, w2) = (up(16 * 24)?, up(32 * 24)?, up(32)?, up(8 * 32)?);
     let h = gpu.alloc_zeros::<bf16>(16 * 32).ctx("alloc")?;
@@ -381,7 +381,7 @@ fn enqueue_serves_eager_and_captured_steps(gpu: &BoundDevice<'_>) -> R {
     let y = gpu.alloc_zeros::<bf16>(16 * 8).ctx("alloc")?;
     let mut stream = gpu.default_stream();
     let w = [&w0, &b0, &w2];
-    enqueue_forward(&mut stream, &mut blas, &x, w, (&h, &scores, &y)).ctx("eager")?;
+    enqueue_forward(&mut stream, &blas, &x, w, (&h, &scores, &y)).ctx("eager")?;
     let eager = (
         gpu.dtoh(&h).ctx("dtoh")?,
         gpu.dtoh(&scores).ctx("dtoh")?,
@@ -391,7 +391,7 @@ fn enqueue_serves_eager_and_captured_steps(gpu: &BoundDevice<'_>) -> R {
     let mut y2 = gpu.alloc_zeros::<bf16>(16 * 8).ctx("alloc")?;
     let last = Matmul::new(16, 8, 32).transpose_b();
     stream
-        .matmul(&mut blas, &last, &h, &w2, &mut y2)
+        .matmul(&blas, &last, &h, &w2, &mut y2)
         .ctx("inherent")?;
     ensure!(
         gpu.dtoh(&y2).ctx("dtoh")? == eager.2,
@@ -402,7 +402,7 @@ fn enqueue_serves_eager_and_captured_steps(gpu: &BoundDevice<'_>) -> R {
     let scores = gpu.alloc_zeros::<f32>(2 * 64).ctx("alloc")?;
     let y = gpu.alloc_zeros::<bf16>(16 * 8).ctx("alloc")?;
     let graph = gpu
-        .capture(|cap| enqueue_forward(cap, &mut blas, &x, w, (&h, &scores, &y)))
+        .capture(|cap| enqueue_forward(cap, &blas, &x, w, (&h, &scores, &y)))
         .ctx("capture")?;
     graph
         .instantiate()
@@ -443,7 +443,7 @@ fn halves<T: El>(n: usize, salt: usize) -> (Vec<T>, Vec<f64>) {
 /// auxiliary outputs checked through the backward epilogues that read them.
 fn lt_case<T: El>(gpu: &BoundDevice<'_>) -> R {
     let (m, n, k) = (24usize, 40usize, 16usize);
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let st = gpu.default_stream();
     let s = Matmul::new(m, n, k);
     let (x, xf) = halves::<T>(m * k, 1);
@@ -481,7 +481,7 @@ fn lt_case<T: El>(gpu: &BoundDevice<'_>) -> R {
         } else {
             LtArgs::new()
         };
-        st.matmul_lt(&mut blas, &s, e, &dx, &dw, &mut y, args)
+        st.matmul_lt(&blas, &s, e, &dx, &dw, &mut y, args)
             .ctx(e.name())?;
         let got = dtoh_f64(gpu, &y)?;
         let want: Vec<f64> = (0..m * n).map(|ij| act(z(ij, with_bias))).collect();
@@ -494,7 +494,7 @@ fn lt_case<T: El>(gpu: &BoundDevice<'_>) -> R {
             tol,
         )?;
     }
-    lt_aux_roundtrips(gpu, &mut blas, &s, (&dx, &dw, &db), &p, &bias_f)
+    lt_aux_roundtrips(gpu, &blas, &s, (&dx, &dw, &db), &p, &bias_f)
 }
 
 /// What the aux round trips share: the forward product `X·W (+ b)` (`p`: its host
@@ -530,7 +530,7 @@ impl<T: El> Fixture<'_, '_, T> {
     /// epilogue's output in `args`.
     fn forward<'a>(
         &'a self,
-        blas: &mut gpubind::blas::Blas,
+        blas: &gpubind::blas::Blas,
         fwd: Epilogue,
         with_bias: bool,
         args: LtArgs<'a, T>,
@@ -546,7 +546,7 @@ impl<T: El> Fixture<'_, '_, T> {
     /// `dz = e(G·H)`, the epilogue's operands in `args`.
     fn backward(
         &self,
-        blas: &mut gpubind::blas::Blas,
+        blas: &gpubind::blas::Blas,
         e: Epilogue,
         dz: &mut gpubind::DeviceSlice<T>,
         args: LtArgs<'_, T>,
@@ -561,7 +561,7 @@ impl<T: El> Fixture<'_, '_, T> {
 /// DRELU(_BGRAD) reads it; BGRADA/BGRADB reduce an operand.
 fn lt_aux_roundtrips<T: El>(
     gpu: &BoundDevice<'_>,
-    blas: &mut gpubind::blas::Blas,
+    blas: &gpubind::blas::Blas,
     s: &Matmul,
     (x, w, b): (
         &gpubind::DeviceSlice<T>,
@@ -596,7 +596,7 @@ fn lt_aux_roundtrips<T: El>(
 /// GELU_AUX(_BIAS) then DGELU_BGRAD and DGELU through the stored pre-activation.
 fn gelu_roundtrip<T: El>(
     fx: &Fixture<'_, '_, T>,
-    blas: &mut gpubind::blas::Blas,
+    blas: &gpubind::blas::Blas,
     with_bias: bool,
 ) -> R {
     let (gpu, s) = (fx.gpu, &fx.s);
@@ -653,7 +653,7 @@ fn gelu_roundtrip<T: El>(
 /// RELU_AUX(_BIAS) then DRELU and DRELU_BGRAD through the stored mask.
 fn relu_roundtrip<T: El>(
     fx: &Fixture<'_, '_, T>,
-    blas: &mut gpubind::blas::Blas,
+    blas: &gpubind::blas::Blas,
     with_bias: bool,
 ) -> R {
     let (gpu, s) = (fx.gpu, &fx.s);
@@ -723,7 +723,7 @@ fn check_bias_grad<T: El>(
 /// (the reduction of op(A) over k).
 fn lt_bias_grads<T: El>(
     gpu: &BoundDevice<'_>,
-    blas: &mut gpubind::blas::Blas,
+    blas: &gpubind::blas::Blas,
     (x, xf): (&gpubind::DeviceSlice<T>, &[f64]),
     n: usize,
 ) -> R {
@@ -787,7 +787,7 @@ fn lt_epilogues_match_host_math(gpu: &BoundDevice<'_>) -> R {
 /// row-major products (one per column, `n`) and along its columns for column-major ones
 /// (one per row, `m`).
 fn lt_layouts<T: El>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let (m, n, k) = (24usize, 40usize, 16usize);
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         for layout in [Layout::RowMajor, Layout::ColMajor] {
@@ -815,7 +815,7 @@ fn lt_layouts<T: El>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
                 );
                 gpu.default_stream()
                     .matmul_lt(
-                        &mut blas,
+                        &blas,
                         &s,
                         Epilogue::Bias,
                         &da,
@@ -908,7 +908,7 @@ impl CaptureInputs {
     fn eager(
         &self,
         gpu: &BoundDevice<'_>,
-        blas: &mut gpubind::blas::Blas,
+        blas: &gpubind::blas::Blas,
         o: &mut CaptureOutputs,
     ) -> R {
         let st = gpu.default_stream();
@@ -947,35 +947,19 @@ fn same<T: DeviceRepr + PartialEq>(
 /// keeps the handles and the workspace); a new Blas works alongside.
 fn captured_products_equal_eager_with_the_blas_dropped(gpu: &BoundDevice<'_>) -> R {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let i = CaptureInputs::new(gpu, &mut rng)?;
     let mut e = i.outputs(gpu)?;
-    i.eager(gpu, &mut blas, &mut e)?;
+    i.eager(gpu, &blas, &mut e)?;
     let g = i.outputs(gpu)?;
     let graph = gpu
         .capture(|cap| {
-            cap.matmul(&mut blas, &i.gemm, &i.a16, &i.b16, &g.c)?;
-            cap.matmul_batched(&mut blas, &i.qk, &i.batch, &i.q, &i.k, &g.s)?;
+            cap.matmul(&blas, &i.gemm, &i.a16, &i.b16, &g.c)?;
+            cap.matmul_batched(&blas, &i.qk, &i.batch, &i.q, &i.k, &g.s)?;
             let args = CaptureLtArgs::new().bias(&i.bias).aux_out(&g.z);
-            cap.matmul_lt(
-                &mut blas,
-                &i.lt,
-                Epilogue::GeluAuxBias,
-                &i.x,
-                &i.w,
-                &g.y,
-                args,
-            )?;
+            cap.matmul_lt(&blas, &i.lt, Epilogue::GeluAuxBias, &i.x, &i.w, &g.y, args)?;
             let args = CaptureLtArgs::new().aux(&g.z).bias_grad(&g.db);
-            cap.matmul_lt(
-                &mut blas,
-                &i.lt,
-                Epilogue::DGeluBGrad,
-                &i.x,
-                &i.w,
-                &g.dz,
-                args,
-            )
+            cap.matmul_lt(&blas, &i.lt, Epilogue::DGeluBGrad, &i.x, &i.w, &g.dz, args)
         })
         .ctx("capture")?;
     ensure!(
@@ -987,13 +971,13 @@ fn captured_products_equal_eager_with_the_blas_dropped(gpu: &BoundDevice<'_>) ->
     );
     drop(blas);
     let exec = graph.instantiate().ctx("instantiate")?;
-    let mut other = gpu.new_blas().ctx("a new Blas")?;
+    let other = gpu.new_blas().ctx("a new Blas")?;
     let stream = gpu.new_stream().ctx("stream")?;
     for launch in 0..3 {
         exec.launch(&gpu.on(&stream).ctx("on")?).ctx("launch")?;
         let mut scratch = gpu.alloc_zeros::<bf16>(g.c.len()).ctx("alloc")?;
         gpu.default_stream()
-            .matmul(&mut other, &i.gemm, &i.a16, &i.b16, &mut scratch)
+            .matmul(&other, &i.gemm, &i.a16, &i.b16, &mut scratch)
             .ctx("gemm on a new Blas")?;
         let at = |what: &str| format!("launch {launch}: {what}");
         same(gpu, &at("GEMM"), &g.c, &e.c)?;
@@ -1021,7 +1005,7 @@ fn two_streams_read_one_weight(gpu: &BoundDevice<'_>) -> R {
         gpu.clone_htod(&x1).ctx("x1")?,
         gpu.clone_htod(&x2).ctx("x2")?,
     );
-    let (mut b1, mut b2) = (gpu.new_blas().ctx("blas")?, gpu.new_blas().ctx("blas")?);
+    let (b1, b2) = (gpu.new_blas().ctx("blas")?, gpu.new_blas().ctx("blas")?);
     let (s1, s2) = (
         gpu.new_stream().ctx("stream")?,
         gpu.new_stream().ctx("stream")?,
@@ -1034,11 +1018,11 @@ fn two_streams_read_one_weight(gpu: &BoundDevice<'_>) -> R {
     for round in 0..3 {
         gpu.on(&s1)
             .ctx("on")?
-            .matmul(&mut b1, &s, &x1, &w, &mut y1)
+            .matmul(&b1, &s, &x1, &w, &mut y1)
             .ctx("y1")?;
         gpu.on(&s2)
             .ctx("on")?
-            .matmul(&mut b2, &s, &x2, &w, &mut y2)
+            .matmul(&b2, &s, &x2, &w, &mut y2)
             .ctx("y2")?;
         let zeros = vec![0.0; m * n];
         let (w1, sc1) = host_gemm(&s, &x1f, &wf, &zeros);
@@ -1078,7 +1062,7 @@ fn refused(what: &str, r: gpubind::Result<()>, pred: impl Fn(&MatmulError) -> bo
 
 /// Every refusal is a typed error, before anything is enqueued, on the GPU path too.
 fn bad_input_is_a_typed_error(gpu: &BoundDevice<'_>) -> R {
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let st = gpu.default_stream();
     let (a, b) = (
         gpu.alloc_zeros::<f32>(6).ctx("a")?,
@@ -1087,7 +1071,7 @@ fn bad_input_is_a_typed_error(gpu: &BoundDevice<'_>) -> R {
     let mut c = gpu.alloc_zeros::<f32>(5).ctx("c")?;
     refused(
         "C of 5 for 2×2",
-        st.matmul(&mut blas, &Matmul::new(2, 2, 3), &a, &b, &mut c),
+        st.matmul(&blas, &Matmul::new(2, 2, 3), &a, &b, &mut c),
         |e| {
             matches!(
                 e,
@@ -1104,7 +1088,7 @@ fn bad_input_is_a_typed_error(gpu: &BoundDevice<'_>) -> R {
     let small_ld = Matmul::new(2, 2, 3).with_ld(2, 2, 2);
     refused(
         "lda 2 < 3",
-        st.matmul(&mut blas, &small_ld, &a, &b, &mut c4),
+        st.matmul(&blas, &small_ld, &a, &b, &mut c4),
         |e| {
             matches!(
                 e,
@@ -1121,7 +1105,7 @@ fn bad_input_is_a_typed_error(gpu: &BoundDevice<'_>) -> R {
     let overlap = Batch::new(2, 0, 0, 3);
     refused(
         "batch stride 3 < 4",
-        st.matmul_batched(&mut blas, &s, &overlap, &a, &b, &mut c8),
+        st.matmul_batched(&blas, &s, &overlap, &a, &b, &mut c8),
         |e| {
             matches!(
                 e,
@@ -1139,15 +1123,15 @@ fn bad_input_is_a_typed_error(gpu: &BoundDevice<'_>) -> R {
     let mut h_c = gpu.alloc_zeros::<f16>(4).ctx("c")?;
     refused(
         "tf32 on f16",
-        st.matmul(&mut blas, &s.allow_tf32(), &h_a, &h_b, &mut h_c),
+        st.matmul(&blas, &s.allow_tf32(), &h_a, &h_b, &mut h_c),
         |e| matches!(e, MatmulError::Unsupported { .. }),
     )?;
-    lt_refusals(gpu, &mut blas)?;
-    refused_in_capture(gpu, &mut blas)
+    lt_refusals(gpu, &blas)?;
+    refused_in_capture(gpu, &blas)
 }
 
 /// cuBLASLt refusals: an epilogue on f64, a missing operand, a wrong length.
-fn lt_refusals(gpu: &BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> R {
+fn lt_refusals(gpu: &BoundDevice<'_>, blas: &gpubind::blas::Blas) -> R {
     let st = gpu.default_stream();
     let s = Matmul::new(2, 2, 3);
     let (a, b) = (
@@ -1209,7 +1193,7 @@ fn lt_refusals(gpu: &BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> R {
 
 /// Outputs overlapping inputs (only reachable through shared borrows: a capture, or
 /// views) are refused.
-fn refused_in_capture(gpu: &BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> R {
+fn refused_in_capture(gpu: &BoundDevice<'_>, blas: &gpubind::blas::Blas) -> R {
     let (a, b) = (
         gpu.alloc_zeros::<f32>(6).ctx("a")?,
         gpu.alloc_zeros::<f32>(6).ctx("b")?,
@@ -1279,7 +1263,7 @@ fn host_gemv(g: &Gemv, a: &[f64], x: &[f64], y: &[f64]) -> (Vec<f64>, Vec<f64>) 
 /// Every transpose × layout × packed/padded (leading dimension and increments) for one
 /// type.
 fn gemv_sweep<T: El + gpubind::blas::BlasFloat>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let stream = gpu.default_stream();
     for (m, n) in [(1, 1), (7, 5), (33, 64), (129, 17)] {
         for transpose in [false, true] {
@@ -1305,7 +1289,7 @@ fn gemv_sweep<T: El + gpubind::blas::BlasFloat>(gpu: &BoundDevice<'_>, rng: &mut
                         "gemv {:?} {m}x{n} transpose={transpose} {layout:?} padded={padded}",
                         T::DATA_TYPE
                     );
-                    stream.gemv(&mut blas, &g, &da, &dx, &mut dy).ctx(&what)?;
+                    stream.gemv(&blas, &g, &da, &dx, &mut dy).ctx(&what)?;
                     let got = dtoh_f64(gpu, &dy)?;
                     let (want, scale) = host_gemv(&g, &af, &xf, &yf);
                     close(&what, &got, &want, &scale, T::TOL)?;
@@ -1323,7 +1307,7 @@ fn gemv_types_transposes_and_layouts_match_the_host(gpu: &BoundDevice<'_>) -> R 
 }
 
 fn asum_case<T: El + gpubind::blas::BlasFloat>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let stream = gpu.default_stream();
     for (len, inc) in [(1, 1), (1000, 1), (1001, 3), (4096, 7)] {
         let (x, xf) = random::<T>(rng, len);
@@ -1332,10 +1316,10 @@ fn asum_case<T: El + gpubind::blas::BlasFloat>(gpu: &BoundDevice<'_>, rng: &mut 
         let what = format!("asum {:?} of {len} step {inc}", T::DATA_TYPE);
         // A reduction of up to 4096 terms: ten times a product's tolerance.
         let tol = 10.0 * T::TOL;
-        let host = stream.asum(&mut blas, &dx, inc).ctx(&what)?.f();
+        let host = stream.asum(&blas, &dx, inc).ctx(&what)?.f();
         close(&what, &[host], &[want], &[want], tol)?;
         let mut out = gpu.clone_htod(&[T::of(-7.0)]).ctx("out")?;
-        stream.asum_into(&mut blas, &dx, inc, &mut out).ctx(&what)?;
+        stream.asum_into(&blas, &dx, inc, &mut out).ctx(&what)?;
         let dev = dtoh_f64(gpu, &out)?;
         close(
             &format!("{what} into device memory"),
@@ -1348,15 +1332,11 @@ fn asum_case<T: El + gpubind::blas::BlasFloat>(gpu: &BoundDevice<'_>, rng: &mut 
     let empty = gpu.alloc_zeros::<T>(0).ctx("empty")?;
     let mut out = gpu.clone_htod(&[T::of(5.0)]).ctx("out")?;
     ensure!(
-        stream
-            .asum(&mut blas, &empty, 1)
-            .ctx("asum of nothing")?
-            .f()
-            == 0.0,
+        stream.asum(&blas, &empty, 1).ctx("asum of nothing")?.f() == 0.0,
         "asum of nothing is not 0"
     );
     stream
-        .asum_into(&mut blas, &empty, 1, &mut out)
+        .asum_into(&blas, &empty, 1, &mut out)
         .ctx("asum_into of nothing")?;
     ensure!(
         dtoh_f64(gpu, &out)? == [0.0],
@@ -1403,11 +1383,11 @@ fn grouped_case<T: El>(gpu: &BoundDevice<'_>, rng: &mut impl Rng) -> R {
     let (c0, cf) = random::<T>(rng, oc);
     let (da, db) = (gpu.clone_htod(&a).ctx("a")?, gpu.clone_htod(&b).ctx("b")?);
     let mut dc = gpu.clone_htod(&c0).ctx("c")?;
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let what = format!("grouped {:?}", T::DATA_TYPE);
     match gpu
         .default_stream()
-        .matmul_grouped(&mut blas, &groups, &da, &db, &mut dc)
+        .matmul_grouped(&blas, &groups, &da, &db, &mut dc)
     {
         Err(Error::Matmul(e @ MatmulError::NeedsCublas { .. })) => {
             return Err(skip(&e.to_string()));
@@ -1436,10 +1416,10 @@ fn grouped_gemm_of_three_shapes_matches_the_host(gpu: &BoundDevice<'_>) -> R {
 /// then alpha 3, beta 1: C = 2·AB, then 5·AB).
 fn device_scalars_eager_and_between_graph_launches(gpu: &BoundDevice<'_>) -> R {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
-    device_scalars_eager::<f32>(gpu, &mut blas, &mut rng)?;
-    device_scalars_eager::<f64>(gpu, &mut blas, &mut rng)?;
-    device_scalars_eager::<bf16>(gpu, &mut blas, &mut rng)?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
+    device_scalars_eager::<f32>(gpu, &blas, &mut rng)?;
+    device_scalars_eager::<f64>(gpu, &blas, &mut rng)?;
+    device_scalars_eager::<bf16>(gpu, &blas, &mut rng)?;
     let s = Matmul::new(24, 16, 40).transpose_b();
     let (a, af) = random::<f32>(&mut rng, s.m * s.k);
     let (b, bf) = random::<f32>(&mut rng, s.n * s.k);
@@ -1456,13 +1436,13 @@ fn device_scalars_eager_and_between_graph_launches(gpu: &BoundDevice<'_>) -> R {
         .capture(|cap| cap.copy_from_host(&second, &scales))
         .ctx("capture write 2")?;
     let product = gpu
-        .capture(|cap| cap.matmul_device_scalars(&mut blas, &s, &scales, &da, &db, &c))
+        .capture(|cap| cap.matmul_device_scalars(&blas, &s, &scales, &da, &db, &c))
         .ctx("capture the product")?;
     // A host-scalar product on the same handle right after: the pointer mode was set back.
     let mut host = gpu.alloc_zeros::<f32>(s.m * s.n).ctx("host c")?;
     let stream = gpu.new_stream().ctx("stream")?;
     let on = gpu.on(&stream).ctx("on")?;
-    on.matmul(&mut blas, &s.scaled(0.5, 0.0), &da, &db, &mut host)
+    on.matmul(&blas, &s.scaled(0.5, 0.0), &da, &db, &mut host)
         .ctx("host-scalar product after the capture")?;
     let zeros = vec![0.0; s.m * s.n];
     let (half, hscale) = host_gemm(&s.scaled(0.5, 0.0), &af, &bf, &zeros);
@@ -1502,7 +1482,7 @@ fn device_scalars_eager_and_between_graph_launches(gpu: &BoundDevice<'_>) -> R {
 
 fn device_scalars_eager<T: El>(
     gpu: &BoundDevice<'_>,
-    blas: &mut gpubind::blas::Blas,
+    blas: &gpubind::blas::Blas,
     rng: &mut impl Rng,
 ) -> R
 where
@@ -1530,7 +1510,7 @@ where
 /// The refusals of GEMV, ASUM, grouped GEMM and device scalars: typed, before anything
 /// runs.
 fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let st = gpu.default_stream();
     let a = gpu.alloc_zeros::<f32>(6).ctx("a")?;
     let x = gpu.alloc_zeros::<f32>(3).ctx("x")?;
@@ -1538,7 +1518,7 @@ fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
     let g = Gemv::new(2, 3);
     refused(
         "gemv y of 3 for 2 rows",
-        st.gemv(&mut blas, &g, &a, &x, &mut y),
+        st.gemv(&blas, &g, &a, &x, &mut y),
         |e| {
             matches!(
                 e,
@@ -1555,7 +1535,7 @@ fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
     let mut y2 = gpu.alloc_zeros::<f32>(2).ctx("y2")?;
     refused(
         "gemv x of 3 for Aᵀ",
-        st.gemv(&mut blas, &g.transpose(), &a, &x, &mut y2),
+        st.gemv(&blas, &g.transpose(), &a, &x, &mut y2),
         |e| {
             matches!(
                 e,
@@ -1569,7 +1549,7 @@ fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
     )?;
     refused(
         "gemv incx 0",
-        st.gemv(&mut blas, &g.with_inc(0, 1), &a, &x, &mut y2),
+        st.gemv(&blas, &g.with_inc(0, 1), &a, &x, &mut y2),
         |e| {
             matches!(
                 e,
@@ -1582,7 +1562,7 @@ fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
     )?;
     refused(
         "gemv lda 2 for 3 columns",
-        st.gemv(&mut blas, &g.with_lda(2), &a, &x, &mut y2),
+        st.gemv(&blas, &g.with_lda(2), &a, &x, &mut y2),
         |e| {
             matches!(
                 e,
@@ -1594,7 +1574,7 @@ fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
             )
         },
     )?;
-    refused("asum incx 0", st.asum(&mut blas, &x, 0).map(drop), |e| {
+    refused("asum incx 0", st.asum(&blas, &x, 0).map(drop), |e| {
         matches!(
             e,
             MatmulError::ZeroIncrement {
@@ -1605,7 +1585,7 @@ fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
     })?;
     refused(
         "asum into 3 elements",
-        st.asum_into(&mut blas, &a, 1, &mut y),
+        st.asum_into(&blas, &a, 1, &mut y),
         |e| {
             matches!(
                 e,
@@ -1622,11 +1602,10 @@ fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
     let mut c = gpu.alloc_zeros::<f32>(4).ctx("c")?;
     refused(
         "3 device scalars",
-        st.matmul_device_scalars(&mut blas, &s, &scales3, &a, &a, &mut c),
+        st.matmul_device_scalars(&blas, &s, &scales3, &a, &a, &mut c),
         |e| matches!(e, MatmulError::ScalarBuffer { found: 3 }),
     )?;
-    let captured =
-        gpu.capture(|cap| cap.matmul_device_scalars(&mut blas, &s, &scales3, &a, &a, &c));
+    let captured = gpu.capture(|cap| cap.matmul_device_scalars(&blas, &s, &scales3, &a, &a, &c));
     refused("3 device scalars, captured", captured.map(drop), |e| {
         matches!(e, MatmulError::ScalarBuffer { found: 3 })
     })?;
@@ -1642,7 +1621,7 @@ fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
     ];
     refused(
         "grouped B past the end",
-        st.matmul_grouped(&mut blas, &too_far, &ha, &hb, &mut hc),
+        st.matmul_grouped(&blas, &too_far, &ha, &hb, &mut hc),
         |e| {
             matches!(e, MatmulError::InGroup { group: 1, problem: 0, error }
             if matches!(**error, MatmulError::BufferSize { operand: "B", expected: 76, found: 64, .. }))
@@ -1651,7 +1630,7 @@ fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
     let overlap = [GemmGroup::new(sq).problem(0, 0, 0).problem(16, 16, 8)];
     refused(
         "grouped outputs overlapping",
-        st.matmul_grouped(&mut blas, &overlap, &ha, &hb, &mut hc),
+        st.matmul_grouped(&blas, &overlap, &ha, &hb, &mut hc),
         |e| {
             matches!(e, MatmulError::InGroup { group: 0, problem: 1, error }
             if matches!(**error, MatmulError::Aliasing { output: "C", .. }))
@@ -1662,7 +1641,7 @@ fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
     let one = [GemmGroup::new(sq).problem(0, 0, 0)];
     refused(
         "grouped f32",
-        st.matmul_grouped(&mut blas, &one, &fa, &fa, &mut fc),
+        st.matmul_grouped(&blas, &one, &fa, &fa, &mut fc),
         |e| matches!(e, MatmulError::Unsupported { dtype: "f32", .. }),
     )?;
     Ok(())

@@ -1145,12 +1145,12 @@ fn captured_matmul_is_exact_at_every_launch(gpu: &BoundDevice<'_>) -> R {
     // Eager first (the handle's workspace is then in use on the default stream).
     let mut e = gpu.alloc_zeros::<f32>(m * n).ctx("alloc e")?;
     gpu.default_stream()
-        .matmul(&mut blas, &plain, &a, &b, &mut e)
+        .matmul(&blas, &plain, &a, &b, &mut e)
         .ctx("eager matmul")?;
     let graph = gpu
         .capture(|cap| {
-            cap.matmul(&mut blas, &plain, &a, &b, &c)?;
-            cap.matmul(&mut blas, &transposed, &at, &bt, &d)
+            cap.matmul(&blas, &plain, &a, &b, &c)?;
+            cap.matmul(&blas, &transposed, &at, &bt, &d)
         })
         .ctx("capture")?;
     ensure!(
@@ -1166,7 +1166,7 @@ fn captured_matmul_is_exact_at_every_launch(gpu: &BoundDevice<'_>) -> R {
     let tiny = gpu.alloc_zeros::<f32>(1).ctx("alloc tiny")?;
     let tiny_view = tiny.slice(..).ctx("view")?;
     let one = Matmul::new(1, 1, 1);
-    let refused = gpu.capture(|cap| cap.matmul(&mut blas, &one, &tiny_view, &tiny_view, &tiny));
+    let refused = gpu.capture(|cap| cap.matmul(&blas, &one, &tiny_view, &tiny_view, &tiny));
     ensure!(
         matches!(
             refused,
@@ -1206,7 +1206,7 @@ fn captured_matmul_is_exact_at_every_launch(gpu: &BoundDevice<'_>) -> R {
         exec.launch(&gpu.on(&s1).ctx("on s1")?).ctx("launch")?;
         gpu.on(&other)
             .ctx("on other")?
-            .matmul(&mut blas, &plain, &a, &b, &mut f)
+            .matmul(&blas, &plain, &a, &b, &mut f)
             .ctx("eager matmul on another stream")?;
         let want = host_matmul(&a_now, &b_host, m, n, k);
         let want2: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
@@ -1264,16 +1264,16 @@ fn captured_matmuls_on_forked_branches_take_turns_with_the_workspace(gpu: &Bound
         .collect();
     let eye = gpu.clone_htod(&ident).ctx("htod eye")?;
     let c3 = gpu.alloc_zeros::<f32>(m * n).ctx("alloc c3")?;
-    let mut blas = gpu.new_blas().ctx("new_blas")?;
+    let blas = gpu.new_blas().ctx("new_blas")?;
     let shape = Matmul::new(m, n, k);
     let graph = gpu
         .capture(|c| {
             c.fork(|main, branch| {
-                main.matmul(&mut blas, &shape, &a1, &b, &c1)?;
-                branch.matmul(&mut blas, &shape, &a2, &b, &c2)
+                main.matmul(&blas, &shape, &a1, &b, &c1)?;
+                branch.matmul(&blas, &shape, &a2, &b, &c2)
             })?;
             // After the join: c3 = c1 · I.
-            c.matmul(&mut blas, &Matmul::new(m, n, n), &c1, &eye, &c3)
+            c.matmul(&blas, &Matmul::new(m, n, n), &c1, &eye, &c3)
         })
         .ctx("capture")?;
     let exec = graph.instantiate().ctx("instantiate")?;

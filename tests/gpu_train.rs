@@ -89,7 +89,7 @@ fn matmul_matches_cpu() -> R {
     let dev = Device::get(0).ctx("device")?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
-    let mut blas = gpu.new_blas().ctx("blas")?;
+    let blas = gpu.new_blas().ctx("blas")?;
     let s = gpu.default_stream();
     for (m, n, k) in [(1, 1, 1), (3, 5, 7), (64, 33, 17), (2, 300, 129)] {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -101,8 +101,7 @@ fn matmul_matches_cpu() -> R {
             shape.transpose_b = tb;
             let (da, db) = (gpu.clone_htod(&a).ctx("a")?, gpu.clone_htod(&b).ctx("b")?);
             let mut dc = gpu.clone_htod(&c0).ctx("c")?;
-            s.matmul(&mut blas, &shape, &da, &db, &mut dc)
-                .ctx("matmul")?;
+            s.matmul(&blas, &shape, &da, &db, &mut dc).ctx("matmul")?;
             let got = gpu.dtoh(&dc).ctx("dtoh")?;
             let prod = mlp::cpu_matmul(&a, &b, m, n, k, ta, tb);
             for i in 0..m * n {
@@ -121,7 +120,7 @@ fn matmul_matches_cpu() -> R {
     );
     let mut c = gpu.alloc_zeros::<f32>(5).ctx("c")?;
     let e = s
-        .matmul(&mut blas, &Matmul::new(2, 2, 3), &a, &b, &mut c)
+        .matmul(&blas, &Matmul::new(2, 2, 3), &a, &b, &mut c)
         .unwrap_err();
     ensure!(
         matches!(
@@ -452,8 +451,8 @@ fn train_run(
                 lr,
                 mu,
             };
-            let mut blas = gpu.new_blas().ctx("blas")?;
-            let graphs = mlp::capture_steps(&gpu, &mut blas, &plan, &batches).ctx("capture")?;
+            let blas = gpu.new_blas().ctx("blas")?;
+            let graphs = mlp::capture_steps(&gpu, &blas, &plan, &batches).ctx("capture")?;
             drop(blas); // the graphs keep its workspace
             let stream = gpu.new_stream().ctx("stream")?;
             for _ in 0..epochs {

@@ -69,7 +69,7 @@ pub struct StepPlan<'a> {
 /// every captured product (the graphs keep its workspace).
 pub fn capture_steps<'a>(
     gpu: &BoundDevice<'_>,
-    blas: &mut Blas,
+    blas: &Blas,
     plan: &StepPlan<'a>,
     batches: &'a [Vec<PinnedBatch>],
 ) -> Result<Vec<GraphExec<'a>>> {
@@ -111,7 +111,7 @@ pub fn capture_steps<'a>(
 /// One step of every rank into the capture `c`.
 fn capture_step<'a>(
     c: &mut Capture<'_, 'a>,
-    blas: &mut Blas,
+    blas: &Blas,
     plan: &StepPlan<'a>,
     shards: &'a [PinnedBatch],
     slot: usize,
@@ -171,7 +171,7 @@ fn bias_act<'a>(
 /// The forward pass (as `Replica::forward`) into the capture.
 fn forward<'a>(
     c: &mut Capture<'_, 'a>,
-    blas: &mut Blas,
+    blas: &Blas,
     v: &'a StepViews<'a>,
     f: &'a Fns<'a>,
 ) -> Result<()> {
@@ -207,7 +207,7 @@ fn forward<'a>(
 /// capture, with the loss into slot `slot`.
 fn backward<'a>(
     c: &mut Capture<'_, 'a>,
-    blas: &mut Blas,
+    blas: &Blas,
     v: &'a StepViews<'a>,
     f: &'a Fns<'a>,
     global_rows: usize,

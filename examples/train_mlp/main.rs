@@ -325,8 +325,8 @@ fn run(args: &Args) -> gpubind::Result<()> {
             lr: args.lr,
             mu,
         };
-        let mut blas = gpu.new_blas()?;
-        let graphs = mlp::capture_steps(&gpu, &mut blas, &plan, &batches)?;
+        let blas = gpu.new_blas()?;
+        let graphs = mlp::capture_steps(&gpu, &blas, &plan, &batches)?;
         let stream = gpu.new_stream()?;
         train_epochs(args.epochs, samples, true, || {
             mlp::launch_steps(&gpu, &stream, &graphs, &views)

@@ -142,11 +142,11 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// use gpubind::{blas::Matmul, Device, ThreadContext};
     /// let mut ctx = ThreadContext::acquire()?;
     /// let gpu = ctx.bind(&Device::get(0)?)?;
-    /// let mut blas = gpu.new_blas()?;
+    /// let blas = gpu.new_blas()?;
     /// let a = gpu.clone_htod(&[1.0f32, 2.0, 3.0, 4.0])?;
     /// let b = gpu.clone_htod(&[1.0f32, 0.0, 0.0, 1.0])?;
     /// let c = gpu.alloc_zeros::<f32>(4)?;
-    /// let graph = gpu.capture(|cap| cap.matmul(&mut blas, &Matmul::new(2, 2, 2), &a, &b, &c))?;
+    /// let graph = gpu.capture(|cap| cap.matmul(&blas, &Matmul::new(2, 2, 2), &a, &b, &c))?;
     /// drop(blas); // the graph keeps the handle and its workspace
     /// let exec = graph.instantiate()?;
     /// exec.launch(&gpu.default_stream())?;
@@ -157,7 +157,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// The matrices stay borrowed while the graph lives:
     ///
     /// ```compile_fail,E0505
-    /// # fn f(gpu: &gpubind::BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> gpubind::Result<()> {
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, blas: &gpubind::blas::Blas) -> gpubind::Result<()> {
     /// use gpubind::blas::Matmul;
     /// let (a, b, c) = (gpu.alloc_zeros::<f32>(4)?, gpu.alloc_zeros::<f32>(4)?, gpu.alloc_zeros::<f32>(4)?);
     /// let graph = gpu.capture(|cap| cap.matmul(blas, &Matmul::new(2, 2, 2), &a, &b, &c))?;
@@ -167,7 +167,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// ```
     pub fn matmul<T, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         a: &'buf A,
         b: &'buf B,
@@ -195,20 +195,20 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// use gpubind::{blas::Matmul, Device, ThreadContext};
     /// let mut ctx = ThreadContext::acquire()?;
     /// let gpu = ctx.bind(&Device::get(0)?)?;
-    /// let mut blas = gpu.new_blas()?;
+    /// let blas = gpu.new_blas()?;
     /// let a = gpu.clone_htod(&[1.0f32, 2.0, 3.0, 4.0])?;
     /// let b = gpu.clone_htod(&[1.0f32, 0.0, 0.0, 1.0])?;
     /// let scales = gpu.clone_htod(&[3.0f32, 0.0])?;
     /// let c = gpu.alloc_zeros::<f32>(4)?;
     /// let shape = Matmul::new(2, 2, 2);
-    /// let graph = gpu.capture(|cap| cap.matmul_device_scalars(&mut blas, &shape, &scales, &a, &b, &c))?;
+    /// let graph = gpu.capture(|cap| cap.matmul_device_scalars(&blas, &shape, &scales, &a, &b, &c))?;
     /// graph.instantiate()?.launch(&gpu.default_stream())?;
     /// assert_eq!(gpu.dtoh(&c)?, [3.0, 6.0, 9.0, 12.0]);
     /// # Ok(()) }
     /// ```
     pub fn matmul_device_scalars<T, S, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         scales: &'buf S,
         a: &'buf A,
@@ -230,7 +230,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// claims and lifetimes of [`matmul`](Self::matmul).
     pub fn matmul_batched<T, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: &Batch,
         a: &'buf A,
@@ -251,7 +251,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// inputs, an f32 output), with the claims and lifetimes of [`matmul`](Self::matmul).
     pub fn matmul_mixed<TIn, TOut, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         a: &'buf A,
         b: &'buf B,
@@ -272,7 +272,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// with the claims and lifetimes of [`matmul`](Self::matmul).
     pub fn matmul_batched_mixed<TIn, TOut, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: &Batch,
         a: &'buf A,
@@ -296,7 +296,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     #[allow(clippy::too_many_arguments)]
     pub fn matmul_lt<T, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         epilogue: Epilogue,
         a: &'buf A,
@@ -345,7 +345,7 @@ impl<'c, 'buf> Capture<'c, 'buf> {
 
     fn capture_gemm<T, U, S, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: Option<&Batch>,
         scales: Option<&'buf S>,
@@ -426,8 +426,8 @@ impl<'c, 'buf> Capture<'c, 'buf> {
     /// ordered after the previous use of the handle's workspace in this capture.
     fn enqueue_captured(
         &self,
-        blas: &mut Blas,
-        enqueue: impl FnOnce(&mut Blas) -> Result<()>,
+        blas: &Blas,
+        enqueue: impl FnOnce(&Blas) -> Result<()>,
     ) -> Result<()> {
         // Products of one handle on two branches of a fork would share the workspace
         // within a launch: the second is ordered after the first.

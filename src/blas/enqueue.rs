@@ -32,6 +32,8 @@ type NoScales<T> = DeviceSlice<<T as BlasScalar>::Scale>;
 /// On a stream, the borrows end when the call returns (the claims keep later uses and
 /// frees ordered after the product); in a capture, they last for the graph (`'buf`).
 /// The inherent `BoundStream` methods, which take the output by `&mut`, stay available.
+/// The handle is taken by `&Blas` (it is not `Sync`), so the model can keep it beside
+/// the buffers it lends the step.
 ///
 /// ```no_run
 /// # fn main() -> gpubind::Result<()> {
@@ -41,7 +43,7 @@ type NoScales<T> = DeviceSlice<<T as BlasScalar>::Scale>;
 /// /// `h = x·W1ᵀ`, `y = h·W2ᵀ`: one forward, eager or captured.
 /// fn forward<'buf>(
 ///     e: &mut impl Enqueue<'buf>,
-///     blas: &mut Blas,
+///     blas: &Blas,
 ///     (w1, w2): (&'buf DeviceSlice<f32>, &'buf DeviceSlice<f32>),
 ///     x: &'buf DeviceSlice<f32>,
 ///     (h, y): (&'buf DeviceSlice<f32>, &'buf DeviceSlice<f32>),
@@ -52,16 +54,16 @@ type NoScales<T> = DeviceSlice<<T as BlasScalar>::Scale>;
 ///
 /// let mut ctx = ThreadContext::acquire()?;
 /// let gpu = ctx.bind(&Device::get(0)?)?;
-/// let mut blas = gpu.new_blas()?;
+/// let blas = gpu.new_blas()?;
 /// let w = (gpu.clone_htod(&[0.5f32; 32 * 16])?, gpu.clone_htod(&[0.25f32; 4 * 32])?);
 /// let x = gpu.clone_htod(&[1.0f32; 8 * 16])?;
 /// let (h, y) = (gpu.alloc_zeros::<f32>(8 * 32)?, gpu.alloc_zeros::<f32>(8 * 4)?);
 /// // Eagerly, on a stream:
 /// let mut stream = gpu.default_stream();
-/// forward(&mut stream, &mut blas, (&w.0, &w.1), &x, (&h, &y))?;
+/// forward(&mut stream, &blas, (&w.0, &w.1), &x, (&h, &y))?;
 /// let eager = gpu.dtoh(&y)?;
 /// // The same function captured into a graph:
-/// let graph = gpu.capture(|cap| forward(cap, &mut blas, (&w.0, &w.1), &x, (&h, &y)))?;
+/// let graph = gpu.capture(|cap| forward(cap, &blas, (&w.0, &w.1), &x, (&h, &y)))?;
 /// graph.instantiate()?.launch(&gpu.default_stream())?;
 /// assert_eq!(gpu.dtoh(&y)?, eager);
 /// # Ok(()) }
@@ -71,7 +73,7 @@ type NoScales<T> = DeviceSlice<<T as BlasScalar>::Scale>;
 /// writes it):
 ///
 /// ```compile_fail,E0277
-/// # fn f(gpu: &gpubind::BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> gpubind::Result<()> {
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, blas: &gpubind::blas::Blas) -> gpubind::Result<()> {
 /// use gpubind::blas::{Enqueue, Matmul};
 /// let a = gpu.alloc_zeros::<f32>(4)?;
 /// let c = gpu.alloc_managed::<f32>(4)?;
@@ -83,7 +85,7 @@ pub trait Enqueue<'buf>: Issue<'buf> {
     /// [`BoundStream::matmul`] / [`Capture::matmul`].
     fn matmul<T, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         a: &'buf A,
         b: &'buf B,
@@ -99,7 +101,7 @@ pub trait Enqueue<'buf>: Issue<'buf> {
     /// [`BoundStream::matmul_batched`] / [`Capture::matmul_batched`].
     fn matmul_batched<T, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: &Batch,
         a: &'buf A,
@@ -116,7 +118,7 @@ pub trait Enqueue<'buf>: Issue<'buf> {
     /// [`BoundStream::matmul_mixed`] / [`Capture::matmul_mixed`].
     fn matmul_mixed<TIn, TOut, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         a: &'buf A,
         b: &'buf B,
@@ -134,7 +136,7 @@ pub trait Enqueue<'buf>: Issue<'buf> {
     #[allow(clippy::too_many_arguments)]
     fn matmul_batched_mixed<TIn, TOut, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: &Batch,
         a: &'buf A,
@@ -154,7 +156,7 @@ pub trait Enqueue<'buf>: Issue<'buf> {
     #[allow(clippy::too_many_arguments)]
     fn matmul_lt<T, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         epilogue: Epilogue,
         a: &'buf A,
@@ -170,14 +172,7 @@ pub trait Enqueue<'buf>: Issue<'buf> {
 }
 
 impl<'buf> Enqueue<'buf> for BoundStream<'_> {
-    fn matmul<T, A, B, C>(
-        &mut self,
-        blas: &mut Blas,
-        shape: &Matmul,
-        a: &A,
-        b: &B,
-        c: &C,
-    ) -> Result<()>
+    fn matmul<T, A, B, C>(&mut self, blas: &Blas, shape: &Matmul, a: &A, b: &B, c: &C) -> Result<()>
     where
         T: BlasScalar,
         A: DeviceMemory<T> + ?Sized,
@@ -189,7 +184,7 @@ impl<'buf> Enqueue<'buf> for BoundStream<'_> {
 
     fn matmul_batched<T, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: &Batch,
         a: &A,
@@ -207,7 +202,7 @@ impl<'buf> Enqueue<'buf> for BoundStream<'_> {
 
     fn matmul_mixed<TIn, TOut, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         a: &A,
         b: &B,
@@ -225,7 +220,7 @@ impl<'buf> Enqueue<'buf> for BoundStream<'_> {
 
     fn matmul_batched_mixed<TIn, TOut, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: &Batch,
         a: &A,
@@ -245,7 +240,7 @@ impl<'buf> Enqueue<'buf> for BoundStream<'_> {
 
     fn matmul_lt<T, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         epilogue: Epilogue,
         a: &A,
@@ -266,7 +261,7 @@ impl<'buf> Enqueue<'buf> for BoundStream<'_> {
 impl<'buf> Enqueue<'buf> for Capture<'_, 'buf> {
     fn matmul<T, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         a: &'buf A,
         b: &'buf B,
@@ -283,7 +278,7 @@ impl<'buf> Enqueue<'buf> for Capture<'_, 'buf> {
 
     fn matmul_batched<T, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: &Batch,
         a: &'buf A,
@@ -301,7 +296,7 @@ impl<'buf> Enqueue<'buf> for Capture<'_, 'buf> {
 
     fn matmul_mixed<TIn, TOut, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         a: &'buf A,
         b: &'buf B,
@@ -319,7 +314,7 @@ impl<'buf> Enqueue<'buf> for Capture<'_, 'buf> {
 
     fn matmul_batched_mixed<TIn, TOut, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: &Batch,
         a: &'buf A,
@@ -338,7 +333,7 @@ impl<'buf> Enqueue<'buf> for Capture<'_, 'buf> {
 
     fn matmul_lt<T, A, B, C>(
         &mut self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         epilogue: Epilogue,
         a: &'buf A,

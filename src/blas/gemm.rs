@@ -353,17 +353,17 @@ impl<'b> BoundStream<'b> {
     /// use half::bf16;
     /// let mut ctx = ThreadContext::acquire()?;
     /// let gpu = ctx.bind(&Device::get(0)?)?;
-    /// let mut blas = gpu.new_blas()?;
+    /// let blas = gpu.new_blas()?;
     /// let x = gpu.clone_htod(&vec![bf16::from_f32(1.0); 8 * 16])?; // 8×16
     /// let w = gpu.clone_htod(&vec![bf16::from_f32(0.5); 32 * 16])?; // 32×16 (out × in)
     /// let mut y = gpu.alloc_zeros::<bf16>(8 * 32)?;
-    /// gpu.default_stream().matmul(&mut blas, &Matmul::new(8, 32, 16).transpose_b(), &x, &w, &mut y)?;
+    /// gpu.default_stream().matmul(&blas, &Matmul::new(8, 32, 16).transpose_b(), &x, &w, &mut y)?;
     /// assert!(gpu.dtoh(&y)?.iter().all(|v| v.to_f32() == 8.0));
     /// # Ok(()) }
     /// ```
     pub fn matmul<T: BlasScalar>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         a: &impl DeviceMemory<T>,
         b: &impl DeviceMemory<T>,
@@ -383,19 +383,19 @@ impl<'b> BoundStream<'b> {
     /// use gpubind::{blas::{Batch, Matmul}, Device, ThreadContext};
     /// let mut ctx = ThreadContext::acquire()?;
     /// let gpu = ctx.bind(&Device::get(0)?)?;
-    /// let mut blas = gpu.new_blas()?;
+    /// let blas = gpu.new_blas()?;
     /// // Per head: S = Q · Kᵀ, Q and K 128×64, 8 heads.
     /// let shape = Matmul::new(128, 128, 64).transpose_b().scaled(0.125, 0.0);
     /// let batch = Batch::packed(8, &shape);
     /// let q = gpu.alloc_zeros::<f32>(8 * 128 * 64)?;
     /// let k = gpu.alloc_zeros::<f32>(8 * 128 * 64)?;
     /// let mut s = gpu.alloc_zeros::<f32>(8 * 128 * 128)?;
-    /// gpu.default_stream().matmul_batched(&mut blas, &shape, &batch, &q, &k, &mut s)?;
+    /// gpu.default_stream().matmul_batched(&blas, &shape, &batch, &q, &k, &mut s)?;
     /// # Ok(()) }
     /// ```
     pub fn matmul_batched<T: BlasScalar>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: &Batch,
         a: &impl DeviceMemory<T>,
@@ -419,19 +419,19 @@ impl<'b> BoundStream<'b> {
     /// use half::bf16;
     /// let mut ctx = ThreadContext::acquire()?;
     /// let gpu = ctx.bind(&Device::get(0)?)?;
-    /// let mut blas = gpu.new_blas()?;
+    /// let blas = gpu.new_blas()?;
     /// let x = gpu.clone_htod(&vec![bf16::from_f32(1.0); 8 * 16])?; // 8×16
     /// let dy = gpu.clone_htod(&vec![bf16::from_f32(0.5); 8 * 32])?; // 8×32
     /// let mut dw = gpu.alloc_zeros::<f32>(32 * 16)?; // f32 gradient of W (32×16)
     /// // dW += dYᵀ · X
     /// let shape = Matmul::new(32, 16, 8).transpose_a().scaled(1.0, 1.0);
-    /// gpu.default_stream().matmul_mixed(&mut blas, &shape, &dy, &x, &mut dw)?;
+    /// gpu.default_stream().matmul_mixed(&blas, &shape, &dy, &x, &mut dw)?;
     /// assert!(gpu.dtoh(&dw)?.iter().all(|&v| v == 4.0));
     /// # Ok(()) }
     /// ```
     pub fn matmul_mixed<TIn: BlasScalar, TOut: MatmulOutput<TIn>>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         a: &impl DeviceMemory<TIn>,
         b: &impl DeviceMemory<TIn>,
@@ -445,7 +445,7 @@ impl<'b> BoundStream<'b> {
     /// (`cublasGemmStridedBatchedEx` with 16-bit A and B and an f32 C).
     pub fn matmul_batched_mixed<TIn: BlasScalar, TOut: MatmulOutput<TIn>>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: &Batch,
         a: &impl DeviceMemory<TIn>,
@@ -482,19 +482,19 @@ impl<'b> BoundStream<'b> {
     /// use gpubind::{blas::Matmul, Device, ThreadContext};
     /// let mut ctx = ThreadContext::acquire()?;
     /// let gpu = ctx.bind(&Device::get(0)?)?;
-    /// let mut blas = gpu.new_blas()?;
+    /// let blas = gpu.new_blas()?;
     /// let a = gpu.clone_htod(&[1.0f32, 2.0, 3.0, 4.0])?;
     /// let b = gpu.clone_htod(&[1.0f32, 0.0, 0.0, 1.0])?;
     /// let scales = gpu.clone_htod(&[2.0f32, 0.0])?; // alpha = 2, beta = 0
     /// let mut c = gpu.alloc_zeros::<f32>(4)?;
     /// let s = gpu.default_stream();
-    /// s.matmul_device_scalars(&mut blas, &Matmul::new(2, 2, 2), &scales, &a, &b, &mut c)?;
+    /// s.matmul_device_scalars(&blas, &Matmul::new(2, 2, 2), &scales, &a, &b, &mut c)?;
     /// assert_eq!(gpu.dtoh(&c)?, [2.0, 4.0, 6.0, 8.0]);
     /// # Ok(()) }
     /// ```
     pub fn matmul_device_scalars<T: BlasScalar>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         scales: &impl DeviceMemory<T::Scale>,
         a: &impl DeviceMemory<T>,
@@ -506,7 +506,7 @@ impl<'b> BoundStream<'b> {
 
     fn gemm<T: BlasScalar>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: Option<&Batch>,
         a: &impl DeviceMemory<T>,
@@ -522,7 +522,7 @@ impl<'b> BoundStream<'b> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm_scaled<T, U, S, A, B, C>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         batch: Option<&Batch>,
         scales: Option<&S>,

@@ -192,7 +192,7 @@ impl<'b> BoundStream<'b> {
     /// use half::bf16;
     /// let mut ctx = ThreadContext::acquire()?;
     /// let gpu = ctx.bind(&Device::get(0)?)?;
-    /// let mut blas = gpu.new_blas()?;
+    /// let blas = gpu.new_blas()?;
     /// // Expert 0 takes 3 tokens, expert 1 takes 5: Y_e = X_e · W_eᵀ, 16 → 8 features.
     /// let x = gpu.clone_htod(&vec![bf16::ONE; 8 * 16])?;
     /// let w = gpu.clone_htod(&vec![bf16::ONE; 2 * 8 * 16])?;
@@ -201,13 +201,13 @@ impl<'b> BoundStream<'b> {
     ///     GemmGroup::new(Matmul::new(3, 8, 16).transpose_b()).problem(0, 0, 0),
     ///     GemmGroup::new(Matmul::new(5, 8, 16).transpose_b()).problem(3 * 16, 8 * 16, 3 * 8),
     /// ];
-    /// gpu.default_stream().matmul_grouped(&mut blas, &groups, &x, &w, &mut y)?;
+    /// gpu.default_stream().matmul_grouped(&blas, &groups, &x, &w, &mut y)?;
     /// assert!(gpu.dtoh(&y)?.iter().all(|v| v.to_f32() == 16.0));
     /// # Ok(()) }
     /// ```
     pub fn matmul_grouped<T: BlasScalar>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         groups: &[GemmGroup],
         a: &impl DeviceMemory<T>,
         b: &impl DeviceMemory<T>,
@@ -239,8 +239,9 @@ impl<'b> BoundStream<'b> {
         let mut table: Vec<u64> = call.offsets.iter().map(first).collect();
         table.extend(call.offsets.iter().map(second));
         table.extend(call.offsets.iter().map(|(o, _)| at(pc, o[2])));
-        let slot = blas.grouped_tables.fill(bound, &table)?;
-        let table = &blas.grouped_tables.tables[slot];
+        let mut tables = blas.grouped_tables.borrow_mut();
+        let slot = tables.fill(bound, &table)?;
+        let table = &tables.tables[slot];
         bound.ensure_current()?;
         let shared = Arc::clone(&blas.shared);
         let _claim = self.claim([

@@ -10,24 +10,28 @@ use crate::driver::libraries::{self as libs, CublasHandle};
 use crate::error::Result;
 use crate::graph::Owned;
 use crate::memory::{DeviceMemory, DeviceSlice, Tracked};
+use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
 /// A cuBLAS handle of one device, with its workspace and a cuBLASLt handle (for
 /// [`matmul_lt`](crate::BoundStream::matmul_lt), when cuBLASLt loads).
 ///
 /// `Send` (it may move to another thread with its device) but not `Sync`: cuBLAS handles
-/// must not be used by two threads at once, and every product takes `&mut Blas`. The
+/// must not be used by two threads at once. Products take `&Blas` — one thread's
+/// products run one after the other, so a model that borrows its buffers shared can hold
+/// its handle beside them — and no `&Blas` reaches another thread. The
 /// handles and the workspace are shared with every graph that captured a product of this
 /// `Blas` ([`Capture::matmul`](crate::Capture::matmul)): dropping the `Blas` destroys them
 /// only once the last such graph is gone too.
 pub struct Blas {
     pub(crate) shared: Arc<Shared>,
-    /// cuBLASLt descriptors and algorithms of recent [`matmul_lt`] shapes.
+    /// cuBLASLt descriptors and algorithms of recent [`matmul_lt`] shapes, borrowed by
+    /// one product at a time (the `RefCell` also keeps `Blas` from being `Sync`).
     ///
     /// [`matmul_lt`]: crate::BoundStream::matmul_lt
-    pub(crate) lt_plans: LtPlans,
+    pub(crate) lt_plans: RefCell<LtPlans>,
     /// The device tables of matrix addresses that grouped GEMMs read, used in turn.
-    pub(crate) grouped_tables: super::grouped::AddressTables,
+    pub(crate) grouped_tables: RefCell<super::grouped::AddressTables>,
 }
 
 /// What a [`Blas`] shares with the graphs that captured its products: the handles (which
@@ -51,16 +55,17 @@ impl Owned for Shared {
     }
 }
 
-// SAFETY: the handles are used only through `&mut Blas` (one thread at a time, whose
-// current context is the handle's, which BoundStream proves) and destroyed by the last
-// owner's drop; a graph holding `Shared` never calls into them. The workspace is device
-// memory ordered by its tracker.
+// SAFETY: the handles are used only through a `Blas` (not `Sync`: one thread at a time,
+// whose current context is the handle's, which BoundStream proves) and destroyed by the
+// last owner's drop; a graph holding `Shared` never calls into them. The workspace is
+// device memory ordered by its tracker.
 unsafe impl Send for Shared {}
 // SAFETY: as for Send: `&Shared` exposes the tracker and the handle values, which only
-// `&mut Blas` passes to cuBLAS.
+// a `Blas`, on its one thread, passes to cuBLAS.
 unsafe impl Sync for Shared {}
 // SAFETY: as for Shared; the cached cuBLASLt descriptors are host objects used only
-// through `&mut Blas`.
+// through the `Blas` (not `Sync`), by one product at a time (`RefCell`); moving it moves
+// them with it.
 unsafe impl Send for Blas {}
 
 /// The workspace size NVIDIA recommends for cuBLAS (`cublasSetWorkspace`): 32 MiB on
@@ -95,7 +100,7 @@ impl Blas {
 
     /// The cuBLASLt handle, created by `new_blas` or, if that failed, on first use (the
     /// handle's context must be current).
-    pub(crate) fn lt_handle(&mut self) -> Result<LtHandle> {
+    pub(crate) fn lt_handle(&self) -> Result<LtHandle> {
         if let Some(&h) = self.shared.lt.get() {
             return Ok(h as LtHandle);
         }
@@ -103,7 +108,7 @@ impl Blas {
         let mut h: LtHandle = std::ptr::null_mut();
         // SAFETY: the caller made the handle's context current; writes one handle.
         check(unsafe { (api.create)(&mut h) }, "cublasLtCreate")?;
-        // Only `&mut Blas` sets it, and it was unset just above.
+        // Set only here, by the one thread that holds this `Blas`, and unset just above.
         let _ = self.shared.lt.set(h as usize);
         Ok(h)
     }
@@ -166,15 +171,15 @@ impl<'a> BoundDevice<'a> {
         let mut handle: CublasHandle = std::ptr::null_mut();
         // SAFETY: the bound context is current; writes one handle.
         check(unsafe { (api.create)(&mut handle) }, "cublasCreate_v2")?;
-        let mut blas = Blas {
+        let blas = Blas {
             shared: Arc::new(Shared {
                 device: Arc::clone(self.device()),
                 handle,
                 lt: OnceLock::new(),
                 workspace,
             }),
-            lt_plans: LtPlans::default(),
-            grouped_tables: Default::default(),
+            lt_plans: RefCell::default(),
+            grouped_tables: RefCell::default(),
         };
         // The cuBLASLt handle now if cuBLASLt loads, so that a capture never has to
         // create it; without cuBLASLt, plain products still work and `matmul_lt` reports

@@ -326,7 +326,7 @@ impl LtProblem {
 /// `problem.ptrs` are live allocations of the lengths `check_lt` accepted, kept alive and
 /// ordered like the matrices.
 pub(crate) unsafe fn enqueue_lt(
-    blas: &mut Blas,
+    blas: &Blas,
     problem: &LtProblem,
     shape: &Matmul,
     stream: driver::CUstream,
@@ -336,10 +336,10 @@ pub(crate) unsafe fn enqueue_lt(
     let handle = blas.lt_handle()?;
     let shared = Arc::clone(&blas.shared);
     let ws = &shared.workspace;
-    let lt = blas
-        .lt_plans
-        .get_or_make(problem.key, || problem.make(handle, ws.len()))?;
-    // SAFETY: a live descriptor of this Blas, used by this thread only (`&mut Blas`).
+    let mut plans = blas.lt_plans.borrow_mut();
+    let lt = plans.get_or_make(problem.key, || problem.make(handle, ws.len()))?;
+    // SAFETY: a live descriptor of this Blas, used by this thread only (`Blas` is not
+    // `Sync`; the plans stay borrowed until the product is enqueued).
     unsafe { problem.ptrs.set(lt.desc, problem.epilogue)? };
     let (first, second) = if problem.plan.swapped { (b, a) } else { (a, b) };
     let scales = Scales::new(problem.key.dtype, shape);
@@ -427,7 +427,7 @@ impl<'b> BoundStream<'b> {
     /// use gpubind::{blas::{Epilogue, LtArgs, Matmul}, Device, ThreadContext};
     /// let mut ctx = ThreadContext::acquire()?;
     /// let gpu = ctx.bind(&Device::get(0)?)?;
-    /// let mut blas = gpu.new_blas()?;
+    /// let blas = gpu.new_blas()?;
     /// // Y = gelu(X·W + b), keeping Z = X·W + b for the backward pass.
     /// let (batch, inp, out) = (32, 64, 128);
     /// let shape = Matmul::new(batch, out, inp);
@@ -437,13 +437,13 @@ impl<'b> BoundStream<'b> {
     /// let mut y = gpu.alloc_zeros::<f32>(batch * out)?;
     /// let mut z = gpu.alloc_zeros::<f32>(shape.gelu_aux_len())?;
     /// let args = LtArgs::new().bias(&b).aux_out(&mut z);
-    /// gpu.default_stream().matmul_lt(&mut blas, &shape, Epilogue::GeluAuxBias, &x, &w, &mut y, args)?;
+    /// gpu.default_stream().matmul_lt(&blas, &shape, Epilogue::GeluAuxBias, &x, &w, &mut y, args)?;
     /// # Ok(()) }
     /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn matmul_lt<T: BlasScalar>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         epilogue: Epilogue,
         a: &impl DeviceMemory<T>,
@@ -460,7 +460,7 @@ impl<'b> BoundStream<'b> {
     /// which nothing reads or writes except through its tracker.
     pub(crate) fn lt_claimed<T, A, B, C>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Matmul,
         epilogue: Epilogue,
         (a, b, c): (&A, &B, &C),

@@ -12,11 +12,11 @@
 //! let mut ctx = ThreadContext::acquire()?;
 //! let dev = Device::get(0)?;
 //! let gpu = ctx.bind(&dev)?;
-//! let mut blas = gpu.new_blas()?;
+//! let blas = gpu.new_blas()?;
 //! let a = gpu.clone_htod(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])?; // 2×3, row-major
 //! let b = gpu.clone_htod(&[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0])?; // 3×2
 //! let mut c = gpu.alloc_zeros::<f32>(4)?;                       // 2×2
-//! gpu.default_stream().matmul(&mut blas, &Matmul::new(2, 2, 3), &a, &b, &mut c)?;
+//! gpu.default_stream().matmul(&blas, &Matmul::new(2, 2, 3), &a, &b, &mut c)?;
 //! assert_eq!(gpu.dtoh(&c)?, [4.0, 5.0, 10.0, 11.0]);
 //! # Ok(()) }
 //! ```

@@ -76,7 +76,7 @@ pub trait BlasScalar: DeviceRepr + Copy + sealed::Sealed {
 /// pair compiles.
 ///
 /// ```compile_fail,E0277
-/// # fn f(gpu: &gpubind::BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> gpubind::Result<()> {
+/// # fn f(gpu: &gpubind::BoundDevice<'_>, blas: &gpubind::blas::Blas) -> gpubind::Result<()> {
 /// use gpubind::blas::Matmul;
 /// let a = gpu.alloc_zeros::<f32>(4)?;
 /// let mut c = gpu.alloc_zeros::<half::bf16>(4)?; // an f32 product has no bf16 output

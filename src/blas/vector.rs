@@ -122,11 +122,11 @@ impl<'b> BoundStream<'b> {
     /// use gpubind::{blas::Gemv, Device, ThreadContext};
     /// let mut ctx = ThreadContext::acquire()?;
     /// let gpu = ctx.bind(&Device::get(0)?)?;
-    /// let mut blas = gpu.new_blas()?;
+    /// let blas = gpu.new_blas()?;
     /// let a = gpu.clone_htod(&[1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0])?; // 2×3 row-major
     /// let x = gpu.clone_htod(&[1.0f64, 1.0, 1.0])?;
     /// let mut y = gpu.alloc_zeros::<f64>(2)?;
-    /// gpu.default_stream().gemv(&mut blas, &Gemv::new(2, 3), &a, &x, &mut y)?;
+    /// gpu.default_stream().gemv(&blas, &Gemv::new(2, 3), &a, &x, &mut y)?;
     /// assert_eq!(gpu.dtoh(&y)?, [6.0, 15.0]);
     /// # Ok(()) }
     /// ```
@@ -134,7 +134,7 @@ impl<'b> BoundStream<'b> {
     /// cuBLAS has no half-precision GEMV: f16 and bf16 are not [`BlasFloat`].
     ///
     /// ```compile_fail,E0277
-    /// # fn f(gpu: &gpubind::BoundDevice<'_>, blas: &mut gpubind::blas::Blas) -> gpubind::Result<()> {
+    /// # fn f(gpu: &gpubind::BoundDevice<'_>, blas: &gpubind::blas::Blas) -> gpubind::Result<()> {
     /// use gpubind::blas::Gemv;
     /// use half::f16;
     /// let (a, x) = (gpu.alloc_zeros::<f16>(6)?, gpu.alloc_zeros::<f16>(3)?);
@@ -144,7 +144,7 @@ impl<'b> BoundStream<'b> {
     /// ```
     pub fn gemv<T: BlasFloat>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         shape: &Gemv,
         a: &impl DeviceMemory<T>,
         x: &impl DeviceMemory<T>,
@@ -212,15 +212,15 @@ impl<'b> BoundStream<'b> {
     /// use gpubind::{Device, ThreadContext};
     /// let mut ctx = ThreadContext::acquire()?;
     /// let gpu = ctx.bind(&Device::get(0)?)?;
-    /// let mut blas = gpu.new_blas()?;
+    /// let blas = gpu.new_blas()?;
     /// let x = gpu.clone_htod(&[1.0f32, -2.0, 3.0, -4.0])?;
-    /// assert_eq!(gpu.default_stream().asum(&mut blas, &x, 1)?, 10.0);
-    /// assert_eq!(gpu.default_stream().asum(&mut blas, &x, 2)?, 4.0);
+    /// assert_eq!(gpu.default_stream().asum(&blas, &x, 1)?, 10.0);
+    /// assert_eq!(gpu.default_stream().asum(&blas, &x, 2)?, 4.0);
     /// # Ok(()) }
     /// ```
     pub fn asum<T: BlasFloat>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         x: &impl DeviceMemory<T>,
         incx: usize,
     ) -> Result<T> {
@@ -240,7 +240,7 @@ impl<'b> BoundStream<'b> {
     /// [`MatmulError::BufferSize`]; it must not overlap `x`. An empty `x` writes 0.
     pub fn asum_into<T: BlasFloat>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         x: &impl DeviceMemory<T>,
         incx: usize,
         result: &mut impl DeviceMemoryMut<T>,
@@ -301,7 +301,7 @@ impl<'b> BoundStream<'b> {
     /// its pointer mode says; `result`: its tracker, for a device result).
     fn enqueue_asum<T: BlasFloat>(
         &self,
-        blas: &mut Blas,
+        blas: &Blas,
         x: &impl DeviceMemory<T>,
         n: usize,
         incx: usize,
