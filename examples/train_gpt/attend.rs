@@ -52,7 +52,7 @@ pub struct Bwd<'b, T: Act> {
 
 fn bmm<'b, T: Act>(
     e: &mut impl Enqueue<'b>,
-    blas: &mut Blas,
+    blas: &Blas,
     shape: Matmul,
     count: usize,
     (a, b, c): (&'b DeviceSlice<T>, &'b DeviceSlice<T>, &'b DeviceSlice<T>),
@@ -64,7 +64,7 @@ fn bmm<'b, T: Act>(
 pub fn forward<'b, T: Act, E: Enqueue<'b>>(
     e: &mut E,
     (ks, fused): (&Kernels, Option<&Attention>),
-    blas: &mut Blas,
+    blas: &Blas,
     d: Dims,
     io: Fwd<'b, T>,
 ) -> Result<()> {
@@ -87,7 +87,7 @@ pub fn forward<'b, T: Act, E: Enqueue<'b>>(
 pub fn backward<'b, T: Act, E: Enqueue<'b>>(
     e: &mut E,
     (ks, fused): (&Kernels, Option<&Attention>),
-    blas: &mut Blas,
+    blas: &Blas,
     d: Dims,
     io: Bwd<'b, T>,
 ) -> Result<()> {

@@ -147,7 +147,7 @@ fn precision<T: Act>(
     if fused.is_empty() {
         return Ok(());
     }
-    let mut blas = gpu.new_blas()?;
+    let blas = gpu.new_blas()?;
     for (name, b, t, nh) in shapes(quick) {
         let d = Dims {
             b,
@@ -160,7 +160,7 @@ fn precision<T: Act>(
         };
         let what = format!("{} {name} (B {b}, T {t}, NH {nh})", T::PRECISION);
         let k = (&ks, fused.as_slice());
-        if let Err(e) = case::<T>(gpu, k, &mut blas, (d, quick), &what, failures) {
+        if let Err(e) = case::<T>(gpu, k, &blas, (d, quick), &what, failures) {
             println!("check-attention: {what} FAIL: {e}");
             failures.push(format!("{what}: {e}"));
         }
@@ -246,7 +246,7 @@ impl<T: Act> Bufs<T> {
 fn pass<T: Act>(
     s: &mut BoundStream<'_>,
     (ks, fa): (&Kernels, &[Attention]),
-    blas: &mut Blas,
+    blas: &Blas,
     d: Dims,
     bufs: &Bufs<T>,
     (i, back): (usize, bool),
@@ -263,7 +263,7 @@ fn pass<T: Act>(
 fn time<T: Act>(
     s: &mut BoundStream<'_>,
     k: (&Kernels, &[Attention]),
-    blas: &mut Blas,
+    blas: &Blas,
     d: Dims,
     bufs: &Bufs<T>,
     which: (usize, bool),
@@ -281,7 +281,7 @@ fn time<T: Act>(
 fn case<T: Act>(
     gpu: &BoundDevice<'_>,
     k: (&Kernels, &[Attention]),
-    blas: &mut Blas,
+    blas: &Blas,
     (d, quick): (Dims, bool),
     what: &str,
     failures: &mut Vec<String>,
@@ -298,7 +298,7 @@ fn case<T: Act>(
     };
     let (y_ref, dqkv_ref) = (f32s(&bufs.y[unfused])?, f32s(&bufs.dqkv[unfused])?);
     let (tol, row_tol) = (tolerance(T::BF16), row_tolerance(T::BF16));
-    let time_of = |s: &mut BoundStream<'_>, blas: &mut Blas, i| -> gpubind::Result<[f64; 2]> {
+    let time_of = |s: &mut BoundStream<'_>, blas: &Blas, i| -> gpubind::Result<[f64; 2]> {
         Ok([
             time(s, k, blas, d, &bufs, (i, false))?,
             time(s, k, blas, d, &bufs, (i, true))?,

@@ -22,7 +22,6 @@ use crate::optim::SCHED_LEN;
 pub use crate::precision::Act;
 use gpubind::blas::Blas;
 use gpubind::{BoundDevice, BoundStream, DeviceRepr, DeviceSlice, Result};
-use std::cell::RefCell;
 use step::{Eager, Issuer, Part};
 
 /// The activations of one block kept for the backward pass.
@@ -105,9 +104,8 @@ pub struct Gpt<T: Act> {
     /// The fused attention's kernels (`--attention fused`); `None`: unfused.
     attn: Option<Attention>,
     fusion: Fusion,
-    /// The eager parts' cuBLAS handle (a part borrows the model shared and the handle
-    /// mutably).
-    blas: RefCell<Blas>,
+    /// The eager parts' cuBLAS handle.
+    blas: Blas,
 }
 
 fn z<T: DeviceRepr>(gpu: &BoundDevice<'_>, n: usize) -> Result<DeviceSlice<T>> {
@@ -244,7 +242,7 @@ impl<T: Act> Gpt<T> {
                 AttnMode::Tiled => Some(Attention::load(gpu, T::BF16, false)?),
             },
             fusion,
-            blas: RefCell::new(gpu.new_blas()?),
+            blas: gpu.new_blas()?,
         })
     }
 

@@ -121,11 +121,11 @@ impl<T: Act> Gpt<T> {
         train: bool,
     ) -> Result<Graph<'a>> {
         // The graph keeps the handle's workspace: this handle may go when the capture ends.
-        let mut blas = gpu.new_blas()?;
+        let blas = gpu.new_blas()?;
         gpu.capture(|cap| {
             let mut x = Captured {
                 cap,
-                blas: &mut blas,
+                blas: &blas,
                 model: self,
                 views,
             };

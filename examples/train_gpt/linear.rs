@@ -27,7 +27,7 @@ impl<'k> Lin<'k> {
     pub fn fwd_bias<'b, T: Act, E: Enqueue<'b>>(
         &self,
         e: &mut E,
-        blas: &mut Blas,
+        blas: &Blas,
         (n, out, inp): Dims3,
         (x, w, b): (
             &'b DeviceSlice<T>,
@@ -50,7 +50,7 @@ impl<'k> Lin<'k> {
     pub fn fwd_gelu<'b, T: Act, E: Enqueue<'b>>(
         &self,
         e: &mut E,
-        blas: &mut Blas,
+        blas: &Blas,
         (n, out, inp): Dims3,
         (x, w, b): (
             &'b DeviceSlice<T>,
@@ -76,7 +76,7 @@ impl<'k> Lin<'k> {
     pub fn weight_grad<'b, T: Act, E: Enqueue<'b>>(
         &self,
         e: &mut E,
-        blas: &mut Blas,
+        blas: &Blas,
         (n, out, inp): Dims3,
         (dy, x): (&'b DeviceSlice<T>, &'b DeviceSlice<T>),
         dw: &'b DeviceView<'_, T>,
@@ -107,7 +107,7 @@ impl<'k> Lin<'k> {
     pub fn gelu_grad<'b, T: Act, E: Enqueue<'b>>(
         &self,
         e: &mut E,
-        blas: &mut Blas,
+        blas: &Blas,
         (n, out2, inp2): Dims3,
         (dz, w2, pre): (
             &'b DeviceSlice<T>,

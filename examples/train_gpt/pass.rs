@@ -21,7 +21,7 @@ use gpubind::{DeviceSlice, Result};
 /// cuBLAS handle of its products, and views of the model's weights and gradients.
 struct On<'x, 'b, E, T: Act> {
     e: &'x mut E,
-    blas: &'x mut Blas,
+    blas: &'x Blas,
     vw: &'b Views<'b, T>,
 }
 
@@ -31,7 +31,7 @@ impl<T: Act> Gpt<T> {
     pub(super) fn issue<'b, E: Enqueue<'b>>(
         &'b self,
         e: &mut E,
-        blas: &mut Blas,
+        blas: &Blas,
         vw: &'b Views<'b, T>,
         part: Part,
     ) -> Result<()> {

@@ -6,9 +6,10 @@
 //! A step is a sequence of [`Part`]s, one per gradient bucket (so that data parallelism
 //! can all-reduce a bucket while the next part runs, and `dp.rs` can issue each part on
 //! every rank in turn); `Gpt::issue` (`pass.rs`) issues one, generic over gpubind's
-//! [`Enqueue`](gpubind::blas::Enqueue) (products) and the [`Issue`](gpubind::Issue) it extends (memsets and
-//! kernels), both implemented by a `BoundStream` and a `Capture`. A part borrows the
-//! model shared: in a capture for the graph's lifetime, eagerly for the issuer's.
+//! [`Enqueue`](gpubind::blas::Enqueue) (products) and the [`Issue`](gpubind::Issue) it
+//! extends (memsets, copies and kernels), both implemented by a `BoundStream` and a
+//! `Capture`. A part borrows the model shared, its cuBLAS handle included: in a capture
+//! for the graph's lifetime, eagerly for the issuer's.
 
 use super::graph::Views;
 use super::{Act, Gpt};
@@ -100,8 +101,7 @@ impl<T: Act> Issuer for Eager<'_, '_, T> {
     }
     fn issue(&mut self, part: Part) -> Result<()> {
         let m = self.model;
-        let mut blas = m.blas.borrow_mut();
-        m.issue(self.s, &mut blas, &self.views, part)
+        m.issue(self.s, &m.blas, &self.views, part)
     }
 }
 
@@ -109,7 +109,7 @@ impl<T: Act> Issuer for Eager<'_, '_, T> {
 /// graph's lifetime `'a`.
 pub struct Captured<'x, 'c, 'a, T: Act> {
     pub cap: &'x mut Capture<'c, 'a>,
-    pub blas: &'x mut Blas,
+    pub blas: &'x Blas,
     pub model: &'a Gpt<T>,
     pub views: &'a Views<'a, T>,
 }
