@@ -27,10 +27,10 @@ pub use super::issue_stream::StreamLaunch;
 /// device-only memory ([`DeviceOnlyMemory`]: [`DeviceSlice`](crate::DeviceSlice), its
 /// views, module globals, IPC pool slices; not managed memory, which the host could read
 /// through the shared borrow, nor a buffer shared for reading with another process).
-/// That is sound for the same reason as a graph's writes and
-/// `blas::Enqueue`'s products: every other access to such memory
-/// goes through its access tracker and is ordered after the write. The inherent methods
-/// of `BoundStream`, which take destinations by `&mut`, stay available.
+/// That is sound for the same reason as a graph's writes and `blas::Enqueue`'s products:
+/// every other access to such memory goes through its access tracker and is ordered
+/// after the write. The inherent methods of `BoundStream`, which take destinations by
+/// `&mut`, stay available.
 ///
 /// Implemented by `BoundStream` and `Capture` only (sealed). In a capture, the graph
 /// borrows each kernel's module for `'buf` too ([`launch`](Issue::launch) takes a
@@ -196,12 +196,11 @@ pub trait KernelLaunch<'buf>: sealed::Sealed {
     ///
     /// The contract of [`LaunchBuilder::launch`](crate::LaunchBuilder::launch) (and, in
     /// a capture, of [`CaptureLaunch::launch`], for every launch of the graph): the
-    /// arguments have the types the kernel declares, the kernel stays inside the buffers
-    /// passed and writes only those passed to
-    /// [`arg_written`](KernelLaunch::arg_written), never a
-    /// [`ManagedSlice`](crate::ManagedSlice) (which a shared borrow does not keep from
-    /// the host), and any other memory it reaches stays alive and unused by others while
-    /// the kernel may run.
+    /// arguments have the types the kernel declares; the kernel stays inside the buffers
+    /// passed and writes only those passed to [`arg_written`](KernelLaunch::arg_written),
+    /// none of them a [`ManagedSlice`](crate::ManagedSlice) (a shared borrow does not
+    /// keep its host slices away); any other memory it reaches stays alive and unused by
+    /// the host and other streams while the kernel may run.
     unsafe fn launch(&mut self) -> Result<()>;
 }
 
