@@ -192,8 +192,8 @@ pub use memory::{
 pub use module::global::ModuleGlobal;
 pub use module::{
     Arch, CompileOptions, CppStandard, Function, FunctionAttributes, Kernel, KernelArg, LaunchArg,
-    Module, Output, PotentialBlockSize, SharedModule, compile, compile_with, cuda_include_dir,
-    nvrtc_available,
+    Module, Output, PotentialBlockSize, SharedModule, WritableArg, compile, compile_with,
+    cuda_include_dir, nvrtc_available,
 };
 pub use stream::{BorrowedStream, BoundStream, Event, EventFlags, Stream, StreamPriorityRange};
 

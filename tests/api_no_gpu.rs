@@ -42,6 +42,17 @@ assert_impl_all!(Kernel: Send, Sync, Clone, Debug);
 assert_impl_all!(SharedModule: Send, Sync, Clone, Debug, std::ops::Deref<Target = Module>);
 assert_impl_all!(ModuleGlobal<f32>: Send, Sync, Clone, Debug);
 assert_impl_all!(ModuleGlobal<[u64; 2]>: CopySource<[u64; 2]>, CopyDest<[u64; 2]>, DeviceMemoryMut<[u64; 2]>, KernelArg, DeviceOnlyMemory);
+// Every buffer and view of this process may be written by a kernel (passed by `&mut` or
+// to `arg_written`).
+assert_impl_all!(DeviceSlice<f32>: WritableArg);
+assert_impl_all!(DeviceView<'static, f32>: WritableArg);
+assert_impl_all!(DeviceViewMut<'static, f32>: WritableArg);
+assert_impl_all!(ManagedSlice<f32>: WritableArg);
+assert_impl_all!(ManagedView<'static, f32>: WritableArg);
+assert_impl_all!(ManagedViewMut<'static, f32>: WritableArg);
+assert_impl_all!(PinnedHostBuffer<f32>: WritableArg);
+assert_impl_all!(RegisteredHost<'static, f32>: WritableArg);
+assert_impl_all!(ModuleGlobal<f32>: WritableArg);
 assert_impl_all!(ClusterScheduling: Debug, Copy, Eq, Default);
 assert_impl_all!(Error: Send, Sync, Clone, std::error::Error);
 
@@ -150,6 +161,16 @@ mod ipc_api {
     assert_impl_all!(gpubind::ipc::PeerCredentials: Debug);
     assert_impl_all!(gpubind::ipc::PeerPolicy: Debug);
     assert_impl_all!(gpubind::ipc::TransportOptions: Debug);
+    // Writable by a kernel: this process's pool slices and imports, and lent imports;
+    // buffers shared for reading with another process are not (passed by `&` only).
+    assert_impl_all!(PoolSlice<f32>: WritableArg);
+    assert_impl_all!(ImportedSlice<f32>: WritableArg);
+    assert_impl_all!(LegacySlice<f32>: WritableArg);
+    assert_impl_all!(LentImport<f32>: WritableArg);
+    assert_impl_all!(Shared<f32>: KernelArg);
+    assert_impl_all!(SharedImport<f32>: KernelArg);
+    assert_not_impl_any!(Shared<f32>: WritableArg);
+    assert_not_impl_any!(SharedImport<f32>: WritableArg);
 }
 
 // Plain data only.

@@ -679,6 +679,64 @@ fn kernels_all_devices() -> R {
     group_matrix(&mut ctx, &comm, true, &[1, 1001])
 }
 
+/// A direct-transport collective across devices whose buffers include memory-pool
+/// memory (`stream.alloc_zeros`) is refused with `InvalidArgument` before anything is
+/// enqueued: peer access does not reach pool allocations, so another device's kernel
+/// would fault on them and poison its device. The devices stay usable, and the same
+/// call with `cuMemAlloc` buffers runs.
+fn pool_memory_in_a_direct_collective_across_devices_is_refused() -> R {
+    let devices = multi_gpu_devices()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let opts = CommOptions::kernels().with_transport(Transport::Auto);
+    let comm = Communicator::new(&mut ctx, &devices, opts).ctx("new")?;
+    if comm.is_host_staged() {
+        return Err(common::skip(
+            "no peer access between the GPUs: the direct transport is not used",
+        ));
+    }
+    let n = comm.len();
+    let (mut streams, mut pooled, mut plain, mut outs) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for r in 0..n {
+        let gpu = ctx.bind(comm.device(r).ok_or("rank")?).ctx("bind")?;
+        let stream = gpu.new_stream().ctx("stream")?;
+        let s = gpu.on(&stream).ctx("on")?;
+        pooled.push(s.alloc_zeros::<f32>(1024).ctx("pool alloc")?);
+        plain.push(gpu.clone_htod(&[1.0f32; 1024]).ctx("upload")?);
+        outs.push(gpu.alloc_zeros::<f32>(1024).ctx("alloc")?);
+        streams.push(stream);
+    }
+    let refused = ctx.group(&comm, |g| {
+        for (r, (send, out)) in pooled.iter().zip(outs.iter_mut()).enumerate() {
+            g.all_reduce(r, send, out, Op::Sum)?;
+        }
+        Ok(())
+    });
+    match refused {
+        Err(Error::InvalidArgument(m)) if m.contains("memory-pool") => {}
+        other => return Err(format!("pool memory across devices: {other:?}")),
+    }
+    ctx.group(&comm, |g| {
+        for (r, (send, out)) in plain.iter().zip(outs.iter_mut()).enumerate() {
+            g.all_reduce(r, send, out, Op::Sum)?;
+        }
+        Ok(())
+    })
+    .ctx("the same call with cuMemAlloc buffers")?;
+    comm.synchronize(&mut ctx).ctx("synchronize")?;
+    for (r, out) in outs.iter().enumerate() {
+        let gpu = ctx.bind(comm.device(r).ok_or("rank")?).ctx("bind")?;
+        let got = gpu.dtoh(out).ctx("download")?;
+        ensure!(
+            got.iter().all(|&x| x == n as f32),
+            "rank {r}: {:?}, want {n}",
+            &got[..4]
+        );
+    }
+    println!("pool memory in a direct collective across {n} devices: refused");
+    Ok(())
+}
+
 /// `Ok` when NCCL is installed; otherwise checks the typed error and returns the
 /// harness's skip, so the test is reported `ignored (SKIPPED: …)`, never as passed.
 fn nccl_present(ctx: &mut ThreadContext) -> R {
@@ -1076,6 +1134,10 @@ fn main() {
             (
                 "mismatched_lengths_are_typed_errors",
                 mismatched_lengths_are_typed_errors,
+            ),
+            (
+                "pool_memory_in_a_direct_collective_across_devices_is_refused",
+                pool_memory_in_a_direct_collective_across_devices_is_refused,
             ),
             (
                 "several_calls_in_one_group_and_views",

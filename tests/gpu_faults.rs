@@ -188,7 +188,7 @@ fn still_mapped(ptr: u64) -> bool {
 }
 
 /// Launches `spin_then_write(p, ns)` on `s`.
-fn spin<A: gpubind::KernelArg + ?Sized>(
+fn spin<A: gpubind::WritableArg + ?Sized>(
     s: &gpubind::BoundStream<'_>,
     f: &gpubind::Function<'_>,
     p: &A,

@@ -858,6 +858,191 @@ fn foreign_stream_under_capture_is_refused() -> R {
     Ok(())
 }
 
+/// Whether `stream` is being captured (`cuStreamIsCapturing`).
+fn is_capturing(stream: &gpubind::Stream) -> Result<bool, String> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream of the bound context; the call writes one status.
+    let r = unsafe { sys::cuStreamIsCapturing(stream.raw(), &mut status) };
+    ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "cuStreamIsCapturing: {r:?}"
+    );
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// A gpubind operation on a stream nobody captures, ordered after a pending use on a
+/// foreign stream whose owner captures it, is refused with `NotCapturable`: the hand-off
+/// event recorded on the captured stream would be a node of that graph, and the waiting
+/// stream would join the capture (a fork), so the operation would be captured instead of
+/// run and could rerun at each launch of the graph, unordered with the buffer's later
+/// uses and its free. Neither gpubind's stream nor a second cudarc stream joins the
+/// capture, which stays valid; after it the same operations run.
+fn an_operation_after_a_captured_foreign_stream_is_refused() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut buf = gpu.alloc_zeros::<u32>(1024).ctx("alloc")?;
+    let mut dst = gpu.alloc_zeros::<u32>(1024).ctx("alloc")?;
+    let captured = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let other = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let own = gpu.new_stream().ctx("new_stream")?;
+    let cs = captured.cudarc_stream().ok_or("not cudarc's")?.clone();
+    // The buffer's pending write is on the stream cudarc is about to capture.
+    gpu.on(&captured)
+        .ctx("on")?
+        .memset_async(&mut buf, 1u32)
+        .ctx("memset")?;
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    cs.begin_capture(mode)
+        .map_err(|e| format!("begin_capture: {e:?}"))?;
+    let refused = |what: &str, r: gpubind::Result<()>| match r {
+        Err(Error::NotCapturable { .. }) => Ok(()),
+        other => Err(format!(
+            "{what} after a write on a stream cudarc captures: {other:?}"
+        )),
+    };
+    let mut outcome = (|| -> R {
+        for (name, stream) in [
+            ("gpubind's stream", &own),
+            ("another cudarc stream", &other),
+        ] {
+            let s = gpu.on(stream).ctx("on")?;
+            refused(name, s.memset_async(&mut buf, 7u32))?;
+            refused(name, s.copy_tracked_async(&buf, &mut dst))?;
+            ensure!(!is_capturing(stream)?, "{name} joined cudarc's capture");
+        }
+        let status = cs
+            .capture_status()
+            .map_err(|e| format!("capture_status: {e:?}"))?;
+        ensure!(
+            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+            "the refusals touched the capture: {status:?}"
+        );
+        Ok(())
+    })();
+    let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
+    if outcome.is_ok() {
+        outcome = ended
+            .map(drop)
+            .map_err(|e| format!("the capture did not stay valid: {e:?}"));
+    }
+    outcome?;
+    let s = gpu.on(&own).ctx("on after the capture")?;
+    s.memset_async(&mut buf, 7u32)
+        .ctx("memset after the capture")?;
+    s.copy_tracked_async(&buf, &mut dst)
+        .ctx("copy after the capture")?;
+    all_equal("after the capture", &gpu.dtoh(&dst).ctx("dtoh")?, 7)?;
+    println!("an operation ordered after a captured foreign stream: NotCapturable");
+    Ok(())
+}
+
+/// A borrowed stream whose loan ends while its owner captures it: the end of the loan
+/// cannot be recorded there (the record would be a node of the owner's graph, and a
+/// stream waiting for it would join the capture), so a later operation that must wait
+/// for gpubind's work on that stream is refused with `NotCapturable`, on gpubind's own
+/// stream too, which does not join the capture; the capture stays valid. The buffer
+/// stays unusable after the capture (nothing can tell when that work ended) and its drop
+/// leaks it.
+fn a_loan_ended_under_capture_orders_nothing_after_it() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let mut buf = gpu.alloc_zeros::<u32>(1024).ctx("alloc")?;
+    let own = gpu.new_stream().ctx("new_stream")?;
+    let theirs = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let cs = theirs.cudarc_stream().ok_or("not cudarc's")?.clone();
+    // SAFETY: cudarc's stream of the primary context; `cs` outlives the loan.
+    let lent = unsafe { gpu.borrow_stream(cs.cu_stream()) }.ctx("borrow_stream")?;
+    gpu.on(&lent)
+        .ctx("on lent")?
+        .memset_async(&mut buf, 3u32)
+        .ctx("memset on lent")?;
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    cs.begin_capture(mode)
+        .map_err(|e| format!("begin_capture: {e:?}"))?;
+    drop(lent); // the loan ends during the capture
+    let mut outcome = (|| -> R {
+        let s = gpu.on(&own).ctx("on")?;
+        match s.memset_async(&mut buf, 7u32) {
+            Err(Error::NotCapturable { .. }) => {}
+            other => {
+                return Err(format!(
+                    "a write after a loan that ended under capture: {other:?}"
+                ));
+            }
+        }
+        ensure!(!is_capturing(&own)?, "gpubind's stream joined the capture");
+        let status = cs
+            .capture_status()
+            .map_err(|e| format!("capture_status: {e:?}"))?;
+        ensure!(
+            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+            "the refusal touched the capture: {status:?}"
+        );
+        Ok(())
+    })();
+    let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
+    if outcome.is_ok() {
+        outcome = ended
+            .map(drop)
+            .map_err(|e| format!("the capture did not stay valid: {e:?}"));
+    }
+    outcome?;
+    match gpu.dtoh(&buf) {
+        Err(Error::NotCapturable { .. }) => {}
+        other => return Err(format!("a host read after the capture: {other:?}")),
+    }
+    drop(buf); // leaked (logged): its work on the borrowed stream cannot be waited for
+    println!("a loan ended under capture: later waits refused, the buffer leaked");
+    Ok(())
+}
+
+/// Host waits for gpubind's work on a stream cudarc captures — a host read, the drop of
+/// a pool buffer and of a `cuMemAlloc` buffer with a pending write there — ask
+/// `cuStreamIsCapturing` first and fail (the read with `NotCapturable`, the drops leak,
+/// logged) instead of querying or synchronising the stream, which would invalidate the
+/// owner's capture: the capture stays valid.
+fn waits_for_a_captured_foreign_stream_leave_the_capture_valid() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let theirs = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let cs = theirs.cudarc_stream().ok_or("not cudarc's")?.clone();
+    let s = gpu.on(&theirs).ctx("on")?;
+    let mut buf = gpu.alloc_zeros::<u32>(1024).ctx("alloc")?;
+    s.memset_async(&mut buf, 3u32).ctx("memset")?;
+    let pooled = s.alloc_zeros::<u32>(1024).ctx("pool alloc")?;
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    cs.begin_capture(mode)
+        .map_err(|e| format!("begin_capture: {e:?}"))?;
+    let mut outcome = (|| -> R {
+        match gpu.dtoh(&buf) {
+            Err(Error::NotCapturable { .. }) => {}
+            other => return Err(format!("a host read during the capture: {other:?}")),
+        }
+        drop(pooled); // leaked: its free can neither go there nor wait for it
+        drop(buf); // leaked, as above
+        let status = cs
+            .capture_status()
+            .map_err(|e| format!("capture_status: {e:?}"))?;
+        ensure!(
+            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+            "the waits touched the capture: {status:?}"
+        );
+        Ok(())
+    })();
+    let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
+    if outcome.is_ok() {
+        outcome = ended
+            .map(drop)
+            .map_err(|e| format!("the capture did not stay valid: {e:?}"));
+    }
+    outcome?;
+    println!("host waits on a captured foreign stream: refused, the capture intact");
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_interop",
@@ -888,6 +1073,18 @@ fn main() {
             (
                 "foreign_stream_under_capture_is_refused",
                 foreign_stream_under_capture_is_refused,
+            ),
+            (
+                "an_operation_after_a_captured_foreign_stream_is_refused",
+                an_operation_after_a_captured_foreign_stream_is_refused,
+            ),
+            (
+                "a_loan_ended_under_capture_orders_nothing_after_it",
+                a_loan_ended_under_capture_orders_nothing_after_it,
+            ),
+            (
+                "waits_for_a_captured_foreign_stream_leave_the_capture_valid",
+                waits_for_a_captured_foreign_stream_leave_the_capture_valid,
             ),
             (
                 "libraries_match_the_driver_and_ptx_fallback_runs",

@@ -51,7 +51,7 @@ fn with_kernels(test: fn(&BoundDevice<'_>, &Module) -> R) -> R {
 fn slow_fill(
     s: &BoundStream<'_>,
     f: &Function<'_>,
-    buf: &mut impl gpubind::KernelArg,
+    buf: &mut impl gpubind::WritableArg,
     n: u32,
 ) -> R {
     // SAFETY: (unsigned*, unsigned, unsigned, long long) matches; the kernel writes

@@ -1,7 +1,7 @@
 //! Non-GPU checks of by-value kernel arguments: one `unsafe impl DeviceRepr` makes a
 //! `#[repr(C)]` struct a [`KernelArg`] whose bytes are the struct's own.
 
-use gpubind::{DeviceRepr, DeviceSlice, KernelArg};
+use gpubind::{DeviceRepr, DeviceSlice, KernelArg, WritableArg};
 use static_assertions::{assert_impl_all, assert_not_impl_any};
 
 #[repr(C)]
@@ -17,7 +17,8 @@ struct Params {
 // 16); every bit pattern is a valid value; no owned resources.
 unsafe impl DeviceRepr for Params {}
 
-assert_impl_all!(Params: KernelArg);
+// Plain data is passed the same by `&` and `&mut`.
+assert_impl_all!(Params: KernelArg, WritableArg);
 assert_impl_all!([Params; 3]: KernelArg, DeviceRepr);
 assert_impl_all!(u32: KernelArg);
 assert_impl_all!(half::bf16: KernelArg);

@@ -295,7 +295,7 @@ fn backward<'a>(
 }
 
 /// `relu_back_colsum` of `(d, a)` into partial-sum columns `poff..poff + cols`.
-fn relu_back<'a, D: DeviceMemory<f32> + gpubind::KernelArg>(
+fn relu_back<'a, D: DeviceMemory<f32> + gpubind::WritableArg>(
     c: &mut Capture<'_, 'a>,
     f: &'a Fns<'a>,
     (d, a): (&'a D, &'a gpubind::DeviceSlice<f32>),

@@ -2,7 +2,7 @@
 //! kernel relies on.
 
 use gpubind::{BoundDevice, BoundStream, DeviceMemory, DeviceMemoryMut, DeviceSlice, DeviceView};
-use gpubind::{Error, Function, KernelArg, LaunchConfig, Module, Result};
+use gpubind::{Error, Function, LaunchConfig, Module, Result, WritableArg};
 
 /// The NVRTC kernels. Every reduction has a fixed order (no atomics), so a step's results
 /// depend only on its inputs and on the shard size: the same seed gives the same bits on
@@ -297,7 +297,7 @@ impl ReluBack {
 pub(crate) fn relu_back_colsum(
     s: &BoundStream<'_>,
     f: &Fns<'_>,
-    d: &mut (impl DeviceMemoryMut<f32> + KernelArg),
+    d: &mut (impl DeviceMemoryMut<f32> + WritableArg),
     a: &DeviceSlice<f32>,
     partial: &mut DeviceSlice<f32>,
     rows: u32,

@@ -73,8 +73,11 @@ impl StreamInner {
     /// `cuEventQuery` once retired).
     pub(crate) fn query(&self) -> Result<bool> {
         self.with_target(|t| match t {
-            // SAFETY: the stream lives (owned, or lent: the borrow's contract).
-            Target::Stream(raw) => unsafe { result::stream::query(raw) },
+            Target::Stream(raw) => {
+                self.refuse_foreign_capture(raw)?;
+                // SAFETY: the stream lives (owned, or lent: the borrow's contract).
+                unsafe { result::stream::query(raw) }
+            }
             // SAFETY: the event lives until the stream's drop.
             Target::Event(event) => unsafe { result::event::query(event) },
             Target::Waited(outcome) => outcome.clone().map(|()| true),
@@ -84,12 +87,30 @@ impl StreamInner {
     /// Blocks until the work enqueued on the stream so far has finished.
     pub(crate) fn synchronize_raw(&self) -> Result<()> {
         self.with_target(|t| match t {
-            // SAFETY: as in `query`; the caller made the stream's context current.
-            Target::Stream(raw) => unsafe { result::stream::synchronize(raw) },
+            Target::Stream(raw) => {
+                self.refuse_foreign_capture(raw)?;
+                // SAFETY: as in `query`; the caller made the stream's context current.
+                unsafe { result::stream::synchronize(raw) }
+            }
             // SAFETY: as in `query`.
             Target::Event(event) => unsafe { result::event::synchronize(event) },
             Target::Waited(outcome) => outcome.clone(),
         })
+    }
+
+    /// [`Error::NotCapturable`](crate::Error::NotCapturable) if `raw`, this stream's
+    /// handle, is another library's stream that its owner captures (the query's error if
+    /// the driver cannot say). Querying or synchronising it then would be illegal in the
+    /// capture and invalidate the owner's graph: such questions fail instead, leaving the
+    /// owner's capture as it was.
+    fn refuse_foreign_capture(&self, raw: sys::CUstream) -> Result<()> {
+        // SAFETY: the caller holds the stream alive (owned, or lent while not retired).
+        if self.foreign && unsafe { result::stream::is_capturing(raw) }? {
+            return Err(super::stream::capturing_error(
+                "a wait for gpubind's work on a stream shared with cudarc or borrowed",
+            ));
+        }
+        Ok(())
     }
 
     /// Ends the borrow of a borrowed stream (a no-op for others): records an event on it
@@ -105,6 +126,30 @@ impl StreamInner {
             .unwrap_or_else(PoisonError::into_inner);
         if !matches!(*state, Retired::Not) {
             return;
+        }
+        // SAFETY: the stream is still lent (the borrow ends with this call).
+        match unsafe { result::stream::is_capturing(self.raw) } {
+            Ok(false) => {}
+            Err(e) => {
+                // Nothing is recorded on a stream that may be captured: later waits get
+                // the query's error (a sticky one poisons the device).
+                *state = Retired::Waited(Err(self.device.on_error(e)));
+                return;
+            }
+            Ok(true) => {
+                // Its owner captures it: an event recorded now would be a node of that
+                // graph, marking no point of the work gpubind enqueued before the capture,
+                // and a stream waiting for it would join the capture; a synchronisation
+                // is illegal there. Nothing can tell when that work ends once the raw
+                // stream is the owner's again, so every later question about it fails:
+                // the buffers with uses on it refuse operations that must wait for them,
+                // and leak when dropped.
+                *state = Retired::Waited(Err(super::stream::capturing_error(
+                    "an operation ordered after work on a borrowed stream whose loan ended \
+                     while its owner captured it",
+                )));
+                return;
+            }
         }
         *state = match record_end(&self.device, self.raw) {
             Ok(event) => Retired::At(event),

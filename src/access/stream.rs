@@ -110,14 +110,9 @@ impl StreamInner {
         if !self.may_be_capturing() {
             return Ok(());
         }
-        Err(Error::NotCapturable {
-            what: "a gpubind operation on a stream shared with cudarc or borrowed",
-            reason: "the stream's owner is capturing it (or cuStreamIsCapturing failed): \
-                     the operation would become a node of that graph, unordered with \
-                     gpubind's later uses and frees of its memory; enqueue it before the \
-                     capture begins or after it ends"
-                .into(),
-        })
+        Err(capturing_error(
+            "a gpubind operation on a stream shared with cudarc or borrowed",
+        ))
     }
 
     /// [`StreamRef::may_be_capturing`] of this stream.
@@ -162,9 +157,23 @@ impl StreamInner {
         self.device.check_poison()?;
         let event = self.handoff_event()?;
         let recorded = self.with_target(|target| match target {
-            // SAFETY: `event` belongs to this stream's context; the stream lives (held,
-            // or lent while not retired).
+            // A stream another library owns may be under its owner's capture: an event
+            // recorded there would be a node of that graph, and `to` would join the
+            // capture by waiting for it (a fork), so gpubind's operation on `to` would be
+            // captured instead of run, and could rerun at each launch of that graph,
+            // ordered with none of gpubind's later uses and frees. Refused, as an
+            // operation on such a stream itself is (`refuse_capture`).
+            // A failed query is returned (a sticky error poisons below).
             super::borrowed::Target::Stream(raw) => {
+                // SAFETY: the stream lives (held, or lent while not retired).
+                if self.foreign && unsafe { result::stream::is_capturing(raw) }? {
+                    return Err(capturing_error(
+                        "an operation ordered after a pending use on a stream shared with \
+                         cudarc or borrowed",
+                    ));
+                }
+                // SAFETY: `event` belongs to this stream's context; the stream lives
+                // (held, or lent while not retired).
                 unsafe { result::event::record(event, raw) }.map(|()| event)
             }
             // A retired borrowed stream: its end is already recorded.
@@ -179,6 +188,20 @@ impl StreamInner {
         // later call by itself (its frees fail and leak).
         self.device
             .check(unsafe { result::stream::wait_event(to, event) })
+    }
+}
+
+/// [`Error::NotCapturable`] for `what`, whose stream (or a stream it would be ordered
+/// after) another library's owner is capturing.
+#[cold]
+pub(super) fn capturing_error(what: &'static str) -> Error {
+    Error::NotCapturable {
+        what,
+        reason: "the stream's owner is capturing it (or cuStreamIsCapturing failed): \
+                 the operation would become a node of that graph, unordered with \
+                 gpubind's later uses and frees of its memory; enqueue it before the \
+                 capture begins or after it ends"
+            .into(),
     }
 }
 

@@ -6,7 +6,7 @@ use crate::driver::result;
 use crate::error::{Error, Result};
 use crate::launch::LaunchConfig;
 use crate::memory::DeviceRepr;
-use crate::module::{Function, KernelArg, LaunchArg, ModuleHold, arg_access, check_write};
+use crate::module::{Function, KernelArg, LaunchArg, ModuleHold, WritableArg, arg_access};
 use std::ffi::c_void;
 
 /// A buffer argument of a captured launch: its tracker, the bytes it passes (`None`:
@@ -97,7 +97,7 @@ impl<'l, 'c, 'buf> CaptureLaunch<'l, 'c, 'buf> {
     /// })?;
     /// # Ok(()) }
     /// ```
-    pub fn arg_written<A: KernelArg + ?Sized>(&mut self, arg: &'buf A) -> &mut Self {
+    pub fn arg_written<A: WritableArg + ?Sized>(&mut self, arg: &'buf A) -> &mut Self {
         self.push_arg(arg, Access::Write)
     }
 
@@ -117,11 +117,6 @@ impl<'l, 'c, 'buf> CaptureLaunch<'l, 'c, 'buf> {
                 .func
                 .check_arg_size(self.args.len(), arg.param_size(), || arg.describe())
                 .err();
-        }
-        if let Err(e) = check_write(arg, self.args.len(), access)
-            && self.error.is_none()
-        {
-            self.error = Some(e);
         }
         if let Some(t) = arg.access_tracker() {
             self.buffers.push((t, arg.arg_span(), access));

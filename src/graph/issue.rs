@@ -8,7 +8,7 @@ use crate::copy::DeviceOnlyMemory;
 use crate::error::Result;
 use crate::launch::LaunchConfig;
 use crate::memory::{DeviceMemory, DeviceRepr, MemsetValue};
-use crate::module::{Function, KernelArg};
+use crate::module::{Function, KernelArg, WritableArg};
 
 pub use super::issue_stream::StreamLaunch;
 
@@ -169,6 +169,22 @@ pub trait Issue<'buf>: sealed::Sealed {
 /// [`CaptureLaunch`] (captured). Arguments are appended in the kernel's parameter order;
 /// the checks of [`LaunchBuilder`](crate::LaunchBuilder) (argument count and sizes,
 /// devices, launch limits) report at [`launch`](KernelLaunch::launch). Sealed.
+///
+/// Generic code that passes an argument as written bounds it `WritableArg`, as for the
+/// concrete builders:
+///
+/// ```compile_fail,E0277
+/// use gpubind::{Function, Issue, KernelArg, KernelLaunch, LaunchConfig, Result};
+/// fn fill<'buf, A: KernelArg>(
+///     e: &mut impl Issue<'buf>,
+///     f: &'buf Function<'buf>,
+///     x: &'buf A,
+/// ) -> Result<()> {
+///     // SAFETY: (T*) matches `f`, which stays in bounds and writes only `x`.
+///     unsafe { e.launch(f, LaunchConfig::for_num_elems(1)).arg_written(x).launch() }
+///     // error[E0277]: `A` is read-only as a kernel argument
+/// }
+/// ```
 pub trait KernelLaunch<'buf>: sealed::Sealed {
     /// Appends an argument the kernel only **reads**: a buffer is claimed as read
     /// ([`LaunchBuilder::arg`](crate::LaunchBuilder::arg) with `&`); plain data is
@@ -177,8 +193,9 @@ pub trait KernelLaunch<'buf>: sealed::Sealed {
 
     /// Appends a buffer the kernel **writes**, borrowed shared and claimed as written
     /// ([`LaunchBuilder::arg_written`](crate::LaunchBuilder::arg_written),
-    /// [`CaptureLaunch::arg_written`]).
-    fn arg_written<A: KernelArg>(&mut self, arg: &'buf A) -> &mut Self;
+    /// [`CaptureLaunch::arg_written`]): a [`WritableArg`](crate::WritableArg), so a
+    /// buffer shared for reading with another process does not compile here.
+    fn arg_written<A: WritableArg>(&mut self, arg: &'buf A) -> &mut Self;
 
     /// Appends plain data by value: the launch keeps a copy, so nothing stays borrowed
     /// ([`CaptureLaunch::value`]).
@@ -255,7 +272,7 @@ impl<'buf> KernelLaunch<'buf> for CaptureLaunch<'_, '_, 'buf> {
         CaptureLaunch::arg(self, arg)
     }
 
-    fn arg_written<A: KernelArg>(&mut self, arg: &'buf A) -> &mut Self {
+    fn arg_written<A: WritableArg>(&mut self, arg: &'buf A) -> &mut Self {
         CaptureLaunch::arg_written(self, arg)
     }
 

@@ -8,7 +8,7 @@ use crate::driver::result;
 use crate::error::Result;
 use crate::launch::LaunchConfig;
 use crate::memory::{ByteSpan, DeviceMemory, DeviceRepr, MemsetValue, expect_len};
-use crate::module::{Function, KernelArg};
+use crate::module::{Function, KernelArg, WritableArg};
 use crate::stream::BoundStream;
 use std::any::Any;
 
@@ -174,7 +174,7 @@ enum Pending<'buf> {
     /// Passed by `&`: claimed as read.
     Read(&'buf dyn KernelArg),
     /// Passed to `arg_written`: claimed as written.
-    Written(&'buf dyn KernelArg),
+    Written(&'buf dyn WritableArg),
     /// Plain data given by value.
     Value(Value),
 }
@@ -229,7 +229,7 @@ impl<'buf> KernelLaunch<'buf> for StreamLaunch<'_, 'buf> {
         self
     }
 
-    fn arg_written<A: KernelArg>(&mut self, arg: &'buf A) -> &mut Self {
+    fn arg_written<A: WritableArg>(&mut self, arg: &'buf A) -> &mut Self {
         self.args.push(Pending::Written(arg));
         self
     }
@@ -279,7 +279,7 @@ mod tests {
             .map(|a| {
                 let (kind, arg) = match a {
                     Pending::Read(x) => (0, *x),
-                    Pending::Written(x) => (1, *x),
+                    Pending::Written(x) => (1, *x as &dyn KernelArg),
                     Pending::Value(v) => (2, v.as_arg()),
                 };
                 // SAFETY: every argument is a u32: 4 readable bytes (`KernelArg`).

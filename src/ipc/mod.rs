@@ -398,6 +398,11 @@ macro_rules! foreign_slice {
             }
         }
 
+        // SAFETY: a slice its `DeviceMemoryMut` API already writes (a pool slice of this
+        // process, an import, a lent buffer): a kernel's write, ordered by its tracker,
+        // allows nothing that API does not.
+        unsafe impl<T: $crate::memory::DeviceRepr> $crate::module::WritableArg for $ty<T> {}
+
         impl<T: $crate::memory::DeviceRepr> std::fmt::Debug for $ty<T> {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.debug_struct(stringify!($ty))

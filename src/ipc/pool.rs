@@ -393,6 +393,10 @@ impl<T: DeviceRepr> PoolSlice<T> {
         // current context and every use in this process is ordered before it (above);
         // other processes' uses are the caller's contract.
         let queued = unsafe { result::memory::free_async(ptr, stream.raw()) };
+        if queued.is_ok() && pool.is_ipc() {
+            // Freed (in stream order): no longer memory another process can map.
+            super::registry::lock().remove_own_export(ptr);
+        }
         if queued.is_err() {
             // Refused: the memory is still ours. Wait for the stream (which orders every
             // use) and free it synchronously.

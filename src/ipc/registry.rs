@@ -198,9 +198,22 @@ impl State {
 
     /// Records an allocation of `bytes` bytes at `ptr` that this process exported under
     /// `key` (replacing an entry at the same address).
+    /// Entries that start inside the new range go: this process's live allocations do
+    /// not overlap, so they name freed memory (a legacy export's entry is kept past the
+    /// free, and a pool slice freed by `free_async` leaves its own), and a lookup of an
+    /// address past their start would find them instead of the new allocation, naming
+    /// IPC-shared memory by a key no importer of it has.
     pub(crate) fn add_own_export(&mut self, key: ImportKey, ptr: u64, bytes: u64) {
-        self.own_exports
-            .insert(ptr, (ptr.saturating_add(bytes.max(1)), key));
+        let end = ptr.saturating_add(bytes.max(1));
+        let stale: Vec<u64> = self
+            .own_exports
+            .range(ptr.saturating_add(1)..end)
+            .map(|(&start, _)| start)
+            .collect();
+        for start in stale {
+            self.own_exports.remove(&start);
+        }
+        self.own_exports.insert(ptr, (end, key));
     }
 
     /// Forgets the exported allocation at `ptr` (call once it is freed).
@@ -279,6 +292,23 @@ mod tests {
         std::mem::forget(g);
         s.remove(&key, start);
         assert_eq!(s.shared_identity(0x10_0040), None);
+    }
+
+    /// An export over memory where a freed, smaller export started (its entry kept, as
+    /// a legacy export's is) names every address of the new allocation by its own key.
+    #[test]
+    fn a_new_export_replaces_the_stale_entries_inside_it() {
+        let mut s = State::default();
+        s.add_own_export(pool_key(6), 0x20_0100, 0x80); // freed since, entry kept
+        s.add_own_export(pool_key(7), 0x20_0000, 0x1000);
+        assert_eq!(s.shared_identity(0x20_0000), Some((pool_key(7), 0)));
+        assert_eq!(s.shared_identity(0x20_0110), Some((pool_key(7), 0x110)));
+        assert_eq!(s.shared_identity(0x20_0f00), Some((pool_key(7), 0xf00)));
+        assert_eq!(s.shared_identity(0x20_1000), None);
+        // Entries outside the new range stay.
+        s.add_own_export(pool_key(8), 0x30_0000, 0x10);
+        s.add_own_export(pool_key(9), 0x30_0010, 0x10);
+        assert_eq!(s.shared_identity(0x30_0000), Some((pool_key(8), 0)));
     }
 
     fn pool_key(seed: u8) -> ImportKey {

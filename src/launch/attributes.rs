@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::driver::result;
 use crate::driver::version::{self, LAUNCH_KERNEL_EX, OCCUPANCY_MAX_ACTIVE_CLUSTERS};
 use crate::error::{Error, Result};
-use crate::module::{Function, KernelArg, LaunchArg};
+use crate::module::{Function, LaunchArg, WritableArg};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
@@ -263,7 +263,7 @@ impl<'s, 'a> LaunchExBuilder<'s, 'a> {
     /// Appends a buffer argument that the kernel writes, borrowed shared; see
     /// [`LaunchBuilder::arg_written`].
     #[inline]
-    pub fn arg_written<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
+    pub fn arg_written<A: WritableArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
         self.inner.arg_written(arg);
         self
     }

@@ -7,7 +7,7 @@ use crate::access::{self, Access, AccessTracker, Use};
 use crate::device::poison::KernelName;
 use crate::driver::result;
 use crate::error::{Error, Result};
-use crate::module::{Function, KernelArg, LaunchArg, arg_access, check_write, func_attribute};
+use crate::module::{Function, KernelArg, LaunchArg, WritableArg, arg_access, func_attribute};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -334,11 +334,6 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
             this.tracked.push(t, access);
         }
         let i = this.args.len();
-        if let Err(e) = check_write(arg, i, access)
-            && this.error.is_none()
-        {
-            this.error = Some(Box::new(e));
-        }
         if let (None, Some(&want)) = (
             &this.size_error,
             this.func.params.as_ref().and_then(|p| p.get(i)),
@@ -358,15 +353,11 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// write, as by [`arg`](Self::arg) with `&mut`. For a buffer of which only a shared
     /// reference is at hand (one held in an `Arc`, or borrowed by a graph); never for a
     /// [`ManagedSlice`](crate::ManagedSlice), whose host slices a shared borrow does not
-    /// keep away (see [`launch`](Self::launch)'s contract).
+    /// keep away (see [`launch`](Self::launch)'s contract). Takes only a [`WritableArg`]:
+    /// a buffer shared for reading with another process does not compile here.
     #[inline(always)]
-    pub fn arg_written<A: KernelArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
+    pub fn arg_written<A: WritableArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
         self.arg(arg);
-        if let Err(e) = check_write(arg, self.args.len() - 1, Access::Write)
-            && self.error.is_none()
-        {
-            self.error = Some(Box::new(e));
-        }
         if let Some(t) = arg.access_tracker() {
             self.tracked.mark_written(t);
         }
@@ -378,8 +369,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// Fails before the driver is called with [`Error::InvalidArgument`] for a zero
     /// dimension, [`Error::LaunchLimit`] for a configuration over a device or kernel
     /// limit (see [`Function::attributes`](crate::Function::attributes)), [`Error::LaunchArgs`] or
-    /// [`Error::WrongDevice`] for arguments that do not fit, [`Error::InvalidArgument`] for
-    /// a buffer shared for reading with another process passed as written.
+    /// [`Error::WrongDevice`] for arguments that do not fit.
     ///
     /// # Safety
     ///
@@ -410,8 +400,9 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// * The kernel must not write a buffer shared for reading with another process
     ///   (`ipc::Shared`, `ipc::SharedImport`) that it is passed by `&`: the other process
     ///   reads it at the same time, ordered by nothing. Passing one as written (`&mut`,
-    ///   [`arg_written`](Self::arg_written)) fails with [`Error::InvalidArgument`]; their
-    ///   `view_mut` is the `unsafe` way to write one.
+    ///   [`arg_written`](Self::arg_written)) does not compile (it is no
+    ///   [`WritableArg`](crate::WritableArg)); their `view_mut` is the `unsafe` way to
+    ///   write one.
     pub unsafe fn launch(&mut self) -> Result<()> {
         // SAFETY: the caller's contract is this function's; `LaunchKernel` enqueues the kernel
         // with exactly what it is given.

@@ -478,6 +478,9 @@ macro_rules! host_kind {
                 Some(&self.kernel_range().tracker)
             }
         }
+        // SAFETY: host memory of this process, written in the order its tracker keeps
+        // (the host's own accesses wait for the kernel's pending write).
+        unsafe impl<$($lt,)? T: DeviceRepr> crate::module::WritableArg for $ty<$($lt,)? T> {}
     };
 }
 host_kind!(PinnedHostBuffer);

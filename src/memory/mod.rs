@@ -635,7 +635,8 @@ impl<T: DeviceRepr> DeviceSlice<T> {
     /// dropped as usual.
     ///
     /// Memory from [`BoundStream::alloc`](crate::BoundStream::alloc) is pool memory: free
-    /// it with `cuMemFreeAsync` (or `cuMemFree`, which synchronises).
+    /// it with `cuMemFreeAsync`, or with `cuMemFree` once nothing uses it any more (for
+    /// pool memory `cuMemFree` does not synchronise).
     pub fn into_raw(mut self) -> Result<(sys::CUdeviceptr, usize)> {
         self.tracker.wait_all()?;
         self.uncount();

@@ -60,6 +60,40 @@ use std::ffi::c_void;
 /// [`LaunchBuilder::launch`](crate::LaunchBuilder::launch) is `unsafe` and its contract
 /// names such memory.
 ///
+/// # Arguments a kernel writes
+///
+/// Only a [`WritableArg`] can be passed as written (by `&mut`, or to
+/// [`arg_written`](crate::LaunchBuilder::arg_written)): every `DeviceRepr` type and every
+/// gpubind buffer and view is one, except the buffers shared for reading with another
+/// process (`ipc::Shared`, `ipc::SharedImport`), which go by `&` only. A type of your own
+/// implements `KernelArg`, and `WritableArg` too if kernels may write what it passes:
+///
+/// ```
+/// use gpubind::{KernelArg, WritableArg};
+/// use std::ffi::c_void;
+///
+/// /// Device memory that another library owns and keeps alive, passed as its address.
+/// struct Foreign {
+///     dptr: u64,
+/// }
+///
+/// // SAFETY: passes the address field: 8 bytes that live as long as the borrow.
+/// unsafe impl KernelArg for Foreign {
+///     fn param_ptr(&self) -> *mut c_void {
+///         &self.dptr as *const u64 as *mut c_void
+///     }
+///     fn param_size(&self) -> usize {
+///         8
+///     }
+///     fn describe(&self) -> String {
+///         format!("Foreign({:#x})", self.dptr)
+///     }
+/// }
+///
+/// // SAFETY: nothing relies on the memory staying unchanged while a kernel runs.
+/// unsafe impl WritableArg for Foreign {}
+/// ```
+///
 /// # Safety
 ///
 /// `param_ptr` must point to `param_size` readable bytes that stay valid while `self` is
@@ -89,43 +123,47 @@ pub unsafe trait KernelArg {
     fn arg_span(&self) -> Option<(u64, u64)> {
         None
     }
-    /// Why the argument must never be written (a buffer another process reads at the
-    /// same time, ordered by nothing), or `None`: a launch that would claim it as
-    /// written (`&mut`, `arg_written`) fails with [`Error::InvalidArgument`] instead.
-    ///
-    /// [`Error::InvalidArgument`]: crate::Error::InvalidArgument
-    #[doc(hidden)]
-    fn read_only(&self) -> Option<&'static str> {
-        None
-    }
 }
 
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if argument `i` is claimed
-/// as written (`access`) but [`KernelArg::read_only`] says it must never be. Inlined: for
-/// an argument whose `read_only` is the default `None` it costs nothing on the launch
-/// path; the refusal is built out of line.
-#[inline(always)]
-pub(crate) fn check_write<A: KernelArg + ?Sized>(
-    arg: &A,
-    i: usize,
-    access: crate::access::Access,
-) -> crate::error::Result<()> {
-    match arg.read_only() {
-        Some(why) if access == crate::access::Access::Write => {
-            Err(written_read_only(i, arg.describe(), why))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// The refusal of [`check_write`].
-#[cold]
-#[inline(never)]
-fn written_read_only(i: usize, what: String, why: &'static str) -> crate::error::Error {
-    crate::error::Error::InvalidArgument(format!(
-        "kernel argument {i} ({what}) is passed as written (`&mut` or `arg_written`), but {why}"
-    ))
-}
+/// A [`KernelArg`] that a kernel may write: one a launch may claim as written, passed by
+/// `&mut` (see [`LaunchArg`]) or to [`LaunchBuilder::arg_written`] (or
+/// [`CaptureLaunch::arg_written`]).
+///
+/// Implemented for every [`DeviceRepr`] type (plain data is passed the same either way)
+/// and every gpubind buffer and view, except the buffers shared for reading with another
+/// process (`ipc::Shared`, `ipc::SharedImport`): that process reads the memory at the
+/// same time, ordered by nothing, so passing one as written does not compile. Their
+/// `unsafe` `view_mut` is the way to write one deliberately.
+///
+/// Generic code that passes an argument as written bounds it so:
+///
+/// ```compile_fail,E0277
+/// # use gpubind::{BoundStream, Function, KernelArg, LaunchConfig};
+/// fn fill<A: KernelArg>(s: &BoundStream<'_>, f: &Function<'_>, x: &A) -> gpubind::Result<()> {
+///     // SAFETY: (T*) matches `f`, which stays in bounds and writes only `x`.
+///     unsafe { s.launch(f, LaunchConfig::for_num_elems(1)).arg_written(x).launch() }
+///     // error[E0277]: `A` is read-only as a kernel argument
+/// }
+/// ```
+///
+/// Bound it `A: WritableArg` (which implies `KernelArg`).
+///
+/// [`LaunchBuilder::arg_written`]: crate::LaunchBuilder::arg_written
+/// [`CaptureLaunch::arg_written`]: crate::CaptureLaunch::arg_written
+///
+/// # Safety
+///
+/// A kernel may write the memory the argument passes whenever a launch claims it as
+/// written: nothing relies on that memory staying unchanged beyond what the argument's
+/// pending-use tracker orders (no other process reads it unordered, as it does a
+/// buffer shared for reading).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is read-only as a kernel argument: it cannot be passed by `&mut` or to `arg_written`",
+    label = "passed as written",
+    note = "a buffer shared for reading with another process (`ipc::Shared`, `ipc::SharedImport`) is no `WritableArg`: that process reads it at the same time, ordered by nothing; pass it by `&`, or write through the view of its `unsafe` `view_mut(range)`",
+    note = "a `KernelArg` of your own that kernels may write implements `WritableArg`"
+)]
+pub unsafe trait WritableArg: KernelArg {}
 
 // SAFETY: plain data passed by value: the kernel receives the value's own
 // `size_of::<T>()` bytes, borrowed for the launch. `DeviceRepr` promises no padding (every
@@ -142,10 +180,17 @@ unsafe impl<T: DeviceRepr> KernelArg for T {
     }
 }
 
+// SAFETY: the kernel receives a copy of the value: nothing it writes reaches the value.
+// Not recommended: a type that is no `WritableArg` is reported as such, not as a missing
+// `DeviceRepr`.
+#[diagnostic::do_not_recommend]
+unsafe impl<T: DeviceRepr> WritableArg for T {}
+
 /// How a launch is given a [`KernelArg`]: by `&` (the kernel only reads a buffer passed
 /// so) or by `&mut` (the kernel may write it). The argument of
 /// [`LaunchBuilder::arg`](crate::LaunchBuilder::arg) and its siblings; implemented for
-/// `&A` and `&mut A` of every `KernelArg` type `A`, and for nothing else (sealed).
+/// `&A` of every `KernelArg` type `A` and for `&mut A` of every [`WritableArg`] one, and
+/// for nothing else (sealed).
 ///
 /// The launch claims a gpubind buffer passed by `&` as a **read**: it waits for the
 /// buffer's pending write, launches on other streams that only read it run concurrently
@@ -176,6 +221,12 @@ unsafe impl<T: DeviceRepr> KernelArg for T {
 /// }
 /// # Ok(()) }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be passed to a kernel: a launch takes a `KernelArg` by `&`, or a `WritableArg` by `&mut`",
+    label = "no `KernelArg` by `&`, nor a `WritableArg` by `&mut`",
+    note = "plain data is a `KernelArg` when it is `DeviceRepr`; a `KernelArg` of your own that kernels may write implements `WritableArg`",
+    note = "a buffer shared for reading with another process (`ipc::Shared`, `ipc::SharedImport`) is no `WritableArg`: that process reads it at the same time, ordered by nothing; pass it by `&`, or write through the view of its `unsafe` `view_mut(range)`"
+)]
 pub trait LaunchArg<'a>: sealed::Sealed {
     /// The argument passed.
     #[doc(hidden)]
@@ -203,7 +254,7 @@ impl<'a, A: KernelArg + ?Sized> LaunchArg<'a> for &'a A {
     }
 }
 
-impl<'a, A: KernelArg + ?Sized> LaunchArg<'a> for &'a mut A {
+impl<'a, A: KernelArg + WritableArg + ?Sized> LaunchArg<'a> for &'a mut A {
     type Target = A;
     const WRITES: bool = true;
     #[inline(always)]
@@ -246,49 +297,11 @@ macro_rules! memory_arg {
                 Some((m.device_ptr(), m.num_bytes() as u64))
             }
         }
+        // SAFETY: gpubind memory of this process, written in the order its tracker keeps.
+        unsafe impl<$($lt,)? T: DeviceRepr> crate::module::WritableArg for $ty<$($lt,)? T> {}
     };
 }
 memory_arg!(DeviceSlice);
 memory_arg!(DeviceView<'a>);
 memory_arg!(DeviceViewMut<'a>);
 pub(crate) use memory_arg;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::access::Access;
-    use crate::error::Error;
-
-    /// An argument that must never be written.
-    struct Frozen(u64);
-
-    // SAFETY: passes its own 8 bytes, borrowed with it.
-    unsafe impl KernelArg for Frozen {
-        fn param_ptr(&self) -> *mut c_void {
-            &self.0 as *const u64 as *mut c_void
-        }
-        fn param_size(&self) -> usize {
-            8
-        }
-        fn describe(&self) -> String {
-            "Frozen".into()
-        }
-        fn read_only(&self) -> Option<&'static str> {
-            Some("it is frozen")
-        }
-    }
-
-    #[test]
-    fn a_read_only_argument_is_refused_as_written_only() {
-        check_write(&Frozen(1), 0, Access::Read).unwrap();
-        match check_write(&Frozen(1), 3, Access::Write) {
-            Err(Error::InvalidArgument(m)) => {
-                assert!(m.contains("argument 3 (Frozen)"), "{m}");
-                assert!(m.contains("it is frozen"), "{m}");
-            }
-            other => panic!("expected InvalidArgument, got {other:?}"),
-        }
-        // Plain data and ordinary buffers are never refused.
-        check_write(&7u32, 0, Access::Write).unwrap();
-    }
-}

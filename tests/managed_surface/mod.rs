@@ -20,7 +20,7 @@ fn same<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) -> Te
 fn fill(
     s: &BoundStream<'_>,
     f: &Function<'_>,
-    dst: &mut (impl DeviceMemoryMut<u32> + gpubind::KernelArg),
+    dst: &mut (impl DeviceMemoryMut<u32> + gpubind::WritableArg),
     seed: u32,
 ) -> TestResult {
     let n = dst.len() as u32;

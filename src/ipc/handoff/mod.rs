@@ -333,14 +333,11 @@ impl<H, T: DeviceRepr> From<JoinError<H, T>> for Error {
     }
 }
 
-/// Why a buffer shared for reading is never written (the launch's refusal names it).
-pub(crate) const SHARED_READ_ONLY: &str = "the buffer is shared for reading with another process, which \
-    reads it at the same time: neither side writes it (`view_mut` is the unsafe escape)";
-
 /// The read-only API of [`Shared`] and [`SharedImport`], each of which has
 /// `fn inner(&self) -> &DeviceSlice<T>`: [`DeviceMemory`](crate::DeviceMemory) (`len`,
 /// `device`, `dtoh`), [`CopySource`](crate::CopySource) (no `CopyDest`), and
-/// [`KernelArg`](crate::KernelArg) by `&` (a launch refuses a write claim of it).
+/// [`KernelArg`](crate::KernelArg) by `&` only (no [`WritableArg`](crate::WritableArg):
+/// passing it by `&mut` or to `arg_written` does not compile).
 ///
 /// Deliberately none of: `Deref<Target = DeviceSlice<T>>` (a `&DeviceSlice<T>` or a
 /// view of it is written through a shared borrow by graph captures and products),
@@ -385,9 +382,6 @@ macro_rules! read_only_handoff {
             }
             fn access_tracker(&self) -> Option<&crate::access::AccessTracker> {
                 Some(crate::memory::Tracked::tracker(self.inner()))
-            }
-            fn read_only(&self) -> Option<&'static str> {
-                Some(crate::ipc::handoff::SHARED_READ_ONLY)
             }
         }
 
@@ -530,19 +524,22 @@ mod tests {
     }
 
     /// Shared-for-reading buffers reach none of the APIs that write through `&` or `&mut`
-    /// (a launch refuses them as written arguments: `read_only`).
+    /// (nor a launch's write claim: no `WritableArg`); a lent import reaches them all.
     #[test]
     fn shared_buffers_have_no_writable_api() {
         use crate::copy::{CopyDest, CopySource, DeviceOnlyMemory};
         use crate::memory::{DeviceMemory, DeviceMemoryMut};
-        use crate::module::KernelArg;
+        use crate::module::{KernelArg, WritableArg};
         static_assertions::assert_not_impl_any!(
             Shared<u32>: std::ops::Deref, std::ops::DerefMut, DeviceOnlyMemory,
-            DeviceMemoryMut<u32>, CopyDest<u32>
+            DeviceMemoryMut<u32>, CopyDest<u32>, WritableArg
         );
         static_assertions::assert_not_impl_any!(
             SharedImport<u32>: std::ops::Deref, std::ops::DerefMut, DeviceOnlyMemory,
-            DeviceMemoryMut<u32>, CopyDest<u32>
+            DeviceMemoryMut<u32>, CopyDest<u32>, WritableArg
+        );
+        static_assertions::assert_impl_all!(
+            LentImport<u32>: DeviceOnlyMemory, DeviceMemoryMut<u32>, CopyDest<u32>, WritableArg
         );
         static_assertions::assert_impl_all!(
             Shared<u32>: DeviceMemory<u32>, CopySource<u32>, KernelArg

@@ -80,9 +80,8 @@ crate::ipc::foreign_slice!(LentImport);
 /// There is no way to write it in safe code: it is no copy destination, has no deref to
 /// `DeviceSlice<T>` (whose shared borrows graph captures and products write through), is
 /// no [`DeviceOnlyMemory`](crate::DeviceOnlyMemory) (the bound of every API that writes
-/// through `&`), and a launch that passes it as written (`.arg(&mut shared)`,
-/// `arg_written(&shared)`) fails with [`Error::InvalidArgument`] before the driver is
-/// called:
+/// through `&`), and is no [`WritableArg`](crate::WritableArg), so a launch does not take
+/// it as written (`.arg(&mut shared)`, `arg_written(&shared)`):
 ///
 /// ```compile_fail,E0614
 /// # fn f(gpu: &gpubind::BoundDevice<'_>, shared: &mut gpubind::ipc::SharedImport<u32>)
@@ -105,7 +104,30 @@ crate::ipc::foreign_slice!(LentImport);
 /// # Ok(()) }
 /// ```
 ///
-/// Writing it needs the `unsafe` [`view_mut`](Self::view_mut).
+/// ```compile_fail,E0277
+/// # fn f(s: &gpubind::BoundStream<'_>, fill: &gpubind::Function<'_>,
+/// #      shared: &mut gpubind::ipc::SharedImport<u32>) -> gpubind::Result<()> {
+/// let cfg = gpubind::LaunchConfig::for_num_elems(shared.len() as u32);
+/// // SAFETY: (unsigned*) matches `fill`, which stays in bounds.
+/// unsafe { s.launch(fill, cfg).arg(shared).launch()? };
+/// // error[E0277]: `&mut SharedImport<u32>` cannot be passed to a kernel
+/// # Ok(()) }
+/// ```
+///
+/// A kernel that only reads it takes it by `&` (`.arg(&*shared)`). Writing it needs the
+/// `unsafe` [`view_mut`](Self::view_mut), whose view a launch takes by `&mut`:
+///
+/// ```no_run
+/// # fn f(s: &gpubind::BoundStream<'_>, fill: &gpubind::Function<'_>,
+/// #      shared: &mut gpubind::ipc::SharedImport<u32>) -> gpubind::Result<()> {
+/// let n = shared.len();
+/// // SAFETY: the sender does not touch the second half while the buffer is shared.
+/// let mut half = unsafe { shared.view_mut(n / 2..) }?;
+/// let cfg = gpubind::LaunchConfig::for_num_elems((n - n / 2) as u32);
+/// // SAFETY: (unsigned*) matches `fill`, which stays in bounds.
+/// unsafe { s.launch(fill, cfg).arg(&mut half).launch()? };
+/// # Ok(()) }
+/// ```
 pub struct SharedImport<T: DeviceRepr> {
     slice: ManuallyDrop<DeviceSlice<T>>,
     _pool: Arc<OwnedPool>,

@@ -292,9 +292,8 @@ pub struct Lent<T: DeviceRepr> {
 /// write it in safe code: it is no copy destination, has no deref to `DeviceSlice<T>`
 /// (whose shared borrows graph captures and products write through), is no
 /// [`DeviceOnlyMemory`](crate::DeviceOnlyMemory) (the bound of every API that writes
-/// through `&`), and a launch that passes it as written (`&mut shared`,
-/// `arg_written(&shared)`) fails with [`Error::InvalidArgument`] before the driver is
-/// called:
+/// through `&`), and is no [`WritableArg`](crate::WritableArg), so a launch does not take
+/// it as written (`&mut shared`, `arg_written(&shared)`):
 ///
 /// ```compile_fail,E0614
 /// # fn f(gpu: &gpubind::BoundDevice<'_>, s: &gpubind::BoundStream<'_>,
@@ -326,8 +325,19 @@ pub struct Lent<T: DeviceRepr> {
 /// # Ok(()) }
 /// ```
 ///
-/// Writing while it is shared needs [`view_mut`](Self::view_mut), which is `unsafe`.
-/// Dropped without a join, it is parked like a [`Lent`].
+/// ```compile_fail,E0277
+/// # fn f(s: &gpubind::BoundStream<'_>, fill: &gpubind::Function<'_>,
+/// #      shared: &gpubind::ipc::Shared<u32>) -> gpubind::Result<()> {
+/// let cfg = gpubind::LaunchConfig::for_num_elems(shared.len() as u32);
+/// // SAFETY: (unsigned*) matches `fill`, which stays in bounds.
+/// unsafe { s.launch(fill, cfg).arg_written(shared).launch()? };
+/// // error[E0277]: `Shared<u32>` is read-only as a kernel argument
+/// # Ok(()) }
+/// ```
+///
+/// A kernel that only reads it takes it by `&` (`.arg(shared)`). Writing while it is
+/// shared needs [`view_mut`](Self::view_mut), which is `unsafe` (as
+/// [`SharedImport`](super::SharedImport)'s shows). Dropped without a join, it is parked like a [`Lent`].
 pub struct Shared<T: DeviceRepr> {
     out: Option<Box<Outgoing<T>>>,
 }

@@ -518,8 +518,60 @@ pub(crate) fn collective(
     if sh.staged {
         staged_collective(&mut run, rank_lane, calls)
     } else {
+        refuse_pool_memory_across_devices(&mut run, rank_lane, calls)?;
         direct_collective(&mut run, rank_lane, calls)
     }
+}
+
+/// [`Error::InvalidArgument`] for a rank's buffer of memory-pool memory when the direct
+/// transport spans several devices: every lane's kernel reads and writes every rank's
+/// buffers, and peer access (`cuCtxEnablePeerAccess`) does not reach pool allocations
+/// (a pool grants access itself), so a kernel on another device would fault on it,
+/// poisoning that device. Asked of the driver (`CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`),
+/// which knows every kind: `BoundStream::alloc*`, IPC `MemoryPool`s, adopted cudarc
+/// stream-ordered allocations. An answer the driver cannot give counts as no pool, as
+/// for the legacy IPC export's check.
+fn refuse_pool_memory_across_devices(
+    run: &mut Run<'_>,
+    rank_lane: &[usize],
+    calls: &[Call],
+) -> Result<()> {
+    let lanes = run.lanes;
+    if lanes
+        .iter()
+        .all(|l| l.device.ordinal() == lanes[0].device.ordinal())
+    {
+        return Ok(());
+    }
+    for (r, call) in calls.iter().enumerate() {
+        for (which, ptr) in [("send", call.send), ("receive", call.recv)] {
+            if ptr == 0 {
+                continue;
+            }
+            let mut pooled = false;
+            run.on(rank_lane[r], &mut |_| {
+                // SAFETY: a live allocation of the rank's device (the caller's claim holds
+                // it), whose context is current; the attribute writes one handle.
+                let pool = unsafe {
+                    result::memory::pointer_attribute(
+                        ptr,
+                        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                    )
+                };
+                pooled = matches!(pool, Ok(p) if p != 0);
+                Ok(())
+            })?;
+            if pooled {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {r}'s {which} buffer is memory-pool memory (BoundStream::alloc*, an \
+                     ipc::MemoryPool), which other devices' kernels cannot reach through peer \
+                     access, and this direct-transport collective spans several devices: \
+                     allocate it with BoundDevice::alloc_zeros, or use Transport::HostStaged"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A collective through the host-staged transport: every input (the root's, for a
