@@ -212,31 +212,26 @@ fn one_step_runs_eagerly_and_captured_alike(gpu: &BoundDevice<'_>, module: &Modu
         module.function("add").ctx("add")?,
         module.function("sum").ctx("sum")?,
     );
+    let kernels = (&f.0, &f.1, &f.2);
     let n = 4096u32;
     let garbage = vec![77u32; n as usize];
-    let mut bufs = Vec::new();
-    for _ in 0..4 {
-        bufs.push(gpu.clone_htod(&garbage).ctx("htod")?);
-    }
-    let (x, y, out, copy) = (&bufs[0], &bufs[1], &bufs[2], &bufs[3]);
-    let read = |what: &str| -> Result<Vec<Vec<u32>>, String> {
-        [x, y, out, copy]
-            .iter()
-            .map(|b| gpu.dtoh(*b).ctx(what))
+    let fresh = || -> Result<Vec<DeviceSlice<u32>>, String> {
+        (0..4)
+            .map(|_| gpu.clone_htod(&garbage).ctx("htod"))
             .collect()
     };
+    // Each host read waits for the claimed writes of the buffer it reads.
+    let read = |bufs: &[DeviceSlice<u32>], what: &str| -> Result<Vec<Vec<u32>>, String> {
+        bufs.iter().map(|b| gpu.dtoh(b).ctx(what)).collect()
+    };
     let s = gpu.new_stream().ctx("stream")?;
-    let kernels = (&f.0, &f.1, &f.2);
-    generic_step(
-        &mut gpu.on(&s).ctx("on")?,
-        kernels,
-        (x, y, out, copy),
-        &n,
-        (10, 5),
-    )
-    .ctx("eager step")?;
-    // Read right away: each host read waits for the claimed writes.
-    let eager = read("dtoh after the eager step")?;
+    let eager = {
+        let bufs = fresh()?;
+        let (x, y, out, copy) = (&bufs[0], &bufs[1], &bufs[2], &bufs[3]);
+        let mut on = gpu.on(&s).ctx("on")?;
+        generic_step(&mut on, kernels, (x, y, out, copy), &n, (10, 5)).ctx("eager step")?;
+        read(&bufs, "dtoh after the eager step")?
+    };
     let want = [10u32, 8, 18, 18];
     for (i, (got, want)) in eager.iter().zip(want).enumerate() {
         ensure!(
@@ -245,21 +240,15 @@ fn one_step_runs_eagerly_and_captured_alike(gpu: &BoundDevice<'_>, module: &Modu
             got[0]
         );
     }
-    drop(bufs);
-    let mut bufs = Vec::new();
-    for _ in 0..4 {
-        bufs.push(gpu.clone_htod(&garbage).ctx("htod")?);
-    }
+    let bufs = fresh()?;
     let (x, y, out, copy) = (&bufs[0], &bufs[1], &bufs[2], &bufs[3]);
     let graph = gpu
         .capture(|c| generic_step(c, kernels, (x, y, out, copy), &n, (10, 5)))
         .ctx("capture")?;
-    let before: Vec<Vec<u32>> = [x, y, out, copy]
-        .iter()
-        .map(|b| gpu.dtoh(*b).ctx("dtoh after the capture"))
-        .collect::<Result<_, _>>()?;
     ensure!(
-        before.iter().all(|b| *b == garbage),
+        read(&bufs, "dtoh after the capture")?
+            .iter()
+            .all(|b| *b == garbage),
         "the capture ran work instead of recording it"
     );
     let nodes = graph.node_count().ctx("node_count")?;
@@ -268,12 +257,8 @@ fn one_step_runs_eagerly_and_captured_alike(gpu: &BoundDevice<'_>, module: &Modu
     let s2 = gpu.new_stream().ctx("stream")?;
     for round in 0..2 {
         exec.launch(&gpu.on(&s2).ctx("on")?).ctx("graph launch")?;
-        let got: Vec<Vec<u32>> = [x, y, out, copy]
-            .iter()
-            .map(|b| gpu.dtoh(*b).ctx("dtoh after a launch"))
-            .collect::<Result<_, _>>()?;
         ensure!(
-            got == eager,
+            read(&bufs, "dtoh after a launch")? == eager,
             "launch {round}: the graph's results differ from the eager step's"
         );
     }
