@@ -12,6 +12,9 @@
 #   GPU_CHECK_SANITIZE_ATTENTION=1 adds train_gpt --check-attention-quick under
 #   compute-sanitizer's memcheck, racecheck and synccheck (named sanitize-attention-TOOL;
 #   the tool refuses the device under gVisor).
+#   GPU_CHECK_SHARD=K/N runs only every N-th of the wanted runs, starting at the K-th
+#   (K = 1..N): N calls with K = 1..N together run everything once, each within a
+#   per-call time limit.
 set -u
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -21,9 +24,20 @@ LOG=${OUT:-/tmp}/gpu-check.log
 : >"$LOG"
 say() { echo "$@" | tee -a "$LOG"; }
 wanted() { [[ -z "${GPU_CHECK_ONLY:-}" ]] || [[ " $GPU_CHECK_ONLY " == *" $1 "* ]]; }
+SHARD=${GPU_CHECK_SHARD:-1/1}
+SHARD_K=${SHARD%/*} SHARD_N=${SHARD#*/} RUN_INDEX=0
+if ! [[ $SHARD_K =~ ^[0-9]+$ && $SHARD_N =~ ^[0-9]+$ ]] || ((SHARD_K < 1 || SHARD_K > SHARD_N)); then
+  echo "GPU_CHECK_SHARD=$SHARD: expected K/N with 1 <= K <= N" >&2
+  exit 2
+fi
+in_shard() { # counts every wanted run; true for this shard's
+  RUN_INDEX=$((RUN_INDEX + 1))
+  (((RUN_INDEX - 1) % SHARD_N == SHARD_K - 1))
+}
 run() { # name timeout cmd...
   local name=$1 t=$2; shift 2
   wanted "$name" || return 0
+  in_shard || return 0
   say "=== $name: $*"
   local start=$SECONDS
   timeout "$t" "$@" 2>&1 | tee -a "$LOG"

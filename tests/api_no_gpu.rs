@@ -43,12 +43,13 @@ assert_impl_all!(SharedModule: Send, Sync, Clone, Debug, std::ops::Deref<Target 
 assert_impl_all!(ModuleGlobal<f32>: Send, Sync, Clone, Debug);
 assert_impl_all!(ModuleGlobal<[u64; 2]>: CopySource<[u64; 2]>, CopyDest<[u64; 2]>, DeviceMemoryMut<[u64; 2]>, KernelArg, DeviceOnlyMemory);
 // Every buffer and view of this process may be written by a kernel (passed by `&mut` or
-// to `arg_written`).
+// to `arg_written`), except a shared view of managed memory, whose host slices may be
+// held meanwhile.
 assert_impl_all!(DeviceSlice<f32>: WritableArg);
 assert_impl_all!(DeviceView<'static, f32>: WritableArg);
 assert_impl_all!(DeviceViewMut<'static, f32>: WritableArg);
 assert_impl_all!(ManagedSlice<f32>: WritableArg);
-assert_impl_all!(ManagedView<'static, f32>: WritableArg);
+assert_not_impl_any!(ManagedView<'static, f32>: WritableArg);
 assert_impl_all!(ManagedViewMut<'static, f32>: WritableArg);
 assert_impl_all!(PinnedHostBuffer<f32>: WritableArg);
 assert_impl_all!(RegisteredHost<'static, f32>: WritableArg);

@@ -366,6 +366,26 @@ fn failed_imports_call_the_deleter_once_and_say_why() {
             "deleter once per failure"
         );
     }
+    // More bytes than any allocation holds (the element count fits usize; the bytes do
+    // not fit isize), and a range that wraps the address space: refused before a slice
+    // or a copy is sized by them.
+    let p = fake(data.clone(), F32, &[1 << 62], None, CPU, &CALLS);
+    // SAFETY: handed over; nothing past the error reads the data.
+    let err = unsafe { ImportedTensor::<f32>::from_raw_cpu(p) }.unwrap_err();
+    assert!(
+        matches!(err, Error::DlpackMismatch { what: "layout", .. }),
+        "{err}"
+    );
+    let p = fake(data.clone(), F32, &[6], None, CPU, &CALLS);
+    // SAFETY: `p` is live and ours; the offset makes the range end past u64::MAX.
+    unsafe { (*p).dl_tensor.byte_offset = u64::MAX - 7 - (*p).dl_tensor.data as u64 };
+    // SAFETY: handed over; nothing past the error reads the data.
+    let err = unsafe { ImportedTensor::<f32>::from_raw_cpu(p) }.unwrap_err();
+    assert!(
+        matches!(err, Error::DlpackMismatch { what: "layout", .. }),
+        "{err}"
+    );
+    assert_eq!(CALLS.load(Ordering::SeqCst), 5);
     // A major version we do not know: only the deleter may be touched.
     let p = fake(data, F32, &[6], None, CPU, &CALLS);
     // SAFETY: `p` is live and ours.
@@ -382,7 +402,7 @@ fn failed_imports_call_the_deleter_once_and_say_why() {
         ),
         "{err}"
     );
-    assert_eq!(CALLS.load(Ordering::SeqCst), 4);
+    assert_eq!(CALLS.load(Ordering::SeqCst), 6);
     // Null is an error, not a crash.
     // SAFETY: null is allowed by the contract.
     let null = unsafe { ImportedTensor::<f32>::from_raw_cpu(std::ptr::null_mut()) };

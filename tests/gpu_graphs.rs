@@ -556,6 +556,60 @@ fn update_changes_kernel_parameters(gpu: &BoundDevice<'_>, module: &Module) -> R
     Ok(())
 }
 
+/// A closure that swaps a nested fork's branch handle with the enclosing fork's branch
+/// (`std::mem::swap`) and keeps using it leaves work on a branch already joined: the
+/// capture either ends in the driver's typed error (no graph, nothing ran) or gives a
+/// graph whose launch does what was captured. Never a crash or a graph that does less.
+fn swapped_fork_handles_are_typed_or_complete(gpu: &BoundDevice<'_>) -> R {
+    let a = gpu.alloc_zeros::<u32>(256).ctx("alloc")?;
+    let r = gpu.capture(|c| {
+        c.fork(|main, branch| {
+            main.fork(|_inner_main, inner_branch| {
+                std::mem::swap(&mut *branch, &mut *inner_branch);
+                Ok(())
+            })?;
+            branch.memset(&a, 5u32) // on the inner branch, joined before this
+        })
+    });
+    match r {
+        Err(Error::Driver { code, call, .. })
+            if code == DriverErrorCode::STREAM_CAPTURE_UNJOINED
+                || code == DriverErrorCode::STREAM_CAPTURE_INVALIDATED =>
+        {
+            println!("swapped fork handles: {call} refused the capture ({code:?})");
+            ensure!(
+                gpu.dtoh(&a).ctx("dtoh")?.iter().all(|&v| v == 0),
+                "the refused capture's memset ran"
+            );
+        }
+        Ok(graph) => {
+            graph
+                .instantiate()
+                .ctx("instantiate")?
+                .launch(&gpu.default_stream())
+                .ctx("launch")?;
+            ensure!(
+                gpu.dtoh(&a).ctx("dtoh")?.iter().all(|&v| v == 5),
+                "the graph of a capture with swapped fork handles lost its memset"
+            );
+            println!(
+                "swapped fork handles: the driver accepted the capture; its launch is complete"
+            );
+        }
+        Err(other) => return Err(format!("swapped fork handles: unexpected {other:?}")),
+    }
+    let g = gpu.capture(|c| c.memset(&a, 6u32)).ctx("capture again")?;
+    g.instantiate()
+        .ctx("instantiate again")?
+        .launch(&gpu.default_stream())
+        .ctx("launch again")?;
+    ensure!(
+        gpu.dtoh(&a).ctx("dtoh again")?.iter().all(|&v| v == 6),
+        "a capture after the swapped one"
+    );
+    Ok(())
+}
+
 /// An illegal call through the raw escape (synchronising the capturing stream) fails and
 /// invalidates the capture: `capture` returns the driver's typed error, no graph, and the
 /// thread is out of capture mode afterwards (a new capture and a synchronous copy work,
@@ -1644,6 +1698,9 @@ fn main() {
             }),
             ("invalidated_capture_is_a_typed_error", || {
                 on_device0(invalidated_capture_is_a_typed_error)
+            }),
+            ("swapped_fork_handles_are_typed_or_complete", || {
+                on_device0(swapped_fork_handles_are_typed_or_complete)
             }),
             ("closure_errors_and_panics_end_the_capture", || {
                 on_device0(closure_errors_and_panics_end_the_capture)

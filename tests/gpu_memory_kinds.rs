@@ -89,6 +89,7 @@ fn first_mismatch<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T]) -> Opti
 }
 
 mod managed_surface;
+mod pinned_in_capture;
 
 macro_rules! check_eq {
     ($got:expr, $want:expr, $($what:tt)+) => {
@@ -1170,6 +1171,9 @@ fn memory_usage_counts_allocations_and_peak() -> Result<(), String> {
 
 fn main() {
     if let Some(role) = common::child_role() {
+        if role == pinned_in_capture::ROLE {
+            pinned_in_capture::child();
+        }
         shm_child(&role);
     }
     common::run_suite(
@@ -1227,6 +1231,14 @@ fn main() {
             (
                 "managed_single_stream_attach",
                 managed_surface::managed_single_stream_attach,
+            ),
+            (
+                "pinned_read_inside_a_capture_waits",
+                pinned_in_capture::pinned_read_inside_a_capture_waits,
+            ),
+            (
+                "managed_shared_views_are_never_written",
+                managed_surface::managed_shared_views_are_never_written,
             ),
             (
                 "managed_attach_errors_are_typed",

@@ -181,8 +181,22 @@ impl Published {
         }
     }
 
+    /// What [`reset_mut`](Self::reset_mut) publishes for `on` when the one pending use
+    /// is a write on `on` and no read is open ([`AccessState::written_by`]): `on` for
+    /// writes and in the first read slot (a write on the sole writer's stream, and a read
+    /// there, need no wait and record nothing), built directly for a new allocation's
+    /// tracker (checked against `reset_mut` by the unit tests).
+    #[inline(always)]
+    pub(crate) fn sole_writer(on: u64) -> Self {
+        Published {
+            write: AtomicU64::new(on),
+            read: std::array::from_fn(|i| AtomicU64::new(if i == 0 { on } else { NONE })),
+        }
+    }
+
     /// With the tracker held `&mut` (no fast path can be using it): takes back every id
     /// and publishes what is true for `on` (`None`: nothing).
+    #[inline]
     pub(crate) fn reset_mut<S: TrackedStream>(&mut self, st: &AccessState<S>, on: Option<u64>) {
         let w = on.filter(|&on| st.write_is_free(on)).unwrap_or(NONE);
         let r = on.filter(|&on| st.read_is_free(on)).unwrap_or(NONE);

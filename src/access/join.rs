@@ -51,16 +51,18 @@ impl<S: TrackedStream> AccessState<S> {
 impl AccessTracker {
     /// The tracker of memory allocated in stream order on `on` (`cuMemAllocFromPoolAsync`):
     /// the allocation is a pending write there, so a use on another stream waits for it,
-    /// and published, so the next use on `on` takes the fast path.
+    /// and published, so the next use on `on` takes the fast path. Built in place (it is
+    /// on every temporary's path): the state of [`AccessTracker::written_on`] and what
+    /// [`Published::reset_mut`](super::Published::reset_mut) publishes for it
+    /// ([`Published::sole_writer`](super::Published::sole_writer)).
+    #[inline(always)]
     pub(crate) fn allocated_on(on: super::StreamSlot<'_>) -> Self {
-        let mut t = AccessTracker::written_on(on.to_ref());
-        let st = match t.state.get_mut() {
-            Ok(st) => st,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        // Held by value: nothing can be using what is published.
-        t.published.reset_mut(st, Some(on.id()));
-        t
+        let id = on.id();
+        AccessTracker {
+            state: crate::sync::Mutex::new(AccessState::written_by_id(on.to_ref(), id)),
+            // A new tracker, held by value: nothing can be using what is published.
+            published: super::Published::sole_writer(id),
+        }
     }
 
     /// The usual case of a stream-ordered free, without joining: the only pending use is

@@ -399,11 +399,32 @@ impl ExclusiveClaim<'_, '_> {
     #[inline(never)]
     fn commit(&mut self) {
         let on = self.on;
+        let id = on.id();
+        // The usual change, a hand-off, replaces one stream: no grave to build and drop.
+        if self.access == Access::Write
+            && let Some(old) = self.state.hand_off(id, || on.to_ref())
+        {
+            // Held `&mut`: publishes what is true now, replacing anything.
+            self.published.reset_mut(self.state, Some(id));
+            // Only now, the state consistent, may the replaced stream go (dropping the
+            // last reference destroys a stream).
+            drop(old);
+            return;
+        }
+        self.commit_with_grave();
+    }
+
+    /// [`commit`](Self::commit) of any other change, which may replace several streams.
+    #[inline(never)]
+    fn commit_with_grave(&mut self) {
+        let on = self.on;
         let mut grave = Grave::new();
         self.state
             .commit(&[(on.id(), self.access)], |_| on.to_ref(), &mut grave);
         // Held `&mut`: publishes what is true now, replacing anything.
         self.published.reset_mut(self.state, Some(on.id()));
+        // Only now, the state consistent, may the replaced streams go.
+        drop(grave);
     }
 }
 

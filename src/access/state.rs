@@ -64,8 +64,16 @@ impl<S: TrackedStream> AccessState<S> {
     /// A state whose one pending use is a write on `on` (what a commit of that write into
     /// an idle state makes, built directly: a stream-ordered allocation's tracker).
     pub(crate) fn written_by(on: S) -> Self {
+        let id = on.id();
+        Self::written_by_id(on, id)
+    }
+
+    /// [`written_by`](Self::written_by) with `on`'s id (`id == on.id()`) at hand.
+    #[inline(always)]
+    pub(crate) fn written_by_id(on: S, id: u64) -> Self {
+        debug_assert_eq!(id, on.id());
         AccessState {
-            sole: on.id(),
+            sole: id,
             writers: Streams::one(on),
             readers: Vec::new(),
             lends: 0,
@@ -187,6 +195,14 @@ impl<S: TrackedStream> AccessState<S> {
         access: Access,
         mut wait: impl FnMut(&S) -> Result<()>,
     ) -> Result<()> {
+        if self.sole != NO_SOLE {
+            // One write pending and no reads (the cache): the writer is the only stream
+            // that can conflict (a hand-off's one wait, without walking the lists).
+            return match self.writers.first() {
+                Some(w) if w.id() != on => wait(w),
+                _ => Ok(()),
+            };
+        }
         for w in self.writers.iter().filter(|w| w.id() != on) {
             wait(w)?;
         }
@@ -207,18 +223,30 @@ impl<S: TrackedStream> AccessState<S> {
         make: impl Fn(u64) -> S,
         grave: &mut Grave<S>,
     ) {
-        // The hand-off: one write on another stream than the one writer, no readers. The
-        // same outcome as below (the write replaces the old writer), swapped in place.
         if let [(id, Access::Write)] = uses
-            && self.readers.is_empty()
-            && let [w] = &mut self.writers[..]
-            && w.id() != *id
+            && let Some(old) = self.hand_off(*id, || make(*id))
         {
-            grave.push(std::mem::replace(w, make(*id)));
-            self.sole = *id;
+            grave.push(old);
             return;
         }
         self.commit_general(uses, make, grave);
+    }
+
+    /// [`commit`](Self::commit) of one write on `on` when that is a hand-off: one write
+    /// pending, on another stream, and no reads. The same outcome as the general commit
+    /// (the write replaces the old writer), swapped in place; returns the old writer's
+    /// stream, to drop after unlocking. `None`, changing nothing, in every other case.
+    #[inline]
+    pub(crate) fn hand_off(&mut self, on: u64, make: impl FnOnce() -> S) -> Option<S> {
+        if self.readers.is_empty()
+            && let [w] = &mut self.writers[..]
+            && w.id() != on
+        {
+            let old = std::mem::replace(w, make());
+            self.sole = on;
+            return Some(old);
+        }
+        None
     }
 
     /// [`commit`](Self::commit) without its hand-off fast path.

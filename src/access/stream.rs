@@ -115,11 +115,16 @@ impl StreamInner {
         ))
     }
 
-    /// [`StreamRef::may_be_capturing`] of this stream.
+    /// [`StreamRef::may_be_capturing`] of this stream. Inlined: gpubind's own streams
+    /// answer with the [`foreign`](Self::foreign) compare.
+    #[inline]
     fn may_be_capturing(&self) -> bool {
-        if !self.foreign {
-            return false;
-        }
+        self.foreign && self.foreign_may_be_capturing()
+    }
+
+    /// [`may_be_capturing`](Self::may_be_capturing) of a foreign stream: asks the driver.
+    #[inline(never)]
+    fn foreign_may_be_capturing(&self) -> bool {
         self.with_target(|t| match t {
             // SAFETY: the stream is alive (held by the caller, or lent while not retired).
             super::borrowed::Target::Stream(raw) => {

@@ -28,6 +28,19 @@ thread_local! {
     static GATES: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// A new allocation's tracker publishes what `reset_mut` publishes for its state (it is
+/// built directly, without `reset_mut`).
+#[test]
+fn a_new_allocation_publishes_what_reset_mut_would() {
+    for on in [1, 7, fast::NONE - 1] {
+        let st = AccessState::written_by_id(S(on), on);
+        let mut reset = Published::default();
+        reset.reset_mut(&st, Some(on));
+        assert_eq!(Published::sole_writer(on).ids(), reset.ids());
+        assert!(st.write_is_free(on) && st.read_is_free(on));
+    }
+}
+
 fn commit1(st: &mut AccessState<S>, id: u64, a: Access) {
     let mut grave = Grave::new();
     st.commit(&[(id, a)], S, &mut grave);

@@ -462,6 +462,13 @@ impl Device {
         result::device::can_access_peer(self.raw, peer.raw)
     }
 
+    /// The launch limits if they have been read ([`launch_limits`](Self::launch_limits)):
+    /// the launch's inlined quick check.
+    #[inline(always)]
+    pub(crate) fn known_launch_limits(&self) -> Option<&DeviceLimits> {
+        self.limits.get()
+    }
+
     /// The launch limits, read from the driver on first use and kept (attributes need no
     /// context). A failed read is returned and not cached.
     pub(crate) fn launch_limits(&self) -> Result<&DeviceLimits> {
@@ -542,9 +549,14 @@ impl Device {
     ///
     /// For calls that must run in this device's context whatever is bound — frees and
     /// destroys in `Drop`, event queries, function lookups.
+    #[inline]
     pub(crate) fn enter(&self) -> Result<ContextGuard> {
         self.check_poison()?;
-        let (ctx, _) = self.primary_context()?;
+        // Once retained, the context is one load away (no `Result` through memory).
+        let ctx = match self.primary.retained() {
+            Some((ctx, _)) => ctx,
+            None => self.primary_context()?.0,
+        };
         ContextGuard::push(ctx.0)
     }
 
@@ -780,6 +792,13 @@ impl<O: PrimaryCtxOps> LazyPrimary<O> {
         // Under the lock, after `state`: the only set, so it cannot fail.
         let _ = self.retained.set((ctx, id));
         Ok((ctx, id))
+    }
+
+    /// The context and its retain id if a retain succeeded ([`get`](Self::get) without
+    /// retaining): one load.
+    #[inline(always)]
+    pub(crate) fn retained(&self) -> Option<(O::Ctx, u64)> {
+        self.retained.get().copied()
     }
 
     /// Whether a retain is held.

@@ -24,12 +24,20 @@ pub(crate) struct UsageCounter {
 
 impl UsageCounter {
     /// Counts an allocation of `bytes`, raising the peak if it is passed.
+    #[inline]
     pub(crate) fn add(&self, bytes: u64) {
         let now = self.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.peak.fetch_max(now, Ordering::Relaxed);
+        // `fetch_max` changes nothing unless `now` is above the peak: skip its
+        // read-modify-write when the peak is not exceeded (a loop reusing one amount of
+        // memory never exceeds it). A reset racing with this stores `in_use`, which
+        // already counts these bytes.
+        if now > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(now, Ordering::Relaxed);
+        }
     }
 
     /// Counts the release of an allocation of `bytes` (never below zero).
+    #[inline]
     pub(crate) fn sub(&self, bytes: u64) {
         let _ = self
             .in_use

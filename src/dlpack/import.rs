@@ -140,6 +140,23 @@ impl<T: DlpackDtype, M: ManagedTensor> ImportedTensor<T, M> {
                 format!("{addr:#x}"),
             ));
         }
+        // No allocation holds more than `isize::MAX` bytes or wraps the address space, so
+        // a tensor that claims to is refused before any slice or copy is sized by it.
+        let fits_memory = len
+            .checked_mul(std::mem::size_of::<T>())
+            .filter(|&bytes| bytes <= isize::MAX as usize)
+            .and_then(|bytes| addr.checked_add(bytes as u64))
+            .is_some();
+        if !fits_memory {
+            return Err(mismatch(
+                "layout",
+                format!("at most {} bytes, within the address space", isize::MAX),
+                format!(
+                    "{len} elements of {} bytes at {addr:#x} (shape {shape:?})",
+                    std::mem::size_of::<T>()
+                ),
+            ));
+        }
         let read_only = managed.flags() & DLPACK_FLAG_BITMASK_READ_ONLY != 0;
         Ok(ImportedTensor {
             owner,

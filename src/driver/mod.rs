@@ -149,6 +149,7 @@ pub(crate) struct ContextGuard {
 
 impl ContextGuard {
     /// Makes `ctx` current until the guard drops.
+    #[inline]
     pub(crate) fn push(ctx: sys::CUcontext) -> Result<Self> {
         if result::context::get_current()? == ctx {
             return Ok(ContextGuard {

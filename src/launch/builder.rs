@@ -3,7 +3,9 @@
 //! module's tracker), and [`DriverLaunch`], the call that ends it.
 
 use super::LaunchConfig;
+use super::args::{Args, INLINE_ARGS};
 use crate::access::{self, Access, AccessTracker, Use};
+use crate::device::Device;
 use crate::device::poison::KernelName;
 use crate::driver::result;
 use crate::error::{Error, Result};
@@ -23,16 +25,9 @@ pub struct LaunchBuilder<'s, 'a> {
     pub(crate) stream: &'s BoundStream<'s>,
     pub(crate) func: &'s Function<'s>,
     pub(crate) cfg: LaunchConfig,
-    args: ArgPtrs,
-    /// The first argument of another device (or the module's device mismatch). Boxed,
-    /// like `size_error`: the builder is moved at every `arg`, and errors are rare.
-    error: Option<Box<Error>>,
-    /// The first argument whose size differs from the kernel's parameter, found as it
-    /// is appended (reported after the count check).
-    size_error: Option<Box<Error>>,
-    /// The buffer arguments, claimed (with the module) when the kernel is enqueued.
-    tracked: Tracked<'a>,
-    _args: std::marker::PhantomData<&'a ()>,
+    /// The argument pointers, the buffer arguments (claimed with the module when the
+    /// kernel is enqueued) and the first errors found.
+    args: Args<'a>,
 }
 
 impl std::fmt::Debug for LaunchBuilder<'_, '_> {
@@ -42,157 +37,50 @@ impl std::fmt::Debug for LaunchBuilder<'_, '_> {
             .field("stream", self.stream)
             .field("config", &self.cfg)
             .field("args", &self.args.len())
-            .field("error", &self.error.as_ref().or(self.size_error.as_ref()))
+            .field("error", &{
+                let (error, size_error) = self.args.errors();
+                error.or(size_error)
+            })
             .finish_non_exhaustive()
     }
 }
 
-/// How many argument pointers a launch keeps inline before spilling to the heap.
-const INLINE_ARGS: usize = 12;
-
 /// Up to this many buffer arguments, a launch claims them with smaller inline arrays.
 const FEW_ARGS: usize = 4;
-
-/// The gpubind buffers a launch passes, and how: inline for up to [`INLINE_ARGS`], so a
-/// typical launch allocates nothing.
-struct Tracked<'a> {
-    inline: [Option<&'a AccessTracker>; INLINE_ARGS],
-    n: usize,
-    /// Bit `i` set: `inline[i]` was passed by `&mut` (a write), else by `&` (a read).
-    writes: u16,
-    spill: Vec<(&'a AccessTracker, Access)>,
-}
-
-const _: () = assert!(INLINE_ARGS <= u16::BITS as usize);
-
-impl<'a> Tracked<'a> {
-    #[inline]
-    fn new() -> Self {
-        Tracked {
-            inline: [None; INLINE_ARGS],
-            n: 0,
-            writes: 0,
-            spill: Vec::new(),
-        }
-    }
-
-    #[inline(always)]
-    fn push(&mut self, t: &'a AccessTracker, access: Access) {
-        if self.n < INLINE_ARGS {
-            self.inline[self.n] = Some(t);
-            self.writes |= u16::from(access == Access::Write) << self.n;
-            self.n += 1;
-        } else {
-            self.spill.push((t, access));
-        }
-    }
-
-    /// Marks the last buffer pushed, `t`, as written.
-    #[inline(always)]
-    fn mark_written(&mut self, t: &'a AccessTracker) {
-        match self.spill.last_mut() {
-            Some(last) => *last = (t, Access::Write),
-            None => self.writes |= 1 << (self.n - 1),
-        }
-    }
-
-    /// How `inline[i]` is used.
-    #[inline(always)]
-    fn inline_access(&self, i: usize) -> Access {
-        if self.writes & (1 << i) != 0 {
-            Access::Write
-        } else {
-            Access::Read
-        }
-    }
-
-    /// Whether every buffer publishes stream `on` for its use, a read or a write (the
-    /// fast path: see [`crate::access`]). Call with `on`'s gate held. A buffer passed
-    /// both ways is checked for both, which together admit exactly its write.
-    #[inline(always)]
-    fn all_admit(&self, on: u64) -> bool {
-        self.inline[..self.n]
-            .iter()
-            .enumerate()
-            .all(|(i, t)| t.is_none_or(|t| t.admits(on, self.inline_access(i))))
-            && self.spill.iter().all(|&(t, a)| t.admits(on, a))
-    }
-
-    /// The first `N` of [`uses`](Self::uses), padded with `None` (for `n <= N` buffers).
-    #[inline(always)]
-    fn uses_array<const N: usize>(&self) -> [Use<'a>; N] {
-        let mut out = [None; N];
-        for (slot, u) in out.iter_mut().zip(self.uses()) {
-            *slot = u;
-        }
-        out
-    }
-
-    /// Every buffer argument, claimed as read (passed by `&`) or written (by `&mut`); a
-    /// buffer passed both ways is merged into one write by the claim.
-    fn uses(&self) -> impl Iterator<Item = Use<'a>> + '_ {
-        self.inline[..self.n]
-            .iter()
-            .enumerate()
-            .map(|(i, t)| t.map(|t| (t, self.inline_access(i))))
-            .chain(self.spill.iter().map(|&u| Some(u)))
-    }
-}
-
-/// The kernel-parameter pointer array: inline for up to [`INLINE_ARGS`] arguments, so a
-/// typical launch allocates nothing.
-enum ArgPtrs {
-    Inline([*mut c_void; INLINE_ARGS], usize),
-    Heap(Vec<*mut c_void>),
-}
-
-impl ArgPtrs {
-    #[inline]
-    fn new() -> Self {
-        ArgPtrs::Inline([std::ptr::null_mut(); INLINE_ARGS], 0)
-    }
-
-    #[inline]
-    fn len(&self) -> usize {
-        match self {
-            ArgPtrs::Inline(_, n) => *n,
-            ArgPtrs::Heap(v) => v.len(),
-        }
-    }
-
-    #[inline(always)]
-    fn push(&mut self, p: *mut c_void) {
-        match self {
-            ArgPtrs::Inline(a, n) if *n < INLINE_ARGS => {
-                a[*n] = p;
-                *n += 1;
-            }
-            ArgPtrs::Inline(a, _) => {
-                let mut v = Vec::with_capacity(2 * INLINE_ARGS);
-                v.extend_from_slice(a);
-                v.push(p);
-                *self = ArgPtrs::Heap(v);
-            }
-            ArgPtrs::Heap(v) => v.push(p),
-        }
-    }
-
-    #[inline]
-    fn as_mut_ptr(&mut self) -> *mut *mut c_void {
-        match self {
-            ArgPtrs::Inline(a, _) => a.as_mut_ptr(),
-            ArgPtrs::Heap(v) => v.as_mut_ptr(),
-        }
-    }
-}
 
 impl<'m> Function<'m> {
     /// The checks [`LaunchBuilder::launch`] makes before the driver call, for a launch of
     /// `nargs` arguments of `cfg` (the launch builder's, and those of any other launch path,
-    /// such as a graph capture's). Inlined: it is on every launch's path; the argument-count
-    /// error is built out of line.
+    /// such as a graph capture's). Inlined: it is on every launch's path. The usual launch
+    /// (the device's limits already read, every dimension non-zero and the whole
+    /// configuration within the default limits) is one pass of compares
+    /// ([`LaunchConfig::quick_check`], which passes nothing that the checks one by one
+    /// refuse); any other goes through the checks one by one, out of line. The
+    /// argument-count error is built out of line.
     #[inline]
     pub(crate) fn check_launch(&self, cfg: &LaunchConfig, nargs: usize) -> Result<()> {
+        let quick = self
+            .module
+            .device
+            .known_launch_limits()
+            .is_some_and(|dev| cfg.quick_check(dev, &self.limits));
+        if !quick {
+            self.check_config(cfg)?;
+        }
+        if let Some(expected) = &self.params
+            && expected.len() != nargs
+        {
+            return Err(self.arg_count_error(expected.len(), nargs));
+        }
+        Ok(())
+    }
+
+    /// [`check_launch`](Self::check_launch)'s configuration checks one by one: non-zero
+    /// dimensions, then the device's and the kernel's limits (read from the driver at the
+    /// first launch of the device).
+    #[cold]
+    #[inline(never)]
+    fn check_config(&self, cfg: &LaunchConfig) -> Result<()> {
         cfg.validate()?;
         cfg.check_limits(
             &self.name,
@@ -205,13 +93,7 @@ impl<'m> Function<'m> {
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 )
             },
-        )?;
-        if let Some(expected) = &self.params
-            && expected.len() != nargs
-        {
-            return Err(self.arg_count_error(expected.len(), nargs));
-        }
-        Ok(())
+        )
     }
 
     /// [`Error::LaunchArgs`] for `nargs` arguments to a kernel of `expected` parameters.
@@ -273,6 +155,23 @@ impl<'m> Function<'m> {
     }
 }
 
+/// Keeps [`Error::WrongDevice`] in `args` unless `other` is `stream`'s device (the check
+/// of [`BoundDevice::expect_device`](crate::BoundDevice), inlined: one compare; the error
+/// is built out of line).
+#[inline(always)]
+fn check_device(args: &mut Args<'_>, stream: &BoundStream<'_>, what: &'static str, other: &Device) {
+    #[cold]
+    #[inline(never)]
+    fn wrong(args: &mut Args<'_>, stream: &BoundStream<'_>, what: &'static str, other: &Device) {
+        if let Err(e) = stream.bound().expect_device(what, other) {
+            args.set_error(e);
+        }
+    }
+    if stream.bound().device().ordinal() != other.ordinal() {
+        wrong(args, stream, what, other);
+    }
+}
+
 impl<'b> BoundStream<'b> {
     /// Starts a launch of `func` on this stream.
     #[inline]
@@ -281,20 +180,12 @@ impl<'b> BoundStream<'b> {
         func: &'s Function<'_>,
         cfg: LaunchConfig,
     ) -> LaunchBuilder<'s, 'a> {
-        let error = self
-            .bound()
-            .expect_device("kernel module", func.module.device())
-            .err()
-            .map(Box::new);
+        // The module's device is checked at `launch`, before the arguments' errors.
         LaunchBuilder {
             stream: self,
             func,
             cfg,
-            args: ArgPtrs::new(),
-            error,
-            size_error: None,
-            tracked: Tracked::new(),
-            _args: std::marker::PhantomData,
+            args: Args::new(),
         }
     }
 }
@@ -322,30 +213,25 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         let access = arg_access::<L>();
         let arg: &'a L::Target = arg.into_arg();
         let this = self;
-        if let (None, Some(dev)) = (&this.error, arg.arg_device()) {
-            this.error = this
-                .stream
-                .bound()
-                .expect_device("kernel argument", dev)
-                .err()
-                .map(Box::new);
+        // The first error of each kind is kept (`Args::set_error`); each is built out of
+        // line, only when found.
+        if let Some(dev) = arg.arg_device() {
+            check_device(&mut this.args, this.stream, "kernel argument", dev);
         }
         if let Some(t) = arg.access_tracker() {
-            this.tracked.push(t, access);
+            this.args.push_buf(t, access);
         }
         let i = this.args.len();
-        if let (None, Some(&want)) = (
-            &this.size_error,
-            this.func.params.as_ref().and_then(|p| p.get(i)),
-        ) {
+        if let Some(&want) = this.func.params.as_ref().and_then(|p| p.get(i)) {
             let got = arg.param_size();
             if want != got {
                 // Only a mismatch pays for describing the argument.
-                let e = this.func.arg_size_error(i, want, got, arg.describe());
-                this.size_error = Some(Box::new(e));
+                let func = this.func;
+                this.args
+                    .set_size_error(|| func.arg_size_error(i, want, got, arg.describe()));
             }
         }
-        this.args.push(arg.param_ptr());
+        this.args.push_ptr(arg.param_ptr());
         this
     }
 
@@ -359,7 +245,7 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     pub fn arg_written<A: WritableArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
         self.arg(arg);
         if let Some(t) = arg.access_tracker() {
-            self.tracked.mark_written(t);
+            self.args.mark_written(t);
         }
         self
     }
@@ -421,12 +307,16 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// [`launch`](Self::launch)'s contract.
     #[inline(always)]
     pub(crate) unsafe fn enqueue(&mut self, driver: impl DriverLaunch) -> Result<()> {
-        if let Some(e) = &self.error {
-            return Err((**e).clone());
+        if self.stream.bound().device().ordinal() != self.func.module.device().ordinal() {
+            return Err(self.module_device_error());
+        }
+        let (error, size_error) = self.args.errors();
+        if let Some(e) = error {
+            return Err(e.clone());
         }
         self.func.check_launch(&self.cfg, self.args.len())?;
-        if let Some(e) = &self.size_error {
-            return Err((**e).clone());
+        if let Some(e) = size_error {
+            return Err(e.clone());
         }
         driver.check(self)?;
         self.stream.ensure_stream_context()?;
@@ -437,16 +327,29 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         let id = slot.id();
         let (module, module_access) = self.func.module_use();
         let gate = slot.lock_gate();
-        if module.admits(id, module_access) && self.tracked.all_admit(id) {
+        if module.admits(id, module_access) && self.args.all_admit(id) {
             // SAFETY: forwarded; every buffer is ordered on this stream, and the gate
             // keeps it so until the enqueue returns (`crate::access::fast`).
             let launched = unsafe { self.call_driver(driver) };
             drop(gate);
-            return launched;
+            // A fresh `Ok` writes one word; returning `launched` itself would copy an
+            // `Error`'s size through the stack.
+            return if launched.is_ok() { Ok(()) } else { launched };
         }
         drop(gate);
         // SAFETY: forwarded: this function's contract; the stream context is checked.
         unsafe { self.enqueue_claiming(driver) }
+    }
+
+    /// [`Error::WrongDevice`] for a kernel of another device than the stream's.
+    #[cold]
+    #[inline(never)]
+    fn module_device_error(&self) -> Error {
+        Error::WrongDevice {
+            what: "kernel module",
+            bound: self.stream.bound().device().ordinal(),
+            found: self.func.module.device().ordinal(),
+        }
     }
 
     /// [`enqueue`](Self::enqueue)'s slow path: claims the buffers and the module's
@@ -460,8 +363,8 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// As for `enqueue`; the stream context is checked.
     #[inline(never)]
     unsafe fn enqueue_claiming(&mut self, driver: impl DriverLaunch) -> Result<()> {
-        let tracked = &self.tracked;
-        let n = tracked.n + tracked.spill.len() + 1;
+        let tracked = &self.args;
+        let n = tracked.buffers() + 1;
         let module = Some(self.func.module_use());
         let mut few_uses: [Use<'_>; FEW_ARGS];
         let mut few_locks: access::Locks<'_, FEW_ARGS>;
@@ -517,8 +420,14 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         // borrowed for 'a, which outlives this call (the driver copies the parameter bytes
         // before returning); the buffers are claimed (the caller's). Memory safety of the
         // kernel itself is the caller's contract.
-        let called =
-            unsafe { driver.call(self.func.raw, &self.cfg, stream, self.args.as_mut_ptr()) };
+        let called = unsafe {
+            driver.call(
+                self.func.raw,
+                &self.cfg,
+                stream,
+                self.args.ptrs_mut().as_mut_ptr(),
+            )
+        };
         self.stream.bound().device().check(called)
     }
 }
@@ -575,98 +484,6 @@ impl DriverLaunch for LaunchKernel {
                 params,
                 std::ptr::null_mut(),
             )
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The uses a launch claims: `&` arguments as reads, `&mut` and `arg_written` ones
-    /// as writes, in argument order, inline and after spilling.
-    #[test]
-    fn buffer_arguments_are_claimed_as_passed() {
-        let trackers: Vec<AccessTracker> = (0..INLINE_ARGS + 3)
-            .map(|_| AccessTracker::default())
-            .collect();
-        let access = |i: usize| {
-            if i % 3 == 1 {
-                Access::Write
-            } else {
-                Access::Read
-            }
-        };
-        let mut tracked = Tracked::new();
-        for (i, t) in trackers.iter().enumerate() {
-            tracked.push(t, Access::Read);
-            if access(i) == Access::Write {
-                tracked.mark_written(t);
-            }
-        }
-        let uses: Vec<Use<'_>> = tracked.uses().collect();
-        assert_eq!(uses.len(), trackers.len());
-        for (i, (u, t)) in uses.iter().zip(&trackers).enumerate() {
-            let (ut, ua) = u.expect("every argument pushed is a buffer");
-            assert!(std::ptr::eq(ut, t), "argument {i}: tracker");
-            assert_eq!(ua, access(i), "argument {i}");
-        }
-        let few = tracked.uses_array::<FEW_ARGS>();
-        assert_eq!(
-            few.map(|u| u.map(|(_, a)| a)),
-            [0, 1, 2, 3].map(|i| Some(access(i)))
-        );
-    }
-
-    /// The fast path admits a launch only when every buffer publishes the stream for
-    /// its own use: a read needs a read id, a write the write id.
-    #[test]
-    fn fast_path_admits_reads_by_their_read_ids() {
-        // No stream (the trackers' "nothing published").
-        const NONE: u64 = u64::MAX;
-        let reader = AccessTracker::with_published((NONE, [7, 9]));
-        let writer = AccessTracker::with_published((7, [7, NONE]));
-        let check = |uses: &[(&AccessTracker, Access)], on: u64| {
-            let mut tracked = Tracked::new();
-            for &(t, a) in uses {
-                tracked.push(t, a);
-            }
-            tracked.all_admit(on)
-        };
-        assert!(check(
-            &[(&reader, Access::Read), (&writer, Access::Write)],
-            7
-        ));
-        assert!(check(
-            &[(&reader, Access::Read), (&writer, Access::Read)],
-            7
-        ));
-        assert!(check(&[(&reader, Access::Read)], 9));
-        assert!(
-            !check(&[(&reader, Access::Write)], 7),
-            "a read id admits no write"
-        );
-        assert!(!check(&[(&writer, Access::Write)], 9));
-        assert!(
-            !check(&[(&reader, Access::Read), (&reader, Access::Write)], 7),
-            "a buffer passed both ways needs the write id"
-        );
-        assert!(check(&[], 3), "no buffer: nothing to wait for");
-    }
-
-    #[test]
-    fn arg_pointers_keep_order_inline_and_after_spilling() {
-        let vals: Vec<u64> = (0..3 * INLINE_ARGS as u64).collect();
-        let mut args = ArgPtrs::new();
-        for (i, v) in vals.iter().enumerate() {
-            args.push(v as *const u64 as *mut c_void);
-            assert_eq!(args.len(), i + 1);
-            assert_eq!(matches!(args, ArgPtrs::Inline(..)), i < INLINE_ARGS);
-            // SAFETY: `len()` pointers were pushed, each to a live u64 of `vals`.
-            let seen: Vec<u64> = (0..args.len())
-                .map(|k| unsafe { *(*args.as_mut_ptr().add(k) as *const u64) })
-                .collect();
-            assert_eq!(seen, vals[..=i]);
         }
     }
 }

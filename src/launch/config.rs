@@ -76,19 +76,49 @@ impl LaunchConfig {
     /// exceeded (or pass, for shared memory over the default amount).
     #[inline(always)]
     fn within_default_limits(&self, dev: &DeviceLimits, func: &FunctionLimits) -> bool {
+        // A zero dimension passes here, as it passes the checks one by one ([`validate`]
+        // refuses it); `quick_check` does not pass it.
+        //
+        // [`validate`]: Self::validate
+        self.within::<false>(dev, func)
+    }
+
+    /// [`validate`](Self::validate) and [`check_limits`](Self::check_limits) together
+    /// for the usual launch: `true` only if every dimension is non-zero and the
+    /// configuration is [within the default limits](Self::within_default_limits), so
+    /// that both pass it (a launch with `false` runs them one by one). One pass of
+    /// compares, no branch per check.
+    #[inline(always)]
+    pub(crate) fn quick_check(&self, dev: &DeviceLimits, func: &FunctionLimits) -> bool {
+        self.within::<true>(dev, func)
+    }
+
+    /// [`within_default_limits`](Self::within_default_limits), with every dimension
+    /// also non-zero if `NON_ZERO`.
+    #[inline(always)]
+    fn within<const NON_ZERO: bool>(&self, dev: &DeviceLimits, func: &FunctionLimits) -> bool {
         let b = [self.block_dim.0, self.block_dim.1, self.block_dim.2].map(u64::from);
         let g = [self.grid_dim.0, self.grid_dim.1, self.grid_dim.2].map(u64::from);
+        // `d - 1 < limit` (wrapping) is `0 < d <= limit`: both are u32 widened to u64,
+        // so a zero dimension wraps to u64::MAX, over every limit.
+        let fits = |d: u64, limit: u32| {
+            if NON_ZERO {
+                d.wrapping_sub(1) < u64::from(limit)
+            } else {
+                d <= u64::from(limit)
+            }
+        };
         // Saturates as in the checks one by one (only for blocks over any limit).
         let threads = b[0].saturating_mul(b[1]).saturating_mul(b[2]);
         let max_threads = dev.max_threads_per_block.min(func.max_threads_per_block);
         let total_shared = u64::from(func.static_shared) + u64::from(self.shared_mem_bytes);
         (threads <= u64::from(max_threads))
-            & (b[0] <= u64::from(dev.max_block_dim[0]))
-            & (b[1] <= u64::from(dev.max_block_dim[1]))
-            & (b[2] <= u64::from(dev.max_block_dim[2]))
-            & (g[0] <= u64::from(dev.max_grid_dim[0]))
-            & (g[1] <= u64::from(dev.max_grid_dim[1]))
-            & (g[2] <= u64::from(dev.max_grid_dim[2]))
+            & fits(b[0], dev.max_block_dim[0])
+            & fits(b[1], dev.max_block_dim[1])
+            & fits(b[2], dev.max_block_dim[2])
+            & fits(g[0], dev.max_grid_dim[0])
+            & fits(g[1], dev.max_grid_dim[1])
+            & fits(g[2], dev.max_grid_dim[2])
             & (total_shared <= u64::from(dev.shared_per_block))
     }
 
@@ -271,6 +301,12 @@ mod tests {
                                     quick += 1;
                                     assert!(one_by_one.is_ok(), "{c:?} {func:?}: {one_by_one:?}");
                                 }
+                                // Every dimension here is non-zero: the launch's quick
+                                // check agrees with the one it adds the zero check to.
+                                assert_eq!(
+                                    c.quick_check(&H200, func),
+                                    c.within_default_limits(&H200, func)
+                                );
                                 let both = c.check_limits("k", &H200, func, || Ok(64 << 10));
                                 assert_eq!(
                                     both.map_err(|e| e.to_string()),
@@ -445,5 +481,33 @@ mod tests {
         c.block_dim.1 = 0;
         assert!(matches!(c.validate(), Err(Error::InvalidArgument(_))));
         assert!(LaunchConfig::for_num_elems(10).validate().is_ok());
+    }
+
+    /// The launch's quick check passes no zero dimension (whatever the limits), so a
+    /// zero always reaches `validate`.
+    #[test]
+    fn the_quick_check_passes_no_zero_dimension() {
+        let open = DeviceLimits {
+            max_threads_per_block: u32::MAX,
+            max_block_dim: [u32::MAX; 3],
+            max_grid_dim: [u32::MAX; 3],
+            shared_per_block: u32::MAX,
+            shared_per_block_optin: u32::MAX,
+        };
+        let any = FunctionLimits {
+            max_threads_per_block: u32::MAX,
+            static_shared: 0,
+        };
+        for i in 0..6 {
+            let mut d = [1u32; 6];
+            d[i] = 0;
+            let c = cfg((d[0], d[1], d[2]), (d[3], d[4], d[5]), 0);
+            assert!(!c.quick_check(&open, &any), "{c:?}");
+            assert!(!c.quick_check(&H200, &PLAIN), "{c:?}");
+            assert!(c.validate().is_err());
+        }
+        assert!(cfg((1, 1, 1), (1, 1, 1), 0).quick_check(&open, &any));
+        let max = cfg((u32::MAX, u32::MAX, u32::MAX), (u32::MAX, 1, 1), 0);
+        assert!(max.quick_check(&open, &any));
     }
 }

@@ -21,6 +21,7 @@
 //! Naming an attribute before the arguments turns the builder into a
 //! [`LaunchExBuilder`] (`cuLaunchKernelEx`), whose docs list the attributes' checks.
 
+mod args;
 mod attributes;
 mod builder;
 mod config;

@@ -55,15 +55,23 @@ pub(crate) fn pools_usable(supported: i32, driver: DriverVersion) -> bool {
 /// The device's default memory pool, or `None` when gpubind does not allocate from pools
 /// on it ([`pools_usable`]); asked once per [`Device`]. A failed query is returned and
 /// not cached.
+#[inline]
 pub(crate) fn default_pool(device: &Device) -> Result<Option<sys::CUmemoryPool>> {
     #[cfg(any(test, feature = "test-seams"))]
     if seam::pools_hidden(device.ordinal()) {
         return Ok(None);
     }
-    let slot = device.default_pool_slot();
-    if let Some(known) = slot.get() {
-        return Ok(known.map(|p| p as sys::CUmemoryPool));
+    match device.default_pool_slot().get() {
+        Some(known) => Ok(known.map(|p| p as sys::CUmemoryPool)),
+        None => find_default_pool(device),
     }
+}
+
+/// [`default_pool`]'s first query of a device, out of line.
+#[cold]
+#[inline(never)]
+fn find_default_pool(device: &Device) -> Result<Option<sys::CUmemoryPool>> {
+    let slot = device.default_pool_slot();
     let supported = device.attribute(crate::device::DeviceAttribute::MemoryPoolsSupported)?;
     let found = if pools_usable(supported, crate::driver::version::driver_version()?) {
         Some(result::device::default_mem_pool(device.raw_device())? as usize)
@@ -138,35 +146,42 @@ impl<'b> BoundStream<'b> {
             Error::InvalidArgument(format!("{len} elements overflow usize bytes"))
         })?;
         let device = self.bound().device();
-        if bytes == 0 {
-            return Ok(DeviceSlice::owning(
+        // The slice is built once, at the end: a `DeviceSlice` moved through the results
+        // of helpers costs a copy at each.
+        match self.alloc_from_pool(bytes)? {
+            Pooled::Nothing => Ok(DeviceSlice::owning(
                 Arc::clone(device),
                 0,
                 len,
                 AccessTracker::default(),
                 false,
-            ));
-        }
-        let Some(pool) = default_pool(device)? else {
+            )),
+            Pooled::At(ptr) => Ok(self.pooled_slice(ptr, len)),
             // SAFETY: the caller's contract is this function's.
-            return unsafe { self.bound().alloc::<T>(len) };
+            Pooled::NoPool => unsafe { self.bound().alloc::<T>(len) },
+        }
+    }
+
+    /// [`alloc`](Self::alloc)'s driver work, the same for every element type: `bytes`
+    /// from the device's default pool, ordered on this stream.
+    fn alloc_from_pool(&self, bytes: usize) -> Result<Pooled> {
+        if bytes == 0 {
+            return Ok(Pooled::Nothing);
+        }
+        let device = self.bound().device();
+        let Some(pool) = default_pool(device)? else {
+            return Ok(Pooled::NoPool);
         };
         // The legacy stream is the current context's; a gpubind stream needs no context.
         // A stream another library captures is refused: an allocation there would be a
         // graph's allocation node, memory that exists only while the graph runs.
         self.ensure_stream_context()?;
         // SAFETY: the default pool of this stream's device (never destroyed) and a live
-        // stream of that device (borrowed); the slice built below owns the memory, uses
-        // it only after this point of the stream (its tracker's write) and frees it once.
+        // stream of that device (borrowed); the caller's slice owns the memory, uses it
+        // only after this point of the stream (its tracker's write) and frees it once.
         let ptr = device
             .check(unsafe { memory::alloc_from_pool_async(bytes, pool, self.slot().raw()) })?;
-        Ok(DeviceSlice::owning(
-            Arc::clone(device),
-            ptr,
-            len,
-            AccessTracker::allocated_on(self.slot()),
-            true,
-        ))
+        Ok(Pooled::At(ptr))
     }
 
     /// Allocates `len` elements from the device's default memory pool, zeroed, both
@@ -181,30 +196,73 @@ impl<'b> BoundStream<'b> {
     /// # Ok(()) }
     /// ```
     pub fn alloc_zeros<T: DeviceRepr>(&self, len: usize) -> Result<DeviceSlice<T>> {
-        // SAFETY: zeroed below, on the same stream, before any other use can be ordered
-        // after the allocation.
-        let mut buf = unsafe { self.alloc::<T>(len)? };
-        if !buf.pooled || buf.ptr == 0 {
-            // `cuMemAlloc` memory (no pool on this device), or nothing to zero.
-            self.memset_zeros_async(&mut buf)?;
-            return Ok(buf);
-        }
-        // Pool memory allocated on this stream just now: its tracker's one pending use is
-        // that write on this stream, and no other reference to the slice exists, so the
-        // memset is ordered after every use there is without a claim, and records nothing.
-        // SAFETY: the whole of a live allocation (`len` elements of `T`), on a stream of the current
-        // context (or a gpubind stream) whose allocation precedes this in stream order.
-        let zeroed = unsafe {
-            result::copy::memset_d8_async(
-                buf.ptr,
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            Error::InvalidArgument(format!("{len} elements overflow usize bytes"))
+        })?;
+        match self.alloc_from_pool(bytes)? {
+            // Pool memory allocated on this stream just now, zeroed on it at once: no use
+            // can be ordered before the memset, so it needs no claim, and the slice built
+            // after it records the allocation (ordered before the memset) as its one
+            // pending write on this stream, which covers the memset too. The slice is built
+            // once, in the result (a `DeviceSlice` moved through helpers' results costs a
+            // copy at each); if the memset fails it is built and dropped (freed in stream
+            // order, as any drop frees it).
+            Pooled::At(ptr) => match self.zero_pooled(ptr, bytes) {
+                Ok(()) => Ok(self.pooled_slice(ptr, len)),
+                Err(e) => {
+                    drop(self.pooled_slice::<T>(ptr, len));
+                    Err(e)
+                }
+            },
+            Pooled::Nothing => Ok(DeviceSlice::owning(
+                Arc::clone(self.bound().device()),
                 0,
-                std::mem::size_of::<T>() * len,
-                self.slot().raw(),
-            )
-        };
-        self.bound().device().check(zeroed)?;
-        Ok(buf)
+                len,
+                AccessTracker::default(),
+                false,
+            )),
+            Pooled::NoPool => {
+                // `cuMemAlloc` memory: zeroed with a claim, as any write.
+                // SAFETY: zeroed below, on this stream, before any other use can be
+                // ordered after the allocation.
+                let mut buf = unsafe { self.bound().alloc::<T>(len)? };
+                self.memset_zeros_async(&mut buf)?;
+                Ok(buf)
+            }
+        }
     }
+
+    /// The slice that owns `len` elements of pool memory at `ptr`, allocated on this
+    /// stream ([`alloc_from_pool`](Self::alloc_from_pool)).
+    #[inline(always)]
+    fn pooled_slice<T: DeviceRepr>(&self, ptr: sys::CUdeviceptr, len: usize) -> DeviceSlice<T> {
+        DeviceSlice::owning(
+            Arc::clone(self.bound().device()),
+            ptr,
+            len,
+            AccessTracker::allocated_on(self.slot()),
+            true,
+        )
+    }
+
+    /// Zeroes `bytes` of pool memory at `ptr`, just allocated on this stream.
+    fn zero_pooled(&self, ptr: sys::CUdeviceptr, bytes: usize) -> Result<()> {
+        // SAFETY: the whole of a live allocation, on a stream of the current context (or a
+        // gpubind stream) whose allocation precedes this in stream order.
+        let zeroed = unsafe { result::copy::memset_d8_async(ptr, 0, bytes, self.slot().raw()) };
+        self.bound().device().check(zeroed)
+    }
+}
+
+/// What [`BoundStream::alloc_from_pool`] allocated.
+enum Pooled {
+    /// Nothing: no bytes were asked for.
+    Nothing,
+    /// Pool memory at this address.
+    At(sys::CUdeviceptr),
+    /// Nothing: the device has no pool gpubind uses ([`default_pool`]); allocate with
+    /// `cuMemAlloc`.
+    NoPool,
 }
 
 /// A device's default memory pool (`cuDeviceGetDefaultMemPool`), the pool

@@ -213,7 +213,8 @@ impl<'a> BoundDevice<'a> {
     /// Sets every byte of `dst` to zero.
     pub fn memset_zeros<T: DeviceRepr>(&self, dst: &mut impl DeviceMemoryMut<T>) -> Result<()> {
         self.expect_device("destination", dst.device())?;
-        if dst.is_empty() {
+        // No bytes (also zero-sized elements, which have no allocation): nothing to zero.
+        if dst.num_bytes() == 0 {
             return Ok(());
         }
         self.ensure_current()?;

@@ -160,7 +160,7 @@ pub unsafe trait KernelArg {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is read-only as a kernel argument: it cannot be passed by `&mut` or to `arg_written`",
     label = "passed as written",
-    note = "a buffer shared for reading with another process (`ipc::Shared`, `ipc::SharedImport`) is no `WritableArg`: that process reads it at the same time, ordered by nothing; pass it by `&`, or write through the view of its `unsafe` `view_mut(range)`",
+    note = "a buffer that others read meanwhile, ordered by nothing, is no `WritableArg`: pass it by `&`. To write, use a writable handle: for a buffer shared for reading with another process (`ipc::Shared`, `ipc::SharedImport`) the view of its `unsafe` `view_mut(range)`; for a shared view of managed memory (`ManagedView`, whose host slices may be held) `ManagedSlice::slice_mut` or the slice itself",
     note = "a `KernelArg` of your own that kernels may write implements `WritableArg`"
 )]
 pub unsafe trait WritableArg: KernelArg {}
@@ -225,7 +225,7 @@ unsafe impl<T: DeviceRepr> WritableArg for T {}
     message = "`{Self}` cannot be passed to a kernel: a launch takes a `KernelArg` by `&`, or a `WritableArg` by `&mut`",
     label = "no `KernelArg` by `&`, nor a `WritableArg` by `&mut`",
     note = "plain data is a `KernelArg` when it is `DeviceRepr`; a `KernelArg` of your own that kernels may write implements `WritableArg`",
-    note = "a buffer shared for reading with another process (`ipc::Shared`, `ipc::SharedImport`) is no `WritableArg`: that process reads it at the same time, ordered by nothing; pass it by `&`, or write through the view of its `unsafe` `view_mut(range)`"
+    note = "a buffer that others read meanwhile, ordered by nothing, is no `WritableArg`: pass it by `&`. To write, use a writable handle: for a buffer shared for reading with another process (`ipc::Shared`, `ipc::SharedImport`) the view of its `unsafe` `view_mut(range)`; for a shared view of managed memory (`ManagedView`, whose host slices may be held) `ManagedSlice::slice_mut` or the slice itself"
 )]
 pub trait LaunchArg<'a>: sealed::Sealed {
     /// The argument passed.

@@ -51,6 +51,7 @@ pub(crate) use crate::error::{ENTER, LEAKED, LEAKED_UNWAITED, MAYBE_LEAKED, RELE
 /// enters `device`'s context and runs `release` (the driver call `call`). A failed wait
 /// leaks the resource (`release` is not run); every failure is reported. Returns whether
 /// the resource was released (`false`: leaked, or maybe leaked).
+#[inline]
 pub(super) fn release<R: CallResult>(
     what: fmt::Arguments<'_>,
     device: &Arc<Device>,
@@ -58,12 +59,15 @@ pub(super) fn release<R: CallResult>(
     call: &'static str,
     release: impl FnOnce() -> R,
 ) -> bool {
-    let ordinal = Some(device.ordinal());
     if let Err(e) = waited {
         leak_unwaited(what, device, &e);
         return false;
     }
-    report_failure(what, ordinal, enter_and_call(device, call, release))
+    report_failure(
+        what,
+        Some(device.ordinal()),
+        enter_and_call(device, call, release),
+    )
 }
 
 /// A release's failure, if any: the step that failed ([`ENTER`] or [`RELEASE`]) and the

@@ -83,7 +83,9 @@ pub(crate) struct Teardown<'a> {
 /// `call` makes the release call (through the result layer); it runs in the resource's
 /// context, once, and only if the wait succeeded. Returns how it ended
 /// ([`Released::Done`] when the resource is gone; otherwise leaked, maybe leaked, or
-/// still being released on the release thread).
+/// still being released on the release thread). Inlined: a `Teardown` passed on by value
+/// is copied at each call, its `waited` (an `Error`'s size) included.
+#[inline]
 pub(crate) fn release(
     t: Teardown<'_>,
     call: impl FnOnce() -> Result<()> + Send + 'static,

@@ -39,21 +39,53 @@ pub(crate) unsafe fn free_in_stream_order(
 ) {
     // The usual drop of a temporary: its only pending use is a write on a stream of
     // its device, where the free goes with no wait and no event, so the context is
-    // entered once, by `release`.
+    // entered once, by `release`. Its own call, so that nothing of the general case's
+    // (a wait's outcome, a grave, a context guard) is built, moved or dropped.
     let sole = if device.check_poison().is_ok() {
         tracker.take_sole_writer(device)
     } else {
         None
     };
-    let (on, waited, forgotten, guard) = match sole {
-        Some(on) => (FreeOn::Stream(on), Ok(()), None, None),
-        None => join_or_wait(device, tracker),
-    };
+    if let Some(on) = sole {
+        // SAFETY: the caller's; every use of `ptr` is ordered before this point of `on`
+        // (its only pending use, a write there), which `on` keeps alive.
+        unsafe { free_on(what, device, Ok(()), on.slot().raw(), ptr) };
+        // Only now may the stream go (dropping the last reference destroys a stream).
+        drop(on);
+        return;
+    }
+    let (on, waited, forgotten, guard) = join_or_wait(device, tracker);
     let stream = match &on {
-        FreeOn::Stream(s) => s.slot().raw() as usize, // a handle, `Send`
+        FreeOn::Stream(s) => s.slot().raw(),
         // Nothing pending: the legacy default stream (of the context `release` enters).
-        FreeOn::Anywhere => 0,
+        FreeOn::Anywhere => std::ptr::null_mut(),
     };
+    // SAFETY: the caller's; every pending use was ordered before this point of `stream`
+    // (joined onto it) or waited for on the host, and `on` keeps `stream` alive.
+    unsafe { free_on(what, device, waited, stream, ptr) };
+    // Only now may the streams go (dropping the last reference destroys a stream).
+    drop(on);
+    drop(forgotten);
+    drop(guard);
+}
+
+/// Frees `ptr` on `stream` (`cuMemFreeAsync`) through [`teardown::release()`], unless
+/// `waited` failed.
+///
+/// # Safety
+///
+/// As for [`free_in_stream_order`], and every use of `ptr` is ordered before this point
+/// of `stream` (the null stream: the legacy default stream of `device`'s context) or
+/// waited for, and `stream` stays alive until this returns.
+#[inline(always)]
+unsafe fn free_on(
+    what: fmt::Arguments<'_>,
+    device: &Arc<Device>,
+    waited: crate::error::Result<()>,
+    stream: sys::CUstream,
+    ptr: sys::CUdeviceptr,
+) {
+    let stream = stream as usize; // a handle, `Send`
     teardown::release(
         Teardown {
             what,
@@ -63,15 +95,10 @@ pub(crate) unsafe fn free_in_stream_order(
             runs: Runs::Inline,
         },
         // SAFETY: a pool allocation of this context (current while this runs), freed
-        // once, here; every pending use was ordered before this point of `stream` (joined
-        // onto it) or waited for on the host, and `stream` is alive: `on` holds it until
-        // after this call.
+        // once, here; every pending use was ordered before this point of `stream` (the
+        // caller's), and `stream` is alive (the caller's).
         move || unsafe { memory::free_async(ptr, stream as sys::CUstream) },
     );
-    // Only now may the streams go (dropping the last reference destroys a stream).
-    drop(on);
-    drop(forgotten);
-    drop(guard);
 }
 
 /// The general case of [`free_in_stream_order`]: joins the pending uses onto one stream

@@ -451,3 +451,55 @@ pub fn try_clone_is_ordered_and_independent() -> TestResult {
         Ok(())
     })
 }
+
+/// A shared `ManagedView` (from `&ManagedSlice`, while the host holds `as_slice`) is read
+/// by a kernel while the host slice is held, and the host slice stays unchanged; passing
+/// it as written does not compile (`ManagedView` is no `WritableArg`). Managed memory of a
+/// zero-sized element type gives host slices of its length.
+pub fn managed_shared_views_are_never_written() -> TestResult {
+    with_gpu(|gpu| {
+        if !concurrent(gpu)? {
+            return Err(crate::common::skip("no concurrent managed access"));
+        }
+        let module = gpu.compile_and_load(KERNELS, "kinds.cu").ctx("compile")?;
+        let n = 4096usize;
+        let mut m = gpu.alloc_managed::<u32>(n).ctx("alloc_managed")?;
+        m.as_mut_slice().ctx("as_mut_slice")?.fill(5);
+        let held: &[u32] = m.as_slice().ctx("as_slice")?;
+        let view = m.slice(..).ctx("slice")?;
+        let k = n as u32;
+        let s = gpu.default_stream();
+        let cfg = LaunchConfig::for_num_elems(k);
+        // Reads through a shared view stay accepted.
+        let mut out = gpu.alloc_zeros::<u32>(n).ctx("alloc")?;
+        let copy = module.function("copy_u32").ctx("copy_u32")?;
+        // SAFETY: (const unsigned*, unsigned*, unsigned) matches; both hold n elements.
+        unsafe {
+            s.launch(&copy, cfg)
+                .arg(&view)
+                .arg(&mut out)
+                .arg(&k)
+                .launch()
+        }
+        .ctx("read launch of a shared view")?;
+        same(
+            "read through a shared view",
+            &gpu.dtoh(&out).ctx("dtoh")?,
+            &vec![5; n],
+        )?;
+        ensure!(
+            held.iter().all(|&v| v == 5),
+            "the held host slice changed under a read launch"
+        );
+        let mut zst = gpu
+            .alloc_managed::<[u32; 0]>(5)
+            .ctx("alloc_managed of a zero-sized type")?;
+        ensure!(
+            zst.as_slice().ctx("zst as_slice")?.len() == 5
+                && zst.as_mut_slice().ctx("zst as_mut_slice")?.len() == 5,
+            "zero-sized host slices"
+        );
+        println!("zero-sized managed elements: host slices of length 5");
+        Ok(())
+    })
+}

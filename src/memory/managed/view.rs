@@ -21,10 +21,17 @@ use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 /// A shared view of part of a [`ManagedSlice`]: device memory for every gpubind API, and
 /// readable by the host through [`as_slice`](Self::as_slice).
+///
+/// Made from `&ManagedSlice`, beside which host slices may be held, so it is only ever
+/// read: a launch or capture that passes it by `&mut` or `arg_written` is
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument). Write through a
+/// [`ManagedViewMut`] ([`slice_mut`](ManagedSlice::slice_mut),
+/// [`split_at_mut`](ManagedSlice::split_at_mut)).
 pub struct ManagedView<'a, T: DeviceRepr> {
     device: &'a Arc<Device>,
     tracker: &'a AccessTracker,
@@ -49,8 +56,35 @@ pub struct ManagedViewMut<'a, T: DeviceRepr> {
 
 impl_device_memory!(ManagedView<'a>, const);
 impl_device_memory!(ManagedViewMut<'a>, view);
-memory_arg!(ManagedView<'a>);
 memory_arg!(ManagedViewMut<'a>);
+
+// SAFETY: as `memory_arg!`: passes the address field, 8 bytes that live as long as the
+// borrow.
+//
+// Deliberately not a `WritableArg`: a shared view is made from `&ManagedSlice`, which
+// also hands out host slices (`as_slice`) that must not change while held, so a launch
+// may pass it by `&` only. Writes go through `ManagedSlice::slice_mut` / `split_at_mut`
+// (`ManagedViewMut`) or the slice itself.
+unsafe impl<T: DeviceRepr> KernelArg for ManagedView<'_, T> {
+    fn param_ptr(&self) -> *mut c_void {
+        &self.ptr as *const sys::CUdeviceptr as *mut c_void
+    }
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<sys::CUdeviceptr>()
+    }
+    fn arg_device(&self) -> Option<&Device> {
+        Some(self.device)
+    }
+    fn describe(&self) -> String {
+        format!("ManagedView<{}>", std::any::type_name::<T>())
+    }
+    fn access_tracker(&self) -> Option<&AccessTracker> {
+        Some(self.tracker)
+    }
+    fn arg_span(&self) -> Option<(u64, u64)> {
+        Some((self.ptr, DeviceMemory::<T>::num_bytes(self) as u64))
+    }
+}
 
 fn managed_endpoint<T: DeviceRepr>(m: &impl DeviceMemory<T>) -> Endpoint<'_> {
     Endpoint::new(
@@ -84,6 +118,11 @@ pub(super) unsafe fn host_slice<'r, T>(
         return Ok(&[]);
     }
     tracker.host_access(Access::Read)?;
+    if std::mem::size_of::<T>() == 0 {
+        // No allocation stands behind zero-sized elements (`ptr` is 0).
+        // SAFETY: `len` elements of a zero-sized type at a non-null, aligned address.
+        return Ok(unsafe { std::slice::from_raw_parts(NonNull::<T>::dangling().as_ptr(), len) });
+    }
     // SAFETY: initialised elements at a host-accessible managed address (the caller);
     // no stream-ordered write is pending (waited for above) and none can start while
     // the reference lives (writes need the memory borrowed mutably).
@@ -107,6 +146,12 @@ pub(super) unsafe fn host_slice_mut<'r, T>(
         return Ok(&mut []);
     }
     tracker.host_access(Access::Write)?;
+    if std::mem::size_of::<T>() == 0 {
+        // SAFETY: as in `host_slice`.
+        return Ok(unsafe {
+            std::slice::from_raw_parts_mut(NonNull::<T>::dangling().as_ptr(), len)
+        });
+    }
     // SAFETY: as in `host_slice`, with exclusive access (the caller).
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, len) })
 }
@@ -236,5 +281,59 @@ impl<T: DeviceRepr> ManagedViewMut<'_, T> {
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
         // SAFETY: a range this view holds exclusively (views of one slice are disjoint).
         unsafe { host_slice_mut(self.host, &self.tracker, self.device, self.ptr, self.len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shared view over `len` elements at `ptr` of an unopened device (no driver call
+    /// may follow).
+    fn shared_view<'a, T: DeviceRepr>(
+        device: &'a Arc<Device>,
+        tracker: &'a AccessTracker,
+        host: &'a HostRule,
+        ptr: sys::CUdeviceptr,
+        len: usize,
+    ) -> ManagedView<'a, T> {
+        ManagedView {
+            device,
+            tracker,
+            host,
+            ptr,
+            len,
+            _t: PhantomData,
+        }
+    }
+
+    // A shared view is never a written kernel argument (`.arg(&mut view)`,
+    // `arg_written(&view)` do not compile): `as_slice` of the slice or of another shared
+    // view may be held meanwhile. The exclusive view is written as any buffer.
+    static_assertions::assert_not_impl_any!(ManagedView<'static, f32>: crate::WritableArg);
+    static_assertions::assert_impl_all!(ManagedViewMut<'static, f32>: crate::WritableArg);
+
+    #[test]
+    fn a_shared_view_passes_its_span() {
+        let device = Arc::new(Device::unopened_for_test(0));
+        let (tracker, host) = (AccessTracker::default(), HostRule::new(true));
+        let view = shared_view::<f32>(&device, &tracker, &host, 0x1000, 4);
+        assert_eq!(view.arg_span(), Some((0x1000, 16)));
+        assert_eq!(view.param_size(), 8);
+        assert_eq!(view.describe(), "ManagedView<f32>");
+    }
+
+    #[test]
+    fn host_slices_of_zero_sized_elements_need_no_allocation() {
+        // Managed memory of a zero-sized element type allocates nothing (address 0): the
+        // host slices must not be built from that null address.
+        let device = Device::unopened_for_test(0);
+        let (tracker, host) = (AccessTracker::default(), HostRule::new(true));
+        // SAFETY: zero-sized elements: no byte is read or written.
+        let s = unsafe { host_slice::<[u32; 0]>(&host, &tracker, &device, 0, 5) }.unwrap();
+        assert_eq!(s.len(), 5);
+        // SAFETY: as above.
+        let m = unsafe { host_slice_mut::<[u32; 0]>(&host, &tracker, &device, 0, 7) }.unwrap();
+        assert_eq!(m.len(), 7);
     }
 }
