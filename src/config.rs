@@ -257,8 +257,9 @@ pub(crate) fn rdzv_timeout(get: Lookup<'_>) -> Result<Option<Duration>, VarError
     let Some((name, v)) = read(RDZV_TIMEOUT, get) else {
         return Ok(None);
     };
+    // Positive after rounding to whole nanoseconds too: `1e-12` would be no time at all.
     match v.parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Some(Duration::from_secs_f64(s))),
+        Ok(s) if (1e-9..1e9).contains(&s) => Ok(Some(Duration::from_secs_f64(s))),
         _ => Err(invalid(
             name,
             format!("{v:?} is not a positive number of seconds"),
@@ -393,7 +394,7 @@ mod tests {
         let timeout = |v: &str| rdzv_timeout(&vars(&[(RDZV_TIMEOUT.name, v)]));
         assert_eq!(rdzv_timeout(&vars(&[])), Ok(None));
         assert_eq!(timeout("2.5"), Ok(Some(Duration::from_millis(2500))));
-        for bad in ["-3", "0", "inf", "NaN", "soon"] {
+        for bad in ["-3", "0", "1e-12", "inf", "NaN", "soon"] {
             named(timeout(bad).unwrap_err(), "GPUBIND_RDZV_TIMEOUT");
         }
         let e = timeout("-3").unwrap_err().into_launch_env();

@@ -355,6 +355,19 @@ impl<'a> BoundDevice<'a> {
     }
 }
 
+#[cfg(test)]
+impl BoundDevice<'static> {
+    /// A binding of `device` that holds no context, for unit tests of calls that fail
+    /// before their first driver call (`device` poisoned: every entry is refused).
+    pub(crate) fn without_context_for_test(device: Arc<Device>) -> Self {
+        BoundDevice {
+            device,
+            ctx: RawContext(std::ptr::null_mut()),
+            _token: PhantomData,
+        }
+    }
+}
+
 impl std::fmt::Debug for BoundDevice<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BoundDevice")

@@ -5,9 +5,11 @@
 //! reads like `cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)`.
 
 mod code;
+mod given_back;
 mod transmute;
 pub use code::DriverErrorCode;
 use cudarc::driver::sys::CUresult;
+pub use given_back::GivenBack;
 use std::fmt;
 pub use transmute::TransmuteRefusal;
 

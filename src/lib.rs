@@ -173,7 +173,7 @@ pub use driver::version::{
     ASSUME_DRIVER_VERSION_ENV, DriverVersion, EntryPointStatus, driver_version, entry_points,
 };
 pub use driver::{driver_available, init};
-pub use error::{DriverErrorCode, Error, Result, TransmuteRefusal};
+pub use error::{DriverErrorCode, Error, GivenBack, Result, TransmuteRefusal};
 pub use graph::{
     Capture, CaptureLaunch, Graph, GraphExec, InstantiateFlags, Issue, KernelLaunch, StreamLaunch,
 };

@@ -182,21 +182,48 @@ fn export_vec_fills_every_field() {
 
 #[test]
 fn export_rejects_bad_shapes() {
+    let failed = dlpack::export(vec![0u8; 6], &[4, 2]).unwrap_err();
     assert!(matches!(
-        dlpack::export(vec![0u8; 6], &[4, 2]),
-        Err(Error::SizeMismatch {
+        failed.error,
+        Error::SizeMismatch {
             expected: 6,
             found: 8,
             ..
-        })
+        }
     ));
-    assert!(matches!(
-        dlpack::export(vec![0u8; 6], &[-1, -6]),
-        Err(Error::InvalidArgument(_))
-    ));
+    let failed = dlpack::export(vec![0u8; 6], &[-1, -6]).unwrap_err();
+    assert!(matches!(failed.error, Error::InvalidArgument(_)));
+    let failed = dlpack::export_legacy(vec![0u8; 6], &[7]).unwrap_err();
+    assert!(matches!(failed.error, Error::SizeMismatch { .. }));
     // Scalars (ndim 0) have one element.
     assert!(dlpack::export(vec![7i32], &[]).is_ok());
     assert!(dlpack::export(Vec::<i32>::new(), &[0, 5]).is_ok());
+}
+
+/// A refused export gives the caller's buffer back unchanged (same allocation, contents
+/// and capacity), and it exports once the shape is right.
+#[test]
+fn a_refused_export_gives_the_buffer_back() {
+    let mut data = Vec::with_capacity(32);
+    data.extend(0..24i32);
+    let (addr, cap) = (data.as_ptr(), data.capacity());
+    let failed = dlpack::export(data, &[5, 5]).unwrap_err();
+    assert!(failed.to_string().contains("the input is given back"));
+    let (data, error) = failed.into_parts();
+    assert!(matches!(error, Error::SizeMismatch { .. }), "{error}");
+    assert_eq!((data.as_ptr(), data.capacity()), (addr, cap));
+    assert_eq!(data, (0..24).collect::<Vec<i32>>());
+    let t = dlpack::export(data, &[2, 3, 4]).unwrap();
+    assert_eq!(t.tensor().data as *const i32, addr);
+    // `?` gives the error alone, in a function returning gpubind::Result.
+    let via_question_mark = || -> gpubind::Result<()> {
+        dlpack::export(vec![0u8; 3], &[2])?;
+        Ok(())
+    };
+    assert!(matches!(
+        via_question_mark(),
+        Err(Error::SizeMismatch { .. })
+    ));
 }
 
 #[test]

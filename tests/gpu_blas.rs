@@ -1504,7 +1504,14 @@ where
         .matmul_device_scalars(blas, &ignored, &scales, &da, &db, &mut dc)
         .ctx(&what)?;
     let (want, scale) = host_gemm(&s, &af, &bf, &cf);
-    close(&what, &dtoh_f64(gpu, &dc)?, &want, &scale, T::TOL)
+    close(&what, &dtoh_f64(gpu, &dc)?, &want, &scale, T::TOL)?;
+    // The same product through `Enqueue` on a stream, C by `&`.
+    let dc2 = gpu.clone_htod(&c0).ctx("c")?;
+    let what = format!("{what} through Enqueue");
+    let mut stream = gpu.default_stream();
+    Enqueue::matmul_device_scalars(&mut stream, blas, &ignored, &scales, &da, &db, &dc2)
+        .ctx(&what)?;
+    close(&what, &dtoh_f64(gpu, &dc2)?, &want, &scale, T::TOL)
 }
 
 /// The refusals of GEMV, ASUM, grouped GEMM and device scalars: typed, before anything

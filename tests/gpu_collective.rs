@@ -1034,6 +1034,102 @@ fn several_calls_in_one_group_and_views() -> R {
     Ok(())
 }
 
+/// Two views of one module variable (`Module::global` twice) are one memory that borrows
+/// cannot keep apart: given as two ranks' outputs, or as one rank's output and another's
+/// input, the call is `InvalidArgument("collective aliasing …")` on every rank, nothing
+/// enqueued (the variable keeps its value), from one thread (a group) and from a thread
+/// per rank; the communicator then still works.
+fn module_global_views_sharing_memory_are_refused() -> R {
+    const SRC: &str =
+        "__device__ float x[4];\nextern \"C\" __global__ void touch() { x[0] += 0.0f; }\n";
+    let aliasing = |what: &str, r: Result<(), Error>| -> R {
+        match r {
+            Err(Error::InvalidArgument(m)) if m.starts_with("collective aliasing") => {
+                println!("    {what}: {m}");
+                Ok(())
+            }
+            other => Err(format!(
+                "{what}: expected collective aliasing, got {other:?}"
+            )),
+        }
+    };
+    let d = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let comm =
+        Communicator::new(&mut ctx, &[d.clone(), d.clone()], CommOptions::kernels()).ctx("new")?;
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let mut module = gpu.compile_and_load(SRC, "alias.cu").ctx("compile")?;
+    let mut a = module.global::<f32>("x").ctx("global")?;
+    let mut b = module.global::<f32>("x").ctx("global")?;
+    gpu.copy(&[7.0f32; 4][..], &mut a).ctx("fill x")?;
+    let s0 = gpu.clone_htod(&[1.0f32; 8]).ctx("up")?;
+    let s1 = gpu.clone_htod(&[2.0f32; 8]).ctx("up")?;
+    let small = gpu.clone_htod(&[3.0f32; 4]).ctx("up")?;
+    let mut o0 = gpu.alloc_zeros::<f32>(4).ctx("alloc")?;
+    drop(gpu);
+    // Both ranks' outputs are `x`: one of them would get the other's block.
+    let both = ctx.group(&comm, |g| {
+        g.reduce_scatter(0, &s0, &mut a, Op::Sum)?;
+        g.reduce_scatter(1, &s1, &mut b, Op::Sum)
+    });
+    aliasing("group, two outputs", both)?;
+    // Rank 1 writes `x` while rank 0 reads it.
+    let read_written = ctx.group(&comm, |g| {
+        g.all_reduce(0, &a, &mut o0, Op::Sum)?;
+        g.all_reduce(1, &small, &mut b, Op::Sum)
+    });
+    aliasing("group, an input written by another rank", read_written)?;
+    comm.synchronize(&mut ctx).ctx("sync")?;
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let x = gpu.dtoh(&a).ctx("down")?;
+    ensure!(x == [7.0; 4], "x changed by a refused call: {x:?}");
+    drop(gpu);
+    // Separate outputs (one input read by both ranks): the communicator still works.
+    ctx.group(&comm, |g| {
+        g.all_reduce(0, &small, &mut o0, Op::Sum)?;
+        g.all_reduce(1, &small, &mut b, Op::Sum)
+    })
+    .ctx("group with separate outputs")?;
+    comm.synchronize(&mut ctx).ctx("sync")?;
+    let gpu = ctx.bind(&d).ctx("bind")?;
+    let (x, o) = (gpu.dtoh(&a).ctx("down")?, gpu.dtoh(&o0).ctx("down")?);
+    ensure!(
+        x == [6.0; 4] && o == [6.0; 4],
+        "sums: x {x:?}, rank 0 {o:?}"
+    );
+    drop(gpu);
+
+    // A thread per rank: both return the error.
+    let comms =
+        Communicator::init_all(&[d.clone(), d.clone()], CommOptions::kernels()).ctx("init_all")?;
+    let views = [a, b];
+    let sends = [&s0, &s1];
+    let got: Vec<Result<(), Error>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .zip(views)
+            .map(|(mut comm, mut view)| {
+                let send = sends[comm.rank()];
+                let d = d.clone();
+                s.spawn(move || -> Result<(), Error> {
+                    let mut ctx = ThreadContext::acquire()?;
+                    let gpu = ctx.bind(&d)?;
+                    let stream = gpu.new_stream()?;
+                    let st = gpu.on(&stream)?;
+                    let out = comm.reduce_scatter(&st, send, &mut view, Op::Sum);
+                    st.synchronize()?;
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, g) in got.into_iter().enumerate() {
+        aliasing(&format!("thread per rank, rank {r}"), g)?;
+    }
+    Ok(())
+}
+
 /// Random f32 inputs, one vector of `len` per rank, and their element-wise sum.
 fn in_place_case(ranks: usize, len: usize) -> (Vec<Vec<f32>>, Vec<f32>) {
     let mut rng = StdRng::seed_from_u64(seed());
@@ -1142,6 +1238,10 @@ fn main() {
             (
                 "several_calls_in_one_group_and_views",
                 several_calls_in_one_group_and_views,
+            ),
+            (
+                "module_global_views_sharing_memory_are_refused",
+                module_global_views_sharing_memory_are_refused,
             ),
             (
                 "kernels_group_ranks_on_one_gpu",

@@ -1163,7 +1163,7 @@ fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// before and after stay exact; a C that overlaps A is refused.
 #[cfg(feature = "cublas")]
 fn captured_matmul_is_exact_at_every_launch(gpu: &BoundDevice<'_>) -> R {
-    use gpubind::blas::Matmul;
+    use gpubind::blas::{Enqueue, Matmul};
     let module = gpu.compile_and_load(KERNELS, "graphs.cu").ctx("compile")?;
     let addf = module.function("addf").ctx("function addf")?;
     let (m, n, k) = (37usize, 19usize, 23usize);
@@ -1281,7 +1281,7 @@ fn captured_matmul_is_exact_at_every_launch(gpu: &BoundDevice<'_>) -> R {
 /// after the join sees both.
 #[cfg(feature = "cublas")]
 fn captured_matmuls_on_forked_branches_take_turns_with_the_workspace(gpu: &BoundDevice<'_>) -> R {
-    use gpubind::blas::Matmul;
+    use gpubind::blas::{Enqueue, Matmul};
     let (m, n, k) = (16usize, 16usize, 1usize << 16);
     // 0/1 entries: every partial and full sum is an exact small integer in f32.
     let a1_host: Vec<f32> = (0..m * k)

@@ -1043,6 +1043,79 @@ fn waits_for_a_captured_foreign_stream_leave_the_capture_valid() -> R {
     Ok(())
 }
 
+/// A pinned buffer whose tracked copy is still pending on a stream cudarc then
+/// captures: the host read cannot wait (that would invalidate cudarc's capture), so
+/// `try_as_slice` / `try_as_mut_slice` (and a view's) return `NotCapturable` where
+/// `Deref` would abort, and `DeviceSlice::into_raw` with a pending write there gives the
+/// slice back; the capture stays valid, and after it the buffer reads the copied data
+/// and `into_raw` succeeds.
+fn host_reads_under_a_foreign_capture_are_errors_not_aborts() -> R {
+    const N: usize = 1 << 20;
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let theirs = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let cs = theirs.cudarc_stream().ok_or("not cudarc's")?.clone();
+    let s = gpu.on(&theirs).ctx("on")?;
+    let mut src = gpu.alloc_zeros::<u32>(N).ctx("alloc")?;
+    s.memset_async(&mut src, 5u32).ctx("memset")?;
+    let mut pinned = gpu
+        .alloc_pinned::<u32>(N, Default::default())
+        .ctx("alloc_pinned")?;
+    s.copy_tracked_async(&src, &mut pinned)
+        .ctx("copy_tracked_async")?;
+    let mut raw = gpu.alloc_zeros::<u32>(16).ctx("alloc")?;
+    s.memset_async(&mut raw, 9u32).ctx("memset raw")?;
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    cs.begin_capture(mode)
+        .map_err(|e| format!("begin_capture: {e:?}"))?;
+    let refused = |what: &str, r: gpubind::Result<()>| match r {
+        Err(Error::NotCapturable { .. }) => Ok(()),
+        other => Err(format!("{what} while cudarc captures: {other:?}")),
+    };
+    let outcome = (|| -> Result<gpubind::DeviceSlice<u32>, String> {
+        refused("try_as_slice", pinned.try_as_slice().map(drop))?;
+        refused("try_as_mut_slice", pinned.try_as_mut_slice().map(drop))?;
+        let view = pinned.slice(N / 2..).ctx("slice")?;
+        refused("a view's try_as_slice", view.try_as_slice().map(drop))?;
+        let raw = match raw.into_raw() {
+            Err(given) if matches!(given.error, Error::NotCapturable { .. }) => given.input,
+            Err(given) => return Err(format!("into_raw while cudarc captures: {given}")),
+            Ok(_) => return Err("into_raw did not wait for the captured stream".into()),
+        };
+        let status = cs
+            .capture_status()
+            .map_err(|e| format!("capture_status: {e:?}"))?;
+        ensure!(
+            status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+            "the refused reads touched the capture: {status:?}"
+        );
+        Ok(raw)
+    })();
+    let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
+    let raw = outcome?;
+    ended.map_err(|e| format!("the capture did not stay valid: {e:?}"))?;
+    all_equal(
+        "try_as_slice after the capture",
+        pinned
+            .try_as_slice()
+            .ctx("try_as_slice after the capture")?,
+        5,
+    )?;
+    all_equal("Deref after the capture", &pinned[N - 16..], 5)?;
+    let (ptr, len) = raw.into_raw().ctx("into_raw after the capture")?;
+    // SAFETY: the allocation `into_raw` gave up, of `len` u32 on this device; this slice
+    // frees it.
+    let back = unsafe { gpubind::DeviceSlice::<u32>::from_raw(Arc::clone(&dev), ptr, len) };
+    all_equal(
+        "into_raw after the capture",
+        &gpu.dtoh(&back).ctx("dtoh")?,
+        9,
+    )?;
+    println!("host reads under a foreign capture: NotCapturable, then {N} elements read after it");
+    Ok(())
+}
+
 fn main() {
     run_suite(
         "gpu_interop",
@@ -1085,6 +1158,10 @@ fn main() {
             (
                 "waits_for_a_captured_foreign_stream_leave_the_capture_valid",
                 waits_for_a_captured_foreign_stream_leave_the_capture_valid,
+            ),
+            (
+                "host_reads_under_a_foreign_capture_are_errors_not_aborts",
+                host_reads_under_a_foreign_capture_are_errors_not_aborts,
             ),
             (
                 "libraries_match_the_driver_and_ptx_fallback_runs",

@@ -226,7 +226,10 @@ fn kinds_round_trip() -> TestResult {
             let owned = gpu
                 .register_vec(data.clone(), RegisterOptions::default())
                 .ctx("register_vec")?;
-            let v = owned.into_vec().ok_or("into_vec gave no Vec")?;
+            let v = owned
+                .into_vec()
+                .ctx("into_vec")?
+                .ok_or("into_vec gave no Vec")?;
             check_eq!(v, data, "register_vec/into_vec n={n}");
             // Managed: written by the host, read through the device path, and back.
             let mut m = gpu.alloc_managed::<u32>(n).ctx("alloc_managed")?;

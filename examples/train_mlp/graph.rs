@@ -18,7 +18,7 @@
 
 use super::kernels::{BiasAct, Fns, ReluBack, elementwise, finish_config, xent_config};
 use super::replica::{PinnedBatch, Replica};
-use gpubind::blas::{Blas, Matmul};
+use gpubind::blas::{Blas, Enqueue, Matmul};
 use gpubind::collective::{Communicator, Op};
 use gpubind::{BoundDevice, Capture, DeviceMemory, DeviceView, Error, GraphExec, Result};
 use std::sync::Arc;

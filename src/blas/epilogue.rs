@@ -288,16 +288,15 @@ pub(crate) fn check_operands(
     Ok(())
 }
 
-/// [`check_operands`] of `extras`, returned as given.
-pub(crate) fn check_extras<'x>(
+/// [`check_operands`] of `extras`.
+pub(crate) fn check_extras(
     epilogue: Epilogue,
     shape: &Matmul,
     plan: &Plan,
-    extras: Vec<Extra<'x>>,
-) -> Result<Vec<Extra<'x>>, MatmulError> {
+    extras: &[Extra<'_>],
+) -> Result<(), MatmulError> {
     let given: Vec<(Role, usize)> = extras.iter().map(|e| (e.role, e.len)).collect();
-    check_operands(epilogue, shape, plan, &given)?;
-    Ok(extras)
+    check_operands(epilogue, shape, plan, &given)
 }
 
 /// The extra operands of a [`matmul_lt`](crate::BoundStream::matmul_lt) epilogue:

@@ -1,12 +1,12 @@
 //! GEMM through cuBLAS (`cublasGemmEx`, `cublasGemmStridedBatchedEx`): single products
 //! and strided batches, on a stream.
 
+use super::call::{GemmCall, matrix_claims};
 use super::handle::Blas;
-use super::plan::{self, Gemm, Operand, Plan};
+use super::plan::Plan;
 use super::sys::{self, check};
 use super::types::{Batch, BlasScalar, DataType, Matmul, MatmulOutput};
 use crate::access::Access;
-use crate::device::Device;
 use crate::driver::libraries as libs;
 use crate::error::Result;
 use crate::memory::{DeviceMemory, DeviceMemoryMut};
@@ -101,32 +101,6 @@ pub(crate) unsafe fn with_pointer_mode<R>(
 /// The device addresses of the caller's A, B and C.
 pub(crate) type Ptrs = (u64, u64, u64);
 
-/// Checks a product of `T` matrices A and B into a `U` matrix C on `device`, with
-/// device scalars `scales` if given, as every GEMM is checked ([`plan::check_gemm`]);
-/// plans it.
-pub(crate) fn check_gemm<T, U, A, B, C>(
-    device: &Device,
-    blas: &Blas,
-    (shape, batch): (&Matmul, Option<&Batch>),
-    (a, b, c): (&A, &B, &C),
-    scales: Option<Operand<'_>>,
-) -> Result<Plan>
-where
-    T: BlasScalar,
-    U: BlasScalar,
-    A: DeviceMemory<T> + ?Sized,
-    B: DeviceMemory<T> + ?Sized,
-    C: DeviceMemory<U> + ?Sized,
-{
-    let gemm = Gemm {
-        shape,
-        batch,
-        dtypes: [T::DATA_TYPE, U::DATA_TYPE],
-    };
-    let matrices = [Operand::of(a), Operand::of(b), Operand::of(c)];
-    plan::check_gemm(device, blas.device(), gemm, matrices, scales)
-}
-
 /// Points `blas` at `stream` and its workspace (`cublasSetStream_v2` resets the
 /// workspace, so the workspace is set after it).
 ///
@@ -152,12 +126,12 @@ pub(crate) unsafe fn bind_stream(blas: &Blas, stream: driver::CUstream) -> Resul
 }
 
 /// Enqueues a planned product on `stream`: A and B of `dtypes[0]`, C of `dtypes[1]` (a
-/// pair [`plan::check_output`] accepted).
+/// pair [`check_output`](super::plan::check_output) accepted).
 ///
 /// # Safety
 ///
 /// `blas`'s context is current and `stream` is one of its streams (or null). The
-/// addresses are live allocations of that context whose lengths `check_gemm` accepted
+/// addresses are live allocations of that context whose lengths `GemmCall::check` accepted
 /// for `plan`, and they and the workspace stay alive and unused by other streams until
 /// the product has run (the caller's claim or the graph's). `device_scales`, if given, is
 /// the address of two live elements of the scale type (`[alpha, beta]`), claimed as
@@ -178,7 +152,7 @@ pub(crate) unsafe fn enqueue_gemm(
         Some(ptr) => Scales::on_device(dtype, ptr),
         None => Scales::new(dtype, shape),
     };
-    let call = GemmCall {
+    let call = CublasCall {
         handle: blas.handle(),
         plan,
         ty: dtype.cuda(),
@@ -203,7 +177,7 @@ pub(crate) unsafe fn enqueue_gemm(
 }
 
 /// One cuBLAS call of a planned product: cuBLAS's operands in its order.
-struct GemmCall<'p> {
+struct CublasCall<'p> {
     handle: crate::driver::libraries::CublasHandle,
     plan: &'p Plan,
     /// `cudaDataType_t` of A and B.
@@ -221,7 +195,7 @@ fn op(transpose: bool) -> c_int {
     c_int::from(transpose)
 }
 
-impl GemmCall<'_> {
+impl CublasCall<'_> {
     /// `cublasSgemm_v2` (an f32 product without TF32).
     ///
     /// # Safety
@@ -369,7 +343,10 @@ impl<'b> BoundStream<'b> {
         b: &impl DeviceMemory<T>,
         c: &mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
-        self.gemm(blas, shape, None, a, b, c)
+        self.gemm_call(
+            blas,
+            GemmCall::new::<T, T, _, _, _>(shape, None, (a, b, &*c)),
+        )
     }
 
     /// Enqueues a strided batch of products (cuBLAS `GemmStridedBatchedEx`): the `i`-th
@@ -402,7 +379,8 @@ impl<'b> BoundStream<'b> {
         b: &impl DeviceMemory<T>,
         c: &mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
-        self.gemm(blas, shape, Some(batch), a, b, c)
+        let call = GemmCall::new::<T, T, _, _, _>(shape, Some(batch), (a, b, &*c));
+        self.gemm_call(blas, call)
     }
 
     /// Enqueues a matrix product as [`matmul`](Self::matmul) does, with C of another
@@ -437,7 +415,8 @@ impl<'b> BoundStream<'b> {
         b: &impl DeviceMemory<TIn>,
         c: &mut impl DeviceMemoryMut<TOut>,
     ) -> Result<()> {
-        self.gemm_scaled::<TIn, TOut, Scalars<TIn>, _, _, _>(blas, shape, None, None, a, b, &*c)
+        let call = GemmCall::new::<TIn, TOut, _, _, _>(shape, None, (a, b, &*c));
+        self.gemm_call(blas, call)
     }
 
     /// A strided batch of products as [`matmul_batched`](Self::matmul_batched) does,
@@ -452,15 +431,8 @@ impl<'b> BoundStream<'b> {
         b: &impl DeviceMemory<TIn>,
         c: &mut impl DeviceMemoryMut<TOut>,
     ) -> Result<()> {
-        self.gemm_scaled::<TIn, TOut, Scalars<TIn>, _, _, _>(
-            blas,
-            shape,
-            Some(batch),
-            None,
-            a,
-            b,
-            &*c,
-        )
+        let call = GemmCall::new::<TIn, TOut, _, _, _>(shape, Some(batch), (a, b, &*c));
+        self.gemm_call(blas, call)
     }
 
     /// Enqueues a matrix product as [`matmul`](Self::matmul) does, with alpha and beta
@@ -469,7 +441,7 @@ impl<'b> BoundStream<'b> {
     /// `f64` products, else `f32`: [`BlasScalar::Scale`]); `shape.alpha` and `shape.beta`
     /// are not used. `scales` is claimed as read, so the product runs after its last
     /// write (a kernel or copy on any stream); captured
-    /// ([`Capture::matmul_device_scalars`](crate::Capture::matmul_device_scalars)), each
+    /// ([`Enqueue::matmul_device_scalars`](super::Enqueue::matmul_device_scalars)), each
     /// launch of the graph reads the values written before it.
     ///
     /// The handle's pointer mode is set for this call and set back to host scalars after
@@ -501,78 +473,38 @@ impl<'b> BoundStream<'b> {
         b: &impl DeviceMemory<T>,
         c: &mut impl DeviceMemoryMut<T>,
     ) -> Result<()> {
-        self.gemm_scaled::<T, T, _, _, _, _>(blas, shape, None, Some(scales), a, b, &*c)
+        let call = GemmCall::new::<T, T, _, _, _>(shape, None, (a, b, &*c));
+        self.gemm_call(blas, call.device_scalars::<T, _>(scales))
     }
 
-    fn gemm<T: BlasScalar>(
-        &self,
-        blas: &Blas,
-        shape: &Matmul,
-        batch: Option<&Batch>,
-        a: &impl DeviceMemory<T>,
-        b: &impl DeviceMemory<T>,
-        c: &mut impl DeviceMemoryMut<T>,
-    ) -> Result<()> {
-        self.gemm_scaled::<T, T, Scalars<T>, _, _, _>(blas, shape, batch, None, a, b, &*c)
-    }
-
-    /// Checks, claims and enqueues a product. `c` is claimed as written: the public
-    /// callers hold it by `&mut`, or ([`Enqueue`](super::Enqueue)) by `&` of device-only
-    /// memory, which nothing reads or writes except through its tracker.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemm_scaled<T, U, S, A, B, C>(
-        &self,
-        blas: &Blas,
-        shape: &Matmul,
-        batch: Option<&Batch>,
-        scales: Option<&S>,
-        a: &A,
-        b: &B,
-        c: &C,
-    ) -> Result<()>
-    where
-        T: BlasScalar,
-        U: BlasScalar,
-        S: DeviceMemory<T::Scale> + ?Sized,
-        A: DeviceMemory<T> + ?Sized,
-        B: DeviceMemory<T> + ?Sized,
-        C: DeviceMemory<U> + ?Sized,
-    {
+    /// Checks, claims and enqueues a described product. C is claimed as written: the
+    /// public callers hold it by `&mut`, or ([`Enqueue`](super::Enqueue)) by `&` of
+    /// device-only memory, which nothing reads or writes except through its tracker.
+    ///
+    /// `#[inline]`: the public methods are generic, built in the caller's crate, and may
+    /// inline this one body too (the GEMM path is measured against raw cuBLAS).
+    #[inline]
+    pub(crate) fn gemm_call(&self, blas: &Blas, call: GemmCall<'_, '_>) -> Result<()> {
         let bound = self.bound();
-        let given = scales.map(Operand::of);
-        let plan = check_gemm(bound.device(), blas, (shape, batch), (a, b, c), given)?;
+        let plan = call.check(bound.device(), blas)?;
         if plan.empty {
             return Ok(());
         }
         // cuBLAS launches through the runtime, which uses the current context.
         bound.ensure_current()?;
         let shared = Arc::clone(&blas.shared);
+        let [a, b, c] = matrix_claims(&call.matrices);
         let _claim = self.claim([
-            Some((a.tracker(), Access::Read)),
-            Some((b.tracker(), Access::Read)),
-            Some((c.tracker(), Access::Write)),
+            a,
+            b,
+            c,
             Some((crate::graph::Owned::tracker(&*shared), Access::Write)),
-            scales.map(|s| (s.tracker(), Access::Read)),
+            call.scales.map(|s| (s.tracker, Access::Read)),
         ])?;
-        let ptrs = (a.device_ptr(), b.device_ptr(), c.device_ptr());
-        let device_scales = scales.map(|s| s.device_ptr());
         // SAFETY: the handle's context is current (checked above) and the stream is one
         // of its streams; the buffers were checked against the plan (the scales: two
         // elements of the scale type) and, with the workspace, are claimed for this
         // stream until after the enqueue (their later uses and frees wait for it).
-        unsafe {
-            enqueue_gemm(
-                blas,
-                &plan,
-                [T::DATA_TYPE, U::DATA_TYPE],
-                shape,
-                self.raw(),
-                ptrs,
-                device_scales,
-            )
-        }
+        unsafe { call.enqueue(blas, &plan, self.raw()) }
     }
 }
-
-/// The type of "no device scalars" in [`BoundStream::gemm`].
-type Scalars<T> = crate::memory::DeviceSlice<<T as BlasScalar>::Scale>;

@@ -21,7 +21,7 @@ use std::sync::{Arc, OnceLock};
 /// products run one after the other, so a model that borrows its buffers shared can hold
 /// its handle beside them — and no `&Blas` reaches another thread. The
 /// handles and the workspace are shared with every graph that captured a product of this
-/// `Blas` ([`Capture::matmul`](crate::Capture::matmul)): dropping the `Blas` destroys them
+/// `Blas` ([`Enqueue::matmul`](super::Enqueue::matmul)): dropping the `Blas` destroys them
 /// only once the last such graph is gone too.
 pub struct Blas {
     pub(crate) shared: Arc<Shared>,

@@ -1,14 +1,14 @@
 //! cuBLASLt products with epilogues: the descriptors and algorithms (cached per shape in
 //! the [`Blas`]), and [`BoundStream::matmul_lt`].
 
-use super::epilogue::{Epilogue, Extra, LtArgs, Role, check_extras, check_type};
-use super::gemm::{Ptrs, Scales, check_gemm};
-use super::handle::{Blas, refuse_aliasing, span_of};
+use super::call::{LtCall, matrix_claims};
+use super::epilogue::{Epilogue, Extra, LtArgs, Role};
+use super::gemm::{Ptrs, Scales};
+use super::handle::Blas;
 use super::plan::Plan;
 use super::sys::{self, LtAlgo, LtDesc, LtHandle, LtHeuristic, LtLayout, LtPref, check};
 use super::types::{BlasScalar, DataType, Matmul};
 use crate::access::Access;
-use crate::device::Device;
 use crate::error::MatmulError;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut};
@@ -323,7 +323,7 @@ impl LtProblem {
 /// # Safety
 ///
 /// As for [`enqueue_gemm`](super::gemm::enqueue_gemm), and the epilogue's operands at
-/// `problem.ptrs` are live allocations of the lengths `check_lt` accepted, kept alive and
+/// `problem.ptrs` are live allocations of the lengths `LtCall::check` accepted, kept alive and
 /// ordered like the matrices.
 pub(crate) unsafe fn enqueue_lt(
     blas: &Blas,
@@ -373,43 +373,6 @@ pub(crate) unsafe fn enqueue_lt(
     check(status, "cublasLtMatmul")
 }
 
-/// Checks an Lt product: the matrices as [`check_gemm`] does, the epilogue against the
-/// type, its operands against the shape (exactly those it uses, with the lengths it
-/// needs, on the device), and that no output overlaps an input or another output.
-pub(crate) fn check_lt<'x, T, A, B, C>(
-    device: &Device,
-    blas: &Blas,
-    shape: &Matmul,
-    epilogue: Epilogue,
-    (a, b, c): (&A, &B, &C),
-    extras: Vec<Extra<'x>>,
-) -> Result<(Plan, Vec<Extra<'x>>)>
-where
-    T: BlasScalar,
-    A: DeviceMemory<T> + ?Sized,
-    B: DeviceMemory<T> + ?Sized,
-    C: DeviceMemory<T> + ?Sized,
-{
-    check_type(epilogue, T::DATA_TYPE)?;
-    let plan = check_gemm(device, blas, (shape, None), (a, b, c), None)?;
-    let extras = check_extras(epilogue, shape, &plan, extras)?;
-    let mut reads = vec![("A", span_of(a)), ("B", span_of(b))];
-    let mut writes = vec![("C", span_of(c))];
-    for e in &extras {
-        device.expect_same(e.role.name(), e.device)?;
-        if e.role.writes() {
-            writes.push((e.role.name(), e.span()));
-        } else {
-            reads.push((e.role.name(), e.span()));
-        }
-    }
-    for (i, &w) in writes.iter().enumerate() {
-        refuse_aliasing(w, &reads)?;
-        refuse_aliasing(w, &writes[i + 1..])?;
-    }
-    Ok((plan, extras))
-}
-
 impl<'b> BoundStream<'b> {
     /// Enqueues a cuBLASLt product with an epilogue: `C = epilogue(alpha·op(A)·op(B) +
     /// beta·C)` (see [`Epilogue`] for what each computes and which operands of `args` it
@@ -451,32 +414,21 @@ impl<'b> BoundStream<'b> {
         c: &mut impl DeviceMemoryMut<T>,
         args: LtArgs<'_, T>,
     ) -> Result<()> {
-        self.lt_claimed(blas, shape, epilogue, (a, b, &*c), args.extras())
+        let call = LtCall::new::<T, _, _, _>(shape, epilogue, (a, b, &*c), args.extras());
+        self.lt_call(blas, call)
     }
 
-    /// Checks, claims and enqueues an Lt product with the epilogue operands `given`
-    /// (each claimed as its role says). `c` is claimed as written: the public callers
-    /// hold it by `&mut`, or ([`Enqueue`](super::Enqueue)) by `&` of device-only memory,
-    /// which nothing reads or writes except through its tracker.
-    pub(crate) fn lt_claimed<T, A, B, C>(
-        &self,
-        blas: &Blas,
-        shape: &Matmul,
-        epilogue: Epilogue,
-        (a, b, c): (&A, &B, &C),
-        given: Vec<Extra<'_>>,
-    ) -> Result<()>
-    where
-        T: BlasScalar,
-        A: DeviceMemory<T> + ?Sized,
-        B: DeviceMemory<T> + ?Sized,
-        C: DeviceMemory<T> + ?Sized,
-    {
+    /// Checks, claims and enqueues a described Lt product, the epilogue's operands each
+    /// claimed as its role says. C is claimed as written: the public callers hold it by
+    /// `&mut`, or ([`Enqueue`](super::Enqueue)) by `&` of device-only memory, which
+    /// nothing reads or writes except through its tracker.
+    pub(crate) fn lt_call(&self, blas: &Blas, call: LtCall<'_, '_>) -> Result<()> {
         let bound = self.bound();
-        let (plan, extras) = check_lt(bound.device(), blas, shape, epilogue, (a, b, c), given)?;
+        let plan = call.check(bound.device(), blas)?;
         if plan.empty {
             return Ok(());
         }
+        let extras = &call.extras;
         // Every epilogue uses at most two operands (`tests`): all are claimed below.
         if extras.len() > 2 {
             return Err(Error::InvalidArgument(
@@ -485,27 +437,20 @@ impl<'b> BoundStream<'b> {
         }
         bound.ensure_current()?;
         let shared = Arc::clone(&blas.shared);
+        let [a, b, c] = matrix_claims(&call.matrices);
         let _claim = self.claim([
-            Some((a.tracker(), Access::Read)),
-            Some((b.tracker(), Access::Read)),
-            Some((c.tracker(), Access::Write)),
+            a,
+            b,
+            c,
             Some((crate::graph::Owned::tracker(&*shared), Access::Write)),
             extras.first().map(Extra::claim),
             extras.get(1).map(Extra::claim),
         ])?;
-        let ptrs = (a.device_ptr(), b.device_ptr(), c.device_ptr());
-        let problem = LtProblem::new(
-            plan,
-            shape,
-            T::DATA_TYPE,
-            epilogue,
-            ptrs,
-            EpiloguePtrs::of(&extras),
-        );
+        let problem = call.problem(plan);
         // SAFETY: the handle's context is current (checked above) and the stream is one
         // of its streams; the matrices and the epilogue's operands were checked against
         // the plan and, with the workspace, are claimed for this stream until after the
         // enqueue.
-        unsafe { enqueue_lt(blas, &problem, shape, self.raw(), ptrs) }
+        unsafe { call.enqueue(blas, &problem, self.raw()) }
     }
 }

@@ -42,17 +42,22 @@
 //! * [`BoundStream::gemv`](crate::BoundStream::gemv) ([`Gemv`]) and
 //!   [`BoundStream::asum`](crate::BoundStream::asum) /
 //!   [`asum_into`](crate::BoundStream::asum_into), f32 and f64 ([`BlasFloat`]).
-//! * The products captured into CUDA graphs: [`Capture::matmul`](crate::Capture::matmul),
-//!   [`Capture::matmul_batched`](crate::Capture::matmul_batched),
-//!   [`Capture::matmul_device_scalars`](crate::Capture::matmul_device_scalars) (new
+//! * The products captured into CUDA graphs, through [`Enqueue`] on a
+//!   [`Capture`](crate::Capture): [`matmul`](Enqueue::matmul),
+//!   [`matmul_batched`](Enqueue::matmul_batched), [`matmul_mixed`](Enqueue::matmul_mixed),
+//!   [`matmul_batched_mixed`](Enqueue::matmul_batched_mixed),
+//!   [`matmul_device_scalars`](Enqueue::matmul_device_scalars) (new
 //!   alpha and beta written between launches are read by the next launch),
-//!   [`Capture::matmul_lt`](crate::Capture::matmul_lt) (operands in [`CaptureLtArgs`]).
+//!   [`matmul_lt`](Enqueue::matmul_lt) (operands in [`CaptureLtArgs`]).
 //!
 //! [`Enqueue`] takes the products on a stream and in a capture the same way (outputs by
-//! `&`, device-only memory, claimed as written), so that one model function serves both.
+//! `&`, device-only memory, claimed as written), so that one model function serves both;
+//! each product is written once, its stream and capture differing only in how the
+//! described call is claimed or recorded.
 //!
 //! Inputs are taken by `&` and claimed as reads, so products on two streams reading one
-//! weight run concurrently; outputs are taken by `&mut` and claimed as writes. Shapes that
+//! weight run concurrently; outputs are taken by `&mut` (`BoundStream`'s methods) or by
+//! `&` of device-only memory ([`Enqueue`]) and claimed as writes. Shapes that
 //! do not fit their buffers, leading dimensions too small, a batch whose outputs overlap,
 //! an output overlapping an input, or an option the type does not take are refused
 //! before cuBLAS is called, with a [`MatmulError`] naming the problem
@@ -71,6 +76,7 @@
 //! [`cublaslt_info`]) by the first `new_blas`. Without a cuBLASLt, plain products still
 //! run and `matmul_lt` is [`Error::NoCublasLt`](crate::Error::NoCublasLt).
 
+mod call;
 mod capture;
 mod enqueue;
 mod epilogue;

@@ -3,6 +3,7 @@
 
 use super::handle::refuse_aliasing;
 use super::types::{Batch, DataType, Layout, Matmul};
+use crate::access::AccessTracker;
 use crate::device::Device;
 use crate::error::{MatmulError, Result};
 use crate::memory::{ByteSpan, DeviceMemory};
@@ -240,22 +241,31 @@ pub(crate) fn plan(
     })
 }
 
-/// A buffer of a product as the checks see it: the device it lives on, its length in
-/// elements and the bytes it covers.
+/// A buffer of a product as the checks, claims and records see it: its access tracker,
+/// the device it lives on, its length in elements and the bytes it covers.
 #[derive(Clone, Copy)]
 pub(crate) struct Operand<'a> {
+    pub(crate) tracker: &'a AccessTracker,
     pub(crate) device: &'a Device,
     pub(crate) len: usize,
     pub(crate) span: ByteSpan,
 }
 
 impl<'a> Operand<'a> {
+    #[inline]
     pub(crate) fn of<T, M: DeviceMemory<T> + ?Sized>(m: &'a M) -> Self {
         Operand {
+            tracker: m.tracker(),
             device: m.device(),
             len: m.len(),
             span: ByteSpan::of(m),
         }
+    }
+
+    /// Its device address.
+    #[inline]
+    pub(crate) fn ptr(&self) -> u64 {
+        self.span.addr
     }
 }
 

@@ -30,3 +30,19 @@ pub(crate) fn settle_on_error(lanes: &[StreamRef], out: Result<()>) -> Result<()
     }
     out
 }
+
+/// The most ranks a job of processes may have: Linux's default ceiling on one process's
+/// file descriptors (`fs.nr_open`, 2^20). Rank 0 of the rendezvous, and every rank of a
+/// one-node job's mesh, holds one connection per rank, so no larger world can connect;
+/// refusing it up front keeps a garbage world size from sizing the per-rank tables.
+pub(crate) const MAX_PROCESS_WORLD: usize = 1 << 20;
+
+/// `world` ranks as a typed error unless it is in `1..=MAX_PROCESS_WORLD`.
+pub(crate) fn check_process_world(world: usize) -> Result<()> {
+    if world == 0 || world > MAX_PROCESS_WORLD {
+        return Err(crate::error::Error::InvalidArgument(format!(
+            "world size {world} is not in 1..={MAX_PROCESS_WORLD} (a process cannot hold a connection to each of more ranks)"
+        )));
+    }
+    Ok(())
+}

@@ -6,7 +6,7 @@ use super::header::{
     DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLTensor, ManagedTensor,
 };
 use super::shape::{compact_strides, shape_len};
-use crate::error::{Error, Result};
+use crate::error::{Error, GivenBack, Result};
 use crate::memory::host::{PinnedHostBuffer, RegisteredHost};
 use crate::memory::managed::ManagedSlice;
 use crate::memory::{DeviceMemory, DeviceSlice};
@@ -77,16 +77,16 @@ exportable!(DeviceSlice<T>, tracked: |t| t.tracker_mut(), |b| (
         device_id: b.device().ordinal() as i32
     }
 ));
-exportable!(PinnedHostBuffer<T>, tracked: |t| t.tracker_mut(), |b| (
-    b.as_ptr() as *mut c_void,
-    b.len(),
-    CUDA_HOST0
-));
-exportable!(RegisteredHost<'static, T>, tracked: |t| t.tracker_mut(), |b| (
-    b.as_ptr() as *mut c_void,
-    b.len(),
-    CUDA_HOST0
-));
+// Host kinds give their address without `Deref`, which waits for the pending uses (and
+// aborts if that wait fails): the export waits itself, in `settle`, and returns its error.
+exportable!(PinnedHostBuffer<T>, tracked: |t| t.tracker_mut(), |b| {
+    let (ptr, len) = b.raw_parts();
+    (ptr.cast(), len, CUDA_HOST0)
+});
+exportable!(RegisteredHost<'static, T>, tracked: |t| t.tracker_mut(), |b| {
+    let (ptr, len) = b.raw_parts();
+    (ptr.cast(), len, CUDA_HOST0)
+});
 exportable!(ManagedSlice<T>, tracked: |t| t.tracker_mut(), |b| (
     b.device_ptr() as *mut c_void,
     b.len(),
@@ -167,13 +167,16 @@ impl<M: ManagedTensor> std::fmt::Debug for ExportedTensor<M> {
 fn export_as<B: DlpackExport, M: ManagedTensor>(
     mut buffer: B,
     shape: &[i64],
-) -> Result<ExportedTensor<M>> {
-    buffer.settle()?;
+) -> std::result::Result<ExportedTensor<M>, Box<GivenBack<B>>> {
+    let checked = check_shape(&buffer, shape).and_then(|ndim| {
+        buffer.settle()?;
+        Ok(ndim)
+    });
+    let ndim = match checked {
+        Ok(ndim) => ndim,
+        Err(error) => return Err(GivenBack::boxed(buffer, error)),
+    };
     let (data, len, device) = buffer.dlpack_parts();
-    let n = shape_len(shape)?;
-    crate::memory::expect_len("DLPack export shape", len, n)?;
-    let ndim = i32::try_from(shape.len())
-        .map_err(|_| Error::InvalidArgument(format!("{} dimensions", shape.len())))?;
     let mut shape: Box<[i64]> = shape.into();
     let mut strides: Box<[i64]> = compact_strides(&shape).into();
     let tensor = DLTensor {
@@ -201,19 +204,54 @@ fn export_as<B: DlpackExport, M: ManagedTensor>(
     }
 }
 
+/// The number of dimensions of `shape`, checked against `buffer`'s length.
+fn check_shape<B: DlpackExport>(buffer: &B, shape: &[i64]) -> Result<i32> {
+    let (_, len, _) = buffer.dlpack_parts();
+    let n = shape_len(shape)?;
+    crate::memory::expect_len("DLPack export shape", len, n)?;
+    i32::try_from(shape.len())
+        .map_err(|_| Error::InvalidArgument(format!("{} dimensions", shape.len())))
+}
+
 /// Exports `buffer` as a versioned DLPack tensor of `shape` (row-major; the product of
 /// `shape` must equal the buffer's length).
+///
+/// Waits first for the buffer's pending stream-ordered uses: the consumer uses the
+/// memory on its own streams, which gpubind cannot order.
+///
+/// # Errors
+///
+/// A [`GivenBack`] with `buffer`, unchanged and still usable, and the error:
+/// [`Error::SizeMismatch`] when the product of `shape` is not the buffer's length,
+/// [`Error::InvalidArgument`] for a negative extent, a product that overflows `usize`
+/// or more than `i32::MAX` dimensions, and the wait's error (a driver error naming its
+/// call, or [`Error::Timeout`] past `GPUBIND_DROP_TIMEOUT`). `?` turns it into the
+/// [`Error`], dropping the buffer.
+///
+/// ```
+/// use gpubind::{Error, dlpack};
+/// let data = vec![1.0f32; 6];
+/// let failed = dlpack::export(data, &[4, 2]).unwrap_err();
+/// assert!(matches!(failed.error, Error::SizeMismatch { expected: 6, found: 8, .. }));
+/// let t = dlpack::export(failed.input, &[2, 3])?; // the same Vec, exported
+/// # drop(t);
+/// # Ok::<(), gpubind::Error>(())
+/// ```
 pub fn export<B: DlpackExport>(
     buffer: B,
     shape: &[i64],
-) -> Result<ExportedTensor<DLManagedTensorVersioned>> {
+) -> std::result::Result<ExportedTensor<DLManagedTensorVersioned>, Box<GivenBack<B>>> {
     export_as(buffer, shape)
 }
 
 /// Exports `buffer` as a legacy (`DLManagedTensor`) tensor of `shape`.
+///
+/// # Errors
+///
+/// As [`export`]: a [`GivenBack`] with the buffer.
 pub fn export_legacy<B: DlpackExport>(
     buffer: B,
     shape: &[i64],
-) -> Result<ExportedTensor<DLManagedTensor>> {
+) -> std::result::Result<ExportedTensor<DLManagedTensor>, Box<GivenBack<B>>> {
     export_as(buffer, shape)
 }

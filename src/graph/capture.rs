@@ -32,8 +32,8 @@ use std::sync::Arc;
 /// device-to-device copies, copies from page-locked host memory, [`fork`](Capture::fork)s,
 /// records of and waits on the caller's events ([`record_event`](Capture::record_event),
 /// [`wait_event`](Capture::wait_event)),
-/// cuBLAS and cuBLASLt products (`Capture::matmul`, `matmul_batched`, `matmul_lt`, feature
-/// `cublas`), the one-device all-reduce (`Capture::all_reduce`, feature `collective`) and
+/// cuBLAS and cuBLASLt products (`blas::Enqueue`'s `matmul`, `matmul_batched`, `matmul_lt`
+/// and the others, feature `cublas`), the one-device all-reduce (`Capture::all_reduce`, feature `collective`) and
 /// one NCCL rank's collectives (`Capture::rank_all_reduce`, `rank_reduce`,
 /// `rank_broadcast`, `rank_all_gather`, `rank_reduce_scatter` on a `RankComm`) — so nothing
 /// that would invalidate a capture (a synchronisation, a synchronous copy, an allocation)

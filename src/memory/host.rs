@@ -6,7 +6,7 @@ use crate::context::BoundDevice;
 use crate::copy::{Endpoint, MemoryKind, copy_endpoints};
 use crate::device::Device;
 use crate::driver::result::memory;
-use crate::error::{Error, Result};
+use crate::error::{Error, GivenBack, Result};
 use crate::memory::DeviceRepr;
 use crate::module::KernelArg;
 use crate::teardown::{self, Runs, Teardown};
@@ -16,6 +16,9 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+mod register;
+#[cfg(test)]
+mod tests;
 mod view;
 pub use view::{PageLockedView, PageLockedViewMut};
 
@@ -39,10 +42,33 @@ pub struct RegisterOptions {
 /// Host memory the CPU reads and writes directly: [`PinnedHostBuffer`] and
 /// [`RegisteredHost`].
 pub trait HostMemory<T: DeviceRepr>: crate::copy::CopyDest<T> {
-    /// The contents.
+    /// The contents, after the GPU's pending writes into them (as `Deref`).
+    ///
+    /// # Aborts
+    ///
+    /// When that wait fails, as `Deref` does (see [`PinnedHostBuffer`], "Host access");
+    /// [`try_as_slice`](Self::try_as_slice) returns the error instead.
     fn as_slice(&self) -> &[T];
-    /// The contents, writable.
+    /// The contents, writable, after the GPU's pending uses of them (as `DerefMut`).
+    ///
+    /// # Aborts
+    ///
+    /// As [`as_slice`](Self::as_slice); [`try_as_mut_slice`](Self::try_as_mut_slice)
+    /// returns the error instead.
     fn as_mut_slice(&mut self) -> &mut [T];
+    /// The contents, after the GPU's pending writes into them; the way to read when that
+    /// wait may fail.
+    ///
+    /// # Errors
+    ///
+    /// The wait's error (see [`PinnedHostBuffer::try_as_slice`]).
+    fn try_as_slice(&self) -> Result<&[T]>;
+    /// The contents, writable, after the GPU's pending uses of them.
+    ///
+    /// # Errors
+    ///
+    /// The wait's error (see [`PinnedHostBuffer::try_as_slice`]).
+    fn try_as_mut_slice(&mut self) -> Result<&mut [T]>;
     /// The device whose context owns the page-locking.
     fn device(&self) -> &Arc<Device>;
     /// Whether the memory is page-locked for all contexts.
@@ -93,20 +119,42 @@ impl<T: DeviceRepr> LockedRange<T> {
         Endpoint::new(self.ptr.as_ptr() as u64, self.len, self.kind, owner).tracked(&self.tracker)
     }
 
-    /// The contents — after the GPU's pending writes into them have landed.
+    /// The contents — after the GPU's pending writes into them have landed — or the
+    /// error of that wait.
     ///
     /// A stream-ordered copy or kernel may write the pages after the call that enqueued
     /// it has returned ([`BoundStream::copy_tracked_async`](crate::BoundStream::copy_tracked_async)):
     /// the read waits for every pending write recorded in the tracker (and forgets it),
-    /// so the host sees the data and never races the DMA.
+    /// so the host sees the data and never races the DMA. On an error nothing is
+    /// forgotten: a later read waits again.
+    fn try_as_slice(&self) -> Result<&[T]> {
+        self.tracker.host_access(Access::Read)?;
+        // SAFETY: no GPU write is pending (waited for above), and none can be enqueued
+        // while the shared borrow of `self` lasts (a write needs `&mut` or a kernel's
+        // write claim, which the read waited for).
+        Ok(unsafe { self.contents() })
+    }
+
+    /// [`try_as_slice`](Self::try_as_slice), aborting on an error unless the context is
+    /// poisoned ([`abort_unless_poisoned`](Self::abort_unless_poisoned)): for `Deref`,
+    /// which cannot return one.
     fn as_slice(&self) -> &[T] {
         if let Err(e) = self.tracker.host_access(Access::Read) {
             self.abort_unless_poisoned("reading", &e);
         }
+        // SAFETY: as in `try_as_slice`; or the context is poisoned and runs no more work.
+        unsafe { self.contents() }
+    }
+
+    /// The contents, with no wait.
+    ///
+    /// # Safety
+    ///
+    /// No GPU write into the range may be pending or enqueued while the result lives.
+    unsafe fn contents(&self) -> &[T] {
         // SAFETY: `ptr` points to `len` initialised `T`s (zeroed or caller data) that the
-        // wrapper owns or borrows exclusively for its life; shared borrow of `self`, so no
-        // GPU write can be enqueued while it lasts (a write needs `&mut` or a kernel's
-        // write claim, which the read waited for above).
+        // wrapper owns or borrows exclusively for its life; no GPU write races the
+        // reference (caller's contract).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
@@ -118,9 +166,10 @@ impl<T: DeviceRepr> LockedRange<T> {
             return;
         }
         let msg = format!(
-            "gpubind: {doing} page-locked memory of device {}: waiting for the GPU's \
-             pending uses failed: {e}; the GPU may still use it, so gpubind aborts the \
-             process instead of allowing a data race",
+            "gpubind: {doing} page-locked memory of device {} through Deref: waiting for \
+             the GPU's pending uses failed: {e}; the GPU may still use it, so gpubind \
+             aborts the process instead of allowing a data race (try_as_slice / \
+             try_as_mut_slice return this error instead)",
             self.device.ordinal()
         );
         log::error!("{msg}");
@@ -128,7 +177,8 @@ impl<T: DeviceRepr> LockedRange<T> {
         std::process::abort();
     }
 
-    /// The contents, writable — after the GPU's pending uses of them have finished.
+    /// The contents, writable — after the GPU's pending uses of them have finished — or
+    /// the error of that wait.
     ///
     /// The host must not write what a copy or kernel may still read. Safe code cannot
     /// reach such a pending read through a borrow (the borrow of `self` ends only when
@@ -137,12 +187,30 @@ impl<T: DeviceRepr> LockedRange<T> {
     /// whose `GraphExec` was forgotten (`std::mem::forget`) or whose drop gave up at
     /// `GPUBIND_DROP_TIMEOUT`. So the write waits for every pending use recorded in the
     /// tracker (nothing when none is pending: one compare, no lock).
+    fn try_as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.tracker.host_access_mut(Access::Write)?;
+        // SAFETY: no GPU use is pending (waited for above); exclusive borrow of `self`.
+        Ok(unsafe { self.contents_mut() })
+    }
+
+    /// [`try_as_mut_slice`](Self::try_as_mut_slice), aborting like
+    /// [`as_slice`](Self::as_slice).
     fn as_mut_slice(&mut self) -> &mut [T] {
         if let Err(e) = self.tracker.host_access_mut(Access::Write) {
             self.abort_unless_poisoned("writing", &e);
         }
-        // SAFETY: as above, with an exclusive borrow of `self`; no GPU use is pending
-        // (waited for above, or the context is poisoned and runs nothing more).
+        // SAFETY: as in `try_as_mut_slice`; or the context is poisoned and runs no more
+        // work.
+        unsafe { self.contents_mut() }
+    }
+
+    /// The contents, writable, with no wait.
+    ///
+    /// # Safety
+    ///
+    /// No GPU use of the range may be pending or enqueued while the result lives.
+    unsafe fn contents_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in `contents`, with an exclusive borrow of `self`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
@@ -170,11 +238,13 @@ impl<T: DeviceRepr> LockedRange<T> {
 /// into the device's address space, so a kernel can read and write them directly (pass
 /// them as launch arguments).
 ///
-/// Both carry an access tracker, like device memory: a host read (`Deref`, `as_slice`)
-/// waits for the GPU's pending writes into the memory, a host write (`DerefMut`,
-/// `as_mut_slice`) for every pending use, and the drop too. So a `PinnedHostBuffer` (and
-/// a `RegisteredHost<'static, T>`) is [`TrackedMemory`](crate::TrackedMemory): copies with
-/// it on a stream are safe without a scope and may stay in flight
+/// Both carry an access tracker, like device memory: a host read (`Deref`, `as_slice`,
+/// `try_as_slice`) waits for the GPU's pending writes into the memory, a host write
+/// (`DerefMut`, `as_mut_slice`, `try_as_mut_slice`) for every pending use, and the drop
+/// too ("Host access" below says what happens when such a wait fails). So a
+/// `PinnedHostBuffer` (and a `RegisteredHost<'static, T>`) is
+/// [`TrackedMemory`](crate::TrackedMemory): copies with it on a stream are safe without a
+/// scope and may stay in flight
 /// ([`BoundStream::copy_tracked_async`](crate::BoundStream::copy_tracked_async)), and
 /// [`slice`](PinnedHostBuffer::slice) / [`slice_mut`](PinnedHostBuffer::slice_mut) give
 /// sub-ranges that stay page-locked ([`PageLockedView`]).
@@ -207,6 +277,38 @@ impl<T: DeviceRepr> LockedRange<T> {
 /// # Ok(()) }
 /// ```
 ///
+/// # Host access
+///
+/// `Deref` / `DerefMut` (and [`HostMemory::as_slice`] / [`HostMemory::as_mut_slice`])
+/// wait for the GPU's pending uses and cannot return an error: when that wait fails,
+/// they abort the process (logged, and printed to stderr), because handing out the
+/// reference would let the host race the GPU's DMA — except on a poisoned context, which
+/// runs no more work, where they hand it out. [`try_as_slice`](PinnedHostBuffer::try_as_slice)
+/// and [`try_as_mut_slice`](PinnedHostBuffer::try_as_mut_slice) return the error instead:
+/// use them where a wait may fail. Above all:
+///
+/// - A copy or kernel still pending on a stream another library owns (a stream shared
+///   with cudarc, or borrowed) while its owner captures that stream:
+///   [`Error::NotCapturable`]. Whether that work has finished can only be learnt by
+///   querying or synchronising the stream or its context, which CUDA forbids during the
+///   capture (it would invalidate the owner's graph); gpubind tracks streams, not an
+///   event recorded after every use (that would cost a driver call per copy and
+///   launch), so no event from before the capture marks the end of the use; and waiting
+///   for the capture to end would hang for ever when the reading thread is the one
+///   capturing. So `Deref` aborts, and `try_as_slice` is the way to read: it fails until
+///   the capture ends, and succeeds after.
+/// - A driver error of the wait (naming its call).
+///
+/// ```no_run
+/// # fn f(pinned: &gpubind::PinnedHostBuffer<u32>) -> gpubind::Result<()> {
+/// match pinned.try_as_slice() {
+///     Ok(data) => println!("{}", data[0]),
+///     Err(gpubind::Error::NotCapturable { .. }) => { /* read after the capture ends */ }
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(()) }
+/// ```
+///
 /// # Which context owns the memory
 ///
 /// Both kinds keep an `Arc<Device>` of the device they were created under, also when
@@ -233,6 +335,13 @@ pub struct RegisteredHost<'a, T: DeviceRepr> {
 }
 
 impl<T: DeviceRepr> PinnedHostBuffer<T> {
+    /// The address and length, without waiting for pending uses (for callers that only
+    /// pass them on, such as a DLPack export after its own wait).
+    #[cfg(feature = "dlpack")]
+    pub(crate) fn raw_parts(&self) -> (*mut T, usize) {
+        (self.range.ptr.as_ptr(), self.range.len)
+    }
+
     /// The tracker, for callers that hold the buffer exclusively.
     #[cfg(feature = "dlpack")]
     pub(crate) fn tracker_mut(&mut self) -> &mut AccessTracker {
@@ -248,6 +357,13 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
 }
 
 impl<T: DeviceRepr> RegisteredHost<'_, T> {
+    /// The address and length, without waiting for pending uses (for callers that only
+    /// pass them on, such as a DLPack export after its own wait).
+    #[cfg(feature = "dlpack")]
+    pub(crate) fn raw_parts(&self) -> (*mut T, usize) {
+        (self.range.ptr.as_ptr(), self.range.len)
+    }
+
     /// The tracker, for callers that hold the range exclusively.
     #[cfg(feature = "dlpack")]
     pub(crate) fn tracker_mut(&mut self) -> &mut AccessTracker {
@@ -261,13 +377,33 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
         &self.range
     }
 
-    /// Unregisters and gives back the owned `Vec`, or `None` for a borrowed range
-    /// (which is then simply unregistered). `None` too, for an owned `Vec`, if the
-    /// device's pending uses of it could not be waited for (a wait past
-    /// `GPUBIND_DROP_TIMEOUT`): the `Vec` is then leaked, with its registration, and the
-    /// leak logged at warn level — the device may still write it.
-    pub fn into_vec(self) -> Option<Vec<T>> {
-        let mut me = std::mem::ManuallyDrop::new(self);
+    /// Unregisters and gives back the owned `Vec` (`Ok(Some)`), or `Ok(None)` for a
+    /// borrowed range (which is then simply unregistered).
+    ///
+    /// Waits first for the device's pending uses of the range (up to
+    /// `GPUBIND_DROP_TIMEOUT`). `Ok(None)` too, for an owned `Vec`, if
+    /// `cuMemHostUnregister` (which waits for all of the device's work) outlasts that
+    /// limit: the `Vec` is then leaked, with its registration, and the leak logged at
+    /// warn level.
+    ///
+    /// # Errors
+    ///
+    /// A [`GivenBack`] with the registration, unchanged and still registered, when the
+    /// wait fails on a live context: [`Error::Timeout`] (the device may still write the
+    /// memory), [`Error::NotCapturable`] (a pending use on a stream another library owns
+    /// while its owner captures it), or a driver error. Nothing is forgotten: call
+    /// `into_vec` again once the work has finished, or drop it (which leaks an owned
+    /// `Vec` the device may still use). On a poisoned context, which runs no more work,
+    /// the `Vec` is given back instead.
+    pub fn into_vec(self) -> std::result::Result<Option<Vec<T>>, Box<GivenBack<Self>>> {
+        let mut me = self;
+        // A poisoned context runs no more work: the memory goes back (`unregister`).
+        if let Err(error) = me.range.tracker.wait_all()
+            && !crate::teardown::faults::nothing_runs_after(&error)
+        {
+            return Err(GivenBack::boxed(me, error));
+        }
+        let mut me = std::mem::ManuallyDrop::new(me);
         let released = me.unregister();
         // SAFETY: `me` is never dropped, so the Arc and the tracker are read out (and
         // dropped) once.
@@ -277,10 +413,14 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
                 std::ptr::read(&me.range.tracker),
             )
         });
-        let cap = me.owned_capacity.filter(|_| released)?;
+        let Some(cap) = me.owned_capacity.filter(|_| released) else {
+            return Ok(None);
+        };
         // SAFETY: ptr/len/cap are those of the Vec `register_vec` took apart; it is
         // rebuilt exactly once, and only when no device use of it can be pending.
-        Some(unsafe { Vec::from_raw_parts(me.range.ptr.as_ptr(), me.range.len, cap) })
+        Ok(Some(unsafe {
+            Vec::from_raw_parts(me.range.ptr.as_ptr(), me.range.len, cap)
+        }))
     }
 
     /// Waits for the device's pending uses of the range, then unregisters it; returns
@@ -423,13 +563,55 @@ macro_rules! host_kind {
     ($ty:ident $(<$lt:lifetime>)?) => {
         impl<$($lt,)? T: DeviceRepr> std::ops::Deref for $ty<$($lt,)? T> {
             type Target = [T];
+            /// The contents, after the GPU's pending writes into them.
+            ///
+            /// # Aborts
+            ///
+            /// When that wait fails and the context is not poisoned (see
+            /// [`PinnedHostBuffer`], "Host access"): use
+            #[doc = concat!("[`try_as_slice`](", stringify!($ty), "::try_as_slice)")]
+            /// where it may.
             fn deref(&self) -> &[T] {
                 self.range.as_slice()
             }
         }
         impl<$($lt,)? T: DeviceRepr> std::ops::DerefMut for $ty<$($lt,)? T> {
+            /// The contents, writable, after the GPU's pending uses of them.
+            ///
+            /// # Aborts
+            ///
+            /// As `Deref`: use
+            #[doc = concat!("[`try_as_mut_slice`](", stringify!($ty), "::try_as_mut_slice)")]
+            /// where the wait may fail.
             fn deref_mut(&mut self) -> &mut [T] {
                 self.range.as_mut_slice()
+            }
+        }
+        impl<$($lt,)? T: DeviceRepr> $ty<$($lt,)? T> {
+            /// The contents, after the GPU's pending writes into them have landed: the
+            /// way to read when that wait may fail (`Deref` aborts then).
+            ///
+            /// # Errors
+            ///
+            /// The wait's error, and the memory stays as it was (a later read waits
+            /// again): [`Error::NotCapturable`] while the pending write is on a stream
+            /// another library owns (shared with cudarc, or borrowed) and its owner
+            /// captures it — waiting would invalidate the owner's capture; read after
+            /// the capture ends —, [`Error::ContextPoisoned`] on a poisoned device, or
+            /// a driver error naming its call.
+            pub fn try_as_slice(&self) -> Result<&[T]> {
+                self.range.try_as_slice()
+            }
+
+            /// The contents, writable, after the GPU's pending uses (reads too) have
+            /// finished: the way to write when that wait may fail (`DerefMut` aborts
+            /// then).
+            ///
+            /// # Errors
+            ///
+            /// As [`try_as_slice`](Self::try_as_slice).
+            pub fn try_as_mut_slice(&mut self) -> Result<&mut [T]> {
+                self.range.try_as_mut_slice()
             }
         }
         impl<$($lt,)? T: DeviceRepr> HostMemory<T> for $ty<$($lt,)? T> {
@@ -438,6 +620,12 @@ macro_rules! host_kind {
             }
             fn as_mut_slice(&mut self) -> &mut [T] {
                 self.range.as_mut_slice()
+            }
+            fn try_as_slice(&self) -> Result<&[T]> {
+                self.range.try_as_slice()
+            }
+            fn try_as_mut_slice(&mut self) -> Result<&mut [T]> {
+                self.range.try_as_mut_slice()
             }
             fn device(&self) -> &Arc<Device> {
                 &self.range.device
@@ -548,84 +736,5 @@ impl<'a> BoundDevice<'a> {
         let mut buf = self.alloc_pinned(src.len(), opts)?;
         buf.copy_from_slice(src);
         Ok(buf)
-    }
-
-    /// Page-locks `mem` (`cuMemHostRegister`, mapped for kernels) until the returned
-    /// value drops; `mem` stays borrowed until then.
-    pub fn register_host<'m, T: DeviceRepr>(
-        &self,
-        mem: &'m mut [T],
-        opts: RegisterOptions,
-    ) -> Result<RegisteredHost<'m, T>> {
-        self.ensure_current()?;
-        let len = mem.len();
-        // SAFETY: the borrow of `mem` is held (PhantomData) for the result's life and
-        // the range is never reached through `mem` meanwhile.
-        unsafe { self.register_raw(NonNull::from(mem).cast(), len, None, opts) }
-    }
-
-    /// Page-locks the buffer of `vec`, which the result owns; get it back with
-    /// [`RegisteredHost::into_vec`]. A `'static` registration can be exported to DLPack.
-    pub fn register_vec<T: DeviceRepr>(
-        &self,
-        vec: Vec<T>,
-        opts: RegisterOptions,
-    ) -> Result<RegisteredHost<'static, T>> {
-        let mut vec = std::mem::ManuallyDrop::new(vec);
-        let (ptr, len, cap) = (vec.as_mut_ptr(), vec.len(), vec.capacity());
-        // SAFETY: ptr/len/cap are the Vec's, taken apart once (ManuallyDrop); the result
-        // owns and rebuilds it (also when registering fails: it is constructed first).
-        unsafe {
-            self.register_raw(
-                NonNull::new(ptr).unwrap_or(NonNull::dangling()),
-                len,
-                Some(cap),
-                opts,
-            )
-        }
-    }
-
-    /// # Safety
-    ///
-    /// `ptr..ptr+len` is initialised memory of `T` that the result may use exclusively for
-    /// its life (with `owned_capacity`, a `Vec` buffer it owns).
-    unsafe fn register_raw<'m, T: DeviceRepr>(
-        &self,
-        ptr: NonNull<T>,
-        len: usize,
-        owned_capacity: Option<usize>,
-        opts: RegisterOptions,
-    ) -> Result<RegisteredHost<'m, T>> {
-        self.ensure_current()?;
-        let bytes = byte_len::<T>(len)?;
-        let mut reg = RegisteredHost {
-            range: LockedRange {
-                device: Arc::clone(self.device()),
-                ptr,
-                len: 0, // not registered yet: Drop must not unregister
-                dptr: 0,
-                portable: opts.portable,
-                kind: MemoryKind::Registered,
-                tracker: AccessTracker::default(),
-            },
-            owned_capacity,
-            _borrow: PhantomData,
-        };
-        if bytes > 0 {
-            let mut flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-            if opts.portable {
-                flags |= sys::CU_MEMHOSTREGISTER_PORTABLE;
-            }
-            // SAFETY: this context is current; the range is live host memory of `bytes`
-            // bytes (caller's contract).
-            let registered = unsafe { memory::host_register(ptr.as_ptr().cast(), bytes, flags) };
-            self.device().check(registered)?;
-            reg.range.len = len;
-            reg.range.dptr = LockedRange::mapped_address(ptr)?;
-        } else {
-            reg.range.len = 0;
-        }
-        // An empty owned Vec must still be rebuilt with its real length (0) on drop.
-        Ok(reg)
     }
 }

@@ -631,14 +631,25 @@ impl<T: DeviceRepr> DeviceSlice<T> {
 
     /// Gives up ownership without freeing: waits for every pending use of the slice
     /// (stream-ordered work gpubind enqueued on it), then returns the raw address and
-    /// length. If a wait fails (a faulted context) the error is returned and the slice is
-    /// dropped as usual.
+    /// length.
     ///
     /// Memory from [`BoundStream::alloc`](crate::BoundStream::alloc) is pool memory: free
     /// it with `cuMemFreeAsync`, or with `cuMemFree` once nothing uses it any more (for
     /// pool memory `cuMemFree` does not synchronise).
-    pub fn into_raw(mut self) -> Result<(sys::CUdeviceptr, usize)> {
-        self.tracker.wait_all()?;
+    ///
+    /// # Errors
+    ///
+    /// A [`GivenBack`](crate::GivenBack) with the slice, still owned and usable, when
+    /// the wait fails: [`Error::NotCapturable`] while a pending use is on a stream
+    /// another library owns and its owner captures it (try again after the capture),
+    /// [`Error::Timeout`] past `GPUBIND_DROP_TIMEOUT`, [`Error::ContextPoisoned`], or a
+    /// driver error naming its call. Nothing is forgotten: a later wait waits again.
+    pub fn into_raw(
+        mut self,
+    ) -> std::result::Result<(sys::CUdeviceptr, usize), Box<crate::GivenBack<Self>>> {
+        if let Err(error) = self.tracker.wait_all() {
+            return Err(crate::GivenBack::boxed(self, error));
+        }
         self.uncount();
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never dropped, so the Arc and the tracker are read out (and

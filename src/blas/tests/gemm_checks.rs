@@ -23,8 +23,9 @@ fn fixture() -> Fixture {
 }
 
 /// `len` f32 elements at byte `addr` of allocation `alloc` on `device`.
-fn f32s<'a>(device: &'a Device, alloc: &AccessTracker, addr: u64, len: usize) -> Operand<'a> {
+fn f32s<'a>(device: &'a Device, alloc: &'a AccessTracker, addr: u64, len: usize) -> Operand<'a> {
     Operand {
+        tracker: alloc,
         device,
         len,
         span: ByteSpan::new(alloc, addr, 4 * len as u64),

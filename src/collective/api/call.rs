@@ -270,7 +270,61 @@ pub(crate) fn plan(nranks: usize, calls: &[Call]) -> Result<Plan> {
             rq.len()
         )));
     }
+    check_no_aliasing(nranks, calls)?;
     Ok(Plan { colls, p2p })
+}
+
+/// Refuses calls enqueued together (a group, or the ranks' parts of one collective or
+/// send/recv pair) whose buffers share device memory where one of them is written.
+/// Borrows keep gpubind's buffers apart, but two views of one module variable
+/// (`Module::global` called twice) are one memory: two ranks writing it, or one writing
+/// what another reads, would return wrong results as `Ok`. Addresses are compared as
+/// they are: in one process every allocation, of any device, has its own range. A
+/// call's send and receive buffer may be the same one (in place).
+pub(crate) fn check_no_aliasing(nranks: usize, calls: &[Call]) -> Result<()> {
+    // (first byte, one past the last, written, index of the call)
+    let mut spans: Vec<(u64, u64, bool, usize)> = Vec::with_capacity(2 * calls.len());
+    for (i, c) in calls.iter().enumerate() {
+        let (es, n, all) = (c.dtype.size as u64, c.count as u64, nranks as u64);
+        let (send, recv) = match c.kind {
+            Kind::AllGather => (n, n.saturating_mul(all)),
+            Kind::ReduceScatter(_) => (n.saturating_mul(all), n),
+            _ => (n, n),
+        };
+        for (ptr, elems, written) in [(c.send, send, false), (c.recv, recv, true)] {
+            let bytes = elems.saturating_mul(es);
+            if ptr != 0 && bytes > 0 {
+                spans.push((ptr, ptr.saturating_add(bytes), written, i));
+            }
+        }
+    }
+    spans.sort_unstable_by_key(|s| s.0);
+    for (k, a) in spans.iter().enumerate() {
+        for b in spans[k + 1..].iter().take_while(|b| b.0 < a.1) {
+            let in_place = a.3 == b.3 && (a.0, a.1) == (b.0, b.1);
+            if (a.2 || b.2) && !in_place {
+                let role = |w: bool| if w { "receive" } else { "send" };
+                let (ca, cb) = (&calls[a.3], &calls[b.3]);
+                return Err(Error::InvalidArgument(format!(
+                    "collective aliasing: rank {}'s {} buffer of {} ({:#x}, {} bytes) and rank \
+                     {}'s {} buffer of {} ({:#x}, {} bytes) share device memory (two views of \
+                     one module global?); a buffer a collective writes must be memory no \
+                     other buffer of the call uses",
+                    ca.rank,
+                    role(a.2),
+                    ca.kind.name(),
+                    a.0,
+                    a.1 - a.0,
+                    cb.rank,
+                    role(b.2),
+                    cb.kind.name(),
+                    b.0,
+                    b.1 - b.0,
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn check_pair(send: &Call, recv: &Call) -> Result<()> {
@@ -310,14 +364,17 @@ pub(crate) fn check_distinct(devices: &[Arc<Device>]) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// A call with buffers of its own (addresses no other call of the test has).
     fn call(rank: usize, kind: Kind, count: usize) -> Call {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let at = NEXT.fetch_add(2, std::sync::atomic::Ordering::Relaxed) << 32;
         Call {
             rank,
             kind,
             dtype: DType::of::<f32>(),
             count,
-            send: 0x1000,
-            recv: 0x2000,
+            send: at,
+            recv: at + (1 << 32),
         }
     }
 
@@ -375,6 +432,63 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn calls_sharing_written_memory_are_refused() {
+        let at = |rank: usize, kind: Kind, count: usize, send: u64, recv: u64| Call {
+            send,
+            recv,
+            ..call(rank, kind, count)
+        };
+        let sum = Kind::AllReduce(Op::Sum);
+        // Separate buffers, a shared read, in place: accepted.
+        let fine = [
+            at(0, sum, 4, 0x1000, 0x2000),
+            at(1, sum, 4, 0x1000, 0x3000),
+            at(0, Kind::Broadcast(0), 4, 0x4000, 0x4000),
+            at(1, Kind::Broadcast(0), 4, 0x5000, 0x5000),
+        ];
+        assert_eq!(plan(2, &fine).map(|p| p.colls.len()), Ok(2));
+        // Two ranks' outputs at one address (two views of one module global).
+        let outputs = [
+            at(0, Kind::ReduceScatter(Op::Sum), 4, 0x1000, 0x9000),
+            at(1, Kind::ReduceScatter(Op::Sum), 4, 0x2000, 0x9000),
+        ];
+        match plan(2, &outputs) {
+            Err(Error::InvalidArgument(m)) => assert!(
+                m.starts_with("collective aliasing: rank 0's receive buffer of reduce_scatter (0x9000, 16 bytes) and rank 1's receive buffer"),
+                "{m}"
+            ),
+            other => panic!("expected aliasing, got {other:?}"),
+        }
+        // One rank's output inside another rank's input (all_gather's 2 × 4 elements).
+        let into_input = [
+            at(0, Kind::AllGather, 4, 0x1000, 0x8000),
+            at(1, Kind::AllGather, 4, 0x8010, 0x2000),
+        ];
+        assert!(
+            matches!(plan(2, &into_input), Err(Error::InvalidArgument(m)) if m.contains("aliasing")),
+        );
+        // A send buffer that is the same rank's receive buffer of another call.
+        let across_calls = [
+            at(0, Kind::Send(1), 4, 0x1000, 0),
+            at(1, Kind::Recv(0), 4, 0, 0x2000),
+            at(1, Kind::Send(0), 4, 0x2008, 0),
+            at(0, Kind::Recv(1), 4, 0, 0x3000),
+        ];
+        assert!(matches!(
+            check_no_aliasing(2, &across_calls),
+            Err(Error::InvalidArgument(m)) if m.contains("aliasing")
+        ));
+        // Adjacent, not overlapping; empty buffers never alias.
+        assert!(
+            check_no_aliasing(
+                2,
+                &[at(0, sum, 4, 0x1000, 0x1010), at(1, sum, 0, 0x1010, 0x1010)]
+            )
+            .is_ok()
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The launcher's environment: which launcher started this process, its rank and world,
 //! rank 0's address, the rendezvous port and timeout ([`LaunchEnv::from_env`]).
 
+use crate::collective::support::MAX_PROCESS_WORLD;
 use crate::config;
 use crate::error::{Error, Result};
 use std::time::Duration;
@@ -188,6 +189,14 @@ impl LaunchEnv {
             .ok_or_else(|| env_err(world_var, format!("not set, but {rank_var} is")))?;
         if world_size == 0 {
             return Err(env_err(world_var, "is 0: a job has at least one rank"));
+        }
+        if world_size > MAX_PROCESS_WORLD {
+            return Err(env_err(
+                world_var,
+                format!(
+                    "{world_size} is more than the {MAX_PROCESS_WORLD} ranks a process can hold a connection to"
+                ),
+            ));
         }
         if rank >= world_size {
             return Err(env_err(
@@ -474,6 +483,19 @@ mod tests {
             (&[("RANK", "2"), ("WORLD_SIZE", "2")], "RANK"),
             (&[("RANK", "0"), ("WORLD_SIZE", "0")], "WORLD_SIZE"),
             (&[("RANK", "0"), ("WORLD_SIZE", "two")], "WORLD_SIZE"),
+            // Beyond what rank 0 can connect to (and would size its tables by).
+            (&[("RANK", "0"), ("WORLD_SIZE", "4294967295")], "WORLD_SIZE"),
+            (
+                &[
+                    ("OMPI_COMM_WORLD_RANK", "0"),
+                    ("OMPI_COMM_WORLD_SIZE", "1048577"),
+                ],
+                "OMPI_COMM_WORLD_SIZE",
+            ),
+            (
+                &[("RANK", "0"), ("WORLD_SIZE", "18446744073709551616")],
+                "WORLD_SIZE",
+            ),
             (
                 &[
                     ("RANK", "0"),

@@ -81,12 +81,7 @@ impl LaunchEnv {
         if self.world_size == 1 {
             return Ok((make_id()?, Links::None));
         }
-        if u32::try_from(self.world_size).is_err() {
-            return Err(Error::InvalidArgument(format!(
-                "world size {} is too large",
-                self.world_size
-            )));
-        }
+        crate::collective::support::check_process_world(self.world_size)?;
         if self.rank == 0 {
             let (id, streams) = serve(self, deadline, make_id, flags)?;
             Ok((id, Links::Rank0(streams)))
@@ -646,6 +641,22 @@ mod tests {
         });
         for g in got {
             assert_eq!(g.unwrap(), id);
+        }
+    }
+
+    #[test]
+    fn a_world_larger_than_a_process_can_connect_is_refused_before_allocating() {
+        // Rank 0 keeps one slot and one connection per rank: a world of u32::MAX ranks
+        // (a garbage WORLD_SIZE) would ask for some 150 GiB and abort the process.
+        let id = NcclUniqueId::from_bytes(&[7; 128]).unwrap();
+        for rank in [0, 1] {
+            let e = local(rank, u32::MAX as usize, free_port(), 100)
+                .exchange_id_with(|| Ok(id))
+                .unwrap_err();
+            assert!(
+                matches!(&e, Error::InvalidArgument(m) if m.contains("world size 4294967295")),
+                "{e:?}"
+            );
         }
     }
 

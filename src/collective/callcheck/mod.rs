@@ -238,9 +238,16 @@ impl CallCheck {
     #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn agree_call(&mut self, call: &Call) -> Result<()> {
         match Header::of(call) {
-            Some(h) => self.agree_with(h, &region::of_call(call, self.world)),
+            Some(h) => self.agree_on(h, call),
             None => self.check(),
         }
+    }
+
+    /// Agrees on `h`, the header of `call`, and on `call`'s buffers that other processes
+    /// can map (eager and captured calls alike).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    fn agree_on(&mut self, h: Header, call: &Call) -> Result<()> {
+        self.agree_with(h, &region::of_call(call, self.world))
     }
 
     /// Agrees on `call` captured into a CUDA graph (a collective: send/recv are not
@@ -255,7 +262,7 @@ impl CallCheck {
             ));
         };
         h.kind += CAPTURED;
-        self.agree(h)?;
+        self.agree_on(h, call)?;
         h.seq = self.seq - 1;
         let mut out = [0u8; HEADER_BYTES];
         out.copy_from_slice(&h.encode());

@@ -22,9 +22,9 @@ use crate::memory::{DeviceRepr, resolve};
 /// # Ok(()) }
 /// ```
 pub struct PageLockedView<'v, T: DeviceRepr> {
-    range: &'v LockedRange<T>,
-    start: usize,
-    len: usize,
+    pub(super) range: &'v LockedRange<T>,
+    pub(super) start: usize,
+    pub(super) len: usize,
 }
 
 /// A writable sub-range of a [`PinnedHostBuffer`] or an owning [`RegisteredHost`], from
@@ -49,16 +49,53 @@ impl<T: DeviceRepr> PageLockedView<'_, T> {
     fn endpoint(&self) -> Endpoint<'_> {
         endpoint_at(self.range, self.start, self.len)
     }
+
+    /// The range, after the GPU's pending writes into the buffer: the way to read when
+    /// that wait may fail (`Deref` aborts then).
+    ///
+    /// # Errors
+    ///
+    /// As [`PinnedHostBuffer::try_as_slice`].
+    pub fn try_as_slice(&self) -> Result<&[T]> {
+        Ok(&self.range.try_as_slice()?[self.start..self.start + self.len])
+    }
 }
 
 impl<T: DeviceRepr> PageLockedViewMut<'_, T> {
     fn endpoint(&self) -> Endpoint<'_> {
         endpoint_at(self.range, self.start, self.len)
     }
+
+    /// The range, after the GPU's pending writes into the buffer: the way to read when
+    /// that wait may fail (`Deref` aborts then).
+    ///
+    /// # Errors
+    ///
+    /// As [`PinnedHostBuffer::try_as_slice`].
+    pub fn try_as_slice(&self) -> Result<&[T]> {
+        Ok(&self.range.try_as_slice()?[self.start..self.start + self.len])
+    }
+
+    /// The range, writable, after the GPU's pending uses of the buffer: the way to
+    /// write when that wait may fail (`DerefMut` aborts then).
+    ///
+    /// # Errors
+    ///
+    /// As [`PinnedHostBuffer::try_as_slice`].
+    pub fn try_as_mut_slice(&mut self) -> Result<&mut [T]> {
+        let (start, len) = (self.start, self.len);
+        Ok(&mut self.range.try_as_mut_slice()?[start..start + len])
+    }
 }
 
 impl<T: DeviceRepr> std::ops::Deref for PageLockedView<'_, T> {
     type Target = [T];
+    /// The range, after the GPU's pending writes into the buffer.
+    ///
+    /// # Aborts
+    ///
+    /// When that wait fails, as the buffer's `Deref`:
+    /// use [`try_as_slice`](PageLockedView::try_as_slice) where it may.
     fn deref(&self) -> &[T] {
         &self.range.as_slice()[self.start..self.start + self.len]
     }
@@ -66,12 +103,24 @@ impl<T: DeviceRepr> std::ops::Deref for PageLockedView<'_, T> {
 
 impl<T: DeviceRepr> std::ops::Deref for PageLockedViewMut<'_, T> {
     type Target = [T];
+    /// The range, after the GPU's pending writes into the buffer.
+    ///
+    /// # Aborts
+    ///
+    /// When that wait fails, as the buffer's `Deref`:
+    /// use [`try_as_slice`](PageLockedViewMut::try_as_slice) where it may.
     fn deref(&self) -> &[T] {
         &self.range.as_slice()[self.start..self.start + self.len]
     }
 }
 
 impl<T: DeviceRepr> std::ops::DerefMut for PageLockedViewMut<'_, T> {
+    /// The range, writable, after the GPU's pending uses of the buffer.
+    ///
+    /// # Aborts
+    ///
+    /// When that wait fails, as the buffer's `DerefMut`:
+    /// use [`try_as_mut_slice`](PageLockedViewMut::try_as_mut_slice) where it may.
     fn deref_mut(&mut self) -> &mut [T] {
         let (start, len) = (self.start, self.len);
         &mut self.range.as_mut_slice()[start..start + len]

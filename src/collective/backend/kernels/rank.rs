@@ -5,7 +5,7 @@
 use super::engine::{self, Enter, Lane, Shared};
 use super::meeting::{Key, Meeting};
 use crate::access::{Access, AccessTracker, StreamRef, claim_lanes};
-use crate::collective::api::call::{Call, Kind, check_matched, check_pair};
+use crate::collective::api::call::{Call, Kind, check_matched, check_no_aliasing, check_pair};
 use crate::collective::api::options::Transport;
 use crate::collective::backend::interface::{RankBackend, RankCall, RankCapture, RankSeat};
 use crate::collective::support::settle_on_error;
@@ -156,6 +156,7 @@ impl RankBackend for KernelsRank {
                 |posts| {
                     enqueue_posts(posts, |lanes, calls| {
                         check_matched(calls)?;
+                        check_no_aliasing(calls.len(), calls)?;
                         let rank_lane: Vec<usize> = (0..calls.len()).collect();
                         engine::collective(&mut Enter, shared, lanes, &rank_lane, calls)
                     })
@@ -172,6 +173,7 @@ impl RankBackend for KernelsRank {
             .meet(key, &pair, slot, post, world.timeout, |posts| {
                 enqueue_posts(posts, |lanes, calls| {
                     check_pair(&calls[0], &calls[1])?;
+                    check_no_aliasing(2, calls)?;
                     engine::p2p(&mut Enter, shared, lanes, (0, 1), &calls[0], &calls[1])
                 })
             })

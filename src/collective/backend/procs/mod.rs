@@ -62,6 +62,11 @@ use std::time::{Duration, Instant};
 /// Bytes of each rank's staging buffer: a call larger than this runs in several steps.
 pub const PROCESS_STAGING_BYTES: usize = 16 << 20;
 
+// A reduce-scatter step stages at least one element of each rank's block: one element of
+// the widest type (8 bytes) per rank of the largest world must fit the staging, or a
+// step would copy past it.
+const _: () = assert!(crate::collective::support::MAX_PROCESS_WORLD * 8 <= PROCESS_STAGING_BYTES);
+
 /// An interprocess event (`CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`), this
 /// process's or opened from a peer's handle.
 struct IpcEvent {

@@ -57,11 +57,7 @@ impl ProcessGroup {
                 "rank {rank} is out of range for a job of {world} rank(s)"
             )));
         }
-        if u32::try_from(world).is_err() {
-            return Err(Error::InvalidArgument(format!(
-                "{world} ranks is more than the control channel takes"
-            )));
-        }
+        crate::collective::support::check_process_world(world)?;
         let started = Instant::now();
         let deadline = crate::collective::support::deadline_after(timeout);
         let mut g = ProcessGroup {

@@ -213,3 +213,20 @@ fn a_rank_that_left_without_a_verdict_is_named_itself() {
     };
     assert_eq!(one.closed_peer_error(0, closed.clone()), closed);
 }
+
+#[test]
+fn a_world_larger_than_a_process_can_connect_is_refused_before_allocating() {
+    // Each rank keeps per-rank tables and one socket per peer: u32::MAX ranks (a garbage
+    // world size) would ask for over 100 GiB and abort the process.
+    for rank in [0, 7] {
+        match ProcessGroup::connect(
+            rank,
+            u32::MAX as usize,
+            "unit-huge",
+            Duration::from_millis(100),
+        ) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("world size 4294967295"), "{m}"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+}
