@@ -180,7 +180,7 @@ fn run() -> Result<(), String> {
     .and_then(|r| r)
     .map_err(g)?
     .map_err(|e| format!("sgemm into a cudarc slice: {e:?}"))?;
-    let mut d = gpu.adopt_cudarc_slice(d).map_err(g)?;
+    let mut d = gpu.adopt_cudarc_slice(d).map_err(|e| g(e.error))?;
     // Halve it with gpubind's kernel on a gpubind stream: ordered after cudarc's sgemm.
     let work = gpu.new_stream().map_err(g)?;
     launch_scale(&gpu.on(&work).map_err(g)?, &scale, &mut d, 0.5)?;

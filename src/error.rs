@@ -416,8 +416,9 @@ pub enum Error {
 
     /// Waiting took longer than allowed: on an IPC socket, for a message from the peer
     /// or (sending) for the peer to read a message that does not fit the socket buffer;
-    /// or, in a drop, `into_raw` or a DLPack export, for a buffer's pending GPU work
-    /// (`GPUBIND_DROP_TIMEOUT`; a drop then leaks the memory and logs it).
+    /// or, in a drop, `into_raw`, `into_vec` or a DLPack export, for a buffer's pending
+    /// GPU work (`GPUBIND_DROP_TIMEOUT`; a drop then leaks the memory and logs it, the
+    /// others give their input back in a [`GivenBack`](crate::GivenBack)).
     #[error("timed out after {after_ms} ms waiting for {what}")]
     Timeout {
         /// What was awaited.

@@ -12,7 +12,7 @@
 //! | `CudaContext` | `Arc<Device>` | [`device_of`] | refuses a non-primary context |
 //! | `Arc<CudaStream>` | [`Stream`] | [`BoundDevice::stream_from_cudarc`], [`BoundDevice::new_cudarc_stream`] | cudarc owns the CUDA stream; the `Stream` (and any buffer still ordered after it) keeps an `Arc` to it |
 //! | [`Stream`] | `Arc<CudaStream>` | [`Stream::cudarc_stream`] | only for streams cudarc owns (above) |
-//! | `CudaSlice<T>` | [`DeviceSlice<T>`] | [`BoundDevice::adopt_cudarc_slice`] | moves: gpubind frees it; pending cudarc work is ordered first |
+//! | `CudaSlice<T>` | [`DeviceSlice<T>`] | [`BoundDevice::adopt_cudarc_slice`] | moves: gpubind frees it; pending cudarc work is ordered first; refused: the slice comes back |
 //! | a gpubind buffer | `CudaView<T>` / `CudaViewMut<T>` | [`BoundStream::lend_to_cudarc`] / [`BoundStream::lend_mut_to_cudarc`] ([`BoundStream::lend_ref_to_cudarc`]: a view from `&buf`) | lent for a closure; stays gpubind's |
 //!
 //! # The rules, and why
@@ -40,9 +40,11 @@
 //!   allocate with cudarc and [adopt](BoundDevice::adopt_cudarc_slice). (The `unsafe`
 //!   road stays open: [`DeviceSlice::into_raw`] and cudarc's `upgrade_device_ptr`.)
 //! * **A cudarc slice moves into gpubind whole.** `adopt_cudarc_slice` takes the
-//!   `CudaSlice` by value, makes its stream wait for cudarc's events (`leak`), and gives
+//!   `CudaSlice` by value, makes its stream wait for cudarc's events, only then gives up
+//!   cudarc's ownership (`leak`), and gives
 //!   the [`DeviceSlice`] a pending write on that stream: the allocation itself (cudarc
 //!   allocates in stream order) and every use cudarc recorded come before any gpubind use.
+//!   A refused adoption gives the slice back untouched ([`GivenBack`]).
 //!   gpubind frees it with `cuMemFree`, which CUDA documents for both `cuMemAlloc` and
 //!   `cuMemAllocAsync` memory (for the latter with no implicit synchronisation: gpubind
 //!   waits for the pending uses first, as for every buffer). Where cudarc did not record
@@ -110,7 +112,7 @@ use crate::access::{Access, AccessTracker, StreamInner, StreamRef, StreamSlot};
 use crate::context::BoundDevice;
 use crate::device::Device;
 use crate::driver::result;
-use crate::error::{Error, Result};
+use crate::error::{Error, GivenBack, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, Tracked};
 use crate::stream::{BoundStream, Stream};
 use cudarc::driver::{
@@ -120,6 +122,16 @@ use std::sync::{Arc, Mutex, Weak};
 
 /// cudarc's per-thread default stream handle (`CU_STREAM_PER_THREAD`).
 const PER_THREAD: sys::CUstream = 0x2 as sys::CUstream;
+
+/// How an adopted cudarc slice's queued uses were ordered before gpubind's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Handover {
+    /// On the device: the slice's stream follows them; the slice starts with a pending
+    /// write there.
+    OnStream,
+    /// On the host: the whole context was waited for; nothing is pending.
+    Synchronized,
+}
 
 /// A cudarc error as gpubind's, naming the cudarc call; sticky codes poison `device`.
 fn cudarc_error(device: &Device, call: &'static str, e: DriverError) -> Error {
@@ -210,47 +222,50 @@ impl BoundDevice<'_> {
     /// — its allocation, and the reads and writes cudarc recorded with its events — is
     /// ordered before any gpubind use.
     ///
-    /// [`Error::WrongDevice`] or [`Error::InvalidArgument`] (a non-primary context) leave
-    /// the slice to cudarc, which frees it as usual.
-    pub fn adopt_cudarc_slice<T: DeviceRepr>(&self, slice: CudaSlice<T>) -> Result<DeviceSlice<T>> {
-        self.expect_primary("cudarc slice", slice.context())?;
+    /// Everything that can fail is done while cudarc still owns the slice; only then is
+    /// it taken from cudarc (`CudaSlice::leak`), and from there nothing fails: an
+    /// adoption either returns the memory as gpubind's or leaves the slice untouched.
+    ///
+    /// # Errors
+    ///
+    /// [`GivenBack`] with the slice, still cudarc's and usable (or freed
+    /// by cudarc as usual when dropped): [`Error::WrongDevice`] for a slice of another
+    /// device, [`Error::InvalidArgument`] for one of a non-primary context,
+    /// [`Error::ContextPoisoned`] on a poisoned device, and the driver's error when
+    /// cudarc's uses of the slice could be ordered neither on the device nor by waiting
+    /// for the context (`cuCtxSynchronize`).
+    pub fn adopt_cudarc_slice<T: DeviceRepr>(
+        &self,
+        mut slice: CudaSlice<T>,
+    ) -> std::result::Result<DeviceSlice<T>, Box<GivenBack<CudaSlice<T>>>> {
+        let ordered = self
+            .expect_primary("cudarc slice", slice.context())
+            .and_then(|()| self.ensure_current())
+            .and_then(|()| self.order_cudarc_uses(&mut slice));
+        let handover = match ordered {
+            Ok(handover) => handover,
+            Err(e) => return Err(GivenBack::boxed(slice, e)),
+        };
         let len = slice.len();
         let stream = Arc::clone(slice.stream());
         let ctx = Arc::clone(slice.context());
-        // Whether cudarc recorded the slice's uses with events (see the module docs).
-        let tracked = ctx.is_managing_stream_synchronization();
-        // Stale errors of cudarc's own calls are not ours to judge: keep them for cudarc.
         let earlier = ctx.check_err();
-        // `leak` makes `stream` wait for the slice's read and write events and gives up
-        // cudarc's ownership: from here the allocation is ours alone.
+        // `leak` gives up cudarc's ownership: from here the allocation is ours alone. Its
+        // own waits for the slice's events repeat those `order_cudarc_uses` enqueued
+        // (nothing can use the slice in between: it is owned here), so their outcome
+        // orders nothing more; it is left in cudarc's error channel for cudarc's user.
         let ptr = slice.leak();
-        let settled = ctx.check_err();
+        let repeated = ctx.check_err();
         ctx.record_err(earlier);
-        ctx.record_err(settled);
-        let raw = stream.cu_stream();
-        // Device-side hand-over: `stream` now follows every use cudarc recorded; add the
-        // legacy and this thread's per-thread default streams, where cudarc's untracked
-        // work goes (the legacy stream already waits for the per-thread ones).
-        let device_side = tracked
-            && settled.is_ok()
-            && raw != PER_THREAD
-            && (raw.is_null()
-                || (wait_on(self.device(), raw, std::ptr::null_mut()).is_ok()
-                    && wait_on(self.device(), raw, PER_THREAD).is_ok()));
-        let tracker = if !device_side {
-            // Untracked uses, the per-thread stream (a different stream on every thread)
-            // or a failed wait: wait for the whole context on the host instead. If even
-            // that fails, the allocation (already taken from cudarc) is leaked: freeing
-            // memory that work may still use would be worse.
-            self.synchronize()?;
-            AccessTracker::default()
-        } else if raw.is_null() {
-            AccessTracker::written_on(StreamRef::Legacy(Arc::clone(self.device())))
-        } else {
-            AccessTracker::written_on(StreamRef::Owned(Arc::new(StreamInner::shared(
-                Arc::clone(self.device()),
-                stream,
-            ))))
+        ctx.record_err(repeated);
+        let tracker = match handover {
+            Handover::Synchronized => AccessTracker::default(),
+            Handover::OnStream if stream.cu_stream().is_null() => {
+                AccessTracker::written_on(StreamRef::Legacy(Arc::clone(self.device())))
+            }
+            Handover::OnStream => AccessTracker::written_on(StreamRef::Owned(Arc::new(
+                StreamInner::shared(Arc::clone(self.device()), stream),
+            ))),
         };
         // SAFETY: `ptr` is a cudarc allocation (cuMemAlloc or cuMemAllocAsync) of this
         // device's primary context (checked above) holding `len` elements of `T`; `leak`
@@ -261,6 +276,40 @@ impl BoundDevice<'_> {
         let mut adopted = unsafe { DeviceSlice::from_raw(Arc::clone(self.device()), ptr, len) };
         *adopted.tracker_mut() = tracker;
         Ok(adopted)
+    }
+
+    /// Orders every use cudarc queued on `slice` before what [`Handover`] says, while
+    /// cudarc still owns it: on the device, the slice's stream waits for the slice's
+    /// read and write events (the uses cudarc recorded) and for the legacy and this
+    /// thread's per-thread default streams (where cudarc's untracked work goes; the
+    /// legacy stream already waits for the per-thread ones); where cudarc did not record
+    /// the uses (its context never created a stream, or tracking is off), the slice lives
+    /// on the per-thread stream (a different stream on every thread), or a wait failed,
+    /// the whole context is waited for on the host instead (`cuCtxSynchronize`).
+    fn order_cudarc_uses<T>(&self, slice: &mut CudaSlice<T>) -> Result<Handover> {
+        let stream = Arc::clone(slice.stream());
+        let ctx = Arc::clone(slice.context());
+        let raw = stream.cu_stream();
+        if ctx.is_managing_stream_synchronization() && raw != PER_THREAD {
+            // Stale errors of cudarc's own calls are not ours to judge: keep them for
+            // cudarc (the newer error wins, as in cudarc).
+            let earlier = ctx.check_err();
+            // A write access on the slice's own stream: it waits for the slice's read and
+            // write events, and records the write event after them.
+            drop(DevicePtrMut::device_ptr_mut(slice, &stream));
+            let waited = ctx.check_err();
+            ctx.record_err(earlier);
+            ctx.record_err(waited);
+            let on_device = waited.is_ok()
+                && (raw.is_null()
+                    || (wait_on(self.device(), raw, std::ptr::null_mut()).is_ok()
+                        && wait_on(self.device(), raw, PER_THREAD).is_ok()));
+            if on_device {
+                return Ok(Handover::OnStream);
+            }
+        }
+        self.synchronize()?;
+        Ok(Handover::Synchronized)
     }
 
     /// [`Error::WrongDevice`] unless `ctx` is this device's primary context.

@@ -8,7 +8,8 @@
 //! * [`ThreadContext::bind`] borrows the token mutably and returns a [`BoundDevice`]: at
 //!   most one device is bound per thread at a time, and every operation that needs a
 //!   current context is a method of `BoundDevice` (or of a [`BoundStream`] borrowed from
-//!   it). Binding the same device again costs no driver call.
+//!   it). Binding the same device again costs one `cuCtxGetCurrent` (a thread-local
+//!   read in the driver) and no `cuCtxSetCurrent`.
 //! * [`Device`] — `Arc`-shared, `Send + Sync`; enumeration and attributes create no
 //!   context. The primary context is retained lazily on first bind.
 //! * Resources — [`DeviceSlice`], [`Stream`], [`Event`], [`Module`] — hold an
@@ -59,11 +60,14 @@
 //!   [`CompileOptions`] (what is checked, CUDA headers); kernels that own their module:
 //!   [`SharedModule`] and [`Kernel`]; `__device__` / `__constant__` variables:
 //!   [`ModuleGlobal`].
-//! * **Launches** — [`LaunchConfig`] and [`LaunchBuilder`]; cooperative, cluster and
-//!   prioritised launches and what is checked for them: [`LaunchExBuilder`].
+//! * **Launches** — [`LaunchConfig`] and [`LaunchBuilder`]; arguments read or written:
+//!   [`LaunchArg`], [`WritableArg`]; cooperative, cluster and prioritised launches and
+//!   what is checked for them: [`LaunchExBuilder`].
 //! * **CUDA graphs** — what can be captured and how a capture stays sound: [`Capture`];
 //!   then [`Graph`] and [`GraphExec`]; one step written once for a stream and a capture:
 //!   [`Issue`].
+//! * **Errors** — [`Error`]; calls that consume their input give it back on failure:
+//!   [`GivenBack`].
 //! * **Faults** — sticky errors that poison a device's context, and recovery:
 //!   [`Error::ContextPoisoned`].
 //! * **Drivers and libraries** — supported driver versions, entry points looked up by

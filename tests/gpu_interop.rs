@@ -479,6 +479,76 @@ fn adopted_slice_is_ordered_and_owned() -> R {
     Ok(())
 }
 
+/// A cudarc slice of a non-primary context is refused and comes back untouched: cudarc
+/// still owns it, reads it and frees it.
+fn adopting_a_non_primary_slice_gives_it_back() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let foreign = CudaContext::new_non_primary(0, 0).map_err(|e| format!("{e:?}"))?;
+    let fs = foreign.new_stream().map_err(|e| format!("{e:?}"))?;
+    let pattern: Vec<u32> = (0..4096).map(|i| i * 3 + 1).collect();
+    let slice = fs.clone_htod(&pattern).map_err(|e| format!("{e:?}"))?;
+    let failed = match gpu.adopt_cudarc_slice(slice) {
+        Err(failed) => failed,
+        Ok(_) => return Err("a non-primary context's slice was adopted".into()),
+    };
+    ensure!(
+        matches!(failed.error, Error::InvalidArgument(_)),
+        "error {:?}",
+        failed.error
+    );
+    let back = failed.input;
+    let got = fs.clone_dtoh(&back).map_err(|e| format!("{e:?}"))?;
+    ensure!(got == pattern, "the slice given back lost its contents");
+    drop(back); // cudarc frees it
+    fs.synchronize().map_err(|e| format!("{e:?}"))?;
+    drop(fs);
+    drop(foreign);
+    // gpubind's binding is unaffected by cudarc's context switches.
+    let b = gpu.clone_htod(&pattern).ctx("clone_htod")?;
+    ensure!(gpu.dtoh(&b).ctx("dtoh")? == pattern, "gpubind after cudarc");
+    println!("non-primary cudarc slice: refused, given back, read by cudarc");
+    Ok(())
+}
+
+/// A cudarc slice of another device is refused with `WrongDevice` and comes back
+/// untouched, still cudarc's. Needs 2 GPUs.
+fn adopting_another_devices_slice_gives_it_back() -> R {
+    let n = gpubind::Device::count().ctx("count")?;
+    if n < 2 {
+        return Err(common::skip(&format!("needs 2 GPUs, {n} visible")));
+    }
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let other = CudaContext::new(1).map_err(|e| format!("{e:?}"))?;
+    let os = other.new_stream().map_err(|e| format!("{e:?}"))?;
+    let pattern: Vec<u32> = (0..4096).map(|i| i ^ 0x5a5a).collect();
+    let slice = os.clone_htod(&pattern).map_err(|e| format!("{e:?}"))?;
+    let failed = match gpu.adopt_cudarc_slice(slice) {
+        Err(failed) => failed,
+        Ok(_) => return Err("another device's slice was adopted".into()),
+    };
+    ensure!(
+        matches!(
+            failed.error,
+            Error::WrongDevice {
+                bound: 0,
+                found: 1,
+                ..
+            }
+        ),
+        "error {:?}",
+        failed.error
+    );
+    let back = failed.input;
+    let got = os.clone_dtoh(&back).map_err(|e| format!("{e:?}"))?;
+    ensure!(got == pattern, "the slice given back lost its contents");
+    println!("device 1's cudarc slice: WrongDevice, given back, read by cudarc");
+    Ok(())
+}
+
 /// A stream cudarc owns outlives whichever side lets go first; dropping gpubind's handle
 /// leaves the thread's current context alone.
 fn shared_stream_lifetimes() -> R {
@@ -871,13 +941,11 @@ fn is_capturing(stream: &gpubind::Stream) -> Result<bool, String> {
 }
 
 /// A gpubind operation on a stream nobody captures, ordered after a pending use on a
-/// foreign stream whose owner captures it, is refused with `NotCapturable`: the hand-off
-/// event recorded on the captured stream would be a node of that graph, and the waiting
-/// stream would join the capture (a fork), so the operation would be captured instead of
-/// run and could rerun at each launch of the graph, unordered with the buffer's later
-/// uses and its free. Neither gpubind's stream nor a second cudarc stream joins the
-/// capture, which stays valid; after it the same operations run.
-fn an_operation_after_a_captured_foreign_stream_is_refused() -> R {
+/// foreign stream whose owner then captures it, runs: it waits for the event recorded
+/// after gpubind's work there (before the capture), not for the captured stream, so
+/// neither gpubind's stream nor a second cudarc stream joins the capture, which stays
+/// valid; the graph launches after it, and the operations' results are right.
+fn an_operation_after_a_captured_foreign_stream_waits_for_its_end_mark() -> R {
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
@@ -887,6 +955,9 @@ fn an_operation_after_a_captured_foreign_stream_is_refused() -> R {
     let other = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
     let own = gpu.new_stream().ctx("new_stream")?;
     let cs = captured.cudarc_stream().ok_or("not cudarc's")?.clone();
+    let marker = cs
+        .clone_htod(&[7u32; 16])
+        .map_err(|e| format!("clone_htod: {e:?}"))?;
     // The buffer's pending write is on the stream cudarc is about to capture.
     gpu.on(&captured)
         .ctx("on")?
@@ -895,20 +966,22 @@ fn an_operation_after_a_captured_foreign_stream_is_refused() -> R {
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     cs.begin_capture(mode)
         .map_err(|e| format!("begin_capture: {e:?}"))?;
-    let refused = |what: &str, r: gpubind::Result<()>| match r {
-        Err(Error::NotCapturable { .. }) => Ok(()),
-        other => Err(format!(
-            "{what} after a write on a stream cudarc captures: {other:?}"
-        )),
-    };
+    let mut marker = marker;
     let mut outcome = (|| -> R {
-        for (name, stream) in [
+        cs.memset_zeros(&mut marker)
+            .map_err(|e| format!("captured memset: {e:?}"))?;
+        for (i, (name, stream)) in [
             ("gpubind's stream", &own),
             ("another cudarc stream", &other),
-        ] {
+        ]
+        .into_iter()
+        .enumerate()
+        {
             let s = gpu.on(stream).ctx("on")?;
-            refused(name, s.memset_async(&mut buf, 7u32))?;
-            refused(name, s.copy_tracked_async(&buf, &mut dst))?;
+            s.memset_async(&mut buf, 7 + i as u32)
+                .ctx(&format!("memset on {name} during the capture"))?;
+            s.copy_tracked_async(&buf, &mut dst)
+                .ctx(&format!("copy on {name} during the capture"))?;
             ensure!(!is_capturing(stream)?, "{name} joined cudarc's capture");
         }
         let status = cs
@@ -916,35 +989,51 @@ fn an_operation_after_a_captured_foreign_stream_is_refused() -> R {
             .map_err(|e| format!("capture_status: {e:?}"))?;
         ensure!(
             status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
-            "the refusals touched the capture: {status:?}"
+            "the operations touched the capture: {status:?}"
         );
         Ok(())
     })();
     let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
-    if outcome.is_ok() {
-        outcome = ended
-            .map(drop)
-            .map_err(|e| format!("the capture did not stay valid: {e:?}"));
-    }
+    outcome = outcome.and(
+        ended
+            .map_err(|e| format!("the capture did not stay valid: {e:?}"))
+            .and_then(|g| launch_captured(&cs, g, &marker)),
+    );
     outcome?;
-    let s = gpu.on(&own).ctx("on after the capture")?;
-    s.memset_async(&mut buf, 7u32)
-        .ctx("memset after the capture")?;
-    s.copy_tracked_async(&buf, &mut dst)
-        .ctx("copy after the capture")?;
-    all_equal("after the capture", &gpu.dtoh(&dst).ctx("dtoh")?, 7)?;
-    println!("an operation ordered after a captured foreign stream: NotCapturable");
+    all_equal(
+        "the copies ordered after the marked use",
+        &gpu.dtoh(&dst).ctx("dtoh")?,
+        8,
+    )?;
+    println!("operations ordered after a captured foreign stream: run, the capture intact");
     Ok(())
 }
 
-/// A borrowed stream whose loan ends while its owner captures it: the end of the loan
-/// cannot be recorded there (the record would be a node of the owner's graph, and a
-/// stream waiting for it would join the capture), so a later operation that must wait
-/// for gpubind's work on that stream is refused with `NotCapturable`, on gpubind's own
-/// stream too, which does not join the capture; the capture stays valid. The buffer
-/// stays unusable after the capture (nothing can tell when that work ended) and its drop
-/// leaks it.
-fn a_loan_ended_under_capture_orders_nothing_after_it() -> R {
+/// Launches the graph cudarc captured (a memset of `marker`, which holds 7s until then)
+/// and checks that it ran.
+fn launch_captured(
+    cs: &Arc<gpubind::cudarc::driver::CudaStream>,
+    graph: Option<gpubind::cudarc::driver::CudaGraph>,
+    marker: &CudaSlice<u32>,
+) -> R {
+    let graph = graph.ok_or("the capture made no graph")?;
+    let before = cs
+        .clone_dtoh(marker)
+        .map_err(|e| format!("clone_dtoh: {e:?}"))?;
+    all_equal("the marker before the graph's launch", &before, 7)?;
+    graph.launch().map_err(|e| format!("graph launch: {e:?}"))?;
+    let after = cs
+        .clone_dtoh(marker)
+        .map_err(|e| format!("clone_dtoh: {e:?}"))?;
+    all_equal("the marker after the graph's launch", &after, 0)
+}
+
+/// A borrowed stream whose loan ends while its owner captures it: the end of the loan is
+/// the end mark recorded after gpubind's last operation there (before the capture), so a
+/// later operation that must wait for that work runs, on gpubind's own stream, which
+/// does not join the capture; the capture stays valid, and the buffer reads the later
+/// write and frees when dropped.
+fn a_loan_ended_under_capture_orders_later_work_after_its_end_mark() -> R {
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
@@ -964,21 +1053,15 @@ fn a_loan_ended_under_capture_orders_nothing_after_it() -> R {
     drop(lent); // the loan ends during the capture
     let mut outcome = (|| -> R {
         let s = gpu.on(&own).ctx("on")?;
-        match s.memset_async(&mut buf, 7u32) {
-            Err(Error::NotCapturable { .. }) => {}
-            other => {
-                return Err(format!(
-                    "a write after a loan that ended under capture: {other:?}"
-                ));
-            }
-        }
+        s.memset_async(&mut buf, 7u32)
+            .ctx("a write after a loan that ended under capture")?;
         ensure!(!is_capturing(&own)?, "gpubind's stream joined the capture");
         let status = cs
             .capture_status()
             .map_err(|e| format!("capture_status: {e:?}"))?;
         ensure!(
             status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
-            "the refusal touched the capture: {status:?}"
+            "the write touched the capture: {status:?}"
         );
         Ok(())
     })();
@@ -989,21 +1072,44 @@ fn a_loan_ended_under_capture_orders_nothing_after_it() -> R {
             .map_err(|e| format!("the capture did not stay valid: {e:?}"));
     }
     outcome?;
-    match gpu.dtoh(&buf) {
-        Err(Error::NotCapturable { .. }) => {}
-        other => return Err(format!("a host read after the capture: {other:?}")),
-    }
-    drop(buf); // leaked (logged): its work on the borrowed stream cannot be waited for
-    println!("a loan ended under capture: later waits refused, the buffer leaked");
+    all_equal("after the capture", &gpu.dtoh(&buf).ctx("dtoh")?, 7)?;
+    drop(buf);
+    println!("a loan ended under capture: later work ordered after its end mark");
     Ok(())
 }
 
-/// Host waits for gpubind's work on a stream cudarc captures — a host read, the drop of
-/// a pool buffer and of a `cuMemAlloc` buffer with a pending write there — ask
-/// `cuStreamIsCapturing` first and fail (the read with `NotCapturable`, the drops leak,
-/// logged) instead of querying or synchronising the stream, which would invalidate the
-/// owner's capture: the capture stays valid.
-fn waits_for_a_captured_foreign_stream_leave_the_capture_valid() -> R {
+/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` of device 0's default memory pool.
+fn default_pool_used() -> Result<u64, String> {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: device 0 exists (dev0 succeeded); the call writes one handle.
+    let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, 0) };
+    ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "cuDeviceGetDefaultMemPool: {r:?}"
+    );
+    let mut used: u64 = 0;
+    // SAFETY: the default pool (never destroyed); USED_MEM_CURRENT writes a u64.
+    let r = unsafe {
+        sys::cuMemPoolGetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+            (&mut used as *mut u64).cast(),
+        )
+    };
+    ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "cuMemPoolGetAttribute: {r:?}"
+    );
+    Ok(used)
+}
+
+/// A pool buffer whose last use is on a stream cudarc then captures, dropped during the
+/// capture: the drop waits for the use's end mark (an event recorded before the
+/// capture), not for the stream, and frees the memory (the pool's used memory falls by
+/// the buffer's size once the free has run) instead of leaking it; the capture stays
+/// valid.
+fn a_drop_after_a_captured_foreign_stream_frees() -> R {
+    const BYTES: usize = 64 << 20;
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
@@ -1012,23 +1118,20 @@ fn waits_for_a_captured_foreign_stream_leave_the_capture_valid() -> R {
     let s = gpu.on(&theirs).ctx("on")?;
     let mut buf = gpu.alloc_zeros::<u32>(1024).ctx("alloc")?;
     s.memset_async(&mut buf, 3u32).ctx("memset")?;
-    let pooled = s.alloc_zeros::<u32>(1024).ctx("pool alloc")?;
+    let pooled = s.alloc_zeros::<u8>(BYTES).ctx("pool alloc")?;
+    s.synchronize().ctx("synchronize")?;
+    let used_before = default_pool_used()?;
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     cs.begin_capture(mode)
         .map_err(|e| format!("begin_capture: {e:?}"))?;
     let mut outcome = (|| -> R {
-        match gpu.dtoh(&buf) {
-            Err(Error::NotCapturable { .. }) => {}
-            other => return Err(format!("a host read during the capture: {other:?}")),
-        }
-        drop(pooled); // leaked: its free can neither go there nor wait for it
-        drop(buf); // leaked, as above
+        drop(pooled); // waits for the end mark, then frees on the legacy stream
         let status = cs
             .capture_status()
             .map_err(|e| format!("capture_status: {e:?}"))?;
         ensure!(
             status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
-            "the waits touched the capture: {status:?}"
+            "the drop touched the capture: {status:?}"
         );
         Ok(())
     })();
@@ -1039,23 +1142,51 @@ fn waits_for_a_captured_foreign_stream_leave_the_capture_valid() -> R {
             .map_err(|e| format!("the capture did not stay valid: {e:?}"));
     }
     outcome?;
-    println!("host waits on a captured foreign stream: refused, the capture intact");
+    gpu.synchronize().ctx("synchronize")?;
+    let used_after = default_pool_used()?;
+    println!("pool used memory: {used_before} before the drop, {used_after} after");
+    ensure!(
+        used_before.saturating_sub(used_after) >= BYTES as u64,
+        "the pool buffer dropped under the capture was not freed: {used_before} -> {used_after}"
+    );
+    all_equal(
+        "the buffer written before the capture",
+        &gpu.dtoh(&buf).ctx("dtoh")?,
+        3,
+    )?;
+    println!("a drop after a captured foreign stream: freed, the capture intact");
     Ok(())
 }
 
-/// A pinned buffer whose tracked copy is still pending on a stream cudarc then
-/// captures: the host read cannot wait (that would invalidate cudarc's capture), so
-/// `try_as_slice` / `try_as_mut_slice` (and a view's) return `NotCapturable` where
-/// `Deref` would abort, and `DeviceSlice::into_raw` with a pending write there gives the
-/// slice back; the capture stays valid, and after it the buffer reads the copied data
-/// and `into_raw` succeeds.
-fn host_reads_under_a_foreign_capture_are_errors_not_aborts() -> R {
+/// A pinned buffer whose tracked copy is still pending on a stream cudarc then captures
+/// (in each capture mode, on this thread): the host read waits for the end mark recorded
+/// after the copy (before the capture), with the reading thread's capture mode relaxed,
+/// so `try_as_slice` on another thread, then `try_as_slice`, `Deref`, `try_as_mut_slice`
+/// and a view's read on the capturing thread see the copied data during the capture, and
+/// `DeviceSlice::into_raw` with a pending write there succeeds; the capture stays valid,
+/// and its graph launches.
+fn host_reads_under_a_foreign_capture_see_the_copy() -> R {
+    for mode in [
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    ] {
+        host_reads_under_a_capture(mode).map_err(|e| format!("{mode:?}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// [`host_reads_under_a_foreign_capture_see_the_copy`] in one capture mode.
+fn host_reads_under_a_capture(mode: sys::CUstreamCaptureMode) -> R {
     const N: usize = 1 << 20;
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
     let theirs = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
     let cs = theirs.cudarc_stream().ok_or("not cudarc's")?.clone();
+    let marker = cs
+        .clone_htod(&[7u32; 16])
+        .map_err(|e| format!("clone_htod: {e:?}"))?;
     let s = gpu.on(&theirs).ctx("on")?;
     let mut src = gpu.alloc_zeros::<u32>(N).ctx("alloc")?;
     s.memset_async(&mut src, 5u32).ctx("memset")?;
@@ -1066,53 +1197,54 @@ fn host_reads_under_a_foreign_capture_are_errors_not_aborts() -> R {
         .ctx("copy_tracked_async")?;
     let mut raw = gpu.alloc_zeros::<u32>(16).ctx("alloc")?;
     s.memset_async(&mut raw, 9u32).ctx("memset raw")?;
-    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     cs.begin_capture(mode)
         .map_err(|e| format!("begin_capture: {e:?}"))?;
-    let refused = |what: &str, r: gpubind::Result<()>| match r {
-        Err(Error::NotCapturable { .. }) => Ok(()),
-        other => Err(format!("{what} while cudarc captures: {other:?}")),
-    };
-    let outcome = (|| -> Result<gpubind::DeviceSlice<u32>, String> {
-        refused("try_as_slice", pinned.try_as_slice().map(drop))?;
-        refused("try_as_mut_slice", pinned.try_as_mut_slice().map(drop))?;
+    let mut marker = marker;
+    let outcome = (|| -> Result<(sys::CUdeviceptr, usize), String> {
+        cs.memset_zeros(&mut marker)
+            .map_err(|e| format!("captured memset: {e:?}"))?;
+        // First from another thread (no binding there: the wait enters the context).
+        let elsewhere = std::thread::scope(|sc| {
+            sc.spawn(|| pinned.try_as_slice().map(|d| (d[0], d[N - 1])))
+                .join()
+        })
+        .map_err(|_| "the other thread's read panicked".to_string())?
+        .ctx("try_as_slice on another thread")?;
+        ensure!(elsewhere == (5, 5), "another thread read {elsewhere:?}");
+        all_equal(
+            "try_as_slice during the capture",
+            pinned.try_as_slice().ctx("try_as_slice")?,
+            5,
+        )?;
+        all_equal("Deref during the capture", &pinned[N - 16..], 5)?;
+        pinned.try_as_mut_slice().ctx("try_as_mut_slice")?[0] = 6;
         let view = pinned.slice(N / 2..).ctx("slice")?;
-        refused("a view's try_as_slice", view.try_as_slice().map(drop))?;
-        let raw = match raw.into_raw() {
-            Err(given) if matches!(given.error, Error::NotCapturable { .. }) => given.input,
-            Err(given) => return Err(format!("into_raw while cudarc captures: {given}")),
-            Ok(_) => return Err("into_raw did not wait for the captured stream".into()),
-        };
+        all_equal(
+            "a view's try_as_slice during the capture",
+            view.try_as_slice().ctx("a view's try_as_slice")?,
+            5,
+        )?;
+        let raw = raw.into_raw().map_err(|g| format!("into_raw: {g}"))?;
         let status = cs
             .capture_status()
             .map_err(|e| format!("capture_status: {e:?}"))?;
         ensure!(
             status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
-            "the refused reads touched the capture: {status:?}"
+            "the reads touched the capture: {status:?}"
         );
         Ok(raw)
     })();
     let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
-    let raw = outcome?;
-    ended.map_err(|e| format!("the capture did not stay valid: {e:?}"))?;
-    all_equal(
-        "try_as_slice after the capture",
-        pinned
-            .try_as_slice()
-            .ctx("try_as_slice after the capture")?,
-        5,
-    )?;
-    all_equal("Deref after the capture", &pinned[N - 16..], 5)?;
-    let (ptr, len) = raw.into_raw().ctx("into_raw after the capture")?;
+    let (ptr, len) = outcome?;
     // SAFETY: the allocation `into_raw` gave up, of `len` u32 on this device; this slice
     // frees it.
     let back = unsafe { gpubind::DeviceSlice::<u32>::from_raw(Arc::clone(&dev), ptr, len) };
-    all_equal(
-        "into_raw after the capture",
-        &gpu.dtoh(&back).ctx("dtoh")?,
-        9,
-    )?;
-    println!("host reads under a foreign capture: NotCapturable, then {N} elements read after it");
+    ended
+        .map_err(|e| format!("the capture did not stay valid: {e:?}"))
+        .and_then(|g| launch_captured(&cs, g, &marker))?;
+    ensure!(pinned[0] == 6, "the host write during the capture was lost");
+    all_equal("into_raw's memory", &gpu.dtoh(&back).ctx("dtoh")?, 9)?;
+    println!("host reads under a {mode:?} foreign capture: {N} elements read during it");
     Ok(())
 }
 
@@ -1142,26 +1274,34 @@ fn main() {
                 "adopted_slice_is_ordered_and_owned",
                 adopted_slice_is_ordered_and_owned,
             ),
+            (
+                "adopting_a_non_primary_slice_gives_it_back",
+                adopting_a_non_primary_slice_gives_it_back,
+            ),
+            (
+                "adopting_another_devices_slice_gives_it_back",
+                adopting_another_devices_slice_gives_it_back,
+            ),
             ("shared_stream_lifetimes", shared_stream_lifetimes),
             (
                 "foreign_stream_under_capture_is_refused",
                 foreign_stream_under_capture_is_refused,
             ),
             (
-                "an_operation_after_a_captured_foreign_stream_is_refused",
-                an_operation_after_a_captured_foreign_stream_is_refused,
+                "an_operation_after_a_captured_foreign_stream_waits_for_its_end_mark",
+                an_operation_after_a_captured_foreign_stream_waits_for_its_end_mark,
             ),
             (
-                "a_loan_ended_under_capture_orders_nothing_after_it",
-                a_loan_ended_under_capture_orders_nothing_after_it,
+                "a_loan_ended_under_capture_orders_later_work_after_its_end_mark",
+                a_loan_ended_under_capture_orders_later_work_after_its_end_mark,
             ),
             (
-                "waits_for_a_captured_foreign_stream_leave_the_capture_valid",
-                waits_for_a_captured_foreign_stream_leave_the_capture_valid,
+                "a_drop_after_a_captured_foreign_stream_frees",
+                a_drop_after_a_captured_foreign_stream_frees,
             ),
             (
-                "host_reads_under_a_foreign_capture_are_errors_not_aborts",
-                host_reads_under_a_foreign_capture_are_errors_not_aborts,
+                "host_reads_under_a_foreign_capture_see_the_copy",
+                host_reads_under_a_foreign_capture_see_the_copy,
             ),
             (
                 "libraries_match_the_driver_and_ptx_fallback_runs",

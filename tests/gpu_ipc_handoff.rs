@@ -12,7 +12,7 @@ mod common;
 
 use common::{Ctx, socket_child};
 use gpubind::ipc::{
-    self, Incoming, JoinError, MemoryPool, PoolConfig, PoolSlice, TransportOptions,
+    self, GiveBackError, Incoming, JoinError, MemoryPool, PoolConfig, PoolSlice, TransportOptions,
 };
 use gpubind::{BoundDevice, BoundStream, Device, Error, LaunchConfig, Module, ThreadContext};
 use std::os::unix::net::UnixStream;
@@ -27,6 +27,9 @@ const N: usize = 4096;
 /// to reach the child (which is set up and waiting before the kernel starts), so a read
 /// that is not ordered after the kernel sees old data.
 const SPIN_NS: u64 = 1_000_000_000;
+/// GPU time of the `timed_out_giver` child's write: three times its
+/// `GPUBIND_DROP_TIMEOUT` of 1 s.
+const GIVER_SPIN_NS: u64 = 3_000_000_000;
 
 /// `spin_fill(p, n, v, ns)`: every thread spins `ns` nanoseconds of GPU time, then
 /// writes `v + i` to element `i`; `spin_copy(src, dst, n, ns)` spins, then copies.
@@ -82,6 +85,9 @@ fn main() {
             ("dropped_lend_frees_only_after_the_hand_back", || {
                 as_parent(dropped_lend)
             }),
+            ("timed_out_give_back_keeps_the_import_for_a_retry", || {
+                as_parent(timed_out_give_back)
+            }),
         ],
     )
 }
@@ -99,6 +105,17 @@ fn slow_fill(
     buf: &mut (impl gpubind::WritableArg + ?Sized),
     v: u32,
 ) -> R {
+    slow_fill_for(s, module, buf, v, SPIN_NS)
+}
+
+/// [`slow_fill`] spinning `spin_ns` nanoseconds.
+fn slow_fill_for(
+    s: &BoundStream<'_>,
+    module: &Module,
+    buf: &mut (impl gpubind::WritableArg + ?Sized),
+    v: u32,
+    spin_ns: u64,
+) -> R {
     let f = module.function("spin_fill").ctx("function")?;
     let n = N as u32;
     // SAFETY: (unsigned*, unsigned, unsigned, unsigned long long) as the kernel declares;
@@ -108,7 +125,7 @@ fn slow_fill(
             .arg(buf)
             .arg(&n)
             .arg(&v)
-            .arg(&SPIN_NS)
+            .arg(&spin_ns)
             .launch()
     }
     .ctx("launch spin_fill")
@@ -117,7 +134,12 @@ fn slow_fill(
 /// Spawns this binary as child `role`, accepts its connection and waits until it is
 /// ready to receive (bounded waits).
 fn spawn_child(role: &str) -> R<(std::process::Child, UnixStream)> {
-    let (proc, conn) = socket_child::spawn_connected("ipc-handoff", role, &[], CHILD_WAIT)?;
+    spawn_child_with(role, &[])
+}
+
+/// [`spawn_child`] with the variables `env`.
+fn spawn_child_with(role: &str, env: &[(&str, String)]) -> R<(std::process::Child, UnixStream)> {
+    let (proc, conn) = socket_child::spawn_connected("ipc-handoff", role, env, CHILD_WAIT)?;
     let m = ipc::recv_message_timeout(&conn, CHILD_WAIT).ctx("the child's ready")?;
     ensure!(m.bytes == b"ready", "child `{role}` said {:?}", m.bytes);
     Ok((proc, conn))
@@ -232,6 +254,54 @@ fn run_child(role: &str) -> R {
             };
             std::thread::sleep(Duration::from_secs(3));
             lent.give_back().ctx("give_back")
+        }
+        "timed_out_giver" => {
+            let Incoming::Lent(mut lent) =
+                ipc::recv_handoff::<u32>(&conn, &s, &opts).ctx("recv_handoff")?
+            else {
+                return Err("expected a lend".into());
+            };
+            // A write that outlasts GPUBIND_DROP_TIMEOUT (1 s, set by the parent).
+            slow_fill_for(&s, &module, &mut lent, 0x1BAC, GIVER_SPIN_NS)?;
+            let start = Instant::now();
+            let mut lent = match lent.give_back() {
+                Err(GiveBackError::StillHeld(held)) => {
+                    ensure!(
+                        matches!(held.error, Error::Timeout { .. }),
+                        "StillHeld with {:?}",
+                        held.error
+                    );
+                    held.input
+                }
+                other => return Err(format!("expected StillHeld, got {other:?}")),
+            };
+            let refused_after = start.elapsed();
+            ensure!(
+                refused_after >= Duration::from_millis(900)
+                    && refused_after < Duration::from_secs(10),
+                "the first give_back returned after {refused_after:?} (limit 1 s)"
+            );
+            // The import is intact: usable, and given back once the write has landed.
+            ensure!(lent.len() == N, "len {}", lent.len());
+            let deadline = start + CHILD_WAIT;
+            let mut tries = 1;
+            loop {
+                tries += 1;
+                match lent.give_back() {
+                    Ok(()) => break,
+                    Err(GiveBackError::StillHeld(held)) if Instant::now() < deadline => {
+                        lent = held.input;
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(e) => return Err(format!("give_back try {tries}: {e:?}")),
+                }
+            }
+            println!(
+                "timed-out give_back: StillHeld after {refused_after:?}, handed back on try \
+                 {tries} after {:?}",
+                start.elapsed()
+            );
+            Ok(())
         }
         other => Err(format!("unknown child role {other}")),
     }
@@ -535,6 +605,28 @@ fn dropped_lend(_gpu: &BoundDevice<'_>, t: &Setup, s: &BoundStream<'_>) -> R {
     ensure!(
         freed_after >= Duration::from_secs(2),
         "freed after {freed_after:?}, before the child's hand-back"
+    );
+    expect_success(child)
+}
+
+fn timed_out_give_back(gpu: &BoundDevice<'_>, t: &Setup, s: &BoundStream<'_>) -> R {
+    let buf: PoolSlice<u32> = t.pool.alloc_zeros(s, N).ctx("alloc")?;
+    let (child, conn) =
+        spawn_child_with("timed_out_giver", &[("GPUBIND_DROP_TIMEOUT", "1".into())])?;
+    let start = Instant::now();
+    let lent = buf.lend(s, &conn, &options(CHILD_WAIT)).ctx("lend")?;
+    let buf = lent.join().ctx("join")?;
+    let took = start.elapsed();
+    println!("timed-out give_back: the sender's join returned after {took:?}");
+    ensure!(
+        took >= Duration::from_nanos(GIVER_SPIN_NS) - Duration::from_millis(100),
+        "joined after {took:?}, before the receiver's {GIVER_SPIN_NS} ns write ended"
+    );
+    let got = gpu.dtoh(&buf).ctx("dtoh")?;
+    ensure!(
+        got == filled(0x1BAC),
+        "the sender read {:?}… after the hand-back, not the receiver's write",
+        &got[..4]
     );
     expect_success(child)
 }

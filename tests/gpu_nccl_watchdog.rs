@@ -19,6 +19,14 @@
 //!   is timed from when the one before finished), and 200 calls queued at once: no abort,
 //!   exact results, a quiet drop.
 //!
+//! * `nccl_group_step_failure_never_hangs`: a `Communicator` group (one thread, every
+//!   rank) whose gpubind step for call #1 fails (the test seam) after call #0 was handed
+//!   to NCCL returns that typed error at once (NCCL cancels the group), and the
+//!   communicator works after. With two GPUs this is the case that hung: rank 1's step
+//!   failing after rank 0's all-reduce was handed over; rank 0's output stays untouched
+//!   (nothing of the group ran). On one GPU (world 1: two calls of rank 0) the two-rank
+//!   case prints `SKIPPED`.
+//!
 //! With two GPUs: `nccl_watchdog_killed_peer_mid_collective` (rank 1 is killed with its
 //! all-reduce queued behind a 30 s kernel while rank 0 waits in its own all-reduce:
 //! rank 0's `wait` returns a typed error — NCCL's, or `PeerTimeout` at its 5 s timeout —
@@ -29,6 +37,8 @@ mod common;
 use common::{
     Ctx, PrintWarnings, SPIN, child_role, finish, free_port, nccl_present, run_suite, two_gpus,
 };
+#[cfg(feature = "nccl")]
+use gpubind::collective::{CommOptions, Communicator};
 use gpubind::collective::{LaunchEnv, NcclUniqueId};
 use gpubind::collective::{Op, RankComm};
 use gpubind::{Device, ThreadContext};
@@ -471,6 +481,124 @@ fn child_peer() -> R {
     }
 }
 
+/// A group whose step for call #1 fails after call #0 was handed to NCCL returns the
+/// step's error within the child's `GPUBIND_DROP_TIMEOUT` (2 s, which bounds even the
+/// abort path; NCCL's cancel makes it immediate), and nothing of it runs.
+fn nccl_group_step_failure_never_hangs() -> R {
+    nccl_present()?;
+    let (ok, out) = finish(spawn_child("group_cancel"), Duration::from_secs(120))?;
+    for l in out.lines() {
+        println!("    {l}");
+    }
+    ensure!(ok, "child failed:\n{out}");
+    ensure!(
+        out.contains("GROUP_ERR InvalidArgument") && out.contains("call #1"),
+        "the group did not return the step's typed error:\n{out}"
+    );
+    let group_ms = value(&out, "GROUP_MS ")?;
+    ensure!(
+        group_ms < 2 * 2000,
+        "the failed group took {group_ms} ms: not bounded by GPUBIND_DROP_TIMEOUT (2 s)"
+    );
+    ensure!(
+        !out.contains("ncclGroupEnd reported success"),
+        "NCCL launched the cancelled group (the abort path ran):\n{out}"
+    );
+    ensure!(
+        value(&out, "SYNC_MS ")? < 2 * 2000,
+        "the lanes did not settle after the failed group"
+    );
+    ensure!(
+        out.contains("AFTER ok"),
+        "the communicator failed after:\n{out}"
+    );
+    if value(&out, "RANKS ")? >= 2 {
+        ensure!(
+            out.contains("RANK0_UNTOUCHED 1"),
+            "rank 0's part ran although the group failed:\n{out}"
+        );
+    } else {
+        println!(
+            "    SKIPPED: the two-rank case (rank 1's step failing after rank 0's part was \
+             handed to NCCL) needs 2 GPUs; ran world 1 (two calls of rank 0)"
+        );
+    }
+    Ok(())
+}
+
+/// Child of [`nccl_group_step_failure_never_hangs`].
+#[cfg(feature = "nccl")]
+fn child_group_cancel() -> R {
+    let _ = log::set_logger(&PrintWarnings);
+    log::set_max_level(log::LevelFilter::Warn);
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let ranks = Device::count().ctx("count")?.min(2);
+    println!("RANKS {ranks}");
+    let devices = (0..ranks).map(dev).collect::<Result<Vec<_>, _>>()?;
+    let comm = Communicator::new(&mut ctx, &devices, CommOptions::nccl()).ctx("new")?;
+    let n = 1 << 20;
+    let (mut send, mut first, mut second) = (Vec::new(), Vec::new(), Vec::new());
+    for (r, d) in devices.iter().enumerate() {
+        let gpu = ctx.bind(d).ctx("bind")?;
+        send.push(gpu.clone_htod(&vec![(r + 1) as f32; n]).ctx("htod")?);
+        first.push(gpu.alloc_zeros::<f32>(n).ctx("alloc")?);
+        second.push(gpu.alloc_zeros::<f32>(n).ctx("alloc")?);
+    }
+    Communicator::fail_nccl_group_call_for_test(Some(1));
+    let t = Instant::now();
+    let failed = ctx.group(&comm, |g| {
+        if ranks >= 2 {
+            // Call #0: rank 0's part; call #1 (failing): rank 1's.
+            for (r, (s, o)) in send.iter().zip(first.iter_mut()).enumerate() {
+                g.all_reduce(r, s, o, Op::Sum)?;
+            }
+        } else {
+            g.all_reduce(0, &send[0], &mut first[0], Op::Sum)?;
+            g.all_reduce(0, &send[0], &mut second[0], Op::Sum)?;
+        }
+        Ok(())
+    });
+    println!("GROUP_MS {}", t.elapsed().as_millis());
+    Communicator::fail_nccl_group_call_for_test(None);
+    let Err(e) = failed else {
+        return Err("the group succeeded although the seam failed call #1".into());
+    };
+    println!("GROUP_ERR {e:?}");
+    // Were rank 0's part left waiting for rank 1's, this would never return (the
+    // parent's limit ends the child).
+    let t = Instant::now();
+    comm.synchronize(&mut ctx)
+        .ctx("synchronize after the failed group")?;
+    println!("SYNC_MS {}", t.elapsed().as_millis());
+    let untouched = ctx
+        .bind(&devices[0])
+        .ctx("bind")?
+        .dtoh(&first[0])
+        .ctx("dtoh")?
+        .iter()
+        .all(|&x| x == 0.0);
+    println!("RANK0_UNTOUCHED {}", u8::from(untouched));
+    ctx.group(&comm, |g| {
+        for (r, (s, o)) in send.iter().zip(second.iter_mut()).enumerate() {
+            g.all_reduce(r, s, o, Op::Sum)?;
+        }
+        Ok(())
+    })
+    .ctx("the group after")?;
+    comm.synchronize(&mut ctx).ctx("synchronize")?;
+    let want = (ranks * (ranks + 1) / 2) as f32;
+    for (r, d) in devices.iter().enumerate() {
+        let got = ctx.bind(d).ctx("bind")?.dtoh(&second[r]).ctx("dtoh")?;
+        ensure!(
+            got.iter().all(|&x| x == want),
+            "rank {r}: sum {} after the failed group, want {want}",
+            got[0]
+        );
+    }
+    println!("AFTER ok");
+    Ok(())
+}
+
 fn main() {
     // SAFETY: single-threaded here (before any test or thread starts). NVLS stays off,
     // as in gpu_collective.
@@ -480,6 +608,8 @@ fn main() {
         Some("healthy") => Some(child_healthy),
         Some("graph") => Some(child_graph),
         Some("peer") => Some(child_peer),
+        #[cfg(feature = "nccl")]
+        Some("group_cancel") => Some(child_group_cancel),
         _ => None,
     };
     if let Some(f) = child {
@@ -505,6 +635,10 @@ fn main() {
             (
                 "nccl_watchdog_leaves_healthy_work_alone",
                 nccl_watchdog_leaves_healthy_work_alone,
+            ),
+            (
+                "nccl_group_step_failure_never_hangs",
+                nccl_group_step_failure_never_hangs,
             ),
             (
                 "nccl_watchdog_killed_peer_mid_collective",

@@ -29,6 +29,10 @@ enum Retired {
     Not,
     /// The borrow ended; this event (owned here) was recorded on the stream at its end.
     At(sys::CUevent),
+    /// The borrow ended while its owner captured the stream; this event, the stream's
+    /// end mark (owned by the stream, [`super::foreign`]), was recorded after gpubind's
+    /// last operation there, before the capture.
+    Marked(sys::CUevent),
     /// The borrow ended and no event could be recorded: the stream was synchronised
     /// instead, with this outcome (the error of a faulted context, repeated to every
     /// later wait).
@@ -64,36 +68,44 @@ impl StreamInner {
             .unwrap_or_else(PoisonError::into_inner);
         match &*state {
             Retired::Not => f(Target::Stream(self.raw)),
-            Retired::At(event) => f(Target::Event(*event)),
+            Retired::At(event) | Retired::Marked(event) => f(Target::Event(*event)),
             Retired::Waited(outcome) => f(Target::Waited(outcome)),
         }
     }
 
-    /// Whether the work gpubind enqueued on the stream has finished (`cuStreamQuery`, or
-    /// `cuEventQuery` once retired).
+    /// Whether the work gpubind enqueued on the stream has finished (`cuStreamQuery`; on
+    /// a foreign stream whose end is marked, or once retired, `cuEventQuery` of that
+    /// event, with the capture mode relaxed: [`super::foreign`]).
     pub(crate) fn query(&self) -> Result<bool> {
         self.with_target(|t| match t {
             Target::Stream(raw) => {
+                if let Some(end) = self.end_event() {
+                    return super::foreign::query_event(end);
+                }
                 self.refuse_foreign_capture(raw)?;
                 // SAFETY: the stream lives (owned, or lent: the borrow's contract).
                 unsafe { result::stream::query(raw) }
             }
-            // SAFETY: the event lives until the stream's drop.
-            Target::Event(event) => unsafe { result::event::query(event) },
+            // The event lives until the stream's drop.
+            Target::Event(event) => super::foreign::query_event(event),
             Target::Waited(outcome) => outcome.clone().map(|()| true),
         })
     }
 
-    /// Blocks until the work enqueued on the stream so far has finished.
+    /// Blocks until the work enqueued on the stream so far has finished (on a foreign
+    /// stream whose end is marked, or once retired, the work gpubind enqueued there).
     pub(crate) fn synchronize_raw(&self) -> Result<()> {
         self.with_target(|t| match t {
             Target::Stream(raw) => {
+                if let Some(end) = self.end_event() {
+                    return super::foreign::synchronize_event(end);
+                }
                 self.refuse_foreign_capture(raw)?;
                 // SAFETY: as in `query`; the caller made the stream's context current.
                 unsafe { result::stream::synchronize(raw) }
             }
-            // SAFETY: as in `query`.
-            Target::Event(event) => unsafe { result::event::synchronize(event) },
+            // As in `query`.
+            Target::Event(event) => super::foreign::synchronize_event(event),
             Target::Waited(outcome) => outcome.clone(),
         })
     }
@@ -140,10 +152,17 @@ impl StreamInner {
                 // Its owner captures it: an event recorded now would be a node of that
                 // graph, marking no point of the work gpubind enqueued before the capture,
                 // and a stream waiting for it would join the capture; a synchronisation
-                // is illegal there. Nothing can tell when that work ends once the raw
-                // stream is the owner's again, so every later question about it fails:
-                // the buffers with uses on it refuse operations that must wait for them,
-                // and leak when dropped.
+                // is illegal there. The end mark, recorded after gpubind's last operation
+                // there (before the capture), answers instead: no operation follows
+                // once the loan ends, so it is recorded no more.
+                if let Some(end) = self.end_event() {
+                    *state = Retired::Marked(end);
+                    return;
+                }
+                // Unmarked (a failed record): nothing can tell when that work ends once
+                // the raw stream is the owner's again, so every later question about it
+                // fails: the buffers with uses on it refuse operations that must wait
+                // for them, and leak when dropped.
                 *state = Retired::Waited(Err(super::stream::capturing_error(
                     "an operation ordered after work on a borrowed stream whose loan ended \
                      while its owner captured it",

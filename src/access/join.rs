@@ -57,7 +57,9 @@ impl AccessTracker {
     /// ([`Published::sole_writer`](super::Published::sole_writer)).
     #[inline(always)]
     pub(crate) fn allocated_on(on: super::StreamSlot<'_>) -> Self {
-        let id = on.id();
+        // On a foreign stream the caller recorded its end mark after the allocation (and
+        // its zeroing) already (`BoundStream::alloc`'s foreign path).
+        let id = on.record_id();
         AccessTracker {
             state: crate::sync::Mutex::new(AccessState::written_by_id(on.to_ref(), id)),
             // A new tracker, held by value: nothing can be using what is published.

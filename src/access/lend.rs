@@ -63,9 +63,15 @@ pub(crate) fn open_read<'t, 's, V>(
         open_locked(
             &mut st,
             &tracker.published,
-            on.id(),
+            on.record_id(),
             |from| from.enqueue_wait(on.raw()),
-            start,
+            || {
+                let started = start();
+                // A foreign stream's end mark follows the read's start before the
+                // read is recorded.
+                on.after_enqueue();
+                started
+            },
             |_| on.to_ref(),
             &mut grave,
         )
@@ -128,10 +134,13 @@ impl Drop for OpenRead<'_, '_> {
         {
             let mut st = sync::lock(&self.tracker.state);
             let on = self.on;
+            // A foreign stream's end mark follows the read's end (the waits enqueued
+            // there for the lent work) before the read is recorded again.
+            on.after_enqueue();
             close_locked(
                 &mut st,
                 &self.tracker.published,
-                on.id(),
+                on.record_id(),
                 |_| on.to_ref(),
                 &mut grave,
             );

@@ -59,6 +59,7 @@ impl Access {
 
 mod borrowed;
 mod fast;
+mod foreign;
 mod join;
 pub(crate) mod lend;
 mod state;
@@ -68,6 +69,7 @@ mod streams;
 pub(crate) use fast::Published;
 pub(crate) use join::FreeOn;
 pub(crate) use state::{AccessState, Grave, TrackedStream};
+use stream::FOREIGN_CLAIM;
 pub(crate) use stream::{LEGACY_ID, StreamInner, StreamRef, StreamSlot};
 
 /// The pending stream-ordered uses of one allocation; see the [module docs](self).
@@ -315,7 +317,9 @@ impl<'t, H: AsMut<[Option<Held<'t>>]>> Drop for Claim<'t, '_, H> {
         // Made only if a commit replaces something (the usual launch replaces nothing).
         let mut grave: Option<Grave<StreamRef>> = None;
         let on = self.on;
-        let id = on.id();
+        // A foreign stream's end mark follows the operation before it is recorded.
+        on.after_enqueue();
+        let id = on.record_id();
         for slot in self.held.as_mut().iter_mut() {
             if let Some(mut h) = slot.take() {
                 fast::record_after_enqueue(
@@ -387,8 +391,15 @@ impl Drop for ExclusiveClaim<'_, '_> {
     /// Inlined: the usual drop (a stream reusing a buffer it alone holds) is one compare.
     #[inline]
     fn drop(&mut self) {
-        if !self.state.commit_is_noop(self.on.id(), self.access) {
-            self.commit();
+        // A foreign stream's claim id equals no recorded id, so it always commits (and
+        // records its end mark there).
+        let claimed = self.on.id();
+        if !self.state.commit_is_noop(claimed, self.access) {
+            if claimed & FOREIGN_CLAIM != 0 {
+                self.commit_foreign();
+            } else {
+                self.commit(claimed);
+            }
         }
     }
 }
@@ -397,9 +408,8 @@ impl ExclusiveClaim<'_, '_> {
     /// Records the use, when that changes the state (out of the inlined drop).
     #[cold]
     #[inline(never)]
-    fn commit(&mut self) {
+    fn commit(&mut self, id: u64) {
         let on = self.on;
-        let id = on.id();
         // The usual change, a hand-off, replaces one stream: no grave to build and drop.
         if self.access == Access::Write
             && let Some(old) = self.state.hand_off(id, || on.to_ref())
@@ -414,15 +424,28 @@ impl ExclusiveClaim<'_, '_> {
         self.commit_with_grave();
     }
 
+    /// [`commit`](Self::commit) of a use on a foreign stream (every one: its claim id
+    /// equals no recorded id), after recording the stream's end mark there — before the
+    /// use is recorded, and the tracker is held `&mut` until this returns.
+    #[cold]
+    #[inline(never)]
+    fn commit_foreign(&mut self) {
+        self.on.after_enqueue();
+        self.commit(self.on.record_id());
+    }
+
     /// [`commit`](Self::commit) of any other change, which may replace several streams.
     #[inline(never)]
     fn commit_with_grave(&mut self) {
         let on = self.on;
         let mut grave = Grave::new();
-        self.state
-            .commit(&[(on.id(), self.access)], |_| on.to_ref(), &mut grave);
+        self.state.commit(
+            &[(on.record_id(), self.access)],
+            |_| on.to_ref(),
+            &mut grave,
+        );
         // Held `&mut`: publishes what is true now, replacing anything.
-        self.published.reset_mut(self.state, Some(on.id()));
+        self.published.reset_mut(self.state, Some(on.record_id()));
         // Only now, the state consistent, may the replaced streams go.
         drop(grave);
     }
@@ -510,6 +533,10 @@ pub(crate) fn claim_lanes<'t>(
 impl Drop for LaneClaim<'_> {
     fn drop(&mut self) {
         let mut grave = Grave::new();
+        // Foreign streams' end marks follow the operation before it is recorded.
+        for (_, v) in &self.held {
+            v.iter().for_each(|(s, _)| s.after_enqueue());
+        }
         for (mut st, v) in self.held.drain(..) {
             let ids: Vec<(u64, Access)> = v.iter().map(|(s, a)| (s.id(), *a)).collect();
             let make = |id: u64| {

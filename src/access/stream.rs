@@ -20,7 +20,14 @@ use super::TrackedStream;
 pub(crate) struct StreamInner {
     pub(crate) device: Arc<Device>,
     pub(crate) raw: sys::CUstream,
+    /// The id trackers record this stream's uses under.
     pub(crate) id: u64,
+    /// The id an operation on this stream claims under ([`StreamSlot::id`]): `id` for
+    /// gpubind's own streams; `id | FOREIGN_CLAIM` for a foreign one, which equals no
+    /// recorded id, so every operation there takes the slow path (a claim that commits,
+    /// never the launch fast path nor a no-op commit), where its end mark is recorded
+    /// ([`super::foreign`]) — at no cost to gpubind's own streams.
+    claim_id: u64,
     /// The event this stream's hand-offs record (created at the first one): see
     /// [`StreamInner::enqueue_wait`].
     handoff: std::sync::OnceLock<HandoffEvent>,
@@ -38,6 +45,9 @@ pub(crate) struct StreamInner {
     /// ([`StreamInner::refuse_capture`]). One flag, so gpubind's own streams pay one
     /// compare.
     pub(crate) foreign: bool,
+    /// For a foreign stream: whether its hand-off event marks the end of every gpubind
+    /// operation on it ([`super::foreign`]).
+    pub(super) end_mark: std::sync::atomic::AtomicU8,
 }
 
 /// A `CU_EVENT_DISABLE_TIMING` event of a stream's context, only ever recorded on that
@@ -61,17 +71,24 @@ static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 /// Ids of legacy default streams: one per device ordinal, never equal to a counter id.
 pub(crate) const LEGACY_ID: u64 = 1 << 63;
 
+/// Set in a foreign stream's claim id ([`StreamInner::claim_id`]): never in a recorded id
+/// (counter ids stay far below it, legacy ids have only bit 63 above the ordinal).
+pub(crate) const FOREIGN_CLAIM: u64 = 1 << 62;
+
 impl StreamInner {
     pub(crate) fn new(device: Arc<Device>, raw: sys::CUstream) -> StreamInner {
+        let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
         StreamInner {
             device,
             raw,
-            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            id,
+            claim_id: id,
             handoff: std::sync::OnceLock::new(),
             cudarc: None,
             gate: Gate::default(),
             borrowed: None,
             foreign: false,
+            end_mark: std::sync::atomic::AtomicU8::new(super::foreign::UNMARKED),
         }
     }
 
@@ -80,20 +97,24 @@ impl StreamInner {
         let mut inner = StreamInner::new(device, raw);
         inner.borrowed = Some(super::borrowed::Retirement::default());
         inner.foreign = true;
+        inner.claim_id = inner.id | FOREIGN_CLAIM;
         inner
     }
 
     /// A stream created and owned by cudarc, shared with gpubind: never destroyed here.
     pub(crate) fn shared(device: Arc<Device>, stream: Arc<cudarc::driver::CudaStream>) -> Self {
+        let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
         StreamInner {
             device,
             raw: stream.cu_stream(),
-            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            id,
+            claim_id: id | FOREIGN_CLAIM,
             handoff: std::sync::OnceLock::new(),
             cudarc: Some(stream),
             gate: Gate::default(),
             borrowed: None,
             foreign: true,
+            end_mark: std::sync::atomic::AtomicU8::new(super::foreign::UNMARKED),
         }
     }
 
@@ -134,8 +155,10 @@ impl StreamInner {
         })
     }
 
-    /// This stream's hand-off event, created in its context at the first use.
-    fn handoff_event(&self) -> Result<sys::CUevent> {
+    /// This stream's hand-off event, created in its context at the first use; on a
+    /// foreign stream also recorded after each gpubind operation ([`super::foreign`]).
+    #[inline]
+    pub(super) fn handoff_event(&self) -> Result<sys::CUevent> {
         if let Some(e) = self.handoff.get() {
             return Ok(e.0);
         }
@@ -145,6 +168,11 @@ impl StreamInner {
             destroy_event(&self.device, lost.0);
         }
         Ok(self.handoff.get().map_or(created, |e| e.0))
+    }
+
+    /// The hand-off event, if one was created.
+    pub(super) fn handoff_event_if_created(&self) -> Option<sys::CUevent> {
+        self.handoff.get().map(|e| e.0)
     }
 
     /// Makes `to` wait on the device for the work enqueued on this stream so far, with an
@@ -160,23 +188,13 @@ impl StreamInner {
     /// before that record was enqueued before the wait was.
     fn enqueue_wait(&self, to: sys::CUstream) -> Result<()> {
         self.device.check_poison()?;
+        if self.foreign {
+            // A stream another library owns: out of line (`super::foreign`).
+            return self.foreign_enqueue_wait(to);
+        }
         let event = self.handoff_event()?;
         let recorded = self.with_target(|target| match target {
-            // A stream another library owns may be under its owner's capture: an event
-            // recorded there would be a node of that graph, and `to` would join the
-            // capture by waiting for it (a fork), so gpubind's operation on `to` would be
-            // captured instead of run, and could rerun at each launch of that graph,
-            // ordered with none of gpubind's later uses and frees. Refused, as an
-            // operation on such a stream itself is (`refuse_capture`).
-            // A failed query is returned (a sticky error poisons below).
             super::borrowed::Target::Stream(raw) => {
-                // SAFETY: the stream lives (held, or lent while not retired).
-                if self.foreign && unsafe { result::stream::is_capturing(raw) }? {
-                    return Err(capturing_error(
-                        "an operation ordered after a pending use on a stream shared with \
-                         cudarc or borrowed",
-                    ));
-                }
                 // SAFETY: `event` belongs to this stream's context; the stream lives
                 // (held, or lent while not retired).
                 unsafe { result::event::record(event, raw) }.map(|()| event)
@@ -288,7 +306,7 @@ pub(crate) enum StreamRef {
 
 impl TrackedStream for StreamRef {
     fn id(&self) -> u64 {
-        self.slot().id()
+        self.slot().record_id()
     }
 
     fn is_idle(&self) -> bool {
@@ -351,6 +369,13 @@ impl StreamRef {
         }
     }
 
+    /// [`StreamSlot::after_enqueue`] of this stream.
+    #[cfg_attr(not(feature = "collective"), allow(dead_code))]
+    #[inline]
+    pub(crate) fn after_enqueue(&self) {
+        self.slot().after_enqueue();
+    }
+
     /// Blocks until the work enqueued on this stream so far has finished.
     pub(crate) fn synchronize(&self) -> Result<()> {
         let _guard = self.device().enter()?;
@@ -407,6 +432,8 @@ impl StreamRef {
     fn remember_gave_up(&self, id: u64) {
         match self {
             StreamRef::Legacy(_) => GaveUp::remember(id, std::ptr::null_mut()),
+            // Nothing is recorded on a foreign stream here: its owner may capture it.
+            StreamRef::Owned(s) if s.foreign => {}
             StreamRef::Owned(s) => s.with_target(|t| {
                 if let super::borrowed::Target::Stream(raw) = t {
                     GaveUp::remember(id, raw);
@@ -450,7 +477,19 @@ pub(crate) enum StreamSlot<'a> {
 }
 
 impl<'a> StreamSlot<'a> {
+    /// The id an operation on this stream claims under: its [`record_id`](Self::record_id),
+    /// with [`FOREIGN_CLAIM`] set on a foreign stream (see [`StreamInner::claim_id`]).
+    #[inline(always)]
     pub(crate) fn id(self) -> u64 {
+        match self {
+            StreamSlot::Legacy(d) => LEGACY_ID | d.ordinal() as u64,
+            StreamSlot::Owned(s) => s.claim_id,
+        }
+    }
+
+    /// The id trackers record this stream's uses under.
+    #[inline(always)]
+    pub(crate) fn record_id(self) -> u64 {
         match self {
             StreamSlot::Legacy(d) => LEGACY_ID | d.ordinal() as u64,
             StreamSlot::Owned(s) => s.id,
@@ -477,6 +516,19 @@ impl<'a> StreamSlot<'a> {
         match self {
             StreamSlot::Legacy(d) => d.legacy_gate().lock(),
             StreamSlot::Owned(s) => s.gate.lock(),
+        }
+    }
+
+    /// Called after an operation was enqueued on this stream and before any tracker
+    /// records it: on a foreign stream, records the stream's end mark
+    /// ([`StreamInner::mark_end`], out of line). Only on paths every foreign operation
+    /// takes and gpubind's own streams' fast paths do not (commits).
+    #[inline(always)]
+    pub(crate) fn after_enqueue(self) {
+        if self.id() & FOREIGN_CLAIM != 0
+            && let StreamSlot::Owned(s) = self
+        {
+            s.mark_end();
         }
     }
 

@@ -585,3 +585,48 @@ fn an_open_read_refuses_writes_and_publishes_no_write_id() {
     published.publish(&st, 1);
     assert_eq!(published.ids().0, 1, "the write id once no read is open");
 }
+
+/// A foreign stream's operations claim under its id with `FOREIGN_CLAIM` set, which no use
+/// is recorded under: whatever the state (its own use the only one, or among others),
+/// such a claim is never ordered after a pending write without a wait step (for its own
+/// stream's uses the step, `foreign_enqueue_wait`, enqueues nothing: stream order covers
+/// them), never commits as a no-op and
+/// is never admitted by what a commit of its recorded id publishes. So every operation on
+/// a foreign stream reaches a commit, where its end mark is recorded.
+#[test]
+fn a_foreign_claim_always_commits_and_is_never_admitted() {
+    use super::stream::FOREIGN_CLAIM;
+    let f = 5;
+    let claim = f | FOREIGN_CLAIM;
+    for access in [Access::Read, Access::Write] {
+        for st in [
+            AccessState::written_by_id(S(f), f),
+            AccessState::with_uses(vec![S(f)], vec![S(2)]),
+            AccessState::with_uses(vec![S(2)], vec![S(f)]),
+            AccessState::with_uses(Vec::<S>::new(), vec![S(f)]),
+        ] {
+            if !st.writers.is_empty() {
+                assert!(!st.is_ordered_on(claim, access), "{access:?} {st:?}");
+            }
+            assert!(!st.commit_is_noop(claim, access), "{access:?} {st:?}");
+            assert!(!st.write_is_free(claim) && !st.read_is_free(claim));
+            let mut waited = Vec::new();
+            st.wait_conflicts(claim, access, |s| {
+                waited.push(s.0);
+                Ok(())
+            })
+            .unwrap();
+            if st.writers.iter().any(|w| w.0 == f) || access == Access::Write {
+                assert!(waited.contains(&f), "{access:?} {st:?}: waited {waited:?}");
+            }
+            let mut published = Published::default();
+            published.reset_mut(&st, Some(f));
+            published.publish(&st, f);
+            assert!(!published.admits(claim, access), "{access:?} {st:?}");
+        }
+    }
+    // Recorded under its recorded id: a commit replaces nothing twice.
+    let mut st = AccessState::written_by_id(S(f), f);
+    commit1(&mut st, f, Access::Write);
+    assert_eq!(AccessState::ids(&st.writers), vec![f]);
+}

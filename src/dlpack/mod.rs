@@ -9,6 +9,8 @@
 //! alive; hand the raw pointer to a consumer with [`ExportedTensor::into_raw`]. The
 //! consumer's one call of the tensor's `deleter` frees the buffer (in its own context,
 //! from any thread); an `ExportedTensor` dropped before being handed over calls it itself.
+//! A refused export (a shape that does not fit, a failed wait for the buffer's pending
+//! uses) gives the buffer back in its error, a [`GivenBack`](crate::GivenBack).
 //!
 //! | gpubind buffer | `device_type` | `device_id` |
 //! | --- | --- | --- |
@@ -50,7 +52,8 @@
 //! take ownership of a foreign tensor: the deleter is called exactly once — when the
 //! [`ImportedTensor`] drops, or before an import error is returned. The tensor must be
 //! on the bound device (`kDLCUDA` with its ordinal; `kDLCUDAManaged`, `kDLCUDAHost` and
-//! `kDLCPU` are accepted too), have `T`'s dtype, and be row-major contiguous; otherwise
+//! `kDLCPU` are accepted too), have `T`'s dtype, be row-major contiguous, and span at
+//! most `isize::MAX` bytes without wrapping the address space; otherwise
 //! the import fails with [`Error::DlpackMismatch`](crate::Error::DlpackMismatch). An `ImportedTensor` is a
 //! [`CopySource`](crate::CopySource) (and, unless flagged read-only, a
 //! [`CopyDest`](crate::CopyDest)), so it copies to and from every memory kind.

@@ -136,6 +136,27 @@ pub(crate) fn make_current(ctx: sys::CUcontext) -> Result<()> {
     Ok(())
 }
 
+/// Runs `f` with this thread's stream capture mode set to relaxed, then restores the
+/// previous mode (`cuThreadExchangeStreamCaptureMode`, push-pop as the driver's docs
+/// advise; restored on unwind too). A relaxed thread may make calls that the default
+/// mode forbids during its own or another thread's capture ("potentially unsafe" ones:
+/// a host wait, an allocation), never one that conflicts with a capture itself (a query
+/// of an event last recorded inside one).
+pub(crate) fn with_relaxed_capture_mode<R>(f: impl FnOnce() -> R) -> Result<R> {
+    let mode = result::context::exchange_capture_mode(
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    )?;
+    struct Restore(sys::CUstreamCaptureMode);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // Puts back the mode saved before `f`.
+            let _ = result::context::exchange_capture_mode(self.0);
+        }
+    }
+    let _restore = Restore(mode);
+    Ok(f())
+}
+
 /// Pushes `ctx` on this thread's context stack for the guard's lifetime.
 ///
 /// Used where a call must run in a context that may not be the bound one (frees in

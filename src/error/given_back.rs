@@ -8,8 +8,10 @@ use std::fmt;
 /// [`std::sync::mpsc::SendError`]. Returned boxed (`Box<GivenBack<T>>`, so that a
 /// `Result` stays small) by [`BoundDevice::register_vec`](crate::BoundDevice::register_vec),
 /// [`RegisteredHost::into_vec`](crate::RegisteredHost::into_vec),
-/// [`DeviceSlice::into_raw`](crate::DeviceSlice::into_raw) and `dlpack::export` /
-/// `dlpack::export_legacy`.
+/// [`DeviceSlice::into_raw`](crate::DeviceSlice::into_raw),
+/// [`BoundDevice::adopt_cudarc_slice`](crate::BoundDevice::adopt_cudarc_slice) and
+/// `dlpack::export` / `dlpack::export_legacy`, and inside `ipc::GiveBackError::StillHeld`
+/// by the `give_back` of an IPC import.
 ///
 /// `?` converts it into an [`Error`] (dropping the input) in a function returning
 /// [`crate::Result`]; match on it to keep the input:

@@ -712,21 +712,9 @@ impl<'c, 'buf> Capture<'c, 'buf> {
 }
 
 /// Runs `f` with this thread's stream capture mode set to relaxed, then restores the
-/// previous mode (`cuThreadExchangeStreamCaptureMode`, push-pop as the driver's docs
-/// advise).
+/// previous mode ([`crate::driver::with_relaxed_capture_mode`]).
 fn relaxed<R>(f: impl FnOnce() -> R) -> Result<R> {
-    let mode = result::context::exchange_capture_mode(
-        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-    )?;
-    struct Restore(sys::CUstreamCaptureMode);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            // Puts back the mode saved before `f`.
-            let _ = result::context::exchange_capture_mode(self.0);
-        }
-    }
-    let _restore = Restore(mode);
-    Ok(f())
+    crate::driver::with_relaxed_capture_mode(f)
 }
 
 /// Joins a fork's branch back into its main stream, once: by [`Join::join`], or by the

@@ -194,7 +194,8 @@ pub trait KernelLaunch<'buf>: sealed::Sealed {
     /// Appends a buffer the kernel **writes**, borrowed shared and claimed as written
     /// ([`LaunchBuilder::arg_written`](crate::LaunchBuilder::arg_written),
     /// [`CaptureLaunch::arg_written`]): a [`WritableArg`](crate::WritableArg), so a
-    /// buffer shared for reading with another process does not compile here.
+    /// buffer shared for reading with another process, or a shared
+    /// [`ManagedView`](crate::ManagedView), does not compile here.
     fn arg_written<A: WritableArg>(&mut self, arg: &'buf A) -> &mut Self;
 
     /// Appends plain data by value: the launch keeps a copy, so nothing stays borrowed

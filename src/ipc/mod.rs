@@ -75,7 +75,8 @@ mod wire;
 pub use event::EventHandle;
 pub use handle::{BufferHandle, LegacyIpcHandle, PoolHandle, PoolId};
 pub use handoff::{
-    HandoffFailed, Incoming, JoinError, Lent, LentImport, Shared, SharedImport, recv_handoff,
+    GiveBackError, HandoffFailed, Incoming, JoinError, Lent, LentImport, Shared, SharedImport,
+    recv_handoff,
 };
 pub use import::{ImportedPool, ImportedSlice};
 pub use legacy::LegacySlice;

@@ -240,7 +240,8 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
     /// reference is at hand (one held in an `Arc`, or borrowed by a graph); never for a
     /// [`ManagedSlice`](crate::ManagedSlice), whose host slices a shared borrow does not
     /// keep away (see [`launch`](Self::launch)'s contract). Takes only a [`WritableArg`]:
-    /// a buffer shared for reading with another process does not compile here.
+    /// a buffer shared for reading with another process, or a shared
+    /// [`ManagedView`](crate::ManagedView), does not compile here.
     #[inline(always)]
     pub fn arg_written<A: WritableArg + ?Sized>(&mut self, arg: &'a A) -> &mut Self {
         self.arg(arg);
@@ -322,7 +323,8 @@ impl<'s, 'a> LaunchBuilder<'s, 'a> {
         self.stream.ensure_stream_context()?;
         // The fast path ([`crate::access`]): when every buffer and the module publish this
         // stream, nothing waits and nothing changes; hold the stream's gate across the
-        // enqueue and take no tracker lock.
+        // enqueue and take no tracker lock. Never for a foreign stream, whose claim id
+        // nothing publishes: its launches claim, and record its end mark.
         let slot = self.stream.slot();
         let id = slot.id();
         let (module, module_access) = self.func.module_use();

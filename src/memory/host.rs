@@ -288,15 +288,14 @@ impl<T: DeviceRepr> LockedRange<T> {
 /// use them where a wait may fail. Above all:
 ///
 /// - A copy or kernel still pending on a stream another library owns (a stream shared
-///   with cudarc, or borrowed) while its owner captures that stream:
-///   [`Error::NotCapturable`]. Whether that work has finished can only be learnt by
-///   querying or synchronising the stream or its context, which CUDA forbids during the
-///   capture (it would invalidate the owner's graph); gpubind tracks streams, not an
-///   event recorded after every use (that would cost a driver call per copy and
-///   launch), so no event from before the capture marks the end of the use; and waiting
-///   for the capture to end would hang for ever when the reading thread is the one
-///   capturing. So `Deref` aborts, and `try_as_slice` is the way to read: it fails until
-///   the capture ends, and succeeds after.
+///   with cudarc, or borrowed) is waited for through the event gpubind records there
+///   after each of its operations, before any capture of it, so the wait works while
+///   the owner captures that stream later. Only if that record failed (the stream is
+///   then asked itself) does a wait during the owner's capture fail, with
+///   [`Error::NotCapturable`]: querying or synchronising a capturing stream would
+///   invalidate the owner's graph, and waiting for the capture to end would hang when
+///   the reading thread is the one capturing. `try_as_slice` then fails until the
+///   capture ends, and succeeds after.
 /// - A driver error of the wait (naming its call).
 ///
 /// ```no_run
@@ -391,7 +390,7 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
     /// A [`GivenBack`] with the registration, unchanged and still registered, when the
     /// wait fails on a live context: [`Error::Timeout`] (the device may still write the
     /// memory), [`Error::NotCapturable`] (a pending use on a stream another library owns
-    /// while its owner captures it), or a driver error. Nothing is forgotten: call
+    /// whose end mark failed, while its owner captures it), or a driver error. Nothing is forgotten: call
     /// `into_vec` again once the work has finished, or drop it (which leaks an owned
     /// `Vec` the device may still use). On a poisoned context, which runs no more work,
     /// the `Vec` is given back instead.
@@ -595,9 +594,10 @@ macro_rules! host_kind {
             ///
             /// The wait's error, and the memory stays as it was (a later read waits
             /// again): [`Error::NotCapturable`] while the pending write is on a stream
-            /// another library owns (shared with cudarc, or borrowed) and its owner
-            /// captures it — waiting would invalidate the owner's capture; read after
-            /// the capture ends —, [`Error::ContextPoisoned`] on a poisoned device, or
+            /// another library owns (shared with cudarc, or borrowed) whose end mark
+            /// could not be recorded, and its owner captures it — waiting would
+            /// invalidate the owner's capture; read after the capture ends —,
+            /// [`Error::ContextPoisoned`] on a poisoned device, or
             /// a driver error naming its call.
             pub fn try_as_slice(&self) -> Result<&[T]> {
                 self.range.try_as_slice()

@@ -33,7 +33,7 @@
 //! the ordering.
 
 use super::{DeviceRepr, DeviceSlice};
-use crate::access::AccessTracker;
+use crate::access::{AccessTracker, StreamSlot};
 use crate::cuda_version::DriverVersion;
 use crate::device::Device;
 use crate::driver::result::{self, memory, pool};
@@ -157,6 +157,7 @@ impl<'b> BoundStream<'b> {
                 false,
             )),
             Pooled::At(ptr) => Ok(self.pooled_slice(ptr, len)),
+            Pooled::Foreign(ptr) => self.foreign_pooled_slice(ptr, len, None),
             // SAFETY: the caller's contract is this function's.
             Pooled::NoPool => unsafe { self.bound().alloc::<T>(len) },
         }
@@ -172,16 +173,64 @@ impl<'b> BoundStream<'b> {
         let Some(pool) = default_pool(device)? else {
             return Ok(Pooled::NoPool);
         };
-        // The legacy stream is the current context's; a gpubind stream needs no context.
-        // A stream another library captures is refused: an allocation there would be a
-        // graph's allocation node, memory that exists only while the graph runs.
-        self.ensure_stream_context()?;
+        // `ensure_stream_context`, with a foreign stream diverted: the legacy stream is the
+        // current context's; a gpubind stream needs no context.
+        match self.slot() {
+            StreamSlot::Legacy(_) => self.bound().ensure_current()?,
+            StreamSlot::Owned(s) => {
+                device.check_poison()?;
+                if s.foreign {
+                    return self.alloc_from_pool_foreign(s, pool, bytes);
+                }
+            }
+        }
         // SAFETY: the default pool of this stream's device (never destroyed) and a live
         // stream of that device (borrowed); the caller's slice owns the memory, uses it
         // only after this point of the stream (its tracker's write) and frees it once.
         let ptr = device
             .check(unsafe { memory::alloc_from_pool_async(bytes, pool, self.slot().raw()) })?;
         Ok(Pooled::At(ptr))
+    }
+
+    /// [`alloc_from_pool`](Self::alloc_from_pool) on a stream another library owns (out
+    /// of line: gpubind's own streams pay nothing for it). Refused while its owner
+    /// captures it (an allocation there would be a graph's allocation node, memory that
+    /// exists only while the graph runs); the caller records the stream's end mark after
+    /// the allocation (and its zeroing), before the slice's tracker records it
+    /// ([`foreign_pooled_slice`](Self::foreign_pooled_slice)).
+    #[cold]
+    #[inline(never)]
+    fn alloc_from_pool_foreign(
+        &self,
+        stream: &crate::access::StreamInner,
+        pool: sys::CUmemoryPool,
+        bytes: usize,
+    ) -> Result<Pooled> {
+        stream.refuse_capture()?;
+        // SAFETY: as in `alloc_from_pool`.
+        let ptr = self
+            .bound()
+            .device()
+            .check(unsafe { memory::alloc_from_pool_async(bytes, pool, self.slot().raw()) })?;
+        Ok(Pooled::Foreign(ptr))
+    }
+
+    /// The slice of pool memory allocated on a foreign stream just now: zeroed there
+    /// first when `zero` gives its size, then the stream's end mark recorded
+    /// (`crate::access`'s `foreign` module), then the slice built (its tracker records
+    /// the allocation as its one pending write on this stream).
+    #[cold]
+    #[inline(never)]
+    fn foreign_pooled_slice<T: DeviceRepr>(
+        &self,
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        zero: Option<usize>,
+    ) -> Result<DeviceSlice<T>> {
+        let zeroed = zero.map_or(Ok(()), |bytes| self.zero_pooled(ptr, bytes));
+        self.slot().after_enqueue();
+        let slice = self.pooled_slice(ptr, len);
+        zeroed.map(|()| slice)
     }
 
     /// Allocates `len` elements from the device's default memory pool, zeroed, both
@@ -214,6 +263,7 @@ impl<'b> BoundStream<'b> {
                     Err(e)
                 }
             },
+            Pooled::Foreign(ptr) => self.foreign_pooled_slice(ptr, len, Some(bytes)),
             Pooled::Nothing => Ok(DeviceSlice::owning(
                 Arc::clone(self.bound().device()),
                 0,
@@ -260,6 +310,9 @@ enum Pooled {
     Nothing,
     /// Pool memory at this address.
     At(sys::CUdeviceptr),
+    /// Pool memory at this address, allocated on a foreign stream: its end mark is not
+    /// recorded yet.
+    Foreign(sys::CUdeviceptr),
     /// Nothing: the device has no pool gpubind uses ([`default_pool`]); allocate with
     /// `cuMemAlloc`.
     NoPool,

@@ -65,7 +65,8 @@ use std::ffi::c_void;
 /// Only a [`WritableArg`] can be passed as written (by `&mut`, or to
 /// [`arg_written`](crate::LaunchBuilder::arg_written)): every `DeviceRepr` type and every
 /// gpubind buffer and view is one, except the buffers shared for reading with another
-/// process (`ipc::Shared`, `ipc::SharedImport`), which go by `&` only. A type of your own
+/// process (`ipc::Shared`, `ipc::SharedImport`) and a shared
+/// [`ManagedView`](crate::ManagedView), which go by `&` only. A type of your own
 /// implements `KernelArg`, and `WritableArg` too if kernels may write what it passes:
 ///
 /// ```
@@ -132,8 +133,11 @@ pub unsafe trait KernelArg {
 /// Implemented for every [`DeviceRepr`] type (plain data is passed the same either way)
 /// and every gpubind buffer and view, except the buffers shared for reading with another
 /// process (`ipc::Shared`, `ipc::SharedImport`): that process reads the memory at the
-/// same time, ordered by nothing, so passing one as written does not compile. Their
-/// `unsafe` `view_mut` is the way to write one deliberately.
+/// same time, ordered by nothing, so passing one as written does not compile (their
+/// `unsafe` `view_mut` is the way to write one deliberately); and except a shared
+/// [`ManagedView`](crate::ManagedView), made from `&ManagedSlice`, beside which host
+/// slices of the memory may be held (write through
+/// [`ManagedSlice::slice_mut`](crate::ManagedSlice::slice_mut) instead).
 ///
 /// Generic code that passes an argument as written bounds it so:
 ///

@@ -191,9 +191,19 @@ impl Communicator {
                 })
                 .collect(),
         )?;
-        let lane_refs: Vec<StreamRef> = self.lanes.iter().map(|(s, _)| s.to_ref()).collect();
         let out = self.enqueue(ctx, calls, &plan);
-        settle_on_error(&lane_refs, out)
+        match self.backend {
+            Backend::Kernels => {
+                let lane_refs: Vec<StreamRef> =
+                    self.lanes.iter().map(|(s, _)| s.to_ref()).collect();
+                settle_on_error(&lane_refs, out)
+            }
+            // A failed NCCL group launched nothing of its own (NCCL cancelled it), or its
+            // communicators were aborted and its lanes waited for with a limit
+            // (`backend::nccl::group`); each rank's buffers are used on its own lane
+            // only, which the claim records: no wait here.
+            Backend::Nccl => out,
+        }
     }
 
     fn enqueue(&self, ctx: &mut ThreadContext, calls: &[Call], plan: &Plan) -> Result<()> {
@@ -203,6 +213,19 @@ impl Communicator {
             lanes: &self.lanes,
         };
         self.engine.enqueue(ctx, &lanes, calls, plan)
+    }
+}
+
+#[cfg(all(feature = "nccl", any(test, feature = "test-seams")))]
+impl Communicator {
+    /// Test seam: from now on, on this thread, gpubind's own step for call `call` of
+    /// every NCCL group (0-based, in the order the group's closure made the calls) fails
+    /// with `Error::InvalidArgument` naming it, after the calls before it were handed to
+    /// NCCL, as a device poisoned by another thread in between would; `None` turns it
+    /// off. Not part of the API.
+    #[doc(hidden)]
+    pub fn fail_nccl_group_call_for_test(call: Option<usize>) {
+        crate::collective::backend::nccl::group_seam::fail_step_at(call);
     }
 }
 

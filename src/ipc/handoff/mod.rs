@@ -23,7 +23,7 @@
 mod receive;
 mod send;
 
-pub use receive::{Incoming, LentImport, SharedImport, recv_handoff};
+pub use receive::{GiveBackError, Incoming, LentImport, SharedImport, recv_handoff};
 pub use send::{Lent, Shared};
 
 use super::handle::{BufferHandle, PoolHandle};

@@ -3,7 +3,7 @@
 
 use super::{HandBack, Id, MAX_REASON, Mode, decode_offer, encode_hand_back, expect_none_out};
 use crate::access::Access;
-use crate::error::{Error, Result};
+use crate::error::{Error, GivenBack, Result};
 use crate::ipc::OwnedPool;
 use crate::ipc::import::unmap_import;
 use crate::ipc::registry::LiveImport;
@@ -316,19 +316,50 @@ fn refuse(back: ReturnPath, e: Error) -> Error {
 macro_rules! incoming_handoff {
     ($ty:ident) => {
         impl<T: DeviceRepr> $ty<T> {
-            /// Hands the buffer back: waits (on the host) for this process's uses of
-            /// it, unmaps it and tells the sender, whose join then returns it. Dropping
-            /// does the same and logs what fails.
+            /// Hands the buffer back: waits (on the host, at most `GPUBIND_DROP_TIMEOUT`)
+            /// for this process's uses of it, unmaps it and tells the sender, whose join
+            /// then returns it. Dropping does the same and logs what fails.
+            ///
+            /// ```no_run
+            /// # fn f(lent: gpubind::ipc::LentImport<f32>) -> gpubind::Result<()> {
+            /// use gpubind::ipc::GiveBackError;
+            /// let mut lent = lent;
+            /// loop {
+            ///     match lent.give_back() {
+            ///         Ok(()) => break,
+            ///         // Nothing was done: this process's kernels on it still run.
+            ///         Err(GiveBackError::StillHeld(held)) => {
+            ///             eprintln!("{}; trying again", held.error);
+            ///             lent = held.input;
+            ///             std::thread::sleep(std::time::Duration::from_secs(1));
+            ///         }
+            ///         Err(GiveBackError::Failed(e)) => return Err(e),
+            ///     }
+            /// }
+            /// # Ok(()) }
+            /// ```
             ///
             /// # Errors
             ///
-            /// [`Error::Timeout`] if this process's uses did not finish within
-            /// `GPUBIND_DROP_TIMEOUT` (or its context faulted): the buffer then stays
-            /// mapped and is not handed back, and the sender gets it once this process
-            /// ends; transport errors from the hand-back message ([`Error::PeerGone`]
-            /// when the sender is gone).
-            pub fn give_back(mut self) -> Result<()> {
+            /// [`GiveBackError::StillHeld`] with the import, untouched, when the wait for
+            /// this process's uses failed ([`Error::Timeout`] past
+            /// `GPUBIND_DROP_TIMEOUT`, or the context's error): give it back again once
+            /// the work has ended, or drop it (the drop tries once more; failing, the
+            /// buffer stays mapped and the sender gets it once this process ends).
+            /// [`GiveBackError::Failed`] once the buffer has left this process's hands:
+            /// [`Error::Timeout`] if the unmap did not finish (the buffer stays mapped
+            /// and is not handed back; the sender gets it once this process ends), or a
+            /// transport error from the hand-back message ([`Error::PeerGone`] when the
+            /// sender is gone).
+            pub fn give_back(mut self) -> std::result::Result<(), GiveBackError<Self>> {
+                // Everything that can fail before the buffer leaves this process is done
+                // first, so that a failure gives the import back untouched; a failed wait
+                // forgets nothing, so a later one waits again.
+                if let Err(e) = self.slice.tracker_mut().wait_all() {
+                    return Err(GiveBackError::StillHeld(GivenBack::boxed(self, e)));
+                }
                 hand_back(&mut self.slice, &mut self.live, &mut self.back)
+                    .map_err(GiveBackError::Failed)
             }
         }
 
@@ -341,6 +372,70 @@ macro_rules! incoming_handoff {
         }
     };
 }
+
+/// Why [`LentImport::give_back`] / [`SharedImport::give_back`] did not hand the buffer
+/// back.
+pub enum GiveBackError<I> {
+    /// Nothing was done: this process's uses of the buffer could not be waited for (not
+    /// finished within `GPUBIND_DROP_TIMEOUT`, or the context's error). The import is
+    /// given back, untouched and usable: give it back again later, or drop it.
+    StillHeld(Box<GivenBack<I>>),
+    /// The buffer left this process's hands, but the hand-back did not complete: its
+    /// unmap did not finish (it stays mapped; the sender gets it once this process
+    /// ends), or the message to the sender failed.
+    Failed(Error),
+}
+
+impl<I> GiveBackError<I> {
+    /// The error, whichever the case.
+    pub fn error(&self) -> &Error {
+        match self {
+            GiveBackError::StillHeld(held) => &held.error,
+            GiveBackError::Failed(error) => error,
+        }
+    }
+}
+
+impl<I> std::fmt::Debug for GiveBackError<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GiveBackError::StillHeld(held) => f.debug_tuple("StillHeld").field(held).finish(),
+            GiveBackError::Failed(error) => f.debug_tuple("Failed").field(error).finish(),
+        }
+    }
+}
+
+impl<I> std::fmt::Display for GiveBackError<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GiveBackError::StillHeld(held) => {
+                write!(
+                    f,
+                    "the import is still held, not handed back: {}",
+                    held.error
+                )
+            }
+            GiveBackError::Failed(error) => write!(f, "the hand-back failed: {error}"),
+        }
+    }
+}
+
+impl<I> std::error::Error for GiveBackError<I> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.error())
+    }
+}
+
+impl<I> From<GiveBackError<I>> for Error {
+    /// The error; an import still held is dropped (which tries to hand it back once more).
+    fn from(e: GiveBackError<I>) -> Error {
+        match e {
+            GiveBackError::StillHeld(held) => held.error,
+            GiveBackError::Failed(error) => error,
+        }
+    }
+}
+
 incoming_handoff!(LentImport);
 incoming_handoff!(SharedImport);
 
@@ -399,5 +494,27 @@ mod tests {
         assert_eq!(own_pids("Name:\tx\n"), vec![own]);
         assert_eq!(own_pids("NSpid:\t1 2\n"), vec![own]);
         assert!(matches!(not_watched(4242), Error::InvalidArgument(m) if m.contains("4242")));
+    }
+
+    #[test]
+    fn give_back_error_keeps_a_held_import_and_converts_to_its_error() {
+        let timeout = Error::Timeout {
+            what: "this process's uses",
+            after_ms: 1000,
+        };
+        let held: GiveBackError<Vec<u8>> =
+            GiveBackError::StillHeld(GivenBack::boxed(vec![1, 2, 3], timeout.clone()));
+        assert_eq!(held.error(), &timeout);
+        assert!(held.to_string().starts_with("the import is still held"));
+        assert!(format!("{held:?}").starts_with("StillHeld"));
+        let GiveBackError::StillHeld(back) = held else {
+            unreachable!()
+        };
+        assert_eq!(back.input, [1, 2, 3]);
+        let held = GiveBackError::StillHeld(back);
+        assert_eq!(Error::from(held), timeout);
+        let failed: GiveBackError<Vec<u8>> = GiveBackError::Failed(Error::PeerGone);
+        assert!(failed.to_string().starts_with("the hand-back failed"));
+        assert_eq!(Error::from(failed), Error::PeerGone);
     }
 }

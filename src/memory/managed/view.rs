@@ -28,8 +28,8 @@ use std::sync::Arc;
 /// readable by the host through [`as_slice`](Self::as_slice).
 ///
 /// Made from `&ManagedSlice`, beside which host slices may be held, so it is only ever
-/// read: a launch or capture that passes it by `&mut` or `arg_written` is
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument). Write through a
+/// read: it is no [`WritableArg`](crate::WritableArg), and a launch or capture that
+/// passes it by `&mut` or to `arg_written` does not compile. Write through a
 /// [`ManagedViewMut`] ([`slice_mut`](ManagedSlice::slice_mut),
 /// [`split_at_mut`](ManagedSlice::split_at_mut)).
 pub struct ManagedView<'a, T: DeviceRepr> {

@@ -241,7 +241,12 @@ impl NcclComm {
     /// # Safety
     ///
     /// As [`issue`](Self::issue).
-    unsafe fn issue_inside(&self, api: &Api, call: &Call, stream: sys::CUstream) -> Result<()> {
+    pub(super) unsafe fn issue_inside(
+        &self,
+        api: &Api,
+        call: &Call,
+        stream: sys::CUstream,
+    ) -> Result<()> {
         // A non-blocking communicator: an error NCCL saw in the background (a peer
         // that failed) is reported before more work is queued behind it.
         let bound = self.bound;
@@ -580,7 +585,7 @@ impl Drop for NcclComm {
 /// after anything ordered later on the stream, so the device of `watch`, if known, is
 /// poisoned: its buffers are leaked, never freed under that kernel (docs/safety.md,
 /// "NCCL"). Returns whether the abort returned.
-fn wait_for_abort(watch: &Watched, nranks: usize, limit: Duration) -> bool {
+pub(super) fn wait_for_abort(watch: &Watched, nranks: usize, limit: Duration) -> bool {
     if watch.wait_abort_returned(limit) {
         return true;
     }

@@ -1,7 +1,7 @@
 //! The NCCL library: `libnccl` loaded at run time, its entry points, the calls that
-//! need no communicator (version, unique id, group brackets), the calls the watchdog
-//! makes on a raw handle (`poll_raw`, `abort_raw`), and NCCL's codes for gpubind's
-//! operators and types.
+//! need no communicator (version, unique id), the calls made on a raw handle (the
+//! watchdog's `poll_raw` and `abort_raw`, a group's `cancel_group`), and NCCL's codes
+//! for gpubind's operators and types.
 //!
 //! The types (`ncclUniqueId`, the data-type and reduction-operator codes) are cudarc's
 //! (`cudarc::nccl::sys`). The entry points are resolved here with `libloading` instead
@@ -319,17 +319,35 @@ pub(crate) fn unique_id() -> Result<ncclUniqueId> {
     Ok(id)
 }
 
-/// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` (which is called even if `f`
-/// fails); returns the first error.
-pub(crate) fn group(f: impl FnOnce() -> Result<()>) -> Result<()> {
-    let api = api()?;
-    let _restore = RestoreCurrent::new()?;
-    // SAFETY: no arguments; pairs with the ncclGroupEnd below.
-    api.check("ncclGroupStart", unsafe { (api.group_start)() })?;
-    let inner = f();
-    // SAFETY: closes the group opened above.
-    let end = api.check("ncclGroupEnd", unsafe { (api.group_end)() });
-    inner.and(end)
+/// Makes NCCL cancel the group open on this thread: an all-reduce on `comm` of a data
+/// type NCCL does not have, which its argument check refuses (`ncclInvalidArgument`)
+/// and records as the group's error, so that `ncclGroupEnd` launches none of the
+/// group's calls and reports that error (NCCL makes a group atomic: after a failed call
+/// it cancels every operation of the group). Returns whether NCCL refused the call.
+///
+/// # Safety
+///
+/// A group is open on this thread; `comm` is a live communicator nobody else calls
+/// NCCL on meanwhile; `stream` a live stream of its device (NCCL refuses the call
+/// before it looks at the stream or the null buffers).
+pub(crate) unsafe fn cancel_group(api: &Api, comm: Comm, stream: sys::CUstream) -> bool {
+    /// Not an `ncclDataType_t` (they are 0 and up).
+    const NO_TYPE: c_int = -1;
+    let sum = ncclRedOp_t::ncclSum as c_int;
+    // SAFETY: the caller's contract; NCCL's argument check rejects the type before
+    // anything is read, written or enqueued.
+    let code = unsafe {
+        (api.all_reduce)(
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            1,
+            NO_TYPE,
+            sum,
+            comm,
+            stream as Stream,
+        )
+    };
+    code != 0 && code != IN_PROGRESS
 }
 
 /// NCCL's code for a reduction operator, in a communicator of `nranks` ranks.

@@ -12,6 +12,8 @@ mod rank;
 pub(crate) mod watchdog;
 
 pub(crate) use group::NcclGroup;
+#[cfg(any(test, feature = "test-seams"))]
+pub(crate) use group::seam as group_seam;
 pub(crate) use library::{api, unique_id_bytes};
 pub use library::{nccl_available, nccl_version};
 pub(crate) use rank::NcclRank;
