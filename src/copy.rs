@@ -772,3 +772,22 @@ pub trait DeviceOnlyMemory: seal::Sealed {}
 /// A registration that borrows shorter-lived memory is not one: forgetting it would end
 /// the borrow of the pages without any wait.
 pub trait TrackedMemory: seal::Sealed {}
+
+/// Memory the host reaches directly is no destination of the shared-borrow writes
+/// (`Issue`, `Capture`, `blas::Enqueue`): the host may read it through a shared borrow
+/// while the write runs.
+#[cfg(test)]
+mod device_only_by_type {
+    use super::DeviceOnlyMemory;
+    use crate::{
+        DeviceSlice, DeviceView, ManagedSlice, ManagedView, ManagedViewMut, PinnedHostBuffer,
+        RegisteredHost,
+    };
+    static_assertions::assert_not_impl_any!(ManagedSlice<f32>: DeviceOnlyMemory);
+    static_assertions::assert_not_impl_any!(ManagedView<'static, f32>: DeviceOnlyMemory);
+    static_assertions::assert_not_impl_any!(ManagedViewMut<'static, f32>: DeviceOnlyMemory);
+    static_assertions::assert_not_impl_any!(PinnedHostBuffer<f32>: DeviceOnlyMemory);
+    static_assertions::assert_not_impl_any!(RegisteredHost<'static, f32>: DeviceOnlyMemory);
+    static_assertions::assert_impl_all!(DeviceSlice<f32>: DeviceOnlyMemory);
+    static_assertions::assert_impl_all!(DeviceView<'static, f32>: DeviceOnlyMemory);
+}

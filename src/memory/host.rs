@@ -392,8 +392,8 @@ impl<T: DeviceRepr> RegisteredHost<'_, T> {
     /// memory), [`Error::NotCapturable`] (a pending use on a stream another library owns
     /// whose end mark failed, while its owner captures it), or a driver error. Nothing is forgotten: call
     /// `into_vec` again once the work has finished, or drop it (which leaks an owned
-    /// `Vec` the device may still use). On a poisoned context, which runs no more work,
-    /// the `Vec` is given back instead.
+    /// `Vec` the device may still use). On a context poisoned by a sticky error, which runs
+    /// no more work, the `Vec` is given back instead.
     pub fn into_vec(self) -> std::result::Result<Option<Vec<T>>, Box<GivenBack<Self>>> {
         let mut me = self;
         // A poisoned context runs no more work: the memory goes back (`unregister`).

@@ -11,12 +11,18 @@ use std::fmt;
 use std::sync::Arc;
 
 /// Whether a failed wait for a resource's pending uses means the device will run none of
-/// them any more: only [`Error::ContextPoisoned`] (a sticky error: the context executes no
-/// more work). After any other failure — above all [`Error::Timeout`], a wait that gave
+/// them any more: only [`Error::ContextPoisoned`] by a sticky error (the context executes
+/// no more work). After any other failure — above all [`Error::Timeout`], a wait that gave
 /// up on work still running — the device may still use the resource, so a drop must leak
-/// it (or, where it cannot, not return: see [`abort_unreleasable`]).
+/// it (or, where it cannot, not return: see [`abort_unreleasable`]). That includes a
+/// device gpubind poisoned itself with a code that is not sticky
+/// ([`Device::poison_with`]: an `ncclCommAbort` or an NCCL lane that did not finish in
+/// time, cudarc work nothing could order), whose context still runs what was queued.
 pub(crate) fn nothing_runs_after(error: &Error) -> bool {
-    matches!(error, Error::ContextPoisoned { .. })
+    matches!(
+        error,
+        Error::ContextPoisoned { code, .. } if crate::device::poison::is_sticky(code.as_cudarc())
+    )
 }
 
 /// For the one kind of resource a drop can neither free nor leak — memory that goes back
@@ -160,6 +166,28 @@ mod tests {
     }
 
     static CAPTURE: Capture = Capture(Mutex::new(Vec::new()));
+
+    /// A context poisoned by a sticky error runs nothing more; one gpubind poisoned itself
+    /// because work may still be queued or running (a timeout) does: memory it may touch
+    /// must not go back to its owner.
+    #[test]
+    fn only_a_sticky_poison_means_nothing_runs() {
+        use cudarc::driver::sys::CUresult;
+        let sticky = Device::unopened_for_test(0);
+        let e = sticky.poison_with("cuStreamSynchronize", CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+        assert!(nothing_runs_after(&e), "{e}");
+        let timed_out = Device::unopened_for_test(1);
+        let e = timed_out.poison_with("ncclCommAbort", CUresult::CUDA_ERROR_TIMEOUT);
+        assert!(matches!(e, Error::ContextPoisoned { .. }), "{e:?}");
+        assert!(!nothing_runs_after(&e), "{e}");
+        // Later calls into that device report the same poison: still not "nothing runs".
+        let again = timed_out.check_poison().unwrap_err();
+        assert!(!nothing_runs_after(&again), "{again}");
+        assert!(!nothing_runs_after(&Error::Timeout {
+            what: "a stream",
+            after_ms: 1
+        }));
+    }
 
     /// The report names what was dropped, its device, the step, the call and its error,
     /// and the outcome, at warn level. (The drops themselves need a GPU to fail: see

@@ -405,6 +405,22 @@ macro_rules! read_only_handoff {
 }
 use read_only_handoff;
 
+/// A buffer shared for reading is written by no safe API: not as a kernel argument
+/// (`WritableArg`), not through a `&mut` API (`DeviceMemoryMut`), and not through the
+/// shared-borrow writes of `Issue`, `blas::Enqueue` and captured epilogues, which take
+/// device-only memory (`DeviceOnlyMemory`) only. A lent import, which this process alone
+/// uses while it holds it, is written through all of them.
+#[cfg(test)]
+mod read_only_by_type {
+    use super::{LentImport, Shared, SharedImport};
+    use crate::copy::DeviceOnlyMemory;
+    use crate::memory::DeviceMemoryMut;
+    use crate::module::WritableArg;
+    static_assertions::assert_not_impl_any!(Shared<f32>: DeviceOnlyMemory, DeviceMemoryMut<f32>, WritableArg);
+    static_assertions::assert_not_impl_any!(SharedImport<f32>: DeviceOnlyMemory, DeviceMemoryMut<f32>, WritableArg);
+    static_assertions::assert_impl_all!(LentImport<f32>: DeviceOnlyMemory, DeviceMemoryMut<f32>, WritableArg);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
