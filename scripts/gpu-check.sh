@@ -9,6 +9,9 @@
 #   GPU_CHECK_GPT_COMPARE=1 adds scripts/compare-gpt.sh (train_gpt against PyTorch: fp32
 #   losses, 500-step bf16 loss, throughput table, loss-curve plot; needs torch and
 #   matplotlib; named compare-gpt).
+#   GPU_CHECK_SANITIZE_ATTENTION=1 adds train_gpt --check-attention-quick under
+#   compute-sanitizer's memcheck, racecheck and synccheck (named sanitize-attention-TOOL;
+#   the tool refuses the device under gVisor).
 #   GPU_CHECK_SHARD=K/N runs only every N-th of the wanted runs, starting at the K-th
 #   (K = 1..N): N calls with K = 1..N together run everything once, each within a
 #   per-call time limit.
@@ -71,12 +74,23 @@ ex train_mlp 300 .gpu-bin/examples/train_mlp --spawn 2 --backend kernels --devic
 # A GPT on byte-level text (the Python standard library): fp32 eager with validation and
 # a greedy sample; a checkpoint resumed mid-run that must repeat the losses; the step as
 # a CUDA graph that must repeat the eager losses; two ranks on GPU 0 (batch 4 each) that
-# must give the one-rank losses within 1e-3 relative; bf16, eager and graph.
+# must give the one-rank losses within 1e-3 relative; bf16, eager and graph. First the
+# fused attention against the unfused one (fp32 and bf16, output and gradients). fp32
+# defaults to the unfused attention and bf16 to the mma one, so the resume, graph and
+# ranks checks also run with the others: bf16 mma with a resume, fp32 tiled over two
+# ranks and bf16 tiled in a graph, those two with the bias and GELU kernels in place of
+# the cuBLASLt epilogues.
+ex train_gpt 300 .gpu-bin/examples/train_gpt --check-attention
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-every 25 --sample 64
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --check-resume
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --eval-every 25 --check-graph
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --devices 0,0 --check-dp
 ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --precision bf16 --check-graph
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --precision bf16 --check-resume
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 20 --attention fused \
+  --epilogues off --devices 0,0 --check-dp
+ex train_gpt 300 .gpu-bin/examples/train_gpt --model small --steps 50 --precision bf16 \
+  --attention tiled --epilogues off --check-graph
 if command -v torchrun >/dev/null; then
   ex train_gpt 300 torchrun --standalone --nproc-per-node 2 --no-python .gpu-bin/examples/train_gpt \
     --launcher env --devices 0,0 --model small --steps 20
@@ -144,5 +158,12 @@ for spec in ${GPU_CHECK_SANITIZE:-}; do
     [[ $rc == 0 && $src == 0 ]] || FAILED="$FAILED $name"
   done
 done
+# The fused attention kernels under compute-sanitizer (small shapes, untimed): optional.
+if [[ ${GPU_CHECK_SANITIZE_ATTENTION:-0} == 1 ]]; then
+  for tool in memcheck racecheck synccheck; do
+    run sanitize-attention-$tool 600 "$SAN" --tool "$tool" --error-exitcode 1 \
+      --report-api-errors no .gpu-bin/examples/train_gpt --check-attention-quick
+  done
+fi
 say "=== failed:${FAILED:- none}"
 [[ -z "$FAILED" ]]

@@ -13,6 +13,41 @@ pub enum Precision {
     Bf16,
 }
 
+/// How a block's attention runs (`--attention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnMode {
+    /// The default: `Fused` in bf16, `Unfused` in fp32 (where cuBLAS's f32 products of
+    /// the whole `T×T` matrix outrun the fused kernels' FMA loops).
+    Auto,
+    /// Fused kernels: in bf16 the register-tiled mma.sync ones (`attention_mma.cu`), in
+    /// fp32 the shared-memory tiled ones (`attention.cu`).
+    Fused,
+    /// The shared-memory tiled kernels (`attention.cu`: wmma in bf16, FMA in fp32).
+    Tiled,
+    /// Batched products through a `B·NH·T·T` matrix and a softmax kernel (llm.c's).
+    Unfused,
+}
+
+impl AttnMode {
+    /// The mode a run with bf16 activations (`bf16`) or f32 ones uses.
+    pub fn resolve(self, bf16: bool) -> AttnMode {
+        match self {
+            AttnMode::Auto if bf16 => AttnMode::Fused,
+            AttnMode::Auto => AttnMode::Unfused,
+            other => other,
+        }
+    }
+}
+
+/// Which fused implementations a step uses (`--attention`, `--epilogues`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fusion {
+    pub attention: AttnMode,
+    /// Biases, GELU and their gradients as cuBLASLt epilogues of the products (`on`), or
+    /// as kernels of their own (`off`).
+    pub epilogues: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct Args {
     pub model: String,
@@ -27,6 +62,7 @@ pub struct Args {
     pub dump_init: Option<PathBuf>,
     pub precision: Precision,
     pub graph: bool,
+    pub fusion: Fusion,
     pub ckpt_every: usize,
     pub ckpt_dir: PathBuf,
     pub resume: Option<PathBuf>,
@@ -39,6 +75,11 @@ pub struct Args {
     pub check_graph: bool,
     /// With several ranks: train one rank first and compare the losses.
     pub check_dp: bool,
+    /// Compare the fused attention with the unfused one on random inputs, and time both.
+    pub check_attention: bool,
+    /// With `check_attention`: only the small shapes, untimed (`--check-attention-quick`,
+    /// short enough to run under compute-sanitizer).
+    pub check_quick: bool,
 }
 
 impl Default for Args {
@@ -56,6 +97,10 @@ impl Default for Args {
             dump_init: None,
             precision: Precision::Fp32,
             graph: false,
+            fusion: Fusion {
+                attention: AttnMode::Auto,
+                epilogues: true,
+            },
             ckpt_every: 0,
             ckpt_dir: PathBuf::from("checkpoints"),
             resume: None,
@@ -65,6 +110,8 @@ impl Default for Args {
             check_resume: false,
             check_graph: false,
             check_dp: false,
+            check_attention: false,
+            check_quick: false,
         }
     }
 }
@@ -93,7 +140,12 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
         }
         let bool_flag = matches!(
             flag.as_str(),
-            "--graph" | "--check-resume" | "--check-graph" | "--check-dp"
+            "--graph"
+                | "--check-resume"
+                | "--check-graph"
+                | "--check-dp"
+                | "--check-attention"
+                | "--check-attention-quick"
         );
         let v = if bool_flag {
             String::new()
@@ -119,6 +171,31 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
                 }
             }
             "--graph" => a.graph = true,
+            "--attention" => {
+                a.fusion.attention = match v.as_str() {
+                    "auto" => AttnMode::Auto,
+                    "fused" => AttnMode::Fused,
+                    "tiled" => AttnMode::Tiled,
+                    "unfused" => AttnMode::Unfused,
+                    _ => {
+                        return Err(GptError::Usage(format!(
+                            "--attention {v:?}: auto, fused, tiled or unfused"
+                        )));
+                    }
+                }
+            }
+            "--epilogues" => {
+                a.fusion.epilogues = match v.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(GptError::Usage(format!("--epilogues {v:?}: on or off"))),
+                }
+            }
+            "--check-attention" => a.check_attention = true,
+            "--check-attention-quick" => {
+                a.check_attention = true;
+                a.check_quick = true;
+            }
             "--check-resume" => a.check_resume = true,
             "--check-graph" => a.check_graph = true,
             "--check-dp" => a.check_dp = true,
@@ -177,6 +254,19 @@ mod tests {
         assert!(p("--check-graph").unwrap().check_graph);
         assert!(p("--check-dp --devices 0,0").unwrap().check_dp);
         assert_eq!(p("--precision bf16").unwrap().precision, Precision::Bf16);
+        assert_eq!(a.fusion.attention, AttnMode::Auto);
+        assert_eq!(AttnMode::Auto.resolve(true), AttnMode::Fused);
+        assert_eq!(AttnMode::Auto.resolve(false), AttnMode::Unfused);
+        assert_eq!(AttnMode::Tiled.resolve(true), AttnMode::Tiled);
+        assert!(a.fusion.epilogues);
+        let u = p("--attention unfused --epilogues off --check-attention").unwrap();
+        assert_eq!(u.fusion.attention, AttnMode::Unfused);
+        assert!(!u.fusion.epilogues);
+        let t = p("--attention tiled").unwrap();
+        assert_eq!(t.fusion.attention, AttnMode::Tiled);
+        assert!(u.check_attention && !u.check_quick);
+        let q = p("--check-attention-quick").unwrap();
+        assert!(q.check_attention && q.check_quick);
     }
 
     #[test]
@@ -190,6 +280,9 @@ mod tests {
             "--precision fp8",
             "--lr -1",
             "--launcher slurm",
+            "--attention flash",
+            "--attention",
+            "--epilogues yes",
         ] {
             assert!(matches!(p(bad), Err(GptError::Usage(_))), "{bad}");
         }

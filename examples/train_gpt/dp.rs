@@ -22,11 +22,12 @@
 use crate::GptError;
 use crate::args::Args;
 use crate::data::{self, Dataset};
+use crate::gpt::step::{Eager, Issuer, Part, train_step};
 use crate::gpt::{Act, Gpt};
 use crate::model::{Config, ParamLayout};
 use crate::optim::{AdamW, Schedule};
 use gpubind::collective::{CommOptions, Communicator, Op};
-use gpubind::{BoundStream, Device, DeviceSlice, Stream, ThreadContext};
+use gpubind::{BoundStream, Device, DeviceSlice, Issue, Stream, ThreadContext};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -54,7 +55,7 @@ pub fn train<T: Act>(
     let mut streams = Vec::with_capacity(ranks);
     for dev in devices {
         let gpu = ctx.bind(dev)?;
-        let mut rep = Gpt::<T>::new(&gpu, cfg, shard, init)?;
+        let mut rep = Gpt::<T>::new(&gpu, cfg, shard, init, a.fusion)?;
         rep.grad_scale = 1.0 / ranks as f32;
         streams.push(gpu.new_stream()?);
         reps.push(rep);
@@ -68,43 +69,29 @@ pub fn train<T: Act>(
     for step in 0..a.steps {
         let t0 = Instant::now();
         let starts = &order[step * b..(step + 1) * b];
-        // Forward and the head's backward pass, then the ln_f bucket.
         for (r, rep) in reps.iter_mut().enumerate() {
             let gpu = ctx.bind(&devices[r])?;
-            let mut s = gpu.on(&streams[r])?;
             let (x, y) = data::make_batch(&data.train, &starts[r * shard..(r + 1) * shard], t);
             rep.upload(&gpu, &x, &y)?;
             gpu.htod_copy(&sched.device_values(step, &hp), &mut rep.sched)?;
-            rep.forward(&mut s, true)?;
-            rep.backward_head(&mut s)?;
         }
-        buckets.reduce(ctx, &comm, devices, &streams, &reps, 0)?;
-        for l in (0..cfg.layers).rev() {
-            for (r, rep) in reps.iter_mut().enumerate() {
-                let gpu = ctx.bind(&devices[r])?;
-                rep.backward_block(&mut gpu.on(&streams[r])?, l)?;
+        let mut all = Replicas {
+            ctx: &mut *ctx,
+            devices,
+            streams: &streams,
+            reps: &reps,
+        };
+        train_step(&mut all, hp, |all, k| {
+            buckets.reduce(all.ctx, &comm, devices, &streams, all.reps, k)?;
+            if k == cfg.layers + 1 {
+                // Every bucket reduced: back into each rank's gradients before the update.
+                all.each(|r, x| buckets.copy_back(x.s, r, x.model))?;
             }
-            buckets.reduce(
-                ctx,
-                &comm,
-                devices,
-                &streams,
-                &reps,
-                1 + (cfg.layers - 1 - l),
-            )?;
-        }
-        for (r, rep) in reps.iter_mut().enumerate() {
-            let gpu = ctx.bind(&devices[r])?;
-            rep.backward_embed(&mut gpu.on(&streams[r])?)?;
-        }
-        buckets.reduce(ctx, &comm, devices, &streams, &reps, cfg.layers + 1)?;
+            Ok(())
+        })?;
         let mut sum = 0.0f64;
-        for (r, rep) in reps.iter_mut().enumerate() {
-            let gpu = ctx.bind(&devices[r])?;
-            let mut s = gpu.on(&streams[r])?;
-            buckets.copy_back(&s, r, rep)?;
-            rep.update(&mut s, &hp)?;
-            sum += f64::from(gpu.dtoh(&rep.loss)?[0]);
+        for (r, rep) in reps.iter().enumerate() {
+            sum += f64::from(ctx.bind(&devices[r])?.dtoh(&rep.loss)?[0]);
         }
         let loss = (sum / ranks as f64) as f32;
         let dt = t0.elapsed().as_secs_f64();
@@ -141,6 +128,39 @@ pub fn train<T: Act>(
         tps * cfg.flops_per_token() / (T::PEAK_TFLOPS * 1e12 * distinct as f64)
     );
     Ok(losses)
+}
+
+/// Every rank's replica: a step's parts issued on each in rank order, each on its rank's
+/// compute stream.
+struct Replicas<'x, T: Act> {
+    ctx: &'x mut ThreadContext,
+    devices: &'x [Arc<Device>],
+    streams: &'x [Stream],
+    reps: &'x [Gpt<T>],
+}
+
+impl<T: Act> Replicas<'_, T> {
+    /// Runs `f` with every rank and its replica's eager issuer.
+    fn each(
+        &mut self,
+        mut f: impl FnMut(usize, &mut Eager<'_, '_, T>) -> gpubind::Result<()>,
+    ) -> gpubind::Result<()> {
+        for (r, rep) in self.reps.iter().enumerate() {
+            let gpu = self.ctx.bind(&self.devices[r])?;
+            let mut s = gpu.on(&self.streams[r])?;
+            f(r, &mut rep.eager(&mut s)?)?;
+        }
+        Ok(())
+    }
+}
+
+impl<T: Act> Issuer for Replicas<'_, T> {
+    fn layers(&self) -> usize {
+        self.reps[0].dims.l
+    }
+    fn issue(&mut self, part: Part) -> gpubind::Result<()> {
+        self.each(|_, x| x.issue(part))
+    }
 }
 
 /// The buckets' ranges of the flat gradients, in the order the backward pass finishes
@@ -193,7 +213,7 @@ impl<T: Act> Buckets<T> {
         streams: &[Stream],
         reps: &[Gpt<T>],
         k: usize,
-    ) -> Result<(), GptError> {
+    ) -> gpubind::Result<()> {
         let range = self.ranges[k].clone();
         for (r, rep) in reps.iter().enumerate() {
             let gpu = ctx.bind(&devices[r])?;
@@ -210,10 +230,11 @@ impl<T: Act> Buckets<T> {
         Ok(())
     }
 
-    /// Copies every reduced bucket of rank `r` back into its gradients (on `s`).
-    fn copy_back(&self, s: &BoundStream<'_>, r: usize, rep: &mut Gpt<T>) -> Result<(), GptError> {
+    /// Copies every reduced bucket of rank `r` back into its gradients (on `s`, through
+    /// the shared borrow of the replica that its step holds).
+    fn copy_back(&self, s: &mut BoundStream<'_>, r: usize, rep: &Gpt<T>) -> gpubind::Result<()> {
         for (k, range) in self.ranges.iter().enumerate() {
-            s.dtod_async(&self.bufs[k][r], &mut rep.grads.slice_mut(range.clone())?)?;
+            s.dtod(&self.bufs[k][r], &rep.grads.slice(range.clone())?)?;
         }
         Ok(())
     }

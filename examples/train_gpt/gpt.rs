@@ -2,22 +2,27 @@
 //! preallocated activations per block (as llm.c), and the forward pass, backward pass
 //! and optimizer step as NVRTC kernels ([`Kernels`]) and cuBLAS products.
 //!
-//! Kernel outputs are passed as `&mut` to say which buffers a launch writes (the
-//! wrappers take `&`, as launches order every buffer argument as written).
-#![allow(clippy::unnecessary_mut_passed)]
+//! The step itself — which products and kernels, in which order — is written once, in
+//! `pass.rs` (the parts) and `step.rs` (their order), for an eager stream and a graph
+//! capture alike; the methods here issue its parts eagerly.
 
 #[path = "graph.rs"]
 pub mod graph;
+#[path = "pass.rs"]
+mod pass;
+#[path = "step.rs"]
+pub mod step;
 
 use crate::GptError;
+use crate::args::{AttnMode, Fusion};
+use crate::attention::Attention;
 use crate::kernels::{self, Kernels, NORM_PARTS};
-use crate::model::{Config, Dims, ParamLayout, linear};
-use crate::optim::{AdamW, SCHED_LEN};
+use crate::model::{Config, Dims, ParamLayout};
+use crate::optim::SCHED_LEN;
 pub use crate::precision::Act;
-use gpubind::blas::{Batch, Blas, BlasScalar, Matmul};
-use gpubind::{
-    BoundDevice, BoundStream, DeviceMemory, DeviceMemoryMut, DeviceRepr, DeviceSlice, Result,
-};
+use gpubind::blas::Blas;
+use gpubind::{BoundDevice, BoundStream, DeviceRepr, DeviceSlice, Result};
+use step::{Eager, Issuer, Part};
 
 /// The activations of one block kept for the backward pass.
 struct Block<T: DeviceRepr> {
@@ -25,6 +30,8 @@ struct Block<T: DeviceRepr> {
     ln1_mean: DeviceSlice<f32>,
     ln1_rstd: DeviceSlice<f32>,
     qkv: DeviceSlice<T>,
+    /// Each query row's log-sum-exp (fused attention).
+    lse: DeviceSlice<f32>,
     q: DeviceSlice<T>,
     k: DeviceSlice<T>,
     v: DeviceSlice<T>,
@@ -50,6 +57,8 @@ struct Scratch<T: DeviceRepr> {
     dq: DeviceSlice<T>,
     dk: DeviceSlice<T>,
     dv: DeviceSlice<T>,
+    /// `rowsum(dy ⊙ y)` of the fused attention's backward pass.
+    dsum: DeviceSlice<f32>,
     datt: DeviceSlice<T>,
     daty: DeviceSlice<T>,
     daty_un: DeviceSlice<T>,
@@ -57,6 +66,8 @@ struct Scratch<T: DeviceRepr> {
     dfch_gelu: DeviceSlice<T>,
     dlogits: DeviceSlice<T>,
     partial: DeviceSlice<f32>,
+    /// The token embedding gradient's partial sums.
+    wte_partial: DeviceSlice<f32>,
     norm_partial: DeviceSlice<f32>,
 }
 
@@ -86,8 +97,14 @@ pub struct Gpt<T: Act> {
     /// Factor of the loss gradient: 1, or 1/ranks under data parallelism.
     pub grad_scale: f32,
     normsq: DeviceSlice<f32>,
+    /// 1 for each parameter AdamW decays (`Param::decay`), else 0.
+    decay: DeviceSlice<u8>,
     sc: Scratch<T>,
     k: Kernels,
+    /// The fused attention's kernels (`--attention fused`); `None`: unfused.
+    attn: Option<Attention>,
+    fusion: Fusion,
+    /// The eager parts' cuBLAS handle.
     blas: Blas,
 }
 
@@ -95,40 +112,27 @@ fn z<T: DeviceRepr>(gpu: &BoundDevice<'_>, n: usize) -> Result<DeviceSlice<T>> {
     gpu.alloc_zeros::<T>(n)
 }
 
-fn mm<T: BlasScalar>(
-    s: &BoundStream<'_>,
-    blas: &Blas,
-    shape: Matmul,
-    a: &impl DeviceMemory<T>,
-    b: &impl DeviceMemory<T>,
-    c: &mut impl DeviceMemoryMut<T>,
-) -> Result<()> {
-    s.matmul(blas, &shape, a, b, c)
-}
-
-fn bmm<T: BlasScalar>(
-    s: &BoundStream<'_>,
-    blas: &Blas,
-    shape: Matmul,
-    count: usize,
-    (a, b, c): (&DeviceSlice<T>, &DeviceSlice<T>, &mut DeviceSlice<T>),
-) -> Result<()> {
-    s.matmul_batched(blas, &shape, &Batch::packed(count, &shape), a, b, c)
-}
-
 impl<T: Act> Gpt<T> {
-    /// Allocates everything for batch `b` (per device) and uploads `init`. A batch whose
-    /// buffers do not fit in the free device memory is [`GptError::BatchTooLarge`].
+    /// Allocates everything for batch `b` (per device), with the fused paths `fusion`, and
+    /// uploads `init`. A batch whose buffers do not fit in the free device memory is
+    /// [`GptError::BatchTooLarge`]; a shape the fused attention does not take, a
+    /// [`gpubind::Error::InvalidArgument`] naming it.
     pub fn new(
         gpu: &BoundDevice<'_>,
         cfg: Config,
         b: usize,
         init: &[f32],
+        mut fusion: Fusion,
     ) -> std::result::Result<Gpt<T>, GptError> {
+        fusion.attention = fusion.attention.resolve(T::BF16);
         let dims = Dims::new(&cfg, b);
         let layout = ParamLayout::new(&cfg);
+        let unfused = fusion.attention == AttnMode::Unfused;
+        if !unfused {
+            crate::attention::check_shape((dims.b, dims.t, dims.nh, dims.hs))?;
+        }
         let t = std::mem::size_of::<T>();
-        let need = dims.activation_floats() * t + layout.total * (3 * 4 + 2 * t);
+        let need = dims.activation_floats(unfused) * t + layout.total * (3 * 4 + 2 * t);
         let (free, _) = gpu.memory_info()?;
         if need + (1 << 30) > free {
             return Err(GptError::BatchTooLarge {
@@ -137,10 +141,11 @@ impl<T: Act> Gpt<T> {
                 free,
             });
         }
-        for (what, n) in [("B·T·4C", dims.bt() * 4 * dims.c), ("B·NH·T·T", dims.att())] {
+        let att = if unfused { dims.att() } else { 0 };
+        for (what, n) in [("B·T·4C", dims.bt() * 4 * dims.c), ("B·NH·T·T", att)] {
             kernels::u32_of(what, n)?;
         }
-        let model = Self::alloc(gpu, cfg, dims, layout, init)?;
+        let model = Self::alloc(gpu, cfg, dims, layout, init, fusion)?;
         model.sync_weights(&mut gpu.default_stream())?;
         Ok(model)
     }
@@ -151,8 +156,16 @@ impl<T: Act> Gpt<T> {
         d: Dims,
         layout: ParamLayout,
         init: &[f32],
+        fusion: Fusion,
     ) -> Result<Gpt<T>> {
         let (bt, c) = (d.bt(), d.c);
+        let unfused = fusion.attention == AttnMode::Unfused;
+        // The buffers only one attention path uses: one element for the other.
+        let (un, fu) = (
+            |n: usize| if unfused { n } else { 1 },
+            |n: usize| if unfused { 1 } else { n },
+        );
+        let rows = d.b * d.nh * d.t;
         let blocks = (0..d.l)
             .map(|_| {
                 Ok(Block {
@@ -160,11 +173,12 @@ impl<T: Act> Gpt<T> {
                     ln1_mean: z(gpu, bt)?,
                     ln1_rstd: z(gpu, bt)?,
                     qkv: z(gpu, bt * 3 * c)?,
-                    q: z(gpu, bt * c)?,
-                    k: z(gpu, bt * c)?,
-                    v: z(gpu, bt * c)?,
-                    att: z(gpu, d.att())?,
-                    atty: z(gpu, bt * c)?,
+                    lse: z(gpu, fu(rows))?,
+                    q: z(gpu, un(bt * c))?,
+                    k: z(gpu, un(bt * c))?,
+                    v: z(gpu, un(bt * c))?,
+                    att: z(gpu, un(d.att()))?,
+                    atty: z(gpu, un(bt * c))?,
                     atty_un: z(gpu, bt * c)?,
                     res2: z(gpu, bt * c)?,
                     ln2: z(gpu, bt * c)?,
@@ -177,23 +191,26 @@ impl<T: Act> Gpt<T> {
             })
             .collect::<Result<Vec<_>>>()?;
         let sc = Scratch {
-            preatt: z(gpu, d.att())?,
+            preatt: z(gpu, un(d.att()))?,
             proj: z(gpu, bt * c)?,
             dres: z(gpu, bt * c)?,
             dln: z(gpu, bt * c)?,
             dqkv: z(gpu, bt * 3 * c)?,
-            dq: z(gpu, bt * c)?,
-            dk: z(gpu, bt * c)?,
-            dv: z(gpu, bt * c)?,
-            datt: z(gpu, d.att())?,
-            daty: z(gpu, bt * c)?,
+            dq: z(gpu, un(bt * c))?,
+            dk: z(gpu, un(bt * c))?,
+            dv: z(gpu, un(bt * c))?,
+            dsum: z(gpu, fu(rows))?,
+            datt: z(gpu, un(d.att()))?,
+            daty: z(gpu, un(bt * c))?,
             daty_un: z(gpu, bt * c)?,
             dfch: z(gpu, bt * 4 * c)?,
             dfch_gelu: z(gpu, bt * 4 * c)?,
             dlogits: z(gpu, bt * d.v)?,
             partial: z(gpu, kernels::colsum_parts(bt) * 4 * c)?,
+            wte_partial: z(gpu, kernels::wte_parts(bt) * d.v * c)?,
             norm_partial: z(gpu, NORM_PARTS)?,
         };
+        let decay = gpu.clone_htod(&layout.decay_mask())?;
         Ok(Gpt {
             cfg,
             dims: d,
@@ -216,8 +233,15 @@ impl<T: Act> Gpt<T> {
             sched: z(gpu, SCHED_LEN)?,
             grad_scale: 1.0,
             normsq: z(gpu, 1)?,
+            decay,
             sc,
             k: Kernels::load(gpu, T::BF16)?,
+            attn: match fusion.attention {
+                AttnMode::Unfused | AttnMode::Auto => None,
+                AttnMode::Fused => Some(Attention::load(gpu, T::BF16, true)?),
+                AttnMode::Tiled => Some(Attention::load(gpu, T::BF16, false)?),
+            },
+            fusion,
             blas: gpu.new_blas()?,
         })
     }
@@ -227,568 +251,15 @@ impl<T: Act> Gpt<T> {
         self.k.cast_weights(s, &self.weights, &self.params)
     }
 
+    /// The issuer of a step's parts eagerly on `s` ([`step::train_step`]).
+    pub fn eager<'x, 's>(&'x self, s: &'x mut BoundStream<'s>) -> Result<Eager<'x, 's, T>> {
+        Eager::new(s, self)
+    }
+
     /// The forward pass over `tokens`: logits, and the mean loss against `targets` into
     /// `loss` (with `grad`, the logits' gradient too).
-    pub fn forward(&mut self, s: &mut BoundStream<'_>, grad: bool) -> Result<()> {
-        self.forward_embed(s)?;
-        for l in 0..self.dims.l {
-            self.forward_block(s, l)?;
-        }
-        self.forward_head(s, grad)
-    }
-
-    /// The embeddings: `encoded`.
-    fn forward_embed(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
-        let d = self.dims;
-        let c = d.c;
-        let Gpt {
-            layout,
-            weights: p,
-            k,
-            ..
-        } = self;
-        let w = |name: &str| p.slice(layout.get(name).range());
-        k.encoder_fwd(
-            s,
-            &mut self.encoded,
-            &self.tokens,
-            &w("wte.weight")?,
-            &w("wpe.weight")?,
-            (d.t, c),
-        )?;
-        Ok(())
-    }
-
-    /// Block `l`'s forward pass.
-    fn forward_block(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
-        self.forward_attn(s, l)?;
-        self.forward_mlp(s, l)
-    }
-
-    /// Block `l`'s attention (with its residual).
-    fn forward_attn(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
-        let d = self.dims;
-        let (bt, c) = (d.bt(), d.c);
-        let Gpt {
-            layout,
-            weights: p,
-            blocks,
-            k,
-            blas,
-            sc,
-            ..
-        } = self;
-        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
-        let (done, rest) = blocks.split_at_mut(l);
-        let x = if l == 0 {
-            &self.encoded
-        } else {
-            &done[l - 1].res3
-        };
-        let bl = &mut rest[0];
-        let ln1 = (&wl(l, "ln_1.weight")?, &wl(l, "ln_1.bias")?);
-        k.layernorm_fwd(
-            s,
-            &mut bl.ln1,
-            &mut bl.ln1_mean,
-            &mut bl.ln1_rstd,
-            x,
-            ln1,
-            c,
-        )?;
-        mm(
-            s,
-            blas,
-            linear(bt, 3 * c, c),
-            &bl.ln1,
-            &wl(l, "attn.c_attn.weight")?,
-            &mut bl.qkv,
-        )?;
-        k.bias_add(s, &mut bl.qkv, &wl(l, "attn.c_attn.bias")?)?;
-        let shape4 = (d.b, d.t, d.nh, d.hs);
-        k.permute_qkv(
-            s,
-            &mut bl.q,
-            &mut bl.k,
-            &mut bl.v,
-            &mut bl.qkv,
-            shape4,
-            false,
-        )?;
-        let scale = 1.0 / (d.hs as f64).sqrt();
-        let qk = Matmul::new(d.t, d.t, d.hs).transpose_b().scaled(scale, 0.0);
-        bmm(s, blas, qk, d.b * d.nh, (&bl.q, &bl.k, &mut sc.preatt))?;
-        k.softmax_fwd(s, &mut bl.att, &sc.preatt, d.t)?;
-        bmm(
-            s,
-            blas,
-            Matmul::new(d.t, d.hs, d.t),
-            d.b * d.nh,
-            (&bl.att, &bl.v, &mut bl.atty),
-        )?;
-        k.unpermute(s, &mut bl.atty_un, &mut bl.atty, shape4, false)?;
-        mm(
-            s,
-            blas,
-            linear(bt, c, c),
-            &bl.atty_un,
-            &wl(l, "attn.c_proj.weight")?,
-            &mut sc.proj,
-        )?;
-        k.residual_bias(s, &mut bl.res2, x, &sc.proj, &wl(l, "attn.c_proj.bias")?)?;
-        Ok(())
-    }
-
-    /// Block `l`'s MLP (with its residual).
-    fn forward_mlp(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
-        let d = self.dims;
-        let (bt, c) = (d.bt(), d.c);
-        let Gpt {
-            layout,
-            weights: p,
-            blocks,
-            k,
-            blas,
-            sc,
-            ..
-        } = self;
-        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
-        let bl = &mut blocks[l];
-        let ln2 = (&wl(l, "ln_2.weight")?, &wl(l, "ln_2.bias")?);
-        k.layernorm_fwd(
-            s,
-            &mut bl.ln2,
-            &mut bl.ln2_mean,
-            &mut bl.ln2_rstd,
-            &bl.res2,
-            ln2,
-            c,
-        )?;
-        mm(
-            s,
-            blas,
-            linear(bt, 4 * c, c),
-            &bl.ln2,
-            &wl(l, "mlp.c_fc.weight")?,
-            &mut bl.fch,
-        )?;
-        k.bias_add(s, &mut bl.fch, &wl(l, "mlp.c_fc.bias")?)?;
-        k.gelu_fwd(s, &mut bl.fch_gelu, &bl.fch)?;
-        mm(
-            s,
-            blas,
-            linear(bt, c, 4 * c),
-            &bl.fch_gelu,
-            &wl(l, "mlp.c_proj.weight")?,
-            &mut sc.proj,
-        )?;
-        k.residual_bias(
-            s,
-            &mut bl.res3,
-            &bl.res2,
-            &sc.proj,
-            &wl(l, "mlp.c_proj.bias")?,
-        )?;
-        Ok(())
-    }
-
-    /// The final layer norm, the head and the loss.
-    fn forward_head(&mut self, s: &mut BoundStream<'_>, grad: bool) -> Result<()> {
-        let d = self.dims;
-        let (bt, c) = (d.bt(), d.c);
-        let Gpt {
-            layout,
-            weights: p,
-            blocks,
-            k,
-            blas,
-            sc,
-            ..
-        } = self;
-        let w = |name: &str| p.slice(layout.get(name).range());
-        let last = &blocks[d.l - 1].res3;
-        let lnf = (&w("ln_f.weight")?, &w("ln_f.bias")?);
-        k.layernorm_fwd(
-            s,
-            &mut self.lnf,
-            &mut self.lnf_mean,
-            &mut self.lnf_rstd,
-            last,
-            lnf,
-            c,
-        )?;
-        mm(
-            s,
-            blas,
-            linear(bt, d.v, c),
-            &self.lnf,
-            &w("wte.weight")?,
-            &mut self.logits,
-        )?;
-        k.xent(
-            s,
-            &mut sc.dlogits,
-            &mut self.losses,
-            &mut self.loss,
-            &self.logits,
-            &self.targets,
-            d.v,
-            grad.then_some(self.grad_scale),
-        )
-    }
-
-    /// The backward pass (after `forward(.., true)`): every parameter's gradient into
-    /// `grads` (overwritten).
-    pub fn backward(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
-        self.backward_head(s)?;
-        for l in (0..self.dims.l).rev() {
-            self.backward_block(s, l)?;
-        }
-        self.backward_embed(s)
-    }
-
-    /// The head and the final layer norm: `dres` and their gradients.
-    pub fn backward_head(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
-        let d = self.dims;
-        let (bt, c) = (d.bt(), d.c);
-        let Gpt {
-            layout,
-            weights: p,
-            grads: g,
-            blocks,
-            k,
-            blas,
-            sc,
-            ..
-        } = self;
-        let w = |name: &str| p.slice(layout.get(name).range());
-        let gr = |name: &str| layout.get(name).range();
-        // Head (tied to wte): dwte = dlogitsᵀ·lnf, dlnf = dlogits·wte.
-        mm(
-            s,
-            blas,
-            Matmul::new(d.v, c, bt).transpose_a(),
-            &sc.dlogits,
-            &self.lnf,
-            &mut g.slice_mut(gr("wte.weight"))?,
-        )?;
-        mm(
-            s,
-            blas,
-            Matmul::new(bt, c, d.v),
-            &sc.dlogits,
-            &w("wte.weight")?,
-            &mut sc.dln,
-        )?;
-        s.memset_zeros_async(&mut sc.dres)?;
-        let lnf_wb = layout.get("ln_f.weight").offset..layout.get("ln_f.bias").range().end;
-        let last = &blocks[d.l - 1].res3;
-        k.layernorm_bwd(
-            s,
-            &mut sc.dres,
-            &mut g.slice_mut(lnf_wb)?,
-            &mut sc.partial,
-            &sc.dln,
-            last,
-            (&self.lnf_mean, &self.lnf_rstd),
-            &w("ln_f.weight")?,
-        )?;
-        Ok(())
-    }
-
-    /// Block `l`'s backward pass: its gradients, and `dres` becomes its input's.
-    pub fn backward_block(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
-        self.backward_mlp(s, l)?;
-        self.backward_attn(s, l)
-    }
-
-    /// Block `l`'s MLP backward pass (and its second layer norm's).
-    fn backward_mlp(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
-        let d = self.dims;
-        let (bt, c) = (d.bt(), d.c);
-        let Gpt {
-            layout,
-            weights: p,
-            grads: g,
-            blocks,
-            k,
-            blas,
-            sc,
-            ..
-        } = self;
-        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
-        let gl = |l: usize, suffix: &str| layout.block(l, suffix);
-        let bl = &blocks[l];
-        // MLP: res3 = res2 + fch_gelu·Wpᵀ + b.
-        mm(
-            s,
-            blas,
-            Matmul::new(c, 4 * c, bt).transpose_a(),
-            &sc.dres,
-            &bl.fch_gelu,
-            &mut g.slice_mut(gl(l, "mlp.c_proj.weight"))?,
-        )?;
-        k.bias_grad(
-            s,
-            &mut g.slice_mut(gl(l, "mlp.c_proj.bias"))?,
-            &mut sc.partial,
-            &sc.dres,
-        )?;
-        mm(
-            s,
-            blas,
-            Matmul::new(bt, 4 * c, c),
-            &sc.dres,
-            &wl(l, "mlp.c_proj.weight")?,
-            &mut sc.dfch_gelu,
-        )?;
-        k.gelu_bwd(s, &mut sc.dfch, &bl.fch, &sc.dfch_gelu)?;
-        mm(
-            s,
-            blas,
-            Matmul::new(4 * c, c, bt).transpose_a(),
-            &sc.dfch,
-            &bl.ln2,
-            &mut g.slice_mut(gl(l, "mlp.c_fc.weight"))?,
-        )?;
-        k.bias_grad(
-            s,
-            &mut g.slice_mut(gl(l, "mlp.c_fc.bias"))?,
-            &mut sc.partial,
-            &sc.dfch,
-        )?;
-        mm(
-            s,
-            blas,
-            Matmul::new(bt, c, 4 * c),
-            &sc.dfch,
-            &wl(l, "mlp.c_fc.weight")?,
-            &mut sc.dln,
-        )?;
-        let ln2_wb = gl(l, "ln_2.weight").start..gl(l, "ln_2.bias").end;
-        k.layernorm_bwd(
-            s,
-            &mut sc.dres,
-            &mut g.slice_mut(ln2_wb)?,
-            &mut sc.partial,
-            &sc.dln,
-            &bl.res2,
-            (&bl.ln2_mean, &bl.ln2_rstd),
-            &wl(l, "ln_2.weight")?,
-        )?;
-        Ok(())
-    }
-
-    /// Block `l`'s attention backward pass (and its first layer norm's).
-    fn backward_attn(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
-        self.backward_attn_core(s, l)?;
-        self.backward_qkv(s, l)
-    }
-
-    /// Block `l`'s attention projection and attention backward: `dqkv`.
-    fn backward_attn_core(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
-        let d = self.dims;
-        let (bt, c) = (d.bt(), d.c);
-        let Gpt {
-            layout,
-            weights: p,
-            grads: g,
-            blocks,
-            k,
-            blas,
-            sc,
-            ..
-        } = self;
-        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
-        let gl = |l: usize, suffix: &str| layout.block(l, suffix);
-        let bl = &blocks[l];
-        // Attention projection: res2 = x + atty_un·Wᵀ + b.
-        mm(
-            s,
-            blas,
-            Matmul::new(c, c, bt).transpose_a(),
-            &sc.dres,
-            &bl.atty_un,
-            &mut g.slice_mut(gl(l, "attn.c_proj.weight"))?,
-        )?;
-        k.bias_grad(
-            s,
-            &mut g.slice_mut(gl(l, "attn.c_proj.bias"))?,
-            &mut sc.partial,
-            &sc.dres,
-        )?;
-        mm(
-            s,
-            blas,
-            Matmul::new(bt, c, c),
-            &sc.dres,
-            &wl(l, "attn.c_proj.weight")?,
-            &mut sc.daty_un,
-        )?;
-        let shape4 = (d.b, d.t, d.nh, d.hs);
-        k.unpermute(s, &mut sc.daty_un, &mut sc.daty, shape4, true)?;
-        let n = d.b * d.nh;
-        // atty = att·v: datt = daty·vᵀ, dv = attᵀ·daty.
-        bmm(
-            s,
-            blas,
-            Matmul::new(d.t, d.t, d.hs).transpose_b(),
-            n,
-            (&sc.daty, &bl.v, &mut sc.datt),
-        )?;
-        bmm(
-            s,
-            blas,
-            Matmul::new(d.t, d.hs, d.t).transpose_a(),
-            n,
-            (&bl.att, &sc.daty, &mut sc.dv),
-        )?;
-        k.softmax_bwd(s, &mut sc.preatt, &sc.datt, &bl.att, d.t)?;
-        // preatt = scale·q·kᵀ: dq = scale·dpre·k, dk = scale·dpreᵀ·q.
-        let scale = 1.0 / (d.hs as f64).sqrt();
-        bmm(
-            s,
-            blas,
-            Matmul::new(d.t, d.hs, d.t).scaled(scale, 0.0),
-            n,
-            (&sc.preatt, &bl.k, &mut sc.dq),
-        )?;
-        bmm(
-            s,
-            blas,
-            Matmul::new(d.t, d.hs, d.t).transpose_a().scaled(scale, 0.0),
-            n,
-            (&sc.preatt, &bl.q, &mut sc.dk),
-        )?;
-        k.permute_qkv(
-            s,
-            &mut sc.dq,
-            &mut sc.dk,
-            &mut sc.dv,
-            &mut sc.dqkv,
-            shape4,
-            true,
-        )?;
-        Ok(())
-    }
-
-    /// Block `l`'s QKV projection and first layer norm backward.
-    fn backward_qkv(&mut self, s: &mut BoundStream<'_>, l: usize) -> Result<()> {
-        let d = self.dims;
-        let (bt, c) = (d.bt(), d.c);
-        let Gpt {
-            layout,
-            weights: p,
-            grads: g,
-            blocks,
-            k,
-            blas,
-            sc,
-            ..
-        } = self;
-        let wl = |l: usize, suffix: &str| p.slice(layout.block(l, suffix));
-        let gl = |l: usize, suffix: &str| layout.block(l, suffix);
-        let (done, rest) = blocks.split_at(l);
-        let x = if l == 0 {
-            &self.encoded
-        } else {
-            &done[l - 1].res3
-        };
-        let bl = &rest[0];
-        mm(
-            s,
-            blas,
-            Matmul::new(3 * c, c, bt).transpose_a(),
-            &sc.dqkv,
-            &bl.ln1,
-            &mut g.slice_mut(gl(l, "attn.c_attn.weight"))?,
-        )?;
-        k.bias_grad(
-            s,
-            &mut g.slice_mut(gl(l, "attn.c_attn.bias"))?,
-            &mut sc.partial,
-            &sc.dqkv,
-        )?;
-        mm(
-            s,
-            blas,
-            Matmul::new(bt, c, 3 * c),
-            &sc.dqkv,
-            &wl(l, "attn.c_attn.weight")?,
-            &mut sc.dln,
-        )?;
-        let ln1_wb = gl(l, "ln_1.weight").start..gl(l, "ln_1.bias").end;
-        k.layernorm_bwd(
-            s,
-            &mut sc.dres,
-            &mut g.slice_mut(ln1_wb)?,
-            &mut sc.partial,
-            &sc.dln,
-            x,
-            (&bl.ln1_mean, &bl.ln1_rstd),
-            &wl(l, "ln_1.weight")?,
-        )?;
-        Ok(())
-    }
-
-    /// The embeddings' gradients.
-    pub fn backward_embed(&mut self, s: &mut BoundStream<'_>) -> Result<()> {
-        let d = self.dims;
-        let c = d.c;
-        let Gpt {
-            layout,
-            grads: g,
-            k,
-            sc,
-            ..
-        } = self;
-        let gr = |name: &str| layout.get(name).range();
-        let [mut dwte, mut dwpe] = g.get_disjoint_mut([gr("wte.weight"), gr("wpe.weight")])?;
-        k.encoder_bwd(
-            s,
-            &mut dwte,
-            &mut dwpe,
-            &sc.dres,
-            &self.tokens,
-            (d.b, d.t, c, d.v),
-        )
-    }
-
-    /// Clips the gradients to norm `hp.max_norm` and applies AdamW with the lr and bias
-    /// corrections in `sched` (uploaded by the caller).
-    pub fn update(&mut self, s: &mut BoundStream<'_>, hp: &AdamW) -> Result<()> {
-        let Gpt {
-            layout,
-            params,
-            weights,
-            grads,
-            m,
-            v,
-            k,
-            sc,
-            sched,
-            normsq,
-            ..
-        } = self;
-        k.sumsq(s, normsq, &mut sc.norm_partial, grads)?;
-        for prm in &layout.params {
-            let r = prm.range();
-            let wd = if prm.decay { hp.weight_decay } else { 0.0 };
-            k.adamw(
-                s,
-                (
-                    &mut params.slice_mut(r.clone())?,
-                    &mut weights.slice_mut(r.clone())?,
-                    &grads.slice(r.clone())?,
-                ),
-                (&mut m.slice_mut(r.clone())?, &mut v.slice_mut(r)?),
-                &*sched,
-                &*normsq,
-                wd,
-                hp,
-            )?;
-        }
-        Ok(())
+    pub fn forward(&self, s: &mut BoundStream<'_>, grad: bool) -> Result<()> {
+        self.eager(s)?.issue(Part::Forward { grad })
     }
 
     /// Uploads a batch (`tokens` and `targets`, `b × t` each, below the vocabulary).

@@ -5,35 +5,64 @@
 //! The graph reads its inputs (tokens, targets, the schedule's lr and bias corrections)
 //! from the model's device buffers, which it holds borrowed (shared) for its lifetime.
 //! `htod_copy` needs `&mut` of its destination, so a step's inputs are uploaded into
-//! staging buffers ([`Staging`]) and moved into the graph's input buffers by an eager
-//! `copy_words` kernel, which (like any launch) takes its buffers by shared reference and
-//! is ordered before the graph's launch by gpubind's access tracking.
+//! staging buffers ([`Staging`]) and copied into the graph's input buffers on the stream
+//! through shared borrows (`Issue::dtod`), ordered before the graph's launch by gpubind's
+//! access tracking.
 //!
-//! The captured step is the eager one (`gpt.rs`) call for call, with shared views in
-//! place of the `&mut` outputs of the eager products: `--check-graph` runs both and
+//! The captured step is the eager one: both issue the parts of `step.rs`, which
+//! `pass.rs` writes once for a stream and a capture alike; `--check-graph` runs both and
 //! requires the same losses bit for bit.
 
+use super::step::{self, Captured};
 use super::{Act, Gpt};
-use crate::model::{ParamLayout, linear};
+use crate::model::ParamLayout;
 use crate::optim::{AdamW, SCHED_LEN};
-use gpubind::blas::{Batch, Blas, Enqueue, Matmul};
-use gpubind::{
-    BoundDevice, BoundStream, Capture, DeviceRepr, DeviceSlice, DeviceView, Graph, Result,
-};
+use gpubind::Result;
+use gpubind::{BoundDevice, BoundStream, DeviceRepr, DeviceSlice, DeviceView, Graph, Issue};
 
-/// Views of the flat buffers per tensor, made before a capture so that they live as
-/// long as its graph: parameters, gradients, AdamW moments, and each layer norm's
-/// weight-and-bias gradient pair.
+/// Views of the flat buffers per tensor, by name: parameters, gradients, and each layer
+/// norm's weight-and-bias gradient pair. A capture makes them first, so that they live as
+/// long as its graph; an eager part makes them for itself.
 pub struct Views<'a, T: Act> {
+    lay: &'a ParamLayout,
     /// The weights the products and kernels read.
     p: Vec<DeviceView<'a, T>>,
-    /// The f32 master weights.
-    master: Vec<DeviceView<'a, f32>>,
     g: Vec<DeviceView<'a, T>>,
-    m: Vec<DeviceView<'a, f32>>,
-    v: Vec<DeviceView<'a, f32>>,
     /// Indexed like `p`: `Some` at a layer norm's weight, covering weight and bias.
     g_pair: Vec<Option<DeviceView<'a, T>>>,
+}
+
+impl<'a, T: Act> Views<'a, T> {
+    /// The weight `name`.
+    pub fn w(&self, name: &str) -> &DeviceView<'a, T> {
+        &self.p[self.lay.index(name)]
+    }
+    /// Block `l`'s weight `suffix`.
+    pub fn wl(&self, l: usize, suffix: &str) -> &DeviceView<'a, T> {
+        self.w(&format!("h.{l}.{suffix}"))
+    }
+    /// The gradient of `name`.
+    pub fn g(&self, name: &str) -> &DeviceView<'a, T> {
+        &self.g[self.lay.index(name)]
+    }
+    /// The gradient of block `l`'s `suffix`.
+    pub fn gl(&self, l: usize, suffix: &str) -> &DeviceView<'a, T> {
+        self.g(&format!("h.{l}.{suffix}"))
+    }
+    /// The gradients of layer norm weight `name` and its bias, which follows it.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a layer norm's weight.
+    pub fn g_pair(&self, name: &str) -> &DeviceView<'a, T> {
+        self.g_pair[self.lay.index(name)]
+            .as_ref()
+            .expect("a layer-norm weight")
+    }
+    /// [`g_pair`](Self::g_pair) of block `l`'s `suffix`.
+    pub fn g_pair_l(&self, l: usize, suffix: &str) -> &DeviceView<'a, T> {
+        self.g_pair(&format!("h.{l}.{suffix}"))
+    }
 }
 
 /// Device buffers the host writes a step's inputs into (see the module docs).
@@ -53,18 +82,8 @@ impl Staging {
     }
 }
 
-fn cbmm<'a, T: Act>(
-    cap: &mut Capture<'_, 'a>,
-    blas: &Blas,
-    shape: Matmul,
-    count: usize,
-    (a, b, c): (&'a DeviceSlice<T>, &'a DeviceSlice<T>, &'a DeviceSlice<T>),
-) -> Result<()> {
-    cap.matmul_batched(blas, &shape, &Batch::packed(count, &shape), a, b, c)
-}
-
 impl<T: Act> Gpt<T> {
-    /// The per-tensor views a capture needs.
+    /// The per-tensor views a capture (or an eager part) needs.
     pub fn views(&self) -> Result<Views<'_, T>> {
         fn each<'x, E: DeviceRepr>(
             lay: &ParamLayout,
@@ -73,28 +92,27 @@ impl<T: Act> Gpt<T> {
             lay.params.iter().map(|p| buf.slice(p.range())).collect()
         }
         let lay = &self.layout;
-        let mut g_pair = Vec::new();
-        for (i, p) in self.layout.params.iter().enumerate() {
+        let mut g_pair = Vec::with_capacity(lay.params.len());
+        for (i, p) in lay.params.iter().enumerate() {
             let is_ln = p.name.contains("ln_") && p.name.ends_with(".weight");
             g_pair.push(if is_ln {
-                let bias = &self.layout.params[i + 1];
+                let bias = &lay.params[i + 1];
                 Some(self.grads.slice(p.offset..bias.range().end)?)
             } else {
                 None
             });
         }
         Ok(Views {
+            lay,
             p: each(lay, &self.weights)?,
-            master: each(lay, &self.params)?,
             g: each(lay, &self.grads)?,
-            m: each(lay, &self.m)?,
-            v: each(lay, &self.v)?,
             g_pair,
         })
     }
 
     /// Captures a training step (`train`: forward, backward, clip and AdamW) or a
-    /// validation forward pass. The graph borrows the model and `views`.
+    /// validation forward pass: [`step::train_step`] and [`step::eval_step`], the eager
+    /// steps' description. The graph borrows the model and `views`.
     pub fn capture<'a>(
         &'a self,
         gpu: &BoundDevice<'_>,
@@ -105,12 +123,17 @@ impl<T: Act> Gpt<T> {
         // The graph keeps the handle's workspace: this handle may go when the capture ends.
         let blas = gpu.new_blas()?;
         gpu.capture(|cap| {
-            self.cap_forward(cap, &blas, views, train)?;
+            let mut x = Captured {
+                cap,
+                blas: &blas,
+                model: self,
+                views,
+            };
             if train {
-                self.cap_backward(cap, &blas, views)?;
-                self.cap_update(cap, views, &hp)?;
+                step::train_step(&mut x, hp, step::no_hook)
+            } else {
+                step::eval_step(&mut x)
             }
-            Ok(())
         })
     }
 
@@ -126,335 +149,11 @@ impl<T: Act> Gpt<T> {
     ) -> Result<()> {
         gpu.htod_copy(x, &mut st.tokens)?;
         gpu.htod_copy(y, &mut st.targets)?;
-        self.k.copy_words(s, &self.tokens, &st.tokens)?;
-        self.k.copy_words(s, &self.targets, &st.targets)?;
+        s.dtod(&st.tokens, &self.tokens)?;
+        s.dtod(&st.targets, &self.targets)?;
         if let Some(v) = sched {
             gpu.htod_copy(v, &mut st.sched)?;
-            self.k.copy_words(s, &self.sched, &st.sched)?;
-        }
-        Ok(())
-    }
-
-    fn cap_forward<'a>(
-        &'a self,
-        cap: &mut Capture<'_, 'a>,
-        blas: &Blas,
-        vw: &'a Views<'a, T>,
-        grad: bool,
-    ) -> Result<()> {
-        let (d, k, sc, lay) = (self.dims, &self.k, &self.sc, &self.layout);
-        let (bt, c) = (d.b * d.t, d.c);
-        let w = |name: &str| &vw.p[lay.index(name)];
-        let wl = |l: usize, suffix: &str| &vw.p[lay.index(&format!("h.{l}.{suffix}"))];
-        k.encoder_fwd(
-            cap,
-            &self.encoded,
-            &self.tokens,
-            w("wte.weight"),
-            w("wpe.weight"),
-            (d.t, c),
-        )?;
-        let shape4 = (d.b, d.t, d.nh, d.hs);
-        let scale = 1.0 / (d.hs as f64).sqrt();
-        for l in 0..d.l {
-            let x = if l == 0 {
-                &self.encoded
-            } else {
-                &self.blocks[l - 1].res3
-            };
-            let bl = &self.blocks[l];
-            let ln1 = (wl(l, "ln_1.weight"), wl(l, "ln_1.bias"));
-            k.layernorm_fwd(cap, &bl.ln1, &bl.ln1_mean, &bl.ln1_rstd, x, ln1, c)?;
-            cap.matmul(
-                blas,
-                &linear(bt, 3 * c, c),
-                &bl.ln1,
-                wl(l, "attn.c_attn.weight"),
-                &bl.qkv,
-            )?;
-            k.bias_add(cap, &bl.qkv, wl(l, "attn.c_attn.bias"))?;
-            k.permute_qkv(cap, &bl.q, &bl.k, &bl.v, &bl.qkv, shape4, false)?;
-            let qk = Matmul::new(d.t, d.t, d.hs).transpose_b().scaled(scale, 0.0);
-            cbmm(cap, blas, qk, d.b * d.nh, (&bl.q, &bl.k, &sc.preatt))?;
-            k.softmax_fwd(cap, &bl.att, &sc.preatt, d.t)?;
-            let av = Matmul::new(d.t, d.hs, d.t);
-            cbmm(cap, blas, av, d.b * d.nh, (&bl.att, &bl.v, &bl.atty))?;
-            k.unpermute(cap, &bl.atty_un, &bl.atty, shape4, false)?;
-            cap.matmul(
-                blas,
-                &linear(bt, c, c),
-                &bl.atty_un,
-                wl(l, "attn.c_proj.weight"),
-                &sc.proj,
-            )?;
-            k.residual_bias(cap, &bl.res2, x, &sc.proj, wl(l, "attn.c_proj.bias"))?;
-            let ln2 = (wl(l, "ln_2.weight"), wl(l, "ln_2.bias"));
-            k.layernorm_fwd(cap, &bl.ln2, &bl.ln2_mean, &bl.ln2_rstd, &bl.res2, ln2, c)?;
-            cap.matmul(
-                blas,
-                &linear(bt, 4 * c, c),
-                &bl.ln2,
-                wl(l, "mlp.c_fc.weight"),
-                &bl.fch,
-            )?;
-            k.bias_add(cap, &bl.fch, wl(l, "mlp.c_fc.bias"))?;
-            k.gelu_fwd(cap, &bl.fch_gelu, &bl.fch)?;
-            cap.matmul(
-                blas,
-                &linear(bt, c, 4 * c),
-                &bl.fch_gelu,
-                wl(l, "mlp.c_proj.weight"),
-                &sc.proj,
-            )?;
-            k.residual_bias(cap, &bl.res3, &bl.res2, &sc.proj, wl(l, "mlp.c_proj.bias"))?;
-        }
-        let last = &self.blocks[d.l - 1].res3;
-        let lnf = (w("ln_f.weight"), w("ln_f.bias"));
-        k.layernorm_fwd(cap, &self.lnf, &self.lnf_mean, &self.lnf_rstd, last, lnf, c)?;
-        cap.matmul(
-            blas,
-            &linear(bt, d.v, c),
-            &self.lnf,
-            w("wte.weight"),
-            &self.logits,
-        )?;
-        k.xent(
-            cap,
-            &sc.dlogits,
-            &self.losses,
-            &self.loss,
-            &self.logits,
-            &self.targets,
-            d.v,
-            grad.then_some(self.grad_scale),
-        )
-    }
-
-    fn cap_backward<'a>(
-        &'a self,
-        cap: &mut Capture<'_, 'a>,
-        blas: &Blas,
-        vw: &'a Views<'a, T>,
-    ) -> Result<()> {
-        let (d, k, sc, lay) = (self.dims, &self.k, &self.sc, &self.layout);
-        let (bt, c) = (d.b * d.t, d.c);
-        let w = |name: &str| &vw.p[lay.index(name)];
-        let gw = |name: &str| &vw.g[lay.index(name)];
-        let pair = |name: &str| {
-            vw.g_pair[lay.index(name)]
-                .as_ref()
-                .expect("a layer-norm weight")
-        };
-        let head = Matmul::new(d.v, c, bt).transpose_a();
-        cap.matmul(blas, &head, &sc.dlogits, &self.lnf, gw("wte.weight"))?;
-        cap.matmul(
-            blas,
-            &Matmul::new(bt, c, d.v),
-            &sc.dlogits,
-            w("wte.weight"),
-            &sc.dln,
-        )?;
-        cap.memset_zeros(&sc.dres)?;
-        let last = &self.blocks[d.l - 1].res3;
-        let stats = (&self.lnf_mean, &self.lnf_rstd);
-        k.layernorm_bwd(
-            cap,
-            &sc.dres,
-            pair("ln_f.weight"),
-            &sc.partial,
-            &sc.dln,
-            last,
-            stats,
-            w("ln_f.weight"),
-        )?;
-        for l in (0..d.l).rev() {
-            self.cap_backward_block(cap, blas, vw, l)?;
-        }
-        let dims = (d.b, d.t, c, d.v);
-        k.encoder_bwd(
-            cap,
-            gw("wte.weight"),
-            gw("wpe.weight"),
-            &sc.dres,
-            &self.tokens,
-            dims,
-        )
-    }
-
-    /// Block `l`'s backward pass, captured.
-    fn cap_backward_block<'a>(
-        &'a self,
-        cap: &mut Capture<'_, 'a>,
-        blas: &Blas,
-        vw: &'a Views<'a, T>,
-        l: usize,
-    ) -> Result<()> {
-        self.cap_backward_mlp(cap, blas, vw, l)?;
-        self.cap_backward_attn(cap, blas, vw, l)
-    }
-
-    /// Block `l`'s MLP backward pass, captured.
-    fn cap_backward_mlp<'a>(
-        &'a self,
-        cap: &mut Capture<'_, 'a>,
-        blas: &Blas,
-        vw: &'a Views<'a, T>,
-        l: usize,
-    ) -> Result<()> {
-        let (d, k, sc, lay) = (self.dims, &self.k, &self.sc, &self.layout);
-        let (bt, c) = (d.b * d.t, d.c);
-        let wl = |l: usize, suffix: &str| &vw.p[lay.index(&format!("h.{l}.{suffix}"))];
-        let gl = |l: usize, suffix: &str| &vw.g[lay.index(&format!("h.{l}.{suffix}"))];
-        let pair = |name: &str| {
-            vw.g_pair[lay.index(name)]
-                .as_ref()
-                .expect("a layer-norm weight")
-        };
-        let bl = &self.blocks[l];
-        let dw = |out, inp| Matmul::new(out, inp, bt).transpose_a();
-        cap.matmul(
-            blas,
-            &dw(c, 4 * c),
-            &sc.dres,
-            &bl.fch_gelu,
-            gl(l, "mlp.c_proj.weight"),
-        )?;
-        k.bias_grad(cap, gl(l, "mlp.c_proj.bias"), &sc.partial, &sc.dres)?;
-        cap.matmul(
-            blas,
-            &Matmul::new(bt, 4 * c, c),
-            &sc.dres,
-            wl(l, "mlp.c_proj.weight"),
-            &sc.dfch_gelu,
-        )?;
-        k.gelu_bwd(cap, &sc.dfch, &bl.fch, &sc.dfch_gelu)?;
-        cap.matmul(
-            blas,
-            &dw(4 * c, c),
-            &sc.dfch,
-            &bl.ln2,
-            gl(l, "mlp.c_fc.weight"),
-        )?;
-        k.bias_grad(cap, gl(l, "mlp.c_fc.bias"), &sc.partial, &sc.dfch)?;
-        cap.matmul(
-            blas,
-            &Matmul::new(bt, c, 4 * c),
-            &sc.dfch,
-            wl(l, "mlp.c_fc.weight"),
-            &sc.dln,
-        )?;
-        let ln2 = pair(&format!("h.{l}.ln_2.weight"));
-        let stats = (&bl.ln2_mean, &bl.ln2_rstd);
-        k.layernorm_bwd(
-            cap,
-            &sc.dres,
-            ln2,
-            &sc.partial,
-            &sc.dln,
-            &bl.res2,
-            stats,
-            wl(l, "ln_2.weight"),
-        )?;
-        Ok(())
-    }
-
-    /// Block `l`'s attention backward pass, captured.
-    fn cap_backward_attn<'a>(
-        &'a self,
-        cap: &mut Capture<'_, 'a>,
-        blas: &Blas,
-        vw: &'a Views<'a, T>,
-        l: usize,
-    ) -> Result<()> {
-        let (d, k, sc, lay) = (self.dims, &self.k, &self.sc, &self.layout);
-        let (bt, c) = (d.b * d.t, d.c);
-        let wl = |l: usize, suffix: &str| &vw.p[lay.index(&format!("h.{l}.{suffix}"))];
-        let gl = |l: usize, suffix: &str| &vw.g[lay.index(&format!("h.{l}.{suffix}"))];
-        let pair = |name: &str| {
-            vw.g_pair[lay.index(name)]
-                .as_ref()
-                .expect("a layer-norm weight")
-        };
-        let shape4 = (d.b, d.t, d.nh, d.hs);
-        let n = d.b * d.nh;
-        let scale = 1.0 / (d.hs as f64).sqrt();
-        let x = if l == 0 {
-            &self.encoded
-        } else {
-            &self.blocks[l - 1].res3
-        };
-        let bl = &self.blocks[l];
-        let dw = |out, inp| Matmul::new(out, inp, bt).transpose_a();
-        cap.matmul(
-            blas,
-            &dw(c, c),
-            &sc.dres,
-            &bl.atty_un,
-            gl(l, "attn.c_proj.weight"),
-        )?;
-        k.bias_grad(cap, gl(l, "attn.c_proj.bias"), &sc.partial, &sc.dres)?;
-        cap.matmul(
-            blas,
-            &Matmul::new(bt, c, c),
-            &sc.dres,
-            wl(l, "attn.c_proj.weight"),
-            &sc.daty_un,
-        )?;
-        k.unpermute(cap, &sc.daty_un, &sc.daty, shape4, true)?;
-        let datt = Matmul::new(d.t, d.t, d.hs).transpose_b();
-        cbmm(cap, blas, datt, n, (&sc.daty, &bl.v, &sc.datt))?;
-        let dv = Matmul::new(d.t, d.hs, d.t).transpose_a();
-        cbmm(cap, blas, dv, n, (&bl.att, &sc.daty, &sc.dv))?;
-        k.softmax_bwd(cap, &sc.preatt, &sc.datt, &bl.att, d.t)?;
-        let dq = Matmul::new(d.t, d.hs, d.t).scaled(scale, 0.0);
-        cbmm(cap, blas, dq, n, (&sc.preatt, &bl.k, &sc.dq))?;
-        let dk = Matmul::new(d.t, d.hs, d.t).transpose_a().scaled(scale, 0.0);
-        cbmm(cap, blas, dk, n, (&sc.preatt, &bl.q, &sc.dk))?;
-        k.permute_qkv(cap, &sc.dq, &sc.dk, &sc.dv, &sc.dqkv, shape4, true)?;
-        cap.matmul(
-            blas,
-            &dw(3 * c, c),
-            &sc.dqkv,
-            &bl.ln1,
-            gl(l, "attn.c_attn.weight"),
-        )?;
-        k.bias_grad(cap, gl(l, "attn.c_attn.bias"), &sc.partial, &sc.dqkv)?;
-        cap.matmul(
-            blas,
-            &Matmul::new(bt, c, 3 * c),
-            &sc.dqkv,
-            wl(l, "attn.c_attn.weight"),
-            &sc.dln,
-        )?;
-        let ln1 = pair(&format!("h.{l}.ln_1.weight"));
-        let stats = (&bl.ln1_mean, &bl.ln1_rstd);
-        k.layernorm_bwd(
-            cap,
-            &sc.dres,
-            ln1,
-            &sc.partial,
-            &sc.dln,
-            x,
-            stats,
-            wl(l, "ln_1.weight"),
-        )?;
-        Ok(())
-    }
-
-    fn cap_update<'a>(
-        &'a self,
-        cap: &mut Capture<'_, 'a>,
-        vw: &'a Views<'a, T>,
-        hp: &AdamW,
-    ) -> Result<()> {
-        self.k
-            .sumsq(cap, &self.normsq, &self.sc.norm_partial, &self.grads)?;
-        for (i, prm) in self.layout.params.iter().enumerate() {
-            let wd = if prm.decay { hp.weight_decay } else { 0.0 };
-            let tensors = (&vw.master[i], &vw.p[i], &vw.g[i]);
-            let moments = (&vw.m[i], &vw.v[i]);
-            let (sched, normsq) = (&self.sched, &self.normsq);
-            self.k.adamw(cap, tensors, moments, sched, normsq, wd, hp)?;
+            s.dtod(&st.sched, &self.sched)?;
         }
         Ok(())
     }

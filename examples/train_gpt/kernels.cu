@@ -72,14 +72,31 @@ extern "C" __global__ void encoder_bwd_wpe(act_t* dwpe, const act_t* dout, unsig
     }
 }
 
-// dwte[v,c] += sum over positions whose token is v of dout[bt,c] (thread per (v, c)).
-extern "C" __global__ void encoder_bwd_wte(act_t* dwte, const act_t* dout, const unsigned* tok,
-                                           unsigned BT, unsigned V, unsigned C) {
-    GRID_STRIDE(i, (idx_t)V * C) {
-        unsigned v = i / C, c = i % C;
+// The token embedding's gradient, pass 1: block (32) per 32 columns (blockIdx.x) and
+// chunk of rows (blockIdx.y of gridDim.y): partial[(y·V + v)·C + c] = the sum, in row
+// order, of dout[bt, c] over the chunk's rows bt whose token is v. V <= 256; each thread
+// owns one column of the shared accumulators.
+extern "C" __global__ void encoder_bwd_wte_partial(float* partial, const act_t* dout,
+                                                   const unsigned* tok, unsigned BT, unsigned V,
+                                                   unsigned C) {
+    __shared__ float acc[256][33];
+    unsigned c = blockIdx.x * 32 + threadIdx.x;
+    unsigned chunk = (BT + gridDim.y - 1) / gridDim.y;
+    unsigned r0 = umin(BT, blockIdx.y * chunk), r1 = umin(BT, r0 + chunk);
+    for (unsigned v = 0; v < V; ++v) acc[v][threadIdx.x] = 0.0f;
+    if (c >= C) return;
+#pragma unroll 4
+    for (unsigned r = r0; r < r1; ++r) acc[tok[r]][threadIdx.x] += ld(dout[(idx_t)r * C + c]);
+    for (unsigned v = 0; v < V; ++v)
+        partial[((idx_t)blockIdx.y * V + v) * C + c] = acc[v][threadIdx.x];
+}
+
+// Pass 2: dwte[v, c] += the P chunks' partial sums, in chunk order (thread per (v, c)).
+extern "C" __global__ void encoder_bwd_wte_finish(act_t* dwte, const float* partial, unsigned P,
+                                                  unsigned VC) {
+    GRID_STRIDE(i, VC) {
         float s = 0.0f;
-        for (unsigned bt = 0; bt < BT; ++bt)
-            if (tok[bt] == v) s += ld(dout[(idx_t)bt * C + c]);
+        for (unsigned p = 0; p < P; ++p) s += partial[(idx_t)p * VC + i];
         dwte[i] = st(ld(dwte[i]) + s);
     }
 }
@@ -101,63 +118,111 @@ extern "C" __global__ void layernorm_fwd(act_t* out, float* mean, float* rstd, c
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
 
-// dinp += the input gradient of the layer norm (one warp per row).
-extern "C" __global__ void layernorm_bwd_dx(act_t* dinp, const act_t* dout, const act_t* inp,
-                                            const float* mean, const float* rstd, const act_t* w,
-                                            unsigned N, unsigned C) {
+// res = x + y + pb[c] (a residual with its projection's bias), then out, mean, rstd = the
+// layer norm of res (as layernorm_fwd): one warp per row, 8 rows per block of 256. Each
+// lane reads back the elements of res it wrote.
+extern "C" __global__ void residual_layernorm_fwd(act_t* res, act_t* out, float* mean,
+                                                  float* rstd, const act_t* x, const act_t* y,
+                                                  const act_t* pb, const act_t* w,
+                                                  const act_t* b, unsigned N, unsigned C) {
     unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
-    const act_t* x = inp + (idx_t)row * C;
-    const act_t* d = dout + (idx_t)row * C;
-    float m = mean[row], r = rstd[row];
-    float a = 0.0f, bsum = 0.0f;
+    idx_t off = (idx_t)row * C;
+    act_t* r = res + off;
+    float s = 0.0f;
     for (unsigned i = lane; i < C; i += 32) {
-        float dn = ld(w[i]) * ld(d[i]);
-        a += dn;
-        bsum += dn * (ld(x[i]) - m) * r;
+        act_t v = st(ld(x[off + i]) + ld(y[off + i]) + ld(pb[i]));
+        r[i] = v;
+        s += ld(v);
     }
-    a = warp_sum(a) / C;
-    bsum = warp_sum(bsum) / C;
-    act_t* di = dinp + (idx_t)row * C;
-    for (unsigned i = lane; i < C; i += 32) {
-        float n = (ld(x[i]) - m) * r;
-        di[i] = st(ld(di[i]) + (ld(w[i]) * ld(d[i]) - a - n * bsum) * r);
+    float m = warp_sum(s) / C;
+    float var = 0.0f;
+    for (unsigned i = lane; i < C; i += 32) { float d = ld(r[i]) - m; var += d * d; }
+    float rs = rsqrtf(warp_sum(var) / C + 1e-5f);
+    act_t* o = out + off;
+    for (unsigned i = lane; i < C; i += 32) o[i] = st((ld(r[i]) - m) * rs * ld(w[i]) + ld(b[i]));
+    if (lane == 0) { mean[row] = m; rstd[row] = rs; }
+}
+
+// Widest row layernorm_bwd takes: 32 lanes × LN_MAXJ columns each.
+#define LN_MAXJ 32
+
+// Layer-norm backward: dinp += the input gradient, and the weight and bias gradients'
+// partial sums. Block of 256 (8 warps) per chunk of `rpb` rows, warp w taking rows
+// r0 + w, r0 + w + 8, ...; each lane sums its columns lane + 32j over its rows in
+// registers, the warps add theirs in warp order, and the block writes
+// partial[x·2C + c] = Σ dout·norm, partial[x·2C + C + c] = Σ dout (norm = (inp − mean)·rstd).
+// C <= 32·LN_MAXJ.
+extern "C" __global__ void layernorm_bwd_rows(act_t* dinp, float* partial, const act_t* dout,
+                                              const act_t* inp, const float* mean,
+                                              const float* rstd, const act_t* w, unsigned N,
+                                              unsigned C, unsigned rpb) {
+    __shared__ float sacc[2][32 * LN_MAXJ];
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    unsigned r0 = umin(N, blockIdx.x * rpb), r1 = umin(N, r0 + rpb);
+    float dw[LN_MAXJ], db[LN_MAXJ];
+#pragma unroll
+    for (int j = 0; j < LN_MAXJ; ++j) dw[j] = db[j] = 0.0f;
+    for (unsigned row = r0 + warp; row < r1; row += 8) {  // warp-uniform
+        const act_t* x = inp + (idx_t)row * C;
+        const act_t* d = dout + (idx_t)row * C;
+        float m = mean[row], r = rstd[row];
+        float a = 0.0f, bsum = 0.0f;
+        for (unsigned i = lane; i < C; i += 32) {
+            float dn = ld(w[i]) * ld(d[i]);
+            a += dn;
+            bsum += dn * (ld(x[i]) - m) * r;
+        }
+        a = warp_sum(a) / C;
+        bsum = warp_sum(bsum) / C;
+        act_t* di = dinp + (idx_t)row * C;
+#pragma unroll
+        for (int j = 0; j < LN_MAXJ; ++j) {
+            unsigned i = lane + 32 * j;
+            if (i < C) {
+                float n = (ld(x[i]) - m) * r, dd = ld(d[i]);
+                di[i] = st(ld(di[i]) + (ld(w[i]) * dd - a - n * bsum) * r);
+                dw[j] += dd * n;
+                db[j] += dd;
+            }
+        }
+    }
+    for (unsigned k = 0; k < 8; ++k) {
+        if (warp == k) {
+#pragma unroll
+            for (int j = 0; j < LN_MAXJ; ++j) {
+                unsigned i = lane + 32 * j;
+                if (i < C) {
+                    sacc[0][i] = (k ? sacc[0][i] : 0.0f) + dw[j];
+                    sacc[1][i] = (k ? sacc[1][i] : 0.0f) + db[j];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (unsigned i = threadIdx.x; i < C; i += 256) {
+        partial[(idx_t)blockIdx.x * 2 * C + i] = sacc[0][i];
+        partial[(idx_t)blockIdx.x * 2 * C + C + i] = sacc[1][i];
     }
 }
 
-// Column sums per chunk of rows, block (32, 8), blockIdx.y = chunk (gridDim.y chunks).
-// mode 0: partial[p*C + c] = sum dout[r,c] (bias gradient).
-// mode 1: partial[p*2C + c] = sum dout*norm, partial[p*2C + C + c] = sum dout
-//         (layer-norm weight and bias gradients; norm = (inp - mean) * rstd).
-extern "C" __global__ void colsum_partial(float* partial, const act_t* dout, const act_t* inp,
-                                          const float* mean, const float* rstd, unsigned N,
-                                          unsigned C, int mode) {
-    __shared__ float sa[8][33];
+// Column sums per chunk of rows (bias gradients), block (32, 8), blockIdx.y = chunk
+// (gridDim.y chunks): partial[p*C + c] = sum of dout[r,c] over chunk p's rows.
+extern "C" __global__ void colsum_partial(float* partial, const act_t* dout, unsigned N,
+                                          unsigned C) {
     __shared__ float sb[8][33];
     unsigned c = blockIdx.x * 32 + threadIdx.x;
     unsigned chunk = (N + gridDim.y - 1) / gridDim.y;
     unsigned r0 = umin(N, blockIdx.y * chunk), r1 = umin(N, r0 + chunk);
-    float a = 0.0f, b = 0.0f;
-    if (c < C) {
-        for (unsigned r = r0 + threadIdx.y; r < r1; r += 8) {
-            idx_t i = (idx_t)r * C + c;
-            float d = ld(dout[i]);
-            b += d;
-            if (mode == 1) a += d * (ld(inp[i]) - mean[r]) * rstd[r];
-        }
-    }
-    sa[threadIdx.y][threadIdx.x] = a;
+    float b = 0.0f;
+    if (c < C)
+        for (unsigned r = r0 + threadIdx.y; r < r1; r += 8) b += ld(dout[(idx_t)r * C + c]);
     sb[threadIdx.y][threadIdx.x] = b;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
-        float ta = 0.0f, tb = 0.0f;
-        for (int k = 0; k < 8; ++k) { ta += sa[k][threadIdx.x]; tb += sb[k][threadIdx.x]; }
-        if (mode == 1) {
-            partial[(idx_t)blockIdx.y * 2 * C + c] = ta;
-            partial[(idx_t)blockIdx.y * 2 * C + C + c] = tb;
-        } else {
-            partial[(idx_t)blockIdx.y * C + c] = tb;
-        }
+        float tb = 0.0f;
+        for (int k = 0; k < 8; ++k) tb += sb[k][threadIdx.x];
+        partial[(idx_t)blockIdx.y * C + c] = tb;
     }
 }
 
@@ -179,12 +244,6 @@ extern "C" __global__ void colsum_finish(act_t* out, const float* partial, unsig
 // y[r,c] += b[c]
 extern "C" __global__ void bias_add(act_t* y, const act_t* b, unsigned N, unsigned C) {
     GRID_STRIDE(i, (idx_t)N * C) y[i] = st(ld(y[i]) + ld(b[i % C]));
-}
-
-// out = x + y + b[c] (residual with the projection's bias)
-extern "C" __global__ void residual_bias(act_t* out, const act_t* x, const act_t* y,
-                                         const act_t* b, unsigned N, unsigned C) {
-    GRID_STRIDE(i, (idx_t)N * C) out[i] = st(ld(x[i]) + ld(y[i]) + ld(b[i % C]));
 }
 
 // qkv (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs); dir 1: the reverse (gradients).
@@ -310,10 +369,11 @@ extern "C" __global__ void sumsq_partial(float* partial, const act_t* g, unsigne
 // AdamW as torch.optim.AdamW, with the gradient clipped to norm max_norm first
 // (torch.nn.utils.clip_grad_norm_), on the float master weights p; w receives the updated
 // weights as act_t (what the products and kernels read). sched: [lr, 1 - beta1^t,
-// 1 - beta2^t]; normsq[0]: the squared gradient norm.
+// 1 - beta2^t]; normsq[0]: the squared gradient norm; weight decay wd where decay[i] != 0.
 extern "C" __global__ void adamw(float* p, act_t* w, const act_t* g, float* m, float* v,
-                                 unsigned n, const float* sched, const float* normsq, float wd,
-                                 float b1, float b2, float eps, float max_norm) {
+                                 unsigned n, const float* sched, const float* normsq,
+                                 const unsigned char* decay, float wd, float b1, float b2,
+                                 float eps, float max_norm) {
     float lr = sched[0], bc1 = sched[1], bc2 = sched[2];
     float coef = fminf(max_norm / (sqrtf(normsq[0]) + 1e-6f), 1.0f);
     float step = lr / bc1, bc2s = sqrtf(bc2);
@@ -323,7 +383,7 @@ extern "C" __global__ void adamw(float* p, act_t* w, const act_t* g, float* m, f
         float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        float pi = p[i] * (1.0f - lr * wd);
+        float pi = p[i] * (1.0f - lr * (decay[i] ? wd : 0.0f));
         pi = pi - step * mi / (sqrtf(vi) / bc2s + eps);
         p[i] = pi;
         w[i] = st(pi);
@@ -333,9 +393,4 @@ extern "C" __global__ void adamw(float* p, act_t* w, const act_t* g, float* m, f
 // w = p as act_t (the weights the products read, from the float master weights).
 extern "C" __global__ void cast_weights(act_t* w, const float* p, unsigned n) {
     GRID_STRIDE(i, n) w[i] = st(p[i]);
-}
-
-// dst = src, 32-bit words: how a step's inputs reach the buffers a CUDA graph reads.
-extern "C" __global__ void copy_words(unsigned* dst, const unsigned* src, unsigned n) {
-    GRID_STRIDE(i, n) dst[i] = src[i];
 }

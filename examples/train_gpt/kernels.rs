@@ -5,9 +5,10 @@
 //! activations ([`Kernels::load`] with `bf16`) they are `__nv_bfloat16*`, and the model
 //! ([`Gpt<T>`](crate::gpt::Gpt)) passes buffers of `T` there and of `f32` elsewhere.
 
-use crate::launch::{Arg, In, Target};
-use gpubind::{BoundDevice, DeviceMemory, KernelArg};
+use crate::launch::In;
+use gpubind::BoundDevice;
 use gpubind::{CompileOptions, Error, Kernel, LaunchConfig, Result};
+use gpubind::{Issue, KernelLaunch};
 
 /// The kernels' CUDA source.
 pub const SOURCE: &str = include_str!("kernels.cu");
@@ -34,13 +35,14 @@ macro_rules! registry {
 registry!(
     encoder_fwd,
     encoder_bwd_wpe,
-    encoder_bwd_wte,
+    encoder_bwd_wte_partial,
+    encoder_bwd_wte_finish,
     layernorm_fwd,
-    layernorm_bwd_dx,
+    residual_layernorm_fwd,
+    layernorm_bwd_rows,
     colsum_partial,
     colsum_finish,
     bias_add,
-    residual_bias,
     permute_qkv,
     unpermute,
     softmax_causal_fwd,
@@ -52,8 +54,10 @@ registry!(
     sumsq_partial,
     adamw,
     cast_weights,
-    copy_words,
 );
+
+#[path = "kernels_optim.rs"]
+mod optim;
 
 /// Blocks of [`sumsq_partial`](Kernels::sumsq_partial) (and the length of its output).
 pub const NORM_PARTS: usize = 1024;
@@ -100,6 +104,12 @@ fn blocks(n: u32, threads: u32) -> LaunchConfig {
     }
 }
 
+/// Row chunks of the token embedding's two-pass gradient (`encoder_bwd`'s `partial`
+/// holds this many `V × C` sums).
+pub fn wte_parts(rows: usize) -> usize {
+    rows.div_ceil(256).clamp(1, 32)
+}
+
 /// Row chunks of the two-pass column sums: `colsum_partial` writes one row of partial
 /// sums per chunk, `colsum_finish` adds them up.
 pub fn colsum_parts(rows: usize) -> usize {
@@ -110,7 +120,7 @@ impl Kernels {
     /// `out[b,t] = wte[tok[b,t]] + wpe[t]`.
     pub fn encoder_fwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         out: &'b impl In,
         tok: &'b impl In,
         wte: &'b impl In,
@@ -132,29 +142,26 @@ impl Kernels {
         // length), wpe rows < T (checked) and wte rows named by the tokens, which the host
         // checks are below the vocabulary (data::Batches makes them from bytes, V = 256).
         unsafe {
-            tg.run(
-                &self.encoder_fwd,
-                grid(out.len()),
-                &[
-                    Arg::w(out),
-                    Arg::b(tok),
-                    Arg::b(wte),
-                    Arg::b(wpe),
-                    Arg::s(&bt),
-                    Arg::s(&t),
-                    Arg::s(&c),
-                ],
-            )
+            tg.launch(&self.encoder_fwd, grid(out.len()))
+                .arg_written(out)
+                .arg(tok)
+                .arg(wte)
+                .arg(wpe)
+                .value(bt)
+                .value(t)
+                .value(c)
+                .launch()
         }
     }
 
-    /// `dwpe = Σ_b dout[b]`, `dwte += scatter(dout)` by token.
+    /// `dwpe = Σ_b dout[b]`, `dwte += scatter(dout)` by token (through `partial`,
+    /// [`wte_parts`] `× V × C`).
     #[allow(clippy::too_many_arguments)]
     pub fn encoder_bwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
-        dwte: &'b impl In,
-        dwpe: &'b impl In,
+        tg: &mut impl Issue<'b>,
+        (dwte, dwpe): (&'b impl In, &'b impl In),
+        partial: &'b impl In,
         dout: &'b impl In,
         tok: &'b impl In,
         (b, t, c, v): (usize, usize, usize, usize),
@@ -163,38 +170,56 @@ impl Kernels {
         need("encoder tokens", tok.len(), b * t)?;
         need("dwpe", dwpe.len(), t * c)?;
         need("dwte", dwte.len(), v * c)?;
-        let [b, t, c, v, bt] = [b, t, c, v, b * t].map(|x| x as u32);
+        let parts = wte_parts(b * t);
+        need("dwte partial", partial.len(), parts * v * c)?;
+        if v > 256 {
+            return Err(Error::InvalidArgument(format!(
+                "train_gpt: the embedding gradient takes up to 256 tokens, not {v}"
+            )));
+        }
+        u32_of("P*V*C", partial.len())?;
+        let [b, t, c, v, bt, pp, vc] = [b, t, c, v, b * t, parts, v * c].map(|x| x as u32);
         u32_of("BT*C", dout.len())?;
         // SAFETY: (float*, const float*, unsigned ×3) matches encoder_bwd_wpe; it writes T·C
         // of dwpe and reads B·T·C of dout (both checked).
         unsafe {
-            tg.run(
-                &self.encoder_bwd_wpe,
-                grid(dwpe.len()),
-                &[
-                    Arg::w(dwpe),
-                    Arg::b(dout),
-                    Arg::s(&b),
-                    Arg::s(&t),
-                    Arg::s(&c),
-                ],
-            )?;
+            tg.launch(&self.encoder_bwd_wpe, grid(dwpe.len()))
+                .arg_written(dwpe)
+                .arg(dout)
+                .value(b)
+                .value(t)
+                .value(c)
+                .launch()?;
         }
+        let cfg = LaunchConfig {
+            grid_dim: (c.div_ceil(32), pp, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: (float*, const float*, const unsigned*, unsigned ×3) matches
-        // encoder_bwd_wte; it touches V·C of dwte, BT of tok and BT·C of dout (checked).
+        // encoder_bwd_wte_partial; block (x, y < P) reads rows of chunk y of tok (BT) and
+        // columns < C of dout (BT·C, checked) and writes partial[(y·V + v)·C + c] < P·V·C
+        // (checked); the tokens index its 256 accumulator rows: they are below V <= 256
+        // (checked; the host makes them from bytes).
         unsafe {
-            tg.run(
-                &self.encoder_bwd_wte,
-                grid(dwte.len()),
-                &[
-                    Arg::w(dwte),
-                    Arg::b(dout),
-                    Arg::b(tok),
-                    Arg::s(&bt),
-                    Arg::s(&v),
-                    Arg::s(&c),
-                ],
-            )
+            tg.launch(&self.encoder_bwd_wte_partial, cfg)
+                .arg_written(partial)
+                .arg(dout)
+                .arg(tok)
+                .value(bt)
+                .value(v)
+                .value(c)
+                .launch()?;
+        }
+        // SAFETY: (float*, const float*, unsigned ×2) matches encoder_bwd_wte_finish; it
+        // touches V·C of dwte (checked) and P·V·C of partial (checked).
+        unsafe {
+            tg.launch(&self.encoder_bwd_wte_finish, grid(dwte.len()))
+                .arg_written(dwte)
+                .arg(partial)
+                .value(pp)
+                .value(vc)
+                .launch()
         }
     }
 
@@ -202,7 +227,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn layernorm_fwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         out: &'b impl In,
         mean: &'b impl In,
         rstd: &'b impl In,
@@ -221,20 +246,58 @@ impl Kernels {
         // SAFETY: (float* ×3, const float* ×3, unsigned ×2) matches layernorm_fwd; warp r
         // < N touches row r of out and inp (N·C, checked), mean[r], rstd[r], C of w and b.
         unsafe {
-            tg.run(
-                &self.layernorm_fwd,
-                warp_rows(n),
-                &[
-                    Arg::w(out),
-                    Arg::w(mean),
-                    Arg::w(rstd),
-                    Arg::b(inp),
-                    Arg::b(wb.0),
-                    Arg::b(wb.1),
-                    Arg::s(&nn),
-                    Arg::s(&cc),
-                ],
-            )
+            tg.launch(&self.layernorm_fwd, warp_rows(n))
+                .arg_written(out)
+                .arg_written(mean)
+                .arg_written(rstd)
+                .arg(inp)
+                .arg(wb.0)
+                .arg(wb.1)
+                .value(nn)
+                .value(cc)
+                .launch()
+        }
+    }
+
+    /// `res = x + y + pb` (a residual with its projection's bias), then the layer norm
+    /// of `res` (weight and bias `wb`) into `out` with its rows' `mean` and `rstd`, as
+    /// [`layernorm_fwd`](Self::layernorm_fwd) computes it.
+    pub fn residual_layernorm<'b>(
+        &self,
+        tg: &mut impl Issue<'b>,
+        (res, out, mean, rstd): (&'b impl In, &'b impl In, &'b impl In, &'b impl In),
+        (x, y, pb): (&'b impl In, &'b impl In, &'b impl In),
+        wb: (&'b impl In, &'b impl In),
+    ) -> Result<()> {
+        let c = wb.0.len();
+        let n = res.len() / c.max(1);
+        for (what, len) in [("res", res.len()), ("out", out.len()), ("x", x.len())] {
+            need(what, len, n * c)?;
+        }
+        need("residual y", y.len(), n * c)?;
+        need("layernorm mean", mean.len(), n)?;
+        need("layernorm rstd", rstd.len(), n)?;
+        need("projection bias", pb.len(), c)?;
+        need("layernorm bias", wb.1.len(), c)?;
+        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
+        u32_of("N*C", res.len())?;
+        // SAFETY: (float* ×4, const float* ×5, unsigned ×2) matches residual_layernorm_fwd;
+        // warp r < N touches row r of res, out, x and y (N·C each, checked), mean[r],
+        // rstd[r] (N, checked) and C of pb, w and b (checked).
+        unsafe {
+            tg.launch(&self.residual_layernorm_fwd, warp_rows(n))
+                .arg_written(res)
+                .arg_written(out)
+                .arg_written(mean)
+                .arg_written(rstd)
+                .arg(x)
+                .arg(y)
+                .arg(pb)
+                .arg(wb.0)
+                .arg(wb.1)
+                .value(nn)
+                .value(cc)
+                .launch()
         }
     }
 
@@ -243,7 +306,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn layernorm_bwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         dinp: &'b impl In,
         dwb: &'b impl In,
         partial: &'b impl In,
@@ -260,114 +323,119 @@ impl Kernels {
         need("layernorm mean", stats.0.len(), n)?;
         need("layernorm rstd", stats.1.len(), n)?;
         need("layernorm dweight+dbias", dwb.len(), 2 * c)?;
-        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
-        // SAFETY: (float*, const float* ×5, unsigned ×2) matches layernorm_bwd_dx; warp r < N
-        // touches row r of dinp, dout and inp, mean[r], rstd[r] and C of w (all checked).
-        unsafe {
-            tg.run(
-                &self.layernorm_bwd_dx,
-                warp_rows(n),
-                &[
-                    Arg::w(dinp),
-                    Arg::b(dout),
-                    Arg::b(inp),
-                    Arg::b(stats.0),
-                    Arg::b(stats.1),
-                    Arg::b(w),
-                    Arg::s(&nn),
-                    Arg::s(&cc),
-                ],
-            )?;
+        if c > 1024 {
+            return Err(Error::InvalidArgument(format!(
+                "train_gpt: the layer-norm backward takes rows of up to 1024, not {c}"
+            )));
         }
-        self.colsum(tg, dwb, partial, dout, Some((inp, stats.0, stats.1)), c)
+        // As many row chunks as `partial` holds sums of (at least 8 rows each).
+        let parts = (partial.len() / (2 * c).max(1)).clamp(1, n.div_ceil(8).max(1));
+        let rpb = n.div_ceil(parts).max(1);
+        let used = n.div_ceil(rpb).max(1);
+        if partial.len() < used * 2 * c {
+            return Err(Error::InvalidArgument(format!(
+                "train_gpt: layer-norm partial has {} elements, needs {}",
+                partial.len(),
+                used * 2 * c
+            )));
+        }
+        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
+        let (rr, pp, ww) = (rpb as u32, used as u32, 2 * cc);
+        // SAFETY: (float* ×2, const float* ×5, unsigned ×3) matches layernorm_bwd_rows;
+        // block x < ceil(N / rpb) touches rows [x·rpb, (x+1)·rpb) ∩ [0, N) of dinp, dout
+        // and inp (N·C, checked), their mean and rstd (N, checked), C <= 1024 (checked) of
+        // w, and writes partial[x·2C .. (x+1)·2C) inside its length (checked).
+        unsafe {
+            tg.launch(&self.layernorm_bwd_rows, blocks(pp, 256))
+                .arg_written(dinp)
+                .arg_written(partial)
+                .arg(dout)
+                .arg(inp)
+                .arg(stats.0)
+                .arg(stats.1)
+                .arg(w)
+                .value(nn)
+                .value(cc)
+                .value(rr)
+                .launch()?;
+        }
+        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block j < 2C
+        // writes dwb[j] (2C, checked) and reads column j of the P·2C partials written above.
+        unsafe {
+            tg.launch(&self.colsum_finish, blocks(ww, 128))
+                .arg_written(dwb)
+                .arg(partial)
+                .value(pp)
+                .value(ww)
+                .launch()
+        }
     }
 
-    /// Column sums of `dout` (`rows × c`) into `out` (`c`), or with `ln` the layer-norm
-    /// weight and bias gradients into `out` (`2c`).
+    /// Column sums of `dout` (`rows × c`) into `out` (`c`), through `partial`.
     fn colsum<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         out: &'b impl In,
         partial: &'b impl In,
         dout: &'b impl In,
-        ln: Option<(&'b dyn In, &'b dyn In, &'b dyn In)>,
         c: usize,
     ) -> Result<()> {
         let n = dout.len() / c.max(1);
         let parts = colsum_parts(n);
-        let width = if ln.is_some() { 2 * c } else { c };
-        need("colsum output", out.len(), width)?;
+        need("colsum output", out.len(), c)?;
         need("colsum input", dout.len(), n * c)?;
-        if partial.len() < parts * width {
+        if partial.len() < parts * c {
             return Err(Error::InvalidArgument(format!(
                 "train_gpt: colsum partial has {} elements, needs {}",
                 partial.len(),
-                parts * width
+                parts * c
             )));
         }
-        let mode = i32::from(ln.is_some());
-        let (nn, cc, pp, ww) = (
-            u32_of("rows", n)?,
-            u32_of("C", c)?,
-            parts as u32,
-            width as u32,
-        );
+        let (nn, cc, pp) = (u32_of("rows", n)?, u32_of("C", c)?, parts as u32);
         let cfg = LaunchConfig {
             grid_dim: (cc.div_ceil(32), pp, 1),
             block_dim: (32, 8, 1),
             shared_mem_bytes: 0,
         };
-        let (a, m, r): (&'b dyn KernelArg, &'b dyn KernelArg, &'b dyn KernelArg) = match ln {
-            // Mode 1 reads the input rows and their statistics (lengths checked by the caller).
-            Some((inp, mean, rstd)) => (inp, mean, rstd),
-            // Mode 0 never reads them: dout stands in.
-            None => (dout, dout, dout),
-        };
-        let args = [
-            Arg::w(partial),
-            Arg::b(dout),
-            Arg::Buf(a),
-            Arg::Buf(m),
-            Arg::Buf(r),
-        ];
-        let scalars = [Arg::s(&nn), Arg::s(&cc), Arg::s(&mode)];
-        // SAFETY: (float*, const float* ×4, unsigned ×2, int) matches colsum_partial; block
-        // (x, y) reads rows of chunk y < parts of columns < C of the N·C inputs and writes
-        // partial row y (width `width`), inside parts·width ≤ partial's length (checked).
+        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_partial; block (x, y)
+        // reads rows of chunk y < parts of columns < C of dout (N·C, checked) and writes
+        // partial row y (C wide), inside parts·C ≤ partial's length (checked).
         unsafe {
-            tg.run(
-                &self.colsum_partial,
-                cfg,
-                &[args.as_slice(), &scalars].concat(),
-            )?
+            tg.launch(&self.colsum_partial, cfg)
+                .arg_written(partial)
+                .arg(dout)
+                .value(nn)
+                .value(cc)
+                .launch()?
         };
-        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block c < W
-        // writes out[c] (W elements, checked) and reads column c of P·W partials.
+        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block c < C
+        // writes out[c] (C elements, checked) and reads column c of P·C partials.
         unsafe {
-            tg.run(
-                &self.colsum_finish,
-                blocks(ww, 128),
-                &[Arg::w(out), Arg::b(partial), Arg::s(&pp), Arg::s(&ww)],
-            )
+            tg.launch(&self.colsum_finish, blocks(cc, 128))
+                .arg_written(out)
+                .arg(partial)
+                .value(pp)
+                .value(cc)
+                .launch()
         }
     }
 
     /// Bias gradient: the column sums of `dout` (`rows × db.len()`).
     pub fn bias_grad<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         db: &'b impl In,
         partial: &'b impl In,
         dout: &'b impl In,
     ) -> Result<()> {
         let c = db.len();
-        self.colsum(tg, db, partial, dout, None, c)
+        self.colsum(tg, db, partial, dout, c)
     }
 
     /// `y[r] += b`.
     pub fn bias_add<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         y: &'b impl In,
         b: &'b impl In,
     ) -> Result<()> {
@@ -378,45 +446,12 @@ impl Kernels {
         u32_of("N*C", y.len())?;
         // SAFETY: (float*, const float*, unsigned ×2) matches bias_add; N·C of y, C of b.
         unsafe {
-            tg.run(
-                &self.bias_add,
-                grid(y.len()),
-                &[Arg::w(y), Arg::b(b), Arg::s(&nn), Arg::s(&cc)],
-            )
-        }
-    }
-
-    /// `out = x + y + b[c]`.
-    pub fn residual_bias<'b>(
-        &self,
-        tg: &mut (impl Target<'b> + ?Sized),
-        out: &'b impl In,
-        x: &'b impl In,
-        y: &'b impl In,
-        b: &'b impl In,
-    ) -> Result<()> {
-        let c = b.len();
-        let n = out.len() / c.max(1);
-        need("residual out", out.len(), n * c)?;
-        need("residual x", x.len(), n * c)?;
-        need("residual y", y.len(), n * c)?;
-        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
-        u32_of("N*C", out.len())?;
-        // SAFETY: (float*, const float* ×3, unsigned ×2) matches residual_bias; N·C of out,
-        // x and y, C of b (checked).
-        unsafe {
-            tg.run(
-                &self.residual_bias,
-                grid(out.len()),
-                &[
-                    Arg::w(out),
-                    Arg::b(x),
-                    Arg::b(y),
-                    Arg::b(b),
-                    Arg::s(&nn),
-                    Arg::s(&cc),
-                ],
-            )
+            tg.launch(&self.bias_add, grid(y.len()))
+                .arg_written(y)
+                .arg(b)
+                .value(nn)
+                .value(cc)
+                .launch()
         }
     }
 
@@ -424,7 +459,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn permute_qkv<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         q: &'b impl In,
         k: &'b impl In,
         v: &'b impl In,
@@ -443,28 +478,24 @@ impl Kernels {
         // SAFETY: (float* ×4, unsigned ×4, int) matches permute_qkv; it touches B·T·C of q,
         // k, v and 3·B·T·C of qkv (checked).
         unsafe {
-            tg.run(
-                &self.permute_qkv,
-                grid(n),
-                &[
-                    Arg::w(q),
-                    Arg::w(k),
-                    Arg::w(v),
-                    Arg::w(qkv),
-                    Arg::s(&b),
-                    Arg::s(&t),
-                    Arg::s(&nh),
-                    Arg::s(&hs),
-                    Arg::s(&dir),
-                ],
-            )
+            tg.launch(&self.permute_qkv, grid(n))
+                .arg_written(q)
+                .arg_written(k)
+                .arg_written(v)
+                .arg_written(qkv)
+                .value(b)
+                .value(t)
+                .value(nh)
+                .value(hs)
+                .value(dir)
+                .launch()
         }
     }
 
     /// `y (B,NH,T,hs)` to `out (B,T,C)` (`back`: `out` to `y`).
     pub fn unpermute<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         out: &'b impl In,
         y: &'b impl In,
         (b, t, nh, hs): (usize, usize, usize, usize),
@@ -478,26 +509,22 @@ impl Kernels {
         let dir = i32::from(back);
         // SAFETY: (float* ×2, unsigned ×4, int) matches unpermute; B·T·C of both (checked).
         unsafe {
-            tg.run(
-                &self.unpermute,
-                grid(n),
-                &[
-                    Arg::w(out),
-                    Arg::w(y),
-                    Arg::s(&b),
-                    Arg::s(&t),
-                    Arg::s(&nh),
-                    Arg::s(&hs),
-                    Arg::s(&dir),
-                ],
-            )
+            tg.launch(&self.unpermute, grid(n))
+                .arg_written(out)
+                .arg_written(y)
+                .value(b)
+                .value(t)
+                .value(nh)
+                .value(hs)
+                .value(dir)
+                .launch()
         }
     }
 
     /// Causal softmax of rows of `t` (row r is query `r % t`).
     pub fn softmax_fwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         att: &'b impl In,
         pre: &'b impl In,
         t: usize,
@@ -509,18 +536,19 @@ impl Kernels {
         // SAFETY: (float*, const float*, unsigned ×2) matches softmax_causal_fwd; warp r <
         // rows touches row r of both (rows·T, checked).
         unsafe {
-            tg.run(
-                &self.softmax_causal_fwd,
-                warp_rows(rows),
-                &[Arg::w(att), Arg::b(pre), Arg::s(&r), Arg::s(&tt)],
-            )
+            tg.launch(&self.softmax_causal_fwd, warp_rows(rows))
+                .arg_written(att)
+                .arg(pre)
+                .value(r)
+                .value(tt)
+                .launch()
         }
     }
 
     /// Causal softmax backward.
     pub fn softmax_bwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         dpre: &'b impl In,
         datt: &'b impl In,
         att: &'b impl In,
@@ -534,24 +562,20 @@ impl Kernels {
         // SAFETY: (float*, const float* ×2, unsigned ×2) matches softmax_causal_bwd; warp r
         // < rows touches row r of the three (rows·T each, checked).
         unsafe {
-            tg.run(
-                &self.softmax_causal_bwd,
-                warp_rows(rows),
-                &[
-                    Arg::w(dpre),
-                    Arg::b(datt),
-                    Arg::b(att),
-                    Arg::s(&r),
-                    Arg::s(&tt),
-                ],
-            )
+            tg.launch(&self.softmax_causal_bwd, warp_rows(rows))
+                .arg_written(dpre)
+                .arg(datt)
+                .arg(att)
+                .value(r)
+                .value(tt)
+                .launch()
         }
     }
 
     /// `out = gelu(inp)` (tanh approximation).
     pub fn gelu_fwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         out: &'b impl In,
         inp: &'b impl In,
     ) -> Result<()> {
@@ -559,18 +583,18 @@ impl Kernels {
         let n = u32_of("gelu n", inp.len())?;
         // SAFETY: (float*, const float*, unsigned) matches gelu_fwd; n of each (checked).
         unsafe {
-            tg.run(
-                &self.gelu_fwd,
-                grid(inp.len()),
-                &[Arg::w(out), Arg::b(inp), Arg::s(&n)],
-            )
+            tg.launch(&self.gelu_fwd, grid(inp.len()))
+                .arg_written(out)
+                .arg(inp)
+                .value(n)
+                .launch()
         }
     }
 
     /// `dinp = gelu'(inp) · dout`.
     pub fn gelu_bwd<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         dinp: &'b impl In,
         inp: &'b impl In,
         dout: &'b impl In,
@@ -580,11 +604,12 @@ impl Kernels {
         let n = u32_of("gelu n", inp.len())?;
         // SAFETY: (float*, const float* ×2, unsigned) matches gelu_bwd; n of each (checked).
         unsafe {
-            tg.run(
-                &self.gelu_bwd,
-                grid(inp.len()),
-                &[Arg::w(dinp), Arg::b(inp), Arg::b(dout), Arg::s(&n)],
-            )
+            tg.launch(&self.gelu_bwd, grid(inp.len()))
+                .arg_written(dinp)
+                .arg(inp)
+                .arg(dout)
+                .value(n)
+                .launch()
         }
     }
 
@@ -594,7 +619,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn xent<'b>(
         &self,
-        tg: &mut (impl Target<'b> + ?Sized),
+        tg: &mut impl Issue<'b>,
         dlogits: &'b impl In,
         losses: &'b impl In,
         loss: &'b impl In,
@@ -616,165 +641,28 @@ impl Kernels {
         // xent; block r < N touches row r of logits and dlogits (N·V, checked), losses[r]
         // and targets[r]; the targets are below V (the host makes them from bytes, V = 256).
         unsafe {
-            tg.run(
-                &self.xent,
-                blocks(nn, 256),
-                &[
-                    Arg::w(dlogits),
-                    Arg::w(losses),
-                    Arg::b(logits),
-                    Arg::b(targets),
-                    Arg::s(&nn),
-                    Arg::s(&vv),
-                    Arg::s(&dscale),
-                    Arg::s(&g),
-                ],
-            )?;
+            tg.launch(&self.xent, blocks(nn, 256))
+                .arg_written(dlogits)
+                .arg_written(losses)
+                .arg(logits)
+                .arg(targets)
+                .value(nn)
+                .value(vv)
+                .value(dscale)
+                .value(g)
+                .launch()?;
         }
         let zero = 0u32;
         // SAFETY: (float*, const float*, unsigned, float, unsigned) matches sum_finish; it
         // reads N of losses and writes loss[0] (one element, checked).
         unsafe {
-            tg.run(
-                &self.sum_finish,
-                blocks(1, 256),
-                &[
-                    Arg::w(loss),
-                    Arg::b(losses),
-                    Arg::s(&nn),
-                    Arg::s(&scale),
-                    Arg::s(&zero),
-                ],
-            )
-        }
-    }
-
-    /// The squared norm of `g` into `out[0]`, through `partial` ([`NORM_PARTS`]).
-    pub fn sumsq<'b>(
-        &self,
-        tg: &mut (impl Target<'b> + ?Sized),
-        out: &'b impl In,
-        partial: &'b impl In,
-        g: &'b impl In,
-    ) -> Result<()> {
-        need("norm partial", partial.len(), NORM_PARTS)?;
-        need("norm out", out.len(), 1)?;
-        let n = u32_of("parameters", g.len())?;
-        let (parts, one, zero) = (NORM_PARTS as u32, 1.0f32, 0u32);
-        // SAFETY: (float*, const float*, unsigned) matches sumsq_partial; block b <
-        // NORM_PARTS writes partial[b] (checked) and reads n of g.
-        unsafe {
-            tg.run(
-                &self.sumsq_partial,
-                blocks(parts, 256),
-                &[Arg::w(partial), Arg::b(g), Arg::s(&n)],
-            )?;
-        }
-        // SAFETY: as in `xent`: NORM_PARTS of partial, out[0].
-        unsafe {
-            tg.run(
-                &self.sum_finish,
-                blocks(1, 256),
-                &[
-                    Arg::w(out),
-                    Arg::b(partial),
-                    Arg::s(&parts),
-                    Arg::s(&one),
-                    Arg::s(&zero),
-                ],
-            )
-        }
-    }
-
-    /// One AdamW update of one tensor (clipped by the norm in `normsq[0]`; `sched`: lr
-    /// and the bias corrections).
-    #[allow(clippy::too_many_arguments)]
-    pub fn adamw<'b>(
-        &self,
-        tg: &mut (impl Target<'b> + ?Sized),
-        (p, w, g): (&'b impl In, &'b impl In, &'b impl In),
-        (m, v): (&'b impl In, &'b impl In),
-        sched: &'b impl In,
-        normsq: &'b impl In,
-        wd: f32,
-        hp: &crate::optim::AdamW,
-    ) -> Result<()> {
-        let n = p.len();
-        need("adamw grad", g.len(), n)?;
-        need("adamw weights", w.len(), n)?;
-        need("adamw m", m.len(), n)?;
-        need("adamw v", v.len(), n)?;
-        need("schedule", sched.len(), crate::optim::SCHED_LEN)?;
-        need("norm", normsq.len(), 1)?;
-        let nn = u32_of("tensor", n)?;
-        // SAFETY: (float*, act_t*, const act_t*, float* ×2, unsigned, const float* ×2,
-        // float ×5) matches adamw (the model's buffer types); n of p, w, g, m, v (checked),
-        // 3 of sched, 1 of normsq.
-        unsafe {
-            tg.run(
-                &self.adamw,
-                grid(n),
-                &[
-                    Arg::w(p),
-                    Arg::w(w),
-                    Arg::b(g),
-                    Arg::w(m),
-                    Arg::w(v),
-                    Arg::s(&nn),
-                    Arg::b(sched),
-                    Arg::b(normsq),
-                    Arg::s(&wd),
-                    Arg::s(&hp.beta1),
-                    Arg::s(&hp.beta2),
-                    Arg::s(&hp.eps),
-                    Arg::s(&hp.max_norm),
-                ],
-            )
-        }
-    }
-
-    /// `dst = src` for buffers of 32-bit elements.
-    pub fn copy_words<'b, T: gpubind::DeviceRepr>(
-        &self,
-        tg: &mut (impl Target<'b> + ?Sized),
-        dst: &'b (impl DeviceMemory<T> + gpubind::WritableArg),
-        src: &'b (impl DeviceMemory<T> + KernelArg),
-    ) -> Result<()> {
-        if std::mem::size_of::<T>() != 4 {
-            return Err(Error::InvalidArgument(
-                "train_gpt: copy_words copies 4-byte elements".into(),
-            ));
-        }
-        need("copy destination", dst.len(), src.len())?;
-        let n = u32_of("copy length", src.len())?;
-        // SAFETY: (unsigned*, const unsigned*, unsigned) matches copy_words (4-byte
-        // elements, checked); n elements of both (equal lengths, checked).
-        unsafe {
-            tg.run(
-                &self.copy_words,
-                grid(src.len()),
-                &[Arg::w(dst), Arg::b(src), Arg::s(&n)],
-            )
-        }
-    }
-
-    /// `w = p` converted to the activation type.
-    pub fn cast_weights<'b>(
-        &self,
-        tg: &mut (impl Target<'b> + ?Sized),
-        w: &'b impl In,
-        p: &'b impl In,
-    ) -> Result<()> {
-        need("weights", w.len(), p.len())?;
-        let n = u32_of("parameters", p.len())?;
-        // SAFETY: (act_t*, const float*, unsigned) matches cast_weights (the model's buffer
-        // types); n of both (checked).
-        unsafe {
-            tg.run(
-                &self.cast_weights,
-                grid(p.len()),
-                &[Arg::w(w), Arg::b(p), Arg::s(&n)],
-            )
+            tg.launch(&self.sum_finish, blocks(1, 256))
+                .arg_written(loss)
+                .arg(losses)
+                .value(nn)
+                .value(scale)
+                .value(zero)
+                .launch()
         }
     }
 }

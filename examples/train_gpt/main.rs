@@ -9,7 +9,9 @@
 //!     [--batch 8] [--steps 100] [--lr 6e-4] [--seed 1] [--data PATH…] [--eval-every N]
 //!     [--eval-batches 8] [--sample N] [--dump-init DIR] [--precision fp32] [--log-every 10]
 //!     [--ckpt-every N] [--ckpt-dir DIR] [--resume FILE] [--devices 0] [--graph]
-//!     [--check-graph] [--check-resume] [--check-dp]
+//!     [--attention auto|fused|tiled|unfused] [--epilogues on|off] [--check-graph] [--check-resume]
+//!     [--check-dp]
+//!     [--check-attention] [--check-attention-quick]
 //! ```
 //!
 //! `--model small`: 6 layers, 6 heads, width 384, context 256; `--model gpt2`: 12, 12, 768,
@@ -22,6 +24,29 @@
 //! with f32 accumulation; the kernels compiled with `ACT_BF16`, arithmetic in f32) and
 //! the master weights, AdamW moments, layer-norm statistics, losses and reductions in
 //! f32; AdamW writes the bf16 copy of the weights the products read.
+//!
+//! `--attention fused` runs each block's attention as fused kernels, flash-
+//! attention style (online softmax, the backward pass recomputing the probabilities from
+//! each row's log-sum-exp, no `B·NH·T·T` matrix; head size 64 only): in bf16 with each
+//! warp's tiles in registers and `mma.sync` tensor-core products (`attention_mma.cu`), in
+//! fp32 with tiles in shared memory (`attention.cu`). `--attention tiled` uses
+//! `attention.cu` in bf16 too (wmma products); `--attention unfused` runs llm.c's batched
+//! products through the `T×T` matrix and a softmax kernel; `auto`, the default, is `fused`
+//! in bf16 and `unfused` in fp32 (cuBLAS's f32 products outrun the fused kernels' f32 FMA
+//! loops there). `--check-attention` compares
+//! each fused implementation with the unfused one on random inputs at the `gpt2` and
+//! `small` shapes and at lengths that are not multiples of the tiles, in fp32 and bf16:
+//! the output and dq, dk, dv within a tolerance relative to the largest magnitude (1e-4
+//! fp32, 5e-2 bf16) and each head's row of the output, dk and dv within a tolerance
+//! relative to its own norm (1e-3 fp32, 0.25 bf16: the last keys' gradients are too small
+//! for the first test to see),
+//! printing each error and the milliseconds per call of each pass, and exits non-zero
+//! unless all pass. `--check-attention-quick` checks the small shapes only (T = 77, 200
+//! and 1) and times nothing, short enough to run under compute-sanitizer.
+//!
+//! `--epilogues on` (the default) computes the QKV and MLP biases, the MLP's GELU and
+//! their gradients in the products, as cuBLASLt epilogues (`BIAS`, `GELU_AUX_BIAS` storing
+//! the pre-activation, `DGELU_BGRAD`, `BGRADA`, `linear.rs`); `off` runs them as kernels.
 //!
 //! Every step prints `step S loss L` (what
 //! `scripts/compare-gpt.sh` compares); every `--log-every` steps a progress line with
@@ -38,6 +63,11 @@
 //! step's sequence start offsets, little-endian u64, steps × batch), `train.u8` (the
 //! training tokens) and `meta.json`, from which the torch script trains the same model on
 //! the same batches.
+//!
+//! The step — forward, backward, the gradient buckets' all-reduce hook, clipping, AdamW —
+//! is written once (`step.rs`: the parts in order; `pass.rs`: each part's products and
+//! kernels, generic over a stream or a graph capture) and issued eagerly, into a graph, or
+//! on every data-parallel rank.
 //!
 //! `--graph` captures the whole step — forward, backward, clipping, AdamW — into one CUDA
 //! graph and launches it every step (`graph.rs`); the schedule's lr reaches the graph
@@ -63,6 +93,12 @@
 
 #[path = "args.rs"]
 mod args;
+#[path = "attend.rs"]
+mod attend;
+#[path = "attention.rs"]
+mod attention;
+#[path = "check_attn.rs"]
+mod check_attn;
 #[path = "ckpt.rs"]
 mod ckpt;
 #[path = "data.rs"]
@@ -75,6 +111,8 @@ mod gpt;
 mod kernels;
 #[path = "launch.rs"]
 mod launch;
+#[path = "linear.rs"]
+mod linear;
 #[path = "model.rs"]
 mod model;
 #[path = "optim.rs"]
@@ -86,6 +124,7 @@ mod ranks;
 
 use args::{Args, Precision};
 use gpt::graph::{Staging, Views};
+use gpt::step;
 use gpt::{Act, Gpt};
 use gpubind::{BoundDevice, BoundStream, Device, GraphExec, ThreadContext};
 use model::{Config, ParamLayout};
@@ -203,6 +242,11 @@ fn dump_init(
 }
 
 fn run(a: &Args) -> Result<(), GptError> {
+    if a.check_attention {
+        let mut ctx = ThreadContext::acquire()?;
+        let dev = Device::get(a.devices[0])?;
+        return check_attn::run(&ctx.bind(&dev)?, a.check_quick);
+    }
     if a.launcher_env
         && (a.graph || a.resume.is_some() || a.check_graph || a.check_resume || a.check_dp)
     {
@@ -257,7 +301,7 @@ fn run_on<T: Act>(
             .collect::<gpubind::Result<Vec<_>>>()?;
         let single = if a.check_dp {
             let gpu = ctx.bind(&devices[0])?;
-            let mut one = Gpt::<T>::new(&gpu, cfg, a.batch, init)?;
+            let mut one = Gpt::<T>::new(&gpu, cfg, a.batch, init, a.fusion)?;
             Some(train(&gpu, &mut one, a, data, order, 0)?)
         } else {
             None
@@ -270,7 +314,7 @@ fn run_on<T: Act>(
     }
     let dev = Device::get(a.devices[0])?;
     let gpu = ctx.bind(&dev)?;
-    let mut model = Gpt::<T>::new(&gpu, cfg, a.batch, init)?;
+    let mut model = Gpt::<T>::new(&gpu, cfg, a.batch, init, a.fusion)?;
     let mut start = 0;
     if let Some(path) = &a.resume {
         start = resume(&gpu, &mut model, path, &a.model)?;
@@ -440,9 +484,7 @@ impl<T: Act> Stepper<T> for Eager<'_, T> {
         let m = &mut *self.0;
         m.upload(gpu, x, y)?;
         gpu.htod_copy(sched, &mut m.sched)?;
-        m.forward(s, true)?;
-        m.backward(s)?;
-        m.update(s, &self.1)
+        step::train_step(&mut m.eager(s)?, self.1, step::no_hook)
     }
     fn eval_step(
         &mut self,
@@ -451,7 +493,7 @@ impl<T: Act> Stepper<T> for Eager<'_, T> {
         (x, y): (&[u32], &[u32]),
     ) -> gpubind::Result<()> {
         self.0.upload(gpu, x, y)?;
-        self.0.forward(s, false)
+        step::eval_step(&mut self.0.eager(s)?)
     }
 }
 

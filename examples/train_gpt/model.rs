@@ -85,11 +85,21 @@ impl Dims {
     pub fn att(&self) -> usize {
         self.b * self.nh * self.t * self.t
     }
-    /// Floats of the activations and scratch buffers.
-    pub fn activation_floats(&self) -> usize {
+    /// Elements of the activations and scratch buffers, with the unfused attention's
+    /// (`B·NH·T·T` matrices and per-head copies) or the fused one's (row statistics).
+    pub fn activation_floats(&self, unfused: bool) -> usize {
         let (bt, c) = (self.bt(), self.c);
-        let block = bt * (4 * c + 4 + 3 * c + 3 * c + 2 * c + 3 * c + 8 * c) + self.att();
-        let scratch = 2 * self.att() + bt * (13 * c + 8 * c + 2 * self.v) + 256 * 4 * c;
+        let common = bt * (19 * c + 4);
+        let scratch = bt * (17 * c + 2 * self.v) + 256 * 4 * c;
+        let (block, scratch) = if unfused {
+            (
+                common + bt * 4 * c + self.att(),
+                scratch + 2 * self.att() + bt * 4 * c,
+            )
+        } else {
+            let rows = self.b * self.nh * self.t;
+            (common + rows, scratch + rows)
+        };
         self.l * block + scratch + bt * (2 * c + 2 + self.v + 1) + 2 * bt
     }
 }
@@ -188,6 +198,15 @@ impl ParamLayout {
     }
 
     /// The index of tensor `name` in [`params`](Self::params).
+    /// One byte per parameter of the flat buffer: 1 where AdamW decays it, else 0.
+    pub fn decay_mask(&self) -> Vec<u8> {
+        let mut mask = vec![0u8; self.total];
+        for p in self.params.iter().filter(|p| p.decay) {
+            mask[p.range()].fill(1);
+        }
+        mask
+    }
+
     pub fn index(&self, name: &str) -> usize {
         self.params
             .iter()
@@ -267,7 +286,33 @@ mod tests {
         assert_eq!(layout.get("h.3.ln_2.bias").offset, ln.offset + 768);
         assert!(layout.get("h.0.mlp.c_fc.weight").decay);
         assert!(!layout.get("h.0.mlp.c_fc.bias").decay);
+        let mask = layout.decay_mask();
+        assert_eq!(mask.len(), layout.total);
+        for p in &layout.params {
+            assert!(
+                mask[p.range()].iter().all(|&d| d == u8::from(p.decay)),
+                "{}",
+                p.name
+            );
+        }
+        // The one AdamW launch decays all but the biases and layer norms: 13·C a block
+        // (ln_1 2C, c_attn.bias 3C, c_proj.bias C, ln_2 2C, c_fc.bias 4C, mlp c_proj.bias
+        // C) and ln_f's 2C.
+        let kept = mask.iter().filter(|&&d| d == 0).count();
+        assert_eq!(kept, 12 * 13 * 768 + 2 * 768);
+        assert!(
+            mask[layout.get("wte.weight").range()]
+                .iter()
+                .all(|&d| d == 1)
+        );
         assert_eq!(layout.get("h.0.attn.c_attn.weight").shape, [2304, 768]);
+    }
+
+    #[test]
+    fn fused_attention_needs_no_square_matrices() {
+        let d = Dims::new(&Config::named("gpt2").unwrap(), 8);
+        let (un, fu) = (d.activation_floats(true), d.activation_floats(false));
+        assert!(un - fu > (d.l + 2) * d.att(), "unfused {un}, fused {fu}");
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub trait Act: BlasScalar + CollectiveType + DeviceRepr + Copy + 'static {
     /// The H200's dense peak for this type's products, TFLOP/s (MFU's denominator).
     const PEAK_TFLOPS: f64;
     fn to_f32(self) -> f32;
+    /// The nearest value of the type.
+    fn from_f32(x: f32) -> Self;
 }
 
 impl Act for f32 {
@@ -23,6 +25,9 @@ impl Act for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    fn from_f32(x: f32) -> Self {
+        x
+    }
 }
 
 impl Act for half::bf16 {
@@ -32,5 +37,8 @@ impl Act for half::bf16 {
     const PEAK_TFLOPS: f64 = 989.0;
     fn to_f32(self) -> f32 {
         half::bf16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
     }
 }

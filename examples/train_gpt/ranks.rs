@@ -17,11 +17,12 @@ use crate::GptError;
 use crate::args::Args;
 use crate::data::{self, Dataset};
 use crate::dp::bucket_ranges;
+use crate::gpt::step::train_step;
 use crate::gpt::{Act, Gpt};
 use crate::model::Config;
 use crate::optim::{AdamW, Schedule};
 use gpubind::collective::{LaunchEnv, Op, RankComm, nccl_available};
-use gpubind::{Device, ThreadContext};
+use gpubind::{Device, Issue, ThreadContext};
 use std::time::Instant;
 
 /// The device of local rank `local` (see the module docs).
@@ -67,7 +68,7 @@ pub fn train<T: Act>(
     };
     let shard = a.batch / world;
     let gpu = ctx.bind(&dev)?;
-    let mut model = Gpt::<T>::new(&gpu, cfg, shard, init)?;
+    let mut model = Gpt::<T>::new(&gpu, cfg, shard, init, a.fusion)?;
     model.grad_scale = 1.0 / world as f32;
     let ranges = bucket_ranges(&model.layout, cfg.layers);
     // Each bucket is copied out of the gradients and all-reduced in place in its copy,
@@ -89,20 +90,20 @@ pub fn train<T: Act>(
         let (x, y) = data::make_batch(&data.train, mine, t);
         model.upload(&gpu, &x, &y)?;
         gpu.htod_copy(&sched.device_values(step, &hp), &mut model.sched)?;
-        model.forward(&mut s, true)?;
-        for k in 0..ranges.len() {
-            match k {
-                0 => model.backward_head(&mut s)?,
-                k if k <= cfg.layers => model.backward_block(&mut s, cfg.layers - k)?,
-                _ => model.backward_embed(&mut s)?,
-            }
-            s.dtod_async(&model.grads.slice(ranges[k].clone())?, &mut bufs[k])?;
+        let last = ranges.len() - 1;
+        train_step(&mut model.eager(&mut s)?, hp, |x, k| {
+            // Bucket k, done: copied out and all-reduced on the communicator stream.
+            x.s.dtod_async(&x.model.grads.slice(ranges[k].clone())?, &mut bufs[k])?;
             comm.all_reduce_in_place(&cs, &mut bufs[k], Op::Sum)?;
-        }
-        for (k, r) in ranges.iter().enumerate() {
-            s.dtod_async(&bufs[k], &mut model.grads.slice_mut(r.clone())?)?;
-        }
-        model.update(&mut s, &hp)?;
+            if k == last {
+                // Every bucket reduced: back into the gradients (which the step borrows
+                // shared) before the update.
+                for (k, r) in ranges.iter().enumerate() {
+                    x.s.dtod(&bufs[k], &x.model.grads.slice(r.clone())?)?;
+                }
+            }
+            Ok(())
+        })?;
         comm.all_reduce(&cs, &model.loss, &mut loss_sum, Op::Sum)?;
         let loss = gpu.dtoh(&loss_sum)?[0] / world as f32;
         if rank == 0 {

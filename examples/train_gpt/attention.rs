@@ -1,0 +1,289 @@
+//! The fused causal attention (flash-attention style) as owned [`Kernel`]s, compiled in a
+//! module of their own, and launch wrappers that check every length the kernels rely on.
+//! Two implementations with one interface: `attention.cu` (tiles of scores and
+//! accumulators in shared memory; wmma products in bf16, FMA loops in fp32) and, for bf16
+//! only, `attention_mma.cu` (flash-attention-2 style: each warp's scores and accumulators
+//! in registers, `mma.sync` products).
+//!
+//! The forward pass reads q, k and v from the QKV product `(B, T, 3, NH, 64)` and writes
+//! `y` as `(B, T, NH, 64)` (the projection's input) and each row's log-sum-exp; the
+//! backward pass recomputes the probabilities from q, k and the log-sum-exp and writes
+//! dq, dk and dv into `dqkv` (`(B, T, 3, NH, 64)`). Only head size 64 is compiled.
+
+use crate::kernels::u32_of;
+use crate::launch::In;
+use gpubind::{BoundDevice, CompileOptions, Error, Kernel, LaunchConfig, Result};
+use gpubind::{Issue, KernelLaunch};
+
+/// The shared-memory tiled kernels' CUDA source.
+pub const SOURCE: &str = include_str!("attention.cu");
+
+/// The register-tiled bf16 kernels' CUDA source.
+pub const SOURCE_MMA: &str = include_str!("attention_mma.cu");
+
+/// Rows per tile of [`SOURCE_MMA`] (`TILE`): queries per block, keys per tile.
+const MMA_TILE: usize = 64;
+
+/// The one head size the kernels are compiled for.
+pub const HEAD_SIZE: usize = 64;
+
+/// Threads per block of the tiled kernels (`NT` in the source).
+const THREADS: u32 = 128;
+
+/// Queries per block and keys per tile (`BR`, `BC` in the source).
+pub fn tiles(bf16: bool) -> (usize, usize) {
+    if bf16 { (32, 32) } else { (16, 16) }
+}
+
+/// The fused attention kernels of one precision, compiled once per device.
+pub struct Attention {
+    fwd: Kernel,
+    bwd_d: Kernel,
+    bwd_dq: Kernel,
+    bwd_dkdv: Kernel,
+    tiles: (usize, usize),
+    /// The kernels load and store 16 bytes at a time: every buffer 16-byte aligned.
+    aligned: bool,
+}
+
+/// `(b, t, nh, hs)`: batch, sequence length, heads, head size.
+pub type Shape = (usize, usize, usize, usize);
+
+/// Checks that the fused kernels take `shape`: head size [`HEAD_SIZE`], a non-empty
+/// sequence, `b·nh` blocks in the grid's y dimension, every buffer below 2^31 elements.
+pub fn check_shape((b, t, nh, hs): Shape) -> Result<()> {
+    if hs != HEAD_SIZE {
+        return Err(Error::InvalidArgument(format!(
+            "train_gpt: the fused attention takes head size {HEAD_SIZE}, not {hs} \
+             (use --attention unfused)"
+        )));
+    }
+    if b == 0 || t == 0 || nh == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "train_gpt: fused attention of an empty shape (B {b}, T {t}, NH {nh})"
+        )));
+    }
+    if b * nh > 65_535 {
+        return Err(Error::InvalidArgument(format!(
+            "train_gpt: fused attention of B·NH = {} heads exceeds the grid's 65535",
+            b * nh
+        )));
+    }
+    u32_of("3·B·T·C", 3 * b * t * nh * hs)?;
+    Ok(())
+}
+
+fn need(what: &str, len: usize, want: usize) -> Result<()> {
+    if len == want {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "train_gpt: fused attention {what} has {len} elements, the kernel needs {want}"
+        )))
+    }
+}
+
+impl Attention {
+    /// Compiles the kernels for `gpu`'s device and looks them up: with `bf16` and `mma`,
+    /// [`SOURCE_MMA`]; otherwise [`SOURCE`] (bf16 activations and wmma if `bf16`). A
+    /// compile error carries NVRTC's log.
+    pub fn load(gpu: &BoundDevice<'_>, bf16: bool, mma: bool) -> Result<Self> {
+        let mut opts = CompileOptions::new();
+        if bf16 {
+            opts = opts.define("ACT_BF16", 1);
+        }
+        let (source, name, tiles) = if bf16 && mma {
+            (
+                SOURCE_MMA,
+                "train_gpt_attention_mma.cu",
+                (MMA_TILE, MMA_TILE),
+            )
+        } else {
+            (SOURCE, "train_gpt_attention.cu", tiles(bf16))
+        };
+        let module = gpu
+            .compile_and_load_with(source, name, &opts)?
+            .into_shared();
+        Ok(Attention {
+            fwd: module.kernel("attn_fwd")?,
+            bwd_d: module.kernel("attn_bwd_d")?,
+            bwd_dq: module.kernel("attn_bwd_dq")?,
+            bwd_dkdv: module.kernel("attn_bwd_dkdv")?,
+            tiles,
+            aligned: bf16 && mma,
+        })
+    }
+
+    /// Which implementation this is, for messages.
+    pub fn name(&self) -> &'static str {
+        if self.aligned { "mma" } else { "tiled" }
+    }
+
+    /// Every buffer 16-byte aligned, where the kernels need it.
+    fn check_aligned(&self, bufs: &[(&str, &dyn In)]) -> Result<()> {
+        for (what, b) in bufs {
+            if self.aligned && b.addr() % 16 != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "train_gpt: fused attention {what} at {:#x} is not 16-byte aligned",
+                    b.addr()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn tiled(rows: usize, tile: usize, heads: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (rows.div_ceil(tile) as u32, heads as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// `y = softmax(q·kᵀ/√64, causal)·v` per head, and `lse` (`B·NH·T`, f32): each
+    /// row's log-sum-exp, which the backward pass reads.
+    pub fn forward<'b>(
+        &self,
+        tg: &mut impl Issue<'b>,
+        y: &'b impl In,
+        lse: &'b impl In,
+        qkv: &'b impl In,
+        shape: Shape,
+    ) -> Result<()> {
+        check_shape(shape)?;
+        let (b, t, nh, hs) = shape;
+        need("qkv", qkv.len(), 3 * b * t * nh * hs)?;
+        need("y", y.len(), b * t * nh * hs)?;
+        need("lse", lse.len(), b * nh * t)?;
+        self.check_aligned(&[("qkv", qkv), ("y", y)])?;
+        let (tt, nn) = (t as u32, nh as u32);
+        let scale = 1.0f32 / (hs as f32).sqrt();
+        // SAFETY: (act_t*, float*, const act_t*, unsigned ×2, float) matches attn_fwd
+        // of both sources. Block (x, y) handles queries [q0, q0 + BR) of head y < B·NH
+        // (the grid's y) with q0 = (gridDim.x - 1 - x)·BR < T (BR: `tiles.0`); it reads
+        // rows < T of q, k, v of that head inside qkv (3·B·T·C, checked), writes rows < T
+        // of y (B·T·C, checked) and lse entries y·T + t, t < T (B·NH·T, checked). Head
+        // size 64 (checked) is the sources' HD; the 16-byte accesses of the mma kernels
+        // are at multiples of 8 elements from 16-byte aligned buffers (checked).
+        unsafe {
+            tg.launch(&self.fwd, Self::tiled(t, self.tiles.0, b * nh))
+                .arg_written(y)
+                .arg_written(lse)
+                .arg(qkv)
+                .value(tt)
+                .value(nn)
+                .value(scale)
+                .launch()
+        }
+    }
+
+    /// The backward pass of [`forward`](Self::forward): `dqkv` (dq, dk, dv, laid out
+    /// as `qkv`; overwritten) from `dy` (as `y`), with `dsum` (`B·NH·T`, f32) holding
+    /// `rowsum(dy ⊙ y)` on the way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<'b>(
+        &self,
+        tg: &mut impl Issue<'b>,
+        dqkv: &'b impl In,
+        dsum: &'b impl In,
+        (qkv, y, lse): (&'b impl In, &'b impl In, &'b impl In),
+        dy: &'b impl In,
+        shape: Shape,
+    ) -> Result<()> {
+        check_shape(shape)?;
+        let (b, t, nh, hs) = shape;
+        let n = b * t * nh * hs;
+        need("qkv", qkv.len(), 3 * n)?;
+        need("dqkv", dqkv.len(), 3 * n)?;
+        need("y", y.len(), n)?;
+        need("dy", dy.len(), n)?;
+        need("lse", lse.len(), b * nh * t)?;
+        need("dsum", dsum.len(), b * nh * t)?;
+        self.check_aligned(&[("qkv", qkv), ("dqkv", dqkv), ("dy", dy)])?;
+        let rows = b * t * nh;
+        let (rr, tt, nn) = (rows as u32, t as u32, nh as u32);
+        let scale = 1.0f32 / (hs as f32).sqrt();
+        let warp_rows = LaunchConfig {
+            grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: (float*, const act_t* ×2, unsigned ×3) matches attn_bwd_d; warp r <
+        // B·T·NH reads the 64 elements of row r of y and dy (B·T·NH·64, checked) and
+        // writes one dsum entry (b·NH + h)·T + t < B·NH·T (checked).
+        unsafe {
+            tg.launch(&self.bwd_d, warp_rows)
+                .arg_written(dsum)
+                .arg(y)
+                .arg(dy)
+                .value(rr)
+                .value(tt)
+                .value(nn)
+                .launch()?;
+        }
+        for (kernel, tile) in [(&self.bwd_dq, self.tiles.0), (&self.bwd_dkdv, self.tiles.1)] {
+            // SAFETY: (act_t*, const act_t* ×2, const float* ×2, unsigned ×2, float)
+            // matches attn_bwd_dq and attn_bwd_dkdv; block (x, y) reads rows < T of head
+            // y's q, k, v (qkv, checked), dy (checked), lse and dsum (B·NH·T, checked) and
+            // writes rows < T of head y's part of dqkv (3·B·T·C, checked): attn_bwd_dq its
+            // dq, attn_bwd_dkdv its dk and dv, disjoint from the dq rows the other wrote.
+            unsafe {
+                tg.launch(kernel, Self::tiled(t, tile, b * nh))
+                    .arg_written(dqkv)
+                    .arg(qkv)
+                    .arg(dy)
+                    .arg(lse)
+                    .arg(dsum)
+                    .value(tt)
+                    .value(nn)
+                    .value(scale)
+                    .launch()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "attention_emu.rs"]
+mod emu;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_head_size_64_is_taken() {
+        assert!(check_shape((8, 1024, 12, 64)).is_ok());
+        assert!(check_shape((2, 77, 3, 64)).is_ok());
+        for bad in [
+            (8, 256, 6, 32),
+            (0, 256, 6, 64),
+            (1, 0, 1, 64),
+            (70_000, 1, 1, 64),
+        ] {
+            assert!(
+                matches!(check_shape(bad), Err(Error::InvalidArgument(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn tiles_are_what_the_source_defines() {
+        for (bf16, (br, bc)) in [(true, tiles(true)), (false, tiles(false))] {
+            let section = if bf16 {
+                SOURCE.split("#else").next().unwrap()
+            } else {
+                SOURCE.split("#else").nth(1).unwrap()
+            };
+            assert!(section.contains(&format!("#define BR {br}\n")), "{bf16}");
+            assert!(section.contains(&format!("#define BC {bc}\n")), "{bf16}");
+        }
+        for src in [SOURCE, SOURCE_MMA] {
+            assert!(src.contains(&format!("#define HD {HEAD_SIZE}\n")));
+            assert!(src.contains(&format!("#define NT {THREADS}\n")));
+        }
+        assert!(SOURCE_MMA.contains(&format!("#define TILE {MMA_TILE}\n")));
+    }
+}

@@ -1,0 +1,133 @@
+//! The model's linear layers with their biases and the MLP's GELU, forward and backward:
+//! as cuBLASLt epilogues of the products (`--epilogues on`: `BIAS`, `GELU_AUX_BIAS`,
+//! `DGELU_BGRAD`, `BGRADA`) or as the products followed by kernels of their own
+//! (`--epilogues off`). Generic over where the work goes (a stream or a graph capture).
+
+use crate::kernels::Kernels;
+use crate::model::linear;
+use crate::precision::Act;
+use gpubind::blas::{Blas, CaptureLtArgs, Enqueue, Epilogue, Matmul};
+use gpubind::{DeviceSlice, DeviceView, Result};
+
+/// How the biases and GELU run: the kernels, the scratch their bias gradients sum
+/// through, and whether to use the epilogues instead.
+#[derive(Clone, Copy)]
+pub struct Lin<'k> {
+    pub ks: &'k Kernels,
+    pub partial: &'k DeviceSlice<f32>,
+    pub epilogues: bool,
+}
+
+/// `(n, out, inp)`: rows, output and input features of a layer `y = x·Wᵀ + b`, `W`
+/// stored `out × inp` (as torch's Linear).
+pub type Dims3 = (usize, usize, usize);
+
+impl<'k> Lin<'k> {
+    /// `y = x·Wᵀ + b`.
+    pub fn fwd_bias<'b, T: Act, E: Enqueue<'b>>(
+        &self,
+        e: &mut E,
+        blas: &Blas,
+        (n, out, inp): Dims3,
+        (x, w, b): (
+            &'b DeviceSlice<T>,
+            &'b DeviceView<'_, T>,
+            &'b DeviceView<'_, T>,
+        ),
+        y: &'b DeviceSlice<T>,
+    ) -> Result<()> {
+        let shape = linear(n, out, inp);
+        if self.epilogues {
+            let args = CaptureLtArgs::new().bias(b);
+            e.matmul_lt(blas, &shape, Epilogue::Bias, x, w, y, args)
+        } else {
+            e.matmul(blas, &shape, x, w, y)?;
+            self.ks.bias_add(e, y, b)
+        }
+    }
+
+    /// `pre = x·Wᵀ + b`, `y = gelu(pre)`.
+    pub fn fwd_gelu<'b, T: Act, E: Enqueue<'b>>(
+        &self,
+        e: &mut E,
+        blas: &Blas,
+        (n, out, inp): Dims3,
+        (x, w, b): (
+            &'b DeviceSlice<T>,
+            &'b DeviceView<'_, T>,
+            &'b DeviceView<'_, T>,
+        ),
+        (pre, y): (&'b DeviceSlice<T>, &'b DeviceSlice<T>),
+    ) -> Result<()> {
+        let shape = linear(n, out, inp);
+        if self.epilogues {
+            let args = CaptureLtArgs::new().bias(b).aux_out(pre);
+            e.matmul_lt(blas, &shape, Epilogue::GeluAuxBias, x, w, y, args)
+        } else {
+            e.matmul(blas, &shape, x, w, pre)?;
+            self.ks.bias_add(e, pre, b)?;
+            self.ks.gelu_fwd(e, y, pre)
+        }
+    }
+
+    /// The weight gradient `dW = dyᵀ·x` (`out × inp`) and, with `db`, the bias gradient
+    /// `Σ_rows dy`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn weight_grad<'b, T: Act, E: Enqueue<'b>>(
+        &self,
+        e: &mut E,
+        blas: &Blas,
+        (n, out, inp): Dims3,
+        (dy, x): (&'b DeviceSlice<T>, &'b DeviceSlice<T>),
+        dw: &'b DeviceView<'_, T>,
+        db: Option<&'b DeviceView<'_, T>>,
+    ) -> Result<()>
+    where
+        'k: 'b,
+    {
+        let shape = Matmul::new(out, inp, n).transpose_a();
+        match db {
+            Some(db) if self.epilogues => {
+                let args = CaptureLtArgs::new().bias_grad(db);
+                e.matmul_lt(blas, &shape, Epilogue::BGradA, dy, x, dw, args)
+            }
+            Some(db) => {
+                e.matmul(blas, &shape, dy, x, dw)?;
+                self.ks.bias_grad(e, db, self.partial, dy)
+            }
+            None => e.matmul(blas, &shape, dy, x, dw),
+        }
+    }
+
+    /// Through the GELU layer `y = gelu(pre)`, `pre = x·W1ᵀ + b1`, from the next layer's
+    /// output gradient `dz` (`n × out2`, its weight `w2` `out2 × inp2`): `dpre =
+    /// (dz·w2) ⊙ gelu'(pre)` (`n × inp2`) and `db1 = Σ_rows dpre`; `dy` is scratch of
+    /// `dpre`'s size for the kernels.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gelu_grad<'b, T: Act, E: Enqueue<'b>>(
+        &self,
+        e: &mut E,
+        blas: &Blas,
+        (n, out2, inp2): Dims3,
+        (dz, w2, pre): (
+            &'b DeviceSlice<T>,
+            &'b DeviceView<'_, T>,
+            &'b DeviceSlice<T>,
+        ),
+        (dpre, db1): (&'b DeviceSlice<T>, &'b DeviceView<'_, T>),
+        dy: &'b DeviceSlice<T>,
+    ) -> Result<()>
+    where
+        'k: 'b,
+    {
+        let shape = Matmul::new(n, inp2, out2);
+        if self.epilogues {
+            let args = CaptureLtArgs::new().aux(pre).bias_grad(db1);
+            e.matmul_lt(blas, &shape, Epilogue::DGeluBGrad, dz, w2, dpre, args)
+        } else {
+            e.matmul(blas, &shape, dz, w2, dy)?;
+            self.ks.gelu_bwd(e, dpre, pre, dy)?;
+            self.ks.bias_grad(e, db1, self.partial, dpre)
+        }
+    }
+}
