@@ -377,14 +377,23 @@ impl StreamRef {
     }
 
     /// Blocks until the work enqueued on this stream so far has finished.
+    ///
+    /// A host wait of a tracker: the stream is never one being captured (gpubind's
+    /// captures run on private streams; a foreign stream is waited for through its end
+    /// mark, or refused), so the wait runs with this thread's capture mode relaxed
+    /// ([`with_relaxed_capture_mode`](crate::driver::with_relaxed_capture_mode)): a read
+    /// of page-locked memory inside a capture closure, or while another thread captures
+    /// in `CU_STREAM_CAPTURE_MODE_GLOBAL`, waits instead of failing and invalidating the
+    /// capture.
     pub(crate) fn synchronize(&self) -> Result<()> {
         let _guard = self.device().enter()?;
-        let synced = match self {
+        let synced = crate::driver::with_relaxed_capture_mode(|| match self {
             // SAFETY: its context is current for the call (the null stream resolves to
             // that context's legacy stream).
             StreamRef::Legacy(_) => unsafe { result::stream::synchronize(std::ptr::null_mut()) },
             StreamRef::Owned(s) => s.synchronize_raw(),
-        };
+        })
+        .and_then(|synced| synced);
         self.device().check(synced)
     }
 
@@ -411,7 +420,11 @@ impl StreamRef {
                 after_ms: 0,
             });
         }
-        let polled = poll_until_idle(|| self.query(), deadline, limit);
+        // Relaxed, as in `synchronize`.
+        let polled = crate::driver::with_relaxed_capture_mode(|| {
+            poll_until_idle(|| self.query(), deadline, limit)
+        })
+        .map_err(|e| self.device().on_error(e))?;
         match polled {
             Ok(()) => Ok(()),
             Err(Polled::Failed(e)) => Err(self.device().on_error(e)),

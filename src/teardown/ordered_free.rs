@@ -55,14 +55,30 @@ pub(crate) unsafe fn free_in_stream_order(
         return;
     }
     let (on, waited, forgotten, guard) = join_or_wait(device, tracker);
-    let stream = match &on {
-        FreeOn::Stream(s) => s.slot().raw(),
-        // Nothing pending: the legacy default stream (of the context `release` enters).
-        FreeOn::Anywhere => std::ptr::null_mut(),
-    };
-    // SAFETY: the caller's; every pending use was ordered before this point of `stream`
-    // (joined onto it) or waited for on the host, and `on` keeps `stream` alive.
-    unsafe { free_on(what, device, waited, stream, ptr) };
+    match &on {
+        // SAFETY: the caller's; every pending use was ordered before this point of the
+        // stream (joined onto it), and `on` keeps it alive.
+        FreeOn::Stream(s) => unsafe { free_on(what, device, waited, s.slot().raw(), ptr) },
+        // Nothing pending, or every use waited for on the host: the legacy default stream
+        // (of the context `release` enters). A call on it is one the default capture
+        // mode forbids while this thread captures (a drop inside a capture closure, or
+        // while another library captures a stream on this thread), so it runs with the
+        // capture mode relaxed. gpubind's and cudarc's streams are non-blocking, so the
+        // legacy stream orders nothing of theirs (a capture of a blocking stream would
+        // refuse the call in any mode: the free then fails, is logged, and leaks).
+        FreeOn::Anywhere => {
+            let relaxed = crate::driver::with_relaxed_capture_mode(|| {
+                // SAFETY: the caller's; every pending use was waited for on the host (or
+                // none was pending).
+                unsafe { free_on(what, device, waited, std::ptr::null_mut(), ptr) }
+            });
+            if let Err(e) = relaxed {
+                log::error!(
+                    "gpubind: a buffer's free was not enqueued: the capture mode could not be set: {e}"
+                );
+            }
+        }
+    }
     // Only now may the streams go (dropping the last reference destroys a stream).
     drop(on);
     drop(forgotten);
