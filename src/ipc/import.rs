@@ -188,6 +188,8 @@ impl ImportedPool {
         }
         reg.check_key(&key)?;
         let _guard = self.inner.device.enter()?;
+        // Before another process's memory is mapped here: see `cloexec`.
+        super::cloexec::mark_driver_descriptors();
         let mut data = sys::CUmemPoolPtrExportData {
             reserved: *handle.export_data(),
         };

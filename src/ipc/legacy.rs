@@ -129,6 +129,8 @@ impl LegacyIpcHandle {
         }
         reg.check_key(&key)?;
         let _guard = device.enter()?;
+        // Before another process's memory is mapped here: see `cloexec`.
+        super::cloexec::mark_driver_descriptors();
         let handle = sys::CUipcMemHandle {
             reserved: self.data().map(|b| b as std::ffi::c_char),
         };

@@ -62,6 +62,7 @@
 //! importer's exit; a process may only access an allocation after it is ready
 //! ([`MemoryPool::alloc_zeros`] waits for that before returning).
 
+mod cloexec;
 mod event;
 mod handle;
 mod handoff;

@@ -111,6 +111,8 @@ impl MemoryPool {
             export_fd: None,
         };
         if config.ipc {
+            // Memory of this pool may be used by other processes: see `cloexec`.
+            super::cloexec::mark_driver_descriptors();
             // On failure `owned` drops here and destroys the pool.
             owned.export_fd = Some(export_shareable_handle(raw)?);
             // Importing this pool in this process is refused from now until it is
