@@ -978,10 +978,9 @@ fn an_operation_after_a_captured_foreign_stream_waits_for_its_end_mark() -> R {
         .memset_async(&mut buf, 1u32)
         .ctx("memset")?;
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    let mut marker = marker;
+    let marker_ptr = raw_ptr(&cs, &marker);
     let (outcome, ended) = under_cudarc_capture(&cs, mode, "the operations", || {
-        cs.memset_zeros(&mut marker)
-            .map_err(|e| format!("captured memset: {e:?}"))?;
+        captured_zero(&cs, marker_ptr)?;
         for (i, (name, stream)) in [
             ("gpubind's stream", &own),
             ("another cudarc stream", &other),
@@ -1006,6 +1005,24 @@ fn an_operation_after_a_captured_foreign_stream_waits_for_its_end_mark() -> R {
         8,
     )?;
     println!("operations ordered after a captured foreign stream: run, the capture intact");
+    Ok(())
+}
+
+/// The device address of `marker`, taken before a capture: cudarc's own accessors make
+/// the stream wait for the slice's events, and a capturing stream that waits for an event
+/// recorded outside its capture invalidates it.
+fn raw_ptr(cs: &Arc<CudaStream>, marker: &CudaSlice<u32>) -> sys::CUdeviceptr {
+    let (ptr, _record) = gpubind::cudarc::driver::DevicePtr::device_ptr(marker, cs);
+    ptr
+}
+
+/// Zeroes the 16 `u32`s of the marker at `ptr` on `cs`, which cudarc captures: the
+/// graph's one node.
+fn captured_zero(cs: &Arc<CudaStream>, ptr: sys::CUdeviceptr) -> R {
+    // SAFETY: `ptr` is a live 16-element allocation of the stream's context (the caller's
+    // marker, alive until after the graph's launch); the memset is captured on `cs`.
+    let r = unsafe { sys::cuMemsetD32Async(ptr, 0, 16, cs.cu_stream()) };
+    ensure!(r == sys::CUresult::CUDA_SUCCESS, "captured memset: {r:?}");
     Ok(())
 }
 
@@ -1169,10 +1186,9 @@ fn host_reads_under_a_capture(mode: sys::CUstreamCaptureMode) -> R {
         .ctx("copy_tracked_async")?;
     let mut raw = gpu.alloc_zeros::<u32>(16).ctx("alloc")?;
     s.memset_async(&mut raw, 9u32).ctx("memset raw")?;
-    let mut marker = marker;
+    let marker_ptr = raw_ptr(&cs, &marker);
     let (outcome, ended) = under_cudarc_capture(&cs, mode, "the reads", || {
-        cs.memset_zeros(&mut marker)
-            .map_err(|e| format!("captured memset: {e:?}"))?;
+        captured_zero(&cs, marker_ptr)?;
         // First from another thread (no binding there: the wait enters the context).
         let elsewhere = std::thread::scope(|sc| {
             sc.spawn(|| pinned.try_as_slice().map(|d| (d[0], d[N - 1])))
