@@ -15,7 +15,10 @@
 # Runs on the GPU machine from the repository root, over .gpu-bin/examples/train_gpt
 # (scripts/build-gpu-bins.sh). Environment: TRAIN_GPT (the binary), PYTHON (with torch),
 # COMPARE_FP32_TOL, COMPARE_LONG_STEPS, COMPARE_BENCH_STEPS (default 30),
-# COMPARE_GPT2_BATCH, COMPARE_SKIP_BENCH=1. Exit status 1 when a check fails or a run fails.
+# COMPARE_GPT2_BATCH, COMPARE_SKIP_BENCH=1, COMPARE_SKIP_LOSSES=1 (steps 1, 2 and 4 left
+# out), COMPARE_SPECS (the throughput runs' "model batch" pairs, comma-separated; default
+# "small 8,small 32,gpt2 $COMPARE_GPT2_BATCH"), COMPARE_PRECISIONS (default "fp32 bf16").
+# Exit status 1 when a check fails or a run fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${TRAIN_GPT:-.gpu-bin/examples/train_gpt}
@@ -24,6 +27,8 @@ TOL=${COMPARE_FP32_TOL:-0.001}
 LONG=${COMPARE_LONG_STEPS:-500}
 BENCH_STEPS=${COMPARE_BENCH_STEPS:-30}
 GPT2_BATCH=${COMPARE_GPT2_BATCH:-8}
+SPECS=${COMPARE_SPECS:-small 8,small 32,gpt2 $GPT2_BATCH}
+PRECISIONS=${COMPARE_PRECISIONS:-fp32 bf16}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 WORK=$(mktemp -d)
 DEST=${OUT:-/tmp/compare-gpt}
@@ -58,6 +63,7 @@ sys.exit(0 if ok else 1)
 PY
 }
 
+if [[ ${COMPARE_SKIP_LOSSES:-0} != 1 ]]; then
 echo "=== 1. fp32, small, 50 steps"
 "$BIN" --model small --steps 50 --dump-init "$WORK/fp32" || failed=1
 "$BIN" --model small --steps 50 --log-every 10 2>&1 | tee "$DEST/gpubind-fp32.log"
@@ -94,17 +100,19 @@ plt.title("GPT small, byte-level Python stdlib")
 plt.savefig(out, dpi=120, bbox_inches="tight")
 print(f"compare-gpt: wrote {out}")
 PY
+fi
 
 if [[ ${COMPARE_SKIP_BENCH:-0} != 1 ]]; then
   echo "=== 3. throughput"
   rows=$WORK/rows
   : >"$rows"
-  for spec in "small 8" "small 32" "gpt2 $GPT2_BATCH"; do
+  IFS=, read -ra specs <<<"$SPECS"
+  for spec in "${specs[@]}"; do
     set -- $spec
     model=$1 batch=$2
     dir=$WORK/bench-$model-$batch
     "$BIN" --model "$model" --batch "$batch" --steps "$BENCH_STEPS" --dump-init "$dir" >/dev/null || { failed=1; continue; }
-    for prec in fp32 bf16; do
+    for prec in $PRECISIONS; do
       runs=()
       if [[ $prec == fp32 || $has_bf16 == 1 ]]; then
         runs+=("gpubind-eager|$BIN --model $model --batch $batch --steps $BENCH_STEPS --precision $prec --log-every 1000")
