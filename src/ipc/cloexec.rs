@@ -6,7 +6,8 @@
 //! receiver started inherits would keep those contexts (and the work in them) alive
 //! after the receiver ended. The driver opens most of its descriptors close-on-exec, but
 //! not all (`/dev/nvidiactl`), so gpubind sets the flag on every one of them before it
-//! maps memory of another process, and when it creates a pool others may import.
+//! maps memory of another process, and when it creates a pool others may import (whose
+//! exported descriptor the driver also creates inheritable).
 
 /// Sets `FD_CLOEXEC` on each open descriptor of this process whose file is one of the
 /// GPU driver's (`/dev/nvidia*`), as `/proc/self/fd` lists them. Best effort: a
@@ -46,7 +47,7 @@ pub(crate) fn mark_driver_descriptors() {
 }
 
 /// Sets `FD_CLOEXEC` on descriptor `fd`, unless it is set already.
-fn set_cloexec(fd: i32) -> std::io::Result<()> {
+pub(super) fn set_cloexec(fd: i32) -> std::io::Result<()> {
     // SAFETY: `fcntl` with `F_GETFD` reads only the flags of descriptor `fd` (an integer,
     // no memory is passed); a descriptor closed since it was listed fails with `EBADF`.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };

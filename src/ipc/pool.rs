@@ -11,7 +11,7 @@ use crate::memory::{DeviceRepr, DeviceSlice};
 use crate::stream::BoundStream;
 use cudarc::driver::sys;
 use std::mem::ManuallyDrop;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 /// How to create a [`MemoryPool`].
@@ -111,10 +111,10 @@ impl MemoryPool {
             export_fd: None,
         };
         if config.ipc {
-            // Memory of this pool may be used by other processes: see `cloexec`.
-            super::cloexec::mark_driver_descriptors();
             // On failure `owned` drops here and destroys the pool.
             owned.export_fd = Some(export_shareable_handle(raw)?);
+            // Memory of this pool may be used by other processes: see `cloexec`.
+            super::cloexec::mark_driver_descriptors();
             // Importing this pool in this process is refused from now until it is
             // destroyed (OwnedPool's Drop removes the entry).
             super::registry::lock().add_own_pool(owned.id, raw as usize);
@@ -481,5 +481,14 @@ fn export_shareable_handle(raw: sys::CUmemoryPool) -> Result<OwnedFd> {
         )));
     }
     // SAFETY: the driver just created `fd` for us; nobody else owns or closes it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // The driver creates it inheritable: a program this process starts would hold the
+    // pool, and could import its memory.
+    super::cloexec::set_cloexec(fd.as_raw_fd()).map_err(|e| {
+        super::io_error(
+            "fcntl(F_SETFD, FD_CLOEXEC) of the pool's exported descriptor",
+            &e,
+        )
+    })?;
+    Ok(fd)
 }
