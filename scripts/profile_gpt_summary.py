@@ -218,6 +218,10 @@ def render(gb, tc, counts, steps, warmup, meta, timed):
         if (g or 0) == 0 and (t or 0) == 0:
             continue
         out.append(f"| {k} | {fmt(g)} | {share(g, gtot)} | {fmt(t)} | {share(t, ttot)} | {ratio(g, t)} |")
+    mc = CLASSES[0][0]
+    gkern = None if gtot is None else gtot - per(gcls, mc)
+    tkern = None if ttot is None else ttot - per(tcls, mc)
+    out.append(f"| **kernels** | **{fmt(gkern)}** | | **{fmt(tkern)}** | | **{ratio(gkern, tkern)}** |")
     out.append(f"| **all GPU activity** | **{fmt(gtot)}** | | **{fmt(ttot)}** | | **{ratio(gtot, ttot)}** |")
     gk = None if counts is None else sum(counts) / steps
     tk = None
