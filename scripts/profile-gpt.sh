@@ -51,6 +51,7 @@ read -ra EXTRA <<<"${PROFILE_GPT_ARGS:-}"
 DEST=${OUT:-/tmp/profile-gpt}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 mkdir -p "$DEST"
+rm -f "$DEST/profile-gpt.md"
 [[ -x $BIN ]] || { echo "profile-gpt: no $BIN (run scripts/build-gpu-bins.sh)" >&2; exit 1; }
 [[ -x $NCU ]] || { echo "profile-gpt: no Nsight Compute at $NCU (set NCU)" >&2; exit 1; }
 (( STEPS >= 1 && WARMUP >= 1 )) || { echo "profile-gpt: PROFILE_STEPS and PROFILE_WARMUP must be at least 1" >&2; exit 1; }
@@ -73,6 +74,12 @@ run() { # log command...
   fi
   echo "  done in $((SECONDS - t0)) s (log: $log)"
 }
+
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | head -1
+  "$NCU" --version 2>&1 | tail -1
+  "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' 2>&1 | tail -1
+} | tee "$DEST/versions.txt"
 
 init=$DEST/init
 dump_steps=$(( RUN > TIMED ? RUN : TIMED ))
@@ -109,6 +116,8 @@ if ((${#have_ncu[@]} + ${#have_torch[@]} > 0)); then
   "$PY" scripts/profile_gpt_summary.py "${have_ncu[@]}" "${have_torch[@]}" --warmup "$WARMUP" \
     --steps "$STEPS" --meta "$init/meta.json" "${timed[@]}" --out "$DEST/profile-gpt.md" \
     || failed+=("scripts/profile_gpt_summary.py (on $DEST)")
+  [[ -f $DEST/profile-gpt.md ]] && printf 'Run on: %s\n' "$(paste -sd';' "$DEST/versions.txt")" \
+    | tee -a "$DEST/profile-gpt.md"
 fi
 if ((${#failed[@]} > 0)); then
   echo "profile-gpt: ${#failed[@]} command(s) failed:"
