@@ -94,18 +94,22 @@ impl StreamInner {
 
     /// Blocks until the work enqueued on the stream so far has finished (on a foreign
     /// stream whose end is marked, or once retired, the work gpubind enqueued there).
-    pub(crate) fn synchronize_raw(&self) -> Result<()> {
+    /// Its one caller, `StreamRef::synchronize`, runs it with the thread's capture mode
+    /// relaxed (the waits are on streams and events outside any capture: see
+    /// [`super::foreign`]).
+    pub(super) fn synchronize_raw(&self) -> Result<()> {
         self.with_target(|t| match t {
             Target::Stream(raw) => {
                 if let Some(end) = self.end_event() {
-                    return super::foreign::synchronize_event(end);
+                    // SAFETY: the event lives until the stream's drop (held by `self`).
+                    return unsafe { result::event::synchronize(end) };
                 }
                 self.refuse_foreign_capture(raw)?;
                 // SAFETY: as in `query`; the caller made the stream's context current.
                 unsafe { result::stream::synchronize(raw) }
             }
-            // As in `query`.
-            Target::Event(event) => super::foreign::synchronize_event(event),
+            // SAFETY: as in `query`: the event lives until the stream's drop.
+            Target::Event(event) => unsafe { result::event::synchronize(event) },
             Target::Waited(outcome) => outcome.clone(),
         })
     }

@@ -139,15 +139,9 @@ pub(super) fn relaxed<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
     crate::driver::with_relaxed_capture_mode(f)?
 }
 
-/// Waits on the host for `event` (recorded outside any capture), relaxed.
-pub(super) fn synchronize_event(event: sys::CUevent) -> Result<()> {
-    // SAFETY: the caller holds the event alive (its stream's, destroyed with it).
-    relaxed(|| unsafe { result::event::synchronize(event) })
-}
-
 /// Whether the work before `event`'s latest record (outside any capture) has finished,
 /// relaxed.
 pub(super) fn query_event(event: sys::CUevent) -> Result<bool> {
-    // SAFETY: as in `synchronize_event`.
+    // SAFETY: the caller holds the event alive (its stream's, destroyed with it).
     relaxed(|| unsafe { result::event::query(event) })
 }
