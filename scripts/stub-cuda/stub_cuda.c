@@ -65,6 +65,10 @@ CUresult cuMemAllocFromPoolAsync(uintptr_t *p, size_t b, H pool, H s) {
 CUresult cuMemAllocAsync(uintptr_t *p, size_t b, H s) {
   (void)s; *p = next_ptr; next_ptr += (b + 4095) & ~(size_t)4095; OK; }
 CUresult cuMemFreeAsync(uintptr_t p, H s) { (void)p; (void)s; OK; }
+static __thread int capture_mode;    /* the thread's capture mode (0: global) */
+CUresult cuThreadExchangeStreamCaptureMode(int *m) {
+  int old = capture_mode; capture_mode = *m; *m = old; OK;
+}
 CUresult cuStreamIsCapturing(H s, int *st) { (void)s; *st = 0; OK; }
 CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = *t = (size_t)1 << 34; OK; }
 CUresult cuMemsetD8Async(uintptr_t p, unsigned char v, size_t n, H s) { (void)p; (void)v; (void)n; (void)s; OK; }

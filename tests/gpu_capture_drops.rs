@@ -1,0 +1,237 @@
+//! GPU tests of drops during a stream capture: the frees and destroys a drop makes run
+//! with the thread's capture mode relaxed, so a drop inside a `BoundDevice::capture`
+//! closure, or while another thread holds a global-mode capture open, neither fails nor
+//! invalidates the capture, and the memory is freed. Without a driver: one SKIPPED line.
+//!
+//! Run: `cargo test --test gpu_capture_drops` (on a GPU machine, or the built binary).
+
+#[macro_use]
+mod common;
+
+use common::{Ctx, dev0, run_suite};
+use gpubind::cudarc::driver::sys;
+use gpubind::{BoundDevice, ThreadContext};
+use std::sync::mpsc::channel;
+
+type R = Result<(), String>;
+
+/// Bytes of each pool temporary: a multiple of the pool's 2 MiB granularity, so its free
+/// shows in the pool's used bytes exactly.
+const BYTES: usize = 4 << 20;
+/// Elements of the captured memset.
+const N: usize = 4096;
+
+/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` of device 0's default memory pool.
+fn default_pool_used() -> Result<u64, String> {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: device 0 exists (dev0 succeeded); the call writes one handle.
+    let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, 0) };
+    ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "cuDeviceGetDefaultMemPool: {r:?}"
+    );
+    let mut used: u64 = 0;
+    // SAFETY: the default pool (never destroyed); USED_MEM_CURRENT writes a u64.
+    let r = unsafe {
+        sys::cuMemPoolGetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+            (&mut used as *mut u64).cast(),
+        )
+    };
+    ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "cuMemPoolGetAttribute: {r:?}"
+    );
+    Ok(used)
+}
+
+fn all_equal(what: &str, got: &[u32], want: u32) -> R {
+    if let Some(i) = got.iter().position(|&x| x != want) {
+        return Err(format!(
+            "{what}: element {i} is {:#x}, want {want:#x}",
+            got[i]
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that the pool's used bytes fell by at least one temporary between `before` and
+/// now (after a device synchronize).
+fn pool_freed(gpu: &BoundDevice<'_>, what: &str, before: u64) -> R {
+    gpu.synchronize().ctx("synchronize")?;
+    let after = default_pool_used()?;
+    println!("{what}: pool used memory {before} before the drop, {after} after");
+    ensure!(
+        before.saturating_sub(after) >= BYTES as u64,
+        "{what}: the pool temporary was not freed: {before} -> {after}"
+    );
+    Ok(())
+}
+
+/// A pool temporary with a pending write on a gpubind stream, an event recorded on that
+/// stream, a stream with pending work, and a `cuMemAlloc` buffer with a pending write,
+/// each dropped inside a capture closure (thread-local mode) that also captures a
+/// memset: the capture returns a graph, whose launch performs the memset, and the pool
+/// temporary is freed.
+fn drops_inside_a_capture_closure_leave_the_capture_intact() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let target = gpu.alloc_zeros::<u32>(N).ctx("alloc the memset's target")?;
+    let own = gpu.new_stream().ctx("new_stream")?;
+    let doomed_stream = gpu.new_stream().ctx("new_stream")?;
+    let event = gpu.new_event(false).ctx("new_event")?;
+    let mut plain = gpu.alloc_zeros::<u32>(N).ctx("cuMemAlloc buffer")?;
+    let mut other = gpu.alloc_zeros::<u32>(N).ctx("cuMemAlloc buffer")?;
+    let s = gpu.on(&own).ctx("on")?;
+    let mut temporary = s.alloc_zeros::<u8>(BYTES).ctx("pool alloc")?;
+    s.memset_async(&mut plain, 1u32)
+        .ctx("memset the cuMemAlloc buffer")?;
+    s.record(&event).ctx("record")?;
+    gpu.on(&doomed_stream)
+        .ctx("on")?
+        .memset_async(&mut other, 2u32)
+        .ctx("memset on the stream dropped later")?;
+    // The temporary's pending uses: writes on `own` only.
+    s.memset_async(&mut temporary, 3u8)
+        .ctx("memset the temporary")?;
+    let used_before = default_pool_used()?;
+    let graph = gpu
+        .capture(|c| {
+            c.memset(&target, 9u32)?;
+            drop(temporary); // cuMemFreeAsync on `own`
+            drop(event); // cuEventDestroy
+            drop(doomed_stream); // cuStreamDestroy
+            drop(plain); // a host wait for `own`, then cuMemFree
+            Ok(())
+        })
+        .ctx("the capture with drops inside")?;
+    let exec = graph.instantiate().ctx("instantiate")?;
+    exec.launch(&gpu.default_stream()).ctx("launch")?;
+    gpu.synchronize().ctx("synchronize after the launch")?;
+    all_equal(
+        "the memset the graph captured",
+        &gpu.dtoh(&target).ctx("dtoh")?,
+        9,
+    )?;
+    all_equal(
+        "the write on the dropped stream",
+        &gpu.dtoh(&other).ctx("dtoh")?,
+        2,
+    )?;
+    pool_freed(
+        &gpu,
+        "a temporary dropped in a capture closure",
+        used_before,
+    )?;
+    println!("drops inside a capture closure: the capture intact, the temporary freed");
+    Ok(())
+}
+
+/// A pool temporary with a pending write, dropped on this thread while another thread
+/// holds a cudarc capture open in global mode (which forbids every thread's unrelaxed
+/// "potentially unsafe" calls): cudarc's capture stays active and ends in a graph whose
+/// launch performs its memset, and the temporary is freed.
+fn a_drop_during_another_threads_global_capture_leaves_it_intact() -> R {
+    let dev = dev0()?;
+    let mut ctx = ThreadContext::acquire().ctx("acquire")?;
+    let gpu = ctx.bind(&dev).ctx("bind")?;
+    let own = gpu.new_stream().ctx("new_stream")?;
+    let theirs = gpu.new_cudarc_stream().ctx("new_cudarc_stream")?;
+    let cs = theirs.cudarc_stream().ok_or("not cudarc's")?.clone();
+    let marker = cs
+        .clone_htod(&[7u32; 16])
+        .map_err(|e| format!("clone_htod: {e:?}"))?;
+    cs.synchronize()
+        .map_err(|e| format!("synchronize: {e:?}"))?;
+    let s = gpu.on(&own).ctx("on")?;
+    let mut temporary = s.alloc_zeros::<u8>(BYTES).ctx("pool alloc")?;
+    s.memset_async(&mut temporary, 3u8)
+        .ctx("memset the temporary")?;
+    let used_before = default_pool_used()?;
+
+    let (began_tx, began_rx) = channel::<Result<(), String>>();
+    let (dropped_tx, dropped_rx) = channel::<()>();
+    let capturer = {
+        let cs = cs.clone();
+        let marker_ptr = {
+            let (ptr, _record) = gpubind::cudarc::driver::DevicePtr::device_ptr(&marker, &cs);
+            ptr
+        };
+        std::thread::spawn(move || -> R {
+            if let Err(e) = cs.context().bind_to_thread() {
+                let _ = began_tx.send(Err(format!("bind_to_thread: {e:?}")));
+                return Ok(());
+            }
+            let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+            if let Err(e) = cs.begin_capture(mode) {
+                let _ = began_tx.send(Err(format!("begin_capture: {e:?}")));
+                return Ok(());
+            }
+            // SAFETY: `marker_ptr` is the 16-element allocation `marker`, alive until
+            // after the graph's launch; the memset is captured on `cs`.
+            let r = unsafe { sys::cuMemsetD32Async(marker_ptr, 0, 16, cs.cu_stream()) };
+            let _ = began_tx.send(if r == sys::CUresult::CUDA_SUCCESS {
+                Ok(())
+            } else {
+                Err(format!("captured memset: {r:?}"))
+            });
+            // The other thread drops its temporary now.
+            let _ = dropped_rx.recv();
+            let status = cs.capture_status();
+            let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
+            let status = status.map_err(|e| format!("capture_status: {e:?}"))?;
+            ensure!(
+                status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+                "the drop on another thread touched the global capture: {status:?}"
+            );
+            let graph = ended
+                .map_err(|e| format!("the capture did not stay valid: {e:?}"))?
+                .ok_or("the capture made no graph")?;
+            graph.launch().map_err(|e| format!("graph launch: {e:?}"))?;
+            cs.synchronize()
+                .map_err(|e| format!("synchronize: {e:?}"))?;
+            Ok(())
+        })
+    };
+    let began = began_rx
+        .recv()
+        .unwrap_or_else(|_| Err("the capturing thread ended early".into()));
+    if began.is_ok() {
+        drop(temporary); // cuMemFreeAsync on `own` while the global capture is open
+    }
+    let _ = dropped_tx.send(());
+    let captured = capturer
+        .join()
+        .map_err(|_| "the capturing thread panicked".to_string())?;
+    began?;
+    captured?;
+    let after = cs
+        .clone_dtoh(&marker)
+        .map_err(|e| format!("clone_dtoh: {e:?}"))?;
+    all_equal("the marker after the graph's launch", &after, 0)?;
+    pool_freed(
+        &gpu,
+        "a temporary dropped during a global capture",
+        used_before,
+    )?;
+    println!("a drop during another thread's global capture: the capture intact, freed");
+    Ok(())
+}
+
+fn main() {
+    run_suite(
+        "gpu_capture_drops",
+        &[
+            (
+                "drops_inside_a_capture_closure_leave_the_capture_intact",
+                drops_inside_a_capture_closure_leave_the_capture_intact,
+            ),
+            (
+                "a_drop_during_another_threads_global_capture_leaves_it_intact",
+                a_drop_during_another_threads_global_capture_leaves_it_intact,
+            ),
+        ],
+    );
+}
