@@ -69,11 +69,11 @@ fn pool_freed(gpu: &BoundDevice<'_>, what: &str, before: u64) -> R {
     Ok(())
 }
 
-/// A pool temporary with a pending write on a gpubind stream, an event recorded on that
-/// stream, a stream with pending work, and a `cuMemAlloc` buffer with a pending write,
-/// each dropped inside a capture closure (thread-local mode) that also captures a
-/// memset: the capture returns a graph, whose launch performs the memset, and the pool
-/// temporary is freed.
+/// A pool temporary with a pending write on a gpubind stream, an event, a stream (its
+/// last reference; the event was recorded on it), and a `cuMemAlloc` buffer with a
+/// pending write, each dropped inside a capture closure (thread-local mode) that also
+/// captures a memset: the capture returns a graph, whose launch performs the memset, and
+/// the pool temporary is freed.
 fn drops_inside_a_capture_closure_leave_the_capture_intact() -> R {
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
@@ -83,16 +83,16 @@ fn drops_inside_a_capture_closure_leave_the_capture_intact() -> R {
     let doomed_stream = gpu.new_stream().ctx("new_stream")?;
     let event = gpu.new_event(false).ctx("new_event")?;
     let mut plain = gpu.alloc_zeros::<u32>(N).ctx("cuMemAlloc buffer")?;
-    let mut other = gpu.alloc_zeros::<u32>(N).ctx("cuMemAlloc buffer")?;
     let s = gpu.on(&own).ctx("on")?;
     let mut temporary = s.alloc_zeros::<u8>(BYTES).ctx("pool alloc")?;
     s.memset_async(&mut plain, 1u32)
         .ctx("memset the cuMemAlloc buffer")?;
-    s.record(&event).ctx("record")?;
+    // Untracked work, so nothing but `doomed_stream` keeps the stream: its drop
+    // destroys it.
     gpu.on(&doomed_stream)
         .ctx("on")?
-        .memset_async(&mut other, 2u32)
-        .ctx("memset on the stream dropped later")?;
+        .record(&event)
+        .ctx("record")?;
     // The temporary's pending uses: writes on `own` only.
     s.memset_async(&mut temporary, 3u8)
         .ctx("memset the temporary")?;
@@ -114,11 +114,6 @@ fn drops_inside_a_capture_closure_leave_the_capture_intact() -> R {
         "the memset the graph captured",
         &gpu.dtoh(&target).ctx("dtoh")?,
         9,
-    )?;
-    all_equal(
-        "the write on the dropped stream",
-        &gpu.dtoh(&other).ctx("dtoh")?,
-        2,
     )?;
     pool_freed(
         &gpu,
