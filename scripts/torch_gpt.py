@@ -3,7 +3,7 @@
 same batches (`train_gpt --dump-init DIR` writes them).
 
     python3 scripts/torch_gpt.py --init DIR [--precision fp32|bf16] [--compile] [--steps N]
-        [--attention sdpa|manual]
+        [--attention sdpa|manual] [--profile N --profile-csv PATH]
 
 fp32 runs with TF32 off (products and attention in plain f32); bf16 runs under
 torch.autocast(bfloat16) with f32 master weights and optimizer state. Prints
@@ -11,8 +11,15 @@ torch.autocast(bfloat16) with f32 master weights and optimizer state. Prints
 `RESULT impl=torch mode=eager|compile model=M batch=B tokens_per_s=X mfu=F peak_mem_gib=G`
 (timed over the steps after the first five; MFU against 67 TFLOP/s for fp32, 989 for
 bf16; peak memory: torch.cuda.max_memory_reserved).
+
+`--profile N` records the GPU activity of the run's last N steps with torch.profiler
+(CUDA activity only; the steps before are the warm-up) and writes one row per kernel,
+memcpy or memset name — `name,calls,total_us` (summed durations, microseconds), longest
+first — to `--profile-csv` (what scripts/profile-gpt.sh summarises). The profiled steps
+count in RESULT's timing like the others.
 """
 import argparse
+import csv
 import json
 import math
 import os
@@ -121,6 +128,56 @@ def flops_per_token(m):
     return 6.0 * (l * 12 * c * c + v * c) + 6.0 * l * t * c
 
 
+def start_profile():
+    """A started torch.profiler recording CUDA activity, after the work queued so far."""
+    torch.cuda.synchronize()
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    prof.start()
+    return prof
+
+
+def gpu_activity(prof):
+    """{name: [calls, total µs]} of the kernels, memcpys and memsets `prof` recorded."""
+    table = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        row = table.setdefault(e.name, [0, 0.0])
+        row[0] += 1
+        row[1] += e.time_range.elapsed_us()
+    if not table:  # the events without their kernels: read the trace instead
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"torch_gpt-trace-{os.getpid()}.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+        os.unlink(path)
+        for e in trace.get("traceEvents", []):
+            if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+                row = table.setdefault(e["name"], [0, 0.0])
+                row[0] += 1
+                row[1] += float(e.get("dur", 0.0))
+    return table
+
+
+def write_profile(prof, steps, path):
+    torch.cuda.synchronize()
+    prof.stop()
+    table = gpu_activity(prof)
+    if not table:
+        raise SystemExit("torch_gpt: the profiler recorded no GPU activity")
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["name", "calls", "total_us"])
+        for name, (calls, us) in sorted(table.items(), key=lambda kv: -kv[1][1]):
+            w.writerow([name, calls, f"{us:.3f}"])
+    total = sum(us for _, us in table.values())
+    print(
+        f"PROFILE steps={steps} names={len(table)} calls={sum(c for c, _ in table.values())} "
+        f"gpu_ms_per_step={total / steps / 1e3:.3f} csv={path}",
+        flush=True,
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--init", required=True, help="train_gpt --dump-init's directory")
@@ -128,6 +185,8 @@ def main():
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--attention", choices=["sdpa", "manual"], default="sdpa")
     ap.add_argument("--steps", type=int, default=0, help="at most the dumped steps")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="profile the last N steps")
+    ap.add_argument("--profile-csv", default="torch-gpu-activity.csv", metavar="PATH")
     a = ap.parse_args()
     m = json.load(open(os.path.join(a.init, "meta.json")))
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -150,9 +209,14 @@ def main():
     step_fn = torch.compile(model) if a.compile else model
     t, b = m["context"], m["batch"]
     steps = min(a.steps or m["steps"], m["steps"])
+    if a.profile < 0 or (a.profile and a.profile >= steps):
+        ap.error(f"--profile {a.profile}: needs 1 to {steps - 1} (the steps before it warm up)")
     offs = torch.arange(t + 1)
     timed, elapsed = 0, 0.0
+    prof = None
     for step in range(steps):
+        if a.profile and step == steps - a.profile:
+            prof = start_profile()
         t0 = time.perf_counter()
         seqs = data[torch.from_numpy(order[step].astype(np.int64))[:, None] + offs]
         x, y = seqs[:, :-1].to(dev, non_blocking=True), seqs[:, 1:].to(dev, non_blocking=True)
@@ -170,6 +234,8 @@ def main():
             timed += 1
             elapsed += dt
         print(f"step {step + 1} loss {value:.6f}", flush=True)
+    if prof is not None:
+        write_profile(prof, a.profile, a.profile_csv)
     tps = timed * b * t / elapsed if elapsed > 0 else 0.0
     mfu = tps * flops_per_token(m) / (PEAK_TFLOPS[a.precision] * 1e12)
     peak = torch.cuda.max_memory_reserved() / 2**30
