@@ -11,6 +11,7 @@ mod common;
 use common::{Ctx, dev0, run_suite};
 use gpubind::cudarc::driver::sys;
 use gpubind::{BoundDevice, ThreadContext};
+use std::sync::Mutex;
 use std::sync::mpsc::channel;
 
 type R = Result<(), String>;
@@ -46,6 +47,46 @@ fn default_pool_used() -> Result<u64, String> {
     Ok(used)
 }
 
+/// Every warning gpubind logs (a drop's failed wait or release call is one), kept for the
+/// tests to inspect.
+static WARNINGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+struct KeepWarnings;
+
+impl log::Log for KeepWarnings {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            let line = r.args().to_string();
+            println!("WARN: {line}");
+            WARNINGS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(line);
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// How many warnings were logged so far.
+fn warnings_so_far() -> usize {
+    WARNINGS.lock().unwrap_or_else(|p| p.into_inner()).len()
+}
+
+/// Fails if a warning was logged since `since` (a drop's wait or release call failed, or
+/// what it released leaked).
+fn no_warnings_since(what: &str, since: usize) -> R {
+    let w = WARNINGS.lock().unwrap_or_else(|p| p.into_inner());
+    ensure!(
+        w.len() == since,
+        "{what}: a drop failed (its warnings): {:?}",
+        &w[since..]
+    );
+    Ok(())
+}
+
 fn all_equal(what: &str, got: &[u32], want: u32) -> R {
     if let Some(i) = got.iter().position(|&x| x != want) {
         return Err(format!(
@@ -72,8 +113,10 @@ fn pool_freed(gpu: &BoundDevice<'_>, what: &str, before: u64) -> R {
 /// A pool temporary with a pending write on a gpubind stream, an event, a stream (its
 /// last reference; the event was recorded on it), and a `cuMemAlloc` buffer with a
 /// pending write, each dropped inside a capture closure (thread-local mode) that also
-/// captures a memset: the capture returns a graph, whose launch performs the memset, and
-/// the pool temporary is freed.
+/// captures a memset: the capture returns a graph, whose launch performs the memset, the
+/// pool temporary is freed, and no drop logs a failure (each wait and release call
+/// succeeded: `cuMemFreeAsync`, `cuEventDestroy`, `cuStreamDestroy`, the host wait and
+/// `cuMemFree`).
 fn drops_inside_a_capture_closure_leave_the_capture_intact() -> R {
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
@@ -97,6 +140,7 @@ fn drops_inside_a_capture_closure_leave_the_capture_intact() -> R {
     s.memset_async(&mut temporary, 3u8)
         .ctx("memset the temporary")?;
     let used_before = default_pool_used()?;
+    let warned = warnings_so_far();
     let graph = gpu
         .capture(|c| {
             c.memset(&target, 9u32)?;
@@ -120,15 +164,19 @@ fn drops_inside_a_capture_closure_leave_the_capture_intact() -> R {
         "a temporary dropped in a capture closure",
         used_before,
     )?;
+    no_warnings_since("the drops in a capture closure", warned)?;
     println!("drops inside a capture closure: the capture intact, the temporary freed");
     Ok(())
 }
 
-/// A pool temporary with a pending write, dropped on this thread while another thread
+/// A pool temporary with a pending write, an event, a stream (its last reference) and a
+/// `cuMemAlloc` buffer with a pending write, dropped on this thread while another thread
 /// holds a cudarc capture open in global mode (which forbids every thread's unrelaxed
-/// "potentially unsafe" calls): cudarc's capture stays active and ends in a graph whose
-/// launch performs its memset, and the temporary is freed.
-fn a_drop_during_another_threads_global_capture_leaves_it_intact() -> R {
+/// "potentially unsafe" calls, the release thread's included): cudarc's capture stays
+/// active and ends in a graph whose launch performs its memset, the temporary is freed,
+/// and no drop logs a failure (each wait and release call succeeded, `cuMemFree` on the
+/// release thread too).
+fn drops_during_another_threads_global_capture_leave_it_intact() -> R {
     let dev = dev0()?;
     let mut ctx = ThreadContext::acquire().ctx("acquire")?;
     let gpu = ctx.bind(&dev).ctx("bind")?;
@@ -140,11 +188,21 @@ fn a_drop_during_another_threads_global_capture_leaves_it_intact() -> R {
         .map_err(|e| format!("clone_htod: {e:?}"))?;
     cs.synchronize()
         .map_err(|e| format!("synchronize: {e:?}"))?;
+    let doomed_stream = gpu.new_stream().ctx("new_stream")?;
+    let event = gpu.new_event(false).ctx("new_event")?;
+    let mut plain = gpu.alloc_zeros::<u32>(N).ctx("cuMemAlloc buffer")?;
     let s = gpu.on(&own).ctx("on")?;
     let mut temporary = s.alloc_zeros::<u8>(BYTES).ctx("pool alloc")?;
     s.memset_async(&mut temporary, 3u8)
         .ctx("memset the temporary")?;
+    s.memset_async(&mut plain, 1u32)
+        .ctx("memset the cuMemAlloc buffer")?;
+    gpu.on(&doomed_stream)
+        .ctx("on")?
+        .record(&event)
+        .ctx("record")?;
     let used_before = default_pool_used()?;
+    let warned = warnings_so_far();
 
     let (began_tx, began_rx) = channel::<Result<(), String>>();
     let (dropped_tx, dropped_rx) = channel::<()>();
@@ -194,7 +252,11 @@ fn a_drop_during_another_threads_global_capture_leaves_it_intact() -> R {
         .recv()
         .unwrap_or_else(|_| Err("the capturing thread ended early".into()));
     if began.is_ok() {
-        drop(temporary); // cuMemFreeAsync on `own` while the global capture is open
+        // While the global capture is open:
+        drop(temporary); // cuMemFreeAsync on `own`
+        drop(event); // cuEventDestroy
+        drop(doomed_stream); // cuStreamDestroy
+        drop(plain); // a host wait for `own`, then cuMemFree on the release thread
     }
     let _ = dropped_tx.send(());
     let captured = capturer
@@ -211,11 +273,15 @@ fn a_drop_during_another_threads_global_capture_leaves_it_intact() -> R {
         "a temporary dropped during a global capture",
         used_before,
     )?;
-    println!("a drop during another thread's global capture: the capture intact, freed");
+    no_warnings_since("the drops during a global capture", warned)?;
+    println!("drops during another thread's global capture: the capture intact, all released");
     Ok(())
 }
 
 fn main() {
+    if log::set_logger(&KeepWarnings).is_ok() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
     run_suite(
         "gpu_capture_drops",
         &[
@@ -224,8 +290,8 @@ fn main() {
                 drops_inside_a_capture_closure_leave_the_capture_intact,
             ),
             (
-                "a_drop_during_another_threads_global_capture_leaves_it_intact",
-                a_drop_during_another_threads_global_capture_leaves_it_intact,
+                "drops_during_another_threads_global_capture_leave_it_intact",
+                drops_during_another_threads_global_capture_leave_it_intact,
             ),
         ],
     );
