@@ -8,7 +8,7 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, dev0, run_suite};
+use common::{Ctx, TestFn, child_role, dev0, finish, run_suite};
 use gpubind::cudarc::driver::sys;
 use gpubind::{BoundDevice, ThreadContext};
 use std::sync::Mutex;
@@ -147,7 +147,7 @@ fn drops_inside_a_capture_closure_leave_the_capture_intact() -> R {
             drop(temporary); // cuMemFreeAsync on `own`
             drop(event); // cuEventDestroy
             drop(doomed_stream); // cuStreamDestroy
-            drop(plain); // a host wait for `own`, then cuMemFree
+            drop(plain); // a host wait for `own`, then cuMemFree (release thread)
             Ok(())
         })
         .ctx("the capture with drops inside")?;
@@ -278,9 +278,59 @@ fn drops_during_another_threads_global_capture_leave_it_intact() -> R {
     Ok(())
 }
 
+/// The two tests above in a child process with `GPUBIND_DROP_TIMEOUT=none`, where every
+/// release call runs on the dropping thread (no release thread): the `cuMemFree` of the
+/// `cuMemAlloc` buffer is made on the capturing thread itself, relaxed, inside its
+/// thread-local capture, and on the thread beside another's global capture. Both must
+/// pass there as they do here.
+fn drops_released_inline_leave_captures_intact() -> R {
+    let child = std::process::Command::new(std::env::current_exe().ctx("current_exe")?)
+        .env("GPUBIND_CHILD", "inline")
+        .env("GPUBIND_DROP_TIMEOUT", "none")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .ctx("spawn the child")?;
+    let (ok, out) = finish(child, std::time::Duration::from_secs(120))?;
+    for line in out.lines() {
+        println!("    child: {line}");
+    }
+    ensure!(
+        ok && out.lines().any(|l| l == "CHILD OK 2"),
+        "the drops released inline failed:\n{out}"
+    );
+    Ok(())
+}
+
+/// The child of [`drops_released_inline_leave_captures_intact`]: runs both tests, prints
+/// `CHILD OK 2` when both pass.
+fn inline_child() -> ! {
+    let tests: [(&str, TestFn); 2] = [
+        (
+            "drops_inside_a_capture_closure_leave_the_capture_intact",
+            drops_inside_a_capture_closure_leave_the_capture_intact,
+        ),
+        (
+            "drops_during_another_threads_global_capture_leave_it_intact",
+            drops_during_another_threads_global_capture_leave_it_intact,
+        ),
+    ];
+    for (name, test) in tests {
+        if let Err(e) = test() {
+            println!("child error: {name}: {e}");
+            std::process::exit(1);
+        }
+    }
+    println!("CHILD OK 2");
+    std::process::exit(0)
+}
+
 fn main() {
     if log::set_logger(&KeepWarnings).is_ok() {
         log::set_max_level(log::LevelFilter::Warn);
+    }
+    if child_role().as_deref() == Some("inline") {
+        inline_child();
     }
     run_suite(
         "gpu_capture_drops",
@@ -292,6 +342,10 @@ fn main() {
             (
                 "drops_during_another_threads_global_capture_leave_it_intact",
                 drops_during_another_threads_global_capture_leave_it_intact,
+            ),
+            (
+                "drops_released_inline_leave_captures_intact",
+                drops_released_inline_leave_captures_intact,
             ),
         ],
     );
