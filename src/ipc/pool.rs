@@ -396,7 +396,8 @@ impl<T: DeviceRepr> PoolSlice<T> {
         // other processes' uses are the caller's contract. Relaxed (as every free a drop
         // makes, `teardown::faults::enter_and_call`): a call the default capture mode
         // forbids while any capture runs, on a slice no capture uses (its uses are
-        // ordered on `stream`, which a capture would refuse to free on in any mode).
+        // ordered on `stream`, which is not being captured: gpubind's own streams never
+        // are, and the claim above refuses a stream its owner captures).
         let queued = crate::driver::with_relaxed_capture_mode(|| {
             // SAFETY: as above.
             unsafe { result::memory::free_async(ptr, stream.raw()) }
