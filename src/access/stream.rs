@@ -412,31 +412,31 @@ impl StreamRef {
     ) -> Result<()> {
         let id = self.id();
         let _guard = self.device().enter()?;
-        if GaveUp::still_busy(id) {
-            return Err(Error::Timeout {
-                what: "a buffer's pending GPU work to finish before freeing it \
-                       (GPUBIND_DROP_TIMEOUT; an earlier wait on the same stream gave up on \
-                       work that still runs, so this one did not wait again)",
-                after_ms: 0,
-            });
-        }
-        // Relaxed, as in `synchronize`.
-        let polled = crate::driver::with_relaxed_capture_mode(|| {
-            poll_until_idle(|| self.query(), deadline, limit)
-        })
-        .map_err(|e| self.device().on_error(e))?;
-        match polled {
-            Ok(()) => Ok(()),
-            Err(Polled::Failed(e)) => Err(self.device().on_error(e)),
-            Err(Polled::TimedOut(after_ms)) => {
-                self.remember_gave_up(id);
-                Err(Error::Timeout {
+        // Relaxed, as in `synchronize`: the queries, and the event that remembers a
+        // timeout, act on this stream's own work, never on a capture's.
+        crate::driver::with_relaxed_capture_mode(|| {
+            if GaveUp::still_busy(id) {
+                return Err(Error::Timeout {
                     what: "a buffer's pending GPU work to finish before freeing it \
-                           (GPUBIND_DROP_TIMEOUT)",
-                    after_ms,
-                })
+                           (GPUBIND_DROP_TIMEOUT; an earlier wait on the same stream gave \
+                           up on work that still runs, so this one did not wait again)",
+                    after_ms: 0,
+                });
             }
-        }
+            match poll_until_idle(|| self.query(), deadline, limit) {
+                Ok(()) => Ok(()),
+                Err(Polled::Failed(e)) => Err(self.device().on_error(e)),
+                Err(Polled::TimedOut(after_ms)) => {
+                    self.remember_gave_up(id);
+                    Err(Error::Timeout {
+                        what: "a buffer's pending GPU work to finish before freeing it \
+                               (GPUBIND_DROP_TIMEOUT)",
+                        after_ms,
+                    })
+                }
+            }
+        })
+        .map_err(|e| self.device().on_error(e))?
     }
 
     /// Remembers that a wait on this stream gave up ([`GaveUp::remember`]), if it can

@@ -694,36 +694,50 @@ impl Drop for Device {
                 &e,
                 crate::error::LEAKED,
             ),
+            // Relaxed: the Device's last reference may go while a stream is captured
+            // elsewhere (another library, global mode), and these events and modules
+            // are never part of a capture.
             Ok(_guard) => {
-                for ev in events {
-                    // SAFETY: created by cuEventCreate in this (still retained, current)
-                    // context and destroyed once, here; no wait refers to it any more
-                    // (waits capture the event's state when enqueued).
-                    if let Err(e) = unsafe { result::event::destroy(ev.0) } {
-                        crate::error::report_drop(
-                            format_args!("a pooled hand-off event of the Device"),
-                            ordinal,
-                            crate::error::RELEASE,
-                            &e,
-                            crate::error::MAYBE_LEAKED,
-                        );
+                let relaxed = crate::driver::with_relaxed_capture_mode(|| {
+                    for ev in events {
+                        // SAFETY: created by cuEventCreate in this (still retained, current)
+                        // context and destroyed once, here; no wait refers to it any more
+                        // (waits capture the event's state when enqueued).
+                        if let Err(e) = unsafe { result::event::destroy(ev.0) } {
+                            crate::error::report_drop(
+                                format_args!("a pooled hand-off event of the Device"),
+                                ordinal,
+                                crate::error::RELEASE,
+                                &e,
+                                crate::error::MAYBE_LEAKED,
+                            );
+                        }
                     }
-                }
-                for m in modules {
-                    // SAFETY: loaded in this (still retained, current) context and handed
-                    // to the device by `Device::kept`, unloaded once, here. No launch from
-                    // it can be pending: whoever launched held this device, and every
-                    // gpubind resource's drop waited for its own uses or leaked an
-                    // `Arc<Device>` (so this drop would not run).
-                    if let Err(e) = unsafe { result::module::unload(m) } {
-                        crate::error::report_drop(
-                            format_args!("a module kept by the Device"),
-                            ordinal,
-                            crate::error::RELEASE,
-                            &e,
-                            crate::error::MAYBE_LEAKED,
-                        );
+                    for m in modules {
+                        // SAFETY: loaded in this (still retained, current) context and handed
+                        // to the device by `Device::kept`, unloaded once, here. No launch from
+                        // it can be pending: whoever launched held this device, and every
+                        // gpubind resource's drop waited for its own uses or leaked an
+                        // `Arc<Device>` (so this drop would not run).
+                        if let Err(e) = unsafe { result::module::unload(m) } {
+                            crate::error::report_drop(
+                                format_args!("a module kept by the Device"),
+                                ordinal,
+                                crate::error::RELEASE,
+                                &e,
+                                crate::error::MAYBE_LEAKED,
+                            );
+                        }
                     }
+                });
+                if let Err(e) = relaxed {
+                    crate::error::report_drop(
+                        format_args!("the Device's pooled hand-off events and kept modules"),
+                        ordinal,
+                        crate::error::ENTER,
+                        &e,
+                        crate::error::LEAKED,
+                    );
                 }
             }
         }

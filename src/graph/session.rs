@@ -148,10 +148,19 @@ impl Drop for Active<'_> {
 }
 
 /// Destroys a graph (null: nothing). The context needs not be current for it.
+///
+/// With this thread's capture mode relaxed, as every release call of a drop
+/// (`teardown::faults::enter_and_call`): another capture may still run on this thread (a
+/// capture begun inside another's closure) or in global mode on another, and the graph,
+/// just ended, is part of none.
 pub(super) fn destroy_graph(graph: sys::CUgraph) {
     if !graph.is_null() {
-        // SAFETY: a graph returned by cuStreamEndCapture, owned here, destroyed once.
-        if let Err(e) = unsafe { result::graph::destroy(graph) } {
+        let destroyed = crate::driver::with_relaxed_capture_mode(|| {
+            // SAFETY: a graph returned by cuStreamEndCapture, owned here, destroyed once.
+            unsafe { result::graph::destroy(graph) }
+        })
+        .and_then(|destroyed| destroyed);
+        if let Err(e) = destroyed {
             crate::teardown::faults::report_drop(
                 format_args!("a captured graph that was not kept"),
                 None,

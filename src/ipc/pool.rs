@@ -393,8 +393,16 @@ impl<T: DeviceRepr> PoolSlice<T> {
         }
         // SAFETY: `ptr` came from this pool and is freed once; the stream belongs to the
         // current context and every use in this process is ordered before it (above);
-        // other processes' uses are the caller's contract.
-        let queued = unsafe { result::memory::free_async(ptr, stream.raw()) };
+        // other processes' uses are the caller's contract. Relaxed (as every free a drop
+        // makes, `teardown::faults::enter_and_call`): a call the default capture mode
+        // forbids while any capture runs, on a slice no capture uses (its uses are
+        // ordered on `stream`, which is not being captured: gpubind's own streams never
+        // are, and the claim above refuses a stream its owner captures).
+        let queued = crate::driver::with_relaxed_capture_mode(|| {
+            // SAFETY: as above.
+            unsafe { result::memory::free_async(ptr, stream.raw()) }
+        })
+        .and_then(|freed| freed);
         if queued.is_ok() && pool.is_ipc() {
             // Freed (in stream order): no longer memory another process can map.
             super::registry::lock().remove_own_export(ptr);

@@ -154,9 +154,13 @@ impl GaveUp {
         if let Some(k) = v.iter().position(|&(x, _)| x == id) {
             let (_, event) = v.swap_remove(k);
             if destroy {
-                // SAFETY: created in the current context, removed from the list first, so
-                // destroyed once.
-                let _ = unsafe { result::event::destroy(event as sys::CUevent) };
+                // Relaxed, as every release call of a drop (`faults::enter_and_call`):
+                // an event of gpubind's own, never recorded in a capture.
+                let _ = crate::driver::with_relaxed_capture_mode(|| {
+                    // SAFETY: created in the current context, removed from the list
+                    // first, so destroyed once.
+                    unsafe { result::event::destroy(event as sys::CUevent) }
+                });
             }
         }
     }

@@ -81,7 +81,22 @@ pub(super) fn release<R: CallResult>(
 pub(crate) type Failure = Option<(&'static str, Error)>;
 
 /// Makes `device`'s context current (pushed and popped) and makes the release call
-/// `call_name`.
+/// `call_name` with this thread's stream capture mode relaxed
+/// ([`crate::driver::with_relaxed_capture_mode`]; a mode that cannot be set fails the
+/// [`ENTER`] step, and the call is not made).
+///
+/// Relaxed, because a drop may run while a stream is being captured: inside a
+/// `BoundDevice::capture` closure (its thread captures in thread-local mode), or on any
+/// thread while another library captures in global mode. The default modes then forbid
+/// "potentially unsafe" calls (`cuMemFreeAsync` on any stream, measured; the destroys and
+/// synchronous frees a drop makes may count too): the driver refuses them and
+/// invalidates the capture. Relaxing is sound for every release call: each acts on a
+/// resource whose pending uses were ordered before the call on a stream not captured, or
+/// waited for, never on work recorded into a capture (a graph borrows its buffers; a
+/// wait for a capturing stream fails, and the resource leaks before this point); and
+/// relaxed mode lifts only that prohibition, not the driver's refusal of a call that
+/// conflicts with a capture (such a call fails, and is reported). One exchange pair per
+/// release call (the usual drop of a temporary makes one), restored on unwind.
 pub(crate) fn enter_and_call<R: CallResult>(
     device: &Device,
     call_name: &'static str,
@@ -89,7 +104,10 @@ pub(crate) fn enter_and_call<R: CallResult>(
 ) -> Failure {
     match device.enter() {
         Err(e) => Some((ENTER, e)),
-        Ok(_guard) => call().into_result(call_name).err().map(|e| (RELEASE, e)),
+        Ok(_guard) => match crate::driver::with_relaxed_capture_mode(call) {
+            Err(e) => Some((ENTER, e)),
+            Ok(r) => r.into_result(call_name).err().map(|e| (RELEASE, e)),
+        },
     }
 }
 

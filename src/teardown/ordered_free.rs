@@ -13,6 +13,11 @@
 //! waited for, a stream shared with cudarc that cudarc is capturing) the drop waits on
 //! the host, as a `cuMemAlloc` buffer's does; if that wait fails too (a poisoned context,
 //! a timeout, a capturing stream) the memory is leaked.
+//!
+//! Every free runs with this thread's stream capture mode relaxed (by
+//! [`teardown::release()`], `faults::enter_and_call`), so a drop during a capture (inside
+//! a `BoundDevice::capture` closure, or while another library captures in global mode)
+//! neither fails nor invalidates that capture.
 
 use crate::access::{AccessTracker, FreeOn, Grave, StreamRef};
 use crate::device::Device;
@@ -60,24 +65,13 @@ pub(crate) unsafe fn free_in_stream_order(
         // stream (joined onto it), and `on` keeps it alive.
         FreeOn::Stream(s) => unsafe { free_on(what, device, waited, s.slot().raw(), ptr) },
         // Nothing pending, or every use waited for on the host: the legacy default stream
-        // (of the context `release` enters). A call on it is one the default capture
-        // mode forbids while this thread captures (a drop inside a capture closure, or
-        // while another library captures a stream on this thread), so it runs with the
-        // capture mode relaxed. gpubind's and cudarc's streams are non-blocking, so the
-        // legacy stream orders nothing of theirs (a capture of a blocking stream would
-        // refuse the call in any mode: the free then fails, is logged, and leaks).
-        FreeOn::Anywhere => {
-            let relaxed = crate::driver::with_relaxed_capture_mode(|| {
-                // SAFETY: the caller's; every pending use was waited for on the host (or
-                // none was pending).
-                unsafe { free_on(what, device, waited, std::ptr::null_mut(), ptr) }
-            });
-            if let Err(e) = relaxed {
-                log::error!(
-                    "gpubind: a buffer's free was not enqueued: the capture mode could not be set: {e}"
-                );
-            }
-        }
+        // (of the context `release` enters). gpubind's and cudarc's streams are
+        // non-blocking, so the legacy stream orders nothing of theirs (a capture of a
+        // blocking stream would refuse the call in any mode: the free then fails, is
+        // logged, and leaks).
+        // SAFETY: the caller's; every pending use was waited for on the host (or none
+        // was pending).
+        FreeOn::Anywhere => unsafe { free_on(what, device, waited, std::ptr::null_mut(), ptr) },
     }
     // Only now may the streams go (dropping the last reference destroys a stream).
     drop(on);

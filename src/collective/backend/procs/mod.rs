@@ -127,9 +127,13 @@ impl IpcEvent {
 impl Drop for IpcEvent {
     fn drop(&mut self) {
         if let Ok(_guard) = self.device.enter() {
-            // SAFETY: created or opened here, destroyed once; the driver defers the
-            // release of an event with pending records.
-            let _ = unsafe { result::event::destroy(self.raw) };
+            // Relaxed: an event of this process's own hand-offs, never recorded in a
+            // capture, whose destroy the default capture mode forbids during one.
+            let _ = crate::driver::with_relaxed_capture_mode(|| {
+                // SAFETY: created or opened here, destroyed once; the driver defers the
+                // release of an event with pending records.
+                unsafe { result::event::destroy(self.raw) }
+            });
         }
     }
 }
