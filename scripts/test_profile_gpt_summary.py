@@ -77,7 +77,7 @@ class Classification(unittest.TestCase):
         # The kernels of kernels.cu, attention.cu and attention_mma.cu: a parse that found
         # few would make this test vacuous.
         self.assertGreaterEqual(len(names), 25, sorted(names))
-        for must in ("encoder_fwd", "adamw", "attn_fwd", "attn_bwd_dkdv", "layernorm_bwd_rows"):
+        for must in ("encoder_fwd", "adamw", "attn_fwd", "attn_bwd_dkdv", "layernorm_bwd_dx"):
             self.assertIn(must, names)
         unclassified = sorted(n for n in names if S.classify(n) in (S.OTHER, S.CLASSES[0][0]))
         self.assertEqual(unclassified, [], "train_gpt kernels in no class")
@@ -87,7 +87,8 @@ class Classification(unittest.TestCase):
             "attn_fwd": "attention", "attn_bwd_d": "attention", "softmax_causal_fwd": "attention",
             "permute_qkv": "attention", "unpermute": "attention",
             "layernorm_fwd": "layernorm", "residual_layernorm_fwd": "layernorm",
-            "layernorm_bwd_rows": "layernorm", "colsum_finish": "layernorm",
+            "layernorm_bwd_dx": "layernorm", "layernorm_bwd_wb": "layernorm",
+            "colsum_finish": "layernorm",
             "gelu_fwd": "GELU / bias", "gelu_bwd": "GELU / bias", "bias_add": "GELU / bias",
             "colsum_partial": "GELU / bias", "xent": "softmax / cross-entropy",
             "adamw": "optimizer (clip + AdamW)", "sumsq_partial": "optimizer (clip + AdamW)",

@@ -2,8 +2,10 @@
 // (m16n8k16, bf16 in, f32 accumulate), flash-attention-2 style: each warp of a block owns
 // 16 rows of a 64-row tile, its scores, probabilities and accumulators stay in registers,
 // and K, V (or Q, dO) tiles of 64 rows stream through shared memory, double-buffered: the
-// next tile's cp.async copies run while the current one is multiplied. Exponentials use
-// __expf (bf16 precision is what the products keep). Same interface and
+// next tile's cp.async copies run while the current one is multiplied. Exponentials are
+// ex2.approx with the softmax scale folded into log2 units, one FFMA and one MUFU per
+// score (bf16 precision is what the products keep); the causal mask is applied only to
+// the tiles that need it (the diagonal one, and rows past T). Same interface and
 // layouts as attention.cu: q, k, v read from the QKV product (B, T, 3, NH, 64), y written
 // as (B, T, NH, 64), dq, dk, dv into dqkv (B, T, 3, NH, 64); head size 64; no atomics.
 // Every buffer is 16-byte aligned (the host checks).
@@ -22,6 +24,8 @@ typedef __nv_bfloat16 bf16;
 #define LDA (HD + 8)
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000u)
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
 typedef unsigned long long idx_t;
 __device__ __forceinline__ unsigned umin(unsigned a, unsigned b) { return a < b ? a : b; }
 
@@ -31,6 +35,17 @@ __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, un
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x (ex2.approx.ftz: 2^-inf = 0).
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+// Whether a tile pair needs the causal mask: it holds the diagonal, or rows past T.
+__device__ __forceinline__ bool needs_mask(unsigned q0, unsigned k0, unsigned T) {
+    return q0 == k0 || q0 + TILE > T;
 }
 
 // Two consecutive bf16 of a row (even index).
@@ -179,6 +194,8 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
     float o[8][4];
     #pragma unroll
     for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    // Scores in log2 units: s·scale·log2(e), so that exp(x·scale) = 2^(x·sl2).
+    const float sl2 = scale * LOG2E;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
     const unsigned kend = umin(T, q0 + TILE);
     for (unsigned k0 = 0, cur = 0; k0 < kend; k0 += TILE, cur ^= 1) {
@@ -192,13 +209,15 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
         __syncthreads();  // every thread's copies of this tile have landed
         float s[8][4];
         mm_abt(s, qa, sK[cur], lane);
+        const bool mask = needs_mask(q0, k0, T);
         float mx0 = NEG_INF, mx1 = NEG_INF;
         #pragma unroll
         for (int j = 0; j < 8; ++j) {
             #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 unsigned key = k0 + j * 8 + 2 * q + (e & 1), row = e < 2 ? row0 : row1;
-                float v = key <= row && key < T ? s[j][e] * scale : NEG_INF;
+                float v = s[j][e] * sl2;
+                if (mask && !(key <= row && key < T)) v = NEG_INF;
                 s[j][e] = v;
                 if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
             }
@@ -206,13 +225,13 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
         float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
         // Rows with no key yet (only rows past T) keep exp() finite.
         float ref0 = mn0 == NEG_INF ? 0.0f : mn0, ref1 = mn1 == NEG_INF ? 0.0f : mn1;
-        float alpha0 = __expf(m0 - ref0), alpha1 = __expf(m1 - ref1);
+        float alpha0 = ex2(m0 - ref0), alpha1 = ex2(m1 - ref1);
         unsigned pa[4][4];
         float ps0 = 0.0f, ps1 = 0.0f;
         #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            unsigned lo = pack(__expf(s[j][0] - ref0), __expf(s[j][1] - ref0), ps0);
-            unsigned hi = pack(__expf(s[j][2] - ref1), __expf(s[j][3] - ref1), ps1);
+            unsigned lo = pack(ex2(s[j][0] - ref0), ex2(s[j][1] - ref0), ps0);
+            unsigned hi = pack(ex2(s[j][2] - ref1), ex2(s[j][3] - ref1), ps1);
             pa[j / 2][(j % 2) * 2] = lo;
             pa[j / 2][(j % 2) * 2 + 1] = hi;
         }
@@ -237,7 +256,7 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
         for (int j = 0; j < 8; ++j)
             *(__nv_bfloat162*)(yb + (idx_t)row0 * C + j * 8) =
                 __floats2bfloat162_rn(o[j][0] * inv, o[j][1] * inv);
-        if (q == 0) lse[(idx_t)bh * T + row0] = m0 + logf(l0);
+        if (q == 0) lse[(idx_t)bh * T + row0] = m0 * LN2 + logf(l0);
     }
     if (row1 < T) {
         float inv = 1.0f / l1;
@@ -245,7 +264,7 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
         for (int j = 0; j < 8; ++j)
             *(__nv_bfloat162*)(yb + (idx_t)row1 * C + j * 8) =
                 __floats2bfloat162_rn(o[j][2] * inv, o[j][3] * inv);
-        if (q == 0) lse[(idx_t)bh * T + row1] = m1 + logf(l1);
+        if (q == 0) lse[(idx_t)bh * T + row1] = m1 * LN2 + logf(l1);
     }
 }
 
@@ -291,8 +310,10 @@ attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const
     load_a(qa, sA[1], warp * 16, g, q);
     load_a(da, sB[1], warp * 16, g, q);
     __syncthreads();  // every warp has its fragments: sA[1] and sB[1] are free
-    const float lse0 = row0 < T ? lse[(idx_t)bh * T + row0] : 0.0f;
-    const float lse1 = row1 < T ? lse[(idx_t)bh * T + row1] : 0.0f;
+    // P = 2^(s·sl2 − lse·log2(e)): exp(s·scale − lse) in log2 units.
+    const float sl2 = scale * LOG2E;
+    const float lse0 = row0 < T ? lse[(idx_t)bh * T + row0] * LOG2E : 0.0f;
+    const float lse1 = row1 < T ? lse[(idx_t)bh * T + row1] * LOG2E : 0.0f;
     const float d0 = row0 < T ? D[(idx_t)bh * T + row0] : 0.0f;
     const float d1 = row1 < T ? D[(idx_t)bh * T + row1] : 0.0f;
     float dq[8][4];
@@ -311,6 +332,7 @@ attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const
         float s[8][4], dp[8][4];
         mm_abt(s, qa, sA[cur], lane);
         mm_abt(dp, da, sB[cur], lane);
+        const bool mask = needs_mask(q0, k0, T);
         unsigned dsa[4][4];
         #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -319,7 +341,8 @@ attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const
             for (int e = 0; e < 4; ++e) {
                 unsigned key = k0 + j * 8 + 2 * q + (e & 1), row = e < 2 ? row0 : row1;
                 float l = e < 2 ? lse0 : lse1, dd = e < 2 ? d0 : d1;
-                float p = key <= row && row < T ? __expf(s[j][e] * scale - l) : 0.0f;
+                float p = ex2(s[j][e] * sl2 - l);
+                if (mask && !(key <= row && row < T)) p = 0.0f;
                 ds[e] = p * (dp[j][e] - dd) * scale;
             }
             dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
@@ -340,12 +363,13 @@ attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const
     }
 }
 
-// lse and D of rows q0 .. q0+63 of head bh into sl and sd (0 past T).
+// lse (in log2 units, lse·log2(e)) and D of rows q0 .. q0+63 of head bh into sl and sd
+// (0 past T).
 __device__ void load_stats(float* sl, float* sd, const float* lse, const float* D, unsigned bh,
                            unsigned q0, unsigned T) {
     if (threadIdx.x < TILE) {
         unsigned t = q0 + threadIdx.x;
-        sl[threadIdx.x] = t < T ? lse[(idx_t)bh * T + t] : 0.0f;
+        sl[threadIdx.x] = t < T ? lse[(idx_t)bh * T + t] * LOG2E : 0.0f;
         sd[threadIdx.x] = t < T ? D[(idx_t)bh * T + t] : 0.0f;
     }
 }
@@ -385,6 +409,7 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
         dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = 0.0f;
         dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.0f;
     }
+    const float sl2 = scale * LOG2E;
     for (unsigned q0 = k0, cur = 0; q0 < T; q0 += TILE, cur ^= 1) {
         const bool next = q0 + TILE < T;
         if (next) {  // q, dy and the statistics of the next tile
@@ -400,6 +425,7 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
         float st[8][4], dpt[8][4];
         mm_abt(st, ka, sQ[cur], lane);
         mm_abt(dpt, va, sO[cur], lane);
+        const bool mask = needs_mask(q0, k0, T);
         unsigned pa[4][4], dsa[4][4];
         #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -408,8 +434,8 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
             for (int e = 0; e < 4; ++e) {
                 int c = j * 8 + 2 * q + (e & 1);
                 unsigned row = q0 + c, key = e < 2 ? key0 : key1;
-                bool ok = key <= row && row < T;
-                p[e] = ok ? __expf(st[j][e] * scale - sl[c]) : 0.0f;
+                p[e] = ex2(st[j][e] * sl2 - sl[c]);
+                if (mask && !(key <= row && row < T)) p[e] = 0.0f;
                 ds[e] = p[e] * (dpt[j][e] - sd[c]) * scale;
             }
             pa[j / 2][(j % 2) * 2] = pack(p[0], p[1]);

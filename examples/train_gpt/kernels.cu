@@ -144,65 +144,63 @@ extern "C" __global__ void residual_layernorm_fwd(act_t* res, act_t* out, float*
     if (lane == 0) { mean[row] = m; rstd[row] = rs; }
 }
 
-// Widest row layernorm_bwd takes: 32 lanes × LN_MAXJ columns each.
-#define LN_MAXJ 32
+// Layer-norm backward, the input gradient: dinp += (w·dout − mean(w·dout) − norm ·
+// mean(w·dout·norm))·rstd, norm = (inp − mean)·rstd. One warp per row, 8 rows per block
+// of 256 (as layernorm_fwd): many rows in flight hide the loads' latency.
+extern "C" __global__ void layernorm_bwd_dx(act_t* dinp, const act_t* dout, const act_t* inp,
+                                            const float* mean, const float* rstd,
+                                            const act_t* w, unsigned N, unsigned C) {
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    idx_t off = (idx_t)row * C;
+    const act_t* x = inp + off;
+    const act_t* d = dout + off;
+    float m = mean[row], r = rstd[row];
+    float a = 0.0f, bsum = 0.0f;
+    for (unsigned i = lane; i < C; i += 32) {
+        float dn = ld(w[i]) * ld(d[i]);
+        a += dn;
+        bsum += dn * (ld(x[i]) - m) * r;
+    }
+    a = warp_sum(a) / C;
+    bsum = warp_sum(bsum) / C;
+    act_t* di = dinp + off;
+    for (unsigned i = lane; i < C; i += 32) {
+        float n = (ld(x[i]) - m) * r;
+        di[i] = st(ld(di[i]) + (ld(w[i]) * ld(d[i]) - a - n * bsum) * r);
+    }
+}
 
-// Layer-norm backward: dinp += the input gradient, and the weight and bias gradients'
-// partial sums. Block of 256 (8 warps) per chunk of `rpb` rows, warp w taking rows
-// r0 + w, r0 + w + 8, ...; each lane sums its columns lane + 32j over its rows in
-// registers, the warps add theirs in warp order, and the block writes
-// partial[x·2C + c] = Σ dout·norm, partial[x·2C + C + c] = Σ dout (norm = (inp − mean)·rstd).
-// C <= 32·LN_MAXJ.
-extern "C" __global__ void layernorm_bwd_rows(act_t* dinp, float* partial, const act_t* dout,
-                                              const act_t* inp, const float* mean,
-                                              const float* rstd, const act_t* w, unsigned N,
-                                              unsigned C, unsigned rpb) {
-    __shared__ float sacc[2][32 * LN_MAXJ];
-    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    unsigned r0 = umin(N, blockIdx.x * rpb), r1 = umin(N, r0 + rpb);
-    float dw[LN_MAXJ], db[LN_MAXJ];
-#pragma unroll
-    for (int j = 0; j < LN_MAXJ; ++j) dw[j] = db[j] = 0.0f;
-    for (unsigned row = r0 + warp; row < r1; row += 8) {  // warp-uniform
-        const act_t* x = inp + (idx_t)row * C;
-        const act_t* d = dout + (idx_t)row * C;
-        float m = mean[row], r = rstd[row];
-        float a = 0.0f, bsum = 0.0f;
-        for (unsigned i = lane; i < C; i += 32) {
-            float dn = ld(w[i]) * ld(d[i]);
-            a += dn;
-            bsum += dn * (ld(x[i]) - m) * r;
+// Layer-norm backward, the weight and bias gradients' partial sums over chunk y of the
+// rows (gridDim.y chunks), block (32, 8), thread (x, y) taking column blockIdx.x·32 + x
+// and every 8th row of the chunk from its y: partial[y·2C + c] = Σ dout·norm and
+// partial[y·2C + C + c] = Σ dout, norm = (inp − mean)·rstd. colsum_finish adds the chunks.
+extern "C" __global__ void layernorm_bwd_wb(float* partial, const act_t* dout,
+                                            const act_t* inp, const float* mean,
+                                            const float* rstd, unsigned N, unsigned C) {
+    __shared__ float sw[8][33], sb[8][33];
+    unsigned c = blockIdx.x * 32 + threadIdx.x;
+    unsigned chunk = (N + gridDim.y - 1) / gridDim.y;
+    unsigned r0 = umin(N, blockIdx.y * chunk), r1 = umin(N, r0 + chunk);
+    float dw = 0.0f, db = 0.0f;
+    if (c < C)
+        for (unsigned r = r0 + threadIdx.y; r < r1; r += 8) {
+            idx_t o = (idx_t)r * C + c;
+            float dd = ld(dout[o]), n = (ld(inp[o]) - mean[r]) * rstd[r];
+            dw += dd * n;
+            db += dd;
         }
-        a = warp_sum(a) / C;
-        bsum = warp_sum(bsum) / C;
-        act_t* di = dinp + (idx_t)row * C;
-#pragma unroll
-        for (int j = 0; j < LN_MAXJ; ++j) {
-            unsigned i = lane + 32 * j;
-            if (i < C) {
-                float n = (ld(x[i]) - m) * r, dd = ld(d[i]);
-                di[i] = st(ld(di[i]) + (ld(w[i]) * dd - a - n * bsum) * r);
-                dw[j] += dd * n;
-                db[j] += dd;
-            }
+    sw[threadIdx.y][threadIdx.x] = dw;
+    sb[threadIdx.y][threadIdx.x] = db;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float tw = 0.0f, tb = 0.0f;
+        for (int k = 0; k < 8; ++k) {
+            tw += sw[k][threadIdx.x];
+            tb += sb[k][threadIdx.x];
         }
-    }
-    for (unsigned k = 0; k < 8; ++k) {
-        if (warp == k) {
-#pragma unroll
-            for (int j = 0; j < LN_MAXJ; ++j) {
-                unsigned i = lane + 32 * j;
-                if (i < C) {
-                    sacc[0][i] = (k ? sacc[0][i] : 0.0f) + dw[j];
-                    sacc[1][i] = (k ? sacc[1][i] : 0.0f) + db[j];
-                }
-            }
-        }
-        __syncthreads();
-    }
-    for (unsigned i = threadIdx.x; i < C; i += 256) {
-        partial[(idx_t)blockIdx.x * 2 * C + i] = sacc[0][i];
-        partial[(idx_t)blockIdx.x * 2 * C + C + i] = sacc[1][i];
+        partial[(idx_t)blockIdx.y * 2 * C + c] = tw;
+        partial[(idx_t)blockIdx.y * 2 * C + C + c] = tb;
     }
 }
 

@@ -39,7 +39,8 @@ registry!(
     encoder_bwd_wte_finish,
     layernorm_fwd,
     residual_layernorm_fwd,
-    layernorm_bwd_rows,
+    layernorm_bwd_dx,
+    layernorm_bwd_wb,
     colsum_partial,
     colsum_finish,
     bias_add,
@@ -75,6 +76,16 @@ fn need(what: &str, len: usize, want: usize) -> Result<()> {
     } else {
         Err(Error::InvalidArgument(format!(
             "train_gpt: {what} has {len} elements, the kernel needs {want}"
+        )))
+    }
+}
+
+fn need_at_least(what: &str, len: usize, want: usize) -> Result<()> {
+    if len >= want {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "train_gpt: {what} has {len} elements, needs at least {want}"
         )))
     }
 }
@@ -323,32 +334,20 @@ impl Kernels {
         need("layernorm mean", stats.0.len(), n)?;
         need("layernorm rstd", stats.1.len(), n)?;
         need("layernorm dweight+dbias", dwb.len(), 2 * c)?;
-        if c > 1024 {
-            return Err(Error::InvalidArgument(format!(
-                "train_gpt: the layer-norm backward takes rows of up to 1024, not {c}"
-            )));
-        }
-        // As many row chunks as `partial` holds sums of (at least 8 rows each).
-        let parts = (partial.len() / (2 * c).max(1)).clamp(1, n.div_ceil(8).max(1));
-        let rpb = n.div_ceil(parts).max(1);
-        let used = n.div_ceil(rpb).max(1);
-        if partial.len() < used * 2 * c {
-            return Err(Error::InvalidArgument(format!(
-                "train_gpt: layer-norm partial has {} elements, needs {}",
-                partial.len(),
-                used * 2 * c
-            )));
-        }
-        let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
-        let (rr, pp, ww) = (rpb as u32, used as u32, 2 * cc);
-        // SAFETY: (float* ×2, const float* ×5, unsigned ×3) matches layernorm_bwd_rows;
-        // block x < ceil(N / rpb) touches rows [x·rpb, (x+1)·rpb) ∩ [0, N) of dinp, dout
-        // and inp (N·C, checked), their mean and rstd (N, checked), C <= 1024 (checked) of
-        // w, and writes partial[x·2C .. (x+1)·2C) inside its length (checked).
+        let parts = colsum_parts(n);
+        need_at_least("layer-norm partial", partial.len(), parts * 2 * c)?;
+        let (nn, cc, pp, ww) = (
+            u32_of("rows", n)?,
+            u32_of("C", c)?,
+            parts as u32,
+            u32_of("2C", 2 * c)?,
+        );
+        // SAFETY: (float*, const float* ×5, unsigned ×2) matches layernorm_bwd_dx; warp
+        // row < N reads and writes row `row` of dinp, dout and inp (N·C, checked), and
+        // reads mean[row], rstd[row] (N, checked) and C of w (C, by definition).
         unsafe {
-            tg.launch(&self.layernorm_bwd_rows, blocks(pp, 256))
+            tg.launch(&self.layernorm_bwd_dx, warp_rows(n))
                 .arg_written(dinp)
-                .arg_written(partial)
                 .arg(dout)
                 .arg(inp)
                 .arg(stats.0)
@@ -356,19 +355,29 @@ impl Kernels {
                 .arg(w)
                 .value(nn)
                 .value(cc)
-                .value(rr)
                 .launch()?;
         }
-        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block j < 2C
-        // writes dwb[j] (2C, checked) and reads column j of the P·2C partials written above.
+        let cfg = LaunchConfig {
+            grid_dim: (cc.div_ceil(32), pp, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: (float*, const float* ×4, unsigned ×2) matches layernorm_bwd_wb; block
+        // (x, y) reads rows of chunk y < parts, columns < C, of dout and inp (N·C, checked)
+        // and their mean and rstd (N, checked), and writes partial row y (2C wide), inside
+        // parts·2C ≤ partial's length (checked).
         unsafe {
-            tg.launch(&self.colsum_finish, blocks(ww, 128))
-                .arg_written(dwb)
-                .arg(partial)
-                .value(pp)
-                .value(ww)
-                .launch()
+            tg.launch(&self.layernorm_bwd_wb, cfg)
+                .arg_written(partial)
+                .arg(dout)
+                .arg(inp)
+                .arg(stats.0)
+                .arg(stats.1)
+                .value(nn)
+                .value(cc)
+                .launch()?;
         }
+        self.colsum_finish(tg, dwb, partial, pp, ww)
     }
 
     /// Column sums of `dout` (`rows × c`) into `out` (`c`), through `partial`.
@@ -384,13 +393,7 @@ impl Kernels {
         let parts = colsum_parts(n);
         need("colsum output", out.len(), c)?;
         need("colsum input", dout.len(), n * c)?;
-        if partial.len() < parts * c {
-            return Err(Error::InvalidArgument(format!(
-                "train_gpt: colsum partial has {} elements, needs {}",
-                partial.len(),
-                parts * c
-            )));
-        }
+        need_at_least("colsum partial", partial.len(), parts * c)?;
         let (nn, cc, pp) = (u32_of("rows", n)?, u32_of("C", c)?, parts as u32);
         let cfg = LaunchConfig {
             grid_dim: (cc.div_ceil(32), pp, 1),
@@ -408,14 +411,34 @@ impl Kernels {
                 .value(cc)
                 .launch()?
         };
-        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block c < C
-        // writes out[c] (C elements, checked) and reads column c of P·C partials.
+        self.colsum_finish(tg, out, partial, pp, cc)
+    }
+
+    /// `out[j] = Σ_p partial[p·w + j]` for `j < w`, `p < parts`: the second pass of the
+    /// two-pass column sums.
+    fn colsum_finish<'b>(
+        &self,
+        tg: &mut impl Issue<'b>,
+        out: &'b impl In,
+        partial: &'b impl In,
+        parts: u32,
+        w: u32,
+    ) -> Result<()> {
+        need("column sums", out.len(), w as usize)?;
+        need_at_least(
+            "column partial sums",
+            partial.len(),
+            parts as usize * w as usize,
+        )?;
+        // SAFETY: (float*, const float*, unsigned ×2) matches colsum_finish; block j < w
+        // writes out[j] (w elements, checked) and reads column j of the parts·w partials
+        // (checked).
         unsafe {
-            tg.launch(&self.colsum_finish, blocks(cc, 128))
+            tg.launch(&self.colsum_finish, blocks(w, 128))
                 .arg_written(out)
                 .arg(partial)
-                .value(pp)
-                .value(cc)
+                .value(parts)
+                .value(w)
                 .launch()
         }
     }

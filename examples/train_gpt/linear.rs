@@ -1,6 +1,6 @@
 //! The model's linear layers with their biases and the MLP's GELU, forward and backward:
 //! as cuBLASLt epilogues of the products (`--epilogues on`: `BIAS`, `GELU_AUX_BIAS`,
-//! `DGELU_BGRAD`, `BGRADA`) or as the products followed by kernels of their own
+//! `DGELU`, `BGRADA`) or as the products followed by kernels of their own
 //! (`--epilogues off`). Generic over where the work goes (a stream or a graph capture).
 
 use crate::kernels::Kernels;
@@ -122,8 +122,12 @@ impl<'k> Lin<'k> {
     {
         let shape = Matmul::new(n, inp2, out2);
         if self.epilogues {
-            let args = CaptureLtArgs::new().aux(pre).bias_grad(db1);
-            e.matmul_lt(blas, &shape, Epilogue::DGeluBGrad, dz, w2, dpre, args)
+            // DGELU without BGRAD, and the bias gradient from a kernel of its own:
+            // cuBLASLt's DGELU_BGRAD adds a separate epilogue kernel on sm_90 that takes
+            // longer than the product itself (docs/performance.md, "Where a GPT step goes").
+            let args = CaptureLtArgs::new().aux(pre);
+            e.matmul_lt(blas, &shape, Epilogue::DGelu, dz, w2, dpre, args)?;
+            self.ks.bias_grad(e, db1, self.partial, dpre)
         } else {
             e.matmul(blas, &shape, dz, w2, dy)?;
             self.ks.gelu_bwd(e, dpre, pre, dy)?;

@@ -46,7 +46,7 @@
 //!
 //! `--epilogues on` (the default) computes the QKV and MLP biases, the MLP's GELU and
 //! their gradients in the products, as cuBLASLt epilogues (`BIAS`, `GELU_AUX_BIAS` storing
-//! the pre-activation, `DGELU_BGRAD`, `BGRADA`, `linear.rs`); `off` runs them as kernels.
+//! the pre-activation, `DGELU`, `BGRADA`, `linear.rs`); `off` runs them as kernels.
 //!
 //! Every step prints `step S loss L` (what
 //! `scripts/compare-gpt.sh` compares); every `--log-every` steps a progress line with
