@@ -208,6 +208,7 @@ fn the_emulated_addressing_is_the_sources() {
         "unsigned key = k0 + j * 8 + 2 * q + (e & 1), row = e < 2 ? row0 : row1",
         "const unsigned row0 = q0 + warp * 16 + g, row1 = row0 + 8",
         "int c = j * 8 + 2 * q + (e & 1)",
+        "return q0 == k0 || q0 + TILE > T;",
         "const unsigned kend = umin(T, q0 + TILE)",
         "for (unsigned q0 = k0, cur = 0; q0 < T; q0 += TILE, cur ^= 1)",
     ] {
@@ -220,6 +221,46 @@ fn the_emulated_addressing_is_the_sources() {
         "if (qi < T && kj <= qi)",
     ] {
         assert!(SOURCE.contains(expr), "attention.cu lacks `{expr}`");
+    }
+}
+
+/// attention_mma.cu's `needs_mask`: the tile pairs its kernels mask.
+fn needs_mask(q0: usize, k0: usize, t: usize) -> bool {
+    q0 == k0 || q0 + TILE > t
+}
+
+/// The mma kernels skip the causal mask on the tile pairs `needs_mask` leaves out: every
+/// pair their loops visit (the forward's and dq's key tiles up to the query tile's end,
+/// dkdv's query tiles from the key tile on) that is not masked must have every key at or
+/// before every row, and every row and key inside T.
+#[test]
+fn unmasked_tile_pairs_need_no_mask() {
+    for t in [1, 2, 63, 64, 65, 77, 127, 128, 200, 1024] {
+        let mut pairs = vec![];
+        for q0 in (0..t).step_by(TILE) {
+            pairs.extend((0..t.min(q0 + TILE)).step_by(TILE).map(|k0| (q0, k0)));
+        }
+        for k0 in (0..t).step_by(TILE) {
+            pairs.extend((k0..t).step_by(TILE).map(|q0| (q0, k0)));
+        }
+        let mut skipped = 0;
+        for (q0, k0) in pairs.into_iter().filter(|&(q0, k0)| !needs_mask(q0, k0, t)) {
+            skipped += 1;
+            for row in q0..q0 + TILE {
+                for key in k0..k0 + TILE {
+                    assert!(
+                        key <= row && key < t && row < t,
+                        "T {t}: tiles q0 {q0}, k0 {k0} skip the mask at row {row}, key {key}"
+                    );
+                }
+            }
+        }
+        // From two full tiles on, some pairs go unmasked: the test is not vacuous there.
+        assert_eq!(
+            skipped > 0,
+            t >= 2 * TILE,
+            "T {t}: {skipped} unmasked pairs"
+        );
     }
 }
 

@@ -124,7 +124,7 @@ impl<'k> Lin<'k> {
         if self.epilogues {
             // DGELU without BGRAD, and the bias gradient from a kernel of its own:
             // cuBLASLt's DGELU_BGRAD adds a separate epilogue kernel on sm_90 that takes
-            // longer than the product itself (docs/performance.md, "Where a GPT step goes").
+            // longer than the product itself (docs/performance.md, "Where the time goes").
             let args = CaptureLtArgs::new().aux(pre);
             e.matmul_lt(blas, &shape, Epilogue::DGelu, dz, w2, dpre, args)?;
             self.ks.bias_grad(e, db1, self.partial, dpre)
