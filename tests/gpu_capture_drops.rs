@@ -8,7 +8,7 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, TestFn, child_role, dev0, finish, run_suite};
+use common::{Ctx, TestFn, child_role, default_pool_used, dev0, finish, run_suite};
 use gpubind::cudarc::driver::sys;
 use gpubind::{BoundDevice, ThreadContext};
 use std::sync::Mutex;
@@ -21,31 +21,6 @@ type R = Result<(), String>;
 const BYTES: usize = 4 << 20;
 /// Elements of the captured memset.
 const N: usize = 4096;
-
-/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` of device 0's default memory pool.
-fn default_pool_used() -> Result<u64, String> {
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: device 0 exists (dev0 succeeded); the call writes one handle.
-    let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, 0) };
-    ensure!(
-        r == sys::CUresult::CUDA_SUCCESS,
-        "cuDeviceGetDefaultMemPool: {r:?}"
-    );
-    let mut used: u64 = 0;
-    // SAFETY: the default pool (never destroyed); USED_MEM_CURRENT writes a u64.
-    let r = unsafe {
-        sys::cuMemPoolGetAttribute(
-            pool,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-            (&mut used as *mut u64).cast(),
-        )
-    };
-    ensure!(
-        r == sys::CUresult::CUDA_SUCCESS,
-        "cuMemPoolGetAttribute: {r:?}"
-    );
-    Ok(used)
-}
 
 /// Every warning gpubind logs (a drop's failed wait or release call is one), kept for the
 /// tests to inspect.

@@ -9,7 +9,7 @@
 #[macro_use]
 mod common;
 
-use common::{Ctx, dev0, run_suite};
+use common::{Ctx, default_pool_used, dev0, run_suite};
 use gpubind::cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, sys};
 use gpubind::{BoundDevice, BoundStream, DeviceRepr, Error, LaunchConfig, ThreadContext};
 use std::sync::Arc;
@@ -1079,31 +1079,6 @@ fn a_loan_ended_under_capture_orders_later_work_after_its_end_mark() -> R {
     drop(buf);
     println!("a loan ended under capture: later work ordered after its end mark");
     Ok(())
-}
-
-/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` of device 0's default memory pool.
-fn default_pool_used() -> Result<u64, String> {
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: device 0 exists (dev0 succeeded); the call writes one handle.
-    let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, 0) };
-    ensure!(
-        r == sys::CUresult::CUDA_SUCCESS,
-        "cuDeviceGetDefaultMemPool: {r:?}"
-    );
-    let mut used: u64 = 0;
-    // SAFETY: the default pool (never destroyed); USED_MEM_CURRENT writes a u64.
-    let r = unsafe {
-        sys::cuMemPoolGetAttribute(
-            pool,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-            (&mut used as *mut u64).cast(),
-        )
-    };
-    ensure!(
-        r == sys::CUresult::CUDA_SUCCESS,
-        "cuMemPoolGetAttribute: {r:?}"
-    );
-    Ok(used)
 }
 
 /// A pool buffer whose last use is on a stream cudarc then captures, dropped during the

@@ -412,3 +412,29 @@ pub fn create_context(
     }
     Ok(ctx)
 }
+
+/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` of device 0's default memory pool.
+pub fn default_pool_used() -> Result<u64, String> {
+    use gpubind::cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the caller has device 0 (dev0 succeeded); the call writes one handle.
+    let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, 0) };
+    ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "cuDeviceGetDefaultMemPool: {r:?}"
+    );
+    let mut used: u64 = 0;
+    // SAFETY: the default pool (never destroyed); USED_MEM_CURRENT writes a u64.
+    let r = unsafe {
+        sys::cuMemPoolGetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+            (&mut used as *mut u64).cast(),
+        )
+    };
+    ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "cuMemPoolGetAttribute: {r:?}"
+    );
+    Ok(used)
+}
