@@ -107,6 +107,16 @@ fn warp_rows(rows: usize) -> LaunchConfig {
     }
 }
 
+/// Blocks of (32, 8) threads for the column partial sums: `x` over `cols` columns, 32 a
+/// block, `y` over `parts` chunks of rows.
+fn column_chunks(cols: u32, parts: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (cols.div_ceil(32), parts, 1),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 fn blocks(n: u32, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n.max(1), 1, 1),
@@ -357,17 +367,12 @@ impl Kernels {
                 .value(cc)
                 .launch()?;
         }
-        let cfg = LaunchConfig {
-            grid_dim: (cc.div_ceil(32), pp, 1),
-            block_dim: (32, 8, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: (float*, const float* ×4, unsigned ×2) matches layernorm_bwd_wb; block
         // (x, y) reads rows of chunk y < parts, columns < C, of dout and inp (N·C, checked)
         // and their mean and rstd (N, checked), and writes partial row y (2C wide), inside
         // parts·2C ≤ partial's length (checked).
         unsafe {
-            tg.launch(&self.layernorm_bwd_wb, cfg)
+            tg.launch(&self.layernorm_bwd_wb, column_chunks(cc, pp))
                 .arg_written(partial)
                 .arg(dout)
                 .arg(inp)
@@ -395,16 +400,11 @@ impl Kernels {
         need("colsum input", dout.len(), n * c)?;
         need_at_least("colsum partial", partial.len(), parts * c)?;
         let (nn, cc, pp) = (u32_of("rows", n)?, u32_of("C", c)?, parts as u32);
-        let cfg = LaunchConfig {
-            grid_dim: (cc.div_ceil(32), pp, 1),
-            block_dim: (32, 8, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: (float*, const float*, unsigned ×2) matches colsum_partial; block (x, y)
         // reads rows of chunk y < parts of columns < C of dout (N·C, checked) and writes
         // partial row y (C wide), inside parts·C ≤ partial's length (checked).
         unsafe {
-            tg.launch(&self.colsum_partial, cfg)
+            tg.launch(&self.colsum_partial, column_chunks(cc, pp))
                 .arg_written(partial)
                 .arg(dout)
                 .value(nn)
