@@ -237,18 +237,21 @@ attn_fwd(act_t* y, float* lse, const act_t* qkv, unsigned T, unsigned NH, float 
     }
 }
 
-// Backward preprocessing: D[b,h,t] = Σ_d dy·y over the head's row. One warp per row
-// (b·T + t)·NH + h of y and dy (B, T, NH, HD); 8 rows per block of 256.
+// Backward preprocessing: D[b,h,t] = Σ_d dy·y over the head's row. Eight lanes per row
+// (b·T + t)·NH + h of y and dy (B, T, NH, HD), lane p of the eight taking elements
+// p, p + 8, ..; 32 rows per block of 256.
 extern "C" __global__ void attn_bwd_d(float* D, const act_t* y, const act_t* dy, unsigned rows,
                                       unsigned T, unsigned NH) {
-    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;  // warp-uniform
-    const act_t* a = y + (idx_t)row * HD;
-    const act_t* g = dy + (idx_t)row * HD;
+    unsigned row = blockIdx.x * 32 + threadIdx.x / 8, part = threadIdx.x % 8;
     float s = 0.0f;
-    for (unsigned d = lane; d < HD; d += 32) s += ld(a[d]) * ld(g[d]);
-    s = warp_sum(s);
-    if (lane == 0) {
+    if (row < rows) {
+        const act_t* a = y + (idx_t)row * HD;
+        const act_t* g = dy + (idx_t)row * HD;
+        for (unsigned i = part; i < HD; i += 8) s += ld(a[i]) * ld(g[i]);
+    }
+    // Every lane takes part: the shuffles name the whole warp.
+    for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(FULL, s, o);
+    if (row < rows && part == 0) {
         unsigned h = row % NH, bt = row / NH, b = bt / T, t = bt % T;
         D[((idx_t)b * NH + h) * T + t] = s;
     }

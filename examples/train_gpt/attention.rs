@@ -203,16 +203,16 @@ impl Attention {
         let rows = b * t * nh;
         let (rr, tt, nn) = (rows as u32, t as u32, nh as u32);
         let scale = 1.0f32 / (hs as f32).sqrt();
-        let warp_rows = LaunchConfig {
-            grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+        let eight_lanes_a_row = LaunchConfig {
+            grid_dim: (rows.div_ceil(32) as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: (float*, const act_t* ×2, unsigned ×3) matches attn_bwd_d; warp r <
-        // B·T·NH reads the 64 elements of row r of y and dy (B·T·NH·64, checked) and
-        // writes one dsum entry (b·NH + h)·T + t < B·NH·T (checked).
+        // SAFETY: (float*, const act_t* ×2, unsigned ×3) matches attn_bwd_d; lanes of row
+        // r < B·T·NH read the 64 elements of row r of y and dy (B·T·NH·64, checked) and
+        // write one dsum entry (b·NH + h)·T + t < B·NH·T (checked).
         unsafe {
-            tg.launch(&self.bwd_d, warp_rows)
+            tg.launch(&self.bwd_d, eight_lanes_a_row)
                 .arg_written(dsum)
                 .arg(y)
                 .arg(dy)

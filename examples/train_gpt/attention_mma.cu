@@ -135,13 +135,15 @@ __device__ __forceinline__ void load_a(unsigned (*a)[4], const bf16* s, int row0
 }
 
 // acc[j] = A · Bᵀ over the 64 columns: the warp's 16 rows (fragments a) against rows
-// j·8 .. j·8+7 of the tile s (B(k, n) = s[n][k]), j < 8. One ldmatrix gives the B
-// fragments of two k-steps: matrices at columns 32h, +8, +16, +24.
+// j·8 .. j·8+7 of the tile s (B(k, n) = s[n][k]), j < NJ (8: the whole tile; 4: the 32
+// rows from s). One ldmatrix gives the B fragments of two k-steps: matrices at columns
+// 32h, +8, +16, +24.
+template <int NJ = 8>
 __device__ __forceinline__ void mm_abt(float (*acc)[4], unsigned (*a)[4], const bf16* s,
                                        int lane) {
     const bf16* base = s + (lane % 8) * LDA + (lane / 8) * 8;
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < NJ; ++j) {
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -153,15 +155,17 @@ __device__ __forceinline__ void mm_abt(float (*acc)[4], unsigned (*a)[4], const 
     }
 }
 
-// acc[j] += P · s over 64 rows of s (B(k, n) = s[k][n], columns j·8 .. j·8+7), P given as
-// A fragments p (4 k-steps over s's rows). One transposing ldmatrix gives the B fragments
-// of two n-tiles: matrices at (rows, columns) (0, 0), (8, 0), (0, 8), (8, 8) of the block.
+// acc[j] += P · s over 16·NK rows of s (B(k, n) = s[k][n], columns j·8 .. j·8+7), P
+// given as A fragments p (NK k-steps over s's rows: 4, the whole tile; 2, the 32 rows
+// from s). One transposing ldmatrix gives the B fragments of two n-tiles: matrices at
+// (rows, columns) (0, 0), (8, 0), (0, 8), (8, 8) of the block.
+template <int NK = 4>
 __device__ __forceinline__ void mm_ab(float (*acc)[4], unsigned (*p)[4], const bf16* s,
                                       int lane) {
     const int m = lane / 8;
     const bf16* base = s + ((m & 1) * 8 + lane % 8) * LDA + (m >> 1) * 8;
     #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < NK; ++kk) {
         #pragma unroll
         for (int j = 0; j < 8; j += 2) {
             unsigned b[4];
@@ -268,26 +272,31 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
     }
 }
 
-// Backward preprocessing: D[b,h,t] = Σ_d dy·y over the head's row. One warp per row
-// (b·T + t)·NH + h of y and dy (B, T, NH, HD); 8 rows per block of 256.
+// Backward preprocessing: D[b,h,t] = Σ_d dy·y over the head's row. Eight lanes per row
+// (b·T + t)·NH + h of y and dy (B, T, NH, HD), lane p of the eight taking elements
+// p, p + 8, ..; 32 rows per block of 256.
 extern "C" __global__ void attn_bwd_d(float* D, const bf16* y, const bf16* dy, unsigned rows,
                                       unsigned T, unsigned NH) {
-    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;  // warp-uniform
-    const bf16* a = y + (idx_t)row * HD;
-    const bf16* d = dy + (idx_t)row * HD;
+    unsigned row = blockIdx.x * 32 + threadIdx.x / 8, part = threadIdx.x % 8;
     float s = 0.0f;
-    for (unsigned i = lane; i < HD; i += 32) s += __bfloat162float(a[i]) * __bfloat162float(d[i]);
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL, s, o);
-    if (lane == 0) {
+    if (row < rows) {
+        const bf16* a = y + (idx_t)row * HD;
+        const bf16* g = dy + (idx_t)row * HD;
+        for (unsigned i = part; i < HD; i += 8) s += __bfloat162float(a[i]) * __bfloat162float(g[i]);
+    }
+    // Every lane takes part: the shuffles name the whole warp.
+    for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(FULL, s, o);
+    if (row < rows && part == 0) {
         unsigned h = row % NH, bt = row / NH, b = bt / T, t = bt % T;
         D[((idx_t)b * NH + h) * T + t] = s;
     }
 }
 
 // Backward, dq: block per 64 queries (warp w: 16), over the key tiles up to the diagonal:
-// dS = P ⊙ (dP − D)·scale, P = exp(scale·q·kᵀ − lse), dP = dy·vᵀ; dq = Σ dS·k.
-extern "C" __global__ void __launch_bounds__(NT)
+// dS = P ⊙ (dP − D)·scale, P = exp(scale·q·kᵀ − lse), dP = dy·vᵀ; dq = Σ dS·k. Each
+// key tile in two halves of 32 keys (a rolled loop), so that a thread holds the scores
+// of 32 keys, not 64: few enough registers for 3 blocks per SM.
+extern "C" __global__ void __launch_bounds__(NT, 3)
 attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const float* D,
             unsigned T, unsigned NH, float scale) {
     __shared__ __align__(16) bf16 sA[2][TILE * LDA];
@@ -329,26 +338,31 @@ attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const
         }
         cp_wait(next);
         __syncthreads();
-        float s[8][4], dp[8][4];
-        mm_abt(s, qa, sA[cur], lane);
-        mm_abt(dp, da, sB[cur], lane);
         const bool mask = needs_mask(q0, k0, T);
-        unsigned dsa[4][4];
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            float ds[4];
+        #pragma unroll 1
+        for (int half = 0; half < 2; ++half) {
+            const bf16* hk = sA[cur] + half * 32 * LDA;  // keys k0 + 32·half ..
+            float s[4][4], dp[4][4];
+            mm_abt<4>(s, qa, hk, lane);
+            mm_abt<4>(dp, da, sB[cur] + half * 32 * LDA, lane);
+            unsigned dsa[2][4];
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                unsigned key = k0 + j * 8 + 2 * q + (e & 1), row = e < 2 ? row0 : row1;
-                float l = e < 2 ? lse0 : lse1, dd = e < 2 ? d0 : d1;
-                float p = ex2(s[j][e] * sl2 - l);
-                if (mask && !(key <= row && row < T)) p = 0.0f;
-                ds[e] = p * (dp[j][e] - dd) * scale;
+            for (int j = 0; j < 4; ++j) {
+                float ds[4];
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    unsigned key = k0 + half * 32 + j * 8 + 2 * q + (e & 1);
+                    unsigned row = e < 2 ? row0 : row1;
+                    float l = e < 2 ? lse0 : lse1, dd = e < 2 ? d0 : d1;
+                    float p = ex2(s[j][e] * sl2 - l);
+                    if (mask && !(key <= row && row < T)) p = 0.0f;
+                    ds[e] = p * (dp[j][e] - dd) * scale;
+                }
+                dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
+                dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
             }
-            dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
-            dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
+            mm_ab<2>(dq, dsa, hk, lane);
         }
-        mm_ab(dq, dsa, sA[cur], lane);
         __syncthreads();  // every warp is done with sA[cur] and sB[cur]
     }
     bf16* out = dqkv + (idx_t)b * T * 3 * C + (idx_t)h * HD + 2 * q;
@@ -376,8 +390,9 @@ __device__ void load_stats(float* sl, float* sd, const float* lse, const float* 
 
 // Backward, dk and dv: block per 64 keys (warp w: keys k0 + 16w .. +15), over the query
 // tiles from the diagonal on, with the transposed products: Sᵀ = k·qᵀ, dPᵀ = v·dyᵀ,
-// dv = Σ Pᵀ·dy, dk = Σ dSᵀ·q.
-extern "C" __global__ void __launch_bounds__(NT)
+// dv = Σ Pᵀ·dy, dk = Σ dSᵀ·q. Each query tile in two halves of 32 queries, as in
+// attn_bwd_dq.
+extern "C" __global__ void __launch_bounds__(NT, 3)
 attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const float* D,
               unsigned T, unsigned NH, float scale) {
     __shared__ __align__(16) bf16 sQ[2][TILE * LDA];
@@ -422,29 +437,34 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
         __syncthreads();
         const float* sl = sLse[cur];
         const float* sd = sD[cur];
-        float st[8][4], dpt[8][4];
-        mm_abt(st, ka, sQ[cur], lane);
-        mm_abt(dpt, va, sO[cur], lane);
         const bool mask = needs_mask(q0, k0, T);
-        unsigned pa[4][4], dsa[4][4];
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            float p[4], ds[4];
+        #pragma unroll 1
+        for (int half = 0; half < 2; ++half) {
+            const bf16* hq = sQ[cur] + half * 32 * LDA;  // queries q0 + 32·half ..
+            const bf16* ho = sO[cur] + half * 32 * LDA;
+            float st[4][4], dpt[4][4];
+            mm_abt<4>(st, ka, hq, lane);
+            mm_abt<4>(dpt, va, ho, lane);
+            unsigned pa[2][4], dsa[2][4];
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                int c = j * 8 + 2 * q + (e & 1);
-                unsigned row = q0 + c, key = e < 2 ? key0 : key1;
-                p[e] = ex2(st[j][e] * sl2 - sl[c]);
-                if (mask && !(key <= row && row < T)) p[e] = 0.0f;
-                ds[e] = p[e] * (dpt[j][e] - sd[c]) * scale;
+            for (int j = 0; j < 4; ++j) {
+                float p[4], ds[4];
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    int c = half * 32 + j * 8 + 2 * q + (e & 1);
+                    unsigned row = q0 + c, key = e < 2 ? key0 : key1;
+                    p[e] = ex2(st[j][e] * sl2 - sl[c]);
+                    if (mask && !(key <= row && row < T)) p[e] = 0.0f;
+                    ds[e] = p[e] * (dpt[j][e] - sd[c]) * scale;
+                }
+                pa[j / 2][(j % 2) * 2] = pack(p[0], p[1]);
+                pa[j / 2][(j % 2) * 2 + 1] = pack(p[2], p[3]);
+                dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
+                dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
             }
-            pa[j / 2][(j % 2) * 2] = pack(p[0], p[1]);
-            pa[j / 2][(j % 2) * 2 + 1] = pack(p[2], p[3]);
-            dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
-            dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
+            mm_ab<2>(dv, pa, ho, lane);
+            mm_ab<2>(dk, dsa, hq, lane);
         }
-        mm_ab(dv, pa, sO[cur], lane);
-        mm_ab(dk, dsa, sQ[cur], lane);
         __syncthreads();  // every warp is done with this tile's buffers and statistics
     }
     bf16* out = dqkv + (idx_t)b * T * 3 * C + (idx_t)h * HD + 2 * q;

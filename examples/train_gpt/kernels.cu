@@ -7,13 +7,21 @@
 #ifdef ACT_BF16
 #include <cuda_bf16.h>
 typedef __nv_bfloat16 act_t;
+typedef __nv_bfloat162 act2_t;
 __device__ __forceinline__ float ld(act_t x) { return __bfloat162float(x); }
 __device__ __forceinline__ act_t st(float x) { return __float2bfloat16(x); }
+__device__ __forceinline__ float2 ld2(act2_t x) { return __bfloat1622float2(x); }
+__device__ __forceinline__ act2_t st2(float a, float b) { return __floats2bfloat162_rn(a, b); }
 #else
 typedef float act_t;
+typedef float2 act2_t;
 __device__ __forceinline__ float ld(act_t x) { return x; }
 __device__ __forceinline__ act_t st(float x) { return x; }
+__device__ __forceinline__ float2 ld2(act2_t x) { return x; }
+__device__ __forceinline__ act2_t st2(float a, float b) { return make_float2(a, b); }
 #endif
+// The row kernels (layer norms) read and write act2_t pairs: C is even and every row
+// pair-aligned (the host checks).
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000u)
 // No standard headers under NVRTC: the flat index type is spelled out.
@@ -101,126 +109,174 @@ extern "C" __global__ void encoder_bwd_wte_finish(act_t* dwte, const float* part
     }
 }
 
-// One warp per row, 8 rows per block of 256.
+// One warp per row, 8 rows per block of 256, a pair of columns per lane and load.
 extern "C" __global__ void layernorm_fwd(act_t* out, float* mean, float* rstd, const act_t* inp,
                                          const act_t* w, const act_t* b, unsigned N, unsigned C) {
-    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32, C2 = C / 2;
     if (row >= N) return;
-    const act_t* x = inp + (idx_t)row * C;
+    const act2_t* x = (const act2_t*)(inp + (idx_t)row * C);
+    const act2_t* w2 = (const act2_t*)w;
+    const act2_t* b2 = (const act2_t*)b;
     float s = 0.0f;
-    for (unsigned i = lane; i < C; i += 32) s += ld(x[i]);
+    for (unsigned i = lane; i < C2; i += 32) {
+        float2 v = ld2(x[i]);
+        s += v.x + v.y;
+    }
     float m = warp_sum(s) / C;
     float var = 0.0f;
-    for (unsigned i = lane; i < C; i += 32) { float d = ld(x[i]) - m; var += d * d; }
+    for (unsigned i = lane; i < C2; i += 32) {
+        float2 v = ld2(x[i]);
+        float d0 = v.x - m, d1 = v.y - m;
+        var += d0 * d0 + d1 * d1;
+    }
     float r = rsqrtf(warp_sum(var) / C + 1e-5f);
-    act_t* o = out + (idx_t)row * C;
-    for (unsigned i = lane; i < C; i += 32) o[i] = st((ld(x[i]) - m) * r * ld(w[i]) + ld(b[i]));
+    act2_t* o = (act2_t*)(out + (idx_t)row * C);
+    for (unsigned i = lane; i < C2; i += 32) {
+        float2 v = ld2(x[i]), ww = ld2(w2[i]), bb = ld2(b2[i]);
+        o[i] = st2((v.x - m) * r * ww.x + bb.x, (v.y - m) * r * ww.y + bb.y);
+    }
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
 
 // res = x + y + pb[c] (a residual with its projection's bias), then out, mean, rstd = the
-// layer norm of res (as layernorm_fwd): one warp per row, 8 rows per block of 256. Each
-// lane reads back the elements of res it wrote.
+// layer norm of res (as layernorm_fwd): one warp per row, 8 rows per block of 256, pairs
+// of columns. Each lane reads back the elements of res it wrote.
 extern "C" __global__ void residual_layernorm_fwd(act_t* res, act_t* out, float* mean,
                                                   float* rstd, const act_t* x, const act_t* y,
                                                   const act_t* pb, const act_t* w,
                                                   const act_t* b, unsigned N, unsigned C) {
-    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32, C2 = C / 2;
     if (row >= N) return;
     idx_t off = (idx_t)row * C;
-    act_t* r = res + off;
+    act2_t* r = (act2_t*)(res + off);
+    const act2_t* x2 = (const act2_t*)(x + off);
+    const act2_t* y2 = (const act2_t*)(y + off);
+    const act2_t* p2 = (const act2_t*)pb;
+    const act2_t* w2 = (const act2_t*)w;
+    const act2_t* b2 = (const act2_t*)b;
     float s = 0.0f;
-    for (unsigned i = lane; i < C; i += 32) {
-        act_t v = st(ld(x[off + i]) + ld(y[off + i]) + ld(pb[i]));
+    for (unsigned i = lane; i < C2; i += 32) {
+        float2 a = ld2(x2[i]), c = ld2(y2[i]), p = ld2(p2[i]);
+        act2_t v = st2(a.x + c.x + p.x, a.y + c.y + p.y);
         r[i] = v;
-        s += ld(v);
+        float2 f = ld2(v);
+        s += f.x + f.y;
     }
     float m = warp_sum(s) / C;
     float var = 0.0f;
-    for (unsigned i = lane; i < C; i += 32) { float d = ld(r[i]) - m; var += d * d; }
+    for (unsigned i = lane; i < C2; i += 32) {
+        float2 v = ld2(r[i]);
+        float d0 = v.x - m, d1 = v.y - m;
+        var += d0 * d0 + d1 * d1;
+    }
     float rs = rsqrtf(warp_sum(var) / C + 1e-5f);
-    act_t* o = out + off;
-    for (unsigned i = lane; i < C; i += 32) o[i] = st((ld(r[i]) - m) * rs * ld(w[i]) + ld(b[i]));
+    act2_t* o = (act2_t*)(out + off);
+    for (unsigned i = lane; i < C2; i += 32) {
+        float2 v = ld2(r[i]), ww = ld2(w2[i]), bb = ld2(b2[i]);
+        o[i] = st2((v.x - m) * rs * ww.x + bb.x, (v.y - m) * rs * ww.y + bb.y);
+    }
     if (lane == 0) { mean[row] = m; rstd[row] = rs; }
 }
 
 // Layer-norm backward, the input gradient: dinp += (w·dout − mean(w·dout) − norm ·
 // mean(w·dout·norm))·rstd, norm = (inp − mean)·rstd. One warp per row, 8 rows per block
-// of 256 (as layernorm_fwd): many rows in flight hide the loads' latency.
+// of 256 (as layernorm_fwd), pairs of columns: many rows in flight hide the loads' latency.
 extern "C" __global__ void layernorm_bwd_dx(act_t* dinp, const act_t* dout, const act_t* inp,
                                             const float* mean, const float* rstd,
                                             const act_t* w, unsigned N, unsigned C) {
-    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    unsigned row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32, C2 = C / 2;
     if (row >= N) return;
     idx_t off = (idx_t)row * C;
-    const act_t* x = inp + off;
-    const act_t* d = dout + off;
+    const act2_t* x = (const act2_t*)(inp + off);
+    const act2_t* d = (const act2_t*)(dout + off);
+    const act2_t* w2 = (const act2_t*)w;
     float m = mean[row], r = rstd[row];
     float a = 0.0f, bsum = 0.0f;
-    for (unsigned i = lane; i < C; i += 32) {
-        float dn = ld(w[i]) * ld(d[i]);
-        a += dn;
-        bsum += dn * (ld(x[i]) - m) * r;
+    for (unsigned i = lane; i < C2; i += 32) {
+        float2 ww = ld2(w2[i]), dd = ld2(d[i]), xx = ld2(x[i]);
+        float dn0 = ww.x * dd.x, dn1 = ww.y * dd.y;
+        a += dn0 + dn1;
+        bsum += dn0 * (xx.x - m) * r + dn1 * (xx.y - m) * r;
     }
     a = warp_sum(a) / C;
     bsum = warp_sum(bsum) / C;
-    act_t* di = dinp + off;
-    for (unsigned i = lane; i < C; i += 32) {
-        float n = (ld(x[i]) - m) * r;
-        di[i] = st(ld(di[i]) + (ld(w[i]) * ld(d[i]) - a - n * bsum) * r);
+    act2_t* di = (act2_t*)(dinp + off);
+    for (unsigned i = lane; i < C2; i += 32) {
+        float2 ww = ld2(w2[i]), dd = ld2(d[i]), xx = ld2(x[i]), g = ld2(di[i]);
+        float n0 = (xx.x - m) * r, n1 = (xx.y - m) * r;
+        di[i] = st2(g.x + (ww.x * dd.x - a - n0 * bsum) * r,
+                    g.y + (ww.y * dd.y - a - n1 * bsum) * r);
     }
 }
 
 // Layer-norm backward, the weight and bias gradients' partial sums over chunk y of the
-// rows (gridDim.y chunks), block (32, 8), thread (x, y) taking column blockIdx.x·32 + x
-// and every 8th row of the chunk from its y: partial[y·2C + c] = Σ dout·norm and
-// partial[y·2C + C + c] = Σ dout, norm = (inp − mean)·rstd. colsum_finish adds the chunks.
+// rows (gridDim.y chunks), block (32, 8), thread (x, y) taking the column pair
+// blockIdx.x·32 + x and every 8th row of the chunk from its y: partial[y·2C + c] =
+// Σ dout·norm and partial[y·2C + C + c] = Σ dout, norm = (inp − mean)·rstd.
+// colsum_finish adds the chunks.
 extern "C" __global__ void layernorm_bwd_wb(float* partial, const act_t* dout,
                                             const act_t* inp, const float* mean,
                                             const float* rstd, unsigned N, unsigned C) {
-    __shared__ float sw[8][33], sb[8][33];
-    unsigned c = blockIdx.x * 32 + threadIdx.x;
+    __shared__ float2 sw[8][33], sb[8][33];
+    unsigned c2 = blockIdx.x * 32 + threadIdx.x, C2 = C / 2;
     unsigned chunk = (N + gridDim.y - 1) / gridDim.y;
     unsigned r0 = umin(N, blockIdx.y * chunk), r1 = umin(N, r0 + chunk);
-    float dw = 0.0f, db = 0.0f;
-    if (c < C)
+    float2 dw = make_float2(0.0f, 0.0f), db = make_float2(0.0f, 0.0f);
+    if (c2 < C2)
         for (unsigned r = r0 + threadIdx.y; r < r1; r += 8) {
-            idx_t o = (idx_t)r * C + c;
-            float dd = ld(dout[o]), n = (ld(inp[o]) - mean[r]) * rstd[r];
-            dw += dd * n;
-            db += dd;
+            idx_t o = (idx_t)r * C2 + c2;
+            float2 dd = ld2(((const act2_t*)dout)[o]), xx = ld2(((const act2_t*)inp)[o]);
+            float m = mean[r], rs = rstd[r];
+            dw.x += dd.x * ((xx.x - m) * rs);
+            dw.y += dd.y * ((xx.y - m) * rs);
+            db.x += dd.x;
+            db.y += dd.y;
         }
     sw[threadIdx.y][threadIdx.x] = dw;
     sb[threadIdx.y][threadIdx.x] = db;
     __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        float tw = 0.0f, tb = 0.0f;
+    if (threadIdx.y == 0 && c2 < C2) {
+        float2 tw = make_float2(0.0f, 0.0f), tb = make_float2(0.0f, 0.0f);
         for (int k = 0; k < 8; ++k) {
-            tw += sw[k][threadIdx.x];
-            tb += sb[k][threadIdx.x];
+            tw.x += sw[k][threadIdx.x].x;
+            tw.y += sw[k][threadIdx.x].y;
+            tb.x += sb[k][threadIdx.x].x;
+            tb.y += sb[k][threadIdx.x].y;
         }
-        partial[(idx_t)blockIdx.y * 2 * C + c] = tw;
-        partial[(idx_t)blockIdx.y * 2 * C + C + c] = tb;
+        float* pw = partial + (idx_t)blockIdx.y * 2 * C + 2 * c2;
+        pw[0] = tw.x;
+        pw[1] = tw.y;
+        pw[C] = tb.x;
+        pw[C + 1] = tb.y;
     }
 }
 
 // Column sums per chunk of rows (bias gradients), block (32, 8), blockIdx.y = chunk
-// (gridDim.y chunks): partial[p*C + c] = sum of dout[r,c] over chunk p's rows.
+// (gridDim.y chunks), a pair of columns per thread (C even, pair-aligned: the host
+// checks): partial[p*C + c] = sum of dout[r,c] over chunk p's rows.
 extern "C" __global__ void colsum_partial(float* partial, const act_t* dout, unsigned N,
                                           unsigned C) {
-    __shared__ float sb[8][33];
-    unsigned c = blockIdx.x * 32 + threadIdx.x;
+    __shared__ float2 sb[8][33];
+    unsigned c2 = blockIdx.x * 32 + threadIdx.x, C2 = C / 2;
     unsigned chunk = (N + gridDim.y - 1) / gridDim.y;
     unsigned r0 = umin(N, blockIdx.y * chunk), r1 = umin(N, r0 + chunk);
-    float b = 0.0f;
-    if (c < C)
-        for (unsigned r = r0 + threadIdx.y; r < r1; r += 8) b += ld(dout[(idx_t)r * C + c]);
+    float2 b = make_float2(0.0f, 0.0f);
+    if (c2 < C2)
+        for (unsigned r = r0 + threadIdx.y; r < r1; r += 8) {
+            float2 v = ld2(((const act2_t*)dout)[(idx_t)r * C2 + c2]);
+            b.x += v.x;
+            b.y += v.y;
+        }
     sb[threadIdx.y][threadIdx.x] = b;
     __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        float tb = 0.0f;
-        for (int k = 0; k < 8; ++k) tb += sb[k][threadIdx.x];
-        partial[(idx_t)blockIdx.y * C + c] = tb;
+    if (threadIdx.y == 0 && c2 < C2) {
+        float2 tb = make_float2(0.0f, 0.0f);
+        for (int k = 0; k < 8; ++k) {
+            tb.x += sb[k][threadIdx.x].x;
+            tb.y += sb[k][threadIdx.x].y;
+        }
+        partial[(idx_t)blockIdx.y * C + 2 * c2] = tb.x;
+        partial[(idx_t)blockIdx.y * C + 2 * c2 + 1] = tb.y;
     }
 }
 

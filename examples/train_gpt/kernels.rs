@@ -16,7 +16,11 @@ pub const SOURCE: &str = include_str!("kernels.cu");
 macro_rules! registry {
     ($($name:ident),* $(,)?) => {
         /// Every kernel of [`SOURCE`], compiled once per device.
-        pub struct Kernels { $(pub $name: Kernel,)* }
+        pub struct Kernels {
+            $(pub $name: Kernel,)*
+            /// Bytes of two activations (`act2_t`): the alignment the row kernels need.
+            pair_bytes: u64,
+        }
         impl Kernels {
             /// Compiles [`SOURCE`] for `gpu`'s device, with bf16 activations if `bf16`,
             /// and looks every kernel up.
@@ -26,7 +30,10 @@ macro_rules! registry {
                     opts = opts.define("ACT_BF16", 1);
                 }
                 let module = gpu.compile_and_load_with(SOURCE, "train_gpt.cu", &opts)?.into_shared();
-                Ok(Kernels { $($name: module.kernel(stringify!($name))?,)* })
+                Ok(Kernels {
+                    $($name: module.kernel(stringify!($name))?,)*
+                    pair_bytes: if bf16 { 4 } else { 8 },
+                })
             }
         }
     };
@@ -107,8 +114,8 @@ fn warp_rows(rows: usize) -> LaunchConfig {
     }
 }
 
-/// Blocks of (32, 8) threads for the column partial sums: `x` over `cols` columns, 32 a
-/// block, `y` over `parts` chunks of rows.
+/// Blocks of (32, 8) threads for the column partial sums: `x` over `cols` columns (or
+/// column pairs), 32 a block, `y` over `parts` chunks of rows.
 fn column_chunks(cols: u32, parts: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (cols.div_ceil(32), parts, 1),
@@ -138,6 +145,27 @@ pub fn colsum_parts(rows: usize) -> usize {
 }
 
 impl Kernels {
+    /// The layer-norm and column-sum kernels read and write pairs of activations: the
+    /// `kernel`'s width `c` even and every buffer aligned to a pair.
+    fn check_pairs(&self, kernel: &str, c: usize, bufs: &[(&str, &dyn In)]) -> Result<()> {
+        if !c.is_multiple_of(2) {
+            return Err(Error::InvalidArgument(format!(
+                "train_gpt: the {kernel} kernel reads pairs of columns; width {c} is odd"
+            )));
+        }
+        for (what, b) in bufs {
+            if !b.addr().is_multiple_of(self.pair_bytes) {
+                return Err(Error::InvalidArgument(format!(
+                    "train_gpt: {kernel} {what} at {:#x} is not aligned to a pair of \
+                     activations ({} bytes)",
+                    b.addr(),
+                    self.pair_bytes
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// `out[b,t] = wte[tok[b,t]] + wpe[t]`.
     pub fn encoder_fwd<'b>(
         &self,
@@ -263,9 +291,20 @@ impl Kernels {
         need("layernorm rstd", rstd.len(), n)?;
         need("layernorm weight", wb.0.len(), c)?;
         need("layernorm bias", wb.1.len(), c)?;
+        self.check_pairs(
+            "layer-norm",
+            c,
+            &[
+                ("out", out),
+                ("input", inp),
+                ("weight", wb.0),
+                ("bias", wb.1),
+            ],
+        )?;
         let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
         // SAFETY: (float* ×3, const float* ×3, unsigned ×2) matches layernorm_fwd; warp r
-        // < N touches row r of out and inp (N·C, checked), mean[r], rstd[r], C of w and b.
+        // < N touches row r of out and inp (N·C, checked), mean[r], rstd[r], C of w and b,
+        // in pairs (C even, every buffer pair-aligned: checked).
         unsafe {
             tg.launch(&self.layernorm_fwd, warp_rows(n))
                 .arg_written(out)
@@ -300,11 +339,24 @@ impl Kernels {
         need("layernorm rstd", rstd.len(), n)?;
         need("projection bias", pb.len(), c)?;
         need("layernorm bias", wb.1.len(), c)?;
+        self.check_pairs(
+            "layer-norm",
+            c,
+            &[
+                ("res", res),
+                ("out", out),
+                ("x", x),
+                ("y", y),
+                ("projection bias", pb),
+            ],
+        )?;
+        self.check_pairs("layer-norm", c, &[("weight", wb.0), ("bias", wb.1)])?;
         let (nn, cc) = (u32_of("rows", n)?, u32_of("C", c)?);
         u32_of("N*C", res.len())?;
         // SAFETY: (float* ×4, const float* ×5, unsigned ×2) matches residual_layernorm_fwd;
         // warp r < N touches row r of res, out, x and y (N·C each, checked), mean[r],
-        // rstd[r] (N, checked) and C of pb, w and b (checked).
+        // rstd[r] (N, checked) and C of pb, w and b (checked), in pairs (C even, every
+        // buffer pair-aligned: checked).
         unsafe {
             tg.launch(&self.residual_layernorm_fwd, warp_rows(n))
                 .arg_written(res)
@@ -344,6 +396,16 @@ impl Kernels {
         need("layernorm mean", stats.0.len(), n)?;
         need("layernorm rstd", stats.1.len(), n)?;
         need("layernorm dweight+dbias", dwb.len(), 2 * c)?;
+        self.check_pairs(
+            "layer-norm",
+            c,
+            &[
+                ("dinp", dinp),
+                ("dout", dout),
+                ("input", inp),
+                ("weight", w),
+            ],
+        )?;
         let parts = colsum_parts(n);
         need_at_least("layer-norm partial", partial.len(), parts * 2 * c)?;
         let (nn, cc, pp, ww) = (
@@ -354,7 +416,8 @@ impl Kernels {
         );
         // SAFETY: (float*, const float* ×5, unsigned ×2) matches layernorm_bwd_dx; warp
         // row < N reads and writes row `row` of dinp, dout and inp (N·C, checked), and
-        // reads mean[row], rstd[row] (N, checked) and C of w (C, by definition).
+        // reads mean[row], rstd[row] (N, checked) and C of w (C, by definition), in pairs
+        // (C even, every buffer pair-aligned: checked).
         unsafe {
             tg.launch(&self.layernorm_bwd_dx, warp_rows(n))
                 .arg_written(dinp)
@@ -368,11 +431,12 @@ impl Kernels {
                 .launch()?;
         }
         // SAFETY: (float*, const float* ×4, unsigned ×2) matches layernorm_bwd_wb; block
-        // (x, y) reads rows of chunk y < parts, columns < C, of dout and inp (N·C, checked)
+        // (x, y) reads rows of chunk y < parts, column pairs < C/2, of dout and inp (N·C,
+        // checked, C even and both pair-aligned)
         // and their mean and rstd (N, checked), and writes partial row y (2C wide), inside
         // parts·2C ≤ partial's length (checked).
         unsafe {
-            tg.launch(&self.layernorm_bwd_wb, column_chunks(cc, pp))
+            tg.launch(&self.layernorm_bwd_wb, column_chunks(cc / 2, pp))
                 .arg_written(partial)
                 .arg(dout)
                 .arg(inp)
@@ -399,12 +463,14 @@ impl Kernels {
         need("colsum output", out.len(), c)?;
         need("colsum input", dout.len(), n * c)?;
         need_at_least("colsum partial", partial.len(), parts * c)?;
+        self.check_pairs("column-sum", c, &[("input", dout)])?;
         let (nn, cc, pp) = (u32_of("rows", n)?, u32_of("C", c)?, parts as u32);
         // SAFETY: (float*, const float*, unsigned ×2) matches colsum_partial; block (x, y)
-        // reads rows of chunk y < parts of columns < C of dout (N·C, checked) and writes
+        // reads rows of chunk y < parts of column pairs < C/2 of dout (N·C, checked, C
+        // even and dout pair-aligned) and writes
         // partial row y (C wide), inside parts·C ≤ partial's length (checked).
         unsafe {
-            tg.launch(&self.colsum_partial, column_chunks(cc, pp))
+            tg.launch(&self.colsum_partial, column_chunks(cc / 2, pp))
                 .arg_written(partial)
                 .arg(dout)
                 .value(nn)
