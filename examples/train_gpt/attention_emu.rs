@@ -86,19 +86,32 @@ fn load_a(s: &[Vec<f32>], row0: usize) -> [[Reg; 4]; 4] {
 /// `mm_abt`: acc[j] = A·Bᵀ with B(k, n) = s[j·8 + n][k].
 fn mm_abt(a: &[[Reg; 4]; 4], s: &[Vec<f32>]) -> [Acc; 8] {
     let mut acc = [[[0.0f32; 4]; 32]; 8];
+    mm_abt_from(&mut acc, a, s, 0);
+    acc
+}
+
+/// `mm_abt<NJ>` with `s` shifted down `r0` rows (NJ = `acc.len()`): acc[j] = A·Bᵀ with
+/// B(k, n) = s[r0 + j·8 + n][k].
+fn mm_abt_from(acc: &mut [Acc], a: &[[Reg; 4]; 4], s: &[Vec<f32>], r0: usize) {
     for (j, aj) in acc.iter_mut().enumerate() {
+        *aj = [[0.0f32; 4]; 32];
         for h in 0..2 {
             // base = s + (lane % 8) * LDA + (lane / 8) * 8, then + j * 8 * LDA + h * 32
-            let b = ldsm(s, |l| (l % 8 + j * 8, (l / 8) * 8 + h * 32), false);
+            let b = ldsm(s, |l| (r0 + l % 8 + j * 8, (l / 8) * 8 + h * 32), false);
             mma(aj, &a[2 * h], &b[0], &b[1]);
             mma(aj, &a[2 * h + 1], &b[2], &b[3]);
         }
     }
-    acc
 }
 
 /// `mm_ab`: acc[j] += P·s over s's 64 rows, columns j·8..j·8+7.
 fn mm_ab(acc: &mut [Acc; 8], p: &[[Reg; 4]; 4], s: &[Vec<f32>]) {
+    mm_ab_from(acc, p, s, 0);
+}
+
+/// `mm_ab<NK>` with `s` shifted down `r0` rows (NK = `p.len()`): acc[j] += P·s over
+/// rows r0 .. r0 + 16·NK of s.
+fn mm_ab_from(acc: &mut [Acc; 8], p: &[[Reg; 4]], s: &[Vec<f32>], r0: usize) {
     for (kk, pk) in p.iter().enumerate() {
         for j in (0..8).step_by(2) {
             // base = s + ((m & 1) * 8 + lane % 8) * LDA + (m >> 1) * 8, m = lane / 8,
@@ -107,7 +120,7 @@ fn mm_ab(acc: &mut [Acc; 8], p: &[[Reg; 4]; 4], s: &[Vec<f32>]) {
                 s,
                 |l| {
                     let m = l / 8;
-                    ((m & 1) * 8 + l % 8 + kk * 16, (m >> 1) * 8 + j * 8)
+                    (r0 + (m & 1) * 8 + l % 8 + kk * 16, (m >> 1) * 8 + j * 8)
                 },
                 true,
             );
@@ -122,13 +135,18 @@ fn mm_ab(acc: &mut [Acc; 8], p: &[[Reg; 4]; 4], s: &[Vec<f32>]) {
 /// = row g's pair, `+ 1` = row g+8's).
 fn c_to_a(x: &[Acc; 8]) -> [[Reg; 4]; 4] {
     let mut a = [[[[0.0f32; 2]; 32]; 4]; 4];
+    c_to_a_into(&mut a, x);
+    a
+}
+
+/// `c_to_a` of 2·`a.len()` n-tiles.
+fn c_to_a_into(a: &mut [[Reg; 4]], x: &[Acc]) {
     for (j, xj) in x.iter().enumerate() {
         for lane in 0..32 {
             a[j / 2][(j % 2) * 2][lane] = [xj[lane][0], xj[lane][1]];
             a[j / 2][(j % 2) * 2 + 1][lane] = [xj[lane][2], xj[lane][3]];
         }
     }
-    a
 }
 
 /// Row `g + 8·(e / 2)`, column `j·8 + 2q + e % 2` of a warp's 16 × 64 C fragments.
@@ -191,6 +209,97 @@ fn mma_fragments_multiply_tiles() {
     }
 }
 
+/// The backward kernels' loop over a tile's two halves of 32 rows (`mm_abt<4>` and
+/// `mm_ab<2>` from the base shifted `half * 32` rows; column `half * 32 + j * 8 + 2q + (e
+/// & 1)` of the statistics) gives what the whole tile gives, as attn_bwd_dkdv uses it:
+/// p = st·w[c], ds = p − dpt·u[c] (w, u: per-column factors, as sl, sd or a key's mask),
+/// dv += P·o, dk += dS·s. Each accumulator sees the same products in the same order.
+#[test]
+fn halved_tiles_are_the_whole_tile() {
+    let (s, o) = (matrix(TILE, HD, 7), matrix(TILE, HD, 8));
+    let (a_rows, d_rows) = (matrix(TILE, HD, 9), matrix(TILE, HD, 10));
+    let (w, u) = (noise(TILE, 11), noise(TILE, 12));
+    let f = |st: f32, dp: f32, c: usize| (st * w[c], st * w[c] - dp * u[c]);
+    for warp in 0..4 {
+        let (a, d) = (load_a(&a_rows, warp * 16), load_a(&d_rows, warp * 16));
+        // The whole tile: 8 n-tiles of scores, 4 k-steps.
+        let (st, dpt) = (mm_abt(&a, &s), mm_abt(&d, &o));
+        let (mut pw, mut dw) = ([[[0.0f32; 4]; 32]; 8], [[[0.0f32; 4]; 32]; 8]);
+        for j in 0..8 {
+            for lane in 0..32 {
+                let (_, q) = gq(lane);
+                for e in 0..4 {
+                    let c = j * 8 + 2 * q + (e & 1);
+                    (pw[j][lane][e], dw[j][lane][e]) = f(st[j][lane][e], dpt[j][lane][e], c);
+                }
+            }
+        }
+        let (mut dv_whole, mut dk_whole) = ([[[0.0f32; 4]; 32]; 8], [[[0.0f32; 4]; 32]; 8]);
+        mm_ab(&mut dv_whole, &c_to_a(&pw), &o);
+        mm_ab(&mut dk_whole, &c_to_a(&dw), &s);
+        // Two halves: 4 n-tiles of scores, 2 k-steps each.
+        let (mut dv, mut dk) = ([[[0.0f32; 4]; 32]; 8], [[[0.0f32; 4]; 32]; 8]);
+        for half in 0..2 {
+            let (mut st, mut dpt) = ([[[0.0f32; 4]; 32]; 4], [[[0.0f32; 4]; 32]; 4]);
+            mm_abt_from(&mut st, &a, &s, half * 32);
+            mm_abt_from(&mut dpt, &d, &o, half * 32);
+            let (mut pc, mut dc) = ([[[0.0f32; 4]; 32]; 4], [[[0.0f32; 4]; 32]; 4]);
+            for j in 0..4 {
+                for lane in 0..32 {
+                    let (_, q) = gq(lane);
+                    for e in 0..4 {
+                        let c = half * 32 + j * 8 + 2 * q + (e & 1);
+                        (pc[j][lane][e], dc[j][lane][e]) = f(st[j][lane][e], dpt[j][lane][e], c);
+                    }
+                }
+            }
+            let (mut pa, mut dsa) = ([[[[0.0f32; 2]; 32]; 4]; 2], [[[[0.0f32; 2]; 32]; 4]; 2]);
+            c_to_a_into(&mut pa, &pc);
+            c_to_a_into(&mut dsa, &dc);
+            mm_ab_from(&mut dv, &pa, &o, half * 32);
+            mm_ab_from(&mut dk, &dsa, &s, half * 32);
+        }
+        assert_eq!(dv, dv_whole, "dv, warp {warp}");
+        assert_eq!(dk, dk_whole, "dk, warp {warp}");
+        for r in 0..16 {
+            let (ar, dr) = (&a_rows[warp * 16 + r], &d_rows[warp * 16 + r]);
+            for n in 0..HD {
+                let (mut want_v, mut want_k) = (0.0f32, 0.0f32);
+                for c in 0..TILE {
+                    let (p, ds) = f(dot(ar, &s[c]), dot(dr, &o[c]), c);
+                    want_v += p * o[c][n];
+                    want_k += ds * s[c][n];
+                }
+                close(c_get(&dv, r, n), want_v, &format!("dv w{warp} ({r}, {n})"));
+                close(c_get(&dk, r, n), want_k, &format!("dk w{warp} ({r}, {n})"));
+            }
+        }
+    }
+}
+
+/// attn_bwd_d's reduction: thread x of a block of 256 takes row x / 8, elements p, p + 8,
+/// .. (p = x % 8); the shuffles over lane masks 4, 2, 1 of each warp leave the row's sum
+/// in its eight lanes, never mixing rows.
+#[test]
+fn eight_lanes_reduce_their_row() {
+    let (y, dy) = (noise(32 * HD, 13), noise(32 * HD, 14));
+    let row = |x: usize| &y[(x / 8) * HD..][..HD];
+    let drow = |x: usize| &dy[(x / 8) * HD..][..HD];
+    let mut s: Vec<f32> = (0..256)
+        .map(|x| (x % 8..HD).step_by(8).map(|i| row(x)[i] * drow(x)[i]).sum())
+        .collect();
+    for o in [4, 2, 1] {
+        // __shfl_xor_sync(FULL, s, o): lane l of a warp reads lane l ^ o of that warp.
+        let prev = s.clone();
+        for (x, v) in s.iter_mut().enumerate() {
+            *v += prev[(x / 32) * 32 + ((x % 32) ^ o)];
+        }
+    }
+    for (x, &v) in s.iter().enumerate() {
+        close(v, dot(row(x), drow(x)), &format!("thread {x}"));
+    }
+}
+
 #[test]
 fn the_emulated_addressing_is_the_sources() {
     for expr in [
@@ -211,12 +320,35 @@ fn the_emulated_addressing_is_the_sources() {
         "unsigned key = k0 + half * 32 + j * 8 + 2 * q + (e & 1);",
         "const bf16* hk = sA[cur] + half * 32 * LDA;",
         "const bf16* hq = sQ[cur] + half * 32 * LDA;",
+        "const bf16* ho = sO[cur] + half * 32 * LDA;",
+        "for (int half = 0; half < 2; ++half)",
+        "mm_abt<4>(s, qa, hk, lane)",
+        "mm_abt<4>(dp, da, sB[cur] + half * 32 * LDA, lane)",
+        "mm_ab<2>(dq, dsa, hk, lane)",
+        "mm_abt<4>(st, ka, hq, lane)",
+        "mm_abt<4>(dpt, va, ho, lane)",
+        "mm_ab<2>(dv, pa, ho, lane)",
+        "mm_ab<2>(dk, dsa, hq, lane)",
+        "for (int j = 0; j < NJ; ++j)",
+        "for (int kk = 0; kk < NK; ++kk)",
         "return q0 == k0 || q0 + TILE > T;",
         "const unsigned kend = umin(T, q0 + TILE)",
         "for (unsigned q0 = k0, cur = 0; q0 < T; q0 += TILE, cur ^= 1)",
     ] {
         assert!(SOURCE_MMA.contains(expr), "attention_mma.cu lacks `{expr}`");
     }
+    for expr in [
+        "unsigned row = blockIdx.x * 32 + threadIdx.x / 8, part = threadIdx.x % 8;",
+        "i < HD; i += 8)",
+        "for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(FULL, s, o);",
+    ] {
+        for (name, src) in [("attention.cu", SOURCE), ("attention_mma.cu", SOURCE_MMA)] {
+            assert!(src.contains(expr), "{name} lacks `{expr}`");
+        }
+    }
+    let host = include_str!("attention.rs");
+    assert!(host.contains("grid_dim: (rows.div_ceil(32) as u32, 1, 1)"));
+    assert!(host.contains("block_dim: (256, 1, 1)"));
     for expr in [
         "const unsigned kend = umin(T, q0 + BR)",
         "for (unsigned q0 = (k0 / BR) * BR; q0 < T; q0 += BR)",
