@@ -282,7 +282,8 @@ extern "C" __global__ void attn_bwd_d(float* D, const bf16* y, const bf16* dy, u
     if (row < rows) {
         const bf16* a = y + (idx_t)row * HD;
         const bf16* g = dy + (idx_t)row * HD;
-        for (unsigned i = part; i < HD; i += 8) s += __bfloat162float(a[i]) * __bfloat162float(g[i]);
+        for (unsigned i = part; i < HD; i += 8)
+            s += __bfloat162float(a[i]) * __bfloat162float(g[i]);
     }
     // Every lane takes part: the shuffles name the whole warp.
     for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(FULL, s, o);

@@ -432,9 +432,9 @@ impl Kernels {
         }
         // SAFETY: (float*, const float* ×4, unsigned ×2) matches layernorm_bwd_wb; block
         // (x, y) reads rows of chunk y < parts, column pairs < C/2, of dout and inp (N·C,
-        // checked, C even and both pair-aligned)
-        // and their mean and rstd (N, checked), and writes partial row y (2C wide), inside
-        // parts·2C ≤ partial's length (checked).
+        // checked, C even and both pair-aligned) and their mean and rstd (N, checked),
+        // and writes partial row y (2C wide), inside parts·2C ≤ partial's length
+        // (checked).
         unsafe {
             tg.launch(&self.layernorm_bwd_wb, column_chunks(cc / 2, pp))
                 .arg_written(partial)
@@ -467,8 +467,8 @@ impl Kernels {
         let (nn, cc, pp) = (u32_of("rows", n)?, u32_of("C", c)?, parts as u32);
         // SAFETY: (float*, const float*, unsigned ×2) matches colsum_partial; block (x, y)
         // reads rows of chunk y < parts of column pairs < C/2 of dout (N·C, checked, C
-        // even and dout pair-aligned) and writes
-        // partial row y (C wide), inside parts·C ≤ partial's length (checked).
+        // even and dout pair-aligned) and writes partial row y (C wide), inside parts·C
+        // ≤ partial's length (checked).
         unsafe {
             tg.launch(&self.colsum_partial, column_chunks(cc / 2, pp))
                 .arg_written(partial)
