@@ -29,6 +29,9 @@ typedef __nv_bfloat16 bf16;
 typedef unsigned long long idx_t;
 __device__ __forceinline__ unsigned umin(unsigned a, unsigned b) { return a < b ? a : b; }
 
+// The PTX instructions, in one place: a host emulation (HOST_EMULATION, the
+// train_gpt tests) gives its own definitions of these, with the same semantics.
+#ifndef HOST_EMULATION
 __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -43,13 +46,7 @@ __device__ __forceinline__ float ex2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
-// Whether a tile pair needs the causal mask: it holds the diagonal, or rows past T.
-__device__ __forceinline__ bool needs_mask(unsigned q0, unsigned k0, unsigned T) {
-    return q0 == k0 || q0 + TILE > T;
-}
 
-// Two consecutive bf16 of a row (even index).
-__device__ __forceinline__ unsigned ld2(const bf16* p) { return *(const unsigned*)p; }
 // ldmatrix .x4: four 8×8 bf16 matrices of shared memory, lanes 8m .. 8m+7 giving the
 // addresses of matrix m's rows (16-byte aligned); r[m] of lane (g, q) gets matrix m's
 // row g, columns 2q and 2q+1 — or with _t (.trans) its rows 2q and 2q+1 of column g.
@@ -67,6 +64,30 @@ __device__ __forceinline__ void ldsm_t(unsigned* r, const bf16* p) {
                  : "r"(a)
                  : "memory");
 }
+// 16 bytes from global `src` to shared `dst` with cp.async, in the calling thread's current
+// group of copies; `bytes` 0 reads nothing and fills the 16 bytes with zeros.
+__device__ __forceinline__ void cp_async16(bf16* dst, const bf16* src, int bytes) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(d), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits for this thread's copies but the most recent `pending` groups (0 or 1).
+__device__ __forceinline__ void cp_wait(bool pending) {
+    if (pending) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+#endif  // HOST_EMULATION
+
+// Whether a tile pair needs the causal mask: it holds the diagonal, or rows past T.
+__device__ __forceinline__ bool needs_mask(unsigned q0, unsigned k0, unsigned T) {
+    return q0 == k0 || q0 + TILE > T;
+}
+
+// Two consecutive bf16 of a row (even index).
+__device__ __forceinline__ unsigned ld2(const bf16* p) { return *(const unsigned*)p; }
 // Rounds (lo, hi) to bf16 and packs them; `sum` gets the rounded values.
 __device__ __forceinline__ unsigned pack(float lo, float hi, float& sum) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -108,20 +129,9 @@ __device__ void load_tile_async(bf16* s, const bf16* base, idx_t stride, unsigne
         unsigned t = r0 + r;
         int bytes = t < T ? 16 : 0;  // 0: no read, the 16 bytes are zero-filled
         const bf16* src = base + (idx_t)(t < T ? t : 0) * stride + c;
-        unsigned dst = (unsigned)__cvta_generic_to_shared(s + r * LDA + c);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :: "r"(dst), "l"(src), "r"(bytes) : "memory");
+        cp_async16(s + r * LDA + c, src, bytes);
     }
 }
-__device__ __forceinline__ void cp_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits for this thread's copies but the most recent `pending` groups (0 or 1).
-__device__ __forceinline__ void cp_wait(bool pending) {
-    if (pending) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
 // A fragments (4 k-steps over the 64 columns) of rows row0 .. row0+15 of a tile.
 __device__ __forceinline__ void load_a(unsigned (*a)[4], const bf16* s, int row0, int g, int q) {
     const bf16* r = s + (row0 + g) * LDA + 2 * q;
