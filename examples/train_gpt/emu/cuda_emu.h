@@ -1,0 +1,360 @@
+// A CUDA device runtime on the host, for checking train_gpt's kernels without a GPU.
+//
+// Who it is for: tests that compile a kernel source (.cu) unchanged with a host C++
+// compiler (g++/clang++, -std=c++20 -fno-strict-aliasing, this directory on the include
+// path, HOST_EMULATION defined) and run its kernels on small shapes against a reference.
+// The source keeps its PTX (inline asm) in a section guarded by `#ifndef HOST_EMULATION`;
+// the end of this header gives host definitions of those wrappers.
+//
+// What it models:
+// - Every CUDA thread of a block is a fiber (ucontext, one OS thread, 64 KiB stacks with
+//   a guard page). Blocks run one after another, so a `__shared__` array is a function
+//   `static`: one copy, which only the block running now uses. The statics are placed in
+//   one linker section, filled with 0xff bytes (NaN as bf16 and f32) before each block, so
+//   a read of shared memory no thread of the block wrote shows up as NaN.
+// - A deterministic scheduler. A fiber runs until a sync point: `__syncthreads()` (block
+//   barrier) or a warp collective (`__shfl_*_sync`, and the kernels' ldmatrix and
+//   mma.sync). A collective publishes each lane's operands (pointers into the lanes'
+//   stacks) in its warp's exchange; when the last lane of the warp arrives, every lane's
+//   outputs are computed from all lanes' inputs and the lanes resume. Between barriers the
+//   fibers run in a fixed order, `Order::forward` (warp 0 first) or `Order::reverse`, and
+//   one warp runs as far as it can (up to a `__syncthreads`) before the next one starts:
+//   the largest skew between warps, so a missing `__syncthreads` changes results in one
+//   order or the other.
+// - Deadlocks abort with a message: lanes of one warp at different collectives, a block
+//   barrier that some thread exits without reaching, a warp collective some lane never
+//   reaches.
+// - cp.async (16 bytes, zero fill) in two modes: `Copies::immediate` copies when issued
+//   (exposes overwriting a buffer other warps still read); `Copies::deferred` copies when
+//   a `cp.async.wait_group N` completes the copy's group: every committed group but the
+//   newest N; copies not yet committed form the open group, which no wait completes (a
+//   read before the wait sees the old contents). A correct kernel gives the same results
+//   in both modes.
+//
+// What it does not model: timing, real concurrency (no data race is detected as such; a
+// race shows only if the order of warps changes a result), shared-memory bank conflicts,
+// memory fences and the memory model, registers and occupancy, __launch_bounds__, the
+// error of the device's approximate instructions (ex2.approx is exp2f here), out-of-bounds
+// accesses (use -fsanitize=address on the host for those), warps that diverge inside a
+// collective (every lane of the warp must take part; partial masks abort).
+#pragma once
+#include <ucontext.h>
+#include <sys/mman.h>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <functional>
+#include <vector>
+#include "cuda_bf16.h"
+
+// ---- CUDA C++ keywords ----
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static __attribute__((section("emu_shared")))
+
+struct uint3 {
+    unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+// The running fiber's indices (the scheduler sets them before resuming a fiber).
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
+inline float __int_as_float(unsigned v) { float f; std::memcpy(&f, &v, 4); return f; }
+inline float __uint_as_float(unsigned v) { return __int_as_float(v); }
+inline int __float_as_int(float f) { int v; std::memcpy(&v, &f, 4); return v; }
+inline unsigned __float_as_uint(float f) { unsigned v; std::memcpy(&v, &f, 4); return v; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+namespace emu {
+
+enum class Order { forward, reverse };
+enum class Copies { immediate, deferred };
+// The scheduling mode of the next launches.
+inline Order order = Order::forward;
+inline Copies copies = Copies::immediate;
+
+[[noreturn]] inline void fail(const char* what, const char* detail = "") {
+    std::fprintf(stderr, "cuda_emu: block (%u,%u) thread %u: %s%s\n", blockIdx.x, blockIdx.y,
+                 threadIdx.x, what, detail);
+    std::fflush(stdout);
+    std::abort();
+}
+
+enum class State { run, warp, block, done };
+struct Copy {
+    void* dst;
+    const void* src;
+    int bytes;
+    unsigned group;
+};
+struct Fiber {
+    ucontext_t ctx;
+    State state = State::run;
+    const char* what = "";  // the collective it waits at
+    void* ops[8] = {};      // its operands there
+    std::vector<Copy> pending;
+    unsigned commits = 0;   // groups committed so far; the open group's number
+};
+// A warp's results are computed from all its lanes' operands by one of these.
+using Collective = void (*)(Fiber* const* lanes, int n);
+
+struct Block {
+    std::vector<Fiber> fibers;
+    std::vector<int> arrived;     // per warp: lanes waiting at a collective
+    std::vector<Collective> fn;   // per warp: the collective of its first arrived lane
+    int current = -1;
+    ucontext_t sched;
+};
+inline Block block;
+
+inline Fiber& self() { return block.fibers[block.current]; }
+
+// Waits (yields to the scheduler) in the given state.
+inline void yield(State s) {
+    Fiber& f = self();
+    f.state = s;
+    swapcontext(&f.ctx, &block.sched);
+}
+
+// A warp collective: publishes `ops` and resumes when `fn` has given every lane its result.
+inline void collective(Collective fn, const char* what, std::initializer_list<void*> ops) {
+    Fiber& f = self();
+    int i = 0;
+    for (void* p : ops) f.ops[i++] = p;
+    f.what = what;
+    int w = block.current / 32;
+    if (block.arrived[w] == 0) block.fn[w] = fn;
+    else if (block.fn[w] != fn) fail("lanes of a warp at different collectives, now ", what);
+    ++block.arrived[w];
+    yield(State::warp);
+}
+
+inline void complete_copies(Fiber& f, unsigned below) {
+    std::vector<Copy> keep;
+    for (const Copy& c : f.pending) {
+        if (c.group < below) {
+            if (c.bytes) std::memcpy(c.dst, c.src, 16);
+            else std::memset(c.dst, 0, 16);
+        } else {
+            keep.push_back(c);
+        }
+    }
+    f.pending.swap(keep);
+}
+
+inline const std::function<void()>* body;
+
+inline void entry() {
+    (*body)();
+    Fiber& f = self();
+    complete_copies(f, ~0u);  // copies never waited for land at the end
+    f.state = State::done;
+    swapcontext(&f.ctx, &block.sched);
+}
+
+extern "C" char __start_emu_shared[] __attribute__((weak));
+extern "C" char __stop_emu_shared[] __attribute__((weak));
+
+// Runs one block of `threads` fibers to the end.
+inline void run_block(int threads, char* stacks, size_t stack) {
+    if (__start_emu_shared) std::memset(__start_emu_shared, 0xff, __stop_emu_shared - __start_emu_shared);
+    int warps = (threads + 31) / 32;
+    block.fibers.assign(threads, Fiber{});
+    block.arrived.assign(warps, 0);
+    block.fn.assign(warps, nullptr);
+    for (int t = 0; t < threads; ++t) {
+        Fiber& f = block.fibers[t];
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = stacks + t * stack + 4096;
+        f.ctx.uc_stack.ss_size = stack - 4096;
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, entry, 0);
+    }
+    auto pos = [&](int i) { return order == Order::forward ? i : threads - 1 - i; };
+    int cursor = 0;  // every fiber before it (in run order) waits or is done
+    for (;;) {
+        while (cursor < threads && block.fibers[pos(cursor)].state != State::run) ++cursor;
+        if (cursor < threads) {
+            int t = pos(cursor);
+            block.current = t;
+            threadIdx.x = t;
+            swapcontext(&block.sched, &block.fibers[t].ctx);
+            int w = t / 32, n = std::min(32, threads - 32 * w);
+            if (block.fibers[t].state == State::warp && block.arrived[w] == n) {
+                Fiber* lanes[32];
+                for (int l = 0; l < n; ++l) lanes[l] = &block.fibers[32 * w + l];
+                block.fn[w](lanes, n);
+                for (int l = 0; l < n; ++l) lanes[l]->state = State::run;
+                block.arrived[w] = 0;
+                cursor = std::min(cursor, order == Order::forward ? 32 * w : threads - 32 * w - n);
+            }
+            continue;
+        }
+        int done = 0, at_block = 0;
+        for (const Fiber& f : block.fibers) {
+            done += f.state == State::done;
+            at_block += f.state == State::block;
+        }
+        if (done == threads) return;
+        for (int t = 0; t < threads; ++t) {
+            threadIdx.x = t;
+            const Fiber& f = block.fibers[t];
+            if (f.state == State::warp)
+                fail("deadlock: waits at a warp collective that a lane of its warp "
+                     "does not reach (the lane exited or waits at __syncthreads): ", f.what);
+            if (f.state == State::block && done)
+                fail("deadlock: waits at __syncthreads, which exited threads never reach");
+        }
+        for (Fiber& f : block.fibers) f.state = State::run;  // every thread at the barrier
+        cursor = 0;
+    }
+}
+
+}  // namespace emu
+
+// Runs `kernel(args...)` on a grid of `grid.x · grid.y` blocks of `threads.x` threads.
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 threads, A... args) {
+    if (threads.y != 1 || threads.z != 1 || grid.z != 1 || threads.x == 0 || threads.x > 1024)
+        emu::fail("launch: blocks of 1..1024 threads in x only, grids in x and y");
+    const size_t stack = 64 << 10;
+    size_t bytes = stack * threads.x;
+    char* stacks = (char*)mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (stacks == MAP_FAILED) emu::fail("launch: no memory for the fibers' stacks");
+    for (unsigned t = 0; t < threads.x; ++t)  // stacks grow down: a guard page at the bottom
+        mprotect(stacks + t * stack, 4096, PROT_NONE);
+    std::function<void()> body = [&] { kernel(args...); };
+    emu::body = &body;
+    gridDim = grid;
+    blockDim = threads;
+    for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) {
+            blockIdx.x = x;
+            blockIdx.y = y;
+            emu::run_block((int)threads.x, stacks, stack);
+        }
+    munmap(stacks, bytes);
+}
+
+// ---- Warp intrinsics ----
+inline void __syncthreads() { emu::yield(emu::State::block); }
+
+namespace emu {
+template <class T>
+void shfl_xor(Fiber* const* lanes, int n) {
+    T v[32];
+    for (int l = 0; l < n; ++l) v[l] = *(T*)lanes[l]->ops[0];
+    for (int l = 0; l < n; ++l) {
+        int src = l ^ *(int*)lanes[l]->ops[2];
+        if (*(unsigned*)lanes[l]->ops[3] != 0xffffffffu || n != 32 || src >= n)
+            fail("__shfl_xor_sync: only the full mask of a whole warp is modelled");
+        *(T*)lanes[l]->ops[1] = v[src];
+    }
+}
+}  // namespace emu
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+    T out;
+    emu::collective(emu::shfl_xor<T>, "__shfl_xor_sync", {&v, &out, &lane_mask, &mask});
+    return out;
+}
+
+// ---- The PTX wrappers of the kernel sources (their `#ifndef HOST_EMULATION` sections) ----
+namespace emu {
+// ldmatrix.x4: lanes 8m .. 8m+7 give matrix m's row addresses; r[m] of lane (g, q) = row g,
+// columns 2q, 2q+1 of matrix m (or, transposed, rows 2q and 2q+1 of column g).
+template <bool T>
+void ldmatrix(Fiber* const* lanes, int n) {
+    const uint16_t* row[32];
+    for (int l = 0; l < 32; ++l) {
+        row[l] = *(const uint16_t* const*)lanes[l]->ops[0];
+        if ((uintptr_t)row[l] % 16) fail("ldmatrix: a row address is not 16-byte aligned");
+    }
+    (void)n;
+    for (int l = 0; l < 32; ++l) {
+        unsigned* r = (unsigned*)lanes[l]->ops[1];
+        int g = l / 4, q = l % 4;
+        for (int m = 0; m < 4; ++m) {
+            uint16_t lo = T ? row[8 * m + 2 * q][g] : row[8 * m + g][2 * q];
+            uint16_t hi = T ? row[8 * m + 2 * q + 1][g] : row[8 * m + g][2 * q + 1];
+            r[m] = lo | (unsigned)hi << 16;
+        }
+    }
+}
+inline float bf_half(unsigned reg, int h) {
+    __nv_bfloat16 v;
+    v.bits = (uint16_t)(reg >> (16 * h));
+    return __bfloat162float(v);
+}
+// mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32, the PTX ISA's fragment layouts (see the
+// kernel source's header): operands a[4], b0, b1 and c[4] of every lane.
+inline void mma16816(Fiber* const* lanes, int n) {
+    (void)n;
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; ++l) {
+        int g = l / 4, q = l % 4;
+        const unsigned* a = (const unsigned*)lanes[l]->ops[1];
+        unsigned b0 = *(unsigned*)lanes[l]->ops[2], b1 = *(unsigned*)lanes[l]->ops[3];
+        for (int h = 0; h < 2; ++h) {
+            A[g][2 * q + h] = bf_half(a[0], h);
+            A[g + 8][2 * q + h] = bf_half(a[1], h);
+            A[g][2 * q + 8 + h] = bf_half(a[2], h);
+            A[g + 8][2 * q + 8 + h] = bf_half(a[3], h);
+            B[2 * q + h][g] = bf_half(b0, h);
+            B[2 * q + 8 + h][g] = bf_half(b1, h);
+        }
+    }
+    for (int l = 0; l < 32; ++l) {
+        float* c = (float*)lanes[l]->ops[0];
+        int g = l / 4, q = l % 4;
+        for (int e = 0; e < 4; ++e) {
+            int row = g + 8 * (e / 2), col = 2 * q + e % 2;
+            float s = 0.0f;  // bf16 products are exact in f32; f32 sums
+            for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+            c[e] += s;
+        }
+    }
+}
+}  // namespace emu
+
+inline void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    emu::collective(emu::mma16816, "mma.sync", {c, (void*)a, &b0, &b1});
+}
+// ex2.approx.ftz: exp2f, with subnormal results flushed to zero (2^-inf = 0).
+inline float ex2(float x) {
+    float y = std::exp2(x);
+    return std::fabs(y) < FLT_MIN ? 0.0f : y;
+}
+inline void ldsm(unsigned* r, const __nv_bfloat16* p) {
+    emu::collective(emu::ldmatrix<false>, "ldmatrix", {&p, r});
+}
+inline void ldsm_t(unsigned* r, const __nv_bfloat16* p) {
+    emu::collective(emu::ldmatrix<true>, "ldmatrix.trans", {&p, r});
+}
+// cp.async 16 bytes (`bytes` 0: zero fill) in the current group of the calling thread.
+inline void cp_async16(__nv_bfloat16* dst, const __nv_bfloat16* src, int bytes) {
+    if ((uintptr_t)dst % 16 || (uintptr_t)src % 16) emu::fail("cp.async: unaligned address");
+    emu::Fiber& f = emu::self();
+    f.pending.push_back({dst, src, bytes, f.commits});
+    if (emu::copies == emu::Copies::immediate) emu::complete_copies(f, ~0u);
+}
+inline void cp_commit() { ++emu::self().commits; }
+// cp.async.wait_group n: every committed group but the newest n is complete.
+inline void cp_wait(int n) {
+    emu::Fiber& f = emu::self();
+    emu::complete_copies(f, f.commits >= (unsigned)n ? f.commits - n : 0);
+}
