@@ -2,7 +2,8 @@
 // cuda_emu.h, and compares them with a double-precision reference of the same bf16 inputs.
 //
 //   c++ -std=c++20 -O2 -fno-strict-aliasing -I examples/train_gpt/emu
-//     examples/train_gpt/emu/attention_check.cpp -o /tmp/attention_check && /tmp/attention_check
+//     examples/train_gpt/emu/attention_check.cpp -o /tmp/attention_check
+//   /tmp/attention_check
 //
 // Every shape runs in the four scheduling modes (warp order forward / reverse, cp.async
 // immediate / deferred); one line per shape, mode and tensor; exit status 1 on any failure.
@@ -42,9 +43,9 @@ static void backward(bf* dqkv, float* dsum, const bf* qkv, const bf* y, const fl
 // measured worst; a wrong index, mask, fragment or missing synchronisation gives errors of
 // order 1 (or NaN from the poisoned shared memory and outputs).
 // MAX: largest |kernel − reference| over the tensor / the reference's largest |value|.
-// ROW: per 64-element row, ‖kernel − reference‖₂ / max(‖reference row‖₂, ROW_FLOOR · the
-// tensor's RMS row norm); the floor keeps rows whose reference nearly vanishes from
-// amplifying absolute rounding noise. dq and dk get a wider row tolerance: a row of dq
+// ROW: per 64-element row, ‖kernel − reference‖₂ / max(‖reference row‖₂,
+// ROW_FLOOR · the tensor's RMS row norm); the floor keeps rows whose reference nearly
+// vanishes from amplifying absolute rounding noise. dq and dk get a wider row tolerance: a row of dq
 // (or dk) is Σ dS·k with dS = P ⊙ (dP − D), which nearly cancels where the attention is
 // sharp, while the rounding of y (in D) and of dS does not cancel with it.
 // lse is compared in absolute terms: a log, its error is the relative error of the row's
@@ -76,7 +77,9 @@ static Ref reference(const vector<bf>& qkv, const vector<bf>& dy, int B, int T, 
     const int C = NH * HD;
     Ref r{vector<double>((size_t)B * T * C), vector<double>((size_t)B * NH * T),
           vector<double>((size_t)3 * B * T * C, 0.0)};
-    auto at = [&](int b, int t, int which, int h) { return ((size_t)(b * T + t) * 3 + which) * C + h * HD; };
+    auto at = [&](int b, int t, int which, int h) {
+        return ((size_t)(b * T + t) * 3 + which) * C + h * HD;
+    };
     vector<double> p(T), dp(T);
     for (int b = 0; b < B; ++b)
         for (int h = 0; h < NH; ++h)

@@ -54,7 +54,11 @@ inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
     r.y = __float2bfloat16(hi);
     return r;
 }
-inline __nv_bfloat162 __float22bfloat162_rn(float2 v) { return __floats2bfloat162_rn(v.x, v.y); }
+inline __nv_bfloat162 __float22bfloat162_rn(float2 v) {
+    return __floats2bfloat162_rn(v.x, v.y);
+}
 inline float __low2float(__nv_bfloat162 v) { return __bfloat162float(v.x); }
 inline float __high2float(__nv_bfloat162 v) { return __bfloat162float(v.y); }
-inline float2 __bfloat1622float2(__nv_bfloat162 v) { return float2{__low2float(v), __high2float(v)}; }
+inline float2 __bfloat1622float2(__nv_bfloat162 v) {
+    return float2{__low2float(v), __high2float(v)};
+}

@@ -15,15 +15,17 @@
 // - A deterministic scheduler. A fiber runs until a sync point: `__syncthreads()` (block
 //   barrier) or a warp collective (`__shfl_*_sync`, and the kernels' ldmatrix and
 //   mma.sync). A collective publishes each lane's operands (pointers into the lanes'
-//   stacks) in its warp's exchange; when the last lane of the warp arrives, every lane's
-//   outputs are computed from all lanes' inputs and the lanes resume. Between barriers the
+//   stacks) in its warp's exchange and waits at a warp barrier; when the last lane of the
+//   warp arrives, every lane's outputs are computed from all lanes' inputs before any lane
+//   resumes (what each lane computing its own outputs between two warp barriers gives,
+//   with one fiber switch a lane instead of two). Between barriers the
 //   fibers run in a fixed order, `Order::forward` (warp 0 first) or `Order::reverse`, and
 //   one warp runs as far as it can (up to a `__syncthreads`) before the next one starts:
 //   the largest skew between warps, so a missing `__syncthreads` changes results in one
 //   order or the other.
-// - Deadlocks abort with a message: lanes of one warp at different collectives, a block
-//   barrier that some thread exits without reaching, a warp collective some lane never
-//   reaches.
+// - Deadlocks end the process (status 3) with a message: lanes of one warp at different
+//   collectives, a block barrier that some thread exits without reaching, a warp
+//   collective some lane never reaches. So do unaligned ldmatrix and cp.async addresses.
 // - cp.async (16 bytes, zero fill) in two modes: `Copies::immediate` copies when issued
 //   (exposes overwriting a buffer other warps still read); `Copies::deferred` copies when
 //   a `cp.async.wait_group N` completes the copy's group: every committed group but the
@@ -86,11 +88,13 @@ enum class Copies { immediate, deferred };
 inline Order order = Order::forward;
 inline Copies copies = Copies::immediate;
 
+// Reports a fault of the kernel (or of its launch) and ends the process with status 3.
 [[noreturn]] inline void fail(const char* what, const char* detail = "") {
+    std::fflush(stdout);
     std::fprintf(stderr, "cuda_emu: block (%u,%u) thread %u: %s%s\n", blockIdx.x, blockIdx.y,
                  threadIdx.x, what, detail);
-    std::fflush(stdout);
-    std::abort();
+    std::fflush(stderr);
+    std::_Exit(3);
 }
 
 enum class State { run, warp, block, done };
@@ -115,6 +119,7 @@ struct Block {
     std::vector<Fiber> fibers;
     std::vector<int> arrived;     // per warp: lanes waiting at a collective
     std::vector<Collective> fn;   // per warp: the collective of its first arrived lane
+    std::vector<const char*> what;  // and its name
     int current = -1;
     ucontext_t sched;
 };
@@ -136,8 +141,13 @@ inline void collective(Collective fn, const char* what, std::initializer_list<vo
     for (void* p : ops) f.ops[i++] = p;
     f.what = what;
     int w = block.current / 32;
-    if (block.arrived[w] == 0) block.fn[w] = fn;
-    else if (block.fn[w] != fn) fail("lanes of a warp at different collectives, now ", what);
+    if (block.arrived[w] == 0) {
+        block.fn[w] = fn;
+        block.what[w] = what;
+    } else if (block.fn[w] != fn) {
+        std::fprintf(stderr, "cuda_emu: other lanes of the warp wait at %s\n", block.what[w]);
+        fail("deadlock: lanes of a warp at different collectives; this one at ", what);
+    }
     ++block.arrived[w];
     yield(State::warp);
 }
@@ -170,11 +180,13 @@ extern "C" char __stop_emu_shared[] __attribute__((weak));
 
 // Runs one block of `threads` fibers to the end.
 inline void run_block(int threads, char* stacks, size_t stack) {
-    if (__start_emu_shared) std::memset(__start_emu_shared, 0xff, __stop_emu_shared - __start_emu_shared);
+    if (__start_emu_shared)
+        std::memset(__start_emu_shared, 0xff, __stop_emu_shared - __start_emu_shared);
     int warps = (threads + 31) / 32;
     block.fibers.assign(threads, Fiber{});
     block.arrived.assign(warps, 0);
     block.fn.assign(warps, nullptr);
+    block.what.assign(warps, "");
     for (int t = 0; t < threads; ++t) {
         Fiber& f = block.fibers[t];
         getcontext(&f.ctx);
@@ -199,7 +211,8 @@ inline void run_block(int threads, char* stacks, size_t stack) {
                 block.fn[w](lanes, n);
                 for (int l = 0; l < n; ++l) lanes[l]->state = State::run;
                 block.arrived[w] = 0;
-                cursor = std::min(cursor, order == Order::forward ? 32 * w : threads - 32 * w - n);
+                int first = order == Order::forward ? 32 * w : threads - 32 * w - n;
+                cursor = std::min(cursor, first);
             }
             continue;
         }
@@ -279,12 +292,12 @@ namespace emu {
 // columns 2q, 2q+1 of matrix m (or, transposed, rows 2q and 2q+1 of column g).
 template <bool T>
 void ldmatrix(Fiber* const* lanes, int n) {
+    if (n != 32) fail("ldmatrix: needs a whole warp of 32 lanes");
     const uint16_t* row[32];
     for (int l = 0; l < 32; ++l) {
         row[l] = *(const uint16_t* const*)lanes[l]->ops[0];
         if ((uintptr_t)row[l] % 16) fail("ldmatrix: a row address is not 16-byte aligned");
     }
-    (void)n;
     for (int l = 0; l < 32; ++l) {
         unsigned* r = (unsigned*)lanes[l]->ops[1];
         int g = l / 4, q = l % 4;
@@ -303,7 +316,7 @@ inline float bf_half(unsigned reg, int h) {
 // mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32, the PTX ISA's fragment layouts (see the
 // kernel source's header): operands a[4], b0, b1 and c[4] of every lane.
 inline void mma16816(Fiber* const* lanes, int n) {
-    (void)n;
+    if (n != 32) fail("mma.sync: needs a whole warp of 32 lanes");
     float A[16][16], B[16][8];
     for (int l = 0; l < 32; ++l) {
         int g = l / 4, q = l % 4;
