@@ -107,6 +107,9 @@ mod data;
 mod dp;
 #[path = "gpt.rs"]
 mod gpt;
+#[cfg(test)]
+#[path = "host_emulator.rs"]
+mod host_emulator;
 #[path = "kernels.rs"]
 mod kernels;
 #[path = "launch.rs"]

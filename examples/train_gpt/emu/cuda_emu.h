@@ -91,8 +91,8 @@ inline Copies copies = Copies::immediate;
 // Reports a fault of the kernel (or of its launch) and ends the process with status 3.
 [[noreturn]] inline void fail(const char* what, const char* detail = "") {
     std::fflush(stdout);
-    std::fprintf(stderr, "cuda_emu: block (%u,%u) thread %u: %s%s\n", blockIdx.x, blockIdx.y,
-                 threadIdx.x, what, detail);
+    std::fprintf(stderr, "cuda_emu: block (%u,%u) thread (%u,%u): %s%s\n", blockIdx.x,
+                 blockIdx.y, threadIdx.x, threadIdx.y, what, detail);
     std::fflush(stderr);
     std::_Exit(3);
 }
@@ -178,6 +178,12 @@ inline void entry() {
 extern "C" char __start_emu_shared[] __attribute__((weak));
 extern "C" char __stop_emu_shared[] __attribute__((weak));
 
+// The indices of linear thread t (threads x-major; warp = t / 32, as on the device).
+inline void set_thread(int t) {
+    threadIdx.x = t % blockDim.x;
+    threadIdx.y = t / blockDim.x;
+}
+
 // Runs one block of `threads` fibers to the end.
 inline void run_block(int threads, char* stacks, size_t stack) {
     if (__start_emu_shared)
@@ -202,7 +208,7 @@ inline void run_block(int threads, char* stacks, size_t stack) {
         if (cursor < threads) {
             int t = pos(cursor);
             block.current = t;
-            threadIdx.x = t;
+            set_thread(t);
             swapcontext(&block.sched, &block.fibers[t].ctx);
             int w = t / 32, n = std::min(32, threads - 32 * w);
             if (block.fibers[t].state == State::warp && block.arrived[w] == n) {
@@ -223,7 +229,7 @@ inline void run_block(int threads, char* stacks, size_t stack) {
         }
         if (done == threads) return;
         for (int t = 0; t < threads; ++t) {
-            threadIdx.x = t;
+            set_thread(t);
             const Fiber& f = block.fibers[t];
             if (f.state == State::warp)
                 fail("deadlock: waits at a warp collective that a lane of its warp "
@@ -238,17 +244,19 @@ inline void run_block(int threads, char* stacks, size_t stack) {
 
 }  // namespace emu
 
-// Runs `kernel(args...)` on a grid of `grid.x · grid.y` blocks of `threads.x` threads.
+// Runs `kernel(args...)` on a grid of `grid.x · grid.y` blocks of `threads.x · threads.y`
+// threads.
 template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 threads, A... args) {
-    if (threads.y != 1 || threads.z != 1 || grid.z != 1 || threads.x == 0 || threads.x > 1024)
-        emu::fail("launch: blocks of 1..1024 threads in x only, grids in x and y");
+    const unsigned n = threads.x * threads.y;
+    if (threads.z != 1 || grid.z != 1 || n == 0 || n > 1024 || grid.x == 0 || grid.y == 0)
+        emu::fail("launch: blocks of 1..1024 threads in x and y, grids in x and y");
     const size_t stack = 64 << 10;
-    size_t bytes = stack * threads.x;
+    size_t bytes = stack * n;
     char* stacks = (char*)mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (stacks == MAP_FAILED) emu::fail("launch: no memory for the fibers' stacks");
-    for (unsigned t = 0; t < threads.x; ++t)  // stacks grow down: a guard page at the bottom
+    for (unsigned t = 0; t < n; ++t)  // stacks grow down: a guard page at the bottom
         mprotect(stacks + t * stack, 4096, PROT_NONE);
     std::function<void()> body = [&] { kernel(args...); };
     emu::body = &body;
@@ -258,7 +266,7 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 threads, A... args) {
         for (unsigned x = 0; x < grid.x; ++x) {
             blockIdx.x = x;
             blockIdx.y = y;
-            emu::run_block((int)threads.x, stacks, stack);
+            emu::run_block((int)n, stacks, stack);
         }
     munmap(stacks, bytes);
 }
