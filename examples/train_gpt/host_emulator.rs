@@ -83,3 +83,8 @@ fn compile_and_run(program: &str) {
 fn attention_mma_kernels_match_the_reference_on_the_host_emulator() {
     compile_and_run("attention_check");
 }
+
+#[test]
+fn layernorm_kernels_match_the_reference_on_the_host_emulator() {
+    compile_and_run("layernorm_check");
+}

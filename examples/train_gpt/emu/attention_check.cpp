@@ -10,6 +10,7 @@
 #define HOST_EMULATION
 #include "cuda_emu.h"
 #include "../attention_mma.cu"
+#include "compare.h"
 
 #include <string>
 #include <vector>
@@ -35,36 +36,22 @@ static void backward(bf* dqkv, float* dsum, const bf* qkv, const bf* y, const fl
 
 // ---- Tolerances ----
 // The kernels round to bf16 what the reference keeps in double: P before P·V and Pᵀ·dY,
-// dS before dS·K and dSᵀ·Q, y before D = rowsum(dy ⊙ y), and every output (relative
-// 2^-9 each), and they sum in f32. The worst errors measured on the current kernels over
-// every shape and mode (the lines this program prints) are, relative to the reference's
-// largest magnitude, at most 4.9e-3 (dq); per row 4.1e-3 for y and dv, 3.7e-2 for dq and
-// 1.9e-2 for dk; lse at most 1.3e-3 absolute. Each tolerance below is 2.5x to 5x its
-// measured worst; a wrong index, mask, fragment or missing synchronisation gives errors of
-// order 1 (or NaN from the poisoned shared memory and outputs).
-// MAX: largest |kernel − reference| over the tensor / the reference's largest |value|.
-// ROW: per 64-element row, ‖kernel − reference‖₂ / max(‖reference row‖₂,
-// ROW_FLOOR · the tensor's RMS row norm); the floor keeps rows whose reference nearly
-// vanishes from amplifying absolute rounding noise. dq and dk get a wider row tolerance: a row of dq
-// (or dk) is Σ dS·k with dS = P ⊙ (dP − D), which nearly cancels where the attention is
-// sharp, while the rounding of y (in D) and of dS does not cancel with it.
+// dS before dS·K and dSᵀ·Q, y before D = rowsum(dy ⊙ y), and every output (half an ulp,
+// 2^-8 of the value, each), and they sum in f32. The worst errors measured on the
+// current kernels over every shape and mode (the lines this program prints) are,
+// relative to the reference's largest magnitude, at most 4.9e-3 (dq); per row 4.1e-3 for
+// y and dv, 3.7e-2 for dq and 1.9e-2 for dk; lse at most 1.3e-3 absolute. Each tolerance
+// below is 2.5x to 5x its measured worst; a wrong index, mask, fragment or missing
+// synchronisation gives errors of order 1 (or NaN from the poisoned shared memory and
+// outputs).
+// MAX and ROW (per 64-element row, with ROW_FLOOR) as compare.h defines them. dq and dk
+// get a wider row tolerance: a row of dq (or dk) is Σ dS·k with dS = P ⊙ (dP − D), which
+// nearly cancels where the attention is sharp, while the rounding of y (in D) and of dS
+// does not cancel with it.
 // lse is compared in absolute terms: a log, its error is the relative error of the row's
 // sum of exponentials (f32 sums of bf16-rounded probabilities).
 static const double MAX_TOL = 2e-2, ROW_FLOOR = 0.1, LSE_TOL = 5e-3;
 static const double ROW_TOL_Y_DV = 2e-2, ROW_TOL_DQ_DK = 1e-1;
-
-struct Rng {
-    uint64_t s;
-    double uniform() {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        return (double)(s >> 11) / 9007199254740992.0;
-    }
-    double normal() {  // Irwin–Hall: close enough to a unit normal
-        double t = 0;
-        for (int i = 0; i < 12; ++i) t += uniform();
-        return t - 6.0;
-    }
-};
 
 static double d(bf v) { return __bfloat162float(v); }
 
@@ -120,40 +107,6 @@ static Ref reference(const vector<bf>& qkv, const vector<bf>& dy, int B, int T, 
     return r;
 }
 
-// Compares `rows` rows of 64 (row i at got[off(i)], want[woff(i)]); prints one line.
-template <class G, class OffG, class OffW>
-static bool compare(const char* label, const char* name, double row_tol, int rows,
-                    const G* got, OffG off, const vector<double>& want, OffW woff) {
-    double refmax = 0, errmax = 0, norms = 0, worst_row = 0;
-    for (int i = 0; i < rows; ++i) {
-        double n2 = 0;
-        for (int c = 0; c < HD; ++c) {
-            double w = want[woff(i) + c];
-            refmax = std::max(refmax, std::fabs(w));
-            n2 += w * w;
-        }
-        norms += n2;
-    }
-    double floor = ROW_FLOOR * std::sqrt(norms / rows);
-    bool finite = true;
-    for (int i = 0; i < rows; ++i) {
-        double e2 = 0, n2 = 0;
-        for (int c = 0; c < HD; ++c) {
-            double g = d(got[off(i) + c]), w = want[woff(i) + c];
-            if (!std::isfinite(g)) finite = false;
-            errmax = std::max(errmax, std::fabs(g - w));
-            e2 += (g - w) * (g - w);
-            n2 += w * w;
-        }
-        worst_row = std::max(worst_row, std::sqrt(e2) / std::max(std::sqrt(n2), floor));
-    }
-    double rel = errmax / std::max(refmax, 1e-30);
-    bool ok = finite && rel <= MAX_TOL && worst_row <= row_tol;
-    std::printf("%s %-3s max %.2e (tol %.0e)  row %.2e (tol %.0e)%s  %s\n", label, name, rel,
-                MAX_TOL, worst_row, row_tol, finite ? "" : "  non-finite", ok ? "ok" : "FAIL");
-    return ok;
-}
-
 static bool check(int B, int T, int NH, emu::Order order, emu::Copies copies) {
     const int C = NH * HD;
     const size_t n = (size_t)B * T * C;
@@ -188,10 +141,19 @@ static bool check(int B, int T, int NH, emu::Order order, emu::Copies copies) {
         };
     };
     const int rows = B * T * NH;
-    bool ok = compare(label, "y", ROW_TOL_Y_DV, rows, y.data(), yrow, ref.y, yrow);
-    ok &= compare(label, "dq", ROW_TOL_DQ_DK, rows, dqkv.data(), part(0), ref.dqkv, part(0));
-    ok &= compare(label, "dk", ROW_TOL_DQ_DK, rows, dqkv.data(), part(1), ref.dqkv, part(1));
-    ok &= compare(label, "dv", ROW_TOL_Y_DV, rows, dqkv.data(), part(2), ref.dqkv, part(2));
+    auto row_of = [&](const bf* t, auto off) {
+        return [=](int i, int c) { return d(t[off(i) + c]); };
+    };
+    auto ref_of = [&](const vector<double>& t, auto off) {
+        return [&t, off](int i, int c) { return t[off(i) + c]; };
+    };
+    bool ok = compare(label, "y", rows, HD, row_of(y.data(), yrow), ref_of(ref.y, yrow),
+                      MAX_TOL, ROW_TOL_Y_DV, ROW_FLOOR);
+    const char* names[3] = {"dq", "dk", "dv"};
+    const double row_tols[3] = {ROW_TOL_DQ_DK, ROW_TOL_DQ_DK, ROW_TOL_Y_DV};
+    for (int which = 0; which < 3; ++which)
+        ok &= compare(label, names[which], rows, HD, row_of(dqkv.data(), part(which)),
+                      ref_of(ref.dqkv, part(which)), MAX_TOL, row_tols[which], ROW_FLOOR);
     double lerr = 0;
     bool lfinite = true;
     for (size_t i = 0; i < lse.size(); ++i) {

@@ -1,0 +1,191 @@
+// Runs the bf16 layer-norm kernels of kernels.cu (ACT_BF16), unchanged, on the host through
+// cuda_emu.h, and compares them with a double-precision reference of the same bf16 inputs:
+// layernorm_fwd, residual_layernorm_fwd, and the backward pass layernorm_bwd_dx,
+// layernorm_bwd_wb + colsum_finish, launched as kernels.rs launches them.
+//
+//   c++ -std=c++20 -O2 -fno-strict-aliasing -I examples/train_gpt/emu
+//     examples/train_gpt/emu/layernorm_check.cpp -o /tmp/layernorm_check
+//   /tmp/layernorm_check
+//
+// The kernels use no cp.async: every shape runs in both warp orders. One line per shape,
+// order and tensor; exit status 1 on any failure.
+#define HOST_EMULATION
+#define ACT_BF16 1
+#include "cuda_emu.h"
+#include "../kernels.cu"
+#include "compare.h"
+
+#include <vector>
+
+using std::vector;
+typedef __nv_bfloat16 bf;
+
+// ---- The launches, as kernels.rs issues them (change them here with the kernels) ----
+static unsigned cdiv(unsigned a, unsigned b) { return (a + b - 1) / b; }
+static dim3 warp_rows(unsigned n) { return dim3(std::max(cdiv(n, 8), 1u)); }  // 256 threads
+static unsigned colsum_parts(unsigned n) { return std::clamp(cdiv(n, 64), 1u, 256u); }
+
+static void forward(bf* out, float* mean, float* rstd, const bf* inp, const bf* w, const bf* b,
+                    unsigned N, unsigned C) {
+    launch(layernorm_fwd, warp_rows(N), dim3(256), out, mean, rstd, inp, w, b, N, C);
+}
+static void residual_forward(bf* res, bf* out, float* mean, float* rstd, const bf* x,
+                             const bf* y, const bf* pb, const bf* w, const bf* b, unsigned N,
+                             unsigned C) {
+    launch(residual_layernorm_fwd, warp_rows(N), dim3(256), res, out, mean, rstd, x, y, pb, w,
+           b, N, C);
+}
+// dinp += the input gradient; dwb = (dw, db); partial: colsum_parts(N) · 2C floats.
+static void backward(bf* dinp, bf* dwb, float* partial, const bf* dout, const bf* inp,
+                     const float* mean, const float* rstd, const bf* w, unsigned N,
+                     unsigned C) {
+    launch(layernorm_bwd_dx, warp_rows(N), dim3(256), dinp, dout, inp, mean, rstd, w, N, C);
+    unsigned parts = colsum_parts(N);
+    launch(layernorm_bwd_wb, dim3(cdiv(C / 2, 32), parts), dim3(32, 8), partial, dout, inp,
+           mean, rstd, N, C);
+    launch(colsum_finish, dim3(2 * C), dim3(128), dwb, (const float*)partial, parts, 2 * C);
+}
+
+// ---- Tolerances ----
+// The activations are rounded to bf16 (at most half an ulp, 2^-8 = 3.9e-3 of the value);
+// sums are f32. Measured worst on the current kernels over every shape and order (the
+// lines this program prints), MAX / ROW: out 2.6e-3 / 2.1e-3, res 3.3e-3 / 2.0e-3, rout
+// (the layer norm of the stored bf16 residual) 2.7e-3 / 2.0e-3, dinp 2.7e-3 / 2.0e-3, dw
+// 2.2e-3 / 1.7e-3, db 2.9e-3 / 1.8e-3 (dw and db: their C values as one row); the f32
+// statistics mean and rstd below 1.2e-7. ACT_TOL is 2.5x the rounding bound (3x the worst
+// measured); STAT_TOL leaves f32 sums over much wider rows room; a wrong index, a lost row
+// or pair, or a missing reduction step gives errors of order 1 (or NaN from the poisoned
+// shared memory and outputs).
+static const double ACT_TOL = 1e-2, STAT_TOL = 1e-5, ROW_FLOOR = 0.1;
+
+static double d(bf v) { return __bfloat162float(v); }
+
+struct Stats {
+    vector<double> mean, rstd;
+};
+
+// mean, rstd (eps 1e-5) of the rows of x, and its layer norm with w, b.
+static Stats norm_ref(const vector<double>& x, const vector<double>& w, const vector<double>& b,
+                      int N, int C, vector<double>& out) {
+    Stats s{vector<double>(N), vector<double>(N)};
+    out.assign((size_t)N * C, 0.0);
+    for (int r = 0; r < N; ++r) {
+        const double* xr = &x[(size_t)r * C];
+        double m = 0, v = 0;
+        for (int c = 0; c < C; ++c) m += xr[c];
+        m /= C;
+        for (int c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
+        double rs = 1.0 / std::sqrt(v / C + 1e-5);
+        s.mean[r] = m;
+        s.rstd[r] = rs;
+        for (int c = 0; c < C; ++c) out[(size_t)r * C + c] = (xr[c] - m) * rs * w[c] + b[c];
+    }
+    return s;
+}
+
+static vector<bf> random_bf(Rng& rng, size_t n, double scale, double offset) {
+    vector<bf> v(n);
+    for (auto& e : v) e = __float2bfloat16((float)(rng.normal() * scale + offset));
+    return v;
+}
+static vector<double> wide(const vector<bf>& v) {
+    vector<double> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = d(v[i]);
+    return r;
+}
+
+static bool check(int N, int C, emu::Order order) {
+    emu::order = order;
+    Rng rng{(uint64_t)(N * 7919 + C)};
+    const size_t n = (size_t)N * C;
+    vector<bf> x = random_bf(rng, n, 2.0, 0.5), y = random_bf(rng, n, 1.0, 0.0);
+    vector<bf> pb = random_bf(rng, C, 0.3, 0.0), w = random_bf(rng, C, 0.1, 1.0);
+    vector<bf> b = random_bf(rng, C, 0.1, 0.0), dout = random_bf(rng, n, 1.0, 0.0);
+    vector<bf> dinp0 = random_bf(rng, n, 0.5, 0.0);
+    vector<double> xd = wide(x), wd = wide(w), bd = wide(b);
+
+    // Reference.
+    vector<double> out_ref, rout_ref, res_ref(n);
+    Stats st = norm_ref(xd, wd, bd, N, C, out_ref);
+    for (size_t i = 0; i < n; ++i) res_ref[i] = xd[i] + d(y[i]) + d(pb[i % C]);
+    // The kernel normalises the residual it stores (bf16), as its comment says.
+    vector<double> res_stored(n);
+    for (size_t i = 0; i < n; ++i) res_stored[i] = d(__float2bfloat16((float)res_ref[i]));
+    Stats rst = norm_ref(res_stored, wd, bd, N, C, rout_ref);
+    vector<double> dinp_ref = wide(dinp0), dwb_ref(2 * C, 0.0);
+    for (int r = 0; r < N; ++r) {
+        double a = 0, bs = 0, m = st.mean[r], rs = st.rstd[r];
+        for (int c = 0; c < C; ++c) {
+            double g = wd[c] * d(dout[(size_t)r * C + c]);
+            a += g;
+            bs += g * (xd[(size_t)r * C + c] - m) * rs;
+        }
+        a /= C;
+        bs /= C;
+        for (int c = 0; c < C; ++c) {
+            size_t i = (size_t)r * C + c;
+            double nrm = (xd[i] - m) * rs, g = d(dout[i]);
+            dinp_ref[i] += (wd[c] * g - a - nrm * bs) * rs;
+            dwb_ref[c] += g * nrm;
+            dwb_ref[C + c] += g;
+        }
+    }
+
+    // Kernels; outputs poisoned with NaN.
+    const float nan = std::nanf("");
+    const bf bnan = __float2bfloat16(nan);
+    vector<bf> out(n, bnan), res(n, bnan), rout(n, bnan), dinp = dinp0, dwb(2 * C, bnan);
+    vector<float> mean(N, nan), rstd(N, nan), rmean(N, nan), rrstd(N, nan);
+    vector<float> partial((size_t)colsum_parts(N) * 2 * C, nan);
+    forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    residual_forward(res.data(), rout.data(), rmean.data(), rrstd.data(), x.data(), y.data(),
+                     pb.data(), w.data(), b.data(), N, C);
+    backward(dinp.data(), dwb.data(), partial.data(), dout.data(), x.data(), mean.data(),
+             rstd.data(), w.data(), N, C);
+
+    char label[64];
+    std::snprintf(label, sizeof label, "N %3d C %3d %-7s", N, C,
+                  order == emu::Order::forward ? "forward" : "reverse");
+    auto act = [&](const vector<bf>& t) {
+        return [&t, C](int i, int c) { return d(t[(size_t)i * C + c]); };
+    };
+    auto ref = [&](const vector<double>& t) {
+        return [&t, C](int i, int c) { return t[(size_t)i * C + c]; };
+    };
+    auto stat = [](const vector<float>& t) {
+        return [&t](int i, int) { return (double)t[i]; };
+    };
+    auto sref = [](const vector<double>& t) { return [&t](int i, int) { return t[i]; }; };
+    const double T = ACT_TOL, S = STAT_TOL, F = ROW_FLOOR;
+    bool ok = compare(label, "out", N, C, act(out), ref(out_ref), T, T, F);
+    ok &= compare(label, "mean", N, 1, stat(mean), sref(st.mean), S, 1.0, F);
+    ok &= compare(label, "rstd", N, 1, stat(rstd), sref(st.rstd), S, 1.0, F);
+    ok &= compare(label, "res", N, C, act(res), ref(res_ref), T, T, F);
+    ok &= compare(label, "rout", N, C, act(rout), ref(rout_ref), T, T, F);
+    ok &= compare(label, "rmean", N, 1, stat(rmean), sref(rst.mean), S, 1.0, F);
+    ok &= compare(label, "rrstd", N, 1, stat(rrstd), sref(rst.rstd), S, 1.0, F);
+    ok &= compare(label, "dinp", N, C, act(dinp), ref(dinp_ref), T, T, F);
+    auto dwb_got = [&](int, int c) { return d(dwb[c]); };
+    auto dwb_at = [&](int, int c) { return dwb_ref[c]; };
+    auto db_got = [&](int, int c) { return d(dwb[C + c]); };
+    auto db_at = [&](int, int c) { return dwb_ref[C + c]; };
+    ok &= compare(label, "dw", 1, C, dwb_got, dwb_at, T, T, F);
+    ok &= compare(label, "db", 1, C, db_got, db_at, T, T, F);
+    return ok;
+}
+
+int main() {
+    // (rows, C): one row of one pair; rows across blocks of 8 and C not a multiple of 64
+    // (lanes with fewer pairs); column pairs past one block of 32; several row chunks of
+    // layernorm_bwd_wb (64 rows each).
+    const int shapes[][2] = {{1, 2}, {13, 66}, {37, 200}, {130, 96}, {20, 768}};
+    int failed = 0, runs = 0;
+    for (auto& s : shapes)
+        for (auto order : {emu::Order::forward, emu::Order::reverse}) {
+            failed += !check(s[0], s[1], order);
+            ++runs;
+        }
+    std::printf("%s: %d of %d shape/order runs failed\n", failed ? "FAIL" : "PASS", failed,
+                runs);
+    return failed ? 1 : 0;
+}
