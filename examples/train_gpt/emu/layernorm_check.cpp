@@ -49,10 +49,10 @@ static void backward(bf* dinp, bf* dwb, float* partial, const bf* dout, const bf
 // ---- Tolerances ----
 // The activations are rounded to bf16 (at most half an ulp, 2^-8 = 3.9e-3 of the value);
 // sums are f32. Measured worst on the current kernels over every shape and order (the
-// lines this program prints), MAX / ROW: out 2.6e-3 / 2.1e-3, res 3.3e-3 / 2.0e-3, rout
-// (the layer norm of the stored bf16 residual) 2.7e-3 / 2.0e-3, dinp 2.7e-3 / 2.0e-3, dw
+// lines this program prints), MAX / ROW: out 2.7e-3 / 2.1e-3, res 3.2e-3 / 2.0e-3, rout
+// (the layer norm of the stored bf16 residual) 2.7e-3 / 2.1e-3, dinp 2.6e-3 / 2.1e-3, dw
 // 2.2e-3 / 1.7e-3, db 2.9e-3 / 1.8e-3 (dw and db: their C values as one row); the f32
-// statistics mean and rstd below 1.2e-7. ACT_TOL is 2.5x the rounding bound (3x the worst
+// statistics mean and rstd below 1.3e-7. ACT_TOL is 2.5x the rounding bound (3x the worst
 // measured); STAT_TOL leaves f32 sums over much wider rows room; a wrong index, a lost row
 // or pair, or a missing reduction step gives errors of order 1 (or NaN from the poisoned
 // shared memory and outputs).
@@ -176,9 +176,9 @@ static bool check(int N, int C, emu::Order order) {
 
 int main() {
     // (rows, C): one row of one pair; rows across blocks of 8 and C not a multiple of 64
-    // (lanes with fewer pairs); column pairs past one block of 32; several row chunks of
-    // layernorm_bwd_wb (64 rows each).
-    const int shapes[][2] = {{1, 2}, {13, 66}, {37, 200}, {130, 96}, {20, 768}};
+    // (lanes with fewer pairs); column pairs past one block of 32; 5 row chunks of
+    // layernorm_bwd_wb (64 rows each), so that colsum_finish's tree adds more than 4.
+    const int shapes[][2] = {{1, 2}, {13, 66}, {37, 200}, {260, 96}, {20, 768}};
     int failed = 0, runs = 0;
     for (auto& s : shapes)
         for (auto order : {emu::Order::forward, emu::Order::reverse}) {
