@@ -2,7 +2,9 @@
 //! source unchanged with the host C++ compiler (`$CXX`, else `c++`) against `emu/cuda_emu.h`
 //! (every CUDA thread a fiber, warp collectives exchanged lane by lane, cp.async deferred
 //! or immediate, two warp orders) and compare every output with a double-precision
-//! reference. Without a C++ compiler the tests print one `SKIPPED` line.
+//! reference: `attention_check` the bf16 kernels of `attention_mma.cu`, `layernorm_check`
+//! the bf16 layer norms of `kernels.cu`; `runtime_check` checks the emulator itself and
+//! its deadlock reports. Without a C++ compiler the tests print one `SKIPPED` line.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,13 +36,20 @@ impl Drop for TempDir {
     }
 }
 
-/// Compiles `emu/<program>.cpp`, runs it and asserts that it exits with success, printing
-/// its output; prints `SKIPPED` instead when no C++ compiler runs.
-fn compile_and_run(program: &str) {
+/// A check program compiled into a temporary directory of its own.
+struct Program {
+    name: String,
+    exe: PathBuf,
+    _dir: TempDir,
+}
+
+/// Compiles `emu/<program>.cpp` with `$CXX` (or `c++`), printing how long it took; `None`
+/// (after printing `SKIPPED`) when no C++ compiler runs.
+fn compile(program: &str) -> Option<Program> {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
     if Command::new(&cxx).arg("--version").output().is_err() {
         println!("SKIPPED: no C++ compiler ({cxx}) to build the kernel emulator's {program}");
-        return;
+        return None;
     }
     let dir = TempDir::new(program);
     let exe = dir.0.join(program);
@@ -60,23 +69,48 @@ fn compile_and_run(program: &str) {
         source.display(),
         String::from_utf8_lossy(&built.stderr)
     );
-    let compiled = start.elapsed();
-    let ran = Command::new(&exe)
-        .output()
-        .expect("running the check program");
-    let out = String::from_utf8_lossy(&ran.stdout);
-    let err = String::from_utf8_lossy(&ran.stderr);
-    println!("{out}{err}");
     println!(
-        "{program}: compiled in {:.1} s, ran in {:.1} s",
-        compiled.as_secs_f64(),
-        (start.elapsed() - compiled).as_secs_f64()
+        "{program}: compiled in {:.1} s",
+        start.elapsed().as_secs_f64()
     );
-    assert!(
-        ran.status.success(),
-        "{program} failed ({}):\n{out}{err}",
-        ran.status
-    );
+    Some(Program {
+        name: program.to_string(),
+        exe,
+        _dir: dir,
+    })
+}
+
+impl Program {
+    /// Runs the program with `args`, printing its output and how long it ran: its exit
+    /// code (`None` if a signal ended it) and its output (stdout, then stderr).
+    fn run(&self, args: &[&str]) -> (Option<i32>, String) {
+        let start = Instant::now();
+        let ran = Command::new(&self.exe)
+            .args(args)
+            .output()
+            .expect("running the check program");
+        let out = format!(
+            "{}{}",
+            String::from_utf8_lossy(&ran.stdout),
+            String::from_utf8_lossy(&ran.stderr)
+        );
+        println!("{out}");
+        println!(
+            "{} {args:?}: ran in {:.1} s, {}",
+            self.name,
+            start.elapsed().as_secs_f64(),
+            ran.status
+        );
+        (ran.status.code(), out)
+    }
+}
+
+/// Compiles and runs `emu/<program>.cpp`, asserting that it exits with success.
+fn compile_and_run(program: &str) {
+    if let Some(p) = compile(program) {
+        let (code, out) = p.run(&[]);
+        assert_eq!(code, Some(0), "{program} failed:\n{out}");
+    }
 }
 
 #[test]
@@ -87,4 +121,26 @@ fn attention_mma_kernels_match_the_reference_on_the_host_emulator() {
 #[test]
 fn layernorm_kernels_match_the_reference_on_the_host_emulator() {
     compile_and_run("layernorm_check");
+}
+
+#[test]
+fn host_emulator_models_collectives_orders_and_copies_and_reports_deadlocks() {
+    let Some(p) = compile("runtime_check") else {
+        return;
+    };
+    let (code, out) = p.run(&[]);
+    assert_eq!(code, Some(0), "runtime_check failed:\n{out}");
+    for faulty in [
+        "divergent-shuffle",
+        "different-collectives",
+        "mixed-collectives",
+        "barrier-after-exit",
+    ] {
+        let (code, out) = p.run(&[faulty]);
+        assert_eq!(code, Some(3), "{faulty}: no deadlock reported:\n{out}");
+        assert!(
+            out.contains("cuda_emu: ") && out.contains("deadlock"),
+            "{faulty}:\n{out}"
+        );
+    }
 }
