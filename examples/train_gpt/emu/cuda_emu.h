@@ -1,25 +1,31 @@
 // A CUDA device runtime on the host, for checking train_gpt's kernels without a GPU.
 //
 // Who it is for: tests that compile a kernel source (.cu) unchanged with a host C++
-// compiler (g++/clang++, -std=c++20 -fno-strict-aliasing, this directory on the include
-// path, HOST_EMULATION defined) and run its kernels on small shapes against a reference.
-// The source keeps its PTX (inline asm) in a section guarded by `#ifndef HOST_EMULATION`;
-// the end of this header gives host definitions of those wrappers.
+// compiler (g++ or clang++, -std=c++20, -fno-strict-aliasing for the kernels' type
+// punning, this directory on the include path for <cuda_bf16.h>, HOST_EMULATION defined)
+// and run its kernels on small shapes against a reference. The source keeps its PTX
+// (inline asm) in a section guarded by `#ifndef HOST_EMULATION`; the end of this header
+// defines those wrappers on the host: `mma`, `ex2`, `ldsm`, `ldsm_t`, `cp_async16`,
+// `cp_commit`, `cp_wait`, with the semantics their comments in the kernel sources state.
+//
+// Use: set `emu::order` and `emu::copies`, then `launch(kernel, dim3(gx, gy),
+// dim3(bx, by), args...)` runs the whole grid before it returns; "device" buffers are host
+// memory (std::vector), read and written by the kernels directly.
 //
 // What it models:
 // - Every CUDA thread of a block is a fiber (ucontext, one OS thread, 64 KiB stacks with
-//   a guard page). Blocks run one after another, so a `__shared__` array is a function
+//   a guard page). Blocks run one after another, so a `__shared__` array can be a function
 //   `static`: one copy, which only the block running now uses. The statics are placed in
 //   one linker section, filled with 0xff bytes (NaN as bf16 and f32) before each block, so
 //   a read of shared memory no thread of the block wrote shows up as NaN.
 // - A deterministic scheduler. A fiber runs until a sync point: `__syncthreads()` (block
-//   barrier) or a warp collective (`__shfl_*_sync`, and the kernels' ldmatrix and
+//   barrier) or a warp collective (`__shfl_xor_sync`, and the kernels' ldmatrix and
 //   mma.sync). A collective publishes each lane's operands (pointers into the lanes'
 //   stacks) in its warp's exchange and waits at a warp barrier; when the last lane of the
 //   warp arrives, every lane's outputs are computed from all lanes' inputs before any lane
 //   resumes (what each lane computing its own outputs between two warp barriers gives,
-//   with one fiber switch a lane instead of two). Between barriers the
-//   fibers run in a fixed order, `Order::forward` (warp 0 first) or `Order::reverse`, and
+//   with one fiber switch a lane instead of two). Between barriers the fibers run in a
+//   fixed order, `Order::forward` (warp 0 first, lane 0 first) or `Order::reverse`, and
 //   one warp runs as far as it can (up to a `__syncthreads`) before the next one starts:
 //   the largest skew between warps, so a missing `__syncthreads` changes results in one
 //   order or the other.
@@ -35,10 +41,12 @@
 //
 // What it does not model: timing, real concurrency (no data race is detected as such; a
 // race shows only if the order of warps changes a result), shared-memory bank conflicts,
-// memory fences and the memory model, registers and occupancy, __launch_bounds__, the
-// error of the device's approximate instructions (ex2.approx is exp2f here), out-of-bounds
-// accesses (use -fsanitize=address on the host for those), warps that diverge inside a
-// collective (every lane of the warp must take part; partial masks abort).
+// memory fences and the memory model (a global or shared store is visible at once),
+// registers and occupancy, __launch_bounds__, dynamic (extern) shared memory, blocks
+// running side by side (inter-block communication), the error of the device's
+// approximate instructions (ex2.approx is exp2f here), out-of-bounds accesses (use
+// -fsanitize=address on the host for those), warps that diverge inside a collective
+// (every lane of the warp must take part; a partial mask ends the run).
 #pragma once
 #include <ucontext.h>
 #include <sys/mman.h>
