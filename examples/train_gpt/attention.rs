@@ -8,7 +8,9 @@
 //! The forward pass reads q, k and v from the QKV product `(B, T, 3, NH, 64)` and writes
 //! `y` as `(B, T, NH, 64)` (the projection's input) and each row's log-sum-exp; the
 //! backward pass recomputes the probabilities from q, k and the log-sum-exp and writes
-//! dq, dk and dv into `dqkv` (`(B, T, 3, NH, 64)`). Only head size 64 is compiled.
+//! dq, dk and dv into `dqkv` (`(B, T, 3, NH, 64)`), with each row's `rowsum(dy ⊙ y)` on
+//! the way (a kernel of its own in `attention.cu`, computed by dq's kernel in
+//! `attention_mma.cu`). Only head size 64 is compiled.
 
 use crate::kernels::u32_of;
 use crate::launch::In;
@@ -21,8 +23,9 @@ pub const SOURCE: &str = include_str!("attention.cu");
 /// The register-tiled bf16 kernels' CUDA source.
 pub const SOURCE_MMA: &str = include_str!("attention_mma.cu");
 
-/// Rows per tile of [`SOURCE_MMA`] (`TILE`): queries per block, keys per tile.
-const MMA_TILE: usize = 64;
+/// Queries per block of [`SOURCE_MMA`]'s forward and dq kernels (`QT`), and keys per block
+/// of its dk/dv kernel (`TILE`).
+const MMA_TILES: (usize, usize) = (128, 64);
 
 /// The one head size the kernels are compiled for.
 pub const HEAD_SIZE: usize = 64;
@@ -38,7 +41,8 @@ pub fn tiles(bf16: bool) -> (usize, usize) {
 /// The fused attention kernels of one precision, compiled once per device.
 pub struct Attention {
     fwd: Kernel,
-    bwd_d: Kernel,
+    /// `rowsum(dy ⊙ y)` on its own ([`SOURCE`]); [`SOURCE_MMA`]'s dq kernel computes it.
+    bwd_d: Option<Kernel>,
     bwd_dq: Kernel,
     bwd_dkdv: Kernel,
     tiles: (usize, usize),
@@ -93,11 +97,7 @@ impl Attention {
             opts = opts.define("ACT_BF16", 1);
         }
         let (source, name, tiles) = if bf16 && mma {
-            (
-                SOURCE_MMA,
-                "train_gpt_attention_mma.cu",
-                (MMA_TILE, MMA_TILE),
-            )
+            (SOURCE_MMA, "train_gpt_attention_mma.cu", MMA_TILES)
         } else {
             (SOURCE, "train_gpt_attention.cu", tiles(bf16))
         };
@@ -106,7 +106,11 @@ impl Attention {
             .into_shared();
         Ok(Attention {
             fwd: module.kernel("attn_fwd")?,
-            bwd_d: module.kernel("attn_bwd_d")?,
+            bwd_d: if bf16 && mma {
+                None
+            } else {
+                Some(module.kernel("attn_bwd_d")?)
+            },
             bwd_dq: module.kernel("attn_bwd_dq")?,
             bwd_dkdv: module.kernel("attn_bwd_dkdv")?,
             tiles,
@@ -177,6 +181,36 @@ impl Attention {
         }
     }
 
+    /// `dsum = rowsum(dy ⊙ y)` with `attention.cu`'s `attn_bwd_d`: eight lanes a row.
+    fn dsum<'b>(
+        tg: &mut impl Issue<'b>,
+        kernel: &Kernel,
+        dsum: &'b impl In,
+        y: &'b impl In,
+        dy: &'b impl In,
+        (rr, tt, nn): (u32, u32, u32),
+    ) -> Result<()> {
+        let eight_lanes_a_row = LaunchConfig {
+            grid_dim: (rr.div_ceil(32), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: (float*, const act_t* ×2, unsigned ×3) matches attention.cu's
+        // attn_bwd_d; lanes of row r < B·T·NH read the 64 elements of row r of y and dy
+        // (B·T·NH·64, checked by `backward`, the one caller) and write one dsum entry
+        // (b·NH + h)·T + t < B·NH·T (checked there too).
+        unsafe {
+            tg.launch(kernel, eight_lanes_a_row)
+                .arg_written(dsum)
+                .arg(y)
+                .arg(dy)
+                .value(rr)
+                .value(tt)
+                .value(nn)
+                .launch()
+        }
+    }
+
     /// The backward pass of [`forward`](Self::forward): `dqkv` (dq, dk, dv, laid out
     /// as `qkv`; overwritten) from `dy` (as `y`), with `dsum` (`B·NH·T`, f32) holding
     /// `rowsum(dy ⊙ y)` on the way.
@@ -199,36 +233,22 @@ impl Attention {
         need("dy", dy.len(), n)?;
         need("lse", lse.len(), b * nh * t)?;
         need("dsum", dsum.len(), b * nh * t)?;
-        self.check_aligned(&[("qkv", qkv), ("dqkv", dqkv), ("dy", dy)])?;
+        self.check_aligned(&[("qkv", qkv), ("dqkv", dqkv), ("y", y), ("dy", dy)])?;
         let rows = b * t * nh;
         let (rr, tt, nn) = (rows as u32, t as u32, nh as u32);
         let scale = 1.0f32 / (hs as f32).sqrt();
-        let eight_lanes_a_row = LaunchConfig {
-            grid_dim: (rows.div_ceil(32) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: (float*, const act_t* ×2, unsigned ×3) matches attn_bwd_d; lanes of row
-        // r < B·T·NH read the 64 elements of row r of y and dy (B·T·NH·64, checked) and
-        // write one dsum entry (b·NH + h)·T + t < B·NH·T (checked).
-        unsafe {
-            tg.launch(&self.bwd_d, eight_lanes_a_row)
-                .arg_written(dsum)
-                .arg(y)
-                .arg(dy)
-                .value(rr)
-                .value(tt)
-                .value(nn)
-                .launch()?;
-        }
-        for (kernel, tile) in [(&self.bwd_dq, self.tiles.0), (&self.bwd_dkdv, self.tiles.1)] {
+        let (dq_grid, dkdv_grid) = (
+            Self::tiled(t, self.tiles.0, b * nh),
+            Self::tiled(t, self.tiles.1, b * nh),
+        );
+        if let Some(bwd_d) = &self.bwd_d {
+            Self::dsum(tg, bwd_d, dsum, y, dy, (rr, tt, nn))?;
             // SAFETY: (act_t*, const act_t* ×2, const float* ×2, unsigned ×2, float)
-            // matches attn_bwd_dq and attn_bwd_dkdv; block (x, y) reads rows < T of head
-            // y's q, k, v (qkv, checked), dy (checked), lse and dsum (B·NH·T, checked) and
-            // writes rows < T of head y's part of dqkv (3·B·T·C, checked): attn_bwd_dq its
-            // dq, attn_bwd_dkdv its dk and dv, disjoint from the dq rows the other wrote.
+            // matches attention.cu's attn_bwd_dq; block (x, y) reads rows < T of head y's q,
+            // k, v (qkv, checked), dy (checked), lse and dsum (B·NH·T, checked) and writes
+            // the dq rows < T of head y in dqkv (3·B·T·C, checked).
             unsafe {
-                tg.launch(kernel, Self::tiled(t, tile, b * nh))
+                tg.launch(&self.bwd_dq, dq_grid)
                     .arg_written(dqkv)
                     .arg(qkv)
                     .arg(dy)
@@ -239,6 +259,44 @@ impl Attention {
                     .value(scale)
                     .launch()?;
             }
+        } else {
+            // SAFETY: (bf16*, float*, const bf16* ×3, const float*, unsigned ×2, float)
+            // matches attention_mma.cu's attn_bwd_dq. Block (x, y) handles queries [q0, q0 +
+            // 128) of head y < B·NH, q0 = (gridDim.x - 1 - x)·128 < T: it reads rows < T of
+            // head y's q, k, v (qkv, checked), y and dy (B·T·C, checked) and lse (B·NH·T,
+            // checked), and writes the dq rows < T of head y in dqkv (3·B·T·C, checked) and
+            // dsum entries y·T + t, t < T (B·NH·T, checked). 16-byte accesses are at
+            // multiples of 8 elements from 16-byte aligned buffers (checked).
+            unsafe {
+                tg.launch(&self.bwd_dq, dq_grid)
+                    .arg_written(dqkv)
+                    .arg_written(dsum)
+                    .arg(qkv)
+                    .arg(y)
+                    .arg(dy)
+                    .arg(lse)
+                    .value(tt)
+                    .value(nn)
+                    .value(scale)
+                    .launch()?;
+            }
+        }
+        // SAFETY: (act_t*, const act_t* ×2, const float* ×2, unsigned ×2, float) matches
+        // attn_bwd_dkdv of both sources; block (x, y) reads rows < T of head y's q, k, v
+        // (qkv, checked), dy (checked), lse and dsum (B·NH·T, checked; dsum written by the
+        // launch before, on the same stream or capture) and writes the dk and dv rows < T
+        // of head y in dqkv (3·B·T·C, checked), disjoint from the dq rows written before.
+        unsafe {
+            tg.launch(&self.bwd_dkdv, dkdv_grid)
+                .arg_written(dqkv)
+                .arg(qkv)
+                .arg(dy)
+                .arg(lse)
+                .arg(dsum)
+                .value(tt)
+                .value(nn)
+                .value(scale)
+                .launch()?;
         }
         Ok(())
     }
@@ -284,6 +342,7 @@ mod tests {
             assert!(src.contains(&format!("#define HD {HEAD_SIZE}\n")));
             assert!(src.contains(&format!("#define NT {THREADS}\n")));
         }
-        assert!(SOURCE_MMA.contains(&format!("#define TILE {MMA_TILE}\n")));
+        assert!(SOURCE_MMA.contains(&format!("#define QT {}\n", MMA_TILES.0)));
+        assert!(SOURCE_MMA.contains(&format!("#define TILE {}\n", MMA_TILES.1)));
     }
 }

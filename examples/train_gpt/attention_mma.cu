@@ -1,14 +1,17 @@
 // Fused causal attention of train_gpt in bf16 on tensor cores through mma.sync
-// (m16n8k16, bf16 in, f32 accumulate), flash-attention-2 style: each warp of a block owns
-// 16 rows of a 64-row tile, its scores, probabilities and accumulators stay in registers,
-// and K, V (or Q, dO) tiles of 64 rows stream through shared memory, double-buffered: the
-// next tile's cp.async copies run while the current one is multiplied. Exponentials are
-// ex2.approx with the softmax scale folded into log2 units, one FFMA and one MUFU per
-// score (bf16 precision is what the products keep); the causal mask is applied only to
-// the tiles that need it (the diagonal one, and rows past T). Same interface and
-// layouts as attention.cu: q, k, v read from the QKV product (B, T, 3, NH, 64), y written
-// as (B, T, NH, 64), dq, dk, dv into dqkv (B, T, 3, NH, 64); head size 64; no atomics.
-// Every buffer is 16-byte aligned (the host checks).
+// (m16n8k16, bf16 in, f32 accumulate), flash-attention-2 style: scores, probabilities and
+// accumulators stay in registers, and K, V (or Q, dO) tiles of 64 rows stream through
+// shared memory, double-buffered: the next tile's cp.async copies run while the current
+// one is multiplied. The forward pass and dq take 128 queries a block, 32 a warp (two
+// m-tiles, so that each B fragment loaded from shared memory feeds two products); dk and
+// dv take 64 keys a block, 16 a warp. Exponentials are ex2.approx with the softmax scale
+// folded into log2 units, one FFMA and one MUFU per score (bf16 precision is what the
+// products keep); the causal mask is applied only where a warp's rows and a tile's keys
+// need it, and a warp skips tiles wholly after its rows. q, k, v are read from the QKV
+// product (B, T, 3, NH, 64), y written as (B, T, NH, 64), dq, dk, dv into dqkv
+// (B, T, 3, NH, 64); head size 64; no atomics. dq also computes D = rowsum(dy ⊙ y), which
+// dk and dv read: the dq kernel runs first. Every buffer is 16-byte aligned (the host
+// checks).
 //
 // Fragments of mma.m16n8k16 (g = lane / 4, q = lane % 4): A (16×16, row-major) regs
 // {row g, cols 2q..2q+1}, {row g+8, same}, {row g, cols 2q+8..+9}, {row g+8, same}; B (16×8)
@@ -20,6 +23,11 @@ typedef __nv_bfloat16 bf16;
 #define HD 64
 #define TILE 64
 #define NT 128
+// Queries per block (forward, dq) and per warp.
+#define QT 128
+#define WR 32
+// Keys a dq step takes at once (of a 64-key tile): a thread holds 2·KC/8 score fragments.
+#define KC 16
 // Tile rows: 144 bytes, so 32-bit fragment loads of rows g = 0..7 hit distinct banks.
 #define LDA (HD + 8)
 #define FULL 0xffffffffu
@@ -81,9 +89,11 @@ __device__ __forceinline__ void cp_wait(bool pending) {
 }
 #endif  // HOST_EMULATION
 
-// Whether a tile pair needs the causal mask: it holds the diagonal, or rows past T.
-__device__ __forceinline__ bool needs_mask(unsigned q0, unsigned k0, unsigned T) {
-    return q0 == k0 || q0 + TILE > T;
+// Whether rows r0 .. r0+rows-1 against keys k0 .. k0+keys-1 need the causal mask: some
+// key after some row, or rows past T (keys past T come only with one of those).
+__device__ __forceinline__ bool needs_mask(unsigned r0, unsigned rows, unsigned k0,
+                                           unsigned keys, unsigned T) {
+    return k0 + keys > r0 + 1 || r0 + rows > T;
 }
 
 // Two consecutive bf16 of a row (even index).
@@ -144,74 +154,110 @@ __device__ __forceinline__ void load_a(unsigned (*a)[4], const bf16* s, int row0
     }
 }
 
-// acc[j] = A · Bᵀ over the 64 columns: the warp's 16 rows (fragments a) against rows
-// j·8 .. j·8+7 of the tile s (B(k, n) = s[n][k]), j < NJ (8: the whole tile; 4: the 32
-// rows from s). One ldmatrix gives the B fragments of two k-steps: matrices at columns
-// 32h, +8, +16, +24.
-template <int NJ = 8>
-__device__ __forceinline__ void mm_abt(float (*acc)[4], unsigned (*a)[4], const bf16* s,
-                                       int lane) {
+// acc[m][j] = A_m · Bᵀ over the 64 columns: the warp's M m-tiles of 16 rows (fragments
+// a[m]) against rows j·8 .. j·8+7 of the tile s (B(k, n) = s[n][k]), j < NJ (8: 64 rows of
+// s; 4: 32 rows). One ldmatrix gives the B fragments of two k-steps (matrices at columns
+// 32h, +8, +16, +24), used by every m-tile.
+template <int M, int NJ>
+__device__ __forceinline__ void mm_abt(float (&acc)[M][NJ][4], const unsigned (&a)[M][4][4],
+                                       const bf16* s, int lane) {
     const bf16* base = s + (lane % 8) * LDA + (lane / 8) * 8;
     #pragma unroll
     for (int j = 0; j < NJ; ++j) {
-        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        #pragma unroll
+        for (int m = 0; m < M; ++m) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
             unsigned b[4];
             ldsm(b, base + j * 8 * LDA + h * 32);
-            mma(acc[j], a[2 * h], b[0], b[1]);
-            mma(acc[j], a[2 * h + 1], b[2], b[3]);
+            #pragma unroll
+            for (int m = 0; m < M; ++m) {
+                mma(acc[m][j], a[m][2 * h], b[0], b[1]);
+                mma(acc[m][j], a[m][2 * h + 1], b[2], b[3]);
+            }
         }
     }
 }
 
-// acc[j] += P · s over 16·NK rows of s (B(k, n) = s[k][n], columns j·8 .. j·8+7), P
-// given as A fragments p (NK k-steps over s's rows: 4, the whole tile; 2, the 32 rows
-// from s). One transposing ldmatrix gives the B fragments of two n-tiles: matrices at
-// (rows, columns) (0, 0), (8, 0), (0, 8), (8, 8) of the block.
-template <int NK = 4>
-__device__ __forceinline__ void mm_ab(float (*acc)[4], unsigned (*p)[4], const bf16* s,
-                                      int lane) {
-    const int m = lane / 8;
-    const bf16* base = s + ((m & 1) * 8 + lane % 8) * LDA + (m >> 1) * 8;
+// acc[m][j] += P_m · s over 16·NK rows of s (B(k, n) = s[k][n], columns j·8 .. j·8+7), P_m
+// given as A fragments p[m] (NK k-steps over s's rows). One transposing ldmatrix gives the
+// B fragments of two n-tiles (matrices at (rows, columns) (0, 0), (8, 0), (0, 8), (8, 8)
+// of the block), used by every m-tile.
+template <int M, int NK>
+__device__ __forceinline__ void mm_ab(float (&acc)[M][8][4], const unsigned (&p)[M][NK][4],
+                                      const bf16* s, int lane) {
+    const int mi = lane / 8;
+    const bf16* base = s + ((mi & 1) * 8 + lane % 8) * LDA + (mi >> 1) * 8;
     #pragma unroll
     for (int kk = 0; kk < NK; ++kk) {
         #pragma unroll
         for (int j = 0; j < 8; j += 2) {
             unsigned b[4];
             ldsm_t(b, base + kk * 16 * LDA + j * 8);
-            mma(acc[j], p[kk], b[0], b[1]);
-            mma(acc[j + 1], p[kk], b[2], b[3]);
+            #pragma unroll
+            for (int m = 0; m < M; ++m) {
+                mma(acc[m][j], p[m][kk], b[0], b[1]);
+                mma(acc[m][j + 1], p[m][kk], b[2], b[3]);
+            }
         }
     }
 }
 
-// Forward: grid (ceil(T/64), B·NH), 128 threads; warp w owns queries q0 + 16w .. +15.
-extern "C" __global__ void __launch_bounds__(NT)
+// Zeroes M m-tiles of 64-column accumulators.
+template <int M>
+__device__ __forceinline__ void zero(float (&acc)[M][8][4]) {
+    #pragma unroll
+    for (int m = 0; m < M; ++m)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
+}
+
+// A fragments of a warp's 32 rows (two m-tiles) from the 128-row staging of a block: rows
+// 0..63 in s0, 64..127 in s1.
+__device__ __forceinline__ void load_a32(unsigned (&a)[2][4][4], const bf16* s0, const bf16* s1,
+                                         int warp, int g, int q) {
+    const bf16* s = (warp < 2 ? s0 : s1) + (warp % 2) * WR * LDA;
+    load_a(a[0], s, 0, g, q);
+    load_a(a[1], s, 16, g, q);
+}
+
+// The row of C-fragment element e of m-tile m: r0 + 16m + g, + 8 for e ≥ 2.
+__device__ __forceinline__ unsigned frag_row(unsigned r0, int m, int g, int e) {
+    return r0 + 16 * m + g + (e < 2 ? 0 : 8);
+}
+
+// Forward: grid (ceil(T/128), B·NH), 128 threads; warp w owns queries w0 = q0 + 32w ..
+// w0+31, m-tile m its rows w0 + 16m .. +15.
+extern "C" __global__ void __launch_bounds__(NT, 2)
 attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float scale) {
-    __shared__ __align__(16) bf16 sQ[TILE * LDA];
     __shared__ __align__(16) bf16 sK[2][TILE * LDA];
     __shared__ __align__(16) bf16 sV[2][TILE * LDA];
-    const unsigned q0 = (gridDim.x - 1 - blockIdx.x) * TILE;
+    const unsigned q0 = (gridDim.x - 1 - blockIdx.x) * QT;
     const unsigned bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const idx_t C = (idx_t)NH * HD;
     const bf16* base = qkv + (idx_t)b * T * 3 * C + (idx_t)h * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const unsigned row0 = q0 + warp * 16 + g, row1 = row0 + 8;
-    load_tile(sQ, base, 3 * C, q0, T);
+    const unsigned w0 = q0 + warp * WR;
+    // The block's 128 queries through sK[1] and sV[1]; the first k and v tiles on their
+    // way into sK[0] and sV[0].
+    load_tile(sK[1], base, 3 * C, q0, T);
+    load_tile(sV[1], base, 3 * C, q0 + TILE, T);
     load_tile_async(sK[0], base + C, 3 * C, 0, T);
     load_tile_async(sV[0], base + 2 * C, 3 * C, 0, T);
     cp_commit();
     __syncthreads();
-    unsigned qa[4][4];
-    load_a(qa, sQ, warp * 16, g, q);
-    float o[8][4];
-    #pragma unroll
-    for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    // Scores in log2 units: s·scale·log2(e), so that exp(x·scale) = 2^(x·sl2).
+    unsigned qa[2][4][4];
+    load_a32(qa, sK[1], sV[1], warp, g, q);
+    __syncthreads();  // every warp has its fragments: sK[1] and sV[1] are free
+    float o[2][8][4];
+    zero(o);
+    // Scores in log2 units: s·scale·log2(e), so that exp(x·scale) = 2^(x·sl2). Row state
+    // [m][r]: the rows of m-tile m, r = 0 for row +g, 1 for +g+8.
     const float sl2 = scale * LOG2E;
-    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
-    const unsigned kend = umin(T, q0 + TILE);
+    float mx[2][2], l[2][2];
+    #pragma unroll
+    for (int m = 0; m < 2; ++m) mx[m][0] = mx[m][1] = NEG_INF, l[m][0] = l[m][1] = 0.0f;
+    const unsigned kend = umin(T, q0 + QT);
     for (unsigned k0 = 0, cur = 0; k0 < kend; k0 += TILE, cur ^= 1) {
         const bool next = k0 + TILE < kend;
         if (next) {  // into the buffers the last iteration was done with (synchronised)
@@ -221,170 +267,204 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
         }
         cp_wait(next);
         __syncthreads();  // every thread's copies of this tile have landed
-        float s[8][4];
-        mm_abt(s, qa, sK[cur], lane);
-        const bool mask = needs_mask(q0, k0, T);
-        float mx0 = NEG_INF, mx1 = NEG_INF;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        if (k0 < w0 + WR && w0 < T) {  // some key at or before some row of the warp
+            float s[2][8][4];
+            mm_abt<2, 8>(s, qa, sK[cur], lane);
+            const bool mask = needs_mask(w0, WR, k0, TILE, T);
+            unsigned pa[2][4][4];
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                unsigned key = k0 + j * 8 + 2 * q + (e & 1), row = e < 2 ? row0 : row1;
-                float v = s[j][e] * sl2;
-                if (mask && !(key <= row && key < T)) v = NEG_INF;
-                s[j][e] = v;
-                if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+            for (int m = 0; m < 2; ++m) {
+                float tm0 = NEG_INF, tm1 = NEG_INF;
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        unsigned key = k0 + j * 8 + 2 * q + (e & 1);
+                        unsigned row = frag_row(w0, m, g, e);
+                        float v = s[m][j][e] * sl2;
+                        if (mask && !(key <= row && key < T)) v = NEG_INF;
+                        s[m][j][e] = v;
+                        if (e < 2) tm0 = fmaxf(tm0, v); else tm1 = fmaxf(tm1, v);
+                    }
+                }
+                float mn0 = fmaxf(mx[m][0], quad_max(tm0)), mn1 = fmaxf(mx[m][1], quad_max(tm1));
+                // Rows with no key yet (only rows past T) keep exp() finite.
+                float ref0 = mn0 == NEG_INF ? 0.0f : mn0, ref1 = mn1 == NEG_INF ? 0.0f : mn1;
+                float alpha0 = ex2(mx[m][0] - ref0), alpha1 = ex2(mx[m][1] - ref1);
+                float ps0 = 0.0f, ps1 = 0.0f;
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    unsigned lo = pack(ex2(s[m][j][0] - ref0), ex2(s[m][j][1] - ref0), ps0);
+                    unsigned hi = pack(ex2(s[m][j][2] - ref1), ex2(s[m][j][3] - ref1), ps1);
+                    pa[m][j / 2][(j % 2) * 2] = lo;
+                    pa[m][j / 2][(j % 2) * 2 + 1] = hi;
+                }
+                l[m][0] = l[m][0] * alpha0 + quad_sum(ps0);
+                l[m][1] = l[m][1] * alpha1 + quad_sum(ps1);
+                mx[m][0] = mn0;
+                mx[m][1] = mn1;
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    o[m][j][0] *= alpha0;
+                    o[m][j][1] *= alpha0;
+                    o[m][j][2] *= alpha1;
+                    o[m][j][3] *= alpha1;
+                }
             }
+            mm_ab<2, 4>(o, pa, sV[cur], lane);
         }
-        float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-        // Rows with no key yet (only rows past T) keep exp() finite.
-        float ref0 = mn0 == NEG_INF ? 0.0f : mn0, ref1 = mn1 == NEG_INF ? 0.0f : mn1;
-        float alpha0 = ex2(m0 - ref0), alpha1 = ex2(m1 - ref1);
-        unsigned pa[4][4];
-        float ps0 = 0.0f, ps1 = 0.0f;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            unsigned lo = pack(ex2(s[j][0] - ref0), ex2(s[j][1] - ref0), ps0);
-            unsigned hi = pack(ex2(s[j][2] - ref1), ex2(s[j][3] - ref1), ps1);
-            pa[j / 2][(j % 2) * 2] = lo;
-            pa[j / 2][(j % 2) * 2 + 1] = hi;
-        }
-        l0 = l0 * alpha0 + quad_sum(ps0);
-        l1 = l1 * alpha1 + quad_sum(ps1);
-        m0 = mn0;
-        m1 = mn1;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            o[j][0] *= alpha0;
-            o[j][1] *= alpha0;
-            o[j][2] *= alpha1;
-            o[j][3] *= alpha1;
-        }
-        mm_ab(o, pa, sV[cur], lane);
         __syncthreads();  // every warp is done with sK[cur] and sV[cur]
     }
     bf16* yb = y + (idx_t)b * T * C + (idx_t)h * HD + 2 * q;
-    if (row0 < T) {
-        float inv = 1.0f / l0;
+    #pragma unroll
+    for (int m = 0; m < 2; ++m) {
         #pragma unroll
-        for (int j = 0; j < 8; ++j)
-            *(__nv_bfloat162*)(yb + (idx_t)row0 * C + j * 8) =
-                __floats2bfloat162_rn(o[j][0] * inv, o[j][1] * inv);
-        if (q == 0) lse[(idx_t)bh * T + row0] = m0 * LN2 + logf(l0);
-    }
-    if (row1 < T) {
-        float inv = 1.0f / l1;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j)
-            *(__nv_bfloat162*)(yb + (idx_t)row1 * C + j * 8) =
-                __floats2bfloat162_rn(o[j][2] * inv, o[j][3] * inv);
-        if (q == 0) lse[(idx_t)bh * T + row1] = m1 * LN2 + logf(l1);
+        for (int r = 0; r < 2; ++r) {
+            const unsigned row = frag_row(w0, m, g, 2 * r);
+            if (row < T) {
+                float inv = 1.0f / l[m][r];
+                #pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    *(__nv_bfloat162*)(yb + (idx_t)row * C + j * 8) =
+                        __floats2bfloat162_rn(o[m][j][2 * r] * inv, o[m][j][2 * r + 1] * inv);
+                if (q == 0) lse[(idx_t)bh * T + row] = mx[m][r] * LN2 + logf(l[m][r]);
+            }
+        }
     }
 }
 
-// Backward preprocessing: D[b,h,t] = Σ_d dy·y over the head's row. Eight lanes per row
-// (b·T + t)·NH + h of y and dy (B, T, NH, HD), lane p of the eight taking elements
-// p, p + 8, ..; 32 rows per block of 256.
-extern "C" __global__ void attn_bwd_d(float* D, const bf16* y, const bf16* dy, unsigned rows,
-                                      unsigned T, unsigned NH) {
-    unsigned row = blockIdx.x * 32 + threadIdx.x / 8, part = threadIdx.x % 8;
-    float s = 0.0f;
-    if (row < rows) {
-        const bf16* a = y + (idx_t)row * HD;
-        const bf16* g = dy + (idx_t)row * HD;
-        for (unsigned i = part; i < HD; i += 8)
-            s += __bfloat162float(a[i]) * __bfloat162float(g[i]);
-    }
-    // Every lane takes part: the shuffles name the whole warp.
-    for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(FULL, s, o);
-    if (row < rows && part == 0) {
-        unsigned h = row % NH, bt = row / NH, b = bt / T, t = bt % T;
-        D[((idx_t)b * NH + h) * T + t] = s;
+// D of the warp's 32 rows w0 .. w0+31 (D = Σ_d dy·y over the head's row; 0 past T) into
+// sd[0..31] and D[bh·T + t]: eight lanes a row, 16 bytes of y and dy each, four rows a pass.
+__device__ void rows_d(float* sd, float* D, const bf16* yb, const bf16* dyb, idx_t C,
+                       unsigned w0, unsigned bh, unsigned T, int lane) {
+    const int part = lane % 8;
+    #pragma unroll 1
+    for (int i = lane / 8; i < WR; i += 4) {
+        const unsigned t = w0 + i;
+        float s = 0.0f;
+        if (t < T) {
+            uint4 a = *(const uint4*)(yb + (idx_t)t * C + part * 8);
+            uint4 d = *(const uint4*)(dyb + (idx_t)t * C + part * 8);
+            const __nv_bfloat162* a2 = (const __nv_bfloat162*)&a;
+            const __nv_bfloat162* d2 = (const __nv_bfloat162*)&d;
+            #pragma unroll
+            for (int k = 0; k < 4; ++k)
+                s += __low2float(a2[k]) * __low2float(d2[k]) +
+                     __high2float(a2[k]) * __high2float(d2[k]);
+        }
+        // Every lane takes part: the shuffles name the whole warp.
+        for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(FULL, s, o);
+        if (part == 0) {
+            sd[i] = s;
+            if (t < T) D[(idx_t)bh * T + t] = s;
+        }
     }
 }
 
-// Backward, dq: block per 64 queries (warp w: 16), over the key tiles up to the diagonal:
-// dS = P ⊙ (dP − D)·scale, P = exp(scale·q·kᵀ − lse), dP = dy·vᵀ; dq = Σ dS·k. Each
-// key tile in two halves of 32 keys (a rolled loop), so that a thread holds the scores
-// of 32 keys, not 64: few enough registers for 3 blocks per SM.
-extern "C" __global__ void __launch_bounds__(NT, 3)
-attn_bwd_dq(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const float* D,
-            unsigned T, unsigned NH, float scale) {
-    __shared__ __align__(16) bf16 sA[2][TILE * LDA];
-    __shared__ __align__(16) bf16 sB[2][TILE * LDA];
-    const unsigned q0 = (gridDim.x - 1 - blockIdx.x) * TILE;
+// Backward, dq: block per 128 queries (warp w: w0 = q0 + 32w .. +31, as in the forward
+// pass), over the key tiles up to the block's last query: dS = P ⊙ (dP − D)·scale,
+// P = exp(scale·q·kᵀ − lse), dP = dy·vᵀ; dq = Σ dS·k. Each key tile in steps of KC keys
+// (a rolled loop), so that a thread holds the scores of KC keys, not 64. D of the block's
+// rows is computed here, written for attn_bwd_dkdv.
+extern "C" __global__ void __launch_bounds__(NT, 2)
+attn_bwd_dq(bf16* dqkv, float* D, const bf16* qkv, const bf16* y, const bf16* dy,
+            const float* lse, unsigned T, unsigned NH, float scale) {
+    __shared__ __align__(16) bf16 sK[2][TILE * LDA];
+    __shared__ __align__(16) bf16 sV[2][TILE * LDA];
+    __shared__ float sD[QT];
+    const unsigned q0 = (gridDim.x - 1 - blockIdx.x) * QT;
     const unsigned bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const idx_t C = (idx_t)NH * HD;
     const bf16* base = qkv + (idx_t)b * T * 3 * C + (idx_t)h * HD;
+    const bf16* dyb = dy + (idx_t)b * T * C + (idx_t)h * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const unsigned row0 = q0 + warp * 16 + g, row1 = row0 + 8;
-    // q and dy fragments of the warp's rows, through sA[1] and sB[1]; the first k and v
-    // tiles on their way into sA[0] and sB[0].
-    load_tile(sA[1], base, 3 * C, q0, T);
-    load_tile(sB[1], dy + (idx_t)b * T * C + (idx_t)h * HD, C, q0, T);
-    load_tile_async(sA[0], base + C, 3 * C, 0, T);
-    load_tile_async(sB[0], base + 2 * C, 3 * C, 0, T);
+    const unsigned w0 = q0 + warp * WR;
+    // q fragments through sK[1] and sV[1], then dy's; the first k and v tiles on their
+    // way into sK[0] and sV[0]; D of the warp's rows into sD.
+    load_tile(sK[1], base, 3 * C, q0, T);
+    load_tile(sV[1], base, 3 * C, q0 + TILE, T);
+    load_tile_async(sK[0], base + C, 3 * C, 0, T);
+    load_tile_async(sV[0], base + 2 * C, 3 * C, 0, T);
     cp_commit();
+    rows_d(sD + warp * WR, D, y + (idx_t)b * T * C + (idx_t)h * HD, dyb, C, w0, bh, T, lane);
     __syncthreads();
-    unsigned qa[4][4], da[4][4];
-    load_a(qa, sA[1], warp * 16, g, q);
-    load_a(da, sB[1], warp * 16, g, q);
-    __syncthreads();  // every warp has its fragments: sA[1] and sB[1] are free
-    // P = 2^(s·sl2 − lse·log2(e)): exp(s·scale − lse) in log2 units.
+    unsigned qa[2][4][4], da[2][4][4];
+    load_a32(qa, sK[1], sV[1], warp, g, q);
+    __syncthreads();  // every warp has its q fragments
+    load_tile(sK[1], dyb, C, q0, T);
+    load_tile(sV[1], dyb, C, q0 + TILE, T);
+    __syncthreads();
+    load_a32(da, sK[1], sV[1], warp, g, q);
+    __syncthreads();  // every warp has its dy fragments: sK[1] and sV[1] are free
+    // P = 2^(s·sl2 − lse·log2(e)): exp(s·scale − lse) in log2 units. Row statistics
+    // [m][r] as in the forward pass.
     const float sl2 = scale * LOG2E;
-    const float lse0 = row0 < T ? lse[(idx_t)bh * T + row0] * LOG2E : 0.0f;
-    const float lse1 = row1 < T ? lse[(idx_t)bh * T + row1] * LOG2E : 0.0f;
-    const float d0 = row0 < T ? D[(idx_t)bh * T + row0] : 0.0f;
-    const float d1 = row1 < T ? D[(idx_t)bh * T + row1] : 0.0f;
-    float dq[8][4];
+    float ls[2][2], ds[2][2];
     #pragma unroll
-    for (int j = 0; j < 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
-    const unsigned kend = umin(T, q0 + TILE);
+    for (int m = 0; m < 2; ++m) {
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const unsigned row = frag_row(w0, m, g, 2 * r);
+            ls[m][r] = row < T ? lse[(idx_t)bh * T + row] * LOG2E : 0.0f;
+            ds[m][r] = sD[row - q0];
+        }
+    }
+    float dq[2][8][4];
+    zero(dq);
+    const unsigned kend = umin(T, q0 + QT);
     for (unsigned k0 = 0, cur = 0; k0 < kend; k0 += TILE, cur ^= 1) {
         const bool next = k0 + TILE < kend;
         if (next) {  // k and v of the next tile
-            load_tile_async(sA[cur ^ 1], base + C, 3 * C, k0 + TILE, T);
-            load_tile_async(sB[cur ^ 1], base + 2 * C, 3 * C, k0 + TILE, T);
+            load_tile_async(sK[cur ^ 1], base + C, 3 * C, k0 + TILE, T);
+            load_tile_async(sV[cur ^ 1], base + 2 * C, 3 * C, k0 + TILE, T);
             cp_commit();
         }
         cp_wait(next);
         __syncthreads();
-        const bool mask = needs_mask(q0, k0, T);
-        #pragma unroll 1
-        for (int half = 0; half < 2; ++half) {
-            const bf16* hk = sA[cur] + half * 32 * LDA;  // keys k0 + 32·half ..
-            float s[4][4], dp[4][4];
-            mm_abt<4>(s, qa, hk, lane);
-            mm_abt<4>(dp, da, sB[cur] + half * 32 * LDA, lane);
-            unsigned dsa[2][4];
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                float ds[4];
+        if (k0 < w0 + WR && w0 < T) {  // some key at or before some row of the warp
+            const bool mask = needs_mask(w0, WR, k0, TILE, T);
+            #pragma unroll 1
+            for (int c = 0; c < TILE / KC; ++c) {
+                const bf16* ck = sK[cur] + c * KC * LDA;  // keys k0 + KC·c ..
+                float s[2][KC / 8][4], dp[2][KC / 8][4];
+                mm_abt<2, KC / 8>(s, qa, ck, lane);
+                mm_abt<2, KC / 8>(dp, da, sV[cur] + c * KC * LDA, lane);
+                unsigned dsa[2][KC / 16][4];
                 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    unsigned key = k0 + half * 32 + j * 8 + 2 * q + (e & 1);
-                    unsigned row = e < 2 ? row0 : row1;
-                    float l = e < 2 ? lse0 : lse1, dd = e < 2 ? d0 : d1;
-                    float p = ex2(s[j][e] * sl2 - l);
-                    if (mask && !(key <= row && row < T)) p = 0.0f;
-                    ds[e] = p * (dp[j][e] - dd) * scale;
+                for (int m = 0; m < 2; ++m) {
+                    #pragma unroll
+                    for (int j = 0; j < KC / 8; ++j) {
+                        float v[4];
+                        #pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            unsigned key = k0 + c * KC + j * 8 + 2 * q + (e & 1);
+                            unsigned row = frag_row(w0, m, g, e);
+                            float p = ex2(s[m][j][e] * sl2 - ls[m][e / 2]);
+                            if (mask && !(key <= row && row < T)) p = 0.0f;
+                            v[e] = p * (dp[m][j][e] - ds[m][e / 2]) * scale;
+                        }
+                        dsa[m][j / 2][(j % 2) * 2] = pack(v[0], v[1]);
+                        dsa[m][j / 2][(j % 2) * 2 + 1] = pack(v[2], v[3]);
+                    }
                 }
-                dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
-                dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
+                mm_ab<2, KC / 16>(dq, dsa, ck, lane);
             }
-            mm_ab<2>(dq, dsa, hk, lane);
         }
-        __syncthreads();  // every warp is done with sA[cur] and sB[cur]
+        __syncthreads();  // every warp is done with sK[cur] and sV[cur]
     }
     bf16* out = dqkv + (idx_t)b * T * 3 * C + (idx_t)h * HD + 2 * q;
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        if (row0 < T)
-            *(__nv_bfloat162*)(out + (idx_t)row0 * 3 * C + j * 8) =
-                __floats2bfloat162_rn(dq[j][0], dq[j][1]);
-        if (row1 < T)
-            *(__nv_bfloat162*)(out + (idx_t)row1 * 3 * C + j * 8) =
-                __floats2bfloat162_rn(dq[j][2], dq[j][3]);
+    for (int m = 0; m < 2; ++m) {
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const unsigned row = frag_row(w0, m, g, 2 * r);
+            if (row < T) {
+                #pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    *(__nv_bfloat162*)(out + (idx_t)row * 3 * C + j * 8) =
+                        __floats2bfloat162_rn(dq[m][j][2 * r], dq[m][j][2 * r + 1]);
+            }
+        }
     }
 }
 
@@ -401,8 +481,9 @@ __device__ void load_stats(float* sl, float* sd, const float* lse, const float* 
 
 // Backward, dk and dv: block per 64 keys (warp w: keys k0 + 16w .. +15), over the query
 // tiles from the diagonal on, with the transposed products: Sᵀ = k·qᵀ, dPᵀ = v·dyᵀ,
-// dv = Σ Pᵀ·dy, dk = Σ dSᵀ·q. Each query tile in two halves of 32 queries, as in
-// attn_bwd_dq.
+// dv = Σ Pᵀ·dy, dk = Σ dSᵀ·q. Each query tile in two halves of 32 queries (a rolled loop),
+// so that a thread holds the scores of 32 queries: few enough registers for 3 blocks an
+// SM. D is attn_bwd_dq's.
 extern "C" __global__ void __launch_bounds__(NT, 3)
 attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const float* D,
               unsigned T, unsigned NH, float scale) {
@@ -425,16 +506,13 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
     cp_commit();
     load_stats(sLse[0], sD[0], lse, D, bh, k0, T);
     __syncthreads();
-    unsigned ka[4][4], va[4][4];
-    load_a(ka, sQ[1], warp * 16, g, q);
-    load_a(va, sO[1], warp * 16, g, q);
+    unsigned ka[1][4][4], va[1][4][4];
+    load_a(ka[0], sQ[1], warp * 16, g, q);
+    load_a(va[0], sO[1], warp * 16, g, q);
     __syncthreads();  // every warp has its fragments: sQ[1] and sO[1] are free
-    float dk[8][4], dv[8][4];
-    #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = 0.0f;
-        dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.0f;
-    }
+    float dk[1][8][4], dv[1][8][4];
+    zero(dk);
+    zero(dv);
     const float sl2 = scale * LOG2E;
     for (unsigned q0 = k0, cur = 0; q0 < T; q0 += TILE, cur ^= 1) {
         const bool next = q0 + TILE < T;
@@ -448,15 +526,15 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
         __syncthreads();
         const float* sl = sLse[cur];
         const float* sd = sD[cur];
-        const bool mask = needs_mask(q0, k0, T);
+        const bool mask = needs_mask(q0, TILE, k0, TILE, T);
         #pragma unroll 1
         for (int half = 0; half < 2; ++half) {
             const bf16* hq = sQ[cur] + half * 32 * LDA;  // queries q0 + 32·half ..
             const bf16* ho = sO[cur] + half * 32 * LDA;
-            float st[4][4], dpt[4][4];
-            mm_abt<4>(st, ka, hq, lane);
-            mm_abt<4>(dpt, va, ho, lane);
-            unsigned pa[2][4], dsa[2][4];
+            float st[1][4][4], dpt[1][4][4];
+            mm_abt<1, 4>(st, ka, hq, lane);
+            mm_abt<1, 4>(dpt, va, ho, lane);
+            unsigned pa[1][2][4], dsa[1][2][4];
             #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 float p[4], ds[4];
@@ -464,17 +542,17 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
                 for (int e = 0; e < 4; ++e) {
                     int c = half * 32 + j * 8 + 2 * q + (e & 1);
                     unsigned row = q0 + c, key = e < 2 ? key0 : key1;
-                    p[e] = ex2(st[j][e] * sl2 - sl[c]);
+                    p[e] = ex2(st[0][j][e] * sl2 - sl[c]);
                     if (mask && !(key <= row && row < T)) p[e] = 0.0f;
-                    ds[e] = p[e] * (dpt[j][e] - sd[c]) * scale;
+                    ds[e] = p[e] * (dpt[0][j][e] - sd[c]) * scale;
                 }
-                pa[j / 2][(j % 2) * 2] = pack(p[0], p[1]);
-                pa[j / 2][(j % 2) * 2 + 1] = pack(p[2], p[3]);
-                dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
-                dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
+                pa[0][j / 2][(j % 2) * 2] = pack(p[0], p[1]);
+                pa[0][j / 2][(j % 2) * 2 + 1] = pack(p[2], p[3]);
+                dsa[0][j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
+                dsa[0][j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
             }
-            mm_ab<2>(dv, pa, ho, lane);
-            mm_ab<2>(dk, dsa, hq, lane);
+            mm_ab<1, 2>(dv, pa, ho, lane);
+            mm_ab<1, 2>(dk, dsa, hq, lane);
         }
         __syncthreads();  // every warp is done with this tile's buffers and statistics
     }
@@ -483,15 +561,15 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
     for (int j = 0; j < 8; ++j) {
         if (key0 < T) {
             *(__nv_bfloat162*)(out + (idx_t)key0 * 3 * C + C + j * 8) =
-                __floats2bfloat162_rn(dk[j][0], dk[j][1]);
+                __floats2bfloat162_rn(dk[0][j][0], dk[0][j][1]);
             *(__nv_bfloat162*)(out + (idx_t)key0 * 3 * C + 2 * C + j * 8) =
-                __floats2bfloat162_rn(dv[j][0], dv[j][1]);
+                __floats2bfloat162_rn(dv[0][j][0], dv[0][j][1]);
         }
         if (key1 < T) {
             *(__nv_bfloat162*)(out + (idx_t)key1 * 3 * C + C + j * 8) =
-                __floats2bfloat162_rn(dk[j][2], dk[j][3]);
+                __floats2bfloat162_rn(dk[0][j][2], dk[0][j][3]);
             *(__nv_bfloat162*)(out + (idx_t)key1 * 3 * C + 2 * C + j * 8) =
-                __floats2bfloat162_rn(dv[j][2], dv[j][3]);
+                __floats2bfloat162_rn(dv[0][j][2], dv[0][j][3]);
         }
     }
 }
