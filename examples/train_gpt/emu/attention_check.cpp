@@ -19,17 +19,17 @@ using std::vector;
 typedef __nv_bfloat16 bf;
 
 // ---- The launches, as attention.rs issues them (change them here with the kernels) ----
+// attn_fwd and attn_bwd_dq take QT queries a block, attn_bwd_dkdv TILE keys; NT threads.
+// attn_bwd_dq also writes dsum = rowsum(dy ⊙ y), which attn_bwd_dkdv reads: dq runs first.
 static unsigned cdiv(unsigned a, unsigned b) { return (a + b - 1) / b; }
 static void forward(bf* y, float* lse, const bf* qkv, unsigned B, unsigned T, unsigned NH,
                     float scale) {
-    launch(attn_fwd, dim3(cdiv(T, TILE), B * NH), dim3(NT), y, lse, qkv, T, NH, scale);
+    launch(attn_fwd, dim3(cdiv(T, QT), B * NH), dim3(NT), y, lse, qkv, T, NH, scale);
 }
 static void backward(bf* dqkv, float* dsum, const bf* qkv, const bf* y, const float* lse,
                      const bf* dy, unsigned B, unsigned T, unsigned NH, float scale) {
-    unsigned rows = B * T * NH;
-    launch(attn_bwd_d, dim3(cdiv(rows, 32)), dim3(256), dsum, y, dy, rows, T, NH);
-    launch(attn_bwd_dq, dim3(cdiv(T, TILE), B * NH), dim3(NT), dqkv, qkv, dy, lse,
-           (const float*)dsum, T, NH, scale);
+    launch(attn_bwd_dq, dim3(cdiv(T, QT), B * NH), dim3(NT), dqkv, dsum, qkv, y, dy, lse, T,
+           NH, scale);
     launch(attn_bwd_dkdv, dim3(cdiv(T, TILE), B * NH), dim3(NT), dqkv, qkv, dy, lse,
            (const float*)dsum, T, NH, scale);
 }
