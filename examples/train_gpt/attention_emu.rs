@@ -174,7 +174,8 @@ fn tiled(h: &Head, br: usize, bc: usize) -> [Vec<Vec<f32>>; 4] {
     [y, dq, dk, dv]
 }
 
-/// Softmax attention and its gradients in f64, the T×T way.
+/// Softmax attention and its gradients in f64, the T×T way (indexed as the formulas are).
+#[allow(clippy::needless_range_loop)]
 fn reference(h: &Head) -> [Vec<Vec<f32>>; 4] {
     let t = h.q.len();
     let scale = 1.0 / (HD as f64).sqrt();
