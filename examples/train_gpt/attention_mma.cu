@@ -6,7 +6,8 @@
 // m-tiles, so that each B fragment loaded from shared memory feeds two products); dk and
 // dv take 64 keys a block, 16 a warp. Exponentials are ex2.approx with the softmax scale
 // folded into log2 units, one FFMA and one MUFU per score (bf16 precision is what the
-// products keep); the causal mask is applied only where a warp's rows and a tile's keys
+// products keep); dS leaves out the softmax scale, which multiplies dq's and dk's sums
+// once (a power of two for head size 64: the same bits). The causal mask is applied only where a warp's rows and a tile's keys
 // need it, and a warp skips tiles wholly after its rows. q, k, v are read from the QKV
 // product (B, T, 3, NH, 64), y written as (B, T, NH, 64), dq, dk, dv into dqkv
 // (B, T, 3, NH, 64); head size 64; no atomics. dq also computes D = rowsum(dy ⊙ y), which
@@ -33,7 +34,6 @@ typedef __nv_bfloat16 bf16;
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000u)
 #define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 typedef unsigned long long idx_t;
 __device__ __forceinline__ unsigned umin(unsigned a, unsigned b) { return a < b ? a : b; }
 
@@ -251,8 +251,9 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
     __syncthreads();  // every warp has its fragments: sK[1] and sV[1] are free
     float o[2][8][4];
     zero(o);
-    // Scores in log2 units: s·scale·log2(e), so that exp(x·scale) = 2^(x·sl2). Row state
-    // [m][r]: the rows of m-tile m, r = 0 for row +g, 1 for +g+8.
+    // Row maxima of the raw scores s; exp((s − max)·scale) = 2^(s·sl2 − max·sl2), one FFMA
+    // and one ex2 a score. Row state [m][r]: the rows of m-tile m, r = 0 for row +g, 1 for
+    // +g+8.
     const float sl2 = scale * LOG2E;
     float mx[2][2], l[2][2];
     #pragma unroll
@@ -281,21 +282,23 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
                     for (int e = 0; e < 4; ++e) {
                         unsigned key = k0 + j * 8 + 2 * q + (e & 1);
                         unsigned row = frag_row(w0, m, g, e);
-                        float v = s[m][j][e] * sl2;
-                        if (mask && !(key <= row && key < T)) v = NEG_INF;
-                        s[m][j][e] = v;
-                        if (e < 2) tm0 = fmaxf(tm0, v); else tm1 = fmaxf(tm1, v);
+                        if (mask && !(key <= row && key < T)) s[m][j][e] = NEG_INF;
+                        if (e < 2) tm0 = fmaxf(tm0, s[m][j][e]);
+                        else tm1 = fmaxf(tm1, s[m][j][e]);
                     }
                 }
                 float mn0 = fmaxf(mx[m][0], quad_max(tm0)), mn1 = fmaxf(mx[m][1], quad_max(tm1));
                 // Rows with no key yet (only rows past T) keep exp() finite.
                 float ref0 = mn0 == NEG_INF ? 0.0f : mn0, ref1 = mn1 == NEG_INF ? 0.0f : mn1;
-                float alpha0 = ex2(mx[m][0] - ref0), alpha1 = ex2(mx[m][1] - ref1);
+                float alpha0 = ex2((mx[m][0] - ref0) * sl2), alpha1 = ex2((mx[m][1] - ref1) * sl2);
+                const float r0 = ref0 * sl2, r1 = ref1 * sl2;
                 float ps0 = 0.0f, ps1 = 0.0f;
                 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
-                    unsigned lo = pack(ex2(s[m][j][0] - ref0), ex2(s[m][j][1] - ref0), ps0);
-                    unsigned hi = pack(ex2(s[m][j][2] - ref1), ex2(s[m][j][3] - ref1), ps1);
+                    unsigned lo = pack(ex2(fmaf(s[m][j][0], sl2, -r0)),
+                                       ex2(fmaf(s[m][j][1], sl2, -r0)), ps0);
+                    unsigned hi = pack(ex2(fmaf(s[m][j][2], sl2, -r1)),
+                                       ex2(fmaf(s[m][j][3], sl2, -r1)), ps1);
                     pa[m][j / 2][(j % 2) * 2] = lo;
                     pa[m][j / 2][(j % 2) * 2 + 1] = hi;
                 }
@@ -327,7 +330,7 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
                 for (int j = 0; j < 8; ++j)
                     *(__nv_bfloat162*)(yb + (idx_t)row * C + j * 8) =
                         __floats2bfloat162_rn(o[m][j][2 * r] * inv, o[m][j][2 * r + 1] * inv);
-                if (q == 0) lse[(idx_t)bh * T + row] = mx[m][r] * LN2 + logf(l[m][r]);
+                if (q == 0) lse[(idx_t)bh * T + row] = mx[m][r] * scale + logf(l[m][r]);
             }
         }
     }
@@ -363,7 +366,8 @@ __device__ void rows_d(float* sd, float* D, const bf16* yb, const bf16* dyb, idx
 
 // Backward, dq: block per 128 queries (warp w: w0 = q0 + 32w .. +31, as in the forward
 // pass), over the key tiles up to the block's last query: dS = P ⊙ (dP − D)·scale,
-// P = exp(scale·q·kᵀ − lse), dP = dy·vᵀ; dq = Σ dS·k. Each key tile in steps of KC keys
+// P = exp(scale·q·kᵀ − lse), dP = dy·vᵀ; dq = Σ dS·k, with the factor scale applied to
+// the sum once. Each key tile in steps of KC keys
 // (a rolled loop), so that a thread holds the scores of KC keys, not 64. D of the block's
 // rows is computed here, written for attn_bwd_dkdv.
 extern "C" __global__ void __launch_bounds__(NT, 2)
@@ -441,7 +445,7 @@ attn_bwd_dq(bf16* dqkv, float* D, const bf16* qkv, const bf16* y, const bf16* dy
                             unsigned row = frag_row(w0, m, g, e);
                             float p = ex2(s[m][j][e] * sl2 - ls[m][e / 2]);
                             if (mask && !(key <= row && row < T)) p = 0.0f;
-                            v[e] = p * (dp[m][j][e] - ds[m][e / 2]) * scale;
+                            v[e] = p * (dp[m][j][e] - ds[m][e / 2]);
                         }
                         dsa[m][j / 2][(j % 2) * 2] = pack(v[0], v[1]);
                         dsa[m][j / 2][(j % 2) * 2 + 1] = pack(v[2], v[3]);
@@ -462,7 +466,8 @@ attn_bwd_dq(bf16* dqkv, float* D, const bf16* qkv, const bf16* y, const bf16* dy
                 #pragma unroll
                 for (int j = 0; j < 8; ++j)
                     *(__nv_bfloat162*)(out + (idx_t)row * 3 * C + j * 8) =
-                        __floats2bfloat162_rn(dq[m][j][2 * r], dq[m][j][2 * r + 1]);
+                        __floats2bfloat162_rn(dq[m][j][2 * r] * scale,
+                                              dq[m][j][2 * r + 1] * scale);
             }
         }
     }
@@ -544,7 +549,7 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
                     unsigned row = q0 + c, key = e < 2 ? key0 : key1;
                     p[e] = ex2(st[0][j][e] * sl2 - sl[c]);
                     if (mask && !(key <= row && row < T)) p[e] = 0.0f;
-                    ds[e] = p[e] * (dpt[0][j][e] - sd[c]) * scale;
+                    ds[e] = p[e] * (dpt[0][j][e] - sd[c]);  // scale: on dk's sum
                 }
                 pa[0][j / 2][(j % 2) * 2] = pack(p[0], p[1]);
                 pa[0][j / 2][(j % 2) * 2 + 1] = pack(p[2], p[3]);
@@ -561,13 +566,13 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
     for (int j = 0; j < 8; ++j) {
         if (key0 < T) {
             *(__nv_bfloat162*)(out + (idx_t)key0 * 3 * C + C + j * 8) =
-                __floats2bfloat162_rn(dk[0][j][0], dk[0][j][1]);
+                __floats2bfloat162_rn(dk[0][j][0] * scale, dk[0][j][1] * scale);
             *(__nv_bfloat162*)(out + (idx_t)key0 * 3 * C + 2 * C + j * 8) =
                 __floats2bfloat162_rn(dv[0][j][0], dv[0][j][1]);
         }
         if (key1 < T) {
             *(__nv_bfloat162*)(out + (idx_t)key1 * 3 * C + C + j * 8) =
-                __floats2bfloat162_rn(dk[0][j][2], dk[0][j][3]);
+                __floats2bfloat162_rn(dk[0][j][2] * scale, dk[0][j][3] * scale);
             *(__nv_bfloat162*)(out + (idx_t)key1 * 3 * C + 2 * C + j * 8) =
                 __floats2bfloat162_rn(dv[0][j][2], dv[0][j][3]);
         }
