@@ -136,9 +136,18 @@ impl Attention {
         Ok(())
     }
 
-    fn tiled(rows: usize, tile: usize, heads: usize) -> LaunchConfig {
+    /// A block per tile of `tile` rows and head: grid (tiles, heads), or for the mma
+    /// kernels (heads, tiles), so that every head's tiles of the most work (the last
+    /// queries', the first keys') start before any head's lighter ones and the grid ends on
+    /// light tiles.
+    fn tiled(&self, rows: usize, tile: usize, heads: usize) -> LaunchConfig {
+        let (tiles, heads) = (rows.div_ceil(tile) as u32, heads as u32);
         LaunchConfig {
-            grid_dim: (rows.div_ceil(tile) as u32, heads as u32, 1),
+            grid_dim: if self.aligned {
+                (heads, tiles, 1)
+            } else {
+                (tiles, heads, 1)
+            },
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         }
@@ -163,14 +172,14 @@ impl Attention {
         let (tt, nn) = (t as u32, nh as u32);
         let scale = 1.0f32 / (hs as f32).sqrt();
         // SAFETY: (act_t*, float*, const act_t*, unsigned ×2, float) matches attn_fwd
-        // of both sources. Block (x, y) handles queries [q0, q0 + BR) of head y < B·NH
-        // (the grid's y) with q0 = (gridDim.x - 1 - x)·BR < T (BR: `tiles.0`); it reads
-        // rows < T of q, k, v of that head inside qkv (3·B·T·C, checked), writes rows < T
-        // of y (B·T·C, checked) and lse entries y·T + t, t < T (B·NH·T, checked). Head
+        // of both sources. The block of tile i and head j < B·NH (`tiled`) handles queries
+        // [q0, q0 + BR) of head j with q0 = (tiles - 1 - i)·BR < T (BR: `tiles.0`); it
+        // reads rows < T of q, k, v of that head inside qkv (3·B·T·C, checked), writes
+        // rows < T of y (B·T·C, checked) and lse entries j·T + t, t < T (B·NH·T). Head
         // size 64 (checked) is the sources' HD; the 16-byte accesses of the mma kernels
         // are at multiples of 8 elements from 16-byte aligned buffers (checked).
         unsafe {
-            tg.launch(&self.fwd, Self::tiled(t, self.tiles.0, b * nh))
+            tg.launch(&self.fwd, self.tiled(t, self.tiles.0, b * nh))
                 .arg_written(y)
                 .arg_written(lse)
                 .arg(qkv)
@@ -238,15 +247,15 @@ impl Attention {
         let (rr, tt, nn) = (rows as u32, t as u32, nh as u32);
         let scale = 1.0f32 / (hs as f32).sqrt();
         let (dq_grid, dkdv_grid) = (
-            Self::tiled(t, self.tiles.0, b * nh),
-            Self::tiled(t, self.tiles.1, b * nh),
+            self.tiled(t, self.tiles.0, b * nh),
+            self.tiled(t, self.tiles.1, b * nh),
         );
         if let Some(bwd_d) = &self.bwd_d {
             Self::dsum(tg, bwd_d, dsum, y, dy, (rr, tt, nn))?;
             // SAFETY: (act_t*, const act_t* ×2, const float* ×2, unsigned ×2, float)
-            // matches attention.cu's attn_bwd_dq; block (x, y) reads rows < T of head y's q,
-            // k, v (qkv, checked), dy (checked), lse and dsum (B·NH·T, checked) and writes
-            // the dq rows < T of head y in dqkv (3·B·T·C, checked).
+            // matches attention.cu's attn_bwd_dq; the block of head j (`tiled`) reads rows < T
+            // of head j's q, k, v (qkv, checked), dy (checked), lse and dsum (B·NH·T,
+            // checked) and writes the dq rows < T of head j in dqkv (3·B·T·C, checked).
             unsafe {
                 tg.launch(&self.bwd_dq, dq_grid)
                     .arg_written(dqkv)
@@ -261,12 +270,12 @@ impl Attention {
             }
         } else {
             // SAFETY: (bf16*, float*, const bf16* ×3, const float*, unsigned ×2, float)
-            // matches attention_mma.cu's attn_bwd_dq. Block (x, y) handles queries [q0, q0 +
-            // 128) of head y < B·NH, q0 = (gridDim.x - 1 - x)·128 < T: it reads rows < T of
-            // head y's q, k, v (qkv, checked), y and dy (B·T·C, checked) and lse (B·NH·T,
-            // checked), and writes the dq rows < T of head y in dqkv (3·B·T·C, checked) and
-            // dsum entries y·T + t, t < T (B·NH·T, checked). 16-byte accesses are at
-            // multiples of 8 elements from 16-byte aligned buffers (checked).
+            // matches attention_mma.cu's attn_bwd_dq. The block of tile i and head j < B·NH
+            // handles queries [q0, q0 + 128), q0 = (tiles - 1 - i)·128 < T: it reads rows < T
+            // of head j's q, k, v (qkv, checked), y and dy (B·T·C, checked) and lse
+            // (B·NH·T, checked), and writes the dq rows < T of head j in dqkv (3·B·T·C,
+            // checked) and dsum entries j·T + t, t < T (B·NH·T, checked). 16-byte accesses
+            // are at multiples of 8 elements from 16-byte aligned buffers (checked).
             unsafe {
                 tg.launch(&self.bwd_dq, dq_grid)
                     .arg_written(dqkv)
@@ -282,10 +291,11 @@ impl Attention {
             }
         }
         // SAFETY: (act_t*, const act_t* ×2, const float* ×2, unsigned ×2, float) matches
-        // attn_bwd_dkdv of both sources; block (x, y) reads rows < T of head y's q, k, v
-        // (qkv, checked), dy (checked), lse and dsum (B·NH·T, checked; dsum written by the
-        // launch before, on the same stream or capture) and writes the dk and dv rows < T
-        // of head y in dqkv (3·B·T·C, checked), disjoint from the dq rows written before.
+        // attn_bwd_dkdv of both sources; the block of head j (`tiled`) reads rows < T of
+        // head j's q, k, v (qkv, checked), dy (checked), lse and dsum (B·NH·T, checked;
+        // dsum written by the launch before, on the same stream or capture) and writes the
+        // dk and dv rows < T of head j in dqkv (3·B·T·C, checked), disjoint from the dq
+        // rows written before.
         unsafe {
             tg.launch(&self.bwd_dkdv, dkdv_grid)
                 .arg_written(dqkv)

@@ -226,14 +226,15 @@ __device__ __forceinline__ unsigned frag_row(unsigned r0, int m, int g, int e) {
     return r0 + 16 * m + g + (e < 2 ? 0 : 8);
 }
 
-// Forward: grid (ceil(T/128), B·NH), 128 threads; warp w owns queries w0 = q0 + 32w ..
-// w0+31, m-tile m its rows w0 + 16m .. +15.
+// Forward: grid (B·NH, ceil(T/128)), 128 threads; heads in x, so that every head's
+// heaviest tiles (the last queries; for dk and dv the first keys) start first. Warp w
+// owns queries w0 = q0 + 32w .. w0+31, m-tile m its rows w0 + 16m .. +15.
 extern "C" __global__ void __launch_bounds__(NT, 2)
 attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float scale) {
     __shared__ __align__(16) bf16 sK[2][TILE * LDA];
     __shared__ __align__(16) bf16 sV[2][TILE * LDA];
-    const unsigned q0 = (gridDim.x - 1 - blockIdx.x) * QT;
-    const unsigned bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const unsigned q0 = (gridDim.y - 1 - blockIdx.y) * QT;
+    const unsigned bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const idx_t C = (idx_t)NH * HD;
     const bf16* base = qkv + (idx_t)b * T * 3 * C + (idx_t)h * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
@@ -376,8 +377,8 @@ attn_bwd_dq(bf16* dqkv, float* D, const bf16* qkv, const bf16* y, const bf16* dy
     __shared__ __align__(16) bf16 sK[2][TILE * LDA];
     __shared__ __align__(16) bf16 sV[2][TILE * LDA];
     __shared__ float sD[QT];
-    const unsigned q0 = (gridDim.x - 1 - blockIdx.x) * QT;
-    const unsigned bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const unsigned q0 = (gridDim.y - 1 - blockIdx.y) * QT;
+    const unsigned bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const idx_t C = (idx_t)NH * HD;
     const bf16* base = qkv + (idx_t)b * T * 3 * C + (idx_t)h * HD;
     const bf16* dyb = dy + (idx_t)b * T * C + (idx_t)h * HD;
@@ -484,19 +485,19 @@ __device__ void load_stats(float* sl, float* sd, const float* lse, const float* 
     }
 }
 
-// Backward, dk and dv: block per 64 keys (warp w: keys k0 + 16w .. +15), over the query
-// tiles from the diagonal on, with the transposed products: Sᵀ = k·qᵀ, dPᵀ = v·dyᵀ,
-// dv = Σ Pᵀ·dy, dk = Σ dSᵀ·q. Each query tile in two halves of 32 queries (a rolled loop),
-// so that a thread holds the scores of 32 queries: few enough registers for 3 blocks an
-// SM. D is attn_bwd_dq's.
+// Backward, dk and dv: block per 64 keys (grid (B·NH, ceil(T/64)); warp w: keys k0 + 16w
+// .. +15), over the query tiles from the diagonal on, with the transposed products:
+// Sᵀ = k·qᵀ, dPᵀ = v·dyᵀ, dv = Σ Pᵀ·dy, dk = Σ dSᵀ·q. Each query tile in two halves of 32
+// queries (a rolled loop), so that a thread holds the scores of 32 queries: few enough
+// registers for 3 blocks an SM. D is attn_bwd_dq's.
 extern "C" __global__ void __launch_bounds__(NT, 3)
 attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const float* D,
               unsigned T, unsigned NH, float scale) {
     __shared__ __align__(16) bf16 sQ[2][TILE * LDA];
     __shared__ __align__(16) bf16 sO[2][TILE * LDA];
     __shared__ float sLse[2][TILE], sD[2][TILE];
-    const unsigned k0 = blockIdx.x * TILE;
-    const unsigned bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const unsigned k0 = blockIdx.y * TILE;
+    const unsigned bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const idx_t C = (idx_t)NH * HD;
     const bf16* base = qkv + (idx_t)b * T * 3 * C + (idx_t)h * HD;
     const bf16* dyb = dy + (idx_t)b * T * C + (idx_t)h * HD;

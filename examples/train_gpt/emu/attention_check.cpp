@@ -24,13 +24,13 @@ typedef __nv_bfloat16 bf;
 static unsigned cdiv(unsigned a, unsigned b) { return (a + b - 1) / b; }
 static void forward(bf* y, float* lse, const bf* qkv, unsigned B, unsigned T, unsigned NH,
                     float scale) {
-    launch(attn_fwd, dim3(cdiv(T, QT), B * NH), dim3(NT), y, lse, qkv, T, NH, scale);
+    launch(attn_fwd, dim3(B * NH, cdiv(T, QT)), dim3(NT), y, lse, qkv, T, NH, scale);
 }
 static void backward(bf* dqkv, float* dsum, const bf* qkv, const bf* y, const float* lse,
                      const bf* dy, unsigned B, unsigned T, unsigned NH, float scale) {
-    launch(attn_bwd_dq, dim3(cdiv(T, QT), B * NH), dim3(NT), dqkv, dsum, qkv, y, dy, lse, T,
+    launch(attn_bwd_dq, dim3(B * NH, cdiv(T, QT)), dim3(NT), dqkv, dsum, qkv, y, dy, lse, T,
            NH, scale);
-    launch(attn_bwd_dkdv, dim3(cdiv(T, TILE), B * NH), dim3(NT), dqkv, qkv, dy, lse,
+    launch(attn_bwd_dkdv, dim3(B * NH, cdiv(T, TILE)), dim3(NT), dqkv, qkv, dy, lse,
            (const float*)dsum, T, NH, scale);
 }
 
