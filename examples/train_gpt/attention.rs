@@ -220,6 +220,36 @@ impl Attention {
         }
     }
 
+    /// A gradient kernel taking `(dqkv, qkv, dy, lse, dsum, T, NH, scale)`: attention.cu's
+    /// `attn_bwd_dq`, and `attn_bwd_dkdv` of both sources. `backward`, the one caller, has
+    /// checked every length.
+    fn grads<'b>(
+        tg: &mut impl Issue<'b>,
+        kernel: &Kernel,
+        grid: LaunchConfig,
+        dqkv: &'b impl In,
+        (qkv, dy, lse, dsum): (&'b impl In, &'b impl In, &'b impl In, &'b impl In),
+        (tt, nn, scale): (u32, u32, f32),
+    ) -> Result<()> {
+        // SAFETY: (act_t*, const act_t* ×2, const float* ×2, unsigned ×2, float) matches
+        // those kernels; the block of head j (`tiled`) reads rows < T of head j's q, k, v
+        // (qkv: 3·B·T·C), dy (B·T·C), lse and dsum (B·NH·T), and writes rows < T of head
+        // j in dqkv (3·B·T·C): attn_bwd_dq its dq, attn_bwd_dkdv its dk and dv, disjoint
+        // from each other.
+        unsafe {
+            tg.launch(kernel, grid)
+                .arg_written(dqkv)
+                .arg(qkv)
+                .arg(dy)
+                .arg(lse)
+                .arg(dsum)
+                .value(tt)
+                .value(nn)
+                .value(scale)
+                .launch()
+        }
+    }
+
     /// The backward pass of [`forward`](Self::forward): `dqkv` (dq, dk, dv, laid out
     /// as `qkv`; overwritten) from `dy` (as `y`), with `dsum` (`B·NH·T`, f32) holding
     /// `rowsum(dy ⊙ y)` on the way.
@@ -250,24 +280,10 @@ impl Attention {
             self.tiled(t, self.tiles.0, b * nh),
             self.tiled(t, self.tiles.1, b * nh),
         );
+        let grads = (qkv, dy, lse, dsum);
         if let Some(bwd_d) = &self.bwd_d {
             Self::dsum(tg, bwd_d, dsum, y, dy, (rr, tt, nn))?;
-            // SAFETY: (act_t*, const act_t* ×2, const float* ×2, unsigned ×2, float)
-            // matches attention.cu's attn_bwd_dq; the block of head j (`tiled`) reads rows < T
-            // of head j's q, k, v (qkv, checked), dy (checked), lse and dsum (B·NH·T,
-            // checked) and writes the dq rows < T of head j in dqkv (3·B·T·C, checked).
-            unsafe {
-                tg.launch(&self.bwd_dq, dq_grid)
-                    .arg_written(dqkv)
-                    .arg(qkv)
-                    .arg(dy)
-                    .arg(lse)
-                    .arg(dsum)
-                    .value(tt)
-                    .value(nn)
-                    .value(scale)
-                    .launch()?;
-            }
+            Self::grads(tg, &self.bwd_dq, dq_grid, dqkv, grads, (tt, nn, scale))?;
         } else {
             // SAFETY: (bf16*, float*, const bf16* ×3, const float*, unsigned ×2, float)
             // matches attention_mma.cu's attn_bwd_dq. The block of tile i and head j < B·NH
@@ -290,24 +306,8 @@ impl Attention {
                     .launch()?;
             }
         }
-        // SAFETY: (act_t*, const act_t* ×2, const float* ×2, unsigned ×2, float) matches
-        // attn_bwd_dkdv of both sources; the block of head j (`tiled`) reads rows < T of
-        // head j's q, k, v (qkv, checked), dy (checked), lse and dsum (B·NH·T, checked;
-        // dsum written by the launch before, on the same stream or capture) and writes the
-        // dk and dv rows < T of head j in dqkv (3·B·T·C, checked), disjoint from the dq
-        // rows written before.
-        unsafe {
-            tg.launch(&self.bwd_dkdv, dkdv_grid)
-                .arg_written(dqkv)
-                .arg(qkv)
-                .arg(dy)
-                .arg(lse)
-                .arg(dsum)
-                .value(tt)
-                .value(nn)
-                .value(scale)
-                .launch()?;
-        }
+        // dsum is written by the launch before, on the same stream or capture.
+        Self::grads(tg, &self.bwd_dkdv, dkdv_grid, dqkv, grads, (tt, nn, scale))?;
         Ok(())
     }
 }
