@@ -22,6 +22,10 @@ __device__ __forceinline__ act2_t st2(float a, float b) { return make_float2(a, 
 #endif
 // The row kernels (layer norms) read and write act2_t pairs: C is even and every row
 // pair-aligned (the host checks).
+// Pairs a lane of a row kernel keeps in registers between its passes over a row: rows of
+// up to 64·RP activations are read from global memory once, with all of a lane's loads
+// in flight together; wider rows read the rest again in each pass.
+#define RP 12
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000u)
 // No standard headers under NVRTC: the flat index type is spelled out.
@@ -140,7 +144,8 @@ extern "C" __global__ void layernorm_fwd(act_t* out, float* mean, float* rstd, c
 
 // res = x + y + pb[c] (a residual with its projection's bias), then out, mean, rstd = the
 // layer norm of res (as layernorm_fwd): one warp per row, 8 rows per block of 256, pairs
-// of columns. Each lane reads back the elements of res it wrote.
+// of columns, the first RP pairs of a lane held in registers; past those, each lane reads
+// back the elements of res it wrote.
 extern "C" __global__ void residual_layernorm_fwd(act_t* res, act_t* out, float* mean,
                                                   float* rstd, const act_t* x, const act_t* y,
                                                   const act_t* pb, const act_t* w,
@@ -154,33 +159,68 @@ extern "C" __global__ void residual_layernorm_fwd(act_t* res, act_t* out, float*
     const act2_t* p2 = (const act2_t*)pb;
     const act2_t* w2 = (const act2_t*)w;
     const act2_t* b2 = (const act2_t*)b;
+    // The lane's first RP pairs: every load issued before any store (res may be x).
+    act2_t v[RP], yv[RP], pv[RP];
+    #pragma unroll
+    for (int k = 0; k < RP; ++k) {
+        unsigned i = lane + 32 * k;
+        if (i < C2) { v[k] = x2[i]; yv[k] = y2[i]; pv[k] = p2[i]; }
+    }
     float s = 0.0f;
-    for (unsigned i = lane; i < C2; i += 32) {
+    #pragma unroll
+    for (int k = 0; k < RP; ++k) {
+        unsigned i = lane + 32 * k;
+        if (i < C2) {
+            float2 a = ld2(v[k]), c = ld2(yv[k]), p = ld2(pv[k]);
+            v[k] = st2(a.x + c.x + p.x, a.y + c.y + p.y);
+            r[i] = v[k];
+            float2 f = ld2(v[k]);
+            s += f.x + f.y;
+        }
+    }
+    for (unsigned i = lane + 32 * RP; i < C2; i += 32) {
         float2 a = ld2(x2[i]), c = ld2(y2[i]), p = ld2(p2[i]);
-        act2_t v = st2(a.x + c.x + p.x, a.y + c.y + p.y);
-        r[i] = v;
-        float2 f = ld2(v);
+        act2_t t = st2(a.x + c.x + p.x, a.y + c.y + p.y);
+        r[i] = t;
+        float2 f = ld2(t);
         s += f.x + f.y;
     }
     float m = warp_sum(s) / C;
     float var = 0.0f;
-    for (unsigned i = lane; i < C2; i += 32) {
-        float2 v = ld2(r[i]);
-        float d0 = v.x - m, d1 = v.y - m;
+    #pragma unroll
+    for (int k = 0; k < RP; ++k) {
+        if (lane + 32 * k < C2) {
+            float2 f = ld2(v[k]);
+            float d0 = f.x - m, d1 = f.y - m;
+            var += d0 * d0 + d1 * d1;
+        }
+    }
+    for (unsigned i = lane + 32 * RP; i < C2; i += 32) {
+        float2 f = ld2(r[i]);
+        float d0 = f.x - m, d1 = f.y - m;
         var += d0 * d0 + d1 * d1;
     }
     float rs = rsqrtf(warp_sum(var) / C + 1e-5f);
     act2_t* o = (act2_t*)(out + off);
-    for (unsigned i = lane; i < C2; i += 32) {
-        float2 v = ld2(r[i]), ww = ld2(w2[i]), bb = ld2(b2[i]);
-        o[i] = st2((v.x - m) * rs * ww.x + bb.x, (v.y - m) * rs * ww.y + bb.y);
+    #pragma unroll
+    for (int k = 0; k < RP; ++k) {
+        unsigned i = lane + 32 * k;
+        if (i < C2) {
+            float2 f = ld2(v[k]), ww = ld2(w2[i]), bb = ld2(b2[i]);
+            o[i] = st2((f.x - m) * rs * ww.x + bb.x, (f.y - m) * rs * ww.y + bb.y);
+        }
+    }
+    for (unsigned i = lane + 32 * RP; i < C2; i += 32) {
+        float2 f = ld2(r[i]), ww = ld2(w2[i]), bb = ld2(b2[i]);
+        o[i] = st2((f.x - m) * rs * ww.x + bb.x, (f.y - m) * rs * ww.y + bb.y);
     }
     if (lane == 0) { mean[row] = m; rstd[row] = rs; }
 }
 
 // Layer-norm backward, the input gradient: dinp += (w·dout − mean(w·dout) − norm ·
 // mean(w·dout·norm))·rstd, norm = (inp − mean)·rstd. One warp per row, 8 rows per block
-// of 256 (as layernorm_fwd), pairs of columns: many rows in flight hide the loads' latency.
+// of 256 (as layernorm_fwd), pairs of columns, the first RP pairs of a lane held in
+// registers: each lane's loads of a row are in flight together.
 extern "C" __global__ void layernorm_bwd_dx(act_t* dinp, const act_t* dout, const act_t* inp,
                                             const float* mean, const float* rstd,
                                             const act_t* w, unsigned N, unsigned C) {
@@ -190,9 +230,27 @@ extern "C" __global__ void layernorm_bwd_dx(act_t* dinp, const act_t* dout, cons
     const act2_t* x = (const act2_t*)(inp + off);
     const act2_t* d = (const act2_t*)(dout + off);
     const act2_t* w2 = (const act2_t*)w;
+    act2_t* di = (act2_t*)(dinp + off);
     float m = mean[row], r = rstd[row];
+    // The lane's first RP pairs of dout, inp and dinp, loaded together up front.
+    act2_t dv[RP], xv[RP], gv[RP];
+    #pragma unroll
+    for (int k = 0; k < RP; ++k) {
+        unsigned i = lane + 32 * k;
+        if (i < C2) { dv[k] = d[i]; xv[k] = x[i]; gv[k] = di[i]; }
+    }
     float a = 0.0f, bsum = 0.0f;
-    for (unsigned i = lane; i < C2; i += 32) {
+    #pragma unroll
+    for (int k = 0; k < RP; ++k) {
+        unsigned i = lane + 32 * k;
+        if (i < C2) {
+            float2 ww = ld2(w2[i]), dd = ld2(dv[k]), xx = ld2(xv[k]);
+            float dn0 = ww.x * dd.x, dn1 = ww.y * dd.y;
+            a += dn0 + dn1;
+            bsum += dn0 * (xx.x - m) * r + dn1 * (xx.y - m) * r;
+        }
+    }
+    for (unsigned i = lane + 32 * RP; i < C2; i += 32) {
         float2 ww = ld2(w2[i]), dd = ld2(d[i]), xx = ld2(x[i]);
         float dn0 = ww.x * dd.x, dn1 = ww.y * dd.y;
         a += dn0 + dn1;
@@ -200,8 +258,17 @@ extern "C" __global__ void layernorm_bwd_dx(act_t* dinp, const act_t* dout, cons
     }
     a = warp_sum(a) / C;
     bsum = warp_sum(bsum) / C;
-    act2_t* di = (act2_t*)(dinp + off);
-    for (unsigned i = lane; i < C2; i += 32) {
+    #pragma unroll
+    for (int k = 0; k < RP; ++k) {
+        unsigned i = lane + 32 * k;
+        if (i < C2) {
+            float2 ww = ld2(w2[i]), dd = ld2(dv[k]), xx = ld2(xv[k]), g = ld2(gv[k]);
+            float n0 = (xx.x - m) * r, n1 = (xx.y - m) * r;
+            di[i] = st2(g.x + (ww.x * dd.x - a - n0 * bsum) * r,
+                        g.y + (ww.y * dd.y - a - n1 * bsum) * r);
+        }
+    }
+    for (unsigned i = lane + 32 * RP; i < C2; i += 32) {
         float2 ww = ld2(w2[i]), dd = ld2(d[i]), xx = ld2(x[i]), g = ld2(di[i]);
         float n0 = (xx.x - m) * r, n1 = (xx.y - m) * r;
         di[i] = st2(g.x + (ww.x * dd.x - a - n0 * bsum) * r,

@@ -178,7 +178,7 @@ int main() {
     // (rows, C): one row of one pair; rows across blocks of 8 and C not a multiple of 64
     // (lanes with fewer pairs); column pairs past one block of 32; 5 row chunks of
     // layernorm_bwd_wb (64 rows each), so that colsum_finish's tree adds more than 4.
-    const int shapes[][2] = {{1, 2}, {13, 66}, {37, 200}, {260, 96}, {20, 768}};
+    const int shapes[][2] = {{1, 2}, {13, 66}, {37, 200}, {260, 96}, {20, 768}, {9, 1000}};
     int failed = 0, runs = 0;
     for (auto& s : shapes)
         for (auto order : {emu::Order::forward, emu::Order::reverse}) {
