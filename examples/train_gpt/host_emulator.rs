@@ -119,6 +119,11 @@ fn attention_mma_kernels_match_the_reference_on_the_host_emulator() {
 }
 
 #[test]
+fn tiled_fp32_attention_kernels_match_the_reference_on_the_host_emulator() {
+    compile_and_run("attention_tiled_check");
+}
+
+#[test]
 fn layernorm_kernels_match_the_reference_on_the_host_emulator() {
     compile_and_run("layernorm_check");
 }

@@ -10,7 +10,7 @@
 #define HOST_EMULATION
 #include "cuda_emu.h"
 #include "../attention_mma.cu"
-#include "compare.h"
+#include "attention_ref.h"
 
 #include <string>
 #include <vector>
@@ -55,69 +55,20 @@ static const double ROW_TOL_Y_DV = 2e-2, ROW_TOL_DQ_DK = 1e-1;
 
 static double d(bf v) { return __bfloat162float(v); }
 
-struct Ref {
-    vector<double> y, lse, dqkv;
-};
-
-// Causal softmax attention in double from the bf16 inputs, scale 1/8, and its gradients.
-static Ref reference(const vector<bf>& qkv, const vector<bf>& dy, int B, int T, int NH) {
-    const int C = NH * HD;
-    Ref r{vector<double>((size_t)B * T * C), vector<double>((size_t)B * NH * T),
-          vector<double>((size_t)3 * B * T * C, 0.0)};
-    auto at = [&](int b, int t, int which, int h) {
-        return ((size_t)(b * T + t) * 3 + which) * C + h * HD;
-    };
-    vector<double> p(T), dp(T);
-    for (int b = 0; b < B; ++b)
-        for (int h = 0; h < NH; ++h)
-            for (int t = 0; t < T; ++t) {
-                const bf* q = &qkv[at(b, t, 0, h)];
-                double mx = -1e300;
-                for (int j = 0; j <= t; ++j) {
-                    const bf* k = &qkv[at(b, j, 1, h)];
-                    double s = 0;
-                    for (int c = 0; c < HD; ++c) s += d(q[c]) * d(k[c]);
-                    p[j] = s / 8.0;
-                    mx = std::max(mx, p[j]);
-                }
-                double sum = 0;
-                for (int j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
-                for (int j = 0; j <= t; ++j) p[j] /= sum;
-                r.lse[((size_t)b * NH + h) * T + t] = mx + std::log(sum);
-                double* yr = &r.y[(size_t)(b * T + t) * C + h * HD];
-                for (int j = 0; j <= t; ++j)
-                    for (int c = 0; c < HD; ++c) yr[c] += p[j] * d(qkv[at(b, j, 2, h) + c]);
-                const bf* g = &dy[(size_t)(b * T + t) * C + h * HD];
-                double D = 0;
-                for (int c = 0; c < HD; ++c) D += d(g[c]) * yr[c];
-                for (int j = 0; j <= t; ++j) {
-                    double s = 0;
-                    for (int c = 0; c < HD; ++c) s += d(g[c]) * d(qkv[at(b, j, 2, h) + c]);
-                    double ds = p[j] * (s - D) / 8.0;
-                    double* dq = &r.dqkv[at(b, t, 0, h)];
-                    double* dk = &r.dqkv[at(b, j, 1, h)];
-                    double* dv = &r.dqkv[at(b, j, 2, h)];
-                    for (int c = 0; c < HD; ++c) {
-                        dq[c] += ds * d(qkv[at(b, j, 1, h) + c]);
-                        dk[c] += ds * d(q[c]);
-                        dv[c] += p[j] * d(g[c]);
-                    }
-                }
-            }
-    return r;
-}
-
 static bool check(int B, int T, int NH, emu::Order order, emu::Copies copies) {
     const int C = NH * HD;
     const size_t n = (size_t)B * T * C;
-    Rng rng{(uint64_t)(B * 1000003 + T * 1009 + NH)};
+    AttnInputs in = attention_inputs(B, T, NH, HD);
     vector<bf> qkv(3 * n), dy(n);
     for (size_t i = 0; i < 3 * n; ++i) {
-        bool is_q = (i / C) % 3 == 0;  // sharper attention: q twice the scale of k
-        qkv[i] = __float2bfloat16((float)(rng.normal() * (is_q ? 2.0 : 1.0)));
+        qkv[i] = __float2bfloat16((float)in.qkv[i]);
+        in.qkv[i] = d(qkv[i]);
     }
-    for (auto& v : dy) v = __float2bfloat16((float)rng.normal());
-    Ref ref = reference(qkv, dy, B, T, NH);
+    for (size_t i = 0; i < n; ++i) {
+        dy[i] = __float2bfloat16((float)in.dy[i]);
+        in.dy[i] = d(dy[i]);
+    }
+    AttnRef ref = attention_reference(in.qkv, in.dy, B, T, NH, HD);
 
     emu::order = order;
     emu::copies = copies;
@@ -132,38 +83,10 @@ static bool check(int B, int T, int NH, emu::Order order, emu::Copies copies) {
     std::snprintf(label, sizeof label, "B %d T %3d NH %d %-7s %-9s", B, T, NH,
                   order == emu::Order::forward ? "forward" : "reverse",
                   copies == emu::Copies::immediate ? "immediate" : "deferred");
-    // Rows (b, t, h) of y and of each part of dqkv, in the same order for kernel and ref.
-    auto yrow = [&](int i) { return (size_t)i * HD; };
-    auto part = [&](int which) {
-        return [=](int i) {
-            int h = i % NH, bt = i / NH;
-            return ((size_t)bt * 3 + which) * C + (size_t)h * HD;
-        };
-    };
-    const int rows = B * T * NH;
-    auto row_of = [&](const bf* t, auto off) {
-        return [=](int i, int c) { return d(t[off(i) + c]); };
-    };
-    auto ref_of = [&](const vector<double>& t, auto off) {
-        return [&t, off](int i, int c) { return t[off(i) + c]; };
-    };
-    bool ok = compare(label, "y", rows, HD, row_of(y.data(), yrow), ref_of(ref.y, yrow),
-                      MAX_TOL, ROW_TOL_Y_DV, ROW_FLOOR);
-    const char* names[3] = {"dq", "dk", "dv"};
-    const double row_tols[3] = {ROW_TOL_DQ_DK, ROW_TOL_DQ_DK, ROW_TOL_Y_DV};
-    for (int which = 0; which < 3; ++which)
-        ok &= compare(label, names[which], rows, HD, row_of(dqkv.data(), part(which)),
-                      ref_of(ref.dqkv, part(which)), MAX_TOL, row_tols[which], ROW_FLOOR);
-    double lerr = 0;
-    bool lfinite = true;
-    for (size_t i = 0; i < lse.size(); ++i) {
-        if (!std::isfinite(lse[i])) lfinite = false;
-        lerr = std::max(lerr, std::fabs(lse[i] - ref.lse[i]));
-    }
-    bool lok = lfinite && lerr <= LSE_TOL;
-    std::printf("%s lse abs %.2e (tol %.0e)%s  %s\n", label, lerr, LSE_TOL,
-                lfinite ? "" : "  non-finite", lok ? "ok" : "FAIL");
-    return ok && lok;
+    const AttnTol tol{MAX_TOL, ROW_TOL_Y_DV, ROW_TOL_DQ_DK, ROW_FLOOR, LSE_TOL};
+    return compare_attention(
+        label, ref, B, T, NH, HD, [&](size_t i) { return d(y[i]); },
+        [&](size_t i) { return d(dqkv[i]); }, [&](size_t i) { return (double)lse[i]; }, tol);
 }
 
 int main() {

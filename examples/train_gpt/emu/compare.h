@@ -10,7 +10,10 @@
 // reference `want(i, c)`. MAX: the largest |got − want| over the tensor / the
 // reference's largest |value|. ROW: per row, ‖got − want‖₂ / max(‖want row‖₂,
 // floor_frac · the tensor's RMS row norm): the floor keeps rows whose reference nearly
-// vanishes from amplifying absolute rounding noise. A non-finite output fails.
+// vanishes from amplifying absolute rounding noise. A reference that is zero everywhere
+// (an exact cancellation, such as the gradient of a softmax over one element) leaves
+// nothing to be relative to: its MAX and ROW are absolute errors (the checks' inputs are
+// of unit scale). A non-finite output fails.
 template <class Got, class Want>
 bool compare(const char* label, const char* name, int rows, int width, Got got, Want want,
              double max_tol, double row_tol, double floor_frac) {
@@ -21,7 +24,8 @@ bool compare(const char* label, const char* name, int rows, int width, Got got, 
             refmax = std::max(refmax, std::fabs(w));
             norms += w * w;
         }
-    double floor = floor_frac * std::sqrt(norms / std::max(rows, 1));
+    const double unit = refmax > 0 ? 0.0 : 1.0;  // an all-zero reference: absolute errors
+    double floor = std::max(floor_frac * std::sqrt(norms / std::max(rows, 1)), unit);
     bool finite = true;
     for (int i = 0; i < rows; ++i) {
         double e2 = 0, n2 = 0;
@@ -35,7 +39,7 @@ bool compare(const char* label, const char* name, int rows, int width, Got got, 
         double norm = std::max({std::sqrt(n2), floor, 1e-30});
         worst_row = std::max(worst_row, std::sqrt(e2) / norm);
     }
-    double rel = errmax / std::max(refmax, 1e-30);
+    double rel = errmax / std::max(refmax, unit);
     bool ok = finite && rel <= max_tol && worst_row <= row_tol;
     std::printf("%s %-5s max %.2e (tol %.0e)  row %.2e (tol %.0e)%s  %s\n", label, name, rel,
                 max_tol, worst_row, row_tol, finite ? "" : "  non-finite", ok ? "ok" : "FAIL");
