@@ -2,9 +2,13 @@
 //! source unchanged with the host C++ compiler (`$CXX`, else `c++`) against `emu/cuda_emu.h`
 //! (every CUDA thread a fiber, warp collectives exchanged lane by lane, cp.async deferred
 //! or immediate, two warp orders) and compare every output with a double-precision
-//! reference: `attention_check` the bf16 kernels of `attention_mma.cu`, `layernorm_check`
-//! the bf16 layer norms of `kernels.cu`; `runtime_check` checks the emulator itself and
-//! its deadlock reports. Without a C++ compiler the tests print one `SKIPPED` line.
+//! reference: `attention_check` the bf16 kernels of `attention_mma.cu`,
+//! `attention_tiled_check` the fp32 kernels of `attention.cu`, `layernorm_check` the bf16
+//! layer norms of `kernels.cu`, and `kernels_check`, built once with fp32 and once with
+//! bf16 activations, the rest of `kernels.cu` (embedding, bias, layout, softmax, GELU,
+//! cross-entropy, gradient norm and optimizer kernels); `runtime_check` checks the
+//! emulator itself and its deadlock reports. Without a C++ compiler the tests print one
+//! `SKIPPED` line.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -46,17 +50,25 @@ struct Program {
 /// Compiles `emu/<program>.cpp` with `$CXX` (or `c++`), printing how long it took; `None`
 /// (after printing `SKIPPED`) when no C++ compiler runs.
 fn compile(program: &str) -> Option<Program> {
+    compile_as(program, program, &[])
+}
+
+/// Compiles `emu/<program>.cpp` with the extra compiler arguments `defines` into an
+/// executable called `name`, as [`compile`] does.
+fn compile_as(program: &str, name: &str, defines: &[&str]) -> Option<Program> {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
     if Command::new(&cxx).arg("--version").output().is_err() {
-        println!("SKIPPED: no C++ compiler ({cxx}) to build the kernel emulator's {program}");
+        println!("SKIPPED: no C++ compiler ({cxx}) to build the kernel emulator's {name}");
         return None;
     }
-    let dir = TempDir::new(program);
-    let exe = dir.0.join(program);
+    let dir = TempDir::new(name);
+    let exe = dir.0.join(name);
     let source = emu_dir().join(format!("{program}.cpp"));
     let start = Instant::now();
     let built = Command::new(&cxx)
-        .args(["-std=c++20", "-O2", "-fno-strict-aliasing", "-I"])
+        .args(["-std=c++20", "-O2", "-fno-strict-aliasing"])
+        .args(defines)
+        .arg("-I")
         .arg(emu_dir())
         .arg(&source)
         .arg("-o")
@@ -69,12 +81,9 @@ fn compile(program: &str) -> Option<Program> {
         source.display(),
         String::from_utf8_lossy(&built.stderr)
     );
-    println!(
-        "{program}: compiled in {:.1} s",
-        start.elapsed().as_secs_f64()
-    );
+    println!("{name}: compiled in {:.1} s", start.elapsed().as_secs_f64());
     Some(Program {
-        name: program.to_string(),
+        name: name.to_string(),
         exe,
         _dir: dir,
     })
@@ -107,9 +116,14 @@ impl Program {
 
 /// Compiles and runs `emu/<program>.cpp`, asserting that it exits with success.
 fn compile_and_run(program: &str) {
-    if let Some(p) = compile(program) {
+    run_to_success(compile(program));
+}
+
+/// Runs a compiled check program, asserting that it exits with success.
+fn run_to_success(program: Option<Program>) {
+    if let Some(p) = program {
         let (code, out) = p.run(&[]);
-        assert_eq!(code, Some(0), "{program} failed:\n{out}");
+        assert_eq!(code, Some(0), "{} failed:\n{out}", p.name);
     }
 }
 
@@ -126,6 +140,20 @@ fn tiled_fp32_attention_kernels_match_the_reference_on_the_host_emulator() {
 #[test]
 fn layernorm_kernels_match_the_reference_on_the_host_emulator() {
     compile_and_run("layernorm_check");
+}
+
+#[test]
+fn fp32_kernels_match_the_reference_on_the_host_emulator() {
+    run_to_success(compile_as("kernels_check", "kernels_check_fp32", &[]));
+}
+
+#[test]
+fn bf16_kernels_match_the_reference_on_the_host_emulator() {
+    run_to_success(compile_as(
+        "kernels_check",
+        "kernels_check_bf16",
+        &["-DACT_BF16=1"],
+    ));
 }
 
 #[test]
