@@ -598,8 +598,9 @@ int main() {
         // gradient, C past one block of 32 columns, the full vocabulary of 256.
         for (auto s : {std::array<unsigned, 4>{1, 1, 1, 1}, {2, 5, 3, 7}, {2, 300, 70, 256}})
             tally(check_encoder(s[0], s[1], s[2], s[3], order));
-        // (N, C): one pair; rows and column pairs ragged; 300 rows in 5 chunks, 35 pairs.
-        for (auto s : {std::array<unsigned, 2>{1, 2}, {13, 66}, {300, 70}})
+        // (N, C): one pair; rows and column pairs ragged; 300 rows in 5 chunks, 35 pairs;
+        // 129 chunks, past colsum_finish's 128 threads.
+        for (auto s : {std::array<unsigned, 2>{1, 2}, {13, 66}, {300, 70}, {8256, 2}})
             tally(check_bias(s[0], s[1], order));
         for (auto s : {std::array<unsigned, 4>{1, 1, 1, 1}, {2, 7, 3, 5}, {2, 37, 2, 64}})
             tally(check_permute(s[0], s[1], s[2], s[3], order));
