@@ -2,8 +2,9 @@
 //! tile loops (loop bounds, causal masks, online softmax, the log-sum-exp the backward pass
 //! reuses) at sequence lengths that are not multiples of the tiles, and its `attn_bwd_d`
 //! reduction. The addressing expressions are also looked up in the source, so the
-//! emulation cannot drift from it silently. `attention_mma.cu` runs whole, unchanged, on
-//! the host emulator instead (`emu/`, the `mma_kernels_on_the_host_emulator` test).
+//! emulation cannot drift from it silently. Both sources also run whole, unchanged, on the
+//! host emulator (`emu/`, the `host_emulator` tests): `attention_mma.cu` in bf16,
+//! `attention.cu` in fp32.
 
 use super::SOURCE;
 

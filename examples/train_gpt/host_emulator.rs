@@ -3,12 +3,11 @@
 //! (every CUDA thread a fiber, warp collectives exchanged lane by lane, cp.async deferred
 //! or immediate, two warp orders) and compare every output with a double-precision
 //! reference: `attention_check` the bf16 kernels of `attention_mma.cu`,
-//! `attention_tiled_check` the fp32 kernels of `attention.cu`, `layernorm_check` the bf16
-//! layer norms of `kernels.cu`, and `kernels_check`, built once with fp32 and once with
-//! bf16 activations, the rest of `kernels.cu` (embedding, bias, layout, softmax, GELU,
-//! cross-entropy, gradient norm and optimizer kernels); `runtime_check` checks the
-//! emulator itself and its deadlock reports. Without a C++ compiler the tests print one
-//! `SKIPPED` line.
+//! `attention_tiled_check` the fp32 kernels of `attention.cu`; built once with fp32 and
+//! once with bf16 activations, `layernorm_check` the layer norms of `kernels.cu` and
+//! `kernels_check` the rest of it (embedding, bias, layout, softmax, GELU, cross-entropy,
+//! gradient norm and optimizer kernels); `runtime_check` checks the emulator itself and
+//! its deadlock reports. Without a C++ compiler the tests print one `SKIPPED` line.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -138,8 +137,17 @@ fn tiled_fp32_attention_kernels_match_the_reference_on_the_host_emulator() {
 }
 
 #[test]
-fn layernorm_kernels_match_the_reference_on_the_host_emulator() {
-    compile_and_run("layernorm_check");
+fn fp32_layernorm_kernels_match_the_reference_on_the_host_emulator() {
+    run_to_success(compile_as("layernorm_check", "layernorm_check_fp32", &[]));
+}
+
+#[test]
+fn bf16_layernorm_kernels_match_the_reference_on_the_host_emulator() {
+    run_to_success(compile_as(
+        "layernorm_check",
+        "layernorm_check_bf16",
+        &["-DACT_BF16=1"],
+    ));
 }
 
 #[test]

@@ -8,6 +8,16 @@
 // defines those wrappers on the host: `mma`, `ex2`, `ldsm`, `ldsm_t`, `cp_async16`,
 // `cp_commit`, `cp_wait`, with the semantics their comments in the kernel sources state.
 //
+// The check programs beside it, each comparing a source's kernels (launched as the Rust
+// wrappers launch them) with a double-precision reference: attention_check.cpp the bf16
+// kernels of attention_mma.cu; attention_tiled_check.cpp the fp32 kernels of attention.cu;
+// layernorm_check.cpp the bf16 layer norms of kernels.cu; kernels_check.cpp, built with
+// fp32 and with bf16 activations, the rest of kernels.cu (encoder_fwd, encoder_bwd_wpe,
+// encoder_bwd_wte_partial/_finish, colsum_partial/_finish, bias_add, permute_qkv,
+// unpermute, softmax_causal_fwd/_bwd, gelu_fwd/_bwd, xent, sum_finish, sumsq_partial,
+// adamw, cast_weights); runtime_check.cpp this header itself. compare.h and
+// attention_ref.h hold their shared comparison and attention reference.
+//
 // Use: set `emu::order` and `emu::copies`, then `launch(kernel, dim3(gx, gy),
 // dim3(bx, by), args...)` runs the whole grid before it returns; "device" buffers are host
 // memory (std::vector), read and written by the kernels directly.
@@ -44,7 +54,9 @@
 // memory fences and the memory model (a global or shared store is visible at once),
 // registers and occupancy, __launch_bounds__, dynamic (extern) shared memory, blocks
 // running side by side (inter-block communication), the error of the device's
-// approximate instructions (ex2.approx is exp2f here), out-of-bounds accesses (use
+// approximate instructions (ex2.approx is exp2f here; expf, tanhf and the other math
+// functions are the host's), wmma (nvcuda::wmma fragments: attention.cu's bf16 path
+// does not compile here), out-of-bounds accesses (use
 // -fsanitize=address on the host for those), warps that diverge inside a collective
 // (every lane of the warp must take part; a partial mask ends the run).
 #pragma once

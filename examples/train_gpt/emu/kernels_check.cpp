@@ -298,7 +298,8 @@ static bool check_encoder(unsigned B, unsigned T, unsigned C, unsigned V, emu::O
 // The bias gradient (column sums, C even) and bias_add (any C).
 static bool check_bias(unsigned N, unsigned C, emu::Order order) {
     Rng rng{(uint64_t)(N * 7919 + C)};
-    vector<act_t> dout = random_act(rng, (size_t)N * C, 1.0), y0 = random_act(rng, (size_t)N * C, 1.0);
+    vector<act_t> dout = random_act(rng, (size_t)N * C, 1.0);
+    vector<act_t> y0 = random_act(rng, (size_t)N * C, 1.0);
     vector<act_t> b = random_act(rng, C, 1.0);
     const unsigned parts = colsum_parts(N);
     vector<act_t> db(C, NAN_ACT), y = y0;
@@ -494,8 +495,8 @@ static bool check_xent(unsigned N, unsigned V, const float* grad, emu::Order ord
     cross_entropy(dlogits.data(), losses.data(), loss.data(), logits.data(), targets.data(), N,
                   V, grad);
 
-    std::string label =
-        label_of("xent", order, "N %u V %u grad %s", N, V, grad ? std::to_string(*grad).substr(0, 3).c_str() : "no");
+    std::string label = grad ? label_of("xent", order, "N %u V %u grad %.2g", N, V, *grad)
+                             : label_of("xent", order, "N %u V %u grad none", N, V);
     const char* l = label.c_str();
     auto ref = [](const vector<double>& t, int w) {
         return [&t, w](int i, int c) { return t[(size_t)i * w + c]; };
