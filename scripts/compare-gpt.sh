@@ -8,7 +8,8 @@
 #     train_gpt takes --precision bf16, else in fp32; the last loss within 2 %.
 #  3. Throughput at --model small and --model gpt2 (COMPARE_GPT2_BATCH, default 8):
 #     train_gpt eager (and --graph, when it takes it), PyTorch eager (SDPA) and
-#     torch.compile, in fp32 and bf16: a markdown table of tokens/s, MFU and peak memory.
+#     torch.compile, in fp32 and bf16: a markdown table of tokens/s, MFU, peak memory
+#     and gpubind's step and submit times (no host synchronisation inside a step).
 #  4. loss-curves.png (matplotlib) of step 2's runs, with the logs and the table, into
 #     $OUT (default /tmp/compare-gpt).
 #
@@ -131,20 +132,23 @@ if [[ ${COMPARE_SKIP_BENCH:-0} != 1 ]]; then
         tps=$(sed -n 's/.*tokens_per_s=\([^ ]*\).*/\1/p' <<<"$line")
         mfu=$(sed -n 's/.* mfu=\([^ ]*\).*/\1/p' <<<"$line")
         mem=$(sed -n 's/.*peak_mem_gib=\([^ ]*\).*/\1/p' <<<"$line")
+        step=$(sed -n 's/.* step_ms=\([^ ]*\).*/\1/p' <<<"$line")
+        submit=$(sed -n 's/.* submit_ms=\([^ ]*\).*/\1/p' <<<"$line")
         echo "$line"
-        printf '| %s | %s | %s | %s | %s | %.1f %% | %s |\n' "$model" "$batch" "$prec" "$label" "$tps" \
-          "$(awk -v m="$mfu" 'BEGIN{print 100*m}')" "$mem" >>"$rows"
+        printf '| %s | %s | %s | %s | %s | %.1f %% | %s | %s |\n' "$model" "$batch" "$prec" "$label" "$tps" \
+          "$(awk -v m="$mfu" 'BEGIN{print 100*m}')" "$mem" "${step:+$step / $submit}" >>"$rows"
       done
     done
   done
   {
     echo
-    echo "| model | batch | precision | implementation | tokens/s | MFU | peak memory (GiB) |"
-    echo "|---|---|---|---|---|---|---|"
+    echo "| model | batch | precision | implementation | tokens/s | MFU | peak memory (GiB) | step / submit (ms) |"
+    echo "|---|---|---|---|---|---|---|---|"
     cat "$rows"
     echo
     echo "MFU: fp32 against 67 TFLOP/s, bf16 against 989 TFLOP/s (H200 dense peaks)."
     echo "Peak memory: gpubind, device memory in use (cuMemGetInfo); torch, max_memory_reserved."
+    echo "Step / submit: gpubind's wall time per step and the part of it train_step takes to enqueue the step."
   } | tee "$DEST/compare-gpt-table.md"
 fi
 rm -rf "$WORK"

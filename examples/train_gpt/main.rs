@@ -54,9 +54,13 @@
 //! fp32, whose products run without tensor cores, 989 TFLOP/s BF16 for bf16) and the
 //! device memory gpubind's allocations hold, now and at their peak
 //! ([`Device::memory_usage`](gpubind::Device::memory_usage): the model, its activations,
-//! cuBLAS workspaces and collective staging; not the CUDA context or library handles).
-//! The last line is machine-readable:
-//! `RESULT impl=gpubind mode=eager|graph precision=fp32|bf16 model=M batch=B tokens_per_s=X mfu=F peak_mem_gib=G`.
+//! cuBLAS workspaces and collective staging; not the CUDA context or library handles),
+//! and the step's submit time: how long `train_step` takes to enqueue the whole step (the
+//! batch's upload included). A step that waited for its own GPU work on the host would
+//! take as long to submit as to run; a step without host synchronisation submits in a
+//! fraction of its run time, the GPU working meanwhile.
+//! The last line is machine-readable, over the timed steps (all but the first 5):
+//! `RESULT impl=gpubind mode=eager|graph precision=fp32|bf16 model=M batch=B tokens_per_s=X mfu=F peak_mem_gib=G step_ms=S submit_ms=U`.
 //!
 //! `--dump-init DIR` writes, without touching a GPU, `init.safetensors` (the initial
 //! weights under `scripts/torch_gpt.py`'s `state_dict` names), `batches.u64` (every
@@ -588,19 +592,22 @@ fn train_with<T: Act>(
     let hp = AdamW::default();
     let val = data::val_starts(data.val.len(), t, b, a.eval_batches);
     let flops_per_step = cfg.flops_per_token() * (b * t) as f64;
-    let (mut timed_steps, mut timed_s) = (0usize, 0f64);
+    let (mut timed_steps, mut timed_s, mut timed_submit_s) = (0usize, 0f64, 0f64);
     gpu.device().reset_peak_memory_usage();
     let mut losses = Vec::new();
     for step in start..a.steps {
         let t0 = Instant::now();
         let (x, y) = data::make_batch(&data.train, &order[step * b..(step + 1) * b], t);
+        let submit_start = Instant::now();
         st.train_step(gpu, &mut s, (&x, &y), &sched.device_values(step, &hp))?;
+        let submit = submit_start.elapsed().as_secs_f64();
         let loss = gpu.dtoh(&st.model().loss)?[0];
         let dt = t0.elapsed().as_secs_f64();
         let mem = gpu.device().memory_usage();
         if step >= start + 5.min((a.steps - start) / 2) {
             timed_steps += 1;
             timed_s += dt;
+            timed_submit_s += submit;
         }
         println!("step {} loss {loss:.6}", step + 1);
         losses.push(loss);
@@ -614,13 +621,15 @@ fn train_with<T: Act>(
         if done % a.log_every == 0 || done == a.steps {
             let tps = (b * t) as f64 / dt;
             println!(
-                "progress step {done}/{} loss {loss:.4} lr {:.3e} {:.0} tokens/s mfu {:.1}% mem {:.2} GiB (peak {:.2} GiB)",
+                "progress step {done}/{} loss {loss:.4} lr {:.3e} {:.0} tokens/s mfu {:.1}% mem {:.2} GiB (peak {:.2} GiB) step {:.2} ms (submit {:.2} ms)",
                 a.steps,
                 sched.lr_at(step),
                 tps,
                 100.0 * flops_per_step / dt / (T::PEAK_TFLOPS * 1e12),
                 mem.in_use as f64 / GIB,
-                mem.peak as f64 / GIB
+                mem.peak as f64 / GIB,
+                dt * 1e3,
+                submit * 1e3
             );
         }
         if a.eval_every > 0 && (done % a.eval_every == 0 || done == a.steps) {
@@ -653,13 +662,16 @@ fn train_with<T: Act>(
     } else {
         0.0
     };
+    let per_step = |total_s: f64| 1e3 * total_s / timed_steps.max(1) as f64;
     println!(
-        "RESULT impl=gpubind mode={} precision={} model={} batch={b} tokens_per_s={tps:.0} mfu={:.4} peak_mem_gib={:.2}",
+        "RESULT impl=gpubind mode={} precision={} model={} batch={b} tokens_per_s={tps:.0} mfu={:.4} peak_mem_gib={:.2} step_ms={:.3} submit_ms={:.3}",
         st.mode(),
         T::PRECISION,
         a.model,
         tps * cfg.flops_per_token() / (T::PEAK_TFLOPS * 1e12),
-        gpu.device().memory_usage().peak as f64 / GIB
+        gpu.device().memory_usage().peak as f64 / GIB,
+        per_step(timed_s),
+        per_step(timed_submit_s)
     );
     Ok(losses)
 }
