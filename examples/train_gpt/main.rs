@@ -59,7 +59,8 @@
 //! batch's upload included). A step that waited for its own GPU work on the host would
 //! take as long to submit as to run; a step without host synchronisation submits in a
 //! fraction of its run time, the GPU working meanwhile.
-//! The last line is machine-readable, over the timed steps (all but the first 5):
+//! The last line is machine-readable, over the timed steps (all but the first 5, or the
+//! first half of a run of fewer than 10):
 //! `RESULT impl=gpubind mode=eager|graph precision=fp32|bf16 model=M batch=B tokens_per_s=X mfu=F peak_mem_gib=G step_ms=S submit_ms=U`.
 //!
 //! `--dump-init DIR` writes, without touching a GPU, `init.safetensors` (the initial

@@ -11,8 +11,8 @@
 // The check programs beside it, each comparing a source's kernels (launched as the Rust
 // wrappers launch them) with a double-precision reference: attention_check.cpp the bf16
 // kernels of attention_mma.cu; attention_tiled_check.cpp the fp32 kernels of attention.cu;
-// layernorm_check.cpp the bf16 layer norms of kernels.cu; kernels_check.cpp, built with
-// fp32 and with bf16 activations, the rest of kernels.cu (encoder_fwd, encoder_bwd_wpe,
+// built with fp32 and with bf16 activations, layernorm_check.cpp the layer norms of
+// kernels.cu and kernels_check.cpp the rest of it (encoder_fwd, encoder_bwd_wpe,
 // encoder_bwd_wte_partial/_finish, colsum_partial/_finish, bias_add, permute_qkv,
 // unpermute, softmax_causal_fwd/_bwd, gelu_fwd/_bwd, xent, sum_finish, sumsq_partial,
 // adamw, cast_weights); runtime_check.cpp this header itself. compare.h and
