@@ -4,9 +4,10 @@
 #
 #   bash scripts/ab-train-gpt.sh .gpu-bin/alt/train_gpt_base .gpu-bin/alt/train_gpt_new ...
 #
-# Build the binaries here with scripts/build-gpt-builds.sh. Each build first runs two
-# quick checks (--model small: --precision bf16 --check-graph, and --devices 0,0
-# --check-dp); those that pass are timed at --model gpt2 --batch 32 --precision bf16
+# Build the binaries here with scripts/build-gpt-builds.sh. Each build first runs three
+# quick checks (--check-attention-quick: the fused attention kernels against the unfused
+# path; --model small: --precision bf16 --check-graph, and --devices 0,0 --check-dp);
+# those that pass are timed at --model gpt2 --batch 32 --precision bf16
 # --graph (AB_ARGS replaces these), AB_ROUNDS rounds (default 2) interleaved so that clock
 # and thermal drift fall on every build alike, AB_STEPS steps each (default 30, the first
 # 5 untimed). Prints each run's RESULT line and, last, `ab-train-gpt: fastest NAME
@@ -19,10 +20,12 @@ ARGS=${AB_ARGS:---model gpt2 --batch 32 --precision bf16 --graph}
 (($# > 0)) || { echo "usage: $0 TRAIN_GPT_BINARY..." >&2; exit 2; }
 ok=()
 for b in "$@"; do
+  a="check-attention-quick: FAIL"
+  timeout 120 "$b" --check-attention-quick >/dev/null 2>&1 && a="check-attention-quick: PASS"
   g=$(timeout 60 "$b" --model small --steps 50 --precision bf16 --check-graph 2>&1 | grep -E "check-graph|rror" | tail -1)
   d=$(timeout 60 "$b" --model small --steps 20 --devices 0,0 --check-dp 2>&1 | grep -E "check-dp|rror" | tail -1)
-  echo "ab-train-gpt: $b: $g | $d"
-  [[ $g == *PASS* && $d == *PASS* ]] && ok+=("$b")
+  echo "ab-train-gpt: $b: $a | $g | $d"
+  [[ $a == *PASS* && $g == *PASS* && $d == *PASS* ]] && ok+=("$b")
 done
 ((${#ok[@]} > 0)) || { echo "ab-train-gpt: no build passed its checks"; exit 1; }
 declare -A sum
