@@ -6,10 +6,12 @@
 #     COMPARE_FP32_TOL (relative, default 0.001) of PyTorch's.
 #  2. 500 steps (COMPARE_LONG_STEPS): PyTorch bf16 autocast against train_gpt in bf16 when
 #     train_gpt takes --precision bf16, else in fp32; the last loss within 2 %.
-#  3. Throughput at --model small and --model gpt2 (COMPARE_GPT2_BATCH, default 8):
+#  3. Throughput at --model small and --model gpt2 (COMPARE_GPT2_BATCH, default max):
 #     train_gpt eager (and --graph, when it takes it), PyTorch eager (SDPA) and
 #     torch.compile, in fp32 and bf16: a markdown table of tokens/s, MFU, peak memory
-#     and gpubind's step and submit times (no host synchronisation inside a step).
+#     and gpubind's step and submit times (no host synchronisation inside a step). A
+#     batch of `max` is, for each precision, the largest power of two at or under
+#     train_gpt --max-batch (the largest batch whose buffers fit in the free memory).
 #  4. loss-curves.png (matplotlib) of step 2's runs, with the logs and the table, into
 #     $OUT (default /tmp/compare-gpt).
 #
@@ -27,7 +29,7 @@ PY=${PYTHON:-python3}
 TOL=${COMPARE_FP32_TOL:-0.001}
 LONG=${COMPARE_LONG_STEPS:-500}
 BENCH_STEPS=${COMPARE_BENCH_STEPS:-30}
-GPT2_BATCH=${COMPARE_GPT2_BATCH:-8}
+GPT2_BATCH=${COMPARE_GPT2_BATCH:-max}
 SPECS=${COMPARE_SPECS:-small 8,small 32,gpt2 $GPT2_BATCH}
 PRECISIONS=${COMPARE_PRECISIONS:-fp32 bf16}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -110,10 +112,20 @@ if [[ ${COMPARE_SKIP_BENCH:-0} != 1 ]]; then
   IFS=, read -ra specs <<<"$SPECS"
   for spec in "${specs[@]}"; do
     set -- $spec
-    model=$1 batch=$2
-    dir=$WORK/bench-$model-$batch
-    "$BIN" --model "$model" --batch "$batch" --steps "$BENCH_STEPS" --dump-init "$dir" >/dev/null || { failed=1; continue; }
+    model=$1 want=$2
     for prec in $PRECISIONS; do
+      batch=$want
+      if [[ $want == max ]]; then
+        # The largest power of two at or under train_gpt's largest batch: PyTorch's
+        # caching allocator reserves somewhat more than gpubind's buffers at one batch.
+        max=$("$BIN" --model "$model" --precision "$prec" --max-batch | sed -n 's/^max-batch \([0-9]*\).*/\1/p')
+        [[ ${max:-0} -gt 0 ]] || { echo "compare-gpt: $model $prec: no batch fits"; failed=1; continue; }
+        batch=1
+        while ((batch * 2 <= max)); do batch=$((batch * 2)); done
+        echo "compare-gpt: $model $prec: largest batch $max, timing batch $batch"
+      fi
+      dir=$WORK/bench-$model-$batch
+      [[ -d $dir ]] || "$BIN" --model "$model" --batch "$batch" --steps "$BENCH_STEPS" --dump-init "$dir" >/dev/null || { failed=1; continue; }
       runs=()
       if [[ $prec == fp32 || $has_bf16 == 1 ]]; then
         runs+=("gpubind-eager|$BIN --model $model --batch $batch --steps $BENCH_STEPS --precision $prec --log-every 1000")

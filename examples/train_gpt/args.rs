@@ -80,6 +80,8 @@ pub struct Args {
     /// With `check_attention`: only the small shapes, untimed (`--check-attention-quick`,
     /// short enough to run under compute-sanitizer).
     pub check_quick: bool,
+    /// Print the largest batch whose buffers fit in the free device memory, and exit.
+    pub max_batch: bool,
 }
 
 impl Default for Args {
@@ -112,6 +114,7 @@ impl Default for Args {
             check_dp: false,
             check_attention: false,
             check_quick: false,
+            max_batch: false,
         }
     }
 }
@@ -146,6 +149,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
                 | "--check-dp"
                 | "--check-attention"
                 | "--check-attention-quick"
+                | "--max-batch"
         );
         let v = if bool_flag {
             String::new()
@@ -196,6 +200,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
                 a.check_attention = true;
                 a.check_quick = true;
             }
+            "--max-batch" => a.max_batch = true,
             "--check-resume" => a.check_resume = true,
             "--check-graph" => a.check_graph = true,
             "--check-dp" => a.check_dp = true,
@@ -267,6 +272,9 @@ mod tests {
         assert!(u.check_attention && !u.check_quick);
         let q = p("--check-attention-quick").unwrap();
         assert!(q.check_attention && q.check_quick);
+        // A flag without a value: the next argument stays an argument.
+        let m = p("--max-batch --model gpt2").unwrap();
+        assert!(m.max_batch && m.model == "gpt2" && !a.max_batch);
     }
 
     #[test]

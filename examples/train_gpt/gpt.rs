@@ -17,7 +17,7 @@ use crate::GptError;
 use crate::args::{AttnMode, Fusion};
 use crate::attention::Attention;
 use crate::kernels::{self, Kernels, NORM_PARTS};
-use crate::model::{Config, Dims, ParamLayout};
+use crate::model::{self, Config, Dims, ParamLayout};
 use crate::optim::SCHED_LEN;
 pub use crate::precision::Act;
 use gpubind::blas::Blas;
@@ -131,10 +131,9 @@ impl<T: Act> Gpt<T> {
         if !unfused {
             crate::attention::check_shape((dims.b, dims.t, dims.nh, dims.hs))?;
         }
-        let t = std::mem::size_of::<T>();
-        let need = dims.activation_floats(unfused) * t + layout.total * (3 * 4 + 2 * t);
+        let need = model::device_bytes(&cfg, b, unfused, std::mem::size_of::<T>());
         let (free, _) = gpu.memory_info()?;
-        if need + (1 << 30) > free {
+        if need + model::HEADROOM > free {
             return Err(GptError::BatchTooLarge {
                 batch: b,
                 need,

@@ -11,7 +11,7 @@
 //!     [--ckpt-every N] [--ckpt-dir DIR] [--resume FILE] [--devices 0] [--graph]
 //!     [--attention auto|fused|tiled|unfused] [--epilogues on|off] [--check-graph] [--check-resume]
 //!     [--check-dp]
-//!     [--check-attention] [--check-attention-quick]
+//!     [--check-attention] [--check-attention-quick] [--max-batch]
 //! ```
 //!
 //! `--model small`: 6 layers, 6 heads, width 384, context 256; `--model gpt2`: 12, 12, 768,
@@ -43,6 +43,10 @@
 //! printing each error and the milliseconds per call of each pass, and exits non-zero
 //! unless all pass. `--check-attention-quick` checks the small shapes only (T = 77, 200
 //! and 1) and times nothing, short enough to run under compute-sanitizer.
+//!
+//! `--max-batch` prints the largest `--batch` of the model, precision and attention given
+//! whose buffers fit in the device's free memory with 1 GiB to spare (the rule a run checks
+//! before it allocates: a larger batch is a typed error), and exits.
 //!
 //! `--epilogues on` (the default) computes the QKV and MLP biases, the MLP's GELU and
 //! their gradients in the products, as cuBLASLt epilogues (`BIAS`, `GELU_AUX_BIAS` storing
@@ -268,6 +272,9 @@ fn run(a: &Args) -> Result<(), GptError> {
         ));
     }
     let cfg = Config::named(&a.model)?;
+    if a.max_batch {
+        return max_batch(a, &cfg);
+    }
     let data = data::load(&a.data, cfg.context, 0.05)?;
     let layout = ParamLayout::new(&cfg);
     let init = model::init_params(&cfg, &layout, a.seed);
@@ -287,6 +294,30 @@ fn run(a: &Args) -> Result<(), GptError> {
         Precision::Fp32 => run_on::<f32>(a, cfg, &data, &order, &init),
         Precision::Bf16 => run_on::<half::bf16>(a, cfg, &data, &order, &init),
     }
+}
+
+/// `--max-batch`: prints the largest batch of `cfg` at `a`'s precision and attention whose
+/// buffers fit in the first device's free memory (`model::largest_batch`, the rule
+/// `Gpt::new` applies), as `max-batch B`.
+fn max_batch(a: &Args, cfg: &Config) -> Result<(), GptError> {
+    let (bf16, act) = match a.precision {
+        Precision::Fp32 => (false, 4),
+        Precision::Bf16 => (true, 2),
+    };
+    let unfused = a.fusion.attention.resolve(bf16) == args::AttnMode::Unfused;
+    let mut ctx = ThreadContext::acquire()?;
+    let dev = Device::get(a.devices[0])?;
+    let (free, total) = ctx.bind(&dev)?.memory_info()?;
+    let b = model::largest_batch(cfg, unfused, act, free);
+    println!(
+        "max-batch {b} (model {}: {:.2} GiB of buffers and {:.0} GiB of headroom; {:.2} of {:.2} GiB free)",
+        a.model,
+        model::device_bytes(cfg, b, unfused, act) as f64 / GIB,
+        model::HEADROOM as f64 / GIB,
+        free as f64 / GIB,
+        total as f64 / GIB,
+    );
+    Ok(())
 }
 
 /// The GPU part of [`run`], with activations of type `T`.

@@ -104,6 +104,40 @@ impl Dims {
     }
 }
 
+/// Free device memory a model keeps beyond its buffers (cuBLAS workspaces, graphs,
+/// kernels).
+pub const HEADROOM: usize = 1 << 30;
+
+/// Bytes of device memory a model of `cfg` allocates for batch `b` (per device): the
+/// activations and scratch in elements of `act` bytes, and the parameters, their
+/// gradients and the optimizer state (f32 master weights and two moments, two copies in
+/// the activation type).
+pub fn device_bytes(cfg: &Config, b: usize, unfused: bool, act: usize) -> usize {
+    let params = ParamLayout::new(cfg).total;
+    Dims::new(cfg, b).activation_floats(unfused) * act + params * (3 * 4 + 2 * act)
+}
+
+/// The largest batch whose buffers and [`HEADROOM`] fit in `free` bytes, and whose largest
+/// kernel index (`B·T·4C`, and `B·NH·T·T` unfused) stays below 2³¹; 0 when not even one
+/// sequence fits.
+pub fn largest_batch(cfg: &Config, unfused: bool, act: usize, free: usize) -> usize {
+    let fits = |b: usize| {
+        let d = Dims::new(cfg, b);
+        let index = (d.bt() * 4 * d.c).max(if unfused { d.att() } else { 0 });
+        index <= i32::MAX as usize && device_bytes(cfg, b, unfused, act) + HEADROOM <= free
+    };
+    // The need grows with the batch: the last batch that fits, by bisection.
+    let (mut lo, mut hi) = (0, 1);
+    while fits(hi) {
+        (lo, hi) = (hi, hi * 2);
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) { lo = mid } else { hi = mid }
+    }
+    lo
+}
+
 /// `Y[n×out] = X[n×in] · Wᵀ` (W stored out × in, as torch's Linear).
 pub fn linear(n: usize, out: usize, inp: usize) -> Matmul {
     Matmul::new(n, out, inp).transpose_b()
@@ -274,6 +308,27 @@ pub fn init_params(cfg: &Config, layout: &ParamLayout, seed: u64) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn largest_batch_is_the_last_that_fits() {
+        for (model, act) in [("gpt2", 2), ("gpt2", 4), ("small", 2)] {
+            let cfg = Config::named(model).unwrap();
+            for unfused in [false, true] {
+                let need = |b| device_bytes(&cfg, b, unfused, act) + HEADROOM;
+                assert_eq!(largest_batch(&cfg, unfused, act, need(1) - 1), 0);
+                for b in [1, 7, 32, 100] {
+                    // Exactly enough for b, and one byte short of b + 1.
+                    assert_eq!(largest_batch(&cfg, unfused, act, need(b)), b, "{model} {b}");
+                    assert_eq!(largest_batch(&cfg, unfused, act, need(b + 1) - 1), b);
+                }
+            }
+        }
+        // gpt2's B·T·4C passes 2³¹ - 1 above 682 sequences, whatever the memory.
+        let cfg = Config::named("gpt2").unwrap();
+        assert_eq!(largest_batch(&cfg, false, 2, usize::MAX / 4), 682);
+        // The unfused attention's B·NH·T·T passes it first: above 170.
+        assert_eq!(largest_batch(&cfg, true, 2, usize::MAX / 4), 170);
+    }
 
     #[test]
     fn layout_counts_gpt2_parameters() {
