@@ -118,8 +118,9 @@ if [[ ${COMPARE_SKIP_BENCH:-0} != 1 ]]; then
       if [[ $want == max ]]; then
         # The largest power of two at or under train_gpt's largest batch: PyTorch's
         # caching allocator reserves somewhat more than gpubind's buffers at one batch.
-        max=$("$BIN" --model "$model" --precision "$prec" --max-batch | sed -n 's/^max-batch \([0-9]*\).*/\1/p')
-        [[ ${max:-0} -gt 0 ]] || { echo "compare-gpt: $model $prec: no batch fits"; failed=1; continue; }
+        said=$("$BIN" --model "$model" --precision "$prec" --max-batch 2>&1)
+        max=$(sed -n 's/^max-batch \([0-9]*\).*/\1/p' <<<"$said")
+        [[ ${max:-0} -gt 0 ]] || { echo "compare-gpt: $model $prec: no batch to time: $said"; failed=1; continue; }
         batch=1
         while ((batch * 2 <= max)); do batch=$((batch * 2)); done
         echo "compare-gpt: $model $prec: largest batch $max, timing batch $batch"
