@@ -140,8 +140,7 @@ impl<T: Act> Gpt<T> {
                 free,
             });
         }
-        let att = if unfused { dims.att() } else { 0 };
-        for (what, n) in [("B·T·4C", dims.bt() * 4 * dims.c), ("B·NH·T·T", att)] {
+        for (what, n) in dims.largest_indices(unfused) {
             kernels::u32_of(what, n)?;
         }
         let model = Self::alloc(gpu, cfg, dims, layout, init, fusion)?;

@@ -157,7 +157,7 @@ pub enum GptError {
     Data { path: PathBuf, why: String },
     #[error("the text has {have} tokens; training and validation need at least {need}")]
     TooLittleData { have: usize, need: usize },
-    #[error("--batch {batch} needs {:.2} GiB of device memory (+1 GiB headroom), {:.2} GiB are free", *need as f64 / GIB, *free as f64 / GIB)]
+    #[error("--batch {batch} needs {:.2} GiB of device memory (+{:.0} GiB headroom), {:.2} GiB are free", *need as f64 / GIB, model::HEADROOM as f64 / GIB, *free as f64 / GIB)]
     BatchTooLarge {
         batch: usize,
         need: usize,
@@ -273,7 +273,10 @@ fn run(a: &Args) -> Result<(), GptError> {
     }
     let cfg = Config::named(&a.model)?;
     if a.max_batch {
-        return max_batch(a, &cfg);
+        return match a.precision {
+            Precision::Fp32 => max_batch::<f32>(a, &cfg),
+            Precision::Bf16 => max_batch::<half::bf16>(a, &cfg),
+        };
     }
     let data = data::load(&a.data, cfg.context, 0.05)?;
     let layout = ParamLayout::new(&cfg);
@@ -296,15 +299,12 @@ fn run(a: &Args) -> Result<(), GptError> {
     }
 }
 
-/// `--max-batch`: prints the largest batch of `cfg` at `a`'s precision and attention whose
-/// buffers fit in the first device's free memory (`model::largest_batch`, the rule
-/// `Gpt::new` applies), as `max-batch B`.
-fn max_batch(a: &Args, cfg: &Config) -> Result<(), GptError> {
-    let (bf16, act) = match a.precision {
-        Precision::Fp32 => (false, 4),
-        Precision::Bf16 => (true, 2),
-    };
-    let unfused = a.fusion.attention.resolve(bf16) == args::AttnMode::Unfused;
+/// `--max-batch`: prints the largest batch of `cfg` with activations of type `T` and `a`'s
+/// attention whose buffers fit in the first device's free memory (`model::largest_batch`,
+/// the rule `Gpt::new` applies), as `max-batch B`.
+fn max_batch<T: Act>(a: &Args, cfg: &Config) -> Result<(), GptError> {
+    let act = std::mem::size_of::<T>();
+    let unfused = a.fusion.attention.resolve(T::BF16) == args::AttnMode::Unfused;
     let mut ctx = ThreadContext::acquire()?;
     let dev = Device::get(a.devices[0])?;
     let (free, total) = ctx.bind(&dev)?.memory_info()?;

@@ -85,6 +85,12 @@ impl Dims {
     pub fn att(&self) -> usize {
         self.b * self.nh * self.t * self.t
     }
+    /// The largest element counts the kernels index, by name: `B·T·4C` (the MLP's hidden
+    /// activations) and, unfused, `B·NH·T·T` (else 0). Each must stay below 2³¹.
+    pub fn largest_indices(&self, unfused: bool) -> [(&'static str, usize); 2] {
+        let att = if unfused { self.att() } else { 0 };
+        [("B·T·4C", self.bt() * 4 * self.c), ("B·NH·T·T", att)]
+    }
     /// Elements of the activations and scratch buffers, with the unfused attention's
     /// (`B·NH·T·T` matrices and per-head copies) or the fused one's (row statistics).
     pub fn activation_floats(&self, unfused: bool) -> usize {
@@ -117,14 +123,14 @@ pub fn device_bytes(cfg: &Config, b: usize, unfused: bool, act: usize) -> usize 
     Dims::new(cfg, b).activation_floats(unfused) * act + params * (3 * 4 + 2 * act)
 }
 
-/// The largest batch whose buffers and [`HEADROOM`] fit in `free` bytes, and whose largest
-/// kernel index (`B·T·4C`, and `B·NH·T·T` unfused) stays below 2³¹; 0 when not even one
-/// sequence fits.
+/// The largest batch whose buffers and [`HEADROOM`] fit in `free` bytes, and whose
+/// [`Dims::largest_indices`] stay below 2³¹: the batches `Gpt::new` accepts; 0 when not
+/// even one sequence fits.
 pub fn largest_batch(cfg: &Config, unfused: bool, act: usize, free: usize) -> usize {
     let fits = |b: usize| {
-        let d = Dims::new(cfg, b);
-        let index = (d.bt() * 4 * d.c).max(if unfused { d.att() } else { 0 });
-        index <= i32::MAX as usize && device_bytes(cfg, b, unfused, act) + HEADROOM <= free
+        let indices = Dims::new(cfg, b).largest_indices(unfused);
+        indices.iter().all(|&(_, n)| n <= i32::MAX as usize)
+            && device_bytes(cfg, b, unfused, act) + HEADROOM <= free
     };
     // The need grows with the batch: the last batch that fits, by bisection.
     let (mut lo, mut hi) = (0, 1);
