@@ -31,6 +31,13 @@ typedef __nv_bfloat16 bf16;
 #define WR 32
 // Keys a dq step takes at once (of a 64-key tile): a thread holds 2·KC/8 score fragments.
 #define KC 16
+// dk and dv: m-tiles of 16 keys a warp (1 or 2), keys a block, queries a step, blocks an SM.
+#ifndef DKM
+#define DKM 2
+#endif
+#define KB (4 * 16 * DKM)
+#define DKQ (DKM == 1 ? 32 : 16)
+#define DKB (DKM == 1 ? 3 : 2)
 // Tile rows: 144 bytes, so 32-bit fragment loads of rows g = 0..7 hit distinct banks.
 #define LDA (HD + 8)
 #define FULL 0xffffffffu
@@ -533,79 +540,107 @@ __device__ void load_stats(float* sl, float* sd, const float* lse, const float* 
     }
 }
 
-// One query tile of dk and dv for a warp's 16 keys key0 .. key0+15, from q and dy in sq
-// and so and their rows' statistics in sl and sd. MASK as in fwd_tile.
+// One query tile of dk and dv for a warp's 16·DKM keys key0 - g .. (key0 = its first key
+// + g), from q and dy in sq and so and their rows' statistics in sl and sd, DKQ queries a
+// step. MASK as in fwd_tile.
 template <bool MASK>
-__device__ __forceinline__ void dkdv_tile(float (&dk)[1][8][4], float (&dv)[1][8][4],
-                                          const unsigned (&ka)[1][4][4],
-                                          const unsigned (&va)[1][4][4], const bf16* sq,
+__device__ __forceinline__ void dkdv_tile(float (&dk)[DKM][8][4], float (&dv)[DKM][8][4],
+                                          const unsigned (&ka)[DKM][4][4],
+                                          const unsigned (&va)[DKM][4][4], const bf16* sq,
                                           const bf16* so, const float* sl, const float* sd,
                                           unsigned q0, unsigned key0, unsigned T, float sl2,
                                           int lane) {
     const int q = lane % 4;
     #pragma unroll 1
-    for (int half = 0; half < 2; ++half) {
-        const bf16* hq = sq + half * 32 * LDA;  // queries q0 + 32·half ..
-        const bf16* ho = so + half * 32 * LDA;
-        float st[1][4][4], dpt[1][4][4];
-        mm_abt<1, 4>(st, ka, hq, lane);
-        mm_abt<1, 4>(dpt, va, ho, lane);
-        unsigned pa[1][2][4], dsa[1][2][4];
+    for (int part = 0; part < TILE / DKQ; ++part) {
+        const bf16* hq = sq + part * DKQ * LDA;  // queries q0 + DKQ·part ..
+        const bf16* ho = so + part * DKQ * LDA;
+        float st[DKM][DKQ / 8][4], dpt[DKM][DKQ / 8][4];
+        mm_abt<DKM, DKQ / 8>(st, ka, hq, lane);
+        mm_abt<DKM, DKQ / 8>(dpt, va, ho, lane);
+        unsigned pa[DKM][DKQ / 16][4], dsa[DKM][DKQ / 16][4];
         #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            float p[4], ds[4];
+        for (int m = 0; m < DKM; ++m) {
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                int c = half * 32 + j * 8 + 2 * q + (e & 1);
-                p[e] = ex2(st[0][j][e] * sl2 - sl[c]);
-                if (MASK) {
-                    unsigned row = q0 + c, key = key0 + (e < 2 ? 0 : 8);
-                    if (!(key <= row && row < T)) p[e] = 0.0f;
+            for (int j = 0; j < DKQ / 8; ++j) {
+                float p[4], ds[4];
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    int c = part * DKQ + j * 8 + 2 * q + (e & 1);
+                    p[e] = ex2(st[m][j][e] * sl2 - sl[c]);
+                    if (MASK) {
+                        unsigned row = q0 + c, key = key0 + 16 * m + (e < 2 ? 0 : 8);
+                        if (!(key <= row && row < T)) p[e] = 0.0f;
+                    }
+                    ds[e] = p[e] * (dpt[m][j][e] - sd[c]);  // scale: on dk's sum
                 }
-                ds[e] = p[e] * (dpt[0][j][e] - sd[c]);  // scale: on dk's sum
+                pa[m][j / 2][(j % 2) * 2] = pack(p[0], p[1]);
+                pa[m][j / 2][(j % 2) * 2 + 1] = pack(p[2], p[3]);
+                dsa[m][j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
+                dsa[m][j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
             }
-            pa[0][j / 2][(j % 2) * 2] = pack(p[0], p[1]);
-            pa[0][j / 2][(j % 2) * 2 + 1] = pack(p[2], p[3]);
-            dsa[0][j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
-            dsa[0][j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
         }
-        mm_ab<1, 2>(dv, pa, ho, lane);
-        mm_ab<1, 2>(dk, dsa, hq, lane);
+        mm_ab<DKM, DKQ / 16>(dv, pa, ho, lane);
+        mm_ab<DKM, DKQ / 16>(dk, dsa, hq, lane);
     }
 }
 
-// Backward, dk and dv: block per 64 keys (grid (B·NH, ceil(T/64)); warp w: keys k0 + 16w
-// .. +15), over the query tiles from the diagonal on, with the transposed products:
-// Sᵀ = k·qᵀ, dPᵀ = v·dyᵀ, dv = Σ Pᵀ·dy, dk = Σ dSᵀ·q. Each query tile in two halves of 32
-// queries (a rolled loop), so that a thread holds the scores of 32 queries: few enough
-// registers for 3 blocks an SM. D is attn_bwd_dq's.
-extern "C" __global__ void __launch_bounds__(NT, 3)
+// Backward, dk and dv: block per KB keys (grid (B·NH, ceil(T/KB)); warp w: keys
+// kw0 = k0 + 16·DKM·w .. +16·DKM−1, m-tile m its keys kw0 + 16m ..), over the query
+// tiles from the diagonal on, with the transposed products: Sᵀ = k·qᵀ, dPᵀ = v·dyᵀ,
+// dv = Σ Pᵀ·dy, dk = Σ dSᵀ·q. Each query tile in steps of DKQ queries (a rolled loop), so
+// that a thread holds the scores of DKQ queries: few enough registers for DKB blocks an
+// SM. D is attn_bwd_dq's.
+extern "C" __global__ void __launch_bounds__(NT, DKB)
 attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const float* D,
               unsigned T, unsigned NH, float scale) {
     __shared__ __align__(16) bf16 sQ[2][TILE * LDA];
     __shared__ __align__(16) bf16 sO[2][TILE * LDA];
     __shared__ float sLse[2][TILE], sD[2][TILE];
-    const unsigned k0 = blockIdx.y * TILE;
+    const unsigned k0 = blockIdx.y * KB;
     const unsigned bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const idx_t C = (idx_t)NH * HD;
     const bf16* base = qkv + (idx_t)b * T * 3 * C + (idx_t)h * HD;
     const bf16* dyb = dy + (idx_t)b * T * C + (idx_t)h * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const unsigned key0 = k0 + warp * 16 + g, key1 = key0 + 8;
-    // k and v fragments of the warp's keys, through sQ[1] and sO[1]; the first q and dy
-    // tiles (from the diagonal, q0 = k0) on their way into sQ[0] and sO[0].
-    load_tile(sQ[1], base + C, 3 * C, k0, T);
-    load_tile(sO[1], base + 2 * C, 3 * C, k0, T);
-    load_tile_async(sQ[0], base, 3 * C, k0, T);
-    load_tile_async(sO[0], dyb, C, k0, T);
-    cp_commit();
+    const unsigned kw0 = k0 + warp * 16 * DKM, key0 = kw0 + g;
+    unsigned ka[DKM][4][4], va[DKM][4][4];
+    if (KB == TILE) {
+        // k and v fragments of the warp's keys, through sQ[1] and sO[1]; the first q and
+        // dy tiles (from the diagonal, q0 = k0) on their way into sQ[0] and sO[0].
+        load_tile(sQ[1], base + C, 3 * C, k0, T);
+        load_tile(sO[1], base + 2 * C, 3 * C, k0, T);
+        load_tile_async(sQ[0], base, 3 * C, k0, T);
+        load_tile_async(sO[0], dyb, C, k0, T);
+        cp_commit();
+        __syncthreads();
+        #pragma unroll
+        for (int m = 0; m < DKM; ++m) {
+            load_a(ka[m], sQ[1], warp * 16 * DKM + 16 * m, g, q);
+            load_a(va[m], sO[1], warp * 16 * DKM + 16 * m, g, q);
+        }
+    } else {
+        // KB = 128: k through sQ[0] and sQ[1], v through sO[0] and sO[1]; then the first
+        // q and dy tiles.
+        load_tile(sQ[0], base + C, 3 * C, k0, T);
+        load_tile(sQ[1], base + C, 3 * C, k0 + TILE, T);
+        load_tile(sO[0], base + 2 * C, 3 * C, k0, T);
+        load_tile(sO[1], base + 2 * C, 3 * C, k0 + TILE, T);
+        __syncthreads();
+        #pragma unroll
+        for (int m = 0; m < DKM; ++m) {
+            const int r = warp * 16 * DKM + 16 * m;
+            load_a(ka[m], sQ[r / TILE], r % TILE, g, q);
+            load_a(va[m], sO[r / TILE], r % TILE, g, q);
+        }
+        __syncthreads();
+        load_tile_async(sQ[0], base, 3 * C, k0, T);
+        load_tile_async(sO[0], dyb, C, k0, T);
+        cp_commit();
+    }
     load_stats(sLse[0], sD[0], lse, D, bh, k0, T);
-    __syncthreads();
-    unsigned ka[1][4][4], va[1][4][4];
-    load_a(ka[0], sQ[1], warp * 16, g, q);
-    load_a(va[0], sO[1], warp * 16, g, q);
     __syncthreads();  // every warp has its fragments: sQ[1] and sO[1] are free
-    float dk[1][8][4], dv[1][8][4];
+    float dk[DKM][8][4], dv[DKM][8][4];
     zero(dk);
     zero(dv);
     const float sl2 = scale * LOG2E;
@@ -621,26 +656,32 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
         __syncthreads();
         const float* sl = sLse[cur];
         const float* sd = sD[cur];
-        if (needs_mask(q0, TILE, k0, TILE, T))
-            dkdv_tile<true>(dk, dv, ka, va, sQ[cur], sO[cur], sl, sd, q0, key0, T, sl2, lane);
-        else
-            dkdv_tile<false>(dk, dv, ka, va, sQ[cur], sO[cur], sl, sd, q0, key0, T, sl2, lane);
+        if (q0 + TILE > kw0 && kw0 < T) {  // some query at or after some key of the warp
+            if (needs_mask(q0, TILE, kw0, 16 * DKM, T))
+                dkdv_tile<true>(dk, dv, ka, va, sQ[cur], sO[cur], sl, sd, q0, key0, T, sl2,
+                                lane);
+            else
+                dkdv_tile<false>(dk, dv, ka, va, sQ[cur], sO[cur], sl, sd, q0, key0, T, sl2,
+                                 lane);
+        }
         __syncthreads();  // every warp is done with this tile's buffers and statistics
     }
     bf16* out = dqkv + (idx_t)b * T * 3 * C + (idx_t)h * HD + 2 * q;
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        if (key0 < T) {
-            *(__nv_bfloat162*)(out + (idx_t)key0 * 3 * C + C + j * 8) =
-                __floats2bfloat162_rn(dk[0][j][0] * scale, dk[0][j][1] * scale);
-            *(__nv_bfloat162*)(out + (idx_t)key0 * 3 * C + 2 * C + j * 8) =
-                __floats2bfloat162_rn(dv[0][j][0], dv[0][j][1]);
-        }
-        if (key1 < T) {
-            *(__nv_bfloat162*)(out + (idx_t)key1 * 3 * C + C + j * 8) =
-                __floats2bfloat162_rn(dk[0][j][2] * scale, dk[0][j][3] * scale);
-            *(__nv_bfloat162*)(out + (idx_t)key1 * 3 * C + 2 * C + j * 8) =
-                __floats2bfloat162_rn(dv[0][j][2], dv[0][j][3]);
+    for (int m = 0; m < DKM; ++m) {
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const unsigned key = key0 + 16 * m + 8 * r;
+            if (key < T) {
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    *(__nv_bfloat162*)(out + (idx_t)key * 3 * C + C + j * 8) =
+                        __floats2bfloat162_rn(dk[m][j][2 * r] * scale,
+                                              dk[m][j][2 * r + 1] * scale);
+                    *(__nv_bfloat162*)(out + (idx_t)key * 3 * C + 2 * C + j * 8) =
+                        __floats2bfloat162_rn(dv[m][j][2 * r], dv[m][j][2 * r + 1]);
+                }
+            }
         }
     }
 }
