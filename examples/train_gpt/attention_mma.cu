@@ -4,7 +4,7 @@
 // shared memory, double-buffered: the next tile's cp.async copies run while the current
 // one is multiplied. The forward pass and dq take 128 queries a block, 32 a warp (two
 // m-tiles, so that each B fragment loaded from shared memory feeds two products); dk and
-// dv take 64 keys a block, 16 a warp. Exponentials are ex2.approx with the softmax scale
+// dv take 128 keys a block, 32 a warp (DKM = 2; 64 and 16 with DKM = 1). Exponentials are ex2.approx with the softmax scale
 // folded into log2 units, one FFMA and one MUFU per score (bf16 precision is what the
 // products keep); dS leaves out the softmax scale, which multiplies dq's and dk's sums
 // once (a power of two for head size 64: the same bits). The forward pass's row sums are
