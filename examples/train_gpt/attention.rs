@@ -24,8 +24,8 @@ pub const SOURCE: &str = include_str!("attention.cu");
 pub const SOURCE_MMA: &str = include_str!("attention_mma.cu");
 
 /// Queries per block of [`SOURCE_MMA`]'s forward and dq kernels (`QT`), and keys per block
-/// of its dk/dv kernel (`TILE`).
-const MMA_TILES: (usize, usize) = (128, 64);
+/// of its dk/dv kernel (`KB`: 4 warps of `DKM` m-tiles of 16 keys).
+const MMA_TILES: (usize, usize) = (128, 128);
 
 /// The one head size the kernels are compiled for.
 pub const HEAD_SIZE: usize = 64;
@@ -353,6 +353,7 @@ mod tests {
             assert!(src.contains(&format!("#define NT {THREADS}\n")));
         }
         assert!(SOURCE_MMA.contains(&format!("#define QT {}\n", MMA_TILES.0)));
-        assert!(SOURCE_MMA.contains(&format!("#define TILE {}\n", MMA_TILES.1)));
+        assert!(SOURCE_MMA.contains(&format!("#define DKM {}\n", MMA_TILES.1 / 64)));
+        assert!(SOURCE_MMA.contains("#define KB (4 * 16 * DKM)\n"));
     }
 }

@@ -4,11 +4,13 @@
 // shared memory, double-buffered: the next tile's cp.async copies run while the current
 // one is multiplied. The forward pass and dq take 128 queries a block, 32 a warp (two
 // m-tiles, so that each B fragment loaded from shared memory feeds two products); dk and
-// dv take 64 keys a block, 16 a warp. Exponentials are ex2.approx with the softmax scale
+// dv take 128 keys a block, 32 a warp (DKM = 2; 64 and 16 with DKM = 1). Exponentials are ex2.approx with the softmax scale
 // folded into log2 units, one FFMA and one MUFU per score (bf16 precision is what the
 // products keep); dS leaves out the softmax scale, which multiplies dq's and dk's sums
-// once (a power of two for head size 64: the same bits). The causal mask is applied only where a warp's rows and a tile's keys
-// need it, and a warp skips tiles wholly after its rows. q, k, v are read from the QKV
+// once (a power of two for head size 64: the same bits). The forward pass's row sums are
+// one more product, P against a column of ones. The causal mask is applied only where a
+// warp's rows and a tile's keys need it (each tile's code comes in a masked and an
+// unmasked build, MASK), and a warp skips tiles wholly after its rows. q, k, v are read from the QKV
 // product (B, T, 3, NH, 64), y written as (B, T, NH, 64), dq, dk, dv into dqkv
 // (B, T, 3, NH, 64); head size 64; no atomics. dq also computes D = rowsum(dy ⊙ y), which
 // dk and dv read: the dq kernel runs first. Every buffer is 16-byte aligned (the host
@@ -29,11 +31,20 @@ typedef __nv_bfloat16 bf16;
 #define WR 32
 // Keys a dq step takes at once (of a 64-key tile): a thread holds 2·KC/8 score fragments.
 #define KC 16
+// dk and dv: m-tiles of 16 keys a warp (1 or 2), keys a block, queries a step, blocks an SM.
+#ifndef DKM
+#define DKM 2
+#endif
+#define KB (4 * 16 * DKM)
+#define DKQ (DKM == 1 ? 32 : 16)
+#define DKB (DKM == 1 ? 3 : 2)
 // Tile rows: 144 bytes, so 32-bit fragment loads of rows g = 0..7 hit distinct banks.
 #define LDA (HD + 8)
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000u)
 #define LOG2E 1.4426950408889634f
+// Two bf16 ones, packed: a B fragment of ones.
+#define ONES 0x3f803f80u
 typedef unsigned long long idx_t;
 __device__ __forceinline__ unsigned umin(unsigned a, unsigned b) { return a < b ? a : b; }
 
@@ -98,48 +109,52 @@ __device__ __forceinline__ bool needs_mask(unsigned r0, unsigned rows, unsigned 
 
 // Two consecutive bf16 of a row (even index).
 __device__ __forceinline__ unsigned ld2(const bf16* p) { return *(const unsigned*)p; }
-// Rounds (lo, hi) to bf16 and packs them; `sum` gets the rounded values.
-__device__ __forceinline__ unsigned pack(float lo, float hi, float& sum) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    sum += __low2float(v) + __high2float(v);
-    return *(unsigned*)&v;
-}
+// Rounds (lo, hi) to bf16 and packs them.
 __device__ __forceinline__ unsigned pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(unsigned*)&v;
 }
-// Sum and max over the 4 lanes of a quad (the lanes holding one row of a C fragment).
-__device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(FULL, v, 1);
-    return v + __shfl_xor_sync(FULL, v, 2);
-}
+// The max over the 4 lanes of a quad (the lanes holding one row of a C fragment).
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(FULL, v, 1));
     return fmaxf(v, __shfl_xor_sync(FULL, v, 2));
 }
 
+// A thread's part of a tile copy: 16 bytes at column copy_col() of rows copy_row(),
+// + ROWS_PER, ... (NT threads cover ROWS_PER rows of 64 columns a pass, TILE / ROWS_PER
+// passes).
+#define ROWS_PER (NT / (HD / 8))
+__device__ __forceinline__ int copy_col() { return (threadIdx.x % (HD / 8)) * 8; }
+__device__ __forceinline__ int copy_row() { return threadIdx.x / (HD / 8); }
+
 // Rows r0 .. r0+63 of a (T × 64, rows `stride` apart) matrix at `base` into s (64 × LDA),
 // 16 bytes at a time; rows at or past T are zeros.
-__device__ void load_tile(bf16* s, const bf16* base, idx_t stride, unsigned r0, unsigned T) {
-    for (int e = threadIdx.x; e < TILE * HD / 8; e += NT) {
-        int r = e / (HD / 8), c = (e % (HD / 8)) * 8;
-        unsigned t = r0 + r;
+__device__ __forceinline__ void load_tile(bf16* s, const bf16* base, idx_t stride, unsigned r0,
+                                          unsigned T) {
+    const int row = copy_row(), col = copy_col();
+    const bf16* src = base + (idx_t)(r0 + row) * stride + col;
+    #pragma unroll
+    for (int i = 0; i < TILE / ROWS_PER; ++i) {
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (t < T) v = *(const uint4*)(base + (idx_t)t * stride + c);
-        *(uint4*)(s + r * LDA + c) = v;
+        if (r0 + row + i * ROWS_PER < T)
+            v = *(const uint4*)(src + (idx_t)i * ROWS_PER * stride);
+        *(uint4*)(s + (row + i * ROWS_PER) * LDA + col) = v;
     }
 }
 
 // The same as load_tile with cp.async (16 bytes each, zeros past T), in the calling
-// thread's current group of copies.
-__device__ void load_tile_async(bf16* s, const bf16* base, idx_t stride, unsigned r0,
-                                unsigned T) {
-    for (int e = threadIdx.x; e < TILE * HD / 8; e += NT) {
-        int r = e / (HD / 8), c = (e % (HD / 8)) * 8;
-        unsigned t = r0 + r;
-        int bytes = t < T ? 16 : 0;  // 0: no read, the 16 bytes are zero-filled
-        const bf16* src = base + (idx_t)(t < T ? t : 0) * stride + c;
-        cp_async16(s + r * LDA + c, src, bytes);
+// thread's current group of copies: one address computation a tile, then a fixed step.
+__device__ __forceinline__ void load_tile_async(bf16* s, const bf16* base, idx_t stride,
+                                                unsigned r0, unsigned T) {
+    const int row = copy_row(), col = copy_col();
+    const bf16* src = base + (idx_t)(r0 + row) * stride + col;
+    #pragma unroll
+    for (int i = 0; i < TILE / ROWS_PER; ++i) {
+        const bool in = r0 + row + i * ROWS_PER < T;
+        // Past T: no read (0 bytes; the 16 are zero-filled), from an address inside the
+        // matrix all the same.
+        cp_async16(s + (row + i * ROWS_PER) * LDA + col,
+                   in ? src + (idx_t)i * ROWS_PER * stride : base, in ? 16 : 0);
     }
 }
 // A fragments (4 k-steps over the 64 columns) of rows row0 .. row0+15 of a tile.
@@ -226,6 +241,69 @@ __device__ __forceinline__ unsigned frag_row(unsigned r0, int m, int g, int e) {
     return r0 + 16 * m + g + (e < 2 ? 0 : 8);
 }
 
+// One key tile of the forward pass for a warp's 32 queries: the scores, the running row
+// maxima mx, the rescaled accumulators o and row sums l. l is a C fragment of P·1 (one
+// mma a k-step against a B of ones): the sum of the bf16 probabilities the products take,
+// over the whole row, with no shuffles or conversions; l[m][0] is row g's, l[m][2] row
+// g+8's. MASK: the tile needs the causal
+// mask (needs_mask); a tile that does not gets code without it.
+template <bool MASK>
+__device__ __forceinline__ void fwd_tile(float (&o)[2][8][4], float (&mx)[2][2],
+                                         float (&l)[2][4], const unsigned (&qa)[2][4][4],
+                                         const bf16* sk, const bf16* sv, unsigned w0,
+                                         unsigned k0, unsigned T, float sl2, int lane) {
+    const int g = lane / 4, q = lane % 4;
+    float s[2][8][4];
+    mm_abt<2, 8>(s, qa, sk, lane);
+    unsigned pa[2][4][4];
+    #pragma unroll
+    for (int m = 0; m < 2; ++m) {
+        float tm0 = NEG_INF, tm1 = NEG_INF;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (MASK) {
+                    unsigned key = k0 + j * 8 + 2 * q + (e & 1);
+                    unsigned row = frag_row(w0, m, g, e);
+                    if (!(key <= row && key < T)) s[m][j][e] = NEG_INF;
+                }
+                if (e < 2) tm0 = fmaxf(tm0, s[m][j][e]);
+                else tm1 = fmaxf(tm1, s[m][j][e]);
+            }
+        }
+        float mn0 = fmaxf(mx[m][0], quad_max(tm0)), mn1 = fmaxf(mx[m][1], quad_max(tm1));
+        // Rows with no key yet (only rows past T, in a masked tile) keep exp() finite.
+        float ref0 = MASK && mn0 == NEG_INF ? 0.0f : mn0;
+        float ref1 = MASK && mn1 == NEG_INF ? 0.0f : mn1;
+        float alpha0 = ex2((mx[m][0] - ref0) * sl2), alpha1 = ex2((mx[m][1] - ref1) * sl2);
+        const float r0 = ref0 * sl2, r1 = ref1 * sl2;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            pa[m][j / 2][(j % 2) * 2] =
+                pack(ex2(fmaf(s[m][j][0], sl2, -r0)), ex2(fmaf(s[m][j][1], sl2, -r0)));
+            pa[m][j / 2][(j % 2) * 2 + 1] =
+                pack(ex2(fmaf(s[m][j][2], sl2, -r1)), ex2(fmaf(s[m][j][3], sl2, -r1)));
+        }
+        l[m][0] *= alpha0;
+        l[m][1] *= alpha0;
+        l[m][2] *= alpha1;
+        l[m][3] *= alpha1;
+        #pragma unroll
+        for (int kk = 0; kk < 4; ++kk) mma(l[m], pa[m][kk], ONES, ONES);
+        mx[m][0] = mn0;
+        mx[m][1] = mn1;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            o[m][j][0] *= alpha0;
+            o[m][j][1] *= alpha0;
+            o[m][j][2] *= alpha1;
+            o[m][j][3] *= alpha1;
+        }
+    }
+    mm_ab<2, 4>(o, pa, sv, lane);
+}
+
 // Forward: grid (B·NH, ceil(T/128)), 128 threads; heads in x, so that every head's
 // heaviest tiles (the last queries; for dk and dv the first keys) start first. Warp w
 // owns queries w0 = q0 + 32w .. w0+31, m-tile m its rows w0 + 16m .. +15.
@@ -256,9 +334,12 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
     // and one ex2 a score. Row state [m][r]: the rows of m-tile m, r = 0 for row +g, 1 for
     // +g+8.
     const float sl2 = scale * LOG2E;
-    float mx[2][2], l[2][2];
+    float mx[2][2], l[2][4];
     #pragma unroll
-    for (int m = 0; m < 2; ++m) mx[m][0] = mx[m][1] = NEG_INF, l[m][0] = l[m][1] = 0.0f;
+    for (int m = 0; m < 2; ++m) {
+        mx[m][0] = mx[m][1] = NEG_INF;
+        l[m][0] = l[m][1] = l[m][2] = l[m][3] = 0.0f;
+    }
     const unsigned kend = umin(T, q0 + QT);
     for (unsigned k0 = 0, cur = 0; k0 < kend; k0 += TILE, cur ^= 1) {
         const bool next = k0 + TILE < kend;
@@ -270,52 +351,10 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
         cp_wait(next);
         __syncthreads();  // every thread's copies of this tile have landed
         if (k0 < w0 + WR && w0 < T) {  // some key at or before some row of the warp
-            float s[2][8][4];
-            mm_abt<2, 8>(s, qa, sK[cur], lane);
-            const bool mask = needs_mask(w0, WR, k0, TILE, T);
-            unsigned pa[2][4][4];
-            #pragma unroll
-            for (int m = 0; m < 2; ++m) {
-                float tm0 = NEG_INF, tm1 = NEG_INF;
-                #pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        unsigned key = k0 + j * 8 + 2 * q + (e & 1);
-                        unsigned row = frag_row(w0, m, g, e);
-                        if (mask && !(key <= row && key < T)) s[m][j][e] = NEG_INF;
-                        if (e < 2) tm0 = fmaxf(tm0, s[m][j][e]);
-                        else tm1 = fmaxf(tm1, s[m][j][e]);
-                    }
-                }
-                float mn0 = fmaxf(mx[m][0], quad_max(tm0)), mn1 = fmaxf(mx[m][1], quad_max(tm1));
-                // Rows with no key yet (only rows past T) keep exp() finite.
-                float ref0 = mn0 == NEG_INF ? 0.0f : mn0, ref1 = mn1 == NEG_INF ? 0.0f : mn1;
-                float alpha0 = ex2((mx[m][0] - ref0) * sl2), alpha1 = ex2((mx[m][1] - ref1) * sl2);
-                const float r0 = ref0 * sl2, r1 = ref1 * sl2;
-                float ps0 = 0.0f, ps1 = 0.0f;
-                #pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    unsigned lo = pack(ex2(fmaf(s[m][j][0], sl2, -r0)),
-                                       ex2(fmaf(s[m][j][1], sl2, -r0)), ps0);
-                    unsigned hi = pack(ex2(fmaf(s[m][j][2], sl2, -r1)),
-                                       ex2(fmaf(s[m][j][3], sl2, -r1)), ps1);
-                    pa[m][j / 2][(j % 2) * 2] = lo;
-                    pa[m][j / 2][(j % 2) * 2 + 1] = hi;
-                }
-                l[m][0] = l[m][0] * alpha0 + quad_sum(ps0);
-                l[m][1] = l[m][1] * alpha1 + quad_sum(ps1);
-                mx[m][0] = mn0;
-                mx[m][1] = mn1;
-                #pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    o[m][j][0] *= alpha0;
-                    o[m][j][1] *= alpha0;
-                    o[m][j][2] *= alpha1;
-                    o[m][j][3] *= alpha1;
-                }
-            }
-            mm_ab<2, 4>(o, pa, sV[cur], lane);
+            if (needs_mask(w0, WR, k0, TILE, T))
+                fwd_tile<true>(o, mx, l, qa, sK[cur], sV[cur], w0, k0, T, sl2, lane);
+            else
+                fwd_tile<false>(o, mx, l, qa, sK[cur], sV[cur], w0, k0, T, sl2, lane);
         }
         __syncthreads();  // every warp is done with sK[cur] and sV[cur]
     }
@@ -326,12 +365,13 @@ attn_fwd(bf16* y, float* lse, const bf16* qkv, unsigned T, unsigned NH, float sc
         for (int r = 0; r < 2; ++r) {
             const unsigned row = frag_row(w0, m, g, 2 * r);
             if (row < T) {
-                float inv = 1.0f / l[m][r];
+                const float sum = l[m][2 * r];
+                float inv = 1.0f / sum;
                 #pragma unroll
                 for (int j = 0; j < 8; ++j)
                     *(__nv_bfloat162*)(yb + (idx_t)row * C + j * 8) =
                         __floats2bfloat162_rn(o[m][j][2 * r] * inv, o[m][j][2 * r + 1] * inv);
-                if (q == 0) lse[(idx_t)bh * T + row] = mx[m][r] * scale + logf(l[m][r]);
+                if (q == 0) lse[(idx_t)bh * T + row] = mx[m][r] * scale + logf(sum);
             }
         }
     }
@@ -362,6 +402,44 @@ __device__ void rows_d(float* sd, float* D, const bf16* yb, const bf16* dyb, idx
             sd[i] = s;
             if (t < T) D[(idx_t)bh * T + t] = s;
         }
+    }
+}
+
+// One key tile of dq for a warp's 32 queries, KC keys a step. MASK as in fwd_tile.
+template <bool MASK>
+__device__ __forceinline__ void dq_tile(float (&dq)[2][8][4], const unsigned (&qa)[2][4][4],
+                                        const unsigned (&da)[2][4][4], const float (&ls)[2][2],
+                                        const float (&ds)[2][2], const bf16* sk, const bf16* sv,
+                                        unsigned w0, unsigned k0, unsigned T, float sl2,
+                                        int lane) {
+    const int g = lane / 4, q = lane % 4;
+    #pragma unroll 1
+    for (int c = 0; c < TILE / KC; ++c) {
+        const bf16* ck = sk + c * KC * LDA;  // keys k0 + KC·c ..
+        float s[2][KC / 8][4], dp[2][KC / 8][4];
+        mm_abt<2, KC / 8>(s, qa, ck, lane);
+        mm_abt<2, KC / 8>(dp, da, sv + c * KC * LDA, lane);
+        unsigned dsa[2][KC / 16][4];
+        #pragma unroll
+        for (int m = 0; m < 2; ++m) {
+            #pragma unroll
+            for (int j = 0; j < KC / 8; ++j) {
+                float v[4];
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float p = ex2(s[m][j][e] * sl2 - ls[m][e / 2]);
+                    if (MASK) {
+                        unsigned key = k0 + c * KC + j * 8 + 2 * q + (e & 1);
+                        unsigned row = frag_row(w0, m, g, e);
+                        if (!(key <= row && row < T)) p = 0.0f;
+                    }
+                    v[e] = p * (dp[m][j][e] - ds[m][e / 2]);
+                }
+                dsa[m][j / 2][(j % 2) * 2] = pack(v[0], v[1]);
+                dsa[m][j / 2][(j % 2) * 2 + 1] = pack(v[2], v[3]);
+            }
+        }
+        mm_ab<2, KC / 16>(dq, dsa, ck, lane);
     }
 }
 
@@ -427,33 +505,10 @@ attn_bwd_dq(bf16* dqkv, float* D, const bf16* qkv, const bf16* y, const bf16* dy
         cp_wait(next);
         __syncthreads();
         if (k0 < w0 + WR && w0 < T) {  // some key at or before some row of the warp
-            const bool mask = needs_mask(w0, WR, k0, TILE, T);
-            #pragma unroll 1
-            for (int c = 0; c < TILE / KC; ++c) {
-                const bf16* ck = sK[cur] + c * KC * LDA;  // keys k0 + KC·c ..
-                float s[2][KC / 8][4], dp[2][KC / 8][4];
-                mm_abt<2, KC / 8>(s, qa, ck, lane);
-                mm_abt<2, KC / 8>(dp, da, sV[cur] + c * KC * LDA, lane);
-                unsigned dsa[2][KC / 16][4];
-                #pragma unroll
-                for (int m = 0; m < 2; ++m) {
-                    #pragma unroll
-                    for (int j = 0; j < KC / 8; ++j) {
-                        float v[4];
-                        #pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            unsigned key = k0 + c * KC + j * 8 + 2 * q + (e & 1);
-                            unsigned row = frag_row(w0, m, g, e);
-                            float p = ex2(s[m][j][e] * sl2 - ls[m][e / 2]);
-                            if (mask && !(key <= row && row < T)) p = 0.0f;
-                            v[e] = p * (dp[m][j][e] - ds[m][e / 2]);
-                        }
-                        dsa[m][j / 2][(j % 2) * 2] = pack(v[0], v[1]);
-                        dsa[m][j / 2][(j % 2) * 2 + 1] = pack(v[2], v[3]);
-                    }
-                }
-                mm_ab<2, KC / 16>(dq, dsa, ck, lane);
-            }
+            if (needs_mask(w0, WR, k0, TILE, T))
+                dq_tile<true>(dq, qa, da, ls, ds, sK[cur], sV[cur], w0, k0, T, sl2, lane);
+            else
+                dq_tile<false>(dq, qa, da, ls, ds, sK[cur], sV[cur], w0, k0, T, sl2, lane);
         }
         __syncthreads();  // every warp is done with sK[cur] and sV[cur]
     }
@@ -485,38 +540,107 @@ __device__ void load_stats(float* sl, float* sd, const float* lse, const float* 
     }
 }
 
-// Backward, dk and dv: block per 64 keys (grid (B·NH, ceil(T/64)); warp w: keys k0 + 16w
-// .. +15), over the query tiles from the diagonal on, with the transposed products:
-// Sᵀ = k·qᵀ, dPᵀ = v·dyᵀ, dv = Σ Pᵀ·dy, dk = Σ dSᵀ·q. Each query tile in two halves of 32
-// queries (a rolled loop), so that a thread holds the scores of 32 queries: few enough
-// registers for 3 blocks an SM. D is attn_bwd_dq's.
-extern "C" __global__ void __launch_bounds__(NT, 3)
+// One query tile of dk and dv for a warp's 16·DKM keys key0 - g .. (key0 = its first key
+// + g), from q and dy in sq and so and their rows' statistics in sl and sd, DKQ queries a
+// step. MASK as in fwd_tile.
+template <bool MASK>
+__device__ __forceinline__ void dkdv_tile(float (&dk)[DKM][8][4], float (&dv)[DKM][8][4],
+                                          const unsigned (&ka)[DKM][4][4],
+                                          const unsigned (&va)[DKM][4][4], const bf16* sq,
+                                          const bf16* so, const float* sl, const float* sd,
+                                          unsigned q0, unsigned key0, unsigned T, float sl2,
+                                          int lane) {
+    const int q = lane % 4;
+    #pragma unroll 1
+    for (int part = 0; part < TILE / DKQ; ++part) {
+        const bf16* hq = sq + part * DKQ * LDA;  // queries q0 + DKQ·part ..
+        const bf16* ho = so + part * DKQ * LDA;
+        float st[DKM][DKQ / 8][4], dpt[DKM][DKQ / 8][4];
+        mm_abt<DKM, DKQ / 8>(st, ka, hq, lane);
+        mm_abt<DKM, DKQ / 8>(dpt, va, ho, lane);
+        unsigned pa[DKM][DKQ / 16][4], dsa[DKM][DKQ / 16][4];
+        #pragma unroll
+        for (int m = 0; m < DKM; ++m) {
+            #pragma unroll
+            for (int j = 0; j < DKQ / 8; ++j) {
+                float p[4], ds[4];
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    int c = part * DKQ + j * 8 + 2 * q + (e & 1);
+                    p[e] = ex2(st[m][j][e] * sl2 - sl[c]);
+                    if (MASK) {
+                        unsigned row = q0 + c, key = key0 + 16 * m + (e < 2 ? 0 : 8);
+                        if (!(key <= row && row < T)) p[e] = 0.0f;
+                    }
+                    ds[e] = p[e] * (dpt[m][j][e] - sd[c]);  // scale: on dk's sum
+                }
+                pa[m][j / 2][(j % 2) * 2] = pack(p[0], p[1]);
+                pa[m][j / 2][(j % 2) * 2 + 1] = pack(p[2], p[3]);
+                dsa[m][j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
+                dsa[m][j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
+            }
+        }
+        mm_ab<DKM, DKQ / 16>(dv, pa, ho, lane);
+        mm_ab<DKM, DKQ / 16>(dk, dsa, hq, lane);
+    }
+}
+
+// Backward, dk and dv: block per KB keys (grid (B·NH, ceil(T/KB)); warp w: keys
+// kw0 = k0 + 16·DKM·w .. +16·DKM−1, m-tile m its keys kw0 + 16m ..), over the query
+// tiles from the diagonal on, with the transposed products: Sᵀ = k·qᵀ, dPᵀ = v·dyᵀ,
+// dv = Σ Pᵀ·dy, dk = Σ dSᵀ·q. Each query tile in steps of DKQ queries (a rolled loop), so
+// that a thread holds the scores of DKQ queries: few enough registers for DKB blocks an
+// SM. D is attn_bwd_dq's.
+extern "C" __global__ void __launch_bounds__(NT, DKB)
 attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const float* D,
               unsigned T, unsigned NH, float scale) {
     __shared__ __align__(16) bf16 sQ[2][TILE * LDA];
     __shared__ __align__(16) bf16 sO[2][TILE * LDA];
     __shared__ float sLse[2][TILE], sD[2][TILE];
-    const unsigned k0 = blockIdx.y * TILE;
+    const unsigned k0 = blockIdx.y * KB;
     const unsigned bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const idx_t C = (idx_t)NH * HD;
     const bf16* base = qkv + (idx_t)b * T * 3 * C + (idx_t)h * HD;
     const bf16* dyb = dy + (idx_t)b * T * C + (idx_t)h * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const unsigned key0 = k0 + warp * 16 + g, key1 = key0 + 8;
-    // k and v fragments of the warp's keys, through sQ[1] and sO[1]; the first q and dy
-    // tiles (from the diagonal, q0 = k0) on their way into sQ[0] and sO[0].
-    load_tile(sQ[1], base + C, 3 * C, k0, T);
-    load_tile(sO[1], base + 2 * C, 3 * C, k0, T);
-    load_tile_async(sQ[0], base, 3 * C, k0, T);
-    load_tile_async(sO[0], dyb, C, k0, T);
-    cp_commit();
+    const unsigned kw0 = k0 + warp * 16 * DKM, key0 = kw0 + g;
+    unsigned ka[DKM][4][4], va[DKM][4][4];
+    if (KB == TILE) {
+        // k and v fragments of the warp's keys, through sQ[1] and sO[1]; the first q and
+        // dy tiles (from the diagonal, q0 = k0) on their way into sQ[0] and sO[0].
+        load_tile(sQ[1], base + C, 3 * C, k0, T);
+        load_tile(sO[1], base + 2 * C, 3 * C, k0, T);
+        load_tile_async(sQ[0], base, 3 * C, k0, T);
+        load_tile_async(sO[0], dyb, C, k0, T);
+        cp_commit();
+        __syncthreads();
+        #pragma unroll
+        for (int m = 0; m < DKM; ++m) {
+            load_a(ka[m], sQ[1], warp * 16 * DKM + 16 * m, g, q);
+            load_a(va[m], sO[1], warp * 16 * DKM + 16 * m, g, q);
+        }
+    } else {
+        // KB = 128: k through sQ[0] and sQ[1], v through sO[0] and sO[1]; then the first
+        // q and dy tiles.
+        load_tile(sQ[0], base + C, 3 * C, k0, T);
+        load_tile(sQ[1], base + C, 3 * C, k0 + TILE, T);
+        load_tile(sO[0], base + 2 * C, 3 * C, k0, T);
+        load_tile(sO[1], base + 2 * C, 3 * C, k0 + TILE, T);
+        __syncthreads();
+        #pragma unroll
+        for (int m = 0; m < DKM; ++m) {
+            const int r = warp * 16 * DKM + 16 * m;
+            load_a(ka[m], sQ[r / TILE], r % TILE, g, q);
+            load_a(va[m], sO[r / TILE], r % TILE, g, q);
+        }
+        __syncthreads();
+        load_tile_async(sQ[0], base, 3 * C, k0, T);
+        load_tile_async(sO[0], dyb, C, k0, T);
+        cp_commit();
+    }
     load_stats(sLse[0], sD[0], lse, D, bh, k0, T);
-    __syncthreads();
-    unsigned ka[1][4][4], va[1][4][4];
-    load_a(ka[0], sQ[1], warp * 16, g, q);
-    load_a(va[0], sO[1], warp * 16, g, q);
     __syncthreads();  // every warp has its fragments: sQ[1] and sO[1] are free
-    float dk[1][8][4], dv[1][8][4];
+    float dk[DKM][8][4], dv[DKM][8][4];
     zero(dk);
     zero(dv);
     const float sl2 = scale * LOG2E;
@@ -532,50 +656,32 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
         __syncthreads();
         const float* sl = sLse[cur];
         const float* sd = sD[cur];
-        const bool mask = needs_mask(q0, TILE, k0, TILE, T);
-        #pragma unroll 1
-        for (int half = 0; half < 2; ++half) {
-            const bf16* hq = sQ[cur] + half * 32 * LDA;  // queries q0 + 32·half ..
-            const bf16* ho = sO[cur] + half * 32 * LDA;
-            float st[1][4][4], dpt[1][4][4];
-            mm_abt<1, 4>(st, ka, hq, lane);
-            mm_abt<1, 4>(dpt, va, ho, lane);
-            unsigned pa[1][2][4], dsa[1][2][4];
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                float p[4], ds[4];
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    int c = half * 32 + j * 8 + 2 * q + (e & 1);
-                    unsigned row = q0 + c, key = e < 2 ? key0 : key1;
-                    p[e] = ex2(st[0][j][e] * sl2 - sl[c]);
-                    if (mask && !(key <= row && row < T)) p[e] = 0.0f;
-                    ds[e] = p[e] * (dpt[0][j][e] - sd[c]);  // scale: on dk's sum
-                }
-                pa[0][j / 2][(j % 2) * 2] = pack(p[0], p[1]);
-                pa[0][j / 2][(j % 2) * 2 + 1] = pack(p[2], p[3]);
-                dsa[0][j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
-                dsa[0][j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
-            }
-            mm_ab<1, 2>(dv, pa, ho, lane);
-            mm_ab<1, 2>(dk, dsa, hq, lane);
+        if (q0 + TILE > kw0 && kw0 < T) {  // some query at or after some key of the warp
+            if (needs_mask(q0, TILE, kw0, 16 * DKM, T))
+                dkdv_tile<true>(dk, dv, ka, va, sQ[cur], sO[cur], sl, sd, q0, key0, T, sl2,
+                                lane);
+            else
+                dkdv_tile<false>(dk, dv, ka, va, sQ[cur], sO[cur], sl, sd, q0, key0, T, sl2,
+                                 lane);
         }
         __syncthreads();  // every warp is done with this tile's buffers and statistics
     }
     bf16* out = dqkv + (idx_t)b * T * 3 * C + (idx_t)h * HD + 2 * q;
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        if (key0 < T) {
-            *(__nv_bfloat162*)(out + (idx_t)key0 * 3 * C + C + j * 8) =
-                __floats2bfloat162_rn(dk[0][j][0] * scale, dk[0][j][1] * scale);
-            *(__nv_bfloat162*)(out + (idx_t)key0 * 3 * C + 2 * C + j * 8) =
-                __floats2bfloat162_rn(dv[0][j][0], dv[0][j][1]);
-        }
-        if (key1 < T) {
-            *(__nv_bfloat162*)(out + (idx_t)key1 * 3 * C + C + j * 8) =
-                __floats2bfloat162_rn(dk[0][j][2] * scale, dk[0][j][3] * scale);
-            *(__nv_bfloat162*)(out + (idx_t)key1 * 3 * C + 2 * C + j * 8) =
-                __floats2bfloat162_rn(dv[0][j][2], dv[0][j][3]);
+    for (int m = 0; m < DKM; ++m) {
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const unsigned key = key0 + 16 * m + 8 * r;
+            if (key < T) {
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    *(__nv_bfloat162*)(out + (idx_t)key * 3 * C + C + j * 8) =
+                        __floats2bfloat162_rn(dk[m][j][2 * r] * scale,
+                                              dk[m][j][2 * r + 1] * scale);
+                    *(__nv_bfloat162*)(out + (idx_t)key * 3 * C + 2 * C + j * 8) =
+                        __floats2bfloat162_rn(dv[m][j][2 * r], dv[m][j][2 * r + 1]);
+                }
+            }
         }
     }
 }

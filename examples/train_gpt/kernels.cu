@@ -217,10 +217,11 @@ extern "C" __global__ void residual_layernorm_fwd(act_t* res, act_t* out, float*
     if (lane == 0) { mean[row] = m; rstd[row] = rs; }
 }
 
-// Layer-norm backward, the input gradient: dinp += (w·dout − mean(w·dout) − norm ·
-// mean(w·dout·norm))·rstd, norm = (inp − mean)·rstd. One warp per row, 8 rows per block
-// of 256 (as layernorm_fwd), pairs of columns, the first RP pairs of a lane held in
-// registers: each lane's loads of a row are in flight together.
+// Layer-norm backward for rows wider than 64·RP (layernorm_bwd below takes the others),
+// the input gradient: dinp += (w·dout − mean(w·dout) − norm · mean(w·dout·norm))·rstd,
+// norm = (inp − mean)·rstd. One warp per row, 8 rows per block of 256 (as
+// layernorm_fwd), pairs of columns, the first RP pairs of a lane held in registers: each
+// lane's loads of a row are in flight together.
 extern "C" __global__ void layernorm_bwd_dx(act_t* dinp, const act_t* dout, const act_t* inp,
                                             const float* mean, const float* rstd,
                                             const act_t* w, unsigned N, unsigned C) {
@@ -276,11 +277,11 @@ extern "C" __global__ void layernorm_bwd_dx(act_t* dinp, const act_t* dout, cons
     }
 }
 
-// Layer-norm backward, the weight and bias gradients' partial sums over chunk y of the
-// rows (gridDim.y chunks), block (32, 8), thread (x, y) taking the column pair
-// blockIdx.x·32 + x and every 8th row of the chunk from its y: partial[y·2C + c] =
-// Σ dout·norm and partial[y·2C + C + c] = Σ dout, norm = (inp − mean)·rstd.
-// colsum_finish adds the chunks.
+// Layer-norm backward for rows wider than 64·RP, the weight and bias gradients' partial
+// sums over chunk y of the rows (gridDim.y chunks), block (32, 8), thread (x, y) taking
+// the column pair blockIdx.x·32 + x and every 8th row of the chunk from its y:
+// partial[y·2C + c] = Σ dout·norm and partial[y·2C + C + c] = Σ dout, norm = (inp −
+// mean)·rstd. colsum_finish adds the chunks.
 extern "C" __global__ void layernorm_bwd_wb(float* partial, const act_t* dout,
                                             const act_t* inp, const float* mean,
                                             const float* rstd, unsigned N, unsigned C) {
@@ -315,6 +316,111 @@ extern "C" __global__ void layernorm_bwd_wb(float* partial, const act_t* dout,
         pw[1] = tw.y;
         pw[C] = tb.x;
         pw[C + 1] = tb.y;
+    }
+}
+
+// Blocks per SM that layernorm_bwd's __launch_bounds__ asks for: in bf16 two (at most
+// 128 registers a thread; it needs about 120, none spilled), in fp32 one (its pairs take
+// twice the registers: about 200).
+#ifdef ACT_BF16
+#define LN_BWD_BLOCKS 2
+#else
+#define LN_BWD_BLOCKS 1
+#endif
+
+// Layer-norm backward in one pass over the rows, for C ≤ 64·RP (every pair of a row in
+// a lane's registers; the host launches layernorm_bwd_dx and layernorm_bwd_wb for wider
+// rows): dinp += dx as layernorm_bwd_dx computes it, and partial[y·2C + c] = Σ dout·norm,
+// partial[y·2C + C + c] = Σ dout over chunk y of the rows, as layernorm_bwd_wb writes
+// them (colsum_finish adds the chunks). Block y of gridDim.x (256 threads) takes chunk y
+// (rows [y·chunk, min(N, (y+1)·chunk)), chunk = ⌈N / gridDim.x⌉); its warp w takes rows
+// r0 + w, r0 + w + 8, ... in order, a lane keeping its pairs' sums in registers. The
+// block then adds its warps' sums in warp order 0..7 through shared memory. Those are
+// layernorm_bwd_wb's additions in its order (its thread y is warp w here), the same
+// products and the same dx arithmetic as layernorm_bwd_dx: the results equal the split
+// kernels' bit for bit where the compiler contracts the same products into FMAs (the
+// host emulator, which contracts none, checks that they do: emu/layernorm_check.cpp).
+extern "C" __global__ void __launch_bounds__(256, LN_BWD_BLOCKS)
+layernorm_bwd(act_t* dinp, float* partial, const act_t* dout, const act_t* inp,
+              const float* mean, const float* rstd, const act_t* w, unsigned N, unsigned C) {
+    __shared__ float2 sw[32 * RP], sb[32 * RP];
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, C2 = C / 2;
+    unsigned chunk = (N + gridDim.x - 1) / gridDim.x;
+    unsigned r0 = umin(N, blockIdx.x * chunk), r1 = umin(N, r0 + chunk);
+    const act2_t* w2 = (const act2_t*)w;
+    // Σ dout·norm and Σ dout of the lane's pairs lane + 32k over the warp's rows.
+    float2 dw[RP], db[RP];
+    #pragma unroll
+    for (int k = 0; k < RP; ++k) {
+        dw[k] = make_float2(0.0f, 0.0f);
+        db[k] = make_float2(0.0f, 0.0f);
+    }
+    for (unsigned row = r0 + warp; row < r1; row += 8) {
+        idx_t off = (idx_t)row * C;
+        const act2_t* x = (const act2_t*)(inp + off);
+        const act2_t* d = (const act2_t*)(dout + off);
+        act2_t* di = (act2_t*)(dinp + off);
+        float m = mean[row], r = rstd[row];
+        // The lane's pairs of dout, inp and dinp, loaded together up front.
+        act2_t dv[RP], xv[RP], gv[RP];
+        #pragma unroll
+        for (int k = 0; k < RP; ++k) {
+            unsigned i = lane + 32 * k;
+            if (i < C2) { dv[k] = d[i]; xv[k] = x[i]; gv[k] = di[i]; }
+        }
+        float a = 0.0f, bsum = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < RP; ++k) {
+            unsigned i = lane + 32 * k;
+            if (i < C2) {
+                float2 ww = ld2(w2[i]), dd = ld2(dv[k]), xx = ld2(xv[k]);
+                float dn0 = ww.x * dd.x, dn1 = ww.y * dd.y;
+                a += dn0 + dn1;
+                bsum += dn0 * (xx.x - m) * r + dn1 * (xx.y - m) * r;
+                dw[k].x += dd.x * ((xx.x - m) * r);
+                dw[k].y += dd.y * ((xx.y - m) * r);
+                db[k].x += dd.x;
+                db[k].y += dd.y;
+            }
+        }
+        a = warp_sum(a) / C;
+        bsum = warp_sum(bsum) / C;
+        #pragma unroll
+        for (int k = 0; k < RP; ++k) {
+            unsigned i = lane + 32 * k;
+            if (i < C2) {
+                float2 ww = ld2(w2[i]), dd = ld2(dv[k]), xx = ld2(xv[k]), g = ld2(gv[k]);
+                float n0 = (xx.x - m) * r, n1 = (xx.y - m) * r;
+                di[i] = st2(g.x + (ww.x * dd.x - a - n0 * bsum) * r,
+                            g.y + (ww.y * dd.y - a - n1 * bsum) * r);
+            }
+        }
+    }
+    // The block's sums, warp 0's first, then each warp's added in turn.
+    for (unsigned v = 0; v < 8; ++v) {
+        if (warp == v) {
+            #pragma unroll
+            for (int k = 0; k < RP; ++k) {
+                unsigned i = lane + 32 * k;
+                if (i < C2) {
+                    float2 tw = dw[k], tb = db[k];
+                    if (v > 0) {
+                        tw = make_float2(sw[i].x + tw.x, sw[i].y + tw.y);
+                        tb = make_float2(sb[i].x + tb.x, sb[i].y + tb.y);
+                    }
+                    sw[i] = tw;
+                    sb[i] = tb;
+                }
+            }
+        }
+        __syncthreads();
+    }
+    float* pw = partial + (idx_t)blockIdx.x * 2 * C;
+    for (unsigned i = threadIdx.x; i < C2; i += 256) {
+        pw[2 * i] = sw[i].x;
+        pw[2 * i + 1] = sw[i].y;
+        pw[C + 2 * i] = sb[i].x;
+        pw[C + 2 * i + 1] = sb[i].y;
     }
 }
 

@@ -46,6 +46,7 @@ registry!(
     encoder_bwd_wte_finish,
     layernorm_fwd,
     residual_layernorm_fwd,
+    layernorm_bwd,
     layernorm_bwd_dx,
     layernorm_bwd_wb,
     colsum_partial,
@@ -143,6 +144,11 @@ pub fn wte_parts(rows: usize) -> usize {
 pub fn colsum_parts(rows: usize) -> usize {
     rows.div_ceil(64).clamp(1, 256)
 }
+
+/// The widest rows the one-pass layer-norm backward (`layernorm_bwd` of `kernels.cu`)
+/// takes: 64·RP (RP = 12 there; a test checks), every pair of a row in its lane's
+/// registers.
+const LN_BWD_FUSED_MAX_C: usize = 64 * 12;
 
 impl Kernels {
     /// The layer-norm and column-sum kernels read and write pairs of activations: the
@@ -375,7 +381,9 @@ impl Kernels {
     }
 
     /// Layer-norm backward: `dinp += dx`, and the weight and bias gradients into `dwb`
-    /// (weight then bias, `2c`), through `partial`.
+    /// (weight then bias, `2c`), through `partial`. Rows of up to 768 (every width of
+    /// the models) take one pass (`layernorm_bwd`: the input gradient and the column
+    /// partial sums together); wider ones two (`layernorm_bwd_dx`, `layernorm_bwd_wb`).
     #[allow(clippy::too_many_arguments)]
     pub fn layernorm_bwd<'b>(
         &self,
@@ -406,6 +414,10 @@ impl Kernels {
                 ("weight", w),
             ],
         )?;
+        // The one-pass kernel's blocks take the two-pass kernels' row chunks (the partial
+        // buffer is sized for those): at 32768 rows, 256 blocks of 128 rows, in bf16 (two
+        // blocks per SM) all resident at once on an H100's 132 SMs; below 16384 rows,
+        // ⌈rows/64⌉ blocks of up to 64 rows.
         let parts = colsum_parts(n);
         need_at_least("layer-norm partial", partial.len(), parts * 2 * c)?;
         let (nn, cc, pp, ww) = (
@@ -414,37 +426,62 @@ impl Kernels {
             parts as u32,
             u32_of("2C", 2 * c)?,
         );
-        // SAFETY: (float*, const float* ×5, unsigned ×2) matches layernorm_bwd_dx; warp
-        // row < N reads and writes row `row` of dinp, dout and inp (N·C, checked), and
-        // reads mean[row], rstd[row] (N, checked) and C of w (C, by definition), in pairs
-        // (C even, every buffer pair-aligned: checked).
-        unsafe {
-            tg.launch(&self.layernorm_bwd_dx, warp_rows(n))
-                .arg_written(dinp)
-                .arg(dout)
-                .arg(inp)
-                .arg(stats.0)
-                .arg(stats.1)
-                .arg(w)
-                .value(nn)
-                .value(cc)
-                .launch()?;
-        }
-        // SAFETY: (float*, const float* ×4, unsigned ×2) matches layernorm_bwd_wb; block
-        // (x, y) reads rows of chunk y < parts, column pairs < C/2, of dout and inp (N·C,
-        // checked, C even and both pair-aligned) and their mean and rstd (N, checked),
-        // and writes partial row y (2C wide), inside parts·2C ≤ partial's length
-        // (checked).
-        unsafe {
-            tg.launch(&self.layernorm_bwd_wb, column_chunks(cc / 2, pp))
-                .arg_written(partial)
-                .arg(dout)
-                .arg(inp)
-                .arg(stats.0)
-                .arg(stats.1)
-                .value(nn)
-                .value(cc)
-                .launch()?;
+        if c <= LN_BWD_FUSED_MAX_C {
+            // SAFETY: (float*, float*, const float* ×5, unsigned ×2) matches
+            // layernorm_bwd; block y < parts takes the rows r of [y·chunk, min(N,
+            // (y+1)·chunk)) (chunk = ⌈N/parts⌉; the chunks are disjoint and each row is one
+            // warp's), reading and writing row r of dinp and reading row r of dout and inp
+            // (N·C each, checked), mean[r] and rstd[r] (N, checked) and C of w (C, by
+            // definition), in pairs (C even, every buffer pair-aligned: checked); its
+            // shared sums hold 32·RP pairs, at least the C/2 of a row (C ≤ 64·RP: this
+            // branch); it writes partial row y (2C wide), inside parts·2C ≤ partial's
+            // length (checked).
+            unsafe {
+                tg.launch(&self.layernorm_bwd, blocks(pp, 256))
+                    .arg_written(dinp)
+                    .arg_written(partial)
+                    .arg(dout)
+                    .arg(inp)
+                    .arg(stats.0)
+                    .arg(stats.1)
+                    .arg(w)
+                    .value(nn)
+                    .value(cc)
+                    .launch()?;
+            }
+        } else {
+            // SAFETY: (float*, const float* ×5, unsigned ×2) matches layernorm_bwd_dx; warp
+            // row < N reads and writes row `row` of dinp, dout and inp (N·C, checked), and
+            // reads mean[row], rstd[row] (N, checked) and C of w (C, by definition), in pairs
+            // (C even, every buffer pair-aligned: checked).
+            unsafe {
+                tg.launch(&self.layernorm_bwd_dx, warp_rows(n))
+                    .arg_written(dinp)
+                    .arg(dout)
+                    .arg(inp)
+                    .arg(stats.0)
+                    .arg(stats.1)
+                    .arg(w)
+                    .value(nn)
+                    .value(cc)
+                    .launch()?;
+            }
+            // SAFETY: (float*, const float* ×4, unsigned ×2) matches layernorm_bwd_wb; block
+            // (x, y) reads rows of chunk y < parts, column pairs < C/2, of dout and inp (N·C,
+            // checked, C even and both pair-aligned) and their mean and rstd (N, checked),
+            // and writes partial row y (2C wide), inside parts·2C ≤ partial's length
+            // (checked).
+            unsafe {
+                tg.launch(&self.layernorm_bwd_wb, column_chunks(cc / 2, pp))
+                    .arg_written(partial)
+                    .arg(dout)
+                    .arg(inp)
+                    .arg(stats.0)
+                    .arg(stats.1)
+                    .value(nn)
+                    .value(cc)
+                    .launch()?;
+            }
         }
         self.colsum_finish(tg, dwb, partial, pp, ww)
     }
@@ -753,5 +790,23 @@ impl Kernels {
                 .value(zero)
                 .launch()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's widest fused layer-norm backward is the kernel's 64·RP.
+    #[test]
+    fn ln_bwd_fused_width_is_the_kernels() {
+        let rp: usize = SOURCE
+            .lines()
+            .find_map(|l| l.strip_prefix("#define RP "))
+            .expect("kernels.cu defines RP")
+            .trim()
+            .parse()
+            .expect("RP is a number");
+        assert_eq!(LN_BWD_FUSED_MAX_C, 64 * rp);
     }
 }

@@ -1,7 +1,7 @@
 //! The model's linear layers with their biases and the MLP's GELU, forward and backward:
 //! as cuBLASLt epilogues of the products (`--epilogues on`: `BIAS`, `GELU_AUX_BIAS`,
-//! `DGELU`, `BGRADA`) or as the products followed by kernels of their own
-//! (`--epilogues off`). Generic over where the work goes (a stream or a graph capture).
+//! `DGELU`) or as the products followed by kernels of their own (`--epilogues off`);
+//! the bias gradients are column-sum kernels either way. Generic over where the work goes (a stream or a graph capture).
 
 use crate::kernels::Kernels;
 use crate::model::linear;
@@ -86,16 +86,13 @@ impl<'k> Lin<'k> {
         'k: 'b,
     {
         let shape = Matmul::new(out, inp, n).transpose_a();
+        // The bias gradient from a kernel of its own, with the epilogues too: cuBLASLt's
+        // BGRADA runs as a separate reduction kernel on sm_90 that is slower than
+        // train_gpt's column sums (docs/performance.md, "Where the time goes").
+        e.matmul(blas, &shape, dy, x, dw)?;
         match db {
-            Some(db) if self.epilogues => {
-                let args = CaptureLtArgs::new().bias_grad(db);
-                e.matmul_lt(blas, &shape, Epilogue::BGradA, dy, x, dw, args)
-            }
-            Some(db) => {
-                e.matmul(blas, &shape, dy, x, dw)?;
-                self.ks.bias_grad(e, db, self.partial, dy)
-            }
-            None => e.matmul(blas, &shape, dy, x, dw),
+            Some(db) => self.ks.bias_grad(e, db, self.partial, dy),
+            None => Ok(()),
         }
     }
 

@@ -49,8 +49,9 @@
 //! before it allocates: a larger batch is a typed error), and exits.
 //!
 //! `--epilogues on` (the default) computes the QKV and MLP biases, the MLP's GELU and
-//! their gradients in the products, as cuBLASLt epilogues (`BIAS`, `GELU_AUX_BIAS` storing
-//! the pre-activation, `DGELU`, `BGRADA`, `linear.rs`); `off` runs them as kernels.
+//! its gradient in the products, as cuBLASLt epilogues (`BIAS`, `GELU_AUX_BIAS` storing
+//! the pre-activation, `DGELU`, `linear.rs`); `off` runs them as kernels. The bias
+//! gradients are column-sum kernels either way.
 //!
 //! Every step prints `step S loss L` (what
 //! `scripts/compare-gpt.sh` compares); every `--log-every` steps a progress line with

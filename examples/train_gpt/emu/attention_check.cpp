@@ -19,7 +19,7 @@ using std::vector;
 typedef __nv_bfloat16 bf;
 
 // ---- The launches, as attention.rs issues them (change them here with the kernels) ----
-// attn_fwd and attn_bwd_dq take QT queries a block, attn_bwd_dkdv TILE keys; NT threads.
+// attn_fwd and attn_bwd_dq take QT queries a block, attn_bwd_dkdv KB keys; NT threads.
 // attn_bwd_dq also writes dsum = rowsum(dy ⊙ y), which attn_bwd_dkdv reads: dq runs first.
 static unsigned cdiv(unsigned a, unsigned b) { return (a + b - 1) / b; }
 static void forward(bf* y, float* lse, const bf* qkv, unsigned B, unsigned T, unsigned NH,
@@ -30,7 +30,7 @@ static void backward(bf* dqkv, float* dsum, const bf* qkv, const bf* y, const fl
                      const bf* dy, unsigned B, unsigned T, unsigned NH, float scale) {
     launch(attn_bwd_dq, dim3(B * NH, cdiv(T, QT)), dim3(NT), dqkv, dsum, qkv, y, dy, lse, T,
            NH, scale);
-    launch(attn_bwd_dkdv, dim3(B * NH, cdiv(T, TILE)), dim3(NT), dqkv, qkv, dy, lse,
+    launch(attn_bwd_dkdv, dim3(B * NH, cdiv(T, KB)), dim3(NT), dqkv, qkv, dy, lse,
            (const float*)dsum, T, NH, scale);
 }
 
