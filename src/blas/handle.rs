@@ -2,6 +2,7 @@
 //! workspace both use, shared with the graphs that captured products of the handle.
 
 use super::lt::LtPlans;
+use super::select::AlgoSelection;
 use super::sys::{self, LtHandle, check};
 use crate::access::AccessTracker;
 use crate::context::BoundDevice;
@@ -10,7 +11,7 @@ use crate::driver::libraries::{self as libs, CublasHandle};
 use crate::error::Result;
 use crate::graph::Owned;
 use crate::memory::{DeviceMemory, DeviceSlice, Tracked};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::{Arc, OnceLock};
 
 /// A cuBLAS handle of one device, with its workspace and a cuBLASLt handle (for
@@ -32,6 +33,8 @@ pub struct Blas {
     pub(crate) lt_plans: RefCell<LtPlans>,
     /// The device tables of matrix addresses that grouped GEMMs read, used in turn.
     pub(crate) grouped_tables: RefCell<super::grouped::AddressTables>,
+    /// How new cuBLASLt shapes get their algorithm.
+    selection: Cell<AlgoSelection>,
 }
 
 /// What a [`Blas`] shares with the graphs that captured its products: the handles (which
@@ -91,6 +94,25 @@ impl Blas {
     /// The handle's device.
     pub fn device(&self) -> &Arc<Device> {
         &self.shared.device
+    }
+
+    /// How [`matmul_lt`](crate::BoundStream::matmul_lt) products of a shape this `Blas`
+    /// has not planned get their algorithm: cuBLASLt's heuristic (the default) or the
+    /// fastest of its candidates, timed once per shape and device ([`AlgoSelection`]).
+    /// Shapes planned before are planned again under the new selection.
+    ///
+    /// Plain products ([`matmul`](crate::BoundStream::matmul) and the others through
+    /// cuBLAS) keep cuBLAS's own choice: a product whose algorithm should be timed goes
+    /// through `matmul_lt` with [`Epilogue::Default`](super::Epilogue::Default).
+    pub fn set_algo_selection(&self, selection: AlgoSelection) {
+        if self.selection.replace(selection) != selection {
+            self.lt_plans.borrow_mut().clear();
+        }
+    }
+
+    /// The selection [`set_algo_selection`](Self::set_algo_selection) set.
+    pub fn algo_selection(&self) -> AlgoSelection {
+        self.selection.get()
     }
 
     /// The cuBLAS handle.
@@ -180,6 +202,7 @@ impl<'a> BoundDevice<'a> {
             }),
             lt_plans: RefCell::default(),
             grouped_tables: RefCell::default(),
+            selection: Cell::default(),
         };
         // The cuBLASLt handle now if cuBLASLt loads, so that a capture never has to
         // create it; without cuBLASLt, plain products still work and `matmul_lt` reports

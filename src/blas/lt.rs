@@ -6,9 +6,11 @@ use super::epilogue::{Epilogue, Extra, LtArgs, Role};
 use super::gemm::{Ptrs, Scales};
 use super::handle::Blas;
 use super::plan::Plan;
+use super::select::{self, AlgoSelection, Scratch};
 use super::sys::{self, LtAlgo, LtDesc, LtHandle, LtHeuristic, LtLayout, LtPref, check};
 use super::types::{BlasScalar, DataType, Matmul};
 use crate::access::Access;
+use crate::driver::result;
 use crate::error::MatmulError;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut};
@@ -32,6 +34,23 @@ pub(crate) struct LtKey {
     align: [u32; 5],
 }
 
+#[cfg(test)]
+impl LtKey {
+    /// A bf16 `m`×64×64 product with no epilogue, all operands 256-byte aligned.
+    pub(crate) fn example(m: i32) -> LtKey {
+        LtKey {
+            dtype: DataType::Bf16,
+            tf32: false,
+            epilogue: 1,
+            trans: (false, false),
+            mnk: (m, 64, 64),
+            ld: (m, 64, m),
+            aux_ld: 0,
+            align: [256; 5],
+        }
+    }
+}
+
 /// The largest power of two (up to 256) that divides `addr`: what cuBLASLt may assume
 /// of a pointer when it picks an algorithm.
 pub(crate) fn alignment(addr: u64) -> u32 {
@@ -42,7 +61,7 @@ pub(crate) fn alignment(addr: u64) -> u32 {
     }
 }
 
-/// A descriptor set with the algorithm cuBLASLt's heuristic chose for it.
+/// A descriptor set with the algorithm chosen for it ([`AlgoSelection`]).
 pub(crate) struct LtPlan {
     desc: LtDesc,
     /// cuBLAS's A, B and C (= D).
@@ -96,6 +115,11 @@ impl LtPlans {
             }
         };
         Ok(&self.plans[i].1)
+    }
+
+    /// Drops every plan (their algorithms were chosen under another selection).
+    pub(crate) fn clear(&mut self) {
+        self.plans.clear();
     }
 }
 
@@ -169,6 +193,16 @@ impl Epilogue {
     }
 }
 
+/// What choosing an algorithm for a new plan needs besides the descriptors: the
+/// selection, the device (whose timed choices apply), the product's stream and shape
+/// (its scales).
+struct Choose<'a> {
+    selection: AlgoSelection,
+    ordinal: usize,
+    stream: driver::CUstream,
+    shape: &'a Matmul,
+}
+
 /// A product's Lt-specific description: the plan and key plus what makes the descriptor.
 pub(crate) struct LtProblem {
     pub(crate) plan: Plan,
@@ -205,8 +239,8 @@ impl LtProblem {
         }
     }
 
-    /// Creates the descriptors and asks cuBLASLt's heuristic for an algorithm.
-    fn make(&self, handle: LtHandle, workspace: usize) -> Result<LtPlan> {
+    /// Creates the descriptors and chooses the algorithm as `how` says.
+    fn make(&self, handle: LtHandle, workspace: usize, how: &Choose<'_>) -> Result<LtPlan> {
         let api = sys::cublaslt()?;
         let (k, p) = (&self.key, &self.plan);
         let mut out = LtPlan {
@@ -250,12 +284,166 @@ impl LtProblem {
             };
             check(status, "cublasLtMatrixLayoutCreate")?;
         }
-        out.algo = self.heuristic(handle, &out, workspace)?;
+        out.algo = match how.selection {
+            AlgoSelection::Timed { .. } => {
+                match select::timed_choice(how.ordinal, &self.key) {
+                    Some(algo) => algo,
+                    None => {
+                        let candidates =
+                            self.heuristic(handle, &out, workspace, how.selection.requested())?;
+                        // SAFETY: the caller's context is current (enqueue_lt's contract)
+                        // and `how.stream` is one of its streams.
+                        match unsafe { self.time(handle, &out, &candidates, workspace, how) }? {
+                            Some(algo) => select::keep_choice(how.ordinal, self.key, algo),
+                            None => candidates[0],
+                        }
+                    }
+                }
+            }
+            _ => self.heuristic(handle, &out, workspace, 1)?[0],
+        };
         Ok(out)
     }
 
-    /// The heuristic's first algorithm for `plan`'s descriptors.
-    fn heuristic(&self, handle: LtHandle, plan: &LtPlan, workspace: usize) -> Result<LtAlgo> {
+    /// The fastest of `candidates` for `plan`'s descriptors, run on scratch memory on a
+    /// stream of their own after the product's stream drained (unless it is capturing);
+    /// `None` when the scratch cannot be had or no candidate runs (logged).
+    ///
+    /// # Safety
+    ///
+    /// The handle's context is current and `how.stream` is one of its streams.
+    unsafe fn time(
+        &self,
+        handle: LtHandle,
+        plan: &LtPlan,
+        candidates: &[LtAlgo],
+        workspace: usize,
+        how: &Choose<'_>,
+    ) -> Result<Option<LtAlgo>> {
+        let api = sys::cublaslt()?;
+        let (k, p) = (&self.key, &self.plan);
+        let el = k.dtype.bytes();
+        let cols = |t: bool, r: i32, c: i32| if t { r } else { c } as usize;
+        let (m, n) = (p.m as usize, p.n as usize);
+        let parts = [
+            p.lda as usize * cols(p.transa, p.m, p.k) * el,
+            p.ldb as usize * cols(p.transb, p.k, p.n) * el,
+            p.ldc as usize * n * el,
+            m.max(n) * 8,
+            k.aux_ld.max(0) as usize * m.max(n) * el,
+            workspace,
+        ];
+        let at = select::scratch_layout(parts);
+        let (n_cand, rounds) = (candidates.len(), select::ROUNDS);
+        crate::driver::with_relaxed_capture_mode(|| -> Result<Option<LtAlgo>> {
+            // SAFETY: the caller's contract: a live stream of the current context.
+            if !unsafe { result::stream::is_capturing(how.stream) }? {
+                // SAFETY: as above; a host wait, which the relaxed mode allows.
+                unsafe { result::stream::synchronize(how.stream) }?;
+            }
+            let events = 2 * n_cand * rounds;
+            // SAFETY: the current context (the caller's contract) stays current here.
+            let scratch = match unsafe { Scratch::new(at[6], k.dtype, events) } {
+                Ok(s) => s,
+                Err(e) => {
+                    let what = self.describe();
+                    log::debug!("gpubind: timing {what}: no scratch ({e}); heuristic");
+                    return Ok(None);
+                }
+            };
+            let addr = |i: usize| scratch.base + at[i] as u64;
+            let ptrs = EpiloguePtrs {
+                bias: addr(3),
+                aux: addr(4),
+            };
+            // SAFETY: a live descriptor of this plan, used by this thread only.
+            unsafe { ptrs.set(plan.desc, self.epilogue) }?;
+            let scales = Scales::new(k.dtype, how.shape);
+            let (alpha, beta) = scales.ptrs();
+            let [la, lb, lc] = plan.layouts;
+            let run = |algo: &LtAlgo| {
+                // SAFETY: live handle, descriptor and layouts; every operand, the
+                // epilogue's and the workspace lie in the scratch allocation at offsets
+                // sized for what the layouts reach (`parts`), ordered on its stream;
+                // alpha and beta are host scalars alive for the call.
+                unsafe {
+                    (api.matmul)(
+                        handle,
+                        plan.desc,
+                        alpha,
+                        addr(0) as *const c_void,
+                        la,
+                        addr(1) as *const c_void,
+                        lb,
+                        beta,
+                        addr(2) as *const c_void,
+                        lc,
+                        addr(2) as *mut c_void,
+                        lc,
+                        algo,
+                        addr(5) as *mut c_void,
+                        workspace,
+                        scratch.stream.cast(),
+                    )
+                }
+            };
+            // One untimed run of each (which also tells which run at all), then the
+            // rounds, every candidate in turn.
+            let ran: Vec<bool> = candidates.iter().map(|a| run(a) == 0).collect();
+            if !ran.contains(&true) {
+                log::debug!(
+                    "gpubind: timing {}: no candidate ran; heuristic",
+                    self.describe()
+                );
+                return Ok(None);
+            }
+            for round in 0..rounds {
+                for (i, algo) in candidates.iter().enumerate().filter(|&(i, _)| ran[i]) {
+                    let e = 2 * (round * n_cand + i);
+                    // SAFETY: the scratch's live events and stream.
+                    unsafe { result::event::record(scratch.event(e), scratch.stream) }?;
+                    for _ in 0..select::REPS {
+                        run(algo);
+                    }
+                    // SAFETY: as above.
+                    unsafe { result::event::record(scratch.event(e + 1), scratch.stream) }?;
+                }
+            }
+            // A host wait (relaxed mode) for everything recorded above.
+            scratch.wait()?;
+            let mut times = vec![None; n_cand];
+            for (i, t) in times.iter_mut().enumerate().filter(|(i, _)| ran[*i]) {
+                let mut best = f32::INFINITY;
+                for round in 0..rounds {
+                    let e = 2 * (round * n_cand + i);
+                    // SAFETY: both events recorded on one stream and complete.
+                    let ms = unsafe {
+                        crate::driver::version::event_elapsed_ms(
+                            scratch.event(e),
+                            scratch.event(e + 1),
+                        )
+                    }?;
+                    best = best.min(ms);
+                }
+                *t = Some(best / select::REPS as f32);
+            }
+            let best = select::fastest(&times);
+            log::debug!(
+                "gpubind: timed {}: ms per run {times:?}, fastest {best:?}",
+                self.describe()
+            );
+            Ok(best.map(|i| candidates[i]))
+        })?
+    }
+
+    /// The heuristic's first `count` algorithms for `plan`'s descriptors (at least one).
+    fn heuristic(
+        &self,
+        handle: LtHandle,
+        plan: &LtPlan,
+        workspace: usize,
+        count: usize,
+    ) -> Result<Vec<LtAlgo>> {
         let api = sys::cublaslt()?;
         let mut pref: LtPref = std::ptr::null_mut();
         // SAFETY: writes one preference, destroyed below.
@@ -263,7 +451,7 @@ impl LtProblem {
             unsafe { (api.pref_create)(&mut pref) },
             "cublasLtMatmulPreferenceCreate",
         )?;
-        let mut result = LtHeuristic::default();
+        let mut results = vec![LtHeuristic::default(); count.max(1)];
         let mut found: c_int = 0;
         let out = (|| {
             let bytes = workspace as u64;
@@ -278,7 +466,8 @@ impl LtProblem {
                 }
             }
             let [a, b, c] = plan.layouts;
-            // SAFETY: live handle, descriptors and preference; writes at most one result.
+            // SAFETY: live handle, descriptors and preference; writes at most
+            // `results.len()` results.
             let status = unsafe {
                 (api.heuristic)(
                     handle,
@@ -288,8 +477,8 @@ impl LtProblem {
                     c,
                     c,
                     pref,
-                    1,
-                    &mut result,
+                    results.len() as c_int,
+                    results.as_mut_ptr(),
                     &mut found,
                 )
             };
@@ -301,7 +490,19 @@ impl LtProblem {
         })();
         // SAFETY: created above, destroyed once, here.
         unsafe { (api.pref_destroy)(pref) };
-        out.map(|()| result.algo)
+        let found = (found.max(0) as usize).min(results.len());
+        let algos: Vec<LtAlgo> = results[..found]
+            .iter()
+            .filter(|r| r.state == 0)
+            .map(|r| r.algo)
+            .collect();
+        out.and_then(|()| {
+            if algos.is_empty() {
+                Err(MatmulError::NoAlgorithm(self.describe()).into())
+            } else {
+                Ok(algos)
+            }
+        })
     }
 
     fn describe(&self) -> String {
@@ -337,7 +538,13 @@ pub(crate) unsafe fn enqueue_lt(
     let shared = Arc::clone(&blas.shared);
     let ws = &shared.workspace;
     let mut plans = blas.lt_plans.borrow_mut();
-    let lt = plans.get_or_make(problem.key, || problem.make(handle, ws.len()))?;
+    let how = Choose {
+        selection: blas.algo_selection(),
+        ordinal: shared.device.ordinal(),
+        stream,
+        shape,
+    };
+    let lt = plans.get_or_make(problem.key, || problem.make(handle, ws.len(), &how))?;
     // SAFETY: a live descriptor of this Blas, used by this thread only (`Blas` is not
     // `Sync`; the plans stay borrowed until the product is enqueued).
     unsafe { problem.ptrs.set(lt.desc, problem.epilogue)? };
@@ -382,8 +589,9 @@ impl<'b> BoundStream<'b> {
     /// missing or extra, or a combination cuBLASLt has no algorithm for is a
     /// [`MatmulError`].
     ///
-    /// The descriptors and the algorithm cuBLASLt's heuristic picks are cached in the
-    /// [`Blas`] per shape, layout, epilogue and operand alignment.
+    /// The descriptors and the algorithm are cached in the [`Blas`] per shape, layout,
+    /// epilogue and operand alignment; the algorithm is cuBLASLt's heuristic's first, or
+    /// the fastest of its candidates timed once ([`Blas::set_algo_selection`]).
     ///
     /// ```no_run
     /// # fn main() -> gpubind::Result<()> {

@@ -34,7 +34,9 @@
 //!   A and B with an f32 C ([`MatmulOutput`]), as f32 gradient accumulation uses them.
 //! * [`BoundStream::matmul_lt`](crate::BoundStream::matmul_lt): cuBLASLt products with
 //!   an [`Epilogue`] — bias, ReLU, GELU, their auxiliary outputs, and the backward
-//!   epilogues (`DRELU`, `DGELU`, bias gradients) — with operands in [`LtArgs`].
+//!   epilogues (`DRELU`, `DGELU`, bias gradients) — with operands in [`LtArgs`]; the
+//!   algorithm is cuBLASLt's heuristic's first or, with [`AlgoSelection::Timed`]
+//!   ([`Blas::set_algo_selection`]), the fastest of its candidates, timed once per shape.
 //! * [`BoundStream::matmul_device_scalars`](crate::BoundStream::matmul_device_scalars):
 //!   alpha and beta read from device memory when the product runs.
 //! * [`BoundStream::matmul_grouped`](crate::BoundStream::matmul_grouped): groups of
@@ -85,6 +87,7 @@ mod grouped;
 mod handle;
 mod lt;
 mod plan;
+mod select;
 mod sys;
 #[cfg(test)]
 mod tests;
@@ -96,6 +99,7 @@ pub use capture::{CaptureLtArgs, CaptureOutput};
 pub use enqueue::Enqueue;
 pub use epilogue::{Epilogue, LtArgs};
 pub use handle::Blas;
+pub use select::AlgoSelection;
 pub use sys::cublaslt_info;
 pub use types::{
     Batch, BlasFloat, BlasScalar, DataType, GemmGroup, Gemv, Layout, Matmul, MatmulOutput,

@@ -29,6 +29,15 @@ impl DataType {
         }
     }
 
+    /// Bytes of one element.
+    pub(crate) fn bytes(self) -> usize {
+        match self {
+            DataType::F16 | DataType::Bf16 => 2,
+            DataType::F32 => 4,
+            DataType::F64 => 8,
+        }
+    }
+
     /// `cudaDataType_t` of the matrices.
     pub(crate) fn cuda(self) -> std::ffi::c_int {
         use super::sys::*;

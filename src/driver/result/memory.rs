@@ -34,6 +34,24 @@ pub(crate) unsafe fn free(ptr: sys::CUdeviceptr) -> Result<()> {
     check(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree_v2")
 }
 
+/// `cuMemAllocAsync`: `bytes` from the device's current memory pool, ordered on
+/// `stream`.
+///
+/// # Safety
+///
+/// `stream` is a live stream of the current context; the memory is used only after this
+/// point of `stream` (or after waiting for it) and freed once.
+#[inline]
+pub(crate) unsafe fn alloc_async(bytes: usize, stream: sys::CUstream) -> Result<sys::CUdeviceptr> {
+    let mut ptr: sys::CUdeviceptr = 0;
+    // SAFETY: writes one device pointer; the caller guarantees the stream.
+    check(
+        unsafe { sys::cuMemAllocAsync(&mut ptr, bytes, stream) },
+        "cuMemAllocAsync",
+    )?;
+    Ok(ptr)
+}
+
 /// `cuMemAllocFromPoolAsync`: `bytes` from `pool`, ordered on `stream`.
 ///
 /// # Safety
