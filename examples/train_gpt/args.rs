@@ -1,6 +1,7 @@
 //! `train_gpt`'s command line. Pure host code.
 
 use crate::GptError;
+use gpubind::blas::AlgoSelection;
 use std::path::PathBuf;
 
 /// The arithmetic of a run.
@@ -39,13 +40,17 @@ impl AttnMode {
     }
 }
 
-/// Which fused implementations a step uses (`--attention`, `--epilogues`).
+/// Which implementations a step uses (`--attention`, `--epilogues`, `--gemm-algos`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fusion {
     pub attention: AttnMode,
     /// Biases, GELU and their gradients as cuBLASLt epilogues of the products (`on`), or
     /// as kernels of their own (`off`).
     pub epilogues: bool,
+    /// How the cuBLASLt products pick their algorithms: the fastest of cuBLASLt's
+    /// candidates, timed on the first step (`timed`), or its heuristic's first
+    /// (`heuristic`: the same algorithms in every process).
+    pub gemm_algos: AlgoSelection,
 }
 
 #[derive(Debug, Clone)]
@@ -102,6 +107,7 @@ impl Default for Args {
             fusion: Fusion {
                 attention: AttnMode::Auto,
                 epilogues: true,
+                gemm_algos: AlgoSelection::timed(),
             },
             ckpt_every: 0,
             ckpt_dir: PathBuf::from("checkpoints"),
@@ -195,6 +201,17 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
                     _ => return Err(GptError::Usage(format!("--epilogues {v:?}: on or off"))),
                 }
             }
+            "--gemm-algos" => {
+                a.fusion.gemm_algos = match v.as_str() {
+                    "timed" => AlgoSelection::timed(),
+                    "heuristic" => AlgoSelection::Heuristic,
+                    _ => {
+                        return Err(GptError::Usage(format!(
+                            "--gemm-algos {v:?}: timed or heuristic"
+                        )));
+                    }
+                }
+            }
             "--check-attention" => a.check_attention = true,
             "--check-attention-quick" => {
                 a.check_attention = true;
@@ -267,6 +284,10 @@ mod tests {
         let u = p("--attention unfused --epilogues off --check-attention").unwrap();
         assert_eq!(u.fusion.attention, AttnMode::Unfused);
         assert!(!u.fusion.epilogues);
+        assert_eq!(a.fusion.gemm_algos, AlgoSelection::timed());
+        let h = p("--gemm-algos heuristic").unwrap();
+        assert_eq!(h.fusion.gemm_algos, AlgoSelection::Heuristic);
+        assert!(p("--gemm-algos fastest").is_err());
         let t = p("--attention tiled").unwrap();
         assert_eq!(t.fusion.attention, AttnMode::Tiled);
         assert!(u.check_attention && !u.check_quick);

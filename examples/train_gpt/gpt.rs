@@ -240,7 +240,11 @@ impl<T: Act> Gpt<T> {
                 AttnMode::Tiled => Some(Attention::load(gpu, T::BF16, false)?),
             },
             fusion,
-            blas: gpu.new_blas()?,
+            blas: {
+                let blas = gpu.new_blas()?;
+                blas.set_algo_selection(fusion.gemm_algos);
+                blas
+            },
         })
     }
 

@@ -122,6 +122,8 @@ impl<T: Act> Gpt<T> {
     ) -> Result<Graph<'a>> {
         // The graph keeps the handle's workspace: this handle may go when the capture ends.
         let blas = gpu.new_blas()?;
+        // Timed algorithms are the device's: the graph runs those eager steps ran.
+        blas.set_algo_selection(self.fusion.gemm_algos);
         gpu.capture(|cap| {
             let mut x = Captured {
                 cap,

@@ -1,13 +1,14 @@
 //! The model's linear layers with their biases and the MLP's GELU, forward and backward:
 //! as cuBLASLt epilogues of the products (`--epilogues on`: `BIAS`, `GELU_AUX_BIAS`,
-//! `DGELU`) or as the products followed by kernels of their own (`--epilogues off`);
-//! the bias gradients are column-sum kernels either way. Generic over where the work goes (a stream or a graph capture).
+//! `DGELU`, and the plain products through cuBLASLt too, so that `--gemm-algos timed`
+//! times every product's algorithm) or as cuBLAS products followed by kernels of their
+//! own (`--epilogues off`); the bias gradients are column-sum kernels either way. Generic over where the work goes (a stream or a graph capture).
 
 use crate::kernels::Kernels;
 use crate::model::linear;
 use crate::precision::Act;
 use gpubind::blas::{Blas, CaptureLtArgs, Enqueue, Epilogue, Matmul};
-use gpubind::{DeviceSlice, DeviceView, Result};
+use gpubind::{DeviceMemory, DeviceOnlyMemory, DeviceSlice, DeviceView, Result};
 
 /// How the biases and GELU run: the kernels, the scratch their bias gradients sum
 /// through, and whether to use the epilogues instead.
@@ -23,6 +24,39 @@ pub struct Lin<'k> {
 pub type Dims3 = (usize, usize, usize);
 
 impl<'k> Lin<'k> {
+    /// `c = op(a)·op(b)` as `shape` says: a cuBLASLt product without epilogue
+    /// (`--epilogues on`, its algorithm chosen as the handle's selection says) or a
+    /// cuBLAS one.
+    pub fn product<'b, T, E, A, B, C>(
+        &self,
+        e: &mut E,
+        blas: &Blas,
+        shape: &Matmul,
+        (a, b): (&'b A, &'b B),
+        c: &'b C,
+    ) -> Result<()>
+    where
+        T: Act,
+        E: Enqueue<'b>,
+        A: DeviceMemory<T> + ?Sized,
+        B: DeviceMemory<T> + ?Sized,
+        C: DeviceMemory<T> + DeviceOnlyMemory + ?Sized,
+    {
+        if self.epilogues {
+            e.matmul_lt(
+                blas,
+                shape,
+                Epilogue::Default,
+                a,
+                b,
+                c,
+                CaptureLtArgs::new(),
+            )
+        } else {
+            e.matmul(blas, shape, a, b, c)
+        }
+    }
+
     /// `y = x·Wᵀ + b`.
     pub fn fwd_bias<'b, T: Act, E: Enqueue<'b>>(
         &self,
@@ -89,7 +123,7 @@ impl<'k> Lin<'k> {
         // The bias gradient from a kernel of its own, with the epilogues too: cuBLASLt's
         // BGRADA runs as a separate reduction kernel on sm_90 that is slower than
         // train_gpt's column sums (docs/performance.md, "Where the time goes").
-        e.matmul(blas, &shape, dy, x, dw)?;
+        self.product(e, blas, &shape, (dy, x), dw)?;
         match db {
             Some(db) => self.ks.bias_grad(e, db, self.partial, dy),
             None => Ok(()),

@@ -9,7 +9,8 @@
 //!     [--batch 8] [--steps 100] [--lr 6e-4] [--seed 1] [--data PATH…] [--eval-every N]
 //!     [--eval-batches 8] [--sample N] [--dump-init DIR] [--precision fp32] [--log-every 10]
 //!     [--ckpt-every N] [--ckpt-dir DIR] [--resume FILE] [--devices 0] [--graph]
-//!     [--attention auto|fused|tiled|unfused] [--epilogues on|off] [--check-graph] [--check-resume]
+//!     [--attention auto|fused|tiled|unfused] [--epilogues on|off] [--gemm-algos timed|heuristic]
+//!     [--check-graph] [--check-resume]
 //!     [--check-dp]
 //!     [--check-attention] [--check-attention-quick] [--max-batch]
 //! ```
@@ -50,8 +51,17 @@
 //!
 //! `--epilogues on` (the default) computes the QKV and MLP biases, the MLP's GELU and
 //! its gradient in the products, as cuBLASLt epilogues (`BIAS`, `GELU_AUX_BIAS` storing
-//! the pre-activation, `DGELU`, `linear.rs`); `off` runs them as kernels. The bias
+//! the pre-activation, `DGELU`, `linear.rs`), and runs the plain products through
+//! cuBLASLt too; `off` runs the biases and GELU as kernels after cuBLAS products. The bias
 //! gradients are column-sum kernels either way.
+//!
+//! `--gemm-algos timed` (the default) has each cuBLASLt product shape run the fastest of
+//! cuBLASLt's first 8 candidate algorithms, timed once on scratch memory when the shape is
+//! first issued ([`AlgoSelection`](gpubind::blas::AlgoSelection)); on an H100 at gpt2
+//! batch 128 the heuristic's own first choices take up to 25 % longer for some products.
+//! `heuristic` takes cuBLASLt's first choice: the same algorithms, so the same bits, in
+//! every process. `TRAIN_GPT_LOG=debug` prints each timed product's candidates. The first step (and a graph's capture) takes the timing's few tenths of
+//! a second once; the timed steps come after it.
 //!
 //! Every step prints `step S loss L` (what
 //! `scripts/compare-gpt.sh` compares); every `--log-every` steps a progress line with
@@ -180,7 +190,30 @@ pub enum GptError {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// gpubind's log records at `TRAIN_GPT_LOG`'s level and above (`debug` shows each timed
+/// product's candidates), on stderr.
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            eprintln!("[{}] {}", r.level(), r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
 fn main() {
+    if let Some(level) = std::env::var("TRAIN_GPT_LOG")
+        .ok()
+        .and_then(|v| v.parse::<log::LevelFilter>().ok())
+        && log::set_logger(&StderrLog).is_ok()
+    {
+        log::set_max_level(level);
+    }
     let outcome = args::parse(std::env::args().skip(1)).and_then(|a| run(&a));
     if let Err(e) = outcome {
         eprintln!("train_gpt: {e}");

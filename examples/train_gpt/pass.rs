@@ -121,7 +121,13 @@ impl<T: Act> Gpt<T> {
         };
         attend::forward(on.e, (k, self.attn.as_ref()), on.blas, d, io)?;
         let wp = vw.wl(l, "attn.c_proj.weight");
-        on.e.matmul(on.blas, &linear(bt, c, c), &bl.atty_un, wp, &sc.proj)?;
+        self.lin().product(
+            on.e,
+            on.blas,
+            &linear(bt, c, c),
+            (&bl.atty_un, wp),
+            &sc.proj,
+        )?;
         let ln2 = (vw.wl(l, "ln_2.weight"), vw.wl(l, "ln_2.bias"));
         let out = (&bl.res2, &bl.ln2, &bl.ln2_mean, &bl.ln2_rstd); // written
         let inp = (x, &sc.proj, vw.wl(l, "attn.c_proj.bias"));
@@ -143,7 +149,9 @@ impl<T: Act> Gpt<T> {
         self.lin()
             .fwd_gelu(on.e, on.blas, (bt, 4 * c, c), fc, gelu)?;
         let wp = vw.wl(l, "mlp.c_proj.weight");
-        on.e.matmul(on.blas, &linear(bt, c, 4 * c), &bl.fch_gelu, wp, &sc.proj)?;
+        let shape = linear(bt, c, 4 * c);
+        self.lin()
+            .product(on.e, on.blas, &shape, (&bl.fch_gelu, wp), &sc.proj)?;
         // res3, then the layer norm that reads it: the next block's first, or the final.
         let inp = (&bl.res2, &sc.proj, vw.wl(l, "mlp.c_proj.bias"));
         match self.blocks.get(l + 1) {
@@ -166,7 +174,9 @@ impl<T: Act> Gpt<T> {
         let d = self.dims;
         let (bt, c) = (d.bt(), d.c);
         let wte = on.vw.w("wte.weight");
-        on.e.matmul(on.blas, &linear(bt, d.v, c), &self.lnf, wte, &self.logits)?;
+        let shape = linear(bt, d.v, c);
+        self.lin()
+            .product(on.e, on.blas, &shape, (&self.lnf, wte), &self.logits)?;
         self.k.xent(
             on.e,
             &self.sc.dlogits,
@@ -184,15 +194,13 @@ impl<T: Act> Gpt<T> {
         let (d, sc) = (self.dims, &self.sc);
         let (bt, c) = (d.bt(), d.c);
         let head = Matmul::new(d.v, c, bt).transpose_a();
-        on.e.matmul(
-            on.blas,
-            &head,
-            &sc.dlogits,
-            &self.lnf,
-            on.vw.g("wte.weight"),
-        )?;
+        let dwte = on.vw.g("wte.weight");
+        self.lin()
+            .product(on.e, on.blas, &head, (&sc.dlogits, &self.lnf), dwte)?;
         let wte = on.vw.w("wte.weight");
-        on.e.matmul(on.blas, &Matmul::new(bt, c, d.v), &sc.dlogits, wte, &sc.dln)
+        let shape = Matmul::new(bt, c, d.v);
+        self.lin()
+            .product(on.e, on.blas, &shape, (&sc.dlogits, wte), &sc.dln)
     }
 
     /// The final layer norm's backward pass: `dres` and its gradients.
@@ -222,7 +230,9 @@ impl<T: Act> Gpt<T> {
         let (io, dwf) = ((&sc.dfch, &bl.ln2), vw.gl(l, "mlp.c_fc.weight"));
         lin.weight_grad(on.e, on.blas, (bt, 4 * c, c), io, dwf, None)?;
         let wf = vw.wl(l, "mlp.c_fc.weight");
-        on.e.matmul(on.blas, &Matmul::new(bt, c, 4 * c), &sc.dfch, wf, &sc.dln)?;
+        let shape = Matmul::new(bt, c, 4 * c);
+        self.lin()
+            .product(on.e, on.blas, &shape, (&sc.dfch, wf), &sc.dln)?;
         let stats = (&bl.ln2_mean, &bl.ln2_rstd);
         let (dwb, w) = (vw.g_pair_l(l, "ln_2.weight"), vw.wl(l, "ln_2.weight"));
         k.layernorm_bwd(
@@ -253,7 +263,9 @@ impl<T: Act> Gpt<T> {
         self.lin()
             .weight_grad(on.e, on.blas, (bt, c, c), io, dw, Some(db))?;
         let wp = vw.wl(l, "attn.c_proj.weight");
-        on.e.matmul(on.blas, &Matmul::new(bt, c, c), &sc.dres, wp, &sc.daty_un)?;
+        let shape = Matmul::new(bt, c, c);
+        self.lin()
+            .product(on.e, on.blas, &shape, (&sc.dres, wp), &sc.daty_un)?;
         let io = attend::Bwd {
             saved: self.saved(l),
             dy: &sc.daty_un,
@@ -281,7 +293,9 @@ impl<T: Act> Gpt<T> {
         self.lin()
             .weight_grad(on.e, on.blas, (bt, 3 * c, c), io, dw, Some(db))?;
         let wa = vw.wl(l, "attn.c_attn.weight");
-        on.e.matmul(on.blas, &Matmul::new(bt, c, 3 * c), &sc.dqkv, wa, &sc.dln)?;
+        let shape = Matmul::new(bt, c, 3 * c);
+        self.lin()
+            .product(on.e, on.blas, &shape, (&sc.dqkv, wa), &sc.dln)?;
         let stats = (&bl.ln1_mean, &bl.ln1_rstd);
         let (dwb, w) = (vw.g_pair_l(l, "ln_1.weight"), vw.wl(l, "ln_1.weight"));
         self.k
