@@ -217,6 +217,8 @@ attn_fwd(act_t* y, float* lse, const act_t* qkv, unsigned T, unsigned NH, float 
             float psum = warp_sum(ok ? ld(p) : 0.0f);
             float alpha = expf(mold - mref);
             for (int d = lane; d < HD; d += 32) sO[r * LDO + d] *= alpha;
+            // All lanes' reads of sM[r] precede lane 0's write: shuffles are no memory barrier.
+            __syncwarp();
             if (lane == 0) {
                 sM[r] = mnew;
                 sL[r] = sL[r] * alpha + psum;

@@ -65,6 +65,8 @@ struct Scratch<T: DeviceRepr> {
     dfch: DeviceSlice<T>,
     dfch_gelu: DeviceSlice<T>,
     dlogits: DeviceSlice<T>,
+    /// The column sums' partial sums (bias gradients, layer-norm backward):
+    /// [`kernels::colsum_parts`] rows of up to `4C`.
     partial: DeviceSlice<f32>,
     /// The token embedding gradient's partial sums.
     wte_partial: DeviceSlice<f32>,

@@ -333,13 +333,14 @@ extern "C" __global__ void layernorm_bwd_wb(float* partial, const act_t* dout,
 // rows): dinp += dx as layernorm_bwd_dx computes it, and partial[y·2C + c] = Σ dout·norm,
 // partial[y·2C + C + c] = Σ dout over chunk y of the rows, as layernorm_bwd_wb writes
 // them (colsum_finish adds the chunks). Block y of gridDim.x (256 threads) takes chunk y
-// (rows [y·chunk, min(N, (y+1)·chunk)), chunk = ⌈N / gridDim.x⌉); its warp w takes rows
-// r0 + w, r0 + w + 8, ... in order, a lane keeping its pairs' sums in registers. The
-// block then adds its warps' sums in warp order 0..7 through shared memory. Those are
-// layernorm_bwd_wb's additions in its order (its thread y is warp w here), the same
-// products and the same dx arithmetic as layernorm_bwd_dx: the results equal the split
-// kernels' bit for bit where the compiler contracts the same products into FMAs (the
-// host emulator, which contracts none, checks that they do: emu/layernorm_check.cpp).
+// (rows [y·chunk, min(N, (y+1)·chunk)), chunk = ⌈N / gridDim.x⌉; no rows, and zero sums,
+// where y·chunk ≥ N); its warp w takes rows r0 + w, r0 + w + 8, ... in order, a lane
+// keeping its pairs' sums in registers. The block then adds its warps' sums in warp
+// order 0..7 through shared memory. Those are layernorm_bwd_wb's additions in its order
+// (its thread y is warp w here), the same products and the same dx arithmetic as
+// layernorm_bwd_dx: the results equal the split kernels' bit for bit where the compiler
+// contracts the same products into FMAs (the host emulator, which contracts none, checks
+// that they do: emu/layernorm_check.cpp).
 extern "C" __global__ void __launch_bounds__(256, LN_BWD_BLOCKS)
 layernorm_bwd(act_t* dinp, float* partial, const act_t* dout, const act_t* inp,
               const float* mean, const float* rstd, const act_t* w, unsigned N, unsigned C) {
@@ -425,8 +426,9 @@ layernorm_bwd(act_t* dinp, float* partial, const act_t* dout, const act_t* inp,
 }
 
 // Column sums per chunk of rows (bias gradients), block (32, 8), blockIdx.y = chunk
-// (gridDim.y chunks), a pair of columns per thread (C even, pair-aligned: the host
-// checks): partial[p*C + c] = sum of dout[r,c] over chunk p's rows.
+// (gridDim.y chunks of ⌈N / gridDim.y⌉ rows; a chunk past the last row sums none), a pair
+// of columns per thread (C even, pair-aligned: the host checks): partial[p*C + c] = sum of
+// dout[r,c] over chunk p's rows.
 extern "C" __global__ void colsum_partial(float* partial, const act_t* dout, unsigned N,
                                           unsigned C) {
     __shared__ float2 sb[8][33];

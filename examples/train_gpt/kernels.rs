@@ -139,10 +139,22 @@ pub fn wte_parts(rows: usize) -> usize {
     rows.div_ceil(256).clamp(1, 32)
 }
 
-/// Row chunks of the two-pass column sums: `colsum_partial` writes one row of partial
-/// sums per chunk, `colsum_finish` adds them up.
+/// The most row chunks [`colsum_parts`] gives: the partial buffers hold this many rows of
+/// sums at most.
+pub const COLSUM_MAX_PARTS: usize = 256;
+
+/// [`colsum_parts`] gives a chunk per this many rows, up to [`COLSUM_MAX_PARTS`]: one a
+/// warp of `layernorm_bwd`'s eight, one a thread row of `colsum_partial`'s eight.
+const COLSUM_MIN_CHUNK: usize = 8;
+
+/// Row chunks of the two-pass column sums (`colsum_partial` writes one row of partial sums
+/// per chunk, `colsum_finish` adds them up) and of the layer-norm backward (a block of
+/// `layernorm_bwd` per chunk): `⌈rows/8⌉`, at most 256. Below 2048 rows that spreads even
+/// a small batch over many blocks (chunks of 8 rows); from 2048 rows on, the 256 blocks
+/// (about two per SM of a 132-SM H100) take longer chunks instead, so that
+/// `colsum_finish` never adds more than 256 partial rows a column (two a thread).
 pub fn colsum_parts(rows: usize) -> usize {
-    rows.div_ceil(64).clamp(1, 256)
+    rows.div_ceil(COLSUM_MIN_CHUNK).clamp(1, COLSUM_MAX_PARTS)
 }
 
 /// The widest rows the one-pass layer-norm backward (`layernorm_bwd` of `kernels.cu`)
@@ -415,9 +427,9 @@ impl Kernels {
             ],
         )?;
         // The one-pass kernel's blocks take the two-pass kernels' row chunks (the partial
-        // buffer is sized for those): at 32768 rows, 256 blocks of 128 rows, in bf16 (two
-        // blocks per SM) all resident at once on an H100's 132 SMs; below 16384 rows,
-        // ⌈rows/64⌉ blocks of up to 64 rows.
+        // buffer is sized for those): from 2048 rows on, 256 blocks (at 32768 rows, of 128
+        // rows each), in bf16 (two blocks per SM) all resident at once on an H100's 132
+        // SMs; below 2048 rows, ⌈rows/8⌉ blocks of up to 8 rows, one a warp.
         let parts = colsum_parts(n);
         need_at_least("layer-norm partial", partial.len(), parts * 2 * c)?;
         let (nn, cc, pp, ww) = (
@@ -429,8 +441,9 @@ impl Kernels {
         if c <= LN_BWD_FUSED_MAX_C {
             // SAFETY: (float*, float*, const float* ×5, unsigned ×2) matches
             // layernorm_bwd; block y < parts takes the rows r of [y·chunk, min(N,
-            // (y+1)·chunk)) (chunk = ⌈N/parts⌉; the chunks are disjoint and each row is one
-            // warp's), reading and writing row r of dinp and reading row r of dout and inp
+            // (y+1)·chunk)) (chunk = ⌈N/parts⌉; the chunks are disjoint, each row is one
+            // warp's, and a block whose chunk starts at or past N takes no row and writes
+            // zero sums), reading and writing row r of dinp and reading row r of dout and inp
             // (N·C each, checked), mean[r] and rstd[r] (N, checked) and C of w (C, by
             // definition), in pairs (C even, every buffer pair-aligned: checked); its
             // shared sums hold 32·RP pairs, at least the C/2 of a row (C ≤ 64·RP: this
@@ -808,5 +821,51 @@ mod tests {
             .parse()
             .expect("RP is a number");
         assert_eq!(LN_BWD_FUSED_MAX_C, 64 * rp);
+    }
+
+    /// Chunks of 8 rows below 2048 rows, 256 chunks from there on (gpt2's 32768 rows
+    /// included).
+    #[test]
+    fn colsum_parts_are_chunks_of_8_rows_up_to_256() {
+        for (rows, parts) in [
+            (0, 1),
+            (1, 1),
+            (8, 1),
+            (9, 2),
+            (65, 9),
+            (2047, 256),
+            (2048, 256),
+            (2100, 256),
+            (8192, 256),
+            (16384, 256),
+            (32768, 256),
+            (131072, 256),
+        ] {
+            assert_eq!(colsum_parts(rows), parts, "{rows} rows");
+        }
+        // Every chunk below 2048 rows holds at most 8 rows, one a warp of layernorm_bwd.
+        for rows in 1..2048usize {
+            assert!(
+                rows.div_ceil(colsum_parts(rows)) <= COLSUM_MIN_CHUNK,
+                "{rows} rows"
+            );
+        }
+    }
+
+    /// The host emulator's check programs launch the column sums and the layer-norm
+    /// backward with the chunks the host gives.
+    #[test]
+    fn the_emulated_colsum_parts_are_the_hosts() {
+        let rule = format!("cdiv(rows, {COLSUM_MIN_CHUNK}), 1u, {COLSUM_MAX_PARTS}u)");
+        for (file, source) in [
+            ("layernorm_check", include_str!("emu/layernorm_check.cpp")),
+            ("kernels_check", include_str!("emu/kernels_check.cpp")),
+        ] {
+            let line = source
+                .lines()
+                .find(|l| l.starts_with("static unsigned colsum_parts(unsigned rows)"))
+                .unwrap_or_else(|| panic!("{file}.cpp defines colsum_parts(unsigned rows)"));
+            assert!(line.contains(&rule), "{file}.cpp: `{line}` is not `{rule}`");
+        }
     }
 }

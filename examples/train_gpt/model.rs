@@ -3,6 +3,7 @@
 //! initialisation ([`init_params`]). Pure host code.
 
 use crate::GptError;
+use crate::kernels;
 use gpubind::blas::Matmul;
 
 /// Byte-level tokens.
@@ -96,7 +97,7 @@ impl Dims {
     pub fn activation_floats(&self, unfused: bool) -> usize {
         let (bt, c) = (self.bt(), self.c);
         let common = bt * (19 * c + 4);
-        let scratch = bt * (17 * c + 2 * self.v) + 256 * 4 * c;
+        let scratch = bt * (17 * c + 2 * self.v) + kernels::COLSUM_MAX_PARTS * 4 * c;
         let (block, scratch) = if unfused {
             (
                 common + bt * 4 * c + self.att(),

@@ -29,8 +29,8 @@
 //   one linker section, filled with 0xff bytes (NaN as bf16 and f32) before each block, so
 //   a read of shared memory no thread of the block wrote shows up as NaN.
 // - A deterministic scheduler. A fiber runs until a sync point: `__syncthreads()` (block
-//   barrier) or a warp collective (`__shfl_xor_sync`, and the kernels' ldmatrix and
-//   mma.sync). A collective publishes each lane's operands (pointers into the lanes'
+//   barrier) or a warp collective (`__shfl_xor_sync`, `__syncwarp`, and the kernels'
+//   ldmatrix and mma.sync). A collective publishes each lane's operands (pointers into the lanes'
 //   stacks) in its warp's exchange and waits at a warp barrier; when the last lane of the
 //   warp arrives, every lane's outputs are computed from all lanes' inputs before any lane
 //   resumes (what each lane computing its own outputs between two warp barriers gives,
@@ -312,6 +312,17 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
     T out;
     emu::collective(emu::shfl_xor<T>, "__shfl_xor_sync", {&v, &out, &lane_mask, &mask});
     return out;
+}
+namespace emu {
+// A warp barrier: no lane resumes before every lane has arrived.
+inline void syncwarp(Fiber* const* lanes, int n) {
+    for (int l = 0; l < n; ++l)
+        if (*(unsigned*)lanes[l]->ops[0] != 0xffffffffu || n != 32)
+            fail("__syncwarp: only the full mask of a whole warp is modelled");
+}
+}  // namespace emu
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    emu::collective(emu::syncwarp, "__syncwarp", {&mask});
 }
 
 // ---- The PTX wrappers of the kernel sources (their `#ifndef HOST_EMULATION` sections) ----

@@ -59,7 +59,7 @@ static dim3 column_chunks(unsigned cols, unsigned parts) { return dim3(cdiv(cols
 // `blocks`: n blocks (at least one).
 static dim3 blocks(unsigned n) { return dim3(std::max(n, 1u)); }
 static unsigned wte_parts(unsigned rows) { return std::clamp(cdiv(rows, 256), 1u, 32u); }
-static unsigned colsum_parts(unsigned rows) { return std::clamp(cdiv(rows, 64), 1u, 256u); }
+static unsigned colsum_parts(unsigned rows) { return std::clamp(cdiv(rows, 8), 1u, 256u); }
 static const unsigned NORM_PARTS = 1024;
 
 // Kernels::encoder_fwd.
@@ -599,9 +599,11 @@ int main() {
         // gradient, C past one block of 32 columns, the full vocabulary of 256.
         for (auto s : {std::array<unsigned, 4>{1, 1, 1, 1}, {2, 5, 3, 7}, {2, 300, 70, 256}})
             tally(check_encoder(s[0], s[1], s[2], s[3], order));
-        // (N, C): one pair; rows and column pairs ragged; 300 rows in 5 chunks, 35 pairs;
-        // 129 chunks, past colsum_finish's 128 threads.
-        for (auto s : {std::array<unsigned, 2>{1, 2}, {13, 66}, {300, 70}, {8256, 2}})
+        // (N, C): one pair; rows and column pairs ragged; 300 rows in 38 chunks of 8 (the
+        // last 4), 35 pairs; 2048 rows of the small model's 384 columns: 256 chunks of 8,
+        // past colsum_finish's 128 threads; 8256 rows: 256 chunks of 33, the last 5 empty.
+        for (auto s :
+             {std::array<unsigned, 2>{1, 2}, {13, 66}, {300, 70}, {2048, 384}, {8256, 2}})
             tally(check_bias(s[0], s[1], order));
         for (auto s : {std::array<unsigned, 4>{1, 1, 1, 1}, {2, 7, 3, 5}, {2, 37, 2, 64}})
             tally(check_permute(s[0], s[1], s[2], s[3], order));

@@ -1,7 +1,8 @@
 // Checks cuda_emu.h itself on small kernels: shuffles, ldmatrix and mma.sync against
-// the layouts of the PTX ISA written out independently here, the two warp orders, the
-// two cp.async modes and wait_group, the poisoned shared memory; and, given the name of
-// a faulty kernel as argument, that the runtime reports its deadlock (status 3).
+// the layouts of the PTX ISA written out independently here, the two warp and lane
+// orders, the block and warp barriers, the two cp.async modes and wait_group, the
+// poisoned shared memory; and, given the name of a faulty kernel as argument, that the
+// runtime reports its deadlock (status 3).
 //
 //   c++ -std=c++20 -O2 -fno-strict-aliasing -I examples/train_gpt/emu
 //     examples/train_gpt/emu/runtime_check.cpp -o /tmp/runtime_check
@@ -34,6 +35,26 @@ __global__ void synced(int* out) {
     sh[threadIdx.x] = threadIdx.x;
     __syncthreads();
     out[threadIdx.x] = sh[threadIdx.x ^ 32];
+}
+
+// Every lane reads a shared value that lane 0 then overwrites, without and with a warp
+// barrier between the reads and the write.
+__global__ void warp_racy(int* out) {
+    __shared__ int sh;
+    if (threadIdx.x == 0) sh = 7;
+    __syncthreads();
+    int v = sh;
+    if (threadIdx.x == 0) sh = v + 1;
+    out[threadIdx.x] = v;
+}
+__global__ void warp_synced(int* out) {
+    __shared__ int sh;
+    if (threadIdx.x == 0) sh = 7;
+    __syncthreads();
+    int v = sh;
+    __syncwarp();
+    if (threadIdx.x == 0) sh = v + 1;
+    out[threadIdx.x] = v;
 }
 
 // Thread 0: two groups of one copy each, and a zero-filled copy; what it reads when.
@@ -166,6 +187,16 @@ static void check_modes() {
         ok = true;
         for (int t = 0; t < 64; ++t) ok &= out[t] == (t ^ 32);
         expect(ok, "__syncthreads orders the writes before the reads");
+        launch(warp_racy, dim3(1), dim3(32), out.data());
+        // Forward, lane 0 writes before the other lanes read; reverse, it runs last.
+        ok = out[0] == 7;
+        for (int t = 1; t < 32; ++t) ok &= out[t] == (fwd ? 8 : 7);
+        expect(ok, fwd ? "forward order: lane 0 runs to the next sync point first"
+                       : "reverse order: lane 31 runs to the next sync point first");
+        launch(warp_synced, dim3(1), dim3(32), out.data());
+        ok = true;
+        for (int t = 0; t < 32; ++t) ok &= out[t] == 7;
+        expect(ok, "__syncwarp orders the warp's reads before lane 0's write");
     }
     emu::order = emu::Order::forward;
 
