@@ -243,7 +243,9 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         // SAFETY (each call): handles this `Scratch` created in the current context,
         // released once, here; the memory is freed in its stream's order after the
-        // timing runs, which are the only work that uses it.
+        // timing runs, which are the only work that uses it. The wait lets the pool give
+        // the memory back (at its default release threshold) before the products that
+        // follow allocate; it runs where the timing runs, in relaxed capture mode.
         unsafe {
             for &e in &self.events {
                 let _ = result::event::destroy(e);
@@ -251,6 +253,7 @@ impl Drop for Scratch {
             if self.base != 0 {
                 let _ = result::memory::free_async(self.base, self.stream);
             }
+            let _ = result::stream::synchronize(self.stream);
             let _ = result::stream::destroy(self.stream);
         }
     }
