@@ -2,7 +2,8 @@
 //! compute what the heuristic's do and never touch their own buffers while timing
 //! (an accumulating product adds once), a capture runs the algorithm an eager product
 //! timed (bit for bit, with a new `Blas`), and a shape first met inside a capture is timed
-//! there without breaking it. Without a driver: one SKIPPED line.
+//! there without breaking it; f32 layouts with transposes and padded leading dimensions
+//! and a bias-gradient epilogue time on scratch that fits them. Without a driver: one SKIPPED line.
 //!
 //! Run: `cargo test --test gpu_blas_select` (on a GPU machine, or the built binary).
 
@@ -119,6 +120,94 @@ fn timed_products_match_and_leave_their_buffers_alone(gpu: &BoundDevice<'_>) -> 
     Ok(())
 }
 
+/// f32 products with transposes, column-major layout and padded leading dimensions, and
+/// bf16 BGRADB (bias gradient of B, through the row-major swap): timed equal the
+/// heuristic's within their rounding, so the scratch the timing ran on had room for
+/// every layout and operand.
+fn timed_layouts_and_bias_gradients_match(gpu: &BoundDevice<'_>) -> R {
+    let heuristic = gpu.new_blas().ctx("new_blas")?;
+    let timed = gpu.new_blas().ctx("new_blas")?;
+    timed.set_algo_selection(AlgoSelection::timed());
+    let (m, n, k) = (320, 288, 256);
+    let shapes = [
+        Matmul::new(m, n, k).transpose_a(),
+        Matmul::new(m, n, k).transpose_b().col_major(),
+        Matmul::new(m, n, k).with_ld(k + 8, n + 16, n + 4),
+        Matmul::new(m, n, k)
+            .transpose_a()
+            .transpose_b()
+            .col_major()
+            .with_ld(k + 4, n + 8, m + 12),
+    ];
+    for (i, shape) in shapes.iter().enumerate() {
+        let (lda, ldb, ldc) = (
+            shape.lda.unwrap_or(0),
+            shape.ldb.unwrap_or(0),
+            shape.ldc.unwrap_or(0),
+        );
+        let len = |ld: usize, a: usize, b: usize| ld.max(a).max(b) * a.max(b);
+        let a: Vec<f32> = f32s(&pattern(len(lda, m, k), 10 + i));
+        let b: Vec<f32> = f32s(&pattern(len(ldb, k, n), 20 + i));
+        let (da, db) = (
+            gpu.clone_htod(&a).ctx("htod")?,
+            gpu.clone_htod(&b).ctx("htod")?,
+        );
+        let clen = len(ldc, m, n);
+        let mut out = Vec::new();
+        for blas in [&heuristic, &timed] {
+            let mut c = gpu.alloc_zeros::<f32>(clen).ctx("alloc")?;
+            gpu.default_stream()
+                .matmul_lt(
+                    blas,
+                    shape,
+                    Epilogue::Default,
+                    &da,
+                    &db,
+                    &mut c,
+                    LtArgs::new(),
+                )
+                .ctx("f32 matmul_lt")?;
+            out.push(gpu.dtoh(&c).ctx("dtoh")?);
+        }
+        let d = rel_diff(&out[1], &out[0]);
+        ensure!(
+            d < 1e-5,
+            "f32 shape {i}: timed differs from heuristic by {d:e}"
+        );
+    }
+    // dW = dyᵀ·x with the bias gradient Σ_rows dy (BGRADA of the row-major product).
+    let (rows, outf, inf) = (1024, 384, 256);
+    let shape = Matmul::new(outf, inf, rows).transpose_a();
+    let dy = gpu.clone_htod(&pattern(rows * outf, 30)).ctx("htod")?;
+    let x = gpu.clone_htod(&pattern(rows * inf, 31)).ctx("htod")?;
+    let mut got = Vec::new();
+    for blas in [&heuristic, &timed] {
+        let mut dw = gpu.alloc_zeros::<bf16>(outf * inf).ctx("alloc")?;
+        let mut dbias = gpu.alloc_zeros::<bf16>(outf).ctx("alloc")?;
+        let args = LtArgs::new().bias_grad(&mut dbias);
+        gpu.default_stream()
+            .matmul_lt(blas, &shape, Epilogue::BGradA, &dy, &x, &mut dw, args)
+            .ctx("BGRADA matmul_lt")?;
+        got.push((
+            f32s(&gpu.dtoh(&dw).ctx("dtoh")?),
+            f32s(&gpu.dtoh(&dbias).ctx("dtoh")?),
+        ));
+    }
+    let (dw, dbias) = (
+        rel_diff(&got[1].0, &got[0].0),
+        rel_diff(&got[1].1, &got[0].1),
+    );
+    ensure!(
+        dw < 2e-2 && dbias < 2e-2,
+        "BGRADA: timed differs: dW {dw:e}, bias {dbias:e}"
+    );
+    ensure!(
+        got[1].1.iter().any(|v| *v != 0.0),
+        "the timed bias gradient is zero"
+    );
+    Ok(())
+}
+
 /// `dpre = (dz·w2) ⊙ gelu'(pre)` (DGELU) into `out`, issued on `e`.
 fn dgelu<'b>(
     e: &mut impl Enqueue<'b>,
@@ -212,6 +301,9 @@ fn main() {
         &[
             ("timed_products_match_and_leave_their_buffers_alone", || {
                 on_device0(timed_products_match_and_leave_their_buffers_alone)
+            }),
+            ("timed_layouts_and_bias_gradients_match", || {
+                on_device0(timed_layouts_and_bias_gradients_match)
             }),
             ("captures_run_the_timed_choice", || {
                 on_device0(captures_run_the_timed_choice)

@@ -167,6 +167,12 @@ impl<'c, 'buf> Capture<'c, 'buf> {
             self.record_span(tracker, access, e.ptr, e.bytes)?;
         }
         let problem = call.problem(plan);
+        {
+            let _current = self.device().enter()?;
+            // SAFETY: the capture's device is current; no stream is waited for (a timing
+            // runs on a stream of its own, the capture's stream only records).
+            unsafe { super::lt::prepare_lt(blas, &problem, call.shape, None) }?;
+        }
         let stream = self.stream_handle();
         self.enqueue_captured(blas, |blas| {
             // SAFETY: the capture device's context is current (`enqueue_captured`) and

@@ -117,6 +117,22 @@ impl LtPlans {
         Ok(&self.plans[i].1)
     }
 
+    /// Whether a plan for `key` is kept.
+    fn has(&self, key: &LtKey) -> bool {
+        self.plans.iter().any(|(k, _)| k == key)
+    }
+
+    /// Keeps `plan` for `key` (the oldest is dropped when full).
+    fn insert(&mut self, key: LtKey, plan: LtPlan) {
+        if let Some(i) = self.plans.iter().position(|(k, _)| *k == key) {
+            self.plans.remove(i);
+        }
+        if self.plans.len() == LT_PLANS {
+            self.plans.remove(0);
+        }
+        self.plans.push((key, plan));
+    }
+
     /// Drops every plan (their algorithms were chosen under another selection).
     pub(crate) fn clear(&mut self) {
         self.plans.clear();
@@ -194,13 +210,14 @@ impl Epilogue {
 }
 
 /// What choosing an algorithm for a new plan needs besides the descriptors: the
-/// selection, the device (whose timed choices apply), the product's stream and shape
-/// (its scales).
-struct Choose<'a> {
-    selection: AlgoSelection,
-    ordinal: usize,
-    stream: driver::CUstream,
-    shape: &'a Matmul,
+/// selection, the device (whose timed choices apply), the product's shape (its scales)
+/// and the stream whose earlier work a timing waits for (a gpubind stream that is not
+/// capturing; none for another library's stream, the legacy stream or a capture).
+pub(crate) struct Choose<'a> {
+    pub(crate) selection: AlgoSelection,
+    pub(crate) ordinal: usize,
+    pub(crate) wait: Option<driver::CUstream>,
+    pub(crate) shape: &'a Matmul,
 }
 
 /// A product's Lt-specific description: the plan and key plus what makes the descriptor.
@@ -239,8 +256,18 @@ impl LtProblem {
         }
     }
 
-    /// Creates the descriptors and chooses the algorithm as `how` says.
-    fn make(&self, handle: LtHandle, workspace: usize, how: &Choose<'_>) -> Result<LtPlan> {
+    /// Creates the descriptors and chooses the algorithm as `how` says; with a note of
+    /// what a timing found, for the log.
+    ///
+    /// # Safety
+    ///
+    /// The handle's context is current and `how.wait`, if any, is one of its streams.
+    unsafe fn make(
+        &self,
+        handle: LtHandle,
+        workspace: usize,
+        how: &Choose<'_>,
+    ) -> Result<(LtPlan, Option<String>)> {
         let api = sys::cublaslt()?;
         let (k, p) = (&self.key, &self.plan);
         let mut out = LtPlan {
@@ -284,34 +311,40 @@ impl LtProblem {
             };
             check(status, "cublasLtMatrixLayoutCreate")?;
         }
+        let mut note = None;
         out.algo = match how.selection {
-            AlgoSelection::Timed { .. } => {
-                match select::timed_choice(how.ordinal, &self.key) {
-                    Some(algo) => algo,
+            AlgoSelection::Timed { .. } if how.selection.requested() > 1 => {
+                let count = how.selection.requested();
+                match select::timed_choice(how.ordinal, count, &self.key) {
+                    Some(Some(algo)) => algo,
+                    Some(None) => self.heuristic(handle, &out, workspace, 1)?[0],
                     None => {
-                        let candidates =
-                            self.heuristic(handle, &out, workspace, how.selection.requested())?;
-                        // SAFETY: the caller's context is current (enqueue_lt's contract)
-                        // and `how.stream` is one of its streams.
-                        match unsafe { self.time(handle, &out, &candidates, workspace, how) }? {
-                            Some(algo) => select::keep_choice(how.ordinal, self.key, algo),
-                            None => candidates[0],
-                        }
+                        let candidates = self.heuristic(handle, &out, workspace, count)?;
+                        let (best, what) = if candidates.len() > 1 {
+                            // SAFETY: the caller's contract: the context is current and
+                            // `how.wait` is one of its streams.
+                            unsafe { self.time(handle, &out, &candidates, workspace, how) }?
+                        } else {
+                            (candidates.first().copied(), "one candidate".to_string())
+                        };
+                        note = Some(what);
+                        select::keep_choice(how.ordinal, count, self.key, best)
+                            .unwrap_or(candidates[0])
                     }
                 }
             }
             _ => self.heuristic(handle, &out, workspace, 1)?[0],
         };
-        Ok(out)
+        Ok((out, note))
     }
 
     /// The fastest of `candidates` for `plan`'s descriptors, run on scratch memory on a
-    /// stream of their own after the product's stream drained (unless it is capturing);
-    /// `None` when the scratch cannot be had or no candidate runs (logged).
+    /// stream of their own after `how.wait` drained; `None` when the scratch cannot be
+    /// had or no candidate runs. With a note of the times, for the log.
     ///
     /// # Safety
     ///
-    /// The handle's context is current and `how.stream` is one of its streams.
+    /// The handle's context is current and `how.wait`, if any, is one of its streams.
     unsafe fn time(
         &self,
         handle: LtHandle,
@@ -319,7 +352,7 @@ impl LtProblem {
         candidates: &[LtAlgo],
         workspace: usize,
         how: &Choose<'_>,
-    ) -> Result<Option<LtAlgo>> {
+    ) -> Result<(Option<LtAlgo>, String)> {
         let api = sys::cublaslt()?;
         let (k, p) = (&self.key, &self.plan);
         let el = k.dtype.bytes();
@@ -335,21 +368,18 @@ impl LtProblem {
         ];
         let at = select::scratch_layout(parts);
         let (n_cand, rounds) = (candidates.len(), select::ROUNDS);
-        crate::driver::with_relaxed_capture_mode(|| -> Result<Option<LtAlgo>> {
-            // SAFETY: the caller's contract: a live stream of the current context.
-            if !unsafe { result::stream::is_capturing(how.stream) }? {
-                // SAFETY: as above; a host wait, which the relaxed mode allows.
-                unsafe { result::stream::synchronize(how.stream) }?;
+        crate::driver::with_relaxed_capture_mode(|| -> Result<(Option<LtAlgo>, String)> {
+            if let Some(stream) = how.wait {
+                // SAFETY: the caller's contract: a live gpubind stream of the current
+                // context, which only gpubind's captures (on streams of their own) could
+                // capture; a host wait, which the relaxed mode allows.
+                unsafe { result::stream::synchronize(stream) }?;
             }
             let events = 2 * n_cand * rounds;
             // SAFETY: the current context (the caller's contract) stays current here.
             let scratch = match unsafe { Scratch::new(at[6], k.dtype, events) } {
                 Ok(s) => s,
-                Err(e) => {
-                    let what = self.describe();
-                    log::debug!("gpubind: timing {what}: no scratch ({e}); heuristic");
-                    return Ok(None);
-                }
+                Err(e) => return Ok((None, format!("no scratch ({e}); heuristic"))),
             };
             let addr = |i: usize| scratch.base + at[i] as u64;
             let ptrs = EpiloguePtrs {
@@ -388,26 +418,26 @@ impl LtProblem {
                 }
             };
             // One untimed run of each (which also tells which run at all), then the
-            // rounds, every candidate in turn.
-            let ran: Vec<bool> = candidates.iter().map(|a| run(a) == 0).collect();
-            if !ran.contains(&true) {
-                log::debug!(
-                    "gpubind: timing {}: no candidate ran; heuristic",
-                    self.describe()
-                );
-                return Ok(None);
-            }
+            // rounds, every candidate in turn. A candidate that fails any run (cuBLASLt
+            // refuses it on the host) is out.
+            let mut ran: Vec<bool> = candidates.iter().map(|a| run(a) == 0).collect();
             for round in 0..rounds {
-                for (i, algo) in candidates.iter().enumerate().filter(|&(i, _)| ran[i]) {
+                for (i, algo) in candidates.iter().enumerate() {
+                    if !ran[i] {
+                        continue;
+                    }
                     let e = 2 * (round * n_cand + i);
                     // SAFETY: the scratch's live events and stream.
                     unsafe { result::event::record(scratch.event(e), scratch.stream) }?;
                     for _ in 0..select::REPS {
-                        run(algo);
+                        ran[i] &= run(algo) == 0;
                     }
                     // SAFETY: as above.
                     unsafe { result::event::record(scratch.event(e + 1), scratch.stream) }?;
                 }
+            }
+            if !ran.contains(&true) {
+                return Ok((None, "no candidate ran; heuristic".into()));
             }
             // A host wait (relaxed mode) for everything recorded above.
             scratch.wait()?;
@@ -428,11 +458,8 @@ impl LtProblem {
                 *t = Some(best / select::REPS as f32);
             }
             let best = select::fastest(&times);
-            log::debug!(
-                "gpubind: timed {}: ms per run {times:?}, fastest {best:?}",
-                self.describe()
-            );
-            Ok(best.map(|i| candidates[i]))
+            let note = format!("ms per run {times:?}, fastest {best:?}");
+            Ok((best.map(|i| candidates[i]), note))
         })?
     }
 
@@ -519,6 +546,39 @@ impl LtProblem {
     }
 }
 
+/// Makes `blas`'s plan for `problem` if it has none, choosing its algorithm as the
+/// handle's selection says (timing it, waiting for `wait` first, when timed): before the
+/// product's buffers are claimed, and with no borrow of the plans held while it times
+/// or logs.
+///
+/// # Safety
+///
+/// The handle's context is current and `wait`, if any, is a live stream of it.
+pub(crate) unsafe fn prepare_lt(
+    blas: &Blas,
+    problem: &LtProblem,
+    shape: &Matmul,
+    wait: Option<driver::CUstream>,
+) -> Result<()> {
+    if blas.lt_plans.borrow().has(&problem.key) {
+        return Ok(());
+    }
+    let handle = blas.lt_handle()?;
+    let how = Choose {
+        selection: blas.algo_selection(),
+        ordinal: blas.shared.device.ordinal(),
+        wait,
+        shape,
+    };
+    // SAFETY: the caller's contract.
+    let (plan, note) = unsafe { problem.make(handle, blas.shared.workspace.len(), &how) }?;
+    blas.lt_plans.borrow_mut().insert(problem.key, plan);
+    if let Some(note) = note {
+        log::debug!("gpubind: timed {}: {note}", problem.describe());
+    }
+    Ok(())
+}
+
 /// Enqueues a checked Lt product on `stream`.
 ///
 /// # Safety
@@ -538,13 +598,18 @@ pub(crate) unsafe fn enqueue_lt(
     let shared = Arc::clone(&blas.shared);
     let ws = &shared.workspace;
     let mut plans = blas.lt_plans.borrow_mut();
+    // `prepare_lt` made the plan (and timed it) before the product's buffers were
+    // claimed; the heuristic serves should it be missing.
     let how = Choose {
-        selection: blas.algo_selection(),
+        selection: AlgoSelection::Heuristic,
         ordinal: shared.device.ordinal(),
-        stream,
+        wait: None,
         shape,
     };
-    let lt = plans.get_or_make(problem.key, || problem.make(handle, ws.len(), &how))?;
+    // SAFETY: the caller's contract: the context is current; no stream is waited for.
+    let lt = plans.get_or_make(problem.key, || {
+        unsafe { problem.make(handle, ws.len(), &how) }.map(|p| p.0)
+    })?;
     // SAFETY: a live descriptor of this Blas, used by this thread only (`Blas` is not
     // `Sync`; the plans stay borrowed until the product is enqueued).
     unsafe { problem.ptrs.set(lt.desc, problem.epilogue)? };
@@ -644,6 +709,18 @@ impl<'b> BoundStream<'b> {
             ));
         }
         bound.ensure_current()?;
+        let problem = call.problem(plan);
+        // A gpubind stream (never capturing: captures run on streams of their own) is
+        // waited for before a timing; another library's stream or the legacy one is not
+        // (docs/safety.md, "cudarc interop").
+        let wait = match self.slot() {
+            // SAFETY: the handle of this live stream, only waited for (nothing enqueued).
+            crate::access::StreamSlot::Owned(s) if !s.foreign => Some(unsafe { self.raw() }),
+            _ => None,
+        };
+        // SAFETY: the handle's context is current (checked above); `wait` is this live
+        // stream of it.
+        unsafe { prepare_lt(blas, &problem, call.shape, wait) }?;
         let shared = Arc::clone(&blas.shared);
         let [a, b, c] = matrix_claims(&call.matrices);
         let _claim = self.claim([
@@ -654,7 +731,6 @@ impl<'b> BoundStream<'b> {
             extras.first().map(Extra::claim),
             extras.get(1).map(Extra::claim),
         ])?;
-        let problem = call.problem(plan);
         // SAFETY: the handle's context is current (checked above) and the stream is one
         // of its streams; the matrices and the epilogue's operands were checked against
         // the plan and, with the workspace, are claimed for this stream until after the

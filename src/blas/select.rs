@@ -8,6 +8,7 @@ use super::types::DataType;
 use crate::driver::result;
 use crate::error::Result;
 use cudarc::driver::sys as driver;
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// How a [`Blas`](super::Blas) picks the algorithm of a
@@ -38,22 +39,25 @@ pub enum AlgoSelection {
     /// [`MAX_CANDIDATES`](Self::MAX_CANDIDATES)), timed once per shape and device.
     ///
     /// The first product of a shape (its types, transposes, sizes, leading dimensions,
-    /// epilogue and operand alignments) waits for the stream it is issued on, then runs
-    /// each candidate a few times on scratch memory of the product's size, on a stream of
-    /// its own, and waits for that: a host synchronisation, once per shape, so issue the
-    /// first step of a loop outside any timing. The product's own buffers are never
-    /// touched, so products that accumulate (`beta ≠ 0`) are timed too, and a product
-    /// issued in a graph capture is timed the same way (it waits for nothing else then).
+    /// epilogue and operand alignments) runs each candidate a few times on scratch
+    /// memory of the product's size, filled with values in [-1, 1), on a stream of its
+    /// own, in interleaved rounds, and waits for that: a host synchronisation, once per
+    /// shape, so keep the first step of a loop out of any timing. Issued on a gpubind
+    /// stream, it first waits for that stream's earlier work; on another library's
+    /// stream, the legacy stream or in a graph capture it waits for nothing else. The
+    /// product's own buffers are never touched (it plans before it claims them), so
+    /// products that accumulate (`beta ≠ 0`) are timed too.
     ///
-    /// The choice is kept for the process, per device, and shared by every `Blas` of the
-    /// device: a graph captured with a new `Blas` runs the algorithm an eager product of
-    /// the same shape ran, so the two compute the same bits. Two processes may choose
-    /// differently (timings vary), and different algorithms may round differently: runs
-    /// that must repeat bit for bit across processes keep [`Heuristic`](Self::Heuristic).
+    /// The choice is kept for the process, per device and number of candidates, and
+    /// shared by every `Blas` of the device: a graph captured with a new `Blas` of the
+    /// same selection runs the algorithm an eager product of the same shape ran, so the
+    /// two compute the same bits. Two processes may choose differently (timings vary),
+    /// and different algorithms may round differently: runs that must repeat bit for bit
+    /// across processes keep [`Heuristic`](Self::Heuristic).
     ///
-    /// When the scratch memory cannot be allocated, or no candidate runs, the product
-    /// takes the heuristic's first algorithm (logged at `debug`) and is timed again the
-    /// next time its shape is planned.
+    /// When the scratch memory cannot be allocated, or no candidate runs, the shape
+    /// takes the heuristic's first algorithm for the rest of the process (logged at
+    /// `debug`). A device error while timing (a faulted context) is the product's error.
     Timed {
         /// How many of the heuristic's algorithms to time.
         candidates: u32,
@@ -81,36 +85,41 @@ impl AlgoSelection {
     }
 }
 
-/// The timed choices of the process: (device ordinal, key) → algorithm. The lock is held
-/// only to look up or insert one entry; nothing else is called under it. (Not loom's:
-/// no model covers it.)
-static TIMED: Mutex<Vec<(usize, LtKey, LtAlgo)>> = Mutex::new(Vec::new());
+/// A timed choice's key: the device ordinal, the candidates asked for, the product.
+type ChoiceKey = (usize, usize, LtKey);
 
-/// Locks the choices, recovering from poisoning (an entry is pushed whole or not at all).
-fn lock(
-    m: &Mutex<Vec<(usize, LtKey, LtAlgo)>>,
-) -> std::sync::MutexGuard<'_, Vec<(usize, LtKey, LtAlgo)>> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// The timed choices of the process; `None` where a timing found nothing to choose
+/// (no scratch, no candidate ran), so that the heuristic serves without timing again.
+/// The lock is held only to look up or insert one entry; nothing else is called under
+/// it. (Not loom's: no model covers it.)
+static TIMED: Mutex<Option<HashMap<ChoiceKey, Option<LtAlgo>>>> = Mutex::new(None);
+
+/// Runs `f` on the choices, recovering from poisoning (an entry is inserted whole or not
+/// at all).
+fn with_choices<R>(f: impl FnOnce(&mut HashMap<ChoiceKey, Option<LtAlgo>>) -> R) -> R {
+    let mut guard = TIMED.lock().unwrap_or_else(|p| p.into_inner());
+    f(guard.get_or_insert_with(HashMap::new))
 }
 
-/// The algorithm timed for `key` on device `ordinal`, if any.
-pub(crate) fn timed_choice(ordinal: usize, key: &LtKey) -> Option<LtAlgo> {
-    let timed = lock(&TIMED);
-    timed
-        .iter()
-        .find(|(o, k, _)| *o == ordinal && k == key)
-        .map(|&(_, _, a)| a)
+/// What timing `key` among `candidates` candidates on device `ordinal` chose: `None` if
+/// it was never timed, `Some(None)` if the timing found nothing to choose.
+pub(crate) fn timed_choice(
+    ordinal: usize,
+    candidates: usize,
+    key: &LtKey,
+) -> Option<Option<LtAlgo>> {
+    with_choices(|c| c.get(&(ordinal, candidates, *key)).copied())
 }
 
-/// Keeps `algo` as the choice for `key` on device `ordinal` (the first choice stays if
-/// two threads timed one key).
-pub(crate) fn keep_choice(ordinal: usize, key: LtKey, algo: LtAlgo) -> LtAlgo {
-    let mut timed = lock(&TIMED);
-    if let Some(&(_, _, a)) = timed.iter().find(|(o, k, _)| *o == ordinal && *k == key) {
-        return a;
-    }
-    timed.push((ordinal, key, algo));
-    algo
+/// Keeps `choice` for `key` among `candidates` on device `ordinal` and returns the
+/// choice kept (the first, if two threads timed one key).
+pub(crate) fn keep_choice(
+    ordinal: usize,
+    candidates: usize,
+    key: LtKey,
+    choice: Option<LtAlgo>,
+) -> Option<LtAlgo> {
+    with_choices(|c| *c.entry((ordinal, candidates, key)).or_insert(choice))
 }
 
 /// Rounds of timing runs (each round runs every candidate in turn, so that clock changes
@@ -205,10 +214,9 @@ impl Scratch {
         s.base = unsafe { result::memory::alloc_async(bytes, s.stream) }?;
         // The pattern, then doubling copies of what is filled.
         let first = s.pattern.len().min(bytes);
-        // SAFETY: `first` bytes of the allocation from the host pattern, which lives (in
-        // `s`) until the stream is done with it (drop waits for nothing, but the timing
-        // waits for the stream before `s` drops; an early error drops `s` only after the
-        // driver took the pageable copy, which it stages before returning).
+        // SAFETY: `first` bytes of the allocation from the host pattern, which lives in
+        // `s` until after its drop has waited for the stream (the fields drop after
+        // `Drop::drop`), on every path.
         unsafe { result::copy::htod_async(s.base, s.pattern.as_ptr().cast(), first, s.stream) }?;
         let mut filled = first;
         while filled < bytes {
@@ -298,15 +306,19 @@ mod tests {
         let algo = |x: u64| LtAlgo { data: [x; 8] };
         // Shapes no other test uses: the choices are the process's.
         let (k1, k2) = (LtKey::example(7001), LtKey::example(7002));
-        assert!(timed_choice(0, &k1).is_none());
-        assert_eq!(keep_choice(0, k1, algo(1)).data, [1; 8]);
-        assert_eq!(timed_choice(0, &k1).unwrap().data, [1; 8]);
-        // Another device, another shape: their own.
-        assert!(timed_choice(1, &k1).is_none());
-        assert!(timed_choice(0, &k2).is_none());
+        assert!(timed_choice(0, 8, &k1).is_none());
+        assert_eq!(keep_choice(0, 8, k1, Some(algo(1))).unwrap().data, [1; 8]);
+        assert_eq!(timed_choice(0, 8, &k1).unwrap().unwrap().data, [1; 8]);
+        // Another device, another shape, another number of candidates: their own.
+        assert!(timed_choice(1, 8, &k1).is_none());
+        assert!(timed_choice(0, 8, &k2).is_none());
+        assert!(timed_choice(0, 4, &k1).is_none());
         // A second timing of the same key keeps the first choice.
-        assert_eq!(keep_choice(0, k1, algo(2)).data, [1; 8]);
-        assert_eq!(timed_choice(0, &k1).unwrap().data, [1; 8]);
+        assert_eq!(keep_choice(0, 8, k1, Some(algo(2))).unwrap().data, [1; 8]);
+        assert_eq!(timed_choice(0, 8, &k1).unwrap().unwrap().data, [1; 8]);
+        // A timing that found nothing is kept too: the heuristic serves, untimed.
+        assert!(keep_choice(0, 8, k2, None).is_none());
+        assert_eq!(timed_choice(0, 8, &k2).map(|c| c.is_none()), Some(true));
     }
 
     #[test]
