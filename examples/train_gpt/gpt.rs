@@ -68,6 +68,9 @@ struct Scratch<T: DeviceRepr> {
     /// The column sums' partial sums (bias gradients, layer-norm backward):
     /// [`kernels::colsum_parts`] rows of up to `4C`.
     partial: DeviceSlice<f32>,
+    /// The residual gradient's column sums that the layer-norm backward takes along (the
+    /// MLP's and the attention projection's bias gradients): `colsum_parts(B·T)·C`.
+    res_partial: DeviceSlice<f32>,
     /// The token embedding gradient's partial sums.
     wte_partial: DeviceSlice<f32>,
     norm_partial: DeviceSlice<f32>,
@@ -207,6 +210,7 @@ impl<T: Act> Gpt<T> {
             dfch_gelu: z(gpu, bt * 4 * c)?,
             dlogits: z(gpu, bt * d.v)?,
             partial: z(gpu, kernels::colsum_parts(bt) * 4 * c)?,
+            res_partial: z(gpu, kernels::colsum_parts(bt) * c)?,
             wte_partial: z(gpu, kernels::wte_parts(bt) * d.v * c)?,
             norm_partial: z(gpu, NORM_PARTS)?,
         };

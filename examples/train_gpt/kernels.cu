@@ -341,10 +341,16 @@ extern "C" __global__ void layernorm_bwd_wb(float* partial, const act_t* dout,
 // layernorm_bwd_dx: the results equal the split kernels' bit for bit where the compiler
 // contracts the same products into FMAs (the host emulator, which contracts none, checks
 // that they do: emu/layernorm_check.cpp).
+// With res_sums, it also writes rpartial[y·C + c] = Σ dinp (the updated, stored values)
+// over chunk y: colsum_partial's sums of dinp in its order (warp w is its thread row w),
+// the bias gradient of the product whose output gradient dinp is, without a pass of its
+// own. A warp keeps them in shared memory (registers are full), its own slots.
 extern "C" __global__ void __launch_bounds__(256, LN_BWD_BLOCKS)
-layernorm_bwd(act_t* dinp, float* partial, const act_t* dout, const act_t* inp,
-              const float* mean, const float* rstd, const act_t* w, unsigned N, unsigned C) {
+layernorm_bwd(act_t* dinp, float* partial, float* rpartial, const act_t* dout,
+              const act_t* inp, const float* mean, const float* rstd, const act_t* w,
+              unsigned N, unsigned C, unsigned res_sums) {
     __shared__ float2 sw[32 * RP], sb[32 * RP];
+    __shared__ float2 sr[8][32 * RP];
     unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, C2 = C / 2;
     unsigned chunk = (N + gridDim.x - 1) / gridDim.x;
     unsigned r0 = umin(N, blockIdx.x * chunk), r1 = umin(N, r0 + chunk);
@@ -355,6 +361,7 @@ layernorm_bwd(act_t* dinp, float* partial, const act_t* dout, const act_t* inp,
     for (int k = 0; k < RP; ++k) {
         dw[k] = make_float2(0.0f, 0.0f);
         db[k] = make_float2(0.0f, 0.0f);
+        if (res_sums) sr[warp][lane + 32 * k] = make_float2(0.0f, 0.0f);
     }
     for (unsigned row = r0 + warp; row < r1; row += 8) {
         idx_t off = (idx_t)row * C;
@@ -392,8 +399,13 @@ layernorm_bwd(act_t* dinp, float* partial, const act_t* dout, const act_t* inp,
             if (i < C2) {
                 float2 ww = ld2(w2[i]), dd = ld2(dv[k]), xx = ld2(xv[k]), g = ld2(gv[k]);
                 float n0 = (xx.x - m) * r, n1 = (xx.y - m) * r;
-                di[i] = st2(g.x + (ww.x * dd.x - a - n0 * bsum) * r,
-                            g.y + (ww.y * dd.y - a - n1 * bsum) * r);
+                act2_t out = st2(g.x + (ww.x * dd.x - a - n0 * bsum) * r,
+                                 g.y + (ww.y * dd.y - a - n1 * bsum) * r);
+                di[i] = out;
+                if (res_sums) {
+                    float2 o = ld2(out), t = sr[warp][i];
+                    sr[warp][i] = make_float2(t.x + o.x, t.y + o.y);
+                }
             }
         }
     }
@@ -422,6 +434,19 @@ layernorm_bwd(act_t* dinp, float* partial, const act_t* dout, const act_t* inp,
         pw[2 * i + 1] = sw[i].y;
         pw[C + 2 * i] = sb[i].x;
         pw[C + 2 * i + 1] = sb[i].y;
+    }
+    if (res_sums) {
+        // Each warp's sums, added in warp order 0..7 (the barrier above ordered them).
+        float* pr = rpartial + (idx_t)blockIdx.x * C;
+        for (unsigned i = threadIdx.x; i < C2; i += 256) {
+            float2 t = make_float2(0.0f, 0.0f);
+            for (unsigned v = 0; v < 8; ++v) {
+                t.x += sr[v][i].x;
+                t.y += sr[v][i].y;
+            }
+            pr[2 * i] = t.x;
+            pr[2 * i + 1] = t.y;
+        }
     }
 }
 

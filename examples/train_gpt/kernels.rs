@@ -6,7 +6,7 @@
 //! ([`Gpt<T>`](crate::gpt::Gpt)) passes buffers of `T` there and of `f32` elsewhere.
 
 use crate::launch::In;
-use gpubind::BoundDevice;
+use gpubind::{BoundDevice, DeviceRepr, DeviceSlice, DeviceView};
 use gpubind::{CompileOptions, Error, Kernel, LaunchConfig, Result};
 use gpubind::{Issue, KernelLaunch};
 
@@ -396,17 +396,24 @@ impl Kernels {
     /// (weight then bias, `2c`), through `partial`. Rows of up to 768 (every width of
     /// the models) take one pass (`layernorm_bwd`: the input gradient and the column
     /// partial sums together); wider ones two (`layernorm_bwd_dx`, `layernorm_bwd_wb`).
+    ///
+    /// With `res = (db, rpartial)`, also `db = Σ_rows dinp` (after the update): the bias
+    /// gradient of the product whose output gradient `dinp` is (the residual stream's
+    /// gradient feeds the MLP's and the attention projection's biases), summed by the
+    /// one-pass kernel as it writes `dinp` (through `rpartial`, `colsum_parts(rows)·c`),
+    /// the same sums `bias_grad` takes in a pass of its own.
     #[allow(clippy::too_many_arguments)]
-    pub fn layernorm_bwd<'b>(
+    pub fn layernorm_bwd<'b, T: DeviceRepr>(
         &self,
         tg: &mut impl Issue<'b>,
-        dinp: &'b impl In,
+        dinp: &'b DeviceSlice<T>,
         dwb: &'b impl In,
         partial: &'b impl In,
         dout: &'b impl In,
         inp: &'b impl In,
         stats: (&'b impl In, &'b impl In),
         w: &'b impl In,
+        res: Option<(&'b DeviceView<'_, T>, &'b DeviceSlice<f32>)>,
     ) -> Result<()> {
         let c = w.len();
         let n = inp.len() / c.max(1);
@@ -438,8 +445,15 @@ impl Kernels {
             parts as u32,
             u32_of("2C", 2 * c)?,
         );
+        if let Some((db, rpartial)) = res {
+            need("layernorm residual bias gradient", db.len(), c)?;
+            need_at_least("layer-norm residual partial", rpartial.len(), parts * c)?;
+        }
         if c <= LN_BWD_FUSED_MAX_C {
-            // SAFETY: (float*, float*, const float* ×5, unsigned ×2) matches
+            // The residual sums' scratch, or none (a null pointer the kernel never uses
+            // without res_sums).
+            let want = u32::from(res.is_some());
+            // SAFETY: (float*, float* ×2, const float* ×5, unsigned ×3) matches
             // layernorm_bwd; block y < parts takes the rows r of [y·chunk, min(N,
             // (y+1)·chunk)) (chunk = ⌈N/parts⌉; the chunks are disjoint, each row is one
             // warp's, and a block whose chunk starts at or past N takes no row and writes
@@ -448,18 +462,23 @@ impl Kernels {
             // definition), in pairs (C even, every buffer pair-aligned: checked); its
             // shared sums hold 32·RP pairs, at least the C/2 of a row (C ≤ 64·RP: this
             // branch); it writes partial row y (2C wide), inside parts·2C ≤ partial's
-            // length (checked).
+            // length (checked), and with res_sums = 1 only (`res` given) rpartial row y
+            // (C wide), inside parts·C ≤ rpartial's length (checked).
             unsafe {
-                tg.launch(&self.layernorm_bwd, blocks(pp, 256))
-                    .arg_written(dinp)
-                    .arg_written(partial)
-                    .arg(dout)
+                let mut l = tg.launch(&self.layernorm_bwd, blocks(pp, 256));
+                l.arg_written(dinp).arg_written(partial);
+                match res {
+                    Some((_, rpartial)) => l.arg_written(rpartial),
+                    None => l.value(0u64),
+                };
+                l.arg(dout)
                     .arg(inp)
                     .arg(stats.0)
                     .arg(stats.1)
                     .arg(w)
                     .value(nn)
                     .value(cc)
+                    .value(want)
                     .launch()?;
             }
         } else {
@@ -496,7 +515,14 @@ impl Kernels {
                     .launch()?;
             }
         }
-        self.colsum_finish(tg, dwb, partial, pp, ww)
+        self.colsum_finish(tg, dwb, partial, pp, ww)?;
+        match res {
+            Some((db, rpartial)) if c <= LN_BWD_FUSED_MAX_C => {
+                self.colsum_finish(tg, db, rpartial, pp, cc)
+            }
+            Some((db, rpartial)) => self.colsum(tg, db, rpartial, dinp, c),
+            None => Ok(()),
+        }
     }
 
     /// Column sums of `dout` (`rows × c`) into `out` (`c`), through `partial`.

@@ -97,7 +97,8 @@ impl Dims {
     pub fn activation_floats(&self, unfused: bool) -> usize {
         let (bt, c) = (self.bt(), self.c);
         let common = bt * (19 * c + 4);
-        let scratch = bt * (17 * c + 2 * self.v) + kernels::COLSUM_MAX_PARTS * 4 * c;
+        // The column sums' partials: 4C wide, and the residual gradient's C.
+        let scratch = bt * (17 * c + 2 * self.v) + kernels::COLSUM_MAX_PARTS * 5 * c;
         let (block, scratch) = if unfused {
             (
                 common + bt * 4 * c + self.att(),

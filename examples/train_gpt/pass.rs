@@ -209,8 +209,14 @@ impl<T: Act> Gpt<T> {
         let last = &self.blocks[self.dims.l - 1].res3;
         let stats = (&self.lnf_mean, &self.lnf_rstd);
         let (dwb, w) = (on.vw.g_pair("ln_f.weight"), on.vw.w("ln_f.weight"));
+        // dres is the last block's MLP output gradient: its bias gradient comes along.
+        let res = (
+            on.vw.gl(self.dims.l - 1, "mlp.c_proj.bias"),
+            &sc.res_partial,
+        );
+        let p = &sc.partial;
         self.k
-            .layernorm_bwd(on.e, &sc.dres, dwb, &sc.partial, &sc.dln, last, stats, w)
+            .layernorm_bwd(on.e, &sc.dres, dwb, p, &sc.dln, last, stats, w, Some(res))
     }
 
     /// Block `l`'s MLP backward pass (and its second layer norm's).
@@ -221,9 +227,10 @@ impl<T: Act> Gpt<T> {
         let bl = &self.blocks[l];
         let lin = self.lin();
         // MLP: res3 = res2 + fch_gelu·Wpᵀ + b, fch_gelu = gelu(fch), fch = ln2·Wfᵀ + bf.
-        let (dwp, dbp) = (vw.gl(l, "mlp.c_proj.weight"), vw.gl(l, "mlp.c_proj.bias"));
+        // The bias gradient came with the layer norm backward that wrote dres.
+        let dwp = vw.gl(l, "mlp.c_proj.weight");
         let io = (&sc.dres, &bl.fch_gelu);
-        lin.weight_grad(on.e, on.blas, (bt, c, 4 * c), io, dwp, Some(dbp))?;
+        lin.weight_grad(on.e, on.blas, (bt, c, 4 * c), io, dwp, None)?;
         let through = (&sc.dres, vw.wl(l, "mlp.c_proj.weight"), &bl.fch);
         let out = (&sc.dfch, vw.gl(l, "mlp.c_fc.bias"));
         lin.gelu_grad(on.e, on.blas, (bt, c, 4 * c), through, out, &sc.dfch_gelu)?;
@@ -235,6 +242,8 @@ impl<T: Act> Gpt<T> {
             .product(on.e, on.blas, &shape, (&sc.dfch, wf), &sc.dln)?;
         let stats = (&bl.ln2_mean, &bl.ln2_rstd);
         let (dwb, w) = (vw.g_pair_l(l, "ln_2.weight"), vw.wl(l, "ln_2.weight"));
+        // dres is now the attention projection's output gradient: its bias gradient.
+        let res = (vw.gl(l, "attn.c_proj.bias"), &sc.res_partial);
         k.layernorm_bwd(
             on.e,
             &sc.dres,
@@ -244,6 +253,7 @@ impl<T: Act> Gpt<T> {
             &bl.res2,
             stats,
             w,
+            Some(res),
         )
     }
 
@@ -258,10 +268,11 @@ impl<T: Act> Gpt<T> {
         let (bt, c) = (d.bt(), d.c);
         let bl = &self.blocks[l];
         // Attention projection: res2 = x + atty_un·Wᵀ + b.
-        let (dw, db) = (vw.gl(l, "attn.c_proj.weight"), vw.gl(l, "attn.c_proj.bias"));
+        // The bias gradient came with the second layer norm's backward.
+        let dw = vw.gl(l, "attn.c_proj.weight");
         let io = (&sc.dres, &bl.atty_un);
         self.lin()
-            .weight_grad(on.e, on.blas, (bt, c, c), io, dw, Some(db))?;
+            .weight_grad(on.e, on.blas, (bt, c, c), io, dw, None)?;
         let wp = vw.wl(l, "attn.c_proj.weight");
         let shape = Matmul::new(bt, c, c);
         self.lin()
@@ -298,8 +309,13 @@ impl<T: Act> Gpt<T> {
             .product(on.e, on.blas, &shape, (&sc.dqkv, wa), &sc.dln)?;
         let stats = (&bl.ln1_mean, &bl.ln1_rstd);
         let (dwb, w) = (vw.g_pair_l(l, "ln_1.weight"), vw.wl(l, "ln_1.weight"));
+        // dres becomes the previous block's MLP output gradient: its bias gradient too.
+        let res = l
+            .checked_sub(1)
+            .map(|p| (vw.gl(p, "mlp.c_proj.bias"), &sc.res_partial));
+        let p = &sc.partial;
         self.k
-            .layernorm_bwd(on.e, &sc.dres, dwb, &sc.partial, &sc.dln, x, stats, w)
+            .layernorm_bwd(on.e, &sc.dres, dwb, p, &sc.dln, x, stats, w, res)
     }
 
     /// The embeddings' gradients.

@@ -4,7 +4,9 @@
 // up to 64·RP, layernorm_bwd_dx, layernorm_bwd_wb + colsum_finish for wider ones),
 // launched as kernels.rs launches them. Where the one-pass layernorm_bwd runs, the
 // two-pass kernels run on the same inputs too, and its dinp and partial sums must equal
-// theirs bit for bit (no FMA contraction on the host). One program, two builds, as
+// theirs bit for bit (no FMA contraction on the host); where it also takes the updated
+// dinp's column sums along (a residual's bias gradient), they must equal colsum_partial's
+// bit for bit, and their total the double-precision sum. One program, two builds, as
 // kernels.cu has two precisions: fp32 activations, or bf16 with ACT_BF16 defined.
 //
 //   c++ -std=c++20 -O2 -fno-strict-aliasing [-DACT_BF16=1] -I examples/train_gpt/emu
@@ -55,17 +57,25 @@ static void backward_split(act_t* dinp, float* partial, const act_t* dout, const
     launch(layernorm_bwd_wb, dim3(cdiv(C / 2, 32), colsum_parts(N)), dim3(32, 8), partial,
            dout, inp, mean, rstd, N, C);
 }
-// dinp += the input gradient; dwb = (dw, db); partial: colsum_parts(N) · 2C floats.
+// dinp += the input gradient; dwb = (dw, db); partial: colsum_parts(N) · 2C floats. With
+// rpartial (colsum_parts(N) · C floats), also rbias = the column sums of the updated dinp:
+// taken along by the one-pass kernel, or by colsum_partial after the two-pass ones.
 static void backward(act_t* dinp, act_t* dwb, float* partial, const act_t* dout, const act_t* inp,
                      const float* mean, const float* rstd, const act_t* w, unsigned N,
-                     unsigned C) {
+                     unsigned C, float* rpartial, act_t* rbias) {
     unsigned parts = colsum_parts(N);
-    if (C <= FUSED_MAX_C)
-        launch(layernorm_bwd, dim3(parts), dim3(256), dinp, partial, dout, inp, mean, rstd, w,
-               N, C);
-    else
+    if (C <= FUSED_MAX_C) {
+        launch(layernorm_bwd, dim3(parts), dim3(256), dinp, partial, rpartial, dout, inp, mean,
+               rstd, w, N, C, rpartial ? 1u : 0u);
+    } else {
         backward_split(dinp, partial, dout, inp, mean, rstd, w, N, C);
+        if (rpartial)
+            launch(colsum_partial, dim3(cdiv(C / 2, 32), parts), dim3(32, 8), rpartial,
+                   (const act_t*)dinp, N, C);
+    }
     launch(colsum_finish, dim3(2 * C), dim3(128), dwb, (const float*)partial, parts, 2 * C);
+    if (rpartial)
+        launch(colsum_finish, dim3(C), dim3(128), rbias, (const float*)rpartial, parts, C);
 }
 
 // ---- Tolerances ----
@@ -169,8 +179,12 @@ static bool check(int N, int C, emu::Order order) {
     forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
     residual_forward(res.data(), rout.data(), rmean.data(), rrstd.data(), x.data(), y.data(),
                      pb.data(), w.data(), b.data(), N, C);
+    // Half the shapes take the residual gradient's column sums along.
+    const bool with_res = (N + C) % 2 == 0;
+    vector<float> rpartial((size_t)colsum_parts(N) * C, nan);
+    vector<act_t> rbias(C, anan);
     backward(dinp.data(), dwb.data(), partial.data(), dout.data(), x.data(), mean.data(),
-             rstd.data(), w.data(), N, C);
+             rstd.data(), w.data(), N, C, with_res ? rpartial.data() : nullptr, rbias.data());
 
     char label[64];
     std::snprintf(label, sizeof label, "%s N %3d C %3d %-7s", PRECISION, N, C,
@@ -205,6 +219,25 @@ static bool check(int N, int C, emu::Order order) {
         std::printf("%s dinp, partial equal the two-pass kernels' bit for bit: %s\n", label,
                     same ? "ok" : "FAIL");
         ok &= same;
+        if (with_res) {
+            // The residual sums equal colsum_partial's of the stored dinp, bit for bit.
+            vector<float> rpartial2(rpartial.size(), nan);
+            launch(colsum_partial, dim3(cdiv(C / 2, 32), colsum_parts(N)), dim3(32, 8),
+                   rpartial2.data(), (const act_t*)dinp.data(), (unsigned)N, (unsigned)C);
+            bool rsame = std::memcmp(rpartial.data(), rpartial2.data(), rpartial.size() * 4) == 0;
+            std::printf("%s residual sums equal colsum_partial's bit for bit: %s\n", label,
+                        rsame ? "ok" : "FAIL");
+            ok &= rsame;
+        }
+    }
+    if (with_res) {
+        // Σ_rows of the stored dinp, in double.
+        vector<double> rb_ref(C, 0.0);
+        for (int r = 0; r < N; ++r)
+            for (int c = 0; c < C; ++c) rb_ref[c] += d(dinp[(size_t)r * C + c]);
+        auto rb_got = [&](int, int c) { return d(rbias[c]); };
+        auto rb_at = [&](int, int c) { return rb_ref[c]; };
+        ok &= compare(label, "rbias", 1, C, rb_got, rb_at, ACT_TOL, ACT_TOL, ROW_FLOOR);
     }
     auto dwb_got = [&](int, int c) { return d(dwb[c]); };
     auto dwb_at = [&](int, int c) { return dwb_ref[c]; };
