@@ -11,7 +11,7 @@
 mod common;
 
 use common::{Ctx, on_device0, run_suite};
-use gpubind::blas::{AlgoSelection, CaptureLtArgs, Enqueue, Epilogue, LtArgs, Matmul};
+use gpubind::blas::{AlgoSelection, CaptureLtArgs, Enqueue, Epilogue, Layout, LtArgs, Matmul};
 use gpubind::{BoundDevice, DeviceSlice};
 use half::bf16;
 
@@ -140,19 +140,21 @@ fn timed_layouts_and_bias_gradients_match(gpu: &BoundDevice<'_>) -> R {
             .with_ld(k + 4, n + 8, m + 12),
     ];
     for (i, shape) in shapes.iter().enumerate() {
-        let (lda, ldb, ldc) = (
-            shape.lda.unwrap_or(0),
-            shape.ldb.unwrap_or(0),
-            shape.ldc.unwrap_or(0),
-        );
-        let len = |ld: usize, a: usize, b: usize| ld.max(a).max(b) * a.max(b);
-        let a: Vec<f32> = f32s(&pattern(len(lda, m, k), 10 + i));
-        let b: Vec<f32> = f32s(&pattern(len(ldb, k, n), 20 + i));
+        // Elements a stored rows × cols matrix spans: (outer − 1)·ld + inner.
+        let col = shape.layout == Layout::ColMajor;
+        let span = |rows: usize, cols: usize, ld: Option<usize>| {
+            let (inner, outer) = if col { (rows, cols) } else { (cols, rows) };
+            (outer - 1) * ld.unwrap_or(inner) + inner
+        };
+        let (ar, ac) = if shape.transpose_a { (k, m) } else { (m, k) };
+        let (br, bc) = if shape.transpose_b { (n, k) } else { (k, n) };
+        let a: Vec<f32> = f32s(&pattern(span(ar, ac, shape.lda), 10 + i));
+        let b: Vec<f32> = f32s(&pattern(span(br, bc, shape.ldb), 20 + i));
         let (da, db) = (
             gpu.clone_htod(&a).ctx("htod")?,
             gpu.clone_htod(&b).ctx("htod")?,
         );
-        let clen = len(ldc, m, n);
+        let clen = span(m, n, shape.ldc);
         let mut out = Vec::new();
         for blas in [&heuristic, &timed] {
             let mut c = gpu.alloc_zeros::<f32>(clen).ctx("alloc")?;
