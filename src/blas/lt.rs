@@ -355,18 +355,7 @@ impl LtProblem {
     ) -> Result<(Option<LtAlgo>, String)> {
         let api = sys::cublaslt()?;
         let (k, p) = (&self.key, &self.plan);
-        let el = k.dtype.bytes();
-        let cols = |t: bool, r: i32, c: i32| if t { r } else { c } as usize;
-        let (m, n) = (p.m as usize, p.n as usize);
-        let parts = [
-            p.lda as usize * cols(p.transa, p.m, p.k) * el,
-            p.ldb as usize * cols(p.transb, p.k, p.n) * el,
-            p.ldc as usize * n * el,
-            m.max(n) * 8,
-            k.aux_ld.max(0) as usize * m.max(n) * el,
-            workspace,
-        ];
-        let at = select::scratch_layout(parts);
+        let at = select::scratch_layout(scratch_parts(p, k.dtype, k.aux_ld, workspace));
         let (n_cand, rounds) = (candidates.len(), select::ROUNDS);
         crate::driver::with_relaxed_capture_mode(|| -> Result<(Option<LtAlgo>, String)> {
             if let Some(stream) = how.wait {
@@ -577,6 +566,43 @@ pub(crate) unsafe fn prepare_lt(
         log::debug!("gpubind: timed {}: {note}", problem.describe());
     }
     Ok(())
+}
+
+/// Bytes of scratch a timing of the product planned as `p` reads and writes: what the
+/// column-major layouts of cuBLAS's A, B and C reach (`(cols − 1)·ld + rows` elements
+/// each), a bias of up to `max(m, n)` elements of up to 8 bytes, the aux operand's
+/// `aux_ld·n` elements (as the product's own aux buffer holds), and the workspace.
+pub(crate) fn scratch_parts(
+    p: &Plan,
+    dtype: DataType,
+    aux_ld: i64,
+    workspace: usize,
+) -> [usize; 6] {
+    let el = dtype.bytes();
+    let u = |x: i32| x.max(0) as usize;
+    // Saturating: a span too large for memory is refused by the allocation, never cut.
+    let span = |rows: usize, cols: usize, ld: usize| {
+        if rows == 0 || cols == 0 {
+            0
+        } else {
+            (cols - 1)
+                .saturating_mul(ld)
+                .saturating_add(rows)
+                .saturating_mul(el)
+        }
+    };
+    let dims = |t: bool, r: i32, c: i32| if t { (u(c), u(r)) } else { (u(r), u(c)) };
+    let (ar, ac) = dims(p.transa, p.m, p.k);
+    let (br, bc) = dims(p.transb, p.k, p.n);
+    let aux_ld = usize::try_from(aux_ld).unwrap_or(0);
+    [
+        span(ar, ac, u(p.lda)),
+        span(br, bc, u(p.ldb)),
+        span(u(p.m), u(p.n), u(p.ldc)),
+        u(p.m.max(p.n)) * 8,
+        aux_ld.saturating_mul(u(p.n)).saturating_mul(el),
+        workspace,
+    ]
 }
 
 /// Enqueues a checked Lt product on `stream`.

@@ -532,3 +532,71 @@ fn pointer_modes_match_the_headers() {
 }
 
 mod gemm_checks;
+
+/// A timing's scratch covers everything the product's own buffers hold, for every layout,
+/// transpose, leading dimension and epilogue operand: A and B (in cuBLAS's order, which
+/// swaps them for row-major products), C, the bias (or bias gradient) and the aux operand.
+#[test]
+fn timing_scratch_covers_every_operand() {
+    use super::lt::scratch_parts;
+    use super::plan::operands;
+    let (m, n, k) = (37, 53, 29);
+    let base = [
+        Matmul::new(m, n, k),
+        Matmul::new(m, n, k).transpose_a(),
+        Matmul::new(m, n, k).transpose_b(),
+        Matmul::new(m, n, k).transpose_a().transpose_b(),
+    ];
+    let mut shapes = Vec::new();
+    for s in base {
+        shapes.push(s);
+        shapes.push(s.col_major());
+        // Leading dimensions past the inner size of whichever layout.
+        shapes.push(s.with_ld(m.max(k) + 3, n.max(k) + 5, m.max(n) + 7));
+        shapes.push(
+            s.col_major()
+                .with_ld(m.max(k) + 9, n.max(k) + 1, m.max(n) + 2),
+        );
+    }
+    let epilogues = [
+        Epilogue::Default,
+        Epilogue::Bias,
+        Epilogue::GeluAuxBias,
+        Epilogue::DGelu,
+        Epilogue::ReluAuxBias,
+        Epilogue::DRelu,
+        Epilogue::BGradA,
+        Epilogue::BGradB,
+    ];
+    for dtype in [DataType::Bf16, DataType::F32] {
+        let el = dtype.bytes();
+        for s in &shapes {
+            let spans = operands(s, None).unwrap().map(|o| o.matrix_span().unwrap());
+            let p = ok(s, dtype, None, spans);
+            for e in epilogues {
+                let aux_ld = e.aux_ld(s).map_or(0, |l| l as i64);
+                let parts = scratch_parts(&p, dtype, aux_ld, 1 << 20);
+                let (first, second) = if p.swapped {
+                    (spans[1], spans[0])
+                } else {
+                    (spans[0], spans[1])
+                };
+                let what = format!("{dtype:?} {s:?} {}", e.name());
+                assert!(parts[0] >= first * el, "A: {what}");
+                assert!(parts[1] >= second * el, "B: {what}");
+                assert!(parts[2] >= spans[2] * el, "C: {what}");
+                for role in [Role::Bias, Role::BiasGrad] {
+                    if e.uses(role) {
+                        assert!(parts[3] >= needed_len(e, role, s, &p) * 8, "bias: {what}");
+                    }
+                }
+                for role in [Role::Aux, Role::AuxOut, Role::ReluMask, Role::ReluMaskOut] {
+                    if e.uses(role) {
+                        assert!(parts[4] >= needed_len(e, role, s, &p) * el, "aux: {what}");
+                    }
+                }
+                assert_eq!(parts[5], 1 << 20);
+            }
+        }
+    }
+}
