@@ -97,36 +97,29 @@ pub(crate) struct LtPlans {
 const LT_PLANS: usize = 32;
 
 impl LtPlans {
-    /// The plan for `key`, made by `make` on a miss (the oldest is dropped when full).
+    /// The plan for `key`, made by `make` on a miss.
     fn get_or_make(
         &mut self,
         key: LtKey,
         make: impl FnOnce() -> Result<LtPlan>,
     ) -> Result<&LtPlan> {
-        let i = match self.plans.iter().position(|(k, _)| *k == key) {
+        let i = match self.position(&key) {
             Some(i) => i,
             None => {
-                let plan = make()?;
-                if self.plans.len() == LT_PLANS {
-                    self.plans.remove(0);
-                }
-                self.plans.push((key, plan));
+                self.insert(key, make()?);
                 self.plans.len() - 1
             }
         };
         Ok(&self.plans[i].1)
     }
 
-    /// Whether a plan for `key` is kept.
-    fn has(&self, key: &LtKey) -> bool {
-        self.plans.iter().any(|(k, _)| k == key)
+    /// Where the plan for `key` is kept, if it is.
+    fn position(&self, key: &LtKey) -> Option<usize> {
+        self.plans.iter().position(|(k, _)| k == key)
     }
 
-    /// Keeps `plan` for `key` (the oldest is dropped when full).
+    /// Keeps `plan` for `key`, which has none (the oldest is dropped when full).
     fn insert(&mut self, key: LtKey, plan: LtPlan) {
-        if let Some(i) = self.plans.iter().position(|(k, _)| *k == key) {
-            self.plans.remove(i);
-        }
         if self.plans.len() == LT_PLANS {
             self.plans.remove(0);
         }
@@ -549,7 +542,7 @@ pub(crate) unsafe fn prepare_lt(
     shape: &Matmul,
     wait: Option<driver::CUstream>,
 ) -> Result<()> {
-    if blas.lt_plans.borrow().has(&problem.key) {
+    if blas.lt_plans.borrow().position(&problem.key).is_some() {
         return Ok(());
     }
     let handle = blas.lt_handle()?;
