@@ -38,8 +38,13 @@ CLASSES = [
     ("memcpy/memset (not kernels)", r"^Mem(cpy|set)\b"),
     # Fused attention (train_gpt's attn_*; SDPA's flash, memory-efficient or cuDNN
     # kernels) and, in train_gpt's unfused mode, its causal softmax and q/k/v layout
-    # shuffles (its batched products count as GEMM).
-    ("attention", r"flash|fmha|sdpa|attention|^attn_|softmax_causal|permute_qkv|^unpermute$"),
+    # shuffles (its batched products count as GEMM); colsum_finish_qkv adds up the QKV
+    # bias gradient's sums that the mma attention backward takes.
+    (
+        "attention",
+        r"flash|fmha|sdpa|attention|^attn_|softmax_causal|permute_qkv|^unpermute$"
+        r"|^colsum_finish_qkv$",
+    ),
     ("GEMM (cuBLAS/cuBLASLt)", r"gemm|gemv|nvjet|cutlass|xmma|cublas|s16816|s1688|tensorop"),
     # train_gpt's residual add comes with its layer norm (residual_layernorm_fwd);
     # colsum_finish adds up the layer norms' weight and bias gradients (and, with

@@ -89,7 +89,7 @@ class Classification(unittest.TestCase):
             "layernorm_fwd": "layernorm", "residual_layernorm_fwd": "layernorm",
             "layernorm_bwd": "layernorm", "layernorm_bwd_dx": "layernorm",
             "layernorm_bwd_wb": "layernorm",
-            "colsum_finish": "layernorm",
+            "colsum_finish": "layernorm", "colsum_finish_qkv": "attention",
             "gelu_fwd": "GELU / bias", "gelu_bwd": "GELU / bias", "bias_add": "GELU / bias",
             "colsum_partial": "GELU / bias", "xent": "softmax / cross-entropy",
             "adamw": "optimizer (clip + AdamW)", "sumsq_partial": "optimizer (clip + AdamW)",

@@ -5,12 +5,12 @@
 //! or a graph capture), so the eager and captured steps and `--check-attention` run the
 //! same calls.
 
-use crate::attention::Attention;
+use crate::attention::{self, Attention};
 use crate::kernels::Kernels;
 use crate::model::Dims;
 use crate::precision::Act;
 use gpubind::blas::{Batch, Blas, Enqueue, Matmul};
-use gpubind::{DeviceSlice, Result};
+use gpubind::{DeviceSlice, DeviceView, Error, Result};
 
 /// What the forward pass writes and the backward pass reads again, with their input
 /// `qkv` `(B, T, 3C)`: `y` `(B, T, C)`; the fused path's `lse` (`B·NH·T`), the unfused
@@ -36,8 +36,11 @@ pub struct Fwd<'b, T: Act> {
 
 /// The buffers of the backward pass: the forward's [`Saved`]; `dy` `(B, T, C)` in; `dqkv`
 /// `(B, T, 3C)` out (overwritten). Scratch: `dsum` (fused, `B·NH·T`), `daty`, `dq`, `dk`,
-/// `dv` (`B·NH·T·hs`), `datt` and `dpre` (`B·NH·T·T`) (unfused).
+/// `dv` (`B·NH·T·hs`), `datt` and `dpre` (`B·NH·T·T`) (unfused). `bias`: where
+/// [`sums_qkv_bias`] holds, the QKV bias gradient (`3C`, out) and the scratch of its
+/// partial sums ([`attention::bias_partial_len`](crate::attention::bias_partial_len)).
 pub struct Bwd<'b, T: Act> {
+    pub bias: Option<(&'b DeviceView<'b, T>, &'b DeviceSlice<f32>)>,
     pub saved: Saved<'b, T>,
     pub dy: &'b DeviceSlice<T>,
     pub dqkv: &'b DeviceSlice<T>,
@@ -83,7 +86,15 @@ pub fn forward<'b, T: Act, E: Enqueue<'b>>(
     ks.unpermute(e, sv.y, io.atty, shape4, false)
 }
 
-/// The attention backward pass: fused with `fused`, else unfused.
+/// Whether the attention backward pass with `fused` also writes the QKV bias gradient
+/// (`Bwd::bias`): the mma kernels sum the columns of the dq, dk and dv they store, which
+/// spares the QKV product's bias gradient a column-sum pass of its own.
+pub fn sums_qkv_bias(fused: Option<&Attention>) -> bool {
+    fused.is_some_and(Attention::sums_bias)
+}
+
+/// The attention backward pass: fused with `fused`, else unfused; with `io.bias`, which
+/// only [`sums_qkv_bias`] paths take, also the QKV bias gradient.
 pub fn backward<'b, T: Act, E: Enqueue<'b>>(
     e: &mut E,
     (ks, fused): (&Kernels, Option<&Attention>),
@@ -93,8 +104,21 @@ pub fn backward<'b, T: Act, E: Enqueue<'b>>(
 ) -> Result<()> {
     let sv = &io.saved;
     let shape4 = (d.b, d.t, d.nh, d.hs);
+    if io.bias.is_some() && !sums_qkv_bias(fused) {
+        return Err(Error::InvalidArgument(
+            "train_gpt: only the mma attention sums the QKV bias gradient".into(),
+        ));
+    }
     if let Some(fa) = fused {
-        return fa.backward(e, io.dqkv, io.dsum, (sv.qkv, sv.y, sv.lse), io.dy, shape4);
+        let bsum = io.bias.map(|(_, partial)| partial);
+        let saved = (sv.qkv, sv.y, sv.lse);
+        fa.backward(e, io.dqkv, io.dsum, bsum, saved, io.dy, shape4)?;
+        return match io.bias {
+            Some((db, partial)) => {
+                ks.qkv_bias_finish(e, db, partial, attention::bias_parts(d.b, d.t))
+            }
+            None => Ok(()),
+        };
     }
     ks.unpermute(e, io.dy, io.daty, shape4, true)?;
     let n = d.b * d.nh;

@@ -50,6 +50,20 @@ pub struct Attention {
     aligned: bool,
 }
 
+/// Rows of the column-sum partials that [`SOURCE_MMA`]'s backward kernels write with a
+/// `bsum` buffer for batch `b` and sequence length `t`: `B·⌈T/QT⌉` for dq, `B·⌈T/KB⌉` each
+/// for dk and dv.
+pub fn bias_parts(b: usize, t: usize) -> (usize, usize) {
+    (b * t.div_ceil(MMA_TILES.0), b * t.div_ceil(MMA_TILES.1))
+}
+
+/// f32 elements of that `bsum` buffer for width `c`: dq's partial rows, then dk's, then
+/// dv's, each `c` wide (the layout `Kernels::qkv_bias_finish` reads).
+pub fn bias_partial_len(b: usize, t: usize, c: usize) -> usize {
+    let (pq, pkv) = bias_parts(b, t);
+    (pq + 2 * pkv) * c
+}
+
 /// `(b, t, nh, hs)`: batch, sequence length, heads, head size.
 pub type Shape = (usize, usize, usize, usize);
 
@@ -116,6 +130,12 @@ impl Attention {
             tiles,
             aligned: bf16 && mma,
         })
+    }
+
+    /// Whether [`backward`](Self::backward) takes a `bsum` buffer: the column sums of dq,
+    /// dk and dv (the QKV bias gradient's partial sums) come with the mma kernels.
+    pub fn sums_bias(&self) -> bool {
+        self.aligned
     }
 
     /// Which implementation this is, for messages.
@@ -221,8 +241,8 @@ impl Attention {
     }
 
     /// A gradient kernel taking `(dqkv, qkv, dy, lse, dsum, T, NH, scale)`: attention.cu's
-    /// `attn_bwd_dq`, and `attn_bwd_dkdv` of both sources. `backward`, the one caller, has
-    /// checked every length.
+    /// `attn_bwd_dq` and `attn_bwd_dkdv`. `backward`, the one caller, has checked every
+    /// length.
     fn grads<'b>(
         tg: &mut impl Issue<'b>,
         kernel: &Kernel,
@@ -252,13 +272,17 @@ impl Attention {
 
     /// The backward pass of [`forward`](Self::forward): `dqkv` (dq, dk, dv, laid out
     /// as `qkv`; overwritten) from `dy` (as `y`), with `dsum` (`B·NH·T`, f32) holding
-    /// `rowsum(dy ⊙ y)` on the way.
+    /// `rowsum(dy ⊙ y)` on the way. With `bsum` (only where [`sums_bias`](Self::sums_bias);
+    /// [`bias_partial_len`] f32 elements at least), also the column sums of dq, dk and dv
+    /// per block of rows, laid out as [`bias_parts`] says, which
+    /// `Kernels::qkv_bias_finish` adds up into the QKV bias gradient.
     #[allow(clippy::too_many_arguments)]
     pub fn backward<'b>(
         &self,
         tg: &mut impl Issue<'b>,
         dqkv: &'b impl In,
         dsum: &'b impl In,
+        bsum: Option<&'b impl In>,
         (qkv, y, lse): (&'b impl In, &'b impl In, &'b impl In),
         dy: &'b impl In,
         shape: Shape,
@@ -273,6 +297,21 @@ impl Attention {
         need("lse", lse.len(), b * nh * t)?;
         need("dsum", dsum.len(), b * nh * t)?;
         self.check_aligned(&[("qkv", qkv), ("dqkv", dqkv), ("y", y), ("dy", dy)])?;
+        if let Some(bsum) = bsum {
+            if !self.sums_bias() {
+                return Err(Error::InvalidArgument(
+                    "train_gpt: the tiled attention takes no bias partial sums".into(),
+                ));
+            }
+            let want = bias_partial_len(b, t, nh * hs);
+            if bsum.len() < want {
+                return Err(Error::InvalidArgument(format!(
+                    "train_gpt: fused attention bias partial sums have {} elements, the \
+                     kernels need {want}",
+                    bsum.len()
+                )));
+            }
+        }
         let rows = b * t * nh;
         let (rr, tt, nn) = (rows as u32, t as u32, nh as u32);
         let scale = 1.0f32 / (hs as f32).sqrt();
@@ -281,34 +320,80 @@ impl Attention {
             self.tiled(t, self.tiles.1, b * nh),
         );
         let grads = (qkv, dy, lse, dsum);
-        if let Some(bwd_d) = &self.bwd_d {
-            Self::dsum(tg, bwd_d, dsum, y, dy, (rr, tt, nn))?;
-            Self::grads(tg, &self.bwd_dq, dq_grid, dqkv, grads, (tt, nn, scale))?;
-        } else {
-            // SAFETY: (bf16*, float*, const bf16* ×3, const float*, unsigned ×2, float)
-            // matches attention_mma.cu's attn_bwd_dq. The block of tile i and head j < B·NH
-            // handles queries [q0, q0 + 128), q0 = (tiles - 1 - i)·128 < T: it reads rows < T
-            // of head j's q, k, v (qkv, checked), y and dy (B·T·C, checked) and lse
-            // (B·NH·T, checked), and writes the dq rows < T of head j in dqkv (3·B·T·C,
-            // checked) and dsum entries j·T + t, t < T (B·NH·T, checked). 16-byte accesses
-            // are at multiples of 8 elements from 16-byte aligned buffers (checked).
-            unsafe {
-                tg.launch(&self.bwd_dq, dq_grid)
-                    .arg_written(dqkv)
-                    .arg_written(dsum)
-                    .arg(qkv)
-                    .arg(y)
-                    .arg(dy)
-                    .arg(lse)
-                    .value(tt)
-                    .value(nn)
-                    .value(scale)
-                    .launch()?;
-            }
-        }
+        let Some(bwd_d) = &self.bwd_d else {
+            let grids = (dq_grid, dkdv_grid);
+            let ins = (qkv, y, lse, dy);
+            return self.backward_mma(tg, grids, (dqkv, dsum, bsum), ins, (tt, nn, scale));
+        };
+        Self::dsum(tg, bwd_d, dsum, y, dy, (rr, tt, nn))?;
+        Self::grads(tg, &self.bwd_dq, dq_grid, dqkv, grads, (tt, nn, scale))?;
         // dsum is written by the launch before, on the same stream or capture.
-        Self::grads(tg, &self.bwd_dkdv, dkdv_grid, dqkv, grads, (tt, nn, scale))?;
-        Ok(())
+        Self::grads(tg, &self.bwd_dkdv, dkdv_grid, dqkv, grads, (tt, nn, scale))
+    }
+
+    /// [`backward`](Self::backward) with [`SOURCE_MMA`]'s kernels, on `backward`'s grids;
+    /// `backward`, the one caller, has checked every length and alignment.
+    fn backward_mma<'b>(
+        &self,
+        tg: &mut impl Issue<'b>,
+        (dq_grid, dkdv_grid): (LaunchConfig, LaunchConfig),
+        (dqkv, dsum, bsum): (&'b impl In, &'b impl In, Option<&'b impl In>),
+        (qkv, y, lse, dy): (&'b impl In, &'b impl In, &'b impl In, &'b impl In),
+        (tt, nn, scale): (u32, u32, f32),
+    ) -> Result<()> {
+        // SAFETY: (bf16*, float* ×2, const bf16* ×3, const float*, unsigned ×2, float)
+        // matches attention_mma.cu's attn_bwd_dq. The block of tile i and head j < B·NH
+        // handles queries [q0, q0 + 128), q0 = (tiles - 1 - i)·128 < T: it reads rows < T
+        // of head j's q, k, v (qkv, checked), y and dy (B·T·C, checked) and lse (B·NH·T,
+        // checked), and writes the dq rows < T of head j in dqkv (3·B·T·C, checked) and
+        // dsum entries j·T + t, t < T (B·NH·T, checked). With bsum (else a null pointer,
+        // which the kernel never dereferences), it writes the 64 entries of head h = j %
+        // NH in row b·⌈T/128⌉ + q0/128 < B·⌈T/128⌉ (b = j / NH < B) of its C-wide rows:
+        // inside bias_partial_len ≤ bsum's length (checked). 16-byte accesses are at
+        // multiples of 8 elements from 16-byte aligned buffers (checked).
+        unsafe {
+            let mut l = tg.launch(&self.bwd_dq, dq_grid);
+            l.arg_written(dqkv).arg_written(dsum);
+            match bsum {
+                Some(bsum) => l.arg_written(bsum),
+                None => l.value(0u64),
+            };
+            l.arg(qkv)
+                .arg(y)
+                .arg(dy)
+                .arg(lse)
+                .value(tt)
+                .value(nn)
+                .value(scale)
+                .launch()?;
+        }
+        // SAFETY: (bf16*, float*, const bf16* ×2, const float* ×2, unsigned ×2, float)
+        // matches attention_mma.cu's attn_bwd_dkdv. The block of tile i and head j <
+        // B·NH handles keys [i·KB, (i + 1)·KB) (KB = 128, `MMA_TILES`): it reads rows < T
+        // of head j's q, k, v (qkv), dy, and lse and dsum (B·NH·T; dsum written by the
+        // launch before, on the same stream or capture), and writes the dk and dv rows
+        // < T of head j in dqkv (3·B·T·C), disjoint from dq's. With bsum (else a null
+        // pointer, never dereferenced), it writes the 64 entries of head j % NH in rows
+        // B·⌈T/128⌉ + b·⌈T/KB⌉ + i (dk's) and that + B·⌈T/KB⌉ (dv's) (b = j / NH < B, i <
+        // ⌈T/KB⌉), both below B·⌈T/128⌉ + 2·B·⌈T/KB⌉ (`bias_parts`), so inside
+        // bias_partial_len ≤ bsum's length (checked). Lengths and alignment are checked
+        // by `backward`.
+        unsafe {
+            let mut l = tg.launch(&self.bwd_dkdv, dkdv_grid);
+            l.arg_written(dqkv);
+            match bsum {
+                Some(bsum) => l.arg_written(bsum),
+                None => l.value(0u64),
+            };
+            l.arg(qkv)
+                .arg(dy)
+                .arg(lse)
+                .arg(dsum)
+                .value(tt)
+                .value(nn)
+                .value(scale)
+                .launch()
+        }
     }
 }
 
@@ -355,5 +440,12 @@ mod tests {
         assert!(SOURCE_MMA.contains(&format!("#define QT {}\n", MMA_TILES.0)));
         assert!(SOURCE_MMA.contains(&format!("#define DKM {}\n", MMA_TILES.1 / 64)));
         assert!(SOURCE_MMA.contains("#define KB (4 * 16 * DKM)\n"));
+        // The bias partial sums' rows, as `bias_parts` counts them: dq's B·⌈T/QT⌉, then
+        // dk's and dv's B·⌈T/KB⌉ each.
+        assert!(SOURCE_MMA.contains("const idx_t part = (idx_t)b * gridDim.y + q0 / QT;"));
+        assert!(SOURCE_MMA.contains("q_parts = batch * ((T + QT - 1) / QT);"));
+        assert!(SOURCE_MMA.contains("q_parts + kv * batch * gridDim.y + (idx_t)b * gridDim.y"));
+        assert_eq!(bias_parts(2, 129), (4, 4));
+        assert_eq!(bias_partial_len(2, 129, 64), 12 * 64);
     }
 }

@@ -13,7 +13,9 @@
 // unmasked build, MASK), and a warp skips tiles wholly after its rows. q, k, v are read from the QKV
 // product (B, T, 3, NH, 64), y written as (B, T, NH, 64), dq, dk, dv into dqkv
 // (B, T, 3, NH, 64); head size 64; no atomics. dq also computes D = rowsum(dy ⊙ y), which
-// dk and dv read: the dq kernel runs first. Every buffer is 16-byte aligned (the host
+// dk and dv read: the dq kernel runs first. Given a bsum buffer, the backward kernels also
+// write per-block column sums of the dq, dk and dv they store, partial sums of the QKV
+// bias gradient (colsum_finish adds them up). Every buffer is 16-byte aligned (the host
 // checks).
 //
 // Fragments of mma.m16n8k16 (g = lane / 4, q = lane % 4): A (16×16, row-major) regs
@@ -118,6 +120,18 @@ __device__ __forceinline__ unsigned pack(float lo, float hi) {
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(FULL, v, 1));
     return fmaxf(v, __shfl_xor_sync(FULL, v, 2));
+}
+
+// The sums of a warp's pairs s (columns 2q, 2q + 1 of an 8-column group, summed over the
+// lane's rows) over its 8 row groups g: lanes xor 4, 8, 16, a fixed tree (every lane of the
+// warp takes part, and every lane ends with the same bits).
+__device__ __forceinline__ float2 group_sum(float2 s) {
+    #pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+        s.x += __shfl_xor_sync(FULL, s.x, o);
+        s.y += __shfl_xor_sync(FULL, s.y, o);
+    }
+    return s;
 }
 
 // A thread's part of a tile copy: 16 bytes at column copy_col() of rows copy_row(),
@@ -449,12 +463,19 @@ __device__ __forceinline__ void dq_tile(float (&dq)[2][8][4], const unsigned (&q
 // the sum once. Each key tile in steps of KC keys
 // (a rolled loop), so that a thread holds the scores of KC keys, not 64. D of the block's
 // rows is computed here, written for attn_bwd_dkdv.
+// With bsum (not null), the block also writes the column sums of the dq it stores (the
+// bf16 values, read back) over its rows < T: row b·⌈T/QT⌉ + q0/QT, columns h·64 .. +63, of
+// a (B·⌈T/QT⌉ × C) f32 partial at bsum, the QKV bias gradient's q part once its rows are
+// added up (attn_bwd_dkdv writes dk's and dv's after it). A lane sums its rows in order,
+// group_sum the warp's row groups, and the block its warps' sums in warp order through
+// shared memory: no atomics, a fixed order. Rows ≥ T add nothing.
 extern "C" __global__ void __launch_bounds__(NT, 2)
-attn_bwd_dq(bf16* dqkv, float* D, const bf16* qkv, const bf16* y, const bf16* dy,
-            const float* lse, unsigned T, unsigned NH, float scale) {
+attn_bwd_dq(bf16* dqkv, float* D, float* bsum, const bf16* qkv, const bf16* y,
+            const bf16* dy, const float* lse, unsigned T, unsigned NH, float scale) {
     __shared__ __align__(16) bf16 sK[2][TILE * LDA];
     __shared__ __align__(16) bf16 sV[2][TILE * LDA];
     __shared__ float sD[QT];
+    __shared__ float sB[NT / 32][HD];
     const unsigned q0 = (gridDim.y - 1 - blockIdx.y) * QT;
     const unsigned bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const idx_t C = (idx_t)NH * HD;
@@ -514,17 +535,38 @@ attn_bwd_dq(bf16* dqkv, float* D, const bf16* qkv, const bf16* y, const bf16* dy
     }
     bf16* out = dqkv + (idx_t)b * T * 3 * C + (idx_t)h * HD + 2 * q;
     #pragma unroll
-    for (int m = 0; m < 2; ++m) {
+    for (int j = 0; j < 8; ++j) {
+        float2 s = make_float2(0.0f, 0.0f);  // columns j·8 + 2q, +1 over the lane's rows
         #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const unsigned row = frag_row(w0, m, g, 2 * r);
-            if (row < T) {
-                #pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    *(__nv_bfloat162*)(out + (idx_t)row * 3 * C + j * 8) =
-                        __floats2bfloat162_rn(dq[m][j][2 * r] * scale,
-                                              dq[m][j][2 * r + 1] * scale);
+        for (int m = 0; m < 2; ++m) {
+            #pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const unsigned row = frag_row(w0, m, g, 2 * r);
+                if (row < T) {
+                    const __nv_bfloat162 v = __floats2bfloat162_rn(
+                        dq[m][j][2 * r] * scale, dq[m][j][2 * r + 1] * scale);
+                    *(__nv_bfloat162*)(out + (idx_t)row * 3 * C + j * 8) = v;
+                    s.x += __low2float(v);
+                    s.y += __high2float(v);
+                }
             }
+        }
+        if (bsum) {
+            s = group_sum(s);
+            if (g == 0) {
+                sB[warp][j * 8 + 2 * q] = s.x;
+                sB[warp][j * 8 + 2 * q + 1] = s.y;
+            }
+        }
+    }
+    if (bsum) {
+        __syncthreads();
+        if (threadIdx.x < HD) {
+            float t = 0.0f;
+            #pragma unroll
+            for (int w = 0; w < NT / 32; ++w) t += sB[w][threadIdx.x];
+            const idx_t part = (idx_t)b * gridDim.y + q0 / QT;
+            bsum[part * C + (idx_t)h * HD + threadIdx.x] = t;
         }
     }
 }
@@ -591,12 +633,19 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[DKM][8][4], float (&dv)[DK
 // dv = Σ Pᵀ·dy, dk = Σ dSᵀ·q. Each query tile in steps of DKQ queries (a rolled loop), so
 // that a thread holds the scores of DKQ queries: few enough registers for DKB blocks an
 // SM. D is attn_bwd_dq's.
+// With bsum (not null: attn_bwd_dq's, of (B·⌈T/QT⌉ + 2·B·⌈T/KB⌉) × C floats), the block
+// also writes the column sums of the dk and dv it stores (the bf16 values, read back) over
+// its keys < T, as attn_bwd_dq does for dq: row b·⌈T/KB⌉ + blockIdx.y, columns h·64 ..
+// +63, of two (B·⌈T/KB⌉ × C) f32 partials placed after dq's B·⌈T/QT⌉ rows, dk's then
+// dv's. The sums are taken after the main loop, from the values the epilogue stores (its
+// registers are full before).
 extern "C" __global__ void __launch_bounds__(NT, DKB)
-attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, const float* D,
-              unsigned T, unsigned NH, float scale) {
+attn_bwd_dkdv(bf16* dqkv, float* bsum, const bf16* qkv, const bf16* dy, const float* lse,
+              const float* D, unsigned T, unsigned NH, float scale) {
     __shared__ __align__(16) bf16 sQ[2][TILE * LDA];
     __shared__ __align__(16) bf16 sO[2][TILE * LDA];
     __shared__ float sLse[2][TILE], sD[2][TILE];
+    __shared__ float sB[2][NT / 32][HD];
     const unsigned k0 = blockIdx.y * KB;
     const unsigned bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const idx_t C = (idx_t)NH * HD;
@@ -668,20 +717,49 @@ attn_bwd_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dy, const float* lse, con
     }
     bf16* out = dqkv + (idx_t)b * T * 3 * C + (idx_t)h * HD + 2 * q;
     #pragma unroll
-    for (int m = 0; m < DKM; ++m) {
+    for (int j = 0; j < 8; ++j) {
+        // Columns j·8 + 2q, +1 of dk and dv over the lane's keys.
+        float2 sk = make_float2(0.0f, 0.0f), sv = make_float2(0.0f, 0.0f);
         #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const unsigned key = key0 + 16 * m + 8 * r;
-            if (key < T) {
-                #pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    *(__nv_bfloat162*)(out + (idx_t)key * 3 * C + C + j * 8) =
-                        __floats2bfloat162_rn(dk[m][j][2 * r] * scale,
-                                              dk[m][j][2 * r + 1] * scale);
-                    *(__nv_bfloat162*)(out + (idx_t)key * 3 * C + 2 * C + j * 8) =
+        for (int m = 0; m < DKM; ++m) {
+            #pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const unsigned key = key0 + 16 * m + 8 * r;
+                if (key < T) {
+                    const __nv_bfloat162 vk = __floats2bfloat162_rn(
+                        dk[m][j][2 * r] * scale, dk[m][j][2 * r + 1] * scale);
+                    const __nv_bfloat162 vv =
                         __floats2bfloat162_rn(dv[m][j][2 * r], dv[m][j][2 * r + 1]);
+                    *(__nv_bfloat162*)(out + (idx_t)key * 3 * C + C + j * 8) = vk;
+                    *(__nv_bfloat162*)(out + (idx_t)key * 3 * C + 2 * C + j * 8) = vv;
+                    sk.x += __low2float(vk);
+                    sk.y += __high2float(vk);
+                    sv.x += __low2float(vv);
+                    sv.y += __high2float(vv);
                 }
             }
         }
+        if (bsum) {
+            sk = group_sum(sk);
+            sv = group_sum(sv);
+            if (g == 0) {
+                sB[0][warp][j * 8 + 2 * q] = sk.x;
+                sB[0][warp][j * 8 + 2 * q + 1] = sk.y;
+                sB[1][warp][j * 8 + 2 * q] = sv.x;
+                sB[1][warp][j * 8 + 2 * q + 1] = sv.y;
+            }
+        }
+    }
+    if (bsum) {
+        __syncthreads();
+        // Threads 0..63 dk's columns, 64..127 dv's (NT = 2·HD).
+        const unsigned kv = threadIdx.x / HD, c = threadIdx.x % HD;
+        float t = 0.0f;
+        #pragma unroll
+        for (int w = 0; w < NT / 32; ++w) t += sB[kv][w][c];
+        const idx_t batch = gridDim.x / NH, q_parts = batch * ((T + QT - 1) / QT);
+        const idx_t part =
+            q_parts + kv * batch * gridDim.y + (idx_t)b * gridDim.y + blockIdx.y;
+        bsum[part * C + (idx_t)h * HD + c] = t;
     }
 }

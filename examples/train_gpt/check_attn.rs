@@ -227,6 +227,7 @@ impl<T: Act> Bufs<T> {
     fn bwd(&self, i: usize) -> Bwd<'_, T> {
         let h = &self.heads;
         Bwd {
+            bias: None,
             saved: self.saved(i),
             dy: &self.dy,
             dqkv: &self.dqkv[i],

@@ -15,7 +15,7 @@ pub mod step;
 
 use crate::GptError;
 use crate::args::{AttnMode, Fusion};
-use crate::attention::Attention;
+use crate::attention::{self, Attention};
 use crate::kernels::{self, Kernels, NORM_PARTS};
 use crate::model::{self, Config, Dims, ParamLayout};
 use crate::optim::SCHED_LEN;
@@ -71,6 +71,10 @@ struct Scratch<T: DeviceRepr> {
     /// The residual gradient's column sums that the layer-norm backward takes along (the
     /// MLP's and the attention projection's bias gradients): `colsum_parts(B·T)·C`.
     res_partial: DeviceSlice<f32>,
+    /// The QKV bias gradient's partial sums that the mma attention backward takes along
+    /// ([`attention::bias_partial_len`](crate::attention::bias_partial_len); one element
+    /// on the other paths).
+    qkv_partial: DeviceSlice<f32>,
     /// The token embedding gradient's partial sums.
     wte_partial: DeviceSlice<f32>,
     norm_partial: DeviceSlice<f32>,
@@ -168,6 +172,9 @@ impl<T: Act> Gpt<T> {
             |n: usize| if unfused { n } else { 1 },
             |n: usize| if unfused { 1 } else { n },
         );
+        // The mma attention's buffers likewise.
+        let mma_attn = T::BF16 && fusion.attention == AttnMode::Fused;
+        let mma = |n: usize| if mma_attn { n } else { 1 };
         let rows = d.b * d.nh * d.t;
         let blocks = (0..d.l)
             .map(|_| {
@@ -211,6 +218,7 @@ impl<T: Act> Gpt<T> {
             dlogits: z(gpu, bt * d.v)?,
             partial: z(gpu, kernels::colsum_parts(bt) * 4 * c)?,
             res_partial: z(gpu, kernels::colsum_parts(bt) * c)?,
+            qkv_partial: z(gpu, mma(attention::bias_partial_len(d.b, d.t, c)))?,
             wte_partial: z(gpu, kernels::wte_parts(bt) * d.v * c)?,
             norm_partial: z(gpu, NORM_PARTS)?,
         };

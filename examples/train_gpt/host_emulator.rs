@@ -132,6 +132,15 @@ fn attention_mma_kernels_match_the_reference_on_the_host_emulator() {
 }
 
 #[test]
+fn attention_mma_kernels_with_64_key_dkdv_blocks_match_the_reference_on_the_host_emulator() {
+    run_to_success(compile_as(
+        "attention_check",
+        "attention_check_dkm1",
+        &["-DDKM=1"],
+    ));
+}
+
+#[test]
 fn tiled_fp32_attention_kernels_match_the_reference_on_the_host_emulator() {
     compile_and_run("attention_tiled_check");
 }

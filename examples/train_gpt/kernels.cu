@@ -480,19 +480,36 @@ extern "C" __global__ void colsum_partial(float* partial, const act_t* dout, uns
     }
 }
 
-// out[c] = sum_p partial[p*W + c], block of 128 per column, fixed-order tree.
-extern "C" __global__ void colsum_finish(act_t* out, const float* partial, unsigned P, unsigned W) {
-    __shared__ float sh[128];
-    unsigned c = blockIdx.x, t = threadIdx.x;
+// *out = sum_p col[p*W], p < P: a block of 128, fixed-order tree through sh (128 floats).
+__device__ __forceinline__ void finish_column(float* sh, act_t* out, const float* col,
+                                              unsigned P, unsigned W) {
+    unsigned t = threadIdx.x;
     float s = 0.0f;
-    for (unsigned p = t; p < P; p += 128) s += partial[(idx_t)p * W + c];
+    for (unsigned p = t; p < P; p += 128) s += col[(idx_t)p * W];
     sh[t] = s;
     __syncthreads();
     for (unsigned o = 64; o > 0; o >>= 1) {
         if (t < o) sh[t] += sh[t + o];
         __syncthreads();
     }
-    if (t == 0) out[c] = st(sh[0]);
+    if (t == 0) *out = st(sh[0]);
+}
+
+// out[c] = sum_p partial[p*W + c], block of 128 per column, fixed-order tree.
+extern "C" __global__ void colsum_finish(act_t* out, const float* partial, unsigned P, unsigned W) {
+    __shared__ float sh[128];
+    finish_column(sh, out + blockIdx.x, partial + blockIdx.x, P, W);
+}
+
+// The QKV bias gradient (3C) from the fused attention backward's column-sum partials: q's
+// Pq rows of C, then k's and v's Pkv rows each. Block j < 3C: out[j] as colsum_finish sums
+// column j % C of part j / C.
+extern "C" __global__ void colsum_finish_qkv(act_t* out, const float* partial, unsigned Pq,
+                                             unsigned Pkv, unsigned C) {
+    unsigned part = blockIdx.x / C, c = blockIdx.x % C;
+    idx_t first = part == 0 ? 0 : (idx_t)Pq + (idx_t)(part - 1) * Pkv;
+    __shared__ float sh[128];
+    finish_column(sh, out + blockIdx.x, partial + first * C + c, part == 0 ? Pq : Pkv, C);
 }
 
 // y[r,c] += b[c]

@@ -51,6 +51,7 @@ registry!(
     layernorm_bwd_wb,
     colsum_partial,
     colsum_finish,
+    colsum_finish_qkv,
     bias_add,
     permute_qkv,
     unpermute,
@@ -581,6 +582,37 @@ impl Kernels {
                 .arg(partial)
                 .value(parts)
                 .value(w)
+                .launch()
+        }
+    }
+
+    /// The QKV bias gradient `db` (`3c`: q, k, v parts) from the fused attention
+    /// backward's column-sum partials (`attn_bwd_dq`'s and `attn_bwd_dkdv`'s `bsum`): `pq`
+    /// rows of `c` for q, then `pkv` rows each for k and v; each column added up as
+    /// `colsum_finish` adds one.
+    pub fn qkv_bias_finish<'b>(
+        &self,
+        tg: &mut impl Issue<'b>,
+        db: &'b impl In,
+        partial: &'b impl In,
+        (pq, pkv): (usize, usize),
+    ) -> Result<()> {
+        let c = db.len() / 3;
+        need("QKV bias gradient", db.len(), 3 * c)?;
+        need_at_least("QKV bias partial sums", partial.len(), (pq + 2 * pkv) * c)?;
+        let (ww, cc) = (u32_of("3C", 3 * c)?, c as u32);
+        let (qq, kk) = (u32_of("q parts", pq)?, u32_of("k parts", pkv)?);
+        // SAFETY: (float*, const float*, unsigned ×3) matches colsum_finish_qkv; block j <
+        // 3C writes db[j] (3C elements, checked) and reads column j % C of partial's rows
+        // of part j / C: rows [0, pq) for q, [pq + (part - 1)·pkv, + pkv) for k and v, all
+        // below pq + 2·pkv, inside (pq + 2·pkv)·C ≤ partial's length (checked).
+        unsafe {
+            tg.launch(&self.colsum_finish_qkv, blocks(ww, 128))
+                .arg_written(db)
+                .arg(partial)
+                .value(qq)
+                .value(kk)
+                .value(cc)
                 .launch()
         }
     }

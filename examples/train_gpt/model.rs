@@ -105,8 +105,10 @@ impl Dims {
                 scratch + 2 * self.att() + bt * 4 * c,
             )
         } else {
+            // dsum, and the mma attention's QKV bias partial sums.
             let rows = self.b * self.nh * self.t;
-            (common + rows, scratch + rows)
+            let bias = crate::attention::bias_partial_len(self.b, self.t, c);
+            (common + rows, scratch + rows + bias)
         };
         self.l * block + scratch + bt * (2 * c + 2 + self.v + 1) + 2 * bt
     }

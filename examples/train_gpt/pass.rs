@@ -277,7 +277,11 @@ impl<T: Act> Gpt<T> {
         let shape = Matmul::new(bt, c, c);
         self.lin()
             .product(on.e, on.blas, &shape, (&sc.dres, wp), &sc.daty_un)?;
+        // The QKV bias gradient comes with the attention where its kernels sum it.
+        let bias = attend::sums_qkv_bias(self.attn.as_ref())
+            .then(|| (vw.gl(l, "attn.c_attn.bias"), &sc.qkv_partial));
         let io = attend::Bwd {
+            bias,
             saved: self.saved(l),
             dy: &sc.daty_un,
             dqkv: &sc.dqkv,
@@ -299,10 +303,12 @@ impl<T: Act> Gpt<T> {
         let (bt, c) = (d.bt(), d.c);
         let x = self.block_input(l);
         let bl = &self.blocks[l];
-        let (dw, db) = (vw.gl(l, "attn.c_attn.weight"), vw.gl(l, "attn.c_attn.bias"));
+        let dw = vw.gl(l, "attn.c_attn.weight");
+        // The bias gradient: from the attention backward where it summed it, else here.
+        let db = (!attend::sums_qkv_bias(self.attn.as_ref())).then(|| vw.gl(l, "attn.c_attn.bias"));
         let io = (&sc.dqkv, &bl.ln1);
         self.lin()
-            .weight_grad(on.e, on.blas, (bt, 3 * c, c), io, dw, Some(db))?;
+            .weight_grad(on.e, on.blas, (bt, 3 * c, c), io, dw, db)?;
         let wa = vw.wl(l, "attn.c_attn.weight");
         let shape = Matmul::new(bt, c, 3 * c);
         self.lin()

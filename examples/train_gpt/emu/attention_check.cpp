@@ -7,6 +7,10 @@
 //
 // Every shape runs in the four scheduling modes (warp order forward / reverse, cp.async
 // immediate / deferred); one line per shape, mode and tensor; exit status 1 on any failure.
+// In three of the modes the backward kernels also take the column sums of what they store
+// (bsum), finished here as colsum_finish adds partial rows: the QKV bias gradient, which
+// must equal the double-precision column sums of the stored dq, dk and dv; the fourth
+// runs them with bsum null. Build with -DDKM=1 for the dk/dv kernel of 64-key blocks.
 #define HOST_EMULATION
 #include "cuda_emu.h"
 #include "../attention_mma.cu"
@@ -21,17 +25,38 @@ typedef __nv_bfloat16 bf;
 // ---- The launches, as attention.rs issues them (change them here with the kernels) ----
 // attn_fwd and attn_bwd_dq take QT queries a block, attn_bwd_dkdv KB keys; NT threads.
 // attn_bwd_dq also writes dsum = rowsum(dy ⊙ y), which attn_bwd_dkdv reads: dq runs first.
+// bsum (or null, both kernels): dq's column-sum partial (B·⌈T/QT⌉ × C), then dk's and
+// dv's (B·⌈T/KB⌉ × C each), as attention.rs lays them out.
 static unsigned cdiv(unsigned a, unsigned b) { return (a + b - 1) / b; }
+static size_t q_parts(unsigned B, unsigned T) { return (size_t)B * cdiv(T, QT); }
+static size_t kv_parts(unsigned B, unsigned T) { return (size_t)B * cdiv(T, KB); }
 static void forward(bf* y, float* lse, const bf* qkv, unsigned B, unsigned T, unsigned NH,
                     float scale) {
     launch(attn_fwd, dim3(B * NH, cdiv(T, QT)), dim3(NT), y, lse, qkv, T, NH, scale);
 }
-static void backward(bf* dqkv, float* dsum, const bf* qkv, const bf* y, const float* lse,
-                     const bf* dy, unsigned B, unsigned T, unsigned NH, float scale) {
-    launch(attn_bwd_dq, dim3(B * NH, cdiv(T, QT)), dim3(NT), dqkv, dsum, qkv, y, dy, lse, T,
-           NH, scale);
-    launch(attn_bwd_dkdv, dim3(B * NH, cdiv(T, KB)), dim3(NT), dqkv, qkv, dy, lse,
+static void backward(bf* dqkv, float* dsum, float* bsum, const bf* qkv, const bf* y,
+                     const float* lse, const bf* dy, unsigned B, unsigned T, unsigned NH,
+                     float scale) {
+    launch(attn_bwd_dq, dim3(B * NH, cdiv(T, QT)), dim3(NT), dqkv, dsum, bsum, qkv, y, dy,
+           lse, T, NH, scale);
+    launch(attn_bwd_dkdv, dim3(B * NH, cdiv(T, KB)), dim3(NT), dqkv, bsum, qkv, dy, lse,
            (const float*)dsum, T, NH, scale);
+}
+// The bias gradient (3C: q, k, v parts) from bsum: each column's partial rows added in
+// order in f32, rounded to bf16.
+static vector<bf> finish(const float* bsum, unsigned B, unsigned T, unsigned C) {
+    vector<bf> db(3 * C);
+    const size_t pq = q_parts(B, T), pkv = kv_parts(B, T);
+    for (unsigned part = 0; part < 3; ++part) {
+        const float* p = bsum + (part == 0 ? 0 : (pq + (part - 1) * pkv) * C);
+        const size_t rows = part == 0 ? pq : pkv;
+        for (unsigned c = 0; c < C; ++c) {
+            float s = 0.0f;
+            for (size_t r = 0; r < rows; ++r) s += p[r * C + c];
+            db[part * C + c] = __float2bfloat16(s);
+        }
+    }
+    return db;
 }
 
 // ---- Tolerances ----
@@ -48,6 +73,10 @@ static void backward(bf* dqkv, float* dsum, const bf* qkv, const bf* y, const fl
 // get a wider row tolerance: a row of dq (or dk) is Σ dS·k with dS = P ⊙ (dP − D), which
 // nearly cancels where the attention is sharp, while the rounding of y (in D) and of dS
 // does not cancel with it.
+// The bias sums (db_q, db_k, db_v) are compared with the double-precision sums of the
+// stored values, not with the reference: their errors are the f32 additions and the final
+// bf16 rounding, at most 3.3e-3 (MAX) and 2.0e-3 (ROW) measured; they take the y and dv
+// tolerances. A warp's sums left out, or a row group, fail every shape with T > 96.
 // lse is compared in absolute terms: a log, its error is the relative error of the row's
 // sum of exponentials (f32 sums of bf16-rounded probabilities).
 static const double MAX_TOL = 2e-2, ROW_FLOOR = 0.1, LSE_TOL = 5e-3;
@@ -75,22 +104,42 @@ static bool check(int B, int T, int NH, emu::Order order, emu::Copies copies) {
     const float nan = std::nanf("");
     vector<bf> y(n, __float2bfloat16(nan)), dqkv(3 * n, __float2bfloat16(nan));
     vector<float> lse((size_t)B * NH * T, nan), dsum((size_t)B * NH * T, nan);
+    // Poisoned: a partial entry no block writes shows up as NaN.
+    const bool sums = !(order == emu::Order::reverse && copies == emu::Copies::deferred);
+    vector<float> bsum((q_parts(B, T) + 2 * kv_parts(B, T)) * C, nan);
     forward(y.data(), lse.data(), qkv.data(), B, T, NH, 0.125f);
-    backward(dqkv.data(), dsum.data(), qkv.data(), y.data(), lse.data(), dy.data(), B, T, NH,
-             0.125f);
+    backward(dqkv.data(), dsum.data(), sums ? bsum.data() : nullptr, qkv.data(), y.data(),
+             lse.data(), dy.data(), B, T, NH, 0.125f);
 
     char label[96];
     std::snprintf(label, sizeof label, "B %d T %3d NH %d %-7s %-9s", B, T, NH,
                   order == emu::Order::forward ? "forward" : "reverse",
                   copies == emu::Copies::immediate ? "immediate" : "deferred");
     const AttnTol tol{MAX_TOL, ROW_TOL_Y_DV, ROW_TOL_DQ_DK, ROW_FLOOR, LSE_TOL};
-    return compare_attention(
+    bool ok = compare_attention(
         label, ref, B, T, NH, HD, [&](size_t i) { return d(y[i]); },
         [&](size_t i) { return d(dqkv[i]); }, [&](size_t i) { return (double)lse[i]; }, tol);
+    if (sums) {
+        // Σ_rows of the stored dq, dk, dv, in double, each part on its own (dk's sums
+        // nearly cancel: softmax is invariant to a shift of k).
+        const vector<bf> db = finish(bsum.data(), B, T, C);
+        const char* names[3] = {"db_q", "db_k", "db_v"};
+        for (int part = 0; part < 3; ++part) {
+            vector<double> want(C, 0.0);
+            for (int r = 0; r < B * T; ++r)
+                for (int c = 0; c < C; ++c)
+                    want[c] += d(dqkv[((size_t)r * 3 + part) * C + c]);
+            ok &= compare(
+                label, names[part], 1, C, [&](int, int c) { return d(db[part * C + c]); },
+                [&](int, int c) { return want[c]; }, MAX_TOL, ROW_TOL_Y_DV, ROW_FLOOR);
+        }
+    }
+    return ok;
 }
 
 int main() {
-    const int shapes[][3] = {{1, 1, 1}, {1, 77, 2}, {1, 130, 1}, {2, 200, 1}, {1, 256, 2}};
+    const int shapes[][3] = {{1, 1, 1},   {1, 77, 2},  {1, 130, 1},
+                             {2, 200, 1}, {1, 256, 2}, {1, 513, 2}};
     bool ok = true;
     int failed = 0;
     for (auto& s : shapes)

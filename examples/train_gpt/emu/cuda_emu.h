@@ -13,9 +13,9 @@
 // kernels of attention_mma.cu; attention_tiled_check.cpp the fp32 kernels of attention.cu;
 // built with fp32 and with bf16 activations, layernorm_check.cpp the layer norms of
 // kernels.cu and kernels_check.cpp the rest of it (encoder_fwd, encoder_bwd_wpe,
-// encoder_bwd_wte_partial/_finish, colsum_partial/_finish, bias_add, permute_qkv,
-// unpermute, softmax_causal_fwd/_bwd, gelu_fwd/_bwd, xent, sum_finish, sumsq_partial,
-// adamw, cast_weights); runtime_check.cpp this header itself. compare.h and
+// encoder_bwd_wte_partial/_finish, colsum_partial/_finish/_finish_qkv, bias_add,
+// permute_qkv, unpermute, softmax_causal_fwd/_bwd, gelu_fwd/_bwd, xent, sum_finish,
+// sumsq_partial, adamw, cast_weights); runtime_check.cpp this header itself. compare.h and
 // attention_ref.h hold their shared comparison and attention reference.
 //
 // Use: set `emu::order` and `emu::copies`, then `launch(kernel, dim3(gx, gy),

@@ -2,7 +2,8 @@
 // unchanged, on the host through cuda_emu.h, launched as kernels.rs and kernels_optim.rs
 // launch them, and compares them with double-precision references of the same inputs:
 //   encoder     encoder_fwd; encoder_bwd_wpe, encoder_bwd_wte_partial + _finish
-//   bias        colsum_partial + colsum_finish (the bias gradient), bias_add
+//   bias        colsum_partial + colsum_finish (the bias gradient), bias_add;
+//               colsum_finish_qkv (the fused attention's QKV bias gradient)
 //   permute     permute_qkv and unpermute, both directions
 //   softmax     softmax_causal_fwd, softmax_causal_bwd
 //   gelu        gelu_fwd, gelu_bwd
@@ -85,6 +86,11 @@ static void bias_grad(act_t* out, float* partial, const act_t* dout, unsigned N,
     const unsigned pp = colsum_parts(N);
     launch(colsum_partial, column_chunks(C / 2, pp), dim3(32, 8), partial, dout, N, C);
     launch(colsum_finish, blocks(C), dim3(128), out, (const float*)partial, pp, C);
+}
+// Kernels::qkv_bias_finish: out (3C) from the attention's partials (Pq, then 2 × Pkv rows).
+static void qkv_bias_finish(act_t* out, const float* partial, unsigned Pq, unsigned Pkv,
+                            unsigned C) {
+    launch(colsum_finish_qkv, blocks(3 * C), dim3(128), out, partial, Pq, Pkv, C);
 }
 // Kernels::bias_add: y (N × C) += b.
 static void bias_add_rows(act_t* y, const act_t* b, unsigned N, unsigned C) {
@@ -586,6 +592,23 @@ static bool check_adamw(unsigned n, float normsq, emu::Order order) {
     return ok;
 }
 
+// colsum_finish_qkv: each part's columns equal colsum_finish's of that part bit for bit.
+static bool check_qkv_bias(unsigned Pq, unsigned Pkv, unsigned C, emu::Order order) {
+    Rng rng{(uint64_t)(Pq * 131 + Pkv * 17 + C)};
+    vector<float> partial((size_t)(Pq + 2 * Pkv) * C);
+    for (auto& v : partial) v = (float)rng.normal();
+    vector<act_t> db(3 * C, NAN_ACT), db_rep(3 * C, NAN_ACT);
+    qkv_bias_finish(db.data(), partial.data(), Pq, Pkv, C);
+    const size_t first[3] = {0, (size_t)Pq, (size_t)Pq + Pkv};
+    for (unsigned part = 0; part < 3; ++part)
+        launch(colsum_finish, blocks(C), dim3(128), db_rep.data() + part * C,
+               (const float*)partial.data() + first[part] * C, part == 0 ? Pq : Pkv, C);
+    char l[64];
+    std::snprintf(l, sizeof l, "%s Pq %3u Pkv %3u C %3u %-7s", PRECISION, Pq, Pkv, C,
+                  order == emu::Order::forward ? "forward" : "reverse");
+    return exact(l, "qkv bias", db, db_rep);
+}
+
 int main() {
     int failed = 0, runs = 0;
     auto tally = [&](bool ok) {
@@ -605,6 +628,9 @@ int main() {
         for (auto s :
              {std::array<unsigned, 2>{1, 2}, {13, 66}, {300, 70}, {2048, 384}, {8256, 2}})
             tally(check_bias(s[0], s[1], order));
+        // (Pq, Pkv, C): one row each; more k rows than q rows (64-key blocks); past 128.
+        for (auto s : {std::array<unsigned, 3>{1, 1, 64}, {3, 6, 128}, {130, 130, 64}})
+            tally(check_qkv_bias(s[0], s[1], s[2], order));
         for (auto s : {std::array<unsigned, 4>{1, 1, 1, 1}, {2, 7, 3, 5}, {2, 37, 2, 64}})
             tally(check_permute(s[0], s[1], s[2], s[3], order));
         // (sequences, T): one row; rows not a multiple of 8; rows past a lane's 32 keys.
