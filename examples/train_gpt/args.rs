@@ -202,14 +202,20 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, GptError> {
                 }
             }
             "--gemm-algos" => {
+                let max = AlgoSelection::MAX_CANDIDATES;
+                let count = |n: &str| n.parse::<u32>().ok().filter(|n| (1..=max).contains(n));
                 a.fusion.gemm_algos = match v.as_str() {
                     "timed" => AlgoSelection::timed(),
                     "heuristic" => AlgoSelection::Heuristic,
-                    _ => {
-                        return Err(GptError::Usage(format!(
-                            "--gemm-algos {v:?}: timed or heuristic"
-                        )));
-                    }
+                    _ => match v.strip_prefix("timed:").and_then(count) {
+                        Some(candidates) => AlgoSelection::Timed { candidates },
+                        None => {
+                            return Err(GptError::Usage(format!(
+                                "--gemm-algos {v:?}: timed, timed:N (N = 1 to {max} candidates) \
+                                 or heuristic"
+                            )));
+                        }
+                    },
                 }
             }
             "--check-attention" => a.check_attention = true,
@@ -288,6 +294,11 @@ mod tests {
         let h = p("--gemm-algos heuristic").unwrap();
         assert_eq!(h.fusion.gemm_algos, AlgoSelection::Heuristic);
         assert!(p("--gemm-algos fastest").is_err());
+        let t = p("--gemm-algos timed:16").unwrap();
+        assert_eq!(t.fusion.gemm_algos, AlgoSelection::Timed { candidates: 16 });
+        for bad in ["timed:0", "timed:17", "timed:", "timed:x"] {
+            assert!(p(&format!("--gemm-algos {bad}")).is_err(), "{bad}");
+        }
         let t = p("--attention tiled").unwrap();
         assert_eq!(t.fusion.attention, AttnMode::Tiled);
         assert!(u.check_attention && !u.check_quick);

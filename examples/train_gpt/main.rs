@@ -9,7 +9,7 @@
 //!     [--batch 8] [--steps 100] [--lr 6e-4] [--seed 1] [--data PATH…] [--eval-every N]
 //!     [--eval-batches 8] [--sample N] [--dump-init DIR] [--precision fp32] [--log-every 10]
 //!     [--ckpt-every N] [--ckpt-dir DIR] [--resume FILE] [--devices 0] [--graph]
-//!     [--attention auto|fused|tiled|unfused] [--epilogues on|off] [--gemm-algos timed|heuristic]
+//!     [--attention auto|fused|tiled|unfused] [--epilogues on|off] [--gemm-algos timed|timed:N|heuristic]
 //!     [--check-graph] [--check-resume]
 //!     [--check-dp]
 //!     [--check-attention] [--check-attention-quick] [--max-batch]
@@ -56,8 +56,9 @@
 //! gradients are column-sum kernels either way.
 //!
 //! `--gemm-algos timed` (the default) has each cuBLASLt product shape run the fastest of
-//! cuBLASLt's first 8 candidate algorithms, timed once on scratch memory when the shape is
-//! first issued ([`AlgoSelection`](gpubind::blas::AlgoSelection)); on an H100 at gpt2
+//! cuBLASLt's first 8 candidate algorithms (`timed:N`: its first N, up to 16), timed once
+//! on scratch memory when the shape is first issued
+//! ([`AlgoSelection`](gpubind::blas::AlgoSelection)); on an H100 at gpt2
 //! batch 128 the heuristic's own first choices take up to 25 % longer for some products.
 //! `heuristic` takes cuBLASLt's first choice: the same algorithms, so the same bits, in
 //! every process. `TRAIN_GPT_LOG=debug` prints each timed product's candidates. The first step (and a graph's capture) takes the timing's few tenths of
