@@ -1,6 +1,7 @@
 //! GPU tests of `gpubind::blas`: every element type × transposes × layout (packed and
 //! with leading dimensions) against an f64 host reference, strided batches, each
-//! cuBLASLt epilogue (forward and backward) against host math, captured products equal
+//! cuBLASLt epilogue (forward and backward) against host math, an addend in place of C,
+//! captured products equal
 //! to eager ones with the `Blas` dropped before the launch, and the typed errors.
 //! Without a driver: one SKIPPED line.
 //!
@@ -1654,6 +1655,131 @@ fn vector_grouped_and_scalar_refusals_are_typed(gpu: &BoundDevice<'_>) -> R {
     Ok(())
 }
 
+/// `C = X·W + b + beta·addend` with the addend a buffer of its own (f32 and bf16, beta 1
+/// and 0.5): C's old contents (NaN) are not read and the addend is left as it was; a
+/// captured product equals the eager one bit for bit; and misuse is refused: an addend
+/// of another length, beta 0 (it would not be read), an addend that is C (captures take
+/// outputs by `&`, so only they can try).
+fn lt_addend<T: El>(gpu: &BoundDevice<'_>) -> R {
+    let (m, n, k) = (24usize, 40usize, 16usize);
+    let blas = gpu.new_blas().ctx("new_blas")?;
+    let st = gpu.default_stream();
+    let (x, xf) = halves::<T>(m * k, 1);
+    let (w, wf) = halves::<T>(k * n, 2);
+    let (r, rf) = halves::<T>(m * n, 5);
+    let bias_f: Vec<f64> = (0..n).map(|j| ((j % 7) as f64 - 3.0) * 0.25).collect();
+    let bias_t: Vec<T> = bias_f.iter().map(|&v| T::of(v)).collect();
+    let (dx, dw, db, dr) = (
+        gpu.clone_htod(&x).ctx("x")?,
+        gpu.clone_htod(&w).ctx("w")?,
+        gpu.clone_htod(&bias_t).ctx("bias")?,
+        gpu.clone_htod(&r).ctx("addend")?,
+    );
+    let p = host_product(&Matmul::new(m, n, k), &xf, &wf);
+    let nan = vec![T::of(f64::NAN); m * n];
+    let name = format!("{:?} addend", T::DATA_TYPE);
+    let mut eager = None;
+    for beta in [1.0, 0.5] {
+        let s = Matmul::new(m, n, k).scaled(1.0, beta);
+        let mut y = gpu.clone_htod(&nan).ctx("y")?;
+        let args = LtArgs::new().bias(&db).addend(&dr);
+        st.matmul_lt(&blas, &s, Epilogue::Bias, &dx, &dw, &mut y, args)
+            .ctx("addend product")?;
+        let got = dtoh_f64(gpu, &y)?;
+        let want: Vec<f64> = (0..m * n)
+            .map(|ij| p[ij].0 + bias_f[ij % n] + beta * rf[ij])
+            .collect();
+        let sc: Vec<f64> = (0..m * n).map(|ij| p[ij].1 + 1.0 + rf[ij].abs()).collect();
+        close(
+            &format!("{name}, beta {beta}"),
+            &got,
+            &want,
+            &sc,
+            T::TOL.max(1e-5),
+        )?;
+        ensure!(
+            gpu.dtoh(&dr).ctx("dtoh")? == r,
+            "{name}: the addend was written"
+        );
+        if beta == 1.0 {
+            eager = Some(y);
+        }
+    }
+    let eager = eager.ok_or("no eager product")?;
+    let s = Matmul::new(m, n, k).scaled(1.0, 1.0);
+    let g = gpu.clone_htod(&nan).ctx("captured y")?;
+    let graph = gpu
+        .capture(|cap| {
+            let args = CaptureLtArgs::new().bias(&db).addend(&dr);
+            cap.matmul_lt(&blas, &s, Epilogue::Bias, &dx, &dw, &g, args)
+        })
+        .ctx("capture")?;
+    graph
+        .instantiate()
+        .ctx("instantiate")?
+        .launch(&gpu.default_stream())
+        .ctx("launch")?;
+    same(gpu, &format!("{name}: captured product"), &g, &eager)?;
+    let short = gpu.alloc_zeros::<T>(m * n - 1).ctx("short")?;
+    let mut y = gpu.alloc_zeros::<T>(m * n).ctx("y")?;
+    refused(
+        &format!("{name} of another length"),
+        st.matmul_lt(
+            &blas,
+            &s,
+            Epilogue::Default,
+            &dx,
+            &dw,
+            &mut y,
+            LtArgs::new().addend(&short),
+        ),
+        |e| {
+            matches!(
+                e,
+                MatmulError::BufferSize {
+                    operand: "addend",
+                    ..
+                }
+            )
+        },
+    )?;
+    let zero_beta = Matmul::new(m, n, k);
+    refused(
+        &format!("{name} with beta 0"),
+        st.matmul_lt(
+            &blas,
+            &zero_beta,
+            Epilogue::Default,
+            &dx,
+            &dw,
+            &mut y,
+            LtArgs::new().addend(&dr),
+        ),
+        |e| matches!(e, MatmulError::UnreadAddend),
+    )?;
+    let r = gpu
+        .capture(|cap| {
+            let args = CaptureLtArgs::new().addend(&g);
+            cap.matmul_lt(&blas, &s, Epilogue::Default, &dx, &dw, &g, args)
+        })
+        .map(drop);
+    refused(&format!("{name} that is C"), r, |e| {
+        matches!(
+            e,
+            MatmulError::Aliasing {
+                output: "C",
+                input: "addend"
+            }
+        )
+    })
+}
+
+/// [`lt_addend`] in f32 and bf16.
+fn lt_addend_replaces_c(gpu: &BoundDevice<'_>) -> R {
+    lt_addend::<f32>(gpu)?;
+    lt_addend::<bf16>(gpu)
+}
+
 fn main() {
     run_suite(
         "gpu_blas",
@@ -1673,6 +1799,7 @@ fn main() {
             ("lt_epilogues_match_host_math", || {
                 on_device0(lt_epilogues_match_host_math)
             }),
+            ("lt_addend_replaces_c", || on_device0(lt_addend_replaces_c)),
             (
                 "captured_products_equal_eager_with_the_blas_dropped",
                 || on_device0(captured_products_equal_eager_with_the_blas_dropped),

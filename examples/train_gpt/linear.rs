@@ -2,7 +2,10 @@
 //! as cuBLASLt epilogues of the products (`--epilogues on`: `BIAS`, `GELU_AUX_BIAS`,
 //! `DGELU`, and the plain products through cuBLASLt too, so that `--gemm-algos timed`
 //! times every product's algorithm) or as cuBLAS products followed by kernels of their
-//! own (`--epilogues off`); the bias gradients are column-sum kernels either way. Generic over where the work goes (a stream or a graph capture).
+//! own (`--epilogues off`); the bias gradients are column-sum kernels either way. A
+//! residual connection's product takes its input as the addend (`--epilogues on`), so
+//! that the layer norm after it reads the sum once. Generic over where the work goes (a
+//! stream or a graph capture).
 
 use crate::kernels::Kernels;
 use crate::model::linear;
@@ -77,6 +80,44 @@ impl<'k> Lin<'k> {
         } else {
             e.matmul(blas, &shape, x, w, y)?;
             self.ks.bias_add(e, y, b)
+        }
+    }
+
+    /// A residual connection and the layer norm after it: `res = x + y·Wᵀ + b`, then
+    /// `ln`, its rows' mean and rstd = the layer norm of `res` (weight and bias `lnw`).
+    /// With the epilogues, one product (`BIAS`, with `x` its addend: `res` is written
+    /// once, never read back) and the layer norm; without, the product into `proj` and
+    /// the kernel that adds and normalises in one pass.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    pub fn residual_norm<'b, T: Act, E: Enqueue<'b>>(
+        &self,
+        e: &mut E,
+        blas: &Blas,
+        (n, out, inp): Dims3,
+        (y, w, b): (
+            &'b DeviceSlice<T>,
+            &'b DeviceView<'_, T>,
+            &'b DeviceView<'_, T>,
+        ),
+        (x, proj): (&'b DeviceSlice<T>, &'b DeviceSlice<T>),
+        (res, ln, mean, rstd): (
+            &'b DeviceSlice<T>,
+            &'b DeviceSlice<T>,
+            &'b DeviceSlice<f32>,
+            &'b DeviceSlice<f32>,
+        ),
+        lnw: (&'b DeviceView<'_, T>, &'b DeviceView<'_, T>),
+    ) -> Result<()> {
+        let shape = linear(n, out, inp);
+        if self.epilogues {
+            let args = CaptureLtArgs::new().bias(b).addend(x);
+            let shape = shape.scaled(1.0, 1.0);
+            e.matmul_lt(blas, &shape, Epilogue::Bias, y, w, res, args)?;
+            self.ks.layernorm_fwd(e, ln, mean, rstd, res, lnw, out)
+        } else {
+            e.matmul(blas, &shape, y, w, proj)?;
+            self.ks
+                .residual_layernorm(e, (res, ln, mean, rstd), (x, proj, b), lnw)
         }
     }
 

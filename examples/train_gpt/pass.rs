@@ -121,23 +121,17 @@ impl<T: Act> Gpt<T> {
         };
         attend::forward(on.e, (k, self.attn.as_ref()), on.blas, d, io)?;
         let wp = vw.wl(l, "attn.c_proj.weight");
-        self.lin().product(
-            on.e,
-            on.blas,
-            &linear(bt, c, c),
-            (&bl.atty_un, wp),
-            &sc.proj,
-        )?;
+        let proj = (&bl.atty_un, wp, vw.wl(l, "attn.c_proj.bias"));
         let ln2 = (vw.wl(l, "ln_2.weight"), vw.wl(l, "ln_2.bias"));
         let out = (&bl.res2, &bl.ln2, &bl.ln2_mean, &bl.ln2_rstd); // written
-        let inp = (x, &sc.proj, vw.wl(l, "attn.c_proj.bias"));
-        k.residual_layernorm(on.e, out, inp, ln2)
+        self.lin()
+            .residual_norm(on.e, on.blas, (bt, c, c), proj, (x, &sc.proj), out, ln2)
     }
 
     /// Block `l`'s MLP (with its residual).
     fn fwd_mlp<'b>(&'b self, on: &mut On<'_, 'b, impl Enqueue<'b>, T>, l: usize) -> Result<()> {
         let vw = on.vw;
-        let (d, k, sc) = (self.dims, &self.k, &self.sc);
+        let (d, sc) = (self.dims, &self.sc);
         let (bt, c) = (d.bt(), d.c);
         let bl = &self.blocks[l];
         let fc = (
@@ -149,23 +143,21 @@ impl<T: Act> Gpt<T> {
         self.lin()
             .fwd_gelu(on.e, on.blas, (bt, 4 * c, c), fc, gelu)?;
         let wp = vw.wl(l, "mlp.c_proj.weight");
-        let shape = linear(bt, c, 4 * c);
-        self.lin()
-            .product(on.e, on.blas, &shape, (&bl.fch_gelu, wp), &sc.proj)?;
+        let proj = (&bl.fch_gelu, wp, vw.wl(l, "mlp.c_proj.bias"));
+        let inp = (&bl.res2, &sc.proj);
         // res3, then the layer norm that reads it: the next block's first, or the final.
-        let inp = (&bl.res2, &sc.proj, vw.wl(l, "mlp.c_proj.bias"));
-        match self.blocks.get(l + 1) {
+        let (out, lnw) = match self.blocks.get(l + 1) {
             Some(nb) => {
                 let ln1 = (vw.wl(l + 1, "ln_1.weight"), vw.wl(l + 1, "ln_1.bias"));
-                let out = (&bl.res3, &nb.ln1, &nb.ln1_mean, &nb.ln1_rstd); // written
-                k.residual_layernorm(on.e, out, inp, ln1)
+                ((&bl.res3, &nb.ln1, &nb.ln1_mean, &nb.ln1_rstd), ln1) // written
             }
             None => {
                 let lnf = (vw.w("ln_f.weight"), vw.w("ln_f.bias"));
-                let out = (&bl.res3, &self.lnf, &self.lnf_mean, &self.lnf_rstd); // written
-                k.residual_layernorm(on.e, out, inp, lnf)
+                ((&bl.res3, &self.lnf, &self.lnf_mean, &self.lnf_rstd), lnf) // written
             }
-        }
+        };
+        self.lin()
+            .residual_norm(on.e, on.blas, (bt, c, 4 * c), proj, inp, out, lnw)
     }
 
     /// The head and the loss (after the final layer norm, which came with the last

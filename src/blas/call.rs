@@ -15,7 +15,7 @@
 //! that the hidden required methods of the sealed [`Enqueue`](super::Enqueue) may take
 //! them.
 
-use super::epilogue::{Epilogue, Extra, check_extras, check_type};
+use super::epilogue::{Epilogue, Extra, Role, check_extras, check_type};
 use super::gemm::{Ptrs, enqueue_gemm};
 use super::handle::{Blas, refuse_aliasing};
 use super::lt::{EpiloguePtrs, LtProblem, enqueue_lt};
@@ -23,7 +23,7 @@ use super::plan::{self, Gemm, Operand, Plan};
 use super::types::{Batch, BlasScalar, DataType, Matmul};
 use crate::access::{Access, Use};
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{MatmulError, Result};
 use crate::memory::DeviceMemory;
 use cudarc::driver::sys as driver;
 
@@ -199,6 +199,22 @@ impl<'s, 'buf> LtCall<'s, 'buf> {
         let plan = plan::check_gemm(device, blas.device(), gemm, self.matrices, None)?;
         check_extras(self.epilogue, self.shape, &plan, &self.extras)?;
         let [a, b, c] = &self.matrices;
+        if let Some(addend) = self.extras.iter().find(|e| e.role == Role::Addend) {
+            // C's length covers its layout (check_gemm): the addend's, the same, too.
+            if addend.len != c.len {
+                return Err(MatmulError::BufferSize {
+                    operand: "addend",
+                    shape: format!("C's layout, {}×{}", self.shape.m, self.shape.n),
+                    expected: c.len,
+                    found: addend.len,
+                    exact: true,
+                }
+                .into());
+            }
+            if self.shape.beta == 0.0 {
+                return Err(MatmulError::UnreadAddend.into());
+            }
+        }
         let mut reads = vec![("A", a.span), ("B", b.span)];
         let mut writes = vec![("C", c.span)];
         for e in &self.extras {

@@ -34,6 +34,7 @@ pub struct CaptureLtArgs<'buf, T> {
     aux_out: Option<&'buf dyn CaptureOutput<T>>,
     relu_mask: Option<&'buf dyn DeviceMemory<u8>>,
     relu_mask_out: Option<&'buf dyn CaptureOutput<u8>>,
+    addend: Option<&'buf dyn DeviceMemory<T>>,
 }
 
 impl<T> Default for CaptureLtArgs<'_, T> {
@@ -58,6 +59,7 @@ impl<'buf, T> CaptureLtArgs<'buf, T> {
             aux_out: None,
             relu_mask: None,
             relu_mask_out: None,
+            addend: None,
         }
     }
 
@@ -97,6 +99,13 @@ impl<'buf, T> CaptureLtArgs<'buf, T> {
         self
     }
 
+    /// The matrix `beta` scales in place of C (read at each launch), as
+    /// [`LtArgs::addend`](super::LtArgs::addend).
+    pub fn addend(mut self, addend: &'buf dyn DeviceMemory<T>) -> Self {
+        self.addend = Some(addend);
+        self
+    }
+
     pub(crate) fn extras(&self) -> Vec<Extra<'buf>> {
         let mut v = Vec::new();
         let mut push = |role, e: Option<Extra<'buf>>| v.extend(e.map(|e| Extra { role, ..e }));
@@ -116,6 +125,10 @@ impl<'buf, T> CaptureLtArgs<'buf, T> {
         );
         let out = self.relu_mask_out.map(|m| Extra::of(Role::ReluMaskOut, m));
         push(Role::ReluMaskOut, out);
+        push(
+            Role::Addend,
+            self.addend.map(|m| Extra::of(Role::Addend, m)),
+        );
         v
     }
 }

@@ -21,6 +21,10 @@ use std::sync::Arc;
 /// `0.5·z·(1 + tanh(√(2/π)·(z + 0.044715·z³)))`.
 ///
 /// Epilogues other than [`Default`](Self::Default) are for f16, bf16 and f32 products.
+///
+/// Every epilogue may take an addend ([`LtArgs::addend`]): `beta·addend` then takes the
+/// place of `beta·C`, and C is only written (`D = epilogue(alpha·op(A)·op(B) +
+/// beta·addend)`, cuBLASLt's separate C and D), as a residual connection adds its input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Epilogue {
@@ -70,6 +74,8 @@ pub(crate) enum Role {
     AuxOut,
     ReluMask,
     ReluMaskOut,
+    /// The matrix `beta` scales in place of C (any epilogue; not in [`Role::ALL`]).
+    Addend,
 }
 
 impl Role {
@@ -81,6 +87,7 @@ impl Role {
             Role::AuxOut => "aux_out",
             Role::ReluMask => "relu_mask",
             Role::ReluMaskOut => "relu_mask_out",
+            Role::Addend => "addend",
         }
     }
 
@@ -88,6 +95,7 @@ impl Role {
         matches!(self, Role::BiasGrad | Role::AuxOut | Role::ReluMaskOut)
     }
 
+    /// The operands an epilogue uses or not (every role but the optional addend).
     pub(crate) const ALL: [Role; 6] = [
         Role::Bias,
         Role::BiasGrad,
@@ -152,6 +160,7 @@ impl Epilogue {
             Role::AuxOut => matches!(self, GeluAux | GeluAuxBias),
             Role::ReluMask => matches!(self, DRelu | DReluBGrad),
             Role::ReluMaskOut => matches!(self, ReluAux | ReluAuxBias),
+            Role::Addend => false,
         }
     }
 
@@ -315,6 +324,7 @@ pub struct LtArgs<'e, T> {
     pub(crate) aux_out: Option<&'e mut dyn DeviceMemoryMut<T>>,
     pub(crate) relu_mask: Option<&'e dyn DeviceMemory<u8>>,
     pub(crate) relu_mask_out: Option<&'e mut dyn DeviceMemoryMut<u8>>,
+    pub(crate) addend: Option<&'e dyn DeviceMemory<T>>,
 }
 
 impl<T> Default for LtArgs<'_, T> {
@@ -332,6 +342,7 @@ impl<T> std::fmt::Debug for LtArgs<'_, T> {
             .field("aux_out", &self.aux_out.is_some())
             .field("relu_mask", &self.relu_mask.is_some())
             .field("relu_mask_out", &self.relu_mask_out.is_some())
+            .field("addend", &self.addend.is_some())
             .finish()
     }
 }
@@ -346,6 +357,7 @@ impl<'e, T> LtArgs<'e, T> {
             aux_out: None,
             relu_mask: None,
             relu_mask_out: None,
+            addend: None,
         }
     }
 
@@ -357,6 +369,7 @@ impl<'e, T> LtArgs<'e, T> {
             && self.aux_out.is_none()
             && self.relu_mask.is_none()
             && self.relu_mask_out.is_none()
+            && self.addend.is_none()
     }
 
     /// The bias vector the `*Bias` epilogues add (read).
@@ -395,6 +408,32 @@ impl<'e, T> LtArgs<'e, T> {
         self
     }
 
+    /// The matrix `beta` scales in place of C (read; any epilogue): the product writes
+    /// `epilogue(alpha·op(A)·op(B) + beta·addend)` into C, whose old contents it does not
+    /// read. The addend has C's layout and length, does not overlap C, and needs `beta`
+    /// ≠ 0 ([`Matmul::scaled`]).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpubind::Result<()> {
+    /// use gpubind::{blas::{Epilogue, LtArgs, Matmul}, Device, ThreadContext};
+    /// let mut ctx = ThreadContext::acquire()?;
+    /// let gpu = ctx.bind(&Device::get(0)?)?;
+    /// let blas = gpu.new_blas()?;
+    /// // A residual connection: Y = X + (H·W + b), X left as it is.
+    /// let (batch, width) = (32, 64);
+    /// let shape = Matmul::new(batch, width, width).scaled(1.0, 1.0);
+    /// let (h, w) = (gpu.alloc_zeros::<f32>(batch * width)?, gpu.alloc_zeros::<f32>(width * width)?);
+    /// let (x, b) = (gpu.alloc_zeros::<f32>(batch * width)?, gpu.alloc_zeros::<f32>(width)?);
+    /// let mut y = gpu.alloc_zeros::<f32>(batch * width)?;
+    /// let args = LtArgs::new().bias(&b).addend(&x);
+    /// gpu.default_stream().matmul_lt(&blas, &shape, Epilogue::Bias, &h, &w, &mut y, args)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn addend(mut self, addend: &'e dyn DeviceMemory<T>) -> Self {
+        self.addend = Some(addend);
+        self
+    }
+
     /// The operands given, type-erased.
     pub(crate) fn extras(&self) -> Vec<Extra<'_>> {
         let mut v = Vec::new();
@@ -415,6 +454,9 @@ impl<'e, T> LtArgs<'e, T> {
         }
         if let Some(m) = self.relu_mask_out.as_deref() {
             v.push(Extra::of(Role::ReluMaskOut, m));
+        }
+        if let Some(m) = self.addend {
+            v.push(Extra::of(Role::Addend, m));
         }
         v
     }

@@ -154,6 +154,8 @@ unsafe fn set_attr<V>(
 pub(crate) struct EpiloguePtrs {
     pub(crate) bias: u64,
     pub(crate) aux: u64,
+    /// The addend cuBLASLt reads as C (0: none; C is then D).
+    pub(crate) addend: u64,
 }
 
 impl EpiloguePtrs {
@@ -167,6 +169,7 @@ impl EpiloguePtrs {
         EpiloguePtrs {
             bias: find(&[Role::Bias, Role::BiasGrad]),
             aux: find(&[Role::Aux, Role::AuxOut, Role::ReluMask, Role::ReluMaskOut]),
+            addend: find(&[Role::Addend]),
         }
     }
 
@@ -239,7 +242,14 @@ impl LtProblem {
             mnk: (plan.m, plan.n, plan.k),
             ld: (plan.lda, plan.ldb, plan.ldc),
             aux_ld: epilogue.aux_ld(shape).map_or(0, |l| l as i64),
-            align: [first, second, c, ptrs.bias, ptrs.aux].map(alignment),
+            // C's alignment stands for the addend's too, when it is read from there.
+            align: [
+                alignment(first),
+                alignment(second),
+                alignment(c).min(alignment(ptrs.addend)),
+                alignment(ptrs.bias),
+                alignment(ptrs.aux),
+            ],
         };
         LtProblem {
             plan,
@@ -364,9 +374,11 @@ impl LtProblem {
                 Err(e) => return Ok((None, format!("no scratch ({e}); heuristic"))),
             };
             let addr = |i: usize| scratch.base + at[i] as u64;
+            // C is D in the scratch: an addend is never read by a timing.
             let ptrs = EpiloguePtrs {
                 bias: addr(3),
                 aux: addr(4),
+                addend: 0,
             };
             // SAFETY: a live descriptor of this plan, used by this thread only.
             unsafe { ptrs.set(plan.desc, self.epilogue) }?;
@@ -636,11 +648,18 @@ pub(crate) unsafe fn enqueue_lt(
     let scales = Scales::new(problem.key.dtype, shape);
     let (alpha, beta) = scales.ptrs();
     let [la, lb, lc] = lt.layouts;
+    // cuBLASLt's C: the addend if there is one (C's layout and length, not overlapping
+    // it: checked), else D itself.
+    let addend = match problem.ptrs.addend {
+        0 => c,
+        p => p,
+    };
     // SAFETY: the caller's contract: the context is current, the stream is one of its
     // streams, the buffers hold what the layouts reach and are claimed; the workspace is
     // the handle's (claimed likewise), of the size the heuristic was told; alpha and
-    // beta are host scalars of the scale type alive for the call; C is D (in place,
-    // which cuBLASLt allows with identical layouts).
+    // beta are host scalars of the scale type alive for the call; cuBLASLt's C is the
+    // addend, a buffer of D's layout and length that does not overlap it (checked), or
+    // D (in place, which cuBLASLt allows with identical layouts).
     let status = unsafe {
         (api.matmul)(
             handle,
@@ -651,7 +670,7 @@ pub(crate) unsafe fn enqueue_lt(
             second as *const c_void,
             lb,
             beta,
-            c as *const c_void,
+            addend as *const c_void,
             lc,
             c as *mut c_void,
             lc,
@@ -721,10 +740,11 @@ impl<'b> BoundStream<'b> {
             return Ok(());
         }
         let extras = &call.extras;
-        // Every epilogue uses at most two operands (`tests`): all are claimed below.
-        if extras.len() > 2 {
+        // Every epilogue uses at most two operands (`tests`), and an addend makes three:
+        // all are claimed below.
+        if extras.len() > 3 {
             return Err(Error::InvalidArgument(
-                "matmul_lt: more than two epilogue operands".into(),
+                "matmul_lt: more than three epilogue operands".into(),
             ));
         }
         bound.ensure_current()?;
@@ -749,6 +769,7 @@ impl<'b> BoundStream<'b> {
             Some((crate::graph::Owned::tracker(&*shared), Access::Write)),
             extras.first().map(Extra::claim),
             extras.get(1).map(Extra::claim),
+            extras.get(2).map(Extra::claim),
         ])?;
         // SAFETY: the handle's context is current (checked above) and the stream is one
         // of its streams; the matrices and the epilogue's operands were checked against

@@ -256,6 +256,16 @@ fn each_epilogue_uses_at_most_two_operands_and_checks_them() {
             .map(|&r| (r, needed_len(e, r, &s, &p)))
             .collect();
         assert_eq!(check_operands(e, &s, &p, &given), Ok(()), "{e:?}");
+        // An addend is optional for every epilogue (its length is checked against C's
+        // where C is known, in `LtCall::check`).
+        assert!(!e.uses(Role::Addend) && !Role::Addend.writes(), "{e:?}");
+        let mut with_addend = given.clone();
+        with_addend.push((Role::Addend, 60));
+        assert_eq!(
+            check_operands(e, &s, &p, &with_addend),
+            Ok(()),
+            "{e:?} + addend"
+        );
         if let Some(&(role, len)) = given.first() {
             // Missing.
             let e2 = check_operands(e, &s, &p, &given[1..]).unwrap_err();

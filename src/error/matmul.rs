@@ -74,6 +74,10 @@ pub enum MatmulError {
         /// Whether it was missing (else unexpected).
         missing: bool,
     },
+    /// An addend ([`LtArgs::addend`](crate::blas::LtArgs::addend)) given to a product
+    /// whose `beta` is 0, which would not read it.
+    #[error("matmul_lt: an addend is given but beta is 0: the product would not read it")]
+    UnreadAddend,
     /// cuBLASLt has no algorithm for this combination of type, shape, layout and
     /// epilogue (its heuristic returned none).
     #[error("matmul_lt: cuBLASLt has no algorithm for {0}")]
