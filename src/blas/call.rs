@@ -161,8 +161,8 @@ impl std::fmt::Debug for LtCall<'_, '_> {
 }
 
 impl<'s, 'buf> LtCall<'s, 'buf> {
-    /// `C = epilogue(alpha·op(A)·op(B) + beta·C)` of `T` matrices, with the epilogue's
-    /// operands `extras`.
+    /// `C = epilogue(alpha·op(A)·op(B) + beta·C)` of `T` matrices (`beta·addend` in place
+    /// of `beta·C` when `extras` holds an addend), with the epilogue's operands `extras`.
     #[inline]
     pub(crate) fn new<T, A, B, C>(
         shape: &'s Matmul,
@@ -211,7 +211,7 @@ impl<'s, 'buf> LtCall<'s, 'buf> {
                 }
                 .into());
             }
-            if self.shape.beta == 0.0 {
+            if beta_is_zero(self.dtype, self.shape.beta) {
                 return Err(MatmulError::UnreadAddend.into());
             }
         }
@@ -262,6 +262,15 @@ impl<'s, 'buf> LtCall<'s, 'buf> {
     ) -> Result<()> {
         // SAFETY: the caller's contract.
         unsafe { enqueue_lt(blas, problem, self.shape, stream, self.ptrs()) }
+    }
+}
+
+/// Whether cuBLAS gets a `beta` of 0 for a `dtype` product: f64 products take it as is,
+/// the others as the f32 it rounds to (`1e-46` is 0 there).
+pub(crate) fn beta_is_zero(dtype: DataType, beta: f64) -> bool {
+    match dtype {
+        DataType::F64 => beta == 0.0,
+        _ => beta as f32 == 0.0,
     }
 }
 

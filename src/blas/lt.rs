@@ -30,8 +30,9 @@ pub(crate) struct LtKey {
     mnk: (i32, i32, i32),
     ld: (i32, i32, i32),
     aux_ld: i64,
-    /// Alignments of cuBLAS's A, B, C (= D) and of the bias and aux operands, in bytes.
-    align: [u32; 5],
+    /// Alignments of cuBLAS's A, B and C (the addend, or D itself), of the bias and aux
+    /// operands, and of D, in bytes.
+    align: [u32; 6],
 }
 
 #[cfg(test)]
@@ -46,7 +47,7 @@ impl LtKey {
             mnk: (m, 64, 64),
             ld: (m, 64, m),
             aux_ld: 0,
-            align: [256; 5],
+            align: [256; 6],
         }
     }
 }
@@ -242,13 +243,13 @@ impl LtProblem {
             mnk: (plan.m, plan.n, plan.k),
             ld: (plan.lda, plan.ldb, plan.ldc),
             aux_ld: epilogue.aux_ld(shape).map_or(0, |l| l as i64),
-            // C's alignment stands for the addend's too, when it is read from there.
             align: [
                 alignment(first),
                 alignment(second),
-                alignment(c).min(alignment(ptrs.addend)),
+                alignment(if ptrs.addend == 0 { c } else { ptrs.addend }),
                 alignment(ptrs.bias),
                 alignment(ptrs.aux),
+                alignment(c),
             ],
         };
         LtProblem {
@@ -481,7 +482,7 @@ impl LtProblem {
             unsafe {
                 let max = sys::PREF_MAX_WORKSPACE_BYTES;
                 set_attr(api.pref_set, pref, max, &bytes, SET_PREF)?;
-                for (i, align) in [0, 1, 2, 2].map(|i| self.key.align[i]).iter().enumerate() {
+                for (i, align) in [0, 1, 2, 5].map(|i| self.key.align[i]).iter().enumerate() {
                     let attr = sys::PREF_MIN_ALIGNMENT_A_BYTES + i as c_int;
                     set_attr(api.pref_set, pref, attr, align, SET_PREF)?;
                 }
@@ -685,12 +686,13 @@ pub(crate) unsafe fn enqueue_lt(
 
 impl<'b> BoundStream<'b> {
     /// Enqueues a cuBLASLt product with an epilogue: `C = epilogue(alpha·op(A)·op(B) +
-    /// beta·C)` (see [`Epilogue`] for what each computes and which operands of `args` it
-    /// reads or writes). The same types, layouts, checks and claims as
-    /// [`matmul`](Self::matmul) (not batched); the epilogue's inputs are claimed as
-    /// reads, its outputs as writes. An epilogue the type does not take, an operand
-    /// missing or extra, or a combination cuBLASLt has no algorithm for is a
-    /// [`MatmulError`].
+    /// beta·C)`, or `+ beta·addend` with [`LtArgs::addend`] (see [`Epilogue`] for what
+    /// each computes and which operands of `args` it reads or writes). The same types,
+    /// layouts, checks and claims as [`matmul`](Self::matmul) (not batched); the
+    /// epilogue's inputs and the addend are claimed as reads, its outputs as writes. An
+    /// epilogue the type does not take, an operand missing or extra, an addend of
+    /// another length than C, overlapping an output, or with `beta` 0, or a combination
+    /// cuBLASLt has no algorithm for is a [`MatmulError`].
     ///
     /// The descriptors and the algorithm are cached in the [`Blas`] per shape, layout,
     /// epilogue and operand alignment; the algorithm is cuBLASLt's heuristic's first, or

@@ -610,3 +610,43 @@ fn timing_scratch_covers_every_operand() {
         }
     }
 }
+
+#[test]
+fn an_addend_needs_a_beta_that_is_not_zero_where_cublas_takes_it() {
+    use super::call::beta_is_zero;
+    // f16, bf16 and f32 products take beta as an f32: 1e-46 is 0 there, not in f64.
+    for dtype in [DataType::F16, DataType::Bf16, DataType::F32] {
+        assert!(
+            beta_is_zero(dtype, 0.0) && beta_is_zero(dtype, 1e-46),
+            "{dtype:?}"
+        );
+        assert!(
+            !beta_is_zero(dtype, 1.0) && !beta_is_zero(dtype, 1e-30),
+            "{dtype:?}"
+        );
+    }
+    assert!(beta_is_zero(DataType::F64, 0.0));
+    assert!(!beta_is_zero(DataType::F64, 1e-46));
+}
+
+#[test]
+fn the_lt_key_takes_cublas_c_from_the_addend_and_d_from_c() {
+    use super::lt::{EpiloguePtrs, LtProblem};
+    let s = Matmul::new(64, 64, 64);
+    let p = ok(&s, DataType::Bf16, None, [4096; 3]);
+    let key = |c: u64, addend: u64| -> LtKey {
+        let ptrs = EpiloguePtrs {
+            addend,
+            ..EpiloguePtrs::default()
+        };
+        let abc = (0x1000, 0x2000, c);
+        LtProblem::new(p, &s, DataType::Bf16, Epilogue::Default, abc, ptrs).key
+    };
+    // Aligned alike: an addend changes nothing.
+    assert_eq!(key(0x3000, 0), key(0x3000, 0x9000));
+    // A 2-byte aligned addend is cuBLAS's C only: D keeps its alignment.
+    assert_ne!(key(0x3000, 0x9002), key(0x3002, 0));
+    assert_ne!(key(0x3000, 0x9002), key(0x3000, 0));
+    // Without an addend C is D: both take C's alignment, which an aligned addend lifts.
+    assert_ne!(key(0x3002, 0), key(0x3002, 0x9000));
+}

@@ -15,7 +15,7 @@ pub enum MatmulError {
         if *exact { "exactly" } else { "at least" }
     )]
     BufferSize {
-        /// `"A"`, `"B"`, `"C"`, `"bias"`, `"aux"`.
+        /// `"A"`, `"B"`, `"C"`, `"bias"`, `"aux"`, `"addend"`.
         operand: &'static str,
         /// The operand's shape as stored, e.g. `"64×32 row-major, ld 32, 4 batches of stride 2048"`.
         shape: String,
