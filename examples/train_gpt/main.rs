@@ -49,11 +49,12 @@
 //! whose buffers fit in the device's free memory with 1 GiB to spare (the rule a run checks
 //! before it allocates: a larger batch is a typed error), and exits.
 //!
-//! `--epilogues on` (the default) computes the QKV and MLP biases, the MLP's GELU and
-//! its gradient in the products, as cuBLASLt epilogues (`BIAS`, `GELU_AUX_BIAS` storing
-//! the pre-activation, `DGELU`, `linear.rs`), and runs the plain products through
-//! cuBLASLt too; `off` runs the biases and GELU as kernels after cuBLAS products. The bias
-//! gradients are column-sum kernels either way.
+//! `--epilogues on` (the default) computes the biases, the MLP's GELU and its gradient
+//! in the products, as cuBLASLt epilogues (`BIAS`, `GELU_AUX_BIAS` storing the
+//! pre-activation, `DGELU`, `linear.rs`), adds each residual connection's input in its
+//! projection (the block input as the product's addend), and runs the plain products
+//! through cuBLASLt too; `off` runs the biases, GELU and residual adds as kernels after
+//! cuBLAS products. The bias gradients are column-sum kernels either way.
 //!
 //! `--gemm-algos timed` (the default) has each cuBLASLt product shape run the fastest of
 //! cuBLASLt's first 8 candidate algorithms (`timed:N`: its first N, up to 16), timed once
