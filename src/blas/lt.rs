@@ -174,6 +174,11 @@ impl EpiloguePtrs {
         }
     }
 
+    /// What cuBLASLt reads as C for a product writing D at `d`: the addend, or D itself.
+    pub(crate) fn c_read(&self, d: u64) -> u64 {
+        if self.addend == 0 { d } else { self.addend }
+    }
+
     /// Points `desc` at the bias and aux operands the epilogue uses.
     ///
     /// # Safety
@@ -246,7 +251,7 @@ impl LtProblem {
             align: [
                 alignment(first),
                 alignment(second),
-                alignment(if ptrs.addend == 0 { c } else { ptrs.addend }),
+                alignment(ptrs.c_read(c)),
                 alignment(ptrs.bias),
                 alignment(ptrs.aux),
                 alignment(c),
@@ -651,10 +656,7 @@ pub(crate) unsafe fn enqueue_lt(
     let [la, lb, lc] = lt.layouts;
     // cuBLASLt's C: the addend if there is one (C's layout and length, not overlapping
     // it: checked), else D itself.
-    let addend = match problem.ptrs.addend {
-        0 => c,
-        p => p,
-    };
+    let c_in = problem.ptrs.c_read(c);
     // SAFETY: the caller's contract: the context is current, the stream is one of its
     // streams, the buffers hold what the layouts reach and are claimed; the workspace is
     // the handle's (claimed likewise), of the size the heuristic was told; alpha and
@@ -671,7 +673,7 @@ pub(crate) unsafe fn enqueue_lt(
             second as *const c_void,
             lb,
             beta,
-            addend as *const c_void,
+            c_in as *const c_void,
             lc,
             c as *mut c_void,
             lc,
